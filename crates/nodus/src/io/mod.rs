@@ -1,0 +1,9 @@
+//! I/O readiness on the loop: a reactor over mio (epoll), `AsyncFd` for any file descriptor,
+//! and the per-poll cooperative budget that keeps an always-ready source from starving the loop.
+
+mod async_fd;
+pub(crate) mod coop;
+pub(crate) mod reactor;
+
+pub use async_fd::AsyncFd;
+pub use coop::consume_budget;

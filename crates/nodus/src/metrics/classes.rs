@@ -1,0 +1,91 @@
+//! Task classes: the bounded table of task names that per-name measurements are kept for.
+//!
+//! Invariants: at most [`MAX_CLASSES`] entries; the first [`BUILTIN`] are fixed and name the
+//! loop's own callback kinds; once the table is full every new name maps to [`OTHER`]. A name is
+//! looked up once, at spawn (or at scheduling, for callbacks); polls carry the index.
+//!
+//! Names are `&'static str` on purpose: a task name is a class (`http:static`), never a
+//! per-connection value, and the type makes the unbounded case impossible to write by accident.
+
+/// Index into the class table.
+pub(crate) type ClassId = u16;
+
+pub(crate) const MAX_CLASSES: usize = 64;
+
+pub(crate) const MAIN: ClassId = 0;
+pub(crate) const TIMER: ClassId = 1;
+pub(crate) const IMMEDIATE: ClassId = 2;
+pub(crate) const IO: ClassId = 3;
+pub(crate) const CLOSE: ClassId = 4;
+pub(crate) const HOOK: ClassId = 5;
+pub(crate) const PENDING: ClassId = 6;
+pub(crate) const REMOTE: ClassId = 7;
+pub(crate) const OTHER: ClassId = 8;
+const BUILTIN: [&str; 10] = [
+    "main",
+    "timer",
+    "immediate",
+    "io",
+    "close",
+    "hook",
+    "pending",
+    "remote",
+    "other",
+    "task",
+];
+
+/// The name table of one loop.
+pub(crate) struct Classes {
+    names: Vec<&'static str>,
+}
+
+impl Classes {
+    pub(crate) fn new() -> Classes {
+        let mut names = Vec::with_capacity(MAX_CLASSES);
+        names.extend_from_slice(&BUILTIN);
+        Classes { names }
+    }
+
+    /// The class of `name`, registering it if there is room.
+    pub(crate) fn id_of(&mut self, name: &'static str) -> ClassId {
+        if let Some(i) = self.names.iter().position(|n| *n == name) {
+            return i as ClassId;
+        }
+        if self.names.len() < MAX_CLASSES {
+            self.names.push(name);
+            (self.names.len() - 1) as ClassId
+        } else {
+            OTHER
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    pub(crate) fn name(&self, id: ClassId) -> &'static str {
+        self.names[id as usize]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_bounded() {
+        let mut c = Classes::new();
+        assert_eq!(c.id_of("timer"), TIMER);
+        let a = c.id_of("http:static");
+        assert_eq!(c.id_of("http:static"), a);
+        let leaked: Vec<&'static str> = (0..100)
+            .map(|i| &*Box::leak(format!("n{i}").into_boxed_str()))
+            .collect();
+        for n in &leaked {
+            c.id_of(n);
+        }
+        assert_eq!(c.len(), MAX_CLASSES);
+        assert_eq!(c.id_of(leaked[99]), OTHER);
+        assert_eq!(c.name(a), "http:static");
+    }
+}

@@ -1,0 +1,112 @@
+//! The serde-serializable picture of one loop's measurements (`nodus::metrics::snapshot()`).
+//!
+//! Everything here is plain data: built on the loop thread from `LoopStats` (see `loop_stats.rs`),
+//! then serialized to JSON (`/_nodus/stats`) or rendered as Prometheus text (`prometheus.rs`).
+//! Durations are nanoseconds in histograms (`HistogramSnapshot` values) and seconds in scalar
+//! fields whose names end in `_seconds`.
+
+use serde::{Deserialize, Serialize};
+
+pub use super::histogram::HistogramSnapshot;
+pub use crate::watchdog::StallReport;
+
+/// Everything one loop knows about itself, at one moment.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Process id of the process that took the snapshot.
+    pub pid: u32,
+    /// Loop id, unique within the process.
+    pub loop_id: u64,
+    /// Seconds since the loop was created.
+    pub uptime_seconds: f64,
+    /// Wall-clock time the snapshot was taken, milliseconds since the Unix epoch.
+    pub taken_at_unix_ms: u64,
+    pub loop_stats: LoopSnapshot,
+    pub run_queue: RunQueueSnapshot,
+    pub tasks: TasksSnapshot,
+    /// Per phase, in loop order.
+    pub phases: Vec<PhaseSnapshot>,
+    /// Per task name (bounded: about 64 names, then `other`).
+    pub task_classes: Vec<TaskClassSnapshot>,
+    /// The most recent stalls the watchdog reported for this loop, oldest first.
+    pub stalls: Vec<StallReport>,
+}
+
+/// Busy/idle time, iterations, events, and the loop-level histograms.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct LoopSnapshot {
+    pub iterations: u64,
+    /// Time blocked in the poll phase with a non-zero timeout.
+    pub idle_seconds: f64,
+    /// Everything else since the loop started.
+    pub busy_seconds: f64,
+    /// busy / (busy + idle) over the loop's lifetime.
+    pub utilization: f64,
+    /// busy / (busy + idle) over the last completed interval (`interval_seconds` long).
+    pub interval_utilization: f64,
+    pub interval_seconds: f64,
+    /// I/O events and completions dispatched in the poll phase.
+    pub events_total: u64,
+    /// Events per poll phase (unitless values).
+    pub events_per_poll: HistogramSnapshot,
+    /// Time from a task being woken (or a callback queued) to it starting to run, in ns.
+    pub schedule_delay: HistogramSnapshot,
+    /// Fire time minus deadline for every timer, in ns.
+    pub timer_lateness: HistogramSnapshot,
+    /// Run time of every task poll and macrotask callback (with its queue drain), in ns.
+    pub poll_duration: HistogramSnapshot,
+    /// Polls or callbacks longer than the slow-poll threshold.
+    pub slow_polls_total: u64,
+    pub slow_poll_threshold_seconds: f64,
+    /// Time spent draining next-tick and microtask closures (timed per drain, not one by one).
+    pub tick_drain_seconds: f64,
+    pub ticks_total: u64,
+    pub microtasks_total: u64,
+}
+
+/// Run-queue length: runnable tasks and queued immediates waiting for the loop.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RunQueueSnapshot {
+    /// Length at the moment of the snapshot.
+    pub current: u64,
+    /// Time-weighted mean over the loop's lifetime (integral of length dt / elapsed).
+    pub mean: f64,
+    /// High-water mark over the loop's lifetime.
+    pub max: u64,
+    /// High-water mark over the last completed interval.
+    pub interval_max: u64,
+    /// Time-weighted mean over the last completed interval.
+    pub interval_mean: f64,
+    /// Lengths sampled at the start of every drain (unitless values).
+    pub samples: HistogramSnapshot,
+    /// Entries that have entered the run queue (the arrival count for Little's law).
+    pub arrivals_total: u64,
+}
+
+/// Task counts.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TasksSnapshot {
+    pub spawned_total: u64,
+    pub alive: u64,
+    pub polls_total: u64,
+    /// Polls cut short because the task ran out of its cooperative budget.
+    pub forced_yields_total: u64,
+}
+
+/// Time and callbacks of one loop phase.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PhaseSnapshot {
+    pub phase: String,
+    pub seconds: f64,
+    pub callbacks: u64,
+}
+
+/// Measurements of one task name (a class such as `http:static`, never a per-connection value).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TaskClassSnapshot {
+    pub name: String,
+    pub spawned: u64,
+    pub polls: u64,
+    pub forced_yields: u64,
+    pub poll_duration: HistogramSnapshot,
+}

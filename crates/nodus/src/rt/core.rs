@@ -1,0 +1,257 @@
+//! `Core`: one loop's state, and how work gets onto its queues.
+//!
+//! `Core` lives in an `Rc` owned by the `Runtime` and is reached from free functions through the
+//! thread-local context. `Shared` is the part other threads may touch: the remote queue and the
+//! mio waker that interrupts the poll phase.
+//!
+//! Invariants:
+//! - Every `RefCell` borrow is short and never spans user code, a waker call, or a drop of a
+//!   task/callback (those may re-enter the core). Removed entries are dropped after the borrow.
+//! - `refs` counts active ref'd handles (timers, immediates, hooks, I/O sources); together with
+//!   in-flight `requests`, pending and closing callbacks and yielded tasks it decides liveness
+//!   (Node's exit rule, `alive()`).
+//! - Every runnable entry (task poll, main-future poll, immediate) is counted by
+//!   `meter.arrive()` when queued and `meter.depart()`/`meter.cancel()` when it leaves.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::panic::Location;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::hooks::Hooks;
+use super::queues::{CheckQueue, Micro, RunItem, StampedQueue};
+use crate::io::reactor::Reactor;
+use crate::metrics::classes::ClassId;
+use crate::metrics::meter::{Meter, MeterConfig, PollTarget};
+use crate::time::queue::TimerQueue;
+
+/// Tokio's figure: resource operations a task may do in one poll before it is made to yield.
+pub(crate) const COOP_BUDGET: u32 = 128;
+
+static NEXT_LOOP_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A `next_tick` closure and where it was queued (for stall reports).
+pub(crate) type Tick = (Box<dyn FnOnce()>, &'static Location<'static>);
+
+/// Work sent to the loop from another thread.
+pub(crate) enum Remote {
+    /// A task (or the main future) woken at the given time.
+    Run(RunItem, u64),
+    /// A closure to run on the loop in the poll phase (pool completions, `LoopHandle::post`).
+    Callback(Box<dyn FnOnce() + Send>, &'static Location<'static>),
+}
+
+/// The part of a loop other threads can reach.
+pub(crate) struct Shared {
+    pub(crate) loop_id: u64,
+    remote: Mutex<Vec<Remote>>,
+    /// Set when the remote queue is non-empty and the waker was (or is about to be) triggered.
+    notified: AtomicBool,
+    waker: mio::Waker,
+    /// The loop is gone: remote work can no longer run.
+    closed: AtomicBool,
+}
+
+impl Shared {
+    /// Queues work for the loop and wakes its poll phase.
+    pub(crate) fn push_remote(&self, item: Remote) -> Result<(), Remote> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(item);
+        }
+        self.remote
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(item);
+        if !self.notified.swap(true, Ordering::AcqRel) {
+            // A failed wake leaves the item queued; the next poll picks it up.
+            let _ = self.waker.wake();
+        }
+        Ok(())
+    }
+
+    /// A task woken from another thread (or while its loop is not entered).
+    pub(crate) fn schedule_remote(&self, item: RunItem) {
+        if let Err(Remote::Run(item, _)) =
+            self.push_remote(Remote::Run(item, crate::clock::now_ns()))
+        {
+            // The loop is gone and this thread may not be the one that owned the task, where
+            // dropping it would panic: leak it instead (only after the runtime was dropped).
+            std::mem::forget(item);
+        }
+    }
+
+    pub(crate) fn has_remote(&self) -> bool {
+        self.notified.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn take_remote(&self) -> Vec<Remote> {
+        self.notified.store(false, Ordering::Release);
+        std::mem::take(&mut *self.remote.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    pub(crate) fn close(&self) -> Vec<Remote> {
+        self.closed.store(true, Ordering::Release);
+        self.take_remote()
+    }
+}
+
+/// The `block_on` future, type- and lifetime-erased while `block_on` runs.
+pub(crate) type MainPtr = NonNull<dyn Future<Output = ()> + 'static>;
+
+/// One event loop.
+pub(crate) struct Core {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) meter: Meter,
+    pub(crate) reactor: Reactor,
+    pub(crate) ticks: RefCell<VecDeque<Tick>>,
+    pub(crate) micro: RefCell<StampedQueue<Micro>>,
+    pub(crate) check: RefCell<CheckQueue>,
+    pub(crate) timers: RefCell<TimerQueue>,
+    pub(crate) pending: RefCell<VecDeque<Tick>>,
+    pub(crate) closing: RefCell<Vec<Tick>>,
+    pub(crate) hooks: RefCell<Hooks>,
+    pub(crate) refs: Cell<usize>,
+    pub(crate) requests: Cell<usize>,
+    pub(crate) stop: Cell<bool>,
+    pub(crate) shutting_down: Cell<bool>,
+    pub(crate) budget: Cell<u32>,
+    /// The task being polled, if any (budget accounting, stall attribution).
+    pub(crate) current: Cell<Option<PollTarget>>,
+    next_task: Cell<u64>,
+    // The `block_on` future.
+    pub(crate) main: Cell<Option<MainPtr>>,
+    pub(crate) main_waker: RefCell<Option<Arc<super::main_task::MainWaker>>>,
+    pub(crate) main_running: Cell<bool>,
+    pub(crate) main_done: Cell<bool>,
+    pub(crate) main_location: Cell<&'static Location<'static>>,
+}
+
+impl Core {
+    pub(crate) fn new(config: MeterConfig) -> std::io::Result<Core> {
+        let loop_id = NEXT_LOOP_ID.fetch_add(1, Ordering::Relaxed);
+        let (reactor, waker) = Reactor::new()?;
+        let shared = Arc::new(Shared {
+            loop_id,
+            remote: Mutex::new(Vec::new()),
+            notified: AtomicBool::new(false),
+            waker,
+            closed: AtomicBool::new(false),
+        });
+        Ok(Core {
+            shared,
+            meter: Meter::new(loop_id, config),
+            reactor,
+            ticks: RefCell::new(VecDeque::new()),
+            micro: RefCell::new(StampedQueue::new()),
+            check: RefCell::new(CheckQueue::new()),
+            timers: RefCell::new(TimerQueue::new()),
+            pending: RefCell::new(VecDeque::new()),
+            closing: RefCell::new(Vec::new()),
+            hooks: RefCell::new(Hooks::new()),
+            refs: Cell::new(0),
+            requests: Cell::new(0),
+            stop: Cell::new(false),
+            shutting_down: Cell::new(false),
+            budget: Cell::new(COOP_BUDGET),
+            current: Cell::new(None),
+            next_task: Cell::new(1),
+            main: Cell::new(None),
+            main_waker: RefCell::new(None),
+            main_running: Cell::new(false),
+            main_done: Cell::new(false),
+            main_location: Cell::new(Location::caller()),
+        })
+    }
+
+    pub(crate) fn loop_id(&self) -> u64 {
+        self.shared.loop_id
+    }
+
+    pub(crate) fn next_task_id(&self) -> u64 {
+        let id = self.next_task.get();
+        self.next_task.set(id + 1);
+        id
+    }
+
+    /// An active ref'd handle appeared.
+    #[inline]
+    pub(crate) fn ref_handle(&self) {
+        self.refs.set(self.refs.get() + 1);
+    }
+
+    /// An active ref'd handle went away (or was unref'd).
+    #[inline]
+    pub(crate) fn unref_handle(&self) {
+        self.refs.set(self.refs.get() - 1);
+    }
+
+    /// Whether anything ref'd can still produce work: Node's exit rule.
+    pub(crate) fn alive(&self) -> bool {
+        self.refs.get() > 0
+            || self.requests.get() > 0
+            || !self.pending.borrow().is_empty()
+            || !self.closing.borrow().is_empty()
+            || self.check.borrow().yields > 0
+            || !self.micro.borrow().is_empty()
+            || !self.ticks.borrow().is_empty()
+    }
+
+    /// Queues a woken task (or the main future) on this loop's thread.
+    pub(crate) fn schedule_local(&self, item: RunItem, woken_while_running: bool) {
+        if self.shutting_down.get() {
+            // Dropping it here, on the loop thread, drops the task's future.
+            drop(item);
+            return;
+        }
+        if woken_while_running {
+            self.check.borrow_mut().push_yield(item);
+        } else {
+            self.micro.borrow_mut().push(Micro::Run(item));
+        }
+        self.meter.arrive();
+    }
+
+    /// Uses one unit of the current task's cooperative budget; `false` when it is spent (the
+    /// caller returns `Pending` after the task was woken to run again in the check phase).
+    pub(crate) fn consume_budget(&self) -> bool {
+        let Some(target) = self.current.get() else {
+            return true;
+        };
+        let left = self.budget.get();
+        if left == 0 {
+            self.meter.forced_yield(target.class);
+            return false;
+        }
+        self.budget.set(left - 1);
+        true
+    }
+
+    /// A loop boundary: reads (or reuses) the clock and stamps what was queued since the last.
+    #[inline]
+    pub(crate) fn boundary(&self) -> u64 {
+        let t = self.meter.boundary();
+        #[cfg(feature = "measure")]
+        {
+            self.micro.borrow_mut().stamp(t);
+            self.check.borrow_mut().order.stamp(t);
+        }
+        t
+    }
+
+    /// A callback's poll target.
+    pub(crate) fn callback_target(
+        name: &'static str,
+        location: &'static Location<'static>,
+        class: ClassId,
+    ) -> PollTarget {
+        PollTarget {
+            task_id: 0,
+            name,
+            location,
+            class,
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! Running work: one macrotask callback, one task poll, and the queue drain after each.
+//!
+//! The drain is Node's rule (DESIGN.md section 2): after every macrotask callback, run the whole
+//! next-tick queue, then the whole microtask queue, and repeat until both are empty. A woken
+//! task's poll is a microtask. Closures are timed per batch; every task poll is a boundary.
+
+use std::panic::Location;
+
+use super::core::{COOP_BUDGET, Core};
+use super::queues::{Micro, RunItem};
+use crate::metrics::classes;
+use crate::metrics::meter::PollTarget;
+
+impl Core {
+    /// Runs `f` as a macrotask callback (measured, watched) and drains the queues after it.
+    #[inline]
+    pub(crate) fn run_callback(
+        &self,
+        target: PollTarget,
+        queued_at: Option<u64>,
+        f: impl FnOnce(),
+    ) {
+        let t = self.boundary();
+        if let Some(at) = queued_at {
+            self.meter.depart(at, t);
+        }
+        self.meter.begin_poll(&target, t);
+        f();
+        self.meter.end_poll(&target, t);
+        self.drain();
+    }
+
+    /// Polls a task or the main future that left a queue at boundary `t`.
+    pub(crate) fn run_item(&self, item: RunItem, queued_at: u64, t: u64) {
+        self.meter.depart(queued_at, t);
+        match item {
+            RunItem::Task(runnable) => {
+                let meta = *runnable.metadata();
+                let target = PollTarget {
+                    task_id: meta.id,
+                    name: meta.name,
+                    location: meta.location,
+                    class: meta.class,
+                };
+                self.current.set(Some(target));
+                self.budget.set(COOP_BUDGET);
+                self.meter.begin_poll(&target, t);
+                runnable.run();
+                self.meter.end_poll(&target, t);
+                self.current.set(None);
+            }
+            RunItem::Main => self.poll_main(t),
+        }
+    }
+
+    /// Drains next-ticks and microtasks until both queues are empty.
+    pub(crate) fn drain(&self) {
+        self.meter.sample_run_queue();
+        let mut batch = Batch::default();
+        loop {
+            loop {
+                let tick = self.ticks.borrow_mut().pop_front();
+                let Some((f, location)) = tick else { break };
+                self.closure(&mut batch, location);
+                batch.ticks += 1;
+                f();
+            }
+            loop {
+                let popped = self.micro.borrow_mut().pop();
+                match popped {
+                    None => break,
+                    Some((Micro::Closure(f, location), _)) => {
+                        self.closure(&mut batch, location);
+                        batch.micros += 1;
+                        f();
+                    }
+                    Some((Micro::Run(item), at)) => {
+                        self.end_batch(&mut batch);
+                        let t = self.boundary();
+                        self.run_item(item, at.min(t), t);
+                    }
+                }
+            }
+            self.end_batch(&mut batch);
+            if self.ticks.borrow().is_empty() && self.micro.borrow().is_empty() {
+                return;
+            }
+        }
+    }
+
+    /// A next-tick or microtask closure is about to run.
+    #[inline]
+    fn closure(&self, batch: &mut Batch, location: &'static Location<'static>) {
+        if batch.ticks + batch.micros == 0 {
+            batch.start = self.meter.closures_start();
+        }
+        self.meter.begin_poll(
+            &Core::callback_target("microtask", location, classes::MAIN),
+            batch.start,
+        );
+    }
+
+    #[inline]
+    fn end_batch(&self, batch: &mut Batch) {
+        if batch.ticks + batch.micros > 0 {
+            self.meter.closures_end(batch.ticks, batch.micros);
+            *batch = Batch::default();
+        }
+    }
+}
+
+/// Next-tick and microtask closures run since the last boundary.
+#[derive(Default)]
+struct Batch {
+    start: u64,
+    ticks: u64,
+    micros: u64,
+}

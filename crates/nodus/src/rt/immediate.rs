@@ -1,0 +1,118 @@
+//! `set_immediate`: callbacks for the check phase of the current (or next) iteration.
+
+use std::panic::Location;
+
+use super::context::with_core;
+use super::core::Core;
+use super::hooks::close_callback;
+
+/// A queued immediate; clearing it after it ran does nothing. Dropping the handle does not
+/// cancel it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Immediate {
+    key: usize,
+    id: u64,
+    loop_id: u64,
+}
+
+/// Runs `callback` in the check phase (Node's `setImmediate`). An immediate queued during the
+/// check phase runs on the next turn; inside an I/O or timer callback an immediate always runs
+/// before a new 0 ms timer.
+#[track_caller]
+pub fn set_immediate(callback: impl FnOnce() + 'static) -> Immediate {
+    let location = Location::caller();
+    with_core("nodus::set_immediate", |core| {
+        let (key, id) = core
+            .check
+            .borrow_mut()
+            .push_immediate(Box::new(callback), location);
+        core.meter.arrive();
+        core.ref_handle();
+        Immediate {
+            key,
+            id,
+            loop_id: core.loop_id(),
+        }
+    })
+}
+
+/// Cancels an immediate that has not run yet; it never runs, even if cleared by an earlier
+/// immediate of the same check phase.
+#[track_caller]
+pub fn clear_immediate(immediate: &Immediate) {
+    immediate.clear();
+}
+
+impl Immediate {
+    fn on_core<R>(&self, api: &str, f: impl FnOnce(&Core) -> R) -> Option<R> {
+        with_core(api, |core| {
+            (core.loop_id() == self.loop_id).then(|| f(core))
+        })
+    }
+
+    /// Cancels it (same as `clear_immediate`).
+    #[track_caller]
+    pub fn clear(&self) {
+        let removed = self.on_core("Immediate::clear", |core| {
+            let e = core
+                .check
+                .borrow_mut()
+                .remove_immediate(self.key, self.id)?;
+            core.meter.cancel();
+            if e.refd {
+                core.unref_handle();
+            }
+            Some(e)
+        });
+        drop(removed);
+    }
+
+    /// Cancels it and runs `callback` in the close phase.
+    #[track_caller]
+    pub fn close(&self, callback: impl FnOnce() + 'static) {
+        self.clear();
+        close_callback(Box::new(callback), Location::caller());
+    }
+
+    /// It no longer keeps the loop alive by itself.
+    #[track_caller]
+    pub fn unref(&self) {
+        self.set_ref(false);
+    }
+
+    /// It keeps the loop alive again (the default).
+    #[track_caller]
+    pub fn ref_(&self) {
+        self.set_ref(true);
+    }
+
+    /// Whether it is queued and ref'd.
+    #[track_caller]
+    pub fn has_ref(&self) -> bool {
+        self.on_core("Immediate::has_ref", |core| {
+            core.check
+                .borrow_mut()
+                .immediate_mut(self.key, self.id)
+                .is_some_and(|e| e.refd)
+        })
+        .unwrap_or(false)
+    }
+
+    #[track_caller]
+    fn set_ref(&self, on: bool) {
+        self.on_core("Immediate::ref/unref", |core| {
+            let changed = {
+                let mut check = core.check.borrow_mut();
+                let Some(e) = check.immediate_mut(self.key, self.id) else {
+                    return;
+                };
+                std::mem::replace(&mut e.refd, on) != on
+            };
+            match (changed, on) {
+                (true, true) => core.ref_handle(),
+                (true, false) => core.unref_handle(),
+                _ => {}
+            }
+        });
+    }
+}

@@ -1,0 +1,291 @@
+//! The runtime: one event loop on the current thread, and the ways to run it.
+//!
+//! - `block_on(future)` runs the loop until the future completes (the future need not be
+//!   `'static`); whatever else is queued stays queued for the next `run`/`block_on`.
+//! - `run()` runs until nothing ref'd is alive (Node's exit rule); `run_once()` and
+//!   `run_nowait()` run one pass starting at timers, blocking or not in the poll phase.
+//! - `enter(f)` runs `f` as the "main script": with this loop current, then drains next-ticks and
+//!   microtasks, as Node does after the main module returns.
+//!
+//! Invariants: a loop is run by the thread that created it (`Runtime` is `!Send`), and never
+//! inside another running loop on the same thread. Dropping the runtime drops every task,
+//! callback and timer it still holds, on this thread.
+
+pub(crate) mod context;
+pub(crate) mod core;
+mod drain;
+pub(crate) mod hooks;
+mod immediate;
+mod main_task;
+mod phases;
+pub(crate) mod queues;
+mod ticks;
+
+use std::future::Future;
+use std::panic::Location;
+use std::pin::pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use hooks::{HookHandle, defer, idle, prepare};
+pub use immediate::{Immediate, clear_immediate, set_immediate};
+pub use ticks::{next_tick, queue_microtask};
+
+use self::context::{Entered, Running, with_core};
+use self::core::{Core, Remote, Shared};
+use self::phases::Mode;
+use crate::metrics::meter::MeterConfig;
+use crate::metrics::phase::Phase;
+
+/// Configures a [`Runtime`].
+#[derive(Debug, Clone)]
+pub struct Builder {
+    config: MeterConfig,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            config: MeterConfig {
+                slow_poll: Duration::from_millis(100),
+                stall: Duration::from_millis(100),
+                watchdog: true,
+                interval: Duration::from_secs(1),
+            },
+        }
+    }
+}
+
+impl Builder {
+    pub fn new() -> Builder {
+        Builder::default()
+    }
+
+    /// A task poll or callback at least this long is logged as a slow poll when it returns
+    /// (default 100 ms).
+    pub fn slow_poll_threshold(mut self, d: Duration) -> Builder {
+        self.config.slow_poll = d;
+        self
+    }
+
+    /// The watchdog reports a poll still running after this long (default 100 ms).
+    pub fn stall_threshold(mut self, d: Duration) -> Builder {
+        self.config.stall = d;
+        self
+    }
+
+    /// Whether the stall watchdog watches this loop (default on).
+    pub fn watchdog(mut self, on: bool) -> Builder {
+        self.config.watchdog = on;
+        self
+    }
+
+    /// Length of the interval behind "last interval" figures such as utilization (default 1 s).
+    pub fn metrics_interval(mut self, d: Duration) -> Builder {
+        self.config.interval = d.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Creates the loop on the current thread.
+    pub fn build(self) -> std::io::Result<Runtime> {
+        Ok(Runtime {
+            core: Rc::new(Core::new(self.config)?),
+        })
+    }
+}
+
+/// One event loop on the current thread.
+pub struct Runtime {
+    core: Rc<Core>,
+}
+
+impl Runtime {
+    /// A loop with the default configuration.
+    ///
+    /// # Panics
+    /// If the epoll instance cannot be created (out of file descriptors); use
+    /// `Builder::build` to get the error instead.
+    pub fn new() -> Runtime {
+        Builder::new()
+            .build()
+            .unwrap_or_else(|e| panic!("nodus: cannot create the event loop: {e}"))
+    }
+
+    pub fn builder() -> Builder {
+        Builder::new()
+    }
+
+    /// Runs the loop until `future` completes and returns its output.
+    ///
+    /// # Panics
+    /// When called from inside a running nodus loop (it would block that loop forever).
+    #[track_caller]
+    pub fn block_on<F: Future>(&self, future: F) -> F::Output {
+        let location = Location::caller();
+        let _running = Running::new("Runtime::block_on");
+        let _entered = Entered::new(&self.core);
+        let core = &*self.core;
+        let mut output = None;
+        {
+            let mut main = pin!(async {
+                output = Some(future.await);
+            });
+            let _guard = core.install_main(main.as_mut(), location);
+            core.meter.phase(Phase::Main);
+            let t = core.boundary();
+            core.poll_main(t);
+            core.drain();
+            while !core.main_done.get() {
+                core.iterate(Mode::BlockOn);
+            }
+        }
+        output.expect("the main future completed")
+    }
+
+    /// Runs the loop until nothing ref'd is alive: no ref'd timer, immediate, hook or I/O
+    /// handle, no in-flight pool request, no pending or closing callback (Node's exit rule).
+    /// Returns early after `nodus::rt::stop()`.
+    #[track_caller]
+    pub fn run(&self) {
+        let _running = Running::new("Runtime::run");
+        let _entered = Entered::new(&self.core);
+        self.core.drain();
+        while self.core.alive() && !self.core.stop.replace(false) {
+            self.core.iterate(Mode::Default);
+        }
+    }
+
+    /// One pass starting at timers, blocking in the poll phase if nothing is ready. Returns
+    /// whether the loop is still alive.
+    #[track_caller]
+    pub fn run_once(&self) -> bool {
+        self.one_pass(Mode::Once)
+    }
+
+    /// One pass starting at timers, without blocking. Returns whether the loop is still alive.
+    #[track_caller]
+    pub fn run_nowait(&self) -> bool {
+        self.one_pass(Mode::NoWait)
+    }
+
+    #[track_caller]
+    fn one_pass(&self, mode: Mode) -> bool {
+        let _running = Running::new("Runtime::run_once/run_nowait");
+        let _entered = Entered::new(&self.core);
+        self.core.drain();
+        self.core.stop.set(false);
+        self.core.iterate(mode);
+        self.core.alive()
+    }
+
+    /// Runs `f` with this loop current (so it can schedule work), then drains next-ticks and
+    /// microtasks: Node's main script.
+    #[track_caller]
+    pub fn enter<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _running = Running::new("Runtime::enter");
+        let _entered = Entered::new(&self.core);
+        self.core.meter.phase(Phase::Main);
+        let out = f();
+        self.core.drain();
+        out
+    }
+
+    /// A `Send` handle for posting work to this loop from other threads.
+    pub fn handle(&self) -> LoopHandle {
+        LoopHandle {
+            shared: self.core.shared.clone(),
+        }
+    }
+
+    /// This loop's id (unique in the process; used in stall reports and metrics).
+    pub fn id(&self) -> u64 {
+        self.core.loop_id()
+    }
+}
+
+impl Default for Runtime {
+    fn default() -> Self {
+        Runtime::new()
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        let _entered = Entered::new(&self.core);
+        self.core.shutdown();
+    }
+}
+
+impl Core {
+    /// Drops everything the loop still holds, on the loop thread, until nothing is left (dropping
+    /// a task's future may cancel timers or wake other tasks).
+    fn shutdown(&self) {
+        self.shutting_down.set(true);
+        loop {
+            let micro = self.micro.borrow_mut().take_all();
+            let check = self.check.borrow_mut().order.take_all();
+            let immediates: Vec<_> = self.check.borrow_mut().immediates.drain().collect();
+            let ticks: Vec<_> = self.ticks.borrow_mut().drain(..).collect();
+            let timers = self.timers.borrow_mut().take_all();
+            let hooks = self.hooks.borrow_mut().take_all();
+            let pending: Vec<_> = self.pending.borrow_mut().drain(..).collect();
+            let closing = std::mem::take(&mut *self.closing.borrow_mut());
+            let remote = self.shared.take_remote();
+            let wakers = self.reactor.take_wakers();
+            let empty = micro.is_empty()
+                && check.is_empty()
+                && immediates.is_empty()
+                && ticks.is_empty()
+                && timers.is_empty()
+                && hooks.is_empty()
+                && pending.is_empty()
+                && closing.is_empty()
+                && remote.is_empty()
+                && wakers.is_empty();
+            drop((
+                micro, check, immediates, ticks, timers, hooks, pending, closing, remote, wakers,
+            ));
+            if empty {
+                break;
+            }
+        }
+        drop(self.shared.close());
+    }
+}
+
+/// A `Send + Sync` handle to a loop, for other threads.
+#[derive(Clone)]
+pub struct LoopHandle {
+    shared: Arc<Shared>,
+}
+
+impl LoopHandle {
+    /// Runs `f` on the loop, in its poll phase (a macrotask, followed by a queue drain). Returns
+    /// `false` if the loop is gone. Posting does not keep the loop alive by itself.
+    #[track_caller]
+    pub fn post(&self, f: impl FnOnce() + Send + 'static) -> bool {
+        self.shared
+            .push_remote(Remote::Callback(Box::new(f), Location::caller()))
+            .is_ok()
+    }
+
+    /// The loop's id.
+    pub fn loop_id(&self) -> u64 {
+        self.shared.loop_id
+    }
+}
+
+/// The current loop's handle.
+#[track_caller]
+pub fn handle() -> LoopHandle {
+    with_core("nodus::rt::handle", |core| LoopHandle {
+        shared: core.shared.clone(),
+    })
+}
+
+/// Stops `run` after the current iteration (libuv's `uv_stop`); the poll phase does not block.
+#[track_caller]
+pub fn stop() {
+    with_core("nodus::rt::stop", |core| core.stop.set(true));
+}

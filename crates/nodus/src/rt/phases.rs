@@ -1,0 +1,206 @@
+//! One loop iteration: timers, pending, idle, prepare, poll, check, close (DESIGN.md section 2).
+//!
+//! Invariants:
+//! - The timers pass fires timers due at `pass_now`, read once when the pass starts; timers
+//!   added during the pass have later deadlines, so they wait for the next pass. Each timer is
+//!   popped only when it is about to run, so a timer cleared by an earlier callback never fires.
+//! - The check phase runs exactly the entries queued when it started (immediates and yielded
+//!   tasks); entries added during it run on the next turn.
+//! - The poll phase never blocks while anything is ready to run: immediates, yielded tasks,
+//!   pending or closing callbacks, active idle hooks, a stop request.
+//! - Every phase returns early once the `block_on` future has completed.
+
+use std::time::Duration;
+
+use super::core::{Core, Remote};
+use super::hooks::HookKind;
+use super::queues::Popped;
+use crate::metrics::classes;
+use crate::metrics::phase::Phase;
+use crate::time::queue::TimerAction;
+
+/// How one iteration may block in the poll phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// `run`: block until the next timer or event, unless nothing ref'd is alive.
+    Default,
+    /// `block_on`: block until the next timer or event, whatever is ref'd.
+    BlockOn,
+    /// `run_once`: like `Default`.
+    Once,
+    /// `run_nowait`: never block.
+    NoWait,
+}
+
+impl Core {
+    /// One pass of the loop, starting at timers.
+    pub(crate) fn iterate(&self, mode: Mode) {
+        self.meter.iteration();
+        self.run_timers();
+        if self.main_done.get() {
+            return;
+        }
+        self.run_pending();
+        self.run_hooks(HookKind::Idle);
+        self.run_hooks(HookKind::Prepare);
+        if self.main_done.get() {
+            return;
+        }
+        self.run_poll(mode);
+        if self.main_done.get() {
+            return;
+        }
+        self.run_check();
+        if self.main_done.get() {
+            return;
+        }
+        self.run_closing();
+    }
+
+    fn run_timers(&self) {
+        self.meter.phase(Phase::Timers);
+        if self.timers.borrow().len() == 0 {
+            return;
+        }
+        let pass_now = self.meter.refresh();
+        loop {
+            let popped = self.timers.borrow_mut().pop_due(pass_now);
+            let Some((key, fired)) = popped else { return };
+            if fired.refd && !fired.stays {
+                self.unref_handle();
+            }
+            let target = Core::callback_target("timer", fired.location, classes::TIMER);
+            match fired.action {
+                TimerAction::Callback(mut callback) => {
+                    let t = self.boundary();
+                    self.meter.timer_fired(fired.deadline, t);
+                    self.meter.begin_poll(&target, t);
+                    callback();
+                    self.meter.end_poll(&target, t);
+                    if fired.stays {
+                        let cleared = self
+                            .timers
+                            .borrow_mut()
+                            .finish_interval(key, callback, pass_now);
+                        drop(cleared);
+                    }
+                    self.drain();
+                }
+                TimerAction::Wake(waker) => {
+                    let t = self.boundary();
+                    self.meter.timer_fired(fired.deadline, t);
+                    if let Some(waker) = waker {
+                        waker.wake();
+                    }
+                    self.drain();
+                }
+                TimerAction::Running => unreachable!("a running interval is never in the heap"),
+            }
+            if self.main_done.get() {
+                return;
+            }
+        }
+    }
+
+    /// How long the poll phase may block.
+    fn poll_timeout(&self, mode: Mode) -> Option<Duration> {
+        if mode == Mode::NoWait
+            || self.stop.get()
+            || self.main_done.get()
+            || !self.check.borrow().order.is_empty()
+            || !self.pending.borrow().is_empty()
+            || !self.closing.borrow().is_empty()
+            || self.hooks.borrow().idle_active()
+            || (mode != Mode::BlockOn && !self.alive())
+        {
+            return Some(Duration::ZERO);
+        }
+        let deadline = self.timers.borrow_mut().next_deadline()?;
+        let now = self.meter.refresh();
+        Some(Duration::from_nanos(deadline.saturating_sub(now)))
+    }
+
+    fn run_poll(&self, mode: Mode) {
+        self.meter.phase(Phase::Poll);
+        let timeout = self.poll_timeout(mode);
+        let mut events = self.reactor.take_event_buffer();
+        let skip =
+            timeout == Some(Duration::ZERO) && self.reactor.is_empty() && !self.shared.has_remote();
+        if !skip {
+            self.meter.before_block(timeout);
+            if let Err(e) = self.reactor.poll(timeout, &mut events) {
+                tracing::error!(target: "nodus::rt", "epoll_wait failed: {e}");
+            }
+            self.meter.after_block(timeout, events.len());
+        }
+        for &(token, readiness) in &events {
+            if token == crate::io::reactor::WAKER_TOKEN {
+                continue;
+            }
+            let target = Core::callback_target("io", std::panic::Location::caller(), classes::IO);
+            self.run_callback(target, None, || self.reactor.dispatch(token, readiness));
+            if self.main_done.get() {
+                break;
+            }
+        }
+        self.reactor.return_event_buffer(events);
+        if self.shared.has_remote() {
+            self.run_remote();
+        }
+    }
+
+    /// Work posted by other threads: woken tasks and completion callbacks, each a macrotask.
+    fn run_remote(&self) {
+        let items = self.shared.take_remote();
+        self.meter.extra_events(items.len());
+        let mut items = items.into_iter();
+        for item in items.by_ref() {
+            match item {
+                Remote::Run(item, woken_at) => {
+                    self.meter.arrive();
+                    let t = self.boundary();
+                    self.run_item(item, woken_at.min(t), t);
+                    self.drain();
+                }
+                Remote::Callback(callback, location) => {
+                    let target = Core::callback_target("remote", location, classes::REMOTE);
+                    self.run_callback(target, None, callback);
+                }
+            }
+            if self.main_done.get() {
+                break;
+            }
+        }
+        // Left over when `block_on` returned mid-phase: back on the queue for the next turn.
+        for rest in items {
+            let _ = self.shared.push_remote(rest);
+        }
+    }
+
+    fn run_check(&self) {
+        self.meter.phase(Phase::Check);
+        let queued = self.check.borrow().order.len();
+        for _ in 0..queued {
+            let popped = self.check.borrow_mut().pop();
+            let Some((entry, at)) = popped else { return };
+            match entry {
+                None => {} // cleared before it ran
+                Some(Popped::Immediate(e)) => {
+                    if e.refd {
+                        self.unref_handle();
+                    }
+                    let target = Core::callback_target("immediate", e.location, classes::IMMEDIATE);
+                    self.run_callback(target, Some(at), e.callback);
+                }
+                Some(Popped::Yield(item)) => {
+                    let t = self.boundary();
+                    self.run_item(item, at.min(t), t);
+                    self.drain();
+                }
+            }
+            if self.main_done.get() {
+                return;
+            }
+        }
+    }
+}

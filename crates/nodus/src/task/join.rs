@@ -1,0 +1,208 @@
+//! `JoinHandle`: await a task's output, or abort it; and the panic boundary around every task.
+//!
+//! Dropping a `JoinHandle` detaches the task (it keeps running), as in tokio; `abort` cancels it.
+
+use std::any::Any;
+use std::cell::Cell;
+use std::fmt;
+use std::future::Future;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use async_task::FallibleTask;
+
+use super::TaskMeta;
+
+type Payload = Box<dyn Any + Send + 'static>;
+
+/// Why a task has no output.
+pub enum JoinError {
+    /// The task was aborted before it finished.
+    Cancelled,
+    /// The task panicked; the payload is what it panicked with.
+    Panicked(Payload),
+}
+
+impl JoinError {
+    pub fn is_panic(&self) -> bool {
+        matches!(self, JoinError::Panicked(_))
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        matches!(self, JoinError::Cancelled)
+    }
+
+    /// The panic message, when the payload is a string.
+    pub fn panic_message(&self) -> Option<&str> {
+        match self {
+            JoinError::Panicked(p) => p
+                .downcast_ref::<&'static str>()
+                .copied()
+                .or_else(|| p.downcast_ref::<String>().map(|s| s.as_str())),
+            JoinError::Cancelled => None,
+        }
+    }
+
+    /// The panic payload, to resume the panic with `std::panic::resume_unwind`.
+    pub fn into_panic(self) -> Option<Payload> {
+        match self {
+            JoinError::Panicked(p) => Some(p),
+            JoinError::Cancelled => None,
+        }
+    }
+}
+
+impl fmt::Debug for JoinError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            JoinError::Cancelled => f.write_str("JoinError::Cancelled"),
+            JoinError::Panicked(_) => {
+                write!(
+                    f,
+                    "JoinError::Panicked({:?})",
+                    self.panic_message().unwrap_or("<non-string payload>")
+                )
+            }
+        }
+    }
+}
+
+impl fmt::Display for JoinError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            JoinError::Cancelled => f.write_str("task was cancelled"),
+            JoinError::Panicked(_) => {
+                write!(
+                    f,
+                    "task panicked: {}",
+                    self.panic_message().unwrap_or("<non-string payload>")
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for JoinError {}
+
+/// An owned permission to await a task's output or abort it.
+#[must_use = "dropping a JoinHandle detaches the task; call .detach() to say so"]
+pub struct JoinHandle<T> {
+    task: Cell<Option<FallibleTask<Result<T, Payload>, TaskMeta>>>,
+    meta: TaskMeta,
+    aborted: Cell<bool>,
+}
+
+impl<T> JoinHandle<T> {
+    pub(crate) fn new(task: FallibleTask<Result<T, Payload>, TaskMeta>, meta: TaskMeta) -> Self {
+        JoinHandle {
+            task: Cell::new(Some(task)),
+            meta,
+            aborted: Cell::new(false),
+        }
+    }
+
+    /// Cancels the task: its future is dropped without being polled again (on the loop, during
+    /// the current queue drain). Awaiting the handle then gives `JoinError::Cancelled`, unless the
+    /// task had already finished.
+    pub fn abort(&self) {
+        if let Some(task) = self.task.take() {
+            if task.is_finished() {
+                self.task.set(Some(task));
+            } else {
+                self.aborted.set(true);
+                drop(task);
+            }
+        }
+    }
+
+    /// Whether the task has completed (or was aborted).
+    pub fn is_finished(&self) -> bool {
+        let task = self.task.take();
+        let done = task.as_ref().is_none_or(|t| t.is_finished());
+        self.task.set(task);
+        done
+    }
+
+    /// The task's id, name and spawn location.
+    pub fn meta(&self) -> &TaskMeta {
+        &self.meta
+    }
+
+    /// Lets the task run to completion on its own, without keeping its output.
+    pub fn detach(self) {
+        drop(self)
+    }
+}
+
+impl<T> Future for JoinHandle<T> {
+    type Output = Result<T, JoinError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let Some(task) = this.task.get_mut() else {
+            assert!(
+                this.aborted.get(),
+                "nodus: JoinHandle polled after it returned the task's output"
+            );
+            return Poll::Ready(Err(JoinError::Cancelled));
+        };
+        match Pin::new(task).poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(out) => {
+                this.task.set(None);
+                Poll::Ready(match out {
+                    Some(Ok(v)) => Ok(v),
+                    Some(Err(p)) => Err(JoinError::Panicked(p)),
+                    // Cancelled: only `abort` cancels (the loop never cancels tasks it runs).
+                    None => {
+                        this.aborted.set(true);
+                        Err(JoinError::Cancelled)
+                    }
+                })
+            }
+        }
+    }
+}
+
+impl<T> Drop for JoinHandle<T> {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.detach();
+        }
+    }
+}
+
+impl<T> fmt::Debug for JoinHandle<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JoinHandle")
+            .field("meta", &self.meta)
+            .finish()
+    }
+}
+
+/// Runs a future, turning a panic in any poll into an `Err` output.
+pub(crate) struct CatchUnwind<F> {
+    future: F,
+}
+
+impl<F> CatchUnwind<F> {
+    pub(crate) fn new(future: F) -> Self {
+        CatchUnwind { future }
+    }
+}
+
+impl<F: Future> Future for CatchUnwind<F> {
+    type Output = Result<F::Output, Payload>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // SAFETY: `future` is structurally pinned: it is never moved out of `self`, `CatchUnwind`
+        // has no `Drop` impl and no `Unpin` impl that would allow moving it.
+        let future = unsafe { self.map_unchecked_mut(|s| &mut s.future) };
+        match catch_unwind(AssertUnwindSafe(|| future.poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
+            Err(payload) => Poll::Ready(Err(payload)),
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! Tasks: `!Send` futures spawned on the current loop, with names, spawn locations and
+//! `JoinHandle`s.
+//!
+//! A task is an `async_task` task (one allocation: header, future, output) whose metadata is
+//! [`TaskMeta`]. Its waker is `Send + Sync`: a wake on the loop thread queues the task on the
+//! microtask queue (polling a woken task is a microtask, like a JS `await` continuation), a wake
+//! from the task's own poll queues it in the check phase (a self-wake is a yield), and a wake
+//! from another thread goes through the loop's remote queue and wakes its poll.
+//!
+//! Invariants: a task is polled and dropped only on its loop's thread (async-task's
+//! `spawn_local` checks it); a panic inside a task is caught at the task boundary and reaches its
+//! `JoinHandle`, never the loop.
+
+mod join;
+mod yield_now;
+
+use std::future::Future;
+use std::panic::Location;
+use std::sync::Arc;
+
+use async_task::{Runnable, ScheduleInfo, WithInfo};
+
+pub use join::{JoinError, JoinHandle};
+pub use yield_now::{YieldNow, yield_now};
+
+use crate::metrics::classes::ClassId;
+use crate::rt::context::{try_with_core, with_core};
+use crate::rt::core::{Core, Shared};
+use crate::rt::queues::RunItem;
+
+/// What the loop knows about a task: shown in stall reports, slow-poll logs and metrics.
+#[derive(Debug, Clone, Copy)]
+pub struct TaskMeta {
+    pub(crate) id: u64,
+    pub(crate) name: &'static str,
+    pub(crate) location: &'static Location<'static>,
+    pub(crate) class: ClassId,
+}
+
+impl TaskMeta {
+    /// Loop-unique task id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+    /// The task's name (`"task"` for unnamed tasks).
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+    /// Where `spawn` was called.
+    pub fn location(&self) -> &'static Location<'static> {
+        self.location
+    }
+}
+
+/// Spawns a task on the current loop; its first poll is a microtask.
+///
+/// # Panics
+/// On a thread with no running nodus loop.
+#[track_caller]
+pub fn spawn<F>(future: F) -> JoinHandle<F::Output>
+where
+    F: Future + 'static,
+    F::Output: 'static,
+{
+    let location = Location::caller();
+    with_core("nodus::spawn", |core| {
+        spawn_on(core, "task", location, future)
+    })
+}
+
+/// Spawns a named task. Names are classes (`"http:static"`), never per-connection values:
+/// measurements are kept per name for up to 64 names.
+#[track_caller]
+pub fn spawn_named<F>(name: &'static str, future: F) -> JoinHandle<F::Output>
+where
+    F: Future + 'static,
+    F::Output: 'static,
+{
+    let location = Location::caller();
+    with_core("nodus::spawn_named", |core| {
+        spawn_on(core, name, location, future)
+    })
+}
+
+/// Spawns on `core` with an explicit name and location (for wrappers that capture the caller).
+pub(crate) fn spawn_on<F>(
+    core: &Core,
+    name: &'static str,
+    location: &'static Location<'static>,
+    future: F,
+) -> JoinHandle<F::Output>
+where
+    F: Future + 'static,
+    F::Output: 'static,
+{
+    let class = core.meter.class_of(name);
+    let meta = TaskMeta {
+        id: core.next_task_id(),
+        name,
+        location,
+        class,
+    };
+    core.meter.spawned(class);
+    let alive = AliveGuard;
+    let future = async move {
+        let _alive = alive;
+        join::CatchUnwind::new(future).await
+    };
+    let shared = core.shared.clone();
+    let schedule = WithInfo(move |runnable: Runnable<TaskMeta>, info: ScheduleInfo| {
+        schedule(&shared, runnable, info)
+    });
+    let (runnable, task) = async_task::Builder::new()
+        .metadata(meta)
+        .spawn_local(move |_| future, schedule);
+    runnable.schedule();
+    JoinHandle::new(task.fallible(), meta)
+}
+
+/// Where a woken task goes (see the module docs).
+fn schedule(shared: &Arc<Shared>, runnable: Runnable<TaskMeta>, info: ScheduleInfo) {
+    let item = RunItem::Task(runnable);
+    if try_with_core(|core| core.shared.loop_id == shared.loop_id) == Some(true) {
+        with_core("wake", |core| {
+            core.schedule_local(item, info.woken_while_running)
+        });
+    } else {
+        // Another thread, or this loop's thread while the loop is not entered.
+        shared.schedule_remote(item);
+    }
+}
+
+/// Counts the task as alive from spawn until its future is dropped.
+struct AliveGuard;
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        try_with_core(|core| core.meter.task_dropped());
+    }
+}

@@ -1,0 +1,176 @@
+//! Timers: Node's `setTimeout`/`setInterval` and the futures `sleep`, `interval`, `timeout`.
+//!
+//! Delay rules (Node's): a delay below 1 ms (0, negative, NaN) becomes 1 ms; equal deadlines fire
+//! in insertion order; a timer never fires early on the loop clock (it fires in the first timers
+//! pass whose time is at or past its deadline). Deadlines count from the loop's latest clock
+//! read, which is the start of the callback that sets the timer (with measurements compiled out,
+//! the start of the iteration). A delay above Node's maximum (2^31 − 1 ms, about 24.8 days)
+//! panics with a clear message instead of being silently changed.
+
+mod delay;
+pub(crate) mod queue;
+mod sleep;
+
+use std::panic::Location;
+
+pub use delay::{IntoDelay, MAX_DELAY};
+pub use sleep::{Elapsed, Interval, Sleep, Timeout, interval, sleep, timeout};
+
+use self::queue::{TimerAction, TimerKey};
+use crate::rt::context::with_core;
+use crate::rt::core::Core;
+use crate::rt::hooks::close_callback;
+
+/// A timer made by `set_timeout` or `set_interval`. Copying the handle is cheap; dropping it
+/// does not cancel the timer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timer {
+    key: TimerKey,
+    loop_id: u64,
+}
+
+/// Runs `callback` once after `delay` (Node's `setTimeout(callback, delay)`). `delay` is a
+/// `Duration` or a number of milliseconds (`10`, `2.5`, `-1`, `f64::NAN`).
+#[track_caller]
+pub fn set_timeout(delay: impl IntoDelay, callback: impl FnOnce() + 'static) -> Timer {
+    let mut callback = Some(callback);
+    let once = move || {
+        if let Some(f) = callback.take() {
+            f()
+        }
+    };
+    arm(
+        "nodus::set_timeout",
+        delay.into_delay_ns(),
+        false,
+        Box::new(once),
+        Location::caller(),
+    )
+}
+
+/// Runs `callback` every `delay` until cleared (Node's `setInterval`). Each run re-arms the
+/// interval from the time its timers pass started, behind timers already due at that time.
+#[track_caller]
+pub fn set_interval(delay: impl IntoDelay, callback: impl FnMut() + 'static) -> Timer {
+    arm(
+        "nodus::set_interval",
+        delay.into_delay_ns(),
+        true,
+        Box::new(callback),
+        Location::caller(),
+    )
+}
+
+/// Cancels a timeout that has not fired; it never fires, even if due in the same pass.
+#[track_caller]
+pub fn clear_timeout(timer: &Timer) {
+    timer.clear();
+}
+
+/// Cancels an interval; clearing it inside its own callback stops it.
+#[track_caller]
+pub fn clear_interval(timer: &Timer) {
+    timer.clear();
+}
+
+#[track_caller]
+fn arm(
+    api: &str,
+    delay: u64,
+    repeat: bool,
+    callback: Box<dyn FnMut()>,
+    location: &'static Location<'static>,
+) -> Timer {
+    with_core(api, |core| {
+        let deadline = core.meter.now().saturating_add(delay);
+        let repeat = if repeat { delay } else { 0 };
+        let key = core.timers.borrow_mut().insert(
+            deadline,
+            repeat,
+            TimerAction::Callback(callback),
+            true,
+            location,
+        );
+        core.ref_handle();
+        Timer {
+            key,
+            loop_id: core.loop_id(),
+        }
+    })
+}
+
+impl Timer {
+    fn on_core<R>(&self, api: &str, f: impl FnOnce(&Core) -> R) -> Option<R> {
+        with_core(api, |core| {
+            (core.loop_id() == self.loop_id).then(|| f(core))
+        })
+    }
+
+    /// Cancels the timer (`clear_timeout` / `clear_interval`).
+    #[track_caller]
+    pub fn clear(&self) {
+        let removed = self.on_core("Timer::clear", |core| {
+            let e = core.timers.borrow_mut().remove(self.key)?;
+            if e.refd {
+                core.unref_handle();
+            }
+            Some(e)
+        });
+        drop(removed);
+    }
+
+    /// Cancels the timer and runs `callback` in the close phase.
+    #[track_caller]
+    pub fn close(&self, callback: impl FnOnce() + 'static) {
+        self.clear();
+        close_callback(Box::new(callback), Location::caller());
+    }
+
+    /// The timer no longer keeps the loop alive (Node's `timeout.unref()`).
+    #[track_caller]
+    pub fn unref(&self) {
+        self.set_ref(false);
+    }
+
+    /// The timer keeps the loop alive again (Node's `timeout.ref()`; the default).
+    #[track_caller]
+    pub fn ref_(&self) {
+        self.set_ref(true);
+    }
+
+    /// Whether the timer is armed and ref'd.
+    #[track_caller]
+    pub fn has_ref(&self) -> bool {
+        self.on_core("Timer::has_ref", |core| {
+            core.timers.borrow().get(self.key).is_some_and(|e| e.refd)
+        })
+        .unwrap_or(false)
+    }
+
+    /// Whether the timer is still armed (not fired, for a timeout; not cleared).
+    #[track_caller]
+    pub fn is_active(&self) -> bool {
+        self.on_core("Timer::is_active", |core| {
+            core.timers.borrow().get(self.key).is_some()
+        })
+        .unwrap_or(false)
+    }
+
+    #[track_caller]
+    fn set_ref(&self, on: bool) {
+        self.on_core("Timer::ref/unref", |core| {
+            let changed = {
+                let mut timers = core.timers.borrow_mut();
+                let Some(e) = timers.get_mut(self.key) else {
+                    return;
+                };
+                std::mem::replace(&mut e.refd, on) != on
+            };
+            match (changed, on) {
+                (true, true) => core.ref_handle(),
+                (true, false) => core.unref_handle(),
+                _ => {}
+            }
+        });
+    }
+}

@@ -1,0 +1,255 @@
+//! Timer futures: `sleep`, `interval`, `timeout`.
+//!
+//! A `Sleep` fixes its deadline when created and joins the timer queue on its first poll, as a
+//! waker entry (no boxed callback). While armed and ref'd it keeps the loop alive, like a pending
+//! `setTimeout` promise; dropping it cancels the timer.
+
+use std::fmt;
+use std::future::Future;
+use std::panic::Location;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use super::delay::IntoDelay;
+use super::queue::{TimerAction, TimerKey};
+use crate::rt::context::{try_with_core, with_core};
+
+/// Completes once its deadline has passed on the loop clock. See [`sleep`].
+#[must_use = "futures do nothing unless awaited"]
+pub struct Sleep {
+    deadline: u64,
+    key: Option<TimerKey>,
+    loop_id: u64,
+    refd: bool,
+    fired: bool,
+    location: &'static Location<'static>,
+}
+
+/// Waits for `delay` (at least 1 ms, Node's rule; see the `time` module docs).
+#[track_caller]
+pub fn sleep(delay: impl IntoDelay) -> Sleep {
+    let location = Location::caller();
+    let delay = delay.into_delay_ns();
+    with_core("nodus::sleep", |core| Sleep {
+        deadline: core.meter.now().saturating_add(delay),
+        key: None,
+        loop_id: core.loop_id(),
+        refd: true,
+        fired: false,
+        location,
+    })
+}
+
+impl Sleep {
+    /// The sleep no longer keeps the loop alive (`run` may return before it completes).
+    pub fn unref(&mut self) {
+        if std::mem::replace(&mut self.refd, false) {
+            self.with_entry(|core, e| {
+                e.refd = false;
+                core.unref_handle();
+            });
+        }
+    }
+
+    /// When it completes.
+    pub fn deadline(&self) -> Instant {
+        crate::clock::instant_at(self.deadline)
+    }
+
+    /// Whether the deadline has been reached (the timer fired).
+    pub fn is_elapsed(&self) -> bool {
+        self.fired
+    }
+
+    /// Re-arms the sleep for `delay` from the loop's current time.
+    #[track_caller]
+    pub fn reset(&mut self, delay: impl IntoDelay) {
+        let delay = delay.into_delay_ns();
+        self.cancel();
+        self.deadline = with_core("Sleep::reset", |core| {
+            core.meter.now().saturating_add(delay)
+        });
+        self.fired = false;
+    }
+
+    fn with_entry(&self, f: impl FnOnce(&crate::rt::core::Core, &mut super::queue::TimerEntry)) {
+        let Some(key) = self.key else { return };
+        try_with_core(|core| {
+            if core.loop_id() != self.loop_id {
+                return;
+            }
+            let mut timers = core.timers.borrow_mut();
+            if let Some(e) = timers.get_mut(key) {
+                f(core, e);
+            }
+        });
+    }
+
+    fn cancel(&mut self) {
+        let Some(key) = self.key.take() else { return };
+        let removed = try_with_core(|core| {
+            if core.loop_id() != self.loop_id {
+                return None;
+            }
+            let e = core.timers.borrow_mut().remove(key)?;
+            if e.refd {
+                core.unref_handle();
+            }
+            Some(e)
+        });
+        drop(removed);
+    }
+}
+
+impl Future for Sleep {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        if this.fired {
+            return Poll::Ready(());
+        }
+        with_core("Sleep::poll", |core| {
+            assert_eq!(
+                core.loop_id(),
+                this.loop_id,
+                "nodus: a Sleep was polled on another loop than the one that made it"
+            );
+            let mut timers = core.timers.borrow_mut();
+            match this.key {
+                None => {
+                    let action = TimerAction::Wake(Some(cx.waker().clone()));
+                    this.key =
+                        Some(timers.insert(this.deadline, 0, action, this.refd, this.location));
+                    drop(timers);
+                    if this.refd {
+                        core.ref_handle();
+                    }
+                    Poll::Pending
+                }
+                Some(key) => match timers.get_mut(key) {
+                    Some(e) => {
+                        if let TimerAction::Wake(w) = &mut e.action
+                            && !w.as_ref().is_some_and(|w| w.will_wake(cx.waker()))
+                        {
+                            let old = w.replace(cx.waker().clone());
+                            drop(timers);
+                            drop(old);
+                        }
+                        Poll::Pending
+                    }
+                    None => {
+                        this.key = None;
+                        this.fired = true;
+                        Poll::Ready(())
+                    }
+                },
+            }
+        })
+    }
+}
+
+impl Drop for Sleep {
+    fn drop(&mut self) {
+        self.cancel();
+    }
+}
+
+impl fmt::Debug for Sleep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sleep")
+            .field("deadline", &self.deadline())
+            .field("fired", &self.fired)
+            .finish()
+    }
+}
+
+/// Ticks every `period`, the first tick one period after creation (like `setInterval`). A tick
+/// that is late re-arms from when it ran, so late ticks are not bunched up.
+#[track_caller]
+pub fn interval(period: impl IntoDelay) -> Interval {
+    let period = Duration::from_nanos(period.into_delay_ns());
+    Interval {
+        period,
+        sleep: sleep(period),
+    }
+}
+
+/// See [`interval`].
+#[derive(Debug)]
+pub struct Interval {
+    period: Duration,
+    sleep: Sleep,
+}
+
+impl Interval {
+    /// Waits for the next tick.
+    pub async fn tick(&mut self) {
+        std::future::poll_fn(|cx| self.poll_tick(cx)).await
+    }
+
+    /// Polls for the next tick.
+    pub fn poll_tick(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        match Pin::new(&mut self.sleep).poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(()) => {
+                self.sleep.reset(self.period);
+                Poll::Ready(())
+            }
+        }
+    }
+
+    /// The interval no longer keeps the loop alive.
+    pub fn unref(&mut self) {
+        self.sleep.unref();
+    }
+
+    pub fn period(&self) -> Duration {
+        self.period
+    }
+}
+
+/// Runs `future` for at most `limit`; `Err(Elapsed)` if the time ran out first.
+#[track_caller]
+pub fn timeout<F: Future>(limit: impl IntoDelay, future: F) -> Timeout<F> {
+    Timeout {
+        future,
+        sleep: sleep(limit),
+    }
+}
+
+/// See [`timeout`].
+#[must_use = "futures do nothing unless awaited"]
+pub struct Timeout<F> {
+    future: F,
+    sleep: Sleep,
+}
+
+/// The time limit of [`timeout`] ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Elapsed;
+
+impl fmt::Display for Elapsed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("deadline has elapsed")
+    }
+}
+
+impl std::error::Error for Elapsed {}
+
+impl<F: Future> Future for Timeout<F> {
+    type Output = Result<F::Output, Elapsed>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // SAFETY: `future` is structurally pinned (never moved out, no Unpin impl for `Timeout`,
+        // no Drop impl); `sleep` is `Unpin` and never pinned.
+        let this = unsafe { self.get_unchecked_mut() };
+        // SAFETY: see above.
+        let future = unsafe { Pin::new_unchecked(&mut this.future) };
+        if let Poll::Ready(v) = future.poll(cx) {
+            return Poll::Ready(Ok(v));
+        }
+        Pin::new(&mut this.sleep).poll(cx).map(|()| Err(Elapsed))
+    }
+}
