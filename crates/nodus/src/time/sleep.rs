@@ -1,7 +1,8 @@
 //! Timer futures: `sleep`, `interval`, `timeout`.
 //!
-//! A `Sleep` fixes its deadline when created and joins the timer queue on its first poll, as a
-//! waker entry (no boxed callback). While armed and ref'd it keeps the loop alive, like a pending
+//! A `Sleep` fixes its deadline when created (from the loop's clock inside a loop, from the
+//! process clock the loops share outside one) and joins the timer queue of the loop that first
+//! polls it, as a waker entry (no boxed callback). While armed and ref'd it keeps the loop alive, like a pending
 //! `setTimeout` promise; dropping it cancels the timer.
 
 use std::fmt;
@@ -20,6 +21,7 @@ use crate::rt::context::{try_with_core, with_core};
 pub struct Sleep {
     deadline: u64,
     key: Option<TimerKey>,
+    /// The loop whose queue holds `key`.
     loop_id: u64,
     refd: bool,
     fired: bool,
@@ -31,14 +33,19 @@ pub struct Sleep {
 pub fn sleep(delay: impl IntoDelay) -> Sleep {
     let location = Location::caller();
     let delay = delay.into_delay_ns();
-    with_core("nodus::sleep", |core| Sleep {
-        deadline: core.meter.now().saturating_add(delay),
+    Sleep {
+        deadline: loop_now().saturating_add(delay),
         key: None,
-        loop_id: core.loop_id(),
+        loop_id: 0,
         refd: true,
         fired: false,
         location,
-    })
+    }
+}
+
+/// The current loop's time, or the process clock outside a loop.
+fn loop_now() -> u64 {
+    try_with_core(|core| core.meter.now()).unwrap_or_else(crate::clock::now_ns)
 }
 
 impl Sleep {
@@ -67,9 +74,7 @@ impl Sleep {
     pub fn reset(&mut self, delay: impl IntoDelay) {
         let delay = delay.into_delay_ns();
         self.cancel();
-        self.deadline = with_core("Sleep::reset", |core| {
-            core.meter.now().saturating_add(delay)
-        });
+        self.deadline = loop_now().saturating_add(delay);
         self.fired = false;
     }
 
@@ -111,14 +116,17 @@ impl Future for Sleep {
             return Poll::Ready(());
         }
         with_core("Sleep::poll", |core| {
-            assert_eq!(
-                core.loop_id(),
-                this.loop_id,
-                "nodus: a Sleep was polled on another loop than the one that made it"
-            );
+            if this.key.is_some() {
+                assert_eq!(
+                    core.loop_id(),
+                    this.loop_id,
+                    "nodus: a Sleep was moved to another loop while armed"
+                );
+            }
             let mut timers = core.timers.borrow_mut();
             match this.key {
                 None => {
+                    this.loop_id = core.loop_id();
                     let action = TimerAction::Wake(Some(cx.waker().clone()));
                     this.key =
                         Some(timers.insert(this.deadline, 0, action, this.refd, this.location));

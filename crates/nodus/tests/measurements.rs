@@ -1,0 +1,191 @@
+//! The always-on measurements hold the values they claim (DESIGN.md section 3).
+#![cfg(feature = "measure")]
+
+use std::cell::Cell;
+use std::io::Write;
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nodus::metrics::{prometheus, snapshot};
+use nodus::{Runtime, set_immediate, set_timeout, sleep, spawn_named, yield_now};
+
+fn spin(d: Duration) {
+    let end = Instant::now() + d;
+    while Instant::now() < end {}
+}
+
+#[test]
+fn n_immediates_take_at_least_n_iterations() {
+    let rt = Runtime::new();
+    let n = 500;
+    fn chain(left: u32) {
+        if left > 0 {
+            set_immediate(move || chain(left - 1));
+        }
+    }
+    rt.enter(|| chain(n));
+    rt.run();
+    let snap = rt.enter(snapshot);
+    assert!(
+        snap.loop_stats.iterations >= n as u64,
+        "{} iterations",
+        snap.loop_stats.iterations
+    );
+    let check = snap.phases.iter().find(|p| p.phase == "check").unwrap();
+    assert_eq!(check.callbacks, n as u64);
+}
+
+#[test]
+fn a_blocking_callback_records_its_poll_duration() {
+    let rt = Runtime::new();
+    rt.enter(|| {
+        set_timeout(1, || spin(Duration::from_millis(50)));
+    });
+    rt.run();
+    let snap = rt.enter(snapshot);
+    assert!(
+        snap.loop_stats.poll_duration.max >= 50_000_000,
+        "{:?}",
+        snap.loop_stats.poll_duration
+    );
+    let timer = snap
+        .task_classes
+        .iter()
+        .find(|c| c.name == "timer")
+        .unwrap();
+    assert!(timer.poll_duration.max >= 50_000_000);
+    let timers = snap.phases.iter().find(|p| p.phase == "timers").unwrap();
+    assert!(timers.seconds >= 0.05);
+    assert!(snap.loop_stats.busy_seconds >= 0.05);
+}
+
+#[test]
+fn sleeping_on_an_idle_loop_counts_as_idle_time() {
+    let rt = Runtime::new();
+    let before = rt.enter(snapshot).loop_stats.idle_seconds;
+    rt.block_on(sleep(20));
+    let after = rt.enter(snapshot);
+    assert!(
+        after.loop_stats.idle_seconds - before >= 0.020,
+        "idle grew by {}",
+        after.loop_stats.idle_seconds - before
+    );
+    assert!(after.loop_stats.timer_lateness.count >= 1);
+    assert!(after.loop_stats.utilization < 0.9);
+}
+
+#[test]
+fn run_queue_length_arrivals_and_delay_agree_with_littles_law() {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let mut handles = Vec::new();
+        for _ in 0..8 {
+            handles.push(spawn_named("littles-law", async {
+                for _ in 0..300 {
+                    spin(Duration::from_micros(20));
+                    yield_now().await;
+                }
+            }));
+        }
+        for h in handles {
+            h.await.unwrap();
+        }
+    });
+    let s = rt.enter(snapshot);
+    let l = s.run_queue.mean;
+    let lambda = s.run_queue.arrivals_total as f64 / s.uptime_seconds;
+    let w = s.loop_stats.schedule_delay.mean / 1e9;
+    assert!(s.run_queue.arrivals_total >= 2400);
+    assert!(l > 1.0, "8 tasks queue behind each other: mean length {l}");
+    let ratio = l / (lambda * w);
+    assert!(
+        (0.9..=1.1).contains(&ratio),
+        "L = {l}, lambda = {lambda}, W = {w}: L/(lambda W) = {ratio}"
+    );
+    assert!(s.run_queue.max >= 7);
+}
+
+#[test]
+fn per_name_poll_durations_and_prometheus_text() {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        spawn_named("busy", async {
+            spin(Duration::from_millis(5));
+        })
+        .await
+        .unwrap();
+        sleep(2).await;
+    });
+    let snap = rt.enter(snapshot);
+    let busy = snap.task_classes.iter().find(|c| c.name == "busy").unwrap();
+    assert_eq!(busy.spawned, 1);
+    assert!(busy.poll_duration.max >= 5_000_000);
+    let text = prometheus::render(&snap);
+    for name in [
+        "nodus_task_schedule_delay_seconds",
+        "nodus_run_queue_length",
+        "nodus_loop_busy_seconds_total",
+        "nodus_loop_idle_seconds_total",
+        "nodus_timer_lateness_seconds",
+        "nodus_task_poll_duration_seconds",
+        "nodus_loop_iterations_total",
+    ] {
+        assert!(text.contains(name), "{name} missing from:\n{text}");
+    }
+    assert!(text.contains("task=\"busy\""));
+    let json = serde_json::to_string(&snap).unwrap();
+    let back: nodus::metrics::Snapshot = serde_json::from_str(&json).unwrap();
+    assert_eq!(back.loop_stats.iterations, snap.loop_stats.iterations);
+}
+
+/// Captures tracing output.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn slow_polls_are_logged_with_name_location_duration_and_queue_length() {
+    let out = Captured::default();
+    let writer = out.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let rt = Runtime::builder()
+        .slow_poll_threshold(Duration::from_millis(10))
+        .watchdog(false)
+        .build()
+        .unwrap();
+    let slow_ran = Rc::new(Cell::new(false));
+    let s = slow_ran.clone();
+    tracing::subscriber::with_default(subscriber, || {
+        rt.block_on(async move {
+            spawn_named("sluggish", async move {
+                spin(Duration::from_millis(25));
+                s.set(true);
+            })
+            .await
+            .unwrap();
+        });
+    });
+    assert!(slow_ran.get());
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains("slow poll"))
+        .unwrap_or_else(|| panic!("no slow-poll line in:\n{text}"));
+    assert!(line.contains("sluggish"), "{line}");
+    assert!(line.contains("measurements.rs:"), "{line}");
+    assert!(line.contains("run_queue="), "{line}");
+    assert_eq!(rt.enter(snapshot).loop_stats.slow_polls_total, 1);
+}

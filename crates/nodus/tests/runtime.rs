@@ -1,0 +1,385 @@
+//! Tasks, run modes, handles and misuse: the behaviour a user relies on beyond the Node corpus.
+
+use std::cell::{Cell, RefCell};
+use std::future::poll_fn;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use nodus::{
+    Runtime, next_tick, queue_microtask, rt, set_immediate, set_interval, set_timeout, sleep,
+    spawn, spawn_named, timeout, yield_now,
+};
+
+type Trace = Rc<RefCell<Vec<String>>>;
+
+fn push(t: &Trace, s: impl Into<String>) {
+    t.borrow_mut().push(s.into());
+}
+
+#[test]
+fn block_on_returns_the_output_and_may_borrow() {
+    let rt = Runtime::new();
+    let mut local = vec![1, 2];
+    let out = rt.block_on(async {
+        sleep(2).await;
+        local.push(3);
+        local.len()
+    });
+    assert_eq!(out, 3);
+    assert_eq!(local, [1, 2, 3]);
+}
+
+#[test]
+fn spawned_tasks_join_and_abort() {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let a = spawn(async { 7 });
+        let b = spawn_named("worker:slow", async {
+            sleep(10_000).await;
+            0
+        });
+        assert_eq!(a.await.unwrap(), 7);
+        assert_eq!(b.meta().name(), "worker:slow");
+        assert!(b.meta().location().file().ends_with("runtime.rs"));
+        b.abort();
+        assert!(b.await.unwrap_err().is_cancelled());
+    });
+}
+
+#[test]
+fn aborting_a_finished_task_keeps_its_output() {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let a = spawn(async { "done" });
+        yield_now().await;
+        assert!(a.is_finished());
+        a.abort();
+        assert_eq!(a.await.unwrap(), "done");
+    });
+}
+
+#[test]
+fn a_panicking_task_reaches_its_handle_and_the_loop_keeps_running() {
+    let rt = Runtime::new();
+    let ticks = Rc::new(Cell::new(0));
+    let t2 = ticks.clone();
+    rt.block_on(async move {
+        let iv = set_interval(1, move || t2.set(t2.get() + 1));
+        let bad = spawn(async {
+            sleep(2).await;
+            panic!("boom in a task");
+        });
+        let err = bad.await.unwrap_err();
+        assert!(err.is_panic());
+        assert_eq!(err.panic_message(), Some("boom in a task"));
+        sleep(5).await;
+        iv.clear();
+    });
+    assert!(ticks.get() >= 2, "interval kept running: {}", ticks.get());
+}
+
+#[test]
+fn dropped_join_handle_detaches() {
+    let rt = Runtime::new();
+    let done = Rc::new(Cell::new(false));
+    let d = done.clone();
+    rt.enter(|| {
+        drop(spawn(async move {
+            sleep(3).await;
+            d.set(true);
+        }));
+    });
+    rt.run();
+    assert!(done.get());
+}
+
+#[test]
+#[should_panic(expected = "called from inside a running nodus loop")]
+fn block_on_inside_a_running_loop_panics_clearly() {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let inner = Runtime::new();
+        inner.block_on(async {});
+    });
+}
+
+#[test]
+#[should_panic(expected = "nodus::set_timeout called on a thread with no nodus loop")]
+fn a_call_outside_any_loop_panics_clearly() {
+    set_timeout(1, || {});
+}
+
+#[test]
+#[should_panic(expected = "longer than the maximum")]
+fn a_timer_of_duration_max_panics_clearly() {
+    let rt = Runtime::new();
+    rt.enter(|| {
+        set_timeout(Duration::MAX, || {});
+    });
+}
+
+#[test]
+fn run_returns_when_nothing_refd_is_alive() {
+    let rt = Runtime::new();
+    let fired = Rc::new(Cell::new(0));
+    let f = fired.clone();
+    rt.enter(|| {
+        set_timeout(60_000, || unreachable!()).unref();
+        let mut s = sleep(60_000);
+        s.unref();
+        drop(spawn(async move {
+            s.await;
+            unreachable!()
+        }));
+        set_timeout(5, move || f.set(1));
+    });
+    let start = Instant::now();
+    rt.run();
+    assert_eq!(fired.get(), 1);
+    assert!(start.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn yield_now_and_self_wakes_run_in_the_check_phase_after_queued_immediates() {
+    let rt = Runtime::new();
+    let t: Trace = Rc::default();
+    let t2 = t.clone();
+    rt.block_on(async move {
+        let a = t2.clone();
+        set_immediate(move || push(&a, "immediate-1"));
+        yield_now().await;
+        push(&t2, "after-yield");
+        let b = t2.clone();
+        set_immediate(move || push(&b, "immediate-2"));
+        // The idiom other crates use to yield: wake yourself and return Pending.
+        let mut first = true;
+        poll_fn(|cx| {
+            if std::mem::take(&mut first) {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            } else {
+                Poll::Ready(())
+            }
+        })
+        .await;
+        push(&t2, "after-self-wake");
+    });
+    assert_eq!(
+        *t.borrow(),
+        [
+            "immediate-1",
+            "after-yield",
+            "immediate-2",
+            "after-self-wake"
+        ]
+    );
+}
+
+#[test]
+fn inside_a_timer_callback_an_immediate_runs_before_a_new_zero_timer() {
+    for _ in 0..20 {
+        let rt = Runtime::new();
+        let t: Trace = Rc::default();
+        let t2 = t.clone();
+        rt.enter(|| {
+            set_timeout(1, move || {
+                let (a, b) = (t2.clone(), t2.clone());
+                set_timeout(0, move || push(&a, "timeout"));
+                set_immediate(move || push(&b, "immediate"));
+            });
+        });
+        rt.run();
+        assert_eq!(*t.borrow(), ["immediate", "timeout"]);
+    }
+}
+
+#[test]
+fn inside_a_poll_phase_callback_an_immediate_runs_before_a_new_zero_timer() {
+    for _ in 0..20 {
+        let rt = Runtime::new();
+        let handle = rt.handle();
+        let trace = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let t = trace.clone();
+        rt.block_on(async move {
+            // A closure posted from another thread runs in the poll phase, like an I/O callback.
+            std::thread::spawn(move || {
+                handle.post(move || {
+                    let (a, b) = (t.clone(), t.clone());
+                    set_timeout(0, move || a.lock().unwrap().push("timeout"));
+                    set_immediate(move || b.lock().unwrap().push("immediate"));
+                });
+            });
+            while trace.lock().unwrap().len() < 2 {
+                sleep(1).await;
+            }
+            assert_eq!(*trace.lock().unwrap(), ["immediate", "timeout"]);
+        });
+    }
+}
+
+#[test]
+fn close_callbacks_run_after_the_check_phase_in_close_order() {
+    let rt = Runtime::new();
+    let t: Trace = Rc::default();
+    let t2 = t.clone();
+    rt.enter(|| {
+        set_timeout(1, move || {
+            let (a, b, c) = (t2.clone(), t2.clone(), t2.clone());
+            let timer = set_timeout(50, || unreachable!());
+            timer.close(move || push(&a, "close-timer"));
+            let imm = set_immediate(|| unreachable!());
+            imm.close(move || push(&b, "close-immediate"));
+            set_immediate(move || push(&c, "immediate"));
+        });
+    });
+    rt.run();
+    assert_eq!(*t.borrow(), ["immediate", "close-timer", "close-immediate"]);
+}
+
+#[test]
+fn hooks_pending_and_run_modes() {
+    let rt = Runtime::new();
+    let t: Trace = Rc::default();
+    let (a, b, c) = (t.clone(), t.clone(), t.clone());
+    let (idle, prepare) = rt.enter(|| {
+        rt::defer(move || push(&a, "pending"));
+        let i = rt::idle(move || push(&b, "idle"));
+        let p = rt::prepare(move || push(&c, "prepare"));
+        (i, p)
+    });
+    let start = Instant::now();
+    // An active idle hook keeps the poll from blocking: run_once returns at once.
+    assert!(rt.run_once());
+    assert!(start.elapsed() < Duration::from_secs(1));
+    assert_eq!(*t.borrow(), ["pending", "idle", "prepare"]);
+    rt.enter(|| {
+        idle.stop();
+        prepare.unref();
+    });
+    assert!(
+        !rt.run_nowait(),
+        "an unref'd prepare hook does not keep the loop alive"
+    );
+    assert_eq!(t.borrow().last().unwrap(), "prepare");
+    rt.enter(|| prepare.stop());
+}
+
+#[test]
+fn stop_ends_run_after_the_current_iteration() {
+    let rt = Runtime::new();
+    let n = Rc::new(Cell::new(0));
+    let n2 = n.clone();
+    rt.enter(|| {
+        set_interval(1, move || {
+            n2.set(n2.get() + 1);
+            if n2.get() == 3 {
+                rt::stop();
+            }
+        });
+    });
+    rt.run();
+    assert_eq!(n.get(), 3);
+}
+
+#[test]
+fn wakes_from_other_threads_reach_the_loop() {
+    let rt = Runtime::new();
+    let flag = Arc::new(AtomicBool::new(false));
+    let f = flag.clone();
+    let out = rt.block_on(async move {
+        let mut started = false;
+        poll_fn(|cx| {
+            if f.load(Ordering::Acquire) {
+                return Poll::Ready("woken");
+            }
+            if !std::mem::replace(&mut started, true) {
+                let waker = cx.waker().clone();
+                let f = f.clone();
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(20));
+                    f.store(true, Ordering::Release);
+                    waker.wake();
+                });
+            }
+            Poll::Pending
+        })
+        .await
+    });
+    assert_eq!(out, "woken");
+    assert!(flag.load(Ordering::Acquire));
+}
+
+#[test]
+fn posted_closures_run_on_the_loop_thread() {
+    let rt = Runtime::new();
+    let handle = rt.handle();
+    let loop_thread = std::thread::current().id();
+    let ran = rt.block_on(async move {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            assert!(handle.post(move || tx.send(std::thread::current().id()).unwrap()));
+        });
+        loop {
+            if let Ok(id) = rx.try_recv() {
+                return id;
+            }
+            sleep(1).await;
+        }
+    });
+    assert_eq!(ran, loop_thread);
+}
+
+#[test]
+fn timeout_and_interval_futures() {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        assert!(timeout(5, sleep(1_000)).await.is_err());
+        assert_eq!(timeout(1_000, async { 3 }).await, Ok(3));
+        let mut iv = nodus::interval(2);
+        let start = Instant::now();
+        for _ in 0..3 {
+            iv.tick().await;
+        }
+        assert!(start.elapsed() >= Duration::from_millis(6));
+    });
+}
+
+#[test]
+fn ticks_run_before_microtasks_inside_tasks_too() {
+    let rt = Runtime::new();
+    let t: Trace = Rc::default();
+    let t2 = t.clone();
+    rt.block_on(async move {
+        let (a, b) = (t2.clone(), t2.clone());
+        queue_microtask(move || push(&a, "microtask"));
+        next_tick(move || push(&b, "tick"));
+        yield_now().await;
+    });
+    assert_eq!(*t.borrow(), ["tick", "microtask"]);
+}
+
+#[test]
+fn dropping_the_runtime_drops_pending_tasks_on_the_loop_thread() {
+    struct Flag(Rc<Cell<bool>>);
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.set(true);
+        }
+    }
+    let dropped = Rc::new(Cell::new(false));
+    let rt = Runtime::new();
+    let f = Flag(dropped.clone());
+    rt.enter(|| {
+        drop(spawn(async move {
+            let _f = f;
+            sleep(60_000).await;
+        }))
+    });
+    rt.run_nowait();
+    assert!(!dropped.get());
+    drop(rt);
+    assert!(dropped.get());
+}
