@@ -1,0 +1,1 @@
+//! hyper 1.x on the nodus event loop (being written).
