@@ -1,1 +1,26 @@
-//! hyper 1.x on the nodus event loop (being written).
+//! hyper 1.x on the nodus event loop: a public-facing HTTP/1.1 and HTTP/2 server.
+//!
+//! - `io`: hyper's `Read`/`Write` over nodus streams, reading straight into hyper's uninitialized
+//!   buffer (no zeroing, no copy) and counting bytes.
+//! - `timer`, `exec`: hyper's timer on nodus timers, and a local executor for HTTP/2 streams.
+//! - `server`: `serve(listener, config, handler)` with the limits a public server needs (header
+//!   bytes and count → 431, body size → 413, header-read timeout against slowloris, keep-alive idle
+//!   timeout, max connections) and a graceful drain with a deadline.
+//! - `stats`: HTTP measurements, folded into the loop's `nodus::metrics::Snapshot`.
+//!
+//! Connections run as tasks named by handler class (`Config::name`, e.g. `http:static`), never by
+//! peer, so per-name measurements stay bounded.
+
+pub mod body;
+mod exec;
+pub mod io;
+pub mod server;
+pub mod stats;
+mod timer;
+
+pub use body::{Body, BodyError, RequestBody, collect_body, empty, full, text};
+pub use exec::LocalExec;
+pub use io::{FdStream, HyperIo};
+pub use server::{Config, Server, serve};
+pub use stats::{fill_snapshot, snapshot};
+pub use timer::NodusTimer;

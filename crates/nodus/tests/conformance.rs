@@ -36,8 +36,7 @@ fn node(main: impl FnOnce(&Log), exit: impl FnOnce(&Log)) -> String {
     rt.enter(|| main(&log));
     rt.run();
     exit(&log);
-    let out = log.0.borrow().clone();
-    out
+    log.0.take()
 }
 
 fn busy_wait(ms: u64) {

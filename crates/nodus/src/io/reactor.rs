@@ -104,15 +104,11 @@ impl Reactor {
         out: &mut Vec<(usize, u8)>,
     ) -> io::Result<()> {
         let mut events = self.events.borrow_mut();
-        loop {
-            match self.poll.borrow_mut().poll(&mut events, timeout) {
-                Ok(()) => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {
-                    // A signal; report what we have (nothing) and let the loop come round again.
-                    return Ok(());
-                }
-                Err(e) => return Err(e),
-            }
+        match self.poll.borrow_mut().poll(&mut events, timeout) {
+            Ok(()) => {}
+            // A signal: report nothing and let the loop come round again.
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),
+            Err(e) => return Err(e),
         }
         for event in events.iter() {
             let mut bits = 0;

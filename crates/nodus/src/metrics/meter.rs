@@ -140,6 +140,8 @@ impl Meter {
             if config.watchdog {
                 crate::watchdog::register(&slot);
             }
+            // Not running until `run`/`block_on` says so (`loop_running`).
+            slot.enter_idle();
             slot
         };
         #[cfg(not(feature = "measure"))]
@@ -201,6 +203,20 @@ impl Meter {
         {
             0
         }
+    }
+
+    /// The loop starts or stops running (`run`, `block_on`, `enter`): a loop that is not running is
+    /// idle to the watchdog, which can then sleep.
+    #[inline]
+    pub(crate) fn loop_running(&self, running: bool) {
+        #[cfg(feature = "measure")]
+        if running {
+            self.slot.leave_idle();
+        } else {
+            self.slot.enter_idle();
+        }
+        #[cfg(not(feature = "measure"))]
+        let _ = running;
     }
 
     /// Enters a phase: callbacks run from now on are attributed to it.

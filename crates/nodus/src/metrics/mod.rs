@@ -12,8 +12,8 @@ mod snapshot;
 
 pub use histogram::{Histogram, HistogramSnapshot};
 pub use snapshot::{
-    LoopSnapshot, PhaseSnapshot, RunQueueSnapshot, Snapshot, StallReport, TaskClassSnapshot,
-    TasksSnapshot,
+    HttpSnapshot, LoopSnapshot, PhaseSnapshot, RunQueueSnapshot, Snapshot, StallReport,
+    TaskClassSnapshot, TasksSnapshot,
 };
 
 use crate::rt::context::with_core;

@@ -116,6 +116,55 @@ macro_rules! desc {
 }
 
 // Full exposed names in the comments.
+/// nodus_http_requests_total
+const HTTP_REQUESTS: Desc = desc!(
+    "nodus_http_requests",
+    Counter,
+    false,
+    "HTTP responses sent, by status class."
+);
+/// nodus_http_request_duration_seconds
+const HTTP_DURATION: Desc = desc!(
+    "nodus_http_request_duration",
+    Histogram,
+    true,
+    "Time from an HTTP request head being parsed to its response head being ready."
+);
+/// nodus_http_requests_in_flight
+const HTTP_IN_FLIGHT: Desc = desc!(
+    "nodus_http_requests_in_flight",
+    Gauge,
+    false,
+    "HTTP requests being handled."
+);
+/// nodus_http_connections
+const HTTP_CONNECTIONS: Desc = desc!(
+    "nodus_http_connections",
+    Gauge,
+    false,
+    "Open HTTP connections."
+);
+/// nodus_http_connections_accepted_total
+const HTTP_CONNECTIONS_TOTAL: Desc = desc!(
+    "nodus_http_connections_accepted",
+    Counter,
+    false,
+    "HTTP connections accepted."
+);
+/// nodus_http_received_bytes_total
+const HTTP_BYTES_IN: Desc = desc!(
+    "nodus_http_received_bytes",
+    Counter,
+    false,
+    "Bytes read from HTTP connections."
+);
+/// nodus_http_sent_bytes_total
+const HTTP_BYTES_OUT: Desc = desc!(
+    "nodus_http_sent_bytes",
+    Counter,
+    false,
+    "Bytes written to HTTP connections."
+);
 /// nodus_task_schedule_delay_seconds
 const SCHEDULE_DELAY: Desc = desc!(
     "nodus_task_schedule_delay",
@@ -459,6 +508,28 @@ impl SnapshotCollector {
         let last = s.stalls.last().map_or(0.0, |r| r.elapsed_seconds);
         self.push(&STALL_LAST, base(), Value::Float(last));
         self.push(&UPTIME, base(), Value::Float(s.uptime_seconds));
+        let h = &s.http;
+        for (i, n) in h.responses_by_class.iter().enumerate() {
+            self.push(
+                &HTTP_REQUESTS,
+                with("status", &format!("{}xx", i + 1)),
+                Value::Int(*n),
+            );
+        }
+        self.push(
+            &HTTP_DURATION,
+            base(),
+            seconds_histogram(&h.request_duration),
+        );
+        self.push(&HTTP_IN_FLIGHT, base(), Value::Int(h.requests_in_flight));
+        self.push(&HTTP_CONNECTIONS, base(), Value::Int(h.connections_open));
+        self.push(
+            &HTTP_CONNECTIONS_TOTAL,
+            base(),
+            Value::Int(h.connections_total),
+        );
+        self.push(&HTTP_BYTES_IN, base(), Value::Int(h.bytes_received_total));
+        self.push(&HTTP_BYTES_OUT, base(), Value::Int(h.bytes_sent_total));
     }
 }
 

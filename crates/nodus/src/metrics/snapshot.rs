@@ -30,6 +30,22 @@ pub struct Snapshot {
     pub task_classes: Vec<TaskClassSnapshot>,
     /// The most recent stalls the watchdog reported for this loop, oldest first.
     pub stalls: Vec<StallReport>,
+    /// HTTP servers running on this loop (filled by `nodus-http`; zeros when there are none).
+    pub http: HttpSnapshot,
+}
+
+/// HTTP server figures of one loop.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct HttpSnapshot {
+    /// Responses by status class: `[1xx, 2xx, 3xx, 4xx, 5xx]`.
+    pub responses_by_class: [u64; 5],
+    /// From request head parsed to response head written, in ns.
+    pub request_duration: HistogramSnapshot,
+    pub requests_in_flight: u64,
+    pub connections_open: u64,
+    pub connections_total: u64,
+    pub bytes_received_total: u64,
+    pub bytes_sent_total: u64,
 }
 
 /// Busy/idle time, iterations, events, and the loop-level histograms.

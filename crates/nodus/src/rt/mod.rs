@@ -125,6 +125,7 @@ impl Runtime {
         let location = Location::caller();
         let _running = Running::new("Runtime::block_on");
         let _entered = Entered::new(&self.core);
+        let _active = Active::new(&self.core);
         let core = &*self.core;
         let mut output = None;
         {
@@ -150,6 +151,7 @@ impl Runtime {
     pub fn run(&self) {
         let _running = Running::new("Runtime::run");
         let _entered = Entered::new(&self.core);
+        let _active = Active::new(&self.core);
         self.core.drain();
         while self.core.alive() && !self.core.stop.replace(false) {
             self.core.iterate(Mode::Default);
@@ -173,6 +175,7 @@ impl Runtime {
     fn one_pass(&self, mode: Mode) -> bool {
         let _running = Running::new("Runtime::run_once/run_nowait");
         let _entered = Entered::new(&self.core);
+        let _active = Active::new(&self.core);
         self.core.drain();
         self.core.stop.set(false);
         self.core.iterate(mode);
@@ -185,6 +188,7 @@ impl Runtime {
     pub fn enter<R>(&self, f: impl FnOnce() -> R) -> R {
         let _running = Running::new("Runtime::enter");
         let _entered = Entered::new(&self.core);
+        let _active = Active::new(&self.core);
         self.core.meter.phase(Phase::Main);
         let out = f();
         self.core.drain();
@@ -251,6 +255,22 @@ impl Core {
             }
         }
         drop(self.shared.close());
+    }
+}
+
+/// Tells the watchdog the loop is running for as long as it lives (also while unwinding).
+struct Active<'a>(&'a Core);
+
+impl<'a> Active<'a> {
+    fn new(core: &'a Core) -> Active<'a> {
+        core.meter.loop_running(true);
+        Active(core)
+    }
+}
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        self.0.meter.loop_running(false);
     }
 }
 

@@ -14,7 +14,7 @@ mod sleep;
 use std::panic::Location;
 
 pub use delay::{IntoDelay, MAX_DELAY};
-pub use sleep::{Elapsed, Interval, Sleep, Timeout, interval, sleep, timeout};
+pub use sleep::{Elapsed, Interval, Sleep, Timeout, interval, sleep, sleep_until, timeout};
 
 use self::queue::{TimerAction, TimerKey};
 use crate::rt::context::with_core;

@@ -43,6 +43,12 @@ pub fn sleep(delay: impl IntoDelay) -> Sleep {
     }
 }
 
+/// Waits until `deadline` (at least 1 ms from now, Node's rule).
+#[track_caller]
+pub fn sleep_until(deadline: Instant) -> Sleep {
+    sleep(deadline.saturating_duration_since(crate::clock::instant_at(loop_now())))
+}
+
 /// The current loop's time, or the process clock outside a loop.
 fn loop_now() -> u64 {
     try_with_core(|core| core.meter.now()).unwrap_or_else(crate::clock::now_ns)

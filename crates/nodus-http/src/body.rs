@@ -1,0 +1,68 @@
+//! Request and response bodies.
+
+use std::convert::Infallible;
+
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Empty, Full, LengthLimitError, Limited};
+use hyper::body::Incoming;
+
+/// A response body: any `!Send` stream of `Bytes` chunks.
+pub type Body = UnsyncBoxBody<Bytes, std::io::Error>;
+
+/// A request body, limited to `Config::max_body_bytes`.
+pub type RequestBody = Limited<Incoming>;
+
+/// A body holding `bytes`.
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into())
+        .map_err(|e: Infallible| match e {})
+        .boxed_unsync()
+}
+
+/// An empty body.
+pub fn empty() -> Body {
+    Empty::new()
+        .map_err(|e: Infallible| match e {})
+        .boxed_unsync()
+}
+
+/// A plain-text response.
+pub fn text(status: http::StatusCode, body: impl Into<Bytes>) -> http::Response<Body> {
+    let mut r = http::Response::new(full(body));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+/// Why a request body could not be read.
+#[derive(Debug)]
+pub enum BodyError {
+    /// Over `Config::max_body_bytes`: answer 413.
+    TooLarge,
+    /// The client went away or sent a malformed body.
+    Transport(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BodyError::TooLarge => f.write_str("request body too large"),
+            BodyError::Transport(e) => write!(f, "reading the request body failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for BodyError {}
+
+/// Reads a whole request body (up to the server's limit).
+pub async fn collect_body(body: RequestBody) -> Result<Bytes, BodyError> {
+    match body.collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<LengthLimitError>() => Err(BodyError::TooLarge),
+        Err(e) => Err(BodyError::Transport(e)),
+    }
+}

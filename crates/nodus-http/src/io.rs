@@ -1,0 +1,158 @@
+//! hyper's `Read`/`Write` over nodus streams.
+//!
+//! Reads go straight from the socket into hyper's uninitialized read buffer with
+//! `rustix::io::read` (which only hands back bytes the kernel wrote), so no buffer is zeroed or
+//! copied. Readiness comes from the nodus reactor (edge-triggered: `EAGAIN` clears it) and every
+//! readiness check draws on the task's cooperative budget. Each transfer updates the connection's
+//! last-activity time (for the keep-alive idle timeout) and the loop's HTTP byte counters.
+
+use std::cell::Cell;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, ready};
+
+use hyper::rt::{Read, ReadBufCursor, Write};
+use rustix::io::Errno;
+
+use crate::stats;
+
+/// A nodus stream hyper can drive: its fd and the loop's readiness for it.
+pub trait FdStream {
+    fn fd(&self) -> BorrowedFd<'_>;
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+    fn clear_read_ready(&self);
+    fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+    fn clear_write_ready(&self);
+}
+
+impl<T: AsFd> FdStream for nodus::io::AsyncFd<T> {
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.get_ref().as_fd()
+    }
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        nodus::io::AsyncFd::poll_read_ready(self, cx)
+    }
+    fn clear_read_ready(&self) {
+        nodus::io::AsyncFd::clear_read_ready(self)
+    }
+    fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        nodus::io::AsyncFd::poll_write_ready(self, cx)
+    }
+    fn clear_write_ready(&self) {
+        nodus::io::AsyncFd::clear_write_ready(self)
+    }
+}
+
+/// A stream adapted for hyper.
+pub struct HyperIo<S> {
+    stream: S,
+    /// Loop time (ns) of the last successful read or write.
+    last_io: Rc<Cell<u64>>,
+}
+
+impl<S: FdStream> HyperIo<S> {
+    pub fn new(stream: S) -> HyperIo<S> {
+        HyperIo {
+            stream,
+            last_io: Rc::new(Cell::new(nodus::clock::now_ns())),
+        }
+    }
+
+    /// Shared view of the last-activity time.
+    pub fn activity(&self) -> Rc<Cell<u64>> {
+        self.last_io.clone()
+    }
+
+    pub fn get_ref(&self) -> &S {
+        &self.stream
+    }
+
+    fn touched(&self) {
+        self.last_io.set(nodus::clock::now_ns());
+    }
+}
+
+impl<S: FdStream + Unpin> Read for HyperIo<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        mut buf: ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            ready!(self.stream.poll_read_ready(cx))?;
+            // SAFETY: `rustix::io::read` only writes into the slice and returns the prefix it
+            // initialized; we advance the cursor by exactly that many bytes.
+            let result = rustix::io::read(self.stream.fd(), unsafe { buf.as_mut() });
+            match result {
+                Ok((filled, _)) => {
+                    let n = filled.len();
+                    // SAFETY: the first `n` bytes of the cursor were just initialized by `read`.
+                    unsafe { buf.advance(n) };
+                    self.touched();
+                    stats::received(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(Errno::AGAIN) => self.stream.clear_read_ready(),
+                Err(Errno::INTR) => {}
+                Err(e) => return Poll::Ready(Err(e.into())),
+            }
+        }
+    }
+}
+
+impl<S: FdStream + Unpin> Write for HyperIo<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.write_with(cx, |fd| rustix::io::write(fd, buf))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.write_with(cx, |fd| rustix::io::writev(fd, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match rustix::net::shutdown(self.stream.fd(), rustix::net::Shutdown::Write) {
+            Ok(()) | Err(Errno::NOTCONN) => Poll::Ready(Ok(())),
+            Err(e) => Poll::Ready(Err(e.into())),
+        }
+    }
+}
+
+impl<S: FdStream> HyperIo<S> {
+    fn write_with(
+        &self,
+        cx: &mut Context<'_>,
+        mut op: impl FnMut(BorrowedFd<'_>) -> rustix::io::Result<usize>,
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            ready!(self.stream.poll_write_ready(cx))?;
+            match op(self.stream.fd()) {
+                Ok(n) => {
+                    self.touched();
+                    stats::sent(n);
+                    return Poll::Ready(Ok(n));
+                }
+                Err(Errno::AGAIN) => self.stream.clear_write_ready(),
+                Err(Errno::INTR) => {}
+                Err(e) => return Poll::Ready(Err(e.into())),
+            }
+        }
+    }
+}

@@ -1,0 +1,475 @@
+//! `serve`: an HTTP server on a nodus listener, with the limits a public server needs and a
+//! graceful drain.
+//!
+//! Invariants:
+//! - One task accepts; each connection is its own task, named `Config::name` (a handler class).
+//! - At most `max_connections` are open: at the limit the accept task stops accepting (the
+//!   kernel's backlog holds newcomers) until one closes.
+//! - Limits: request heads over `max_header_bytes` or with more than `max_headers` headers get
+//!   431 (hyper); a `Content-Length` over `max_body_bytes` gets 413 without reaching the handler,
+//!   and a longer chunked body fails `collect_body` with `BodyError::TooLarge`; a head not
+//!   complete within `header_read_timeout` (slowloris) closes the connection; a connection with no
+//!   request in flight and no I/O for `keep_alive_timeout` is closed.
+//! - Drain: the listener is dropped at once (new connections are refused); every later HTTP/1
+//!   response carries `Connection: close` (so a keep-alive client whose next request is already
+//!   on the wire gets its answer, then the connection closes); HTTP/2 connections get GOAWAY; idle
+//!   connections close at their keep-alive timeout; whatever is still open at the deadline is cut.
+
+use std::cell::{Cell, RefCell};
+use std::convert::Infallible;
+use std::future::{Future, poll_fn};
+use std::io;
+use std::marker::PhantomData;
+use std::net::SocketAddr;
+use std::pin::{Pin, pin};
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use http::{HeaderValue, Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+use hyper_util::server::conn::auto;
+use nodus::JoinHandle;
+use slab::Slab;
+
+use crate::body::{Body, RequestBody, text};
+use crate::exec::LocalExec;
+use crate::io::{FdStream, HyperIo};
+use crate::stats;
+use crate::timer::NodusTimer;
+
+/// Server limits and names.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Task name of the accept and connection tasks: a handler class such as `http:static`.
+    pub name: &'static str,
+    /// Largest request head (start line + headers) in bytes; larger gets 431. Default 16 KiB.
+    pub max_header_bytes: usize,
+    /// Most headers in a request; more gets 431. Default 100.
+    pub max_headers: usize,
+    /// Largest request body; larger gets 413. Default 1 MiB.
+    pub max_body_bytes: usize,
+    /// Time allowed for a complete request head once the connection waits for one. Default 10 s.
+    pub header_read_timeout: Duration,
+    /// An idle connection (no request in flight, no I/O) is closed after this. Default 5 s.
+    pub keep_alive_timeout: Duration,
+    /// Most open connections. Default 10,000.
+    pub max_connections: usize,
+    /// Also accept HTTP/2 with prior knowledge (h2c), sniffed per connection. Default off: plain
+    /// HTTP/1.1 is faster, and with it `max_header_bytes` is exact (with h2c the HTTP/1 limit is
+    /// hyper's read-buffer size, which `max_header_bytes` then sets).
+    pub http2: bool,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            name: "http",
+            max_header_bytes: 16 * 1024,
+            max_headers: 100,
+            max_body_bytes: 1024 * 1024,
+            header_read_timeout: Duration::from_secs(10),
+            keep_alive_timeout: Duration::from_secs(5),
+            max_connections: 10_000,
+            http2: false,
+        }
+    }
+}
+
+/// What the handler can learn about the connection (in the request's extensions).
+#[derive(Debug, Clone, Copy)]
+pub struct ConnInfo {
+    pub peer: Option<SocketAddr>,
+}
+
+/// A listener the server can accept connections from.
+pub trait Accept: 'static {
+    type Stream: FdStream + Unpin + 'static;
+    fn poll_accept(
+        &self,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<(Self::Stream, Option<SocketAddr>)>>;
+    fn local_addr(&self) -> Option<SocketAddr>;
+}
+
+struct State {
+    config: Config,
+    builders: Builders,
+    draining: Cell<bool>,
+    deadline: Cell<u64>,
+    /// Wakers of connection tasks, to tell them a drain started.
+    conns: RefCell<Slab<Option<Waker>>>,
+    accept_waker: Cell<Option<Waker>>,
+    drained_waker: Cell<Option<Waker>>,
+}
+
+impl State {
+    fn wake_accept(&self) {
+        if let Some(w) = self.accept_waker.take() {
+            w.wake();
+        }
+    }
+}
+
+/// A running server.
+pub struct Server {
+    state: Rc<State>,
+    local_addr: Option<SocketAddr>,
+    accept: RefCell<Option<JoinHandle<()>>>,
+}
+
+/// Serves `listener` on the current loop: each request goes to `handler`.
+pub fn serve<L, H, F>(listener: L, config: Config, handler: H) -> Server
+where
+    L: Accept,
+    H: Fn(Request<RequestBody>) -> F + 'static,
+    F: Future<Output = Response<Body>> + 'static,
+{
+    let builders = Builders::new(&config);
+    let local_addr = listener.local_addr();
+    let state = Rc::new(State {
+        config,
+        builders,
+        draining: Cell::new(false),
+        deadline: Cell::new(u64::MAX),
+        conns: RefCell::new(Slab::new()),
+        accept_waker: Cell::new(None),
+        drained_waker: Cell::new(None),
+    });
+    let handler = Rc::new(handler);
+    let name = state.config.name;
+    let accept = nodus::spawn_named(name, accept_loop(listener, state.clone(), handler));
+    Server {
+        state,
+        local_addr,
+        accept: RefCell::new(Some(accept)),
+    }
+}
+
+impl Server {
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.local_addr
+    }
+
+    /// Open connections.
+    pub fn connections(&self) -> usize {
+        self.state.conns.borrow().len()
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.state.draining.get()
+    }
+
+    /// Stops accepting and waits until every connection has closed, cutting those still open
+    /// after `timeout` (see the module docs for what happens to each kind of connection).
+    pub async fn drain(&self, timeout: Duration) {
+        let state = &self.state;
+        if !state.draining.replace(true) {
+            state
+                .deadline
+                .set(nodus::clock::now_ns().saturating_add(timeout.as_nanos() as u64));
+            state.wake_accept();
+            let wakers: Vec<Waker> = state
+                .conns
+                .borrow_mut()
+                .iter_mut()
+                .filter_map(|(_, w)| w.take())
+                .collect();
+            wakers.into_iter().for_each(Waker::wake);
+        }
+        if let Some(accept) = self.accept.borrow_mut().take() {
+            let _ = accept.await;
+        }
+        poll_fn(|cx| {
+            if state.conns.borrow().is_empty() {
+                Poll::Ready(())
+            } else {
+                state.drained_waker.set(Some(cx.waker().clone()));
+                Poll::Pending
+            }
+        })
+        .await;
+    }
+}
+
+async fn accept_loop<L, H, F>(listener: L, state: Rc<State>, handler: Rc<H>)
+where
+    L: Accept,
+    H: Fn(Request<RequestBody>) -> F + 'static,
+    F: Future<Output = Response<Body>> + 'static,
+{
+    loop {
+        let next = poll_fn(|cx| {
+            if state.draining.get() {
+                return Poll::Ready(None);
+            }
+            if state.conns.borrow().len() >= state.config.max_connections {
+                state.accept_waker.set(Some(cx.waker().clone()));
+                return Poll::Pending;
+            }
+            match listener.poll_accept(cx) {
+                Poll::Ready(r) => Poll::Ready(Some(r)),
+                Poll::Pending => {
+                    state.accept_waker.set(Some(cx.waker().clone()));
+                    Poll::Pending
+                }
+            }
+        })
+        .await;
+        match next {
+            None => return, // draining: dropping the listener refuses new connections
+            Some(Ok((stream, peer))) => {
+                let conn = connection(stream, peer, state.clone(), handler.clone());
+                nodus::spawn_named(state.config.name, conn).detach();
+            }
+            Some(Err(e)) if matches!(e.raw_os_error(), Some(libc_emfile) if libc_emfile == 24 || libc_emfile == 23) =>
+            {
+                // Out of file descriptors: back off instead of spinning on a ready listener.
+                tracing::warn!(target: "nodus::http", "accept failed: {e}; retrying in 100 ms");
+                nodus::sleep(100).await;
+            }
+            Some(Err(e)) => tracing::debug!(target: "nodus::http", "accept failed: {e}"),
+        }
+    }
+}
+
+/// Removes a connection from the server's books when its task ends.
+struct ConnGuard {
+    state: Rc<State>,
+    key: usize,
+}
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        self.state.conns.borrow_mut().try_remove(self.key);
+        stats::connection_closed();
+        self.state.wake_accept();
+        if self.state.conns.borrow().is_empty()
+            && let Some(w) = self.state.drained_waker.take()
+        {
+            w.wake();
+        }
+    }
+}
+
+async fn connection<S, H, F>(stream: S, peer: Option<SocketAddr>, state: Rc<State>, handler: Rc<H>)
+where
+    S: FdStream + Unpin + 'static,
+    H: Fn(Request<RequestBody>) -> F + 'static,
+    F: Future<Output = Response<Body>> + 'static,
+{
+    stats::connection_opened();
+    let key = state.conns.borrow_mut().insert(None);
+    let _guard = ConnGuard {
+        state: state.clone(),
+        key,
+    };
+    let io = HyperIo::new(stream);
+    let activity = io.activity();
+    let conn_state = Rc::new(ConnState {
+        in_flight: Cell::new(0),
+        http2: Cell::new(false),
+    });
+    let service = Service {
+        state: state.clone(),
+        handler,
+        conn: conn_state.clone(),
+        peer,
+        _response: PhantomData,
+    };
+    let mut conn = pin!(state.builders.serve(io, service));
+    let keep_alive = state.config.keep_alive_timeout;
+    let mut idle = nodus::sleep(keep_alive);
+    let mut drain: Option<nodus::Sleep> = None;
+    poll_fn(|cx| {
+        if let Poll::Ready(result) = conn.as_mut().poll(cx) {
+            if let Err(e) = result {
+                tracing::debug!(target: "nodus::http", "connection ended: {e}");
+            }
+            return Poll::Ready(());
+        }
+        if state.draining.get() {
+            let deadline = drain.get_or_insert_with(|| {
+                if conn_state.http2.get() {
+                    conn.as_mut().shut_down();
+                }
+                let now = nodus::clock::now_ns();
+                nodus::sleep(Duration::from_nanos(
+                    state.deadline.get().saturating_sub(now),
+                ))
+            });
+            if Pin::new(deadline).poll(cx).is_ready() {
+                return Poll::Ready(()); // the drain deadline cuts it
+            }
+        } else if let Some(slot) = state.conns.borrow_mut().get_mut(key) {
+            *slot = Some(cx.waker().clone());
+        }
+        while Pin::new(&mut idle).poll(cx).is_ready() {
+            let quiet = nodus::clock::now_ns().saturating_sub(activity.get());
+            let keep_alive_ns = keep_alive.as_nanos() as u64;
+            if conn_state.in_flight.get() == 0 && quiet >= keep_alive_ns {
+                return Poll::Ready(()); // idle for the whole keep-alive timeout
+            }
+            idle.reset(Duration::from_nanos(
+                keep_alive_ns.saturating_sub(quiet).max(1_000_000),
+            ));
+        }
+        Poll::Pending
+    })
+    .await;
+}
+
+/// The hyper builders: HTTP/1 only, or HTTP/1 plus h2c sniffed per connection.
+enum Builders {
+    Http1(hyper::server::conn::http1::Builder),
+    Auto(Box<auto::Builder<LocalExec>>),
+}
+
+impl Builders {
+    fn new(config: &Config) -> Builders {
+        if config.http2 {
+            let mut b = auto::Builder::new(LocalExec::new(config.name));
+            let mut h1 = b.http1();
+            h1.timer(NodusTimer)
+                .header_read_timeout(config.header_read_timeout)
+                .max_buf_size(config.max_header_bytes.max(8192));
+            if config.max_headers != 100 {
+                h1.max_headers(config.max_headers);
+            }
+            b.http2()
+                .timer(NodusTimer)
+                .max_header_list_size(config.max_header_bytes as u32);
+            Builders::Auto(Box::new(b))
+        } else {
+            let mut b = hyper::server::conn::http1::Builder::new();
+            b.timer(NodusTimer)
+                .header_read_timeout(config.header_read_timeout)
+                .max_header_size(config.max_header_bytes);
+            if config.max_headers != 100 {
+                b.max_headers(config.max_headers);
+            }
+            Builders::Http1(b)
+        }
+    }
+
+    fn serve<S, H, F>(&self, io: HyperIo<S>, service: Service<H, F>) -> Conn<'_, S, H, F>
+    where
+        S: FdStream + Unpin + 'static,
+        H: Fn(Request<RequestBody>) -> F + 'static,
+        F: Future<Output = Response<Body>> + 'static,
+    {
+        match self {
+            Builders::Http1(b) => Conn::Http1(b.serve_connection(io, service)),
+            Builders::Auto(b) => Conn::Auto(b.serve_connection(io, service)),
+        }
+    }
+}
+
+/// One connection being served by either builder.
+enum Conn<'a, S, H, F>
+where
+    S: FdStream + Unpin + 'static,
+    H: Fn(Request<RequestBody>) -> F + 'static,
+    F: Future<Output = Response<Body>> + 'static,
+{
+    Http1(hyper::server::conn::http1::Connection<HyperIo<S>, Service<H, F>>),
+    Auto(auto::Connection<'a, HyperIo<S>, Service<H, F>, LocalExec>),
+}
+
+impl<S, H, F> Conn<'_, S, H, F>
+where
+    S: FdStream + Unpin + 'static,
+    H: Fn(Request<RequestBody>) -> F + 'static,
+    F: Future<Output = Response<Body>> + 'static,
+{
+    /// hyper's graceful shutdown (GOAWAY for HTTP/2).
+    fn shut_down(self: Pin<&mut Self>) {
+        // SAFETY: a pin projection to the variant's field, which is never moved out.
+        match unsafe { self.get_unchecked_mut() } {
+            Conn::Http1(c) => unsafe { Pin::new_unchecked(c) }.graceful_shutdown(),
+            Conn::Auto(c) => unsafe { Pin::new_unchecked(c) }.graceful_shutdown(),
+        }
+    }
+}
+
+impl<S, H, F> Future for Conn<'_, S, H, F>
+where
+    S: FdStream + Unpin + 'static,
+    H: Fn(Request<RequestBody>) -> F + 'static,
+    F: Future<Output = Response<Body>> + 'static,
+{
+    type Output = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // SAFETY: a pin projection to the variant's field, which is never moved out.
+        match unsafe { self.get_unchecked_mut() } {
+            Conn::Http1(c) => unsafe { Pin::new_unchecked(c) }
+                .poll(cx)
+                .map_err(Into::into),
+            Conn::Auto(c) => unsafe { Pin::new_unchecked(c) }.poll(cx),
+        }
+    }
+}
+
+struct ConnState {
+    in_flight: Cell<usize>,
+    http2: Cell<bool>,
+}
+
+struct Service<H, F> {
+    state: Rc<State>,
+    handler: Rc<H>,
+    conn: Rc<ConnState>,
+    peer: Option<SocketAddr>,
+    _response: PhantomData<fn() -> F>,
+}
+
+impl<H, F> hyper::service::Service<Request<Incoming>> for Service<H, F>
+where
+    H: Fn(Request<RequestBody>) -> F + 'static,
+    F: Future<Output = Response<Body>> + 'static,
+{
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>>>>;
+
+    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
+        let start = nodus::clock::now_ns();
+        stats::request_started();
+        self.conn.in_flight.set(self.conn.in_flight.get() + 1);
+        let version = req.version();
+        if version == Version::HTTP_2 {
+            self.conn.http2.set(true);
+        }
+        let limit = self.state.config.max_body_bytes;
+        let too_large = req
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            .is_some_and(|len| len > limit as u64);
+        req.extensions_mut().insert(ConnInfo { peer: self.peer });
+        let response = (!too_large)
+            .then(|| (self.handler)(req.map(|b| http_body_util::Limited::new(b, limit))));
+        let state = self.state.clone();
+        let conn = self.conn.clone();
+        Box::pin(async move {
+            let mut resp = match response {
+                Some(f) => f.await,
+                None => {
+                    let mut r = text(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n");
+                    // The unread body is still on the wire: do not try to reuse the connection.
+                    r.headers_mut()
+                        .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+                    r
+                }
+            };
+            if state.draining.get() && version < Version::HTTP_2 {
+                resp.headers_mut()
+                    .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            conn.in_flight.set(conn.in_flight.get() - 1);
+            stats::request_finished(resp.status(), nodus::clock::now_ns().saturating_sub(start));
+            Ok(resp)
+        })
+    }
+}

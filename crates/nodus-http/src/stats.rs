@@ -1,0 +1,84 @@
+//! HTTP measurements of the current loop: responses by status class, request duration,
+//! requests in flight, connections, bytes. Loop-thread-only (thread-local `Cell`s), folded into
+//! the loop's `nodus::metrics::Snapshot` by `fill_snapshot`.
+
+use std::cell::{Cell, RefCell};
+
+use nodus::metrics::{Histogram, HttpSnapshot, Snapshot};
+
+#[derive(Default)]
+struct HttpStats {
+    by_class: [Cell<u64>; 5],
+    duration: RefCell<Histogram>,
+    in_flight: Cell<u64>,
+    open: Cell<u64>,
+    accepted: Cell<u64>,
+    received: Cell<u64>,
+    sent: Cell<u64>,
+}
+
+thread_local! {
+    static STATS: HttpStats = HttpStats::default();
+}
+
+fn add(c: &Cell<u64>, n: u64) {
+    c.set(c.get() + n);
+}
+
+pub(crate) fn received(n: usize) {
+    STATS.with(|s| add(&s.received, n as u64));
+}
+
+pub(crate) fn sent(n: usize) {
+    STATS.with(|s| add(&s.sent, n as u64));
+}
+
+pub(crate) fn connection_opened() {
+    STATS.with(|s| {
+        add(&s.open, 1);
+        add(&s.accepted, 1);
+    });
+}
+
+pub(crate) fn connection_closed() {
+    STATS.with(|s| s.open.set(s.open.get().saturating_sub(1)));
+}
+
+pub(crate) fn request_started() {
+    STATS.with(|s| add(&s.in_flight, 1));
+}
+
+/// A request's response head is ready after `ns`.
+pub(crate) fn request_finished(status: http::StatusCode, ns: u64) {
+    STATS.with(|s| {
+        s.in_flight.set(s.in_flight.get().saturating_sub(1));
+        let class = (status.as_u16() / 100).clamp(1, 5) as usize - 1;
+        add(&s.by_class[class], 1);
+        s.duration.borrow_mut().record(ns);
+    });
+}
+
+/// Adds this loop's HTTP figures to `snapshot`.
+pub fn fill_snapshot(snapshot: &mut Snapshot) {
+    STATS.with(|s| {
+        snapshot.http = HttpSnapshot {
+            responses_by_class: std::array::from_fn(|i| s.by_class[i].get()),
+            request_duration: s.duration.borrow().snapshot(),
+            requests_in_flight: s.in_flight.get(),
+            connections_open: s.open.get(),
+            connections_total: s.accepted.get(),
+            bytes_received_total: s.received.get(),
+            bytes_sent_total: s.sent.get(),
+        };
+    });
+}
+
+/// The current loop's snapshot, HTTP figures included.
+///
+/// # Panics
+/// On a thread with no nodus loop.
+pub fn snapshot() -> Snapshot {
+    let mut s = nodus::metrics::snapshot();
+    fill_snapshot(&mut s);
+    s
+}
