@@ -177,7 +177,8 @@ impl Server {
                 .collect();
             wakers.into_iter().for_each(Waker::wake);
         }
-        if let Some(accept) = self.accept.borrow_mut().take() {
+        let accept = self.accept.borrow_mut().take();
+        if let Some(accept) = accept {
             let _ = accept.await;
         }
         poll_fn(|cx| {
@@ -360,12 +361,18 @@ impl Builders {
     {
         match self {
             Builders::Http1(b) => Conn::Http1(b.serve_connection(io, service)),
-            Builders::Auto(b) => Conn::Auto(b.serve_connection(io, service)),
+            Builders::Auto(b) => Conn::Auto(Box::pin(b.serve_connection(io, service))),
         }
     }
 }
 
+/// hyper-util's HTTP/1 + h2c connection.
+type AutoConn<'a, S, H, F> = Pin<Box<auto::Connection<'a, HyperIo<S>, Service<H, F>, LocalExec>>>;
+
 /// One connection being served by either builder.
+// The large variant is the common one, and there is one `Conn` per connection task: boxing it
+// would add an allocation per connection and save nothing.
+#[allow(clippy::large_enum_variant)]
 enum Conn<'a, S, H, F>
 where
     S: FdStream + Unpin + 'static,
@@ -373,7 +380,7 @@ where
     F: Future<Output = Response<Body>> + 'static,
 {
     Http1(hyper::server::conn::http1::Connection<HyperIo<S>, Service<H, F>>),
-    Auto(auto::Connection<'a, HyperIo<S>, Service<H, F>, LocalExec>),
+    Auto(AutoConn<'a, S, H, F>),
 }
 
 impl<S, H, F> Conn<'_, S, H, F>
@@ -387,7 +394,7 @@ where
         // SAFETY: a pin projection to the variant's field, which is never moved out.
         match unsafe { self.get_unchecked_mut() } {
             Conn::Http1(c) => unsafe { Pin::new_unchecked(c) }.graceful_shutdown(),
-            Conn::Auto(c) => unsafe { Pin::new_unchecked(c) }.graceful_shutdown(),
+            Conn::Auto(c) => c.as_mut().graceful_shutdown(),
         }
     }
 }
@@ -406,7 +413,7 @@ where
             Conn::Http1(c) => unsafe { Pin::new_unchecked(c) }
                 .poll(cx)
                 .map_err(Into::into),
-            Conn::Auto(c) => unsafe { Pin::new_unchecked(c) }.poll(cx),
+            Conn::Auto(c) => c.as_mut().poll(cx),
         }
     }
 }
