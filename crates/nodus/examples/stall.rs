@@ -29,7 +29,6 @@ fn main() {
             }
         });
         hog.await.expect("the hog task does not panic");
-        eprintln!("hog finished");
         println!("hog finished");
         sleep(20).await;
         ticker.abort();

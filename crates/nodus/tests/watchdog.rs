@@ -1,0 +1,112 @@
+//! The watchdog reports a task while it is still blocking the loop, three ways.
+#![cfg(feature = "measure")]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nodus::watchdog::{StallReport, recent_stalls_for};
+use nodus::{Runtime, spawn_named};
+
+const THRESHOLD: Duration = Duration::from_millis(50);
+
+/// The watchdog is process-wide: these tests pin threads and spin, so they run one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Runs `block` inside a task named `name` on a fresh loop while another thread watches the
+/// stall reports. Returns the first report and whether the block was still running when seen.
+fn observe(name: &'static str, block: impl FnOnce() + 'static) -> (StallReport, bool) {
+    let rt = Runtime::builder().stall_threshold(THRESHOLD).build().unwrap();
+    let loop_id = rt.id();
+    let blocking = Arc::new(AtomicBool::new(false));
+    let seen: Arc<Mutex<Option<(StallReport, bool)>>> = Arc::default();
+    let (b, s) = (blocking.clone(), seen.clone());
+    let observer = std::thread::spawn(move || {
+        let give_up = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < give_up {
+            if let Some(r) = recent_stalls_for(loop_id).into_iter().next() {
+                *s.lock().unwrap() = Some((r, b.load(Ordering::Acquire)));
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
+    let b = blocking.clone();
+    rt.block_on(async move {
+        spawn_named(name, async move {
+            b.store(true, Ordering::Release);
+            block();
+            b.store(false, Ordering::Release);
+        })
+        .await
+        .unwrap();
+    });
+    observer.join().unwrap();
+    let got = seen.lock().unwrap().take().expect("a stall report");
+    got
+}
+
+fn assert_named_and_timely(r: &StallReport, name: &str, still_blocking: bool) {
+    assert!(still_blocking, "the report came while the task was still blocking: {r:?}");
+    assert_eq!(r.task_name, name);
+    assert!(r.location.contains("tests/watchdog.rs:"), "spawn site: {}", r.location);
+    let limit = THRESHOLD + Duration::from_millis(10);
+    assert!(
+        Duration::from_secs_f64(r.detected_after_seconds) <= limit,
+        "reported after {} s (threshold {THRESHOLD:?})",
+        r.detected_after_seconds
+    );
+}
+
+fn spin(d: Duration) {
+    let end = Instant::now() + d;
+    while Instant::now() < end {
+        std::hint::spin_loop();
+    }
+}
+
+#[test]
+fn a_busy_loop_is_reported_on_cpu() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (r, still) = observe("busy-loop", || spin(Duration::from_millis(400)));
+    assert_named_and_timely(&r, "busy-loop", still);
+    // A loaded machine may make the spinner wait for a CPU, but it is never "in a syscall".
+    assert!(r.class == "on-cpu" || r.class == "waiting-for-cpu", "{r:?}");
+    assert!(r.on_cpu_share + r.waiting_for_cpu_share > 0.5, "{r:?}");
+}
+
+#[test]
+fn a_blocking_sleep_is_reported_in_a_syscall() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (r, still) = observe("sleeper", || std::thread::sleep(Duration::from_millis(400)));
+    assert_named_and_timely(&r, "sleeper", still);
+    assert_eq!(r.class, "blocked-in-syscall", "{r:?}");
+}
+
+#[test]
+fn a_busy_loop_sharing_its_cpu_is_reported_waiting_for_a_cpu() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cpu = {
+        let set = rustix::thread::sched_getaffinity(None).unwrap();
+        (0..rustix::thread::CpuSet::MAX_CPU).find(|&c| set.is_set(c)).unwrap()
+    };
+    let mut one = rustix::thread::CpuSet::new();
+    one.set(cpu);
+    let stop = Arc::new(AtomicBool::new(false));
+    let st = stop.clone();
+    let competitor = std::thread::spawn(move || {
+        rustix::thread::sched_setaffinity(None, &one).unwrap();
+        while !st.load(Ordering::Relaxed) {
+            std::hint::spin_loop();
+        }
+    });
+    let (r, still) = observe("crowded", move || {
+        rustix::thread::sched_setaffinity(None, &one).unwrap();
+        spin(Duration::from_millis(400));
+    });
+    stop.store(true, Ordering::Relaxed);
+    competitor.join().unwrap();
+    assert_named_and_timely(&r, "crowded", still);
+    assert!(r.waiting_for_cpu_share > 0.3, "{r:?}");
+    assert_eq!(r.class, "waiting-for-cpu", "{r:?}");
+}
