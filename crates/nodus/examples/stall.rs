@@ -9,8 +9,10 @@ use std::time::{Duration, Instant};
 use nodus::{Runtime, interval, metrics, sleep, spawn_named};
 
 fn main() {
+    let color = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(color)
         .with_target(false)
         .init();
     let rt = Runtime::new();
