@@ -45,6 +45,30 @@ impl<T: AsFd> FdStream for nodus::io::AsyncFd<T> {
     }
 }
 
+/// The nodus stream types forward to their own readiness methods.
+macro_rules! fd_stream {
+    ($($t:ty),*) => {$(
+        impl FdStream for $t {
+            fn fd(&self) -> BorrowedFd<'_> {
+                self.as_fd()
+            }
+            fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                <$t>::poll_read_ready(self, cx)
+            }
+            fn clear_read_ready(&self) {
+                <$t>::clear_read_ready(self)
+            }
+            fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                <$t>::poll_write_ready(self, cx)
+            }
+            fn clear_write_ready(&self) {
+                <$t>::clear_write_ready(self)
+            }
+        }
+    )*};
+}
+fd_stream!(nodus::net::TcpStream, nodus::net::UnixStream);
+
 /// A stream adapted for hyper.
 pub struct HyperIo<S> {
     stream: S,

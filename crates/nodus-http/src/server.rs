@@ -92,6 +92,40 @@ pub trait Accept: 'static {
     fn local_addr(&self) -> Option<SocketAddr>;
 }
 
+impl Accept for nodus::net::TcpListener {
+    type Stream = nodus::net::TcpStream;
+
+    fn poll_accept(
+        &self,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<(Self::Stream, Option<SocketAddr>)>> {
+        nodus::net::TcpListener::poll_accept(self, cx).map_ok(|(s, peer)| {
+            // Responses are written whole; waiting for ACKs (Nagle) only adds latency.
+            let _ = s.set_nodelay(true);
+            (s, Some(peer))
+        })
+    }
+
+    fn local_addr(&self) -> Option<SocketAddr> {
+        nodus::net::TcpListener::local_addr(self).ok()
+    }
+}
+
+impl Accept for nodus::net::UnixListener {
+    type Stream = nodus::net::UnixStream;
+
+    fn poll_accept(
+        &self,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<(Self::Stream, Option<SocketAddr>)>> {
+        nodus::net::UnixListener::poll_accept(self, cx).map_ok(|(s, _)| (s, None))
+    }
+
+    fn local_addr(&self) -> Option<SocketAddr> {
+        None
+    }
+}
+
 struct State {
     config: Config,
     builders: Builders,

@@ -23,6 +23,7 @@
 pub mod clock;
 pub mod io;
 pub mod metrics;
+pub mod net;
 pub mod rt;
 pub mod task;
 pub mod time;

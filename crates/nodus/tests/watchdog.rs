@@ -16,7 +16,10 @@ static SERIAL: Mutex<()> = Mutex::new(());
 /// Runs `block` inside a task named `name` on a fresh loop while another thread watches the
 /// stall reports. Returns the first report and whether the block was still running when seen.
 fn observe(name: &'static str, block: impl FnOnce() + 'static) -> (StallReport, bool) {
-    let rt = Runtime::builder().stall_threshold(THRESHOLD).build().unwrap();
+    let rt = Runtime::builder()
+        .stall_threshold(THRESHOLD)
+        .build()
+        .unwrap();
     let loop_id = rt.id();
     let blocking = Arc::new(AtomicBool::new(false));
     let seen: Arc<Mutex<Option<(StallReport, bool)>>> = Arc::default();
@@ -42,14 +45,20 @@ fn observe(name: &'static str, block: impl FnOnce() + 'static) -> (StallReport, 
         .unwrap();
     });
     observer.join().unwrap();
-    let got = seen.lock().unwrap().take().expect("a stall report");
-    got
+    seen.lock().unwrap().take().expect("a stall report")
 }
 
 fn assert_named_and_timely(r: &StallReport, name: &str, still_blocking: bool) {
-    assert!(still_blocking, "the report came while the task was still blocking: {r:?}");
+    assert!(
+        still_blocking,
+        "the report came while the task was still blocking: {r:?}"
+    );
     assert_eq!(r.task_name, name);
-    assert!(r.location.contains("tests/watchdog.rs:"), "spawn site: {}", r.location);
+    assert!(
+        r.location.contains("tests/watchdog.rs:"),
+        "spawn site: {}",
+        r.location
+    );
     let limit = THRESHOLD + Duration::from_millis(10);
     assert!(
         Duration::from_secs_f64(r.detected_after_seconds) <= limit,
@@ -88,7 +97,9 @@ fn a_busy_loop_sharing_its_cpu_is_reported_waiting_for_a_cpu() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let cpu = {
         let set = rustix::thread::sched_getaffinity(None).unwrap();
-        (0..rustix::thread::CpuSet::MAX_CPU).find(|&c| set.is_set(c)).unwrap()
+        (0..rustix::thread::CpuSet::MAX_CPU)
+            .find(|&c| set.is_set(c))
+            .unwrap()
     };
     let mut one = rustix::thread::CpuSet::new();
     one.set(cpu);

@@ -1,0 +1,324 @@
+//! `nodus_http::serve` against real clients on 127.0.0.1: limits, timeouts, drain, metrics.
+//!
+//! Each test runs a server on its own loop thread and talks to it with blocking std sockets.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use nodus::Runtime;
+use nodus::net::TcpListener;
+use nodus_http::{Config, collect_body, full, serve, text};
+
+/// A server on its own thread; `drain` (or drop) stops it.
+struct TestServer {
+    addr: SocketAddr,
+    drain: Arc<AtomicBool>,
+    thread: Option<JoinHandle<nodus::metrics::Snapshot>>,
+}
+
+impl TestServer {
+    fn start(config: Config, drain_timeout: Duration) -> TestServer {
+        let (tx, rx) = mpsc::channel();
+        let drain = Arc::new(AtomicBool::new(false));
+        let d = drain.clone();
+        let thread = std::thread::spawn(move || {
+            let rt = Runtime::new();
+            rt.block_on(async move {
+                let listener = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+                let server = serve(listener, config, |req| async move {
+                    match req.uri().path() {
+                        "/slow" => {
+                            nodus::sleep(300).await;
+                            text(StatusCode::OK, "slow done")
+                        }
+                        "/echo" => match collect_body(req.into_body()).await {
+                            Ok(b) => http::Response::new(full(b)),
+                            Err(nodus_http::BodyError::TooLarge) => {
+                                text(StatusCode::PAYLOAD_TOO_LARGE, "too large")
+                            }
+                            Err(e) => text(StatusCode::BAD_REQUEST, e.to_string()),
+                        },
+                        _ => text(StatusCode::OK, "hello"),
+                    }
+                });
+                tx.send(server.local_addr().unwrap()).unwrap();
+                while !d.load(Ordering::Acquire) {
+                    nodus::sleep(5).await;
+                }
+                server.drain(drain_timeout).await;
+                nodus_http::snapshot()
+            })
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("server started");
+        TestServer {
+            addr,
+            drain,
+            thread: Some(thread),
+        }
+    }
+
+    fn connect(&self) -> TcpStream {
+        let s = TcpStream::connect(self.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s
+    }
+
+    /// Starts the drain and waits for the server to finish it; returns its final snapshot.
+    fn finish(mut self) -> nodus::metrics::Snapshot {
+        self.drain.store(true, Ordering::Release);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.drain.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Status, lowercase headers, body.
+type Reply = (u16, Vec<(String, String)>, Vec<u8>);
+
+/// Reads one HTTP/1.1 response (body by Content-Length).
+fn read_response(r: &mut BufReader<TcpStream>) -> std::io::Result<Reply> {
+    let mut line = String::new();
+    if r.read_line(&mut line)? == 0 {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    let status: u16 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let mut headers = Vec::new();
+    loop {
+        line.clear();
+        r.read_line(&mut line)?;
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        let (k, v) = l.split_once(':').unwrap();
+        headers.push((k.to_ascii_lowercase(), v.trim().to_string()));
+    }
+    let len: usize = headers
+        .iter()
+        .find(|(k, _)| k == "content-length")
+        .map_or(0, |(_, v)| v.parse().unwrap());
+    let mut body = vec![0; len];
+    r.read_exact(&mut body)?;
+    Ok((status, headers, body))
+}
+
+fn get(s: &mut TcpStream, path: &str) {
+    write!(s, "GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+}
+
+fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    h.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+#[test]
+fn serves_keep_alive_requests_and_counts_them() {
+    let server = TestServer::start(Config::default(), Duration::from_secs(1));
+    let mut s = server.connect();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    for _ in 0..3 {
+        get(&mut s, "/");
+        let (status, _, body) = read_response(&mut r).unwrap();
+        assert_eq!((status, body.as_slice()), (200, &b"hello"[..]));
+    }
+    drop((s, r));
+    let snap = server.finish();
+    assert_eq!(snap.http.responses_by_class[1], 3);
+    assert_eq!(snap.http.connections_total, 1);
+    assert!(snap.http.bytes_received_total > 0 && snap.http.bytes_sent_total > 0);
+    assert_eq!(snap.http.request_duration.count, 3);
+    assert!(snap.task_classes.iter().any(|c| c.name == "http"));
+}
+
+#[test]
+fn oversized_heads_get_431_and_bodies_413() {
+    let config = Config {
+        max_header_bytes: 4096,
+        max_body_bytes: 1024,
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_secs(1));
+
+    let mut s = server.connect();
+    write!(
+        s,
+        "GET / HTTP/1.1\r\nHost: t\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(8192)
+    )
+    .unwrap();
+    let (status, _, _) = read_response(&mut BufReader::new(s)).unwrap();
+    assert_eq!(status, 431);
+
+    let mut s = server.connect();
+    write!(
+        s,
+        "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 4096\r\n\r\n"
+    )
+    .unwrap();
+    let (status, headers, _) = read_response(&mut BufReader::new(s)).unwrap();
+    assert_eq!(status, 413);
+    assert_eq!(header(&headers, "connection"), Some("close"));
+
+    // A chunked body over the limit is refused by the handler's read.
+    let mut s = server.connect();
+    let chunk = "b".repeat(800);
+    write!(
+        s,
+        "POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    .unwrap();
+    for _ in 0..2 {
+        write!(s, "{:x}\r\n{chunk}\r\n", chunk.len()).unwrap();
+    }
+    write!(s, "0\r\n\r\n").unwrap();
+    let (status, _, _) = read_response(&mut BufReader::new(s)).unwrap();
+    assert_eq!(status, 413);
+
+    // Other connections are unaffected.
+    let mut s = server.connect();
+    get(&mut s, "/");
+    assert_eq!(read_response(&mut BufReader::new(s)).unwrap().0, 200);
+}
+
+#[test]
+fn a_slowloris_client_is_cut_while_others_are_served() {
+    let config = Config {
+        header_read_timeout: Duration::from_millis(400),
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_secs(1));
+    let mut slow = server.connect();
+    let start = Instant::now();
+    let request = b"GET / HTTP/1.1\r\nHost: t\r\nX-Slow: 1\r\n\r\n";
+    let mut cut = false;
+    for b in request {
+        if slow.write_all(&[*b]).is_err() {
+            cut = true;
+            break;
+        }
+        // Meanwhile a normal client is served at once.
+        let mut ok = server.connect();
+        get(&mut ok, "/");
+        assert_eq!(read_response(&mut BufReader::new(ok)).unwrap().0, 200);
+        std::thread::sleep(Duration::from_millis(100));
+        let mut probe = [0u8; 1];
+        slow.set_nonblocking(true).unwrap();
+        let r = slow.read(&mut probe);
+        slow.set_nonblocking(false).unwrap();
+        if matches!(r, Ok(0)) || matches!(&r, Err(e) if e.kind() != std::io::ErrorKind::WouldBlock)
+        {
+            cut = true;
+            break;
+        }
+    }
+    assert!(cut, "the slow client was never cut");
+    let elapsed = start.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(350),
+        "cut too early: {elapsed:?}"
+    );
+    assert!(
+        elapsed < Duration::from_secs(3),
+        "cut too late: {elapsed:?}"
+    );
+}
+
+#[test]
+fn idle_keep_alive_connections_close_after_the_timeout() {
+    let config = Config {
+        keep_alive_timeout: Duration::from_millis(200),
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_secs(1));
+    let mut s = server.connect();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    get(&mut s, "/");
+    assert_eq!(read_response(&mut r).unwrap().0, 200);
+    let start = Instant::now();
+    let mut buf = [0u8; 1];
+    assert_eq!(
+        r.read(&mut buf).unwrap(),
+        0,
+        "the server closed the idle connection"
+    );
+    assert!(
+        start.elapsed() >= Duration::from_millis(150),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn graceful_drain_finishes_in_flight_work_and_refuses_new_connections() {
+    let server = TestServer::start(Config::default(), Duration::from_secs(5));
+    // An in-flight slow request.
+    let mut slow = server.connect();
+    get(&mut slow, "/slow");
+    // A keep-alive client with one request answered.
+    let mut ka = server.connect();
+    let mut ka_r = BufReader::new(ka.try_clone().unwrap());
+    get(&mut ka, "/");
+    assert_eq!(read_response(&mut ka_r).unwrap().0, 200);
+    std::thread::sleep(Duration::from_millis(50));
+
+    let addr = server.addr;
+    let drained = std::thread::spawn(move || server.finish());
+    std::thread::sleep(Duration::from_millis(50));
+
+    // New connections are refused once the drain began.
+    assert!(TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err());
+    // The keep-alive client's next request is answered, with Connection: close.
+    get(&mut ka, "/");
+    let (status, headers, _) = read_response(&mut ka_r).unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(header(&headers, "connection"), Some("close"));
+    // The in-flight slow request completes.
+    let (status, _, body) = read_response(&mut BufReader::new(slow)).unwrap();
+    assert_eq!((status, body.as_slice()), (200, &b"slow done"[..]));
+    let snap = drained.join().unwrap();
+    assert_eq!(snap.http.connections_open, 0);
+    assert_eq!(snap.http.responses_by_class[1], 3);
+}
+
+#[test]
+fn at_most_max_connections_are_served_at_once() {
+    let config = Config {
+        max_connections: 1,
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_secs(1));
+    let mut first = server.connect();
+    get(&mut first, "/");
+    let mut first_r = BufReader::new(first.try_clone().unwrap());
+    assert_eq!(read_response(&mut first_r).unwrap().0, 200);
+    // The second connection waits in the backlog.
+    let mut second = server.connect();
+    get(&mut second, "/");
+    second
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut second_r = BufReader::new(second.try_clone().unwrap());
+    assert!(
+        read_response(&mut second_r).is_err(),
+        "served beyond max_connections"
+    );
+    drop((first, first_r));
+    second
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    assert_eq!(read_response(&mut second_r).unwrap().0, 200);
+}

@@ -1,0 +1,129 @@
+//! Sockets on the loop: [`TcpListener`], [`TcpStream`], [`UdpSocket`], [`UnixListener`] and
+//! [`UnixStream`], each a thin layer over [`AsyncFd`](crate::io::AsyncFd) and the std type it
+//! wraps.
+//!
+//! Invariants, shared by every type here:
+//! - **Edge-triggered readiness.** Every operation is attempted first; only `WouldBlock` clears
+//!   the remembered readiness, after which the task waits for the next edge from epoll. A short
+//!   read or write leaves readiness set (the next attempt finds out). `EINTR` is retried. Every
+//!   readiness check draws one unit of the task's cooperative budget, so a socket that is always
+//!   ready cannot starve timers or other tasks.
+//! - **One waiter per direction.** A socket remembers one reading and one writing task: a reader
+//!   task and a writer task may share a stream (`&TcpStream` implements `AsyncRead` and
+//!   `AsyncWrite`), but two tasks reading (or accepting) at once would leave the first unwoken.
+//! - **What keeps the loop alive.** A socket is an active handle from the moment it is created
+//!   or adopted until it is closed, dropped or converted back (`into_std`): while ref'd it keeps
+//!   `Runtime::run` from returning, like a libuv handle. `unref()` lets the loop exit while the
+//!   socket is still open (Node's `server.unref()`); `ref_()` undoes it.
+//! - **Closing.** `close(cb)` closes the fd at once (a peer sees the close, a port is free again)
+//!   and runs `cb` in the close phase of this iteration, after the check phase. Dropping closes
+//!   too, without a callback. A [`UnixListener`] created by `bind` unlinks its path when closed
+//!   or dropped (libuv does the same); one adopted from an fd never does.
+//! - **Half-close.** `shutdown(Shutdown::Write)` (or `AsyncWrite::poll_close`) sends FIN: the peer
+//!   reads EOF but can still write, and this side can still read. Writes complete before they
+//!   return (there is no user-space write queue), so there is nothing to flush first. Reading EOF
+//!   does not close the socket: the reading side decides when to write its reply and close.
+//! - **No `SIGPIPE`.** Stream writes use `send(MSG_NOSIGNAL)`: writing to a reset connection is an
+//!   `EPIPE` error, never a signal, whatever the process's signal disposition.
+//! - **Close-on-exec.** Every fd created here is `O_CLOEXEC` (std and socket2 create sockets
+//!   with `SOCK_CLOEXEC`, and accept with `accept4(SOCK_CLOEXEC)`); `from_owned_fd` sets it on fds
+//!   it adopts (inherited `LISTEN_FDS`, say), as `sd_listen_fds` does.
+//! - **Conversions.** `from_std` makes the fd non-blocking and registers it; `into_std`
+//!   deregisters it and gives it back still non-blocking. `from_owned_fd` first checks that the fd
+//!   is the right kind of socket (`InvalidInput` otherwise).
+//!
+//! Addresses are IP literals ([`IntoSocketAddr`]): resolving a name is a DNS lookup, which does
+//! not belong on the loop. Socket options not offered here are one `socket2::SockRef::from(&s)`
+//! away (every type is `AsFd`).
+
+mod sys;
+mod tcp;
+mod udp;
+mod unix;
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+
+pub use tcp::{ListenOptions, TcpListener, TcpStream};
+pub use udp::UdpSocket;
+pub use unix::{UnixListener, UnixStream};
+
+pub use std::net::Shutdown;
+
+/// An address that needs no DNS lookup: a `SocketAddr`, an `(ip, port)` pair, or a string such as
+/// `"127.0.0.1:8080"` or `"[::1]:0"`. A host name is an `InvalidInput` error.
+pub trait IntoSocketAddr {
+    fn into_socket_addr(self) -> io::Result<SocketAddr>;
+}
+
+impl IntoSocketAddr for SocketAddr {
+    fn into_socket_addr(self) -> io::Result<SocketAddr> {
+        Ok(self)
+    }
+}
+
+impl IntoSocketAddr for &SocketAddr {
+    fn into_socket_addr(self) -> io::Result<SocketAddr> {
+        Ok(*self)
+    }
+}
+
+impl IntoSocketAddr for SocketAddrV4 {
+    fn into_socket_addr(self) -> io::Result<SocketAddr> {
+        Ok(self.into())
+    }
+}
+
+impl IntoSocketAddr for SocketAddrV6 {
+    fn into_socket_addr(self) -> io::Result<SocketAddr> {
+        Ok(self.into())
+    }
+}
+
+macro_rules! ip_port {
+    ($($ip:ty),*) => {$(
+        impl IntoSocketAddr for ($ip, u16) {
+            fn into_socket_addr(self) -> io::Result<SocketAddr> {
+                Ok(SocketAddr::new(self.0.into(), self.1))
+            }
+        }
+    )*};
+}
+ip_port!(IpAddr, Ipv4Addr, Ipv6Addr);
+
+impl IntoSocketAddr for (&str, u16) {
+    fn into_socket_addr(self) -> io::Result<SocketAddr> {
+        match self.0.parse::<IpAddr>() {
+            Ok(ip) => Ok(SocketAddr::new(ip, self.1)),
+            Err(_) => Err(not_an_ip(&format!("{}:{}", self.0, self.1))),
+        }
+    }
+}
+
+impl IntoSocketAddr for &str {
+    fn into_socket_addr(self) -> io::Result<SocketAddr> {
+        self.parse().map_err(|_| not_an_ip(self))
+    }
+}
+
+impl IntoSocketAddr for String {
+    fn into_socket_addr(self) -> io::Result<SocketAddr> {
+        self.as_str().into_socket_addr()
+    }
+}
+
+impl IntoSocketAddr for &String {
+    fn into_socket_addr(self) -> io::Result<SocketAddr> {
+        self.as_str().into_socket_addr()
+    }
+}
+
+fn not_an_ip(s: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!(
+            "nodus::net: {s:?} is not an IP address and port (such as \"127.0.0.1:8080\" or \
+             \"[::1]:8080\"); resolve host names first, off the loop"
+        ),
+    )
+}

@@ -1,0 +1,248 @@
+//! TCP: [`TcpListener`] (bind with Node's defaults, accept) and [`TcpStream`] (connect, read,
+//! write, half-close), both over `AsyncFd` and the std types.
+//!
+//! - Listening uses Node's defaults: `SO_REUSEADDR` on, a backlog of 511, and IPv6 sockets
+//!   dual-stack (`IPV6_V6ONLY` off) whatever the system default, as libuv sets it.
+//!   [`ListenOptions`] adds `SO_REUSEPORT`, which lets several sockets (and processes) bind the
+//!   same port with the kernel balancing connections between them.
+//! - `accept` skips `ECONNABORTED` (a connection reset before it was accepted; libuv does the
+//!   same) and returns every other error (`EMFILE`, say); the listener stays usable.
+//! - `connect` is a non-blocking `connect(2)`: it waits for writability, then reads `SO_ERROR`
+//!   (`ECONNREFUSED` and friends) and confirms there is a peer.
+
+use std::fmt;
+use std::future::poll_fn;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::task::{Context, Poll, ready};
+
+use socket2::{Domain, Protocol, Socket, Type};
+
+use super::IntoSocketAddr;
+use super::sys::{self, Kind, socket_common, stream_io};
+use crate::io::AsyncFd;
+
+/// How [`TcpListener::bind_with`] sets up its socket. The default is Node's `listen()`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenOptions {
+    /// Pending-connection queue length (Node's default 511; the kernel caps it at
+    /// `net.core.somaxconn`).
+    pub backlog: u32,
+    /// `SO_REUSEADDR`: rebind a port whose old connections are in `TIME_WAIT` (default on).
+    pub reuse_address: bool,
+    /// `SO_REUSEPORT`: several sockets bind the same address and the kernel balances incoming
+    /// connections between them (every one of them must set it; default off).
+    pub reuse_port: bool,
+    /// For an IPv6 address: accept IPv6 only, not IPv4-mapped connections too (default off,
+    /// dual-stack).
+    pub ipv6_only: bool,
+}
+
+impl Default for ListenOptions {
+    fn default() -> Self {
+        ListenOptions {
+            backlog: 511,
+            reuse_address: true,
+            reuse_port: false,
+            ipv6_only: false,
+        }
+    }
+}
+
+/// A TCP socket listening for connections.
+pub struct TcpListener {
+    io: AsyncFd<std::net::TcpListener>,
+}
+
+impl TcpListener {
+    /// Binds and listens with Node's defaults (`SO_REUSEADDR`, backlog 511). Port 0 picks a free
+    /// port: see [`local_addr`](Self::local_addr).
+    #[track_caller]
+    pub fn bind(addr: impl IntoSocketAddr) -> io::Result<TcpListener> {
+        TcpListener::bind_with(addr, ListenOptions::default())
+    }
+
+    /// Binds and listens with `options`.
+    #[track_caller]
+    pub fn bind_with(addr: impl IntoSocketAddr, options: ListenOptions) -> io::Result<TcpListener> {
+        let addr = addr.into_socket_addr()?;
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+        if options.reuse_address {
+            socket.set_reuse_address(true)?;
+        }
+        if options.reuse_port {
+            socket.set_reuse_port(true)?;
+        }
+        if addr.is_ipv6() {
+            socket.set_only_v6(options.ipv6_only)?;
+        }
+        socket.bind(&addr.into())?;
+        socket.listen(options.backlog.min(i32::MAX as u32) as i32)?;
+        TcpListener::from_std(socket.into())
+    }
+
+    /// Waits for the next connection.
+    pub async fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
+        poll_fn(|cx| self.poll_accept(cx)).await
+    }
+
+    /// Accepts a connection if one is queued; otherwise registers the task to be woken.
+    pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(TcpStream, SocketAddr)>> {
+        loop {
+            match ready!(sys::poll_read_op(&self.io, cx, |l| l.accept())) {
+                Ok((stream, peer)) => {
+                    return Poll::Ready(TcpStream::from_std(stream).map(|s| (s, peer)));
+                }
+                Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.io.get_ref().local_addr()
+    }
+
+    /// Closes the socket now (the port is free again) and runs `callback` in this iteration's
+    /// close phase.
+    #[track_caller]
+    pub fn close(self, callback: impl FnOnce() + 'static) {
+        self.io.close(callback)
+    }
+
+    /// Adopts a listening std socket: makes it non-blocking and registers it with the current
+    /// loop.
+    ///
+    /// # Panics
+    /// Outside a running nodus loop.
+    #[track_caller]
+    pub fn from_std(listener: std::net::TcpListener) -> io::Result<TcpListener> {
+        Ok(TcpListener {
+            io: AsyncFd::new(listener)?,
+        })
+    }
+
+    /// Adopts a listening TCP socket fd (inherited through `LISTEN_FDS`, received over IPC):
+    /// checks that it is one (`InvalidInput` otherwise, and the fd is closed), makes it
+    /// close-on-exec and non-blocking, and registers it.
+    #[track_caller]
+    pub fn from_owned_fd(fd: OwnedFd) -> io::Result<TcpListener> {
+        sys::adopt_check(
+            &fd,
+            &Kind {
+                api: "nodus::net::TcpListener::from_owned_fd",
+                expected: "a listening TCP socket",
+                domains: &[Domain::IPV4, Domain::IPV6],
+                ty: Type::STREAM,
+                listening: true,
+            },
+        )?;
+        TcpListener::from_std(fd.into())
+    }
+
+    /// Deregisters the socket and gives it back, still non-blocking.
+    pub fn into_std(self) -> std::net::TcpListener {
+        self.io.into_inner()
+    }
+}
+
+socket_common!(TcpListener, std::net::TcpListener);
+
+impl fmt::Debug for TcpListener {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TcpListener")
+            .field("addr", &self.local_addr().ok())
+            .field("fd", &self.as_raw_fd())
+            .finish()
+    }
+}
+
+/// A TCP connection.
+pub struct TcpStream {
+    io: AsyncFd<std::net::TcpStream>,
+}
+
+impl TcpStream {
+    /// Connects to `addr` without blocking the loop. A refused connection is
+    /// `ErrorKind::ConnectionRefused`.
+    pub async fn connect(addr: impl IntoSocketAddr) -> io::Result<TcpStream> {
+        let addr = addr.into_socket_addr()?;
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+        socket.set_nonblocking(true)?;
+        sys::start_connect(&socket, &addr.into())?;
+        let stream = TcpStream::from_std(socket.into())?;
+        poll_fn(|cx| sys::poll_connected(&stream.io, cx)).await?;
+        Ok(stream)
+    }
+
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        self.io.get_ref().peer_addr()
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.io.get_ref().local_addr()
+    }
+
+    /// `TCP_NODELAY`: send small writes at once instead of coalescing them (Nagle off).
+    pub fn set_nodelay(&self, nodelay: bool) -> io::Result<()> {
+        self.io.get_ref().set_nodelay(nodelay)
+    }
+
+    pub fn nodelay(&self) -> io::Result<bool> {
+        self.io.get_ref().nodelay()
+    }
+
+    /// Closes the connection now and runs `callback` in this iteration's close phase.
+    #[track_caller]
+    pub fn close(self, callback: impl FnOnce() + 'static) {
+        self.io.close(callback)
+    }
+
+    /// Adopts a connected std stream: makes it non-blocking and registers it with the current
+    /// loop.
+    ///
+    /// # Panics
+    /// Outside a running nodus loop.
+    #[track_caller]
+    pub fn from_std(stream: std::net::TcpStream) -> io::Result<TcpStream> {
+        Ok(TcpStream {
+            io: AsyncFd::new(stream)?,
+        })
+    }
+
+    /// Adopts a TCP stream socket fd: checks that it is one (`InvalidInput` otherwise, and the fd
+    /// is closed), makes it close-on-exec and non-blocking, and registers it.
+    #[track_caller]
+    pub fn from_owned_fd(fd: OwnedFd) -> io::Result<TcpStream> {
+        sys::adopt_check(
+            &fd,
+            &Kind {
+                api: "nodus::net::TcpStream::from_owned_fd",
+                expected: "a TCP stream socket",
+                domains: &[Domain::IPV4, Domain::IPV6],
+                ty: Type::STREAM,
+                listening: false,
+            },
+        )?;
+        TcpStream::from_std(fd.into())
+    }
+
+    /// Deregisters the socket and gives it back, still non-blocking.
+    pub fn into_std(self) -> std::net::TcpStream {
+        self.io.into_inner()
+    }
+}
+
+socket_common!(TcpStream, std::net::TcpStream);
+stream_io!(TcpStream, std::net::TcpStream);
+
+impl fmt::Debug for TcpStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TcpStream")
+            .field("addr", &self.local_addr().ok())
+            .field("peer", &self.peer_addr().ok())
+            .field("fd", &self.as_raw_fd())
+            .finish()
+    }
+}

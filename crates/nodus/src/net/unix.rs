@@ -1,0 +1,242 @@
+//! Unix domain stream sockets: [`UnixListener`] and [`UnixStream`], over `AsyncFd` and the std
+//! types. The same byte-stream semantics as TCP (half-close included); IPC passes fds over these.
+//!
+//! - A listener created by [`UnixListener::bind`] owns its path: closing or dropping it unlinks
+//!   the path (after closing the fd), as libuv does for a bound pipe. A listener adopted from an
+//!   fd or a std listener never unlinks anything (a worker closing its copy of a shared listener
+//!   must not remove the primary's path), nor does one turned back into std with `into_std`.
+//!   Abstract names (a path starting with a NUL byte, Linux) have nothing to unlink.
+//! - Binding an existing path fails with `AddrInUse` (a stale socket file is not removed for you).
+//! - `connect` is non-blocking: on Linux it completes at once or fails, `ConnectionRefused` for a
+//!   path with no listener, `NotFound` for no path, and `WouldBlock` (`EAGAIN`) when the
+//!   listener's backlog is full (libuv reports that as an error too).
+
+use std::fmt;
+use std::future::poll_fn;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::task::{Context, Poll, ready};
+
+use socket2::{Domain, SockAddr, Socket, Type};
+
+use super::sys::{self, Kind, socket_common, stream_io};
+use crate::io::AsyncFd;
+
+/// Node's (and libuv's) listen backlog.
+const BACKLOG: i32 = 511;
+
+/// A Unix domain socket listening for connections.
+pub struct UnixListener {
+    // Field order matters: the fd is closed before the path is unlinked.
+    io: AsyncFd<std::os::unix::net::UnixListener>,
+    unlink: Option<Unlink>,
+}
+
+/// Removes the socket file a listener bound, when dropped.
+struct Unlink(PathBuf);
+
+impl Unlink {
+    fn disarm(mut self) {
+        self.0 = PathBuf::new();
+    }
+}
+
+impl Drop for Unlink {
+    fn drop(&mut self) {
+        if !self.0.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
+
+impl UnixListener {
+    /// Binds `path` and listens (backlog 511). The path is unlinked when the listener is closed
+    /// or dropped.
+    #[track_caller]
+    pub fn bind(path: impl AsRef<Path>) -> io::Result<UnixListener> {
+        let path = path.as_ref();
+        let socket = Socket::new(Domain::UNIX, Type::STREAM, None)?;
+        socket.bind(&SockAddr::unix(path)?)?;
+        // Bound: the path is ours from here on, removed again if anything below fails.
+        let bytes = path.as_os_str().as_bytes();
+        let unlink = (bytes.first() != Some(&0)).then(|| Unlink(path.to_path_buf()));
+        socket.listen(BACKLOG)?;
+        let mut listener = UnixListener::from_std(socket.into())?;
+        listener.unlink = unlink;
+        Ok(listener)
+    }
+
+    /// Waits for the next connection.
+    pub async fn accept(&self) -> io::Result<(UnixStream, SocketAddr)> {
+        poll_fn(|cx| self.poll_accept(cx)).await
+    }
+
+    /// Accepts a connection if one is queued; otherwise registers the task to be woken.
+    pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(UnixStream, SocketAddr)>> {
+        loop {
+            match ready!(sys::poll_read_op(&self.io, cx, |l| l.accept())) {
+                Ok((stream, peer)) => {
+                    return Poll::Ready(UnixStream::from_std(stream).map(|s| (s, peer)));
+                }
+                Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.io.get_ref().local_addr()
+    }
+
+    /// Closes the socket now, unlinks the path it bound, and runs `callback` in this iteration's
+    /// close phase.
+    #[track_caller]
+    pub fn close(self, callback: impl FnOnce() + 'static) {
+        let UnixListener { io, unlink } = self;
+        io.close(callback);
+        drop(unlink);
+    }
+
+    /// Adopts a listening std socket: makes it non-blocking and registers it with the current
+    /// loop. The listener will not unlink its path.
+    ///
+    /// # Panics
+    /// Outside a running nodus loop.
+    #[track_caller]
+    pub fn from_std(listener: std::os::unix::net::UnixListener) -> io::Result<UnixListener> {
+        Ok(UnixListener {
+            io: AsyncFd::new(listener)?,
+            unlink: None,
+        })
+    }
+
+    /// Adopts a listening Unix stream socket fd: checks that it is one (`InvalidInput`
+    /// otherwise, and the fd is closed), makes it close-on-exec and non-blocking, and registers
+    /// it. The listener will not unlink its path.
+    #[track_caller]
+    pub fn from_owned_fd(fd: OwnedFd) -> io::Result<UnixListener> {
+        sys::adopt_check(
+            &fd,
+            &Kind {
+                api: "nodus::net::UnixListener::from_owned_fd",
+                expected: "a listening Unix stream socket",
+                domains: &[Domain::UNIX],
+                ty: Type::STREAM,
+                listening: true,
+            },
+        )?;
+        UnixListener::from_std(fd.into())
+    }
+
+    /// Deregisters the socket and gives it back, still non-blocking; its path is no longer
+    /// unlinked by nodus.
+    pub fn into_std(self) -> std::os::unix::net::UnixListener {
+        let UnixListener { io, unlink } = self;
+        if let Some(unlink) = unlink {
+            unlink.disarm();
+        }
+        io.into_inner()
+    }
+}
+
+socket_common!(UnixListener, std::os::unix::net::UnixListener);
+
+impl fmt::Debug for UnixListener {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UnixListener")
+            .field("addr", &self.local_addr().ok())
+            .field("fd", &self.as_raw_fd())
+            .field("unlinks", &self.unlink.is_some())
+            .finish()
+    }
+}
+
+/// A Unix domain stream connection.
+pub struct UnixStream {
+    io: AsyncFd<std::os::unix::net::UnixStream>,
+}
+
+impl UnixStream {
+    /// Connects to the listener at `path` without blocking the loop.
+    pub async fn connect(path: impl AsRef<Path>) -> io::Result<UnixStream> {
+        let addr = SockAddr::unix(path)?;
+        let socket = Socket::new(Domain::UNIX, Type::STREAM, None)?;
+        socket.set_nonblocking(true)?;
+        sys::start_connect(&socket, &addr)?;
+        let stream = UnixStream::from_std(socket.into())?;
+        poll_fn(|cx| sys::poll_connected(&stream.io, cx)).await?;
+        Ok(stream)
+    }
+
+    /// Two connected, unnamed sockets (`socketpair(2)`), both registered with the current loop.
+    #[track_caller]
+    pub fn pair() -> io::Result<(UnixStream, UnixStream)> {
+        let (a, b) = std::os::unix::net::UnixStream::pair()?;
+        Ok((UnixStream::from_std(a)?, UnixStream::from_std(b)?))
+    }
+
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        self.io.get_ref().peer_addr()
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.io.get_ref().local_addr()
+    }
+
+    /// Closes the connection now and runs `callback` in this iteration's close phase.
+    #[track_caller]
+    pub fn close(self, callback: impl FnOnce() + 'static) {
+        self.io.close(callback)
+    }
+
+    /// Adopts a connected std stream: makes it non-blocking and registers it with the current
+    /// loop.
+    ///
+    /// # Panics
+    /// Outside a running nodus loop.
+    #[track_caller]
+    pub fn from_std(stream: std::os::unix::net::UnixStream) -> io::Result<UnixStream> {
+        Ok(UnixStream {
+            io: AsyncFd::new(stream)?,
+        })
+    }
+
+    /// Adopts a Unix stream socket fd (one end of a socketpair a parent passed down, say): checks
+    /// that it is one (`InvalidInput` otherwise, and the fd is closed), makes it close-on-exec and
+    /// non-blocking, and registers it.
+    #[track_caller]
+    pub fn from_owned_fd(fd: OwnedFd) -> io::Result<UnixStream> {
+        sys::adopt_check(
+            &fd,
+            &Kind {
+                api: "nodus::net::UnixStream::from_owned_fd",
+                expected: "a Unix stream socket",
+                domains: &[Domain::UNIX],
+                ty: Type::STREAM,
+                listening: false,
+            },
+        )?;
+        UnixStream::from_std(fd.into())
+    }
+
+    /// Deregisters the socket and gives it back, still non-blocking.
+    pub fn into_std(self) -> std::os::unix::net::UnixStream {
+        self.io.into_inner()
+    }
+}
+
+socket_common!(UnixStream, std::os::unix::net::UnixStream);
+stream_io!(UnixStream, std::os::unix::net::UnixStream);
+
+impl fmt::Debug for UnixStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UnixStream")
+            .field("addr", &self.local_addr().ok())
+            .field("peer", &self.peer_addr().ok())
+            .field("fd", &self.as_raw_fd())
+            .finish()
+    }
+}

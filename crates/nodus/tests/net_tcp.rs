@@ -1,0 +1,434 @@
+//! `nodus::net` TCP: echo, concurrency, half-close, close callbacks, ref/unref, errors, fd
+//! conversions, SO_REUSEPORT and backpressure. 127.0.0.1 only; every test bounded in time.
+
+use std::cell::{Cell, RefCell};
+use std::future::{Future, poll_fn};
+use std::io::{IoSlice, Write};
+use std::net::{Shutdown, SocketAddr};
+use std::os::fd::{AsFd, OwnedFd};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use futures_io::AsyncWrite;
+use nodus::net::{ListenOptions, TcpListener, TcpStream};
+use nodus::{Runtime, next_tick, set_immediate, set_timeout, sleep, spawn, yield_now};
+
+type Trace = Rc<RefCell<Vec<&'static str>>>;
+
+/// Runs `f` on a fresh loop, failing the test if it takes more than 20 s.
+fn bounded<F: Future>(f: F) -> F::Output {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        nodus::timeout(Duration::from_secs(20), f)
+            .await
+            .expect("test timed out")
+    })
+}
+
+async fn read_to_end(s: &TcpStream) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = s.read(&mut buf).await.unwrap();
+        if n == 0 {
+            return out;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// Echoes until EOF, then closes.
+async fn echo(s: TcpStream) {
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = s.read(&mut buf).await.unwrap();
+        if n == 0 {
+            return;
+        }
+        s.write_all(&buf[..n]).await.unwrap();
+    }
+}
+
+fn cloexec(fd: impl AsFd) -> bool {
+    rustix::io::fcntl_getfd(fd)
+        .unwrap()
+        .contains(rustix::io::FdFlags::CLOEXEC)
+}
+
+/// A port nothing listens on (bound then released).
+fn closed_port() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+#[test]
+fn echo_round_trip() {
+    bounded(async {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        assert_eq!(addr.ip().to_string(), "127.0.0.1");
+        let server = spawn(async move {
+            let (s, peer) = listener.accept().await.unwrap();
+            assert_eq!(s.peer_addr().unwrap(), peer);
+            assert!(cloexec(&s), "accepted sockets are close-on-exec");
+            echo(s).await;
+        });
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        assert!(cloexec(&c), "connected sockets are close-on-exec");
+        assert_eq!(c.peer_addr().unwrap(), addr);
+        c.set_nodelay(true).unwrap();
+        assert!(c.nodelay().unwrap());
+        c.write_all(b"hello ").await.unwrap();
+        // A vectored write through the futures-io impl.
+        let bufs = [IoSlice::new(b"vectored "), IoSlice::new(b"world")];
+        let mut sent = 0;
+        while sent < 14 {
+            let n = poll_fn(|cx| Pin::new(&mut c).poll_write_vectored(cx, &bufs))
+                .await
+                .unwrap();
+            assert_eq!(n, 14, "a small vectored write goes out whole");
+            sent += n;
+        }
+        c.shutdown(Shutdown::Write).unwrap();
+        assert_eq!(read_to_end(&c).await, b"hello vectored world");
+        server.await.unwrap();
+    });
+}
+
+#[test]
+fn many_concurrent_connections_served_by_tasks() {
+    const N: usize = 100;
+    bounded(async {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let served = Rc::new(Cell::new(0));
+        let s = served.clone();
+        let acceptor = spawn(async move {
+            let mut conns = Vec::new();
+            for _ in 0..N {
+                let (conn, _) = listener.accept().await.unwrap();
+                let s = s.clone();
+                conns.push(spawn(async move {
+                    echo(conn).await;
+                    s.set(s.get() + 1);
+                }));
+            }
+            for c in conns {
+                c.await.unwrap();
+            }
+        });
+        let clients: Vec<_> = (0..N)
+            .map(|i| {
+                spawn(async move {
+                    let c = TcpStream::connect(addr).await.unwrap();
+                    let msg = format!("client {i} says hello").repeat(i + 1);
+                    c.write_all(msg.as_bytes()).await.unwrap();
+                    c.shutdown(Shutdown::Write).unwrap();
+                    assert_eq!(read_to_end(&c).await, msg.as_bytes());
+                })
+            })
+            .collect();
+        for c in clients {
+            c.await.unwrap();
+        }
+        acceptor.await.unwrap();
+        assert_eq!(served.get(), N);
+    });
+}
+
+#[test]
+fn half_close_server_reads_eof_then_still_replies() {
+    bounded(async {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = spawn(async move {
+            let (s, _) = listener.accept().await.unwrap();
+            let got = read_to_end(&s).await;
+            assert_eq!(got, b"question");
+            // EOF seen; the write side is still open.
+            s.write_all(b"answer to ").await.unwrap();
+            s.write_all(&got).await.unwrap();
+        });
+        let c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"question").await.unwrap();
+        c.shutdown(Shutdown::Write).unwrap();
+        assert!(
+            c.write(b"more").await.is_err(),
+            "writing after the half-close fails"
+        );
+        assert_eq!(read_to_end(&c).await, b"answer to question");
+        server.await.unwrap();
+    });
+}
+
+#[test]
+fn listener_close_frees_the_port_now_and_calls_back_in_the_close_phase() {
+    let rt = Runtime::new();
+    let trace: Trace = Rc::default();
+    let t = trace.clone();
+    rt.enter(|| {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let t1 = t.clone();
+        listener.close(move || t1.borrow_mut().push("close"));
+        let t2 = t.clone();
+        set_immediate(move || t2.borrow_mut().push("immediate"));
+        let t3 = t.clone();
+        next_tick(move || t3.borrow_mut().push("tick"));
+        // The fd is gone already, before the close phase.
+        let err = std::net::TcpStream::connect(addr).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
+    });
+    rt.run();
+    assert_eq!(*trace.borrow(), ["tick", "immediate", "close"]);
+}
+
+#[test]
+fn stream_close_is_seen_by_the_peer_and_calls_back_after_the_check_phase() {
+    let trace: Trace = Rc::default();
+    let t = trace.clone();
+    bounded(async move {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let c = TcpStream::connect(addr).await.unwrap();
+        let (s, _) = listener.accept().await.unwrap();
+        let t1 = t.clone();
+        c.close(move || t1.borrow_mut().push("close"));
+        let t2 = t.clone();
+        set_immediate(move || t2.borrow_mut().push("immediate"));
+        assert_eq!(read_to_end(&s).await, b"", "the peer reads EOF");
+        // Each yield waits for a check phase; the close phase follows the first one.
+        while t.borrow().len() < 2 {
+            yield_now().await;
+        }
+        assert_eq!(*t.borrow(), ["immediate", "close"]);
+    });
+    assert_eq!(trace.borrow().len(), 2);
+}
+
+#[test]
+fn an_unrefd_listener_lets_run_return() {
+    let rt = Runtime::new();
+    let start = Instant::now();
+    rt.enter(|| {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        assert!(listener.has_ref());
+        listener.unref();
+        assert!(!listener.has_ref());
+        spawn(async move {
+            let _ = listener.accept().await;
+            unreachable!("nobody connects");
+        })
+        .detach();
+    });
+    rt.run();
+    assert!(start.elapsed() < Duration::from_secs(1));
+}
+
+#[test]
+fn a_refd_listener_keeps_run_going() {
+    // Before the loop exists: its clock (from which the timer's deadline counts) is not older.
+    let start = Instant::now();
+    let rt = Runtime::new();
+    let fired = Rc::new(Cell::new(false));
+    let f = fired.clone();
+    rt.enter(|| {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.unref();
+        listener.ref_();
+        assert!(listener.has_ref());
+        spawn(async move {
+            let _ = listener.accept().await;
+            unreachable!("nobody connects");
+        })
+        .detach();
+        // Unref'd: only the listener keeps the loop alive until this fires.
+        let timer = set_timeout(50, move || {
+            f.set(true);
+            nodus::rt::stop();
+        });
+        timer.unref();
+    });
+    rt.run();
+    assert!(fired.get(), "run returned before the timer");
+    assert!(start.elapsed() >= Duration::from_millis(50));
+}
+
+#[test]
+fn connecting_to_a_closed_port_is_refused() {
+    let addr = closed_port();
+    bounded(async move {
+        let err = TcpStream::connect(addr).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
+    });
+}
+
+#[test]
+fn host_names_are_rejected_with_a_clear_error() {
+    bounded(async {
+        let err = TcpListener::bind("localhost:0").unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("not an IP address"), "{err}");
+        let err = TcpStream::connect(("example.com", 80)).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+        // Literals in every accepted form.
+        let l = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        drop(l);
+        let l = TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).unwrap();
+        drop(l);
+        let l = TcpListener::bind(String::from("127.0.0.1:0")).unwrap();
+        drop(l);
+    });
+}
+
+#[test]
+fn from_and_into_std_and_owned_fds() {
+    bounded(async {
+        // Bound by std, adopted by nodus.
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = std_listener.local_addr().unwrap();
+        let listener = TcpListener::from_std(std_listener).unwrap();
+        let c = TcpStream::connect(addr).await.unwrap();
+        let (s, _) = listener.accept().await.unwrap();
+        s.write_all(b"1").await.unwrap();
+        let mut b = [0u8; 1];
+        assert_eq!(c.read(&mut b).await.unwrap(), 1);
+
+        // Back to std (non-blocking, same socket): nothing waiting, so WouldBlock.
+        let std_listener = listener.into_std();
+        assert_eq!(
+            std_listener.accept().unwrap_err().kind(),
+            std::io::ErrorKind::WouldBlock
+        );
+        // Through an OwnedFd that lost its close-on-exec flag (as inherited LISTEN_FDS do).
+        let fd = OwnedFd::from(std_listener);
+        socket2::SockRef::from(&fd).set_cloexec(false).unwrap();
+        assert!(!cloexec(&fd));
+        let listener = TcpListener::from_owned_fd(fd).unwrap();
+        assert!(cloexec(&listener), "adopted fds are made close-on-exec");
+        let c2 = TcpStream::connect(addr).await.unwrap();
+        let (s2, _) = listener.accept().await.unwrap();
+
+        // A stream out to std and back.
+        let mut std_stream = s2.into_std();
+        std_stream.set_nonblocking(false).unwrap();
+        std_stream.write_all(b"via std").unwrap();
+        let s2 = TcpStream::from_owned_fd(OwnedFd::from(std_stream)).unwrap();
+        s2.shutdown(Shutdown::Write).unwrap();
+        assert_eq!(read_to_end(&c2).await, b"via std");
+        let c2 = TcpStream::try_from(c2.into_std()).unwrap();
+        drop(c2);
+
+        // The wrong kind of socket is refused.
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let err = TcpListener::from_owned_fd(udp.into()).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("listening TCP socket"), "{err}");
+        let err = TcpListener::from_owned_fd(OwnedFd::from(s.into_std())).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{err}");
+        let err = TcpStream::from_owned_fd(OwnedFd::from(listener)).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{err}");
+        let file = std::fs::File::open("/dev/null").unwrap();
+        let err = TcpStream::from_owned_fd(file.into()).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{err}");
+    });
+}
+
+#[test]
+fn so_reuseport_lets_two_listeners_share_a_port() {
+    const N: usize = 32;
+    bounded(async {
+        let opts = ListenOptions {
+            reuse_port: true,
+            ..ListenOptions::default()
+        };
+        let a = TcpListener::bind_with("127.0.0.1:0", opts).unwrap();
+        let addr = a.local_addr().unwrap();
+        let b = TcpListener::bind_with(addr, opts).unwrap();
+        assert_eq!(b.local_addr().unwrap(), addr);
+        let err = TcpListener::bind(addr).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse);
+
+        let counts = Rc::new([Cell::new(0usize), Cell::new(0usize)]);
+        for (i, l) in [a, b].into_iter().enumerate() {
+            let counts = counts.clone();
+            spawn(async move {
+                loop {
+                    let (s, _) = l.accept().await.unwrap();
+                    counts[i].set(counts[i].get() + 1);
+                    drop(s);
+                }
+            })
+            .detach();
+        }
+        for _ in 0..N {
+            let c = TcpStream::connect(addr).await.unwrap();
+            assert_eq!(read_to_end(&c).await, b"");
+        }
+        assert_eq!(counts[0].get() + counts[1].get(), N);
+        assert!(
+            counts[0].get() > 0 && counts[1].get() > 0,
+            "the kernel spread {N} connections over both: {} / {}",
+            counts[0].get(),
+            counts[1].get()
+        );
+    });
+}
+
+#[test]
+fn a_large_write_to_a_slow_reader_completes_without_loss() {
+    const TOTAL: usize = 8 << 20;
+    const READER_START: Duration = Duration::from_millis(30);
+    fn byte(i: usize) -> u8 {
+        (i % 251) as u8
+    }
+    bounded(async {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let start = Instant::now();
+        let writer = spawn(async move {
+            let c = TcpStream::connect(addr).await.unwrap();
+            // Small kernel buffers: 8 MiB cannot fit, so the writer must wait for the reader.
+            socket2::SockRef::from(&c)
+                .set_send_buffer_size(64 << 10)
+                .unwrap();
+            let data: Vec<u8> = (0..TOTAL).map(byte).collect();
+            c.write_all(&data).await.unwrap();
+            let done = start.elapsed();
+            c.shutdown(Shutdown::Write).unwrap();
+            done
+        });
+        let (s, _) = listener.accept().await.unwrap();
+        socket2::SockRef::from(&s)
+            .set_recv_buffer_size(64 << 10)
+            .unwrap();
+        sleep(READER_START).await;
+        let reader_start = start.elapsed();
+        let mut buf = vec![0u8; 16 << 10];
+        let mut total = 0;
+        let mut since_pause = 0;
+        loop {
+            let n = s.read(&mut buf).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            for (k, b) in buf[..n].iter().enumerate() {
+                assert_eq!(*b, byte(total + k), "byte {} corrupted", total + k);
+            }
+            total += n;
+            since_pause += n;
+            if since_pause >= 512 << 10 {
+                since_pause = 0;
+                sleep(1).await;
+            }
+        }
+        assert_eq!(total, TOTAL);
+        let writer_done = writer.await.unwrap();
+        assert!(
+            writer_done > reader_start,
+            "the writer finished at {writer_done:?}, before the reader started at \
+             {reader_start:?}: no backpressure?"
+        );
+    });
+}
