@@ -1,10 +1,20 @@
 //! `nodus`: serve, supervise and watch Node-style event-loop processes.
 //!
-//! Subcommands arrive with their issues: `serve` (the clustered static/admin HTTP server),
-//! `run` (supervise any program as a cluster) and `top` (a live view). Today the binary reports
-//! its version and what it is built with.
+//! - `nodus serve [DIR]`: an HTTP server for DIR's static files, with admin endpoints under
+//!   `/_nodus/` (metrics, healthz, readyz, stats, and a live page).
+//!
+//! `run` (supervise any program as a cluster) and `top` (a live view) come with the cluster.
 
-use clap::{Parser, Subcommand};
+mod serve;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use serve::app::ServeOptions;
+use serve::static_files::Dotfiles;
 
 #[derive(Parser)]
 #[command(
@@ -19,15 +29,87 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Print the runtime's version and features.
-    Version,
+    /// Serve DIR's files over HTTP, with admin endpoints under /_nodus/.
+    Serve(ServeArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// The directory to serve.
+    #[arg(default_value = ".")]
+    dir: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Worker processes (only 1 until the cluster lands).
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// Serve /_nodus/* on this address instead of the public listener (where they answer
+    /// loopback clients only).
+    #[arg(long)]
+    admin: Option<SocketAddr>,
+    /// Log one line per request.
+    #[arg(long)]
+    access_log: bool,
+    /// Seconds in-flight requests get to finish after a shutdown begins.
+    #[arg(long, default_value_t = 10.0, value_parser = seconds)]
+    drain_timeout: f64,
+    /// Seconds to keep serving after SIGTERM (readyz answers 503) before draining.
+    #[arg(long, default_value_t = 0.0, value_parser = seconds)]
+    shutdown_delay: f64,
+    /// Whether files and directories whose names start with a dot are served.
+    #[arg(long, value_enum, default_value_t = DotfilesArg::Deny)]
+    dotfiles: DotfilesArg,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum DotfilesArg {
+    Allow,
+    Deny,
+}
+
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=86_400.0).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "`{s}` is not a number of seconds between 0 and 86400"
+        )),
+    }
 }
 
 fn main() {
     let cli = Cli::parse();
-    match cli.command {
-        Command::Version => {
-            println!("nodus {}", env!("CARGO_PKG_VERSION"));
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let color = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(color)
+        .init();
+    let code = match cli.command {
+        Command::Serve(args) => {
+            if args.workers != 1 {
+                eprintln!(
+                    "nodus serve: --workers {} is not supported yet: this version serves from one process \
+                     (multi-process serving comes with the cluster); use --workers 1",
+                    args.workers
+                );
+                std::process::exit(2);
+            }
+            serve::app::run(ServeOptions {
+                dir: args.dir,
+                listen: args.listen,
+                admin: args.admin,
+                access_log: args.access_log,
+                drain_timeout: Duration::from_secs_f64(args.drain_timeout),
+                shutdown_delay: Duration::from_secs_f64(args.shutdown_delay),
+                dotfiles: match args.dotfiles {
+                    DotfilesArg::Allow => Dotfiles::Allow,
+                    DotfilesArg::Deny => Dotfiles::Deny,
+                },
+            })
         }
-    }
+    };
+    std::process::exit(code);
 }

@@ -2,29 +2,31 @@
 
 use std::convert::Infallible;
 
+use std::pin::Pin;
+
 use bytes::Bytes;
-use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 
-/// A response body: any `!Send` stream of `Bytes` chunks.
-pub type Body = UnsyncBoxBody<Bytes, std::io::Error>;
+/// A response body: any stream of `Bytes` chunks, `Send` or not (bodies run on the loop).
+pub type Body = Pin<Box<dyn hyper::body::Body<Data = Bytes, Error = std::io::Error>>>;
+
+/// Boxes any body into a [`Body`].
+pub fn boxed(body: impl hyper::body::Body<Data = Bytes, Error = std::io::Error> + 'static) -> Body {
+    Box::pin(body)
+}
 
 /// A request body, limited to `Config::max_body_bytes`.
 pub type RequestBody = Limited<Incoming>;
 
 /// A body holding `bytes`.
 pub fn full(bytes: impl Into<Bytes>) -> Body {
-    Full::new(bytes.into())
-        .map_err(|e: Infallible| match e {})
-        .boxed_unsync()
+    boxed(Full::new(bytes.into()).map_err(|e: Infallible| match e {}))
 }
 
 /// An empty body.
 pub fn empty() -> Body {
-    Empty::new()
-        .map_err(|e: Infallible| match e {})
-        .boxed_unsync()
+    boxed(Empty::new().map_err(|e: Infallible| match e {}))
 }
 
 /// A plain-text response.

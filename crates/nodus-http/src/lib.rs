@@ -18,7 +18,7 @@ pub mod server;
 pub mod stats;
 mod timer;
 
-pub use body::{Body, BodyError, RequestBody, collect_body, empty, full, text};
+pub use body::{Body, BodyError, RequestBody, boxed, collect_body, empty, full, text};
 pub use exec::LocalExec;
 pub use io::{FdStream, HyperIo};
 pub use server::{Config, Server, serve};

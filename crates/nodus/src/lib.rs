@@ -21,14 +21,22 @@
 //! See `ARCHITECTURE.md` for the module map and the invariants that cross modules.
 
 pub mod clock;
+pub mod crypto;
+pub mod dns;
+pub mod fs;
 pub mod io;
+pub mod json;
 pub mod metrics;
 pub mod net;
+pub mod pool;
 pub mod rt;
+pub mod signal;
 pub mod task;
 pub mod time;
 pub mod watchdog;
+pub mod zlib;
 
+pub use pool::{Offload, OffloadError, offload_cpu, offload_io};
 pub use rt::{
     Builder, Immediate, LoopHandle, Runtime, clear_immediate, next_tick, queue_microtask,
     set_immediate,

@@ -4,7 +4,9 @@
 //! compile to nothing except the clock the timers need. With it:
 //!
 //! - **One clock read per poll boundary.** A poll's end time is the next poll's start time when
-//!   nothing ran in between (`fresh`); phase changes and blocking make the cached time stale.
+//!   nothing ran in between (`fresh`). Only a syscall in the poll phase, user code outside a poll
+//!   (`Runtime::enter`'s closure) or the loop starting make the cached time stale: the rest of the
+//!   loop's own bookkeeping between two polls takes nanoseconds, so it is not worth a read.
 //! - **Schedule delay** is measured from the boundary at which an entry became runnable (the end
 //!   of the callback that woke it, or the wake time for wakes from other threads) to the boundary
 //!   at which it starts to run.
@@ -188,6 +190,19 @@ impl Meter {
         t
     }
 
+    /// The current time: the cached read if nothing ran since (measurements on), else a new read.
+    #[inline]
+    pub(crate) fn current_time(&self) -> u64 {
+        #[cfg(feature = "measure")]
+        {
+            self.boundary_time()
+        }
+        #[cfg(not(feature = "measure"))]
+        {
+            self.refresh()
+        }
+    }
+
     /// The current time at a boundary: the cached read if nothing ran since, else a new read.
     #[inline]
     fn boundary_time(&self) -> u64 {
@@ -211,6 +226,7 @@ impl Meter {
     pub(crate) fn loop_running(&self, running: bool) {
         #[cfg(feature = "measure")]
         if running {
+            self.fresh.set(false);
             self.slot.leave_idle();
         } else {
             self.slot.enter_idle();
@@ -223,12 +239,17 @@ impl Meter {
     #[inline]
     pub(crate) fn phase(&self, phase: Phase) {
         #[cfg(feature = "measure")]
-        {
-            self.phase.set(phase);
-            self.fresh.set(false);
-        }
+        self.phase.set(phase);
         #[cfg(not(feature = "measure"))]
         let _ = phase;
+    }
+
+    /// Time passed outside any measured poll (a syscall, user code): the next boundary reads the
+    /// clock.
+    #[inline]
+    pub(crate) fn stale(&self) {
+        #[cfg(feature = "measure")]
+        self.fresh.set(false);
     }
 
     /// A new iteration starts.
@@ -424,7 +445,7 @@ impl Meter {
     pub(crate) fn before_block(&self, timeout: Option<Duration>) {
         #[cfg(feature = "measure")]
         if timeout != Some(Duration::ZERO) {
-            self.block_start.set(self.refresh());
+            self.block_start.set(self.boundary_time());
             self.slot.enter_idle();
         }
         #[cfg(not(feature = "measure"))]

@@ -12,8 +12,8 @@ mod snapshot;
 
 pub use histogram::{Histogram, HistogramSnapshot};
 pub use snapshot::{
-    HttpSnapshot, LoopSnapshot, PhaseSnapshot, RunQueueSnapshot, Snapshot, StallReport,
-    TaskClassSnapshot, TasksSnapshot,
+    HttpSnapshot, LoopSnapshot, PhaseSnapshot, PoolSnapshot, RunQueueSnapshot, Snapshot,
+    StallReport, TaskClassSnapshot, TasksSnapshot,
 };
 
 use crate::rt::context::with_core;
@@ -43,6 +43,7 @@ impl Core {
         };
         snap.run_queue.current = self.meter.runnable();
         self.meter.fill_snapshot(&mut snap, now);
+        snap.pools = crate::pool::snapshots();
         snap
     }
 }

@@ -342,6 +342,49 @@ const UPTIME: Desc = desc!(
     "Seconds since the loop was created."
 );
 
+/// nodus_pool_threads{pool}
+const POOL_THREADS: Desc = desc!(
+    "nodus_pool_threads",
+    Gauge,
+    false,
+    "Worker threads of each pool."
+);
+/// nodus_pool_queue_depth{pool}
+const POOL_QUEUE_DEPTH: Desc = desc!(
+    "nodus_pool_queue_depth",
+    Gauge,
+    false,
+    "Jobs waiting for a pool thread."
+);
+/// nodus_pool_queue_wait_seconds{pool}
+const POOL_QUEUE_WAIT: Desc = desc!(
+    "nodus_pool_queue_wait",
+    Histogram,
+    true,
+    "Time from submitting a job to a pool thread starting it."
+);
+/// nodus_pool_run_seconds{pool}
+const POOL_RUN: Desc = desc!(
+    "nodus_pool_run",
+    Histogram,
+    true,
+    "Run time of each pool job."
+);
+/// nodus_pool_busy_threads{pool}
+const POOL_BUSY: Desc = desc!(
+    "nodus_pool_busy_threads",
+    Gauge,
+    false,
+    "Pool threads running a job."
+);
+/// nodus_pool_completed_total{pool}
+const POOL_COMPLETED: Desc = desc!(
+    "nodus_pool_completed",
+    Counter,
+    false,
+    "Pool jobs run to the end."
+);
+
 /// `le` bounds of `_seconds` histograms: (seconds, nanoseconds).
 const SECONDS_LE: [(f64, u64); 20] = [
     (1e-6, 1_000),
@@ -530,6 +573,15 @@ impl SnapshotCollector {
         );
         self.push(&HTTP_BYTES_IN, base(), Value::Int(h.bytes_received_total));
         self.push(&HTTP_BYTES_OUT, base(), Value::Int(h.bytes_sent_total));
+        for p in &s.pools {
+            let pool = || with("pool", &p.pool);
+            self.push(&POOL_THREADS, pool(), Value::Int(p.threads));
+            self.push(&POOL_QUEUE_DEPTH, pool(), Value::Int(p.queue_depth));
+            self.push(&POOL_QUEUE_WAIT, pool(), seconds_histogram(&p.queue_wait));
+            self.push(&POOL_RUN, pool(), seconds_histogram(&p.run));
+            self.push(&POOL_BUSY, pool(), Value::Int(p.busy_threads));
+            self.push(&POOL_COMPLETED, pool(), Value::Int(p.completed_total));
+        }
     }
 }
 
@@ -579,7 +631,7 @@ impl Collector for SnapshotCollector {
 mod tests {
     use super::*;
     use crate::metrics::histogram::Histogram;
-    use crate::metrics::snapshot::{PhaseSnapshot, StallReport, TaskClassSnapshot};
+    use crate::metrics::snapshot::{PhaseSnapshot, PoolSnapshot, StallReport, TaskClassSnapshot};
 
     fn hist(values: &[(u64, u64)]) -> HistogramSnapshot {
         let mut h = Histogram::new();
@@ -810,6 +862,43 @@ mod tests {
             &text,
             &[r#"nodus_task_polls_total{worker="w\"1",task="a\"b\\c\nd"} 3"#],
         );
+    }
+
+    #[test]
+    fn renders_pools_with_a_pool_label() {
+        let mut s = sample();
+        for (name, completed) in [("io", 1600), ("cpu", 3)] {
+            s.pools.push(PoolSnapshot {
+                pool: name.into(),
+                threads: 4,
+                queue_depth: 2,
+                busy_threads: 1,
+                completed_total: completed,
+                queue_wait: hist(&[(500, 2)]),
+                run: hist(&[(800_000, 1)]),
+                ..Default::default()
+            });
+        }
+        let text = render(&s);
+        assert_lines(
+            &text,
+            &[
+                "# TYPE nodus_pool_queue_depth gauge",
+                r#"nodus_pool_queue_depth{pool="io"} 2"#,
+                r#"nodus_pool_busy_threads{pool="cpu"} 1"#,
+                r#"nodus_pool_threads{pool="io"} 4"#,
+                "# TYPE nodus_pool_completed counter",
+                r#"nodus_pool_completed_total{pool="io"} 1600"#,
+                r#"nodus_pool_completed_total{pool="cpu"} 3"#,
+                "# TYPE nodus_pool_queue_wait_seconds histogram",
+                r#"nodus_pool_queue_wait_seconds_bucket{le="0.000001",pool="io"} 2"#,
+                r#"nodus_pool_queue_wait_seconds_count{pool="cpu"} 2"#,
+                r#"nodus_pool_run_seconds_bucket{le="0.001",pool="io"} 1"#,
+                r#"nodus_pool_run_seconds_count{pool="io"} 1"#,
+            ],
+        );
+        // Without pools, no pool family is written.
+        assert!(!render(&sample()).contains("nodus_pool_"));
     }
 
     #[test]

@@ -32,6 +32,9 @@ pub struct Snapshot {
     pub stalls: Vec<StallReport>,
     /// HTTP servers running on this loop (filled by `nodus-http`; zeros when there are none).
     pub http: HttpSnapshot,
+    /// The process-wide worker pools that exist (`io`, `cpu`), at snapshot time.
+    #[serde(default)]
+    pub pools: Vec<PoolSnapshot>,
 }
 
 /// HTTP server figures of one loop.
@@ -125,4 +128,28 @@ pub struct TaskClassSnapshot {
     pub polls: u64,
     pub forced_yields: u64,
     pub poll_duration: HistogramSnapshot,
+}
+
+/// Measurements of one worker pool (process-wide: every loop's snapshot shows the same pools).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PoolSnapshot {
+    /// `io` or `cpu` (or the name of a pool built with `PoolBuilder`).
+    pub pool: String,
+    pub threads: u64,
+    /// Jobs waiting for a thread.
+    pub queue_depth: u64,
+    /// Threads running a job.
+    pub busy_threads: u64,
+    /// Jobs run to the end (including those that panicked).
+    pub completed_total: u64,
+    /// Jobs whose future was dropped before they started (never run).
+    pub cancelled_total: u64,
+    /// Submissions refused because the queue was at its bound.
+    pub rejected_total: u64,
+    /// Jobs that panicked.
+    pub panicked_total: u64,
+    /// Time from submit to a thread starting the job, in ns.
+    pub queue_wait: HistogramSnapshot,
+    /// Run time of each job, in ns.
+    pub run: HistogramSnapshot,
 }

@@ -191,6 +191,7 @@ impl Runtime {
         let _active = Active::new(&self.core);
         self.core.meter.phase(Phase::Main);
         let out = f();
+        self.core.meter.stale();
         self.core.drain();
         out
     }

@@ -62,7 +62,7 @@ impl Core {
         if self.timers.borrow().len() == 0 {
             return;
         }
-        let pass_now = self.meter.refresh();
+        let pass_now = self.meter.current_time();
         loop {
             let popped = self.timers.borrow_mut().pop_due(pass_now);
             let Some((key, fired)) = popped else { return };
@@ -116,7 +116,7 @@ impl Core {
             return Some(Duration::ZERO);
         }
         let deadline = self.timers.borrow_mut().next_deadline()?;
-        let now = self.meter.refresh();
+        let now = self.meter.current_time();
         Some(Duration::from_nanos(deadline.saturating_sub(now)))
     }
 
@@ -131,6 +131,7 @@ impl Core {
             if let Err(e) = self.reactor.poll(timeout, &mut events) {
                 tracing::error!(target: "nodus::rt", "epoll_wait failed: {e}");
             }
+            self.meter.stale();
             self.meter.after_block(timeout, events.len());
         }
         for &(token, readiness) in &events {

@@ -1,0 +1,101 @@
+//! The admin endpoints under `/_nodus/`: metrics, healthz, readyz, stats and the live page.
+//!
+//! On the public listener they answer loopback clients only (`allowed`); `--admin ADDR` serves
+//! them on a listener of their own instead.
+
+use std::net::SocketAddr;
+
+use http::header::{CACHE_CONTROL, CONTENT_TYPE, LOCATION};
+use http::{HeaderValue, Method, Response, StatusCode};
+use nodus_http::{Body, full, text};
+
+use super::ADMIN_PAGE_HTML;
+
+/// Whether a client may use the admin endpoints on the public listener: loopback peers only
+/// (127.0.0.0/8, ::1, and IPv4-mapped loopback).
+pub fn allowed(peer: Option<SocketAddr>) -> bool {
+    peer.is_some_and(|p| p.ip().to_canonical().is_loopback())
+}
+
+/// Whether `path` is an admin path.
+pub fn is_admin_path(path: &str) -> bool {
+    path == "/_nodus" || path.starts_with("/_nodus/")
+}
+
+/// Answers an admin request. `ready` is false once a shutdown began.
+pub fn respond(method: &Method, path: &str, ready: bool) -> Response<Body> {
+    if method != Method::GET && method != Method::HEAD {
+        let mut r = text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "admin endpoints take GET or HEAD\n",
+        );
+        r.headers_mut()
+            .insert(http::header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return r;
+    }
+    let mut r = match path {
+        "/_nodus" => {
+            let mut r = Response::new(nodus_http::empty());
+            *r.status_mut() = StatusCode::MOVED_PERMANENTLY;
+            r.headers_mut()
+                .insert(LOCATION, HeaderValue::from_static("/_nodus/"));
+            r
+        }
+        "/_nodus/" => with_type(
+            Response::new(full(ADMIN_PAGE_HTML)),
+            "text/html; charset=utf-8",
+        ),
+        "/_nodus/metrics" => {
+            let text = nodus::metrics::prometheus::render(&nodus_http::snapshot());
+            with_type(
+                Response::new(full(text)),
+                nodus::metrics::prometheus::CONTENT_TYPE,
+            )
+        }
+        "/_nodus/stats" => {
+            let json = serde_json::to_vec(&nodus_http::snapshot()).expect("a snapshot serializes");
+            with_type(Response::new(full(json)), "application/json")
+        }
+        // Answering at all means the loop is not stalled: a stalled loop cannot answer.
+        "/_nodus/healthz" => text(StatusCode::OK, "ok\n"),
+        "/_nodus/readyz" if ready => text(StatusCode::OK, "ready\n"),
+        "/_nodus/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n"),
+        _ => text(StatusCode::NOT_FOUND, "no such admin endpoint\n"),
+    };
+    r.headers_mut()
+        .insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}
+
+fn with_type(mut r: Response<Body>, content_type: &'static str) -> Response<Body> {
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_peers_are_allowed() {
+        let peer = |s: &str| Some(s.parse::<SocketAddr>().unwrap());
+        assert!(allowed(peer("127.0.0.1:5000")));
+        assert!(allowed(peer("127.8.9.10:5000")));
+        assert!(allowed(peer("[::1]:5000")));
+        assert!(allowed(peer("[::ffff:127.0.0.1]:5000")));
+        assert!(!allowed(peer("10.0.0.1:5000")));
+        assert!(!allowed(peer("192.168.1.2:5000")));
+        assert!(!allowed(peer("[::ffff:10.0.0.1]:5000")));
+        assert!(!allowed(peer("[2001:db8::1]:5000")));
+        assert!(!allowed(None));
+    }
+
+    #[test]
+    fn admin_paths() {
+        assert!(is_admin_path("/_nodus"));
+        assert!(is_admin_path("/_nodus/metrics"));
+        assert!(!is_admin_path("/_nodusx"));
+        assert!(!is_admin_path("/a/_nodus/"));
+    }
+}

@@ -1,0 +1,252 @@
+//! `nodus serve`: one process serving a directory and the admin endpoints, with a graceful
+//! shutdown on SIGTERM/SIGINT.
+//!
+//! Every request's filesystem work (stat, canonicalize, open, read) runs on the I/O pool; the
+//! loop only routes, writes headers and moves 64 KiB chunks.
+//!
+//! Shutdown: readyz turns 503 at once, serving goes on for `--shutdown-delay` (so a load balancer
+//! notices), then both listeners stop accepting and in-flight requests get `--drain-timeout` to
+//! finish; the process exits 0.
+
+use std::cell::Cell;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Duration;
+
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use nodus::net::TcpListener;
+use nodus::signal::{SIGINT, SIGTERM, Signals};
+use nodus_http::server::ConnInfo;
+use nodus_http::{Body, Config, RequestBody, full, serve, text};
+
+use super::admin;
+use super::file_body::FileBody;
+use super::static_files::{self, Dotfiles, Plan, StaticOptions};
+
+/// What `nodus serve` was asked to do.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub dir: PathBuf,
+    pub listen: SocketAddr,
+    pub admin: Option<SocketAddr>,
+    pub access_log: bool,
+    pub drain_timeout: Duration,
+    pub shutdown_delay: Duration,
+    pub dotfiles: Dotfiles,
+}
+
+/// Shared by every request of the process.
+struct Site {
+    root: PathBuf,
+    static_options: StaticOptions,
+    /// Admin endpoints on the public listener (no `--admin`).
+    admin_on_public: bool,
+    access_log: bool,
+    ready: Cell<bool>,
+}
+
+/// Runs `nodus serve` until a shutdown signal; returns the process exit code.
+pub fn run(options: ServeOptions) -> i32 {
+    raise_fd_limit();
+    let root = match static_files::canonical_root(&options.dir) {
+        Ok(root) if root.is_dir() => root,
+        Ok(_) => {
+            return fail(format!(
+                "cannot serve {}: not a directory",
+                options.dir.display()
+            ));
+        }
+        Err(e) => return fail(format!("cannot serve {}: {e}", options.dir.display())),
+    };
+    let rt = nodus::Runtime::new();
+    rt.block_on(serve_until_signal(options, root))
+}
+
+fn fail(message: String) -> i32 {
+    eprintln!("nodus serve: {message}");
+    1
+}
+
+fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
+    TcpListener::bind(addr).map_err(|e| match e.kind() {
+        std::io::ErrorKind::AddrInUse => {
+            format!("cannot listen on {addr}: the address is already in use")
+        }
+        _ => format!("cannot listen on {addr}: {e}"),
+    })
+}
+
+async fn serve_until_signal(options: ServeOptions, root: PathBuf) -> i32 {
+    let public = match bind(options.listen) {
+        Ok(l) => l,
+        Err(e) => return fail(e),
+    };
+    let admin_listener = match options.admin.map(bind).transpose() {
+        Ok(l) => l,
+        Err(e) => return fail(e),
+    };
+    let mut signals = match Signals::new(&[SIGTERM, SIGINT]) {
+        Ok(s) => s,
+        Err(e) => return fail(format!("cannot catch SIGTERM/SIGINT: {e}")),
+    };
+    let site = Rc::new(Site {
+        root,
+        static_options: StaticOptions {
+            dotfiles: options.dotfiles,
+        },
+        admin_on_public: admin_listener.is_none(),
+        access_log: options.access_log,
+        ready: Cell::new(true),
+    });
+    let public_addr = public.local_addr().map_or(options.listen, |a| a);
+    let s = site.clone();
+    let public = serve(
+        public,
+        Config {
+            name: "http:static",
+            ..Config::default()
+        },
+        move |req| handle_public(req, s.clone()),
+    );
+    let admin = admin_listener.map(|l| {
+        let addr = l.local_addr().ok();
+        let s = site.clone();
+        let server = serve(
+            l,
+            Config {
+                name: "http:admin",
+                ..Config::default()
+            },
+            move |req| {
+                let s = s.clone();
+                async move { admin::respond(req.method(), req.uri().path(), s.ready.get()) }
+            },
+        );
+        (server, addr)
+    });
+    match &admin {
+        Some((_, Some(a))) => tracing::info!(
+            "serving {} on http://{public_addr}/ (admin endpoints on http://{a}/_nodus/)",
+            site.root.display()
+        ),
+        _ => tracing::info!(
+            "serving {} on http://{public_addr}/ (admin endpoints at /_nodus/ for loopback clients)",
+            site.root.display()
+        ),
+    }
+    let signal = signals.recv().await;
+    site.ready.set(false);
+    let name = if signal == SIGTERM {
+        "SIGTERM"
+    } else {
+        "SIGINT"
+    };
+    tracing::info!(
+        "{name}: readyz now answers 503; draining in {:?}, then up to {:?} for in-flight requests",
+        options.shutdown_delay,
+        options.drain_timeout
+    );
+    if !options.shutdown_delay.is_zero() {
+        nodus::sleep(options.shutdown_delay).await;
+    }
+    let admin_drain = async {
+        if let Some((server, _)) = &admin {
+            server.drain(options.drain_timeout).await;
+        }
+    };
+    let (_, ()) =
+        futures_util::future::join(public.drain(options.drain_timeout), admin_drain).await;
+    tracing::info!("drained; exiting");
+    0
+}
+
+async fn handle_public(req: Request<RequestBody>, site: Rc<Site>) -> Response<Body> {
+    let start = nodus::clock::now_ns();
+    let peer = req.extensions().get::<ConnInfo>().and_then(|c| c.peer);
+    let (method, path, version) = (
+        req.method().clone(),
+        req.uri().path().to_owned(),
+        req.version(),
+    );
+    let response = if admin::is_admin_path(&path) && site.admin_on_public {
+        if admin::allowed(peer) {
+            admin::respond(&method, &path, site.ready.get())
+        } else {
+            text(
+                StatusCode::FORBIDDEN,
+                "admin endpoints answer loopback clients only\n",
+            )
+        }
+    } else {
+        serve_static(&site, method.clone(), path.clone(), req.headers().clone()).await
+    };
+    if site.access_log {
+        let ms = nodus::clock::now_ns().saturating_sub(start) as f64 / 1e6;
+        let peer = peer.map_or_else(|| "-".to_owned(), |p| p.to_string());
+        tracing::info!(target: "nodus::access", "{peer} \"{method} {path} {version:?}\" {} {ms:.3}ms", response.status().as_u16());
+    }
+    response
+}
+
+/// Plans the request and opens the file on the I/O pool, then streams it.
+async fn serve_static(
+    site: &Site,
+    method: Method,
+    path: String,
+    headers: HeaderMap,
+) -> Response<Body> {
+    let root = site.root.clone();
+    let options = site.static_options.clone();
+    let planned = nodus::pool::offload_io(move || {
+        let plan = static_files::plan(&root, &method, &path, &headers, &options);
+        let file = match &plan {
+            Plan::File { path, id, .. } if method != Method::HEAD => {
+                Some(static_files::open_verified(path, *id))
+            }
+            _ => None,
+        };
+        (plan, file)
+    })
+    .await;
+    let (plan, file) = match planned {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!(target: "nodus::serve", "static file work failed: {e}");
+            return text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n");
+        }
+    };
+    let body = match (&plan, file) {
+        (Plan::File { range, .. }, Some(Ok(file))) => {
+            nodus_http::boxed(FileBody::new(file, range.clone()))
+        }
+        (Plan::File { path, .. }, Some(Err(e))) => return open_failed(path, e),
+        (Plan::File { .. }, None) => nodus_http::empty(),
+        (_, _) => plan.inline_body().map_or_else(nodus_http::empty, full),
+    };
+    let mut response = Response::new(body);
+    *response.status_mut() = plan.status();
+    *response.headers_mut() = plan.headers().clone();
+    response
+}
+
+fn open_failed(path: &Path, e: std::io::Error) -> Response<Body> {
+    // It changed between plan and open (or became unreadable): never serve something unplanned.
+    tracing::debug!(target: "nodus::serve", "cannot open {}: {e}", path.display());
+    match e.kind() {
+        std::io::ErrorKind::NotFound => text(StatusCode::NOT_FOUND, "not found\n"),
+        _ => text(StatusCode::FORBIDDEN, "forbidden\n"),
+    }
+}
+
+/// Raises the soft open-files limit to the hard limit (a server holds one fd per connection).
+fn raise_fd_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        limit.current = limit.maximum;
+        if let Err(e) = setrlimit(Resource::Nofile, limit) {
+            tracing::warn!("cannot raise the open-files limit: {e}");
+        }
+    }
+}

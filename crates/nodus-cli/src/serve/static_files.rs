@@ -1,0 +1,372 @@
+//! What `nodus serve` answers to a request for a static file: a decision, made before any byte of
+//! content is read.
+//!
+//! `plan` looks at the method, the URI path and the request headers, stats and canonicalizes, and
+//! returns a `Plan`: refuse (400/403/404/405/412), 304, 301 to the slash form of a directory, 416,
+//! an HTML listing, or a file with its status (200/206), byte range and every response header. The
+//! HTTP glue then only has to open the file with `open_verified` and stream `range` from it (from
+//! the I/O pool), or send the in-memory body of the other variants. Keeping the decision free of
+//! any HTTP framework makes every rule testable with a temp directory and no sockets.
+//!
+//! Invariants:
+//! - Nothing outside the root is served, listed or disclosed. The path decoder (`uri_path`)
+//!   refuses `..`, encoded separators, NUL and empty segments with 400; then the joined path is
+//!   canonicalized and must still lie under the (canonical) root, so a symlink that leaves the root
+//!   gets the same 404 as a name that does not exist, whether or not its target exists.
+//! - Dotfiles and dot-directories (`.git/config`, `.env`) are 404 unless `Dotfiles::Allow`, both
+//!   as requested and after symlinks are resolved (a `link -> .env` is hidden too).
+//! - Only regular files and directories are served. A FIFO, device or socket is 403 after a mere
+//!   `stat` (seed 003's `nodus serve /dev` + `GET /random` attack): it is never opened here, and
+//!   `open_verified` refuses anything that is not the very regular file that was planned.
+//! - No content is read: validators come from metadata (see `conditional`), so empty and huge
+//!   sparse files cost the same.
+//! - HEAD gets exactly the headers GET would get, `Range` included (the caller omits the body).
+//!
+//! `plan` makes blocking system calls (stat, canonicalize, readdir): run it on the I/O pool.
+
+use std::fs::{self, Metadata, OpenOptions};
+use std::io;
+use std::ops::Range;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Component, Path, PathBuf};
+use std::time::SystemTime;
+
+use http::header::{
+    ACCEPT_RANGES, ALLOW, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_SECURITY_POLICY,
+    CONTENT_TYPE, ETAG, LAST_MODIFIED, LOCATION, RANGE, X_CONTENT_TYPE_OPTIONS,
+};
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
+
+use super::conditional::{self, Precondition, Validators};
+use super::listing;
+use super::mime;
+use super::range::{self, RangeOutcome};
+use super::uri_path::{self, DecodedPath};
+
+/// Whether names starting with `.` may be served and listed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Dotfiles {
+    Allow,
+    #[default]
+    Deny,
+}
+
+/// Options of the static handler.
+#[derive(Debug, Clone, Default)]
+pub struct StaticOptions {
+    pub dotfiles: Dotfiles,
+}
+
+/// Which file was planned: `open_verified` checks that it opens this very file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileId {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+/// The answer to one request. Every variant carries its complete response headers (including
+/// `Content-Length` where there is a body); `Plan::inline_body` is the body of all but `File`.
+#[derive(Debug)]
+pub enum Plan {
+    /// 400/403/404/405/412 with a short plain-text reason (never a path).
+    Refuse {
+        status: StatusCode,
+        reason: &'static str,
+        headers: HeaderMap,
+    },
+    /// 304 with `ETag` and `Last-Modified`, no body.
+    NotModified { headers: HeaderMap },
+    /// 301 to the slash form of a directory (`Location` in `headers`), empty body.
+    Redirect { headers: HeaderMap },
+    /// 200 or 206: stream `range` of the file at `path` (canonical, inside the root).
+    File {
+        path: PathBuf,
+        status: StatusCode,
+        range: Range<u64>,
+        id: FileId,
+        headers: HeaderMap,
+    },
+    /// 416 with `Content-Range: bytes */len`, empty body.
+    RangeNotSatisfiable { headers: HeaderMap },
+    /// 200 with an HTML directory listing.
+    Listing { html: String, headers: HeaderMap },
+}
+
+impl Plan {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Plan::Refuse { status, .. } | Plan::File { status, .. } => *status,
+            Plan::NotModified { .. } => StatusCode::NOT_MODIFIED,
+            Plan::Redirect { .. } => StatusCode::MOVED_PERMANENTLY,
+            Plan::RangeNotSatisfiable { .. } => StatusCode::RANGE_NOT_SATISFIABLE,
+            Plan::Listing { .. } => StatusCode::OK,
+        }
+    }
+
+    pub fn headers(&self) -> &HeaderMap {
+        match self {
+            Plan::Refuse { headers, .. }
+            | Plan::NotModified { headers }
+            | Plan::Redirect { headers, .. }
+            | Plan::File { headers, .. }
+            | Plan::RangeNotSatisfiable { headers }
+            | Plan::Listing { headers, .. } => headers,
+        }
+    }
+
+    /// The body of every variant but `File` (which is streamed from disk): `None` for `File`.
+    pub fn inline_body(&self) -> Option<String> {
+        match self {
+            Plan::Refuse { reason, .. } => Some(format!("{reason}\n")),
+            Plan::Listing { html, .. } => Some(html.clone()),
+            Plan::NotModified { .. } | Plan::Redirect { .. } | Plan::RangeNotSatisfiable { .. } => {
+                Some(String::new())
+            }
+            Plan::File { .. } => None,
+        }
+    }
+}
+
+/// Canonicalizes the directory to serve (what `plan` expects as its root).
+pub fn canonical_root(dir: &Path) -> io::Result<PathBuf> {
+    let root = fs::canonicalize(dir)?;
+    if !fs::metadata(&root)?.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotADirectory,
+            format!("{} is not a directory", dir.display()),
+        ));
+    }
+    Ok(root)
+}
+
+/// Decides the answer to `method uri_path` under `root_canonical` (see `canonical_root`).
+pub fn plan(
+    root_canonical: &Path,
+    method: &Method,
+    uri_path: &str,
+    headers: &HeaderMap,
+    opts: &StaticOptions,
+) -> Plan {
+    plan_at(
+        root_canonical,
+        method,
+        uri_path,
+        headers,
+        opts,
+        SystemTime::now(),
+    )
+}
+
+/// `plan` with the response time given (it decides whether a `Last-Modified` is strong enough
+/// for `If-Range`).
+pub fn plan_at(
+    root: &Path,
+    method: &Method,
+    uri_path: &str,
+    headers: &HeaderMap,
+    opts: &StaticOptions,
+    now: SystemTime,
+) -> Plan {
+    if method != Method::GET && method != Method::HEAD {
+        let mut plan = refuse(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
+        if let Plan::Refuse { headers, .. } = &mut plan {
+            headers.insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+        }
+        return plan;
+    }
+    let decoded = match uri_path::decode(uri_path) {
+        Ok(d) => d,
+        Err(bad) => return refuse(StatusCode::BAD_REQUEST, bad.reason()),
+    };
+    let allow_dot = opts.dotfiles == Dotfiles::Allow;
+    if !allow_dot && decoded.has_dot_segment() {
+        return not_found();
+    }
+    let mut joined = root.to_path_buf();
+    joined.extend(&decoded.segments);
+    let Some((path, meta)) = resolve(root, &joined, allow_dot) else {
+        return not_found();
+    };
+    if meta.is_dir() {
+        if !decoded.trailing_slash {
+            return redirect(decoded.encoded(true));
+        }
+        if let Some((index, index_meta)) = resolve(root, &path.join("index.html"), allow_dot)
+            && index_meta.is_file()
+        {
+            let name = Path::new("index.html");
+            return file_plan(index, name, &index_meta, method, headers, now);
+        }
+        return listing_plan(root, &path, &decoded, allow_dot);
+    }
+    if !meta.is_file() {
+        return refuse(StatusCode::FORBIDDEN, "forbidden: not a regular file");
+    }
+    if decoded.trailing_slash {
+        return not_found();
+    }
+    // The type follows the requested name (as a client sees it), not a symlink's target.
+    let name = Path::new(decoded.segments.last().map_or("", String::as_str));
+    file_plan(path, name, &meta, method, headers, now)
+}
+
+/// Canonicalizes `joined` and stats it; `None` if it does not exist, leaves the root, or (unless
+/// allowed) resolves to a dotfile.
+fn resolve(root: &Path, joined: &Path, allow_dot: bool) -> Option<(PathBuf, Metadata)> {
+    let path = fs::canonicalize(joined).ok()?;
+    if !path.starts_with(root) || (!allow_dot && has_dot_component(&path, root)) {
+        return None;
+    }
+    let meta = fs::metadata(&path).ok()?;
+    Some((path, meta))
+}
+
+/// Whether `path` (under `root`) has a component starting with `.` below the root; true if it is
+/// not under `root` at all.
+pub fn has_dot_component(path: &Path, root: &Path) -> bool {
+    let Ok(rel) = path.strip_prefix(root) else {
+        return true;
+    };
+    rel.components().any(|c| match c {
+        Component::Normal(name) => name.as_encoded_bytes().starts_with(b"."),
+        _ => true,
+    })
+}
+
+/// `name` decides the `Content-Type`.
+fn file_plan(
+    path: PathBuf,
+    name: &Path,
+    meta: &Metadata,
+    method: &Method,
+    req: &HeaderMap,
+    now: SystemTime,
+) -> Plan {
+    let len = meta.len();
+    let validators = Validators::from_metadata(meta);
+    let mut headers = HeaderMap::new();
+    headers.insert(ETAG, value(validators.etag.clone()));
+    if let Some(lm) = validators.last_modified_header() {
+        headers.insert(LAST_MODIFIED, value(lm));
+    }
+    match conditional::preconditions(method, req, &validators) {
+        Precondition::Proceed => {}
+        Precondition::NotModified => return Plan::NotModified { headers },
+        Precondition::Failed => {
+            return refuse(StatusCode::PRECONDITION_FAILED, "precondition failed");
+        }
+    }
+    headers.insert(ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    let mut ranges = req.get_all(RANGE).iter();
+    let outcome = match (ranges.next(), ranges.next()) {
+        (Some(r), None) if conditional::if_range_allows(req, &validators, now) => r
+            .to_str()
+            .map_or(RangeOutcome::Full, |r| range::evaluate(r, len)),
+        _ => RangeOutcome::Full,
+    };
+    let (status, range) = match outcome {
+        RangeOutcome::Full => (StatusCode::OK, 0..len),
+        RangeOutcome::Partial(r) => {
+            headers.insert(CONTENT_RANGE, value(range::content_range(&r, len)));
+            (StatusCode::PARTIAL_CONTENT, r)
+        }
+        RangeOutcome::Unsatisfiable => {
+            headers.insert(CONTENT_RANGE, value(range::unsatisfied_range(len)));
+            headers.insert(CONTENT_LENGTH, HeaderValue::from(0u64));
+            return Plan::RangeNotSatisfiable { headers };
+        }
+    };
+    headers.insert(CONTENT_TYPE, value(mime::content_type(name)));
+    headers.insert(CONTENT_LENGTH, HeaderValue::from(range.end - range.start));
+    headers.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    Plan::File {
+        path,
+        status,
+        range,
+        id: FileId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        },
+        headers,
+    }
+}
+
+fn listing_plan(root: &Path, dir: &Path, decoded: &DecodedPath, allow_dot: bool) -> Plan {
+    let Ok((entries, over_cap)) = listing::read_entries(dir, root, allow_dot) else {
+        return refuse(StatusCode::FORBIDDEN, "forbidden: directory not readable");
+    };
+    let html = listing::render(
+        &decoded.display(),
+        decoded.segments.is_empty(),
+        &entries,
+        over_cap,
+    );
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    headers.insert(CONTENT_LENGTH, HeaderValue::from(html.len()));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    headers.insert(
+        CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("default-src 'none'; style-src 'unsafe-inline'"),
+    );
+    Plan::Listing { html, headers }
+}
+
+fn refuse(status: StatusCode, reason: &'static str) -> Plan {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    headers.insert(CONTENT_LENGTH, HeaderValue::from(reason.len() + 1));
+    headers.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    Plan::Refuse {
+        status,
+        reason,
+        headers,
+    }
+}
+
+fn not_found() -> Plan {
+    refuse(StatusCode::NOT_FOUND, "not found")
+}
+
+fn redirect(location: String) -> Plan {
+    let mut headers = HeaderMap::new();
+    headers.insert(LOCATION, value(location));
+    headers.insert(CONTENT_LENGTH, HeaderValue::from(0u64));
+    Plan::Redirect { headers }
+}
+
+/// Header values built here are ASCII by construction (hex, percent-encoded paths, MIME types,
+/// HTTP-dates), so this cannot fail.
+fn value(s: String) -> HeaderValue {
+    HeaderValue::try_from(s).expect("header value built from visible ASCII")
+}
+
+/// Opens a planned file for reading, without following a symlink swapped in since `plan`, without
+/// blocking on a FIFO swapped in since, and only if it is still the regular file `id` names.
+/// The length may still change before reading ends: read at most `range`'s length and treat a
+/// short read as an error (abort the response; the headers are already sent).
+pub fn open_verified(path: &Path, id: FileId) -> io::Result<fs::File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() || meta.dev() != id.dev || meta.ino() != id.ino {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            "file changed since the request was planned",
+        ));
+    }
+    Ok(file)
+}
+
+#[cfg(test)]
+#[path = "static_files_tests.rs"]
+mod tests;

@@ -1,0 +1,747 @@
+//! Tests of `static_files::plan` against a real directory tree made under the temp directory:
+//! traversal, symlinks, dotfiles, special files, directories and listings, headers, conditional
+//! requests and ranges. Each test builds its own tree (tests run in parallel) and removes it.
+
+use super::*;
+use std::fs::File;
+use std::os::unix::fs::symlink;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, UNIX_EPOCH};
+
+const HELLO: &[u8] = b"hello world\n"; // 12 bytes
+const HELLO_MTIME: u64 = 1_700_000_000; // Tue, 14 Nov 2023 22:13:20 GMT
+const HELLO_LM: &str = "Tue, 14 Nov 2023 22:13:20 GMT";
+const SPARSE_LEN: u64 = 1 << 36; // 64 GiB, no blocks allocated
+
+/// A temp directory tree, removed on drop.
+struct Tree {
+    root: PathBuf,
+}
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.root);
+    }
+}
+
+impl Tree {
+    fn new() -> Tree {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let dir = std::env::temp_dir().join(format!(
+            "nodus-static-test-{}-{}-{nanos}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        fs::create_dir(&dir).unwrap();
+        let tree = Tree {
+            root: canonical_root(&dir).unwrap(),
+        };
+        tree.build();
+        tree
+    }
+
+    fn p(&self, rel: &str) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    fn write(&self, rel: &str, data: &[u8]) {
+        let p = self.p(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(p, data).unwrap();
+    }
+
+    fn build(&self) {
+        self.write("hello.txt", HELLO);
+        set_mtime(
+            &self.p("hello.txt"),
+            UNIX_EPOCH + Duration::from_secs(HELLO_MTIME),
+        );
+        self.write("empty.bin", b"");
+        File::create(self.p("sparse.img"))
+            .unwrap()
+            .set_len(SPARSE_LEN)
+            .unwrap();
+        self.write("data.json", b"{}");
+        self.write("README", b"readme");
+        self.write("site/index.html", b"<h1>site</h1>");
+        self.write("site/other.css", b"a{}");
+        self.write("sub/b.txt", b"b");
+        self.write("sub/a.html", b"a");
+        self.write("sub/<script>&\"'.txt", b"x");
+        self.write("sub/.hidden", b"h");
+        self.write("sub/z dir/inner.txt", b"i");
+        self.write("sub/aa-dir/x", b"x");
+        self.write(".env", b"SECRET=1");
+        self.write(".git/config", b"[core]");
+        self.write("a/.hidden/b", b"b");
+        self.write("old.txt", b"before 1970");
+        set_mtime(&self.p("old.txt"), UNIX_EPOCH - Duration::from_secs(86_400));
+        let status = std::process::Command::new("mkfifo")
+            .arg(self.p("fifo"))
+            .status()
+            .expect("mkfifo runs");
+        assert!(status.success());
+        std::os::unix::net::UnixListener::bind(self.p("sock")).unwrap();
+        symlink("hello.txt", self.p("link-in")).unwrap();
+        symlink("sub", self.p("link-dir")).unwrap();
+        symlink("/etc/passwd", self.p("link-out")).unwrap();
+        symlink("/nonexistent-nodus/x", self.p("link-out-missing")).unwrap();
+        symlink("/etc", self.p("link-etc")).unwrap();
+        symlink("/dev/zero", self.p("link-zero")).unwrap();
+        symlink(".env", self.p("link-dot")).unwrap();
+        symlink("..", self.p("link-up")).unwrap();
+        symlink("fifo", self.p("link-fifo")).unwrap();
+    }
+
+    fn plan(&self, method: Method, path: &str, hs: &[(&str, &str)], opts: &StaticOptions) -> Plan {
+        plan(&self.root, &method, path, &headers(hs), opts)
+    }
+
+    fn get(&self, path: &str) -> Plan {
+        self.plan(Method::GET, path, &[], &StaticOptions::default())
+    }
+
+    fn get_h(&self, path: &str, hs: &[(&str, &str)]) -> Plan {
+        self.plan(Method::GET, path, hs, &StaticOptions::default())
+    }
+
+    fn get_allow(&self, path: &str) -> Plan {
+        let opts = StaticOptions {
+            dotfiles: Dotfiles::Allow,
+        };
+        self.plan(Method::GET, path, &[], &opts)
+    }
+}
+
+fn set_mtime(path: &Path, t: SystemTime) {
+    File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(t)
+        .unwrap();
+}
+
+fn headers(hs: &[(&str, &str)]) -> HeaderMap {
+    let mut m = HeaderMap::new();
+    for (k, v) in hs {
+        m.append(
+            http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+            HeaderValue::from_str(v).unwrap(),
+        );
+    }
+    m
+}
+
+fn h<'a>(plan: &'a Plan, name: &str) -> Option<&'a str> {
+    plan.headers().get(name).map(|v| v.to_str().unwrap())
+}
+
+#[track_caller]
+fn assert_status(plan: &Plan, status: u16, what: &str) {
+    assert_eq!(plan.status().as_u16(), status, "{what}: {plan:#?}");
+}
+
+#[track_caller]
+fn file_range(plan: &Plan) -> (StatusCode, Range<u64>, u64) {
+    match plan {
+        Plan::File { status, range, .. } => {
+            // The whole length, as the response tells it.
+            let len = match plan.headers().get("content-range") {
+                Some(v) => v
+                    .to_str()
+                    .unwrap()
+                    .rsplit('/')
+                    .next()
+                    .unwrap()
+                    .parse()
+                    .unwrap(),
+                None => range.end - range.start,
+            };
+            (*status, range.clone(), len)
+        }
+        other => panic!("expected a file, got {other:#?}"),
+    }
+}
+
+#[track_caller]
+fn listing_html(plan: &Plan) -> &str {
+    match plan {
+        Plan::Listing { html, .. } => html,
+        other => panic!("expected a listing, got {other:#?}"),
+    }
+}
+
+#[test]
+fn only_get_and_head() {
+    let t = Tree::new();
+    for m in [
+        "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT", "BREW",
+    ] {
+        let method = Method::from_bytes(m.as_bytes()).unwrap();
+        let p = t.plan(method, "/hello.txt", &[], &StaticOptions::default());
+        assert_status(&p, 405, m);
+        assert_eq!(h(&p, "allow"), Some("GET, HEAD"));
+        assert_eq!(p.inline_body().unwrap(), "method not allowed\n");
+        assert_eq!(h(&p, "content-length"), Some("19"));
+    }
+    // HEAD: the same headers as GET, for a file, a range, a listing, a 304 and a refusal.
+    for (path, hs) in [
+        ("/hello.txt", &[][..]),
+        ("/hello.txt", &[("range", "bytes=1-3")][..]),
+        ("/sub/", &[][..]),
+        ("/hello.txt", &[("if-modified-since", HELLO_LM)][..]),
+        ("/.env", &[][..]),
+        ("/sub", &[][..]),
+    ] {
+        let get = t.get_h(path, hs);
+        let head = t.plan(Method::HEAD, path, hs, &StaticOptions::default());
+        assert_eq!(get.status(), head.status(), "{path}");
+        assert_eq!(get.headers(), head.headers(), "{path} {hs:?}");
+    }
+}
+
+#[test]
+fn traversal_is_refused() {
+    let t = Tree::new();
+    for path in [
+        "/../hello.txt",
+        "/..",
+        "/sub/../../etc/passwd",
+        "/%2e%2e/%2e%2e/etc/passwd",
+        "/%2E%2e/etc/passwd",
+        "/sub/%2e%2E/hello.txt",
+        "/.%2e/.%2e/etc/passwd",
+        "/sub%2f..%2fhello.txt",
+        "/sub%2F..%2F..%2Fetc%2Fpasswd",
+        "/sub%5c..%5chello.txt",
+        "/sub\\..\\hello.txt",
+        "/hello.txt%00.png",
+        "/%00",
+        "//etc/passwd",
+        "//hello.txt",
+        "/sub//b.txt",
+        "/%ff%fe",
+        "/%c0%ae%c0%ae/etc/passwd",
+        "/hello%zz",
+        "etc/passwd",
+    ] {
+        let p = t.get(path);
+        assert_status(&p, 400, path);
+        assert!(
+            !p.inline_body().unwrap().contains('/'),
+            "{path}: reason leaks a path"
+        );
+    }
+    // Absolute-looking names are looked up inside the root only.
+    assert_status(&t.get("/etc/passwd"), 404, "/etc/passwd");
+    assert_status(&t.get("/nonexistent"), 404, "/nonexistent");
+    assert_eq!(t.get("/nonexistent").inline_body().unwrap(), "not found\n");
+}
+
+#[test]
+fn symlinks_inside_are_served_outside_are_404() {
+    let t = Tree::new();
+    let p = t.get("/link-in");
+    let (status, range, len) = file_range(&p);
+    assert_eq!((status, range, len), (StatusCode::OK, 0..12, 12));
+    match &p {
+        Plan::File { path, .. } => assert_eq!(path, &t.p("hello.txt")),
+        _ => unreachable!(),
+    }
+    // The type follows the requested name, not the target's.
+    assert_eq!(h(&p, "content-type"), Some("application/octet-stream"));
+    symlink("hello.txt", t.p("alias.html")).unwrap();
+    let alias = t.get("/alias.html");
+    assert_eq!(h(&alias, "content-type"), Some("text/html; charset=utf-8"));
+    assert!(listing_html(&t.get("/link-dir/")).contains("b.txt"));
+    assert!(
+        matches!(t.get("/link-dir"), p @ Plan::Redirect { .. } if p.headers()["location"] == "/link-dir/")
+    );
+    assert_status(&t.get("/link-dir/b.txt"), 200, "/link-dir/b.txt");
+    // Out of the root: the same 404 whether the target exists or not.
+    for path in [
+        "/link-out",
+        "/link-out-missing",
+        "/link-etc",
+        "/link-etc/",
+        "/link-etc/passwd",
+        "/link-etc/nonexistent",
+        "/link-zero",
+        "/link-up",
+        "/link-up/",
+    ] {
+        let p = t.get(path);
+        assert_status(&p, 404, path);
+        assert_eq!(p.inline_body().unwrap(), "not found\n");
+    }
+    // Only the final target counts: out of the root and back in is inside.
+    let name = t.root.file_name().unwrap().to_str().unwrap().to_owned();
+    assert_status(
+        &t.get(&format!("/link-up/{name}/hello.txt")),
+        200,
+        "back in",
+    );
+    // A symlink to a FIFO inside the root is still a FIFO.
+    assert_status(&t.get("/link-fifo"), 403, "/link-fifo");
+}
+
+#[test]
+fn dotfiles_are_404_unless_allowed() {
+    let t = Tree::new();
+    for path in [
+        "/.env",
+        "/%2eenv",
+        "/.git/config",
+        "/.git/",
+        "/.git",
+        "/a/.hidden/b",
+        "/a/.hidden/",
+        "/sub/.hidden",
+        "/link-dot",
+    ] {
+        assert_status(&t.get(path), 404, path);
+    }
+    let p = t.get_allow("/.env");
+    assert_eq!(file_range(&p).1, 0..8);
+    assert_status(&t.get_allow("/.git/config"), 200, ".git/config");
+    assert_status(&t.get_allow("/a/.hidden/b"), 200, "a/.hidden/b");
+    assert_status(&t.get_allow("/link-dot"), 200, "link-dot");
+    assert!(
+        matches!(t.get_allow("/.git"), p @ Plan::Redirect { .. } if p.headers()["location"] == "/.git/")
+    );
+    assert!(listing_html(&t.get_allow("/.git/")).contains(">config</a>"));
+    // Listings hide them too, unless allowed.
+    let html = t.get("/").inline_body().unwrap();
+    assert!(!html.contains(".env") && !html.contains(".git") && !html.contains("link-dot"));
+    let html = t.get_allow("/").inline_body().unwrap();
+    assert!(
+        html.contains(">.env</a>") && html.contains(">.git/</a>") && html.contains(">link-dot</a>")
+    );
+    assert!(!t.get("/sub/").inline_body().unwrap().contains(".hidden"));
+    assert!(
+        t.get_allow("/sub/")
+            .inline_body()
+            .unwrap()
+            .contains(">.hidden</a>")
+    );
+}
+
+/// Runs `f` on another thread and fails if it does not finish within 5 s (a blocked open).
+fn within_5s<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(5))
+        .expect("plan blocked on a special file")
+}
+
+#[test]
+fn special_files_are_403_without_blocking() {
+    let t = Tree::new();
+    let root = t.root.clone();
+    let (fifo, sock, zero) = within_5s(move || {
+        let get = |p: &str| {
+            plan(
+                &root,
+                &Method::GET,
+                p,
+                &HeaderMap::new(),
+                &StaticOptions::default(),
+            )
+        };
+        (get("/fifo"), get("/sock"), get("/link-zero"))
+    });
+    assert_status(&fifo, 403, "fifo");
+    assert_eq!(
+        fifo.inline_body().unwrap(),
+        "forbidden: not a regular file\n"
+    );
+    assert_status(&sock, 403, "unix socket");
+    assert_status(&zero, 404, "symlink to /dev/zero resolves outside the root");
+    // Seed 003: `nodus serve /dev`.
+    let dev = within_5s(|| {
+        let root = canonical_root(Path::new("/dev")).unwrap();
+        let get = |p: &str| {
+            plan(
+                &root,
+                &Method::GET,
+                p,
+                &HeaderMap::new(),
+                &StaticOptions::default(),
+            )
+        };
+        ["/random", "/urandom", "/zero", "/null", "/stdin", "/fd/0"].map(|p| (p, get(p)))
+    });
+    for (path, p) in &dev {
+        match *path {
+            // -> /proc/self/fd/0 -> whatever stdin is: outside /dev (404) or a device (403).
+            "/stdin" | "/fd/0" => assert!(matches!(p.status().as_u16(), 403 | 404), "{p:#?}"),
+            _ => assert_status(p, 403, path),
+        }
+    }
+    // Special files are not listed.
+    let html = t.get("/").inline_body().unwrap();
+    assert!(!html.contains("fifo") && !html.contains("sock") && !html.contains("link-zero"));
+}
+
+#[test]
+fn directories_index_redirect_and_listing() {
+    let t = Tree::new();
+    let p = t.get("/site/");
+    match &p {
+        Plan::File { path, range, .. } => {
+            assert_eq!(path, &t.p("site/index.html"));
+            assert_eq!(range, &(0..13));
+        }
+        other => panic!("{other:#?}"),
+    }
+    assert_eq!(h(&p, "content-type"), Some("text/html; charset=utf-8"));
+    for (from, to) in [
+        ("/site", "/site/"),
+        ("/sub", "/sub/"),
+        ("/sub/z%20dir", "/sub/z%20dir/"),
+        ("/sub/z dir", "/sub/z%20dir/"),
+    ] {
+        let p = t.get(from);
+        assert_status(&p, 301, from);
+        assert_eq!(h(&p, "location"), Some(to));
+        assert_eq!(h(&p, "content-length"), Some("0"));
+        assert!(matches!(&p, Plan::Redirect { .. }));
+    }
+    assert_status(&t.get("/hello.txt/"), 404, "file with a trailing slash");
+
+    let p = t.get("/sub/");
+    assert_eq!(h(&p, "content-type"), Some("text/html; charset=utf-8"));
+    let html = listing_html(&p);
+    assert_eq!(
+        h(&p, "content-length"),
+        Some(html.len().to_string().as_str())
+    );
+    assert!(html.contains("<title>Index of /sub/</title>"));
+    assert!(html.contains(r#"<a href="../">../</a>"#));
+    assert!(html.contains(r#"<a href="./z%20dir/">z dir/</a>"#));
+    assert!(html.contains(r#"<a href="./aa-dir/">aa-dir/</a>"#));
+    assert!(html.contains(
+        r#"<a href="./%3Cscript%3E%26%22%27.txt">&lt;script&gt;&amp;&quot;&#39;.txt</a>"#
+    ));
+    assert!(!html.contains("<script>"));
+    // Directories first, then names in byte order.
+    let order: Vec<usize> = [
+        ">aa-dir/<",
+        ">z dir/<",
+        ">&lt;script",
+        ">a.html<",
+        ">b.txt<",
+    ]
+    .iter()
+    .map(|needle| {
+        html.find(needle)
+            .unwrap_or_else(|| panic!("{needle} missing"))
+    })
+    .collect();
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{order:?}\n{html}");
+
+    let root_html = t.get("/").inline_body().unwrap();
+    assert!(
+        !root_html.contains(r#"href="../""#),
+        "no parent link at the root"
+    );
+    for shown in [
+        ">hello.txt<",
+        ">link-in<",
+        ">link-dir/<",
+        ">site/<",
+        ">sparse.img<",
+    ] {
+        assert!(root_html.contains(shown), "{shown} missing");
+    }
+    for hidden in ["link-out", "link-etc", "link-up", "link-fifo"] {
+        assert!(!root_html.contains(hidden), "{hidden} listed");
+    }
+}
+
+#[test]
+fn file_headers() {
+    let t = Tree::new();
+    let p = t.get("/hello.txt");
+    assert_eq!(file_range(&p), (StatusCode::OK, 0..12, 12));
+    assert_eq!(h(&p, "content-type"), Some("text/plain; charset=utf-8"));
+    assert_eq!(h(&p, "content-length"), Some("12"));
+    assert_eq!(h(&p, "last-modified"), Some(HELLO_LM));
+    assert_eq!(h(&p, "accept-ranges"), Some("bytes"));
+    assert_eq!(h(&p, "x-content-type-options"), Some("nosniff"));
+    assert_eq!(h(&p, "content-range"), None);
+    let meta = fs::metadata(t.p("hello.txt")).unwrap();
+    let etag = h(&p, "etag").unwrap().to_owned();
+    assert_eq!(
+        etag,
+        format!(
+            "\"c-{:x}-{:x}\"",
+            u128::from(HELLO_MTIME) * 1_000_000_000,
+            meta.ino()
+        )
+    );
+    assert!(!etag.starts_with("W/"));
+    assert_eq!(
+        h(&t.get("/data.json"), "content-type"),
+        Some("application/json")
+    );
+    assert_eq!(
+        h(&t.get("/README"), "content-type"),
+        Some("application/octet-stream")
+    );
+    assert_eq!(
+        h(&t.get("/site/other.css"), "content-type"),
+        Some("text/css; charset=utf-8")
+    );
+    // A changed file gets a new tag.
+    t.write("hello.txt", b"hello again\n!");
+    assert_ne!(h(&t.get("/hello.txt"), "etag").unwrap(), etag);
+    // An mtime before 1970 has no Last-Modified (and does not panic).
+    let p = t.get("/old.txt");
+    assert_status(&p, 200, "old.txt");
+    assert_eq!(h(&p, "last-modified"), None);
+    assert!(h(&p, "etag").is_some());
+}
+
+#[test]
+fn conditional_requests() {
+    let t = Tree::new();
+    let etag = h(&t.get("/hello.txt"), "etag").unwrap().to_owned();
+    let weak = format!("W/{etag}");
+    let list = format!("\"nope\", {weak}");
+    for (hs, expect) in [
+        (vec![("if-none-match", etag.as_str())], 304),
+        (vec![("if-none-match", weak.as_str())], 304),
+        (vec![("if-none-match", list.as_str())], 304),
+        (vec![("if-none-match", "*")], 304),
+        (vec![("if-none-match", "\"nope\"")], 200),
+        (vec![("if-modified-since", HELLO_LM)], 304),
+        (
+            vec![("if-modified-since", "Wed, 15 Nov 2023 00:00:00 GMT")],
+            304,
+        ),
+        (
+            vec![("if-modified-since", "Tue, 14 Nov 2023 22:13:19 GMT")],
+            200,
+        ),
+        (vec![("if-modified-since", "not a date")], 200),
+        // If-None-Match wins over If-Modified-Since.
+        (
+            vec![
+                ("if-none-match", "\"nope\""),
+                ("if-modified-since", HELLO_LM),
+            ],
+            200,
+        ),
+        (vec![("if-match", "\"nope\"")], 412),
+        (vec![("if-match", etag.as_str())], 200),
+        (
+            vec![("if-unmodified-since", "Tue, 14 Nov 2023 22:13:19 GMT")],
+            412,
+        ),
+    ] {
+        let p = t.get_h("/hello.txt", &hs);
+        assert_status(&p, expect, &format!("{hs:?}"));
+        let head = t.plan(Method::HEAD, "/hello.txt", &hs, &StaticOptions::default());
+        assert_status(&head, expect, &format!("HEAD {hs:?}"));
+        if expect == 304 {
+            assert!(matches!(p, Plan::NotModified { .. }));
+            assert_eq!(h(&p, "etag"), Some(etag.as_str()));
+            assert_eq!(h(&p, "last-modified"), Some(HELLO_LM));
+            assert_eq!(h(&p, "content-length"), None);
+            assert_eq!(p.inline_body().unwrap(), "");
+        }
+    }
+}
+
+#[test]
+fn ranges() {
+    let t = Tree::new();
+    let etag = h(&t.get("/hello.txt"), "etag").unwrap().to_owned();
+    let weak = format!("W/{etag}");
+    for (hs, status, range, content_range) in [
+        (
+            vec![("range", "bytes=0-4")],
+            206,
+            0..5,
+            Some("bytes 0-4/12"),
+        ),
+        (
+            vec![("range", "bytes=6-")],
+            206,
+            6..12,
+            Some("bytes 6-11/12"),
+        ),
+        (
+            vec![("range", "bytes=-5")],
+            206,
+            7..12,
+            Some("bytes 7-11/12"),
+        ),
+        (
+            vec![("range", "bytes=11-11")],
+            206,
+            11..12,
+            Some("bytes 11-11/12"),
+        ),
+        (
+            vec![("range", "bytes=0-999")],
+            206,
+            0..12,
+            Some("bytes 0-11/12"),
+        ),
+        (
+            vec![("range", "bytes=-100")],
+            206,
+            0..12,
+            Some("bytes 0-11/12"),
+        ),
+        (vec![("range", "bytes=0-1,4-5")], 200, 0..12, None),
+        (vec![("range", "bytes=5-2")], 200, 0..12, None),
+        (vec![("range", "bytes=x-")], 200, 0..12, None),
+        (vec![("range", "lines=1-2")], 200, 0..12, None),
+        (
+            vec![("range", "bytes=0-1"), ("range", "bytes=2-3")],
+            200,
+            0..12,
+            None,
+        ),
+        (
+            vec![("range", "bytes=0-4"), ("if-range", etag.as_str())],
+            206,
+            0..5,
+            Some("bytes 0-4/12"),
+        ),
+        (
+            vec![("range", "bytes=0-4"), ("if-range", weak.as_str())],
+            200,
+            0..12,
+            None,
+        ),
+        (
+            vec![("range", "bytes=0-4"), ("if-range", "\"stale\"")],
+            200,
+            0..12,
+            None,
+        ),
+        (
+            vec![("range", "bytes=0-4"), ("if-range", HELLO_LM)],
+            206,
+            0..5,
+            Some("bytes 0-4/12"),
+        ),
+        (
+            vec![
+                ("range", "bytes=0-4"),
+                ("if-range", "Tue, 14 Nov 2023 22:13:21 GMT"),
+            ],
+            200,
+            0..12,
+            None,
+        ),
+    ] {
+        let p = t.get_h("/hello.txt", &hs);
+        let what = format!("{hs:?}");
+        let (s, r, len) = file_range(&p);
+        assert_eq!(
+            (s.as_u16(), r.clone(), len),
+            (status, range.clone(), 12),
+            "{what}"
+        );
+        assert_eq!(h(&p, "content-range"), content_range, "{what}");
+        assert_eq!(
+            h(&p, "content-length"),
+            Some((range.end - range.start).to_string().as_str())
+        );
+        assert_eq!(h(&p, "accept-ranges"), Some("bytes"));
+    }
+    for r in ["bytes=12-", "bytes=12-20", "bytes=-0", "bytes=100-"] {
+        let p = t.get_h("/hello.txt", &[("range", r)]);
+        assert!(matches!(p, Plan::RangeNotSatisfiable { .. }), "{r}: {p:#?}");
+        assert_status(&p, 416, r);
+        assert_eq!(h(&p, "content-range"), Some("bytes */12"));
+        assert_eq!(h(&p, "content-length"), Some("0"));
+    }
+    // A 304 takes precedence over a range.
+    let p = t.get_h(
+        "/hello.txt",
+        &[("range", "bytes=0-1"), ("if-none-match", etag.as_str())],
+    );
+    assert_status(&p, 304, "range + if-none-match");
+}
+
+#[test]
+fn empty_and_huge_sparse_files() {
+    let t = Tree::new();
+    let p = t.get("/empty.bin");
+    assert_eq!(file_range(&p), (StatusCode::OK, 0..0, 0));
+    assert_eq!(h(&p, "content-length"), Some("0"));
+    let p = t.get_h("/empty.bin", &[("range", "bytes=0-")]);
+    assert_status(&p, 416, "empty, bytes=0-");
+    assert_eq!(h(&p, "content-range"), Some("bytes */0"));
+    let p = t.get_h("/empty.bin", &[("range", "bytes=-5")]);
+    assert_eq!(file_range(&p), (StatusCode::OK, 0..0, 0));
+
+    let p = t.get("/sparse.img");
+    assert_eq!(file_range(&p), (StatusCode::OK, 0..SPARSE_LEN, SPARSE_LEN));
+    assert_eq!(h(&p, "content-length"), Some("68719476736"));
+    let p = t.get_h("/sparse.img", &[("range", "bytes=-10")]);
+    assert_eq!(file_range(&p).1, SPARSE_LEN - 10..SPARSE_LEN);
+    assert_eq!(
+        h(&p, "content-range"),
+        Some("bytes 68719476726-68719476735/68719476736")
+    );
+    let p = t.get_h("/sparse.img", &[("range", "bytes=68719476735-")]);
+    assert_eq!(
+        h(&p, "content-range"),
+        Some("bytes 68719476735-68719476735/68719476736")
+    );
+    assert_eq!(h(&p, "content-length"), Some("1"));
+    let p = t.get_h("/sparse.img", &[("range", "bytes=68719476736-")]);
+    assert_eq!(h(&p, "content-range"), Some("bytes */68719476736"));
+    let html = t.get("/").inline_body().unwrap();
+    assert!(html.contains("64 GiB"));
+}
+
+#[test]
+fn open_verified_checks_identity() {
+    let t = Tree::new();
+    let Plan::File { path, id, .. } = t.get("/hello.txt") else {
+        panic!()
+    };
+    let mut f = open_verified(&path, id).unwrap();
+    let mut s = String::new();
+    io::Read::read_to_string(&mut f, &mut s).unwrap();
+    assert_eq!(s.as_bytes(), HELLO);
+    // Replaced by another file: a different inode.
+    fs::remove_file(&path).unwrap();
+    t.write("hello.txt", HELLO);
+    assert!(open_verified(&path, id).is_err());
+    // Swapped for a symlink or a FIFO: refused without blocking.
+    fs::remove_file(&path).unwrap();
+    symlink("sub/b.txt", &path).unwrap();
+    assert!(open_verified(&path, id).is_err());
+    let fifo = t.p("fifo");
+    let fifo_err = within_5s(move || open_verified(&fifo, id).is_err());
+    assert!(fifo_err);
+}
+
+#[test]
+fn canonical_root_checks() {
+    let t = Tree::new();
+    assert!(canonical_root(&t.p("hello.txt")).is_err());
+    assert!(canonical_root(&t.p("missing")).is_err());
+    assert_eq!(canonical_root(&t.p("link-dir")).unwrap(), t.p("sub"));
+    assert!(has_dot_component(&t.p(".git/config"), &t.root));
+    assert!(!has_dot_component(&t.p("sub/b.txt"), &t.root));
+    assert!(!has_dot_component(&t.root, &t.root));
+    assert!(has_dot_component(Path::new("/etc"), &t.root));
+}

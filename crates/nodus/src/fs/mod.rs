@@ -1,0 +1,316 @@
+//! Files and directories without blocking the loop: every call runs on the I/O pool (Node's
+//! `fs` promises API over libuv's threadpool).
+//!
+//! Invariants:
+//! - Nothing here touches the file system on the loop thread.
+//! - Partitioned (seed 003's `readFile` lesson): reading and writing move at most [`CHUNK`]
+//!   (64 KiB) per pool job, copying at most [`COPY_CHUNK`] (1 MiB, in the kernel), listing a
+//!   directory at most [`DIR_BATCH`] entries, so a large file or directory never holds a pool
+//!   thread for long and other requests interleave.
+//! - Every error names the operation and the path, as Node's do (`open '/x': No such file or
+//!   directory (os error 2)`); its [`io::ErrorKind`] is the OS error's, and [`PathError`] (the
+//!   error's inner value) gives back the path and the OS error.
+
+mod file;
+
+use std::ffi::OsString;
+use std::fmt;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+
+pub use file::{File, OpenOptions};
+
+use crate::pool::offload_io;
+
+/// Most bytes one pool job reads or writes.
+pub const CHUNK: usize = 64 * 1024;
+
+/// Most bytes one pool job copies (`copy`, through `copy_file_range` where the kernel has it).
+pub const COPY_CHUNK: u64 = 1024 * 1024;
+
+/// Most directory entries one pool job reads.
+pub const DIR_BATCH: usize = 1024;
+
+/// Largest file [`read`] and [`read_to_string`] accept (Node's `kIoMaxLength`, 2 GiB − 1).
+pub const MAX_READ: u64 = (1 << 31) - 1;
+
+/// A file-system error with the operation and path(s) it concerns.
+#[derive(Debug)]
+pub struct PathError {
+    op: &'static str,
+    path: PathBuf,
+    dest: Option<PathBuf>,
+    source: io::Error,
+}
+
+impl PathError {
+    /// The operation (`open`, `stat`, `rename`, ...).
+    pub fn op(&self) -> &'static str {
+        self.op
+    }
+
+    /// The path the operation was given (the source, for `rename` and `copy`).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The destination, for `rename` and `copy`.
+    pub fn dest(&self) -> Option<&Path> {
+        self.dest.as_deref()
+    }
+
+    /// The underlying error (its `raw_os_error()` is the errno).
+    pub fn os_error(&self) -> &io::Error {
+        &self.source
+    }
+}
+
+impl fmt::Display for PathError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} '{}'", self.op, self.path.display())?;
+        if let Some(dest) = &self.dest {
+            write!(f, " -> '{}'", dest.display())?;
+        }
+        write!(f, ": {}", self.source)
+    }
+}
+
+impl std::error::Error for PathError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// Wraps `source` so that it names `op` and `path`, keeping its kind.
+pub(crate) fn path_error(op: &'static str, path: &Path, source: io::Error) -> io::Error {
+    io::Error::new(
+        source.kind(),
+        PathError {
+            op,
+            path: path.to_path_buf(),
+            dest: None,
+            source,
+        },
+    )
+}
+
+fn two_path_error(op: &'static str, from: &Path, to: &Path, source: io::Error) -> io::Error {
+    io::Error::new(
+        source.kind(),
+        PathError {
+            op,
+            path: from.to_path_buf(),
+            dest: Some(to.to_path_buf()),
+            source,
+        },
+    )
+}
+
+/// Runs `f` on the I/O pool.
+pub(crate) async fn blocking<T, F>(f: F) -> io::Result<T>
+where
+    F: FnOnce() -> io::Result<T> + Send + 'static,
+    T: Send + 'static,
+{
+    offload_io(f).await?
+}
+
+/// Runs `f(path)` on the I/O pool; an error names `op` and the path.
+async fn on_path<T, F>(op: &'static str, path: &Path, f: F) -> io::Result<T>
+where
+    F: FnOnce(&Path) -> io::Result<T> + Send + 'static,
+    T: Send + 'static,
+{
+    let path = path.to_path_buf();
+    blocking(move || f(&path).map_err(|e| path_error(op, &path, e))).await
+}
+
+/// Runs `f(from, to)` on the I/O pool; an error names `op` and both paths.
+async fn on_paths<T, F>(op: &'static str, from: &Path, to: &Path, f: F) -> io::Result<T>
+where
+    F: FnOnce(&Path, &Path) -> io::Result<T> + Send + 'static,
+    T: Send + 'static,
+{
+    let (from, to) = (from.to_path_buf(), to.to_path_buf());
+    blocking(move || f(&from, &to).map_err(|e| two_path_error(op, &from, &to, e))).await
+}
+
+/// The metadata of `path`, following symlinks (`fs.stat`).
+pub async fn metadata(path: impl AsRef<Path>) -> io::Result<std::fs::Metadata> {
+    on_path("stat", path.as_ref(), |p| std::fs::metadata(p)).await
+}
+
+/// The metadata of `path` itself, not following a final symlink (`fs.lstat`).
+pub async fn symlink_metadata(path: impl AsRef<Path>) -> io::Result<std::fs::Metadata> {
+    on_path("lstat", path.as_ref(), |p| std::fs::symlink_metadata(p)).await
+}
+
+/// Creates one directory (`fs.mkdir`).
+pub async fn create_dir(path: impl AsRef<Path>) -> io::Result<()> {
+    on_path("mkdir", path.as_ref(), |p| std::fs::create_dir(p)).await
+}
+
+/// Creates a directory and any missing parents (`fs.mkdir` with `recursive: true`).
+pub async fn create_dir_all(path: impl AsRef<Path>) -> io::Result<()> {
+    on_path("mkdir", path.as_ref(), |p| std::fs::create_dir_all(p)).await
+}
+
+/// Renames `from` to `to`, replacing `to` if it is a file (`fs.rename`).
+pub async fn rename(from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<()> {
+    on_paths("rename", from.as_ref(), to.as_ref(), |a, b| {
+        std::fs::rename(a, b)
+    })
+    .await
+}
+
+/// Removes a file or symlink (`fs.unlink`).
+pub async fn remove_file(path: impl AsRef<Path>) -> io::Result<()> {
+    on_path("unlink", path.as_ref(), |p| std::fs::remove_file(p)).await
+}
+
+/// Removes an empty directory (`fs.rmdir`).
+pub async fn remove_dir(path: impl AsRef<Path>) -> io::Result<()> {
+    on_path("rmdir", path.as_ref(), |p| std::fs::remove_dir(p)).await
+}
+
+/// Removes a directory and everything under it (`fs.rm` with `recursive: true`), in one pool
+/// job: a huge tree holds one I/O thread until it is gone.
+pub async fn remove_dir_all(path: impl AsRef<Path>) -> io::Result<()> {
+    on_path("rm", path.as_ref(), |p| std::fs::remove_dir_all(p)).await
+}
+
+/// One directory entry.
+#[derive(Debug, Clone)]
+pub struct DirEntry {
+    path: PathBuf,
+    file_name: OsString,
+    file_type: std::fs::FileType,
+}
+
+impl DirEntry {
+    /// The directory's path joined with the entry's name.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn file_name(&self) -> &OsString {
+        &self.file_name
+    }
+
+    /// The entry's type (not following symlinks).
+    pub fn file_type(&self) -> std::fs::FileType {
+        self.file_type
+    }
+}
+
+/// The entries of a directory, without `.` and `..`, in the order the OS gives them
+/// (`fs.readdir` with `withFileTypes`). Read [`DIR_BATCH`] entries per pool job.
+pub async fn read_dir(path: impl AsRef<Path>) -> io::Result<Vec<DirEntry>> {
+    let path = path.as_ref().to_path_buf();
+    let mut iter = on_path("scandir", &path, |p| std::fs::read_dir(p)).await?;
+    let mut entries = Vec::new();
+    loop {
+        let dir = path.clone();
+        let (back, batch, done) = blocking(move || {
+            let mut batch = Vec::new();
+            for entry in iter.by_ref() {
+                let entry = entry.map_err(|e| path_error("scandir", &dir, e))?;
+                let file_type = entry
+                    .file_type()
+                    .map_err(|e| path_error("scandir", &entry.path(), e))?;
+                batch.push(DirEntry {
+                    path: entry.path(),
+                    file_name: entry.file_name(),
+                    file_type,
+                });
+                if batch.len() == DIR_BATCH {
+                    return Ok((iter, batch, false));
+                }
+            }
+            Ok((iter, batch, true))
+        })
+        .await?;
+        entries.extend(batch);
+        if done {
+            return Ok(entries);
+        }
+        iter = back;
+    }
+}
+
+/// The whole file, read [`CHUNK`] bytes per pool job (partitioned, unlike Node's `readFile`).
+/// Fails with `FileTooLarge` above [`MAX_READ`]; see [`read_with_limit`].
+pub async fn read(path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
+    read_with_limit(path, MAX_READ).await
+}
+
+/// The whole file if it has at most `limit` bytes; else a `FileTooLarge` error naming the path
+/// (found before reading when the size is known, else as soon as the limit is passed).
+pub async fn read_with_limit(path: impl AsRef<Path>, limit: u64) -> io::Result<Vec<u8>> {
+    let mut file = File::open(path).await?;
+    let mut buf = Vec::new();
+    file.read_to_end(&mut buf, limit).await?;
+    Ok(buf)
+}
+
+/// The whole file as UTF-8 (at most [`MAX_READ`] bytes).
+pub async fn read_to_string(path: impl AsRef<Path>) -> io::Result<String> {
+    let path = path.as_ref();
+    let bytes = read(path).await?;
+    String::from_utf8(bytes).map_err(|e| {
+        path_error(
+            "read",
+            path,
+            io::Error::new(io::ErrorKind::InvalidData, e.utf8_error()),
+        )
+    })
+}
+
+/// Creates or truncates `path` and writes `data`, [`CHUNK`] bytes per pool job.
+pub async fn write(path: impl AsRef<Path>, data: impl AsRef<[u8]>) -> io::Result<()> {
+    let mut file = File::create(path).await?;
+    file.write_all(data.as_ref()).await?;
+    file.flush().await
+}
+
+/// Appends `data` to `path`, creating it if missing (`fs.appendFile`).
+pub async fn append(path: impl AsRef<Path>, data: impl AsRef<[u8]>) -> io::Result<()> {
+    let mut file = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .await?;
+    file.write_all(data.as_ref()).await?;
+    file.flush().await
+}
+
+/// Copies the contents and permissions of `from` to `to` (created or truncated); returns the
+/// bytes copied. At most [`COPY_CHUNK`] bytes per pool job, in the kernel where it can.
+pub async fn copy(from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<u64> {
+    let (from, to) = (from.as_ref(), to.as_ref());
+    let (src, dst) = on_paths("copyfile", from, to, |a, b| {
+        let src = std::fs::File::open(a)?;
+        let perm = src.metadata()?.permissions();
+        let dst = std::fs::File::create(b)?;
+        dst.set_permissions(perm)?;
+        Ok((src, dst))
+    })
+    .await?;
+    let mut pair = (src, dst);
+    let mut total = 0;
+    loop {
+        let (a, b) = (from.to_path_buf(), to.to_path_buf());
+        let (back, n) = blocking(move || {
+            let (src, dst) = pair;
+            let n = io::copy(&mut (&src).take(COPY_CHUNK), &mut &dst)
+                .map_err(|e| two_path_error("copyfile", &a, &b, e))?;
+            Ok(((src, dst), n))
+        })
+        .await?;
+        total += n;
+        if n == 0 {
+            return Ok(total);
+        }
+        pair = back;
+    }
+}

@@ -1,0 +1,312 @@
+//! `Offload`: the future of one piece of pool work, and the job the worker runs.
+//!
+//! One allocation per offload: an `Arc<Job<F, T>>` seen by the queue as `dyn Run` and by the
+//! future as `dyn Completion<T>`. Its state sits behind a mutex that is never held while user
+//! code runs: the worker takes the closure out, runs it unlocked inside `catch_unwind`, then
+//! stores the output and takes the waker under the lock, and wakes after releasing it.
+//!
+//! Invariants:
+//! - Dropping the future before a worker takes the closure drops the closure unrun (on the
+//!   dropping thread) and the worker skips the job; dropping it later discards the output.
+//! - The loop's `requests` count holds one unit per live, unfinished `Offload` created on that
+//!   loop: taken at submit, given back when the future returns `Ready` or is dropped. The future
+//!   is `!Send`, so it is dropped on its loop's thread; if that loop is not current then (the
+//!   future outlived `block_on`), the unit is given back through the loop's remote queue.
+
+use std::any::Any;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+use super::OffloadError;
+use super::worker::Inner;
+use crate::rt::context::try_with_core;
+use crate::rt::core::{Core, Remote, Shared};
+
+/// What the queue sees of a job.
+pub(crate) trait Run: Send + Sync {
+    /// Runs the work unless it was cancelled; returns its submit time if it ran, and the waker
+    /// of the task waiting for it, for the worker to pass to `wake` once it has recorded its
+    /// measurements (so an awaiting task sees the job counted).
+    fn run(&self, pool: &Inner) -> Option<(u64, Option<Waker>)>;
+    /// Wakes the awaiting task: through its loop's remote queue when it was submitted on a
+    /// loop, so that the task runs in the poll phase.
+    fn wake(&self, waker: Waker);
+}
+
+/// What the future sees of a job.
+trait Completion<T>: Send + Sync {
+    fn poll_output(&self, cx: &mut Context<'_>) -> Poll<Result<T, OffloadError>>;
+    /// The future is gone: skip the work if not started, drop the output.
+    fn cancel(&self);
+    /// The future is gone but the work should still run.
+    fn detach(&self);
+}
+
+struct State<F, T> {
+    work: Option<F>,
+    output: Option<Result<T, OffloadError>>,
+    waker: Option<Waker>,
+    /// Nobody will take the output.
+    abandoned: bool,
+}
+
+struct Job<F, T> {
+    state: Mutex<State<F, T>>,
+    queued_at: u64,
+    /// The loop it was submitted on.
+    home: Option<Arc<Shared>>,
+}
+
+impl<F, T> Job<F, T> {
+    fn lock(&self) -> MutexGuard<'_, State<F, T>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    payload
+        .downcast_ref::<&'static str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "<non-string panic payload>".to_owned())
+}
+
+impl<F, T> Run for Job<F, T>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    fn run(&self, pool: &Inner) -> Option<(u64, Option<Waker>)> {
+        let Some(work) = self.lock().work.take() else {
+            pool.cancelled();
+            return None;
+        };
+        let output = catch_unwind(AssertUnwindSafe(work)).map_err(|payload| {
+            pool.panicked();
+            let msg = panic_message(&*payload);
+            // Dropping a payload can itself panic; keep that off the worker.
+            let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
+            OffloadError::Panicked(msg)
+        });
+        let mut state = self.lock();
+        if state.abandoned {
+            drop(state);
+            // The output's destructor is user code: it must not take the worker down either.
+            let _ = catch_unwind(AssertUnwindSafe(move || drop(output)));
+            return Some((self.queued_at, None));
+        }
+        state.output = Some(output);
+        Some((self.queued_at, state.waker.take()))
+    }
+
+    fn wake(&self, waker: Waker) {
+        // A wake from this thread would reach the loop's remote queue too, but if it lands while
+        // the loop is still polling the task, the loop takes it for a self-wake and runs the
+        // task in the check phase. A posted callback wakes it on the loop, in the poll phase.
+        let Some(home) = &self.home else {
+            return waker.wake();
+        };
+        let posted = home.push_remote(Remote::Callback(
+            Box::new(move || waker.wake()),
+            std::panic::Location::caller(),
+        ));
+        if let Err(Remote::Callback(wake, _)) = posted {
+            wake();
+        }
+    }
+}
+
+impl<F, T> Completion<T> for Job<F, T>
+where
+    F: Send,
+    T: Send,
+{
+    fn poll_output(&self, cx: &mut Context<'_>) -> Poll<Result<T, OffloadError>> {
+        let mut state = self.lock();
+        if let Some(out) = state.output.take() {
+            return Poll::Ready(out);
+        }
+        match &mut state.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            slot => *slot = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+
+    fn cancel(&self) {
+        let mut state = self.lock();
+        state.abandoned = true;
+        let work = state.work.take();
+        let output = state.output.take();
+        let waker = state.waker.take();
+        drop(state);
+        drop((work, output, waker));
+    }
+
+    fn detach(&self) {
+        let mut state = self.lock();
+        state.abandoned = true;
+        let output = state.output.take();
+        let waker = state.waker.take();
+        drop(state);
+        drop((output, waker));
+    }
+}
+
+/// One unit of a loop's in-flight `requests`.
+struct Request {
+    shared: Arc<Shared>,
+    // Dropped on the thread that created it (see the module invariants).
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Core {
+    pub(crate) fn begin_request(&self) {
+        self.requests.set(self.requests.get() + 1);
+    }
+
+    pub(crate) fn end_request(&self) {
+        self.requests.set(self.requests.get() - 1);
+    }
+}
+
+impl Request {
+    fn begin() -> Option<Request> {
+        try_with_core(|core| {
+            core.begin_request();
+            Request {
+                shared: core.shared.clone(),
+                _not_send: PhantomData,
+            }
+        })
+    }
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        let loop_id = self.shared.loop_id;
+        let ended = try_with_core(|core| {
+            let here = core.loop_id() == loop_id;
+            if here {
+                core.end_request();
+            }
+            here
+        });
+        if ended != Some(true) {
+            // Not on the loop (or another loop is current): give the unit back on the loop. If
+            // the loop is gone, there is nothing to give back.
+            let end = move || {
+                try_with_core(|core| core.end_request());
+            };
+            let _ = self.shared.push_remote(Remote::Callback(
+                Box::new(end),
+                std::panic::Location::caller(),
+            ));
+        }
+    }
+}
+
+enum Slot<T> {
+    Queued(Arc<dyn Completion<T>>),
+    Failed(OffloadError),
+    Done,
+}
+
+/// The result of work running on a pool: resolves to the closure's return value, or to an
+/// [`OffloadError`] if it panicked or the queue was full.
+///
+/// Dropping it before the work started means the work never runs; dropping it later discards
+/// the result. It is `!Send`: it belongs to the loop that created it, which it keeps alive
+/// until it completes or is dropped. [`Offload::detach`] lets the work run with nobody waiting.
+#[must_use = "pool work whose future is dropped before it starts never runs"]
+pub struct Offload<T> {
+    inner: Slot<T>,
+    request: Option<Request>,
+}
+
+impl<T: Send + 'static> Offload<T> {
+    pub(crate) fn submit<F>(pool: &Arc<Inner>, work: F, slow: bool) -> Offload<T>
+    where
+        F: FnOnce() -> T + Send + 'static,
+    {
+        let job = Arc::new(Job {
+            state: Mutex::new(State {
+                work: Some(work),
+                output: None,
+                waker: None,
+                abandoned: false,
+            }),
+            queued_at: crate::clock::now_ns(),
+            home: try_with_core(|core| core.shared.clone()),
+        });
+        let completion: Arc<dyn Completion<T>> = job.clone();
+        match pool.submit(job, slow) {
+            Ok(()) => Offload {
+                inner: Slot::Queued(completion),
+                request: Request::begin(),
+            },
+            Err(limit) => Offload {
+                inner: Slot::Failed(OffloadError::QueueFull {
+                    pool: pool.name().to_owned(),
+                    limit,
+                }),
+                request: None,
+            },
+        }
+    }
+}
+
+impl<T> Offload<T> {
+    /// Lets the work run (or keep running) with nobody waiting for its result, which is
+    /// dropped on the worker. The loop is no longer kept alive by it.
+    pub fn detach(mut self) {
+        if let Slot::Queued(job) = std::mem::replace(&mut self.inner, Slot::Done) {
+            job.detach();
+        }
+    }
+}
+
+impl<T> Future for Offload<T> {
+    type Output = Result<T, OffloadError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let out = match &this.inner {
+            Slot::Queued(job) => match job.poll_output(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(out) => out,
+            },
+            Slot::Failed(_) => match std::mem::replace(&mut this.inner, Slot::Done) {
+                Slot::Failed(e) => Err(e),
+                _ => unreachable!("matched Failed above"),
+            },
+            Slot::Done => panic!("nodus: Offload polled after it completed"),
+        };
+        this.inner = Slot::Done;
+        this.request = None;
+        Poll::Ready(out)
+    }
+}
+
+impl<T> Drop for Offload<T> {
+    fn drop(&mut self) {
+        if let Slot::Queued(job) = &self.inner {
+            job.cancel();
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for Offload<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match self.inner {
+            Slot::Queued(_) => "queued or running",
+            Slot::Failed(_) => "failed",
+            Slot::Done => "done",
+        };
+        f.debug_struct("Offload").field("state", &state).finish()
+    }
+}

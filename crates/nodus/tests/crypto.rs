@@ -1,0 +1,186 @@
+//! `nodus::crypto` against published test vectors, and its limits.
+
+use std::io;
+
+use nodus::crypto::{self, Algorithm, ScryptParams};
+use nodus::{Runtime, pool};
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn pbkdf2_matches_the_published_vectors() {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let k = crypto::pbkdf2(b"password", b"salt", 1, 32, Algorithm::Sha256)
+            .await
+            .unwrap();
+        assert_eq!(
+            hex(&k),
+            "120fb6cffcf8b32c43e7225256c4f837a86548c92ccc35480805987cb70be17b"
+        );
+        let k = crypto::pbkdf2(b"password", b"salt", 4096, 32, Algorithm::Sha256)
+            .await
+            .unwrap();
+        assert_eq!(
+            hex(&k),
+            "c5e478d59288c841aa530db6845c4c8d962893a001ce4e11a4963873aa98134a"
+        );
+        let k = crypto::pbkdf2(b"password", b"salt", 1, 64, Algorithm::Sha512)
+            .await
+            .unwrap();
+        assert_eq!(
+            hex(&k),
+            "867f70cf1ade02cff3752599a3a53dc4af34c7a669815ae5d513554e1c8cf252\
+             c02d470a285a0501bad999bfe943c08f050235d7d68b1da55e63f73b60a57fce"
+        );
+        let sync = crypto::pbkdf2_sync(b"password", b"salt", 4096, 32, Algorithm::Sha256).unwrap();
+        assert_eq!(
+            hex(&sync),
+            "c5e478d59288c841aa530db6845c4c8d962893a001ce4e11a4963873aa98134a"
+        );
+    });
+}
+
+#[test]
+fn pbkdf2_refuses_costs_and_inputs_over_its_limits() {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let cases = [
+            crypto::pbkdf2(b"p", b"s", 0, 32, Algorithm::Sha256).await,
+            crypto::pbkdf2(b"p", b"s", 20_000_000, 32, Algorithm::Sha256).await,
+            // 5M iterations are fine for one block, not for four.
+            crypto::pbkdf2(b"p", b"s", 5_000_000, 128, Algorithm::Sha256).await,
+            crypto::pbkdf2(&vec![0; (1 << 20) + 1], b"s", 1, 32, Algorithm::Sha256).await,
+            crypto::pbkdf2(b"p", b"s", 1, (1 << 20) + 1, Algorithm::Sha512).await,
+        ];
+        for r in cases {
+            let err = r.unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        }
+        let err = crypto::pbkdf2(b"p", b"s", 20_000_000, 32, Algorithm::Sha256)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("10000000"), "{err}");
+    });
+}
+
+#[test]
+fn scrypt_matches_rfc_7914_and_enforces_max_memory() {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let params = ScryptParams {
+            log_n: 10,
+            r: 8,
+            p: 16,
+            ..Default::default()
+        };
+        let k = crypto::scrypt(b"password", b"NaCl", params, 64)
+            .await
+            .unwrap();
+        assert_eq!(
+            hex(&k),
+            "fdbabe1c9d3472007856e7190d01e9fe7c6ad7cbc8237830e77376634b373162\
+             2eaf30d92e22a3886ff109279d9830dac727afb94a83ee6d8360cbdfa2cc0640"
+        );
+        // Node's defaults (N = 16384, r = 8: 16 MiB) fit in the default 32 MiB.
+        assert_eq!(
+            crypto::scrypt(b"pw", b"salt", ScryptParams::default(), 32)
+                .await
+                .unwrap()
+                .len(),
+            32
+        );
+        // N = 2^20, r = 8 needs 1 GiB.
+        let big = ScryptParams {
+            log_n: 20,
+            ..Default::default()
+        };
+        let err = crypto::scrypt(b"pw", b"salt", big, 32).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("max_memory"), "{err}");
+        let zero = ScryptParams {
+            log_n: 0,
+            ..Default::default()
+        };
+        assert!(crypto::scrypt(b"pw", b"salt", zero, 32).await.is_err());
+    });
+}
+
+#[test]
+fn random_bytes_are_random_and_bounded() {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let a = crypto::random_bytes(32).await.unwrap();
+        let b = crypto::random_bytes(32).await.unwrap();
+        assert_eq!(a.len(), 32);
+        assert_ne!(a, b);
+        assert!(crypto::random_bytes(0).await.unwrap().is_empty());
+        let before = pool::cpu().stats().completed_total;
+        let big = crypto::random_bytes(3 * crypto::CHUNK + 5).await.unwrap();
+        assert_eq!(big.len(), 3 * crypto::CHUNK + 5);
+        assert!(
+            pool::cpu().stats().completed_total - before >= 4,
+            "one job per chunk"
+        );
+        assert!(big[big.len() - 64..].iter().any(|&b| b != 0));
+        let err = crypto::random_bytes(crypto::MAX_RANDOM_LEN + 1)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    });
+}
+
+#[test]
+fn hashes_and_hmacs_match_the_published_vectors() {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let h = crypto::hash(Algorithm::Sha256, &b"abc"[..]).await.unwrap();
+        assert_eq!(
+            hex(&h),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        let h = crypto::hash(Algorithm::Sha512, &b"abc"[..]).await.unwrap();
+        assert_eq!(
+            hex(&h),
+            "ddaf35a193617abacc417349ae20413112e6fa4e89a97ea20a9eeee64b55d39a\
+             2192992a274fc1a836ba3c23a3feebbd454d4423643ce80e2a9ac94fa54ca49f"
+        );
+        // RFC 4231 test case 2.
+        let data = &b"what do ya want for nothing?"[..];
+        let m = crypto::hmac(Algorithm::Sha256, b"Jefe", data)
+            .await
+            .unwrap();
+        assert_eq!(
+            hex(&m),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+        let m = crypto::hmac(Algorithm::Sha512, b"Jefe", data)
+            .await
+            .unwrap();
+        assert_eq!(
+            hex(&m),
+            "164b7a7bfcf819e2e395fbe73b56e0a387bd64222e831fd610270cd7ea250554\
+             9758bf75c05a994a6d034f65f8f0e6fdcaeab1a34d4a6b4b636e070a38bce737"
+        );
+    });
+}
+
+#[test]
+fn a_large_input_is_hashed_chunk_by_chunk_to_the_same_digest() {
+    use sha2::Digest;
+    let data: Vec<u8> = (0..(3 * crypto::CHUNK + 123)).map(|i| i as u8).collect();
+    let expected = sha2::Sha256::digest(&data).to_vec();
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let before = pool::cpu().stats().completed_total;
+        let h = crypto::hash(Algorithm::Sha256, data).await.unwrap();
+        assert_eq!(h, expected);
+        assert!(pool::cpu().stats().completed_total - before >= 4);
+        let err = crypto::hmac(Algorithm::Sha256, &vec![1; (1 << 20) + 1], &b"x"[..])
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    });
+}

@@ -1,0 +1,398 @@
+//! `nodus::fs` against real files: every operation, errors that name their path, permission
+//! denied, partitioned reads, and the I/O pool staying responsive while the CPU pool is saturated.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use nodus::fs::{self, File, OpenOptions, PathError};
+use nodus::metrics::{prometheus, snapshot};
+use nodus::{Runtime, offload_cpu, pool, spawn};
+
+/// A fresh directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!("nodus-fs-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn path_error(e: &std::io::Error) -> &PathError {
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<PathError>())
+        .unwrap_or_else(|| panic!("not a PathError: {e:?}"))
+}
+
+#[test]
+fn write_read_append_stat_rename_copy_remove() {
+    let dir = TempDir::new("basic");
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let a = dir.join("a.txt");
+        fs::write(&a, "hello").await.unwrap();
+        fs::append(&a, b", world").await.unwrap();
+        assert_eq!(fs::read_to_string(&a).await.unwrap(), "hello, world");
+        assert_eq!(fs::metadata(&a).await.unwrap().len(), 12);
+
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&a, &link).unwrap();
+        assert!(
+            fs::symlink_metadata(&link)
+                .await
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert!(fs::metadata(&link).await.unwrap().is_file());
+
+        let sub = dir.join("x/y/z");
+        fs::create_dir_all(&sub).await.unwrap();
+        fs::create_dir(dir.join("x/w")).await.unwrap();
+        let b = sub.join("b.txt");
+        fs::rename(&a, &b).await.unwrap();
+        assert!(fs::metadata(&a).await.is_err());
+
+        std::fs::set_permissions(&b, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let c = dir.join("c.txt");
+        assert_eq!(fs::copy(&b, &c).await.unwrap(), 12);
+        assert_eq!(fs::read(&c).await.unwrap(), b"hello, world");
+        let mode = fs::metadata(&c).await.unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o640);
+
+        let mut names: Vec<_> = fs::read_dir(&dir.0)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| {
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    e.file_type().is_dir(),
+                )
+            })
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                ("c.txt".into(), false),
+                ("link".into(), false),
+                ("x".into(), true)
+            ]
+        );
+
+        fs::remove_file(&c).await.unwrap();
+        fs::remove_file(&link).await.unwrap();
+        fs::remove_dir(dir.join("x/w")).await.unwrap();
+        assert!(fs::remove_dir(dir.join("x")).await.is_err(), "not empty");
+        fs::remove_dir_all(dir.join("x")).await.unwrap();
+        assert!(fs::read_dir(&dir.0).await.unwrap().is_empty());
+    });
+}
+
+#[test]
+fn a_missing_path_is_named_in_the_error() {
+    let dir = TempDir::new("missing");
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let missing = dir.join("no/such/file.txt");
+        let shown = missing.display().to_string();
+        for (op, err) in [
+            ("open", fs::read(&missing).await.unwrap_err()),
+            ("stat", fs::metadata(&missing).await.unwrap_err()),
+            ("lstat", fs::symlink_metadata(&missing).await.unwrap_err()),
+            (
+                "scandir",
+                fs::read_dir(&missing).await.map(drop).unwrap_err(),
+            ),
+            ("unlink", fs::remove_file(&missing).await.unwrap_err()),
+            ("open", File::open(&missing).await.map(drop).unwrap_err()),
+        ] {
+            assert_eq!(err.kind(), std::io::ErrorKind::NotFound, "{err}");
+            assert!(
+                err.to_string().contains(&format!("{op} '{shown}'")),
+                "{err}"
+            );
+            let pe = path_error(&err);
+            assert_eq!((pe.op(), pe.path()), (op, missing.as_path()));
+            assert_eq!(pe.os_error().raw_os_error(), Some(2));
+        }
+        let err = fs::rename(&missing, dir.join("dest")).await.unwrap_err();
+        assert!(err.to_string().contains(&shown), "{err}");
+        assert!(err.to_string().contains("dest'"), "{err}");
+        assert_eq!(path_error(&err).dest(), Some(dir.join("dest").as_path()));
+    });
+}
+
+fn check_permission_denied(secret: &Path) {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let err = fs::read(secret).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied, "{err}");
+        assert!(
+            err.to_string().contains(&secret.display().to_string()),
+            "{err}"
+        );
+        assert_eq!(path_error(&err).os_error().raw_os_error(), Some(13));
+    });
+}
+
+#[test]
+fn permission_denied_is_an_error_naming_the_path() {
+    let dir = TempDir::new("perm");
+    let secret = dir.join("secret.txt");
+    std::fs::write(&secret, "no").unwrap();
+    if !rustix::process::geteuid().is_root() {
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o000)).unwrap();
+        return check_permission_denied(&secret);
+    }
+    // Root reads anything: run the check as `nobody`, in a child process running this test binary.
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = std::os::unix::process::CommandExt::gid(
+        std::os::unix::process::CommandExt::uid(
+            &mut std::process::Command::new(std::env::current_exe().unwrap()),
+            65534,
+        ),
+        65534,
+    )
+    .args([
+        "--exact",
+        "permission_denied_as_nobody",
+        "--ignored",
+        "--nocapture",
+    ])
+    .env("NODUS_TEST_SECRET", &secret)
+    .output()
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("1 passed"), "{text}");
+}
+
+#[test]
+#[ignore = "run by permission_denied_is_an_error_naming_the_path, as an unprivileged child"]
+fn permission_denied_as_nobody() {
+    let secret = std::env::var_os("NODUS_TEST_SECRET").expect("NODUS_TEST_SECRET");
+    assert!(!rustix::process::geteuid().is_root());
+    check_permission_denied(Path::new(&secret));
+}
+
+#[test]
+fn files_stream_through_async_read_and_write_in_chunks() {
+    let dir = TempDir::new("stream");
+    let path = dir.join("data.bin");
+    let data: Vec<u8> = (0..1_000_003u32).map(|i| (i * 7 % 251) as u8).collect();
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let mut f = File::create(&path).await.unwrap();
+        for piece in data.chunks(100_000) {
+            f.write_all(piece).await.unwrap(); // AsyncWriteExt
+        }
+        f.close().await.unwrap();
+        assert_eq!(fs::metadata(&path).await.unwrap().len(), data.len() as u64);
+
+        // Small reads through AsyncRead.
+        let mut f = File::open(&path).await.unwrap();
+        let mut back = Vec::new();
+        let mut buf = [0u8; 1000];
+        loop {
+            let n = f.read(&mut buf).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            back.extend_from_slice(&buf[..n]);
+        }
+        assert!(back == data);
+
+        // Lines through AsyncBufRead.
+        let text = dir.join("lines.txt");
+        fs::write(&text, "one\ntwo\nthree\n").await.unwrap();
+        let mut lines = File::open(&text).await.unwrap().lines();
+        let mut got = Vec::new();
+        while let Some(line) = futures_util::StreamExt::next(&mut lines).await {
+            got.push(line.unwrap());
+        }
+        assert_eq!(got, ["one", "two", "three"]);
+    });
+}
+
+#[test]
+fn a_write_after_a_partial_read_lands_where_the_read_stopped() {
+    let dir = TempDir::new("mixed");
+    let path = dir.join("f");
+    std::fs::write(&path, "abcdefghij").unwrap();
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let mut f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .await
+            .unwrap();
+        let mut three = [0u8; 3];
+        f.read_exact(&mut three).await.unwrap();
+        assert_eq!(&three, b"abc");
+        nodus::fs::File::write_all(&mut f, b"XY").await.unwrap();
+        f.flush().await.unwrap();
+        let mut rest = Vec::new();
+        f.read_to_end(&mut rest, 100).await.unwrap();
+        assert_eq!(rest, b"fghij");
+    });
+    assert_eq!(std::fs::read(&path).unwrap(), b"abcXYfghij");
+}
+
+#[test]
+fn a_file_dropped_with_a_write_in_flight_still_gets_the_data() {
+    let dir = TempDir::new("dropped-write");
+    let path = dir.join("f");
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let mut f = File::create(&path).await.unwrap();
+        nodus::fs::File::write_all(&mut f, b"kept").await.unwrap();
+        drop(f); // the last chunk's job is still in flight
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read(&path).unwrap() != b"kept" {
+        assert!(Instant::now() < deadline, "the write never landed");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn read_to_end_stops_at_its_limit_with_an_error_naming_the_path() {
+    let dir = TempDir::new("limit");
+    let path = dir.join("big");
+    std::fs::write(&path, vec![1u8; 200_000]).unwrap();
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let err = fs::read_with_limit(&path, 100_000).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::FileTooLarge);
+        assert!(
+            err.to_string().contains(&path.display().to_string()),
+            "{err}"
+        );
+        assert!(err.to_string().contains("100000"), "{err}");
+        assert_eq!(
+            fs::read_with_limit(&path, 200_000).await.unwrap().len(),
+            200_000
+        );
+        // A file whose size is unknown up front (a character device) is cut at the limit.
+        let mut zero = File::open("/dev/zero").await.unwrap();
+        let mut buf = Vec::new();
+        let err = zero.read_to_end(&mut buf, 300_000).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::FileTooLarge);
+        assert!(buf.len() <= 300_000);
+    });
+}
+
+#[test]
+fn a_large_directory_is_listed_in_batches() {
+    let dir = TempDir::new("many");
+    let n = fs::DIR_BATCH * 2 + 17;
+    for i in 0..n {
+        std::fs::File::create(dir.join(&format!("f{i}"))).unwrap();
+    }
+    let rt = Runtime::new();
+    let entries = rt.block_on(fs::read_dir(&dir.0)).unwrap();
+    assert_eq!(entries.len(), n);
+    assert!(entries.iter().all(|e| e.path().starts_with(&dir.0)));
+}
+
+fn io_completed(text: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix("nodus_pool_completed_total{pool=\"io\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn reading_100_mib_takes_at_least_1600_io_pool_jobs() {
+    let dir = TempDir::new("100m");
+    let path = dir.join("sparse");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(100 << 20)
+        .unwrap();
+    let rt = Runtime::new();
+    rt.block_on(async {
+        // The I/O pool exists, so the first snapshot shows it.
+        fs::metadata(&path).await.unwrap();
+        let before = io_completed(&prometheus::render(&snapshot()));
+        let mut f = File::open(&path).await.unwrap();
+        let mut total = 0;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = f.read(&mut buf).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            total += n;
+        }
+        assert_eq!(total, 100 << 20);
+        let after = io_completed(&prometheus::render(&snapshot()));
+        assert!(after >= before + 1600, "{before} -> {after}");
+    });
+}
+
+#[test]
+fn stat_stays_fast_while_the_cpu_pool_is_saturated() {
+    let dir = TempDir::new("apart");
+    let path = dir.join("f");
+    std::fs::write(&path, "x").unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let rt = Runtime::new();
+    rt.block_on(async {
+        // Every CPU thread spins for 5 s (or until told to stop), with more work queued behind.
+        let threads = pool::cpu().threads();
+        for _ in 0..threads * 2 {
+            let stop = stop.clone();
+            offload_cpu(move || {
+                let end = Instant::now() + Duration::from_secs(5);
+                while Instant::now() < end && !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+            .detach();
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while (pool::cpu().stats().busy_threads as usize) < threads {
+            assert!(Instant::now() < deadline, "the CPU pool never filled up");
+            nodus::sleep(1).await;
+        }
+        let start = Instant::now();
+        let stats: Vec<_> = (0..100)
+            .map(|_| {
+                let p = path.clone();
+                spawn(async move { fs::metadata(&p).await.map(|m| m.len()) })
+            })
+            .collect();
+        for s in stats {
+            assert_eq!(s.await.unwrap().unwrap(), 1);
+        }
+        let took = start.elapsed();
+        let saturated = pool::cpu().stats();
+        stop.store(true, Ordering::Relaxed);
+        assert_eq!(saturated.busy_threads as usize, threads);
+        assert!(took < Duration::from_secs(1), "100 stats took {took:?}");
+    });
+}

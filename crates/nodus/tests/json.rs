@@ -1,0 +1,138 @@
+//! `nodus::json`: limits on size and depth, and where parsing runs (inline below the threshold,
+//! on the CPU pool above it).
+
+use std::sync::Mutex;
+
+use nodus::Runtime;
+use nodus::json::{self, Error, Limits};
+use nodus::metrics::snapshot;
+use serde_json::Value;
+
+/// The tests compare CPU-pool job counts: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn cpu_jobs() -> u64 {
+    snapshot()
+        .pools
+        .iter()
+        .find(|p| p.pool == "cpu")
+        .map_or(0, |p| p.completed_total)
+}
+
+fn big_document(min_len: usize) -> String {
+    let mut s = String::from("[");
+    let mut i = 0;
+    while s.len() < min_len {
+        if i > 0 {
+            s.push(',');
+        }
+        s.push_str(&format!(
+            r#"{{"id":{i},"name":"item {i}","tags":["a","b"]}}"#
+        ));
+        i += 1;
+    }
+    s.push(']');
+    s
+}
+
+#[test]
+fn a_document_over_the_threshold_is_parsed_on_the_cpu_pool() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let rt = Runtime::new();
+    rt.block_on(async {
+        nodus::offload_cpu(|| ()).await.unwrap(); // the pool exists
+        let doc = big_document(json::DEFAULT_OFFLOAD_THRESHOLD + 1);
+        let n = doc.matches("\"id\"").count();
+        let before = cpu_jobs();
+        let v: Value = json::parse(doc).await.unwrap();
+        assert_eq!(v.as_array().unwrap().len(), n);
+        assert_eq!(cpu_jobs(), before + 1);
+    });
+}
+
+#[test]
+fn a_document_under_the_threshold_is_parsed_inline() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let rt = Runtime::new();
+    rt.block_on(async {
+        nodus::offload_cpu(|| ()).await.unwrap();
+        let before = cpu_jobs();
+        let v: Value = json::parse(big_document(1000)).await.unwrap();
+        assert!(v.is_array());
+        #[derive(serde::Deserialize)]
+        struct Point {
+            x: i32,
+            y: i32,
+        }
+        let p: Point = json::parse(r#"{"x": 1, "y": -2}"#).await.unwrap();
+        assert_eq!((p.x, p.y), (1, -2));
+        assert_eq!(cpu_jobs(), before);
+        // A lower threshold moves the same document to the pool.
+        let limits = Limits {
+            offload_threshold: 10,
+            ..Limits::default()
+        };
+        let _: Value = json::parse_with(big_document(1000), limits).await.unwrap();
+        assert_eq!(cpu_jobs(), before + 1);
+    });
+}
+
+#[test]
+fn too_deep_json_is_refused_inline_and_on_the_pool() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let nest = |d: usize| format!("{}{}", "[".repeat(d), "]".repeat(d));
+        let ok: Value = json::parse(nest(json::DEFAULT_MAX_DEPTH)).await.unwrap();
+        assert!(ok.is_array());
+        let err = json::parse::<Value, _>(nest(json::DEFAULT_MAX_DEPTH + 1))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::TooDeep { limit: 64 }), "{err}");
+        assert!(err.to_string().contains("64 levels"));
+        // Brackets inside strings do not count.
+        let quoted = format!("[\"{}\\\"{}\"]", "[".repeat(500), "{".repeat(500));
+        let v: Value = json::parse(quoted).await.unwrap();
+        assert!(v[0].as_str().unwrap().starts_with("[[["));
+        // A deep document big enough to go to the pool.
+        let deep = format!(
+            "{}{}{}",
+            "{\"a\":".repeat(100_000),
+            "1",
+            "}".repeat(100_000)
+        );
+        assert!(deep.len() > json::DEFAULT_OFFLOAD_THRESHOLD);
+        let err = json::parse::<Value, _>(deep).await.unwrap_err();
+        assert!(matches!(err, Error::TooDeep { .. }), "{err}");
+    });
+}
+
+#[test]
+fn too_large_and_malformed_json_are_errors() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let limits = Limits {
+            max_bytes: 100,
+            ..Limits::default()
+        };
+        let err = json::parse_with::<Value, _>(big_document(101), limits)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::TooLarge { limit: 100, .. }), "{err}");
+        let err = json::parse::<Value, _>("{\"a\": tru}").await.unwrap_err();
+        assert!(matches!(err, Error::Syntax(_)), "{err}");
+        let err = json::parse::<Value, _>(big_document(100_000) + "x")
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Syntax(_)), "{err}");
+    });
+}
+
+#[test]
+fn stringify_stops_at_its_size_limit() {
+    let v: Value = serde_json::from_str(&big_document(10_000)).unwrap();
+    assert!(json::stringify(&v, 1 << 20).unwrap().len() >= 10_000);
+    let err = json::stringify(&v, 1000).unwrap_err();
+    assert!(matches!(err, Error::TooLarge { limit: 1000, .. }), "{err}");
+}

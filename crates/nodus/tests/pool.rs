@@ -1,0 +1,328 @@
+//! The worker pools: results, completion in the poll phase, liveness, panics, cancellation,
+//! queue bounds, FIFO order, thread names and measurements (DESIGN.md section 4).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use nodus::metrics::{prometheus, snapshot};
+use nodus::pool::{self, Pool};
+use nodus::{OffloadError, Runtime, offload_cpu, offload_io, set_immediate, set_timeout, spawn};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+#[test]
+fn offloads_return_their_results_from_named_pool_threads() {
+    let rt = Runtime::new();
+    let (io, cpu) = rt.block_on(async {
+        let io = offload_io(|| std::thread::current().name().map(str::to_owned));
+        let cpu = offload_cpu(|| std::thread::current().name().map(str::to_owned));
+        (io.await.unwrap(), cpu.await.unwrap())
+    });
+    assert!(io.unwrap().starts_with("nodus-io-"));
+    assert!(cpu.unwrap().starts_with("nodus-cpu-"));
+    assert!(pool::io().threads() >= 1);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if std::env::var_os("NODUS_CPU_THREADS").is_none() {
+        assert_eq!(pool::cpu().threads(), cores);
+    }
+    if std::env::var_os("NODUS_IO_THREADS").is_none() {
+        assert_eq!(pool::io().threads(), 4);
+    }
+}
+
+#[test]
+fn a_completion_runs_in_the_poll_phase_so_an_immediate_beats_a_timeout() {
+    // Inside a poll-phase callback, an immediate always runs before a new 0 ms timer.
+    for _ in 0..20 {
+        let rt = Runtime::new();
+        let order = Rc::new(RefCell::new(Vec::new()));
+        let o = order.clone();
+        rt.enter(|| {
+            spawn(async move {
+                // Long enough that the first poll always finds it unfinished.
+                offload_io(|| std::thread::sleep(Duration::from_millis(2)))
+                    .await
+                    .unwrap();
+                let (a, b) = (o.clone(), o.clone());
+                set_timeout(0, move || a.borrow_mut().push("timeout"));
+                set_immediate(move || b.borrow_mut().push("immediate"));
+            })
+            .detach();
+        });
+        rt.run();
+        assert_eq!(*order.borrow(), ["immediate", "timeout"]);
+    }
+}
+
+#[test]
+fn in_flight_work_keeps_run_alive() {
+    let rt = Runtime::new();
+    let done = Rc::new(RefCell::new(None));
+    let d = done.clone();
+    rt.enter(|| {
+        spawn(async move {
+            let v = offload_io(|| {
+                std::thread::sleep(Duration::from_millis(50));
+                42
+            })
+            .await
+            .unwrap();
+            *d.borrow_mut() = Some(v);
+        })
+        .detach();
+    });
+    let start = Instant::now();
+    rt.run();
+    assert_eq!(*done.borrow(), Some(42));
+    assert!(start.elapsed() >= Duration::from_millis(50));
+}
+
+#[test]
+fn a_future_dropped_off_its_loop_still_lets_run_return() {
+    // The offload outlives the main script and is dropped outside the loop: its request unit comes
+    // back through the loop's remote queue, so `run` does not wait forever.
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = Runtime::new();
+        let pending = rt.enter(|| offload_io(|| std::thread::sleep(Duration::from_millis(20))));
+        drop(pending);
+        rt.run();
+        tx.send(()).unwrap();
+    });
+    rx.recv_timeout(WAIT).expect("run returned");
+}
+
+#[test]
+fn a_panic_reaches_the_awaiting_task_and_the_threads_survive() {
+    let pool = Pool::builder("panicky").threads(2).build().unwrap();
+    let rt = Runtime::new();
+    rt.block_on(async {
+        for _ in 0..4 {
+            let err = pool
+                .offload(|| -> u32 { panic!("boom in the pool") })
+                .await
+                .unwrap_err();
+            assert_eq!(err, OffloadError::Panicked("boom in the pool".into()));
+            assert!(err.to_string().contains("boom in the pool"));
+        }
+        // Both threads are still there: two jobs that only finish together.
+        let barrier = Arc::new(Barrier::new(2));
+        let (b1, b2) = (barrier.clone(), barrier);
+        let a = pool.offload(move || b1.wait().is_leader());
+        let b = pool.offload(move || b2.wait().is_leader());
+        let (a, b) = (a.await.unwrap(), b.await.unwrap());
+        assert!(a ^ b);
+    });
+    let stats = pool.stats();
+    assert_eq!(stats.panicked_total, 4);
+    assert_eq!(stats.completed_total, 6);
+}
+
+/// A one-thread pool whose thread is held until the returned sender is used (or dropped).
+fn held_pool(name: &str, max_queue: Option<usize>) -> (Pool, mpsc::Sender<()>, mpsc::Receiver<()>) {
+    let mut b = Pool::builder(name).threads(1);
+    if let Some(n) = max_queue {
+        b = b.max_queue(n);
+    }
+    let pool = b.build().unwrap();
+    let (release, held) = mpsc::channel::<()>();
+    let (started_tx, started) = mpsc::channel();
+    pool.offload(move || {
+        started_tx.send(()).unwrap();
+        let _ = held.recv_timeout(WAIT);
+    })
+    .detach();
+    (pool, release, started)
+}
+
+#[test]
+fn work_dropped_before_it_starts_never_runs() {
+    let (pool, release, started) = held_pool("cancel", None);
+    started.recv_timeout(WAIT).unwrap();
+    let ran = Arc::new(AtomicBool::new(false));
+    let r = ran.clone();
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let doomed = pool.offload(move || r.store(true, Ordering::SeqCst));
+        assert_eq!(pool.stats().queue_depth, 1);
+        drop(doomed);
+        release.send(()).unwrap();
+        // FIFO: once this one ran, the dropped one had its turn.
+        pool.offload(|| ()).await.unwrap();
+    });
+    assert!(!ran.load(Ordering::SeqCst), "dropped work ran");
+    assert_eq!(pool.stats().cancelled_total, 1);
+}
+
+#[test]
+fn a_full_queue_refuses_work_with_an_error() {
+    let (pool, release, started) = held_pool("bounded", Some(2));
+    started.recv_timeout(WAIT).unwrap();
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let a = pool.offload(|| 1);
+        let b = pool.offload(|| 2);
+        let err = pool.offload(|| 3).await.unwrap_err();
+        assert_eq!(
+            err,
+            OffloadError::QueueFull {
+                pool: "bounded".into(),
+                limit: 2
+            }
+        );
+        let io_err: std::io::Error = err.into();
+        assert_eq!(io_err.kind(), std::io::ErrorKind::WouldBlock);
+        release.send(()).unwrap();
+        assert_eq!(a.await.unwrap() + b.await.unwrap(), 3);
+    });
+    assert_eq!(pool.stats().rejected_total, 1);
+}
+
+#[test]
+fn a_pool_runs_its_queue_in_fifo_order() {
+    let (pool, release, started) = held_pool("fifo", None);
+    started.recv_timeout(WAIT).unwrap();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let jobs: Vec<_> = (0..20)
+            .map(|i| {
+                let o = order.clone();
+                pool.offload(move || o.lock().unwrap().push(i))
+            })
+            .collect();
+        release.send(()).unwrap();
+        for j in jobs {
+            j.await.unwrap();
+        }
+    });
+    assert_eq!(*order.lock().unwrap(), (0..20).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_detached_offload_still_runs() {
+    let ran = Arc::new(AtomicUsize::new(0));
+    let r = ran.clone();
+    let rt = Runtime::new();
+    rt.block_on(async move {
+        offload_io(move || r.fetch_add(1, Ordering::SeqCst)).detach();
+    });
+    let deadline = Instant::now() + WAIT;
+    while ran.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn offload_works_outside_a_loop_too() {
+    // Any executor can await it; here a thread parks until the worker wakes it.
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Arc::new(Unpark(std::thread::current())).into();
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut fut = std::pin::pin!(offload_cpu(|| 7));
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let std::task::Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            assert_eq!(v.unwrap(), 7);
+            break;
+        }
+        assert!(Instant::now() < deadline);
+        std::thread::park_timeout(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn pools_are_measured_in_the_snapshot_and_in_prometheus_text() {
+    let rt = Runtime::new();
+    let before = rt.enter(snapshot);
+    let completed = |s: &nodus::metrics::Snapshot, name: &str| {
+        s.pools
+            .iter()
+            .find(|p| p.pool == name)
+            .map_or(0, |p| p.completed_total)
+    };
+    rt.block_on(async {
+        for _ in 0..10 {
+            offload_io(|| std::thread::sleep(Duration::from_millis(1)))
+                .await
+                .unwrap();
+            offload_cpu(|| ()).await.unwrap();
+        }
+    });
+    let after = rt.enter(snapshot);
+    assert!(completed(&after, "io") >= completed(&before, "io") + 10);
+    assert!(completed(&after, "cpu") >= completed(&before, "cpu") + 10);
+    let io = after.pools.iter().find(|p| p.pool == "io").unwrap();
+    assert!(io.run.count >= 10);
+    assert!(io.run.max >= 1_000_000, "a 1 ms job: {:?}", io.run);
+    assert!(io.queue_wait.count >= 10);
+    let text = prometheus::render(&after);
+    for family in [
+        "nodus_pool_queue_depth",
+        "nodus_pool_queue_wait_seconds_count",
+        "nodus_pool_run_seconds_bucket",
+        "nodus_pool_busy_threads",
+        "nodus_pool_completed_total",
+    ] {
+        for pool in ["io", "cpu"] {
+            assert!(
+                text.lines()
+                    .any(|l| l.starts_with(family) && l.contains(&format!("pool=\"{pool}\""))),
+                "{family} for {pool} missing from:\n{text}"
+            );
+        }
+    }
+    let json = serde_json::to_string(&after).unwrap();
+    let back: nodus::metrics::Snapshot = serde_json::from_str(&json).unwrap();
+    assert_eq!(back.pools.len(), after.pools.len());
+}
+
+#[test]
+fn busy_threads_and_queue_depth_show_a_saturated_pool() {
+    let pool = Pool::builder("busy").threads(2).build().unwrap();
+    let (release, held) = mpsc::channel::<()>();
+    let held = Arc::new(std::sync::Mutex::new(held));
+    let started = Arc::new(Barrier::new(3));
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let jobs: Vec<_> = (0..5)
+            .map(|i| {
+                let (h, s) = (held.clone(), started.clone());
+                pool.offload(move || {
+                    if i < 2 {
+                        s.wait();
+                    }
+                    let _ = h.lock().unwrap().recv_timeout(WAIT);
+                })
+            })
+            .collect();
+        started.wait();
+        let s = pool.stats();
+        assert_eq!(s.busy_threads, 2);
+        assert_eq!(s.queue_depth, 3);
+        for _ in 0..5 {
+            release.send(()).unwrap();
+        }
+        for j in jobs {
+            j.await.unwrap();
+        }
+    });
+    let s = pool.stats();
+    assert_eq!((s.queue_depth, s.completed_total), (0, 5));
+    // Busy threads is a gauge the workers update after waking the awaiting task.
+    let deadline = Instant::now() + WAIT;
+    while pool.stats().busy_threads > 0 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
