@@ -48,8 +48,12 @@ pub(crate) enum Remote {
 pub(crate) struct Shared {
     pub(crate) loop_id: u64,
     remote: Mutex<Vec<Remote>>,
-    /// Set when the remote queue is non-empty and the waker was (or is about to be) triggered.
+    /// Set when the remote queue is non-empty.
     notified: AtomicBool,
+    /// The loop is blocked (or about to block) in `epoll_wait`: only then does a push write the
+    /// eventfd. With `notified`, a Dekker handshake (both SeqCst): a pusher sets `notified` then
+    /// reads `sleeping`; the loop sets `sleeping` then reads `notified`; one of them sees the other.
+    sleeping: AtomicBool,
     waker: mio::Waker,
     /// The loop is gone: remote work can no longer run.
     closed: AtomicBool,
@@ -65,7 +69,7 @@ impl Shared {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(item);
-        if !self.notified.swap(true, Ordering::AcqRel) {
+        if !self.notified.swap(true, Ordering::SeqCst) && self.sleeping.load(Ordering::SeqCst) {
             // A failed wake leaves the item queued; the next poll picks it up.
             let _ = self.waker.wake();
         }
@@ -84,7 +88,18 @@ impl Shared {
     }
 
     pub(crate) fn has_remote(&self) -> bool {
-        self.notified.load(Ordering::Acquire)
+        self.notified.load(Ordering::SeqCst)
+    }
+
+    /// The loop is about to block in `epoll_wait`; returns whether remote work arrived meanwhile
+    /// (then it must not block).
+    pub(crate) fn going_to_sleep(&self) -> bool {
+        self.sleeping.store(true, Ordering::SeqCst);
+        self.has_remote()
+    }
+
+    pub(crate) fn awake(&self) {
+        self.sleeping.store(false, Ordering::Relaxed);
     }
 
     pub(crate) fn take_remote(&self) -> Vec<Remote> {
@@ -137,6 +152,7 @@ impl Core {
             loop_id,
             remote: Mutex::new(Vec::new()),
             notified: AtomicBool::new(false),
+            sleeping: AtomicBool::new(false),
             waker,
             closed: AtomicBool::new(false),
         });

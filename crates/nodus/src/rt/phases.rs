@@ -122,10 +122,13 @@ impl Core {
 
     fn run_poll(&self, mode: Mode) {
         self.meter.phase(Phase::Poll);
-        let timeout = self.poll_timeout(mode);
+        let mut timeout = self.poll_timeout(mode);
         let mut events = self.reactor.take_event_buffer();
-        let skip =
-            timeout == Some(Duration::ZERO) && self.reactor.is_empty() && !self.shared.has_remote();
+        let blocking = timeout != Some(Duration::ZERO);
+        if blocking && self.shared.going_to_sleep() {
+            timeout = Some(Duration::ZERO);
+        }
+        let skip = timeout == Some(Duration::ZERO) && self.reactor.is_empty() && !self.shared.has_remote();
         if !skip {
             self.meter.before_block(timeout);
             if let Err(e) = self.reactor.poll(timeout, &mut events) {
@@ -133,6 +136,9 @@ impl Core {
             }
             self.meter.stale();
             self.meter.after_block(timeout, events.len());
+        }
+        if blocking {
+            self.shared.awake();
         }
         for &(token, readiness) in &events {
             if token == crate::io::reactor::WAKER_TOKEN {
