@@ -57,6 +57,9 @@ struct ServeArgs {
     /// Seconds to keep serving after SIGTERM (readyz answers 503) before draining.
     #[arg(long, default_value_t = 0.0, value_parser = seconds)]
     shutdown_delay: f64,
+    /// Gzip text, JavaScript, JSON, XML and SVG responses for clients that accept it.
+    #[arg(long)]
+    gzip: bool,
     /// Whether files and directories whose names start with a dot are served.
     #[arg(long, value_enum, default_value_t = DotfilesArg::Deny)]
     dotfiles: DotfilesArg,
@@ -102,6 +105,7 @@ fn main() {
                 listen: args.listen,
                 admin: args.admin,
                 access_log: args.access_log,
+                gzip: args.gzip,
                 drain_timeout: Duration::from_secs_f64(args.drain_timeout),
                 shutdown_delay: Duration::from_secs_f64(args.shutdown_delay),
                 dotfiles: match args.dotfiles {

@@ -75,7 +75,11 @@ impl Server {
                 }
             }
         };
-        Server { child, addr, stderr: rx }
+        Server {
+            child,
+            addr,
+            stderr: rx,
+        }
     }
 
     fn pid(&self) -> rustix::process::Pid {
@@ -172,18 +176,37 @@ fn read_reply(r: &mut impl BufRead, head_only: bool) -> Reply {
         body: Vec::new(),
     };
     let len: Option<usize> = reply.header("content-length").map(|v| v.parse().unwrap());
+    let chunked = reply.header("transfer-encoding") == Some("chunked");
     if !head_only && status != 304 {
         match len {
             Some(n) => {
                 reply.body.resize(n, 0);
                 r.read_exact(&mut reply.body).unwrap();
             }
+            None if chunked => reply.body = read_chunked(r),
             None => {
                 r.read_to_end(&mut reply.body).unwrap();
             }
         }
     }
     reply
+}
+
+/// Decodes a chunked body.
+fn read_chunked(r: &mut impl BufRead) -> Vec<u8> {
+    let mut body = Vec::new();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+        let size = usize::from_str_radix(line.trim().split(';').next().unwrap(), 16).unwrap();
+        let mut chunk = vec![0; size + 2];
+        r.read_exact(&mut chunk).unwrap();
+        if size == 0 {
+            return body;
+        }
+        body.extend_from_slice(&chunk[..size]);
+    }
 }
 
 fn site() -> TempDir {
@@ -451,5 +474,47 @@ fn a_1gib_sparse_file_streams_in_bounded_memory_while_healthz_answers() {
     assert!(
         worst < Duration::from_millis(100),
         "healthz took {worst:?} while the file streamed"
+    );
+}
+
+#[test]
+fn gzip_for_clients_that_accept_it() {
+    let dir = TempDir::new("gzip");
+    let text: String = (0..2000)
+        .map(|i| format!("line {i} of a compressible file\n"))
+        .collect();
+    std::fs::write(dir.path().join("big.txt"), &text).unwrap();
+    std::fs::write(dir.path().join("small.txt"), "tiny").unwrap();
+    let server = Server::start(dir.path(), &["--gzip"]);
+    let r = request(server.addr, "GET", "/big.txt", &["Accept-Encoding: gzip"]);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-encoding"), Some("gzip"));
+    assert!(r.header("etag").unwrap().starts_with("W/"));
+    assert!(
+        r.body.len() < text.len() / 4,
+        "{} compressed bytes",
+        r.body.len()
+    );
+    let mut plain = String::new();
+    flate2::read::GzDecoder::new(&r.body[..])
+        .read_to_string(&mut plain)
+        .unwrap();
+    assert_eq!(plain, text);
+    // Not for clients that do not ask, nor for ranges or tiny files.
+    assert_eq!(
+        request(server.addr, "GET", "/big.txt", &[]).header("content-encoding"),
+        None
+    );
+    let r = request(
+        server.addr,
+        "GET",
+        "/big.txt",
+        &["Accept-Encoding: gzip", "Range: bytes=0-9"],
+    );
+    assert_eq!((r.status, r.header("content-encoding")), (206, None));
+    assert_eq!(
+        request(server.addr, "GET", "/small.txt", &["Accept-Encoding: gzip"])
+            .header("content-encoding"),
+        None
     );
 }

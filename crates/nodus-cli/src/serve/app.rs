@@ -22,6 +22,7 @@ use nodus_http::{Body, Config, RequestBody, full, serve, text};
 
 use super::admin;
 use super::file_body::FileBody;
+use super::gzip;
 use super::static_files::{self, Dotfiles, Plan, StaticOptions};
 
 /// What `nodus serve` was asked to do.
@@ -34,6 +35,8 @@ pub struct ServeOptions {
     pub drain_timeout: Duration,
     pub shutdown_delay: Duration,
     pub dotfiles: Dotfiles,
+    /// Gzip compressible responses for clients that accept it.
+    pub gzip: bool,
 }
 
 /// Shared by every request of the process.
@@ -43,6 +46,7 @@ struct Site {
     /// Admin endpoints on the public listener (no `--admin`).
     admin_on_public: bool,
     access_log: bool,
+    gzip: bool,
     ready: Cell<bool>,
 }
 
@@ -97,6 +101,7 @@ async fn serve_until_signal(options: ServeOptions, root: PathBuf) -> i32 {
         },
         admin_on_public: admin_listener.is_none(),
         access_log: options.access_log,
+        gzip: options.gzip,
         ready: Cell::new(true),
     });
     let public_addr = public.local_addr().map_or(options.listen, |a| a);
@@ -198,6 +203,7 @@ async fn serve_static(
 ) -> Response<Body> {
     let root = site.root.clone();
     let options = site.static_options.clone();
+    let request_headers = headers.clone();
     let planned = nodus::pool::offload_io(move || {
         let plan = static_files::plan(&root, &method, &path, &headers, &options);
         let file = match &plan {
@@ -216,9 +222,30 @@ async fn serve_static(
             return text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n");
         }
     };
+    let mut headers = plan.headers().clone();
     let body = match (&plan, file) {
-        (Plan::File { range, .. }, Some(Ok(file))) => {
-            nodus_http::boxed(FileBody::new(file, range.clone()))
+        (Plan::File { range, status, .. }, Some(Ok(file))) => {
+            let body = nodus_http::boxed(FileBody::new(file, range.clone()));
+            let whole = *status == StatusCode::OK;
+            let len = range.end - range.start;
+            if site.gzip
+                && whole
+                && gzip::accepts_gzip(&request_headers)
+                && gzip::compressible(&headers, len)
+            {
+                match gzip::gzip_body(body) {
+                    Ok(gzipped) => {
+                        gzip::gzip_headers(&mut headers);
+                        gzipped
+                    }
+                    Err(e) => {
+                        tracing::error!(target: "nodus::serve", "cannot start gzip: {e}");
+                        return text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n");
+                    }
+                }
+            } else {
+                body
+            }
         }
         (Plan::File { path, .. }, Some(Err(e))) => return open_failed(path, e),
         (Plan::File { .. }, None) => nodus_http::empty(),
@@ -226,7 +253,7 @@ async fn serve_static(
     };
     let mut response = Response::new(body);
     *response.status_mut() = plan.status();
-    *response.headers_mut() = plan.headers().clone();
+    *response.headers_mut() = headers;
     response
 }
 

@@ -23,6 +23,7 @@ mod admin;
 pub mod app;
 pub mod conditional;
 mod file_body;
+mod gzip;
 pub mod listing;
 pub mod mime;
 pub mod range;

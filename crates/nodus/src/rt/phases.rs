@@ -128,7 +128,8 @@ impl Core {
         if blocking && self.shared.going_to_sleep() {
             timeout = Some(Duration::ZERO);
         }
-        let skip = timeout == Some(Duration::ZERO) && self.reactor.is_empty() && !self.shared.has_remote();
+        let skip =
+            timeout == Some(Duration::ZERO) && self.reactor.is_empty() && !self.shared.has_remote();
         if !skip {
             self.meter.before_block(timeout);
             if let Err(e) = self.reactor.poll(timeout, &mut events) {
