@@ -1,34 +1,39 @@
 //! The process-wide monotonic clock every nodus measurement uses.
 //!
-//! Times are `u64` nanoseconds since a process-wide epoch (the first call), so the loop thread,
-//! pool threads and the watchdog thread can compare them without sharing an `Instant`.
+//! Times are `u64` nanoseconds of `CLOCK_MONOTONIC` (read through the vDSO, no `Instant`
+//! arithmetic), so the loop thread, pool threads and the watchdog thread compare them directly.
 //!
-//! Invariants: `now_ns()` never goes backwards within a process (it is `CLOCK_MONOTONIC`), and a
-//! read costs one vDSO `clock_gettime` (about 18 ns here): callers on the loop's hot path read it
-//! at most once per poll boundary (DESIGN.md section 3).
+//! Invariants: `now_ns()` never goes backwards (it is `CLOCK_MONOTONIC`, the clock `Instant` uses
+//! too, so the two convert exactly); a read costs one vDSO `clock_gettime`, and callers on the
+//! loop's hot path read it at most once per poll boundary (DESIGN.md section 3).
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-static EPOCH: OnceLock<Instant> = OnceLock::new();
+use rustix::time::{ClockId, clock_gettime};
 
-/// The epoch all nanosecond timestamps count from.
-#[inline]
-pub(crate) fn epoch() -> Instant {
-    *EPOCH.get_or_init(Instant::now)
+/// A reading of both clocks, to convert between them.
+static EPOCH: OnceLock<(Instant, u64)> = OnceLock::new();
+
+fn epoch() -> (Instant, u64) {
+    *EPOCH.get_or_init(|| (Instant::now(), now_ns()))
 }
 
-/// Nanoseconds since the process-wide epoch.
+/// Nanoseconds of the monotonic clock.
 #[inline]
 pub fn now_ns() -> u64 {
-    let epoch = epoch();
-    Instant::now().saturating_duration_since(epoch).as_nanos() as u64
+    let t = clock_gettime(ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
-/// Converts a nanosecond timestamp back to an `Instant`.
-#[inline]
+/// Converts a nanosecond timestamp to an `Instant`.
 pub(crate) fn instant_at(ns: u64) -> Instant {
-    epoch() + Duration::from_nanos(ns)
+    let (instant, at) = epoch();
+    if ns >= at {
+        instant + Duration::from_nanos(ns - at)
+    } else {
+        instant - Duration::from_nanos(at - ns)
+    }
 }
 
 #[cfg(test)]
@@ -36,12 +41,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn clock_is_monotonic_and_round_trips() {
+    fn clock_is_monotonic_and_converts_to_instants() {
         let a = now_ns();
         std::thread::sleep(Duration::from_millis(2));
         let b = now_ns();
         assert!(b >= a + 2_000_000, "{a} then {b}");
-        let i = instant_at(b);
-        assert_eq!(i.duration_since(epoch()).as_nanos() as u64, b);
+        let (i, n) = (Instant::now(), now_ns());
+        let converted = instant_at(n);
+        let skew = if converted > i {
+            converted - i
+        } else {
+            i - converted
+        };
+        assert!(skew < Duration::from_millis(1), "{skew:?}");
+        assert!(instant_at(n - 1_000_000) < instant_at(n));
     }
 }

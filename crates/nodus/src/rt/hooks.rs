@@ -236,6 +236,9 @@ impl Core {
     /// The pending phase: callbacks deferred before this iteration started.
     pub(crate) fn run_pending(&self) {
         self.meter.phase(Phase::Pending);
+        if self.pending.borrow().is_empty() {
+            return;
+        }
         let batch: Vec<_> = self.pending.borrow_mut().drain(..).collect();
         for (callback, location) in batch {
             self.run_callback(
@@ -249,6 +252,9 @@ impl Core {
     /// The close phase: close callbacks queued before it started, in the order `close` was called.
     pub(crate) fn run_closing(&self) {
         self.meter.phase(Phase::Close);
+        if self.closing.borrow().is_empty() {
+            return;
+        }
         let batch = std::mem::take(&mut *self.closing.borrow_mut());
         for (callback, location) in batch {
             self.run_callback(

@@ -71,6 +71,14 @@ impl Core {
             }
             let target = Core::callback_target("timer", fired.location, classes::TIMER);
             match fired.action {
+                TimerAction::Once(callback) => {
+                    let t = self.boundary();
+                    self.meter.timer_fired(fired.deadline, t);
+                    self.meter.begin_poll(&target, t);
+                    callback();
+                    self.meter.end_poll(&target, t);
+                    self.drain();
+                }
                 TimerAction::Callback(mut callback) => {
                     let t = self.boundary();
                     self.meter.timer_fired(fired.deadline, t);

@@ -89,15 +89,15 @@ impl std::error::Error for JoinError {}
 #[must_use = "dropping a JoinHandle detaches the task; call .detach() to say so"]
 pub struct JoinHandle<T> {
     task: Cell<Option<FallibleTask<Result<T, Payload>, TaskMeta>>>,
-    meta: TaskMeta,
+    id: u64,
     aborted: Cell<bool>,
 }
 
 impl<T> JoinHandle<T> {
-    pub(crate) fn new(task: FallibleTask<Result<T, Payload>, TaskMeta>, meta: TaskMeta) -> Self {
+    pub(crate) fn new(task: FallibleTask<Result<T, Payload>, TaskMeta>, id: u64) -> Self {
         JoinHandle {
             task: Cell::new(Some(task)),
-            meta,
+            id,
             aborted: Cell::new(false),
         }
     }
@@ -124,9 +124,9 @@ impl<T> JoinHandle<T> {
         done
     }
 
-    /// The task's id, name and spawn location.
-    pub fn meta(&self) -> &TaskMeta {
-        &self.meta
+    /// The task's loop-unique id (as in stall reports).
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// Lets the task run to completion on its own, without keeping its output.
@@ -175,9 +175,7 @@ impl<T> Drop for JoinHandle<T> {
 
 impl<T> fmt::Debug for JoinHandle<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("JoinHandle")
-            .field("meta", &self.meta)
-            .finish()
+        f.debug_struct("JoinHandle").field("id", &self.id).finish()
     }
 }
 

@@ -114,7 +114,7 @@ where
         .metadata(meta)
         .spawn_local(move |_| future, schedule);
     runnable.schedule();
-    JoinHandle::new(task.fallible(), meta)
+    JoinHandle::new(task.fallible(), meta.id)
 }
 
 /// Where a woken task goes (see the module docs).

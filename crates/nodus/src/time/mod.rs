@@ -33,17 +33,12 @@ pub struct Timer {
 /// `Duration` or a number of milliseconds (`10`, `2.5`, `-1`, `f64::NAN`).
 #[track_caller]
 pub fn set_timeout(delay: impl IntoDelay, callback: impl FnOnce() + 'static) -> Timer {
-    let mut callback = Some(callback);
-    let once = move || {
-        if let Some(f) = callback.take() {
-            f()
-        }
-    };
+    let action = TimerAction::Once(Box::new(callback));
     arm(
         "nodus::set_timeout",
         delay.into_delay_ns(),
-        false,
-        Box::new(once),
+        0,
+        action,
         Location::caller(),
     )
 }
@@ -52,11 +47,13 @@ pub fn set_timeout(delay: impl IntoDelay, callback: impl FnOnce() + 'static) -> 
 /// interval from the time its timers pass started, behind timers already due at that time.
 #[track_caller]
 pub fn set_interval(delay: impl IntoDelay, callback: impl FnMut() + 'static) -> Timer {
+    let delay = delay.into_delay_ns();
+    let action = TimerAction::Callback(Box::new(callback));
     arm(
         "nodus::set_interval",
-        delay.into_delay_ns(),
-        true,
-        Box::new(callback),
+        delay,
+        delay,
+        action,
         Location::caller(),
     )
 }
@@ -77,20 +74,16 @@ pub fn clear_interval(timer: &Timer) {
 fn arm(
     api: &str,
     delay: u64,
-    repeat: bool,
-    callback: Box<dyn FnMut()>,
+    repeat: u64,
+    action: TimerAction,
     location: &'static Location<'static>,
 ) -> Timer {
     with_core(api, |core| {
         let deadline = core.meter.now().saturating_add(delay);
-        let repeat = if repeat { delay } else { 0 };
-        let key = core.timers.borrow_mut().insert(
-            deadline,
-            repeat,
-            TimerAction::Callback(callback),
-            true,
-            location,
-        );
+        let key = core
+            .timers
+            .borrow_mut()
+            .insert(deadline, repeat, action, true, location);
         core.ref_handle();
         Timer {
             key,

@@ -26,7 +26,9 @@ pub(crate) struct TimerKey {
 
 /// What a timer does when it fires.
 pub(crate) enum TimerAction {
-    /// `set_timeout` / `set_interval`.
+    /// `set_timeout` (a zero-sized closure is not allocated).
+    Once(Box<dyn FnOnce()>),
+    /// `set_interval`.
     Callback(Box<dyn FnMut()>),
     /// A `sleep` future: wake its task.
     Wake(Option<Waker>),
@@ -245,34 +247,37 @@ impl TimerQueue {
         }
     }
 
+    /// Sift-up with a hole: one write per level instead of a swap.
     fn push_heap(&mut self, h: HeapEntry) {
+        let mut i = self.heap.len();
         self.heap.push(h);
-        let mut i = self.heap.len() - 1;
         while i > 0 {
             let parent = (i - 1) / 2;
-            if !self.heap[i].before(&self.heap[parent]) {
+            if !h.before(&self.heap[parent]) {
                 break;
             }
-            self.heap.swap(i, parent);
+            self.heap[i] = self.heap[parent];
             i = parent;
         }
+        self.heap[i] = h;
     }
 
     fn pop_heap(&mut self) {
-        let last = self.heap.len() - 1;
-        self.heap.swap(0, last);
-        self.heap.pop();
+        let last = self.heap.pop().expect("pop_heap on an empty heap");
         if !self.heap.is_empty() {
+            self.heap[0] = last;
             self.sift_down(0);
         }
     }
 
+    /// Sift-down with a hole: one write per level instead of a swap.
     fn sift_down(&mut self, mut i: usize) {
         let n = self.heap.len();
+        let h = self.heap[i];
         loop {
             let l = 2 * i + 1;
             if l >= n {
-                return;
+                break;
             }
             let r = l + 1;
             let child = if r < n && self.heap[r].before(&self.heap[l]) {
@@ -280,12 +285,13 @@ impl TimerQueue {
             } else {
                 l
             };
-            if !self.heap[child].before(&self.heap[i]) {
-                return;
+            if !self.heap[child].before(&h) {
+                break;
             }
-            self.heap.swap(i, child);
+            self.heap[i] = self.heap[child];
             i = child;
         }
+        self.heap[i] = h;
     }
 }
 
