@@ -322,3 +322,42 @@ fn at_most_max_connections_are_served_at_once() {
         .unwrap();
     assert_eq!(read_response(&mut second_r).unwrap().0, 200);
 }
+
+#[test]
+fn http2_with_prior_knowledge_runs_streams_as_local_tasks() {
+    let config = Config {
+        http2: true,
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_secs(1));
+    let addr = server.addr;
+    let rt = Runtime::new();
+    let (statuses, versions) = rt.block_on(async move {
+        let stream = nodus::net::TcpStream::connect(addr).await.unwrap();
+        let io = nodus_http::HyperIo::new(stream);
+        let (mut sender, conn) =
+            hyper::client::conn::http2::Builder::new(nodus_http::LocalExec::new("h2-client"))
+                .timer(nodus_http::NodusTimer)
+                .handshake::<_, http_body_util::Empty<bytes::Bytes>>(io)
+                .await
+                .unwrap();
+        nodus::spawn(conn).detach();
+        let mut statuses = Vec::new();
+        let mut versions = Vec::new();
+        for path in ["/", "/slow"] {
+            let req = http::Request::get(format!("http://{addr}{path}"))
+                .body(http_body_util::Empty::new())
+                .unwrap();
+            let resp = sender.send_request(req).await.unwrap();
+            statuses.push(resp.status().as_u16());
+            versions.push(resp.version());
+        }
+        (statuses, versions)
+    });
+    assert_eq!(statuses, [200, 200]);
+    assert!(versions.iter().all(|v| *v == http::Version::HTTP_2));
+    // Plain HTTP/1.1 still works on the same listener.
+    let mut s = server.connect();
+    get(&mut s, "/");
+    assert_eq!(read_response(&mut BufReader::new(s)).unwrap().0, 200);
+}
