@@ -42,6 +42,9 @@
 //!   is touched once per `enter_idle`/`leave_idle`, i.e. when a loop is about to block anyway.
 //! - Like any thread, the watchdog does not survive a `fork` without exec.
 
+// With the `measure` feature off (the overhead benchmark only) this is compiled but not used.
+#![cfg_attr(not(feature = "measure"), allow(dead_code))]
+
 use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::os::fd::OwnedFd;

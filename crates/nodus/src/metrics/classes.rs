@@ -7,6 +7,9 @@
 //! Names are `&'static str` on purpose: a task name is a class (`http:static`), never a
 //! per-connection value, and the type makes the unbounded case impossible to write by accident.
 
+// With the `measure` feature off (the overhead benchmark only) this is compiled but not used.
+#![cfg_attr(not(feature = "measure"), allow(dead_code))]
+
 /// Index into the class table.
 pub(crate) type ClassId = u16;
 

@@ -18,6 +18,9 @@
 //!
 //! All state is loop-thread-only (`Cell`/`RefCell`); the watchdog reads only the `LoopSlot`.
 
+// With the `measure` feature off (the overhead benchmark only) this is compiled but not used.
+#![cfg_attr(not(feature = "measure"), allow(dead_code))]
+
 use std::cell::{Cell, RefCell};
 use std::panic::Location;
 use std::sync::Arc;

@@ -1,5 +1,8 @@
 //! The loop's phases, as the measurements name them.
 
+// With the `measure` feature off (the overhead benchmark only) this is compiled but not used.
+#![cfg_attr(not(feature = "measure"), allow(dead_code))]
+
 /// One phase of a loop iteration (DESIGN.md section 2), plus `Main`: work run outside any
 /// iteration (the main future's first poll and the queue drain after `Runtime::enter`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -59,6 +59,7 @@ impl<T> StampedQueue<T> {
     }
 
     /// Stamps every entry queued since the previous boundary with this boundary's time.
+    #[cfg_attr(not(feature = "measure"), allow(dead_code))]
     #[inline]
     pub(crate) fn stamp(&mut self, t: u64) {
         if self.unstamped > 0 {
