@@ -204,6 +204,20 @@ struct Stream {
     ended: bool,
 }
 
+impl Stream {
+    fn new(codec: Codec, format: Format, max_output: u64) -> Stream {
+        let compressing = matches!(codec, Codec::Compress(_));
+        Stream {
+            codec: Some(Box::new(codec)),
+            format,
+            compressing,
+            max_output,
+            produced: 0,
+            ended: false,
+        }
+    }
+}
+
 fn broken() -> io::Error {
     io::Error::other("zlib stream is unusable: an earlier call failed or was cancelled")
 }
@@ -301,14 +315,7 @@ impl Compressor {
             Format::Raw => Compress::new(level, false),
         };
         Ok(Compressor {
-            stream: Stream {
-                codec: Some(Box::new(Codec::Compress(codec))),
-                format,
-                compressing: true,
-                max_output: u64::MAX,
-                produced: 0,
-                ended: false,
-            },
+            stream: Stream::new(Codec::Compress(codec), format, u64::MAX),
         })
     }
 
@@ -337,14 +344,7 @@ impl Decompressor {
             Format::Raw => Decompress::new(false),
         };
         Decompressor {
-            stream: Stream {
-                codec: Some(Box::new(Codec::Decompress(codec))),
-                format,
-                compressing: false,
-                max_output,
-                produced: 0,
-                ended: false,
-            },
+            stream: Stream::new(Codec::Decompress(codec), format, max_output),
         }
     }
 

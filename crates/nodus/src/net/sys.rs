@@ -32,6 +32,23 @@ pub(super) fn poll_read_op<T: AsFd, R>(
     }
 }
 
+/// Accepts a connection if one is queued (skipping `ECONNABORTED`, as libuv does) and adopts it
+/// with `adopt`; otherwise registers the task to be woken.
+pub(super) fn poll_accept<L: AsFd, S, A, T>(
+    io: &AsyncFd<L>,
+    cx: &mut Context<'_>,
+    mut accept: impl FnMut(&L) -> io::Result<(S, A)>,
+    adopt: impl Fn(S) -> io::Result<T>,
+) -> Poll<io::Result<(T, A)>> {
+    loop {
+        match ready!(poll_read_op(io, cx, &mut accept)) {
+            Ok((stream, peer)) => return Poll::Ready(adopt(stream).map(|s| (s, peer))),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => {}
+            Err(e) => return Poll::Ready(Err(e)),
+        }
+    }
+}
+
 /// Tries `op` while the fd may be writable.
 pub(super) fn poll_write_op<T: AsFd, R>(
     io: &AsyncFd<T>,

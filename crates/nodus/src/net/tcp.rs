@@ -15,7 +15,7 @@ use std::future::poll_fn;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
@@ -89,15 +89,7 @@ impl TcpListener {
 
     /// Accepts a connection if one is queued; otherwise registers the task to be woken.
     pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(TcpStream, SocketAddr)>> {
-        loop {
-            match ready!(sys::poll_read_op(&self.io, cx, |l| l.accept())) {
-                Ok((stream, peer)) => {
-                    return Poll::Ready(TcpStream::from_std(stream).map(|s| (s, peer)));
-                }
-                Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => {}
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
+        sys::poll_accept(&self.io, cx, |l| l.accept(), TcpStream::from_std)
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {

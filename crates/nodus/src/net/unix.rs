@@ -18,7 +18,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 
 use socket2::{Domain, SockAddr, Socket, Type};
 
@@ -76,15 +76,7 @@ impl UnixListener {
 
     /// Accepts a connection if one is queued; otherwise registers the task to be woken.
     pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(UnixStream, SocketAddr)>> {
-        loop {
-            match ready!(sys::poll_read_op(&self.io, cx, |l| l.accept())) {
-                Ok((stream, peer)) => {
-                    return Poll::Ready(UnixStream::from_std(stream).map(|s| (s, peer)));
-                }
-                Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => {}
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
+        sys::poll_accept(&self.io, cx, |l| l.accept(), UnixStream::from_std)
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
