@@ -40,26 +40,36 @@ const BUILTIN: [&str; 10] = [
 /// The name table of one loop.
 pub(crate) struct Classes {
     names: Vec<&'static str>,
+    /// The last name looked up (by address) and its class: tasks are spawned in runs of one name.
+    last: (*const u8, usize, ClassId),
 }
 
 impl Classes {
     pub(crate) fn new() -> Classes {
         let mut names = Vec::with_capacity(MAX_CLASSES);
         names.extend_from_slice(&BUILTIN);
-        Classes { names }
+        Classes {
+            names,
+            last: (std::ptr::null(), 0, OTHER),
+        }
     }
 
     /// The class of `name`, registering it if there is room.
     pub(crate) fn id_of(&mut self, name: &'static str) -> ClassId {
-        if let Some(i) = self.names.iter().position(|n| *n == name) {
-            return i as ClassId;
+        let (ptr, len, id) = self.last;
+        if ptr == name.as_ptr() && len == name.len() {
+            return id;
         }
-        if self.names.len() < MAX_CLASSES {
-            self.names.push(name);
-            (self.names.len() - 1) as ClassId
-        } else {
-            OTHER
-        }
+        let id = match self.names.iter().position(|n| *n == name) {
+            Some(i) => i as ClassId,
+            None if self.names.len() < MAX_CLASSES => {
+                self.names.push(name);
+                (self.names.len() - 1) as ClassId
+            }
+            None => OTHER,
+        };
+        self.last = (name.as_ptr(), name.len(), id);
+        id
     }
 
     pub(crate) fn len(&self) -> usize {
