@@ -41,11 +41,21 @@ impl Core {
             taken_at_unix_ms,
             ..Default::default()
         };
+        snap.rss_bytes = resident_bytes();
         snap.run_queue.current = self.meter.runnable();
         self.meter.fill_snapshot(&mut snap, now);
         snap.pools = crate::pool::snapshots();
         snap
     }
+}
+
+/// Resident memory of this process, from `/proc/self/statm` (0 if it cannot be read).
+fn resident_bytes() -> u64 {
+    let pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap_or(0);
+    pages * rustix::param::page_size() as u64
 }
 
 #[cfg(feature = "measure")]

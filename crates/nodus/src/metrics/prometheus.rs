@@ -116,6 +116,13 @@ macro_rules! desc {
 }
 
 // Full exposed names in the comments.
+/// nodus_process_resident_memory_bytes
+const RSS: Desc = desc!(
+    "nodus_process_resident_memory_bytes",
+    Gauge,
+    false,
+    "Resident memory of the process."
+);
 /// nodus_http_requests_total
 const HTTP_REQUESTS: Desc = desc!(
     "nodus_http_requests",
@@ -551,6 +558,7 @@ impl SnapshotCollector {
         let last = s.stalls.last().map_or(0.0, |r| r.elapsed_seconds);
         self.push(&STALL_LAST, base(), Value::Float(last));
         self.push(&UPTIME, base(), Value::Float(s.uptime_seconds));
+        self.push(&RSS, base(), Value::Int(s.rss_bytes));
         let h = &s.http;
         for (i, n) in h.responses_by_class.iter().enumerate() {
             self.push(

@@ -21,6 +21,9 @@ pub struct Snapshot {
     pub uptime_seconds: f64,
     /// Wall-clock time the snapshot was taken, milliseconds since the Unix epoch.
     pub taken_at_unix_ms: u64,
+    /// Resident memory of the whole process (`/proc/self/statm`), 0 if unknown.
+    #[serde(default)]
+    pub rss_bytes: u64,
     pub loop_stats: LoopSnapshot,
     pub run_queue: RunQueueSnapshot,
     pub tasks: TasksSnapshot,
