@@ -21,6 +21,7 @@
 //! See `ARCHITECTURE.md` for the module map and the invariants that cross modules.
 
 pub mod clock;
+pub mod cluster;
 pub mod crypto;
 pub mod dns;
 pub mod fs;

@@ -134,7 +134,11 @@ fn per_name_poll_durations_and_prometheus_text() {
         assert!(text.contains(name), "{name} missing from:\n{text}");
     }
     assert!(text.contains("task=\"busy\""));
-    assert!(snap.rss_bytes > 1 << 20, "resident memory: {} bytes", snap.rss_bytes);
+    assert!(
+        snap.rss_bytes > 1 << 20,
+        "resident memory: {} bytes",
+        snap.rss_bytes
+    );
     assert!(text.contains("nodus_process_resident_memory_bytes"));
     let json = serde_json::to_string(&snap).unwrap();
     let back: nodus::metrics::Snapshot = serde_json::from_str(&json).unwrap();

@@ -1,0 +1,367 @@
+//! Restart decisions for supervised workers: what to do when a worker exits.
+//!
+//! - **One budget per primary** (OTP's intensity/period): more than `max_restarts` restarts within
+//!   `window`, across all workers, and the primary gives up: it stops every worker, logs one line
+//!   and exits with [`GIVE_UP_EXIT_CODE`], so systemd or Kubernetes can act. A worker that exits at
+//!   once therefore causes at most `max_restarts` forks per window, never a fork storm.
+//! - **Per-slot backoff**: a slot's first restart is immediate; each further consecutive crash
+//!   waits `initial × factor^(n−1)`, capped. A worker that stayed up `min_uptime` resets its slot.
+//! - **Restart types** (OTP's): `permanent` workers always come back, `transient` ones only after
+//!   an abnormal exit, `temporary` ones never. An exit the primary asked for (a drain, a reload)
+//!   is never a crash and never restarts the old worker.
+//!
+//! Invariants: decisions depend only on the recorded history and the `now` passed in (no clock
+//! reads here), so they are deterministic and testable; the history holds at most
+//! `max_restarts + 1` instants.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+/// The exit code of a primary that gave up because its restart budget ran out (`EX_TEMPFAIL`:
+/// "try again later"; a systemd unit can match it with `RestartForceExitStatus=75`).
+pub const GIVE_UP_EXIT_CODE: i32 = 75;
+
+/// How a worker process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitReason {
+    /// Exit code 0.
+    Normal,
+    /// A non-zero exit code.
+    Failed(i32),
+    /// Killed by a signal it did not ask for.
+    Signaled(i32),
+    /// The primary asked it to stop (drain, reload, shutdown), whatever the code.
+    Requested,
+}
+
+impl ExitReason {
+    /// OTP's "abnormal": anything but a normal or requested exit.
+    pub fn is_crash(self) -> bool {
+        matches!(self, ExitReason::Failed(_) | ExitReason::Signaled(_))
+    }
+}
+
+impl fmt::Display for ExitReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExitReason::Normal => f.write_str("exited with code 0"),
+            ExitReason::Failed(code) => write!(f, "exited with code {code}"),
+            ExitReason::Signaled(sig) => write!(f, "killed by signal {sig}"),
+            ExitReason::Requested => f.write_str("stopped as asked"),
+        }
+    }
+}
+
+/// Whether a worker comes back after it exits (OTP's child restart types).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RestartType {
+    /// Always restarted (unless the primary asked it to stop).
+    #[default]
+    Permanent,
+    /// Restarted only after a crash.
+    Transient,
+    /// Never restarted.
+    Temporary,
+}
+
+impl RestartType {
+    pub fn restarts_after(self, reason: ExitReason) -> bool {
+        match (self, reason) {
+            (_, ExitReason::Requested) => false,
+            (RestartType::Permanent, _) => true,
+            (RestartType::Transient, r) => r.is_crash(),
+            (RestartType::Temporary, _) => false,
+        }
+    }
+}
+
+/// OTP's restart intensity: at most `max_restarts` restarts within any `window`.
+#[derive(Debug, Clone)]
+pub struct RestartBudget {
+    max_restarts: u32,
+    window: Duration,
+    recent: VecDeque<Instant>,
+}
+
+impl RestartBudget {
+    pub fn new(max_restarts: u32, window: Duration) -> RestartBudget {
+        RestartBudget {
+            max_restarts,
+            window,
+            recent: VecDeque::new(),
+        }
+    }
+
+    /// Records a restart at `now`; `false` if it is one too many within the window (give up).
+    pub fn try_spend(&mut self, now: Instant) -> bool {
+        self.forget_before(now);
+        self.recent.push_back(now);
+        self.recent.len() as u32 <= self.max_restarts
+    }
+
+    /// Restarts still allowed in the window ending at `now`.
+    pub fn left(&mut self, now: Instant) -> u32 {
+        self.forget_before(now);
+        self.max_restarts.saturating_sub(self.recent.len() as u32)
+    }
+
+    fn forget_before(&mut self, now: Instant) {
+        while self
+            .recent
+            .front()
+            .is_some_and(|t| now.saturating_duration_since(*t) > self.window)
+        {
+            self.recent.pop_front();
+        }
+    }
+}
+
+/// Exponential backoff for consecutive crashes of one slot.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Backoff {
+    pub initial: Duration,
+    pub factor: f64,
+    pub cap: Duration,
+}
+
+impl Default for Backoff {
+    /// 100 ms, ×2, capped at 10 s.
+    fn default() -> Backoff {
+        Backoff {
+            initial: Duration::from_millis(100),
+            factor: 2.0,
+            cap: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Backoff {
+    /// The wait before restarting after the `crashes`-th consecutive crash (the first is free).
+    pub fn delay(&self, crashes: u32) -> Duration {
+        if crashes <= 1 {
+            return Duration::ZERO;
+        }
+        let scaled = self.initial.as_secs_f64() * self.factor.powi(crashes as i32 - 2);
+        Duration::from_secs_f64(scaled.min(self.cap.as_secs_f64()))
+    }
+}
+
+/// A supervisor's restart rules.
+#[derive(Debug, Clone)]
+pub struct RestartPolicy {
+    pub restart: RestartType,
+    pub backoff: Backoff,
+    /// A worker up at least this long resets its slot's consecutive-crash count.
+    pub min_uptime: Duration,
+}
+
+impl Default for RestartPolicy {
+    fn default() -> RestartPolicy {
+        RestartPolicy {
+            restart: RestartType::Permanent,
+            backoff: Backoff::default(),
+            min_uptime: Duration::from_secs(1),
+        }
+    }
+}
+
+/// What happened to one worker slot recently.
+#[derive(Debug, Clone, Default)]
+pub struct SlotHistory {
+    /// Consecutive crashes without a worker staying up `min_uptime` in between.
+    pub crashes: u32,
+}
+
+/// What to do about an exited worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Start a replacement after this long.
+    Restart { after: Duration },
+    /// Leave the slot empty (it finished, or its type says so).
+    Leave,
+    /// The budget is spent: stop everything and exit with [`GIVE_UP_EXIT_CODE`].
+    GiveUp,
+}
+
+impl RestartPolicy {
+    /// Decides about a worker of `slot` that ran for `uptime` and ended for `reason` at `now`.
+    pub fn decide(
+        &self,
+        slot: &mut SlotHistory,
+        budget: &mut RestartBudget,
+        reason: ExitReason,
+        uptime: Duration,
+        now: Instant,
+    ) -> Decision {
+        if uptime >= self.min_uptime {
+            slot.crashes = 0;
+        }
+        if !self.restart.restarts_after(reason) {
+            return Decision::Leave;
+        }
+        if reason.is_crash() {
+            slot.crashes += 1;
+        }
+        if !budget.try_spend(now) {
+            return Decision::GiveUp;
+        }
+        Decision::Restart {
+            after: self.backoff.delay(slot.crashes),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CRASH: ExitReason = ExitReason::Failed(1);
+
+    fn secs(s: f64) -> Duration {
+        Duration::from_secs_f64(s)
+    }
+
+    #[test]
+    fn a_crash_every_second_never_spends_a_budget_of_3_in_2_seconds() {
+        let policy = RestartPolicy::default();
+        let mut budget = RestartBudget::new(3, secs(2.0));
+        let mut slot = SlotHistory::default();
+        let t0 = Instant::now();
+        for i in 1..=100 {
+            let d = policy.decide(
+                &mut slot,
+                &mut budget,
+                CRASH,
+                secs(1.0),
+                t0 + secs(i as f64),
+            );
+            assert!(matches!(d, Decision::Restart { .. }), "crash {i}: {d:?}");
+        }
+    }
+
+    #[test]
+    fn a_crash_every_tenth_of_a_second_gives_up_at_the_fourth_restart() {
+        let policy = RestartPolicy::default();
+        let mut budget = RestartBudget::new(3, secs(2.0));
+        let mut slot = SlotHistory::default();
+        let t0 = Instant::now();
+        let decisions: Vec<Decision> = (1..=4)
+            .map(|i| {
+                policy.decide(
+                    &mut slot,
+                    &mut budget,
+                    CRASH,
+                    secs(0.1),
+                    t0 + secs(0.1 * i as f64),
+                )
+            })
+            .collect();
+        assert!(
+            decisions[..3]
+                .iter()
+                .all(|d| matches!(d, Decision::Restart { .. })),
+            "{decisions:?}"
+        );
+        assert_eq!(decisions[3], Decision::GiveUp);
+    }
+
+    #[test]
+    fn the_budget_is_shared_across_slots() {
+        let policy = RestartPolicy::default();
+        let mut budget = RestartBudget::new(2, secs(10.0));
+        let (mut a, mut b) = (SlotHistory::default(), SlotHistory::default());
+        let t = Instant::now();
+        assert!(matches!(
+            policy.decide(&mut a, &mut budget, CRASH, secs(5.0), t),
+            Decision::Restart { .. }
+        ));
+        assert!(matches!(
+            policy.decide(&mut b, &mut budget, CRASH, secs(5.0), t),
+            Decision::Restart { .. }
+        ));
+        assert_eq!(budget.left(t), 0);
+        assert_eq!(
+            policy.decide(&mut a, &mut budget, CRASH, secs(5.0), t),
+            Decision::GiveUp
+        );
+        assert_eq!(
+            budget.left(t + secs(11.0)),
+            2,
+            "restarts older than the window are forgotten"
+        );
+    }
+
+    #[test]
+    fn first_restart_is_immediate_then_backoff_grows_to_its_cap_and_uptime_resets_it() {
+        let policy = RestartPolicy {
+            backoff: Backoff {
+                initial: secs(0.1),
+                factor: 2.0,
+                cap: secs(0.5),
+            },
+            ..RestartPolicy::default()
+        };
+        let mut budget = RestartBudget::new(u32::MAX, secs(1.0));
+        let mut slot = SlotHistory::default();
+        let t = Instant::now();
+        let delays: Vec<Duration> = (0..6)
+            .map(
+                |_| match policy.decide(&mut slot, &mut budget, CRASH, secs(0.01), t) {
+                    Decision::Restart { after } => after,
+                    d => panic!("{d:?}"),
+                },
+            )
+            .collect();
+        assert_eq!(
+            delays,
+            [
+                secs(0.0),
+                secs(0.1),
+                secs(0.2),
+                secs(0.4),
+                secs(0.5),
+                secs(0.5)
+            ]
+        );
+        // A worker that stayed up min_uptime starts its slot afresh.
+        assert_eq!(
+            policy.decide(&mut slot, &mut budget, CRASH, secs(2.0), t),
+            Decision::Restart {
+                after: Duration::ZERO
+            }
+        );
+    }
+
+    #[test]
+    fn restart_types() {
+        use ExitReason::*;
+        use RestartType::*;
+        assert!(Permanent.restarts_after(Normal) && Permanent.restarts_after(Signaled(9)));
+        assert!(!Transient.restarts_after(Normal) && Transient.restarts_after(Failed(2)));
+        assert!(!Temporary.restarts_after(Failed(2)));
+        for t in [Permanent, Transient, Temporary] {
+            assert!(
+                !t.restarts_after(Requested),
+                "a requested stop never restarts ({t:?})"
+            );
+        }
+        let policy = RestartPolicy {
+            restart: Transient,
+            ..RestartPolicy::default()
+        };
+        let mut budget = RestartBudget::new(1, secs(1.0));
+        let t = Instant::now();
+        assert_eq!(
+            policy.decide(
+                &mut SlotHistory::default(),
+                &mut budget,
+                Normal,
+                secs(0.0),
+                t
+            ),
+            Decision::Leave
+        );
+        assert_eq!(budget.left(t), 1, "leaving a slot empty spends nothing");
+    }
+}
