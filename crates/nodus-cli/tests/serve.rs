@@ -518,3 +518,48 @@ fn gzip_for_clients_that_accept_it() {
         None
     );
 }
+
+#[test]
+fn an_inherited_socket_is_served_as_systemd_passes_it() {
+    let dir = site();
+    // Python binds, puts the socket at fd 3, sets LISTEN_FDS/LISTEN_PID for its own pid (which exec
+    // keeps), prints the port and becomes `nodus serve`, as systemd socket activation does.
+    let script = r#"
+import os, socket, sys
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(16)
+print(s.getsockname()[1], flush=True)
+os.dup2(s.fileno(), 3); os.set_inheritable(3, True)
+env = dict(os.environ, LISTEN_FDS="1", LISTEN_PID=str(os.getpid()))
+os.execve(sys.argv[1], [sys.argv[1], "serve", sys.argv[2], "--listen", "127.0.0.1:1"], env)
+"#;
+    let mut child = Command::new("python3")
+        .args(["-c", script, env!("CARGO_BIN_EXE_nodus")])
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut port = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut port)
+        .unwrap();
+    let addr: SocketAddr = format!("127.0.0.1:{}", port.trim()).parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let reply = loop {
+        // The listener exists before nodus starts: connections queue until it serves them.
+        if let Ok(mut s) = TcpStream::connect(addr) {
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+                .unwrap();
+            break read_reply(&mut BufReader::new(s), false);
+        }
+        assert!(Instant::now() < deadline, "never connected");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    let status = child.wait().unwrap();
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.body, b"hello, nodus\n");
+    assert_eq!(status.code(), Some(0));
+}

@@ -72,6 +72,36 @@ fn fail(message: String) -> i32 {
     1
 }
 
+/// The public and admin listeners: inherited from a service manager (`LISTEN_FDS`, systemd
+/// socket activation; a socket named `admin` is the admin listener) or bound from the options.
+fn listeners(options: &ServeOptions) -> Result<(TcpListener, Option<TcpListener>), String> {
+    let inherited =
+        nodus::net::listen_fds().map_err(|e| format!("cannot use the inherited sockets: {e}"))?;
+    if inherited.is_empty() {
+        return Ok((bind(options.listen)?, options.admin.map(bind).transpose()?));
+    }
+    let (mut public, mut admin) = (None, None);
+    for socket in inherited {
+        match socket {
+            nodus::net::Inherited::Tcp(name, l) if name == "admin" => admin = Some(l),
+            nodus::net::Inherited::Tcp(_, l) if public.is_none() => public = Some(l),
+            other => {
+                return Err(format!(
+                    "cannot serve the inherited socket {other:?}: one TCP listener (and one named admin) is supported"
+                ));
+            }
+        }
+    }
+    let public = public.ok_or("the inherited sockets hold no public TCP listener")?;
+    Ok((
+        public,
+        admin
+            .map(Ok)
+            .or_else(|| options.admin.map(bind))
+            .transpose()?,
+    ))
+}
+
 fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
     TcpListener::bind(addr).map_err(|e| match e.kind() {
         std::io::ErrorKind::AddrInUse => {
@@ -82,11 +112,7 @@ fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
 }
 
 async fn serve_until_signal(options: ServeOptions, root: PathBuf) -> i32 {
-    let public = match bind(options.listen) {
-        Ok(l) => l,
-        Err(e) => return fail(e),
-    };
-    let admin_listener = match options.admin.map(bind).transpose() {
+    let (public, admin_listener) = match listeners(&options) {
         Ok(l) => l,
         Err(e) => return fail(e),
     };

@@ -36,6 +36,7 @@
 //! not belong on the loop. Socket options not offered here are one `socket2::SockRef::from(&s)`
 //! away (every type is `AsFd`).
 
+mod inherited;
 mod sys;
 mod tcp;
 mod udp;
@@ -44,6 +45,7 @@ mod unix;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
+pub use inherited::{Inherited, listen_fds};
 pub use tcp::{ListenOptions, TcpListener, TcpStream};
 pub use udp::UdpSocket;
 pub use unix::{UnixListener, UnixStream};

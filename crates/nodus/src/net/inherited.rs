@@ -1,0 +1,96 @@
+//! Sockets inherited from a service manager: systemd socket activation, or `nodus run`, which
+//! hands its listeners to every worker the same way (`sd_listen_fds(3)`).
+//!
+//! The manager puts the sockets at fds 3, 4, … and sets `LISTEN_FDS` (how many), `LISTEN_PID`
+//! (the process they are for: a child that inherits the variables but has another pid ignores
+//! them) and optionally `LISTEN_FDNAMES` (colon-separated names).
+//!
+//! Invariants: each inherited fd is taken at most once per process (a second call finds none), and
+//! is made close-on-exec when adopted (`from_owned_fd`), so it does not leak into children. The
+//! variables are left in place: unsetting them races with other threads, and `LISTEN_PID` already
+//! keeps children from taking them.
+
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use socket2::{Domain, SockRef};
+
+use super::{TcpListener, UnixListener};
+
+/// The first inherited fd (`SD_LISTEN_FDS_START`).
+const FIRST_FD: i32 = 3;
+
+static TAKEN: AtomicBool = AtomicBool::new(false);
+
+/// A listening socket passed by a service manager, with its name (`unknown` when none was given).
+#[derive(Debug)]
+pub enum Inherited {
+    Tcp(String, TcpListener),
+    Unix(String, UnixListener),
+}
+
+impl Inherited {
+    pub fn name(&self) -> &str {
+        match self {
+            Inherited::Tcp(n, _) | Inherited::Unix(n, _) => n,
+        }
+    }
+}
+
+/// Takes the listening sockets this process inherited (none if `LISTEN_PID` is not this process's
+/// pid, or on a second call), registered with the current loop.
+///
+/// # Errors
+/// A malformed `LISTEN_FDS`, or an inherited fd that is not a listening TCP or Unix stream socket.
+#[track_caller]
+pub fn listen_fds() -> io::Result<Vec<Inherited>> {
+    let Some(count) = listen_fd_count()? else {
+        return Ok(Vec::new());
+    };
+    if TAKEN.swap(true, Ordering::AcqRel) {
+        return Ok(Vec::new());
+    }
+    let names: Vec<String> = std::env::var("LISTEN_FDNAMES")
+        .map(|v| v.split(':').map(str::to_owned).collect())
+        .unwrap_or_default();
+    let mut out = Vec::with_capacity(count);
+    for i in 0..count {
+        let raw = FIRST_FD + i as i32;
+        // SAFETY: the service manager passed fds FIRST_FD..FIRST_FD+count to this process
+        // (LISTEN_PID is our pid), and `TAKEN` makes sure each is owned once.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let name = names
+            .get(i)
+            .cloned()
+            .unwrap_or_else(|| "unknown".to_owned());
+        let domain = SockRef::from(&fd).domain()?;
+        out.push(if domain == Domain::UNIX {
+            Inherited::Unix(name, UnixListener::from_owned_fd(fd)?)
+        } else {
+            Inherited::Tcp(name, TcpListener::from_owned_fd(fd)?)
+        });
+    }
+    Ok(out)
+}
+
+/// `LISTEN_FDS` if the variables are meant for this process.
+fn listen_fd_count() -> io::Result<Option<usize>> {
+    let (Ok(pid), Ok(fds)) = (std::env::var("LISTEN_PID"), std::env::var("LISTEN_FDS")) else {
+        return Ok(None);
+    };
+    if pid.trim().parse::<u32>().ok() != Some(std::process::id()) {
+        return Ok(None);
+    }
+    let bad = || {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("LISTEN_FDS={fds:?} is not a count of file descriptors"),
+        )
+    };
+    let count: usize = fds.trim().parse().map_err(|_| bad())?;
+    if count > 4096 {
+        return Err(bad());
+    }
+    Ok(Some(count))
+}
