@@ -563,3 +563,33 @@ os.execve(sys.argv[1], [sys.argv[1], "serve", sys.argv[2], "--listen", "127.0.0.
     assert_eq!(reply.body, b"hello, nodus\n");
     assert_eq!(status.code(), Some(0));
 }
+
+#[test]
+fn the_service_manager_hears_ready_and_stopping() {
+    let dir = site();
+    let sock_path = std::env::temp_dir().join(format!("nodus-notify-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&sock_path);
+    let manager = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
+    manager
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nodus"))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .arg(dir.path())
+        .env("NOTIFY_SOCKET", &sock_path)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut buf = [0u8; 256];
+    let n = manager.recv(&mut buf).unwrap();
+    let ready = String::from_utf8_lossy(&buf[..n]).into_owned();
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let n = manager.recv(&mut buf).unwrap();
+    let stopping = String::from_utf8_lossy(&buf[..n]).into_owned();
+    let status = child.wait().unwrap();
+    let _ = std::fs::remove_file(&sock_path);
+    assert!(ready.lines().any(|l| l == "READY=1"), "{ready:?}");
+    assert!(stopping.lines().any(|l| l == "STOPPING=1"), "{stopping:?}");
+    assert_eq!(status.code(), Some(0));
+}

@@ -29,6 +29,7 @@ pub mod io;
 pub mod json;
 pub mod metrics;
 pub mod net;
+pub mod notify;
 pub mod pool;
 pub mod rt;
 pub mod signal;

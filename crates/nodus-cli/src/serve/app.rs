@@ -166,8 +166,10 @@ async fn serve_until_signal(options: ServeOptions, root: PathBuf) -> i32 {
             site.root.display()
         ),
     }
+    tell_manager("READY=1\nSTATUS=serving");
     let signal = signals.recv().await;
     site.ready.set(false);
+    tell_manager("STOPPING=1\nSTATUS=draining");
     let name = if signal == SIGTERM {
         "SIGTERM"
     } else {
@@ -289,6 +291,13 @@ fn open_failed(path: &Path, e: std::io::Error) -> Response<Body> {
     match e.kind() {
         std::io::ErrorKind::NotFound => text(StatusCode::NOT_FOUND, "not found\n"),
         _ => text(StatusCode::FORBIDDEN, "forbidden\n"),
+    }
+}
+
+/// Tells a service manager (systemd `Type=notify`) the state, if there is one.
+fn tell_manager(state: &str) {
+    if let Err(e) = nodus::notify::notify(state) {
+        tracing::warn!("cannot notify the service manager ({state:?}): {e}");
     }
 }
 
