@@ -1,6 +1,6 @@
 //! The serde-serializable picture of one loop's measurements (`nodus::metrics::snapshot()`).
 //!
-//! Everything here is plain data: built on the loop thread from `LoopStats` (see `loop_stats.rs`),
+//! Everything here is plain data: built on the loop thread from `LoopStats` (`meter/stats.rs`),
 //! then serialized to JSON (`/_nodus/stats`) or rendered as Prometheus text (`prometheus.rs`).
 //! Durations are nanoseconds in histograms (`HistogramSnapshot` values) and seconds in scalar
 //! fields whose names end in `_seconds`.

@@ -1,0 +1,229 @@
+//! `Meter`: the loop's always-on measurements, updated at poll boundaries.
+//!
+//! The loop calls the same methods whether or not the `measure` feature is on; without it they
+//! compile to nothing except the clock the timers need. With it:
+//!
+//! - **One clock read per poll boundary.** A poll's end time is the next poll's start time when
+//!   nothing ran in between (`fresh`). Only a syscall in the poll phase, user code outside a poll
+//!   (`Runtime::enter`'s closure) or the loop starting make the cached time stale: the rest of the
+//!   loop's own bookkeeping between two polls takes nanoseconds, so it is not worth a read.
+//! - **Schedule delay** is measured from the boundary at which an entry became runnable (the end
+//!   of the callback that woke it, or the wake time for wakes from other threads) to the boundary
+//!   at which it starts to run.
+//! - **Run-queue length** is integrated over time at boundaries with the count of entries that
+//!   were runnable since the previous boundary. Entries queued between two boundaries are counted
+//!   from the second one, the same moment their schedule delay starts, so Little's law
+//!   (mean length = arrival rate × mean delay) holds by construction for local wakes.
+//! - **Idle** is time blocked in the poll phase with a non-zero timeout; busy is the rest.
+//!
+//! All state is loop-thread-only (`Cell`/`RefCell`); the watchdog reads only the `LoopSlot`.
+//!
+//! Layout: this file holds `Meter` itself, its construction and its clock (the cached read and
+//! when it goes stale); `run_queue` the arrival/departure accounting (schedule delay, run-queue
+//! length); `poll` the per-callback boundaries (polls, timers, closure batches, blocking in the
+//! poll phase); `tasks` the task-class counters; `stats` the plain counters they all update.
+
+// With the `measure` feature off (the overhead benchmark only) this is compiled but not used.
+#![cfg_attr(not(feature = "measure"), allow(dead_code))]
+
+mod poll;
+mod run_queue;
+#[cfg(feature = "measure")]
+mod stats;
+mod tasks;
+
+use std::cell::{Cell, RefCell};
+use std::panic::Location;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::classes::{ClassId, Classes};
+use super::phase::Phase;
+use crate::clock;
+
+#[cfg(feature = "measure")]
+use crate::watchdog::LoopSlot;
+#[cfg(feature = "measure")]
+pub(crate) use stats::{ClassStats, LoopStats};
+
+/// Tunables of one loop's measurements.
+#[derive(Debug, Clone)]
+pub(crate) struct MeterConfig {
+    pub(crate) slow_poll: Duration,
+    pub(crate) stall: Duration,
+    pub(crate) watchdog: bool,
+    pub(crate) interval: Duration,
+}
+
+/// Who is being polled, for the watchdog slot and per-class statistics.
+#[derive(Clone, Copy)]
+pub(crate) struct PollTarget {
+    pub(crate) task_id: u64,
+    pub(crate) name: &'static str,
+    pub(crate) location: &'static Location<'static>,
+    pub(crate) class: ClassId,
+}
+
+/// The measurements of one loop.
+pub(crate) struct Meter {
+    /// The latest clock read (ns since the process epoch).
+    now: Cell<u64>,
+    /// Whether `now` is still the current time for boundary purposes.
+    #[cfg(feature = "measure")]
+    fresh: Cell<bool>,
+    #[cfg(feature = "measure")]
+    last_boundary: Cell<u64>,
+    /// Entries runnable since the previous boundary (tasks, main, immediates).
+    #[cfg(feature = "measure")]
+    runnable_at_boundary: Cell<u64>,
+    /// Entries currently runnable.
+    runnable: Cell<u64>,
+    #[cfg(feature = "measure")]
+    phase: Cell<Phase>,
+    #[cfg(feature = "measure")]
+    block_start: Cell<u64>,
+    #[cfg(feature = "measure")]
+    tick_batch: Cell<Option<u64>>,
+    pub(crate) classes: RefCell<Classes>,
+    #[cfg(feature = "measure")]
+    pub(crate) stats: RefCell<LoopStats>,
+    #[cfg(feature = "measure")]
+    pub(crate) slot: Arc<LoopSlot>,
+    pub(crate) config: MeterConfig,
+    #[cfg(not(feature = "measure"))]
+    _slot: std::marker::PhantomData<Arc<()>>,
+}
+
+impl Meter {
+    pub(crate) fn new(loop_id: u64, config: MeterConfig) -> Meter {
+        let now = clock::now_ns();
+        #[cfg(feature = "measure")]
+        let slot = {
+            let slot = LoopSlot::new(loop_id, config.stall);
+            if config.watchdog {
+                crate::watchdog::register(&slot);
+            }
+            // Not running until `run`/`block_on` says so (`loop_running`).
+            slot.enter_idle();
+            slot
+        };
+        #[cfg(not(feature = "measure"))]
+        let _ = loop_id;
+        Meter {
+            now: Cell::new(now),
+            #[cfg(feature = "measure")]
+            fresh: Cell::new(false),
+            #[cfg(feature = "measure")]
+            last_boundary: Cell::new(now),
+            #[cfg(feature = "measure")]
+            runnable_at_boundary: Cell::new(0),
+            runnable: Cell::new(0),
+            #[cfg(feature = "measure")]
+            phase: Cell::new(Phase::Main),
+            #[cfg(feature = "measure")]
+            block_start: Cell::new(0),
+            #[cfg(feature = "measure")]
+            tick_batch: Cell::new(None),
+            classes: RefCell::new(Classes::new()),
+            #[cfg(feature = "measure")]
+            stats: RefCell::new(LoopStats::new(now)),
+            #[cfg(feature = "measure")]
+            slot,
+            config,
+            #[cfg(not(feature = "measure"))]
+            _slot: std::marker::PhantomData,
+        }
+    }
+
+    /// The latest clock read: the base new timers count from.
+    #[inline]
+    pub(crate) fn now(&self) -> u64 {
+        self.now.get()
+    }
+
+    /// Reads the clock.
+    #[inline]
+    pub(crate) fn refresh(&self) -> u64 {
+        let t = clock::now_ns();
+        self.now.set(t);
+        #[cfg(feature = "measure")]
+        self.fresh.set(true);
+        t
+    }
+
+    /// The current time: the cached read if nothing ran since (measurements on), else a new read.
+    #[inline]
+    pub(crate) fn current_time(&self) -> u64 {
+        #[cfg(feature = "measure")]
+        {
+            self.boundary_time()
+        }
+        #[cfg(not(feature = "measure"))]
+        {
+            self.refresh()
+        }
+    }
+
+    /// The current time at a boundary: the cached read if nothing ran since, else a new read.
+    #[inline]
+    fn boundary_time(&self) -> u64 {
+        #[cfg(feature = "measure")]
+        {
+            if self.fresh.get() {
+                self.now.get()
+            } else {
+                self.refresh()
+            }
+        }
+        #[cfg(not(feature = "measure"))]
+        {
+            0
+        }
+    }
+
+    /// The loop starts or stops running (`run`, `block_on`, `enter`): a loop that is not running is
+    /// idle to the watchdog, which can then sleep.
+    #[inline]
+    pub(crate) fn loop_running(&self, running: bool) {
+        #[cfg(feature = "measure")]
+        if running {
+            self.fresh.set(false);
+            self.slot.leave_idle();
+        } else {
+            self.slot.enter_idle();
+        }
+        #[cfg(not(feature = "measure"))]
+        let _ = running;
+    }
+
+    /// Enters a phase: callbacks run from now on are attributed to it.
+    #[inline]
+    pub(crate) fn phase(&self, phase: Phase) {
+        #[cfg(feature = "measure")]
+        self.phase.set(phase);
+        #[cfg(not(feature = "measure"))]
+        let _ = phase;
+    }
+
+    /// Time passed outside any measured poll (a syscall, user code): the next boundary reads the
+    /// clock.
+    #[inline]
+    pub(crate) fn stale(&self) {
+        #[cfg(feature = "measure")]
+        self.fresh.set(false);
+    }
+
+    /// A new iteration starts.
+    #[inline]
+    pub(crate) fn iteration(&self) {
+        #[cfg(feature = "measure")]
+        {
+            let mut s = self.stats.borrow_mut();
+            s.iterations += 1;
+            let now = self.now.get();
+            if now.saturating_sub(s.interval.start_ns) >= self.config.interval.as_nanos() as u64 {
+                s.roll_interval(now);
+            }
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! The meter at callback boundaries: a task poll or macrotask callback begins and ends, a timer
+//! fires, a batch of next-tick and microtask closures runs, the poll phase blocks and returns.
+//!
+//! Invariants:
+//! - A poll's start is published in the watchdog's `LoopSlot` (`begin_poll`) and cleared when it
+//!   returns (`end_poll`, `closures_end`); the end is the one clock read of the boundary.
+//! - Only a block with a non-zero timeout counts as idle, and only then is the loop idle to the
+//!   watchdog (`before_block` / `after_block`).
+//! - A poll at least `slow_poll` long is counted and logged once (target `nodus::slow_poll`).
+
+use std::time::Duration;
+
+use super::{Meter, PollTarget};
+
+impl Meter {
+    /// A poll or callback starts at `start` (a boundary time).
+    #[inline]
+    pub(crate) fn begin_poll(&self, target: &PollTarget, start: u64) {
+        #[cfg(feature = "measure")]
+        self.slot
+            .begin(target.task_id, target.name, target.location, start);
+        #[cfg(not(feature = "measure"))]
+        let _ = (target, start);
+    }
+
+    /// The poll that began at `start` returned.
+    #[inline]
+    pub(crate) fn end_poll(&self, target: &PollTarget, start: u64) {
+        #[cfg(feature = "measure")]
+        {
+            self.slot.end();
+            let end = self.refresh();
+            let d = end.saturating_sub(start);
+            let phase = self.phase.get() as usize;
+            let slow = {
+                let mut s = self.stats.borrow_mut();
+                s.polls += 1;
+                s.poll_duration.record(d);
+                s.phase_ns[phase] += d;
+                s.phase_callbacks[phase] += 1;
+                let c = &mut s.classes[target.class as usize];
+                c.polls += 1;
+                c.poll_duration.record(d);
+                let slow = d >= self.config.slow_poll.as_nanos() as u64;
+                if slow {
+                    s.slow_polls += 1;
+                }
+                slow
+            };
+            if slow {
+                self.log_slow_poll(target, d);
+            }
+        }
+        #[cfg(not(feature = "measure"))]
+        let _ = (target, start);
+    }
+
+    #[cfg(feature = "measure")]
+    #[cold]
+    fn log_slow_poll(&self, target: &PollTarget, d: u64) {
+        tracing::warn!(
+            target: "nodus::slow_poll",
+            task = target.name,
+            location = %target.location,
+            duration_ms = d as f64 / 1e6,
+            run_queue = self.runnable.get(),
+            "slow poll: task {:?} ({}) ran for {:.1} ms with {} runnable waiting",
+            target.name,
+            target.location,
+            d as f64 / 1e6,
+            self.runnable.get()
+        );
+    }
+
+    /// A timer with `deadline` fires at boundary `t`.
+    #[inline]
+    pub(crate) fn timer_fired(&self, deadline: u64, t: u64) {
+        #[cfg(feature = "measure")]
+        self.stats
+            .borrow_mut()
+            .timer_lateness
+            .record(t.saturating_sub(deadline));
+        #[cfg(not(feature = "measure"))]
+        let _ = (deadline, t);
+    }
+
+    /// A batch of next-tick and microtask closures starts (timed per batch, not one by one);
+    /// returns its start time.
+    #[inline]
+    pub(crate) fn closures_start(&self) -> u64 {
+        #[cfg(feature = "measure")]
+        {
+            let t = self.boundary_time();
+            self.tick_batch.set(Some(t));
+            t
+        }
+        #[cfg(not(feature = "measure"))]
+        0
+    }
+
+    /// The closure batch ended; `ticks` and `microtasks` closures ran in it.
+    #[inline]
+    pub(crate) fn closures_end(&self, ticks: u64, microtasks: u64) {
+        #[cfg(feature = "measure")]
+        if let Some(start) = self.tick_batch.take() {
+            self.slot.end();
+            let end = self.refresh();
+            let mut s = self.stats.borrow_mut();
+            s.tick_drain_ns += end.saturating_sub(start);
+            s.ticks += ticks;
+            s.microtasks += microtasks;
+        }
+        #[cfg(not(feature = "measure"))]
+        let _ = (ticks, microtasks);
+    }
+
+    /// The poll phase is about to block for `timeout` (None = forever).
+    #[inline]
+    pub(crate) fn before_block(&self, timeout: Option<Duration>) {
+        #[cfg(feature = "measure")]
+        if timeout != Some(Duration::ZERO) {
+            self.block_start.set(self.boundary_time());
+            self.slot.enter_idle();
+        }
+        #[cfg(not(feature = "measure"))]
+        let _ = timeout;
+    }
+
+    /// The poll phase returned from waiting with `events` events.
+    #[inline]
+    pub(crate) fn after_block(&self, timeout: Option<Duration>, events: usize) {
+        if timeout != Some(Duration::ZERO) {
+            let t = self.refresh();
+            #[cfg(feature = "measure")]
+            {
+                self.slot.leave_idle();
+                let idle = t.saturating_sub(self.block_start.get());
+                let mut s = self.stats.borrow_mut();
+                s.idle_ns += idle;
+                s.interval.idle_ns += idle;
+            }
+            #[cfg(not(feature = "measure"))]
+            let _ = t;
+        }
+        #[cfg(feature = "measure")]
+        {
+            let mut s = self.stats.borrow_mut();
+            s.events_total += events as u64;
+            s.events_per_poll.record(events as u64);
+        }
+        #[cfg(not(feature = "measure"))]
+        let _ = events;
+    }
+
+    /// One more event or completion dispatched in this poll phase (beyond the epoll batch).
+    #[inline]
+    pub(crate) fn extra_events(&self, n: usize) {
+        #[cfg(feature = "measure")]
+        {
+            self.stats.borrow_mut().events_total += n as u64;
+        }
+        #[cfg(not(feature = "measure"))]
+        let _ = n;
+    }
+}

@@ -1,0 +1,87 @@
+//! The run queue as the meter sees it: entries become runnable (`arrive`), leave without running
+//! (`cancel`) or start to run at a boundary (`depart`), and the queue length is integrated between
+//! boundaries.
+//!
+//! Invariants:
+//! - `runnable` counts the entries currently runnable, measurements on or off (the snapshot's
+//!   current run-queue length reads it).
+//! - Entries queued between two boundaries are counted from the second one, the same moment their
+//!   schedule delay starts, so Little's law (mean length = arrival rate × mean delay) holds by
+//!   construction for local wakes.
+
+use super::Meter;
+
+impl Meter {
+    /// An entry (task, main future, immediate) became runnable.
+    #[inline]
+    pub(crate) fn arrive(&self) {
+        self.runnable.set(self.runnable.get() + 1);
+        #[cfg(feature = "measure")]
+        {
+            let n = self.runnable.get();
+            let mut s = self.stats.borrow_mut();
+            s.arrivals += 1;
+            s.rq_max = s.rq_max.max(n);
+            s.interval.rq_max = s.interval.rq_max.max(n);
+        }
+    }
+
+    /// A runnable entry left the queue without running (cancelled or dropped).
+    #[inline]
+    pub(crate) fn cancel(&self) {
+        self.runnable.set(self.runnable.get() - 1);
+    }
+
+    /// Entries currently runnable.
+    #[inline]
+    pub(crate) fn runnable(&self) -> u64 {
+        self.runnable.get()
+    }
+
+    /// Samples the run-queue length at the start of a drain.
+    #[inline]
+    pub(crate) fn sample_run_queue(&self) {
+        #[cfg(feature = "measure")]
+        {
+            self.stats
+                .borrow_mut()
+                .rq_samples
+                .record(self.runnable.get());
+        }
+    }
+
+    /// A boundary: returns its time (the stamp for entries queued since the previous one) and
+    /// integrates the run-queue length up to it.
+    #[inline]
+    pub(crate) fn boundary(&self) -> u64 {
+        let t = self.boundary_time();
+        #[cfg(feature = "measure")]
+        {
+            let last = self.last_boundary.replace(t);
+            let n = self.runnable_at_boundary.replace(self.runnable.get());
+            if n > 0 && t > last {
+                let mut s = self.stats.borrow_mut();
+                let area = n as u128 * (t - last) as u128;
+                s.rq_integral += area;
+                s.interval.rq_integral += area;
+            }
+        }
+        t
+    }
+
+    /// A runnable entry queued at `queued_at` starts to run at boundary `t`.
+    #[inline]
+    pub(crate) fn depart(&self, queued_at: u64, t: u64) {
+        self.runnable.set(self.runnable.get() - 1);
+        #[cfg(feature = "measure")]
+        {
+            self.runnable_at_boundary.set(self.runnable.get());
+            self.stats
+                .borrow_mut()
+                .schedule_delay
+                .record(t.saturating_sub(queued_at));
+        }
+        #[cfg(not(feature = "measure"))]
+        let _ = (queued_at, t);
+    }
+}

@@ -1,0 +1,313 @@
+//! Every family the exposition can contain, as one `Desc` constant each: its name, help text,
+//! unit and type. The full exposed name (after the encoder's suffixes) is in each doc comment.
+//!
+//! Invariants:
+//! - `name` excludes the `_seconds` unit and the `_total` counter suffix: the encoder appends them
+//!   (`seconds: true` adds the unit, and its `# UNIT` line).
+//! - Names are unique and carry the `nodus_` prefix; a family's kind never changes between
+//!   snapshots (`SnapshotCollector::push` checks it in debug builds).
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// What one family is. `name` excludes the `_seconds` unit and the `_total` counter suffix:
+/// the encoder appends them.
+pub(super) struct Desc {
+    pub(super) name: &'static str,
+    pub(super) help: &'static str,
+    pub(super) seconds: bool,
+    pub(super) kind: Kind,
+}
+
+macro_rules! desc {
+    ($name:literal, $kind:ident, $seconds:literal, $help:literal) => {
+        Desc {
+            name: $name,
+            help: $help,
+            seconds: $seconds,
+            kind: Kind::$kind,
+        }
+    };
+}
+
+// Full exposed names in the comments.
+/// nodus_process_resident_memory_bytes
+pub(super) const RSS: Desc = desc!(
+    "nodus_process_resident_memory_bytes",
+    Gauge,
+    false,
+    "Resident memory of the process."
+);
+/// nodus_http_requests_total
+pub(super) const HTTP_REQUESTS: Desc = desc!(
+    "nodus_http_requests",
+    Counter,
+    false,
+    "HTTP responses sent, by status class."
+);
+/// nodus_http_request_duration_seconds
+pub(super) const HTTP_DURATION: Desc = desc!(
+    "nodus_http_request_duration",
+    Histogram,
+    true,
+    "Time from an HTTP request head being parsed to its response head being ready."
+);
+/// nodus_http_requests_in_flight
+pub(super) const HTTP_IN_FLIGHT: Desc = desc!(
+    "nodus_http_requests_in_flight",
+    Gauge,
+    false,
+    "HTTP requests being handled."
+);
+/// nodus_http_connections
+pub(super) const HTTP_CONNECTIONS: Desc = desc!(
+    "nodus_http_connections",
+    Gauge,
+    false,
+    "Open HTTP connections."
+);
+/// nodus_http_connections_accepted_total
+pub(super) const HTTP_CONNECTIONS_TOTAL: Desc = desc!(
+    "nodus_http_connections_accepted",
+    Counter,
+    false,
+    "HTTP connections accepted."
+);
+/// nodus_http_received_bytes_total
+pub(super) const HTTP_BYTES_IN: Desc = desc!(
+    "nodus_http_received_bytes",
+    Counter,
+    false,
+    "Bytes read from HTTP connections."
+);
+/// nodus_http_sent_bytes_total
+pub(super) const HTTP_BYTES_OUT: Desc = desc!(
+    "nodus_http_sent_bytes",
+    Counter,
+    false,
+    "Bytes written to HTTP connections."
+);
+/// nodus_task_schedule_delay_seconds
+pub(super) const SCHEDULE_DELAY: Desc = desc!(
+    "nodus_task_schedule_delay",
+    Histogram,
+    true,
+    "Time from a task being woken (or a callback queued) to it starting to run."
+);
+/// nodus_run_queue_length
+pub(super) const RUN_QUEUE: Desc = desc!(
+    "nodus_run_queue_length",
+    Gauge,
+    false,
+    "Run-queue length (runnable tasks and queued immediates) at the snapshot."
+);
+/// nodus_run_queue_length_mean
+pub(super) const RUN_QUEUE_MEAN: Desc = desc!(
+    "nodus_run_queue_length_mean",
+    Gauge,
+    false,
+    "Time-weighted mean run-queue length over the loop's lifetime."
+);
+/// nodus_run_queue_length_max
+pub(super) const RUN_QUEUE_MAX: Desc = desc!(
+    "nodus_run_queue_length_max",
+    Gauge,
+    false,
+    "Run-queue high-water mark over the last completed interval."
+);
+/// nodus_run_queue_length_samples
+pub(super) const RUN_QUEUE_SAMPLES: Desc = desc!(
+    "nodus_run_queue_length_samples",
+    Histogram,
+    false,
+    "Run-queue length sampled at the start of every drain."
+);
+/// nodus_run_queue_arrivals_total
+pub(super) const RUN_QUEUE_ARRIVALS: Desc = desc!(
+    "nodus_run_queue_arrivals",
+    Counter,
+    false,
+    "Entries that have entered the run queue."
+);
+/// nodus_loop_busy_seconds_total
+pub(super) const BUSY: Desc = desc!(
+    "nodus_loop_busy",
+    Counter,
+    true,
+    "Loop time not spent blocked in the poll phase."
+);
+/// nodus_loop_idle_seconds_total
+pub(super) const IDLE: Desc = desc!(
+    "nodus_loop_idle",
+    Counter,
+    true,
+    "Loop time blocked in the poll phase with a non-zero timeout."
+);
+/// nodus_loop_utilization
+pub(super) const UTILIZATION: Desc = desc!(
+    "nodus_loop_utilization",
+    Gauge,
+    false,
+    "Busy / (busy + idle) over the last completed interval."
+);
+/// nodus_timer_lateness_seconds
+pub(super) const TIMER_LATENESS: Desc = desc!(
+    "nodus_timer_lateness",
+    Histogram,
+    true,
+    "Fire time minus deadline of every timer."
+);
+/// nodus_task_poll_duration_seconds{task}
+pub(super) const TASK_POLL_DURATION: Desc = desc!(
+    "nodus_task_poll_duration",
+    Histogram,
+    true,
+    "Run time of each task poll or callback, by task name."
+);
+/// nodus_loop_poll_duration_seconds
+pub(super) const POLL_DURATION: Desc = desc!(
+    "nodus_loop_poll_duration",
+    Histogram,
+    true,
+    "Run time of every task poll and macrotask callback."
+);
+/// nodus_loop_iterations_total
+pub(super) const ITERATIONS: Desc =
+    desc!("nodus_loop_iterations", Counter, false, "Loop iterations.");
+/// nodus_loop_events_total
+pub(super) const EVENTS: Desc = desc!(
+    "nodus_loop_events",
+    Counter,
+    false,
+    "I/O events and completions dispatched in the poll phase."
+);
+/// nodus_loop_events_per_poll
+pub(super) const EVENTS_PER_POLL: Desc = desc!(
+    "nodus_loop_events_per_poll",
+    Histogram,
+    false,
+    "Events dispatched per poll phase."
+);
+/// nodus_loop_phase_seconds_total{phase}
+pub(super) const PHASE_SECONDS: Desc = desc!(
+    "nodus_loop_phase",
+    Counter,
+    true,
+    "Time spent in each loop phase."
+);
+/// nodus_loop_phase_callbacks_total{phase}
+pub(super) const PHASE_CALLBACKS: Desc = desc!(
+    "nodus_loop_phase_callbacks",
+    Counter,
+    false,
+    "Callbacks run in each loop phase."
+);
+/// nodus_task_polls_total{task}
+pub(super) const TASK_POLLS: Desc = desc!(
+    "nodus_task_polls",
+    Counter,
+    false,
+    "Task polls, by task name."
+);
+/// nodus_task_forced_yields_total{task}
+pub(super) const TASK_FORCED_YIELDS: Desc = desc!(
+    "nodus_task_forced_yields",
+    Counter,
+    false,
+    "Polls cut short by the cooperative budget, by task name."
+);
+/// nodus_tasks_spawned_total{task}
+pub(super) const TASKS_SPAWNED: Desc = desc!(
+    "nodus_tasks_spawned",
+    Counter,
+    false,
+    "Tasks spawned, by task name."
+);
+/// nodus_tasks_alive
+pub(super) const TASKS_ALIVE: Desc = desc!("nodus_tasks_alive", Gauge, false, "Tasks alive.");
+/// nodus_loop_slow_polls_total
+pub(super) const SLOW_POLLS: Desc = desc!(
+    "nodus_loop_slow_polls",
+    Counter,
+    false,
+    "Polls or callbacks longer than the slow-poll threshold."
+);
+/// nodus_loop_tick_drain_seconds_total
+pub(super) const TICK_DRAIN: Desc = desc!(
+    "nodus_loop_tick_drain",
+    Counter,
+    true,
+    "Time spent draining next-tick and microtask queues."
+);
+/// nodus_ticks_total
+pub(super) const TICKS: Desc = desc!("nodus_ticks", Counter, false, "Next-tick closures run.");
+/// nodus_microtasks_total
+pub(super) const MICROTASKS: Desc = desc!("nodus_microtasks", Counter, false, "Microtasks run.");
+/// nodus_stalls_recent
+pub(super) const STALLS_RECENT: Desc = desc!(
+    "nodus_stalls_recent",
+    Gauge,
+    false,
+    "Stalls kept in the watchdog's ring buffer for this loop."
+);
+/// nodus_stall_last_seconds
+pub(super) const STALL_LAST: Desc = desc!(
+    "nodus_stall_last",
+    Gauge,
+    true,
+    "Duration of the most recent stall (0 if none)."
+);
+/// nodus_uptime_seconds
+pub(super) const UPTIME: Desc = desc!(
+    "nodus_uptime",
+    Gauge,
+    true,
+    "Seconds since the loop was created."
+);
+
+/// nodus_pool_threads{pool}
+pub(super) const POOL_THREADS: Desc = desc!(
+    "nodus_pool_threads",
+    Gauge,
+    false,
+    "Worker threads of each pool."
+);
+/// nodus_pool_queue_depth{pool}
+pub(super) const POOL_QUEUE_DEPTH: Desc = desc!(
+    "nodus_pool_queue_depth",
+    Gauge,
+    false,
+    "Jobs waiting for a pool thread."
+);
+/// nodus_pool_queue_wait_seconds{pool}
+pub(super) const POOL_QUEUE_WAIT: Desc = desc!(
+    "nodus_pool_queue_wait",
+    Histogram,
+    true,
+    "Time from submitting a job to a pool thread starting it."
+);
+/// nodus_pool_run_seconds{pool}
+pub(super) const POOL_RUN: Desc = desc!(
+    "nodus_pool_run",
+    Histogram,
+    true,
+    "Run time of each pool job."
+);
+/// nodus_pool_busy_threads{pool}
+pub(super) const POOL_BUSY: Desc = desc!(
+    "nodus_pool_busy_threads",
+    Gauge,
+    false,
+    "Pool threads running a job."
+);
+/// nodus_pool_completed_total{pool}
+pub(super) const POOL_COMPLETED: Desc = desc!(
+    "nodus_pool_completed",
+    Counter,
+    false,
+    "Pool jobs run to the end."
+);

@@ -1,0 +1,285 @@
+//! Render tests: a fixed sample snapshot through `render` / `render_labeled`, checked line by
+//! line against the OpenMetrics text the encoder writes.
+
+use super::*;
+use crate::metrics::histogram::Histogram;
+use crate::metrics::snapshot::HistogramSnapshot;
+use crate::metrics::snapshot::{PhaseSnapshot, PoolSnapshot, StallReport, TaskClassSnapshot};
+
+fn hist(values: &[(u64, u64)]) -> HistogramSnapshot {
+    let mut h = Histogram::new();
+    for &(v, n) in values {
+        h.record_n(v, n);
+    }
+    h.snapshot()
+}
+
+fn sample() -> Snapshot {
+    let mut s = Snapshot {
+        pid: 7,
+        loop_id: 1,
+        uptime_seconds: 12.5,
+        ..Default::default()
+    };
+    let ls = &mut s.loop_stats;
+    ls.iterations = 42;
+    ls.busy_seconds = 1.5;
+    ls.idle_seconds = 10.25;
+    ls.interval_utilization = 0.125;
+    ls.events_total = 100;
+    // 500 ns x3 (bucket 496..=511), 800 us x2 (786432..=819199), 2 ms x1 (1966080..=2031615).
+    ls.schedule_delay = hist(&[(500, 3), (800_000, 2), (2_000_000, 1)]);
+    ls.poll_duration = hist(&[(1_500, 4)]);
+    ls.events_per_poll = hist(&[(0, 5), (3, 2), (40, 1)]);
+    ls.slow_polls_total = 2;
+    ls.tick_drain_seconds = 0.5;
+    ls.ticks_total = 9;
+    ls.microtasks_total = 11;
+    s.run_queue.current = 3;
+    s.run_queue.mean = 0.75;
+    s.run_queue.interval_max = 17;
+    s.run_queue.arrivals_total = 1000;
+    s.run_queue.samples = hist(&[(0, 10), (1, 4), (2, 3), (3, 2), (5000, 1)]);
+    s.tasks.alive = 4;
+    s.phases = vec![
+        PhaseSnapshot {
+            phase: "timers".into(),
+            seconds: 0.25,
+            callbacks: 6,
+        },
+        PhaseSnapshot {
+            phase: "poll".into(),
+            seconds: 1.0,
+            callbacks: 8,
+        },
+    ];
+    s.task_classes = vec![TaskClassSnapshot {
+        name: "http:static".into(),
+        spawned: 5,
+        polls: 50,
+        forced_yields: 1,
+        poll_duration: hist(&[(2_000, 50)]),
+    }];
+    s.stalls = vec![
+        StallReport {
+            elapsed_seconds: 0.2,
+            ..Default::default()
+        },
+        StallReport {
+            elapsed_seconds: 0.75,
+            ..Default::default()
+        },
+    ];
+    s
+}
+
+fn has_line(text: &str, line: &str) -> bool {
+    text.lines().any(|l| l == line)
+}
+
+#[track_caller]
+fn assert_lines(text: &str, lines: &[&str]) {
+    for line in lines {
+        assert!(has_line(text, line), "missing line {line:?} in:\n{text}");
+    }
+}
+
+#[test]
+fn renders_one_snapshot() {
+    let text = render(&sample());
+    assert_lines(
+        &text,
+        &[
+            "# HELP nodus_loop_iterations Loop iterations.",
+            "# TYPE nodus_loop_iterations counter",
+            "nodus_loop_iterations_total 42",
+            "# TYPE nodus_loop_busy_seconds counter",
+            "# UNIT nodus_loop_busy_seconds seconds",
+            "nodus_loop_busy_seconds_total 1.5",
+            "nodus_loop_idle_seconds_total 10.25",
+            "nodus_loop_utilization 0.125",
+            "nodus_loop_events_total 100",
+            "nodus_run_queue_length 3",
+            "nodus_run_queue_length_mean 0.75",
+            "nodus_run_queue_length_max 17",
+            "nodus_run_queue_arrivals_total 1000",
+            "nodus_tasks_alive 4",
+            "nodus_loop_slow_polls_total 2",
+            "nodus_loop_tick_drain_seconds_total 0.5",
+            "nodus_ticks_total 9",
+            "nodus_microtasks_total 11",
+            "nodus_stalls_recent 2",
+            "nodus_stall_last_seconds 0.75",
+            "nodus_uptime_seconds 12.5",
+            r#"nodus_loop_phase_seconds_total{phase="timers"} 0.25"#,
+            r#"nodus_loop_phase_callbacks_total{phase="poll"} 8"#,
+            r#"nodus_task_polls_total{task="http:static"} 50"#,
+            r#"nodus_task_forced_yields_total{task="http:static"} 1"#,
+            r#"nodus_tasks_spawned_total{task="http:static"} 5"#,
+            "# EOF",
+        ],
+    );
+    assert!(text.ends_with("# EOF\n"));
+}
+
+#[test]
+fn renders_histograms() {
+    let text = render(&sample());
+    // Schedule delay: 3 samples <= 1 us, 2 more <= 1 ms, 1 more <= 2.5 ms.
+    assert_lines(
+        &text,
+        &[
+            "# TYPE nodus_task_schedule_delay_seconds histogram",
+            "# UNIT nodus_task_schedule_delay_seconds seconds",
+            "nodus_task_schedule_delay_seconds_count 6",
+            "nodus_task_schedule_delay_seconds_sum 0.0036015",
+            r#"nodus_task_schedule_delay_seconds_bucket{le="0.000001"} 3"#,
+            r#"nodus_task_schedule_delay_seconds_bucket{le="0.0005"} 3"#,
+            r#"nodus_task_schedule_delay_seconds_bucket{le="0.001"} 5"#,
+            r#"nodus_task_schedule_delay_seconds_bucket{le="0.0025"} 6"#,
+            r#"nodus_task_schedule_delay_seconds_bucket{le="10.0"} 6"#,
+            r#"nodus_task_schedule_delay_seconds_bucket{le="+Inf"} 6"#,
+            // 2 us lands in 1984..=2047 ns: above 1 us, within 5 us.
+            r#"nodus_task_poll_duration_seconds_bucket{le="0.000001",task="http:static"} 0"#,
+            r#"nodus_task_poll_duration_seconds_bucket{le="0.000005",task="http:static"} 50"#,
+            r#"nodus_task_poll_duration_seconds_count{task="http:static"} 50"#,
+            "nodus_loop_poll_duration_seconds_count 4",
+            // Unitless: exact below 32; 40 is in 40..=41, within le=64; 5000 only in +Inf.
+            r#"nodus_run_queue_length_samples_bucket{le="0.0"} 10"#,
+            r#"nodus_run_queue_length_samples_bucket{le="1.0"} 14"#,
+            r#"nodus_run_queue_length_samples_bucket{le="2.0"} 17"#,
+            r#"nodus_run_queue_length_samples_bucket{le="4.0"} 19"#,
+            r#"nodus_run_queue_length_samples_bucket{le="4096.0"} 19"#,
+            r#"nodus_run_queue_length_samples_bucket{le="+Inf"} 20"#,
+            "nodus_run_queue_length_samples_sum 5016.0",
+            r#"nodus_loop_events_per_poll_bucket{le="4.0"} 7"#,
+            r#"nodus_loop_events_per_poll_bucket{le="32.0"} 7"#,
+            r#"nodus_loop_events_per_poll_bucket{le="64.0"} 8"#,
+        ],
+    );
+    // 21 bucket lines per `_seconds` histogram, 15 per unitless one.
+    let count = |prefix: &str| text.lines().filter(|l| l.starts_with(prefix)).count();
+    assert_eq!(count("nodus_task_schedule_delay_seconds_bucket{"), 21);
+    assert_eq!(count("nodus_run_queue_length_samples_bucket{"), 15);
+}
+
+#[test]
+fn empty_snapshot_renders_zeros() {
+    let text = render(&Snapshot::default());
+    assert_lines(
+        &text,
+        &[
+            "nodus_loop_iterations_total 0",
+            "nodus_stall_last_seconds 0.0",
+            "nodus_task_schedule_delay_seconds_count 0",
+            r#"nodus_task_schedule_delay_seconds_bucket{le="+Inf"} 0"#,
+        ],
+    );
+    // No task classes and no phases: those families are left out entirely.
+    assert!(!text.contains("nodus_task_poll_duration_seconds"));
+    assert!(!text.contains("nodus_loop_phase_seconds"));
+}
+
+#[test]
+fn one_type_line_per_family_across_workers() {
+    let a = sample();
+    let mut b = sample();
+    b.loop_stats.iterations = 7;
+    let w = |n: &str| vec![("worker".to_owned(), n.to_owned())];
+    let text = render_labeled(&[(w("1"), &a), (w("2"), &b)]);
+
+    let mut types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE ")).collect();
+    let n = types.len();
+    types.sort_unstable();
+    types.dedup();
+    assert_eq!(types.len(), n, "a family's TYPE line appears twice");
+    assert_eq!(
+        n,
+        render(&a)
+            .lines()
+            .filter(|l| l.starts_with("# TYPE "))
+            .count()
+    );
+
+    assert_lines(
+        &text,
+        &[
+            r#"nodus_loop_iterations_total{worker="1"} 42"#,
+            r#"nodus_loop_iterations_total{worker="2"} 7"#,
+            r#"nodus_task_polls_total{worker="1",task="http:static"} 50"#,
+            r#"nodus_task_polls_total{worker="2",task="http:static"} 50"#,
+            r#"nodus_task_schedule_delay_seconds_bucket{le="0.001",worker="2"} 5"#,
+            r#"nodus_task_poll_duration_seconds_count{worker="1",task="http:static"} 50"#,
+        ],
+    );
+    // Each family's series are contiguous: worker 2's iterations follow worker 1's.
+    let lines: Vec<&str> = text.lines().collect();
+    let i = lines
+        .iter()
+        .position(|l| l.starts_with("nodus_loop_iterations_total{worker=\"1\"}"))
+        .unwrap();
+    assert!(lines[i + 1].starts_with("nodus_loop_iterations_total{worker=\"2\"}"));
+    assert_eq!(text.matches("# EOF").count(), 1);
+}
+
+#[test]
+fn escapes_label_values() {
+    let mut s = Snapshot::default();
+    s.task_classes.push(TaskClassSnapshot {
+        name: "a\"b\\c\nd".into(),
+        polls: 3,
+        ..Default::default()
+    });
+    let text = render_labeled(&[(vec![("worker".into(), "w\"1".into())], &s)]);
+    assert_lines(
+        &text,
+        &[r#"nodus_task_polls_total{worker="w\"1",task="a\"b\\c\nd"} 3"#],
+    );
+}
+
+#[test]
+fn renders_pools_with_a_pool_label() {
+    let mut s = sample();
+    for (name, completed) in [("io", 1600), ("cpu", 3)] {
+        s.pools.push(PoolSnapshot {
+            pool: name.into(),
+            threads: 4,
+            queue_depth: 2,
+            busy_threads: 1,
+            completed_total: completed,
+            queue_wait: hist(&[(500, 2)]),
+            run: hist(&[(800_000, 1)]),
+            ..Default::default()
+        });
+    }
+    let text = render(&s);
+    assert_lines(
+        &text,
+        &[
+            "# TYPE nodus_pool_queue_depth gauge",
+            r#"nodus_pool_queue_depth{pool="io"} 2"#,
+            r#"nodus_pool_busy_threads{pool="cpu"} 1"#,
+            r#"nodus_pool_threads{pool="io"} 4"#,
+            "# TYPE nodus_pool_completed counter",
+            r#"nodus_pool_completed_total{pool="io"} 1600"#,
+            r#"nodus_pool_completed_total{pool="cpu"} 3"#,
+            "# TYPE nodus_pool_queue_wait_seconds histogram",
+            r#"nodus_pool_queue_wait_seconds_bucket{le="0.000001",pool="io"} 2"#,
+            r#"nodus_pool_queue_wait_seconds_count{pool="cpu"} 2"#,
+            r#"nodus_pool_run_seconds_bucket{le="0.001",pool="io"} 1"#,
+            r#"nodus_pool_run_seconds_count{pool="io"} 1"#,
+        ],
+    );
+    // Without pools, no pool family is written.
+    assert!(!render(&sample()).contains("nodus_pool_"));
+}
+
+#[test]
+fn collector_registers_in_a_larger_registry() {
+    let s = sample();
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(SnapshotCollector::new(&[(vec![], &s)])));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert_eq!(text, render(&s));
+}

@@ -1,0 +1,247 @@
+//! The stall watchdog: one process-wide thread that reports a task poll or callback that has been
+//! running too long *while it is still running* (DESIGN.md section 3). Node, tokio and asyncio only
+//! see a slow poll after it returns, so an infinite loop in a callback is never reported there.
+//!
+//! How it works:
+//! - Every loop owns a `LoopSlot` and publishes in it which task it is polling and since when
+//!   (`LoopSlot::begin` / `LoopSlot::end`). The slot is a seqlock: `begin` makes the sequence odd,
+//!   writes the record, then makes it even with a release store; the watchdog reads the record and
+//!   keeps it only if the sequence was even and unchanged around the reads. The loop never waits
+//!   and never makes a syscall: a slot update is a handful of plain stores on x86-64.
+//! - The watchdog thread (`nodus-watchdog`, started by the first `register`) scans all slots. While
+//!   any loop is busy it sleeps until the earliest moment an in-progress poll reaches its threshold
+//!   (or its next backoff report), and never longer than a tick (10 ms, or half the smallest
+//!   threshold), because a new poll starts without telling it. While every loop is blocked in epoll
+//!   (`LoopSlot::enter_idle`) it parks; `LoopSlot::leave_idle` unparks it only if it is parked.
+//! - A stall is reported (one `tracing` warning, target `nodus::watchdog`) at the threshold, then at
+//!   2x, 4x, 8x... the threshold while it lasts, at most about 10 reports per second across all
+//!   stalls; suppressed reports are counted in the next one. The last 64 stalls stay in a ring
+//!   buffer ([`recent_stalls`]); an ongoing one is updated in place at every tick and when it ends.
+//!
+//! Why a thread and not a signal (Seastar arms a per-thread timer signal): a handler runs on the
+//! stalled thread itself, so it interrupts the syscall a blocked loop is in (`EINTR` or a restart:
+//! the program's behaviour changes), is not delivered at all in an uninterruptible sleep (D), and
+//! must be async-signal-safe: it may not allocate, lock or log, so it could not write a report.
+//! A thread perturbs nothing: it reads the slot and the loop thread's scheduler state from outside.
+//!
+//! How a stall is classified (on-CPU, blocked in a syscall, waiting for a CPU) from the loop
+//! thread's `schedstat` and `stat` is explained in `proc`.
+//!
+//! Invariants:
+//! - `begin`, `end`, `enter_idle` and `leave_idle` run on the loop thread and never allocate, lock
+//!   or make a syscall, except `leave_idle` unparking a parked watchdog (once per idle period).
+//! - `start_ns == 0` in a slot means no poll is in progress (`begin` stores at least 1).
+//! - Only the watchdog thread reports stalls, reads `/proc`, and writes the ring buffer.
+//! - `ACTIVITY` (one word: busy-loop count + parked bit) is the only state shared by all loops; it
+//!   is touched once per `enter_idle`/`leave_idle`, i.e. when a loop is about to block anyway.
+//! - Like any thread, the watchdog does not survive a `fork` without exec.
+//!
+//! Layout: this file holds the public API (`register`, [`recent_stalls`], [`StallReport`],
+//! [`StallClass`]), the ring buffer and the state shared by the loops and the watchdog thread
+//! (`ACTIVITY`, the pending registrations); `slot` is the seqlock `LoopSlot` the loop writes;
+//! `thread` is the watchdog thread (scan, observe, backoff, rate limit, report messages); `proc`
+//! reads `/proc` and classifies a stall.
+
+// With the `measure` feature off (the overhead benchmark only) this is compiled but not used.
+#![cfg_attr(not(feature = "measure"), allow(dead_code))]
+
+mod proc;
+mod slot;
+mod thread;
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::thread::Thread;
+
+use serde::{Deserialize, Serialize};
+
+pub(crate) use slot::LoopSlot;
+use slot::{IDLE, REGISTERED};
+
+/// Stalls kept in the ring buffer.
+const RING_CAPACITY: usize = 64;
+
+/// Bit 63: the watchdog is parked. Low bits: live registered slots not in `enter_idle`.
+static ACTIVITY: AtomicU64 = AtomicU64::new(0);
+const PARKED: u64 = 1 << 63;
+/// The watchdog thread, once started (`None` if it could not be spawned).
+static WATCHDOG: OnceLock<Option<Thread>> = OnceLock::new();
+/// Slots registered since the watchdog's last scan.
+static PENDING: Mutex<Vec<Weak<LoopSlot>>> = Mutex::new(Vec::new());
+static RING: Mutex<Ring> = Mutex::new(Ring::new());
+
+/// One stall, as kept in the ring buffer and serialized in snapshots.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StallReport {
+    pub loop_id: u64,
+    pub task_id: u64,
+    pub task_name: String,
+    /// "file:line:col" of the spawn / scheduling site.
+    pub location: String,
+    /// How long the poll had been running at the latest observation (a lower bound once ended).
+    pub elapsed_seconds: f64,
+    /// "on-cpu" | "blocked-in-syscall" | "waiting-for-cpu" | "unknown" ([`StallClass::as_str`]).
+    pub class: String,
+    /// Fraction of the stall window the loop thread was on a CPU.
+    pub on_cpu_share: f64,
+    /// Fraction of the stall window the loop thread was runnable but waiting for a CPU.
+    pub waiting_for_cpu_share: f64,
+    /// Wall-clock time of the first report, milliseconds since the Unix epoch.
+    pub at_unix_ms: u64,
+    pub ongoing: bool,
+    /// How long the poll had been running when the watchdog first reported it.
+    pub detected_after_seconds: f64,
+    /// Warnings logged for this stall (the first one and the backoff repeats that the rate limit let
+    /// through).
+    pub reports: u32,
+}
+
+/// What the loop thread was doing during a stall.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StallClass {
+    /// Running: CPU-bound code in the poll.
+    OnCpu,
+    /// Sleeping in the kernel (state S or D), or off-CPU most of the window without waiting for one.
+    BlockedInSyscall,
+    /// Runnable but kept off the CPU by other threads for at least 30 % of the window.
+    WaitingForCpu,
+    /// `/proc` could not be read, or the window was too short to tell on-CPU from waiting.
+    Unknown,
+}
+
+impl StallClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StallClass::OnCpu => "on-cpu",
+            StallClass::BlockedInSyscall => "blocked-in-syscall",
+            StallClass::WaitingForCpu => "waiting-for-cpu",
+            StallClass::Unknown => "unknown",
+        }
+    }
+}
+
+impl std::fmt::Display for StallClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Registers a loop's slot with the watchdog thread (starting it if needed). Call it on the loop
+/// thread, like `LoopSlot::new`. The watchdog holds a `Weak`: a dropped loop is pruned at its next
+/// scan. An unregistered slot costs the same but is never watched and never wakes the watchdog.
+pub(crate) fn register(slot: &Arc<LoopSlot>) {
+    debug_assert_eq!(
+        rustix::thread::gettid().as_raw_pid(),
+        slot.tid,
+        "register a slot on its loop thread"
+    );
+    let flags = slot.flags.load(Ordering::Relaxed);
+    if flags & REGISTERED != 0 {
+        return;
+    }
+    slot.flags.store(flags | REGISTERED, Ordering::Relaxed);
+    if flags & IDLE == 0 {
+        ACTIVITY.fetch_add(1, Ordering::AcqRel);
+    }
+    lock(&PENDING).push(Arc::downgrade(slot));
+    let thread = WATCHDOG.get_or_init(|| {
+        match std::thread::Builder::new()
+            .name("nodus-watchdog".into())
+            .spawn(thread::run)
+        {
+            Ok(handle) => Some(handle.thread().clone()),
+            Err(err) => {
+                tracing::error!(
+                    target: "nodus::watchdog",
+                    "cannot start the watchdog thread: {err}; stalls will not be reported"
+                );
+                None
+            }
+        }
+    });
+    if let Some(thread) = thread {
+        thread.unpark();
+    }
+}
+
+/// The most recent stalls (last 64, process-wide), oldest first. Ongoing ones have `ongoing: true`.
+pub fn recent_stalls() -> Vec<StallReport> {
+    lock(&RING).entries.iter().map(|(_, r)| r.clone()).collect()
+}
+
+/// The most recent stalls of one loop, oldest first.
+pub fn recent_stalls_for(loop_id: u64) -> Vec<StallReport> {
+    lock(&RING)
+        .entries
+        .iter()
+        .filter(|(_, r)| r.loop_id == loop_id)
+        .map(|(_, r)| r.clone())
+        .collect()
+}
+
+#[cold]
+fn wake_parked_watchdog() {
+    // Only the caller that clears the bit unparks, so a burst of loops waking costs one unpark.
+    if ACTIVITY.fetch_and(!PARKED, Ordering::AcqRel) & PARKED != 0
+        && let Some(Some(thread)) = WATCHDOG.get()
+    {
+        thread.unpark();
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // These locks guard plain data updates only; a panic cannot leave the data torn.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+struct Ring {
+    /// (id, report); ids are consecutive, so an id's index is `id - front id`.
+    entries: VecDeque<(u64, StallReport)>,
+    next_id: u64,
+}
+
+impl Ring {
+    const fn new() -> Ring {
+        Ring {
+            entries: VecDeque::new(),
+            next_id: 0,
+        }
+    }
+
+    fn push(&mut self, report: StallReport) -> u64 {
+        if self.entries.len() == RING_CAPACITY {
+            self.entries.pop_front();
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.entries.push_back((id, report));
+        id
+    }
+
+    /// Updates the changing fields of entry `id` in place (without allocating), if still held.
+    fn update(&mut self, id: u64, report: &StallReport) {
+        let Some(&(front, _)) = self.entries.front() else {
+            return;
+        };
+        let Some((_, entry)) = usize::try_from(id.wrapping_sub(front))
+            .ok()
+            .and_then(|index| self.entries.get_mut(index))
+        else {
+            return;
+        };
+        entry.elapsed_seconds = report.elapsed_seconds;
+        if entry.class != report.class {
+            entry.class.clear();
+            entry.class.push_str(&report.class);
+        }
+        entry.on_cpu_share = report.on_cpu_share;
+        entry.waiting_for_cpu_share = report.waiting_for_cpu_share;
+        entry.ongoing = report.ongoing;
+        entry.reports = report.reports;
+    }
+}
+
+#[cfg(test)]
+mod tests;

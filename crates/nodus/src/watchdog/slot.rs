@@ -1,0 +1,257 @@
+//! `LoopSlot`: a loop's published "what am I running since when" record, read by the watchdog
+//! thread, and the loop's side of the busy/idle count that lets the watchdog park.
+//!
+//! The slot is a seqlock: `begin` makes the sequence odd, writes the record, then makes it even
+//! with a release store; the watchdog (`read`) keeps a record only if the sequence was even and
+//! unchanged around its loads. The loop never waits and never makes a syscall: a slot update is a
+//! handful of plain stores on x86-64.
+//!
+//! Invariants:
+//! - `begin`, `end`, `enter_idle` and `leave_idle` run on the loop thread (the single writer) and
+//!   never allocate, lock or make a syscall, except `leave_idle` unparking a parked watchdog (once
+//!   per idle period).
+//! - `start_ns == 0` means no poll is in progress (`begin` stores at least 1).
+//! - A registered slot counts once in `ACTIVITY` while not idle; `flags` (`IDLE` | `REGISTERED`)
+//!   records which, so the count stays balanced through `enter_idle`/`leave_idle` and `drop`.
+//! - The name and location pointers always come from a `&'static str` and a
+//!   `&'static Location<'static>`, which is what makes `read`'s `unsafe` sound.
+
+use std::panic::Location;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering, fence};
+use std::time::Duration;
+
+use super::{ACTIVITY, PARKED, wake_parked_watchdog};
+
+/// Thresholds below this are raised to it: shorter polls are the slow-poll log's business.
+const MIN_THRESHOLD_NS: u64 = 10_000_000;
+/// Attempts at a consistent slot read before giving up until the next tick.
+const READ_RETRIES: u32 = 64;
+
+/// A loop's published "what am I running since when" record, read by the watchdog thread.
+#[repr(align(64))]
+pub(crate) struct LoopSlot {
+    pub(super) loop_id: u64,
+    pub(super) tid: i32,
+    pub(super) threshold_ns: u64,
+    /// Seqlock sequence: odd while `begin` writes the fields below.
+    seq: AtomicU64,
+    task_id: AtomicU64,
+    name_ptr: AtomicPtr<u8>,
+    name_len: AtomicUsize,
+    location: AtomicPtr<Location<'static>>,
+    /// Poll start (`now_ns`), 0 when no poll is in progress.
+    start_ns: AtomicU64,
+    /// `IDLE` | `REGISTERED`, written by the loop thread only (plain loads and stores). The slot
+    /// counts in `ACTIVITY` while registered and not idle.
+    pub(super) flags: AtomicU8,
+}
+
+pub(super) const IDLE: u8 = 1;
+pub(super) const REGISTERED: u8 = 2;
+
+/// A consistent read of a slot.
+pub(super) enum SlotRead {
+    Idle,
+    Poll(PollView),
+    /// The loop was writing the slot at every attempt (it was preempted mid-`begin`).
+    Torn,
+}
+
+#[derive(Clone, Copy)]
+pub(super) struct PollView {
+    /// The (even) sequence `begin` left: identifies this poll.
+    pub(super) seq: u64,
+    pub(super) task_id: u64,
+    pub(super) name: &'static str,
+    pub(super) location: &'static Location<'static>,
+    pub(super) start_ns: u64,
+}
+
+impl LoopSlot {
+    /// Called on the loop thread at loop creation; records the loop thread's tid. A threshold below
+    /// 10 ms is raised to 10 ms (shorter slow polls are the slow-poll log's business).
+    pub(crate) fn new(loop_id: u64, threshold: Duration) -> Arc<LoopSlot> {
+        let threshold_ns = u64::try_from(threshold.as_nanos()).unwrap_or(u64::MAX);
+        Arc::new(LoopSlot {
+            loop_id,
+            tid: rustix::thread::gettid().as_raw_pid(),
+            threshold_ns: threshold_ns.max(MIN_THRESHOLD_NS),
+            seq: AtomicU64::new(0),
+            task_id: AtomicU64::new(0),
+            name_ptr: AtomicPtr::new("".as_ptr().cast_mut()),
+            name_len: AtomicUsize::new(0),
+            location: AtomicPtr::new(std::ptr::from_ref(Location::caller()).cast_mut()),
+            start_ns: AtomicU64::new(0),
+            flags: AtomicU8::new(0),
+        })
+    }
+
+    /// Loop thread, at the start of every task poll or macrotask callback.
+    #[inline]
+    pub(crate) fn begin(
+        &self,
+        task_id: u64,
+        name: &'static str,
+        location: &'static Location<'static>,
+        start_ns: u64,
+    ) {
+        // Single writer: the loop thread, so a relaxed load of our own last store is exact.
+        let seq = self.seq.load(Ordering::Relaxed);
+        self.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
+        // Orders the odd sequence before the field stores (pairs with the reader's acquire fence).
+        fence(Ordering::Release);
+        self.task_id.store(task_id, Ordering::Relaxed);
+        self.name_ptr
+            .store(name.as_ptr().cast_mut(), Ordering::Relaxed);
+        self.name_len.store(name.len(), Ordering::Relaxed);
+        self.location
+            .store(std::ptr::from_ref(location).cast_mut(), Ordering::Relaxed);
+        self.start_ns.store(start_ns.max(1), Ordering::Relaxed);
+        self.seq.store(seq.wrapping_add(2), Ordering::Release);
+    }
+
+    /// Loop thread, when that poll/callback returns.
+    #[inline]
+    pub(crate) fn end(&self) {
+        // One field, so no seqlock round: a reader sees either the poll or "none in progress".
+        self.start_ns.store(0, Ordering::Release);
+    }
+
+    /// Loop thread, just before blocking in epoll with a non-zero timeout. (A registered loop that
+    /// is neither idle nor running keeps the watchdog ticking every 10 ms.)
+    #[inline]
+    pub(crate) fn enter_idle(&self) {
+        let flags = self.flags.load(Ordering::Relaxed);
+        if flags & IDLE == 0 {
+            self.flags.store(flags | IDLE, Ordering::Relaxed);
+            if flags & REGISTERED != 0 {
+                ACTIVITY.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Loop thread, just after that epoll returns. One atomic RMW unless the watchdog is parked.
+    #[inline]
+    pub(crate) fn leave_idle(&self) {
+        let flags = self.flags.load(Ordering::Relaxed);
+        if flags & IDLE != 0 {
+            self.flags.store(flags & !IDLE, Ordering::Relaxed);
+            // The count and the parked bit share a word, so the watchdog's "park if nobody is
+            // busy" CAS and this increment are totally ordered: one of the two sees the other.
+            if flags & REGISTERED != 0 && ACTIVITY.fetch_add(1, Ordering::AcqRel) & PARKED != 0 {
+                wake_parked_watchdog();
+            }
+        }
+    }
+
+    pub(super) fn read(&self) -> SlotRead {
+        for _ in 0..READ_RETRIES {
+            let seq = self.seq.load(Ordering::Acquire);
+            if seq & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let task_id = self.task_id.load(Ordering::Relaxed);
+            let name_ptr = self.name_ptr.load(Ordering::Relaxed);
+            let name_len = self.name_len.load(Ordering::Relaxed);
+            let location = self.location.load(Ordering::Relaxed);
+            let start_ns = self.start_ns.load(Ordering::Relaxed);
+            // Orders the field loads before the re-check (pairs with `begin`'s release fence).
+            fence(Ordering::Acquire);
+            if self.seq.load(Ordering::Relaxed) != seq {
+                continue;
+            }
+            if start_ns == 0 {
+                return SlotRead::Idle;
+            }
+            // SAFETY: the sequence was even and unchanged around the loads, so no `begin` overlapped
+            // them and the pointer/length pair and the location come from one `begin` call (or from
+            // `new`). There they were a `&'static str` and a `&'static Location<'static>`: valid
+            // UTF-8, never freed, and published by the release store of `seq` we acquired above.
+            let (name, location) = unsafe {
+                (
+                    std::str::from_utf8_unchecked(std::slice::from_raw_parts(name_ptr, name_len)),
+                    &*location,
+                )
+            };
+            return SlotRead::Poll(PollView {
+                seq,
+                task_id,
+                name,
+                location,
+                start_ns,
+            });
+        }
+        SlotRead::Torn
+    }
+}
+
+impl Drop for LoopSlot {
+    fn drop(&mut self) {
+        if *self.flags.get_mut() == REGISTERED {
+            ACTIVITY.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::now_ns;
+    use crate::watchdog::tests::{ID_BASE, MS, serial};
+    use std::sync::atomic::AtomicBool;
+    use std::thread;
+
+    #[test]
+    fn seqlock_reads_are_consistent() {
+        let _serial = serial();
+        // A writer flips between two records as fast as it can; every read must be one of them.
+        static A: &str = "alpha";
+        static B: &str = "a-much-longer-name";
+        let la: &'static Location<'static> = Location::caller();
+        let lb: &'static Location<'static> = Location::caller();
+        let slot = LoopSlot::new(ID_BASE + 6, Duration::from_millis(100));
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (slot, stop) = (slot.clone(), stop.clone());
+            thread::spawn(move || {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    if i.is_multiple_of(2) {
+                        slot.begin(2, A, la, i);
+                    } else {
+                        slot.begin(3, B, lb, i);
+                    }
+                    if i.is_multiple_of(7) {
+                        slot.end();
+                    }
+                }
+            })
+        };
+        let (mut polls, mut idles) = (0, 0);
+        let deadline = now_ns() + 200 * MS;
+        while now_ns() < deadline {
+            match slot.read() {
+                SlotRead::Poll(v) => {
+                    polls += 1;
+                    let ok = (v.task_id == 2
+                        && v.name == A
+                        && std::ptr::eq(v.location, la)
+                        && v.start_ns % 2 == 0)
+                        || (v.task_id == 3
+                            && v.name == B
+                            && std::ptr::eq(v.location, lb)
+                            && v.start_ns % 2 == 1);
+                    assert!(ok, "torn read: {} {} {}", v.task_id, v.name, v.start_ns);
+                }
+                SlotRead::Idle => idles += 1,
+                SlotRead::Torn => {}
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        writer.join().unwrap();
+        assert!(polls > 0, "{polls} polls, {idles} idle reads");
+    }
+}
