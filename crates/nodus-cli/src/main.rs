@@ -3,9 +3,13 @@
 //! - `nodus serve [DIR]`: an HTTP server for DIR's static files, with admin endpoints under
 //!   `/_nodus/` (metrics, healthz, readyz, stats, and a live page).
 //!
-//! `run` (supervise any program as a cluster) and `top` (a live view) come with the cluster.
+//! - `nodus top [ADDR]`: a live terminal dashboard of a running server, fed by its
+//!   `/_nodus/stats` (`--once` prints one plain-text frame).
+//!
+//! `run` (supervise any program as a cluster) comes with the cluster.
 
 mod serve;
+mod top;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -31,6 +35,14 @@ struct Cli {
 enum Command {
     /// Serve DIR's files over HTTP, with admin endpoints under /_nodus/.
     Serve(ServeArgs),
+    /// Live terminal dashboard of a running nodus server or cluster (reads ADDR's /_nodus/stats).
+    ///
+    /// One row per worker: pid, uptime, restarts, utilization, timer lateness p99, schedule
+    /// delay p50/p99, run-queue mean and max, open connections, requests/s, RSS; sparklines of
+    /// utilization and lateness; pool queues and waits; recent stalls. Keys: q quit, p pause,
+    /// s sort, up/down select, enter detail, esc back. Figures that are rates or "recent" cover
+    /// the refresh interval.
+    Top(top::TopArgs),
 }
 
 #[derive(clap::Args)]
@@ -91,6 +103,7 @@ fn main() {
         .with_ansi(color)
         .init();
     let code = match cli.command {
+        Command::Top(args) => top::run(args),
         Command::Serve(args) => {
             if args.workers != 1 {
                 eprintln!(

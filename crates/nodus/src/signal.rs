@@ -17,7 +17,9 @@ use std::task::{Context, Poll};
 
 use signal_hook_mio::v1_0::Signals as PipeSignals;
 
-pub use signal_hook::consts::signal::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
+pub use signal_hook::consts::signal::{
+    SIGHUP, SIGINT, SIGKILL, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2,
+};
 
 use crate::io::coop::poll_proceed;
 use crate::io::reactor::{IoState, READABLE};

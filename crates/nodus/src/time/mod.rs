@@ -79,11 +79,11 @@ fn arm(
     location: &'static Location<'static>,
 ) -> Timer {
     with_core(api, |core| {
-        let deadline = core.meter.now().saturating_add(delay);
+        let now = core.meter.now();
         let key = core
             .timers
             .borrow_mut()
-            .insert(deadline, repeat, action, true, location);
+            .insert(now, delay, repeat, action, true, location);
         core.ref_handle();
         Timer {
             key,

@@ -1,17 +1,26 @@
-//! The timer queue: a binary min-heap of `(deadline, seq)` over slab-stored timers.
+//! The timer queue: Node's design, one FIFO list per distinct delay and a small min-heap over
+//! the lists' heads, with the timers themselves in a slab.
+//!
+//! Timers of one delay are armed in deadline order (deadlines count from a clock that does not go
+//! backwards), so appending keeps each list sorted, and the heap holds one entry per distinct
+//! delay (about a thousand for a million timers of 0–999 ms) instead of one per timer: arming
+//! is O(1), firing touches memory sequentially.
 //!
 //! Invariants:
 //! - Firing order is `(deadline, seq)`; `seq` increases with every (re)arm, so equal deadlines
-//!   fire in insertion order and a re-armed interval goes behind timers already queued.
-//! - The slab entry is the truth; a heap entry whose slab entry is gone or has another `seq` is
-//!   a tombstone, skipped when it reaches the top. Cancelling is O(1) and takes effect at once.
-//! - Tombstones never outnumber live entries by much: past half the heap, it is rebuilt, so the
-//!   heap stays bounded by the live timer count even when keep-alive timeouts are reset at a high
-//!   rate.
+//!   fire in insertion order and a re-armed interval goes behind timers already queued. A list
+//!   stays sorted by `(deadline, seq)`: the rare out-of-order arm (a deadline based on an older
+//!   clock read) is inserted in place from the back.
+//! - Each non-empty list is in the heap exactly once (`List::heap_pos`), keyed by its front item;
+//!   an emptied list leaves the heap and the table.
+//! - The slab entry is the truth; a list item whose slab entry is gone or has another `seq` is a
+//!   tombstone, skipped when it reaches the front. Cancelling is O(1) and takes effect at once.
+//!   Past twice as many tombstones as live timers, every list is compacted.
 //! - A firing interval's callback is taken out of its slab entry while it runs (so a callback
 //!   can clear its own interval) and put back only if the entry was not cleared meanwhile.
 //! - Nothing here runs user code or drops callbacks on its own: removed entries are returned.
 
+use std::collections::{HashMap, VecDeque};
 use std::panic::Location;
 use std::task::Waker;
 
@@ -49,32 +58,47 @@ pub(crate) struct TimerEntry {
     pub(crate) location: &'static Location<'static>,
 }
 
+/// One armed timer in a list (a tombstone once its entry is gone or re-armed).
 #[derive(Clone, Copy)]
-struct HeapEntry {
+struct Item {
     deadline: u64,
     seq: u64,
     key: u32,
 }
 
-impl HeapEntry {
+impl Item {
     #[inline]
-    fn before(&self, other: &HeapEntry) -> bool {
+    fn before(&self, other: &Item) -> bool {
         (self.deadline, self.seq) < (other.deadline, other.seq)
     }
 }
 
+/// The timers of one delay, in firing order.
+struct List {
+    delay: u64,
+    items: VecDeque<Item>,
+    heap_pos: usize,
+}
+
 pub(crate) struct TimerQueue {
-    heap: Vec<HeapEntry>,
     entries: Slab<TimerEntry>,
+    lists: Slab<List>,
+    by_delay: HashMap<u64, usize>,
+    /// List keys, a min-heap by each list's front item.
+    heap: Vec<usize>,
     next_seq: u64,
+    tombstones: usize,
 }
 
 impl TimerQueue {
     pub(crate) fn new() -> Self {
         TimerQueue {
-            heap: Vec::new(),
             entries: Slab::new(),
+            lists: Slab::new(),
+            by_delay: HashMap::new(),
+            heap: Vec::new(),
             next_seq: 0,
+            tombstones: 0,
         }
     }
 
@@ -83,15 +107,18 @@ impl TimerQueue {
         self.entries.len()
     }
 
+    /// Arms a timer for `base + delay`.
     pub(crate) fn insert(
         &mut self,
-        deadline: u64,
+        base: u64,
+        delay: u64,
         repeat: u64,
         action: TimerAction,
         refd: bool,
         location: &'static Location<'static>,
     ) -> TimerKey {
         let seq = self.bump_seq();
+        let deadline = base.saturating_add(delay);
         let key = self.entries.insert(TimerEntry {
             id: seq,
             seq,
@@ -102,7 +129,7 @@ impl TimerQueue {
             location,
         });
         let key = u32::try_from(key).expect("nodus: more than 4 billion live timers");
-        self.push_heap(HeapEntry { deadline, seq, key });
+        self.push_item(delay, Item { deadline, seq, key });
         TimerKey { key, id: seq }
     }
 
@@ -120,61 +147,48 @@ impl TimerQueue {
     pub(crate) fn remove(&mut self, k: TimerKey) -> Option<TimerEntry> {
         self.get(k)?;
         let e = self.entries.remove(k.key as usize);
-        self.maybe_compact();
+        if !matches!(e.action, TimerAction::Running) {
+            // A running interval's item already left its list.
+            self.tombstones += 1;
+            self.maybe_compact();
+        }
         Some(e)
-    }
-
-    /// Re-arms a live timer for `deadline` with a new position in the order.
-    pub(crate) fn rearm(&mut self, k: TimerKey, deadline: u64) -> bool {
-        let seq = self.bump_seq();
-        let Some(e) = self.get_mut(k) else {
-            return false;
-        };
-        e.seq = seq;
-        e.deadline = deadline;
-        self.push_heap(HeapEntry {
-            deadline,
-            seq,
-            key: k.key,
-        });
-        self.maybe_compact();
-        true
     }
 
     /// The earliest live deadline.
     pub(crate) fn next_deadline(&mut self) -> Option<u64> {
         self.skip_tombstones();
-        self.heap.first().map(|h| h.deadline)
+        let list = *self.heap.first()?;
+        self.lists[list].items.front().map(|i| i.deadline)
     }
 
     /// Takes the next timer due at `now`: a one-shot timer leaves the queue; an interval stays
     /// (its action becomes `Running`) and must be finished with `finish_interval`.
     pub(crate) fn pop_due(&mut self, now: u64) -> Option<(TimerKey, Fired)> {
         self.skip_tombstones();
-        let top = *self.heap.first()?;
-        if top.deadline > now {
+        let list = *self.heap.first()?;
+        let front = *self.lists[list].items.front()?;
+        if front.deadline > now {
             return None;
         }
-        self.pop_heap();
-        let e = &mut self.entries[top.key as usize];
+        self.pop_front_of_top();
+        let e = &mut self.entries[front.key as usize];
         let k = TimerKey {
-            key: top.key,
+            key: front.key,
             id: e.id,
         };
         if e.repeat > 0 {
             let action = std::mem::replace(&mut e.action, TimerAction::Running);
-            Some((
-                k,
-                Fired {
-                    deadline: e.deadline,
-                    action,
-                    location: e.location,
-                    refd: e.refd,
-                    stays: true,
-                },
-            ))
+            let fired = Fired {
+                deadline: e.deadline,
+                action,
+                location: e.location,
+                refd: e.refd,
+                stays: true,
+            };
+            Some((k, fired))
         } else {
-            let e = self.entries.remove(top.key as usize);
+            let e = self.entries.remove(front.key as usize);
             Some((
                 k,
                 Fired {
@@ -196,19 +210,31 @@ impl TimerQueue {
         callback: Box<dyn FnMut()>,
         base: u64,
     ) -> Option<Box<dyn FnMut()>> {
+        let seq = self.bump_seq();
         let Some(e) = self.get_mut(k) else {
             return Some(callback);
         };
         e.action = TimerAction::Callback(callback);
-        let deadline = base.saturating_add(e.repeat);
-        // The heap entry was popped when the interval fired: a rearm pushes a fresh one.
-        self.rearm(k, deadline);
+        e.seq = seq;
+        e.deadline = base.saturating_add(e.repeat);
+        let (delay, deadline) = (e.repeat, e.deadline);
+        self.push_item(
+            delay,
+            Item {
+                deadline,
+                seq,
+                key: k.key,
+            },
+        );
         None
     }
 
     /// Removes every timer (shutdown).
     pub(crate) fn take_all(&mut self) -> Vec<TimerEntry> {
         self.heap.clear();
+        self.lists.clear();
+        self.by_delay.clear();
+        self.tombstones = 0;
         self.entries.drain().collect()
     }
 
@@ -217,81 +243,154 @@ impl TimerQueue {
         self.next_seq
     }
 
-    fn is_live(&self, h: &HeapEntry) -> bool {
+    fn is_live(&self, i: &Item) -> bool {
         self.entries
-            .get(h.key as usize)
-            .is_some_and(|e| e.seq == h.seq)
+            .get(i.key as usize)
+            .is_some_and(|e| e.seq == i.seq && !matches!(e.action, TimerAction::Running))
     }
 
+    /// Appends `item` to its delay's list (in place if it is out of order).
+    fn push_item(&mut self, delay: u64, item: Item) {
+        let list = match self.by_delay.get(&delay) {
+            Some(&l) => l,
+            None => {
+                let l = self.lists.insert(List {
+                    delay,
+                    items: VecDeque::new(),
+                    heap_pos: usize::MAX,
+                });
+                self.by_delay.insert(delay, l);
+                l
+            }
+        };
+        let items = &mut self.lists[list].items;
+        let at = items
+            .iter()
+            .rposition(|i| !item.before(i))
+            .map_or(0, |p| p + 1);
+        items.insert(at, item);
+        let pos = self.lists[list].heap_pos;
+        if pos == usize::MAX {
+            self.heap.push(list);
+            let last = self.heap.len() - 1;
+            self.lists[list].heap_pos = last;
+            self.sift_up(last);
+        } else if at == 0 {
+            self.sift_up(pos);
+        }
+    }
+
+    /// Drops dead items at the fronts of the earliest lists.
     fn skip_tombstones(&mut self) {
-        while let Some(top) = self.heap.first() {
-            if self.is_live(top) {
+        while let Some(&list) = self.heap.first() {
+            let front = *self.lists[list]
+                .items
+                .front()
+                .expect("lists in the heap are not empty");
+            if self.is_live(&front) {
                 return;
             }
-            self.pop_heap();
+            self.tombstones -= 1;
+            self.pop_front_of_top();
         }
     }
 
-    fn maybe_compact(&mut self) {
-        if self.heap.len() > 64 && self.heap.len() > 2 * self.entries.len() {
-            let live: Vec<HeapEntry> = self
-                .heap
-                .iter()
-                .copied()
-                .filter(|h| self.is_live(h))
-                .collect();
-            self.heap = live;
-            for i in (0..self.heap.len() / 2).rev() {
-                self.sift_down(i);
+    /// Removes the front item of the heap's top list and restores the heap.
+    fn pop_front_of_top(&mut self) {
+        let list = self.heap[0];
+        self.lists[list].items.pop_front();
+        if self.lists[list].items.is_empty() {
+            let l = self.lists.remove(list);
+            self.by_delay.remove(&l.delay);
+            let last = self.heap.pop().expect("the top list is in the heap");
+            if !self.heap.is_empty() {
+                self.heap[0] = last;
+                self.lists[last].heap_pos = 0;
+                self.sift_down(0);
             }
-        }
-    }
-
-    /// Sift-up with a hole: one write per level instead of a swap.
-    fn push_heap(&mut self, h: HeapEntry) {
-        let mut i = self.heap.len();
-        self.heap.push(h);
-        while i > 0 {
-            let parent = (i - 1) / 2;
-            if !h.before(&self.heap[parent]) {
-                break;
-            }
-            self.heap[i] = self.heap[parent];
-            i = parent;
-        }
-        self.heap[i] = h;
-    }
-
-    fn pop_heap(&mut self) {
-        let last = self.heap.pop().expect("pop_heap on an empty heap");
-        if !self.heap.is_empty() {
-            self.heap[0] = last;
+        } else {
             self.sift_down(0);
         }
     }
 
-    /// Sift-down with a hole: one write per level instead of a swap.
+    fn front(&self, list: usize) -> Item {
+        *self.lists[list]
+            .items
+            .front()
+            .expect("lists in the heap are not empty")
+    }
+
+    fn sift_up(&mut self, mut i: usize) {
+        let list = self.heap[i];
+        let key = self.front(list);
+        while i > 0 {
+            let parent = (i - 1) / 2;
+            if !key.before(&self.front(self.heap[parent])) {
+                break;
+            }
+            self.heap[i] = self.heap[parent];
+            self.lists[self.heap[i]].heap_pos = i;
+            i = parent;
+        }
+        self.heap[i] = list;
+        self.lists[list].heap_pos = i;
+    }
+
     fn sift_down(&mut self, mut i: usize) {
         let n = self.heap.len();
-        let h = self.heap[i];
+        let list = self.heap[i];
+        let key = self.front(list);
         loop {
             let l = 2 * i + 1;
             if l >= n {
                 break;
             }
             let r = l + 1;
-            let child = if r < n && self.heap[r].before(&self.heap[l]) {
+            let child = if r < n && self.front(self.heap[r]).before(&self.front(self.heap[l])) {
                 r
             } else {
                 l
             };
-            if !self.heap[child].before(&h) {
+            if !self.front(self.heap[child]).before(&key) {
                 break;
             }
             self.heap[i] = self.heap[child];
+            self.lists[self.heap[i]].heap_pos = i;
             i = child;
         }
-        self.heap[i] = h;
+        self.heap[i] = list;
+        self.lists[list].heap_pos = i;
+    }
+
+    /// Drops every tombstone once they outnumber live timers twice over.
+    fn maybe_compact(&mut self) {
+        if self.tombstones <= 64 || self.tombstones <= 2 * self.entries.len() {
+            return;
+        }
+        let keys: Vec<usize> = self.lists.iter().map(|(k, _)| k).collect();
+        for list in keys {
+            let mut items = std::mem::take(&mut self.lists[list].items);
+            items.retain(|i| self.is_live(i));
+            self.lists[list].items = items;
+        }
+        let empty: Vec<usize> = self
+            .lists
+            .iter()
+            .filter(|(_, l)| l.items.is_empty())
+            .map(|(k, _)| k)
+            .collect();
+        for list in empty {
+            let l = self.lists.remove(list);
+            self.by_delay.remove(&l.delay);
+        }
+        self.heap = self.lists.iter().map(|(k, _)| k).collect();
+        for (pos, &list) in self.heap.iter().enumerate() {
+            self.lists[list].heap_pos = pos;
+        }
+        for i in (0..self.heap.len() / 2).rev() {
+            self.sift_down(i);
+        }
+        self.tombstones = 0;
     }
 }
 
@@ -321,10 +420,10 @@ mod tests {
     fn fires_in_deadline_then_insertion_order() {
         let mut q = TimerQueue::new();
         let here = Location::caller();
-        let a = q.insert(30, 0, cb(), true, here);
-        let b = q.insert(10, 0, cb(), true, here);
-        let c = q.insert(10, 0, cb(), true, here);
-        let d = q.insert(5, 0, cb(), true, here);
+        let a = q.insert(0, 30, 0, cb(), true, here);
+        let b = q.insert(0, 10, 0, cb(), true, here);
+        let c = q.insert(0, 10, 0, cb(), true, here);
+        let d = q.insert(0, 5, 0, cb(), true, here);
         assert_eq!(q.next_deadline(), Some(5));
         assert_eq!(drain(&mut q, 10), vec![d, b, c]);
         assert_eq!(drain(&mut q, 29), vec![]);
@@ -336,13 +435,17 @@ mod tests {
     fn cancelled_timers_never_fire_and_the_heap_stays_bounded() {
         let mut q = TimerQueue::new();
         let here = Location::caller();
-        let keep = q.insert(1_000_000, 0, cb(), true, here);
+        let keep = q.insert(0, 1_000_000, 0, cb(), true, here);
         for i in 0..10_000 {
-            let k = q.insert(500 + i, 0, cb(), true, here);
+            let k = q.insert(0, 500 + i, 0, cb(), true, here);
             assert!(q.remove(k).is_some());
             assert!(q.remove(k).is_none());
         }
-        assert!(q.heap.len() <= 130, "heap grew to {}", q.heap.len());
+        assert!(
+            q.lists.len() <= 130 && q.heap.len() <= 130,
+            "{} lists",
+            q.lists.len()
+        );
         assert_eq!(drain(&mut q, u64::MAX), vec![keep]);
     }
 
@@ -350,14 +453,14 @@ mod tests {
     fn interval_rearms_behind_equal_deadlines() {
         let mut q = TimerQueue::new();
         let here = Location::caller();
-        let iv = q.insert(10, 10, cb(), true, here);
-        let t = q.insert(10, 0, cb(), true, here);
+        let iv = q.insert(0, 10, 10, cb(), true, here);
+        let t = q.insert(0, 10, 0, cb(), true, here);
         let (k, fired) = q.pop_due(10).unwrap();
         assert_eq!(k, iv);
         let TimerAction::Callback(f) = fired.action else {
             panic!("not a callback")
         };
-        let other = q.insert(20, 0, cb(), true, here);
+        let other = q.insert(0, 20, 0, cb(), true, here);
         assert!(q.finish_interval(k, f, 10).is_none());
         let order = drain(&mut q, 20);
         assert_eq!(order[0], t);
@@ -368,7 +471,7 @@ mod tests {
     #[test]
     fn interval_cleared_while_running_is_not_rearmed() {
         let mut q = TimerQueue::new();
-        let iv = q.insert(10, 10, cb(), true, Location::caller());
+        let iv = q.insert(0, 10, 10, cb(), true, Location::caller());
         let (k, fired) = q.pop_due(10).unwrap();
         assert!(q.remove(k).is_some());
         let TimerAction::Callback(f) = fired.action else {
@@ -377,5 +480,57 @@ mod tests {
         assert!(q.finish_interval(iv, f, 10).is_some());
         assert_eq!(q.len(), 0);
         assert_eq!(q.next_deadline(), None);
+    }
+}
+
+#[cfg(test)]
+mod list_tests {
+    use super::*;
+
+    fn cb() -> TimerAction {
+        TimerAction::Once(Box::new(|| {}))
+    }
+
+    #[test]
+    fn order_across_lists_and_out_of_order_arms_within_a_list() {
+        let mut q = TimerQueue::new();
+        let here = Location::caller();
+        // Same delay, the second armed from an older clock read: it must still fire first.
+        let late = q.insert(100, 10, 0, cb(), true, here);
+        let early = q.insert(95, 10, 0, cb(), true, here);
+        let other = q.insert(0, 104, 0, cb(), true, here);
+        let tie = q.insert(100, 10, 0, cb(), true, here);
+        let order: Vec<TimerKey> =
+            std::iter::from_fn(|| q.pop_due(u64::MAX).map(|(k, _)| k)).collect();
+        assert_eq!(order, [other, early, late, tie]);
+        assert!(q.lists.is_empty() && q.heap.is_empty() && q.by_delay.is_empty());
+    }
+
+    #[test]
+    fn random_delays_and_cancellations_fire_in_order() {
+        let mut q = TimerQueue::new();
+        let here = Location::caller();
+        let mut x: u64 = 0x9e3779b97f4a7c15;
+        let mut keys = Vec::new();
+        for base in 0..200_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let k = q.insert(base, (x % 1000) * 1_000_000, 0, cb(), true, here);
+            if x % 7 == 0 {
+                keys.push(k);
+            }
+        }
+        for k in &keys {
+            assert!(q.remove(*k).is_some());
+        }
+        let mut last = (0, 0);
+        let mut n = 0;
+        while let Some((k, fired)) = q.pop_due(u64::MAX) {
+            assert!((fired.deadline, k.id) >= last, "out of order");
+            last = (fired.deadline, k.id);
+            n += 1;
+        }
+        assert_eq!(n + keys.len(), 200_000);
     }
 }

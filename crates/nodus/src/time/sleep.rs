@@ -20,6 +20,8 @@ use crate::rt::context::{try_with_core, with_core};
 #[must_use = "futures do nothing unless awaited"]
 pub struct Sleep {
     deadline: u64,
+    /// The delay it was made with (timers of one delay share a list in the queue).
+    delay: u64,
     key: Option<TimerKey>,
     /// The loop whose queue holds `key`.
     loop_id: u64,
@@ -35,6 +37,7 @@ pub fn sleep(delay: impl IntoDelay) -> Sleep {
     let delay = delay.into_delay_ns();
     Sleep {
         deadline: loop_now().saturating_add(delay),
+        delay,
         key: None,
         loop_id: 0,
         refd: true,
@@ -81,6 +84,7 @@ impl Sleep {
         let delay = delay.into_delay_ns();
         self.cancel();
         self.deadline = loop_now().saturating_add(delay);
+        self.delay = delay;
         self.fired = false;
     }
 
@@ -134,8 +138,14 @@ impl Future for Sleep {
                 None => {
                     this.loop_id = core.loop_id();
                     let action = TimerAction::Wake(Some(cx.waker().clone()));
-                    this.key =
-                        Some(timers.insert(this.deadline, 0, action, this.refd, this.location));
+                    this.key = Some(timers.insert(
+                        this.deadline - this.delay,
+                        this.delay,
+                        0,
+                        action,
+                        this.refd,
+                        this.location,
+                    ));
                     drop(timers);
                     if this.refd {
                         core.ref_handle();

@@ -1,0 +1,109 @@
+//! `nodus top --once`: one plain-text frame on stdout.
+//!
+//! A second fetch is made `--interval` after the first so that utilization, requests/s and the
+//! recent percentiles cover that interval, exactly as one refresh of the dashboard would. Layout:
+//!
+//! ```text
+//! nodus top · 127.0.0.1:8080 · single process · Sat, 21 Nov 2026 15:20:01 GMT · over 1s
+//! PID     UPTIME RST UTIL% LATE99 SCHD50 SCHD99 RQAVG RQMAX  CONN  REQ/S    RSS
+//! 4242       12s   0   0.3 1.07ms 3.81µs 61.4µs  0.00     1     1    4.0      –
+//!
+//!   pools: POOL   THREADS  BUSY  QUEUE  WAIT99  DONE/S
+//!   ...
+//!   stalls: none
+//! ```
+//!
+//! Only worker lines start with a digit (the pid); every figure is the same as on the dashboard.
+
+use std::fmt::Write as _;
+use std::time::{Instant, SystemTime};
+
+use super::view::{COLUMNS, cells, describe, fmt_ago, fmt_ns, fmt_rate};
+use super::{App, fetch_stats};
+
+/// Takes the second sample, prints the frame; returns the exit code.
+pub fn run(mut app: App) -> i32 {
+    std::thread::sleep(app.interval);
+    match fetch_stats(&app.target) {
+        Ok(stats) => app.model.update(stats, Instant::now()),
+        Err(e) => {
+            eprintln!("nodus top: cannot read {}: {e}", app.target.url());
+            return 1;
+        }
+    }
+    print!("{}", render(&app));
+    0
+}
+
+/// The frame as text.
+fn render(app: &App) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "nodus top · {} · {} · {} · over {}s",
+        app.target.authority,
+        describe(&app.model),
+        httpdate::fmt_http_date(SystemTime::now()),
+        app.interval.as_secs_f64()
+    );
+    let line = |cols: [String; 12]| {
+        let mut l = String::new();
+        for (i, (c, (_, w))) in cols.iter().zip(COLUMNS).enumerate() {
+            let w = w as usize;
+            if i == 0 {
+                let _ = write!(l, "{c:<w$}");
+            } else {
+                let _ = write!(l, " {c:>w$}");
+            }
+        }
+        l.trim_end().to_string()
+    };
+    let _ = writeln!(out, "{}", line(COLUMNS.map(|(h, _)| h.to_string())));
+    for r in app.model.sorted(app.sort) {
+        let _ = writeln!(out, "{}", line(cells(r)));
+    }
+    out.push('\n');
+    let pools = app.model.pools(None);
+    if pools.is_empty() {
+        out.push_str("  pools: none\n");
+    } else {
+        let _ = writeln!(
+            out,
+            "  pools: {:<6} {:>7} {:>5} {:>6} {:>7} {:>7}",
+            "POOL", "THREADS", "BUSY", "QUEUE", "WAIT99", "DONE/S"
+        );
+        for p in pools {
+            let _ = writeln!(
+                out,
+                "         {:<6} {:>7} {:>5} {:>6} {:>7} {:>7}",
+                p.pool,
+                p.threads,
+                p.busy,
+                p.queue_depth,
+                p.wait_p99.map_or("–".into(), fmt_ns),
+                p.completed_per_s.map_or("–".into(), fmt_rate)
+            );
+        }
+    }
+    let stalls = app.model.stalls(None);
+    if stalls.is_empty() {
+        out.push_str("  stalls: none\n");
+    } else {
+        out.push_str("  stalls (newest first):\n");
+        for s in stalls.iter().take(10) {
+            let st = &s.stall;
+            let _ = writeln!(
+                out,
+                "    {} ago pid {} {} at {} took {} {}{}",
+                fmt_ago(st.at_unix_ms),
+                s.pid,
+                st.task_name,
+                st.location,
+                fmt_ns((st.elapsed_seconds * 1e9) as u64),
+                st.class,
+                if st.ongoing { " (ongoing)" } else { "" }
+            );
+        }
+    }
+    out
+}

@@ -1,0 +1,662 @@
+//! `nodus top` end to end: `--once` against a real `nodus serve` and against a fake 2-worker
+//! cluster stats server, the dashboard under a pseudo-terminal at 80×24 (keys, `q`, Ctrl-C and
+//! SIGTERM all leave the terminal restored), and the `/_nodus/` page in headless Chromium.
+//!
+//! The fake cluster is a std `TcpListener` thread answering every request with the cluster shape
+//! (`{"workers": [...], "restarts", "budget_left", "generation"}`); each answer advances its
+//! counters by a known amount, so the rates `top` derives from two fetches are known exactly.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+use nodus::metrics::{Histogram, HistogramSnapshot, PoolSnapshot, Snapshot, StallReport};
+use serde_json::Value;
+
+const NODUS: &str = env!("CARGO_BIN_EXE_nodus");
+
+/// A running `nodus serve` of an empty temporary directory on 127.0.0.1:0.
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+    dir: PathBuf,
+}
+
+impl Server {
+    fn start(tag: &str) -> Server {
+        let dir = std::env::temp_dir().join(format!("nodus-top-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("index.html"), "hello\n").unwrap();
+        let mut child = Command::new(NODUS)
+            .arg("serve")
+            .arg(&dir)
+            .args(["--listen", "127.0.0.1:0"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, rx) = mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let addr = loop {
+            match rx.recv_timeout(Duration::from_secs(20)) {
+                Ok(line) => {
+                    if let Some(rest) = line.split("on http://").nth(1) {
+                        break rest.split('/').next().unwrap().parse().unwrap();
+                    }
+                }
+                Err(e) => {
+                    let _ = child.kill();
+                    panic!("nodus serve printed no startup line: {e}");
+                }
+            }
+        };
+        Server { child, addr, dir }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// GET `path` (Connection: close); the body of a 200 response.
+fn get(addr: SocketAddr, path: &str) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let end = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(!head.contains("chunked"), "{head}");
+    raw[end + 4..].to_vec()
+}
+
+fn top_once(addr: &str, interval: &str) -> Output {
+    Command::new(NODUS)
+        .args(["top", "--once", "--interval", interval, addr])
+        .output()
+        .unwrap()
+}
+
+/// The worker lines of a `--once` frame (the lines starting with a digit), split in columns.
+fn worker_lines(stdout: &str) -> Vec<Vec<String>> {
+    stdout
+        .lines()
+        .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()))
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .collect()
+}
+
+/// Index of a column in the `--once` column line.
+fn col(stdout: &str, name: &str) -> usize {
+    let header = stdout.lines().find(|l| l.starts_with("PID")).unwrap();
+    header.split_whitespace().position(|c| c == name).unwrap()
+}
+
+/// A duration cell (`850ns`, `9.99µs`, `1.50ms`, `1.23s`) in ns.
+fn parse_ns(cell: &str) -> f64 {
+    for (unit, scale) in [("ns", 1.0), ("µs", 1e3), ("ms", 1e6), ("s", 1e9)] {
+        if let Some(v) = cell.strip_suffix(unit) {
+            return v.parse::<f64>().unwrap() * scale;
+        }
+    }
+    panic!("not a duration: {cell}");
+}
+
+/// An uptime cell (`45s`, `1m05s`) in seconds.
+fn parse_uptime(cell: &str) -> f64 {
+    match cell.split_once('m') {
+        Some((m, s)) => {
+            m.parse::<f64>().unwrap() * 60.0 + s.trim_end_matches('s').parse::<f64>().unwrap()
+        }
+        None => cell.trim_end_matches('s').parse().unwrap(),
+    }
+}
+
+fn within(got: f64, want: f64, what: &str) {
+    let tol = (want.abs() * 0.10).max(1e-9);
+    assert!(
+        (got - want).abs() <= tol,
+        "{what}: top shows {got}, stats say {want}"
+    );
+}
+
+#[test]
+fn once_against_a_real_serve_shows_its_pid_and_its_figures() {
+    let server = Server::start("once");
+    // Some traffic and a few seconds of uptime, so the figures are not all zero.
+    for _ in 0..20 {
+        get(server.addr, "/");
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let url = format!("http://{}/_nodus/", server.addr);
+    let out = top_once(&url, "0.2");
+    let stats: Value = serde_json::from_slice(&get(server.addr, "/_nodus/stats")).unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.starts_with("nodus top"), "{stdout}");
+    let rows = worker_lines(&stdout);
+    assert_eq!(rows.len(), 1, "{stdout}");
+    let row = &rows[0];
+    assert_eq!(row[0], server.pid().to_string(), "{stdout}");
+    assert_eq!(stats["pid"].as_u64(), Some(server.pid() as u64));
+    let uptime = parse_uptime(&row[col(&stdout, "UPTIME")]);
+    within(
+        uptime,
+        stats["uptime_seconds"].as_f64().unwrap().floor(),
+        "uptime",
+    );
+    let util: f64 = row[col(&stdout, "UTIL%")].parse().unwrap();
+    assert!((0.0..=100.0).contains(&util), "{stdout}");
+    // Its own connection is the only one open, at both moments.
+    assert_eq!(
+        row[col(&stdout, "CONN")],
+        stats["http"]["connections_open"].to_string()
+    );
+    // RSS from the snapshot (`123M`; KiB below 1 MiB).
+    let rss = &row[col(&stdout, "RSS")];
+    let rss_mib: f64 = match rss.strip_suffix('M') {
+        Some(m) => m.parse().unwrap(),
+        None => rss.strip_suffix('K').unwrap().parse::<f64>().unwrap() / 1024.0,
+    };
+    let want = stats["rss_bytes"].as_f64().unwrap() / 1048576.0;
+    assert!(
+        (rss_mib - want).abs() <= (want * 0.10).max(1.0),
+        "RSS {rss} vs {want} MiB"
+    );
+}
+
+/// Serves the fake cluster; returns its address and the number of answers given so far.
+fn fake_cluster() -> (SocketAddr, Arc<AtomicU64>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let served = Arc::new(AtomicU64::new(0));
+    let count = Arc::clone(&served);
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            let n = count.fetch_add(1, Ordering::SeqCst);
+            let body = cluster_doc(n).to_string();
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+                 Connection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (addr, served)
+}
+
+const PIDS: [u32; 2] = [31_001, 31_002];
+
+fn hist(values: &[(u64, u64)]) -> HistogramSnapshot {
+    let mut h = Histogram::new();
+    for &(v, n) in values {
+        h.record_n(v, n);
+    }
+    h.snapshot()
+}
+
+/// The document of the fake cluster's `n`-th answer: each answer is 1 s later, worker `i` has
+/// served 100·(i+1) more requests and been busy a quarter (worker 0) or half (worker 1) of it.
+fn cluster_doc(n: u64) -> Value {
+    let workers: Vec<Value> = PIDS
+        .iter()
+        .enumerate()
+        .map(|(i, &pid)| {
+            let i = i as u64;
+            let mut s = Snapshot {
+                pid,
+                loop_id: 1,
+                uptime_seconds: 125.0 + n as f64,
+                taken_at_unix_ms: 1_800_000_000_000 + n * 1000,
+                ..Snapshot::default()
+            };
+            let busy_share = [0.25, 0.5][i as usize];
+            s.loop_stats.busy_seconds = 10.0 + n as f64 * busy_share;
+            s.loop_stats.idle_seconds = 90.0 + n as f64 * (1.0 - busy_share);
+            s.loop_stats.interval_seconds = 1.0;
+            s.loop_stats.interval_utilization = busy_share;
+            s.loop_stats.timer_lateness = hist(&[(1_000_000 * (i + 1), 980), (20_000_000, 20)]);
+            s.loop_stats.schedule_delay =
+                hist(&[(5_000, 500), (40_000 * (i + 1), 490), (900_000, 10)]);
+            s.run_queue.interval_mean = 1.5 + i as f64;
+            s.run_queue.interval_max = 7 + i;
+            s.http.connections_open = 11 + i;
+            s.http.responses_by_class = [0, 5_000 + n * 100 * (i + 1), 0, 0, 0];
+            s.pools = vec![PoolSnapshot {
+                pool: "io".into(),
+                threads: 4,
+                queue_depth: 3,
+                busy_threads: 4,
+                completed_total: 1_000 + n * 50,
+                queue_wait: hist(&[(2_000_000, 100)]),
+                ..PoolSnapshot::default()
+            }];
+            s.stalls = vec![StallReport {
+                task_name: "http:static".into(),
+                location: "crates/app/src/slow.rs:12:5".into(),
+                elapsed_seconds: 0.25,
+                class: "on-cpu".into(),
+                at_unix_ms: 1_800_000_000_000,
+                ..StallReport::default()
+            }];
+            serde_json::json!({
+                "worker": i,
+                "pid": pid,
+                "restarts": 2 * i,
+                "rss_bytes": (50 + 10 * i) << 20,
+                "snapshot": s,
+            })
+        })
+        .collect();
+    serde_json::json!({ "workers": workers, "restarts": 2, "budget_left": 3, "generation": 4 })
+}
+
+#[test]
+fn once_against_a_two_worker_cluster_shows_both_pids_and_matching_figures() {
+    let (addr, served) = fake_cluster();
+    let out = top_once(&addr.to_string(), "0.2");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let header = stdout.lines().next().unwrap();
+    assert!(
+        header.contains("2 workers") && header.contains("gen 4"),
+        "{header}"
+    );
+    assert!(header.contains("budget 3"), "{header}");
+    // The document as it was at top's second fetch.
+    let doc = cluster_doc(served.load(Ordering::SeqCst) - 1);
+    let rows = worker_lines(&stdout);
+    assert_eq!(rows.len(), 2, "{stdout}");
+    for (i, w) in doc["workers"].as_array().unwrap().iter().enumerate() {
+        let row = rows
+            .iter()
+            .find(|r| r[0].parse::<u64>().ok() == w["pid"].as_u64())
+            .unwrap_or_else(|| {
+                panic!("pid {} not shown:\n{stdout}", w["pid"]);
+            });
+        let s = &w["snapshot"];
+        let ls = &s["loop_stats"];
+        let cell = |name: &str| row[col(&stdout, name)].as_str();
+        let num = |name: &str| cell(name).parse::<f64>().unwrap();
+        within(
+            parse_uptime(cell("UPTIME")),
+            s["uptime_seconds"].as_f64().unwrap(),
+            "uptime",
+        );
+        assert_eq!(cell("RST"), w["restarts"].to_string());
+        within(num("UTIL%"), [25.0, 50.0][i], "utilization");
+        within(
+            parse_ns(cell("LATE99")),
+            ls["timer_lateness"]["p99"].as_f64().unwrap(),
+            "lateness p99",
+        );
+        within(
+            parse_ns(cell("SCHD50")),
+            ls["schedule_delay"]["p50"].as_f64().unwrap(),
+            "sched p50",
+        );
+        within(
+            parse_ns(cell("SCHD99")),
+            ls["schedule_delay"]["p99"].as_f64().unwrap(),
+            "sched p99",
+        );
+        within(
+            num("RQAVG"),
+            s["run_queue"]["interval_mean"].as_f64().unwrap(),
+            "run queue mean",
+        );
+        within(
+            num("RQMAX"),
+            s["run_queue"]["interval_max"].as_f64().unwrap(),
+            "run queue max",
+        );
+        within(
+            num("CONN"),
+            s["http"]["connections_open"].as_f64().unwrap(),
+            "connections",
+        );
+        within(num("REQ/S"), 100.0 * (i + 1) as f64, "requests/s");
+        assert_eq!(cell("RSS"), format!("{}M", 50 + 10 * i));
+    }
+    // Pools summed over the workers; the stalls of both.
+    assert!(stdout.contains("io           8     8      6"), "{stdout}");
+    assert_eq!(
+        stdout
+            .matches("http:static at crates/app/src/slow.rs:12:5")
+            .count(),
+        2,
+        "{stdout}"
+    );
+}
+
+#[test]
+fn once_against_an_unreachable_address_is_one_line_and_fails() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let out = top_once(&format!("127.0.0.1:{port}"), "0.2");
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty());
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("cannot read") && stderr.contains(&port.to_string()),
+        "{stderr}"
+    );
+    let out = top_once("https://127.0.0.1:1", "1");
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// A pseudo-terminal: the master side, and the slave's path.
+struct Pty {
+    master: std::fs::File,
+    slave: PathBuf,
+}
+
+fn open_pty(cols: u16, rows: u16) -> Pty {
+    // SAFETY: plain libc calls on a descriptor this function owns.
+    unsafe {
+        let fd = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY);
+        assert!(fd >= 0, "posix_openpt: {}", std::io::Error::last_os_error());
+        let master = OwnedFd::from_raw_fd(fd);
+        assert_eq!(libc::grantpt(fd), 0);
+        assert_eq!(libc::unlockpt(fd), 0);
+        let mut name = [0 as libc::c_char; 128];
+        assert_eq!(libc::ptsname_r(fd, name.as_mut_ptr(), name.len()), 0);
+        let slave = std::ffi::CStr::from_ptr(name.as_ptr())
+            .to_str()
+            .unwrap()
+            .into();
+        let ws = libc::winsize {
+            ws_row: rows,
+            ws_col: cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        assert_eq!(libc::ioctl(fd, libc::TIOCSWINSZ, &ws), 0);
+        Pty {
+            master: master.into(),
+            slave,
+        }
+    }
+}
+
+/// Runs `nodus top ADDR` on a fresh 80×24 pty; returns the child, the slave (kept open to read
+/// its modes afterwards) and everything the child writes.
+fn top_on_pty(addr: &str) -> (Child, std::fs::File, Arc<Mutex<Vec<u8>>>, std::fs::File) {
+    let pty = open_pty(80, 24);
+    let slave = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&pty.slave)
+        .unwrap();
+    let mut cmd = Command::new(NODUS);
+    cmd.args(["top", "--interval", "0.2", addr])
+        .env("TERM", "xterm-256color")
+        .stdin(slave.try_clone().unwrap())
+        .stdout(slave.try_clone().unwrap())
+        .stderr(slave.try_clone().unwrap());
+    // SAFETY: setsid and ioctl are async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&seen);
+    let mut reader = pty.master.try_clone().unwrap();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 8192];
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock().unwrap().extend_from_slice(&buf[..n]);
+        }
+    });
+    (child, pty.master, seen, slave)
+}
+
+/// The screen an 80×24 terminal shows after `bytes`: enough of a VT100 for what crossterm
+/// writes (cursor moves, erase, alternate screen; styles are ignored).
+fn screen(bytes: &[u8]) -> Vec<String> {
+    let blank = || vec![vec![' '; 80]; 24];
+    let mut grid = blank();
+    let (mut row, mut col) = (0usize, 0usize);
+    let text = String::from_utf8_lossy(bytes);
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\x1b' => {
+                if chars.peek() != Some(&'[') {
+                    chars.next();
+                    continue;
+                }
+                chars.next();
+                let mut params = String::new();
+                let mut fin = ' ';
+                for c in chars.by_ref() {
+                    if c.is_ascii_alphabetic() || c == '@' || c == '~' {
+                        fin = c;
+                        break;
+                    }
+                    params.push(c);
+                }
+                let nums: Vec<usize> = params
+                    .trim_start_matches('?')
+                    .split(';')
+                    .map(|n| n.parse().unwrap_or(1))
+                    .collect();
+                match fin {
+                    'H' => {
+                        row = nums[0].saturating_sub(1).min(23);
+                        col = nums.get(1).copied().unwrap_or(1).saturating_sub(1).min(79);
+                    }
+                    'J' if params == "2" => grid = blank(),
+                    'h' | 'l' if params == "?1049" => grid = blank(),
+                    _ => {}
+                }
+            }
+            '\r' => col = 0,
+            '\n' => row = (row + 1).min(23),
+            c if !c.is_control() => {
+                if col < 80 {
+                    grid[row][col] = c;
+                }
+                col += 1;
+            }
+            _ => {}
+        }
+    }
+    grid.into_iter().map(|l| l.into_iter().collect()).collect()
+}
+
+/// Waits until every string in `what` is on the screen; returns the screen.
+fn wait_for(seen: &Mutex<Vec<u8>>, what: &[&str]) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let lines = screen(&seen.lock().unwrap());
+        let text = lines.join("\n");
+        if what.iter().all(|w| text.contains(w)) {
+            return lines;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what:?} never appeared on the screen:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn wait_exit(child: &mut Child) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code().unwrap_or(-1);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("nodus top did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The alternate screen was entered and then left, and the line discipline is cooked again.
+fn assert_restored(seen: &Mutex<Vec<u8>>, slave: &std::fs::File) {
+    std::thread::sleep(Duration::from_millis(200));
+    let text = String::from_utf8_lossy(&seen.lock().unwrap()).into_owned();
+    let entered = text
+        .rfind("\x1b[?1049h")
+        .expect("the alternate screen was never entered");
+    let left = text
+        .rfind("\x1b[?1049l")
+        .expect("the alternate screen was not left");
+    assert!(
+        left > entered,
+        "the alternate screen was re-entered after leaving it"
+    );
+    // SAFETY: tcgetattr on a descriptor we own, into a zeroed struct.
+    let modes = unsafe {
+        let mut t: libc::termios = std::mem::zeroed();
+        assert_eq!(libc::tcgetattr(slave.as_raw_fd(), &mut t), 0);
+        t
+    };
+    assert_ne!(
+        modes.c_lflag & libc::ICANON,
+        0,
+        "still in raw mode (no ICANON)"
+    );
+    assert_ne!(modes.c_lflag & libc::ECHO, 0, "still in raw mode (no ECHO)");
+}
+
+#[test]
+fn dashboard_on_an_80x24_terminal_shows_every_worker_and_q_restores_the_terminal() {
+    let (addr, _) = fake_cluster();
+    let (mut child, mut master, seen, slave) = top_on_pty(&addr.to_string());
+    wait_for(
+        &seen,
+        &["31001", "31002", "Pools", "Recent stalls", "q quit"],
+    );
+    // Select the second worker for detail, sort, pause: still alive.
+    master.write_all(b"\x1b[B\rsp").unwrap();
+    wait_for(&seen, &["PAUSED", "esc all workers"]);
+    master.write_all(b"q").unwrap();
+    assert_eq!(wait_exit(&mut child), 0);
+    assert_restored(&seen, &slave);
+}
+
+#[test]
+fn dashboard_ctrl_c_exits_0_and_restores_the_terminal() {
+    let server = Server::start("pty");
+    let (mut child, mut master, seen, slave) = top_on_pty(&server.addr.to_string());
+    wait_for(&seen, &[&server.pid().to_string(), "Process"]);
+    master.write_all(b"\x03").unwrap();
+    assert_eq!(wait_exit(&mut child), 0);
+    assert_restored(&seen, &slave);
+}
+
+#[test]
+fn admin_page_in_headless_chromium_fills_the_worker_rows() {
+    let Some(chromium) = ["chromium", "chromium-browser"].into_iter().find(|c| {
+        Command::new(c)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    }) else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI needs chromium (.ci/run installs it)"
+        );
+        println!("skipped: chromium is not installed");
+        return;
+    };
+    let server = Server::start("chromium");
+    let profile = std::env::temp_dir().join(format!("nodus-top-chromium-{}", std::process::id()));
+    let out = Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--virtual-time-budget=3000",
+            "--dump-dom",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(format!("http://{}/_nodus/", server.addr))
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&profile);
+    let dom = String::from_utf8_lossy(&out.stdout);
+    let row = dom
+        .split("<tr ")
+        .find(|tag| {
+            tag.contains("worker-row") && tag.contains(&format!("data-pid=\"{}\"", server.pid()))
+        })
+        .unwrap_or_else(|| panic!("no worker row for pid {} in the page:\n{dom}", server.pid()));
+    assert!(dom.contains("data-state=\"ok\""), "{dom}");
+    assert!(row.contains('%'), "the row has no utilization: {row}");
+}
+
+#[test]
+fn dashboard_sigterm_exits_0_and_restores_the_terminal() {
+    let (addr, _) = fake_cluster();
+    let (mut child, _master, seen, slave) = top_on_pty(&addr.to_string());
+    wait_for(&seen, &["Workers (2)"]);
+    // SAFETY: a plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    assert_eq!(wait_exit(&mut child), 0);
+    assert_restored(&seen, &slave);
+}

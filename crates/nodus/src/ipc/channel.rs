@@ -1,0 +1,724 @@
+//! [`Channel`]: one end of a Node IPC channel (AF_UNIX stream, `json` mode), driven by a task
+//! on the loop.
+//!
+//! The task ("ipc:channel") reads whenever the socket is readable, whether or not anyone is
+//! receiving, so handle ACKs, NACKs and `NODE_SOCKET_NOTIFY_CLOSE` are answered promptly, as in
+//! Node; it also writes what `send` could not write at once.
+//!
+//! Invariants:
+//! - **Order.** Frames are written in `send` order. While a handle waits for its ACK, every later
+//!   message (plain ones too) is held back and written after the ACK, as Node's `_handleQueue`
+//!   does; only one handle is in flight. ACK/NACK replies bypass the hold (Node's deadlock fix).
+//! - **Retransmission.** A NACK resends the in-flight handle frame with its fd, at most 3 times
+//!   (Node's `MAX_HANDLE_RETRANSMISSIONS`); the 4th NACK drops the handle, delivers
+//!   [`IpcError::HandleNotReceived`] and releases the held messages.
+//! - **Backpressure, nothing lost.** `send` never drops: it queues and returns `Ok(false)` once
+//!   128 KiB or more waits in user space (Node's `send()` return value).
+//! - **Hardened.** A frame over the cap or not valid JSON is delivered as an error, then the
+//!   channel closes; nothing panics and nothing exits the process.
+//! - **Liveness.** An open channel is a ref'd handle (Node's `channel.ref()`); `unref()` lets the
+//!   loop exit while it is open. Closing (EOF, an error, `disconnect`, drop) releases it.
+//! - **Disconnect.** `disconnect()` (or dropping the `Channel`) stops new sends, writes what is
+//!   queued (waiting for a pending ACK), then closes the fd; the peer reads EOF. EOF from the
+//!   peer closes this side too. After the close, `recv` yields what was received, then `None`.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::poll_fn;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::value::RawValue;
+
+use super::fdpass;
+use super::framing::{DEFAULT_MAX_FRAME, Decoder, FrameError, encode};
+use super::handles::{self, ACK, Handle, HandleFrame, NACK, NODE_HANDLE, SendHandle, SocketReply};
+use crate::io::AsyncFd;
+
+/// `send` returns `false` from this many queued bytes on (Node: `writeQueueSize < 65536 * 2`).
+pub const HIGH_WATER: usize = 128 * 1024;
+
+/// Node's `MAX_HANDLE_RETRANSMISSIONS`.
+const MAX_RETRANSMISSIONS: u32 = 3;
+
+/// Internal messages kept for [`Channel::recv_internal`] before the oldest are dropped.
+const MAX_INTERNAL: usize = 1024;
+
+/// How a channel is set up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChannelOptions {
+    /// The largest frame accepted or sent, in bytes (default 16 MiB).
+    pub max_frame: usize,
+}
+
+impl Default for ChannelOptions {
+    fn default() -> Self {
+        ChannelOptions {
+            max_frame: DEFAULT_MAX_FRAME,
+        }
+    }
+}
+
+/// What can go wrong on a channel.
+#[derive(Debug)]
+pub enum IpcError {
+    /// The channel is disconnected (Node's `ERR_IPC_CHANNEL_CLOSED`).
+    Closed,
+    /// A malformed or oversized frame arrived; the channel closed.
+    Frame(FrameError),
+    /// A message to send is larger than the frame cap.
+    TooLarge { len: usize, max: usize },
+    /// A handle was NACKed 4 times and dropped (Node's `SentHandleNotReceivedWarning`).
+    HandleNotReceived,
+    /// A message could not be serialized as JSON.
+    Serialize(serde_json::Error),
+    /// The socket failed.
+    Io(io::Error),
+    /// The parent asked for a serialization mode nodus does not speak.
+    UnsupportedSerialization(String),
+    /// `NODE_CHANNEL_FD` is not a usable fd.
+    BadChannelFd(String),
+}
+
+impl fmt::Display for IpcError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IpcError::Closed => write!(f, "nodus::ipc: channel closed"),
+            IpcError::Frame(e) => write!(f, "nodus::ipc: {e}; channel closed"),
+            IpcError::TooLarge { len, max } => {
+                write!(
+                    f,
+                    "nodus::ipc: message of {len} bytes exceeds the {max}-byte frame cap"
+                )
+            }
+            IpcError::HandleNotReceived => write!(
+                f,
+                "nodus::ipc: handle did not reach the receiving process (NACKed {} times), dropped",
+                MAX_RETRANSMISSIONS + 1
+            ),
+            IpcError::Serialize(e) => write!(f, "nodus::ipc: cannot serialize message: {e}"),
+            IpcError::Io(e) => write!(f, "nodus::ipc: {e}"),
+            IpcError::UnsupportedSerialization(mode) => write!(
+                f,
+                "nodus::ipc: the parent uses serialization '{mode}'; nodus speaks only 'json' \
+                 (fork it with the default serialization, or {{ serialization: 'json' }})"
+            ),
+            IpcError::BadChannelFd(why) => write!(f, "nodus::ipc: NODE_CHANNEL_FD {why}"),
+        }
+    }
+}
+
+impl std::error::Error for IpcError {}
+
+/// A received message: its JSON text exactly as the peer wrote it, and the handle it carried.
+pub struct Message {
+    json: Box<RawValue>,
+    handle: Option<Handle>,
+}
+
+impl Message {
+    /// The message's JSON text (object keys in the sender's order).
+    pub fn json(&self) -> &str {
+        self.json.get()
+    }
+
+    /// Parses the message into `T`.
+    pub fn deserialize<T: DeserializeOwned>(&self) -> serde_json::Result<T> {
+        serde_json::from_str(self.json.get())
+    }
+
+    /// The handle that came with it, if any.
+    pub fn handle(&self) -> Option<&Handle> {
+        self.handle.as_ref()
+    }
+
+    /// Takes the handle out (to convert it into a socket).
+    pub fn take_handle(&mut self) -> Option<Handle> {
+        self.handle.take()
+    }
+}
+
+impl Serialize for Message {
+    /// Serializes as the received JSON, unchanged (so it can be echoed or forwarded).
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.json.serialize(s)
+    }
+}
+
+impl fmt::Debug for Message {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Message")
+            .field("json", &self.json.get())
+            .field("handle", &self.handle)
+            .finish()
+    }
+}
+
+/// A frame in the write queue.
+struct Out {
+    bytes: Vec<u8>,
+    written: usize,
+    /// Attach the in-flight handle's fd to the first byte.
+    with_fd: bool,
+}
+
+/// The handle waiting for its ACK.
+struct InFlight {
+    frame: Vec<u8>,
+    fd: OwnedFd,
+    retransmissions: u32,
+}
+
+struct State {
+    decoder: Decoder,
+    max_frame: usize,
+    fds: VecDeque<OwnedFd>,
+    incoming: VecDeque<Result<Message, IpcError>>,
+    internal: VecDeque<Message>,
+    out: VecDeque<Out>,
+    out_bytes: usize,
+    held: VecDeque<(Vec<u8>, Option<SendHandle>)>,
+    held_bytes: usize,
+    in_flight: Option<InFlight>,
+    /// `send` is allowed (false after `disconnect` or the close).
+    connected: bool,
+    /// The fd is closed.
+    closed: bool,
+    recv_waker: Option<Waker>,
+    internal_waker: Option<Waker>,
+    driver: Option<Waker>,
+    flush_waiters: Vec<Waker>,
+}
+
+impl State {
+    /// Puts a frame on the wire queue, or makes it the in-flight handle.
+    fn enqueue(&mut self, bytes: Vec<u8>, handle: Option<SendHandle>) {
+        let with_fd = handle.is_some();
+        if let Some(h) = handle {
+            self.in_flight = Some(InFlight {
+                frame: bytes.clone(),
+                fd: h.fd,
+                retransmissions: 0,
+            });
+        }
+        self.out_bytes += bytes.len();
+        self.out.push_back(Out {
+            bytes,
+            written: 0,
+            with_fd,
+        });
+    }
+
+    /// After an ACK (or giving up): sends held messages until the next handle.
+    fn release_held(&mut self) {
+        while self.in_flight.is_none() {
+            let Some((bytes, handle)) = self.held.pop_front() else {
+                break;
+            };
+            self.held_bytes -= bytes.len();
+            self.enqueue(bytes, handle);
+        }
+    }
+
+    fn control(&mut self, bytes: &[u8]) {
+        self.out_bytes += bytes.len();
+        self.out.push_back(Out {
+            bytes: bytes.to_vec(),
+            written: 0,
+            with_fd: false,
+        });
+    }
+
+    fn deliver(&mut self, item: Result<Message, IpcError>, wake: &mut Vec<Waker>) {
+        self.incoming.push_back(item);
+        wake.extend(self.recv_waker.take());
+    }
+
+    /// Acts on one received frame.
+    fn on_frame(&mut self, json: Box<RawValue>, wake: &mut Vec<Waker>) {
+        let Some(internal) = handles::internal(&json) else {
+            self.deliver(Ok(Message { json, handle: None }), wake);
+            return;
+        };
+        match internal.cmd.as_str() {
+            NODE_HANDLE => match self.fds.pop_front() {
+                Some(fd) => {
+                    self.control(ACK);
+                    let msg = internal.msg.unwrap_or_else(null);
+                    let handle = Handle::new(fd, internal.node_type.unwrap_or_default());
+                    self.deliver(
+                        Ok(Message {
+                            json: msg,
+                            handle: Some(handle),
+                        }),
+                        wake,
+                    );
+                }
+                None => self.control(NACK),
+            },
+            "NODE_HANDLE_ACK" => {
+                drop(self.in_flight.take());
+                self.release_held();
+            }
+            "NODE_HANDLE_NACK" => {
+                let Some(in_flight) = self.in_flight.as_mut() else {
+                    return;
+                };
+                if in_flight.retransmissions == MAX_RETRANSMISSIONS {
+                    drop(self.in_flight.take());
+                    self.deliver(Err(IpcError::HandleNotReceived), wake);
+                    self.release_held();
+                } else {
+                    in_flight.retransmissions += 1;
+                    let bytes = in_flight.frame.clone();
+                    self.out_bytes += bytes.len();
+                    self.out.push_back(Out {
+                        bytes,
+                        written: 0,
+                        with_fd: true,
+                    });
+                }
+            }
+            // nodus passes no tracked sockets' lifetimes back: a received socket belongs to the
+            // receiving program, so "all closed" is answered at once and the count is 0.
+            cmd @ ("NODE_SOCKET_NOTIFY_CLOSE" | "NODE_SOCKET_GET_COUNT") => {
+                let Some(key) = internal.key.as_deref() else {
+                    return;
+                };
+                let reply = if cmd == "NODE_SOCKET_NOTIFY_CLOSE" {
+                    SocketReply {
+                        cmd: "NODE_SOCKET_ALL_CLOSED",
+                        key,
+                        count: None,
+                    }
+                } else {
+                    SocketReply {
+                        cmd: "NODE_SOCKET_COUNT",
+                        key,
+                        count: Some(0),
+                    }
+                };
+                if let Ok(bytes) = encode(&reply) {
+                    self.control(&bytes);
+                }
+            }
+            _ => {
+                if self.internal.len() == MAX_INTERNAL {
+                    self.internal.pop_front();
+                }
+                self.internal.push_back(Message { json, handle: None });
+                wake.extend(self.internal_waker.take());
+            }
+        }
+    }
+
+    fn queued(&self) -> usize {
+        self.out_bytes + self.held_bytes
+    }
+
+    /// Nothing left to write or to wait for before a disconnect may close the fd.
+    fn idle(&self) -> bool {
+        self.out.is_empty() && self.held.is_empty() && self.in_flight.is_none()
+    }
+}
+
+fn null() -> Box<RawValue> {
+    RawValue::from_string("null".into()).expect("null is JSON")
+}
+
+struct Inner {
+    io: RefCell<Option<AsyncFd<OwnedFd>>>,
+    /// The receive buffer (64 KiB, Node's size).
+    rbuf: RefCell<Vec<u8>>,
+    st: RefCell<State>,
+}
+
+/// One end of a Node IPC channel. See the module docs for the rules it keeps.
+pub struct Channel {
+    inner: Rc<Inner>,
+}
+
+impl Channel {
+    /// Adopts `fd`, an AF_UNIX stream socket connected to a Node (or nodus) peer: makes it
+    /// close-on-exec and non-blocking, registers it, and starts the channel's task.
+    ///
+    /// # Errors
+    /// `InvalidInput` if `fd` is not a Unix stream socket.
+    ///
+    /// # Panics
+    /// Outside a running nodus loop.
+    #[track_caller]
+    pub fn from_fd(fd: OwnedFd, options: ChannelOptions) -> io::Result<Channel> {
+        let sock = socket2::SockRef::from(&fd);
+        let ok = sock.domain().ok() == Some(socket2::Domain::UNIX)
+            && sock.r#type().ok() == Some(socket2::Type::STREAM);
+        if !ok {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "nodus::ipc::Channel: the fd is not a Unix stream socket",
+            ));
+        }
+        sock.set_cloexec(true)?;
+        let io = AsyncFd::new(fd)?;
+        let inner = Rc::new(Inner {
+            io: RefCell::new(Some(io)),
+            rbuf: RefCell::new(vec![0; 64 * 1024]),
+            st: RefCell::new(State {
+                decoder: Decoder::new(options.max_frame),
+                max_frame: options.max_frame,
+                fds: VecDeque::new(),
+                incoming: VecDeque::new(),
+                internal: VecDeque::new(),
+                out: VecDeque::new(),
+                out_bytes: 0,
+                held: VecDeque::new(),
+                held_bytes: 0,
+                in_flight: None,
+                connected: true,
+                closed: false,
+                recv_waker: None,
+                internal_waker: None,
+                driver: None,
+                flush_waiters: Vec::new(),
+            }),
+        });
+        let driver = inner.clone();
+        crate::task::spawn_named("ipc:channel", async move {
+            poll_fn(|cx| driver.poll_drive(cx)).await;
+        })
+        .detach();
+        Ok(Channel { inner })
+    }
+
+    /// Sends `msg` as one JSON frame. Returns `Ok(false)` when 128 KiB or more is queued in user
+    /// space (slow down; nothing is dropped).
+    ///
+    /// Object keys go out in `msg`'s serialization order: struct fields in declaration order, a
+    /// received [`Message`] exactly as it arrived, a `serde_json::Value` in its map's order
+    /// (sorted, unless serde_json's `preserve_order` feature is on).
+    ///
+    /// # Errors
+    /// [`IpcError::Closed`] after a disconnect, [`IpcError::Serialize`], [`IpcError::TooLarge`].
+    pub fn send<T: Serialize + ?Sized>(&self, msg: &T) -> Result<bool, IpcError> {
+        let bytes = encode(msg).map_err(IpcError::Serialize)?;
+        self.inner.submit(bytes, None)
+    }
+
+    /// Sends `msg` with a handle (Node's `send(msg, handle)`): the fd travels in the same
+    /// `sendmsg` as the frame. Later messages wait until the peer ACKs it.
+    pub fn send_handle<T: Serialize + ?Sized>(
+        &self,
+        msg: &T,
+        handle: impl Into<SendHandle>,
+    ) -> Result<bool, IpcError> {
+        let handle = handle.into();
+        let frame = HandleFrame {
+            cmd: NODE_HANDLE,
+            node_type: handle.node_type,
+            msg,
+            dgram_type: handle.dgram_type,
+        };
+        let bytes = encode(&frame).map_err(IpcError::Serialize)?;
+        self.inner.submit(bytes, Some(handle))
+    }
+
+    /// The next message (or error event); `None` once the channel is closed and drained.
+    /// One task receives at a time.
+    pub async fn recv(&self) -> Option<Result<Message, IpcError>> {
+        poll_fn(|cx| self.poll_recv(cx)).await
+    }
+
+    /// Polls for the next message.
+    pub fn poll_recv(&self, cx: &mut Context<'_>) -> Poll<Option<Result<Message, IpcError>>> {
+        let mut st = self.inner.st.borrow_mut();
+        if let Some(item) = st.incoming.pop_front() {
+            return Poll::Ready(Some(item));
+        }
+        if st.closed {
+            return Poll::Ready(None);
+        }
+        let old = st.recv_waker.replace(cx.waker().clone());
+        drop(st);
+        drop(old);
+        Poll::Pending
+    }
+
+    /// The next internal (`NODE_*`) message that nodus did not handle itself (`NODE_CLUSTER`,
+    /// say); `None` once closed. The last 1024 are kept.
+    pub async fn recv_internal(&self) -> Option<Message> {
+        poll_fn(|cx| {
+            let mut st = self.inner.st.borrow_mut();
+            if let Some(m) = st.internal.pop_front() {
+                return Poll::Ready(Some(m));
+            }
+            if st.closed {
+                return Poll::Ready(None);
+            }
+            let old = st.internal_waker.replace(cx.waker().clone());
+            drop(st);
+            drop(old);
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Waits until everything sent so far has been written to the socket (handles ACKed).
+    ///
+    /// # Errors
+    /// [`IpcError::Closed`] if the channel closed first.
+    pub async fn flush(&self) -> Result<(), IpcError> {
+        poll_fn(|cx| {
+            let mut st = self.inner.st.borrow_mut();
+            if st.idle() {
+                return Poll::Ready(Ok(()));
+            }
+            if st.closed {
+                return Poll::Ready(Err(IpcError::Closed));
+            }
+            st.flush_waiters.push(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Bytes waiting in user space (written when the peer reads).
+    pub fn queued_bytes(&self) -> usize {
+        self.inner.st.borrow().queued()
+    }
+
+    /// Whether `send` is still allowed.
+    pub fn is_connected(&self) -> bool {
+        self.inner.st.borrow().connected
+    }
+
+    /// Stops sending; the fd closes once the queue is written (Node's `disconnect()`).
+    pub fn disconnect(&self) {
+        self.inner.disconnect();
+    }
+
+    /// The open channel no longer keeps the loop alive (Node's `channel.unref()`).
+    pub fn unref(&self) {
+        if let Some(io) = self.inner.io.borrow().as_ref() {
+            io.unref();
+        }
+    }
+
+    /// The open channel keeps the loop alive (the default).
+    pub fn ref_(&self) {
+        if let Some(io) = self.inner.io.borrow().as_ref() {
+            io.ref_();
+        }
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        self.inner.disconnect();
+    }
+}
+
+impl fmt::Debug for Channel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let st = self.inner.st.borrow();
+        f.debug_struct("Channel")
+            .field("connected", &st.connected)
+            .field("closed", &st.closed)
+            .field("queued", &st.queued())
+            .finish()
+    }
+}
+
+impl Inner {
+    fn submit(&self, bytes: Vec<u8>, handle: Option<SendHandle>) -> Result<bool, IpcError> {
+        let mut st = self.st.borrow_mut();
+        if !st.connected {
+            return Err(IpcError::Closed);
+        }
+        if bytes.len() - 1 > st.max_frame {
+            return Err(IpcError::TooLarge {
+                len: bytes.len() - 1,
+                max: st.max_frame,
+            });
+        }
+        if st.in_flight.is_some() {
+            st.held_bytes += bytes.len();
+            st.held.push_back((bytes, handle));
+        } else {
+            st.enqueue(bytes, handle);
+        }
+        drop(st);
+        let mut wake = Vec::new();
+        if !self.write_some(&mut wake, false) {
+            self.close(&mut wake);
+        }
+        wake_all(wake);
+        Ok(self.st.borrow().queued() < HIGH_WATER)
+    }
+
+    fn disconnect(&self) {
+        let mut st = self.st.borrow_mut();
+        st.connected = false;
+        let driver = st.driver.take();
+        drop(st);
+        if let Some(w) = driver {
+            w.wake();
+        }
+    }
+
+    /// Writes queued frames until the queue is empty or the socket is full. On `WouldBlock`
+    /// outside the driver, the driver is woken to wait for writability. `false` when the socket
+    /// failed (the peer is gone) or is closed.
+    fn write_some(&self, wake: &mut Vec<Waker>, from_driver: bool) -> bool {
+        let guard = self.io.borrow();
+        let Some(io) = guard.as_ref() else {
+            return false;
+        };
+        let mut st = self.st.borrow_mut();
+        let st = &mut *st;
+        loop {
+            let Some(front) = st.out.front_mut() else {
+                if st.held.is_empty() && st.in_flight.is_none() {
+                    wake.append(&mut st.flush_waiters);
+                }
+                return true;
+            };
+            let fd = match (&st.in_flight, front.with_fd && front.written == 0) {
+                (Some(f), true) => Some(f.fd.as_fd()),
+                _ => None,
+            };
+            match fdpass::send(io.get_ref().as_fd(), &front.bytes[front.written..], fd) {
+                Ok(n) => {
+                    front.written += n;
+                    st.out_bytes -= n;
+                    if front.written == front.bytes.len() {
+                        st.out.pop_front();
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    io.clear_write_ready();
+                    if !from_driver {
+                        wake.extend(st.driver.take());
+                    }
+                    return true;
+                }
+                // EPIPE / ECONNRESET: the peer is gone, which the close reports as the end.
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// Closes the fd (deregistering it) and wakes everyone waiting. No borrow may be held.
+    fn close(&self, wake: &mut Vec<Waker>) {
+        let mut st = self.st.borrow_mut();
+        st.closed = true;
+        st.connected = false;
+        st.out.clear();
+        st.out_bytes = 0;
+        let held = std::mem::take(&mut st.held);
+        st.held_bytes = 0;
+        let in_flight = st.in_flight.take();
+        let fds = std::mem::take(&mut st.fds);
+        wake.extend(st.recv_waker.take());
+        wake.extend(st.internal_waker.take());
+        wake.extend(st.driver.take());
+        wake.append(&mut st.flush_waiters);
+        drop(st);
+        let io = self.io.borrow_mut().take();
+        drop((io, held, in_flight, fds));
+    }
+
+    /// The channel task: read, write, close when done. `Ready` once closed.
+    fn poll_drive(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut wake = Vec::new();
+        let done = self.drive(cx, &mut wake);
+        if done {
+            self.close(&mut wake);
+        }
+        wake_all(wake);
+        if done { Poll::Ready(()) } else { Poll::Pending }
+    }
+
+    /// One round of the channel task; `true` when the channel must close (or has).
+    fn drive(&self, cx: &mut Context<'_>, wake: &mut Vec<Waker>) -> bool {
+        {
+            let mut st = self.st.borrow_mut();
+            if st.closed {
+                return true;
+            }
+            st.driver = Some(cx.waker().clone());
+        }
+        // Read while readable (the cooperative budget bounds this loop).
+        loop {
+            let guard = self.io.borrow();
+            let Some(io) = guard.as_ref() else {
+                return true;
+            };
+            match io.poll_read_ready(cx) {
+                Poll::Ready(Ok(())) => {}
+                _ => break,
+            }
+            let mut buf = self.rbuf.borrow_mut();
+            let mut st = self.st.borrow_mut();
+            match fdpass::recv(io.get_ref().as_fd(), &mut buf, &mut st.fds) {
+                Ok((0, _)) => return true,
+                Ok((n, _truncated)) => {
+                    // Lost fds surface as a NACK when their NODE_HANDLE frame arrives.
+                    while st.fds.len() > fdpass::MAX_FDS {
+                        st.fds.pop_front();
+                    }
+                    st.decoder.push(&buf[..n]);
+                    loop {
+                        match st.decoder.next_frame() {
+                            Ok(Some(frame)) => st.on_frame(frame, wake),
+                            Ok(None) => break,
+                            Err(e) => {
+                                tracing::warn!(error = %e, "nodus::ipc: bad frame, closing the channel");
+                                st.deliver(Err(IpcError::Frame(e)), wake);
+                                return true;
+                            }
+                        }
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => io.clear_read_ready(),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    let reset = matches!(
+                        e.kind(),
+                        io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+                    );
+                    if !reset {
+                        st.deliver(Err(IpcError::Io(e)), wake);
+                    }
+                    return true;
+                }
+            }
+        }
+        // Write what is queued while writable.
+        while !self.st.borrow().out.is_empty() {
+            let ready = match self.io.borrow().as_ref() {
+                Some(io) => io.poll_write_ready(cx),
+                None => return true,
+            };
+            if !matches!(ready, Poll::Ready(Ok(()))) {
+                break;
+            }
+            if !self.write_some(wake, true) {
+                return true;
+            }
+        }
+        let st = self.st.borrow();
+        st.closed || (!st.connected && st.idle())
+    }
+}
+
+fn wake_all(wake: Vec<Waker>) {
+    for w in wake {
+        w.wake();
+    }
+}

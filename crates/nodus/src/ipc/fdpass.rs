@@ -1,0 +1,62 @@
+//! Bytes and fds over an AF_UNIX stream: `sendmsg` with one `SCM_RIGHTS` fd in the same call as
+//! the frame it belongs to (Node's rule), and `recvmsg(MSG_CMSG_CLOEXEC)` that collects every fd
+//! the kernel hands over.
+//!
+//! Invariants: received fds are close-on-exec from the moment they exist (no window in which a
+//! concurrent `exec` could leak them); sends use `MSG_NOSIGNAL` (a gone peer is `EPIPE`, not a
+//! signal); a receive takes at most [`MAX_FDS`] fds per call, as libuv does (`UV__CMSG_FD_COUNT`),
+//! and reports `MSG_CTRUNC` so that a handle whose fd was lost gets a NACK.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{BorrowedFd, OwnedFd};
+
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+
+/// Fds accepted per `recvmsg` (libuv's `UV__CMSG_FD_COUNT`).
+pub(crate) const MAX_FDS: usize = 64;
+
+/// Sends `bytes`, with `fd` attached when given. Returns how many bytes the kernel took (the fd,
+/// if any, went with the first of them).
+pub(crate) fn send(
+    socket: BorrowedFd<'_>,
+    bytes: &[u8],
+    fd: Option<BorrowedFd<'_>>,
+) -> io::Result<usize> {
+    let iov = [IoSlice::new(bytes)];
+    let flags = SendFlags::NOSIGNAL;
+    let n = match fd {
+        None => rustix::net::sendmsg(socket, &iov, &mut SendAncillaryBuffer::default(), flags)?,
+        Some(fd) => {
+            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut control = SendAncillaryBuffer::new(&mut space);
+            let fds = [fd];
+            control.push(SendAncillaryMessage::ScmRights(&fds));
+            rustix::net::sendmsg(socket, &iov, &mut control, flags)?
+        }
+    };
+    Ok(n)
+}
+
+/// Receives into `buf`, appending any fds to `fds`. Returns the byte count (0 = end of stream)
+/// and whether control data was truncated (fds lost).
+pub(crate) fn recv(
+    socket: BorrowedFd<'_>,
+    buf: &mut [u8],
+    fds: &mut VecDeque<OwnedFd>,
+) -> io::Result<(usize, bool)> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let mut iov = [IoSliceMut::new(buf)];
+    let msg = rustix::net::recvmsg(socket, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)?;
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(received) = message {
+            fds.extend(received);
+        }
+    }
+    Ok((msg.bytes, msg.flags.contains(ReturnFlags::CTRUNC)))
+}

@@ -1,0 +1,136 @@
+//! Node's `json` serialization mode: one message per line, `JSON.stringify(msg) + "\n"`, with a
+//! frame-size cap that Node does not have.
+//!
+//! Invariants:
+//! - A frame is the bytes before a `\n`; JSON never contains a raw newline, so the split is
+//!   unambiguous. A frame is valid UTF-8 JSON (serde_json checks both) or it is an error.
+//! - No frame, complete or still arriving, may exceed `max_frame` bytes (default 16 MiB): the
+//!   decoder reports that as soon as the buffered partial line passes the cap, so memory stays
+//!   bounded by about `max_frame` + one read.
+//! - After an error the decoder is poisoned: the caller closes the channel (the stream has lost
+//!   sync; Node would have crashed).
+//! - Frames are kept as raw JSON text ([`RawValue`]): a message reaches the user with its object
+//!   keys in the sender's order, and is parsed into a user type only when asked.
+
+use std::fmt;
+
+use serde_json::value::RawValue;
+
+/// The default cap on one frame: 16 MiB.
+pub const DEFAULT_MAX_FRAME: usize = 16 * 1024 * 1024;
+
+/// Why a frame was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameError {
+    /// A line longer than the cap (`len` is what was seen so far).
+    TooLarge { len: usize, max: usize },
+    /// A line that is not valid UTF-8 JSON.
+    Malformed { message: String },
+}
+
+impl fmt::Display for FrameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FrameError::TooLarge { len, max } => {
+                write!(f, "IPC frame of {len}+ bytes exceeds the {max}-byte cap")
+            }
+            FrameError::Malformed { message } => write!(f, "malformed IPC frame: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for FrameError {}
+
+/// Splits a byte stream into JSON frames.
+#[derive(Debug)]
+pub struct Decoder {
+    buf: Vec<u8>,
+    /// Start of the first unconsumed byte.
+    start: usize,
+    /// Bytes from `start` already searched for `\n`.
+    scanned: usize,
+    max_frame: usize,
+    poisoned: bool,
+}
+
+impl Decoder {
+    /// A decoder that refuses frames longer than `max_frame` bytes (not counting the `\n`).
+    pub fn new(max_frame: usize) -> Decoder {
+        Decoder {
+            buf: Vec::new(),
+            start: 0,
+            scanned: 0,
+            max_frame,
+            poisoned: false,
+        }
+    }
+
+    /// Appends received bytes.
+    pub fn push(&mut self, bytes: &[u8]) {
+        if self.start > 0 && self.start >= self.buf.len() / 2 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// Bytes of an incomplete frame held back.
+    pub fn buffered(&self) -> usize {
+        self.buf.len() - self.start
+    }
+
+    /// The next complete frame, `Ok(None)` if more bytes are needed.
+    ///
+    /// # Errors
+    /// A frame over the cap or not valid JSON; every later call returns the same kind of error.
+    pub fn next_frame(&mut self) -> Result<Option<Box<RawValue>>, FrameError> {
+        if self.poisoned {
+            return Err(FrameError::Malformed {
+                message: "the stream lost sync at an earlier error".into(),
+            });
+        }
+        let pending = &self.buf[self.start..];
+        let Some(pos) = pending[self.scanned..].iter().position(|&b| b == b'\n') else {
+            self.scanned = pending.len();
+            if pending.len() > self.max_frame {
+                return Err(self.poison(FrameError::TooLarge {
+                    len: pending.len(),
+                    max: self.max_frame,
+                }));
+            }
+            return Ok(None);
+        };
+        let end = self.scanned + pos;
+        if end > self.max_frame {
+            return Err(self.poison(FrameError::TooLarge {
+                len: end,
+                max: self.max_frame,
+            }));
+        }
+        let parsed = serde_json::from_slice::<Box<RawValue>>(&pending[..end]);
+        self.start += end + 1;
+        self.scanned = 0;
+        match parsed {
+            Ok(v) => Ok(Some(v)),
+            Err(e) => Err(self.poison(FrameError::Malformed {
+                message: e.to_string(),
+            })),
+        }
+    }
+
+    fn poison(&mut self, e: FrameError) -> FrameError {
+        self.poisoned = true;
+        self.buf = Vec::new();
+        self.start = 0;
+        self.scanned = 0;
+        e
+    }
+}
+
+/// Serializes `msg` as one frame (`JSON + "\n"`), the way Node's `JSON.stringify` writes it:
+/// compact, non-ASCII as raw UTF-8, NaN and infinities as `null`.
+pub fn encode<T: serde::Serialize + ?Sized>(msg: &T) -> serde_json::Result<Vec<u8>> {
+    let mut out = serde_json::to_vec(msg)?;
+    out.push(b'\n');
+    Ok(out)
+}

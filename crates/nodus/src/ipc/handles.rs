@@ -1,0 +1,207 @@
+//! Handles on the wire: what is sent ([`SendHandle`]), what arrives ([`Handle`]), and the
+//! `NODE_*` control frames (`NODE_HANDLE`, its ACK/NACK, `NODE_SOCKET_*`).
+//!
+//! Node wraps a message that carries a handle as `{"cmd":"NODE_HANDLE","type":T,"msg":M}` and
+//! sends the fd with the bytes of that frame. `T` tells the receiver what to rebuild:
+//! `net.Server` (a listening socket), `net.Socket` (a connected stream), `dgram.Socket` (UDP,
+//! with `dgramType`), `net.Native` (any other fd; nodus uses it for arbitrary fds).
+//!
+//! Invariants: a frame is internal iff it is an object whose `cmd` is a string longer than 5
+//! characters starting with `NODE_` (Node's `isInternal`); internal frames never reach the user's
+//! message stream. Received fds are close-on-exec; converting a [`Handle`] checks the fd's kind.
+
+use std::fmt;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::net::{TcpListener, TcpStream, UdpSocket, UnixListener, UnixStream};
+
+pub(crate) const NODE_HANDLE: &str = "NODE_HANDLE";
+pub(crate) const ACK: &[u8] = b"{\"cmd\":\"NODE_HANDLE_ACK\"}\n";
+pub(crate) const NACK: &[u8] = b"{\"cmd\":\"NODE_HANDLE_NACK\"}\n";
+
+/// An fd to send with a message, and the Node type the receiver rebuilds it as.
+#[derive(Debug)]
+pub struct SendHandle {
+    pub(crate) fd: OwnedFd,
+    pub(crate) node_type: &'static str,
+    pub(crate) dgram_type: Option<&'static str>,
+}
+
+impl SendHandle {
+    /// Any fd (a pipe, a memfd, a file), sent as Node's `net.Native`. A Node receiver gets a raw
+    /// handle only for sockets; a nodus receiver gets the fd.
+    pub fn fd(fd: OwnedFd) -> SendHandle {
+        SendHandle {
+            fd,
+            node_type: "net.Native",
+            dgram_type: None,
+        }
+    }
+
+    /// The Node type name it is sent as (`net.Server`, `net.Socket`, ...).
+    pub fn node_type(&self) -> &'static str {
+        self.node_type
+    }
+}
+
+impl From<TcpListener> for SendHandle {
+    /// Sent as `net.Server`: a Node receiver listens on it. To keep listening here too, send a
+    /// duplicate (`listener.as_fd().try_clone_to_owned()` then `SendHandle::from(TcpListener::from_owned_fd(..)?)`).
+    fn from(l: TcpListener) -> SendHandle {
+        SendHandle {
+            fd: l.into(),
+            node_type: "net.Server",
+            dgram_type: None,
+        }
+    }
+}
+
+impl From<UnixListener> for SendHandle {
+    fn from(l: UnixListener) -> SendHandle {
+        SendHandle {
+            fd: l.into(),
+            node_type: "net.Server",
+            dgram_type: None,
+        }
+    }
+}
+
+impl From<TcpStream> for SendHandle {
+    fn from(s: TcpStream) -> SendHandle {
+        SendHandle {
+            fd: s.into(),
+            node_type: "net.Socket",
+            dgram_type: None,
+        }
+    }
+}
+
+impl From<UnixStream> for SendHandle {
+    fn from(s: UnixStream) -> SendHandle {
+        SendHandle {
+            fd: s.into(),
+            node_type: "net.Socket",
+            dgram_type: None,
+        }
+    }
+}
+
+impl From<UdpSocket> for SendHandle {
+    fn from(s: UdpSocket) -> SendHandle {
+        let v6 = s.local_addr().map(|a| a.is_ipv6()).unwrap_or(false);
+        SendHandle {
+            fd: s.into(),
+            node_type: "dgram.Socket",
+            dgram_type: Some(if v6 { "udp6" } else { "udp4" }),
+        }
+    }
+}
+
+/// A handle received with a message: an fd (close-on-exec) and the Node type it was sent as.
+pub struct Handle {
+    fd: OwnedFd,
+    node_type: String,
+}
+
+impl Handle {
+    pub(crate) fn new(fd: OwnedFd, node_type: String) -> Handle {
+        Handle { fd, node_type }
+    }
+
+    /// The sender's type name: `net.Server`, `net.Socket`, `dgram.Socket`, `net.Native`...
+    pub fn node_type(&self) -> &str {
+        &self.node_type
+    }
+
+    /// A listening TCP socket (`InvalidInput` if the fd is not one).
+    #[track_caller]
+    pub fn into_tcp_listener(self) -> std::io::Result<TcpListener> {
+        TcpListener::from_owned_fd(self.fd)
+    }
+
+    /// A connected TCP stream.
+    #[track_caller]
+    pub fn into_tcp_stream(self) -> std::io::Result<TcpStream> {
+        TcpStream::from_owned_fd(self.fd)
+    }
+
+    /// A UDP socket.
+    #[track_caller]
+    pub fn into_udp_socket(self) -> std::io::Result<UdpSocket> {
+        UdpSocket::from_owned_fd(self.fd)
+    }
+
+    /// A connected Unix stream.
+    #[track_caller]
+    pub fn into_unix_stream(self) -> std::io::Result<UnixStream> {
+        UnixStream::from_owned_fd(self.fd)
+    }
+
+    /// A listening Unix socket.
+    #[track_caller]
+    pub fn into_unix_listener(self) -> std::io::Result<UnixListener> {
+        UnixListener::from_owned_fd(self.fd)
+    }
+
+    /// The fd itself.
+    pub fn into_owned_fd(self) -> OwnedFd {
+        self.fd
+    }
+}
+
+impl AsFd for Handle {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl fmt::Debug for Handle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Handle")
+            .field("type", &self.node_type)
+            .field("fd", &self.fd.as_raw_fd())
+            .finish()
+    }
+}
+
+/// The fields of an internal frame nodus reads.
+#[derive(Deserialize)]
+pub(crate) struct Internal {
+    pub(crate) cmd: String,
+    #[serde(rename = "type")]
+    pub(crate) node_type: Option<String>,
+    pub(crate) msg: Option<Box<RawValue>>,
+    pub(crate) key: Option<Box<RawValue>>,
+}
+
+/// The internal frame in `raw`, if it is one (Node's `isInternal`).
+pub(crate) fn internal(raw: &RawValue) -> Option<Internal> {
+    if !raw.get().starts_with('{') {
+        return None;
+    }
+    let probe: Internal = serde_json::from_str(raw.get()).ok()?;
+    (probe.cmd.len() > 5 && probe.cmd.starts_with("NODE_")).then_some(probe)
+}
+
+/// The wrapper a handle's message travels in.
+#[derive(Serialize)]
+pub(crate) struct HandleFrame<'a, T: ?Sized + Serialize> {
+    pub(crate) cmd: &'static str,
+    #[serde(rename = "type")]
+    pub(crate) node_type: &'static str,
+    pub(crate) msg: &'a T,
+    #[serde(rename = "dgramType", skip_serializing_if = "Option::is_none")]
+    pub(crate) dgram_type: Option<&'static str>,
+}
+
+/// A reply to `NODE_SOCKET_NOTIFY_CLOSE` / `NODE_SOCKET_GET_COUNT`.
+#[derive(Serialize)]
+pub(crate) struct SocketReply<'a> {
+    pub(crate) cmd: &'static str,
+    pub(crate) key: &'a RawValue,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) count: Option<u32>,
+}

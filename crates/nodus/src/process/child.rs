@@ -1,0 +1,278 @@
+//! [`Child`]: a running child process, its exit observed through a pidfd in the reactor.
+//!
+//! `spawn` opens a pidfd (`pidfd_open`) for the new child and registers it with the loop; the
+//! kernel makes a pidfd readable when the process exits. A small task ("process:exit") waits for
+//! that readiness and reaps the child with `waitid(P_PIDFD, WEXITED | WNOHANG)`. So there is no
+//! `SIGCHLD` handler to race with, no `waitpid(-1)` that could steal another library's child, and
+//! no thread per child.
+//!
+//! Invariants:
+//! - The child is reaped exactly once, by its exit task, whether or not anyone awaits
+//!   [`Child::wait`]; dropping the `Child` does not kill it and does not leave a zombie (while the
+//!   loop runs).
+//! - Until its exit is observed the child is an active ref'd handle (Node: a `ChildProcess`
+//!   keeps the loop alive); [`Child::unref`] releases it. After the exit the pidfd is closed and
+//!   nothing is ref'd.
+//! - Signals go through the pidfd (`pidfd_send_signal`), so a recycled pid is never signalled.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::future::poll_fn;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker, ready};
+
+use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
+
+use super::pipes::{ChildStderr, ChildStdin, ChildStdout};
+use crate::io::AsyncFd;
+use crate::ipc::Channel;
+
+/// How a child ended: an exit code, or the signal that killed it (Node's `(code, signal)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExitStatus {
+    code: Option<i32>,
+    signal: Option<i32>,
+}
+
+impl ExitStatus {
+    /// The exit code, if the process exited by itself.
+    pub fn code(&self) -> Option<i32> {
+        self.code
+    }
+
+    /// The signal that terminated the process, if one did.
+    pub fn signal(&self) -> Option<i32> {
+        self.signal
+    }
+
+    /// Exited with code 0.
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+}
+
+impl fmt::Display for ExitStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.code, self.signal) {
+            (Some(c), _) => write!(f, "exit code {c}"),
+            (None, Some(s)) => write!(f, "killed by signal {s}"),
+            (None, None) => write!(f, "unknown exit"),
+        }
+    }
+}
+
+/// The exit watch shared by a `Child` and its exit task.
+struct Watch {
+    pid: Pid,
+    pidfd: RefCell<Option<AsyncFd<OwnedFd>>>,
+    status: RefCell<Option<Result<ExitStatus, (io::ErrorKind, String)>>>,
+    waiters: RefCell<Vec<Waker>>,
+}
+
+impl Watch {
+    fn poll_reap(&self, cx: &mut Context<'_>) -> Poll<io::Result<ExitStatus>> {
+        let guard = self.pidfd.borrow();
+        let pidfd = guard.as_ref().expect("the pidfd lives until the reap");
+        loop {
+            ready!(pidfd.poll_read_ready(cx))?;
+            let options = WaitIdOptions::EXITED | WaitIdOptions::NOHANG;
+            match rustix::process::waitid(WaitId::PidFd(pidfd.get_ref().as_fd()), options) {
+                Ok(Some(st)) => {
+                    return Poll::Ready(Ok(ExitStatus {
+                        code: st.exit_status(),
+                        signal: st.terminating_signal(),
+                    }));
+                }
+                Ok(None) => pidfd.clear_read_ready(),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Poll::Ready(Err(e.into())),
+            }
+        }
+    }
+
+    fn finish(&self, result: io::Result<ExitStatus>) {
+        let pidfd = self.pidfd.borrow_mut().take();
+        drop(pidfd);
+        *self.status.borrow_mut() = Some(result.map_err(|e| (e.kind(), e.to_string())));
+        let waiters = std::mem::take(&mut *self.waiters.borrow_mut());
+        for w in waiters {
+            w.wake();
+        }
+    }
+
+    fn exited(&self) -> Option<io::Result<ExitStatus>> {
+        self.status
+            .borrow()
+            .as_ref()
+            .map(|r| r.clone().map_err(|(kind, msg)| io::Error::new(kind, msg)))
+    }
+}
+
+/// A spawned child process.
+pub struct Child {
+    watch: Rc<Watch>,
+    /// The write end of the child's stdin, when it was [`Stdio::Pipe`](super::Stdio::Pipe).
+    pub stdin: Option<ChildStdin>,
+    /// The read end of the child's stdout, when it was a pipe.
+    pub stdout: Option<ChildStdout>,
+    /// The read end of the child's stderr, when it was a pipe.
+    pub stderr: Option<ChildStderr>,
+    /// The IPC channel, when the child was spawned with one ([`fork`](super::fork) or
+    /// [`Command::ipc`](super::Command::ipc)).
+    pub channel: Option<Channel>,
+}
+
+impl Child {
+    /// Registers the child's pidfd and starts its exit task.
+    #[track_caller]
+    pub(crate) fn watch(pid: Pid) -> io::Result<Child> {
+        let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?;
+        let watch = Rc::new(Watch {
+            pid,
+            pidfd: RefCell::new(Some(AsyncFd::new(pidfd)?)),
+            status: RefCell::new(None),
+            waiters: RefCell::new(Vec::new()),
+        });
+        let w = watch.clone();
+        crate::task::spawn_named("process:exit", async move {
+            let result = poll_fn(|cx| w.poll_reap(cx)).await;
+            w.finish(result);
+        })
+        .detach();
+        Ok(Child {
+            watch,
+            stdin: None,
+            stdout: None,
+            stderr: None,
+            channel: None,
+        })
+    }
+
+    /// The child's process id.
+    pub fn id(&self) -> u32 {
+        self.watch.pid.as_raw_nonzero().get() as u32
+    }
+
+    /// Waits for the child to exit (any number of tasks may wait).
+    pub async fn wait(&self) -> io::Result<ExitStatus> {
+        poll_fn(|cx| {
+            if let Some(r) = self.watch.exited() {
+                return Poll::Ready(r);
+            }
+            let mut waiters = self.watch.waiters.borrow_mut();
+            if !waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                waiters.push(cx.waker().clone());
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// The exit status, if the exit has been observed.
+    pub fn try_wait(&self) -> Option<io::Result<ExitStatus>> {
+        self.watch.exited()
+    }
+
+    /// Sends `signal` (`nodus::signal::SIGTERM`, ...) to the child through its pidfd.
+    ///
+    /// # Errors
+    /// `InvalidInput` for a number that is not a signal; `NotFound` once the child has exited.
+    pub fn kill(&self, signal: i32) -> io::Result<()> {
+        let sig = to_signal(signal)?;
+        let guard = self.watch.pidfd.borrow();
+        let Some(pidfd) = guard.as_ref() else {
+            return Err(gone(self.id()));
+        };
+        rustix::process::pidfd_send_signal(pidfd.get_ref(), sig).map_err(|e| match e {
+            rustix::io::Errno::SRCH => gone(self.id()),
+            e => e.into(),
+        })
+    }
+
+    /// Sends `signal` to the child's process group: the child must lead one
+    /// ([`Command::process_group`](super::Command::process_group)`(0)`).
+    pub fn kill_group(&self, signal: i32) -> io::Result<()> {
+        let sig = to_signal(signal)?;
+        Ok(rustix::process::kill_process_group(self.watch.pid, sig)?)
+    }
+
+    /// Sends `signal` to the child and every process descended from it (found through
+    /// `/proc/<pid>/task/*/children`, collected before the first signal). A descendant that
+    /// forks or is re-parented while this runs may be missed; use a process group when that
+    /// matters.
+    pub fn kill_tree(&self, signal: i32) -> io::Result<()> {
+        let sig = to_signal(signal)?;
+        let mut all = Vec::new();
+        descendants(self.watch.pid.as_raw_nonzero().get(), &mut all);
+        self.kill(signal)?;
+        for pid in all {
+            if let Some(pid) = Pid::from_raw(pid) {
+                // Already gone is fine: that is what we wanted.
+                let _ = rustix::process::kill_process(pid, sig);
+            }
+        }
+        Ok(())
+    }
+
+    /// The child no longer keeps the loop alive (Node's `child.unref()`). Its stdio pipes and
+    /// IPC channel are handles of their own: unref or drop them too (Node's recipe is
+    /// `stdio: 'ignore'` plus `unref()`).
+    pub fn unref(&self) {
+        if let Some(fd) = self.watch.pidfd.borrow().as_ref() {
+            fd.unref();
+        }
+    }
+
+    /// The child keeps the loop alive until it exits (the default).
+    pub fn ref_(&self) {
+        if let Some(fd) = self.watch.pidfd.borrow().as_ref() {
+            fd.ref_();
+        }
+    }
+}
+
+impl fmt::Debug for Child {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Child")
+            .field("pid", &self.id())
+            .field("status", &self.watch.status.borrow())
+            .finish()
+    }
+}
+
+fn gone(pid: u32) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("nodus::process: child {pid} has exited"),
+    )
+}
+
+pub(crate) fn to_signal(signal: i32) -> io::Result<Signal> {
+    Signal::from_named_raw(signal).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("nodus::process: {signal} is not a signal number"),
+        )
+    })
+}
+
+/// Appends every descendant of `pid` (depth first) to `out`.
+fn descendants(pid: i32, out: &mut Vec<i32>) {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return;
+    };
+    for task in tasks.flatten() {
+        let Ok(children) = std::fs::read_to_string(task.path().join("children")) else {
+            continue;
+        };
+        for child in children
+            .split_whitespace()
+            .filter_map(|c| c.parse::<i32>().ok())
+        {
+            out.push(child);
+            descendants(child, out);
+        }
+    }
+}

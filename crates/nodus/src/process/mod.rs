@@ -1,0 +1,52 @@
+//! Child processes: [`Command`] / [`spawn`](Command::spawn), [`exec`], [`exec_file`] and
+//! [`fork`] (a child with a Node-compatible IPC channel, see [`crate::ipc`]).
+//!
+//! Invariants that hold for every child (details in each file):
+//! - Exits are observed through a pidfd registered with the reactor (readable at exit) and reaped
+//!   with `waitid(P_PIDFD)`: no `SIGCHLD` handler, no `waitpid(-1)`, no thread per child. A child
+//!   is a ref'd handle until its exit is observed (Node's rule); `Child::unref` releases it.
+//! - Spawning happens on the loop thread. A parent-death signal (`PR_SET_PDEATHSIG`) is opt-in
+//!   for `spawn` and on (`SIGTERM`) for `fork`; it fires when the forking *thread* exits.
+//! - Every fd the parent holds is close-on-exec; a child inherits its stdio and, with IPC, fd 3.
+//! - Requires Linux ≥ 5.3 (pidfd).
+
+mod child;
+mod command;
+mod exec;
+mod pipes;
+
+use std::ffi::OsStr;
+use std::io;
+
+pub use child::{Child, ExitStatus};
+pub use command::{CHANNEL_FD, Command, Stdio};
+pub use exec::{ExecError, ExecErrorKind, ExecOptions, Output, exec, exec_file};
+pub use pipes::{ChildStderr, ChildStdin, ChildStdout};
+
+use crate::ipc::{Channel, ChannelOptions};
+use crate::signal::SIGTERM;
+
+/// Node's `child_process.fork()`: runs `program` with `args`, stdio inherited, an IPC channel on
+/// fd 3 (`NODE_CHANNEL_FD=3`, `NODE_CHANNEL_SERIALIZATION_MODE=json`) and `SIGTERM` as its
+/// parent-death signal. Works for a Node script (`fork("node", ["child.js"])`) and for a nodus
+/// program that opens [`Channel::from_env`]. For other settings, use [`Command::ipc`].
+///
+/// # Panics
+/// Outside a running nodus loop.
+#[track_caller]
+pub fn fork<I, S>(program: impl AsRef<OsStr>, args: I) -> io::Result<(Child, Channel)>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .stdin(Stdio::Inherit)
+        .stdout(Stdio::Inherit)
+        .stderr(Stdio::Inherit)
+        .parent_death_signal(Some(SIGTERM))
+        .ipc(ChannelOptions::default());
+    let mut child = cmd.spawn()?;
+    let channel = child.channel.take().expect("spawned with ipc");
+    Ok((child, channel))
+}

@@ -1,0 +1,427 @@
+//! `nodus::ipc` between two nodus ends and against a raw peer that speaks the wire format by
+//! hand: messages, key order, handles, ACK/NACK and retransmission, internal messages, Node's
+//! socket-list replies, malformed and oversized frames, backpressure, disconnect. Every test
+//! bounded in time.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::io::IoSliceMut;
+use std::mem::MaybeUninit;
+use std::os::fd::OwnedFd;
+use std::time::Duration;
+
+use nodus::ipc::{Channel, ChannelOptions, FrameError, HIGH_WATER, IpcError, SendHandle};
+use nodus::net::{TcpListener, TcpStream, UnixStream};
+use nodus::{Runtime, spawn};
+use serde::Serialize;
+
+fn bounded<F: Future>(f: F) -> F::Output {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        nodus::timeout(Duration::from_secs(20), f)
+            .await
+            .expect("test timed out")
+    })
+}
+
+/// Two connected channels.
+fn pair() -> (Channel, Channel) {
+    let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+    (
+        Channel::from_fd(a.into(), ChannelOptions::default()).unwrap(),
+        Channel::from_fd(b.into(), ChannelOptions::default()).unwrap(),
+    )
+}
+
+/// A channel and a raw peer socket.
+fn with_raw(options: ChannelOptions) -> (Channel, Raw) {
+    let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+    let channel = Channel::from_fd(a.into(), options).unwrap();
+    (
+        channel,
+        Raw {
+            sock: UnixStream::from_std(b).unwrap(),
+            buf: Vec::new(),
+            fds: VecDeque::new(),
+        },
+    )
+}
+
+/// A peer that reads frames (and fds) and writes bytes by hand.
+struct Raw {
+    sock: UnixStream,
+    buf: Vec<u8>,
+    fds: VecDeque<OwnedFd>,
+}
+
+impl Raw {
+    /// The next line and the fds that arrived with the bytes read for it.
+    async fn frame(&mut self) -> (String, Vec<OwnedFd>) {
+        let mut fds = Vec::new();
+        loop {
+            if let Some(pos) = self.buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=pos).collect();
+                fds.extend(self.fds.drain(..));
+                return (String::from_utf8(line[..pos].to_vec()).unwrap(), fds);
+            }
+            let mut chunk = vec![0u8; 65536];
+            let (n, got) = self
+                .sock
+                .read_with(|s| {
+                    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+                    let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+                    let mut iov = [IoSliceMut::new(&mut chunk)];
+                    let r = rustix::net::recvmsg(
+                        s,
+                        &mut iov,
+                        &mut control,
+                        rustix::net::RecvFlags::CMSG_CLOEXEC,
+                    )?;
+                    let mut got = Vec::new();
+                    for m in control.drain() {
+                        if let rustix::net::RecvAncillaryMessage::ScmRights(fds) = m {
+                            got.extend(fds);
+                        }
+                    }
+                    Ok((r.bytes, got))
+                })
+                .await
+                .unwrap();
+            assert!(n > 0, "raw peer: unexpected EOF");
+            self.buf.extend_from_slice(&chunk[..n]);
+            self.fds.extend(got);
+        }
+    }
+
+    async fn write(&self, bytes: &[u8]) {
+        self.sock.write_all(bytes).await.unwrap();
+    }
+
+    /// Reads until EOF; returns the bytes.
+    async fn rest(&mut self) -> Vec<u8> {
+        let mut out = std::mem::take(&mut self.buf);
+        let mut chunk = [0u8; 4096];
+        loop {
+            match self.sock.read(&mut chunk).await.unwrap() {
+                0 => return out,
+                n => out.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+}
+
+fn is_listener(fd: &OwnedFd) -> bool {
+    socket2::SockRef::from(fd).is_listener().unwrap()
+}
+
+fn cloexec(fd: &impl std::os::fd::AsFd) -> bool {
+    rustix::io::fcntl_getfd(fd)
+        .unwrap()
+        .contains(rustix::io::FdFlags::CLOEXEC)
+}
+
+#[derive(Serialize)]
+struct Ordered {
+    zeta: u32,
+    alpha: &'static str,
+    mid: [u8; 2],
+}
+
+#[test]
+fn messages_both_ways_keep_key_order_and_node_text() {
+    bounded(async {
+        let (a, b) = pair();
+        assert!(
+            a.send(&Ordered {
+                zeta: 1,
+                alpha: "é€😀",
+                mid: [1, 2]
+            })
+            .unwrap()
+        );
+        a.send("a plain string").unwrap();
+        a.send(&42).unwrap();
+        a.send(&f64::NAN).unwrap();
+        let m = b.recv().await.unwrap().unwrap();
+        assert_eq!(m.json(), r#"{"zeta":1,"alpha":"é€😀","mid":[1,2]}"#);
+        assert_eq!(
+            b.recv()
+                .await
+                .unwrap()
+                .unwrap()
+                .deserialize::<String>()
+                .unwrap(),
+            "a plain string"
+        );
+        assert_eq!(b.recv().await.unwrap().unwrap().json(), "42");
+        assert_eq!(b.recv().await.unwrap().unwrap().json(), "null");
+        // Echoing a received message keeps its text (a struct keeps field order; a
+        // `serde_json::Value` would sort its keys).
+        #[derive(Serialize)]
+        struct Echo<'a> {
+            echo: &'a nodus::ipc::Message,
+        }
+        b.send(&Echo { echo: &m }).unwrap();
+        let back = a.recv().await.unwrap().unwrap();
+        assert_eq!(
+            back.json(),
+            r#"{"echo":{"zeta":1,"alpha":"é€😀","mid":[1,2]}}"#
+        );
+    });
+}
+
+#[test]
+fn a_listener_passed_between_nodus_channels_accepts() {
+    bounded(async {
+        let (a, b) = pair();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        a.send_handle(&"take it", listener).unwrap();
+        a.send(&"after").unwrap();
+        let mut m = b.recv().await.unwrap().unwrap();
+        assert_eq!(m.json(), r#""take it""#);
+        let handle = m.take_handle().unwrap();
+        assert_eq!(handle.node_type(), "net.Server");
+        assert!(cloexec(&handle), "received fds are close-on-exec");
+        let listener = handle.into_tcp_listener().unwrap();
+        assert_eq!(b.recv().await.unwrap().unwrap().json(), r#""after""#);
+        let server = spawn(async move {
+            let (s, _) = listener.accept().await.unwrap();
+            s.write_all(b"served").await.unwrap();
+        });
+        let c = TcpStream::connect(addr).await.unwrap();
+        let mut buf = [0u8; 16];
+        let n = c.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], b"served");
+        server.await.unwrap();
+        a.flush().await.unwrap();
+    });
+}
+
+#[test]
+fn two_nacks_give_exactly_two_retransmissions_then_the_handle_is_delivered() {
+    bounded(async {
+        let (ch, mut raw) = with_raw(ChannelOptions::default());
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        ch.send_handle(&serde_json::json!({ "n": 1 }), listener)
+            .unwrap();
+        // Held until the ACK, and reported as queued.
+        ch.send(&"after").unwrap();
+        assert!(ch.queued_bytes() > 0);
+        let mut handle_frames = 0;
+        loop {
+            let (line, fds) = raw.frame().await;
+            if line.contains("NODE_HANDLE") {
+                assert_eq!(
+                    line,
+                    r#"{"cmd":"NODE_HANDLE","type":"net.Server","msg":{"n":1}}"#
+                );
+                assert_eq!(fds.len(), 1, "every (re)transmission carries the fd");
+                handle_frames += 1;
+                if handle_frames <= 2 {
+                    raw.write(b"{\"cmd\":\"NODE_HANDLE_NACK\"}\n").await;
+                } else {
+                    assert!(is_listener(&fds[0]), "the delivered handle is the listener");
+                    raw.write(b"{\"cmd\":\"NODE_HANDLE_ACK\"}\n").await;
+                }
+            } else {
+                assert_eq!(line, r#""after""#, "held messages follow the ACK");
+                assert!(fds.is_empty());
+                break;
+            }
+        }
+        assert_eq!(
+            handle_frames, 3,
+            "1 transmission + exactly 2 retransmissions"
+        );
+        ch.send(&"end").unwrap();
+        assert_eq!(raw.frame().await.0, r#""end""#);
+        ch.flush().await.unwrap();
+    });
+}
+
+#[test]
+fn four_nacks_give_an_error_event_and_release_held_messages() {
+    bounded(async {
+        let (ch, mut raw) = with_raw(ChannelOptions::default());
+        let (fd, _keep) = std::os::unix::net::UnixStream::pair().unwrap();
+        ch.send_handle(&1, SendHandle::fd(fd.into())).unwrap();
+        ch.send(&"after").unwrap();
+        for _ in 0..4 {
+            let (line, fds) = raw.frame().await;
+            assert!(
+                line.starts_with(r#"{"cmd":"NODE_HANDLE","type":"net.Native""#),
+                "{line}"
+            );
+            assert_eq!(fds.len(), 1);
+            raw.write(b"{\"cmd\":\"NODE_HANDLE_NACK\"}\n").await;
+        }
+        match ch.recv().await {
+            Some(Err(IpcError::HandleNotReceived)) => {}
+            other => panic!("expected HandleNotReceived, got {other:?}"),
+        }
+        assert_eq!(raw.frame().await.0, r#""after""#);
+        assert!(ch.is_connected(), "the channel stays open");
+    });
+}
+
+#[test]
+fn received_handles_are_acked_and_a_missing_fd_is_nacked() {
+    bounded(async {
+        let (ch, mut raw) = with_raw(ChannelOptions::default());
+        raw.write(b"{\"cmd\":\"NODE_HANDLE\",\"type\":\"net.Server\",\"msg\":\"no fd\"}\n")
+            .await;
+        assert_eq!(raw.frame().await.0, r#"{"cmd":"NODE_HANDLE_NACK"}"#);
+        // Now with an fd, sent like Node: one sendmsg for frame and fd.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let frame =
+            b"{\"cmd\":\"NODE_HANDLE\",\"type\":\"net.Server\",\"msg\":{\"b\":1,\"a\":2}}\n";
+        raw.sock
+            .write_with(|s| {
+                let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+                let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+                let fds = [std::os::fd::AsFd::as_fd(&l)];
+                control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds));
+                let iov = [std::io::IoSlice::new(frame)];
+                Ok(rustix::net::sendmsg(
+                    s,
+                    &iov,
+                    &mut control,
+                    rustix::net::SendFlags::empty(),
+                )?)
+            })
+            .await
+            .unwrap();
+        assert_eq!(raw.frame().await.0, r#"{"cmd":"NODE_HANDLE_ACK"}"#);
+        let mut m = ch.recv().await.unwrap().unwrap();
+        assert_eq!(m.json(), r#"{"b":1,"a":2}"#);
+        let l2 = m.take_handle().unwrap().into_tcp_listener().unwrap();
+        assert_eq!(l2.local_addr().unwrap(), l.local_addr().unwrap());
+    });
+}
+
+#[test]
+fn internal_messages_are_kept_from_user_receivers_and_socket_queries_answered() {
+    bounded(async {
+        let (ch, mut raw) = with_raw(ChannelOptions::default());
+        raw.write(b"{\"cmd\":\"NODE_PYTHON_TEST\",\"x\":1}\n{\"cmd\":\"NODE_\"}\n\"user\"\n")
+            .await;
+        raw.write(b"{\"cmd\":\"NODE_SOCKET_NOTIFY_CLOSE\",\"key\":\"4:127.0.0.1:0\"}\n")
+            .await;
+        raw.write(b"{\"cmd\":\"NODE_SOCKET_GET_COUNT\",\"key\":\"k\"}\n")
+            .await;
+        // "NODE_" alone is not internal (Node: cmd longer than 5).
+        assert_eq!(
+            ch.recv().await.unwrap().unwrap().json(),
+            r#"{"cmd":"NODE_"}"#
+        );
+        assert_eq!(ch.recv().await.unwrap().unwrap().json(), r#""user""#);
+        assert_eq!(
+            ch.recv_internal().await.unwrap().json(),
+            r#"{"cmd":"NODE_PYTHON_TEST","x":1}"#
+        );
+        assert_eq!(
+            raw.frame().await.0,
+            r#"{"cmd":"NODE_SOCKET_ALL_CLOSED","key":"4:127.0.0.1:0"}"#
+        );
+        assert_eq!(
+            raw.frame().await.0,
+            r#"{"cmd":"NODE_SOCKET_COUNT","key":"k","count":0}"#
+        );
+    });
+}
+
+#[test]
+fn a_malformed_frame_is_an_error_then_the_channel_closes() {
+    bounded(async {
+        let (ch, mut raw) = with_raw(ChannelOptions::default());
+        raw.write(b"\"ok\"\n{not json}\n\"never\"\n").await;
+        assert_eq!(ch.recv().await.unwrap().unwrap().json(), r#""ok""#);
+        match ch.recv().await {
+            Some(Err(IpcError::Frame(FrameError::Malformed { .. }))) => {}
+            other => panic!("expected a malformed-frame error, got {other:?}"),
+        }
+        assert!(ch.recv().await.is_none(), "closed after the error");
+        assert!(matches!(ch.send(&1), Err(IpcError::Closed)));
+        assert!(raw.rest().await.is_empty(), "the peer sees EOF");
+        // The loop and the process go on.
+        nodus::sleep(1).await;
+    });
+}
+
+#[test]
+fn an_oversized_frame_is_an_error_before_it_is_buffered_whole() {
+    bounded(async {
+        let (ch, raw) = with_raw(ChannelOptions { max_frame: 1024 });
+        raw.write(&vec![b'1'; 4000]).await;
+        match ch.recv().await {
+            Some(Err(IpcError::Frame(FrameError::TooLarge { max: 1024, .. }))) => {}
+            other => panic!("expected TooLarge, got {other:?}"),
+        }
+        assert!(ch.recv().await.is_none());
+        let (ch2, _raw2) = with_raw(ChannelOptions { max_frame: 16 });
+        assert!(matches!(
+            ch2.send(&"x".repeat(100)),
+            Err(IpcError::TooLarge { .. })
+        ));
+    });
+}
+
+#[test]
+fn a_peer_that_stops_reading_gets_backpressure_and_nothing_is_lost() {
+    bounded(async {
+        let (ch, mut raw) = with_raw(ChannelOptions::default());
+        let payload = "x".repeat(16 * 1024);
+        let mut first_false = None;
+        for i in 0..64u32 {
+            let ok = ch
+                .send(&serde_json::json!({ "i": i, "p": payload }))
+                .unwrap();
+            if !ok && first_false.is_none() {
+                first_false = Some(i);
+                assert!(ch.queued_bytes() >= HIGH_WATER);
+            }
+        }
+        assert!(first_false.is_some(), "send() reported backpressure");
+        for i in 0..64u32 {
+            let (line, _) = raw.frame().await;
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+            assert_eq!(v["i"], i);
+            assert_eq!(v["p"].as_str().unwrap().len(), payload.len());
+        }
+        ch.flush().await.unwrap();
+        assert_eq!(ch.queued_bytes(), 0);
+    });
+}
+
+#[test]
+fn disconnect_is_seen_on_both_sides() {
+    bounded(async {
+        let (a, b) = pair();
+        a.send(&"last").unwrap();
+        a.disconnect();
+        assert!(!a.is_connected());
+        assert!(matches!(a.send(&1), Err(IpcError::Closed)));
+        assert_eq!(b.recv().await.unwrap().unwrap().json(), r#""last""#);
+        assert!(b.recv().await.is_none(), "EOF");
+        assert!(!b.is_connected());
+        assert!(a.recv().await.is_none());
+    });
+}
+
+#[test]
+fn an_open_channel_keeps_run_alive_until_unrefd() {
+    let rt = Runtime::new();
+    let (a, b) = rt.enter(pair);
+    rt.enter(|| {
+        a.unref();
+        b.unref();
+    });
+    rt.run(); // returns: both unref'd
+    rt.enter(|| {
+        b.ref_();
+        drop(a); // disconnect: b reads EOF and closes, releasing the loop
+    });
+    rt.run();
+    rt.enter(|| drop(b));
+}

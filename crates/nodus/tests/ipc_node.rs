@@ -1,0 +1,268 @@
+//! Interop with real Node over the IPC channel, both ways, plus the `ipc_echo` example forked by a
+//! nodus parent. The Node scripts are in `tests/ipc/`.
+//!
+//! Without `node` on `PATH`, the Node tests print "skipped: node not found" and pass, unless `CI`
+//! is set: then they fail (`.ci/run` installs Node). The `ipc_echo` binary is the example built by
+//! `cargo test`; if it is missing (`cargo test --tests`), it is built first.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nodus::Runtime;
+use nodus::net::{TcpListener, TcpStream, UnixStream};
+use nodus::process::{Command, ExecOptions, Stdio, exec_file, fork};
+use serde::Serialize;
+
+fn bounded<F: Future>(f: F) -> F::Output {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        nodus::timeout(Duration::from_secs(60), f)
+            .await
+            .expect("test timed out")
+    })
+}
+
+/// The `node` binary, or `None` (after saying so) when it is missing and `CI` is not set.
+fn node() -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join("node"))
+            .find(|p| p.is_file())
+    });
+    match found {
+        Some(p) => Some(p),
+        None if std::env::var_os("CI").is_some() => {
+            panic!("node not found and CI is set: .ci/run must install Node")
+        }
+        None => {
+            println!("skipped: node not found");
+            None
+        }
+    }
+}
+
+fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/ipc")
+        .join(name)
+}
+
+/// `target/<profile>/examples/ipc_echo`, built if missing.
+fn ipc_echo() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
+    let path = profile_dir.join("examples/ipc_echo");
+    if !path.is_file() {
+        let target_dir = profile_dir.parent().unwrap();
+        let mut cargo = std::process::Command::new(option_env!("CARGO").unwrap_or("cargo"));
+        cargo.args([
+            "build",
+            "-p",
+            "nodus",
+            "--example",
+            "ipc_echo",
+            "--target-dir",
+        ]);
+        cargo.arg(target_dir);
+        if profile_dir.file_name() == Some("release".as_ref()) {
+            cargo.arg("--release");
+        }
+        let status = cargo.status().unwrap();
+        assert!(status.success(), "building the ipc_echo example failed");
+    }
+    path
+}
+
+async fn read_all(s: &TcpStream) -> String {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 1024];
+    loop {
+        match s.read(&mut buf).await.unwrap() {
+            0 => return String::from_utf8(out).unwrap(),
+            n => out.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Hello {
+    hello: &'static str,
+    n: u32,
+    u: &'static str,
+}
+
+#[test]
+fn a_nodus_parent_forks_a_node_child_and_passes_sockets() {
+    let Some(node) = node() else { return };
+    bounded(async move {
+        let (child, ch) = fork(&node, [script("child.js")]).unwrap();
+        let ready = ch.recv().await.unwrap().unwrap();
+        assert_eq!(
+            ready.json(),
+            format!(r#"{{"ready":{},"channelFd":true}}"#, child.id()),
+            "Node removed NODE_CHANNEL_FD from its env"
+        );
+
+        ch.send(&Hello {
+            hello: "node",
+            n: 1,
+            u: "é€😀",
+        })
+        .unwrap();
+        let m = ch.recv().await.unwrap().unwrap();
+        assert_eq!(m.json(), r#"{"echo":{"hello":"node","n":1,"u":"é€😀"}}"#);
+
+        // A listening socket: the Node child serves it.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        ch.send_handle(&"server", listener).unwrap();
+        let m = ch.recv().await.unwrap().unwrap();
+        assert_eq!(m.json(), r#"{"echo":"server","serving":true}"#);
+        for _ in 0..3 {
+            let c = TcpStream::connect(addr).await.unwrap();
+            assert_eq!(
+                read_all(&c).await,
+                format!("hello from node {}\n", child.id())
+            );
+        }
+
+        // An accepted connection: the Node child answers on it.
+        let l2 = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(l2.local_addr().unwrap()).await.unwrap();
+        let (accepted, _) = l2.accept().await.unwrap();
+        ch.send_handle(&serde_json::json!({ "conn": 1 }), accepted)
+            .unwrap();
+        let m = ch.recv().await.unwrap().unwrap();
+        assert_eq!(m.json(), r#"{"echo":{"conn":1},"answered":true}"#);
+        assert_eq!(read_all(&client).await, "answered by node\n");
+        // Our end closes too, so the Node child's socket is done and its loop can empty.
+        drop(client);
+
+        ch.send(&"exit").unwrap();
+        assert!(ch.recv().await.is_none(), "the Node child disconnected");
+        assert!(child.wait().await.unwrap().success());
+    });
+}
+
+#[test]
+fn a_node_parent_forks_a_nodus_child_and_passes_a_server() {
+    let Some(node) = node() else { return };
+    let echo = ipc_echo();
+    bounded(async move {
+        let opts = ExecOptions {
+            timeout: Some(Duration::from_secs(30)),
+            ..Default::default()
+        };
+        let out = exec_file(&node, [script("parent.js"), echo], &opts).await;
+        let out = out.unwrap_or_else(|e| {
+            panic!(
+                "{e}\nstdout: {}\nstderr: {}",
+                String::from_utf8_lossy(&e.stdout),
+                String::from_utf8_lossy(&e.stderr)
+            )
+        });
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        assert!(stdout.starts_with("ok close_ms="), "{stdout}");
+    });
+}
+
+#[test]
+fn a_node_parent_using_advanced_serialization_gets_a_clear_error() {
+    let Some(node) = node() else { return };
+    let echo = ipc_echo();
+    bounded(async move {
+        let out = exec_file(
+            &node,
+            [script("advanced.js"), echo],
+            &ExecOptions::default(),
+        )
+        .await
+        .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["code"], 2, "{v}");
+        let stderr = v["stderr"].as_str().unwrap();
+        assert!(
+            stderr.contains("serialization 'advanced'") && stderr.contains("'json'"),
+            "{stderr}"
+        );
+    });
+}
+
+#[test]
+fn a_nodus_parent_forks_the_nodus_echo_child() {
+    let echo = ipc_echo();
+    bounded(async move {
+        let (child, ch) = fork(&echo, ["ignored"]).unwrap();
+        ch.send(&Hello {
+            hello: "nodus",
+            n: 2,
+            u: "ü",
+        })
+        .unwrap();
+        let m = ch.recv().await.unwrap().unwrap();
+        assert_eq!(m.json(), r#"{"echo":{"hello":"nodus","n":2,"u":"ü"}}"#);
+
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        ch.send_handle(&"srv", listener).unwrap();
+        assert_eq!(
+            ch.recv().await.unwrap().unwrap().json(),
+            r#"{"echo":"srv"}"#
+        );
+        let c = TcpStream::connect(addr).await.unwrap();
+        assert_eq!(
+            read_all(&c).await,
+            format!("hello from nodus {}\n", child.id())
+        );
+
+        ch.send(&"exit").unwrap();
+        assert!(ch.recv().await.is_none());
+        assert!(child.wait().await.unwrap().success());
+
+        // EOF: the child exits 0 when the parent disconnects.
+        let (child, ch) = fork(&echo, Vec::<String>::new()).unwrap();
+        ch.disconnect();
+        assert!(child.wait().await.unwrap().success());
+    });
+}
+
+#[test]
+fn the_echo_child_survives_a_malformed_frame_and_exits_0() {
+    let echo = ipc_echo();
+    bounded(async move {
+        // Hand the channel over as stdin (NODE_CHANNEL_FD may name any fd), keeping a raw end.
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut child = Command::new(&echo)
+            .env("NODE_CHANNEL_FD", "0")
+            .env("NODE_CHANNEL_SERIALIZATION_MODE", "json")
+            .stdin(Stdio::Fd(theirs.into()))
+            .stdout(Stdio::Null)
+            .spawn()
+            .unwrap();
+        let raw = UnixStream::from_std(ours).unwrap();
+        raw.write_all(b"{\"a\":1}\n").await.unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 256];
+        while !got.ends_with(b"\n") {
+            let n = raw.read(&mut buf).await.unwrap();
+            assert!(n > 0);
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(got, b"{\"echo\":{\"a\":1}}\n");
+        raw.write_all(b"{bad json\n").await.unwrap();
+        let mut stderr = Vec::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_end(&mut stderr)
+            .await
+            .unwrap();
+        let stderr = String::from_utf8(stderr).unwrap();
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains("malformed IPC frame"), "{stderr}");
+        assert_eq!(child.wait().await.unwrap().code(), Some(0));
+        assert_eq!(raw.read(&mut buf).await.unwrap(), 0, "its channel closed");
+    });
+}
