@@ -517,7 +517,7 @@ mod list_tests {
             x ^= x >> 7;
             x ^= x << 17;
             let k = q.insert(base, (x % 1000) * 1_000_000, 0, cb(), true, here);
-            if x % 7 == 0 {
+            if x.is_multiple_of(7) {
                 keys.push(k);
             }
         }
