@@ -102,6 +102,7 @@ struct Scan {
 }
 
 pub(super) fn run() {
+    raise_priority();
     let mut watched: Vec<Watched> = Vec::new();
     let mut limiter = RateLimit {
         budget_ns: REPORT_BURST * REPORT_COST_NS,
@@ -339,6 +340,14 @@ fn stall_message(report: &StallReport, class: StallClass, suppressed: u64) -> St
         );
     }
     message
+}
+
+/// Asks the kernel to run this thread ahead of ordinary work (nice −10), so a report is not late
+/// just because the machine is busy: the loop thread it watches may be the one hogging a CPU.
+/// Without the privilege (no `CAP_SYS_NICE`) it stays at the default priority.
+fn raise_priority() {
+    let tid = rustix::thread::gettid();
+    let _ = rustix::process::setpriority_process(Some(tid), -10);
 }
 
 #[cfg(test)]
