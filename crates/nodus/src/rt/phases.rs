@@ -149,16 +149,30 @@ impl Core {
         if blocking {
             self.shared.awake();
         }
+        // Tasks woken by these events became runnable when epoll_wait returned: their schedule
+        // delay counts from then, so events waiting behind earlier ones show up in it.
+        let returned = if events.is_empty() {
+            0
+        } else {
+            self.meter.current_time()
+        };
         for &(token, readiness) in &events {
             if token == crate::io::reactor::WAKER_TOKEN {
                 continue;
             }
             let target = Core::callback_target("io", std::panic::Location::caller(), classes::IO);
-            self.run_callback(target, None, || self.reactor.dispatch(token, readiness));
+            let t = self.boundary();
+            self.meter.begin_poll(&target, t);
+            self.reactor.dispatch(token, readiness);
+            self.meter.end_poll(&target, t);
+            #[cfg(feature = "measure")]
+            self.micro.borrow_mut().stamp(returned);
+            self.drain();
             if self.main_done.get() {
                 break;
             }
         }
+        let _ = returned;
         self.reactor.return_event_buffer(events);
         if self.shared.has_remote() {
             self.run_remote();

@@ -7,13 +7,15 @@
 //!   nothing ran in between (`fresh`). Only a syscall in the poll phase, user code outside a poll
 //!   (`Runtime::enter`'s closure) or the loop starting make the cached time stale: the rest of the
 //!   loop's own bookkeeping between two polls takes nanoseconds, so it is not worth a read.
-//! - **Schedule delay** is measured from the boundary at which an entry became runnable (the end
-//!   of the callback that woke it, or the wake time for wakes from other threads) to the boundary
-//!   at which it starts to run.
+//! - **Schedule delay** is measured from the moment an entry became runnable to the boundary at
+//!   which it starts to run: the end of the callback that woke it; for a task woken by I/O, the
+//!   moment `epoll_wait` returned (so an event that waits behind earlier events of the same poll
+//!   counts); for a wake from another thread, the wake itself.
 //! - **Run-queue length** is integrated over time at boundaries with the count of entries that
 //!   were runnable since the previous boundary. Entries queued between two boundaries are counted
 //!   from the second one, the same moment their schedule delay starts, so Little's law
-//!   (mean length = arrival rate × mean delay) holds by construction for local wakes.
+//!   (mean length = arrival rate × mean delay) holds by construction for local wakes (I/O and
+//!   remote wakes add delay from before they were queued, which the length does not see).
 //! - **Idle** is time blocked in the poll phase with a non-zero timeout; busy is the rest.
 //!
 //! All state is loop-thread-only (`Cell`/`RefCell`); the watchdog reads only the `LoopSlot`.
