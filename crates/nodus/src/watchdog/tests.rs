@@ -126,8 +126,10 @@ fn reports_a_busy_poll_while_it_runs() {
     assert_eq!(first.task_id, 7);
     assert_eq!(first.location, location_string(location));
     assert_runnable_class(&first);
+    // The strict bound (threshold + 10 ms) is tests/watchdog.rs's, best of three attempts; here
+    // a bound that survives a loaded machine and still proves the report came mid-poll.
     assert!(
-        first.detected_after_seconds >= 0.050 && first.detected_after_seconds < 0.060,
+        first.detected_after_seconds >= 0.050 && first.detected_after_seconds < 0.150,
         "first report after {} s",
         first.detected_after_seconds
     );
@@ -163,7 +165,7 @@ fn classifies_a_sleeping_poll_as_blocked() {
     assert!(seen_at < end);
     assert_eq!(first.class, "blocked-in-syscall", "{first:?}");
     assert!(first.on_cpu_share < 0.2, "{first:?}");
-    assert!(first.detected_after_seconds < 0.060, "{first:?}");
+    assert!(first.detected_after_seconds < 0.150, "{first:?}"); // strict bound: tests/watchdog.rs
     let (last, _) = wait_for(id, Duration::from_secs(1), ended).expect("never ended");
     assert_eq!(last.class, "blocked-in-syscall", "{last:?}");
 }
@@ -274,7 +276,7 @@ fn parks_while_every_loop_is_idle() {
     // `leave_idle` must unpark it in time to catch a stall at its threshold.
     go.wait();
     let (first, _) = wait_for(id, Duration::from_secs(2), ongoing).expect("no report");
-    assert!(first.detected_after_seconds < 0.060, "{first:?}");
+    assert!(first.detected_after_seconds < 0.150, "{first:?}"); // strict bound: tests/watchdog.rs
     handle.join().unwrap();
     wait_for(id, Duration::from_secs(1), ended).expect("never ended");
 }
