@@ -25,7 +25,9 @@ const STAT_PATH: &str = "/etc/hostname";
 
 fn cpu_ns() -> u64 {
     // user+sys CPU time of the whole process (all threads)
+    // SAFETY: `rusage` is a plain C struct of integers, for which all-zero bytes are a valid value.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable `rusage` for the duration of the call.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
     us(ru.ru_utime) + us(ru.ru_stime)
