@@ -69,6 +69,25 @@ macro_rules! fd_stream {
 }
 fd_stream!(nodus::net::TcpStream, nodus::net::UnixStream);
 
+/// A cluster worker's connection is a `TcpStream` that counts itself for the `least` policy.
+impl FdStream for nodus::cluster::Stream {
+    fn fd(&self) -> BorrowedFd<'_> {
+        (**self).fd()
+    }
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        (**self).poll_read_ready(cx)
+    }
+    fn clear_read_ready(&self) {
+        (**self).clear_read_ready()
+    }
+    fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        (**self).poll_write_ready(cx)
+    }
+    fn clear_write_ready(&self) {
+        (**self).clear_write_ready()
+    }
+}
+
 /// A stream adapted for hyper.
 pub struct HyperIo<S> {
     stream: S,

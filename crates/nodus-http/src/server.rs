@@ -126,6 +126,24 @@ impl Accept for nodus::net::UnixListener {
     }
 }
 
+impl Accept for nodus::cluster::Listener {
+    type Stream = nodus::cluster::Stream;
+
+    fn poll_accept(
+        &self,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<(Self::Stream, Option<SocketAddr>)>> {
+        nodus::cluster::Listener::poll_accept(self, cx).map_ok(|(s, peer)| {
+            let _ = s.set_nodelay(true);
+            (s, Some(peer))
+        })
+    }
+
+    fn local_addr(&self) -> Option<SocketAddr> {
+        nodus::cluster::Listener::local_addr(self).ok()
+    }
+}
+
 struct State {
     config: Config,
     builders: Builders,
@@ -263,6 +281,9 @@ where
                 tracing::warn!(target: "nodus::http", "accept failed: {e}; retrying in 100 ms");
                 nodus::sleep(100).await;
             }
+            // A listener that can give no more connections (a cluster worker's, after the
+            // primary's disconnect): the accept task is done.
+            Some(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => return,
             Some(Err(e)) => tracing::debug!(target: "nodus::http", "accept failed: {e}"),
         }
     }

@@ -1,12 +1,33 @@
-//! The cluster: a primary that supervises worker processes (issue in progress).
+//! The cluster: a primary that forks and supervises worker processes, and the worker side.
 //!
-//! Present so far: `supervision`, the restart policy every supervisor of nodus uses (`nodus run`,
-//! `nodus serve --workers N`): OTP's restart intensity over one budget per primary, per-slot
-//! exponential backoff, and restart types. It decides; the process code acts.
+//! - [`Worker`] (`worker`): a process started by a primary (`NODE_UNIQUE_ID`) asks it for
+//!   listeners, answers its requests and hears when to drain. Works under a nodus primary and
+//!   under a stock Node primary.
+//! - [`Primary`] (`primary`): forks workers (nodus, Node or any program), owns the listening
+//!   sockets, balances connections (`rr`, `shared`, `reuseport`, `least`), and supervises:
+//!   restart budget, backoff, "going down" notices, rolling reload on SIGHUP, graceful
+//!   shutdown, no orphans.
+//! - `protocol`: Node's `NODE_CLUSTER` messages and nodus's `NODE_NODUS` extensions.
+//! - `supervision`: the restart policy (budget, backoff, restart types), pure and deterministic.
+//!
+//! A process is a primary or a worker or neither; [`is_worker`] tells which before anything is
+//! opened.
 
+mod primary;
+mod protocol;
+mod reply;
 pub mod supervision;
+mod worker;
 
+pub use primary::{Config, Event, EventKind, Policy, Primary, Readiness, WorkerCommand};
 pub use supervision::{
     Backoff, Decision, ExitReason, GIVE_UP_EXIT_CODE, RestartBudget, RestartPolicy, RestartType,
     SlotHistory,
 };
+pub use worker::{Listener, Stream, Worker};
+
+/// Whether a cluster primary started this process (`NODE_UNIQUE_ID` is set and
+/// [`Worker::get`] has not consumed it yet), or [`Worker::get`] already made it a worker.
+pub fn is_worker() -> bool {
+    std::env::var_os("NODE_UNIQUE_ID").is_some() || worker::exists()
+}

@@ -251,13 +251,17 @@ impl State {
                     self.control(ACK);
                     let msg = internal.msg.unwrap_or_else(null);
                     let handle = Handle::new(fd, internal.node_type.unwrap_or_default());
-                    self.deliver(
-                        Ok(Message {
-                            json: msg,
-                            handle: Some(handle),
-                        }),
-                        wake,
-                    );
+                    let msg = Message {
+                        json: msg,
+                        handle: Some(handle),
+                    };
+                    // As in Node, the wrapped message is internal or not by its own `cmd`
+                    // (a cluster `newconn` travels with its connection's fd).
+                    if handles::internal(&msg.json).is_some() {
+                        self.push_internal(msg, wake);
+                    } else {
+                        self.deliver(Ok(msg), wake);
+                    }
                 }
                 None => self.control(NACK),
             },
@@ -307,14 +311,16 @@ impl State {
                     self.control(&bytes);
                 }
             }
-            _ => {
-                if self.internal.len() == MAX_INTERNAL {
-                    self.internal.pop_front();
-                }
-                self.internal.push_back(Message { json, handle: None });
-                wake.extend(self.internal_waker.take());
-            }
+            _ => self.push_internal(Message { json, handle: None }, wake),
         }
+    }
+
+    fn push_internal(&mut self, msg: Message, wake: &mut Vec<Waker>) {
+        if self.internal.len() == MAX_INTERNAL {
+            self.internal.pop_front();
+        }
+        self.internal.push_back(msg);
+        wake.extend(self.internal_waker.take());
     }
 
     fn queued(&self) -> usize {

@@ -1,0 +1,155 @@
+//! A cluster of "Hello, World!" HTTP workers: one binary that is the primary when started by
+//! hand and a worker when its primary re-executes it (Node's `if (cluster.isPrimary)` pattern).
+//!
+//! ```text
+//! cargo run --release -p nodus-http --example cluster -- \
+//!     --workers 2 --policy rr --listen 127.0.0.1:8080 [--events FILE] [--slow-worker ID --slow-ms MS]
+//! ```
+//!
+//! Worker side: [`Worker::listen`] gets the listener from the primary, the server reports its
+//! HTTP counters with each snapshot, `ready()` tells the primary it can take traffic, and the
+//! primary's `disconnect` (a reload or shutdown) drains the server within the deadline it gave.
+//! `--slow-worker ID --slow-ms MS` makes worker ID answer after MS milliseconds (to see `least`
+//! steer connections away from it). SIGTERM/SIGINT to the primary drain everything; SIGHUP is a
+//! rolling reload.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use http::header::{CONTENT_TYPE, HeaderValue};
+use nodus::cluster::{Config, Policy, Primary, Readiness, Worker, WorkerCommand};
+use nodus::net::TcpListener;
+use nodus_http::{Config as HttpConfig, full, serve};
+
+struct Args {
+    workers: usize,
+    policy: Policy,
+    listen: SocketAddr,
+    events: Option<PathBuf>,
+    slow_worker: Option<u32>,
+    slow: Duration,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        workers: 2,
+        policy: Policy::RoundRobin,
+        listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+        events: None,
+        slow_worker: None,
+        slow: Duration::from_millis(100),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--workers" => {
+                args.workers = value()?.parse().map_err(|e| format!("--workers: {e}"))?
+            }
+            "--policy" => {
+                args.policy = match value()?.as_str() {
+                    "rr" => Policy::RoundRobin,
+                    "shared" => Policy::Shared,
+                    "reuseport" => Policy::ReusePort,
+                    "least" => Policy::Least,
+                    other => return Err(format!("unknown policy {other}")),
+                }
+            }
+            "--listen" => args.listen = value()?.parse().map_err(|e| format!("--listen: {e}"))?,
+            "--events" => args.events = Some(value()?.into()),
+            "--slow-worker" => {
+                args.slow_worker = Some(value()?.parse().map_err(|e| format!("{e}"))?)
+            }
+            "--slow-ms" => {
+                args.slow = Duration::from_millis(value()?.parse().map_err(|e| format!("{e}"))?)
+            }
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(args)
+}
+
+fn main() {
+    let args = parse_args().unwrap_or_else(|e| {
+        eprintln!("cluster: {e}");
+        std::process::exit(2);
+    });
+    let rt = nodus::Runtime::new();
+    let code = rt.block_on(async move {
+        match Worker::get() {
+            Ok(Some(worker)) => run_worker(worker, args).await,
+            Ok(None) => run_primary(args).await,
+            Err(e) => {
+                eprintln!("cluster: {e}");
+                1
+            }
+        }
+    });
+    std::process::exit(code);
+}
+
+async fn run_primary(args: Args) -> i32 {
+    let program = std::env::current_exe().expect("the running program has a path");
+    let mut config = Config::new(
+        args.workers,
+        WorkerCommand {
+            program,
+            args: std::env::args_os().skip(1).collect(),
+            env: Vec::new(),
+            ipc: true,
+        },
+    );
+    config.policy = args.policy;
+    config.readiness = Readiness::Message;
+    config.event_log = args.events;
+    config.prefix_output = false;
+    if args.policy != Policy::ReusePort {
+        match TcpListener::bind(args.listen) {
+            Ok(l) => config.listeners.push(("http".to_owned(), l)),
+            Err(e) => {
+                eprintln!("cluster: cannot listen on {}: {e}", args.listen);
+                return 1;
+            }
+        }
+    }
+    match Primary::start(config) {
+        Ok(primary) => primary.run().await,
+        Err(e) => {
+            eprintln!("cluster: {e}");
+            1
+        }
+    }
+}
+
+async fn run_worker(worker: Worker, args: Args) -> i32 {
+    let listener = match worker.listen(args.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("cluster worker {}: {e}", worker.id());
+            return 1;
+        }
+    };
+    worker.set_snapshot(nodus_http::snapshot);
+    let delay = (args.slow_worker == Some(worker.id())).then_some(args.slow);
+    let server = serve(
+        listener,
+        HttpConfig {
+            name: "http:hello",
+            ..HttpConfig::default()
+        },
+        move |_req| async move {
+            if let Some(d) = delay {
+                nodus::sleep(d).await;
+            }
+            let mut resp = http::Response::new(full("Hello, World!"));
+            resp.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+            resp
+        },
+    );
+    worker.ready();
+    let deadline = worker.drain_requested().await;
+    server.drain(deadline).await;
+    0
+}

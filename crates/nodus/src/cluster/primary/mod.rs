@@ -1,0 +1,389 @@
+//! The primary role: forks workers, owns the listening sockets, balances connections, and
+//! supervises (restart budget, backoff, rolling reload, graceful shutdown).
+//!
+//! - [`Config`] says what to run and how; [`Primary::start`] forks the workers;
+//!   [`Primary::run`] serves until SIGTERM/SIGINT (drain, exit code 0), handles SIGHUP as a
+//!   rolling reload, and returns the process exit code ([`GIVE_UP_EXIT_CODE`] when the restart
+//!   budget ran out).
+//! - Files: `proc` (one worker process and its channel), `server` (listeners per server key and
+//!   the accept/handoff loop), `balance` (rr / least choice), `supervise` (exits, restarts,
+//!   reload, shutdown), `stats` (the cluster's `/_nodus/stats` and `/_nodus/metrics`),
+//!   `events` (lifecycle events and the JSON-lines event log).
+//!
+//! Invariants:
+//! - Everything runs on the primary's loop thread (`Rc` state, no locks).
+//! - A slot (worker id 1..=N, `NODUS_WORKER_ID`) has at most one *current* process; during a
+//!   reload or after a "going down" notice an old process may still drain beside it. Only the
+//!   exit of a slot's current process can restart the slot.
+//! - The primary keeps every listener it created for the whole run (unlike Node, which closes a
+//!   round-robin listener when its last worker leaves): a reload or a crash never refuses a
+//!   connection. A connection handed to a worker stays owned by the primary too until the worker
+//!   answers `accepted`, so one lost with its worker is handed to another.
+//! - Workers get `PR_SET_PDEATHSIG(SIGKILL)`: none outlives a primary killed with SIGKILL.
+
+mod balance;
+mod events;
+mod proc;
+mod server;
+mod stats;
+mod supervise;
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::io;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+pub use events::{Event, EventKind};
+
+use super::supervision::{RestartBudget, RestartPolicy, SlotHistory};
+use crate::net::TcpListener;
+use proc::Proc;
+use server::Server;
+
+/// How new connections reach workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// The primary accepts and hands each connection to the next worker (Node's default).
+    RoundRobin,
+    /// Every worker accepts on one shared listening socket (fast; the kernel's wake-up order
+    /// skews the spread).
+    Shared,
+    /// Every worker gets a socket of its own bound with `SO_REUSEPORT`; the kernel hashes
+    /// connections over them. When a worker's socket closes (a reload, a crash), connections
+    /// still in its accept queue are reset.
+    ReusePort,
+    /// The primary accepts and hands each connection to the worker with the fewest open
+    /// connections (workers report them).
+    Least,
+}
+
+impl Policy {
+    /// The name used on the command line and in stats (`rr`, `shared`, `reuseport`, `least`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::RoundRobin => "rr",
+            Policy::Shared => "shared",
+            Policy::ReusePort => "reuseport",
+            Policy::Least => "least",
+        }
+    }
+
+    fn primary_accepts(self) -> bool {
+        matches!(self, Policy::RoundRobin | Policy::Least)
+    }
+}
+
+/// What counts as a worker being ready for traffic (a reload waits for it before draining the
+/// old worker). A nodus `ready` message, or `READY=1` from a plain program, always counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// Only an explicit ready message (nodus workers send it once they listen).
+    Message,
+    /// The worker's first `listening` (a Node worker's `server.listen` callback).
+    Listening,
+    /// Having stayed alive this long (plain programs that never send `READY=1`).
+    Alive(Duration),
+}
+
+/// The program run as each worker, and how it talks to the primary.
+#[derive(Debug, Clone)]
+pub struct WorkerCommand {
+    pub program: PathBuf,
+    pub args: Vec<OsString>,
+    pub env: Vec<(OsString, OsString)>,
+    /// Speaks Node's cluster protocol over an IPC channel (a nodus or Node worker). Otherwise a
+    /// plain program: it gets the primary's listeners as `LISTEN_FDS` (from fd 3) and a
+    /// `NOTIFY_SOCKET`.
+    pub ipc: bool,
+}
+
+/// A cluster's settings. Defaults follow DESIGN.md section 7.
+#[derive(Debug)]
+pub struct Config {
+    pub workers: usize,
+    pub command: WorkerCommand,
+    pub policy: Policy,
+    /// Listeners bound before the workers start (`nodus run -l`, systemd's `LISTEN_FDS`, the
+    /// address of `nodus serve`), with their names; a worker's `queryServer` for the same
+    /// address (or port) gets one of these instead of a new socket.
+    pub listeners: Vec<(String, TcpListener)>,
+    pub restart: RestartPolicy,
+    /// Restart intensity: more than `max_restarts` within `restart_window` gives up.
+    pub max_restarts: u32,
+    pub restart_window: Duration,
+    /// Drain deadline sent to a worker with its `disconnect`.
+    pub drain_timeout: Duration,
+    /// After a worker was asked to stop (disconnect, or SIGTERM for a plain program), the time it
+    /// gets before SIGKILL.
+    pub kill_timeout: Duration,
+    /// How long a reload waits for a new worker to be ready.
+    pub ready_timeout: Duration,
+    pub readiness: Readiness,
+    /// Capture each worker's stdout/stderr with a `[worker id pid]` prefix (else inherited).
+    pub prefix_output: bool,
+    /// Append every lifecycle event as a JSON line to this file.
+    pub event_log: Option<PathBuf>,
+}
+
+impl Config {
+    /// `workers` copies of `command`, round-robin, the default restart rules (3 restarts in
+    /// 5 s... see [`RestartPolicy`]), 10 s drain, 10 s kill timeout, 30 s ready timeout.
+    pub fn new(workers: usize, command: WorkerCommand) -> Config {
+        Config {
+            workers,
+            command,
+            policy: Policy::RoundRobin,
+            listeners: Vec::new(),
+            restart: RestartPolicy::default(),
+            max_restarts: 5,
+            restart_window: Duration::from_secs(60),
+            drain_timeout: Duration::from_secs(10),
+            kill_timeout: Duration::from_secs(10),
+            ready_timeout: Duration::from_secs(30),
+            readiness: Readiness::Listening,
+            prefix_output: true,
+            event_log: None,
+        }
+    }
+}
+
+/// The primary's lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Running,
+    Stopping,
+}
+
+/// One worker slot.
+struct Slot {
+    id: u32,
+    history: SlotHistory,
+    current: Option<Rc<Proc>>,
+    restarts: u64,
+    /// A restart is scheduled (backoff) or a replacement is starting.
+    pending_restart: bool,
+}
+
+pub(crate) struct State {
+    config: Config,
+    seq: Cell<u64>,
+    next_unique: Cell<u64>,
+    slots: RefCell<Vec<Slot>>,
+    procs: RefCell<HashMap<u64, Rc<Proc>>>,
+    servers: RefCell<HashMap<String, Rc<Server>>>,
+    prebound: RefCell<Vec<(String, Rc<Server>)>>,
+    /// The port chosen for a reuse-port key that asked for port 0.
+    reuseport_ports: RefCell<HashMap<String, u16>>,
+    budget: RefCell<RestartBudget>,
+    restarts: Cell<u64>,
+    generation: Cell<u64>,
+    last_exit: RefCell<Option<String>>,
+    phase: Cell<Phase>,
+    reloading: Cell<bool>,
+    /// Set when the run is over: the process exit code.
+    exit_code: Cell<Option<i32>>,
+    /// The exit code once every worker is gone (0, or the give-up code).
+    final_code: Cell<i32>,
+    announced_ready: Cell<bool>,
+    done: RefCell<Option<std::task::Waker>>,
+    events: events::Events,
+    started: Instant,
+    stats_cache: RefCell<stats::Cache>,
+}
+
+/// A running cluster primary. Cheap to clone.
+#[derive(Clone)]
+pub struct Primary {
+    st: Rc<State>,
+}
+
+impl Primary {
+    /// Forks the workers and starts serving the pre-bound listeners.
+    ///
+    /// # Errors
+    /// The event log cannot be opened, or no worker could be spawned (the program does not exist,
+    /// ...): the message names the program.
+    ///
+    /// # Panics
+    /// Outside a running nodus loop.
+    pub fn start(mut config: Config) -> io::Result<Primary> {
+        let events = events::Events::open(config.event_log.as_deref())?;
+        let budget = RestartBudget::new(config.max_restarts, config.restart_window);
+        let listeners = std::mem::take(&mut config.listeners);
+        let slots = (1..=config.workers as u32)
+            .map(|id| Slot {
+                id,
+                history: SlotHistory::default(),
+                current: None,
+                restarts: 0,
+                pending_restart: false,
+            })
+            .collect();
+        let st = Rc::new(State {
+            config,
+            seq: Cell::new(0),
+            next_unique: Cell::new(1),
+            slots: RefCell::new(slots),
+            procs: RefCell::default(),
+            servers: RefCell::default(),
+            prebound: RefCell::default(),
+            reuseport_ports: RefCell::default(),
+            budget: RefCell::new(budget),
+            restarts: Cell::new(0),
+            generation: Cell::new(0),
+            last_exit: RefCell::new(None),
+            phase: Cell::new(Phase::Running),
+            reloading: Cell::new(false),
+            exit_code: Cell::new(None),
+            final_code: Cell::new(0),
+            announced_ready: Cell::new(false),
+            done: RefCell::new(None),
+            events,
+            started: Instant::now(),
+            stats_cache: RefCell::default(),
+        });
+        for (name, listener) in listeners {
+            let server = Server::prebound(&st, listener)?;
+            st.prebound.borrow_mut().push((name, server));
+        }
+        let primary = Primary { st };
+        let ids: Vec<u32> = primary.st.slots.borrow().iter().map(|s| s.id).collect();
+        for id in ids {
+            let proc = Proc::spawn(&primary.st, id, 0).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!(
+                        "cannot start worker {id} ({}): {e}",
+                        primary.st.config.command.program.display()
+                    ),
+                )
+            })?;
+            primary.st.slots.borrow_mut()[id as usize - 1].current = Some(proc);
+        }
+        Ok(primary)
+    }
+
+    /// Serves until a shutdown: SIGTERM or SIGINT drain every worker and return 0; SIGHUP starts
+    /// a rolling reload; a spent restart budget stops everything and returns
+    /// [`GIVE_UP_EXIT_CODE`]. Tells systemd `READY=1` once every worker is ready (and after each
+    /// reload), `RELOADING=1`, `STOPPING=1`.
+    pub async fn run(&self) -> i32 {
+        supervise::run(&self.st).await
+    }
+
+    /// Starts a rolling reload (what SIGHUP does); ignored while one runs or during shutdown.
+    pub fn reload(&self) {
+        supervise::start_reload(&self.st);
+    }
+
+    /// Starts a graceful shutdown (what SIGTERM does); [`run`](Self::run) then returns 0.
+    pub fn shutdown(&self) {
+        supervise::start_shutdown(&self.st, "shutdown requested");
+    }
+
+    /// Calls `f` for every lifecycle event (fork, online, listening, ready, exit, ...).
+    pub fn on_event(&self, f: impl Fn(&Event) + 'static) {
+        self.st.events.subscribe(Box::new(f));
+    }
+
+    /// Sends an application message to the current process of worker `id` (no-op if none).
+    ///
+    /// # Errors
+    /// The worker's channel is closed or the message does not serialize.
+    pub fn send<T: serde::Serialize + ?Sized>(&self, id: u32, msg: &T) -> io::Result<()> {
+        let Some(proc) = self.st.current(id) else {
+            return Ok(());
+        };
+        match &proc.channel {
+            Some(ch) => ch.send(msg).map(drop).map_err(|e| match e {
+                crate::ipc::IpcError::Serialize(e) => io::Error::new(io::ErrorKind::InvalidData, e),
+                e => io::Error::other(e.to_string()),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Sends an application message to every worker that has a channel.
+    ///
+    /// # Errors
+    /// The message does not serialize.
+    pub fn broadcast<T: serde::Serialize + ?Sized>(&self, msg: &T) -> io::Result<()> {
+        let ids: Vec<u32> = self.st.slots.borrow().iter().map(|s| s.id).collect();
+        for id in ids {
+            if let Err(e) = self.send(id, msg)
+                && e.kind() == io::ErrorKind::InvalidData
+            {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// The pids of the current workers, by worker id (0 for an empty slot).
+    pub fn worker_pids(&self) -> Vec<(u32, u32)> {
+        self.st
+            .slots
+            .borrow()
+            .iter()
+            .map(|s| (s.id, s.current.as_ref().map_or(0, |p| p.pid)))
+            .collect()
+    }
+
+    /// The cluster's `/_nodus/stats` document (fresh worker snapshots, at most 1 s old).
+    pub async fn stats_json(&self) -> String {
+        stats::stats_json(&self.st).await
+    }
+
+    /// The cluster's `/_nodus/metrics` (OpenMetrics text), every series labelled by `worker`.
+    pub async fn metrics_text(&self) -> String {
+        stats::metrics_text(&self.st).await
+    }
+
+    /// Whether every slot has a ready worker and no shutdown began (for `/_nodus/readyz`).
+    pub fn is_ready(&self) -> bool {
+        self.st.phase.get() == Phase::Running && self.st.all_ready()
+    }
+}
+
+impl std::fmt::Debug for Primary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Primary")
+            .field("workers", &self.st.config.workers)
+            .field("policy", &self.st.config.policy)
+            .finish()
+    }
+}
+
+impl State {
+    fn next_seq(&self) -> u64 {
+        let s = self.seq.get();
+        self.seq.set(s + 1);
+        s
+    }
+
+    fn current(&self, id: u32) -> Option<Rc<Proc>> {
+        self.slots
+            .borrow()
+            .get(id as usize - 1)
+            .and_then(|s| s.current.clone())
+    }
+
+    fn all_ready(&self) -> bool {
+        self.slots
+            .borrow()
+            .iter()
+            .all(|s| s.current.as_ref().is_some_and(|p| p.is_ready()))
+    }
+
+    fn emit(&self, worker: Option<&Proc>, kind: EventKind) {
+        self.events.emit(Event {
+            t_ns: crate::clock::now_ns(),
+            worker: worker.map(|p| p.slot),
+            pid: worker.map(|p| p.pid),
+            kind,
+        });
+    }
+}

@@ -1,0 +1,330 @@
+//! One worker process as the primary sees it: spawning it, its channel's messages, its state.
+//!
+//! Invariants:
+//! - A `Proc` is created by [`Proc::spawn`] and lives in `State::procs` until its exit has been
+//!   handled (`supervise::on_exit`); its tasks (exit watcher, message dispatch) end with it.
+//! - `state` only moves forward: Starting → Online → Listening → Ready → Draining → Dead (a
+//!   step may be skipped).
+//! - `pending` holds the primary's copy of every connection handed to this worker and not yet
+//!   answered `accepted`; whatever is left when the worker dies is handed to another.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::future::poll_fn;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+use super::server::{self, Server};
+use super::{EventKind, Readiness, State, stats, supervise};
+use crate::cluster::protocol::{Ack, Incoming, NODE_CLUSTER, Nodus};
+use crate::cluster::reply::ReplySlot;
+use crate::ipc::{Channel, ChannelOptions, Message};
+use crate::process::{Child, Command, ExitStatus, Stdio};
+use crate::signal::SIGKILL;
+
+/// Where a worker is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum ProcState {
+    Starting,
+    Online,
+    Listening,
+    Ready,
+    Draining,
+    Dead,
+}
+
+pub(super) struct Proc {
+    pub unique: u64,
+    pub slot: u32,
+    pub generation: u64,
+    pub pid: u32,
+    pub child: Child,
+    pub channel: Option<Channel>,
+    pub started: Instant,
+    pub state: Cell<ProcState>,
+    changed: RefCell<Vec<Waker>>,
+    pub exited_after_disconnect: Cell<bool>,
+    /// The primary asked it to stop (drain, reload, shutdown).
+    pub drained: Cell<bool>,
+    pub going_down: Cell<bool>,
+    /// Handoffs not yet answered `accepted`, with the primary's copy of each connection.
+    pub pending: RefCell<HashMap<u64, (Rc<Server>, OwnedFd)>>,
+    /// Connections this worker accepted from the primary.
+    pub handed: Cell<u64>,
+    /// The worker's last load report: (open connections, accepted in total).
+    pub reported: Cell<Option<(u64, u64)>>,
+    pub snapshot: RefCell<Option<(Instant, String)>>,
+    pub snapshot_waiters: RefCell<HashMap<u64, ReplySlot<String>>>,
+    pub exit_status: Cell<Option<ExitStatus>>,
+}
+
+impl Proc {
+    /// Starts the current generation's worker for `slot`.
+    pub fn spawn(st: &Rc<State>, slot: u32, generation: u64) -> io::Result<Rc<Proc>> {
+        let cfg = &st.config.command;
+        let unique = st.next_unique.get();
+        st.next_unique.set(unique + 1);
+        let mut cmd = Command::new(&cfg.program);
+        cmd.args(&cfg.args)
+            .envs(cfg.env.iter().map(|(k, v)| (k, v)))
+            .env("NODE_UNIQUE_ID", unique.to_string())
+            .env("NODUS_WORKER_ID", slot.to_string())
+            .env("NODE_APP_INSTANCE", (slot - 1).to_string())
+            .stdin(Stdio::Null)
+            .stdout(Stdio::Inherit)
+            .stderr(Stdio::Inherit)
+            // Its own group: a terminal's Ctrl-C reaches the primary only, which drains the
+            // workers; and the worker's whole group can be killed at once.
+            .process_group(0)
+            .parent_death_signal(Some(SIGKILL));
+        if cfg.ipc {
+            cmd.ipc(ChannelOptions::default());
+        }
+        let mut child = cmd.spawn()?;
+        let channel = child.channel.take();
+        let proc = Rc::new(Proc {
+            unique,
+            slot,
+            generation,
+            pid: child.id(),
+            child,
+            channel,
+            started: Instant::now(),
+            state: Cell::new(ProcState::Starting),
+            changed: RefCell::default(),
+            exited_after_disconnect: Cell::new(false),
+            drained: Cell::new(false),
+            going_down: Cell::new(false),
+            pending: RefCell::default(),
+            handed: Cell::new(0),
+            reported: Cell::new(None),
+            snapshot: RefCell::new(None),
+            snapshot_waiters: RefCell::default(),
+            exit_status: Cell::new(None),
+        });
+        st.procs.borrow_mut().insert(unique, proc.clone());
+        st.emit(
+            Some(&proc),
+            EventKind::Fork {
+                generation: proc.generation,
+            },
+        );
+        let (s, p) = (st.clone(), proc.clone());
+        crate::task::spawn_named("cluster:exit", async move {
+            let status = p.child.wait().await;
+            supervise::on_exit(&s, &p, status);
+        })
+        .detach();
+        if proc.channel.is_some() {
+            let (s, p) = (st.clone(), proc.clone());
+            crate::task::spawn_named("cluster:primary", async move {
+                let channel = p.channel.as_ref().expect("checked");
+                while let Some(mut msg) = channel.recv_internal().await {
+                    on_internal(&s, &p, &mut msg);
+                }
+                s.emit(Some(&p), EventKind::Disconnect);
+            })
+            .detach();
+            let (s, p) = (st.clone(), proc.clone());
+            crate::task::spawn_named("cluster:messages", async move {
+                let channel = p.channel.as_ref().expect("checked");
+                while let Some(msg) = channel.recv().await {
+                    match msg {
+                        Ok(msg) => on_user_message(&s, &p, &msg),
+                        Err(e) => tracing::warn!(
+                            target: "nodus::cluster",
+                            "worker {} (pid {}): channel error: {e}", p.slot, p.pid
+                        ),
+                    }
+                }
+            })
+            .detach();
+        }
+        if let Readiness::Alive(after) = st.config.readiness {
+            let (s, p) = (st.clone(), proc.clone());
+            crate::task::spawn_named("cluster:alive", async move {
+                crate::time::sleep(after.max(Duration::from_millis(1))).await;
+                if p.state.get() < ProcState::Ready {
+                    mark_ready(&s, &p);
+                }
+            })
+            .detach();
+        }
+        Ok(proc)
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.state.get() == ProcState::Ready
+    }
+
+    pub fn is_alive(&self) -> bool {
+        self.state.get() != ProcState::Dead
+    }
+
+    /// Moves to `state` if that is forward; wakes every waiter.
+    pub fn advance(&self, state: ProcState) {
+        if state > self.state.get() {
+            self.state.set(state);
+            for w in self.changed.borrow_mut().drain(..) {
+                w.wake();
+            }
+        }
+    }
+
+    /// Waits until `state` is reached (or passed), or `limit` elapses; returns the state then.
+    pub async fn wait_for(&self, state: ProcState, limit: Duration) -> ProcState {
+        let reached = poll_fn(|cx| {
+            if self.state.get() >= state {
+                Poll::Ready(())
+            } else {
+                self.changed.borrow_mut().push(cx.waker().clone());
+                Poll::Pending
+            }
+        });
+        let _ = crate::time::timeout(limit, reached).await;
+        self.state.get()
+    }
+
+    /// Sends a message on the channel, logging a failure (a dying worker's channel fails).
+    pub fn send<T: serde::Serialize>(&self, msg: &T) {
+        if let Some(ch) = &self.channel
+            && let Err(e) = ch.send(msg)
+        {
+            tracing::debug!(target: "nodus::cluster", "worker {} (pid {}): {e}", self.slot, self.pid);
+        }
+    }
+
+    /// Estimated open connections (for `least`).
+    pub fn load_estimate(&self) -> u64 {
+        let in_flight = self.pending.borrow().len() as u64;
+        match self.reported.get() {
+            Some((open, accepted_total)) => {
+                open + self.handed.get().saturating_sub(accepted_total) + in_flight
+            }
+            None => in_flight,
+        }
+    }
+}
+
+/// Marks `proc` ready (once) and tells the supervisor.
+pub(super) fn mark_ready(st: &Rc<State>, proc: &Rc<Proc>) {
+    if proc.state.get() >= ProcState::Ready {
+        return;
+    }
+    proc.advance(ProcState::Ready);
+    st.emit(Some(proc), EventKind::Ready);
+    supervise::on_ready(st, proc);
+}
+
+fn on_internal(st: &Rc<State>, proc: &Rc<Proc>, msg: &mut Message) {
+    let json = msg.json().to_owned();
+    let Some(m) = Incoming::parse(&json) else {
+        return;
+    };
+    if m.is_nodus() {
+        on_nodus(st, proc, &m);
+        return;
+    }
+    if !m.is_cluster() {
+        return;
+    }
+    match m.act {
+        Some("online") => {
+            proc.advance(ProcState::Online);
+            st.emit(Some(proc), EventKind::Online);
+            if st.config.policy == super::Policy::Least {
+                proc.send(&Nodus::act("report_load"));
+            }
+        }
+        Some("queryServer") => server::query(st, proc, &m),
+        Some("listening") => {
+            proc.advance(ProcState::Listening);
+            let address = format!(
+                "{}:{}",
+                m.address.as_deref().unwrap_or("*"),
+                m.port.unwrap_or(0)
+            );
+            st.emit(Some(proc), EventKind::Listening { address });
+            if st.config.readiness == Readiness::Listening {
+                mark_ready(st, proc);
+            }
+        }
+        Some("close") => {
+            if let Some(key) = &m.key {
+                server::leave(st, proc, key);
+            }
+        }
+        Some("exitedAfterDisconnect") => {
+            proc.exited_after_disconnect.set(true);
+            if let Some(seq) = m.seq {
+                proc.send(&Ack {
+                    cmd: NODE_CLUSTER,
+                    ack: seq,
+                    accepted: None,
+                    seq: st.next_seq(),
+                });
+            }
+        }
+        None => {
+            if let (Some(ack), Some(accepted)) = (m.ack, m.accepted) {
+                server::on_accepted(st, proc, ack, accepted);
+            }
+        }
+        Some(_) => {}
+    }
+}
+
+fn on_nodus(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
+    match m.act {
+        Some("ready") => mark_ready(st, proc),
+        Some("going_down") => supervise::going_down(st, proc),
+        Some("load") => {
+            if let (Some(open), Some(total)) = (m.conns, m.accepted_total) {
+                proc.reported.set(Some((open, total)));
+            }
+        }
+        Some("snapshot") => {
+            let waiter =
+                m.id.and_then(|id| proc.snapshot_waiters.borrow_mut().remove(&id));
+            if let (Some(w), Some(raw)) = (waiter, m.snapshot) {
+                w.fill(raw.get().to_owned());
+            }
+        }
+        Some("stats_request") => {
+            let (s, p) = (st.clone(), proc.clone());
+            let (id, what) = (m.id, m.text.clone());
+            crate::task::spawn_named("cluster:stats", async move {
+                let text = match what.as_deref() {
+                    Some("metrics") => stats::metrics_text(&s).await,
+                    _ => stats::stats_json(&s).await,
+                };
+                let mut reply = Nodus::act("stats_reply");
+                reply.id = id;
+                reply.text = Some(&text);
+                p.send(&reply);
+            })
+            .detach();
+        }
+        _ => {}
+    }
+}
+
+/// An application message: logged as an event; `{act: 'suicide'}` (seed 002's notice from a
+/// Node worker) is a "going down" notice.
+fn on_user_message(st: &Rc<State>, proc: &Rc<Proc>, msg: &Message) {
+    if let Ok(v) = msg.deserialize::<serde_json::Value>()
+        && v.get("act").and_then(|a| a.as_str()) == Some("suicide")
+    {
+        supervise::going_down(st, proc);
+        return;
+    }
+    st.emit(
+        Some(proc),
+        EventKind::Message {
+            json: msg.json().to_owned(),
+        },
+    );
+}

@@ -1,0 +1,279 @@
+//! The whole cluster's `/_nodus/stats` (JSON) and `/_nodus/metrics` (OpenMetrics), built by
+//! the primary from its own bookkeeping and its workers' snapshots.
+//!
+//! Invariants: worker snapshots are pulled over the channel when the newest is older than
+//! [`FRESH`] (all workers asked at once, each answer awaited at most [`ASK_LIMIT`]); a worker
+//! that does not answer (stalled, or a plain program) appears with `snapshot: null`. The JSON
+//! shape is the one `nodus top` and the admin page read (`workers[]` with `worker`, `pid`,
+//! `snapshot`, `restarts`, `rss_bytes`, plus cluster fields).
+
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use super::State;
+use super::proc::{Proc, ProcState};
+use crate::cluster::protocol::Nodus;
+use crate::cluster::reply::ReplySlot;
+use crate::metrics::Snapshot;
+use crate::metrics::prometheus::SnapshotCollector;
+
+/// Snapshots younger than this are served as they are.
+pub(super) const FRESH: Duration = Duration::from_secs(1);
+/// How long one refresh waits for a worker's answer.
+pub(super) const ASK_LIMIT: Duration = Duration::from_millis(500);
+
+#[derive(Default)]
+pub(super) struct Cache {
+    refreshed: Option<Instant>,
+    next_id: u64,
+}
+
+/// Every live worker process, by slot then age.
+fn live_procs(st: &State) -> Vec<Rc<Proc>> {
+    let mut procs: Vec<Rc<Proc>> = st
+        .procs
+        .borrow()
+        .values()
+        .filter(|p| p.is_alive())
+        .cloned()
+        .collect();
+    procs.sort_by_key(|p| (p.slot, p.unique));
+    procs
+}
+
+/// Pulls fresh snapshots from every worker with a channel, unless the last pull is recent.
+async fn refresh(st: &Rc<State>) {
+    let fresh = st
+        .stats_cache
+        .borrow()
+        .refreshed
+        .is_some_and(|t| t.elapsed() < FRESH);
+    if fresh {
+        return;
+    }
+    let asks: Vec<(Rc<Proc>, u64, ReplySlot<String>)> = live_procs(st)
+        .into_iter()
+        .filter(|p| p.channel.is_some())
+        .map(|p| {
+            let id = {
+                let mut cache = st.stats_cache.borrow_mut();
+                cache.next_id += 1;
+                cache.next_id
+            };
+            let slot = ReplySlot::new();
+            p.snapshot_waiters.borrow_mut().insert(id, slot.clone());
+            let mut msg = Nodus::act("snapshot_request");
+            msg.id = Some(id);
+            p.send(&msg);
+            (p, id, slot)
+        })
+        .collect();
+    let deadline = Instant::now() + ASK_LIMIT;
+    for (p, id, slot) in asks {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if let Some(json) = slot.wait(left.max(Duration::from_millis(1))).await {
+            *p.snapshot.borrow_mut() = Some((Instant::now(), json));
+        }
+        p.snapshot_waiters.borrow_mut().remove(&id);
+    }
+    st.stats_cache.borrow_mut().refreshed = Some(Instant::now());
+}
+
+fn rss_bytes(pid: u32) -> Option<u64> {
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * rustix::param::page_size() as u64)
+}
+
+fn state_name(s: ProcState) -> &'static str {
+    match s {
+        ProcState::Starting => "starting",
+        ProcState::Online => "online",
+        ProcState::Listening => "listening",
+        ProcState::Ready => "ready",
+        ProcState::Draining => "draining",
+        ProcState::Dead => "dead",
+    }
+}
+
+#[derive(Serialize)]
+struct WorkerDoc<'a> {
+    worker: u32,
+    pid: u32,
+    generation: u64,
+    state: &'static str,
+    restarts: u64,
+    rss_bytes: Option<u64>,
+    connections_handed: u64,
+    uptime_seconds: f64,
+    snapshot: Option<&'a RawValue>,
+}
+
+#[derive(Serialize)]
+struct ClusterDoc<'a> {
+    cluster: bool,
+    policy: &'static str,
+    workers_up: usize,
+    workers_wanted: usize,
+    restarts: u64,
+    budget_left: u32,
+    generation: u64,
+    reloading: bool,
+    last_exit: Option<String>,
+    primary: PrimaryDoc,
+    workers: Vec<WorkerDoc<'a>>,
+}
+
+#[derive(Serialize)]
+struct PrimaryDoc {
+    pid: u32,
+    rss_bytes: Option<u64>,
+    uptime_seconds: f64,
+}
+
+fn slot_restarts(st: &State, slot: u32) -> u64 {
+    st.slots
+        .borrow()
+        .get(slot as usize - 1)
+        .map_or(0, |s| s.restarts)
+}
+
+/// The cluster's stats document.
+pub(super) async fn stats_json(st: &Rc<State>) -> String {
+    refresh(st).await;
+    let procs = live_procs(st);
+    let snapshots: Vec<Option<Box<RawValue>>> = procs
+        .iter()
+        .map(|p| {
+            p.snapshot
+                .borrow()
+                .as_ref()
+                .and_then(|(_, j)| RawValue::from_string(j.clone()).ok())
+        })
+        .collect();
+    let workers = procs
+        .iter()
+        .zip(&snapshots)
+        .map(|(p, snap)| WorkerDoc {
+            worker: p.slot,
+            pid: p.pid,
+            generation: p.generation,
+            state: state_name(p.state.get()),
+            restarts: slot_restarts(st, p.slot),
+            rss_bytes: rss_bytes(p.pid),
+            connections_handed: p.handed.get(),
+            uptime_seconds: p.started.elapsed().as_secs_f64(),
+            snapshot: snap.as_deref(),
+        })
+        .collect();
+    let doc = ClusterDoc {
+        cluster: true,
+        policy: st.config.policy.name(),
+        workers_up: procs.iter().filter(|p| p.is_ready()).count(),
+        workers_wanted: st.config.workers,
+        restarts: st.restarts.get(),
+        budget_left: st.budget.borrow_mut().left(Instant::now()),
+        generation: st.generation.get(),
+        reloading: st.reloading.get(),
+        last_exit: st.last_exit.borrow().clone(),
+        primary: PrimaryDoc {
+            pid: std::process::id(),
+            rss_bytes: rss_bytes(std::process::id()),
+            uptime_seconds: st.started.elapsed().as_secs_f64(),
+        },
+        workers,
+    };
+    serde_json::to_string(&doc).expect("the stats document serializes")
+}
+
+/// The cluster's metrics: every worker's series with a `worker` label, then the cluster's own.
+pub(super) async fn metrics_text(st: &Rc<State>) -> String {
+    refresh(st).await;
+    let procs = live_procs(st);
+    let parsed: Vec<(Vec<(String, String)>, Snapshot)> = procs
+        .iter()
+        .filter_map(|p| {
+            let snap = p.snapshot.borrow();
+            let (_, json) = snap.as_ref()?;
+            let s: Snapshot = serde_json::from_str(json).ok()?;
+            Some((
+                vec![
+                    ("worker".to_owned(), p.slot.to_string()),
+                    ("pid".to_owned(), p.pid.to_string()),
+                ],
+                s,
+            ))
+        })
+        .collect();
+    let refs: Vec<(Vec<(String, String)>, &Snapshot)> =
+        parsed.iter().map(|(l, s)| (l.clone(), s)).collect();
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(SnapshotCollector::new(&refs)));
+    let up = Gauge::<i64>::default();
+    up.set(procs.iter().filter(|p| p.is_ready()).count() as i64);
+    registry.register(
+        "nodus_cluster_workers_up",
+        "Worker processes ready for traffic",
+        up,
+    );
+    let wanted = Gauge::<i64>::default();
+    wanted.set(st.config.workers as i64);
+    registry.register(
+        "nodus_cluster_workers_wanted",
+        "Worker slots configured",
+        wanted,
+    );
+    let restarts = Counter::<u64>::default();
+    restarts.inc_by(st.restarts.get());
+    registry.register(
+        "nodus_cluster_restarts",
+        "Worker restarts since the primary started",
+        restarts,
+    );
+    let budget = Gauge::<i64>::default();
+    budget.set(i64::from(st.budget.borrow_mut().left(Instant::now())));
+    registry.register(
+        "nodus_cluster_restart_budget_left",
+        "Restarts left in the current budget window before the primary gives up",
+        budget,
+    );
+    let generation = Gauge::<i64>::default();
+    generation.set(st.generation.get() as i64);
+    registry.register(
+        "nodus_cluster_generation",
+        "Reload generation (incremented by every successful rolling reload)",
+        generation,
+    );
+    let handed = Family::<Vec<(String, String)>, Counter<u64>>::default();
+    for p in &procs {
+        handed
+            .get_or_create(&vec![("worker".to_owned(), p.slot.to_string())])
+            .inc_by(p.handed.get());
+    }
+    registry.register(
+        "nodus_cluster_connections_handed",
+        "Connections the primary handed to each worker (round-robin and least policies)",
+        handed,
+    );
+    if let Some(last) = st.last_exit.borrow().as_deref() {
+        let info = Family::<Vec<(String, String)>, Gauge<i64>>::default();
+        info.get_or_create(&vec![("reason".to_owned(), last.to_owned())])
+            .set(1);
+        registry.register(
+            "nodus_cluster_last_exit",
+            "The last worker exit, as a label (value always 1)",
+            info,
+        );
+    }
+    let mut out = String::with_capacity(32 * 1024);
+    prometheus_client::encoding::text::encode(&mut out, &registry)
+        .expect("encoding into a String cannot fail");
+    out
+}

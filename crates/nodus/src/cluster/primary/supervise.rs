@@ -1,0 +1,408 @@
+//! Supervision: worker exits and restarts, "going down" notices, rolling reload, graceful
+//! shutdown and giving up; the signals and systemd notifications that drive and report them.
+//!
+//! Invariants:
+//! - Restarts spend the primary's one budget (`State::budget`); a reload's failed attempts
+//!   spend a budget of the reload's own, so a bad deploy fails the reload, never the primary.
+//! - A reload switches one slot at a time: the new worker must be ready before the slot's old
+//!   worker is asked to drain; the old one then drains on its own schedule while the next slot
+//!   starts.
+//! - Once shutdown (or give-up) begins, nothing is started again; `run` returns when the last
+//!   worker has exited.
+
+use std::future::poll_fn;
+use std::rc::Rc;
+use std::task::Poll;
+use std::time::Instant;
+
+use super::proc::{Proc, ProcState};
+use super::server;
+use super::{EventKind, Phase, State};
+use crate::cluster::protocol::{Disconnect, NODE_CLUSTER};
+use crate::cluster::supervision::{Decision, ExitReason, GIVE_UP_EXIT_CODE, RestartBudget};
+use crate::process::ExitStatus;
+use crate::signal::{SIGHUP, SIGINT, SIGKILL, SIGTERM, Signals};
+
+/// Serves signals until the run is over; returns the exit code.
+pub(super) async fn run(st: &Rc<State>) -> i32 {
+    let mut signals = match Signals::new(&[SIGTERM, SIGINT, SIGHUP]) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::error!(target: "nodus::cluster", "cannot catch signals: {e}");
+            None
+        }
+    };
+    loop {
+        let next = poll_fn(|cx| {
+            if let Some(code) = st.exit_code.get() {
+                return Poll::Ready(Err(code));
+            }
+            *st.done.borrow_mut() = Some(cx.waker().clone());
+            match signals.as_mut().map(|s| s.poll_recv(cx)) {
+                Some(Poll::Ready(sig)) => Poll::Ready(Ok(sig)),
+                _ => Poll::Pending,
+            }
+        })
+        .await;
+        match next {
+            Err(code) => return code,
+            Ok(SIGHUP) => start_reload(st),
+            Ok(sig) => start_shutdown(st, if sig == SIGINT { "SIGINT" } else { "SIGTERM" }),
+        }
+    }
+}
+
+fn finish(st: &State, code: i32) {
+    st.exit_code.set(Some(code));
+    if let Some(w) = st.done.borrow_mut().take() {
+        w.wake();
+    }
+}
+
+fn notify(state: &str) {
+    if let Err(e) = crate::notify::notify(state) {
+        tracing::warn!(target: "nodus::cluster", "cannot notify the service manager ({state:?}): {e}");
+    }
+}
+
+fn exit_reason(status: &std::io::Result<ExitStatus>) -> ExitReason {
+    match status {
+        Ok(s) => match (s.code(), s.signal()) {
+            (Some(0), _) => ExitReason::Normal,
+            (Some(c), _) => ExitReason::Failed(c),
+            (None, Some(sig)) => ExitReason::Signaled(sig),
+            (None, None) => ExitReason::Failed(-1),
+        },
+        Err(_) => ExitReason::Failed(-1),
+    }
+}
+
+/// A worker process ended.
+pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<ExitStatus>) {
+    proc.advance(ProcState::Dead);
+    if let Ok(s) = &status {
+        proc.exit_status.set(Some(*s));
+    }
+    st.procs.borrow_mut().remove(&proc.unique);
+    server::leave_all(st, proc);
+    server::redistribute(st, proc);
+    let mut reason = exit_reason(&status);
+    if proc.drained.get() {
+        reason = ExitReason::Requested;
+    } else if proc.exited_after_disconnect.get() && reason.is_crash() {
+        // The worker disconnected on its own first: a voluntary exit, not a crash.
+        reason = ExitReason::Normal;
+    }
+    let (code, signal) = match &status {
+        Ok(s) => (s.code(), s.signal()),
+        Err(_) => (None, None),
+    };
+    let text = format!("worker {} (pid {}) {reason}", proc.slot, proc.pid);
+    *st.last_exit.borrow_mut() = Some(text.clone());
+    st.emit(
+        Some(proc),
+        EventKind::Exit {
+            code,
+            signal,
+            exited_after_disconnect: proc.exited_after_disconnect.get() || proc.drained.get(),
+            reason: reason.to_string(),
+        },
+    );
+    let is_current = st
+        .current(proc.slot)
+        .is_some_and(|c| c.unique == proc.unique);
+    if st.phase.get() == Phase::Stopping {
+        check_all_gone(st);
+        return;
+    }
+    if !is_current {
+        return;
+    }
+    st.slots.borrow_mut()[proc.slot as usize - 1].current = None;
+    if reason.is_crash() {
+        tracing::warn!(target: "nodus::cluster", "{text}");
+    } else {
+        tracing::info!(target: "nodus::cluster", "{text}");
+    }
+    decide_and_restart(st, proc, reason, false);
+}
+
+/// Applies the restart policy to `proc`'s slot; `at_once` skips the backoff (a "going down"
+/// notice).
+fn decide_and_restart(st: &Rc<State>, proc: &Rc<Proc>, reason: ExitReason, at_once: bool) {
+    let now = Instant::now();
+    let decision = {
+        let mut slots = st.slots.borrow_mut();
+        let slot = &mut slots[proc.slot as usize - 1];
+        st.config.restart.decide(
+            &mut slot.history,
+            &mut st.budget.borrow_mut(),
+            reason,
+            now.saturating_duration_since(proc.started),
+            now,
+        )
+    };
+    match decision {
+        Decision::Leave => {
+            tracing::info!(target: "nodus::cluster", "worker {} is not restarted ({:?} restart type)", proc.slot, st.config.restart.restart);
+        }
+        Decision::GiveUp => give_up(
+            st,
+            format!(
+                "more than {} restarts within {:?} (last: worker {} {reason})",
+                st.config.max_restarts, st.config.restart_window, proc.slot
+            ),
+        ),
+        Decision::Restart { after } => {
+            let after = if at_once {
+                std::time::Duration::ZERO
+            } else {
+                after
+            };
+            {
+                let mut slots = st.slots.borrow_mut();
+                let slot = &mut slots[proc.slot as usize - 1];
+                slot.restarts += 1;
+                slot.pending_restart = true;
+            }
+            st.restarts.set(st.restarts.get() + 1);
+            st.emit(
+                Some(proc),
+                EventKind::Restart {
+                    delay_ms: after.as_millis() as u64,
+                },
+            );
+            let (s, id) = (st.clone(), proc.slot);
+            if after.is_zero() {
+                restart_slot(&s, id);
+            } else {
+                crate::task::spawn_named("cluster:backoff", async move {
+                    crate::time::sleep(after).await;
+                    restart_slot(&s, id);
+                })
+                .detach();
+            }
+        }
+    }
+}
+
+fn restart_slot(st: &Rc<State>, id: u32) {
+    st.slots.borrow_mut()[id as usize - 1].pending_restart = false;
+    if st.phase.get() != Phase::Running || st.current(id).is_some() {
+        return;
+    }
+    match Proc::spawn(st, id, st.generation.get()) {
+        Ok(p) => st.slots.borrow_mut()[id as usize - 1].current = Some(p),
+        Err(e) => give_up(st, format!("cannot start worker {id}: {e}")),
+    }
+}
+
+/// A worker became ready.
+pub(super) fn on_ready(st: &Rc<State>, _proc: &Rc<Proc>) {
+    if !st.announced_ready.get() && st.phase.get() == Phase::Running && st.all_ready() {
+        st.announced_ready.set(true);
+        tracing::info!(
+            target: "nodus::cluster",
+            "{} workers ready (policy {})", st.config.workers, st.config.policy.name()
+        );
+        notify("READY=1\nSTATUS=serving");
+    }
+}
+
+/// The worker says it is about to exit: start its replacement now.
+pub(super) fn going_down(st: &Rc<State>, proc: &Rc<Proc>) {
+    let is_current = st
+        .current(proc.slot)
+        .is_some_and(|c| c.unique == proc.unique);
+    if !is_current || st.phase.get() != Phase::Running || proc.going_down.replace(true) {
+        return;
+    }
+    st.emit(Some(proc), EventKind::GoingDown);
+    server::leave_all(st, proc);
+    st.slots.borrow_mut()[proc.slot as usize - 1].current = None;
+    decide_and_restart(st, proc, ExitReason::Failed(1), true);
+}
+
+/// Asks `proc` to stop: `disconnect` with the drain deadline (SIGTERM for a plain program), then
+/// SIGKILL after the kill timeout.
+pub(super) fn drain(st: &Rc<State>, proc: &Rc<Proc>) {
+    if proc.state.get() >= ProcState::Draining {
+        return;
+    }
+    proc.advance(ProcState::Draining);
+    proc.drained.set(true);
+    server::leave_all(st, proc);
+    st.emit(Some(proc), EventKind::Drain);
+    if proc.channel.is_some() {
+        proc.send(&Disconnect {
+            cmd: NODE_CLUSTER,
+            act: "disconnect",
+            seq: st.next_seq(),
+            drain_ms: st.config.drain_timeout.as_millis() as u64,
+        });
+    } else {
+        let _ = proc.child.kill(SIGTERM);
+    }
+    let (p, limit) = (proc.clone(), st.config.kill_timeout);
+    crate::task::spawn_named("cluster:kill-timer", async move {
+        if crate::time::timeout(limit, p.child.wait()).await.is_err() {
+            tracing::warn!(
+                target: "nodus::cluster",
+                "worker {} (pid {}) still running {limit:?} after being asked to stop: SIGKILL",
+                p.slot, p.pid
+            );
+            let _ = p.child.kill_group(SIGKILL);
+            let _ = p.child.kill(SIGKILL);
+        }
+    })
+    .detach();
+}
+
+/// Starts a graceful shutdown (a second call kills what is left at once).
+pub(super) fn start_shutdown(st: &Rc<State>, why: &str) {
+    let procs: Vec<Rc<Proc>> = st.procs.borrow().values().cloned().collect();
+    if st.phase.replace(Phase::Stopping) == Phase::Stopping {
+        tracing::warn!(target: "nodus::cluster", "{why} again: killing the remaining workers");
+        for p in procs {
+            let _ = p.child.kill_group(SIGKILL);
+            let _ = p.child.kill(SIGKILL);
+        }
+        return;
+    }
+    tracing::info!(
+        target: "nodus::cluster",
+        "{why}: draining {} workers (up to {:?}, SIGKILL after {:?})",
+        procs.len(), st.config.drain_timeout, st.config.kill_timeout
+    );
+    notify("STOPPING=1\nSTATUS=draining");
+    st.emit(
+        None,
+        EventKind::Shutdown {
+            why: why.to_owned(),
+        },
+    );
+    for p in &procs {
+        drain(st, p);
+    }
+    check_all_gone(st);
+}
+
+fn check_all_gone(st: &Rc<State>) {
+    if st.procs.borrow().is_empty() {
+        finish(st, st.final_code.get());
+    }
+}
+
+/// The budget is spent: stop everything, say so in one line, exit with the give-up code.
+fn give_up(st: &Rc<State>, why: String) {
+    if st.phase.get() == Phase::Stopping {
+        return;
+    }
+    tracing::error!(
+        target: "nodus::cluster",
+        "giving up: {why}; stopping every worker and exiting with code {GIVE_UP_EXIT_CODE}"
+    );
+    st.emit(None, EventKind::GiveUp { why: why.clone() });
+    st.final_code.set(GIVE_UP_EXIT_CODE);
+    start_shutdown(st, "restart budget spent");
+}
+
+/// Starts a rolling reload (SIGHUP).
+pub(super) fn start_reload(st: &Rc<State>) {
+    if st.phase.get() != Phase::Running {
+        return;
+    }
+    if st.reloading.replace(true) {
+        tracing::warn!(target: "nodus::cluster", "SIGHUP: a reload is already running");
+        return;
+    }
+    let generation = st.generation.get() + 1;
+    tracing::info!(target: "nodus::cluster", "reloading: generation {generation}, one worker at a time");
+    notify(&format!(
+        "RELOADING=1\nMONOTONIC_USEC={}\nSTATUS=reloading",
+        crate::clock::now_ns() / 1000
+    ));
+    st.emit(None, EventKind::ReloadStart { generation });
+    let s = st.clone();
+    crate::task::spawn_named("cluster:reload", async move {
+        let result = reload(&s, generation).await;
+        s.reloading.set(false);
+        match result {
+            Ok(()) => {
+                s.generation.set(generation);
+                tracing::info!(target: "nodus::cluster", "reload done: generation {generation} serving");
+                s.emit(None, EventKind::ReloadDone { generation });
+            }
+            Err(why) => {
+                tracing::error!(
+                    target: "nodus::cluster",
+                    "reload to generation {generation} failed: {why}; the running workers keep serving"
+                );
+                s.emit(None, EventKind::ReloadFailed { generation, why });
+            }
+        }
+        if s.phase.get() == Phase::Running {
+            notify("READY=1\nSTATUS=serving");
+        }
+    })
+    .detach();
+}
+
+async fn reload(st: &Rc<State>, generation: u64) -> Result<(), String> {
+    let mut budget = RestartBudget::new(st.config.max_restarts, st.config.restart_window);
+    let ids: Vec<u32> = st.slots.borrow().iter().map(|s| s.id).collect();
+    for id in ids {
+        let mut attempts = 0u32;
+        let new = loop {
+            if st.phase.get() != Phase::Running {
+                return Err("shutdown began".to_owned());
+            }
+            let new = Proc::spawn(st, id, generation)
+                .map_err(|e| format!("cannot start worker {id}: {e}"))?;
+            let state = new
+                .wait_for(ProcState::Ready, st.config.ready_timeout)
+                .await;
+            if state == ProcState::Ready {
+                break new;
+            }
+            let why = match state {
+                ProcState::Dead => format!(
+                    "worker {id} of generation {generation} exited before it was ready ({})",
+                    new.exit_status
+                        .get()
+                        .map_or_else(|| "unknown status".to_owned(), |s| s.to_string())
+                ),
+                _ => {
+                    drain(st, &new);
+                    format!(
+                        "worker {id} of generation {generation} was not ready within {:?}",
+                        st.config.ready_timeout
+                    )
+                }
+            };
+            attempts += 1;
+            if !budget.try_spend(Instant::now()) {
+                return Err(format!("{why}, {attempts} times"));
+            }
+            tracing::warn!(target: "nodus::cluster", "{why}; trying again");
+            crate::time::sleep(
+                st.config
+                    .restart
+                    .backoff
+                    .delay(attempts + 1)
+                    .max(std::time::Duration::from_millis(1)),
+            )
+            .await;
+        };
+        let old = st.slots.borrow_mut()[id as usize - 1]
+            .current
+            .replace(new.clone());
+        if let Some(old) = old {
+            drain(st, &old);
+        }
+        // A slot whose old worker had died meanwhile may have a restart pending: the new worker
+        // fills it.
+        st.slots.borrow_mut()[id as usize - 1].pending_restart = false;
+    }
+    Ok(())
+}

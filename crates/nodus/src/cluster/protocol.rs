@@ -1,0 +1,290 @@
+//! The messages a primary and its workers exchange: Node's `NODE_CLUSTER` set, byte-compatible
+//! with Node v20, and nodus's own extensions under `NODE_NODUS`.
+//!
+//! Node's messages (`lib/internal/cluster/{primary,child}.js`): every one is
+//! `{"cmd":"NODE_CLUSTER", ..., "seq": n}` with one `seq` counter per process; a reply carries
+//! `"ack": <request seq>`. Worker → primary: `online`, `queryServer` (address, port, addressType,
+//! fd, index, flags, backlog), `listening`, `close` (key), `exitedAfterDisconnect`, and
+//! `{ack, accepted}` after a `newconn`. Primary → worker: the `queryServer` reply (`errno`, `key`,
+//! `data`, plus `sockname` under round-robin, or the listening fd under a shared handle),
+//! `newconn` (key, with the connection's fd), `disconnect`.
+//!
+//! nodus's extensions are internal messages `{"cmd":"NODE_NODUS","act":...}`: a Node worker or
+//! primary ignores them (Node's cluster code drops internal messages whose `cmd` is not
+//! `NODE_CLUSTER`). They carry what Node's protocol has no word for: `ready`, `going_down`,
+//! `load` (open connections, for the `least` policy), snapshot and cluster-stats requests and
+//! replies. The primary's `disconnect` also carries `drainMs`, the drain deadline, which Node
+//! workers ignore.
+//!
+//! Invariant: fields are parsed leniently (unknown fields ignored, all optional) so a message
+//! from a newer or older peer never breaks the channel; what a role needs and does not find is
+//! logged and the message dropped.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+/// `cmd` of Node's cluster messages.
+pub(crate) const NODE_CLUSTER: &str = "NODE_CLUSTER";
+/// `cmd` of nodus's own cluster messages.
+pub(crate) const NODE_NODUS: &str = "NODE_NODUS";
+
+/// Every field any cluster message may carry; what is absent is `None`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Incoming<'a> {
+    #[serde(borrow)]
+    pub cmd: Option<&'a str>,
+    #[serde(borrow)]
+    pub act: Option<&'a str>,
+    pub seq: Option<u64>,
+    pub ack: Option<u64>,
+    pub accepted: Option<bool>,
+    pub key: Option<String>,
+    // queryServer / listening
+    pub address: Option<String>,
+    pub port: Option<u16>,
+    pub address_type: Option<Value>,
+    pub fd: Option<Value>,
+    pub index: Option<Value>,
+    pub errno: Option<Value>,
+    // nodus extensions
+    pub conns: Option<u64>,
+    pub accepted_total: Option<u64>,
+    pub id: Option<u64>,
+    pub drain_ms: Option<u64>,
+    #[serde(borrow)]
+    pub snapshot: Option<&'a RawValue>,
+    pub text: Option<String>,
+}
+
+impl<'a> Incoming<'a> {
+    /// Parses a received message's JSON; `None` if it is not an object of this shape.
+    pub fn parse(json: &'a str) -> Option<Incoming<'a>> {
+        serde_json::from_str(json).ok()
+    }
+
+    pub fn is_cluster(&self) -> bool {
+        self.cmd == Some(NODE_CLUSTER)
+    }
+
+    pub fn is_nodus(&self) -> bool {
+        self.cmd == Some(NODE_NODUS)
+    }
+}
+
+/// JavaScript's `${value}` of an optional JSON field, as Node builds server keys: an absent
+/// field is `undefined`, `null` is `null`, strings are bare.
+pub(crate) fn js_string(v: Option<&Value>) -> String {
+    match v {
+        None => "undefined".to_owned(),
+        Some(Value::Null) => "null".to_owned(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+    }
+}
+
+/// A `queryServer` request: what a worker asks to listen on.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct QueryServer<'a> {
+    pub cmd: &'static str,
+    pub act: &'static str,
+    pub index: u64,
+    pub data: Option<()>,
+    pub address: &'a str,
+    pub port: u16,
+    pub address_type: u8,
+    pub flags: u32,
+    pub backlog: u32,
+    pub seq: u64,
+}
+
+/// The message a worker or primary sends with only `act` and `seq` (`online`, `disconnect`,
+/// `exitedAfterDisconnect`).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Act<'a> {
+    pub cmd: &'static str,
+    pub act: &'a str,
+    pub seq: u64,
+}
+
+/// `close` of one server key, from a worker.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct CloseKey<'a> {
+    pub cmd: &'static str,
+    pub act: &'static str,
+    pub key: &'a str,
+    pub seq: u64,
+}
+
+/// A reply: `{ack, accepted}` after a `newconn`, or a bare `{ack}`.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Ack {
+    pub cmd: &'static str,
+    pub ack: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accepted: Option<bool>,
+    pub seq: u64,
+}
+
+/// `newconn`: a connection for the server `key` (its fd travels with it).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct NewConn<'a> {
+    pub cmd: &'static str,
+    pub act: &'static str,
+    pub key: &'a str,
+    pub seq: u64,
+}
+
+/// The primary's answer to `queryServer`.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct QueryReply {
+    pub cmd: &'static str,
+    /// A negative libuv errno as a number-like string (Node's workers read `message.errno`).
+    #[serde(serialize_with = "errno_number")]
+    pub errno: Option<String>,
+    pub key: String,
+    pub ack: u64,
+    pub data: Option<()>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sockname: Option<SockName>,
+    pub seq: u64,
+}
+
+fn errno_number<S: serde::Serializer>(errno: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    match errno.as_deref().and_then(|e| e.parse::<i64>().ok()) {
+        Some(n) => s.serialize_i64(n),
+        None => s.serialize_none(),
+    }
+}
+
+/// Node's `getsockname` result in a round-robin reply.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct SockName {
+    pub address: String,
+    pub family: &'static str,
+    pub port: u16,
+}
+
+/// The primary's `disconnect`, with nodus's drain deadline.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Disconnect {
+    pub cmd: &'static str,
+    pub act: &'static str,
+    pub seq: u64,
+    pub drain_ms: u64,
+}
+
+/// A nodus extension message.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Nodus<'a> {
+    pub cmd: &'static str,
+    pub act: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accepted_total: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<&'a RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<&'a str>,
+}
+
+impl<'a> Nodus<'a> {
+    pub fn act(act: &'a str) -> Nodus<'a> {
+        Nodus {
+            cmd: NODE_NODUS,
+            act,
+            id: None,
+            conns: None,
+            accepted_total: None,
+            snapshot: None,
+            text: None,
+        }
+    }
+}
+
+/// Node's server key: `address:port:addressType:fd:index`, each as JavaScript prints it.
+pub(crate) fn server_key(m: &Incoming<'_>) -> String {
+    let address = m
+        .address
+        .as_ref()
+        .map_or_else(|| "null".to_owned(), Clone::clone);
+    let port = m
+        .port
+        .map_or_else(|| "undefined".to_owned(), |p| p.to_string());
+    format!(
+        "{address}:{port}:{}:{}:{}",
+        js_string(m.address_type.as_ref()),
+        js_string(m.fd.as_ref()),
+        js_string(m.index.as_ref())
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_node_query_server_and_builds_its_key() {
+        let json = r#"{"cmd":"NODE_CLUSTER","act":"queryServer","index":0,"data":null,"address":"127.0.0.1","port":47001,"addressType":4,"flags":0,"backlog":0,"seq":1}"#;
+        let m = Incoming::parse(json).unwrap();
+        assert!(m.is_cluster());
+        assert_eq!(m.act, Some("queryServer"));
+        assert_eq!(m.seq, Some(1));
+        // Node's key for this request, as observed on the wire.
+        assert_eq!(server_key(&m), "127.0.0.1:47001:4:undefined:0");
+    }
+
+    #[test]
+    fn a_listen_without_host_has_a_null_address() {
+        let json = r#"{"cmd":"NODE_CLUSTER","act":"queryServer","index":0,"data":null,"address":null,"port":8080,"addressType":4,"seq":1}"#;
+        let m = Incoming::parse(json).unwrap();
+        assert_eq!(server_key(&m), "null:8080:4:undefined:0");
+    }
+
+    #[test]
+    fn replies_serialize_as_node_writes_them() {
+        let reply = QueryReply {
+            cmd: NODE_CLUSTER,
+            errno: None,
+            key: "127.0.0.1:47001:4:undefined:0".into(),
+            ack: 1,
+            data: None,
+            sockname: Some(SockName {
+                address: "127.0.0.1".into(),
+                family: "IPv4",
+                port: 47001,
+            }),
+            seq: 0,
+        };
+        assert_eq!(
+            serde_json::to_string(&reply).unwrap(),
+            r#"{"cmd":"NODE_CLUSTER","errno":null,"key":"127.0.0.1:47001:4:undefined:0","ack":1,"data":null,"sockname":{"address":"127.0.0.1","family":"IPv4","port":47001},"seq":0}"#
+        );
+        let ack = Ack {
+            cmd: NODE_CLUSTER,
+            ack: 2,
+            accepted: Some(true),
+            seq: 3,
+        };
+        assert_eq!(
+            serde_json::to_string(&ack).unwrap(),
+            r#"{"cmd":"NODE_CLUSTER","ack":2,"accepted":true,"seq":3}"#
+        );
+    }
+
+    #[test]
+    fn lenient_about_unknown_fields_and_rejects_non_objects() {
+        let m = Incoming::parse(r#"{"cmd":"NODE_NODUS","act":"load","conns":3,"future":[1,2]}"#)
+            .unwrap();
+        assert!(m.is_nodus());
+        assert_eq!(m.conns, Some(3));
+        assert!(Incoming::parse("42").is_none());
+    }
+}

@@ -1,0 +1,650 @@
+//! The worker role: a process started by a cluster primary (a nodus primary, or a stock Node
+//! primary via `cluster.setupPrimary({ exec })`).
+//!
+//! A process is a worker when `NODE_UNIQUE_ID` is set (Node's rule). [`Worker::get`] opens the
+//! IPC channel (`NODE_CHANNEL_FD`), says `online`, and starts one dispatch task that answers the
+//! primary. [`Worker::listen`] asks the primary for a listener (`queryServer`): under round-robin
+//! the primary accepts and hands connections over the channel (`newconn`), under a shared or
+//! reuse-port policy it sends a listening fd; either way the caller gets a [`Listener`].
+//!
+//! Invariants:
+//! - One `Worker` per process, created on the loop thread; the environment variables naming it
+//!   (`NODE_UNIQUE_ID`, `NODE_CHANNEL_*`) are removed as Node removes them.
+//! - Every `newconn` is answered `{ack, accepted}`: accepted iff a [`Listener`] for its key is
+//!   open; a refused connection goes back to the primary, which gives it to another worker.
+//! - The primary's `disconnect` makes [`Worker::drain_requested`] resolve (with the primary's
+//!   drain deadline); what to drain is the application's business. EOF on the channel without a
+//!   disconnect of our own (the primary died) exits the process with code 0, as Node's workers
+//!   do; `PR_SET_PDEATHSIG` set by a nodus primary covers a worker whose loop is stuck.
+//! - Open connections are counted (for the `least` policy) only when the primary asks for load
+//!   reports; reports are coalesced to one message per loop turn.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::future::poll_fn;
+use std::io;
+use std::net::SocketAddr;
+use std::ops::Deref;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use super::protocol::{Ack, Act, CloseKey, Incoming, NODE_CLUSTER, Nodus, QueryServer};
+use super::reply::ReplySlot;
+use crate::ipc::{Channel, Handle, Message};
+use crate::metrics::Snapshot;
+use crate::net::{TcpListener, TcpStream};
+
+/// How long a worker waits for the primary's answer to `queryServer` or a stats request.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The primary's answer to `queryServer`: the server key (or its error text) and, for a shared
+/// or reuse-port listener, the listening fd.
+type QueryResult = (Result<String, String>, Option<Handle>);
+
+thread_local! {
+    static WORKER: RefCell<Option<Worker>> = const { RefCell::new(None) };
+}
+
+/// This process's membership in a cluster. Cheap to clone.
+#[derive(Clone)]
+pub struct Worker {
+    sh: Rc<Shared>,
+}
+
+struct Shared {
+    id: u32,
+    channel: Channel,
+    seq: Cell<u64>,
+    /// `queryServer` requests waiting for the primary, by their `seq`.
+    queries: RefCell<HashMap<u64, ReplySlot<QueryResult>>>,
+    /// Round-robin listeners by server key.
+    rr: RefCell<HashMap<String, Rc<RrQueue>>>,
+    drain: RefCell<(Option<Duration>, Vec<Waker>)>,
+    disconnecting: Cell<bool>,
+    load: Load,
+    stats: RefCell<HashMap<u64, ReplySlot<String>>>,
+    next_request: Cell<u64>,
+    snapshot: RefCell<Box<dyn Fn() -> Snapshot>>,
+    exit_ack: RefCell<Option<(u64, ReplySlot<()>)>>,
+}
+
+/// Open-connection accounting for the `least` policy.
+struct Load {
+    reporting: Cell<bool>,
+    open: Cell<u64>,
+    accepted: Cell<u64>,
+    report_queued: Cell<bool>,
+}
+
+impl Worker {
+    /// This process's worker, when a cluster primary started it (`NODE_UNIQUE_ID` set); `None`
+    /// in a primary or a standalone process. The first call opens the channel and says
+    /// `online`; call it early, before other threads read the environment.
+    ///
+    /// # Errors
+    /// The channel named by `NODE_CHANNEL_FD` cannot be opened.
+    ///
+    /// # Panics
+    /// Outside a running nodus loop.
+    pub fn get() -> io::Result<Option<Worker>> {
+        if let Some(w) = WORKER.with(|w| w.borrow().clone()) {
+            return Ok(Some(w));
+        }
+        let Some(unique) = std::env::var_os("NODE_UNIQUE_ID") else {
+            return Ok(None);
+        };
+        let id = std::env::var("NODUS_WORKER_ID")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .or_else(|| unique.to_str().and_then(|v| v.parse().ok()))
+            .unwrap_or(0);
+        // SAFETY: the documented contract of this function is to be called before other threads
+        // touch the environment; nodus's own threads never do.
+        unsafe { std::env::remove_var("NODE_UNIQUE_ID") };
+        let channel = Channel::from_env()
+            .map_err(|e| io::Error::other(e.to_string()))?
+            .ok_or_else(|| {
+                io::Error::other("NODE_UNIQUE_ID is set but there is no NODE_CHANNEL_FD")
+            })?;
+        let worker = Worker {
+            sh: Rc::new(Shared {
+                id,
+                channel,
+                seq: Cell::new(0),
+                queries: RefCell::default(),
+                rr: RefCell::default(),
+                drain: RefCell::new((None, Vec::new())),
+                disconnecting: Cell::new(false),
+                load: Load {
+                    reporting: Cell::new(false),
+                    open: Cell::new(0),
+                    accepted: Cell::new(0),
+                    report_queued: Cell::new(false),
+                },
+                stats: RefCell::default(),
+                next_request: Cell::new(1),
+                snapshot: RefCell::new(Box::new(crate::metrics::snapshot)),
+                exit_ack: RefCell::new(None),
+            }),
+        };
+        worker.send_cluster(|seq| Act {
+            cmd: NODE_CLUSTER,
+            act: "online",
+            seq,
+        });
+        let dispatch = worker.clone();
+        crate::task::spawn_named("cluster:worker", async move { dispatch.dispatch().await })
+            .detach();
+        WORKER.with(|w| *w.borrow_mut() = Some(worker.clone()));
+        Ok(Some(worker))
+    }
+
+    /// The worker id the primary gave (`NODUS_WORKER_ID`, else `NODE_UNIQUE_ID`): stable per
+    /// slot across restarts under a nodus primary.
+    pub fn id(&self) -> u32 {
+        self.sh.id
+    }
+
+    /// The channel to the primary, for the application's own messages (`process.send` /
+    /// `process.on('message')`).
+    pub fn channel(&self) -> &Channel {
+        &self.sh.channel
+    }
+
+    /// Asks the primary for a listener on `addr` (Node's `queryServer`). Port 0 gives every
+    /// worker the same port, as in Node.
+    ///
+    /// # Errors
+    /// The primary could not listen (its error text), did not answer within 10 s, or the
+    /// channel closed.
+    pub async fn listen(&self, addr: SocketAddr) -> io::Result<Listener> {
+        let address = addr.ip().to_string();
+        let seq = self.next_seq();
+        let slot = ReplySlot::new();
+        self.sh.queries.borrow_mut().insert(seq, slot.clone());
+        let query = QueryServer {
+            cmd: NODE_CLUSTER,
+            act: "queryServer",
+            index: 0,
+            data: None,
+            address: &address,
+            port: addr.port(),
+            address_type: if addr.is_ipv4() { 4 } else { 6 },
+            flags: 0,
+            backlog: 511,
+            seq,
+        };
+        self.send_raw(&query)?;
+        let Some((result, handle)) = slot.wait(REPLY_TIMEOUT).await else {
+            self.sh.queries.borrow_mut().remove(&seq);
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the cluster primary did not answer queryServer",
+            ));
+        };
+        let key = result.map_err(|errno| {
+            io::Error::other(format!(
+                "the cluster primary cannot listen on {addr}: {errno}"
+            ))
+        })?;
+        let kind = match handle {
+            Some(h) => Kind::Shared(h.into_tcp_listener()?),
+            None => {
+                let queue = Rc::new(RrQueue::default());
+                self.sh.rr.borrow_mut().insert(key.clone(), queue.clone());
+                Kind::RoundRobin(queue, addr)
+            }
+        };
+        let listener = Listener {
+            worker: self.clone(),
+            key,
+            kind,
+        };
+        let mut listening = query;
+        listening.act = "listening";
+        if let Ok(local) = listener.local_addr() {
+            listening.port = local.port();
+        }
+        listening.seq = self.next_seq();
+        self.send_raw(&listening)?;
+        Ok(listener)
+    }
+
+    /// Tells the primary this worker is ready for traffic (the primary's reload waits for it).
+    pub fn ready(&self) {
+        self.send_nodus(&Nodus::act("ready"));
+    }
+
+    /// Tells the primary this worker is about to exit, so it starts the replacement now.
+    pub fn going_down(&self) {
+        self.send_nodus(&Nodus::act("going_down"));
+    }
+
+    /// Resolves when the primary asks this worker to drain (its `disconnect`), with the drain
+    /// deadline it gave (10 s when it gave none, as from a Node primary).
+    pub async fn drain_requested(&self) -> Duration {
+        poll_fn(|cx| {
+            let mut drain = self.sh.drain.borrow_mut();
+            match drain.0 {
+                Some(d) => Poll::Ready(d),
+                None => {
+                    drain.1.push(cx.waker().clone());
+                    Poll::Pending
+                }
+            }
+        })
+        .await
+    }
+
+    /// Sets what this worker reports when the primary asks for its metrics (default:
+    /// [`crate::metrics::snapshot`]; an HTTP server adds its own section).
+    pub fn set_snapshot(&self, f: impl Fn() -> Snapshot + 'static) {
+        *self.sh.snapshot.borrow_mut() = Box::new(f);
+    }
+
+    /// The whole cluster's `/_nodus/stats` document (JSON), from the primary.
+    ///
+    /// # Errors
+    /// The primary did not answer within 10 s (a Node primary never does).
+    pub async fn cluster_stats(&self) -> io::Result<String> {
+        self.ask_primary("stats").await
+    }
+
+    /// The whole cluster's `/_nodus/metrics` (OpenMetrics text), from the primary.
+    ///
+    /// # Errors
+    /// As [`cluster_stats`](Self::cluster_stats).
+    pub async fn cluster_metrics(&self) -> io::Result<String> {
+        self.ask_primary("metrics").await
+    }
+
+    /// Leaves the cluster on the worker's own initiative (Node's `cluster.worker.disconnect()`):
+    /// tells the primary (`exitedAfterDisconnect`, so the exit is not a crash), waits for its
+    /// answer (at most 10 s) and closes the channel.
+    pub async fn disconnect(&self) {
+        self.sh.disconnecting.set(true);
+        let seq = self.next_seq();
+        let slot = ReplySlot::new();
+        *self.sh.exit_ack.borrow_mut() = Some((seq, slot.clone()));
+        if self
+            .send_raw(&Act {
+                cmd: NODE_CLUSTER,
+                act: "exitedAfterDisconnect",
+                seq,
+            })
+            .is_ok()
+        {
+            slot.wait(REPLY_TIMEOUT).await;
+        }
+        let _ = self.sh.channel.flush().await;
+        self.sh.channel.disconnect();
+    }
+
+    async fn ask_primary(&self, what: &str) -> io::Result<String> {
+        let id = self.sh.next_request.get();
+        self.sh.next_request.set(id + 1);
+        let slot = ReplySlot::new();
+        self.sh.stats.borrow_mut().insert(id, slot.clone());
+        let mut msg = Nodus::act("stats_request");
+        msg.id = Some(id);
+        msg.text = Some(what);
+        self.send_nodus(&msg);
+        let reply = slot.wait(REPLY_TIMEOUT).await;
+        self.sh.stats.borrow_mut().remove(&id);
+        reply.ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the cluster primary did not answer a stats request",
+            )
+        })
+    }
+
+    fn next_seq(&self) -> u64 {
+        let seq = self.sh.seq.get();
+        self.sh.seq.set(seq + 1);
+        seq
+    }
+
+    fn send_raw<T: Serialize>(&self, msg: &T) -> io::Result<()> {
+        self.sh
+            .channel
+            .send(msg)
+            .map(drop)
+            .map_err(|e| io::Error::other(e.to_string()))
+    }
+
+    fn send_cluster<T: Serialize>(&self, build: impl FnOnce(u64) -> T) {
+        let msg = build(self.next_seq());
+        if let Err(e) = self.send_raw(&msg) {
+            tracing::debug!(target: "nodus::cluster", "cannot tell the primary: {e}");
+        }
+    }
+
+    fn send_nodus(&self, msg: &Nodus<'_>) {
+        if let Err(e) = self.send_raw(msg) {
+            tracing::debug!(target: "nodus::cluster", "cannot tell the primary: {e}");
+        }
+    }
+
+    async fn dispatch(&self) {
+        while let Some(mut msg) = self.sh.channel.recv_internal().await {
+            self.on_message(&mut msg);
+        }
+        // EOF: the primary is gone or we disconnected.
+        for queue in self.sh.rr.borrow().values() {
+            queue.close();
+        }
+        if !self.sh.disconnecting.get() {
+            tracing::warn!(target: "nodus::cluster", "the cluster primary went away; exiting");
+            std::process::exit(0);
+        }
+    }
+
+    fn on_message(&self, msg: &mut Message) {
+        let json = msg.json().to_owned();
+        let Some(m) = Incoming::parse(&json) else {
+            return;
+        };
+        if m.is_nodus() {
+            self.on_nodus(&m);
+            return;
+        }
+        if !m.is_cluster() {
+            return;
+        }
+        match m.act {
+            Some("newconn") => self.on_newconn(&m, msg.take_handle()),
+            Some("disconnect") => {
+                let deadline = Duration::from_millis(m.drain_ms.unwrap_or(10_000));
+                for queue in self.sh.rr.borrow().values() {
+                    queue.close();
+                }
+                let wakers = {
+                    let mut drain = self.sh.drain.borrow_mut();
+                    drain.0 = Some(deadline);
+                    std::mem::take(&mut drain.1)
+                };
+                wakers.into_iter().for_each(Waker::wake);
+            }
+            None => {
+                let Some(ack) = m.ack else { return };
+                if let Some(slot) = self.sh.queries.borrow_mut().remove(&ack) {
+                    let result = match (&m.errno, &m.key) {
+                        (Some(e), _) if !e.is_null() && e != 0 => Err(match e.as_i64() {
+                            Some(n) if n < 0 => io::Error::from_raw_os_error(-n as i32).to_string(),
+                            _ => format!("error {e}"),
+                        }),
+                        (_, Some(key)) => Ok(key.clone()),
+                        _ => Err("no key in the reply".to_owned()),
+                    };
+                    slot.fill((result, msg.take_handle()));
+                    return;
+                }
+                let exit = self.sh.exit_ack.borrow_mut().take();
+                if let Some((seq, slot)) = exit {
+                    if seq == ack {
+                        slot.fill(());
+                    } else {
+                        *self.sh.exit_ack.borrow_mut() = Some((seq, slot));
+                    }
+                }
+            }
+            Some(_) => {}
+        }
+    }
+
+    fn on_newconn(&self, m: &Incoming<'_>, handle: Option<Handle>) {
+        let queue = m
+            .key
+            .as_ref()
+            .and_then(|k| self.sh.rr.borrow().get(k).cloned());
+        let stream = handle.and_then(|h| h.into_tcp_stream().ok());
+        let accepted = match (queue, stream) {
+            (Some(q), Some(s)) if !q.closed.get() => {
+                q.push(s);
+                true
+            }
+            _ => false,
+        };
+        if let Some(seq) = m.seq {
+            self.send_cluster(|own| Ack {
+                cmd: NODE_CLUSTER,
+                ack: seq,
+                accepted: Some(accepted),
+                seq: own,
+            });
+        }
+    }
+
+    fn on_nodus(&self, m: &Incoming<'_>) {
+        match m.act {
+            Some("snapshot_request") => {
+                let snapshot = (self.sh.snapshot.borrow())();
+                let json = serde_json::to_string(&snapshot).expect("a snapshot serializes");
+                let raw = RawValue::from_string(json).expect("serde_json writes JSON");
+                let mut reply = Nodus::act("snapshot");
+                reply.id = m.id;
+                reply.snapshot = Some(&raw);
+                self.send_nodus(&reply);
+            }
+            Some("stats_reply") => {
+                let slot = m.id.and_then(|id| self.sh.stats.borrow_mut().remove(&id));
+                if let (Some(slot), Some(text)) = (slot, &m.text) {
+                    slot.fill(text.clone());
+                }
+            }
+            Some("report_load") => {
+                self.sh.load.reporting.set(true);
+                self.queue_load_report();
+            }
+            _ => {}
+        }
+    }
+
+    fn connection_opened(&self) {
+        let load = &self.sh.load;
+        load.open.set(load.open.get() + 1);
+        load.accepted.set(load.accepted.get() + 1);
+        self.queue_load_report();
+    }
+
+    fn connection_closed(&self) {
+        let load = &self.sh.load;
+        load.open.set(load.open.get().saturating_sub(1));
+        self.queue_load_report();
+    }
+
+    fn queue_load_report(&self) {
+        let load = &self.sh.load;
+        if !load.reporting.get() || load.report_queued.replace(true) {
+            return;
+        }
+        let w = self.clone();
+        crate::set_immediate(move || {
+            let load = &w.sh.load;
+            load.report_queued.set(false);
+            let mut msg = Nodus::act("load");
+            msg.conns = Some(load.open.get());
+            msg.accepted_total = Some(load.accepted.get());
+            w.send_nodus(&msg);
+        })
+        .unref();
+    }
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker").field("id", &self.sh.id).finish()
+    }
+}
+
+/// Connections handed over by the primary for one round-robin listener.
+#[derive(Default)]
+struct RrQueue {
+    conns: RefCell<VecDeque<TcpStream>>,
+    waker: RefCell<Option<Waker>>,
+    closed: Cell<bool>,
+}
+
+impl RrQueue {
+    fn push(&self, s: TcpStream) {
+        self.conns.borrow_mut().push_back(s);
+        if let Some(w) = self.waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
+
+    fn close(&self) {
+        self.closed.set(true);
+        if let Some(w) = self.waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
+}
+
+enum Kind {
+    RoundRobin(Rc<RrQueue>, SocketAddr),
+    Shared(TcpListener),
+}
+
+/// A listener a worker got from its primary: connections handed over the channel
+/// (round-robin, least) or a listening socket of its own (shared, reuse-port).
+pub struct Listener {
+    worker: Worker,
+    key: String,
+    kind: Kind,
+}
+
+impl Listener {
+    /// The next connection. Under round-robin, after the primary's `disconnect` (or the channel's
+    /// end) it yields an `UnexpectedEof` error: no more connections will come.
+    pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(Stream, SocketAddr)>> {
+        let (tcp, peer) = match &self.kind {
+            Kind::Shared(l) => match l.poll_accept(cx) {
+                Poll::Ready(Ok(pair)) => pair,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            },
+            Kind::RoundRobin(queue, _) => {
+                let next = queue.conns.borrow_mut().pop_front();
+                match next {
+                    Some(s) => {
+                        let peer = s
+                            .peer_addr()
+                            .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+                        (s, peer)
+                    }
+                    None if queue.closed.get() => {
+                        return Poll::Ready(Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "the cluster primary stopped handing out connections",
+                        )));
+                    }
+                    None => {
+                        *queue.waker.borrow_mut() = Some(cx.waker().clone());
+                        return Poll::Pending;
+                    }
+                }
+            }
+        };
+        let counted = self.worker.sh.load.reporting.get();
+        if counted {
+            self.worker.connection_opened();
+        }
+        Poll::Ready(Ok((
+            Stream {
+                tcp,
+                worker: counted.then(|| self.worker.clone()),
+            },
+            peer,
+        )))
+    }
+
+    /// The next connection.
+    ///
+    /// # Errors
+    /// As [`poll_accept`](Self::poll_accept).
+    pub async fn accept(&self) -> io::Result<(Stream, SocketAddr)> {
+        poll_fn(|cx| self.poll_accept(cx)).await
+    }
+
+    /// The address clients connect to.
+    ///
+    /// # Errors
+    /// `getsockname` fails (shared listeners).
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        match &self.kind {
+            Kind::Shared(l) => l.local_addr(),
+            Kind::RoundRobin(_, addr) => Ok(*addr),
+        }
+    }
+
+    /// Whether connections come over the channel (round-robin or least) rather than from a
+    /// socket of this worker's own.
+    pub fn is_round_robin(&self) -> bool {
+        matches!(self.kind, Kind::RoundRobin(..))
+    }
+}
+
+impl Drop for Listener {
+    /// Tells the primary this worker no longer listens on the key (Node's `act: 'close'`).
+    fn drop(&mut self) {
+        if let Kind::RoundRobin(queue, _) = &self.kind {
+            queue.close();
+            self.worker.sh.rr.borrow_mut().remove(&self.key);
+        }
+        let key = self.key.clone();
+        self.worker.send_cluster(|seq| CloseKey {
+            cmd: NODE_CLUSTER,
+            act: "close",
+            key: &key,
+            seq,
+        });
+    }
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener")
+            .field("key", &self.key)
+            .field("round_robin", &self.is_round_robin())
+            .finish()
+    }
+}
+
+/// A connection from a cluster [`Listener`]: a [`TcpStream`] that counts itself open for the
+/// `least` policy until dropped.
+pub struct Stream {
+    tcp: TcpStream,
+    worker: Option<Worker>,
+}
+
+impl Deref for Stream {
+    type Target = TcpStream;
+    fn deref(&self) -> &TcpStream {
+        &self.tcp
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if let Some(w) = &self.worker {
+            w.connection_closed();
+        }
+    }
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.tcp.fmt(f)
+    }
+}
+
+/// Whether [`Worker::get`] made this process a worker.
+pub(super) fn exists() -> bool {
+    WORKER.with(|w| w.borrow().is_some())
+}
