@@ -53,9 +53,18 @@ struct ServeArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
-    /// Worker processes (only 1 until the cluster lands).
-    #[arg(long, default_value_t = 1)]
-    workers: usize,
+    /// Worker processes (default: the available cores). 1 serves from this process; more makes
+    /// this process a cluster primary that re-executes the same command as each worker.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    workers: Option<u16>,
+    /// How connections reach workers: rr (the primary accepts and hands them out in turn),
+    /// shared (one listening socket in every worker), reuseport (a SO_REUSEPORT socket per
+    /// worker), least (the worker with the fewest open connections).
+    #[arg(long, value_enum, default_value_t = PolicyArg::Rr)]
+    policy: PolicyArg,
+    /// Append the cluster's lifecycle events (fork, ready, exit, reload...) to FILE as JSON lines.
+    #[arg(long, value_name = "FILE")]
+    events: Option<PathBuf>,
     /// Serve /_nodus/* on this address instead of the public listener (where they answer
     /// loopback clients only).
     #[arg(long)]
@@ -78,6 +87,25 @@ struct ServeArgs {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum PolicyArg {
+    Rr,
+    Shared,
+    Reuseport,
+    Least,
+}
+
+impl PolicyArg {
+    fn policy(self) -> nodus::cluster::Policy {
+        match self {
+            PolicyArg::Rr => nodus::cluster::Policy::RoundRobin,
+            PolicyArg::Shared => nodus::cluster::Policy::Shared,
+            PolicyArg::Reuseport => nodus::cluster::Policy::ReusePort,
+            PolicyArg::Least => nodus::cluster::Policy::Least,
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum DotfilesArg {
     Allow,
     Deny,
@@ -92,6 +120,11 @@ fn seconds(s: &str) -> Result<f64, String> {
     }
 }
 
+/// The cores this process may run on (1 if unknown).
+fn available_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 fn main() {
     let cli = Cli::parse();
     let filter =
@@ -104,29 +137,22 @@ fn main() {
         .init();
     let code = match cli.command {
         Command::Top(args) => top::run(args),
-        Command::Serve(args) => {
-            if args.workers != 1 {
-                eprintln!(
-                    "nodus serve: --workers {} is not supported yet: this version serves from one process \
-                     (multi-process serving comes with the cluster); use --workers 1",
-                    args.workers
-                );
-                std::process::exit(2);
-            }
-            serve::app::run(ServeOptions {
-                dir: args.dir,
-                listen: args.listen,
-                admin: args.admin,
-                access_log: args.access_log,
-                gzip: args.gzip,
-                drain_timeout: Duration::from_secs_f64(args.drain_timeout),
-                shutdown_delay: Duration::from_secs_f64(args.shutdown_delay),
-                dotfiles: match args.dotfiles {
-                    DotfilesArg::Allow => Dotfiles::Allow,
-                    DotfilesArg::Deny => Dotfiles::Deny,
-                },
-            })
-        }
+        Command::Serve(args) => serve::app::run(ServeOptions {
+            workers: args.workers.map_or_else(available_cores, usize::from),
+            policy: args.policy.policy(),
+            events: args.events,
+            dir: args.dir,
+            listen: args.listen,
+            admin: args.admin,
+            access_log: args.access_log,
+            gzip: args.gzip,
+            drain_timeout: Duration::from_secs_f64(args.drain_timeout),
+            shutdown_delay: Duration::from_secs_f64(args.shutdown_delay),
+            dotfiles: match args.dotfiles {
+                DotfilesArg::Allow => Dotfiles::Allow,
+                DotfilesArg::Deny => Dotfiles::Deny,
+            },
+        }),
     };
     std::process::exit(code);
 }

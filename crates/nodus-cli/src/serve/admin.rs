@@ -2,6 +2,10 @@
 //!
 //! On the public listener they answer loopback clients only (`allowed`); `--admin ADDR` serves
 //! them on a listener of their own instead.
+//!
+//! In a cluster, stats and metrics cover every worker whichever process answers: a worker asks
+//! its primary over IPC, the primary (which serves `--admin` itself) builds them from its
+//! workers' snapshots. A worker whose primary does not answer (a Node primary) serves its own.
 
 use std::net::SocketAddr;
 
@@ -22,8 +26,42 @@ pub fn is_admin_path(path: &str) -> bool {
     path == "/_nodus" || path.starts_with("/_nodus/")
 }
 
+/// Where stats and metrics come from.
+#[derive(Clone)]
+pub enum Source {
+    /// This process alone.
+    Local,
+    /// A cluster primary: the whole cluster.
+    Primary(nodus::cluster::Primary),
+    /// A cluster worker: the whole cluster, asked of the primary.
+    Worker(nodus::cluster::Worker),
+}
+
+impl Source {
+    async fn stats(&self) -> Vec<u8> {
+        let local = || serde_json::to_vec(&nodus_http::snapshot()).expect("a snapshot serializes");
+        match self {
+            Source::Local => local(),
+            Source::Primary(p) => p.stats_json().await.into_bytes(),
+            Source::Worker(w) => match w.cluster_stats().await {
+                Ok(json) => json.into_bytes(),
+                Err(_) => local(),
+            },
+        }
+    }
+
+    async fn metrics(&self) -> String {
+        let local = || nodus::metrics::prometheus::render(&nodus_http::snapshot());
+        match self {
+            Source::Local => local(),
+            Source::Primary(p) => p.metrics_text().await,
+            Source::Worker(w) => w.cluster_metrics().await.unwrap_or_else(|_| local()),
+        }
+    }
+}
+
 /// Answers an admin request. `ready` is false once a shutdown began.
-pub fn respond(method: &Method, path: &str, ready: bool) -> Response<Body> {
+pub async fn respond(method: &Method, path: &str, ready: bool, source: &Source) -> Response<Body> {
     if method != Method::GET && method != Method::HEAD {
         let mut r = text(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -46,14 +84,14 @@ pub fn respond(method: &Method, path: &str, ready: bool) -> Response<Body> {
             "text/html; charset=utf-8",
         ),
         "/_nodus/metrics" => {
-            let text = nodus::metrics::prometheus::render(&nodus_http::snapshot());
+            let text = source.metrics().await;
             with_type(
                 Response::new(full(text)),
                 nodus::metrics::prometheus::CONTENT_TYPE,
             )
         }
         "/_nodus/stats" => {
-            let json = serde_json::to_vec(&nodus_http::snapshot()).expect("a snapshot serializes");
+            let json = source.stats().await;
             with_type(Response::new(full(json)), "application/json")
         }
         // Answering at all means the loop is not stalled: a stalled loop cannot answer.

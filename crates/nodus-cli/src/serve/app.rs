@@ -1,5 +1,10 @@
-//! `nodus serve`: one process serving a directory and the admin endpoints, with a graceful
-//! shutdown on SIGTERM/SIGINT.
+//! `nodus serve`: serving a directory and the admin endpoints, from one process or as a cluster,
+//! with a graceful shutdown on SIGTERM/SIGINT.
+//!
+//! Three roles, one binary: `--workers 1` serves from this process; `--workers N` makes this
+//! process a cluster primary (`cluster_primary`) that re-executes the same command line as N
+//! workers; a process started that way (`NODE_UNIQUE_ID` set) is a worker and gets its public
+//! listener from the primary.
 //!
 //! Every request's filesystem work (stat, canonicalize, open, read) runs on the I/O pool; the
 //! loop only routes, writes headers and moves 64 KiB chunks.
@@ -37,10 +42,15 @@ pub struct ServeOptions {
     pub dotfiles: Dotfiles,
     /// Gzip compressible responses for clients that accept it.
     pub gzip: bool,
+    /// Worker processes: 1 serves from this process.
+    pub workers: usize,
+    pub policy: nodus::cluster::Policy,
+    /// A cluster primary's JSON-lines event log.
+    pub events: Option<PathBuf>,
 }
 
 /// Shared by every request of the process.
-struct Site {
+pub(super) struct Site {
     root: PathBuf,
     static_options: StaticOptions,
     /// Admin endpoints on the public listener (no `--admin`).
@@ -48,6 +58,18 @@ struct Site {
     access_log: bool,
     gzip: bool,
     ready: Cell<bool>,
+    source: admin::Source,
+}
+
+impl Site {
+    fn is_ready(&self) -> bool {
+        self.ready.get()
+            && match &self.source {
+                admin::Source::Worker(w) => !w.is_stopping(),
+                admin::Source::Primary(p) => p.is_ready(),
+                admin::Source::Local => true,
+            }
+    }
 }
 
 /// Runs `nodus serve` until a shutdown signal; returns the process exit code.
@@ -64,17 +86,26 @@ pub fn run(options: ServeOptions) -> i32 {
         Err(e) => return fail(format!("cannot serve {}: {e}", options.dir.display())),
     };
     let rt = nodus::Runtime::new();
-    rt.block_on(serve_until_signal(options, root))
+    rt.block_on(async move {
+        match nodus::cluster::Worker::get() {
+            Ok(Some(worker)) => serve_worker(options, root, worker).await,
+            Ok(None) if options.workers > 1 => super::cluster_primary::run(options).await,
+            Ok(None) => serve_until_signal(options, root).await,
+            Err(e) => fail(format!("cannot join the cluster: {e}")),
+        }
+    })
 }
 
-fn fail(message: String) -> i32 {
+pub(super) fn fail(message: String) -> i32 {
     eprintln!("nodus serve: {message}");
     1
 }
 
 /// The public and admin listeners: inherited from a service manager (`LISTEN_FDS`, systemd
 /// socket activation; a socket named `admin` is the admin listener) or bound from the options.
-fn listeners(options: &ServeOptions) -> Result<(TcpListener, Option<TcpListener>), String> {
+pub(super) fn listeners(
+    options: &ServeOptions,
+) -> Result<(TcpListener, Option<TcpListener>), String> {
     let inherited =
         nodus::net::listen_fds().map_err(|e| format!("cannot use the inherited sockets: {e}"))?;
     if inherited.is_empty() {
@@ -102,7 +133,7 @@ fn listeners(options: &ServeOptions) -> Result<(TcpListener, Option<TcpListener>
     ))
 }
 
-fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
+pub(super) fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
     TcpListener::bind(addr).map_err(|e| match e.kind() {
         std::io::ErrorKind::AddrInUse => {
             format!("cannot listen on {addr}: the address is already in use")
@@ -120,52 +151,13 @@ async fn serve_until_signal(options: ServeOptions, root: PathBuf) -> i32 {
         Ok(s) => s,
         Err(e) => return fail(format!("cannot catch SIGTERM/SIGINT: {e}")),
     };
-    let site = Rc::new(Site {
+    let site = new_site(
+        &options,
         root,
-        static_options: StaticOptions {
-            dotfiles: options.dotfiles,
-        },
-        admin_on_public: admin_listener.is_none(),
-        access_log: options.access_log,
-        gzip: options.gzip,
-        ready: Cell::new(true),
-    });
-    let public_addr = public.local_addr().map_or(options.listen, |a| a);
-    let s = site.clone();
-    let public = serve(
-        public,
-        Config {
-            name: "http:static",
-            ..Config::default()
-        },
-        move |req| handle_public(req, s.clone()),
+        admin_listener.is_none(),
+        admin::Source::Local,
     );
-    let admin = admin_listener.map(|l| {
-        let addr = l.local_addr().ok();
-        let s = site.clone();
-        let server = serve(
-            l,
-            Config {
-                name: "http:admin",
-                ..Config::default()
-            },
-            move |req| {
-                let s = s.clone();
-                async move { admin::respond(req.method(), req.uri().path(), s.ready.get()) }
-            },
-        );
-        (server, addr)
-    });
-    match &admin {
-        Some((_, Some(a))) => tracing::info!(
-            "serving {} on http://{public_addr}/ (admin endpoints on http://{a}/_nodus/)",
-            site.root.display()
-        ),
-        _ => tracing::info!(
-            "serving {} on http://{public_addr}/ (admin endpoints at /_nodus/ for loopback clients)",
-            site.root.display()
-        ),
-    }
+    let running = start_servers(&options, &site, public, admin_listener);
     tell_manager("READY=1\nSTATUS=serving");
     let signal = signals.recv().await;
     site.ready.set(false);
@@ -183,15 +175,137 @@ async fn serve_until_signal(options: ServeOptions, root: PathBuf) -> i32 {
     if !options.shutdown_delay.is_zero() {
         nodus::sleep(options.shutdown_delay).await;
     }
-    let admin_drain = async {
-        if let Some((server, _)) = &admin {
-            server.drain(options.drain_timeout).await;
-        }
-    };
-    let (_, ()) =
-        futures_util::future::join(public.drain(options.drain_timeout), admin_drain).await;
+    running.drain(options.drain_timeout).await;
     tracing::info!("drained; exiting");
     0
+}
+
+/// A worker of `nodus serve --workers N`: the public listener comes from the primary (which
+/// also serves `--admin`); the primary's `disconnect` (reload, shutdown) drains it.
+async fn serve_worker(options: ServeOptions, root: PathBuf, worker: nodus::cluster::Worker) -> i32 {
+    let addr = std::env::var("NODUS_LISTEN")
+        .ok()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(options.listen);
+    let public = match worker.listen(addr).await {
+        Ok(l) => l,
+        Err(e) => return fail(format!("worker {}: {e}", worker.id())),
+    };
+    let mut signals = match Signals::new(&[SIGTERM, SIGINT]) {
+        Ok(s) => s,
+        Err(e) => return fail(format!("cannot catch SIGTERM/SIGINT: {e}")),
+    };
+    worker.set_snapshot(nodus_http::snapshot);
+    let site = new_site(
+        &options,
+        root,
+        options.admin.is_none(),
+        admin::Source::Worker(worker.clone()),
+    );
+    let running = start_servers(&options, &site, public, None);
+    worker.ready();
+    let drain = std::pin::pin!(worker.drain_requested());
+    let signal = std::pin::pin!(signals.recv());
+    let deadline = match futures_util::future::select(drain, signal).await {
+        futures_util::future::Either::Left((deadline, _)) => deadline,
+        futures_util::future::Either::Right((_, _)) => {
+            // Stopped directly rather than by the primary: leave the cluster first, so the
+            // primary does not count the exit as a crash.
+            worker.disconnect().await;
+            options.drain_timeout
+        }
+    };
+    site.ready.set(false);
+    running.drain(deadline).await;
+    0
+}
+
+pub(super) fn new_site(
+    options: &ServeOptions,
+    root: PathBuf,
+    admin_on_public: bool,
+    source: admin::Source,
+) -> Rc<Site> {
+    Rc::new(Site {
+        root,
+        static_options: StaticOptions {
+            dotfiles: options.dotfiles,
+        },
+        admin_on_public,
+        access_log: options.access_log,
+        gzip: options.gzip,
+        ready: Cell::new(true),
+        source,
+    })
+}
+
+/// The public server and, when there is an admin listener, the admin server.
+struct Running {
+    public: nodus_http::Server,
+    admin: Option<nodus_http::Server>,
+}
+
+impl Running {
+    async fn drain(&self, timeout: Duration) {
+        let admin_drain = async {
+            if let Some(server) = &self.admin {
+                server.drain(timeout).await;
+            }
+        };
+        let (_, ()) = futures_util::future::join(self.public.drain(timeout), admin_drain).await;
+    }
+}
+
+fn start_servers<L: nodus_http::server::Accept>(
+    options: &ServeOptions,
+    site: &Rc<Site>,
+    public: L,
+    admin_listener: Option<TcpListener>,
+) -> Running {
+    let public_addr = public.local_addr().unwrap_or(options.listen);
+    let s = site.clone();
+    let public = serve(
+        public,
+        Config {
+            name: "http:static",
+            ..Config::default()
+        },
+        move |req| handle_public(req, s.clone()),
+    );
+    let admin_addr = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
+    let admin = admin_listener.map(|l| serve_admin(l, site.clone()));
+    if matches!(site.source, admin::Source::Worker(_)) {
+        tracing::debug!(
+            "worker serving {} on http://{public_addr}/",
+            site.root.display()
+        );
+    } else if let Some(a) = admin_addr {
+        tracing::info!(
+            "serving {} on http://{public_addr}/ (admin endpoints on http://{a}/_nodus/)",
+            site.root.display()
+        );
+    } else {
+        tracing::info!(
+            "serving {} on http://{public_addr}/ (admin endpoints at /_nodus/ for loopback clients)",
+            site.root.display()
+        );
+    }
+    Running { public, admin }
+}
+
+/// The admin endpoints on a listener of their own.
+pub(super) fn serve_admin(listener: TcpListener, site: Rc<Site>) -> nodus_http::Server {
+    serve(
+        listener,
+        Config {
+            name: "http:admin",
+            ..Config::default()
+        },
+        move |req| {
+            let s = site.clone();
+            async move { admin::respond(req.method(), req.uri().path(), s.is_ready(), &s.source).await }
+        },
+    )
 }
 
 async fn handle_public(req: Request<RequestBody>, site: Rc<Site>) -> Response<Body> {
@@ -204,7 +318,7 @@ async fn handle_public(req: Request<RequestBody>, site: Rc<Site>) -> Response<Bo
     );
     let response = if admin::is_admin_path(&path) && site.admin_on_public {
         if admin::allowed(peer) {
-            admin::respond(&method, &path, site.ready.get())
+            admin::respond(&method, &path, site.is_ready(), &site.source).await
         } else {
             text(
                 StatusCode::FORBIDDEN,
@@ -295,7 +409,7 @@ fn open_failed(path: &Path, e: std::io::Error) -> Response<Body> {
 }
 
 /// Tells a service manager (systemd `Type=notify`) the state, if there is one.
-fn tell_manager(state: &str) {
+pub(super) fn tell_manager(state: &str) {
     if let Err(e) = nodus::notify::notify(state) {
         tracing::warn!("cannot notify the service manager ({state:?}): {e}");
     }

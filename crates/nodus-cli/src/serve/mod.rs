@@ -21,6 +21,7 @@
 
 mod admin;
 pub mod app;
+mod cluster_primary;
 pub mod conditional;
 mod file_body;
 mod gzip;

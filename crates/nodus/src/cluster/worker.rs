@@ -64,6 +64,7 @@ struct Shared {
     /// Round-robin listeners by server key.
     rr: RefCell<HashMap<String, Rc<RrQueue>>>,
     drain: RefCell<(Option<Duration>, Vec<Waker>)>,
+    stopping: Cell<bool>,
     disconnecting: Cell<bool>,
     load: Load,
     stats: RefCell<HashMap<u64, ReplySlot<String>>>,
@@ -118,6 +119,7 @@ impl Worker {
                 queries: RefCell::default(),
                 rr: RefCell::default(),
                 drain: RefCell::new((None, Vec::new())),
+                stopping: Cell::new(false),
                 disconnecting: Cell::new(false),
                 load: Load {
                     reporting: Cell::new(false),
@@ -240,6 +242,12 @@ impl Worker {
         .await
     }
 
+    /// Whether the primary began a shutdown (its `stopping` notice, or a `disconnect`): a
+    /// readiness probe should now fail, though requests are still served until the drain.
+    pub fn is_stopping(&self) -> bool {
+        self.sh.stopping.get()
+    }
+
     /// Sets what this worker reports when the primary asks for its metrics (default:
     /// [`crate::metrics::snapshot`]; an HTTP server adds its own section).
     pub fn set_snapshot(&self, f: impl Fn() -> Snapshot + 'static) {
@@ -360,6 +368,7 @@ impl Worker {
             Some("newconn") => self.on_newconn(&m, msg.take_handle()),
             Some("disconnect") => {
                 let deadline = Duration::from_millis(m.drain_ms.unwrap_or(10_000));
+                self.sh.stopping.set(true);
                 for queue in self.sh.rr.borrow().values() {
                     queue.close();
                 }
@@ -437,6 +446,7 @@ impl Worker {
                     slot.fill(text.clone());
                 }
             }
+            Some("stopping") => self.sh.stopping.set(true),
             Some("report_load") => {
                 self.sh.load.reporting.set(true);
                 self.queue_load_report();

@@ -116,6 +116,9 @@ pub struct Config {
     pub restart_window: Duration,
     /// Drain deadline sent to a worker with its `disconnect`.
     pub drain_timeout: Duration,
+    /// After SIGTERM/SIGINT, how long workers keep serving (told `stopping`, so their readiness
+    /// probes fail) before the drain begins.
+    pub shutdown_delay: Duration,
     /// After a worker was asked to stop (disconnect, or SIGTERM for a plain program), the time it
     /// gets before SIGKILL.
     pub kill_timeout: Duration,
@@ -141,6 +144,7 @@ impl Config {
             max_restarts: 5,
             restart_window: Duration::from_secs(60),
             drain_timeout: Duration::from_secs(10),
+            shutdown_delay: Duration::ZERO,
             kill_timeout: Duration::from_secs(10),
             ready_timeout: Duration::from_secs(30),
             readiness: Readiness::Listening,

@@ -203,13 +203,7 @@ pub(super) async fn metrics_text(st: &Rc<State>) -> String {
             let snap = p.snapshot.borrow();
             let (_, json) = snap.as_ref()?;
             let s: Snapshot = serde_json::from_str(json).ok()?;
-            Some((
-                vec![
-                    ("worker".to_owned(), p.slot.to_string()),
-                    ("pid".to_owned(), p.pid.to_string()),
-                ],
-                s,
-            ))
+            Some((vec![("worker".to_owned(), p.slot.to_string())], s))
         })
         .collect();
     let refs: Vec<(Vec<(String, String)>, &Snapshot)> =

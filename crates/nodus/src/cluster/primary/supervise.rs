@@ -18,7 +18,7 @@ use std::time::Instant;
 use super::proc::{Proc, ProcState};
 use super::server;
 use super::{EventKind, Phase, State};
-use crate::cluster::protocol::{Disconnect, NODE_CLUSTER};
+use crate::cluster::protocol::{Disconnect, NODE_CLUSTER, Nodus};
 use crate::cluster::supervision::{Decision, ExitReason, GIVE_UP_EXIT_CODE, RestartBudget};
 use crate::process::ExitStatus;
 use crate::signal::{SIGHUP, SIGINT, SIGKILL, SIGTERM, Signals};
@@ -281,6 +281,24 @@ pub(super) fn start_shutdown(st: &Rc<State>, why: &str) {
             why: why.to_owned(),
         },
     );
+    let delay = st.config.shutdown_delay;
+    if delay.is_zero() || st.final_code.get() != 0 {
+        drain_all(st);
+        return;
+    }
+    for p in &procs {
+        p.send(&Nodus::act("stopping"));
+    }
+    let s = st.clone();
+    crate::task::spawn_named("cluster:shutdown-delay", async move {
+        crate::time::sleep(delay).await;
+        drain_all(&s);
+    })
+    .detach();
+}
+
+fn drain_all(st: &Rc<State>) {
+    let procs: Vec<Rc<Proc>> = st.procs.borrow().values().cloned().collect();
     for p in &procs {
         drain(st, p);
     }

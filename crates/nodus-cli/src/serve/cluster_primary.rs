@@ -1,0 +1,87 @@
+//! `nodus serve --workers N`: this process is the cluster primary. It binds (or inherits) the
+//! public listener, re-executes its own command line as N workers, serves `--admin` itself with
+//! the whole cluster's stats, and supervises (restart budget, SIGHUP rolling reload,
+//! SIGTERM/SIGINT drain).
+//!
+//! Workers find the public address in `NODUS_LISTEN` (the inherited or bound socket's address),
+//! so their `queryServer` names the socket the primary holds. Under `--policy reuseport` nothing
+//! is bound up front: each worker gets a socket of its own.
+
+use std::time::Duration;
+
+use nodus::cluster::{Config, Policy, Primary, Readiness, WorkerCommand};
+
+use super::admin;
+use super::app::{ServeOptions, fail, listeners, new_site, serve_admin};
+
+/// Runs the primary until shutdown; returns the exit code.
+pub async fn run(options: ServeOptions) -> i32 {
+    let (public, admin_listener) = if options.policy == Policy::ReusePort {
+        match options.admin.map(super::app::bind).transpose() {
+            Ok(admin) => (None, admin),
+            Err(e) => return fail(e),
+        }
+    } else {
+        match listeners(&options) {
+            Ok((public, admin)) => (Some(public), admin),
+            Err(e) => return fail(e),
+        }
+    };
+    let public_addr = public
+        .as_ref()
+        .and_then(|l| l.local_addr().ok())
+        .unwrap_or(options.listen);
+    let program = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            return fail(format!(
+                "cannot find the nodus executable to start workers: {e}"
+            ));
+        }
+    };
+    let mut config = Config::new(
+        options.workers,
+        WorkerCommand {
+            program,
+            args: std::env::args_os().skip(1).collect(),
+            env: vec![("NODUS_LISTEN".into(), public_addr.to_string().into())],
+            ipc: true,
+        },
+    );
+    config.policy = options.policy;
+    config.readiness = Readiness::Message;
+    config.drain_timeout = options.drain_timeout;
+    config.shutdown_delay = options.shutdown_delay;
+    config.kill_timeout = options.drain_timeout + Duration::from_secs(5);
+    config.event_log = options.events.clone();
+    if let Some(l) = public {
+        config.listeners.push(("http".to_owned(), l));
+    }
+    let primary = match Primary::start(config) {
+        Ok(p) => p,
+        Err(e) => return fail(e.to_string()),
+    };
+    let admin_addr = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
+    let admin_server = admin_listener.map(|l| {
+        let site = new_site(
+            &options,
+            std::path::PathBuf::new(),
+            false,
+            admin::Source::Primary(primary.clone()),
+        );
+        serve_admin(l, site)
+    });
+    tracing::info!(
+        "cluster of {} workers (policy {}) serving on http://{public_addr}/{}",
+        options.workers,
+        options.policy.name(),
+        admin_addr.map_or_else(String::new, |a| format!(
+            " (admin endpoints on http://{a}/_nodus/)"
+        ))
+    );
+    let code = primary.run().await;
+    if let Some(server) = admin_server {
+        server.drain(Duration::from_secs(1)).await;
+    }
+    code
+}
