@@ -3,14 +3,17 @@
 //!
 //! ```text
 //! cargo run --release -p nodus-http --example cluster -- \
-//!     --workers 2 --policy rr --listen 127.0.0.1:8080 [--events FILE] [--slow-worker ID --slow-ms MS]
+//!     --workers 2 --policy rr --listen 127.0.0.1:8080 [--events FILE] \
+//!     [--slow-worker ID --slow-ms MS] [--crash-after-ms MS] [--max-restarts R --restart-window SECS]
 //! ```
 //!
 //! Worker side: [`Worker::listen`] gets the listener from the primary, the server reports its
 //! HTTP counters with each snapshot, `ready()` tells the primary it can take traffic, and the
 //! primary's `disconnect` (a reload or shutdown) drains the server within the deadline it gave.
 //! `--slow-worker ID --slow-ms MS` makes worker ID answer after MS milliseconds (to see `least`
-//! steer connections away from it). SIGTERM/SIGINT to the primary drain everything; SIGHUP is a
+//! steer connections away from it). `--crash-after-ms MS` makes every worker exit with code 1
+//! MS milliseconds after it started (0: at once, before listening), to watch the restart budget.
+//! SIGTERM/SIGINT to the primary drain everything; SIGHUP is a
 //! rolling reload.
 
 use std::net::SocketAddr;
@@ -29,6 +32,9 @@ struct Args {
     events: Option<PathBuf>,
     slow_worker: Option<u32>,
     slow: Duration,
+    crash_after: Option<Duration>,
+    max_restarts: Option<u32>,
+    restart_window: Option<Duration>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -39,6 +45,9 @@ fn parse_args() -> Result<Args, String> {
         events: None,
         slow_worker: None,
         slow: Duration::from_millis(100),
+        crash_after: None,
+        max_restarts: None,
+        restart_window: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -63,6 +72,19 @@ fn parse_args() -> Result<Args, String> {
             }
             "--slow-ms" => {
                 args.slow = Duration::from_millis(value()?.parse().map_err(|e| format!("{e}"))?)
+            }
+            "--crash-after-ms" => {
+                args.crash_after = Some(Duration::from_millis(
+                    value()?.parse().map_err(|e| format!("{e}"))?,
+                ))
+            }
+            "--max-restarts" => {
+                args.max_restarts = Some(value()?.parse().map_err(|e| format!("{e}"))?)
+            }
+            "--restart-window" => {
+                args.restart_window = Some(Duration::from_secs_f64(
+                    value()?.parse().map_err(|e| format!("{e}"))?,
+                ))
             }
             other => return Err(format!("unknown argument {other}")),
         }
@@ -104,6 +126,12 @@ async fn run_primary(args: Args) -> i32 {
     config.readiness = Readiness::Message;
     config.event_log = args.events;
     config.prefix_output = false;
+    if let Some(r) = args.max_restarts {
+        config.max_restarts = r;
+    }
+    if let Some(w) = args.restart_window {
+        config.restart_window = w;
+    }
     if args.policy != Policy::ReusePort {
         match TcpListener::bind(args.listen) {
             Ok(l) => config.listeners.push(("http".to_owned(), l)),
@@ -123,6 +151,13 @@ async fn run_primary(args: Args) -> i32 {
 }
 
 async fn run_worker(worker: Worker, args: Args) -> i32 {
+    match args.crash_after {
+        Some(d) if d.is_zero() => std::process::exit(1),
+        Some(d) => {
+            nodus::set_timeout(d, move || std::process::exit(1));
+        }
+        None => {}
+    }
     let listener = match worker.listen(args.listen).await {
         Ok(l) => l,
         Err(e) => {
