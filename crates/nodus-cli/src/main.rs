@@ -6,11 +6,16 @@
 //! - `nodus top [ADDR]`: a live terminal dashboard of a running server, fed by its
 //!   `/_nodus/stats` (`--once` prints one plain-text frame).
 //!
+//! - `nodus __exec-listen PROGRAM ARGS...` (hidden): the step a supervisor puts before a program
+//!   that takes its sockets systemd's way, to set `LISTEN_PID` (see `exec_listen.rs`).
+//!
 //! `run` (supervise any program as a cluster) comes with the cluster.
 
+mod exec_listen;
 mod serve;
 mod top;
 
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -43,6 +48,13 @@ enum Command {
     /// s sort, up/down select, enter detail, esc back. Figures that are rates or "recent" cover
     /// the refresh interval.
     Top(top::TopArgs),
+    /// Internal (a supervisor's worker step): sets LISTEN_PID to this pid, then runs PROGRAM.
+    #[command(name = "__exec-listen", hide = true, disable_help_flag = true)]
+    ExecListen {
+        /// PROGRAM and its arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        args: Vec<OsString>,
+    },
 }
 
 #[derive(clap::Args)]
@@ -127,6 +139,9 @@ fn available_cores() -> usize {
 
 fn main() {
     let cli = Cli::parse();
+    if let Command::ExecListen { args } = cli.command {
+        std::process::exit(exec_listen::exec_listen(args));
+    }
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     let color = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -137,6 +152,7 @@ fn main() {
         .init();
     let code = match cli.command {
         Command::Top(args) => top::run(args),
+        Command::ExecListen { .. } => unreachable!("handled before logging starts"),
         Command::Serve(args) => serve::app::run(ServeOptions {
             workers: args.workers.map_or_else(available_cores, usize::from),
             policy: args.policy.policy(),

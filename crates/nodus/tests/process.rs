@@ -1,11 +1,17 @@
 //! `nodus::process`: spawn with pipes, exit codes and signals through the pidfd, kill, process
-//! groups and kill-tree, the parent-death signal, ref/unref, exec and exec_file (buffer limit, timeout, failure), and fork of a nodus child.
+//! groups and kill-tree, the parent-death signal, ref/unref, exec and exec_file (buffer limit,
+//! timeout, failure), fork of a nodus child, fds passed at given numbers (with the IPC channel
+//! after them), and output copied line by line behind a prefix.
 //! Every test bounded in time.
 
+use std::collections::BTreeMap;
 use std::future::Future;
-use std::os::fd::AsFd;
+use std::io::Read;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nodus::process::output::{Sink, prefix_lines};
 use nodus::process::{Command, ExecErrorKind, ExecOptions, Stdio, exec, exec_file};
 use nodus::signal::{SIGKILL, SIGTERM};
 use nodus::{Runtime, spawn};
@@ -305,5 +311,325 @@ fn exec_timeout_kills_the_child() {
         assert_eq!(err.stdout, b"started\n");
         assert_eq!(err.status.unwrap().signal(), Some(SIGTERM));
         assert!(start.elapsed() < Duration::from_secs(5));
+    });
+}
+
+/// Whether `python3` runs. Without it a test skips, unless `CI` is set: then it fails.
+fn have_python3() -> bool {
+    let ok = std::process::Command::new("python3")
+        .args(["-c", "pass"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok || std::env::var_os("CI").is_none(),
+        "python3 is needed by this test (CI is set)"
+    );
+    if !ok {
+        eprintln!("skipped: no python3");
+    }
+    ok
+}
+
+fn listener() -> (std::net::SocketAddr, OwnedFd) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    (l.local_addr().unwrap(), l.into())
+}
+
+fn socket_link(fd: &OwnedFd) -> String {
+    format!("socket:[{}]", rustix::fs::fstat(fd).unwrap().st_ino)
+}
+
+/// Runs `script` under `sh` with `cmd`'s settings and returns its stdout.
+async fn stdout_of(cmd: &mut Command, script: &str) -> String {
+    let child = cmd.arg("-c").arg(script).spawn().unwrap();
+    let mut out = Vec::new();
+    child
+        .stdout
+        .as_ref()
+        .unwrap()
+        .read_to_end(&mut out)
+        .await
+        .unwrap();
+    assert!(child.wait().await.unwrap().success());
+    String::from_utf8(out).unwrap()
+}
+
+/// `ls -l /proc/self/fd` lines as fd number → link target.
+fn fd_links(listing: &str) -> BTreeMap<i32, String> {
+    listing
+        .lines()
+        .filter_map(|l| {
+            let (left, target) = l.split_once(" -> ")?;
+            Some((left.rsplit(' ').next()?.parse().ok()?, target.to_owned()))
+        })
+        .collect()
+}
+
+#[test]
+fn passed_fds_land_at_their_numbers_with_the_channel_right_after() {
+    bounded(async {
+        let (_, a) = listener();
+        let (_, b) = listener();
+        let (a_link, b_link) = (socket_link(&a), socket_link(&b));
+        let mut cmd = Command::new("sh");
+        cmd.pass_fd(4, b)
+            .pass_fd(3, a)
+            .ipc(nodus::ipc::ChannelOptions::default());
+        assert_eq!(cmd.channel_fd(), 5);
+        let mut child = cmd
+            .args([
+                "-c",
+                r#"echo "$NODE_CHANNEL_FD"; printf '{"hi":1}\n' >&5; exec ls -l /proc/self/fd"#,
+            ])
+            .spawn()
+            .unwrap();
+        let channel = child.channel.take().unwrap();
+        let mut out = Vec::new();
+        let stdout = child.stdout.as_ref().unwrap();
+        stdout.read_to_end(&mut out).await.unwrap();
+        assert!(child.wait().await.unwrap().success());
+        let out = String::from_utf8(out).unwrap();
+        assert_eq!(out.lines().next(), Some("5"), "{out}");
+        let links = fd_links(&out);
+        // stdio, the two listeners, the channel, and the directory `ls` is reading: nothing else.
+        assert_eq!(
+            links.keys().copied().collect::<Vec<_>>(),
+            [0, 1, 2, 3, 4, 5, 6],
+            "{out}"
+        );
+        assert_eq!(links[&3], a_link);
+        assert_eq!(links[&4], b_link);
+        assert!(links[&5].starts_with("socket:["), "{out}");
+        let msg = channel.recv().await.unwrap().unwrap();
+        assert_eq!(msg.json(), r#"{"hi":1}"#);
+    });
+}
+
+#[test]
+fn sources_whose_numbers_are_targets_are_not_overwritten() {
+    bounded(async {
+        let (_, a) = listener();
+        let (_, b) = listener();
+        let (a_num, b_num) = (a.as_raw_fd(), b.as_raw_fd());
+        let (a_link, b_link) = (socket_link(&a), socket_link(&b));
+        // Swapped: each source sits on the other's target number.
+        let mut cmd = Command::new("sh");
+        cmd.pass_fd(a_num, b).pass_fd(b_num, a);
+        let script = format!("readlink /proc/self/fd/{a_num} /proc/self/fd/{b_num}");
+        let out = stdout_of(&mut cmd, &script).await;
+        assert_eq!(out, format!("{b_link}\n{a_link}\n"));
+    });
+}
+
+#[test]
+fn many_passed_fds_keep_exec_errors_and_the_parent_fds() {
+    bounded(async {
+        let (_, l) = listener();
+        let l = Arc::new(l);
+        let mut cmd = Command::new("/nonexistent/nodus-test-program");
+        for target in 3..=40 {
+            cmd.pass_fd(target, l.clone());
+        }
+        // std reports exec errors through a socket it opens during spawn: it must not be among
+        // the targets (the test process has holes below 40).
+        let err = cmd.spawn().unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
+
+        let mut sh = Command::new("sh");
+        for target in 3..=40 {
+            sh.pass_fd(target, l.clone());
+        }
+        let out = stdout_of(&mut sh, "exec ls /proc/self/fd").await;
+        let mut fds: Vec<i32> = out.lines().map(|l| l.parse().unwrap()).collect();
+        fds.sort();
+        assert_eq!(
+            fds,
+            (0..=41).collect::<Vec<_>>(),
+            "41 is ls's own directory"
+        );
+        let flags = rustix::io::fcntl_getfd(&*l).unwrap();
+        assert!(flags.contains(rustix::io::FdFlags::CLOEXEC));
+    });
+}
+
+#[test]
+fn a_passed_listener_accepts_in_each_child_and_stays_open_here() {
+    if !have_python3() {
+        return;
+    }
+    bounded(async {
+        let (addr, l) = listener();
+        let l = Arc::new(l);
+        let script = "import os, socket\n\
+                      c, _ = socket.socket(fileno=3).accept()\n\
+                      c.sendall(b'hello from %d' % os.getpid())\n";
+        let mut cmd = Command::new("python3");
+        cmd.args(["-c", script]).pass_fd(3, l.clone());
+        // A supervisor respawns from the same command: each child gets the same listener.
+        for _ in 0..2 {
+            let child = cmd.spawn().unwrap();
+            let stream = nodus::net::TcpStream::connect(addr).await.unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 256];
+            loop {
+                match stream.read(&mut buf).await.unwrap() {
+                    0 => break,
+                    n => got.extend_from_slice(&buf[..n]),
+                }
+            }
+            assert_eq!(got, format!("hello from {}", child.id()).as_bytes());
+            assert!(child.wait().await.unwrap().success());
+            assert!(rustix::io::fcntl_getfd(&*l).is_ok(), "still open here");
+        }
+    });
+}
+
+#[test]
+#[should_panic(expected = "below 3")]
+fn passing_an_fd_onto_stdio_is_refused() {
+    let (_, l) = listener();
+    Command::new("true").pass_fd(2, l);
+}
+
+/// Reads a pipe to its end on a thread (its writer is a sink's writer thread).
+fn drain(reader: std::io::PipeReader) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut out = Vec::new();
+        (&reader).read_to_end(&mut out).unwrap();
+        out
+    })
+}
+
+#[test]
+fn output_lines_get_the_prefix_partial_last_line_and_bytes_as_they_are() {
+    let (reader, writer) = std::io::pipe().unwrap();
+    let (err_reader, err_writer) = std::io::pipe().unwrap();
+    let (out, err) = (drain(reader), drain(err_reader));
+    bounded(async {
+        let mut child = Command::new("sh")
+            .args([
+                "-c",
+                r"printf 'one\ntwo\n\nbin \377\376 end\n'; printf 'e1\r\ne2' >&2; printf partial",
+            ])
+            .spawn()
+            .unwrap();
+        let o = prefix_lines(
+            child.stdout.take().unwrap(),
+            "[w1] ".into(),
+            Sink::Fd(writer.into()),
+        );
+        let e = prefix_lines(
+            child.stderr.take().unwrap(),
+            "[w1 err] ".into(),
+            Sink::Fd(err_writer.into()),
+        );
+        o.await.unwrap().unwrap();
+        e.await.unwrap().unwrap();
+        assert!(child.wait().await.unwrap().success());
+    });
+    assert_eq!(
+        out.join().unwrap(),
+        b"[w1] one\n[w1] two\n[w1] \n[w1] bin \xff\xfe end\n[w1] partial\n"
+    );
+    assert_eq!(err.join().unwrap(), b"[w1 err] e1\r\n[w1 err] e2\n");
+}
+
+#[test]
+fn output_lines_over_64_kib_are_cut() {
+    let (reader, writer) = std::io::pipe().unwrap();
+    let out = drain(reader);
+    bounded(async {
+        let mut child = Command::new("sh")
+            .args([
+                "-c",
+                "head -c 150000 /dev/zero | tr '\\0' x; echo; echo end",
+            ])
+            .spawn()
+            .unwrap();
+        let task = prefix_lines(
+            child.stdout.take().unwrap(),
+            "> ".into(),
+            Sink::Fd(writer.into()),
+        );
+        task.await.unwrap().unwrap();
+        assert!(child.wait().await.unwrap().success());
+    });
+    let out = String::from_utf8(out.join().unwrap()).unwrap();
+    let lens: Vec<usize> = out.lines().map(str::len).collect();
+    assert_eq!(lens, [2 + 65536, 2 + 65536, 2 + 150000 - 2 * 65536, 2 + 3]);
+    assert!(out.lines().all(|l| l.starts_with("> ")));
+    assert!(out.ends_with("> end\n"));
+}
+
+#[test]
+fn a_stalled_sink_drops_counted_output_and_never_stalls_the_child() {
+    const LINE: &str = "0123456789abcde\n";
+    const LINES: usize = 262_144; // 4 MiB: four times the sink's queue.
+    let (reader, writer) = std::io::pipe().unwrap();
+    let mut drained = None;
+    bounded(async {
+        let mut child = Command::new("sh")
+            .args(["-c", &format!("yes 0123456789abcde | head -n {LINES}")])
+            .spawn()
+            .unwrap();
+        let task = prefix_lines(
+            child.stdout.take().unwrap(),
+            "[p] ".into(),
+            Sink::Fd(writer.into()),
+        );
+        // Nobody reads the sink yet: the child still runs to its end.
+        assert!(child.wait().await.unwrap().success());
+        drained = Some(drain(reader));
+        task.await.unwrap().unwrap();
+    });
+    let out = String::from_utf8(drained.unwrap().join().unwrap()).unwrap();
+    let (mut delivered, mut dropped, mut notices) = (0, 0, 0);
+    for line in out.lines() {
+        let rest = line
+            .strip_prefix("[p] ")
+            .expect("every line has the prefix");
+        match rest
+            .strip_prefix('[')
+            .and_then(|r| r.strip_suffix(" bytes of output dropped]"))
+        {
+            Some(n) => {
+                dropped += n.parse::<usize>().unwrap();
+                notices += 1;
+            }
+            None => {
+                assert_eq!(format!("{rest}\n"), LINE);
+                delivered += LINE.len();
+            }
+        }
+    }
+    assert!(notices > 0, "the sink was stalled: some output is dropped");
+    assert!(delivered >= 1024 * 1024 / 2, "delivered {delivered}");
+    assert_eq!(delivered + dropped, LINE.len() * LINES);
+}
+
+#[test]
+fn output_to_our_own_stdout() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "output_to_stdout_child",
+            "--ignored",
+            "--nocapture",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("[x] a\n[x] b\n"), "{text}");
+}
+
+#[test]
+#[ignore = "run by output_to_our_own_stdout, whose stdout it writes to"]
+fn output_to_stdout_child() {
+    bounded(async {
+        let mut child = Command::new("printf").arg(r"a\nb").spawn().unwrap();
+        let task = prefix_lines(child.stdout.take().unwrap(), "[x] ".into(), Sink::Stdout);
+        task.await.unwrap().unwrap();
+        child.wait().await.unwrap();
     });
 }

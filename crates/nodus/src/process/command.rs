@@ -1,31 +1,46 @@
 //! [`Command`]: a builder for child processes (program, args, env, cwd, stdio, process group,
-//! parent-death signal, IPC channel) over `std::process::Command`.
+//! parent-death signal, extra fds, IPC channel) over `std::process::Command`.
 //!
 //! Invariants:
 //! - `spawn` must run on the loop thread: the child's pidfd and pipes are registered with the
 //!   current loop, and the parent-death signal fires when the *thread* that forked exits.
 //! - Everything that runs in the child between `fork` and `exec` (`pre_exec`) is a raw
 //!   async-signal-safe syscall: `prctl`, `getppid`, `kill`, `fcntl`, `dup2`. No allocation, no
-//!   lock.
-//! - The IPC channel's child end lands on fd 3 (Node's `fork()` layout) without `O_CLOEXEC`;
-//!   every other fd nodus opens is close-on-exec, so the child inherits only stdio and fd 3.
+//!   lock: the fd lists are computed in the parent and only read in the child.
+//! - The child gets stdio, the fds given to [`Command::pass_fd`] at their target numbers and,
+//!   with IPC, the channel right after the highest of them (fd 3 when there are none: Node's
+//!   `fork()` layout; listeners at 3..3+n then the channel: systemd's and DESIGN's layout), and
+//!   nothing else. Those land with `dup2`, so without `O_CLOEXEC`; every fd nodus opens is
+//!   close-on-exec; and the fds this process inherited without it (a shell's, a service
+//!   manager's), listed from `/proc/self/fd` before the fork, are made close-on-exec in the
+//!   child.
+//! - Sources never collide with targets: for each spawn every source is duplicated (close-on-exec)
+//!   above the highest target, and `dup2` in the child moves it down. The parent's own fds stay
+//!   open, so one `Command` can spawn again and again (a supervisor restarting a worker).
+//! - Until the fork, every free fd number up to the highest target is held by a close-on-exec
+//!   placeholder, so the fds std opens during `spawn` (its exec-error socket above all) land
+//!   above the targets and are not overwritten by a `dup2`. (Another thread closing one of its
+//!   low fds at that very moment could still open a hole: then a failed `exec` would show as an
+//!   abnormal exit of the child instead of a `spawn` error.)
 //!
 //! Why std: it already does the fork/exec dance, stdio wiring, exec-error reporting through a
-//! pipe, and `posix_spawn` when it can; nodus adds the pidfd, the pre-exec steps and the pipes
+//! socket, and `posix_spawn` when it can; nodus adds the pidfd, the pre-exec steps and the pipes
 //! on the reactor.
 
 use std::ffi::{OsStr, OsString};
 use std::io;
 use std::mem::ManuallyDrop;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::child::{Child, to_signal};
 use super::pipes::{ChildStderr, ChildStdin, ChildStdout};
 use crate::ipc::{Channel, ChannelOptions};
 
-/// The fd number a forked child finds its IPC channel on (Node's `fork()` layout).
+/// The fd number a forked child finds its IPC channel on when no other fd is passed (Node's
+/// `fork()` layout).
 pub const CHANNEL_FD: i32 = 3;
 
 /// What a child's stdin, stdout or stderr is connected to.
@@ -67,6 +82,8 @@ pub struct Command {
     stdout: Stdio,
     stderr: Stdio,
     death_signal: Option<i32>,
+    /// (target, source), sorted by target, one entry per target.
+    fds: Vec<(RawFd, Arc<OwnedFd>)>,
     ipc: Option<ChannelOptions>,
 }
 
@@ -84,6 +101,7 @@ impl Command {
             stdout: Stdio::Pipe,
             stderr: Stdio::Pipe,
             death_signal: None,
+            fds: Vec::new(),
             ipc: None,
         }
     }
@@ -168,8 +186,35 @@ impl Command {
         self
     }
 
-    /// Gives the child a Node IPC channel on fd 3 (`NODE_CHANNEL_FD=3`,
-    /// `NODE_CHANNEL_SERIALIZATION_MODE=json`); the parent's end is [`Child::channel`].
+    /// Gives the child `fd` as fd number `target` (for example listening sockets at 3, 4, ...
+    /// for systemd-style socket activation). Each spawn duplicates `fd`, which stays open here: an
+    /// `Arc` lets several commands share one source. A second call for the same `target`
+    /// replaces the first.
+    ///
+    /// # Panics
+    /// If `target` is below 3 (stdio has its own setters).
+    pub fn pass_fd(&mut self, target: RawFd, fd: impl Into<Arc<OwnedFd>>) -> &mut Command {
+        assert!(
+            target >= 3,
+            "nodus::process::Command::pass_fd: target fd {target} is below 3 (use stdin/stdout/stderr)"
+        );
+        let fd = fd.into();
+        match self.fds.binary_search_by_key(&target, |(t, _)| *t) {
+            Ok(i) => self.fds[i].1 = fd,
+            Err(i) => self.fds.insert(i, (target, fd)),
+        }
+        self
+    }
+
+    /// The fd number the IPC channel gets in the child: right after the highest passed fd, or
+    /// [`CHANNEL_FD`] when none is passed.
+    pub fn channel_fd(&self) -> RawFd {
+        self.fds.last().map_or(CHANNEL_FD, |(t, _)| t + 1)
+    }
+
+    /// Gives the child a Node IPC channel on [`channel_fd`](Self::channel_fd) (fd 3 unless fds
+    /// are passed), named by `NODE_CHANNEL_FD` with `NODE_CHANNEL_SERIALIZATION_MODE=json`; the
+    /// parent's end is [`Child::channel`].
     pub fn ipc(&mut self, options: ChannelOptions) -> &mut Command {
         self.ipc = Some(options);
         self
@@ -214,20 +259,26 @@ impl Command {
                     rustix::net::SocketFlags::CLOEXEC,
                     None,
                 )?;
-                // Keep the child's end clear of 0..=2, which std rewires before `pre_exec` runs.
-                let child = rustix::io::fcntl_dupfd_cloexec(&child, CHANNEL_FD)?;
-                cmd.env("NODE_CHANNEL_FD", CHANNEL_FD.to_string())
+                cmd.env("NODE_CHANNEL_FD", self.channel_fd().to_string())
                     .env("NODE_CHANNEL_SERIALIZATION_MODE", "json");
                 Some((parent, child))
             }
             None => None,
         };
-        let child_fd = channel.as_ref().map(|(_, c)| c.as_raw_fd());
+        let mut wanted: Vec<(RawFd, BorrowedFd<'_>)> =
+            self.fds.iter().map(|(t, fd)| (*t, fd.as_fd())).collect();
+        if let Some((_, child_end)) = &channel {
+            wanted.push((self.channel_fd(), child_end.as_fd()));
+        }
+        let ChildFds { pairs, held } = ChildFds::prepare(&wanted)?;
+        let inherited = inheritable_fds();
         let parent_pid = rustix::process::getpid();
         // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
         // calls are allowed: it makes raw syscalls through rustix (prctl, getppid, getpid, kill,
-        // fcntl, dup2) on plain integers captured by copy, and allocates nothing. The `OwnedFd`
-        // for fd 3 is wrapped in `ManuallyDrop`, so it is never closed here.
+        // fcntl, dup2) on plain integers, reads the lists computed in the parent, and allocates
+        // nothing. The inherited fds may be closed by now: `fcntl` then fails, harmlessly.
+        // Each target `OwnedFd` is wrapped in `ManuallyDrop`, so it is never closed here; the
+        // sources stay open in the parent (`held`) until after the fork.
         unsafe {
             cmd.pre_exec(move || {
                 if let Some(sig) = death {
@@ -237,19 +288,24 @@ impl Command {
                         rustix::process::kill_process(rustix::process::getpid(), sig)?;
                     }
                 }
-                if let Some(fd) = child_fd {
-                    let mut target = ManuallyDrop::new(OwnedFd::from_raw_fd(CHANNEL_FD));
-                    if fd == CHANNEL_FD {
-                        rustix::io::fcntl_setfd(&*target, rustix::io::FdFlags::empty())?;
-                    } else {
-                        let src = std::os::fd::BorrowedFd::borrow_raw(fd);
-                        rustix::io::dup2(src, &mut target)?;
-                    }
+                for &fd in inherited.iter() {
+                    let _ = rustix::io::fcntl_setfd(
+                        BorrowedFd::borrow_raw(fd),
+                        rustix::io::FdFlags::CLOEXEC,
+                    );
+                }
+                // Sources are all above the targets, so no dup2 overwrites a source still to
+                // come; dup2 leaves the target without FD_CLOEXEC.
+                for &(src, target) in pairs.iter() {
+                    let mut target = ManuallyDrop::new(OwnedFd::from_raw_fd(target));
+                    rustix::io::dup2(BorrowedFd::borrow_raw(src), &mut target)?;
                 }
                 Ok(())
             });
         }
-        let mut std_child = cmd.spawn()?;
+        let spawned = cmd.spawn();
+        drop(held);
+        let mut std_child = spawned?;
         let pid = rustix::process::Pid::from_raw(std_child.id() as i32)
             .expect("a spawned child has a positive pid");
         let mut child = Child::watch(pid)?;
@@ -270,4 +326,60 @@ impl Command {
         drop(std_child);
         Ok(child)
     }
+}
+
+/// One spawn's extra fds, prepared in the parent: close-on-exec duplicates of the sources, all
+/// above the highest target, and placeholders in the free numbers below it (see the module doc).
+struct ChildFds {
+    /// (source, target) as raw numbers, for the child.
+    pairs: Box<[(RawFd, RawFd)]>,
+    /// The duplicated sources and the placeholders: to be closed right after the fork.
+    held: Vec<OwnedFd>,
+}
+
+impl ChildFds {
+    fn prepare(wanted: &[(RawFd, BorrowedFd<'_>)]) -> io::Result<ChildFds> {
+        let Some(highest) = wanted.iter().map(|(t, _)| *t).max() else {
+            return Ok(ChildFds {
+                pairs: Box::new([]),
+                held: Vec::new(),
+            });
+        };
+        let mut held = wanted
+            .iter()
+            .map(|(_, fd)| rustix::io::fcntl_dupfd_cloexec(fd, highest + 1))
+            .collect::<Result<Vec<_>, _>>()?;
+        let pairs = held
+            .iter()
+            .zip(wanted)
+            .map(|(src, (target, _))| (src.as_raw_fd(), *target))
+            .collect();
+        // F_DUPFD takes the lowest free number: fill until that is above the highest target.
+        loop {
+            let placeholder = rustix::io::fcntl_dupfd_cloexec(&held[0], CHANNEL_FD)?;
+            if placeholder.as_raw_fd() > highest {
+                break;
+            }
+            held.push(placeholder);
+        }
+        Ok(ChildFds { pairs, held })
+    }
+}
+
+/// The fds above stdio this process holds without close-on-exec: inherited ones, which nodus did
+/// not open. Best effort: none when `/proc` is not mounted.
+fn inheritable_fds() -> Box<[RawFd]> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return Box::new([]);
+    };
+    dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<RawFd>().ok())
+        .filter(|&fd| {
+            // SAFETY: only reads the flags of fd `fd`, which another thread may close at any
+            // moment: the call then fails (or reads whatever the number now holds), harmlessly.
+            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+            fd.as_raw_fd() > 2
+                && rustix::io::fcntl_getfd(fd)
+                    .is_ok_and(|flags| !flags.contains(rustix::io::FdFlags::CLOEXEC))
+        })
+        .collect()
 }

@@ -1,5 +1,6 @@
-//! Child processes: [`Command`] / [`spawn`](Command::spawn), [`exec`], [`exec_file`] and
-//! [`fork`] (a child with a Node-compatible IPC channel, see [`crate::ipc`]).
+//! Child processes: [`Command`] / [`spawn`](Command::spawn), [`exec`], [`exec_file`],
+//! [`fork`] (a child with a Node-compatible IPC channel, see [`crate::ipc`]) and [`output`]
+//! (a child's output copied line by line, with a prefix, to our own stdout or stderr).
 //!
 //! Invariants that hold for every child (details in each file):
 //! - Exits are observed through a pidfd registered with the reactor (readable at exit) and reaped
@@ -7,12 +8,15 @@
 //!   is a ref'd handle until its exit is observed (Node's rule); `Child::unref` releases it.
 //! - Spawning happens on the loop thread. A parent-death signal (`PR_SET_PDEATHSIG`) is opt-in
 //!   for `spawn` and on (`SIGTERM`) for `fork`; it fires when the forking *thread* exits.
-//! - Every fd the parent holds is close-on-exec; a child inherits its stdio and, with IPC, fd 3.
+//! - Every fd the parent holds is close-on-exec; a child inherits its stdio, the fds passed with
+//!   [`Command::pass_fd`] (at their target numbers) and, with IPC, the channel: fd 3, or right
+//!   after the highest passed fd (listeners at 3..3+n, then the channel).
 //! - Requires Linux ≥ 5.3 (pidfd).
 
 mod child;
 mod command;
 mod exec;
+pub mod output;
 mod pipes;
 
 use std::ffi::OsStr;

@@ -1,0 +1,32 @@
+//! `nodus __exec-listen PROGRAM ARGS...` (hidden): the step between a supervisor and a program
+//! that takes systemd-style sockets. `LISTEN_PID` must be the program's own pid, which the
+//! supervisor cannot know before it forks; this process can, and the program keeps it.
+//!
+//! Invariants: it sets `LISTEN_PID` to its own pid when `LISTEN_FDS` is set (and touches nothing
+//! else), then replaces itself with PROGRAM (`execvp`): same pid, fds 3.. untouched (nothing
+//! runs before the exec that opens one without close-on-exec), parent-death signal kept. It
+//! returns only on failure: `nodus: cannot run PROGRAM: ...`, 127 when PROGRAM is not found
+//! (as a shell would), 126 otherwise.
+
+use std::ffi::OsString;
+use std::io::ErrorKind;
+use std::os::unix::process::CommandExt;
+
+/// Runs `args[0]` with `args[1..]` in place of this process; returns an exit code on failure.
+pub fn exec_listen(args: Vec<OsString>) -> i32 {
+    let Some((program, rest)) = args.split_first() else {
+        eprintln!("nodus: __exec-listen needs a program to run");
+        return 2;
+    };
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(rest);
+    if std::env::var_os("LISTEN_FDS").is_some() {
+        cmd.env("LISTEN_PID", std::process::id().to_string());
+    }
+    let err = cmd.exec();
+    eprintln!("nodus: cannot run {}: {err}", program.to_string_lossy());
+    match err.kind() {
+        ErrorKind::NotFound => 127,
+        _ => 126,
+    }
+}
