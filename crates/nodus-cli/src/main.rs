@@ -9,9 +9,11 @@
 //! - `nodus __exec-listen PROGRAM ARGS...` (hidden): the step a supervisor puts before a program
 //!   that takes its sockets systemd's way, to set `LISTEN_PID` (see `exec_listen.rs`).
 //!
-//! `run` (supervise any program as a cluster) comes with the cluster.
+//! - `nodus run [OPTIONS] -- PROGRAM [ARGS]`: supervise any program (or, with `--node`, a stock
+//!   Node app) as a cluster of workers.
 
 mod exec_listen;
+mod run;
 mod serve;
 mod top;
 
@@ -55,6 +57,93 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         args: Vec<OsString>,
     },
+    /// Supervise PROGRAM as a cluster of workers: restart budget, backoff, SIGHUP rolling
+    /// reload, SIGTERM/SIGINT drain, no orphans.
+    ///
+    /// A plain program gets the -l listeners the systemd way (fds 3.., LISTEN_FDS, LISTEN_PID,
+    /// LISTEN_FDNAMES) and a NOTIFY_SOCKET (READY=1: ready; STOPPING=1: going down). With
+    /// --node, the workers are stock Node programs and nodus is their cluster primary:
+    /// `http.createServer(...).listen(8080)` runs clustered with no code change.
+    /// Workers get NODUS_WORKER_ID (1..N) and NODE_APP_INSTANCE (0..N-1); their output is
+    /// prefixed with "[worker ID PID] ". Exits 75 when the restart budget is spent.
+    Run(RunArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Worker processes (default: the available cores).
+    #[arg(short = 'w', long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    workers: Option<u16>,
+    /// Listen on ADDR and pass the socket to every worker (repeatable; fds 3.. in order).
+    #[arg(short = 'l', long = "listen", value_name = "ADDR")]
+    listen: Vec<SocketAddr>,
+    /// shared (one socket in every worker; the default for plain programs), reuseport (a
+    /// SO_REUSEPORT socket per worker), or with --node also rr (the default there) and least.
+    #[arg(long, value_enum)]
+    policy: Option<PolicyArg>,
+    /// Restart intensity: more than R restarts within --restart-window gives up (exit 75).
+    #[arg(long, value_name = "R", default_value_t = 5)]
+    max_restarts: u32,
+    /// The window of --max-restarts, in seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 60.0, value_parser = seconds)]
+    restart_window: f64,
+    /// A worker up this long resets its slot's backoff.
+    #[arg(long, value_name = "SECS", default_value_t = 1.0, value_parser = seconds)]
+    min_uptime: f64,
+    /// Backoff for consecutive crashes of a slot: initial seconds, factor, cap seconds (the
+    /// first restart is immediate).
+    #[arg(long, value_name = "I,F,C", default_value = "0.1,2,10", value_parser = backoff)]
+    backoff: nodus::cluster::Backoff,
+    /// After a worker is asked to stop (SIGTERM, or a disconnect for --node), seconds before
+    /// SIGKILL.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = seconds)]
+    kill_timeout: f64,
+    /// During a reload, seconds a new worker gets to become ready.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0, value_parser = seconds)]
+    ready_timeout: f64,
+    /// A plain program that never sends READY=1 counts as ready after being up this long.
+    #[arg(long, value_name = "SECS", default_value_t = 1.0, value_parser = seconds)]
+    ready_after: f64,
+    /// permanent (always restarted), transient (only after a crash), temporary (never).
+    #[arg(long, value_enum, default_value_t = RestartArg::Permanent)]
+    restart: RestartArg,
+    /// The workers are Node programs; nodus is their cluster primary (NODE_CLUSTER).
+    #[arg(long)]
+    node: bool,
+    /// Append lifecycle events (fork, ready, exit, reload...) to FILE as JSON lines.
+    #[arg(long, value_name = "FILE")]
+    events: Option<PathBuf>,
+    /// The program and its arguments.
+    #[arg(last = true, required = true, value_name = "PROGRAM")]
+    command: Vec<std::ffi::OsString>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum RestartArg {
+    Permanent,
+    Transient,
+    Temporary,
+}
+
+fn backoff(s: &str) -> Result<nodus::cluster::Backoff, String> {
+    let parts: Vec<&str> = s.split(',').collect();
+    let bad = || format!("`{s}` is not INITIAL,FACTOR,CAP (seconds, factor >= 1, seconds)");
+    let [i, f, c] = parts[..] else {
+        return Err(bad());
+    };
+    let (i, f, c) = (
+        seconds(i)?,
+        f.parse::<f64>().map_err(|_| bad())?,
+        seconds(c)?,
+    );
+    if !(1.0..=100.0).contains(&f) || c < i {
+        return Err(bad());
+    }
+    Ok(nodus::cluster::Backoff {
+        initial: Duration::from_secs_f64(i),
+        factor: f,
+        cap: Duration::from_secs_f64(c),
+    })
 }
 
 #[derive(clap::Args)]
@@ -132,6 +221,18 @@ fn seconds(s: &str) -> Result<f64, String> {
     }
 }
 
+/// Raises the soft open-files limit to the hard limit (a server holds one fd per connection).
+fn raise_fd_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        limit.current = limit.maximum;
+        if let Err(e) = setrlimit(Resource::Nofile, limit) {
+            tracing::warn!("cannot raise the open-files limit: {e}");
+        }
+    }
+}
+
 /// The cores this process may run on (1 if unknown).
 fn available_cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -153,6 +254,26 @@ fn main() {
     let code = match cli.command {
         Command::Top(args) => top::run(args),
         Command::ExecListen { .. } => unreachable!("handled before logging starts"),
+        Command::Run(args) => run::run(run::RunOptions {
+            workers: args.workers.map_or_else(available_cores, usize::from),
+            listen: args.listen,
+            policy: args.policy.map(PolicyArg::policy),
+            max_restarts: args.max_restarts,
+            restart_window: Duration::from_secs_f64(args.restart_window),
+            min_uptime: Duration::from_secs_f64(args.min_uptime),
+            backoff: args.backoff,
+            kill_timeout: Duration::from_secs_f64(args.kill_timeout),
+            ready_timeout: Duration::from_secs_f64(args.ready_timeout),
+            ready_after: Duration::from_secs_f64(args.ready_after),
+            restart: match args.restart {
+                RestartArg::Permanent => nodus::cluster::RestartType::Permanent,
+                RestartArg::Transient => nodus::cluster::RestartType::Transient,
+                RestartArg::Temporary => nodus::cluster::RestartType::Temporary,
+            },
+            node: args.node,
+            events: args.events,
+            command: args.command,
+        }),
         Command::Serve(args) => serve::app::run(ServeOptions {
             workers: args.workers.map_or_else(available_cores, usize::from),
             policy: args.policy.policy(),

@@ -37,7 +37,7 @@ impl Server {
         let mut child = Command::new(NODUS)
             .arg("serve")
             .arg(&dir)
-            .args(["--listen", "127.0.0.1:0"])
+            .args(["--listen", "127.0.0.1:0", "--workers", "1"])
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -74,7 +74,7 @@ impl Site {
 
 /// Runs `nodus serve` until a shutdown signal; returns the process exit code.
 pub fn run(options: ServeOptions) -> i32 {
-    raise_fd_limit();
+    crate::raise_fd_limit();
     let root = match static_files::canonical_root(&options.dir) {
         Ok(root) if root.is_dir() => root,
         Ok(_) => {
@@ -412,17 +412,5 @@ fn open_failed(path: &Path, e: std::io::Error) -> Response<Body> {
 pub(super) fn tell_manager(state: &str) {
     if let Err(e) = nodus::notify::notify(state) {
         tracing::warn!("cannot notify the service manager ({state:?}): {e}");
-    }
-}
-
-/// Raises the soft open-files limit to the hard limit (a server holds one fd per connection).
-fn raise_fd_limit() {
-    use rustix::process::{Resource, getrlimit, setrlimit};
-    let mut limit = getrlimit(Resource::Nofile);
-    if limit.current < limit.maximum {
-        limit.current = limit.maximum;
-        if let Err(e) = setrlimit(Resource::Nofile, limit) {
-            tracing::warn!("cannot raise the open-files limit: {e}");
-        }
     }
 }

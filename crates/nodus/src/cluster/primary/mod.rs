@@ -70,10 +70,6 @@ impl Policy {
             Policy::Least => "least",
         }
     }
-
-    fn primary_accepts(self) -> bool {
-        matches!(self, Policy::RoundRobin | Policy::Least)
-    }
 }
 
 /// What counts as a worker being ready for traffic (a reload waits for it before draining the
@@ -96,7 +92,9 @@ pub struct WorkerCommand {
     pub env: Vec<(OsString, OsString)>,
     /// Speaks Node's cluster protocol over an IPC channel (a nodus or Node worker). Otherwise a
     /// plain program: it gets the primary's listeners as `LISTEN_FDS` (from fd 3) and a
-    /// `NOTIFY_SOCKET`.
+    /// `NOTIFY_SOCKET`. `LISTEN_PID` cannot be known before the fork: a program that checks it
+    /// (`sd_listen_fds`) must be started through a launcher that sets it to its own pid and
+    /// then executes the program (`nodus __exec-listen -- PROGRAM ARGS`, as `nodus run` does).
     pub ipc: bool,
 }
 
@@ -108,7 +106,9 @@ pub struct Config {
     pub policy: Policy,
     /// Listeners bound before the workers start (`nodus run -l`, systemd's `LISTEN_FDS`, the
     /// address of `nodus serve`), with their names; a worker's `queryServer` for the same
-    /// address (or port) gets one of these instead of a new socket.
+    /// address (or port) gets one of these instead of a new socket, and a plain program gets
+    /// them all as `LISTEN_FDS`. Under `ReusePort` only their addresses are used (bind them with
+    /// `reuse_port`): the primary closes them and each worker gets sockets of its own.
     pub listeners: Vec<(String, TcpListener)>,
     pub restart: RestartPolicy,
     /// Restart intensity: more than `max_restarts` within `restart_window` gives up.
@@ -132,8 +132,9 @@ pub struct Config {
 }
 
 impl Config {
-    /// `workers` copies of `command`, round-robin, the default restart rules (3 restarts in
-    /// 5 s... see [`RestartPolicy`]), 10 s drain, 10 s kill timeout, 30 s ready timeout.
+    /// `workers` copies of `command`, round-robin, ready at `listening`, at most 5 restarts
+    /// within 60 s, the default [`RestartPolicy`] (permanent, backoff 100 ms ×2 up to 10 s,
+    /// 1 s min uptime), 10 s drain, 10 s kill timeout, 30 s ready timeout, output prefixed.
     pub fn new(workers: usize, command: WorkerCommand) -> Config {
         Config {
             workers,

@@ -22,6 +22,8 @@ use super::{EventKind, Readiness, State, stats, supervise};
 use crate::cluster::protocol::{Ack, Incoming, NODE_CLUSTER, Nodus};
 use crate::cluster::reply::ReplySlot;
 use crate::ipc::{Channel, ChannelOptions, Message};
+use crate::notify::NotifySocket;
+use crate::process::output::{Sink, prefix_lines};
 use crate::process::{Child, Command, ExitStatus, Stdio};
 use crate::signal::SIGKILL;
 
@@ -80,10 +82,28 @@ impl Proc {
             // workers; and the worker's whole group can be killed at once.
             .process_group(0)
             .parent_death_signal(Some(SIGKILL));
-        if cfg.ipc {
+        let notify_socket = if cfg.ipc {
             cmd.ipc(ChannelOptions::default());
+            None
+        } else {
+            server::pass_listeners(st, &mut cmd)?;
+            let socket = NotifySocket::bind_unique()?;
+            cmd.env("NOTIFY_SOCKET", socket.env_value());
+            Some(socket)
+        };
+        if st.config.prefix_output {
+            cmd.stdout(Stdio::Pipe).stderr(Stdio::Pipe);
         }
         let mut child = cmd.spawn()?;
+        if st.config.prefix_output {
+            let prefix = format!("[worker {slot} {}] ", child.id());
+            if let Some(out) = child.stdout.take() {
+                prefix_lines(out, prefix.clone(), Sink::Stdout).detach();
+            }
+            if let Some(err) = child.stderr.take() {
+                prefix_lines(err, prefix, Sink::Stderr).detach();
+            }
+        }
         let channel = child.channel.take();
         let proc = Rc::new(Proc {
             unique,
@@ -137,6 +157,24 @@ impl Proc {
                         Err(e) => tracing::warn!(
                             target: "nodus::cluster",
                             "worker {} (pid {}): channel error: {e}", p.slot, p.pid
+                        ),
+                    }
+                }
+            })
+            .detach();
+        }
+        if let Some(socket) = notify_socket {
+            let (s, p) = (st.clone(), proc.clone());
+            socket.unref();
+            crate::task::spawn_named("cluster:notify", async move {
+                while p.is_alive() {
+                    match socket.recv().await {
+                        Ok(m) if m.ready => mark_ready(&s, &p),
+                        Ok(m) if m.stopping => supervise::going_down(&s, &p),
+                        Ok(_) => {}
+                        Err(e) => tracing::debug!(
+                            target: "nodus::cluster",
+                            "worker {} (pid {}): bad notify message: {e}", p.slot, p.pid
                         ),
                     }
                 }

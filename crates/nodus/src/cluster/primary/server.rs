@@ -28,6 +28,7 @@ use crate::cluster::protocol::{Incoming, NODE_CLUSTER, NewConn, QueryReply, Sock
 use crate::io::AsyncFd;
 use crate::ipc::SendHandle;
 use crate::net::{ListenOptions, TcpListener};
+use crate::process::Command;
 
 /// Accepted connections that may wait for a worker before the primary stops accepting.
 pub(super) const PARK_LIMIT: usize = 1024;
@@ -37,6 +38,8 @@ enum Sock {
     Accepting(AsyncFd<std::net::TcpListener>),
     /// Workers accept on duplicates of it.
     Shared(std::net::TcpListener),
+    /// Reuse-port: only the address is kept; each worker binds (gets) a socket of its own.
+    Released,
 }
 
 pub(super) struct Server {
@@ -62,11 +65,18 @@ impl Server {
         policy: Policy,
     ) -> io::Result<Rc<Server>> {
         let addr = listener.local_addr()?;
-        let sock = if policy.primary_accepts() {
-            listener.set_nonblocking(true)?;
-            Sock::Accepting(AsyncFd::new(listener)?)
-        } else {
-            Sock::Shared(listener)
+        let sock = match policy {
+            Policy::RoundRobin | Policy::Least => {
+                listener.set_nonblocking(true)?;
+                Sock::Accepting(AsyncFd::new(listener)?)
+            }
+            // Shared duplicates share the file's flags: blocking, as a service manager passes
+            // sockets (a nodus or Node worker makes its copy non-blocking itself).
+            Policy::Shared => {
+                listener.set_nonblocking(false)?;
+                Sock::Shared(listener)
+            }
+            Policy::ReusePort => Sock::Released,
         };
         let server = Rc::new(Server {
             addr,
@@ -163,6 +173,7 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
     } else {
         server_for(st, &key, addr).and_then(|server| match &server.sock {
             Sock::Shared(l) => Ok((None, Some(l.as_fd().try_clone_to_owned()?))),
+            Sock::Released => unreachable!("released sockets exist only under reuseport"),
             Sock::Accepting(_) => {
                 server
                     .members
@@ -222,6 +233,37 @@ fn reuseport_socket(st: &Rc<State>, key: &str, addr: SocketAddr) -> io::Result<O
         st.reuseport_ports.borrow_mut().insert(key.to_owned(), port);
     }
     Ok(OwnedFd::from(l.into_std()))
+}
+
+/// Gives a plain program the primary's listeners the systemd way: fds 3.. with `LISTEN_FDS` and
+/// `LISTEN_FDNAMES` (`LISTEN_PID` must be the program's own pid: a launcher sets it). Under
+/// `reuseport` each worker gets fresh sockets bound to the same addresses.
+pub(super) fn pass_listeners(st: &Rc<State>, cmd: &mut Command) -> io::Result<()> {
+    let prebound = st.prebound.borrow();
+    let mut names = Vec::with_capacity(prebound.len());
+    for (i, (name, server)) in prebound.iter().enumerate() {
+        let fd: OwnedFd = match (&server.sock, st.config.policy) {
+            (_, Policy::ReusePort) => {
+                let options = ListenOptions {
+                    reuse_port: true,
+                    ..ListenOptions::default()
+                };
+                let l = TcpListener::bind_with(server.addr, options)?.into_std();
+                l.set_nonblocking(false)?;
+                OwnedFd::from(l)
+            }
+            (Sock::Shared(l), _) => l.as_fd().try_clone_to_owned()?,
+            (Sock::Accepting(io), _) => io.get_ref().as_fd().try_clone_to_owned()?,
+            (Sock::Released, _) => unreachable!("released sockets exist only under reuseport"),
+        };
+        cmd.pass_fd(3 + i as i32, fd);
+        names.push(name.as_str());
+    }
+    if !prebound.is_empty() {
+        cmd.env("LISTEN_FDS", prebound.len().to_string())
+            .env("LISTEN_FDNAMES", names.join(":"));
+    }
+    Ok(())
 }
 
 /// `proc` no longer takes connections for `key` (its `close`).

@@ -1,0 +1,159 @@
+//! `nodus run`: supervise any program as a cluster, with the same rules as `nodus serve
+//! --workers N` (restart budget, backoff, SIGHUP rolling reload, SIGTERM/SIGINT drain).
+//!
+//! Two kinds of workers:
+//! - A plain program (the default): the listeners of `-l` (or the ones systemd passed to nodus)
+//!   reach it the systemd way, fds 3.. with `LISTEN_FDS`/`LISTEN_FDNAMES`; `LISTEN_PID` is set by
+//!   the `__exec-listen` step, which runs in the worker's own process and then executes the
+//!   program. It is ready when it sends `READY=1` to its `NOTIFY_SOCKET` or has stayed up
+//!   `--ready-after`; `STOPPING=1` is its "going down" notice. It is stopped with SIGTERM.
+//! - `--node`: stock Node programs, with nodus as their cluster primary over `NODE_CLUSTER`
+//!   (`cluster.isWorker` is true in them): `server.listen(...)` gets its socket or its
+//!   connections from nodus. Ready at their first `listening`; stopped with a `disconnect`.
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use nodus::cluster::{
+    Backoff, Config, Policy, Primary, Readiness, RestartPolicy, RestartType, WorkerCommand,
+};
+use nodus::net::{ListenOptions, TcpListener};
+
+/// What `nodus run` was asked to do (parsed and checked by the command line).
+#[derive(Debug)]
+pub struct RunOptions {
+    pub workers: usize,
+    pub listen: Vec<SocketAddr>,
+    pub policy: Option<Policy>,
+    pub max_restarts: u32,
+    pub restart_window: Duration,
+    pub min_uptime: Duration,
+    pub backoff: Backoff,
+    pub kill_timeout: Duration,
+    pub ready_timeout: Duration,
+    pub ready_after: Duration,
+    pub restart: RestartType,
+    pub node: bool,
+    pub events: Option<PathBuf>,
+    pub command: Vec<OsString>,
+}
+
+fn fail(message: impl std::fmt::Display) -> i32 {
+    eprintln!("nodus run: {message}");
+    2
+}
+
+/// Runs the supervisor until it stops; returns the exit code.
+pub fn run(options: RunOptions) -> i32 {
+    let policy = match (options.policy, options.node) {
+        (Some(p @ (Policy::RoundRobin | Policy::Least)), false) => {
+            return fail(format!(
+                "--policy {} needs --node: a plain program cannot take connections handed over \
+                 by nodus (use shared or reuseport)",
+                p.name()
+            ));
+        }
+        (Some(p), _) => p,
+        (None, true) => Policy::RoundRobin,
+        (None, false) => Policy::Shared,
+    };
+    let Some((program, args)) = options.command.split_first() else {
+        return fail("no program to run: nodus run [OPTIONS] -- PROGRAM [ARGS]...");
+    };
+    let (program, args) = (program.clone(), args.to_vec());
+    crate::raise_fd_limit();
+    let rt = nodus::Runtime::new();
+    rt.block_on(async move {
+        let listeners = match bind_listeners(&options.listen, policy) {
+            Ok(l) => l,
+            Err(e) => return fail(e),
+        };
+        let command = if options.node {
+            WorkerCommand {
+                program: PathBuf::from(&program),
+                args,
+                env: Vec::new(),
+                ipc: true,
+            }
+        } else {
+            let exe = match std::env::current_exe() {
+                Ok(p) => p,
+                Err(e) => return fail(format!("cannot find the nodus executable: {e}")),
+            };
+            let mut launcher_args: Vec<OsString> = vec!["__exec-listen".into()];
+            launcher_args.extend(options.command.iter().cloned());
+            WorkerCommand {
+                program: exe,
+                args: launcher_args,
+                env: Vec::new(),
+                ipc: false,
+            }
+        };
+        let mut config = Config::new(options.workers, command);
+        config.policy = policy;
+        config.listeners = listeners;
+        config.max_restarts = options.max_restarts;
+        config.restart_window = options.restart_window;
+        config.restart = RestartPolicy {
+            restart: options.restart,
+            backoff: options.backoff,
+            min_uptime: options.min_uptime,
+        };
+        config.kill_timeout = options.kill_timeout;
+        config.drain_timeout = options.kill_timeout;
+        config.ready_timeout = options.ready_timeout;
+        config.readiness = if options.node {
+            Readiness::Listening
+        } else {
+            Readiness::Alive(options.ready_after)
+        };
+        config.event_log = options.events;
+        let primary = match Primary::start(config) {
+            Ok(p) => p,
+            Err(e) => return fail(e),
+        };
+        tracing::info!(
+            "supervising {} worker(s) of {} (policy {})",
+            options.workers,
+            program.to_string_lossy(),
+            policy.name()
+        );
+        primary.run().await
+    })
+}
+
+/// The `-l` listeners, or the sockets a service manager passed to nodus (`LISTEN_FDS`).
+fn bind_listeners(
+    addrs: &[SocketAddr],
+    policy: Policy,
+) -> Result<Vec<(String, TcpListener)>, String> {
+    let inherited =
+        nodus::net::listen_fds().map_err(|e| format!("cannot use the inherited sockets: {e}"))?;
+    let mut out = Vec::new();
+    for socket in inherited {
+        match socket {
+            nodus::net::Inherited::Tcp(name, l) => out.push((name, l)),
+            other => {
+                return Err(format!(
+                    "cannot pass on the inherited socket {other:?}: only TCP listeners are supported"
+                ));
+            }
+        }
+    }
+    for (i, addr) in addrs.iter().enumerate() {
+        let options = ListenOptions {
+            reuse_port: policy == Policy::ReusePort,
+            ..ListenOptions::default()
+        };
+        let l = TcpListener::bind_with(*addr, options).map_err(|e| match e.kind() {
+            std::io::ErrorKind::AddrInUse => {
+                format!("cannot listen on {addr}: the address is already in use")
+            }
+            _ => format!("cannot listen on {addr}: {e}"),
+        })?;
+        out.push((format!("listen{i}"), l));
+    }
+    Ok(out)
+}

@@ -1,0 +1,439 @@
+//! The cluster through the `nodus` command: `serve --workers 2` (stats of the whole cluster,
+//! `nodus top --once` showing both workers), `run` with a plain program reading `LISTEN_FDS`
+//! (Python), `run --node` with a stock Node app, a nodus worker under a stock Node primary, and
+//! `run`'s restart budget.
+//!
+//! Every process is started in its own process group and the whole group is killed by PID when
+//! the test ends (workers die with their primary anyway: `PR_SET_PDEATHSIG`). Node and Python
+//! are needed: under `CI` a missing one fails the test, elsewhere it is skipped.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const NODUS: &str = env!("CARGO_BIN_EXE_nodus");
+
+/// A process (and its process group) killed when dropped.
+struct Proc {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Proc {
+    fn spawn(cmd: &mut Command) -> Proc {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .expect("spawn");
+        let (tx, rx) = mpsc::channel();
+        for out in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    let _ = tx.send(line);
+                }
+            });
+        }
+        Proc { child, lines: rx }
+    }
+
+    /// Waits for an output line containing `needle`; returns it.
+    fn wait_line(&self, needle: &str, seen: &mut Vec<String>) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    seen.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!("no line with {needle:?}; output so far: {seen:#?}"),
+            }
+        }
+    }
+
+    fn signal(&self, sig: rustix::process::Signal) {
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
+        let _ = rustix::process::kill_process(pid, sig);
+    }
+
+    /// Waits (bounded) for the exit code.
+    fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the process did not exit within {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
+        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One HTTP/1.1 GET with `Connection: close`: (status, headers + body text).
+fn get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    Ok((status, text))
+}
+
+/// Retries `get` until it answers 200 (the workers start).
+fn get_ok(addr: SocketAddr, path: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match get(addr, path) {
+            Ok((200, text)) => return text,
+            other if Instant::now() > deadline => panic!("GET {path}: {other:?}"),
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+fn body(text: &str) -> &str {
+    text.split("\r\n\r\n").nth(1).unwrap_or("")
+}
+
+/// Whether `tool` runs; under CI a missing tool fails the test.
+fn have(tool: &str) -> bool {
+    let ok = Command::new(tool)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(std::env::var_os("CI").is_none(), "CI needs {tool}");
+        eprintln!("skipped: {tool} is not installed");
+    }
+    ok
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("nodus-cluster-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn events(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+#[test]
+fn serve_with_two_workers_shows_the_whole_cluster_in_stats_and_top() {
+    let dir = temp_dir("serve");
+    std::fs::write(dir.join("a.txt"), "hello cluster\n").unwrap();
+    let port = free_port();
+    let primary = Proc::spawn(
+        Command::new(NODUS)
+            .arg("serve")
+            .arg(&dir)
+            .args(["--workers", "2", "--listen", &format!("127.0.0.1:{port}")])
+            .env("RUST_LOG", "info"),
+    );
+    let mut seen = Vec::new();
+    primary.wait_line("2 workers ready", &mut seen);
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    // Without --admin, the workers answer /_nodus/ on the public listener (loopback clients)
+    // and ask the primary for the whole cluster's figures.
+    let admin_addr = addr;
+    for _ in 0..10 {
+        assert_eq!(body(&get_ok(addr, "/a.txt")), "hello cluster\n");
+    }
+    // The primary answers for the whole cluster: both workers, each with its own snapshot.
+    let stats: Value = serde_json::from_str(body(&get_ok(admin_addr, "/_nodus/stats"))).unwrap();
+    let workers = stats["workers"].as_array().unwrap();
+    assert_eq!(workers.len(), 2, "{stats}");
+    assert_eq!(stats["workers_up"], 2);
+    assert_eq!(stats["policy"], "rr");
+    let mut ids: Vec<u64> = workers
+        .iter()
+        .map(|w| w["worker"].as_u64().unwrap())
+        .collect();
+    ids.sort();
+    assert_eq!(ids, [1, 2]);
+    for w in workers {
+        assert_eq!(
+            w["snapshot"]["pid"], w["pid"],
+            "each snapshot is its worker's own"
+        );
+    }
+    let handed: u64 = workers
+        .iter()
+        .map(|w| w["connections_handed"].as_u64().unwrap())
+        .sum();
+    assert!(handed >= 10, "{stats}");
+    let metrics = body(&get_ok(admin_addr, "/_nodus/metrics")).to_owned();
+    assert!(metrics.contains("nodus_cluster_workers_up 2"), "{metrics}");
+    assert!(metrics.contains("worker=\"1\"") && metrics.contains("worker=\"2\""));
+    assert!(metrics.trim_end().ends_with("# EOF"));
+
+    // `nodus top --once` shows one row per worker.
+    let out = Command::new(NODUS)
+        .args(["top", "--once", &admin_addr.to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    for w in workers {
+        let pid = w["pid"].as_u64().unwrap().to_string();
+        assert!(text.contains(&pid), "top shows worker pid {pid}:\n{text}");
+    }
+
+    primary.signal(rustix::process::Signal::TERM);
+    let mut primary = primary;
+    assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A Python HTTP server that takes its socket the systemd way and checks `LISTEN_PID`.
+const PY_SERVER: &str = r#"
+import os, socket, sys
+assert os.environ["LISTEN_PID"] == str(os.getpid()), "LISTEN_PID is not my pid"
+assert os.environ["LISTEN_FDS"] == "1"
+s = socket.socket(fileno=3)
+n = os.environ.get("NOTIFY_SOCKET")
+if n:
+    u = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    u.sendto(b"READY=1", "\0" + n[1:] if n.startswith("@") else n)
+print("python worker", os.environ["NODUS_WORKER_ID"], "up", flush=True)
+while True:
+    c, _ = s.accept()
+    c.recv(65536)
+    b = ("pid %d worker %s" % (os.getpid(), os.environ["NODUS_WORKER_ID"])).encode()
+    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(b), b))
+    c.close()
+"#;
+
+#[test]
+fn run_passes_listeners_the_systemd_way_to_a_plain_program() {
+    if !have("python3") {
+        return;
+    }
+    let dir = temp_dir("run-py");
+    let script = dir.join("server.py");
+    std::fs::write(&script, PY_SERVER).unwrap();
+    let log = dir.join("events.jsonl");
+    let port = free_port();
+    let primary = Proc::spawn(
+        Command::new(NODUS)
+            .args(["run", "-w", "2", "-l", &format!("127.0.0.1:{port}")])
+            .arg("--events")
+            .arg(&log)
+            .args(["--", "python3"])
+            .arg(&script)
+            .env("RUST_LOG", "info"),
+    );
+    let mut seen = Vec::new();
+    // Output is captured with a worker prefix.
+    let line = primary.wait_line("python worker", &mut seen);
+    assert!(line.starts_with("[worker "), "{line}");
+    primary.wait_line("2 workers ready", &mut seen);
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut pids = std::collections::HashSet::new();
+    for _ in 0..30 {
+        let text = get_ok(addr, "/");
+        pids.insert(body(&text).split_whitespace().nth(1).unwrap().to_owned());
+    }
+    assert!(!pids.is_empty());
+    let ready = events(&log)
+        .iter()
+        .filter(|e| e["event"] == "ready")
+        .count();
+    assert_eq!(ready, 2, "both workers said READY=1 or stayed up");
+    primary.signal(rustix::process::Signal::TERM);
+    let mut primary = primary;
+    assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn run_gives_up_on_a_program_that_exits_at_once() {
+    let primary = Proc::spawn(
+        Command::new(NODUS)
+            .args([
+                "run",
+                "-w",
+                "1",
+                "--max-restarts",
+                "3",
+                "--restart-window",
+                "30",
+            ])
+            .args(["--backoff", "0.01,2,0.1", "--", "sh", "-c", "exit 3"])
+            .env("RUST_LOG", "info"),
+    );
+    let mut primary = primary;
+    assert_eq!(
+        primary.wait_exit(Duration::from_secs(30)),
+        Some(75),
+        "the give-up exit code"
+    );
+    let lines: Vec<String> = primary.lines.try_iter().collect();
+    let giving_up: Vec<&String> = lines.iter().filter(|l| l.contains("giving up")).collect();
+    assert_eq!(giving_up.len(), 1, "one clear line: {lines:#?}");
+    let crashes = lines
+        .iter()
+        .filter(|l| l.contains("exited with code 3") && !l.contains("giving up"))
+        .count();
+    assert_eq!(
+        crashes, 4,
+        "the first start and 3 restarts, never more: {lines:#?}"
+    );
+}
+
+#[test]
+fn run_refuses_handoff_policies_for_plain_programs() {
+    let out = Command::new(NODUS)
+        .args(["run", "--policy", "rr", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs --node"));
+}
+
+const NODE_APP: &str = r#"
+const http = require('http');
+const cluster = require('cluster');
+http.createServer((req, res) => {
+  res.end(`pid ${process.pid} worker ${process.env.NODUS_WORKER_ID} isWorker ${cluster.isWorker}`);
+}).listen(+process.env.PORT, '127.0.0.1');
+"#;
+
+#[test]
+fn run_node_makes_nodus_the_primary_of_a_stock_node_app() {
+    if !have("node") {
+        return;
+    }
+    let dir = temp_dir("run-node");
+    std::fs::write(dir.join("app.js"), NODE_APP).unwrap();
+    let log = dir.join("events.jsonl");
+    let port = free_port();
+    let primary = Proc::spawn(
+        Command::new(NODUS)
+            .args(["run", "--node", "-w", "2", "--events"])
+            .arg(&log)
+            .args(["--", "node"])
+            .arg(dir.join("app.js"))
+            .env("PORT", port.to_string())
+            .env("RUST_LOG", "info"),
+    );
+    let mut seen = Vec::new();
+    primary.wait_line("2 workers ready", &mut seen);
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut workers = std::collections::HashSet::new();
+    for _ in 0..20 {
+        let text = get_ok(addr, "/");
+        assert!(body(&text).ends_with("isWorker true"), "{text}");
+        workers.insert(body(&text).split_whitespace().nth(3).unwrap().to_owned());
+    }
+    assert_eq!(
+        workers.len(),
+        2,
+        "round-robin reaches both Node workers: {workers:?}"
+    );
+    // Rolling reload of the Node workers.
+    primary.signal(rustix::process::Signal::HUP);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !events(&log).iter().any(|e| e["event"] == "reload_done") {
+        assert!(
+            Instant::now() < deadline,
+            "no reload_done: {:#?}",
+            events(&log)
+        );
+        assert_eq!(get(addr, "/").map(|r| r.0).ok(), Some(200));
+    }
+    primary.signal(rustix::process::Signal::TERM);
+    let mut primary = primary;
+    assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A stock Node primary forking `nodus serve` as its cluster worker.
+const NODE_PRIMARY: &str = r#"
+const cluster = require('cluster');
+const [nodus, dir, port] = process.argv.slice(2);
+process.execPath = nodus;   // cluster has no execPath setting: fork runs execPath [exec, ...args]
+cluster.setupPrimary({ exec: 'serve', args: [dir, '--listen', `127.0.0.1:${port}`] });
+const w = cluster.fork();
+w.on('listening', (addr) => console.log(`worker listening ${addr.port}`));
+w.on('exit', (code, signal) => console.log(`worker exit ${code} ${signal}`));
+process.on('SIGTERM', () => { w.disconnect(); });
+"#;
+
+#[test]
+fn a_nodus_worker_joins_a_stock_node_primary() {
+    if !have("node") {
+        return;
+    }
+    let dir = temp_dir("node-primary");
+    std::fs::write(dir.join("primary.js"), NODE_PRIMARY).unwrap();
+    std::fs::write(dir.join("a.txt"), "from a nodus worker\n").unwrap();
+    let port = free_port();
+    let primary = Proc::spawn(
+        Command::new("node")
+            .arg(dir.join("primary.js"))
+            .arg(NODUS)
+            .arg(&dir)
+            .arg(port.to_string()),
+    );
+    let mut seen = Vec::new();
+    primary.wait_line(&format!("worker listening {port}"), &mut seen);
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    for _ in 0..10 {
+        assert_eq!(body(&get_ok(addr, "/a.txt")), "from a nodus worker\n");
+    }
+    // Node's primary-side disconnect drains the nodus worker, which exits 0.
+    primary.signal(rustix::process::Signal::TERM);
+    let line = primary.wait_line("worker exit", &mut seen);
+    assert_eq!(line, "worker exit 0 null");
+    let _ = std::fs::remove_dir_all(&dir);
+}
