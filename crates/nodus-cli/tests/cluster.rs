@@ -48,8 +48,12 @@ impl Proc {
         Proc { child, lines: rx }
     }
 
-    /// Waits for an output line containing `needle`; returns it.
+    /// Waits for an output line containing `needle` (or finds it among the lines already
+    /// `seen`); returns it.
     fn wait_line(&self, needle: &str, seen: &mut Vec<String>) -> String {
+        if let Some(line) = seen.iter().find(|l| l.contains(needle)) {
+            return line.clone();
+        }
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());

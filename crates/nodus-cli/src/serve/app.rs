@@ -196,10 +196,11 @@ async fn serve_worker(options: ServeOptions, root: PathBuf, worker: nodus::clust
         Err(e) => return fail(format!("cannot catch SIGTERM/SIGINT: {e}")),
     };
     worker.set_snapshot(nodus_http::snapshot);
+    let admin_elsewhere = options.admin.is_some() || std::env::var_os("NODUS_ADMIN").is_some();
     let site = new_site(
         &options,
         root,
-        options.admin.is_none(),
+        !admin_elsewhere,
         admin::Source::Worker(worker.clone()),
     );
     let running = start_servers(&options, &site, public, None);

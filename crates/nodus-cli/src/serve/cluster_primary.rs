@@ -4,7 +4,8 @@
 //! SIGTERM/SIGINT drain).
 //!
 //! Workers find the public address in `NODUS_LISTEN` (the inherited or bound socket's address),
-//! so their `queryServer` names the socket the primary holds. Under `--policy reuseport` nothing
+//! so their `queryServer` names the socket the primary holds; `NODUS_ADMIN`, when the primary
+//! has an admin listener, tells them not to answer `/_nodus/` on the public one. Under `--policy reuseport` nothing
 //! is bound up front: each worker gets a socket of its own.
 
 use std::time::Duration;
@@ -39,6 +40,7 @@ pub async fn run(options: ServeOptions) -> i32 {
             ));
         }
     };
+    let admin_addr = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
     let mut config = Config::new(
         options.workers,
         WorkerCommand {
@@ -48,6 +50,13 @@ pub async fn run(options: ServeOptions) -> i32 {
             ipc: true,
         },
     );
+    if let Some(a) = admin_addr {
+        // The primary serves the admin endpoints: the workers' public listeners do not.
+        config
+            .command
+            .env
+            .push(("NODUS_ADMIN".into(), a.to_string().into()));
+    }
     config.policy = options.policy;
     config.readiness = Readiness::Message;
     config.drain_timeout = options.drain_timeout;
@@ -61,7 +70,6 @@ pub async fn run(options: ServeOptions) -> i32 {
         Ok(p) => p,
         Err(e) => return fail(e.to_string()),
     };
-    let admin_addr = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
     let admin_server = admin_listener.map(|l| {
         let site = new_site(
             &options,

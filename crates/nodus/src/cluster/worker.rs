@@ -196,9 +196,8 @@ impl Worker {
         let kind = match handle {
             Some(h) => Kind::Shared(h.into_tcp_listener()?),
             None => {
-                let queue = Rc::new(RrQueue::default());
-                self.sh.rr.borrow_mut().insert(key.clone(), queue.clone());
-                Kind::RoundRobin(queue, addr)
+                let queue = self.sh.rr.borrow().get(&key).cloned();
+                Kind::RoundRobin(queue.expect("registered with the reply"), addr)
             }
         };
         let listener = Listener {
@@ -382,6 +381,7 @@ impl Worker {
             None => {
                 let Some(ack) = m.ack else { return };
                 if let Some(slot) = self.sh.queries.borrow_mut().remove(&ack) {
+                    let handle = msg.take_handle();
                     let result = match (&m.errno, &m.key) {
                         (Some(e), _) if !e.is_null() && e != 0 => Err(match e.as_i64() {
                             Some(n) if n < 0 => io::Error::from_raw_os_error(-n as i32).to_string(),
@@ -390,7 +390,17 @@ impl Worker {
                         (_, Some(key)) => Ok(key.clone()),
                         _ => Err("no key in the reply".to_owned()),
                     };
-                    slot.fill((result, msg.take_handle()));
+                    // A round-robin listener takes connections from now on: the primary's
+                    // first `newconn` may be the very next message, read before `listen`
+                    // resumes.
+                    if let (Ok(key), None) = (&result, &handle) {
+                        self.sh
+                            .rr
+                            .borrow_mut()
+                            .entry(key.clone())
+                            .or_insert_with(|| Rc::new(RrQueue::default()));
+                    }
+                    slot.fill((result, handle));
                     return;
                 }
                 let exit = self.sh.exit_ack.borrow_mut().take();
