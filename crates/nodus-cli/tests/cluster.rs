@@ -441,3 +441,49 @@ fn a_nodus_worker_joins_a_stock_node_primary() {
     assert_eq!(line, "worker exit 0 null");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_primary_speaks_the_notify_protocol_with_watchdog_pings() {
+    let dir = temp_dir("notify");
+    let sock = dir.join("notify.sock");
+    let manager = std::os::unix::net::UnixDatagram::bind(&sock).unwrap();
+    manager
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let primary = Proc::spawn(
+        Command::new(NODUS)
+            .arg("serve")
+            .arg(&dir)
+            .args(["--workers", "2", "--listen", "127.0.0.1:0"])
+            .env("NOTIFY_SOCKET", &sock)
+            .env("WATCHDOG_USEC", "400000"),
+    );
+    let mut heard = Vec::new();
+    let mut buf = [0u8; 512];
+    let mut next = |heard: &mut Vec<String>| {
+        let n = manager.recv(&mut buf).expect("a notification within 20 s");
+        let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+        heard.push(text.clone());
+        text
+    };
+    while !next(&mut heard).contains("READY=1") {}
+    // Pings come every 200 ms while both worker loops answer.
+    let mut pings = 0;
+    while pings < 3 {
+        if next(&mut heard).contains("WATCHDOG=1") {
+            pings += 1;
+        }
+    }
+    primary.signal(rustix::process::Signal::HUP);
+    while !next(&mut heard).contains("RELOADING=1") {}
+    while !next(&mut heard).contains("READY=1") {}
+    primary.signal(rustix::process::Signal::TERM);
+    while !next(&mut heard).contains("STOPPING=1") {}
+    let mut primary = primary;
+    assert_eq!(
+        primary.wait_exit(Duration::from_secs(30)),
+        Some(0),
+        "{heard:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

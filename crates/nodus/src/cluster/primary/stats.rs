@@ -55,9 +55,14 @@ async fn refresh(st: &Rc<State>) {
         .borrow()
         .refreshed
         .is_some_and(|t| t.elapsed() < FRESH);
-    if fresh {
-        return;
+    if !fresh {
+        ask_all(st, ASK_LIMIT).await;
     }
+}
+
+/// Asks every live worker with a channel for a snapshot at once and waits at most `limit`;
+/// returns whether every one answered (a stalled loop cannot).
+pub(super) async fn ask_all(st: &Rc<State>, limit: Duration) -> bool {
     let asks: Vec<(Rc<Proc>, u64, ReplySlot<String>)> = live_procs(st)
         .into_iter()
         .filter(|p| p.channel.is_some())
@@ -75,15 +80,18 @@ async fn refresh(st: &Rc<State>) {
             (p, id, slot)
         })
         .collect();
-    let deadline = Instant::now() + ASK_LIMIT;
+    let deadline = Instant::now() + limit;
+    let mut all = true;
     for (p, id, slot) in asks {
         let left = deadline.saturating_duration_since(Instant::now());
-        if let Some(json) = slot.wait(left.max(Duration::from_millis(1))).await {
-            *p.snapshot.borrow_mut() = Some((Instant::now(), json));
+        match slot.wait(left.max(Duration::from_millis(1))).await {
+            Some(json) => *p.snapshot.borrow_mut() = Some((Instant::now(), json)),
+            None => all = false,
         }
         p.snapshot_waiters.borrow_mut().remove(&id);
     }
     st.stats_cache.borrow_mut().refreshed = Some(Instant::now());
+    all
 }
 
 fn rss_bytes(pid: u32) -> Option<u64> {

@@ -13,18 +13,50 @@
 use std::future::poll_fn;
 use std::rc::Rc;
 use std::task::Poll;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::proc::{Proc, ProcState};
-use super::server;
 use super::{EventKind, Phase, State};
+use super::{server, stats};
 use crate::cluster::protocol::{Disconnect, NODE_CLUSTER, Nodus};
 use crate::cluster::supervision::{Decision, ExitReason, GIVE_UP_EXIT_CODE, RestartBudget};
 use crate::process::ExitStatus;
 use crate::signal::{SIGHUP, SIGINT, SIGKILL, SIGTERM, Signals};
 
+/// systemd's watchdog: with `WATCHDOG_USEC` set (for this process), sends `WATCHDOG=1` every
+/// half period while the primary's loop runs and every worker's loop answers within a quarter
+/// period; a stalled worker loop (or primary) makes the pings stop, so systemd acts.
+fn start_watchdog(st: &Rc<State>) {
+    let usec = std::env::var("WATCHDOG_USEC")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok());
+    let for_us = std::env::var("WATCHDOG_PID")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .is_none_or(|pid| pid == std::process::id());
+    let Some(period) = usec.filter(|u| *u > 0 && for_us).map(Duration::from_micros) else {
+        return;
+    };
+    let s = st.clone();
+    crate::task::spawn_named("cluster:watchdog", async move {
+        loop {
+            crate::time::sleep(period / 2).await;
+            if s.phase.get() != Phase::Running {
+                return;
+            }
+            if stats::ask_all(&s, period / 4).await {
+                notify("WATCHDOG=1");
+            } else {
+                tracing::warn!(target: "nodus::cluster", "a worker loop did not answer within {:?}: no WATCHDOG=1 this period", period / 4);
+            }
+        }
+    })
+    .detach();
+}
+
 /// Serves signals until the run is over; returns the exit code.
 pub(super) async fn run(st: &Rc<State>) -> i32 {
+    start_watchdog(st);
     let mut signals = match Signals::new(&[SIGTERM, SIGINT, SIGHUP]) {
         Ok(s) => Some(s),
         Err(e) => {
