@@ -14,7 +14,8 @@
 //! steer connections away from it). `--crash-after-ms MS` makes every worker exit with code 1
 //! MS milliseconds after it started (0: at once, before listening), to watch the restart budget.
 //! SIGTERM/SIGINT to the primary drain everything; SIGHUP is a
-//! rolling reload.
+//! rolling reload. Every response names its worker in `X-Worker`; logs go to stderr
+//! (`RUST_LOG`, default `info`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -97,6 +98,12 @@ fn main() {
         eprintln!("cluster: {e}");
         std::process::exit(2);
     });
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
     let rt = nodus::Runtime::new();
     let code = rt.block_on(async move {
         match Worker::get() {
@@ -167,20 +174,25 @@ async fn run_worker(worker: Worker, args: Args) -> i32 {
     };
     worker.set_snapshot(nodus_http::snapshot);
     let delay = (args.slow_worker == Some(worker.id())).then_some(args.slow);
+    let id = HeaderValue::from(worker.id());
     let server = serve(
         listener,
         HttpConfig {
             name: "http:hello",
             ..HttpConfig::default()
         },
-        move |_req| async move {
-            if let Some(d) = delay {
-                nodus::sleep(d).await;
+        move |_req| {
+            let id = id.clone();
+            async move {
+                if let Some(d) = delay {
+                    nodus::sleep(d).await;
+                }
+                let mut resp = http::Response::new(full("Hello, World!"));
+                let headers = resp.headers_mut();
+                headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+                headers.insert("x-worker", id);
+                resp
             }
-            let mut resp = http::Response::new(full("Hello, World!"));
-            resp.headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-            resp
         },
     );
     worker.ready();

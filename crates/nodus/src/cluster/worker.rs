@@ -10,8 +10,10 @@
 //! Invariants:
 //! - One `Worker` per process, created on the loop thread; the environment variables naming it
 //!   (`NODE_UNIQUE_ID`, `NODE_CHANNEL_*`) are removed as Node removes them.
-//! - Every `newconn` is answered `{ack, accepted}`: accepted iff a [`Listener`] for its key is
-//!   open; a refused connection goes back to the primary, which gives it to another worker.
+//! - Every `newconn` is answered `{ack, accepted}`: accepted iff the round-robin queue of its
+//!   key is open (it exists from the `queryServer` reply on, before [`Worker::listen`] returns,
+//!   until its [`Listener`] closes); a refused connection goes back to the primary, which gives
+//!   it to another worker.
 //! - The primary's `disconnect` makes [`Worker::drain_requested`] resolve (with the primary's
 //!   drain deadline); what to drain is the application's business. EOF on the channel without a
 //!   disconnect of our own (the primary died) exits the process with code 0, as Node's workers
@@ -196,8 +198,15 @@ impl Worker {
         let kind = match handle {
             Some(h) => Kind::Shared(h.into_tcp_listener()?),
             None => {
-                let queue = self.sh.rr.borrow().get(&key).cloned();
-                Kind::RoundRobin(queue.expect("registered with the reply"), addr)
+                // Created when the reply arrived (see `on_message`).
+                let queue = self
+                    .sh
+                    .rr
+                    .borrow_mut()
+                    .entry(key.clone())
+                    .or_default()
+                    .clone();
+                Kind::RoundRobin(queue, addr)
             }
         };
         let listener = Listener {
@@ -381,7 +390,6 @@ impl Worker {
             None => {
                 let Some(ack) = m.ack else { return };
                 if let Some(slot) = self.sh.queries.borrow_mut().remove(&ack) {
-                    let handle = msg.take_handle();
                     let result = match (&m.errno, &m.key) {
                         (Some(e), _) if !e.is_null() && e != 0 => Err(match e.as_i64() {
                             Some(n) if n < 0 => io::Error::from_raw_os_error(-n as i32).to_string(),
@@ -390,15 +398,12 @@ impl Worker {
                         (_, Some(key)) => Ok(key.clone()),
                         _ => Err("no key in the reply".to_owned()),
                     };
-                    // A round-robin listener takes connections from now on: the primary's
-                    // first `newconn` may be the very next message, read before `listen`
-                    // resumes.
+                    let handle = msg.take_handle();
                     if let (Ok(key), None) = (&result, &handle) {
-                        self.sh
-                            .rr
-                            .borrow_mut()
-                            .entry(key.clone())
-                            .or_insert_with(|| Rc::new(RrQueue::default()));
+                        // A round-robin reply: the queue must exist before this dispatch loop
+                        // reads the next message, which may be a `newconn` for it (Node's worker
+                        // also creates its handle in the reply callback).
+                        self.sh.rr.borrow_mut().entry(key.clone()).or_default();
                     }
                     slot.fill((result, handle));
                     return;

@@ -1,0 +1,363 @@
+//! The cluster end to end (issue 6): the `cluster` example run as a primary with real workers,
+//! driven by signals and std `TcpStream` clients on 127.0.0.1, judged by its responses
+//! (`X-Worker` names the worker) and its JSON-lines event log.
+//!
+//! Every test holds [`exclusive`] (clusters never overlap on the 2 cores), uses a free port,
+//! bounds every wait with a deadline that only catches hangs, and leaves no process behind: the
+//! [`Cluster`] guard kills the primary and its workers by PID on drop, even after a failure.
+
+mod cluster_support;
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use cluster_support::{
+    Cluster, Event, Load, TempDir, count, current_pids, dump, example_binary, exclusive, get,
+    is_alive, kill9,
+};
+use rustix::process::Signal;
+
+/// 40 requests, each on a new connection; all must be `200 Hello, World!`. Returns the
+/// responses per worker.
+fn forty_requests(c: &Cluster) -> HashMap<u32, u64> {
+    let mut by_worker = HashMap::new();
+    for i in 0..40 {
+        let r = get(c.addr()).unwrap_or_else(|e| panic!("request {i}: {e}\n{}", c.stderr()));
+        assert!(r.is_hello(), "request {i}: {r:?}");
+        *by_worker
+            .entry(r.worker().expect("X-Worker header"))
+            .or_default() += 1;
+    }
+    by_worker
+}
+
+#[test]
+fn round_robin_serves_and_spreads_over_both_workers() {
+    let _x = exclusive();
+    let c = Cluster::start(2, "rr", &[]);
+    let by_worker = forty_requests(&c);
+    assert!(
+        by_worker.get(&1) > Some(&0) && by_worker.get(&2) > Some(&0),
+        "both workers serve under round-robin: {by_worker:?}"
+    );
+}
+
+#[test]
+fn shared_serves() {
+    let _x = exclusive();
+    forty_requests(&Cluster::start(2, "shared", &[]));
+}
+
+#[test]
+fn reuseport_serves() {
+    let _x = exclusive();
+    forty_requests(&Cluster::start(2, "reuseport", &[]));
+}
+
+#[test]
+fn least_serves() {
+    let _x = exclusive();
+    forty_requests(&Cluster::start(2, "least", &[]));
+}
+
+#[test]
+fn least_steers_new_connections_away_from_a_slow_worker() {
+    let _x = exclusive();
+    let c = Cluster::start(2, "least", &["--slow-worker", "2", "--slow-ms", "300"]);
+    let load = Load::start(c.addr(), 0, 8);
+    std::thread::sleep(Duration::from_secs(3));
+    let tally = load.finish();
+    assert!(tally.failures.is_empty(), "{:?}", tally.failures);
+    let fast = tally.by_worker.get(&1).copied().unwrap_or(0);
+    let all: u64 = tally.by_worker.values().sum();
+    assert!(
+        fast * 5 >= all * 4,
+        "at least 80% of new connections go to the fast worker: {:?}",
+        tally.by_worker
+    );
+}
+
+/// The exit event of `pid`, if logged.
+fn exit_of(events: &[Event], pid: u32) -> Option<&Event> {
+    events
+        .iter()
+        .find(|e| e.kind() == "exit" && e.pid() == Some(pid))
+}
+
+/// The `ready` event of the replacement of worker `slot` whose process `old` exited.
+fn replacement_ready(events: &[Event], slot: u32, old: u32) -> Option<&Event> {
+    let exit = events
+        .iter()
+        .position(|e| e.kind() == "exit" && e.pid() == Some(old))?;
+    let fork = events[exit..]
+        .iter()
+        .find(|e| e.kind() == "fork" && e.worker() == Some(slot))?;
+    events[exit..]
+        .iter()
+        .find(|e| e.kind() == "ready" && e.pid() == fork.pid())
+}
+
+#[test]
+fn a_worker_killed_under_load_is_replaced_and_the_service_keeps_answering() {
+    let _x = exclusive();
+    let c = Cluster::start(2, "rr", &[]);
+    let victim = current_pids(&c.events())[0];
+    let (keep_alive, close) = (4, 4);
+    let load = Load::start(c.addr(), keep_alive, close);
+    std::thread::sleep(Duration::from_secs(1));
+    kill9(victim);
+    let events = c.wait_events("a replacement of worker 1", |ev| {
+        replacement_ready(ev, 1, victim).is_some()
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let tally = load.finish();
+
+    let exit = exit_of(&events, victim).expect("checked");
+    assert_eq!(exit.0["signal"], 9, "{}", dump(&events));
+    let ready = replacement_ready(&events, 1, victim).expect("checked");
+    assert_ne!(ready.pid(), Some(victim));
+    let restart_ns = ready.t_ns().saturating_sub(exit.t_ns());
+    assert!(
+        restart_ns < 1_000_000_000,
+        "the replacement is ready {restart_ns} ns after the exit\n{}",
+        dump(&events)
+    );
+    // Only the clients whose connection was on the killed worker may have lost a request.
+    assert!(
+        tally.failures.len() <= keep_alive + close,
+        "{} failures: {:?}",
+        tally.failures.len(),
+        tally.failures
+    );
+    assert!(
+        tally.max_gap() < Duration::from_secs(2),
+        "the service stopped answering for {:?}",
+        tally.max_gap()
+    );
+    let after = forty_requests(&c);
+    assert!(
+        after.get(&1) > Some(&0),
+        "the replacement serves: {after:?}"
+    );
+}
+
+#[test]
+fn rolling_reloads_under_load_replace_every_worker_without_a_failed_request() {
+    rolling_reloads_under_load("rr");
+}
+
+#[test]
+fn rolling_reloads_of_a_shared_socket_lose_no_request_either() {
+    rolling_reloads_under_load("shared");
+}
+
+/// 8 keep-alive and 8 new-connection clients; two SIGHUPs a second apart.
+fn rolling_reloads_under_load(policy: &str) {
+    let _x = exclusive();
+    let c = Cluster::start(2, policy, &[]);
+    let first = current_pids(&c.events());
+    let load = Load::start(c.addr(), 8, 8);
+    for generation in 1..=2 {
+        std::thread::sleep(Duration::from_millis(1000));
+        c.signal(Signal::HUP);
+        c.wait_events(&format!("reload {generation} done"), |ev| {
+            count(ev, "reload_done") == generation || count(ev, "reload_failed") > 0
+        });
+    }
+    std::thread::sleep(Duration::from_millis(1000));
+    let tally = load.finish();
+    let events = c.events();
+    assert_eq!(count(&events, "reload_failed"), 0, "{}", dump(&events));
+    assert!(
+        tally.failures.is_empty(),
+        "{} failed requests of {}: {:?}\n{}\n{}",
+        tally.failures.len(),
+        tally.ok + tally.failures.len() as u64,
+        tally.failures,
+        dump(&events),
+        c.stderr()
+    );
+    let now = current_pids(&events);
+    assert_eq!(now.len(), 2, "{}", dump(&events));
+    assert!(
+        now.iter().all(|p| !first.contains(p)),
+        "every worker replaced: {first:?} -> {now:?}"
+    );
+    let generation_2 = events
+        .iter()
+        .filter(|e| e.kind() == "fork" && e.0["generation"] == 2)
+        .count();
+    assert_eq!(generation_2, 2, "{}", dump(&events));
+    assert!(tally.by_worker.len() == 2, "{:?}", tally.by_worker);
+}
+
+#[test]
+fn a_reload_to_a_program_that_exits_at_once_fails_and_the_old_workers_keep_serving() {
+    let _x = exclusive();
+    let deploy = TempDir::new("deploy");
+    let program = deploy.path().join("cluster");
+    std::fs::copy(example_binary(), &program).unwrap();
+    let c = Cluster::spawn(&program, TempDir::new("deploy-logs"), 2, "rr", &[]);
+    c.wait_ready(2);
+    let old = current_pids(&c.events());
+
+    let broken = deploy.path().join("cluster.new");
+    std::fs::write(&broken, "#!/bin/sh\nexit 1\n").unwrap();
+    std::fs::set_permissions(&broken, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::rename(&broken, &program).unwrap();
+    c.signal(Signal::HUP);
+
+    let events = c.wait_events("the reload to fail", |ev| {
+        count(ev, "reload_failed") + count(ev, "reload_done") > 0
+    });
+    assert_eq!(count(&events, "reload_failed"), 1, "{}", dump(&events));
+    assert_eq!(current_pids(&events), old, "{}", dump(&events));
+    assert!(old.iter().all(|p| is_alive(*p)));
+    let by_worker = forty_requests(&c);
+    assert_eq!(by_worker.len(), 2, "both old workers serve: {by_worker:?}");
+}
+
+#[test]
+fn no_worker_outlives_a_primary_killed_with_sigkill() {
+    let _x = exclusive();
+    let mut c = Cluster::start(2, "rr", &[]);
+    let workers = c.worker_pids();
+    assert_eq!(workers.len(), 2, "{workers:?}");
+    c.signal(Signal::KILL);
+    assert!(c.wait_exit(Duration::from_secs(10)).is_some());
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while workers.iter().any(|p| is_alive(*p)) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let left: Vec<u32> = workers.into_iter().filter(|p| is_alive(*p)).collect();
+    assert!(left.is_empty(), "workers left after 2 s: {left:?}");
+}
+
+/// `--workers 1 --max-restarts 3 --restart-window 2 --crash-after-ms MS`, not waited for.
+fn crashing(ms: &str) -> Cluster {
+    let flags = [
+        "--max-restarts",
+        "3",
+        "--restart-window",
+        "2",
+        "--crash-after-ms",
+        ms,
+    ];
+    Cluster::spawn(&example_binary(), TempDir::new("budget"), 1, "rr", &flags)
+}
+
+#[test]
+fn a_crash_every_second_never_spends_the_budget() {
+    let _x = exclusive();
+    let mut c = crashing("1000");
+    std::thread::sleep(Duration::from_secs(6));
+    let events = c.events();
+    assert!(
+        c.is_running(),
+        "gave up:\n{}\n{}",
+        dump(&events),
+        c.stderr()
+    );
+    assert_eq!(count(&events, "give_up"), 0);
+    assert!(
+        count(&events, "fork") >= 3,
+        "it crashed and came back\n{}",
+        dump(&events)
+    );
+}
+
+#[test]
+fn a_crash_every_tenth_of_a_second_gives_up_at_the_fourth_restart() {
+    let _x = exclusive();
+    let mut c = crashing("100");
+    let status = c
+        .wait_exit(Duration::from_secs(30))
+        .expect("the primary gives up");
+    let events = c.events();
+    assert_eq!(status.code(), Some(75), "{}", c.stderr());
+    assert_eq!(count(&events, "fork"), 4, "{}", dump(&events));
+    assert_eq!(count(&events, "give_up"), 1, "{}", dump(&events));
+}
+
+#[test]
+fn a_worker_that_exits_at_once_gives_up_with_one_line_and_no_fork_storm() {
+    let _x = exclusive();
+    let mut c = crashing("0");
+    let status = c
+        .wait_exit(Duration::from_secs(30))
+        .expect("the primary gives up");
+    let events = c.events();
+    let stderr = c.stderr();
+    assert_eq!(status.code(), Some(75), "{stderr}");
+    assert!(count(&events, "fork") <= 4, "{}", dump(&events));
+    assert_eq!(
+        stderr.lines().filter(|l| l.contains("giving up")).count(),
+        1,
+        "{stderr}"
+    );
+}
+
+#[test]
+fn the_primary_fd_count_is_stable_over_ten_thousand_handoffs() {
+    let _x = exclusive();
+    let c = Cluster::start(2, "rr", &[]);
+    let run = |per_thread: usize| {
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let addr = c.addr();
+                std::thread::spawn(move || {
+                    (0..per_thread)
+                        .map(|_| get(addr).map(|r| r.is_hello()).unwrap_or(false))
+                        .filter(|ok| !ok)
+                        .count()
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .sum::<usize>()
+    };
+    assert_eq!(run(50), 0, "warm-up requests failed");
+    let before = c.fd_count();
+    assert_eq!(run(2500), 0, "requests failed");
+    // Handoffs still unanswered hold an fd for a moment: let them settle.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut after = c.fd_count();
+    while after.abs_diff(before) > 3 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        after = c.fd_count();
+    }
+    assert!(
+        after.abs_diff(before) <= 3,
+        "the primary had {before} fds, then {after} after 10,000 handoffs"
+    );
+}
+
+#[test]
+fn exited_after_disconnect_is_true_for_drained_workers_and_false_for_a_killed_one() {
+    let _x = exclusive();
+    let c = Cluster::start(2, "rr", &[]);
+    let old = current_pids(&c.events());
+    c.signal(Signal::HUP);
+    let events = c.wait_events("the reload and the old workers' exits", |ev| {
+        count(ev, "reload_done") == 1 && old.iter().all(|p| exit_of(ev, *p).is_some())
+    });
+    for p in &old {
+        let exit = exit_of(&events, *p).expect("checked");
+        assert_eq!(exit.0["exited_after_disconnect"], true, "{}", dump(&events));
+    }
+    let victim = current_pids(&events)[0];
+    kill9(victim);
+    let events = c.wait_events("the killed worker's exit", |ev| {
+        exit_of(ev, victim).is_some()
+    });
+    let exit = exit_of(&events, victim).expect("checked");
+    assert_eq!(
+        exit.0["exited_after_disconnect"],
+        false,
+        "{}",
+        dump(&events)
+    );
+}
