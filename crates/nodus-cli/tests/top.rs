@@ -30,6 +30,37 @@ struct Server {
 
 impl Server {
     fn start(tag: &str) -> Server {
+        Server::start_with(tag, 1)
+    }
+
+    /// A real cluster: `nodus serve --workers 2`, waited for until both workers report.
+    fn cluster(tag: &str) -> (Server, Vec<u64>) {
+        let server = Server::start_with(tag, 2);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let stats: Value =
+                serde_json::from_slice(&get(server.addr, "/_nodus/stats")).unwrap_or_default();
+            let pids: Vec<u64> = stats["workers"]
+                .as_array()
+                .map(|ws| {
+                    ws.iter()
+                        .filter(|w| w["state"] == "ready" && !w["snapshot"].is_null())
+                        .filter_map(|w| w["pid"].as_u64())
+                        .collect()
+                })
+                .unwrap_or_default();
+            if pids.len() == 2 {
+                return (server, pids);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the cluster never reported 2 workers: {stats}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn start_with(tag: &str, workers: u32) -> Server {
         let dir = std::env::temp_dir().join(format!("nodus-top-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -37,7 +68,7 @@ impl Server {
         let mut child = Command::new(NODUS)
             .arg("serve")
             .arg(&dir)
-            .args(["--listen", "127.0.0.1:0", "--workers", "1"])
+            .args(["--listen", "127.0.0.1:0", "--workers", &workers.to_string()])
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -194,6 +225,54 @@ fn once_against_a_real_serve_shows_its_pid_and_its_figures() {
         (rss_mib - want).abs() <= (want * 0.10).max(1.0),
         "RSS {rss} vs {want} MiB"
     );
+}
+
+#[test]
+fn once_against_a_real_two_worker_serve_shows_both_pids_and_their_figures() {
+    let (server, pids) = Server::cluster("once-cluster");
+    for _ in 0..20 {
+        get(server.addr, "/");
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let out = top_once(&server.addr.to_string(), "0.2");
+    let stats: Value = serde_json::from_slice(&get(server.addr, "/_nodus/stats")).unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{stdout}");
+    let rows = worker_lines(&stdout);
+    assert_eq!(rows.len(), 2, "{stdout}");
+    for pid in pids {
+        let row = rows
+            .iter()
+            .find(|r| r[0] == pid.to_string())
+            .unwrap_or_else(|| panic!("no line for worker {pid}:\n{stdout}"));
+        let worker = stats["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["pid"].as_u64() == Some(pid))
+            .unwrap();
+        let uptime = parse_uptime(&row[col(&stdout, "UPTIME")]);
+        within(
+            uptime,
+            worker["snapshot"]["uptime_seconds"]
+                .as_f64()
+                .unwrap()
+                .floor(),
+            "uptime",
+        );
+        let rss = &row[col(&stdout, "RSS")];
+        let rss_mib: f64 = match rss.strip_suffix('M') {
+            Some(m) => m.parse().unwrap(),
+            None => rss.strip_suffix('K').unwrap().parse::<f64>().unwrap() / 1024.0,
+        };
+        let want = worker["rss_bytes"].as_f64().unwrap() / 1048576.0;
+        assert!(
+            (rss_mib - want).abs() <= (want * 0.10).max(1.0),
+            "worker {pid}: RSS {rss} vs {want} MiB"
+        );
+        let util: f64 = row[col(&stdout, "UTIL%")].parse().unwrap();
+        assert!((0.0..=100.0).contains(&util), "{stdout}");
+    }
 }
 
 /// Serves the fake cluster; returns its address and the number of answers given so far.
@@ -580,12 +659,10 @@ fn assert_restored(seen: &Mutex<Vec<u8>>, slave: &std::fs::File) {
 
 #[test]
 fn dashboard_on_an_80x24_terminal_shows_every_worker_and_q_restores_the_terminal() {
-    let (addr, _) = fake_cluster();
-    let (mut child, mut master, seen, slave) = top_on_pty(&addr.to_string());
-    wait_for(
-        &seen,
-        &["31001", "31002", "Pools", "Recent stalls", "q quit"],
-    );
+    let (server, pids) = Server::cluster("pty-cluster");
+    let (mut child, mut master, seen, slave) = top_on_pty(&server.addr.to_string());
+    let (a, b) = (pids[0].to_string(), pids[1].to_string());
+    wait_for(&seen, &[&a, &b, "Pools", "Recent stalls", "q quit"]);
     // Select the second worker for detail, sort, pause: still alive.
     master.write_all(b"\x1b[B\rsp").unwrap();
     wait_for(&seen, &["PAUSED", "esc all workers"]);
@@ -619,7 +696,7 @@ fn admin_page_in_headless_chromium_fills_the_worker_rows() {
         println!("skipped: chromium is not installed");
         return;
     };
-    let server = Server::start("chromium");
+    let (server, pids) = Server::cluster("chromium");
     let profile = std::env::temp_dir().join(format!("nodus-top-chromium-{}", std::process::id()));
     let out = Command::new(chromium)
         .args([
@@ -640,14 +717,15 @@ fn admin_page_in_headless_chromium_fills_the_worker_rows() {
         .unwrap();
     let _ = std::fs::remove_dir_all(&profile);
     let dom = String::from_utf8_lossy(&out.stdout);
-    let row = dom
-        .split("<tr ")
-        .find(|tag| {
-            tag.contains("worker-row") && tag.contains(&format!("data-pid=\"{}\"", server.pid()))
-        })
-        .unwrap_or_else(|| panic!("no worker row for pid {} in the page:\n{dom}", server.pid()));
+    // One row per worker of the cluster, each with its utilization.
+    for pid in pids {
+        let row = dom
+            .split("<tr ")
+            .find(|tag| tag.contains("worker-row") && tag.contains(&format!("data-pid=\"{pid}\"")))
+            .unwrap_or_else(|| panic!("no worker row for pid {pid} in the page:\n{dom}"));
+        assert!(row.contains('%'), "the row has no utilization: {row}");
+    }
     assert!(dom.contains("data-state=\"ok\""), "{dom}");
-    assert!(row.contains('%'), "the row has no utilization: {row}");
 }
 
 #[test]
