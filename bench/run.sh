@@ -10,10 +10,10 @@
 #   serve    nodus serve vs npm http-server, 4 KiB and 1 MiB about 3.5 min
 #   idle     RSS with 10,000 idle keep-alive connections    about 1 min
 #   pool     worker-pool benchmarks                         about 2 min
-#   cluster  nodus cluster vs Node cluster vs PM2, 2 workers about 20 min (bench/cluster/run.py; it takes
+#   cluster  nodus cluster vs Node cluster vs PM2, 2 workers about 30 min (bench/cluster/run.py; it takes
 #            --quick, --rounds, --duration, --quiet-max-wait and --nice; results bench/results/cluster-<stamp>.md)
 # Every process and wrk run has a time limit, and every quiet-gate wait is capped (bench.py), so a
-# full run takes at most about 45 min on 2 cores after the builds.
+# full run takes at most about an hour on 2 cores after the builds.
 # On a machine shared with CPU-bound processes: --nice -20 (root) runs every measured process at
 # that niceness, and --quiet-max-wait S shortens the wait for a quiet machine (default 60 s).
 #
