@@ -4,23 +4,25 @@
 # the tokio/hyper peers), then runs nodus, Node and tokio in interleaved rounds (bench/bench.py) and
 # prints medians and ratios. Results: bench/results/<stamp>/.
 #
-# Usage: bench/run.sh [--only micro,http,serve,idle,pool] [--quick] [--rounds N]   (any bench.py option)
-#   micro  event-loop microbenchmarks (5 rounds)          about 8 min
-#   http   hello-world over HTTP/1.1, wrk, pinned         about 3.5 min (3 rounds)
-#   serve  nodus serve vs npm http-server, 4 KiB and 1 MiB about 3.5 min
-#   idle   RSS with 10,000 idle keep-alive connections    about 1 min
-#   pool   worker-pool benchmarks                         about 2 min
+# Usage: bench/run.sh [--only micro,http,serve,idle,pool,cluster] [--quick] [--rounds N]   (any bench.py option)
+#   micro    event-loop microbenchmarks (5 rounds)          about 8 min
+#   http     hello-world over HTTP/1.1, wrk, pinned         about 3.5 min (3 rounds)
+#   serve    nodus serve vs npm http-server, 4 KiB and 1 MiB about 3.5 min
+#   idle     RSS with 10,000 idle keep-alive connections    about 1 min
+#   pool     worker-pool benchmarks                         about 2 min
+#   cluster  nodus cluster vs Node cluster vs PM2, 2 workers about 30 min (bench/cluster/run.py; it takes
+#            --quick, --rounds, --duration, --quiet-max-wait and --nice; results bench/results/cluster-<stamp>.md)
 # Every process and wrk run has a time limit, and every quiet-gate wait is capped (bench.py), so a
-# full run takes at most about 25 min on 2 cores after the builds.
+# full run takes at most about an hour on 2 cores after the builds.
 # On a machine shared with CPU-bound processes: --nice -20 (root) runs every measured process at
 # that niceness, and --quiet-max-wait S shortens the wait for a quiet machine (default 60 s).
 #
 # Needs cargo and python3; installs with apt what is missing (node, npm, wrk) and the npm packages
-# of bench/node (http-server, pinned by package-lock.json) when the serve section runs.
+# of bench/node (http-server and pm2, pinned by package-lock.json) when the serve or cluster section runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ONLY=micro,http,serve,idle,pool
+ONLY=micro,http,serve,idle,pool,cluster
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
   case "${args[i]}" in
@@ -35,8 +37,9 @@ apt_install() {
   apt-get update -qq && apt-get install -y -qq "$@" >/dev/null
 }
 if ! command -v node >/dev/null; then apt_install nodejs; fi
-if (has http || has serve || has idle) && ! command -v wrk >/dev/null; then apt_install wrk; fi
-if has serve && [ ! -f bench/node/node_modules/http-server/bin/http-server ]; then
+if (has http || has serve || has idle || has cluster) && ! command -v wrk >/dev/null; then apt_install wrk; fi
+if { has serve && [ ! -f bench/node/node_modules/http-server/bin/http-server ]; } ||
+  { has cluster && [ ! -f bench/node/node_modules/pm2/package.json ]; }; then
   if ! command -v npm >/dev/null; then apt_install npm; fi
   (cd bench/node && npm ci --no-audit --no-fund)
 fi
@@ -67,7 +70,7 @@ if has pool; then
   py_args+=(--pool "$(bench_exe pool)")
   py_args+=(--pool-nomeasure "$(bench_exe pool --no-default-features --target-dir target/bench-nomeasure)")
 fi
-if has http || has idle; then
+if has http || has idle || has cluster; then
   echo "building hello_http (default features: measure on)" >&2
   cargo build --release --locked -p nodus-http --example hello_http
   py_args+=(--hello-http "$PWD/target/release/examples/hello_http")
@@ -85,7 +88,7 @@ if has http; then
   fi
   py_args+=(--hello-http-nomeasure "$PWD/target/bench-nomeasure/release/examples/hello_http")
 fi
-if has serve; then
+if has serve || has cluster; then
   echo "building nodus (the CLI, default features)" >&2
   cargo build --release --locked -p nodus-cli --bin nodus
   py_args+=(--nodus-cli "$PWD/target/release/nodus")
@@ -95,4 +98,26 @@ if has micro || has http || has idle || has pool; then
   (cd bench/rust && cargo build --release --locked --bins)
 fi
 
-exec python3 bench/bench.py "${py_args[@]}" "$@"
+if has cluster; then
+  # The cluster example is being written; until it exists, run.py skips its rows and says so.
+  if [ -e crates/nodus-http/examples/cluster.rs ] || [ -e crates/nodus-http/examples/cluster/main.rs ]; then
+    echo "building the nodus cluster example" >&2
+    cargo build --release --locked -p nodus-http --example cluster
+  else
+    echo "bench/run.sh: crates/nodus-http has no cluster example yet; its rows are skipped" >&2
+  fi
+  cluster_args=()
+  for ((i = 0; i < ${#args[@]}; i++)); do
+    case "${args[i]}" in
+      --quick | --rounds=* | --duration=* | --quiet-max-wait=* | --nice=*) cluster_args+=("${args[i]}") ;;
+      --rounds | --duration | --quiet-max-wait | --nice) cluster_args+=("${args[i]}" "${args[i + 1]:-}") ;;
+    esac
+  done
+  python3 bench/cluster/run.py --cluster "$PWD/target/release/examples/cluster" \
+    --nodus-cli "$PWD/target/release/nodus" --hello-http "$PWD/target/release/examples/hello_http" \
+    "${cluster_args[@]}"
+fi
+REST=$(tr , '\n' <<<"$ONLY" | grep -vx cluster | paste -sd, -) || true
+if [ -n "$REST" ]; then
+  exec python3 bench/bench.py "${py_args[@]}" "$@" --only "$REST"
+fi
