@@ -10,7 +10,7 @@
 #   serve    nodus serve vs npm http-server, 4 KiB and 1 MiB about 3.5 min
 #   idle     RSS with 10,000 idle keep-alive connections    about 1 min
 #   pool     worker-pool benchmarks                         about 2 min
-#   cluster  nodus cluster vs Node cluster vs PM2, 2 workers about 30 min (bench/cluster/run.py; it takes
+#   cluster  (opt-in) nodus cluster vs Node cluster vs PM2, 2 workers, about 30 min (bench/cluster/run.py; it takes
 #            --quick, --rounds, --duration, --quiet-max-wait and --nice; results bench/results/cluster-<stamp>.md)
 # Every process and wrk run has a time limit, and every quiet-gate wait is capped (bench.py), so a
 # full run takes at most about an hour on 2 cores after the builds.
@@ -22,7 +22,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ONLY=micro,http,serve,idle,pool,cluster
+ONLY=micro,http,serve,idle,pool
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
   case "${args[i]}" in

@@ -487,3 +487,36 @@ fn the_primary_speaks_the_notify_protocol_with_watchdog_pings() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn run_under_systemd_socket_activation_passes_the_inherited_socket_on() {
+    if !have("python3") || !have("systemd-socket-activate") {
+        return;
+    }
+    let dir = temp_dir("run-activate");
+    let script = dir.join("server.py");
+    std::fs::write(&script, PY_SERVER).unwrap();
+    let port = free_port();
+    let activated = Proc::spawn(
+        Command::new("systemd-socket-activate")
+            .args(["-l", &format!("127.0.0.1:{port}"), "--fdname=http"])
+            .args([NODUS, "run", "-w", "2", "--", "python3"])
+            .arg(&script)
+            .env("RUST_LOG", "info"),
+    );
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    // The first connection starts nodus, which hands the socket on to both Python workers
+    // (each checks that LISTEN_PID is its own pid).
+    let mut workers = std::collections::HashSet::new();
+    for _ in 0..40 {
+        let text = get_ok(addr, "/");
+        workers.insert(body(&text).split_whitespace().nth(3).unwrap().to_owned());
+    }
+    assert!(!workers.is_empty());
+    let mut seen = Vec::new();
+    activated.wait_line("2 workers ready", &mut seen);
+    activated.signal(rustix::process::Signal::TERM);
+    let mut activated = activated;
+    assert_eq!(activated.wait_exit(Duration::from_secs(30)), Some(0));
+    let _ = std::fs::remove_dir_all(&dir);
+}

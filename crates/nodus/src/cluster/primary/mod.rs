@@ -327,6 +327,30 @@ impl Primary {
         Ok(())
     }
 
+    /// Asks worker `id`'s current process to drain and exit (Node's `worker.disconnect()` plus a
+    /// kill timer). An exit the primary asked for is not restarted, and its exit event says
+    /// `exited_after_disconnect: true`.
+    pub fn stop_worker(&self, id: u32) {
+        if let Some(p) = self.st.current(id) {
+            supervise::drain(&self.st, &p);
+        }
+    }
+
+    /// Sends `signal` to worker `id`'s current process (Node's `worker.kill(signal)`). Unlike
+    /// Node, the primary records that it asked: the exit event says
+    /// `exited_after_disconnect: true` and the exit is not counted as a crash.
+    ///
+    /// # Errors
+    /// No such worker, or the signal cannot be sent.
+    pub fn kill_worker(&self, id: u32, signal: i32) -> io::Result<()> {
+        let p = self
+            .st
+            .current(id)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no worker {id}")))?;
+        p.drained.set(true);
+        p.child.kill(signal)
+    }
+
     /// The pids of the current workers, by worker id (0 for an empty slot).
     pub fn worker_pids(&self) -> Vec<(u32, u32)> {
         self.st
