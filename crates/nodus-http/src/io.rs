@@ -125,12 +125,19 @@ impl<S: FdStream + Unpin> Read for HyperIo<S> {
     ) -> Poll<io::Result<()>> {
         loop {
             ready!(self.stream.poll_read_ready(cx))?;
+            let capacity = buf.remaining();
             // SAFETY: `rustix::io::read` only writes into the slice and returns the prefix it
             // initialized; we advance the cursor by exactly that many bytes.
             let result = rustix::io::read(self.stream.fd(), unsafe { buf.as_mut() });
             match result {
                 Ok((filled, _)) => {
                     let n = filled.len();
+                    // A short read of a stream drained the socket buffer: forget readiness now
+                    // instead of paying a read that returns EAGAIN (later data raises a new
+                    // edge; an EOF already seen stays visible).
+                    if n > 0 && n < capacity {
+                        self.stream.clear_read_ready();
+                    }
                     // SAFETY: the first `n` bytes of the cursor were just initialized by `read`.
                     unsafe { buf.advance(n) };
                     self.touched();

@@ -17,7 +17,7 @@ use std::task::{Context, Poll};
 use mio::unix::SourceFd;
 
 use super::coop::poll_proceed;
-use super::reactor::{IoState, READABLE, WRITABLE};
+use super::reactor::{IoState, READ_CLOSED, READABLE, WRITABLE, WRITE_CLOSED};
 use crate::rt::context::{try_with_core, with_core};
 use crate::rt::hooks::close_callback;
 
@@ -73,7 +73,12 @@ impl<T: AsFd> AsyncFd<T> {
         if poll_proceed(cx).is_pending() {
             return Poll::Pending;
         }
-        if self.state.ready.get() & bit != 0 {
+        let closed = if bit == READABLE {
+            READ_CLOSED
+        } else {
+            WRITE_CLOSED
+        };
+        if self.state.ready.get() & (bit | closed) != 0 {
             return Poll::Ready(Ok(()));
         }
         let slot = if bit == READABLE {
@@ -86,7 +91,8 @@ impl<T: AsFd> AsyncFd<T> {
         Poll::Pending
     }
 
-    /// Forgets read readiness (after `WouldBlock`).
+    /// Forgets read readiness (after `WouldBlock`, or a short read of a stream: edge-triggered
+    /// epoll reports data that arrives later). An EOF already seen stays visible.
     pub fn clear_read_ready(&self) {
         self.state.ready.set(self.state.ready.get() & !READABLE);
     }

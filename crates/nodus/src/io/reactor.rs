@@ -17,8 +17,13 @@ use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
 pub(crate) const WAKER_TOKEN: usize = 0;
-pub(crate) const READABLE: u8 = 0b01;
-pub(crate) const WRITABLE: u8 = 0b10;
+pub(crate) const READABLE: u8 = 0b0001;
+pub(crate) const WRITABLE: u8 = 0b0010;
+/// The peer closed its write side (EOF/hang-up): sticky, never cleared by a `WouldBlock`, so a
+/// reader that stopped after a short read still sees the EOF.
+pub(crate) const READ_CLOSED: u8 = 0b0100;
+/// The peer stopped reading or the socket failed: sticky like `READ_CLOSED`.
+pub(crate) const WRITE_CLOSED: u8 = 0b1000;
 
 /// The readiness and waiters of one registered source.
 pub(crate) struct IoState {
@@ -112,11 +117,17 @@ impl Reactor {
         }
         for event in events.iter() {
             let mut bits = 0;
-            if event.is_readable() || event.is_read_closed() || event.is_error() {
+            if event.is_readable() || event.is_error() {
                 bits |= READABLE;
             }
-            if event.is_writable() || event.is_write_closed() || event.is_error() {
+            if event.is_read_closed() {
+                bits |= READABLE | READ_CLOSED;
+            }
+            if event.is_writable() || event.is_error() {
                 bits |= WRITABLE;
+            }
+            if event.is_write_closed() {
+                bits |= WRITABLE | WRITE_CLOSED;
             }
             out.push((event.token().0, bits));
         }
