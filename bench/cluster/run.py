@@ -49,6 +49,11 @@ import time
 import traceback
 from collections import namedtuple
 
+# The machine-load and median helpers of the other sections (bench/bench.py, stdlib only and
+# side-effect free to import).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench import busy_pct, med, sys_ticks  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH = os.path.dirname(HERE)
 REPO = os.path.dirname(BENCH)
@@ -175,20 +180,6 @@ def kill_same(pid, started, sig=signal.SIGKILL):
             os.kill(pid, sig)
         except ProcessLookupError:
             pass
-
-
-def sys_ticks():
-    """(busy, total) jiffies over all CPUs."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:9]]
-    busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
-    return busy, busy + v[3] + v[4]
-
-
-def busy_pct(t0, t1):
-    """Busy time between two samples in % of ONE core (200 = two cores)."""
-    db, dt = t1[0] - t0[0], t1[1] - t0[1]
-    return 100.0 * db / dt * os.cpu_count() if dt else 0.0
 
 
 def wait_quiet(sample=0.5):
@@ -665,11 +656,6 @@ def run(args, results, skipped, failures, flush):
 
 
 # ------------------------------------------------------------------ report
-def med(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
-
-
 def mmm(xs, f="{:,.0f}"):
     """median (min–max) of the values that exist."""
     xs = [x for x in xs if x is not None]
