@@ -109,6 +109,16 @@ impl Server {
     }
 }
 
+/// A child killed (by PID) if the test ends before it exits: a failed assertion leaks nothing.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         if self.child.try_wait().unwrap().is_none() {
@@ -541,15 +551,17 @@ os.dup2(s.fileno(), 3); os.set_inheritable(3, True)
 env = dict(os.environ, LISTEN_FDS="1", LISTEN_PID=str(os.getpid()))
 os.execve(sys.argv[1], [sys.argv[1], "serve", sys.argv[2], "--listen", "127.0.0.1:1"], env)
 "#;
-    let mut child = Command::new("python3")
-        .args(["-c", script, env!("CARGO_BIN_EXE_nodus")])
-        .arg(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = KillOnDrop(
+        Command::new("python3")
+            .args(["-c", script, env!("CARGO_BIN_EXE_nodus")])
+            .arg(dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let mut port = String::new();
-    BufReader::new(child.stdout.take().unwrap())
+    BufReader::new(child.0.stdout.take().unwrap())
         .read_line(&mut port)
         .unwrap();
     let addr: SocketAddr = format!("127.0.0.1:{}", port.trim()).parse().unwrap();
@@ -565,9 +577,9 @@ os.execve(sys.argv[1], [sys.argv[1], "serve", sys.argv[2], "--listen", "127.0.0.
         assert!(Instant::now() < deadline, "never connected");
         std::thread::sleep(Duration::from_millis(20));
     };
-    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    let pid = rustix::process::Pid::from_raw(child.0.id() as i32).unwrap();
     let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-    let status = child.wait().unwrap();
+    let status = child.0.wait().unwrap();
     assert_eq!(reply.status, 200);
     assert_eq!(reply.body, b"hello, nodus\n");
     assert_eq!(status.code(), Some(0));
