@@ -347,8 +347,8 @@ impl Worker {
     }
 
     async fn dispatch(&self) {
-        while let Some(mut msg) = self.sh.channel.recv_internal().await {
-            self.on_message(&mut msg);
+        while let Some(msg) = self.sh.channel.recv_internal().await {
+            self.on_message(msg);
         }
         // EOF: the primary is gone or we disconnected.
         for queue in self.sh.rr.borrow().values() {
@@ -360,9 +360,10 @@ impl Worker {
         }
     }
 
-    fn on_message(&self, msg: &mut Message) {
-        let json = msg.json().to_owned();
-        let Some(m) = Incoming::parse(&json) else {
+    fn on_message(&self, mut msg: Message) {
+        // The handle first, so the JSON can be parsed in place (one `newconn` per connection).
+        let handle = msg.take_handle();
+        let Some(m) = Incoming::parse(msg.json()) else {
             return;
         };
         if m.is_nodus() {
@@ -373,7 +374,7 @@ impl Worker {
             return;
         }
         match m.act {
-            Some("newconn") => self.on_newconn(&m, msg.take_handle()),
+            Some("newconn") => self.on_newconn(&m, handle),
             Some("disconnect") => {
                 let deadline = Duration::from_millis(m.drain_ms.unwrap_or(10_000));
                 self.sh.stopping.set(true);
@@ -398,7 +399,6 @@ impl Worker {
                         (_, Some(key)) => Ok(key.clone()),
                         _ => Err("no key in the reply".to_owned()),
                     };
-                    let handle = msg.take_handle();
                     if let (Ok(key), None) = (&result, &handle) {
                         // A round-robin reply: the queue must exist before this dispatch loop
                         // reads the next message, which may be a `newconn` for it (Node's worker

@@ -142,8 +142,8 @@ impl Proc {
             let (s, p) = (st.clone(), proc.clone());
             crate::task::spawn_named("cluster:primary", async move {
                 let channel = p.channel.as_ref().expect("checked");
-                while let Some(mut msg) = channel.recv_internal().await {
-                    on_internal(&s, &p, &mut msg);
+                while let Some(msg) = channel.recv_internal().await {
+                    on_internal(&s, &p, &msg);
                 }
                 s.emit(Some(&p), EventKind::Disconnect);
             })
@@ -257,9 +257,8 @@ pub(super) fn mark_ready(st: &Rc<State>, proc: &Rc<Proc>) {
     supervise::on_ready(st, proc);
 }
 
-fn on_internal(st: &Rc<State>, proc: &Rc<Proc>, msg: &mut Message) {
-    let json = msg.json().to_owned();
-    let Some(m) = Incoming::parse(&json) else {
+fn on_internal(st: &Rc<State>, proc: &Rc<Proc>, msg: &Message) {
+    let Some(m) = Incoming::parse(msg.json()) else {
         return;
     };
     if m.is_nodus() {

@@ -186,11 +186,7 @@ fn decide_and_restart(st: &Rc<State>, proc: &Rc<Proc>, reason: ExitReason, at_on
             ),
         ),
         Decision::Restart { after } => {
-            let after = if at_once {
-                std::time::Duration::ZERO
-            } else {
-                after
-            };
+            let after = if at_once { Duration::ZERO } else { after };
             {
                 let mut slots = st.slots.borrow_mut();
                 let slot = &mut slots[proc.slot as usize - 1];
@@ -440,7 +436,7 @@ async fn reload(st: &Rc<State>, generation: u64) -> Result<(), String> {
                     .restart
                     .backoff
                     .delay(attempts + 1)
-                    .max(std::time::Duration::from_millis(1)),
+                    .max(Duration::from_millis(1)),
             )
             .await;
         };
