@@ -198,6 +198,70 @@ fn a_listener_passed_between_nodus_channels_accepts() {
     });
 }
 
+/// A pipe: the read end kept, the write end shared as the fds `send_fds` takes.
+fn pipe_pair() -> (std::io::PipeReader, std::rc::Rc<OwnedFd>) {
+    let (r, w) = std::io::pipe().unwrap();
+    (r, std::rc::Rc::new(OwnedFd::from(w)))
+}
+
+#[test]
+fn a_burst_of_fds_travels_in_one_frame_in_order_between_other_messages() {
+    use std::io::{Read, Write};
+    bounded(async {
+        let (a, b) = pair();
+        let pipes: Vec<_> = (0..5).map(|_| pipe_pair()).collect();
+        a.send(&"before").unwrap();
+        a.send_fds(&"burst", pipes.iter().map(|(_, w)| w.clone()).collect())
+            .unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        a.send_handle(&"one", listener).unwrap();
+        a.send_fds(&"empty", Vec::new()).unwrap();
+        a.send(&"after").unwrap();
+
+        assert_eq!(b.recv().await.unwrap().unwrap().json(), r#""before""#);
+        let mut burst = b.recv().await.unwrap().unwrap();
+        assert_eq!(burst.json(), r#""burst""#);
+        let handles = burst.take_handles();
+        assert_eq!(handles.len(), 5);
+        for (i, h) in handles.into_iter().enumerate() {
+            assert!(cloexec(&h), "received fds are close-on-exec");
+            let mut w = std::fs::File::from(h.into_owned_fd());
+            w.write_all(&[b'0' + i as u8]).unwrap();
+        }
+        // The sender's own references stay open until it drops them.
+        assert!(pipes.iter().all(|(_, w)| std::rc::Rc::strong_count(w) == 1));
+        for (i, (mut r, _)) in pipes.into_iter().enumerate() {
+            let mut byte = [0u8; 1];
+            r.read_exact(&mut byte).unwrap();
+            assert_eq!(byte[0], b'0' + i as u8, "fds arrive in the order sent");
+        }
+        let mut one = b.recv().await.unwrap().unwrap();
+        assert_eq!(one.json(), r#""one""#);
+        assert!(one.take_handle().unwrap().into_tcp_listener().is_ok());
+        let mut empty = b.recv().await.unwrap().unwrap();
+        assert_eq!(empty.json(), r#""empty""#);
+        assert!(empty.take_handles().is_empty());
+        assert_eq!(b.recv().await.unwrap().unwrap().json(), r#""after""#);
+    });
+}
+
+#[test]
+fn a_burst_frame_is_the_nodus_wrapper_and_is_not_acked() {
+    bounded(async {
+        let (ch, mut raw) = with_raw(ChannelOptions::default());
+        let (_r, w) = pipe_pair();
+        ch.send_fds(&serde_json::json!({"k": 1}), vec![w.clone(), w])
+            .unwrap();
+        ch.send(&"next").unwrap();
+        let (frame, fds) = raw.frame().await;
+        assert_eq!(frame, r#"{"cmd":"NODE_NODUS_FDS","count":2,"msg":{"k":1}}"#);
+        assert_eq!(fds.len(), 2);
+        // Not held for an ACK: the next message follows at once.
+        let (next, _) = raw.frame().await;
+        assert_eq!(next, r#""next""#);
+    });
+}
+
 #[test]
 fn two_nacks_give_exactly_two_retransmissions_then_the_handle_is_delivered() {
     bounded(async {

@@ -16,9 +16,19 @@
 //! replies. The primary's `disconnect` also carries `drainMs`, the drain deadline, which Node
 //! workers ignore.
 //!
+//! Connection handoff between nodus peers: a nodus worker's `queryServer` carries `"nodus":1`
+//! (a Node primary ignores it); the primary then hands that worker its connections as
+//! `newconns` (key, `peers`: each client's address) with up to 64 fds in one frame
+//! (`ipc::Channel::send_fds`) instead of one `newconn` per fd. The worker answers a whole loop
+//! turn's batches with one `took` (`ack`: the newest batch's `seq`; every batch up to it that was
+//! not refused was taken) and a batch it cannot take at once with `refused` (`ack`: its `seq`),
+//! always before the `took` that passes it.
+//!
 //! Invariant: fields are parsed leniently (unknown fields ignored, all optional) so a message
 //! from a newer or older peer never breaks the channel; what a role needs and does not find is
 //! logged and the message dropped.
+
+use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -56,6 +66,8 @@ pub(crate) struct Incoming<'a> {
     #[serde(borrow)]
     pub snapshot: Option<&'a RawValue>,
     pub text: Option<String>,
+    pub nodus: Option<u64>,
+    pub peers: Option<Vec<Option<SocketAddr>>>,
 }
 
 impl<'a> Incoming<'a> {
@@ -98,6 +110,9 @@ pub(crate) struct QueryServer<'a> {
     pub flags: u32,
     pub backlog: u32,
     pub seq: u64,
+    /// `1` from a nodus worker: hand connections over as `newconns` batches.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nodus: Option<u8>,
 }
 
 /// The message a worker or primary sends with only `act` and `seq` (`online`, `disconnect`,
@@ -135,6 +150,17 @@ pub(crate) struct NewConn<'a> {
     pub act: &'static str,
     pub key: &'a str,
     pub seq: u64,
+}
+
+/// `newconns`: connections for the server `key` from a nodus primary to a nodus worker (their
+/// fds travel with it, in `peers` order).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct NewConns<'a> {
+    pub cmd: &'static str,
+    pub act: &'static str,
+    pub key: &'a str,
+    pub seq: u64,
+    pub peers: &'a [Option<SocketAddr>],
 }
 
 /// The primary's answer to `queryServer`.
@@ -186,6 +212,8 @@ pub(crate) struct Nodus<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub id: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub ack: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub conns: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accepted_total: Option<u64>,
@@ -201,6 +229,7 @@ impl<'a> Nodus<'a> {
             cmd: NODE_NODUS,
             act,
             id: None,
+            ack: None,
             conns: None,
             accepted_total: None,
             snapshot: None,
@@ -277,6 +306,26 @@ mod tests {
             serde_json::to_string(&ack).unwrap(),
             r#"{"cmd":"NODE_CLUSTER","ack":2,"accepted":true,"seq":3}"#
         );
+    }
+
+    #[test]
+    fn newconns_round_trips_its_peers() {
+        let peers = [Some("127.0.0.1:5000".parse().unwrap()), None];
+        let msg = NewConns {
+            cmd: NODE_NODUS,
+            act: "newconns",
+            key: "k",
+            seq: 7,
+            peers: &peers,
+        };
+        let json = serde_json::to_string(&msg).unwrap();
+        assert_eq!(
+            json,
+            r#"{"cmd":"NODE_NODUS","act":"newconns","key":"k","seq":7,"peers":["127.0.0.1:5000",null]}"#
+        );
+        let m = Incoming::parse(&json).unwrap();
+        assert_eq!(m.peers.as_deref(), Some(&peers[..]));
+        assert_eq!(m.seq, Some(7));
     }
 
     #[test]

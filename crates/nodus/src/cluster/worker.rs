@@ -10,10 +10,11 @@
 //! Invariants:
 //! - One `Worker` per process, created on the loop thread; the environment variables naming it
 //!   (`NODE_UNIQUE_ID`, `NODE_CHANNEL_*`) are removed as Node removes them.
-//! - Every `newconn` is answered `{ack, accepted}`: accepted iff the round-robin queue of its
-//!   key is open (it exists from the `queryServer` reply on, before [`Worker::listen`] returns,
-//!   until its [`Listener`] closes); a refused connection goes back to the primary, which gives
-//!   it to another worker.
+//! - Every `newconn` is answered `{ack, accepted}`, every `newconns` batch (a nodus primary) by a
+//!   `took` (one per loop turn, for every batch up to the newest) or at once by `refused`: taken
+//!   iff the round-robin queue of its key is open (it exists from the `queryServer` reply on,
+//!   before [`Worker::listen`] returns, until its [`Listener`] closes); refused connections go
+//!   back to the primary, which gives them to another worker.
 //! - The primary's `disconnect` makes [`Worker::drain_requested`] resolve (with the primary's
 //!   drain deadline); what to drain is the application's business. EOF on the channel without a
 //!   disconnect of our own (the primary died) exits the process with code 0, as Node's workers
@@ -73,6 +74,8 @@ struct Shared {
     next_request: Cell<u64>,
     snapshot: RefCell<Box<dyn Fn() -> Snapshot>>,
     exit_ack: RefCell<Option<(u64, ReplySlot<()>)>>,
+    /// The newest `newconns` batch taken and not yet answered (the `took` goes out once per turn).
+    took: Cell<Option<u64>>,
 }
 
 /// Open-connection accounting for the `least` policy.
@@ -133,6 +136,7 @@ impl Worker {
                 next_request: Cell::new(1),
                 snapshot: RefCell::new(Box::new(crate::metrics::snapshot)),
                 exit_ack: RefCell::new(None),
+                took: Cell::new(None),
             }),
         };
         worker.send_cluster(|seq| Act {
@@ -181,6 +185,7 @@ impl Worker {
             flags: 0,
             backlog: 511,
             seq,
+            nodus: Some(1),
         };
         self.send_raw(&query)?;
         let Some((result, handle)) = slot.wait(REPLY_TIMEOUT).await else {
@@ -361,15 +366,20 @@ impl Worker {
     }
 
     fn on_message(&self, mut msg: Message) {
-        // The handle first, so the JSON can be parsed in place (one `newconn` per connection).
-        let handle = msg.take_handle();
+        // The handles first, so the JSON can be parsed in place.
+        let handles = msg.take_handles();
         let Some(m) = Incoming::parse(msg.json()) else {
             return;
         };
         if m.is_nodus() {
-            self.on_nodus(&m);
+            if m.act == Some("newconns") {
+                self.on_newconns(&m, handles);
+            } else {
+                self.on_nodus(&m);
+            }
             return;
         }
+        let handle = handles.into_iter().next();
         if !m.is_cluster() {
             return;
         }
@@ -444,6 +454,46 @@ impl Worker {
         }
     }
 
+    /// A batch from a nodus primary: its fds are non-blocking TCP streams, in `peers` order.
+    fn on_newconns(&self, m: &Incoming<'_>, handles: Vec<Handle>) {
+        let Some(seq) = m.seq else { return };
+        let queue = m
+            .key
+            .as_ref()
+            .and_then(|k| self.sh.rr.borrow().get(k).cloned())
+            .filter(|q| !q.closed.get());
+        let Some(queue) = queue else {
+            let mut refused = Nodus::act("refused");
+            refused.ack = Some(seq);
+            self.send_nodus(&refused);
+            return;
+        };
+        let peers = m.peers.as_deref().unwrap_or_default();
+        for (i, handle) in handles.into_iter().enumerate() {
+            match TcpStream::from_cluster_handoff(handle.into_owned_fd()) {
+                Ok(s) => queue
+                    .conns
+                    .borrow_mut()
+                    .push_back((s, peers.get(i).copied().flatten())),
+                Err(e) => {
+                    tracing::warn!(target: "nodus::cluster", "cannot adopt a handed-over connection: {e}")
+                }
+            }
+        }
+        queue.wake();
+        if self.sh.took.replace(Some(seq)).is_none() {
+            let w = self.clone();
+            crate::set_immediate(move || {
+                if let Some(ack) = w.sh.took.take() {
+                    let mut took = Nodus::act("took");
+                    took.ack = Some(ack);
+                    w.send_nodus(&took);
+                }
+            })
+            .unref();
+        }
+    }
+
     fn on_nodus(&self, m: &Incoming<'_>) {
         match m.act {
             Some("snapshot_request") => {
@@ -507,17 +557,22 @@ impl std::fmt::Debug for Worker {
     }
 }
 
-/// Connections handed over by the primary for one round-robin listener.
+/// Connections handed over by the primary for one round-robin listener, with the client's
+/// address when the primary sent it.
 #[derive(Default)]
 struct RrQueue {
-    conns: RefCell<VecDeque<TcpStream>>,
+    conns: RefCell<VecDeque<(TcpStream, Option<SocketAddr>)>>,
     waker: RefCell<Option<Waker>>,
     closed: Cell<bool>,
 }
 
 impl RrQueue {
     fn push(&self, s: TcpStream) {
-        self.conns.borrow_mut().push_back(s);
+        self.conns.borrow_mut().push_back((s, None));
+        self.wake();
+    }
+
+    fn wake(&self) {
         if let Some(w) = self.waker.borrow_mut().take() {
             w.wake();
         }
@@ -525,9 +580,7 @@ impl RrQueue {
 
     fn close(&self) {
         self.closed.set(true);
-        if let Some(w) = self.waker.borrow_mut().take() {
-            w.wake();
-        }
+        self.wake();
     }
 }
 
@@ -557,11 +610,12 @@ impl Listener {
             Kind::RoundRobin(queue, _) => {
                 let next = queue.conns.borrow_mut().pop_front();
                 match next {
-                    Some(s) => {
-                        let peer = s
-                            .peer_addr()
-                            .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-                        (s, peer)
+                    Some((s, peer)) => {
+                        let peer = peer.or_else(|| s.peer_addr().ok());
+                        (
+                            s,
+                            peer.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0))),
+                        )
                     }
                     None if queue.closed.get() => {
                         return Poll::Ready(Err(io::Error::new(

@@ -33,6 +33,18 @@ impl<T: AsFd> AsyncFd<T> {
     #[track_caller]
     pub fn new(inner: T) -> io::Result<AsyncFd<T>> {
         rustix::io::ioctl_fionbio(inner.as_fd(), true)?;
+        AsyncFd::register(inner)
+    }
+
+    /// Registers `inner`, which the caller knows to be non-blocking already (saves the
+    /// `FIONBIO` of [`new`](Self::new)). A blocking fd here would block the loop.
+    #[track_caller]
+    pub(crate) fn new_nonblocking(inner: T) -> io::Result<AsyncFd<T>> {
+        AsyncFd::register(inner)
+    }
+
+    #[track_caller]
+    fn register(inner: T) -> io::Result<AsyncFd<T>> {
         with_core("nodus::io::AsyncFd::new", |core| {
             let fd = inner.as_fd().as_raw_fd();
             let state = core.reactor.register(&mut SourceFd(&fd))?;

@@ -9,6 +9,11 @@
 //! - **Order.** Frames are written in `send` order. While a handle waits for its ACK, every later
 //!   message (plain ones too) is held back and written after the ACK, as Node's `_handleQueue`
 //!   does; only one handle is in flight. ACK/NACK replies bypass the hold (Node's deadlock fix).
+//! - **Fd bursts between nodus peers.** [`Channel::send_fds`] wraps a message as
+//!   `{"cmd":"NODE_NODUS_FDS","count":n,"msg":M}` with up to 64 fds in one `sendmsg`, and is neither
+//!   ACKed nor held for: the receiving nodus channel pairs fds with frames in arrival order (the
+//!   kernel hands a frame's fds over with its first byte). Only for a peer known to be nodus: a
+//!   Node peer would take the frame for an unknown internal message and leak the fds.
 //! - **Retransmission.** A NACK resends the in-flight handle frame with its fd, at most 3 times
 //!   (Node's `MAX_HANDLE_RETRANSMISSIONS`); the 4th NACK drops the handle, delivers
 //!   [`IpcError::HandleNotReceived`] and releases the held messages.
@@ -27,7 +32,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::future::poll_fn;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
@@ -37,7 +42,9 @@ use serde_json::value::RawValue;
 
 use super::fdpass;
 use super::framing::{DEFAULT_MAX_FRAME, Decoder, FrameError, encode};
-use super::handles::{self, ACK, Handle, HandleFrame, NACK, NODE_HANDLE, SendHandle, SocketReply};
+use super::handles::{
+    self, ACK, FdsFrame, Handle, HandleFrame, NACK, NODE_HANDLE, NODUS_FDS, SendHandle, SocketReply,
+};
 use crate::io::AsyncFd;
 
 /// `send` returns `false` from this many queued bytes on (Node: `writeQueueSize < 65536 * 2`).
@@ -48,6 +55,13 @@ const MAX_RETRANSMISSIONS: u32 = 3;
 
 /// Internal messages kept for [`Channel::recv_internal`] before the oldest are dropped.
 const MAX_INTERNAL: usize = 1024;
+
+/// Fds received ahead of their frames kept before the oldest are closed (a peer sending fds
+/// without frames cannot grow the queue).
+const MAX_QUEUED_FDS: usize = 4 * fdpass::MAX_FDS;
+
+/// Fds one [`Channel::send_fds`] frame may carry.
+pub const MAX_FDS_PER_FRAME: usize = fdpass::MAX_FDS;
 
 /// How a channel is set up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,10 +129,11 @@ impl fmt::Display for IpcError {
 
 impl std::error::Error for IpcError {}
 
-/// A received message: its JSON text exactly as the peer wrote it, and the handle it carried.
+/// A received message: its JSON text exactly as the peer wrote it, and the handle it carried
+/// (several for a nodus peer's [`Channel::send_fds`]).
 pub struct Message {
     json: Box<RawValue>,
-    handle: Option<Handle>,
+    handles: Vec<Handle>,
 }
 
 impl Message {
@@ -132,14 +147,19 @@ impl Message {
         serde_json::from_str(self.json.get())
     }
 
-    /// The handle that came with it, if any.
+    /// The handle that came with it, if any (the first, if several came).
     pub fn handle(&self) -> Option<&Handle> {
-        self.handle.as_ref()
+        self.handles.first()
     }
 
-    /// Takes the handle out (to convert it into a socket).
+    /// Takes the (first) handle out (to convert it into a socket).
     pub fn take_handle(&mut self) -> Option<Handle> {
-        self.handle.take()
+        (!self.handles.is_empty()).then(|| self.handles.remove(0))
+    }
+
+    /// Takes every handle out, in the order they were sent.
+    pub fn take_handles(&mut self) -> Vec<Handle> {
+        std::mem::take(&mut self.handles)
     }
 }
 
@@ -154,17 +174,32 @@ impl fmt::Debug for Message {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Message")
             .field("json", &self.json.get())
-            .field("handle", &self.handle)
+            .field("handles", &self.handles)
             .finish()
     }
+}
+
+/// What travels with a frame's first byte.
+enum Attach {
+    None,
+    /// The in-flight handle's fd.
+    InFlight,
+    /// A [`Channel::send_fds`] burst (shared with the sender, which may keep the fds open).
+    Fds(Vec<Rc<OwnedFd>>),
 }
 
 /// A frame in the write queue.
 struct Out {
     bytes: Vec<u8>,
     written: usize,
-    /// Attach the in-flight handle's fd to the first byte.
-    with_fd: bool,
+    attach: Attach,
+}
+
+/// A frame `submit` may have to hold back behind an in-flight handle.
+enum Payload {
+    Plain,
+    Handle(SendHandle),
+    Fds(Vec<Rc<OwnedFd>>),
 }
 
 /// The handle waiting for its ACK.
@@ -182,7 +217,7 @@ struct State {
     internal: VecDeque<Message>,
     out: VecDeque<Out>,
     out_bytes: usize,
-    held: VecDeque<(Vec<u8>, Option<SendHandle>)>,
+    held: VecDeque<(Vec<u8>, Payload)>,
     held_bytes: usize,
     in_flight: Option<InFlight>,
     /// `send` is allowed (false after `disconnect` or the close).
@@ -197,31 +232,35 @@ struct State {
 
 impl State {
     /// Puts a frame on the wire queue, or makes it the in-flight handle.
-    fn enqueue(&mut self, bytes: Vec<u8>, handle: Option<SendHandle>) {
-        let with_fd = handle.is_some();
-        if let Some(h) = handle {
-            self.in_flight = Some(InFlight {
-                frame: bytes.clone(),
-                fd: h.fd,
-                retransmissions: 0,
-            });
-        }
+    fn enqueue(&mut self, bytes: Vec<u8>, payload: Payload) {
+        let attach = match payload {
+            Payload::Plain => Attach::None,
+            Payload::Handle(h) => {
+                self.in_flight = Some(InFlight {
+                    frame: bytes.clone(),
+                    fd: h.fd,
+                    retransmissions: 0,
+                });
+                Attach::InFlight
+            }
+            Payload::Fds(fds) => Attach::Fds(fds),
+        };
         self.out_bytes += bytes.len();
         self.out.push_back(Out {
             bytes,
             written: 0,
-            with_fd,
+            attach,
         });
     }
 
     /// After an ACK (or giving up): sends held messages until the next handle.
     fn release_held(&mut self) {
         while self.in_flight.is_none() {
-            let Some((bytes, handle)) = self.held.pop_front() else {
+            let Some((bytes, payload)) = self.held.pop_front() else {
                 break;
             };
             self.held_bytes -= bytes.len();
-            self.enqueue(bytes, handle);
+            self.enqueue(bytes, payload);
         }
     }
 
@@ -230,7 +269,7 @@ impl State {
         self.out.push_back(Out {
             bytes: bytes.to_vec(),
             written: 0,
-            with_fd: false,
+            attach: Attach::None,
         });
     }
 
@@ -242,7 +281,13 @@ impl State {
     /// Acts on one received frame.
     fn on_frame(&mut self, json: Box<RawValue>, wake: &mut Vec<Waker>) {
         let Some(internal) = handles::internal(&json) else {
-            self.deliver(Ok(Message { json, handle: None }), wake);
+            self.deliver(
+                Ok(Message {
+                    json,
+                    handles: Vec::new(),
+                }),
+                wake,
+            );
             return;
         };
         match internal.cmd.as_str() {
@@ -251,20 +296,22 @@ impl State {
                     self.control(ACK);
                     let msg = internal.msg.unwrap_or_else(null);
                     let handle = Handle::new(fd, internal.node_type.unwrap_or_default());
-                    let msg = Message {
-                        json: msg,
-                        handle: Some(handle),
-                    };
-                    // As in Node, the wrapped message is internal or not by its own `cmd`
-                    // (a cluster `newconn` travels with its connection's fd).
-                    if handles::internal(&msg.json).is_some() {
-                        self.push_internal(msg, wake);
-                    } else {
-                        self.deliver(Ok(msg), wake);
-                    }
+                    self.deliver_wrapped(msg, vec![handle], wake);
                 }
                 None => self.control(NACK),
             },
+            NODUS_FDS => {
+                // Fewer fds than announced only if the kernel truncated them: the message
+                // still goes through with what arrived (the receiver accounts for each).
+                let count = internal.count.unwrap_or(0).min(self.fds.len());
+                let handles = self
+                    .fds
+                    .drain(..count)
+                    .map(|fd| Handle::new(fd, "net.Native".to_owned()))
+                    .collect();
+                let msg = internal.msg.unwrap_or_else(null);
+                self.deliver_wrapped(msg, handles, wake);
+            }
             "NODE_HANDLE_ACK" => {
                 drop(self.in_flight.take());
                 self.release_held();
@@ -284,7 +331,7 @@ impl State {
                     self.out.push_back(Out {
                         bytes,
                         written: 0,
-                        with_fd: true,
+                        attach: Attach::InFlight,
                     });
                 }
             }
@@ -311,7 +358,29 @@ impl State {
                     self.control(&bytes);
                 }
             }
-            _ => self.push_internal(Message { json, handle: None }, wake),
+            _ => self.push_internal(
+                Message {
+                    json,
+                    handles: Vec::new(),
+                },
+                wake,
+            ),
+        }
+    }
+
+    /// Delivers a message that arrived wrapped with fds. As in Node, it is internal or not by
+    /// its own `cmd` (a cluster `newconn` travels with its connection's fd).
+    fn deliver_wrapped(
+        &mut self,
+        json: Box<RawValue>,
+        handles: Vec<Handle>,
+        wake: &mut Vec<Waker>,
+    ) {
+        let msg = Message { json, handles };
+        if handles::internal(&msg.json).is_some() {
+            self.push_internal(msg, wake);
+        } else {
+            self.deliver(Ok(msg), wake);
         }
     }
 
@@ -412,7 +481,7 @@ impl Channel {
     /// [`IpcError::Closed`] after a disconnect, [`IpcError::Serialize`], [`IpcError::TooLarge`].
     pub fn send<T: Serialize + ?Sized>(&self, msg: &T) -> Result<bool, IpcError> {
         let bytes = encode(msg).map_err(IpcError::Serialize)?;
-        self.inner.submit(bytes, None)
+        self.inner.submit(bytes, Payload::Plain)
     }
 
     /// Sends `msg` with a handle (Node's `send(msg, handle)`): the fd travels in the same
@@ -430,7 +499,30 @@ impl Channel {
             dgram_type: handle.dgram_type,
         };
         let bytes = encode(&frame).map_err(IpcError::Serialize)?;
-        self.inner.submit(bytes, Some(handle))
+        self.inner.submit(bytes, Payload::Handle(handle))
+    }
+
+    /// Sends `msg` with up to [`MAX_FDS_PER_FRAME`] fds in one `sendmsg`, to a **nodus** peer only
+    /// (see the module docs); the peer receives one [`Message`] whose
+    /// [`take_handles`](Message::take_handles) yields them in order (as `net.Native`). The fds
+    /// are shared: the channel drops its references once they are written (or the channel
+    /// closes); the caller may keep its own. Ordered with every other send; not ACKed.
+    ///
+    /// # Panics
+    /// More than [`MAX_FDS_PER_FRAME`] fds.
+    pub fn send_fds<T: Serialize + ?Sized>(
+        &self,
+        msg: &T,
+        fds: Vec<Rc<OwnedFd>>,
+    ) -> Result<bool, IpcError> {
+        assert!(fds.len() <= MAX_FDS_PER_FRAME, "too many fds for one frame");
+        let frame = FdsFrame {
+            cmd: NODUS_FDS,
+            count: fds.len(),
+            msg,
+        };
+        let bytes = encode(&frame).map_err(IpcError::Serialize)?;
+        self.inner.submit(bytes, Payload::Fds(fds))
     }
 
     /// The next message (or error event); `None` once the channel is closed and drained.
@@ -540,7 +632,7 @@ impl fmt::Debug for Channel {
 }
 
 impl Inner {
-    fn submit(&self, bytes: Vec<u8>, handle: Option<SendHandle>) -> Result<bool, IpcError> {
+    fn submit(&self, bytes: Vec<u8>, payload: Payload) -> Result<bool, IpcError> {
         let mut st = self.st.borrow_mut();
         if !st.connected {
             return Err(IpcError::Closed);
@@ -553,9 +645,9 @@ impl Inner {
         }
         if st.in_flight.is_some() {
             st.held_bytes += bytes.len();
-            st.held.push_back((bytes, handle));
+            st.held.push_back((bytes, payload));
         } else {
-            st.enqueue(bytes, handle);
+            st.enqueue(bytes, payload);
         }
         drop(st);
         let mut wake = Vec::new();
@@ -593,11 +685,14 @@ impl Inner {
                 }
                 return true;
             };
-            let fd = match (&st.in_flight, front.with_fd && front.written == 0) {
-                (Some(f), true) => Some(f.fd.as_fd()),
-                _ => None,
+            // The fds go with the frame's first byte only.
+            let fds: Vec<BorrowedFd<'_>> = match (&front.attach, &st.in_flight) {
+                _ if front.written > 0 => Vec::new(),
+                (Attach::InFlight, Some(f)) => vec![f.fd.as_fd()],
+                (Attach::Fds(shared), _) => shared.iter().map(|fd| fd.as_fd()).collect(),
+                _ => Vec::new(),
             };
-            match fdpass::send(io.get_ref().as_fd(), &front.bytes[front.written..], fd) {
+            match fdpass::send(io.get_ref().as_fd(), &front.bytes[front.written..], &fds) {
                 Ok(n) => {
                     front.written += n;
                     st.out_bytes -= n;
@@ -675,7 +770,7 @@ impl Inner {
                 Ok((0, _)) => return true,
                 Ok((n, _truncated)) => {
                     // Lost fds surface as a NACK when their NODE_HANDLE frame arrives.
-                    while st.fds.len() > fdpass::MAX_FDS {
+                    while st.fds.len() > MAX_QUEUED_FDS {
                         st.fds.pop_front();
                     }
                     st.decoder.push(&buf[..n]);

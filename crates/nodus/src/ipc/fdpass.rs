@@ -1,5 +1,5 @@
-//! Bytes and fds over an AF_UNIX stream: `sendmsg` with one `SCM_RIGHTS` fd in the same call as
-//! the frame it belongs to (Node's rule), and `recvmsg(MSG_CMSG_CLOEXEC)` that collects every fd
+//! Bytes and fds over an AF_UNIX stream: `sendmsg` with the `SCM_RIGHTS` fds in the same call as
+//! the frame they belong to (Node's rule: one fd; nodus peers: up to [`MAX_FDS`]), and `recvmsg(MSG_CMSG_CLOEXEC)` that collects every fd
 //! the kernel hands over.
 //!
 //! Invariants: received fds are close-on-exec from the moment they exist (no window in which a
@@ -20,24 +20,23 @@ use rustix::net::{
 /// Fds accepted per `recvmsg` (libuv's `UV__CMSG_FD_COUNT`).
 pub(crate) const MAX_FDS: usize = 64;
 
-/// Sends `bytes`, with `fd` attached when given. Returns how many bytes the kernel took (the fd,
-/// if any, went with the first of them).
+/// Sends `bytes` with `fds` attached (at most [`MAX_FDS`]). Returns how many bytes the kernel took
+/// (the fds, if any, went with the first of them).
 pub(crate) fn send(
     socket: BorrowedFd<'_>,
     bytes: &[u8],
-    fd: Option<BorrowedFd<'_>>,
+    fds: &[BorrowedFd<'_>],
 ) -> io::Result<usize> {
+    debug_assert!(fds.len() <= MAX_FDS, "at most MAX_FDS fds per frame");
     let iov = [IoSlice::new(bytes)];
     let flags = SendFlags::NOSIGNAL;
-    let n = match fd {
-        None => rustix::net::sendmsg(socket, &iov, &mut SendAncillaryBuffer::default(), flags)?,
-        Some(fd) => {
-            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-            let mut control = SendAncillaryBuffer::new(&mut space);
-            let fds = [fd];
-            control.push(SendAncillaryMessage::ScmRights(&fds));
-            rustix::net::sendmsg(socket, &iov, &mut control, flags)?
-        }
+    let n = if fds.is_empty() {
+        rustix::net::sendmsg(socket, &iov, &mut SendAncillaryBuffer::default(), flags)?
+    } else {
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        control.push(SendAncillaryMessage::ScmRights(fds));
+        rustix::net::sendmsg(socket, &iov, &mut control, flags)?
     };
     Ok(n)
 }

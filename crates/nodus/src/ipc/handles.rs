@@ -19,6 +19,8 @@ use serde_json::value::RawValue;
 use crate::net::{TcpListener, TcpStream, UdpSocket, UnixListener, UnixStream};
 
 pub(crate) const NODE_HANDLE: &str = "NODE_HANDLE";
+/// nodus-to-nodus wrapper of a message with several fds (not ACKed; see `channel`).
+pub(crate) const NODUS_FDS: &str = "NODE_NODUS_FDS";
 pub(crate) const ACK: &[u8] = b"{\"cmd\":\"NODE_HANDLE_ACK\"}\n";
 pub(crate) const NACK: &[u8] = b"{\"cmd\":\"NODE_HANDLE_NACK\"}\n";
 
@@ -175,6 +177,8 @@ pub(crate) struct Internal {
     pub(crate) node_type: Option<String>,
     pub(crate) msg: Option<Box<RawValue>>,
     pub(crate) key: Option<Box<RawValue>>,
+    /// How many fds a `NODE_NODUS_FDS` frame carries.
+    pub(crate) count: Option<usize>,
 }
 
 /// The internal frame in `raw`, if it is one (Node's `isInternal`).
@@ -195,6 +199,14 @@ pub(crate) struct HandleFrame<'a, T: ?Sized + Serialize> {
     pub(crate) msg: &'a T,
     #[serde(rename = "dgramType", skip_serializing_if = "Option::is_none")]
     pub(crate) dgram_type: Option<&'static str>,
+}
+
+/// The wrapper of a message sent with several fds to a nodus peer.
+#[derive(Serialize)]
+pub(crate) struct FdsFrame<'a, T: ?Sized + Serialize> {
+    pub(crate) cmd: &'static str,
+    pub(crate) count: usize,
+    pub(crate) msg: &'a T,
 }
 
 /// A reply to `NODE_SOCKET_NOTIFY_CLOSE` / `NODE_SOCKET_GET_COUNT`.

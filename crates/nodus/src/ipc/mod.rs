@@ -10,7 +10,8 @@
 //! - [`framing`]: the line decoder, with a frame-size cap (default 16 MiB) Node does not have.
 //! - `fdpass`: `sendmsg`/`recvmsg` with `SCM_RIGHTS`; received fds are close-on-exec.
 //! - `handles`: [`SendHandle`] / [`Handle`] and the `NODE_*` control frames.
-//! - `channel`: [`Channel`], its task, ordering, ACK/NACK, backpressure, disconnect.
+//! - `channel`: [`Channel`], its task, ordering, ACK/NACK, backpressure, disconnect, and
+//!   [`Channel::send_fds`] (several fds in one frame, between nodus peers).
 //!
 //! Unlike Node, a malformed or oversized frame is an error event on that channel, which then
 //! closes; the process keeps running. Only the `json` serialization is spoken: a Node parent that
@@ -24,7 +25,7 @@ mod handles;
 
 use std::os::fd::{FromRawFd, OwnedFd};
 
-pub use channel::{Channel, ChannelOptions, HIGH_WATER, IpcError, Message};
+pub use channel::{Channel, ChannelOptions, HIGH_WATER, IpcError, MAX_FDS_PER_FRAME, Message};
 pub use framing::{DEFAULT_MAX_FRAME, FrameError};
 pub use handles::{Handle, SendHandle};
 

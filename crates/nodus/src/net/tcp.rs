@@ -220,6 +220,17 @@ impl TcpStream {
         TcpStream::from_std(fd.into())
     }
 
+    /// Adopts a connection a nodus cluster primary accepted for this process: a TCP stream,
+    /// already non-blocking and close-on-exec (the primary accepts with `SOCK_NONBLOCK`, which
+    /// lives in the shared file description; `recvmsg` sets close-on-exec), so it is only
+    /// registered.
+    #[track_caller]
+    pub(crate) fn from_cluster_handoff(fd: OwnedFd) -> io::Result<TcpStream> {
+        Ok(TcpStream {
+            io: AsyncFd::new_nonblocking(std::net::TcpStream::from(fd))?,
+        })
+    }
+
     /// Deregisters the socket and gives it back, still non-blocking.
     pub fn into_std(self) -> std::net::TcpStream {
         self.io.into_inner()

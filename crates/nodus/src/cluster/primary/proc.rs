@@ -5,19 +5,19 @@
 //!   handled (`supervise::on_exit`); its tasks (exit watcher, message dispatch) end with it.
 //! - `state` only moves forward: Starting → Online → Listening → Ready → Draining → Dead (a
 //!   step may be skipped).
-//! - `pending` holds the primary's copy of every connection handed to this worker and not yet
-//!   answered `accepted`; whatever is left when the worker dies is handed to another.
+//! - `pending` holds the primary's reference to every connection handed to this worker and not
+//!   yet taken (`took`, or `accepted` from a Node worker); whatever is left when the worker dies
+//!   is handed to another.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::poll_fn;
 use std::io;
-use std::os::fd::OwnedFd;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
-use super::server::{self, Server};
+use super::server::{self, Pending};
 use super::{EventKind, Readiness, State, stats, supervise};
 use crate::cluster::protocol::{Ack, Incoming, NODE_CLUSTER, Nodus};
 use crate::cluster::reply::ReplySlot;
@@ -52,8 +52,8 @@ pub(super) struct Proc {
     /// The primary asked it to stop (drain, reload, shutdown).
     pub drained: Cell<bool>,
     pub going_down: Cell<bool>,
-    /// Handoffs not yet answered `accepted`, with the primary's copy of each connection.
-    pub pending: RefCell<HashMap<u64, (Rc<Server>, OwnedFd)>>,
+    /// Handoffs not yet taken, with the primary's reference to each connection.
+    pub pending: Pending,
     /// Connections this worker accepted from the primary.
     pub handed: Cell<u64>,
     /// The worker's last load report: (open connections, accepted in total).
@@ -118,7 +118,7 @@ impl Proc {
             exited_after_disconnect: Cell::new(false),
             drained: Cell::new(false),
             going_down: Cell::new(false),
-            pending: RefCell::default(),
+            pending: Pending::default(),
             handed: Cell::new(0),
             reported: Cell::new(None),
             snapshot: RefCell::new(None),
@@ -237,7 +237,7 @@ impl Proc {
 
     /// Estimated open connections (for `least`).
     pub fn load_estimate(&self) -> u64 {
-        let in_flight = self.pending.borrow().len() as u64;
+        let in_flight = self.pending.conns();
         match self.reported.get() {
             Some((open, accepted_total)) => {
                 open + self.handed.get().saturating_sub(accepted_total) + in_flight
@@ -316,6 +316,16 @@ fn on_internal(st: &Rc<State>, proc: &Rc<Proc>, msg: &Message) {
 
 fn on_nodus(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
     match m.act {
+        Some("took") => {
+            if let Some(ack) = m.ack {
+                server::on_took(proc, ack);
+            }
+        }
+        Some("refused") => {
+            if let Some(ack) = m.ack {
+                server::refused(st, proc, ack);
+            }
+        }
         Some("ready") => mark_ready(st, proc),
         Some("going_down") => supervise::going_down(st, proc),
         Some("load") => {

@@ -11,27 +11,106 @@
 //! - At most [`PARK_LIMIT`] accepted connections wait for a worker (none listening yet, or all at
 //!   their in-flight cap); past it the primary stops accepting and the kernel's backlog holds
 //!   newcomers.
+//! - Connections are accepted non-blocking (the flag lives in the file description the worker
+//!   shares), up to [`ACCEPT_BATCH`] per wake-up, and handed out per worker in one message:
+//!   `newconns` with up to 64 fds to a nodus worker, one `newconn` each to a Node worker (its
+//!   protocol takes one handle per round trip).
+//! - The primary keeps its reference to every handed connection until the worker took it
+//!   (`took`/`accepted`), in `Proc::pending`; a refused batch, or whatever a dead worker had
+//!   not taken, goes to another worker.
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::poll_fn;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::rc::Rc;
-use std::task::{Poll, Waker};
+use std::task::{Context, Poll, Waker};
 
 use super::balance::{self, Candidate};
 use super::proc::{Proc, ProcState};
 use super::{Policy, State};
-use crate::cluster::protocol::{Incoming, NODE_CLUSTER, NewConn, QueryReply, SockName, server_key};
+use crate::cluster::protocol::{
+    Incoming, NODE_CLUSTER, NODE_NODUS, NewConn, NewConns, QueryReply, SockName, server_key,
+};
 use crate::io::AsyncFd;
-use crate::ipc::SendHandle;
+use crate::ipc::{MAX_FDS_PER_FRAME, SendHandle};
 use crate::net::{ListenOptions, TcpListener};
 use crate::process::Command;
 
 /// Accepted connections that may wait for a worker before the primary stops accepting.
 pub(super) const PARK_LIMIT: usize = 1024;
+
+/// Connections accepted per wake-up of the accept task before they are handed out.
+pub(super) const ACCEPT_BATCH: usize = 64;
+
+/// One accepted connection: the primary's reference to its fd (shared with the channel while a
+/// handoff is being written) and the client's address.
+#[derive(Clone)]
+pub(super) struct Conn {
+    fd: Rc<OwnedFd>,
+    peer: Option<SocketAddr>,
+}
+
+/// Connections handed to one worker in one message, kept until it answers.
+pub(super) struct Handoff {
+    server: Rc<Server>,
+    conns: Vec<Conn>,
+}
+
+/// A worker taking connections from a server.
+#[derive(Clone)]
+struct Member {
+    proc: Rc<Proc>,
+    /// The key it asked with.
+    key: String,
+    /// A nodus worker: takes `newconns` batches.
+    batches: bool,
+}
+
+/// Handoffs a worker has not answered, by `seq`, with the number of connections in them.
+#[derive(Default)]
+pub(super) struct Pending {
+    handoffs: RefCell<BTreeMap<u64, Handoff>>,
+    conns: Cell<u64>,
+}
+
+impl Pending {
+    /// Connections handed and not yet taken.
+    pub fn conns(&self) -> u64 {
+        self.conns.get()
+    }
+
+    fn insert(&self, seq: u64, handoff: Handoff) {
+        self.conns
+            .set(self.conns.get() + handoff.conns.len() as u64);
+        self.handoffs.borrow_mut().insert(seq, handoff);
+    }
+
+    fn remove(&self, seq: u64) -> Option<Handoff> {
+        let h = self.handoffs.borrow_mut().remove(&seq)?;
+        self.conns.set(self.conns.get() - h.conns.len() as u64);
+        Some(h)
+    }
+
+    /// Removes every handoff up to `seq` (inclusive).
+    fn remove_through(&self, seq: u64) -> Vec<Handoff> {
+        let mut map = self.handoffs.borrow_mut();
+        let rest = map.split_off(&(seq + 1));
+        let done: Vec<Handoff> = std::mem::replace(&mut *map, rest).into_values().collect();
+        let n: usize = done.iter().map(|h| h.conns.len()).sum();
+        self.conns.set(self.conns.get() - n as u64);
+        done
+    }
+
+    fn take_all(&self) -> Vec<Handoff> {
+        self.conns.set(0);
+        std::mem::take(&mut *self.handoffs.borrow_mut())
+            .into_values()
+            .collect()
+    }
+}
 
 enum Sock {
     /// The primary accepts (round-robin, least).
@@ -46,9 +125,9 @@ pub(super) struct Server {
     pub addr: SocketAddr,
     sock: Sock,
     /// Workers taking connections from this server, with the key each asked with.
-    members: RefCell<Vec<(Rc<Proc>, String)>>,
+    members: RefCell<Vec<Member>>,
     cursor: Cell<usize>,
-    parked: RefCell<VecDeque<OwnedFd>>,
+    parked: RefCell<VecDeque<Conn>>,
     accept_waker: RefCell<Option<Waker>>,
     accepting: Cell<bool>,
 }
@@ -106,7 +185,7 @@ impl Server {
     pub fn remove_member(&self, proc: &Proc) {
         self.members
             .borrow_mut()
-            .retain(|(p, _)| p.unique != proc.unique);
+            .retain(|m| m.proc.unique != proc.unique);
     }
 }
 
@@ -175,10 +254,11 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
             Sock::Shared(l) => Ok((None, Some(l.as_fd().try_clone_to_owned()?))),
             Sock::Released => unreachable!("released sockets exist only under reuseport"),
             Sock::Accepting(_) => {
-                server
-                    .members
-                    .borrow_mut()
-                    .push((proc.clone(), key.clone()));
+                server.members.borrow_mut().push(Member {
+                    proc: proc.clone(),
+                    key: key.clone(),
+                    batches: m.nodus == Some(1),
+                });
                 server.wake_accept();
                 Ok((Some(server.addr), None))
             }
@@ -283,141 +363,218 @@ pub(super) fn leave_all(st: &Rc<State>, proc: &Proc) {
     }
 }
 
-/// The worker answered a `newconn`.
+/// A Node-protocol answer to one `newconn`.
 pub(super) fn on_accepted(st: &Rc<State>, proc: &Rc<Proc>, ack: u64, accepted: bool) {
-    let Some((server, fd)) = proc.pending.borrow_mut().remove(&ack) else {
+    if accepted {
+        took(proc, proc.pending.remove(ack).into_iter().collect());
+    } else {
+        refused(st, proc, ack);
+    }
+}
+
+/// A nodus worker took every handoff up to `ack` that it did not refuse.
+pub(super) fn on_took(proc: &Rc<Proc>, ack: u64) {
+    took(proc, proc.pending.remove_through(ack));
+}
+
+fn took(proc: &Proc, handoffs: Vec<Handoff>) {
+    for h in handoffs {
+        proc.handed.set(proc.handed.get() + h.conns.len() as u64);
+        // Room for more: the accept task may be waiting for it.
+        h.server.wake_accept();
+    }
+}
+
+/// The worker refused handoff `ack` (it is closing): it leaves that server, and the
+/// connections go to someone else.
+pub(super) fn refused(st: &Rc<State>, proc: &Rc<Proc>, ack: u64) {
+    let Some(h) = proc.pending.remove(ack) else {
         return;
     };
-    if accepted {
-        proc.handed.set(proc.handed.get() + 1);
-        drop(fd);
-    } else {
-        // The worker is closing: it leaves, and the connection goes to someone else.
-        server.remove_member(proc);
-        dispatch(st, &server, fd);
-    }
-    server.wake_accept();
+    h.server.remove_member(proc);
+    dispatch(st, &h.server, h.conns);
+    h.server.wake_accept();
 }
 
-/// Gives back every connection `proc` had not accepted (it died) to the other workers.
+/// Gives back every connection `proc` had not taken (it died) to the other workers.
 pub(super) fn redistribute(st: &Rc<State>, proc: &Proc) {
-    let pending: Vec<_> = proc.pending.borrow_mut().drain().map(|(_, v)| v).collect();
-    for (server, fd) in pending {
-        dispatch(st, &server, fd);
-        server.wake_accept();
+    for h in proc.pending.take_all() {
+        dispatch(st, &h.server, h.conns);
+        h.server.wake_accept();
     }
 }
 
-/// Hands `fd` to a worker of `server`, or parks it.
-fn dispatch(st: &Rc<State>, server: &Rc<Server>, fd: OwnedFd) {
-    let choice = {
+/// Hands `conns` to the workers of `server` by its policy, one message per worker (per 64
+/// connections), and parks what nobody has room for.
+fn dispatch(st: &Rc<State>, server: &Rc<Server>, conns: Vec<Conn>) {
+    let (targets, parked) = {
         let members = server.members.borrow();
-        let cands: Vec<Candidate> = members
+        let mut cands: Vec<Candidate> = members
             .iter()
-            .map(|(p, _)| Candidate {
-                in_flight: p.pending.borrow().len() as u64,
-                load: p.load_estimate(),
+            .map(|m| Candidate {
+                in_flight: m.proc.pending.conns(),
+                load: m.proc.load_estimate(),
             })
             .collect();
+        let mut chosen: Vec<Vec<Conn>> = vec![Vec::new(); members.len()];
+        let mut parked = Vec::new();
         let mut cursor = server.cursor.get();
-        let pick = match st.config.policy {
-            Policy::Least => balance::least(&cands, &mut cursor),
-            _ => balance::round_robin(&cands, &mut cursor),
-        };
+        for conn in conns {
+            let pick = match st.config.policy {
+                Policy::Least => balance::least(&cands, &mut cursor),
+                _ => balance::round_robin(&cands, &mut cursor),
+            };
+            match pick {
+                Some(i) => {
+                    cands[i].in_flight += 1;
+                    cands[i].load += 1;
+                    chosen[i].push(conn);
+                }
+                None => parked.push(conn),
+            }
+        }
         server.cursor.set(cursor);
-        pick.map(|i| members[i].clone())
+        let targets: Vec<(Member, Vec<Conn>)> = members
+            .iter()
+            .cloned()
+            .zip(chosen)
+            .filter(|(_, c)| !c.is_empty())
+            .collect();
+        (targets, parked)
     };
-    match choice {
-        Some((proc, key)) => handoff(st, server, &proc, &key, fd),
-        None => server.parked.borrow_mut().push_back(fd),
+    for (member, conns) in targets {
+        handoff(st, server, &member, conns);
     }
+    server.parked.borrow_mut().extend(parked);
 }
 
-fn handoff(st: &Rc<State>, server: &Rc<Server>, proc: &Rc<Proc>, key: &str, fd: OwnedFd) {
+fn handoff(st: &Rc<State>, server: &Rc<Server>, member: &Member, conns: Vec<Conn>) {
+    let proc = &member.proc;
     let Some(channel) = &proc.channel else {
-        server.parked.borrow_mut().push_back(fd);
+        server.parked.borrow_mut().extend(conns);
         return;
     };
-    let copy = match fd.try_clone() {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!(target: "nodus::cluster", "cannot hand a connection over: {e}");
-            return;
+    let mut failed = None;
+    let mut rest = conns.into_iter().peekable();
+    while rest.peek().is_some() {
+        let take = if member.batches { MAX_FDS_PER_FRAME } else { 1 };
+        let batch: Vec<Conn> = rest.by_ref().take(take).collect();
+        let seq = st.next_seq();
+        let sent = if member.batches {
+            let peers: Vec<Option<SocketAddr>> = batch.iter().map(|c| c.peer).collect();
+            let msg = NewConns {
+                cmd: NODE_NODUS,
+                act: "newconns",
+                key: &member.key,
+                seq,
+                peers: &peers,
+            };
+            channel.send_fds(&msg, batch.iter().map(|c| c.fd.clone()).collect())
+        } else {
+            // Node's protocol owns the sent fd until its ACK (it may resend it): a duplicate.
+            let copy = match batch[0].fd.try_clone() {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!(target: "nodus::cluster", "cannot hand a connection over: {e}");
+                    continue;
+                }
+            };
+            let msg = NewConn {
+                cmd: NODE_CLUSTER,
+                act: "newconn",
+                key: &member.key,
+                seq,
+            };
+            channel.send_handle(&msg, SendHandle::fd(copy))
+        };
+        match sent {
+            Ok(_) => proc.pending.insert(
+                seq,
+                Handoff {
+                    server: server.clone(),
+                    conns: batch,
+                },
+            ),
+            Err(e) => {
+                failed = Some(e);
+                server.parked.borrow_mut().extend(batch);
+                break;
+            }
         }
-    };
-    let seq = st.next_seq();
-    let msg = NewConn {
-        cmd: NODE_CLUSTER,
-        act: "newconn",
-        key,
-        seq,
-    };
-    match channel.send_handle(&msg, SendHandle::fd(copy)) {
-        Ok(_) => {
-            proc.pending.borrow_mut().insert(seq, (server.clone(), fd));
-        }
-        Err(e) => {
-            tracing::debug!(target: "nodus::cluster", "worker {}: handoff failed: {e}", proc.slot);
-            server.remove_member(proc);
-            server.parked.borrow_mut().push_back(fd);
-        }
+    }
+    if let Some(e) = failed {
+        tracing::debug!(target: "nodus::cluster", "worker {}: handoff failed: {e}", proc.slot);
+        server.remove_member(proc);
+        server.parked.borrow_mut().extend(rest);
     }
 }
 
 /// Whether some member can take a connection now.
 fn has_room(server: &Server) -> bool {
-    server.members.borrow().iter().any(|(p, _)| {
-        p.state.get() < ProcState::Draining
-            && (p.pending.borrow().len() as u64) < balance::MAX_IN_FLIGHT
+    server.members.borrow().iter().any(|m| {
+        m.proc.state.get() < ProcState::Draining && m.proc.pending.conns() < balance::MAX_IN_FLIGHT
     })
+}
+
+/// Whether the accept task should accept now: the socket is readable (its readiness is polled
+/// here) and fewer than [`PARK_LIMIT`] connections wait; or parked connections can go out.
+fn poll_work(
+    server: &Server,
+    io: &AsyncFd<std::net::TcpListener>,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<()>> {
+    let parked = server.parked.borrow().len();
+    let room = has_room(server);
+    if parked > 0 && room {
+        return Poll::Ready(Ok(()));
+    }
+    *server.accept_waker.borrow_mut() = Some(cx.waker().clone());
+    if parked >= PARK_LIMIT || parked > 0 {
+        // Waits for room (a worker answers or joins).
+        return Poll::Pending;
+    }
+    io.poll_read_ready(cx)
 }
 
 async fn accept_loop(st: &Rc<State>, server: &Rc<Server>) {
     let Sock::Accepting(io) = &server.sock else {
         return;
     };
+    let flags = rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK;
     loop {
-        // Hand parked connections out first.
-        while has_room(server) {
-            let Some(fd) = server.parked.borrow_mut().pop_front() else {
-                break;
-            };
-            dispatch(st, server, fd);
+        if let Err(e) = poll_fn(|cx| poll_work(server, io, cx)).await {
+            tracing::error!(target: "nodus::cluster", "accept on {} failed: {e}", server.addr);
+            crate::time::sleep(std::time::Duration::from_millis(50)).await;
+            continue;
         }
-        let accepted = poll_fn(|cx| {
-            if server.parked.borrow().len() >= PARK_LIMIT
-                || (!server.parked.borrow().is_empty() && !has_room(server))
-            {
-                *server.accept_waker.borrow_mut() = Some(cx.waker().clone());
-                return Poll::Pending;
-            }
-            if !server.parked.borrow().is_empty() && has_room(server) {
-                return Poll::Ready(None);
-            }
-            *server.accept_waker.borrow_mut() = Some(cx.waker().clone());
-            loop {
-                match io.poll_read_ready(cx) {
-                    Poll::Ready(Ok(())) => {}
-                    Poll::Ready(Err(e)) => return Poll::Ready(Some(Err(e))),
-                    Poll::Pending => return Poll::Pending,
+        let mut conns: Vec<Conn> = {
+            let mut parked = server.parked.borrow_mut();
+            let n = parked.len().min(ACCEPT_BATCH);
+            parked.drain(..n).collect()
+        };
+        let mut failure = None;
+        while conns.len() < ACCEPT_BATCH && server.parked.borrow().is_empty() {
+            match rustix::net::acceptfrom_with(io.get_ref(), flags) {
+                Ok((fd, peer)) => conns.push(Conn {
+                    fd: Rc::new(fd),
+                    peer: peer.and_then(|p| SocketAddr::try_from(p).ok()),
+                }),
+                Err(rustix::io::Errno::AGAIN) => {
+                    io.clear_read_ready();
+                    break;
                 }
-                match rustix::net::accept_with(io.get_ref(), rustix::net::SocketFlags::CLOEXEC) {
-                    Ok(fd) => return Poll::Ready(Some(Ok(fd))),
-                    Err(rustix::io::Errno::AGAIN) => io.clear_read_ready(),
-                    Err(rustix::io::Errno::INTR | rustix::io::Errno::CONNABORTED) => {}
-                    Err(e) => return Poll::Ready(Some(Err(io::Error::from(e)))),
+                Err(rustix::io::Errno::INTR | rustix::io::Errno::CONNABORTED) => {}
+                Err(e) => {
+                    failure = Some(io::Error::from(e));
+                    break;
                 }
             }
-        })
-        .await;
-        match accepted {
-            Some(Ok(fd)) => dispatch(st, server, fd),
-            Some(Err(e)) => {
-                // EMFILE and friends: back off briefly instead of spinning.
-                tracing::error!(target: "nodus::cluster", "accept on {} failed: {e}", server.addr);
-                crate::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
-            None => {}
+        }
+        dispatch(st, server, conns);
+        if let Some(e) = failure {
+            // EMFILE and friends: back off briefly instead of spinning.
+            tracing::error!(target: "nodus::cluster", "accept on {} failed: {e}", server.addr);
+            crate::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     }
 }
