@@ -177,17 +177,21 @@ POOL_MICRO = os.path.join(HERE, "rust", "target", "release", "pool_micro")
 HTTP_SERVER_JS = os.path.join("node", "node_modules", "http-server", "bin", "http-server")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 SERVER_CORE, CLIENT_CORE = "0", "1"
-PORT_BASE = 18100     # every server start gets its own port: PORT_BASE, PORT_BASE + 1, ...
-_next_port = [PORT_BASE]
+def port_picker(base, span):
+    """A next_port(): free 127.0.0.1 ports base, base + 1, ... in turn, wrapping after `span`."""
+    state = [base]
+
+    def next_port():
+        for _ in range(span):
+            port = state[0]
+            state[0] = base + (port + 1 - base) % span
+            if port_free(port):
+                return port
+        raise RuntimeError(f"no free port in {base}-{base + span - 1} on 127.0.0.1")
+    return next_port
 
 
-def next_port():
-    for _ in range(500):
-        port = _next_port[0]
-        _next_port[0] = PORT_BASE + (port + 1 - PORT_BASE) % 800
-        if port_free(port):
-            return port
-    raise RuntimeError("no free port in 18100-18899 on 127.0.0.1")
+next_port = port_picker(18100, 800)  # every server start gets its own port
 
 
 def port_free(port):
@@ -215,10 +219,10 @@ def wait_port(port, proc, timeout=15.0):
     return False
 
 
-def proc_field(pid, name):
-    """A /proc/PID/status field in kB (VmRSS, VmHWM), or 0."""
+def proc_kb(pid, name, file="status"):
+    """A field in kB of /proc/PID/FILE (status: VmRSS, VmHWM; smaps_rollup: Pss), or 0."""
     try:
-        with open(f"/proc/{pid}/status") as f:
+        with open(f"/proc/{pid}/{file}") as f:
             for line in f:
                 if line.startswith(name + ":"):
                     return int(line.split()[1])
@@ -265,7 +269,7 @@ class Server:
         time.sleep(0.3)
 
     def rss_kb(self):
-        return proc_field(self.pid, "VmRSS")
+        return proc_kb(self.pid, "VmRSS")
 
     def cpu_s(self):
         return proc_cpu_ticks(self.pid) / CLK_TCK
@@ -331,7 +335,7 @@ def load_run(args, kind, rt, name, rnd, argv, path):
             wcmd, out, wall = run_wrk(url, args.duration, args.conns)
             s1, c1, t1 = sys_ticks(), srv.cpu_s(), time.time()
             ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            rss_after, hwm = srv.rss_kb(), proc_field(srv.pid, "VmHWM")
+            rss_after, hwm = srv.rss_kb(), proc_kb(srv.pid, "VmHWM")
         finally:
             srv.stop()
         r = parse_wrk(out)
@@ -420,7 +424,7 @@ def idle_run(args, rt, argv, rnd):
             raise RuntimeError(f"idle client for {rt} did not get ready: {ready}")
         opened, failed, secs = int(ready[1]), int(ready[2]), float(ready[3])
         time.sleep(0.5)  # let the server settle (hello_http closes idle connections after 5 s)
-        after, hwm, fds = srv.rss_kb(), proc_field(srv.pid, "VmHWM"), fd_count(srv.pid)
+        after, hwm, fds = srv.rss_kb(), proc_kb(srv.pid, "VmHWM"), fd_count(srv.pid)
         client.stdin.write("check\n")
         client.stdin.flush()
         still = int(client.stdout.readline().split()[1])

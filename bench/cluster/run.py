@@ -49,10 +49,10 @@ import time
 import traceback
 from collections import namedtuple
 
-# The machine-load and median helpers of the other sections (bench/bench.py, stdlib only and
-# side-effect free to import).
+# The machine-load, median, port and /proc helpers of the other sections (bench/bench.py,
+# stdlib only and side-effect free to import).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench import busy_pct, med, sys_ticks  # noqa: E402
+from bench import busy_pct, med, port_free, port_picker, proc_kb, sys_ticks  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH = os.path.dirname(HERE)
@@ -143,28 +143,6 @@ def cpu_ticks(pid):
     return int(f[11]) + int(f[12]) if f else 0
 
 
-def status_kb(pid, key):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def pss_kb(pid):
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 def cmdline(pid):
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -198,28 +176,7 @@ def wait_quiet(sample=0.5):
 
 
 # ------------------------------------------------------------------ ports
-_next_port = [PORT_BASE]
-
-
-def port_free(port):
-    s = socket.socket()
-    try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", port))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
-
-
-def next_port():
-    for _ in range(PORT_SPAN):
-        port = _next_port[0]
-        _next_port[0] = PORT_BASE + (port + 1 - PORT_BASE) % PORT_SPAN
-        if port_free(port):
-            return port
-    raise RuntimeError(f"no free port in {PORT_BASE}-{PORT_BASE + PORT_SPAN - 1} on 127.0.0.1")
+next_port = port_picker(PORT_BASE, PORT_SPAN)
 
 
 def connects(port):
@@ -486,8 +443,8 @@ def stop_all():
 # ------------------------------------------------------------------ measures
 def measure_memory(srv, args, tag):
     time.sleep(max(0.0, args.settle - (time.monotonic() - srv.ready_at)))
-    procs = [{"pid": p, "root": p == srv.root, "cmd": cmdline(p)[:100], "rss_kb": status_kb(p, "VmRSS"),
-              "pss_kb": pss_kb(p)} for p in srv.pids()]
+    procs = [{"pid": p, "root": p == srv.root, "cmd": cmdline(p)[:100], "rss_kb": proc_kb(p, "VmRSS"),
+              "pss_kb": proc_kb(p, "Pss", "smaps_rollup")} for p in srv.pids()]
     r = dict(procs=procs, settle_s=args.settle, rss_mb=round(sum(p["rss_kb"] for p in procs) / 1024, 1),
              pss_mb=round(sum(p["pss_kb"] for p in procs) / 1024, 1))
     log(f"   memory: PSS {r['pss_mb']} MB, RSS {r['rss_mb']} MB, {len(procs)} processes")

@@ -12,36 +12,22 @@
 //! The tests that need systemd's tools (Debian package `systemd`) fail when `CI` is set and they
 //! are missing, and are skipped otherwise. Every process started is stopped by PID.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+mod common;
+
+use std::net::SocketAddr;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
+use common::http::get;
+use common::proc::Proc;
+use common::{NODUS, TempDir, free_addrs, have};
 use yaml_rust2::{Yaml, YamlLoader};
 
 fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
-}
-
-/// A temporary directory, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("nodus-deploy-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// The value of `--name VALUE` or `--name=VALUE` among a command's own arguments (before `--`).
@@ -499,22 +485,6 @@ fn kubernetes_run_probes_scrapes_and_grace_match_its_args() {
 
 // ---- with systemd's tools ----
 
-/// Whether systemd's `tool` runs; fails under CI without it, skips (false) elsewhere.
-fn have(tool: &str) -> bool {
-    let found = Command::new(tool)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI needs {tool} (the systemd package; .ci/run installs it)"
-        );
-        println!("skipped: {tool} is not installed");
-    }
-    found
-}
-
 /// Copies `deploy/systemd` into `dir`, with `ExecStart` pointing at the built binary; returns
 /// the unit files.
 fn units_in(dir: &Path) -> Vec<PathBuf> {
@@ -523,11 +493,7 @@ fn units_in(dir: &Path) -> Vec<PathBuf> {
         let path = entry.unwrap().path();
         let text = std::fs::read_to_string(&path).unwrap();
         let to = dir.join(path.file_name().unwrap());
-        std::fs::write(
-            &to,
-            text.replace("/usr/local/bin/nodus", env!("CARGO_BIN_EXE_nodus")),
-        )
-        .unwrap();
+        std::fs::write(&to, text.replace("/usr/local/bin/nodus", NODUS)).unwrap();
         units.push(to);
     }
     units.sort();
@@ -557,7 +523,7 @@ fn systemd_analyze_verifies_the_units_and_their_hardening() {
         return;
     }
     let dir = TempDir::new("verify");
-    let units = units_in(&dir.0);
+    let units = units_in(dir.path());
     assert!(units.len() >= 5, "{units:?}");
     let (ok, complaints) = verify(&units);
     assert!(
@@ -566,12 +532,12 @@ fn systemd_analyze_verifies_the_units_and_their_hardening() {
     );
 
     // The check can fail: a misspelt value and a missing executable are reported.
-    let service = dir.0.join("nodus-serve.service");
+    let service = dir.path().join("nodus-serve.service");
     let text = std::fs::read_to_string(&service).unwrap();
     std::fs::write(
         &service,
         text.replace("Type=notify", "Type=notifi")
-            .replace(env!("CARGO_BIN_EXE_nodus"), "/nonexistent/nodus"),
+            .replace(NODUS, "/nonexistent/nodus"),
     )
     .unwrap();
     let (ok, complaints) = verify(&units);
@@ -587,7 +553,7 @@ fn systemd_analyze_verifies_the_units_and_their_hardening() {
     for name in ["nodus-serve.service", "nodus-run.service"] {
         let out = Command::new("systemd-analyze")
             .args(["security", "--offline=true", "--threshold=34", "--no-pager"])
-            .arg(dir.0.join(name))
+            .arg(dir.path().join(name))
             .output()
             .unwrap();
         let report = String::from_utf8_lossy(&out.stdout);
@@ -599,9 +565,9 @@ fn systemd_analyze_verifies_the_units_and_their_hardening() {
     }
 }
 
-/// A `systemd-socket-activate` that has become `nodus serve`; killed by PID on drop.
+/// A `systemd-socket-activate` that has become `nodus serve`; stopped by PID on drop.
 struct Activated {
-    child: Child,
+    proc: Proc,
     public: SocketAddr,
     admin: SocketAddr,
 }
@@ -611,103 +577,42 @@ impl Activated {
     /// first connection, as systemd would. Retries when a port was taken in between.
     fn start(args: &[&str], notify: &Path) -> Activated {
         for _ in 0..3 {
-            let (a, b) = (
-                TcpListener::bind("127.0.0.1:0").unwrap(),
-                TcpListener::bind("127.0.0.1:0").unwrap(),
+            let [public, admin] = free_addrs();
+            let proc = Proc::spawn(
+                Command::new("systemd-socket-activate")
+                    .args(["-l", &public.to_string(), "-l", &admin.to_string()])
+                    .arg("--fdname=http:admin")
+                    .args(["-E", "RUST_LOG=info", "-E"])
+                    .arg(format!("NOTIFY_SOCKET={}", notify.display()))
+                    .arg(NODUS)
+                    .args(args)
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped()),
             );
-            let (public, admin) = (a.local_addr().unwrap(), b.local_addr().unwrap());
-            drop((a, b));
-            let mut child = Command::new("systemd-socket-activate")
-                .args(["-l", &public.to_string(), "-l", &admin.to_string()])
-                .arg("--fdname=http:admin")
-                .args(["-E", "RUST_LOG=info", "-E"])
-                .arg(format!("NOTIFY_SOCKET={}", notify.display()))
-                .arg(env!("CARGO_BIN_EXE_nodus"))
-                .args(args)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            let (tx, rx) = mpsc::channel();
-            let stderr = child.stderr.take().unwrap();
-            // Read to the end: a closed pipe would kill the activator (SIGPIPE) as it logs.
-            std::thread::spawn(move || {
-                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                    let _ = tx.send(line);
-                }
-            });
-            let mut activated = Activated {
-                child,
-                public,
-                admin,
-            };
             let deadline = Instant::now() + Duration::from_secs(20);
             let mut listening = 0;
             while listening < 2 {
-                match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                match proc
+                    .lines
+                    .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                {
                     Ok(line) if line.starts_with("Listening on") => listening += 1,
                     Ok(_) => {}
-                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
-                    Err(mpsc::RecvTimeoutError::Timeout) => {
-                        panic!("systemd-socket-activate is silent")
-                    }
+                    Err(RecvTimeoutError::Disconnected) => break,
+                    Err(RecvTimeoutError::Timeout) => panic!("systemd-socket-activate is silent"),
                 }
             }
             if listening == 2 {
-                return activated;
+                return Activated {
+                    proc,
+                    public,
+                    admin,
+                };
             }
-            let _ = activated.child.wait();
         }
         panic!("systemd-socket-activate could not listen on free ports three times");
     }
-
-    fn pid(&self) -> rustix::process::Pid {
-        rustix::process::Pid::from_raw(self.child.id() as i32).unwrap()
-    }
-
-    fn wait(&mut self, limit: Duration) -> Option<i32> {
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        None
-    }
-}
-
-impl Drop for Activated {
-    fn drop(&mut self) {
-        if self.child.try_wait().unwrap().is_none() {
-            let _ = rustix::process::kill_process(self.pid(), rustix::process::Signal::TERM);
-            if self.wait(Duration::from_secs(5)).is_none() {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-            }
-        }
-    }
-}
-
-/// `GET path` with `Connection: close`: the status and the body.
-fn get(addr: SocketAddr, path: &str) -> (u16, Vec<u8>) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("a response head");
-    let head = String::from_utf8_lossy(&raw[..split]);
-    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap();
-    (status, raw[split + 4..].to_vec())
 }
 
 /// The next notify datagram that has `line` among its lines.
@@ -730,10 +635,10 @@ fn serve_under_systemd_socket_activation_serves_notifies_and_drains() {
         return;
     }
     let dir = TempDir::new("activate");
-    let site = dir.0.join("site");
+    let site = dir.path().join("site");
     std::fs::create_dir(&site).unwrap();
     std::fs::write(site.join("hello.txt"), "hello, systemd\n").unwrap();
-    let notify_path = dir.0.join("notify.sock");
+    let notify_path = dir.path().join("notify.sock");
     let manager = UnixDatagram::bind(&notify_path).unwrap();
     manager
         .set_read_timeout(Some(Duration::from_secs(20)))
@@ -752,26 +657,27 @@ fn serve_under_systemd_socket_activation_serves_notifies_and_drains() {
         &notify_path,
     );
     // The first connection starts nodus, which serves it from the inherited socket.
+    let hello = get(server.public, "/hello.txt");
     assert_eq!(
-        get(server.public, "/hello.txt"),
+        (hello.status, hello.body),
         (200, b"hello, systemd\n".to_vec())
     );
-    let exe = std::fs::read_link(format!("/proc/{}/exe", server.child.id())).unwrap();
+    let exe = std::fs::read_link(format!("/proc/{}/exe", server.proc.id())).unwrap();
     assert_eq!(
         exe,
-        std::fs::canonicalize(env!("CARGO_BIN_EXE_nodus")).unwrap(),
+        std::fs::canonicalize(NODUS).unwrap(),
         "the activator execs nodus in place (LISTEN_PID is its pid)"
     );
     notified(&manager, "READY=1");
     // The socket named admin is the admin listener; the public one serves files only.
-    assert_eq!(get(server.admin, "/_nodus/readyz").0, 200);
-    assert_eq!(get(server.admin, "/_nodus/healthz").0, 200);
-    assert_eq!(get(server.public, "/_nodus/readyz").0, 404);
+    assert_eq!(get(server.admin, "/_nodus/readyz").status, 200);
+    assert_eq!(get(server.admin, "/_nodus/healthz").status, 200);
+    assert_eq!(get(server.public, "/_nodus/readyz").status, 404);
 
-    rustix::process::kill_process(server.pid(), rustix::process::Signal::TERM).unwrap();
+    server.proc.signal(rustix::process::Signal::TERM);
     notified(&manager, "STOPPING=1");
     // Within --shutdown-delay: still serving, but no longer ready.
-    assert_eq!(get(server.admin, "/_nodus/readyz").0, 503);
-    assert_eq!(get(server.public, "/hello.txt").0, 200);
-    assert_eq!(server.wait(Duration::from_secs(30)), Some(0));
+    assert_eq!(get(server.admin, "/_nodus/readyz").status, 503);
+    assert_eq!(get(server.public, "/hello.txt").status, 200);
+    assert_eq!(server.proc.wait_exit(Duration::from_secs(30)), Some(0));
 }

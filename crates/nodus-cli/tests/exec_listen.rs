@@ -1,10 +1,12 @@
 //! `nodus __exec-listen`: LISTEN_PID is the program's own pid (set only with LISTEN_FDS), passed
 //! fds survive the step, and a program that cannot run is exit code 127 or 126 with a message.
 
+mod common;
+
 use std::process::Command;
 use std::time::Duration;
 
-const NODUS: &str = env!("CARGO_BIN_EXE_nodus");
+use common::{NODUS, TempDir};
 
 fn run(cmd: &mut Command) -> (Option<i32>, String, String) {
     let out = cmd.output().unwrap();
@@ -54,12 +56,10 @@ fn a_missing_program_is_127_and_a_non_executable_one_126() {
         "{err}"
     );
 
-    let dir = std::env::temp_dir().join(format!("nodus-exec-listen-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("not-executable");
+    let dir = TempDir::new("not-executable");
+    let file = dir.path().join("not-executable");
     std::fs::write(&file, "echo hi\n").unwrap();
     let (code, _, err) = run(Command::new(NODUS).arg("__exec-listen").arg(&file));
-    std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(code, Some(126));
     assert!(err.starts_with("nodus: cannot run "), "{err}");
 }

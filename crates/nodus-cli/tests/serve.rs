@@ -3,220 +3,26 @@
 //! Every server is started on port 0, its address read from its startup line, and stopped by
 //! PID (SIGTERM, then SIGKILL if it does not exit).
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-/// A temporary directory, removed on drop.
-struct TempDir(PathBuf);
+use common::http::request;
+use common::proc::Proc;
+use common::serve::Serve;
+use common::{NODUS, TempDir, free_addr};
 
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("nodus-serve-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A running `nodus serve`.
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-    stderr: mpsc::Receiver<String>,
-}
-
-impl Server {
-    fn start(dir: &Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_nodus"))
-            .arg("serve")
-            .arg(dir)
-            .args(["--listen", "127.0.0.1:0", "--workers", "1"])
-            .args(extra)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let (tx, rx) = mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let addr = loop {
-            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok(line) => {
-                    if let Some(rest) = line.split("on http://").nth(1) {
-                        break rest.split('/').next().unwrap().parse().unwrap();
-                    }
-                }
-                Err(e) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    panic!("nodus serve printed no startup line: {e}");
-                }
-            }
-        };
-        Server {
-            child,
-            addr,
-            stderr: rx,
-        }
-    }
-
-    fn pid(&self) -> rustix::process::Pid {
-        rustix::process::Pid::from_raw(self.child.id() as i32).unwrap()
-    }
-
-    fn signal(&self, sig: rustix::process::Signal) {
-        rustix::process::kill_process(self.pid(), sig).unwrap();
-    }
-
-    /// Waits for the process to exit; returns its exit code.
-    fn wait(&mut self, limit: Duration) -> Option<i32> {
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        None
-    }
-
-    fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-        line.split_whitespace().nth(1).unwrap().parse().unwrap()
-    }
-}
-
-/// A child killed (by PID) if the test ends before it exits: a failed assertion leaks nothing.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if self.child.try_wait().unwrap().is_none() {
-            let _ = rustix::process::kill_process(self.pid(), rustix::process::Signal::TERM);
-            if self.wait(Duration::from_secs(5)).is_none() {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-            }
-        }
-    }
-}
-
-struct Reply {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-/// Sends one request (raw head lines) and reads the response (`head` = no body expected).
-fn request(addr: SocketAddr, method: &str, path: &str, extra: &[&str]) -> Reply {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n");
-    for h in extra {
-        head.push_str(h);
-        head.push_str("\r\n");
-    }
-    head.push_str("\r\n");
-    s.write_all(head.as_bytes()).unwrap();
-    read_reply(&mut BufReader::new(s), method == "HEAD")
-}
-
-fn read_reply(r: &mut impl BufRead, head_only: bool) -> Reply {
-    let mut line = String::new();
-    r.read_line(&mut line).unwrap();
-    let status = line
-        .split_whitespace()
-        .nth(1)
-        .expect("a status line")
-        .parse()
-        .unwrap();
-    let mut headers = Vec::new();
-    loop {
-        line.clear();
-        r.read_line(&mut line).unwrap();
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        let (k, v) = l.split_once(':').unwrap();
-        headers.push((k.to_ascii_lowercase(), v.trim().to_owned()));
-    }
-    let mut reply = Reply {
-        status,
-        headers,
-        body: Vec::new(),
-    };
-    let len: Option<usize> = reply.header("content-length").map(|v| v.parse().unwrap());
-    let chunked = reply.header("transfer-encoding") == Some("chunked");
-    if !head_only && status != 304 {
-        match len {
-            Some(n) => {
-                reply.body.resize(n, 0);
-                r.read_exact(&mut reply.body).unwrap();
-            }
-            None if chunked => reply.body = read_chunked(r),
-            None => {
-                r.read_to_end(&mut reply.body).unwrap();
-            }
-        }
-    }
-    reply
-}
-
-/// Decodes a chunked body.
-fn read_chunked(r: &mut impl BufRead) -> Vec<u8> {
-    let mut body = Vec::new();
-    let mut line = String::new();
-    loop {
-        line.clear();
-        r.read_line(&mut line).unwrap();
-        let size = usize::from_str_radix(line.trim().split(';').next().unwrap(), 16).unwrap();
-        let mut chunk = vec![0; size + 2];
-        r.read_exact(&mut chunk).unwrap();
-        if size == 0 {
-            return body;
-        }
-        body.extend_from_slice(&chunk[..size]);
-    }
+/// The resident set size of process `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
 fn site() -> TempDir {
@@ -250,7 +56,7 @@ fn site() -> TempDir {
 #[test]
 fn files_head_range_conditional_and_listing() {
     let dir = site();
-    let server = Server::start(dir.path(), &[]);
+    let server = Serve::start(dir.path(), 1, &[]);
     let a = server.addr;
 
     let r = request(a, "GET", "/hello.txt", &[]);
@@ -290,7 +96,7 @@ fn files_head_range_conditional_and_listing() {
 #[test]
 fn traversal_dotfiles_and_special_files_are_refused() {
     let dir = site();
-    let server = Server::start(dir.path(), &[]);
+    let server = Serve::start(dir.path(), 1, &[]);
     let a = server.addr;
     for path in [
         "/../hello.txt",
@@ -314,13 +120,13 @@ fn traversal_dotfiles_and_special_files_are_refused() {
     }
     // With --dotfiles allow, dotfiles are served.
     drop(server);
-    let server = Server::start(dir.path(), &["--dotfiles", "allow"]);
+    let server = Serve::start(dir.path(), 1, &["--dotfiles", "allow"]);
     assert_eq!(request(server.addr, "GET", "/.env", &[]).body, b"SECRET=1");
 }
 
 #[test]
 fn the_dev_directory_attack_does_not_hang() {
-    let server = Server::start(Path::new("/dev"), &[]);
+    let server = Serve::start(Path::new("/dev"), 1, &[]);
     for path in ["/random", "/urandom", "/zero", "/null"] {
         let r = request(server.addr, "GET", path, &[]);
         assert!([403, 404].contains(&r.status), "{path}: {}", r.status);
@@ -330,7 +136,7 @@ fn the_dev_directory_attack_does_not_hang() {
 #[test]
 fn oversized_heads_and_bodies() {
     let dir = site();
-    let server = Server::start(dir.path(), &[]);
+    let server = Serve::start(dir.path(), 1, &[]);
     let big = format!("X-Big: {}", "a".repeat(64 * 1024));
     assert_eq!(
         request(server.addr, "GET", "/hello.txt", &[&big]).status,
@@ -348,7 +154,7 @@ fn oversized_heads_and_bodies() {
 #[test]
 fn admin_endpoints() {
     let dir = site();
-    let server = Server::start(dir.path(), &[]);
+    let server = Serve::start(dir.path(), 1, &[]);
     let a = server.addr;
     assert_eq!(request(a, "GET", "/hello.txt", &[]).status, 200);
     let r = request(a, "GET", "/_nodus/metrics", &[]);
@@ -363,7 +169,7 @@ fn admin_endpoints() {
     assert_eq!(request(a, "GET", "/_nodus/readyz", &[]).status, 200);
     let r = request(a, "GET", "/_nodus/stats", &[]);
     let stats: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
-    assert_eq!(stats["pid"].as_u64(), Some(u64::from(server.child.id())));
+    assert_eq!(stats["pid"].as_u64(), Some(u64::from(server.proc.id())));
     assert!(stats["http"]["responses_by_class"][1].as_u64().unwrap() >= 1);
     let r = request(a, "GET", "/_nodus/", &[]);
     assert_eq!(r.header("content-type"), Some("text/html; charset=utf-8"));
@@ -374,10 +180,8 @@ fn admin_endpoints() {
 #[test]
 fn a_separate_admin_listener() {
     let dir = site();
-    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let admin_addr = probe.local_addr().unwrap();
-    drop(probe);
-    let server = Server::start(dir.path(), &["--admin", &admin_addr.to_string()]);
+    let admin_addr = free_addr();
+    let server = Serve::start(dir.path(), 1, &["--admin", &admin_addr.to_string()]);
     assert_eq!(
         request(admin_addr, "GET", "/_nodus/healthz", &[]).status,
         200
@@ -392,12 +196,13 @@ fn a_separate_admin_listener() {
 #[test]
 fn sigterm_turns_readyz_to_503_then_drains_and_exits_0() {
     let dir = site();
-    let mut server = Server::start(
+    let mut server = Serve::start(
         dir.path(),
+        1,
         &["--shutdown-delay", "0.5", "--drain-timeout", "2"],
     );
     let a = server.addr;
-    server.signal(rustix::process::Signal::TERM);
+    server.proc.signal(rustix::process::Signal::TERM);
     std::thread::sleep(Duration::from_millis(150));
     assert_eq!(request(a, "GET", "/_nodus/readyz", &[]).status, 503);
     assert_eq!(
@@ -405,22 +210,22 @@ fn sigterm_turns_readyz_to_503_then_drains_and_exits_0() {
         200,
         "still serving during the delay"
     );
-    assert_eq!(server.wait(Duration::from_secs(10)), Some(0));
+    assert_eq!(server.proc.wait_exit(Duration::from_secs(10)), Some(0));
     assert!(TcpStream::connect(a).is_err());
-    let log: Vec<String> = server.stderr.try_iter().collect();
+    let log = server.proc.output();
     assert!(log.iter().any(|l| l.contains("SIGTERM")), "{log:?}");
 }
 
 #[test]
 fn bad_flags_and_a_busy_address_fail_clearly() {
-    let out = Command::new(env!("CARGO_BIN_EXE_nodus"))
+    let out = Command::new(NODUS)
         .args(["serve", "--bogus"])
         .output()
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--bogus"));
 
-    let out = Command::new(env!("CARGO_BIN_EXE_nodus"))
+    let out = Command::new(NODUS)
         .args(["serve", "--workers", "0"])
         .output()
         .unwrap();
@@ -429,7 +234,7 @@ fn bad_flags_and_a_busy_address_fail_clearly() {
 
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = busy.local_addr().unwrap().to_string();
-    let out = Command::new(env!("CARGO_BIN_EXE_nodus"))
+    let out = Command::new(NODUS)
         .args(["serve", "--listen", &addr])
         .output()
         .unwrap();
@@ -447,7 +252,7 @@ fn a_1gib_sparse_file_streams_in_bounded_memory_while_healthz_answers() {
     let f = std::fs::File::create(dir.path().join("big.bin")).unwrap();
     f.set_len(1 << 30).unwrap();
     drop(f);
-    let server = Server::start(dir.path(), &[]);
+    let server = Serve::start(dir.path(), 1, &[]);
     let a = server.addr;
     let done = Arc::new(AtomicBool::new(false));
     let d = done.clone();
@@ -472,7 +277,7 @@ fn a_1gib_sparse_file_streams_in_bounded_memory_while_healthz_answers() {
         let t = Instant::now();
         assert_eq!(request(a, "GET", "/_nodus/healthz", &[]).status, 200);
         latencies.push(t.elapsed());
-        max_rss = max_rss.max(server.rss_kib());
+        max_rss = max_rss.max(rss_kib(server.proc.id()));
         std::thread::sleep(Duration::from_millis(20));
     }
     let total = download.join().unwrap();
@@ -504,7 +309,7 @@ fn gzip_for_clients_that_accept_it() {
         .collect();
     std::fs::write(dir.path().join("big.txt"), &text).unwrap();
     std::fs::write(dir.path().join("small.txt"), "tiny").unwrap();
-    let server = Server::start(dir.path(), &["--gzip"]);
+    let server = Serve::start(dir.path(), 1, &["--gzip"]);
     let r = request(server.addr, "GET", "/big.txt", &["Accept-Encoding: gzip"]);
     assert_eq!(r.status, 200);
     assert_eq!(r.header("content-encoding"), Some("gzip"));
@@ -551,38 +356,22 @@ os.dup2(s.fileno(), 3); os.set_inheritable(3, True)
 env = dict(os.environ, LISTEN_FDS="1", LISTEN_PID=str(os.getpid()))
 os.execve(sys.argv[1], [sys.argv[1], "serve", sys.argv[2], "--listen", "127.0.0.1:1"], env)
 "#;
-    let mut child = KillOnDrop(
+    let mut child = Proc::spawn(
         Command::new("python3")
-            .args(["-c", script, env!("CARGO_BIN_EXE_nodus")])
+            .args(["-c", script, NODUS])
             .arg(dir.path())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+            .stderr(Stdio::null()),
     );
-    let mut port = String::new();
-    BufReader::new(child.0.stdout.take().unwrap())
-        .read_line(&mut port)
-        .unwrap();
+    let port = child.lines.recv_timeout(Duration::from_secs(20)).unwrap();
     let addr: SocketAddr = format!("127.0.0.1:{}", port.trim()).parse().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let reply = loop {
-        // The listener exists before nodus starts: connections queue until it serves them.
-        if let Ok(mut s) = TcpStream::connect(addr) {
-            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-            s.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-                .unwrap();
-            break read_reply(&mut BufReader::new(s), false);
-        }
-        assert!(Instant::now() < deadline, "never connected");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let pid = rustix::process::Pid::from_raw(child.0.id() as i32).unwrap();
-    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-    let status = child.0.wait().unwrap();
+    // The listener exists before nodus starts: the connection queues until it serves it.
+    let reply = request(addr, "GET", "/hello.txt", &[]);
+    child.signal(rustix::process::Signal::TERM);
+    let code = child.wait_exit(Duration::from_secs(20));
     assert_eq!(reply.status, 200);
     assert_eq!(reply.body, b"hello, nodus\n");
-    assert_eq!(status.code(), Some(0));
+    assert_eq!(code, Some(0));
 }
 
 #[test]
@@ -594,23 +383,22 @@ fn the_service_manager_hears_ready_and_stopping() {
     manager
         .set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nodus"))
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .arg(dir.path())
-        .env("NOTIFY_SOCKET", &sock_path)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = Proc::spawn(
+        Command::new(NODUS)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .arg(dir.path())
+            .env("NOTIFY_SOCKET", &sock_path)
+            .stderr(Stdio::null()),
+    );
     let mut buf = [0u8; 256];
     let n = manager.recv(&mut buf).unwrap();
     let ready = String::from_utf8_lossy(&buf[..n]).into_owned();
-    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    child.signal(rustix::process::Signal::TERM);
     let n = manager.recv(&mut buf).unwrap();
     let stopping = String::from_utf8_lossy(&buf[..n]).into_owned();
-    let status = child.wait().unwrap();
+    let code = child.wait_exit(Duration::from_secs(20));
     let _ = std::fs::remove_file(&sock_path);
     assert!(ready.lines().any(|l| l == "READY=1"), "{ready:?}");
     assert!(stopping.lines().any(|l| l == "STOPPING=1"), "{stopping:?}");
-    assert_eq!(status.code(), Some(0));
+    assert_eq!(code, Some(0));
 }

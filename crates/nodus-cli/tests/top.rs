@@ -6,126 +6,69 @@
 //! (`{"workers": [...], "restarts", "budget_left", "generation"}`); each answer advances its
 //! counters by a known amount, so the rates `top` derives from two fetches are known exactly.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::proc::Proc;
+use common::serve::Serve;
+use common::{NODUS, TempDir, free_addr, http, installed};
 use nodus::metrics::{Histogram, HistogramSnapshot, PoolSnapshot, Snapshot, StallReport};
 use serde_json::Value;
 
-const NODUS: &str = env!("CARGO_BIN_EXE_nodus");
-
-/// A running `nodus serve` of an empty temporary directory on 127.0.0.1:0.
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-    dir: PathBuf,
+/// A temporary directory holding `index.html`, for `nodus serve`.
+fn site(tag: &str) -> TempDir {
+    let dir = TempDir::new(tag);
+    std::fs::write(dir.path().join("index.html"), "hello\n").unwrap();
+    dir
 }
 
-impl Server {
-    fn start(tag: &str) -> Server {
-        Server::start_with(tag, 1)
-    }
-
-    /// A real cluster: `nodus serve --workers 2`, waited for until both workers report.
-    fn cluster(tag: &str) -> (Server, Vec<u64>) {
-        let server = Server::start_with(tag, 2);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let stats: Value =
-                serde_json::from_slice(&get(server.addr, "/_nodus/stats")).unwrap_or_default();
-            let pids: Vec<u64> = stats["workers"]
-                .as_array()
-                .map(|ws| {
-                    ws.iter()
-                        .filter(|w| w["state"] == "ready" && !w["snapshot"].is_null())
-                        .filter_map(|w| w["pid"].as_u64())
-                        .collect()
-                })
-                .unwrap_or_default();
-            if pids.len() == 2 {
-                return (server, pids);
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the cluster never reported 2 workers: {stats}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
+/// A real cluster: `nodus serve --workers 2` of `dir`, waited for until both workers report;
+/// their pids.
+fn cluster(dir: &TempDir) -> (Serve, Vec<u64>) {
+    let server = Serve::start(dir.path(), 2, &[]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let stats: Value =
+            serde_json::from_slice(&get(server.addr, "/_nodus/stats")).unwrap_or_default();
+        let pids: Vec<u64> = stats["workers"]
+            .as_array()
+            .map(|ws| {
+                ws.iter()
+                    .filter(|w| w["state"] == "ready" && !w["snapshot"].is_null())
+                    .filter_map(|w| w["pid"].as_u64())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if pids.len() == 2 {
+            return (server, pids);
         }
-    }
-
-    fn start_with(tag: &str, workers: u32) -> Server {
-        let dir = std::env::temp_dir().join(format!("nodus-top-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("index.html"), "hello\n").unwrap();
-        let mut child = Command::new(NODUS)
-            .arg("serve")
-            .arg(&dir)
-            .args(["--listen", "127.0.0.1:0", "--workers", &workers.to_string()])
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let (tx, rx) = mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let addr = loop {
-            match rx.recv_timeout(Duration::from_secs(20)) {
-                Ok(line) => {
-                    if let Some(rest) = line.split("on http://").nth(1) {
-                        break rest.split('/').next().unwrap().parse().unwrap();
-                    }
-                }
-                Err(e) => {
-                    let _ = child.kill();
-                    panic!("nodus serve printed no startup line: {e}");
-                }
-            }
-        };
-        Server { child, addr, dir }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
+        assert!(
+            Instant::now() < deadline,
+            "the cluster never reported 2 workers: {stats}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// GET `path` (Connection: close); the body of a 200 response.
+/// GET `path`: the body of a 200 response, sent whole (not chunked).
 fn get(addr: SocketAddr, path: &str) -> Vec<u8> {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    let end = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-    let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
-    assert!(head.starts_with("http/1.1 200"), "{head}");
-    assert!(!head.contains("chunked"), "{head}");
-    raw[end + 4..].to_vec()
+    let reply = http::get(addr, path);
+    assert_eq!(reply.status, 200, "GET {path}");
+    assert_ne!(
+        reply.header("transfer-encoding"),
+        Some("chunked"),
+        "GET {path}"
+    );
+    reply.body
 }
 
 fn top_once(addr: &str, interval: &str) -> Output {
@@ -180,7 +123,8 @@ fn within(got: f64, want: f64, what: &str) {
 
 #[test]
 fn once_against_a_real_serve_shows_its_pid_and_its_figures() {
-    let server = Server::start("once");
+    let dir = site("once");
+    let server = Serve::start(dir.path(), 1, &[]);
     // Some traffic and a few seconds of uptime, so the figures are not all zero.
     for _ in 0..20 {
         get(server.addr, "/");
@@ -199,8 +143,8 @@ fn once_against_a_real_serve_shows_its_pid_and_its_figures() {
     let rows = worker_lines(&stdout);
     assert_eq!(rows.len(), 1, "{stdout}");
     let row = &rows[0];
-    assert_eq!(row[0], server.pid().to_string(), "{stdout}");
-    assert_eq!(stats["pid"].as_u64(), Some(server.pid() as u64));
+    assert_eq!(row[0], server.proc.id().to_string(), "{stdout}");
+    assert_eq!(stats["pid"].as_u64(), Some(server.proc.id() as u64));
     let uptime = parse_uptime(&row[col(&stdout, "UPTIME")]);
     within(
         uptime,
@@ -229,7 +173,8 @@ fn once_against_a_real_serve_shows_its_pid_and_its_figures() {
 
 #[test]
 fn once_against_a_real_two_worker_serve_shows_both_pids_and_their_figures() {
-    let (server, pids) = Server::cluster("once-cluster");
+    let dir = site("once-cluster");
+    let (server, pids) = cluster(&dir);
     for _ in 0..20 {
         get(server.addr, "/");
     }
@@ -452,18 +397,14 @@ fn once_against_a_two_worker_cluster_shows_both_pids_and_matching_figures() {
 
 #[test]
 fn once_against_an_unreachable_address_is_one_line_and_fails() {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let out = top_once(&format!("127.0.0.1:{port}"), "0.2");
+    let addr = free_addr();
+    let out = top_once(&addr.to_string(), "0.2");
     assert!(!out.status.success());
     assert!(out.stdout.is_empty());
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(
-        stderr.contains("cannot read") && stderr.contains(&port.to_string()),
+        stderr.contains("cannot read") && stderr.contains(&addr.port().to_string()),
         "{stderr}"
     );
     let out = top_once("https://127.0.0.1:1", "1");
@@ -506,7 +447,7 @@ fn open_pty(cols: u16, rows: u16) -> Pty {
 
 /// Runs `nodus top ADDR` on a fresh 80×24 pty; returns the child, the slave (kept open to read
 /// its modes afterwards) and everything the child writes.
-fn top_on_pty(addr: &str) -> (Child, std::fs::File, Arc<Mutex<Vec<u8>>>, std::fs::File) {
+fn top_on_pty(addr: &str) -> (Proc, std::fs::File, Arc<Mutex<Vec<u8>>>, std::fs::File) {
     let pty = open_pty(80, 24);
     let slave = std::fs::OpenOptions::new()
         .read(true)
@@ -528,7 +469,7 @@ fn top_on_pty(addr: &str) -> (Child, std::fs::File, Arc<Mutex<Vec<u8>>>, std::fs
             Ok(())
         });
     }
-    let child = cmd.spawn().unwrap();
+    let child = Proc::spawn(&mut cmd);
     let seen = Arc::new(Mutex::new(Vec::new()));
     let sink = Arc::clone(&seen);
     let mut reader = pty.master.try_clone().unwrap();
@@ -615,20 +556,6 @@ fn wait_for(seen: &Mutex<Vec<u8>>, what: &[&str]) -> Vec<String> {
     }
 }
 
-fn wait_exit(child: &mut Child) -> i32 {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status.code().unwrap_or(-1);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("nodus top did not exit");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// The alternate screen was entered and then left, and the line discipline is cooked again.
 fn assert_restored(seen: &Mutex<Vec<u8>>, slave: &std::fs::File) {
     std::thread::sleep(Duration::from_millis(200));
@@ -659,7 +586,8 @@ fn assert_restored(seen: &Mutex<Vec<u8>>, slave: &std::fs::File) {
 
 #[test]
 fn dashboard_on_an_80x24_terminal_shows_every_worker_and_q_restores_the_terminal() {
-    let (server, pids) = Server::cluster("pty-cluster");
+    let dir = site("pty-cluster");
+    let (server, pids) = cluster(&dir);
     let (mut child, mut master, seen, slave) = top_on_pty(&server.addr.to_string());
     let (a, b) = (pids[0].to_string(), pids[1].to_string());
     wait_for(&seen, &[&a, &b, "Pools", "Recent stalls", "q quit"]);
@@ -667,37 +595,29 @@ fn dashboard_on_an_80x24_terminal_shows_every_worker_and_q_restores_the_terminal
     master.write_all(b"\x1b[B\rsp").unwrap();
     wait_for(&seen, &["PAUSED", "esc all workers"]);
     master.write_all(b"q").unwrap();
-    assert_eq!(wait_exit(&mut child), 0);
+    assert_eq!(child.wait_exit(Duration::from_secs(10)), Some(0));
     assert_restored(&seen, &slave);
 }
 
 #[test]
 fn dashboard_ctrl_c_exits_0_and_restores_the_terminal() {
-    let server = Server::start("pty");
+    let dir = site("pty");
+    let server = Serve::start(dir.path(), 1, &[]);
     let (mut child, mut master, seen, slave) = top_on_pty(&server.addr.to_string());
-    wait_for(&seen, &[&server.pid().to_string(), "Process"]);
+    wait_for(&seen, &[&server.proc.id().to_string(), "Process"]);
     master.write_all(b"\x03").unwrap();
-    assert_eq!(wait_exit(&mut child), 0);
+    assert_eq!(child.wait_exit(Duration::from_secs(10)), Some(0));
     assert_restored(&seen, &slave);
 }
 
 #[test]
 fn admin_page_in_headless_chromium_fills_the_worker_rows() {
-    let Some(chromium) = ["chromium", "chromium-browser"].into_iter().find(|c| {
-        Command::new(c)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    }) else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI needs chromium (.ci/run installs it)"
-        );
-        println!("skipped: chromium is not installed");
+    let Some(chromium) = installed(&["chromium", "chromium-browser"]) else {
         return;
     };
-    let (server, pids) = Server::cluster("chromium");
-    let profile = std::env::temp_dir().join(format!("nodus-top-chromium-{}", std::process::id()));
+    let dir = site("chromium");
+    let (server, pids) = cluster(&dir);
+    let profile = TempDir::new("chromium-profile");
     let out = Command::new(chromium)
         .args([
             "--headless",
@@ -710,12 +630,11 @@ fn admin_page_in_headless_chromium_fills_the_worker_rows() {
             "--virtual-time-budget=3000",
             "--dump-dom",
         ])
-        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(format!("--user-data-dir={}", profile.path().display()))
         .arg(format!("http://{}/_nodus/", server.addr))
         .stderr(Stdio::null())
         .output()
         .unwrap();
-    let _ = std::fs::remove_dir_all(&profile);
     let dom = String::from_utf8_lossy(&out.stdout);
     // One row per worker of the cluster, each with its utilization.
     for pid in pids {
@@ -733,8 +652,7 @@ fn dashboard_sigterm_exits_0_and_restores_the_terminal() {
     let (addr, _) = fake_cluster();
     let (mut child, _master, seen, slave) = top_on_pty(&addr.to_string());
     wait_for(&seen, &["Workers (2)"]);
-    // SAFETY: a plain kill(2) of our own child.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
-    assert_eq!(wait_exit(&mut child), 0);
+    child.signal(rustix::process::Signal::TERM);
+    assert_eq!(child.wait_exit(Duration::from_secs(10)), Some(0));
     assert_restored(&seen, &slave);
 }

@@ -3,26 +3,18 @@
 //! socket-list replies, malformed and oversized frames, backpressure, disconnect. Every test
 //! bounded in time.
 
+mod common;
+
 use std::collections::VecDeque;
-use std::future::Future;
 use std::io::IoSliceMut;
 use std::mem::MaybeUninit;
 use std::os::fd::OwnedFd;
-use std::time::Duration;
 
+use common::{bounded, cloexec};
 use nodus::ipc::{Channel, ChannelOptions, FrameError, HIGH_WATER, IpcError, SendHandle};
 use nodus::net::{TcpListener, TcpStream, UnixStream};
 use nodus::{Runtime, spawn};
 use serde::Serialize;
-
-fn bounded<F: Future>(f: F) -> F::Output {
-    let rt = Runtime::new();
-    rt.block_on(async {
-        nodus::timeout(Duration::from_secs(20), f)
-            .await
-            .expect("test timed out")
-    })
-}
 
 /// Two connected channels.
 fn pair() -> (Channel, Channel) {
@@ -112,12 +104,6 @@ impl Raw {
 
 fn is_listener(fd: &OwnedFd) -> bool {
     socket2::SockRef::from(fd).is_listener().unwrap()
-}
-
-fn cloexec(fd: &impl std::os::fd::AsFd) -> bool {
-    rustix::io::fcntl_getfd(fd)
-        .unwrap()
-        .contains(rustix::io::FdFlags::CLOEXEC)
 }
 
 #[derive(Serialize)]

@@ -1,45 +1,25 @@
 //! Interop with real Node over the IPC channel, both ways, plus the `ipc_echo` example forked by a
 //! nodus parent. The Node scripts are in `tests/ipc/`.
 //!
-//! Without `node` on `PATH`, the Node tests print "skipped: node not found" and pass, unless `CI`
-//! is set: then they fail (`.ci/run` installs Node). The `ipc_echo` binary is the example built by
+//! Without `node`, the Node tests print "skipped: node is not installed" and pass, unless `CI` is
+//! set: then they fail (`.ci/run` installs Node). The `ipc_echo` binary is the example built by
 //! `cargo test`; if it is missing (`cargo test --tests`), it is built first.
+
+mod common;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use nodus::Runtime;
+use common::net::read_to_end;
+use common::{bounded_for, have};
 use nodus::net::{TcpListener, TcpStream, UnixStream};
 use nodus::process::{Command, ExecOptions, Stdio, exec_file, fork};
 use serde::Serialize;
 
+/// 60 s: longer than the 30 s `exec_file` timeout inside a test, so that one reports first.
 fn bounded<F: Future>(f: F) -> F::Output {
-    let rt = Runtime::new();
-    rt.block_on(async {
-        nodus::timeout(Duration::from_secs(60), f)
-            .await
-            .expect("test timed out")
-    })
-}
-
-/// The `node` binary, or `None` (after saying so) when it is missing and `CI` is not set.
-fn node() -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join("node"))
-            .find(|p| p.is_file())
-    });
-    match found {
-        Some(p) => Some(p),
-        None if std::env::var_os("CI").is_some() => {
-            panic!("node not found and CI is set: .ci/run must install Node")
-        }
-        None => {
-            println!("skipped: node not found");
-            None
-        }
-    }
+    bounded_for(Duration::from_secs(60), f)
 }
 
 fn script(name: &str) -> PathBuf {
@@ -75,14 +55,7 @@ fn ipc_echo() -> PathBuf {
 }
 
 async fn read_all(s: &TcpStream) -> String {
-    let mut out = Vec::new();
-    let mut buf = [0u8; 1024];
-    loop {
-        match s.read(&mut buf).await.unwrap() {
-            0 => return String::from_utf8(out).unwrap(),
-            n => out.extend_from_slice(&buf[..n]),
-        }
-    }
+    String::from_utf8(read_to_end(s).await).unwrap()
 }
 
 #[derive(Serialize)]
@@ -94,9 +67,11 @@ struct Hello {
 
 #[test]
 fn a_nodus_parent_forks_a_node_child_and_passes_sockets() {
-    let Some(node) = node() else { return };
+    if !have("node") {
+        return;
+    }
     bounded(async move {
-        let (child, ch) = fork(&node, [script("child.js")]).unwrap();
+        let (child, ch) = fork("node", [script("child.js")]).unwrap();
         let ready = ch.recv().await.unwrap().unwrap();
         assert_eq!(
             ready.json(),
@@ -147,14 +122,16 @@ fn a_nodus_parent_forks_a_node_child_and_passes_sockets() {
 
 #[test]
 fn a_node_parent_forks_a_nodus_child_and_passes_a_server() {
-    let Some(node) = node() else { return };
+    if !have("node") {
+        return;
+    }
     let echo = ipc_echo();
     bounded(async move {
         let opts = ExecOptions {
             timeout: Some(Duration::from_secs(30)),
             ..Default::default()
         };
-        let out = exec_file(&node, [script("parent.js"), echo], &opts).await;
+        let out = exec_file("node", [script("parent.js"), echo], &opts).await;
         let out = out.unwrap_or_else(|e| {
             panic!(
                 "{e}\nstdout: {}\nstderr: {}",
@@ -169,11 +146,13 @@ fn a_node_parent_forks_a_nodus_child_and_passes_a_server() {
 
 #[test]
 fn a_node_parent_using_advanced_serialization_gets_a_clear_error() {
-    let Some(node) = node() else { return };
+    if !have("node") {
+        return;
+    }
     let echo = ipc_echo();
     bounded(async move {
         let out = exec_file(
-            &node,
+            "node",
             [script("advanced.js"), echo],
             &ExecOptions::default(),
         )

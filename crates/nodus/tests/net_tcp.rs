@@ -1,60 +1,24 @@
 //! `nodus::net` TCP: echo, concurrency, half-close, close callbacks, ref/unref, errors, fd
 //! conversions, SO_REUSEPORT and backpressure. 127.0.0.1 only; every test bounded in time.
 
+mod common;
+
 use std::cell::{Cell, RefCell};
-use std::future::{Future, poll_fn};
+use std::future::poll_fn;
 use std::io::{IoSlice, Write};
 use std::net::{Shutdown, SocketAddr};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use common::net::{echo, read_to_end};
+use common::{bounded, cloexec};
 use futures_io::AsyncWrite;
 use nodus::net::{ListenOptions, TcpListener, TcpStream};
 use nodus::{Runtime, next_tick, set_immediate, set_timeout, sleep, spawn, yield_now};
 
 type Trace = Rc<RefCell<Vec<&'static str>>>;
-
-/// Runs `f` on a fresh loop, failing the test if it takes more than 20 s.
-fn bounded<F: Future>(f: F) -> F::Output {
-    let rt = Runtime::new();
-    rt.block_on(async {
-        nodus::timeout(Duration::from_secs(20), f)
-            .await
-            .expect("test timed out")
-    })
-}
-
-async fn read_to_end(s: &TcpStream) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        let n = s.read(&mut buf).await.unwrap();
-        if n == 0 {
-            return out;
-        }
-        out.extend_from_slice(&buf[..n]);
-    }
-}
-
-/// Echoes until EOF, then closes.
-async fn echo(s: TcpStream) {
-    let mut buf = [0u8; 4096];
-    loop {
-        let n = s.read(&mut buf).await.unwrap();
-        if n == 0 {
-            return;
-        }
-        s.write_all(&buf[..n]).await.unwrap();
-    }
-}
-
-fn cloexec(fd: impl AsFd) -> bool {
-    rustix::io::fcntl_getfd(fd)
-        .unwrap()
-        .contains(rustix::io::FdFlags::CLOEXEC)
-}
 
 /// A port nothing listens on (bound then released).
 fn closed_port() -> SocketAddr {

@@ -1,30 +1,16 @@
 //! `nodus::net::UdpSocket`: datagram round trips, connected sockets, close callbacks,
 //! ref/unref, errors and fd conversions. 127.0.0.1 only; every test bounded in time.
 
+mod common;
+
 use std::cell::{Cell, RefCell};
-use std::future::Future;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use common::{bounded, cloexec};
 use nodus::net::UdpSocket;
 use nodus::{Runtime, set_immediate, set_timeout, spawn};
-
-/// Runs `f` on a fresh loop, failing the test if it takes more than 20 s.
-fn bounded<F: Future>(f: F) -> F::Output {
-    let rt = Runtime::new();
-    rt.block_on(async {
-        nodus::timeout(Duration::from_secs(20), f)
-            .await
-            .expect("test timed out")
-    })
-}
-
-fn cloexec(fd: impl AsFd) -> bool {
-    rustix::io::fcntl_getfd(fd)
-        .unwrap()
-        .contains(rustix::io::FdFlags::CLOEXEC)
-}
 
 #[test]
 fn send_to_and_recv_from_round_trip() {

@@ -2,62 +2,27 @@
 //! callbacks and path unlinking, ref/unref, errors, fd conversions and backpressure. Every test
 //! bounded in time.
 
+mod common;
+
 use std::cell::{Cell, RefCell};
-use std::future::{Future, poll_fn};
-use std::os::fd::{AsFd, OwnedFd};
+use std::future::poll_fn;
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use common::net::{echo, read_to_end};
+use common::{bounded, cloexec};
 use futures_io::AsyncWrite;
 use nodus::net::{UnixListener, UnixStream};
 use nodus::{Runtime, set_immediate, set_timeout, sleep, spawn, yield_now};
-
-/// Runs `f` on a fresh loop, failing the test if it takes more than 20 s.
-fn bounded<F: Future>(f: F) -> F::Output {
-    let rt = Runtime::new();
-    rt.block_on(async {
-        nodus::timeout(Duration::from_secs(20), f)
-            .await
-            .expect("test timed out")
-    })
-}
 
 /// A fresh socket path for this test (removed first, in case an earlier run left it).
 fn sock_path(name: &str) -> PathBuf {
     let p = std::env::temp_dir().join(format!("nodus-{}-{name}.sock", std::process::id()));
     let _ = std::fs::remove_file(&p);
     p
-}
-
-fn cloexec(fd: impl AsFd) -> bool {
-    rustix::io::fcntl_getfd(fd)
-        .unwrap()
-        .contains(rustix::io::FdFlags::CLOEXEC)
-}
-
-async fn read_to_end(s: &UnixStream) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        let n = s.read(&mut buf).await.unwrap();
-        if n == 0 {
-            return out;
-        }
-        out.extend_from_slice(&buf[..n]);
-    }
-}
-
-async fn echo(s: UnixStream) {
-    let mut buf = [0u8; 4096];
-    loop {
-        let n = s.read(&mut buf).await.unwrap();
-        if n == 0 {
-            return;
-        }
-        s.write_all(&buf[..n]).await.unwrap();
-    }
 }
 
 #[test]

@@ -2,41 +2,16 @@
 //! child, from a nodus child through `notify()`, and from this process (oversized, non-UTF-8,
 //! with fds attached). Every test bounded in time.
 
-use std::future::Future;
+mod common;
+
 use std::io::IoSlice;
 use std::os::fd::AsFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
-use std::time::Duration;
 
-use nodus::Runtime;
+use common::{bounded, have};
 use nodus::notify::{NotifyMessage, NotifySocket};
 use nodus::process::{Command, Stdio};
-
-fn bounded<F: Future>(f: F) -> F::Output {
-    let rt = Runtime::new();
-    rt.block_on(async {
-        nodus::timeout(Duration::from_secs(30), f)
-            .await
-            .expect("test timed out")
-    })
-}
-
-/// Whether `python3` runs. Without it a test skips, unless `CI` is set: then it fails.
-fn have_python3() -> bool {
-    let ok = std::process::Command::new("python3")
-        .args(["-c", "pass"])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        ok || std::env::var_os("CI").is_none(),
-        "python3 is needed by this test (CI is set)"
-    );
-    if !ok {
-        eprintln!("skipped: no python3");
-    }
-    ok
-}
 
 fn address_of(socket: &NotifySocket) -> SocketAddr {
     let name = socket
@@ -84,7 +59,7 @@ fn names_are_unique_and_abstract() {
 
 #[test]
 fn a_python_child_notifies_through_notify_socket() {
-    if !have_python3() {
+    if !have("python3") {
         return;
     }
     bounded(async {

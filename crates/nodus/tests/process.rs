@@ -4,26 +4,19 @@
 //! after them), and output copied line by line behind a prefix.
 //! Every test bounded in time.
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::{bounded, have};
 use nodus::process::output::{Sink, prefix_lines};
 use nodus::process::{Command, ExecErrorKind, ExecOptions, Stdio, exec, exec_file};
 use nodus::signal::{SIGKILL, SIGTERM};
 use nodus::{Runtime, spawn};
-
-fn bounded<F: Future>(f: F) -> F::Output {
-    let rt = Runtime::new();
-    rt.block_on(async {
-        nodus::timeout(Duration::from_secs(30), f)
-            .await
-            .expect("test timed out")
-    })
-}
 
 fn state_of(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -314,22 +307,6 @@ fn exec_timeout_kills_the_child() {
     });
 }
 
-/// Whether `python3` runs. Without it a test skips, unless `CI` is set: then it fails.
-fn have_python3() -> bool {
-    let ok = std::process::Command::new("python3")
-        .args(["-c", "pass"])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        ok || std::env::var_os("CI").is_none(),
-        "python3 is needed by this test (CI is set)"
-    );
-    if !ok {
-        eprintln!("skipped: no python3");
-    }
-    ok
-}
-
 fn listener() -> (std::net::SocketAddr, OwnedFd) {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     (l.local_addr().unwrap(), l.into())
@@ -454,7 +431,7 @@ fn many_passed_fds_keep_exec_errors_and_the_parent_fds() {
 
 #[test]
 fn a_passed_listener_accepts_in_each_child_and_stays_open_here() {
-    if !have_python3() {
+    if !have("python3") {
         return;
     }
     bounded(async {

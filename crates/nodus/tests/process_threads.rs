@@ -2,20 +2,10 @@
 //! through pidfds on the reactor, not a thread (or a `waitpid` loop) per child. Alone in its test
 //! binary, so no other test's threads come and go while it counts.
 
-use std::future::Future;
-use std::time::Duration;
+mod common;
 
-use nodus::Runtime;
+use common::bounded;
 use nodus::process::{Command, Stdio};
-
-fn bounded<F: Future>(f: F) -> F::Output {
-    let rt = Runtime::new();
-    rt.block_on(async {
-        nodus::timeout(Duration::from_secs(30), f)
-            .await
-            .expect("test timed out")
-    })
-}
 
 fn threads() -> usize {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();

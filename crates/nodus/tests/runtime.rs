@@ -272,6 +272,44 @@ fn hooks_pending_and_run_modes() {
 }
 
 #[test]
+fn ref_and_unref_count_once_per_transition() {
+    let rt = Runtime::new();
+    let ran = Rc::new(Cell::new(false));
+    let r = ran.clone();
+    let (timer, immediate, hook) = rt.enter(|| {
+        let timer = set_timeout(60_000, || unreachable!());
+        let immediate = set_immediate(move || r.set(true));
+        (timer, immediate, rt::prepare(|| {}))
+    });
+    rt.enter(|| {
+        for _ in 0..2 {
+            timer.unref();
+            immediate.unref();
+            hook.unref();
+        }
+        assert!(!timer.has_ref() && !immediate.has_ref() && !hook.has_ref());
+        for _ in 0..2 {
+            timer.ref_();
+            immediate.ref_();
+            hook.ref_();
+        }
+        assert!(timer.has_ref() && immediate.has_ref() && hook.has_ref());
+        timer.unref();
+        hook.unref();
+    });
+    // Only the immediate is ref'd: once it ran, nothing keeps the loop alive.
+    assert!(
+        !rt.run_nowait(),
+        "a repeated ref or unref was counted twice"
+    );
+    assert!(ran.get());
+    rt.enter(|| {
+        timer.clear();
+        hook.stop();
+    });
+}
+
+#[test]
 fn stop_ends_run_after_the_current_iteration() {
     let rt = Runtime::new();
     let n = Rc::new(Cell::new(0));

@@ -204,6 +204,16 @@ impl Core {
         self.refs.set(self.refs.get() - 1);
     }
 
+    /// Sets a handle's `refd` flag to `on`, counting a change (and only a change) in the refs.
+    #[inline]
+    pub(crate) fn set_refd(&self, refd: &mut bool, on: bool) {
+        match (std::mem::replace(refd, on), on) {
+            (false, true) => self.ref_handle(),
+            (true, false) => self.unref_handle(),
+            _ => {}
+        }
+    }
+
     /// Whether anything ref'd can still produce work: Node's exit rule.
     pub(crate) fn alive(&self) -> bool {
         self.refs.get() > 0

@@ -145,20 +145,12 @@ impl HookHandle {
 
     /// The hook no longer keeps the loop alive.
     pub fn unref(&self) {
-        self.with_hook(|core, h| {
-            if std::mem::replace(&mut h.refd, false) {
-                core.unref_handle();
-            }
-        });
+        self.with_hook(|core, h| core.set_refd(&mut h.refd, false));
     }
 
     /// The hook keeps the loop alive again (the default).
     pub fn ref_(&self) {
-        self.with_hook(|core, h| {
-            if !std::mem::replace(&mut h.refd, true) {
-                core.ref_handle();
-            }
-        });
+        self.with_hook(|core, h| core.set_refd(&mut h.refd, true));
     }
 
     pub fn has_ref(&self) -> bool {

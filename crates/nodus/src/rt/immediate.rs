@@ -101,17 +101,8 @@ impl Immediate {
     #[track_caller]
     fn set_ref(&self, on: bool) {
         self.on_core("Immediate::ref/unref", |core| {
-            let changed = {
-                let mut check = core.check.borrow_mut();
-                let Some(e) = check.immediate_mut(self.key, self.id) else {
-                    return;
-                };
-                std::mem::replace(&mut e.refd, on) != on
-            };
-            match (changed, on) {
-                (true, true) => core.ref_handle(),
-                (true, false) => core.unref_handle(),
-                _ => {}
+            if let Some(e) = core.check.borrow_mut().immediate_mut(self.key, self.id) {
+                core.set_refd(&mut e.refd, on);
             }
         });
     }

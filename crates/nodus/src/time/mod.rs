@@ -152,17 +152,8 @@ impl Timer {
     #[track_caller]
     fn set_ref(&self, on: bool) {
         self.on_core("Timer::ref/unref", |core| {
-            let changed = {
-                let mut timers = core.timers.borrow_mut();
-                let Some(e) = timers.get_mut(self.key) else {
-                    return;
-                };
-                std::mem::replace(&mut e.refd, on) != on
-            };
-            match (changed, on) {
-                (true, true) => core.ref_handle(),
-                (true, false) => core.unref_handle(),
-                _ => {}
+            if let Some(e) = core.timers.borrow_mut().get_mut(self.key) {
+                core.set_refd(&mut e.refd, on);
             }
         });
     }

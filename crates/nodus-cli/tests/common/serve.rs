@@ -1,0 +1,37 @@
+//! A running `nodus serve` on 127.0.0.1 port 0, its address read from its startup line.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use super::NODUS;
+use super::proc::Proc;
+
+pub struct Serve {
+    /// Stopped by PID on drop; its stderr lines (`RUST_LOG=info`) are `proc.lines`.
+    pub proc: Proc,
+    pub addr: SocketAddr,
+}
+
+impl Serve {
+    /// `nodus serve DIR --listen 127.0.0.1:0 --workers WORKERS EXTRA...`, once it listens.
+    pub fn start(dir: &Path, workers: u32, extra: &[&str]) -> Serve {
+        let mut proc = Proc::spawn(
+            Command::new(NODUS)
+                .arg("serve")
+                .arg(dir)
+                .args(["--listen", "127.0.0.1:0", "--workers", &workers.to_string()])
+                .args(extra)
+                .env("RUST_LOG", "info")
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped()),
+        );
+        let line = proc.wait_line("on http://");
+        let addr = line
+            .split("on http://")
+            .nth(1)
+            .and_then(|rest| rest.split('/').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no address in the startup line {line:?}"));
+        Serve { proc, addr }
+    }
+}
