@@ -5,6 +5,7 @@
 //! cargo run --release -p nodus-http --example cluster -- \
 //!     --workers 2 --policy rr --listen 127.0.0.1:8080 [--events FILE] \
 //!     [--slow-worker ID --slow-ms MS] [--crash-after-ms MS] [--max-restarts R --restart-window SECS]
+//!     [--hold-worker ID --hold-ms MS]
 //! ```
 //!
 //! Worker side: [`Worker::listen`] gets the listener from the primary, the server reports its
@@ -13,6 +14,9 @@
 //! `--slow-worker ID --slow-ms MS` makes worker ID answer after MS milliseconds (to see `least`
 //! steer connections away from it). `--crash-after-ms MS` makes every worker exit with code 1
 //! MS milliseconds after it started (0: at once, before listening), to watch the restart budget.
+//! `--hold-worker ID --hold-ms MS` makes worker ID take connections but serve none: it holds
+//! them for MS milliseconds, then closes its listener and stays up; a nodus primary gets what it
+//! held back and gives it to the other workers.
 //! SIGTERM/SIGINT to the primary drain everything; SIGHUP is a
 //! rolling reload. Every response names its worker in `X-Worker`; logs go to stderr
 //! (`RUST_LOG`, default `info`).
@@ -36,6 +40,8 @@ struct Args {
     crash_after: Option<Duration>,
     max_restarts: Option<u32>,
     restart_window: Option<Duration>,
+    hold_worker: Option<u32>,
+    hold: Duration,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -49,6 +55,8 @@ fn parse_args() -> Result<Args, String> {
         crash_after: None,
         max_restarts: None,
         restart_window: None,
+        hold_worker: None,
+        hold: Duration::from_millis(1000),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -86,6 +94,12 @@ fn parse_args() -> Result<Args, String> {
                 args.restart_window = Some(Duration::from_secs_f64(
                     value()?.parse().map_err(|e| format!("{e}"))?,
                 ))
+            }
+            "--hold-worker" => {
+                args.hold_worker = Some(value()?.parse().map_err(|e| format!("{e}"))?)
+            }
+            "--hold-ms" => {
+                args.hold = Duration::from_millis(value()?.parse().map_err(|e| format!("{e}"))?)
             }
             other => return Err(format!("unknown argument {other}")),
         }
@@ -172,6 +186,13 @@ async fn run_worker(worker: Worker, args: Args) -> i32 {
             return 1;
         }
     };
+    if args.hold_worker == Some(worker.id()) {
+        worker.ready();
+        nodus::sleep(args.hold).await;
+        drop(listener);
+        worker.drain_requested().await;
+        return 0;
+    }
     worker.set_snapshot(nodus_http::snapshot);
     let delay = (args.slow_worker == Some(worker.id())).then_some(args.slow);
     let id = HeaderValue::from(worker.id());

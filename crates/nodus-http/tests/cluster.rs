@@ -143,6 +143,33 @@ fn a_worker_killed_under_load_is_replaced_and_the_service_keeps_answering() {
 }
 
 #[test]
+fn connections_a_worker_held_when_its_listener_closed_are_served_by_another() {
+    let _x = exclusive();
+    // Worker 1 takes its share of connections for a second without serving them, then closes
+    // its listener: what it held goes back to the primary, and on to worker 2.
+    let c = Cluster::start(2, "rr", &["--hold-worker", "1", "--hold-ms", "1000"]);
+    let load = Load::start(c.addr(), 0, 8);
+    std::thread::sleep(Duration::from_millis(2000));
+    let tally = load.finish();
+    assert!(
+        tally.failures.is_empty(),
+        "{} failed requests of {}: {:?}\n{}",
+        tally.failures.len(),
+        tally.ok + tally.failures.len() as u64,
+        tally.failures,
+        c.stderr()
+    );
+    assert!(tally.ok > 0);
+    assert_eq!(tally.by_worker.get(&1), None, "{:?}", tally.by_worker);
+    let after = forty_requests(&c);
+    assert_eq!(
+        after.get(&2),
+        Some(&40),
+        "only worker 2 listens now: {after:?}"
+    );
+}
+
+#[test]
 fn rolling_reloads_under_load_replace_every_worker_without_a_failed_request() {
     rolling_reloads_under_load("rr");
 }

@@ -28,6 +28,7 @@ use std::future::poll_fn;
 use std::io;
 use std::net::SocketAddr;
 use std::ops::Deref;
+use std::os::fd::OwnedFd;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -35,9 +36,11 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use super::protocol::{Ack, Act, CloseKey, Incoming, NODE_CLUSTER, Nodus, QueryServer};
+use super::protocol::{
+    Ack, Act, CloseKey, Incoming, NODE_CLUSTER, NODE_NODUS, NewConns, Nodus, QueryServer,
+};
 use super::reply::ReplySlot;
-use crate::ipc::{Channel, Handle, Message};
+use crate::ipc::{Channel, Handle, MAX_FDS_PER_FRAME, Message};
 use crate::metrics::Snapshot;
 use crate::net::{TcpListener, TcpStream};
 
@@ -76,6 +79,8 @@ struct Shared {
     exit_ack: RefCell<Option<(u64, ReplySlot<()>)>>,
     /// The newest `newconns` batch taken and not yet answered (the `took` goes out once per turn).
     took: Cell<Option<u64>>,
+    /// The primary is a nodus primary (it sent `newconns`): connections can be given back.
+    nodus_primary: Cell<bool>,
 }
 
 /// Open-connection accounting for the `least` policy.
@@ -137,6 +142,7 @@ impl Worker {
                 snapshot: RefCell::new(Box::new(crate::metrics::snapshot)),
                 exit_ack: RefCell::new(None),
                 took: Cell::new(None),
+                nodus_primary: Cell::new(false),
             }),
         };
         worker.send_cluster(|seq| Act {
@@ -457,6 +463,7 @@ impl Worker {
     /// A batch from a nodus primary: its fds are non-blocking TCP streams, in `peers` order.
     fn on_newconns(&self, m: &Incoming<'_>, handles: Vec<Handle>) {
         let Some(seq) = m.seq else { return };
+        self.sh.nodus_primary.set(true);
         let queue = m
             .key
             .as_ref()
@@ -517,6 +524,33 @@ impl Worker {
                 self.queue_load_report();
             }
             _ => {}
+        }
+    }
+
+    /// Gives connections taken for `key` but never accepted back to a nodus primary, which hands
+    /// them to other workers (a Node primary cannot take them: they close).
+    fn give_back(&self, key: &str, conns: Vec<(TcpStream, Option<SocketAddr>)>) {
+        if !self.sh.nodus_primary.get() {
+            return;
+        }
+        let mut rest = conns.into_iter().peekable();
+        while rest.peek().is_some() {
+            let (streams, peers): (Vec<TcpStream>, Vec<Option<SocketAddr>>) =
+                rest.by_ref().take(MAX_FDS_PER_FRAME).unzip();
+            let msg = NewConns {
+                cmd: NODE_NODUS,
+                act: "returned",
+                key,
+                seq: self.next_seq(),
+                peers: &peers,
+            };
+            let fds = streams
+                .into_iter()
+                .map(|s| Rc::new(OwnedFd::from(s.into_std())))
+                .collect();
+            if let Err(e) = self.sh.channel.send_fds(&msg, fds) {
+                tracing::warn!(target: "nodus::cluster", "cannot give connections back: {e}");
+            }
         }
     }
 
@@ -672,10 +706,6 @@ impl Listener {
 impl Drop for Listener {
     /// Tells the primary this worker no longer listens on the key (Node's `act: 'close'`).
     fn drop(&mut self) {
-        if let Kind::RoundRobin(queue, _) = &self.kind {
-            queue.close();
-            self.worker.sh.rr.borrow_mut().remove(&self.key);
-        }
         let key = self.key.clone();
         self.worker.send_cluster(|seq| CloseKey {
             cmd: NODE_CLUSTER,
@@ -683,6 +713,16 @@ impl Drop for Listener {
             key: &key,
             seq,
         });
+        if let Kind::RoundRobin(queue, _) = &self.kind {
+            queue.close();
+            self.worker.sh.rr.borrow_mut().remove(&self.key);
+            // After the `close`: the primary no longer counts this worker in when it
+            // hands these out again.
+            let queued: Vec<_> = queue.conns.borrow_mut().drain(..).collect();
+            if !queued.is_empty() {
+                self.worker.give_back(&key, queued);
+            }
+        }
     }
 }
 

@@ -143,7 +143,7 @@ impl Proc {
             crate::task::spawn_named("cluster:primary", async move {
                 let channel = p.channel.as_ref().expect("checked");
                 while let Some(msg) = channel.recv_internal().await {
-                    on_internal(&s, &p, &msg);
+                    on_internal(&s, &p, msg);
                 }
                 s.emit(Some(&p), EventKind::Disconnect);
             })
@@ -257,12 +257,18 @@ pub(super) fn mark_ready(st: &Rc<State>, proc: &Rc<Proc>) {
     supervise::on_ready(st, proc);
 }
 
-fn on_internal(st: &Rc<State>, proc: &Rc<Proc>, msg: &Message) {
+fn on_internal(st: &Rc<State>, proc: &Rc<Proc>, mut msg: Message) {
+    let handles = msg.take_handles();
     let Some(m) = Incoming::parse(msg.json()) else {
         return;
     };
     if m.is_nodus() {
-        on_nodus(st, proc, &m);
+        if let (Some("returned"), Some(key)) = (m.act, &m.key) {
+            let fds = handles.into_iter().map(|h| h.into_owned_fd()).collect();
+            server::on_returned(st, key, fds, m.peers.as_deref().unwrap_or_default());
+        } else {
+            on_nodus(st, proc, &m);
+        }
         return;
     }
     if !m.is_cluster() {

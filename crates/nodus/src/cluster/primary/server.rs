@@ -391,9 +391,34 @@ pub(super) fn refused(st: &Rc<State>, proc: &Rc<Proc>, ack: u64) {
     let Some(h) = proc.pending.remove(ack) else {
         return;
     };
+    tracing::debug!(target: "nodus::cluster", "worker {} refused {} connections", proc.slot, h.conns.len());
     h.server.remove_member(proc);
     dispatch(st, &h.server, h.conns);
     h.server.wake_accept();
+}
+
+/// A worker gave back connections it had taken but not served (its listener for `key` closed
+/// with them queued): they go to the other workers.
+pub(super) fn on_returned(
+    st: &Rc<State>,
+    key: &str,
+    fds: Vec<OwnedFd>,
+    peers: &[Option<SocketAddr>],
+) {
+    let Some(server) = st.servers.borrow().get(key).cloned() else {
+        return;
+    };
+    tracing::debug!(target: "nodus::cluster", "{} connections given back for {key}", fds.len());
+    let conns = fds
+        .into_iter()
+        .enumerate()
+        .map(|(i, fd)| Conn {
+            fd: Rc::new(fd),
+            peer: peers.get(i).copied().flatten(),
+        })
+        .collect();
+    dispatch(st, &server, conns);
+    server.wake_accept();
 }
 
 /// Gives back every connection `proc` had not taken (it died) to the other workers.
