@@ -20,7 +20,8 @@
 //!   disconnect of our own (the primary died) exits the process with code 0, as Node's workers
 //!   do; `PR_SET_PDEATHSIG` set by a nodus primary covers a worker whose loop is stuck.
 //! - Open connections are counted (for the `least` policy) only when the primary asks for load
-//!   reports; reports are coalesced to one message per loop turn.
+//!   reports; reports are coalesced to one message per loop turn, riding on that turn's `took`
+//!   when there is one.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
@@ -79,6 +80,8 @@ struct Shared {
     exit_ack: RefCell<Option<(u64, ReplySlot<()>)>>,
     /// The newest `newconns` batch taken and not yet answered (the `took` goes out once per turn).
     took: Cell<Option<u64>>,
+    /// A report (`took`, `load`) goes out at the end of this turn.
+    report_queued: Cell<bool>,
     /// The primary is a nodus primary (it sent `newconns`): connections can be given back.
     nodus_primary: Cell<bool>,
 }
@@ -88,7 +91,8 @@ struct Load {
     reporting: Cell<bool>,
     open: Cell<u64>,
     accepted: Cell<u64>,
-    report_queued: Cell<bool>,
+    /// Open connections changed since the last report.
+    changed: Cell<bool>,
 }
 
 impl Worker {
@@ -135,13 +139,14 @@ impl Worker {
                     reporting: Cell::new(false),
                     open: Cell::new(0),
                     accepted: Cell::new(0),
-                    report_queued: Cell::new(false),
+                    changed: Cell::new(false),
                 },
                 stats: RefCell::default(),
                 next_request: Cell::new(1),
                 snapshot: RefCell::new(Box::new(crate::metrics::snapshot)),
                 exit_ack: RefCell::new(None),
                 took: Cell::new(None),
+                report_queued: Cell::new(false),
                 nodus_primary: Cell::new(false),
             }),
         };
@@ -488,17 +493,8 @@ impl Worker {
             }
         }
         queue.wake();
-        if self.sh.took.replace(Some(seq)).is_none() {
-            let w = self.clone();
-            crate::set_immediate(move || {
-                if let Some(ack) = w.sh.took.take() {
-                    let mut took = Nodus::act("took");
-                    took.ack = Some(ack);
-                    w.send_nodus(&took);
-                }
-            })
-            .unref();
-        }
+        self.sh.took.set(Some(seq));
+        self.queue_report();
     }
 
     fn on_nodus(&self, m: &Incoming<'_>) {
@@ -568,17 +564,31 @@ impl Worker {
     }
 
     fn queue_load_report(&self) {
-        let load = &self.sh.load;
-        if !load.reporting.get() || load.report_queued.replace(true) {
+        if self.sh.load.reporting.get() {
+            self.sh.load.changed.set(true);
+            self.queue_report();
+        }
+    }
+
+    /// Sends, once per loop turn, what changed in it: a `took` for the batches taken (with the
+    /// load when that changed too), or a `load` report alone.
+    fn queue_report(&self) {
+        if self.sh.report_queued.replace(true) {
             return;
         }
         let w = self.clone();
         crate::set_immediate(move || {
-            let load = &w.sh.load;
-            load.report_queued.set(false);
-            let mut msg = Nodus::act("load");
-            msg.conns = Some(load.open.get());
-            msg.accepted_total = Some(load.accepted.get());
+            let (sh, load) = (&w.sh, &w.sh.load);
+            sh.report_queued.set(false);
+            let took = sh.took.take();
+            let mut msg = Nodus::act(if took.is_some() { "took" } else { "load" });
+            msg.ack = took;
+            if load.changed.replace(false) {
+                msg.conns = Some(load.open.get());
+                msg.accepted_total = Some(load.accepted.get());
+            } else if took.is_none() {
+                return;
+            }
             w.send_nodus(&msg);
         })
         .unref();

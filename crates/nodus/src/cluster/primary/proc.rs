@@ -326,6 +326,10 @@ fn on_nodus(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
             if let Some(ack) = m.ack {
                 server::on_took(proc, ack);
             }
+            // A load report may ride along.
+            if let (Some(open), Some(total)) = (m.conns, m.accepted_total) {
+                proc.reported.set(Some((open, total)));
+            }
         }
         Some("refused") => {
             if let Some(ack) = m.ack {
