@@ -8,9 +8,10 @@
 //!   the primary's reactor, so incoming connections do not wake the primary).
 //! - Reuse-port sockets are bound per worker and not kept: a socket nobody accepts on would
 //!   swallow its share of connections.
-//! - At most [`PARK_LIMIT`] accepted connections wait for a worker (none listening yet, or all at
-//!   their in-flight cap); past it the primary stops accepting and the kernel's backlog holds
-//!   newcomers.
+//! - Accepted connections wait for a worker ("parked": none listening yet, or all at their
+//!   in-flight cap) only up to one accept batch plus what dead or refusing workers left; while
+//!   any are parked and no worker has room, the primary does not accept and the kernel's backlog
+//!   holds newcomers.
 //! - Connections are accepted non-blocking (the flag lives in the file description the worker
 //!   shares), up to [`ACCEPT_BATCH`] per wake-up, and handed out per worker in one message:
 //!   `newconns` with up to 64 fds to a nodus worker, one `newconn` each to a Node worker (its
@@ -38,9 +39,6 @@ use crate::io::AsyncFd;
 use crate::ipc::{MAX_FDS_PER_FRAME, SendHandle};
 use crate::net::{ListenOptions, TcpListener};
 use crate::process::Command;
-
-/// Accepted connections that may wait for a worker before the primary stops accepting.
-pub(super) const PARK_LIMIT: usize = 1024;
 
 /// Connections accepted per wake-up of the accept task before they are handed out.
 pub(super) const ACCEPT_BATCH: usize = 64;
@@ -541,8 +539,8 @@ fn has_room(server: &Server) -> bool {
     })
 }
 
-/// Whether the accept task should accept now: the socket is readable (its readiness is polled
-/// here) and fewer than [`PARK_LIMIT`] connections wait; or parked connections can go out.
+/// Whether the accept task has work: parked connections and a worker with room for them, or
+/// (nothing parked) the socket is readable (its readiness is polled here).
 fn poll_work(
     server: &Server,
     io: &AsyncFd<std::net::TcpListener>,
@@ -553,9 +551,9 @@ fn poll_work(
     if parked > 0 && room {
         return Poll::Ready(Ok(()));
     }
-    *server.accept_waker.borrow_mut() = Some(cx.waker().clone());
-    if parked >= PARK_LIMIT || parked > 0 {
+    if parked > 0 {
         // Waits for room (a worker answers or joins).
+        *server.accept_waker.borrow_mut() = Some(cx.waker().clone());
         return Poll::Pending;
     }
     io.poll_read_ready(cx)
