@@ -18,6 +18,11 @@ use rustix::io::Errno;
 
 use crate::stats;
 
+/// The time (`nodus::clock` ns) connections count their timeouts from.
+pub(crate) fn now_ns() -> u64 {
+    nodus::clock::now_ns()
+}
+
 /// A nodus stream hyper can drive: its fd and the loop's readiness for it.
 pub trait FdStream {
     fn fd(&self) -> BorrowedFd<'_>;
@@ -99,7 +104,7 @@ impl<S: FdStream> HyperIo<S> {
     pub fn new(stream: S) -> HyperIo<S> {
         HyperIo {
             stream,
-            last_io: Rc::new(Cell::new(nodus::clock::now_ns())),
+            last_io: Rc::new(Cell::new(now_ns())),
         }
     }
 
@@ -113,7 +118,7 @@ impl<S: FdStream> HyperIo<S> {
     }
 
     fn touched(&self) {
-        self.last_io.set(nodus::clock::now_ns());
+        self.last_io.set(now_ns());
     }
 }
 

@@ -13,6 +13,7 @@
 
 pub mod body;
 mod exec;
+mod head_wait;
 pub mod io;
 pub mod server;
 pub mod stats;

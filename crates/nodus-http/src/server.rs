@@ -34,7 +34,8 @@ use slab::Slab;
 
 use crate::body::{Body, RequestBody, text};
 use crate::exec::LocalExec;
-use crate::io::{FdStream, HyperIo};
+use crate::head_wait::{self, HeadTimer, HeadWait};
+use crate::io::{FdStream, HyperIo, now_ns};
 use crate::stats;
 use crate::timer::NodusTimer;
 
@@ -334,45 +335,125 @@ where
         _response: PhantomData,
     };
     let mut conn = pin!(state.builders.serve(io, service));
-    let keep_alive = state.config.keep_alive_timeout;
-    let mut idle = nodus::sleep(keep_alive);
+    let mut timer = ConnTimer::new(state.config.keep_alive_timeout);
+    let mut head = HeadWait::Idle;
     let mut drain: Option<nodus::Sleep> = None;
     poll_fn(|cx| {
-        if let Poll::Ready(result) = conn.as_mut().poll(cx) {
-            if let Err(e) = result {
-                tracing::debug!(target: "nodus::http", "connection ended: {e}");
-            }
-            return Poll::Ready(());
-        }
-        if state.draining.get() {
-            let deadline = drain.get_or_insert_with(|| {
-                if conn_state.http2.get() {
-                    conn.as_mut().shut_down();
+        loop {
+            if let Poll::Ready(result) = head_wait::scope(&mut head, || conn.as_mut().poll(cx)) {
+                if let Err(e) = result {
+                    tracing::debug!(target: "nodus::http", "connection ended: {e}");
                 }
-                let now = nodus::clock::now_ns();
-                nodus::sleep(Duration::from_nanos(
-                    state.deadline.get().saturating_sub(now),
-                ))
-            });
-            if Pin::new(deadline).poll(cx).is_ready() {
-                return Poll::Ready(()); // the drain deadline cuts it
+                return Poll::Ready(());
             }
-        } else if let Some(slot) = state.conns.borrow_mut().get_mut(key) {
-            *slot = Some(cx.waker().clone());
-        }
-        while Pin::new(&mut idle).poll(cx).is_ready() {
-            let quiet = nodus::clock::now_ns().saturating_sub(activity.get());
-            let keep_alive_ns = keep_alive.as_nanos() as u64;
-            if conn_state.in_flight.get() == 0 && quiet >= keep_alive_ns {
-                return Poll::Ready(()); // idle for the whole keep-alive timeout
+            if state.draining.get() {
+                let deadline = drain.get_or_insert_with(|| {
+                    if conn_state.http2.get() {
+                        conn.as_mut().shut_down();
+                    }
+                    let now = now_ns();
+                    nodus::sleep(Duration::from_nanos(
+                        state.deadline.get().saturating_sub(now),
+                    ))
+                });
+                if Pin::new(deadline).poll(cx).is_ready() {
+                    return Poll::Ready(()); // the drain deadline cuts it
+                }
+            } else if let Some(slot) = state.conns.borrow_mut().get_mut(key)
+                && !slot.as_ref().is_some_and(|w| w.will_wake(cx.waker()))
+            {
+                *slot = Some(cx.waker().clone());
             }
-            idle.reset(Duration::from_nanos(
-                keep_alive_ns.saturating_sub(quiet).max(1_000_000),
-            ));
+            match timer.poll(cx, &mut head, &activity, &conn_state) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Fired::HeadExpired) => continue, // hyper sees it when polled again
+                Poll::Ready(Fired::Idle) => return Poll::Ready(()),
+            }
         }
-        Poll::Pending
     })
     .await;
+}
+
+/// What a connection's timer found when it fired.
+enum Fired {
+    /// The header-read deadline passed: hyper's header-read sleep is now complete.
+    HeadExpired,
+    /// No request in flight and no I/O for the whole keep-alive timeout.
+    Idle,
+}
+
+/// How late a connection's timer may fire (1 ms, its granularity).
+const SLACK: u64 = 1_000_000;
+
+/// A connection's one timer, for both the keep-alive idle timeout and the header-read deadline.
+///
+/// Neither is re-armed per request: when it fires it checks both against the activity time and
+/// the current `HeadWait` and re-arms for the earlier of what remains. It is moved earlier only
+/// when a new header-read deadline comes more than `SLACK` before it: at most once per firing,
+/// since later waits have later deadlines.
+struct ConnTimer {
+    sleep: nodus::Sleep,
+    /// When `sleep` is due (`nodus::clock` ns), at or after the time it was armed for.
+    at: u64,
+    keep_alive: u64,
+}
+
+impl ConnTimer {
+    fn new(keep_alive: Duration) -> ConnTimer {
+        let keep_alive = keep_alive.as_nanos() as u64;
+        ConnTimer {
+            sleep: nodus::sleep(Duration::from_nanos(keep_alive)),
+            at: now_ns().saturating_add(keep_alive),
+            keep_alive,
+        }
+    }
+
+    fn poll(
+        &mut self,
+        cx: &mut Context<'_>,
+        head: &mut HeadWait,
+        activity: &Cell<u64>,
+        conn: &ConnState,
+    ) -> Poll<Fired> {
+        if let HeadWait::Until(deadline) = *head
+            && deadline.saturating_add(SLACK) < self.at
+        {
+            self.arm(deadline, now_ns());
+        }
+        while Pin::new(&mut self.sleep).poll(cx).is_ready() {
+            let now = now_ns();
+            if let HeadWait::Until(deadline) = *head
+                && now >= deadline
+            {
+                *head = HeadWait::Expired;
+                self.arm(now.saturating_add(self.keep_alive), now);
+                return Poll::Ready(Fired::HeadExpired);
+            }
+            let idle_at = if conn.in_flight.get() == 0 {
+                let idle_at = activity.get().saturating_add(self.keep_alive);
+                if now >= idle_at {
+                    return Poll::Ready(Fired::Idle);
+                }
+                idle_at
+            } else {
+                now.saturating_add(self.keep_alive)
+            };
+            let next = match *head {
+                HeadWait::Until(deadline) => idle_at.min(deadline),
+                _ => idle_at,
+            };
+            self.arm(next, now);
+        }
+        Poll::Pending
+    }
+
+    /// Re-arms the sleep for `at`, rounded up to whole milliseconds (the timer queue keeps one
+    /// list per distinct delay).
+    fn arm(&mut self, at: u64, now: u64) {
+        let delay_ms = at.saturating_sub(now).div_ceil(SLACK).max(1);
+        self.sleep.reset(Duration::from_millis(delay_ms));
+        self.at = now.saturating_add(delay_ms * SLACK);
+    }
 }
 
 /// The hyper builders: HTTP/1 only, or HTTP/1 plus h2c sniffed per connection.
@@ -386,7 +467,7 @@ impl Builders {
         if config.http2 {
             let mut b = auto::Builder::new(LocalExec::new(config.name));
             let mut h1 = b.http1();
-            h1.timer(NodusTimer)
+            h1.timer(HeadTimer::new())
                 .header_read_timeout(config.header_read_timeout)
                 .max_buf_size(config.max_header_bytes.max(8192));
             if config.max_headers != 100 {
@@ -398,7 +479,7 @@ impl Builders {
             Builders::Auto(Box::new(b))
         } else {
             let mut b = hyper::server::conn::http1::Builder::new();
-            b.timer(NodusTimer)
+            b.timer(HeadTimer::new())
                 .header_read_timeout(config.header_read_timeout)
                 .max_header_size(config.max_header_bytes);
             if config.max_headers != 100 {
