@@ -18,9 +18,10 @@ use rustix::io::Errno;
 
 use crate::stats;
 
-/// The time (`nodus::clock` ns) connections count their timeouts from.
+/// The time (`nodus::clock` ns) connections count their timeouts from: the loop's, which costs
+/// no clock read (seconds-long timeouts need no better than the start of the current poll).
 pub(crate) fn now_ns() -> u64 {
-    nodus::clock::now_ns()
+    nodus::time::loop_now_ns()
 }
 
 /// A nodus stream hyper can drive: its fd and the loop's readiness for it.
