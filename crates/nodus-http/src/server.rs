@@ -23,7 +23,7 @@ use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::pin::{Pin, pin};
 use std::rc::Rc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
 use http::{HeaderValue, Request, Response, StatusCode, Version};
@@ -574,10 +574,10 @@ where
 {
     type Response = Response<Body>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>>>>;
+    type Future = Respond<F>;
 
-    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
-        let start = nodus::clock::now_ns();
+    fn call(&self, mut req: Request<Incoming>) -> Respond<F> {
+        let start = now_ns();
         stats::request_started();
         self.conn.in_flight.set(self.conn.in_flight.get() + 1);
         let version = req.version();
@@ -591,28 +591,72 @@ where
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
             .is_some_and(|len| len > limit as u64);
         req.extensions_mut().insert(ConnInfo { peer: self.peer });
-        let response = (!too_large)
+        let handler = (!too_large)
             .then(|| (self.handler)(req.map(|b| http_body_util::Limited::new(b, limit))));
-        let state = self.state.clone();
-        let conn = self.conn.clone();
-        Box::pin(async move {
-            let mut resp = match response {
-                Some(f) => f.await,
-                None => {
-                    let mut r = text(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n");
-                    // The unread body is still on the wire: do not try to reuse the connection.
-                    r.headers_mut()
-                        .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
-                    r
-                }
-            };
-            if state.draining.get() && version < Version::HTTP_2 {
-                resp.headers_mut()
+        Respond {
+            handler,
+            state: self.state.clone(),
+            conn: Some(self.conn.clone()),
+            version,
+            start,
+        }
+    }
+}
+
+/// One request's response: the handler's future (none when the body is refused), then what the
+/// server adds to the head, and the request's accounting.
+///
+/// A request counts from the loop time of the poll that parsed its head to its response head
+/// (or to its abandonment: dropped unanswered when the connection was cut).
+struct Respond<F> {
+    /// Structurally pinned: polled in place, never moved out.
+    handler: Option<F>,
+    state: Rc<State>,
+    /// Taken when the response is ready.
+    conn: Option<Rc<ConnState>>,
+    version: Version,
+    start: u64,
+}
+
+impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
+    type Output = Result<Response<Body>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // SAFETY: only `handler` is pinned, and it is polled in place and never moved out;
+        // every other field is plain data, moved or replaced freely.
+        let this = unsafe { self.get_unchecked_mut() };
+        assert!(
+            this.conn.is_some(),
+            "nodus-http: Respond polled after completion"
+        );
+        let mut resp = match &mut this.handler {
+            // SAFETY: see above.
+            Some(f) => ready!(unsafe { Pin::new_unchecked(f) }.poll(cx)),
+            None => {
+                let mut r = text(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n");
+                // The unread body is still on the wire: do not try to reuse the connection.
+                r.headers_mut()
                     .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+                r
             }
+        };
+        if this.state.draining.get() && this.version < Version::HTTP_2 {
+            resp.headers_mut()
+                .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        if let Some(conn) = this.conn.take() {
             conn.in_flight.set(conn.in_flight.get() - 1);
-            stats::request_finished(resp.status(), nodus::clock::now_ns().saturating_sub(start));
-            Ok(resp)
-        })
+        }
+        let ns = nodus::clock::now_ns().saturating_sub(this.start);
+        stats::request_finished(resp.status(), ns);
+        Poll::Ready(Ok(resp))
+    }
+}
+
+impl<F> Drop for Respond<F> {
+    fn drop(&mut self) {
+        if self.conn.is_some() {
+            stats::request_abandoned();
+        }
     }
 }

@@ -433,3 +433,18 @@ fn a_header_read_timeout_longer_than_keep_alive_still_cuts_a_trickling_head() {
         "cut after {elapsed:?}"
     );
 }
+
+#[test]
+fn a_request_cut_by_the_drain_deadline_leaves_no_request_in_flight() {
+    let server = TestServer::start(Config::default(), Duration::from_millis(50));
+    let mut slow = server.connect();
+    get(&mut slow, "/slow");
+    std::thread::sleep(Duration::from_millis(50));
+    let snap = server.finish();
+    assert_eq!(snap.http.connections_open, 0);
+    assert_eq!(snap.http.requests_in_flight, 0);
+    assert_eq!(
+        snap.http.request_duration.count, 0,
+        "an unanswered request has no duration"
+    );
+}
