@@ -400,12 +400,14 @@ struct ConnTimer {
 
 impl ConnTimer {
     fn new(keep_alive: Duration) -> ConnTimer {
-        let keep_alive = keep_alive.as_nanos() as u64;
-        ConnTimer {
-            sleep: nodus::sleep(Duration::from_nanos(keep_alive)),
-            at: now_ns().saturating_add(keep_alive),
-            keep_alive,
-        }
+        let mut timer = ConnTimer {
+            sleep: nodus::sleep(1),
+            at: 0,
+            keep_alive: u64::try_from(keep_alive.as_nanos()).unwrap_or(u64::MAX),
+        };
+        let now = now_ns();
+        timer.arm(now.saturating_add(timer.keep_alive), now);
+        timer
     }
 
     fn poll(
@@ -448,9 +450,10 @@ impl ConnTimer {
     }
 
     /// Re-arms the sleep for `at`, rounded up to whole milliseconds (the timer queue keeps one
-    /// list per distinct delay).
+    /// list per distinct delay); a time beyond nodus's longest delay is checked again then.
     fn arm(&mut self, at: u64, now: u64) {
-        let delay_ms = at.saturating_sub(now).div_ceil(SLACK).max(1);
+        let longest = nodus::time::MAX_DELAY.as_millis() as u64;
+        let delay_ms = at.saturating_sub(now).div_ceil(SLACK).clamp(1, longest);
         self.sleep.reset(Duration::from_millis(delay_ms));
         self.at = now.saturating_add(delay_ms * SLACK);
     }

@@ -448,3 +448,18 @@ fn a_request_cut_by_the_drain_deadline_leaves_no_request_in_flight() {
         "an unanswered request has no duration"
     );
 }
+
+#[test]
+fn a_keep_alive_timeout_beyond_the_longest_timer_is_accepted() {
+    let config = Config {
+        keep_alive_timeout: Duration::MAX,
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_millis(100));
+    let mut s = server.connect();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    for _ in 0..2 {
+        get(&mut s, "/");
+        assert_eq!(read_response(&mut r).unwrap().0, 200);
+    }
+}
