@@ -220,7 +220,7 @@ impl Server {
         if !state.draining.replace(true) {
             state
                 .deadline
-                .set(nodus::clock::now_ns().saturating_add(timeout.as_nanos() as u64));
+                .set(now_ns().saturating_add(timeout.as_nanos() as u64));
             state.wake_accept();
             let wakers: Vec<Waker> = state
                 .conns
