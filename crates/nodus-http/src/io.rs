@@ -1,10 +1,13 @@
 //! hyper's `Read`/`Write` over nodus streams.
 //!
-//! Reads go straight from the socket into hyper's uninitialized read buffer with
-//! `rustix::io::read` (which only hands back bytes the kernel wrote), so no buffer is zeroed or
-//! copied. Readiness comes from the nodus reactor (edge-triggered: `EAGAIN` clears it) and every
-//! readiness check draws on the task's cooperative budget. Each transfer updates the connection's
-//! last-activity time (for the keep-alive idle timeout) and the loop's HTTP byte counters.
+//! Reads go straight from the socket into hyper's uninitialized read buffer with `rustix::net::recv`
+//! (which only hands back bytes the kernel wrote), so no buffer is zeroed or copied. Sockets are
+//! read with `recv` and written with `send`/`sendmsg` (`MSG_NOSIGNAL`), which skip the file layer
+//! `read`/`writev` go through; a stream that turns out not to be a socket (`ENOTSOCK`, once) is
+//! read and written with `read`/`write`/`writev` from then on. Readiness comes from the nodus
+//! reactor (edge-triggered: `EAGAIN` clears it) and every readiness check draws on the task's
+//! cooperative budget. Each transfer updates the connection's last-activity time (for the
+//! keep-alive idle timeout) and the loop's HTTP byte counters.
 
 use std::cell::Cell;
 use std::io;
@@ -15,8 +18,15 @@ use std::task::{Context, Poll, ready};
 
 use hyper::rt::{Read, ReadBufCursor, Write};
 use rustix::io::Errno;
+use rustix::net::{RecvFlags, SendFlags};
 
 use crate::stats;
+
+/// The time (`nodus::clock` ns) connections count their timeouts from: the loop's, which costs
+/// no clock read (seconds-long timeouts need no better than the start of the current poll).
+pub(crate) fn now_ns() -> u64 {
+    nodus::time::loop_now_ns()
+}
 
 /// A nodus stream hyper can drive: its fd and the loop's readiness for it.
 pub trait FdStream {
@@ -93,13 +103,16 @@ pub struct HyperIo<S> {
     stream: S,
     /// Loop time (ns) of the last successful read or write.
     last_io: Rc<Cell<u64>>,
+    /// The fd refused a socket call (`ENOTSOCK`): use file calls.
+    not_socket: Cell<bool>,
 }
 
 impl<S: FdStream> HyperIo<S> {
     pub fn new(stream: S) -> HyperIo<S> {
         HyperIo {
             stream,
-            last_io: Rc::new(Cell::new(nodus::clock::now_ns())),
+            last_io: Rc::new(Cell::new(now_ns())),
+            not_socket: Cell::new(false),
         }
     }
 
@@ -113,7 +126,7 @@ impl<S: FdStream> HyperIo<S> {
     }
 
     fn touched(&self) {
-        self.last_io.set(nodus::clock::now_ns());
+        self.last_io.set(now_ns());
     }
 }
 
@@ -126,24 +139,31 @@ impl<S: FdStream + Unpin> Read for HyperIo<S> {
         loop {
             ready!(self.stream.poll_read_ready(cx))?;
             let capacity = buf.remaining();
-            // SAFETY: `rustix::io::read` only writes into the slice and returns the prefix it
+            // SAFETY: `recv` and `read` only write into the slice and return the prefix they
             // initialized; we advance the cursor by exactly that many bytes.
-            let result = rustix::io::read(self.stream.fd(), unsafe { buf.as_mut() });
+            let unfilled = unsafe { buf.as_mut() };
+            let fd = self.stream.fd();
+            let result = if self.not_socket.get() {
+                rustix::io::read(fd, unfilled).map(|(filled, _)| filled.len())
+            } else {
+                rustix::net::recv(fd, unfilled, RecvFlags::empty())
+                    .map(|((filled, _), _)| filled.len())
+            };
             match result {
-                Ok((filled, _)) => {
-                    let n = filled.len();
+                Ok(n) => {
                     // A short read of a stream drained the socket buffer: forget readiness now
                     // instead of paying a read that returns EAGAIN (later data raises a new
                     // edge; an EOF already seen stays visible).
                     if n > 0 && n < capacity {
                         self.stream.clear_read_ready();
                     }
-                    // SAFETY: the first `n` bytes of the cursor were just initialized by `read`.
+                    // SAFETY: the first `n` bytes of the cursor were just initialized.
                     unsafe { buf.advance(n) };
                     self.touched();
                     stats::received(n);
                     return Poll::Ready(Ok(()));
                 }
+                Err(Errno::NOTSOCK) => self.not_socket.set(true),
                 Err(Errno::AGAIN) => self.stream.clear_read_ready(),
                 Err(Errno::INTR) => {}
                 Err(e) => return Poll::Ready(Err(e.into())),
@@ -158,7 +178,13 @@ impl<S: FdStream + Unpin> Write for HyperIo<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        self.write_with(cx, |fd| rustix::io::write(fd, buf))
+        self.write_with(cx, |fd, socket| {
+            if socket {
+                rustix::net::send(fd, buf, SendFlags::NOSIGNAL)
+            } else {
+                rustix::io::write(fd, buf)
+            }
+        })
     }
 
     fn poll_write_vectored(
@@ -166,7 +192,13 @@ impl<S: FdStream + Unpin> Write for HyperIo<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        self.write_with(cx, |fd| rustix::io::writev(fd, bufs))
+        self.write_with(cx, |fd, socket| {
+            if socket {
+                rustix::net::sendmsg(fd, bufs, &mut Default::default(), SendFlags::NOSIGNAL)
+            } else {
+                rustix::io::writev(fd, bufs)
+            }
+        })
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -189,20 +221,53 @@ impl<S: FdStream> HyperIo<S> {
     fn write_with(
         &self,
         cx: &mut Context<'_>,
-        mut op: impl FnMut(BorrowedFd<'_>) -> rustix::io::Result<usize>,
+        mut op: impl FnMut(BorrowedFd<'_>, bool) -> rustix::io::Result<usize>,
     ) -> Poll<io::Result<usize>> {
         loop {
             ready!(self.stream.poll_write_ready(cx))?;
-            match op(self.stream.fd()) {
+            match op(self.stream.fd(), !self.not_socket.get()) {
                 Ok(n) => {
                     self.touched();
                     stats::sent(n);
                     return Poll::Ready(Ok(n));
                 }
                 Err(Errno::AGAIN) => self.stream.clear_write_ready(),
+                Err(Errno::NOTSOCK) => self.not_socket.set(true),
                 Err(Errno::INTR) => {}
                 Err(e) => return Poll::Ready(Err(e.into())),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::poll_fn;
+    use std::mem::MaybeUninit;
+
+    use nodus::io::AsyncFd;
+
+    use super::*;
+
+    #[test]
+    fn a_stream_that_is_not_a_socket_is_read_and_written_with_file_calls() {
+        nodus::Runtime::new().block_on(async {
+            let (reader, writer) = std::io::pipe().unwrap();
+            let mut writer = HyperIo::new(AsyncFd::new(writer).unwrap());
+            let mut reader = HyperIo::new(AsyncFd::new(reader).unwrap());
+            let bufs = [io::IoSlice::new(b"hello, "), io::IoSlice::new(b"pipe")];
+            let n = poll_fn(|cx| Pin::new(&mut writer).poll_write_vectored(cx, &bufs)).await;
+            assert_eq!(n.unwrap(), 11);
+            let n = poll_fn(|cx| Pin::new(&mut writer).poll_write(cx, b"!")).await;
+            assert_eq!(n.unwrap(), 1);
+            assert!(writer.not_socket.get());
+            let mut storage = [MaybeUninit::<u8>::uninit(); 64];
+            let mut buf = hyper::rt::ReadBuf::uninit(&mut storage);
+            poll_fn(|cx| Pin::new(&mut reader).poll_read(cx, buf.unfilled()))
+                .await
+                .unwrap();
+            assert_eq!(buf.filled(), b"hello, pipe!");
+            assert!(reader.not_socket.get());
+        });
     }
 }

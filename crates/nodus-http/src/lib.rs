@@ -3,6 +3,7 @@
 //! - `io`: hyper's `Read`/`Write` over nodus streams, reading straight into hyper's uninitialized
 //!   buffer (no zeroing, no copy) and counting bytes.
 //! - `timer`, `exec`: hyper's timer on nodus timers, and a local executor for HTTP/2 streams.
+//! - `head_wait`: the HTTP/1 header-read timeout with one timer per connection, not per request.
 //! - `server`: `serve(listener, config, handler)` with the limits a public server needs (header
 //!   bytes and count → 431, body size → 413, header-read timeout against slowloris, keep-alive idle
 //!   timeout, max connections) and a graceful drain with a deadline.
@@ -13,6 +14,7 @@
 
 pub mod body;
 mod exec;
+mod head_wait;
 pub mod io;
 pub mod server;
 pub mod stats;

@@ -23,7 +23,7 @@ use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::pin::{Pin, pin};
 use std::rc::Rc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
 use http::{HeaderValue, Request, Response, StatusCode, Version};
@@ -34,7 +34,8 @@ use slab::Slab;
 
 use crate::body::{Body, RequestBody, text};
 use crate::exec::LocalExec;
-use crate::io::{FdStream, HyperIo};
+use crate::head_wait::{self, HeadTimer, HeadWait};
+use crate::io::{FdStream, HyperIo, now_ns};
 use crate::stats;
 use crate::timer::NodusTimer;
 
@@ -219,7 +220,7 @@ impl Server {
         if !state.draining.replace(true) {
             state
                 .deadline
-                .set(nodus::clock::now_ns().saturating_add(timeout.as_nanos() as u64));
+                .set(now_ns().saturating_add(timeout.as_nanos() as u64));
             state.wake_accept();
             let wakers: Vec<Waker> = state
                 .conns
@@ -334,45 +335,128 @@ where
         _response: PhantomData,
     };
     let mut conn = pin!(state.builders.serve(io, service));
-    let keep_alive = state.config.keep_alive_timeout;
-    let mut idle = nodus::sleep(keep_alive);
+    let mut timer = ConnTimer::new(state.config.keep_alive_timeout);
+    let mut head = HeadWait::Idle;
     let mut drain: Option<nodus::Sleep> = None;
     poll_fn(|cx| {
-        if let Poll::Ready(result) = conn.as_mut().poll(cx) {
-            if let Err(e) = result {
-                tracing::debug!(target: "nodus::http", "connection ended: {e}");
-            }
-            return Poll::Ready(());
-        }
-        if state.draining.get() {
-            let deadline = drain.get_or_insert_with(|| {
-                if conn_state.http2.get() {
-                    conn.as_mut().shut_down();
+        loop {
+            if let Poll::Ready(result) = head_wait::scope(&mut head, || conn.as_mut().poll(cx)) {
+                if let Err(e) = result {
+                    tracing::debug!(target: "nodus::http", "connection ended: {e}");
                 }
-                let now = nodus::clock::now_ns();
-                nodus::sleep(Duration::from_nanos(
-                    state.deadline.get().saturating_sub(now),
-                ))
-            });
-            if Pin::new(deadline).poll(cx).is_ready() {
-                return Poll::Ready(()); // the drain deadline cuts it
+                return Poll::Ready(());
             }
-        } else if let Some(slot) = state.conns.borrow_mut().get_mut(key) {
-            *slot = Some(cx.waker().clone());
-        }
-        while Pin::new(&mut idle).poll(cx).is_ready() {
-            let quiet = nodus::clock::now_ns().saturating_sub(activity.get());
-            let keep_alive_ns = keep_alive.as_nanos() as u64;
-            if conn_state.in_flight.get() == 0 && quiet >= keep_alive_ns {
-                return Poll::Ready(()); // idle for the whole keep-alive timeout
+            if state.draining.get() {
+                let deadline = drain.get_or_insert_with(|| {
+                    if conn_state.http2.get() {
+                        conn.as_mut().shut_down();
+                    }
+                    let now = now_ns();
+                    nodus::sleep(Duration::from_nanos(
+                        state.deadline.get().saturating_sub(now),
+                    ))
+                });
+                if Pin::new(deadline).poll(cx).is_ready() {
+                    return Poll::Ready(()); // the drain deadline cuts it
+                }
+            } else if let Some(slot) = state.conns.borrow_mut().get_mut(key)
+                && !slot.as_ref().is_some_and(|w| w.will_wake(cx.waker()))
+            {
+                *slot = Some(cx.waker().clone());
             }
-            idle.reset(Duration::from_nanos(
-                keep_alive_ns.saturating_sub(quiet).max(1_000_000),
-            ));
+            match timer.poll(cx, &mut head, &activity, &conn_state) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Fired::HeadExpired) => continue, // hyper sees it when polled again
+                Poll::Ready(Fired::Idle) => return Poll::Ready(()),
+            }
         }
-        Poll::Pending
     })
     .await;
+}
+
+/// What a connection's timer found when it fired.
+enum Fired {
+    /// The header-read deadline passed: hyper's header-read sleep is now complete.
+    HeadExpired,
+    /// No request in flight and no I/O for the whole keep-alive timeout.
+    Idle,
+}
+
+/// How late a connection's timer may fire (1 ms, its granularity).
+const SLACK: u64 = 1_000_000;
+
+/// A connection's one timer, for both the keep-alive idle timeout and the header-read deadline.
+///
+/// Neither is re-armed per request: when it fires it checks both against the activity time and
+/// the current `HeadWait` and re-arms for the earlier of what remains. It is moved earlier only
+/// when a new header-read deadline comes more than `SLACK` before it: at most once per firing,
+/// since later waits have later deadlines.
+struct ConnTimer {
+    sleep: nodus::Sleep,
+    /// When `sleep` is due (`nodus::clock` ns), at or after the time it was armed for.
+    at: u64,
+    keep_alive: u64,
+}
+
+impl ConnTimer {
+    fn new(keep_alive: Duration) -> ConnTimer {
+        let mut timer = ConnTimer {
+            sleep: nodus::sleep(1),
+            at: 0,
+            keep_alive: u64::try_from(keep_alive.as_nanos()).unwrap_or(u64::MAX),
+        };
+        let now = now_ns();
+        timer.arm(now.saturating_add(timer.keep_alive), now);
+        timer
+    }
+
+    fn poll(
+        &mut self,
+        cx: &mut Context<'_>,
+        head: &mut HeadWait,
+        activity: &Cell<u64>,
+        conn: &ConnState,
+    ) -> Poll<Fired> {
+        if let HeadWait::Until(deadline) = *head
+            && deadline.saturating_add(SLACK) < self.at
+        {
+            self.arm(deadline, now_ns());
+        }
+        while Pin::new(&mut self.sleep).poll(cx).is_ready() {
+            let now = now_ns();
+            if let HeadWait::Until(deadline) = *head
+                && now >= deadline
+            {
+                *head = HeadWait::Expired;
+                self.arm(now.saturating_add(self.keep_alive), now);
+                return Poll::Ready(Fired::HeadExpired);
+            }
+            let idle_at = if conn.in_flight.get() == 0 {
+                let idle_at = activity.get().saturating_add(self.keep_alive);
+                if now >= idle_at {
+                    return Poll::Ready(Fired::Idle);
+                }
+                idle_at
+            } else {
+                now.saturating_add(self.keep_alive)
+            };
+            let next = match *head {
+                HeadWait::Until(deadline) => idle_at.min(deadline),
+                _ => idle_at,
+            };
+            self.arm(next, now);
+        }
+        Poll::Pending
+    }
+
+    /// Re-arms the sleep for `at`, rounded up to whole milliseconds (the timer queue keeps one
+    /// list per distinct delay); a time beyond nodus's longest delay is checked again then.
+    fn arm(&mut self, at: u64, now: u64) {
+        let longest = nodus::time::MAX_DELAY.as_millis() as u64;
+        let delay_ms = at.saturating_sub(now).div_ceil(SLACK).clamp(1, longest);
+        self.sleep.reset(Duration::from_millis(delay_ms));
+        self.at = now.saturating_add(delay_ms * SLACK);
+    }
 }
 
 /// The hyper builders: HTTP/1 only, or HTTP/1 plus h2c sniffed per connection.
@@ -386,7 +470,7 @@ impl Builders {
         if config.http2 {
             let mut b = auto::Builder::new(LocalExec::new(config.name));
             let mut h1 = b.http1();
-            h1.timer(NodusTimer)
+            h1.timer(HeadTimer::new())
                 .header_read_timeout(config.header_read_timeout)
                 .max_buf_size(config.max_header_bytes.max(8192));
             if config.max_headers != 100 {
@@ -398,7 +482,7 @@ impl Builders {
             Builders::Auto(Box::new(b))
         } else {
             let mut b = hyper::server::conn::http1::Builder::new();
-            b.timer(NodusTimer)
+            b.timer(HeadTimer::new())
                 .header_read_timeout(config.header_read_timeout)
                 .max_header_size(config.max_header_bytes);
             if config.max_headers != 100 {
@@ -493,10 +577,10 @@ where
 {
     type Response = Response<Body>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>>>>;
+    type Future = Respond<F>;
 
-    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
-        let start = nodus::clock::now_ns();
+    fn call(&self, mut req: Request<Incoming>) -> Respond<F> {
+        let start = now_ns();
         stats::request_started();
         self.conn.in_flight.set(self.conn.in_flight.get() + 1);
         let version = req.version();
@@ -510,28 +594,72 @@ where
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
             .is_some_and(|len| len > limit as u64);
         req.extensions_mut().insert(ConnInfo { peer: self.peer });
-        let response = (!too_large)
+        let handler = (!too_large)
             .then(|| (self.handler)(req.map(|b| http_body_util::Limited::new(b, limit))));
-        let state = self.state.clone();
-        let conn = self.conn.clone();
-        Box::pin(async move {
-            let mut resp = match response {
-                Some(f) => f.await,
-                None => {
-                    let mut r = text(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n");
-                    // The unread body is still on the wire: do not try to reuse the connection.
-                    r.headers_mut()
-                        .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
-                    r
-                }
-            };
-            if state.draining.get() && version < Version::HTTP_2 {
-                resp.headers_mut()
+        Respond {
+            handler,
+            state: self.state.clone(),
+            conn: Some(self.conn.clone()),
+            version,
+            start,
+        }
+    }
+}
+
+/// One request's response: the handler's future (none when the body is refused), then what the
+/// server adds to the head, and the request's accounting.
+///
+/// A request counts from the loop time of the poll that parsed its head to its response head
+/// (or to its abandonment: dropped unanswered when the connection was cut).
+struct Respond<F> {
+    /// Structurally pinned: polled in place, never moved out.
+    handler: Option<F>,
+    state: Rc<State>,
+    /// Taken when the response is ready.
+    conn: Option<Rc<ConnState>>,
+    version: Version,
+    start: u64,
+}
+
+impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
+    type Output = Result<Response<Body>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // SAFETY: only `handler` is pinned, and it is polled in place and never moved out;
+        // every other field is plain data, moved or replaced freely.
+        let this = unsafe { self.get_unchecked_mut() };
+        assert!(
+            this.conn.is_some(),
+            "nodus-http: Respond polled after completion"
+        );
+        let mut resp = match &mut this.handler {
+            // SAFETY: see above.
+            Some(f) => ready!(unsafe { Pin::new_unchecked(f) }.poll(cx)),
+            None => {
+                let mut r = text(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n");
+                // The unread body is still on the wire: do not try to reuse the connection.
+                r.headers_mut()
                     .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+                r
             }
+        };
+        if this.state.draining.get() && this.version < Version::HTTP_2 {
+            resp.headers_mut()
+                .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        if let Some(conn) = this.conn.take() {
             conn.in_flight.set(conn.in_flight.get() - 1);
-            stats::request_finished(resp.status(), nodus::clock::now_ns().saturating_sub(start));
-            Ok(resp)
-        })
+        }
+        let ns = nodus::clock::now_ns().saturating_sub(this.start);
+        stats::request_finished(resp.status(), ns);
+        Poll::Ready(Ok(resp))
+    }
+}
+
+impl<F> Drop for Respond<F> {
+    fn drop(&mut self) {
+        if self.conn.is_some() {
+            stats::request_abandoned();
+        }
     }
 }

@@ -58,6 +58,11 @@ pub(crate) fn request_finished(status: http::StatusCode, ns: u64) {
     });
 }
 
+/// A request was dropped unanswered (its connection was cut).
+pub(crate) fn request_abandoned() {
+    STATS.with(|s| s.in_flight.set(s.in_flight.get().saturating_sub(1)));
+}
+
 /// Adds this loop's HTTP figures to `snapshot`.
 pub fn fill_snapshot(snapshot: &mut Snapshot) {
     STATS.with(|s| {

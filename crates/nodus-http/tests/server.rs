@@ -361,3 +361,105 @@ fn http2_with_prior_knowledge_runs_streams_as_local_tasks() {
     get(&mut s, "/");
     assert_eq!(read_response(&mut BufReader::new(s)).unwrap().0, 200);
 }
+
+/// Whether the server has closed `s` (EOF or reset), without blocking.
+fn closed_by_server(s: &mut TcpStream) -> bool {
+    let mut probe = [0u8; 1];
+    s.set_nonblocking(true).unwrap();
+    let r = s.read(&mut probe);
+    s.set_nonblocking(false).unwrap();
+    matches!(r, Ok(0)) || matches!(&r, Err(e) if e.kind() != std::io::ErrorKind::WouldBlock)
+}
+
+/// Waits up to 5 s for the server to close `s`; how long it took.
+fn wait_closed(s: &mut TcpStream) -> Duration {
+    let start = Instant::now();
+    while !closed_by_server(s) {
+        assert!(start.elapsed() < Duration::from_secs(5), "never closed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    start.elapsed()
+}
+
+#[test]
+fn the_header_read_timeout_counts_from_each_wait_for_a_head() {
+    for http2 in [false, true] {
+        let config = Config {
+            header_read_timeout: Duration::from_millis(400),
+            http2,
+            ..Config::default()
+        };
+        let server = TestServer::start(config, Duration::from_secs(1));
+        let mut s = server.connect();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        // Requests 250 ms apart, 1 s in all: each head comes within the timeout of its own wait.
+        for _ in 0..4 {
+            std::thread::sleep(Duration::from_millis(250));
+            get(&mut s, "/");
+            assert_eq!(read_response(&mut r).unwrap().0, 200, "http2: {http2}");
+        }
+        // A head that never completes is cut one timeout after the wait for it began.
+        s.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+        let waited = wait_closed(&mut s);
+        assert!(
+            waited >= Duration::from_millis(350) && waited < Duration::from_secs(3),
+            "http2: {http2}: cut after {waited:?}"
+        );
+    }
+}
+
+#[test]
+fn a_header_read_timeout_longer_than_keep_alive_still_cuts_a_trickling_head() {
+    let config = Config {
+        header_read_timeout: Duration::from_millis(700),
+        keep_alive_timeout: Duration::from_millis(200),
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_secs(1));
+    let mut s = server.connect();
+    let start = Instant::now();
+    // A byte every 100 ms: never idle for the keep-alive timeout, never a whole head.
+    let head = b"GET / HTTP/1.1\r\nHost: t\r\nX-Trickle: 0123456789\r\n\r\n";
+    let cut = head.iter().any(|b| {
+        s.write_all(&[*b]).is_err() || {
+            std::thread::sleep(Duration::from_millis(100));
+            closed_by_server(&mut s)
+        }
+    });
+    let elapsed = start.elapsed();
+    assert!(cut, "the trickling head was never cut");
+    assert!(
+        elapsed >= Duration::from_millis(650) && elapsed < Duration::from_secs(3),
+        "cut after {elapsed:?}"
+    );
+}
+
+#[test]
+fn a_request_cut_by_the_drain_deadline_leaves_no_request_in_flight() {
+    let server = TestServer::start(Config::default(), Duration::from_millis(50));
+    let mut slow = server.connect();
+    get(&mut slow, "/slow");
+    std::thread::sleep(Duration::from_millis(50));
+    let snap = server.finish();
+    assert_eq!(snap.http.connections_open, 0);
+    assert_eq!(snap.http.requests_in_flight, 0);
+    assert_eq!(
+        snap.http.request_duration.count, 0,
+        "an unanswered request has no duration"
+    );
+}
+
+#[test]
+fn a_keep_alive_timeout_beyond_the_longest_timer_is_accepted() {
+    let config = Config {
+        keep_alive_timeout: Duration::MAX,
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_millis(100));
+    let mut s = server.connect();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    for _ in 0..2 {
+        get(&mut s, "/");
+        assert_eq!(read_response(&mut r).unwrap().0, 200);
+    }
+}

@@ -17,7 +17,7 @@ pub use delay::{IntoDelay, MAX_DELAY};
 pub use sleep::{Elapsed, Interval, Sleep, Timeout, interval, sleep, sleep_until, timeout};
 
 use self::queue::{TimerAction, TimerKey};
-use crate::rt::context::with_core;
+use crate::rt::context::{try_with_core, with_core};
 use crate::rt::core::Core;
 use crate::rt::hooks::close_callback;
 
@@ -56,6 +56,13 @@ pub fn set_interval(delay: impl IntoDelay, callback: impl FnMut() + 'static) -> 
         action,
         Location::caller(),
     )
+}
+
+/// The loop's time in `nodus::clock` nanoseconds (libuv's `uv_now`): its latest clock read, the
+/// base new timers count from, read without a clock read. Outside a loop, the process clock.
+#[inline]
+pub fn loop_now_ns() -> u64 {
+    try_with_core(|core| core.meter.now()).unwrap_or_else(crate::clock::now_ns)
 }
 
 /// Cancels a timeout that has not fired; it never fires, even if due in the same pass.

@@ -13,6 +13,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use super::delay::IntoDelay;
+use super::loop_now_ns;
 use super::queue::{TimerAction, TimerKey};
 use crate::rt::context::{try_with_core, with_core};
 
@@ -36,7 +37,7 @@ pub fn sleep(delay: impl IntoDelay) -> Sleep {
     let location = Location::caller();
     let delay = delay.into_delay_ns();
     Sleep {
-        deadline: loop_now().saturating_add(delay),
+        deadline: loop_now_ns().saturating_add(delay),
         delay,
         key: None,
         loop_id: 0,
@@ -49,12 +50,7 @@ pub fn sleep(delay: impl IntoDelay) -> Sleep {
 /// Waits until `deadline` (at least 1 ms from now, Node's rule).
 #[track_caller]
 pub fn sleep_until(deadline: Instant) -> Sleep {
-    sleep(deadline.saturating_duration_since(crate::clock::instant_at(loop_now())))
-}
-
-/// The current loop's time, or the process clock outside a loop.
-fn loop_now() -> u64 {
-    try_with_core(|core| core.meter.now()).unwrap_or_else(crate::clock::now_ns)
+    sleep(deadline.saturating_duration_since(crate::clock::instant_at(loop_now_ns())))
 }
 
 impl Sleep {
@@ -83,7 +79,7 @@ impl Sleep {
     pub fn reset(&mut self, delay: impl IntoDelay) {
         let delay = delay.into_delay_ns();
         self.cancel();
-        self.deadline = loop_now().saturating_add(delay);
+        self.deadline = loop_now_ns().saturating_add(delay);
         self.delay = delay;
         self.fired = false;
     }

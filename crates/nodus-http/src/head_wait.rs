@@ -1,0 +1,170 @@
+//! The HTTP/1 header-read timeout without a timer per request.
+//!
+//! hyper arms its header-read timer each time a connection starts waiting for a request head and
+//! drops it once the head is parsed: on nodus timers that is a boxed sleep, a clock read and a
+//! timer-queue insert and cancel per keep-alive request. `HeadTimer`, the HTTP/1 builders' timer,
+//! makes it two thread-local writes: arming records a deadline in the `HeadWait` of the
+//! connection being polled and returns a zero-sized sleep (boxing it does not allocate), which
+//! completes once that connection has found the deadline passed with its one timer
+//! (`server.rs`, re-armed lazily).
+//!
+//! Invariants:
+//! - Connections poll hyper inside `scope`, which installs their `HeadWait` in a thread-local
+//!   slot for the poll and takes it back after (a nested scope restores the outer one). Outside
+//!   every scope the slot is empty, and `HeadTimer` falls back to a nodus sleep.
+//! - `HeadTimer`'s clock stands still at `base`: hyper's deadline is `now() + timeout`, so
+//!   `deadline - base` is the timeout, counted from the connection's time when hyper arms it.
+//! - hyper's HTTP/1 server uses its timer for the header-read timeout only, so a connection has
+//!   at most one wait, armed when a head is awaited and disarmed (dropped) when it is parsed.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use hyper::rt::Timer;
+
+use crate::timer::NodusTimer;
+
+/// Where a connection is in waiting for a request head.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum HeadWait {
+    /// hyper is not waiting for a head (or has no timeout for it).
+    #[default]
+    Idle,
+    /// hyper is waiting for a head that must be complete by this time (`nodus::clock` ns).
+    Until(u64),
+    /// The deadline passed: hyper's sleep completes when it next polls it.
+    Expired,
+}
+
+thread_local! {
+    /// The wait of the connection being polled; `None` outside every `scope`.
+    static CURRENT: Cell<Option<HeadWait>> = const { Cell::new(None) };
+}
+
+/// Runs `poll` (a poll of hyper's connection) with `wait` as the current connection's wait.
+pub(crate) fn scope<R>(wait: &mut HeadWait, poll: impl FnOnce() -> R) -> R {
+    let outer = CURRENT.replace(Some(*wait));
+    let result = poll();
+    *wait = CURRENT.replace(outer).unwrap_or_default();
+    result
+}
+
+/// hyper's timer for the HTTP/1 header-read timeout (see the module docs).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HeadTimer {
+    base: Instant,
+}
+
+impl HeadTimer {
+    pub(crate) fn new() -> HeadTimer {
+        HeadTimer {
+            base: Instant::now(),
+        }
+    }
+}
+
+impl Timer for HeadTimer {
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        let armed = CURRENT.with(|current| {
+            current.get().map(|_| {
+                let deadline = crate::io::now_ns().saturating_add(duration.as_nanos() as u64);
+                current.set(Some(HeadWait::Until(deadline)));
+            })
+        });
+        match armed {
+            Some(()) => Box::pin(HeadSleep),
+            None => NodusTimer.sleep(duration),
+        }
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        self.sleep(deadline.saturating_duration_since(self.base))
+    }
+
+    fn now(&self) -> Instant {
+        self.base
+    }
+}
+
+/// The current connection's header-read timeout, as hyper sees it.
+struct HeadSleep;
+
+impl Future for HeadSleep {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<()> {
+        // The connection's own timer wakes the task when the deadline passes.
+        match CURRENT.get() {
+            Some(HeadWait::Expired) => Poll::Ready(()),
+            _ => Poll::Pending,
+        }
+    }
+}
+
+impl hyper::rt::Sleep for HeadSleep {}
+
+impl Drop for HeadSleep {
+    fn drop(&mut self) {
+        CURRENT.with(|current| {
+            if current.get().is_some() {
+                current.set(Some(HeadWait::Idle));
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arming_inside_a_scope_records_the_deadline_and_dropping_disarms() {
+        let timer = HeadTimer::new();
+        let mut wait = HeadWait::Idle;
+        let before = crate::io::now_ns();
+        let sleep = scope(&mut wait, || {
+            timer.sleep_until(timer.now() + Duration::from_secs(10))
+        });
+        let HeadWait::Until(deadline) = wait else {
+            panic!("not armed: {wait:?}")
+        };
+        assert!(deadline >= before + 10_000_000_000);
+        assert!(deadline < crate::io::now_ns() + 11_000_000_000);
+        scope(&mut wait, || drop(sleep));
+        assert_eq!(wait, HeadWait::Idle);
+    }
+
+    #[test]
+    fn the_sleep_completes_only_once_its_connection_expired_it() {
+        let timer = HeadTimer::new();
+        let mut wait = HeadWait::Idle;
+        let mut sleep = scope(&mut wait, || timer.sleep(Duration::from_secs(1)));
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        assert!(scope(&mut wait, || sleep.as_mut().poll(&mut cx)).is_pending());
+        // Another connection's expiry does not complete it.
+        let mut other = HeadWait::Expired;
+        assert!(
+            scope(&mut other, || {
+                scope(&mut wait, || sleep.as_mut().poll(&mut cx))
+            })
+            .is_pending()
+        );
+        assert_eq!(other, HeadWait::Expired);
+        wait = HeadWait::Expired;
+        assert!(scope(&mut wait, || sleep.as_mut().poll(&mut cx)).is_ready());
+    }
+
+    #[test]
+    fn outside_a_scope_it_is_a_nodus_sleep() {
+        let timer = HeadTimer::new();
+        nodus::Runtime::new().block_on(async {
+            let start = Instant::now();
+            timer.sleep(Duration::from_millis(20)).await;
+            assert!(start.elapsed() >= Duration::from_millis(20));
+        });
+    }
+}
