@@ -13,8 +13,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use cluster_support::{
-    Cluster, Event, Load, TempDir, count, current_pids, dump, example_binary, exclusive, get,
-    is_alive, kill9,
+    Cluster, Event, Load, TempDir, count, current_pids, dump, example_binary, exclusive, freeze,
+    get, is_alive, kill9,
 };
 use rustix::process::Signal;
 
@@ -166,6 +166,33 @@ fn connections_a_worker_held_when_its_listener_closed_are_served_by_another() {
         after.get(&2),
         Some(&40),
         "only worker 2 listens now: {after:?}"
+    );
+}
+
+#[test]
+fn a_connection_handed_to_a_worker_that_dies_before_taking_it_is_served_by_its_replacement() {
+    let _x = exclusive();
+    let c = Cluster::start(1, "rr", &[]);
+    let victim = current_pids(&c.events())[0];
+    // A frozen worker reads nothing: the connection waits in its channel, untaken.
+    freeze(victim);
+    let addr = c.addr();
+    let client = std::thread::spawn(move || get(addr));
+    std::thread::sleep(Duration::from_millis(300));
+    kill9(victim);
+    // The primary holds the connection, parks it (no worker listens), and hands it to the
+    // replacement once it joins: no other client has to come along to wake it.
+    let reply = client
+        .join()
+        .expect("the client thread")
+        .unwrap_or_else(|e| panic!("the held connection was not served: {e}\n{}", c.stderr()));
+    assert!(reply.is_hello(), "{reply:?}");
+    assert_ne!(reply.worker(), None);
+    let events = c.events();
+    assert!(
+        current_pids(&events).iter().all(|p| *p != victim),
+        "{}",
+        dump(&events)
     );
 }
 

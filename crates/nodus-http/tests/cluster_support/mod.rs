@@ -338,6 +338,11 @@ pub fn kill9(p: u32) {
     kill_process(pid(p), Signal::KILL).expect("the worker is running");
 }
 
+/// Freezes a worker (SIGSTOP): its loop reads nothing until it is killed or continued.
+pub fn freeze(p: u32) {
+    kill_process(pid(p), Signal::STOP).expect("the worker is running");
+}
+
 /// One line of the event log.
 #[derive(Clone)]
 pub struct Event(pub Value);

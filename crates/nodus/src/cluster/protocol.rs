@@ -21,10 +21,11 @@
 //! `newconns` (key, `peers`: each client's address) with up to 64 fds in one frame
 //! (`ipc::Channel::send_fds`) instead of one `newconn` per fd. The worker answers a whole loop
 //! turn's batches with one `took` (`ack`: the newest batch's `seq`; every batch up to it that was
-//! not refused was taken; under `least` it also carries that turn's `load` fields) and a batch it cannot take at once with `refused` (`ack`: its `seq`),
-//! always before the `took` that passes it. A nodus worker whose listener closes with taken
-//! connections still queued sends them back after its `close`, as `returned` (key, peers, fds),
-//! and the primary hands them to the other workers.
+//! not refused was taken; under `least` it also carries that turn's `load` fields), and a batch
+//! it cannot take at once with `refused` (`ack`: its `seq`), always before the `took` that passes
+//! it. A nodus worker whose listener closes with taken connections still queued sends its
+//! pending `took`, its `close`, then the connections as `returned` (key, peers, fds), and the
+//! primary hands them to the other workers.
 //!
 //! Invariant: fields are parsed leniently (unknown fields ignored, all optional) so a message
 //! from a newer or older peer never breaks the channel; what a role needs and does not find is

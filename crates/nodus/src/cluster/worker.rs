@@ -4,7 +4,8 @@
 //! A process is a worker when `NODE_UNIQUE_ID` is set (Node's rule). [`Worker::get`] opens the
 //! IPC channel (`NODE_CHANNEL_FD`), says `online`, and starts one dispatch task that answers the
 //! primary. [`Worker::listen`] asks the primary for a listener (`queryServer`): under round-robin
-//! the primary accepts and hands connections over the channel (`newconn`), under a shared or
+//! the primary accepts and hands connections over the channel (`newconn`, or `newconns` batches
+//! from a nodus primary), under a shared or
 //! reuse-port policy it sends a listening fd; either way the caller gets a [`Listener`].
 //!
 //! Invariants:
@@ -474,22 +475,34 @@ impl Worker {
             .as_ref()
             .and_then(|k| self.sh.rr.borrow().get(k).cloned())
             .filter(|q| !q.closed.get());
+        let peers = m.peers.as_deref().unwrap_or_default();
+        if handles.len() < peers.len() {
+            // The kernel dropped fds (this process is at its fd limit): the primary still holds
+            // every connection of the batch and gives them to other workers.
+            tracing::warn!(
+                target: "nodus::cluster",
+                "{} of {} handed-over connections arrived (fd limit?); refusing the batch",
+                handles.len(),
+                peers.len()
+            );
+        }
+        let queue = queue.filter(|_| handles.len() >= peers.len());
         let Some(queue) = queue else {
             let mut refused = Nodus::act("refused");
             refused.ack = Some(seq);
             self.send_nodus(&refused);
             return;
         };
-        let peers = m.peers.as_deref().unwrap_or_default();
         for (i, handle) in handles.into_iter().enumerate() {
             match TcpStream::from_cluster_handoff(handle.into_owned_fd()) {
                 Ok(s) => queue
                     .conns
                     .borrow_mut()
                     .push_back((s, peers.get(i).copied().flatten())),
-                Err(e) => {
-                    tracing::warn!(target: "nodus::cluster", "cannot adopt a handed-over connection: {e}")
-                }
+                Err(e) => tracing::warn!(
+                    target: "nodus::cluster",
+                    "cannot adopt a handed-over connection: {e}"
+                ),
             }
         }
         queue.wake();
@@ -567,6 +580,16 @@ impl Worker {
         if self.sh.load.reporting.get() {
             self.sh.load.changed.set(true);
             self.queue_report();
+        }
+    }
+
+    /// Sends the pending `took` now (before a `close` and `returned`, so the primary never holds
+    /// a returned connection as still pending too).
+    fn send_took_now(&self) {
+        if let Some(ack) = self.sh.took.take() {
+            let mut msg = Nodus::act("took");
+            msg.ack = Some(ack);
+            self.send_nodus(&msg);
         }
     }
 
@@ -714,9 +737,11 @@ impl Listener {
 }
 
 impl Drop for Listener {
-    /// Tells the primary this worker no longer listens on the key (Node's `act: 'close'`).
+    /// Tells the primary this worker no longer listens on the key (Node's `act: 'close'`) and
+    /// gives a nodus primary back the connections it took for it and nobody accepted.
     fn drop(&mut self) {
         let key = self.key.clone();
+        self.worker.send_took_now();
         self.worker.send_cluster(|seq| CloseKey {
             cmd: NODE_CLUSTER,
             act: "close",

@@ -1,6 +1,6 @@
 //! Bytes and fds over an AF_UNIX stream: `sendmsg` with the `SCM_RIGHTS` fds in the same call as
-//! the frame they belong to (Node's rule: one fd; nodus peers: up to [`MAX_FDS`]), and `recvmsg(MSG_CMSG_CLOEXEC)` that collects every fd
-//! the kernel hands over.
+//! the frame they belong to (Node's rule: one fd; nodus peers: up to [`MAX_FDS`]), and
+//! `recvmsg(MSG_CMSG_CLOEXEC)` that collects every fd the kernel hands over.
 //!
 //! Invariants: received fds are close-on-exec from the moment they exist (no window in which a
 //! concurrent `exec` could leak them); sends use `MSG_NOSIGNAL` (a gone peer is `EPIPE`, not a

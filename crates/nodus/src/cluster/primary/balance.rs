@@ -1,21 +1,21 @@
 //! Choosing the worker for a new connection (round-robin and least-loaded), pure and testable.
 //!
 //! Round-robin: strict rotation over the eligible workers, skipping any with
-//! [`MAX_IN_FLIGHT`] handoffs not yet accepted (a stuck or slow worker stops receiving; the
-//! others keep the rotation). Node's primary allows one unaccepted handoff per worker, so a
+//! [`MAX_IN_FLIGHT`] handed connections not yet taken (a stuck or slow worker stops receiving;
+//! the others keep the rotation). Node's primary allows one unaccepted handoff per worker, so a
 //! single slow ACK stalls that worker's share; nodus pipelines up to the cap.
 //!
 //! Least: the worker with the fewest estimated open connections, where the estimate is what the
-//! worker last reported plus the handoffs made since that report (a Node worker reports nothing:
-//! its estimate is its unaccepted handoffs, which grow while its loop is busy). Ties rotate.
+//! worker last reported plus the connections handed since that report (a Node worker reports
+//! nothing: its estimate is its untaken handoffs, which grow while its loop is busy). Ties rotate.
 
-/// Handoffs a worker may have unaccepted before it is skipped.
+/// Connections a worker may have handed and not yet taken before it is skipped.
 pub(crate) const MAX_IN_FLIGHT: u64 = 64;
 
 /// What the balancer knows of one eligible worker.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Candidate {
-    /// Handoffs sent and not yet answered `accepted`.
+    /// Connections handed and not yet taken.
     pub in_flight: u64,
     /// Load estimate for `least` (see the module docs).
     pub load: u64,

@@ -265,7 +265,7 @@ fn on_internal(st: &Rc<State>, proc: &Rc<Proc>, mut msg: Message) {
     if m.is_nodus() {
         if let (Some("returned"), Some(key)) = (m.act, &m.key) {
             let fds = handles.into_iter().map(|h| h.into_owned_fd()).collect();
-            server::on_returned(st, key, fds, m.peers.as_deref().unwrap_or_default());
+            server::on_returned(st, proc, key, fds, m.peers.as_deref().unwrap_or_default());
         } else {
             on_nodus(st, proc, &m);
         }

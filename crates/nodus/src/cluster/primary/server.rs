@@ -9,7 +9,8 @@
 //! - Reuse-port sockets are bound per worker and not kept: a socket nobody accepts on would
 //!   swallow its share of connections.
 //! - Accepted connections wait for a worker ("parked": none listening yet, or all at their
-//!   in-flight cap) only up to one accept batch plus what dead or refusing workers left; while
+//!   in-flight cap) only up to one accept batch plus what dead, refusing or closing workers
+//!   left or gave back; while
 //!   any are parked and no worker has room, the primary does not accept and the kernel's backlog
 //!   holds newcomers.
 //! - Connections are accepted non-blocking (the flag lives in the file description the worker
@@ -378,8 +379,10 @@ pub(super) fn on_took(proc: &Rc<Proc>, ack: u64) {
 fn took(proc: &Proc, handoffs: Vec<Handoff>) {
     for h in handoffs {
         proc.handed.set(proc.handed.get() + h.conns.len() as u64);
-        // Room for more: the accept task may be waiting for it.
-        h.server.wake_accept();
+        // Room for more: parked connections may be waiting for it.
+        if !h.server.parked.borrow().is_empty() {
+            h.server.wake_accept();
+        }
     }
 }
 
@@ -395,14 +398,18 @@ pub(super) fn refused(st: &Rc<State>, proc: &Rc<Proc>, ack: u64) {
     h.server.wake_accept();
 }
 
-/// A worker gave back connections it had taken but not served (its listener for `key` closed
+/// `proc` gave back connections it had taken but not served (its listener for `key` closed
 /// with them queued): they go to the other workers.
 pub(super) fn on_returned(
     st: &Rc<State>,
+    proc: &Proc,
     key: &str,
     fds: Vec<OwnedFd>,
     peers: &[Option<SocketAddr>],
 ) {
+    let given_back = fds.len() as u64;
+    proc.handed
+        .set(proc.handed.get().saturating_sub(given_back));
     let Some(server) = st.servers.borrow().get(key).cloned() else {
         return;
     };
@@ -551,9 +558,10 @@ fn poll_work(
     if parked > 0 && room {
         return Poll::Ready(Ok(()));
     }
+    // Connections parked from outside this task (a refusal, a death, a give-back) and room for
+    // them wake it through `accept_waker`; new connections through the socket.
+    *server.accept_waker.borrow_mut() = Some(cx.waker().clone());
     if parked > 0 {
-        // Waits for room (a worker answers or joins).
-        *server.accept_waker.borrow_mut() = Some(cx.waker().clone());
         return Poll::Pending;
     }
     io.poll_read_ready(cx)
