@@ -221,18 +221,6 @@ fn seconds(s: &str) -> Result<f64, String> {
     }
 }
 
-/// Raises the soft open-files limit to the hard limit (a server holds one fd per connection).
-fn raise_fd_limit() {
-    use rustix::process::{Resource, getrlimit, setrlimit};
-    let mut limit = getrlimit(Resource::Nofile);
-    if limit.current < limit.maximum {
-        limit.current = limit.maximum;
-        if let Err(e) = setrlimit(Resource::Nofile, limit) {
-            tracing::warn!("cannot raise the open-files limit: {e}");
-        }
-    }
-}
-
 /// The cores this process may run on (1 if unknown).
 fn available_cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())

@@ -63,7 +63,7 @@ pub fn run(options: RunOptions) -> i32 {
         return fail("no program to run: nodus run [OPTIONS] -- PROGRAM [ARGS]...");
     };
     let (program, args) = (program.clone(), args.to_vec());
-    crate::raise_fd_limit();
+    nodus::process::raise_fd_limit();
     let rt = nodus::Runtime::new();
     rt.block_on(async move {
         let listeners = match bind_listeners(&options.listen, policy) {

@@ -74,7 +74,7 @@ impl Site {
 
 /// Runs `nodus serve` until a shutdown signal; returns the process exit code.
 pub fn run(options: ServeOptions) -> i32 {
-    crate::raise_fd_limit();
+    nodus::process::raise_fd_limit();
     let root = match static_files::canonical_root(&options.dir) {
         Ok(root) if root.is_dir() => root,
         Ok(_) => {

@@ -54,3 +54,17 @@ where
     let channel = child.channel.take().expect("spawned with ipc");
     Ok((child, channel))
 }
+
+/// Raises this process's soft open-files limit to its hard limit (a server holds one fd per
+/// connection; a cluster primary also counts the fds it has in flight to its workers against it).
+/// A failure is logged, not returned: the process runs on with the old limit.
+pub fn raise_fd_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        limit.current = limit.maximum;
+        if let Err(e) = setrlimit(Resource::Nofile, limit) {
+            tracing::warn!("cannot raise the open-files limit: {e}");
+        }
+    }
+}

@@ -206,7 +206,8 @@ pub struct Primary {
 }
 
 impl Primary {
-    /// Forks the workers and starts serving the pre-bound listeners.
+    /// Forks the workers and starts serving the pre-bound listeners. Raises the process's soft
+    /// open-files limit to the hard limit first ([`crate::process::raise_fd_limit`]).
     ///
     /// # Errors
     /// The event log cannot be opened, or no worker could be spawned (the program does not exist,
@@ -215,6 +216,9 @@ impl Primary {
     /// # Panics
     /// Outside a running nodus loop.
     pub fn start(mut config: Config) -> io::Result<Primary> {
+        // Fds handed to workers and not yet read count against the sender's limit (the kernel
+        // refuses more with ETOOMANYREFS).
+        crate::process::raise_fd_limit();
         let events = events::Events::open(config.event_log.as_deref())?;
         let budget = RestartBudget::new(config.max_restarts, config.restart_window);
         let listeners = std::mem::take(&mut config.listeners);
