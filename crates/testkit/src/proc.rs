@@ -73,7 +73,8 @@ impl Proc {
             .unwrap_or_else(|e| panic!("kill({}, {sig:?}): {e}", self.id()));
     }
 
-    fn exited_within(&mut self, limit: Duration) -> Option<ExitStatus> {
+    /// Waits up to `limit` for the exit; the status, `None` if it is still running.
+    pub fn exited_within(&mut self, limit: Duration) -> Option<ExitStatus> {
         let deadline = Instant::now() + limit;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
