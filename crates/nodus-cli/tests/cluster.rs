@@ -15,8 +15,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::http::try_request;
-use common::proc::Proc;
-use common::{NODUS, TempDir, free_addr, have};
+use common::{NODUS, have};
+use nodus_testkit::net::free_addr;
+use nodus_testkit::proc::Proc;
+use nodus_testkit::tmp::TempDir;
 use serde_json::Value;
 
 /// `cmd` in its own process group, its stdout and stderr lines captured.

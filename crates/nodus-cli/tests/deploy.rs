@@ -22,8 +22,10 @@ use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
 use common::http::get;
-use common::proc::Proc;
-use common::{NODUS, TempDir, free_addrs, have};
+use common::{NODUS, have};
+use nodus_testkit::net::free_addrs;
+use nodus_testkit::proc::Proc;
+use nodus_testkit::tmp::TempDir;
 use yaml_rust2::{Yaml, YamlLoader};
 
 fn deploy_dir() -> PathBuf {

@@ -6,7 +6,8 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{NODUS, TempDir};
+use common::NODUS;
+use nodus_testkit::tmp::TempDir;
 
 fn run(cmd: &mut Command) -> (Option<i32>, String, String) {
     let out = cmd.output().unwrap();

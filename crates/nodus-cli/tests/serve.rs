@@ -13,10 +13,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use common::NODUS;
 use common::http::request;
-use common::proc::Proc;
 use common::serve::Serve;
-use common::{NODUS, TempDir, free_addr};
+use nodus_testkit::net::free_addr;
+use nodus_testkit::proc::Proc;
+use nodus_testkit::tmp::TempDir;
 
 /// The resident set size of process `pid`, in KiB.
 fn rss_kib(pid: u32) -> u64 {

@@ -18,10 +18,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::proc::Proc;
 use common::serve::Serve;
-use common::{NODUS, TempDir, free_addr, http, installed};
+use common::{NODUS, http, installed};
 use nodus::metrics::{Histogram, HistogramSnapshot, PoolSnapshot, Snapshot, StallReport};
+use nodus_testkit::net::free_addr;
+use nodus_testkit::proc::Proc;
+use nodus_testkit::tmp::TempDir;
 use serde_json::Value;
 
 /// A temporary directory holding `index.html`, for `nodus serve`.

@@ -4,8 +4,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+use nodus_testkit::proc::Proc;
+
 use super::NODUS;
-use super::proc::Proc;
 
 pub struct Serve {
     /// Stopped by PID on drop; its stderr lines (`RUST_LOG=info`) are `proc.lines`.
