@@ -13,9 +13,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use cluster_support::{
-    Cluster, Event, Load, TempDir, count, current_pids, dump, example_binary, exclusive, freeze,
-    get, is_alive, kill9,
+    Cluster, Event, ExampleReply, Load, count, current_pids, dump, example_binary, exclusive,
+    freeze, get, is_alive, kill9,
 };
+use nodus_testkit::tmp::TempDir;
 use rustix::process::Signal;
 
 /// 40 requests, each on a new connection; all must be `200 Hello, World!`. Returns the

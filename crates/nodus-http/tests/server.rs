@@ -2,7 +2,7 @@
 //!
 //! Each test runs a server on its own loop thread and talks to it with blocking std sockets.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,6 +14,7 @@ use http::StatusCode;
 use nodus::Runtime;
 use nodus::net::TcpListener;
 use nodus_http::{Config, collect_body, full, serve, text};
+use nodus_testkit::http::{Reply, read_reply, write_request};
 
 /// A server on its own thread; `drain` (or drop) stops it.
 struct TestServer {
@@ -87,42 +88,8 @@ impl Drop for TestServer {
     }
 }
 
-/// Status, lowercase headers, body.
-type Reply = (u16, Vec<(String, String)>, Vec<u8>);
-
-/// Reads one HTTP/1.1 response (body by Content-Length).
-fn read_response(r: &mut BufReader<TcpStream>) -> std::io::Result<Reply> {
-    let mut line = String::new();
-    if r.read_line(&mut line)? == 0 {
-        return Err(std::io::ErrorKind::UnexpectedEof.into());
-    }
-    let status: u16 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let mut headers = Vec::new();
-    loop {
-        line.clear();
-        r.read_line(&mut line)?;
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        let (k, v) = l.split_once(':').unwrap();
-        headers.push((k.to_ascii_lowercase(), v.trim().to_string()));
-    }
-    let len: usize = headers
-        .iter()
-        .find(|(k, _)| k == "content-length")
-        .map_or(0, |(_, v)| v.parse().unwrap());
-    let mut body = vec![0; len];
-    r.read_exact(&mut body)?;
-    Ok((status, headers, body))
-}
-
 fn get(s: &mut TcpStream, path: &str) {
-    write!(s, "GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
-}
-
-fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    h.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    write_request(s, "GET", path, &[]).unwrap();
 }
 
 #[test]
@@ -132,7 +99,7 @@ fn serves_keep_alive_requests_and_counts_them() {
     let mut r = BufReader::new(s.try_clone().unwrap());
     for _ in 0..3 {
         get(&mut s, "/");
-        let (status, _, body) = read_response(&mut r).unwrap();
+        let Reply { status, body, .. } = read_reply(&mut r, false).unwrap();
         assert_eq!((status, body.as_slice()), (200, &b"hello"[..]));
     }
     drop((s, r));
@@ -160,7 +127,7 @@ fn oversized_heads_get_431_and_bodies_413() {
         "a".repeat(8192)
     )
     .unwrap();
-    let (status, _, _) = read_response(&mut BufReader::new(s)).unwrap();
+    let Reply { status, .. } = read_reply(&mut BufReader::new(s), false).unwrap();
     assert_eq!(status, 431);
 
     let mut s = server.connect();
@@ -169,9 +136,9 @@ fn oversized_heads_get_431_and_bodies_413() {
         "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 4096\r\n\r\n"
     )
     .unwrap();
-    let (status, headers, _) = read_response(&mut BufReader::new(s)).unwrap();
-    assert_eq!(status, 413);
-    assert_eq!(header(&headers, "connection"), Some("close"));
+    let reply = read_reply(&mut BufReader::new(s), false).unwrap();
+    assert_eq!(reply.status, 413);
+    assert_eq!(reply.header("connection"), Some("close"));
 
     // A chunked body over the limit is refused by the handler's read.
     let mut s = server.connect();
@@ -185,13 +152,16 @@ fn oversized_heads_get_431_and_bodies_413() {
         write!(s, "{:x}\r\n{chunk}\r\n", chunk.len()).unwrap();
     }
     write!(s, "0\r\n\r\n").unwrap();
-    let (status, _, _) = read_response(&mut BufReader::new(s)).unwrap();
+    let Reply { status, .. } = read_reply(&mut BufReader::new(s), false).unwrap();
     assert_eq!(status, 413);
 
     // Other connections are unaffected.
     let mut s = server.connect();
     get(&mut s, "/");
-    assert_eq!(read_response(&mut BufReader::new(s)).unwrap().0, 200);
+    assert_eq!(
+        read_reply(&mut BufReader::new(s), false).unwrap().status,
+        200
+    );
 }
 
 #[test]
@@ -213,7 +183,10 @@ fn a_slowloris_client_is_cut_while_others_are_served() {
         // Meanwhile a normal client is served at once.
         let mut ok = server.connect();
         get(&mut ok, "/");
-        assert_eq!(read_response(&mut BufReader::new(ok)).unwrap().0, 200);
+        assert_eq!(
+            read_reply(&mut BufReader::new(ok), false).unwrap().status,
+            200
+        );
         std::thread::sleep(Duration::from_millis(100));
         let mut probe = [0u8; 1];
         slow.set_nonblocking(true).unwrap();
@@ -247,7 +220,7 @@ fn idle_keep_alive_connections_close_after_the_timeout() {
     let mut s = server.connect();
     let mut r = BufReader::new(s.try_clone().unwrap());
     get(&mut s, "/");
-    assert_eq!(read_response(&mut r).unwrap().0, 200);
+    assert_eq!(read_reply(&mut r, false).unwrap().status, 200);
     let start = Instant::now();
     let mut buf = [0u8; 1];
     assert_eq!(
@@ -272,7 +245,7 @@ fn graceful_drain_finishes_in_flight_work_and_refuses_new_connections() {
     let mut ka = server.connect();
     let mut ka_r = BufReader::new(ka.try_clone().unwrap());
     get(&mut ka, "/");
-    assert_eq!(read_response(&mut ka_r).unwrap().0, 200);
+    assert_eq!(read_reply(&mut ka_r, false).unwrap().status, 200);
     std::thread::sleep(Duration::from_millis(50));
 
     let addr = server.addr;
@@ -283,11 +256,11 @@ fn graceful_drain_finishes_in_flight_work_and_refuses_new_connections() {
     assert!(TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err());
     // The keep-alive client's next request is answered, with Connection: close.
     get(&mut ka, "/");
-    let (status, headers, _) = read_response(&mut ka_r).unwrap();
-    assert_eq!(status, 200);
-    assert_eq!(header(&headers, "connection"), Some("close"));
+    let reply = read_reply(&mut ka_r, false).unwrap();
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.header("connection"), Some("close"));
     // The in-flight slow request completes.
-    let (status, _, body) = read_response(&mut BufReader::new(slow)).unwrap();
+    let Reply { status, body, .. } = read_reply(&mut BufReader::new(slow), false).unwrap();
     assert_eq!((status, body.as_slice()), (200, &b"slow done"[..]));
     let snap = drained.join().unwrap();
     assert_eq!(snap.http.connections_open, 0);
@@ -304,7 +277,7 @@ fn at_most_max_connections_are_served_at_once() {
     let mut first = server.connect();
     get(&mut first, "/");
     let mut first_r = BufReader::new(first.try_clone().unwrap());
-    assert_eq!(read_response(&mut first_r).unwrap().0, 200);
+    assert_eq!(read_reply(&mut first_r, false).unwrap().status, 200);
     // The second connection waits in the backlog.
     let mut second = server.connect();
     get(&mut second, "/");
@@ -313,14 +286,14 @@ fn at_most_max_connections_are_served_at_once() {
         .unwrap();
     let mut second_r = BufReader::new(second.try_clone().unwrap());
     assert!(
-        read_response(&mut second_r).is_err(),
+        read_reply(&mut second_r, false).is_err(),
         "served beyond max_connections"
     );
     drop((first, first_r));
     second
         .set_read_timeout(Some(Duration::from_secs(5)))
         .unwrap();
-    assert_eq!(read_response(&mut second_r).unwrap().0, 200);
+    assert_eq!(read_reply(&mut second_r, false).unwrap().status, 200);
 }
 
 #[test]
@@ -359,7 +332,10 @@ fn http2_with_prior_knowledge_runs_streams_as_local_tasks() {
     // Plain HTTP/1.1 still works on the same listener.
     let mut s = server.connect();
     get(&mut s, "/");
-    assert_eq!(read_response(&mut BufReader::new(s)).unwrap().0, 200);
+    assert_eq!(
+        read_reply(&mut BufReader::new(s), false).unwrap().status,
+        200
+    );
 }
 
 /// Whether the server has closed `s` (EOF or reset), without blocking.
@@ -396,7 +372,11 @@ fn the_header_read_timeout_counts_from_each_wait_for_a_head() {
         for _ in 0..4 {
             std::thread::sleep(Duration::from_millis(250));
             get(&mut s, "/");
-            assert_eq!(read_response(&mut r).unwrap().0, 200, "http2: {http2}");
+            assert_eq!(
+                read_reply(&mut r, false).unwrap().status,
+                200,
+                "http2: {http2}"
+            );
         }
         // A head that never completes is cut one timeout after the wait for it began.
         s.write_all(b"GET / HTTP/1.1\r\n").unwrap();
@@ -460,6 +440,6 @@ fn a_keep_alive_timeout_beyond_the_longest_timer_is_accepted() {
     let mut r = BufReader::new(s.try_clone().unwrap());
     for _ in 0..2 {
         get(&mut s, "/");
-        assert_eq!(read_response(&mut r).unwrap().0, 200);
+        assert_eq!(read_reply(&mut r, false).unwrap().status, 200);
     }
 }

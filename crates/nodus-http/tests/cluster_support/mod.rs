@@ -1,5 +1,6 @@
 //! Helpers for the cluster tests: the example binary run as a primary (killed with all its
-//! workers on drop), its JSON-lines event log, a minimal HTTP/1.1 client and a load generator.
+//! workers on drop), its JSON-lines event log, the example's replies (`nodus_testkit::http`) and
+//! a load generator.
 //!
 //! Invariants:
 //! - A [`Cluster`] kills every process it started on drop, by PID: the workers found through
@@ -10,21 +11,28 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, BufReader};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use nodus_testkit::http::{self, Reply, Timeouts};
+use nodus_testkit::net::free_addr;
+use nodus_testkit::proc::Proc;
+use nodus_testkit::tmp::TempDir;
 use rustix::process::{Pid, Signal, kill_process};
 use serde_json::Value;
 
-/// Limit on every blocking socket operation of the client: long enough for a loaded machine,
+/// Limits on every blocking socket operation of the client: long enough for a loaded machine,
 /// short enough to turn a hang into a failure.
-const IO_TIMEOUT: Duration = Duration::from_secs(10);
+const TIMEOUTS: Timeouts = Timeouts {
+    connect: Duration::from_secs(10),
+    io: Duration::from_secs(10),
+};
 
 /// Held by each test: clusters of different tests never compete for the 2 cores, so the
 /// timing-dependent rules (restart windows, min uptime) see realistic start-up times.
@@ -84,40 +92,9 @@ fn build_example(cargo: &str, profile_dir: &Path) {
     );
 }
 
-/// A 127.0.0.1 port nobody listened on a moment ago.
-pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
-
-/// A temporary directory, removed on drop.
-pub struct TempDir(PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
-        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let p =
-            std::env::temp_dir().join(format!("nodus-cluster-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// A running cluster primary (the example binary) and its workers.
 pub struct Cluster {
-    child: Child,
+    primary: Proc,
     program: PathBuf,
     pub port: u16,
     events: PathBuf,
@@ -150,26 +127,26 @@ impl Cluster {
         policy: &str,
         extra: &[&str],
     ) -> Cluster {
-        let port = free_port();
+        let port = free_addr().port();
         let events = dir.path().join("events.jsonl");
         let stderr = dir.path().join("stderr.log");
-        let child = Command::new(program)
-            .args(["--workers", &workers.to_string(), "--policy", policy])
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .arg("--events")
-            .arg(&events)
-            .args(extra)
-            .env("RUST_LOG", "info")
-            .env_remove("NODE_UNIQUE_ID")
-            .env_remove("NOTIFY_SOCKET")
-            .env_remove("LISTEN_FDS")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(&stderr).unwrap())
-            .spawn()
-            .unwrap();
+        let primary = Proc::spawn(
+            Command::new(program)
+                .args(["--workers", &workers.to_string(), "--policy", policy])
+                .args(["--listen", &format!("127.0.0.1:{port}")])
+                .arg("--events")
+                .arg(&events)
+                .args(extra)
+                .env("RUST_LOG", "info")
+                .env_remove("NODE_UNIQUE_ID")
+                .env_remove("NOTIFY_SOCKET")
+                .env_remove("LISTEN_FDS")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(File::create(&stderr).unwrap()),
+        );
         Cluster {
-            child,
+            primary,
             program: program.to_owned(),
             port,
             events,
@@ -184,11 +161,11 @@ impl Cluster {
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.primary.id()
     }
 
     pub fn signal(&self, sig: Signal) {
-        kill_process(pid(self.pid()), sig).expect("the primary is running");
+        self.primary.signal(sig);
     }
 
     /// The primary's stderr so far (its log lines and its workers').
@@ -262,21 +239,12 @@ impl Cluster {
 
     /// Waits for the primary to exit (`None` if it is still running after `limit`).
     pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return Some(status);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        self.primary.exited_within(limit)
     }
 
     /// Whether the primary is still running.
     pub fn is_running(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
+        self.primary.child.try_wait().unwrap().is_none()
     }
 
     fn is_ours(&self, p: u32) -> bool {
@@ -285,18 +253,18 @@ impl Cluster {
 }
 
 impl Drop for Cluster {
-    /// Kills the primary first (so it starts no replacement), then every worker it had.
+    /// Kills the primary first (so it starts no replacement), then every worker it had; the
+    /// primary's `Proc` reaps it.
     fn drop(&mut self) {
         let mut victims = children(self.pid());
         let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
         victims.extend(seen.into_iter().filter(|p| self.is_ours(*p)));
-        let _ = self.child.kill();
+        let _ = self.primary.child.kill();
         for p in victims {
             if is_alive(p) {
                 let _ = kill_process(pid(p), Signal::KILL);
             }
         }
-        let _ = self.child.wait();
     }
 }
 
@@ -396,103 +364,27 @@ pub fn current_pids(events: &[Event]) -> Vec<u32> {
     live.into_iter().map(|(_, p)| p).collect()
 }
 
-/// One HTTP/1.1 response.
-#[derive(Debug)]
-pub struct Reply {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
+/// What the example answers.
+pub trait ExampleReply {
+    /// The worker id in `X-Worker`.
+    fn worker(&self) -> Option<u32>;
+    /// 200 with the example's body.
+    fn is_hello(&self) -> bool;
 }
 
-impl Reply {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// The worker id in `X-Worker`.
-    pub fn worker(&self) -> Option<u32> {
+impl ExampleReply for Reply {
+    fn worker(&self) -> Option<u32> {
         self.header("x-worker")?.parse().ok()
     }
 
-    /// 200 with the example's body.
-    pub fn is_hello(&self) -> bool {
+    fn is_hello(&self) -> bool {
         self.status == 200 && self.body == b"Hello, World!"
     }
-
-    fn closes(&self) -> bool {
-        self.header("connection")
-            .is_some_and(|v| v.eq_ignore_ascii_case("close"))
-    }
-}
-
-fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
-    let s = TcpStream::connect_timeout(&addr, IO_TIMEOUT)?;
-    s.set_read_timeout(Some(IO_TIMEOUT))?;
-    s.set_write_timeout(Some(IO_TIMEOUT))?;
-    s.set_nodelay(true)?;
-    Ok(s)
-}
-
-fn send_get(s: &mut TcpStream, close: bool) -> io::Result<()> {
-    let connection = if close { "close" } else { "keep-alive" };
-    s.write_all(
-        format!("GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: {connection}\r\n\r\n").as_bytes(),
-    )
-}
-
-/// Reads one response with a `Content-Length` body.
-fn read_reply(r: &mut BufReader<TcpStream>) -> io::Result<Reply> {
-    let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_owned());
-    let mut line = String::new();
-    if r.read_line(&mut line)? == 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "connection closed before a response",
-        ));
-    }
-    let status = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| bad(&format!("bad status line {line:?}")))?;
-    let mut headers = Vec::new();
-    loop {
-        line.clear();
-        if r.read_line(&mut line)? == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "connection closed inside a response head",
-            ));
-        }
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        let (k, v) = l.split_once(':').ok_or_else(|| bad("bad header line"))?;
-        headers.push((k.trim().to_owned(), v.trim().to_owned()));
-    }
-    let len: usize = headers
-        .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
-        .and_then(|(_, v)| v.parse().ok())
-        .ok_or_else(|| bad("no Content-Length"))?;
-    let mut body = vec![0; len];
-    r.read_exact(&mut body)?;
-    Ok(Reply {
-        status,
-        headers,
-        body,
-    })
 }
 
 /// `GET /` on a new connection with `Connection: close`.
 pub fn get(addr: SocketAddr) -> io::Result<Reply> {
-    let mut s = connect(addr)?;
-    send_get(&mut s, true)?;
-    read_reply(&mut BufReader::new(s))
+    http::request(addr, TIMEOUTS, "GET", "/", &[])
 }
 
 /// A client that keeps its connection open and reconnects only after a `Connection: close`
@@ -513,11 +405,11 @@ impl KeepAlive {
 
     fn try_get(&mut self, addr: SocketAddr) -> io::Result<Reply> {
         if self.conn.is_none() {
-            self.conn = Some(BufReader::new(connect(addr)?));
+            self.conn = Some(BufReader::new(http::connect(addr, TIMEOUTS)?));
         }
         let r = self.conn.as_mut().expect("connected");
-        send_get(r.get_mut(), false)?;
-        read_reply(r)
+        http::write_request(r.get_mut(), "GET", "/", &["Connection: keep-alive"])?;
+        http::read_reply(r, false)
     }
 }
 
