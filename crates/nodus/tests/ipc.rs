@@ -232,6 +232,46 @@ fn a_burst_of_fds_travels_in_one_frame_in_order_between_other_messages() {
 }
 
 #[test]
+fn bursts_larger_than_the_socket_buffer_keep_their_fds_paired() {
+    use std::io::{Read, Write};
+    bounded(async {
+        let (a, b) = pair();
+        // Each frame is larger than the socketpair's buffer: it goes out in several writes, its
+        // fds with the first only, and arrives in several reads.
+        let big = "x".repeat(600 * 1024);
+        let bursts: Vec<Vec<_>> = (0..3)
+            .map(|_| (0..3).map(|_| pipe_pair()).collect())
+            .collect();
+        for (i, burst) in bursts.iter().enumerate() {
+            let msg = serde_json::json!({ "burst": i, "pad": big });
+            a.send_fds(&msg, burst.iter().map(|(_, w)| w.clone()).collect())
+                .unwrap();
+        }
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        a.send_handle(&"one", listener).unwrap();
+        for (i, burst) in bursts.into_iter().enumerate() {
+            let mut m = b.recv().await.unwrap().unwrap();
+            let v: serde_json::Value = m.deserialize().unwrap();
+            assert_eq!(v["burst"], i);
+            let handles = m.take_handles();
+            assert_eq!(handles.len(), 3, "burst {i}");
+            for (j, h) in handles.into_iter().enumerate() {
+                let mut w = std::fs::File::from(h.into_owned_fd());
+                w.write_all(&[j as u8]).unwrap();
+            }
+            for (j, (mut r, _)) in burst.into_iter().enumerate() {
+                let mut byte = [0u8; 1];
+                r.read_exact(&mut byte).unwrap();
+                assert_eq!(byte[0], j as u8, "burst {i}: fd {j} is the one sent there");
+            }
+        }
+        let mut one = b.recv().await.unwrap().unwrap();
+        assert_eq!(one.json(), r#""one""#);
+        assert!(one.take_handle().unwrap().into_tcp_listener().is_ok());
+    });
+}
+
+#[test]
 fn a_burst_frame_is_the_nodus_wrapper_and_is_not_acked() {
     bounded(async {
         let (ch, mut raw) = with_raw(ChannelOptions::default());
