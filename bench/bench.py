@@ -571,14 +571,20 @@ def micro_report(results):
     return "\n".join(out)
 
 
-def by_round(rs, rt, name, metric):
-    """{round: median of metric} for one runtime and bench."""
+def median_by_round(rs, metric, **where):
+    """{round: median of metric} over the results whose fields equal `where`."""
     out = {}
     for rnd in sorted({r["round"] for r in rs}):
-        v = med([r.get(metric) for r in rs if r["runtime"] == rt and r["name"] == name and r["round"] == rnd])
+        v = med([r.get(metric) for r in rs
+                 if r["round"] == rnd and all(r.get(k) == want for k, want in where.items())])
         if v is not None:
             out[rnd] = v
     return out
+
+
+def by_round(rs, rt, name, metric):
+    """{round: median of metric} for one runtime and bench."""
+    return median_by_round(rs, metric, runtime=rt, name=name)
 
 
 def round_ratios(rs, a, b, metric):

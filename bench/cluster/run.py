@@ -52,7 +52,7 @@ from collections import namedtuple
 # The machine-load, median, port and /proc helpers of the other sections (bench/bench.py,
 # stdlib only and side-effect free to import).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench import busy_pct, med, port_free, port_picker, proc_kb, sys_ticks  # noqa: E402
+from bench import busy_pct, med, median_by_round, port_free, port_picker, proc_kb, sys_ticks  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH = os.path.dirname(HERE)
@@ -628,12 +628,7 @@ def values(rs, cfg, measure, metric):
 
 def per_round(rs, cfg, measure, metric):
     """{round: median of metric}."""
-    out = {}
-    for rnd in sorted({r["round"] for r in rs}):
-        v = med([r.get(metric) for r in rs if r["config"] == cfg and r["measure"] == measure and r["round"] == rnd])
-        if v is not None:
-            out[rnd] = v
-    return out
+    return median_by_round(rs, metric, config=cfg, measure=measure)
 
 
 def round_pairs(rs, a, b, measure, metric, op):
