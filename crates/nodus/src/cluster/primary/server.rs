@@ -574,8 +574,7 @@ async fn accept_loop(st: &Rc<State>, server: &Rc<Server>) {
     let flags = rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK;
     loop {
         if let Err(e) = poll_fn(|cx| poll_work(server, io, cx)).await {
-            tracing::error!(target: "nodus::cluster", "accept on {} failed: {e}", server.addr);
-            crate::time::sleep(std::time::Duration::from_millis(50)).await;
+            back_off(server, e).await;
             continue;
         }
         let mut conns: Vec<Conn> = {
@@ -603,9 +602,13 @@ async fn accept_loop(st: &Rc<State>, server: &Rc<Server>) {
         }
         dispatch(st, server, conns);
         if let Some(e) = failure {
-            // EMFILE and friends: back off briefly instead of spinning.
-            tracing::error!(target: "nodus::cluster", "accept on {} failed: {e}", server.addr);
-            crate::time::sleep(std::time::Duration::from_millis(50)).await;
+            back_off(server, e).await;
         }
     }
+}
+
+/// After a failed accept (EMFILE and friends): log and pause briefly instead of spinning.
+async fn back_off(server: &Server, e: io::Error) {
+    tracing::error!(target: "nodus::cluster", "accept on {} failed: {e}", server.addr);
+    crate::time::sleep(std::time::Duration::from_millis(50)).await;
 }
