@@ -289,6 +289,34 @@ fn no_worker_outlives_a_primary_killed_with_sigkill() {
     assert!(left.is_empty(), "workers left after 2 s: {left:?}");
 }
 
+/// The scheduling policy of `pid`'s main thread (`/proc/PID/stat` field 41: 0 normal, 3 batch).
+fn sched_policy(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
+    let after_comm = &stat[stat.rfind(')').expect("(comm)") + 2..];
+    // Fields from 3 (state) on; the policy is field 41.
+    after_comm
+        .split(' ')
+        .nth(41 - 3)
+        .expect("field 41")
+        .parse()
+        .expect("a number")
+}
+
+#[test]
+fn the_primary_runs_sched_batch_and_its_workers_the_normal_policy() {
+    const SCHED_OTHER: u32 = 0;
+    const SCHED_BATCH: u32 = 3;
+    let _x = exclusive();
+    let c = Cluster::start(2, "rr", &[]);
+    forty_requests(&c);
+    assert_eq!(sched_policy(c.pid()), SCHED_BATCH);
+    let workers = c.worker_pids();
+    assert_eq!(workers.len(), 2, "{workers:?}");
+    for w in workers {
+        assert_eq!(sched_policy(w), SCHED_OTHER, "worker {w}");
+    }
+}
+
 /// `--workers 1 --max-restarts 3 --restart-window 2 --crash-after-ms MS`, not waited for.
 fn crashing(ms: &str) -> Cluster {
     let flags = [

@@ -5,8 +5,8 @@
 //! - `spawn` must run on the loop thread: the child's pidfd and pipes are registered with the
 //!   current loop, and the parent-death signal fires when the *thread* that forked exits.
 //! - Everything that runs in the child between `fork` and `exec` (`pre_exec`) is a raw
-//!   async-signal-safe syscall: `prctl`, `getppid`, `kill`, `fcntl`, `dup2`. No allocation, no
-//!   lock: the fd lists are computed in the parent and only read in the child.
+//!   async-signal-safe syscall: `prctl`, `getppid`, `kill`, `fcntl`, `dup2`, `sched_setscheduler`.
+//!   No allocation, no lock: the fd lists are computed in the parent and only read in the child.
 //! - The child gets stdio, the fds given to [`Command::pass_fd`] at their target numbers and,
 //!   with IPC, the channel right after the highest of them (fd 3 when there are none: Node's
 //!   `fork()` layout; listeners at 3..3+n then the channel: systemd's and DESIGN's layout), and
@@ -85,6 +85,8 @@ pub struct Command {
     /// (target, source), sorted by target, one entry per target.
     fds: Vec<(RawFd, Arc<OwnedFd>)>,
     ipc: Option<ChannelOptions>,
+    /// Put the child back to the normal scheduling policy (its parent runs `SCHED_BATCH`).
+    normal_scheduling: bool,
 }
 
 impl Command {
@@ -103,6 +105,7 @@ impl Command {
             death_signal: None,
             fds: Vec::new(),
             ipc: None,
+            normal_scheduling: false,
         }
     }
 
@@ -183,6 +186,13 @@ impl Command {
     /// gone by the time the child sets it, the child signals itself at once.
     pub fn parent_death_signal(&mut self, signal: Option<i32>) -> &mut Command {
         self.death_signal = signal;
+        self
+    }
+
+    /// Runs the child under the normal scheduling policy, whatever this thread's (a cluster
+    /// primary runs `SCHED_BATCH`, see `process::sched`; its workers must not inherit it).
+    pub(crate) fn normal_scheduling(&mut self, on: bool) -> &mut Command {
+        self.normal_scheduling = on;
         self
     }
 
@@ -273,14 +283,18 @@ impl Command {
         let ChildFds { pairs, held } = ChildFds::prepare(&wanted)?;
         let inherited = inheritable_fds();
         let parent_pid = rustix::process::getpid();
+        let normal_scheduling = self.normal_scheduling;
         // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
-        // calls are allowed: it makes raw syscalls through rustix (prctl, getppid, getpid, kill,
-        // fcntl, dup2) on plain integers, reads the lists computed in the parent, and allocates
-        // nothing. The inherited fds may be closed by now: `fcntl` then fails, harmlessly.
+        // calls are allowed: it makes raw syscalls (prctl, getppid, getpid, kill, fcntl, dup2,
+        // sched_setscheduler) on plain integers, reads the lists computed in the parent, and
+        // allocates nothing. The inherited fds may be closed by now: `fcntl` then fails, harmlessly.
         // Each target `OwnedFd` is wrapped in `ManuallyDrop`, so it is never closed here; the
         // sources stay open in the parent (`held`) until after the fork.
         unsafe {
             cmd.pre_exec(move || {
+                if normal_scheduling {
+                    super::sched::normal_this_thread()?;
+                }
                 if let Some(sig) = death {
                     rustix::process::set_parent_process_death_signal(Some(sig))?;
                     // The parent may have died before the prctl: then no signal would come.

@@ -18,6 +18,7 @@ mod command;
 mod exec;
 pub mod output;
 mod pipes;
+pub(crate) mod sched;
 
 use std::ffi::OsStr;
 use std::io;

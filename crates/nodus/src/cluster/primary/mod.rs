@@ -196,6 +196,8 @@ pub(crate) struct State {
     done: RefCell<Option<std::task::Waker>>,
     events: events::Events,
     started: Instant,
+    /// The loop thread runs `SCHED_BATCH` (`process::sched`); workers are started normal.
+    batch_scheduling: bool,
     stats_cache: RefCell<stats::Cache>,
 }
 
@@ -207,7 +209,9 @@ pub struct Primary {
 
 impl Primary {
     /// Forks the workers and starts serving the pre-bound listeners. Raises the process's soft
-    /// open-files limit to the hard limit first ([`crate::process::raise_fd_limit`]).
+    /// open-files limit to the hard limit first ([`crate::process::raise_fd_limit`]) and, when
+    /// the calling (loop) thread runs the normal scheduling policy, switches it to `SCHED_BATCH`
+    /// (connections gather while the cores are busy; the workers run normal).
     ///
     /// # Errors
     /// The event log cannot be opened, or no worker could be spawned (the program does not exist,
@@ -219,6 +223,7 @@ impl Primary {
         // Fds handed to workers and not yet read count against the sender's limit (the kernel
         // refuses more with ETOOMANYREFS).
         crate::process::raise_fd_limit();
+        let batch_scheduling = crate::process::sched::batch_this_thread();
         let events = events::Events::open(config.event_log.as_deref())?;
         let budget = RestartBudget::new(config.max_restarts, config.restart_window);
         let listeners = std::mem::take(&mut config.listeners);
@@ -252,6 +257,7 @@ impl Primary {
             done: RefCell::new(None),
             events,
             started: Instant::now(),
+            batch_scheduling,
             stats_cache: RefCell::default(),
         });
         for (name, listener) in listeners {

@@ -81,7 +81,8 @@ impl Proc {
             // Its own group: a terminal's Ctrl-C reaches the primary only, which drains the
             // workers; and the worker's whole group can be killed at once.
             .process_group(0)
-            .parent_death_signal(Some(SIGKILL));
+            .parent_death_signal(Some(SIGKILL))
+            .normal_scheduling(st.batch_scheduling);
         let notify_socket = if cfg.ipc {
             cmd.ipc(ChannelOptions::default());
             None
