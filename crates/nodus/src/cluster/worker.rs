@@ -494,7 +494,7 @@ impl Worker {
             return;
         };
         for (i, handle) in handles.into_iter().enumerate() {
-            match TcpStream::from_cluster_handoff(handle.into_owned_fd()) {
+            match TcpStream::from_nonblocking(handle.into_owned_fd()) {
                 Ok(s) => queue
                     .conns
                     .borrow_mut()

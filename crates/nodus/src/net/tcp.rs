@@ -89,7 +89,12 @@ impl TcpListener {
 
     /// Accepts a connection if one is queued; otherwise registers the task to be woken.
     pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(TcpStream, SocketAddr)>> {
-        sys::poll_accept(&self.io, cx, |l| l.accept(), TcpStream::from_std)
+        sys::poll_accept(
+            &self.io,
+            cx,
+            accept_nonblocking,
+            TcpStream::from_nonblocking,
+        )
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -220,12 +225,11 @@ impl TcpStream {
         TcpStream::from_std(fd.into())
     }
 
-    /// Adopts a connection a nodus cluster primary accepted for this process: a TCP stream,
-    /// already non-blocking and close-on-exec (the primary accepts with `SOCK_NONBLOCK`, which
-    /// lives in the shared file description; `recvmsg` sets close-on-exec), so it is only
-    /// registered.
+    /// Adopts a connection accepted with `SOCK_NONBLOCK | SOCK_CLOEXEC` (here, or by a nodus
+    /// cluster primary: the flag lives in the file description it shares, and `recvmsg` sets
+    /// close-on-exec), so it is only registered: no `FIONBIO`.
     #[track_caller]
-    pub(crate) fn from_cluster_handoff(fd: OwnedFd) -> io::Result<TcpStream> {
+    pub(crate) fn from_nonblocking(fd: OwnedFd) -> io::Result<TcpStream> {
         Ok(TcpStream {
             io: AsyncFd::new_nonblocking(std::net::TcpStream::from(fd))?,
         })
@@ -238,6 +242,17 @@ impl TcpStream {
 }
 
 socket_common!(TcpStream, std::net::TcpStream);
+
+/// `accept4` with `SOCK_NONBLOCK | SOCK_CLOEXEC`: the new socket needs no `FIONBIO` of its own.
+fn accept_nonblocking(listener: &std::net::TcpListener) -> io::Result<(OwnedFd, SocketAddr)> {
+    use rustix::net::SocketFlags;
+    let (fd, peer) =
+        rustix::net::acceptfrom_with(listener, SocketFlags::NONBLOCK | SocketFlags::CLOEXEC)?;
+    let peer = peer
+        .and_then(|p| SocketAddr::try_from(p).ok())
+        .ok_or_else(|| io::Error::other("accept4 gave no IP peer address"))?;
+    Ok((fd, peer))
+}
 stream_io!(TcpStream, std::net::TcpStream);
 
 impl fmt::Debug for TcpStream {
