@@ -44,6 +44,47 @@ fn round_robin_serves_and_spreads_over_both_workers() {
     );
 }
 
+/// The primary's reference to a handed connection is dropped once the worker posts it taken on
+/// its board, even when no further connection wakes the primary (the release pass): a client
+/// that reads until the server closes gets its end of file, and the primary's fd count comes back
+/// to exactly what it was.
+#[test]
+fn the_primary_lets_go_of_a_taken_connection_with_nothing_else_arriving() {
+    use std::io::{Read, Write};
+    let _x = exclusive();
+    let c = Cluster::start(2, "rr", &[]);
+    let before = c.fd_count();
+    for i in 0..3 {
+        let mut s = std::net::TcpStream::connect(c.addr()).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut all = Vec::new();
+        s.read_to_end(&mut all).unwrap_or_else(|e| {
+            panic!(
+                "request {i}: no end of file after the response ({e}): {}\n{}",
+                String::from_utf8_lossy(&all),
+                c.stderr()
+            )
+        });
+        assert!(
+            all.ends_with(b"Hello, World!"),
+            "{}",
+            String::from_utf8_lossy(&all)
+        );
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut after = c.fd_count();
+    while after != before && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        after = c.fd_count();
+    }
+    assert_eq!(
+        after, before,
+        "the primary's fds before and up to 5 s after 3 handoffs"
+    );
+}
+
 #[test]
 fn shared_serves() {
     let _x = exclusive();

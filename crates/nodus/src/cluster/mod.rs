@@ -8,11 +8,14 @@
 //!   restart budget, backoff, "going down" notices, rolling reload on SIGHUP, graceful
 //!   shutdown, no orphans.
 //! - `protocol`: Node's `NODE_CLUSTER` messages and nodus's `NODE_NODUS` extensions.
+//! - `board`: the page a nodus primary shares with each nodus worker, where the worker posts the
+//!   connections it took (no `took` message per batch) and its load.
 //! - `supervision`: the restart policy (budget, backoff, restart types), pure and deterministic.
 //!
 //! A process is a primary or a worker or neither; [`is_worker`] tells which before anything is
 //! opened.
 
+mod board;
 mod primary;
 mod protocol;
 mod reply;

@@ -27,6 +27,11 @@
 //! pending `took`, its `close`, then the connections as `returned` (key, peers, fds), and the
 //! primary hands them to the other workers.
 //!
+//! A worker that also sends `"board":1` gets, before the `queryServer` answer, a `board` message
+//! with one fd: a shared page (`board.rs`) where it posts taken batches, refusals and its load
+//! instead of `took` and `load` messages (a `refused` message still names each refused batch).
+//! A primary that sends no board (an older nodus) gets the messages.
+//!
 //! Invariant: fields are parsed leniently (unknown fields ignored, all optional) so a message
 //! from a newer or older peer never breaks the channel; what a role needs and does not find is
 //! logged and the message dropped.
@@ -70,6 +75,7 @@ pub(crate) struct Incoming<'a> {
     pub snapshot: Option<&'a RawValue>,
     pub text: Option<String>,
     pub nodus: Option<u64>,
+    pub board: Option<u64>,
     pub peers: Option<Vec<Option<SocketAddr>>>,
 }
 
@@ -116,6 +122,10 @@ pub(crate) struct QueryServer<'a> {
     /// `1` from a nodus worker: hand connections over as `newconns` batches.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nodus: Option<u8>,
+    /// `1` from a nodus worker that reads a board (`board.rs`) the primary sends before its
+    /// answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub board: Option<u8>,
 }
 
 /// The message a worker or primary sends with only `act` and `seq` (`online`, `disconnect`,

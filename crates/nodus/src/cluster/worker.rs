@@ -12,7 +12,8 @@
 //! - One `Worker` per process, created on the loop thread; the environment variables naming it
 //!   (`NODE_UNIQUE_ID`, `NODE_CHANNEL_*`) are removed as Node removes them.
 //! - Every `newconn` is answered `{ack, accepted}`, every `newconns` batch (a nodus primary) by a
-//!   `took` (one per loop turn, for every batch up to the newest) or at once by `refused`: taken
+//!   post on the board the primary gave (`board.rs`; without one, a `took` per loop turn for
+//!   every batch up to the newest) or at once by `refused` (counted on the board first): taken
 //!   iff the round-robin queue of its key is open (it exists from the `queryServer` reply on,
 //!   before [`Worker::listen`] returns, until its [`Listener`] closes); refused connections go
 //!   back to the primary, which gives them to another worker.
@@ -21,10 +22,10 @@
 //!   disconnect of our own (the primary died) exits the process with code 0, as Node's workers
 //!   do; `PR_SET_PDEATHSIG` set by a nodus primary covers a worker whose loop is stuck.
 //! - Open connections are counted (for the `least` policy) only when the primary asks for load
-//!   reports; reports are coalesced to one message per loop turn, riding on that turn's `took`
-//!   when there is one.
+//!   reports; they go on the board, or without one in a message coalesced per loop turn, riding
+//!   on that turn's `took` when there is one.
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::future::poll_fn;
 use std::io;
@@ -38,6 +39,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
+use super::board::Board;
 use super::protocol::{
     Ack, Act, CloseKey, Incoming, NODE_CLUSTER, NODE_NODUS, NewConns, Nodus, QueryServer,
 };
@@ -85,6 +87,8 @@ struct Shared {
     report_queued: Cell<bool>,
     /// The primary is a nodus primary (it sent `newconns`): connections can be given back.
     nodus_primary: Cell<bool>,
+    /// Where taken batches and load are posted, when the primary gave a board.
+    board: OnceCell<Board>,
 }
 
 /// Open-connection accounting for the `least` policy.
@@ -149,6 +153,7 @@ impl Worker {
                 took: Cell::new(None),
                 report_queued: Cell::new(false),
                 nodus_primary: Cell::new(false),
+                board: OnceCell::new(),
             }),
         };
         worker.send_cluster(|seq| Act {
@@ -198,6 +203,7 @@ impl Worker {
             backlog: 511,
             seq,
             nodus: Some(1),
+            board: Some(1),
         };
         self.send_raw(&query)?;
         let Some((result, handle)) = slot.wait(REPLY_TIMEOUT).await else {
@@ -384,10 +390,10 @@ impl Worker {
             return;
         };
         if m.is_nodus() {
-            if m.act == Some("newconns") {
-                self.on_newconns(&m, handles);
-            } else {
-                self.on_nodus(&m);
+            match m.act {
+                Some("newconns") => self.on_newconns(&m, handles),
+                Some("board") => self.on_board(handles),
+                _ => self.on_nodus(&m),
             }
             return;
         }
@@ -488,6 +494,9 @@ impl Worker {
         }
         let queue = queue.filter(|_| handles.len() >= peers.len());
         let Some(queue) = queue else {
+            if let Some(board) = self.sh.board.get() {
+                board.post_refusal();
+            }
             let mut refused = Nodus::act("refused");
             refused.ack = Some(seq);
             self.send_nodus(&refused);
@@ -506,8 +515,29 @@ impl Worker {
             }
         }
         queue.wake();
-        self.sh.took.set(Some(seq));
-        self.queue_report();
+        match self.sh.board.get() {
+            Some(board) => board.post_taken_below(seq + 1),
+            None => {
+                self.sh.took.set(Some(seq));
+                self.queue_report();
+            }
+        }
+    }
+
+    /// The primary's board: mapped before any `newconns` (the primary sends it before answering
+    /// `queryServer`). A bad one is logged and `took` messages are sent instead.
+    fn on_board(&self, handles: Vec<Handle>) {
+        let Some(handle) = handles.into_iter().next() else {
+            return;
+        };
+        match Board::open(handle.into_owned_fd()) {
+            Ok(board) => {
+                let _ = self.sh.board.set(board);
+            }
+            Err(e) => {
+                tracing::warn!(target: "nodus::cluster", "cannot map the primary's board: {e}")
+            }
+        }
     }
 
     fn on_nodus(&self, m: &Incoming<'_>) {
@@ -577,9 +607,16 @@ impl Worker {
     }
 
     fn queue_load_report(&self) {
-        if self.sh.load.reporting.get() {
-            self.sh.load.changed.set(true);
-            self.queue_report();
+        let load = &self.sh.load;
+        if !load.reporting.get() {
+            return;
+        }
+        match self.sh.board.get() {
+            Some(board) => board.post_load(load.open.get(), load.accepted.get()),
+            None => {
+                load.changed.set(true);
+                self.queue_report();
+            }
         }
     }
 

@@ -198,6 +198,8 @@ pub(crate) struct State {
     started: Instant,
     /// The loop thread runs `SCHED_BATCH` (`process::sched`); workers are started normal.
     batch_scheduling: bool,
+    /// A release pass (`server::arm_release`) is scheduled.
+    release_armed: Cell<bool>,
     stats_cache: RefCell<stats::Cache>,
 }
 
@@ -258,6 +260,7 @@ impl Primary {
             events,
             started: Instant::now(),
             batch_scheduling,
+            release_armed: Cell::new(false),
             stats_cache: RefCell::default(),
         });
         for (name, listener) in listeners {

@@ -6,10 +6,13 @@
 //! - `state` only moves forward: Starting → Online → Listening → Ready → Draining → Dead (a
 //!   step may be skipped).
 //! - `pending` holds the primary's reference to every connection handed to this worker and not
-//!   yet taken (`took`, or `accepted` from a Node worker); whatever is left when the worker dies
-//!   is handed to another.
+//!   yet taken (posted on its `board`, a `took`, or `accepted` from a Node worker); whatever is
+//!   left when the worker dies is handed to another.
+//! - `board` is set at most once, before the answer to the worker's first `queryServer` that
+//!   asked for one; `refusals_seen` counts the `refused` messages handled (a board release waits
+//!   until it matches the board's count).
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::HashMap;
 use std::future::poll_fn;
 use std::io;
@@ -19,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use super::server::{self, Pending};
 use super::{EventKind, Readiness, State, stats, supervise};
+use crate::cluster::board::Board;
 use crate::cluster::protocol::{Ack, Incoming, NODE_CLUSTER, Nodus};
 use crate::cluster::reply::ReplySlot;
 use crate::ipc::{Channel, ChannelOptions, Message};
@@ -54,6 +58,10 @@ pub(super) struct Proc {
     pub going_down: Cell<bool>,
     /// Handoffs not yet taken, with the primary's reference to each connection.
     pub pending: Pending,
+    /// The page a nodus worker posts taken batches and its load on.
+    pub board: OnceCell<Board>,
+    /// `refused` messages handled.
+    pub refusals_seen: Cell<u64>,
     /// Connections this worker accepted from the primary.
     pub handed: Cell<u64>,
     /// The worker's last load report: (open connections, accepted in total).
@@ -120,6 +128,8 @@ impl Proc {
             drained: Cell::new(false),
             going_down: Cell::new(false),
             pending: Pending::default(),
+            board: OnceCell::new(),
+            refusals_seen: Cell::new(0),
             handed: Cell::new(0),
             reported: Cell::new(None),
             snapshot: RefCell::new(None),
@@ -239,7 +249,12 @@ impl Proc {
     /// Estimated open connections (for `least`).
     pub fn load_estimate(&self) -> u64 {
         let in_flight = self.pending.conns();
-        match self.reported.get() {
+        let reported = self
+            .board
+            .get()
+            .and_then(Board::load)
+            .or(self.reported.get());
+        match reported {
             Some((open, accepted_total)) => {
                 open + self.handed.get().saturating_sub(accepted_total) + in_flight
             }
@@ -298,6 +313,8 @@ fn on_internal(st: &Rc<State>, proc: &Rc<Proc>, mut msg: Message) {
         }
         Some("close") => {
             if let Some(key) = &m.key {
+                // Before connections it gives back arrive: taken ones are no longer pending.
+                server::release_taken(proc);
                 server::leave(st, proc, key);
             }
         }

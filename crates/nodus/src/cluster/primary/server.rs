@@ -17,9 +17,12 @@
 //!   shares), up to [`ACCEPT_BATCH`] per wake-up, and handed out per worker in one message:
 //!   `newconns` with up to 64 fds to a nodus worker, one `newconn` each to a Node worker (its
 //!   protocol takes one handle per round trip).
-//! - The primary keeps its reference to every handed connection until the worker took it
-//!   (`took`/`accepted`), in `Proc::pending`; a refused batch, or whatever a dead worker had
-//!   not taken, goes to another worker.
+//! - The primary keeps its reference to every handed connection until the worker took it, in
+//!   `Proc::pending`; a refused batch, or whatever a dead worker had not taken, goes to another
+//!   worker. A nodus worker with a board posts what it took there ([`release_taken`] reads it
+//!   before every dispatch, on the worker's `close` and exit, and from a release pass that runs
+//!   every 1 ms, backing off to 50 ms while nothing moves, as long as anything is pending);
+//!   others answer with `took` (nodus) or `accepted` (Node).
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, VecDeque};
@@ -29,12 +32,14 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use super::balance::{self, Candidate};
 use super::proc::{Proc, ProcState};
 use super::{Policy, State};
+use crate::cluster::board::Board;
 use crate::cluster::protocol::{
-    Incoming, NODE_CLUSTER, NODE_NODUS, NewConn, NewConns, QueryReply, SockName, server_key,
+    Incoming, NODE_CLUSTER, NODE_NODUS, NewConn, NewConns, Nodus, QueryReply, SockName, server_key,
 };
 use crate::io::AsyncFd;
 use crate::ipc::{MAX_FDS_PER_FRAME, SendHandle};
@@ -93,10 +98,14 @@ impl Pending {
         Some(h)
     }
 
-    /// Removes every handoff up to `seq` (inclusive).
-    fn remove_through(&self, seq: u64) -> Vec<Handoff> {
+    fn is_empty(&self) -> bool {
+        self.handoffs.borrow().is_empty()
+    }
+
+    /// Removes every handoff with a `seq` below `end`.
+    fn remove_below(&self, end: u64) -> Vec<Handoff> {
         let mut map = self.handoffs.borrow_mut();
-        let rest = map.split_off(&(seq + 1));
+        let rest = map.split_off(&end);
         let done: Vec<Handoff> = std::mem::replace(&mut *map, rest).into_values().collect();
         let n: usize = done.iter().map(|h| h.conns.len()).sum();
         self.conns.set(self.conns.get() - n as u64);
@@ -253,6 +262,9 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
             Sock::Shared(l) => Ok((None, Some(l.as_fd().try_clone_to_owned()?))),
             Sock::Released => unreachable!("released sockets exist only under reuseport"),
             Sock::Accepting(_) => {
+                if m.nodus == Some(1) && m.board == Some(1) {
+                    give_board(proc);
+                }
                 server.members.borrow_mut().push(Member {
                     proc: proc.clone(),
                     key: key.clone(),
@@ -287,6 +299,29 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
     };
     if let Err(e) = sent {
         tracing::debug!(target: "nodus::cluster", "cannot answer queryServer: {e}");
+    }
+}
+
+/// Sends a nodus worker its board (once), before the `queryServer` answer, so it is mapped before
+/// any `newconns` arrives. Without one (no memfd here) the worker sends `took` messages.
+fn give_board(proc: &Proc) {
+    let Some(channel) = &proc.channel else { return };
+    if proc.board.get().is_some() {
+        return;
+    }
+    let sent = Board::create().and_then(|(board, fd)| {
+        channel
+            .send_fds(&Nodus::act("board"), vec![Rc::new(fd)])
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        Ok(board)
+    });
+    match sent {
+        Ok(board) => {
+            let _ = proc.board.set(board);
+        }
+        Err(e) => {
+            tracing::debug!(target: "nodus::cluster", "worker {}: no board ({e}); it sends `took`", proc.slot)
+        }
     }
 }
 
@@ -373,7 +408,64 @@ pub(super) fn on_accepted(st: &Rc<State>, proc: &Rc<Proc>, ack: u64, accepted: b
 
 /// A nodus worker took every handoff up to `ack` that it did not refuse.
 pub(super) fn on_took(proc: &Rc<Proc>, ack: u64) {
-    took(proc, proc.pending.remove_through(ack));
+    took(proc, proc.pending.remove_below(ack + 1));
+}
+
+/// Drops the references to the handoffs `proc` posted on its board as taken, unless a refusal it
+/// posted is still on its way (that batch must go to another worker from these references).
+pub(super) fn release_taken(proc: &Proc) {
+    let Some(board) = proc.board.get() else {
+        return;
+    };
+    if proc.pending.is_empty() {
+        return;
+    }
+    let (below, refusals) = board.taken();
+    if refusals == proc.refusals_seen.get() {
+        took(proc, proc.pending.remove_below(below));
+    }
+}
+
+/// First and longest pause of the release pass.
+const RELEASE_FIRST: Duration = Duration::from_millis(1);
+const RELEASE_MAX: Duration = Duration::from_millis(50);
+
+/// Makes sure a release pass runs while a worker with a board has handoffs pending: without new
+/// connections nothing else would read its board, and the primary's reference keeps a
+/// connection the worker closed from closing.
+fn arm_release(st: &Rc<State>) {
+    if st.release_armed.replace(true) {
+        return;
+    }
+    let st = st.clone();
+    crate::task::spawn_named("cluster:release", async move {
+        let mut pause = RELEASE_FIRST;
+        loop {
+            crate::time::sleep(pause).await;
+            let pending = |st: &State| -> u64 {
+                let procs = st.procs.borrow();
+                procs
+                    .values()
+                    .filter(|p| p.board.get().is_some())
+                    .map(|p| p.pending.conns())
+                    .sum()
+            };
+            let before = pending(&st);
+            let procs: Vec<Rc<Proc>> = st.procs.borrow().values().cloned().collect();
+            procs.iter().for_each(|p| release_taken(p));
+            let after = pending(&st);
+            if after == 0 {
+                break;
+            }
+            pause = if after < before {
+                RELEASE_FIRST
+            } else {
+                (pause * 2).min(RELEASE_MAX)
+            };
+        }
+        st.release_armed.set(false);
+    })
+    .detach();
 }
 
 fn took(proc: &Proc, handoffs: Vec<Handoff>) {
@@ -389,6 +481,7 @@ fn took(proc: &Proc, handoffs: Vec<Handoff>) {
 /// The worker refused handoff `ack` (it is closing): it leaves that server, and the
 /// connections go to someone else.
 pub(super) fn refused(st: &Rc<State>, proc: &Rc<Proc>, ack: u64) {
+    proc.refusals_seen.set(proc.refusals_seen.get() + 1);
     let Some(h) = proc.pending.remove(ack) else {
         return;
     };
@@ -396,6 +489,7 @@ pub(super) fn refused(st: &Rc<State>, proc: &Rc<Proc>, ack: u64) {
     h.server.remove_member(proc);
     dispatch(st, &h.server, h.conns);
     h.server.wake_accept();
+    release_taken(proc);
 }
 
 /// `proc` gave back connections it had taken but not served (its listener for `key` closed
@@ -439,6 +533,7 @@ pub(super) fn redistribute(st: &Rc<State>, proc: &Proc) {
 fn dispatch(st: &Rc<State>, server: &Rc<Server>, conns: Vec<Conn>) {
     let (targets, parked) = {
         let members = server.members.borrow();
+        members.iter().for_each(|m| release_taken(&m.proc));
         let mut cands: Vec<Candidate> = members
             .iter()
             .map(|m| Candidate {
@@ -518,13 +613,18 @@ fn handoff(st: &Rc<State>, server: &Rc<Server>, member: &Member, conns: Vec<Conn
             channel.send_handle(&msg, SendHandle::fd(copy))
         };
         match sent {
-            Ok(_) => proc.pending.insert(
-                seq,
-                Handoff {
-                    server: server.clone(),
-                    conns: batch,
-                },
-            ),
+            Ok(_) => {
+                proc.pending.insert(
+                    seq,
+                    Handoff {
+                        server: server.clone(),
+                        conns: batch,
+                    },
+                );
+                if proc.board.get().is_some() {
+                    arm_release(st);
+                }
+            }
             Err(e) => {
                 failed = Some(e);
                 server.parked.borrow_mut().extend(batch);

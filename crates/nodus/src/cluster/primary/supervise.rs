@@ -117,6 +117,8 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
     }
     st.procs.borrow_mut().remove(&proc.unique);
     server::leave_all(st, proc);
+    // What its board says it took died with it; the rest goes to another worker.
+    server::release_taken(proc);
     server::redistribute(st, proc);
     let mut reason = exit_reason(&status);
     if proc.drained.get() {
