@@ -124,12 +124,14 @@ impl Board {
         p.counting.store(1, Ordering::Release);
     }
 
-    /// Primary: (`taken_below`, refusals) as the worker last posted them; `refused` is read after
-    /// `taken_below`, so every refusal of a batch below it is counted.
-    pub fn taken(&self) -> (u64, u64) {
+    /// Primary: every batch below the returned `seq` may be released, or `None` while a refusal
+    /// the worker posted has not been handled yet (`refusals_handled` counts the `refused`
+    /// messages the primary has handled; the refused batch must go elsewhere first). `refused` is
+    /// read after `taken_below`, so every refusal of a batch below it is counted.
+    pub fn releasable_below(&self, refusals_handled: u64) -> Option<u64> {
         let p = self.page();
         let below = p.taken_below.load(Ordering::Acquire);
-        (below, p.refused.load(Ordering::Acquire))
+        (p.refused.load(Ordering::Acquire) == refusals_handled).then_some(below)
     }
 
     /// Primary: the worker's (open, accepted in total), once it counts.
@@ -160,17 +162,29 @@ mod tests {
     fn what_a_worker_posts_the_primary_reads_through_the_shared_file() {
         let (primary, fd) = Board::create().unwrap();
         let worker = Board::open(fd).unwrap();
-        assert_eq!(primary.taken(), (0, 0));
+        assert_eq!(primary.releasable_below(0), Some(0));
         assert_eq!(primary.load(), None);
         worker.post_taken_below(5);
-        worker.post_refusal();
         worker.post_taken_below(3); // never goes back
         worker.post_load(7, 40);
-        assert_eq!(primary.taken(), (5, 1));
+        assert_eq!(primary.releasable_below(0), Some(5));
         assert_eq!(primary.load(), Some((7, 40)));
         drop(worker);
         // The primary's end outlives the worker's.
-        assert_eq!(primary.taken(), (5, 1));
+        assert_eq!(primary.releasable_below(0), Some(5));
+    }
+
+    #[test]
+    fn nothing_is_released_while_a_posted_refusal_is_unhandled() {
+        let (primary, fd) = Board::create().unwrap();
+        let worker = Board::open(fd).unwrap();
+        worker.post_taken_below(2);
+        // Batch 2 refused, batch 3 taken: until the primary has handled the `refused` message
+        // for batch 2, releasing "below 4" would drop the references batch 2 still needs.
+        worker.post_refusal();
+        worker.post_taken_below(4);
+        assert_eq!(primary.releasable_below(0), None);
+        assert_eq!(primary.releasable_below(1), Some(4));
     }
 
     #[test]

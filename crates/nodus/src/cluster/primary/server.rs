@@ -420,8 +420,7 @@ pub(super) fn release_taken(proc: &Proc) {
     if proc.pending.is_empty() {
         return;
     }
-    let (below, refusals) = board.taken();
-    if refusals == proc.refusals_seen.get() {
+    if let Some(below) = board.releasable_below(proc.refusals_seen.get()) {
         took(proc, proc.pending.remove_below(below));
     }
 }
