@@ -85,6 +85,70 @@ fn the_primary_lets_go_of_a_taken_connection_with_nothing_else_arriving() {
     );
 }
 
+/// A worker at its open-files limit cannot take a handed connection (the kernel drops the fd in
+/// transit), so it refuses the batch; the primary pauses handing it connections for a moment,
+/// not for good: once the worker has room again the refused connection is served, and so are
+/// new ones.
+#[test]
+fn a_worker_that_refused_a_connection_at_its_fd_limit_serves_it_once_it_has_room() {
+    use std::io::{Read, Write};
+    let _x = exclusive();
+    let dir = TempDir::new("fd-limit");
+    let program = dir.path().join("cluster-at-40-fds");
+    let script = format!(
+        "#!/bin/sh\nulimit -n 40\nexec {} \"$@\"\n",
+        example_binary().display()
+    );
+    std::fs::write(&program, script).unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let c = Cluster::spawn(&program, TempDir::new("fd-limit-logs"), 1, "rr", &[]);
+    c.wait_ready(1);
+    let request = |s: &mut std::net::TcpStream| {
+        s.write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            .unwrap();
+        let mut buf = [0u8; 512];
+        s.read(&mut buf)
+            .map(|n| String::from_utf8_lossy(&buf[..n]).into_owned())
+    };
+    // Keep served connections open until one gets no answer: the worker is full.
+    let mut held = Vec::new();
+    let mut waiting = loop {
+        assert!(
+            held.len() < 60,
+            "the worker never filled up\n{}",
+            c.stderr()
+        );
+        let mut s = std::net::TcpStream::connect(c.addr()).expect("connect");
+        s.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        match request(&mut s) {
+            Ok(reply) if reply.starts_with("HTTP/1.1 200") => held.push(s),
+            _ => break s,
+        }
+    };
+    assert!(
+        held.len() >= 10,
+        "only {} connections before the limit",
+        held.len()
+    );
+    // Room again.
+    held.truncate(held.len() - 4);
+    waiting
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut buf = [0u8; 512];
+    let n = waiting.read(&mut buf).unwrap_or_else(|e| {
+        panic!(
+            "the refused connection was never served ({e})\n{}",
+            c.stderr()
+        )
+    });
+    let reply = String::from_utf8_lossy(&buf[..n]);
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    let fresh = get(c.addr()).unwrap_or_else(|e| panic!("a new connection: {e}\n{}", c.stderr()));
+    assert!(fresh.is_hello(), "{fresh:?}");
+}
+
 #[test]
 fn shared_serves() {
     let _x = exclusive();

@@ -62,6 +62,8 @@ pub(super) struct Proc {
     pub board: OnceCell<Board>,
     /// `refused` messages handled.
     pub refusals_seen: Cell<u64>,
+    /// When it last refused a handoff (it gets none for a moment after).
+    pub refused_at: Cell<Option<Instant>>,
     /// Connections this worker accepted from the primary.
     pub handed: Cell<u64>,
     /// The worker's last load report: (open connections, accepted in total).
@@ -130,6 +132,7 @@ impl Proc {
             pending: Pending::default(),
             board: OnceCell::new(),
             refusals_seen: Cell::new(0),
+            refused_at: Cell::new(None),
             handed: Cell::new(0),
             reported: Cell::new(None),
             snapshot: RefCell::new(None),

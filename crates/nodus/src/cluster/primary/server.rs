@@ -19,7 +19,7 @@
 //!   protocol takes one handle per round trip).
 //! - The primary keeps its reference to every handed connection until the worker took it, in
 //!   `Proc::pending`; a refused batch, or whatever a dead worker had not taken, goes to another
-//!   worker. A nodus worker with a board posts what it took there ([`release_taken`] reads it
+//!   worker (a worker that refused gets nothing for 100 ms: it may be at its open-files limit). A nodus worker with a board posts what it took there ([`release_taken`] reads it
 //!   before every dispatch, on the worker's `close` and exit, and from a release pass that runs
 //!   every 1 ms, backing off to 50 ms while nothing moves, as long as anything is pending);
 //!   others answer with `took` (nodus) or `accepted` (Node).
@@ -477,18 +477,35 @@ fn took(proc: &Proc, handoffs: Vec<Handoff>) {
     }
 }
 
-/// The worker refused handoff `ack` (it is closing): it leaves that server, and the
-/// connections go to someone else.
+/// How long a worker that refused a handoff gets no more connections.
+const REFUSAL_PAUSE: Duration = Duration::from_millis(100);
+
+/// The worker refused handoff `ack`: the connections go to someone else (or wait), and the worker
+/// gets none for [`REFUSAL_PAUSE`]. A closing worker has already left the server (its `close`,
+/// or the drain); one at its open-files limit takes connections again once it has room.
 pub(super) fn refused(st: &Rc<State>, proc: &Rc<Proc>, ack: u64) {
     proc.refusals_seen.set(proc.refusals_seen.get() + 1);
     let Some(h) = proc.pending.remove(ack) else {
         return;
     };
     tracing::debug!(target: "nodus::cluster", "worker {} refused {} connections", proc.slot, h.conns.len());
-    h.server.remove_member(proc);
+    proc.refused_at.set(Some(std::time::Instant::now()));
     dispatch(st, &h.server, h.conns);
     h.server.wake_accept();
     release_taken(proc);
+    let server = h.server.clone();
+    crate::task::spawn_named("cluster:refusal-pause", async move {
+        crate::time::sleep(REFUSAL_PAUSE).await;
+        server.wake_accept();
+    })
+    .detach();
+}
+
+/// Whether `proc` refused a handoff less than [`REFUSAL_PAUSE`] ago.
+fn pausing(proc: &Proc) -> bool {
+    proc.refused_at
+        .get()
+        .is_some_and(|at| at.elapsed() < REFUSAL_PAUSE)
 }
 
 /// `proc` gave back connections it had taken but not served (its listener for `key` closed
@@ -536,7 +553,11 @@ fn dispatch(st: &Rc<State>, server: &Rc<Server>, conns: Vec<Conn>) {
         let mut cands: Vec<Candidate> = members
             .iter()
             .map(|m| Candidate {
-                in_flight: m.proc.pending.conns(),
+                in_flight: if pausing(&m.proc) {
+                    balance::MAX_IN_FLIGHT
+                } else {
+                    m.proc.pending.conns()
+                },
                 load: m.proc.load_estimate(),
             })
             .collect();
@@ -641,7 +662,9 @@ fn handoff(st: &Rc<State>, server: &Rc<Server>, member: &Member, conns: Vec<Conn
 /// Whether some member can take a connection now.
 fn has_room(server: &Server) -> bool {
     server.members.borrow().iter().any(|m| {
-        m.proc.state.get() < ProcState::Draining && m.proc.pending.conns() < balance::MAX_IN_FLIGHT
+        m.proc.state.get() < ProcState::Draining
+            && m.proc.pending.conns() < balance::MAX_IN_FLIGHT
+            && !pausing(&m.proc)
     })
 }
 
