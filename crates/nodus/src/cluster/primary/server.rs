@@ -441,18 +441,9 @@ fn arm_release(st: &Rc<State>) {
         let mut pause = RELEASE_FIRST;
         loop {
             crate::time::sleep(pause).await;
-            let pending = |st: &State| -> u64 {
-                let procs = st.procs.borrow();
-                procs
-                    .values()
-                    .filter(|p| p.board.get().is_some())
-                    .map(|p| p.pending.conns())
-                    .sum()
-            };
-            let before = pending(&st);
-            let procs: Vec<Rc<Proc>> = st.procs.borrow().values().cloned().collect();
-            procs.iter().for_each(|p| release_taken(p));
-            let after = pending(&st);
+            let before = board_pending(&st);
+            st.procs.borrow().values().for_each(|p| release_taken(p));
+            let after = board_pending(&st);
             if after == 0 {
                 break;
             }
@@ -465,6 +456,16 @@ fn arm_release(st: &Rc<State>) {
         st.release_armed.set(false);
     })
     .detach();
+}
+
+/// Connections handed to workers with a board and not yet released.
+fn board_pending(st: &State) -> u64 {
+    st.procs
+        .borrow()
+        .values()
+        .filter(|p| p.board.get().is_some())
+        .map(|p| p.pending.conns())
+        .sum()
 }
 
 fn took(proc: &Proc, handoffs: Vec<Handoff>) {
