@@ -19,10 +19,11 @@
 //!   protocol takes one handle per round trip).
 //! - The primary keeps its reference to every handed connection until the worker took it, in
 //!   `Proc::pending`; a refused batch, or whatever a dead worker had not taken, goes to another
-//!   worker (a worker that refused gets nothing for 100 ms: it may be at its open-files limit). A nodus worker with a board posts what it took there ([`release_taken`] reads it
-//!   before every dispatch, on the worker's `close` and exit, and from a release pass that runs
-//!   every 1 ms, backing off to 50 ms while nothing moves, as long as anything is pending);
-//!   others answer with `took` (nodus) or `accepted` (Node).
+//!   worker (a worker that refused gets nothing for [`REFUSAL_PAUSE`]: it may be at its
+//!   open-files limit). A nodus worker with a board posts what it took there ([`release_taken`]
+//!   reads it before every dispatch, on the worker's `close` and exit, and from a release pass
+//!   that runs every 1 ms, backing off to 50 ms while nothing moves, as long as anything is
+//!   pending); others answer with `took` (nodus) or `accepted` (Node).
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, VecDeque};
@@ -32,7 +33,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::balance::{self, Candidate};
 use super::proc::{Proc, ProcState};
@@ -490,7 +491,7 @@ pub(super) fn refused(st: &Rc<State>, proc: &Rc<Proc>, ack: u64) {
         return;
     };
     tracing::debug!(target: "nodus::cluster", "worker {} refused {} connections", proc.slot, h.conns.len());
-    proc.refused_at.set(Some(std::time::Instant::now()));
+    proc.refused_at.set(Some(Instant::now()));
     dispatch(st, &h.server, h.conns);
     h.server.wake_accept();
     release_taken(proc);
