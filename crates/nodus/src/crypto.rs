@@ -28,7 +28,7 @@ pub const MAX_KEY_LEN: usize = 1 << 20;
 /// Most PBKDF2 work accepted: iterations × output blocks (one block per digest length of key).
 pub const MAX_PBKDF2_WORK: u64 = 10_000_000;
 
-/// Longest input [`hash`] and [`hmac`] accept: 1 GiB.
+/// Longest input [`hash`] and [`hmac()`] accept: 1 GiB.
 pub const MAX_DATA_LEN: usize = 1 << 30;
 
 /// Most bytes [`random_bytes`] makes in one call: 64 MiB.
@@ -119,8 +119,8 @@ pub async fn pbkdf2(
     Ok(offload_cpu(move || derive_pbkdf2(&password, &salt, iterations, key_len, alg)).await?)
 }
 
-/// [`pbkdf2`] on the calling thread (Node's `pbkdf2Sync`). On a loop thread this blocks every
-/// task, timer and connection of the loop until it returns: use [`pbkdf2`].
+/// [`pbkdf2()`] on the calling thread (Node's `pbkdf2Sync`). On a loop thread this blocks every
+/// task, timer and connection of the loop until it returns: use [`pbkdf2()`].
 pub fn pbkdf2_sync(
     password: &[u8],
     salt: &[u8],

@@ -286,7 +286,7 @@ impl Primary {
 
     /// Serves until a shutdown: SIGTERM or SIGINT drain every worker and return 0; SIGHUP starts
     /// a rolling reload; a spent restart budget stops everything and returns
-    /// [`GIVE_UP_EXIT_CODE`]. Tells systemd `READY=1` once every worker is ready (and after each
+    /// [`GIVE_UP_EXIT_CODE`](crate::cluster::GIVE_UP_EXIT_CODE). Tells systemd `READY=1` once every worker is ready (and after each
     /// reload), `RELOADING=1`, `STOPPING=1`.
     pub async fn run(&self) -> i32 {
         supervise::run(&self.st).await
