@@ -399,6 +399,29 @@ fn sources_whose_numbers_are_targets_are_not_overwritten() {
 }
 
 #[test]
+fn an_fd_left_open_without_close_on_exec_does_not_reach_the_child() {
+    bounded(async {
+        let (_, l) = listener();
+        // As a shell or a service manager leaves one: open, without close-on-exec.
+        let stray = rustix::io::fcntl_dupfd_cloexec(&l, 60).unwrap();
+        rustix::io::fcntl_setfd(&stray, rustix::io::FdFlags::empty()).unwrap();
+        let mut sh = Command::new("sh");
+        sh.pass_fd(3, Arc::new(l));
+        let out = stdout_of(&mut sh, "exec ls /proc/self/fd").await;
+        let fds: Vec<i32> = out.lines().map(|l| l.parse().unwrap()).collect();
+        assert!(fds.contains(&3), "the passed fd is there: {fds:?}");
+        assert!(
+            !fds.contains(&stray.as_raw_fd()),
+            "the stray fd {} leaked into the child: {fds:?}",
+            stray.as_raw_fd()
+        );
+        // Only the child's copy was marked: ours is as it was.
+        let flags = rustix::io::fcntl_getfd(&stray).unwrap();
+        assert!(!flags.contains(rustix::io::FdFlags::CLOEXEC));
+    });
+}
+
+#[test]
 fn many_passed_fds_keep_exec_errors_and_the_parent_fds() {
     bounded(async {
         let (_, l) = listener();

@@ -5,15 +5,17 @@
 //! - `spawn` must run on the loop thread: the child's pidfd and pipes are registered with the
 //!   current loop, and the parent-death signal fires when the *thread* that forked exits.
 //! - Everything that runs in the child between `fork` and `exec` (`pre_exec`) is a raw
-//!   async-signal-safe syscall: `prctl`, `getppid`, `kill`, `fcntl`, `dup2`, `sched_setscheduler`.
+//!   async-signal-safe syscall: `prctl`, `getppid`, `kill`, `close_range`, `fcntl`, `dup2`,
+//!   `sched_setscheduler`.
 //!   No allocation, no lock: the fd lists are computed in the parent and only read in the child.
 //! - The child gets stdio, the fds given to [`Command::pass_fd`] at their target numbers and,
 //!   with IPC, the channel right after the highest of them (fd 3 when there are none: Node's
 //!   `fork()` layout; listeners at 3..3+n then the channel: systemd's and DESIGN's layout), and
 //!   nothing else. Those land with `dup2`, so without `O_CLOEXEC`; every fd nodus opens is
 //!   close-on-exec; and the fds this process inherited without it (a shell's, a service
-//!   manager's), listed from `/proc/self/fd` before the fork, are made close-on-exec in the
-//!   child.
+//!   manager's) are made close-on-exec in the child before the `dup2`s: all fds from 3 up with one
+//!   `close_range(CLOSE_RANGE_CLOEXEC)` (Linux ≥ 5.11), or on older kernels the ones listed from
+//!   `/proc/self/fd` before the fork.
 //! - Sources never collide with targets: for each spawn every source is duplicated (close-on-exec)
 //!   above the highest target, and `dup2` in the child moves it down. The parent's own fds stay
 //!   open, so one `Command` can spawn again and again (a supervisor restarting a worker).
@@ -281,13 +283,20 @@ impl Command {
             wanted.push((self.channel_fd(), child_end.as_fd()));
         }
         let ChildFds { pairs, held } = ChildFds::prepare(&wanted)?;
-        let inherited = inheritable_fds();
+        // With close_range the child needs no list (an empty one stands for "all from 3 up").
+        let cloexec_all = close_range_cloexec_works();
+        let inherited = if cloexec_all {
+            Box::default()
+        } else {
+            inheritable_fds()
+        };
         let parent_pid = rustix::process::getpid();
         let normal_scheduling = self.normal_scheduling;
         // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
-        // calls are allowed: it makes raw syscalls (prctl, getppid, getpid, kill, fcntl, dup2,
-        // sched_setscheduler) on plain integers, reads the lists computed in the parent, and
-        // allocates nothing. The inherited fds may be closed by now: `fcntl` then fails, harmlessly.
+        // calls are allowed: it makes raw syscalls (prctl, getppid, getpid, kill, close_range,
+        // fcntl, dup2, sched_setscheduler) on plain integers, reads the lists computed in the
+        // parent, and allocates nothing. The inherited fds may be closed by now: `fcntl` then
+        // fails, harmlessly.
         // Each target `OwnedFd` is wrapped in `ManuallyDrop`, so it is never closed here; the
         // sources stay open in the parent (`held`) until after the fork.
         unsafe {
@@ -301,6 +310,9 @@ impl Command {
                     if rustix::process::getppid() != Some(parent_pid) {
                         rustix::process::kill_process(rustix::process::getpid(), sig)?;
                     }
+                }
+                if cloexec_all {
+                    cloexec_from_3()?;
                 }
                 for &fd in inherited.iter() {
                     let _ = rustix::io::fcntl_setfd(
@@ -380,8 +392,39 @@ impl ChildFds {
     }
 }
 
+/// Sets close-on-exec on every fd from 3 up with one `close_range` (Linux ≥ 5.11): one raw
+/// syscall, async-signal-safe (for the child between fork and exec).
+fn cloexec_from_3() -> io::Result<()> {
+    cloexec_range(3, u32::MAX)
+}
+
+fn cloexec_range(first: u32, last: u32) -> io::Result<()> {
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets a flag on this process's fds in
+    // [first, last]; it takes no pointers and closes nothing.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first,
+            last,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Whether this kernel has `close_range` with `CLOSE_RANGE_CLOEXEC` (asked once, on a range that
+/// holds no fd: ENOSYS before 5.9, EINVAL for the flag before 5.11).
+fn close_range_cloexec_works() -> bool {
+    static WORKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WORKS.get_or_init(|| cloexec_range(u32::MAX - 1, u32::MAX).is_ok())
+}
+
 /// The fds above stdio this process holds without close-on-exec: inherited ones, which nodus did
-/// not open. Best effort: none when `/proc` is not mounted.
+/// not open. Best effort: none when `/proc` is not mounted. (Kernels before 5.11 only.)
 fn inheritable_fds() -> Box<[RawFd]> {
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
         return Box::new([]);
