@@ -85,7 +85,7 @@ struct RunArgs {
     #[arg(long, value_name = "R", default_value_t = 5)]
     max_restarts: u32,
     /// The window of --max-restarts, in seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 60.0, value_parser = seconds)]
+    #[arg(long, value_name = "SECS", default_value_t = 60.0, value_parser = positive_seconds)]
     restart_window: f64,
     /// A worker up this long resets its slot's backoff.
     #[arg(long, value_name = "SECS", default_value_t = 1.0, value_parser = seconds)]
@@ -99,7 +99,7 @@ struct RunArgs {
     #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = seconds)]
     kill_timeout: f64,
     /// During a reload, seconds a new worker gets to become ready.
-    #[arg(long, value_name = "SECS", default_value_t = 30.0, value_parser = seconds)]
+    #[arg(long, value_name = "SECS", default_value_t = 30.0, value_parser = positive_seconds)]
     ready_timeout: f64,
     /// A plain program that never sends READY=1 counts as ready after being up this long.
     #[arg(long, value_name = "SECS", default_value_t = 1.0, value_parser = seconds)]
@@ -217,6 +217,17 @@ fn seconds(s: &str) -> Result<f64, String> {
         Ok(v) if v.is_finite() && (0.0..=86_400.0).contains(&v) => Ok(v),
         _ => Err(format!(
             "`{s}` is not a number of seconds between 0 and 86400"
+        )),
+    }
+}
+
+/// Like [`seconds`], but 0 is refused: a restart window or a ready timeout of 0 would turn the
+/// restart budget or every reload into nothing.
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    match seconds(s) {
+        Ok(v) if v > 0.0 => Ok(v),
+        _ => Err(format!(
+            "`{s}` is not a number of seconds above 0 and at most 86400"
         )),
     }
 }

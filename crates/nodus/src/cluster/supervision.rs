@@ -33,12 +33,17 @@ pub enum ExitReason {
     Signaled(i32),
     /// The primary asked it to stop (drain, reload, shutdown), whatever the code.
     Requested,
+    /// It could not be started at all (fork or exec failed): a crash for the budget and backoff.
+    NotStarted,
 }
 
 impl ExitReason {
     /// OTP's "abnormal": anything but a normal or requested exit.
     pub fn is_crash(self) -> bool {
-        matches!(self, ExitReason::Failed(_) | ExitReason::Signaled(_))
+        matches!(
+            self,
+            ExitReason::Failed(_) | ExitReason::Signaled(_) | ExitReason::NotStarted
+        )
     }
 }
 
@@ -49,6 +54,7 @@ impl fmt::Display for ExitReason {
             ExitReason::Failed(code) => write!(f, "exited with code {code}"),
             ExitReason::Signaled(sig) => write!(f, "killed by signal {sig}"),
             ExitReason::Requested => f.write_str("stopped as asked"),
+            ExitReason::NotStarted => f.write_str("could not be started"),
         }
     }
 }
@@ -63,6 +69,16 @@ pub enum RestartType {
     Transient,
     /// Never restarted.
     Temporary,
+}
+
+impl fmt::Display for RestartType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RestartType::Permanent => "permanent",
+            RestartType::Transient => "transient",
+            RestartType::Temporary => "temporary",
+        })
+    }
 }
 
 impl RestartType {

@@ -54,6 +54,10 @@ pub enum EventKind {
         exited_after_disconnect: bool,
         reason: String,
     },
+    /// A worker could not be started (fork or exec failed); it counts as a crash of its slot.
+    SpawnFailed {
+        error: String,
+    },
     /// A replacement for the slot starts after `delay_ms`.
     Restart {
         delay_ms: u64,

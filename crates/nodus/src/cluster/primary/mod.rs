@@ -184,10 +184,17 @@ pub(crate) struct State {
     reuseport_ports: RefCell<HashMap<String, u16>>,
     budget: RefCell<RestartBudget>,
     restarts: Cell<u64>,
+    /// The generation serving: the last successful reload's (0 before any).
     generation: Cell<u64>,
+    /// The newest generation a reload started (failed ones included): numbers are never reused.
+    newest_generation: Cell<u64>,
     last_exit: RefCell<Option<String>>,
     phase: Cell<Phase>,
     reloading: Cell<bool>,
+    /// A SIGHUP came during a reload: one more reload follows it.
+    reload_again: Cell<bool>,
+    /// A slot was left empty after a crash (its restart type said no): the exit code is then 1.
+    left_after_crash: Cell<bool>,
     /// Set when the run is over: the process exit code.
     exit_code: Cell<Option<i32>>,
     /// The exit code once every worker is gone (0, or the give-up code).
@@ -250,9 +257,12 @@ impl Primary {
             budget: RefCell::new(budget),
             restarts: Cell::new(0),
             generation: Cell::new(0),
+            newest_generation: Cell::new(0),
             last_exit: RefCell::new(None),
             phase: Cell::new(Phase::Running),
             reloading: Cell::new(false),
+            reload_again: Cell::new(false),
+            left_after_crash: Cell::new(false),
             exit_code: Cell::new(None),
             final_code: Cell::new(0),
             announced_ready: Cell::new(false),
@@ -421,11 +431,26 @@ impl State {
     }
 
     fn emit(&self, worker: Option<&Proc>, kind: EventKind) {
+        self.emit_for(worker.map(|p| p.slot), worker.map(|p| p.pid), kind);
+    }
+
+    /// An event of slot `worker` (none: cluster-wide) whose process may not exist (`pid`).
+    fn emit_for(&self, worker: Option<u32>, pid: Option<u32>, kind: EventKind) {
         self.events.emit(Event {
             t_ns: crate::clock::now_ns(),
-            worker: worker.map(|p| p.slot),
-            pid: worker.map(|p| p.pid),
+            worker,
+            pid,
             kind,
         });
+    }
+
+    /// No worker runs, none is about to start and no reload is under way.
+    fn nothing_left(&self) -> bool {
+        !self.reloading.get()
+            && self
+                .slots
+                .borrow()
+                .iter()
+                .all(|s| s.current.is_none() && !s.pending_restart)
     }
 }

@@ -250,7 +250,7 @@ pub(super) async fn metrics_text(st: &Rc<State>) -> String {
     generation.set(st.generation.get() as i64);
     registry.register(
         "nodus_cluster_generation",
-        "Reload generation (incremented by every successful rolling reload)",
+        "Reload generation serving: the number of the last successful rolling reload (failed ones use up a number too)",
         generation,
     );
     let handed = Family::<Vec<(String, String)>, Counter<u64>>::default();

@@ -158,51 +158,67 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
     } else {
         tracing::info!(target: "nodus::cluster", "{text}");
     }
-    decide_and_restart(st, proc, reason, false);
+    let uptime = proc.started.elapsed();
+    decide_and_restart(st, proc.slot, Some(proc.pid), uptime, reason, false);
 }
 
-/// Applies the restart policy to `proc`'s slot; `at_once` skips the backoff (a "going down"
-/// notice).
-fn decide_and_restart(st: &Rc<State>, proc: &Rc<Proc>, reason: ExitReason, at_once: bool) {
+/// Applies the restart policy to slot `id`, whose worker (`pid`, when it ran) was up for
+/// `uptime`; `at_once` skips the backoff (a "going down" notice).
+fn decide_and_restart(
+    st: &Rc<State>,
+    id: u32,
+    pid: Option<u32>,
+    uptime: Duration,
+    reason: ExitReason,
+    at_once: bool,
+) {
     let now = Instant::now();
     let decision = {
         let mut slots = st.slots.borrow_mut();
-        let slot = &mut slots[proc.slot as usize - 1];
+        let slot = &mut slots[id as usize - 1];
         st.config.restart.decide(
             &mut slot.history,
             &mut st.budget.borrow_mut(),
             reason,
-            now.saturating_duration_since(proc.started),
+            uptime,
             now,
         )
     };
     match decision {
         Decision::Leave => {
-            tracing::info!(target: "nodus::cluster", "worker {} is not restarted ({:?} restart type)", proc.slot, st.config.restart.restart);
+            if reason.is_crash() {
+                st.left_after_crash.set(true);
+            }
+            tracing::info!(
+                target: "nodus::cluster",
+                "worker {id} is not restarted (restart type {})", st.config.restart.restart
+            );
+            exit_if_nothing_left(st);
         }
         Decision::GiveUp => give_up(
             st,
             format!(
-                "more than {} restarts within {:?} (last: worker {} {reason})",
-                st.config.max_restarts, st.config.restart_window, proc.slot
+                "more than {} restarts within {:?} (last: worker {id} {reason})",
+                st.config.max_restarts, st.config.restart_window
             ),
         ),
         Decision::Restart { after } => {
             let after = if at_once { Duration::ZERO } else { after };
             {
                 let mut slots = st.slots.borrow_mut();
-                let slot = &mut slots[proc.slot as usize - 1];
+                let slot = &mut slots[id as usize - 1];
                 slot.restarts += 1;
                 slot.pending_restart = true;
             }
             st.restarts.set(st.restarts.get() + 1);
-            st.emit(
-                Some(proc),
+            st.emit_for(
+                Some(id),
+                pid,
                 EventKind::Restart {
                     delay_ms: after.as_millis() as u64,
                 },
             );
-            let (s, id) = (st.clone(), proc.slot);
+            let s = st.clone();
             if after.is_zero() {
                 restart_slot(&s, id);
             } else {
@@ -216,6 +232,9 @@ fn decide_and_restart(st: &Rc<State>, proc: &Rc<Proc>, reason: ExitReason, at_on
     }
 }
 
+/// Starts slot `id`'s replacement. A spawn that fails (the program was removed or made
+/// unexecutable by a deploy, the process table is full) counts as a crash of the slot: it spends
+/// the budget and backs off like one, so a passing failure costs a retry, not the service.
 fn restart_slot(st: &Rc<State>, id: u32) {
     st.slots.borrow_mut()[id as usize - 1].pending_restart = false;
     if st.phase.get() != Phase::Running || st.current(id).is_some() {
@@ -223,8 +242,37 @@ fn restart_slot(st: &Rc<State>, id: u32) {
     }
     match Proc::spawn(st, id, st.generation.get()) {
         Ok(p) => st.slots.borrow_mut()[id as usize - 1].current = Some(p),
-        Err(e) => give_up(st, format!("cannot start worker {id}: {e}")),
+        Err(e) => {
+            let text = format!("worker {id} could not be started: {e}");
+            tracing::warn!(target: "nodus::cluster", "{text}");
+            *st.last_exit.borrow_mut() = Some(text);
+            st.emit_for(
+                Some(id),
+                None,
+                EventKind::SpawnFailed {
+                    error: e.to_string(),
+                },
+            );
+            decide_and_restart(st, id, None, Duration::ZERO, ExitReason::NotStarted, false);
+        }
     }
+}
+
+/// Once no worker is left and none will start (every slot's restart type said no), the primary
+/// has nothing to supervise: it exits, 0 when every worker's last exit was clean (as Node's
+/// primary does when its last worker is gone), 1 when one was not.
+fn exit_if_nothing_left(st: &Rc<State>) {
+    if st.phase.get() != Phase::Running || !st.nothing_left() {
+        return;
+    }
+    let code = i32::from(st.left_after_crash.get());
+    tracing::info!(
+        target: "nodus::cluster",
+        "no worker left to run (restart type {}): exiting with code {code}",
+        st.config.restart.restart
+    );
+    st.final_code.set(code);
+    start_shutdown(st, "no worker left");
 }
 
 /// A worker became ready.
@@ -250,7 +298,15 @@ pub(super) fn going_down(st: &Rc<State>, proc: &Rc<Proc>) {
     st.emit(Some(proc), EventKind::GoingDown);
     server::leave_all(st, proc);
     st.slots.borrow_mut()[proc.slot as usize - 1].current = None;
-    decide_and_restart(st, proc, ExitReason::Failed(1), true);
+    let uptime = proc.started.elapsed();
+    decide_and_restart(
+        st,
+        proc.slot,
+        Some(proc.pid),
+        uptime,
+        ExitReason::Failed(1),
+        true,
+    );
 }
 
 /// Asks `proc` to stop: `disconnect` with the drain deadline (SIGTERM for a plain program), then
@@ -361,10 +417,13 @@ pub(super) fn start_reload(st: &Rc<State>) {
         return;
     }
     if st.reloading.replace(true) {
-        tracing::warn!(target: "nodus::cluster", "SIGHUP: a reload is already running");
+        if !st.reload_again.replace(true) {
+            tracing::info!(target: "nodus::cluster", "SIGHUP during a reload: another reload follows this one");
+        }
         return;
     }
-    let generation = st.generation.get() + 1;
+    let generation = st.newest_generation.get() + 1;
+    st.newest_generation.set(generation);
     tracing::info!(target: "nodus::cluster", "reloading: generation {generation}, one worker at a time");
     notify(&format!(
         "RELOADING=1\nMONOTONIC_USEC={}\nSTATUS=reloading",
@@ -389,9 +448,16 @@ pub(super) fn start_reload(st: &Rc<State>) {
                 s.emit(None, EventKind::ReloadFailed { generation, why });
             }
         }
-        if s.phase.get() == Phase::Running {
-            notify("READY=1\nSTATUS=serving");
+        if s.phase.get() != Phase::Running {
+            return;
         }
+        if s.reload_again.take() {
+            // The program may have changed again since this reload started it: start it anew.
+            start_reload(&s);
+            return;
+        }
+        notify("READY=1\nSTATUS=serving");
+        exit_if_nothing_left(&s);
     })
     .detach();
 }

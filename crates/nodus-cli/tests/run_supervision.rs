@@ -1,0 +1,193 @@
+//! `nodus run`'s supervision at its edges: a primary with no worker left to run exits, a
+//! replacement that cannot be started is retried instead of ending the service, a SIGHUP
+//! during a reload queues one more reload, and a window of 0 seconds is refused.
+//!
+//! Every process is started in its own process group and the whole group is killed by PID when
+//! the test ends. The workers are `sh` scripts.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::NODUS;
+use nodus_testkit::proc::Proc;
+use nodus_testkit::tmp::TempDir;
+use rustix::process::{Pid, Signal};
+use serde_json::Value;
+
+fn spawn(cmd: &mut Command) -> Proc {
+    Proc::spawn_group(cmd.stdout(Stdio::piped()).stderr(Stdio::piped()))
+}
+
+fn events(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Waits (20 s at most) until the event log satisfies `what`; returns the events.
+fn wait_events(path: &Path, what: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let evs = events(path);
+        if what(&evs) {
+            return evs;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "events never got there: {evs:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn count(evs: &[Value], event: &str) -> usize {
+    evs.iter().filter(|e| e["event"] == event).count()
+}
+
+fn script(dir: &TempDir, name: &str, body: &str) -> std::path::PathBuf {
+    let path = dir.path().join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+#[test]
+fn a_primary_with_no_worker_left_to_restart_exits() {
+    // (restart type, worker's exit code, the primary's exit code)
+    for (restart, worker_code, expected) in [
+        ("temporary", 0, 0),
+        ("transient", 0, 0),
+        ("temporary", 3, 1),
+    ] {
+        let mut primary = spawn(Command::new(NODUS).args([
+            "run",
+            "-w",
+            "2",
+            "--restart",
+            restart,
+            "--",
+            "sh",
+            "-c",
+            &format!("exit {worker_code}"),
+        ]));
+        assert_eq!(
+            primary.wait_exit(Duration::from_secs(20)),
+            Some(expected),
+            "--restart {restart}, workers exiting {worker_code}: {:#?}",
+            primary.output()
+        );
+    }
+}
+
+#[test]
+fn a_replacement_that_cannot_be_started_is_retried_and_the_service_stays_up() {
+    // A worker of `run` starts as the nodus binary (its `__exec-listen` step), from the path the
+    // primary was started from: a copy of it, which the test then takes away.
+    let dir = TempDir::new("spawn-fail");
+    let program = dir.path().join("nodus");
+    std::fs::copy(NODUS, &program).unwrap();
+    let away = dir.path().join("nodus.away");
+    let log = dir.path().join("events.jsonl");
+    let mut primary = spawn(
+        Command::new(&program)
+            .args(["run", "-w", "2", "--backoff", "0.1,1,0.1"])
+            .args(["--max-restarts", "50", "--restart-window", "60", "--events"])
+            .arg(&log)
+            .args(["--", "sleep", "60"]),
+    );
+    let evs = wait_events(&log, |e| count(e, "fork") == 2);
+    let first = evs
+        .iter()
+        .find(|e| e["event"] == "fork" && e["worker"] == 1)
+        .expect("worker 1 forked");
+    let pid = first["pid"].as_i64().unwrap() as i32;
+
+    // A non-atomic deploy: the binary is gone when worker 1 dies.
+    std::fs::rename(&program, &away).unwrap();
+    rustix::process::kill_process(Pid::from_raw(pid).unwrap(), Signal::KILL).unwrap();
+    wait_events(&log, |e| count(e, "spawn_failed") >= 2);
+    assert_eq!(count(&events(&log), "give_up"), 0, "{:#?}", events(&log));
+    assert!(
+        primary.exited_within(Duration::ZERO).is_none(),
+        "the primary still runs"
+    );
+
+    // The binary is back: the next retry starts worker 1 again.
+    std::fs::rename(&away, &program).unwrap();
+    let evs = wait_events(&log, |e| count(e, "fork") == 3);
+    let failed = evs.iter().filter(|e| e["event"] == "spawn_failed");
+    assert!(failed.clone().all(|e| e["worker"] == 1), "{evs:#?}");
+    assert_eq!(count(&evs, "give_up"), 0, "{evs:#?}");
+
+    primary.signal(Signal::TERM);
+    assert_eq!(primary.wait_exit(Duration::from_secs(20)), Some(0));
+}
+
+#[test]
+fn a_sighup_during_a_reload_queues_one_more_reload() {
+    let dir = TempDir::new("reload-again");
+    // Ready after 0.3 s up (no READY=1): each reload takes that long per slot.
+    let program = script(&dir, "worker.sh", "exec sleep 60");
+    let log = dir.path().join("events.jsonl");
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "-w", "1", "--ready-after", "0.3", "--events"])
+            .arg(&log)
+            .arg("--")
+            .arg(&program),
+    );
+    wait_events(&log, |e| count(e, "ready") == 1);
+    primary.signal(Signal::HUP);
+    wait_events(&log, |e| count(e, "reload_start") == 1);
+    primary.signal(Signal::HUP);
+    primary.signal(Signal::HUP); // folded into the one queued
+    let evs = wait_events(&log, |e| count(e, "reload_done") == 2);
+    let reloads: Vec<(String, u64)> = evs
+        .iter()
+        .filter(|e| e["event"].as_str().unwrap().starts_with("reload_"))
+        .map(|e| {
+            (
+                e["event"].as_str().unwrap().to_owned(),
+                e["generation"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        reloads,
+        [
+            ("reload_start".to_owned(), 1),
+            ("reload_done".to_owned(), 1),
+            ("reload_start".to_owned(), 2),
+            ("reload_done".to_owned(), 2),
+        ]
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(count(&events(&log), "reload_start"), 2, "no third reload");
+    assert_eq!(
+        count(&events(&log), "fork"),
+        3,
+        "the first worker and one per reload"
+    );
+
+    primary.signal(Signal::TERM);
+    assert_eq!(primary.wait_exit(Duration::from_secs(20)), Some(0));
+}
+
+#[test]
+fn a_zero_restart_window_or_ready_timeout_is_refused() {
+    for flag in ["--restart-window", "--ready-timeout"] {
+        let out = Command::new(NODUS)
+            .args(["run", flag, "0", "--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{flag} 0");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("above 0"), "{flag} 0: {stderr}");
+    }
+}
