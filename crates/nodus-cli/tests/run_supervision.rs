@@ -1,6 +1,8 @@
 //! `nodus run`'s supervision at its edges: a primary with no worker left to run exits, a
 //! replacement that cannot be started is retried instead of ending the service, a SIGHUP
-//! during a reload queues one more reload, and a window of 0 seconds is refused.
+//! during a reload queues one more reload, a window of 0 seconds is refused, the notify socket
+//! heeds only the worker's own process group and is closed with its worker, and a Node worker's
+//! pipe `listen` is refused instead of bound as TCP.
 //!
 //! Every process is started in its own process group and the whole group is killed by PID when
 //! the test ends. The workers are `sh` scripts.
@@ -12,7 +14,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::NODUS;
+use common::{NODUS, have};
 use nodus_testkit::proc::Proc;
 use nodus_testkit::tmp::TempDir;
 use rustix::process::{Pid, Signal};
@@ -190,4 +192,125 @@ fn a_zero_restart_window_or_ready_timeout_is_refused() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains("above 0"), "{flag} 0: {stderr}");
     }
+}
+
+/// Open fds of process `pid`.
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+#[test]
+fn a_worker_notify_socket_is_closed_with_its_worker() {
+    let dir = TempDir::new("notify-fds");
+    let log = dir.path().join("events.jsonl");
+    let primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "-w", "1", "--backoff", "0.01,1,0.01"])
+            .args([
+                "--max-restarts",
+                "1000",
+                "--restart-window",
+                "60",
+                "--events",
+            ])
+            .arg(&log)
+            .args(["--", "sh", "-c", "sleep 0.02; exit 1"]),
+    );
+    wait_events(&log, |e| count(e, "fork") >= 5);
+    let before = fd_count(primary.id());
+    wait_events(&log, |e| count(e, "fork") >= 45);
+    let after = fd_count(primary.id());
+    // One worker at a time: a socket, two output pipes and a pidfd come and go with it.
+    assert!(
+        after <= before + 4,
+        "fds grew from {before} to {after} over 40 restarts"
+    );
+}
+
+#[test]
+fn notify_messages_from_outside_the_worker_process_group_are_ignored() {
+    if !have("python3") {
+        return;
+    }
+    let dir = TempDir::new("notify-spoof");
+    let log = dir.path().join("events.jsonl");
+    let go = dir.path().join("go");
+    // The worker says STOPPING=1 through a child of its own (same process group) once told to.
+    let send = "import os, socket; s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); \
+                s.sendto(b'STOPPING=1', '\\0' + os.environ['NOTIFY_SOCKET'][1:])";
+    let worker = format!(
+        "echo \"sock=$NOTIFY_SOCKET\"; while [ ! -e {go} ]; do sleep 0.02; done; \
+         python3 -c \"{send}\"; exec sleep 60",
+        go = go.display()
+    );
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "-w", "1", "--events"])
+            .arg(&log)
+            .args(["--", "sh", "-c", &worker])
+            .env("RUST_LOG", "info"),
+    );
+    let line = primary.wait_line("sock=@");
+    let name = line.split("sock=@").nth(1).unwrap().trim().to_owned();
+
+    // Anyone else (this test process) who finds the name.
+    use std::os::linux::net::SocketAddrExt;
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let spoofer = std::os::unix::net::UnixDatagram::unbound().unwrap();
+    spoofer.send_to_addr(b"STOPPING=1", &addr).unwrap();
+    primary.wait_line("ignored a notify message");
+    std::thread::sleep(Duration::from_millis(300));
+    let evs = events(&log);
+    assert_eq!(count(&evs, "going_down"), 0, "{evs:#?}");
+    assert_eq!(count(&evs, "fork"), 1, "{evs:#?}");
+
+    // The worker's own group: heeded, the replacement starts at once.
+    std::fs::write(&go, "").unwrap();
+    let evs = wait_events(&log, |e| {
+        count(e, "going_down") == 1 && count(e, "fork") == 2
+    });
+    assert_eq!(count(&evs, "give_up"), 0, "{evs:#?}");
+    primary.signal(Signal::TERM);
+    assert_eq!(primary.wait_exit(Duration::from_secs(20)), Some(0));
+}
+
+#[test]
+fn a_node_worker_listening_on_a_pipe_is_refused_not_bound_as_tcp() {
+    if !have("node") {
+        return;
+    }
+    let dir = TempDir::new("node-pipe");
+    let app = dir.path().join("app.js");
+    std::fs::write(
+        &app,
+        "const s = require('net').createServer();\n\
+         s.on('error', (e) => { console.log('listen error ' + e.code); process.exit(0); });\n\
+         s.listen(process.argv[2], () => { console.log('listening ' + JSON.stringify(s.address())); process.exit(0); });\n",
+    )
+    .unwrap();
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args([
+                "run",
+                "--node",
+                "-w",
+                "1",
+                "--restart",
+                "temporary",
+                "--",
+                "node",
+            ])
+            .arg(&app)
+            .arg(dir.path().join("app.sock")),
+    );
+    assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
+    let lines = primary.output();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("listen error EAFNOSUPPORT")),
+        "{lines:#?}"
+    );
 }

@@ -61,7 +61,8 @@ pub(crate) struct Incoming<'a> {
     pub key: Option<String>,
     // queryServer / listening
     pub address: Option<String>,
-    pub port: Option<u16>,
+    /// -1 for a pipe (Node's `listen(path)`).
+    pub port: Option<i64>,
     pub address_type: Option<Value>,
     pub fd: Option<Value>,
     pub index: Option<Value>,

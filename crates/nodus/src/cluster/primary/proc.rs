@@ -14,8 +14,9 @@
 
 use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::HashMap;
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
 use std::io;
+use std::pin::pin;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
@@ -30,6 +31,7 @@ use crate::notify::NotifySocket;
 use crate::process::output::{Sink, prefix_lines};
 use crate::process::{Child, Command, ExitStatus, Stdio};
 use crate::signal::SIGKILL;
+use rustix::process::Pid;
 
 /// Where a worker is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -181,12 +183,26 @@ impl Proc {
             let (s, p) = (st.clone(), proc.clone());
             socket.unref();
             crate::task::spawn_named("cluster:notify", async move {
-                while p.is_alive() {
-                    match socket.recv().await {
-                        Ok(m) if m.ready => mark_ready(&s, &p),
-                        Ok(m) if m.stopping => supervise::going_down(&s, &p),
-                        Ok(_) => {}
-                        Err(e) => tracing::debug!(
+                // Ends (closing the socket) when the worker exits, not at a next message.
+                let mut exited = pin!(p.child.wait());
+                loop {
+                    let mut message = pin!(socket.recv());
+                    let next = poll_fn(|cx| match exited.as_mut().poll(cx) {
+                        Poll::Ready(_) => Poll::Ready(None),
+                        Poll::Pending => message.as_mut().poll(cx).map(Some),
+                    })
+                    .await;
+                    match next {
+                        None => return,
+                        Some(Ok(m)) if !from_worker(&p, m.sender_pid) => tracing::warn!(
+                            target: "nodus::cluster",
+                            "worker {} (pid {}): ignored a notify message from pid {:?}, outside its process group",
+                            p.slot, p.pid, m.sender_pid
+                        ),
+                        Some(Ok(m)) if m.ready => mark_ready(&s, &p),
+                        Some(Ok(m)) if m.stopping => supervise::going_down(&s, &p),
+                        Some(Ok(_)) => {}
+                        Some(Err(e)) => tracing::debug!(
                             target: "nodus::cluster",
                             "worker {} (pid {}): bad notify message: {e}", p.slot, p.pid
                         ),
@@ -266,6 +282,18 @@ impl Proc {
     }
 }
 
+/// Whether a notify datagram came from `proc` or a process of its group (a worker leads its own
+/// group, so a wrapper script's child counts). The socket's name is visible to every local user
+/// (`/proc/net/unix`): anyone else's `READY=1` or `STOPPING=1` is ignored.
+fn from_worker(proc: &Proc, sender: Option<u32>) -> bool {
+    let Some(sender) = sender.and_then(|pid| Pid::from_raw(pid as i32)) else {
+        return false;
+    };
+    sender.as_raw_nonzero().get() as u32 == proc.pid
+        || rustix::process::getpgid(Some(sender))
+            .is_ok_and(|group| group.as_raw_nonzero().get() as u32 == proc.pid)
+}
+
 /// Marks `proc` ready (once) and tells the supervisor.
 pub(super) fn mark_ready(st: &Rc<State>, proc: &Rc<Proc>) {
     if proc.state.get() >= ProcState::Ready {
@@ -279,6 +307,12 @@ pub(super) fn mark_ready(st: &Rc<State>, proc: &Rc<Proc>) {
 fn on_internal(st: &Rc<State>, proc: &Rc<Proc>, mut msg: Message) {
     let handles = msg.take_handles();
     let Some(m) = Incoming::parse(msg.json()) else {
+        let json = msg.json();
+        tracing::warn!(
+            target: "nodus::cluster",
+            "worker {} (pid {}): ignored a cluster message that does not parse: {}",
+            proc.slot, proc.pid, &json[..json.floor_char_boundary(200)]
+        );
         return;
     };
     if m.is_nodus() {

@@ -199,21 +199,30 @@ impl Server {
 }
 
 /// The address a `queryServer` asks for (Node sends `null` for "any": IPv6 any, dual-stack, as
-/// Node's own listen does).
-fn requested_addr(m: &Incoming<'_>) -> SocketAddr {
+/// Node's own listen does; a host name is resolved by the worker before it asks). Anything else
+/// (a pipe path: Node's `listen('/path')`) is refused with `EAFNOSUPPORT`: the primary serves TCP
+/// only, and must not bind "any" in its place.
+fn requested_addr(m: &Incoming<'_>) -> io::Result<SocketAddr> {
+    let ip = match m.address.as_deref() {
+        Some(a) => a.parse::<IpAddr>().map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("{a:?} is not an IP address (the cluster primary serves TCP only)"),
+            )
+        })?,
+        None if m.address_type.as_ref().and_then(|v| v.as_u64()) == Some(4) => {
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+        }
+        None => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    };
     let port = m.port.unwrap_or(0);
-    let ip = m
-        .address
-        .as_deref()
-        .and_then(|a| a.parse::<IpAddr>().ok())
-        .unwrap_or(
-            if m.address_type.as_ref().and_then(|v| v.as_u64()) == Some(4) {
-                IpAddr::V4(Ipv4Addr::UNSPECIFIED)
-            } else {
-                IpAddr::V6(Ipv6Addr::UNSPECIFIED)
-            },
-        );
-    SocketAddr::new(ip, port)
+    let port = u16::try_from(port).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("port {port} out of range"),
+        )
+    })?;
+    Ok(SocketAddr::new(ip, port))
 }
 
 /// Finds (or binds) the server a key names.
@@ -245,7 +254,6 @@ fn server_for(st: &Rc<State>, key: &str, addr: SocketAddr) -> io::Result<Rc<Serv
 /// Answers a worker's `queryServer`.
 pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
     let key = server_key(m);
-    let addr = requested_addr(m);
     let Some(ack) = m.seq else { return };
     let reply = |errno: Option<String>, sockname: Option<SockName>| QueryReply {
         cmd: NODE_CLUSTER,
@@ -256,25 +264,27 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
         sockname,
         seq: st.next_seq(),
     };
+    let addr = requested_addr(m);
     let result = if st.config.policy == Policy::ReusePort {
-        reuseport_socket(st, &key, addr).map(|fd| (None, Some(fd)))
+        addr.and_then(|addr| reuseport_socket(st, &key, addr).map(|fd| (None, Some(fd))))
     } else {
-        server_for(st, &key, addr).and_then(|server| match &server.sock {
-            Sock::Shared(l) => Ok((None, Some(l.as_fd().try_clone_to_owned()?))),
-            Sock::Released => unreachable!("released sockets exist only under reuseport"),
-            Sock::Accepting(_) => {
-                if m.nodus == Some(1) && m.board == Some(1) {
-                    give_board(proc);
+        addr.and_then(|addr| server_for(st, &key, addr))
+            .and_then(|server| match &server.sock {
+                Sock::Shared(l) => Ok((None, Some(l.as_fd().try_clone_to_owned()?))),
+                Sock::Released => unreachable!("released sockets exist only under reuseport"),
+                Sock::Accepting(_) => {
+                    if m.nodus == Some(1) && m.board == Some(1) {
+                        give_board(proc);
+                    }
+                    server.members.borrow_mut().push(Member {
+                        proc: proc.clone(),
+                        key: key.clone(),
+                        batches: m.nodus == Some(1),
+                    });
+                    server.wake_accept();
+                    Ok((Some(server.addr), None))
                 }
-                server.members.borrow_mut().push(Member {
-                    proc: proc.clone(),
-                    key: key.clone(),
-                    batches: m.nodus == Some(1),
-                });
-                server.wake_accept();
-                Ok((Some(server.addr), None))
-            }
-        })
+            })
     };
     let Some(channel) = &proc.channel else { return };
     let sent = match result {
@@ -291,10 +301,16 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
         Err(e) => {
             tracing::error!(
                 target: "nodus::cluster",
-                "worker {} (pid {}) cannot listen on {addr}: {e}", proc.slot, proc.pid
+                "worker {} (pid {}) cannot listen on {:?} port {:?}: {e}",
+                proc.slot, proc.pid, m.address.as_deref().unwrap_or("any"), m.port.unwrap_or(0)
             );
             // Node's workers expect a negative libuv errno.
-            let errno = format!("{}", -e.raw_os_error().unwrap_or(EIO));
+            let raw = match e.kind() {
+                io::ErrorKind::Unsupported => libc::EAFNOSUPPORT,
+                io::ErrorKind::InvalidInput => libc::EINVAL,
+                _ => e.raw_os_error().unwrap_or(libc::EIO),
+            };
+            let errno = format!("{}", -raw);
             channel.send(&reply(Some(errno), None))
         }
     };
@@ -325,9 +341,6 @@ fn give_board(proc: &Proc) {
         }
     }
 }
-
-/// The errno sent for an error without one.
-const EIO: i32 = 5;
 
 /// A fresh `SO_REUSEPORT` socket for one worker. Port 0 is resolved once per key so every
 /// worker shares the port.

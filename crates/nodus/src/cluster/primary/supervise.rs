@@ -296,6 +296,8 @@ pub(super) fn going_down(st: &Rc<State>, proc: &Rc<Proc>) {
         return;
     }
     st.emit(Some(proc), EventKind::GoingDown);
+    // It said it is leaving: its replacement takes the slot, and it gets the kill timeout to go.
+    arm_kill_timer(st, proc, "after saying it was going down");
     server::leave_all(st, proc);
     st.slots.borrow_mut()[proc.slot as usize - 1].current = None;
     let uptime = proc.started.elapsed();
@@ -329,12 +331,17 @@ pub(super) fn drain(st: &Rc<State>, proc: &Rc<Proc>) {
     } else {
         let _ = proc.child.kill(SIGTERM);
     }
+    arm_kill_timer(st, proc, "after being asked to stop");
+}
+
+/// SIGKILLs `proc`'s process group if it still runs after the kill timeout.
+fn arm_kill_timer(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str) {
     let (p, limit) = (proc.clone(), st.config.kill_timeout);
     crate::task::spawn_named("cluster:kill-timer", async move {
         if crate::time::timeout(limit, p.child.wait()).await.is_err() {
             tracing::warn!(
                 target: "nodus::cluster",
-                "worker {} (pid {}) still running {limit:?} after being asked to stop: SIGKILL",
+                "worker {} (pid {}) still running {limit:?} {why}: SIGKILL",
                 p.slot, p.pid
             );
             let _ = p.child.kill_group(SIGKILL);
@@ -355,11 +362,13 @@ pub(super) fn start_shutdown(st: &Rc<State>, why: &str) {
         }
         return;
     }
-    tracing::info!(
-        target: "nodus::cluster",
-        "{why}: draining {} workers (up to {:?}, SIGKILL after {:?})",
-        procs.len(), st.config.drain_timeout, st.config.kill_timeout
-    );
+    if !procs.is_empty() {
+        tracing::info!(
+            target: "nodus::cluster",
+            "{why}: draining {} workers (up to {:?}, SIGKILL after {:?})",
+            procs.len(), st.config.drain_timeout, st.config.kill_timeout
+        );
+    }
     notify("STOPPING=1\nSTATUS=draining");
     st.emit(
         None,
