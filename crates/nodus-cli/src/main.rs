@@ -245,9 +245,12 @@ fn main() {
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     let color = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    // Log lines are queued to stderr's writer thread: logging never blocks (a full pipe) nor
+    // panics (a closed one; tracing-subscriber would report the failed write with `eprintln!`).
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(nodus::process::output::log_writer)
+        .log_internal_errors(false)
         .with_ansi(color)
         .init();
     let code = match cli.command {
@@ -290,5 +293,10 @@ fn main() {
             },
         }),
     };
+    // What is still queued for stderr (the last log lines), unless stderr is stalled.
+    nodus::process::output::flush_stderr(EXIT_FLUSH_TIMEOUT);
     std::process::exit(code);
 }
+
+/// How long the exit waits for queued log lines to be written.
+const EXIT_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);

@@ -114,9 +114,11 @@ fn main() {
     });
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    // Queued to stderr's writer thread: logging never blocks nor panics, whatever stderr is.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(nodus::process::output::log_writer)
+        .log_internal_errors(false)
         .init();
     let rt = nodus::Runtime::new();
     let code = rt.block_on(async move {
@@ -129,6 +131,7 @@ fn main() {
             }
         }
     });
+    nodus::process::output::flush_stderr(Duration::from_secs(2));
     std::process::exit(code);
 }
 

@@ -1,6 +1,7 @@
 //! Child processes: [`Command`] / [`spawn`](Command::spawn), [`exec`], [`exec_file`],
 //! [`fork`] (a child with a Node-compatible IPC channel, see [`crate::ipc`]) and [`output`]
-//! (a child's output copied line by line, with a prefix, to our own stdout or stderr).
+//! (a child's output copied line by line, with a prefix, to our own stdout or stderr; our own
+//! log lines to stderr without ever blocking).
 //!
 //! Invariants that hold for every child (details in each file):
 //! - Exits are observed through a pidfd registered with the reactor (readable at exit) and reaped

@@ -1,5 +1,6 @@
 //! A child's output copied to our own stdout or stderr line by line, each line behind a prefix
-//! (`[worker 2 pid 4242] `): [`prefix_lines`].
+//! (`[worker 2 pid 4242] `): [`prefix_lines`]; and our own log lines to stderr the same way:
+//! [`log_writer`].
 //!
 //! Lines are bytes, not text: nothing is decoded or replaced. A line ends at `\n`; one longer
 //! than [`MAX_LINE`] is cut into pieces of that size (each written as a line of its own), and a
@@ -20,6 +21,14 @@
 //! The task ends after end of file once its last batch has been written (or dropped), and until
 //! then it keeps the loop alive: a stalled sink keeps it waiting, as a full stdout pipe does in
 //! Node.
+//!
+//! Our own log lines go through the stderr sink's thread too: [`log_writer`] is the writer for a
+//! `tracing-subscriber` fmt layer, which formats an event whole and writes it with one
+//! `write_all`, queued as one message. So a log line never interleaves with prefixed lines, and
+//! logging never blocks or panics, whatever stderr is (a full pipe, a closed one): a line that
+//! does not fit is dropped and counted, and the next one that fits is preceded by
+//! `[nodus: N bytes of log output dropped]`. Queued lines die with the process: before exiting,
+//! [`flush_stderr`] waits for them, from any thread and for a bounded time.
 
 use std::future::poll_fn;
 use std::io;
@@ -27,7 +36,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
@@ -271,12 +280,83 @@ impl Writer {
         })
         .await
     }
+
+    /// Blocks the calling thread until the writer thread has dealt with everything queued
+    /// before, at most `timeout`; whether it did.
+    fn flush_blocking(&self, timeout: Duration) -> bool {
+        let flush = Arc::new(Flush::default());
+        self.send(Message::Flush(FlushToken(flush.clone())));
+        let state = flush.state.lock().expect("no panic while held");
+        let (state, _) = flush
+            .done
+            .wait_timeout_while(state, timeout, |s| !s.0)
+            .expect("no panic while held");
+        state.0
+    }
 }
 
-/// A flush's state: (done, waiter).
+/// Waits until everything queued for our stderr so far (log lines, prefixed lines) is written,
+/// at most `timeout` (a stalled stderr must not hang the exit); whether it was. Meant for the end
+/// of the process, before `std::process::exit`, from any thread: it blocks the calling thread,
+/// the loop's included.
+pub fn flush_stderr(timeout: Duration) -> bool {
+    STDERR.get().is_none_or(|w| w.flush_blocking(timeout))
+}
+
+/// Log bytes dropped (the stderr queue was full) since the last log line queued.
+static LOG_DROPPED: AtomicUsize = AtomicUsize::new(0);
+
+/// A writer for log lines to our stderr through its writer thread (see the module doc), e.g.
+/// `tracing_subscriber::fmt().with_writer(log_writer)`. Each `write` is queued whole as one
+/// message, or dropped and counted if the queue is full; it never blocks and never fails.
+pub fn log_writer() -> LogWriter {
+    LogWriter {
+        writer: Writer::for_sink(Sink::Stderr).ok(),
+    }
+}
+
+/// See [`log_writer`].
+pub struct LogWriter {
+    /// `None` if the writer thread could not be started: lines are then written directly.
+    writer: Option<Writer>,
+}
+
+impl io::Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match &self.writer {
+            _ if buf.is_empty() => {}
+            Some(w) => queue_log(w, &LOG_DROPPED, buf),
+            // Errors are ignored, as the writer thread does: there is nowhere to report them.
+            None => drop(write_all(io::stderr().as_fd(), buf)),
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Queues `line` (after a notice of what `dropped` counts, if any) or adds it to `dropped`.
+fn queue_log(writer: &Writer, dropped: &AtomicUsize, line: &[u8]) {
+    let before = dropped.swap(0, Ordering::AcqRel);
+    let mut bytes = Vec::with_capacity(line.len() + if before > 0 { 64 } else { 0 });
+    if before > 0 {
+        bytes.extend_from_slice(
+            format!("[nodus: {before} bytes of log output dropped]\n").as_bytes(),
+        );
+    }
+    bytes.extend_from_slice(line);
+    if !writer.try_queue(bytes) {
+        dropped.fetch_add(before + line.len(), Ordering::AcqRel);
+    }
+}
+
+/// A flush's state: (done, waiting task); a waiting thread waits on `done`.
 #[derive(Default)]
 struct Flush {
     state: Mutex<(bool, Option<Waker>)>,
+    done: Condvar,
 }
 
 impl Flush {
@@ -286,6 +366,7 @@ impl Flush {
             state.0 = true;
             state.1.take()
         };
+        self.done.notify_all();
         if let Some(w) = waker {
             w.wake();
         }
@@ -354,9 +435,17 @@ fn write_loop(target: Target, rx: mpsc::Receiver<Message>, queued: Arc<AtomicUsi
             Message::Bytes(bytes) => {
                 if !failed && let Err(e) = write_all(target.fd(), &bytes) {
                     failed = true;
-                    tracing::warn!(
-                        "nodus::process::output: writing child output failed ({e}); discarding from now on"
-                    );
+                    // Said on stderr, so not when stderr is what failed: through `log_writer`
+                    // the warning would come back to this thread only to be discarded, and
+                    // through a subscriber writing fd 2 itself it would be one more write to a
+                    // dead pipe (which tracing-subscriber reports by default with `eprintln!`,
+                    // a panic on this thread). Another sink's warning reaches stderr, through
+                    // `log_writer` without ever blocking this thread.
+                    if !matches!(target, Target::Stderr(_)) {
+                        tracing::warn!(
+                            "nodus::process::output: writing child output failed ({e}); discarding from now on"
+                        );
+                    }
                 }
                 queued.fetch_sub(bytes.len(), Ordering::AcqRel);
             }
@@ -377,4 +466,52 @@ fn write_all(fd: BorrowedFd<'_>, mut bytes: &[u8]) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    #[test]
+    fn log_lines_dropped_on_a_full_queue_are_counted_before_the_next_line_that_fits() {
+        let (mut reader, pipe) = io::pipe().unwrap();
+        let writer = Writer::start(Target::Fd(pipe.into()), "test-log").unwrap();
+        let dropped = AtomicUsize::new(0);
+        queue_log(&writer, &dropped, b"first\n");
+        assert!(writer.flush_blocking(Duration::from_secs(10)));
+        // Nothing is queued now: a full queue is simulated by its count.
+        writer.queued.store(QUEUE_LIMIT, Ordering::Release);
+        queue_log(&writer, &dropped, b"lost\n");
+        queue_log(&writer, &dropped, b"lost too\n");
+        assert_eq!(dropped.load(Ordering::Acquire), 14);
+        writer.queued.store(0, Ordering::Release);
+        queue_log(&writer, &dropped, b"kept\n");
+        queue_log(&writer, &dropped, b"last\n");
+        assert_eq!(dropped.load(Ordering::Acquire), 0);
+        drop(writer); // the thread writes what is queued, then ends and closes the pipe
+        let mut out = String::new();
+        reader.read_to_string(&mut out).unwrap();
+        assert_eq!(
+            out,
+            "first\n[nodus: 14 bytes of log output dropped]\nkept\nlast\n"
+        );
+    }
+
+    #[test]
+    fn a_blocking_flush_gives_up_after_its_timeout_and_completes_once_written() {
+        let (mut reader, pipe) = io::pipe().unwrap();
+        let writer = Writer::start(Target::Fd(pipe.into()), "test-log").unwrap();
+        // More than a pipe holds: the thread blocks until someone reads.
+        assert!(writer.try_queue(vec![b'x'; 512 * 1024]));
+        assert!(!writer.flush_blocking(Duration::from_millis(100)));
+        let reading = std::thread::spawn(move || {
+            let mut out = Vec::new();
+            reader.read_to_end(&mut out).unwrap();
+            out.len()
+        });
+        assert!(writer.flush_blocking(Duration::from_secs(10)));
+        drop(writer);
+        assert_eq!(reading.join().unwrap(), 512 * 1024);
+    }
 }
