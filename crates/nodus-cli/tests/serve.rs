@@ -404,3 +404,26 @@ fn the_service_manager_hears_ready_and_stopping() {
     assert!(stopping.lines().any(|l| l == "STOPPING=1"), "{stopping:?}");
     assert_eq!(code, Some(0));
 }
+
+#[test]
+fn a_listen_fds_count_beyond_the_passed_sockets_is_refused_with_the_fd_named() {
+    if !common::have("python3") {
+        return;
+    }
+    let site = site();
+    // One real socket at fd 3, but LISTEN_FDS says 2: fd 4 is whatever nodus opens first.
+    let script = "import os, socket, sys\n\
+                  s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n\
+                  os.dup2(s.fileno(), 3); os.set_inheritable(3, True)\n\
+                  os.environ['LISTEN_PID'] = str(os.getpid()); os.environ['LISTEN_FDS'] = '2'\n\
+                  os.execv(sys.argv[1], sys.argv[1:])\n";
+    let out = Command::new("python3")
+        .args(["-c", script, NODUS, "serve"])
+        .arg(site.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("LISTEN_FDS names fd 4"), "{stderr}");
+}

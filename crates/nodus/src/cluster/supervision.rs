@@ -158,8 +158,10 @@ impl Backoff {
         if crashes <= 1 {
             return Duration::ZERO;
         }
-        let scaled = self.initial.as_secs_f64() * self.factor.powi(crashes as i32 - 2);
-        Duration::from_secs_f64(scaled.min(self.cap.as_secs_f64()))
+        let exponent = i32::try_from(crashes - 2).unwrap_or(i32::MAX);
+        let scaled = self.initial.as_secs_f64() * self.factor.powi(exponent);
+        // A factor below 0 or NaN (a Backoff built in code) waits nothing instead of panicking.
+        Duration::from_secs_f64(scaled.max(0.0).min(self.cap.as_secs_f64()))
     }
 }
 
@@ -231,6 +233,23 @@ impl RestartPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_backoff_with_a_nonsense_factor_never_panics() {
+        for factor in [-2.0, f64::NAN, f64::INFINITY, 0.0] {
+            let b = Backoff {
+                initial: Duration::from_millis(100),
+                factor,
+                cap: Duration::from_secs(10),
+            };
+            for crashes in [0, 1, 2, 3, 4, u32::MAX] {
+                assert!(
+                    b.delay(crashes) <= Duration::from_secs(10),
+                    "{factor} {crashes}"
+                );
+            }
+        }
+    }
 
     const CRASH: ExitReason = ExitReason::Failed(1);
 

@@ -11,7 +11,7 @@
 //! keeps children from taking them.
 
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use socket2::{Domain, SockRef};
@@ -54,11 +54,17 @@ pub fn listen_fds() -> io::Result<Vec<Inherited>> {
     let names: Vec<String> = std::env::var("LISTEN_FDNAMES")
         .map(|v| v.split(':').map(str::to_owned).collect())
         .unwrap_or_default();
+    // Nothing is owned before all are checked: a wrong LISTEN_FDS must not close an fd the
+    // runtime opened (its epoll, a pidfd) on the error path.
+    for i in 0..count {
+        check_inherited(FIRST_FD + i as i32)?;
+    }
     let mut out = Vec::with_capacity(count);
     for i in 0..count {
         let raw = FIRST_FD + i as i32;
-        // SAFETY: the service manager passed fds FIRST_FD..FIRST_FD+count to this process
-        // (LISTEN_PID is our pid), and `TAKEN` makes sure each is owned once.
+        // SAFETY: fd `raw` is open, was inherited across exec (no close-on-exec: nothing this
+        // process opened) and is a listening socket (`check_inherited`), as LISTEN_FDS says the
+        // service manager passed it (LISTEN_PID is our pid); `TAKEN` makes sure it is owned once.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let name = names
             .get(i)
@@ -72,6 +78,30 @@ pub fn listen_fds() -> io::Result<Vec<Inherited>> {
         });
     }
     Ok(out)
+}
+
+/// Whether fd `raw` looks passed by a service manager: open, without close-on-exec (every fd
+/// nodus opens has it; an inherited one does not), and a listening socket.
+fn check_inherited(raw: i32) -> io::Result<()> {
+    let not_passed = |why: String| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("LISTEN_FDS names fd {raw}, which {why}"),
+        )
+    };
+    // SAFETY: only borrowed for the checks below, which read flags and options of whatever fd
+    // `raw` is (or fail if none is open); nothing is closed.
+    let fd = unsafe { BorrowedFd::borrow_raw(raw) };
+    let flags =
+        rustix::io::fcntl_getfd(fd).map_err(|e| not_passed(format!("is not open ({e})")))?;
+    if flags.contains(rustix::io::FdFlags::CLOEXEC) {
+        return Err(not_passed("is close-on-exec (not inherited)".to_owned()));
+    }
+    match rustix::net::sockopt::socket_acceptconn(fd) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(not_passed("is a socket that does not listen".to_owned())),
+        Err(e) => Err(not_passed(format!("is not a socket ({e})"))),
+    }
 }
 
 /// `LISTEN_FDS` if the variables are meant for this process.

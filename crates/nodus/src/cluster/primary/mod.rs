@@ -419,7 +419,7 @@ impl State {
     fn current(&self, id: u32) -> Option<Rc<Proc>> {
         self.slots
             .borrow()
-            .get(id as usize - 1)
+            .get((id as usize).wrapping_sub(1)) // id 0 names no slot
             .and_then(|s| s.current.clone())
     }
 

@@ -275,7 +275,9 @@ impl Proc {
             .or(self.reported.get());
         match reported {
             Some((open, accepted_total)) => {
-                open + self.handed.get().saturating_sub(accepted_total) + in_flight
+                // Numbers a worker reports: saturating, whatever it says.
+                open.saturating_add(self.handed.get().saturating_sub(accepted_total))
+                    .saturating_add(in_flight)
             }
             None => in_flight,
         }

@@ -422,7 +422,7 @@ pub(super) fn on_accepted(st: &Rc<State>, proc: &Rc<Proc>, ack: u64, accepted: b
 
 /// A nodus worker took every handoff up to `ack` that it did not refuse.
 pub(super) fn on_took(proc: &Rc<Proc>, ack: u64) {
-    took(proc, proc.pending.remove_below(ack + 1));
+    took(proc, proc.pending.remove_below(ack.saturating_add(1)));
 }
 
 /// Drops the references to the handoffs `proc` posted on its board as taken, unless a refusal it
