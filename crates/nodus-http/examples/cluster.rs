@@ -5,7 +5,8 @@
 //! cargo run --release -p nodus-http --example cluster -- \
 //!     --workers 2 --policy rr --listen 127.0.0.1:8080 [--events FILE] \
 //!     [--slow-worker ID --slow-ms MS] [--crash-after-ms MS] [--max-restarts R --restart-window SECS]
-//!     [--hold-worker ID --hold-ms MS]
+//!     [--hold-worker ID --hold-ms MS [--leave-on-sigterm]]
+//!     [--abandon-listen-worker ID --abandon-at query|answer --hold-ms MS]
 //! ```
 //!
 //! Worker side: [`Worker::listen`] gets the listener from the primary, the server reports its
@@ -16,18 +17,27 @@
 //! MS milliseconds after it started (0: at once, before listening), to watch the restart budget.
 //! `--hold-worker ID --hold-ms MS` makes worker ID take connections but serve none: it holds
 //! them for MS milliseconds, then closes its listener and stays up; a nodus primary gets what it
-//! held back and gives it to the other workers.
+//! held back and gives it to the other workers. With `--leave-on-sigterm` a SIGTERM to that
+//! worker during the hold makes it leave the cluster on its own as `nodus serve` does
+//! ([`Worker::disconnect`], then its listener closes) and exit 0 (its replacement holds too).
+//! `--abandon-listen-worker ID --abandon-at query|answer` makes worker ID drop a `listen` future
+//! right after its `queryServer` went out, or once its answer has arrived (unpolled), say ready
+//! without a listener, wait `--hold-ms`, then listen again and serve.
 //! SIGTERM/SIGINT to the primary drain everything; SIGHUP is a
 //! rolling reload. Every response names its worker in `X-Worker`; logs go to stderr
 //! (`RUST_LOG`, default `info`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::pin::pin;
 use std::time::Duration;
+
+use futures_util::future::{Either, select};
 
 use http::header::{CONTENT_TYPE, HeaderValue};
 use nodus::cluster::{Config, Policy, Primary, Readiness, Worker, WorkerCommand};
 use nodus::net::TcpListener;
+use nodus::signal::{SIGTERM, Signals};
 use nodus_http::{Config as HttpConfig, full, serve};
 
 struct Args {
@@ -42,6 +52,10 @@ struct Args {
     restart_window: Option<Duration>,
     hold_worker: Option<u32>,
     hold: Duration,
+    leave_on_sigterm: bool,
+    abandon_listen_worker: Option<u32>,
+    /// Drop the abandoned `listen` after its answer arrived, not right after its query.
+    abandon_after_answer: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -57,6 +71,9 @@ fn parse_args() -> Result<Args, String> {
         restart_window: None,
         hold_worker: None,
         hold: Duration::from_millis(1000),
+        leave_on_sigterm: false,
+        abandon_listen_worker: None,
+        abandon_after_answer: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -100,6 +117,17 @@ fn parse_args() -> Result<Args, String> {
             }
             "--hold-ms" => {
                 args.hold = Duration::from_millis(value()?.parse().map_err(|e| format!("{e}"))?)
+            }
+            "--leave-on-sigterm" => args.leave_on_sigterm = true,
+            "--abandon-listen-worker" => {
+                args.abandon_listen_worker = Some(value()?.parse().map_err(|e| format!("{e}"))?)
+            }
+            "--abandon-at" => {
+                args.abandon_after_answer = match value()?.as_str() {
+                    "query" => false,
+                    "answer" => true,
+                    other => return Err(format!("--abandon-at: query or answer, not {other}")),
+                }
             }
             other => return Err(format!("unknown argument {other}")),
         }
@@ -182,6 +210,12 @@ async fn run_worker(worker: Worker, args: Args) -> i32 {
         }
         None => {}
     }
+    if args.abandon_listen_worker == Some(worker.id()) {
+        abandon_a_listen(&worker, args.listen, args.abandon_after_answer).await;
+        // Ready without a listener: the primary must hand it nothing until it listens again.
+        worker.ready();
+        nodus::sleep(args.hold).await;
+    }
     let listener = match worker.listen(args.listen).await {
         Ok(l) => l,
         Err(e) => {
@@ -190,8 +224,28 @@ async fn run_worker(worker: Worker, args: Args) -> i32 {
         }
     };
     if args.hold_worker == Some(worker.id()) {
+        let mut term = match args.leave_on_sigterm {
+            true => match Signals::new(&[SIGTERM]) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    eprintln!("cluster worker {}: cannot catch SIGTERM: {e}", worker.id());
+                    return 1;
+                }
+            },
+            false => None,
+        };
         worker.ready();
-        nodus::sleep(args.hold).await;
+        let hold = pin!(nodus::sleep(args.hold));
+        if let Some(term) = &mut term {
+            if let Either::Right(_) = select(hold, pin!(term.recv())).await {
+                // As `nodus serve` stopped directly: leave first, then the listener closes.
+                worker.disconnect().await;
+                drop(listener);
+                return 0;
+            }
+        } else {
+            hold.await;
+        }
         drop(listener);
         worker.drain_requested().await;
         return 0;
@@ -223,4 +277,22 @@ async fn run_worker(worker: Worker, args: Args) -> i32 {
     let deadline = worker.drain_requested().await;
     server.drain(deadline).await;
     0
+}
+
+/// Starts a `listen` and drops it: right after its `queryServer` went out (the first poll sends
+/// it; the answer cannot have been read before this task yields), or once the answer has
+/// arrived and been read while nobody polled the future.
+async fn abandon_a_listen(worker: &Worker, addr: SocketAddr, after_answer: bool) {
+    let listen = Box::pin(worker.listen(addr));
+    let Either::Right(((), listen)) = select(listen, std::future::ready(())).await else {
+        eprintln!(
+            "cluster worker {}: listen finished in its first poll",
+            worker.id()
+        );
+        return;
+    };
+    if after_answer {
+        nodus::sleep(Duration::from_millis(300)).await;
+    }
+    drop(listen);
 }

@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use cluster_support::{
     Cluster, Event, ExampleReply, Load, count, current_pids, dump, example_binary, exclusive,
-    freeze, get, is_alive, kill9,
+    freeze, get, is_alive, kill9, terminate,
 };
+use nodus_testkit::http::{self, Timeouts};
 use nodus_testkit::tmp::TempDir;
 use rustix::process::Signal;
 
@@ -273,6 +274,98 @@ fn connections_a_worker_held_when_its_listener_closed_are_served_by_another() {
         Some(&40),
         "only worker 2 listens now: {after:?}"
     );
+}
+
+/// A `listen` future dropped after its `queryServer` went out (a timeout, a select) leaves
+/// nothing behind that takes connections: worker 1 drops one, says ready and listens again only
+/// 5 s later. Meanwhile the primary must hand it nothing, so every request is answered at once by
+/// worker 2 (a connection stranded in worker 1 would wait for the new listener, or forever);
+/// then worker 1 listens again and serves.
+fn an_abandoned_listen_strands_no_connection(abandon_at: &str) {
+    let _x = exclusive();
+    let flags = [
+        "--abandon-listen-worker",
+        "1",
+        "--abandon-at",
+        abandon_at,
+        "--hold-ms",
+        "5000",
+    ];
+    let c = Cluster::start(2, "rr", &flags);
+    let quick = Timeouts {
+        connect: Duration::from_secs(2),
+        io: Duration::from_secs(2),
+    };
+    for i in 0..20 {
+        let r = http::request(c.addr(), quick, "GET", "/", &[]).unwrap_or_else(|e| {
+            panic!("request {i} got no answer within 2 s: {e}\n{}", c.stderr())
+        });
+        assert!(r.is_hello(), "request {i}: {r:?}");
+        assert_eq!(r.worker(), Some(2), "request {i}: worker 1 has no listener");
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = get(c.addr()).unwrap_or_else(|e| panic!("{e}\n{}", c.stderr()));
+        assert!(r.is_hello(), "{r:?}");
+        if r.worker() == Some(1) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "worker 1 never served after listening again\n{}",
+            c.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_listen_dropped_right_after_its_query_went_out_strands_no_connection() {
+    an_abandoned_listen_strands_no_connection("query");
+}
+
+#[test]
+fn a_listen_dropped_after_its_answer_arrived_strands_no_connection() {
+    an_abandoned_listen_strands_no_connection("answer");
+}
+
+/// A worker that leaves the cluster on its own (as `nodus serve` on its own SIGTERM:
+/// `disconnect`, then its listener closes in the drain) gives back the connections it had taken
+/// and not accepted while its channel is still open, and another worker serves them. Worker 1
+/// holds its share of 10 waiting clients' connections when it gets SIGTERM.
+#[test]
+fn connections_queued_in_a_worker_that_leaves_on_its_own_are_served_by_another() {
+    let _x = exclusive();
+    let flags = [
+        "--hold-worker",
+        "1",
+        "--hold-ms",
+        "60000",
+        "--leave-on-sigterm",
+    ];
+    let c = Cluster::start(2, "rr", &flags);
+    let leaving = current_pids(&c.events())[0];
+    let clients: Vec<_> = (0..10)
+        .map(|_| {
+            let addr = c.addr();
+            std::thread::spawn(move || get(addr))
+        })
+        .collect();
+    // Time for the connections to reach both workers.
+    std::thread::sleep(Duration::from_millis(500));
+    terminate(leaving);
+    for (i, client) in clients.into_iter().enumerate() {
+        let r = client
+            .join()
+            .expect("a client thread")
+            .unwrap_or_else(|e| panic!("client {i}: {e}\n{}", c.stderr()));
+        assert!(r.is_hello(), "client {i}: {r:?}");
+        assert_eq!(r.worker(), Some(2), "client {i}: worker 1 serves nothing");
+    }
+    let events = c.wait_events("worker 1's exit", |ev| exit_of(ev, leaving).is_some());
+    let exit = exit_of(&events, leaving).expect("checked");
+    assert_eq!(exit.0["code"], 0, "{}", dump(&events));
+    assert_eq!(exit.0["exited_after_disconnect"], true, "{}", dump(&events));
 }
 
 #[test]

@@ -211,7 +211,9 @@ async fn serve_worker(options: ServeOptions, root: PathBuf, worker: nodus::clust
         futures_util::future::Either::Left((deadline, _)) => deadline,
         futures_util::future::Either::Right((_, _)) => {
             // Stopped directly rather than by the primary: leave the cluster first, so the
-            // primary does not count the exit as a crash.
+            // primary does not count the exit as a crash. Leaving closes the public listener's
+            // key while the channel is open: connections handed over and not yet accepted go
+            // back to the primary (the drain below could no longer give them back).
             worker.disconnect().await;
             options.drain_timeout
         }

@@ -306,6 +306,11 @@ pub fn kill9(p: u32) {
     kill_process(pid(p), Signal::KILL).expect("the worker is running");
 }
 
+/// Sends SIGTERM to `p`.
+pub fn terminate(p: u32) {
+    kill_process(pid(p), Signal::TERM).expect("the worker is running");
+}
+
 /// Freezes a worker (SIGSTOP): its loop reads nothing until it is killed or continued.
 pub fn freeze(p: u32) {
     kill_process(pid(p), Signal::STOP).expect("the worker is running");

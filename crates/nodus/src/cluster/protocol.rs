@@ -25,7 +25,10 @@
 //! it cannot take at once with `refused` (`ack`: its `seq`), always before the `took` that passes
 //! it. A nodus worker whose listener closes with taken connections still queued sends its
 //! pending `took`, its `close`, then the connections as `returned` (key, peers, fds), and the
-//! primary hands them to the other workers.
+//! primary hands them to the other workers. A worker closes a key this way too when a `listen`
+//! is abandoned after its `queryServer` went out (a late answer is ignored), and closes every key
+//! before its `exitedAfterDisconnect` when it leaves on its own (as Node's worker closes its
+//! servers first).
 //!
 //! A worker that also sends `"board":1` gets, before the `queryServer` answer, a `board` message
 //! with one fd: a shared page (`board.rs`) where it posts taken batches, refusals and its load
@@ -269,6 +272,17 @@ pub(crate) fn server_key(m: &Incoming<'_>) -> String {
     )
 }
 
+impl QueryServer<'_> {
+    /// The key a primary (nodus's [`server_key`], or Node's) builds from this request: a worker
+    /// knows it before the answer comes. It sends no `fd`, which Node prints as `undefined`.
+    pub fn key(&self) -> String {
+        format!(
+            "{}:{}:{}:undefined:{}",
+            self.address, self.port, self.address_type, self.index
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -282,6 +296,28 @@ mod tests {
         assert_eq!(m.seq, Some(1));
         // Node's key for this request, as observed on the wire.
         assert_eq!(server_key(&m), "127.0.0.1:47001:4:undefined:0");
+    }
+
+    #[test]
+    fn a_worker_knows_the_key_the_primary_builds_from_its_query() {
+        let query = QueryServer {
+            cmd: NODE_CLUSTER,
+            act: "queryServer",
+            index: 0,
+            data: None,
+            address: "::1",
+            port: 8080,
+            address_type: 6,
+            flags: 0,
+            backlog: 511,
+            seq: 4,
+            nodus: Some(1),
+            board: Some(1),
+        };
+        let json = serde_json::to_string(&query).unwrap();
+        let m = Incoming::parse(&json).unwrap();
+        assert_eq!(query.key(), server_key(&m));
+        assert_eq!(query.key(), "::1:8080:6:undefined:0");
     }
 
     #[test]

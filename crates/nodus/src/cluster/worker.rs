@@ -14,13 +14,20 @@
 //! - Every `newconn` is answered `{ack, accepted}`, every `newconns` batch (a nodus primary) by a
 //!   post on the board the primary gave (`board.rs`; without one, a `took` per loop turn for
 //!   every batch up to the newest) or at once by `refused` (counted on the board first): taken
-//!   iff the round-robin queue of its key is open (it exists from the `queryServer` reply on,
-//!   before [`Worker::listen`] returns, until its [`Listener`] closes); refused connections go
-//!   back to the primary, which gives them to another worker.
+//!   iff the queue of its key is open, and a queue is open only while something will accept from
+//!   it or give it back. It is opened when [`Worker::listen`] sends `queryServer` (before any
+//!   answer or `newconns` can arrive) and held by a claim, which the [`Listener`] takes over; when
+//!   the last claim goes (the `Listener` closes, or the `listen` future is dropped before making
+//!   one: a timeout, a select) the key is closed at once: `close`, then whatever was queued goes
+//!   back (`returned`), and a late answer to the query is ignored. Refused connections go back to
+//!   the primary, which gives them to another worker.
 //! - The primary's `disconnect` makes [`Worker::drain_requested`] resolve (with the primary's
-//!   drain deadline); what to drain is the application's business. EOF on the channel without a
-//!   disconnect of our own (the primary died) exits the process with code 0, as Node's workers
-//!   do; `PR_SET_PDEATHSIG` set by a nodus primary covers a worker whose loop is stuck.
+//!   drain deadline); what to drain is the application's business. [`Worker::disconnect`] (leaving
+//!   on our own) closes every key as above while the channel is open, then says
+//!   `exitedAfterDisconnect` and closes the channel: nothing taken is left queued without a way
+//!   back. EOF on the channel without a disconnect of our own (the primary died) exits the
+//!   process with code 0, as Node's workers do; `PR_SET_PDEATHSIG` set by a nodus primary covers
+//!   a worker whose loop is stuck.
 //! - Open connections are counted (for the `least` policy) only when the primary asks for load
 //!   reports; they go on the board, or without one in a message coalesced per loop turn, riding
 //!   on that turn's `took` when there is one.
@@ -71,7 +78,8 @@ struct Shared {
     seq: Cell<u64>,
     /// `queryServer` requests waiting for the primary, by their `seq`.
     queries: RefCell<HashMap<u64, ReplySlot<QueryResult>>>,
-    /// Round-robin listeners by server key.
+    /// The queue of every claimed server key (see [`KeyClaim`]); round-robin ones take
+    /// connections.
     rr: RefCell<HashMap<String, Rc<RrQueue>>>,
     drain: RefCell<(Option<Duration>, Vec<Waker>)>,
     stopping: Cell<bool>,
@@ -183,14 +191,16 @@ impl Worker {
     /// Asks the primary for a listener on `addr` (Node's `queryServer`). Port 0 gives every
     /// worker the same port, as in Node.
     ///
+    /// Cancel-safe: dropping the future before it returns (a timeout, a select) closes the key at
+    /// once, as dropping the [`Listener`] would (what was taken for it goes back to the primary);
+    /// the answer, if it comes later, is ignored.
+    ///
     /// # Errors
     /// The primary could not listen (its error text), did not answer within 10 s, or the
     /// channel closed.
     pub async fn listen(&self, addr: SocketAddr) -> io::Result<Listener> {
         let address = addr.ip().to_string();
         let seq = self.next_seq();
-        let slot = ReplySlot::new();
-        self.sh.queries.borrow_mut().insert(seq, slot.clone());
         let query = QueryServer {
             cmd: NODE_CLUSTER,
             act: "queryServer",
@@ -205,9 +215,15 @@ impl Worker {
             nodus: Some(1),
             board: Some(1),
         };
+        // The key is claimed (its queue open) before the query goes out, so a `newconns` right
+        // after the answer finds the queue. Until a `Listener` owns the claim, this future does:
+        // dropped early (a timeout, a select), it closes the key as a closing `Listener` does.
+        let claim = KeyClaim::new(self, query.key());
+        let slot = ReplySlot::new();
+        self.sh.queries.borrow_mut().insert(seq, slot.clone());
+        let _pending = PendingQuery { sh: &self.sh, seq };
         self.send_raw(&query)?;
         let Some((result, handle)) = slot.wait(REPLY_TIMEOUT).await else {
-            self.sh.queries.borrow_mut().remove(&seq);
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 "the cluster primary did not answer queryServer",
@@ -218,25 +234,17 @@ impl Worker {
                 "the cluster primary cannot listen on {addr}: {errno}"
             ))
         })?;
+        if key != claim.key {
+            return Err(io::Error::other(format!(
+                "the cluster primary answered queryServer for {addr} with the key {key}, not {}",
+                claim.key
+            )));
+        }
         let kind = match handle {
             Some(h) => Kind::Shared(h.into_tcp_listener()?),
-            None => {
-                // Created when the reply arrived (see `on_message`).
-                let queue = self
-                    .sh
-                    .rr
-                    .borrow_mut()
-                    .entry(key.clone())
-                    .or_default()
-                    .clone();
-                Kind::RoundRobin(queue, addr)
-            }
+            None => Kind::RoundRobin(addr),
         };
-        let listener = Listener {
-            worker: self.clone(),
-            key,
-            kind,
-        };
+        let listener = Listener { claim, kind };
         let mut listening = query;
         listening.act = "listening";
         if let Ok(local) = listener.local_addr() {
@@ -302,10 +310,24 @@ impl Worker {
     }
 
     /// Leaves the cluster on the worker's own initiative (Node's `cluster.worker.disconnect()`):
-    /// tells the primary (`exitedAfterDisconnect`, so the exit is not a crash), waits for its
+    /// closes every server key as Node's worker closes its servers (`close`; connections taken
+    /// and not yet accepted go back to a nodus primary, and round-robin [`Listener`]s yield their
+    /// end),
+    /// then tells the primary (`exitedAfterDisconnect`, so the exit is not a crash), waits for its
     /// answer (at most 10 s) and closes the channel.
     pub async fn disconnect(&self) {
         self.sh.disconnecting.set(true);
+        // While the channel still carries the `close` and the connections going back.
+        let open: Vec<(String, Rc<RrQueue>)> = self
+            .sh
+            .rr
+            .borrow()
+            .iter()
+            .map(|(key, queue)| (key.clone(), queue.clone()))
+            .collect();
+        for (key, queue) in open {
+            self.close_key(&key, &queue);
+        }
         let seq = self.next_seq();
         let slot = ReplySlot::new();
         *self.sh.exit_ack.borrow_mut() = Some((seq, slot.clone()));
@@ -429,12 +451,8 @@ impl Worker {
                         (_, Some(key)) => Ok(key.clone()),
                         _ => Err("no key in the reply".to_owned()),
                     };
-                    if let (Ok(key), None) = (&result, &handle) {
-                        // A round-robin reply: the queue must exist before this dispatch loop
-                        // reads the next message, which may be a `newconn` for it (Node's worker
-                        // also creates its handle in the reply callback).
-                        self.sh.rr.borrow_mut().entry(key.clone()).or_default();
-                    }
+                    // A round-robin key's queue exists already (claimed by `listen`), before
+                    // the next message, which may be a `newconn` for it.
                     slot.fill((result, handle));
                     return;
                 }
@@ -568,6 +586,33 @@ impl Worker {
         }
     }
 
+    /// Closes `key` as Node's worker closes a server (`close`) and its round-robin `queue` with
+    /// it: connections taken for it and never accepted go back to a nodus primary, after the
+    /// `close` (so the primary no longer counts this worker in when it hands them out again).
+    /// Once per queue: a queue leaves `rr` here.
+    fn close_key(&self, key: &str, queue: &Rc<RrQueue>) {
+        let open = {
+            let mut rr = self.sh.rr.borrow_mut();
+            let ours = rr.get(key).is_some_and(|q| Rc::ptr_eq(q, queue));
+            ours && rr.remove(key).is_some()
+        };
+        if !open {
+            return;
+        }
+        self.send_took_now();
+        self.send_cluster(|seq| CloseKey {
+            cmd: NODE_CLUSTER,
+            act: "close",
+            key,
+            seq,
+        });
+        queue.close();
+        let queued: Vec<_> = queue.conns.borrow_mut().drain(..).collect();
+        if !queued.is_empty() {
+            self.give_back(key, queued);
+        }
+    }
+
     /// Gives connections taken for `key` but never accepted back to a nodus primary, which hands
     /// them to other workers (a Node primary cannot take them: they close).
     fn give_back(&self, key: &str, conns: Vec<(TcpStream, Option<SocketAddr>)>) {
@@ -663,13 +708,16 @@ impl std::fmt::Debug for Worker {
     }
 }
 
-/// Connections handed over by the primary for one round-robin listener, with the client's
-/// address when the primary sent it.
+/// Connections handed over by the primary for one server key, with the client's address when
+/// the primary sent it.
 #[derive(Default)]
 struct RrQueue {
     conns: RefCell<VecDeque<(TcpStream, Option<SocketAddr>)>>,
     waker: RefCell<Option<Waker>>,
+    /// No more connections: the key closed, or the primary's `disconnect` or the channel's end.
     closed: Cell<bool>,
+    /// The [`KeyClaim`]s on it.
+    claims: Cell<usize>,
 }
 
 impl RrQueue {
@@ -690,16 +738,71 @@ impl RrQueue {
     }
 }
 
+/// This worker's hold on one server key, from the `queryServer` that asks for it until the
+/// [`Listener`] made from the answer closes, or until the `listen` future is dropped without
+/// making one (a late answer is then ignored). The key's queue is in `Shared::rr` (open, taking
+/// `newconns`) while a claim on it lives; the last one to go closes the key
+/// ([`Worker::close_key`]).
+struct KeyClaim {
+    worker: Worker,
+    key: String,
+    queue: Rc<RrQueue>,
+}
+
+impl KeyClaim {
+    fn new(worker: &Worker, key: String) -> KeyClaim {
+        let queue = worker
+            .sh
+            .rr
+            .borrow_mut()
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        queue.claims.set(queue.claims.get() + 1);
+        KeyClaim {
+            worker: worker.clone(),
+            key,
+            queue,
+        }
+    }
+}
+
+impl Drop for KeyClaim {
+    /// The last claim tells the primary this worker no longer listens on the key (Node's
+    /// `act: 'close'`) and gives a nodus primary back the connections taken for it that nobody
+    /// accepted.
+    fn drop(&mut self) {
+        let claims = self.queue.claims.get() - 1;
+        self.queue.claims.set(claims);
+        if claims == 0 {
+            self.worker.close_key(&self.key, &self.queue);
+        }
+    }
+}
+
+/// Removes a `queryServer` from those waiting for an answer when `listen` ends, answered or
+/// dropped: a late answer then matches nothing and is ignored.
+struct PendingQuery<'a> {
+    sh: &'a Shared,
+    seq: u64,
+}
+
+impl Drop for PendingQuery<'_> {
+    fn drop(&mut self) {
+        self.sh.queries.borrow_mut().remove(&self.seq);
+    }
+}
+
 enum Kind {
-    RoundRobin(Rc<RrQueue>, SocketAddr),
+    RoundRobin(SocketAddr),
     Shared(TcpListener),
 }
 
 /// A listener a worker got from its primary: connections handed over the channel
-/// (round-robin, least) or a listening socket of its own (shared, reuse-port).
+/// (round-robin, least) or a listening socket of its own (shared, reuse-port). Dropping it
+/// closes its key (see [`Worker::disconnect`] for a worker that leaves with listeners open).
 pub struct Listener {
-    worker: Worker,
-    key: String,
+    claim: KeyClaim,
     kind: Kind,
 }
 
@@ -713,7 +816,8 @@ impl Listener {
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => return Poll::Pending,
             },
-            Kind::RoundRobin(queue, _) => {
+            Kind::RoundRobin(_) => {
+                let queue = &self.claim.queue;
                 let next = queue.conns.borrow_mut().pop_front();
                 match next {
                     Some((s, peer)) => {
@@ -736,14 +840,15 @@ impl Listener {
                 }
             }
         };
-        let counted = self.worker.sh.load.reporting.get();
+        let worker = &self.claim.worker;
+        let counted = worker.sh.load.reporting.get();
         if counted {
-            self.worker.connection_opened();
+            worker.connection_opened();
         }
         Poll::Ready(Ok((
             Stream {
                 tcp,
-                worker: counted.then(|| self.worker.clone()),
+                worker: counted.then(|| worker.clone()),
             },
             peer,
         )))
@@ -764,7 +869,7 @@ impl Listener {
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         match &self.kind {
             Kind::Shared(l) => l.local_addr(),
-            Kind::RoundRobin(_, addr) => Ok(*addr),
+            Kind::RoundRobin(addr) => Ok(*addr),
         }
     }
 
@@ -775,35 +880,10 @@ impl Listener {
     }
 }
 
-impl Drop for Listener {
-    /// Tells the primary this worker no longer listens on the key (Node's `act: 'close'`) and
-    /// gives a nodus primary back the connections it took for it and nobody accepted.
-    fn drop(&mut self) {
-        let key = self.key.clone();
-        self.worker.send_took_now();
-        self.worker.send_cluster(|seq| CloseKey {
-            cmd: NODE_CLUSTER,
-            act: "close",
-            key: &key,
-            seq,
-        });
-        if let Kind::RoundRobin(queue, _) = &self.kind {
-            queue.close();
-            self.worker.sh.rr.borrow_mut().remove(&self.key);
-            // After the `close`: the primary no longer counts this worker in when it
-            // hands these out again.
-            let queued: Vec<_> = queue.conns.borrow_mut().drain(..).collect();
-            if !queued.is_empty() {
-                self.worker.give_back(&key, queued);
-            }
-        }
-    }
-}
-
 impl std::fmt::Debug for Listener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Listener")
-            .field("key", &self.key)
+            .field("key", &self.claim.key)
             .field("round_robin", &self.is_round_robin())
             .finish()
     }
