@@ -268,6 +268,53 @@ fn run_node_makes_nodus_the_primary_of_a_stock_node_app() {
     assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
 }
 
+/// Worker 1 fills its fd table once it listens: every connection handed to it is NACKed.
+const NODE_APP_AT_FD_LIMIT: &str = r#"
+const http = require('http');
+const fs = require('fs');
+http.createServer((req, res) => res.end(`worker ${process.env.NODUS_WORKER_ID}`))
+  .listen(+process.env.PORT, '127.0.0.1', () => {
+    if (process.env.NODUS_WORKER_ID !== '1') return;
+    const held = [];
+    try { for (;;) held.push(fs.openSync('/dev/null', 'r')); } catch (e) {
+      console.log(`worker 1 holds ${held.length} fds: ${e.code}`);
+    }
+  });
+"#;
+
+#[test]
+fn a_connection_a_node_worker_cannot_receive_goes_to_another_worker() {
+    if !have("node") {
+        return;
+    }
+    let dir = TempDir::new("run-node-emfile");
+    std::fs::write(dir.path().join("app.js"), NODE_APP_AT_FD_LIMIT).unwrap();
+    let addr = free_addr();
+    // A low limit keeps filling the table quick.
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "--node", "-w", "2", "--", "sh", "-c"])
+            .arg("ulimit -n 256 && exec node \"$0\"")
+            .arg(dir.path().join("app.js"))
+            .env("PORT", addr.port().to_string())
+            .env("RUST_LOG", "info"),
+    );
+    primary.wait_line("2 workers ready");
+    primary.wait_line("worker 1 holds");
+    for i in 0..6 {
+        let reply = try_request(addr, "GET", "/", &[])
+            .unwrap_or_else(|e| panic!("request {i}: {e}: {:#?}", primary.output()));
+        assert_eq!(
+            String::from_utf8(reply.body).unwrap(),
+            "worker 2",
+            "request {i}"
+        );
+    }
+    primary.wait_line("could not receive a connection");
+    primary.signal(rustix::process::Signal::TERM);
+    assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
+}
+
 /// A stock Node primary forking `nodus serve` as its cluster worker.
 const NODE_PRIMARY: &str = r#"
 const cluster = require('cluster');

@@ -347,7 +347,7 @@ fn four_nacks_give_an_error_event_and_release_held_messages() {
             raw.write(b"{\"cmd\":\"NODE_HANDLE_NACK\"}\n").await;
         }
         match ch.recv().await {
-            Some(Err(IpcError::HandleNotReceived)) => {}
+            Some(Err(IpcError::HandleNotReceived(msg))) => assert_eq!(msg.get(), "1"),
             other => panic!("expected HandleNotReceived, got {other:?}"),
         }
         assert_eq!(raw.frame().await.0, r#""after""#);

@@ -87,8 +87,9 @@ pub enum IpcError {
     Frame(FrameError),
     /// A message to send is larger than the frame cap.
     TooLarge { len: usize, max: usize },
-    /// A handle was NACKed 4 times and dropped (Node's `SentHandleNotReceivedWarning`).
-    HandleNotReceived,
+    /// A handle was NACKed 4 times and dropped (Node's `SentHandleNotReceivedWarning`); the
+    /// message it was sent with (JSON), so the sender knows which one.
+    HandleNotReceived(Box<RawValue>),
     /// A message could not be serialized as JSON.
     Serialize(serde_json::Error),
     /// The socket failed.
@@ -110,7 +111,7 @@ impl fmt::Display for IpcError {
                     "nodus::ipc: message of {len} bytes exceeds the {max}-byte frame cap"
                 )
             }
-            IpcError::HandleNotReceived => write!(
+            IpcError::HandleNotReceived(_) => write!(
                 f,
                 "nodus::ipc: handle did not reach the receiving process (NACKed {} times), dropped",
                 MAX_RETRANSMISSIONS + 1
@@ -321,8 +322,9 @@ impl State {
                     return;
                 };
                 if in_flight.retransmissions == MAX_RETRANSMISSIONS {
-                    drop(self.in_flight.take());
-                    self.deliver(Err(IpcError::HandleNotReceived), wake);
+                    let dropped = self.in_flight.take().expect("checked");
+                    let msg = handles::sent_message(&dropped.frame).unwrap_or_else(null);
+                    self.deliver(Err(IpcError::HandleNotReceived(msg)), wake);
                     self.release_held();
                 } else {
                     in_flight.retransmissions += 1;

@@ -190,6 +190,12 @@ pub(crate) fn internal(raw: &RawValue) -> Option<Internal> {
     (probe.cmd.len() > 5 && probe.cmd.starts_with("NODE_")).then_some(probe)
 }
 
+/// The message inside a handle's frame as it was sent (`frame`: the JSON line).
+pub(crate) fn sent_message(frame: &[u8]) -> Option<Box<RawValue>> {
+    let raw: Box<RawValue> = serde_json::from_slice(frame.trim_ascii_end()).ok()?;
+    internal(&raw)?.msg
+}
+
 /// The wrapper a handle's message travels in.
 #[derive(Serialize)]
 pub(crate) struct HandleFrame<'a, T: ?Sized + Serialize> {

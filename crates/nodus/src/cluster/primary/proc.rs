@@ -26,12 +26,13 @@ use super::{EventKind, Readiness, State, stats, supervise};
 use crate::cluster::board::Board;
 use crate::cluster::protocol::{Ack, Incoming, NODE_CLUSTER, Nodus};
 use crate::cluster::reply::ReplySlot;
-use crate::ipc::{Channel, ChannelOptions, Message};
+use crate::ipc::{Channel, ChannelOptions, IpcError, Message};
 use crate::notify::NotifySocket;
 use crate::process::output::{Sink, prefix_lines};
 use crate::process::{Child, Command, ExitStatus, Stdio};
 use crate::signal::SIGKILL;
 use rustix::process::Pid;
+use serde_json::value::RawValue;
 
 /// Where a worker is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -170,6 +171,7 @@ impl Proc {
                 while let Some(msg) = channel.recv().await {
                     match msg {
                         Ok(msg) => on_user_message(&s, &p, &msg),
+                        Err(IpcError::HandleNotReceived(sent)) => not_received(&s, &p, &sent),
                         Err(e) => tracing::warn!(
                             target: "nodus::cluster",
                             "worker {} (pid {}): channel error: {e}", p.slot, p.pid
@@ -304,6 +306,23 @@ pub(super) fn mark_ready(st: &Rc<State>, proc: &Rc<Proc>) {
     proc.advance(ProcState::Ready);
     st.emit(Some(proc), EventKind::Ready);
     supervise::on_ready(st, proc);
+}
+
+/// A connection handed to a Node worker never arrived: its channel dropped the fd after the
+/// worker NACKed it 4 times (at its open-files limit, say). A refusal: another worker gets it.
+fn not_received(st: &Rc<State>, proc: &Rc<Proc>, sent: &RawValue) {
+    tracing::warn!(
+        target: "nodus::cluster",
+        "worker {} (pid {}) could not receive a connection: handing it to another worker",
+        proc.slot, proc.pid
+    );
+    if let Some(m) = Incoming::parse(sent.get())
+        && m.is_cluster()
+        && m.act == Some("newconn")
+        && let Some(seq) = m.seq
+    {
+        server::refused(st, proc, seq);
+    }
 }
 
 fn on_internal(st: &Rc<State>, proc: &Rc<Proc>, mut msg: Message) {
