@@ -134,6 +134,12 @@ impl Board {
         (p.refused.load(Ordering::Acquire) == refusals_handled).then_some(below)
     }
 
+    /// Primary, once the worker's channel has ended: every batch below the returned `seq` was
+    /// taken (the refusal gate of [`Board::releasable_below`] no longer applies).
+    pub fn taken_below(&self) -> u64 {
+        self.page().taken_below.load(Ordering::Acquire)
+    }
+
     /// Primary: the worker's (open, accepted in total), once it counts.
     pub fn load(&self) -> Option<(u64, u64)> {
         let p = self.page();
@@ -185,6 +191,8 @@ mod tests {
         worker.post_taken_below(4);
         assert_eq!(primary.releasable_below(0), None);
         assert_eq!(primary.releasable_below(1), Some(4));
+        // Once the channel has ended, the gate no longer holds anything back.
+        assert_eq!(primary.taken_below(), 4);
     }
 
     #[test]

@@ -74,6 +74,8 @@ pub(super) struct Proc {
     pub snapshot: RefCell<Option<(Instant, String)>>,
     pub snapshot_waiters: RefCell<HashMap<u64, ReplySlot<String>>>,
     pub exit_status: Cell<Option<ExitStatus>>,
+    /// Filled when the reader of its channel has handled the last message (the channel ended).
+    pub channel_done: ReplySlot<()>,
 }
 
 impl Proc {
@@ -141,6 +143,7 @@ impl Proc {
             snapshot: RefCell::new(None),
             snapshot_waiters: RefCell::default(),
             exit_status: Cell::new(None),
+            channel_done: ReplySlot::new(),
         });
         st.procs.borrow_mut().insert(unique, proc.clone());
         st.emit(
@@ -163,6 +166,8 @@ impl Proc {
                     on_internal(&s, &p, msg);
                 }
                 s.emit(Some(&p), EventKind::Disconnect);
+                server::channel_ended(&s, &p);
+                p.channel_done.fill(());
             })
             .detach();
             let (s, p) = (st.clone(), proc.clone());

@@ -551,8 +551,41 @@ pub(super) fn on_returned(
     server.wake_accept();
 }
 
-/// Gives back every connection `proc` had not taken (it died) to the other workers.
-pub(super) fn redistribute(st: &Rc<State>, proc: &Proc) {
+/// How long an exited worker's channel may stay open (a process it left behind holds its end)
+/// before its handoffs are settled anyway: every message it sent is in the socket by then.
+const CHANNEL_END_WAIT: Duration = Duration::from_secs(1);
+
+/// `proc` exited. Its handoffs are settled once its channel has ended too (at once, normally:
+/// the kernel closes its end with the process), so that every message it sent (`refused`,
+/// `returned`, `took`) is handled first and nothing it gave back or took goes out twice.
+pub(super) fn after_exit(st: &Rc<State>, proc: &Rc<Proc>) {
+    if proc.channel.is_none() {
+        return; // a plain program: no handoffs
+    }
+    let (st, proc) = (st.clone(), proc.clone());
+    crate::task::spawn_named("cluster:after-exit", async move {
+        proc.channel_done.wait(CHANNEL_END_WAIT).await;
+        channel_ended(&st, &proc);
+    })
+    .detach();
+}
+
+/// `proc`'s channel ended (or its process is gone and the wait for that is over): every message
+/// it sent has been handled. It leaves every server; what its board says it took is released
+/// (without the refusal gate: a refusal it posted and never sent names a batch that cannot be
+/// told apart, released with the rest rather than risk handing out a taken one twice), and the
+/// rest goes to the other workers. Idempotent.
+pub(super) fn channel_ended(st: &Rc<State>, proc: &Proc) {
+    leave_all(st, proc);
+    if let Some(board) = proc.board.get() {
+        took(proc, proc.pending.remove_below(board.taken_below()));
+    }
+    redistribute(st, proc);
+}
+
+/// Gives every connection `proc` had not taken (it died, or its channel ended) to the other
+/// workers.
+fn redistribute(st: &Rc<State>, proc: &Proc) {
     for h in proc.pending.take_all() {
         dispatch(st, &h.server, h.conns);
         h.server.wake_accept();

@@ -117,9 +117,7 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
     }
     st.procs.borrow_mut().remove(&proc.unique);
     server::leave_all(st, proc);
-    // What its board says it took died with it; the rest goes to another worker.
-    server::release_taken(proc);
-    server::redistribute(st, proc);
+    server::after_exit(st, proc);
     let mut reason = exit_reason(&status);
     if proc.drained.get() {
         reason = ExitReason::Requested;
