@@ -66,7 +66,8 @@ impl Board {
     /// The worker's end of a board a primary sent.
     ///
     /// # Errors
-    /// `fd` is not a file of at least [`Board::LEN`] bytes, or cannot be mapped.
+    /// `fd` is not a memfd of [`Board::LEN`] bytes sealed against shrinking (a mapping of a file
+    /// that shrinks faults on access), or cannot be mapped.
     pub fn open(fd: OwnedFd) -> io::Result<Board> {
         let size = rustix::fs::fstat(&fd)?.st_size;
         if usize::try_from(size).ok() != Some(Self::LEN) {
@@ -75,13 +76,21 @@ impl Board {
                 format!("a cluster board must be {} bytes, got {size}", Self::LEN),
             ));
         }
+        let sealed = rustix::fs::fcntl_get_seals(&fd)
+            .is_ok_and(|seals| seals.contains(rustix::fs::SealFlags::SHRINK));
+        if !sealed {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "a cluster board must be sealed against shrinking",
+            ));
+        }
         Board::map(&fd)
     }
 
     fn map(fd: &impl AsFd) -> io::Result<Board> {
-        // SAFETY: a fresh shared mapping of a file of `LEN` bytes (checked or set by the
-        // callers, and sealed against shrinking by the primary); nothing else aliases it in this
-        // process, and it is unmapped only in `Drop`.
+        // SAFETY: a fresh shared mapping of a file of `LEN` bytes that cannot shrink (size and
+        // seal set by `create`, checked by `open`); nothing else aliases it in this process, and
+        // it is unmapped only in `Drop`.
         let ptr = unsafe {
             rustix::mm::mmap(
                 std::ptr::null_mut(),
@@ -202,6 +211,14 @@ mod tests {
         let err = Board::open(fd).err().expect("refused");
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
         assert!(err.to_string().contains("4096"), "{err}");
+    }
+
+    #[test]
+    fn an_unsealed_board_is_refused() {
+        let fd = rustix::fs::memfd_create("unsealed", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&fd, Board::LEN as u64).unwrap();
+        let err = Board::open(fd).err().expect("refused");
+        assert!(err.to_string().contains("sealed"), "{err}");
     }
 
     #[test]

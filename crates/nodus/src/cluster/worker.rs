@@ -130,8 +130,11 @@ impl Worker {
             .and_then(|v| v.parse().ok())
             .or_else(|| unique.to_str().and_then(|v| v.parse().ok()))
             .unwrap_or(0);
-        // SAFETY: the documented contract of this function is to be called before other threads
-        // touch the environment; nodus's own threads never do.
+        // SAFETY: the documented contract of this function is to be called early, before other
+        // threads read the environment. nodus's own threads read it only in `getaddrinfo` (a dns
+        // lookup on the I/O pool), and glibc's unsetenv only shifts the pointers of `environ`
+        // under its lock, never freeing a string a concurrent `getenv` may be reading: at worst
+        // such a lookup misses one variable.
         unsafe { std::env::remove_var("NODE_UNIQUE_ID") };
         let channel = Channel::from_env()
             .map_err(|e| io::Error::other(e.to_string()))?
