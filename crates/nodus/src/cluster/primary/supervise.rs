@@ -502,6 +502,9 @@ async fn reload(st: &Rc<State>, generation: u64) -> Result<(), String> {
                 }
             };
             attempts += 1;
+            if st.phase.get() != Phase::Running {
+                return Err("shutdown began".to_owned());
+            }
             if !budget.try_spend(Instant::now()) {
                 return Err(format!("{why}, {attempts} times"));
             }
