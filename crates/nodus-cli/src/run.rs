@@ -40,16 +40,23 @@ pub struct RunOptions {
     pub command: Vec<OsString>,
 }
 
-fn fail(message: impl std::fmt::Display) -> i32 {
+/// A usage error (exit code 2, as for a flag clap refuses).
+fn usage(message: impl std::fmt::Display) -> i32 {
     eprintln!("nodus run: {message}");
     2
+}
+
+/// A failure to start (a listener cannot be bound, no worker can start): exit code 1.
+fn fail(message: impl std::fmt::Display) -> i32 {
+    eprintln!("nodus run: {message}");
+    1
 }
 
 /// Runs the supervisor until it stops; returns the exit code.
 pub fn run(options: RunOptions) -> i32 {
     let policy = match (options.policy, options.node) {
         (Some(p @ (Policy::RoundRobin | Policy::Least)), false) => {
-            return fail(format!(
+            return usage(format!(
                 "--policy {} needs --node: a plain program cannot take connections handed over \
                  by nodus (use shared or reuseport)",
                 p.name()
@@ -60,7 +67,7 @@ pub fn run(options: RunOptions) -> i32 {
         (None, false) => Policy::Shared,
     };
     let Some((program, args)) = options.command.split_first() else {
-        return fail("no program to run: nodus run [OPTIONS] -- PROGRAM [ARGS]...");
+        return usage("no program to run: nodus run [OPTIONS] -- PROGRAM [ARGS]...");
     };
     let (program, args) = (program.clone(), args.to_vec());
     nodus::process::raise_fd_limit();
