@@ -15,7 +15,7 @@ use std::os::unix::process::CommandExt;
 /// Runs `args[0]` with `args[1..]` in place of this process; returns an exit code on failure.
 pub fn exec_listen(args: Vec<OsString>) -> i32 {
     let Some((program, rest)) = args.split_first() else {
-        eprintln!("nodus: __exec-listen needs a program to run");
+        say!("nodus: __exec-listen needs a program to run");
         return 2;
     };
     let mut cmd = std::process::Command::new(program);
@@ -24,7 +24,7 @@ pub fn exec_listen(args: Vec<OsString>) -> i32 {
         cmd.env("LISTEN_PID", std::process::id().to_string());
     }
     let err = cmd.exec();
-    eprintln!("nodus: cannot run {}: {err}", program.to_string_lossy());
+    say!("nodus: cannot run {}: {err}", program.to_string_lossy());
     match err.kind() {
         ErrorKind::NotFound => 127,
         _ => 126,

@@ -12,6 +12,15 @@
 //! - `nodus run [OPTIONS] -- PROGRAM [ARGS]`: supervise any program (or, with `--node`, a stock
 //!   Node app) as a cluster of workers.
 
+/// `eprintln!` that cannot panic: a message on a closed or broken stderr is lost, and the exit
+/// code it goes with still comes out.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod exec_listen;
 mod run;
 mod serve;

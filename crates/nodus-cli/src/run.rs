@@ -42,13 +42,13 @@ pub struct RunOptions {
 
 /// A usage error (exit code 2, as for a flag clap refuses).
 fn usage(message: impl std::fmt::Display) -> i32 {
-    eprintln!("nodus run: {message}");
+    say!("nodus run: {message}");
     2
 }
 
 /// A failure to start (a listener cannot be bound, no worker can start): exit code 1.
 fn fail(message: impl std::fmt::Display) -> i32 {
-    eprintln!("nodus run: {message}");
+    say!("nodus run: {message}");
     1
 }
 

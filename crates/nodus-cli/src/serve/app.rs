@@ -97,7 +97,7 @@ pub fn run(options: ServeOptions) -> i32 {
 }
 
 pub(super) fn fail(message: String) -> i32 {
-    eprintln!("nodus serve: {message}");
+    say!("nodus serve: {message}");
     1
 }
 

@@ -64,7 +64,7 @@ pub fn run(args: TopArgs) -> i32 {
     let target = match Target::parse(&args.addr) {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("nodus top: {e}");
+            say!("nodus top: {e}");
             return 2;
         }
     };
@@ -72,7 +72,7 @@ pub fn run(args: TopArgs) -> i32 {
     let first = match fetch_stats(&target) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("nodus top: cannot read {}: {e}", target.url());
+            say!("nodus top: cannot read {}: {e}", target.url());
             return 1;
         }
     };
@@ -91,13 +91,13 @@ pub fn run(args: TopArgs) -> i32 {
         return once::run(app);
     }
     if !io::stdout().is_terminal() {
-        eprintln!("nodus top: stdout is not a terminal; use --once for one plain-text frame");
+        say!("nodus top: stdout is not a terminal; use --once for one plain-text frame");
         return 2;
     }
     match dashboard(app) {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("nodus top: terminal error: {e}");
+            say!("nodus top: terminal error: {e}");
             1
         }
     }

@@ -27,7 +27,7 @@ pub fn run(mut app: App) -> i32 {
     match fetch_stats(&app.target) {
         Ok(stats) => app.model.update(stats, Instant::now()),
         Err(e) => {
-            eprintln!("nodus top: cannot read {}: {e}", app.target.url());
+            say!("nodus top: cannot read {}: {e}", app.target.url());
             return 1;
         }
     }
