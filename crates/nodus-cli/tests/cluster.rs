@@ -10,21 +10,15 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::cluster::{events, spawn};
 use common::http::try_request;
 use common::{NODUS, have};
 use nodus_testkit::net::free_addr;
-use nodus_testkit::proc::Proc;
 use nodus_testkit::tmp::TempDir;
 use serde_json::Value;
-
-/// `cmd` in its own process group, its stdout and stderr lines captured.
-fn spawn(cmd: &mut Command) -> Proc {
-    Proc::spawn_group(cmd.stdout(Stdio::piped()).stderr(Stdio::piped()))
-}
 
 /// GET `path`, retried until it answers 200 (the workers start): the body.
 fn get_ok(addr: SocketAddr, path: &str) -> String {
@@ -38,14 +32,6 @@ fn get_ok(addr: SocketAddr, path: &str) -> String {
             _ => std::thread::sleep(Duration::from_millis(50)),
         }
     }
-}
-
-fn events(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
 }
 
 #[test]

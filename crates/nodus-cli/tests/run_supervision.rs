@@ -10,47 +10,13 @@
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
+use common::cluster::{count, events, spawn, wait_events};
 use common::{NODUS, have};
-use nodus_testkit::proc::Proc;
 use nodus_testkit::tmp::TempDir;
 use rustix::process::{Pid, Signal};
-use serde_json::Value;
-
-fn spawn(cmd: &mut Command) -> Proc {
-    Proc::spawn_group(cmd.stdout(Stdio::piped()).stderr(Stdio::piped()))
-}
-
-fn events(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
-
-/// Waits (20 s at most) until the event log satisfies `what`; returns the events.
-fn wait_events(path: &Path, what: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let evs = events(path);
-        if what(&evs) {
-            return evs;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "events never got there: {evs:#?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn count(evs: &[Value], event: &str) -> usize {
-    evs.iter().filter(|e| e["event"] == event).count()
-}
 
 fn script(dir: &TempDir, name: &str, body: &str) -> std::path::PathBuf {
     let path = dir.path().join(name);

@@ -1,0 +1,43 @@
+//! A started cluster primary (`nodus run`, `nodus serve --workers`) and its event log.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nodus_testkit::proc::Proc;
+use serde_json::Value;
+
+/// `cmd` in its own process group, its stdout and stderr lines captured.
+pub fn spawn(cmd: &mut Command) -> Proc {
+    Proc::spawn_group(cmd.stdout(Stdio::piped()).stderr(Stdio::piped()))
+}
+
+/// The events written so far to the log at `path` (`--events`), one JSON object each.
+pub fn events(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Waits (20 s at most) until the event log satisfies `what`; returns the events.
+pub fn wait_events(path: &Path, what: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let evs = events(path);
+        if what(&evs) {
+            return evs;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "events never got there: {evs:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// How many of `evs` are `event`.
+pub fn count(evs: &[Value], event: &str) -> usize {
+    evs.iter().filter(|e| e["event"] == event).count()
+}
