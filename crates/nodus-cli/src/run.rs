@@ -109,7 +109,11 @@ pub fn run(options: RunOptions) -> i32 {
             min_uptime: options.min_uptime,
         };
         config.kill_timeout = options.kill_timeout;
-        config.drain_timeout = options.kill_timeout;
+        // The deadline a worker that drains itself is given (a nodus worker's `disconnect`): a
+        // little inside the kill timeout, so it ends its drain before the SIGKILL, not with it.
+        config.drain_timeout = options
+            .kill_timeout
+            .saturating_sub((options.kill_timeout / 10).min(Duration::from_secs(1)));
         config.ready_timeout = options.ready_timeout;
         config.readiness = if options.node {
             Readiness::Listening
