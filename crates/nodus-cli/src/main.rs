@@ -12,12 +12,14 @@
 //! - `nodus run [OPTIONS] -- PROGRAM [ARGS]`: supervise any program (or, with `--node`, a stock
 //!   Node app) as a cluster of workers.
 
-/// `eprintln!` that cannot panic: a message on a closed or broken stderr is lost, and the exit
-/// code it goes with still comes out.
+/// `eprintln!` through the log lines' queue ([`nodus::process::output::log_writer`]): in order
+/// with them, one whole line, never blocking nor panicking on a broken stderr; `main` flushes the
+/// queue before the process exits.
 macro_rules! say {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
+        let line = format!("{}\n", format_args!($($arg)*));
+        let _ = nodus::process::output::log_writer().write_all(line.as_bytes());
     }};
 }
 
@@ -249,7 +251,10 @@ fn available_cores() -> usize {
 fn main() {
     let cli = Cli::parse();
     if let Command::ExecListen { args } = cli.command {
-        std::process::exit(exec_listen::exec_listen(args));
+        // Returns only when the program could not be run, after saying why.
+        let code = exec_listen::exec_listen(args);
+        nodus::process::output::flush_stderr(EXIT_FLUSH_TIMEOUT);
+        std::process::exit(code);
     }
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
