@@ -5,14 +5,13 @@
 
 mod common;
 
-use std::collections::VecDeque;
-use std::io::IoSliceMut;
 use std::mem::MaybeUninit;
 use std::os::fd::OwnedFd;
 
+use common::ipc::with_raw;
 use common::{bounded, cloexec};
 use nodus::ipc::{Channel, ChannelOptions, FrameError, HIGH_WATER, IpcError, SendHandle};
-use nodus::net::{TcpListener, TcpStream, UnixStream};
+use nodus::net::{TcpListener, TcpStream};
 use nodus::{Runtime, spawn};
 use serde::Serialize;
 
@@ -23,83 +22,6 @@ fn pair() -> (Channel, Channel) {
         Channel::from_fd(a.into(), ChannelOptions::default()).unwrap(),
         Channel::from_fd(b.into(), ChannelOptions::default()).unwrap(),
     )
-}
-
-/// A channel and a raw peer socket.
-fn with_raw(options: ChannelOptions) -> (Channel, Raw) {
-    let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
-    let channel = Channel::from_fd(a.into(), options).unwrap();
-    (
-        channel,
-        Raw {
-            sock: UnixStream::from_std(b).unwrap(),
-            buf: Vec::new(),
-            fds: VecDeque::new(),
-        },
-    )
-}
-
-/// A peer that reads frames (and fds) and writes bytes by hand.
-struct Raw {
-    sock: UnixStream,
-    buf: Vec<u8>,
-    fds: VecDeque<OwnedFd>,
-}
-
-impl Raw {
-    /// The next line and the fds that arrived with the bytes read for it.
-    async fn frame(&mut self) -> (String, Vec<OwnedFd>) {
-        let mut fds = Vec::new();
-        loop {
-            if let Some(pos) = self.buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = self.buf.drain(..=pos).collect();
-                fds.extend(self.fds.drain(..));
-                return (String::from_utf8(line[..pos].to_vec()).unwrap(), fds);
-            }
-            let mut chunk = vec![0u8; 65536];
-            let (n, got) = self
-                .sock
-                .read_with(|s| {
-                    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
-                    let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
-                    let mut iov = [IoSliceMut::new(&mut chunk)];
-                    let r = rustix::net::recvmsg(
-                        s,
-                        &mut iov,
-                        &mut control,
-                        rustix::net::RecvFlags::CMSG_CLOEXEC,
-                    )?;
-                    let mut got = Vec::new();
-                    for m in control.drain() {
-                        if let rustix::net::RecvAncillaryMessage::ScmRights(fds) = m {
-                            got.extend(fds);
-                        }
-                    }
-                    Ok((r.bytes, got))
-                })
-                .await
-                .unwrap();
-            assert!(n > 0, "raw peer: unexpected EOF");
-            self.buf.extend_from_slice(&chunk[..n]);
-            self.fds.extend(got);
-        }
-    }
-
-    async fn write(&self, bytes: &[u8]) {
-        self.sock.write_all(bytes).await.unwrap();
-    }
-
-    /// Reads until EOF; returns the bytes.
-    async fn rest(&mut self) -> Vec<u8> {
-        let mut out = std::mem::take(&mut self.buf);
-        let mut chunk = [0u8; 4096];
-        loop {
-            match self.sock.read(&mut chunk).await.unwrap() {
-                0 => return out,
-                n => out.extend_from_slice(&chunk[..n]),
-            }
-        }
-    }
 }
 
 fn is_listener(fd: &OwnedFd) -> bool {

@@ -1,9 +1,11 @@
 //! Helpers the runtime's integration tests share: a loop bounded in time, external tools (a
-//! missing one fails under `CI`), close-on-exec checks, and stream helpers (`net`).
+//! missing one fails under `CI`), close-on-exec checks, stream helpers (`net`) and a raw IPC peer
+//! (`ipc`).
 //!
 //! Each test file is its own crate and uses a subset of these, hence `allow(dead_code)`.
 #![allow(dead_code)]
 
+pub mod ipc;
 pub mod net;
 
 use std::future::Future;
