@@ -203,6 +203,10 @@ enum Payload {
     Fds(Vec<Rc<OwnedFd>>),
 }
 
+/// The `sendmsg` call the channel writes with: [`fdpass::send`]; a seam through which the unit
+/// tests inject the kernel's errors and short writes.
+type SendFn = fn(BorrowedFd<'_>, &[u8], &[BorrowedFd<'_>]) -> io::Result<usize>;
+
 /// The handle waiting for its ACK.
 struct InFlight {
     frame: Vec<u8>,
@@ -410,6 +414,7 @@ fn null() -> Box<RawValue> {
 
 struct Inner {
     io: RefCell<Option<AsyncFd<OwnedFd>>>,
+    send: SendFn,
     /// The receive buffer (64 KiB, Node's size).
     rbuf: RefCell<Vec<u8>>,
     st: RefCell<State>,
@@ -431,6 +436,12 @@ impl Channel {
     /// Outside a running nodus loop.
     #[track_caller]
     pub fn from_fd(fd: OwnedFd, options: ChannelOptions) -> io::Result<Channel> {
+        Channel::with_send(fd, options, fdpass::send)
+    }
+
+    /// [`from_fd`](Self::from_fd), writing through `send`.
+    #[track_caller]
+    fn with_send(fd: OwnedFd, options: ChannelOptions, send: SendFn) -> io::Result<Channel> {
         let sock = socket2::SockRef::from(&fd);
         let ok = sock.domain().ok() == Some(socket2::Domain::UNIX)
             && sock.r#type().ok() == Some(socket2::Type::STREAM);
@@ -444,6 +455,7 @@ impl Channel {
         let io = AsyncFd::new(fd)?;
         let inner = Rc::new(Inner {
             io: RefCell::new(Some(io)),
+            send,
             rbuf: RefCell::new(vec![0; 64 * 1024]),
             st: RefCell::new(State {
                 decoder: Decoder::new(options.max_frame),
@@ -694,7 +706,7 @@ impl Inner {
                 (Attach::Fds(shared), _) => shared.iter().map(|fd| fd.as_fd()).collect(),
                 _ => Vec::new(),
             };
-            match fdpass::send(io.get_ref().as_fd(), &front.bytes[front.written..], &fds) {
+            match (self.send)(io.get_ref().as_fd(), &front.bytes[front.written..], &fds) {
                 Ok(n) => {
                     front.written += n;
                     st.out_bytes -= n;
