@@ -11,16 +11,24 @@
 //!   does; only one handle is in flight. ACK/NACK replies bypass the hold (Node's deadlock fix).
 //! - **Fd bursts between nodus peers.** [`Channel::send_fds`] wraps a message as
 //!   `{"cmd":"NODE_NODUS_FDS","count":n,"msg":M}` with up to 64 fds in one `sendmsg`, and is neither
-//!   ACKed nor held for: the receiving nodus channel pairs fds with frames in arrival order (the
-//!   kernel hands a frame's fds over with its first byte). Only for a peer known to be nodus: a
-//!   Node peer would take the frame for an unknown internal message and leak the fds.
+//!   ACKed nor held for. Only for a peer known to be nodus: a Node peer would take the frame for
+//!   an unknown internal message and leak the fds.
+//! - **Fds go with their frame's bytes** (Node's rule). The fds one read brings belong to the
+//!   last frame that starts in that read (the kernel delivers a `sendmsg`'s fds with its first
+//!   byte and ends the read there; see `fdpass`), and to no other: they are held for that frame
+//!   alone until its end arrives, never queued for whichever frame asks next. A `NODE_HANDLE`
+//!   takes exactly one fd, a `NODE_NODUS_FDS` frame exactly `count` (fewer only when the kernel
+//!   truncated them), any other frame none. Fds that do not match (too many, too few, with a
+//!   frame that carries none, or in a read where no frame starts) are closed at once and reported
+//!   as [`IpcError::UnexpectedFds`]; the frame is handled without them (a `NODE_HANDLE` gets a
+//!   NACK) and the channel stays open. At most one read's fds (64) wait for their frame.
 //! - **Retransmission.** A NACK resends the in-flight handle frame with its fd, at most 3 times
 //!   (Node's `MAX_HANDLE_RETRANSMISSIONS`); the 4th NACK drops the handle, delivers
 //!   [`IpcError::HandleNotReceived`] and releases the held messages.
 //! - **Backpressure, nothing lost.** `send` never drops: it queues and returns `Ok(false)` once
 //!   128 KiB or more waits in user space (Node's `send()` return value).
 //! - **Hardened.** A frame over the cap or not valid JSON is delivered as an error, then the
-//!   channel closes; nothing panics and nothing exits the process.
+//!   channel closes (the stream lost sync); nothing panics and nothing exits the process.
 //! - **Liveness.** An open channel is a ref'd handle (Node's `channel.ref()`); `unref()` lets the
 //!   loop exit while it is open. Closing (EOF, an error, `disconnect`, drop) releases it.
 //! - **Disconnect.** `disconnect()` (or dropping the `Channel`) stops new sends, writes what is
@@ -56,10 +64,6 @@ const MAX_RETRANSMISSIONS: u32 = 3;
 /// Internal messages kept for [`Channel::recv_internal`] before the oldest are dropped.
 const MAX_INTERNAL: usize = 1024;
 
-/// Fds received ahead of their frames kept before the oldest are closed (a peer sending fds
-/// without frames cannot grow the queue).
-const MAX_QUEUED_FDS: usize = 4 * fdpass::MAX_FDS;
-
 /// Fds one [`Channel::send_fds`] frame may carry.
 pub const MAX_FDS_PER_FRAME: usize = fdpass::MAX_FDS;
 
@@ -85,6 +89,12 @@ pub enum IpcError {
     Closed,
     /// A malformed or oversized frame arrived; the channel closed.
     Frame(FrameError),
+    /// Fds arrived that do not match the frame they came with: `received` of them where the
+    /// frame carries `expected` (0 for a frame without a handle, 1 for `NODE_HANDLE`, the count
+    /// of a `NODE_NODUS_FDS` frame), or in the middle of a frame (`expected` 0). They were
+    /// closed and the frame handled without them (a `NODE_HANDLE` is NACKed); the channel stays
+    /// open, and later frames still get their own fds.
+    UnexpectedFds { expected: usize, received: usize },
     /// A message to send is larger than the frame cap.
     TooLarge { len: usize, max: usize },
     /// A handle was NACKed 4 times and dropped (Node's `SentHandleNotReceivedWarning`); the
@@ -105,6 +115,11 @@ impl fmt::Display for IpcError {
         match self {
             IpcError::Closed => write!(f, "nodus::ipc: channel closed"),
             IpcError::Frame(e) => write!(f, "nodus::ipc: {e}; channel closed"),
+            IpcError::UnexpectedFds { expected, received } => write!(
+                f,
+                "nodus::ipc: {received} fd(s) arrived with a frame that carries {expected}; \
+                 closed them"
+            ),
             IpcError::TooLarge { len, max } => {
                 write!(
                     f,
@@ -203,6 +218,13 @@ enum Payload {
     Fds(Vec<Rc<OwnedFd>>),
 }
 
+/// The fds a read brought, held for the frame they belong to until its last byte arrives.
+struct Arrived {
+    fds: Vec<OwnedFd>,
+    /// The kernel closed some of them (`MSG_CTRUNC`): `fds` are the first ones sent.
+    truncated: bool,
+}
+
 /// The `sendmsg` call the channel writes with: [`fdpass::send`]; a seam through which the unit
 /// tests inject the kernel's errors and short writes.
 type SendFn = fn(BorrowedFd<'_>, &[u8], &[BorrowedFd<'_>]) -> io::Result<usize>;
@@ -217,7 +239,8 @@ struct InFlight {
 struct State {
     decoder: Decoder,
     max_frame: usize,
-    fds: VecDeque<OwnedFd>,
+    /// The fds of the frame the decoder holds the start of (`None` at a frame boundary).
+    arrived: Option<Arrived>,
     incoming: VecDeque<Result<Message, IpcError>>,
     internal: VecDeque<Message>,
     out: VecDeque<Out>,
@@ -283,9 +306,71 @@ impl State {
         wake.extend(self.recv_waker.take());
     }
 
-    /// Acts on one received frame.
-    fn on_frame(&mut self, json: Box<RawValue>, wake: &mut Vec<Waker>) {
-        let Some(internal) = handles::internal(&json) else {
+    /// Takes one read: `bytes`, and the fds that came with them. A frame's fds come with its
+    /// first byte, and a read ends with the bytes that carried fds (see `fdpass`), so they
+    /// belong to the last frame that starts in this read: they are held for that frame alone,
+    /// whichever read brings its end. Fds in a read where no frame starts belong to none.
+    fn on_read(
+        &mut self,
+        bytes: &[u8],
+        arrived: Option<Arrived>,
+        wake: &mut Vec<Waker>,
+    ) -> Result<(), FrameError> {
+        let Some(arrived) = arrived else {
+            self.decoder.push(bytes);
+            return self.take_frames(wake);
+        };
+        let start = match bytes[..bytes.len() - 1].iter().rposition(|&b| b == b'\n') {
+            Some(newline) => Some(newline + 1),
+            None => (self.decoder.buffered() == 0).then_some(0),
+        };
+        let Some(start) = start else {
+            self.unexpected_fds(arrived.fds, 0, wake);
+            self.decoder.push(bytes);
+            return self.take_frames(wake);
+        };
+        self.decoder.push(&bytes[..start]);
+        self.take_frames(wake)?;
+        debug_assert!(self.arrived.is_none(), "fds held at a frame boundary");
+        self.arrived = Some(arrived);
+        self.decoder.push(&bytes[start..]);
+        self.take_frames(wake)
+    }
+
+    /// Acts on every complete frame buffered. The first takes the fds held, if any: they came
+    /// with its start (`on_read` holds fds only while the decoder holds their frame's start).
+    fn take_frames(&mut self, wake: &mut Vec<Waker>) -> Result<(), FrameError> {
+        while let Some(frame) = self.decoder.next_frame()? {
+            let arrived = self.arrived.take();
+            self.on_frame(frame, arrived, wake);
+        }
+        Ok(())
+    }
+
+    /// Closes fds that do not match their frame and reports them.
+    fn unexpected_fds(&mut self, fds: Vec<OwnedFd>, expected: usize, wake: &mut Vec<Waker>) {
+        let received = fds.len();
+        drop(fds);
+        self.deliver(Err(IpcError::UnexpectedFds { expected, received }), wake);
+    }
+
+    /// Acts on one received frame and the fds that came with it.
+    fn on_frame(&mut self, json: Box<RawValue>, arrived: Option<Arrived>, wake: &mut Vec<Waker>) {
+        let (mut fds, truncated) = arrived.map_or((Vec::new(), false), |a| (a.fds, a.truncated));
+        let internal = handles::internal(&json);
+        let carries = match internal.as_ref().map(|i| i.cmd.as_str()) {
+            Some(NODE_HANDLE) => 1,
+            Some(NODUS_FDS) => internal.as_ref().and_then(|i| i.count).unwrap_or(0),
+            _ => 0,
+        };
+        // Fewer fds than announced are kept only when the kernel truncated them: the message
+        // goes through with what arrived (the receiver accounts for each). Any other mismatch
+        // keeps none: which of them would be whose is unknown.
+        let matched = fds.len() == carries || (truncated && fds.len() < carries);
+        if !fds.is_empty() && !matched {
+            self.unexpected_fds(std::mem::take(&mut fds), carries, wake);
+        }
+        let Some(internal) = internal else {
             self.deliver(
                 Ok(Message {
                     json,
@@ -296,7 +381,7 @@ impl State {
             return;
         };
         match internal.cmd.as_str() {
-            NODE_HANDLE => match self.fds.pop_front() {
+            NODE_HANDLE => match fds.pop() {
                 Some(fd) => {
                     self.control(ACK);
                     let msg = internal.msg.unwrap_or_else(null);
@@ -306,12 +391,8 @@ impl State {
                 None => self.control(NACK),
             },
             NODUS_FDS => {
-                // Fewer fds than announced only if the kernel truncated them: the message
-                // still goes through with what arrived (the receiver accounts for each).
-                let count = internal.count.unwrap_or(0).min(self.fds.len());
-                let handles = self
-                    .fds
-                    .drain(..count)
+                let handles = fds
+                    .into_iter()
                     .map(|fd| Handle::new(fd, "net.Native".to_owned()))
                     .collect();
                 let msg = internal.msg.unwrap_or_else(null);
@@ -460,7 +541,7 @@ impl Channel {
             st: RefCell::new(State {
                 decoder: Decoder::new(options.max_frame),
                 max_frame: options.max_frame,
-                fds: VecDeque::new(),
+                arrived: None,
                 incoming: VecDeque::new(),
                 internal: VecDeque::new(),
                 out: VecDeque::new(),
@@ -738,14 +819,14 @@ impl Inner {
         let held = std::mem::take(&mut st.held);
         st.held_bytes = 0;
         let in_flight = st.in_flight.take();
-        let fds = std::mem::take(&mut st.fds);
+        let arrived = st.arrived.take();
         wake.extend(st.recv_waker.take());
         wake.extend(st.internal_waker.take());
         wake.extend(st.driver.take());
         wake.append(&mut st.flush_waiters);
         drop(st);
         let io = self.io.borrow_mut().take();
-        drop((io, held, in_flight, fds));
+        drop((io, held, in_flight, arrived));
     }
 
     /// The channel task: read, write, close when done. `Ready` once closed.
@@ -780,24 +861,19 @@ impl Inner {
             }
             let mut buf = self.rbuf.borrow_mut();
             let mut st = self.st.borrow_mut();
-            match fdpass::recv(io.get_ref().as_fd(), &mut buf, &mut st.fds) {
-                Ok((0, _)) => return true,
-                Ok((n, _truncated)) => {
-                    // Lost fds surface as a NACK when their NODE_HANDLE frame arrives.
-                    while st.fds.len() > MAX_QUEUED_FDS {
-                        st.fds.pop_front();
-                    }
-                    st.decoder.push(&buf[..n]);
-                    loop {
-                        match st.decoder.next_frame() {
-                            Ok(Some(frame)) => st.on_frame(frame, wake),
-                            Ok(None) => break,
-                            Err(e) => {
-                                tracing::warn!(error = %e, "nodus::ipc: bad frame, closing the channel");
-                                st.deliver(Err(IpcError::Frame(e)), wake);
-                                return true;
-                            }
-                        }
+            match fdpass::recv(io.get_ref().as_fd(), &mut buf) {
+                Ok(got) if got.len == 0 => return true,
+                Ok(got) => {
+                    // A truncated read counts without fds: its frame's fds were lost (a
+                    // NODE_HANDLE gets a NACK, a NODE_NODUS_FDS frame goes through without).
+                    let arrived = (!got.fds.is_empty() || got.truncated).then_some(Arrived {
+                        fds: got.fds,
+                        truncated: got.truncated,
+                    });
+                    if let Err(e) = st.on_read(&buf[..got.len], arrived, wake) {
+                        tracing::warn!(error = %e, "nodus::ipc: bad frame, closing the channel");
+                        st.deliver(Err(IpcError::Frame(e)), wake);
+                        return true;
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => io.clear_read_ready(),

@@ -4,10 +4,16 @@
 //!
 //! Invariants: received fds are close-on-exec from the moment they exist (no window in which a
 //! concurrent `exec` could leak them); sends use `MSG_NOSIGNAL` (a gone peer is `EPIPE`, not a
-//! signal); a receive takes at most [`MAX_FDS`] fds per call, as libuv does (`UV__CMSG_FD_COUNT`),
-//! and reports `MSG_CTRUNC` so that a handle whose fd was lost gets a NACK.
+//! signal); a failed `sendmsg` took nothing, neither bytes nor fds (the frame is sent again
+//! whole), and a short one took the fds with its first byte; a receive takes at most
+//! [`MAX_FDS`] fds per call, as libuv does (`UV__CMSG_FD_COUNT`), and reports `MSG_CTRUNC` so
+//! that a handle whose fd was lost gets a NACK.
+//!
+//! What the kernel does with them (Linux `unix_stream_sendmsg`/`unix_stream_read_generic`): a
+//! `sendmsg`'s fds ride on the buffer holding its first byte; a read that takes bytes of such a
+//! buffer takes its fds and ends there, although it may start with earlier bytes. So the fds of
+//! one read belong to the last frame that starts in it (see `channel`).
 
-use std::collections::VecDeque;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{BorrowedFd, OwnedFd};
@@ -41,21 +47,32 @@ pub(crate) fn send(
     Ok(n)
 }
 
-/// Receives into `buf`, appending any fds to `fds`. Returns the byte count (0 = end of stream)
-/// and whether control data was truncated (fds lost).
-pub(crate) fn recv(
-    socket: BorrowedFd<'_>,
-    buf: &mut [u8],
-    fds: &mut VecDeque<OwnedFd>,
-) -> io::Result<(usize, bool)> {
+/// What one `recvmsg` brought.
+pub(crate) struct Received {
+    /// Bytes read (0 = end of stream).
+    pub(crate) len: usize,
+    /// The fds that came with them, in the order sent.
+    pub(crate) fds: Vec<OwnedFd>,
+    /// `MSG_CTRUNC`: the kernel could not install every fd (this process is at its fd limit)
+    /// and closed the rest; the ones in `fds` are the first ones sent.
+    pub(crate) truncated: bool,
+}
+
+/// Receives into `buf`, with any fds.
+pub(crate) fn recv(socket: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Received> {
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let mut iov = [IoSliceMut::new(buf)];
     let msg = rustix::net::recvmsg(socket, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)?;
+    let mut fds = Vec::new();
     for message in control.drain() {
         if let RecvAncillaryMessage::ScmRights(received) = message {
             fds.extend(received);
         }
     }
-    Ok((msg.bytes, msg.flags.contains(ReturnFlags::CTRUNC)))
+    Ok(Received {
+        len: msg.bytes,
+        fds,
+        truncated: msg.flags.contains(ReturnFlags::CTRUNC),
+    })
 }

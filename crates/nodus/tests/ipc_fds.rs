@@ -1,0 +1,240 @@
+//! Which message received fds belong to. A raw peer writes crafted frames with `SCM_RIGHTS` fds
+//! that do not match them (a stray fd with a plain message, a `NODE_NODUS_FDS` frame whose count
+//! is not the number of fds it carries, fds arriving in the middle of a frame), each followed by
+//! a well-formed `NODE_HANDLE`. The rule (Node's): fds travel with the bytes of their message.
+//! Checked: the mismatch is an error event on the channel, which stays open; the next handle is
+//! the one sent with it; every stray fd is closed (its pipe's write end is gone, and
+//! `/proc/self/fd` counts what it did before). The tests count the process's fds, so they run
+//! one at a time; each is bounded in time. The last test is the well-formed case the rule must
+//! keep: a frame's fds arrive in a read with earlier frames, or before the rest of the frame.
+
+mod common;
+
+use std::net::TcpListener;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Mutex, MutexGuard};
+
+use common::bounded;
+use common::ipc::{Raw, with_raw};
+use nodus::ipc::{Channel, ChannelOptions, IpcError};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// A pipe: its read end (non-blocking) and its write end, the fd to pass.
+fn pipe() -> (OwnedFd, OwnedFd) {
+    let (r, w) = std::io::pipe().unwrap();
+    rustix::fs::fcntl_setfl(&r, rustix::fs::OFlags::NONBLOCK).unwrap();
+    (r.into(), w.into())
+}
+
+/// Whether every write end of the pipe is closed (a read sees EOF rather than `EAGAIN`).
+fn write_end_closed(read_end: &OwnedFd) -> bool {
+    match rustix::io::read(read_end, &mut [0u8; 1]) {
+        Ok(0) => true,
+        Err(rustix::io::Errno::AGAIN) => false,
+        other => panic!("unexpected pipe read: {other:?}"),
+    }
+}
+
+const HANDLE_FRAME: &[u8] = b"{\"cmd\":\"NODE_HANDLE\",\"type\":\"net.Server\",\"msg\":\"next\"}\n";
+
+/// The next event must be the fd-mismatch error.
+async fn expect_fd_error(ch: &Channel, expected: usize, received: usize) {
+    match ch.recv().await {
+        Some(Err(e @ IpcError::UnexpectedFds { .. })) => {
+            let IpcError::UnexpectedFds {
+                expected: e_expected,
+                received: e_received,
+            } = e
+            else {
+                unreachable!()
+            };
+            assert_eq!((e_expected, e_received), (expected, received));
+        }
+        other => panic!("expected an fd-mismatch error event, got {other:?}"),
+    }
+}
+
+/// Sends a well-formed handle (`listener`) and checks it is ACKed and delivered as itself.
+async fn the_next_handle_is_its_own(ch: &Channel, raw: &mut Raw, listener: &TcpListener) {
+    raw.send_now(HANDLE_FRAME, &[listener.as_fd()]);
+    assert_eq!(raw.frame().await.0, r#"{"cmd":"NODE_HANDLE_ACK"}"#);
+    let mut m = ch.recv().await.unwrap().unwrap();
+    assert_eq!(m.json(), r#""next""#);
+    let got = m.take_handle().unwrap().into_tcp_listener().unwrap();
+    assert_eq!(got.local_addr().unwrap(), listener.local_addr().unwrap());
+    assert!(ch.is_connected(), "the channel stays open");
+}
+
+#[test]
+fn a_stray_fd_with_a_plain_message_is_closed_and_not_given_to_the_next_handle() {
+    let _serial = serial();
+    bounded(async {
+        let (ch, mut raw) = with_raw(ChannelOptions::default());
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let before = open_fds();
+        let (r, w) = pipe();
+        raw.send_now(b"\"plain\"\n", &[w.as_fd()]);
+        drop(w);
+        expect_fd_error(&ch, 0, 1).await;
+        let m = ch.recv().await.unwrap().unwrap();
+        assert_eq!(m.json(), r#""plain""#);
+        assert!(m.handle().is_none());
+        assert!(write_end_closed(&r), "the stray fd was closed");
+        the_next_handle_is_its_own(&ch, &mut raw, &listener).await;
+        drop(r);
+        assert_eq!(open_fds(), before, "no fd left open");
+    });
+}
+
+#[test]
+fn a_split_fds_frame_with_fewer_fds_than_announced_does_not_take_the_next_frames() {
+    let _serial = serial();
+    bounded(async {
+        let (ch, mut raw) = with_raw(ChannelOptions::default());
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let before = open_fds();
+        let (r, w) = pipe();
+        // Announces 2 fds, carries 1, and its bytes arrive in two writes: its end reaches the
+        // channel in the same read as the next frame and that frame's fd.
+        let frame = b"{\"cmd\":\"NODE_NODUS_FDS\",\"count\":2,\"msg\":\"burst\"}\n";
+        let (head, tail) = frame.split_at(20);
+        raw.send_now(head, &[w.as_fd()]);
+        drop(w);
+        raw.send_now(tail, &[]);
+        raw.send_now(HANDLE_FRAME, &[listener.as_fd()]);
+        expect_fd_error(&ch, 2, 1).await;
+        let mut m = ch.recv().await.unwrap().unwrap();
+        assert_eq!(m.json(), r#""burst""#);
+        assert!(m.take_handles().is_empty(), "no fd it cannot vouch for");
+        assert!(write_end_closed(&r), "its one fd was closed");
+        assert_eq!(raw.frame().await.0, r#"{"cmd":"NODE_HANDLE_ACK"}"#);
+        let mut m = ch.recv().await.unwrap().unwrap();
+        assert_eq!(m.json(), r#""next""#);
+        let got = m.take_handle().unwrap().into_tcp_listener().unwrap();
+        assert_eq!(got.local_addr().unwrap(), listener.local_addr().unwrap());
+        drop((got, r));
+        assert_eq!(open_fds(), before, "no fd left open");
+    });
+}
+
+#[test]
+fn an_fds_frame_with_more_fds_than_announced_keeps_none_and_the_next_handle_is_its_own() {
+    let _serial = serial();
+    bounded(async {
+        let (ch, mut raw) = with_raw(ChannelOptions::default());
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let before = open_fds();
+        let (r1, w1) = pipe();
+        let (r2, w2) = pipe();
+        raw.send_now(
+            b"{\"cmd\":\"NODE_NODUS_FDS\",\"count\":1,\"msg\":\"burst\"}\n",
+            &[w1.as_fd(), w2.as_fd()],
+        );
+        drop((w1, w2));
+        expect_fd_error(&ch, 1, 2).await;
+        let mut m = ch.recv().await.unwrap().unwrap();
+        assert_eq!(m.json(), r#""burst""#);
+        assert!(m.take_handles().is_empty());
+        assert!(write_end_closed(&r1) && write_end_closed(&r2));
+        the_next_handle_is_its_own(&ch, &mut raw, &listener).await;
+        drop((r1, r2));
+        assert_eq!(open_fds(), before, "no fd left open");
+    });
+}
+
+#[test]
+fn fds_that_arrive_in_the_middle_of_a_frame_belong_to_no_message() {
+    let _serial = serial();
+    bounded(async {
+        let (ch, mut raw) = with_raw(ChannelOptions::default());
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let before = open_fds();
+        let (r, w) = pipe();
+        raw.send_now(b"{\"plain\":", &[]);
+        // The channel reads the frame's start before the rest comes, with an fd.
+        nodus::sleep(20).await;
+        raw.send_now(b"1}\n", &[w.as_fd()]);
+        drop(w);
+        expect_fd_error(&ch, 0, 1).await;
+        assert_eq!(ch.recv().await.unwrap().unwrap().json(), r#"{"plain":1}"#);
+        assert!(write_end_closed(&r));
+        the_next_handle_is_its_own(&ch, &mut raw, &listener).await;
+        drop(r);
+        assert_eq!(open_fds(), before, "no fd left open");
+    });
+}
+
+#[test]
+fn a_handle_frame_with_two_fds_is_nacked_and_both_are_closed() {
+    let _serial = serial();
+    bounded(async {
+        let (ch, mut raw) = with_raw(ChannelOptions::default());
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let before = open_fds();
+        let (r1, w1) = pipe();
+        let (r2, w2) = pipe();
+        raw.send_now(HANDLE_FRAME, &[w1.as_fd(), w2.as_fd()]);
+        drop((w1, w2));
+        assert_eq!(raw.frame().await.0, r#"{"cmd":"NODE_HANDLE_NACK"}"#);
+        expect_fd_error(&ch, 1, 2).await;
+        assert!(write_end_closed(&r1) && write_end_closed(&r2));
+        the_next_handle_is_its_own(&ch, &mut raw, &listener).await;
+        drop((r1, r2));
+        assert_eq!(open_fds(), before, "no fd left open");
+    });
+}
+
+#[test]
+fn fds_sent_with_a_frames_first_byte_reach_it_however_the_bytes_are_read() {
+    let _serial = serial();
+    bounded(async {
+        let (ch, mut raw) = with_raw(ChannelOptions::default());
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let before = open_fds();
+        let (r1, w1) = pipe();
+        let (r2, w2) = pipe();
+        // Two plain frames and a burst whose fds the kernel delivers with all of them in one
+        // read; then a handle frame written in two parts, its fd with the first.
+        raw.send_now(b"\"one\"\n\"two\"\n", &[]);
+        raw.send_now(
+            b"{\"cmd\":\"NODE_NODUS_FDS\",\"count\":2,\"msg\":\"burst\"}\n",
+            &[w1.as_fd(), w2.as_fd()],
+        );
+        let (head, tail) = HANDLE_FRAME.split_at(7);
+        raw.send_now(head, &[listener.as_fd()]);
+        raw.send_now(tail, &[]);
+        assert_eq!(ch.recv().await.unwrap().unwrap().json(), r#""one""#);
+        assert_eq!(ch.recv().await.unwrap().unwrap().json(), r#""two""#);
+        let mut m = ch.recv().await.unwrap().unwrap();
+        assert_eq!(m.json(), r#""burst""#);
+        let handles = m.take_handles();
+        assert_eq!(handles.len(), 2);
+        for (h, w) in handles.into_iter().zip([&w1, &w2]) {
+            let (a, b) = (
+                rustix::fs::fstat(&h).unwrap(),
+                rustix::fs::fstat(w).unwrap(),
+            );
+            assert_eq!(
+                (a.st_dev, a.st_ino),
+                (b.st_dev, b.st_ino),
+                "in the order sent"
+            );
+        }
+        assert_eq!(raw.frame().await.0, r#"{"cmd":"NODE_HANDLE_ACK"}"#);
+        let mut m = ch.recv().await.unwrap().unwrap();
+        assert_eq!(m.json(), r#""next""#);
+        let got = m.take_handle().unwrap().into_tcp_listener().unwrap();
+        assert_eq!(got.local_addr().unwrap(), listener.local_addr().unwrap());
+        drop((got, r1, r2, w1, w2));
+        assert_eq!(open_fds(), before, "no fd left open");
+    });
+}
