@@ -27,6 +27,14 @@
 //!   [`IpcError::HandleNotReceived`] and releases the held messages.
 //! - **Backpressure, nothing lost.** `send` never drops: it queues and returns `Ok(false)` once
 //!   128 KiB or more waits in user space (Node's `send()` return value).
+//! - **Fds once, with the first byte.** A frame's fds go in the `sendmsg` that writes its first
+//!   byte and in no later one; a `sendmsg` that fails took nothing, so the next try of the frame
+//!   carries them again.
+//! - **Transient send errors are retried.** A `sendmsg` the kernel refuses for want of memory
+//!   (`ENOBUFS`, `ENOMEM`, `ETOOMANYREFS`) keeps the frame and its fds queued and is tried
+//!   again after a backoff on a loop timer (1 ms doubling to 128 ms, no busy loop, no write in
+//!   between); 16 refusals in a row (about 1.3 s) are an [`IpcError::Io`] event, then the
+//!   channel closes. `EPIPE`/`ECONNRESET` end the channel at once (the peer is gone).
 //! - **Hardened.** A frame over the cap or not valid JSON is delivered as an error, then the
 //!   channel closes (the stream lost sync); nothing panics and nothing exits the process.
 //! - **Liveness.** An open channel is a ref'd handle (Node's `channel.ref()`); `unref()` lets the
@@ -41,8 +49,10 @@ use std::fmt;
 use std::future::poll_fn;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -54,6 +64,7 @@ use super::handles::{
     self, ACK, FdsFrame, Handle, HandleFrame, NACK, NODE_HANDLE, NODUS_FDS, SendHandle, SocketReply,
 };
 use crate::io::AsyncFd;
+use crate::time::Sleep;
 
 /// `send` returns `false` from this many queued bytes on (Node: `writeQueueSize < 65536 * 2`).
 pub const HIGH_WATER: usize = 128 * 1024;
@@ -63,6 +74,14 @@ const MAX_RETRANSMISSIONS: u32 = 3;
 
 /// Internal messages kept for [`Channel::recv_internal`] before the oldest are dropped.
 const MAX_INTERNAL: usize = 1024;
+
+/// A `sendmsg` the kernel refused for want of memory is tried again after 1, 2, 4 ... ms (at
+/// most [`SEND_RETRY_MAX_DELAY_MS`] apart), this many times in a row (about 1.3 s), before the
+/// channel gives up.
+const SEND_RETRIES: u32 = 16;
+
+/// The longest wait between two tries of a refused `sendmsg`.
+const SEND_RETRY_MAX_DELAY_MS: u64 = 128;
 
 /// Fds one [`Channel::send_fds`] frame may carry.
 pub const MAX_FDS_PER_FRAME: usize = fdpass::MAX_FDS;
@@ -102,7 +121,9 @@ pub enum IpcError {
     HandleNotReceived(Box<RawValue>),
     /// A message could not be serialized as JSON.
     Serialize(serde_json::Error),
-    /// The socket failed.
+    /// The socket failed, and the channel closed: a read error, or a `sendmsg` the kernel kept
+    /// refusing for want of memory (`ENOBUFS`, `ENOMEM`, `ETOOMANYREFS`) through every retry.
+    /// A peer that is gone (`EPIPE`, `ECONNRESET`) is no error: the channel just ends.
     Io(io::Error),
     /// The parent asked for a serialization mode nodus does not speak.
     UnsupportedSerialization(String),
@@ -132,7 +153,7 @@ impl fmt::Display for IpcError {
                 MAX_RETRANSMISSIONS + 1
             ),
             IpcError::Serialize(e) => write!(f, "nodus::ipc: cannot serialize message: {e}"),
-            IpcError::Io(e) => write!(f, "nodus::ipc: {e}"),
+            IpcError::Io(e) => write!(f, "nodus::ipc: {e}; channel closed"),
             IpcError::UnsupportedSerialization(mode) => write!(
                 f,
                 "nodus::ipc: the parent uses serialization '{mode}'; nodus speaks only 'json' \
@@ -248,6 +269,10 @@ struct State {
     held: VecDeque<(Vec<u8>, Payload)>,
     held_bytes: usize,
     in_flight: Option<InFlight>,
+    /// `sendmsg` refusals in a row for want of kernel memory.
+    send_failures: u32,
+    /// Armed after such a refusal: nothing is written until it fires (the driver polls it).
+    backoff: Option<Sleep>,
     /// `send` is allowed (false after `disconnect` or the close).
     connected: bool,
     /// The fd is closed.
@@ -549,6 +574,8 @@ impl Channel {
                 held: VecDeque::new(),
                 held_bytes: 0,
                 in_flight: None,
+                send_failures: 0,
+                backoff: None,
                 connected: true,
                 closed: false,
                 recv_waker: None,
@@ -763,9 +790,10 @@ impl Inner {
         }
     }
 
-    /// Writes queued frames until the queue is empty or the socket is full. On `WouldBlock`
-    /// outside the driver, the driver is woken to wait for writability. `false` when the socket
-    /// failed (the peer is gone) or is closed.
+    /// Writes queued frames until the queue is empty, the socket is full or the kernel refuses
+    /// for want of memory (then a backoff is armed, and nothing is written until it fires). On
+    /// either outside the driver, the driver is woken to wait. `false` when the socket failed
+    /// (the peer is gone, or the refusals outlasted the retries: an error event) or is closed.
     fn write_some(&self, wake: &mut Vec<Waker>, from_driver: bool) -> bool {
         let guard = self.io.borrow();
         let Some(io) = guard.as_ref() else {
@@ -773,6 +801,9 @@ impl Inner {
         };
         let mut st = self.st.borrow_mut();
         let st = &mut *st;
+        if st.backoff.is_some() {
+            return true;
+        }
         loop {
             let Some(front) = st.out.front_mut() else {
                 if st.held.is_empty() && st.in_flight.is_none() {
@@ -787,8 +818,10 @@ impl Inner {
                 (Attach::Fds(shared), _) => shared.iter().map(|fd| fd.as_fd()).collect(),
                 _ => Vec::new(),
             };
+            // A failed `sendmsg` took nothing: the frame's fds go with the next try.
             match (self.send)(io.get_ref().as_fd(), &front.bytes[front.written..], &fds) {
                 Ok(n) => {
+                    st.send_failures = 0;
                     front.written += n;
                     st.out_bytes -= n;
                     if front.written == front.bytes.len() {
@@ -798,6 +831,22 @@ impl Inner {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     io.clear_write_ready();
+                    if !from_driver {
+                        wake.extend(st.driver.take());
+                    }
+                    return true;
+                }
+                Err(e) if short_of_memory(&e) => {
+                    if st.send_failures == SEND_RETRIES {
+                        st.deliver(Err(IpcError::Io(e)), wake);
+                        return false;
+                    }
+                    let delay = (1u64 << st.send_failures).min(SEND_RETRY_MAX_DELAY_MS);
+                    st.send_failures += 1;
+                    let mut backoff = crate::time::sleep(Duration::from_millis(delay));
+                    // The open channel keeps the loop alive, or not (`unref`): not its timer.
+                    backoff.unref();
+                    st.backoff = Some(backoff);
                     if !from_driver {
                         wake.extend(st.driver.take());
                     }
@@ -820,13 +869,14 @@ impl Inner {
         st.held_bytes = 0;
         let in_flight = st.in_flight.take();
         let arrived = st.arrived.take();
+        let backoff = st.backoff.take();
         wake.extend(st.recv_waker.take());
         wake.extend(st.internal_waker.take());
         wake.extend(st.driver.take());
         wake.append(&mut st.flush_waiters);
         drop(st);
         let io = self.io.borrow_mut().take();
-        drop((io, held, in_flight, arrived));
+        drop((io, held, in_flight, arrived, backoff));
     }
 
     /// The channel task: read, write, close when done. `Ready` once closed.
@@ -890,8 +940,20 @@ impl Inner {
                 }
             }
         }
-        // Write what is queued while writable.
-        while !self.st.borrow().out.is_empty() {
+        // Write what is queued while writable, once a backoff (if armed) has fired.
+        loop {
+            {
+                let mut st = self.st.borrow_mut();
+                if st.out.is_empty() {
+                    break;
+                }
+                if let Some(backoff) = st.backoff.as_mut() {
+                    if Pin::new(backoff).poll(cx).is_pending() {
+                        break;
+                    }
+                    st.backoff = None;
+                }
+            }
             let ready = match self.io.borrow().as_ref() {
                 Some(io) => io.poll_write_ready(cx),
                 None => return true,
@@ -908,8 +970,22 @@ impl Inner {
     }
 }
 
+/// A `sendmsg` error that says the kernel is short of memory, for the data (`ENOBUFS`,
+/// `ENOMEM`) or for fds in flight (`ETOOMANYREFS`: the sender's in-flight fds are over its
+/// `RLIMIT_NOFILE` until the peer takes some), rather than that the peer is gone: worth another
+/// try.
+fn short_of_memory(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOBUFS | libc::ENOMEM | libc::ETOOMANYREFS)
+    )
+}
+
 fn wake_all(wake: Vec<Waker>) {
     for w in wake {
         w.wake();
     }
 }
+
+#[cfg(test)]
+mod tests;
