@@ -1,8 +1,9 @@
 //! `nodus run`'s supervision at its edges: a primary with no worker left to run exits, a
 //! replacement that cannot be started is retried instead of ending the service, a SIGHUP
 //! during a reload queues one more reload, a window of 0 seconds is refused, the notify socket
-//! heeds only the worker's own process group and is closed with its worker, and a Node worker's
-//! pipe `listen` is refused instead of bound as TCP.
+//! heeds only the worker's own process group and is closed with its worker, a Node worker's
+//! pipe `listen` is refused instead of bound as TCP, and a stop that had to kill workers exits
+//! with its own code (124, or 128 + a second signal's number) while a drain in time exits 0.
 //!
 //! Every process is started in its own process group and the whole group is killed by PID when
 //! the test ends. The workers are `sh` scripts.
@@ -11,7 +12,7 @@ mod common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::cluster::{count, events, spawn, wait_events};
 use common::{NODUS, have};
@@ -279,4 +280,66 @@ fn a_node_worker_listening_on_a_pipe_is_refused_not_bound_as_tcp() {
             .any(|l| l.contains("listen error EAFNOSUPPORT")),
         "{lines:#?}"
     );
+}
+
+/// A worker that ignores SIGTERM (its `sleep`s too: an ignored signal stays ignored across
+/// `exec`), and one that stops when asked, after a last line.
+const DEAF: &str = "trap '' TERM; echo up; while :; do sleep 0.05; done";
+const POLITE: &str = "trap 'echo bye; exit 0' TERM; echo up; while :; do sleep 0.05; done";
+
+/// `nodus run -w 2 --kill-timeout SECS -- sh -c WORKER`, once both workers said `up`.
+fn two_workers(kill_timeout: &str, worker: &str) -> nodus_testkit::proc::Proc {
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "-w", "2", "--kill-timeout", kill_timeout])
+            .args(["--", "sh", "-c", worker])
+            .env("RUST_LOG", "info"),
+    );
+    primary.wait_line("[worker 1 ");
+    primary.wait_line("[worker 2 ");
+    primary
+}
+
+#[test]
+fn a_stop_that_had_to_kill_a_worker_exits_124_and_a_drain_in_time_exits_0() {
+    let mut primary = two_workers("1", DEAF);
+    let asked = Instant::now();
+    primary.signal(Signal::TERM);
+    assert_eq!(
+        primary.wait_exit(Duration::from_secs(20)),
+        Some(124),
+        "{:#?}",
+        primary.output()
+    );
+    assert!(
+        asked.elapsed() >= Duration::from_secs(1),
+        "the kill timeout"
+    );
+    primary.wait_line("SIGKILL");
+
+    let mut primary = two_workers("10", POLITE);
+    primary.signal(Signal::TERM);
+    assert_eq!(
+        primary.wait_exit(Duration::from_secs(20)),
+        Some(0),
+        "{:#?}",
+        primary.output()
+    );
+}
+
+#[test]
+fn a_second_signal_during_the_drain_exits_128_plus_its_number() {
+    for (signal, code) in [(Signal::TERM, 143), (Signal::INT, 130)] {
+        // The kill timeout is far: only the second signal can end this stop.
+        let mut primary = two_workers("60", DEAF);
+        primary.signal(signal);
+        primary.wait_line("draining 2 workers");
+        primary.signal(signal);
+        assert_eq!(
+            primary.wait_exit(Duration::from_secs(20)),
+            Some(code),
+            "{signal:?} twice: {:#?}",
+            primary.output()
+        );
+    }
 }

@@ -9,6 +9,10 @@
 //!   starts.
 //! - Once shutdown (or give-up) begins, nothing is started again; `run` returns when the last
 //!   worker has exited.
+//! - The exit code is 0 after a graceful stop. A stop that had to kill workers (a second
+//!   SIGTERM/SIGINT, or the kill timeout during the shutdown) sets its code unless one is set
+//!   already: 128 + the second signal's number, or [`FORCED_STOP_EXIT_CODE`]; the give-up code and
+//!   1 (a worker left after a crash) are kept.
 
 use std::future::poll_fn;
 use std::rc::Rc;
@@ -19,7 +23,9 @@ use super::proc::{Proc, ProcState};
 use super::{EventKind, Phase, State};
 use super::{server, stats};
 use crate::cluster::protocol::{Disconnect, NODE_CLUSTER, Nodus};
-use crate::cluster::supervision::{Decision, ExitReason, GIVE_UP_EXIT_CODE, RestartBudget};
+use crate::cluster::supervision::{
+    Decision, ExitReason, FORCED_STOP_EXIT_CODE, GIVE_UP_EXIT_CODE, RestartBudget,
+};
 use crate::process::ExitStatus;
 use crate::signal::{SIGHUP, SIGINT, SIGKILL, SIGTERM, Signals};
 
@@ -79,7 +85,10 @@ pub(super) async fn run(st: &Rc<State>) -> i32 {
         match next {
             Err(code) => return code,
             Ok(SIGHUP) => start_reload(st),
-            Ok(sig) => start_shutdown(st, if sig == SIGINT { "SIGINT" } else { "SIGTERM" }),
+            Ok(sig) => {
+                let name = if sig == SIGINT { "SIGINT" } else { "SIGTERM" };
+                request_shutdown(st, name, 128 + sig);
+            }
         }
     }
 }
@@ -332,9 +341,10 @@ pub(super) fn drain(st: &Rc<State>, proc: &Rc<Proc>) {
     arm_kill_timer(st, proc, "after being asked to stop");
 }
 
-/// SIGKILLs `proc`'s process group if it still runs after the kill timeout.
+/// SIGKILLs `proc`'s process group if it still runs after the kill timeout; during the
+/// shutdown, that makes the stop a forced one.
 fn arm_kill_timer(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str) {
-    let (p, limit) = (proc.clone(), st.config.kill_timeout);
+    let (s, p, limit) = (st.clone(), proc.clone(), st.config.kill_timeout);
     crate::task::spawn_named("cluster:kill-timer", async move {
         if crate::time::timeout(limit, p.child.wait()).await.is_err() {
             tracing::warn!(
@@ -344,22 +354,54 @@ fn arm_kill_timer(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str) {
             );
             let _ = p.child.kill_group(SIGKILL);
             let _ = p.child.kill(SIGKILL);
+            if s.phase.get() == Phase::Stopping {
+                force(&s, FORCED_STOP_EXIT_CODE);
+            }
         }
     })
     .detach();
 }
 
-/// Starts a graceful shutdown (a second call kills what is left at once).
-pub(super) fn start_shutdown(st: &Rc<State>, why: &str) {
-    let procs: Vec<Rc<Proc>> = st.procs.borrow().values().cloned().collect();
-    if st.phase.replace(Phase::Stopping) == Phase::Stopping {
-        tracing::warn!(target: "nodus::cluster", "{why} again: killing the remaining workers");
-        for p in procs {
-            let _ = p.child.kill_group(SIGKILL);
-            let _ = p.child.kill(SIGKILL);
-        }
+/// The stop had to kill workers, so requests may have been lost: the exit code becomes `code`
+/// unless one is set already (see the module doc).
+fn force(st: &State, code: i32) {
+    if st.final_code.get() == 0 {
+        st.final_code.set(code);
+        tracing::warn!(
+            target: "nodus::cluster",
+            "the stop was forced: exiting with code {code} once every worker is gone"
+        );
+    }
+}
+
+/// A shutdown request (SIGTERM, SIGINT, [`Primary::shutdown`](super::Primary::shutdown)): the
+/// first starts a graceful shutdown; one during it kills what is left, and the exit code is then
+/// `forced_code`.
+pub(super) fn request_shutdown(st: &Rc<State>, why: &str, forced_code: i32) {
+    if st.phase.get() == Phase::Running {
+        start_shutdown(st, why);
         return;
     }
+    let procs: Vec<Rc<Proc>> = st.procs.borrow().values().cloned().collect();
+    tracing::warn!(
+        target: "nodus::cluster",
+        "{why} again: killing the {} remaining workers", procs.len()
+    );
+    if !procs.is_empty() {
+        force(st, forced_code);
+    }
+    for p in procs {
+        let _ = p.child.kill_group(SIGKILL);
+        let _ = p.child.kill(SIGKILL);
+    }
+}
+
+/// Starts a graceful shutdown (once).
+fn start_shutdown(st: &Rc<State>, why: &str) {
+    if st.phase.replace(Phase::Stopping) == Phase::Stopping {
+        return;
+    }
+    let procs: Vec<Rc<Proc>> = st.procs.borrow().values().cloned().collect();
     if !procs.is_empty() {
         tracing::info!(
             target: "nodus::cluster",
