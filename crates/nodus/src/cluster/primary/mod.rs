@@ -200,6 +200,9 @@ pub(crate) struct State {
     exit_code: Cell<Option<i32>>,
     /// The exit code once every worker is gone (0, the give-up code, a forced stop's code).
     final_code: Cell<i32>,
+    /// Exits whose log line waits for the worker's output to end (`supervise::on_exit`); the run
+    /// ends only after them.
+    exits_settling: Cell<usize>,
     announced_ready: Cell<bool>,
     done: RefCell<Option<std::task::Waker>>,
     events: events::Events,
@@ -266,6 +269,7 @@ impl Primary {
             left_after_crash: Cell::new(false),
             exit_code: Cell::new(None),
             final_code: Cell::new(0),
+            exits_settling: Cell::new(0),
             announced_ready: Cell::new(false),
             done: RefCell::new(None),
             events,

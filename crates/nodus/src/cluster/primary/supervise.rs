@@ -8,7 +8,11 @@
 //!   worker is asked to drain; the old one then drains on its own schedule while the next slot
 //!   starts.
 //! - Once shutdown (or give-up) begins, nothing is started again; `run` returns when the last
-//!   worker has exited.
+//!   worker has exited and every exit has settled (below).
+//! - An exit's consequences (the replacement, a backoff) happen at once; its log line waits for
+//!   the worker's output to end ([`Proc::output_ended`]), so it follows the worker's last lines,
+//!   and so do the lines about what the exit led to (not restarted, giving up). Until then the
+//!   exit is "settling" (`State::exits_settling`).
 //! - The exit code is 0 after a graceful stop. A stop that had to kill workers (a second
 //!   SIGTERM/SIGINT, or the kill timeout during the shutdown) sets its code unless one is set
 //!   already: 128 + the second signal's number, or [`FORCED_STOP_EXIT_CODE`]; the give-up code and
@@ -152,25 +156,36 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
     let is_current = st
         .current(proc.slot)
         .is_some_and(|c| c.unique == proc.unique);
-    if st.phase.get() == Phase::Stopping {
-        check_all_gone(st);
-        return;
-    }
-    if !is_current {
-        return;
-    }
-    st.slots.borrow_mut()[proc.slot as usize - 1].current = None;
-    if reason.is_crash() {
-        tracing::warn!(target: "nodus::cluster", "{text}");
-    } else {
-        tracing::info!(target: "nodus::cluster", "{text}");
-    }
-    let uptime = proc.started.elapsed();
-    decide_and_restart(st, proc.slot, Some(proc.pid), uptime, reason, false);
+    // The exit of a slot's current worker while running is logged and restarts the slot (at
+    // once); the rest of the decision and the log line wait for the worker's output to end.
+    let decision = (is_current && st.phase.get() == Phase::Running).then(|| {
+        st.slots.borrow_mut()[proc.slot as usize - 1].current = None;
+        let uptime = proc.started.elapsed();
+        decide_and_restart(st, proc.slot, Some(proc.pid), uptime, reason, false)
+    });
+    st.exits_settling.set(st.exits_settling.get() + 1);
+    let (s, p) = (st.clone(), proc.clone());
+    crate::task::spawn_named("cluster:exit-settle", async move {
+        p.output_ended().await;
+        s.exits_settling.set(s.exits_settling.get() - 1);
+        if let Some(decision) = decision {
+            if reason.is_crash() {
+                tracing::warn!(target: "nodus::cluster", "{text}");
+            } else {
+                tracing::info!(target: "nodus::cluster", "{text}");
+            }
+            settle(&s, p.slot, reason, decision);
+        }
+        if s.phase.get() == Phase::Stopping {
+            check_all_gone(&s);
+        }
+    })
+    .detach();
 }
 
 /// Applies the restart policy to slot `id`, whose worker (`pid`, when it ran) was up for
-/// `uptime`; `at_once` skips the backoff (a "going down" notice).
+/// `uptime`; `at_once` skips the backoff (a "going down" notice). A restart is started (or its
+/// backoff) now; the decision is returned for [`settle`] to carry out the rest.
 fn decide_and_restart(
     st: &Rc<State>,
     id: u32,
@@ -178,7 +193,7 @@ fn decide_and_restart(
     uptime: Duration,
     reason: ExitReason,
     at_once: bool,
-) {
+) -> Decision {
     let now = Instant::now();
     let decision = {
         let mut slots = st.slots.borrow_mut();
@@ -191,6 +206,39 @@ fn decide_and_restart(
             now,
         )
     };
+    if let Decision::Restart { after } = decision {
+        let after = if at_once { Duration::ZERO } else { after };
+        {
+            let mut slots = st.slots.borrow_mut();
+            let slot = &mut slots[id as usize - 1];
+            slot.restarts += 1;
+            slot.pending_restart = true;
+        }
+        st.restarts.set(st.restarts.get() + 1);
+        st.emit_for(
+            Some(id),
+            pid,
+            EventKind::Restart {
+                delay_ms: after.as_millis() as u64,
+            },
+        );
+        let s = st.clone();
+        if after.is_zero() {
+            restart_slot(&s, id);
+        } else {
+            crate::task::spawn_named("cluster:backoff", async move {
+                crate::time::sleep(after).await;
+                restart_slot(&s, id);
+            })
+            .detach();
+        }
+    }
+    decision
+}
+
+/// Carries out what [`decide_and_restart`] left: an empty slot (exiting if no worker is left to
+/// run) or giving up.
+fn settle(st: &Rc<State>, id: u32, reason: ExitReason, decision: Decision) {
     match decision {
         Decision::Leave => {
             if reason.is_crash() {
@@ -209,33 +257,7 @@ fn decide_and_restart(
                 st.config.max_restarts, st.config.restart_window
             ),
         ),
-        Decision::Restart { after } => {
-            let after = if at_once { Duration::ZERO } else { after };
-            {
-                let mut slots = st.slots.borrow_mut();
-                let slot = &mut slots[id as usize - 1];
-                slot.restarts += 1;
-                slot.pending_restart = true;
-            }
-            st.restarts.set(st.restarts.get() + 1);
-            st.emit_for(
-                Some(id),
-                pid,
-                EventKind::Restart {
-                    delay_ms: after.as_millis() as u64,
-                },
-            );
-            let s = st.clone();
-            if after.is_zero() {
-                restart_slot(&s, id);
-            } else {
-                crate::task::spawn_named("cluster:backoff", async move {
-                    crate::time::sleep(after).await;
-                    restart_slot(&s, id);
-                })
-                .detach();
-            }
-        }
+        Decision::Restart { .. } => {}
     }
 }
 
@@ -260,7 +282,9 @@ fn restart_slot(st: &Rc<State>, id: u32) {
                     error: e.to_string(),
                 },
             );
-            decide_and_restart(st, id, None, Duration::ZERO, ExitReason::NotStarted, false);
+            let reason = ExitReason::NotStarted;
+            let decision = decide_and_restart(st, id, None, Duration::ZERO, reason, false);
+            settle(st, id, reason, decision);
         }
     }
 }
@@ -307,15 +331,9 @@ pub(super) fn going_down(st: &Rc<State>, proc: &Rc<Proc>) {
     arm_kill_timer(st, proc, "after saying it was going down");
     server::leave_all(st, proc);
     st.slots.borrow_mut()[proc.slot as usize - 1].current = None;
-    let uptime = proc.started.elapsed();
-    decide_and_restart(
-        st,
-        proc.slot,
-        Some(proc.pid),
-        uptime,
-        ExitReason::Failed(1),
-        true,
-    );
+    let (uptime, reason) = (proc.started.elapsed(), ExitReason::Failed(1));
+    let decision = decide_and_restart(st, proc.slot, Some(proc.pid), uptime, reason, true);
+    settle(st, proc.slot, reason, decision);
 }
 
 /// Asks `proc` to stop: `disconnect` with the drain deadline (SIGTERM for a plain program), then
@@ -441,7 +459,7 @@ fn drain_all(st: &Rc<State>) {
 }
 
 fn check_all_gone(st: &Rc<State>) {
-    if st.procs.borrow().is_empty() {
+    if st.procs.borrow().is_empty() && st.exits_settling.get() == 0 {
         finish(st, st.final_code.get());
     }
 }
