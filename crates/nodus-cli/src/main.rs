@@ -76,7 +76,12 @@ enum Command {
     /// --node, the workers are stock Node programs and nodus is their cluster primary:
     /// `http.createServer(...).listen(8080)` runs clustered with no code change.
     /// Workers get NODUS_WORKER_ID (1..N) and NODE_APP_INSTANCE (0..N-1); their output is
-    /// prefixed with "[worker ID PID] ". Exits 75 when the restart budget is spent.
+    /// prefixed with "[worker ID PID] ".
+    ///
+    /// Exit codes: 0 after a drain in which every worker stopped in time (or once no worker is
+    /// left after clean exits); 1 a start failure or a worker left after a crash; 2 a usage
+    /// error; 75 the restart budget is spent; 124 a worker was SIGKILLed at --kill-timeout during
+    /// the stop; 128+N a second signal N during the drain (130 SIGINT, 143 SIGTERM).
     Run(RunArgs),
 }
 
@@ -106,7 +111,7 @@ struct RunArgs {
     #[arg(long, value_name = "I,F,C", default_value = "0.1,2,10", value_parser = backoff)]
     backoff: nodus::cluster::Backoff,
     /// After a worker is asked to stop (SIGTERM, or a disconnect for --node), seconds before
-    /// SIGKILL.
+    /// SIGKILL (during a shutdown, the exit code is then 124).
     #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = seconds)]
     kill_timeout: f64,
     /// During a reload, seconds a new worker gets to become ready.

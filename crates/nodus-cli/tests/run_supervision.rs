@@ -1,19 +1,22 @@
 //! `nodus run`'s supervision at its edges: a primary with no worker left to run exits, a
 //! replacement that cannot be started is retried instead of ending the service, a SIGHUP
 //! during a reload queues one more reload, a window of 0 seconds is refused, the notify socket
-//! heeds only the worker's own process group and is closed with its worker, and a Node worker's
-//! pipe `listen` is refused instead of bound as TCP.
+//! heeds only the worker's own process group and is closed with its worker, a Node worker's
+//! pipe `listen` is refused instead of bound as TCP, a stop that had to kill workers exits with
+//! its own code (124, or 128 + a second signal's number) while a drain in time exits 0, and a
+//! worker's exit is logged after its last output line.
 //!
 //! Every process is started in its own process group and the whole group is killed by PID when
 //! the test ends. The workers are `sh` scripts.
 
 mod common;
 
+use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use common::cluster::{count, events, spawn, wait_events};
+use common::cluster::{count, events, spawn, spawn_into_pipe, wait_events};
 use common::{NODUS, have};
 use nodus_testkit::tmp::TempDir;
 use rustix::process::{Pid, Signal};
@@ -279,4 +282,182 @@ fn a_node_worker_listening_on_a_pipe_is_refused_not_bound_as_tcp() {
             .any(|l| l.contains("listen error EAFNOSUPPORT")),
         "{lines:#?}"
     );
+}
+
+/// A worker that ignores SIGTERM (its `sleep`s too: an ignored signal stays ignored across
+/// `exec`), and one that stops when asked, after a last line.
+const DEAF: &str = "trap '' TERM; echo up; while :; do sleep 0.05; done";
+const POLITE: &str = "trap 'echo bye; exit 0' TERM; echo up; while :; do sleep 0.05; done";
+
+/// `nodus run -w 2 --kill-timeout SECS -- sh -c WORKER`, once both workers said `up`.
+fn two_workers(kill_timeout: &str, worker: &str) -> nodus_testkit::proc::Proc {
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "-w", "2", "--kill-timeout", kill_timeout])
+            .args(["--", "sh", "-c", worker])
+            .env("RUST_LOG", "info"),
+    );
+    primary.wait_line("[worker 1 ");
+    primary.wait_line("[worker 2 ");
+    primary
+}
+
+#[test]
+fn a_stop_that_had_to_kill_a_worker_exits_124_and_a_drain_in_time_exits_0() {
+    let mut primary = two_workers("1", DEAF);
+    let asked = Instant::now();
+    primary.signal(Signal::TERM);
+    assert_eq!(
+        primary.wait_exit(Duration::from_secs(20)),
+        Some(124),
+        "{:#?}",
+        primary.output()
+    );
+    assert!(
+        asked.elapsed() >= Duration::from_secs(1),
+        "the kill timeout"
+    );
+    primary.wait_line("SIGKILL");
+
+    let mut primary = two_workers("10", POLITE);
+    primary.signal(Signal::TERM);
+    assert_eq!(
+        primary.wait_exit(Duration::from_secs(20)),
+        Some(0),
+        "{:#?}",
+        primary.output()
+    );
+    // Their last lines were written before the primary exited.
+    let byes = primary
+        .output()
+        .iter()
+        .filter(|l| l.ends_with("] bye"))
+        .count();
+    assert_eq!(byes, 2, "{:#?}", primary.output());
+}
+
+#[test]
+fn a_second_signal_during_the_drain_exits_128_plus_its_number() {
+    for (signal, code) in [(Signal::TERM, 143), (Signal::INT, 130)] {
+        // The kill timeout is far: only the second signal can end this stop.
+        let mut primary = two_workers("60", DEAF);
+        primary.signal(signal);
+        primary.wait_line("draining 2 workers");
+        primary.signal(signal);
+        assert_eq!(
+            primary.wait_exit(Duration::from_secs(20)),
+            Some(code),
+            "{signal:?} twice: {:#?}",
+            primary.output()
+        );
+    }
+}
+
+/// Worker pids whose "exited" log line came before one of their own output lines, and how many
+/// exit lines were checked.
+fn exits_logged_before_output(lines: &[String]) -> (Vec<u32>, usize) {
+    let mut early = Vec::new();
+    let mut checked = 0;
+    for (at, line) in lines.iter().enumerate() {
+        let Some(pid) = line
+            .split_once("(pid ")
+            .filter(|_| line.contains(") exited with code"))
+            .and_then(|(_, rest)| rest.split_once(')'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        checked += 1;
+        let before = |what: &str| {
+            lines[..at]
+                .iter()
+                .any(|l| l.ends_with(&format!("] {what}-{pid}")))
+        };
+        if !before("out") || !before("err") {
+            early.push(pid);
+        }
+    }
+    (early, checked)
+}
+
+#[test]
+fn a_worker_exit_is_logged_after_its_last_output_lines() {
+    // Workers that write a line to stdout and one to stderr and exit at once, restarted until
+    // the budget is spent (exit 75); the primary's stdout and stderr share one pipe.
+    let mut cmd = Command::new(NODUS);
+    cmd.args([
+        "run",
+        "-w",
+        "2",
+        "--max-restarts",
+        "150",
+        "--restart-window",
+        "600",
+    ])
+    .args(["--", "sh", "-c", "echo out-$$; echo err-$$ >&2"])
+    .env("RUST_LOG", "info");
+    let (mut primary, reader) = spawn_into_pipe(cmd);
+    let reading = std::thread::spawn(move || {
+        BufReader::new(reader)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<_>>()
+    });
+    assert_eq!(primary.wait_exit(Duration::from_secs(60)), Some(75));
+    // The pipe's last write end closed with the primary.
+    let lines = reading.join().unwrap();
+    let (early, checked) = exits_logged_before_output(&lines);
+    assert!(checked >= 100, "{checked} exit lines: {lines:#?}");
+    assert!(
+        early.is_empty(),
+        "{} of {checked} exits logged before the worker's last line (pids {early:?})",
+        early.len()
+    );
+}
+
+/// A grandchild that inherited a worker's output pipes keeps them open after the worker exits:
+/// the exit line waits for them at most 200 ms, and the restart does not wait at all.
+#[test]
+fn output_held_open_by_a_grandchild_delays_the_exit_line_a_little_and_the_restart_not_at_all() {
+    let dir = TempDir::new("grandchild");
+    let log = dir.path().join("events.jsonl");
+    let started = Instant::now();
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "-w", "1", "--max-restarts", "1", "--events"])
+            .arg(&log)
+            .args([
+                "--",
+                "sh",
+                "-c",
+                "sleep 10 & echo \"grandchild $!\"; exit 3",
+            ])
+            .env("RUST_LOG", "info"),
+    );
+    let status = primary.exited_within(Duration::from_secs(20));
+    let lines = primary.output().to_vec();
+    for pid in lines
+        .iter()
+        .filter_map(|l| l.split_once("] grandchild ")?.1.parse().ok())
+    {
+        let _ = rustix::process::kill_process(Pid::from_raw(pid).unwrap(), Signal::KILL);
+    }
+    assert_eq!(status.and_then(|s| s.code()), Some(75), "{lines:#?}");
+    assert!(started.elapsed() < Duration::from_secs(5), "{lines:#?}");
+    let evs = events(&log);
+    let at = |event: &str| {
+        evs.iter()
+            .find(|e| e["event"] == event)
+            .and_then(|e| e["t_ns"].as_u64())
+            .unwrap_or_else(|| panic!("no {event}: {evs:#?}"))
+    };
+    assert!(
+        at("restart") - at("exit") < 100_000_000,
+        "the restart waited for the output: {evs:#?}"
+    );
+    let exited = lines
+        .iter()
+        .filter(|l| l.contains(") exited with code 3"))
+        .count();
+    assert_eq!(exited, 2, "both exits logged: {lines:#?}");
 }

@@ -9,28 +9,21 @@ mod common;
 
 use std::io::{BufRead, BufReader, PipeReader};
 use std::os::fd::AsFd;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::NODUS;
+use common::cluster::spawn_into_pipe;
 use nodus_testkit::proc::Proc;
 use rustix::process::Signal;
 
 /// `nodus run ARGS` with stdout and stderr both into one new pipe (as `2>&1 |` does): the
 /// process and the pipe's read end.
 fn run_into_pipe(args: &[&str]) -> (Proc, PipeReader) {
-    let (reader, writer) = std::io::pipe().unwrap();
     let mut cmd = Command::new(NODUS);
-    cmd.arg("run")
-        .args(args)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(writer.try_clone().unwrap())
-        .stderr(writer);
-    let proc = Proc::spawn_group(&mut cmd);
-    drop(cmd); // our copies of the write end
-    (proc, reader)
+    cmd.arg("run").args(args).env("RUST_LOG", "info");
+    spawn_into_pipe(cmd)
 }
 
 /// A worker that crashes 0.2 s after it starts, and a budget spent by its second crash: exit 75.

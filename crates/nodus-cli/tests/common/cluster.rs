@@ -1,5 +1,6 @@
 //! A started cluster primary (`nodus run`, `nodus serve --workers`) and its event log.
 
+use std::io::PipeReader;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -10,6 +11,18 @@ use serde_json::Value;
 /// `cmd` in its own process group, its stdout and stderr lines captured.
 pub fn spawn(cmd: &mut Command) -> Proc {
     Proc::spawn_group(cmd.stdout(Stdio::piped()).stderr(Stdio::piped()))
+}
+
+/// `cmd` in its own process group, its stdout and stderr both into one new pipe (as `2>&1 |`
+/// does, so the order of its lines across the two is kept): the process and the pipe's read end.
+pub fn spawn_into_pipe(mut cmd: Command) -> (Proc, PipeReader) {
+    let (reader, writer) = std::io::pipe().unwrap();
+    cmd.stdin(Stdio::null())
+        .stdout(writer.try_clone().unwrap())
+        .stderr(writer);
+    let proc = Proc::spawn_group(&mut cmd);
+    drop(cmd); // our copies of the write end
+    (proc, reader)
 }
 
 /// The events written so far to the log at `path` (`--events`), one JSON object each.

@@ -24,8 +24,8 @@ mod worker;
 
 pub use primary::{Config, Event, EventKind, Policy, Primary, Readiness, WorkerCommand};
 pub use supervision::{
-    Backoff, Decision, ExitReason, GIVE_UP_EXIT_CODE, RestartBudget, RestartPolicy, RestartType,
-    SlotHistory,
+    Backoff, Decision, ExitReason, FORCED_STOP_EXIT_CODE, GIVE_UP_EXIT_CODE, RestartBudget,
+    RestartPolicy, RestartType, SlotHistory,
 };
 pub use worker::{Listener, Stream, Worker};
 

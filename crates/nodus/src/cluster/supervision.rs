@@ -22,6 +22,11 @@ use std::time::{Duration, Instant};
 /// "try again later"; a systemd unit can match it with `RestartForceExitStatus=75`).
 pub const GIVE_UP_EXIT_CODE: i32 = 75;
 
+/// The exit code of a primary whose shutdown had to SIGKILL workers still running at the kill
+/// timeout, so requests may have been lost (`timeout(1)`'s "timed out" code). A stop forced by a
+/// second SIGTERM/SIGINT exits with 128 + that signal's number instead, as a shell reports it.
+pub const FORCED_STOP_EXIT_CODE: i32 = 124;
+
 /// How a worker process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExitReason {

@@ -25,7 +25,7 @@
 //! A thread perturbs nothing: it reads the slot and the loop thread's scheduler state from outside.
 //!
 //! How a stall is classified (on-CPU, blocked in a syscall, waiting for a CPU) from the loop
-//! thread's `schedstat` and `stat` is explained in `proc`.
+//! thread's CPU clock, `schedstat` and `status` is explained in `proc`.
 //!
 //! Invariants:
 //! - `begin`, `end`, `enter_idle` and `leave_idle` run on the loop thread and never allocate, lock
@@ -103,9 +103,13 @@ pub struct StallReport {
 pub enum StallClass {
     /// Running: CPU-bound code in the poll.
     OnCpu,
-    /// Sleeping in the kernel (state S or D), or off-CPU most of the window without waiting for one.
+    /// Sleeping in the kernel (state S or D), or woken from a sleep during the window after
+    /// spending most of it off a CPU without waiting for one. Never a thread that stayed runnable
+    /// (state R, no sleep) through the window.
     BlockedInSyscall,
-    /// Runnable but kept off the CPU by other threads for at least 30 % of the window.
+    /// Runnable but kept off the CPU by other threads for at least 30 % of the window (for a
+    /// thread runnable throughout the window, all the time it was not on a CPU, including a
+    /// run-queue wait still in progress).
     WaitingForCpu,
     /// `/proc` could not be read, or the window was too short to tell on-CPU from waiting.
     Unknown,

@@ -1,19 +1,33 @@
-//! Reading the loop thread's scheduler state from `/proc/self/task/<tid>/{stat,schedstat}`, and
-//! classifying a stall from it.
+//! Reading the loop thread's scheduler state from `/proc/self/task/<tid>/{schedstat,status}` and
+//! its CPU clock, and classifying a stall from it.
 //!
-//! Why `schedstat`: `/proc/self/task/<tid>/schedstat` gives the thread's cumulative on-CPU time and
-//! run-queue wait (`run_delay`) in nanoseconds, straight from the scheduler, without perf or eBPF
-//! privileges. The deltas over the stall window tell a CPU-bound poll from one starved of a CPU
-//! by other threads; the `stat` state (R vs S/D) tells a poll blocked in a syscall. `utime`/`stime`
-//! in `stat` have a 10 ms resolution and no run-queue wait, so they cannot. The window starts when
-//! the watchdog first sees the poll (at most a tick after it started). The shares are exact to about
-//! one scheduling slice at each end of the window: the kernel adds a slice or a run-queue wait to
-//! the counters only when it ends.
+//! What is read: the thread's on-CPU time from its CPU clock (`clock_gettime` on the thread's
+//! clock id: exact, the current slice included, where `schedstat`'s first field lags by up to a
+//! scheduler tick); its run-queue wait (`run_delay`) from `schedstat`; its state (R, S, D, ...) and
+//! `voluntary_ctxt_switches` (how many times it went to sleep) from `status`. All in nanoseconds or
+//! counts straight from the scheduler, without perf or eBPF privileges. `stat`'s `utime`/`stime`
+//! have a 10 ms resolution and no run-queue wait, so they cannot tell these apart.
+//!
+//! How a stall is classified: the state says what the thread does now, the window's deltas (from
+//! when the watchdog first saw the poll, at most a tick after it started) say how it spent it.
+//! - S or D: blocked in a syscall.
+//! - Runnable (R) at both ends of the window without going to sleep in between ("runnable
+//!   throughout"): never blocked. All of the window it was not on a CPU it was waiting for one,
+//!   whether or not `run_delay` shows it yet (a wait is added when it *ends*, so one still in
+//!   progress, which on a saturated machine can be most of the window, is not in it): the waiting
+//!   share is at least `1 - on-CPU share`. Waiting for a CPU at least [`WAITING_FOR_CPU_SHARE`] of
+//!   the window, else on a CPU.
+//! - Otherwise (it slept during the window and woke, or the state is unknown): waiting for a CPU
+//!   at least 30 % of the window, else blocked when on a CPU under 20 % of it (it spent the window
+//!   asleep), else on a CPU.
+//!
+//! A wait that began before the window is added whole when it ends and can push the shares past
+//! the window: they are scaled back to fractions of it.
 //!
 //! Invariants:
-//! - Only the watchdog thread reads these files; the loop thread is never touched.
+//! - Only the watchdog thread reads these files and the clock; the loop thread is never touched.
 //! - A reading is one `pread` at offset 0 per file on descriptors opened once per loop (a
-//!   seq_file regenerates on it), so sampling allocates nothing.
+//!   seq_file regenerates on it) and one `clock_gettime`, so sampling allocates nothing.
 //! - Anything unreadable yields `None` fields and the `Unknown` class, never an error.
 
 use std::os::fd::OwnedFd;
@@ -27,7 +41,7 @@ const MIN_WINDOW_NS: u64 = 1_000_000;
 pub(super) const WAITING_FOR_CPU_SHARE: f64 = 0.3;
 const BLOCKED_MAX_CPU_SHARE: f64 = 0.2;
 
-/// Cumulative scheduler counters of one thread (`schedstat`).
+/// Cumulative scheduler counters of one thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct SchedStat {
     cpu_ns: u64,
@@ -37,18 +51,21 @@ struct SchedStat {
 /// One reading of a thread's scheduler state.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Sample {
-    /// `now_ns()` right after the reads.
+    /// `now_ns()` right after the counters were read.
     pub(super) wall_ns: u64,
-    /// `stat` field 3 (R, S, D, ...), if read.
+    /// `status`'s `State:` (R, S, D, ...), if read.
     state: Option<u8>,
+    /// `status`'s `voluntary_ctxt_switches`, if read.
+    sleeps: Option<u64>,
     sched: Option<SchedStat>,
 }
 
-/// The loop thread's `stat` and `schedstat`, kept open and re-read with `pread` at offset 0 (which
-/// regenerates a seq_file), so a reading is one syscall per file.
+/// The loop thread's `schedstat` and `status`, kept open and re-read with `pread` at offset 0
+/// (which regenerates a seq_file), and its CPU clock.
 pub(super) struct ThreadProc {
-    stat: Option<OwnedFd>,
     schedstat: Option<OwnedFd>,
+    status: Option<OwnedFd>,
+    clock: libc::clockid_t,
 }
 
 impl ThreadProc {
@@ -63,9 +80,26 @@ impl ThreadProc {
             .ok()
         };
         ThreadProc {
-            stat: open("stat"),
             schedstat: open("schedstat"),
+            status: open("status"),
+            // The thread's CPU clock id, as glibc's `pthread_getcpuclockid` makes it:
+            // `MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)`, `CPUCLOCK_PERTHREAD_MASK | SCHED` = 6.
+            clock: (!tid << 3) | 6,
         }
+    }
+
+    /// Nanoseconds the thread has run, from its CPU clock (a thread of this process only).
+    fn read_cpu_ns(&self) -> Option<u64> {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable timespec; an unknown clock id (the thread is gone) is
+        // an EINVAL return, not undefined behaviour.
+        if unsafe { libc::clock_gettime(self.clock, &mut ts) } != 0 {
+            return None;
+        }
+        Some(u64::try_from(ts.tv_sec).ok()? * 1_000_000_000 + u64::try_from(ts.tv_nsec).ok()?)
     }
 
     fn read_schedstat(&self) -> Option<SchedStat> {
@@ -73,37 +107,53 @@ impl ThreadProc {
         parse_schedstat(read_at_zero(self.schedstat.as_ref()?, &mut buf)?)
     }
 
-    fn read_state(&self) -> Option<u8> {
-        let mut buf = [0u8; 1024];
-        parse_stat_state(read_at_zero(self.stat.as_ref()?, &mut buf)?)
+    /// (state, voluntary context switches) from `status`.
+    fn read_status(&self) -> (Option<u8>, Option<u64>) {
+        // About 1.5 KiB; more with very long CPU and memory-node masks. Fields cut off by the
+        // buffer (the switches come last) read as `None`.
+        let mut buf = [0u8; 8192];
+        self.status
+            .as_ref()
+            .and_then(|fd| read_at_zero(fd, &mut buf))
+            .map_or((None, None), parse_status)
     }
 
-    pub(super) fn sample(&self, with_state: bool) -> Sample {
-        let sched = self.read_schedstat();
+    pub(super) fn sample(&self) -> Sample {
+        let sched = self.read_schedstat().map(|s| SchedStat {
+            cpu_ns: self.read_cpu_ns().unwrap_or(s.cpu_ns),
+            ..s
+        });
         let wall_ns = now_ns();
-        let state = if with_state { self.read_state() } else { None };
+        let (state, sleeps) = self.read_status();
         Sample {
             wall_ns,
             state,
+            sleeps,
             sched,
         }
     }
 }
 
 fn read_at_zero<'b>(fd: &OwnedFd, buf: &'b mut [u8]) -> Option<&'b [u8]> {
-    // One pread: both files are far shorter than the buffer, and a seq_file fills what it can.
+    // One pread: a seq_file fills what it can, and both files fit the buffers.
     let n = rustix::io::pread(fd, &mut *buf, 0).ok()?;
     Some(&buf[..n])
 }
 
-/// Field 3 of `stat`. The command name (field 2) is in parentheses and may itself contain spaces
-/// and parentheses, so the state is the first word after the *last* `)`.
-fn parse_stat_state(text: &[u8]) -> Option<u8> {
-    let close = text.iter().rposition(|&b| b == b')')?;
-    text[close + 1..]
-        .iter()
-        .copied()
-        .find(|b| !b.is_ascii_whitespace())
+/// `State:` and `voluntary_ctxt_switches:` of `status`. Fields are matched at the start of a
+/// line: the command name (`Name:`, the first line) has its newlines escaped.
+fn parse_status(text: &[u8]) -> (Option<u8>, Option<u64>) {
+    let (mut state, mut sleeps) = (None, None);
+    for line in text.split(|&b| b == b'\n') {
+        if let Some(value) = line.strip_prefix(b"State:") {
+            state = value.iter().copied().find(|b| !b.is_ascii_whitespace());
+        } else if let Some(value) = line.strip_prefix(b"voluntary_ctxt_switches:") {
+            sleeps = std::str::from_utf8(value)
+                .ok()
+                .and_then(|v| v.trim().parse().ok());
+        }
+    }
+    (state, sleeps)
 }
 
 /// `schedstat`: `<on-cpu ns> <run-queue wait ns> <timeslices>`.
@@ -117,7 +167,8 @@ fn parse_schedstat(text: &[u8]) -> Option<SchedStat> {
     })
 }
 
-/// Shares of [baseline, now] and the class. Shares are 0 when they cannot be computed.
+/// Shares of [baseline, now] and the class (see the module doc). Shares are 0 when they cannot
+/// be computed.
 pub(super) fn classify(baseline: Option<&Sample>, now: &Sample) -> (StallClass, f64, f64) {
     let shares = match (
         baseline.and_then(|b| b.sched.map(|s| (b.wall_ns, s))),
@@ -127,13 +178,24 @@ pub(super) fn classify(baseline: Option<&Sample>, now: &Sample) -> (StallClass, 
             let window = (now.wall_ns - base_wall) as f64;
             let on_cpu = cur.cpu_ns.saturating_sub(base.cpu_ns) as f64;
             let waiting = cur.run_delay_ns.saturating_sub(base.run_delay_ns) as f64;
-            // A run-queue wait is added when it ends, whole, so one that began before the window
-            // can push the sum past the window: scale back so the shares stay fractions of it.
             let scale = window.max(on_cpu + waiting);
             Some((on_cpu / scale, waiting / scale))
         }
         _ => None,
     };
+    let runnable_throughout = baseline.is_some_and(|b| {
+        b.state == Some(b'R')
+            && now.state == Some(b'R')
+            && b.sleeps.is_some()
+            && b.sleeps == now.sleeps
+    });
+    let shares = shares.map(|(on_cpu, waiting)| {
+        if runnable_throughout {
+            (on_cpu, waiting.max(1.0 - on_cpu))
+        } else {
+            (on_cpu, waiting)
+        }
+    });
     let class = match (now.state, shares) {
         (Some(b'S' | b'D'), _) => StallClass::BlockedInSyscall,
         (_, Some((_, waiting))) if waiting >= WAITING_FOR_CPU_SHARE => StallClass::WaitingForCpu,
@@ -154,13 +216,14 @@ mod tests {
     #[test]
     fn parses_proc_files() {
         let _serial = serial();
+        let status = b"Name:\tState: S\nUmask:\t0022\nState:\tR (running)\nTgid:\t9\n\
+                       voluntary_ctxt_switches:\t150\nnonvoluntary_ctxt_switches:\t545\n";
         assert_eq!(
-            parse_stat_state(b"1234 (a) b (c) S 1 2 3 4"),
-            Some(b'S'),
-            "comm with spaces and parentheses"
+            parse_status(status),
+            (Some(b'R'), Some(150)),
+            "fields at the start of a line only"
         );
-        assert_eq!(parse_stat_state(b"1 (x)) R 0"), Some(b'R'));
-        assert_eq!(parse_stat_state(b"no parenthesis"), None);
+        assert_eq!(parse_status(b"Name:\tx\nState:\tS (sl"), (Some(b'S'), None));
         assert_eq!(
             parse_schedstat(b"31048037 7213013 87\n"),
             Some(SchedStat {
@@ -171,56 +234,93 @@ mod tests {
         assert_eq!(parse_schedstat(b"12\n"), None);
 
         let proc = ThreadProc::open(rustix::thread::gettid().as_raw_pid());
-        let first = proc.sample(true);
+        let first = proc.sample();
         assert_eq!(first.state, Some(b'R'), "the reading thread is running");
+        assert!(first.sleeps.is_some(), "{first:?}");
         let a = first.sched.expect("schedstat readable");
         spin_until(now_ns() + 20 * MS);
         let b = proc.read_schedstat().expect("re-read at offset 0");
         assert!(
-            b.cpu_ns > a.cpu_ns,
+            b.run_delay_ns >= a.run_delay_ns && b.cpu_ns > a.cpu_ns,
             "{a:?} then {b:?}: pread at 0 must re-read"
+        );
+        let (before, after) = (proc.read_cpu_ns().unwrap(), proc.read_cpu_ns().unwrap());
+        assert!(
+            after > before && before > a.cpu_ns,
+            "the CPU clock counts the slice in progress"
         );
     }
 
-    #[test]
-    fn classifies_from_samples() {
-        let sample = |wall_ns, state, cpu_ns, run_delay_ns| Sample {
+    fn sample(wall_ns: u64, state: u8, sleeps: u64, cpu_ns: u64, run_delay_ns: u64) -> Sample {
+        Sample {
             wall_ns,
-            state,
+            state: Some(state),
+            sleeps: Some(sleeps),
             sched: Some(SchedStat {
                 cpu_ns,
                 run_delay_ns,
             }),
-        };
-        let base = sample(0, Some(b'R'), 0, 0);
-        let (class, on, wait) =
-            classify(Some(&base), &sample(100 * MS, Some(b'R'), 95 * MS, 2 * MS));
+        }
+    }
+
+    #[test]
+    fn classifies_from_samples() {
+        let base = sample(0, b'R', 10, 0, 0);
+        let (class, on, wait) = classify(Some(&base), &sample(100 * MS, b'R', 10, 95 * MS, 2 * MS));
         assert_eq!(class, StallClass::OnCpu);
-        assert!((on - 0.95).abs() < 1e-9 && (wait - 0.02).abs() < 1e-9);
-        let (class, ..) = classify(Some(&base), &sample(100 * MS, Some(b'R'), 50 * MS, 50 * MS));
+        assert!(
+            (on - 0.95).abs() < 1e-9 && (wait - 0.05).abs() < 1e-9,
+            "runnable throughout: off a CPU is waiting ({on}, {wait})"
+        );
+        let (class, ..) = classify(Some(&base), &sample(100 * MS, b'R', 10, 50 * MS, 50 * MS));
         assert_eq!(class, StallClass::WaitingForCpu);
-        let (class, ..) = classify(Some(&base), &sample(100 * MS, Some(b'D'), 90 * MS, 0));
+        let (class, ..) = classify(Some(&base), &sample(100 * MS, b'D', 11, 90 * MS, 0));
         assert_eq!(class, StallClass::BlockedInSyscall);
-        let (class, ..) = classify(Some(&base), &sample(100 * MS, Some(b'R'), 5 * MS, MS));
+        let (class, on, wait) = classify(Some(&base), &sample(100 * MS, b'R', 11, 5 * MS, MS));
+        assert_eq!(
+            (class, on, wait),
+            (StallClass::BlockedInSyscall, 0.05, 0.01),
+            "went to sleep in the window, just woke"
+        );
+        let asleep = sample(0, b'S', 10, 0, 0);
+        let (class, ..) = classify(Some(&asleep), &sample(100 * MS, b'R', 10, 5 * MS, MS));
         assert_eq!(
             class,
             StallClass::BlockedInSyscall,
-            "just woke from a long sleep"
+            "asleep when the window began, just woke"
         );
         let (class, on, wait) =
-            classify(Some(&base), &sample(100 * MS, Some(b'R'), 44 * MS, 63 * MS));
+            classify(Some(&base), &sample(100 * MS, b'R', 10, 44 * MS, 63 * MS));
         assert_eq!(class, StallClass::WaitingForCpu);
         assert!(
             (on + wait - 1.0).abs() < 1e-9,
             "scaled to the window: {on} + {wait}"
         );
-        let (class, ..) = classify(Some(&base), &sample(MS / 2, Some(b'R'), 0, 0));
+        let (class, ..) = classify(Some(&base), &sample(MS / 2, b'R', 10, 0, 0));
         assert_eq!(class, StallClass::Unknown, "window too short");
         let unreadable = Sample {
             wall_ns: 100 * MS,
             state: None,
+            sleeps: None,
             sched: None,
         };
         assert_eq!(classify(Some(&base), &unreadable).0, StallClass::Unknown);
+    }
+
+    /// A spinning poll on a saturated machine: 8 ms on a CPU out of a 50 ms window, its
+    /// run-queue wait still in progress (so not in `run_delay` yet), never asleep. It is waiting
+    /// for a CPU, not blocked in a syscall (as the classifier once said, from the shares alone).
+    #[test]
+    fn a_thread_runnable_throughout_the_window_is_never_blocked() {
+        let base = sample(0, b'R', 10, 0, 0);
+        let (class, on, wait) = classify(Some(&base), &sample(50 * MS, b'R', 10, 8 * MS, 2 * MS));
+        assert_eq!(class, StallClass::WaitingForCpu, "{on} {wait}");
+        assert!(
+            (on - 0.16).abs() < 1e-9 && (wait - 0.84).abs() < 1e-9,
+            "{on} {wait}"
+        );
+        // Nearly nothing counted yet: still waiting, never blocked.
+        let (class, ..) = classify(Some(&base), &sample(50 * MS, b'R', 10, 0, 0));
+        assert_eq!(class, StallClass::WaitingForCpu);
     }
 }

@@ -55,7 +55,8 @@ struct Watched {
 
 struct Observed {
     view: PollView,
-    /// `schedstat` when the watchdog first saw this poll: the start of the share window.
+    /// The loop thread's scheduler state when the watchdog first saw this poll: the start of the
+    /// share window.
     baseline: Sample,
     stall: Option<Stall>,
 }
@@ -195,7 +196,7 @@ fn scan(watched: &mut Vec<Watched>, limiter: &mut RateLimit) -> Scan {
         }
         let poll = w.poll.get_or_insert_with(|| Observed {
             view,
-            baseline: w.proc.sample(false),
+            baseline: w.proc.sample(),
             stall: None,
         });
         let due = observe(w.loop_id, w.threshold_ns, &w.proc, poll, limiter);
@@ -219,7 +220,7 @@ fn observe(
     if now_ns() < due(1) {
         return due(1);
     }
-    let sample = proc.sample(true);
+    let sample = proc.sample();
     let (class, on_cpu, waiting) = classify(Some(&poll.baseline), &sample);
     let elapsed = sample.wall_ns.saturating_sub(start) as f64 / 1e9;
     let stall = poll.stall.get_or_insert_with(|| {

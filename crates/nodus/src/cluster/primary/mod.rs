@@ -4,7 +4,8 @@
 //! - [`Config`] says what to run and how; [`Primary::start`] forks the workers;
 //!   [`Primary::run`] serves until SIGTERM/SIGINT (drain, exit code 0), handles SIGHUP as a
 //!   rolling reload, and returns the process exit code ([`GIVE_UP_EXIT_CODE`] when the restart
-//!   budget ran out).
+//!   budget ran out, [`FORCED_STOP_EXIT_CODE`] or 128 + a second signal's number when the stop
+//!   had to kill workers).
 //! - Files: `proc` (one worker process and its channel), `server` (listeners per server key and
 //!   the accept/handoff loop), `balance` (rr / least choice), `supervise` (exits, restarts,
 //!   reload, shutdown), `stats` (the cluster's `/_nodus/stats` and `/_nodus/metrics`),
@@ -197,8 +198,11 @@ pub(crate) struct State {
     left_after_crash: Cell<bool>,
     /// Set when the run is over: the process exit code.
     exit_code: Cell<Option<i32>>,
-    /// The exit code once every worker is gone (0, or the give-up code).
+    /// The exit code once every worker is gone (0, the give-up code, a forced stop's code).
     final_code: Cell<i32>,
+    /// Exits whose log line waits for the worker's output to end (`supervise::on_exit`); the run
+    /// ends only after them.
+    exits_settling: Cell<usize>,
     announced_ready: Cell<bool>,
     done: RefCell<Option<std::task::Waker>>,
     events: events::Events,
@@ -265,6 +269,7 @@ impl Primary {
             left_after_crash: Cell::new(false),
             exit_code: Cell::new(None),
             final_code: Cell::new(0),
+            exits_settling: Cell::new(0),
             announced_ready: Cell::new(false),
             done: RefCell::new(None),
             events,
@@ -296,8 +301,11 @@ impl Primary {
 
     /// Serves until a shutdown: SIGTERM or SIGINT drain every worker and return 0; SIGHUP starts
     /// a rolling reload; a spent restart budget stops everything and returns
-    /// [`GIVE_UP_EXIT_CODE`](crate::cluster::GIVE_UP_EXIT_CODE). Tells systemd `READY=1` once every worker is ready (and after each
-    /// reload), `RELOADING=1`, `STOPPING=1`.
+    /// [`GIVE_UP_EXIT_CODE`](crate::cluster::GIVE_UP_EXIT_CODE). A stop that had to kill
+    /// workers returns [`FORCED_STOP_EXIT_CODE`](crate::cluster::FORCED_STOP_EXIT_CODE) (the
+    /// kill timeout expired) or 128 + N (a second signal N: 143 for SIGTERM, 130 for SIGINT).
+    /// Tells systemd `READY=1` once every worker is ready (and after each reload),
+    /// `RELOADING=1`, `STOPPING=1`.
     pub async fn run(&self) -> i32 {
         supervise::run(&self.st).await
     }
@@ -307,9 +315,15 @@ impl Primary {
         supervise::start_reload(&self.st);
     }
 
-    /// Starts a graceful shutdown (what SIGTERM does); [`run`](Self::run) then returns 0.
+    /// Starts a graceful shutdown (what SIGTERM does); [`run`](Self::run) then returns 0. A
+    /// second call during it kills what is left, and `run` returns
+    /// [`FORCED_STOP_EXIT_CODE`](crate::cluster::FORCED_STOP_EXIT_CODE).
     pub fn shutdown(&self) {
-        supervise::start_shutdown(&self.st, "shutdown requested");
+        supervise::request_shutdown(
+            &self.st,
+            "shutdown requested",
+            super::supervision::FORCED_STOP_EXIT_CODE,
+        );
     }
 
     /// Calls `f` for every lifecycle event (fork, online, listening, ready, exit, ...).

@@ -11,6 +11,8 @@
 //! - `board` is set at most once, before the answer to the worker's first `queryServer` that
 //!   asked for one; `refusals_seen` counts the `refused` messages handled (a board release waits
 //!   until it matches the board's count).
+//! - `output` holds the tasks copying the worker's captured stdout and stderr until
+//!   [`Proc::output_ended`] takes them (once, after the exit).
 
 use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::HashMap;
@@ -23,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use super::server::{self, Pending};
 use super::{EventKind, Readiness, State, stats, supervise};
+use crate::JoinHandle;
 use crate::cluster::board::Board;
 use crate::cluster::protocol::{Ack, Incoming, NODE_CLUSTER, Nodus};
 use crate::cluster::reply::ReplySlot;
@@ -33,6 +36,10 @@ use crate::process::{Child, Command, ExitStatus, Stdio};
 use crate::signal::SIGKILL;
 use rustix::process::Pid;
 use serde_json::value::RawValue;
+
+/// How long a worker's exit line waits for its output pipes to reach end of file once it exited:
+/// a grandchild that inherited them can keep them open for good (its output is still copied).
+const OUTPUT_EOF_WAIT: Duration = Duration::from_millis(200);
 
 /// Where a worker is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -76,6 +83,8 @@ pub(super) struct Proc {
     pub exit_status: Cell<Option<ExitStatus>>,
     /// Filled when the reader of its channel has handled the last message (the channel ended).
     pub channel_done: ReplySlot<()>,
+    /// The tasks copying its stdout and stderr (when prefixed).
+    output: RefCell<Vec<JoinHandle<io::Result<()>>>>,
 }
 
 impl Proc {
@@ -111,13 +120,14 @@ impl Proc {
             cmd.stdout(Stdio::Pipe).stderr(Stdio::Pipe);
         }
         let mut child = cmd.spawn()?;
+        let mut output = Vec::new();
         if st.config.prefix_output {
             let prefix = format!("[worker {slot} {}] ", child.id());
             if let Some(out) = child.stdout.take() {
-                prefix_lines(out, prefix.clone(), Sink::Stdout).detach();
+                output.push(prefix_lines(out, prefix.clone(), Sink::Stdout));
             }
             if let Some(err) = child.stderr.take() {
-                prefix_lines(err, prefix, Sink::Stderr).detach();
+                output.push(prefix_lines(err, prefix, Sink::Stderr));
             }
         }
         let channel = child.channel.take();
@@ -144,6 +154,7 @@ impl Proc {
             snapshot_waiters: RefCell::default(),
             exit_status: Cell::new(None),
             channel_done: ReplySlot::new(),
+            output: RefCell::new(output),
         });
         st.procs.borrow_mut().insert(unique, proc.clone());
         st.emit(
@@ -229,6 +240,18 @@ impl Proc {
             .detach();
         }
         Ok(proc)
+    }
+
+    /// Waits until its captured stdout and stderr reached end of file and their last lines were
+    /// written out, at most [`OUTPUT_EOF_WAIT`] (the copying goes on after that).
+    pub async fn output_ended(&self) {
+        let tasks = std::mem::take(&mut *self.output.borrow_mut());
+        let ended = async {
+            for task in tasks {
+                let _ = task.await;
+            }
+        };
+        let _ = crate::time::timeout(OUTPUT_EOF_WAIT, ended).await;
     }
 
     pub fn is_ready(&self) -> bool {

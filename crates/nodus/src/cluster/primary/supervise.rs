@@ -8,7 +8,15 @@
 //!   worker is asked to drain; the old one then drains on its own schedule while the next slot
 //!   starts.
 //! - Once shutdown (or give-up) begins, nothing is started again; `run` returns when the last
-//!   worker has exited.
+//!   worker has exited and every exit has settled (below).
+//! - An exit's consequences (the replacement, a backoff) happen at once; its log line waits for
+//!   the worker's output to end ([`Proc::output_ended`]), so it follows the worker's last lines,
+//!   and so do the lines about what the exit led to (not restarted, giving up). Until then the
+//!   exit is "settling" (`State::exits_settling`).
+//! - The exit code is 0 after a graceful stop. A stop that had to kill workers (a second
+//!   SIGTERM/SIGINT, or the kill timeout during the shutdown) sets its code unless one is set
+//!   already: 128 + the second signal's number, or [`FORCED_STOP_EXIT_CODE`]; the give-up code and
+//!   1 (a worker left after a crash) are kept.
 
 use std::future::poll_fn;
 use std::rc::Rc;
@@ -19,7 +27,9 @@ use super::proc::{Proc, ProcState};
 use super::{EventKind, Phase, State};
 use super::{server, stats};
 use crate::cluster::protocol::{Disconnect, NODE_CLUSTER, Nodus};
-use crate::cluster::supervision::{Decision, ExitReason, GIVE_UP_EXIT_CODE, RestartBudget};
+use crate::cluster::supervision::{
+    Decision, ExitReason, FORCED_STOP_EXIT_CODE, GIVE_UP_EXIT_CODE, RestartBudget,
+};
 use crate::process::ExitStatus;
 use crate::signal::{SIGHUP, SIGINT, SIGKILL, SIGTERM, Signals};
 
@@ -79,7 +89,10 @@ pub(super) async fn run(st: &Rc<State>) -> i32 {
         match next {
             Err(code) => return code,
             Ok(SIGHUP) => start_reload(st),
-            Ok(sig) => start_shutdown(st, if sig == SIGINT { "SIGINT" } else { "SIGTERM" }),
+            Ok(sig) => {
+                let name = if sig == SIGINT { "SIGINT" } else { "SIGTERM" };
+                request_shutdown(st, name, 128 + sig);
+            }
         }
     }
 }
@@ -143,25 +156,36 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
     let is_current = st
         .current(proc.slot)
         .is_some_and(|c| c.unique == proc.unique);
-    if st.phase.get() == Phase::Stopping {
-        check_all_gone(st);
-        return;
-    }
-    if !is_current {
-        return;
-    }
-    st.slots.borrow_mut()[proc.slot as usize - 1].current = None;
-    if reason.is_crash() {
-        tracing::warn!(target: "nodus::cluster", "{text}");
-    } else {
-        tracing::info!(target: "nodus::cluster", "{text}");
-    }
-    let uptime = proc.started.elapsed();
-    decide_and_restart(st, proc.slot, Some(proc.pid), uptime, reason, false);
+    // The exit of a slot's current worker while running is logged and restarts the slot (at
+    // once); the rest of the decision and the log line wait for the worker's output to end.
+    let decision = (is_current && st.phase.get() == Phase::Running).then(|| {
+        st.slots.borrow_mut()[proc.slot as usize - 1].current = None;
+        let uptime = proc.started.elapsed();
+        decide_and_restart(st, proc.slot, Some(proc.pid), uptime, reason, false)
+    });
+    st.exits_settling.set(st.exits_settling.get() + 1);
+    let (s, p) = (st.clone(), proc.clone());
+    crate::task::spawn_named("cluster:exit-settle", async move {
+        p.output_ended().await;
+        s.exits_settling.set(s.exits_settling.get() - 1);
+        if let Some(decision) = decision {
+            if reason.is_crash() {
+                tracing::warn!(target: "nodus::cluster", "{text}");
+            } else {
+                tracing::info!(target: "nodus::cluster", "{text}");
+            }
+            settle(&s, p.slot, reason, decision);
+        }
+        if s.phase.get() == Phase::Stopping {
+            check_all_gone(&s);
+        }
+    })
+    .detach();
 }
 
 /// Applies the restart policy to slot `id`, whose worker (`pid`, when it ran) was up for
-/// `uptime`; `at_once` skips the backoff (a "going down" notice).
+/// `uptime`; `at_once` skips the backoff (a "going down" notice). A restart is started (or its
+/// backoff) now; the decision is returned for [`settle`] to carry out the rest.
 fn decide_and_restart(
     st: &Rc<State>,
     id: u32,
@@ -169,7 +193,7 @@ fn decide_and_restart(
     uptime: Duration,
     reason: ExitReason,
     at_once: bool,
-) {
+) -> Decision {
     let now = Instant::now();
     let decision = {
         let mut slots = st.slots.borrow_mut();
@@ -182,6 +206,39 @@ fn decide_and_restart(
             now,
         )
     };
+    if let Decision::Restart { after } = decision {
+        let after = if at_once { Duration::ZERO } else { after };
+        {
+            let mut slots = st.slots.borrow_mut();
+            let slot = &mut slots[id as usize - 1];
+            slot.restarts += 1;
+            slot.pending_restart = true;
+        }
+        st.restarts.set(st.restarts.get() + 1);
+        st.emit_for(
+            Some(id),
+            pid,
+            EventKind::Restart {
+                delay_ms: after.as_millis() as u64,
+            },
+        );
+        let s = st.clone();
+        if after.is_zero() {
+            restart_slot(&s, id);
+        } else {
+            crate::task::spawn_named("cluster:backoff", async move {
+                crate::time::sleep(after).await;
+                restart_slot(&s, id);
+            })
+            .detach();
+        }
+    }
+    decision
+}
+
+/// Carries out what [`decide_and_restart`] left: an empty slot (exiting if no worker is left to
+/// run) or giving up.
+fn settle(st: &Rc<State>, id: u32, reason: ExitReason, decision: Decision) {
     match decision {
         Decision::Leave => {
             if reason.is_crash() {
@@ -200,33 +257,7 @@ fn decide_and_restart(
                 st.config.max_restarts, st.config.restart_window
             ),
         ),
-        Decision::Restart { after } => {
-            let after = if at_once { Duration::ZERO } else { after };
-            {
-                let mut slots = st.slots.borrow_mut();
-                let slot = &mut slots[id as usize - 1];
-                slot.restarts += 1;
-                slot.pending_restart = true;
-            }
-            st.restarts.set(st.restarts.get() + 1);
-            st.emit_for(
-                Some(id),
-                pid,
-                EventKind::Restart {
-                    delay_ms: after.as_millis() as u64,
-                },
-            );
-            let s = st.clone();
-            if after.is_zero() {
-                restart_slot(&s, id);
-            } else {
-                crate::task::spawn_named("cluster:backoff", async move {
-                    crate::time::sleep(after).await;
-                    restart_slot(&s, id);
-                })
-                .detach();
-            }
-        }
+        Decision::Restart { .. } => {}
     }
 }
 
@@ -251,7 +282,9 @@ fn restart_slot(st: &Rc<State>, id: u32) {
                     error: e.to_string(),
                 },
             );
-            decide_and_restart(st, id, None, Duration::ZERO, ExitReason::NotStarted, false);
+            let reason = ExitReason::NotStarted;
+            let decision = decide_and_restart(st, id, None, Duration::ZERO, reason, false);
+            settle(st, id, reason, decision);
         }
     }
 }
@@ -298,15 +331,9 @@ pub(super) fn going_down(st: &Rc<State>, proc: &Rc<Proc>) {
     arm_kill_timer(st, proc, "after saying it was going down");
     server::leave_all(st, proc);
     st.slots.borrow_mut()[proc.slot as usize - 1].current = None;
-    let uptime = proc.started.elapsed();
-    decide_and_restart(
-        st,
-        proc.slot,
-        Some(proc.pid),
-        uptime,
-        ExitReason::Failed(1),
-        true,
-    );
+    let (uptime, reason) = (proc.started.elapsed(), ExitReason::Failed(1));
+    let decision = decide_and_restart(st, proc.slot, Some(proc.pid), uptime, reason, true);
+    settle(st, proc.slot, reason, decision);
 }
 
 /// Asks `proc` to stop: `disconnect` with the drain deadline (SIGTERM for a plain program), then
@@ -332,9 +359,10 @@ pub(super) fn drain(st: &Rc<State>, proc: &Rc<Proc>) {
     arm_kill_timer(st, proc, "after being asked to stop");
 }
 
-/// SIGKILLs `proc`'s process group if it still runs after the kill timeout.
+/// SIGKILLs `proc`'s process group if it still runs after the kill timeout; during the
+/// shutdown, that makes the stop a forced one.
 fn arm_kill_timer(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str) {
-    let (p, limit) = (proc.clone(), st.config.kill_timeout);
+    let (s, p, limit) = (st.clone(), proc.clone(), st.config.kill_timeout);
     crate::task::spawn_named("cluster:kill-timer", async move {
         if crate::time::timeout(limit, p.child.wait()).await.is_err() {
             tracing::warn!(
@@ -344,22 +372,54 @@ fn arm_kill_timer(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str) {
             );
             let _ = p.child.kill_group(SIGKILL);
             let _ = p.child.kill(SIGKILL);
+            if s.phase.get() == Phase::Stopping {
+                force(&s, FORCED_STOP_EXIT_CODE);
+            }
         }
     })
     .detach();
 }
 
-/// Starts a graceful shutdown (a second call kills what is left at once).
-pub(super) fn start_shutdown(st: &Rc<State>, why: &str) {
-    let procs: Vec<Rc<Proc>> = st.procs.borrow().values().cloned().collect();
-    if st.phase.replace(Phase::Stopping) == Phase::Stopping {
-        tracing::warn!(target: "nodus::cluster", "{why} again: killing the remaining workers");
-        for p in procs {
-            let _ = p.child.kill_group(SIGKILL);
-            let _ = p.child.kill(SIGKILL);
-        }
+/// The stop had to kill workers, so requests may have been lost: the exit code becomes `code`
+/// unless one is set already (see the module doc).
+fn force(st: &State, code: i32) {
+    if st.final_code.get() == 0 {
+        st.final_code.set(code);
+        tracing::warn!(
+            target: "nodus::cluster",
+            "the stop was forced: exiting with code {code} once every worker is gone"
+        );
+    }
+}
+
+/// A shutdown request (SIGTERM, SIGINT, [`Primary::shutdown`](super::Primary::shutdown)): the
+/// first starts a graceful shutdown; one during it kills what is left, and the exit code is then
+/// `forced_code`.
+pub(super) fn request_shutdown(st: &Rc<State>, why: &str, forced_code: i32) {
+    if st.phase.get() == Phase::Running {
+        start_shutdown(st, why);
         return;
     }
+    let procs: Vec<Rc<Proc>> = st.procs.borrow().values().cloned().collect();
+    tracing::warn!(
+        target: "nodus::cluster",
+        "{why} again: killing the {} remaining workers", procs.len()
+    );
+    if !procs.is_empty() {
+        force(st, forced_code);
+    }
+    for p in procs {
+        let _ = p.child.kill_group(SIGKILL);
+        let _ = p.child.kill(SIGKILL);
+    }
+}
+
+/// Starts a graceful shutdown (once).
+fn start_shutdown(st: &Rc<State>, why: &str) {
+    if st.phase.replace(Phase::Stopping) == Phase::Stopping {
+        return;
+    }
+    let procs: Vec<Rc<Proc>> = st.procs.borrow().values().cloned().collect();
     if !procs.is_empty() {
         tracing::info!(
             target: "nodus::cluster",
@@ -399,7 +459,7 @@ fn drain_all(st: &Rc<State>) {
 }
 
 fn check_all_gone(st: &Rc<State>) {
-    if st.procs.borrow().is_empty() {
+    if st.procs.borrow().is_empty() && st.exits_settling.get() == 0 {
         finish(st, st.final_code.get());
     }
 }
