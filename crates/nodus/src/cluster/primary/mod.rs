@@ -6,7 +6,8 @@
 //!   rolling reload, and returns the process exit code ([`GIVE_UP_EXIT_CODE`] when the restart
 //!   budget ran out).
 //! - Files: `proc` (one worker process and its channel), `server` (listeners per server key and
-//!   the accept/handoff loop), `balance` (rr / least choice), `supervise` (exits, restarts,
+//!   the accept/handoff loop), `parked` (accepted connections waiting for a worker, and their
+//!   bounds), `balance` (rr / least choice), `supervise` (exits, restarts,
 //!   reload, shutdown), `stats` (the cluster's `/_nodus/stats` and `/_nodus/metrics`),
 //!   `events` (lifecycle events and the JSON-lines event log).
 //!
@@ -17,12 +18,14 @@
 //!   exit of a slot's current process can restart the slot.
 //! - The primary keeps every listener it created for the whole run (unlike Node, which closes a
 //!   round-robin listener when its last worker leaves): a reload or a crash never refuses a
-//!   connection. A connection handed to a worker stays owned by the primary too until the worker
-//!   answers `accepted`, so one lost with its worker is handed to another.
+//!   connection. A connection handed to a worker stays owned by the primary too until the worker answers
+//!   `accepted`, so one lost with its worker is handed to another; one no worker takes waits a
+//!   bounded time (`ready_timeout`), then it is reset.
 //! - Workers get `PR_SET_PDEATHSIG(SIGKILL)`: none outlives a primary killed with SIGKILL.
 
 mod balance;
 mod events;
+mod parked;
 mod proc;
 mod server;
 mod stats;
@@ -122,7 +125,9 @@ pub struct Config {
     /// After a worker was asked to stop (disconnect, or SIGTERM for a plain program), the time it
     /// gets before SIGKILL.
     pub kill_timeout: Duration,
-    /// How long a reload waits for a new worker to be ready.
+    /// How long a reload waits for a new worker to be ready. Under round-robin and least, also
+    /// how long a connection the primary accepted waits for a worker to take it (none listens,
+    /// or every one is full) before it is reset.
     pub ready_timeout: Duration,
     pub readiness: Readiness,
     /// Capture each worker's stdout/stderr with a `[worker id pid]` prefix (else inherited).

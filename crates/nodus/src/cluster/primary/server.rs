@@ -9,10 +9,10 @@
 //! - Reuse-port sockets are bound per worker and not kept: a socket nobody accepts on would
 //!   swallow its share of connections.
 //! - Accepted connections wait for a worker ("parked": none listening yet, or all at their
-//!   in-flight cap) only up to one accept batch plus what dead, refusing or closing workers
-//!   left or gave back; while
-//!   any are parked and no worker has room, the primary does not accept and the kernel's backlog
-//!   holds newcomers.
+//!   in-flight cap) only up to one accept batch plus what dead, refusing or closing workers left
+//!   or gave back, and within the bounds of `parked` (a cap, and `ready_timeout` each, then a
+//!   reset); while any are parked and no worker has room, the primary does not accept and the
+//!   kernel's backlog holds newcomers.
 //! - Connections are accepted non-blocking (the flag lives in the file description the worker
 //!   shares), up to [`ACCEPT_BATCH`] per wake-up, and handed out per worker in one message:
 //!   `newconns` with up to 64 fds to a nodus worker, one `newconn` each to a Node worker (its
@@ -26,7 +26,7 @@
 //!   pending); others answer with `took` (nodus) or `accepted` (Node).
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::future::poll_fn;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -36,6 +36,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use super::balance::{self, Candidate};
+use super::parked::{self, Conn, MAX_PARKED, Parked};
 use super::proc::{Proc, ProcState};
 use super::{Policy, State};
 use crate::cluster::board::Board;
@@ -49,14 +50,6 @@ use crate::process::Command;
 
 /// Connections accepted per wake-up of the accept task before they are handed out.
 pub(super) const ACCEPT_BATCH: usize = 64;
-
-/// One accepted connection: the primary's reference to its fd (shared with the channel while a
-/// handoff is being written) and the client's address.
-#[derive(Clone)]
-pub(super) struct Conn {
-    fd: Rc<OwnedFd>,
-    peer: Option<SocketAddr>,
-}
 
 /// Connections handed to one worker in one message, kept until it answers.
 pub(super) struct Handoff {
@@ -136,9 +129,8 @@ pub(super) struct Server {
     /// Workers taking connections from this server, with the key each asked with.
     members: RefCell<Vec<Member>>,
     cursor: Cell<usize>,
-    parked: RefCell<VecDeque<Conn>>,
+    pub parked: Parked,
     accept_waker: RefCell<Option<Waker>>,
-    accepting: Cell<bool>,
 }
 
 impl Server {
@@ -171,20 +163,20 @@ impl Server {
             sock,
             members: RefCell::default(),
             cursor: Cell::new(0),
-            parked: RefCell::default(),
+            // A parked connection waits as long as a new worker may take to be ready: that
+            // covers a restart (its backoff, 10 s at most by default) and the start-up.
+            parked: Parked::new(MAX_PARKED, st.config.ready_timeout),
             accept_waker: RefCell::new(None),
-            accepting: Cell::new(false),
         });
         if matches!(server.sock, Sock::Accepting(_)) {
             let (s, srv) = (st.clone(), server.clone());
-            server.accepting.set(true);
             crate::task::spawn_named("cluster:accept", async move { accept_loop(&s, &srv).await })
                 .detach();
         }
         Ok(server)
     }
 
-    fn wake_accept(&self) {
+    pub fn wake_accept(&self) {
         if let Some(w) = self.accept_waker.borrow_mut().take() {
             w.wake();
         }
@@ -486,7 +478,7 @@ fn took(proc: &Proc, handoffs: Vec<Handoff>) {
     for h in handoffs {
         proc.handed.set(proc.handed.get() + h.conns.len() as u64);
         // Room for more: parked connections may be waiting for it.
-        if !h.server.parked.borrow().is_empty() {
+        if !h.server.parked.is_empty() {
             h.server.wake_accept();
         }
     }
@@ -539,12 +531,14 @@ pub(super) fn on_returned(
         return;
     };
     tracing::debug!(target: "nodus::cluster", "{} connections given back for {key}", fds.len());
+    let since = crate::time::loop_now_ns();
     let conns = fds
         .into_iter()
         .enumerate()
         .map(|(i, fd)| Conn {
             fd: Rc::new(fd),
             peer: peers.get(i).copied().flatten(),
+            since,
         })
         .collect();
     dispatch(st, &server, conns);
@@ -638,13 +632,26 @@ fn dispatch(st: &Rc<State>, server: &Rc<Server>, conns: Vec<Conn>) {
     for (member, conns) in targets {
         handoff(st, server, &member, conns);
     }
-    server.parked.borrow_mut().extend(parked);
+    park(server, parked);
+}
+
+/// Parks `conns` on `server`, within the bounds of [`Parked`].
+fn park(server: &Rc<Server>, conns: impl IntoIterator<Item = Conn>) {
+    let reset = server.parked.push(conns);
+    if reset > 0 {
+        tracing::warn!(
+            target: "nodus::cluster",
+            "{reset} connections to {} reset: no worker took them and the primary already holds \
+             {MAX_PARKED} waiting", server.addr
+        );
+    }
+    parked::arm_expiry(server);
 }
 
 fn handoff(st: &Rc<State>, server: &Rc<Server>, member: &Member, conns: Vec<Conn>) {
     let proc = &member.proc;
     let Some(channel) = &proc.channel else {
-        server.parked.borrow_mut().extend(conns);
+        park(server, conns);
         return;
     };
     let mut failed = None;
@@ -695,7 +702,7 @@ fn handoff(st: &Rc<State>, server: &Rc<Server>, member: &Member, conns: Vec<Conn
             }
             Err(e) => {
                 failed = Some(e);
-                server.parked.borrow_mut().extend(batch);
+                park(server, batch);
                 break;
             }
         }
@@ -703,7 +710,7 @@ fn handoff(st: &Rc<State>, server: &Rc<Server>, member: &Member, conns: Vec<Conn
     if let Some(e) = failed {
         tracing::debug!(target: "nodus::cluster", "worker {}: handoff failed: {e}", proc.slot);
         server.remove_member(proc);
-        server.parked.borrow_mut().extend(rest);
+        park(server, rest);
     }
 }
 
@@ -723,15 +730,14 @@ fn poll_work(
     io: &AsyncFd<std::net::TcpListener>,
     cx: &mut Context<'_>,
 ) -> Poll<io::Result<()>> {
-    let parked = server.parked.borrow().len();
-    let room = has_room(server);
-    if parked > 0 && room {
+    let parked = !server.parked.is_empty();
+    if parked && has_room(server) {
         return Poll::Ready(Ok(()));
     }
-    // Connections parked from outside this task (a refusal, a death, a give-back) and room for
-    // them wake it through `accept_waker`; new connections through the socket.
+    // Connections parked from outside this task (a refusal, a death, a give-back), room for
+    // them and an expiry wake it through `accept_waker`; new connections through the socket.
     *server.accept_waker.borrow_mut() = Some(cx.waker().clone());
-    if parked > 0 {
+    if parked {
         return Poll::Pending;
     }
     io.poll_read_ready(cx)
@@ -747,17 +753,15 @@ async fn accept_loop(st: &Rc<State>, server: &Rc<Server>) {
             back_off(server, e).await;
             continue;
         }
-        let mut conns: Vec<Conn> = {
-            let mut parked = server.parked.borrow_mut();
-            let n = parked.len().min(ACCEPT_BATCH);
-            parked.drain(..n).collect()
-        };
+        let mut conns = server.parked.take(ACCEPT_BATCH);
+        let since = crate::time::loop_now_ns();
         let mut failure = None;
-        while conns.len() < ACCEPT_BATCH && server.parked.borrow().is_empty() {
+        while conns.len() < ACCEPT_BATCH && server.parked.is_empty() {
             match rustix::net::acceptfrom_with(io.get_ref(), flags) {
                 Ok((fd, peer)) => conns.push(Conn {
                     fd: Rc::new(fd),
                     peer: peer.and_then(|p| SocketAddr::try_from(p).ok()),
+                    since,
                 }),
                 Err(rustix::io::Errno::AGAIN) => {
                     io.clear_read_ready();
@@ -780,5 +784,5 @@ async fn accept_loop(st: &Rc<State>, server: &Rc<Server>) {
 /// After a failed accept (EMFILE and friends): log and pause briefly instead of spinning.
 async fn back_off(server: &Server, e: io::Error) {
     tracing::error!(target: "nodus::cluster", "accept on {} failed: {e}", server.addr);
-    crate::time::sleep(std::time::Duration::from_millis(50)).await;
+    crate::time::sleep(Duration::from_millis(50)).await;
 }

@@ -1,0 +1,97 @@
+//! The primary's round-robin handoff at its edges, through the `nodus` command: connections no
+//! worker takes are closed after a bounded wait instead of hanging.
+//!
+//! Every process is started in its own process group and the whole group is killed by PID when
+//! the test ends. Node is needed: under `CI` a missing one fails the test,
+//! elsewhere it is skipped.
+
+mod common;
+
+use std::io::{self, Read};
+use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
+use std::time::Duration;
+
+use common::cluster::spawn;
+use common::{NODUS, have};
+use nodus_testkit::http::{Timeouts, connect, write_request};
+use nodus_testkit::net::free_addr;
+use nodus_testkit::tmp::TempDir;
+use rustix::process::Signal;
+
+/// Generous bounds: a hang becomes an error, nothing is timed.
+const TIMEOUTS: Timeouts = Timeouts {
+    connect: Duration::from_secs(5),
+    io: Duration::from_secs(20),
+};
+
+/// `n` connections, each with a complete `GET /` (`Connection: close`) written.
+fn open_requests(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
+    (0..n)
+        .map(|i| {
+            let mut s = connect(addr, TIMEOUTS).unwrap_or_else(|e| panic!("connect {i}: {e}"));
+            write_request(&mut s, "GET", "/", &["Connection: close"]).unwrap();
+            s
+        })
+        .collect()
+}
+
+/// A Node worker that closes its server once it listens: the primary keeps the listener, with no
+/// worker taking its connections.
+const NODE_APP_THAT_CLOSES: &str = r#"
+const http = require('http');
+const server = http.createServer((req, res) => res.end('served'));
+server.listen(+process.env.PORT, '127.0.0.1', () => {
+  // Once the worker's `listening` (sent after this callback) is out: it makes the worker ready.
+  setTimeout(() => server.close(() => console.log('server closed')), 100);
+});
+// Listening for it keeps the channel, and so the worker, up until the primary's disconnect.
+process.on('disconnect', () => process.exit(0));
+"#;
+
+#[test]
+fn connections_no_worker_takes_are_closed_after_the_ready_timeout() {
+    if !have("node") {
+        return;
+    }
+    let dir = TempDir::new("parked-deadline");
+    std::fs::write(dir.path().join("app.js"), NODE_APP_THAT_CLOSES).unwrap();
+    let addr = free_addr();
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args([
+                "run",
+                "--node",
+                "-w",
+                "1",
+                "--ready-timeout",
+                "1",
+                "--",
+                "node",
+            ])
+            .arg(dir.path().join("app.js"))
+            .env("PORT", addr.port().to_string())
+            .env("RUST_LOG", "info"),
+    );
+    primary.wait_line("1 workers ready");
+    primary.wait_line("server closed");
+    // More than one accept batch: those left in the backlog meanwhile get their turn too.
+    let clients = open_requests(addr, 100);
+    for (i, mut s) in clients.into_iter().enumerate() {
+        let mut got = Vec::new();
+        let end = s.read_to_end(&mut got);
+        assert!(
+            !matches!(&end, Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)),
+            "client {i} still waits after {:?}: {:#?}",
+            TIMEOUTS.io,
+            primary.output()
+        );
+        assert!(got.is_empty(), "client {i} got an answer: {got:?}");
+    }
+    assert!(
+        primary.exited_within(Duration::ZERO).is_none(),
+        "the primary still runs"
+    );
+    primary.signal(Signal::TERM);
+    assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
+}
