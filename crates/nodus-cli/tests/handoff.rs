@@ -1,20 +1,22 @@
 //! The primary's round-robin handoff at its edges, through the `nodus` command: connections no
-//! worker takes are closed after a bounded wait instead of hanging.
+//! worker takes are closed after a bounded wait instead of hanging, a shutdown stops accepting
+//! when its drain begins (not during `--shutdown-delay`).
 //!
 //! Every process is started in its own process group and the whole group is killed by PID when
-//! the test ends. Node is needed: under `CI` a missing one fails the test,
+//! the test ends. Node is needed for one of them: under `CI` a missing one fails the test,
 //! elsewhere it is skipped.
 
 mod common;
 
-use std::io::{self, Read};
+use std::io::{self, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::Duration;
 
-use common::cluster::spawn;
+use common::cluster::{count, spawn, wait_events};
+use common::http::get;
 use common::{NODUS, have};
-use nodus_testkit::http::{Timeouts, connect, write_request};
+use nodus_testkit::http::{Timeouts, connect, read_reply, write_request};
 use nodus_testkit::net::free_addr;
 use nodus_testkit::tmp::TempDir;
 use rustix::process::Signal;
@@ -93,5 +95,44 @@ fn connections_no_worker_takes_are_closed_after_the_ready_timeout() {
         "the primary still runs"
     );
     primary.signal(Signal::TERM);
+    assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
+}
+
+#[test]
+fn a_shutdown_stops_accepting_when_the_drain_begins() {
+    let dir = TempDir::new("drain-refuses");
+    std::fs::write(dir.path().join("a.txt"), "a\n").unwrap();
+    let log = dir.path().join("events.jsonl");
+    let addr = free_addr();
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .arg("serve")
+            .arg(dir.path())
+            .args(["--workers", "2", "--listen", &addr.to_string()])
+            .args(["--shutdown-delay", "3", "--drain-timeout", "20", "--events"])
+            .arg(&log)
+            .env("RUST_LOG", "info"),
+    );
+    primary.wait_line("2 workers ready");
+    primary.signal(Signal::TERM);
+    wait_events(&log, |e| count(e, "shutdown") == 1);
+    // The shutdown delay: readyz says 503, connections are still accepted and served.
+    assert_eq!(get(addr, "/a.txt").status, 200);
+    let mut held = connect(addr, TIMEOUTS).unwrap();
+    held.write_all(b"GET /a.txt HTTP/1.1\r\nHost: t\r\n")
+        .unwrap();
+
+    // The drain: the listener is closed, so the kernel refuses newcomers.
+    wait_events(&log, |e| count(e, "drain") == 2);
+    let late = TcpStream::connect_timeout(&addr, TIMEOUTS.connect);
+    assert_eq!(
+        late.as_ref().err().map(io::Error::kind),
+        Some(io::ErrorKind::ConnectionRefused),
+        "a connection after the drain began: {late:?}"
+    );
+    // A connection handed to a worker before the drain is served to the end.
+    held.write_all(b"\r\n").unwrap();
+    let reply = read_reply(&mut BufReader::new(&held), false).unwrap();
+    assert_eq!((reply.status, reply.body.as_slice()), (200, &b"a\n"[..]));
     assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
 }

@@ -16,9 +16,10 @@
 //! - A slot (worker id 1..=N, `NODUS_WORKER_ID`) has at most one *current* process; during a
 //!   reload or after a "going down" notice an old process may still drain beside it. Only the
 //!   exit of a slot's current process can restart the slot.
-//! - The primary keeps every listener it created for the whole run (unlike Node, which closes a
-//!   round-robin listener when its last worker leaves): a reload or a crash never refuses a
-//!   connection. A connection handed to a worker stays owned by the primary too until the worker answers
+//! - The primary keeps every listener it created until a shutdown's drain begins (unlike Node,
+//!   which closes a round-robin listener when its last worker leaves): a reload or a crash never
+//!   refuses a connection. Then it stops accepting: new connections are refused by the kernel.
+//!   A connection handed to a worker stays owned by the primary too until the worker answers
 //!   `accepted`, so one lost with its worker is handed to another; one no worker takes waits a
 //!   bounded time (`ready_timeout`), then it is reset.
 //! - Workers get `PR_SET_PDEATHSIG(SIGKILL)`: none outlives a primary killed with SIGKILL.
@@ -212,6 +213,8 @@ pub(crate) struct State {
     batch_scheduling: bool,
     /// A release pass (`server::arm_release`) is scheduled.
     release_armed: Cell<bool>,
+    /// A shutdown's drain began: no listener accepts or is bound any more.
+    accepting_stopped: Cell<bool>,
     stats_cache: RefCell<stats::Cache>,
 }
 
@@ -276,6 +279,7 @@ impl Primary {
             started: Instant::now(),
             batch_scheduling,
             release_armed: Cell::new(false),
+            accepting_stopped: Cell::new(false),
             stats_cache: RefCell::default(),
         });
         for (name, listener) in listeners {

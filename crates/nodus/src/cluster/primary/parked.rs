@@ -7,6 +7,8 @@
 //!   at once (the newest go, so the oldest keep their turn).
 //! - A connection waits at most `bound` (the cluster's `ready_timeout`) from [`Conn::since`];
 //!   then it is reset. A timer per server runs while anything is parked ([`arm_expiry`]).
+//! - Once closed (a shutdown's drain began, `server::stop_accepting`) nothing is kept: what was
+//!   parked is reset and whatever comes later (given back, refused) is reset on arrival.
 //! - A reset is a close with `SO_LINGER` 0: the client reads `ECONNRESET` at once, neither a hang
 //!   nor an EOF that could pass for an empty answer.
 
@@ -41,6 +43,7 @@ pub(super) struct Parked {
     conns: RefCell<VecDeque<Conn>>,
     cap: usize,
     bound: Duration,
+    closed: Cell<bool>,
     /// The expiry timer runs.
     expiring: Cell<bool>,
 }
@@ -52,6 +55,7 @@ impl Parked {
             conns: RefCell::default(),
             cap,
             bound,
+            closed: Cell::new(false),
             expiring: Cell::new(false),
         }
     }
@@ -67,12 +71,13 @@ impl Parked {
         conns.drain(..n).collect()
     }
 
-    /// Keeps `conns` up to the cap, in order; resets the rest. Returns how many were reset.
+    /// Keeps `conns` up to the cap, in order; resets the rest (every one once closed). Returns
+    /// how many were reset.
     pub fn push(&self, conns: impl IntoIterator<Item = Conn>) -> usize {
         let mut kept = self.conns.borrow_mut();
         let mut reset_count = 0;
         for conn in conns {
-            if kept.len() >= self.cap {
+            if self.closed.get() || kept.len() >= self.cap {
                 reset(conn);
                 reset_count += 1;
             } else {
@@ -96,6 +101,15 @@ impl Parked {
         let n = expired.len();
         expired.into_iter().for_each(reset);
         (n, next)
+    }
+
+    /// Keeps nothing from now on: every parked connection is reset. Returns how many.
+    pub fn close(&self) -> usize {
+        self.closed.set(true);
+        let all: Vec<Conn> = self.conns.borrow_mut().drain(..).collect();
+        let n = all.len();
+        all.into_iter().for_each(reset);
+        n
     }
 }
 
@@ -204,6 +218,20 @@ mod tests {
         assert!(still_open(&new));
         assert_eq!(parked.expire(8 * second), (1, None));
         assert!(was_reset(new));
+        assert!(parked.is_empty());
+    }
+
+    #[test]
+    fn once_closed_nothing_is_kept() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let parked = Parked::new(8, Duration::from_secs(60));
+        let (before, conn) = pair(&listener, 0);
+        parked.push([conn]);
+        assert_eq!(parked.close(), 1);
+        assert!(was_reset(before));
+        let (after, conn) = pair(&listener, 0);
+        assert_eq!(parked.push([conn]), 1);
+        assert!(was_reset(after));
         assert!(parked.is_empty());
     }
 }

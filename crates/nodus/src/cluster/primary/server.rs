@@ -13,6 +13,11 @@
 //!   or gave back, and within the bounds of `parked` (a cap, and `ready_timeout` each, then a
 //!   reset); while any are parked and no worker has room, the primary does not accept and the
 //!   kernel's backlog holds newcomers.
+//! - When a shutdown's drain begins ([`stop_accepting`]) the primary closes the sockets it accepts
+//!   on, as Node's `server.close()` does: the kernel refuses new connections and resets those
+//!   left in its backlog (a socket a service manager passed in stays open there, its backlog
+//!   kept for the next start). Parked connections are reset then, and any parked later on arrival;
+//!   connections handed to workers drain with them. No new listener is bound after that.
 //! - Connections are accepted non-blocking (the flag lives in the file description the worker
 //!   shares), up to [`ACCEPT_BATCH`] per wake-up, and handed out per worker in one message:
 //!   `newconns` with up to 64 fds to a nodus worker, one `newconn` each to a Node worker (its
@@ -115,8 +120,9 @@ impl Pending {
 }
 
 enum Sock {
-    /// The primary accepts (round-robin, least).
-    Accepting(AsyncFd<std::net::TcpListener>),
+    /// The primary accepts (round-robin, least); `None` once it stopped ([`stop_accepting`]: the
+    /// socket is closed).
+    Accepting(RefCell<Option<AsyncFd<std::net::TcpListener>>>),
     /// Workers accept on duplicates of it.
     Shared(std::net::TcpListener),
     /// Reuse-port: only the address is kept; each worker binds (gets) a socket of its own.
@@ -148,7 +154,7 @@ impl Server {
         let sock = match policy {
             Policy::RoundRobin | Policy::Least => {
                 listener.set_nonblocking(true)?;
-                Sock::Accepting(AsyncFd::new(listener)?)
+                Sock::Accepting(RefCell::new(Some(AsyncFd::new(listener)?)))
             }
             // Shared duplicates share the file's flags: blocking, as a service manager passes
             // sockets (a nodus or Node worker makes its copy non-blocking itself).
@@ -180,6 +186,29 @@ impl Server {
         if let Some(w) = self.accept_waker.borrow_mut().take() {
             w.wake();
         }
+    }
+
+    /// The socket the primary accepts on, until it stopped.
+    fn accepting(&self) -> Option<std::cell::Ref<'_, AsyncFd<std::net::TcpListener>>> {
+        let Sock::Accepting(listener) = &self.sock else {
+            return None;
+        };
+        std::cell::Ref::filter_map(listener.borrow(), Option::as_ref).ok()
+    }
+
+    /// Closes the socket the primary accepts on (if it does) and resets what is parked.
+    fn stop(&self) {
+        let Sock::Accepting(listener) = &self.sock else {
+            return;
+        };
+        if listener.borrow_mut().take().is_none() {
+            return;
+        }
+        let n = self.parked.close();
+        if n > 0 {
+            tracing::info!(target: "nodus::cluster", "{n} connections to {} no worker had taken: reset", self.addr);
+        }
+        self.wake_accept();
     }
 
     /// Removes `proc` from the members (it closes, drains or died).
@@ -221,6 +250,9 @@ fn requested_addr(m: &Incoming<'_>) -> io::Result<SocketAddr> {
 fn server_for(st: &Rc<State>, key: &str, addr: SocketAddr) -> io::Result<Rc<Server>> {
     if let Some(s) = st.servers.borrow().get(key) {
         return Ok(s.clone());
+    }
+    if st.accepting_stopped.get() {
+        return Err(io::Error::other("the cluster primary is shutting down"));
     }
     let prebound = st
         .prebound
@@ -373,7 +405,12 @@ pub(super) fn pass_listeners(st: &Rc<State>, cmd: &mut Command) -> io::Result<()
                 OwnedFd::from(l)
             }
             (Sock::Shared(l), _) => l.as_fd().try_clone_to_owned()?,
-            (Sock::Accepting(io), _) => io.get_ref().as_fd().try_clone_to_owned()?,
+            (Sock::Accepting(_), _) => server
+                .accepting()
+                .ok_or_else(|| io::Error::other("the cluster primary stopped accepting"))?
+                .get_ref()
+                .as_fd()
+                .try_clone_to_owned()?,
             (Sock::Released, _) => unreachable!("released sockets exist only under reuseport"),
         };
         cmd.pass_fd(3 + i as i32, fd);
@@ -641,8 +678,8 @@ fn park(server: &Rc<Server>, conns: impl IntoIterator<Item = Conn>) {
     if reset > 0 {
         tracing::warn!(
             target: "nodus::cluster",
-            "{reset} connections to {} reset: no worker took them and the primary already holds \
-             {MAX_PARKED} waiting", server.addr
+            "{reset} connections to {} reset: no worker took them and the primary is stopping \
+             or already holds {MAX_PARKED} waiting", server.addr
         );
     }
     parked::arm_expiry(server);
@@ -714,6 +751,24 @@ fn handoff(st: &Rc<State>, server: &Rc<Server>, member: &Member, conns: Vec<Conn
     }
 }
 
+/// A shutdown's drain begins: the primary stops accepting and resets what is parked (see the
+/// module docs). Idempotent.
+pub(super) fn stop_accepting(st: &State) {
+    if st.accepting_stopped.replace(true) {
+        return;
+    }
+    let servers: Vec<Rc<Server>> = st
+        .servers
+        .borrow()
+        .values()
+        .chain(st.prebound.borrow().iter().map(|(_, s)| s))
+        .cloned()
+        .collect();
+    for server in servers {
+        server.stop();
+    }
+}
+
 /// Whether some member can take a connection now.
 fn has_room(server: &Server) -> bool {
     server.members.borrow().iter().any(|m| {
@@ -723,62 +778,81 @@ fn has_room(server: &Server) -> bool {
     })
 }
 
+/// The accept task's next step.
+enum Work {
+    /// Parked connections and a worker with room for them, or a readable socket.
+    Ready,
+    /// Polling the socket failed.
+    Failed(io::Error),
+    /// The primary stopped accepting.
+    Stop,
+}
+
 /// Whether the accept task has work: parked connections and a worker with room for them, or
 /// (nothing parked) the socket is readable (its readiness is polled here).
-fn poll_work(
-    server: &Server,
-    io: &AsyncFd<std::net::TcpListener>,
-    cx: &mut Context<'_>,
-) -> Poll<io::Result<()>> {
+fn poll_work(server: &Server, cx: &mut Context<'_>) -> Poll<Work> {
+    let Some(io) = server.accepting() else {
+        return Poll::Ready(Work::Stop);
+    };
     let parked = !server.parked.is_empty();
     if parked && has_room(server) {
-        return Poll::Ready(Ok(()));
+        return Poll::Ready(Work::Ready);
     }
     // Connections parked from outside this task (a refusal, a death, a give-back), room for
-    // them and an expiry wake it through `accept_waker`; new connections through the socket.
+    // them, an expiry and a stop wake it through `accept_waker`; new connections through the
+    // socket.
     *server.accept_waker.borrow_mut() = Some(cx.waker().clone());
     if parked {
         return Poll::Pending;
     }
     io.poll_read_ready(cx)
+        .map(|r| r.map_or_else(Work::Failed, |()| Work::Ready))
 }
 
 async fn accept_loop(st: &Rc<State>, server: &Rc<Server>) {
-    let Sock::Accepting(io) = &server.sock else {
-        return;
-    };
-    let flags = rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK;
     loop {
-        if let Err(e) = poll_fn(|cx| poll_work(server, io, cx)).await {
-            back_off(server, e).await;
-            continue;
+        match poll_fn(|cx| poll_work(server, cx)).await {
+            Work::Stop => return,
+            Work::Failed(e) => {
+                back_off(server, e).await;
+                continue;
+            }
+            Work::Ready => {}
         }
         let mut conns = server.parked.take(ACCEPT_BATCH);
-        let since = crate::time::loop_now_ns();
-        let mut failure = None;
-        while conns.len() < ACCEPT_BATCH && server.parked.is_empty() {
-            match rustix::net::acceptfrom_with(io.get_ref(), flags) {
-                Ok((fd, peer)) => conns.push(Conn {
-                    fd: Rc::new(fd),
-                    peer: peer.and_then(|p| SocketAddr::try_from(p).ok()),
-                    since,
-                }),
-                Err(rustix::io::Errno::AGAIN) => {
-                    io.clear_read_ready();
-                    break;
-                }
-                Err(rustix::io::Errno::INTR | rustix::io::Errno::CONNABORTED) => {}
-                Err(e) => {
-                    failure = Some(io::Error::from(e));
-                    break;
-                }
-            }
-        }
+        let failure = if server.parked.is_empty() {
+            accept_batch(server, &mut conns)
+        } else {
+            None
+        };
         dispatch(st, server, conns);
         if let Some(e) = failure {
             back_off(server, e).await;
         }
     }
+}
+
+/// Accepts into `conns` up to [`ACCEPT_BATCH`], until the backlog is empty or an accept fails.
+fn accept_batch(server: &Server, conns: &mut Vec<Conn>) -> Option<io::Error> {
+    let io = server.accepting()?;
+    let flags = rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK;
+    let since = crate::time::loop_now_ns();
+    while conns.len() < ACCEPT_BATCH {
+        match rustix::net::acceptfrom_with(io.get_ref(), flags) {
+            Ok((fd, peer)) => conns.push(Conn {
+                fd: Rc::new(fd),
+                peer: peer.and_then(|p| SocketAddr::try_from(p).ok()),
+                since,
+            }),
+            Err(rustix::io::Errno::AGAIN) => {
+                io.clear_read_ready();
+                break;
+            }
+            Err(rustix::io::Errno::INTR | rustix::io::Errno::CONNABORTED) => {}
+            Err(e) => return Some(io::Error::from(e)),
+        }
+    }
+    None
 }
 
 /// After a failed accept (EMFILE and friends): log and pause briefly instead of spinning.

@@ -8,7 +8,8 @@
 //!   worker is asked to drain; the old one then drains on its own schedule while the next slot
 //!   starts.
 //! - Once shutdown (or give-up) begins, nothing is started again; `run` returns when the last
-//!   worker has exited.
+//!   worker has exited. The primary accepts connections through `shutdown_delay` and stops when
+//!   the drain begins (`server::stop_accepting`), or when a second signal kills the workers.
 
 use std::future::poll_fn;
 use std::rc::Rc;
@@ -354,6 +355,7 @@ pub(super) fn start_shutdown(st: &Rc<State>, why: &str) {
     let procs: Vec<Rc<Proc>> = st.procs.borrow().values().cloned().collect();
     if st.phase.replace(Phase::Stopping) == Phase::Stopping {
         tracing::warn!(target: "nodus::cluster", "{why} again: killing the remaining workers");
+        server::stop_accepting(st);
         for p in procs {
             let _ = p.child.kill_group(SIGKILL);
             let _ = p.child.kill(SIGKILL);
@@ -391,6 +393,7 @@ pub(super) fn start_shutdown(st: &Rc<State>, why: &str) {
 }
 
 fn drain_all(st: &Rc<State>) {
+    server::stop_accepting(st);
     let procs: Vec<Rc<Proc>> = st.procs.borrow().values().cloned().collect();
     for p in &procs {
         drain(st, p);
