@@ -215,6 +215,7 @@ pub(crate) struct State {
     release_armed: Cell<bool>,
     /// A shutdown's drain began: no listener accepts or is bound any more.
     accepting_stopped: Cell<bool>,
+    fd_reserve: server::FdReserve,
     stats_cache: RefCell<stats::Cache>,
 }
 
@@ -280,6 +281,7 @@ impl Primary {
             batch_scheduling,
             release_armed: Cell::new(false),
             accepting_stopped: Cell::new(false),
+            fd_reserve: server::FdReserve::new(),
             stats_cache: RefCell::default(),
         });
         for (name, listener) in listeners {

@@ -8,11 +8,13 @@
 //!   the primary's reactor, so incoming connections do not wake the primary).
 //! - Reuse-port sockets are bound per worker and not kept: a socket nobody accepts on would
 //!   swallow its share of connections.
-//! - Accepted connections wait for a worker ("parked": none listening yet, or all at their
-//!   in-flight cap) only up to one accept batch plus what dead, refusing or closing workers left
-//!   or gave back, and within the bounds of `parked` (a cap, and `ready_timeout` each, then a
-//!   reset); while any are parked and no worker has room, the primary does not accept and the
-//!   kernel's backlog holds newcomers.
+//! - Accepted connections wait for a worker ("parked": none listening yet, all at their in-flight
+//!   cap, or no fd to hand them over with) only up to one accept batch plus what dead, refusing
+//!   or closing workers left or gave back, and within the bounds of `parked` (a cap, and
+//!   `ready_timeout` each, then a reset); while any are parked and no worker has room, the
+//!   primary does not accept and the kernel's backlog holds newcomers. A turn of the accept task
+//!   hands out parked connections or accepts new ones, never both: accepting does not take the
+//!   fds a handoff of parked ones needs.
 //! - When a shutdown's drain begins ([`stop_accepting`]) the primary closes the sockets it accepts
 //!   on, as Node's `server.close()` does: the kernel refuses new connections and resets those
 //!   left in its backlog (a socket a service manager passed in stays open there, its backlog
@@ -29,6 +31,10 @@
 //!   reads it before every dispatch, on the worker's `close` and exit, and from a release pass
 //!   that runs every 1 ms, backing off to 50 ms while nothing moves, as long as anything is
 //!   pending); others answer with `took` (nodus) or `accepted` (Node).
+//! - A Node worker's handoff sends a duplicate of the fd (its channel owns what it sends until
+//!   the ACK). At the fd limit the primary's [`FdReserve`] is given up for that duplicate; when
+//!   none can be made the connections stay parked (the worker stays a member) and the accept
+//!   task tries again after [`RETRY_PAUSE`], within the parking bound.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -534,7 +540,8 @@ pub(super) fn refused(st: &Rc<State>, proc: &Rc<Proc>, ack: u64) {
     };
     tracing::debug!(target: "nodus::cluster", "worker {} refused {} connections", proc.slot, h.conns.len());
     proc.refused_at.set(Some(Instant::now()));
-    dispatch(st, &h.server, h.conns);
+    // Whatever could not go out is parked: the accept task retries it.
+    let _ = dispatch(st, &h.server, h.conns);
     h.server.wake_accept();
     release_taken(proc);
     let server = h.server.clone();
@@ -578,7 +585,7 @@ pub(super) fn on_returned(
             since,
         })
         .collect();
-    dispatch(st, &server, conns);
+    let _ = dispatch(st, &server, conns);
     server.wake_accept();
 }
 
@@ -618,14 +625,18 @@ pub(super) fn channel_ended(st: &Rc<State>, proc: &Proc) {
 /// workers.
 fn redistribute(st: &Rc<State>, proc: &Proc) {
     for h in proc.pending.take_all() {
-        dispatch(st, &h.server, h.conns);
+        let _ = dispatch(st, &h.server, h.conns);
         h.server.wake_accept();
     }
 }
 
 /// Hands `conns` to the workers of `server` by its policy, one message per worker (per 64
 /// connections), and parks what nobody has room for.
-fn dispatch(st: &Rc<State>, server: &Rc<Server>, conns: Vec<Conn>) {
+///
+/// # Errors
+/// A connection could not be duplicated for a Node worker (the primary is at its fd limit): it
+/// and the rest of that worker's share are parked, for the accept task to try again.
+fn dispatch(st: &Rc<State>, server: &Rc<Server>, conns: Vec<Conn>) -> io::Result<()> {
     let (targets, parked) = {
         let members = server.members.borrow();
         members.iter().for_each(|m| release_taken(&m.proc));
@@ -666,10 +677,14 @@ fn dispatch(st: &Rc<State>, server: &Rc<Server>, conns: Vec<Conn>) {
             .collect();
         (targets, parked)
     };
+    let mut result = Ok(());
     for (member, conns) in targets {
-        handoff(st, server, &member, conns);
+        if let Err(e) = handoff(st, server, &member, conns) {
+            result = Err(e);
+        }
     }
     park(server, parked);
+    result
 }
 
 /// Parks `conns` on `server`, within the bounds of [`Parked`].
@@ -685,11 +700,20 @@ fn park(server: &Rc<Server>, conns: impl IntoIterator<Item = Conn>) {
     parked::arm_expiry(server);
 }
 
-fn handoff(st: &Rc<State>, server: &Rc<Server>, member: &Member, conns: Vec<Conn>) {
+/// Hands `conns` to one worker.
+///
+/// # Errors
+/// As [`dispatch`]; the worker stays a member (the shortage is the primary's).
+fn handoff(
+    st: &Rc<State>,
+    server: &Rc<Server>,
+    member: &Member,
+    conns: Vec<Conn>,
+) -> io::Result<()> {
     let proc = &member.proc;
     let Some(channel) = &proc.channel else {
         park(server, conns);
-        return;
+        return Ok(());
     };
     let mut failed = None;
     let mut rest = conns.into_iter().peekable();
@@ -709,11 +733,16 @@ fn handoff(st: &Rc<State>, server: &Rc<Server>, member: &Member, conns: Vec<Conn
             channel.send_fds(&msg, batch.iter().map(|c| c.fd.clone()).collect())
         } else {
             // Node's protocol owns the sent fd until its ACK (it may resend it): a duplicate.
-            let copy = match batch[0].fd.try_clone() {
+            let copy = match st.fd_reserve.dup(&batch[0].fd) {
                 Ok(c) => c,
                 Err(e) => {
-                    tracing::error!(target: "nodus::cluster", "cannot hand a connection over: {e}");
-                    continue;
+                    tracing::warn!(
+                        target: "nodus::cluster",
+                        "worker {}: cannot hand connections over ({e}): they wait to be tried \
+                         again in {RETRY_PAUSE:?}", proc.slot
+                    );
+                    park(server, batch.into_iter().chain(rest));
+                    return Err(e);
                 }
             };
             let msg = NewConn {
@@ -749,6 +778,48 @@ fn handoff(st: &Rc<State>, server: &Rc<Server>, member: &Member, conns: Vec<Conn
         server.remove_member(proc);
         park(server, rest);
     }
+    Ok(())
+}
+
+/// How long the accept task pauses after a failed accept (EMFILE and friends) or a handoff that
+/// found no fd, instead of spinning.
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// One fd the primary holds in reserve for the duplicate a Node worker's handoff needs: an accept
+/// may take the last free fd, and with every fd held by connections waiting for a duplicate
+/// nothing would ever free one (libuv keeps a spare fd for `accept` for the same reason).
+pub(super) struct FdReserve(RefCell<Option<OwnedFd>>);
+
+impl FdReserve {
+    pub fn new() -> FdReserve {
+        FdReserve(RefCell::new(FdReserve::open()))
+    }
+
+    /// A cheap fd: an unbound datagram socket (no file system needed).
+    fn open() -> Option<OwnedFd> {
+        std::os::unix::net::UnixDatagram::unbound()
+            .ok()
+            .map(OwnedFd::from)
+    }
+
+    /// A duplicate of `fd`. When the first try fails (out of fds: a dup of an open fd fails for
+    /// nothing else) the reserve is closed to make room; it is taken again at the next duplicate
+    /// that leaves room.
+    fn dup(&self, fd: &OwnedFd) -> io::Result<OwnedFd> {
+        let copy = match fd.try_clone() {
+            Ok(copy) => copy,
+            Err(e) => {
+                if self.0.borrow_mut().take().is_none() {
+                    return Err(e);
+                }
+                fd.try_clone()?
+            }
+        };
+        if self.0.borrow().is_none() {
+            *self.0.borrow_mut() = FdReserve::open();
+        }
+        Ok(copy)
+    }
 }
 
 /// A shutdown's drain begins: the primary stops accepting and resets what is parked (see the
@@ -780,23 +851,25 @@ fn has_room(server: &Server) -> bool {
 
 /// The accept task's next step.
 enum Work {
-    /// Parked connections and a worker with room for them, or a readable socket.
-    Ready,
+    /// Hand out parked connections: a worker has room.
+    Parked,
+    /// Accept: the socket is readable.
+    Accept,
     /// Polling the socket failed.
     Failed(io::Error),
     /// The primary stopped accepting.
     Stop,
 }
 
-/// Whether the accept task has work: parked connections and a worker with room for them, or
-/// (nothing parked) the socket is readable (its readiness is polled here).
+/// What the accept task does next: parked connections go out first, once a worker has room;
+/// with nothing parked it accepts when the socket is readable (its readiness is polled here).
 fn poll_work(server: &Server, cx: &mut Context<'_>) -> Poll<Work> {
     let Some(io) = server.accepting() else {
         return Poll::Ready(Work::Stop);
     };
     let parked = !server.parked.is_empty();
     if parked && has_room(server) {
-        return Poll::Ready(Work::Ready);
+        return Poll::Ready(Work::Parked);
     }
     // Connections parked from outside this task (a refusal, a death, a give-back), room for
     // them, an expiry and a stop wake it through `accept_waker`; new connections through the
@@ -806,37 +879,37 @@ fn poll_work(server: &Server, cx: &mut Context<'_>) -> Poll<Work> {
         return Poll::Pending;
     }
     io.poll_read_ready(cx)
-        .map(|r| r.map_or_else(Work::Failed, |()| Work::Ready))
+        .map(|r| r.map_or_else(Work::Failed, |()| Work::Accept))
 }
 
 async fn accept_loop(st: &Rc<State>, server: &Rc<Server>) {
     loop {
-        match poll_fn(|cx| poll_work(server, cx)).await {
+        let (conns, failure) = match poll_fn(|cx| poll_work(server, cx)).await {
             Work::Stop => return,
             Work::Failed(e) => {
                 back_off(server, e).await;
                 continue;
             }
-            Work::Ready => {}
-        }
-        let mut conns = server.parked.take(ACCEPT_BATCH);
-        let failure = if server.parked.is_empty() {
-            accept_batch(server, &mut conns)
-        } else {
-            None
+            Work::Parked => (server.parked.take(ACCEPT_BATCH), None),
+            Work::Accept => accept_batch(server),
         };
-        dispatch(st, server, conns);
+        let short = dispatch(st, server, conns).is_err();
         if let Some(e) = failure {
             back_off(server, e).await;
+        } else if short {
+            crate::time::sleep(RETRY_PAUSE).await;
         }
     }
 }
 
-/// Accepts into `conns` up to [`ACCEPT_BATCH`], until the backlog is empty or an accept fails.
-fn accept_batch(server: &Server, conns: &mut Vec<Conn>) -> Option<io::Error> {
-    let io = server.accepting()?;
+/// Accepts up to [`ACCEPT_BATCH`] connections, until the backlog is empty or an accept fails.
+fn accept_batch(server: &Server) -> (Vec<Conn>, Option<io::Error>) {
+    let Some(io) = server.accepting() else {
+        return (Vec::new(), None);
+    };
     let flags = rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK;
     let since = crate::time::loop_now_ns();
+    let mut conns = Vec::new();
     while conns.len() < ACCEPT_BATCH {
         match rustix::net::acceptfrom_with(io.get_ref(), flags) {
             Ok((fd, peer)) => conns.push(Conn {
@@ -849,14 +922,14 @@ fn accept_batch(server: &Server, conns: &mut Vec<Conn>) -> Option<io::Error> {
                 break;
             }
             Err(rustix::io::Errno::INTR | rustix::io::Errno::CONNABORTED) => {}
-            Err(e) => return Some(io::Error::from(e)),
+            Err(e) => return (conns, Some(io::Error::from(e))),
         }
     }
-    None
+    (conns, None)
 }
 
 /// After a failed accept (EMFILE and friends): log and pause briefly instead of spinning.
 async fn back_off(server: &Server, e: io::Error) {
     tracing::error!(target: "nodus::cluster", "accept on {} failed: {e}", server.addr);
-    crate::time::sleep(Duration::from_millis(50)).await;
+    crate::time::sleep(RETRY_PAUSE).await;
 }
