@@ -114,7 +114,8 @@ struct RunArgs {
     /// SIGKILL (during a shutdown, the exit code is then 124).
     #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = seconds)]
     kill_timeout: f64,
-    /// During a reload, seconds a new worker gets to become ready.
+    /// During a reload, seconds a new worker gets to become ready; under rr and least, also how
+    /// long an accepted connection waits for a worker to take it before it is reset.
     #[arg(long, value_name = "SECS", default_value_t = 30.0, value_parser = positive_seconds)]
     ready_timeout: f64,
     /// A plain program that never sends READY=1 counts as ready after being up this long.

@@ -7,7 +7,8 @@
 //!   budget ran out, [`FORCED_STOP_EXIT_CODE`] or 128 + a second signal's number when the stop
 //!   had to kill workers).
 //! - Files: `proc` (one worker process and its channel), `server` (listeners per server key and
-//!   the accept/handoff loop), `balance` (rr / least choice), `supervise` (exits, restarts,
+//!   the accept/handoff loop), `parked` (accepted connections waiting for a worker, and their
+//!   bounds), `balance` (rr / least choice), `supervise` (exits, restarts,
 //!   reload, shutdown), `stats` (the cluster's `/_nodus/stats` and `/_nodus/metrics`),
 //!   `events` (lifecycle events and the JSON-lines event log).
 //!
@@ -16,14 +17,17 @@
 //! - A slot (worker id 1..=N, `NODUS_WORKER_ID`) has at most one *current* process; during a
 //!   reload or after a "going down" notice an old process may still drain beside it. Only the
 //!   exit of a slot's current process can restart the slot.
-//! - The primary keeps every listener it created for the whole run (unlike Node, which closes a
-//!   round-robin listener when its last worker leaves): a reload or a crash never refuses a
-//!   connection. A connection handed to a worker stays owned by the primary too until the worker
-//!   answers `accepted`, so one lost with its worker is handed to another.
+//! - The primary keeps every listener it created until a shutdown's drain begins (unlike Node,
+//!   which closes a round-robin listener when its last worker leaves): a reload or a crash never
+//!   refuses a connection. Then it stops accepting: new connections are refused by the kernel.
+//!   A connection handed to a worker stays owned by the primary too until the worker answers
+//!   `accepted`, so one lost with its worker is handed to another; one no worker takes waits a
+//!   bounded time (`ready_timeout`), then it is reset.
 //! - Workers get `PR_SET_PDEATHSIG(SIGKILL)`: none outlives a primary killed with SIGKILL.
 
 mod balance;
 mod events;
+mod parked;
 mod proc;
 mod server;
 mod stats;
@@ -123,7 +127,9 @@ pub struct Config {
     /// After a worker was asked to stop (disconnect, or SIGTERM for a plain program), the time it
     /// gets before SIGKILL.
     pub kill_timeout: Duration,
-    /// How long a reload waits for a new worker to be ready.
+    /// How long a reload waits for a new worker to be ready. Under round-robin and least, also
+    /// how long a connection the primary accepted waits for a worker to take it (none listens,
+    /// or every one is full) before it is reset.
     pub ready_timeout: Duration,
     pub readiness: Readiness,
     /// Capture each worker's stdout/stderr with a `[worker id pid]` prefix (else inherited).
@@ -211,6 +217,9 @@ pub(crate) struct State {
     batch_scheduling: bool,
     /// A release pass (`server::arm_release`) is scheduled.
     release_armed: Cell<bool>,
+    /// A shutdown's drain began: no listener accepts or is bound any more.
+    accepting_stopped: Cell<bool>,
+    fd_reserve: server::FdReserve,
     stats_cache: RefCell<stats::Cache>,
 }
 
@@ -276,6 +285,8 @@ impl Primary {
             started: Instant::now(),
             batch_scheduling,
             release_armed: Cell::new(false),
+            accepting_stopped: Cell::new(false),
+            fd_reserve: server::FdReserve::new(),
             stats_cache: RefCell::default(),
         });
         for (name, listener) in listeners {

@@ -8,11 +8,18 @@
 //!   the primary's reactor, so incoming connections do not wake the primary).
 //! - Reuse-port sockets are bound per worker and not kept: a socket nobody accepts on would
 //!   swallow its share of connections.
-//! - Accepted connections wait for a worker ("parked": none listening yet, or all at their
-//!   in-flight cap) only up to one accept batch plus what dead, refusing or closing workers
-//!   left or gave back; while
-//!   any are parked and no worker has room, the primary does not accept and the kernel's backlog
-//!   holds newcomers.
+//! - Accepted connections wait for a worker ("parked": none listening yet, all at their in-flight
+//!   cap, or no fd to hand them over with) only up to one accept batch plus what dead, refusing
+//!   or closing workers left or gave back, and within the bounds of `parked` (a cap, and
+//!   `ready_timeout` each, then a reset); while any are parked and no worker has room, the
+//!   primary does not accept and the kernel's backlog holds newcomers. A turn of the accept task
+//!   hands out parked connections or accepts new ones, never both: accepting does not take the
+//!   fds a handoff of parked ones needs.
+//! - When a shutdown's drain begins ([`stop_accepting`]) the primary closes the sockets it accepts
+//!   on, as Node's `server.close()` does: the kernel refuses new connections and resets those
+//!   left in its backlog (a socket a service manager passed in stays open there, its backlog
+//!   kept for the next start). Parked connections are reset then, and any parked later on arrival;
+//!   connections handed to workers drain with them. No new listener is bound after that.
 //! - Connections are accepted non-blocking (the flag lives in the file description the worker
 //!   shares), up to [`ACCEPT_BATCH`] per wake-up, and handed out per worker in one message:
 //!   `newconns` with up to 64 fds to a nodus worker, one `newconn` each to a Node worker (its
@@ -24,9 +31,13 @@
 //!   reads it before every dispatch, on the worker's `close` and exit, and from a release pass
 //!   that runs every 1 ms, backing off to 50 ms while nothing moves, as long as anything is
 //!   pending); others answer with `took` (nodus) or `accepted` (Node).
+//! - A Node worker's handoff sends a duplicate of the fd (its channel owns what it sends until
+//!   the ACK). At the fd limit the primary's [`FdReserve`] is given up for that duplicate; when
+//!   none can be made the connections stay parked (the worker stays a member) and the accept
+//!   task tries again after [`RETRY_PAUSE`], within the parking bound.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::future::poll_fn;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -36,6 +47,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use super::balance::{self, Candidate};
+use super::parked::{self, Conn, MAX_PARKED, Parked};
 use super::proc::{Proc, ProcState};
 use super::{Policy, State};
 use crate::cluster::board::Board;
@@ -49,14 +61,6 @@ use crate::process::Command;
 
 /// Connections accepted per wake-up of the accept task before they are handed out.
 pub(super) const ACCEPT_BATCH: usize = 64;
-
-/// One accepted connection: the primary's reference to its fd (shared with the channel while a
-/// handoff is being written) and the client's address.
-#[derive(Clone)]
-pub(super) struct Conn {
-    fd: Rc<OwnedFd>,
-    peer: Option<SocketAddr>,
-}
 
 /// Connections handed to one worker in one message, kept until it answers.
 pub(super) struct Handoff {
@@ -122,8 +126,9 @@ impl Pending {
 }
 
 enum Sock {
-    /// The primary accepts (round-robin, least).
-    Accepting(AsyncFd<std::net::TcpListener>),
+    /// The primary accepts (round-robin, least); `None` once it stopped ([`stop_accepting`]: the
+    /// socket is closed).
+    Accepting(RefCell<Option<AsyncFd<std::net::TcpListener>>>),
     /// Workers accept on duplicates of it.
     Shared(std::net::TcpListener),
     /// Reuse-port: only the address is kept; each worker binds (gets) a socket of its own.
@@ -136,9 +141,8 @@ pub(super) struct Server {
     /// Workers taking connections from this server, with the key each asked with.
     members: RefCell<Vec<Member>>,
     cursor: Cell<usize>,
-    parked: RefCell<VecDeque<Conn>>,
+    pub parked: Parked,
     accept_waker: RefCell<Option<Waker>>,
-    accepting: Cell<bool>,
 }
 
 impl Server {
@@ -156,7 +160,7 @@ impl Server {
         let sock = match policy {
             Policy::RoundRobin | Policy::Least => {
                 listener.set_nonblocking(true)?;
-                Sock::Accepting(AsyncFd::new(listener)?)
+                Sock::Accepting(RefCell::new(Some(AsyncFd::new(listener)?)))
             }
             // Shared duplicates share the file's flags: blocking, as a service manager passes
             // sockets (a nodus or Node worker makes its copy non-blocking itself).
@@ -171,23 +175,46 @@ impl Server {
             sock,
             members: RefCell::default(),
             cursor: Cell::new(0),
-            parked: RefCell::default(),
+            // A parked connection waits as long as a new worker may take to be ready: that
+            // covers a restart (its backoff, 10 s at most by default) and the start-up.
+            parked: Parked::new(MAX_PARKED, st.config.ready_timeout),
             accept_waker: RefCell::new(None),
-            accepting: Cell::new(false),
         });
         if matches!(server.sock, Sock::Accepting(_)) {
             let (s, srv) = (st.clone(), server.clone());
-            server.accepting.set(true);
             crate::task::spawn_named("cluster:accept", async move { accept_loop(&s, &srv).await })
                 .detach();
         }
         Ok(server)
     }
 
-    fn wake_accept(&self) {
+    pub fn wake_accept(&self) {
         if let Some(w) = self.accept_waker.borrow_mut().take() {
             w.wake();
         }
+    }
+
+    /// The socket the primary accepts on, until it stopped.
+    fn accepting(&self) -> Option<std::cell::Ref<'_, AsyncFd<std::net::TcpListener>>> {
+        let Sock::Accepting(listener) = &self.sock else {
+            return None;
+        };
+        std::cell::Ref::filter_map(listener.borrow(), Option::as_ref).ok()
+    }
+
+    /// Closes the socket the primary accepts on (if it does) and resets what is parked.
+    fn stop(&self) {
+        let Sock::Accepting(listener) = &self.sock else {
+            return;
+        };
+        if listener.borrow_mut().take().is_none() {
+            return;
+        }
+        let n = self.parked.close();
+        if n > 0 {
+            tracing::info!(target: "nodus::cluster", "{n} connections to {} no worker had taken: reset", self.addr);
+        }
+        self.wake_accept();
     }
 
     /// Removes `proc` from the members (it closes, drains or died).
@@ -229,6 +256,9 @@ fn requested_addr(m: &Incoming<'_>) -> io::Result<SocketAddr> {
 fn server_for(st: &Rc<State>, key: &str, addr: SocketAddr) -> io::Result<Rc<Server>> {
     if let Some(s) = st.servers.borrow().get(key) {
         return Ok(s.clone());
+    }
+    if st.accepting_stopped.get() {
+        return Err(io::Error::other("the cluster primary is shutting down"));
     }
     let prebound = st
         .prebound
@@ -381,7 +411,12 @@ pub(super) fn pass_listeners(st: &Rc<State>, cmd: &mut Command) -> io::Result<()
                 OwnedFd::from(l)
             }
             (Sock::Shared(l), _) => l.as_fd().try_clone_to_owned()?,
-            (Sock::Accepting(io), _) => io.get_ref().as_fd().try_clone_to_owned()?,
+            (Sock::Accepting(_), _) => server
+                .accepting()
+                .ok_or_else(|| io::Error::other("the cluster primary stopped accepting"))?
+                .get_ref()
+                .as_fd()
+                .try_clone_to_owned()?,
             (Sock::Released, _) => unreachable!("released sockets exist only under reuseport"),
         };
         cmd.pass_fd(3 + i as i32, fd);
@@ -486,7 +521,7 @@ fn took(proc: &Proc, handoffs: Vec<Handoff>) {
     for h in handoffs {
         proc.handed.set(proc.handed.get() + h.conns.len() as u64);
         // Room for more: parked connections may be waiting for it.
-        if !h.server.parked.borrow().is_empty() {
+        if !h.server.parked.is_empty() {
             h.server.wake_accept();
         }
     }
@@ -505,7 +540,8 @@ pub(super) fn refused(st: &Rc<State>, proc: &Rc<Proc>, ack: u64) {
     };
     tracing::debug!(target: "nodus::cluster", "worker {} refused {} connections", proc.slot, h.conns.len());
     proc.refused_at.set(Some(Instant::now()));
-    dispatch(st, &h.server, h.conns);
+    // Whatever could not go out is parked: the accept task retries it.
+    let _ = dispatch(st, &h.server, h.conns);
     h.server.wake_accept();
     release_taken(proc);
     let server = h.server.clone();
@@ -539,15 +575,17 @@ pub(super) fn on_returned(
         return;
     };
     tracing::debug!(target: "nodus::cluster", "{} connections given back for {key}", fds.len());
+    let since = crate::time::loop_now_ns();
     let conns = fds
         .into_iter()
         .enumerate()
         .map(|(i, fd)| Conn {
             fd: Rc::new(fd),
             peer: peers.get(i).copied().flatten(),
+            since,
         })
         .collect();
-    dispatch(st, &server, conns);
+    let _ = dispatch(st, &server, conns);
     server.wake_accept();
 }
 
@@ -587,14 +625,18 @@ pub(super) fn channel_ended(st: &Rc<State>, proc: &Proc) {
 /// workers.
 fn redistribute(st: &Rc<State>, proc: &Proc) {
     for h in proc.pending.take_all() {
-        dispatch(st, &h.server, h.conns);
+        let _ = dispatch(st, &h.server, h.conns);
         h.server.wake_accept();
     }
 }
 
 /// Hands `conns` to the workers of `server` by its policy, one message per worker (per 64
 /// connections), and parks what nobody has room for.
-fn dispatch(st: &Rc<State>, server: &Rc<Server>, conns: Vec<Conn>) {
+///
+/// # Errors
+/// A connection could not be duplicated for a Node worker (the primary is at its fd limit): it
+/// and the rest of that worker's share are parked, for the accept task to try again.
+fn dispatch(st: &Rc<State>, server: &Rc<Server>, conns: Vec<Conn>) -> io::Result<()> {
     let (targets, parked) = {
         let members = server.members.borrow();
         members.iter().for_each(|m| release_taken(&m.proc));
@@ -635,17 +677,43 @@ fn dispatch(st: &Rc<State>, server: &Rc<Server>, conns: Vec<Conn>) {
             .collect();
         (targets, parked)
     };
+    let mut result = Ok(());
     for (member, conns) in targets {
-        handoff(st, server, &member, conns);
+        if let Err(e) = handoff(st, server, &member, conns) {
+            result = Err(e);
+        }
     }
-    server.parked.borrow_mut().extend(parked);
+    park(server, parked);
+    result
 }
 
-fn handoff(st: &Rc<State>, server: &Rc<Server>, member: &Member, conns: Vec<Conn>) {
+/// Parks `conns` on `server`, within the bounds of [`Parked`].
+fn park(server: &Rc<Server>, conns: impl IntoIterator<Item = Conn>) {
+    let reset = server.parked.push(conns);
+    if reset > 0 {
+        tracing::warn!(
+            target: "nodus::cluster",
+            "{reset} connections to {} reset: no worker took them and the primary is stopping \
+             or already holds {MAX_PARKED} waiting", server.addr
+        );
+    }
+    parked::arm_expiry(server);
+}
+
+/// Hands `conns` to one worker.
+///
+/// # Errors
+/// As [`dispatch`]; the worker stays a member (the shortage is the primary's).
+fn handoff(
+    st: &Rc<State>,
+    server: &Rc<Server>,
+    member: &Member,
+    conns: Vec<Conn>,
+) -> io::Result<()> {
     let proc = &member.proc;
     let Some(channel) = &proc.channel else {
-        server.parked.borrow_mut().extend(conns);
-        return;
+        park(server, conns);
+        return Ok(());
     };
     let mut failed = None;
     let mut rest = conns.into_iter().peekable();
@@ -665,11 +733,16 @@ fn handoff(st: &Rc<State>, server: &Rc<Server>, member: &Member, conns: Vec<Conn
             channel.send_fds(&msg, batch.iter().map(|c| c.fd.clone()).collect())
         } else {
             // Node's protocol owns the sent fd until its ACK (it may resend it): a duplicate.
-            let copy = match batch[0].fd.try_clone() {
+            let copy = match st.fd_reserve.dup(&batch[0].fd) {
                 Ok(c) => c,
                 Err(e) => {
-                    tracing::error!(target: "nodus::cluster", "cannot hand a connection over: {e}");
-                    continue;
+                    tracing::warn!(
+                        target: "nodus::cluster",
+                        "worker {}: cannot hand connections over ({e}): they wait to be tried \
+                         again in {RETRY_PAUSE:?}", proc.slot
+                    );
+                    park(server, batch.into_iter().chain(rest));
+                    return Err(e);
                 }
             };
             let msg = NewConn {
@@ -695,7 +768,7 @@ fn handoff(st: &Rc<State>, server: &Rc<Server>, member: &Member, conns: Vec<Conn
             }
             Err(e) => {
                 failed = Some(e);
-                server.parked.borrow_mut().extend(batch);
+                park(server, batch);
                 break;
             }
         }
@@ -703,7 +776,67 @@ fn handoff(st: &Rc<State>, server: &Rc<Server>, member: &Member, conns: Vec<Conn
     if let Some(e) = failed {
         tracing::debug!(target: "nodus::cluster", "worker {}: handoff failed: {e}", proc.slot);
         server.remove_member(proc);
-        server.parked.borrow_mut().extend(rest);
+        park(server, rest);
+    }
+    Ok(())
+}
+
+/// How long the accept task pauses after a failed accept (EMFILE and friends) or a handoff that
+/// found no fd, instead of spinning.
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// One fd the primary holds in reserve for the duplicate a Node worker's handoff needs: an accept
+/// may take the last free fd, and with every fd held by connections waiting for a duplicate
+/// nothing would ever free one (libuv keeps a spare fd for `accept` for the same reason).
+pub(super) struct FdReserve(RefCell<Option<OwnedFd>>);
+
+impl FdReserve {
+    pub fn new() -> FdReserve {
+        FdReserve(RefCell::new(FdReserve::open()))
+    }
+
+    /// A cheap fd: an unbound datagram socket (no file system needed).
+    fn open() -> Option<OwnedFd> {
+        std::os::unix::net::UnixDatagram::unbound()
+            .ok()
+            .map(OwnedFd::from)
+    }
+
+    /// A duplicate of `fd`. When the first try fails (out of fds: a dup of an open fd fails for
+    /// nothing else) the reserve is closed to make room; it is taken again at the next duplicate
+    /// that leaves room.
+    fn dup(&self, fd: &OwnedFd) -> io::Result<OwnedFd> {
+        let copy = match fd.try_clone() {
+            Ok(copy) => copy,
+            Err(e) => {
+                if self.0.borrow_mut().take().is_none() {
+                    return Err(e);
+                }
+                fd.try_clone()?
+            }
+        };
+        if self.0.borrow().is_none() {
+            *self.0.borrow_mut() = FdReserve::open();
+        }
+        Ok(copy)
+    }
+}
+
+/// A shutdown's drain begins: the primary stops accepting and resets what is parked (see the
+/// module docs). Idempotent.
+pub(super) fn stop_accepting(st: &State) {
+    if st.accepting_stopped.replace(true) {
+        return;
+    }
+    let servers: Vec<Rc<Server>> = st
+        .servers
+        .borrow()
+        .values()
+        .chain(st.prebound.borrow().iter().map(|(_, s)| s))
+        .cloned()
+        .collect();
+    for server in servers {
+        server.stop();
     }
 }
 
@@ -716,69 +849,87 @@ fn has_room(server: &Server) -> bool {
     })
 }
 
-/// Whether the accept task has work: parked connections and a worker with room for them, or
-/// (nothing parked) the socket is readable (its readiness is polled here).
-fn poll_work(
-    server: &Server,
-    io: &AsyncFd<std::net::TcpListener>,
-    cx: &mut Context<'_>,
-) -> Poll<io::Result<()>> {
-    let parked = server.parked.borrow().len();
-    let room = has_room(server);
-    if parked > 0 && room {
-        return Poll::Ready(Ok(()));
+/// The accept task's next step.
+enum Work {
+    /// Hand out parked connections: a worker has room.
+    Parked,
+    /// Accept: the socket is readable.
+    Accept,
+    /// Polling the socket failed.
+    Failed(io::Error),
+    /// The primary stopped accepting.
+    Stop,
+}
+
+/// What the accept task does next: parked connections go out first, once a worker has room;
+/// with nothing parked it accepts when the socket is readable (its readiness is polled here).
+fn poll_work(server: &Server, cx: &mut Context<'_>) -> Poll<Work> {
+    let Some(io) = server.accepting() else {
+        return Poll::Ready(Work::Stop);
+    };
+    let parked = !server.parked.is_empty();
+    if parked && has_room(server) {
+        return Poll::Ready(Work::Parked);
     }
-    // Connections parked from outside this task (a refusal, a death, a give-back) and room for
-    // them wake it through `accept_waker`; new connections through the socket.
+    // Connections parked from outside this task (a refusal, a death, a give-back), room for
+    // them, an expiry and a stop wake it through `accept_waker`; new connections through the
+    // socket.
     *server.accept_waker.borrow_mut() = Some(cx.waker().clone());
-    if parked > 0 {
+    if parked {
         return Poll::Pending;
     }
     io.poll_read_ready(cx)
+        .map(|r| r.map_or_else(Work::Failed, |()| Work::Accept))
 }
 
 async fn accept_loop(st: &Rc<State>, server: &Rc<Server>) {
-    let Sock::Accepting(io) = &server.sock else {
-        return;
-    };
-    let flags = rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK;
     loop {
-        if let Err(e) = poll_fn(|cx| poll_work(server, io, cx)).await {
-            back_off(server, e).await;
-            continue;
-        }
-        let mut conns: Vec<Conn> = {
-            let mut parked = server.parked.borrow_mut();
-            let n = parked.len().min(ACCEPT_BATCH);
-            parked.drain(..n).collect()
-        };
-        let mut failure = None;
-        while conns.len() < ACCEPT_BATCH && server.parked.borrow().is_empty() {
-            match rustix::net::acceptfrom_with(io.get_ref(), flags) {
-                Ok((fd, peer)) => conns.push(Conn {
-                    fd: Rc::new(fd),
-                    peer: peer.and_then(|p| SocketAddr::try_from(p).ok()),
-                }),
-                Err(rustix::io::Errno::AGAIN) => {
-                    io.clear_read_ready();
-                    break;
-                }
-                Err(rustix::io::Errno::INTR | rustix::io::Errno::CONNABORTED) => {}
-                Err(e) => {
-                    failure = Some(io::Error::from(e));
-                    break;
-                }
+        let (conns, failure) = match poll_fn(|cx| poll_work(server, cx)).await {
+            Work::Stop => return,
+            Work::Failed(e) => {
+                back_off(server, e).await;
+                continue;
             }
-        }
-        dispatch(st, server, conns);
+            Work::Parked => (server.parked.take(ACCEPT_BATCH), None),
+            Work::Accept => accept_batch(server),
+        };
+        let short = dispatch(st, server, conns).is_err();
         if let Some(e) = failure {
             back_off(server, e).await;
+        } else if short {
+            crate::time::sleep(RETRY_PAUSE).await;
         }
     }
+}
+
+/// Accepts up to [`ACCEPT_BATCH`] connections, until the backlog is empty or an accept fails.
+fn accept_batch(server: &Server) -> (Vec<Conn>, Option<io::Error>) {
+    let Some(io) = server.accepting() else {
+        return (Vec::new(), None);
+    };
+    let flags = rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK;
+    let since = crate::time::loop_now_ns();
+    let mut conns = Vec::new();
+    while conns.len() < ACCEPT_BATCH {
+        match rustix::net::acceptfrom_with(io.get_ref(), flags) {
+            Ok((fd, peer)) => conns.push(Conn {
+                fd: Rc::new(fd),
+                peer: peer.and_then(|p| SocketAddr::try_from(p).ok()),
+                since,
+            }),
+            Err(rustix::io::Errno::AGAIN) => {
+                io.clear_read_ready();
+                break;
+            }
+            Err(rustix::io::Errno::INTR | rustix::io::Errno::CONNABORTED) => {}
+            Err(e) => return (conns, Some(io::Error::from(e))),
+        }
+    }
+    (conns, None)
 }
 
 /// After a failed accept (EMFILE and friends): log and pause briefly instead of spinning.
 async fn back_off(server: &Server, e: io::Error) {
     tracing::error!(target: "nodus::cluster", "accept on {} failed: {e}", server.addr);
-    crate::time::sleep(std::time::Duration::from_millis(50)).await;
+    crate::time::sleep(RETRY_PAUSE).await;
 }

@@ -8,7 +8,9 @@
 //!   worker is asked to drain; the old one then drains on its own schedule while the next slot
 //!   starts.
 //! - Once shutdown (or give-up) begins, nothing is started again; `run` returns when the last
-//!   worker has exited and every exit has settled (below).
+//!   worker has exited and every exit has settled (below). The primary accepts connections
+//!   through `shutdown_delay` and stops when the drain begins (`server::stop_accepting`), or when
+//!   a second signal kills the workers.
 //! - An exit's consequences (the replacement, a backoff) happen at once; its log line waits for
 //!   the worker's output to end ([`Proc::output_ended`]), so it follows the worker's last lines,
 //!   and so do the lines about what the exit led to (not restarted, giving up). Until then the
@@ -405,6 +407,7 @@ pub(super) fn request_shutdown(st: &Rc<State>, why: &str, forced_code: i32) {
         target: "nodus::cluster",
         "{why} again: killing the {} remaining workers", procs.len()
     );
+    server::stop_accepting(st);
     if !procs.is_empty() {
         force(st, forced_code);
     }
@@ -451,6 +454,7 @@ fn start_shutdown(st: &Rc<State>, why: &str) {
 }
 
 fn drain_all(st: &Rc<State>) {
+    server::stop_accepting(st);
     let procs: Vec<Rc<Proc>> = st.procs.borrow().values().cloned().collect();
     for p in &procs {
         drain(st, p);
