@@ -24,8 +24,15 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The process's open fds, less the watchdog's: its thread opens a loop's
+/// `/proc/self/task/<tid>/{schedstat,status}` when it adopts the loop and closes them when it
+/// prunes it, both asynchronously, so those two may come or go between any two counts.
 fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+        .filter(|target| !target.starts_with("/proc/"))
+        .count()
 }
 
 /// A pipe: its read end (non-blocking) and its write end, the fd to pass.
