@@ -4,12 +4,28 @@
 //!
 //! Bounded: every wait has a deadline; the workers die with the test process (PDEATHSIG) and are
 //! drained by `shutdown` at the end.
+//!
+//! A test that needs a nodus worker runs this test binary again as the worker (the variable
+//! [`ROLE`] says which), filtered to the same test: the test function plays the worker there.
 
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use nodus::cluster::{Config, Event, EventKind, Primary, Readiness, WorkerCommand};
+use nodus::cluster::{Config, Event, EventKind, Primary, Readiness, Worker, WorkerCommand};
+
+/// Set in a worker this binary starts from itself: the worker role to play.
+const ROLE: &str = "NODUS_TEST_WORKER_ROLE";
+
+/// A worker that runs this test binary's test `name` with [`ROLE`] = `role`.
+fn self_as_worker(name: &str, role: &str) -> WorkerCommand {
+    WorkerCommand {
+        program: std::env::current_exe().unwrap(),
+        args: vec![name.into(), "--exact".into(), "--nocapture".into()],
+        env: vec![(ROLE.into(), role.into())],
+        ipc: true,
+    }
+}
 
 fn sleeper_config(workers: usize) -> Config {
     let mut config = Config::new(
@@ -107,6 +123,83 @@ fn a_primary_side_kill_is_an_asked_exit_and_a_crash_is_restarted() {
                 .borrow()
                 .iter()
                 .any(|e| matches!(e.kind, EventKind::Shutdown { .. }))
+        );
+    });
+}
+
+/// The worker role of the test below: listens, says ready, waits for the drain, then asks for a
+/// second listener. Exits 0 when the primary refused it, 3 when it granted it.
+fn listen_after_drain_worker() -> ! {
+    let code = nodus::Runtime::new().block_on(async {
+        let worker = Worker::get().unwrap().expect("started as a cluster worker");
+        let _first = worker.listen("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        worker.ready();
+        worker.drain_requested().await;
+        match worker.listen("127.0.0.1:0".parse().unwrap()).await {
+            Err(e)
+                if e.to_string()
+                    .contains(&std::io::Error::from_raw_os_error(libc::ESHUTDOWN).to_string()) =>
+            {
+                0
+            }
+            Err(e) => {
+                eprintln!("refused, but not for stopping: {e}");
+                4
+            }
+            Ok(_) => 3,
+        }
+    });
+    std::process::exit(code);
+}
+
+#[test]
+fn a_draining_worker_gets_no_new_listener() {
+    if std::env::var(ROLE).as_deref() == Ok("listen-after-drain") {
+        listen_after_drain_worker();
+    }
+    let rt = nodus::Runtime::new();
+    rt.block_on(async {
+        let mut config = Config::new(
+            1,
+            self_as_worker(
+                "a_draining_worker_gets_no_new_listener",
+                "listen-after-drain",
+            ),
+        );
+        config.readiness = Readiness::Message;
+        config.prefix_output = false;
+        config.drain_timeout = Duration::from_secs(5);
+        config.kill_timeout = Duration::from_secs(10);
+        let primary = Primary::start(config).expect("the test binary runs");
+        let events: Rc<RefCell<Vec<Event>>> = Rc::default();
+        let sink = events.clone();
+        primary.on_event(move |e| sink.borrow_mut().push(e.clone()));
+        let run = nodus::spawn({
+            let p = primary.clone();
+            async move { p.run().await }
+        });
+        wait_until(&events, |ev| {
+            ev.iter().any(|e| matches!(e.kind, EventKind::Ready))
+        })
+        .await;
+        primary.shutdown();
+        let code = nodus::timeout(Duration::from_secs(20), run)
+            .await
+            .expect("shutdown finishes")
+            .unwrap();
+        assert_eq!(code, 0);
+        let worker_codes: Vec<Option<i32>> = events
+            .borrow()
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::Exit { code, .. } => Some(*code),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            worker_codes,
+            [Some(0)],
+            "0: the second listen was refused for stopping"
         );
     });
 }

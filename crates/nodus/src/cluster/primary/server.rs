@@ -20,6 +20,8 @@
 //!   left in its backlog (a socket a service manager passed in stays open there, its backlog
 //!   kept for the next start). Parked connections are reset then, and any parked later on arrival;
 //!   connections handed to workers drain with them. No new listener is bound after that.
+//! - A worker asked to drain, or that said it is going down, is never made a member again: its
+//!   `queryServer` is refused with `ESHUTDOWN` under every policy.
 //! - Connections are accepted non-blocking (the flag lives in the file description the worker
 //!   shares), up to [`ACCEPT_BATCH`] per wake-up, and handed out per worker in one message:
 //!   `newconns` with up to 64 fds to a nodus worker, one `newconn` each to a Node worker (its
@@ -295,7 +297,11 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
         seq: st.next_seq(),
     };
     let addr = requested_addr(m);
-    let result = if st.config.policy == Policy::ReusePort {
+    let result = if proc.drained.get() || proc.going_down.get() {
+        // A worker on its way out gets no new listener: as a member it would be handed
+        // connections (or under shared and reuseport, take them from a queue) it cannot serve.
+        Err(io::Error::from_raw_os_error(libc::ESHUTDOWN))
+    } else if st.config.policy == Policy::ReusePort {
         addr.and_then(|addr| reuseport_socket(st, &key, addr).map(|fd| (None, Some(fd))))
     } else {
         addr.and_then(|addr| server_for(st, &key, addr))
@@ -329,11 +335,20 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
         Ok((_, Some(fd))) => channel.send_handle(&reply(None, None), SendHandle::fd(fd)),
         Ok((None, None)) => unreachable!("a server answers with an address or an fd"),
         Err(e) => {
-            tracing::error!(
-                target: "nodus::cluster",
-                "worker {} (pid {}) cannot listen on {:?} port {:?}: {e}",
-                proc.slot, proc.pid, m.address.as_deref().unwrap_or("any"), m.port.unwrap_or(0)
-            );
+            let (address, port) = (m.address.as_deref().unwrap_or("any"), m.port.unwrap_or(0));
+            if e.raw_os_error() == Some(libc::ESHUTDOWN) {
+                tracing::warn!(
+                    target: "nodus::cluster",
+                    "worker {} (pid {}) asked to listen on {address:?} port {port} while stopping: refused",
+                    proc.slot, proc.pid
+                );
+            } else {
+                tracing::error!(
+                    target: "nodus::cluster",
+                    "worker {} (pid {}) cannot listen on {address:?} port {port}: {e}",
+                    proc.slot, proc.pid
+                );
+            }
             // Node's workers expect a negative libuv errno.
             let raw = match e.kind() {
                 io::ErrorKind::Unsupported => libc::EAFNOSUPPORT,
