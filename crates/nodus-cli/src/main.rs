@@ -81,7 +81,8 @@ enum Command {
     /// Exit codes: 0 after a drain in which every worker stopped in time (or once no worker is
     /// left after clean exits); 1 a start failure or a worker left after a crash; 2 a usage
     /// error; 75 the restart budget is spent; 124 a worker was SIGKILLed at --kill-timeout during
-    /// the stop; 128+N a second signal N during the drain (130 SIGINT, 143 SIGTERM).
+    /// the stop, or exited 124 (a nodus worker whose drain deadline cut requests); 128+N a second
+    /// signal N during the drain (130 SIGINT, 143 SIGTERM).
     Run(RunArgs),
 }
 
@@ -190,7 +191,9 @@ struct ServeArgs {
     /// Log one line per request.
     #[arg(long)]
     access_log: bool,
-    /// Seconds in-flight requests get to finish after a shutdown begins.
+    /// Seconds in-flight requests get to finish after a shutdown begins. Exit code 0 when every
+    /// request was answered, 124 when this deadline cut some, 128+N when a second signal N
+    /// stopped the drain at once.
     #[arg(long, default_value_t = 10.0, value_parser = seconds)]
     drain_timeout: f64,
     /// Seconds to keep serving after SIGTERM (readyz answers 503) before draining.

@@ -218,6 +218,64 @@ fn sigterm_turns_readyz_to_503_then_drains_and_exits_0() {
     assert!(log.iter().any(|l| l.contains("SIGTERM")), "{log:?}");
 }
 
+/// A file of `len` bytes (sparse) in `dir`, fetched by a client that reads only the status line:
+/// its response stays half written in the server.
+fn stalled_download(dir: &Path, addr: SocketAddr) -> TcpStream {
+    let f = std::fs::File::create(dir.join("big.bin")).unwrap();
+    f.set_len(64 << 20).unwrap();
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /big.bin HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    let mut status = [0u8; 12];
+    s.read_exact(&mut status).unwrap();
+    assert_eq!(&status, b"HTTP/1.1 200");
+    s
+}
+
+#[test]
+fn a_drain_deadline_that_cuts_a_response_exits_124() {
+    let dir = site();
+    let mut server = Serve::start(dir.path(), 1, &["--drain-timeout", "0.3"]);
+    let _client = stalled_download(dir.path(), server.addr);
+    server.proc.signal(rustix::process::Signal::TERM);
+    assert_eq!(server.proc.wait_exit(Duration::from_secs(10)), Some(124));
+    let log = server.proc.output();
+    assert!(
+        log.iter()
+            .any(|l| l.contains("the drain deadline cut 1 requests")),
+        "{log:?}"
+    );
+}
+
+#[test]
+fn a_cluster_whose_worker_cut_a_response_at_its_drain_deadline_exits_124() {
+    let dir = site();
+    let mut server = Serve::start(dir.path(), 2, &["--drain-timeout", "0.3"]);
+    let _client = stalled_download(dir.path(), server.addr);
+    server.proc.signal(rustix::process::Signal::TERM);
+    assert_eq!(server.proc.wait_exit(Duration::from_secs(10)), Some(124));
+    let log = server.proc.output();
+    assert!(
+        log.iter()
+            .any(|l| l.contains("cut requests at its drain deadline")),
+        "{log:?}"
+    );
+}
+
+#[test]
+fn a_second_signal_during_the_drain_exits_at_once_with_128_plus_its_number() {
+    let dir = site();
+    let mut server = Serve::start(dir.path(), 1, &["--drain-timeout", "60"]);
+    let _client = stalled_download(dir.path(), server.addr);
+    server.proc.signal(rustix::process::Signal::TERM);
+    std::thread::sleep(Duration::from_millis(200));
+    server.proc.signal(rustix::process::Signal::INT);
+    assert_eq!(server.proc.wait_exit(Duration::from_secs(10)), Some(130));
+    let log = server.proc.output();
+    assert!(log.iter().any(|l| l.contains("second SIGINT")), "{log:?}");
+}
+
 #[test]
 fn bad_flags_and_a_busy_address_fail_clearly() {
     let out = Command::new(NODUS)

@@ -101,24 +101,34 @@ impl FdStream for nodus::cluster::Stream {
 /// A stream adapted for hyper.
 pub struct HyperIo<S> {
     stream: S,
-    /// Loop time (ns) of the last successful read or write.
-    last_io: Rc<Cell<u64>>,
+    activity: Rc<Activity>,
     /// The fd refused a socket call (`ENOTSOCK`): use file calls.
     not_socket: Cell<bool>,
+}
+
+/// What a connection's task sees of its transfers.
+pub struct Activity {
+    /// Loop time (ns) of the last successful read or write.
+    pub last_io: Cell<u64>,
+    /// The last write waits for the socket to drain: hyper holds output the peer has not taken.
+    pub write_blocked: Cell<bool>,
 }
 
 impl<S: FdStream> HyperIo<S> {
     pub fn new(stream: S) -> HyperIo<S> {
         HyperIo {
             stream,
-            last_io: Rc::new(Cell::new(now_ns())),
+            activity: Rc::new(Activity {
+                last_io: Cell::new(now_ns()),
+                write_blocked: Cell::new(false),
+            }),
             not_socket: Cell::new(false),
         }
     }
 
-    /// Shared view of the last-activity time.
-    pub fn activity(&self) -> Rc<Cell<u64>> {
-        self.last_io.clone()
+    /// Shared view of the connection's transfers.
+    pub fn activity(&self) -> Rc<Activity> {
+        self.activity.clone()
     }
 
     pub fn get_ref(&self) -> &S {
@@ -126,7 +136,7 @@ impl<S: FdStream> HyperIo<S> {
     }
 
     fn touched(&self) {
-        self.last_io.set(now_ns());
+        self.activity.last_io.set(now_ns());
     }
 }
 
@@ -224,10 +234,15 @@ impl<S: FdStream> HyperIo<S> {
         mut op: impl FnMut(BorrowedFd<'_>, bool) -> rustix::io::Result<usize>,
     ) -> Poll<io::Result<usize>> {
         loop {
-            ready!(self.stream.poll_write_ready(cx))?;
+            let Poll::Ready(ready) = self.stream.poll_write_ready(cx) else {
+                self.activity.write_blocked.set(true);
+                return Poll::Pending;
+            };
+            ready?;
             match op(self.stream.fd(), !self.not_socket.get()) {
                 Ok(n) => {
                     self.touched();
+                    self.activity.write_blocked.set(false);
                     stats::sent(n);
                     return Poll::Ready(Ok(n));
                 }

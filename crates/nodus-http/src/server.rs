@@ -14,6 +14,9 @@
 //!   response carries `Connection: close` (so a keep-alive client whose next request is already
 //!   on the wire gets its answer, then the connection closes); HTTP/2 connections get GOAWAY; idle
 //!   connections close at their keep-alive timeout; whatever is still open at the deadline is cut.
+//!   `Server::drain` returns what the cut lost: the requests whose handler had not answered,
+//!   plus one per connection still writing a response (a large or streamed body still producing,
+//!   or output the peer has not taken). An idle connection cut at the deadline loses nothing.
 
 use std::cell::{Cell, RefCell};
 use std::convert::Infallible;
@@ -150,6 +153,8 @@ struct State {
     builders: Builders,
     draining: Cell<bool>,
     deadline: Cell<u64>,
+    /// Requests in flight on the connections the drain deadline cut.
+    cut_requests: Cell<usize>,
     /// Wakers of connection tasks, to tell them a drain started.
     conns: RefCell<Slab<Option<Waker>>>,
     accept_waker: Cell<Option<Waker>>,
@@ -185,6 +190,7 @@ where
         builders,
         draining: Cell::new(false),
         deadline: Cell::new(u64::MAX),
+        cut_requests: Cell::new(0),
         conns: RefCell::new(Slab::new()),
         accept_waker: Cell::new(None),
         drained_waker: Cell::new(None),
@@ -215,7 +221,9 @@ impl Server {
 
     /// Stops accepting and waits until every connection has closed, cutting those still open
     /// after `timeout` (see the module docs for what happens to each kind of connection).
-    pub async fn drain(&self, timeout: Duration) {
+    /// Returns how many requests were in flight on the connections it cut: 0 is a drain that
+    /// lost nothing (an idle keep-alive connection cut at the deadline loses no request).
+    pub async fn drain(&self, timeout: Duration) -> usize {
         let state = &self.state;
         if !state.draining.replace(true) {
             state
@@ -243,6 +251,7 @@ impl Server {
             }
         })
         .await;
+        state.cut_requests.get()
     }
 }
 
@@ -325,6 +334,7 @@ where
     let activity = io.activity();
     let conn_state = Rc::new(ConnState {
         in_flight: Cell::new(0),
+        streaming: Cell::new(0),
         http2: Cell::new(false),
     });
     let service = Service {
@@ -357,14 +367,18 @@ where
                     ))
                 });
                 if Pin::new(deadline).poll(cx).is_ready() {
-                    return Poll::Ready(()); // the drain deadline cuts it
+                    // The drain deadline cuts it, with what it was answering.
+                    let answering = conn_state.streaming.get() > 0 || activity.write_blocked.get();
+                    let cut = &state.cut_requests;
+                    cut.set(cut.get() + conn_state.in_flight.get() + usize::from(answering));
+                    return Poll::Ready(());
                 }
             } else if let Some(slot) = state.conns.borrow_mut().get_mut(key)
                 && !slot.as_ref().is_some_and(|w| w.will_wake(cx.waker()))
             {
                 *slot = Some(cx.waker().clone());
             }
-            match timer.poll(cx, &mut head, &activity, &conn_state) {
+            match timer.poll(cx, &mut head, &activity.last_io, &conn_state) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Fired::HeadExpired) => continue, // hyper sees it when polled again
                 Poll::Ready(Fired::Idle) => return Poll::Ready(()),
@@ -558,7 +572,12 @@ where
 }
 
 struct ConnState {
+    /// Requests whose handler has not answered yet.
     in_flight: Cell<usize>,
+    /// Answered requests whose large or streamed body is still being written (see
+    /// [`TrackedBody`]); not "in flight" for the keep-alive timeout, which a client that stops
+    /// reading must still meet.
+    streaming: Cell<usize>,
     http2: Cell<bool>,
 }
 
@@ -649,10 +668,66 @@ impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
         }
         if let Some(conn) = this.conn.take() {
             conn.in_flight.set(conn.in_flight.get() - 1);
+            if TrackedBody::needed(resp.body()) {
+                resp = resp.map(|inner| TrackedBody::track(inner, conn));
+            }
         }
         let ns = nodus::clock::now_ns().saturating_sub(this.start);
         stats::request_finished(resp.status(), ns);
         Poll::Ready(Ok(resp))
+    }
+}
+
+/// A response body that counts in its connection's `streaming` until it is dropped (written
+/// out, or abandoned with the connection), so that a drain deadline cutting the connection knows
+/// it cut a response. Only bodies that may outlast one write are tracked: the small ones with an
+/// exact length go out with the head, and wrapping them would cost an allocation per request.
+struct TrackedBody {
+    inner: Body,
+    conn: Rc<ConnState>,
+}
+
+impl TrackedBody {
+    /// Bodies up to this exact length are not tracked.
+    const UNTRACKED_MAX: u64 = 64 * 1024;
+
+    fn needed(body: &Body) -> bool {
+        !body.is_end_stream()
+            && body
+                .size_hint()
+                .exact()
+                .is_none_or(|len| len > Self::UNTRACKED_MAX)
+    }
+
+    fn track(inner: Body, conn: Rc<ConnState>) -> Body {
+        conn.streaming.set(conn.streaming.get() + 1);
+        crate::body::boxed(TrackedBody { inner, conn })
+    }
+}
+
+impl hyper::body::Body for TrackedBody {
+    type Data = bytes::Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        self.inner.as_mut().poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for TrackedBody {
+    fn drop(&mut self) {
+        self.conn.streaming.set(self.conn.streaming.get() - 1);
     }
 }
 

@@ -20,7 +20,8 @@ use nodus_testkit::http::{Reply, read_reply, write_request};
 struct TestServer {
     addr: SocketAddr,
     drain: Arc<AtomicBool>,
-    thread: Option<JoinHandle<nodus::metrics::Snapshot>>,
+    /// The requests the drain cut, and the final snapshot.
+    thread: Option<JoinHandle<(usize, nodus::metrics::Snapshot)>>,
 }
 
 impl TestServer {
@@ -38,6 +39,8 @@ impl TestServer {
                             nodus::sleep(300).await;
                             text(StatusCode::OK, "slow done")
                         }
+                        // 8 MiB: more than the socket buffers hold when the client reads none.
+                        "/big" => http::Response::new(full(vec![b'x'; 8 << 20])),
                         "/echo" => match collect_body(req.into_body()).await {
                             Ok(b) => http::Response::new(full(b)),
                             Err(nodus_http::BodyError::TooLarge) => {
@@ -52,8 +55,8 @@ impl TestServer {
                 while !d.load(Ordering::Acquire) {
                     nodus::sleep(5).await;
                 }
-                server.drain(drain_timeout).await;
-                nodus_http::snapshot()
+                let cut = server.drain(drain_timeout).await;
+                (cut, nodus_http::snapshot())
             })
         });
         let addr = rx
@@ -72,8 +75,9 @@ impl TestServer {
         s
     }
 
-    /// Starts the drain and waits for the server to finish it; returns its final snapshot.
-    fn finish(mut self) -> nodus::metrics::Snapshot {
+    /// Starts the drain and waits for the server to finish it; returns the requests its deadline
+    /// cut and the final snapshot.
+    fn finish(mut self) -> (usize, nodus::metrics::Snapshot) {
         self.drain.store(true, Ordering::Release);
         self.thread.take().unwrap().join().unwrap()
     }
@@ -103,7 +107,7 @@ fn serves_keep_alive_requests_and_counts_them() {
         assert_eq!((status, body.as_slice()), (200, &b"hello"[..]));
     }
     drop((s, r));
-    let snap = server.finish();
+    let (_, snap) = server.finish();
     assert_eq!(snap.http.responses_by_class[1], 3);
     assert_eq!(snap.http.connections_total, 1);
     assert!(snap.http.bytes_received_total > 0 && snap.http.bytes_sent_total > 0);
@@ -262,7 +266,8 @@ fn graceful_drain_finishes_in_flight_work_and_refuses_new_connections() {
     // The in-flight slow request completes.
     let Reply { status, body, .. } = read_reply(&mut BufReader::new(slow), false).unwrap();
     assert_eq!((status, body.as_slice()), (200, &b"slow done"[..]));
-    let snap = drained.join().unwrap();
+    let (cut, snap) = drained.join().unwrap();
+    assert_eq!(cut, 0, "every request was answered");
     assert_eq!(snap.http.connections_open, 0);
     assert_eq!(snap.http.responses_by_class[1], 3);
 }
@@ -420,13 +425,45 @@ fn a_request_cut_by_the_drain_deadline_leaves_no_request_in_flight() {
     let mut slow = server.connect();
     get(&mut slow, "/slow");
     std::thread::sleep(Duration::from_millis(50));
-    let snap = server.finish();
+    let (cut, snap) = server.finish();
+    assert_eq!(cut, 1, "the drain reports the request it cut");
     assert_eq!(snap.http.connections_open, 0);
     assert_eq!(snap.http.requests_in_flight, 0);
     assert_eq!(
         snap.http.request_duration.count, 0,
         "an unanswered request has no duration"
     );
+}
+
+#[test]
+fn a_drain_counts_a_response_it_cut_while_writing_but_not_an_idle_keep_alive_connection() {
+    let server = TestServer::start(Config::default(), Duration::from_millis(200));
+    // Answered and idle: cut at the deadline (before its keep-alive timeout), losing nothing.
+    let mut idle = server.connect();
+    get(&mut idle, "/");
+    assert_eq!(
+        read_reply(&mut BufReader::new(idle.try_clone().unwrap()), false)
+            .unwrap()
+            .status,
+        200
+    );
+    let (cut, snap) = server.finish();
+    assert_eq!(snap.http.connections_open, 0);
+    assert_eq!(
+        cut, 0,
+        "an idle connection cut at the deadline lost no request"
+    );
+
+    let server = TestServer::start(Config::default(), Duration::from_millis(200));
+    // Answered, but its body is still being written to a client that reads none of it.
+    let mut stalled = server.connect();
+    get(&mut stalled, "/big");
+    let mut head = [0u8; 12];
+    stalled.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    let (cut, snap) = server.finish();
+    assert_eq!(cut, 1, "the response cut while being written counts");
+    assert_eq!(snap.http.connections_open, 0);
 }
 
 #[test]

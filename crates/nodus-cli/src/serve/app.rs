@@ -11,7 +11,9 @@
 //!
 //! Shutdown: readyz turns 503 at once, serving goes on for `--shutdown-delay` (so a load balancer
 //! notices), then both listeners stop accepting and in-flight requests get `--drain-timeout` to
-//! finish; the process exits 0.
+//! finish. The exit code says what the stop lost, as the cluster's does: 0 when every request was
+//! answered, [`FORCED_STOP_EXIT_CODE`] (124) when the drain deadline cut requests, 128 + N when a
+//! second signal N ended the stop at once.
 
 use std::cell::Cell;
 use std::net::SocketAddr;
@@ -20,6 +22,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use http::{HeaderMap, Method, Request, Response, StatusCode};
+use nodus::cluster::FORCED_STOP_EXIT_CODE;
 use nodus::net::TcpListener;
 use nodus::signal::{SIGINT, SIGTERM, Signals};
 use nodus_http::server::ConnInfo;
@@ -162,22 +165,50 @@ async fn serve_until_signal(options: ServeOptions, root: PathBuf) -> i32 {
     let signal = signals.recv().await;
     site.ready.set(false);
     tell_manager("STOPPING=1\nSTATUS=draining");
-    let name = if signal == SIGTERM {
-        "SIGTERM"
-    } else {
-        "SIGINT"
-    };
     tracing::info!(
-        "{name}: readyz now answers 503; draining in {:?}, then up to {:?} for in-flight requests",
+        "{}: readyz now answers 503; draining in {:?}, then up to {:?} for in-flight requests \
+         (a second signal stops at once)",
+        signal_name(signal),
         options.shutdown_delay,
         options.drain_timeout
     );
-    if !options.shutdown_delay.is_zero() {
-        nodus::sleep(options.shutdown_delay).await;
+    let stop = async {
+        if !options.shutdown_delay.is_zero() {
+            nodus::sleep(options.shutdown_delay).await;
+        }
+        running.drain(options.drain_timeout).await
+    };
+    let second = signals.recv();
+    match futures_util::future::select(std::pin::pin!(stop), std::pin::pin!(second)).await {
+        futures_util::future::Either::Left((cut, _)) => drained_exit_code(cut),
+        futures_util::future::Either::Right((signal, _)) => {
+            tracing::warn!(
+                "second {} during the drain: exiting now, open connections are reset",
+                signal_name(signal)
+            );
+            128 + signal
+        }
     }
-    running.drain(options.drain_timeout).await;
-    tracing::info!("drained; exiting");
-    0
+}
+
+fn signal_name(signal: i32) -> &'static str {
+    if signal == SIGTERM {
+        "SIGTERM"
+    } else {
+        "SIGINT"
+    }
+}
+
+/// 0 after a drain that answered every request, [`FORCED_STOP_EXIT_CODE`] when its deadline cut
+/// `cut` requests.
+fn drained_exit_code(cut: usize) -> i32 {
+    if cut == 0 {
+        tracing::info!("drained; exiting");
+        0
+    } else {
+        tracing::warn!("the drain deadline cut {cut} requests in flight; exiting");
+        FORCED_STOP_EXIT_CODE
+    }
 }
 
 /// A worker of `nodus serve --workers N`: the public listener comes from the primary (which
@@ -219,8 +250,7 @@ async fn serve_worker(options: ServeOptions, root: PathBuf, worker: nodus::clust
         }
     };
     site.ready.set(false);
-    running.drain(deadline).await;
-    0
+    drained_exit_code(running.drain(deadline).await)
 }
 
 pub(super) fn new_site(
@@ -249,13 +279,17 @@ struct Running {
 }
 
 impl Running {
-    async fn drain(&self, timeout: Duration) {
+    /// Drains both servers; returns the requests their deadline cut.
+    async fn drain(&self, timeout: Duration) -> usize {
         let admin_drain = async {
-            if let Some(server) = &self.admin {
-                server.drain(timeout).await;
+            match &self.admin {
+                Some(server) => server.drain(timeout).await,
+                None => 0,
             }
         };
-        let (_, ()) = futures_util::future::join(self.public.drain(timeout), admin_drain).await;
+        let (public, admin) =
+            futures_util::future::join(self.public.drain(timeout), admin_drain).await;
+        public + admin
     }
 }
 

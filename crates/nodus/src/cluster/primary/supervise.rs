@@ -16,9 +16,10 @@
 //!   and so do the lines about what the exit led to (not restarted, giving up). Until then the
 //!   exit is "settling" (`State::exits_settling`).
 //! - The exit code is 0 after a graceful stop. A stop that had to kill workers (a second
-//!   SIGTERM/SIGINT, or the kill timeout during the shutdown) sets its code unless one is set
-//!   already: 128 + the second signal's number, or [`FORCED_STOP_EXIT_CODE`]; the give-up code and
-//!   1 (a worker left after a crash) are kept.
+//!   SIGTERM/SIGINT, or the kill timeout during the shutdown), or in which a worker exited with
+//!   [`FORCED_STOP_EXIT_CODE`] (a nodus worker whose drain deadline cut requests), sets its code
+//!   unless one is set already: 128 + the second signal's number, or [`FORCED_STOP_EXIT_CODE`];
+//!   the give-up code and 1 (a worker left after a crash) are kept.
 
 use std::future::poll_fn;
 use std::rc::Rc;
@@ -144,6 +145,15 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
         Ok(s) => (s.code(), s.signal()),
         Err(_) => (None, None),
     };
+    if code == Some(FORCED_STOP_EXIT_CODE) && st.phase.get() == Phase::Stopping {
+        // The worker's own drain deadline cut requests (a nodus worker says so with this code).
+        tracing::warn!(
+            target: "nodus::cluster",
+            "worker {} (pid {}) cut requests at its drain deadline (exit code {FORCED_STOP_EXIT_CODE})",
+            proc.slot, proc.pid
+        );
+        force(st, FORCED_STOP_EXIT_CODE);
+    }
     let text = format!("worker {} (pid {}) {reason}", proc.slot, proc.pid);
     *st.last_exit.borrow_mut() = Some(text.clone());
     st.emit(
