@@ -233,47 +233,42 @@ fn stalled_download(dir: &Path, addr: SocketAddr) -> TcpStream {
     s
 }
 
-#[test]
-fn a_drain_deadline_that_cuts_a_response_exits_124() {
+/// Starts `nodus serve` with `workers` and `drain_timeout`, leaves a download stalled in it,
+/// sends SIGTERM, then `second` (if any) 200 ms later; checks the exit code and a log line.
+fn stop_during_a_stalled_download(
+    workers: u32,
+    drain_timeout: &str,
+    second: Option<rustix::process::Signal>,
+    code: i32,
+    logged: &str,
+) {
     let dir = site();
-    let mut server = Serve::start(dir.path(), 1, &["--drain-timeout", "0.3"]);
+    let mut server = Serve::start(dir.path(), workers, &["--drain-timeout", drain_timeout]);
     let _client = stalled_download(dir.path(), server.addr);
     server.proc.signal(rustix::process::Signal::TERM);
-    assert_eq!(server.proc.wait_exit(Duration::from_secs(10)), Some(124));
+    if let Some(signal) = second {
+        std::thread::sleep(Duration::from_millis(200));
+        server.proc.signal(signal);
+    }
+    assert_eq!(server.proc.wait_exit(Duration::from_secs(10)), Some(code));
     let log = server.proc.output();
-    assert!(
-        log.iter()
-            .any(|l| l.contains("the drain deadline cut 1 requests")),
-        "{log:?}"
-    );
+    assert!(log.iter().any(|l| l.contains(logged)), "{log:?}");
+}
+
+#[test]
+fn a_drain_deadline_that_cuts_a_response_exits_124() {
+    stop_during_a_stalled_download(1, "0.3", None, 124, "the drain deadline cut 1 requests");
 }
 
 #[test]
 fn a_cluster_whose_worker_cut_a_response_at_its_drain_deadline_exits_124() {
-    let dir = site();
-    let mut server = Serve::start(dir.path(), 2, &["--drain-timeout", "0.3"]);
-    let _client = stalled_download(dir.path(), server.addr);
-    server.proc.signal(rustix::process::Signal::TERM);
-    assert_eq!(server.proc.wait_exit(Duration::from_secs(10)), Some(124));
-    let log = server.proc.output();
-    assert!(
-        log.iter()
-            .any(|l| l.contains("cut requests at its drain deadline")),
-        "{log:?}"
-    );
+    stop_during_a_stalled_download(2, "0.3", None, 124, "cut requests at its drain deadline");
 }
 
 #[test]
 fn a_second_signal_during_the_drain_exits_at_once_with_128_plus_its_number() {
-    let dir = site();
-    let mut server = Serve::start(dir.path(), 1, &["--drain-timeout", "60"]);
-    let _client = stalled_download(dir.path(), server.addr);
-    server.proc.signal(rustix::process::Signal::TERM);
-    std::thread::sleep(Duration::from_millis(200));
-    server.proc.signal(rustix::process::Signal::INT);
-    assert_eq!(server.proc.wait_exit(Duration::from_secs(10)), Some(130));
-    let log = server.proc.output();
-    assert!(log.iter().any(|l| l.contains("second SIGINT")), "{log:?}");
+    let int = Some(rustix::process::Signal::INT);
+    stop_during_a_stalled_download(1, "60", int, 130, "second SIGINT");
 }
 
 #[test]

@@ -43,7 +43,27 @@ fn sleeper_config(workers: usize) -> Config {
     config
 }
 
-async fn wait_until(events: &Rc<RefCell<Vec<Event>>>, what: impl Fn(&[Event]) -> bool) {
+type Events = Rc<RefCell<Vec<Event>>>;
+
+/// Records `primary`'s events and runs it on a task of its own.
+fn record_and_run(primary: &Primary) -> (Events, nodus::JoinHandle<i32>) {
+    let events: Events = Rc::default();
+    let sink = events.clone();
+    primary.on_event(move |e| sink.borrow_mut().push(e.clone()));
+    let p = primary.clone();
+    (events, nodus::spawn(async move { p.run().await }))
+}
+
+/// Shuts `primary` down; its exit code, once `run` has returned (within 20 s).
+async fn shut_down(primary: &Primary, run: nodus::JoinHandle<i32>) -> i32 {
+    primary.shutdown();
+    nodus::timeout(Duration::from_secs(20), run)
+        .await
+        .expect("shutdown finishes")
+        .unwrap()
+}
+
+async fn wait_until(events: &Events, what: impl Fn(&[Event]) -> bool) {
     for _ in 0..1000 {
         if what(&events.borrow()) {
             return;
@@ -71,13 +91,7 @@ fn a_primary_side_kill_is_an_asked_exit_and_a_crash_is_restarted() {
     let rt = nodus::Runtime::new();
     rt.block_on(async {
         let primary = Primary::start(sleeper_config(2)).expect("sh runs");
-        let events: Rc<RefCell<Vec<Event>>> = Rc::default();
-        let sink = events.clone();
-        primary.on_event(move |e| sink.borrow_mut().push(e.clone()));
-        let run = nodus::spawn({
-            let p = primary.clone();
-            async move { p.run().await }
-        });
+        let (events, run) = record_and_run(&primary);
         wait_until(&events, |ev| {
             ev.iter()
                 .filter(|e| matches!(e.kind, EventKind::Ready))
@@ -112,12 +126,7 @@ fn a_primary_side_kill_is_an_asked_exit_and_a_crash_is_restarted() {
         .await;
         assert_ne!(primary.worker_pids()[1].1, 0);
 
-        primary.shutdown();
-        let code = nodus::timeout(Duration::from_secs(20), run)
-            .await
-            .expect("shutdown finishes")
-            .unwrap();
-        assert_eq!(code, 0);
+        assert_eq!(shut_down(&primary, run).await, 0);
         assert!(
             events
                 .borrow()
@@ -171,23 +180,12 @@ fn a_draining_worker_gets_no_new_listener() {
         config.drain_timeout = Duration::from_secs(5);
         config.kill_timeout = Duration::from_secs(10);
         let primary = Primary::start(config).expect("the test binary runs");
-        let events: Rc<RefCell<Vec<Event>>> = Rc::default();
-        let sink = events.clone();
-        primary.on_event(move |e| sink.borrow_mut().push(e.clone()));
-        let run = nodus::spawn({
-            let p = primary.clone();
-            async move { p.run().await }
-        });
+        let (events, run) = record_and_run(&primary);
         wait_until(&events, |ev| {
             ev.iter().any(|e| matches!(e.kind, EventKind::Ready))
         })
         .await;
-        primary.shutdown();
-        let code = nodus::timeout(Duration::from_secs(20), run)
-            .await
-            .expect("shutdown finishes")
-            .unwrap();
-        assert_eq!(code, 0);
+        assert_eq!(shut_down(&primary, run).await, 0);
         let worker_codes: Vec<Option<i32>> = events
             .borrow()
             .iter()

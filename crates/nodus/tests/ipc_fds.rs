@@ -81,34 +81,37 @@ async fn the_next_handle_is_its_own(ch: &Channel, raw: &mut Raw, listener: &TcpL
     assert!(ch.is_connected(), "the channel stays open");
 }
 
-#[test]
-fn a_stray_fd_with_a_plain_message_is_closed_and_not_given_to_the_next_handle() {
+/// Runs one case, alone, on a fresh channel and raw peer, with a listener to send as a handle;
+/// when it is done (its locals dropped), the process holds no fd it did not hold before.
+fn fd_case(case: impl AsyncFnOnce(&Channel, &mut Raw, &TcpListener)) {
     let _serial = serial();
     bounded(async {
         let (ch, mut raw) = with_raw(ChannelOptions::default());
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let before = open_fds();
-        let (r, w) = pipe();
-        raw.send_now(b"\"plain\"\n", &[w.as_fd()]);
-        drop(w);
-        expect_fd_error(&ch, 0, 1).await;
-        let m = ch.recv().await.unwrap().unwrap();
-        assert_eq!(m.json(), r#""plain""#);
-        assert!(m.handle().is_none());
-        assert!(write_end_closed(&r), "the stray fd was closed");
-        the_next_handle_is_its_own(&ch, &mut raw, &listener).await;
-        drop(r);
+        case(&ch, &mut raw, &listener).await;
         assert_eq!(open_fds(), before, "no fd left open");
     });
 }
 
 #[test]
+fn a_stray_fd_with_a_plain_message_is_closed_and_not_given_to_the_next_handle() {
+    fd_case(async |ch, raw, listener| {
+        let (r, w) = pipe();
+        raw.send_now(b"\"plain\"\n", &[w.as_fd()]);
+        drop(w);
+        expect_fd_error(ch, 0, 1).await;
+        let m = ch.recv().await.unwrap().unwrap();
+        assert_eq!(m.json(), r#""plain""#);
+        assert!(m.handle().is_none());
+        assert!(write_end_closed(&r), "the stray fd was closed");
+        the_next_handle_is_its_own(ch, raw, listener).await;
+    });
+}
+
+#[test]
 fn a_split_fds_frame_with_fewer_fds_than_announced_does_not_take_the_next_frames() {
-    let _serial = serial();
-    bounded(async {
-        let (ch, mut raw) = with_raw(ChannelOptions::default());
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let before = open_fds();
+    fd_case(async |ch, raw, listener| {
         let (r, w) = pipe();
         // Announces 2 fds, carries 1, and its bytes arrive in two writes: its end reaches the
         // channel in the same read as the next frame and that frame's fd.
@@ -118,7 +121,7 @@ fn a_split_fds_frame_with_fewer_fds_than_announced_does_not_take_the_next_frames
         drop(w);
         raw.send_now(tail, &[]);
         raw.send_now(HANDLE_FRAME, &[listener.as_fd()]);
-        expect_fd_error(&ch, 2, 1).await;
+        expect_fd_error(ch, 2, 1).await;
         let mut m = ch.recv().await.unwrap().unwrap();
         assert_eq!(m.json(), r#""burst""#);
         assert!(m.take_handles().is_empty(), "no fd it cannot vouch for");
@@ -128,18 +131,12 @@ fn a_split_fds_frame_with_fewer_fds_than_announced_does_not_take_the_next_frames
         assert_eq!(m.json(), r#""next""#);
         let got = m.take_handle().unwrap().into_tcp_listener().unwrap();
         assert_eq!(got.local_addr().unwrap(), listener.local_addr().unwrap());
-        drop((got, r));
-        assert_eq!(open_fds(), before, "no fd left open");
     });
 }
 
 #[test]
 fn an_fds_frame_with_more_fds_than_announced_keeps_none_and_the_next_handle_is_its_own() {
-    let _serial = serial();
-    bounded(async {
-        let (ch, mut raw) = with_raw(ChannelOptions::default());
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let before = open_fds();
+    fd_case(async |ch, raw, listener| {
         let (r1, w1) = pipe();
         let (r2, w2) = pipe();
         raw.send_now(
@@ -147,68 +144,50 @@ fn an_fds_frame_with_more_fds_than_announced_keeps_none_and_the_next_handle_is_i
             &[w1.as_fd(), w2.as_fd()],
         );
         drop((w1, w2));
-        expect_fd_error(&ch, 1, 2).await;
+        expect_fd_error(ch, 1, 2).await;
         let mut m = ch.recv().await.unwrap().unwrap();
         assert_eq!(m.json(), r#""burst""#);
         assert!(m.take_handles().is_empty());
         assert!(write_end_closed(&r1) && write_end_closed(&r2));
-        the_next_handle_is_its_own(&ch, &mut raw, &listener).await;
-        drop((r1, r2));
-        assert_eq!(open_fds(), before, "no fd left open");
+        the_next_handle_is_its_own(ch, raw, listener).await;
     });
 }
 
 #[test]
 fn fds_that_arrive_in_the_middle_of_a_frame_belong_to_no_message() {
-    let _serial = serial();
-    bounded(async {
-        let (ch, mut raw) = with_raw(ChannelOptions::default());
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let before = open_fds();
+    fd_case(async |ch, raw, listener| {
         let (r, w) = pipe();
         raw.send_now(b"{\"plain\":", &[]);
         // The channel reads the frame's start before the rest comes, with an fd.
         nodus::sleep(20).await;
         raw.send_now(b"1}\n", &[w.as_fd()]);
         drop(w);
-        expect_fd_error(&ch, 0, 1).await;
+        expect_fd_error(ch, 0, 1).await;
         assert_eq!(ch.recv().await.unwrap().unwrap().json(), r#"{"plain":1}"#);
         assert!(write_end_closed(&r));
-        the_next_handle_is_its_own(&ch, &mut raw, &listener).await;
-        drop(r);
-        assert_eq!(open_fds(), before, "no fd left open");
+        the_next_handle_is_its_own(ch, raw, listener).await;
     });
 }
 
 #[test]
 fn a_handle_frame_with_two_fds_is_nacked_and_both_are_closed() {
-    let _serial = serial();
-    bounded(async {
-        let (ch, mut raw) = with_raw(ChannelOptions::default());
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let before = open_fds();
+    fd_case(async |ch, raw, listener| {
         let (r1, w1) = pipe();
         let (r2, w2) = pipe();
         raw.send_now(HANDLE_FRAME, &[w1.as_fd(), w2.as_fd()]);
         drop((w1, w2));
         assert_eq!(raw.frame().await.0, r#"{"cmd":"NODE_HANDLE_NACK"}"#);
-        expect_fd_error(&ch, 1, 2).await;
+        expect_fd_error(ch, 1, 2).await;
         assert!(write_end_closed(&r1) && write_end_closed(&r2));
-        the_next_handle_is_its_own(&ch, &mut raw, &listener).await;
-        drop((r1, r2));
-        assert_eq!(open_fds(), before, "no fd left open");
+        the_next_handle_is_its_own(ch, raw, listener).await;
     });
 }
 
 #[test]
 fn fds_sent_with_a_frames_first_byte_reach_it_however_the_bytes_are_read() {
-    let _serial = serial();
-    bounded(async {
-        let (ch, mut raw) = with_raw(ChannelOptions::default());
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let before = open_fds();
-        let (r1, w1) = pipe();
-        let (r2, w2) = pipe();
+    fd_case(async |ch, raw, listener| {
+        let (_r1, w1) = pipe();
+        let (_r2, w2) = pipe();
         // Two plain frames and a burst whose fds the kernel delivers with all of them in one
         // read; then a handle frame written in two parts, its fd with the first.
         raw.send_now(b"\"one\"\n\"two\"\n", &[]);
@@ -241,7 +220,5 @@ fn fds_sent_with_a_frames_first_byte_reach_it_however_the_bytes_are_read() {
         assert_eq!(m.json(), r#""next""#);
         let got = m.take_handle().unwrap().into_tcp_listener().unwrap();
         assert_eq!(got.local_addr().unwrap(), listener.local_addr().unwrap());
-        drop((got, r1, r2, w1, w2));
-        assert_eq!(open_fds(), before, "no fd left open");
     });
 }
