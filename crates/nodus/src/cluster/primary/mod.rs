@@ -6,8 +6,9 @@
 //!   rolling reload, and returns the process exit code ([`GIVE_UP_EXIT_CODE`] when the restart
 //!   budget ran out, [`FORCED_STOP_EXIT_CODE`] or 128 + a second signal's number when the stop
 //!   had to kill workers).
-//! - Files: `proc` (one worker process and its channel), `server` (listeners per server key and
-//!   the accept/handoff loop), `parked` (accepted connections waiting for a worker, and their
+//! - Files: `proc` (one worker process and its channel), `server` (listeners per server key,
+//!   `queryServer` answers and the accept loop), `handoff` (connections handed to workers and
+//!   pending until taken), `parked` (accepted connections waiting for a worker, and their
 //!   bounds), `balance` (rr / least choice), `supervise` (exits, restarts,
 //!   reload, shutdown), `stats` (the cluster's `/_nodus/stats` and `/_nodus/metrics`),
 //!   `events` (lifecycle events and the JSON-lines event log).
@@ -27,6 +28,7 @@
 
 mod balance;
 mod events;
+mod handoff;
 mod parked;
 mod proc;
 mod server;
@@ -215,11 +217,11 @@ pub(crate) struct State {
     started: Instant,
     /// The loop thread runs `SCHED_BATCH` (`process::sched`); workers are started normal.
     batch_scheduling: bool,
-    /// A release pass (`server::arm_release`) is scheduled.
+    /// A release pass (`handoff::arm_release`) is scheduled.
     release_armed: Cell<bool>,
     /// A shutdown's drain began: no listener accepts or is bound any more.
     accepting_stopped: Cell<bool>,
-    fd_reserve: server::FdReserve,
+    fd_reserve: handoff::FdReserve,
     stats_cache: RefCell<stats::Cache>,
 }
 
@@ -286,7 +288,7 @@ impl Primary {
             batch_scheduling,
             release_armed: Cell::new(false),
             accepting_stopped: Cell::new(false),
-            fd_reserve: server::FdReserve::new(),
+            fd_reserve: handoff::FdReserve::new(),
             stats_cache: RefCell::default(),
         });
         for (name, listener) in listeners {

@@ -23,7 +23,8 @@ use std::rc::Rc;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
-use super::server::{self, Pending};
+use super::handoff::{self, Pending};
+use super::server;
 use super::{EventKind, Readiness, State, stats, supervise};
 use crate::JoinHandle;
 use crate::cluster::board::Board;
@@ -177,7 +178,7 @@ impl Proc {
                     on_internal(&s, &p, msg);
                 }
                 s.emit(Some(&p), EventKind::Disconnect);
-                server::channel_ended(&s, &p);
+                handoff::channel_ended(&s, &p);
                 p.channel_done.fill(());
             })
             .detach();
@@ -349,7 +350,7 @@ fn not_received(st: &Rc<State>, proc: &Rc<Proc>, sent: &RawValue) {
         && m.act == Some("newconn")
         && let Some(seq) = m.seq
     {
-        server::refused(st, proc, seq);
+        handoff::refused(st, proc, seq);
     }
 }
 
@@ -367,7 +368,7 @@ fn on_internal(st: &Rc<State>, proc: &Rc<Proc>, mut msg: Message) {
     if m.is_nodus() {
         if let (Some("returned"), Some(key)) = (m.act, &m.key) {
             let fds = handles.into_iter().map(|h| h.into_owned_fd()).collect();
-            server::on_returned(st, proc, key, fds, m.peers.as_deref().unwrap_or_default());
+            handoff::on_returned(st, proc, key, fds, m.peers.as_deref().unwrap_or_default());
         } else {
             on_nodus(st, proc, &m);
         }
@@ -400,7 +401,7 @@ fn on_internal(st: &Rc<State>, proc: &Rc<Proc>, mut msg: Message) {
         Some("close") => {
             if let Some(key) = &m.key {
                 // Before connections it gives back arrive: taken ones are no longer pending.
-                server::release_taken(proc);
+                handoff::release_taken(proc);
                 server::leave(st, proc, key);
             }
         }
@@ -417,7 +418,7 @@ fn on_internal(st: &Rc<State>, proc: &Rc<Proc>, mut msg: Message) {
         }
         None => {
             if let (Some(ack), Some(accepted)) = (m.ack, m.accepted) {
-                server::on_accepted(st, proc, ack, accepted);
+                handoff::on_accepted(st, proc, ack, accepted);
             }
         }
         Some(_) => {}
@@ -428,7 +429,7 @@ fn on_nodus(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
     match m.act {
         Some("took") => {
             if let Some(ack) = m.ack {
-                server::on_took(proc, ack);
+                handoff::on_took(proc, ack);
             }
             // A load report may ride along.
             if let (Some(open), Some(total)) = (m.conns, m.accepted_total) {
@@ -437,7 +438,7 @@ fn on_nodus(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
         }
         Some("refused") => {
             if let Some(ack) = m.ack {
-                server::refused(st, proc, ack);
+                handoff::refused(st, proc, ack);
             }
         }
         Some("ready") => mark_ready(st, proc),

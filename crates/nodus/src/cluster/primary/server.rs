@@ -1,5 +1,5 @@
-//! Listening sockets by server key, `queryServer` answers, and the accept-and-hand-off loop of
-//! the round-robin and least policies.
+//! Listening sockets by server key, `queryServer` answers, and the accept loop of the
+//! round-robin and least policies (what it accepts is handed out by `handoff`).
 //!
 //! Invariants:
 //! - One `Server` per listening socket the primary holds; several keys may name it (a pre-bound
@@ -23,108 +23,41 @@
 //! - A worker asked to drain, or that said it is going down, is never made a member again: its
 //!   `queryServer` is refused with `ESHUTDOWN` under every policy.
 //! - Connections are accepted non-blocking (the flag lives in the file description the worker
-//!   shares), up to [`ACCEPT_BATCH`] per wake-up, and handed out per worker in one message:
-//!   `newconns` with up to 64 fds to a nodus worker, one `newconn` each to a Node worker (its
-//!   protocol takes one handle per round trip).
-//! - The primary keeps its reference to every handed connection until the worker took it, in
-//!   `Proc::pending`; a refused batch, or whatever a dead worker had not taken, goes to another
-//!   worker (a worker that refused gets nothing for [`REFUSAL_PAUSE`]: it may be at its
-//!   open-files limit). A nodus worker with a board posts what it took there ([`release_taken`]
-//!   reads it before every dispatch, on the worker's `close` and exit, and from a release pass
-//!   that runs every 1 ms, backing off to 50 ms while nothing moves, as long as anything is
-//!   pending); others answer with `took` (nodus) or `accepted` (Node).
-//! - A Node worker's handoff sends a duplicate of the fd (its channel owns what it sends until
-//!   the ACK). At the fd limit the primary's [`FdReserve`] is given up for that duplicate; when
-//!   none can be made the connections stay parked (the worker stays a member) and the accept
-//!   task tries again after [`RETRY_PAUSE`], within the parking bound.
+//!   shares), up to [`ACCEPT_BATCH`] per wake-up, and handed out per worker in one message
+//!   (`handoff`). After a failed accept, or a handoff that found no fd, the accept task pauses
+//!   [`RETRY_PAUSE`].
 
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
 use std::future::poll_fn;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::balance::{self, Candidate};
-use super::parked::{self, Conn, MAX_PARKED, Parked};
-use super::proc::{Proc, ProcState};
+use super::handoff::{dispatch, has_room};
+use super::parked::{Conn, MAX_PARKED, Parked};
+use super::proc::Proc;
 use super::{Policy, State};
 use crate::cluster::board::Board;
-use crate::cluster::protocol::{
-    Incoming, NODE_CLUSTER, NODE_NODUS, NewConn, NewConns, Nodus, QueryReply, SockName, server_key,
-};
+use crate::cluster::protocol::{Incoming, NODE_CLUSTER, Nodus, QueryReply, SockName, server_key};
 use crate::io::AsyncFd;
-use crate::ipc::{MAX_FDS_PER_FRAME, SendHandle};
+use crate::ipc::SendHandle;
 use crate::net::{ListenOptions, TcpListener};
 use crate::process::Command;
 
 /// Connections accepted per wake-up of the accept task before they are handed out.
 pub(super) const ACCEPT_BATCH: usize = 64;
 
-/// Connections handed to one worker in one message, kept until it answers.
-pub(super) struct Handoff {
-    server: Rc<Server>,
-    conns: Vec<Conn>,
-}
-
 /// A worker taking connections from a server.
 #[derive(Clone)]
-struct Member {
-    proc: Rc<Proc>,
+pub(super) struct Member {
+    pub(super) proc: Rc<Proc>,
     /// The key it asked with.
-    key: String,
+    pub(super) key: String,
     /// A nodus worker: takes `newconns` batches.
-    batches: bool,
-}
-
-/// Handoffs a worker has not answered, by `seq`, with the number of connections in them.
-#[derive(Default)]
-pub(super) struct Pending {
-    handoffs: RefCell<BTreeMap<u64, Handoff>>,
-    conns: Cell<u64>,
-}
-
-impl Pending {
-    /// Connections handed and not yet taken.
-    pub fn conns(&self) -> u64 {
-        self.conns.get()
-    }
-
-    fn insert(&self, seq: u64, handoff: Handoff) {
-        self.conns
-            .set(self.conns.get() + handoff.conns.len() as u64);
-        self.handoffs.borrow_mut().insert(seq, handoff);
-    }
-
-    fn remove(&self, seq: u64) -> Option<Handoff> {
-        let h = self.handoffs.borrow_mut().remove(&seq)?;
-        self.conns.set(self.conns.get() - h.conns.len() as u64);
-        Some(h)
-    }
-
-    fn is_empty(&self) -> bool {
-        self.handoffs.borrow().is_empty()
-    }
-
-    /// Removes every handoff with a `seq` below `end`.
-    fn remove_below(&self, end: u64) -> Vec<Handoff> {
-        let mut map = self.handoffs.borrow_mut();
-        let rest = map.split_off(&end);
-        let done: Vec<Handoff> = std::mem::replace(&mut *map, rest).into_values().collect();
-        let n: usize = done.iter().map(|h| h.conns.len()).sum();
-        self.conns.set(self.conns.get() - n as u64);
-        done
-    }
-
-    fn take_all(&self) -> Vec<Handoff> {
-        self.conns.set(0);
-        std::mem::take(&mut *self.handoffs.borrow_mut())
-            .into_values()
-            .collect()
-    }
+    pub(super) batches: bool,
 }
 
 enum Sock {
@@ -141,8 +74,8 @@ pub(super) struct Server {
     pub addr: SocketAddr,
     sock: Sock,
     /// Workers taking connections from this server, with the key each asked with.
-    members: RefCell<Vec<Member>>,
-    cursor: Cell<usize>,
+    pub(super) members: RefCell<Vec<Member>>,
+    pub(super) cursor: Cell<usize>,
     pub parked: Parked,
     accept_waker: RefCell<Option<Waker>>,
 }
@@ -461,381 +394,9 @@ pub(super) fn leave_all(st: &Rc<State>, proc: &Proc) {
     }
 }
 
-/// A Node-protocol answer to one `newconn`.
-pub(super) fn on_accepted(st: &Rc<State>, proc: &Rc<Proc>, ack: u64, accepted: bool) {
-    if accepted {
-        took(proc, proc.pending.remove(ack).into_iter().collect());
-    } else {
-        refused(st, proc, ack);
-    }
-}
-
-/// A nodus worker took every handoff up to `ack` that it did not refuse.
-pub(super) fn on_took(proc: &Rc<Proc>, ack: u64) {
-    took(proc, proc.pending.remove_below(ack.saturating_add(1)));
-}
-
-/// Drops the references to the handoffs `proc` posted on its board as taken, unless a refusal it
-/// posted is still on its way (that batch must go to another worker from these references).
-pub(super) fn release_taken(proc: &Proc) {
-    let Some(board) = proc.board.get() else {
-        return;
-    };
-    if proc.pending.is_empty() {
-        return;
-    }
-    if let Some(below) = board.releasable_below(proc.refusals_seen.get()) {
-        took(proc, proc.pending.remove_below(below));
-    }
-}
-
-/// First and longest pause of the release pass.
-const RELEASE_FIRST: Duration = Duration::from_millis(1);
-const RELEASE_MAX: Duration = Duration::from_millis(50);
-
-/// Makes sure a release pass runs while a worker with a board has handoffs pending: without new
-/// connections nothing else would read its board, and the primary's reference keeps a
-/// connection the worker closed from closing.
-fn arm_release(st: &Rc<State>) {
-    if st.release_armed.replace(true) {
-        return;
-    }
-    let st = st.clone();
-    crate::task::spawn_named("cluster:release", async move {
-        let mut pause = RELEASE_FIRST;
-        loop {
-            crate::time::sleep(pause).await;
-            let before = board_pending(&st);
-            st.procs.borrow().values().for_each(|p| release_taken(p));
-            let after = board_pending(&st);
-            if after == 0 {
-                break;
-            }
-            pause = if after < before {
-                RELEASE_FIRST
-            } else {
-                (pause * 2).min(RELEASE_MAX)
-            };
-        }
-        st.release_armed.set(false);
-    })
-    .detach();
-}
-
-/// Connections handed to workers with a board and not yet released.
-fn board_pending(st: &State) -> u64 {
-    st.procs
-        .borrow()
-        .values()
-        .filter(|p| p.board.get().is_some())
-        .map(|p| p.pending.conns())
-        .sum()
-}
-
-fn took(proc: &Proc, handoffs: Vec<Handoff>) {
-    for h in handoffs {
-        proc.handed.set(proc.handed.get() + h.conns.len() as u64);
-        // Room for more: parked connections may be waiting for it.
-        if !h.server.parked.is_empty() {
-            h.server.wake_accept();
-        }
-    }
-}
-
-/// How long a worker that refused a handoff gets no more connections.
-const REFUSAL_PAUSE: Duration = Duration::from_millis(100);
-
-/// The worker refused handoff `ack`: the connections go to someone else (or wait), and the worker
-/// gets none for [`REFUSAL_PAUSE`]. A closing worker has already left the server (its `close`,
-/// or the drain); one at its open-files limit takes connections again once it has room.
-pub(super) fn refused(st: &Rc<State>, proc: &Rc<Proc>, ack: u64) {
-    proc.refusals_seen.set(proc.refusals_seen.get() + 1);
-    let Some(h) = proc.pending.remove(ack) else {
-        return;
-    };
-    tracing::debug!(target: "nodus::cluster", "worker {} refused {} connections", proc.slot, h.conns.len());
-    proc.refused_at.set(Some(Instant::now()));
-    // Whatever could not go out is parked: the accept task retries it.
-    let _ = dispatch(st, &h.server, h.conns);
-    h.server.wake_accept();
-    release_taken(proc);
-    let server = h.server.clone();
-    crate::task::spawn_named("cluster:refusal-pause", async move {
-        crate::time::sleep(REFUSAL_PAUSE).await;
-        server.wake_accept();
-    })
-    .detach();
-}
-
-/// Whether `proc` refused a handoff less than [`REFUSAL_PAUSE`] ago.
-fn pausing(proc: &Proc) -> bool {
-    proc.refused_at
-        .get()
-        .is_some_and(|at| at.elapsed() < REFUSAL_PAUSE)
-}
-
-/// `proc` gave back connections it had taken but not served (its listener for `key` closed
-/// with them queued): they go to the other workers.
-pub(super) fn on_returned(
-    st: &Rc<State>,
-    proc: &Proc,
-    key: &str,
-    fds: Vec<OwnedFd>,
-    peers: &[Option<SocketAddr>],
-) {
-    let given_back = fds.len() as u64;
-    proc.handed
-        .set(proc.handed.get().saturating_sub(given_back));
-    let Some(server) = st.servers.borrow().get(key).cloned() else {
-        return;
-    };
-    tracing::debug!(target: "nodus::cluster", "{} connections given back for {key}", fds.len());
-    let since = crate::time::loop_now_ns();
-    let conns = fds
-        .into_iter()
-        .enumerate()
-        .map(|(i, fd)| Conn {
-            fd: Rc::new(fd),
-            peer: peers.get(i).copied().flatten(),
-            since,
-        })
-        .collect();
-    let _ = dispatch(st, &server, conns);
-    server.wake_accept();
-}
-
-/// How long an exited worker's channel may stay open (a process it left behind holds its end)
-/// before its handoffs are settled anyway: every message it sent is in the socket by then.
-const CHANNEL_END_WAIT: Duration = Duration::from_secs(1);
-
-/// `proc` exited. Its handoffs are settled once its channel has ended too (at once, normally:
-/// the kernel closes its end with the process), so that every message it sent (`refused`,
-/// `returned`, `took`) is handled first and nothing it gave back or took goes out twice.
-pub(super) fn after_exit(st: &Rc<State>, proc: &Rc<Proc>) {
-    if proc.channel.is_none() {
-        return; // a plain program: no handoffs
-    }
-    let (st, proc) = (st.clone(), proc.clone());
-    crate::task::spawn_named("cluster:after-exit", async move {
-        proc.channel_done.wait(CHANNEL_END_WAIT).await;
-        channel_ended(&st, &proc);
-    })
-    .detach();
-}
-
-/// `proc`'s channel ended (or its process is gone and the wait for that is over): every message
-/// it sent has been handled. It leaves every server; what its board says it took is released
-/// (without the refusal gate: a refusal it posted and never sent names a batch that cannot be
-/// told apart, released with the rest rather than risk handing out a taken one twice), and the
-/// rest goes to the other workers. Idempotent.
-pub(super) fn channel_ended(st: &Rc<State>, proc: &Proc) {
-    leave_all(st, proc);
-    if let Some(board) = proc.board.get() {
-        took(proc, proc.pending.remove_below(board.taken_below()));
-    }
-    redistribute(st, proc);
-}
-
-/// Gives every connection `proc` had not taken (it died, or its channel ended) to the other
-/// workers.
-fn redistribute(st: &Rc<State>, proc: &Proc) {
-    for h in proc.pending.take_all() {
-        let _ = dispatch(st, &h.server, h.conns);
-        h.server.wake_accept();
-    }
-}
-
-/// Hands `conns` to the workers of `server` by its policy, one message per worker (per 64
-/// connections), and parks what nobody has room for.
-///
-/// # Errors
-/// A connection could not be duplicated for a Node worker (the primary is at its fd limit): it
-/// and the rest of that worker's share are parked, for the accept task to try again.
-fn dispatch(st: &Rc<State>, server: &Rc<Server>, conns: Vec<Conn>) -> io::Result<()> {
-    let (targets, parked) = {
-        let members = server.members.borrow();
-        members.iter().for_each(|m| release_taken(&m.proc));
-        let mut cands: Vec<Candidate> = members
-            .iter()
-            .map(|m| Candidate {
-                in_flight: if pausing(&m.proc) {
-                    balance::MAX_IN_FLIGHT
-                } else {
-                    m.proc.pending.conns()
-                },
-                load: m.proc.load_estimate(),
-            })
-            .collect();
-        let mut chosen: Vec<Vec<Conn>> = vec![Vec::new(); members.len()];
-        let mut parked = Vec::new();
-        let mut cursor = server.cursor.get();
-        for conn in conns {
-            let pick = match st.config.policy {
-                Policy::Least => balance::least(&cands, &mut cursor),
-                _ => balance::round_robin(&cands, &mut cursor),
-            };
-            match pick {
-                Some(i) => {
-                    cands[i].in_flight += 1;
-                    cands[i].load += 1;
-                    chosen[i].push(conn);
-                }
-                None => parked.push(conn),
-            }
-        }
-        server.cursor.set(cursor);
-        let targets: Vec<(Member, Vec<Conn>)> = members
-            .iter()
-            .cloned()
-            .zip(chosen)
-            .filter(|(_, c)| !c.is_empty())
-            .collect();
-        (targets, parked)
-    };
-    let mut result = Ok(());
-    for (member, conns) in targets {
-        if let Err(e) = handoff(st, server, &member, conns) {
-            result = Err(e);
-        }
-    }
-    park(server, parked);
-    result
-}
-
-/// Parks `conns` on `server`, within the bounds of [`Parked`].
-fn park(server: &Rc<Server>, conns: impl IntoIterator<Item = Conn>) {
-    let reset = server.parked.push(conns);
-    if reset > 0 {
-        tracing::warn!(
-            target: "nodus::cluster",
-            "{reset} connections to {} reset: no worker took them and the primary is stopping \
-             or already holds {MAX_PARKED} waiting", server.addr
-        );
-    }
-    parked::arm_expiry(server);
-}
-
-/// Hands `conns` to one worker.
-///
-/// # Errors
-/// As [`dispatch`]; the worker stays a member (the shortage is the primary's).
-fn handoff(
-    st: &Rc<State>,
-    server: &Rc<Server>,
-    member: &Member,
-    conns: Vec<Conn>,
-) -> io::Result<()> {
-    let proc = &member.proc;
-    let Some(channel) = &proc.channel else {
-        park(server, conns);
-        return Ok(());
-    };
-    let mut failed = None;
-    let mut rest = conns.into_iter().peekable();
-    while rest.peek().is_some() {
-        let take = if member.batches { MAX_FDS_PER_FRAME } else { 1 };
-        let batch: Vec<Conn> = rest.by_ref().take(take).collect();
-        let seq = st.next_seq();
-        let sent = if member.batches {
-            let peers: Vec<Option<SocketAddr>> = batch.iter().map(|c| c.peer).collect();
-            let msg = NewConns {
-                cmd: NODE_NODUS,
-                act: "newconns",
-                key: &member.key,
-                seq,
-                peers: &peers,
-            };
-            channel.send_fds(&msg, batch.iter().map(|c| c.fd.clone()).collect())
-        } else {
-            // Node's protocol owns the sent fd until its ACK (it may resend it): a duplicate.
-            let copy = match st.fd_reserve.dup(&batch[0].fd) {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(
-                        target: "nodus::cluster",
-                        "worker {}: cannot hand connections over ({e}): they wait to be tried \
-                         again in {RETRY_PAUSE:?}", proc.slot
-                    );
-                    park(server, batch.into_iter().chain(rest));
-                    return Err(e);
-                }
-            };
-            let msg = NewConn {
-                cmd: NODE_CLUSTER,
-                act: "newconn",
-                key: &member.key,
-                seq,
-            };
-            channel.send_handle(&msg, SendHandle::fd(copy))
-        };
-        match sent {
-            Ok(_) => {
-                proc.pending.insert(
-                    seq,
-                    Handoff {
-                        server: server.clone(),
-                        conns: batch,
-                    },
-                );
-                if proc.board.get().is_some() {
-                    arm_release(st);
-                }
-            }
-            Err(e) => {
-                failed = Some(e);
-                park(server, batch);
-                break;
-            }
-        }
-    }
-    if let Some(e) = failed {
-        tracing::debug!(target: "nodus::cluster", "worker {}: handoff failed: {e}", proc.slot);
-        server.remove_member(proc);
-        park(server, rest);
-    }
-    Ok(())
-}
-
 /// How long the accept task pauses after a failed accept (EMFILE and friends) or a handoff that
 /// found no fd, instead of spinning.
-const RETRY_PAUSE: Duration = Duration::from_millis(50);
-
-/// One fd the primary holds in reserve for the duplicate a Node worker's handoff needs: an accept
-/// may take the last free fd, and with every fd held by connections waiting for a duplicate
-/// nothing would ever free one (libuv keeps a spare fd for `accept` for the same reason).
-pub(super) struct FdReserve(RefCell<Option<OwnedFd>>);
-
-impl FdReserve {
-    pub fn new() -> FdReserve {
-        FdReserve(RefCell::new(FdReserve::open()))
-    }
-
-    /// A cheap fd: an unbound datagram socket (no file system needed).
-    fn open() -> Option<OwnedFd> {
-        std::os::unix::net::UnixDatagram::unbound()
-            .ok()
-            .map(OwnedFd::from)
-    }
-
-    /// A duplicate of `fd`. When the first try fails (out of fds: a dup of an open fd fails for
-    /// nothing else) the reserve is closed to make room; it is taken again at the next duplicate
-    /// that leaves room.
-    fn dup(&self, fd: &OwnedFd) -> io::Result<OwnedFd> {
-        let copy = match fd.try_clone() {
-            Ok(copy) => copy,
-            Err(e) => {
-                if self.0.borrow_mut().take().is_none() {
-                    return Err(e);
-                }
-                fd.try_clone()?
-            }
-        };
-        if self.0.borrow().is_none() {
-            *self.0.borrow_mut() = FdReserve::open();
-        }
-        Ok(copy)
-    }
-}
+pub(super) const RETRY_PAUSE: Duration = Duration::from_millis(50);
 
 /// A shutdown's drain begins: the primary stops accepting and resets what is parked (see the
 /// module docs). Idempotent.
@@ -853,15 +414,6 @@ pub(super) fn stop_accepting(st: &State) {
     for server in servers {
         server.stop();
     }
-}
-
-/// Whether some member can take a connection now.
-fn has_room(server: &Server) -> bool {
-    server.members.borrow().iter().any(|m| {
-        m.proc.state.get() < ProcState::Draining
-            && m.proc.pending.conns() < balance::MAX_IN_FLIGHT
-            && !pausing(&m.proc)
-    })
 }
 
 /// The accept task's next step.

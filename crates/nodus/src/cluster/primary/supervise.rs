@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use super::proc::{Proc, ProcState};
 use super::{EventKind, Phase, State};
-use super::{server, stats};
+use super::{handoff, server, stats};
 use crate::cluster::protocol::{Disconnect, NODE_CLUSTER, Nodus};
 use crate::cluster::supervision::{
     Decision, ExitReason, FORCED_STOP_EXIT_CODE, GIVE_UP_EXIT_CODE, RestartBudget,
@@ -133,7 +133,7 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
     }
     st.procs.borrow_mut().remove(&proc.unique);
     server::leave_all(st, proc);
-    server::after_exit(st, proc);
+    handoff::after_exit(st, proc);
     let mut reason = exit_reason(&status);
     if proc.drained.get() {
         reason = ExitReason::Requested;
