@@ -1,4 +1,4 @@
-//! Child processes: [`Command`] / [`spawn`](Command::spawn), [`exec`], [`exec_file`],
+//! Child processes: [`Command`] / [`spawn`](Command::spawn), [`exec()`], [`exec_file`],
 //! [`fork`] (a child with a Node-compatible IPC channel, see [`crate::ipc`]) and [`output`]
 //! (a child's output copied line by line, with a prefix, to our own stdout or stderr; our own
 //! log lines to stderr without ever blocking).

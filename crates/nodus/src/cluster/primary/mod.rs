@@ -3,9 +3,10 @@
 //!
 //! - [`Config`] says what to run and how; [`Primary::start`] forks the workers;
 //!   [`Primary::run`] serves until SIGTERM/SIGINT (drain, exit code 0), handles SIGHUP as a
-//!   rolling reload, and returns the process exit code ([`GIVE_UP_EXIT_CODE`] when the restart
-//!   budget ran out, [`FORCED_STOP_EXIT_CODE`] or 128 + a second signal's number when the stop
-//!   had to kill workers).
+//!   rolling reload, and returns the process exit code
+//!   ([`GIVE_UP_EXIT_CODE`](crate::cluster::GIVE_UP_EXIT_CODE) when the restart budget ran out,
+//!   [`FORCED_STOP_EXIT_CODE`](crate::cluster::FORCED_STOP_EXIT_CODE) or 128 + a second signal's
+//!   number when the stop had to kill workers or a worker cut requests).
 //! - Files: `proc` (one worker process and its channel), `server` (listeners per server key,
 //!   `queryServer` answers and the accept loop), `handoff` (connections handed to workers and
 //!   pending until taken), `parked` (accepted connections waiting for a worker, and their

@@ -48,7 +48,7 @@ use crate::net::{ListenOptions, TcpListener};
 use crate::process::Command;
 
 /// Connections accepted per wake-up of the accept task before they are handed out.
-pub(super) const ACCEPT_BATCH: usize = 64;
+const ACCEPT_BATCH: usize = 64;
 
 /// A worker taking connections from a server.
 #[derive(Clone)]
