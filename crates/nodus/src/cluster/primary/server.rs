@@ -19,7 +19,10 @@
 //!   on, as Node's `server.close()` does: the kernel refuses new connections and resets those
 //!   left in its backlog (a socket a service manager passed in stays open there, its backlog
 //!   kept for the next start). Parked connections are reset then, and any parked later on arrival;
-//!   connections handed to workers drain with them. No new listener is bound after that.
+//!   connections handed to workers drain with them. No new listener is bound after that. A
+//!   shared socket's copy in the primary is closed then too: the socket closes (and refuses)
+//!   once the draining workers have closed theirs, instead of queueing connections nobody will
+//!   accept until the primary exits.
 //! - A worker asked to drain, or that said it is going down, is never made a member again: its
 //!   `queryServer` is refused with `ESHUTDOWN` under every policy.
 //! - Connections are accepted non-blocking (the flag lives in the file description the worker
@@ -64,8 +67,9 @@ enum Sock {
     /// The primary accepts (round-robin, least); `None` once it stopped ([`stop_accepting`]: the
     /// socket is closed).
     Accepting(RefCell<Option<AsyncFd<std::net::TcpListener>>>),
-    /// Workers accept on duplicates of it.
-    Shared(std::net::TcpListener),
+    /// Workers accept on duplicates of it; `None` once the primary stopped accepting (its copy
+    /// is closed: the socket closes when the last worker closes its own).
+    Shared(RefCell<Option<std::net::TcpListener>>),
     /// Reuse-port: only the address is kept; each worker binds (gets) a socket of its own.
     Released,
 }
@@ -101,7 +105,7 @@ impl Server {
             // sockets (a nodus or Node worker makes its copy non-blocking itself).
             Policy::Shared => {
                 listener.set_nonblocking(false)?;
-                Sock::Shared(listener)
+                Sock::Shared(RefCell::new(Some(listener)))
             }
             Policy::ReusePort => Sock::Released,
         };
@@ -137,10 +141,16 @@ impl Server {
         std::cell::Ref::filter_map(listener.borrow(), Option::as_ref).ok()
     }
 
-    /// Closes the socket the primary accepts on (if it does) and resets what is parked.
+    /// Closes the primary's socket (the one it accepts on, or its copy of a shared one) and
+    /// resets what is parked.
     fn stop(&self) {
-        let Sock::Accepting(listener) = &self.sock else {
-            return;
+        let listener = match &self.sock {
+            Sock::Accepting(listener) => listener,
+            Sock::Shared(copy) => {
+                copy.borrow_mut().take();
+                return;
+            }
+            Sock::Released => return,
         };
         if listener.borrow_mut().take().is_none() {
             return;
@@ -239,7 +249,7 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
     } else {
         addr.and_then(|addr| server_for(st, &key, addr))
             .and_then(|server| match &server.sock {
-                Sock::Shared(l) => Ok((None, Some(l.as_fd().try_clone_to_owned()?))),
+                Sock::Shared(copy) => Ok((None, Some(shared_copy(copy)?))),
                 Sock::Released => unreachable!("released sockets exist only under reuseport"),
                 Sock::Accepting(_) => {
                     if m.nodus == Some(1) && m.board == Some(1) {
@@ -358,7 +368,7 @@ pub(super) fn pass_listeners(st: &Rc<State>, cmd: &mut Command) -> io::Result<()
                 l.set_nonblocking(false)?;
                 OwnedFd::from(l)
             }
-            (Sock::Shared(l), _) => l.as_fd().try_clone_to_owned()?,
+            (Sock::Shared(copy), _) => shared_copy(copy)?,
             (Sock::Accepting(_), _) => server
                 .accepting()
                 .ok_or_else(|| io::Error::other("the cluster primary stopped accepting"))?
@@ -375,6 +385,15 @@ pub(super) fn pass_listeners(st: &Rc<State>, cmd: &mut Command) -> io::Result<()
             .env("LISTEN_FDNAMES", names.join(":"));
     }
     Ok(())
+}
+
+/// A duplicate of a shared socket for a worker, while the primary has not stopped accepting.
+fn shared_copy(copy: &RefCell<Option<std::net::TcpListener>>) -> io::Result<OwnedFd> {
+    copy.borrow()
+        .as_ref()
+        .ok_or_else(|| io::Error::other("the cluster primary stopped accepting"))?
+        .as_fd()
+        .try_clone_to_owned()
 }
 
 /// `proc` no longer takes connections for `key` (its `close`).
