@@ -1,7 +1,8 @@
 //! The primary's round-robin handoff at its edges, through the `nodus` command: connections no
 //! worker takes are closed after a bounded wait instead of hanging, a shutdown stops accepting
-//! when its drain begins (not during `--shutdown-delay`; under rr and under shared), and a primary out of file descriptors
-//! keeps the connections it hands to Node workers instead of dropping them.
+//! when its drain begins (not during `--shutdown-delay`; under rr and under shared), and a
+//! primary out of file descriptors keeps the connections it hands to Node workers instead of
+//! dropping them.
 //!
 //! Every process is started in its own process group and the whole group is killed by PID when
 //! the test ends. Node is needed for two of them: under `CI` a missing one fails the test,
