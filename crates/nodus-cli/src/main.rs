@@ -79,10 +79,11 @@ enum Command {
     /// prefixed with "[worker ID PID] ".
     ///
     /// Exit codes: 0 after a drain in which every worker stopped in time (or once no worker is
-    /// left after clean exits); 1 a start failure or a worker left after a crash; 2 a usage
-    /// error; 75 the restart budget is spent; 124 a worker was SIGKILLed at --kill-timeout during
-    /// the stop, or exited 124 (a nodus worker whose drain deadline cut requests); 128+N a second
-    /// signal N during the drain (130 SIGINT, 143 SIGTERM).
+    /// left after clean exits); 1 a start failure (the program cannot be run, a listener cannot
+    /// be bound) or a worker left after a crash; 2 a usage error; 75 the restart budget is spent;
+    /// 124 a worker was SIGKILLed at --kill-timeout during the stop, or exited 124 (a nodus
+    /// worker whose drain deadline cut requests); 128+N a second signal N during the drain (130
+    /// SIGINT, 143 SIGTERM).
     Run(RunArgs),
 }
 

@@ -52,6 +52,31 @@ fn fail(message: impl std::fmt::Display) -> i32 {
     1
 }
 
+/// Whether `program` can be run as the workers' `execvp` will look for it: a name with a slash
+/// must be an executable file, a bare name one in a `PATH` directory. Checked once at the start,
+/// so a mistyped program is one clear line and exit code 1, not a restart budget spent on exit
+/// code 127. (A program that disappears later fails its workers, and a reload, as any crash.)
+fn check_runnable(program: &std::ffi::OsStr) -> Result<(), String> {
+    fn executable_file(path: &std::path::Path) -> Result<(), String> {
+        let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+        if !meta.is_file() {
+            return Err("not a file".into());
+        }
+        rustix::fs::access(path, rustix::fs::Access::EXEC_OK)
+            .map_err(|e| std::io::Error::from(e).to_string())
+    }
+    if program.as_encoded_bytes().contains(&b'/') {
+        return executable_file(std::path::Path::new(program));
+    }
+    // glibc's execvp searches "/bin:/usr/bin" when PATH is unset.
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/bin:/usr/bin".into());
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .any(|candidate| executable_file(&candidate).is_ok())
+        .then_some(())
+        .ok_or_else(|| "not found in PATH".into())
+}
+
 /// Runs the supervisor until it stops; returns the exit code.
 pub fn run(options: RunOptions) -> i32 {
     let policy = match (options.policy, options.node) {
@@ -70,6 +95,9 @@ pub fn run(options: RunOptions) -> i32 {
         return usage("no program to run: nodus run [OPTIONS] -- PROGRAM [ARGS]...");
     };
     let (program, args) = (program.clone(), args.to_vec());
+    if let Err(why) = check_runnable(&program) {
+        return fail(format!("cannot run {}: {why}", program.to_string_lossy()));
+    }
     nodus::process::raise_fd_limit();
     let rt = nodus::Runtime::new();
     rt.block_on(async move {

@@ -2,7 +2,8 @@
 //! replacement that cannot be started is retried instead of ending the service, a SIGHUP
 //! during a reload queues one more reload, a window of 0 seconds is refused, the notify socket
 //! heeds only the worker's own process group and is closed with its worker, a Node worker's
-//! pipe `listen` is refused instead of bound as TCP, a stop that had to kill workers exits with
+//! pipe `listen` is refused instead of bound as TCP, a program that cannot be run is refused
+//! before any worker starts, a stop that had to kill workers exits with
 //! its own code (124, or 128 + a second signal's number) while a drain in time exits 0, and a
 //! worker's exit is logged after its last output line.
 //!
@@ -160,6 +161,35 @@ fn a_zero_restart_window_or_ready_timeout_is_refused() {
         assert_eq!(out.status.code(), Some(2), "{flag} 0");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains("above 0"), "{flag} 0: {stderr}");
+    }
+}
+
+#[test]
+fn a_program_that_cannot_be_run_is_one_line_and_exit_code_1_before_any_worker() {
+    let dir = TempDir::new("unrunnable");
+    let not_executable = dir.path().join("data.txt");
+    std::fs::write(&not_executable, "not a program").unwrap();
+    let missing = dir.path().join("missing");
+    let cases = [
+        (missing.to_str().unwrap(), "No such file"),
+        ("nodus-test-no-such-program", "not found in PATH"),
+        (not_executable.to_str().unwrap(), "Permission denied"),
+        (dir.path().to_str().unwrap(), "not a file"),
+    ];
+    for (program, why) in cases {
+        // Bounded without a timeout of its own: a regression gives up on the restart budget.
+        let out = Command::new(NODUS)
+            .args(["run", "-w", "2", "--", program])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{program}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{program}: {stderr}");
+        assert!(
+            stderr.starts_with(&format!("nodus run: cannot run {program}: "))
+                && stderr.contains(why),
+            "{program}: {stderr}"
+        );
     }
 }
 
