@@ -257,7 +257,13 @@ fn stop_during_a_stalled_download(
 
 #[test]
 fn a_drain_deadline_that_cuts_a_response_exits_124() {
-    stop_during_a_stalled_download(1, "0.3", None, 124, "the drain deadline cut 1 requests");
+    stop_during_a_stalled_download(
+        1,
+        "0.3",
+        None,
+        124,
+        "the drain deadline cut 1 request in flight",
+    );
 }
 
 #[test]

@@ -206,7 +206,8 @@ fn drained_exit_code(cut: usize) -> i32 {
         tracing::info!("drained; exiting");
         0
     } else {
-        tracing::warn!("the drain deadline cut {cut} requests in flight; exiting");
+        let plural = if cut == 1 { "" } else { "s" };
+        tracing::warn!("the drain deadline cut {cut} request{plural} in flight; exiting");
         FORCED_STOP_EXIT_CODE
     }
 }
