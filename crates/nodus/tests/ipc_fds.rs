@@ -5,13 +5,14 @@
 //! Checked: the mismatch is an error event on the channel, which stays open; the next handle is
 //! the one sent with it; every stray fd is closed (its pipe's write end is gone, and
 //! `/proc/self/fd` counts what it did before). The tests count the process's fds, so they run
-//! one at a time; each is bounded in time. The last test is the well-formed case the rule must
-//! keep: a frame's fds arrive in a read with earlier frames, or before the rest of the frame.
+//! one at a time; each is bounded in time. One test is the well-formed case the rule must keep:
+//! a frame's fds arrive in a read with earlier frames, or before the rest of the frame. The last
+//! one checks that the error events nobody reads are bounded while every message arrives.
 
 mod common;
 
 use std::net::TcpListener;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::{Mutex, MutexGuard};
 
 use common::bounded;
@@ -79,6 +80,16 @@ async fn the_next_handle_is_its_own(ch: &Channel, raw: &mut Raw, listener: &TcpL
     let got = m.take_handle().unwrap().into_tcp_listener().unwrap();
     assert_eq!(got.local_addr().unwrap(), listener.local_addr().unwrap());
     assert!(ch.is_connected(), "the channel stays open");
+}
+
+/// Bytes `raw` wrote that its peer has not read yet (`SIOCOUTQ`, which is `TIOCOUTQ`).
+fn unread_by_peer(raw: &Raw) -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ (TIOCOUTQ) on a socket fd writes one int through the pointer, which is valid and
+    // writable for the call.
+    let rc = unsafe { libc::ioctl(raw.sock.as_fd().as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+    assert_eq!(rc, 0, "SIOCOUTQ: {}", std::io::Error::last_os_error());
+    usize::try_from(n).unwrap()
 }
 
 /// Runs one case, alone, on a fresh channel and raw peer, with a listener to send as a handle;
@@ -220,5 +231,40 @@ fn fds_sent_with_a_frames_first_byte_reach_it_however_the_bytes_are_read() {
         assert_eq!(m.json(), r#""next""#);
         let got = m.take_handle().unwrap().into_tcp_listener().unwrap();
         assert_eq!(got.local_addr().unwrap(), listener.local_addr().unwrap());
+    });
+}
+
+#[test]
+fn fd_errors_nobody_reads_are_bounded_and_their_messages_all_arrive() {
+    fd_case(async |ch, raw, listener| {
+        const STRAYS: usize = 100;
+        let (r, w) = pipe();
+        for _ in 0..STRAYS {
+            raw.send_now(b"\"plain\"\n", &[w.as_fd()]);
+        }
+        drop(w);
+        // Nothing is received until the channel has read all of it.
+        while unread_by_peer(raw) > 0 {
+            nodus::sleep(5).await;
+        }
+        let (mut messages, mut errors) = (0, 0);
+        while messages < STRAYS {
+            match ch.recv().await.unwrap() {
+                Ok(m) => {
+                    assert_eq!(m.json(), r#""plain""#);
+                    messages += 1;
+                }
+                Err(IpcError::UnexpectedFds { .. }) => errors += 1,
+                Err(e) => panic!("unexpected error event: {e}"),
+            }
+        }
+        assert_eq!(errors, 64, "at most 64 fd errors wait unread");
+        assert!(write_end_closed(&r), "every stray fd was closed");
+        // Once read, errors are queued again.
+        let (_r2, w2) = pipe();
+        raw.send_now(b"\"again\"\n", &[w2.as_fd()]);
+        expect_fd_error(ch, 0, 1).await;
+        assert_eq!(ch.recv().await.unwrap().unwrap().json(), r#""again""#);
+        the_next_handle_is_its_own(ch, raw, listener).await;
     });
 }

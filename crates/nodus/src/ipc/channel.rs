@@ -21,7 +21,8 @@
 //!   truncated them), any other frame none. Fds that do not match (too many, too few, with a
 //!   frame that carries none, or in a read where no frame starts) are closed at once and reported
 //!   as [`IpcError::UnexpectedFds`]; the frame is handled without them (a `NODE_HANDLE` gets a
-//!   NACK) and the channel stays open. At most one read's fds (64) wait for their frame.
+//!   NACK) and the channel stays open. At most one read's fds (64) wait for their frame, and at
+//!   most 64 such error events wait unread (more are not queued, with one warning).
 //! - **Retransmission.** A NACK resends the in-flight handle frame with its fd, at most 3 times
 //!   (Node's `MAX_HANDLE_RETRANSMISSIONS`); the 4th NACK drops the handle, delivers
 //!   [`IpcError::HandleNotReceived`] and releases the held messages.
@@ -74,6 +75,10 @@ const MAX_RETRANSMISSIONS: u32 = 3;
 
 /// Internal messages kept for [`Channel::recv_internal`] before the oldest are dropped.
 const MAX_INTERNAL: usize = 1024;
+
+/// Fd-mismatch error events ([`IpcError::UnexpectedFds`]) queued unread at most; while this many
+/// wait, further ones are not queued (their fds are still closed) and one warning says so.
+const MAX_UNREAD_FD_ERRORS: usize = 64;
 
 /// A `sendmsg` the kernel refused for want of memory is tried again after 1, 2, 4 ... ms (at
 /// most [`SEND_RETRY_MAX_DELAY_MS`] apart), this many times in a row (about 1.3 s), before the
@@ -263,6 +268,8 @@ struct State {
     /// The fds of the frame the decoder holds the start of (`None` at a frame boundary).
     arrived: Option<Arrived>,
     incoming: VecDeque<Result<Message, IpcError>>,
+    /// [`IpcError::UnexpectedFds`] events in `incoming`.
+    unread_fd_errors: usize,
     internal: VecDeque<Message>,
     out: VecDeque<Out>,
     out_bytes: usize,
@@ -376,6 +383,18 @@ impl State {
     fn unexpected_fds(&mut self, fds: Vec<OwnedFd>, expected: usize, wake: &mut Vec<Waker>) {
         let received = fds.len();
         drop(fds);
+        if self.unread_fd_errors == MAX_UNREAD_FD_ERRORS {
+            tracing::warn!(
+                target: "nodus::ipc",
+                "{MAX_UNREAD_FD_ERRORS} fd-mismatch errors wait unread: not queueing more until \
+                 they are read (the peer's stray fds are still closed)"
+            );
+            self.unread_fd_errors += 1; // Warned: at most once until the queue is read.
+        }
+        if self.unread_fd_errors >= MAX_UNREAD_FD_ERRORS {
+            return;
+        }
+        self.unread_fd_errors += 1;
         self.deliver(Err(IpcError::UnexpectedFds { expected, received }), wake);
     }
 
@@ -568,6 +587,7 @@ impl Channel {
                 max_frame: options.max_frame,
                 arrived: None,
                 incoming: VecDeque::new(),
+                unread_fd_errors: 0,
                 internal: VecDeque::new(),
                 out: VecDeque::new(),
                 out_bytes: 0,
@@ -657,6 +677,10 @@ impl Channel {
     pub fn poll_recv(&self, cx: &mut Context<'_>) -> Poll<Option<Result<Message, IpcError>>> {
         let mut st = self.inner.st.borrow_mut();
         if let Some(item) = st.incoming.pop_front() {
+            if let Err(IpcError::UnexpectedFds { .. }) = item {
+                // Reading one ends a saturation (and its warning) at once.
+                st.unread_fd_errors = st.unread_fd_errors.min(MAX_UNREAD_FD_ERRORS) - 1;
+            }
             return Poll::Ready(Some(item));
         }
         if st.closed {
