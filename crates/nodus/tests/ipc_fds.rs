@@ -7,7 +7,8 @@
 //! `/proc/self/fd` counts what it did before). The tests count the process's fds, so they run
 //! one at a time; each is bounded in time. One test is the well-formed case the rule must keep:
 //! a frame's fds arrive in a read with earlier frames, or before the rest of the frame. The last
-//! one checks that the error events nobody reads are bounded while every message arrives.
+//! ones check that the error events nobody reads are bounded while every message arrives, and
+//! what happens to fds the kernel cannot install (the receiver at its open-files limit).
 
 mod common;
 
@@ -266,5 +267,60 @@ fn fd_errors_nobody_reads_are_bounded_and_their_messages_all_arrive() {
         expect_fd_error(ch, 0, 1).await;
         assert_eq!(ch.recv().await.unwrap().unwrap().json(), r#""again""#);
         the_next_handle_is_its_own(ch, raw, listener).await;
+    });
+}
+
+/// Lowers this process's soft open-files limit so that only `free` more fds can be opened (fd
+/// numbers are allocated lowest first); the old limit comes back on drop.
+struct FdLimit(rustix::process::Rlimit);
+
+impl FdLimit {
+    fn leave_free(free: u64) -> FdLimit {
+        use rustix::process::{Resource, getrlimit, setrlimit};
+        let lowest_free = std::fs::File::open("/dev/null").unwrap().as_raw_fd() as u64;
+        let old = getrlimit(Resource::Nofile);
+        let mut low = old;
+        low.current = Some(lowest_free + free);
+        setrlimit(Resource::Nofile, low).unwrap();
+        FdLimit(old)
+    }
+}
+
+impl Drop for FdLimit {
+    fn drop(&mut self) {
+        rustix::process::setrlimit(rustix::process::Resource::Nofile, self.0).unwrap();
+    }
+}
+
+#[test]
+fn fds_the_kernel_cannot_install_get_a_nack_or_go_with_the_message_that_got_some() {
+    fd_case(async |ch, raw, listener| {
+        // No fd can be installed: the handle's is lost in the kernel (MSG_CTRUNC), so it is
+        // NACKed, for the sender to send again, and no error is reported.
+        let limit = FdLimit::leave_free(0);
+        raw.send_now(HANDLE_FRAME, &[listener.as_fd()]);
+        assert_eq!(raw.frame().await.0, r#"{"cmd":"NODE_HANDLE_NACK"}"#);
+        drop(limit);
+        // The retransmission, with room again, is the handle.
+        the_next_handle_is_its_own(ch, raw, listener).await;
+
+        // Room for one of two: the burst goes through with the one that arrived.
+        let (r1, w1) = pipe();
+        let (_r2, w2) = pipe();
+        let limit = FdLimit::leave_free(1);
+        raw.send_now(
+            b"{\"cmd\":\"NODE_NODUS_FDS\",\"count\":2,\"msg\":\"burst\"}\n",
+            &[w1.as_fd(), w2.as_fd()],
+        );
+        let mut m = ch.recv().await.unwrap().unwrap();
+        drop(limit);
+        assert_eq!(m.json(), r#""burst""#);
+        let handles = m.take_handles();
+        assert_eq!(handles.len(), 1, "the one fd that could be installed");
+        drop((w1, w2, handles));
+        assert!(
+            write_end_closed(&r1),
+            "the delivered fd was the first one sent"
+        );
     });
 }
