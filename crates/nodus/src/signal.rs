@@ -25,6 +25,11 @@ use crate::io::coop::poll_proceed;
 use crate::io::reactor::{IoState, READABLE};
 use crate::rt::context::{try_with_core, with_core};
 
+/// A signal's name ("SIGTERM"), or "signal" for a number nobody named.
+pub fn name(signal: i32) -> &'static str {
+    signal_hook::low_level::signal_name(signal).unwrap_or("signal")
+}
+
 /// A stream of the signals it was created for.
 pub struct Signals {
     pipe: PipeSignals,

@@ -168,7 +168,7 @@ async fn serve_until_signal(options: ServeOptions, root: PathBuf) -> i32 {
     tracing::info!(
         "{}: readyz now answers 503; draining in {:?}, then up to {:?} for in-flight requests \
          (a second signal stops at once)",
-        signal_name(signal),
+        nodus::signal::name(signal),
         options.shutdown_delay,
         options.drain_timeout
     );
@@ -184,18 +184,10 @@ async fn serve_until_signal(options: ServeOptions, root: PathBuf) -> i32 {
         futures_util::future::Either::Right((signal, _)) => {
             tracing::warn!(
                 "second {} during the drain: exiting now, open connections are reset",
-                signal_name(signal)
+                nodus::signal::name(signal)
             );
             128 + signal
         }
-    }
-}
-
-fn signal_name(signal: i32) -> &'static str {
-    if signal == SIGTERM {
-        "SIGTERM"
-    } else {
-        "SIGINT"
     }
 }
 

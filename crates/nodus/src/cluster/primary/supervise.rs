@@ -93,8 +93,7 @@ pub(super) async fn run(st: &Rc<State>) -> i32 {
             Err(code) => return code,
             Ok(SIGHUP) => start_reload(st),
             Ok(sig) => {
-                let name = if sig == SIGINT { "SIGINT" } else { "SIGTERM" };
-                request_shutdown(st, name, 128 + sig);
+                request_shutdown(st, crate::signal::name(sig), 128 + sig);
             }
         }
     }
