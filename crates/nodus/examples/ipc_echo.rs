@@ -9,8 +9,8 @@
 //! It ignores its arguments and replies `{"echo": <message>}` to every message (one that carried
 //! a handle too). A listening socket that arrives as a handle is also served: each connection gets
 //! `hello from nodus <pid>\n` and is closed. The message `"exit"` is not echoed: the program
-//! disconnects and exits 0. On channel EOF it exits 0; on a malformed frame it writes one line to
-//! stderr, its channel closes, and it exits 0. Without a channel, or with a parent using
+//! disconnects and exits 0. On channel EOF it exits 0; a malformed frame is dropped with one line
+//! on stderr, and the channel goes on. Without a channel, or with a parent using
 //! `serialization: 'advanced'`, it says why on stderr and exits 2.
 
 use std::process::ExitCode;
@@ -44,7 +44,7 @@ fn main() -> ExitCode {
             let mut msg = match item {
                 Ok(msg) => msg,
                 Err(e) => {
-                    // A bad frame closes the channel: the next recv returns None.
+                    // A bad frame was dropped; the channel goes on.
                     eprintln!("ipc_echo: {e}");
                     continue;
                 }

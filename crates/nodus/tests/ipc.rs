@@ -344,25 +344,26 @@ fn internal_messages_are_kept_from_user_receivers_and_socket_queries_answered() 
 }
 
 #[test]
-fn a_malformed_frame_is_an_error_then_the_channel_closes() {
+fn a_malformed_frame_is_an_error_and_the_channel_goes_on() {
     bounded(async {
         let (ch, mut raw) = with_raw(ChannelOptions::default());
-        raw.write(b"\"ok\"\n{not json}\n\"never\"\n").await;
+        raw.write(b"\"ok\"\n{not json}\n\n\"still here\"\n").await;
         assert_eq!(ch.recv().await.unwrap().unwrap().json(), r#""ok""#);
-        match ch.recv().await {
-            Some(Err(IpcError::Frame(FrameError::Malformed { .. }))) => {}
-            other => panic!("expected a malformed-frame error, got {other:?}"),
+        for _ in 0..2 {
+            match ch.recv().await {
+                Some(Err(IpcError::Frame(FrameError::Malformed { .. }))) => {}
+                other => panic!("expected a malformed-frame error, got {other:?}"),
+            }
         }
-        assert!(ch.recv().await.is_none(), "closed after the error");
-        assert!(matches!(ch.send(&1), Err(IpcError::Closed)));
-        assert!(raw.rest().await.is_empty(), "the peer sees EOF");
-        // The loop and the process go on.
-        nodus::sleep(1).await;
+        assert_eq!(ch.recv().await.unwrap().unwrap().json(), r#""still here""#);
+        assert!(ch.is_connected(), "the channel stays open");
+        ch.send(&"reply").unwrap();
+        assert_eq!(raw.frame().await.0, r#""reply""#);
     });
 }
 
 #[test]
-fn an_oversized_frame_is_an_error_before_it_is_buffered_whole() {
+fn an_oversized_frame_is_an_error_before_it_is_buffered_whole_and_the_next_one_arrives() {
     bounded(async {
         let (ch, raw) = with_raw(ChannelOptions { max_frame: 1024 });
         raw.write(&vec![b'1'; 4000]).await;
@@ -370,12 +371,78 @@ fn an_oversized_frame_is_an_error_before_it_is_buffered_whole() {
             Some(Err(IpcError::Frame(FrameError::TooLarge { max: 1024, .. }))) => {}
             other => panic!("expected TooLarge, got {other:?}"),
         }
-        assert!(ch.recv().await.is_none());
+        // The rest of the line is discarded, reported no more; the next frame arrives.
+        raw.write(&vec![b'2'; 4000]).await;
+        raw.write(b"\n\"after\"\n").await;
+        assert_eq!(ch.recv().await.unwrap().unwrap().json(), r#""after""#);
+        assert!(ch.is_connected());
         let (ch2, _raw2) = with_raw(ChannelOptions { max_frame: 16 });
         assert!(matches!(
             ch2.send(&"x".repeat(100)),
             Err(IpcError::TooLarge { .. })
         ));
+    });
+}
+
+#[test]
+fn bad_frames_nobody_reads_are_bounded_and_the_messages_after_them_arrive() {
+    bounded(async {
+        let (ch, raw) = with_raw(ChannelOptions::default());
+        raw.write(&b"{oops}\n".repeat(100)).await;
+        raw.write(b"\"last\"\n").await;
+        raw.all_read().await;
+        let mut errors = 0;
+        loop {
+            match ch.recv().await.unwrap() {
+                Err(IpcError::Frame(_)) => errors += 1,
+                Ok(m) => {
+                    assert_eq!(m.json(), r#""last""#);
+                    break;
+                }
+                Err(e) => panic!("unexpected error event: {e}"),
+            }
+        }
+        assert_eq!(errors, 64, "at most 64 input errors wait unread");
+    });
+}
+
+#[test]
+fn messages_nobody_reads_are_bounded_and_the_newest_kept() {
+    bounded(async {
+        let (ch, raw) = with_raw(ChannelOptions::default());
+        // More messages than are kept...
+        let mut bytes = Vec::new();
+        for i in 0..1100 {
+            bytes.extend_from_slice(format!("{i}\n").as_bytes());
+        }
+        raw.write(&bytes).await;
+        raw.write(b"\"end\"\n").await;
+        raw.all_read().await;
+        let first = ch.recv().await.unwrap().unwrap();
+        assert_eq!(first.json(), "77", "the oldest 77 were dropped, 1024 kept");
+        let mut last = String::new();
+        let mut n = 1;
+        while last != r#""end""# {
+            last = ch.recv().await.unwrap().unwrap().json().to_owned();
+            n += 1;
+        }
+        assert_eq!(n, 1024);
+        // ...and more bytes than are kept: 5 MiB messages, 13 of them (65 MiB).
+        let big = format!("\"{}\"\n", "x".repeat(5 * 1024 * 1024));
+        for _ in 0..13 {
+            raw.write(big.as_bytes()).await;
+        }
+        raw.write(b"\"end\"\n").await;
+        raw.all_read().await;
+        let mut kept = 0;
+        loop {
+            let m = ch.recv().await.unwrap().unwrap();
+            if m.json() == r#""end""# {
+                break;
+            }
+            kept += 1;
+        }
+        assert_eq!(kept, 12, "64 MiB of messages are kept at most");
     });
 }
 

@@ -83,16 +83,6 @@ async fn the_next_handle_is_its_own(ch: &Channel, raw: &mut Raw, listener: &TcpL
     assert!(ch.is_connected(), "the channel stays open");
 }
 
-/// Bytes `raw` wrote that its peer has not read yet (`SIOCOUTQ`, which is `TIOCOUTQ`).
-fn unread_by_peer(raw: &Raw) -> usize {
-    let mut n: libc::c_int = 0;
-    // SAFETY: SIOCOUTQ (TIOCOUTQ) on a socket fd writes one int through the pointer, which is valid and
-    // writable for the call.
-    let rc = unsafe { libc::ioctl(raw.sock.as_fd().as_raw_fd(), libc::TIOCOUTQ, &mut n) };
-    assert_eq!(rc, 0, "SIOCOUTQ: {}", std::io::Error::last_os_error());
-    usize::try_from(n).unwrap()
-}
-
 /// Runs one case, alone, on a fresh channel and raw peer, with a listener to send as a handle;
 /// when it is done (its locals dropped), the process holds no fd it did not hold before.
 fn fd_case(case: impl AsyncFnOnce(&Channel, &mut Raw, &TcpListener)) {
@@ -117,6 +107,21 @@ fn a_stray_fd_with_a_plain_message_is_closed_and_not_given_to_the_next_handle() 
         assert_eq!(m.json(), r#""plain""#);
         assert!(m.handle().is_none());
         assert!(write_end_closed(&r), "the stray fd was closed");
+        the_next_handle_is_its_own(ch, raw, listener).await;
+    });
+}
+
+#[test]
+fn a_bad_frame_is_dropped_with_its_fd_and_the_next_handle_is_its_own() {
+    fd_case(async |ch, raw, listener| {
+        let (r, w) = pipe();
+        raw.send_now(b"{\"cmd\":\"NODE_HANDLE\",oops}\n", &[w.as_fd()]);
+        drop(w);
+        match ch.recv().await {
+            Some(Err(IpcError::Frame(_))) => {}
+            other => panic!("expected a bad-frame error event, got {other:?}"),
+        }
+        assert!(write_end_closed(&r), "the bad frame's fd was closed");
         the_next_handle_is_its_own(ch, raw, listener).await;
     });
 }
@@ -245,9 +250,7 @@ fn fd_errors_nobody_reads_are_bounded_and_their_messages_all_arrive() {
         }
         drop(w);
         // Nothing is received until the channel has read all of it.
-        while unread_by_peer(raw) > 0 {
-            nodus::sleep(5).await;
-        }
+        raw.all_read().await;
         let (mut messages, mut errors) = (0, 0);
         while messages < STRAYS {
             match ch.recv().await.unwrap() {

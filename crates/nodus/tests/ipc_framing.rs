@@ -62,17 +62,45 @@ proptest! {
         chunks in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..64), 0..16),
     ) {
         let mut decoder = Decoder::new(32);
-        'outer: for c in &chunks {
+        for c in &chunks {
             decoder.push(c);
             loop {
                 match decoder.next_frame() {
                     Ok(Some(frame)) => prop_assert!(frame.get().len() <= 32),
                     Ok(None) => break,
-                    Err(_) => break 'outer,
+                    // A bad frame is dropped; the decoder goes on after it.
+                    Err(_) => {}
                 }
             }
             prop_assert!(decoder.buffered() <= 32 + 64);
         }
+    }
+
+    #[test]
+    fn a_bad_frame_never_costs_the_good_ones_after_it(
+        garbage in prop::collection::vec(any::<u8>().prop_filter("no newline", |b| *b != b'\n'), 0..100),
+        split in 0usize..200,
+    ) {
+        // Garbage (maybe over the cap, maybe valid JSON by chance) then two good frames, the
+        // bytes pushed in two arbitrary pieces.
+        let mut bytes = garbage.clone();
+        bytes.extend_from_slice(b"\n\"a\"\n[1]\n");
+        let split = split.min(bytes.len());
+        let mut decoder = Decoder::new(32);
+        let mut good = Vec::new();
+        for piece in [&bytes[..split], &bytes[split..]] {
+            decoder.push(piece);
+            loop {
+                match decoder.next_frame() {
+                    Ok(Some(frame)) => good.push(frame.get().to_owned()),
+                    Ok(None) => break,
+                    Err(_) => {}
+                }
+            }
+        }
+        let tail = good.len().saturating_sub(2);
+        prop_assert_eq!(&good[tail..], &["\"a\"".to_owned(), "[1]".to_owned()][..]);
+        prop_assert_eq!(decoder.buffered(), 0);
     }
 }
 
@@ -84,9 +112,26 @@ fn a_partial_line_over_the_cap_is_refused_before_its_newline() {
         d.next_frame().unwrap_err(),
         FrameError::TooLarge { len: 11, max: 10 }
     );
-    // Poisoned: the stream lost sync.
+    // The rest of that line is discarded as it arrives, however long, and reported no more;
+    // the next line is a frame.
+    d.push(&[b'7'; 100]);
+    assert!(d.next_frame().unwrap().is_none());
+    assert_eq!(d.buffered(), 0, "an oversized line is not kept");
+    assert!(!d.at_frame_start(), "still inside the oversized line");
     d.push(b"\"\n1\n");
-    assert!(d.next_frame().is_err());
+    assert_eq!(d.next_frame().unwrap().unwrap().get(), "1");
+    assert!(d.at_frame_start());
+}
+
+#[test]
+fn a_whole_line_over_the_cap_is_refused_and_the_next_one_read() {
+    let mut d = Decoder::new(10);
+    d.push(b"\"0123456789\"\n[2]\n");
+    assert_eq!(
+        d.next_frame().unwrap_err(),
+        FrameError::TooLarge { len: 12, max: 10 }
+    );
+    assert_eq!(d.next_frame().unwrap().unwrap().get(), "[2]");
 }
 
 #[test]
@@ -98,6 +143,9 @@ fn empty_lines_and_garbage_are_malformed() {
             matches!(d.next_frame(), Err(FrameError::Malformed { .. })),
             "{bad:?}"
         );
+        // Only that line is lost.
+        d.push(b"true\n");
+        assert_eq!(d.next_frame().unwrap().unwrap().get(), "true", "{bad:?}");
     }
     let mut d = Decoder::new(100);
     d.push(b"{\"b\":1,\"a\":2}\n\"x\"\n");

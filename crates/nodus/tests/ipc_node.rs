@@ -207,7 +207,7 @@ fn a_nodus_parent_forks_the_nodus_echo_child() {
 }
 
 #[test]
-fn the_echo_child_survives_a_malformed_frame_and_exits_0() {
+fn the_echo_child_survives_a_malformed_frame_and_exits_0_at_eof() {
     let echo = ipc_echo();
     bounded(async move {
         // Hand the channel over as stdin (NODE_CHANNEL_FD may name any fd), keeping a raw end.
@@ -221,15 +221,21 @@ fn the_echo_child_survives_a_malformed_frame_and_exits_0() {
             .unwrap();
         let raw = UnixStream::from_std(ours).unwrap();
         raw.write_all(b"{\"a\":1}\n").await.unwrap();
-        let mut got = Vec::new();
         let mut buf = [0u8; 256];
-        while !got.ends_with(b"\n") {
-            let n = raw.read(&mut buf).await.unwrap();
-            assert!(n > 0);
-            got.extend_from_slice(&buf[..n]);
-        }
-        assert_eq!(got, b"{\"echo\":{\"a\":1}}\n");
-        raw.write_all(b"{bad json\n").await.unwrap();
+        let mut line = async || {
+            let mut got = Vec::new();
+            while !got.ends_with(b"\n") {
+                let n = raw.read(&mut buf).await.unwrap();
+                assert!(n > 0);
+                got.extend_from_slice(&buf[..n]);
+            }
+            got
+        };
+        assert_eq!(line().await, b"{\"echo\":{\"a\":1}}\n");
+        // The bad frame is dropped; the next one is answered.
+        raw.write_all(b"{bad json\n{\"b\":2}\n").await.unwrap();
+        assert_eq!(line().await, b"{\"echo\":{\"b\":2}}\n");
+        raw.shutdown(std::net::Shutdown::Write).unwrap();
         let mut stderr = Vec::new();
         child
             .stderr

@@ -21,8 +21,7 @@
 //!   truncated them), any other frame none. Fds that do not match (too many, too few, with a
 //!   frame that carries none, or in a read where no frame starts) are closed at once and reported
 //!   as [`IpcError::UnexpectedFds`]; the frame is handled without them (a `NODE_HANDLE` gets a
-//!   NACK) and the channel stays open. At most one read's fds (64) wait for their frame, and at
-//!   most 64 such error events wait unread (more are not queued, with one warning).
+//!   NACK) and the channel stays open. At most one read's fds (64) wait for their frame.
 //! - **Retransmission.** A NACK resends the in-flight handle frame with its fd, at most 3 times
 //!   (Node's `MAX_HANDLE_RETRANSMISSIONS`); the 4th NACK drops the handle, delivers
 //!   [`IpcError::HandleNotReceived`] and releases the held messages.
@@ -36,8 +35,12 @@
 //!   again after a backoff on a loop timer (1 ms doubling to 128 ms, no busy loop, no write in
 //!   between); 16 refusals in a row (about 1.3 s) are an [`IpcError::Io`] event, then the
 //!   channel closes. `EPIPE`/`ECONNRESET` end the channel at once (the peer is gone).
-//! - **Hardened.** A frame over the cap or not valid JSON is delivered as an error, then the
-//!   channel closes (the stream lost sync); nothing panics and nothing exits the process.
+//! - **Hardened.** A frame over the cap or not valid JSON is dropped (with its fds) and delivered
+//!   as an [`IpcError::Frame`] event; the channel stays open and reads on from the next line
+//!   (no JSON text contains a raw newline, so the stream keeps its sync). At most 64 input error
+//!   events wait unread, and at most 1024 messages or 64 MiB of them (the oldest are dropped,
+//!   with a warning): memory stays bounded when nobody reads. Nothing panics and nothing exits
+//!   the process.
 //! - **Liveness.** An open channel is a ref'd handle (Node's `channel.ref()`); `unref()` lets the
 //!   loop exit while it is open. Closing (EOF, an error, `disconnect`, drop) releases it.
 //! - **Disconnect.** `disconnect()` (or dropping the `Channel`) stops new sends, writes what is
@@ -76,9 +79,17 @@ const MAX_RETRANSMISSIONS: u32 = 3;
 /// Internal messages kept for [`Channel::recv_internal`] before the oldest are dropped.
 const MAX_INTERNAL: usize = 1024;
 
-/// Fd-mismatch error events ([`IpcError::UnexpectedFds`]) queued unread at most; while this many
-/// wait, further ones are not queued (their fds are still closed) and one warning says so.
-const MAX_UNREAD_FD_ERRORS: usize = 64;
+/// Error events about the peer's input ([`IpcError::UnexpectedFds`], [`IpcError::Frame`]) queued
+/// unread at most; while this many wait, further ones are not queued (the stray fds and bad
+/// frames are still dropped) and one warning says so.
+const MAX_UNREAD_ERRORS: usize = 64;
+
+/// Messages queued for [`Channel::recv`] at most, and their JSON bytes at most (at least the
+/// newest message is kept, whatever its size): beyond either, the oldest are dropped (their
+/// handles closed) with one warning per overflow. A process that never reads its messages (a
+/// cluster worker that only serves) stays bounded; Node drops a message nobody listens for.
+const MAX_UNREAD_MESSAGES: usize = 1024;
+const MAX_UNREAD_BYTES: usize = 64 * 1024 * 1024;
 
 /// A `sendmsg` the kernel refused for want of memory is tried again after 1, 2, 4 ... ms (at
 /// most [`SEND_RETRY_MAX_DELAY_MS`] apart), this many times in a row (about 1.3 s), before the
@@ -111,7 +122,8 @@ impl Default for ChannelOptions {
 pub enum IpcError {
     /// The channel is disconnected (Node's `ERR_IPC_CHANNEL_CLOSED`).
     Closed,
-    /// A malformed or oversized frame arrived; the channel closed.
+    /// A malformed or oversized frame arrived and was dropped (with any fds it brought); the
+    /// channel stays open and reads on from the next frame.
     Frame(FrameError),
     /// Fds arrived that do not match the frame they came with: `received` of them where the
     /// frame carries `expected` (0 for a frame without a handle, 1 for `NODE_HANDLE`, the count
@@ -268,8 +280,13 @@ struct State {
     /// The fds of the frame the decoder holds the start of (`None` at a frame boundary).
     arrived: Option<Arrived>,
     incoming: VecDeque<Result<Message, IpcError>>,
-    /// [`IpcError::UnexpectedFds`] events in `incoming`.
-    unread_fd_errors: usize,
+    /// Messages (`Ok` items) in `incoming`, and their JSON bytes.
+    unread_messages: usize,
+    unread_bytes: usize,
+    /// Messages dropped unread since the last overflow warning ended (0: none being dropped).
+    dropped_unread: u64,
+    /// Input error events (`UnexpectedFds`, `Frame`) in `incoming`.
+    unread_errors: usize,
     internal: VecDeque<Message>,
     out: VecDeque<Out>,
     out_bytes: usize,
@@ -334,27 +351,73 @@ impl State {
     }
 
     fn deliver(&mut self, item: Result<Message, IpcError>, wake: &mut Vec<Waker>) {
+        if let Ok(msg) = &item {
+            self.unread_messages += 1;
+            self.unread_bytes += msg.json.get().len();
+        }
         self.incoming.push_back(item);
+        while self.unread_messages > 1
+            && (self.unread_messages > MAX_UNREAD_MESSAGES || self.unread_bytes > MAX_UNREAD_BYTES)
+        {
+            self.drop_oldest_message();
+        }
         wake.extend(self.recv_waker.take());
+    }
+
+    /// Drops the oldest unread message (its handles close), warning at the first of a run.
+    fn drop_oldest_message(&mut self) {
+        let Some(at) = self.incoming.iter().position(Result::is_ok) else {
+            return;
+        };
+        let Some(Ok(msg)) = self.incoming.remove(at) else {
+            return;
+        };
+        self.unread_messages -= 1;
+        self.unread_bytes -= msg.json.get().len();
+        if self.dropped_unread == 0 {
+            tracing::warn!(
+                target: "nodus::ipc",
+                "{} messages ({} bytes) wait unread on an IPC channel: dropping the oldest \
+                 (nobody calls recv)",
+                self.unread_messages + 1,
+                self.unread_bytes + msg.json.get().len(),
+            );
+        }
+        self.dropped_unread += 1;
+    }
+
+    /// Queues an error event about the peer's input, unless [`MAX_UNREAD_ERRORS`] wait unread.
+    fn input_error(&mut self, error: IpcError, wake: &mut Vec<Waker>) {
+        if self.unread_errors == MAX_UNREAD_ERRORS {
+            tracing::warn!(
+                target: "nodus::ipc",
+                "{MAX_UNREAD_ERRORS} input errors wait unread: not queueing more until they are \
+                 read (stray fds and bad frames are still dropped)"
+            );
+            self.unread_errors += 1; // Warned: at most once until the queue is read.
+        }
+        if self.unread_errors >= MAX_UNREAD_ERRORS {
+            return;
+        }
+        if let IpcError::Frame(e) = &error {
+            tracing::warn!(target: "nodus::ipc", "dropped a bad frame from the peer: {e}");
+        }
+        self.unread_errors += 1;
+        self.deliver(Err(error), wake);
     }
 
     /// Takes one read: `bytes`, and the fds that came with them. A frame's fds come with its
     /// first byte, and a read ends with the bytes that carried fds (see `fdpass`), so they
     /// belong to the last frame that starts in this read: they are held for that frame alone,
     /// whichever read brings its end. Fds in a read where no frame starts belong to none.
-    fn on_read(
-        &mut self,
-        bytes: &[u8],
-        arrived: Option<Arrived>,
-        wake: &mut Vec<Waker>,
-    ) -> Result<(), FrameError> {
+    fn on_read(&mut self, bytes: &[u8], arrived: Option<Arrived>, wake: &mut Vec<Waker>) {
         let Some(arrived) = arrived else {
             self.decoder.push(bytes);
             return self.take_frames(wake);
         };
         let start = match bytes[..bytes.len() - 1].iter().rposition(|&b| b == b'\n') {
             Some(newline) => Some(newline + 1),
-            None => (self.decoder.buffered() == 0).then_some(0),
+            None => self.decoder.at_frame_start().then_some(0),
         };
         let Some(start) = start else {
             self.unexpected_fds(arrived.fds, 0, wake);
@@ -362,47 +425,44 @@ impl State {
             return self.take_frames(wake);
         };
         self.decoder.push(&bytes[..start]);
-        self.take_frames(wake)?;
+        self.take_frames(wake);
         debug_assert!(self.arrived.is_none(), "fds held at a frame boundary");
         self.arrived = Some(arrived);
         self.decoder.push(&bytes[start..]);
-        self.take_frames(wake)
+        self.take_frames(wake);
     }
 
     /// Acts on every complete frame buffered. The first takes the fds held, if any: they came
     /// with its start (`on_read` holds fds only while the decoder holds their frame's start).
-    fn take_frames(&mut self, wake: &mut Vec<Waker>) -> Result<(), FrameError> {
-        while let Some(frame) = self.decoder.next_frame()? {
-            let arrived = self.arrived.take();
-            self.on_frame(frame, arrived, wake);
+    /// A bad frame is reported and dropped with its fds; the frames after it go on.
+    fn take_frames(&mut self, wake: &mut Vec<Waker>) {
+        loop {
+            match self.decoder.next_frame() {
+                Ok(Some(frame)) => {
+                    let arrived = self.arrived.take();
+                    self.on_frame(frame, arrived, wake);
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    drop(self.arrived.take());
+                    self.input_error(IpcError::Frame(e), wake);
+                }
+            }
         }
-        Ok(())
     }
 
     /// Closes fds that do not match their frame and reports them.
     fn unexpected_fds(&mut self, fds: Vec<OwnedFd>, expected: usize, wake: &mut Vec<Waker>) {
         let received = fds.len();
         drop(fds);
-        if self.unread_fd_errors == MAX_UNREAD_FD_ERRORS {
-            tracing::warn!(
-                target: "nodus::ipc",
-                "{MAX_UNREAD_FD_ERRORS} fd-mismatch errors wait unread: not queueing more until \
-                 they are read (the peer's stray fds are still closed)"
-            );
-            self.unread_fd_errors += 1; // Warned: at most once until the queue is read.
-        }
-        if self.unread_fd_errors >= MAX_UNREAD_FD_ERRORS {
-            return;
-        }
-        self.unread_fd_errors += 1;
-        self.deliver(Err(IpcError::UnexpectedFds { expected, received }), wake);
+        self.input_error(IpcError::UnexpectedFds { expected, received }, wake);
     }
 
     /// Acts on one received frame and the fds that came with it.
     fn on_frame(&mut self, json: Box<RawValue>, arrived: Option<Arrived>, wake: &mut Vec<Waker>) {
         let (mut fds, truncated) = arrived.map_or((Vec::new(), false), |a| (a.fds, a.truncated));
         let internal = handles::internal(&json);
-        let carries = match internal.as_ref().map(|i| i.cmd.as_str()) {
+        let carries = match internal.as_ref().map(|i| i.cmd()) {
             Some(NODE_HANDLE) => 1,
             Some(NODUS_FDS) => internal.as_ref().and_then(|i| i.count).unwrap_or(0),
             _ => 0,
@@ -424,7 +484,7 @@ impl State {
             );
             return;
         };
-        match internal.cmd.as_str() {
+        match internal.cmd() {
             NODE_HANDLE => match fds.pop() {
                 Some(fd) => {
                     self.control(ACK);
@@ -587,7 +647,10 @@ impl Channel {
                 max_frame: options.max_frame,
                 arrived: None,
                 incoming: VecDeque::new(),
-                unread_fd_errors: 0,
+                unread_messages: 0,
+                unread_bytes: 0,
+                dropped_unread: 0,
+                unread_errors: 0,
                 internal: VecDeque::new(),
                 out: VecDeque::new(),
                 out_bytes: 0,
@@ -677,9 +740,24 @@ impl Channel {
     pub fn poll_recv(&self, cx: &mut Context<'_>) -> Poll<Option<Result<Message, IpcError>>> {
         let mut st = self.inner.st.borrow_mut();
         if let Some(item) = st.incoming.pop_front() {
-            if let Err(IpcError::UnexpectedFds { .. }) = item {
-                // Reading one ends a saturation (and its warning) at once.
-                st.unread_fd_errors = st.unread_fd_errors.min(MAX_UNREAD_FD_ERRORS) - 1;
+            match &item {
+                Ok(msg) => {
+                    st.unread_messages -= 1;
+                    st.unread_bytes -= msg.json.get().len();
+                    if st.dropped_unread > 0 {
+                        tracing::warn!(
+                            target: "nodus::ipc",
+                            "{} unread messages were dropped before this one was read",
+                            st.dropped_unread
+                        );
+                        st.dropped_unread = 0;
+                    }
+                }
+                Err(IpcError::UnexpectedFds { .. } | IpcError::Frame(_)) => {
+                    // Reading one ends a saturation (and its warning) at once.
+                    st.unread_errors = st.unread_errors.min(MAX_UNREAD_ERRORS) - 1;
+                }
+                Err(_) => {}
             }
             return Poll::Ready(Some(item));
         }
@@ -944,11 +1022,7 @@ impl Inner {
                         fds: got.fds,
                         truncated: got.truncated,
                     });
-                    if let Err(e) = st.on_read(&buf[..got.len], arrived, wake) {
-                        tracing::warn!(error = %e, "nodus::ipc: bad frame, closing the channel");
-                        st.deliver(Err(IpcError::Frame(e)), wake);
-                        return true;
-                    }
+                    st.on_read(&buf[..got.len], arrived, wake);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => io.clear_read_ready(),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}

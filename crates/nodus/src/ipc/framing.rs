@@ -5,10 +5,11 @@
 //! - A frame is the bytes before a `\n`; JSON never contains a raw newline, so the split is
 //!   unambiguous. A frame is valid UTF-8 JSON (serde_json checks both) or it is an error.
 //! - No frame, complete or still arriving, may exceed `max_frame` bytes (default 16 MiB): the
-//!   decoder reports that as soon as the buffered partial line passes the cap, so memory stays
-//!   bounded by about `max_frame` + one read.
-//! - After an error the decoder is poisoned: the caller closes the channel (the stream has lost
-//!   sync; Node would have crashed).
+//!   decoder reports that as soon as the buffered partial line passes the cap, then discards the
+//!   rest of that line as it arrives, so memory stays bounded by about `max_frame` + one read.
+//! - A bad frame costs only itself: after a malformed line or an oversized one the decoder goes
+//!   on at the next `\n`, which no JSON text contains, so the stream never loses sync (Node
+//!   would throw from its channel and crash the process).
 //! - Frames are kept as raw JSON text ([`RawValue`]): a message reaches the user with its object
 //!   keys in the sender's order, and is parsed into a user type only when asked.
 
@@ -50,7 +51,8 @@ pub struct Decoder {
     /// Bytes from `start` already searched for `\n`.
     scanned: usize,
     max_frame: usize,
-    poisoned: bool,
+    /// Discarding the rest of an oversized line, up to its `\n`.
+    skipping: bool,
 }
 
 impl Decoder {
@@ -61,7 +63,7 @@ impl Decoder {
             start: 0,
             scanned: 0,
             max_frame,
-            poisoned: false,
+            skipping: false,
         }
     }
 
@@ -79,51 +81,71 @@ impl Decoder {
         self.buf.len() - self.start
     }
 
+    /// The next byte pushed starts a frame: nothing is buffered and no oversized line is being
+    /// discarded.
+    pub fn at_frame_start(&self) -> bool {
+        self.buffered() == 0 && !self.skipping
+    }
+
     /// The next complete frame, `Ok(None)` if more bytes are needed.
     ///
     /// # Errors
-    /// A frame over the cap or not valid JSON; every later call returns the same kind of error.
+    /// A frame over the cap (reported once, as soon as it passes the cap) or a line that is not
+    /// valid JSON. The bad frame is dropped and the next call goes on after it.
     pub fn next_frame(&mut self) -> Result<Option<Box<RawValue>>, FrameError> {
-        if self.poisoned {
-            return Err(FrameError::Malformed {
-                message: "the stream lost sync at an earlier error".into(),
-            });
-        }
-        let pending = &self.buf[self.start..];
-        let Some(pos) = pending[self.scanned..].iter().position(|&b| b == b'\n') else {
-            self.scanned = pending.len();
-            if pending.len() > self.max_frame {
-                return Err(self.poison(FrameError::TooLarge {
-                    len: pending.len(),
-                    max: self.max_frame,
-                }));
+        loop {
+            let pending = &self.buf[self.start..];
+            let newline = pending[self.scanned..].iter().position(|&b| b == b'\n');
+            if self.skipping {
+                match newline {
+                    Some(pos) => {
+                        self.start += self.scanned + pos + 1;
+                        self.scanned = 0;
+                        self.skipping = false;
+                        continue;
+                    }
+                    None => {
+                        self.discard_pending();
+                        return Ok(None);
+                    }
+                }
             }
-            return Ok(None);
-        };
-        let end = self.scanned + pos;
-        if end > self.max_frame {
-            return Err(self.poison(FrameError::TooLarge {
-                len: end,
-                max: self.max_frame,
-            }));
-        }
-        let parsed = serde_json::from_slice::<Box<RawValue>>(&pending[..end]);
-        self.start += end + 1;
-        self.scanned = 0;
-        match parsed {
-            Ok(v) => Ok(Some(v)),
-            Err(e) => Err(self.poison(FrameError::Malformed {
-                message: e.to_string(),
-            })),
+            let Some(pos) = newline else {
+                self.scanned = pending.len();
+                if pending.len() > self.max_frame {
+                    let len = pending.len();
+                    self.discard_pending();
+                    self.skipping = true;
+                    return Err(FrameError::TooLarge {
+                        len,
+                        max: self.max_frame,
+                    });
+                }
+                return Ok(None);
+            };
+            let end = self.scanned + pos;
+            let parsed = (end <= self.max_frame)
+                .then(|| serde_json::from_slice::<Box<RawValue>>(&pending[..end]));
+            self.start += end + 1;
+            self.scanned = 0;
+            return match parsed {
+                Some(Ok(v)) => Ok(Some(v)),
+                Some(Err(e)) => Err(FrameError::Malformed {
+                    message: e.to_string(),
+                }),
+                None => Err(FrameError::TooLarge {
+                    len: end,
+                    max: self.max_frame,
+                }),
+            };
         }
     }
 
-    fn poison(&mut self, e: FrameError) -> FrameError {
-        self.poisoned = true;
+    /// Drops every buffered byte (the head of an oversized line).
+    fn discard_pending(&mut self) {
         self.buf = Vec::new();
         self.start = 0;
         self.scanned = 0;
-        e
     }
 }
 

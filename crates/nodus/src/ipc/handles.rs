@@ -169,25 +169,47 @@ impl fmt::Debug for Handle {
     }
 }
 
-/// The fields of an internal frame nodus reads.
+/// The fields of an internal frame nodus reads. Each is `None` when absent or of another JSON
+/// type than expected: a field nodus cannot use does not make the frame a user message.
 #[derive(Deserialize)]
 pub(crate) struct Internal {
-    pub(crate) cmd: String,
-    #[serde(rename = "type")]
+    #[serde(default, deserialize_with = "lenient")]
+    cmd: Option<String>,
+    #[serde(rename = "type", default, deserialize_with = "lenient")]
     pub(crate) node_type: Option<String>,
     pub(crate) msg: Option<Box<RawValue>>,
     pub(crate) key: Option<Box<RawValue>>,
     /// How many fds a `NODE_NODUS_FDS` frame carries.
+    #[serde(default, deserialize_with = "lenient")]
     pub(crate) count: Option<usize>,
 }
 
-/// The internal frame in `raw`, if it is one (Node's `isInternal`).
+impl Internal {
+    /// The frame's `cmd` (`NODE_...`; `internal` returns only frames that have one).
+    pub(crate) fn cmd(&self) -> &str {
+        self.cmd.as_deref().unwrap_or_default()
+    }
+}
+
+/// A field's value as `T`, or `None` if it is some other JSON value.
+fn lenient<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    let raw = <&RawValue>::deserialize(d)?;
+    Ok(serde_json::from_str(raw.get()).ok())
+}
+
+/// The internal frame in `raw`, if it is one (Node's `isInternal`: an object whose `cmd` is a
+/// string over 5 characters starting with `NODE_`; its other fields do not matter).
 pub(crate) fn internal(raw: &RawValue) -> Option<Internal> {
     if !raw.get().starts_with('{') {
         return None;
     }
     let probe: Internal = serde_json::from_str(raw.get()).ok()?;
-    (probe.cmd.len() > 5 && probe.cmd.starts_with("NODE_")).then_some(probe)
+    let cmd = probe.cmd.as_deref()?;
+    (cmd.len() > 5 && cmd.starts_with("NODE_")).then_some(probe)
 }
 
 /// The message inside a handle's frame as it was sent (`frame`: the JSON line).
@@ -222,4 +244,38 @@ pub(crate) struct SocketReply<'a> {
     pub(crate) key: &'a RawValue,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) count: Option<u32>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(text: &str) -> Box<RawValue> {
+        RawValue::from_string(text.to_owned()).unwrap()
+    }
+
+    #[test]
+    fn internal_is_decided_by_cmd_alone() {
+        for text in [
+            r#"{"cmd":"NODE_CLUSTER","act":"online"}"#,
+            r#"{"cmd":"NODE_HANDLE","type":5,"msg":"m"}"#,
+            r#"{"cmd":"NODE_NODUS_FDS","count":-1,"msg":1}"#,
+            r#"{"cmd":"NODE_X","key":[1],"count":1.5,"type":null}"#,
+        ] {
+            assert!(internal(&raw(text)).is_some(), "{text}");
+        }
+        for text in [
+            r#"{"cmd":"NODE_"}"#,
+            r#"{"cmd":5}"#,
+            r#"{"cmd":["NODE_CLUSTER"]}"#,
+            r#"{"act":"online"}"#,
+            r#"["NODE_CLUSTER"]"#,
+            r#""NODE_CLUSTER""#,
+        ] {
+            assert!(internal(&raw(text)).is_none(), "{text}");
+        }
+        let odd = internal(&raw(r#"{"cmd":"NODE_NODUS_FDS","count":-1,"type":{}}"#)).unwrap();
+        assert_eq!(odd.cmd(), "NODE_NODUS_FDS");
+        assert_eq!((odd.count, odd.node_type), (None, None));
+    }
 }

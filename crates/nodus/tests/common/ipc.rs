@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use nodus::ipc::{Channel, ChannelOptions};
 use nodus::net::UnixStream;
@@ -85,6 +85,23 @@ impl Raw {
         let n = rustix::net::sendmsg(self.sock.as_fd(), &iov, &mut control, SendFlags::empty())
             .unwrap();
         assert_eq!(n, bytes.len(), "raw peer: a short write");
+    }
+
+    /// Bytes written that the channel has not read yet (`SIOCOUTQ`, which is `TIOCOUTQ`).
+    pub fn unread_by_peer(&self) -> usize {
+        let mut n: libc::c_int = 0;
+        // SAFETY: SIOCOUTQ (TIOCOUTQ) on a socket fd writes one int through the pointer, which is
+        // valid and writable for the call.
+        let rc = unsafe { libc::ioctl(self.sock.as_fd().as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+        assert_eq!(rc, 0, "SIOCOUTQ: {}", std::io::Error::last_os_error());
+        usize::try_from(n).unwrap()
+    }
+
+    /// Waits until the channel has read everything written.
+    pub async fn all_read(&self) {
+        while self.unread_by_peer() > 0 {
+            nodus::sleep(5).await;
+        }
     }
 
     /// Reads until EOF; returns the bytes.
