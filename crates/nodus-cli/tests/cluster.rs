@@ -102,6 +102,7 @@ const PY_SERVER: &str = r#"
 import os, socket, sys
 assert os.environ["LISTEN_PID"] == str(os.getpid()), "LISTEN_PID is not my pid"
 assert os.environ["LISTEN_FDS"] == "1"
+assert "NODE_UNIQUE_ID" not in os.environ, "a plain program is no cluster worker"
 s = socket.socket(fileno=3)
 n = os.environ.get("NOTIFY_SOCKET")
 if n:
@@ -150,6 +151,31 @@ fn run_passes_listeners_the_systemd_way_to_a_plain_program() {
         .filter(|e| e["event"] == "ready")
         .count();
     assert_eq!(ready, 2, "both workers said READY=1 or stayed up");
+    primary.signal(rustix::process::Signal::TERM);
+    assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
+}
+
+/// A stock Node program that takes its socket the systemd way (`listen({ fd: 3 })`, as the deploy
+/// files show). Node takes a process with `NODE_UNIQUE_ID` for a cluster worker and asks a primary
+/// for the listener, so a plain program must not get it.
+#[test]
+fn run_passes_listeners_to_a_node_program_without_making_it_a_cluster_worker() {
+    if !have("node") {
+        return;
+    }
+    let addr = free_addr();
+    let program = "require('http').createServer((q, s) => \
+                   s.end('fd3 worker ' + require('cluster').isWorker)).listen({ fd: 3 })";
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "-w", "2", "-l", &addr.to_string()])
+            .args(["--", "node", "-e", program])
+            .env("RUST_LOG", "info"),
+    );
+    primary.wait_line("2 workers ready");
+    for _ in 0..5 {
+        assert_eq!(get_ok(addr, "/"), "fd3 worker false");
+    }
     primary.signal(rustix::process::Signal::TERM);
     assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
 }
@@ -333,6 +359,21 @@ fn a_nodus_worker_joins_a_stock_node_primary() {
     for _ in 0..10 {
         assert_eq!(get_ok(addr, "/a.txt"), "from a nodus worker\n");
     }
+    // A Node primary keeps no cluster stats: the worker answers with its own at once rather than
+    // asking a primary that never answers (10 s).
+    let asked = Instant::now();
+    let stats: Value = serde_json::from_str(&get_ok(addr, "/_nodus/stats")).unwrap();
+    assert!(stats.is_object(), "{stats}");
+    assert!(
+        get_ok(addr, "/_nodus/metrics")
+            .trim_end()
+            .ends_with("# EOF")
+    );
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "waited {:?} for a Node primary",
+        asked.elapsed()
+    );
     // Node's primary-side disconnect drains the nodus worker, which exits 0.
     primary.signal(rustix::process::Signal::TERM);
     let line = primary.wait_line("worker exit");

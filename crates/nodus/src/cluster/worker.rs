@@ -58,6 +58,11 @@ use crate::net::{TcpListener, TcpStream};
 /// How long a worker waits for the primary's answer to `queryServer` or a stats request.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Set (to `1`) by a nodus primary in the environment of the workers it talks to over a channel:
+/// the worker knows from its first message on that it may use nodus's own messages (cluster
+/// stats, giving connections back). A stock Node primary never answers them.
+pub(crate) const NODUS_PRIMARY_ENV: &str = "NODUS_PRIMARY";
+
 /// The primary's answer to `queryServer`: the server key (or its error text) and, for a shared
 /// or reuse-port listener, the listening fd.
 type QueryResult = (Result<String, String>, Option<Handle>);
@@ -93,7 +98,8 @@ struct Shared {
     took: Cell<Option<u64>>,
     /// A report (`took`, `load`) goes out at the end of this turn.
     report_queued: Cell<bool>,
-    /// The primary is a nodus primary (it sent `newconns`): connections can be given back.
+    /// The primary is a nodus primary ([`NODUS_PRIMARY_ENV`], or it sent `newconns`): it answers
+    /// stats requests, and connections can be given back.
     nodus_primary: Cell<bool>,
     /// Where taken batches and load are posted, when the primary gave a board.
     board: OnceCell<Board>,
@@ -135,7 +141,12 @@ impl Worker {
         // lookup on the I/O pool), and glibc's unsetenv only shifts the pointers of `environ`
         // under its lock, never freeing a string a concurrent `getenv` may be reading: at worst
         // such a lookup misses one variable.
-        unsafe { std::env::remove_var("NODE_UNIQUE_ID") };
+        let nodus_primary = std::env::var_os(NODUS_PRIMARY_ENV).is_some_and(|v| v == "1");
+        // SAFETY: as above.
+        unsafe {
+            std::env::remove_var("NODE_UNIQUE_ID");
+            std::env::remove_var(NODUS_PRIMARY_ENV);
+        };
         let channel = Channel::from_env()
             .map_err(|e| io::Error::other(e.to_string()))?
             .ok_or_else(|| {
@@ -163,7 +174,7 @@ impl Worker {
                 exit_ack: RefCell::new(None),
                 took: Cell::new(None),
                 report_queued: Cell::new(false),
-                nodus_primary: Cell::new(false),
+                nodus_primary: Cell::new(nodus_primary),
                 board: OnceCell::new(),
             }),
         };
@@ -299,7 +310,8 @@ impl Worker {
     /// The whole cluster's `/_nodus/stats` document (JSON), from the primary.
     ///
     /// # Errors
-    /// The primary did not answer within 10 s (a Node primary never does).
+    /// `Unsupported` at once under a stock Node primary (it keeps no stats); `TimedOut` if a
+    /// nodus primary did not answer within 10 s.
     pub async fn cluster_stats(&self) -> io::Result<String> {
         self.ask_primary("stats").await
     }
@@ -349,6 +361,12 @@ impl Worker {
     }
 
     async fn ask_primary(&self, what: &str) -> io::Result<String> {
+        if !self.sh.nodus_primary.get() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "a Node cluster primary keeps no cluster stats",
+            ));
+        }
         let id = self.sh.next_request.get();
         self.sh.next_request.set(id + 1);
         let slot = ReplySlot::new();
@@ -414,6 +432,12 @@ impl Worker {
         // The handles first, so the JSON can be parsed in place.
         let handles = msg.take_handles();
         let Some(m) = Incoming::parse(msg.json()) else {
+            let json = msg.json();
+            tracing::warn!(
+                target: "nodus::cluster",
+                "ignored a cluster message from the primary that does not parse: {}",
+                &json[..json.floor_char_boundary(200)]
+            );
             return;
         };
         if m.is_nodus() {

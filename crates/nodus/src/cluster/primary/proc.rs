@@ -30,6 +30,7 @@ use crate::JoinHandle;
 use crate::cluster::board::Board;
 use crate::cluster::protocol::{Ack, Incoming, NODE_CLUSTER, Nodus};
 use crate::cluster::reply::ReplySlot;
+use crate::cluster::worker;
 use crate::ipc::{Channel, ChannelOptions, IpcError, Message};
 use crate::notify::NotifySocket;
 use crate::process::output::{Sink, prefix_lines};
@@ -97,7 +98,6 @@ impl Proc {
         let mut cmd = Command::new(&cfg.program);
         cmd.args(&cfg.args)
             .envs(cfg.env.iter().map(|(k, v)| (k, v)))
-            .env("NODE_UNIQUE_ID", unique.to_string())
             .env("NODUS_WORKER_ID", slot.to_string())
             .env("NODE_APP_INSTANCE", (slot - 1).to_string())
             .stdin(Stdio::Null)
@@ -108,10 +108,17 @@ impl Proc {
             .process_group(0)
             .parent_death_signal(Some(SIGKILL))
             .normal_scheduling(st.batch_scheduling);
+        // `NODE_UNIQUE_ID` says "a cluster worker, with a channel to its primary" (to Node and to
+        // nodus alike): only a worker that has the channel gets it. A plain program (fds from 3,
+        // `NOTIFY_SOCKET`) with it would take itself for a cluster worker: Node's `listen` then
+        // asks a primary that is not there, and exits.
         let notify_socket = if cfg.ipc {
-            cmd.ipc(ChannelOptions::default());
+            cmd.env("NODE_UNIQUE_ID", unique.to_string())
+                .env(worker::NODUS_PRIMARY_ENV, "1")
+                .ipc(ChannelOptions::default());
             None
         } else {
+            cmd.env_remove("NODE_UNIQUE_ID");
             server::pass_listeners(st, &mut cmd)?;
             let socket = NotifySocket::bind_unique()?;
             cmd.env("NOTIFY_SOCKET", socket.env_value());
