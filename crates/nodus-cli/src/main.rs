@@ -78,6 +78,11 @@ enum Command {
     /// Workers get NODUS_WORKER_ID (1..N) and NODE_APP_INSTANCE (0..N-1); their output is
     /// prefixed with "[worker ID PID] ".
     ///
+    /// Each worker leads its own process group, stopped as systemd's KillMode=mixed does: a stop
+    /// sends SIGTERM (or a disconnect) to the worker alone, SIGKILL to its group after
+    /// --kill-timeout; once a worker has exited, for any reason, whatever is left of its process
+    /// group is SIGKILLed at once.
+    ///
     /// Exit codes: 0 after a drain in which every worker stopped in time (or once no worker is
     /// left after clean exits); 1 a start failure (the program cannot be run, a listener cannot
     /// be bound) or a worker left after a crash; 2 a usage error; 75 the restart budget is spent;
@@ -113,7 +118,7 @@ struct RunArgs {
     #[arg(long, value_name = "I,F,C", default_value = "0.1,2,10", value_parser = backoff)]
     backoff: nodus::cluster::Backoff,
     /// After a worker is asked to stop (SIGTERM, or a disconnect for --node), seconds before
-    /// SIGKILL (during a shutdown, the exit code is then 124).
+    /// SIGKILL to its process group (during a shutdown, the exit code is then 124).
     #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = seconds)]
     kill_timeout: f64,
     /// During a reload, seconds a new worker gets to become ready; under rr and least, also how

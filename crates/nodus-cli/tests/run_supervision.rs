@@ -4,11 +4,13 @@
 //! heeds only the worker's own process group and is closed with its worker, a Node worker's
 //! pipe `listen` is refused instead of bound as TCP, a program that cannot be run is refused
 //! before any worker starts, a stop that had to kill workers exits with
-//! its own code (124, or 128 + a second signal's number) while a drain in time exits 0, and a
-//! worker's exit is logged after its last output line.
+//! its own code (124, or 128 + a second signal's number) while a drain in time exits 0, a
+//! worker's exit is logged after its last output line, and no child of a worker outlives it
+//! (a stop, a crash loop to the give-up, a clean exit).
 //!
 //! Every process is started in its own process group and the whole group is killed by PID when
-//! the test ends. The workers are `sh` scripts.
+//! the test ends; a worker's background children, which a worker writes to a file, are killed by
+//! PID too if they are still there. The workers are `sh` scripts.
 
 mod common;
 
@@ -445,10 +447,14 @@ fn a_worker_exit_is_logged_after_its_last_output_lines() {
     );
 }
 
-/// A grandchild that inherited a worker's output pipes keeps them open after the worker exits:
-/// the exit line waits for them at most 200 ms, and the restart does not wait at all.
+/// A grandchild that inherited a worker's output pipes and left its process group (so it is not
+/// killed with the worker) keeps them open after the worker exits: the exit line waits for them
+/// at most 200 ms, and the restart does not wait at all.
 #[test]
 fn output_held_open_by_a_grandchild_delays_the_exit_line_a_little_and_the_restart_not_at_all() {
+    if !have("setsid") {
+        return;
+    }
     let dir = TempDir::new("grandchild");
     let log = dir.path().join("events.jsonl");
     let started = Instant::now();
@@ -460,7 +466,8 @@ fn output_held_open_by_a_grandchild_delays_the_exit_line_a_little_and_the_restar
                 "--",
                 "sh",
                 "-c",
-                "sleep 10 & echo \"grandchild $!\"; exit 3",
+                // Not a group leader, so `setsid` execs `sleep` in a session of its own.
+                "setsid sleep 10 & echo \"grandchild $!\"; exit 3",
             ])
             .env("RUST_LOG", "info"),
     );
@@ -490,4 +497,162 @@ fn output_held_open_by_a_grandchild_delays_the_exit_line_a_little_and_the_restar
         .filter(|l| l.contains(") exited with code 3"))
         .count();
     assert_eq!(exited, 2, "both exits logged: {lines:#?}");
+}
+
+/// The background children a test's workers started, which each worker appends to a file (one
+/// pid a line); any still running when this is dropped is SIGKILLed by PID, so a failing test
+/// leaks none.
+struct Grandchildren(std::path::PathBuf);
+
+impl Grandchildren {
+    fn new(dir: &TempDir) -> Grandchildren {
+        Grandchildren(dir.path().join("grandchildren"))
+    }
+
+    /// `sh` that starts `sleep 60` in the background and writes its pid down.
+    fn start_one(&self) -> String {
+        format!("sleep 60 & echo $! >> {}", self.0.display())
+    }
+
+    fn pids(&self) -> Vec<i32> {
+        std::fs::read_to_string(&self.0)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// Waits (20 s at most) until `n` were started; their pids, each checked running.
+    fn wait_started(&self, n: usize) -> Vec<i32> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.pids().len() < n {
+            assert!(Instant::now() < deadline, "started: {:?}", self.pids());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let pids = self.pids();
+        assert!(pids.iter().all(|&p| !gone(p)), "{pids:?} all running");
+        pids
+    }
+
+    /// Asserts that every one started is gone within 10 s (a SIGKILL is delivered, not awaited).
+    fn assert_all_gone(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left: Vec<i32> = self.pids().into_iter().filter(|&p| !gone(p)).collect();
+            if left.is_empty() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "worker children {left:?} outlived their workers"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Grandchildren {
+    fn drop(&mut self) {
+        for pid in self.pids().into_iter().filter(|&p| !gone(p)) {
+            let _ = rustix::process::kill_process(Pid::from_raw(pid).unwrap(), Signal::KILL);
+        }
+    }
+}
+
+/// Whether process `pid` is gone or a zombie (dead, waiting for its reaper).
+fn gone(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        stat.rsplit(')')
+            .next()
+            .and_then(|s| s.trim().chars().next())
+            == Some('Z')
+    })
+}
+
+#[test]
+fn a_stop_asks_the_worker_alone_and_leaves_none_of_its_children() {
+    let dir = TempDir::new("orphans-stop");
+    let kids = Grandchildren::new(&dir);
+    // On SIGTERM the worker's child is still there (the stop asks the worker alone); the worker
+    // then exits, as asked, without stopping it.
+    let worker = format!(
+        "trap 'kill -0 $! && echo child alive; exit 0' TERM; {}; wait",
+        kids.start_one()
+    );
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "-w", "2", "--kill-timeout", "30"])
+            .args(["--", "sh", "-c", &worker]),
+    );
+    kids.wait_started(2);
+    primary.signal(Signal::TERM);
+    assert_eq!(
+        primary.wait_exit(Duration::from_secs(20)),
+        Some(0),
+        "{:#?}",
+        primary.output()
+    );
+    kids.assert_all_gone();
+    let alive = primary
+        .output()
+        .iter()
+        .filter(|l| l.ends_with("] child alive"))
+        .count();
+    assert_eq!(alive, 2, "{:#?}", primary.output());
+}
+
+#[test]
+fn a_crash_loop_to_the_give_up_leaves_none_of_the_workers_children() {
+    let dir = TempDir::new("orphans-give-up");
+    let kids = Grandchildren::new(&dir);
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args([
+                "run",
+                "-w",
+                "1",
+                "--max-restarts",
+                "2",
+                "--backoff",
+                "0,1,0",
+            ])
+            .args(["--", "sh", "-c", &format!("{}; exit 1", kids.start_one())]),
+    );
+    assert_eq!(
+        primary.wait_exit(Duration::from_secs(20)),
+        Some(75),
+        "{:#?}",
+        primary.output()
+    );
+    assert_eq!(kids.pids().len(), 3, "one per worker");
+    kids.assert_all_gone();
+}
+
+#[test]
+fn a_worker_that_exits_cleanly_takes_its_children_with_it_while_the_primary_runs() {
+    let dir = TempDir::new("orphans-exit");
+    let kids = Grandchildren::new(&dir);
+    let once = dir.path().join("once");
+    // The first worker starts a child and exits 0; its replacement just runs.
+    let worker = format!(
+        "if [ ! -e {once} ]; then : > {once}; {}; exit 0; fi; exec sleep 60",
+        kids.start_one(),
+        once = once.display()
+    );
+    let log = dir.path().join("events.jsonl");
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "-w", "1", "--events"])
+            .arg(&log)
+            .args(["--", "sh", "-c", &worker]),
+    );
+    wait_events(&log, |e| count(e, "fork") == 2);
+    kids.assert_all_gone();
+    assert_eq!(kids.pids().len(), 1);
+    assert!(
+        primary.exited_within(Duration::ZERO).is_none(),
+        "the primary still runs"
+    );
+    primary.signal(Signal::TERM);
+    assert_eq!(primary.wait_exit(Duration::from_secs(20)), Some(0));
 }

@@ -1,7 +1,7 @@
 //! `nodus::process`: spawn with pipes, exit codes and signals through the pidfd, kill, process
-//! groups and kill-tree, the parent-death signal, ref/unref, exec and exec_file (buffer limit,
-//! timeout, failure), fork of a nodus child, fds passed at given numbers (with the IPC channel
-//! after them), and output copied line by line behind a prefix.
+//! groups and kill-tree, the group exit signal, the parent-death signal, ref/unref, exec and
+//! exec_file (buffer limit, timeout, failure), fork of a nodus child, fds passed at given numbers
+//! (with the IPC channel after them), and output copied line by line behind a prefix.
 //! Every test bounded in time.
 
 mod common;
@@ -127,6 +127,32 @@ fn process_group_and_kill_tree_reach_grandchildren() {
         tree.kill_tree(SIGKILL).unwrap();
         assert_eq!(tree.wait().await.unwrap().signal(), Some(SIGKILL));
         wait_gone(g2).await;
+    });
+}
+
+#[test]
+fn a_group_exit_signal_reaches_what_is_left_of_the_group_once_the_child_exits() {
+    bounded(async {
+        let child = Command::new("sh")
+            .args(["-c", "sleep 30 & echo $!"])
+            .process_group(0)
+            .group_exit_signal(Some(SIGKILL))
+            .spawn()
+            .unwrap();
+        let grandchild = grand_pid(&child).await;
+        assert_eq!(child.wait().await.unwrap().code(), Some(0));
+        wait_gone(grandchild).await;
+        // Reaped: the group's id may be another's now, so it is not signalled.
+        assert_eq!(
+            child.kill_group(SIGKILL).unwrap_err().kind(),
+            std::io::ErrorKind::NotFound
+        );
+
+        let no_group = Command::new("true")
+            .group_exit_signal(Some(SIGKILL))
+            .spawn()
+            .unwrap_err();
+        assert_eq!(no_group.kind(), std::io::ErrorKind::InvalidInput);
     });
 }
 

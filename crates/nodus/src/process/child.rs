@@ -13,17 +13,23 @@
 //! - Until its exit is observed the child is an active ref'd handle (Node: a `ChildProcess`
 //!   keeps the loop alive); [`Child::unref`] releases it. After the exit the pidfd is closed and
 //!   nothing is ref'd.
-//! - Signals go through the pidfd (`pidfd_send_signal`), so a recycled pid is never signalled.
+//! - Signals go through the pidfd (`pidfd_send_signal`), so a recycled pid is never signalled;
+//!   [`Child::kill_group`] signals the group only until the child is reaped (while its pid, and
+//!   so the group's id, cannot be recycled).
+//! - With a group exit signal ([`Command::group_exit_signal`](super::Command::group_exit_signal)),
+//!   the exit task looks at the exit first (`WNOWAIT`, which leaves the child a zombie), signals
+//!   what is left of the child's process group, then reaps: the group is signalled while its id
+//!   is still the zombie's pid, so never a recycled one.
 
 use std::cell::RefCell;
 use std::fmt;
 use std::future::poll_fn;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker, ready};
 
-use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
+use rustix::process::{Pid, Signal, WaitId, WaitIdOptions, WaitIdStatus};
 
 use super::pipes::{ChildStderr, ChildStdin, ChildStdout};
 use crate::io::AsyncFd;
@@ -66,6 +72,8 @@ impl fmt::Display for ExitStatus {
 /// The exit watch shared by a `Child` and its exit task.
 struct Watch {
     pid: Pid,
+    /// Sent to the child's process group between its exit and its reap.
+    group_exit_signal: Option<Signal>,
     pidfd: RefCell<Option<AsyncFd<OwnedFd>>>,
     status: RefCell<Option<Result<ExitStatus, (io::ErrorKind, String)>>>,
     waiters: RefCell<Vec<Waker>>,
@@ -77,8 +85,7 @@ impl Watch {
         let pidfd = guard.as_ref().expect("the pidfd lives until the reap");
         loop {
             ready!(pidfd.poll_read_ready(cx))?;
-            let options = WaitIdOptions::EXITED | WaitIdOptions::NOHANG;
-            match rustix::process::waitid(WaitId::PidFd(pidfd.get_ref().as_fd()), options) {
+            match self.try_reap(pidfd.get_ref().as_fd()) {
                 Ok(Some(st)) => {
                     return Poll::Ready(Ok(ExitStatus {
                         code: st.exit_status(),
@@ -90,6 +97,21 @@ impl Watch {
                 Err(e) => return Poll::Ready(Err(e.into())),
             }
         }
+    }
+
+    /// Reaps the child if it has exited; with a group exit signal, signals its group first,
+    /// while the child is still a zombie (see the module doc).
+    fn try_reap(&self, pidfd: BorrowedFd<'_>) -> rustix::io::Result<Option<WaitIdStatus>> {
+        let exited = WaitIdOptions::EXITED | WaitIdOptions::NOHANG;
+        if let Some(sig) = self.group_exit_signal {
+            let peek = exited | WaitIdOptions::NOWAIT;
+            if rustix::process::waitid(WaitId::PidFd(pidfd), peek)?.is_none() {
+                return Ok(None);
+            }
+            // An empty group (ESRCH) is what we want.
+            let _ = rustix::process::kill_process_group(self.pid, sig);
+        }
+        rustix::process::waitid(WaitId::PidFd(pidfd), exited)
     }
 
     fn finish(&self, result: io::Result<ExitStatus>) {
@@ -127,10 +149,11 @@ pub struct Child {
 impl Child {
     /// Registers the child's pidfd and starts its exit task.
     #[track_caller]
-    pub(crate) fn watch(pid: Pid) -> io::Result<Child> {
+    pub(crate) fn watch(pid: Pid, group_exit_signal: Option<Signal>) -> io::Result<Child> {
         let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?;
         let watch = Rc::new(Watch {
             pid,
+            group_exit_signal,
             pidfd: RefCell::new(Some(AsyncFd::new(pidfd)?)),
             status: RefCell::new(None),
             waiters: RefCell::new(Vec::new()),
@@ -193,8 +216,15 @@ impl Child {
 
     /// Sends `signal` to the child's process group: the child must lead one
     /// ([`Command::process_group`](super::Command::process_group)`(0)`).
+    ///
+    /// # Errors
+    /// As [`kill`](Self::kill); `NotFound` once the child's exit has been observed (it has been
+    /// reaped, so its pid may name another group by now).
     pub fn kill_group(&self, signal: i32) -> io::Result<()> {
         let sig = to_signal(signal)?;
+        if self.watch.pidfd.borrow().is_none() {
+            return Err(gone(self.id()));
+        }
         Ok(rustix::process::kill_process_group(self.watch.pid, sig)?)
     }
 

@@ -1,5 +1,5 @@
 //! [`Command`]: a builder for child processes (program, args, env, cwd, stdio, process group,
-//! parent-death signal, extra fds, IPC channel) over `std::process::Command`.
+//! group exit signal, parent-death signal, extra fds, IPC channel) over `std::process::Command`.
 //!
 //! Invariants:
 //! - `spawn` must run on the loop thread: the child's pidfd and pipes are registered with the
@@ -80,6 +80,7 @@ pub struct Command {
     env_clear: bool,
     cwd: Option<PathBuf>,
     pgid: Option<i32>,
+    group_exit_signal: Option<i32>,
     stdin: Stdio,
     stdout: Stdio,
     stderr: Stdio,
@@ -101,6 +102,7 @@ impl Command {
             env_clear: false,
             cwd: None,
             pgid: None,
+            group_exit_signal: None,
             stdin: Stdio::Pipe,
             stdout: Stdio::Pipe,
             stderr: Stdio::Pipe,
@@ -183,6 +185,16 @@ impl Command {
         self
     }
 
+    /// The signal sent to whatever is left of the child's process group once the child has
+    /// exited (before it is reaped), or `None` (the default). With `SIGKILL` this is systemd's
+    /// `KillMode=mixed` end: the child may be asked to stop alone, and its own children (those
+    /// that stayed in its group) do not outlive it. The child must lead its own group
+    /// ([`process_group`](Self::process_group)`(0)`): `spawn` fails with `InvalidInput` otherwise.
+    pub fn group_exit_signal(&mut self, signal: Option<i32>) -> &mut Command {
+        self.group_exit_signal = signal;
+        self
+    }
+
     /// The signal the child gets when the spawning thread exits (`PR_SET_PDEATHSIG`), or `None`.
     /// Off by default for `spawn`, `SIGTERM` for [`fork`](super::fork). If the parent is already
     /// gone by the time the child sets it, the child signals itself at once.
@@ -235,8 +247,9 @@ impl Command {
     /// Starts the child.
     ///
     /// # Errors
-    /// What `fork`/`exec` report (`NotFound` for a missing program, ...), and a pidfd or
-    /// registration failure (Linux < 5.3 has no `pidfd_open`).
+    /// What `fork`/`exec` report (`NotFound` for a missing program, ...), a pidfd or
+    /// registration failure (Linux < 5.3 has no `pidfd_open`), and `InvalidInput` for a signal
+    /// number that is not one or a group exit signal without a group of the child's own.
     ///
     /// # Panics
     /// Outside a running nodus loop.
@@ -263,6 +276,13 @@ impl Command {
             .stdout(self.stdout.to_std()?)
             .stderr(self.stderr.to_std()?);
         let death = self.death_signal.map(to_signal).transpose()?;
+        let group_exit = self.group_exit_signal.map(to_signal).transpose()?;
+        if group_exit.is_some() && self.pgid != Some(0) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "nodus::process: a group exit signal needs process_group(0)",
+            ));
+        }
         let channel = match self.ipc {
             Some(_) => {
                 let (parent, child) = rustix::net::socketpair(
@@ -334,7 +354,7 @@ impl Command {
         let mut std_child = spawned?;
         let pid = rustix::process::Pid::from_raw(std_child.id() as i32)
             .expect("a spawned child has a positive pid");
-        let mut child = Child::watch(pid)?;
+        let mut child = Child::watch(pid, group_exit)?;
         if let Some(s) = std_child.stdin.take() {
             child.stdin = Some(ChildStdin::new(OwnedFd::from(s))?);
         }

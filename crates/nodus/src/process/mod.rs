@@ -7,6 +7,9 @@
 //! - Exits are observed through a pidfd registered with the reactor (readable at exit) and reaped
 //!   with `waitid(P_PIDFD)`: no `SIGCHLD` handler, no `waitpid(-1)`, no thread per child. A child
 //!   is a ref'd handle until its exit is observed (Node's rule); `Child::unref` releases it.
+//!   A group exit signal (`Command::group_exit_signal`) reaches what is left of the child's
+//!   process group after its exit and before its reap, while the zombie still holds the group's
+//!   id.
 //! - Spawning happens on the loop thread. A parent-death signal (`PR_SET_PDEATHSIG`) is opt-in
 //!   for `spawn` and on (`SIGTERM`) for `fork`; it fires when the forking *thread* exits.
 //! - Every fd the parent holds is close-on-exec; a child inherits its stdio, the fds passed with

@@ -3,6 +3,9 @@
 //! Invariants:
 //! - A `Proc` is created by [`Proc::spawn`] and lives in `State::procs` until its exit has been
 //!   handled (`supervise::on_exit`); its tasks (exit watcher, message dispatch) end with it.
+//! - A worker leads its own process group (pgid = its pid), and whatever is left of that group
+//!   is SIGKILLed when the worker exits, before it is reaped ([`Command::group_exit_signal`]):
+//!   by the time `on_exit` runs, no process of its group is left but ones dying of SIGKILL.
 //! - `state` only moves forward: Starting → Online → Listening → Ready → Draining → Dead (a
 //!   step may be skipped).
 //! - `pending` holds the primary's reference to every connection handed to this worker and not
@@ -40,7 +43,8 @@ use rustix::process::Pid;
 use serde_json::value::RawValue;
 
 /// How long a worker's exit line waits for its output pipes to reach end of file once it exited:
-/// a grandchild that inherited them can keep them open for good (its output is still copied).
+/// a grandchild that inherited them and left the worker's process group (`setsid`), so was not
+/// killed with it, can keep them open for good (its output is still copied).
 const OUTPUT_EOF_WAIT: Duration = Duration::from_millis(200);
 
 /// Where a worker is in its life.
@@ -104,8 +108,11 @@ impl Proc {
             .stdout(Stdio::Inherit)
             .stderr(Stdio::Inherit)
             // Its own group: a terminal's Ctrl-C reaches the primary only, which drains the
-            // workers; and the worker's whole group can be killed at once.
+            // workers; the worker's whole group can be killed at once; and once the worker has
+            // exited, for any reason, what is left of its group is killed (systemd's
+            // `KillMode=mixed`): no child of a worker outlives it.
             .process_group(0)
+            .group_exit_signal(Some(SIGKILL))
             .parent_death_signal(Some(SIGKILL))
             .normal_scheduling(st.batch_scheduling);
         // `NODE_UNIQUE_ID` says "a cluster worker, with a channel to its primary" (to Node and to

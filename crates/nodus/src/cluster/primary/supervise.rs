@@ -20,6 +20,12 @@
 //!   [`FORCED_STOP_EXIT_CODE`] (a nodus worker whose drain deadline cut requests), sets its code
 //!   unless one is set already: 128 + the second signal's number, or [`FORCED_STOP_EXIT_CODE`];
 //!   the give-up code and 1 (a worker left after a crash) are kept.
+//! - No process of a worker's group outlives the worker (systemd's `KillMode=mixed`): a stop asks
+//!   the worker alone (`disconnect`, or SIGTERM to its pid); the kill timeout and a second signal
+//!   SIGKILL its whole group; and once it has exited, for any reason (a crash, its own exit, a
+//!   stop, a give-up, a reload's old generation), what is left of its group is SIGKILLed before
+//!   it is reaped (see `Proc::spawn`). So when `run` returns, every worker's group is empty or
+//!   dying of SIGKILL.
 
 use std::future::poll_fn;
 use std::rc::Rc;
@@ -370,7 +376,7 @@ pub(super) fn drain(st: &Rc<State>, proc: &Rc<Proc>) {
     arm_kill_timer(st, proc, "after being asked to stop");
 }
 
-/// SIGKILLs `proc`'s process group if it still runs after the kill timeout; during the
+/// SIGKILLs `proc` and its process group if it still runs after the kill timeout; during the
 /// shutdown, that makes the stop a forced one.
 fn arm_kill_timer(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str) {
     let (s, p, limit) = (st.clone(), proc.clone(), st.config.kill_timeout);
