@@ -295,6 +295,36 @@ fn exec_collects_output_and_reports_failures() {
     });
 }
 
+/// systemd's rule: raising our own soft open-files limit does not raise our children's (a
+/// program using `select()` must not get fds over `FD_SETSIZE`).
+#[test]
+fn a_child_starts_with_the_open_files_limit_we_started_with() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    let hard = limit
+        .maximum
+        .expect("RLIMIT_NOFILE has a finite hard limit");
+    assert!(hard > 512, "hard limit {hard}");
+    limit.current = Some(512);
+    setrlimit(Resource::Nofile, limit).unwrap();
+    nodus::process::raise_fd_limit();
+    assert_eq!(
+        getrlimit(Resource::Nofile).current,
+        Some(hard),
+        "ours is raised"
+    );
+    bounded(async {
+        let out = exec("ulimit -Sn; ulimit -Hn", &ExecOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(
+            String::from_utf8(out.stdout).unwrap(),
+            format!("512\n{hard}\n"),
+            "the child's soft limit is the one we started with"
+        );
+    });
+}
+
 #[test]
 fn exec_max_buffer_kills_the_child() {
     bounded(async {

@@ -6,7 +6,7 @@
 //!   current loop, and the parent-death signal fires when the *thread* that forked exits.
 //! - Everything that runs in the child between `fork` and `exec` (`pre_exec`) is a raw
 //!   async-signal-safe syscall: `prctl`, `getppid`, `kill`, `close_range`, `fcntl`, `dup2`,
-//!   `sched_setscheduler`.
+//!   `sched_setscheduler`, `prlimit64` (the starting open-files limit back, see `process`).
 //!   No allocation, no lock: the fd lists are computed in the parent and only read in the child.
 //! - The child gets stdio, the fds given to [`Command::pass_fd`] at their target numbers and,
 //!   with IPC, the channel right after the highest of them (fd 3 when there are none: Node's
@@ -312,9 +312,10 @@ impl Command {
         };
         let parent_pid = rustix::process::getpid();
         let normal_scheduling = self.normal_scheduling;
+        let fd_limit = super::child_fd_limit();
         // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
         // calls are allowed: it makes raw syscalls (prctl, getppid, getpid, kill, close_range,
-        // fcntl, dup2, sched_setscheduler) on plain integers, reads the lists computed in the
+        // fcntl, dup2, sched_setscheduler, prlimit64) on plain integers, reads the lists computed in the
         // parent, and allocates nothing. The inherited fds may be closed by now: `fcntl` then
         // fails, harmlessly.
         // Each target `OwnedFd` is wrapped in `ManuallyDrop`, so it is never closed here; the
@@ -323,6 +324,10 @@ impl Command {
             cmd.pre_exec(move || {
                 if normal_scheduling {
                     super::sched::normal_this_thread()?;
+                }
+                if let Some(limit) = fd_limit {
+                    // Lowering a soft limit cannot fail; if it did, the child keeps ours.
+                    let _ = rustix::process::setrlimit(rustix::process::Resource::Nofile, limit);
                 }
                 if let Some(sig) = death {
                     rustix::process::set_parent_process_death_signal(Some(sig))?;

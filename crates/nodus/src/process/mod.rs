@@ -15,6 +15,9 @@
 //! - Every fd the parent holds is close-on-exec; a child inherits its stdio, the fds passed with
 //!   [`Command::pass_fd`] (at their target numbers) and, with IPC, the channel: fd 3, or right
 //!   after the highest passed fd (listeners at 3..3+n, then the channel).
+//! - A child starts with the soft open-files limit this process started with, even after
+//!   [`raise_fd_limit`] raised ours (systemd's rule: a program using `select()` must not get fds
+//!   over `FD_SETSIZE` that a raised limit would let it open; Node and nodus raise their own).
 //! - Requires Linux ≥ 5.3 (pidfd).
 
 mod child;
@@ -26,6 +29,7 @@ pub(crate) mod sched;
 
 use std::ffi::OsStr;
 use std::io;
+use std::sync::OnceLock;
 
 pub use child::{Child, ExitStatus};
 pub use command::{CHANNEL_FD, Command, Stdio};
@@ -60,16 +64,31 @@ where
     Ok((child, channel))
 }
 
+/// The soft open-files limit this process started with, once [`raise_fd_limit`] has raised it:
+/// what children get back.
+static STARTING_FD_LIMIT: OnceLock<u64> = OnceLock::new();
+
 /// Raises this process's soft open-files limit to its hard limit (a server holds one fd per
 /// connection; a cluster primary also counts the fds it has in flight to its workers against it).
+/// Children spawned afterwards still start with the old soft limit (see the module doc).
 /// A failure is logged, not returned: the process runs on with the old limit.
 pub fn raise_fd_limit() {
     use rustix::process::{Resource, getrlimit, setrlimit};
     let mut limit = getrlimit(Resource::Nofile);
-    if limit.current < limit.maximum {
+    if let (Some(soft), true) = (limit.current, limit.current < limit.maximum) {
+        let _ = STARTING_FD_LIMIT.set(soft);
         limit.current = limit.maximum;
         if let Err(e) = setrlimit(Resource::Nofile, limit) {
             tracing::warn!("cannot raise the open-files limit: {e}");
         }
     }
+}
+
+/// The open-files limit a child is to start with, if [`raise_fd_limit`] changed ours: the
+/// starting soft limit under the current hard one.
+fn child_fd_limit() -> Option<rustix::process::Rlimit> {
+    let soft = *STARTING_FD_LIMIT.get()?;
+    let mut limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    limit.current = Some(soft);
+    Some(limit)
 }
