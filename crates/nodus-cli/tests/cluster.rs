@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::cluster::{events, spawn};
 use common::http::try_request;
-use common::{NODUS, have};
+use common::{NODUS, gone, have};
 use nodus_testkit::net::free_addr;
 use nodus_testkit::tmp::TempDir;
 use serde_json::Value;
@@ -335,6 +335,7 @@ process.execPath = nodus;   // cluster has no execPath setting: fork runs execPa
 cluster.setupPrimary({ exec: 'serve', args: [dir, '--listen', `127.0.0.1:${port}`] });
 const w = cluster.fork();
 w.on('listening', (addr) => console.log(`worker listening ${addr.port}`));
+w.on('online', () => console.log(`worker pid ${w.process.pid}`));
 w.on('exit', (code, signal) => console.log(`worker exit ${code} ${signal}`));
 process.on('SIGTERM', () => { w.disconnect(); });
 "#;
@@ -378,6 +379,45 @@ fn a_nodus_worker_joins_a_stock_node_primary() {
     primary.signal(rustix::process::Signal::TERM);
     let line = primary.wait_line("worker exit");
     assert_eq!(line, "worker exit 0 null");
+}
+
+/// A nodus worker stopped directly says goodbye to its primary and waits for the answer; a primary
+/// that is gone by then must not keep it waiting (it waited 10 s).
+#[test]
+fn a_nodus_worker_stopped_as_its_node_primary_dies_exits_at_once() {
+    if !have("node") {
+        return;
+    }
+    let dir = TempDir::new("node-primary-gone");
+    std::fs::write(dir.path().join("primary.js"), NODE_PRIMARY).unwrap();
+    let addr = free_addr();
+    let mut primary = spawn(
+        Command::new("node")
+            .arg(dir.path().join("primary.js"))
+            .arg(NODUS)
+            .arg(dir.path())
+            .arg(addr.port().to_string()),
+    );
+    let line = primary.wait_line("worker pid ");
+    let worker: i32 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    primary.wait_line("worker listening");
+    // The primary cannot answer the goodbye: frozen, then killed.
+    primary.signal(rustix::process::Signal::STOP);
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(worker).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    primary.signal(rustix::process::Signal::KILL);
+    let killed = Instant::now();
+    while !gone(worker) {
+        assert!(
+            killed.elapsed() < Duration::from_secs(5),
+            "the worker still waits for a primary that is gone"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]

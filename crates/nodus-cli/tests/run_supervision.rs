@@ -20,7 +20,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::cluster::{count, events, spawn, spawn_into_pipe, wait_events};
-use common::{NODUS, have};
+use common::{NODUS, gone, have};
 use nodus_testkit::tmp::TempDir;
 use rustix::process::{Pid, Signal};
 
@@ -557,16 +557,6 @@ impl Drop for Grandchildren {
             let _ = rustix::process::kill_process(Pid::from_raw(pid).unwrap(), Signal::KILL);
         }
     }
-}
-
-/// Whether process `pid` is gone or a zombie (dead, waiting for its reaper).
-fn gone(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
-        stat.rsplit(')')
-            .next()
-            .and_then(|s| s.trim().chars().next())
-            == Some('Z')
-    })
 }
 
 #[test]

@@ -25,9 +25,10 @@
 //!   drain deadline); what to drain is the application's business. [`Worker::disconnect`] (leaving
 //!   on our own) closes every key as above while the channel is open, then says
 //!   `exitedAfterDisconnect` and closes the channel: nothing taken is left queued without a way
-//!   back. EOF on the channel without a disconnect of our own (the primary died) exits the
-//!   process with code 0, as Node's workers do; `PR_SET_PDEATHSIG` set by a nodus primary covers
-//!   a worker whose loop is stuck.
+//!   back. Whatever waits for the primary's answer ends when the channel does (a `disconnect`
+//!   returns, a `listen` fails). EOF on the channel without a disconnect of our own (the primary
+//!   died) exits the process with code 0, as Node's workers do; `PR_SET_PDEATHSIG` set by a
+//!   nodus primary covers a worker whose loop is stuck.
 //! - Open connections are counted (for the `least` policy) only when the primary asks for load
 //!   reports; they go on the board, or without one in a message coalesced per loop turn, riding
 //!   on that turn's `took` when there is one.
@@ -416,9 +417,20 @@ impl Worker {
         while let Some(msg) = self.sh.channel.recv_internal().await {
             self.on_message(msg);
         }
-        // EOF: the primary is gone or we disconnected.
+        // EOF: the primary is gone or we disconnected. Nothing waits for an answer that cannot
+        // come: a `disconnect` under way ends now, a `listen` fails.
         for queue in self.sh.rr.borrow().values() {
             queue.close();
+        }
+        if let Some((_, slot)) = self.sh.exit_ack.borrow_mut().take() {
+            slot.fill(());
+        }
+        let queries: Vec<_> = self.sh.queries.borrow_mut().drain().collect();
+        for (_, slot) in queries {
+            slot.fill((
+                Err("the channel to the cluster primary closed".into()),
+                None,
+            ));
         }
         if !self.sh.disconnecting.get() {
             tracing::warn!(target: "nodus::cluster", "the cluster primary went away; exiting");
