@@ -24,6 +24,7 @@ macro_rules! say {
 }
 
 mod exec_listen;
+mod listen;
 mod run;
 mod serve;
 mod top;
@@ -97,7 +98,8 @@ struct RunArgs {
     /// Worker processes (default: the available cores).
     #[arg(short = 'w', long, value_parser = clap::value_parser!(u16).range(1..=1024))]
     workers: Option<u16>,
-    /// Listen on ADDR and pass the socket to every worker (repeatable; fds 3.. in order).
+    /// Listen on ADDR and pass the socket to every worker (repeatable, each address once; fds 3..
+    /// in order).
     #[arg(short = 'l', long = "listen", value_name = "ADDR")]
     listen: Vec<SocketAddr>,
     /// shared (one socket in every worker; the default for plain programs), reuseport (a
@@ -190,8 +192,8 @@ struct ServeArgs {
     /// Append the cluster's lifecycle events (fork, ready, exit, reload...) to FILE as JSON lines.
     #[arg(long, value_name = "FILE")]
     events: Option<PathBuf>,
-    /// Serve /_nodus/* on this address instead of the public listener (where they answer
-    /// loopback clients only).
+    /// Serve /_nodus/* on this address (not --listen's) instead of the public listener (where
+    /// they answer loopback clients only).
     #[arg(long)]
     admin: Option<SocketAddr>,
     /// Log one line per request.

@@ -19,7 +19,7 @@ use std::time::Duration;
 use nodus::cluster::{
     Backoff, Config, Policy, Primary, Readiness, RestartPolicy, RestartType, WorkerCommand,
 };
-use nodus::net::{ListenOptions, TcpListener};
+use nodus::net::TcpListener;
 
 /// What `nodus run` was asked to do (parsed and checked by the command line).
 #[derive(Debug)]
@@ -94,6 +94,10 @@ pub fn run(options: RunOptions) -> i32 {
     let Some((program, args)) = options.command.split_first() else {
         return usage("no program to run: nodus run [OPTIONS] -- PROGRAM [ARGS]...");
     };
+    let flagged: Vec<_> = options.listen.iter().map(|&a| ("-l", a)).collect();
+    if let Some(clash) = crate::listen::first_clash(&flagged) {
+        return usage(clash);
+    }
     let (program, args) = (program.clone(), args.to_vec());
     if let Err(why) = check_runnable(&program) {
         return fail(format!("cannot run {}: {why}", program.to_string_lossy()));
@@ -182,16 +186,7 @@ fn bind_listeners(
         }
     }
     for (i, addr) in addrs.iter().enumerate() {
-        let options = ListenOptions {
-            reuse_port: policy == Policy::ReusePort,
-            ..ListenOptions::default()
-        };
-        let l = TcpListener::bind_with(*addr, options).map_err(|e| match e.kind() {
-            std::io::ErrorKind::AddrInUse => {
-                format!("cannot listen on {addr}: the address is already in use")
-            }
-            _ => format!("cannot listen on {addr}: {e}"),
-        })?;
+        let l = crate::listen::bind(*addr, policy == Policy::ReusePort)?;
         out.push((format!("listen{i}"), l));
     }
     Ok(out)

@@ -215,6 +215,20 @@ fn run_gives_up_on_a_program_that_exits_at_once() {
 }
 
 #[test]
+fn run_refuses_an_address_given_twice() {
+    let addr = free_addr().to_string();
+    let out = Command::new(NODUS)
+        .args(["run", "-l", &addr, "-l", &addr, "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        format!("nodus run: -l {addr} is given twice")
+    );
+}
+
+#[test]
 fn run_refuses_handoff_policies_for_plain_programs() {
     let out = Command::new(NODUS)
         .args(["run", "--policy", "rr", "--", "true"])

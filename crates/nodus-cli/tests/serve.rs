@@ -308,6 +308,64 @@ fn bad_flags_and_a_busy_address_fail_clearly() {
 }
 
 #[test]
+fn a_busy_address_fails_before_any_worker_under_every_policy() {
+    let dir = site();
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    for policy in ["rr", "shared", "reuseport", "least"] {
+        let mut proc = Proc::spawn_group(
+            Command::new(NODUS)
+                .arg("serve")
+                .arg(dir.path())
+                .args(["--listen", &addr, "--workers", "2", "--policy", policy])
+                .env("RUST_LOG", "info")
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped()),
+        );
+        assert_eq!(proc.wait_exit(Duration::from_secs(10)), Some(1), "{policy}");
+        let out = proc.output();
+        assert!(
+            out.len() == 1 && out[0].contains("the address is already in use"),
+            "{policy}: one line, no false 'serving on', no worker: {out:#?}"
+        );
+    }
+}
+
+#[test]
+fn reuseport_workers_share_the_one_port_that_port_0_resolved_to() {
+    let dir = site();
+    let mut server = Serve::start(dir.path(), 2, &["--policy", "reuseport"]);
+    assert_ne!(
+        server.addr.port(),
+        0,
+        "the startup line shows the real port"
+    );
+    // Until a worker listens, nothing does (the primary holds the port without listening).
+    server.proc.wait_line("2 workers ready");
+    for _ in 0..20 {
+        assert_eq!(request(server.addr, "GET", "/hello.txt", &[]).status, 200);
+    }
+}
+
+#[test]
+fn an_admin_address_that_is_also_the_listen_address_is_a_usage_error() {
+    let dir = site();
+    let addr = free_addr().to_string();
+    let out = Command::new(NODUS)
+        .arg("serve")
+        .arg(dir.path())
+        .args(["--listen", &addr, "--admin", &addr, "--workers", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.trim(),
+        format!("nodus serve: --admin {addr} is also a --listen address")
+    );
+}
+
+#[test]
 fn a_1gib_sparse_file_streams_in_bounded_memory_while_healthz_answers() {
     let dir = TempDir::new("sparse");
     let f = std::fs::File::create(dir.path().join("big.bin")).unwrap();

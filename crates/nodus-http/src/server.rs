@@ -10,6 +10,9 @@
 //!   and a longer chunked body fails `collect_body` with `BodyError::TooLarge`; a head not
 //!   complete within `header_read_timeout` (slowloris) closes the connection; a connection with no
 //!   request in flight and no I/O for `keep_alive_timeout` is closed.
+//! - An HTTP/1.1 request without `Host` gets 400 and `Connection: close` without reaching the
+//!   handler, as from Node (HTTP/1.0 ones are served). It counts as a request, as a 413 does.
+//!   Without `http2`, an HTTP/2 preface gets Node's bare 400 head, and the connection closes.
 //! - Drain: the listener is dropped at once (new connections are refused); every later HTTP/1
 //!   response carries `Connection: close` (so a keep-alive client whose next request is already
 //!   on the wire gets its answer, then the connection closes); HTTP/2 connections get GOAWAY; idle
@@ -24,6 +27,7 @@ use std::future::{Future, poll_fn};
 use std::io;
 use std::marker::PhantomData;
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::pin::{Pin, pin};
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker, ready};
@@ -330,6 +334,7 @@ where
         state: state.clone(),
         key,
     };
+    let fd = stream.fd().as_raw_fd();
     let io = HyperIo::new(stream);
     let activity = io.activity();
     let conn_state = Rc::new(ConnState {
@@ -352,6 +357,12 @@ where
         loop {
             if let Poll::Ready(result) = head_wait::scope(&mut head, || conn.as_mut().poll(cx)) {
                 if let Err(e) = result {
+                    if e.downcast_ref::<hyper::Error>()
+                        .is_some_and(hyper::Error::is_parse_version_h2)
+                    {
+                        // SAFETY: `conn` owns the stream, open until this function returns.
+                        refuse_h2_preface(unsafe { BorrowedFd::borrow_raw(fd) });
+                    }
                     tracing::debug!(target: "nodus::http", "connection ended: {e}");
                 }
                 return Poll::Ready(());
@@ -386,6 +397,15 @@ where
         }
     })
     .await;
+}
+
+/// Answers an HTTP/2 preface sent to the HTTP/1-only server as Node does (hyper closes without a
+/// word): one write of a short head, into a send buffer nothing else used, then the close.
+fn refuse_h2_preface(fd: BorrowedFd<'_>) {
+    const REFUSAL: &[u8] = b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n";
+    if let Ok(n) = rustix::net::send(fd, REFUSAL, rustix::net::SendFlags::NOSIGNAL) {
+        stats::sent(n);
+    }
 }
 
 /// What a connection's timer found when it fired.
@@ -612,9 +632,17 @@ where
             .get(http::header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
             .is_some_and(|len| len > limit as u64);
-        req.extensions_mut().insert(ConnInfo { peer: self.peer });
-        let handler = (!too_large)
-            .then(|| (self.handler)(req.map(|b| http_body_util::Limited::new(b, limit))));
+        let handler =
+            if version == Version::HTTP_11 && !req.headers().contains_key(http::header::HOST) {
+                Err(Refusal::NoHost)
+            } else if too_large {
+                Err(Refusal::TooLarge)
+            } else {
+                req.extensions_mut().insert(ConnInfo { peer: self.peer });
+                Ok((self.handler)(
+                    req.map(|b| http_body_util::Limited::new(b, limit)),
+                ))
+            };
         Respond {
             handler,
             state: self.state.clone(),
@@ -625,14 +653,40 @@ where
     }
 }
 
-/// One request's response: the handler's future (none when the body is refused), then what the
-/// server adds to the head, and the request's accounting.
+/// A request answered without reaching the handler. Either way the connection closes after the
+/// answer, as Node's does.
+#[derive(Clone, Copy)]
+enum Refusal {
+    /// An HTTP/1.1 request with no `Host` header (RFC 9112 section 3.2; Node's
+    /// `requireHostHeader`): 400.
+    NoHost,
+    /// A `Content-Length` over `max_body_bytes`: 413, and the unread body is still on the wire.
+    TooLarge,
+}
+
+impl Refusal {
+    fn response(self) -> Response<Body> {
+        let mut r = match self {
+            Refusal::NoHost => text(
+                StatusCode::BAD_REQUEST,
+                "an HTTP/1.1 request needs a Host header\n",
+            ),
+            Refusal::TooLarge => text(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n"),
+        };
+        r.headers_mut()
+            .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+        r
+    }
+}
+
+/// One request's response: the handler's future (or the refusal that stands in for it), then
+/// what the server adds to the head, and the request's accounting.
 ///
 /// A request counts from the loop time of the poll that parsed its head to its response head
 /// (or to its abandonment: dropped unanswered when the connection was cut).
 struct Respond<F> {
     /// Structurally pinned: polled in place, never moved out.
-    handler: Option<F>,
+    handler: Result<F, Refusal>,
     state: Rc<State>,
     /// Taken when the response is ready.
     conn: Option<Rc<ConnState>>,
@@ -653,14 +707,8 @@ impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
         );
         let mut resp = match &mut this.handler {
             // SAFETY: see above.
-            Some(f) => ready!(unsafe { Pin::new_unchecked(f) }.poll(cx)),
-            None => {
-                let mut r = text(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n");
-                // The unread body is still on the wire: do not try to reuse the connection.
-                r.headers_mut()
-                    .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
-                r
-            }
+            Ok(f) => ready!(unsafe { Pin::new_unchecked(f) }.poll(cx)),
+            Err(refusal) => refusal.response(),
         };
         if this.state.draining.get() && this.version < Version::HTTP_2 {
             resp.headers_mut()

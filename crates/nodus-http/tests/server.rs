@@ -169,6 +169,47 @@ fn oversized_heads_get_431_and_bodies_413() {
 }
 
 #[test]
+fn an_http_1_1_request_without_host_gets_400_and_the_connection_closes() {
+    let server = TestServer::start(Config::default(), Duration::from_secs(1));
+    let mut s = server.connect();
+    // The second request is never answered: the connection closes after the 400.
+    s.write_all(b"GET / HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let reply = read_reply(&mut r, false).unwrap();
+    assert_eq!(reply.status, 400);
+    assert_eq!(reply.header("connection"), Some("close"));
+    let mut rest = Vec::new();
+    r.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
+
+    // HTTP/1.0 has no Host requirement.
+    let mut s = server.connect();
+    s.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+    let reply = read_reply(&mut BufReader::new(s), false).unwrap();
+    assert_eq!((reply.status, reply.body.as_slice()), (200, &b"hello"[..]));
+
+    let (_, snap) = server.finish();
+    assert_eq!(snap.http.responses_by_class[1], 1);
+    assert_eq!(snap.http.responses_by_class[3], 1);
+    assert_eq!(snap.http.request_duration.count, 2);
+    assert_eq!(snap.http.requests_in_flight, 0);
+}
+
+#[test]
+fn an_http_2_preface_to_the_http_1_server_gets_400_as_from_node() {
+    let server = TestServer::start(Config::default(), Duration::from_secs(1));
+    let mut s = server.connect();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+    let mut reply = Vec::new();
+    s.read_to_end(&mut reply).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&reply),
+        "HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n"
+    );
+}
+
+#[test]
 fn a_slowloris_client_is_cut_while_others_are_served() {
     let config = Config {
         header_read_timeout: Duration::from_millis(400),

@@ -77,6 +77,15 @@ impl Site {
 
 /// Runs `nodus serve` until a shutdown signal; returns the process exit code.
 pub fn run(options: ServeOptions) -> i32 {
+    let flagged = [("--listen", options.listen)].into_iter();
+    let flagged: Vec<_> = flagged
+        .chain(options.admin.map(|a| ("--admin", a)))
+        .collect();
+    if let Some(clash) = crate::listen::first_clash(&flagged) {
+        // A usage error: exit code 2, as for a flag clap refuses.
+        say!("nodus serve: {clash}");
+        return 2;
+    }
     nodus::process::raise_fd_limit();
     let root = match static_files::canonical_root(&options.dir) {
         Ok(root) if root.is_dir() => root,
@@ -105,14 +114,22 @@ pub(super) fn fail(message: String) -> i32 {
 }
 
 /// The public and admin listeners: inherited from a service manager (`LISTEN_FDS`, systemd
-/// socket activation; a socket named `admin` is the admin listener) or bound from the options.
+/// socket activation; a socket named `admin` is the admin listener) or bound from the options
+/// (the public one with `SO_REUSEPORT` when `reuse_port`).
 pub(super) fn listeners(
     options: &ServeOptions,
+    reuse_port: bool,
 ) -> Result<(TcpListener, Option<TcpListener>), String> {
     let inherited =
         nodus::net::listen_fds().map_err(|e| format!("cannot use the inherited sockets: {e}"))?;
     if inherited.is_empty() {
-        return Ok((bind(options.listen)?, options.admin.map(bind).transpose()?));
+        return Ok((
+            crate::listen::bind(options.listen, reuse_port)?,
+            options
+                .admin
+                .map(|a| crate::listen::bind(a, false))
+                .transpose()?,
+        ));
     }
     let (mut public, mut admin) = (None, None);
     for socket in inherited {
@@ -131,22 +148,13 @@ pub(super) fn listeners(
         public,
         admin
             .map(Ok)
-            .or_else(|| options.admin.map(bind))
+            .or_else(|| options.admin.map(|a| crate::listen::bind(a, false)))
             .transpose()?,
     ))
 }
 
-pub(super) fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
-    TcpListener::bind(addr).map_err(|e| match e.kind() {
-        std::io::ErrorKind::AddrInUse => {
-            format!("cannot listen on {addr}: the address is already in use")
-        }
-        _ => format!("cannot listen on {addr}: {e}"),
-    })
-}
-
 async fn serve_until_signal(options: ServeOptions, root: PathBuf) -> i32 {
-    let (public, admin_listener) = match listeners(&options) {
+    let (public, admin_listener) = match listeners(&options, false) {
         Ok(l) => l,
         Err(e) => return fail(e),
     };

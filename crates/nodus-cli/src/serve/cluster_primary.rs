@@ -5,8 +5,11 @@
 //!
 //! Workers find the public address in `NODUS_LISTEN` (the inherited or bound socket's address),
 //! so their `queryServer` names the socket the primary holds; `NODUS_ADMIN`, when the primary
-//! has an admin listener, tells them not to answer `/_nodus/` on the public one. Under `--policy reuseport` nothing
-//! is bound up front: each worker gets a socket of its own.
+//! has an admin listener, tells them not to answer `/_nodus/` on the public one. Under `--policy
+//! reuseport` the primary binds the public address up front too (with `SO_REUSEPORT`: a busy
+//! address fails here, before any worker starts, and port 0 becomes the one port all workers
+//! share); the cluster then holds that port without listening, and each worker gets a socket of
+//! its own.
 
 use std::time::Duration;
 
@@ -17,21 +20,11 @@ use super::app::{ServeOptions, fail, listeners, new_site, serve_admin};
 
 /// Runs the primary until shutdown; returns the exit code.
 pub async fn run(options: ServeOptions) -> i32 {
-    let (public, admin_listener) = if options.policy == Policy::ReusePort {
-        match options.admin.map(super::app::bind).transpose() {
-            Ok(admin) => (None, admin),
-            Err(e) => return fail(e),
-        }
-    } else {
-        match listeners(&options) {
-            Ok((public, admin)) => (Some(public), admin),
-            Err(e) => return fail(e),
-        }
+    let (public, admin_listener) = match listeners(&options, options.policy == Policy::ReusePort) {
+        Ok(l) => l,
+        Err(e) => return fail(e),
     };
-    let public_addr = public
-        .as_ref()
-        .and_then(|l| l.local_addr().ok())
-        .unwrap_or(options.listen);
+    let public_addr = public.local_addr().unwrap_or(options.listen);
     let program = match std::env::current_exe() {
         Ok(p) => p,
         Err(e) => {
@@ -63,9 +56,7 @@ pub async fn run(options: ServeOptions) -> i32 {
     config.shutdown_delay = options.shutdown_delay;
     config.kill_timeout = options.drain_timeout + Duration::from_secs(5);
     config.event_log = options.events.clone();
-    if let Some(l) = public {
-        config.listeners.push(("http".to_owned(), l));
-    }
+    config.listeners.push(("http".to_owned(), public));
     let primary = match Primary::start(config) {
         Ok(p) => p,
         Err(e) => return fail(e.to_string()),

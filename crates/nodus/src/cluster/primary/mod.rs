@@ -116,7 +116,8 @@ pub struct Config {
     /// address of `nodus serve`), with their names; a worker's `queryServer` for the same
     /// address (or port) gets one of these instead of a new socket, and a plain program gets
     /// them all as `LISTEN_FDS`. Under `ReusePort` only their addresses are used (bind them with
-    /// `reuse_port`): the primary closes them and each worker gets sockets of its own.
+    /// `reuse_port`): the primary closes them, holding each port with a socket bound but not
+    /// listening, and each worker gets sockets of its own.
     pub listeners: Vec<(String, TcpListener)>,
     pub restart: RestartPolicy,
     /// Restart intensity: more than `max_restarts` within `restart_window` gives up.

@@ -7,7 +7,10 @@
 //!   one task of the primary; a shared one is only duplicated into workers (never registered with
 //!   the primary's reactor, so incoming connections do not wake the primary).
 //! - Reuse-port sockets are bound per worker and not kept: a socket nobody accepts on would
-//!   swallow its share of connections.
+//!   swallow its share of connections. For a pre-bound address the primary keeps a socket bound
+//!   with `SO_REUSEPORT` but not listening (only listening sockets share the connections): the
+//!   port (the one port 0 resolved to) stays taken, for the workers alone, while none of them
+//!   holds it, until the drain begins.
 //! - Accepted connections wait for a worker ("parked": none listening yet, all at their in-flight
 //!   cap, or no fd to hand them over with) only up to one accept batch plus what dead, refusing
 //!   or closing workers left or gave back, and within the bounds of `parked` (a cap, and
@@ -70,8 +73,9 @@ enum Sock {
     /// Workers accept on duplicates of it; `None` once the primary stopped accepting (its copy
     /// is closed: the socket closes when the last worker closes its own).
     Shared(RefCell<Option<std::net::TcpListener>>),
-    /// Reuse-port: only the address is kept; each worker binds (gets) a socket of its own.
-    Released,
+    /// Reuse-port: each worker binds (gets) a socket of its own; the primary holds the port with
+    /// a socket bound but not listening (`None` once it stopped accepting).
+    Released(RefCell<Option<socket2::Socket>>),
 }
 
 pub(super) struct Server {
@@ -107,7 +111,9 @@ impl Server {
                 listener.set_nonblocking(false)?;
                 Sock::Shared(RefCell::new(Some(listener)))
             }
-            Policy::ReusePort => Sock::Released,
+            // Bound before the listener is closed (at the end of this function): the port is
+            // never free.
+            Policy::ReusePort => Sock::Released(RefCell::new(Some(hold_port(addr)?))),
         };
         let server = Rc::new(Server {
             addr,
@@ -150,7 +156,10 @@ impl Server {
                 copy.borrow_mut().take();
                 return;
             }
-            Sock::Released => return,
+            Sock::Released(hold) => {
+                hold.borrow_mut().take();
+                return;
+            }
         };
         if listener.borrow_mut().take().is_none() {
             return;
@@ -195,6 +204,24 @@ fn requested_addr(m: &Incoming<'_>) -> io::Result<SocketAddr> {
         )
     })?;
     Ok(SocketAddr::new(ip, port))
+}
+
+/// A socket bound to `addr` with `SO_REUSEPORT`, not listening: it keeps the port from anyone
+/// but this user's reuse-port sockets (it sets no `SO_REUSEADDR`, which would let others bind
+/// it), and takes no connection.
+fn hold_port(addr: SocketAddr) -> io::Result<socket2::Socket> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket.set_reuse_port(true)?;
+    if addr.is_ipv6() {
+        // As the listeners are bound (dual-stack): the IPv4 side of the port is held too.
+        socket.set_only_v6(false)?;
+    }
+    socket.bind(&addr.into())?;
+    Ok(socket)
 }
 
 /// Finds (or binds) the server a key names.
@@ -250,7 +277,7 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
         addr.and_then(|addr| server_for(st, &key, addr))
             .and_then(|server| match &server.sock {
                 Sock::Shared(copy) => Ok((None, Some(shared_copy(copy)?))),
-                Sock::Released => unreachable!("released sockets exist only under reuseport"),
+                Sock::Released(_) => unreachable!("released sockets exist only under reuseport"),
                 Sock::Accepting(_) => {
                     if m.nodus == Some(1) && m.board == Some(1) {
                         give_board(proc);
@@ -375,7 +402,7 @@ pub(super) fn pass_listeners(st: &Rc<State>, cmd: &mut Command) -> io::Result<()
                 .get_ref()
                 .as_fd()
                 .try_clone_to_owned()?,
-            (Sock::Released, _) => unreachable!("released sockets exist only under reuseport"),
+            (Sock::Released(_), _) => unreachable!("released sockets exist only under reuseport"),
         };
         cmd.pass_fd(3 + i as i32, fd);
         names.push(name.as_str());
@@ -518,4 +545,49 @@ fn accept_batch(server: &Server) -> (Vec<Conn>, Option<io::Error>) {
 async fn back_off(server: &Server, e: io::Error) {
     tracing::error!(target: "nodus::cluster", "accept on {} failed: {e}", server.addr);
     crate::time::sleep(RETRY_PAUSE).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{SocketAddr, TcpStream};
+    use std::time::Duration;
+
+    use socket2::{Domain, Socket, Type};
+
+    use super::hold_port;
+
+    /// A worker's socket: `SO_REUSEADDR` and `SO_REUSEPORT`, listening.
+    fn reuseport_listener(addr: SocketAddr) -> std::net::TcpListener {
+        let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        s.set_reuse_address(true).unwrap();
+        s.set_reuse_port(true).unwrap();
+        s.bind(&addr.into()).unwrap();
+        s.listen(128).unwrap();
+        s.into()
+    }
+
+    #[test]
+    fn a_held_port_takes_no_connection_and_no_one_else_binds_it() {
+        let hold = hold_port("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = hold.local_addr().unwrap().as_socket().unwrap();
+        let worker = reuseport_listener(addr);
+        worker.set_nonblocking(true).unwrap();
+        let connect = || TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
+        let clients: Vec<TcpStream> = (0..50).map(|_| connect()).collect();
+        let accepted = std::iter::from_fn(|| worker.accept().ok()).count();
+        assert_eq!(
+            accepted,
+            clients.len(),
+            "every connection reaches the worker"
+        );
+        drop(worker);
+        // No worker listens: the port is still taken, for anyone without SO_REUSEPORT.
+        let err = std::net::TcpListener::bind(addr).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse);
+        assert!(
+            TcpStream::connect(addr).is_err(),
+            "a held port is not listening"
+        );
+        drop(reuseport_listener(addr));
+    }
 }

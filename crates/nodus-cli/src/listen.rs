@@ -1,0 +1,84 @@
+//! The listeners of `nodus serve` and `nodus run`, bound the same way by both: one message for
+//! an address that cannot be bound, and the check, before anything is bound, that no two of the
+//! addresses given on the command line name the same socket.
+
+use std::net::SocketAddr;
+
+use nodus::net::{ListenOptions, TcpListener};
+
+/// Binds and listens on `addr`, with `SO_REUSEPORT` for the reuseport policy (so a busy address
+/// is reported here, before any worker starts, and port 0 is resolved to the port every worker
+/// binds).
+pub fn bind(addr: SocketAddr, reuse_port: bool) -> Result<TcpListener, String> {
+    let options = ListenOptions {
+        reuse_port,
+        ..ListenOptions::default()
+    };
+    TcpListener::bind_with(addr, options).map_err(|e| match e.kind() {
+        std::io::ErrorKind::AddrInUse => {
+            format!("cannot listen on {addr}: the address is already in use")
+        }
+        _ => format!("cannot listen on {addr}: {e}"),
+    })
+}
+
+/// Whether binding both `a` and `b` would clash: the same port (port 0 is a new one each time)
+/// on the same address, or on any address and one it covers (an IPv6 "any" is dual-stack, as
+/// nodus binds it).
+pub fn clash(a: SocketAddr, b: SocketAddr) -> bool {
+    let covers = |any: SocketAddr, other: SocketAddr| {
+        any.ip().is_unspecified() && (any.is_ipv6() || other.is_ipv4())
+    };
+    a.port() != 0 && a.port() == b.port() && (a.ip() == b.ip() || covers(a, b) || covers(b, a))
+}
+
+/// The first clash among the addresses given on the command line (each with its flag), as a
+/// usage error's message: found here, it is not reported as a busy address.
+pub fn first_clash(addrs: &[(&str, SocketAddr)]) -> Option<String> {
+    addrs.iter().enumerate().find_map(|(i, &(flag_b, b))| {
+        let &(flag_a, a) = addrs[..i].iter().find(|&&(_, a)| clash(a, b))?;
+        Some(match (a == b, flag_a == flag_b) {
+            (true, true) => format!("{flag_b} {b} is given twice"),
+            (true, false) => format!("{flag_b} {b} is also a {flag_a} address"),
+            (false, _) => format!("{flag_b} {b} overlaps {flag_a} {a} (the same port)"),
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{clash, first_clash};
+
+    #[test]
+    fn clashes_are_the_same_port_on_overlapping_addresses() {
+        let c = |a: &str, b: &str| clash(a.parse().unwrap(), b.parse().unwrap());
+        assert!(c("127.0.0.1:80", "127.0.0.1:80"));
+        assert!(c("0.0.0.0:80", "127.0.0.1:80"));
+        assert!(c("127.0.0.1:80", "[::]:80"));
+        assert!(c("[::1]:80", "[::]:80"));
+        assert!(!c("127.0.0.1:0", "127.0.0.1:0"));
+        assert!(!c("127.0.0.1:80", "127.0.0.1:81"));
+        assert!(!c("127.0.0.1:80", "127.0.0.2:80"));
+        assert!(!c("0.0.0.0:80", "[::1]:80"));
+        assert!(!c("127.0.0.1:80", "[::1]:80"));
+    }
+
+    #[test]
+    fn the_first_clash_is_named_with_its_flags() {
+        let a = |s: &str| s.parse().unwrap();
+        let l = a("127.0.0.1:8080");
+        assert_eq!(
+            first_clash(&[("-l", l), ("-l", a("127.0.0.1:0")), ("-l", l)]).as_deref(),
+            Some("-l 127.0.0.1:8080 is given twice")
+        );
+        assert_eq!(
+            first_clash(&[("--listen", l), ("--admin", l)]).as_deref(),
+            Some("--admin 127.0.0.1:8080 is also a --listen address")
+        );
+        assert_eq!(
+            first_clash(&[("-l", a("0.0.0.0:8080")), ("-l", l)]).as_deref(),
+            Some("-l 127.0.0.1:8080 overlaps -l 0.0.0.0:8080 (the same port)")
+        );
+        assert_eq!(first_clash(&[("-l", l), ("-l", a("127.0.0.1:8081"))]), None);
+    }
+}
