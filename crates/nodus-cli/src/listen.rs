@@ -1,6 +1,7 @@
 //! The listeners of `nodus serve` and `nodus run`, bound the same way by both: one message for
-//! an address that cannot be bound, and the check, before anything is bound, that no two of the
-//! addresses given on the command line name the same socket.
+//! an address that cannot be bound (under reuseport too, where the bind itself would join another
+//! process's group), and the check, before anything is bound, that no two of the addresses given
+//! on the command line name the same socket.
 
 use std::net::SocketAddr;
 
@@ -10,16 +11,41 @@ use nodus::net::{ListenOptions, TcpListener};
 /// is reported here, before any worker starts, and port 0 is resolved to the port every worker
 /// binds).
 pub fn bind(addr: SocketAddr, reuse_port: bool) -> Result<TcpListener, String> {
+    let in_use = || format!("cannot listen on {addr}: the address is already in use");
+    // A reuse-port bind joins any reuse-port group of this user's (another nodus started on the
+    // same port by mistake): the kernel would split the traffic between the two.
+    if reuse_port && addr.port() != 0 && taken(addr) {
+        return Err(in_use());
+    }
     let options = ListenOptions {
         reuse_port,
         ..ListenOptions::default()
     };
     TcpListener::bind_with(addr, options).map_err(|e| match e.kind() {
-        std::io::ErrorKind::AddrInUse => {
-            format!("cannot listen on {addr}: the address is already in use")
-        }
+        std::io::ErrorKind::AddrInUse => in_use(),
         _ => format!("cannot listen on {addr}: {e}"),
     })
+}
+
+/// Whether a socket already listens on `addr` or holds it: then a plain bind (with
+/// `SO_REUSEADDR`, so connections in `TIME_WAIT` do not count) fails, whatever options the
+/// holder set. The probe never listens, so it takes no connection.
+fn taken(addr: SocketAddr) -> bool {
+    use rustix::net::{AddressFamily, SocketType, sockopt};
+    let family = if addr.is_ipv6() {
+        AddressFamily::INET6
+    } else {
+        AddressFamily::INET
+    };
+    let Ok(probe) = rustix::net::socket(family, SocketType::STREAM, None) else {
+        return false;
+    };
+    let _ = sockopt::set_socket_reuseaddr(&probe, true);
+    if addr.is_ipv6() {
+        // Dual-stack, as the listeners are bound: the IPv4 side counts too.
+        let _ = sockopt::set_ipv6_v6only(&probe, false);
+    }
+    rustix::net::bind(&probe, &addr) == Err(rustix::io::Errno::ADDRINUSE)
 }
 
 /// Whether binding both `a` and `b` would clash: the same port (port 0 is a new one each time)

@@ -332,6 +332,28 @@ fn a_busy_address_fails_before_any_worker_under_every_policy() {
 }
 
 #[test]
+fn a_second_reuseport_cluster_on_the_same_port_is_refused() {
+    let dir = site();
+    let first = Serve::start(dir.path(), 2, &["--policy", "reuseport"]);
+    let addr = first.addr.to_string();
+    let mut second = Proc::spawn_group(
+        Command::new(NODUS)
+            .arg("serve")
+            .arg(dir.path())
+            .args(["--listen", &addr, "--workers", "2", "--policy", "reuseport"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
+    assert_eq!(
+        second.wait_exit(Duration::from_secs(10)),
+        Some(1),
+        "it would have joined the first one's reuse-port group: {:#?}",
+        second.output()
+    );
+    assert!(second.output()[0].contains("the address is already in use"));
+}
+
+#[test]
 fn reuseport_workers_share_the_one_port_that_port_0_resolved_to() {
     let dir = site();
     let mut server = Serve::start(dir.path(), 2, &["--policy", "reuseport"]);
