@@ -60,6 +60,10 @@ enum Command {
     /// utilization and lateness; pool queues and waits; recent stalls. Keys: q quit, p pause,
     /// s sort, up/down select, enter detail, esc back. Figures that are rates or "recent" cover
     /// the refresh interval.
+    ///
+    /// Exit codes: 0 after q/Ctrl-C, SIGINT/SIGTERM/SIGHUP or the terminal's hangup (and after
+    /// --once); 1 ADDR cannot be read at the start, or a terminal error; 2 a usage error (an ADDR
+    /// that does not parse, or, without --once, a stdout that is not a terminal).
     Top(top::TopArgs),
     /// Internal (a supervisor's worker step): sets LISTEN_PID to this pid, then runs PROGRAM.
     #[command(name = "__exec-listen", hide = true, disable_help_flag = true)]

@@ -1,6 +1,7 @@
 //! `nodus top` end to end: `--once` against a real `nodus serve` and against a fake 2-worker
 //! cluster stats server, the dashboard under a pseudo-terminal at 80×24 (keys, `q`, Ctrl-C and
-//! SIGTERM all leave the terminal restored), and the `/_nodus/` page in headless Chromium.
+//! SIGTERM all leave the terminal restored; closing the terminal ends it; a stdout that is not a
+//! terminal is a usage error), and the `/_nodus/` page in headless Chromium.
 //!
 //! The fake cluster is a std `TcpListener` thread answering every request with the cluster shape
 //! (`{"workers": [...], "restarts", "budget_left", "generation"}`); each answer advances its
@@ -411,6 +412,23 @@ fn once_against_an_unreachable_address_is_one_line_and_fails() {
     );
     let out = top_once("https://127.0.0.1:1", "1");
     assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn dashboard_on_a_stdout_that_is_not_a_terminal_is_a_usage_error() {
+    // Said before any fetch: the address need not answer.
+    let out = Command::new(NODUS)
+        .args(["top", &free_addr().to_string()])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.contains("not a terminal") && stderr.contains("--once"),
+        "{stderr}"
+    );
 }
 
 /// A pseudo-terminal: the master side, and the slave's path.

@@ -7,8 +7,9 @@
 //! - `view`: the worker columns and the ratatui frame (80×24 and up);
 //! - `once`: `--once`, one plain-text frame.
 //!
-//! The first fetch is made before anything else: an address that cannot be read is one line on
-//! stderr and exit code 1 (2 for an ADDR that does not parse). After that the dashboard keeps the
+//! Usage errors come first, with exit code 2: an ADDR that does not parse, or, without `--once`, a
+//! stdout that is not a terminal. Then the first fetch: an address that cannot be read is one line
+//! on stderr and exit code 1. After that the dashboard keeps the
 //! last figures on screen and shows fetch errors in its status line while it retries.
 //!
 //! The terminal (raw mode, alternate screen) is restored when the dashboard ends for any reason:
@@ -74,6 +75,10 @@ pub fn run(args: TopArgs) -> i32 {
             return 2;
         }
     };
+    if !args.once && !io::stdout().is_terminal() {
+        say!("nodus top: stdout is not a terminal; use --once for one plain-text frame");
+        return 2;
+    }
     let interval = Duration::from_secs_f64(args.interval);
     let first = match fetch_stats(&target) {
         Ok(s) => s,
@@ -95,10 +100,6 @@ pub fn run(args: TopArgs) -> i32 {
     app.model.update(first, Instant::now());
     if args.once {
         return once::run(app);
-    }
-    if !io::stdout().is_terminal() {
-        say!("nodus top: stdout is not a terminal; use --once for one plain-text frame");
-        return 2;
     }
     match dashboard(app) {
         Ok(()) => 0,
