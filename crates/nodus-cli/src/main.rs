@@ -9,7 +9,7 @@
 //! - `nodus __exec-listen PROGRAM ARGS...` (hidden): the step a supervisor puts before a program
 //!   that takes its sockets systemd's way, to set `LISTEN_PID` (see `exec_listen.rs`).
 //!
-//! - `nodus run [OPTIONS] -- PROGRAM [ARGS]`: supervise any program (or, with `--node`, a stock
+//! - `nodus run [OPTIONS] [--] PROGRAM [ARGS]`: supervise any program (or, with `--node`, a stock
 //!   Node app) as a cluster of workers.
 
 /// `eprintln!` through the log lines' queue ([`nodus::process::output::log_writer`]): in order
@@ -136,8 +136,9 @@ struct RunArgs {
     /// Append lifecycle events (fork, ready, exit, reload...) to FILE as JSON lines.
     #[arg(long, value_name = "FILE")]
     events: Option<PathBuf>,
-    /// The program and its arguments.
-    #[arg(last = true, required = true, value_name = "PROGRAM")]
+    /// The program and its arguments: everything from the first argument that is not an option
+    /// of nodus on (as for `timeout` or `nice`), or everything after `--`.
+    #[arg(trailing_var_arg = true, required = true, value_name = "PROGRAM")]
     command: Vec<std::ffi::OsString>,
 }
 

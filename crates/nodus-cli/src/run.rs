@@ -92,7 +92,7 @@ pub fn run(options: RunOptions) -> i32 {
         (None, false) => Policy::Shared,
     };
     let Some((program, args)) = options.command.split_first() else {
-        return usage("no program to run: nodus run [OPTIONS] -- PROGRAM [ARGS]...");
+        return usage("no program to run: nodus run [OPTIONS] [--] PROGRAM [ARGS]...");
     };
     let (program, args) = (program.clone(), args.to_vec());
     if let Err(why) = check_runnable(&program) {

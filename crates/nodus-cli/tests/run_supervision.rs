@@ -2,10 +2,11 @@
 //! replacement that cannot be started is retried instead of ending the service, a SIGHUP
 //! during a reload queues one more reload, a window of 0 seconds is refused, the notify socket
 //! heeds only the worker's own process group and is closed with its worker, a Node worker's
-//! pipe `listen` is refused instead of bound as TCP, a program that cannot be run is refused
-//! before any worker starts, a stop that had to kill workers exits with
-//! its own code (124, or 128 + a second signal's number) while a drain in time exits 0, and a
-//! worker's exit is logged after its last output line.
+//! pipe `listen` is refused instead of bound as TCP, the program follows the options with or
+//! without `--`, a program that cannot be run is refused before any worker
+//! starts, a stop that had to kill workers exits with its own code (124, or 128 + a second
+//! signal's number) while a drain in time exits 0, and a worker's exit is logged after its last
+//! output line.
 //!
 //! Every process is started in its own process group and the whole group is killed by PID when
 //! the test ends. The workers are `sh` scripts.
@@ -52,6 +53,35 @@ fn a_primary_with_no_worker_left_to_restart_exits() {
             primary.wait_exit(Duration::from_secs(20)),
             Some(expected),
             "--restart {restart}, workers exiting {worker_code}: {:#?}",
+            primary.output()
+        );
+    }
+}
+
+/// The command may follow the options without `--`: everything from the first argument that is
+/// not an option of nodus on is the program's, its options and a `--` included.
+#[test]
+fn the_program_and_its_options_need_no_double_dash() {
+    for (args, expected) in [
+        (
+            &["sh", "-c", "echo \"args: $*\"", "sh", "-u", "--", "-w"][..],
+            "args: -u -- -w",
+        ),
+        (
+            &["--", "sh", "-c", "echo \"args: $*\"", "sh", "-u"][..],
+            "args: -u",
+        ),
+    ] {
+        let mut primary = spawn(
+            Command::new(NODUS)
+                .args(["run", "-w", "1", "--restart", "temporary"])
+                .args(args),
+        );
+        primary.wait_line(expected);
+        assert_eq!(
+            primary.wait_exit(Duration::from_secs(20)),
+            Some(0),
+            "{args:?}: {:#?}",
             primary.output()
         );
     }
