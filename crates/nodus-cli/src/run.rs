@@ -96,7 +96,7 @@ pub fn run(options: RunOptions) -> i32 {
     };
     let (program, args) = (program.clone(), args.to_vec());
     if let Err(why) = check_runnable(&program) {
-        return fail(format!("cannot run {}: {why}", program.to_string_lossy()));
+        return fail(format!("cannot run {:?}: {why}", program.to_string_lossy()));
     }
     nodus::process::raise_fd_limit();
     let rt = nodus::Runtime::new();

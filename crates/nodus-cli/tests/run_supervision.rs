@@ -3,7 +3,7 @@
 //! during a reload queues one more reload, a window of 0 seconds is refused, the notify socket
 //! heeds only the worker's own process group and is closed with its worker, a Node worker's
 //! pipe `listen` is refused instead of bound as TCP, the program follows the options with or
-//! without `--`, a program that cannot be run is refused before any worker
+//! without `--`, a program that cannot be run (its name quoted) is refused before any worker
 //! starts, a stop that had to kill workers exits with its own code (124, or 128 + a second
 //! signal's number) while a drain in time exits 0, and a worker's exit is logged after its last
 //! output line.
@@ -205,6 +205,7 @@ fn a_program_that_cannot_be_run_is_one_line_and_exit_code_1_before_any_worker() 
         ("nodus-test-no-such-program", "not found in PATH"),
         (not_executable.to_str().unwrap(), "Permission denied"),
         (dir.path().to_str().unwrap(), "not a file"),
+        ("", "not found in PATH"),
     ];
     for (program, why) in cases {
         // Bounded without a timeout of its own: a regression gives up on the restart budget.
@@ -216,7 +217,7 @@ fn a_program_that_cannot_be_run_is_one_line_and_exit_code_1_before_any_worker() 
         assert_eq!(out.status.code(), Some(1), "{program}: {stderr}");
         assert_eq!(stderr.lines().count(), 1, "{program}: {stderr}");
         assert!(
-            stderr.starts_with(&format!("nodus run: cannot run {program}: "))
+            stderr.starts_with(&format!("nodus run: cannot run {program:?}: "))
                 && stderr.contains(why),
             "{program}: {stderr}"
         );
