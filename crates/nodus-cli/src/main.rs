@@ -97,7 +97,7 @@ struct RunArgs {
     #[arg(short = 'w', long, value_parser = clap::value_parser!(u16).range(1..=1024))]
     workers: Option<u16>,
     /// Listen on ADDR and pass the socket to every worker (repeatable; fds 3.. in order).
-    #[arg(short = 'l', long = "listen", value_name = "ADDR")]
+    #[arg(short = 'l', long = "listen", value_name = "ADDR", value_parser = socket_addr)]
     listen: Vec<SocketAddr>,
     /// shared (one socket in every worker; the default for plain programs), reuseport (a
     /// SO_REUSEPORT socket per worker), or with --node also rr (the default there) and least.
@@ -176,7 +176,7 @@ struct ServeArgs {
     #[arg(default_value = ".")]
     dir: PathBuf,
     /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1:8080")]
+    #[arg(long, default_value = "127.0.0.1:8080", value_parser = socket_addr)]
     listen: SocketAddr,
     /// Worker processes (default: the available cores). 1 serves from this process; more makes
     /// this process a cluster primary that re-executes the same command as each worker.
@@ -192,7 +192,7 @@ struct ServeArgs {
     events: Option<PathBuf>,
     /// Serve /_nodus/* on this address instead of the public listener (where they answer
     /// loopback clients only).
-    #[arg(long)]
+    #[arg(long, value_parser = socket_addr)]
     admin: Option<SocketAddr>,
     /// Log one line per request.
     #[arg(long)]
@@ -256,6 +256,27 @@ fn positive_seconds(s: &str) -> Result<f64, String> {
             "`{s}` is not a number of seconds above 0 and at most 86400"
         )),
     }
+}
+
+/// An IP address and port (`--listen`, `-l`, `--admin`), the port said to be out of range when
+/// it is (std's message is only "invalid socket address syntax").
+fn socket_addr(s: &str) -> Result<SocketAddr, String> {
+    s.parse().map_err(|e: std::net::AddrParseError| {
+        let out_of_range = s.rsplit_once(':').and_then(|(ip, port)| {
+            let ip_ok = match ip.strip_prefix('[').and_then(|v6| v6.strip_suffix(']')) {
+                Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+                None => ip.parse::<std::net::Ipv4Addr>().is_ok(),
+            };
+            if ip_ok { port_out_of_range(port) } else { None }
+        });
+        out_of_range.unwrap_or_else(|| e.to_string())
+    })
+}
+
+/// For a port that did not parse as a `u16`: the message, if it is a number too big for one.
+fn port_out_of_range(port: &str) -> Option<String> {
+    (!port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| format!("port {port} is out of range (0-65535)"))
 }
 
 /// The cores this process may run on (1 if unknown).
