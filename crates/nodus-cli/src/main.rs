@@ -9,7 +9,7 @@
 //! - `nodus __exec-listen PROGRAM ARGS...` (hidden): the step a supervisor puts before a program
 //!   that takes its sockets systemd's way, to set `LISTEN_PID` (see `exec_listen.rs`).
 //!
-//! - `nodus run [OPTIONS] -- PROGRAM [ARGS]`: supervise any program (or, with `--node`, a stock
+//! - `nodus run [OPTIONS] [--] PROGRAM [ARGS]`: supervise any program (or, with `--node`, a stock
 //!   Node app) as a cluster of workers.
 
 /// `eprintln!` through the log lines' queue ([`nodus::process::output::log_writer`]): in order
@@ -61,6 +61,10 @@ enum Command {
     /// utilization and lateness; pool queues and waits; recent stalls. Keys: q quit, p pause,
     /// s sort, up/down select, enter detail, esc back. Figures that are rates or "recent" cover
     /// the refresh interval.
+    ///
+    /// Exit codes: 0 after q/Ctrl-C, SIGINT/SIGTERM/SIGHUP or the terminal's hangup (and after
+    /// --once); 1 ADDR cannot be read at the start, or a terminal error; 2 a usage error (an ADDR
+    /// that does not parse, or, without --once, a stdout that is not a terminal).
     Top(top::TopArgs),
     /// Internal (a supervisor's worker step): sets LISTEN_PID to this pid, then runs PROGRAM.
     #[command(name = "__exec-listen", hide = true, disable_help_flag = true)]
@@ -100,7 +104,7 @@ struct RunArgs {
     workers: Option<u16>,
     /// Listen on ADDR and pass the socket to every worker (repeatable, each address once; fds 3..
     /// in order).
-    #[arg(short = 'l', long = "listen", value_name = "ADDR")]
+    #[arg(short = 'l', long = "listen", value_name = "ADDR", value_parser = socket_addr)]
     listen: Vec<SocketAddr>,
     /// shared (one socket in every worker; the default for plain programs), reuseport (a
     /// SO_REUSEPORT socket per worker), or with --node also rr (the default there) and least.
@@ -139,8 +143,9 @@ struct RunArgs {
     /// Append lifecycle events (fork, ready, exit, reload...) to FILE as JSON lines.
     #[arg(long, value_name = "FILE")]
     events: Option<PathBuf>,
-    /// The program and its arguments.
-    #[arg(last = true, required = true, value_name = "PROGRAM")]
+    /// The program and its arguments: everything from the first argument that is not an option
+    /// of nodus on (as for `timeout` or `nice`), or everything after `--`.
+    #[arg(trailing_var_arg = true, required = true, value_name = "PROGRAM")]
     command: Vec<std::ffi::OsString>,
 }
 
@@ -178,7 +183,7 @@ struct ServeArgs {
     #[arg(default_value = ".")]
     dir: PathBuf,
     /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1:8080")]
+    #[arg(long, default_value = "127.0.0.1:8080", value_parser = socket_addr)]
     listen: SocketAddr,
     /// Worker processes (default: the available cores). 1 serves from this process; more makes
     /// this process a cluster primary that re-executes the same command as each worker.
@@ -194,7 +199,7 @@ struct ServeArgs {
     events: Option<PathBuf>,
     /// Serve /_nodus/* on this address (not --listen's) instead of the public listener (where
     /// they answer loopback clients only).
-    #[arg(long)]
+    #[arg(long, value_parser = socket_addr)]
     admin: Option<SocketAddr>,
     /// Log one line per request.
     #[arg(long)]
@@ -258,6 +263,27 @@ fn positive_seconds(s: &str) -> Result<f64, String> {
             "`{s}` is not a number of seconds above 0 and at most 86400"
         )),
     }
+}
+
+/// An IP address and port (`--listen`, `-l`, `--admin`), the port said to be out of range when
+/// it is (std's message is only "invalid socket address syntax").
+fn socket_addr(s: &str) -> Result<SocketAddr, String> {
+    s.parse().map_err(|e: std::net::AddrParseError| {
+        let out_of_range = s.rsplit_once(':').and_then(|(ip, port)| {
+            let ip_ok = match ip.strip_prefix('[').and_then(|v6| v6.strip_suffix(']')) {
+                Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+                None => ip.parse::<std::net::Ipv4Addr>().is_ok(),
+            };
+            if ip_ok { port_out_of_range(port) } else { None }
+        });
+        out_of_range.unwrap_or_else(|| e.to_string())
+    })
+}
+
+/// For a port that did not parse as a `u16`: the message, if it is a number too big for one.
+fn port_out_of_range(port: &str) -> Option<String> {
+    (!port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| format!("port {port} is out of range (0-65535)"))
 }
 
 /// The cores this process may run on (1 if unknown).

@@ -92,7 +92,7 @@ pub fn run(options: RunOptions) -> i32 {
         (None, false) => Policy::Shared,
     };
     let Some((program, args)) = options.command.split_first() else {
-        return usage("no program to run: nodus run [OPTIONS] -- PROGRAM [ARGS]...");
+        return usage("no program to run: nodus run [OPTIONS] [--] PROGRAM [ARGS]...");
     };
     let flagged: Vec<_> = options.listen.iter().map(|&a| ("-l", a)).collect();
     if let Some(clash) = crate::listen::first_clash(&flagged) {
@@ -100,7 +100,7 @@ pub fn run(options: RunOptions) -> i32 {
     }
     let (program, args) = (program.clone(), args.to_vec());
     if let Err(why) = check_runnable(&program) {
-        return fail(format!("cannot run {}: {why}", program.to_string_lossy()));
+        return fail(format!("cannot run {:?}: {why}", program.to_string_lossy()));
     }
     nodus::process::raise_fd_limit();
     let rt = nodus::Runtime::new();

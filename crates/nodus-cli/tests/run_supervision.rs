@@ -2,11 +2,12 @@
 //! replacement that cannot be started is retried instead of ending the service, a SIGHUP
 //! during a reload queues one more reload, a window of 0 seconds is refused, the notify socket
 //! heeds only the worker's own process group and is closed with its worker, a Node worker's
-//! pipe `listen` is refused instead of bound as TCP, a program that cannot be run is refused
-//! before any worker starts, a stop that had to kill workers exits with
-//! its own code (124, or 128 + a second signal's number) while a drain in time exits 0, a
-//! worker's exit is logged after its last output line, and no child of a worker outlives it
-//! (a stop, a crash loop to the give-up, a clean exit).
+//! pipe `listen` is refused instead of bound as TCP, the program follows the options with or
+//! without `--`, a program that cannot be run (its name quoted) is refused before any worker
+//! starts, a stop that had to kill workers exits with its own code (124, or 128 + a second
+//! signal's number) while a drain in time exits 0, a worker's exit is logged after its last
+//! output line, and no child of a worker outlives it (a stop, a crash loop to the give-up, a
+//! clean exit).
 //!
 //! Every process is started in its own process group and the whole group is killed by PID when
 //! the test ends; a worker's background children, which a worker writes to a file, are killed by
@@ -54,6 +55,35 @@ fn a_primary_with_no_worker_left_to_restart_exits() {
             primary.wait_exit(Duration::from_secs(20)),
             Some(expected),
             "--restart {restart}, workers exiting {worker_code}: {:#?}",
+            primary.output()
+        );
+    }
+}
+
+/// The command may follow the options without `--`: everything from the first argument that is
+/// not an option of nodus on is the program's, its options and a `--` included.
+#[test]
+fn the_program_and_its_options_need_no_double_dash() {
+    for (args, expected) in [
+        (
+            &["sh", "-c", "echo \"args: $*\"", "sh", "-u", "--", "-w"][..],
+            "args: -u -- -w",
+        ),
+        (
+            &["--", "sh", "-c", "echo \"args: $*\"", "sh", "-u"][..],
+            "args: -u",
+        ),
+    ] {
+        let mut primary = spawn(
+            Command::new(NODUS)
+                .args(["run", "-w", "1", "--restart", "temporary"])
+                .args(args),
+        );
+        primary.wait_line(expected);
+        assert_eq!(
+            primary.wait_exit(Duration::from_secs(20)),
+            Some(0),
+            "{args:?}: {:#?}",
             primary.output()
         );
     }
@@ -177,6 +207,7 @@ fn a_program_that_cannot_be_run_is_one_line_and_exit_code_1_before_any_worker() 
         ("nodus-test-no-such-program", "not found in PATH"),
         (not_executable.to_str().unwrap(), "Permission denied"),
         (dir.path().to_str().unwrap(), "not a file"),
+        ("", "not found in PATH"),
     ];
     for (program, why) in cases {
         // Bounded without a timeout of its own: a regression gives up on the restart budget.
@@ -188,7 +219,7 @@ fn a_program_that_cannot_be_run_is_one_line_and_exit_code_1_before_any_worker() 
         assert_eq!(out.status.code(), Some(1), "{program}: {stderr}");
         assert_eq!(stderr.lines().count(), 1, "{program}: {stderr}");
         assert!(
-            stderr.starts_with(&format!("nodus run: cannot run {program}: "))
+            stderr.starts_with(&format!("nodus run: cannot run {program:?}: "))
                 && stderr.contains(why),
             "{program}: {stderr}"
         );

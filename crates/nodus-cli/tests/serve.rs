@@ -1,4 +1,5 @@
-//! `nodus serve` end to end: the real binary on 127.0.0.1, a real (minimal) HTTP client.
+//! `nodus serve` end to end: the real binary on 127.0.0.1, a real (minimal) HTTP client. Also
+//! the address arguments of every command: a port out of range is said to be.
 //!
 //! Every server is started on port 0, its address read from its startup line, and stopped by
 //! PID (SIGTERM, then SIGKILL if it does not exit).
@@ -19,6 +20,33 @@ use common::serve::Serve;
 use nodus_testkit::net::free_addr;
 use nodus_testkit::proc::Proc;
 use nodus_testkit::tmp::TempDir;
+
+#[test]
+fn an_address_whose_port_is_out_of_range_is_a_usage_error_that_says_so() {
+    for args in [
+        &["serve", "--listen", "127.0.0.1:99999"][..],
+        &["serve", "--admin", "[::1]:65536"],
+        &["run", "-l", "127.0.0.1:99999", "--", "true"],
+        &["top", "--once", "127.0.0.1:99999"],
+    ] {
+        let out = Command::new(NODUS).args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("port 99999 is out of range (0-65535)")
+                || stderr.contains("port 65536 is out of range (0-65535)"),
+            "{args:?}: {stderr}"
+        );
+    }
+    // Any other mistake keeps std's message.
+    let out = Command::new(NODUS)
+        .args(["serve", "--listen", "localhost:99999"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("invalid socket address syntax"), "{stderr}");
+}
 
 /// The resident set size of process `pid`, in KiB.
 fn rss_kib(pid: u32) -> u64 {

@@ -1,6 +1,7 @@
 //! `nodus top` end to end: `--once` against a real `nodus serve` and against a fake 2-worker
 //! cluster stats server, the dashboard under a pseudo-terminal at 80×24 (keys, `q`, Ctrl-C and
-//! SIGTERM all leave the terminal restored), and the `/_nodus/` page in headless Chromium.
+//! SIGTERM all leave the terminal restored; closing the terminal ends it; a stdout that is not a
+//! terminal is a usage error), and the `/_nodus/` page in headless Chromium.
 //!
 //! The fake cluster is a std `TcpListener` thread answering every request with the cluster shape
 //! (`{"workers": [...], "restarts", "budget_left", "generation"}`); each answer advances its
@@ -413,6 +414,23 @@ fn once_against_an_unreachable_address_is_one_line_and_fails() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+#[test]
+fn dashboard_on_a_stdout_that_is_not_a_terminal_is_a_usage_error() {
+    // Said before any fetch: the address need not answer.
+    let out = Command::new(NODUS)
+        .args(["top", &free_addr().to_string()])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.contains("not a terminal") && stderr.contains("--once"),
+        "{stderr}"
+    );
+}
+
 /// A pseudo-terminal: the master side, and the slave's path.
 struct Pty {
     master: std::fs::File,
@@ -422,7 +440,8 @@ struct Pty {
 fn open_pty(cols: u16, rows: u16) -> Pty {
     // SAFETY: plain libc calls on a descriptor this function owns.
     unsafe {
-        let fd = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY);
+        // Close-on-exec: a child another test starts meanwhile must not keep the master open.
+        let fd = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
         assert!(fd >= 0, "posix_openpt: {}", std::io::Error::last_os_error());
         let master = OwnedFd::from_raw_fd(fd);
         assert_eq!(libc::grantpt(fd), 0);
@@ -447,31 +466,44 @@ fn open_pty(cols: u16, rows: u16) -> Pty {
     }
 }
 
-/// Runs `nodus top ADDR` on a fresh 80×24 pty; returns the child, the slave (kept open to read
-/// its modes afterwards) and everything the child writes.
-fn top_on_pty(addr: &str) -> (Proc, std::fs::File, Arc<Mutex<Vec<u8>>>, std::fs::File) {
-    let pty = open_pty(80, 24);
-    let slave = std::fs::OpenOptions::new()
+fn open_slave(pty: &Pty) -> std::fs::File {
+    std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open(&pty.slave)
-        .unwrap();
+        .unwrap()
+}
+
+/// Starts `nodus top --interval 0.2 ADDR` with `slave` as stdin, stdout and stderr; in a new
+/// session whose controlling terminal it is when `controlling` (as a terminal window's shell
+/// would), else in ours, where the pty is just its stdio.
+fn spawn_top(addr: &str, slave: &std::fs::File, controlling: bool) -> Proc {
     let mut cmd = Command::new(NODUS);
     cmd.args(["top", "--interval", "0.2", addr])
         .env("TERM", "xterm-256color")
         .stdin(slave.try_clone().unwrap())
         .stdout(slave.try_clone().unwrap())
         .stderr(slave.try_clone().unwrap());
-    // SAFETY: setsid and ioctl are async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
+    if controlling {
+        // SAFETY: setsid and ioctl are async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
     }
-    let child = Proc::spawn(&mut cmd);
+    Proc::spawn(&mut cmd)
+}
+
+/// Runs `nodus top ADDR` on a fresh 80×24 pty; returns the child, the slave (kept open to read
+/// its modes afterwards) and everything the child writes.
+fn top_on_pty(addr: &str) -> (Proc, std::fs::File, Arc<Mutex<Vec<u8>>>, std::fs::File) {
+    let pty = open_pty(80, 24);
+    let slave = open_slave(&pty);
+    let child = spawn_top(addr, &slave, true);
     let seen = Arc::new(Mutex::new(Vec::new()));
     let sink = Arc::clone(&seen);
     let mut reader = pty.master.try_clone().unwrap();
@@ -657,4 +689,45 @@ fn dashboard_sigterm_exits_0_and_restores_the_terminal() {
     child.signal(rustix::process::Signal::TERM);
     assert_eq!(child.wait_exit(Duration::from_secs(10)), Some(0));
     assert_restored(&seen, &slave);
+}
+
+/// Closing the terminal (its pty master: a closed window, a dropped ssh session) ends the
+/// dashboard with exit code 0 within a few seconds, whether the pty is its controlling terminal
+/// (a hangup and SIGHUP) or only its stdio (its input just ends: reads return 0, no signal).
+#[test]
+fn dashboard_exits_0_when_its_terminal_is_closed() {
+    let (addr, _) = fake_cluster();
+    for controlling in [true, false] {
+        let pty = open_pty(80, 24);
+        let slave = open_slave(&pty);
+        let mut child = spawn_top(&addr.to_string(), &slave, controlling);
+        drop(slave);
+        // Read what it draws (the master never blocks) until the dashboard is up.
+        let mut master = pty.master;
+        rustix::fs::fcntl_setfl(&master, rustix::fs::OFlags::NONBLOCK).unwrap();
+        let mut seen = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !screen(&seen).join("\n").contains("Workers (2)") {
+            assert!(
+                Instant::now() < deadline,
+                "the dashboard never came up (controlling: {controlling}):\n{}",
+                String::from_utf8_lossy(&seen)
+            );
+            let mut buf = [0u8; 8192];
+            match master.read(&mut buf) {
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => panic!("reading the pty: {e}"),
+            }
+        }
+        drop(master);
+        let status = child.exited_within(Duration::from_secs(5));
+        assert_eq!(
+            status.map(|s| s.code()),
+            Some(Some(0)),
+            "controlling: {controlling}: {status:?}"
+        );
+    }
 }

@@ -51,7 +51,9 @@ impl Target {
         let authority = if has_port {
             let port = &authority[authority.rfind(':').unwrap_or(0) + 1..];
             if port.parse::<u16>().is_err() {
-                return Err(format!("`{addr}`: `{port}` is not a port number"));
+                let why = crate::port_out_of_range(port)
+                    .unwrap_or_else(|| format!("`{port}` is not a port number"));
+                return Err(format!("`{addr}`: {why}"));
             }
             authority.to_string()
         } else if addr.contains("://") {
@@ -267,6 +269,12 @@ mod tests {
         ] {
             assert!(Target::parse(bad).is_err(), "{bad}");
         }
+        let err = |s: &str| Target::parse(s).unwrap_err();
+        assert_eq!(
+            err("127.0.0.1:99999"),
+            "`127.0.0.1:99999`: port 99999 is out of range (0-65535)"
+        );
+        assert_eq!(err("h:8o"), "`h:8o`: `8o` is not a port number");
     }
 
     #[test]

@@ -7,13 +7,17 @@
 //! - `view`: the worker columns and the ratatui frame (80×24 and up);
 //! - `once`: `--once`, one plain-text frame.
 //!
-//! The first fetch is made before anything else: an address that cannot be read is one line on
-//! stderr and exit code 1 (2 for an ADDR that does not parse). After that the dashboard keeps the
+//! Usage errors come first, with exit code 2: an ADDR that does not parse, or, without `--once`, a
+//! stdout that is not a terminal. Then the first fetch: an address that cannot be read is one line
+//! on stderr and exit code 1. After that the dashboard keeps the
 //! last figures on screen and shows fetch errors in its status line while it retries.
 //!
 //! The terminal (raw mode, alternate screen) is restored when the dashboard ends for any reason:
 //! `q`, Ctrl-C (a key in raw mode), SIGINT/SIGTERM/SIGHUP, an I/O error, or a panic (ratatui's
-//! panic hook).
+//! panic hook). The end of the terminal's input (a closed window, a dropped ssh session: the
+//! terminal hangs up) ends the dashboard too, with exit code 0. Keys and fetches are each read
+//! on their own thread, so the dashboard's loop notices a signal or a hangup within 100 ms
+//! whatever they are doing.
 
 mod fetch;
 mod model;
@@ -21,12 +25,15 @@ mod once;
 mod view;
 
 use std::io::{self, IsTerminal};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crossterm::event::{self, Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+use ratatui::DefaultTerminal;
+use rustix::event::{PollFd, PollFlags, Timespec};
 
 use fetch::Target;
 use model::{ClusterStats, Model, Row, SortKey};
@@ -68,6 +75,10 @@ pub fn run(args: TopArgs) -> i32 {
             return 2;
         }
     };
+    if !args.once && !io::stdout().is_terminal() {
+        say!("nodus top: stdout is not a terminal; use --once for one plain-text frame");
+        return 2;
+    }
     let interval = Duration::from_secs_f64(args.interval);
     let first = match fetch_stats(&target) {
         Ok(s) => s,
@@ -89,10 +100,6 @@ pub fn run(args: TopArgs) -> i32 {
     app.model.update(first, Instant::now());
     if args.once {
         return once::run(app);
-    }
-    if !io::stdout().is_terminal() {
-        say!("nodus top: stdout is not a terminal; use --once for one plain-text frame");
-        return 2;
     }
     match dashboard(app) {
         Ok(()) => 0,
@@ -172,13 +179,30 @@ impl App {
     }
 }
 
-/// Restores the terminal when dropped (normal exit, error, or unwinding).
-struct Restore;
+/// Restores the terminal `.0` when dropped (normal exit, error, or unwinding), unless it hung up:
+/// there is nothing left to restore then. A failure is a line in the log queue (ratatui's
+/// `restore` would `eprintln!` it, which panics on a broken stderr).
+struct Restore<'a>(&'a OwnedFd);
 
-impl Drop for Restore {
+impl Drop for Restore<'_> {
     fn drop(&mut self) {
-        ratatui::restore();
+        if hung_up(self.0) {
+            return;
+        }
+        if let Err(e) = ratatui::try_restore() {
+            say!("nodus top: cannot restore the terminal: {e}");
+        }
     }
+}
+
+/// How often the dashboard looks at the stop flag and the terminal when nothing else happens.
+const TICK: Duration = Duration::from_millis(100);
+
+/// What wakes the dashboard up: a key press (or the keys' failure), or a fetch done.
+enum Wake {
+    Key(KeyEvent),
+    KeysFailed(io::Error),
+    Fetched(Result<ClusterStats, String>, Instant),
 }
 
 fn dashboard(mut app: App) -> io::Result<()> {
@@ -190,8 +214,10 @@ fn dashboard(mut app: App) -> io::Result<()> {
     ] {
         signal_hook::flag::register(sig, Arc::clone(&stop))?;
     }
-    // Fetches run on their own thread so a slow server never freezes the keys.
+    let tty = key_terminal()?;
     let (tx, rx) = mpsc::channel();
+    // Fetches run on their own thread so a slow server never freezes the keys.
+    let fetch_tx = tx.clone();
     let target = app.target.clone();
     let interval = app.interval;
     std::thread::Builder::new()
@@ -199,35 +225,93 @@ fn dashboard(mut app: App) -> io::Result<()> {
         .spawn(move || {
             loop {
                 std::thread::sleep(interval);
-                if tx.send((fetch_stats(&target), Instant::now())).is_err() {
+                let fetched = Wake::Fetched(fetch_stats(&target), Instant::now());
+                if fetch_tx.send(fetched).is_err() {
                     break;
                 }
             }
         })?;
 
     let mut terminal = ratatui::try_init()?;
-    let _restore = Restore;
-    while !stop.load(Ordering::Relaxed) {
-        terminal.draw(|frame| view::draw(frame, &app))?;
-        if event::poll(Duration::from_millis(100))?
-            && let Event::Key(k) = event::read()?
-            && k.kind == KeyEventKind::Press
-            && app.key(k)
-        {
-            break;
-        }
-        while let Ok((result, at)) = rx.try_recv() {
-            if app.paused {
-                continue;
-            }
-            match result {
-                Ok(stats) => {
-                    app.model.update(stats, at);
-                    app.error = None;
+    let _restore = Restore(&tty);
+    // Keys are read on their own thread too: once the terminal's input ends (read returning 0,
+    // or EIO), crossterm's reader retries at once, forever, never returning. So the loop that
+    // looks at the stop flag never waits on it, and watches for the hangup itself.
+    std::thread::Builder::new()
+        .name("top-keys".into())
+        .spawn(move || {
+            loop {
+                match event::read() {
+                    Ok(Event::Key(k)) if k.kind == KeyEventKind::Press => {
+                        if tx.send(Wake::Key(k)).is_err() {
+                            break;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        let _ = tx.send(Wake::KeysFailed(e));
+                        break;
+                    }
                 }
-                Err(e) => app.error = Some(e),
             }
+        })?;
+    let end = event_loop(&mut terminal, &mut app, &rx, &stop, &tty);
+    if hung_up(&tty) {
+        // The terminal went away (which also fails a draw: EIO): the end, not an error. It has
+        // no cursor left to show: ratatui's Drop would `eprintln!` that failure, which panics on
+        // a dead stderr.
+        std::mem::forget(terminal);
+        return Ok(());
+    }
+    end
+}
+
+/// Draws, and handles keys and fetches, until a quit key, a signal or the terminal's hangup;
+/// waits TICK at most at a time.
+fn event_loop(
+    terminal: &mut DefaultTerminal,
+    app: &mut App,
+    rx: &mpsc::Receiver<Wake>,
+    stop: &AtomicBool,
+    tty: &OwnedFd,
+) -> io::Result<()> {
+    while !stop.load(Ordering::Relaxed) && !hung_up(tty) {
+        terminal.draw(|frame| view::draw(frame, app))?;
+        match rx.recv_timeout(TICK) {
+            Ok(Wake::Key(k)) => {
+                if app.key(k) {
+                    break;
+                }
+            }
+            Ok(Wake::KeysFailed(e)) => return Err(e),
+            Ok(Wake::Fetched(_, _)) if app.paused => {}
+            Ok(Wake::Fetched(Ok(stats), at)) => {
+                app.model.update(stats, at);
+                app.error = None;
+            }
+            Ok(Wake::Fetched(Err(e), _)) => app.error = Some(e),
+            Err(_) => {}
         }
     }
     Ok(())
+}
+
+/// The terminal the keys come from, as crossterm picks it: stdin when it is one, else /dev/tty.
+fn key_terminal() -> io::Result<OwnedFd> {
+    let stdin = io::stdin();
+    if stdin.is_terminal() {
+        stdin.as_fd().try_clone_to_owned()
+    } else {
+        Ok(std::fs::File::open("/dev/tty")?.into())
+    }
+}
+
+/// Whether `tty` hung up (its other side closed: a terminal window, an ssh session), after which
+/// reading it returns 0 or EIO forever.
+fn hung_up(tty: &OwnedFd) -> bool {
+    let mut fds = [PollFd::new(tty, PollFlags::IN)];
+    rustix::event::poll(&mut fds, Some(&Timespec::default())).is_ok()
+        && fds[0]
+            .revents()
+            .intersects(PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL)
 }

@@ -180,7 +180,9 @@ pub(super) fn refused(st: &Rc<State>, proc: &Rc<Proc>, ack: u64) {
     let Some(h) = proc.pending.remove(ack) else {
         return;
     };
-    tracing::debug!(target: "nodus::cluster", "worker {} refused {} connections", proc.slot, h.conns.len());
+    let n = h.conns.len();
+    let s = if n == 1 { "" } else { "s" };
+    tracing::debug!(target: "nodus::cluster", "worker {} refused {n} connection{s}", proc.slot);
     proc.refused_at.set(Some(Instant::now()));
     // Whatever could not go out is parked: the accept task retries it.
     let _ = dispatch(st, &h.server, h.conns);
@@ -225,7 +227,8 @@ pub(super) fn on_returned(
     let Some(server) = st.servers.borrow().get(key).cloned() else {
         return;
     };
-    tracing::debug!(target: "nodus::cluster", "{} connections given back for {key}", fds.len());
+    let s = if given_back == 1 { "" } else { "s" };
+    tracing::debug!(target: "nodus::cluster", "{given_back} connection{s} given back for {key}");
     let since = crate::time::loop_now_ns();
     let conns = fds
         .into_iter()
@@ -342,9 +345,14 @@ pub(super) fn dispatch(st: &Rc<State>, server: &Rc<Server>, conns: Vec<Conn>) ->
 fn park(server: &Rc<Server>, conns: impl IntoIterator<Item = Conn>) {
     let reset = server.parked.push(conns);
     if reset > 0 {
+        let (s, them) = if reset == 1 {
+            ("", "it")
+        } else {
+            ("s", "them")
+        };
         tracing::warn!(
             target: "nodus::cluster",
-            "{reset} connections to {} reset: no worker took them and the primary is stopping \
+            "{reset} connection{s} to {} reset: no worker took {them} and the primary is stopping \
              or already holds {MAX_PARKED} waiting", server.addr
         );
     }

@@ -166,7 +166,8 @@ impl Server {
         }
         let n = self.parked.close();
         if n > 0 {
-            tracing::info!(target: "nodus::cluster", "{n} connections to {} no worker had taken: reset", self.addr);
+            let s = if n == 1 { "" } else { "s" };
+            tracing::info!(target: "nodus::cluster", "{n} connection{s} to {} no worker had taken: reset", self.addr);
         }
         self.wake_accept();
     }
