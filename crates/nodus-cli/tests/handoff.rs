@@ -77,7 +77,7 @@ fn connections_no_worker_takes_are_closed_after_the_ready_timeout() {
             .env("PORT", addr.port().to_string())
             .env("RUST_LOG", "info"),
     );
-    primary.wait_line("1 workers ready");
+    primary.wait_line("1 worker ready");
     primary.wait_line("server closed");
     // More than one accept batch: those left in the backlog meanwhile get their turn too.
     let clients = open_requests(addr, 100);
@@ -218,7 +218,7 @@ fn a_primary_out_of_fds_keeps_the_connections_it_hands_to_node_workers() {
             .env("PORT", addr.port().to_string())
             .env("RUST_LOG", "info"),
     );
-    primary.wait_line("1 workers ready");
+    primary.wait_line("1 worker ready");
     assert_eq!(get(addr, "/").status, 200);
     // Only the primary's limit: its worker already runs with its own.
     let before = leave_free_fds(primary.id(), 2);

@@ -31,7 +31,7 @@ use super::balance::{self, Candidate};
 use super::parked::{self, Conn, MAX_PARKED};
 use super::proc::{Proc, ProcState};
 use super::server::{Member, RETRY_PAUSE, Server, leave_all};
-use super::{Policy, State};
+use super::{Policy, State, count};
 use crate::cluster::protocol::{NODE_CLUSTER, NODE_NODUS, NewConn, NewConns};
 use crate::ipc::{MAX_FDS_PER_FRAME, SendHandle};
 
@@ -181,8 +181,12 @@ pub(super) fn refused(st: &Rc<State>, proc: &Rc<Proc>, ack: u64) {
         return;
     };
     let n = h.conns.len();
-    let s = if n == 1 { "" } else { "s" };
-    tracing::debug!(target: "nodus::cluster", "worker {} refused {n} connection{s}", proc.slot);
+    tracing::debug!(
+        target: "nodus::cluster",
+        "worker {} refused {}",
+        proc.slot,
+        count(n, "connection")
+    );
     proc.refused_at.set(Some(Instant::now()));
     // Whatever could not go out is parked: the accept task retries it.
     let _ = dispatch(st, &h.server, h.conns);
@@ -227,8 +231,11 @@ pub(super) fn on_returned(
     let Some(server) = st.servers.borrow().get(key).cloned() else {
         return;
     };
-    let s = if given_back == 1 { "" } else { "s" };
-    tracing::debug!(target: "nodus::cluster", "{given_back} connection{s} given back for {key}");
+    tracing::debug!(
+        target: "nodus::cluster",
+        "{} given back for {key}",
+        count(given_back as usize, "connection")
+    );
     let since = crate::time::loop_now_ns();
     let conns = fds
         .into_iter()

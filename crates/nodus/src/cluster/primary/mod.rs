@@ -483,3 +483,8 @@ impl State {
                 .all(|s| s.current.is_none() && !s.pending_restart)
     }
 }
+
+/// `n` and `noun`, plural unless `n` is 1, for log lines ("1 worker", "2 connections").
+fn count(n: usize, noun: &str) -> String {
+    format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
+}

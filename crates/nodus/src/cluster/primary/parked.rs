@@ -135,11 +135,12 @@ pub(super) fn arm_expiry(server: &Rc<Server>) {
         loop {
             let (n, next) = server.parked.expire(crate::time::loop_now_ns());
             if n > 0 {
-                let s = if n == 1 { "" } else { "s" };
                 tracing::warn!(
                     target: "nodus::cluster",
-                    "{n} connection{s} to {} waited {:?} for a worker: reset",
-                    server.addr, server.parked.bound
+                    "{} to {} waited {:?} for a worker: reset",
+                    super::count(n, "connection"),
+                    server.addr,
+                    server.parked.bound
                 );
                 server.wake_accept();
             }

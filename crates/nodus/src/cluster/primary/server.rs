@@ -166,8 +166,12 @@ impl Server {
         }
         let n = self.parked.close();
         if n > 0 {
-            let s = if n == 1 { "" } else { "s" };
-            tracing::info!(target: "nodus::cluster", "{n} connection{s} to {} no worker had taken: reset", self.addr);
+            tracing::info!(
+                target: "nodus::cluster",
+                "{} to {} no worker had taken: reset",
+                super::count(n, "connection"),
+                self.addr
+            );
         }
         self.wake_accept();
     }

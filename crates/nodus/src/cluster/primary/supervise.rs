@@ -33,7 +33,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use super::proc::{Proc, ProcState};
-use super::{EventKind, Phase, State};
+use super::{EventKind, Phase, State, count};
 use super::{handoff, server, stats};
 use crate::cluster::protocol::{Disconnect, NODE_CLUSTER, Nodus};
 use crate::cluster::supervision::{
@@ -270,8 +270,9 @@ fn settle(st: &Rc<State>, id: u32, reason: ExitReason, decision: Decision) {
         Decision::GiveUp => give_up(
             st,
             format!(
-                "more than {} restarts within {:?} (last: worker {id} {reason})",
-                st.config.max_restarts, st.config.restart_window
+                "more than {} within {:?} (last: worker {id} {reason})",
+                count(st.config.max_restarts as usize, "restart"),
+                st.config.restart_window
             ),
         ),
         Decision::Restart { .. } => {}
@@ -329,7 +330,9 @@ pub(super) fn on_ready(st: &Rc<State>, _proc: &Rc<Proc>) {
         st.announced_ready.set(true);
         tracing::info!(
             target: "nodus::cluster",
-            "{} workers ready (policy {})", st.config.workers, st.config.policy.name()
+            "{} ready (policy {})",
+            count(st.config.workers, "worker"),
+            st.config.policy.name()
         );
         notify("READY=1\nSTATUS=serving");
     }
@@ -420,7 +423,8 @@ pub(super) fn request_shutdown(st: &Rc<State>, why: &str, forced_code: i32) {
     let procs: Vec<Rc<Proc>> = st.procs.borrow().values().cloned().collect();
     tracing::warn!(
         target: "nodus::cluster",
-        "{why} again: killing the {} remaining workers", procs.len()
+        "{why} again: killing the remaining {}",
+        count(procs.len(), "worker")
     );
     server::stop_accepting(st);
     if !procs.is_empty() {
@@ -441,8 +445,10 @@ fn start_shutdown(st: &Rc<State>, why: &str) {
     if !procs.is_empty() {
         tracing::info!(
             target: "nodus::cluster",
-            "{why}: draining {} workers (up to {:?}, SIGKILL after {:?})",
-            procs.len(), st.config.drain_timeout, st.config.kill_timeout
+            "{why}: draining {} (up to {:?}, SIGKILL after {:?})",
+            count(procs.len(), "worker"),
+            st.config.drain_timeout,
+            st.config.kill_timeout
         );
     }
     notify("STOPPING=1\nSTATUS=draining");
