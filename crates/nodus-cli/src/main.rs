@@ -189,11 +189,11 @@ struct ServeArgs {
     /// this process a cluster primary that re-executes the same command as each worker.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
     workers: Option<u16>,
-    /// How connections reach workers: rr (the primary accepts and hands them out in turn),
-    /// shared (one listening socket in every worker), reuseport (a SO_REUSEPORT socket per
-    /// worker), least (the worker with the fewest open connections).
-    #[arg(long, value_enum, default_value_t = PolicyArg::Rr)]
-    policy: PolicyArg,
+    /// How connections reach workers: rr (the primary accepts and hands them out in turn;
+    /// the default), shared (one listening socket in every worker), reuseport (a SO_REUSEPORT
+    /// socket per worker), least (the worker with the fewest open connections).
+    #[arg(long, value_enum)]
+    policy: Option<PolicyArg>,
     /// Append the cluster's lifecycle events (fork, ready, exit, reload...) to FILE as JSON lines.
     #[arg(long, value_name = "FILE")]
     events: Option<PathBuf>,
@@ -286,6 +286,24 @@ fn port_out_of_range(port: &str) -> Option<String> {
         .then(|| format!("port {port} is out of range (0-65535)"))
 }
 
+/// `nodus serve`'s worker count; with one (a single process), the cluster's own flags are
+/// ignored, which a warning says.
+fn cluster_size(args: &ServeArgs) -> usize {
+    let workers = args.workers.map_or_else(available_cores, usize::from);
+    if workers == 1 {
+        let given = [
+            ("--policy", args.policy.is_some()),
+            ("--events", args.events.is_some()),
+        ];
+        for (flag, _) in given.into_iter().filter(|&(_, given)| given) {
+            tracing::warn!(
+                "{flag} applies to a cluster (--workers 2 or more): ignored with one worker"
+            );
+        }
+    }
+    workers
+}
+
 /// The cores this process may run on (1 if unknown).
 fn available_cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -334,8 +352,8 @@ fn main() {
             command: args.command,
         }),
         Command::Serve(args) => serve::app::run(ServeOptions {
-            workers: args.workers.map_or_else(available_cores, usize::from),
-            policy: args.policy.policy(),
+            workers: cluster_size(&args),
+            policy: args.policy.unwrap_or(PolicyArg::Rr).policy(),
             events: args.events,
             dir: args.dir,
             listen: args.listen,

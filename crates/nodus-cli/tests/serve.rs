@@ -360,6 +360,16 @@ fn a_busy_address_fails_before_any_worker_under_every_policy() {
 }
 
 #[test]
+fn cluster_flags_with_one_worker_are_said_to_be_ignored() {
+    let dir = site();
+    let events = dir.path().join("events.jsonl");
+    let events = events.to_str().unwrap();
+    let mut one = Serve::start(dir.path(), 1, &["--policy", "shared", "--events", events]);
+    one.proc.wait_line("--policy applies to a cluster");
+    one.proc.wait_line("--events applies to a cluster");
+}
+
+#[test]
 fn a_second_reuseport_cluster_on_the_same_port_is_refused() {
     let dir = site();
     let first = Serve::start(dir.path(), 2, &["--policy", "reuseport"]);
