@@ -17,6 +17,7 @@ use common::cluster::{events, spawn};
 use common::http::try_request;
 use common::{NODUS, gone, have};
 use nodus_testkit::net::free_addr;
+use nodus_testkit::proc::Proc;
 use nodus_testkit::tmp::TempDir;
 use serde_json::Value;
 
@@ -354,14 +355,11 @@ w.on('exit', (code, signal) => console.log(`worker exit ${code} ${signal}`));
 process.on('SIGTERM', () => { w.disconnect(); });
 "#;
 
-#[test]
-fn a_nodus_worker_joins_a_stock_node_primary() {
-    if !have("node") {
-        return;
-    }
-    let dir = TempDir::new("node-primary");
+/// `NODE_PRIMARY` in a new directory (which its worker serves), with its worker listening; the
+/// directory, the worker's address and pid, and the primary.
+fn node_primary_with_a_nodus_worker(name: &str) -> (TempDir, SocketAddr, i32, Proc) {
+    let dir = TempDir::new(name);
     std::fs::write(dir.path().join("primary.js"), NODE_PRIMARY).unwrap();
-    std::fs::write(dir.path().join("a.txt"), "from a nodus worker\n").unwrap();
     let addr = free_addr();
     let mut primary = spawn(
         Command::new("node")
@@ -370,7 +368,19 @@ fn a_nodus_worker_joins_a_stock_node_primary() {
             .arg(dir.path())
             .arg(addr.port().to_string()),
     );
+    let line = primary.wait_line("worker pid ");
+    let worker = line.rsplit(' ').next().unwrap().parse().unwrap();
     primary.wait_line(&format!("worker listening {}", addr.port()));
+    (dir, addr, worker, primary)
+}
+
+#[test]
+fn a_nodus_worker_joins_a_stock_node_primary() {
+    if !have("node") {
+        return;
+    }
+    let (dir, addr, _, mut primary) = node_primary_with_a_nodus_worker("node-primary");
+    std::fs::write(dir.path().join("a.txt"), "from a nodus worker\n").unwrap();
     for _ in 0..10 {
         assert_eq!(get_ok(addr, "/a.txt"), "from a nodus worker\n");
     }
@@ -402,19 +412,7 @@ fn a_nodus_worker_stopped_as_its_node_primary_dies_exits_at_once() {
     if !have("node") {
         return;
     }
-    let dir = TempDir::new("node-primary-gone");
-    std::fs::write(dir.path().join("primary.js"), NODE_PRIMARY).unwrap();
-    let addr = free_addr();
-    let mut primary = spawn(
-        Command::new("node")
-            .arg(dir.path().join("primary.js"))
-            .arg(NODUS)
-            .arg(dir.path())
-            .arg(addr.port().to_string()),
-    );
-    let line = primary.wait_line("worker pid ");
-    let worker: i32 = line.rsplit(' ').next().unwrap().parse().unwrap();
-    primary.wait_line("worker listening");
+    let (_dir, _, worker, primary) = node_primary_with_a_nodus_worker("node-primary-gone");
     // The primary cannot answer the goodbye: frozen, then killed.
     primary.signal(rustix::process::Signal::STOP);
     rustix::process::kill_process(

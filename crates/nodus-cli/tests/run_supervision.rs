@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use common::cluster::{count, events, spawn, spawn_into_pipe, wait_events};
 use common::{NODUS, gone, have};
+use nodus_testkit::proc::Proc;
 use nodus_testkit::tmp::TempDir;
 use rustix::process::{Pid, Signal};
 
@@ -391,12 +392,12 @@ fn a_stop_that_had_to_kill_a_worker_exits_124_and_a_drain_in_time_exits_0() {
         primary.output()
     );
     // Their last lines were written before the primary exited.
-    let byes = primary
-        .output()
-        .iter()
-        .filter(|l| l.ends_with("] bye"))
-        .count();
-    assert_eq!(byes, 2, "{:#?}", primary.output());
+    assert_eq!(
+        workers_saying(&mut primary, "bye"),
+        2,
+        "{:#?}",
+        primary.output()
+    );
 }
 
 #[test]
@@ -614,11 +615,7 @@ fn a_stop_asks_the_worker_alone_and_leaves_none_of_its_children() {
         primary.output()
     );
     kids.assert_all_gone();
-    let alive = primary
-        .output()
-        .iter()
-        .filter(|l| l.ends_with("] child alive"))
-        .count();
+    let alive = workers_saying(&mut primary, "child alive");
     assert_eq!(alive, 2, "{:#?}", primary.output());
 }
 
@@ -676,4 +673,14 @@ fn a_worker_that_exits_cleanly_takes_its_children_with_it_while_the_primary_runs
     );
     primary.signal(Signal::TERM);
     assert_eq!(primary.wait_exit(Duration::from_secs(20)), Some(0));
+}
+
+/// How many of the primary's output lines are a worker's (prefixed) line `text`.
+fn workers_saying(primary: &mut Proc, text: &str) -> usize {
+    let suffix = format!("] {text}");
+    primary
+        .output()
+        .iter()
+        .filter(|l| l.ends_with(&suffix))
+        .count()
 }
