@@ -6,7 +6,9 @@
 //! - `head_wait`: the HTTP/1 header-read timeout with one timer per connection, not per request.
 //! - `server`: `serve(listener, config, handler)` with the limits a public server needs (header
 //!   bytes and count → 431, body size → 413, header-read timeout against slowloris, keep-alive idle
-//!   timeout, max connections) and a graceful drain with a deadline.
+//!   timeout, max connections) and a graceful drain with a deadline. A handler learns its peer
+//!   from the request's extensions (`req.extensions().get::<ConnInfo>()`); any [`Accept`]
+//!   listener can be served (nodus's `TcpListener`, `UnixListener`, a cluster worker's `Listener`).
 //! - `stats`: HTTP measurements, folded into the loop's `nodus::metrics::Snapshot`.
 //!
 //! Connections run as tasks named by handler class (`Config::name`, e.g. `http:static`), never by
@@ -23,6 +25,6 @@ mod timer;
 pub use body::{Body, BodyError, RequestBody, boxed, collect_body, empty, full, text};
 pub use exec::LocalExec;
 pub use io::{FdStream, HyperIo};
-pub use server::{Config, Server, serve};
+pub use server::{Accept, Config, ConnInfo, Server, serve};
 pub use stats::{fill_snapshot, snapshot};
 pub use timer::NodusTimer;

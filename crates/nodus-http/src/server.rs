@@ -13,6 +13,10 @@
 //! - An HTTP/1.1 request without `Host` gets 400 and `Connection: close` without reaching the
 //!   handler, as from Node (HTTP/1.0 ones are served). It counts as a request, as a 413 does.
 //!   Without `http2`, an HTTP/2 preface gets Node's bare 400 head, and the connection closes.
+//! - A handler that panics (making its future, or in a poll of it) gets its request a 500 and
+//!   `Connection: close`, and one error log line; other requests and connections go on.
+//! - A `Server` dropped without a drain is not stopped: its tasks serve on while the loop runs
+//!   (a Node server nobody references still listens). `drain` is how it stops.
 //! - Drain: the listener is dropped at once (new connections are refused); every later HTTP/1
 //!   response carries `Connection: close` (so a keep-alive client whose next request is already
 //!   on the wire gets its answer, then the connection closes); HTTP/2 connections get GOAWAY; idle
@@ -28,6 +32,7 @@ use std::io;
 use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, BorrowedFd};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::{Pin, pin};
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker, ready};
@@ -162,7 +167,8 @@ struct State {
     /// Wakers of connection tasks, to tell them a drain started.
     conns: RefCell<Slab<Option<Waker>>>,
     accept_waker: Cell<Option<Waker>>,
-    drained_waker: Cell<Option<Waker>>,
+    /// Every `drain` waiting for the last connection to close.
+    drained_wakers: RefCell<Vec<Waker>>,
 }
 
 impl State {
@@ -197,7 +203,7 @@ where
         cut_requests: Cell::new(0),
         conns: RefCell::new(Slab::new()),
         accept_waker: Cell::new(None),
-        drained_waker: Cell::new(None),
+        drained_wakers: RefCell::new(Vec::new()),
     });
     let handler = Rc::new(handler);
     let name = state.config.name;
@@ -227,6 +233,8 @@ impl Server {
     /// after `timeout` (see the module docs for what happens to each kind of connection).
     /// Returns how many requests were in flight on the connections it cut: 0 is a drain that
     /// lost nothing (an idle keep-alive connection cut at the deadline loses no request).
+    /// Several drains may wait at once (a signal handler and a cluster's drain request, say):
+    /// the first one's deadline stands, and every one returns when the last connection closes.
     pub async fn drain(&self, timeout: Duration) -> usize {
         let state = &self.state;
         if !state.draining.replace(true) {
@@ -250,7 +258,10 @@ impl Server {
             if state.conns.borrow().is_empty() {
                 Poll::Ready(())
             } else {
-                state.drained_waker.set(Some(cx.waker().clone()));
+                let mut wakers = state.drained_wakers.borrow_mut();
+                if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
+                    wakers.push(cx.waker().clone());
+                }
                 Poll::Pending
             }
         })
@@ -314,10 +325,9 @@ impl Drop for ConnGuard {
         self.state.conns.borrow_mut().try_remove(self.key);
         stats::connection_closed();
         self.state.wake_accept();
-        if self.state.conns.borrow().is_empty()
-            && let Some(w) = self.state.drained_waker.take()
-        {
-            w.wake();
+        if self.state.conns.borrow().is_empty() {
+            let wakers = std::mem::take(&mut *self.state.drained_wakers.borrow_mut());
+            wakers.into_iter().for_each(Waker::wake);
         }
     }
 }
@@ -639,9 +649,9 @@ where
                 Err(Refusal::TooLarge)
             } else {
                 req.extensions_mut().insert(ConnInfo { peer: self.peer });
-                Ok((self.handler)(
-                    req.map(|b| http_body_util::Limited::new(b, limit)),
-                ))
+                let req = req.map(|b| http_body_util::Limited::new(b, limit));
+                catch_unwind(AssertUnwindSafe(|| (self.handler)(req)))
+                    .map_err(|payload| Refusal::handler_panicked(&*payload))
             };
         Respond {
             handler,
@@ -653,8 +663,8 @@ where
     }
 }
 
-/// A request answered without reaching the handler. Either way the connection closes after the
-/// answer, as Node's does.
+/// A request answered without a response from the handler. Either way the connection closes
+/// after the answer, as Node's does.
 #[derive(Clone, Copy)]
 enum Refusal {
     /// An HTTP/1.1 request with no `Host` header (RFC 9112 section 3.2; Node's
@@ -662,9 +672,26 @@ enum Refusal {
     NoHost,
     /// A `Content-Length` over `max_body_bytes`: 413, and the unread body is still on the wire.
     TooLarge,
+    /// The handler panicked (logged): 500. The rest of the server runs on.
+    HandlerPanicked,
 }
 
 impl Refusal {
+    /// Logs a handler's panic (`payload`) once, as an error; the refusal to answer with.
+    #[cold]
+    fn handler_panicked(payload: &(dyn std::any::Any + Send)) -> Refusal {
+        let message = payload
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("<non-string payload>");
+        tracing::error!(
+            target: "nodus::http",
+            "a request handler panicked: {message}; answered 500 and closed the connection"
+        );
+        Refusal::HandlerPanicked
+    }
+
     fn response(self) -> Response<Body> {
         let mut r = match self {
             Refusal::NoHost => text(
@@ -672,6 +699,9 @@ impl Refusal {
                 "an HTTP/1.1 request needs a Host header\n",
             ),
             Refusal::TooLarge => text(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n"),
+            Refusal::HandlerPanicked => {
+                text(StatusCode::INTERNAL_SERVER_ERROR, "internal server error\n")
+            }
         };
         r.headers_mut()
             .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
@@ -706,8 +736,15 @@ impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
             "nodus-http: Respond polled after completion"
         );
         let mut resp = match &mut this.handler {
-            // SAFETY: see above.
-            Ok(f) => ready!(unsafe { Pin::new_unchecked(f) }.poll(cx)),
+            Ok(f) => {
+                // SAFETY: see above.
+                let f = unsafe { Pin::new_unchecked(f) };
+                match catch_unwind(AssertUnwindSafe(|| f.poll(cx))) {
+                    Ok(poll) => ready!(poll),
+                    // Never polled again: this future completes now.
+                    Err(payload) => Refusal::handler_panicked(&*payload).response(),
+                }
+            }
             Err(refusal) => refusal.response(),
         };
         if this.state.draining.get() && this.version < Version::HTTP_2 {

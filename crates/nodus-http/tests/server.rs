@@ -2,8 +2,10 @@
 //!
 //! Each test runs a server on its own loop thread and talks to it with blocking std sockets.
 
+use std::cell::Cell;
 use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -39,6 +41,7 @@ impl TestServer {
                             nodus::sleep(300).await;
                             text(StatusCode::OK, "slow done")
                         }
+                        "/panic" => panic!("a handler bug"),
                         // 8 MiB: more than the socket buffers hold when the client reads none.
                         "/big" => http::Response::new(full(vec![b'x'; 8 << 20])),
                         "/echo" => match collect_body(req.into_body()).await {
@@ -113,6 +116,25 @@ fn serves_keep_alive_requests_and_counts_them() {
     assert!(snap.http.bytes_received_total > 0 && snap.http.bytes_sent_total > 0);
     assert_eq!(snap.http.request_duration.count, 3);
     assert!(snap.task_classes.iter().any(|c| c.name == "http"));
+}
+
+#[test]
+fn a_handler_that_panics_gets_its_request_a_500_and_the_server_goes_on() {
+    let server = TestServer::start(Config::default(), Duration::from_secs(1));
+    let mut s = server.connect();
+    get(&mut s, "/panic");
+    let reply = read_reply(&mut BufReader::new(s), false).unwrap();
+    assert_eq!(reply.status, 500);
+    assert_eq!(reply.header("connection"), Some("close"));
+    let mut s = server.connect();
+    get(&mut s, "/");
+    assert_eq!(
+        read_reply(&mut BufReader::new(s), false).unwrap().status,
+        200
+    );
+    let (cut, snap) = server.finish();
+    assert_eq!(cut, 0);
+    assert_eq!(snap.http.responses_by_class[4], 1, "the 500 is counted");
 }
 
 #[test]
@@ -311,6 +333,47 @@ fn graceful_drain_finishes_in_flight_work_and_refuses_new_connections() {
     assert_eq!(cut, 0, "every request was answered");
     assert_eq!(snap.http.connections_open, 0);
     assert_eq!(snap.http.responses_by_class[1], 3);
+}
+
+#[test]
+fn two_drains_at_once_both_end_when_the_last_connection_closes() {
+    let rt = Runtime::new();
+    let (first, second) = rt.block_on(async {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let answering = Rc::new(Cell::new(false));
+        let flag = answering.clone();
+        let server = Rc::new(serve(listener, Config::default(), move |_req| {
+            flag.set(true);
+            async {
+                nodus::sleep(200).await;
+                text(StatusCode::OK, "slow done")
+            }
+        }));
+        let addr = server.local_addr().unwrap();
+        let client = std::thread::spawn(move || {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            get(&mut s, "/");
+            read_reply(&mut BufReader::new(s), false).unwrap().status
+        });
+        while !answering.get() {
+            nodus::sleep(5).await;
+        }
+        let drain = |server: Rc<nodus_http::Server>| {
+            nodus::spawn(async move { server.drain(Duration::from_secs(5)).await })
+        };
+        let (a, b) = (drain(server.clone()), drain(server.clone()));
+        let both = nodus::timeout(10_000, async { (a.await.unwrap(), b.await.unwrap()) })
+            .await
+            .expect("both drains end");
+        assert_eq!(
+            client.join().unwrap(),
+            200,
+            "the request in flight was answered"
+        );
+        both
+    });
+    assert_eq!((first, second), (0, 0));
 }
 
 #[test]

@@ -133,6 +133,21 @@ fn a_primary_side_kill_is_an_asked_exit_and_a_crash_is_restarted() {
                 .iter()
                 .any(|e| matches!(e.kind, EventKind::Shutdown { .. }))
         );
+        assert_eq!(
+            primary.worker_pids(),
+            [(1, 0), (2, 0)],
+            "no pid of an exited worker"
+        );
+    });
+}
+
+#[test]
+fn a_cluster_of_no_workers_is_refused() {
+    nodus::Runtime::new().block_on(async {
+        let Err(err) = Primary::start(sleeper_config(0)) else {
+            panic!("a cluster of no workers started");
+        };
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
     });
 }
 

@@ -20,7 +20,7 @@ impl IntoDelay for Duration {
     #[track_caller]
     fn into_delay_ns(self) -> u64 {
         if self > MAX_DELAY {
-            too_long(self);
+            too_long(format_args!("{self:?}"));
         }
         (self.as_nanos() as u64).max(MIN_DELAY_NS)
     }
@@ -33,9 +33,7 @@ impl IntoDelay for f64 {
             return MIN_DELAY_NS;
         }
         if self > MAX_DELAY.as_millis() as f64 {
-            too_long(Duration::from_secs_f64(
-                (self / 1000.0).min(u64::MAX as f64),
-            ));
+            too_long(format_args!("{self} ms"));
         }
         (self * 1e6) as u64
     }
@@ -58,9 +56,9 @@ int_delay!(i32, u32, i64, u64, usize);
 
 #[cold]
 #[track_caller]
-fn too_long(d: Duration) -> ! {
+fn too_long(delay: std::fmt::Arguments<'_>) -> ! {
     panic!(
-        "nodus: timer delay {d:?} is longer than the maximum {MAX_DELAY:?} (2^31 - 1 ms, Node's limit); \
+        "nodus: timer delay {delay} is longer than the maximum {MAX_DELAY:?} (2^31 - 1 ms, Node's limit); \
          use a shorter delay and re-arm"
     )
 }
@@ -68,6 +66,18 @@ fn too_long(d: Duration) -> ! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_infinite_or_huge_float_delay_gets_the_clear_panic() {
+        for delay in [f64::INFINITY, 1e30, MAX_DELAY.as_millis() as f64 + 1.0] {
+            let panic = std::panic::catch_unwind(|| delay.into_delay_ns()).unwrap_err();
+            let message = panic.downcast_ref::<String>().expect("a formatted message");
+            assert!(
+                message.contains("is longer than the maximum"),
+                "{delay}: {message}"
+            );
+        }
+    }
 
     #[test]
     fn node_clamping() {

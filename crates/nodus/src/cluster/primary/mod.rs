@@ -240,12 +240,18 @@ impl Primary {
     /// (connections gather while the cores are busy; the workers run normal).
     ///
     /// # Errors
-    /// The event log cannot be opened, or no worker could be spawned (the program does not exist,
-    /// ...): the message names the program.
+    /// `InvalidInput` for a cluster of no workers; the event log cannot be opened, or no worker
+    /// could be spawned (the program does not exist, ...): the message names the program.
     ///
     /// # Panics
     /// Outside a running nodus loop.
     pub fn start(mut config: Config) -> io::Result<Primary> {
+        if config.workers == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a cluster needs at least one worker",
+            ));
+        }
         // Fds handed to workers and not yet read count against the sender's limit (the kernel
         // refuses more with ETOOMANYREFS).
         crate::process::raise_fd_limit();
@@ -403,13 +409,15 @@ impl Primary {
         p.child.kill(signal)
     }
 
-    /// The pids of the current workers, by worker id (0 for an empty slot).
+    /// The pids of the current workers, by worker id (0 for an empty slot, or one whose worker
+    /// has exited, during a shutdown too).
     pub fn worker_pids(&self) -> Vec<(u32, u32)> {
+        let pid = |p: &Rc<Proc>| if p.is_alive() { p.pid } else { 0 };
         self.st
             .slots
             .borrow()
             .iter()
-            .map(|s| (s.id, s.current.as_ref().map_or(0, |p| p.pid)))
+            .map(|s| (s.id, s.current.as_ref().map_or(0, pid)))
             .collect()
     }
 
