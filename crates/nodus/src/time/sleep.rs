@@ -32,6 +32,10 @@ pub struct Sleep {
 }
 
 /// Waits for `delay` (at least 1 ms, Node's rule; see the `time` module docs).
+///
+/// # Panics
+/// Above [`MAX_DELAY`](super::MAX_DELAY) (2^31 − 1 ms, about 24.8 days: Node's timer limit); wait
+/// longer in steps.
 #[track_caller]
 pub fn sleep(delay: impl IntoDelay) -> Sleep {
     let location = Location::caller();
@@ -48,6 +52,10 @@ pub fn sleep(delay: impl IntoDelay) -> Sleep {
 }
 
 /// Waits until `deadline` (at least 1 ms from now, Node's rule).
+///
+/// # Panics
+/// Above [`MAX_DELAY`](super::MAX_DELAY) (2^31 − 1 ms, about 24.8 days: Node's timer limit); wait
+/// longer in steps.
 #[track_caller]
 pub fn sleep_until(deadline: Instant) -> Sleep {
     sleep(deadline.saturating_duration_since(crate::clock::instant_at(loop_now_ns())))
@@ -187,6 +195,10 @@ impl fmt::Debug for Sleep {
 
 /// Ticks every `period`, the first tick one period after creation (like `setInterval`). A tick
 /// that is late re-arms from when it ran, so late ticks are not bunched up.
+///
+/// # Panics
+/// Above [`MAX_DELAY`](super::MAX_DELAY) (2^31 − 1 ms, about 24.8 days: Node's timer limit); wait
+/// longer in steps.
 #[track_caller]
 pub fn interval(period: impl IntoDelay) -> Interval {
     let period = Duration::from_nanos(period.into_delay_ns());
@@ -231,6 +243,10 @@ impl Interval {
 }
 
 /// Runs `future` for at most `limit`; `Err(Elapsed)` if the time ran out first.
+///
+/// # Panics
+/// Above [`MAX_DELAY`](super::MAX_DELAY) (2^31 − 1 ms, about 24.8 days: Node's timer limit); wait
+/// longer in steps.
 #[track_caller]
 pub fn timeout<F: Future>(limit: impl IntoDelay, future: F) -> Timeout<F> {
     Timeout {
