@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nodus::metrics::{prometheus, snapshot};
-use nodus::{Runtime, set_immediate, set_timeout, sleep, spawn_named, yield_now};
+use nodus::{
+    Runtime, next_tick, queue_microtask, set_immediate, set_timeout, sleep, spawn_named, yield_now,
+};
 
 fn spin(d: Duration) {
     let end = Instant::now() + d;
@@ -194,6 +196,67 @@ fn slow_polls_are_logged_with_name_location_duration_and_queue_length() {
     assert!(line.contains("measurements.rs:"), "{line}");
     assert!(line.contains("run_queue="), "{line}");
     assert_eq!(rt.enter(snapshot).loop_stats.slow_polls_total, 1);
+}
+
+/// Runs one closure that sleeps 200 ms, queued by `queue` from the main script, on a loop with a
+/// 50 ms slow-poll threshold; returns the slow-poll lines logged and the slow polls counted.
+fn slow_closure(queue: impl FnOnce(Box<dyn FnOnce()>)) -> (Vec<String>, u64) {
+    let out = Captured::default();
+    let writer = out.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let rt = Runtime::builder()
+        .slow_poll_threshold(Duration::from_millis(50))
+        .watchdog(false)
+        .build()
+        .unwrap();
+    tracing::subscriber::with_default(subscriber, || {
+        rt.enter(|| queue(Box::new(|| std::thread::sleep(Duration::from_millis(200)))));
+    });
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let lines = text
+        .lines()
+        .filter(|l| l.contains("nodus::slow_poll"))
+        .map(str::to_owned)
+        .collect();
+    (lines, rt.enter(snapshot).loop_stats.slow_polls_total)
+}
+
+#[test]
+fn a_slow_next_tick_closure_is_a_slow_poll_named_next_tick() {
+    let (lines, slow_polls) = slow_closure(|f| next_tick(f));
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(lines[0].contains("\"next_tick\" closure"), "{}", lines[0]);
+    assert!(lines[0].contains("measurements.rs:"), "{}", lines[0]);
+    assert_eq!(slow_polls, 1);
+}
+
+#[test]
+fn a_slow_microtask_closure_is_a_slow_poll_named_microtask() {
+    let (lines, slow_polls) = slow_closure(|f| queue_microtask(f));
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(lines[0].contains("\"microtask\" closure"), "{}", lines[0]);
+    assert!(lines[0].contains("measurements.rs:"), "{}", lines[0]);
+    assert_eq!(slow_polls, 1);
+}
+
+#[test]
+fn closures_timed_as_one_batch_are_one_slow_poll_logged_with_the_batch_size() {
+    // The batch is timed as a whole (rt/drain.rs): the slow tick and the quick microtask after it.
+    let (lines, slow_polls) = slow_closure(|f| {
+        next_tick(f);
+        queue_microtask(|| {});
+    });
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(
+        lines[0].contains("2 closures ending with a \"microtask\" closure"),
+        "{}",
+        lines[0]
+    );
+    assert!(lines[0].contains("closures=2"), "{}", lines[0]);
+    assert_eq!(slow_polls, 1);
 }
 
 #[test]

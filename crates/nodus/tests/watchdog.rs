@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nodus::watchdog::{StallReport, recent_stalls_for};
-use nodus::{Runtime, spawn_named};
+use nodus::{Runtime, next_tick, queue_microtask, spawn_named};
 
 const THRESHOLD: Duration = Duration::from_millis(50);
 
@@ -16,6 +16,17 @@ static SERIAL: Mutex<()> = Mutex::new(());
 /// Runs `block` inside a task named `name` on a fresh loop while another thread watches the
 /// stall reports. Returns the first report and whether the block was still running when seen.
 fn observe(name: &'static str, block: impl FnOnce() + 'static) -> (StallReport, bool) {
+    observe_run(block, move |rt, block| {
+        rt.block_on(async move { spawn_named(name, async move { block() }).await.unwrap() })
+    })
+}
+
+/// Like `observe`, but `run` is given the loop and `block` (flagged while it runs) to run in it:
+/// in a task, a closure, ...
+fn observe_run(
+    block: impl FnOnce() + 'static,
+    run: impl FnOnce(&Runtime, Box<dyn FnOnce()>),
+) -> (StallReport, bool) {
     let rt = Runtime::builder()
         .stall_threshold(THRESHOLD)
         .build()
@@ -35,15 +46,14 @@ fn observe(name: &'static str, block: impl FnOnce() + 'static) -> (StallReport, 
         }
     });
     let b = blocking.clone();
-    rt.block_on(async move {
-        spawn_named(name, async move {
+    run(
+        &rt,
+        Box::new(move || {
             b.store(true, Ordering::Release);
             block();
             b.store(false, Ordering::Release);
-        })
-        .await
-        .unwrap();
-    });
+        }),
+    );
     observer.join().unwrap();
     seen.lock().unwrap().take().expect("a stall report")
 }
@@ -141,4 +151,14 @@ fn a_busy_loop_sharing_its_cpu_is_reported_waiting_for_a_cpu() {
     competitor.join().unwrap();
     assert!(r.waiting_for_cpu_share > 0.3, "{r:?}");
     assert_eq!(r.class, "waiting-for-cpu", "{r:?}");
+}
+
+#[test]
+fn a_stall_in_a_next_tick_or_microtask_closure_names_its_queue() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let sleep = || std::thread::sleep(Duration::from_millis(400));
+    let (r, still) = observe_run(sleep, |rt, block| rt.enter(|| next_tick(block)));
+    assert_named_while_blocking(&r, "next_tick", still);
+    let (r, still) = observe_run(sleep, |rt, block| rt.enter(|| queue_microtask(block)));
+    assert_named_while_blocking(&r, "microtask", still);
 }

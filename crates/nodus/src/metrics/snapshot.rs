@@ -77,7 +77,7 @@ pub struct LoopSnapshot {
     pub timer_lateness: HistogramSnapshot,
     /// Run time of every task poll and macrotask callback (with its queue drain), in ns.
     pub poll_duration: HistogramSnapshot,
-    /// Polls or callbacks longer than the slow-poll threshold.
+    /// Polls, callbacks and next-tick/microtask batches at least the slow-poll threshold long.
     pub slow_polls_total: u64,
     pub slow_poll_threshold_seconds: f64,
     /// Time spent draining next-tick and microtask closures (timed per drain, not one by one).

@@ -2,7 +2,24 @@
 //!
 //! The drain is Node's rule (DESIGN.md section 2): after every macrotask callback, run the whole
 //! next-tick queue, then the whole microtask queue, and repeat until both are empty. A woken
-//! task's poll is a microtask. Closures are timed per batch; every task poll is a boundary.
+//! task's poll is a microtask.
+//!
+//! Invariants:
+//! - Closures are timed per batch, not one by one: a batch is the closures run between two
+//!   boundaries (the drain's start, a task poll, the end of a round that emptied both queues). It
+//!   starts at the boundary's (usually cached) time and ends with one clock read. A chained closure
+//!   costs a few nanoseconds and a chain is one batch: a read per closure (a vDSO
+//!   `clock_gettime`) would cost several times the closure.
+//! - Each closure is published to the watchdog with its queue's name, `"next_tick"` or
+//!   `"microtask"`, and where it was queued, and with the batch's start: a stall report names the
+//!   closure running when the watchdog looked and counts from the start of its batch.
+//! - A batch at least the slow-poll threshold long counts as one slow poll and is logged once,
+//!   named after its last closure (the one in the watchdog's slot when it ended). That is exact for
+//!   a batch of one closure, the usual shape of a slow one (a callback queues a heavy closure). A
+//!   longer batch is logged with its size: the slow closure may be an earlier one, several slow
+//!   closures in one batch count once, and many short ones that add up to the threshold count too
+//!   (the loop ran that long without a boundary all the same). No slow closure goes uncounted:
+//!   its batch is at least as long.
 
 use std::panic::Location;
 
@@ -61,7 +78,7 @@ impl Core {
             loop {
                 let tick = self.ticks.borrow_mut().pop_front();
                 let Some((f, location)) = tick else { break };
-                self.closure(&mut batch, location);
+                self.closure(&mut batch, "next_tick", location);
                 batch.ticks += 1;
                 f();
             }
@@ -70,7 +87,7 @@ impl Core {
                 match popped {
                     None => break,
                     Some((Micro::Closure(f, location), _)) => {
-                        self.closure(&mut batch, location);
+                        self.closure(&mut batch, "microtask", location);
                         batch.micros += 1;
                         f();
                     }
@@ -88,22 +105,21 @@ impl Core {
         }
     }
 
-    /// A next-tick or microtask closure is about to run.
+    /// A closure from the queue `name` (`"next_tick"` or `"microtask"`) is about to run.
     #[inline]
-    fn closure(&self, batch: &mut Batch, location: &'static Location<'static>) {
-        if batch.ticks + batch.micros == 0 {
+    fn closure(&self, batch: &mut Batch, name: &'static str, location: &'static Location<'static>) {
+        if batch.last.is_none() {
             batch.start = self.meter.closures_start();
         }
-        self.meter.begin_poll(
-            &Core::callback_target("microtask", location, classes::MAIN),
-            batch.start,
-        );
+        let target = Core::callback_target(name, location, classes::MAIN);
+        self.meter.begin_poll(&target, batch.start);
+        batch.last = Some(target);
     }
 
     #[inline]
     fn end_batch(&self, batch: &mut Batch) {
-        if batch.ticks + batch.micros > 0 {
-            self.meter.closures_end(batch.ticks, batch.micros);
+        if let Some(last) = batch.last {
+            self.meter.closures_end(&last, batch.ticks, batch.micros);
             *batch = Batch::default();
         }
     }
@@ -115,4 +131,6 @@ struct Batch {
     start: u64,
     ticks: u64,
     micros: u64,
+    /// The closure that ran last (none yet: no batch in progress).
+    last: Option<PollTarget>,
 }

@@ -62,8 +62,10 @@ impl Builder {
         Builder::default()
     }
 
-    /// A task poll or callback at least this long is logged as a slow poll when it returns
-    /// (default 100 ms).
+    /// A task poll, callback or next-tick/microtask closure at least this long is counted and
+    /// logged (target `nodus::slow_poll`) as a slow poll when it returns (default 100 ms).
+    /// Closures are timed per batch (those run between two task polls or callbacks): a batch this
+    /// long is one slow poll, named after its last closure's queue (`next_tick` or `microtask`).
     pub fn slow_poll_threshold(mut self, d: Duration) -> Builder {
         self.config.slow_poll = d;
         self

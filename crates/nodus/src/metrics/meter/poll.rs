@@ -6,7 +6,9 @@
 //!   returns (`end_poll`, `closures_end`); the end is the one clock read of the boundary.
 //! - Only a block with a non-zero timeout counts as idle, and only then is the loop idle to the
 //!   watchdog (`before_block` / `after_block`).
-//! - A poll at least `slow_poll` long is counted and logged once (target `nodus::slow_poll`).
+//! - A poll at least `slow_poll` long is counted and logged once (target `nodus::slow_poll`), and
+//!   so is a closure batch (`closures_end`): a batch is timed as a whole, so it is the batch, named
+//!   after its last closure, that counts (rt/drain.rs says why and what that misses).
 
 use std::time::Duration;
 
@@ -98,20 +100,51 @@ impl Meter {
         0
     }
 
-    /// The closure batch ended; `ticks` and `microtasks` closures ran in it.
+    /// The closure batch ended with `last`; `ticks` and `microtasks` closures ran in it.
     #[inline]
-    pub(crate) fn closures_end(&self, ticks: u64, microtasks: u64) {
+    pub(crate) fn closures_end(&self, last: &PollTarget, ticks: u64, microtasks: u64) {
         #[cfg(feature = "measure")]
         if let Some(start) = self.tick_batch.take() {
             self.slot.end();
             let end = self.refresh();
-            let mut s = self.stats.borrow_mut();
-            s.tick_drain_ns += end.saturating_sub(start);
-            s.ticks += ticks;
-            s.microtasks += microtasks;
+            let d = end.saturating_sub(start);
+            let slow = d >= self.config.slow_poll.as_nanos() as u64;
+            {
+                let mut s = self.stats.borrow_mut();
+                s.tick_drain_ns += d;
+                s.ticks += ticks;
+                s.microtasks += microtasks;
+                if slow {
+                    s.slow_polls += 1;
+                }
+            }
+            if slow {
+                self.log_slow_closures(last, ticks + microtasks, d);
+            }
         }
         #[cfg(not(feature = "measure"))]
-        let _ = (ticks, microtasks);
+        let _ = (last, ticks, microtasks);
+    }
+
+    #[cfg(feature = "measure")]
+    #[cold]
+    fn log_slow_closures(&self, last: &PollTarget, closures: u64, d: u64) {
+        let what = match closures {
+            1 => format!("{:?} closure", last.name),
+            n => format!("{n} closures ending with a {:?} closure", last.name),
+        };
+        tracing::warn!(
+            target: "nodus::slow_poll",
+            task = last.name,
+            location = %last.location,
+            closures,
+            duration_ms = d as f64 / 1e6,
+            run_queue = self.runnable.get(),
+            "slow poll: {what} ({}) ran for {:.1} ms with {} runnable waiting",
+            last.location,
+            d as f64 / 1e6,
+            self.runnable.get()
+        );
     }
 
     /// The poll phase is about to block for `timeout` (None = forever).

@@ -234,7 +234,7 @@ pub(super) const SLOW_POLLS: Desc = desc!(
     "nodus_loop_slow_polls",
     Counter,
     false,
-    "Polls or callbacks longer than the slow-poll threshold."
+    "Polls, callbacks and next-tick/microtask batches at least the slow-poll threshold long."
 );
 /// nodus_loop_tick_drain_seconds_total
 pub(super) const TICK_DRAIN: Desc = desc!(
