@@ -75,7 +75,8 @@ pub struct LoopSnapshot {
     pub schedule_delay: HistogramSnapshot,
     /// Fire time minus deadline for every timer, in ns.
     pub timer_lateness: HistogramSnapshot,
-    /// Run time of every task poll and macrotask callback (with its queue drain), in ns.
+    /// Run time of every task poll and macrotask callback, in ns (the next-tick and microtask
+    /// closures it queued run after it, in batches of their own: see `slow_polls_total`).
     pub poll_duration: HistogramSnapshot,
     /// Polls, callbacks and next-tick/microtask batches at least the slow-poll threshold long.
     pub slow_polls_total: u64,
