@@ -403,17 +403,28 @@ fn ticks_run_before_microtasks_inside_tasks_too() {
     assert_eq!(*t.borrow(), ["tick", "microtask"]);
 }
 
-#[test]
-fn dropping_the_runtime_drops_pending_tasks_on_the_loop_thread() {
-    struct Flag(Rc<Cell<bool>>);
-    impl Drop for Flag {
-        fn drop(&mut self) {
-            self.0.set(true);
+/// Runs its closure when dropped.
+struct OnDrop<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f()
         }
     }
+}
+
+/// A flag and a value that sets it when dropped (on the thread that drops it).
+fn drop_flag() -> (Rc<Cell<bool>>, impl Drop) {
     let dropped = Rc::new(Cell::new(false));
+    let d = dropped.clone();
+    (dropped, OnDrop(Some(move || d.set(true))))
+}
+
+#[test]
+fn dropping_the_runtime_drops_pending_tasks_on_the_loop_thread() {
+    let (dropped, f) = drop_flag();
     let rt = Runtime::new();
-    let f = Flag(dropped.clone());
     rt.enter(|| {
         drop(spawn(async move {
             let _f = f;
@@ -424,4 +435,157 @@ fn dropping_the_runtime_drops_pending_tasks_on_the_loop_thread() {
     assert!(!dropped.get());
     drop(rt);
     assert!(dropped.get());
+}
+
+#[test]
+fn dropping_the_runtime_drops_a_task_whose_handle_is_held_and_the_handle_resolves_cancelled() {
+    let (dropped, f) = drop_flag();
+    let rt = Runtime::new();
+    let h = rt.enter(|| {
+        spawn(async move {
+            let _f = f;
+            sleep(100_000).await;
+            7
+        })
+    });
+    rt.run_nowait();
+    assert!(!dropped.get());
+    drop(rt);
+    assert!(
+        dropped.get(),
+        "the task's future was dropped with the runtime"
+    );
+    assert!(h.is_finished());
+    let out = Runtime::new().block_on(timeout(500, h));
+    assert!(
+        out.expect("the handle resolved")
+            .unwrap_err()
+            .is_cancelled()
+    );
+}
+
+#[test]
+fn dropping_the_runtime_wakes_a_handle_awaited_on_another_loop() {
+    let (dropped, f) = drop_flag();
+    let rt = Runtime::new();
+    let h = rt.enter(|| {
+        spawn(async move {
+            let _f = f;
+            std::future::pending::<()>().await
+        })
+    });
+    let other = Runtime::new();
+    let out = other.block_on(async {
+        let waiter = spawn(h);
+        yield_now().await; // the waiter is parked on the handle
+        drop(rt);
+        timeout(500, waiter).await
+    });
+    assert!(dropped.get());
+    let joined = out
+        .expect("the waiter was woken")
+        .expect("the waiter finished");
+    assert!(joined.unwrap_err().is_cancelled());
+}
+
+#[test]
+fn dropping_the_runtime_drops_a_detached_task_nothing_can_wake() {
+    let (dropped, f) = drop_flag();
+    let rt = Runtime::new();
+    rt.enter(|| {
+        spawn(async move {
+            let _f = f;
+            std::future::pending::<()>().await
+        })
+        .detach()
+    });
+    rt.run_nowait();
+    assert!(!dropped.get());
+    drop(rt);
+    assert!(dropped.get());
+}
+
+#[test]
+fn a_task_dropped_at_shutdown_may_cancel_timers_close_fds_and_spawn() {
+    let rt = Runtime::new();
+    let (dropped, f) = drop_flag();
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let h = rt.enter(|| {
+        spawn(async move {
+            let listener = nodus::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+            addr_tx.send(listener.local_addr().unwrap()).unwrap();
+            let timer = set_timeout(100_000, || {});
+            let _on_drop = OnDrop(Some(move || {
+                nodus::clear_timeout(&timer);
+                set_timeout(1, || {});
+                set_immediate(|| {});
+                spawn(async move {
+                    let _f = f;
+                    sleep(1).await;
+                })
+                .detach();
+            }));
+            let _listener = listener;
+            sleep(100_000).await;
+        })
+    });
+    rt.run_nowait();
+    let addr = addr_rx.recv().unwrap();
+    drop(rt);
+    assert!(
+        dropped.get(),
+        "the task spawned during the drop was dropped too"
+    );
+    let refused = std::net::TcpStream::connect(addr).unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+    let out = Runtime::new().block_on(h);
+    assert!(out.unwrap_err().is_cancelled());
+}
+
+#[test]
+fn a_panic_in_a_task_futures_drop_at_shutdown_neither_aborts_nor_stops_the_rest() {
+    let (dropped, f) = drop_flag();
+    let rt = Runtime::new();
+    let (bad, good) = rt.enter(|| {
+        let bad = spawn(async {
+            let _boom = OnDrop(Some(|| panic!("boom in a task's drop")));
+            std::future::pending::<()>().await
+        });
+        let good = spawn(async move {
+            let _f = f;
+            std::future::pending::<()>().await
+        });
+        (bad, good)
+    });
+    rt.run_nowait();
+    drop(rt);
+    assert!(
+        dropped.get(),
+        "the task after the panicking one was dropped too"
+    );
+    let rt = Runtime::new();
+    assert!(rt.block_on(bad).unwrap_err().is_cancelled());
+    assert!(rt.block_on(good).unwrap_err().is_cancelled());
+}
+
+#[test]
+fn a_panic_in_a_callbacks_drop_at_shutdown_still_drops_every_task_then_propagates() {
+    let (dropped, f) = drop_flag();
+    let rt = Runtime::new();
+    let h = rt.enter(|| {
+        let boom = OnDrop(Some(|| panic!("boom in a callback's drop")));
+        set_timeout(100_000, move || drop(boom));
+        spawn(async move {
+            let _f = f;
+            std::future::pending::<()>().await
+        })
+    });
+    let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(rt)))
+        .expect_err("the runtime's drop resumes the panic");
+    assert_eq!(
+        panic.downcast_ref::<&str>(),
+        Some(&"boom in a callback's drop")
+    );
+    assert!(dropped.get(), "the task was dropped despite the panic");
+    assert!(Runtime::new().block_on(h).unwrap_err().is_cancelled());
 }

@@ -12,6 +12,9 @@
 //!   (Node's exit rule, `alive()`).
 //! - Every runnable entry (task poll, main-future poll, immediate) is counted by
 //!   `meter.arrive()` when queued and `meter.depart()`/`meter.cancel()` when it leaves.
+//! - `tasks` holds every task of this loop whose future is alive (tokio's `OwnedTasks`): an entry
+//!   from spawn until the future is dropped (completion, abort, shutdown). Its waker is how
+//!   shutdown reaches a task nothing else would wake; its id tells a reused key from the task's.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -20,6 +23,9 @@ use std::panic::Location;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Waker;
+
+use slab::Slab;
 
 use super::hooks::Hooks;
 use super::queues::{CheckQueue, Micro, RunItem, StampedQueue};
@@ -81,8 +87,10 @@ impl Shared {
         if let Err(Remote::Run(item, _)) =
             self.push_remote(Remote::Run(item, crate::clock::now_ns()))
         {
-            // The loop is gone and this thread may not be the one that owned the task, where
-            // dropping it would panic: leak it instead (only after the runtime was dropped).
+            // The loop is gone. Its drop dropped every task's future, so a later wake or abort
+            // schedules nothing; this is a wake from another thread that raced the drop (the
+            // task marked scheduled before the registry's wake, pushed after the close). The
+            // future can be dropped only on its own thread, which may not be this one: leak it.
             std::mem::forget(item);
         }
     }
@@ -136,6 +144,8 @@ pub(crate) struct Core {
     /// The task being polled, if any (budget accounting, stall attribution).
     pub(crate) current: Cell<Option<PollTarget>>,
     next_task: Cell<u64>,
+    /// Every task whose future is alive: its id and a waker (see the module invariants).
+    pub(crate) tasks: RefCell<Slab<(u64, Waker)>>,
     // The `block_on` future.
     pub(crate) main: Cell<Option<MainPtr>>,
     pub(crate) main_waker: RefCell<Option<Arc<super::main_task::MainWaker>>>,
@@ -174,6 +184,7 @@ impl Core {
             budget: Cell::new(COOP_BUDGET),
             current: Cell::new(None),
             next_task: Cell::new(1),
+            tasks: RefCell::new(Slab::new()),
             main: Cell::new(None),
             main_waker: RefCell::new(None),
             main_running: Cell::new(false),
@@ -190,6 +201,33 @@ impl Core {
         let id = self.next_task.get();
         self.next_task.set(id + 1);
         id
+    }
+
+    /// The key `register_task` will give the next task (the guard in its future is built first).
+    pub(crate) fn next_task_key(&self) -> usize {
+        self.tasks.borrow().vacant_key()
+    }
+
+    /// Registers a spawned task until its future is dropped (`task_dropped`).
+    pub(crate) fn register_task(&self, key: usize, id: u64, waker: Waker) {
+        let k = self.tasks.borrow_mut().insert((id, waker));
+        debug_assert_eq!(
+            k, key,
+            "a task was registered between next_task_key and its own"
+        );
+    }
+
+    /// A task's future was dropped: it leaves the registry (unless shutdown took it already).
+    pub(crate) fn task_dropped(&self, key: usize, id: u64) {
+        self.meter.task_dropped();
+        let mut tasks = self.tasks.borrow_mut();
+        let entry = match tasks.get(key) {
+            Some(&(i, _)) if i == id => Some(tasks.remove(key)),
+            _ => None,
+        };
+        drop(tasks);
+        // The registry's waker: dropped outside the borrow.
+        drop(entry);
     }
 
     /// An active ref'd handle appeared.

@@ -9,7 +9,9 @@
 //!
 //! Invariants: a loop is run by the thread that created it (`Runtime` is `!Send`), and never
 //! inside another running loop on the same thread. Dropping the runtime drops every task,
-//! callback and timer it still holds, on this thread.
+//! callback and timer it still holds, on this thread, with the loop current (a drop may cancel a
+//! timer, close an fd, spawn: all of it is dropped too): every task through the loop's task
+//! registry, so also one nothing could wake, whose `JoinHandle` then resolves `Cancelled`.
 
 pub(crate) mod context;
 pub(crate) mod core;
@@ -22,7 +24,7 @@ pub(crate) mod queues;
 mod ticks;
 
 use std::future::Future;
-use std::panic::Location;
+use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
 use std::pin::pin;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -226,38 +228,64 @@ impl Drop for Runtime {
 
 impl Core {
     /// Drops everything the loop still holds, on the loop thread, until nothing is left (dropping
-    /// a task's future may cancel timers or wake other tasks).
+    /// a task's future may cancel timers, spawn or wake other tasks). A panic in a drop does not
+    /// stop it: the first is resumed once all is dropped (unless the thread is unwinding already).
     fn shutdown(&self) {
         self.shutting_down.set(true);
+        let mut panic = None;
         loop {
-            let micro = self.micro.borrow_mut().take_all();
-            let check = self.check.borrow_mut().order.take_all();
-            let immediates: Vec<_> = self.check.borrow_mut().immediates.drain().collect();
-            let ticks: Vec<_> = self.ticks.borrow_mut().drain(..).collect();
-            let timers = self.timers.borrow_mut().take_all();
-            let hooks = self.hooks.borrow_mut().take_all();
-            let pending: Vec<_> = self.pending.borrow_mut().drain(..).collect();
-            let closing = std::mem::take(&mut *self.closing.borrow_mut());
-            let remote = self.shared.take_remote();
-            let wakers = self.reactor.take_wakers();
-            let empty = micro.is_empty()
-                && check.is_empty()
-                && immediates.is_empty()
-                && ticks.is_empty()
-                && timers.is_empty()
-                && hooks.is_empty()
-                && pending.is_empty()
-                && closing.is_empty()
-                && remote.is_empty()
-                && wakers.is_empty();
-            drop((
-                micro, check, immediates, ticks, timers, hooks, pending, closing, remote, wakers,
-            ));
-            if empty {
-                break;
+            match catch_unwind(AssertUnwindSafe(|| self.drop_held())) {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(p) => {
+                    panic.get_or_insert(p);
+                }
             }
         }
         drop(self.shared.close());
+        if let Some(p) = panic
+            && !std::thread::panicking()
+        {
+            resume_unwind(p);
+        }
+    }
+
+    /// Drops one round of what the loop holds: queued work, timers, hooks, callbacks and stored
+    /// wakers, then every task still registered. Returns whether there was nothing left.
+    fn drop_held(&self) -> bool {
+        let micro = self.micro.borrow_mut().take_all();
+        let check = self.check.borrow_mut().order.take_all();
+        let immediates: Vec<_> = self.check.borrow_mut().immediates.drain().collect();
+        let ticks: Vec<_> = self.ticks.borrow_mut().drain(..).collect();
+        let timers = self.timers.borrow_mut().take_all();
+        let hooks = self.hooks.borrow_mut().take_all();
+        let pending: Vec<_> = self.pending.borrow_mut().drain(..).collect();
+        let closing = std::mem::take(&mut *self.closing.borrow_mut());
+        let remote = self.shared.take_remote();
+        let wakers = self.reactor.take_wakers();
+        let empty = micro.is_empty()
+            && check.is_empty()
+            && immediates.is_empty()
+            && ticks.is_empty()
+            && timers.is_empty()
+            && hooks.is_empty()
+            && pending.is_empty()
+            && closing.is_empty()
+            && remote.is_empty()
+            && wakers.is_empty();
+        drop((
+            micro, check, immediates, ticks, timers, hooks, pending, closing, remote, wakers,
+        ));
+        // The tasks left (parked where no waker is stored, or whose `JoinHandle` is held), in key
+        // order, now that no queue holds a `Runnable`: the wake hands each one's `Runnable` to
+        // `schedule_local`, which drops it, and with it the future (a task spawned meanwhile
+        // goes the same way at once, so the next round finds it gone).
+        let tasks = std::mem::take(&mut *self.tasks.borrow_mut());
+        let empty = empty && tasks.is_empty();
+        for (_, (_, waker)) in tasks {
+            waker.wake();
+        }
+        empty
     }
 }
 

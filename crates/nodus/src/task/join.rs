@@ -1,11 +1,13 @@
 //! `JoinHandle`: await a task's output, or abort it; and the panic boundary around every task.
 //!
-//! Dropping a `JoinHandle` detaches the task (it keeps running), as in tokio; `abort` cancels it.
+//! Dropping a `JoinHandle` detaches the task (it keeps running), as in tokio; `abort` cancels it,
+//! and so does dropping the runtime (the task's future is dropped with it).
 
 use std::any::Any;
 use std::cell::Cell;
 use std::fmt;
 use std::future::Future;
+use std::mem::ManuallyDrop;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -18,7 +20,7 @@ type Payload = Box<dyn Any + Send + 'static>;
 
 /// Why a task has no output.
 pub enum JoinError {
-    /// The task was aborted before it finished.
+    /// The task was aborted, or its runtime dropped, before it finished.
     Cancelled,
     /// The task panicked; the payload is what it panicked with.
     Panicked(Payload),
@@ -86,6 +88,9 @@ impl fmt::Display for JoinError {
 impl std::error::Error for JoinError {}
 
 /// An owned permission to await a task's output or abort it.
+///
+/// It may outlive the task's runtime: the runtime's drop drops the task, and the handle then
+/// gives `JoinError::Cancelled` wherever it is awaited.
 #[must_use = "dropping a JoinHandle detaches the task; call .detach() to say so"]
 pub struct JoinHandle<T> {
     task: Cell<Option<FallibleTask<Result<T, Payload>, TaskMeta>>>,
@@ -154,7 +159,7 @@ impl<T> Future for JoinHandle<T> {
                 Poll::Ready(match out {
                     Some(Ok(v)) => Ok(v),
                     Some(Err(p)) => Err(JoinError::Panicked(p)),
-                    // Cancelled: only `abort` cancels (the loop never cancels tasks it runs).
+                    // Cancelled: by `abort`, or by the runtime's drop (which drops every task).
                     None => {
                         this.aborted.set(true);
                         Err(JoinError::Cancelled)
@@ -179,14 +184,29 @@ impl<T> fmt::Debug for JoinHandle<T> {
     }
 }
 
-/// Runs a future, turning a panic in any poll into an `Err` output.
+/// Runs a future, turning a panic in any poll into an `Err` output; a panic in the future's drop
+/// is caught and dropped (the panic hook has reported it): async-task would abort the process,
+/// and the loop, or the runtime's drop, goes on with the rest.
 pub(crate) struct CatchUnwind<F> {
-    future: F,
+    future: ManuallyDrop<F>,
 }
 
 impl<F> CatchUnwind<F> {
     pub(crate) fn new(future: F) -> Self {
-        CatchUnwind { future }
+        CatchUnwind {
+            future: ManuallyDrop::new(future),
+        }
+    }
+}
+
+impl<F> Drop for CatchUnwind<F> {
+    fn drop(&mut self) {
+        // SAFETY: `future` is dropped here once and never used again, in place (never moved out,
+        // as it is pinned when `self` is).
+        let dropped = catch_unwind(AssertUnwindSafe(|| unsafe {
+            ManuallyDrop::drop(&mut self.future)
+        }));
+        drop(dropped);
     }
 }
 
@@ -194,9 +214,9 @@ impl<F: Future> Future for CatchUnwind<F> {
     type Output = Result<F::Output, Payload>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // SAFETY: `future` is structurally pinned: it is never moved out of `self`, `CatchUnwind`
-        // has no `Drop` impl and no `Unpin` impl that would allow moving it.
-        let future = unsafe { self.map_unchecked_mut(|s| &mut s.future) };
+        // SAFETY: `future` is structurally pinned: it is never moved out of `self` (`Drop` drops it
+        // in place), and `CatchUnwind` is `Unpin` only when `F` is.
+        let future = unsafe { self.map_unchecked_mut(|s| &mut *s.future) };
         match catch_unwind(AssertUnwindSafe(|| future.poll(cx))) {
             Ok(Poll::Pending) => Poll::Pending,
             Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),

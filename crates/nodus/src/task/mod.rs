@@ -7,9 +7,16 @@
 //! from the task's own poll queues it in the check phase (a self-wake is a yield), and a wake
 //! from another thread goes through the loop's remote queue and wakes its poll.
 //!
+//! Every task is in its loop's registry (`Core::tasks`, with a waker) from spawn until its future
+//! is dropped; dropping the runtime wakes every task still there, and the wake, refused by a
+//! loop that is shutting down, drops the task's future. So no task outlives its runtime, whether
+//! or not anything else could wake it, and a `JoinHandle` still held resolves to
+//! `JoinError::Cancelled`.
+//!
 //! Invariants: a task is polled and dropped only on its loop's thread (async-task's
-//! `spawn_local` checks it); a panic inside a task is caught at the task boundary and reaches its
-//! `JoinHandle`, never the loop.
+//! `spawn_local` checks it); a panic inside a task, in a poll or in its future's drop (an abort,
+//! the runtime's drop), is caught at the task boundary and never reaches the loop: a poll's
+//! reaches the `JoinHandle`, a drop's leaves it `Cancelled`.
 
 mod join;
 mod yield_now;
@@ -101,10 +108,14 @@ where
         class,
     };
     core.meter.spawned(class);
-    let alive = AliveGuard;
+    let key = core.next_task_key();
+    let guard = TaskGuard { key, id: meta.id };
+    // Built outside the async block, so that dropping the task before its first poll drops the
+    // future inside `CatchUnwind` too.
+    let future = join::CatchUnwind::new(future);
     let future = async move {
-        let _alive = alive;
-        join::CatchUnwind::new(future).await
+        let _guard = guard;
+        future.await
     };
     let shared = core.shared.clone();
     let schedule = WithInfo(move |runnable: Runnable<TaskMeta>, info: ScheduleInfo| {
@@ -113,6 +124,7 @@ where
     let (runnable, task) = async_task::Builder::new()
         .metadata(meta)
         .spawn_local(move |_| future, schedule);
+    core.register_task(key, meta.id, runnable.waker());
     runnable.schedule();
     JoinHandle::new(task.fallible(), meta.id)
 }
@@ -130,11 +142,14 @@ fn schedule(shared: &Arc<Shared>, runnable: Runnable<TaskMeta>, info: ScheduleIn
     }
 }
 
-/// Counts the task as alive from spawn until its future is dropped.
-struct AliveGuard;
+/// Keeps the task in its loop's registry (and counted as alive) until its future is dropped.
+struct TaskGuard {
+    key: usize,
+    id: u64,
+}
 
-impl Drop for AliveGuard {
+impl Drop for TaskGuard {
     fn drop(&mut self) {
-        try_with_core(|core| core.meter.task_dropped());
+        try_with_core(|core| core.task_dropped(self.key, self.id));
     }
 }
