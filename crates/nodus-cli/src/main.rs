@@ -124,7 +124,8 @@ struct RunArgs {
     #[arg(long, value_name = "I,F,C", default_value = "0.1,2,10", value_parser = backoff)]
     backoff: nodus::cluster::Backoff,
     /// After a worker is asked to stop (SIGTERM, or a disconnect for --node), seconds before
-    /// SIGKILL to its process group (during a shutdown, the exit code is then 124).
+    /// SIGKILL to its process group (during a shutdown, the exit code is then 124). A worker
+    /// sent a disconnect and still running a tenth earlier (at most 1 s) gets SIGTERM then.
     #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = seconds)]
     kill_timeout: f64,
     /// During a reload, seconds a new worker gets to become ready; under rr and least, also how

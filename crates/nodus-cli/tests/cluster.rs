@@ -295,6 +295,54 @@ fn run_node_makes_nodus_the_primary_of_a_stock_node_app() {
     assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
 }
 
+/// A Node app that a timer keeps alive after its `disconnect`, and that ends on SIGTERM.
+const NODE_APP_WITH_A_TIMER: &str = r#"
+require('http').createServer((q, s) => s.end('ok')).listen(+process.env.PORT, '127.0.0.1');
+setInterval(() => {}, 1000);
+process.on('SIGTERM', () => { console.log('SIGTERM handler ran'); process.exit(0); });
+"#;
+
+#[test]
+fn a_node_worker_kept_alive_by_a_timer_gets_sigterm_at_the_drain_deadline_not_sigkill() {
+    if !have("node") {
+        return;
+    }
+    let dir = TempDir::new("run-node-timer");
+    std::fs::write(dir.path().join("app.js"), NODE_APP_WITH_A_TIMER).unwrap();
+    let addr = free_addr();
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args([
+                "run",
+                "--node",
+                "-w",
+                "1",
+                "--kill-timeout",
+                "3",
+                "--",
+                "node",
+            ])
+            .arg(dir.path().join("app.js"))
+            .env("PORT", addr.port().to_string())
+            .env("RUST_LOG", "info"),
+    );
+    primary.wait_line("1 worker ready");
+    assert_eq!(get_ok(addr, "/"), "ok");
+    primary.signal(rustix::process::Signal::TERM);
+    assert_eq!(
+        primary.wait_exit(Duration::from_secs(20)),
+        Some(0),
+        "a stop the worker's SIGTERM handler ended is not a forced one: {:#?}",
+        primary.output()
+    );
+    let out = primary.output();
+    assert!(
+        out.iter().any(|l| l.ends_with("] SIGTERM handler ran")),
+        "{out:#?}"
+    );
+    assert!(!out.iter().any(|l| l.ends_with(": SIGKILL")), "{out:#?}");
+}
+
 /// Worker 1 fills its fd table once it listens: every connection handed to it is NACKed.
 const NODE_APP_AT_FD_LIMIT: &str = r#"
 const http = require('http');

@@ -20,6 +20,10 @@
 //!   [`FORCED_STOP_EXIT_CODE`] (a nodus worker whose drain deadline cut requests), sets its code
 //!   unless one is set already: 128 + the second signal's number, or [`FORCED_STOP_EXIT_CODE`];
 //!   the give-up code and 1 (a worker left after a crash) are kept.
+//! - A stop asks the worker alone: a worker with a channel gets `disconnect` (with the drain
+//!   deadline), then SIGTERM if it is still there at that deadline (a Node worker kept alive by a
+//!   timer or a connection: Node's `worker.kill()` sends SIGTERM too); a plain program gets
+//!   SIGTERM at once; whatever is left at the kill timeout gets SIGKILL.
 //! - No process of a worker's group outlives the worker (systemd's `KillMode=mixed`): a stop asks
 //!   the worker alone (`disconnect`, or SIGTERM to its pid); the kill timeout and a second signal
 //!   SIGKILL its whole group; and once it has exited, for any reason (a crash, its own exit, a
@@ -348,7 +352,7 @@ pub(super) fn going_down(st: &Rc<State>, proc: &Rc<Proc>) {
     }
     st.emit(Some(proc), EventKind::GoingDown);
     // It said it is leaving: its replacement takes the slot, and it gets the kill timeout to go.
-    arm_kill_timer(st, proc, "after saying it was going down");
+    arm_kill_timer(st, proc, "after saying it was going down", None);
     server::leave_all(st, proc);
     st.slots.borrow_mut()[proc.slot as usize - 1].current = None;
     let (uptime, reason) = (proc.started.elapsed(), ExitReason::Failed(1));
@@ -366,25 +370,44 @@ pub(super) fn drain(st: &Rc<State>, proc: &Rc<Proc>) {
     proc.drained.set(true);
     server::leave_all(st, proc);
     st.emit(Some(proc), EventKind::Drain);
-    if proc.channel.is_some() {
+    let term_at = if proc.channel.is_some() {
         proc.send(&Disconnect {
             cmd: NODE_CLUSTER,
             act: "disconnect",
             seq: st.next_seq(),
             drain_ms: st.config.drain_timeout.as_millis() as u64,
         });
+        // A worker still there at its drain deadline gets SIGTERM, as from Node's `worker.kill()`:
+        // a Node worker that a timer or an open connection keeps alive after its `disconnect`
+        // runs its SIGTERM handler (or ends) instead of waiting for the SIGKILL.
+        Some(st.config.drain_timeout)
     } else {
         let _ = proc.child.kill(SIGTERM);
-    }
-    arm_kill_timer(st, proc, "after being asked to stop");
+        None
+    };
+    arm_kill_timer(st, proc, "after being asked to stop", term_at);
 }
 
-/// SIGKILLs `proc` and its process group if it still runs after the kill timeout; during the
+/// SIGTERMs `proc` if it still runs `term_at` from now (if given, and before the kill timeout),
+/// and SIGKILLs it and its process group if it still runs after the kill timeout; during the
 /// shutdown, that makes the stop a forced one.
-fn arm_kill_timer(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str) {
+fn arm_kill_timer(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str, term_at: Option<Duration>) {
     let (s, p, limit) = (st.clone(), proc.clone(), st.config.kill_timeout);
+    let term_at = term_at.filter(|&t| t < limit);
     crate::task::spawn_named("cluster:kill-timer", async move {
-        if crate::time::timeout(limit, p.child.wait()).await.is_err() {
+        let started = Instant::now();
+        if let Some(term_at) = term_at
+            && crate::time::timeout(term_at, p.child.wait()).await.is_err()
+        {
+            tracing::info!(
+                target: "nodus::cluster",
+                "worker {} (pid {}) still running at its drain deadline ({term_at:?}): SIGTERM",
+                p.slot, p.pid
+            );
+            let _ = p.child.kill(SIGTERM);
+        }
+        let left = limit.saturating_sub(started.elapsed());
+        if crate::time::timeout(left, p.child.wait()).await.is_err() {
             tracing::warn!(
                 target: "nodus::cluster",
                 "worker {} (pid {}) still running {limit:?} {why}: SIGKILL",
