@@ -94,8 +94,25 @@ fn serve_with_two_workers_shows_the_whole_cluster_in_stats_and_top() {
         assert!(text.contains(&pid), "top shows worker pid {pid}:\n{text}");
     }
 
+    // The handoff counter of each slot counts every generation: a reload does not reset it.
+    let before = handed_total(&metrics);
+    assert!(before >= 10, "{metrics}");
+    primary.signal(rustix::process::Signal::HUP);
+    primary.wait_line("reload done");
+    let after = handed_total(&get_ok(admin_addr, "/_nodus/metrics"));
+    assert!(after >= before, "the counter went down: {before} then {after}");
+
     primary.signal(rustix::process::Signal::TERM);
     assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
+}
+
+/// The sum over slots of `nodus_cluster_connections_handed_total`.
+fn handed_total(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("nodus_cluster_connections_handed_total{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum()
 }
 
 /// A Python HTTP server that takes its socket the systemd way and checks `LISTEN_PID`.

@@ -161,7 +161,9 @@ fn board_pending(st: &State) -> u64 {
 
 fn took(proc: &Proc, handoffs: Vec<Handoff>) {
     for h in handoffs {
-        proc.handed.set(proc.handed.get() + h.conns.len() as u64);
+        let n = h.conns.len() as u64;
+        proc.handed.set(proc.handed.get() + n);
+        proc.slot_taken.set(proc.slot_taken.get() + n);
         // Room for more: parked connections may be waiting for it.
         if !h.server.parked.is_empty() {
             h.server.wake_accept();

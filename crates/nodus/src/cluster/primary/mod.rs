@@ -179,6 +179,9 @@ struct Slot {
     history: SlotHistory,
     current: Option<Rc<Proc>>,
     restarts: u64,
+    /// Connections its workers (every generation) have taken, for a counter that never goes
+    /// down while the primary lives; shared with each of its `Proc`s.
+    taken: Rc<Cell<u64>>,
     /// A restart is scheduled (backoff) or a replacement is starting.
     pending_restart: bool,
 }
@@ -265,6 +268,7 @@ impl Primary {
                 history: SlotHistory::default(),
                 current: None,
                 restarts: 0,
+                taken: Rc::default(),
                 pending_restart: false,
             })
             .collect();

@@ -82,6 +82,8 @@ pub(super) struct Proc {
     pub refused_at: Cell<Option<Instant>>,
     /// Connections this worker accepted from the primary.
     pub handed: Cell<u64>,
+    /// The same, summed over every worker of its slot (see `Slot::taken`).
+    pub slot_taken: Rc<Cell<u64>>,
     /// The worker's last load report: (open connections, accepted in total).
     pub reported: Cell<Option<(u64, u64)>>,
     pub snapshot: RefCell<Option<(Instant, String)>>,
@@ -164,6 +166,7 @@ impl Proc {
             refusals_seen: Cell::new(0),
             refused_at: Cell::new(None),
             handed: Cell::new(0),
+            slot_taken: st.slots.borrow()[slot as usize - 1].taken.clone(),
             reported: Cell::new(None),
             snapshot: RefCell::new(None),
             snapshot_waiters: RefCell::default(),

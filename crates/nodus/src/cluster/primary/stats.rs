@@ -254,14 +254,14 @@ pub(super) async fn metrics_text(st: &Rc<State>) -> String {
         generation,
     );
     let handed = Family::<Vec<(String, String)>, Counter<u64>>::default();
-    for p in &procs {
+    for slot in st.slots.borrow().iter() {
         handed
-            .get_or_create(&vec![("worker".to_owned(), p.slot.to_string())])
-            .inc_by(p.handed.get());
+            .get_or_create(&vec![("worker".to_owned(), slot.id.to_string())])
+            .inc_by(slot.taken.get());
     }
     registry.register(
         "nodus_cluster_connections_handed",
-        "Connections the primary handed to each worker (round-robin and least policies)",
+        "Connections the primary handed to each worker slot, every generation of it (round-robin and least policies)",
         handed,
     );
     if let Some(last) = st.last_exit.borrow().as_deref() {
