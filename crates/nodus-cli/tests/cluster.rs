@@ -100,7 +100,10 @@ fn serve_with_two_workers_shows_the_whole_cluster_in_stats_and_top() {
     primary.signal(rustix::process::Signal::HUP);
     primary.wait_line("reload done");
     let after = handed_total(&get_ok(admin_addr, "/_nodus/metrics"));
-    assert!(after >= before, "the counter went down: {before} then {after}");
+    assert!(
+        after >= before,
+        "the counter went down: {before} then {after}"
+    );
 
     primary.signal(rustix::process::Signal::TERM);
     assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
@@ -358,6 +361,10 @@ fn a_node_worker_kept_alive_by_a_timer_gets_sigterm_at_the_drain_deadline_not_si
         "{out:#?}"
     );
     assert!(!out.iter().any(|l| l.ends_with(": SIGKILL")), "{out:#?}");
+    assert!(
+        out.last().unwrap().ends_with("every worker has stopped: exit code 0"),
+        "the stop's end is logged: {out:#?}"
+    );
 }
 
 /// Worker 1 fills its fd table once it listens: every connection handed to it is NACKed.

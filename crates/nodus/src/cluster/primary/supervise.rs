@@ -100,7 +100,15 @@ pub(super) async fn run(st: &Rc<State>) -> i32 {
         })
         .await;
         match next {
-            Err(code) => return code,
+            Err(code) => {
+                if st.phase.get() == Phase::Stopping {
+                    tracing::info!(
+                        target: "nodus::cluster",
+                        "every worker has stopped: exit code {code}"
+                    );
+                }
+                return code;
+            }
             Ok(SIGHUP) => start_reload(st),
             Ok(sig) => {
                 request_shutdown(st, crate::signal::name(sig), 128 + sig);
@@ -468,7 +476,7 @@ fn start_shutdown(st: &Rc<State>, why: &str) {
     if !procs.is_empty() {
         tracing::info!(
             target: "nodus::cluster",
-            "{why}: draining {} (up to {:?}, SIGKILL after {:?})",
+            "{why}: draining {} (deadline {:?}, SIGKILL after {:?})",
             count(procs.len(), "worker"),
             st.config.drain_timeout,
             st.config.kill_timeout
