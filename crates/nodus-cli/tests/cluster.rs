@@ -362,7 +362,9 @@ fn a_node_worker_kept_alive_by_a_timer_gets_sigterm_at_the_drain_deadline_not_si
     );
     assert!(!out.iter().any(|l| l.ends_with(": SIGKILL")), "{out:#?}");
     assert!(
-        out.last().unwrap().ends_with("every worker has stopped: exit code 0"),
+        out.last()
+            .unwrap()
+            .ends_with("every worker has stopped: exit code 0"),
         "the stop's end is logged: {out:#?}"
     );
 }

@@ -11,17 +11,7 @@ use http::StatusCode;
 use nodus::Runtime;
 use nodus::net::TcpListener;
 use nodus_http::{Config, serve, text};
-
-/// The process's open fds, less the watchdog's: its thread opens a loop's
-/// `/proc/self/task/<tid>/{schedstat,status}` when it adopts the loop and closes them when it
-/// prunes it, both asynchronously, so those may come or go between any two counts.
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .unwrap()
-        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
-        .filter(|target| !target.starts_with("/proc/"))
-        .count()
-}
+use nodus_testkit::fds::open_fds;
 
 #[test]
 fn dropping_the_runtime_closes_the_listener_the_connections_and_the_loop() {

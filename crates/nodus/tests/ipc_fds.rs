@@ -19,22 +19,12 @@ use std::sync::{Mutex, MutexGuard};
 use common::bounded;
 use common::ipc::{Raw, with_raw};
 use nodus::ipc::{Channel, ChannelOptions, IpcError};
+use nodus_testkit::fds::open_fds;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The process's open fds, less the watchdog's: its thread opens a loop's
-/// `/proc/self/task/<tid>/{schedstat,status}` when it adopts the loop and closes them when it
-/// prunes it, both asynchronously, so those two may come or go between any two counts.
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .unwrap()
-        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
-        .filter(|target| !target.starts_with("/proc/"))
-        .count()
 }
 
 /// A pipe: its read end (non-blocking) and its write end, the fd to pass.

@@ -161,8 +161,9 @@ impl Write for Captured {
     }
 }
 
-#[test]
-fn slow_polls_are_logged_with_name_location_duration_and_queue_length() {
+/// A loop with slow-poll `threshold` (and no watchdog), and a subscriber that writes what is
+/// logged to the `Captured` buffer.
+fn logging_loop(threshold: Duration) -> (Captured, tracing::Dispatch, Runtime) {
     let out = Captured::default();
     let writer = out.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -170,13 +171,19 @@ fn slow_polls_are_logged_with_name_location_duration_and_queue_length() {
         .with_ansi(false)
         .finish();
     let rt = Runtime::builder()
-        .slow_poll_threshold(Duration::from_millis(10))
+        .slow_poll_threshold(threshold)
         .watchdog(false)
         .build()
         .unwrap();
+    (out, tracing::Dispatch::new(subscriber), rt)
+}
+
+#[test]
+fn slow_polls_are_logged_with_name_location_duration_and_queue_length() {
+    let (out, logging, rt) = logging_loop(Duration::from_millis(10));
     let slow_ran = Rc::new(Cell::new(false));
     let s = slow_ran.clone();
-    tracing::subscriber::with_default(subscriber, || {
+    tracing::dispatcher::with_default(&logging, || {
         rt.block_on(async move {
             spawn_named("sluggish", async move {
                 spin(Duration::from_millis(25));
@@ -201,18 +208,8 @@ fn slow_polls_are_logged_with_name_location_duration_and_queue_length() {
 /// Runs one closure that sleeps 200 ms, queued by `queue` from the main script, on a loop with a
 /// 50 ms slow-poll threshold; returns the slow-poll lines logged and the slow polls counted.
 fn slow_closure(queue: impl FnOnce(Box<dyn FnOnce()>)) -> (Vec<String>, u64) {
-    let out = Captured::default();
-    let writer = out.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    let rt = Runtime::builder()
-        .slow_poll_threshold(Duration::from_millis(50))
-        .watchdog(false)
-        .build()
-        .unwrap();
-    tracing::subscriber::with_default(subscriber, || {
+    let (out, logging, rt) = logging_loop(Duration::from_millis(50));
+    tracing::dispatcher::with_default(&logging, || {
         rt.enter(|| queue(Box::new(|| std::thread::sleep(Duration::from_millis(200)))));
     });
     let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();

@@ -1,10 +1,11 @@
-//! Test support shared by the integration tests of `nodus-cli` and `nodus-http` (each test file
-//! is its own crate, so the helpers live here, a dev-dependency of both).
+//! Test support shared by the integration tests of `nodus`, `nodus-cli` and `nodus-http` (each
+//! test file is its own crate, so the helpers live here, a dev-dependency of all three).
 //!
 //! Everything is blocking std code, bounded in time, on 127.0.0.1, and cleans up on drop: a
 //! temporary directory ([`tmp`]), free loopback ports ([`net`]), a child process stopped by PID
-//! ([`proc`]) and a minimal HTTP/1.1 client ([`http`]).
+//! ([`proc`]), a minimal HTTP/1.1 client ([`http`]) and the count of open fds ([`fds`]).
 
+pub mod fds;
 pub mod http;
 pub mod net;
 pub mod proc;
