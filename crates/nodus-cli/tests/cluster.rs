@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::cluster::{events, spawn};
+use common::cluster::{events, run_node_app, spawn};
 use common::http::try_request;
 use common::{NODUS, gone, have};
 use nodus_testkit::net::free_addr;
@@ -327,26 +327,12 @@ fn a_node_worker_kept_alive_by_a_timer_gets_sigterm_at_the_drain_deadline_not_si
     if !have("node") {
         return;
     }
-    let dir = TempDir::new("run-node-timer");
-    std::fs::write(dir.path().join("app.js"), NODE_APP_WITH_A_TIMER).unwrap();
-    let addr = free_addr();
-    let mut primary = spawn(
-        Command::new(NODUS)
-            .args([
-                "run",
-                "--node",
-                "-w",
-                "1",
-                "--kill-timeout",
-                "3",
-                "--",
-                "node",
-            ])
-            .arg(dir.path().join("app.js"))
-            .env("PORT", addr.port().to_string())
-            .env("RUST_LOG", "info"),
+    let (_dir, addr, mut primary) = run_node_app(
+        "run-node-timer",
+        NODE_APP_WITH_A_TIMER,
+        1,
+        &["--kill-timeout", "3"],
     );
-    primary.wait_line("1 worker ready");
     assert_eq!(get_ok(addr, "/"), "ok");
     primary.signal(rustix::process::Signal::TERM);
     assert_eq!(

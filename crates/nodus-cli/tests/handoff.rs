@@ -15,7 +15,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::Duration;
 
-use common::cluster::{count, spawn, wait_events};
+use common::cluster::{count, run_node_app, spawn, wait_events};
 use common::http::get;
 use common::{NODUS, have};
 use nodus_testkit::http::{Timeouts, connect, read_reply, write_request};
@@ -58,26 +58,12 @@ fn connections_no_worker_takes_are_closed_after_the_ready_timeout() {
     if !have("node") {
         return;
     }
-    let dir = TempDir::new("parked-deadline");
-    std::fs::write(dir.path().join("app.js"), NODE_APP_THAT_CLOSES).unwrap();
-    let addr = free_addr();
-    let mut primary = spawn(
-        Command::new(NODUS)
-            .args([
-                "run",
-                "--node",
-                "-w",
-                "1",
-                "--ready-timeout",
-                "1",
-                "--",
-                "node",
-            ])
-            .arg(dir.path().join("app.js"))
-            .env("PORT", addr.port().to_string())
-            .env("RUST_LOG", "info"),
+    let (_dir, addr, mut primary) = run_node_app(
+        "parked-deadline",
+        NODE_APP_THAT_CLOSES,
+        1,
+        &["--ready-timeout", "1"],
     );
-    primary.wait_line("1 worker ready");
     primary.wait_line("server closed");
     // More than one accept batch: those left in the backlog meanwhile get their turn too.
     let clients = open_requests(addr, 100);
@@ -208,17 +194,7 @@ fn a_primary_out_of_fds_keeps_the_connections_it_hands_to_node_workers() {
     if !have("node") {
         return;
     }
-    let dir = TempDir::new("handoff-emfile");
-    std::fs::write(dir.path().join("app.js"), NODE_APP).unwrap();
-    let addr = free_addr();
-    let mut primary = spawn(
-        Command::new(NODUS)
-            .args(["run", "--node", "-w", "1", "--", "node"])
-            .arg(dir.path().join("app.js"))
-            .env("PORT", addr.port().to_string())
-            .env("RUST_LOG", "info"),
-    );
-    primary.wait_line("1 worker ready");
+    let (_dir, addr, mut primary) = run_node_app("handoff-emfile", NODE_APP, 1, &[]);
     assert_eq!(get(addr, "/").status, 200);
     // Only the primary's limit: its worker already runs with its own.
     let before = leave_free_fds(primary.id(), 2);

@@ -1,16 +1,47 @@
 //! A started cluster primary (`nodus run`, `nodus serve --workers`) and its event log.
 
 use std::io::PipeReader;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use nodus_testkit::net::free_addr;
 use nodus_testkit::proc::Proc;
+use nodus_testkit::tmp::TempDir;
 use serde_json::Value;
+
+use super::NODUS;
 
 /// `cmd` in its own process group, its stdout and stderr lines captured.
 pub fn spawn(cmd: &mut Command) -> Proc {
     Proc::spawn_group(cmd.stdout(Stdio::piped()).stderr(Stdio::piped()))
+}
+
+/// `nodus run --node -w WORKERS EXTRA... -- node app.js`, `app` (JavaScript) written to
+/// `app.js` in a new directory named after `name`, `PORT` a free loopback port, once every
+/// worker is ready: the directory, the address, the primary.
+pub fn run_node_app(
+    name: &str,
+    app: &str,
+    workers: u32,
+    extra: &[&str],
+) -> (TempDir, SocketAddr, Proc) {
+    let dir = TempDir::new(name);
+    std::fs::write(dir.path().join("app.js"), app).unwrap();
+    let addr = free_addr();
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "--node", "-w", &workers.to_string()])
+            .args(extra)
+            .args(["--", "node"])
+            .arg(dir.path().join("app.js"))
+            .env("PORT", addr.port().to_string())
+            .env("RUST_LOG", "info"),
+    );
+    let s = if workers == 1 { "" } else { "s" };
+    primary.wait_line(&format!("{workers} worker{s} ready"));
+    (dir, addr, primary)
 }
 
 /// `cmd` in its own process group, its stdout and stderr both into one new pipe (as `2>&1 |`
