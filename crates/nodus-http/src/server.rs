@@ -3,6 +3,11 @@
 //!
 //! Invariants:
 //! - One task accepts; each connection is its own task, named `Config::name` (a handler class).
+//!   A connection is on the server's books (open, for the limit and for a drain) from its accept
+//!   on, before its task first runs: a drain that begins before then (in the same loop turn, say:
+//!   a cluster worker's listener that yields its last connections and then its end) waits for it
+//!   and it is served, instead of the drain finding nothing open and the process exiting with the
+//!   connection unanswered.
 //! - At most `max_connections` are open: at the limit the accept task stops accepting (the
 //!   kernel's backlog holds newcomers) until one closes.
 //! - Limits: request heads over `max_header_bytes` or with more than `max_headers` headers get
@@ -297,7 +302,9 @@ where
         match next {
             None => return, // draining: dropping the listener refuses new connections
             Some(Ok((stream, peer))) => {
-                let conn = connection(stream, peer, state.clone(), handler.clone());
+                // On the books now, not when its task first runs: a drain may come first.
+                let guard = ConnGuard::open(&state);
+                let conn = connection(stream, peer, guard, handler.clone());
                 nodus::spawn_named(state.config.name, conn).detach();
             }
             Some(Err(e)) if matches!(e.raw_os_error(), Some(libc_emfile) if libc_emfile == 24 || libc_emfile == 23) =>
@@ -314,10 +321,22 @@ where
     }
 }
 
-/// Removes a connection from the server's books when its task ends.
+/// A connection on the server's books, from its accept until its task ends (or is dropped
+/// without ever running).
 struct ConnGuard {
     state: Rc<State>,
     key: usize,
+}
+
+impl ConnGuard {
+    fn open(state: &Rc<State>) -> ConnGuard {
+        stats::connection_opened();
+        let key = state.conns.borrow_mut().insert(None);
+        ConnGuard {
+            state: state.clone(),
+            key,
+        }
+    }
 }
 
 impl Drop for ConnGuard {
@@ -332,18 +351,13 @@ impl Drop for ConnGuard {
     }
 }
 
-async fn connection<S, H, F>(stream: S, peer: Option<SocketAddr>, state: Rc<State>, handler: Rc<H>)
+async fn connection<S, H, F>(stream: S, peer: Option<SocketAddr>, guard: ConnGuard, handler: Rc<H>)
 where
     S: FdStream + Unpin + 'static,
     H: Fn(Request<RequestBody>) -> F + 'static,
     F: Future<Output = Response<Body>> + 'static,
 {
-    stats::connection_opened();
-    let key = state.conns.borrow_mut().insert(None);
-    let _guard = ConnGuard {
-        state: state.clone(),
-        key,
-    };
+    let (state, key) = (guard.state.clone(), guard.key);
     let fd = stream.fd().as_raw_fd();
     let io = HyperIo::new(stream);
     let activity = io.activity();

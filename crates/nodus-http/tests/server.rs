@@ -376,6 +376,97 @@ fn two_drains_at_once_both_end_when_the_last_connection_closes() {
     assert_eq!((first, second), (0, 0));
 }
 
+/// A listener fed from outside, as a cluster worker's round-robin listener is fed by the
+/// primary's messages: connections pushed to it, then its end (the primary's `disconnect`).
+#[derive(Clone, Default)]
+struct HandedOver(Rc<HandedOverQueue>);
+
+#[derive(Default)]
+struct HandedOverQueue {
+    conns: std::cell::RefCell<Vec<nodus::net::TcpStream>>,
+    closed: Cell<bool>,
+    waker: std::cell::RefCell<Option<std::task::Waker>>,
+}
+
+impl HandedOver {
+    /// Queues `conns`, closes the queue and wakes the accept task, in one go.
+    fn hand_over_and_close(&self, conns: Vec<nodus::net::TcpStream>) {
+        self.0.conns.borrow_mut().extend(conns);
+        self.0.closed.set(true);
+        if let Some(w) = self.0.waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
+}
+
+impl nodus_http::Accept for HandedOver {
+    type Stream = nodus::net::TcpStream;
+
+    fn poll_accept(
+        &self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<(Self::Stream, Option<SocketAddr>)>> {
+        if let Some(s) = self.0.conns.borrow_mut().pop() {
+            return std::task::Poll::Ready(Ok((s, None)));
+        }
+        if self.0.closed.get() {
+            return std::task::Poll::Ready(Err(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+        *self.0.waker.borrow_mut() = Some(cx.waker().clone());
+        std::task::Poll::Pending
+    }
+
+    fn local_addr(&self) -> Option<SocketAddr> {
+        None
+    }
+}
+
+/// A cluster worker at a rolling reload: the primary's last `newconns` and its `disconnect` are
+/// read in one turn, which wakes the accept task (connections queued, then the queue's end)
+/// and then the task that drains. The accept task takes the connections (their tasks spawned,
+/// not yet run) and ends; the drain begins before any connection's task has run. It must wait
+/// for them: were it to find nothing open, the worker would exit with them unanswered.
+#[test]
+fn a_drain_that_begins_before_an_accepted_connection_first_runs_waits_for_it() {
+    let rt = Runtime::new();
+    let (client, served, cut, open) = rt.block_on(async {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = std::thread::spawn(move || {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            get(&mut s, "/");
+            read_reply(&mut BufReader::new(s), false)
+        });
+        let (stream, _) = listener.accept().await.unwrap();
+        let served = Rc::new(Cell::new(0));
+        let count = served.clone();
+        let handed = HandedOver::default();
+        let server = serve(handed.clone(), Config::default(), move |_req| {
+            count.set(count.get() + 1);
+            async { text(StatusCode::OK, "hello") }
+        });
+        // The accept task waits for connections.
+        nodus::sleep(20).await;
+        // One event wakes the accept task first, then this one (the end of the task it awaits).
+        nodus::spawn(async move { handed.hand_over_and_close(vec![stream]) })
+            .await
+            .unwrap();
+        let cut = nodus::timeout(10_000, server.drain(Duration::from_secs(5)))
+            .await
+            .expect("the drain ends");
+        (client, served.get(), cut, server.connections())
+    });
+    // The runtime is gone, with any task it never ran: the answer came before the drain ended.
+    drop(rt);
+    let reply = client.join().unwrap();
+    assert_eq!(served, 1, "the drain waited for the accepted connection");
+    assert_eq!((cut, open), (0, 0));
+    let reply = reply.expect("an answer, not a connection closed unanswered");
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.header("connection"), Some("close"));
+}
+
 #[test]
 fn at_most_max_connections_are_served_at_once() {
     let config = Config {
