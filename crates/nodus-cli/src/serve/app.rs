@@ -251,7 +251,10 @@ async fn serve_worker(options: ServeOptions, root: PathBuf, worker: nodus::clust
         }
     };
     site.ready.set(false);
-    drained_exit_code(running.drain(deadline).await)
+    let cut = running.drain(deadline).await;
+    // Connections the drain gave back to the primary may still be queued on the channel.
+    worker.flush(Duration::from_secs(1)).await;
+    drained_exit_code(cut)
 }
 
 pub(super) fn new_site(

@@ -361,6 +361,13 @@ impl Worker {
         self.sh.channel.disconnect();
     }
 
+    /// Waits until everything sent to the primary has been written to the channel (connections
+    /// given back included), at most `limit`: what a worker does before it exits on its own, as
+    /// queued messages die with the process.
+    pub async fn flush(&self, limit: Duration) {
+        let _ = crate::time::timeout(limit, self.sh.channel.flush()).await;
+    }
+
     async fn ask_primary(&self, what: &str) -> io::Result<String> {
         if !self.sh.nodus_primary.get() {
             return Err(io::Error::new(
