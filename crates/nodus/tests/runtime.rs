@@ -101,7 +101,9 @@ fn dropped_join_handle_detaches() {
 }
 
 #[test]
-#[should_panic(expected = "called from inside a running nodus loop")]
+#[should_panic(
+    expected = "called from inside a running nodus loop; a thread runs one loop at a time"
+)]
 fn block_on_inside_a_running_loop_panics_clearly() {
     let rt = Runtime::new();
     rt.block_on(async {

@@ -52,8 +52,9 @@ impl Running {
     pub(crate) fn new(what: &str) -> Running {
         if RUNNING.with(|r| r.replace(true)) {
             panic!(
-                "nodus: {what} called from inside a running nodus loop; this would block the loop \
-                 forever. Spawn the future with nodus::spawn instead"
+                "nodus: {what} called from inside a running nodus loop; a thread runs one loop at \
+                 a time (this one would stop until the other returned). Spawn the work with \
+                 nodus::spawn, or give the other loop a thread of its own"
             );
         }
         Running(())

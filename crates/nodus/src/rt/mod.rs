@@ -123,7 +123,7 @@ impl Runtime {
     /// Runs the loop until `future` completes and returns its output.
     ///
     /// # Panics
-    /// When called from inside a running nodus loop (it would block that loop forever).
+    /// When called from inside a running nodus loop (a thread runs one loop at a time).
     #[track_caller]
     pub fn block_on<F: Future>(&self, future: F) -> F::Output {
         let location = Location::caller();
