@@ -158,12 +158,12 @@ impl Default for ScryptParams {
 }
 
 /// scrypt (RFC 7914) of `password` and `salt`: a `key_len`-byte key, on the CPU pool (Node's
-/// `crypto.scrypt`).
+/// `crypto.scrypt(password, salt, keylen, options)`, in that order).
 pub async fn scrypt(
     password: &[u8],
     salt: &[u8],
-    params: ScryptParams,
     key_len: usize,
+    params: ScryptParams,
 ) -> io::Result<Vec<u8>> {
     check_len("password", password.len(), MAX_SECRET_LEN)?;
     check_len("salt", salt.len(), MAX_SECRET_LEN)?;

@@ -76,7 +76,7 @@ fn scrypt_matches_rfc_7914_and_enforces_max_memory() {
             p: 16,
             ..Default::default()
         };
-        let k = crypto::scrypt(b"password", b"NaCl", params, 64)
+        let k = crypto::scrypt(b"password", b"NaCl", 64, params)
             .await
             .unwrap();
         assert_eq!(
@@ -86,7 +86,7 @@ fn scrypt_matches_rfc_7914_and_enforces_max_memory() {
         );
         // Node's defaults (N = 16384, r = 8: 16 MiB) fit in the default 32 MiB.
         assert_eq!(
-            crypto::scrypt(b"pw", b"salt", ScryptParams::default(), 32)
+            crypto::scrypt(b"pw", b"salt", 32, ScryptParams::default())
                 .await
                 .unwrap()
                 .len(),
@@ -97,14 +97,14 @@ fn scrypt_matches_rfc_7914_and_enforces_max_memory() {
             log_n: 20,
             ..Default::default()
         };
-        let err = crypto::scrypt(b"pw", b"salt", big, 32).await.unwrap_err();
+        let err = crypto::scrypt(b"pw", b"salt", 32, big).await.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
         assert!(err.to_string().contains("max_memory"), "{err}");
         let zero = ScryptParams {
             log_n: 0,
             ..Default::default()
         };
-        assert!(crypto::scrypt(b"pw", b"salt", zero, 32).await.is_err());
+        assert!(crypto::scrypt(b"pw", b"salt", 32, zero).await.is_err());
     });
 }
 
