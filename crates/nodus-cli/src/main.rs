@@ -110,6 +110,10 @@ struct RunArgs {
     /// SO_REUSEPORT socket per worker), or with --node also rr (the default there) and least.
     #[arg(long, value_enum)]
     policy: Option<PolicyArg>,
+    /// Serve the cluster's /_nodus/ endpoints (metrics, stats, healthz, readyz, the live page)
+    /// on this address; `nodus top ADDR` watches it.
+    #[arg(long, value_name = "ADDR", value_parser = socket_addr)]
+    admin: Option<SocketAddr>,
     /// Restart intensity: more than R restarts within --restart-window gives up (exit 75).
     #[arg(long, value_name = "R", default_value_t = 5)]
     max_restarts: u32,
@@ -335,6 +339,7 @@ fn main() {
         Command::Run(args) => run::run(run::RunOptions {
             workers: args.workers.map_or_else(available_cores, usize::from),
             listen: args.listen,
+            admin: args.admin,
             policy: args.policy.map(PolicyArg::policy),
             max_restarts: args.max_restarts,
             restart_window: Duration::from_secs_f64(args.restart_window),

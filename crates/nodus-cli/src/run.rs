@@ -10,6 +10,10 @@
 //! - `--node`: stock Node programs, with nodus as their cluster primary over `NODE_CLUSTER`
 //!   (`cluster.isWorker` is true in them): `server.listen(...)` gets its socket or its
 //!   connections from nodus. Ready at their first `listening`; stopped with a `disconnect`.
+//!
+//! With `--admin ADDR`, the primary serves the cluster's `/_nodus/` endpoints there, as `nodus
+//! serve --workers N --admin` does (a plain program's workers send no snapshots: the cluster's
+//! own figures, per worker pid, restarts, budget, generation).
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
@@ -26,6 +30,7 @@ use nodus::net::TcpListener;
 pub struct RunOptions {
     pub workers: usize,
     pub listen: Vec<SocketAddr>,
+    pub admin: Option<SocketAddr>,
     pub policy: Option<Policy>,
     pub max_restarts: u32,
     pub restart_window: Duration,
@@ -94,7 +99,8 @@ pub fn run(options: RunOptions) -> i32 {
     let Some((program, args)) = options.command.split_first() else {
         return usage("no program to run: nodus run [OPTIONS] [--] PROGRAM [ARGS]...");
     };
-    let flagged: Vec<_> = options.listen.iter().map(|&a| ("-l", a)).collect();
+    let mut flagged: Vec<_> = options.listen.iter().map(|&a| ("-l", a)).collect();
+    flagged.extend(options.admin.map(|a| ("--admin", a)));
     if let Some(clash) = crate::listen::first_clash(&flagged) {
         return usage(clash);
     }
@@ -108,6 +114,11 @@ pub fn run(options: RunOptions) -> i32 {
         let listeners = match bind_listeners(&options.listen, policy) {
             Ok(l) => l,
             Err(e) => return fail(e),
+        };
+        let admin_listener = match options.admin.map(|a| crate::listen::bind(a, false)) {
+            Some(Err(e)) => return fail(e),
+            Some(Ok(l)) => Some(l),
+            None => None,
         };
         let command = if options.node {
             WorkerCommand {
@@ -157,13 +168,21 @@ pub fn run(options: RunOptions) -> i32 {
             Ok(p) => p,
             Err(e) => return fail(e),
         };
+        let admin = admin_listener.map(|l| crate::serve::admin::serve_primary(l, primary.clone()));
         tracing::info!(
-            "supervising {} worker(s) of {} (policy {})",
+            "supervising {} worker(s) of {} (policy {}){}",
             options.workers,
             program.to_string_lossy(),
-            policy.name()
+            policy.name(),
+            options.admin.map_or_else(String::new, |a| format!(
+                "; admin endpoints on http://{a}/_nodus/"
+            ))
         );
-        primary.run().await
+        let code = primary.run().await;
+        if let Some(server) = admin {
+            server.drain(Duration::from_secs(1)).await;
+        }
+        code
     })
 }
 

@@ -202,6 +202,44 @@ fn run_passes_listeners_to_a_node_program_without_making_it_a_cluster_worker() {
 }
 
 #[test]
+fn run_with_admin_serves_the_clusters_endpoints_and_top_watches_it() {
+    let admin = free_addr();
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "-w", "2", "--admin", &admin.to_string()])
+            .args(["--", "sh", "-c", "exec sleep 30"])
+            .env("RUST_LOG", "info"),
+    );
+    primary.wait_line("2 workers ready");
+    assert_eq!(get_ok(admin, "/_nodus/readyz"), "ready\n");
+    let stats: Value = serde_json::from_str(&get_ok(admin, "/_nodus/stats")).unwrap();
+    assert_eq!(stats["workers_up"], 2, "{stats}");
+    let pids: Vec<String> = stats["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["pid"].as_u64().unwrap().to_string())
+        .collect();
+    assert_eq!(pids.len(), 2, "{stats}");
+    let metrics = get_ok(admin, "/_nodus/metrics");
+    assert!(metrics.contains("nodus_cluster_workers_up 2"), "{metrics}");
+    let out = Command::new(NODUS)
+        .args(["top", "--once", &admin.to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    for pid in &pids {
+        assert!(
+            text.contains(pid.as_str()),
+            "top shows worker pid {pid}:\n{text}"
+        );
+    }
+    primary.signal(rustix::process::Signal::TERM);
+    assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
+}
+
+#[test]
 fn run_gives_up_on_a_program_that_exits_at_once() {
     let mut primary = spawn(
         Command::new(NODUS)

@@ -1,7 +1,8 @@
 //! The admin endpoints under `/_nodus/`: metrics, healthz, readyz, stats and the live page.
 //!
 //! On the public listener they answer loopback clients only (`allowed`); `--admin ADDR` serves
-//! them on a listener of their own instead.
+//! them on a listener of their own instead (for a cluster primary, `serve_primary`: `nodus serve
+//! --workers N` and `nodus run`).
 //!
 //! In a cluster, stats and metrics cover every worker whichever process answers: a worker asks
 //! its primary over IPC, the primary (which serves `--admin` itself) builds them from its
@@ -58,6 +59,29 @@ impl Source {
             Source::Worker(w) => w.cluster_metrics().await.unwrap_or_else(|_| local()),
         }
     }
+}
+
+/// Serves the admin endpoints of a cluster primary on `listener`: the whole cluster's figures,
+/// and readyz 200 while the primary is ready (`nodus serve --workers N`, `nodus run`).
+pub fn serve_primary(
+    listener: nodus::net::TcpListener,
+    primary: nodus::cluster::Primary,
+) -> nodus_http::Server {
+    let source = Source::Primary(primary);
+    nodus_http::serve(
+        listener,
+        nodus_http::Config {
+            name: "http:admin",
+            ..nodus_http::Config::default()
+        },
+        move |req| {
+            let source = source.clone();
+            async move {
+                let ready = matches!(&source, Source::Primary(p) if p.is_ready());
+                respond(req.method(), req.uri().path(), ready, &source).await
+            }
+        },
+    )
 }
 
 /// Answers an admin request. `ready` is false once a shutdown began.

@@ -257,7 +257,7 @@ async fn serve_worker(options: ServeOptions, root: PathBuf, worker: nodus::clust
     drained_exit_code(cut)
 }
 
-pub(super) fn new_site(
+fn new_site(
     options: &ServeOptions,
     root: PathBuf,
     admin_on_public: bool,
@@ -335,7 +335,7 @@ fn start_servers<L: nodus_http::server::Accept>(
 }
 
 /// The admin endpoints on a listener of their own.
-pub(super) fn serve_admin(listener: TcpListener, site: Rc<Site>) -> nodus_http::Server {
+fn serve_admin(listener: TcpListener, site: Rc<Site>) -> nodus_http::Server {
     serve(
         listener,
         Config {

@@ -16,7 +16,7 @@ use std::time::Duration;
 use nodus::cluster::{Config, Policy, Primary, Readiness, WorkerCommand};
 
 use super::admin;
-use super::app::{ServeOptions, fail, listeners, new_site, serve_admin};
+use super::app::{ServeOptions, fail, listeners};
 
 /// Runs the primary until shutdown; returns the exit code.
 pub async fn run(options: ServeOptions) -> i32 {
@@ -61,15 +61,7 @@ pub async fn run(options: ServeOptions) -> i32 {
         Ok(p) => p,
         Err(e) => return fail(e.to_string()),
     };
-    let admin_server = admin_listener.map(|l| {
-        let site = new_site(
-            &options,
-            std::path::PathBuf::new(),
-            false,
-            admin::Source::Primary(primary.clone()),
-        );
-        serve_admin(l, site)
-    });
+    let admin_server = admin_listener.map(|l| admin::serve_primary(l, primary.clone()));
     tracing::info!(
         "cluster of {} workers (policy {}) serving on http://{public_addr}/{}",
         options.workers,

@@ -19,7 +19,7 @@
 //! (and 304) send no body; every other header is already right. `root` comes from
 //! `static_files::canonical_root(dir)` once at startup.
 
-mod admin;
+pub(crate) mod admin;
 pub mod app;
 mod cluster_primary;
 pub mod conditional;
