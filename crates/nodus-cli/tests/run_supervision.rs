@@ -96,7 +96,7 @@ fn a_replacement_that_cannot_be_started_is_retried_and_the_service_stays_up() {
     // primary was started from: a copy of it, which the test then takes away.
     let dir = TempDir::new("spawn-fail");
     let program = dir.path().join("nodus");
-    std::fs::copy(NODUS, &program).unwrap();
+    copy_nodus(&program);
     let away = dir.path().join("nodus.away");
     let log = dir.path().join("events.jsonl");
     let mut primary = spawn(
@@ -683,4 +683,22 @@ fn workers_saying(primary: &mut Proc, text: &str) -> usize {
         .iter()
         .filter(|l| l.ends_with(&suffix))
         .count()
+}
+
+/// Copies the nodus binary to `to` and waits until the copy can be run: a fork in another test
+/// of this process may hold the copy's write fd for a moment (`ETXTBSY` until it execs).
+fn copy_nodus(to: &std::path::Path) {
+    std::fs::copy(NODUS, to).unwrap();
+    for _ in 0..250 {
+        match Command::new(to).arg("--version").output() {
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::TXTBSY.raw_os_error()) => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            run => {
+                assert!(run.unwrap().status.success());
+                return;
+            }
+        }
+    }
+    panic!("{} stayed busy (ETXTBSY) for 5 s", to.display());
 }
