@@ -54,6 +54,9 @@ pub struct WorkerStats {
     /// Resident set size, as the primary reads it (else the snapshot's own `rss_bytes`).
     #[serde(default)]
     pub rss_bytes: Option<u64>,
+    /// How long the process has been up, as the primary counts it (else the snapshot's own).
+    #[serde(default)]
+    pub uptime_seconds: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -91,6 +94,7 @@ impl From<StatsDoc> for ClusterStats {
                     snapshot: Some(*s),
                     restarts: 0,
                     rss_bytes: None,
+                    uptime_seconds: None,
                 }],
                 restarts: 0,
                 budget_left: None,
@@ -395,6 +399,10 @@ fn derive_row(
         rss_bytes: w
             .rss_bytes
             .or_else(|| w.snapshot.as_ref().map(|s| s.rss_bytes).filter(|&b| b > 0)),
+        // The primary's figure covers a worker that sends no snapshot (a plain program).
+        uptime_s: w
+            .uptime_seconds
+            .or_else(|| w.snapshot.as_ref().map(|s| s.uptime_seconds)),
         ..Row::default()
     };
     let Some(s) = &w.snapshot else {
@@ -402,7 +410,6 @@ fn derive_row(
     };
     let prev = before.map(|b| &b.0);
     let ls = &s.loop_stats;
-    row.uptime_s = Some(s.uptime_seconds);
     row.util = Some(
         prev.and_then(|p| {
             let busy = ls.busy_seconds - p.loop_stats.busy_seconds;
@@ -540,7 +547,7 @@ mod tests {
         assert_eq!(one.workers.len(), 1);
         assert_eq!(one.workers[0].pid, Some(42));
         let doc = format!(
-            r#"{{"workers":[{{"worker":0,"pid":42,"snapshot":{snap}}},{{"worker":1,"pid":43,"snapshot":null,"restarts":2}}],"restarts":2,"budget_left":3,"generation":1}}"#
+            r#"{{"workers":[{{"worker":0,"pid":42,"snapshot":{snap}}},{{"worker":1,"pid":43,"snapshot":null,"restarts":2,"uptime_seconds":7.5}}],"restarts":2,"budget_left":3,"generation":1}}"#
         );
         let c = ClusterStats::parse(doc.as_bytes()).unwrap();
         assert!(c.cluster);
@@ -550,6 +557,7 @@ mod tests {
         );
         assert_eq!(c.workers[1].restarts, 2);
         assert!(c.workers[1].snapshot.is_none());
+        assert_eq!(c.workers[1].uptime_seconds, Some(7.5));
         let e = ClusterStats::parse(b"{\"pid\": 1}").unwrap_err();
         assert!(e.contains("missing field"), "{e}");
         assert!(
