@@ -39,6 +39,16 @@ pub enum Source {
 }
 
 impl Source {
+    /// Whether the process it speaks for takes traffic: a worker until the primary stops it, a
+    /// primary while it is ready (not stopping), this process always (its own shutdown flag aside).
+    pub fn is_ready(&self) -> bool {
+        match self {
+            Source::Worker(w) => !w.is_stopping(),
+            Source::Primary(p) => p.is_ready(),
+            Source::Local => true,
+        }
+    }
+
     async fn stats(&self) -> Vec<u8> {
         let local = || serde_json::to_vec(&nodus_http::snapshot()).expect("a snapshot serializes");
         match self {
@@ -76,10 +86,7 @@ pub fn serve_primary(
         },
         move |req| {
             let source = source.clone();
-            async move {
-                let ready = matches!(&source, Source::Primary(p) if p.is_ready());
-                respond(req.method(), req.uri().path(), ready, &source).await
-            }
+            async move { respond(req.method(), req.uri().path(), source.is_ready(), &source).await }
         },
     )
 }

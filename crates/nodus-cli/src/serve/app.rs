@@ -66,12 +66,7 @@ pub(super) struct Site {
 
 impl Site {
     fn is_ready(&self) -> bool {
-        self.ready.get()
-            && match &self.source {
-                admin::Source::Worker(w) => !w.is_stopping(),
-                admin::Source::Primary(p) => p.is_ready(),
-                admin::Source::Local => true,
-            }
+        self.ready.get() && self.source.is_ready()
     }
 }
 
