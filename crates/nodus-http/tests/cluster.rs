@@ -515,6 +515,37 @@ fn the_primary_runs_sched_batch_and_its_workers_the_normal_policy() {
     }
 }
 
+#[test]
+fn a_primary_started_under_sched_batch_keeps_it_and_so_do_its_workers() {
+    const SCHED_BATCH: u32 = 3;
+    let _x = exclusive();
+    // As `chrt -b 0` starts a program: the policy is the spawning thread's, inherited by the
+    // child. This test's thread goes back to the normal policy once the primary is started.
+    let c = with_this_thread_under(libc::SCHED_BATCH, || Cluster::start(2, "rr", &[]));
+    forty_requests(&c);
+    assert_eq!(sched_policy(c.pid()), SCHED_BATCH);
+    let workers = c.worker_pids();
+    assert_eq!(workers.len(), 2, "{workers:?}");
+    for w in workers {
+        assert_eq!(sched_policy(w), SCHED_BATCH, "worker {w}");
+    }
+}
+
+/// Runs `f` with the calling thread under scheduling `policy` (priority 0), then puts the thread
+/// back to the normal policy.
+fn with_this_thread_under<T>(policy: libc::c_int, f: impl FnOnce() -> T) -> T {
+    let set = |policy| {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: a plain syscall on the calling thread (pid 0) with an initialized param.
+        let rc = unsafe { libc::sched_setscheduler(0, policy, &param) };
+        assert_eq!(rc, 0, "sched_setscheduler: {}", std::io::Error::last_os_error());
+    };
+    set(policy);
+    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    set(libc::SCHED_OTHER);
+    out.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
 /// `--workers 1 --max-restarts 3 --restart-window 2 --crash-after-ms MS`, not waited for.
 fn crashing(ms: &str) -> Cluster {
     let flags = [
