@@ -128,6 +128,34 @@ fn a_timer_of_duration_max_panics_clearly() {
 }
 
 #[test]
+fn the_timer_futures_take_delays_past_nodes_maximum() {
+    let rt = Runtime::new();
+    let forty_days = Duration::from_secs(40 * 86_400);
+    let (left, answer, forever) = rt.block_on(async move {
+        let s = sleep(forty_days);
+        let left = s.deadline() - Instant::now();
+        // Each future is pending once, so the timeout's timer is armed before it completes.
+        let answer = timeout(forty_days, async {
+            yield_now().await;
+            42
+        })
+        .await;
+        let forever = timeout(Duration::MAX, async {
+            yield_now().await;
+            7
+        })
+        .await;
+        (left, answer, forever)
+    });
+    assert!(
+        left > forty_days - Duration::from_secs(60),
+        "deadline in {left:?}"
+    );
+    assert_eq!(answer, Ok(42));
+    assert_eq!(forever, Ok(7));
+}
+
+#[test]
 fn run_returns_when_nothing_refd_is_alive() {
     let rt = Runtime::new();
     let fired = Rc::new(Cell::new(0));

@@ -14,6 +14,17 @@ pub trait IntoDelay {
     /// Above [`MAX_DELAY`].
     #[track_caller]
     fn into_delay_ns(self) -> u64;
+
+    /// The delay in nanoseconds, clamped to at least 1 ms but with no upper limit (saturating at
+    /// `u64::MAX`, about 584 years): what the timer futures take, which wait past
+    /// [`MAX_DELAY`] in steps. The default is [`into_delay_ns`](IntoDelay::into_delay_ns).
+    #[track_caller]
+    fn into_unlimited_delay_ns(self) -> u64
+    where
+        Self: Sized,
+    {
+        self.into_delay_ns()
+    }
 }
 
 impl IntoDelay for Duration {
@@ -22,19 +33,30 @@ impl IntoDelay for Duration {
         if self > MAX_DELAY {
             too_long(format_args!("{self:?}"));
         }
-        (self.as_nanos() as u64).max(MIN_DELAY_NS)
+        self.into_unlimited_delay_ns()
+    }
+
+    fn into_unlimited_delay_ns(self) -> u64 {
+        u64::try_from(self.as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(MIN_DELAY_NS)
     }
 }
 
 impl IntoDelay for f64 {
     #[track_caller]
     fn into_delay_ns(self) -> u64 {
-        if self.is_nan() || self < 1.0 {
-            return MIN_DELAY_NS;
-        }
         if self > MAX_DELAY.as_millis() as f64 {
             too_long(format_args!("{self} ms"));
         }
+        self.into_unlimited_delay_ns()
+    }
+
+    fn into_unlimited_delay_ns(self) -> u64 {
+        if self.is_nan() || self < 1.0 {
+            return MIN_DELAY_NS;
+        }
+        // `as` saturates: infinity and anything past u64::MAX ns become u64::MAX.
         (self * 1e6) as u64
     }
 }
@@ -48,6 +70,13 @@ macro_rules! int_delay {
                     return MIN_DELAY_NS;
                 }
                 Duration::from_millis(self as u64).into_delay_ns()
+            }
+
+            fn into_unlimited_delay_ns(self) -> u64 {
+                if self < 1 as $t {
+                    return MIN_DELAY_NS;
+                }
+                Duration::from_millis(self as u64).into_unlimited_delay_ns()
             }
         }
     )*};
@@ -89,6 +118,25 @@ mod tests {
         assert_eq!(Duration::ZERO.into_delay_ns(), 1_000_000);
         assert_eq!(10u64.into_delay_ns(), 10_000_000);
         assert_eq!(MAX_DELAY.into_delay_ns(), MAX_DELAY.as_nanos() as u64);
+    }
+
+    #[test]
+    fn unlimited_delays_clamp_below_and_saturate_above() {
+        assert_eq!(0.into_unlimited_delay_ns(), 1_000_000);
+        assert_eq!(f64::NAN.into_unlimited_delay_ns(), 1_000_000);
+        assert_eq!(Duration::ZERO.into_unlimited_delay_ns(), 1_000_000);
+        let forty_days = Duration::from_secs(40 * 86_400);
+        assert_eq!(
+            forty_days.into_unlimited_delay_ns(),
+            forty_days.as_nanos() as u64
+        );
+        assert_eq!(
+            (40u64 * 86_400_000).into_unlimited_delay_ns(),
+            forty_days.as_nanos() as u64
+        );
+        assert_eq!(Duration::MAX.into_unlimited_delay_ns(), u64::MAX);
+        assert_eq!(u64::MAX.into_unlimited_delay_ns(), u64::MAX);
+        assert_eq!(f64::INFINITY.into_unlimited_delay_ns(), u64::MAX);
     }
 
     #[test]

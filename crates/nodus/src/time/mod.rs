@@ -4,8 +4,10 @@
 //! in insertion order; a timer never fires early on the loop clock (it fires in the first timers
 //! pass whose time is at or past its deadline). Deadlines count from the loop's latest clock
 //! read, which is the start of the callback that sets the timer (with measurements compiled out,
-//! the start of the iteration). A delay above Node's maximum (2^31 − 1 ms, about 24.8 days)
-//! panics with a clear message instead of being silently changed.
+//! the start of the iteration). A `set_timeout`/`set_interval` delay above Node's maximum
+//! (2^31 − 1 ms, about 24.8 days) panics with a clear message instead of being silently changed;
+//! the futures (`sleep`, `sleep_until`, `interval`, `timeout`) take longer delays and wait them
+//! out in steps of at most that maximum.
 
 mod delay;
 pub(crate) mod queue;

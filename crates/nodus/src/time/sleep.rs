@@ -4,6 +4,10 @@
 //! process clock the loops share outside one) and joins the timer queue of the loop that first
 //! polls it, as a waker entry (no boxed callback). While armed and ref'd it keeps the loop alive, like a pending
 //! `setTimeout` promise; dropping it cancels the timer.
+//!
+//! Unlike `set_timeout`, these take delays past Node's maximum (2^31 − 1 ms, about 24.8 days): a
+//! longer sleep arms its timer for at most that long and re-arms it, from the loop's time, for
+//! what is left each time it fires, until its deadline. A sleep within the maximum arms once.
 
 use std::fmt;
 use std::future::Future;
@@ -17,12 +21,31 @@ use super::loop_now_ns;
 use super::queue::{TimerAction, TimerKey};
 use crate::rt::context::{try_with_core, with_core};
 
+/// The longest one timer of a `Sleep` is armed for: Node's maximum delay.
+#[cfg(not(test))]
+fn max_step_ns() -> u64 {
+    super::MAX_DELAY.as_nanos() as u64
+}
+
+#[cfg(test)]
+thread_local! {
+    /// A shorter step, so that the unit tests see a long sleep re-arm.
+    static MAX_STEP_NS: std::cell::Cell<u64> =
+        const { std::cell::Cell::new(super::MAX_DELAY.as_nanos() as u64) };
+}
+
+#[cfg(test)]
+fn max_step_ns() -> u64 {
+    MAX_STEP_NS.get()
+}
+
 /// Completes once its deadline has passed on the loop clock. See [`sleep`].
 #[must_use = "futures do nothing unless awaited"]
 pub struct Sleep {
     deadline: u64,
-    /// The delay it was made with (timers of one delay share a list in the queue).
-    delay: u64,
+    /// When it was made (or reset): its first timer counts from here (timers of one delay share
+    /// a list in the queue).
+    start: u64,
     key: Option<TimerKey>,
     /// The loop whose queue holds `key`.
     loop_id: u64,
@@ -33,16 +56,14 @@ pub struct Sleep {
 
 /// Waits for `delay` (at least 1 ms, Node's rule; see the `time` module docs).
 ///
-/// # Panics
-/// Above [`MAX_DELAY`](super::MAX_DELAY) (2^31 − 1 ms, about 24.8 days: Node's timer limit); wait
-/// longer in steps.
 #[track_caller]
 pub fn sleep(delay: impl IntoDelay) -> Sleep {
     let location = Location::caller();
-    let delay = delay.into_delay_ns();
+    let delay = delay.into_unlimited_delay_ns();
+    let start = loop_now_ns();
     Sleep {
-        deadline: loop_now_ns().saturating_add(delay),
-        delay,
+        deadline: start.saturating_add(delay),
+        start,
         key: None,
         loop_id: 0,
         refd: true,
@@ -53,9 +74,6 @@ pub fn sleep(delay: impl IntoDelay) -> Sleep {
 
 /// Waits until `deadline` (at least 1 ms from now, Node's rule).
 ///
-/// # Panics
-/// Above [`MAX_DELAY`](super::MAX_DELAY) (2^31 − 1 ms, about 24.8 days: Node's timer limit); wait
-/// longer in steps.
 #[track_caller]
 pub fn sleep_until(deadline: Instant) -> Sleep {
     sleep(deadline.saturating_duration_since(crate::clock::instant_at(loop_now_ns())))
@@ -85,10 +103,10 @@ impl Sleep {
     /// Re-arms the sleep for `delay` from the loop's current time.
     #[track_caller]
     pub fn reset(&mut self, delay: impl IntoDelay) {
-        let delay = delay.into_delay_ns();
+        let delay = delay.into_unlimited_delay_ns();
         self.cancel();
-        self.deadline = loop_now_ns().saturating_add(delay);
-        self.delay = delay;
+        self.start = loop_now_ns();
+        self.deadline = self.start.saturating_add(delay);
         self.fired = false;
     }
 
@@ -138,24 +156,10 @@ impl Future for Sleep {
                 );
             }
             let mut timers = core.timers.borrow_mut();
-            match this.key {
-                None => {
-                    this.loop_id = core.loop_id();
-                    let action = TimerAction::Wake(Some(cx.waker().clone()));
-                    this.key = Some(timers.insert(
-                        this.deadline - this.delay,
-                        this.delay,
-                        0,
-                        action,
-                        this.refd,
-                        this.location,
-                    ));
-                    drop(timers);
-                    if this.refd {
-                        core.ref_handle();
-                    }
-                    Poll::Pending
-                }
+            // The start of the step to arm: the sleep's own start, or now for the next step of a
+            // long sleep whose timer fired before its deadline.
+            let start = match this.key {
+                None => this.start,
                 Some(key) => match timers.get_mut(key) {
                     Some(e) => {
                         if let TimerAction::Wake(w) = &mut e.action
@@ -165,15 +169,35 @@ impl Future for Sleep {
                             drop(timers);
                             drop(old);
                         }
-                        Poll::Pending
+                        return Poll::Pending;
+                    }
+                    None if this.deadline - this.start > max_step_ns()
+                        && core.meter.now() < this.deadline =>
+                    {
+                        core.meter.now()
                     }
                     None => {
                         this.key = None;
                         this.fired = true;
-                        Poll::Ready(())
+                        return Poll::Ready(());
                     }
                 },
+            };
+            this.loop_id = core.loop_id();
+            let action = TimerAction::Wake(Some(cx.waker().clone()));
+            this.key = Some(timers.insert(
+                start,
+                (this.deadline - start).min(max_step_ns()),
+                0,
+                action,
+                this.refd,
+                this.location,
+            ));
+            drop(timers);
+            if this.refd {
+                core.ref_handle();
             }
+            Poll::Pending
         })
     }
 }
@@ -196,12 +220,9 @@ impl fmt::Debug for Sleep {
 /// Ticks every `period`, the first tick one period after creation (like `setInterval`). A tick
 /// that is late re-arms from when it ran, so late ticks are not bunched up.
 ///
-/// # Panics
-/// Above [`MAX_DELAY`](super::MAX_DELAY) (2^31 − 1 ms, about 24.8 days: Node's timer limit); wait
-/// longer in steps.
 #[track_caller]
 pub fn interval(period: impl IntoDelay) -> Interval {
-    let period = Duration::from_nanos(period.into_delay_ns());
+    let period = Duration::from_nanos(period.into_unlimited_delay_ns());
     Interval {
         period,
         sleep: sleep(period),
@@ -244,9 +265,6 @@ impl Interval {
 
 /// Runs `future` for at most `limit`; `Err(Elapsed)` if the time ran out first.
 ///
-/// # Panics
-/// Above [`MAX_DELAY`](super::MAX_DELAY) (2^31 − 1 ms, about 24.8 days: Node's timer limit); wait
-/// longer in steps.
 #[track_caller]
 pub fn timeout<F: Future>(limit: impl IntoDelay, future: F) -> Timeout<F> {
     Timeout {
@@ -287,5 +305,35 @@ impl<F: Future> Future for Timeout<F> {
             return Poll::Ready(Ok(v));
         }
         Pin::new(&mut this.sleep).poll(cx).map(|()| Err(Elapsed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sleep_longer_than_one_step_rearms_until_its_deadline() {
+        MAX_STEP_NS.set(5_000_000);
+        let rt = crate::Runtime::new();
+        let (deadline, woke) = rt.block_on(async {
+            let s = sleep(Duration::from_millis(23));
+            let deadline = s.deadline;
+            s.await;
+            (deadline, loop_now_ns())
+        });
+        assert!(
+            woke >= deadline,
+            "woke {} ms before the deadline",
+            (deadline - woke) as f64 / 1e6
+        );
+        // A sleep within one step arms once and ends at its deadline too.
+        let (deadline, woke) = rt.block_on(async {
+            let s = sleep(Duration::from_millis(3));
+            let deadline = s.deadline;
+            s.await;
+            (deadline, loop_now_ns())
+        });
+        assert!(woke >= deadline);
     }
 }
