@@ -599,6 +599,26 @@ fn a_panic_in_a_task_futures_drop_at_shutdown_neither_aborts_nor_stops_the_rest(
 }
 
 #[test]
+fn two_panicking_drops_at_shutdown_do_not_abort_and_the_first_propagates() {
+    let (dropped, f) = drop_flag();
+    let rt = Runtime::new();
+    rt.enter(|| {
+        let first = OnDrop(Some(|| panic!("first boom")));
+        let second = OnDrop(Some(|| panic!("second boom")));
+        set_timeout(100_000, move || drop(first));
+        set_timeout(100_000, move || drop(second));
+        drop(spawn(async move {
+            let _f = f;
+            std::future::pending::<()>().await
+        }));
+    });
+    let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(rt)))
+        .expect_err("the runtime's drop resumes the panic");
+    assert_eq!(panic.downcast_ref::<&str>(), Some(&"first boom"));
+    assert!(dropped.get(), "the task was dropped despite the panics");
+}
+
+#[test]
 fn a_panic_in_a_callbacks_drop_at_shutdown_still_drops_every_task_then_propagates() {
     let (dropped, f) = drop_flag();
     let rt = Runtime::new();

@@ -23,6 +23,7 @@ mod phases;
 pub(crate) mod queues;
 mod ticks;
 
+use std::any::Any;
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
 use std::pin::pin;
@@ -228,20 +229,14 @@ impl Drop for Runtime {
 
 impl Core {
     /// Drops everything the loop still holds, on the loop thread, until nothing is left (dropping
-    /// a task's future may cancel timers, spawn or wake other tasks). A panic in a drop does not
-    /// stop it: the first is resumed once all is dropped (unless the thread is unwinding already).
+    /// a task's future may cancel timers, spawn or wake other tasks). Each item is dropped under
+    /// its own `catch_unwind`, so a panicking drop neither stops the rest nor, with a second one,
+    /// aborts the process: the first panic is resumed once all is dropped (unless the thread is
+    /// unwinding already).
     fn shutdown(&self) {
         self.shutting_down.set(true);
         let mut panic = None;
-        loop {
-            match catch_unwind(AssertUnwindSafe(|| self.drop_held())) {
-                Ok(true) => break,
-                Ok(false) => {}
-                Err(p) => {
-                    panic.get_or_insert(p);
-                }
-            }
-        }
+        while !self.drop_held(&mut panic) {}
         drop(self.shared.close());
         if let Some(p) = panic
             && !std::thread::panicking()
@@ -251,8 +246,9 @@ impl Core {
     }
 
     /// Drops one round of what the loop holds: queued work, timers, hooks, callbacks and stored
-    /// wakers, then every task still registered. Returns whether there was nothing left.
-    fn drop_held(&self) -> bool {
+    /// wakers, then every task still registered. Returns whether there was nothing left; keeps
+    /// the first panic of a drop in `panic`.
+    fn drop_held(&self, panic: &mut Option<Box<dyn Any + Send>>) -> bool {
         let micro = self.micro.borrow_mut().take_all();
         let check = self.check.borrow_mut().order.take_all();
         let immediates: Vec<_> = self.check.borrow_mut().immediates.drain().collect();
@@ -273,19 +269,37 @@ impl Core {
             && closing.is_empty()
             && remote.is_empty()
             && wakers.is_empty();
-        drop((
-            micro, check, immediates, ticks, timers, hooks, pending, closing, remote, wakers,
-        ));
+        for_each_caught(micro, drop, panic);
+        for_each_caught(check, drop, panic);
+        for_each_caught(immediates, drop, panic);
+        for_each_caught(ticks, drop, panic);
+        for_each_caught(timers, drop, panic);
+        for_each_caught(hooks, drop, panic);
+        for_each_caught(pending, drop, panic);
+        for_each_caught(closing, drop, panic);
+        for_each_caught(remote, drop, panic);
+        for_each_caught(wakers, drop, panic);
         // The tasks left (parked where no waker is stored, or whose `JoinHandle` is held), in key
         // order, now that no queue holds a `Runnable`: the wake hands each one's `Runnable` to
         // `schedule_local`, which drops it, and with it the future (a task spawned meanwhile
         // goes the same way at once, so the next round finds it gone).
         let tasks = std::mem::take(&mut *self.tasks.borrow_mut());
         let empty = empty && tasks.is_empty();
-        for (_, (_, waker)) in tasks {
-            waker.wake();
-        }
+        for_each_caught(tasks, |(_, (_, waker))| waker.wake(), panic);
         empty
+    }
+}
+
+/// Calls `f` on each of `items` (`drop`, say) under its own `catch_unwind`; keeps the first panic.
+fn for_each_caught<T>(
+    items: impl IntoIterator<Item = T>,
+    f: impl Fn(T),
+    panic: &mut Option<Box<dyn Any + Send>>,
+) {
+    for item in items {
+        if let Err(p) = catch_unwind(AssertUnwindSafe(|| f(item))) {
+            panic.get_or_insert(p);
+        }
     }
 }
 
