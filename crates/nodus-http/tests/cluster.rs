@@ -502,32 +502,28 @@ fn sched_policy(pid: u32) -> u32 {
 
 #[test]
 fn the_primary_runs_sched_batch_and_its_workers_the_normal_policy() {
-    const SCHED_OTHER: u32 = 0;
-    const SCHED_BATCH: u32 = 3;
     let _x = exclusive();
     let c = Cluster::start(2, "rr", &[]);
-    forty_requests(&c);
-    assert_eq!(sched_policy(c.pid()), SCHED_BATCH);
-    let workers = c.worker_pids();
-    assert_eq!(workers.len(), 2, "{workers:?}");
-    for w in workers {
-        assert_eq!(sched_policy(w), SCHED_OTHER, "worker {w}");
-    }
+    assert_policies(&c, libc::SCHED_BATCH, libc::SCHED_OTHER);
 }
 
 #[test]
 fn a_primary_started_under_sched_batch_keeps_it_and_so_do_its_workers() {
-    const SCHED_BATCH: u32 = 3;
     let _x = exclusive();
     // As `chrt -b 0` starts a program: the policy is the spawning thread's, inherited by the
     // child. This test's thread goes back to the normal policy once the primary is started.
     let c = with_this_thread_under(libc::SCHED_BATCH, || Cluster::start(2, "rr", &[]));
-    forty_requests(&c);
-    assert_eq!(sched_policy(c.pid()), SCHED_BATCH);
-    let workers = c.worker_pids();
-    assert_eq!(workers.len(), 2, "{workers:?}");
-    for w in workers {
-        assert_eq!(sched_policy(w), SCHED_BATCH, "worker {w}");
+    assert_policies(&c, libc::SCHED_BATCH, libc::SCHED_BATCH);
+}
+
+/// `c` serves, its primary runs scheduling policy `primary` and both its workers `workers`.
+fn assert_policies(c: &Cluster, primary: libc::c_int, workers: libc::c_int) {
+    forty_requests(c);
+    assert_eq!(sched_policy(c.pid()), primary as u32, "the primary");
+    let pids = c.worker_pids();
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    for w in pids {
+        assert_eq!(sched_policy(w), workers as u32, "worker {w}");
     }
 }
 
