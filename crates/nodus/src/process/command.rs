@@ -203,8 +203,9 @@ impl Command {
         self
     }
 
-    /// Runs the child under the normal scheduling policy, whatever this thread's (a cluster
-    /// primary runs `SCHED_BATCH`, see `process::sched`; its workers must not inherit it).
+    /// Runs the child under the normal scheduling policy, whatever this thread's. Without it, a
+    /// child inherits this thread's policy, unless nodus chose that policy (a cluster primary's
+    /// `SCHED_BATCH`, see `process::sched`): then it is put back to the normal one anyway.
     pub(crate) fn normal_scheduling(&mut self, on: bool) -> &mut Command {
         self.normal_scheduling = on;
         self
@@ -311,7 +312,8 @@ impl Command {
             inheritable_fds()
         };
         let parent_pid = rustix::process::getpid();
-        let normal_scheduling = self.normal_scheduling;
+        // A policy nodus chose for this thread is not the child's (any child, not only a worker).
+        let normal_scheduling = self.normal_scheduling || super::sched::switched_this_thread();
         let fd_limit = super::child_fd_limit();
         // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
         // calls are allowed: it makes raw syscalls (prctl, getppid, getpid, kill, close_range,
@@ -464,4 +466,45 @@ fn inheritable_fds() -> Box<[RawFd]> {
                     .is_ok_and(|flags| !flags.contains(rustix::io::FdFlags::CLOEXEC))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The scheduling policy in a `/proc/PID/stat` text (field 41: 0 normal, 3 batch).
+    fn policy_in(stat: &str) -> u32 {
+        let after_comm = &stat[stat.rfind(')').expect("(comm)") + 2..];
+        after_comm.split(' ').nth(41 - 3).unwrap().parse().unwrap()
+    }
+
+    /// A cluster primary's loop thread runs `SCHED_BATCH` by nodus's choice (`sched`): any child
+    /// it spawns, not only its workers, starts under the normal policy.
+    #[test]
+    fn a_child_of_a_thread_nodus_switched_to_batch_runs_the_normal_policy() {
+        std::thread::spawn(|| {
+            assert!(super::super::sched::batch_this_thread());
+            let dir = std::env::temp_dir().join(format!("nodus-sched-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let out = dir.join("stat");
+            let file = std::fs::File::create(&out).unwrap();
+            let status = crate::Runtime::new().block_on(async {
+                let mut cmd = Command::new("cat");
+                cmd.arg("/proc/self/stat")
+                    .stdin(Stdio::Null)
+                    .stdout(Stdio::Fd(file.into()))
+                    .stderr(Stdio::Inherit);
+                let child = cmd.spawn().unwrap();
+                crate::timeout(std::time::Duration::from_secs(20), child.wait())
+                    .await
+                    .expect("cat exits")
+            });
+            assert!(status.unwrap().success());
+            let stat = std::fs::read_to_string(&out).unwrap();
+            std::fs::remove_dir_all(&dir).unwrap();
+            assert_eq!(policy_in(&stat), libc::SCHED_OTHER as u32, "{stat}");
+        })
+        .join()
+        .unwrap();
+    }
 }
