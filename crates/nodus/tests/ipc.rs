@@ -312,6 +312,40 @@ fn received_handles_are_acked_and_a_missing_fd_is_nacked() {
     });
 }
 
+/// Internal messages nobody takes with `recv_internal` are bounded in bytes as user messages
+/// are (64 MiB), not only in number (1024 of up to 16 MiB each): the oldest go first.
+#[test]
+fn unread_internal_messages_are_bounded_in_bytes() {
+    const MIB: usize = 1024 * 1024;
+    bounded(async {
+        let (ch, raw) = with_raw(ChannelOptions::default());
+        let pad = "x".repeat(MIB);
+        for n in 0..80 {
+            raw.write(format!("{{\"cmd\":\"NODE_PAD\",\"n\":{n},\"pad\":\"{pad}\"}}\n").as_bytes())
+                .await;
+        }
+        raw.write(b"{\"cmd\":\"NODE_LAST\"}\n\"end\"\n").await;
+        // Every internal frame was handled before the user message after them.
+        assert_eq!(ch.recv().await.unwrap().unwrap().json(), r#""end""#);
+        let (mut kept, mut bytes, mut first) = (0, 0, None);
+        loop {
+            let m = ch.recv_internal().await.unwrap();
+            if m.json() == r#"{"cmd":"NODE_LAST"}"# {
+                break;
+            }
+            let v: serde_json::Value = m.deserialize().unwrap();
+            first.get_or_insert(v["n"].as_u64().unwrap());
+            kept += 1;
+            bytes += m.json().len();
+        }
+        assert!(
+            bytes <= 64 * MIB,
+            "{kept} unread internal messages held {bytes} bytes"
+        );
+        assert!(first.unwrap() > 0, "the oldest are the ones dropped");
+    });
+}
+
 #[test]
 fn internal_messages_are_kept_from_user_receivers_and_socket_queries_answered() {
     bounded(async {

@@ -39,7 +39,8 @@
 //!   as an [`IpcError::Frame`] event; the channel stays open and reads on from the next line
 //!   (no JSON text contains a raw newline, so the stream keeps its sync). At most 64 input error
 //!   events wait unread, and at most 1024 messages or 64 MiB of them (the oldest are dropped,
-//!   with a warning): memory stays bounded when nobody reads. Nothing panics and nothing exits
+//!   with a warning), and at most 1024 internal messages or 64 MiB of them (the oldest are
+//!   dropped): memory stays bounded when nobody reads. Nothing panics and nothing exits
 //!   the process.
 //! - **Liveness.** An open channel is a ref'd handle (Node's `channel.ref()`); `unref()` lets the
 //!   loop exit while it is open. Closing (EOF, an error, `disconnect`, drop) releases it.
@@ -76,7 +77,8 @@ pub const HIGH_WATER: usize = 128 * 1024;
 /// Node's `MAX_HANDLE_RETRANSMISSIONS`.
 const MAX_RETRANSMISSIONS: u32 = 3;
 
-/// Internal messages kept for [`Channel::recv_internal`] before the oldest are dropped.
+/// Internal messages kept for [`Channel::recv_internal`] before the oldest are dropped; their
+/// JSON bytes are bounded by [`MAX_UNREAD_BYTES`] too (at least the newest is kept).
 const MAX_INTERNAL: usize = 1024;
 
 /// Error events about the peer's input ([`IpcError::UnexpectedFds`], [`IpcError::Frame`]) queued
@@ -288,6 +290,8 @@ struct State {
     /// Input error events (`UnexpectedFds`, `Frame`) in `incoming`.
     unread_errors: usize,
     internal: VecDeque<Message>,
+    /// JSON bytes of the messages in `internal`.
+    internal_bytes: usize,
     out: VecDeque<Out>,
     out_bytes: usize,
     held: VecDeque<(Vec<u8>, Payload)>,
@@ -576,10 +580,14 @@ impl State {
     }
 
     fn push_internal(&mut self, msg: Message, wake: &mut Vec<Waker>) {
-        if self.internal.len() == MAX_INTERNAL {
-            self.internal.pop_front();
-        }
+        self.internal_bytes += msg.json.get().len();
         self.internal.push_back(msg);
+        while self.internal.len() > 1
+            && (self.internal.len() > MAX_INTERNAL || self.internal_bytes > MAX_UNREAD_BYTES)
+        {
+            let dropped = self.internal.pop_front().expect("more than one");
+            self.internal_bytes -= dropped.json.get().len();
+        }
         wake.extend(self.internal_waker.take());
     }
 
@@ -652,6 +660,7 @@ impl Channel {
                 dropped_unread: 0,
                 unread_errors: 0,
                 internal: VecDeque::new(),
+                internal_bytes: 0,
                 out: VecDeque::new(),
                 out_bytes: 0,
                 held: VecDeque::new(),
@@ -771,11 +780,12 @@ impl Channel {
     }
 
     /// The next internal (`NODE_*`) message that nodus did not handle itself (`NODE_CLUSTER`,
-    /// say); `None` once closed. The last 1024 are kept.
+    /// say); `None` once closed. The last 1024 are kept, 64 MiB of them at most.
     pub async fn recv_internal(&self) -> Option<Message> {
         poll_fn(|cx| {
             let mut st = self.inner.st.borrow_mut();
             if let Some(m) = st.internal.pop_front() {
+                st.internal_bytes -= m.json.get().len();
                 return Poll::Ready(Some(m));
             }
             if st.closed {

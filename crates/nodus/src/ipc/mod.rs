@@ -25,7 +25,7 @@ mod fdpass;
 pub mod framing;
 mod handles;
 
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
 
 pub use channel::{Channel, ChannelOptions, HIGH_WATER, IpcError, MAX_FDS_PER_FRAME, Message};
 pub use framing::{DEFAULT_MAX_FRAME, FrameError};
@@ -39,7 +39,9 @@ impl Channel {
     ///
     /// # Errors
     /// [`IpcError::UnsupportedSerialization`] for a parent using `serialization: 'advanced'`;
-    /// [`IpcError::BadChannelFd`] when the variable is not an open Unix stream socket.
+    /// [`IpcError::BadChannelFd`] when the variable does not name a channel a parent passed: an
+    /// open, inherited (not close-on-exec: an fd this process opened itself is owned elsewhere)
+    /// and connected Unix stream socket. A refused fd is left as it was, never closed.
     ///
     /// # Panics
     /// Outside a running nodus loop.
@@ -56,8 +58,11 @@ impl Channel {
         };
         let mode = std::env::var_os("NODE_CHANNEL_SERIALIZATION_MODE");
         // SAFETY: `remove_var` races only with other threads reading or writing the environment
-        // at the same time. The runtime's own threads never touch it, and the contract of this
-        // function (documented above) is to be called before user threads do.
+        // at the same time, and the contract of this function (documented above) is to be called
+        // before user threads do. nodus's own threads read it only in `getaddrinfo` (a dns lookup
+        // on the I/O pool), and glibc's unsetenv only shifts the pointers of `environ`, never
+        // freeing a string a concurrent `getenv` may be reading: at worst such a lookup misses
+        // one variable.
         unsafe {
             std::env::remove_var("NODE_CHANNEL_FD");
             std::env::remove_var("NODE_CHANNEL_SERIALIZATION_MODE");
@@ -75,15 +80,39 @@ impl Channel {
             .ok()
             .filter(|fd| *fd >= 0)
             .ok_or_else(|| IpcError::BadChannelFd(format!("is {text:?}, not an fd number")))?;
-        if std::fs::symlink_metadata(format!("/proc/self/fd/{fd}")).is_err() {
-            return Err(IpcError::BadChannelFd(format!("{fd} is not an open fd")));
-        }
-        // SAFETY: the fd is open (checked above) and was handed to this process to own: the
-        // parent passed it for exactly this channel, and the variable naming it is now removed,
-        // so no other code in the process is told to take it.
+        check_inherited(fd).map_err(|why| IpcError::BadChannelFd(format!("{fd} {why}")))?;
+        // SAFETY: fd `fd` is open, was inherited across exec (it is not close-on-exec, which
+        // every fd this process opens is: so no other owner in this process knows it) and is a
+        // connected Unix stream socket, not a listener `net::listen_fds` could take
+        // (`check_inherited`). The parent passed it for exactly this channel, and the variable
+        // naming it is now removed, so no other code in the process is told to take it.
         let owned = unsafe { OwnedFd::from_raw_fd(fd) };
         Channel::from_fd(owned, options)
             .map(Some)
             .map_err(|e| IpcError::BadChannelFd(format!("{fd}: {e}")))
     }
+}
+
+/// Why fd `raw` is not a channel a parent passed, if it is not: it must be open, inherited (not
+/// close-on-exec: every fd this process opened itself is, and is owned elsewhere, the loop's
+/// epoll say) and a connected (not listening) Unix stream socket. Only borrowed: a refused fd
+/// is left as it was, never closed.
+fn check_inherited(raw: i32) -> Result<(), String> {
+    // SAFETY: only borrowed for the checks below, which read flags and options of whatever fd
+    // `raw` is (or fail if none is open); nothing is closed.
+    let fd = unsafe { BorrowedFd::borrow_raw(raw) };
+    let flags = rustix::io::fcntl_getfd(fd).map_err(|e| format!("is not an open fd ({e})"))?;
+    if flags.contains(rustix::io::FdFlags::CLOEXEC) {
+        return Err("is close-on-exec: this process opened it, no parent passed it".to_owned());
+    }
+    let sock = socket2::SockRef::from(&fd);
+    let stream = sock.domain().ok() == Some(socket2::Domain::UNIX)
+        && sock.r#type().ok() == Some(socket2::Type::STREAM);
+    if !stream {
+        return Err("is not a Unix stream socket".to_owned());
+    }
+    if rustix::net::sockopt::socket_acceptconn(fd).unwrap_or(false) {
+        return Err("is a listening socket, not a channel".to_owned());
+    }
+    Ok(())
 }

@@ -5,9 +5,17 @@
 //! - `spawn` must run on the loop thread: the child's pidfd and pipes are registered with the
 //!   current loop, and the parent-death signal fires when the *thread* that forked exits.
 //! - Everything that runs in the child between `fork` and `exec` (`pre_exec`) is a raw
-//!   async-signal-safe syscall: `prctl`, `getppid`, `kill`, `close_range`, `fcntl`, `dup2`,
-//!   `sched_setscheduler`, `prlimit64` (the starting open-files limit back, see `process`).
-//!   No allocation, no lock: the fd lists are computed in the parent and only read in the child.
+//!   async-signal-safe syscall: `rt_sigaction`, `prctl`, `getppid`, `kill`, `close_range`,
+//!   `fcntl`, `dup2`, `sched_setscheduler`, `prlimit64` (the starting open-files limit back, see
+//!   `process`). No allocation, no lock: the fd lists are computed in the parent and only read in
+//!   the child.
+//! - The first thing the child does is put the signals this process catches back to their
+//!   default action (as `exec` would), so a signal that comes before the `exec` (its
+//!   parent-death signal, its own `kill` when the parent is already gone, a supervisor's
+//!   `SIGTERM`) does what it does to the program, instead of running the parent's handler in the
+//!   child, where signal-hook's would swallow it. (What std runs in the child before `pre_exec`,
+//!   the stdio `dup2`s, `chdir`, `setpgid` and the signal-mask reset, still runs with the
+//!   parent's handlers: a signal in those few microseconds can be lost.)
 //! - The child gets stdio, the fds given to [`Command::pass_fd`] at their target numbers and,
 //!   with IPC, the channel right after the highest of them (fd 3 when there are none: Node's
 //!   `fork()` layout; listeners at 3..3+n then the channel: systemd's and DESIGN's layout), and
@@ -203,8 +211,9 @@ impl Command {
         self
     }
 
-    /// Runs the child under the normal scheduling policy, whatever this thread's (a cluster
-    /// primary runs `SCHED_BATCH`, see `process::sched`; its workers must not inherit it).
+    /// Runs the child under the normal scheduling policy, whatever this thread's. Without it, a
+    /// child inherits this thread's policy, unless nodus chose that policy (a cluster primary's
+    /// `SCHED_BATCH`, see `process::sched`): then it is put back to the normal one anyway.
     pub(crate) fn normal_scheduling(&mut self, on: bool) -> &mut Command {
         self.normal_scheduling = on;
         self
@@ -311,17 +320,27 @@ impl Command {
             inheritable_fds()
         };
         let parent_pid = rustix::process::getpid();
-        let normal_scheduling = self.normal_scheduling;
+        #[cfg(test)]
+        let parent_pid = match tests::PARENT_GONE.with(std::cell::Cell::get) {
+            true => rustix::process::Pid::from_raw(i32::MAX).expect("positive"),
+            false => parent_pid,
+        };
+        // A policy nodus chose for this thread is not the child's (any child, not only a worker).
+        let normal_scheduling = self.normal_scheduling || super::sched::switched_this_thread();
         let fd_limit = super::child_fd_limit();
         // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
-        // calls are allowed: it makes raw syscalls (prctl, getppid, getpid, kill, close_range,
-        // fcntl, dup2, sched_setscheduler, prlimit64) on plain integers, reads the lists computed in the
-        // parent, and allocates nothing. The inherited fds may be closed by now: `fcntl` then
+        // calls are allowed: it makes raw syscalls (rt_sigaction, prctl, getppid, getpid, kill,
+        // close_range, fcntl, dup2, sched_setscheduler, prlimit64) on plain integers and
+        // stack values, reads the lists computed in the parent, and allocates nothing. The inherited fds may be closed by now: `fcntl` then
         // fails, harmlessly.
         // Each target `OwnedFd` is wrapped in `ManuallyDrop`, so it is never closed here; the
         // sources stay open in the parent (`held`) until after the fork.
         unsafe {
             cmd.pre_exec(move || {
+                // First: a signal from here on (the parent-death signal, our own `kill` below, a
+                // supervisor's) acts as it will after `exec`, not through this process's
+                // handlers.
+                default_caught_signals();
                 if normal_scheduling {
                     super::sched::normal_this_thread()?;
                 }
@@ -417,6 +436,35 @@ impl ChildFds {
     }
 }
 
+/// Puts every signal this process catches back to its default action, as `exec` is about to;
+/// ignored ones stay ignored (as across `exec`). For the child between `fork` and `exec`: there a
+/// handler inherited from the parent (signal-hook's, behind `nodus::signal`) would take a
+/// `SIGTERM` meant to end the child, note it in the child's copy of its state and return, and the
+/// program would run as if none had come. Raw `sigaction` calls on stack values only:
+/// async-signal-safe.
+fn default_caught_signals() {
+    // Linux's signals are 1..=64 (`SIGRTMAX`); glibc refuses the two it keeps for itself.
+    for sig in 1..=64 {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: `sigaction` with a valid signal number (or an EINVAL return for one that is
+        // not), a null or initialized new action and a writable old one; all-zero is a valid
+        // `sigaction` (no flags, empty mask, `SIG_DFL`).
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) != 0
+                || old.sa_sigaction == libc::SIG_DFL
+                || old.sa_sigaction == libc::SIG_IGN
+            {
+                continue;
+            }
+            let default: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(sig, &default, std::ptr::null_mut());
+        }
+    }
+}
+
 /// Sets close-on-exec on every fd from 3 up with one `close_range` (Linux ≥ 5.11): one raw
 /// syscall, async-signal-safe (for the child between fork and exec).
 fn cloexec_from_3() -> io::Result<()> {
@@ -464,4 +512,78 @@ fn inheritable_fds() -> Box<[RawFd]> {
                     .is_ok_and(|flags| !flags.contains(rustix::io::FdFlags::CLOEXEC))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    thread_local! {
+        /// The next child takes its parent for gone (as if it died before the child's `prctl`).
+        pub(super) static PARENT_GONE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// A child whose parent is gone before its parent-death signal is set signals itself with
+    /// it. This process catches that signal (a `Signals` stream: signal-hook's handler), and the
+    /// child must not run that handler before `exec` (it would swallow the signal and run the
+    /// program orphaned): it dies of the signal.
+    #[test]
+    fn a_signal_the_child_gets_before_exec_is_not_caught_by_the_parents_handler() {
+        std::thread::spawn(|| {
+            let status = crate::Runtime::new().block_on(async {
+                let _caught = crate::signal::Signals::new(&[libc::SIGTERM]).unwrap();
+                PARENT_GONE.with(|g| g.set(true));
+                let mut cmd = Command::new("true");
+                cmd.stdin(Stdio::Null)
+                    .stdout(Stdio::Null)
+                    .stderr(Stdio::Inherit)
+                    .parent_death_signal(Some(libc::SIGTERM));
+                let child = cmd.spawn();
+                PARENT_GONE.with(|g| g.set(false));
+                crate::timeout(std::time::Duration::from_secs(20), child.unwrap().wait())
+                    .await
+                    .expect("the child ends")
+                    .unwrap()
+            });
+            assert_eq!(status.signal(), Some(libc::SIGTERM), "{status}");
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// The scheduling policy in a `/proc/PID/stat` text (field 41: 0 normal, 3 batch).
+    fn policy_in(stat: &str) -> u32 {
+        let after_comm = &stat[stat.rfind(')').expect("(comm)") + 2..];
+        after_comm.split(' ').nth(41 - 3).unwrap().parse().unwrap()
+    }
+
+    /// A cluster primary's loop thread runs `SCHED_BATCH` by nodus's choice (`sched`): any child
+    /// it spawns, not only its workers, starts under the normal policy.
+    #[test]
+    fn a_child_of_a_thread_nodus_switched_to_batch_runs_the_normal_policy() {
+        std::thread::spawn(|| {
+            assert!(super::super::sched::batch_this_thread());
+            let dir = std::env::temp_dir().join(format!("nodus-sched-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let out = dir.join("stat");
+            let file = std::fs::File::create(&out).unwrap();
+            let status = crate::Runtime::new().block_on(async {
+                let mut cmd = Command::new("cat");
+                cmd.arg("/proc/self/stat")
+                    .stdin(Stdio::Null)
+                    .stdout(Stdio::Fd(file.into()))
+                    .stderr(Stdio::Inherit);
+                let child = cmd.spawn().unwrap();
+                crate::timeout(std::time::Duration::from_secs(20), child.wait())
+                    .await
+                    .expect("cat exits")
+            });
+            assert!(status.unwrap().success());
+            let stat = std::fs::read_to_string(&out).unwrap();
+            std::fs::remove_dir_all(&dir).unwrap();
+            assert_eq!(policy_in(&stat), libc::SCHED_OTHER as u32, "{stat}");
+        })
+        .join()
+        .unwrap();
+    }
 }

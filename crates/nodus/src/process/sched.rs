@@ -8,12 +8,24 @@
 //! (BENCHMARKS.md, cluster section).
 //!
 //! Invariants: only a thread running the normal policy is switched (a policy the user chose, with
-//! `chrt` say, stays); the policy is inherited across `fork` and `exec`, so the primary's children
-//! are put back to the normal policy before `exec` ([`Command::normal_scheduling`]).
+//! `chrt` say, stays); the policy is inherited across `fork` and `exec`, so every child a switched
+//! thread spawns through [`Command`] (its workers, and any other) is put back to the normal policy
+//! before `exec` ([`switched_this_thread`]).
 //!
-//! [`Command::normal_scheduling`]: super::Command
+//! [`Command`]: super::Command
 
+use std::cell::Cell;
 use std::io;
+
+thread_local! {
+    /// This thread runs `SCHED_BATCH` because [`batch_this_thread`] switched it.
+    static SWITCHED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether nodus switched the calling thread to `SCHED_BATCH` (its children must not inherit it).
+pub(crate) fn switched_this_thread() -> bool {
+    SWITCHED.with(Cell::get)
+}
 
 /// Switches the calling thread from the normal policy to `SCHED_BATCH`; `true` when it did.
 pub(crate) fn batch_this_thread() -> bool {
@@ -31,6 +43,7 @@ pub(crate) fn batch_this_thread() -> bool {
             return false;
         }
     }
+    SWITCHED.with(|s| s.set(true));
     true
 }
 
