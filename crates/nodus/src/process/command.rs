@@ -96,8 +96,6 @@ pub struct Command {
     /// (target, source), sorted by target, one entry per target.
     fds: Vec<(RawFd, Arc<OwnedFd>)>,
     ipc: Option<ChannelOptions>,
-    /// Put the child back to the normal scheduling policy (its parent runs `SCHED_BATCH`).
-    normal_scheduling: bool,
 }
 
 impl Command {
@@ -117,7 +115,6 @@ impl Command {
             death_signal: None,
             fds: Vec::new(),
             ipc: None,
-            normal_scheduling: false,
         }
     }
 
@@ -208,14 +205,6 @@ impl Command {
     /// gone by the time the child sets it, the child signals itself at once.
     pub fn parent_death_signal(&mut self, signal: Option<i32>) -> &mut Command {
         self.death_signal = signal;
-        self
-    }
-
-    /// Runs the child under the normal scheduling policy, whatever this thread's. Without it, a
-    /// child inherits this thread's policy, unless nodus chose that policy (a cluster primary's
-    /// `SCHED_BATCH`, see `process::sched`): then it is put back to the normal one anyway.
-    pub(crate) fn normal_scheduling(&mut self, on: bool) -> &mut Command {
-        self.normal_scheduling = on;
         self
     }
 
@@ -326,7 +315,7 @@ impl Command {
             false => parent_pid,
         };
         // A policy nodus chose for this thread is not the child's (any child, not only a worker).
-        let normal_scheduling = self.normal_scheduling || super::sched::switched_this_thread();
+        let normal_scheduling = super::sched::switched_this_thread();
         let fd_limit = super::child_fd_limit();
         // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
         // calls are allowed: it makes raw syscalls (rt_sigaction, prctl, getppid, getpid, kill,

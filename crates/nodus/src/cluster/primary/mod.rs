@@ -220,8 +220,6 @@ pub(crate) struct State {
     done: RefCell<Option<std::task::Waker>>,
     events: events::Events,
     started: Instant,
-    /// The loop thread runs `SCHED_BATCH` (`process::sched`); workers are started normal.
-    batch_scheduling: bool,
     /// A release pass (`handoff::arm_release`) is scheduled.
     release_armed: Cell<bool>,
     /// A shutdown's drain began: no listener accepts or is bound any more.
@@ -258,7 +256,8 @@ impl Primary {
         // Fds handed to workers and not yet read count against the sender's limit (the kernel
         // refuses more with ETOOMANYREFS).
         crate::process::raise_fd_limit();
-        let batch_scheduling = crate::process::sched::batch_this_thread();
+        // Its workers start under the normal policy (`Command::spawn` sees to it).
+        crate::process::sched::batch_this_thread();
         let events = events::Events::open(config.event_log.as_deref())?;
         let budget = RestartBudget::new(config.max_restarts, config.restart_window);
         let listeners = std::mem::take(&mut config.listeners);
@@ -297,7 +296,6 @@ impl Primary {
             done: RefCell::new(None),
             events,
             started: Instant::now(),
-            batch_scheduling,
             release_armed: Cell::new(false),
             accepting_stopped: Cell::new(false),
             fd_reserve: handoff::FdReserve::new(),

@@ -115,8 +115,7 @@ impl Proc {
             // `KillMode=mixed`): no child of a worker outlives it.
             .process_group(0)
             .group_exit_signal(Some(SIGKILL))
-            .parent_death_signal(Some(SIGKILL))
-            .normal_scheduling(st.batch_scheduling);
+            .parent_death_signal(Some(SIGKILL));
         // `NODE_UNIQUE_ID` says "a cluster worker, with a channel to its primary" (to Node and to
         // nodus alike): only a worker that has the channel gets it. A plain program (fds from 3,
         // `NOTIFY_SOCKET`) with it would take itself for a cluster worker: Node's `listen` then
