@@ -5,14 +5,24 @@
 //! as readiness in its poll phase. Like Node's `process.on('SIGINT')`, a `Signals` stream does not
 //! keep the loop alive by itself (`ref_()` makes it).
 //!
+//! While a `Signals` stream lives, its signals' default actions (terminating, say) do not happen;
+//! once no stream of the process catches a signal any more, its default action is back, as in
+//! Node once the last `process.on('SIGTERM')` listener is removed. (signal-hook's handler stays
+//! installed for good, and with no action left it would swallow the signal: a conditional
+//! action per signal, registered with the first stream, runs the default while no stream lives.
+//! That holds even if other code in the process registered its own signal-hook action.)
+//!
 //! Invariants: readiness is edge-triggered, so every wake-up drains every pending signal before
 //! clearing readiness; a signal arriving after the drain writes to the pipe again and produces a
-//! new edge.
+//! new edge. `LISTENERS` counts, per signal, the live streams catching it; its flag is `true`
+//! exactly when the count is 0.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::poll_fn;
 use std::io;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use signal_hook_mio::v1_0::Signals as PipeSignals;
@@ -30,33 +40,58 @@ pub fn name(signal: i32) -> &'static str {
     signal_hook::low_level::signal_name(signal).unwrap_or("signal")
 }
 
+/// Per signal: the flag of its conditional default action (`true`: no stream catches it, run the
+/// default) and the number of live streams that catch it.
+static LISTENERS: Mutex<BTreeMap<i32, (Arc<AtomicBool>, usize)>> = Mutex::new(BTreeMap::new());
+
 /// A stream of the signals it was created for.
 pub struct Signals {
     pipe: PipeSignals,
     state: Rc<IoState>,
     loop_id: u64,
     queued: VecDeque<i32>,
+    /// The signals it catches, each once.
+    signals: Box<[i32]>,
 }
 
 impl Signals {
-    /// Starts catching `signals` (their default action, such as terminating, no longer happens).
+    /// Starts catching `signals`: their default action (terminating, say) no longer happens
+    /// until no stream catches them any more (see the module docs).
     ///
     /// # Errors
     /// For signals that cannot be caught (`SIGKILL`, `SIGSTOP`, `SIGSEGV`...).
     #[track_caller]
     pub fn new(signals: &[i32]) -> io::Result<Signals> {
         let mut pipe = PipeSignals::new(signals.iter().copied())?;
-        with_core("nodus::signal::Signals::new", |core| {
+        let mut signals = signals.to_vec();
+        signals.sort_unstable();
+        signals.dedup();
+        let signals = signals.into_boxed_slice();
+        let stream = with_core("nodus::signal::Signals::new", |core| {
             let state = core.reactor.register(&mut pipe)?;
             // Unref'd by default (Node's rule); the registration did not count in `refs`.
             state.refd.set(false);
-            Ok(Signals {
+            Ok::<_, io::Error>(Signals {
                 pipe,
                 state,
                 loop_id: core.loop_id(),
                 queued: VecDeque::new(),
+                signals,
             })
-        })
+        })?;
+        let mut listeners = LISTENERS.lock().unwrap_or_else(|e| e.into_inner());
+        for &signal in &stream.signals {
+            let (idle, count) = listeners.entry(signal).or_insert_with(|| {
+                let idle = Arc::new(AtomicBool::new(false));
+                // A signal signal-hook has no default for (a real-time one) cannot get this
+                // action: once no stream catches it, it stays swallowed.
+                let _ = signal_hook::flag::register_conditional_default(signal, idle.clone());
+                (idle, 0)
+            });
+            *count += 1;
+            idle.store(false, Ordering::SeqCst);
+        }
+        Ok(stream)
     }
 
     /// The next signal.
@@ -110,6 +145,16 @@ impl Signals {
 
 impl Drop for Signals {
     fn drop(&mut self) {
+        let mut listeners = LISTENERS.lock().unwrap_or_else(|e| e.into_inner());
+        for signal in &self.signals {
+            if let Some((idle, count)) = listeners.get_mut(signal) {
+                *count -= 1;
+                if *count == 0 {
+                    idle.store(true, Ordering::SeqCst);
+                }
+            }
+        }
+        drop(listeners);
         let state = self.state.clone();
         let pipe = &mut self.pipe;
         let wakers = try_with_core(|core| {

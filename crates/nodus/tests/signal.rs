@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use nodus::signal::{SIGUSR1, SIGUSR2, Signals};
+use nodus::signal::{SIGTERM, SIGUSR1, SIGUSR2, Signals};
 use nodus::{Runtime, set_timeout};
 
 #[test]
@@ -35,4 +35,58 @@ fn a_signal_stream_does_not_keep_run_alive_unless_refd() {
     });
     rt.run(); // kept alive by the ref'd stream until stop()
     rt.enter(|| drop(signals));
+}
+
+/// The child half of the next test, run in a process of its own (this test binary again): its
+/// default action kills the process.
+fn catch_then_release_sigterm() {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let pid = rustix::process::getpid();
+        let term = || rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        let first = Signals::new(&[SIGTERM]).unwrap();
+        let mut second = Signals::new(&[SIGTERM, SIGTERM]).unwrap();
+        drop(first);
+        term();
+        let got = nodus::timeout(Duration::from_secs(20), second.recv()).await;
+        println!("the second stream caught {got:?}");
+        drop(second);
+        println!("no stream left");
+        term();
+        nodus::sleep(Duration::from_secs(20)).await;
+        println!("still alive");
+    });
+}
+
+#[test]
+fn once_no_stream_catches_a_signal_its_default_action_is_back() {
+    const CHILD: &str = "NODUS_TEST_SIGNAL_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        catch_then_release_sigterm();
+        return;
+    }
+    let mut child = nodus_testkit::proc::Proc::spawn(
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "once_no_stream_catches_a_signal_its_default_action_is_back",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped()),
+    );
+    child.wait_line(&format!("the second stream caught Ok({SIGTERM})"));
+    child.wait_line("no stream left");
+    let status = child
+        .exited_within(Duration::from_secs(30))
+        .expect("the child exits");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        status.signal(),
+        Some(SIGTERM),
+        "{status}: {:?}",
+        child.output()
+    );
 }
