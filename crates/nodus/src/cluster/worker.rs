@@ -582,7 +582,7 @@ impl Worker {
         }
         queue.wake();
         match self.sh.board.get() {
-            Some(board) => board.post_taken_below(seq + 1),
+            Some(board) => board.post_taken_below(seq.saturating_add(1)),
             None => {
                 self.sh.took.set(Some(seq));
                 self.queue_report();

@@ -325,7 +325,7 @@ pub(super) fn dispatch(st: &Rc<State>, server: &Rc<Server>, conns: Vec<Conn>) ->
             match pick {
                 Some(i) => {
                     cands[i].in_flight += 1;
-                    cands[i].load += 1;
+                    cands[i].load = cands[i].load.saturating_add(1);
                     chosen[i].push(conn);
                 }
                 None => parked.push(conn),
