@@ -367,19 +367,37 @@ impl Command {
         let mut std_child = spawned?;
         let pid = rustix::process::Pid::from_raw(std_child.id() as i32)
             .expect("a spawned child has a positive pid");
-        let mut child = Child::watch(pid, group_exit)?;
-        if let Some(s) = std_child.stdin.take() {
-            child.stdin = Some(ChildStdin::new(OwnedFd::from(s))?);
-        }
-        if let Some(s) = std_child.stdout.take() {
-            child.stdout = Some(ChildStdout::new(OwnedFd::from(s))?);
-        }
-        if let Some(s) = std_child.stderr.take() {
-            child.stderr = Some(ChildStderr::new(OwnedFd::from(s))?);
-        }
-        if let (Some((parent, child_end)), Some(options)) = (channel, self.ipc.clone()) {
-            drop(child_end);
-            child.channel = Some(Channel::from_fd(parent, options)?);
+        // From here on the child runs: a step that fails must not leave it running unseen (the
+        // caller gets an error, no handle) nor unreaped.
+        let mut child = match Child::watch(pid, group_exit) {
+            Ok(child) => child,
+            Err(e) => {
+                // Nothing watches it: kill and reap it here (the SIGKILL makes the wait short).
+                let _ = std_child.kill();
+                let _ = std_child.wait();
+                return Err(e);
+            }
+        };
+        let hand_over = || -> io::Result<()> {
+            if let Some(s) = std_child.stdin.take() {
+                child.stdin = Some(ChildStdin::new(OwnedFd::from(s))?);
+            }
+            if let Some(s) = std_child.stdout.take() {
+                child.stdout = Some(ChildStdout::new(OwnedFd::from(s))?);
+            }
+            if let Some(s) = std_child.stderr.take() {
+                child.stderr = Some(ChildStderr::new(OwnedFd::from(s))?);
+            }
+            if let (Some((parent, child_end)), Some(options)) = (channel, self.ipc.clone()) {
+                drop(child_end);
+                child.channel = Some(Channel::from_fd(parent, options)?);
+            }
+            Ok(())
+        };
+        if let Err(e) = hand_over() {
+            // Its pidfd task reaps it once the SIGKILL lands.
+            let _ = child.kill(libc::SIGKILL);
+            return Err(e);
         }
         // The std handle only held the pid and the pipes; the pidfd task reaps the child.
         drop(std_child);
