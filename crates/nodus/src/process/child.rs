@@ -229,19 +229,22 @@ impl Child {
     }
 
     /// Sends `signal` to the child and every process descended from it (found through
-    /// `/proc/<pid>/task/*/children`, collected before the first signal). A descendant that
-    /// forks or is re-parented while this runs may be missed; use a process group when that
-    /// matters.
+    /// `/proc/<pid>/task/*/children`, each held by a pidfd before the first signal, so a pid
+    /// recycled meanwhile is never signalled). A descendant that forks or is re-parented while
+    /// this runs may be missed; use a process group when that matters.
     pub fn kill_tree(&self, signal: i32) -> io::Result<()> {
         let sig = to_signal(signal)?;
         let mut all = Vec::new();
-        descendants(self.watch.pid.as_raw_nonzero().get(), &mut all);
-        self.kill(signal)?;
-        for pid in all {
-            if let Some(pid) = Pid::from_raw(pid) {
-                // Already gone is fine: that is what we wanted.
-                let _ = rustix::process::kill_process(pid, sig);
+        {
+            let guard = self.watch.pidfd.borrow();
+            if let Some(pidfd) = guard.as_ref() {
+                descendants(self.watch.pid, pidfd.get_ref().as_fd(), &mut all);
             }
+        }
+        self.kill(signal)?;
+        for pidfd in all {
+            // Already gone is fine: that is what we wanted.
+            let _ = rustix::process::pidfd_send_signal(&pidfd, sig);
         }
         Ok(())
     }
@@ -289,20 +292,58 @@ pub(crate) fn to_signal(signal: i32) -> io::Result<Signal> {
 }
 
 /// Appends every descendant of `pid` (depth first) to `out`.
-fn descendants(pid: i32, out: &mut Vec<i32>) {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+/// Pidfds of the descendants of `pid`, whose own pidfd is `pidfd`, appended to `out`. A child
+/// listed in `/proc` is taken only if, once its pidfd is open, its parent is still `pid` and
+/// that parent still alive (so `pid` was not recycled): then the pidfd is that child's.
+fn descendants(pid: Pid, pidfd: BorrowedFd<'_>, out: &mut Vec<OwnedFd>) {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", pid.as_raw_nonzero())) else {
         return;
     };
-    for task in tasks.flatten() {
-        let Ok(children) = std::fs::read_to_string(task.path().join("children")) else {
+    let listed: Vec<Pid> = tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("children")).ok())
+        .flat_map(|children| {
+            children
+                .split_whitespace()
+                .filter_map(|c| c.parse().ok().and_then(Pid::from_raw))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    for child in listed {
+        let Ok(child_fd) = rustix::process::pidfd_open(child, rustix::process::PidfdFlags::empty())
+        else {
             continue;
         };
-        for child in children
-            .split_whitespace()
-            .filter_map(|c| c.parse::<i32>().ok())
-        {
-            out.push(child);
-            descendants(child, out);
+        if parent_of(child) != Some(pid) || has_exited(pidfd) {
+            continue;
         }
+        descendants(child, child_fd.as_fd(), out);
+        out.push(child_fd);
     }
+}
+
+/// Whether the process of `pidfd` has exited (its pidfd is readable then); an error counts as
+/// exited.
+fn has_exited(pidfd: BorrowedFd<'_>) -> bool {
+    let mut fds = [rustix::event::PollFd::new(
+        &pidfd,
+        rustix::event::PollFlags::IN,
+    )];
+    let zero = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    rustix::event::poll(&mut fds, Some(&zero)).map_or(true, |ready| ready > 0)
+}
+
+/// The parent of `pid` (`/proc/<pid>/stat` field 4), if it still exists.
+fn parent_of(pid: Pid) -> Option<Pid> {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_nonzero())).ok()?;
+    let after_comm = &stat[stat.rfind(')')? + 2..];
+    after_comm
+        .split(' ')
+        .nth(1)?
+        .parse()
+        .ok()
+        .and_then(Pid::from_raw)
 }
