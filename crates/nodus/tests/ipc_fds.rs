@@ -7,8 +7,9 @@
 //! `/proc/self/fd` counts what it did before). The tests count the process's fds, so they run
 //! one at a time; each is bounded in time. One test is the well-formed case the rule must keep:
 //! a frame's fds arrive in a read with earlier frames, or before the rest of the frame. The last
-//! ones check that the error events nobody reads are bounded while every message arrives, and
-//! what happens to fds the kernel cannot install (the receiver at its open-files limit).
+//! ones check that the error events nobody reads are bounded while every message arrives, that
+//! the fds of unread messages are bounded too, and what happens to fds the kernel cannot install
+//! (the receiver at its open-files limit).
 
 mod common;
 
@@ -273,7 +274,7 @@ impl FdLimit {
         let lowest_free = std::fs::File::open("/dev/null").unwrap().as_raw_fd() as u64;
         let old = getrlimit(Resource::Nofile);
         let mut low = old;
-        low.current = Some(lowest_free + free);
+        low.current = Some((lowest_free + free).min(old.maximum.unwrap_or(u64::MAX)));
         setrlimit(Resource::Nofile, low).unwrap();
         FdLimit(old)
     }
@@ -315,5 +316,36 @@ fn fds_the_kernel_cannot_install_get_a_nack_or_go_with_the_message_that_got_some
             write_end_closed(&r1),
             "the delivered fd was the first one sent"
         );
+    });
+}
+
+#[test]
+fn the_fds_of_unread_messages_are_bounded_and_the_dropped_ones_closed() {
+    fd_case(async |ch, raw, _listener| {
+        // 600 messages (fewer than the 1024 kept) of 8 fds each: 4800 fds, over the 4096 kept.
+        let limit = FdLimit::leave_free(8192);
+        let (_r, w) = pipe();
+        let eight = [w.as_fd(); 8];
+        for n in 0..600 {
+            let frame = format!("{{\"cmd\":\"NODE_NODUS_FDS\",\"count\":8,\"msg\":{n}}}\n");
+            raw.send_now(frame.as_bytes(), &eight);
+            if n % 50 == 49 {
+                raw.all_read().await;
+            }
+        }
+        raw.write(b"\"end\"\n").await;
+        raw.all_read().await;
+        let (mut kept, mut first) = (0, None);
+        loop {
+            let mut m = ch.recv().await.unwrap().unwrap();
+            if m.json() == r#""end""# {
+                break;
+            }
+            first.get_or_insert(m.deserialize::<u64>().unwrap());
+            kept += m.take_handles().len();
+        }
+        drop(limit);
+        assert!(kept <= 4096, "{kept} fds held by unread messages");
+        assert!(first.unwrap() > 0, "the oldest are the ones dropped");
     });
 }

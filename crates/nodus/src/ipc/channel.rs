@@ -38,9 +38,9 @@
 //! - **Hardened.** A frame over the cap or not valid JSON is dropped (with its fds) and delivered
 //!   as an [`IpcError::Frame`] event; the channel stays open and reads on from the next line
 //!   (no JSON text contains a raw newline, so the stream keeps its sync). At most 64 input error
-//!   events wait unread, and at most 1024 messages or 64 MiB of them (the oldest are dropped,
-//!   with a warning), and at most 1024 internal messages or 64 MiB of them (the oldest are
-//!   dropped): memory stays bounded when nobody reads. Nothing panics and nothing exits
+//!   events wait unread, and at most 1024 messages, 64 MiB of them or 4096 fds in their handles
+//!   (the oldest are dropped, with a warning), and as many internal messages (the oldest are
+//!   dropped): memory and fds stay bounded when nobody reads. Nothing panics and nothing exits
 //!   the process.
 //! - **Liveness.** An open channel is a ref'd handle (Node's `channel.ref()`); `unref()` lets the
 //!   loop exit while it is open. Closing (EOF, an error, `disconnect`, drop) releases it.
@@ -77,21 +77,49 @@ pub const HIGH_WATER: usize = 128 * 1024;
 /// Node's `MAX_HANDLE_RETRANSMISSIONS`.
 const MAX_RETRANSMISSIONS: u32 = 3;
 
-/// Internal messages kept for [`Channel::recv_internal`] before the oldest are dropped; their
-/// JSON bytes are bounded by [`MAX_UNREAD_BYTES`] too (at least the newest is kept).
-const MAX_INTERNAL: usize = 1024;
-
 /// Error events about the peer's input ([`IpcError::UnexpectedFds`], [`IpcError::Frame`]) queued
 /// unread at most; while this many wait, further ones are not queued (the stray fds and bad
 /// frames are still dropped) and one warning says so.
 const MAX_UNREAD_ERRORS: usize = 64;
 
-/// Messages queued for [`Channel::recv`] at most, and their JSON bytes at most (at least the
-/// newest message is kept, whatever its size): beyond either, the oldest are dropped (their
-/// handles closed) with one warning per overflow. A process that never reads its messages (a
-/// cluster worker that only serves) stays bounded; Node drops a message nobody listens for.
+/// Messages queued for [`Channel::recv`] at most, their JSON bytes and the fds of their handles
+/// at most (at least the newest message is kept, whatever its size): beyond any, the oldest are
+/// dropped (their handles closed) with one warning per overflow. A process that never reads its
+/// messages (a cluster worker that only serves) stays bounded; Node drops a message nobody
+/// listens for. The internal messages kept for [`Channel::recv_internal`] have the same bounds.
 const MAX_UNREAD_MESSAGES: usize = 1024;
 const MAX_UNREAD_BYTES: usize = 64 * 1024 * 1024;
+const MAX_UNREAD_FDS: usize = 4096;
+
+/// What unread messages hold: how many, their JSON bytes and the fds of their handles.
+#[derive(Default)]
+struct Unread {
+    messages: usize,
+    bytes: usize,
+    fds: usize,
+}
+
+impl Unread {
+    fn add(&mut self, msg: &Message) {
+        self.messages += 1;
+        self.bytes += msg.json.get().len();
+        self.fds += msg.handles.len();
+    }
+
+    fn remove(&mut self, msg: &Message) {
+        self.messages -= 1;
+        self.bytes -= msg.json.get().len();
+        self.fds -= msg.handles.len();
+    }
+
+    /// Past a bound, with more than one message (the newest is always kept).
+    fn over(&self) -> bool {
+        self.messages > 1
+            && (self.messages > MAX_UNREAD_MESSAGES
+                || self.bytes > MAX_UNREAD_BYTES
+                || self.fds > MAX_UNREAD_FDS)
+    }
+}
 
 /// A `sendmsg` the kernel refused for want of memory is tried again after 1, 2, 4 ... ms (at
 /// most [`SEND_RETRY_MAX_DELAY_MS`] apart), this many times in a row (about 1.3 s), before the
@@ -282,16 +310,15 @@ struct State {
     /// The fds of the frame the decoder holds the start of (`None` at a frame boundary).
     arrived: Option<Arrived>,
     incoming: VecDeque<Result<Message, IpcError>>,
-    /// Messages (`Ok` items) in `incoming`, and their JSON bytes.
-    unread_messages: usize,
-    unread_bytes: usize,
+    /// The messages (`Ok` items) in `incoming`.
+    unread: Unread,
     /// Messages dropped unread since the last overflow warning ended (0: none being dropped).
     dropped_unread: u64,
     /// Input error events (`UnexpectedFds`, `Frame`) in `incoming`.
     unread_errors: usize,
     internal: VecDeque<Message>,
-    /// JSON bytes of the messages in `internal`.
-    internal_bytes: usize,
+    /// The messages in `internal`.
+    internal_unread: Unread,
     out: VecDeque<Out>,
     out_bytes: usize,
     held: VecDeque<(Vec<u8>, Payload)>,
@@ -356,13 +383,10 @@ impl State {
 
     fn deliver(&mut self, item: Result<Message, IpcError>, wake: &mut Vec<Waker>) {
         if let Ok(msg) = &item {
-            self.unread_messages += 1;
-            self.unread_bytes += msg.json.get().len();
+            self.unread.add(msg);
         }
         self.incoming.push_back(item);
-        while self.unread_messages > 1
-            && (self.unread_messages > MAX_UNREAD_MESSAGES || self.unread_bytes > MAX_UNREAD_BYTES)
-        {
+        while self.unread.over() {
             self.drop_oldest_message();
         }
         wake.extend(self.recv_waker.take());
@@ -376,17 +400,17 @@ impl State {
         let Some(Ok(msg)) = self.incoming.remove(at) else {
             return;
         };
-        self.unread_messages -= 1;
-        self.unread_bytes -= msg.json.get().len();
         if self.dropped_unread == 0 {
             tracing::warn!(
                 target: "nodus::ipc",
-                "{} messages ({} bytes) wait unread on an IPC channel: dropping the oldest \
-                 (nobody calls recv)",
-                self.unread_messages + 1,
-                self.unread_bytes + msg.json.get().len(),
+                "{} messages ({} bytes, {} fds) wait unread on an IPC channel: dropping the \
+                 oldest (nobody calls recv)",
+                self.unread.messages,
+                self.unread.bytes,
+                self.unread.fds,
             );
         }
+        self.unread.remove(&msg);
         self.dropped_unread += 1;
     }
 
@@ -580,13 +604,11 @@ impl State {
     }
 
     fn push_internal(&mut self, msg: Message, wake: &mut Vec<Waker>) {
-        self.internal_bytes += msg.json.get().len();
+        self.internal_unread.add(&msg);
         self.internal.push_back(msg);
-        while self.internal.len() > 1
-            && (self.internal.len() > MAX_INTERNAL || self.internal_bytes > MAX_UNREAD_BYTES)
-        {
+        while self.internal_unread.over() {
             let dropped = self.internal.pop_front().expect("more than one");
-            self.internal_bytes -= dropped.json.get().len();
+            self.internal_unread.remove(&dropped);
         }
         wake.extend(self.internal_waker.take());
     }
@@ -655,12 +677,11 @@ impl Channel {
                 max_frame: options.max_frame,
                 arrived: None,
                 incoming: VecDeque::new(),
-                unread_messages: 0,
-                unread_bytes: 0,
+                unread: Unread::default(),
                 dropped_unread: 0,
                 unread_errors: 0,
                 internal: VecDeque::new(),
-                internal_bytes: 0,
+                internal_unread: Unread::default(),
                 out: VecDeque::new(),
                 out_bytes: 0,
                 held: VecDeque::new(),
@@ -751,8 +772,7 @@ impl Channel {
         if let Some(item) = st.incoming.pop_front() {
             match &item {
                 Ok(msg) => {
-                    st.unread_messages -= 1;
-                    st.unread_bytes -= msg.json.get().len();
+                    st.unread.remove(msg);
                     if st.dropped_unread > 0 {
                         tracing::warn!(
                             target: "nodus::ipc",
@@ -780,12 +800,12 @@ impl Channel {
     }
 
     /// The next internal (`NODE_*`) message that nodus did not handle itself (`NODE_CLUSTER`,
-    /// say); `None` once closed. The last 1024 are kept, 64 MiB of them at most.
+    /// say); `None` once closed. The last 1024 are kept, 64 MiB and 4096 fds of them at most.
     pub async fn recv_internal(&self) -> Option<Message> {
         poll_fn(|cx| {
             let mut st = self.inner.st.borrow_mut();
             if let Some(m) = st.internal.pop_front() {
-                st.internal_bytes -= m.json.get().len();
+                st.internal_unread.remove(&m);
                 return Poll::Ready(Some(m));
             }
             if st.closed {
