@@ -286,24 +286,28 @@ pub async fn append(path: impl AsRef<Path>, data: impl AsRef<[u8]>) -> io::Resul
 
 /// Copies the contents and permissions of `from` to `to` (created or truncated); returns the
 /// bytes copied. At most [`COPY_CHUNK`] bytes per pool job, in the kernel where it can.
+///
+/// As Node's `copyFile`: copying a file onto itself (the same path, a hard link, a symlink to it)
+/// leaves it as it is and returns 0, and a copy that fails after `to` was opened removes `to`
+/// (a half-copied file is never left behind). A directory as `from` is `IsADirectory` before
+/// `to` is touched. `to` is truncated and given `from`'s permissions only when it is a regular
+/// file (a FIFO or a device is written to as it is). A copy whose future is dropped midway
+/// leaves the part already copied.
 pub async fn copy(from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<u64> {
     let (from, to) = (from.as_ref(), to.as_ref());
-    let (src, dst) = on_paths("copyfile", from, to, |a, b| {
-        let src = std::fs::File::open(a)?;
-        let perm = src.metadata()?.permissions();
-        let dst = std::fs::File::create(b)?;
-        dst.set_permissions(perm)?;
-        Ok((src, dst))
-    })
-    .await?;
+    let Some((src, dst)) = on_paths("copyfile", from, to, open_copy).await? else {
+        return Ok(0);
+    };
     let mut pair = (src, dst);
     let mut total = 0;
     loop {
         let (a, b) = (from.to_path_buf(), to.to_path_buf());
         let (back, n) = blocking(move || {
             let (src, dst) = pair;
-            let n = io::copy(&mut (&src).take(COPY_CHUNK), &mut &dst)
-                .map_err(|e| two_path_error("copyfile", &a, &b, e))?;
+            let n = io::copy(&mut (&src).take(COPY_CHUNK), &mut &dst).map_err(|e| {
+                remove_failed_copy(&dst, &b);
+                two_path_error("copyfile", &a, &b, e)
+            })?;
             Ok(((src, dst), n))
         })
         .await?;
@@ -312,5 +316,46 @@ pub async fn copy(from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<u6
             return Ok(total);
         }
         pair = back;
+    }
+}
+
+/// Opens both ends of a copy: `None` when `to` is `from` itself (nothing to do). `to` is opened
+/// without `O_TRUNC` and truncated only once it is known to be another file.
+fn open_copy(from: &Path, to: &Path) -> io::Result<Option<(std::fs::File, std::fs::File)>> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let src = std::fs::File::open(from)?;
+    let meta = src.metadata()?;
+    if meta.is_dir() {
+        return Err(io::Error::from_raw_os_error(libc::EISDIR));
+    }
+    let dst = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .mode(meta.mode() & 0o7777)
+        .open(to)?;
+    let dst_meta = dst.metadata()?;
+    if (dst_meta.dev(), dst_meta.ino()) == (meta.dev(), meta.ino()) {
+        return Ok(None);
+    }
+    if dst_meta.is_file() {
+        let prepared = dst
+            .set_len(0)
+            .and_then(|()| dst.set_permissions(meta.permissions()));
+        if let Err(e) = prepared {
+            remove_failed_copy(&dst, to);
+            return Err(e);
+        }
+    }
+    Ok(Some((src, dst)))
+}
+
+/// After a failed copy, removes `to` if it is still the regular file `dst` (libuv's rule).
+fn remove_failed_copy(dst: &std::fs::File, to: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(open), Ok(named)) = (dst.metadata(), std::fs::symlink_metadata(to)) else {
+        return;
+    };
+    if open.is_file() && (open.dev(), open.ino()) == (named.dev(), named.ino()) {
+        let _ = std::fs::remove_file(to);
     }
 }
