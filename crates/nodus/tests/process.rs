@@ -418,6 +418,43 @@ fn exec_max_buffer_kills_the_child() {
 }
 
 #[test]
+fn dropping_an_exec_future_kills_the_child() {
+    let pid_file = tempfile_path("exec-drop-pid");
+    let _ = std::fs::remove_file(&pid_file);
+    let mut pid = None;
+    bounded(async {
+        let script = format!("echo $$ > {}; exec sleep 30", pid_file.display());
+        let task = spawn(async move { exec(&script, &ExecOptions::default()).await });
+        for _ in 0..10_000 {
+            pid = std::fs::read_to_string(&pid_file)
+                .ok()
+                .and_then(|t| t.trim().parse::<i32>().ok());
+            if pid.is_some() {
+                break;
+            }
+            nodus::sleep(5).await;
+        }
+        let pid = pid.expect("the child wrote its pid");
+        task.abort();
+        // The child is killed and reaped (by its exit task): its pid disappears.
+        for _ in 0..2_000 {
+            if state_of(pid as u32).is_none() {
+                return;
+            }
+            nodus::sleep(5).await;
+        }
+    });
+    let _ = std::fs::remove_file(&pid_file);
+    let pid = pid.unwrap();
+    let left = state_of(pid as u32);
+    if left.is_some() {
+        // SAFETY: a plain syscall on the child this test started (it is still ours: not reaped).
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    assert_eq!(left, None, "the child of a dropped exec kept running");
+}
+
+#[test]
 fn exec_timeout_kills_the_child() {
     bounded(async {
         let opts = ExecOptions {
