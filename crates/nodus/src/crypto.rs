@@ -28,6 +28,10 @@ pub const MAX_KEY_LEN: usize = 1 << 20;
 /// Most PBKDF2 work accepted: iterations × output blocks (one block per digest length of key).
 pub const MAX_PBKDF2_WORK: u64 = 10_000_000;
 
+/// Most scrypt work accepted: `N × r × p` (Node's defaults cost 2^17, `N` = 2^20 with `r` = 8
+/// costs 2^23; here 2^17 takes tens of milliseconds of one CPU thread).
+pub const MAX_SCRYPT_WORK: u64 = 1 << 24;
+
 /// Longest input [`hash`] and [`hmac()`] accept: 1 GiB.
 pub const MAX_DATA_LEN: usize = 1 << 30;
 
@@ -141,8 +145,8 @@ pub struct ScryptParams {
     pub r: u32,
     /// Parallelization (default 1).
     pub p: u32,
-    /// Refuse parameters needing more than this much memory: `128 * N * r` bytes
-    /// (default 32 MiB, Node's `maxmem`).
+    /// Refuse parameters needing more than this much memory: `128 * r * (N + 2 + p)` bytes, as
+    /// Node (OpenSSL) counts it (default 32 MiB, Node's `maxmem`).
     pub max_memory: u64,
 }
 
@@ -158,7 +162,8 @@ impl Default for ScryptParams {
 }
 
 /// scrypt (RFC 7914) of `password` and `salt`: a `key_len`-byte key, on the CPU pool (Node's
-/// `crypto.scrypt(password, salt, keylen, options)`, in that order).
+/// `crypto.scrypt(password, salt, keylen, options)`, in that order). Refused (`InvalidInput`)
+/// above `params.max_memory` or [`MAX_SCRYPT_WORK`].
 pub async fn scrypt(
     password: &[u8],
     salt: &[u8],
@@ -176,12 +181,21 @@ pub async fn scrypt(
             "scrypt N must be a power of 2 greater than 1".into(),
         ));
     }
-    let memory = 1u128 << params.log_n.min(127);
-    let memory = memory * 128 * u128::from(params.r);
+    let n = 1u128 << params.log_n.min(127);
+    let (r, p) = (u128::from(params.r), u128::from(params.p));
+    // OpenSSL's count, which Node's `maxmem` is checked against: `p` blocks of `128 * r` bytes
+    // (B) and `N + 2` more (V).
+    let memory = 128 * r * (n + 2 + p);
     if memory > u128::from(params.max_memory) {
         return Err(invalid(format!(
             "scrypt parameters need {memory} bytes of memory, more than max_memory {}",
             params.max_memory
+        )));
+    }
+    let work = n * r * p;
+    if work > u128::from(MAX_SCRYPT_WORK) {
+        return Err(invalid(format!(
+            "scrypt cost (N x r x p = {work}) is more than the limit of {MAX_SCRYPT_WORK}"
         )));
     }
     let p = scrypt::Params::new(params.log_n, params.r, params.p)

@@ -9,8 +9,11 @@
 //! - Decompression output is bounded ([`DEFAULT_MAX_OUTPUT`], or the caller's limit): passing
 //!   it fails with `InvalidData` as soon as it happens, before more memory is spent.
 //! - A stream whose job failed or was dropped mid-way is broken: every later call fails.
-//! - Decompressing concatenated gzip members yields all of them (as Node and `gunzip` do);
-//!   bytes after the end of a zlib or raw stream are ignored.
+//! - Decompressing concatenated gzip members yields all of them (as Node and `gunzip` do), also
+//!   when a stream's writes split a member's header. After a gzip member, as in Node, a zero
+//!   byte is padding that ends the data (the rest is ignored) and any other byte starts the next
+//!   member, so trailing garbage is an `InvalidData` error ("incorrect header check"). Bytes
+//!   after the end of a zlib or raw stream are ignored.
 
 use std::io;
 
@@ -72,8 +75,9 @@ pub async fn compress(format: Format, level: u32, data: impl Into<Vec<u8>>) -> i
     Ok(out)
 }
 
-/// The data in `data`, which must be one complete `format` stream; fails with `InvalidData` if
-/// it is corrupt, truncated, or would decompress to more than `max_output` bytes.
+/// The data in `data`, which must be one complete `format` stream (for gzip, one or more
+/// members); fails with `InvalidData` if it is corrupt or would decompress to more than
+/// `max_output` bytes, and with `UnexpectedEof` if it is truncated (empty included).
 pub async fn decompress(
     format: Format,
     data: impl Into<Vec<u8>>,
@@ -202,6 +206,8 @@ struct Stream {
     max_output: u64,
     produced: u64,
     ended: bool,
+    /// A zero byte followed the end of a gzip member: everything after it is ignored.
+    padded: bool,
 }
 
 impl Stream {
@@ -214,6 +220,7 @@ impl Stream {
             max_output,
             produced: 0,
             ended: false,
+            padded: false,
         }
     }
 }
@@ -282,10 +289,19 @@ impl Stream {
     }
 
     /// After the end of a gzip member, whether `rest` starts another one (then the codec is
-    /// reset for it).
+    /// reset for it): Node's rule, any byte but 0 does (its header is checked by the codec,
+    /// which may need later writes to see all of it); a 0 is padding and ends the data.
     fn another_member(&mut self, rest: &[u8]) -> bool {
-        if self.format != Format::Gzip || self.compressing || !rest.starts_with(&[0x1f, 0x8b]) {
+        if self.format != Format::Gzip || self.compressing || self.padded {
             return false;
+        }
+        match rest.first() {
+            None => return false,
+            Some(0) => {
+                self.padded = true;
+                return false;
+            }
+            Some(_) => {}
         }
         self.codec = Some(Box::new(Codec::Decompress(Decompress::new_gzip(15))));
         self.ended = false;

@@ -1,6 +1,7 @@
 //! `nodus::crypto` against published test vectors, and its limits.
 
 use std::io;
+use std::time::Duration;
 
 use nodus::crypto::{self, Algorithm, ScryptParams};
 use nodus::{Runtime, pool};
@@ -105,6 +106,47 @@ fn scrypt_matches_rfc_7914_and_enforces_max_memory() {
             ..Default::default()
         };
         assert!(crypto::scrypt(b"pw", b"salt", 32, zero).await.is_err());
+    });
+}
+
+#[test]
+fn scrypt_counts_p_against_max_memory_and_bounds_its_cost() {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let with = |log_n, p, max_memory| ScryptParams {
+            log_n,
+            r: 8,
+            p,
+            max_memory,
+        };
+        // Node: scryptSync('a', 'b', 16, { N: 16384, r: 8, p: 100000 }) is "memory limit
+        // exceeded" (p blocks of 128 * r bytes count); before, nodus queued ~an hour of work.
+        // (Refused at once: the hang-catching bound is only there so that a regression fails
+        // instead of holding the test for an hour.)
+        let refused = |params| {
+            nodus::timeout(
+                Duration::from_secs(30),
+                crypto::scrypt(b"pw", b"salt", 16, params),
+            )
+        };
+        let err = refused(with(14, 100_000, 32 << 20))
+            .await
+            .expect("refused, not queued")
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("max_memory"), "{err}");
+        // Node refuses N = 32768, r = 8 under the default 32 MiB too (V is N + 2 blocks).
+        let err = crypto::scrypt(b"pw", b"salt", 16, with(15, 1, 32 << 20))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("max_memory"), "{err}");
+        // With memory to spare, p still cannot make one request hold a CPU thread for long.
+        let err = refused(with(14, 200, 1 << 30))
+            .await
+            .expect("refused, not queued")
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("scrypt cost"), "{err}");
     });
 }
 

@@ -106,6 +106,55 @@ fn write_read_append_stat_rename_copy_remove() {
 }
 
 #[test]
+fn copying_a_file_onto_itself_leaves_it_as_node_does() {
+    let dir = TempDir::new("copy-self");
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let a = dir.join("a.txt");
+        fs::write(&a, "keep me").await.unwrap();
+        // The same path, a hard link and a symlink all name the same file: Node's copyFile
+        // does nothing; truncating the destination would empty the source.
+        let hard = dir.join("hard");
+        std::fs::hard_link(&a, &hard).unwrap();
+        let soft = dir.join("soft");
+        std::os::unix::fs::symlink(&a, &soft).unwrap();
+        for to in [&a, &hard, &soft] {
+            assert_eq!(fs::copy(&a, to).await.unwrap(), 0, "{}", to.display());
+            assert_eq!(fs::read(&a).await.unwrap(), b"keep me", "{}", to.display());
+        }
+        assert_eq!(fs::copy(&soft, &a).await.unwrap(), 0);
+        assert_eq!(fs::read(&a).await.unwrap(), b"keep me");
+    });
+}
+
+#[test]
+fn a_failed_copy_leaves_no_destination_behind() {
+    let dir = TempDir::new("copy-fail");
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let src_dir = dir.join("d");
+        std::fs::create_dir(&src_dir).unwrap();
+        // A directory as the source: refused before the destination is created (Node removes
+        // the empty file it made).
+        let to = dir.join("new");
+        let e = fs::copy(&src_dir, &to).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::IsADirectory, "{e}");
+        assert_eq!(path_error(&e).op(), "copyfile");
+        assert!(!to.exists(), "an empty destination was left behind");
+        // ... and an existing destination is not truncated by it.
+        let existing = dir.join("existing");
+        std::fs::write(&existing, "old").unwrap();
+        assert!(fs::copy(&src_dir, &existing).await.is_err());
+        assert_eq!(std::fs::read(&existing).unwrap(), b"old");
+        // A source that fails once it is read (`/proc/self/mem` at offset 0: EIO): the
+        // destination, created and truncated by then, is removed, as libuv does.
+        let e = fs::copy("/proc/self/mem", &to).await.unwrap_err();
+        assert_eq!(path_error(&e).op(), "copyfile", "{e}");
+        assert!(!to.exists(), "a half-copied destination was left behind");
+    });
+}
+
+#[test]
 fn a_missing_path_is_named_in_the_error() {
     let dir = TempDir::new("missing");
     let rt = Runtime::new();

@@ -385,7 +385,12 @@ fn a_malformed_frame_is_an_error_and_the_channel_goes_on() {
         assert_eq!(ch.recv().await.unwrap().unwrap().json(), r#""ok""#);
         for _ in 0..2 {
             match ch.recv().await {
-                Some(Err(IpcError::Frame(FrameError::Malformed { .. }))) => {}
+                Some(Err(e @ IpcError::Frame(FrameError::Malformed { .. }))) => {
+                    // What a user logs must not claim the channel is gone: it is not.
+                    let text = e.to_string();
+                    assert!(!text.contains("closed"), "{text}");
+                    assert!(text.contains("frame dropped"), "{text}");
+                }
                 other => panic!("expected a malformed-frame error, got {other:?}"),
             }
         }

@@ -109,6 +109,79 @@ fn kill_reports_the_signal_and_a_second_kill_is_not_found() {
 }
 
 #[test]
+fn spawn_errors_name_the_program_as_node_does() {
+    bounded(async {
+        // Node: "spawn nonexistent ENOENT"; std alone says "No such file or directory".
+        let e = Command::new("/nonexistent/program").spawn().unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+        let text = e.to_string();
+        assert!(text.starts_with("spawn '/nonexistent/program': "), "{text}");
+        let os = e
+            .get_ref()
+            .and_then(|inner| inner.source())
+            .and_then(|src| src.downcast_ref::<std::io::Error>())
+            .expect("the OS error is the source");
+        assert_eq!(os.raw_os_error(), Some(libc::ENOENT));
+        // A missing working directory is ENOENT too: the message says which path it was.
+        let e = Command::new("true")
+            .current_dir("/nonexistent/dir")
+            .spawn()
+            .unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+        assert!(
+            e.to_string()
+                .starts_with("spawn 'true' in '/nonexistent/dir': "),
+            "{e}"
+        );
+        let e = Command::new("echo").arg("a\0b").spawn().unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+        assert!(e.to_string().starts_with("spawn 'echo': "), "{e}");
+    });
+}
+
+/// Children of this process (any thread) whose command line is `args`.
+fn children_running(args: &[&str]) -> Vec<i32> {
+    let want: Vec<u8> = args
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    let mut found = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        for pid in children
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+        {
+            if std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want) {
+                found.push(pid);
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn spawn_outside_a_loop_panics_before_starting_a_child() {
+    let args = ["sleep", "30.0173"];
+    let panic = std::panic::catch_unwind(|| Command::new(args[0]).arg(args[1]).spawn())
+        .expect_err("spawn needs a loop");
+    let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    let leaked = children_running(&args);
+    for &pid in &leaked {
+        // SAFETY: plain syscalls on a child of ours that this test started: kill, then reap.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+    }
+    assert!(
+        leaked.is_empty(),
+        "a child was started and left unreaped: {leaked:?}"
+    );
+    assert!(message.contains("Command::spawn"), "{message}");
+}
+
+#[test]
 fn process_group_and_kill_tree_reach_grandchildren() {
     bounded(async {
         let script = "sleep 30 & echo $!; wait";
@@ -342,6 +415,43 @@ fn exec_max_buffer_kills_the_child() {
         assert_eq!(err.status.unwrap().signal(), Some(SIGTERM));
         assert!(start.elapsed() < Duration::from_secs(5));
     });
+}
+
+#[test]
+fn dropping_an_exec_future_kills_the_child() {
+    let pid_file = tempfile_path("exec-drop-pid");
+    let _ = std::fs::remove_file(&pid_file);
+    let mut pid = None;
+    bounded(async {
+        let script = format!("echo $$ > {}; exec sleep 30", pid_file.display());
+        let task = spawn(async move { exec(&script, &ExecOptions::default()).await });
+        for _ in 0..10_000 {
+            pid = std::fs::read_to_string(&pid_file)
+                .ok()
+                .and_then(|t| t.trim().parse::<i32>().ok());
+            if pid.is_some() {
+                break;
+            }
+            nodus::sleep(5).await;
+        }
+        let pid = pid.expect("the child wrote its pid");
+        task.abort();
+        // The child is killed and reaped (by its exit task): its pid disappears.
+        for _ in 0..2_000 {
+            if state_of(pid as u32).is_none() {
+                return;
+            }
+            nodus::sleep(5).await;
+        }
+    });
+    let _ = std::fs::remove_file(&pid_file);
+    let pid = pid.unwrap();
+    let left = state_of(pid as u32);
+    if left.is_some() {
+        // SAFETY: a plain syscall on the child this test started (it is still ours: not reaped).
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    assert_eq!(left, None, "the child of a dropped exec kept running");
 }
 
 #[test]

@@ -96,6 +96,52 @@ fn concatenated_gzip_members_all_come_out() {
 }
 
 #[test]
+fn a_second_member_split_across_writes_still_comes_out() {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let member = zlib::gzip(&b"member"[..]).await.unwrap();
+        let two = member.repeat(2);
+        // Byte by byte: the second member's magic arrives one byte per write.
+        let mut d = Decompressor::new(Format::Gzip, 1 << 20);
+        let mut out = Vec::new();
+        for b in &two {
+            out.extend(d.write(vec![*b]).await.unwrap());
+        }
+        out.extend(d.finish().await.unwrap());
+        assert_eq!(out, b"membermember");
+        // One write ends with the first byte of the next member.
+        let mut d = Decompressor::new(Format::Gzip, 1 << 20);
+        let mut out = d.write([&member[..], &member[..1]].concat()).await.unwrap();
+        out.extend(d.write(member[1..].to_vec()).await.unwrap());
+        out.extend(d.finish().await.unwrap());
+        assert_eq!(out, b"membermember");
+    });
+}
+
+#[test]
+fn after_a_gzip_member_garbage_is_an_error_and_zeros_are_padding_as_in_node() {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let member = zlib::gzip(&b"data"[..]).await.unwrap();
+        // zlib.gunzipSync(Buffer.concat([gz, Buffer.from('garbage')])): incorrect header check.
+        let err = zlib::gunzip([&member[..], b"garbage"].concat())
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        assert!(err.to_string().contains("incorrect header check"), "{err}");
+        // Zero padding, and anything after it, is ignored.
+        let padded = [&member[..], &[0u8; 8], &member[..]].concat();
+        assert_eq!(zlib::gunzip(padded).await.unwrap(), b"data");
+        // A zlib stream ignores what follows it.
+        let z = zlib::deflate(&b"data"[..]).await.unwrap();
+        assert_eq!(
+            zlib::inflate([&z[..], b"xyz"].concat()).await.unwrap(),
+            b"data"
+        );
+    });
+}
+
+#[test]
 fn a_large_buffer_is_compressed_in_many_cpu_jobs() {
     let data = sample(4 * zlib::INPUT_CHUNK);
     let rt = Runtime::new();

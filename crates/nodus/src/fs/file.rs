@@ -104,7 +104,11 @@ impl OpenOptions {
     pub async fn open(&self, path: impl AsRef<Path>) -> io::Result<File> {
         let path: Arc<Path> = Arc::from(path.as_ref());
         let (options, p) = (self.std.clone(), path.clone());
-        let std = blocking(move || options.open(&p).map_err(|e| path_error("open", &p, e))).await?;
+        let std = blocking(
+            move || options.open(&p).map_err(|e| path_error("open", &p, e)),
+            |e| path_error("open", &path, e),
+        )
+        .await?;
         Ok(File {
             std: Some(Arc::new(std)),
             path,
@@ -247,7 +251,7 @@ impl File {
         };
         // The size is a hint (the file may grow or shrink): reserve, and fail early if over.
         let file = self.handle();
-        let size = blocking(move || file.metadata().map(|m| m.len())).await;
+        let size = blocking(move || file.metadata().map(|m| m.len()), |e| e).await;
         if let Ok(size) = size {
             if size > limit {
                 return Err(too_large(self));
@@ -288,14 +292,22 @@ impl File {
     pub async fn sync_all(&mut self) -> io::Result<()> {
         self.flush().await?;
         let (file, path) = (self.handle(), self.path.clone());
-        blocking(move || file.sync_all().map_err(|e| path_error("fsync", &path, e))).await
+        blocking(
+            move || file.sync_all().map_err(|e| path_error("fsync", &path, e)),
+            |e| self.error("fsync", e),
+        )
+        .await
     }
 
     /// Flushes, then reads the file's metadata on the pool (`fstat`).
     pub async fn metadata(&mut self) -> io::Result<std::fs::Metadata> {
         self.flush().await?;
         let (file, path) = (self.handle(), self.path.clone());
-        blocking(move || file.metadata().map_err(|e| path_error("fstat", &path, e))).await
+        blocking(
+            move || file.metadata().map_err(|e| path_error("fstat", &path, e)),
+            |e| self.error("fstat", e),
+        )
+        .await
     }
 
     /// Flushes, then truncates or extends the file to `len` bytes (`ftruncate`; extending makes
@@ -303,10 +315,13 @@ impl File {
     pub async fn set_len(&mut self, len: u64) -> io::Result<()> {
         self.flush().await?;
         let (file, path) = (self.handle(), self.path.clone());
-        blocking(move || {
-            file.set_len(len)
-                .map_err(|e| path_error("ftruncate", &path, e))
-        })
+        blocking(
+            move || {
+                file.set_len(len)
+                    .map_err(|e| path_error("ftruncate", &path, e))
+            },
+            |e| self.error("ftruncate", e),
+        )
         .await
     }
 }

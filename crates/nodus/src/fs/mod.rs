@@ -7,7 +7,8 @@
 //!   (64 KiB) per pool job, copying at most [`COPY_CHUNK`] (1 MiB, in the kernel), listing a
 //!   directory at most [`DIR_BATCH`] entries, so a large file or directory never holds a pool
 //!   thread for long and other requests interleave.
-//! - Every error names the operation and the path, as Node's do (`open '/x': No such file or
+//! - Every error names the operation and the path, as Node's do (a full I/O queue or a panic on
+//!   the pool too) (`open '/x': No such file or
 //!   directory (os error 2)`); its [`io::ErrorKind`] is the OS error's, and [`PathError`] (the
 //!   error's inner value) gives back the path and the OS error.
 
@@ -106,13 +107,17 @@ fn two_path_error(op: &'static str, from: &Path, to: &Path, source: io::Error) -
     )
 }
 
-/// Runs `f` on the I/O pool.
-pub(crate) async fn blocking<T, F>(f: F) -> io::Result<T>
+/// Runs `f` on the I/O pool. `f` names its own errors; a failure of the pool itself (a full
+/// queue, a panic) is passed through `name`, so that it names the operation and path too.
+pub(crate) async fn blocking<T, F>(f: F, name: impl FnOnce(io::Error) -> io::Error) -> io::Result<T>
 where
     F: FnOnce() -> io::Result<T> + Send + 'static,
     T: Send + 'static,
 {
-    offload_io(f).await?
+    match offload_io(f).await {
+        Ok(result) => result,
+        Err(e) => Err(name(e.into())),
+    }
 }
 
 /// Runs `f(path)` on the I/O pool; an error names `op` and the path.
@@ -121,8 +126,12 @@ where
     F: FnOnce(&Path) -> io::Result<T> + Send + 'static,
     T: Send + 'static,
 {
-    let path = path.to_path_buf();
-    blocking(move || f(&path).map_err(|e| path_error(op, &path, e))).await
+    let owned = path.to_path_buf();
+    blocking(
+        move || f(&owned).map_err(|e| path_error(op, &owned, e)),
+        |e| path_error(op, path, e),
+    )
+    .await
 }
 
 /// Runs `f(from, to)` on the I/O pool; an error names `op` and both paths.
@@ -131,8 +140,12 @@ where
     F: FnOnce(&Path, &Path) -> io::Result<T> + Send + 'static,
     T: Send + 'static,
 {
-    let (from, to) = (from.to_path_buf(), to.to_path_buf());
-    blocking(move || f(&from, &to).map_err(|e| two_path_error(op, &from, &to, e))).await
+    let (a, b) = (from.to_path_buf(), to.to_path_buf());
+    blocking(
+        move || f(&a, &b).map_err(|e| two_path_error(op, &a, &b, e)),
+        |e| two_path_error(op, from, to, e),
+    )
+    .await
 }
 
 /// The metadata of `path`, following symlinks (`fs.stat`).
@@ -211,24 +224,27 @@ pub async fn read_dir(path: impl AsRef<Path>) -> io::Result<Vec<DirEntry>> {
     let mut entries = Vec::new();
     loop {
         let dir = path.clone();
-        let (back, batch, done) = blocking(move || {
-            let mut batch = Vec::new();
-            for entry in iter.by_ref() {
-                let entry = entry.map_err(|e| path_error("scandir", &dir, e))?;
-                let file_type = entry
-                    .file_type()
-                    .map_err(|e| path_error("scandir", &entry.path(), e))?;
-                batch.push(DirEntry {
-                    path: entry.path(),
-                    file_name: entry.file_name(),
-                    file_type,
-                });
-                if batch.len() == DIR_BATCH {
-                    return Ok((iter, batch, false));
+        let (back, batch, done) = blocking(
+            move || {
+                let mut batch = Vec::new();
+                for entry in iter.by_ref() {
+                    let entry = entry.map_err(|e| path_error("scandir", &dir, e))?;
+                    let file_type = entry
+                        .file_type()
+                        .map_err(|e| path_error("scandir", &entry.path(), e))?;
+                    batch.push(DirEntry {
+                        path: entry.path(),
+                        file_name: entry.file_name(),
+                        file_type,
+                    });
+                    if batch.len() == DIR_BATCH {
+                        return Ok((iter, batch, false));
+                    }
                 }
-            }
-            Ok((iter, batch, true))
-        })
+                Ok((iter, batch, true))
+            },
+            |e| path_error("scandir", &path, e),
+        )
         .await?;
         entries.extend(batch);
         if done {
@@ -286,31 +302,79 @@ pub async fn append(path: impl AsRef<Path>, data: impl AsRef<[u8]>) -> io::Resul
 
 /// Copies the contents and permissions of `from` to `to` (created or truncated); returns the
 /// bytes copied. At most [`COPY_CHUNK`] bytes per pool job, in the kernel where it can.
+///
+/// As Node's `copyFile`: copying a file onto itself (the same path, a hard link, a symlink to it)
+/// leaves it as it is and returns 0, and a copy that fails after `to` was opened removes `to`
+/// (a half-copied file is never left behind). A directory as `from` is `IsADirectory` before
+/// `to` is touched. `to` is truncated and given `from`'s permissions only when it is a regular
+/// file (a FIFO or a device is written to as it is). A copy whose future is dropped midway
+/// leaves the part already copied.
 pub async fn copy(from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<u64> {
     let (from, to) = (from.as_ref(), to.as_ref());
-    let (src, dst) = on_paths("copyfile", from, to, |a, b| {
-        let src = std::fs::File::open(a)?;
-        let perm = src.metadata()?.permissions();
-        let dst = std::fs::File::create(b)?;
-        dst.set_permissions(perm)?;
-        Ok((src, dst))
-    })
-    .await?;
+    let Some((src, dst)) = on_paths("copyfile", from, to, open_copy).await? else {
+        return Ok(0);
+    };
     let mut pair = (src, dst);
     let mut total = 0;
     loop {
         let (a, b) = (from.to_path_buf(), to.to_path_buf());
-        let (back, n) = blocking(move || {
-            let (src, dst) = pair;
-            let n = io::copy(&mut (&src).take(COPY_CHUNK), &mut &dst)
-                .map_err(|e| two_path_error("copyfile", &a, &b, e))?;
-            Ok(((src, dst), n))
-        })
+        let (back, n) = blocking(
+            move || {
+                let (src, dst) = pair;
+                let n = io::copy(&mut (&src).take(COPY_CHUNK), &mut &dst).map_err(|e| {
+                    remove_failed_copy(&dst, &b);
+                    two_path_error("copyfile", &a, &b, e)
+                })?;
+                Ok(((src, dst), n))
+            },
+            |e| two_path_error("copyfile", from, to, e),
+        )
         .await?;
         total += n;
         if n == 0 {
             return Ok(total);
         }
         pair = back;
+    }
+}
+
+/// Opens both ends of a copy: `None` when `to` is `from` itself (nothing to do). `to` is opened
+/// without `O_TRUNC` and truncated only once it is known to be another file.
+fn open_copy(from: &Path, to: &Path) -> io::Result<Option<(std::fs::File, std::fs::File)>> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let src = std::fs::File::open(from)?;
+    let meta = src.metadata()?;
+    if meta.is_dir() {
+        return Err(io::Error::from_raw_os_error(libc::EISDIR));
+    }
+    let dst = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .mode(meta.mode() & 0o7777)
+        .open(to)?;
+    let dst_meta = dst.metadata()?;
+    if (dst_meta.dev(), dst_meta.ino()) == (meta.dev(), meta.ino()) {
+        return Ok(None);
+    }
+    if dst_meta.is_file() {
+        let prepared = dst
+            .set_len(0)
+            .and_then(|()| dst.set_permissions(meta.permissions()));
+        if let Err(e) = prepared {
+            remove_failed_copy(&dst, to);
+            return Err(e);
+        }
+    }
+    Ok(Some((src, dst)))
+}
+
+/// After a failed copy, removes `to` if it is still the regular file `dst` (libuv's rule).
+fn remove_failed_copy(dst: &std::fs::File, to: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(open), Ok(named)) = (dst.metadata(), std::fs::symlink_metadata(to)) else {
+        return;
+    };
+    if open.is_file() && (open.dev(), open.ino()) == (named.dev(), named.ino()) {
+        let _ = std::fs::remove_file(to);
     }
 }

@@ -182,7 +182,10 @@ impl fmt::Display for IpcError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             IpcError::Closed => write!(f, "nodus::ipc: channel closed"),
-            IpcError::Frame(e) => write!(f, "nodus::ipc: {e}; channel closed"),
+            IpcError::Frame(e) => write!(
+                f,
+                "nodus::ipc: {e}; frame dropped, the channel reads on from the next one"
+            ),
             IpcError::UnexpectedFds { expected, received } => write!(
                 f,
                 "nodus::ipc: {received} fd(s) arrived with a frame that carries {expected}; \

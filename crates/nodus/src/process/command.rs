@@ -245,14 +245,20 @@ impl Command {
     /// Starts the child.
     ///
     /// # Errors
-    /// What `fork`/`exec` report (`NotFound` for a missing program, ...), a pidfd or
-    /// registration failure (Linux < 5.3 has no `pidfd_open`), and `InvalidInput` for a signal
-    /// number that is not one or a group exit signal without a group of the child's own.
+    /// What `fork`/`exec` report (`NotFound` for a missing program or working directory,
+    /// `PermissionDenied` for one that is not executable, `InvalidInput` for a NUL byte in an
+    /// argument, ...), with a message naming the program (and the working directory, when one
+    /// was set), as Node's `spawn nonexistent ENOENT` does; a pidfd or registration failure
+    /// (Linux < 5.3 has no `pidfd_open`), and `InvalidInput` for a signal number that is not one
+    /// or a group exit signal without a group of the child's own.
     ///
     /// # Panics
-    /// Outside a running nodus loop.
+    /// Outside a running nodus loop (before anything is started).
     #[track_caller]
     pub fn spawn(&self) -> io::Result<Child> {
+        // Checked before the fork: the child's pidfd needs the loop, and a child started first
+        // would be left unreaped.
+        crate::rt::context::with_core("nodus::process::Command::spawn", |_| ());
         let mut cmd = std::process::Command::new(&self.program);
         cmd.args(&self.args);
         if self.env_clear {
@@ -364,7 +370,7 @@ impl Command {
         }
         let spawned = cmd.spawn();
         drop(held);
-        let mut std_child = spawned?;
+        let mut std_child = spawned.map_err(|e| self.spawn_error(e))?;
         let pid = rustix::process::Pid::from_raw(std_child.id() as i32)
             .expect("a spawned child has a positive pid");
         // From here on the child runs: a step that fails must not leave it running unseen (the
@@ -402,6 +408,38 @@ impl Command {
         // The std handle only held the pid and the pipes; the pidfd task reaps the child.
         drop(std_child);
         Ok(child)
+    }
+}
+
+impl Command {
+    /// `e`, a failed `fork`/`exec`, with a message that names the program (and the working
+    /// directory, which a missing one makes `NotFound` too); its kind and source are `e`'s.
+    fn spawn_error(&self, e: io::Error) -> io::Error {
+        let program = Path::new(&self.program).display();
+        let message = match &self.cwd {
+            Some(dir) => format!("spawn '{program}' in '{}': {e}", dir.display()),
+            None => format!("spawn '{program}': {e}"),
+        };
+        io::Error::new(e.kind(), SpawnError { message, source: e })
+    }
+}
+
+/// A spawn failure naming the program; its source is the OS error.
+#[derive(Debug)]
+struct SpawnError {
+    message: String,
+    source: io::Error,
+}
+
+impl std::fmt::Display for SpawnError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for SpawnError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
     }
 }
 

@@ -11,6 +11,10 @@
 //! - The result is ready once the child exited and both pipes reached end of file, except after
 //!   a kill: then it is ready at the exit, without waiting for grandchildren that may still hold
 //!   the pipes open.
+//! - Dropping the future before it is ready (a `timeout` around it, an aborted task) kills the
+//!   child with `kill_signal`, as Node kills it when an `exec`'s `signal` is aborted; its exit
+//!   task still reaps it. (Left running, it would lose its output pipes: one that wrote again
+//!   would die of `SIGPIPE`, a silent one would run on unobserved.)
 
 use std::ffi::OsStr;
 use std::fmt;
@@ -32,7 +36,7 @@ pub struct ExecOptions {
     pub timeout: Option<Duration>,
     /// Most bytes kept per stream before the child is killed (default 1 MiB, Node's).
     pub max_buffer: usize,
-    /// The signal for a timeout or an overflow (default `SIGTERM`).
+    /// The signal for a timeout, an overflow or a dropped future (default `SIGTERM`).
     pub kill_signal: i32,
     /// Working directory (default: the parent's).
     pub cwd: Option<PathBuf>,
@@ -172,6 +176,22 @@ impl Collect {
     }
 }
 
+/// Kills the child if `run`'s future is dropped before the child's exit was observed.
+struct KillOnDrop<'a> {
+    child: &'a super::child::Child,
+    signal: i32,
+    armed: bool,
+}
+
+impl Drop for KillOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed && self.child.try_wait().is_none() {
+            // Already gone (NotFound) is what we wanted.
+            let _ = self.child.kill(self.signal);
+        }
+    }
+}
+
 async fn run(mut cmd: Command, options: &ExecOptions) -> Result<Output, ExecError> {
     cmd.stdin(Stdio::Null);
     if let Some(dir) = &options.cwd {
@@ -195,6 +215,11 @@ async fn run(mut cmd: Command, options: &ExecOptions) -> Result<Output, ExecErro
     let mut deadline = options.timeout.map(|t| Box::pin(crate::sleep(t)));
     let mut exit = pin!(child.wait());
     let mut status = None;
+    let mut kill_on_drop = KillOnDrop {
+        child: &child,
+        signal: options.kill_signal,
+        armed: true,
+    };
     let result = poll_fn(|cx| {
         loop {
             let mut progressed = false;
@@ -240,6 +265,7 @@ async fn run(mut cmd: Command, options: &ExecOptions) -> Result<Output, ExecErro
         }
     })
     .await;
+    kill_on_drop.armed = false;
     let kind = match (result, failure, status) {
         (Err(e), _, _) => ExecErrorKind::Io(e),
         (Ok(()), Some(kind), _) => kind,
