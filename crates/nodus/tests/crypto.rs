@@ -106,6 +106,10 @@ fn scrypt_matches_rfc_7914_and_enforces_max_memory() {
             ..Default::default()
         };
         assert!(crypto::scrypt(b"pw", b"salt", 32, zero).await.is_err());
+        // Node: scryptSync('pw', 'salt', 0) is an empty buffer; bad parameters still fail.
+        let empty = crypto::scrypt(b"pw", b"salt", 0, ScryptParams::default()).await;
+        assert_eq!(empty.unwrap(), Vec::<u8>::new());
+        assert!(crypto::scrypt(b"pw", b"salt", 0, zero).await.is_err());
     });
 }
 
