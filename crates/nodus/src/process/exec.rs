@@ -32,7 +32,9 @@ use crate::signal::SIGTERM;
 /// Options for [`exec`] and [`exec_file`].
 #[derive(Debug, Clone)]
 pub struct ExecOptions {
-    /// Kill the child after this long (default: no limit).
+    /// Kill the child after this long (default: no limit). Unlike Node's `timeout: 0`, which
+    /// means no limit, `Some(Duration::ZERO)` is a limit (1 ms, the shortest timer): `None` is
+    /// "no limit".
     pub timeout: Option<Duration>,
     /// Most bytes kept per stream before the child is killed (default 1 MiB, Node's).
     pub max_buffer: usize,
