@@ -538,7 +538,12 @@ fn with_this_thread_under<T>(policy: libc::c_int, f: impl FnOnce() -> T) -> T {
         let param = libc::sched_param { sched_priority: 0 };
         // SAFETY: a plain syscall on the calling thread (pid 0) with an initialized param.
         let rc = unsafe { libc::sched_setscheduler(0, policy, &param) };
-        assert_eq!(rc, 0, "sched_setscheduler: {}", std::io::Error::last_os_error());
+        assert_eq!(
+            rc,
+            0,
+            "sched_setscheduler: {}",
+            std::io::Error::last_os_error()
+        );
     };
     set(policy);
     let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
