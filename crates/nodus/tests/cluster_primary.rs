@@ -216,3 +216,168 @@ fn a_draining_worker_gets_no_new_listener() {
         );
     });
 }
+
+/// The directory a worker of the stats tests below shares with its test (files as signals).
+const DIR: &str = "NODUS_TEST_DIR";
+
+/// Waits (polling, at most 30 s) until `path` exists; false if it never does.
+async fn file_appears(path: &std::path::Path) -> bool {
+    for _ in 0..3000 {
+        if path.exists() {
+            return true;
+        }
+        nodus::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+/// The worker role of the stats tests: reports snapshots, says ready; when the file `stall`
+/// appears it writes `stalled` and blocks its loop until `release` appears; once asked to drain
+/// it stays (its loop answering) until `release` appears. Every wait gives up after 30 s.
+fn snapshot_worker() -> ! {
+    let dir = std::path::PathBuf::from(std::env::var_os(DIR).expect("the test sets the dir"));
+    let code = nodus::Runtime::new().block_on(async move {
+        let worker = Worker::get().unwrap().expect("started as a cluster worker");
+        worker.set_snapshot(nodus::metrics::snapshot);
+        worker.ready();
+        let d = dir.clone();
+        let staller = nodus::spawn_named("test:staller", async move {
+            if file_appears(&d.join("stall")).await {
+                std::fs::write(d.join("stalled"), b"").unwrap();
+                // Blocks the loop: no snapshot request can be answered meanwhile.
+                for _ in 0..3000 {
+                    if d.join("release").exists() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        });
+        worker.drain_requested().await;
+        staller.abort();
+        file_appears(&dir.join("release")).await;
+        0
+    });
+    std::process::exit(code);
+}
+
+/// Sample lines of an exposition, each (name, labels): duplicates make it invalid.
+fn duplicate_samples(text: &str) -> Vec<&str> {
+    let mut seen = std::collections::HashSet::new();
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| l.rsplit_once(' ').map(|(series, _)| series))
+        .filter(|series| !seen.insert(*series))
+        .collect()
+}
+
+fn stats_config(test: &str, dir: &std::path::Path) -> Config {
+    let mut command = self_as_worker(test, "snapshot");
+    command.env.push((DIR.into(), dir.as_os_str().to_owned()));
+    let mut config = Config::new(1, command);
+    config.readiness = Readiness::Message;
+    config.prefix_output = false;
+    config.drain_timeout = Duration::from_secs(30);
+    config.kill_timeout = Duration::from_secs(40);
+    config
+}
+
+#[test]
+fn two_processes_of_one_slot_in_a_reload_have_distinct_series() {
+    if std::env::var(ROLE).as_deref() == Ok("snapshot") {
+        snapshot_worker();
+    }
+    let dir = nodus_testkit::tmp::TempDir::new("reload-series");
+    let rt = nodus::Runtime::new();
+    rt.block_on(async {
+        let config = stats_config(
+            "two_processes_of_one_slot_in_a_reload_have_distinct_series",
+            dir.path(),
+        );
+        let primary = Primary::start(config).expect("the test binary runs");
+        let (events, run) = record_and_run(&primary);
+        let count =
+            |ev: &[Event], f: fn(&EventKind) -> bool| ev.iter().filter(|e| f(&e.kind)).count();
+        wait_until(&events, |ev| {
+            count(ev, |k| matches!(k, EventKind::Ready)) == 1
+        })
+        .await;
+        primary.reload();
+        // The new worker is ready and the old one drains (it stays until `release`).
+        wait_until(&events, |ev| {
+            count(ev, |k| matches!(k, EventKind::Ready)) == 2
+                && count(ev, |k| matches!(k, EventKind::Drain)) == 1
+        })
+        .await;
+        let pids: Vec<u32> = events
+            .borrow()
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::Ready))
+            .filter_map(|e| e.pid)
+            .collect();
+        let text = primary.metrics_text().await;
+        std::fs::write(dir.path().join("release"), b"").unwrap();
+        assert_eq!(duplicate_samples(&text), Vec::<&str>::new(), "{text}");
+        for pid in &pids {
+            let line = format!("nodus_uptime_seconds{{worker=\"1\",pid=\"{pid}\"}} ");
+            assert!(text.contains(&line), "no {line:?} in\n{text}");
+        }
+        assert_eq!(shut_down(&primary, run).await, 0);
+    });
+}
+
+#[test]
+fn a_worker_that_stops_answering_is_shown_without_its_old_snapshot() {
+    if std::env::var(ROLE).as_deref() == Ok("snapshot") {
+        snapshot_worker();
+    }
+    let dir = nodus_testkit::tmp::TempDir::new("stale-snapshot");
+    let rt = nodus::Runtime::new();
+    rt.block_on(async {
+        let config = stats_config(
+            "a_worker_that_stops_answering_is_shown_without_its_old_snapshot",
+            dir.path(),
+        );
+        let primary = Primary::start(config).expect("the test binary runs");
+        let (events, run) = record_and_run(&primary);
+        wait_until(&events, |ev| {
+            ev.iter().any(|e| matches!(e.kind, EventKind::Ready))
+        })
+        .await;
+        let worker = |json: &str| -> serde_json::Value {
+            let v: serde_json::Value = serde_json::from_str(json).unwrap();
+            v["workers"][0].clone()
+        };
+        let before = worker(&primary.stats_json().await);
+        assert!(before["snapshot"].is_object(), "{before}");
+        let pid = before["pid"].as_u64().unwrap();
+
+        std::fs::write(dir.path().join("stall"), b"").unwrap();
+        assert!(file_appears(&dir.path().join("stalled")).await);
+        // Past the primary's 1 s cache, so the next document asks the worker again.
+        nodus::sleep(Duration::from_millis(1100)).await;
+        let during = worker(&primary.stats_json().await);
+        let text = primary.metrics_text().await;
+        std::fs::write(dir.path().join("release"), b"").unwrap();
+        assert!(during["snapshot"].is_null(), "a stale snapshot: {during}");
+        assert!(
+            !text.contains("nodus_uptime_seconds{"),
+            "stale series: {text}"
+        );
+        assert_eq!(during["answering"], false);
+        let gauge = format!("nodus_cluster_worker_answering{{worker=\"1\",pid=\"{pid}\"}} 0");
+        assert!(text.contains(&gauge), "no {gauge:?} in\n{text}");
+
+        // Once the loop runs again, it answers again.
+        let mut after = serde_json::Value::Null;
+        for _ in 0..30 {
+            nodus::sleep(Duration::from_millis(1100)).await;
+            after = worker(&primary.stats_json().await);
+            if after["answering"] == true {
+                break;
+            }
+        }
+        assert!(after["snapshot"].is_object(), "{after}");
+        assert_eq!(shut_down(&primary, run).await, 0);
+    });
+}

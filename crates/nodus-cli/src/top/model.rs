@@ -57,6 +57,10 @@ pub struct WorkerStats {
     /// How long the process has been up, as the primary counts it (else the snapshot's own).
     #[serde(default)]
     pub uptime_seconds: Option<f64>,
+    /// `false`: its loop did not answer the primary's last request (blocked or too busy), so the
+    /// primary gives no snapshot; absent or `null` for a worker that never sends one.
+    #[serde(default)]
+    pub answering: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -95,6 +99,7 @@ impl From<StatsDoc> for ClusterStats {
                     restarts: 0,
                     rss_bytes: None,
                     uptime_seconds: None,
+                    answering: None,
                 }],
                 restarts: 0,
                 budget_left: None,
@@ -167,6 +172,8 @@ pub struct Row {
     pub pools: Vec<PoolRow>,
     /// The current snapshot (details, stalls); `None` while the worker does not report.
     pub snapshot: Option<Snapshot>,
+    /// The worker's loop did not answer the primary's last request (see [`WorkerStats`]).
+    pub not_answering: bool,
 }
 
 /// One history sample.
@@ -403,6 +410,7 @@ fn derive_row(
         uptime_s: w
             .uptime_seconds
             .or_else(|| w.snapshot.as_ref().map(|s| s.uptime_seconds)),
+        not_answering: w.answering == Some(false),
         ..Row::default()
     };
     let Some(s) = &w.snapshot else {

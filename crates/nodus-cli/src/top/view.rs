@@ -35,13 +35,18 @@ pub const COLUMNS: [(&str, u16); 12] = [
     ("RSS", 6),
 ];
 
-/// The worker's cells, in [`COLUMNS`] order ("–" where a figure is unknown).
+/// The worker's cells, in [`COLUMNS`] order ("–" where a figure is unknown; `stall` as the
+/// utilization of a worker whose loop did not answer the primary).
 pub fn cells(r: &Row) -> [String; 12] {
     [
         r.pid.to_string(),
         opt(r.uptime_s, fmt_uptime),
         r.restarts.to_string(),
-        opt(r.util, |u| format!("{:.1}", u * 100.0)),
+        if r.not_answering {
+            "stall".to_string()
+        } else {
+            opt(r.util, |u| format!("{:.1}", u * 100.0))
+        },
         opt(r.lateness_p99, fmt_ns),
         opt(r.sched_p50, fmt_ns),
         opt(r.sched_p99, fmt_ns),
@@ -432,10 +437,12 @@ fn draw_charts(frame: &mut Frame, area: Rect, app: &App, focus: Option<u32>) {
 
 fn detail_line(r: &Row) -> Line<'static> {
     let Some(s) = &r.snapshot else {
-        return Line::from(Span::styled(
-            format!(" pid {}: no snapshot (starting or not reporting)", r.pid),
-            DIM,
-        ));
+        let why = if r.not_answering {
+            "its loop did not answer the primary (blocked or too busy; see its log)"
+        } else {
+            "no snapshot (starting or not reporting)"
+        };
+        return Line::from(Span::styled(format!(" pid {}: {why}", r.pid), DIM));
     };
     let errors = s.http.responses_by_class[4];
     Line::from(vec![
@@ -499,5 +506,24 @@ mod tests {
         assert_eq!(fmt_bytes(50 << 20), "50M");
         assert_eq!(keep_tail("src/a/server.rs:1:2", 14), "…server.rs:1:2");
         assert_eq!(keep_tail("a.rs:1:2", 14), "a.rs:1:2");
+    }
+
+    #[test]
+    fn a_worker_whose_loop_does_not_answer_shows_stall() {
+        use super::super::model::ClusterStats;
+        let doc = br#"{"workers":[
+            {"worker":1,"pid":7,"snapshot":null,"answering":false,"uptime_seconds":3.0},
+            {"worker":2,"pid":8,"snapshot":null,"answering":null}],"restarts":0}"#;
+        let mut m = Model::default();
+        m.update(ClusterStats::parse(doc).unwrap(), std::time::Instant::now());
+        let util = COLUMNS.iter().position(|c| c.0 == "UTIL%").unwrap();
+        assert_eq!(cells(&m.rows[0])[util], "stall");
+        assert!(
+            detail_line(&m.rows[0])
+                .to_string()
+                .contains("did not answer")
+        );
+        // A worker that never sends a snapshot (a plain program) is not stalled: unknown.
+        assert_eq!(cells(&m.rows[1])[util], "–");
     }
 }

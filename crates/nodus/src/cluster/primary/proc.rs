@@ -86,7 +86,11 @@ pub(super) struct Proc {
     pub slot_taken: Rc<Cell<u64>>,
     /// The worker's last load report: (open connections, accepted in total).
     pub reported: Cell<Option<(u64, u64)>>,
+    /// Its last loop snapshot (JSON) and when it came; cleared when it misses a request.
     pub snapshot: RefCell<Option<(Instant, String)>>,
+    /// Whether it answered the primary's last snapshot request: `None` until it has answered
+    /// one (a plain program or a Node worker never does), then `Some(false)` while it misses.
+    pub answered_last: Cell<Option<bool>>,
     pub snapshot_waiters: RefCell<HashMap<u64, ReplySlot<String>>>,
     pub exit_status: Cell<Option<ExitStatus>>,
     /// Filled when the reader of its channel has handled the last message (the channel ended).
@@ -168,6 +172,7 @@ impl Proc {
             slot_taken: st.slots.borrow()[slot as usize - 1].taken.clone(),
             reported: Cell::new(None),
             snapshot: RefCell::new(None),
+            answered_last: Cell::new(None),
             snapshot_waiters: RefCell::default(),
             exit_status: Cell::new(None),
             channel_done: ReplySlot::new(),

@@ -3,9 +3,16 @@
 //!
 //! Invariants: worker snapshots are pulled over the channel when the newest is older than
 //! [`FRESH`] (all workers asked at once, each answer awaited at most [`ASK_LIMIT`]); a worker
-//! that does not answer (stalled, or a plain program) appears with `snapshot: null`. The JSON
-//! shape is the one `nodus top` and the admin page read (`workers[]` with `worker`, `pid`,
-//! `snapshot`, `restarts`, `rss_bytes`, plus cluster fields).
+//! that does not answer (stalled, or a plain program) appears with `snapshot: null`: a snapshot
+//! it sent before is dropped, never served as if current (a blocked loop would otherwise show
+//! its last figures, idle, for as long as it blocks). `answering` says which: `null` for a
+//! worker that never sent a snapshot, `false` for one that did but missed the last request.
+//! The JSON shape is the one `nodus top` and the admin page read (`workers[]` with `worker`,
+//! `pid`, `snapshot`, `answering`, `restarts`, `rss_bytes`, plus cluster fields).
+//!
+//! In the metrics every worker series carries `worker` (the slot) and `pid` labels: during a
+//! rolling reload or a replacement a slot has two live processes, and with `worker` alone their
+//! series would collide (an exposition with duplicate series is rejected by Prometheus).
 
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -85,8 +92,18 @@ pub(super) async fn ask_all(st: &Rc<State>, limit: Duration) -> bool {
     for (p, id, slot) in asks {
         let left = deadline.saturating_duration_since(Instant::now());
         match slot.wait(left.max(Duration::from_millis(1))).await {
-            Some(json) => *p.snapshot.borrow_mut() = Some((Instant::now(), json)),
-            None => all = false,
+            Some(json) => {
+                *p.snapshot.borrow_mut() = Some((Instant::now(), json));
+                p.answered_last.set(Some(true));
+            }
+            None => {
+                all = false;
+                // What it sent before is no longer true of it: never serve it as current.
+                *p.snapshot.borrow_mut() = None;
+                if p.answered_last.get().is_some() {
+                    p.answered_last.set(Some(false));
+                }
+            }
         }
         p.snapshot_waiters.borrow_mut().remove(&id);
     }
@@ -121,6 +138,8 @@ struct WorkerDoc<'a> {
     rss_bytes: Option<u64>,
     connections_handed: u64,
     uptime_seconds: f64,
+    /// `None`: it never sent a snapshot; `Some(false)`: it missed the last request.
+    answering: Option<bool>,
     snapshot: Option<&'a RawValue>,
 }
 
@@ -178,6 +197,7 @@ pub(super) async fn stats_json(st: &Rc<State>) -> String {
             rss_bytes: rss_bytes(p.pid),
             connections_handed: p.handed.get(),
             uptime_seconds: p.started.elapsed().as_secs_f64(),
+            answering: p.answered_last.get(),
             snapshot: snap.as_deref(),
         })
         .collect();
@@ -201,7 +221,16 @@ pub(super) async fn stats_json(st: &Rc<State>) -> String {
     serde_json::to_string(&doc).expect("the stats document serializes")
 }
 
-/// The cluster's metrics: every worker's series with a `worker` label, then the cluster's own.
+/// A worker process's labels: its slot and its pid (two processes share a slot in a reload).
+fn worker_labels(p: &Proc) -> Vec<(String, String)> {
+    vec![
+        ("worker".to_owned(), p.slot.to_string()),
+        ("pid".to_owned(), p.pid.to_string()),
+    ]
+}
+
+/// The cluster's metrics: every worker's series with `worker` and `pid` labels, then the
+/// cluster's own.
 pub(super) async fn metrics_text(st: &Rc<State>) -> String {
     refresh(st).await;
     let procs = live_procs(st);
@@ -211,7 +240,7 @@ pub(super) async fn metrics_text(st: &Rc<State>) -> String {
             let snap = p.snapshot.borrow();
             let (_, json) = snap.as_ref()?;
             let s: Snapshot = serde_json::from_str(json).ok()?;
-            Some((vec![("worker".to_owned(), p.slot.to_string())], s))
+            Some((worker_labels(p), s))
         })
         .collect();
     let refs: Vec<(Vec<(String, String)>, &Snapshot)> =
@@ -263,6 +292,19 @@ pub(super) async fn metrics_text(st: &Rc<State>) -> String {
         "nodus_cluster_connections_handed",
         "Connections the primary handed to each worker slot, every generation of it (round-robin and least policies)",
         handed,
+    );
+    let answering = Family::<Vec<(String, String)>, Gauge<i64>>::default();
+    for p in &procs {
+        if let Some(answered) = p.answered_last.get() {
+            answering
+                .get_or_create(&worker_labels(p))
+                .set(i64::from(answered));
+        }
+    }
+    registry.register(
+        "nodus_cluster_worker_answering",
+        "Whether the worker's loop answered the primary's last snapshot request (0: blocked or too busy; its loop series are left out)",
+        answering,
     );
     if let Some(last) = st.last_exit.borrow().as_deref() {
         let info = Family::<Vec<(String, String)>, Gauge<i64>>::default();
