@@ -81,6 +81,27 @@ fn serve_with_two_workers_shows_the_whole_cluster_in_stats_and_top() {
     assert!(metrics.contains("nodus_cluster_workers_up 2"), "{metrics}");
     assert!(metrics.contains("worker=\"1\"") && metrics.contains("worker=\"2\""));
     assert!(metrics.trim_end().ends_with("# EOF"));
+    // Per worker process: up, memory, handoffs in flight; per slot: restarts.
+    for w in workers {
+        let labels = format!("{{worker=\"{}\",pid=\"{}\"}}", w["worker"], w["pid"]);
+        let value = |name: &str| {
+            let line = format!("{name}{labels} ");
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(&line))
+                .unwrap_or_else(|| panic!("no {line}in\n{metrics}"))
+                .parse::<f64>()
+                .unwrap()
+        };
+        assert_eq!(value("nodus_cluster_worker_up"), 1.0);
+        assert!(value("nodus_cluster_worker_rss_bytes") > 0.0);
+        assert!(value("nodus_cluster_worker_handoffs_in_flight") >= 0.0);
+        let restarts = format!(
+            "nodus_cluster_worker_restarts_total{{worker=\"{}\"}} 0",
+            w["worker"]
+        );
+        assert!(metrics.contains(&restarts), "no {restarts} in\n{metrics}");
+    }
 
     // `nodus top --once` shows one row per worker.
     let out = Command::new(NODUS)

@@ -293,6 +293,49 @@ pub(super) async fn metrics_text(st: &Rc<State>) -> String {
         "Connections the primary handed to each worker slot, every generation of it (round-robin and least policies)",
         handed,
     );
+    // Per worker process (DESIGN section 3): ready or not, its memory, its handoffs not yet
+    // taken; per slot: restarts.
+    let (ready, rss, in_flight) = (
+        Family::<Vec<(String, String)>, Gauge<i64>>::default(),
+        Family::<Vec<(String, String)>, Gauge<i64>>::default(),
+        Family::<Vec<(String, String)>, Gauge<i64>>::default(),
+    );
+    for p in &procs {
+        let labels = worker_labels(p);
+        ready.get_or_create(&labels).set(i64::from(p.is_ready()));
+        in_flight
+            .get_or_create(&labels)
+            .set(p.pending.conns() as i64);
+        if let Some(bytes) = rss_bytes(p.pid) {
+            rss.get_or_create(&labels).set(bytes as i64);
+        }
+    }
+    registry.register(
+        "nodus_cluster_worker_up",
+        "Whether the worker process is ready for traffic (0: starting or draining)",
+        ready,
+    );
+    registry.register(
+        "nodus_cluster_worker_rss_bytes",
+        "Resident memory of the worker process",
+        rss,
+    );
+    registry.register(
+        "nodus_cluster_worker_handoffs_in_flight",
+        "Connections handed to the worker process that it has not taken yet",
+        in_flight,
+    );
+    let slot_restarts = Family::<Vec<(String, String)>, Counter<u64>>::default();
+    for slot in st.slots.borrow().iter() {
+        slot_restarts
+            .get_or_create(&vec![("worker".to_owned(), slot.id.to_string())])
+            .inc_by(slot.restarts);
+    }
+    registry.register(
+        "nodus_cluster_worker_restarts",
+        "Restarts of each worker slot since the primary started",
+        slot_restarts,
+    );
     let answering = Family::<Vec<(String, String)>, Gauge<i64>>::default();
     for p in &procs {
         if let Some(answered) = p.answered_last.get() {
