@@ -80,7 +80,35 @@ fn serve_with_two_workers_shows_the_whole_cluster_in_stats_and_top() {
     let metrics = get_ok(admin_addr, "/_nodus/metrics");
     assert!(metrics.contains("nodus_cluster_workers_up 2"), "{metrics}");
     assert!(metrics.contains("worker=\"1\"") && metrics.contains("worker=\"2\""));
-    assert!(metrics.trim_end().ends_with("# EOF"));
+    // Without an OpenMetrics `Accept` (curl, promtool): the classic text format, whose counter
+    // families are named after their `_total` samples.
+    assert!(!metrics.contains("# EOF"), "{metrics}");
+    assert!(
+        metrics.contains(
+            "# TYPE nodus_cluster_restarts_total counter\nnodus_cluster_restarts_total 0\n"
+        ),
+        "{metrics}"
+    );
+    // What Prometheus asks for: OpenMetrics.
+    let om = try_request(
+        admin_addr,
+        "GET",
+        "/_nodus/metrics",
+        &["Accept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"],
+    )
+    .unwrap();
+    assert!(
+        om.header("content-type")
+            .is_some_and(|t| t.starts_with("application/openmetrics-text")),
+        "{:?}",
+        om.headers
+    );
+    let om = String::from_utf8(om.body).unwrap();
+    assert!(om.trim_end().ends_with("# EOF"), "{om}");
+    assert!(
+        om.contains("# TYPE nodus_cluster_restarts counter\n"),
+        "{om}"
+    );
     // Per worker process: up, memory, handoffs in flight; per slot: restarts.
     for w in workers {
         let labels = format!("{{worker=\"{}\",pid=\"{}\"}}", w["worker"], w["pid"]);
@@ -514,9 +542,7 @@ fn a_nodus_worker_joins_a_stock_node_primary() {
     let stats: Value = serde_json::from_str(&get_ok(addr, "/_nodus/stats")).unwrap();
     assert!(stats.is_object(), "{stats}");
     assert!(
-        get_ok(addr, "/_nodus/metrics")
-            .trim_end()
-            .ends_with("# EOF")
+        get_ok(addr, "/_nodus/metrics").contains("# TYPE nodus_loop_busy_seconds_total counter")
     );
     assert!(
         asked.elapsed() < Duration::from_secs(5),

@@ -86,13 +86,37 @@ pub fn serve_primary(
         },
         move |req| {
             let source = source.clone();
-            async move { respond(req.method(), req.uri().path(), source.is_ready(), &source).await }
+            async move {
+                let accept = accept(req.headers());
+                respond(
+                    req.method(),
+                    req.uri().path(),
+                    accept,
+                    source.is_ready(),
+                    &source,
+                )
+                .await
+            }
         },
     )
 }
 
-/// Answers an admin request. `ready` is false once a shutdown began.
-pub async fn respond(method: &Method, path: &str, ready: bool, source: &Source) -> Response<Body> {
+/// A request's `Accept` header, if it is text.
+pub fn accept(headers: &http::HeaderMap) -> Option<&str> {
+    headers
+        .get(http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+}
+
+/// Answers an admin request (`accept`: its `Accept` header, which picks the metrics format).
+/// `ready` is false once a shutdown began.
+pub async fn respond(
+    method: &Method,
+    path: &str,
+    accept: Option<&str>,
+    ready: bool,
+    source: &Source,
+) -> Response<Body> {
     if method != Method::GET && method != Method::HEAD {
         let mut r = text(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -114,12 +138,17 @@ pub async fn respond(method: &Method, path: &str, ready: bool, source: &Source) 
             Response::new(full(ADMIN_PAGE_HTML)),
             "text/html; charset=utf-8",
         ),
+        // OpenMetrics for a scraper that asks for it (Prometheus does), else the classic text
+        // format (`curl`, `promtool check metrics`).
         "/_nodus/metrics" => {
+            use nodus::metrics::prometheus::{self as prom, accepts_openmetrics};
             let text = source.metrics().await;
-            with_type(
-                Response::new(full(text)),
-                nodus::metrics::prometheus::CONTENT_TYPE,
-            )
+            if accept.is_some_and(accepts_openmetrics) {
+                with_type(Response::new(full(text)), prom::CONTENT_TYPE)
+            } else {
+                let classic = prom::to_classic(&text);
+                with_type(Response::new(full(classic)), prom::CLASSIC_CONTENT_TYPE)
+            }
         }
         "/_nodus/stats" => {
             let json = source.stats().await;

@@ -339,7 +339,17 @@ fn serve_admin(listener: TcpListener, site: Rc<Site>) -> nodus_http::Server {
         },
         move |req| {
             let s = site.clone();
-            async move { admin::respond(req.method(), req.uri().path(), s.is_ready(), &s.source).await }
+            async move {
+                let accept = admin::accept(req.headers());
+                admin::respond(
+                    req.method(),
+                    req.uri().path(),
+                    accept,
+                    s.is_ready(),
+                    &s.source,
+                )
+                .await
+            }
         },
     )
 }
@@ -354,7 +364,8 @@ async fn handle_public(req: Request<RequestBody>, site: Rc<Site>) -> Response<Bo
     );
     let response = if admin::is_admin_path(&path) && site.admin_on_public {
         if admin::allowed(peer) {
-            admin::respond(&method, &path, site.is_ready(), &site.source).await
+            let accept = admin::accept(req.headers());
+            admin::respond(&method, &path, accept, site.is_ready(), &site.source).await
         } else {
             text(
                 StatusCode::FORBIDDEN,

@@ -6,7 +6,8 @@
 //! The crate writes the OpenMetrics text format (`# HELP`/`# TYPE`/`# UNIT`, `_total` on
 //! counter samples, a closing `# EOF`, label values escaped); serve it with [`CONTENT_TYPE`].
 //! (Read as text format 0.0.4 it still parses, but a counter's `# TYPE` names `x` while its
-//! sample is `x_total`, so the type is lost.)
+//! sample is `x_total`, so the type is lost: for a client that does not ask for OpenMetrics,
+//! [`to_classic`] rewrites the metadata into that format, served with [`CLASSIC_CONTENT_TYPE`].)
 //!
 //! Names carry the `nodus_` prefix and base units: durations are `_seconds` (histogram values
 //! are nanoseconds, divided by 1e9), counters end in `_total`. One `# HELP`/`# TYPE` is written
@@ -24,8 +25,10 @@
 //!
 //! Layout: this file holds the entry points and `SnapshotCollector`, which maps each snapshot
 //! field to a family; `families` names and describes every family (one constant each); `encode`
-//! holds the owned series, the histogram bucket conversion and the `Collector` encoding.
+//! holds the owned series, the histogram bucket conversion and the `Collector` encoding;
+//! `classic` the rewrite into text format 0.0.4 and the `Accept` check.
 
+mod classic;
 mod encode;
 mod families;
 #[cfg(test)]
@@ -36,6 +39,8 @@ use prometheus_client::registry::Registry;
 use super::snapshot::Snapshot;
 use encode::{Family, Series, Value, seconds_histogram, unitless_histogram};
 use families::*;
+
+pub use classic::{CLASSIC_CONTENT_TYPE, accepts_openmetrics, to_classic};
 
 /// The HTTP `Content-Type` of the text [`render`] returns.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
