@@ -191,7 +191,10 @@ pub struct Server {
     accept: RefCell<Option<JoinHandle<()>>>,
 }
 
-/// Serves `listener` on the current loop: each request goes to `handler`.
+/// Serves `listener` on the current loop: each request goes to `handler`. Its tasks (the accept
+/// loop, one per connection, where `handler` runs) carry `config.name` and the location of this
+/// call, so a handler that blocks the loop is reported there.
+#[track_caller]
 pub fn serve<L, H, F>(listener: L, config: Config, handler: H) -> Server
 where
     L: Accept,
@@ -211,8 +214,8 @@ where
         drained_wakers: RefCell::new(Vec::new()),
     });
     let handler = Rc::new(handler);
-    let name = state.config.name;
-    let accept = nodus::spawn_named(name, accept_loop(listener, state.clone(), handler));
+    let (name, at) = (state.config.name, std::panic::Location::caller());
+    let accept = nodus::spawn_named_at(name, at, accept_loop(listener, state.clone(), handler, at));
     Server {
         state,
         local_addr,
@@ -275,8 +278,13 @@ impl Server {
     }
 }
 
-async fn accept_loop<L, H, F>(listener: L, state: Rc<State>, handler: Rc<H>)
-where
+/// Accepts until a drain; each connection's task is placed at `at` (the `serve` call).
+async fn accept_loop<L, H, F>(
+    listener: L,
+    state: Rc<State>,
+    handler: Rc<H>,
+    at: &'static std::panic::Location<'static>,
+) where
     L: Accept,
     H: Fn(Request<RequestBody>) -> F + 'static,
     F: Future<Output = Response<Body>> + 'static,
@@ -305,7 +313,7 @@ where
                 // On the books now, not when its task first runs: a drain may come first.
                 let guard = ConnGuard::open(&state);
                 let conn = connection(stream, peer, guard, handler.clone());
-                nodus::spawn_named(state.config.name, conn).detach();
+                nodus::spawn_named_at(state.config.name, at, conn).detach();
             }
             Some(Err(e)) if matches!(e.raw_os_error(), Some(libc_emfile) if libc_emfile == 24 || libc_emfile == 23) =>
             {

@@ -675,3 +675,69 @@ fn a_keep_alive_timeout_beyond_the_longest_timer_is_accepted() {
         assert_eq!(read_reply(&mut r, false).unwrap().status, 200);
     }
 }
+
+/// A handler that blocks the loop is reported by the watchdog under the server's name, at the
+/// line that called `serve` (not inside nodus-http), while it still blocks.
+#[test]
+fn a_blocking_handler_is_reported_at_its_serve_call() {
+    let (tx, rx) = mpsc::channel();
+    let done = Arc::new(AtomicBool::new(false));
+    let (d, stop) = (done.clone(), done.clone());
+    let thread = std::thread::spawn(move || {
+        let rt = Runtime::builder()
+            .stall_threshold(Duration::from_millis(50))
+            .build()
+            .unwrap();
+        let loop_id = rt.id();
+        rt.block_on(async move {
+            let listener = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+            let config = Config {
+                name: "http:blocking-app",
+                ..Config::default()
+            };
+            let server = serve(listener, config, move |_req| {
+                let d = d.clone();
+                async move {
+                    // Blocks the loop (never do this) until the report is seen, 10 s at most.
+                    let give_up = Instant::now() + Duration::from_secs(10);
+                    while !d.load(Ordering::Acquire) && Instant::now() < give_up {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    text(StatusCode::OK, "late")
+                }
+            });
+            tx.send((server.local_addr().unwrap(), loop_id)).unwrap();
+            while !stop.load(Ordering::Acquire) {
+                nodus::sleep(5).await;
+            }
+            server.drain(Duration::from_secs(5)).await
+        })
+    });
+    let (addr, loop_id) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    let client = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        write_request(&mut s, "GET", "/", &[]).unwrap();
+        read_reply(&mut BufReader::new(s), false).map(|r| r.status)
+    });
+    let give_up = Instant::now() + Duration::from_secs(10);
+    let report = loop {
+        if let Some(r) = nodus::watchdog::recent_stalls_for(loop_id)
+            .into_iter()
+            .next()
+        {
+            break r;
+        }
+        assert!(Instant::now() < give_up, "no stall report within 10 s");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    done.store(true, Ordering::Release);
+    assert_eq!(report.task_name, "http:blocking-app");
+    assert!(
+        report.location.contains("tests/server.rs:"),
+        "placed at {}",
+        report.location
+    );
+    assert_eq!(client.join().unwrap().unwrap(), 200);
+    assert_eq!(thread.join().unwrap(), 0, "nothing cut by the drain");
+}

@@ -45,7 +45,7 @@ pub use rt::{
     Builder, Immediate, LoopHandle, Runtime, clear_immediate, next_tick, queue_microtask,
     set_immediate,
 };
-pub use task::{JoinError, JoinHandle, spawn, spawn_named, yield_now};
+pub use task::{JoinError, JoinHandle, spawn, spawn_named, spawn_named_at, yield_now};
 pub use time::{
     Elapsed, Interval, Sleep, Timer, clear_interval, clear_timeout, interval, set_interval,
     set_timeout, sleep, timeout,

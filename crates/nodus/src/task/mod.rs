@@ -89,6 +89,26 @@ where
     })
 }
 
+/// Spawns a named task that measurements and stall reports place at `location` rather than at
+/// this call: for a library that spawns on its user's behalf (a server's connection tasks, say)
+/// and captured its user's call site with `#[track_caller]`.
+///
+/// # Panics
+/// On a thread with no running nodus loop.
+pub fn spawn_named_at<F>(
+    name: &'static str,
+    location: &'static Location<'static>,
+    future: F,
+) -> JoinHandle<F::Output>
+where
+    F: Future + 'static,
+    F::Output: 'static,
+{
+    with_core("nodus::spawn_named_at", |core| {
+        spawn_on(core, name, location, future)
+    })
+}
+
 /// Spawns on `core` with an explicit name and location (for wrappers that capture the caller).
 pub(crate) fn spawn_on<F>(
     core: &Core,
