@@ -148,10 +148,27 @@ fn serve_with_two_workers_shows_the_whole_cluster_in_stats_and_top() {
     assert!(before >= 10, "{metrics}");
     primary.signal(rustix::process::Signal::HUP);
     primary.wait_line("reload done");
-    let after = handed_total(&get_ok(admin_addr, "/_nodus/metrics"));
+    let metrics = get_ok(admin_addr, "/_nodus/metrics");
+    let after = handed_total(&metrics);
     assert!(
         after >= before,
         "the counter went down: {before} then {after}"
+    );
+    // The reload's last exit: the slot and the cause as labels (no pid: one series per cause),
+    // the pid in the stats' line.
+    let last = metrics
+        .lines()
+        .find(|l| l.starts_with("nodus_cluster_last_exit{"))
+        .unwrap_or_else(|| panic!("no last exit in\n{metrics}"));
+    assert!(
+        last.ends_with(",reason=\"stopped as asked\"} 1") && !last.contains("pid"),
+        "{last}"
+    );
+    let stats: Value = serde_json::from_str(&get_ok(admin_addr, "/_nodus/stats")).unwrap();
+    let line = stats["last_exit"].as_str().unwrap();
+    assert!(
+        line.contains("(pid ") && line.ends_with("stopped as asked"),
+        "{line}"
     );
 
     primary.signal(rustix::process::Signal::TERM);

@@ -186,6 +186,24 @@ struct Slot {
     pending_restart: bool,
 }
 
+/// The last worker exit, or failed start: its slot, its pid (none for a start that failed) and
+/// why, without the pid (the metric's label, bounded by slots and causes).
+pub(crate) struct LastExit {
+    pub(crate) worker: u32,
+    pub(crate) pid: Option<u32>,
+    pub(crate) reason: String,
+}
+
+impl LastExit {
+    /// One line, as the stats show it: "worker 1 (pid 4242) killed by signal 9".
+    pub(crate) fn text(&self) -> String {
+        match self.pid {
+            Some(pid) => format!("worker {} (pid {pid}) {}", self.worker, self.reason),
+            None => format!("worker {} {}", self.worker, self.reason),
+        }
+    }
+}
+
 pub(crate) struct State {
     config: Config,
     seq: Cell<u64>,
@@ -202,7 +220,7 @@ pub(crate) struct State {
     generation: Cell<u64>,
     /// The newest generation a reload started (failed ones included): numbers are never reused.
     newest_generation: Cell<u64>,
-    last_exit: RefCell<Option<String>>,
+    last_exit: RefCell<Option<LastExit>>,
     phase: Cell<Phase>,
     reloading: Cell<bool>,
     /// A SIGHUP came during a reload: one more reload follows it.

@@ -24,8 +24,8 @@ use prometheus_client::registry::Registry;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use super::State;
 use super::proc::{Proc, ProcState};
+use super::{LastExit, State};
 use crate::cluster::protocol::Nodus;
 use crate::cluster::reply::ReplySlot;
 use crate::metrics::Snapshot;
@@ -210,7 +210,7 @@ pub(super) async fn stats_json(st: &Rc<State>) -> String {
         budget_left: st.budget.borrow_mut().left(Instant::now()),
         generation: st.generation.get(),
         reloading: st.reloading.get(),
-        last_exit: st.last_exit.borrow().clone(),
+        last_exit: st.last_exit.borrow().as_ref().map(LastExit::text),
         primary: PrimaryDoc {
             pid: std::process::id(),
             rss_bytes: rss_bytes(std::process::id()),
@@ -349,13 +349,16 @@ pub(super) async fn metrics_text(st: &Rc<State>) -> String {
         "Whether the worker's loop answered the primary's last snapshot request (0: blocked or too busy; its loop series are left out)",
         answering,
     );
-    if let Some(last) = st.last_exit.borrow().as_deref() {
+    if let Some(last) = st.last_exit.borrow().as_ref() {
         let info = Family::<Vec<(String, String)>, Gauge<i64>>::default();
-        info.get_or_create(&vec![("reason".to_owned(), last.to_owned())])
-            .set(1);
+        info.get_or_create(&vec![
+            ("worker".to_owned(), last.worker.to_string()),
+            ("reason".to_owned(), last.reason.clone()),
+        ])
+        .set(1);
         registry.register(
             "nodus_cluster_last_exit",
-            "The last worker exit, as a label (value always 1)",
+            "The last worker exit: its slot and why, as labels (value always 1)",
             info,
         );
     }

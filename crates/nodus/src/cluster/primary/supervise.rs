@@ -37,7 +37,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use super::proc::{Proc, ProcState};
-use super::{EventKind, Phase, State, count};
+use super::{EventKind, LastExit, Phase, State, count};
 use super::{handoff, server, stats};
 use crate::cluster::protocol::{Disconnect, NODE_CLUSTER, Nodus};
 use crate::cluster::supervision::{
@@ -171,8 +171,13 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
         );
         force(st, FORCED_STOP_EXIT_CODE);
     }
-    let text = format!("worker {} (pid {}) {reason}", proc.slot, proc.pid);
-    *st.last_exit.borrow_mut() = Some(text.clone());
+    let last = LastExit {
+        worker: proc.slot,
+        pid: Some(proc.pid),
+        reason: reason.to_string(),
+    };
+    let text = last.text();
+    *st.last_exit.borrow_mut() = Some(last);
     st.emit(
         Some(proc),
         EventKind::Exit {
@@ -302,9 +307,14 @@ fn restart_slot(st: &Rc<State>, id: u32) {
     match Proc::spawn(st, id, st.generation.get()) {
         Ok(p) => st.slots.borrow_mut()[id as usize - 1].current = Some(p),
         Err(e) => {
-            let text = format!("worker {id} could not be started: {e}");
+            let last = LastExit {
+                worker: id,
+                pid: None,
+                reason: format!("could not be started: {e}"),
+            };
+            let text = last.text();
             tracing::warn!(target: "nodus::cluster", "{text}");
-            *st.last_exit.borrow_mut() = Some(text);
+            *st.last_exit.borrow_mut() = Some(last);
             st.emit_for(
                 Some(id),
                 None,
