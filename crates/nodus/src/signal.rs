@@ -46,41 +46,28 @@ static LISTENERS: Mutex<BTreeMap<i32, (Arc<AtomicBool>, usize)>> = Mutex::new(BT
 
 /// A stream of the signals it was created for.
 pub struct Signals {
+    /// Declared first, so dropped before `pipe`: once released, a signal gets its default.
+    _listening: Listening,
     pipe: PipeSignals,
     state: Rc<IoState>,
     loop_id: u64,
     queued: VecDeque<i32>,
-    /// The signals it catches, each once.
-    signals: Box<[i32]>,
 }
 
-impl Signals {
-    /// Starts catching `signals`: their default action (terminating, say) no longer happens
-    /// until no stream catches them any more (see the module docs).
-    ///
-    /// # Errors
-    /// For signals that cannot be caught (`SIGKILL`, `SIGSTOP`, `SIGSEGV`...).
-    #[track_caller]
-    pub fn new(signals: &[i32]) -> io::Result<Signals> {
-        let mut pipe = PipeSignals::new(signals.iter().copied())?;
+/// Counts its signals in [`LISTENERS`] while it lives. The first count of a signal registers its
+/// conditional default action, before any stream's pipe action for it: signal-hook runs a
+/// signal's actions in registration order, so a handler reads the flag before it writes to a
+/// pipe, and a stream that got the signal and was dropped at once (its flag back to `true`) can
+/// never have the same handler run go on to the default action.
+struct Listening(Box<[i32]>);
+
+impl Listening {
+    fn new(signals: &[i32]) -> Listening {
         let mut signals = signals.to_vec();
         signals.sort_unstable();
         signals.dedup();
-        let signals = signals.into_boxed_slice();
-        let stream = with_core("nodus::signal::Signals::new", |core| {
-            let state = core.reactor.register(&mut pipe)?;
-            // Unref'd by default (Node's rule); the registration did not count in `refs`.
-            state.refd.set(false);
-            Ok::<_, io::Error>(Signals {
-                pipe,
-                state,
-                loop_id: core.loop_id(),
-                queued: VecDeque::new(),
-                signals,
-            })
-        })?;
         let mut listeners = LISTENERS.lock().unwrap_or_else(|e| e.into_inner());
-        for &signal in &stream.signals {
+        for &signal in &signals {
             let (idle, count) = listeners.entry(signal).or_insert_with(|| {
                 let idle = Arc::new(AtomicBool::new(false));
                 // A signal signal-hook has no default for (a real-time one) cannot get this
@@ -91,7 +78,55 @@ impl Signals {
             *count += 1;
             idle.store(false, Ordering::SeqCst);
         }
-        Ok(stream)
+        Listening(signals.into_boxed_slice())
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        let mut listeners = LISTENERS.lock().unwrap_or_else(|e| e.into_inner());
+        for signal in &self.0 {
+            if let Some((idle, count)) = listeners.get_mut(signal) {
+                *count -= 1;
+                if *count == 0 {
+                    idle.store(true, Ordering::SeqCst);
+                }
+            }
+        }
+    }
+}
+
+impl Signals {
+    /// Starts catching `signals`: their default action (terminating, say) no longer happens
+    /// until no stream catches them any more (see the module docs).
+    ///
+    /// # Errors
+    /// For signals that cannot be caught (`SIGKILL`, `SIGSTOP`, `SIGSEGV`...).
+    #[track_caller]
+    pub fn new(signals: &[i32]) -> io::Result<Signals> {
+        if let Some(&forbidden) = signals
+            .iter()
+            .find(|s| signal_hook::consts::FORBIDDEN.contains(s))
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} ({forbidden}) cannot be caught", name(forbidden)),
+            ));
+        }
+        let listening = Listening::new(signals);
+        let mut pipe = PipeSignals::new(signals.iter().copied())?;
+        with_core("nodus::signal::Signals::new", |core| {
+            let state = core.reactor.register(&mut pipe)?;
+            // Unref'd by default (Node's rule); the registration did not count in `refs`.
+            state.refd.set(false);
+            Ok(Signals {
+                _listening: listening,
+                pipe,
+                state,
+                loop_id: core.loop_id(),
+                queued: VecDeque::new(),
+            })
+        })
     }
 
     /// The next signal.
@@ -145,16 +180,6 @@ impl Signals {
 
 impl Drop for Signals {
     fn drop(&mut self) {
-        let mut listeners = LISTENERS.lock().unwrap_or_else(|e| e.into_inner());
-        for signal in &self.signals {
-            if let Some((idle, count)) = listeners.get_mut(signal) {
-                *count -= 1;
-                if *count == 0 {
-                    idle.store(true, Ordering::SeqCst);
-                }
-            }
-        }
-        drop(listeners);
         let state = self.state.clone();
         let pipe = &mut self.pipe;
         let wakers = try_with_core(|core| {

@@ -90,3 +90,14 @@ fn once_no_stream_catches_a_signal_its_default_action_is_back() {
         child.output()
     );
 }
+
+#[test]
+fn a_signal_that_cannot_be_caught_is_an_error() {
+    let rt = Runtime::new();
+    let err = rt
+        .enter(|| Signals::new(&[SIGUSR1, nodus::signal::SIGKILL]))
+        .err()
+        .expect("SIGKILL cannot be caught");
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    assert!(err.to_string().contains("SIGKILL"), "{err}");
+}
