@@ -504,6 +504,34 @@ fn run_node_shares_one_udp_socket_with_every_worker_as_nodes_primary_does() {
     );
 }
 
+/// A Node worker that never listens (a queue consumer): it never sends `listening`.
+const NODE_APP_THAT_NEVER_LISTENS: &str = r#"
+console.log('consuming');
+const timer = setInterval(() => {}, 1000);
+process.on('disconnect', () => clearInterval(timer));
+"#;
+
+#[test]
+fn run_node_with_ready_after_counts_a_worker_that_never_listens_as_ready() {
+    if !have("node") {
+        return;
+    }
+    // Before: `--ready-after` was ignored under `--node`, so such a worker was never ready: no
+    // "workers ready" (nor READY=1 to systemd), and every reload failed at the ready timeout.
+    let (_dir, _addr, mut primary) = run_node_app(
+        "run-node-never-listens",
+        NODE_APP_THAT_NEVER_LISTENS,
+        2,
+        &["--ready-after", "0.2", "--ready-timeout", "20"],
+    );
+    primary.signal(rustix::process::Signal::HUP);
+    primary.wait_line("reload done: generation 1 serving");
+    primary.signal(rustix::process::Signal::TERM);
+    assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
+    let out = primary.output();
+    assert!(!out.iter().any(|l| l.contains("not ready")), "{out:#?}");
+}
+
 /// Worker 1 fills its fd table once it listens: every connection handed to it is NACKed.
 const NODE_APP_AT_FD_LIMIT: &str = r#"
 const http = require('http');

@@ -88,6 +88,10 @@ pub enum Readiness {
     Message,
     /// The worker's first `listening` (a Node worker's `server.listen` callback).
     Listening,
+    /// The worker's first `listening`, or having stayed alive this long without one: a Node
+    /// worker that never tells its primary it listens (a queue consumer, or one whose only
+    /// servers are `exclusive` ones, which Node's workers never report) is ready all the same.
+    ListeningOrAlive(Duration),
     /// Having stayed alive this long (plain programs that never send `READY=1`).
     Alive(Duration),
 }
