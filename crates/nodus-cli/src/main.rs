@@ -136,9 +136,12 @@ struct RunArgs {
     /// long an accepted connection waits for a worker to take it before it is reset.
     #[arg(long, value_name = "SECS", default_value_t = 30.0, value_parser = positive_seconds)]
     ready_timeout: f64,
-    /// A plain program that never sends READY=1 counts as ready after being up this long.
-    #[arg(long, value_name = "SECS", default_value_t = 1.0, value_parser = seconds)]
-    ready_after: f64,
+    /// A plain program that never sends READY=1 counts as ready after being up this long
+    /// (default 1). With --node a worker is ready at its first `listening`, or, given this, after
+    /// being up this long without one (a worker that never listens: a queue consumer, an
+    /// `exclusive` server).
+    #[arg(long, value_name = "SECS", value_parser = seconds)]
+    ready_after: Option<f64>,
     /// permanent (always restarted), transient (only after a crash), temporary (never).
     #[arg(long, value_enum, default_value_t = RestartArg::Permanent)]
     restart: RestartArg,
@@ -347,7 +350,7 @@ fn main() {
             backoff: args.backoff,
             kill_timeout: Duration::from_secs_f64(args.kill_timeout),
             ready_timeout: Duration::from_secs_f64(args.ready_timeout),
-            ready_after: Duration::from_secs_f64(args.ready_after),
+            ready_after: args.ready_after.map(Duration::from_secs_f64),
             restart: match args.restart {
                 RestartArg::Permanent => nodus::cluster::RestartType::Permanent,
                 RestartArg::Transient => nodus::cluster::RestartType::Transient,

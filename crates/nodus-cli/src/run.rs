@@ -9,7 +9,8 @@
 //!   `--ready-after`; `STOPPING=1` is its "going down" notice. It is stopped with SIGTERM.
 //! - `--node`: stock Node programs, with nodus as their cluster primary over `NODE_CLUSTER`
 //!   (`cluster.isWorker` is true in them): `server.listen(...)` gets its socket or its
-//!   connections from nodus. Ready at their first `listening`; stopped with a `disconnect`.
+//!   connections from nodus. Ready at their first `listening` (or, with `--ready-after`, once up
+//!   that long without one: a worker that never listens); stopped with a `disconnect`.
 //!
 //! With `--admin ADDR`, the primary serves the cluster's `/_nodus/` endpoints there, as `nodus
 //! serve --workers N --admin` does (a plain program's workers send no snapshots: the cluster's
@@ -38,7 +39,8 @@ pub struct RunOptions {
     pub backoff: Backoff,
     pub kill_timeout: Duration,
     pub ready_timeout: Duration,
-    pub ready_after: Duration,
+    /// `--ready-after`: for a plain program 1 s when not given; under `--node`, none.
+    pub ready_after: Option<Duration>,
     pub restart: RestartType,
     pub node: bool,
     pub events: Option<PathBuf>,
@@ -158,10 +160,10 @@ pub fn run(options: RunOptions) -> i32 {
             .kill_timeout
             .saturating_sub((options.kill_timeout / 10).min(Duration::from_secs(1)));
         config.ready_timeout = options.ready_timeout;
-        config.readiness = if options.node {
-            Readiness::Listening
-        } else {
-            Readiness::Alive(options.ready_after)
+        config.readiness = match (options.node, options.ready_after) {
+            (true, None) => Readiness::Listening,
+            (true, Some(after)) => Readiness::ListeningOrAlive(after),
+            (false, after) => Readiness::Alive(after.unwrap_or(Duration::from_secs(1))),
         };
         config.event_log = options.events;
         let primary = match Primary::start(config) {

@@ -1,7 +1,7 @@
 //! The cluster through the `nodus` command: `serve --workers 2` (stats of the whole cluster,
 //! `nodus top --once` showing both workers), `run` with a plain program reading `LISTEN_FDS`
-//! (Python), `run --node` with a stock Node app, a nodus worker under a stock Node primary, and
-//! `run`'s restart budget.
+//! (Python), `run --node` with a stock Node app (HTTP, and UDP through `dgram`), a nodus worker
+//! under a stock Node primary, and `run`'s restart budget.
 //!
 //! Every process is started in its own process group and the whole group is killed by PID when
 //! the test ends (workers die with their primary anyway: `PR_SET_PDEATHSIG`). Node and Python
@@ -462,6 +462,74 @@ fn a_node_worker_kept_alive_by_a_timer_gets_sigterm_at_the_drain_deadline_not_si
             .ends_with("every worker has stopped: exit code 0"),
         "the stop's end is logged: {out:#?}"
     );
+}
+
+/// A Node app that answers UDP datagrams with its worker id (`dgram` in a cluster worker).
+const NODE_UDP_APP: &str = r#"
+const s = require('dgram').createSocket('udp4');
+s.on('message', (m, r) => s.send(`${m} from ${process.env.NODUS_WORKER_ID}`, r.port, r.address));
+s.bind(+process.env.PORT, '127.0.0.1', () => console.log('udp bound', s.address().port));
+"#;
+
+#[test]
+fn run_node_shares_one_udp_socket_with_every_worker_as_nodes_primary_does() {
+    if !have("node") {
+        return;
+    }
+    // Before: the primary answered a `udp4` queryServer as a TCP one (under rr, with no
+    // handle), and Node's worker crashed in `dgram` (`recvStart is not a function`).
+    let (_dir, addr, mut primary) = run_node_app("run-node-udp", NODE_UDP_APP, 2, &[]);
+    let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    for i in 0..4 {
+        client.send_to(format!("ping{i}").as_bytes(), addr).unwrap();
+        let mut buf = [0; 64];
+        let (n, _) = client
+            .recv_from(&mut buf)
+            .unwrap_or_else(|e| panic!("no answer to ping{i} ({e}): {:#?}", primary.output()));
+        let text = std::str::from_utf8(&buf[..n]).unwrap();
+        assert!(text.starts_with(&format!("ping{i} from ")), "{text}");
+    }
+    let bound = |out: &[String]| out.iter().filter(|l| l.contains("] udp bound")).count();
+    primary.wait_line("] udp bound");
+    primary.signal(rustix::process::Signal::TERM);
+    assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
+    let out = primary.output();
+    assert_eq!(bound(out), 2, "both workers bound the port: {out:#?}");
+    assert!(
+        !out.iter().any(|l| l.contains("exited with code")),
+        "{out:#?}"
+    );
+}
+
+/// A Node worker that never listens (a queue consumer): it never sends `listening`.
+const NODE_APP_THAT_NEVER_LISTENS: &str = r#"
+console.log('consuming');
+const timer = setInterval(() => {}, 1000);
+process.on('disconnect', () => clearInterval(timer));
+"#;
+
+#[test]
+fn run_node_with_ready_after_counts_a_worker_that_never_listens_as_ready() {
+    if !have("node") {
+        return;
+    }
+    // Before: `--ready-after` was ignored under `--node`, so such a worker was never ready: no
+    // "workers ready" (nor READY=1 to systemd), and every reload failed at the ready timeout.
+    let (_dir, _addr, mut primary) = run_node_app(
+        "run-node-never-listens",
+        NODE_APP_THAT_NEVER_LISTENS,
+        2,
+        &["--ready-after", "0.2", "--ready-timeout", "20"],
+    );
+    primary.signal(rustix::process::Signal::HUP);
+    primary.wait_line("reload done: generation 1 serving");
+    primary.signal(rustix::process::Signal::TERM);
+    assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
+    let out = primary.output();
+    assert!(!out.iter().any(|l| l.contains("not ready")), "{out:#?}");
 }
 
 /// Worker 1 fills its fd table once it listens: every connection handed to it is NACKed.

@@ -88,6 +88,10 @@ pub enum Readiness {
     Message,
     /// The worker's first `listening` (a Node worker's `server.listen` callback).
     Listening,
+    /// The worker's first `listening`, or having stayed alive this long without one: a Node
+    /// worker that never tells its primary it listens (a queue consumer, or one whose only
+    /// servers are `exclusive` ones, which Node's workers never report) is ready all the same.
+    ListeningOrAlive(Duration),
     /// Having stayed alive this long (plain programs that never send `READY=1`).
     Alive(Duration),
 }
@@ -214,6 +218,9 @@ pub(crate) struct State {
     prebound: RefCell<Vec<(String, Rc<Server>)>>,
     /// The port chosen for a reuse-port key that asked for port 0.
     reuseport_ports: RefCell<HashMap<String, u16>>,
+    /// The UDP sockets Node workers' `dgram` binds share, by server key (Node's shared handle,
+    /// whatever the policy); emptied when the primary stops accepting.
+    datagrams: RefCell<HashMap<String, std::net::UdpSocket>>,
     budget: RefCell<RestartBudget>,
     restarts: Cell<u64>,
     /// The generation serving: the last successful reload's (0 before any).
@@ -298,6 +305,7 @@ impl Primary {
             servers: RefCell::default(),
             prebound: RefCell::default(),
             reuseport_ports: RefCell::default(),
+            datagrams: RefCell::default(),
             budget: RefCell::new(budget),
             restarts: Cell::new(0),
             generation: Cell::new(0),

@@ -251,7 +251,7 @@ impl Proc {
             })
             .detach();
         }
-        if let Readiness::Alive(after) = st.config.readiness {
+        if let Readiness::Alive(after) | Readiness::ListeningOrAlive(after) = st.config.readiness {
             let (s, p) = (st.clone(), proc.clone());
             crate::task::spawn_named("cluster:alive", async move {
                 crate::time::sleep(after.max(Duration::from_millis(1))).await;
@@ -415,7 +415,10 @@ fn on_internal(st: &Rc<State>, proc: &Rc<Proc>, mut msg: Message) {
                 m.port.unwrap_or(0)
             );
             st.emit(Some(proc), EventKind::Listening { address });
-            if st.config.readiness == Readiness::Listening {
+            if matches!(
+                st.config.readiness,
+                Readiness::Listening | Readiness::ListeningOrAlive(_)
+            ) {
                 mark_ready(st, proc);
             }
         }

@@ -26,6 +26,10 @@
 //!   shared socket's copy in the primary is closed then too: the socket closes (and refuses)
 //!   once the draining workers have closed theirs, instead of queueing connections nobody will
 //!   accept until the primary exits.
+//! - A Node worker's `dgram` bind (`addressType` `udp4`/`udp6`) gets a duplicate of one UDP
+//!   socket per key under every policy, as Node's primary shares it (datagrams cannot be handed
+//!   over): bound at the first such `queryServer`, the primary's copy kept (never read: what
+//!   arrives while no worker reads waits in the socket's buffer) until the drain begins.
 //! - A worker asked to drain, or that said it is going down, is never made a member again: its
 //!   `queryServer` is refused with `ESHUTDOWN` under every policy.
 //! - Connections are accepted non-blocking (the flag lives in the file description the worker
@@ -184,19 +188,29 @@ impl Server {
     }
 }
 
+/// Whether a `queryServer` is a Node worker's `dgram` bind (`addressType` `udp4` or `udp6`).
+fn is_datagram(m: &Incoming<'_>) -> bool {
+    matches!(
+        m.address_type.as_ref().and_then(|v| v.as_str()),
+        Some("udp4" | "udp6")
+    )
+}
+
 /// The address a `queryServer` asks for (Node sends `null` for "any": IPv6 any, dual-stack, as
 /// Node's own listen does; a host name is resolved by the worker before it asks). Anything else
 /// (a pipe path: Node's `listen('/path')`) is refused with `EAFNOSUPPORT`: the primary serves TCP
-/// only, and must not bind "any" in its place.
+/// and UDP only, and must not bind "any" in its place.
 fn requested_addr(m: &Incoming<'_>) -> io::Result<SocketAddr> {
     let ip = match m.address.as_deref() {
         Some(a) => a.parse::<IpAddr>().map_err(|_| {
             io::Error::new(
                 io::ErrorKind::Unsupported,
-                format!("{a:?} is not an IP address (the cluster primary serves TCP only)"),
+                format!("{a:?} is not an IP address (the cluster primary serves TCP and UDP only)"),
             )
         })?,
-        None if m.address_type.as_ref().and_then(|v| v.as_u64()) == Some(4) => {
+        None if m.address_type.as_ref().and_then(|v| v.as_u64()) == Some(4)
+            || m.address_type.as_ref().and_then(|v| v.as_str()) == Some("udp4") =>
+        {
             IpAddr::V4(Ipv4Addr::UNSPECIFIED)
         }
         None => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
@@ -276,6 +290,10 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
         // A worker on its way out gets no new listener: as a member it would be handed
         // connections (or under shared and reuseport, take them from a queue) it cannot serve.
         Err(io::Error::from_raw_os_error(libc::ESHUTDOWN))
+    } else if is_datagram(m) {
+        // UDP is connectionless: every policy shares one socket, as Node's primary does.
+        addr.and_then(|addr| datagram_copy(st, &key, addr, m.flags.unwrap_or(0)))
+            .map(|fd| (None, Some(fd)))
     } else if st.config.policy == Policy::ReusePort {
         addr.and_then(|addr| reuseport_socket(st, &key, addr).map(|fd| (None, Some(fd))))
     } else {
@@ -337,6 +355,35 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
     if let Err(e) = sent {
         tracing::debug!(target: "nodus::cluster", "cannot answer queryServer: {e}");
     }
+}
+
+/// A duplicate of the UDP socket for `key`, bound on first use with the worker's libuv flags
+/// (`UV_UDP_IPV6ONLY` 1, `UV_UDP_REUSEADDR` 4), as Node's primary binds a `dgram` shared handle.
+/// The worker's libuv makes its copy non-blocking (the flag lives in the shared description).
+fn datagram_copy(st: &Rc<State>, key: &str, addr: SocketAddr, flags: u64) -> io::Result<OwnedFd> {
+    if st.accepting_stopped.get() {
+        return Err(io::Error::other("the cluster primary is shutting down"));
+    }
+    let mut datagrams = st.datagrams.borrow_mut();
+    let socket = match datagrams.entry(key.to_owned()) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(e) => {
+            let socket = socket2::Socket::new(
+                socket2::Domain::for_address(addr),
+                socket2::Type::DGRAM,
+                Some(socket2::Protocol::UDP),
+            )?;
+            if flags & 4 != 0 {
+                socket.set_reuse_address(true)?;
+            }
+            if addr.is_ipv6() && flags & 1 != 0 {
+                socket.set_only_v6(true)?;
+            }
+            socket.bind(&addr.into())?;
+            e.insert(socket.into())
+        }
+    };
+    socket.as_fd().try_clone_to_owned()
 }
 
 /// Sends a nodus worker its board (once), before the `queryServer` answer, so it is mapped before
@@ -465,6 +512,8 @@ pub(super) fn stop_accepting(st: &State) {
     for server in servers {
         server.stop();
     }
+    // The workers' copies of a UDP socket stay open until they close them.
+    st.datagrams.borrow_mut().clear();
 }
 
 /// The accept task's next step.

@@ -37,7 +37,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use super::proc::{Proc, ProcState};
-use super::{EventKind, LastExit, Phase, State, count};
+use super::{EventKind, LastExit, Phase, Readiness, State, count};
 use super::{handoff, server, stats};
 use crate::cluster::protocol::{Disconnect, NODE_CLUSTER, Nodus};
 use crate::cluster::supervision::{
@@ -621,8 +621,13 @@ async fn reload(st: &Rc<State>, generation: u64) -> Result<(), String> {
                 ),
                 _ => {
                     drain(st, &new);
+                    // Ready at `listening` only: say so, a worker that never listens never is.
+                    let hint = match st.config.readiness {
+                        Readiness::Listening => " (it never sent `listening`)",
+                        _ => "",
+                    };
                     format!(
-                        "worker {id} of generation {generation} was not ready within {:?}",
+                        "worker {id} of generation {generation} was not ready within {:?}{hint}",
                         st.config.ready_timeout
                     )
                 }
