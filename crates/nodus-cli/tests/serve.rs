@@ -155,6 +155,31 @@ fn traversal_dotfiles_and_special_files_are_refused() {
 }
 
 #[test]
+fn head_answers_an_unreadable_file_as_get_does() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::process::CommandExt;
+    let dir = site();
+    let secret = dir.path().join("unreadable.txt");
+    std::fs::write(&secret, "no one may read this").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o000)).unwrap();
+    // Root reads any file: then the server runs as nobody (a file of root's, mode 000, is
+    // unreadable to it; the temp directory is world-readable).
+    let as_root = std::fs::metadata("/proc/self").unwrap().uid() == 0;
+    let server = Serve::start_with(dir.path(), 1, &[], |cmd| {
+        if as_root {
+            cmd.uid(65534).gid(65534);
+        }
+    });
+    let get = request(server.addr, "GET", "/unreadable.txt", &[]);
+    assert_eq!(get.status, 403);
+    let head = request(server.addr, "HEAD", "/unreadable.txt", &[]);
+    assert_eq!(head.status, get.status, "HEAD and GET disagree");
+    assert_eq!(head.header("content-length"), get.header("content-length"));
+    // A readable file is still 200 to both.
+    assert_eq!(request(server.addr, "HEAD", "/hello.txt", &[]).status, 200);
+}
+
+#[test]
 fn the_dev_directory_attack_does_not_hang() {
     let server = Serve::start(Path::new("/dev"), 1, &[]);
     for path in ["/random", "/urandom", "/zero", "/null"] {

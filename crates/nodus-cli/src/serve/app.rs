@@ -393,12 +393,13 @@ async fn serve_static(
     let root = site.root.clone();
     let options = site.static_options.clone();
     let request_headers = headers.clone();
+    let head = method == Method::HEAD;
     let planned = nodus::pool::offload_io(move || {
         let plan = static_files::plan(&root, &method, &path, &headers, &options);
+        // HEAD opens the file too (and closes it unread): a file this process cannot open gets
+        // the same 403 (or 404) as GET, not a 200 whose GET would fail.
         let file = match &plan {
-            Plan::File { path, id, .. } if method != Method::HEAD => {
-                Some(static_files::open_verified(path, *id))
-            }
+            Plan::File { path, id, .. } => Some(static_files::open_verified(path, *id)),
             _ => None,
         };
         (plan, file)
@@ -413,6 +414,7 @@ async fn serve_static(
     };
     let mut headers = plan.headers().clone();
     let body = match (&plan, file) {
+        (Plan::File { .. }, Some(Ok(_))) if head => nodus_http::empty(),
         (Plan::File { range, status, .. }, Some(Ok(file))) => {
             let body = nodus_http::boxed(FileBody::new(file, range.clone()));
             let whole = *status == StatusCode::OK;
