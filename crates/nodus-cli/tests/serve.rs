@@ -548,6 +548,42 @@ fn gzip_for_clients_that_accept_it() {
 }
 
 #[test]
+fn gzip_head_304_and_identity_responses_agree_with_the_gzip_get() {
+    let dir = TempDir::new("gzip-agree");
+    let text = "a compressible line of text\n".repeat(200);
+    std::fs::write(dir.path().join("big.txt"), &text).unwrap();
+    let server = Serve::start(dir.path(), 1, &["--gzip"]);
+    let a = server.addr;
+    let get = request(a, "GET", "/big.txt", &["Accept-Encoding: gzip"]);
+    assert_eq!(get.header("content-encoding"), Some("gzip"));
+    let etag = get.header("etag").unwrap().to_owned();
+    // HEAD: the GET's headers.
+    let head = request(a, "HEAD", "/big.txt", &["Accept-Encoding: gzip"]);
+    for name in ["etag", "content-encoding", "vary", "accept-ranges"] {
+        assert_eq!(head.header(name), get.header(name), "{name}");
+    }
+    assert_eq!(head.header("content-length"), None);
+    assert_eq!(get.header("accept-ranges"), None);
+    // A revalidation of the gzip response: the gzip response's tag and Vary.
+    let inm = format!("If-None-Match: {etag}");
+    let r = request(a, "GET", "/big.txt", &["Accept-Encoding: gzip", &inm]);
+    assert_eq!(r.status, 304);
+    assert_eq!(r.header("etag"), Some(etag.as_str()));
+    assert_eq!(r.header("vary"), Some("Accept-Encoding"));
+    // The identity response of the same URL says it varies too.
+    let r = request(a, "GET", "/big.txt", &[]);
+    assert_eq!((r.status, r.header("vary")), (200, Some("Accept-Encoding")));
+    assert_eq!(r.body, text.as_bytes());
+    // An explicit q=0 for gzip wins over `*`, and `Q` is `q`.
+    for refusal in ["gzip;q=0, *", "gzip;Q=0"] {
+        let ae = format!("Accept-Encoding: {refusal}");
+        let r = request(a, "GET", "/big.txt", &[&ae]);
+        assert_eq!(r.header("content-encoding"), None, "{refusal}");
+        assert_eq!(r.body, text.as_bytes(), "{refusal}");
+    }
+}
+
+#[test]
 fn an_inherited_socket_is_served_as_systemd_passes_it() {
     let dir = site();
     // Python binds, puts the socket at fd 3, sets LISTEN_FDS/LISTEN_PID for its own pid (which exec

@@ -59,7 +59,6 @@ pub(super) struct Site {
     /// Admin endpoints on the public listener (no `--admin`).
     admin_on_public: bool,
     access_log: bool,
-    gzip: bool,
     ready: Cell<bool>,
     source: admin::Source,
 }
@@ -262,10 +261,10 @@ fn new_site(
         root,
         static_options: StaticOptions {
             dotfiles: options.dotfiles,
+            gzip: options.gzip,
         },
         admin_on_public,
         access_log: options.access_log,
-        gzip: options.gzip,
         ready: Cell::new(true),
         source,
     })
@@ -392,7 +391,6 @@ async fn serve_static(
 ) -> Response<Body> {
     let root = site.root.clone();
     let options = site.static_options.clone();
-    let request_headers = headers.clone();
     let head = method == Method::HEAD;
     let planned = nodus::pool::offload_io(move || {
         let plan = static_files::plan(&root, &method, &path, &headers, &options);
@@ -412,30 +410,20 @@ async fn serve_static(
             return text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n");
         }
     };
-    let mut headers = plan.headers().clone();
     let body = match (&plan, file) {
         (Plan::File { .. }, Some(Ok(_))) if head => nodus_http::empty(),
-        (Plan::File { range, status, .. }, Some(Ok(file))) => {
+        (Plan::File { range, gzip, .. }, Some(Ok(file))) => {
             let body = nodus_http::boxed(FileBody::new(file, range.clone()));
-            let whole = *status == StatusCode::OK;
-            let len = range.end - range.start;
-            if site.gzip
-                && whole
-                && gzip::accepts_gzip(&request_headers)
-                && gzip::compressible(&headers, len)
-            {
+            if !*gzip {
+                body
+            } else {
                 match gzip::gzip_body(body) {
-                    Ok(gzipped) => {
-                        gzip::gzip_headers(&mut headers);
-                        gzipped
-                    }
+                    Ok(gzipped) => gzipped,
                     Err(e) => {
                         tracing::error!(target: "nodus::serve", "cannot start gzip: {e}");
                         return text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n");
                     }
                 }
-            } else {
-                body
             }
         }
         (Plan::File { path, .. }, Some(Err(e))) => return open_failed(path, e),
@@ -444,7 +432,7 @@ async fn serve_static(
     };
     let mut response = Response::new(body);
     *response.status_mut() = plan.status();
-    *response.headers_mut() = headers;
+    *response.headers_mut() = plan.headers().clone();
     response
 }
 
