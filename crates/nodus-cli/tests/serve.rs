@@ -117,6 +117,11 @@ fn files_head_range_conditional_and_listing() {
     assert_eq!((r.status, r.body.as_slice()), (200, &b"<h1>home</h1>"[..]));
     let r = request(a, "GET", "/docs", &[]);
     assert_eq!((r.status, r.header("location")), (301, Some("/docs/")));
+    let r = request(a, "GET", "/docs?page=2", &[]);
+    assert_eq!(
+        (r.status, r.header("location")),
+        (301, Some("/docs/?page=2"))
+    );
     let r = request(a, "GET", "/docs/", &[]);
     assert_eq!(r.status, 200);
     let html = String::from_utf8(r.body).unwrap();

@@ -372,7 +372,15 @@ async fn handle_public(req: Request<RequestBody>, site: Rc<Site>) -> Response<Bo
             )
         }
     } else {
-        serve_static(&site, method.clone(), path.clone(), req.headers().clone()).await
+        // The query goes along: a directory's redirect to its slash form keeps it.
+        let target = req.uri().path_and_query().map_or(&*path, |pq| pq.as_str());
+        serve_static(
+            &site,
+            method.clone(),
+            target.to_owned(),
+            req.headers().clone(),
+        )
+        .await
     };
     if site.access_log {
         let ms = nodus::clock::now_ns().saturating_sub(start) as f64 / 1e6;

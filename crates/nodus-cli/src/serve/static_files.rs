@@ -2,11 +2,12 @@
 //! content is read.
 //!
 //! `plan` looks at the method, the URI path and the request headers, stats and canonicalizes, and
-//! returns a `Plan`: refuse (400/403/404/405/412), 304, 301 to the slash form of a directory, 416,
-//! an HTML listing, or a file with its status (200/206), byte range and every response header. The
-//! HTTP glue then only has to open the file with `open_verified` and stream `range` from it (from
-//! the I/O pool), or send the in-memory body of the other variants. Keeping the decision free of
-//! any HTTP framework makes every rule testable with a temp directory and no sockets.
+//! returns a `Plan`: refuse (400/403/404/405/412), 304, 301 to the slash form of a directory
+//! (query kept), 416, an HTML listing, or a file with its status (200/206), byte range and every
+//! response header. The HTTP glue then only has to open the file with `open_verified` and stream
+//! `range` from it (from the I/O pool), or send the in-memory body of the other variants. Keeping
+//! the decision free of any HTTP framework makes every rule testable with a temp directory and no
+//! sockets.
 //!
 //! Invariants:
 //! - Nothing outside the root is served, listed or disclosed. The path decoder (`uri_path`)
@@ -147,6 +148,8 @@ pub fn canonical_root(dir: &Path) -> io::Result<PathBuf> {
 }
 
 /// Decides the answer to `method uri_path` under `root_canonical` (see `canonical_root`).
+/// `uri_path` may carry the request's query (`/dir?x=1`): it is ignored, but kept in the
+/// redirect of a directory to its slash form (`/dir/?x=1`), as nginx and `serve-static` do.
 pub fn plan(
     root_canonical: &Path,
     method: &Method,
@@ -196,7 +199,10 @@ pub fn plan_at(
     };
     if meta.is_dir() {
         if !decoded.trailing_slash {
-            return redirect(decoded.encoded(true));
+            return redirect(
+                decoded.encoded(true),
+                uri_path.split_once('?').map(|(_, q)| q),
+            );
         }
         if let Some((index, index_meta)) = resolve(root, &path.join("index.html"), allow_dot)
             && index_meta.is_file()
@@ -367,9 +373,14 @@ fn not_found() -> Plan {
     refuse(StatusCode::NOT_FOUND, "not found")
 }
 
-fn redirect(location: String) -> Plan {
+/// A 301 to `path` (canonically encoded) with `query` (as the request sent it, which `http`
+/// already checked is visible ASCII) appended.
+fn redirect(path: String, query: Option<&str>) -> Plan {
     let mut headers = HeaderMap::new();
-    headers.insert(LOCATION, value(location));
+    let with_query = query
+        .filter(|q| !q.is_empty())
+        .and_then(|q| HeaderValue::try_from(format!("{path}?{q}")).ok());
+    headers.insert(LOCATION, with_query.unwrap_or_else(|| value(path)));
     headers.insert(CONTENT_LENGTH, HeaderValue::from(0u64));
     Plan::Redirect { headers }
 }

@@ -410,6 +410,8 @@ fn directories_index_redirect_and_listing() {
         ("/sub", "/sub/"),
         ("/sub/z%20dir", "/sub/z%20dir/"),
         ("/sub/z dir", "/sub/z%20dir/"),
+        ("/sub?page=2&q=a%20b", "/sub/?page=2&q=a%20b"),
+        ("/sub/z%20dir?", "/sub/z%20dir/"),
     ] {
         let p = t.get(from);
         assert_status(&p, 301, from);
