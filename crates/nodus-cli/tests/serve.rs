@@ -185,6 +185,19 @@ fn head_answers_an_unreadable_file_as_get_does() {
 }
 
 #[test]
+fn the_access_log_line_cannot_be_forged_by_a_quote_in_the_path() {
+    let dir = site();
+    let mut server = Serve::start(dir.path(), 1, &["--access-log"]);
+    let r = request(server.addr, "GET", r#"/x"_200_0.1ms_"\y"#, &[]);
+    assert_eq!(r.status, 400); // the backslash
+    let line = server.proc.wait_line("nodus::access");
+    assert!(
+        line.contains(r#""GET /x\x22_200_0.1ms_\x22\x5Cy HTTP/1.1" 400 "#),
+        "{line}"
+    );
+}
+
+#[test]
 fn the_dev_directory_attack_does_not_hang() {
     let server = Serve::start(Path::new("/dev"), 1, &[]);
     for path in ["/random", "/urandom", "/zero", "/null"] {

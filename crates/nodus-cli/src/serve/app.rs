@@ -385,9 +385,20 @@ async fn handle_public(req: Request<RequestBody>, site: Rc<Site>) -> Response<Bo
     if site.access_log {
         let ms = nodus::clock::now_ns().saturating_sub(start) as f64 / 1e6;
         let peer = peer.map_or_else(|| "-".to_owned(), |p| p.to_string());
+        let path = log_escape(&path);
         tracing::info!(target: "nodus::access", "{peer} \"{method} {path} {version:?}\" {} {ms:.3}ms", response.status().as_u16());
     }
     response
+}
+
+/// A request path as the access log quotes it: `"` and `\` (which a request target may hold)
+/// written `\x22` and `\x5C`, as nginx does, so a client cannot close the quoted field and
+/// forge the ones after it.
+fn log_escape(path: &str) -> std::borrow::Cow<'_, str> {
+    if !path.contains(['"', '\\']) {
+        return path.into();
+    }
+    path.replace('\\', "\\x5C").replace('"', "\\x22").into()
 }
 
 /// Plans the request and opens the file on the I/O pool, then streams it.
@@ -457,5 +468,17 @@ fn open_failed(path: &Path, e: std::io::Error) -> Response<Body> {
 pub(super) fn tell_manager(state: &str) {
     if let Err(e) = nodus::notify::notify(state) {
         tracing::warn!("cannot notify the service manager ({state:?}): {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn log_escape_closes_no_quoted_field() {
+        assert_eq!(super::log_escape("/a/b.txt"), "/a/b.txt");
+        assert_eq!(
+            super::log_escape(r#"/a" 200 0.1ms "x\y"#),
+            r"/a\x22 200 0.1ms \x22x\x5Cy"
+        );
     }
 }
