@@ -240,6 +240,15 @@ fn admin_endpoints() {
     assert!(text.contains("nodus_loop_iterations_total"));
     assert_eq!(request(a, "GET", "/_nodus/healthz", &[]).status, 200);
     assert_eq!(request(a, "GET", "/_nodus/readyz", &[]).status, 200);
+    // Relayed by a reverse proxy on this host: the proxy's client is not a loopback one.
+    for relayed in [
+        "X-Forwarded-For: 203.0.113.9",
+        "Forwarded: for=203.0.113.9",
+        "X-Real-IP: 203.0.113.9",
+    ] {
+        let r = request(a, "GET", "/_nodus/stats", &[relayed]);
+        assert_eq!(r.status, 403, "{relayed}");
+    }
     let r = request(a, "GET", "/_nodus/stats", &[]);
     let stats: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
     assert_eq!(stats["pid"].as_u64(), Some(u64::from(server.proc.id())));

@@ -362,7 +362,7 @@ async fn handle_public(req: Request<RequestBody>, site: Rc<Site>) -> Response<Bo
         req.version(),
     );
     let response = if admin::is_admin_path(&path) && site.admin_on_public {
-        if admin::allowed(peer) {
+        if admin::allowed(peer, req.headers()) {
             let accept = admin::accept(req.headers());
             admin::respond(&method, &path, accept, site.is_ready(), &site.source).await
         } else {
