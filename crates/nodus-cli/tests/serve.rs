@@ -117,6 +117,11 @@ fn files_head_range_conditional_and_listing() {
     assert_eq!((r.status, r.body.as_slice()), (200, &b"<h1>home</h1>"[..]));
     let r = request(a, "GET", "/docs", &[]);
     assert_eq!((r.status, r.header("location")), (301, Some("/docs/")));
+    let r = request(a, "GET", "/docs?page=2", &[]);
+    assert_eq!(
+        (r.status, r.header("location")),
+        (301, Some("/docs/?page=2"))
+    );
     let r = request(a, "GET", "/docs/", &[]);
     assert_eq!(r.status, 200);
     let html = String::from_utf8(r.body).unwrap();
@@ -152,6 +157,44 @@ fn traversal_dotfiles_and_special_files_are_refused() {
     drop(server);
     let server = Serve::start(dir.path(), 1, &["--dotfiles", "allow"]);
     assert_eq!(request(server.addr, "GET", "/.env", &[]).body, b"SECRET=1");
+}
+
+#[test]
+fn head_answers_an_unreadable_file_as_get_does() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::process::CommandExt;
+    let dir = site();
+    let secret = dir.path().join("unreadable.txt");
+    std::fs::write(&secret, "no one may read this").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o000)).unwrap();
+    // Root reads any file: then the server runs as nobody (a file of root's, mode 000, is
+    // unreadable to it; the temp directory is world-readable).
+    let as_root = std::fs::metadata("/proc/self").unwrap().uid() == 0;
+    let server = Serve::start_with(dir.path(), 1, &[], |cmd| {
+        if as_root {
+            cmd.uid(65534).gid(65534);
+        }
+    });
+    let get = request(server.addr, "GET", "/unreadable.txt", &[]);
+    assert_eq!(get.status, 403);
+    let head = request(server.addr, "HEAD", "/unreadable.txt", &[]);
+    assert_eq!(head.status, get.status, "HEAD and GET disagree");
+    assert_eq!(head.header("content-length"), get.header("content-length"));
+    // A readable file is still 200 to both.
+    assert_eq!(request(server.addr, "HEAD", "/hello.txt", &[]).status, 200);
+}
+
+#[test]
+fn the_access_log_line_cannot_be_forged_by_a_quote_in_the_path() {
+    let dir = site();
+    let mut server = Serve::start(dir.path(), 1, &["--access-log"]);
+    let r = request(server.addr, "GET", r#"/x"_200_0.1ms_"\y"#, &[]);
+    assert_eq!(r.status, 400); // the backslash
+    let line = server.proc.wait_line("nodus::access");
+    assert!(
+        line.contains(r#""GET /x\x22_200_0.1ms_\x22\x5Cy HTTP/1.1" 400 "#),
+        "{line}"
+    );
 }
 
 #[test]
@@ -197,6 +240,15 @@ fn admin_endpoints() {
     assert!(text.contains("nodus_loop_iterations_total"));
     assert_eq!(request(a, "GET", "/_nodus/healthz", &[]).status, 200);
     assert_eq!(request(a, "GET", "/_nodus/readyz", &[]).status, 200);
+    // Relayed by a reverse proxy on this host: the proxy's client is not a loopback one.
+    for relayed in [
+        "X-Forwarded-For: 203.0.113.9",
+        "Forwarded: for=203.0.113.9",
+        "X-Real-IP: 203.0.113.9",
+    ] {
+        let r = request(a, "GET", "/_nodus/stats", &[relayed]);
+        assert_eq!(r.status, 403, "{relayed}");
+    }
     let r = request(a, "GET", "/_nodus/stats", &[]);
     let stats: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
     assert_eq!(stats["pid"].as_u64(), Some(u64::from(server.proc.id())));
@@ -520,6 +572,42 @@ fn gzip_for_clients_that_accept_it() {
             .header("content-encoding"),
         None
     );
+}
+
+#[test]
+fn gzip_head_304_and_identity_responses_agree_with_the_gzip_get() {
+    let dir = TempDir::new("gzip-agree");
+    let text = "a compressible line of text\n".repeat(200);
+    std::fs::write(dir.path().join("big.txt"), &text).unwrap();
+    let server = Serve::start(dir.path(), 1, &["--gzip"]);
+    let a = server.addr;
+    let get = request(a, "GET", "/big.txt", &["Accept-Encoding: gzip"]);
+    assert_eq!(get.header("content-encoding"), Some("gzip"));
+    let etag = get.header("etag").unwrap().to_owned();
+    // HEAD: the GET's headers.
+    let head = request(a, "HEAD", "/big.txt", &["Accept-Encoding: gzip"]);
+    for name in ["etag", "content-encoding", "vary", "accept-ranges"] {
+        assert_eq!(head.header(name), get.header(name), "{name}");
+    }
+    assert_eq!(head.header("content-length"), None);
+    assert_eq!(get.header("accept-ranges"), None);
+    // A revalidation of the gzip response: the gzip response's tag and Vary.
+    let inm = format!("If-None-Match: {etag}");
+    let r = request(a, "GET", "/big.txt", &["Accept-Encoding: gzip", &inm]);
+    assert_eq!(r.status, 304);
+    assert_eq!(r.header("etag"), Some(etag.as_str()));
+    assert_eq!(r.header("vary"), Some("Accept-Encoding"));
+    // The identity response of the same URL says it varies too.
+    let r = request(a, "GET", "/big.txt", &[]);
+    assert_eq!((r.status, r.header("vary")), (200, Some("Accept-Encoding")));
+    assert_eq!(r.body, text.as_bytes());
+    // An explicit q=0 for gzip wins over `*`, and `Q` is `q`.
+    for refusal in ["gzip;q=0, *", "gzip;Q=0"] {
+        let ae = format!("Accept-Encoding: {refusal}");
+        let r = request(a, "GET", "/big.txt", &[&ae]);
+        assert_eq!(r.header("content-encoding"), None, "{refusal}");
+        assert_eq!(r.body, text.as_bytes(), "{refusal}");
+    }
 }
 
 #[test]

@@ -1,7 +1,9 @@
 //! The admin endpoints under `/_nodus/`: metrics, healthz, readyz, stats and the live page.
 //!
-//! On the public listener they answer loopback clients only (`allowed`); `--admin ADDR` serves
-//! them on a listener of their own instead (for a cluster primary, `serve_primary`: `nodus serve
+//! On the public listener they answer loopback clients only (`allowed`), and not a request a
+//! proxy relayed (one with `Forwarded`, `X-Forwarded-For` or `X-Real-IP`): behind a reverse proxy
+//! on the same host every client is a loopback peer. `--admin ADDR` serves them on a listener of
+//! their own instead (for a cluster primary, `serve_primary`: `nodus serve
 //! --workers N` and `nodus run`).
 //!
 //! In a cluster, stats and metrics cover every worker whichever process answers: a worker asks
@@ -10,17 +12,25 @@
 
 use std::net::SocketAddr;
 
-use http::header::{CACHE_CONTROL, CONTENT_TYPE, LOCATION};
-use http::{HeaderValue, Method, Response, StatusCode};
+use http::header::{CACHE_CONTROL, CONTENT_TYPE, FORWARDED, HeaderName, LOCATION};
+use http::{HeaderMap, HeaderValue, Method, Response, StatusCode};
 use nodus_http::{Body, full, text};
 
 use super::ADMIN_PAGE_HTML;
 
 /// Whether a client may use the admin endpoints on the public listener: loopback peers only
-/// (127.0.0.0/8, ::1, and IPv4-mapped loopback).
-pub fn allowed(peer: Option<SocketAddr>) -> bool {
-    peer.is_some_and(|p| p.ip().to_canonical().is_loopback())
+/// (127.0.0.0/8, ::1, and IPv4-mapped loopback), and only for a request no proxy relayed: one
+/// with `Forwarded`, `X-Forwarded-For` or `X-Real-IP` comes from the proxy's client, wherever
+/// that is (a header can only take access away, never grant it).
+pub fn allowed(peer: Option<SocketAddr>, headers: &HeaderMap) -> bool {
+    let relayed = [FORWARDED, X_FORWARDED_FOR, X_REAL_IP]
+        .iter()
+        .any(|name| headers.contains_key(name));
+    !relayed && peer.is_some_and(|p| p.ip().to_canonical().is_loopback())
 }
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
 /// Whether `path` is an admin path.
 pub fn is_admin_path(path: &str) -> bool {
@@ -178,6 +188,7 @@ mod tests {
     #[test]
     fn only_loopback_peers_are_allowed() {
         let peer = |s: &str| Some(s.parse::<SocketAddr>().unwrap());
+        let allowed = |p| allowed(p, &HeaderMap::new());
         assert!(allowed(peer("127.0.0.1:5000")));
         assert!(allowed(peer("127.8.9.10:5000")));
         assert!(allowed(peer("[::1]:5000")));
@@ -187,6 +198,24 @@ mod tests {
         assert!(!allowed(peer("[::ffff:10.0.0.1]:5000")));
         assert!(!allowed(peer("[2001:db8::1]:5000")));
         assert!(!allowed(None));
+    }
+
+    #[test]
+    fn a_request_a_proxy_relayed_is_not_a_loopback_client() {
+        let local = Some(SocketAddr::from(([127, 0, 0, 1], 5000)));
+        for (name, value) in [
+            ("x-forwarded-for", "203.0.113.9"),
+            ("x-forwarded-for", "127.0.0.1"),
+            ("forwarded", "for=203.0.113.9"),
+            ("x-real-ip", "203.0.113.9"),
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert(
+                HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            );
+            assert!(!allowed(local, &h), "{name}: {value}");
+        }
     }
 
     #[test]

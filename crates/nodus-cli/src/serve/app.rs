@@ -59,7 +59,6 @@ pub(super) struct Site {
     /// Admin endpoints on the public listener (no `--admin`).
     admin_on_public: bool,
     access_log: bool,
-    gzip: bool,
     ready: Cell<bool>,
     source: admin::Source,
 }
@@ -262,10 +261,10 @@ fn new_site(
         root,
         static_options: StaticOptions {
             dotfiles: options.dotfiles,
+            gzip: options.gzip,
         },
         admin_on_public,
         access_log: options.access_log,
-        gzip: options.gzip,
         ready: Cell::new(true),
         source,
     })
@@ -363,7 +362,7 @@ async fn handle_public(req: Request<RequestBody>, site: Rc<Site>) -> Response<Bo
         req.version(),
     );
     let response = if admin::is_admin_path(&path) && site.admin_on_public {
-        if admin::allowed(peer) {
+        if admin::allowed(peer, req.headers()) {
             let accept = admin::accept(req.headers());
             admin::respond(&method, &path, accept, site.is_ready(), &site.source).await
         } else {
@@ -373,14 +372,33 @@ async fn handle_public(req: Request<RequestBody>, site: Rc<Site>) -> Response<Bo
             )
         }
     } else {
-        serve_static(&site, method.clone(), path.clone(), req.headers().clone()).await
+        // The query goes along: a directory's redirect to its slash form keeps it.
+        let target = req.uri().path_and_query().map_or(&*path, |pq| pq.as_str());
+        serve_static(
+            &site,
+            method.clone(),
+            target.to_owned(),
+            req.headers().clone(),
+        )
+        .await
     };
     if site.access_log {
         let ms = nodus::clock::now_ns().saturating_sub(start) as f64 / 1e6;
         let peer = peer.map_or_else(|| "-".to_owned(), |p| p.to_string());
+        let path = log_escape(&path);
         tracing::info!(target: "nodus::access", "{peer} \"{method} {path} {version:?}\" {} {ms:.3}ms", response.status().as_u16());
     }
     response
+}
+
+/// A request path as the access log quotes it: `"` and `\` (which a request target may hold)
+/// written `\x22` and `\x5C`, as nginx does, so a client cannot close the quoted field and
+/// forge the ones after it.
+fn log_escape(path: &str) -> std::borrow::Cow<'_, str> {
+    if !path.contains(['"', '\\']) {
+        return path.into();
+    }
+    path.replace('\\', "\\x5C").replace('"', "\\x22").into()
 }
 
 /// Plans the request and opens the file on the I/O pool, then streams it.
@@ -392,13 +410,13 @@ async fn serve_static(
 ) -> Response<Body> {
     let root = site.root.clone();
     let options = site.static_options.clone();
-    let request_headers = headers.clone();
+    let head = method == Method::HEAD;
     let planned = nodus::pool::offload_io(move || {
         let plan = static_files::plan(&root, &method, &path, &headers, &options);
+        // HEAD opens the file too (and closes it unread): a file this process cannot open gets
+        // the same 403 (or 404) as GET, not a 200 whose GET would fail.
         let file = match &plan {
-            Plan::File { path, id, .. } if method != Method::HEAD => {
-                Some(static_files::open_verified(path, *id))
-            }
+            Plan::File { path, id, .. } => Some(static_files::open_verified(path, *id)),
             _ => None,
         };
         (plan, file)
@@ -411,29 +429,20 @@ async fn serve_static(
             return text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n");
         }
     };
-    let mut headers = plan.headers().clone();
     let body = match (&plan, file) {
-        (Plan::File { range, status, .. }, Some(Ok(file))) => {
+        (Plan::File { .. }, Some(Ok(_))) if head => nodus_http::empty(),
+        (Plan::File { range, gzip, .. }, Some(Ok(file))) => {
             let body = nodus_http::boxed(FileBody::new(file, range.clone()));
-            let whole = *status == StatusCode::OK;
-            let len = range.end - range.start;
-            if site.gzip
-                && whole
-                && gzip::accepts_gzip(&request_headers)
-                && gzip::compressible(&headers, len)
-            {
+            if !*gzip {
+                body
+            } else {
                 match gzip::gzip_body(body) {
-                    Ok(gzipped) => {
-                        gzip::gzip_headers(&mut headers);
-                        gzipped
-                    }
+                    Ok(gzipped) => gzipped,
                     Err(e) => {
                         tracing::error!(target: "nodus::serve", "cannot start gzip: {e}");
                         return text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n");
                     }
                 }
-            } else {
-                body
             }
         }
         (Plan::File { path, .. }, Some(Err(e))) => return open_failed(path, e),
@@ -442,7 +451,7 @@ async fn serve_static(
     };
     let mut response = Response::new(body);
     *response.status_mut() = plan.status();
-    *response.headers_mut() = headers;
+    *response.headers_mut() = plan.headers().clone();
     response
 }
 
@@ -459,5 +468,17 @@ fn open_failed(path: &Path, e: std::io::Error) -> Response<Body> {
 pub(super) fn tell_manager(state: &str) {
     if let Err(e) = nodus::notify::notify(state) {
         tracing::warn!("cannot notify the service manager ({state:?}): {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn log_escape_closes_no_quoted_field() {
+        assert_eq!(super::log_escape("/a/b.txt"), "/a/b.txt");
+        assert_eq!(
+            super::log_escape(r#"/a" 200 0.1ms "x\y"#),
+            r"/a\x22 200 0.1ms \x22x\x5Cy"
+        );
     }
 }

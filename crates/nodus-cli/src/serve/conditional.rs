@@ -1,8 +1,10 @@
 //! Validators (`ETag`, `Last-Modified`) of a file and conditional requests (RFC 9110 section 13).
 //!
-//! The ETag is strong and derived from metadata alone (length, mtime in nanoseconds, inode), so
-//! no file content is ever read to compute it; a file replaced in place gets a new inode or mtime
-//! and so a new tag. `Last-Modified` is the mtime truncated to whole seconds, and omitted when it
+//! The ETag is derived from metadata alone (length, mtime in nanoseconds, inode), so no file
+//! content is ever read to compute it; a file replaced in place gets a new inode or mtime and so a
+//! new tag. It is strong, except for the gzip representation (`--gzip`), whose tag is the same
+//! one made weak (`W/`): it then matches `If-None-Match` (weak comparison) but never `If-Match`
+//! or `If-Range` (strong). `Last-Modified` is the mtime truncated to whole seconds, and omitted when it
 //! cannot be written as an HTTP-date (before 1970, after 9999), which httpdate would panic on.
 //!
 //! Preconditions are evaluated in the order RFC 9110 section 13.2.2 prescribes: `If-Match`, else
@@ -26,8 +28,11 @@ const MAX_HTTP_DATE_SECS: u64 = 253_402_300_799;
 /// The validators of one file, computed from its metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Validators {
-    /// A strong entity tag, quoted: `"len-mtime_ns-inode"` in hex.
+    /// The entity tag's opaque part, quoted: `"len-mtime_ns-inode"` in hex.
     pub etag: String,
+    /// The tag is weak (`W/`): the representation is a transformation of the file (gzip), whose
+    /// bytes are not the file's. A weak tag never matches strongly (`If-Match`, `If-Range`).
+    pub weak: bool,
     /// The mtime truncated to seconds, if an HTTP-date can express it.
     pub last_modified: Option<SystemTime>,
 }
@@ -42,7 +47,17 @@ impl Validators {
             .map(|s| UNIX_EPOCH + Duration::from_secs(s));
         Validators {
             etag,
+            weak: false,
             last_modified,
+        }
+    }
+
+    /// `ETag` header value: the tag, with `W/` when weak.
+    pub fn etag_header(&self) -> String {
+        if self.weak {
+            format!("W/{}", self.etag)
+        } else {
+            self.etag.clone()
         }
     }
 
@@ -67,7 +82,7 @@ pub enum Precondition {
 pub fn preconditions(method: &Method, headers: &HeaderMap, v: &Validators) -> Precondition {
     let safe = method == Method::GET || method == Method::HEAD;
     if let Some(list) = joined(headers, IF_MATCH) {
-        if !matches_list(&list, &v.etag, true) {
+        if !matches_list(&list, v, true) {
             return Precondition::Failed;
         }
     } else if let (Some(date), Some(lm)) =
@@ -77,7 +92,7 @@ pub fn preconditions(method: &Method, headers: &HeaderMap, v: &Validators) -> Pr
         return Precondition::Failed;
     }
     if let Some(list) = joined(headers, IF_NONE_MATCH) {
-        if matches_list(&list, &v.etag, false) {
+        if matches_list(&list, v, false) {
             return if safe {
                 Precondition::NotModified
             } else {
@@ -107,7 +122,8 @@ pub fn if_range_allows(headers: &HeaderMap, v: &Validators, now: SystemTime) -> 
     };
     let value = value.trim();
     if value.starts_with('"') || value.starts_with("W/") {
-        return matches!(parse_tags(value).as_slice(), [Tag { weak: false, opaque }] if *opaque == v.etag);
+        return !v.weak
+            && matches!(parse_tags(value).as_slice(), [Tag { weak: false, opaque }] if *opaque == v.etag);
     }
     match (httpdate::parse_http_date(value), v.last_modified) {
         (Ok(date), Some(lm)) => date == lm && lm + Duration::from_secs(1) <= now,
@@ -176,15 +192,15 @@ fn parse_tags(list: &str) -> Vec<Tag<'_>> {
     }
 }
 
-/// `*` matches any current representation; otherwise strong or weak comparison against `ours`
-/// (which is strong).
-fn matches_list(list: &str, ours: &str, strong: bool) -> bool {
+/// `*` matches any current representation; otherwise strong or weak comparison against ours
+/// (a strong comparison fails if either tag is weak).
+fn matches_list(list: &str, ours: &Validators, strong: bool) -> bool {
     if list.trim() == "*" {
         return true;
     }
     parse_tags(list)
         .iter()
-        .any(|t| t.opaque == ours && !(strong && t.weak))
+        .any(|t| t.opaque == ours.etag && !(strong && (t.weak || ours.weak)))
 }
 
 #[cfg(test)]
@@ -195,6 +211,7 @@ mod tests {
     fn v() -> Validators {
         Validators {
             etag: "\"abc\"".into(),
+            weak: false,
             last_modified: Some(UNIX_EPOCH + Duration::from_secs(1_000_000_000)),
         }
     }
@@ -319,6 +336,27 @@ mod tests {
             pre(&[(IF_MATCH, "\"abc\""), (IF_UNMODIFIED_SINCE, BEFORE)]),
             Precondition::Proceed
         );
+    }
+
+    #[test]
+    fn a_weak_tag_matches_weakly_only() {
+        let gz = Validators { weak: true, ..v() };
+        assert_eq!(gz.etag_header(), "W/\"abc\"");
+        assert_eq!(v().etag_header(), "\"abc\"");
+        let pre = |hs: &[(HeaderName, &str)]| preconditions(&Method::GET, &h(hs), &gz);
+        assert_eq!(
+            pre(&[(IF_NONE_MATCH, "W/\"abc\"")]),
+            Precondition::NotModified
+        );
+        assert_eq!(
+            pre(&[(IF_NONE_MATCH, "\"abc\"")]),
+            Precondition::NotModified
+        );
+        assert_eq!(pre(&[(IF_MATCH, "W/\"abc\"")]), Precondition::Failed);
+        assert_eq!(pre(&[(IF_MATCH, "\"abc\"")]), Precondition::Failed);
+        assert_eq!(pre(&[(IF_MATCH, "*")]), Precondition::Proceed);
+        let now = SystemTime::now();
+        assert!(!if_range_allows(&h(&[(IF_RANGE, "\"abc\"")]), &gz, now));
     }
 
     #[test]

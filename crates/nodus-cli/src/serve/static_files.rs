@@ -2,11 +2,12 @@
 //! content is read.
 //!
 //! `plan` looks at the method, the URI path and the request headers, stats and canonicalizes, and
-//! returns a `Plan`: refuse (400/403/404/405/412), 304, 301 to the slash form of a directory, 416,
-//! an HTML listing, or a file with its status (200/206), byte range and every response header. The
-//! HTTP glue then only has to open the file with `open_verified` and stream `range` from it (from
-//! the I/O pool), or send the in-memory body of the other variants. Keeping the decision free of
-//! any HTTP framework makes every rule testable with a temp directory and no sockets.
+//! returns a `Plan`: refuse (400/403/404/405/412), 304, 301 to the slash form of a directory
+//! (query kept), 416, an HTML listing, or a file with its status (200/206), byte range and every
+//! response header. The HTTP glue then only has to open the file with `open_verified` and stream
+//! `range` from it (from the I/O pool), or send the in-memory body of the other variants. Keeping
+//! the decision free of any HTTP framework makes every rule testable with a temp directory and no
+//! sockets.
 //!
 //! Invariants:
 //! - Nothing outside the root is served, listed or disclosed. The path decoder (`uri_path`)
@@ -20,7 +21,9 @@
 //!   `open_verified` refuses anything that is not the very regular file that was planned.
 //! - No content is read: validators come from metadata (see `conditional`), so empty and huge
 //!   sparse files cost the same.
-//! - HEAD gets exactly the headers GET would get, `Range` included (the caller omits the body).
+//! - HEAD gets exactly the headers GET would get, `Range` and `--gzip` included (the caller omits
+//!   the body). With `--gzip`, the representation (gzip or identity, see `gzip`) is chosen before
+//!   preconditions are evaluated, so a 304 carries the `ETag` and `Vary` of the 200 it stands for.
 //!
 //! `plan` makes blocking system calls (stat, canonicalize, readdir): run it on the I/O pool.
 
@@ -33,11 +36,12 @@ use std::time::SystemTime;
 
 use http::header::{
     ACCEPT_RANGES, ALLOW, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_SECURITY_POLICY,
-    CONTENT_TYPE, ETAG, LAST_MODIFIED, LOCATION, RANGE, X_CONTENT_TYPE_OPTIONS,
+    CONTENT_TYPE, ETAG, LAST_MODIFIED, LOCATION, RANGE, VARY, X_CONTENT_TYPE_OPTIONS,
 };
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 
 use super::conditional::{self, Precondition, Validators};
+use super::gzip;
 use super::listing;
 use super::mime;
 use super::range::{self, RangeOutcome};
@@ -55,6 +59,8 @@ pub enum Dotfiles {
 #[derive(Debug, Clone, Default)]
 pub struct StaticOptions {
     pub dotfiles: Dotfiles,
+    /// `--gzip`: compressible files also have a gzip representation (see `gzip`).
+    pub gzip: bool,
 }
 
 /// Which file was planned: `open_verified` checks that it opens this very file.
@@ -78,13 +84,15 @@ pub enum Plan {
     NotModified { headers: HeaderMap },
     /// 301 to the slash form of a directory (`Location` in `headers`), empty body.
     Redirect { headers: HeaderMap },
-    /// 200 or 206: stream `range` of the file at `path` (canonical, inside the root).
+    /// 200 or 206: stream `range` of the file at `path` (canonical, inside the root), gzipped
+    /// if `gzip` (then `headers` are already those of the gzip response, and `range` is whole).
     File {
         path: PathBuf,
         status: StatusCode,
         range: Range<u64>,
         id: FileId,
         headers: HeaderMap,
+        gzip: bool,
     },
     /// 416 with `Content-Range: bytes */len`, empty body.
     RangeNotSatisfiable { headers: HeaderMap },
@@ -140,6 +148,8 @@ pub fn canonical_root(dir: &Path) -> io::Result<PathBuf> {
 }
 
 /// Decides the answer to `method uri_path` under `root_canonical` (see `canonical_root`).
+/// `uri_path` may carry the request's query (`/dir?x=1`): it is ignored, but kept in the
+/// redirect of a directory to its slash form (`/dir/?x=1`), as nginx and `serve-static` do.
 pub fn plan(
     root_canonical: &Path,
     method: &Method,
@@ -189,13 +199,16 @@ pub fn plan_at(
     };
     if meta.is_dir() {
         if !decoded.trailing_slash {
-            return redirect(decoded.encoded(true));
+            return redirect(
+                decoded.encoded(true),
+                uri_path.split_once('?').map(|(_, q)| q),
+            );
         }
         if let Some((index, index_meta)) = resolve(root, &path.join("index.html"), allow_dot)
             && index_meta.is_file()
         {
             let name = Path::new("index.html");
-            return file_plan(index, name, &index_meta, method, headers, now);
+            return file_plan(index, name, &index_meta, method, headers, opts, now);
         }
         return listing_plan(root, &path, &decoded, allow_dot);
     }
@@ -207,7 +220,7 @@ pub fn plan_at(
     }
     // The type follows the requested name (as a client sees it), not a symlink's target.
     let name = Path::new(decoded.segments.last().map_or("", String::as_str));
-    file_plan(path, name, &meta, method, headers, now)
+    file_plan(path, name, &meta, method, headers, opts, now)
 }
 
 /// Canonicalizes `joined` and stats it; `None` if it does not exist, leaves the root, or (unless
@@ -240,14 +253,24 @@ fn file_plan(
     meta: &Metadata,
     method: &Method,
     req: &HeaderMap,
+    opts: &StaticOptions,
     now: SystemTime,
 ) -> Plan {
     let len = meta.len();
-    let validators = Validators::from_metadata(meta);
+    let content_type = mime::content_type(name);
+    // Which representation, chosen before any validator is compared: with `--gzip`, a
+    // compressible file is gzipped for a client that accepts it and asks for no range.
+    let varies = opts.gzip && gzip::compressible(&content_type, len);
+    let gzipped = varies && !req.contains_key(RANGE) && gzip::accepts_gzip(req);
+    let mut validators = Validators::from_metadata(meta);
+    validators.weak = gzipped;
     let mut headers = HeaderMap::new();
-    headers.insert(ETAG, value(validators.etag.clone()));
+    headers.insert(ETAG, value(validators.etag_header()));
     if let Some(lm) = validators.last_modified_header() {
         headers.insert(LAST_MODIFIED, value(lm));
+    }
+    if varies {
+        headers.insert(VARY, HeaderValue::from_static("Accept-Encoding"));
     }
     match conditional::preconditions(method, req, &validators) {
         Precondition::Proceed => {}
@@ -255,6 +278,23 @@ fn file_plan(
         Precondition::Failed => {
             return refuse(StatusCode::PRECONDITION_FAILED, "precondition failed");
         }
+    }
+    let id = FileId {
+        dev: meta.dev(),
+        ino: meta.ino(),
+    };
+    if gzipped {
+        headers.insert(CONTENT_TYPE, value(content_type));
+        headers.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+        gzip::gzip_headers(&mut headers);
+        return Plan::File {
+            path,
+            status: StatusCode::OK,
+            range: 0..len,
+            id,
+            headers,
+            gzip: true,
+        };
     }
     headers.insert(ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     let mut ranges = req.get_all(RANGE).iter();
@@ -276,18 +316,16 @@ fn file_plan(
             return Plan::RangeNotSatisfiable { headers };
         }
     };
-    headers.insert(CONTENT_TYPE, value(mime::content_type(name)));
+    headers.insert(CONTENT_TYPE, value(content_type));
     headers.insert(CONTENT_LENGTH, HeaderValue::from(range.end - range.start));
     headers.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     Plan::File {
         path,
         status,
         range,
-        id: FileId {
-            dev: meta.dev(),
-            ino: meta.ino(),
-        },
+        id,
         headers,
+        gzip: false,
     }
 }
 
@@ -335,9 +373,14 @@ fn not_found() -> Plan {
     refuse(StatusCode::NOT_FOUND, "not found")
 }
 
-fn redirect(location: String) -> Plan {
+/// A 301 to `path` (canonically encoded) with `query` (as the request sent it, which `http`
+/// already checked is visible ASCII) appended.
+fn redirect(path: String, query: Option<&str>) -> Plan {
     let mut headers = HeaderMap::new();
-    headers.insert(LOCATION, value(location));
+    let with_query = query
+        .filter(|q| !q.is_empty())
+        .and_then(|q| HeaderValue::try_from(format!("{path}?{q}")).ok());
+    headers.insert(LOCATION, with_query.unwrap_or_else(|| value(path)));
     headers.insert(CONTENT_LENGTH, HeaderValue::from(0u64));
     Plan::Redirect { headers }
 }

@@ -67,6 +67,7 @@ impl Tree {
             .set_len(SPARSE_LEN)
             .unwrap();
         self.write("data.json", b"{}");
+        self.write("big.txt", &b"a compressible line of text\n".repeat(100));
         self.write("README", b"readme");
         self.write("site/index.html", b"<h1>site</h1>");
         self.write("site/other.css", b"a{}");
@@ -113,6 +114,7 @@ impl Tree {
     fn get_allow(&self, path: &str) -> Plan {
         let opts = StaticOptions {
             dotfiles: Dotfiles::Allow,
+            ..StaticOptions::default()
         };
         self.plan(Method::GET, path, &[], &opts)
     }
@@ -408,6 +410,8 @@ fn directories_index_redirect_and_listing() {
         ("/sub", "/sub/"),
         ("/sub/z%20dir", "/sub/z%20dir/"),
         ("/sub/z dir", "/sub/z%20dir/"),
+        ("/sub?page=2&q=a%20b", "/sub/?page=2&q=a%20b"),
+        ("/sub/z%20dir?", "/sub/z%20dir/"),
     ] {
         let p = t.get(from);
         assert_status(&p, 301, from);
@@ -559,6 +563,66 @@ fn conditional_requests() {
             assert_eq!(h(&p, "content-length"), None);
             assert_eq!(p.inline_body().unwrap(), "");
         }
+    }
+}
+
+#[test]
+fn gzip_is_a_representation_head_and_304_agree_with() {
+    let t = Tree::new();
+    let gz = StaticOptions {
+        gzip: true,
+        ..StaticOptions::default()
+    };
+    let accepts = [("accept-encoding", "gzip")];
+    let get = t.plan(Method::GET, "/big.txt", &accepts, &gz);
+    assert!(matches!(get, Plan::File { gzip: true, .. }), "{get:#?}");
+    assert_status(&get, 200, "gzip");
+    assert_eq!(h(&get, "content-encoding"), Some("gzip"));
+    assert_eq!(h(&get, "vary"), Some("Accept-Encoding"));
+    assert_eq!(h(&get, "content-length"), None);
+    assert_eq!(
+        h(&get, "accept-ranges"),
+        None,
+        "a gzip stream has no byte ranges"
+    );
+    let weak = h(&get, "etag").unwrap().to_owned();
+    assert!(weak.starts_with("W/\""), "{weak}");
+    // HEAD: the very same headers.
+    let head = t.plan(Method::HEAD, "/big.txt", &accepts, &gz);
+    assert_eq!(head.headers(), get.headers());
+    // Revalidating the gzip response: 304 with its own (weak) tag and its Vary.
+    let inm = [
+        ("accept-encoding", "gzip"),
+        ("if-none-match", weak.as_str()),
+    ];
+    let p = t.plan(Method::GET, "/big.txt", &inm, &gz);
+    assert_status(&p, 304, "gzip revalidation");
+    assert_eq!(h(&p, "etag"), Some(weak.as_str()));
+    assert_eq!(h(&p, "vary"), Some("Accept-Encoding"));
+    // The identity representation of the same file also says it varies.
+    for hs in [
+        &[][..],
+        &[("accept-encoding", "gzip;q=0")],
+        &[("accept-encoding", "gzip"), ("range", "bytes=0-3")],
+    ] {
+        let p = t.plan(Method::GET, "/big.txt", hs, &gz);
+        assert!(matches!(p, Plan::File { gzip: false, .. }), "{hs:?}");
+        assert_eq!(h(&p, "vary"), Some("Accept-Encoding"), "{hs:?}");
+        assert_eq!(h(&p, "etag"), weak.strip_prefix("W/"), "{hs:?}");
+        assert_eq!(h(&p, "content-encoding"), None, "{hs:?}");
+    }
+    // The weak tag never passes a strong comparison.
+    let im = [("accept-encoding", "gzip"), ("if-match", weak.as_str())];
+    assert_status(&t.plan(Method::GET, "/big.txt", &im, &gz), 412, "If-Match");
+    // Small or incompressible files, or no --gzip: one representation, no Vary.
+    for (path, opts) in [
+        ("/hello.txt", &gz),
+        ("/sparse.img", &gz),
+        ("/big.txt", &StaticOptions::default()),
+    ] {
+        let p = t.plan(Method::GET, path, &accepts, opts);
+        assert!(matches!(p, Plan::File { gzip: false, .. }), "{path}");
+        assert_eq!(h(&p, "vary"), None, "{path}");
     }
 }
 

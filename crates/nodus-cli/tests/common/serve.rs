@@ -17,16 +17,26 @@ pub struct Serve {
 impl Serve {
     /// `nodus serve DIR --listen 127.0.0.1:0 --workers WORKERS EXTRA...`, once it listens.
     pub fn start(dir: &Path, workers: u32, extra: &[&str]) -> Serve {
-        let mut proc = Proc::spawn(
-            Command::new(NODUS)
-                .arg("serve")
-                .arg(dir)
-                .args(["--listen", "127.0.0.1:0", "--workers", &workers.to_string()])
-                .args(extra)
-                .env("RUST_LOG", "info")
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped()),
-        );
+        Serve::start_with(dir, workers, extra, |_| {})
+    }
+
+    /// [`Serve::start`], with `adjust` applied to the command first (a user to run as, say).
+    pub fn start_with(
+        dir: &Path,
+        workers: u32,
+        extra: &[&str],
+        adjust: impl FnOnce(&mut Command),
+    ) -> Serve {
+        let mut cmd = Command::new(NODUS);
+        cmd.arg("serve")
+            .arg(dir)
+            .args(["--listen", "127.0.0.1:0", "--workers", &workers.to_string()])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        adjust(&mut cmd);
+        let mut proc = Proc::spawn(&mut cmd);
         let line = proc.wait_line("on http://");
         let addr = line
             .split("on http://")
