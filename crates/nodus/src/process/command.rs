@@ -326,8 +326,8 @@ impl Command {
         // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
         // calls are allowed: it makes raw syscalls (rt_sigaction, prctl, getppid, getpid, kill,
         // close_range, fcntl, dup2, sched_setscheduler, prlimit64) on plain integers and
-        // stack values, reads the lists computed in the parent, and allocates nothing. The inherited fds may be closed by now: `fcntl` then
-        // fails, harmlessly.
+        // stack values, reads the lists computed in the parent, and allocates nothing. The
+        // inherited fds may be closed by now: `fcntl` then fails, harmlessly.
         // Each target `OwnedFd` is wrapped in `ManuallyDrop`, so it is never closed here; the
         // sources stay open in the parent (`held`) until after the fork.
         unsafe {
