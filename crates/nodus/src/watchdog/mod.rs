@@ -16,7 +16,9 @@
 //! - A stall is reported (one `tracing` warning, target `nodus::watchdog`) at the threshold, then at
 //!   2x, 4x, 8x... the threshold while it lasts, at most about 10 reports per second across all
 //!   stalls; suppressed reports are counted in the next one. The last 64 stalls stay in a ring
-//!   buffer ([`recent_stalls`]); an ongoing one is updated in place at every tick and when it ends.
+//!   buffer ([`recent_stalls`]); an ongoing one is updated in place at every tick and when it ends,
+//!   with its exact duration: the loop leaves the end time of a poll that reached the threshold in
+//!   its slot (a loop dropped before the next tick leaves only the last sample, a lower bound).
 //!
 //! Why a thread and not a signal (Seastar arms a per-thread timer signal): a handler runs on the
 //! stalled thread itself, so it interrupts the syscall a blocked loop is in (`EINTR` or a restart:
@@ -80,7 +82,8 @@ pub struct StallReport {
     pub task_name: String,
     /// "file:line:col" of the spawn / scheduling site.
     pub location: String,
-    /// How long the poll had been running at the latest observation (a lower bound once ended).
+    /// How long the poll had been running at the latest observation; once ended, how long it ran
+    /// (the loop records the end; only a loop that unwound out of the poll leaves a lower bound).
     pub elapsed_seconds: f64,
     /// "on-cpu" | "blocked-in-syscall" | "waiting-for-cpu" | "unknown" ([`StallClass::as_str`]).
     pub class: String,

@@ -11,6 +11,10 @@
 //!   never allocate, lock or make a syscall, except `leave_idle` unparking a parked watchdog (once
 //!   per idle period).
 //! - `start_ns == 0` means no poll is in progress (`begin` stores at least 1).
+//! - A poll that ran at least the threshold leaves its end time in `long_end_ns`, tagged with
+//!   its sequence in `long_end_seq` (stored last, with release): the watchdog, seeing that poll
+//!   over, reads the exact end instead of its own later tick. A later long poll overwrites the
+//!   pair; a reader that finds another poll's sequence keeps its own estimate.
 //! - A registered slot counts once in `ACTIVITY` while not idle; `flags` (`IDLE` | `REGISTERED`)
 //!   records which, so the count stays balanced through `enter_idle`/`leave_idle` and `drop`.
 //! - The name and location pointers always come from a `&'static str` and a
@@ -42,6 +46,9 @@ pub(crate) struct LoopSlot {
     location: AtomicPtr<Location<'static>>,
     /// Poll start (`now_ns`), 0 when no poll is in progress.
     start_ns: AtomicU64,
+    /// End time of the latest poll that ran at least `threshold_ns`, and that poll's sequence.
+    long_end_ns: AtomicU64,
+    long_end_seq: AtomicU64,
     /// `IDLE` | `REGISTERED`, written by the loop thread only (plain loads and stores). The slot
     /// counts in `ACTIVITY` while registered and not idle.
     pub(super) flags: AtomicU8,
@@ -83,6 +90,8 @@ impl LoopSlot {
             name_len: AtomicUsize::new(0),
             location: AtomicPtr::new(std::ptr::from_ref(Location::caller()).cast_mut()),
             start_ns: AtomicU64::new(0),
+            long_end_ns: AtomicU64::new(0),
+            long_end_seq: AtomicU64::new(u64::MAX),
             flags: AtomicU8::new(0),
         })
     }
@@ -111,11 +120,38 @@ impl LoopSlot {
         self.seq.store(seq.wrapping_add(2), Ordering::Release);
     }
 
-    /// Loop thread, when that poll/callback returns.
+    /// Loop thread, when that poll/callback returns at `end_ns`.
     #[inline]
-    pub(crate) fn end(&self) {
+    pub(crate) fn end(&self, end_ns: u64) {
+        // Single writer: relaxed loads of our own last stores are exact.
+        let start_ns = self.start_ns.load(Ordering::Relaxed);
+        if end_ns.saturating_sub(start_ns) >= self.threshold_ns {
+            self.record_long_end(end_ns);
+        }
         // One field, so no seqlock round: a reader sees either the poll or "none in progress".
         self.start_ns.store(0, Ordering::Release);
+    }
+
+    #[cold]
+    fn record_long_end(&self, end_ns: u64) {
+        let seq = self.seq.load(Ordering::Relaxed);
+        // Invalidate first, so a reader never pairs the new end with the previous long poll.
+        self.long_end_seq.store(u64::MAX, Ordering::Relaxed);
+        fence(Ordering::Release);
+        self.long_end_ns.store(end_ns, Ordering::Relaxed);
+        self.long_end_seq.store(seq, Ordering::Release);
+    }
+
+    /// Watchdog: the end time of the poll with sequence `seq`, if it ran at least the threshold
+    /// and no later long poll has overwritten it.
+    pub(super) fn long_end(&self, seq: u64) -> Option<u64> {
+        if self.long_end_seq.load(Ordering::Acquire) != seq {
+            return None;
+        }
+        let end_ns = self.long_end_ns.load(Ordering::Relaxed);
+        // Orders the load of the end before the re-check (pairs with `record_long_end`'s fence).
+        fence(Ordering::Acquire);
+        (self.long_end_seq.load(Ordering::Relaxed) == seq).then_some(end_ns)
     }
 
     /// Loop thread, just before blocking in epoll with a non-zero timeout. (A registered loop that
@@ -225,7 +261,7 @@ mod tests {
                         slot.begin(3, B, lb, i);
                     }
                     if i.is_multiple_of(7) {
-                        slot.end();
+                        slot.end(i);
                     }
                 }
             })

@@ -172,7 +172,7 @@ fn scan(watched: &mut Vec<Watched>, limiter: &mut RateLimit) -> Scan {
         let Some(slot) = w.slot.upgrade() else {
             // The loop is gone (maybe unwinding out of a stalled poll): close its stall.
             if let Some(poll) = w.poll.take() {
-                finish(poll);
+                finish(poll, None);
             }
             return false;
         };
@@ -184,7 +184,8 @@ fn scan(watched: &mut Vec<Watched>, limiter: &mut RateLimit) -> Scan {
             }
             SlotRead::Idle => {
                 if let Some(poll) = w.poll.take() {
-                    finish(poll);
+                    let end = slot.long_end(poll.view.seq);
+                    finish(poll, end);
                 }
                 return true;
             }
@@ -192,7 +193,9 @@ fn scan(watched: &mut Vec<Watched>, limiter: &mut RateLimit) -> Scan {
         };
         out.active = true;
         if w.poll.as_ref().is_some_and(|p| p.view.seq != view.seq) {
-            finish(w.poll.take().expect("checked above"));
+            let poll = w.poll.take().expect("checked above");
+            let end = slot.long_end(poll.view.seq);
+            finish(poll, end);
         }
         let poll = w.poll.get_or_insert_with(|| Observed {
             view,
@@ -282,13 +285,21 @@ fn observe(
     due(stall.multiplier)
 }
 
-/// A poll that was being observed has ended (or its loop is gone).
-fn finish(poll: Observed) {
+/// A poll that was being observed has ended at `end_ns` (as its loop recorded it), or at an
+/// unknown time after the last sample (its loop is gone, or a later long poll overwrote the end).
+fn finish(poll: Observed, end_ns: Option<u64>) {
     let Some(mut stall) = poll.stall else {
         return;
     };
     let report = &mut stall.report;
     report.ongoing = false;
+    let at_least = match end_ns {
+        Some(end) => {
+            report.elapsed_seconds = end.saturating_sub(poll.view.start_ns) as f64 / 1e9;
+            ""
+        }
+        None => "at least ",
+    };
     if let Some(id) = stall.ring_id {
         lock(&RING).update(id, report);
     }
@@ -298,7 +309,7 @@ fn finish(poll: Observed) {
             target: "nodus::watchdog",
             loop_id = report.loop_id,
             task_id = report.task_id,
-            "stall ended: task {:?} ({}) ran for at least {ms:.0} ms",
+            "stall ended: task {:?} ({}) ran for {at_least}{ms:.0} ms",
             report.task_name,
             report.location,
         );
@@ -307,7 +318,7 @@ fn finish(poll: Observed) {
             target: "nodus::watchdog",
             loop_id = report.loop_id,
             task_id = report.task_id,
-            "stall ended (not reported: rate limit): task {:?} ({}) ran for at least {ms:.0} ms",
+            "stall ended (not reported: rate limit): task {:?} ({}) ran for {at_least}{ms:.0} ms",
             report.task_name,
             report.location,
         );

@@ -3,7 +3,7 @@
 //!
 //! Invariants:
 //! - A poll's start is published in the watchdog's `LoopSlot` (`begin_poll`) and cleared when it
-//!   returns (`end_poll`, `closures_end`); the end is the one clock read of the boundary.
+//!   returns (`end_poll`, `closures_end`) with its end, the one clock read of the boundary.
 //! - Only a block with a non-zero timeout counts as idle, and only then is the loop idle to the
 //!   watchdog (`before_block` / `after_block`).
 //! - A poll at least `slow_poll` long is counted and logged once (target `nodus::slow_poll`), and
@@ -30,8 +30,8 @@ impl Meter {
     pub(crate) fn end_poll(&self, target: &PollTarget, start: u64) {
         #[cfg(feature = "measure")]
         {
-            self.slot.end();
             let end = self.refresh();
+            self.slot.end(end);
             let d = end.saturating_sub(start);
             let phase = self.phase.get() as usize;
             let slow = {
@@ -105,8 +105,8 @@ impl Meter {
     pub(crate) fn closures_end(&self, last: &PollTarget, ticks: u64, microtasks: u64) {
         #[cfg(feature = "measure")]
         if let Some(start) = self.tick_batch.take() {
-            self.slot.end();
             let end = self.refresh();
+            self.slot.end(end);
             let d = end.saturating_sub(start);
             let slow = d >= self.config.slow_poll.as_nanos() as u64;
             {

@@ -259,7 +259,7 @@ pub(super) const STALL_LAST: Desc = desc!(
     "nodus_stall_last",
     Gauge,
     true,
-    "Duration of the most recent stall, as the watchdog last sampled it: at least this long, up to one 10 ms sample short (0 if none)."
+    "Duration of the most recent stall: exact once it has ended, so far while it lasts (0 if none)."
 );
 /// nodus_uptime_seconds
 pub(super) const UPTIME: Desc = desc!(
