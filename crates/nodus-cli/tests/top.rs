@@ -387,8 +387,13 @@ fn once_against_a_two_worker_cluster_shows_both_pids_and_matching_figures() {
         within(num("REQ/S"), 100.0 * (i + 1) as f64, "requests/s");
         assert_eq!(cell("RSS"), format!("{}M", 50 + 10 * i));
     }
-    // Pools summed over the workers; the stalls of both.
-    assert!(stdout.contains("io           8     8      6"), "{stdout}");
+    // Pools summed over the workers, and said to be: THREADS is 2 workers × 4 threads each,
+    // not one pool of 8; the stalls of both.
+    assert!(
+        stdout.contains("pools: total of 2 workers · THREADS = workers × threads each"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("io          2×4     8      6"), "{stdout}");
     assert_eq!(
         stdout
             .matches("http:static at crates/app/src/slow.rs:12:5")

@@ -1,18 +1,25 @@
-//! `nodus::dns`: real lookups of names that resolve locally, refused input, errors naming the
-//! host, and libuv's rule that slow DNS never holds more than `(n + 1) / 2` I/O threads.
+//! `nodus::dns`: real lookups of names that resolve locally, IPv6 literals with a zone (kept, and
+//! shown as Node shows them), refused input, errors naming the host, and libuv's rule that slow
+//! DNS never holds more than `(n + 1) / 2` I/O threads.
 
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use nodus::net::IntoSocketAddr;
 use nodus::{Runtime, dns, fs, pool, spawn};
 
 #[test]
 fn localhost_resolves_to_a_loopback_address() {
     let rt = Runtime::new();
-    let addrs = rt.block_on(dns::lookup("localhost")).unwrap();
+    let addrs: Vec<IpAddr> = rt
+        .block_on(dns::lookup("localhost"))
+        .unwrap()
+        .iter()
+        .map(dns::Address::ip)
+        .collect();
     assert!(!addrs.is_empty());
     assert!(addrs.iter().all(IpAddr::is_loopback), "{addrs:?}");
     let mut dedup = addrs.clone();
@@ -21,6 +28,7 @@ fn localhost_resolves_to_a_loopback_address() {
     assert!(
         rt.block_on(dns::lookup_one("localhost"))
             .unwrap()
+            .ip()
             .is_loopback()
     );
 }
@@ -31,11 +39,98 @@ fn literal_addresses_come_back_as_they_are() {
     rt.block_on(async {
         assert_eq!(
             dns::lookup("127.0.0.1").await.unwrap(),
-            [IpAddr::V4(Ipv4Addr::LOCALHOST)]
+            [IpAddr::V4(Ipv4Addr::LOCALHOST).into()]
         );
         assert_eq!(
             dns::lookup("::1").await.unwrap(),
-            [IpAddr::V6(Ipv6Addr::LOCALHOST)]
+            [IpAddr::V6(Ipv6Addr::LOCALHOST).into()]
+        );
+    });
+}
+
+/// The loopback interface's index, as the kernel numbers it.
+fn lo_index() -> u32 {
+    std::fs::read_to_string("/sys/class/net/lo/ifindex")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+fn one_ip(a: &dns::Address) -> Ipv6Addr {
+    match a.ip() {
+        IpAddr::V6(ip) => ip,
+        IpAddr::V4(ip) => panic!("{ip}"),
+    }
+}
+
+/// The scope id of the socket address `a` gives for `port` (0 for IPv4).
+fn scope(a: &dns::Address, port: u16) -> u32 {
+    match a.socket_addr(port) {
+        SocketAddr::V6(v6) => {
+            assert_eq!(v6.port(), port);
+            v6.scope_id()
+        }
+        SocketAddr::V4(_) => 0,
+    }
+}
+
+#[test]
+fn an_ipv6_literal_keeps_its_zone_as_node_does() {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        // Node 20: dns.lookup('fe80::1%lo', console.log) prints `null fe80::1%lo 6`, and the
+        // zone as written for `%1`. A literal: the resolver is never asked.
+        let never = |_: &str| -> io::Result<Vec<dns::Address>> { panic!("resolver asked") };
+        for (host, shown, scope_id) in [
+            ("fe80::1%lo", "fe80::1%lo", lo_index()),
+            ("fe80::1%1", "fe80::1%1", 1),
+            ("::1%lo", "::1%lo", lo_index()),
+        ] {
+            let addrs = dns::lookup_with(host, never).await.unwrap();
+            assert_eq!(addrs.len(), 1, "{host}: {addrs:?}");
+            let a = &addrs[0];
+            assert_eq!(a.to_string(), shown);
+            assert_eq!(a.family(), 6);
+            assert_eq!(a.scope_id(), scope_id, "{host}");
+            assert_eq!(scope(a, 8080), scope_id, "{host}");
+            assert_eq!(
+                a.ip(),
+                host.split('%').next().unwrap().parse::<IpAddr>().unwrap()
+            );
+        }
+        let one = dns::lookup_one("fe80::1%lo").await.unwrap();
+        assert_eq!(
+            (one.to_string(), one.zone(), scope(&one, 1)),
+            ("fe80::1%lo".to_string(), Some("lo"), lo_index())
+        );
+        // So does the socket address a connect or bind is given.
+        let to = (&one, 8080).into_socket_addr().unwrap();
+        assert_eq!(
+            to,
+            SocketAddrV6::new(one_ip(&one), 8080, 0, lo_index()).into()
+        );
+        // The system lookup keeps it as well.
+        let addrs = dns::lookup("fe80::1%lo").await.unwrap();
+        assert_eq!(
+            addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+            ["fe80::1%lo"]
+        );
+        // No interface has that name: getaddrinfo's ENOTFOUND, not an address with scope 0.
+        let err = dns::lookup_with("fe80::1%nodus-no-if", never)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound, "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("getaddrinfo 'fe80::1%nodus-no-if': ENOTFOUND"),
+            "{err}"
+        );
+        // Without a zone: scope 0, no `%`.
+        let plain = dns::lookup_one("fe80::1").await.unwrap();
+        assert_eq!(
+            (plain.to_string(), plain.scope_id(), plain.zone()),
+            ("fe80::1".into(), 0, None)
         );
     });
 }
@@ -77,7 +172,7 @@ struct Gate {
 }
 
 impl Gate {
-    fn resolve(&self) -> io::Result<Vec<IpAddr>> {
+    fn resolve(&self) -> io::Result<Vec<dns::Address>> {
         let now = self.inside.fetch_add(1, Ordering::SeqCst) + 1;
         self.most_inside.fetch_max(now, Ordering::SeqCst);
         let open = self.open.lock().unwrap();
@@ -90,7 +185,7 @@ impl Gate {
         if timeout.timed_out() {
             return Err(io::Error::new(io::ErrorKind::TimedOut, "gate never opened"));
         }
-        Ok(vec![IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1))])
+        Ok(vec![IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)).into()])
     }
 
     fn open(&self) {
@@ -138,7 +233,7 @@ fn a_blocking_resolver_never_holds_more_than_half_the_io_threads() {
         for l in lookups {
             assert_eq!(
                 l.await.unwrap().unwrap(),
-                [IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1))]
+                [IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)).into()]
             );
         }
     });

@@ -1,5 +1,7 @@
-//! `nodus::fs` against real files: every operation, errors that name their path, permission
-//! denied, partitioned reads, and the I/O pool staying responsive while the CPU pool is saturated.
+//! `nodus::fs` against real files: every operation, errors that name their path (escaped, as
+//! Node's `util.inspect` shows a string), a path with a NUL byte refused before any pool job with
+//! Node's `ERR_INVALID_ARG_VALUE` message, permission denied, partitioned reads, and the I/O pool
+//! staying responsive while the CPU pool is saturated.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -185,6 +187,207 @@ fn a_missing_path_is_named_in_the_error() {
         assert!(err.to_string().contains(&shown), "{err}");
         assert!(err.to_string().contains("dest'"), "{err}");
         assert_eq!(path_error(&err).dest(), Some(dir.join("dest").as_path()));
+    });
+}
+
+/// No control character in an error message: what a log line or a terminal shows is the message.
+fn assert_no_control_chars(text: &str) {
+    assert!(
+        !text.chars().any(char::is_control),
+        "raw control character in {text:?}"
+    );
+}
+
+#[test]
+fn a_path_with_a_nul_byte_is_refused_before_any_pool_job_as_node_refuses_it() {
+    use futures_util::FutureExt;
+    use std::os::unix::ffi::OsStrExt;
+    let dir = TempDir::new("nul");
+    let a = dir.join("a");
+    std::fs::write(&a, "keep").unwrap();
+    // `a\0b` cut at the NUL is `a`, an existing file: no call may reach it.
+    let cut = {
+        let mut bytes = a.as_os_str().as_bytes().to_vec();
+        bytes.extend_from_slice(b"\0b");
+        PathBuf::from(<std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(bytes))
+    };
+    let shown = format!("'{}\\x00b'", a.display());
+    let node = |arg: &str| {
+        format!(
+            "The argument '{arg}' must be a string, Uint8Array, or URL without null bytes. \
+             Received {shown}"
+        )
+    };
+    let rt = Runtime::new();
+    rt.block_on(async {
+        // Each refusal is ready at the first poll: decided on the loop, no pool round trip.
+        let now = |f: std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<()>>>>| {
+            f.now_or_never()
+                .expect("refused at the first poll, before any pool job")
+                .unwrap_err()
+        };
+        let c = cut.clone();
+        let cases: Vec<(&str, &str, std::io::Error)> = vec![
+            (
+                "open",
+                "path",
+                now(Box::pin(async { fs::read(&c).await.map(drop) })),
+            ),
+            (
+                "open",
+                "path",
+                now(Box::pin(async { fs::write(&c, "x").await })),
+            ),
+            (
+                "open",
+                "path",
+                now(Box::pin(async { fs::append(&c, "x").await })),
+            ),
+            (
+                "open",
+                "path",
+                now(Box::pin(async { File::open(&c).await.map(drop) })),
+            ),
+            (
+                "open",
+                "path",
+                now(Box::pin(async {
+                    OpenOptions::new()
+                        .write(true)
+                        .truncate(true)
+                        .open(&c)
+                        .await
+                        .map(drop)
+                })),
+            ),
+            (
+                "stat",
+                "path",
+                now(Box::pin(async { fs::metadata(&c).await.map(drop) })),
+            ),
+            (
+                "lstat",
+                "path",
+                now(Box::pin(async { fs::symlink_metadata(&c).await.map(drop) })),
+            ),
+            (
+                "mkdir",
+                "path",
+                now(Box::pin(async { fs::create_dir(&c).await })),
+            ),
+            (
+                "unlink",
+                "path",
+                now(Box::pin(async { fs::remove_file(&c).await })),
+            ),
+            (
+                "rm",
+                "path",
+                now(Box::pin(async { fs::remove_dir_all(&c).await })),
+            ),
+            (
+                "scandir",
+                "path",
+                now(Box::pin(async { fs::read_dir(&c).await.map(drop) })),
+            ),
+            (
+                "rename",
+                "oldPath",
+                now(Box::pin(async { fs::rename(&c, dir.join("z")).await })),
+            ),
+            (
+                "rename",
+                "newPath",
+                now(Box::pin(async { fs::rename(dir.join("z"), &c).await })),
+            ),
+            (
+                "copyfile",
+                "src",
+                now(Box::pin(async {
+                    fs::copy(&c, dir.join("z")).await.map(drop)
+                })),
+            ),
+            (
+                "copyfile",
+                "dest",
+                now(Box::pin(async { fs::copy(&a, &c).await.map(drop) })),
+            ),
+        ];
+        for (op, arg, err) in cases {
+            assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{err}");
+            assert_eq!(err.to_string(), format!("{op}: {}", node(arg)));
+            assert_no_control_chars(&err.to_string());
+            let pe = path_error(&err);
+            assert_eq!(pe.op(), op);
+            assert_eq!(pe.code(), Some(fs::ERR_INVALID_ARG_VALUE));
+            assert_eq!(pe.os_error().raw_os_error(), None);
+        }
+    });
+    // Nothing touched `a`, and nothing was created in its place.
+    assert_eq!(std::fs::read(&a).unwrap(), b"keep");
+    assert!(!dir.join("z").exists());
+}
+
+#[test]
+fn control_characters_in_a_path_are_escaped_in_every_error_message() {
+    let dir = TempDir::new("ctl");
+    let odd = dir.join("a\u{1}\nb\u{1b}[31m\u{7f}\u{9b}é");
+    let shown = format!("'{}/a\\x01\\nb\\x1B[31m\\x7F\\x9Bé'", dir.0.display());
+    let rt = Runtime::new();
+    rt.block_on(async {
+        for err in [
+            fs::read(&odd).await.unwrap_err(),
+            fs::metadata(&odd).await.map(drop).unwrap_err(),
+            fs::rename(&odd, &odd).await.unwrap_err(),
+        ] {
+            assert_eq!(err.kind(), std::io::ErrorKind::NotFound, "{err}");
+            let text = err.to_string();
+            assert_no_control_chars(&text);
+            assert!(text.contains(&shown), "{text}");
+            assert_eq!(path_error(&err).path(), odd.as_path());
+            assert_eq!(path_error(&err).code(), None);
+        }
+    });
+}
+
+#[test]
+fn paths_are_quoted_as_node_inspects_a_string() {
+    use std::os::unix::ffi::OsStrExt;
+    // Node 20's `util.inspect` of each string (what its ERR_INVALID_ARG_VALUE shows).
+    for (path, node) in [
+        ("a\0b", r"'a\x00b'"),
+        ("it's\0", r#""it's\x00""#),
+        ("it's \"x\"\0", r#"`it's "x"\x00`"#),
+        ("it's \"x\" `y`\0", r#"'it\'s "x" `y`\x00'"#),
+        ("a\\b\0", r"'a\\b\x00'"),
+        (
+            "\0\x01\x07\x08\x09\x0a\x0b\x0c\x0d\x1f\x7f\u{80}\u{9f}\u{a0}\u{2028}x",
+            "'\\x00\\x01\\x07\\b\\t\\n\\x0B\\f\\r\\x1F\\x7F\\x80\\x9F\u{a0}\u{2028}x'",
+        ),
+    ] {
+        assert_eq!(fs::quote(Path::new(path)), node, "{path:?}");
+    }
+    // A byte that is not UTF-8 (Node would have a Buffer): escaped too.
+    let bytes = std::ffi::OsStr::from_bytes(b"a\xffb");
+    assert_eq!(fs::quote(Path::new(bytes)), r"'a\xFFb'");
+}
+
+#[test]
+fn a_long_refused_path_is_cut_as_node_cuts_it() {
+    use futures_util::FutureExt;
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let err = fs::metadata("\0".repeat(40))
+            .now_or_never()
+            .unwrap()
+            .unwrap_err();
+        // Node 20: 128 characters of the inspected value, then "...".
+        let node = format!(
+            "The argument 'path' must be a string, Uint8Array, or URL without null bytes. \
+             Received '{}\\x0...",
+            "\\x00".repeat(31)
+        );
+        assert_eq!(err.to_string(), format!("stat: {node}"));
     });
 }
 

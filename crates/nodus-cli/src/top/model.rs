@@ -135,7 +135,14 @@ impl ClusterStats {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PoolRow {
     pub pool: String,
+    /// Threads (summed over `workers`: not the size of any one pool).
     pub threads: u64,
+    /// How many workers' pools this row sums (1 for one worker's own).
+    pub workers: u64,
+    /// The smallest and largest pool among them (the same for one worker, and in a cluster
+    /// whose workers all have the same size).
+    pub threads_min: u64,
+    pub threads_max: u64,
     pub busy: u64,
     pub queue_depth: u64,
     /// Queue wait p99 in ns (recent, or lifetime when nothing new was queued).
@@ -350,7 +357,8 @@ impl Model {
         rows
     }
 
-    /// Pools of one worker, or summed over all workers (wait: the worst worker's).
+    /// Pools of one worker, or summed over all workers (wait: the worst worker's; `workers` and
+    /// the smallest and largest size say what the thread total is made of).
     pub fn pools(&self, pid: Option<u32>) -> Vec<PoolRow> {
         let mut out: Vec<PoolRow> = Vec::new();
         for r in self.rows.iter().filter(|r| pid.is_none_or(|p| p == r.pid)) {
@@ -358,6 +366,9 @@ impl Model {
                 match out.iter_mut().find(|o| o.pool == p.pool) {
                     Some(o) => {
                         o.threads += p.threads;
+                        o.workers += p.workers;
+                        o.threads_min = o.threads_min.min(p.threads_min);
+                        o.threads_max = o.threads_max.max(p.threads_max);
                         o.busy += p.busy;
                         o.queue_depth += p.queue_depth;
                         o.wait_p99 = o.wait_p99.max(p.wait_p99);
@@ -477,6 +488,9 @@ fn derive_row(
             PoolRow {
                 pool: pool.pool.clone(),
                 threads: pool.threads,
+                workers: 1,
+                threads_min: pool.threads,
+                threads_max: pool.threads,
                 busy: pool.busy_threads,
                 queue_depth: pool.queue_depth,
                 wait_p99: recent_quantile(&pool.queue_wait, old.map(|o| &o.queue_wait), 0.99),

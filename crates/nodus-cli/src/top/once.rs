@@ -8,17 +8,19 @@
 //! PID     UPTIME RST UTIL% LATE99 SCHD50 SCHD99 RQAVG RQMAX  CONN  REQ/S    RSS
 //! 4242       12s   0   0.3 1.07ms 3.81µs 61.4µs  0.00     1     1    4.0      –
 //!
-//!   pools: POOL   THREADS  BUSY  QUEUE  WAIT99  DONE/S
+//!   pools: POOL    THREADS  BUSY  QUEUE  WAIT99  DONE/S
 //!   ...
 //!   stalls: none
 //! ```
 //!
 //! Only worker lines start with a digit (the pid); every figure is the same as on the dashboard.
+//! In a cluster the pools are the totals of every worker's, said on their own line first
+//! (`pools: total of 2 workers · THREADS = workers × threads each`), THREADS as `2×4`.
 
 use std::fmt::Write as _;
 use std::time::{Instant, SystemTime};
 
-use super::view::{COLUMNS, cells, describe, fmt_ago, fmt_ns, fmt_rate};
+use super::view::{COLUMNS, cells, describe, fmt_ago, fmt_ns, fmt_rate, pools_scope, threads_cell};
 use super::{App, fetch_stats};
 
 /// Takes the second sample, prints the frame; returns the exit code.
@@ -67,17 +69,20 @@ fn render(app: &App) -> String {
     if pools.is_empty() {
         out.push_str("  pools: none\n");
     } else {
+        if pools.iter().any(|p| p.workers > 1) {
+            let _ = writeln!(out, "  pools: {}", pools_scope(&pools, None, true));
+        }
         let _ = writeln!(
             out,
-            "  pools: {:<6} {:>7} {:>5} {:>6} {:>7} {:>7}",
+            "  pools: {:<6} {:>8} {:>5} {:>6} {:>7} {:>7}",
             "POOL", "THREADS", "BUSY", "QUEUE", "WAIT99", "DONE/S"
         );
-        for p in pools {
+        for p in &pools {
             let _ = writeln!(
                 out,
-                "         {:<6} {:>7} {:>5} {:>6} {:>7} {:>7}",
+                "         {:<6} {:>8} {:>5} {:>6} {:>7} {:>7}",
                 p.pool,
-                p.threads,
+                threads_cell(p),
                 p.busy,
                 p.queue_depth,
                 p.wait_p99.map_or("–".into(), fmt_ns),

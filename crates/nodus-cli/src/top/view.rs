@@ -5,6 +5,13 @@
 //! in detail a line of that worker's figures; the pools; the recent stalls; a key line. Each
 //! sparkline column is one sample, or the mean (utilization) / worst (lateness) of several once
 //! the history is wider than the chart, so the charts cover up to 10 minutes.
+//!
+//! Pools are one worker's (one process, or the selected worker) or the totals of every worker's
+//! (no worker selected in a cluster). A total is never shown as if it were one pool's size: the
+//! section's title says `total of N workers` and THREADS reads `workers×each` (`2×4`: two
+//! workers with 4 threads each; `3×3–4` when their sizes differ), as `top` shows each process's
+//! own threads and PM2 one line per process; BUSY, QUEUE and DONE/S are sums, WAIT99 the worst
+//! worker's ([`threads_cell`], [`pools_scope`], shared with `--once`).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -17,7 +24,7 @@ use ratatui::widgets::{
 };
 
 use super::App;
-use super::model::{Model, Row, SortKey};
+use super::model::{Model, PoolRow, Row, SortKey};
 
 /// Worker columns: header and width.
 pub const COLUMNS: [(&str, u16); 12] = [
@@ -151,6 +158,31 @@ pub fn fmt_ago(at_unix_ms: u64) -> String {
     }
 }
 
+/// A pool's THREADS cell: one worker's pool size, or for a total over several workers
+/// `workers×each` (`2×4`; `3×3–4` when their sizes differ), which no one reads as one pool.
+pub fn threads_cell(p: &PoolRow) -> String {
+    match p.workers {
+        0 | 1 => p.threads.to_string(),
+        n if p.threads_min == p.threads_max => format!("{n}×{}", p.threads_min),
+        n => format!("{n}×{}–{}", p.threads_min, p.threads_max),
+    }
+}
+
+/// Whose pools `pools` are: `pid N` (the selected worker), `total of N workers` (summed; with
+/// how THREADS reads), `all workers` (a cluster where at most one worker reports pools), or
+/// `process`.
+pub fn pools_scope(pools: &[PoolRow], focus: Option<u32>, cluster: bool) -> String {
+    let summed = pools.iter().map(|p| p.workers).max().unwrap_or(0);
+    match focus {
+        Some(pid) => format!("pid {pid}"),
+        None if summed > 1 => {
+            format!("total of {summed} workers · THREADS = workers × threads each")
+        }
+        None if cluster => "all workers".into(),
+        None => "process".into(),
+    }
+}
+
 /// The title of the document: what is watched and its cluster figures.
 pub fn describe(m: &Model) -> String {
     let n = m.rows.len();
@@ -216,7 +248,7 @@ pub fn draw(frame: &mut Frame, app: &App) {
         .map(|p| {
             TableRow::new([
                 p.pool.clone(),
-                p.threads.to_string(),
+                threads_cell(p),
                 p.busy.to_string(),
                 p.queue_depth.to_string(),
                 opt(p.wait_p99, fmt_ns),
@@ -229,9 +261,12 @@ pub fn draw(frame: &mut Frame, app: &App) {
             })
         })
         .collect();
-    let pool_table = Table::new(pool_rows, [6, 7, 5, 6, 8, 7].map(Constraint::Length))
+    let pool_table = Table::new(pool_rows, [6, 8, 5, 6, 8, 7].map(Constraint::Length))
         .header(TableRow::new(["POOL", "THREADS", "BUSY", "QUEUE", "WAIT99", "DONE/S"]).style(HEAD))
-        .block(section(format!(" Pools · {scope} ")));
+        .block(section(format!(
+            " Pools · {} ",
+            pools_scope(&pools, focus, app.model.cluster)
+        )));
     frame.render_widget(pool_table, pools_area);
 
     let loc_width = (stalls_area.width as usize).saturating_sub(4 + 7 + 12 + 6 + 18 + 5);
@@ -506,6 +541,125 @@ mod tests {
         assert_eq!(fmt_bytes(50 << 20), "50M");
         assert_eq!(keep_tail("src/a/server.rs:1:2", 14), "…server.rs:1:2");
         assert_eq!(keep_tail("a.rs:1:2", 14), "a.rs:1:2");
+    }
+
+    /// A cluster of two workers: 4 `io` threads each, and 2 and 3 `cpu` threads.
+    fn two_worker_app() -> App {
+        use super::super::fetch::Target;
+        use super::super::model::ClusterStats;
+        use nodus::metrics::{PoolSnapshot, Snapshot};
+        let worker = |i: u64, cpu: u64| {
+            let s = Snapshot {
+                pid: 7 + i as u32,
+                pools: vec![
+                    PoolSnapshot {
+                        pool: "io".into(),
+                        threads: 4,
+                        busy_threads: 3,
+                        queue_depth: 1 + i,
+                        ..PoolSnapshot::default()
+                    },
+                    PoolSnapshot {
+                        pool: "cpu".into(),
+                        threads: cpu,
+                        ..PoolSnapshot::default()
+                    },
+                ],
+                ..Snapshot::default()
+            };
+            serde_json::json!({"worker": i + 1, "pid": 7 + i, "snapshot": s})
+        };
+        let doc = serde_json::json!({"workers": [worker(0, 2), worker(1, 3)], "restarts": 0});
+        let mut app = App {
+            target: Target::parse("127.0.0.1:8080").unwrap(),
+            interval: std::time::Duration::from_secs(1),
+            model: Model::default(),
+            sort: SortKey::default(),
+            selected_pid: None,
+            detail: false,
+            paused: false,
+            error: None,
+        };
+        let stats = ClusterStats::parse(doc.to_string().as_bytes()).unwrap();
+        app.model.update(stats, std::time::Instant::now());
+        app
+    }
+
+    /// The 80×24 frame as lines of text.
+    fn frame_text(app: &App) -> Vec<String> {
+        let mut terminal =
+            ratatui::Terminal::new(ratatui::backend::TestBackend::new(80, 24)).unwrap();
+        terminal.draw(|f| draw(f, app)).unwrap();
+        let buf = terminal.backend().buffer();
+        (0..buf.area.height)
+            .map(|y| {
+                (0..buf.area.width)
+                    .map(|x| buf[(x, y)].symbol())
+                    .collect::<String>()
+            })
+            .collect()
+    }
+
+    /// The cells of the pool line that starts with `pool`.
+    fn pool_line(lines: &[String], pool: &str) -> Vec<String> {
+        lines
+            .iter()
+            .map(|l| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+            .find(|cells| cells.first().map(String::as_str) == Some(pool))
+            .unwrap_or_else(|| panic!("no {pool} line in\n{}", lines.join("\n")))
+    }
+
+    #[test]
+    fn pool_threads_summed_over_workers_are_not_shown_as_one_pools_size() {
+        let mut app = two_worker_app();
+        let lines = frame_text(&app);
+        let all = lines.join("\n");
+        // All workers: totals, and said to be; THREADS as workers × threads each.
+        assert!(
+            all.contains("Pools · total of 2 workers · THREADS = workers × threads each"),
+            "{all}"
+        );
+        assert_eq!(
+            pool_line(&lines, "io")[..4],
+            ["io", "2×4", "6", "3"],
+            "{all}"
+        );
+        assert_eq!(pool_line(&lines, "cpu")[1], "2×2–3", "{all}");
+
+        // One worker selected: its own pool, its own size.
+        app.selected_pid = Some(8);
+        app.detail = true;
+        let lines = frame_text(&app);
+        let all = lines.join("\n");
+        assert!(all.contains("Pools · pid 8 "), "{all}");
+        assert_eq!(pool_line(&lines, "io")[..4], ["io", "4", "3", "2"], "{all}");
+        assert_eq!(pool_line(&lines, "cpu")[1], "3", "{all}");
+    }
+
+    #[test]
+    fn threads_cell_and_scope() {
+        let row = |workers, threads, min, max| PoolRow {
+            pool: "io".into(),
+            threads,
+            workers,
+            threads_min: min,
+            threads_max: max,
+            busy: 0,
+            queue_depth: 0,
+            wait_p99: None,
+            completed_per_s: None,
+        };
+        assert_eq!(threads_cell(&row(1, 4, 4, 4)), "4");
+        assert_eq!(threads_cell(&row(16, 64, 4, 4)), "16×4");
+        assert_eq!(threads_cell(&row(3, 11, 3, 4)), "3×3–4");
+        let one = [row(1, 4, 4, 4)];
+        assert_eq!(pools_scope(&one, None, false), "process");
+        assert_eq!(pools_scope(&one, None, true), "all workers");
+        assert_eq!(pools_scope(&one, Some(9), true), "pid 9");
+        assert_eq!(
+            pools_scope(&[row(2, 8, 4, 4)], None, true),
+            "total of 2 workers · THREADS = workers × threads each"
+        );
     }
 
     #[test]

@@ -21,7 +21,7 @@ use std::task::{Context, Poll, ready};
 
 use futures_io::{AsyncBufRead, AsyncRead, AsyncWrite};
 
-use super::{CHUNK, blocking, path_error};
+use super::{CHUNK, blocking, check_one, path_error};
 use crate::pool::{Offload, offload_io};
 
 type Job = Offload<(Vec<u8>, io::Result<usize>)>;
@@ -100,8 +100,10 @@ impl OpenOptions {
         self
     }
 
-    /// Opens `path` on the I/O pool; an error names the path.
+    /// Opens `path` on the I/O pool; an error names the path. A path with a NUL byte is refused
+    /// before any pool job (`ERR_INVALID_ARG_VALUE`, see the [module](super) docs).
     pub async fn open(&self, path: impl AsRef<Path>) -> io::Result<File> {
+        check_one("open", path.as_ref())?;
         let path: Arc<Path> = Arc::from(path.as_ref());
         let (options, p) = (self.std.clone(), path.clone());
         let std = blocking(

@@ -11,12 +11,24 @@
 //!   the pool too) (`open '/x': No such file or
 //!   directory (os error 2)`); its [`io::ErrorKind`] is the OS error's, and [`PathError`] (the
 //!   error's inner value) gives back the path and the OS error.
+//! - A path is shown as Node's `util.inspect` shows a string (see [`quote`]): quoted, with every
+//!   control character escaped (`\x00`, `\n`, `\x1B`, ...; a byte that is not UTF-8 as `\xNN`),
+//!   so no error message carries a raw control byte (a NUL, a newline, a terminal escape). Node
+//!   itself prints a path raw in the message of a failed system call; nodus never does.
+//! - A path with a NUL byte in it is refused on the loop, before any pool job or system call (a C
+//!   string ends at the NUL: a call given one would act on another path), as Node refuses it
+//!   (synchronously, in its callback, sync and promise forms alike): an `InvalidInput` error with
+//!   Node's `ERR_INVALID_ARG_VALUE` message, `open: The argument 'path' must be a string,
+//!   Uint8Array, or URL without null bytes. Received 'a\x00b'` ([`PathError::code`] gives the
+//!   code; the argument is Node's name for it: `oldPath`/`newPath` for `rename`, `src`/`dest` for
+//!   `copy`, else `path`).
 
 mod file;
 
 use std::ffi::OsString;
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::io::{self, Read};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 pub use file::{File, OpenOptions};
@@ -35,6 +47,10 @@ pub const DIR_BATCH: usize = 1024;
 /// Largest file [`read`] and [`read_to_string`] accept (Node's `kIoMaxLength`, 2 GiB − 1).
 pub const MAX_READ: u64 = (1 << 31) - 1;
 
+/// Node's code for a path refused before any system call because it has a NUL byte in it
+/// ([`PathError::code`]).
+pub const ERR_INVALID_ARG_VALUE: &str = "ERR_INVALID_ARG_VALUE";
+
 /// A file-system error with the operation and path(s) it concerns.
 #[derive(Debug)]
 pub struct PathError {
@@ -42,6 +58,9 @@ pub struct PathError {
     path: PathBuf,
     dest: Option<PathBuf>,
     source: io::Error,
+    /// The path was refused before any system call (a NUL byte in it): `source` is Node's
+    /// `ERR_INVALID_ARG_VALUE` message, which shows the path itself.
+    refused: bool,
 }
 
 impl PathError {
@@ -60,20 +79,127 @@ impl PathError {
         self.dest.as_deref()
     }
 
-    /// The underlying error (its `raw_os_error()` is the errno).
+    /// The underlying error (its `raw_os_error()` is the errno; none for a refused path).
     pub fn os_error(&self) -> &io::Error {
         &self.source
+    }
+
+    /// Node's code for an error nodus raises itself: [`ERR_INVALID_ARG_VALUE`] for a path with a
+    /// NUL byte, refused before any system call. `None` for an OS error (its code is the errno).
+    pub fn code(&self) -> Option<&'static str> {
+        self.refused.then_some(ERR_INVALID_ARG_VALUE)
     }
 }
 
 impl fmt::Display for PathError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} '{}'", self.op, self.path.display())?;
+        if self.refused {
+            // Node's message names the argument and shows the (escaped) path already.
+            return write!(f, "{}: {}", self.op, self.source);
+        }
+        write!(f, "{} {}", self.op, quote(&self.path))?;
         if let Some(dest) = &self.dest {
-            write!(f, " -> '{}'", dest.display())?;
+            write!(f, " -> {}", quote(dest))?;
         }
         write!(f, ": {}", self.source)
     }
+}
+
+/// `path` as Node's `util.inspect` shows a string: in single quotes (double quotes if it has a
+/// `'`, backticks if it has both `'` and `"` but no `` ` `` or `${`, else single quotes with `\'`),
+/// `\` doubled, control characters escaped as Node escapes them (`\b \t \n \f \r`, else
+/// `\xNN`: C0, DEL and C1), and each byte that is not UTF-8 as `\xNN`. Other characters are
+/// kept as they are.
+pub fn quote(path: &Path) -> String {
+    let bytes = path.as_os_str().as_bytes();
+    let has = |c: &[u8]| bytes.windows(c.len()).any(|w| w == c);
+    let q = if !has(b"'") {
+        '\''
+    } else if !has(b"\"") {
+        '"'
+    } else if !has(b"`") && !has(b"${") {
+        '`'
+    } else {
+        '\''
+    };
+    let mut out = String::with_capacity(bytes.len() + 2);
+    out.push(q);
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '\u{8}' => out.push_str("\\b"),
+                '\t' => out.push_str("\\t"),
+                '\n' => out.push_str("\\n"),
+                '\u{c}' => out.push_str("\\f"),
+                '\r' => out.push_str("\\r"),
+                '\\' => out.push_str("\\\\"),
+                c if c == q => {
+                    out.push('\\');
+                    out.push(c);
+                }
+                c if c.is_control() => {
+                    let _ = write!(out, "\\x{:02X}", u32::from(c));
+                }
+                c => out.push(c),
+            }
+        }
+        for b in chunk.invalid() {
+            let _ = write!(out, "\\x{b:02X}");
+        }
+    }
+    out.push(q);
+    out
+}
+
+/// Refuses `refused` if it has a NUL byte in it, as Node does before any system call (a C string
+/// would end at the NUL: the call would act on another path). `arg` is Node's name for that
+/// argument; the error's [`PathError`] has the operation's `path` and `dest`.
+fn check_path(
+    op: &'static str,
+    arg: &str,
+    refused: &Path,
+    path: &Path,
+    dest: Option<&Path>,
+) -> io::Result<()> {
+    if !refused.as_os_str().as_bytes().contains(&0) {
+        return Ok(());
+    }
+    // Node's `ERR_INVALID_ARG_VALUE`, whose `inspect`ed value is cut at 128 characters.
+    let mut received = quote(refused);
+    if let Some((cut, _)) = received.char_indices().nth(128) {
+        received.truncate(cut);
+        received.push_str("...");
+    }
+    let message = format!(
+        "The argument '{arg}' must be a string, Uint8Array, or URL without null bytes. \
+         Received {received}"
+    );
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        PathError {
+            op,
+            path: path.to_path_buf(),
+            dest: dest.map(Path::to_path_buf),
+            source: io::Error::new(io::ErrorKind::InvalidInput, message),
+            refused: true,
+        },
+    ))
+}
+
+/// [`check_path`] for an operation on one path (Node's argument `path`).
+pub(crate) fn check_one(op: &'static str, path: &Path) -> io::Result<()> {
+    check_path(op, "path", path, path, None)
+}
+
+/// [`check_path`] for both paths of `rename` or `copy`, the source first (as Node checks them).
+fn check_two(op: &'static str, from: &Path, to: &Path) -> io::Result<()> {
+    let (a, b) = if op == "rename" {
+        ("oldPath", "newPath")
+    } else {
+        ("src", "dest")
+    };
+    check_path(op, a, from, from, Some(to))?;
+    check_path(op, b, to, from, Some(to))
 }
 
 impl std::error::Error for PathError {
@@ -91,6 +217,7 @@ pub(crate) fn path_error(op: &'static str, path: &Path, source: io::Error) -> io
             path: path.to_path_buf(),
             dest: None,
             source,
+            refused: false,
         },
     )
 }
@@ -103,6 +230,7 @@ fn two_path_error(op: &'static str, from: &Path, to: &Path, source: io::Error) -
             path: from.to_path_buf(),
             dest: Some(to.to_path_buf()),
             source,
+            refused: false,
         },
     )
 }
@@ -120,12 +248,14 @@ where
     }
 }
 
-/// Runs `f(path)` on the I/O pool; an error names `op` and the path.
+/// Runs `f(path)` on the I/O pool; an error names `op` and the path. A path with a NUL byte is
+/// refused here, on the loop ([`check_path`]).
 async fn on_path<T, F>(op: &'static str, path: &Path, f: F) -> io::Result<T>
 where
     F: FnOnce(&Path) -> io::Result<T> + Send + 'static,
     T: Send + 'static,
 {
+    check_one(op, path)?;
     let owned = path.to_path_buf();
     blocking(
         move || f(&owned).map_err(|e| path_error(op, &owned, e)),
@@ -134,12 +264,14 @@ where
     .await
 }
 
-/// Runs `f(from, to)` on the I/O pool; an error names `op` and both paths.
+/// Runs `f(from, to)` on the I/O pool; an error names `op` and both paths. A path with a NUL
+/// byte is refused here, on the loop ([`check_path`]).
 async fn on_paths<T, F>(op: &'static str, from: &Path, to: &Path, f: F) -> io::Result<T>
 where
     F: FnOnce(&Path, &Path) -> io::Result<T> + Send + 'static,
     T: Send + 'static,
 {
+    check_two(op, from, to)?;
     let (a, b) = (from.to_path_buf(), to.to_path_buf());
     blocking(
         move || f(&a, &b).map_err(|e| two_path_error(op, &a, &b, e)),

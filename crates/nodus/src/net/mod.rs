@@ -52,7 +52,8 @@ pub use unix::{UnixListener, UnixStream};
 
 pub use std::net::Shutdown;
 
-/// An address that needs no DNS lookup: a `SocketAddr`, an `(ip, port)` pair, or a string such as
+/// An address that needs no DNS lookup: a `SocketAddr`, an `(ip, port)` pair (the ip may be a
+/// [`dns::Address`](crate::dns::Address), whose IPv6 scope id is kept), or a string such as
 /// `"127.0.0.1:8080"` or `"[::1]:0"`. A host name is an `InvalidInput` error.
 pub trait IntoSocketAddr {
     fn into_socket_addr(self) -> io::Result<SocketAddr>;
@@ -92,6 +93,19 @@ macro_rules! ip_port {
     )*};
 }
 ip_port!(IpAddr, Ipv4Addr, Ipv6Addr);
+
+/// A looked-up address and a port: an IPv6 address keeps its scope id ([`crate::dns::Address`]).
+impl IntoSocketAddr for (&crate::dns::Address, u16) {
+    fn into_socket_addr(self) -> io::Result<SocketAddr> {
+        Ok(self.0.socket_addr(self.1))
+    }
+}
+
+impl IntoSocketAddr for (crate::dns::Address, u16) {
+    fn into_socket_addr(self) -> io::Result<SocketAddr> {
+        Ok(self.0.socket_addr(self.1))
+    }
+}
 
 impl IntoSocketAddr for (&str, u16) {
     fn into_socket_addr(self) -> io::Result<SocketAddr> {
