@@ -136,6 +136,17 @@ fn spawn_errors_name_the_program_as_node_does() {
         let e = Command::new("echo").arg("a\0b").spawn().unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
         assert!(e.to_string().starts_with("spawn 'echo': "), "{e}");
+        // Control characters in a name are escaped, as Node's util.inspect shows them: an error
+        // message (and the log line it ends up in) never carries a raw newline or escape.
+        let e = Command::new("/nonexistent/a\nb\x1b[2J")
+            .current_dir("/nonexistent/d\tir")
+            .spawn()
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with(r"spawn '/nonexistent/a\nb\x1B[2J' in '/nonexistent/d\tir': "),
+            "{e}"
+        );
     });
 }
 

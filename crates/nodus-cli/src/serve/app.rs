@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use nodus::cluster::FORCED_STOP_EXIT_CODE;
+use nodus::fs::quote;
 use nodus::net::TcpListener;
 use nodus::signal::{SIGINT, SIGTERM, Signals};
 use nodus_http::server::ConnInfo;
@@ -86,10 +87,10 @@ pub fn run(options: ServeOptions) -> i32 {
         Ok(_) => {
             return fail(format!(
                 "cannot serve {}: not a directory",
-                options.dir.display()
+                quote(&options.dir)
             ));
         }
-        Err(e) => return fail(format!("cannot serve {}: {e}", options.dir.display())),
+        Err(e) => return fail(format!("cannot serve {}: {e}", quote(&options.dir))),
     };
     let rt = nodus::Runtime::new();
     rt.block_on(async move {
@@ -312,17 +313,17 @@ fn start_servers<L: nodus_http::server::Accept>(
     if matches!(site.source, admin::Source::Worker(_)) {
         tracing::debug!(
             "worker serving {} on http://{public_addr}/",
-            site.root.display()
+            quote(&site.root)
         );
     } else if let Some(a) = admin_addr {
         tracing::info!(
             "serving {} on http://{public_addr}/ (admin endpoints on http://{a}/_nodus/)",
-            site.root.display()
+            quote(&site.root)
         );
     } else {
         tracing::info!(
             "serving {} on http://{public_addr}/ (admin endpoints at /_nodus/ for loopback clients)",
-            site.root.display()
+            quote(&site.root)
         );
     }
     Running { public, admin }
@@ -457,7 +458,7 @@ async fn serve_static(
 
 fn open_failed(path: &Path, e: std::io::Error) -> Response<Body> {
     // It changed between plan and open (or became unreadable): never serve something unplanned.
-    tracing::debug!(target: "nodus::serve", "cannot open {}: {e}", path.display());
+    tracing::debug!(target: "nodus::serve", "cannot open {}: {e}", quote(path));
     match e.kind() {
         std::io::ErrorKind::NotFound => text(StatusCode::NOT_FOUND, "not found\n"),
         _ => text(StatusCode::FORBIDDEN, "forbidden\n"),

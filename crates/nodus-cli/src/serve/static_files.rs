@@ -141,7 +141,7 @@ pub fn canonical_root(dir: &Path) -> io::Result<PathBuf> {
     if !fs::metadata(&root)?.is_dir() {
         return Err(io::Error::new(
             io::ErrorKind::NotADirectory,
-            format!("{} is not a directory", dir.display()),
+            format!("{} is not a directory", nodus::fs::quote(dir)),
         ));
     }
     Ok(root)

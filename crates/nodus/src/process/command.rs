@@ -415,10 +415,11 @@ impl Command {
     /// `e`, a failed `fork`/`exec`, with a message that names the program (and the working
     /// directory, which a missing one makes `NotFound` too); its kind and source are `e`'s.
     fn spawn_error(&self, e: io::Error) -> io::Error {
-        let program = Path::new(&self.program).display();
+        // Quoted and escaped as Node's util.inspect shows a string: no raw control characters.
+        let program = crate::fs::quote(Path::new(&self.program));
         let message = match &self.cwd {
-            Some(dir) => format!("spawn '{program}' in '{}': {e}", dir.display()),
-            None => format!("spawn '{program}': {e}"),
+            Some(dir) => format!("spawn {program} in {}: {e}", crate::fs::quote(dir)),
+            None => format!("spawn {program}: {e}"),
         };
         io::Error::new(e.kind(), SpawnError { message, source: e })
     }

@@ -104,7 +104,7 @@ impl Events {
                     .map_err(|e| {
                         io::Error::new(
                             e.kind(),
-                            format!("cannot open the event log {}: {e}", p.display()),
+                            format!("cannot open the event log {}: {e}", crate::fs::quote(p)),
                         )
                     })
             })

@@ -339,7 +339,7 @@ impl Primary {
                     e.kind(),
                     format!(
                         "cannot start worker {id} ({}): {e}",
-                        primary.st.config.command.program.display()
+                        crate::fs::quote(&primary.st.config.command.program)
                     ),
                 )
             })?;
