@@ -12,7 +12,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use nodus::cluster::{Config, Event, EventKind, Primary, Readiness, Worker, WorkerCommand};
+use nodus::cluster::{Config, Event, EventKind, Policy, Primary, Readiness, Worker, WorkerCommand};
 
 /// Set in a worker this binary starts from itself: the worker role to play.
 const ROLE: &str = "NODUS_TEST_WORKER_ROLE";
@@ -378,6 +378,63 @@ fn a_worker_that_stops_answering_is_shown_without_its_old_snapshot() {
             }
         }
         assert!(after["snapshot"].is_object(), "{after}");
+        assert_eq!(shut_down(&primary, run).await, 0);
+    });
+}
+
+/// A plain program (no channel) cannot take connections the primary accepted: round-robin and
+/// least are refused at the start, naming the policy, as `nodus run` refuses `--policy rr`
+/// without `--node`; `Config::new` gives a plain program `shared`, whose listener it gets
+/// blocking, as systemd passes one.
+#[test]
+fn a_plain_program_gets_a_blocking_shared_listener_and_never_round_robin() {
+    let dir = nodus_testkit::tmp::TempDir::new("plain-policy");
+    let out = dir.path().join("flags");
+    let rt = nodus::Runtime::new();
+    rt.block_on(async {
+        for policy in [Policy::RoundRobin, Policy::Least] {
+            let mut config = sleeper_config(1);
+            config.policy = policy;
+            let listener = nodus::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            config.listeners.push(("http".into(), listener));
+            let Err(err) = Primary::start(config) else {
+                panic!("a plain program started under {policy:?}");
+            };
+            assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+            assert!(err.to_string().contains(policy.name()), "{err}");
+        }
+
+        let mut config = Config::new(
+            1,
+            WorkerCommand {
+                program: "sh".into(),
+                args: vec![
+                    "-c".into(),
+                    "grep '^flags' /proc/self/fdinfo/3 > \"$OUT.tmp\" && mv \"$OUT.tmp\" \"$OUT\"; \
+                     exec sleep 30"
+                        .into(),
+                ],
+                env: vec![("OUT".into(), out.clone().into_os_string())],
+                ipc: false,
+            },
+        );
+        assert_eq!(config.policy, Policy::Shared);
+        config.readiness = Readiness::Alive(Duration::from_millis(10));
+        config.prefix_output = false;
+        config.kill_timeout = Duration::from_secs(5);
+        let listener = nodus::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        config.listeners.push(("http".into(), listener));
+        let primary = Primary::start(config).expect("sh runs");
+        let (_events, run) = record_and_run(&primary);
+        assert!(file_appears(&out).await, "the worker wrote no flags");
+        let text = std::fs::read_to_string(&out).unwrap();
+        let flags = u32::from_str_radix(text.trim().trim_start_matches("flags:").trim(), 8)
+            .unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        assert_eq!(
+            flags & libc::O_NONBLOCK as u32,
+            0,
+            "the plain program's listener is non-blocking: {text:?}"
+        );
         assert_eq!(shut_down(&primary, run).await, 0);
     });
 }
