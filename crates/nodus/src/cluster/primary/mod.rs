@@ -266,6 +266,8 @@ pub(crate) struct State {
     /// A shutdown's drain began: no listener accepts or is bound any more.
     accepting_stopped: Cell<bool>,
     fd_reserve: handoff::FdReserve,
+    /// Fds workers gave back (`returned`) that were not connections of the listener: closed.
+    returned_rejected: Cell<u64>,
     stats_cache: RefCell<stats::Cache>,
 }
 
@@ -358,6 +360,7 @@ impl Primary {
             release_armed: Cell::new(false),
             accepting_stopped: Cell::new(false),
             fd_reserve: handoff::FdReserve::new(),
+            returned_rejected: Cell::new(0),
             stats_cache: RefCell::default(),
         });
         for (name, listener) in listeners {
