@@ -166,7 +166,7 @@ impl Signals {
 
 impl Drop for Signals {
     /// Leaves its loop's epoll set before the pipe closes, wherever it is dropped (see
-    /// [`Registration`]).
+    /// `io::reactor::Registration`).
     fn drop(&mut self) {
         self.reg.deregister(&mut self.pipe);
     }

@@ -233,8 +233,8 @@ impl Reactor {
 }
 
 /// One source's registration with the loop it was registered on, reachable from wherever its
-/// owner is dropped (see the module invariants). The owner deregisters it ([`deregister`]
-/// (Registration::deregister)) before closing its fd.
+/// owner is dropped (see the module invariants). The owner deregisters it
+/// ([`Registration::deregister`]) before closing its fd.
 pub(crate) struct Registration {
     state: Rc<IoState>,
     core: Weak<Core>,
