@@ -20,7 +20,6 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::future::poll_fn;
 use std::io;
-use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -32,8 +31,8 @@ pub use signal_hook::consts::signal::{
 };
 
 use crate::io::coop::poll_proceed;
-use crate::io::reactor::{IoState, READABLE};
-use crate::rt::context::{try_with_core, with_core};
+use crate::io::reactor::{READABLE, Registration};
+use crate::rt::context::with_core;
 
 /// A signal's name ("SIGTERM"), or "signal" for a number nobody named.
 pub fn name(signal: i32) -> &'static str {
@@ -49,8 +48,7 @@ pub struct Signals {
     /// Declared first, so dropped before `pipe`: once released, a signal gets its default.
     _listening: Listening,
     pipe: PipeSignals,
-    state: Rc<IoState>,
-    loop_id: u64,
+    reg: Registration,
     queued: VecDeque<i32>,
 }
 
@@ -116,14 +114,12 @@ impl Signals {
         let listening = Listening::new(signals);
         let mut pipe = PipeSignals::new(signals.iter().copied())?;
         with_core("nodus::signal::Signals::new", |core| {
-            let state = core.reactor.register(&mut pipe)?;
-            // Unref'd by default (Node's rule); the registration did not count in `refs`.
-            state.refd.set(false);
+            // Unref'd by default (Node's rule).
+            let reg = Registration::new(core, &mut pipe, false)?;
             Ok(Signals {
                 _listening: listening,
                 pipe,
-                state,
-                loop_id: core.loop_id(),
+                reg,
                 queued: VecDeque::new(),
             })
         })
@@ -143,54 +139,35 @@ impl Signals {
             if poll_proceed(cx).is_pending() {
                 return Poll::Pending;
             }
-            if self.state.ready.get() & READABLE == 0 {
-                let old = self.state.read_waker.replace(Some(cx.waker().clone()));
+            let state = self.reg.state();
+            if state.ready.get() & READABLE == 0 {
+                let old = state.read_waker.replace(Some(cx.waker().clone()));
                 drop(old);
                 return Poll::Pending;
             }
             self.queued.extend(self.pipe.pending());
             if self.queued.is_empty() {
-                self.state.ready.set(self.state.ready.get() & !READABLE);
+                let ready = &self.reg.state().ready;
+                ready.set(ready.get() & !READABLE);
             }
         }
     }
 
-    /// The stream keeps `Runtime::run` alive while it exists.
+    /// The stream keeps its loop's `Runtime::run` alive while it exists.
     pub fn ref_(&self) {
-        if !self.state.refd.replace(true) {
-            self.on_loop(|core| core.ref_handle());
-        }
+        self.reg.set_ref(true);
     }
 
     /// The stream no longer keeps the loop alive (the default).
     pub fn unref(&self) {
-        if self.state.refd.replace(false) {
-            self.on_loop(|core| core.unref_handle());
-        }
-    }
-
-    fn on_loop(&self, f: impl FnOnce(&crate::rt::core::Core)) {
-        try_with_core(|core| {
-            if core.loop_id() == self.loop_id {
-                f(core)
-            }
-        });
+        self.reg.set_ref(false);
     }
 }
 
 impl Drop for Signals {
+    /// Leaves its loop's epoll set before the pipe closes, wherever it is dropped (see
+    /// `io::reactor::Registration`).
     fn drop(&mut self) {
-        let state = self.state.clone();
-        let pipe = &mut self.pipe;
-        let wakers = try_with_core(|core| {
-            if core.loop_id() != self.loop_id {
-                return None;
-            }
-            if state.refd.replace(false) {
-                core.unref_handle();
-            }
-            Some(core.reactor.deregister(pipe, &state))
-        });
-        drop(wakers);
+        self.reg.deregister(&mut self.pipe);
     }
 }

@@ -12,7 +12,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use nodus::cluster::{Config, Event, EventKind, Primary, Readiness, Worker, WorkerCommand};
+use nodus::cluster::{Config, Event, EventKind, Policy, Primary, Readiness, Worker, WorkerCommand};
 
 /// Set in a worker this binary starts from itself: the worker role to play.
 const ROLE: &str = "NODUS_TEST_WORKER_ROLE";
@@ -378,6 +378,219 @@ fn a_worker_that_stops_answering_is_shown_without_its_old_snapshot() {
             }
         }
         assert!(after["snapshot"].is_object(), "{after}");
+        assert_eq!(shut_down(&primary, run).await, 0);
+    });
+}
+
+/// A plain program (no channel) cannot take connections the primary accepted: round-robin and
+/// least are refused at the start, naming the policy, as `nodus run` refuses `--policy rr`
+/// without `--node`; `Config::new` gives a plain program `shared`, whose listener it gets
+/// blocking, as systemd passes one.
+#[test]
+fn a_plain_program_gets_a_blocking_shared_listener_and_never_round_robin() {
+    let dir = nodus_testkit::tmp::TempDir::new("plain-policy");
+    let out = dir.path().join("flags");
+    let rt = nodus::Runtime::new();
+    rt.block_on(async {
+        for policy in [Policy::RoundRobin, Policy::Least] {
+            let mut config = sleeper_config(1);
+            config.policy = policy;
+            let listener = nodus::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            config.listeners.push(("http".into(), listener));
+            let Err(err) = Primary::start(config) else {
+                panic!("a plain program started under {policy:?}");
+            };
+            assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+            assert!(err.to_string().contains(policy.name()), "{err}");
+        }
+
+        let mut config = Config::new(
+            1,
+            WorkerCommand {
+                program: "sh".into(),
+                args: vec![
+                    "-c".into(),
+                    "grep '^flags' /proc/self/fdinfo/3 > \"$OUT.tmp\" && mv \"$OUT.tmp\" \"$OUT\"; \
+                     exec sleep 30"
+                        .into(),
+                ],
+                env: vec![("OUT".into(), out.clone().into_os_string())],
+                ipc: false,
+            },
+        );
+        assert_eq!(config.policy, Policy::Shared);
+        config.readiness = Readiness::Alive(Duration::from_millis(10));
+        config.prefix_output = false;
+        config.kill_timeout = Duration::from_secs(5);
+        let listener = nodus::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        config.listeners.push(("http".into(), listener));
+        let primary = Primary::start(config).expect("sh runs");
+        let (_events, run) = record_and_run(&primary);
+        assert!(file_appears(&out).await, "the worker wrote no flags");
+        let text = std::fs::read_to_string(&out).unwrap();
+        let flags = u32::from_str_radix(text.trim().trim_start_matches("flags:").trim(), 8)
+            .unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        assert_eq!(
+            flags & libc::O_NONBLOCK as u32,
+            0,
+            "the plain program's listener is non-blocking: {text:?}"
+        );
+        assert_eq!(shut_down(&primary, run).await, 0);
+    });
+}
+
+/// The worker roles of the test below, by slot. Slot 1 is a nodus worker: it listens, says so
+/// with the file `b-listening`, and for each connection it accepts appends a line to
+/// `b-accepted` and answers `hi`. Slot 2 speaks the protocol by hand, as a buggy or hostile
+/// worker could: it asks for the same listener, closes it, and gives back as `returned` five
+/// fds none of which is a connection of that listener; then it writes `a-sent` and waits for the
+/// primary's `disconnect`.
+fn returning_worker() -> ! {
+    let dir = std::path::PathBuf::from(std::env::var_os(DIR).expect("the test sets the dir"));
+    let port: u16 = std::env::var("PORT").unwrap().parse().unwrap();
+    let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    let slot = std::env::var("NODUS_WORKER_ID").unwrap();
+    let code = nodus::Runtime::new().block_on(async move {
+        if slot == "1" {
+            let worker = Worker::get().unwrap().expect("started as a cluster worker");
+            let listener = worker.listen(addr).await.unwrap();
+            std::fs::write(dir.join("b-listening"), b"").unwrap();
+            worker.ready();
+            let serving = nodus::spawn(async move {
+                use std::io::Write;
+                while let Ok((stream, peer)) = listener.accept().await {
+                    let mut log = std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(dir.join("b-accepted"))
+                        .unwrap();
+                    writeln!(log, "{peer}").unwrap();
+                    let _ = stream.write_all(b"hi\n").await;
+                }
+            });
+            worker.drain_requested().await;
+            serving.abort();
+            return 0;
+        }
+        let channel = nodus::ipc::Channel::from_env()
+            .unwrap()
+            .expect("started with a channel");
+        assert!(file_appears(&dir.join("b-listening")).await);
+        channel
+            .send(&serde_json::json!({
+                "cmd": "NODE_CLUSTER", "act": "queryServer", "address": "127.0.0.1",
+                "port": port, "addressType": 4, "index": 0, "flags": 0, "backlog": 511, "seq": 1
+            }))
+            .unwrap();
+        let key = loop {
+            let msg = channel.recv_internal().await.expect("the primary answers");
+            let v: serde_json::Value = serde_json::from_str(msg.json()).unwrap();
+            if v["ack"] == 1 {
+                break v["key"].as_str().expect("a key").to_owned();
+            }
+        };
+        channel
+            .send(&serde_json::json!({"cmd": "NODE_CLUSTER", "act": "close", "key": key, "seq": 2}))
+            .unwrap();
+        let (pipe, _w) = std::io::pipe().unwrap();
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let (unix, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        // A connection of its own, elsewhere: connected TCP, but not one of that listener.
+        let own = std::net::TcpStream::connect(other.local_addr().unwrap()).unwrap();
+        let fds: Vec<std::rc::Rc<std::os::fd::OwnedFd>> = vec![
+            std::rc::Rc::new(pipe.into()),
+            std::rc::Rc::new(udp.into()),
+            std::rc::Rc::new(unix.into()),
+            std::rc::Rc::new(other.into()),
+            std::rc::Rc::new(own.into()),
+        ];
+        let peers = vec![serde_json::Value::Null; fds.len()];
+        channel
+            .send_fds(
+                &serde_json::json!({
+                    "cmd": "NODE_NODUS", "act": "returned", "key": key, "seq": 3, "peers": peers
+                }),
+                fds,
+            )
+            .unwrap();
+        std::fs::write(dir.join("a-sent"), b"").unwrap();
+        while let Some(msg) = channel.recv_internal().await {
+            if msg.json().contains("\"disconnect\"") {
+                break;
+            }
+        }
+        0
+    });
+    std::process::exit(code);
+}
+
+#[test]
+fn fds_given_back_that_are_not_connections_are_closed_and_counted_never_handed_on() {
+    if std::env::var(ROLE).as_deref() == Ok("returning") {
+        returning_worker();
+    }
+    let dir = nodus_testkit::tmp::TempDir::new("returned-fds");
+    let rt = nodus::Runtime::new();
+    rt.block_on(async {
+        let listener = nodus::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut command = self_as_worker(
+            "fds_given_back_that_are_not_connections_are_closed_and_counted_never_handed_on",
+            "returning",
+        );
+        command
+            .env
+            .push((DIR.into(), dir.path().as_os_str().to_owned()));
+        command
+            .env
+            .push(("PORT".into(), addr.port().to_string().into()));
+        let mut config = Config::new(2, command);
+        assert_eq!(config.policy, Policy::RoundRobin);
+        config.listeners.push(("http".into(), listener));
+        config.readiness = Readiness::Message;
+        config.prefix_output = false;
+        config.drain_timeout = Duration::from_secs(2);
+        config.kill_timeout = Duration::from_secs(5);
+        let primary = Primary::start(config).expect("the test binary runs");
+        let (_events, run) = record_and_run(&primary);
+        assert!(file_appears(&dir.path().join("a-sent")).await);
+
+        let mut rejected = serde_json::Value::Null;
+        for _ in 0..1000 {
+            let stats: serde_json::Value =
+                serde_json::from_str(&primary.stats_json().await).unwrap();
+            rejected = stats["returned_rejected"].clone();
+            if rejected == 5 {
+                break;
+            }
+            nodus::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(rejected, 5, "the five fds were not all refused");
+        assert!(
+            primary
+                .metrics_text()
+                .await
+                .contains("nodus_cluster_returned_fds_rejected_total 5"),
+            "no counter in the metrics"
+        );
+
+        // The primary still hands real connections to the worker that listens.
+        let client = nodus::net::TcpStream::connect(addr).await.unwrap();
+        let mut buf = [0u8; 3];
+        let n = nodus::timeout(Duration::from_secs(10), client.read(&mut buf))
+            .await
+            .expect("the worker answered")
+            .unwrap();
+        assert_eq!(&buf[..n], b"hi\n");
+        let accepted = std::fs::read_to_string(dir.path().join("b-accepted")).unwrap();
+        let client_addr = client.local_addr().unwrap().to_string();
+        assert_eq!(
+            accepted.lines().collect::<Vec<_>>(),
+            [client_addr.as_str()],
+            "the worker was handed something other than the client's connection"
+        );
+        drop(client);
         assert_eq!(shut_down(&primary, run).await, 0);
     });
 }

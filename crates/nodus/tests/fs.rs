@@ -558,6 +558,49 @@ fn read_to_end_stops_at_its_limit_with_an_error_naming_the_path() {
 }
 
 #[test]
+fn a_limit_far_above_memory_reserves_no_more_than_the_file() {
+    let dir = TempDir::new("huge-limit");
+    let small = dir.join("small");
+    std::fs::write(&small, b"twelve bytes").unwrap();
+    // A sparse file of 1 TiB: its size is a claim no buffer could hold.
+    let sparse = dir.join("sparse");
+    std::fs::File::create(&sparse)
+        .unwrap()
+        .set_len(1 << 40)
+        .unwrap();
+    let rt = Runtime::new();
+    rt.block_on(async {
+        for limit in [u64::MAX, usize::MAX as u64, 1 << 60] {
+            let started = Instant::now();
+            let data = fs::read_with_limit(&small, limit).await.unwrap();
+            assert_eq!(data, b"twelve bytes");
+            assert!(data.capacity() < 4096, "reserved {}", data.capacity());
+            assert!(started.elapsed() < Duration::from_secs(5));
+        }
+        let err = fs::read_with_limit(&sparse, 1 << 20).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::FileTooLarge);
+
+        // No limit: reading starts at once, with the first reservation capped, and the buffer
+        // grows with what was read (the read is cut short by the timeout).
+        let mut f = File::open(&sparse).await.unwrap();
+        let mut buf = Vec::new();
+        let cut = nodus::timeout(
+            Duration::from_millis(100),
+            f.read_to_end(&mut buf, u64::MAX),
+        )
+        .await;
+        assert!(cut.is_err(), "a 1 TiB read finished: {cut:?}");
+        let bound = (fs::RESERVE_MAX as usize).max(2 * (buf.len() + fs::CHUNK));
+        assert!(
+            buf.capacity() <= bound,
+            "{} bytes reserved for {} read",
+            buf.capacity(),
+            buf.len()
+        );
+    });
+}
+
+#[test]
 fn a_large_directory_is_listed_in_batches() {
     let dir = TempDir::new("many");
     let n = fs::DIR_BATCH * 2 + 17;

@@ -25,7 +25,9 @@
 //! it cannot take at once with `refused` (`ack`: its `seq`), always before the `took` that passes
 //! it. A nodus worker whose listener closes with taken connections still queued sends its
 //! pending `took`, its `close`, then the connections as `returned` (key, peers, fds), and the
-//! primary hands them to the other workers. A worker closes a key this way too when a `listen`
+//! primary hands them to the other workers: each fd only once the primary found it to be a
+//! connection accepted on that key's listener (the kernel's word: socket type, family, local
+//! address, connected peer, which also replaces the `peers` field); any other fd is closed. A worker closes a key this way too when a `listen`
 //! is abandoned after its `queryServer` went out (a late answer is ignored), and closes every key
 //! before its `exitedAfterDisconnect` when it leaves on its own (as Node's worker closes its
 //! servers first).

@@ -26,6 +26,16 @@ use crate::pool::{Offload, offload_io};
 
 type Job = Offload<(Vec<u8>, io::Result<usize>)>;
 
+/// Most bytes [`File::read_to_end`] reserves before it has read anything (64 MiB): the file's
+/// size is only a hint, and a file that claims more grows its buffer as it is read.
+pub const RESERVE_MAX: u64 = 64 * 1024 * 1024;
+
+/// What [`File::read_to_end`] reserves up front for a file whose metadata says `size` bytes,
+/// under `limit`: the size, capped by the limit and by [`RESERVE_MAX`].
+fn initial_reserve(size: u64, limit: u64) -> usize {
+    usize::try_from(size.min(limit).min(RESERVE_MAX)).unwrap_or(usize::MAX)
+}
+
 enum State {
     /// `buf[start..end]` is read data not yet consumed.
     Idle {
@@ -241,8 +251,13 @@ impl File {
     }
 
     /// Reads to the end of the file, appending to `buf`, one [`CHUNK`] per pool job. Fails with
-    /// `FileTooLarge` (naming the path) once more than `limit` bytes would be read. Returns the
-    /// number of bytes appended.
+    /// `FileTooLarge` (naming the path) once more than `limit` bytes would be read, and with
+    /// `OutOfMemory` when `buf` cannot grow. Returns the number of bytes appended.
+    ///
+    /// Memory follows what is read, never the limit: `buf` is first given room for the file's
+    /// size (a hint: the file may grow or shrink, and a sparse file or a `/proc` one may claim
+    /// far more than it holds) but at most [`RESERVE_MAX`], then grows as data arrives. So a
+    /// limit of `u64::MAX` ("no limit") on a small file reserves no more than the file.
     pub async fn read_to_end(&mut self, buf: &mut Vec<u8>, limit: u64) -> io::Result<usize> {
         let too_large = |f: &File| {
             let e = io::Error::new(
@@ -251,14 +266,17 @@ impl File {
             );
             f.error("read", e)
         };
-        // The size is a hint (the file may grow or shrink): reserve, and fail early if over.
+        let out_of_memory = |f: &File, e: std::collections::TryReserveError| {
+            f.error("read", io::Error::new(io::ErrorKind::OutOfMemory, e))
+        };
         let file = self.handle();
         let size = blocking(move || file.metadata().map(|m| m.len()), |e| e).await;
         if let Ok(size) = size {
             if size > limit {
                 return Err(too_large(self));
             }
-            buf.reserve(size as usize);
+            buf.try_reserve(initial_reserve(size, limit))
+                .map_err(|e| out_of_memory(self, e))?;
         }
         let mut read = 0u64;
         loop {
@@ -269,6 +287,9 @@ impl File {
             if read + n > limit {
                 return Err(too_large(self));
             }
+            // Grows by doubling (amortized), and an allocation the system refuses is an error.
+            buf.try_reserve(n as usize)
+                .map_err(|e| out_of_memory(self, e))?;
             buf.extend_from_slice(self.buffered());
             self.consume_read(n as usize);
             read += n;
@@ -401,5 +422,21 @@ impl Drop for File {
 impl std::fmt::Debug for File {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("File").field("path", &self.path).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{RESERVE_MAX, initial_reserve};
+
+    #[test]
+    fn the_first_reservation_is_the_size_capped_by_the_limit_and_reserve_max() {
+        assert_eq!(initial_reserve(10, u64::MAX), 10);
+        assert_eq!(initial_reserve(10, usize::MAX as u64), 10);
+        assert_eq!(initial_reserve(10, 4), 4);
+        assert_eq!(initial_reserve(0, u64::MAX), 0);
+        // A size that is only a claim (a sparse or /proc file), with no limit: not all of it.
+        assert_eq!(initial_reserve(1 << 40, u64::MAX), RESERVE_MAX as usize);
+        assert_eq!(initial_reserve(u64::MAX, u64::MAX), RESERVE_MAX as usize);
     }
 }

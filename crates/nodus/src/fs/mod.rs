@@ -7,6 +7,10 @@
 //!   (64 KiB) per pool job, copying at most [`COPY_CHUNK`] (1 MiB, in the kernel), listing a
 //!   directory at most [`DIR_BATCH`] entries, so a large file or directory never holds a pool
 //!   thread for long and other requests interleave.
+//! - A whole-file read reserves memory from the file's size (a hint), capped by its limit and by
+//!   [`RESERVE_MAX`], and grows with what it reads: a limit far above RAM, or a size the file
+//!   only claims (sparse, `/proc`), reserves no more; a buffer that cannot grow is an
+//!   `OutOfMemory` error, not an abort.
 //! - Every error names the operation and the path, as Node's do (a full I/O queue or a panic on
 //!   the pool too) (`open '/x': No such file or
 //!   directory (os error 2)`); its [`io::ErrorKind`] is the OS error's, and [`PathError`] (the
@@ -31,7 +35,7 @@ use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-pub use file::{File, OpenOptions};
+pub use file::{File, OpenOptions, RESERVE_MAX};
 
 use crate::pool::offload_io;
 
@@ -393,7 +397,9 @@ pub async fn read(path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
 }
 
 /// The whole file if it has at most `limit` bytes; else a `FileTooLarge` error naming the path
-/// (found before reading when the size is known, else as soon as the limit is passed).
+/// (found before reading when the size is known, else as soon as the limit is passed). Memory
+/// follows what is read, not `limit`: `u64::MAX` means no limit and costs nothing up front (see
+/// [`File::read_to_end`]).
 pub async fn read_with_limit(path: impl AsRef<Path>, limit: u64) -> io::Result<Vec<u8>> {
     let mut file = File::open(path).await?;
     let mut buf = Vec::new();

@@ -6,26 +6,40 @@
 //!
 //! A registered `AsyncFd` is an active handle: it keeps the loop alive (`run`) until dropped or
 //! `unref`'d, like a libuv stream.
+//!
+//! Invariant: the fd leaves the epoll set of the loop that registered it before it is closed,
+//! wherever the `AsyncFd` is dropped (on its loop, after `block_on` returned, while another loop
+//! runs on the thread), and stops counting as that loop's handle; `ref_`/`unref` count in that
+//! loop too. Its [`Registration`] holds a weak reference to the loop for this; once the loop is
+//! gone (its `Runtime` dropped) closing is enough, its epoll instance having gone with it. An
+//! `AsyncFd` is `!Send`, so this always happens on the loop's own thread. A closed fd's number
+//! may be reused at once: the registration's token is never reused (`reactor.rs`), so no event
+//! meant for this fd reaches the next owner of the number or of the slab key.
 
 use std::future::poll_fn;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
 use std::panic::Location;
-use std::rc::Rc;
 use std::task::{Context, Poll};
 
 use mio::unix::SourceFd;
 
 use super::coop::poll_proceed;
-use super::reactor::{IoState, READ_CLOSED, READABLE, WRITABLE, WRITE_CLOSED};
-use crate::rt::context::{try_with_core, with_core};
+use super::reactor::{READ_CLOSED, READABLE, Registration, WRITABLE, WRITE_CLOSED};
+use crate::rt::context::with_core;
 use crate::rt::hooks::close_callback;
 
 /// A file descriptor registered with the current loop.
+///
+/// Not `Send`: it is dropped on the thread of the loop it is registered with.
+///
+/// ```compile_fail
+/// fn send<T: Send>() {}
+/// send::<nodus::io::AsyncFd<std::net::TcpStream>>();
+/// ```
 pub struct AsyncFd<T: AsFd> {
     inner: Option<T>,
-    state: Rc<IoState>,
-    loop_id: u64,
+    reg: Registration,
 }
 
 impl<T: AsFd> AsyncFd<T> {
@@ -47,12 +61,10 @@ impl<T: AsFd> AsyncFd<T> {
     fn register(inner: T) -> io::Result<AsyncFd<T>> {
         with_core("nodus::io::AsyncFd::new", |core| {
             let fd = inner.as_fd().as_raw_fd();
-            let state = core.reactor.register(&mut SourceFd(&fd))?;
-            core.ref_handle();
+            let reg = Registration::new(core, &mut SourceFd(&fd), true)?;
             Ok(AsyncFd {
                 inner: Some(inner),
-                state,
-                loop_id: core.loop_id(),
+                reg,
             })
         })
     }
@@ -90,13 +102,14 @@ impl<T: AsFd> AsyncFd<T> {
         } else {
             WRITE_CLOSED
         };
-        if self.state.ready.get() & (bit | closed) != 0 {
+        let state = self.reg.state();
+        if state.ready.get() & (bit | closed) != 0 {
             return Poll::Ready(Ok(()));
         }
         let slot = if bit == READABLE {
-            &self.state.read_waker
+            &state.read_waker
         } else {
-            &self.state.write_waker
+            &state.write_waker
         };
         let old = slot.replace(Some(cx.waker().clone()));
         drop(old);
@@ -106,12 +119,14 @@ impl<T: AsFd> AsyncFd<T> {
     /// Forgets read readiness (after `WouldBlock`, or a short read of a stream: edge-triggered
     /// epoll reports data that arrives later). An EOF already seen stays visible.
     pub fn clear_read_ready(&self) {
-        self.state.ready.set(self.state.ready.get() & !READABLE);
+        let ready = &self.reg.state().ready;
+        ready.set(ready.get() & !READABLE);
     }
 
     /// Forgets write readiness (after `WouldBlock`).
     pub fn clear_write_ready(&self) {
-        self.state.ready.set(self.state.ready.get() & !WRITABLE);
+        let ready = &self.reg.state().ready;
+        ready.set(ready.get() & !WRITABLE);
     }
 
     /// Runs `op` until it does not return `WouldBlock`, waiting for read readiness in between.
@@ -136,22 +151,18 @@ impl<T: AsFd> AsyncFd<T> {
         }
     }
 
-    /// It no longer keeps the loop alive by itself.
+    /// It no longer keeps its loop alive by itself.
     pub fn unref(&self) {
-        if self.state.refd.replace(false) {
-            self.on_loop(|core| core.unref_handle());
-        }
+        self.reg.set_ref(false);
     }
 
-    /// It keeps the loop alive again (the default).
+    /// It keeps its loop alive again (the default).
     pub fn ref_(&self) {
-        if !self.state.refd.replace(true) {
-            self.on_loop(|core| core.ref_handle());
-        }
+        self.reg.set_ref(true);
     }
 
     pub fn has_ref(&self) -> bool {
-        self.state.refd.get()
+        self.reg.state().refd.get()
     }
 
     /// Deregisters and drops the fd now, and runs `callback` in the close phase.
@@ -162,35 +173,60 @@ impl<T: AsFd> AsyncFd<T> {
         close_callback(Box::new(callback), Location::caller());
     }
 
-    fn on_loop(&self, f: impl FnOnce(&crate::rt::core::Core)) {
-        try_with_core(|core| {
-            if core.loop_id() == self.loop_id {
-                f(core)
-            }
-        });
-    }
-
+    /// Takes the fd out of its loop's epoll set while it is still open (a no-op once the fd
+    /// is taken or the loop is gone).
     fn deregister(&mut self) {
         let Some(inner) = self.inner.as_ref() else {
             return;
         };
         let fd = inner.as_fd().as_raw_fd();
-        let state = self.state.clone();
-        let wakers = try_with_core(|core| {
-            if core.loop_id() != self.loop_id {
-                return None;
-            }
-            if state.refd.replace(false) {
-                core.unref_handle();
-            }
-            Some(core.reactor.deregister(&mut SourceFd(&fd), &state))
-        });
-        drop(wakers);
+        self.reg.deregister(&mut SourceFd(&fd));
     }
 }
 
 impl<T: AsFd> Drop for AsyncFd<T> {
     fn drop(&mut self) {
         self.deregister();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+
+    use super::AsyncFd;
+    use crate::rt::context::with_core;
+
+    /// The fds registered with the epoll instance `epfd` (its `tfd:` lines in `fdinfo`).
+    fn registered(epfd: i32) -> Vec<i32> {
+        std::fs::read_to_string(format!("/proc/self/fdinfo/{epfd}"))
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.strip_prefix("tfd:"))
+            .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+            .collect()
+    }
+
+    /// Closing an fd whose open file lives on (a `dup` here; a child or an IPC peer holding it
+    /// alike) does not take it out of epoll: an `AsyncFd` dropped outside its loop must.
+    #[test]
+    fn dropped_outside_its_loop_it_leaves_the_epoll_set_and_the_slab() {
+        let rt = crate::Runtime::new();
+        let (a, _peer) = UnixStream::pair().unwrap();
+        let keep = a.try_clone().unwrap();
+        let raw = a.as_raw_fd();
+        let fd = rt.block_on(async { AsyncFd::new(a).unwrap() });
+        let (epfd, sources) =
+            rt.enter(|| with_core("test", |core| (core.reactor.epoll_fd(), core.reactor.len())));
+        assert!(registered(epfd).contains(&raw));
+        assert_eq!(sources, 1);
+        drop(fd);
+        assert!(
+            !registered(epfd).contains(&raw),
+            "fd {raw} is still in the loop's epoll set"
+        );
+        assert_eq!(rt.enter(|| with_core("test", |core| core.reactor.len())), 0);
+        drop(keep);
     }
 }

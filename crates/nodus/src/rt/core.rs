@@ -21,6 +21,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::panic::Location;
 use std::ptr::NonNull;
+use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Waker;
@@ -126,6 +127,10 @@ pub(crate) type MainPtr = NonNull<dyn Future<Output = ()> + 'static>;
 
 /// One event loop.
 pub(crate) struct Core {
+    /// This core itself, for handles that must reach their own loop from wherever they are
+    /// dropped (an I/O source's [`Registration`](crate::io::reactor::Registration)): dead once
+    /// the `Runtime` is gone.
+    pub(crate) me: Weak<Core>,
     pub(crate) shared: Arc<Shared>,
     pub(crate) meter: Meter,
     pub(crate) reactor: Reactor,
@@ -155,7 +160,7 @@ pub(crate) struct Core {
 }
 
 impl Core {
-    pub(crate) fn new(config: MeterConfig) -> std::io::Result<Core> {
+    pub(crate) fn new(config: MeterConfig) -> std::io::Result<Rc<Core>> {
         let loop_id = NEXT_LOOP_ID.fetch_add(1, Ordering::Relaxed);
         let (reactor, waker) = Reactor::new()?;
         let shared = Arc::new(Shared {
@@ -166,7 +171,8 @@ impl Core {
             waker,
             closed: AtomicBool::new(false),
         });
-        Ok(Core {
+        Ok(Rc::new_cyclic(|me| Core {
+            me: me.clone(),
             shared,
             meter: Meter::new(loop_id, config),
             reactor,
@@ -190,7 +196,7 @@ impl Core {
             main_running: Cell::new(false),
             main_done: Cell::new(false),
             main_location: Cell::new(Location::caller()),
-        })
+        }))
     }
 
     pub(crate) fn loop_id(&self) -> u64 {

@@ -95,7 +95,7 @@ impl Builder {
     /// Creates the loop on the current thread.
     pub fn build(self) -> std::io::Result<Runtime> {
         Ok(Runtime {
-            core: Rc::new(Core::new(self.config)?),
+            core: Core::new(self.config)?,
         })
     }
 }

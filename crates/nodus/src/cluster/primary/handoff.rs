@@ -14,6 +14,11 @@
 //!   reads it before every dispatch, on the worker's `close` and exit, and from a release pass
 //!   that runs every 1 ms, backing off to 50 ms while nothing moves, as long as anything is
 //!   pending); others answer with `took` (nodus) or `accepted` (Node).
+//! - What a worker gives back (`returned`) is handed on only after [`check_returned`]: each fd
+//!   must be a connected, non-listening TCP stream socket of the listener's family and local
+//!   address (an fd the worker accepted from that listener); anything else (a pipe, a UDP or Unix
+//!   socket, a listener, a connection of its own elsewhere, one already reset) is closed and
+//!   counted (`returned_rejected`, in the stats), logged once per worker process.
 //! - A Node worker's handoff sends a duplicate of the fd (its channel owns what it sends until
 //!   the ACK). At the fd limit the primary's [`FdReserve`] is given up for that duplicate; when
 //!   none can be made the connections stay parked (the worker stays a member) and the accept
@@ -23,9 +28,11 @@ use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
+
+use socket2::{Domain, Protocol, SockRef, Type};
 
 use super::balance::{self, Candidate};
 use super::parked::{self, Conn, MAX_PARKED};
@@ -219,37 +226,104 @@ pub(super) fn has_room(server: &Server) -> bool {
 }
 
 /// `proc` gave back connections it had taken but not served (its listener for `key` closed
-/// with them queued): they go to the other workers.
-pub(super) fn on_returned(
-    st: &Rc<State>,
-    proc: &Proc,
-    key: &str,
-    fds: Vec<OwnedFd>,
-    peers: &[Option<SocketAddr>],
-) {
-    let given_back = fds.len() as u64;
+/// with them queued): they go to the other workers, each once [`check_returned`] found it to be
+/// a connection accepted on that listener. Anything else a worker sends as `returned` (a stock
+/// Node program or a buggy one can send any fd) is closed, counted, and logged once per worker
+/// process: never handed on, and never the primary's failure.
+pub(super) fn on_returned(st: &Rc<State>, proc: &Proc, key: &str, fds: Vec<OwnedFd>) {
+    let server = st.servers.borrow().get(key).cloned();
+    let since = crate::time::loop_now_ns();
+    let mut conns = Vec::with_capacity(fds.len());
+    let mut rejected = 0;
+    for fd in fds {
+        let checked = match &server {
+            Some(server) => check_returned(&fd, server.addr),
+            None => Err(format!("no listener has the key {key:?}")),
+        };
+        match checked {
+            Ok(peer) => conns.push(Conn {
+                fd: Rc::new(fd),
+                peer: Some(peer),
+                since,
+            }),
+            Err(why) => {
+                rejected += 1;
+                if !proc.gave_back_bad_fd.replace(true) {
+                    tracing::warn!(
+                        target: "nodus::cluster",
+                        "worker {} (pid {}) gave back fd {} for {key}, which is not a connection \
+                         of that listener ({why}): closed (further ones from this worker are \
+                         closed and counted without a log line)",
+                        proc.slot, proc.pid, fd.as_raw_fd()
+                    );
+                }
+                drop(fd);
+            }
+        }
+    }
+    if rejected > 0 {
+        st.returned_rejected
+            .set(st.returned_rejected.get() + rejected);
+    }
     proc.handed
-        .set(proc.handed.get().saturating_sub(given_back));
-    let Some(server) = st.servers.borrow().get(key).cloned() else {
+        .set(proc.handed.get().saturating_sub(conns.len() as u64));
+    let Some(server) = server else {
         return;
     };
+    if conns.is_empty() {
+        return;
+    }
     tracing::debug!(
         target: "nodus::cluster",
         "{} given back for {key}",
-        count(given_back as usize, "connection")
+        count(conns.len(), "connection")
     );
-    let since = crate::time::loop_now_ns();
-    let conns = fds
-        .into_iter()
-        .enumerate()
-        .map(|(i, fd)| Conn {
-            fd: Rc::new(fd),
-            peer: peers.get(i).copied().flatten(),
-            since,
-        })
-        .collect();
     let _ = dispatch(st, &server, conns);
     server.wake_accept();
+}
+
+/// Whether `fd`, given back for the listener bound to `listener`, is a connection accepted on
+/// it: a connected TCP stream socket of the listener's family, not listening, whose local port
+/// is the listener's (and its address too, unless the listener has every address). Returns the
+/// client's address (the kernel's, not the worker's word). Makes the socket non-blocking if it
+/// is not: the worker it goes to adopts it without `FIONBIO`.
+fn check_returned(fd: &OwnedFd, listener: SocketAddr) -> Result<SocketAddr, String> {
+    let sock = SockRef::from(fd);
+    let err = |what: &str, e: io::Error| format!("{what}: {e}");
+    let domain = sock.domain().map_err(|e| err("not a socket", e))?;
+    if domain != Domain::for_address(listener) {
+        return Err(format!("socket domain {domain:?}"));
+    }
+    let ty = sock.r#type().map_err(|e| err("SO_TYPE", e))?;
+    if ty != Type::STREAM {
+        return Err(format!("socket type {ty:?}"));
+    }
+    let protocol = sock.protocol().map_err(|e| err("SO_PROTOCOL", e))?;
+    if protocol != Some(Protocol::TCP) {
+        return Err(format!("protocol {protocol:?}"));
+    }
+    if sock.is_listener().map_err(|e| err("SO_ACCEPTCONN", e))? {
+        return Err("a listening socket".into());
+    }
+    let local = sock
+        .local_addr()
+        .map_err(|e| err("getsockname", e))?
+        .as_socket()
+        .ok_or("no IP address")?;
+    if local.port() != listener.port()
+        || !(listener.ip().is_unspecified() || local.ip() == listener.ip())
+    {
+        return Err(format!("its local address is {local}, not {listener}'s"));
+    }
+    let peer = sock
+        .peer_addr()
+        .map_err(|e| err("not connected", e))?
+        .as_socket()
+        .ok_or("no IP peer")?;
+    if !sock.nonblocking().map_err(|e| err("F_GETFL", e))? {
+        sock.set_nonblocking(true).map_err(|e| err("F_SETFL", e))?;
+    }
+    Ok(peer)
 }
 
 /// How long an exited worker's channel may stay open (a process it left behind holds its end)

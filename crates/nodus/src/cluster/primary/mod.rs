@@ -26,6 +26,10 @@
 //!   `accepted`, so one lost with its worker is handed to another; one no worker takes waits a
 //!   bounded time (`ready_timeout`), then it is reset.
 //! - Workers get `PR_SET_PDEATHSIG(SIGKILL)`: none outlives a primary killed with SIGKILL.
+//! - Round-robin and least hand connections over the channel, so they need workers with one
+//!   (`WorkerCommand::ipc`): `Primary::start` refuses them for a plain program, as `nodus run`
+//!   refuses `--policy rr` without `--node`, and `Config::new` defaults a plain program to
+//!   `Shared` (a blocking listening socket every worker accepts on, as systemd passes one).
 
 mod balance;
 mod events;
@@ -54,17 +58,19 @@ use server::Server;
 /// How new connections reach workers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
-    /// The primary accepts and hands each connection to the next worker (Node's default).
+    /// The primary accepts and hands each connection to the next worker (Node's default, and
+    /// [`Config::new`]'s for workers with a channel). Needs workers that speak the cluster
+    /// protocol ([`WorkerCommand::ipc`]).
     RoundRobin,
     /// Every worker accepts on one shared listening socket (fast; the kernel's wake-up order
-    /// skews the spread).
+    /// skews the spread). [`Config::new`]'s default for a plain program.
     Shared,
     /// Every worker gets a socket of its own bound with `SO_REUSEPORT`; the kernel hashes
     /// connections over them. When a worker's socket closes (a reload, a crash), connections
     /// still in its accept queue are reset.
     ReusePort,
     /// The primary accepts and hands each connection to the worker with the fewest open
-    /// connections (workers report them).
+    /// connections (workers report them). Needs workers that speak the cluster protocol.
     Least,
 }
 
@@ -115,6 +121,8 @@ pub struct WorkerCommand {
 pub struct Config {
     pub workers: usize,
     pub command: WorkerCommand,
+    /// How connections reach workers; round-robin and least need `command.ipc` (see
+    /// [`Primary::start`]).
     pub policy: Policy,
     /// Listeners bound before the workers start (`nodus run -l`, systemd's `LISTEN_FDS`, the
     /// address of `nodus serve`), with their names; a worker's `queryServer` for the same
@@ -147,14 +155,22 @@ pub struct Config {
 }
 
 impl Config {
-    /// `workers` copies of `command`, round-robin, ready at `listening`, at most 5 restarts
-    /// within 60 s, the default [`RestartPolicy`] (permanent, backoff 100 ms ×2 up to 10 s,
-    /// 1 s min uptime), 10 s drain, 10 s kill timeout, 30 s ready timeout, output prefixed.
+    /// `workers` copies of `command`, ready at `listening`, at most 5 restarts within 60 s, the
+    /// default [`RestartPolicy`] (permanent, backoff 100 ms ×2 up to 10 s, 1 s min uptime),
+    /// 10 s drain, 10 s kill timeout, 30 s ready timeout, output prefixed. The policy is
+    /// round-robin (Node's default) for workers that speak the cluster protocol
+    /// ([`WorkerCommand::ipc`]), `Shared` for a plain program (`nodus run`'s defaults: a plain
+    /// program cannot take handed-over connections, see [`Primary::start`]).
     pub fn new(workers: usize, command: WorkerCommand) -> Config {
+        let policy = if command.ipc {
+            Policy::RoundRobin
+        } else {
+            Policy::Shared
+        };
         Config {
             workers,
             command,
-            policy: Policy::RoundRobin,
+            policy,
             listeners: Vec::new(),
             restart: RestartPolicy::default(),
             max_restarts: 5,
@@ -250,6 +266,8 @@ pub(crate) struct State {
     /// A shutdown's drain began: no listener accepts or is bound any more.
     accepting_stopped: Cell<bool>,
     fd_reserve: handoff::FdReserve,
+    /// Fds workers gave back (`returned`) that were not connections of the listener: closed.
+    returned_rejected: Cell<u64>,
     stats_cache: RefCell<stats::Cache>,
 }
 
@@ -266,8 +284,14 @@ impl Primary {
     /// (connections gather while the cores are busy; the workers run normal).
     ///
     /// # Errors
-    /// `InvalidInput` for a cluster of no workers; the event log cannot be opened, or no worker
-    /// could be spawned (the program does not exist, ...): the message names the program.
+    /// `InvalidInput` for a cluster of no workers, or for a plain program (no
+    /// [`ipc`](WorkerCommand::ipc)) under [`Policy::RoundRobin`] or [`Policy::Least`] (the
+    /// message names the policy, as `nodus run` refuses `--policy rr` without `--node`): only a
+    /// worker that speaks the cluster protocol can take connections the primary accepted, and a
+    /// plain program would get the primary's own non-blocking accept socket, the primary
+    /// accepting on it too (the connections it took would wait for a worker that never asks,
+    /// then be reset). The event log cannot be opened, or no worker could be spawned (the
+    /// program does not exist, ...): the message names the program.
     ///
     /// # Panics
     /// Outside a running nodus loop.
@@ -276,6 +300,17 @@ impl Primary {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "a cluster needs at least one worker",
+            ));
+        }
+        if !config.command.ipc && matches!(config.policy, Policy::RoundRobin | Policy::Least) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "policy {} needs workers that speak the cluster protocol (WorkerCommand::ipc): \
+                     a plain program cannot take connections handed over by the primary (use \
+                     shared or reuseport)",
+                    config.policy.name()
+                ),
             ));
         }
         // Fds handed to workers and not yet read count against the sender's limit (the kernel
@@ -325,6 +360,7 @@ impl Primary {
             release_armed: Cell::new(false),
             accepting_stopped: Cell::new(false),
             fd_reserve: handoff::FdReserve::new(),
+            returned_rejected: Cell::new(0),
             stats_cache: RefCell::default(),
         });
         for (name, listener) in listeners {

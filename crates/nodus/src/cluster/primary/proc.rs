@@ -80,6 +80,8 @@ pub(super) struct Proc {
     pub refusals_seen: Cell<u64>,
     /// When it last refused a handoff (it gets none for a moment after).
     pub refused_at: Cell<Option<Instant>>,
+    /// It gave back an fd that was not a connection of the listener (logged once per process).
+    pub gave_back_bad_fd: Cell<bool>,
     /// Connections this worker accepted from the primary.
     pub handed: Cell<u64>,
     /// The same, summed over every worker of its slot (see `Slot::taken`).
@@ -168,6 +170,7 @@ impl Proc {
             board: OnceCell::new(),
             refusals_seen: Cell::new(0),
             refused_at: Cell::new(None),
+            gave_back_bad_fd: Cell::new(false),
             handed: Cell::new(0),
             slot_taken: st.slots.borrow()[slot as usize - 1].taken.clone(),
             reported: Cell::new(None),
@@ -389,7 +392,7 @@ fn on_internal(st: &Rc<State>, proc: &Rc<Proc>, mut msg: Message) {
     if m.is_nodus() {
         if let (Some("returned"), Some(key)) = (m.act, &m.key) {
             let fds = handles.into_iter().map(|h| h.into_owned_fd()).collect();
-            handoff::on_returned(st, proc, key, fds, m.peers.as_deref().unwrap_or_default());
+            handoff::on_returned(st, proc, key, fds);
         } else {
             on_nodus(st, proc, &m);
         }

@@ -6,6 +6,8 @@
 //!   listener matched by address). A server whose policy is round-robin or least is accepted on by
 //!   one task of the primary; a shared one is only duplicated into workers (never registered with
 //!   the primary's reactor, so incoming connections do not wake the primary).
+//! - A plain program gets listeners only under `shared` and `reuseport` (blocking, as systemd
+//!   passes them); never the primary's own non-blocking accept socket.
 //! - Reuse-port sockets are bound per worker and not kept: a socket nobody accepts on would
 //!   swallow its share of connections. For a pre-bound address the primary keeps a socket bound
 //!   with `SO_REUSEPORT` but not listening (only listening sockets share the connections): the
@@ -431,8 +433,10 @@ fn reuseport_socket(st: &Rc<State>, key: &str, addr: SocketAddr) -> io::Result<O
 }
 
 /// Gives a plain program the primary's listeners the systemd way: fds 3.. with `LISTEN_FDS` and
-/// `LISTEN_FDNAMES` (`LISTEN_PID` must be the program's own pid: a launcher sets it). Under
-/// `reuseport` each worker gets fresh sockets bound to the same addresses.
+/// `LISTEN_FDNAMES` (`LISTEN_PID` must be the program's own pid: a launcher sets it), blocking as
+/// systemd passes them. Under `reuseport` each worker gets fresh sockets bound to the same
+/// addresses; under `shared` a duplicate of the one socket. Round-robin and least have nothing to
+/// pass (the primary accepts; `Primary::start` refuses them for plain programs).
 pub(super) fn pass_listeners(st: &Rc<State>, cmd: &mut Command) -> io::Result<()> {
     let prebound = st.prebound.borrow();
     let mut names = Vec::with_capacity(prebound.len());
@@ -448,12 +452,17 @@ pub(super) fn pass_listeners(st: &Rc<State>, cmd: &mut Command) -> io::Result<()
                 OwnedFd::from(l)
             }
             (Sock::Shared(copy), _) => shared_copy(copy)?,
-            (Sock::Accepting(_), _) => server
-                .accepting()
-                .ok_or_else(|| io::Error::other("the cluster primary stopped accepting"))?
-                .get_ref()
-                .as_fd()
-                .try_clone_to_owned()?,
+            // The primary's own non-blocking accept socket is never passed: `Primary::start`
+            // refuses round-robin and least for plain programs.
+            (Sock::Accepting(_), policy) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "policy {} cannot pass a listener to a plain program",
+                        policy.name()
+                    ),
+                ));
+            }
             (Sock::Released(_), _) => unreachable!("released sockets exist only under reuseport"),
         };
         cmd.pass_fd(3 + i as i32, fd);

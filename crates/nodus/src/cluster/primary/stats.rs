@@ -154,6 +154,8 @@ struct ClusterDoc<'a> {
     generation: u64,
     reloading: bool,
     last_exit: Option<String>,
+    /// Fds workers gave back that were not connections of the listener (closed, not handed on).
+    returned_rejected: u64,
     primary: PrimaryDoc,
     workers: Vec<WorkerDoc<'a>>,
 }
@@ -211,6 +213,7 @@ pub(super) async fn stats_json(st: &Rc<State>) -> String {
         generation: st.generation.get(),
         reloading: st.reloading.get(),
         last_exit: st.last_exit.borrow().as_ref().map(LastExit::text),
+        returned_rejected: st.returned_rejected.get(),
         primary: PrimaryDoc {
             pid: std::process::id(),
             rss_bytes: rss_bytes(std::process::id()),
@@ -281,6 +284,13 @@ pub(super) async fn metrics_text(st: &Rc<State>) -> String {
         "nodus_cluster_generation",
         "Reload generation serving: the number of the last successful rolling reload (failed ones use up a number too)",
         generation,
+    );
+    let rejected = Counter::<u64>::default();
+    rejected.inc_by(st.returned_rejected.get());
+    registry.register(
+        "nodus_cluster_returned_fds_rejected",
+        "Fds workers gave back as connections that were not connections of the listener (closed, never handed to another worker)",
+        rejected,
     );
     let handed = Family::<Vec<(String, String)>, Counter<u64>>::default();
     for slot in st.slots.borrow().iter() {

@@ -1,0 +1,105 @@
+//! `AsyncFd`'s registration outlives neither the fd nor its owner: one dropped outside its loop
+//! (after `block_on` returned) leaves the loop's handles and epoll set, and an event that was
+//! already in a batch for a deregistered source never reaches a source registered after it under
+//! the same slab key.
+//!
+//! Bounded: every wait is a nodus timeout; only socket pairs, no process.
+
+use std::cell::{Cell, RefCell};
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::rc::Rc;
+use std::time::Duration;
+
+use nodus::io::AsyncFd;
+
+/// A slot a task fills for the test (a registered socket, its peer kept open).
+type Slot<T> = Rc<RefCell<Option<T>>>;
+
+fn pair() -> (UnixStream, UnixStream) {
+    let (a, b) = UnixStream::pair().unwrap();
+    a.set_nonblocking(true).unwrap();
+    (a, b)
+}
+
+#[test]
+fn an_async_fd_dropped_outside_its_loop_no_longer_keeps_it_alive() {
+    let rt = nodus::Runtime::new();
+    let (a, _peer) = pair();
+    let fd = rt.block_on(async { AsyncFd::new(a).unwrap() });
+    assert!(rt.run_nowait(), "a registered fd keeps the loop alive");
+    drop(fd); // no loop is running
+    assert!(
+        !rt.run_nowait(),
+        "the dropped fd still counts as a handle of its loop"
+    );
+
+    // ref_/unref outside the loop count in the loop that registered it.
+    let (b, _peer) = pair();
+    let fd = rt.block_on(async { AsyncFd::new(b).unwrap() });
+    fd.unref();
+    assert!(!rt.run_nowait(), "unref outside the loop was not counted");
+    fd.ref_();
+    assert!(rt.run_nowait(), "ref_ outside the loop was not counted");
+    drop(fd);
+    assert!(!rt.run_nowait());
+
+    // Dropped after its loop is gone: only closed.
+    let (c, _peer) = pair();
+    let fd = rt.block_on(async { AsyncFd::new(c).unwrap() });
+    drop(rt);
+    drop(fd);
+}
+
+/// X and Y are readable in the same `epoll_wait` batch, X's first; X's reader drops Y and
+/// registers Z, which takes Y's slab key. Y's event (its peer hung up: a sticky "read closed")
+/// must not be dispatched to Z: Z's peer is open and sends nothing, so a read on Z must wait,
+/// not spin on an EOF that never comes.
+#[test]
+fn an_event_for_a_dropped_source_never_reaches_the_next_one() {
+    let rt = nodus::Runtime::new();
+    rt.block_on(async {
+        let (x, mut x_peer) = pair();
+        let (y, y_peer) = pair();
+        let x = AsyncFd::new(x).unwrap();
+        let y: Slot<AsyncFd<UnixStream>> = Rc::new(RefCell::new(Some(AsyncFd::new(y).unwrap())));
+        let z: Slot<(AsyncFd<UnixStream>, UnixStream)> = Rc::default();
+        let (y2, z2) = (y.clone(), z.clone());
+        let reader = nodus::spawn(async move {
+            let mut buf = [0u8; 16];
+            x.read_with(|mut s| s.read(&mut buf)).await.unwrap();
+            drop(y2.borrow_mut().take());
+            let (z, z_peer) = pair();
+            *z2.borrow_mut() = Some((AsyncFd::new(z).unwrap(), z_peer));
+        });
+        // The reader waits on X; the registrations' first edges are consumed.
+        nodus::sleep(Duration::from_millis(20)).await;
+        x_peer.write_all(b"x").unwrap();
+        drop(y_peer);
+        nodus::timeout(Duration::from_secs(5), reader)
+            .await
+            .expect("the reader got X's byte")
+            .unwrap();
+        let (z, _z_peer) = z.borrow_mut().take().expect("Z registered");
+        let attempts = Cell::new(0u32);
+        let mut buf = [0u8; 16];
+        let read = nodus::timeout(
+            Duration::from_millis(100),
+            z.read_with(|mut s| {
+                attempts.set(attempts.get() + 1);
+                if attempts.get() > 1000 {
+                    // Spinning (the loop would never get to the timeout): end the read.
+                    return Err(std::io::Error::other("spinning"));
+                }
+                s.read(&mut buf)
+            }),
+        )
+        .await;
+        assert!(read.is_err(), "Z read something: {read:?}");
+        assert_eq!(
+            attempts.get(),
+            1,
+            "Z was woken by the dropped source's event and retried its read"
+        );
+    });
+}
