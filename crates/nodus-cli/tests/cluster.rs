@@ -456,10 +456,10 @@ fn a_node_worker_kept_alive_by_a_timer_gets_sigterm_at_the_drain_deadline_not_si
         "{out:#?}"
     );
     assert!(!out.iter().any(|l| l.ends_with(": SIGKILL")), "{out:#?}");
+    // The last line but the watchdog's: on a loaded machine a stall may end after the stop.
+    let last = out.iter().rev().find(|l| !l.contains("nodus::watchdog"));
     assert!(
-        out.last()
-            .unwrap()
-            .ends_with("every worker has stopped: exit code 0"),
+        last.is_some_and(|l| l.ends_with("every worker has stopped: exit code 0")),
         "the stop's end is logged: {out:#?}"
     );
 }

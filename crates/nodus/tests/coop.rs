@@ -61,8 +61,10 @@ fn an_always_ready_reader_does_not_starve_a_due_timer() {
             .expect("the timer fired")
             .saturating_sub(Duration::from_millis(10))
     });
+    // Generous for a loaded machine, and still far below starvation: a starved timer would wait
+    // for all 20M reads (many seconds). The lateness itself is measured in benchmarks.
     assert!(
-        lateness <= Duration::from_millis(20),
+        lateness <= Duration::from_secs(1),
         "a due 10 ms timer was delayed by {lateness:?}"
     );
     drop(rt); // closes the reader: the feeder's write fails and it exits

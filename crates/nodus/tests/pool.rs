@@ -2,6 +2,8 @@
 //! queue bounds, FIFO order, thread names and measurements (DESIGN.md section 4).
 
 use std::cell::RefCell;
+use std::future::{Future, poll_fn};
+use std::pin::pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -43,10 +45,23 @@ fn a_completion_runs_in_the_poll_phase_so_an_immediate_beats_a_timeout() {
         let o = order.clone();
         rt.enter(|| {
             spawn(async move {
-                // Long enough that the first poll always finds it unfinished.
-                offload_io(|| std::thread::sleep(Duration::from_millis(2)))
-                    .await
-                    .unwrap();
+                // The job ends only after the task's first poll found it unfinished, so its
+                // completion always comes through the poll phase (a loaded machine may run
+                // the task late).
+                let polled = Arc::new(AtomicBool::new(false));
+                let seen = polled.clone();
+                let mut job = pin!(offload_io(move || {
+                    while !seen.load(Ordering::Acquire) {
+                        std::thread::sleep(Duration::from_micros(100));
+                    }
+                }));
+                poll_fn(|cx| {
+                    let r = job.as_mut().poll(cx);
+                    polled.store(true, Ordering::Release);
+                    r
+                })
+                .await
+                .unwrap();
                 let (a, b) = (o.clone(), o.clone());
                 set_timeout(0, move || a.borrow_mut().push("timeout"));
                 set_immediate(move || b.borrow_mut().push("immediate"));
