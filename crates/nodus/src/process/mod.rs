@@ -23,6 +23,7 @@
 mod child;
 mod command;
 mod exec;
+mod guard;
 pub mod output;
 mod pipes;
 pub(crate) mod sched;
@@ -34,6 +35,8 @@ use std::sync::OnceLock;
 pub use child::{Child, ExitStatus};
 pub use command::{CHANNEL_FD, Command, Stdio};
 pub use exec::{ExecError, ExecErrorKind, ExecOptions, Output, exec, exec_file};
+pub use guard::GUARD_NAME;
+pub(crate) use guard::OrphanGuard;
 pub use pipes::{ChildStderr, ChildStdin, ChildStdout};
 
 use crate::ipc::{Channel, ChannelOptions};
