@@ -48,6 +48,7 @@ pub use events::{Event, EventKind};
 
 use super::supervision::{RestartBudget, RestartPolicy, SlotHistory};
 use crate::net::TcpListener;
+use crate::process::OrphanGuard;
 use proc::Proc;
 use server::Server;
 
@@ -251,6 +252,9 @@ pub(crate) struct State {
     accepting_stopped: Cell<bool>,
     fd_reserve: handoff::FdReserve,
     stats_cache: RefCell<stats::Cache>,
+    /// The orphan guard (`crate::process::OrphanGuard`): remembers every worker's process group
+    /// and SIGKILLs those left when this process is gone. `None` if it could not be started.
+    guard: Option<OrphanGuard>,
 }
 
 /// A running cluster primary. Cheap to clone.
@@ -278,6 +282,19 @@ impl Primary {
                 "a cluster needs at least one worker",
             ));
         }
+        // First, before the first worker (and before this thread switches to SCHED_BATCH, which
+        // a fork inherits): the guard that kills the workers' groups if this process is killed.
+        let guard = match OrphanGuard::start() {
+            Ok(guard) => Some(guard),
+            Err(e) => {
+                tracing::warn!(
+                    target: "nodus::cluster",
+                    "cannot start the orphan guard ({e}): the workers' own children would \
+                     outlive this process if it is killed with SIGKILL"
+                );
+                None
+            }
+        };
         // Fds handed to workers and not yet read count against the sender's limit (the kernel
         // refuses more with ETOOMANYREFS).
         crate::process::raise_fd_limit();
@@ -326,6 +343,7 @@ impl Primary {
             accepting_stopped: Cell::new(false),
             fd_reserve: handoff::FdReserve::new(),
             stats_cache: RefCell::default(),
+            guard,
         });
         for (name, listener) in listeners {
             let server = Server::prebound(&st, listener)?;

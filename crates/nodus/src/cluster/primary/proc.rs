@@ -140,6 +140,11 @@ impl Proc {
             cmd.stdout(Stdio::Pipe).stderr(Stdio::Pipe);
         }
         let mut child = cmd.spawn()?;
+        // The guard remembers the worker's group from now until the group is killed at the
+        // worker's exit (it forgets it then, before the reap).
+        if let Some(guard) = &st.guard {
+            child.guard_group(guard);
+        }
         let mut output = Vec::new();
         if st.config.prefix_output {
             let prefix = format!("[worker {slot} {}] ", child.id());

@@ -101,6 +101,11 @@ pub(super) async fn run(st: &Rc<State>) -> i32 {
         .await;
         match next {
             Err(code) => {
+                // Every worker has been reaped, so the guard remembers no group: it exits, and
+                // is reaped here, killing nothing.
+                if let Some(guard) = &st.guard {
+                    guard.close().await;
+                }
                 if st.phase.get() == Phase::Stopping {
                     tracing::info!(
                         target: "nodus::cluster",
