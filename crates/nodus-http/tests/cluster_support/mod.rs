@@ -218,9 +218,13 @@ impl Cluster {
         })
     }
 
-    /// The primary's live children (its workers), from `/proc/<pid>/task/*/children`.
+    /// The primary's live children but its orphan guard (its workers), from
+    /// `/proc/<pid>/task/*/children`.
     pub fn worker_pids(&self) -> Vec<u32> {
-        let pids = children(self.pid());
+        let pids: Vec<u32> = children(self.pid())
+            .into_iter()
+            .filter(|&p| !is_guard(p))
+            .collect();
         let mut seen = self.seen.lock().unwrap();
         for p in &pids {
             if !seen.contains(p) {
@@ -287,6 +291,12 @@ pub fn children(p: u32) -> Vec<u32> {
         }
     }
     pids
+}
+
+/// Whether `p` is a primary's orphan guard (a fork of the primary, named by `/proc/PID/comm`).
+pub fn is_guard(p: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{p}/comm"))
+        .is_ok_and(|comm| comm.trim_end().as_bytes() == nodus::process::GUARD_NAME.to_bytes())
 }
 
 /// Whether `p` exists and is not a zombie.
