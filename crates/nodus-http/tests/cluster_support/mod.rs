@@ -3,7 +3,8 @@
 //! a load generator.
 //!
 //! Invariants:
-//! - A [`Cluster`] kills every process it started on drop, by PID: the workers found through
+//! - A [`Cluster`] kills every process it started on drop, by PID: the workers (and the
+//!   primary's orphan guard, which [`Cluster::worker_pids`] leaves out) found through
 //!   `/proc/<primary>/task/*/children` and every worker pid it has seen (only while
 //!   `/proc/<pid>/exe` is still the cluster binary, so a recycled pid is never touched), then the
 //!   primary, which it reaps.

@@ -25,7 +25,16 @@
 //!   A connection handed to a worker stays owned by the primary too until the worker answers
 //!   `accepted`, so one lost with its worker is handed to another; one no worker takes waits a
 //!   bounded time (`ready_timeout`), then it is reset.
-//! - Workers get `PR_SET_PDEATHSIG(SIGKILL)`: none outlives a primary killed with SIGKILL.
+//! - Workers get `PR_SET_PDEATHSIG(SIGKILL)`: none outlives a primary killed with SIGKILL. Their
+//!   own children are the orphan guard's (`crate::process::OrphanGuard`, `State::guard`),
+//!   forked by [`Primary::start`] before the first worker: it remembers each worker's process
+//!   group from the spawn until the group is killed at the worker's exit (forgotten then, before
+//!   the reap), and SIGKILLs every group it still remembers once this process is gone, whatever
+//!   the cause. `run` closes it once every worker has been reaped (it kills nothing then) and
+//!   reaps it. A guard that cannot start or dies is one warning line; the cluster goes on without
+//!   it (it is not restarted). It is no worker: not in `procs`, the stats, the events or the
+//!   restart budget. A worker's child that left the group (`setsid`) escapes it: only a cgroup
+//!   catches those.
 
 mod balance;
 mod events;

@@ -29,7 +29,8 @@
 //!   SIGKILL its whole group; and once it has exited, for any reason (a crash, its own exit, a
 //!   stop, a give-up, a reload's old generation), what is left of its group is SIGKILLed before
 //!   it is reaped (see `Proc::spawn`). So when `run` returns, every worker's group is empty or
-//!   dying of SIGKILL.
+//!   dying of SIGKILL; `run` then closes the orphan guard (which remembers no group by then, so
+//!   kills nothing) and reaps it before returning.
 
 use std::future::poll_fn;
 use std::rc::Rc;
