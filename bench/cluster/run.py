@@ -109,6 +109,15 @@ def children_of(pid):
     return out
 
 
+def is_guard(pid):
+    """Whether pid is a nodus primary's orphan guard (a fork of the primary named nodus-guard: not a worker)."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip() == "nodus-guard"
+    except OSError:
+        return False
+
+
 def tree(pid):
     """pid and all its descendants."""
     todo, seen = [pid], []
@@ -417,7 +426,7 @@ class Server:
         return tree(self.root) if self.root else []
 
     def workers(self):
-        return sorted(p for p in self.pids() if p != self.root)
+        return sorted(p for p in self.pids() if p != self.root and not is_guard(p))
 
     def stop(self):
         """SIGTERM to the root (SIGKILL after 5 s), then SIGKILL to its process group and to any process of
@@ -492,7 +501,7 @@ def measure_load(srv, args, tag, close):
         r.update(attempt=attempt, conns=conns, duration=args.duration, quiet_wait_s=waited,
                  busy_before_pct=busy_before, gate_gave_up=gave_up,
                  server_cpu_pct=round(100 * total / wall, 1), root_cpu_pct=round(100 * root / wall, 1),
-                 worker_cpu_pct=[round(100 * cpu_s[p] / wall, 1) for p in pids if p != srv.root],
+                 worker_cpu_pct=[round(100 * cpu_s[p] / wall, 1) for p in pids if p != srv.root and not is_guard(p)],
                  machine_busy_pct=round(machine, 1), processes=len(pids),
                  alive_after=all(alive(p) for p in pids))
         r["foreign_cpu_pct"] = round(max(0.0, machine - r["server_cpu_pct"] - r["wrk_cpu_pct"]), 1)

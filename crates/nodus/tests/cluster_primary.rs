@@ -594,3 +594,165 @@ fn fds_given_back_that_are_not_connections_are_closed_and_counted_never_handed_o
         assert_eq!(shut_down(&primary, run).await, 0);
     });
 }
+
+/// Set in a primary this binary starts from itself (the orphan-guard tests): what to do
+/// (`kill`: run until killed; `stop`: shut down, then check no guard is left) and the file the
+/// worker writes its background child's pid to, as `ROLE:FILE`.
+const PRIMARY_ROLE: &str = "NODUS_TEST_PRIMARY_ROLE";
+
+/// The children of every thread of this process.
+fn own_children() -> Vec<i32> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|text| {
+            text.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .collect()
+}
+
+fn is_guard(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .is_ok_and(|comm| comm.trim_end().as_bytes() == nodus::process::GUARD_NAME.to_bytes())
+}
+
+/// Whether `pid` is gone or a zombie.
+fn gone(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        stat.rsplit(')')
+            .next()
+            .and_then(|s| s.trim().chars().next())
+            == Some('Z')
+    })
+}
+
+/// The primary role of the orphan-guard tests, in a process of its own (this binary, run
+/// again): one `sh` worker that starts `sleep 300` in the background and writes its pid down.
+fn play_primary(role: &str, file: &str) {
+    let mut config = sleeper_config(1);
+    config.command.args = vec![
+        "-c".into(),
+        format!("sleep 300 & echo $! > {file}; wait").into(),
+    ];
+    nodus::Runtime::new().block_on(async {
+        let primary = Primary::start(config).expect("sh runs");
+        let guards: Vec<i32> = own_children()
+            .into_iter()
+            .filter(|&p| is_guard(p))
+            .collect();
+        assert_eq!(guards.len(), 1, "one guard: {:?}", own_children());
+        let (_events, run) = record_and_run(&primary);
+        if role == "kill" {
+            // Until the test kills this process (bounded, should the test be gone: then the
+            // process exits, and the guard takes the worker's group with it).
+            let _ = nodus::timeout(Duration::from_secs(60), run).await;
+            std::process::exit(3);
+        }
+        while std::fs::metadata(file).map_or(true, |m| m.len() == 0) {
+            nodus::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(shut_down(&primary, run).await, 0);
+        // `run` has reaped the guard: it is no child of ours any more.
+        assert!(
+            own_children().iter().all(|&p| !is_guard(p)),
+            "a guard left: {:?}",
+            own_children()
+        );
+        assert!(guards.iter().all(|&g| gone(g)));
+    });
+}
+
+/// Runs this test binary's test `name` as a primary in `role`, its worker's child's pid written
+/// to a file in `dir`: the process and the file.
+fn primary_process(
+    name: &str,
+    role: &str,
+    dir: &nodus_testkit::tmp::TempDir,
+) -> (std::process::Child, std::path::PathBuf) {
+    let file = dir.path().join("pid");
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--nocapture", "--test-threads", "1"])
+        .env(PRIMARY_ROLE, format!("{role}:{}", file.display()))
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    (child, file)
+}
+
+/// The pid in `file` once written (20 s at most).
+fn pid_in(file: &std::path::Path) -> i32 {
+    for _ in 0..1000 {
+        if let Some(pid) = std::fs::read_to_string(file)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+        {
+            return pid;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("no pid in {}", file.display());
+}
+
+/// A Rust program's primary killed with SIGKILL: its worker's child is gone within 2 s (the
+/// orphan guard), though the worker's parent-death signal only reaches the worker.
+#[test]
+fn a_rust_primary_killed_with_sigkill_leaves_no_child_of_a_worker() {
+    const NAME: &str = "a_rust_primary_killed_with_sigkill_leaves_no_child_of_a_worker";
+    if let Ok(role) = std::env::var(PRIMARY_ROLE) {
+        let (role, file) = role.split_once(':').unwrap();
+        return play_primary(role, file);
+    }
+    let dir = nodus_testkit::tmp::TempDir::new("guard-lib-kill");
+    let (mut primary, file) = primary_process(NAME, "kill", &dir);
+    let grandchild = pid_in(&file);
+    let kill = |pid: i32| {
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(pid).unwrap(),
+            rustix::process::Signal::KILL,
+        );
+    };
+    assert!(!gone(grandchild), "the worker's child runs");
+    primary.kill().unwrap();
+    primary.wait().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while !gone(grandchild) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let left = !gone(grandchild);
+    if left {
+        kill(grandchild);
+    }
+    assert!(
+        !left,
+        "the worker's child {grandchild} outlived its primary by 2 s"
+    );
+}
+
+/// A Rust program's primary that shuts down reaps its guard before `run` returns.
+#[test]
+fn a_rust_primary_that_shuts_down_leaves_no_guard() {
+    const NAME: &str = "a_rust_primary_that_shuts_down_leaves_no_guard";
+    if let Ok(role) = std::env::var(PRIMARY_ROLE) {
+        let (role, file) = role.split_once(':').unwrap();
+        return play_primary(role, file);
+    }
+    let dir = nodus_testkit::tmp::TempDir::new("guard-lib-stop");
+    let (mut primary, _file) = primary_process(NAME, "stop", &dir);
+    let status = (0..1000)
+        .find_map(|_| {
+            let status = primary.try_wait().unwrap();
+            if status.is_none() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            status
+        })
+        .unwrap_or_else(|| {
+            let _ = primary.kill();
+            panic!("the primary did not finish within 20 s");
+        });
+    primary.wait().unwrap();
+    assert!(status.success(), "{status}");
+}

@@ -3,7 +3,8 @@
 //! a load generator.
 //!
 //! Invariants:
-//! - A [`Cluster`] kills every process it started on drop, by PID: the workers found through
+//! - A [`Cluster`] kills every process it started on drop, by PID: the workers (and the
+//!   primary's orphan guard, which [`Cluster::worker_pids`] leaves out) found through
 //!   `/proc/<primary>/task/*/children` and every worker pid it has seen (only while
 //!   `/proc/<pid>/exe` is still the cluster binary, so a recycled pid is never touched), then the
 //!   primary, which it reaps.
@@ -218,9 +219,13 @@ impl Cluster {
         })
     }
 
-    /// The primary's live children (its workers), from `/proc/<pid>/task/*/children`.
+    /// The primary's live children but its orphan guard (its workers), from
+    /// `/proc/<pid>/task/*/children`.
     pub fn worker_pids(&self) -> Vec<u32> {
-        let pids = children(self.pid());
+        let pids: Vec<u32> = children(self.pid())
+            .into_iter()
+            .filter(|&p| !is_guard(p))
+            .collect();
         let mut seen = self.seen.lock().unwrap();
         for p in &pids {
             if !seen.contains(p) {
@@ -287,6 +292,12 @@ pub fn children(p: u32) -> Vec<u32> {
         }
     }
     pids
+}
+
+/// Whether `p` is a primary's orphan guard (a fork of the primary, named by `/proc/PID/comm`).
+pub fn is_guard(p: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{p}/comm"))
+        .is_ok_and(|comm| comm.trim_end().as_bytes() == nodus::process::GUARD_NAME.to_bytes())
 }
 
 /// Whether `p` exists and is not a zombie.

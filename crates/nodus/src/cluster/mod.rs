@@ -6,7 +6,8 @@
 //! - [`Primary`] (`primary`): forks workers (nodus, Node or any program), owns the listening
 //!   sockets, balances connections (`rr`, `shared`, `reuseport`, `least`), and supervises:
 //!   restart budget, backoff, "going down" notices, rolling reload on SIGHUP, graceful
-//!   shutdown, no orphans.
+//!   shutdown, no orphans (each worker's process group killed at its exit, and by the primary's
+//!   orphan guard if the primary is killed).
 //! - `protocol`: Node's `NODE_CLUSTER` messages and nodus's `NODE_NODUS` extensions.
 //! - `board`: the page a nodus primary shares with each nodus worker, where the worker posts the
 //!   connections it took (no `took` message per batch) and its load.

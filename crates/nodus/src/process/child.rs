@@ -20,6 +20,9 @@
 //!   the exit task looks at the exit first (`WNOWAIT`, which leaves the child a zombie), signals
 //!   what is left of the child's process group, then reaps: the group is signalled while its id
 //!   is still the zombie's pid, so never a recycled one.
+//! - A child whose group an orphan guard remembers ([`Child::guard_group`]) is forgotten by the
+//!   guard in that same window: after the group signal, before the reap (the guard never holds
+//!   a pgid that could be reused; see `guard`).
 
 use std::cell::RefCell;
 use std::fmt;
@@ -31,6 +34,7 @@ use std::task::{Context, Poll, Waker, ready};
 
 use rustix::process::{Pid, Signal, WaitId, WaitIdOptions, WaitIdStatus};
 
+use super::guard::OrphanGuard;
 use super::pipes::{ChildStderr, ChildStdin, ChildStdout};
 use crate::io::AsyncFd;
 use crate::ipc::Channel;
@@ -74,6 +78,8 @@ struct Watch {
     pid: Pid,
     /// Sent to the child's process group between its exit and its reap.
     group_exit_signal: Option<Signal>,
+    /// The orphan guard that remembers the child's group: told to forget it before the reap.
+    guard: RefCell<Option<OrphanGuard>>,
     pidfd: RefCell<Option<AsyncFd<OwnedFd>>>,
     status: RefCell<Option<Result<ExitStatus, (io::ErrorKind, String)>>>,
     waiters: RefCell<Vec<Waker>>,
@@ -100,16 +106,25 @@ impl Watch {
     }
 
     /// Reaps the child if it has exited; with a group exit signal, signals its group first,
-    /// while the child is still a zombie (see the module doc).
+    /// while the child is still a zombie, and then has its orphan guard, if any, forget the
+    /// group (see the module doc).
     fn try_reap(&self, pidfd: BorrowedFd<'_>) -> rustix::io::Result<Option<WaitIdStatus>> {
         let exited = WaitIdOptions::EXITED | WaitIdOptions::NOHANG;
-        if let Some(sig) = self.group_exit_signal {
+        if self.group_exit_signal.is_some() || self.guard.borrow().is_some() {
             let peek = exited | WaitIdOptions::NOWAIT;
             if rustix::process::waitid(WaitId::PidFd(pidfd), peek)?.is_none() {
                 return Ok(None);
             }
-            // An empty group (ESRCH) is what we want.
-            let _ = rustix::process::kill_process_group(self.pid, sig);
+            if let Some(sig) = self.group_exit_signal {
+                // An empty group (ESRCH) is what we want.
+                let _ = rustix::process::kill_process_group(self.pid, sig);
+            }
+            // The zombie still holds the group's id: the guard forgets it before it can be
+            // another's.
+            let guard = self.guard.borrow_mut().take();
+            if let Some(guard) = guard {
+                guard.forget(self.pid);
+            }
         }
         rustix::process::waitid(WaitId::PidFd(pidfd), exited)
     }
@@ -154,6 +169,7 @@ impl Child {
         let watch = Rc::new(Watch {
             pid,
             group_exit_signal,
+            guard: RefCell::new(None),
             pidfd: RefCell::new(Some(AsyncFd::new(pidfd)?)),
             status: RefCell::new(None),
             waiters: RefCell::new(Vec::new()),
@@ -247,6 +263,19 @@ impl Child {
             let _ = rustix::process::pidfd_send_signal(&pidfd, sig);
         }
         Ok(())
+    }
+
+    /// Has `guard` remember the child's process group now and forget it at the child's exit,
+    /// after the group exit signal and before the reap (see the module doc). The child must lead
+    /// its own group ([`Command::process_group`](super::Command::process_group)`(0)`); give it a
+    /// group exit signal too, or its group is forgotten at its exit without being signalled. No
+    /// effect once the child has been reaped.
+    pub(crate) fn guard_group(&self, guard: &OrphanGuard) {
+        if self.watch.pidfd.borrow().is_none() {
+            return;
+        }
+        guard.remember(self.watch.pid);
+        *self.watch.guard.borrow_mut() = Some(guard.clone());
     }
 
     /// The child no longer keeps the loop alive (Node's `child.unref()`). Its stdio pipes and

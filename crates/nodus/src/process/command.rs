@@ -488,7 +488,7 @@ impl ChildFds {
 /// `SIGTERM` meant to end the child, note it in the child's copy of its state and return, and the
 /// program would run as if none had come. Raw `sigaction` calls on stack values only:
 /// async-signal-safe.
-fn default_caught_signals() {
+pub(super) fn default_caught_signals() {
     // Linux's signals are 1..=64 (`SIGRTMAX`); glibc refuses the two it keeps for itself.
     for sig in 1..=64 {
         if sig == libc::SIGKILL || sig == libc::SIGSTOP {

@@ -18,11 +18,17 @@
 //! - A child starts with the soft open-files limit this process started with, even after
 //!   [`raise_fd_limit`] raised ours (systemd's rule: a program using `select()` must not get fds
 //!   over `FD_SETSIZE` that a raised limit would let it open; Node and nodus raise their own).
+//! - An orphan guard (`guard`, crate-private: a cluster primary's) is a fork of this process
+//!   without `exec`, running async-signal-safe code only; it SIGKILLs the process groups it was
+//!   told of once this process is gone. Its group remember/forget order is tied to the reap
+//!   (`Child::guard_group`), so it never holds a pgid that could be another's. Its name,
+//!   [`GUARD_NAME`], tells it from a worker among this process's children.
 //! - Requires Linux ≥ 5.3 (pidfd).
 
 mod child;
 mod command;
 mod exec;
+mod guard;
 pub mod output;
 mod pipes;
 pub(crate) mod sched;
@@ -34,6 +40,8 @@ use std::sync::OnceLock;
 pub use child::{Child, ExitStatus};
 pub use command::{CHANNEL_FD, Command, Stdio};
 pub use exec::{ExecError, ExecErrorKind, ExecOptions, Output, exec, exec_file};
+pub use guard::GUARD_NAME;
+pub(crate) use guard::OrphanGuard;
 pub use pipes::{ChildStderr, ChildStdin, ChildStdout};
 
 use crate::ipc::{Channel, ChannelOptions};

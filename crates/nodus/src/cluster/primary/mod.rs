@@ -25,7 +25,16 @@
 //!   A connection handed to a worker stays owned by the primary too until the worker answers
 //!   `accepted`, so one lost with its worker is handed to another; one no worker takes waits a
 //!   bounded time (`ready_timeout`), then it is reset.
-//! - Workers get `PR_SET_PDEATHSIG(SIGKILL)`: none outlives a primary killed with SIGKILL.
+//! - Workers get `PR_SET_PDEATHSIG(SIGKILL)`: none outlives a primary killed with SIGKILL. Their
+//!   own children are the orphan guard's (`crate::process::OrphanGuard`, `State::guard`),
+//!   forked by [`Primary::start`] before the first worker: it remembers each worker's process
+//!   group from the spawn until the group is killed at the worker's exit (forgotten then, before
+//!   the reap), and SIGKILLs every group it still remembers once this process is gone, whatever
+//!   the cause. `run` closes it once every worker has been reaped (it kills nothing then) and
+//!   reaps it. A guard that cannot start or dies is one warning line; the cluster goes on without
+//!   it (it is not restarted). It is no worker: not in `procs`, the stats, the events or the
+//!   restart budget. A worker's child that left the group (`setsid`) escapes it: only a cgroup
+//!   catches those.
 //! - Round-robin and least hand connections over the channel, so they need workers with one
 //!   (`WorkerCommand::ipc`): `Primary::start` refuses them for a plain program, as `nodus run`
 //!   refuses `--policy rr` without `--node`, and `Config::new` defaults a plain program to
@@ -52,6 +61,7 @@ pub use events::{Event, EventKind};
 
 use super::supervision::{RestartBudget, RestartPolicy, SlotHistory};
 use crate::net::TcpListener;
+use crate::process::OrphanGuard;
 use proc::Proc;
 use server::Server;
 
@@ -269,6 +279,9 @@ pub(crate) struct State {
     /// Fds workers gave back (`returned`) that were not connections of the listener: closed.
     returned_rejected: Cell<u64>,
     stats_cache: RefCell<stats::Cache>,
+    /// The orphan guard (`crate::process::OrphanGuard`): remembers every worker's process group
+    /// and SIGKILLs those left when this process is gone. `None` if it could not be started.
+    guard: Option<OrphanGuard>,
 }
 
 /// A running cluster primary. Cheap to clone.
@@ -313,6 +326,19 @@ impl Primary {
                 ),
             ));
         }
+        // First, before the first worker (and before this thread switches to SCHED_BATCH, which
+        // a fork inherits): the guard that kills the workers' groups if this process is killed.
+        let guard = match OrphanGuard::start() {
+            Ok(guard) => Some(guard),
+            Err(e) => {
+                tracing::warn!(
+                    target: "nodus::cluster",
+                    "cannot start the orphan guard ({e}): the workers' own children would \
+                     outlive this process if it is killed with SIGKILL"
+                );
+                None
+            }
+        };
         // Fds handed to workers and not yet read count against the sender's limit (the kernel
         // refuses more with ETOOMANYREFS).
         crate::process::raise_fd_limit();
@@ -362,6 +388,7 @@ impl Primary {
             fd_reserve: handoff::FdReserve::new(),
             returned_rejected: Cell::new(0),
             stats_cache: RefCell::default(),
+            guard,
         });
         for (name, listener) in listeners {
             let server = Server::prebound(&st, listener)?;

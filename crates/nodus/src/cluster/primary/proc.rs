@@ -6,6 +6,9 @@
 //! - A worker leads its own process group (pgid = its pid), and whatever is left of that group
 //!   is SIGKILLed when the worker exits, before it is reaped ([`Command::group_exit_signal`]):
 //!   by the time `on_exit` runs, no process of its group is left but ones dying of SIGKILL.
+//! - The primary's orphan guard, if any, remembers the worker's group from right after the spawn
+//!   until that group kill (it forgets it then, before the reap: [`Child::guard_group`]), so the
+//!   group is killed even if the primary is killed with SIGKILL.
 //! - `state` only moves forward: Starting → Online → Listening → Ready → Draining → Dead (a
 //!   step may be skipped).
 //! - `pending` holds the primary's reference to every connection handed to this worker and not
@@ -142,6 +145,11 @@ impl Proc {
             cmd.stdout(Stdio::Pipe).stderr(Stdio::Pipe);
         }
         let mut child = cmd.spawn()?;
+        // The guard remembers the worker's group from now until the group is killed at the
+        // worker's exit (it forgets it then, before the reap).
+        if let Some(guard) = &st.guard {
+            child.guard_group(guard);
+        }
         let mut output = Vec::new();
         if st.config.prefix_output {
             let prefix = format!("[worker {slot} {}] ", child.id());

@@ -29,7 +29,8 @@
 //!   SIGKILL its whole group; and once it has exited, for any reason (a crash, its own exit, a
 //!   stop, a give-up, a reload's old generation), what is left of its group is SIGKILLed before
 //!   it is reaped (see `Proc::spawn`). So when `run` returns, every worker's group is empty or
-//!   dying of SIGKILL.
+//!   dying of SIGKILL; `run` then closes the orphan guard (which remembers no group by then, so
+//!   kills nothing) and reaps it before returning.
 
 use std::future::poll_fn;
 use std::rc::Rc;
@@ -101,6 +102,11 @@ pub(super) async fn run(st: &Rc<State>) -> i32 {
         .await;
         match next {
             Err(code) => {
+                // Every worker has been reaped, so the guard remembers no group: it exits, and
+                // is reaped here, killing nothing.
+                if let Some(guard) = &st.guard {
+                    guard.close().await;
+                }
                 if st.phase.get() == Phase::Stopping {
                     tracing::info!(
                         target: "nodus::cluster",

@@ -1,0 +1,265 @@
+//! The orphan guard (`nodus::process::guard`): a primary killed with SIGKILL leaves none of its
+//! workers' children running (`nodus run` with a plain program and with `--node`) nor any
+//! listening port open; the guard of `nodus serve --workers` goes with its primary too; the
+//! guard shrugs off SIGINT/SIGTERM/SIGHUP, holds no fd but its socket, and is reaped by its
+//! primary after a SIGTERM stop; a guard that dies is one warning line and the cluster goes on.
+//!
+//! Every primary is started in its own process group, killed by PID at the end of its test; the
+//! workers' background children (their pids written to a file) and the guard are SIGKILLed by
+//! PID at the end if they are still there. Waits are bounded (2 s for what the guard does).
+
+mod common;
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::cluster::spawn;
+use common::serve::Serve;
+use common::{NODUS, gone, have};
+use nodus_testkit::net::free_addr;
+use nodus_testkit::proc::Proc;
+use nodus_testkit::tmp::TempDir;
+use rustix::process::{Pid, Signal};
+
+/// How long the guard has to do its work once the primary is gone.
+const GUARD_LIMIT: Duration = Duration::from_secs(2);
+
+/// Pids SIGKILLed on drop if still running (the test's grandchildren and guards), so a failed
+/// assertion leaks none.
+#[derive(Default)]
+struct Cleanup(Vec<i32>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            if !gone(pid) {
+                let _ = rustix::process::kill_process(Pid::from_raw(pid).unwrap(), Signal::KILL);
+            }
+        }
+    }
+}
+
+/// The children of every thread of `pid`.
+fn children(pid: u32) -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|text| {
+            text.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .collect()
+}
+
+fn is_guard(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .is_ok_and(|comm| comm.trim_end().as_bytes() == nodus::process::GUARD_NAME.to_bytes())
+}
+
+/// The guard among `primary`'s children: exactly one, checked to hold one fd, a socket.
+fn the_guard(primary: u32, cleanup: &mut Cleanup) -> i32 {
+    let guards: Vec<i32> = children(primary)
+        .into_iter()
+        .filter(|&p| is_guard(p))
+        .collect();
+    cleanup.0.extend(&guards);
+    assert_eq!(guards.len(), 1, "one guard among {:?}", children(primary));
+    let guard = guards[0];
+    let fds: Vec<PathBuf> = std::fs::read_dir(format!("/proc/{guard}/fd"))
+        .unwrap()
+        .flatten()
+        .map(|e| std::fs::read_link(e.path()).unwrap())
+        .collect();
+    assert_eq!(fds.len(), 1, "the guard holds one fd: {fds:?}");
+    assert!(
+        fds[0].to_string_lossy().starts_with("socket:"),
+        "the guard's one fd is its socket: {fds:?}"
+    );
+    guard
+}
+
+/// The pid a worker wrote to `file`, once written (20 s at most), checked running.
+fn pid_in(file: &Path, cleanup: &mut Cleanup) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(pid) = std::fs::read_to_string(file)
+            .ok()
+            .and_then(|t| t.trim().parse::<i32>().ok())
+        {
+            cleanup.0.push(pid);
+            assert!(!gone(pid), "the worker's child {pid} runs");
+            return pid;
+        }
+        assert!(Instant::now() < deadline, "no pid in {}", file.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Asserts that every one of `pids` is gone (or a zombie) within [`GUARD_LIMIT`].
+fn assert_gone_soon(pids: &[i32], what: &str) {
+    let deadline = Instant::now() + GUARD_LIMIT;
+    loop {
+        let left: Vec<i32> = pids.iter().copied().filter(|&p| !gone(p)).collect();
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} {left:?} still running {GUARD_LIMIT:?} after the primary was killed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Asserts that nothing listens on `addr` any more: it can be bound within [`GUARD_LIMIT`].
+fn assert_port_free_soon(addr: SocketAddr) {
+    let deadline = Instant::now() + GUARD_LIMIT;
+    loop {
+        match TcpListener::bind(addr) {
+            Ok(_) => return,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "{addr} still taken {GUARD_LIMIT:?} after the primary was killed: {e}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Kills `primary` with SIGKILL and waits for its exit.
+fn kill_primary(primary: &mut Proc) {
+    primary.signal(Signal::KILL);
+    assert!(
+        primary.exited_within(Duration::from_secs(10)).is_some(),
+        "the primary dies of SIGKILL"
+    );
+}
+
+#[test]
+fn a_workers_children_and_its_listener_die_with_a_primary_killed_with_sigkill() {
+    let dir = TempDir::new("guard-kill");
+    let file = dir.path().join("pid");
+    let addr = free_addr();
+    let mut cleanup = Cleanup::default();
+    // `sh` forks `sleep`, which inherits the listening socket (fd 3, LISTEN_FDS): it would hold
+    // the port open for 300 s.
+    let worker = format!("sleep 300 & echo $! > {}; wait", file.display());
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "-w", "1", "-l", &addr.to_string()])
+            .args(["--", "sh", "-c", &worker]),
+    );
+    let grandchild = pid_in(&file, &mut cleanup);
+    let guard = the_guard(primary.id(), &mut cleanup);
+
+    // A terminal's Ctrl-C, a service manager's SIGTERM, a hang-up: none takes the guard away.
+    for sig in [Signal::INT, Signal::TERM, Signal::HUP] {
+        rustix::process::kill_process(Pid::from_raw(guard).unwrap(), sig).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!gone(guard), "the guard ignores SIGINT, SIGTERM and SIGHUP");
+
+    kill_primary(&mut primary);
+    assert_gone_soon(&[grandchild], "the worker's child");
+    assert_gone_soon(&[guard], "the guard");
+    assert_port_free_soon(addr);
+}
+
+#[test]
+fn a_node_workers_children_die_with_a_primary_killed_with_sigkill() {
+    if !have("node") {
+        return;
+    }
+    let dir = TempDir::new("guard-node");
+    let file = dir.path().join("pid");
+    let app = dir.path().join("app.js");
+    std::fs::write(
+        &app,
+        format!(
+            "const c = require('child_process').spawn('sleep', ['300'], {{ stdio: 'ignore' }});\n\
+             require('fs').writeFileSync({:?}, String(c.pid));\n\
+             setInterval(() => {{}}, 1000);\n",
+            file.display().to_string()
+        ),
+    )
+    .unwrap();
+    let mut cleanup = Cleanup::default();
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "--node", "-w", "1", "--", "node"])
+            .arg(&app),
+    );
+    let grandchild = pid_in(&file, &mut cleanup);
+    let guard = the_guard(primary.id(), &mut cleanup);
+    kill_primary(&mut primary);
+    assert_gone_soon(&[grandchild, guard], "the Node worker's child, the guard");
+}
+
+#[test]
+fn the_guard_of_nodus_serve_goes_with_its_primary_and_holds_no_port() {
+    let dir = TempDir::new("guard-serve");
+    std::fs::write(dir.path().join("index.html"), "hello").unwrap();
+    let mut cleanup = Cleanup::default();
+    let mut serve = Serve::start(dir.path(), 2, &[]);
+    let guard = the_guard(serve.proc.id(), &mut cleanup);
+    let workers: Vec<i32> = children(serve.proc.id())
+        .into_iter()
+        .filter(|&p| p != guard)
+        .collect();
+    assert_eq!(workers.len(), 2, "{workers:?}");
+    cleanup.0.extend(&workers);
+    kill_primary(&mut serve.proc);
+    let mut all = workers;
+    all.push(guard);
+    assert_gone_soon(&all, "the workers, the guard");
+    assert_port_free_soon(serve.addr);
+}
+
+#[test]
+fn a_sigterm_stop_leaves_no_guard_behind() {
+    let mut cleanup = Cleanup::default();
+    let mut primary = spawn(Command::new(NODUS).args(["run", "-w", "2", "--", "sleep", "300"]));
+    primary.wait_line("2 workers ready");
+    let guard = the_guard(primary.id(), &mut cleanup);
+    primary.signal(Signal::TERM);
+    assert_eq!(
+        primary.wait_exit(Duration::from_secs(20)),
+        Some(0),
+        "{:#?}",
+        primary.output()
+    );
+    // Reaped by the primary itself before its exit: not even a zombie is left.
+    assert!(
+        !Path::new(&format!("/proc/{guard}")).exists() || gone(guard),
+        "the guard {guard} is gone"
+    );
+}
+
+#[test]
+fn a_guard_that_dies_is_one_warning_line_and_the_cluster_goes_on() {
+    let mut cleanup = Cleanup::default();
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "-w", "1", "--", "sleep", "300"])
+            .env("RUST_LOG", "info"),
+    );
+    primary.wait_line("1 worker ready");
+    let guard = the_guard(primary.id(), &mut cleanup);
+    rustix::process::kill_process(Pid::from_raw(guard).unwrap(), Signal::KILL).unwrap();
+    primary.wait_line("the orphan guard");
+    assert!(primary.exited_within(Duration::from_millis(200)).is_none());
+    primary.signal(Signal::TERM);
+    assert_eq!(primary.wait_exit(Duration::from_secs(20)), Some(0));
+    let warnings = primary
+        .output()
+        .iter()
+        .filter(|l| l.contains("orphan guard"))
+        .count();
+    assert_eq!(warnings, 1, "{:#?}", primary.output());
+}

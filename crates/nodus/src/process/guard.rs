@@ -1,0 +1,423 @@
+//! The orphan guard: a small process, forked (no `exec`) by a cluster primary before its first
+//! worker, that SIGKILLs the process group of every worker still running when the primary is
+//! gone, whatever the cause (SIGKILL included). A worker's own parent-death signal only reaches
+//! the worker: without the guard, its children (`sh -c 'python3 app.py; echo done'`, `npm start`)
+//! would outlive a primary killed with SIGKILL, since no one is left to kill their group.
+//!
+//! How it works:
+//! - [`OrphanGuard::start`] makes a `SOCK_SEQPACKET` socket pair (close-on-exec: no worker
+//!   inherits either end) and maps one page for the guard's table, then forks. The primary keeps
+//!   its end; the guard keeps the other, closes every other fd it inherited (`close_range`; stdio
+//!   and listening sockets included, so it holds no port, pipe or terminal open), puts every
+//!   signal this process catches back to its default action, ignores SIGINT, SIGTERM, SIGHUP and
+//!   SIGPIPE (a terminal's Ctrl-C or a service manager's SIGTERM must not take it away before the
+//!   primary: it leaves when the primary does), leads a process group of its own (a kill of the
+//!   primary's group does not take it either), names itself [`GUARD_NAME`] (`/proc/PID/comm`,
+//!   what `ps` shows, and how a test tells it from a worker), and reads. Fork clears the
+//!   parent-death signal: it gets none.
+//! - Messages are 8 bytes, `[op: i32, pgid: i32]` in native byte order: remember a group, or
+//!   forget it. A socket pair rather than a pipe: one message is one datagram, sent whole or not
+//!   at all, and `MSG_NOSIGNAL` makes a send to a guard that died an `EPIPE` instead of a SIGPIPE
+//!   (which a library user's program may not ignore); its end of file is a pipe's.
+//! - The table is [`CAPACITY`] pgids in a page mapped before the fork (the primary unmaps its
+//!   copy right after): nothing is allocated in the guard. The primary keeps its own copy of the
+//!   list, so it knows when the table is full: then a new worker's group is not sent, with one
+//!   warning line (that worker's children are not covered; its own parent-death signal still
+//!   is), and the guard itself ignores a remember past its capacity.
+//! - At end of file (every copy of the primary's end is closed: the primary exited, was killed,
+//!   or closed it at the end of its run) the guard SIGKILLs every group it remembers and
+//!   `_exit`s. A pgid below 2 is never acted on (`kill(-1)` would signal every process).
+//!
+//! Ordering (why a remembered pgid is never another's): a worker leads its own group, so its
+//! pgid is its pid, and that number stays taken as long as the worker is unreaped or any process
+//! is still in the group. The primary sends "remember" right after the spawn (the worker runs,
+//! so the number is its own), and "forget" from the worker's exit task after the group's
+//! SIGKILL and before the reap (`Child::guard_group`): while the guard remembers a pgid, the
+//! worker is at worst a zombie the primary has not reaped, so the number cannot have been
+//! reused. The socket is ordered, and the guard reads everything before the end of file, so it
+//! never acts on a group the primary forgot. A failed send (the guard stopped reading, or died)
+//! could leave a pgid the primary forgets remembered: the primary then SIGKILLs the guard at once
+//! (through its pidfd) and goes on without one, with one warning line.
+//!
+//! Limits:
+//! - After the primary dies its zombie workers are reaped by whoever inherits them, and a
+//!   worker whose group was otherwise empty frees its number then. The guard's SIGKILL follows
+//!   the primary's exit by microseconds (the end of file comes before the re-parenting), so it
+//!   could reach another group only if the kernel handed out every other pid in between
+//!   (`pid_max`, 4 million by default) and the same number became a group's id.
+//! - A worker's child that calls `setsid` or moves to another group (a daemon's double fork)
+//!   leaves the group, so neither the primary nor the guard kills it: only a cgroup catches
+//!   those (systemd's `KillMode=control-group`, which `deploy/systemd` uses).
+//! - A worker's child started between the worker's `exec` and the primary's "remember" (a few
+//!   microseconds) is not covered if the primary is SIGKILLed in that window.
+//! - The guard can be killed (SIGKILL, SIGSTOP for long enough that its socket fills, the OOM
+//!   killer): the primary logs one warning line and goes on without it, not restarting it (a
+//!   restart would fork the primary's grown address space mid-run, and a guard that keeps dying
+//!   would make it a loop); workers keep their parent-death signal and their group kills.
+//!
+//! Memory: the guard shares the primary's pages copy-on-write; what it adds is its own stack
+//! pages, its table page, its page tables and, over time, its copies of the pages the primary
+//! writes after the fork (the guard keeps the old contents). BENCHMARKS.md has the measure.
+//!
+//! Everything the guard runs after the fork is async-signal-safe (the primary may have other
+//! threads, whose locks the child may find held): raw syscalls through libc (`sigaction`,
+//! `sigprocmask`, `setpgid`, `prctl`, `close_range`/`close`, `recv`, `kill`, `_exit`) on
+//! integers, stack buffers and the page mapped before the fork. No allocation, no lock, no
+//! panic path, no return: the child never runs the primary's code again.
+
+use std::cell::{Cell, RefCell};
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::rc::{Rc, Weak};
+use std::time::Duration;
+
+use rustix::process::Pid;
+
+use super::child::Child;
+
+/// How many process groups the guard remembers at once (one 4 KiB page of pgids): far above
+/// the workers a primary runs, old generations draining during a reload included.
+pub(crate) const CAPACITY: usize = 1024;
+
+/// The guard's name (`/proc/PID/comm`; `ps` shows it).
+pub const GUARD_NAME: &CStr = c"nodus-guard";
+
+/// The highest fd number the guard closes one by one when the kernel has no `close_range`.
+const MAX_FD: RawFd = 1 << 20;
+
+const REMEMBER: i32 = 1;
+const FORGET: i32 = 2;
+
+/// How long [`OrphanGuard::close`] waits for the guard's exit (it exits at once).
+const CLOSE_WAIT: Duration = Duration::from_secs(1);
+
+/// The primary's handle on its guard. Cheap to clone; the guard's end of file comes when
+/// [`close`](Self::close) is called or the last clone is dropped.
+#[derive(Clone)]
+pub(crate) struct OrphanGuard(Rc<Inner>);
+
+struct Inner {
+    /// The primary's end of the socket pair; `None` once closed, or once the guard is gone.
+    end: RefCell<Option<OwnedFd>>,
+    child: Rc<Child>,
+    /// The groups sent to the guard and not yet forgotten (the primary's copy of its table).
+    groups: RefCell<Vec<i32>>,
+    /// The full table was reported (once).
+    full_warned: Cell<bool>,
+}
+
+impl std::fmt::Debug for OrphanGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OrphanGuard")
+            .field("pid", &self.0.child.id())
+            .field("groups", &self.0.groups.borrow().len())
+            .finish()
+    }
+}
+
+impl OrphanGuard {
+    /// Forks the guard. Its pidfd is watched on the current loop, unref'd (the guard never keeps
+    /// the loop alive); an unexpected exit is one warning line.
+    ///
+    /// # Errors
+    /// The socket pair, the page or the fork failed, or the guard's pidfd could not be opened
+    /// (the guard is then killed and reaped here).
+    ///
+    /// # Panics
+    /// Outside a running nodus loop (before anything is forked).
+    #[track_caller]
+    pub(crate) fn start() -> io::Result<OrphanGuard> {
+        crate::rt::context::with_core("nodus::process::OrphanGuard::start", |_| ());
+        let (ours, theirs) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )?;
+        let table = Table::map()?;
+        // For a kernel without close_range (before 5.9): the child closes every number below
+        // the open-files limit, one by one (the kernel's own ceiling, `nr_open`, is 2^20 by
+        // default).
+        let last_fd = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .current
+            .map_or(MAX_FD, |n| RawFd::try_from(n).unwrap_or(MAX_FD).min(MAX_FD));
+        let theirs_raw = theirs.as_raw_fd();
+        let table_ptr = table.ptr;
+        // SAFETY: `fork` in a process that may have other threads: the child runs only
+        // `guard_main`, which is async-signal-safe (see there) and never returns. The parent
+        // goes on as usual.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: this is the child of the fork; `theirs_raw` is open in it and `table_ptr`
+            // is a mapping of `CAPACITY` i32s that the child owns a copy of.
+            unsafe { guard_main(theirs_raw, table_ptr, last_fd) }
+        }
+        drop(theirs);
+        drop(table);
+        if pid < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let pid = Pid::from_raw(pid).expect("a forked child has a positive pid");
+        let child = match Child::watch(pid, None) {
+            Ok(child) => Rc::new(child),
+            Err(e) => {
+                // Nothing watches it: close its input (it exits), kill it anyway and reap it.
+                drop(ours);
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
+                return Err(e);
+            }
+        };
+        child.unref();
+        let inner = Rc::new(Inner {
+            end: RefCell::new(Some(ours)),
+            child: child.clone(),
+            groups: RefCell::new(Vec::new()),
+            full_warned: Cell::new(false),
+        });
+        // The task holds the guard weakly: it must not keep the primary's end open.
+        let weak: Weak<Inner> = Rc::downgrade(&inner);
+        crate::task::spawn_named("process:guard", async move {
+            let status = child.wait().await;
+            let Some(inner) = weak.upgrade() else {
+                return;
+            };
+            if inner.end.borrow_mut().take().is_some() {
+                let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
+                tracing::warn!(
+                    target: "nodus::process",
+                    "the orphan guard (pid {}) exited unexpectedly ({status}): the workers' own \
+                     children now outlive this process if it is killed with SIGKILL; going on \
+                     without it",
+                    child.id()
+                );
+            }
+        })
+        .detach();
+        tracing::debug!(target: "nodus::process", "orphan guard started (pid {pid:?})");
+        Ok(OrphanGuard(inner))
+    }
+
+    /// Has the guard remember process group `pgid` (a worker that leads its own group, just
+    /// spawned: `pgid` is its pid, which cannot be reused before it is reaped).
+    pub(crate) fn remember(&self, pgid: Pid) {
+        let pgid = pgid.as_raw_nonzero().get();
+        if self.0.end.borrow().is_none() {
+            return;
+        }
+        if self.0.groups.borrow().len() >= CAPACITY {
+            if !self.0.full_warned.replace(true) {
+                tracing::warn!(
+                    target: "nodus::process",
+                    "the orphan guard's table is full ({CAPACITY} process groups): the children \
+                     of worker pid {pgid} (and of later ones while it stays full) are not killed \
+                     if this process is killed with SIGKILL"
+                );
+            }
+            return;
+        }
+        if self.send(REMEMBER, pgid) {
+            self.0.groups.borrow_mut().push(pgid);
+        }
+    }
+
+    /// Has the guard forget process group `pgid`: called once the group has been signalled at
+    /// the worker's exit and before the worker is reaped (see the module doc).
+    pub(crate) fn forget(&self, pgid: Pid) {
+        let pgid = pgid.as_raw_nonzero().get();
+        let mut groups = self.0.groups.borrow_mut();
+        let Some(i) = groups.iter().position(|&g| g == pgid) else {
+            return; // never sent (the table was full), or the guard is gone
+        };
+        groups.swap_remove(i);
+        drop(groups);
+        self.send(FORGET, pgid);
+    }
+
+    /// Sends one message; `false` if the guard did not get it. A send that fails while the
+    /// guard runs leaves its table unknown: the guard is killed at once and the primary goes on
+    /// without one (one warning line).
+    fn send(&self, op: i32, pgid: i32) -> bool {
+        let mut message = [0u8; 8];
+        message[..4].copy_from_slice(&op.to_ne_bytes());
+        message[4..].copy_from_slice(&pgid.to_ne_bytes());
+        let mut end = self.0.end.borrow_mut();
+        let Some(fd) = end.as_ref() else {
+            return false;
+        };
+        let flags = rustix::net::SendFlags::NOSIGNAL | rustix::net::SendFlags::DONTWAIT;
+        let result = loop {
+            match rustix::net::send(fd, &message, flags) {
+                Err(rustix::io::Errno::INTR) => continue,
+                other => break other,
+            }
+        };
+        match result {
+            Ok(n) if n == message.len() => true,
+            result => {
+                *end = None;
+                self.0.groups.borrow_mut().clear();
+                // Its exit task then sees the end already gone: this line is the only one.
+                let _ = self.0.child.kill(libc::SIGKILL);
+                let why = match result {
+                    Ok(n) => format!("a short send of {n} bytes"),
+                    Err(e) => io::Error::from(e).to_string(),
+                };
+                tracing::warn!(
+                    target: "nodus::process",
+                    "the orphan guard (pid {}) cannot be told of a process group ({why}): killed \
+                     it; the workers' own children now outlive this process if it is killed with \
+                     SIGKILL; going on without it",
+                    self.0.child.id()
+                );
+                false
+            }
+        }
+    }
+
+    /// Closes the primary's end, once every worker has been reaped (so the guard kills
+    /// nothing), and waits for the guard's exit (1 s at most; it exits at once), which its exit
+    /// task reaps. Later calls do nothing.
+    pub(crate) async fn close(&self) {
+        let Some(end) = self.0.end.borrow_mut().take() else {
+            return;
+        };
+        drop(end);
+        let _ = crate::time::timeout(CLOSE_WAIT, self.0.child.wait()).await;
+    }
+}
+
+/// The guard's table: `CAPACITY` i32s in an anonymous mapping of its own, made before the fork
+/// (the child inherits it) and unmapped in the parent afterwards (the child keeps its copy).
+struct Table {
+    ptr: *mut i32,
+}
+
+impl Table {
+    const BYTES: usize = CAPACITY * std::mem::size_of::<i32>();
+
+    fn map() -> io::Result<Table> {
+        // SAFETY: a new private anonymous mapping at an address the kernel chooses: it aliases
+        // nothing.
+        let ptr = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                Self::BYTES,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::PRIVATE,
+            )?
+        };
+        Ok(Table { ptr: ptr.cast() })
+    }
+}
+
+impl Drop for Table {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` is the mapping of `BYTES` bytes `map` made; nothing in this process
+        // refers to it any more (only the forked child uses its own copy).
+        let _ = unsafe { rustix::mm::munmap(self.ptr.cast(), Self::BYTES) };
+    }
+}
+
+/// The guard's life, in the child of the fork: set up (signals, group, name, fds), then
+/// remember and forget groups until end of file, then SIGKILL what it remembers and `_exit`.
+///
+/// Async-signal-safe throughout: raw syscalls through libc on integers, on stack buffers and on
+/// `table`; no allocation, no lock, no unwinding (no indexing that can panic), no return.
+///
+/// # Safety
+/// Only in the child of a `fork`, with `end` an open socket of the child and `table` a writable
+/// mapping of `CAPACITY` i32s owned by the child.
+unsafe fn guard_main(end: RawFd, table: *mut i32, last_fd: RawFd) -> ! {
+    // SAFETY (the whole body): plain syscalls with valid arguments (signal numbers, the
+    // child's own pid 0, a NUL-terminated static name, fd numbers, a stack buffer of the length
+    // given); `table.add(i)` stays below `CAPACITY` (checked before each access).
+    unsafe {
+        // Signals: what this process caught runs its default action (no parent handler in the
+        // child); the ones a terminal or a service manager sends the primary are ignored; none
+        // is blocked.
+        super::command::default_caught_signals();
+        let mut ignore: libc::sigaction = std::mem::zeroed();
+        ignore.sa_sigaction = libc::SIG_IGN;
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE] {
+            libc::sigaction(sig, &ignore, std::ptr::null_mut());
+        }
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        libc::setpgid(0, 0);
+        libc::prctl(libc::PR_SET_NAME, GUARD_NAME.as_ptr(), 0, 0, 0);
+        close_all_but(end, last_fd);
+
+        let mut count = 0usize;
+        let mut message = [0u8; 8];
+        loop {
+            let n = libc::recv(end, message.as_mut_ptr().cast(), message.len(), 0);
+            if n == 0 {
+                break; // end of file: the primary is gone
+            }
+            if n < 0 {
+                if *libc::__errno_location() == libc::EINTR {
+                    continue;
+                }
+                // Cannot happen on a connected socket pair; leave without killing anything.
+                libc::_exit(1);
+            }
+            if n != message.len() as isize {
+                continue; // not one of ours
+            }
+            let op = i32::from_ne_bytes([message[0], message[1], message[2], message[3]]);
+            let pgid = i32::from_ne_bytes([message[4], message[5], message[6], message[7]]);
+            if pgid < 2 {
+                continue; // never kill(-1) (everyone) or kill(0) (our own group)
+            }
+            if op == REMEMBER && count < CAPACITY {
+                *table.add(count) = pgid;
+                count += 1;
+            } else if op == FORGET {
+                let mut i = 0;
+                while i < count {
+                    if *table.add(i) == pgid {
+                        count -= 1;
+                        *table.add(i) = *table.add(count);
+                        break;
+                    }
+                    i += 1;
+                }
+            }
+        }
+        let mut i = 0;
+        while i < count {
+            libc::kill(-*table.add(i), libc::SIGKILL);
+            i += 1;
+        }
+        libc::_exit(0)
+    }
+}
+
+/// Closes every fd but `keep`: `close_range` around it (Linux ≥ 5.9), else each number up to
+/// `last` one by one. Raw syscalls only: async-signal-safe.
+///
+/// # Safety
+/// Only in the child of a `fork` (it closes fds other code may think it owns).
+unsafe fn close_all_but(keep: RawFd, last: RawFd) {
+    let close_range = |first: u32, last: u32| -> bool {
+        // SAFETY: close_range takes no pointers; it closes this (child) process's fds in the
+        // range.
+        unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) == 0 }
+    };
+    let keep_u = keep as u32;
+    let below = keep_u == 0 || close_range(0, keep_u - 1);
+    if below && close_range(keep_u + 1, u32::MAX) {
+        return;
+    }
+    let mut fd = 0;
+    while fd < last {
+        if fd != keep {
+            // SAFETY: closing an fd number in the child; a number not open gives EBADF.
+            unsafe { libc::close(fd) };
+        }
+        fd += 1;
+    }
+}
