@@ -47,7 +47,8 @@
 //!   (`pid_max`, 4 million by default) and the same number became a group's id.
 //! - A worker's child that calls `setsid` or moves to another group (a daemon's double fork)
 //!   leaves the group, so neither the primary nor the guard kills it: only a cgroup catches
-//!   those (systemd's `KillMode=control-group`, which `deploy/systemd` uses).
+//!   those (the final SIGKILL of the units in `deploy/systemd`, `KillMode=mixed`, reaches the
+//!   unit's whole cgroup).
 //! - A worker's child started between the worker's `exec` and the primary's "remember" (a few
 //!   microseconds) is not covered if the primary is SIGKILLed in that window.
 //! - The guard can be killed (SIGKILL, SIGSTOP for long enough that its socket fills, the OOM
