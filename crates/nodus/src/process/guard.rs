@@ -75,6 +75,7 @@ use std::time::Duration;
 use rustix::process::Pid;
 
 use super::child::Child;
+use super::reaper::Spawning;
 
 /// How many process groups the guard remembers at once (one 4 KiB page of pgids): far above
 /// the workers a primary runs, old generations draining during a reload included.
@@ -144,6 +145,8 @@ impl OrphanGuard {
             .map_or(MAX_FD, |n| RawFd::try_from(n).unwrap_or(MAX_FD).min(MAX_FD));
         let theirs_raw = theirs.as_raw_fd();
         let table_ptr = table.ptr;
+        // Known as nodus's own from before the fork (see `reaper`); the child never drops it.
+        let spawning = Spawning::begin();
         // SAFETY: `fork` in a process that may have other threads: the child runs only
         // `guard_main`, which is async-signal-safe (see there) and never returns. The parent
         // goes on as usual.
@@ -153,19 +156,21 @@ impl OrphanGuard {
             // is a mapping of `CAPACITY` i32s that the child owns a copy of.
             unsafe { guard_main(theirs_raw, table_ptr, last_fd) }
         }
+        let fork_error = io::Error::last_os_error();
         drop(theirs);
         drop(table);
         if pid < 0 {
-            return Err(io::Error::last_os_error());
+            return Err(fork_error);
         }
         let pid = Pid::from_raw(pid).expect("a forked child has a positive pid");
-        let child = match Child::watch(pid, None) {
+        let child = match Child::watch(pid, spawning.register(pid), None) {
             Ok(child) => Rc::new(child),
-            Err(e) => {
+            Err((e, registered)) => {
                 // Nothing watches it: close its input (it exits), kill it anyway and reap it.
                 drop(ours);
                 let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
                 let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
+                drop(registered);
                 return Err(e);
             }
         };

@@ -31,6 +31,7 @@ mod exec;
 mod guard;
 pub mod output;
 mod pipes;
+mod reaper;
 pub(crate) mod sched;
 
 use std::ffi::OsStr;
@@ -43,6 +44,7 @@ pub use exec::{ExecError, ExecErrorKind, ExecOptions, Output, exec, exec_file};
 pub use guard::GUARD_NAME;
 pub(crate) use guard::OrphanGuard;
 pub use pipes::{ChildStderr, ChildStdin, ChildStdout};
+pub(crate) use reaper::Reaper;
 
 use crate::ipc::{Channel, ChannelOptions};
 use crate::signal::SIGTERM;
