@@ -20,6 +20,9 @@
 //!   the exit task looks at the exit first (`WNOWAIT`, which leaves the child a zombie), signals
 //!   what is left of the child's process group, then reaps: the group is signalled while its id
 //!   is still the zombie's pid, so never a recycled one.
+//! - The child is registered as nodus's own (`reaper::Ours`, taken before the fork) until its
+//!   exit task has reaped it: no subreaper pass touches it, zombie or not (`Child::watch` hands
+//!   the registration back on error, for the caller to drop after its own reap).
 //! - A child whose group an orphan guard remembers ([`Child::guard_group`]) is forgotten by the
 //!   guard in that same window: after the group signal, before the reap (the guard never holds
 //!   a pgid that could be reused; see `guard`).

@@ -33,6 +33,10 @@
 //!   low fds at that very moment could still open a hole: then a failed `exec` would show as an
 //!   abnormal exit of the child instead of a `spawn` error.)
 //!
+//! - A `reaper::Spawning` ticket is taken before the fork and turned into the child's
+//!   registration as nodus's own right after it (see `reaper`): between the two, no subreaper
+//!   pass reaps anything, so the new child is never taken for an adopted orphan.
+//!
 //! Why std: it already does the fork/exec dance, stdio wiring, exec-error reporting through a
 //! socket, and `posix_spawn` when it can; nodus adds the pidfd, the pre-exec steps and the pipes
 //! on the reactor.

@@ -46,8 +46,10 @@
 //!   could reach another group only if the kernel handed out every other pid in between
 //!   (`pid_max`, 4 million by default) and the same number became a group's id.
 //! - A worker's child that calls `setsid` or moves to another group (a daemon's double fork)
-//!   leaves the group, so neither the primary nor the guard kills it: only a cgroup catches
-//!   those (systemd's `KillMode=control-group`, which `deploy/systemd` uses).
+//!   leaves the group, so the guard does not kill it. A primary that is a subreaper (`reaper`)
+//!   adopts it once its parent is gone and stops it at the end of a graceful stop, but one
+//!   still running when the primary is killed goes to init: only a cgroup (systemd's final
+//!   SIGKILL to the unit, `deploy/systemd`) or the end of a container's PID 1 catches those.
 //! - A worker's child started between the worker's `exec` and the primary's "remember" (a few
 //!   microseconds) is not covered if the primary is SIGKILLed in that window.
 //! - The guard can be killed (SIGKILL, SIGSTOP for long enough that its socket fills, the OOM

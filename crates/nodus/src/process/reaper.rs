@@ -7,7 +7,7 @@
 //! end of a graceful stop [`Reaper::stop_adopted`] stops those still running (SIGTERM, SIGKILL
 //! after the kill timeout: systemd's `KillMode=` for a unit's leftovers).
 //!
-//! Which children are nodus's own: every process nodus forks ([`Command::spawn`], the orphan
+//! Which children are nodus's own: every process nodus forks ([`Command::spawn`](super::Command::spawn), the orphan
 //! guard) is registered in [`OURS`], a process-wide table, from before the fork until after its
 //! reap by its own exit task (`waitid(P_PIDFD)`, see `child`). The registration is always on,
 //! reaper or not (a mutex and a map entry per spawn), so a child spawned before a reaper starts,

@@ -33,8 +33,16 @@
 //!   the cause. `run` closes it once every worker has been reaped (it kills nothing then) and
 //!   reaps it. A guard that cannot start or dies is one warning line; the cluster goes on without
 //!   it (it is not restarted). It is no worker: not in `procs`, the stats, the events or the
-//!   restart budget. A worker's child that left the group (`setsid`) escapes it: only a cgroup
-//!   catches those.
+//!   restart budget. A worker's child that left the group (`setsid`) escapes it.
+//! - With [`Config::subreaper`] (the `nodus` command line's primaries), the primary is the init
+//!   of what its workers leave: marked `PR_SET_CHILD_SUBREAPER` before the guard and the first
+//!   worker, it adopts every descendant orphaned below it (a `setsid` daemon whose parent
+//!   exited included), reaps each when it exits (`crate::process::Reaper`, `State::reaper`:
+//!   only children that `crate::process` did not spawn, so never a worker or the guard), and,
+//!   once a stop has no worker left, SIGTERMs the adopted processes still running, SIGKILLs
+//!   them after the kill timeout, and logs how many. The counts are in the stats and metrics.
+//!   Off for a library user by default: the primary would reap any child of the program that
+//!   `crate::process` did not start.
 //! - Round-robin and least hand connections over the channel, so they need workers with one
 //!   (`WorkerCommand::ipc`): `Primary::start` refuses them for a plain program, as `nodus run`
 //!   refuses `--policy rr` without `--node`, and `Config::new` defaults a plain program to
