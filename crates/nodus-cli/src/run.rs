@@ -166,6 +166,9 @@ pub fn run(options: RunOptions) -> i32 {
             (false, after) => Readiness::Alive(after.unwrap_or(Duration::from_secs(1))),
         };
         config.event_log = options.events;
+        // The primary is the init of what its workers leave behind (every child of this process
+        // is a nodus::process one): adopted orphans are reaped, and stopped with the cluster.
+        config.subreaper = true;
         let primary = match Primary::start(config) {
             Ok(p) => p,
             Err(e) => return fail(e),

@@ -56,6 +56,9 @@ pub async fn run(options: ServeOptions) -> i32 {
     config.shutdown_delay = options.shutdown_delay;
     config.kill_timeout = options.drain_timeout + Duration::from_secs(5);
     config.event_log = options.events.clone();
+    // The primary is the init of what its workers leave behind (every child of this process is
+    // a nodus::process one): adopted orphans are reaped, and stopped with the cluster.
+    config.subreaper = true;
     config.listeners.push(("http".to_owned(), public));
     let primary = match Primary::start(config) {
         Ok(p) => p,

@@ -20,6 +20,9 @@
 //!   the exit task looks at the exit first (`WNOWAIT`, which leaves the child a zombie), signals
 //!   what is left of the child's process group, then reaps: the group is signalled while its id
 //!   is still the zombie's pid, so never a recycled one.
+//! - The child is registered as nodus's own (`reaper::Ours`, taken before the fork) until its
+//!   exit task has reaped it: no subreaper pass touches it, zombie or not (`Child::watch` hands
+//!   the registration back on error, for the caller to drop after its own reap).
 //! - A child whose group an orphan guard remembers ([`Child::guard_group`]) is forgotten by the
 //!   guard in that same window: after the group signal, before the reap (the guard never holds
 //!   a pgid that could be reused; see `guard`).
@@ -36,6 +39,7 @@ use rustix::process::{Pid, Signal, WaitId, WaitIdOptions, WaitIdStatus};
 
 use super::guard::OrphanGuard;
 use super::pipes::{ChildStderr, ChildStdin, ChildStdout};
+use super::reaper::Ours;
 use crate::io::AsyncFd;
 use crate::ipc::Channel;
 
@@ -83,6 +87,9 @@ struct Watch {
     pidfd: RefCell<Option<AsyncFd<OwnedFd>>>,
     status: RefCell<Option<Result<ExitStatus, (io::ErrorKind, String)>>>,
     waiters: RefCell<Vec<Waker>>,
+    /// The child's registration as nodus's own (no subreaper reaps it): released after the
+    /// reap (see `reaper`).
+    ours: RefCell<Option<Ours>>,
 }
 
 impl Watch {
@@ -132,6 +139,9 @@ impl Watch {
     fn finish(&self, result: io::Result<ExitStatus>) {
         let pidfd = self.pidfd.borrow_mut().take();
         drop(pidfd);
+        // Reaped (or not ours to reap any more): its number may be another's from now on.
+        let ours = self.ours.borrow_mut().take();
+        drop(ours);
         *self.status.borrow_mut() = Some(result.map_err(|e| (e.kind(), e.to_string())));
         let waiters = std::mem::take(&mut *self.waiters.borrow_mut());
         for w in waiters {
@@ -162,17 +172,29 @@ pub struct Child {
 }
 
 impl Child {
-    /// Registers the child's pidfd and starts its exit task.
+    /// Registers the child's pidfd and starts its exit task, which reaps it and then releases
+    /// `ours`. On error, `ours` is handed back: the caller reaps the child itself, then drops it.
     #[track_caller]
-    pub(crate) fn watch(pid: Pid, group_exit_signal: Option<Signal>) -> io::Result<Child> {
-        let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?;
+    pub(crate) fn watch(
+        pid: Pid,
+        ours: Ours,
+        group_exit_signal: Option<Signal>,
+    ) -> Result<Child, (io::Error, Ours)> {
+        let opened = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
+            .map_err(io::Error::from)
+            .and_then(AsyncFd::new);
+        let pidfd = match opened {
+            Ok(fd) => fd,
+            Err(e) => return Err((e, ours)),
+        };
         let watch = Rc::new(Watch {
             pid,
             group_exit_signal,
             guard: RefCell::new(None),
-            pidfd: RefCell::new(Some(AsyncFd::new(pidfd)?)),
+            pidfd: RefCell::new(Some(pidfd)),
             status: RefCell::new(None),
             waiters: RefCell::new(Vec::new()),
+            ours: RefCell::new(Some(ours)),
         });
         let w = watch.clone();
         crate::task::spawn_named("process:exit", async move {
@@ -324,7 +346,7 @@ pub(crate) fn to_signal(signal: i32) -> io::Result<Signal> {
 /// Pidfds of the descendants of `pid`, whose own pidfd is `pidfd`, appended to `out`. A child
 /// listed in `/proc` is taken only if, once its pidfd is open, its parent is still `pid` and
 /// that parent still alive (so `pid` was not recycled): then the pidfd is that child's.
-fn descendants(pid: Pid, pidfd: BorrowedFd<'_>, out: &mut Vec<OwnedFd>) {
+pub(super) fn descendants(pid: Pid, pidfd: BorrowedFd<'_>, out: &mut Vec<OwnedFd>) {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", pid.as_raw_nonzero())) else {
         return;
     };
@@ -366,7 +388,7 @@ fn has_exited(pidfd: BorrowedFd<'_>) -> bool {
 }
 
 /// The parent of `pid` (`/proc/<pid>/stat` field 4), if it still exists.
-fn parent_of(pid: Pid) -> Option<Pid> {
+pub(super) fn parent_of(pid: Pid) -> Option<Pid> {
     let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_nonzero())).ok()?;
     let after_comm = &stat[stat.rfind(')')? + 2..];
     after_comm

@@ -33,6 +33,10 @@
 //!   low fds at that very moment could still open a hole: then a failed `exec` would show as an
 //!   abnormal exit of the child instead of a `spawn` error.)
 //!
+//! - A `reaper::Spawning` ticket is taken before the fork and turned into the child's
+//!   registration as nodus's own right after it (see `reaper`): between the two, no subreaper
+//!   pass reaps anything, so the new child is never taken for an adopted orphan.
+//!
 //! Why std: it already does the fork/exec dance, stdio wiring, exec-error reporting through a
 //! socket, and `posix_spawn` when it can; nodus adds the pidfd, the pre-exec steps and the pipes
 //! on the reactor.
@@ -47,6 +51,7 @@ use std::sync::Arc;
 
 use super::child::{Child, to_signal};
 use super::pipes::{ChildStderr, ChildStdin, ChildStdout};
+use super::reaper::Spawning;
 use crate::ipc::{Channel, ChannelOptions};
 
 /// The fd number a forked child finds its IPC channel on when no other fd is passed (Node's
@@ -368,19 +373,25 @@ impl Command {
                 Ok(())
             });
         }
+        // From before the fork until its reap, the child is known as nodus's own: no subreaper
+        // pass reaps it (see `reaper`).
+        let spawning = Spawning::begin();
         let spawned = cmd.spawn();
         drop(held);
         let mut std_child = spawned.map_err(|e| self.spawn_error(e))?;
         let pid = rustix::process::Pid::from_raw(std_child.id() as i32)
             .expect("a spawned child has a positive pid");
+        let ours = spawning.register(pid);
         // From here on the child runs: a step that fails must not leave it running unseen (the
         // caller gets an error, no handle) nor unreaped.
-        let mut child = match Child::watch(pid, group_exit) {
+        let mut child = match Child::watch(pid, ours, group_exit) {
             Ok(child) => child,
-            Err(e) => {
-                // Nothing watches it: kill and reap it here (the SIGKILL makes the wait short).
+            Err((e, ours)) => {
+                // Nothing watches it: kill and reap it here (the SIGKILL makes the wait short),
+                // then let it go.
                 let _ = std_child.kill();
                 let _ = std_child.wait();
+                drop(ours);
                 return Err(e);
             }
         };

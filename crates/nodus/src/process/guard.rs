@@ -46,9 +46,10 @@
 //!   could reach another group only if the kernel handed out every other pid in between
 //!   (`pid_max`, 4 million by default) and the same number became a group's id.
 //! - A worker's child that calls `setsid` or moves to another group (a daemon's double fork)
-//!   leaves the group, so neither the primary nor the guard kills it: only a cgroup catches
-//!   those (the final SIGKILL of the units in `deploy/systemd`, `KillMode=mixed`, reaches the
-//!   unit's whole cgroup).
+//!   leaves the group, so the guard does not kill it. A primary that is a subreaper (`reaper`)
+//!   adopts it once its parent is gone and stops it at the end of a graceful stop, but one
+//!   still running when the primary is killed goes to init: only a cgroup (systemd's final
+//!   SIGKILL to the unit, `deploy/systemd`) or the end of a container's PID 1 catches those.
 //! - A worker's child started between the worker's `exec` and the primary's "remember" (a few
 //!   microseconds) is not covered if the primary is SIGKILLed in that window.
 //! - The guard can be killed (SIGKILL, SIGSTOP for long enough that its socket fills, the OOM
@@ -76,6 +77,7 @@ use std::time::Duration;
 use rustix::process::Pid;
 
 use super::child::Child;
+use super::reaper::Spawning;
 
 /// How many process groups the guard remembers at once (one 4 KiB page of pgids): far above
 /// the workers a primary runs, old generations draining during a reload included.
@@ -145,6 +147,8 @@ impl OrphanGuard {
             .map_or(MAX_FD, |n| RawFd::try_from(n).unwrap_or(MAX_FD).min(MAX_FD));
         let theirs_raw = theirs.as_raw_fd();
         let table_ptr = table.ptr;
+        // Known as nodus's own from before the fork (see `reaper`); the child never drops it.
+        let spawning = Spawning::begin();
         // SAFETY: `fork` in a process that may have other threads: the child runs only
         // `guard_main`, which is async-signal-safe (see there) and never returns. The parent
         // goes on as usual.
@@ -154,19 +158,21 @@ impl OrphanGuard {
             // is a mapping of `CAPACITY` i32s that the child owns a copy of.
             unsafe { guard_main(theirs_raw, table_ptr, last_fd) }
         }
+        let fork_error = io::Error::last_os_error();
         drop(theirs);
         drop(table);
         if pid < 0 {
-            return Err(io::Error::last_os_error());
+            return Err(fork_error);
         }
         let pid = Pid::from_raw(pid).expect("a forked child has a positive pid");
-        let child = match Child::watch(pid, None) {
+        let child = match Child::watch(pid, spawning.register(pid), None) {
             Ok(child) => Rc::new(child),
-            Err(e) => {
+            Err((e, registered)) => {
                 // Nothing watches it: close its input (it exits), kill it anyway and reap it.
                 drop(ours);
                 let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
                 let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
+                drop(registered);
                 return Err(e);
             }
         };

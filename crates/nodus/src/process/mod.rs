@@ -23,6 +23,14 @@
 //!   told of once this process is gone. Its group remember/forget order is tied to the reap
 //!   (`Child::guard_group`), so it never holds a pgid that could be another's. Its name,
 //!   [`GUARD_NAME`], tells it from a worker among this process's children.
+//! - Every child nodus forks (`Command::spawn`, the orphan guard) is registered as nodus's own
+//!   (`reaper`, crate-private) from before the fork until after its reap by its exit task. A
+//!   subreaper (`Reaper`, a cluster primary's with
+//!   [`Config::subreaper`](crate::cluster::Config::subreaper)) reaps only the children that
+//!   table does not hold, one `waitid(P_PID)` each, under the table's lock with no fork in
+//!   progress: never one of nodus's own, so no exit status a `Child` waits for is ever taken.
+//!   (A child forked by other means, `std::process`, is not in the table: that is why the
+//!   subreaper is opt-in.)
 //! - Requires Linux ≥ 5.3 (pidfd).
 
 mod child;
@@ -31,6 +39,7 @@ mod exec;
 mod guard;
 pub mod output;
 mod pipes;
+mod reaper;
 pub(crate) mod sched;
 
 use std::ffi::OsStr;
@@ -43,6 +52,7 @@ pub use exec::{ExecError, ExecErrorKind, ExecOptions, Output, exec, exec_file};
 pub use guard::GUARD_NAME;
 pub(crate) use guard::OrphanGuard;
 pub use pipes::{ChildStderr, ChildStdin, ChildStdout};
+pub(crate) use reaper::Reaper;
 
 use crate::ipc::{Channel, ChannelOptions};
 use crate::signal::SIGTERM;

@@ -33,8 +33,16 @@
 //!   the cause. `run` closes it once every worker has been reaped (it kills nothing then) and
 //!   reaps it. A guard that cannot start or dies is one warning line; the cluster goes on without
 //!   it (it is not restarted). It is no worker: not in `procs`, the stats, the events or the
-//!   restart budget. A worker's child that left the group (`setsid`) escapes it: only a cgroup
-//!   catches those.
+//!   restart budget. A worker's child that left the group (`setsid`) escapes it.
+//! - With [`Config::subreaper`] (the `nodus` command line's primaries), the primary is the init
+//!   of what its workers leave: marked `PR_SET_CHILD_SUBREAPER` before the guard and the first
+//!   worker, it adopts every descendant orphaned below it (a `setsid` daemon whose parent
+//!   exited included), reaps each when it exits (`crate::process::Reaper`, `State::reaper`:
+//!   only children that `crate::process` did not spawn, so never a worker or the guard), and,
+//!   once a stop has no worker left, SIGTERMs the adopted processes still running, SIGKILLs
+//!   them after the kill timeout, and logs how many. The counts are in the stats and metrics.
+//!   Off for a library user by default: the primary would reap any child of the program that
+//!   `crate::process` did not start.
 //! - Round-robin and least hand connections over the channel, so they need workers with one
 //!   (`WorkerCommand::ipc`): `Primary::start` refuses them for a plain program, as `nodus run`
 //!   refuses `--policy rr` without `--node`, and `Config::new` defaults a plain program to
@@ -61,7 +69,7 @@ pub use events::{Event, EventKind};
 
 use super::supervision::{RestartBudget, RestartPolicy, SlotHistory};
 use crate::net::TcpListener;
-use crate::process::OrphanGuard;
+use crate::process::{OrphanGuard, Reaper};
 use proc::Proc;
 use server::Server;
 
@@ -162,6 +170,21 @@ pub struct Config {
     pub prefix_output: bool,
     /// Append every lifecycle event as a JSON line to this file.
     pub event_log: Option<PathBuf>,
+    /// Act as the init of the processes below the primary (off by default; the `nodus` command
+    /// line turns it on): mark this process a child subreaper (`PR_SET_CHILD_SUBREAPER`), so a
+    /// worker's descendant that is orphaned (its parent exited, or it daemonized with `setsid`
+    /// and a double fork) is re-parented to it rather than to init; reap every such adopted
+    /// process when it exits (on `SIGCHLD`); and at the end of a graceful stop, once every
+    /// worker is gone, SIGTERM the adopted processes still running, then SIGKILL them after
+    /// `kill_timeout`. Counted in the stats (`orphans_adopted`, `orphans_reaped`) and the
+    /// metrics (`nodus_cluster_orphans_adopted_total`, `_reaped_total`).
+    ///
+    /// Only for a program whose children all come from [`crate::process`] (its own children
+    /// are never reaped by this, whichever thread spawned them): any other child of this process
+    /// (one started with `std::process` or another library) counts as adopted, and its exit
+    /// status is taken by the primary, so its own `wait` fails (`ECHILD`). The subreaper mark and
+    /// the reaping end when [`Primary::run`] returns.
+    pub subreaper: bool,
 }
 
 impl Config {
@@ -192,6 +215,7 @@ impl Config {
             readiness: Readiness::Listening,
             prefix_output: true,
             event_log: None,
+            subreaper: false,
         }
     }
 }
@@ -282,6 +306,9 @@ pub(crate) struct State {
     /// The orphan guard (`crate::process::OrphanGuard`): remembers every worker's process group
     /// and SIGKILLs those left when this process is gone. `None` if it could not be started.
     guard: Option<OrphanGuard>,
+    /// The subreaper (`crate::process::Reaper`), with [`Config::subreaper`]: reaps the orphans
+    /// this process adopts and stops those left at the end of a graceful stop.
+    reaper: Option<Reaper>,
 }
 
 /// A running cluster primary. Cheap to clone.
@@ -326,6 +353,22 @@ impl Primary {
                 ),
             ));
         }
+        // Before anything is forked: orphans from the first worker on come here, and are reaped.
+        let reaper = if config.subreaper {
+            match Reaper::start() {
+                Ok(reaper) => Some(reaper),
+                Err(e) => {
+                    tracing::warn!(
+                        target: "nodus::cluster",
+                        "cannot reap adopted orphans ({e}): they stay zombies until this process \
+                         exits"
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
         // First, before the first worker (and before this thread switches to SCHED_BATCH, which
         // a fork inherits): the guard that kills the workers' groups if this process is killed.
         let guard = match OrphanGuard::start() {
@@ -389,6 +432,7 @@ impl Primary {
             returned_rejected: Cell::new(0),
             stats_cache: RefCell::default(),
             guard,
+            reaper,
         });
         for (name, listener) in listeners {
             let server = Server::prebound(&st, listener)?;

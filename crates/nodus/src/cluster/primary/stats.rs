@@ -156,6 +156,10 @@ struct ClusterDoc<'a> {
     last_exit: Option<String>,
     /// Fds workers gave back that were not connections of the listener (closed, not handed on).
     returned_rejected: u64,
+    /// Orphaned descendants this process adopted as a subreaper, and those it reaped (`null`
+    /// without [`Config::subreaper`](super::Config::subreaper)).
+    orphans_adopted: Option<u64>,
+    orphans_reaped: Option<u64>,
     primary: PrimaryDoc,
     workers: Vec<WorkerDoc<'a>>,
 }
@@ -174,9 +178,18 @@ fn slot_restarts(st: &State, slot: u32) -> u64 {
         .map_or(0, |s| s.restarts)
 }
 
+/// The subreaper's counts (adopted, reaped), after a pass (an orphan adopted alive is counted
+/// at the next pass); `None` without one.
+async fn orphans(st: &State) -> Option<(u64, u64)> {
+    let reaper = st.reaper.as_ref()?;
+    reaper.reap().await;
+    Some(reaper.counts())
+}
+
 /// The cluster's stats document.
 pub(super) async fn stats_json(st: &Rc<State>) -> String {
     refresh(st).await;
+    let orphans = orphans(st).await;
     let procs = live_procs(st);
     let snapshots: Vec<Option<Box<RawValue>>> = procs
         .iter()
@@ -214,6 +227,8 @@ pub(super) async fn stats_json(st: &Rc<State>) -> String {
         reloading: st.reloading.get(),
         last_exit: st.last_exit.borrow().as_ref().map(LastExit::text),
         returned_rejected: st.returned_rejected.get(),
+        orphans_adopted: orphans.map(|(adopted, _)| adopted),
+        orphans_reaped: orphans.map(|(_, reaped)| reaped),
         primary: PrimaryDoc {
             pid: std::process::id(),
             rss_bytes: rss_bytes(std::process::id()),
@@ -236,6 +251,7 @@ fn worker_labels(p: &Proc) -> Vec<(String, String)> {
 /// cluster's own.
 pub(super) async fn metrics_text(st: &Rc<State>) -> String {
     refresh(st).await;
+    let orphans = orphans(st).await;
     let procs = live_procs(st);
     let parsed: Vec<(Vec<(String, String)>, Snapshot)> = procs
         .iter()
@@ -292,6 +308,21 @@ pub(super) async fn metrics_text(st: &Rc<State>) -> String {
         "Fds workers gave back as connections that were not connections of the listener (closed, never handed to another worker)",
         rejected,
     );
+    if let Some((adopted, reaped)) = orphans {
+        let (adopted_total, reaped_total) = (Counter::<u64>::default(), Counter::<u64>::default());
+        adopted_total.inc_by(adopted);
+        reaped_total.inc_by(reaped);
+        registry.register(
+            "nodus_cluster_orphans_adopted",
+            "Orphaned descendants of the workers that the primary adopted as their subreaper",
+            adopted_total,
+        );
+        registry.register(
+            "nodus_cluster_orphans_reaped",
+            "Adopted orphans the primary reaped after their exit",
+            reaped_total,
+        );
+    }
     let handed = Family::<Vec<(String, String)>, Counter<u64>>::default();
     for slot in st.slots.borrow().iter() {
         handed

@@ -29,10 +29,14 @@
 //!   SIGKILL its whole group; and once it has exited, for any reason (a crash, its own exit, a
 //!   stop, a give-up, a reload's old generation), what is left of its group is SIGKILLed before
 //!   it is reaped (see `Proc::spawn`). So when `run` returns, every worker's group is empty or
-//!   dying of SIGKILL; `run` then closes the orphan guard (which remembers no group by then, so
-//!   kills nothing) and reaps it before returning.
+//!   dying of SIGKILL; `run` then stops what the workers left that this process adopted (with
+//!   [`Config::subreaper`](super::Config::subreaper): SIGTERM, then SIGKILL after the kill
+//!   timeout, or at once on a second signal; the exit code stays what the workers' stop made
+//!   it), closes the orphan guard (which remembers no group by then, so kills nothing) and reaps
+//!   it, and ends the reaping, before returning.
 
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
+use std::pin::pin;
 use std::rc::Rc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -44,7 +48,7 @@ use crate::cluster::protocol::{Disconnect, NODE_CLUSTER, Nodus};
 use crate::cluster::supervision::{
     Decision, ExitReason, FORCED_STOP_EXIT_CODE, GIVE_UP_EXIT_CODE, RestartBudget,
 };
-use crate::process::ExitStatus;
+use crate::process::{ExitStatus, Reaper};
 use crate::signal::{SIGHUP, SIGINT, SIGKILL, SIGTERM, Signals};
 
 /// systemd's watchdog: with `WATCHDOG_USEC` set (for this process), sends `WATCHDOG=1` every
@@ -102,10 +106,18 @@ pub(super) async fn run(st: &Rc<State>) -> i32 {
         .await;
         match next {
             Err(code) => {
+                // Every worker is gone: what they left behind that this process adopted is
+                // stopped now (SIGTERM, SIGKILL after the kill timeout).
+                if let Some(reaper) = &st.reaper {
+                    stop_adopted(st, reaper, signals.as_mut()).await;
+                }
                 // Every worker has been reaped, so the guard remembers no group: it exits, and
                 // is reaped here, killing nothing.
                 if let Some(guard) = &st.guard {
                     guard.close().await;
+                }
+                if let Some(reaper) = &st.reaper {
+                    reaper.close();
                 }
                 if st.phase.get() == Phase::Stopping {
                     tracing::info!(
@@ -121,6 +133,24 @@ pub(super) async fn run(st: &Rc<State>) -> i32 {
             }
         }
     }
+}
+
+/// Stops the adopted processes still running once every worker is gone
+/// ([`Reaper::stop_adopted`]); a SIGTERM or SIGINT meanwhile SIGKILLs them at once. The exit
+/// code is not changed: what the workers' stop lost decides it.
+async fn stop_adopted(st: &State, reaper: &Reaper, mut signals: Option<&mut Signals>) {
+    let mut stop = pin!(reaper.stop_adopted(st.config.kill_timeout));
+    poll_fn(|cx| {
+        if let Some(signals) = signals.as_deref_mut() {
+            while let Poll::Ready(sig) = signals.poll_recv(cx) {
+                if sig != SIGHUP {
+                    reaper.hurry();
+                }
+            }
+        }
+        stop.as_mut().poll(cx)
+    })
+    .await;
 }
 
 fn finish(st: &State, code: i32) {

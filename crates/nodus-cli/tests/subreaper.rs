@@ -1,0 +1,288 @@
+//! The primary as its workers' init (`nodus::process::reaper`): a worker's descendant that
+//! escapes (`setsid` in a subshell that exits) or is orphaned by a double fork is re-parented to
+//! the primary (`nodus run`, `nodus run --node`), reaped by it when it exits (no zombie left,
+//! counted in the stats and the metrics), and stopped with the cluster on SIGTERM (exit code 0,
+//! one line saying how many); the workers' own exits are still the supervisor's, with their
+//! real exit codes.
+//!
+//! Every primary is started in its own process group and killed by PID at the end of its test;
+//! the workers' descendants (their pids written to a file) are SIGKILLed by PID at the end if
+//! they are still there (they left the group). Waits are bounded.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::cluster::{events, spawn};
+use common::{NODUS, gone, have};
+use nodus_testkit::net::free_addr;
+use nodus_testkit::proc::Proc;
+use nodus_testkit::tmp::TempDir;
+use rustix::process::{Pid, Signal};
+use serde_json::Value;
+
+/// How long the primary has to adopt, reap or stop a process.
+const LIMIT: Duration = Duration::from_secs(5);
+
+/// Pids SIGKILLed on drop if still running (the workers' escaped descendants), so a failed
+/// assertion leaks none.
+#[derive(Default)]
+struct Cleanup(Vec<i32>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            if !gone(pid) {
+                let _ = rustix::process::kill_process(Pid::from_raw(pid).unwrap(), Signal::KILL);
+            }
+        }
+    }
+}
+
+/// The pid a worker wrote to `file`, once written (20 s at most).
+fn pid_in(file: &Path, cleanup: &mut Cleanup) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(pid) = std::fs::read_to_string(file)
+            .ok()
+            .and_then(|t| t.trim().parse::<i32>().ok())
+        {
+            cleanup.0.push(pid);
+            return pid;
+        }
+        assert!(Instant::now() < deadline, "no pid in {}", file.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The parent of `pid` (`/proc/PID/stat`), if it exists.
+fn parent_of(pid: i32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 2..].split(' ').nth(1)?.parse().ok()
+}
+
+/// Waits until `pid`'s parent is `primary` ([`LIMIT`] at most).
+fn assert_adopted_by(pid: i32, primary: u32) {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let parent = parent_of(pid);
+        if parent == Some(primary) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "process {pid}'s parent is {parent:?}, not the primary {primary}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits until `pid` has left the process table, zombie included ([`LIMIT`] at most).
+fn assert_reaped(pid: i32, what: &str) {
+    let deadline = Instant::now() + LIMIT;
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{what} {pid} still in the process table ({:?}) {LIMIT:?} on",
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The zombies among `pid`'s children.
+fn zombie_children(pid: u32) -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|text| {
+            text.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .filter(|&child| {
+            std::fs::read_to_string(format!("/proc/{child}/stat")).is_ok_and(|stat| {
+                stat.rsplit(')')
+                    .next()
+                    .and_then(|s| s.trim().chars().next())
+                    == Some('Z')
+            })
+        })
+        .collect()
+}
+
+/// SIGTERM to `primary`; its exit code (within 30 s) and its output.
+fn stop(primary: &mut Proc) -> (Option<i32>, Vec<String>) {
+    primary.signal(Signal::TERM);
+    let code = primary.wait_exit(Duration::from_secs(30));
+    (code, primary.output().to_vec())
+}
+
+/// The JSON of `path` on the admin listener `admin`.
+fn admin_json(admin: std::net::SocketAddr, path: &str) -> Value {
+    let reply = common::http::get(admin, path);
+    assert_eq!(reply.status, 200, "{path}");
+    serde_json::from_slice(&reply.body).unwrap()
+}
+
+#[test]
+fn an_escaped_descendant_is_adopted_and_stopped_with_the_cluster() {
+    let dir = TempDir::new("reap-escaped");
+    let file = dir.path().join("pid");
+    let addr = free_addr();
+    let mut cleanup = Cleanup::default();
+    // The subshell starts `sleep` in a session of its own (out of the worker's process group,
+    // which the worker's exit kills) and exits: `sleep` is orphaned.
+    let worker = format!(
+        "(setsid sleep 300 & echo $! > {}) ; exec sleep 300",
+        file.display()
+    );
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "-w", "1", "-l", &addr.to_string()])
+            .args(["--", "sh", "-c", &worker])
+            .env("RUST_LOG", "info"),
+    );
+    let escaped = pid_in(&file, &mut cleanup);
+    assert_adopted_by(escaped, primary.id());
+    primary.wait_line("1 worker ready");
+    let (code, output) = stop(&mut primary);
+    assert_eq!(code, Some(0), "{output:#?}");
+    assert_reaped(escaped, "the escaped sleep");
+    assert!(
+        output
+            .iter()
+            .any(|l| l.contains("stopped 1 adopted process the workers left behind")),
+        "{output:#?}"
+    );
+}
+
+#[test]
+fn a_node_workers_escaped_descendant_is_adopted_and_stopped_with_the_cluster() {
+    if !have("node") {
+        return;
+    }
+    let dir = TempDir::new("reap-node");
+    let file = dir.path().join("pid");
+    let app = dir.path().join("app.js");
+    std::fs::write(
+        &app,
+        format!(
+            "require('child_process').spawn('sh', ['-c', '(setsid sleep 300 & echo $! > {})'], \
+             {{ stdio: 'ignore' }});\n\
+             require('http').createServer((q, s) => s.end('ok')).listen(0);\n",
+            file.display()
+        ),
+    )
+    .unwrap();
+    let mut cleanup = Cleanup::default();
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "--node", "-w", "1", "--", "node"])
+            .arg(&app)
+            .env("RUST_LOG", "info"),
+    );
+    let escaped = pid_in(&file, &mut cleanup);
+    assert_adopted_by(escaped, primary.id());
+    primary.wait_line("1 worker ready");
+    let (code, output) = stop(&mut primary);
+    assert_eq!(code, Some(0), "{output:#?}");
+    assert_reaped(escaped, "the Node worker's escaped sleep");
+    assert!(
+        output
+            .iter()
+            .any(|l| l.contains("stopped 1 adopted process")),
+        "{output:#?}"
+    );
+}
+
+#[test]
+fn an_orphan_of_a_double_fork_is_reaped_and_counted_and_no_zombie_is_left() {
+    let dir = TempDir::new("reap-double-fork");
+    let file = dir.path().join("pid");
+    let admin = free_addr();
+    let mut cleanup = Cleanup::default();
+    // A double fork: the middle process (the subshell) exits at once, its child a moment later.
+    let worker = format!(
+        "(sleep 0.5 & echo $! > {}) ; exec sleep 300",
+        file.display()
+    );
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "-w", "1", "--admin", &admin.to_string()])
+            .args(["--", "sh", "-c", &worker])
+            .env("RUST_LOG", "info"),
+    );
+    let orphan = pid_in(&file, &mut cleanup);
+    assert_adopted_by(orphan, primary.id());
+    assert_reaped(orphan, "the orphan");
+    assert_eq!(zombie_children(primary.id()), Vec::<i32>::new());
+    primary.wait_line("1 worker ready");
+    let stats = admin_json(admin, "/_nodus/stats");
+    assert_eq!(stats["orphans_adopted"], 1, "{stats}");
+    assert_eq!(stats["orphans_reaped"], 1, "{stats}");
+    let metrics = common::http::get(admin, "/_nodus/metrics");
+    let text = String::from_utf8_lossy(&metrics.body);
+    for line in [
+        "nodus_cluster_orphans_adopted_total 1",
+        "nodus_cluster_orphans_reaped_total 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in {text}");
+    }
+    let (code, output) = stop(&mut primary);
+    assert_eq!(code, Some(0), "{output:#?}");
+    assert!(
+        !output.iter().any(|l| l.contains("adopted process")),
+        "nothing was left to stop: {output:#?}"
+    );
+}
+
+#[test]
+fn workers_exits_keep_their_codes_while_orphans_are_reaped_beside_them() {
+    let dir = TempDir::new("reap-own");
+    let log = dir.path().join("events.jsonl");
+    // Each worker orphans a process that exits about when the worker does, then exits 3: the
+    // reaper runs on every SIGCHLD next to the workers' exits and must take none of them.
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args([
+                "run",
+                "-w",
+                "2",
+                "--max-restarts",
+                "8",
+                "--backoff",
+                "0.01,1,0.01",
+            ])
+            .arg("--events")
+            .arg(&log)
+            .args(["--", "sh", "-c", "(sleep 0.05 &) ; sleep 0.05; exit 3"]),
+    );
+    assert_eq!(
+        primary.wait_exit(Duration::from_secs(60)),
+        Some(75),
+        "{:#?}",
+        primary.output()
+    );
+    let exits: Vec<Value> = events(&log)
+        .into_iter()
+        .filter(|e| e["event"] == "exit")
+        .collect();
+    assert!(exits.len() >= 9, "{exits:#?}");
+    for exit in &exits {
+        // A stolen status would be an error: no code, no signal.
+        assert!(
+            exit["code"] == 3 || exit["signal"] == 9 || exit["signal"] == 15,
+            "{exit}"
+        );
+    }
+    assert!(
+        exits.iter().filter(|e| e["code"] == 3).count() >= 9,
+        "{exits:#?}"
+    );
+}

@@ -1,0 +1,435 @@
+//! The subreaper: what an init (tini, s6, systemd) does for the processes below it, for a
+//! cluster primary. With [`Reaper::start`] this process marks itself a child subreaper
+//! (`PR_SET_CHILD_SUBREAPER`), so a descendant orphaned below it (its parent exited, or it
+//! daemonized with `setsid` and a double fork) is re-parented to this process instead of to init;
+//! as PID 1 of a container that happens anyway. The reaper then reaps every child that is not one
+//! of nodus's own ("foreign": adopted orphans), on `SIGCHLD`, so none is left a zombie, and at the
+//! end of a graceful stop [`Reaper::stop_adopted`] stops those still running (SIGTERM, SIGKILL
+//! after the kill timeout: systemd's `KillMode=` for a unit's leftovers).
+//!
+//! Which children are nodus's own: every process nodus forks ([`Command::spawn`](super::Command::spawn), the orphan
+//! guard) is registered in [`OURS`], a process-wide table, from before the fork until after its
+//! reap by its own exit task (`waitid(P_PIDFD)`, see `child`). The registration is always on,
+//! reaper or not (a mutex and a map entry per spawn), so a child spawned before a reaper starts,
+//! or on another loop's thread, is known too.
+//!
+//! Why the reaper never steals the exit status of one of nodus's own children:
+//! - It never calls `waitpid(-1)`/`waitid(P_ALL)`. It lists this process's children
+//!   (`/proc/self/task/*/children`: re-parented orphans may hang below any thread) and calls
+//!   `waitid(P_PID, pid, WEXITED | WNOHANG)` only for a listed pid that [`OURS`] does not hold.
+//! - A spawn takes a [`Spawning`] ticket (under [`OURS`]'s lock: `spawning += 1`) *before* the
+//!   fork and turns it into an [`Ours`] registration (pid inserted, `spawning -= 1`, same lock)
+//!   right after it. A reaper pass holds that lock from its check that `spawning` is 0, through
+//!   the listing, to its last `waitid`. So during a pass no fork of nodus's can start or be in
+//!   progress, and every child of nodus's that exists at the listing is in the table: one the
+//!   table lacks is foreign. (A pass that finds a spawn in progress, which only a spawn on
+//!   another thread can make, does nothing and is tried again 1 ms later.) A pid the pass
+//!   `waitid`s is its unreaped child at the listing, so its number cannot have been reused in
+//!   between, and no new child of nodus's can take it while the lock is held.
+//! - An entry is removed only after its child's reap (`Watch::finish`), so a zombie of nodus's
+//!   waiting for its exit task, or one in the group-signal window (`WNOWAIT`), is still in the
+//!   table. Entries count: a number reused by a new child of nodus's before the old entry is
+//!   removed is held twice and stays held after the removal. A foreign child that gets a number
+//!   still held (reused between a reap and its entry's removal) is merely left for the next pass.
+//! - A spawn's failure paths keep the registration until they have reaped the child themselves
+//!   (`Child::watch` hands it back on error).
+//!
+//! What this does not protect: a child this process forks some other way (`std::process`,
+//! another library) is foreign to the table, so with a reaper running its exit status is taken
+//! (its own `wait` gets `ECHILD`). That is why the reaper is opt-in for a library user
+//! ([`Config::subreaper`](crate::cluster::Config::subreaper)); the `nodus` command line, whose
+//! processes all come from `nodus::process`, turns it on.
+//!
+//! Signals: `SIGCHLD` comes through a [`Signals`] stream (unref'd). Signals coalesce, so each one
+//! is a full pass. An orphan re-parented while alive sends nothing then, but its exit does (the
+//! kernel gives a re-parented child `SIGCHLD` as its exit signal), and one re-parented as a
+//! zombie signals its new parent at once. Adoptions are counted at the next pass (a `SIGCHLD`,
+//! a stats request, the stop).
+//!
+//! Requires `/proc` (with `CONFIG_PROC_CHILDREN`, else every `/proc/PID/stat` is read for its
+//! parent).
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::rc::Rc;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, PidfdFlags, Signal, WaitId, WaitIdOptions};
+
+use crate::JoinHandle;
+use crate::signal::Signals;
+
+/// The children nodus forked and has not reaped yet, and the forks in progress.
+static OURS: Mutex<Table> = Mutex::new(Table {
+    spawning: 0,
+    pids: None,
+});
+
+struct Table {
+    /// [`Spawning`] tickets alive: forks that may have happened and are not registered yet.
+    spawning: usize,
+    /// pid → how many registrations hold it (see the module doc).
+    pids: Option<HashMap<i32, u32>>,
+}
+
+fn table() -> std::sync::MutexGuard<'static, Table> {
+    // The table stays consistent across a panic (every update is one statement).
+    OURS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A fork about to happen (see the module doc): take it before the fork, then
+/// [`register`](Self::register) the child's pid, or drop it if the fork failed.
+pub(crate) struct Spawning(());
+
+impl Spawning {
+    pub(crate) fn begin() -> Spawning {
+        table().spawning += 1;
+        Spawning(())
+    }
+
+    /// The fork made `pid`: it is nodus's own until the returned registration is dropped.
+    pub(crate) fn register(self, pid: Pid) -> Ours {
+        let raw = pid.as_raw_nonzero().get();
+        let mut t = table();
+        *t.pids
+            .get_or_insert_with(HashMap::new)
+            .entry(raw)
+            .or_insert(0) += 1;
+        t.spawning -= 1;
+        drop(t);
+        std::mem::forget(self);
+        Ours(raw)
+    }
+}
+
+impl Drop for Spawning {
+    fn drop(&mut self) {
+        table().spawning -= 1;
+    }
+}
+
+/// A child of nodus's: no reaper touches it while this lives. Dropped after the child's reap.
+#[derive(Debug)]
+pub(crate) struct Ours(i32);
+
+impl Drop for Ours {
+    fn drop(&mut self) {
+        let mut t = table();
+        if let Some(pids) = t.pids.as_mut()
+            && let Some(n) = pids.get_mut(&self.0)
+        {
+            *n -= 1;
+            if *n == 0 {
+                pids.remove(&self.0);
+            }
+        }
+    }
+}
+
+/// How often the stop looks at what is left of the adopted processes.
+const STOP_POLL: Duration = Duration::from_millis(10);
+/// How long the stop goes on SIGKILLing what appears (a killed process's own children are
+/// re-parented here in turn) before it gives up on the rest.
+const KILL_LIMIT: Duration = Duration::from_secs(2);
+
+/// A primary's reaper (see the module doc). Cheap to clone; [`close`](Self::close) ends it.
+#[derive(Clone)]
+pub(crate) struct Reaper(Rc<Inner>);
+
+struct Inner {
+    /// Foreign children seen and not yet reaped by us (each counted once as adopted).
+    known: RefCell<HashSet<i32>>,
+    adopted: Cell<u64>,
+    reaped: Cell<u64>,
+    /// This process was not a subreaper before `start`: `close` puts that back.
+    set_here: bool,
+    task: RefCell<Option<JoinHandle<()>>>,
+    /// A second signal during the stop: SIGKILL what is left now.
+    hurry: Cell<bool>,
+}
+
+/// One pass's outcome.
+enum Pass {
+    /// The foreign children still running.
+    Alive(Vec<i32>),
+    /// A fork was in progress on another thread: nothing was done.
+    Deferred,
+}
+
+impl Reaper {
+    /// Marks this process a child subreaper (a failure is one warning line: as PID 1 it adopts
+    /// orphans anyway), catches `SIGCHLD` and reaps what is already there.
+    ///
+    /// # Errors
+    /// `SIGCHLD` cannot be caught.
+    ///
+    /// # Panics
+    /// Outside a running nodus loop.
+    #[track_caller]
+    pub(crate) fn start() -> io::Result<Reaper> {
+        let mut signals = Signals::new(&[libc::SIGCHLD])?;
+        let was = rustix::process::child_subreaper().ok().flatten().is_some();
+        let mut set_here = false;
+        if !was {
+            match rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
+                Ok(()) => set_here = true,
+                Err(e) => tracing::warn!(
+                    target: "nodus::process",
+                    "cannot become a child subreaper ({}): orphaned descendants go to init, not \
+                     to this process",
+                    io::Error::from(e)
+                ),
+            }
+        }
+        let inner = Rc::new(Inner {
+            known: RefCell::default(),
+            adopted: Cell::new(0),
+            reaped: Cell::new(0),
+            set_here,
+            task: RefCell::new(None),
+            hurry: Cell::new(false),
+        });
+        let weak = Rc::downgrade(&inner);
+        let task = crate::task::spawn_named("process:reaper", async move {
+            loop {
+                let Some(inner) = weak.upgrade() else { return };
+                Reaper(inner).reap().await;
+                signals.recv().await;
+            }
+        });
+        *inner.task.borrow_mut() = Some(task);
+        Ok(Reaper(inner))
+    }
+
+    /// Orphans adopted (foreign children seen) and reaped, since the start.
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        (self.0.adopted.get(), self.0.reaped.get())
+    }
+
+    /// Reaps every foreign child that has exited; returns those still running. Waits out a
+    /// fork in progress on another thread (1 ms at a time).
+    pub(crate) async fn reap(&self) -> Vec<i32> {
+        loop {
+            match self.pass() {
+                Pass::Alive(alive) => return alive,
+                Pass::Deferred => crate::time::sleep(Duration::from_millis(1)).await,
+            }
+        }
+    }
+
+    /// One pass, under [`OURS`]'s lock throughout (see the module doc).
+    fn pass(&self) -> Pass {
+        let t = table();
+        if t.spawning > 0 {
+            return Pass::Deferred;
+        }
+        let listed = children();
+        let mut known = self.0.known.borrow_mut();
+        let mut alive = Vec::new();
+        for &pid in &listed {
+            if t.pids.as_ref().is_some_and(|p| p.contains_key(&pid)) {
+                continue;
+            }
+            let Some(id) = Pid::from_raw(pid) else {
+                continue;
+            };
+            if known.insert(pid) {
+                self.0.adopted.set(self.0.adopted.get() + 1);
+                tracing::debug!(target: "nodus::process", "adopted process {pid}");
+            }
+            let options = WaitIdOptions::EXITED
+                | WaitIdOptions::NOHANG
+                | WaitIdOptions::from_bits_retain(libc::__WALL as _);
+            let result = loop {
+                match rustix::process::waitid(WaitId::Pid(id), options) {
+                    Err(rustix::io::Errno::INTR) => continue,
+                    other => break other,
+                }
+            };
+            match result {
+                Ok(Some(status)) => {
+                    known.remove(&pid);
+                    self.0.reaped.set(self.0.reaped.get() + 1);
+                    tracing::debug!(
+                        target: "nodus::process",
+                        "reaped adopted process {pid} (exit {:?}, signal {:?})",
+                        status.exit_status(),
+                        status.terminating_signal()
+                    );
+                }
+                Ok(None) => alive.push(pid),
+                // Reaped by someone else (a `waitpid(-1)` elsewhere in the process).
+                Err(_) => {
+                    known.remove(&pid);
+                }
+            }
+        }
+        drop(t);
+        // Gone without our reap: no longer ours to count.
+        known.retain(|p| listed.contains(p));
+        Pass::Alive(alive)
+    }
+
+    /// At the end of a graceful stop, once every worker is gone: SIGTERM to every adopted
+    /// process still running (and to each one re-parented here meanwhile), SIGKILL to what is
+    /// left (and its descendants) after `kill_timeout` or after [`hurry`](Self::hurry). Returns
+    /// how many got SIGTERM and how many SIGKILL; logs one line when there were any.
+    pub(crate) async fn stop_adopted(&self, kill_timeout: Duration) -> (usize, usize) {
+        let deadline = Instant::now() + kill_timeout;
+        let mut termed = HashSet::new();
+        loop {
+            let alive = self.reap().await;
+            if alive.is_empty() {
+                break;
+            }
+            if self.0.hurry.get() || Instant::now() >= deadline {
+                break;
+            }
+            for pid in alive {
+                if !termed.contains(&pid) && signal_child(pid, Signal::TERM, false) {
+                    termed.insert(pid);
+                }
+            }
+            crate::time::sleep(STOP_POLL).await;
+        }
+        let mut killed = HashSet::new();
+        let limit = Instant::now() + KILL_LIMIT;
+        loop {
+            let alive = self.reap().await;
+            if alive.is_empty() {
+                break;
+            }
+            if Instant::now() >= limit {
+                tracing::warn!(
+                    target: "nodus::process",
+                    "{} adopted process(es) still there {KILL_LIMIT:?} after SIGKILL: {alive:?}",
+                    alive.len()
+                );
+                break;
+            }
+            for pid in alive {
+                if signal_child(pid, Signal::KILL, true) {
+                    killed.insert(pid);
+                }
+            }
+            crate::time::sleep(STOP_POLL).await;
+        }
+        let stopped = termed.union(&killed).count();
+        if stopped > 0 {
+            let s = if stopped == 1 { "" } else { "es" };
+            tracing::info!(
+                target: "nodus::process",
+                "stopped {stopped} adopted process{s} the workers left behind ({} got SIGTERM, {} \
+                 SIGKILL)",
+                termed.len(),
+                killed.len()
+            );
+        }
+        (termed.len(), killed.len())
+    }
+
+    /// A second signal during [`stop_adopted`](Self::stop_adopted): SIGKILL what is left now.
+    pub(crate) fn hurry(&self) {
+        self.0.hurry.set(true);
+    }
+
+    /// Stops reaping (a child forked afterwards by other means keeps its exit status) and, if
+    /// [`start`](Self::start) made this process a subreaper, makes it none again (orphans go to
+    /// init again). Also done when the last clone is dropped.
+    pub(crate) fn close(&self) {
+        self.0.close();
+    }
+}
+
+impl Inner {
+    fn close(&self) {
+        if let Some(task) = self.task.borrow_mut().take() {
+            task.abort();
+            if self.set_here {
+                let _ = rustix::process::set_child_subreaper(None);
+            }
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+impl std::fmt::Debug for Reaper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reaper")
+            .field("adopted", &self.0.adopted.get())
+            .field("reaped", &self.0.reaped.get())
+            .finish()
+    }
+}
+
+/// Sends `sig` to `pid`, a foreign child of this process seen by the last pass (with `tree`, to
+/// its descendants too); `false` if it did not. Under [`OURS`]'s lock, with no fork in progress,
+/// a pidfd is opened for `pid`, and the process is signalled only if it is this process's child
+/// (checked after the open, so the pidfd is that child's) and not one of nodus's: even if
+/// someone else had reaped the adopted process and its number had been reused, no child of
+/// nodus's is signalled.
+fn signal_child(pid: i32, sig: Signal, tree: bool) -> bool {
+    let Some(id) = Pid::from_raw(pid) else {
+        return false;
+    };
+    let t = table();
+    if t.spawning > 0 || t.pids.as_ref().is_some_and(|p| p.contains_key(&pid)) {
+        return false;
+    }
+    let Ok(pidfd) = rustix::process::pidfd_open(id, PidfdFlags::empty()) else {
+        return false;
+    };
+    if super::child::parent_of(id) != Some(rustix::process::getpid()) {
+        return false;
+    }
+    drop(t);
+    let mut all: Vec<OwnedFd> = Vec::new();
+    if tree {
+        super::child::descendants(id, pidfd.as_fd(), &mut all);
+    }
+    let sent = rustix::process::pidfd_send_signal(&pidfd, sig).is_ok();
+    for fd in all {
+        let _ = rustix::process::pidfd_send_signal(&fd, sig);
+    }
+    sent
+}
+
+/// This process's children: every thread's `/proc/self/task/TID/children` (a re-parented orphan
+/// hangs below whichever thread adopted it), or, without that file, every process whose parent
+/// (`/proc/PID/stat`) is this one.
+fn children() -> Vec<i32> {
+    let me = rustix::process::getpid().as_raw_nonzero().get();
+    if std::path::Path::new(&format!("/proc/self/task/{me}/children")).exists() {
+        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+            return Vec::new();
+        };
+        return tasks
+            .flatten()
+            .filter_map(|task| std::fs::read_to_string(task.path().join("children")).ok())
+            .flat_map(|text| {
+                text.split_whitespace()
+                    .filter_map(|c| c.parse().ok())
+                    .collect::<Vec<i32>>()
+            })
+            .collect();
+    }
+    let me_pid = rustix::process::getpid();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| {
+            Pid::from_raw(pid).is_some_and(|p| super::child::parent_of(p) == Some(me_pid))
+        })
+        .collect()
+}
