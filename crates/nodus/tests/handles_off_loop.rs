@@ -1,0 +1,114 @@
+//! Handles that name an entry of a loop (timers, sleeps, immediates, hooks) act on the loop that
+//! made them wherever they are used or dropped: after `block_on` returned (no loop current),
+//! while another `Runtime` is current or is being dropped, and do nothing once their own
+//! `Runtime` is gone. They never reach another loop's entry, even one under the same slab key,
+//! nor a later entry of their own loop in a slot they left.
+//!
+//! Bounded: every loop is run with `run_nowait` (no blocking), and the timers are 60 s ones that
+//! never fire during a test.
+
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::Duration;
+
+use nodus::{Runtime, sleep};
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// Polls `f` once on `rt`'s loop (arming a timer there); it must be pending.
+fn arm<F: Future + Unpin>(rt: &Runtime, f: &mut F) {
+    rt.block_on(poll_fn(|cx| {
+        assert!(Pin::new(&mut *f).poll(cx).is_pending());
+        Poll::Ready(())
+    }));
+}
+
+#[test]
+fn a_sleep_dropped_or_unrefd_outside_any_loop_leaves_its_loop() {
+    let rt = Runtime::new();
+    let mut s = sleep(LONG);
+    arm(&rt, &mut s);
+    assert!(rt.run_nowait(), "an armed sleep keeps its loop alive");
+    drop(s); // no loop is current
+    assert!(
+        !rt.run_nowait(),
+        "a sleep dropped after block_on returned still keeps its loop alive"
+    );
+
+    let mut s = sleep(LONG);
+    arm(&rt, &mut s);
+    s.unref();
+    assert!(!rt.run_nowait(), "unref outside the loop was not counted");
+
+    // An interval and a timeout hold a sleep too.
+    let mut i = nodus::interval(LONG);
+    rt.block_on(poll_fn(|cx| {
+        assert!(i.poll_tick(cx).is_pending());
+        Poll::Ready(())
+    }));
+    let mut t = Box::pin(nodus::timeout(LONG, std::future::pending::<()>()));
+    rt.block_on(poll_fn(|cx| {
+        assert!(t.as_mut().poll(cx).is_pending());
+        Poll::Ready(())
+    }));
+    assert!(rt.run_nowait());
+    drop((i, t));
+    assert!(
+        !rt.run_nowait(),
+        "a dropped interval or timeout is still armed"
+    );
+    drop(s);
+}
+
+#[test]
+fn a_sleep_dropped_while_another_loop_is_current_leaves_its_own_loop_only() {
+    let (rt1, rt2) = (Runtime::new(), Runtime::new());
+    let mut s1 = sleep(LONG);
+    arm(&rt1, &mut s1);
+    // The same slot and timer id in the other loop's queue.
+    let mut s2 = sleep(LONG);
+    arm(&rt2, &mut s2);
+    rt2.enter(|| drop(s1));
+    assert!(
+        !rt1.run_nowait(),
+        "a sleep dropped while another loop was current is still armed in its own"
+    );
+    assert!(
+        rt2.run_nowait(),
+        "the other loop's timer in the same slot was cancelled"
+    );
+
+    // Dropped by another runtime's shutdown (a task of rt2 held rt1's sleep).
+    let mut s1 = sleep(LONG);
+    arm(&rt1, &mut s1);
+    rt2.enter(|| {
+        nodus::spawn(async move {
+            let _held = s1;
+            std::future::pending::<()>().await
+        })
+        .detach()
+    });
+    assert!(rt1.run_nowait());
+    drop(rt2);
+    assert!(
+        !rt1.run_nowait(),
+        "a sleep dropped by another runtime's drop is still armed"
+    );
+
+    // Outliving its runtime: nothing to do, and nothing done to another loop.
+    let rt3 = Runtime::new();
+    let mut s3 = sleep(LONG);
+    arm(&rt3, &mut s3);
+    drop(s2);
+    let mut s1 = sleep(LONG);
+    arm(&rt1, &mut s1);
+    drop(rt1);
+    rt3.enter(|| drop(s1));
+    assert!(
+        rt3.run_nowait(),
+        "a stale sleep cancelled another loop's timer"
+    );
+    drop(s3);
+    assert!(!rt3.run_nowait());
+}
