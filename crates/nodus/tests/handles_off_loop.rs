@@ -7,12 +7,15 @@
 //! Bounded: every loop is run with `run_nowait` (no blocking), and the timers are 60 s ones that
 //! never fire during a test.
 
+use std::cell::Cell;
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
+use std::rc::Rc;
 use std::task::Poll;
 use std::time::Duration;
 
-use nodus::{Runtime, sleep};
+use nodus::rt;
+use nodus::{Runtime, set_immediate, set_interval, set_timeout, sleep};
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -22,6 +25,11 @@ fn arm<F: Future + Unpin>(rt: &Runtime, f: &mut F) {
         assert!(Pin::new(&mut *f).poll(cx).is_pending());
         Poll::Ready(())
     }));
+}
+
+/// The id of the loop running the caller (for callbacks to say where they ran).
+fn here() -> u64 {
+    rt::handle().loop_id()
 }
 
 #[test]
@@ -111,4 +119,87 @@ fn a_sleep_dropped_while_another_loop_is_current_leaves_its_own_loop_only() {
     );
     drop(s3);
     assert!(!rt3.run_nowait());
+}
+
+#[test]
+fn a_timer_handle_acts_on_its_own_loop_wherever_it_is_used() {
+    let (rt1, rt2) = (Runtime::new(), Runtime::new());
+    let t1 = rt1.enter(|| set_timeout(LONG, || {}));
+    let t2 = rt2.enter(|| set_timeout(LONG, || {}));
+
+    rt2.enter(|| {
+        t1.unref();
+        assert!(!t1.has_ref() && t1.is_active());
+    });
+    assert!(!rt1.run_nowait(), "unref with another loop current");
+    assert!(rt2.run_nowait());
+    rt2.enter(|| assert!(t2.has_ref(), "the other loop's timer was unref'd"));
+
+    // With no loop current (this used to panic).
+    t1.ref_();
+    assert!(t1.has_ref());
+    assert!(rt1.run_nowait());
+    t1.clear();
+    assert!(!t1.is_active());
+    assert!(!rt1.run_nowait(), "a cleared timer keeps its loop alive");
+
+    // An interval cleared while another loop is current never fires.
+    let fired = Rc::new(Cell::new(0));
+    let f = fired.clone();
+    let i = rt1.enter(|| set_interval(1, move || f.set(f.get() + 1)));
+    rt2.enter(|| i.clear());
+    std::thread::sleep(Duration::from_millis(5));
+    assert!(!rt1.run_nowait());
+    assert_eq!(fired.get(), 0, "a cleared interval fired");
+
+    // `close` runs its callback in the timer's loop.
+    let ran = Rc::new(Cell::new(None));
+    let r = ran.clone();
+    let t3 = rt1.enter(|| set_timeout(LONG, || {}));
+    rt2.enter(|| t3.close(move || r.set(Some(here()))));
+    rt2.run_nowait();
+    assert_eq!(ran.get(), None, "the close callback ran in another loop");
+    assert!(!rt1.run_nowait());
+    assert_eq!(ran.get(), Some(rt1.id()));
+
+    // Once its runtime is gone: nothing, and nothing to another loop's timer in the same slot.
+    let t1 = rt1.enter(|| set_timeout(LONG, || {}));
+    drop(rt1);
+    t1.clear();
+    assert!(!t1.is_active() && !t1.has_ref());
+    rt2.enter(|| {
+        t1.clear();
+        t1.unref();
+        t1.close(|| panic!("the close callback of a timer whose loop is gone ran"));
+        assert!(t2.is_active() && t2.has_ref());
+    });
+    rt2.run_nowait();
+    rt2.enter(|| t2.clear());
+}
+
+#[test]
+fn an_immediate_is_cleared_in_its_own_loop_wherever_it_is_cleared() {
+    let (rt1, rt2) = (Runtime::new(), Runtime::new());
+    let ran = Rc::new(Cell::new(0));
+    let (a, b) = (ran.clone(), ran.clone());
+    let i1 = rt1.enter(|| set_immediate(move || a.set(a.get() + 1)));
+    let i2 = rt2.enter(|| set_immediate(move || b.set(b.get() + 10)));
+    rt2.enter(|| {
+        i1.clear();
+        assert!(i2.has_ref(), "the other loop's immediate was cleared");
+    });
+    assert!(!rt1.run_nowait());
+    assert_eq!(ran.get(), 0, "an immediate cleared from another loop ran");
+
+    // With no loop current (this used to panic).
+    let c = ran.clone();
+    let i3 = rt1.enter(|| set_immediate(move || c.set(c.get() + 100)));
+    i3.unref();
+    assert!(!i3.has_ref());
+    i3.clear();
+    assert!(!rt1.run_nowait());
+    assert_eq!(ran.get(), 0, "an immediate cleared outside any loop ran");
+
+    rt2.run_nowait();
+    assert_eq!(ran.get(), 10);
 }

@@ -9,7 +9,7 @@ use std::panic::Location;
 
 use slab::Slab;
 
-use super::context::with_core;
+use super::context::{with_core, with_loop};
 use super::core::Core;
 use crate::metrics::classes;
 use crate::metrics::phase::Phase;
@@ -177,7 +177,27 @@ pub(crate) fn close_callback(callback: Box<dyn FnOnce()>, location: &'static Loc
     });
 }
 
+/// Queues `callback` for the close phase of loop `loop_id` (a handle's `close`), whichever loop
+/// is current. Dropped unrun if that loop is gone (its close phase never comes) or lives on
+/// another thread.
+pub(crate) fn close_callback_on(
+    loop_id: u64,
+    callback: Box<dyn FnOnce()>,
+    location: &'static Location<'static>,
+) {
+    with_loop(loop_id, move |core| core.queue_close(callback, location));
+}
+
 impl Core {
+    /// Queues `callback` for this loop's close phase.
+    pub(crate) fn queue_close(
+        &self,
+        callback: Box<dyn FnOnce()>,
+        location: &'static Location<'static>,
+    ) {
+        self.closing.borrow_mut().push((callback, location));
+    }
+
     /// Runs every hook of `kind` once, each followed by a drain.
     pub(crate) fn run_hooks(&self, kind: HookKind) {
         let phase = match kind {
