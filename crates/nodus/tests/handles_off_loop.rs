@@ -7,14 +7,14 @@
 //! Bounded: every loop is run with `run_nowait` (no blocking), and the timers are 60 s ones that
 //! never fire during a test.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::Poll;
 use std::time::Duration;
 
-use nodus::rt;
+use nodus::rt::{self, HookHandle};
 use nodus::{Runtime, set_immediate, set_interval, set_timeout, sleep};
 
 const LONG: Duration = Duration::from_secs(60);
@@ -202,4 +202,99 @@ fn an_immediate_is_cleared_in_its_own_loop_wherever_it_is_cleared() {
 
     rt2.run_nowait();
     assert_eq!(ran.get(), 10);
+}
+
+#[test]
+fn a_hook_handle_stops_its_own_hook_wherever_it_is_used() {
+    let (rt1, rt2) = (Runtime::new(), Runtime::new());
+    let h1 = rt1.enter(|| rt::prepare(|| {}));
+    let h2 = rt2.enter(|| rt::prepare(|| {}));
+    rt2.enter(|| h1.stop());
+    assert!(
+        !rt1.run_nowait(),
+        "a hook stopped while another loop was current still counts"
+    );
+    rt2.enter(|| assert!(h2.has_ref(), "the other loop's hook was stopped"));
+
+    // With no loop current (this used to panic); `close` calls back in the hook's loop.
+    let h = rt1.enter(|| rt::idle(|| {}));
+    h.unref();
+    assert!(!rt1.run_nowait());
+    h.ref_();
+    assert!(rt1.run_nowait());
+    let ran = Rc::new(Cell::new(None));
+    let r = ran.clone();
+    rt2.enter(|| h.close(move || r.set(Some(here()))));
+    rt2.run_nowait();
+    assert_eq!(ran.get(), None);
+    assert!(!rt1.run_nowait());
+    assert_eq!(ran.get(), Some(rt1.id()));
+
+    // Once its runtime is gone: nothing.
+    let h = rt1.enter(|| rt::prepare(|| {}));
+    drop(rt1);
+    rt2.enter(|| {
+        h.stop();
+        h.unref();
+        assert!(h2.has_ref());
+    });
+    h2.stop();
+    assert!(!rt2.run_nowait());
+}
+
+#[test]
+fn a_stopped_hooks_handle_never_reaches_the_hook_that_took_its_slot() {
+    let rt = Runtime::new();
+    rt.enter(|| {
+        let a = rt::idle(|| {});
+        a.stop();
+        let b = rt::idle(|| {});
+        a.stop();
+        a.unref();
+        assert!(!a.has_ref());
+        assert!(
+            b.has_ref(),
+            "a stale handle stopped or unref'd a newer hook"
+        );
+        b.stop();
+    });
+    assert!(!rt.run_nowait());
+}
+
+#[test]
+fn a_hook_started_during_a_pass_first_runs_in_the_next_one() {
+    let rt = Runtime::new();
+    let trace: Rc<RefCell<Vec<&str>>> = Rc::default();
+    let started: Rc<RefCell<Vec<HookHandle>>> = Rc::default();
+    let (t, s) = (trace.clone(), started.clone());
+    let first = rt.enter(|| {
+        let c = Rc::new(RefCell::new(None::<HookHandle>));
+        let cc = c.clone();
+        let a = rt::idle(move || {
+            t.borrow_mut().push("a");
+            // Stop `c` (after `a` in this pass) and start `b`, which takes `c`'s slot.
+            if let Some(c) = cc.borrow_mut().take() {
+                c.stop();
+                let tb = t.clone();
+                s.borrow_mut()
+                    .push(rt::idle(move || tb.borrow_mut().push("b")));
+            }
+        });
+        let tc = trace.clone();
+        *c.borrow_mut() = Some(rt::idle(move || tc.borrow_mut().push("c")));
+        a
+    });
+    rt.run_nowait();
+    assert_eq!(
+        *trace.borrow(),
+        ["a"],
+        "a hook started in the pass ran in it"
+    );
+    rt.run_nowait();
+    assert_eq!(*trace.borrow(), ["a", "a", "b"]);
+    first.stop();
+    for h in started.borrow_mut().drain(..) {
+        h.stop();
+    }
+    assert!(!rt.run_nowait());
 }
