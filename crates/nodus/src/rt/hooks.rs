@@ -185,13 +185,6 @@ pub fn defer(callback: impl FnOnce() + 'static) {
     });
 }
 
-/// Queues `callback` for the close phase (used by every handle's `close`).
-pub(crate) fn close_callback(callback: Box<dyn FnOnce()>, location: &'static Location<'static>) {
-    with_core("close", |core| {
-        core.closing.borrow_mut().push((callback, location))
-    });
-}
-
 /// Queues `callback` for the close phase of loop `loop_id` (a handle's `close`), whichever loop
 /// is current. Dropped unrun if that loop is gone (its close phase never comes) or lives on
 /// another thread.
