@@ -103,3 +103,36 @@ fn an_event_for_a_dropped_source_never_reaches_the_next_one() {
         );
     });
 }
+
+/// `close` called off the fd's loop queues its callback in that loop's close phase: not in the
+/// loop that happens to be current, and without a panic when none is.
+#[test]
+fn close_calls_back_in_the_fds_own_loop() {
+    let (rt1, rt2) = (nodus::Runtime::new(), nodus::Runtime::new());
+    let ran = Rc::new(Cell::new(None));
+    let here = || nodus::rt::handle().loop_id();
+
+    let (a, _peer) = pair();
+    let fd = rt1.block_on(async { AsyncFd::new(a).unwrap() });
+    let r = ran.clone();
+    rt2.enter(|| fd.close(move || r.set(Some(here()))));
+    rt2.run_nowait();
+    assert_eq!(ran.get(), None, "the close callback ran in another loop");
+    assert!(!rt1.run_nowait());
+    assert_eq!(ran.get(), Some(rt1.id()));
+
+    // With no loop current.
+    let (b, _peer) = pair();
+    let fd = rt1.block_on(async { AsyncFd::new(b).unwrap() });
+    let r = ran.clone();
+    fd.close(move || r.set(Some(0)));
+    assert!(!rt1.run_nowait());
+    assert_eq!(ran.get(), Some(0));
+
+    // Once its loop is gone, the callback is dropped unrun.
+    let (c, _peer) = pair();
+    let fd = rt1.block_on(async { AsyncFd::new(c).unwrap() });
+    drop(rt1);
+    rt2.enter(|| fd.close(|| panic!("a close callback ran with its loop gone")));
+    rt2.run_nowait();
+}

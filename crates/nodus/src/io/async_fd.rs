@@ -10,11 +10,13 @@
 //! Invariant: the fd leaves the epoll set of the loop that registered it before it is closed,
 //! wherever the `AsyncFd` is dropped (on its loop, after `block_on` returned, while another loop
 //! runs on the thread), and stops counting as that loop's handle; `ref_`/`unref` count in that
-//! loop too. Its [`Registration`] holds a weak reference to the loop for this; once the loop is
-//! gone (its `Runtime` dropped) closing is enough, its epoll instance having gone with it. An
-//! `AsyncFd` is `!Send`, so this always happens on the loop's own thread. A closed fd's number
-//! may be reused at once: the registration's token is never reused (`reactor.rs`), so no event
-//! meant for this fd reaches the next owner of the number or of the slab key.
+//! loop too, and `close`'s callback runs in that loop's close phase (never in another loop's;
+//! dropped unrun once the loop is gone). Its [`Registration`] holds a weak reference to the loop
+//! for this; once the loop is gone (its `Runtime` dropped) closing is enough, its epoll instance
+//! having gone with it. An `AsyncFd` is `!Send`, so this always happens on the loop's own
+//! thread. A closed fd's number may be reused at once: the registration's token is never reused
+//! (`reactor.rs`), so no event meant for this fd reaches the next owner of the number or of the
+//! slab key.
 
 use std::future::poll_fn;
 use std::io;
@@ -27,7 +29,6 @@ use mio::unix::SourceFd;
 use super::coop::poll_proceed;
 use super::reactor::{READ_CLOSED, READABLE, Registration, WRITABLE, WRITE_CLOSED};
 use crate::rt::context::with_core;
-use crate::rt::hooks::close_callback;
 
 /// A file descriptor registered with the current loop.
 ///
@@ -165,12 +166,14 @@ impl<T: AsFd> AsyncFd<T> {
         self.reg.state().refd.get()
     }
 
-    /// Deregisters and drops the fd now, and runs `callback` in the close phase.
+    /// Deregisters and drops the fd now, and runs `callback` in its loop's close phase (never,
+    /// if that loop is gone).
     #[track_caller]
     pub fn close(mut self, callback: impl FnOnce() + 'static) {
         self.deregister();
         drop(self.inner.take());
-        close_callback(Box::new(callback), Location::caller());
+        self.reg
+            .close_callback(Box::new(callback), Location::caller());
     }
 
     /// Takes the fd out of its loop's epoll set while it is still open (a no-op once the fd

@@ -280,6 +280,19 @@ impl Registration {
         }
     }
 
+    /// Queues `callback` for its loop's close phase, whichever loop is current; dropped unrun if
+    /// that loop is gone.
+    pub(crate) fn close_callback(
+        &self,
+        callback: Box<dyn FnOnce()>,
+        location: &'static std::panic::Location<'static>,
+    ) {
+        match self.core.upgrade() {
+            Some(core) => core.queue_close(callback, location),
+            None => drop(callback),
+        }
+    }
+
     /// Takes `source` (whose fd must still be open) out of its loop's epoll set and slab and stops
     /// counting it as a handle. Nothing to do once the loop is gone. Idempotent.
     pub(crate) fn deregister(&self, source: &mut impl mio::event::Source) {

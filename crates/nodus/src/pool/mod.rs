@@ -12,7 +12,8 @@
 //!
 //! Invariants:
 //! - An in-flight offload counts in the loop's `requests` (it keeps `Runtime::run` alive, Node's
-//!   rule) from submit until its future completes or is dropped.
+//!   rule) from submit until its future completes or is dropped, wherever it is dropped (the unit
+//!   goes back to the loop it was taken from at once; see `offload`).
 //! - Work whose future is dropped before a worker picks it up is never run (`uv_cancel`).
 //! - A panic inside work reaches the awaiting task as [`OffloadError::Panicked`]; it never takes
 //!   a pool thread down.

@@ -9,9 +9,11 @@
 //! - Dropping the future before a worker takes the closure drops the closure unrun (on the
 //!   dropping thread) and the worker skips the job; dropping it later discards the output.
 //! - The loop's `requests` count holds one unit per live, unfinished `Offload` created on that
-//!   loop: taken at submit, given back when the future returns `Ready` or is dropped. The future
-//!   is `!Send`, so it is dropped on its loop's thread; if that loop is not current then (the
-//!   future outlived `block_on`), the unit is given back through the loop's remote queue.
+//!   loop: taken at submit, given back when the future returns `Ready` or is dropped. The unit
+//!   ([`Request`]) is `!Send`, so it is dropped on its loop's thread, and gives the unit back to
+//!   its own loop at once wherever it is dropped: with that loop current or not, or another
+//!   `Runtime` current (`rt::context::with_loop`); once the loop's `Runtime` is dropped there is
+//!   nothing to give back.
 
 use std::any::Any;
 use std::future::Future;
@@ -23,7 +25,7 @@ use std::task::{Context, Poll, Waker};
 
 use super::OffloadError;
 use super::worker::Inner;
-use crate::rt::context::try_with_core;
+use crate::rt::context::{try_with_core, with_loop};
 use crate::rt::core::{Core, Remote, Shared};
 
 /// What the queue sees of a job.
@@ -157,9 +159,11 @@ where
     }
 }
 
-/// One unit of a loop's in-flight `requests`.
-struct Request {
-    shared: Arc<Shared>,
+/// One unit of a loop's in-flight `requests` (what keeps `run` going), given back to that loop
+/// when dropped, wherever (see the module invariants). Also the unit of an awaited flush of a
+/// child's output (`process::output`).
+pub(crate) struct Request {
+    loop_id: u64,
     // Dropped on the thread that created it (see the module invariants).
     _not_send: PhantomData<*const ()>,
 }
@@ -175,38 +179,26 @@ impl Core {
 }
 
 impl Request {
-    fn begin() -> Option<Request> {
-        try_with_core(|core| {
-            core.begin_request();
-            Request {
-                shared: core.shared.clone(),
-                _not_send: PhantomData,
-            }
-        })
+    /// A unit of the current loop's requests, if a loop is current.
+    pub(crate) fn begin() -> Option<Request> {
+        try_with_core(|core| core.request())
+    }
+}
+
+impl Core {
+    /// Takes a unit of this loop's requests.
+    pub(crate) fn request(&self) -> Request {
+        self.begin_request();
+        Request {
+            loop_id: self.loop_id(),
+            _not_send: PhantomData,
+        }
     }
 }
 
 impl Drop for Request {
     fn drop(&mut self) {
-        let loop_id = self.shared.loop_id;
-        let ended = try_with_core(|core| {
-            let here = core.loop_id() == loop_id;
-            if here {
-                core.end_request();
-            }
-            here
-        });
-        if ended != Some(true) {
-            // Not on the loop (or another loop is current): give the unit back on the loop. If
-            // the loop is gone, there is nothing to give back.
-            let end = move || {
-                try_with_core(|core| core.end_request());
-            };
-            let _ = self.shared.push_remote(Remote::Callback(
-                Box::new(end),
-                std::panic::Location::caller(),
-            ));
-        }
+        with_loop(self.loop_id, |core| core.end_request());
     }
 }
 
@@ -308,5 +300,44 @@ impl<T> std::fmt::Debug for Offload<T> {
             Slot::Done => "done",
         };
         f.debug_struct("Offload").field("state", &state).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::{Future, poll_fn};
+    use std::sync::mpsc;
+    use std::task::Poll;
+
+    use crate::rt::context::with_core;
+
+    /// The unit an `Offload` holds goes back to its own loop when the future is dropped, at
+    /// once, wherever: outside any loop and while another loop is current.
+    #[test]
+    fn a_dropped_offload_gives_its_request_back_to_its_loop_at_once() {
+        let (rt1, rt2) = (crate::Runtime::new(), crate::Runtime::new());
+        let requests = |rt: &crate::Runtime| rt.enter(|| with_core("test", |c| c.requests.get()));
+        let (tx, rx) = mpsc::channel::<()>();
+        let gate = move || {
+            let _ = rx.recv();
+        };
+        let mut job = Box::pin(rt1.enter(|| crate::offload_io(gate)));
+        rt1.block_on(poll_fn(|cx| {
+            assert!(job.as_mut().poll(cx).is_pending());
+            Poll::Ready(())
+        }));
+        let other = rt2.enter(|| crate::offload_io(|| ()));
+        assert_eq!((requests(&rt1), requests(&rt2)), (1, 1));
+        rt2.enter(|| drop(job));
+        assert_eq!(
+            (requests(&rt1), requests(&rt2)),
+            (0, 1),
+            "the unit was not given back to its own loop at once"
+        );
+        let job = rt1.enter(|| crate::offload_io(|| ()));
+        drop(job); // no loop current
+        assert_eq!(requests(&rt1), 0);
+        drop(tx);
+        drop(other);
     }
 }

@@ -41,7 +41,7 @@ use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use crate::JoinHandle;
-use crate::rt::context::{try_with_core, with_core};
+use crate::rt::context::with_core;
 
 /// The longest line written whole; longer ones are cut into pieces of this size.
 pub const MAX_LINE: usize = 64 * 1024;
@@ -268,7 +268,8 @@ impl Writer {
     /// alive meanwhile).
     async fn flush(&self) {
         let flush = Arc::new(Flush::default());
-        let _in_flight = InFlight::begin();
+        // One unit of the loop's in-flight requests (it keeps the loop alive) while awaited.
+        let _in_flight = with_core("nodus::process::output", |core| core.request());
         self.send(Message::Flush(FlushToken(flush.clone())));
         poll_fn(|cx| {
             let mut state = flush.state.lock().expect("no panic while held");
@@ -381,34 +382,6 @@ struct FlushToken(Arc<Flush>);
 impl Drop for FlushToken {
     fn drop(&mut self) {
         self.0.set();
-    }
-}
-
-/// One unit of the loop's in-flight `requests` (what keeps it alive) while a flush is awaited.
-/// Created and dropped on the loop thread (the task's).
-struct InFlight {
-    loop_id: u64,
-}
-
-impl InFlight {
-    #[track_caller]
-    fn begin() -> InFlight {
-        with_core("nodus::process::output", |core| {
-            core.begin_request();
-            InFlight {
-                loop_id: core.loop_id(),
-            }
-        })
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        try_with_core(|core| {
-            if core.loop_id() == self.loop_id {
-                core.end_request();
-            }
-        });
     }
 }
 

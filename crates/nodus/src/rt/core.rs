@@ -15,6 +15,12 @@
 //! - `tasks` holds every task of this loop whose future is alive (tokio's `OwnedTasks`): an entry
 //!   from spawn until the future is dropped (completion, abort, shutdown). Its waker is how
 //!   shutdown reaches a task nothing else would wake; its id tells a reused key from the task's.
+//!   A task's future is dropped only by its loop with that loop current (its `Runnable` runs or
+//!   is dropped only there; an abort or a wake from elsewhere goes through the remote queue), so
+//!   `task_dropped` is called on the right registry.
+//! - A handle that counts in `refs` or `requests`, or names an entry of a queue here, gives it
+//!   back to this loop wherever it is dropped or used (`context::with_loop` by loop id, or
+//!   `me`, a weak reference, for `!Send` owners): never to whichever loop is current.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -171,7 +177,7 @@ impl Core {
             waker,
             closed: AtomicBool::new(false),
         });
-        Ok(Rc::new_cyclic(|me| Core {
+        let core = Rc::new_cyclic(|me| Core {
             me: me.clone(),
             shared,
             meter: Meter::new(loop_id, config),
@@ -196,7 +202,9 @@ impl Core {
             main_running: Cell::new(false),
             main_done: Cell::new(false),
             main_location: Cell::new(Location::caller()),
-        }))
+        });
+        super::context::add_loop(loop_id, Rc::downgrade(&core));
+        Ok(core)
     }
 
     pub(crate) fn loop_id(&self) -> u64 {

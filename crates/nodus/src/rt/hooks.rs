@@ -4,12 +4,23 @@
 //! Invariants: a hook's callback is taken out of its slot while it runs, so it may stop or close
 //! itself; an active ref'd hook counts in `Core::refs`; an active idle hook makes the poll phase
 //! non-blocking (libuv's rule).
+//!
+//! A [`HookHandle`] names its hook by slab key, an id this loop never gives another hook, and
+//! its loop's id: once the hook is stopped its key may hold a newer hook, which the handle never
+//! reaches (a second `stop`, an `unref`, do nothing). `stop`/`close`/`ref_`/`unref` act on the
+//! hook's own loop wherever they are called (its loop current or not, another `Runtime` current:
+//! `context::with_loop`), so a hook stopped off its loop leaves that loop's handle count; once the
+//! loop's `Runtime` is dropped (its hooks with it) or on another thread, they do nothing. A pass
+//! runs the hooks active when it starts: one started by a callback of the pass (even in a slot a
+//! stopped one left) first runs in the next pass, as in libuv. Dropping the handle does not stop
+//! the hook (a libuv handle lives until closed), on its loop or off it. Close callbacks
+//! (`close_callback_on`) are queued on the closed handle's own loop.
 
 use std::panic::Location;
 
 use slab::Slab;
 
-use super::context::with_core;
+use super::context::{with_core, with_loop};
 use super::core::Core;
 use crate::metrics::classes;
 use crate::metrics::phase::Phase;
@@ -21,6 +32,8 @@ pub(crate) enum HookKind {
 }
 
 pub(crate) struct Hook {
+    /// Never reused by this loop: tells the hook from a later one in the same slab slot.
+    id: u64,
     kind: HookKind,
     callback: Option<Box<dyn FnMut()>>,
     refd: bool,
@@ -30,6 +43,7 @@ pub(crate) struct Hook {
 pub(crate) struct Hooks {
     slots: Slab<Hook>,
     active_idle: usize,
+    next_id: u64,
 }
 
 impl Hooks {
@@ -37,7 +51,13 @@ impl Hooks {
         Hooks {
             slots: Slab::new(),
             active_idle: 0,
+            next_id: 1,
         }
+    }
+
+    /// The live hook `(key, id)`.
+    fn get_mut(&mut self, key: usize, id: u64) -> Option<&mut Hook> {
+        self.slots.get_mut(key).filter(|h| h.id == id)
     }
 
     pub(crate) fn idle_active(&self) -> bool {
@@ -50,11 +70,12 @@ impl Hooks {
     }
 }
 
-/// A running idle or prepare hook. Dropping the handle does not stop it; `stop` or `close` does.
+/// A running idle or prepare hook. Dropping the handle does not stop it; `stop` or `close` does,
+/// wherever it is called on its loop's thread (see the module docs).
 #[derive(Debug)]
 pub struct HookHandle {
     key: usize,
-    kind: HookKind,
+    id: u64,
     loop_id: u64,
 }
 
@@ -78,51 +99,45 @@ fn start(
     location: &'static Location<'static>,
 ) -> HookHandle {
     with_core("nodus::rt::idle/prepare", |core| {
-        let key = core.hooks.borrow_mut().slots.insert(Hook {
+        let mut hooks = core.hooks.borrow_mut();
+        let id = hooks.next_id;
+        hooks.next_id += 1;
+        let key = hooks.slots.insert(Hook {
+            id,
             kind,
             callback: Some(callback),
             refd: true,
             location,
         });
         if kind == HookKind::Idle {
-            core.hooks.borrow_mut().active_idle += 1;
+            hooks.active_idle += 1;
         }
+        drop(hooks);
         core.ref_handle();
         HookHandle {
             key,
-            kind,
+            id,
             loop_id: core.loop_id(),
         }
     })
 }
 
 impl HookHandle {
+    /// Runs `f` on the hook, in its own loop, if it is still active there.
     fn with_hook<R>(&self, f: impl FnOnce(&Core, &mut Hook) -> R) -> Option<R> {
-        with_core("HookHandle", |core| {
-            if core.loop_id() != self.loop_id {
-                return None;
-            }
+        with_loop(self.loop_id, |core| {
             let mut hooks = core.hooks.borrow_mut();
-            let hook = hooks
-                .slots
-                .get_mut(self.key)
-                .filter(|h| h.kind == self.kind)?;
+            let hook = hooks.get_mut(self.key, self.id)?;
             Some(f(core, hook))
         })
+        .flatten()
     }
 
     /// Stops the hook; its callback is dropped.
     pub fn stop(&self) {
-        let removed = with_core("HookHandle::stop", |core| {
+        let removed = with_loop(self.loop_id, |core| {
             let mut hooks = core.hooks.borrow_mut();
-            if core.loop_id() != self.loop_id
-                || !hooks
-                    .slots
-                    .get(self.key)
-                    .is_some_and(|h| h.kind == self.kind)
-            {
-                return None;
-            }
+            hooks.get_mut(self.key, self.id)?;
             let hook = hooks.slots.remove(self.key);
             if hook.kind == HookKind::Idle {
                 hooks.active_idle -= 1;
@@ -136,11 +151,11 @@ impl HookHandle {
         drop(removed);
     }
 
-    /// Stops the hook and runs `callback` in the close phase.
+    /// Stops the hook and runs `callback` in its loop's close phase.
     #[track_caller]
     pub fn close(&self, callback: impl FnOnce() + 'static) {
         self.stop();
-        close_callback(Box::new(callback), Location::caller());
+        close_callback_on(self.loop_id, Box::new(callback), Location::caller());
     }
 
     /// The hook no longer keeps the loop alive.
@@ -170,14 +185,27 @@ pub fn defer(callback: impl FnOnce() + 'static) {
     });
 }
 
-/// Queues `callback` for the close phase (used by every handle's `close`).
-pub(crate) fn close_callback(callback: Box<dyn FnOnce()>, location: &'static Location<'static>) {
-    with_core("close", |core| {
-        core.closing.borrow_mut().push((callback, location))
-    });
+/// Queues `callback` for the close phase of loop `loop_id` (a handle's `close`), whichever loop
+/// is current. Dropped unrun if that loop is gone (its close phase never comes) or lives on
+/// another thread.
+pub(crate) fn close_callback_on(
+    loop_id: u64,
+    callback: Box<dyn FnOnce()>,
+    location: &'static Location<'static>,
+) {
+    with_loop(loop_id, move |core| core.queue_close(callback, location));
 }
 
 impl Core {
+    /// Queues `callback` for this loop's close phase.
+    pub(crate) fn queue_close(
+        &self,
+        callback: Box<dyn FnOnce()>,
+        location: &'static Location<'static>,
+    ) {
+        self.closing.borrow_mut().push((callback, location));
+    }
+
     /// Runs every hook of `kind` once, each followed by a drain.
     pub(crate) fn run_hooks(&self, kind: HookKind) {
         let phase = match kind {
@@ -185,7 +213,7 @@ impl Core {
             HookKind::Prepare => Phase::Prepare,
         };
         self.meter.phase(phase);
-        let keys: Vec<usize> = {
+        let keys: Vec<(usize, u64)> = {
             let hooks = self.hooks.borrow();
             if hooks.slots.is_empty() {
                 return;
@@ -194,16 +222,14 @@ impl Core {
                 .slots
                 .iter()
                 .filter(|(_, h)| h.kind == kind)
-                .map(|(k, _)| k)
+                .map(|(k, h)| (k, h.id))
                 .collect()
         };
-        for key in keys {
+        for (key, id) in keys {
             let taken = {
                 let mut hooks = self.hooks.borrow_mut();
                 hooks
-                    .slots
-                    .get_mut(key)
-                    .filter(|h| h.kind == kind)
+                    .get_mut(key, id)
                     .and_then(|h| Some((h.callback.take()?, h.location)))
             };
             let Some((mut callback, location)) = taken else {
@@ -214,14 +240,15 @@ impl Core {
                 None,
                 &mut callback,
             );
-            let mut hooks = self.hooks.borrow_mut();
-            if let Some(h) = hooks
-                .slots
-                .get_mut(key)
-                .filter(|h| h.kind == kind && h.callback.is_none())
-            {
-                h.callback = Some(callback);
-            }
+            let stopped = match self.hooks.borrow_mut().get_mut(key, id) {
+                Some(h) => {
+                    h.callback = Some(callback);
+                    None
+                }
+                None => Some(callback),
+            };
+            // Stopped while it ran: its callback is dropped here, after the borrow.
+            drop(stopped);
         }
     }
 

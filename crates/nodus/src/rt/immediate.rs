@@ -1,10 +1,17 @@
 //! `set_immediate`: callbacks for the check phase of the current (or next) iteration.
+//!
+//! Invariant: an [`Immediate`] (`Copy`, `Send`) names its entry by slab key, an id its loop
+//! never reuses, and its loop's id, and acts on that loop wherever it is used: `clear` cancels it
+//! there (leaving that loop's handle count and run queue) whether that loop is current or not,
+//! or another `Runtime` is current (`context::with_loop`); it never reaches an entry of another
+//! loop or a later immediate in the same slot. Once the loop's `Runtime` is dropped, or on another
+//! thread, it does nothing. Dropping the handle does not cancel the immediate (Node's rule).
 
 use std::panic::Location;
 
-use super::context::with_core;
+use super::context::{with_core, with_loop};
 use super::core::Core;
-use super::hooks::close_callback;
+use super::hooks::close_callback_on;
 
 /// A queued immediate; clearing it after it ran does nothing. Dropping the handle does not
 /// cancel it.
@@ -44,16 +51,16 @@ pub fn clear_immediate(immediate: &Immediate) {
 }
 
 impl Immediate {
-    fn on_core<R>(&self, api: &str, f: impl FnOnce(&Core) -> R) -> Option<R> {
-        with_core(api, |core| {
-            (core.loop_id() == self.loop_id).then(|| f(core))
-        })
+    /// Runs `f` on the immediate's own loop, whichever loop (if any) is current; `None` once
+    /// that loop's `Runtime` is dropped, or on another thread.
+    fn on_core<R>(&self, f: impl FnOnce(&Core) -> R) -> Option<R> {
+        with_loop(self.loop_id, f)
     }
 
     /// Cancels it (same as `clear_immediate`).
     #[track_caller]
     pub fn clear(&self) {
-        let removed = self.on_core("Immediate::clear", |core| {
+        let removed = self.on_core(|core| {
             let e = core
                 .check
                 .borrow_mut()
@@ -71,7 +78,7 @@ impl Immediate {
     #[track_caller]
     pub fn close(&self, callback: impl FnOnce() + 'static) {
         self.clear();
-        close_callback(Box::new(callback), Location::caller());
+        close_callback_on(self.loop_id, Box::new(callback), Location::caller());
     }
 
     /// It no longer keeps the loop alive by itself.
@@ -89,7 +96,7 @@ impl Immediate {
     /// Whether it is queued and ref'd.
     #[track_caller]
     pub fn has_ref(&self) -> bool {
-        self.on_core("Immediate::has_ref", |core| {
+        self.on_core(|core| {
             core.check
                 .borrow_mut()
                 .immediate_mut(self.key, self.id)
@@ -100,7 +107,7 @@ impl Immediate {
 
     #[track_caller]
     fn set_ref(&self, on: bool) {
-        self.on_core("Immediate::ref/unref", |core| {
+        self.on_core(|core| {
             if let Some(e) = core.check.borrow_mut().immediate_mut(self.key, self.id) {
                 core.set_refd(&mut e.refd, on);
             }

@@ -223,7 +223,19 @@ impl Default for Runtime {
 impl Drop for Runtime {
     fn drop(&mut self) {
         let _entered = Entered::new(&self.core);
+        // Still listed during the shutdown: a handle of this loop dropped then, with another
+        // loop current (a nested `Runtime`'s drop), reaches it.
+        let _unlisted = Unlist(self.core.loop_id());
         self.core.shutdown();
+    }
+}
+
+/// Takes a loop off its thread's list when dropped (also while unwinding).
+struct Unlist(u64);
+
+impl Drop for Unlist {
+    fn drop(&mut self) {
+        context::remove_loop(self.0);
     }
 }
 

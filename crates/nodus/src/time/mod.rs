@@ -8,6 +8,16 @@
 //! (2^31 − 1 ms, about 24.8 days) panics with a clear message instead of being silently changed;
 //! the futures (`sleep`, `sleep_until`, `interval`, `timeout`) take longer delays and wait them
 //! out in steps of at most that maximum.
+//!
+//! Invariant: a timer handle acts on the loop that armed it, wherever it is used. A [`Timer`]
+//! (`Copy`, `Send`) and an armed [`Sleep`] hold their timer's key (slab key + an id never reused
+//! by that queue) and their loop's id: `clear`, `ref_`/`unref`, `has_ref`, `is_active`, and a
+//! `Sleep`'s drop, reset or unref reach that loop whether it is current, not current (after
+//! `block_on` returned, with no loop current) or another `Runtime` is current
+//! (`rt::context::with_loop`), and never touch another loop's timers. Once the loop's `Runtime`
+//! is dropped, or on another thread, they do nothing (`has_ref`/`is_active` are `false`): the
+//! loop's timers were dropped with it, or belong to its thread. Dropping a `Timer` does nothing
+//! (Node's handles); dropping a `Sleep` disarms it.
 
 mod delay;
 pub(crate) mod queue;
@@ -19,9 +29,9 @@ pub use delay::{IntoDelay, MAX_DELAY};
 pub use sleep::{Elapsed, Interval, Sleep, Timeout, interval, sleep, sleep_until, timeout};
 
 use self::queue::{TimerAction, TimerKey};
-use crate::rt::context::{try_with_core, with_core};
+use crate::rt::context::{try_with_core, with_core, with_loop};
 use crate::rt::core::Core;
-use crate::rt::hooks::close_callback;
+use crate::rt::hooks::close_callback_on;
 
 /// A timer made by `set_timeout` or `set_interval`. Copying the handle is cheap; dropping it
 /// does not cancel the timer.
@@ -102,16 +112,16 @@ fn arm(
 }
 
 impl Timer {
-    fn on_core<R>(&self, api: &str, f: impl FnOnce(&Core) -> R) -> Option<R> {
-        with_core(api, |core| {
-            (core.loop_id() == self.loop_id).then(|| f(core))
-        })
+    /// Runs `f` on the timer's own loop, whichever loop (if any) is current; `None` once that
+    /// loop's `Runtime` is dropped, or on another thread (see the module docs).
+    fn on_core<R>(&self, f: impl FnOnce(&Core) -> R) -> Option<R> {
+        with_loop(self.loop_id, f)
     }
 
     /// Cancels the timer (`clear_timeout` / `clear_interval`).
     #[track_caller]
     pub fn clear(&self) {
-        let removed = self.on_core("Timer::clear", |core| {
+        let removed = self.on_core(|core| {
             let e = core.timers.borrow_mut().remove(self.key)?;
             if e.refd {
                 core.unref_handle();
@@ -125,7 +135,7 @@ impl Timer {
     #[track_caller]
     pub fn close(&self, callback: impl FnOnce() + 'static) {
         self.clear();
-        close_callback(Box::new(callback), Location::caller());
+        close_callback_on(self.loop_id, Box::new(callback), Location::caller());
     }
 
     /// The timer no longer keeps the loop alive (Node's `timeout.unref()`).
@@ -143,24 +153,20 @@ impl Timer {
     /// Whether the timer is armed and ref'd.
     #[track_caller]
     pub fn has_ref(&self) -> bool {
-        self.on_core("Timer::has_ref", |core| {
-            core.timers.borrow().get(self.key).is_some_and(|e| e.refd)
-        })
-        .unwrap_or(false)
+        self.on_core(|core| core.timers.borrow().get(self.key).is_some_and(|e| e.refd))
+            .unwrap_or(false)
     }
 
     /// Whether the timer is still armed (not fired, for a timeout; not cleared).
     #[track_caller]
     pub fn is_active(&self) -> bool {
-        self.on_core("Timer::is_active", |core| {
-            core.timers.borrow().get(self.key).is_some()
-        })
-        .unwrap_or(false)
+        self.on_core(|core| core.timers.borrow().get(self.key).is_some())
+            .unwrap_or(false)
     }
 
     #[track_caller]
     fn set_ref(&self, on: bool) {
-        self.on_core("Timer::ref/unref", |core| {
+        self.on_core(|core| {
             if let Some(e) = core.timers.borrow_mut().get_mut(self.key) {
                 core.set_refd(&mut e.refd, on);
             }

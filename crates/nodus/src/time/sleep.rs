@@ -2,8 +2,16 @@
 //!
 //! A `Sleep` fixes its deadline when created (from the loop's clock inside a loop, from the
 //! process clock the loops share outside one) and joins the timer queue of the loop that first
-//! polls it, as a waker entry (no boxed callback). While armed and ref'd it keeps the loop alive, like a pending
-//! `setTimeout` promise; dropping it cancels the timer.
+//! polls it, as a waker entry (no boxed callback). While armed and ref'd it keeps the loop alive,
+//! like a pending `setTimeout` promise; dropping it cancels the timer.
+//!
+//! Invariant: an armed `Sleep` holds its timer's key and its loop's id, and dropping, resetting
+//! or unref'ing it acts on that loop's queue wherever it happens: on its loop, after `block_on`
+//! returned, while another `Runtime` is current (`rt::context::with_loop`). So a `Sleep` dropped
+//! off its loop neither keeps that loop alive until its deadline nor leaves a timer that wakes
+//! a task for nothing; once the loop's `Runtime` is dropped its timer went with it. `Sleep` is
+//! `Send + Sync` (hyper's timer requires it) and holds no reference to its loop: dropped on
+//! another thread, it cannot reach its loop, and its timer stays armed until it fires.
 //!
 //! Unlike `set_timeout`, these take delays past Node's maximum (2^31 − 1 ms, about 24.8 days): a
 //! longer sleep arms its timer for at most that long and re-arms it, from the loop's time, for
@@ -19,7 +27,7 @@ use std::time::{Duration, Instant};
 use super::delay::IntoDelay;
 use super::loop_now_ns;
 use super::queue::{TimerAction, TimerKey};
-use crate::rt::context::{try_with_core, with_core};
+use crate::rt::context::{with_core, with_loop};
 
 /// The longest one timer of a `Sleep` is armed for: Node's maximum delay.
 #[cfg(not(test))]
@@ -110,12 +118,10 @@ impl Sleep {
         self.fired = false;
     }
 
+    /// Runs `f` on its armed timer, in the loop that holds it (whichever loop is current).
     fn with_entry(&self, f: impl FnOnce(&crate::rt::core::Core, &mut super::queue::TimerEntry)) {
         let Some(key) = self.key else { return };
-        try_with_core(|core| {
-            if core.loop_id() != self.loop_id {
-                return;
-            }
+        with_loop(self.loop_id, |core| {
             let mut timers = core.timers.borrow_mut();
             if let Some(e) = timers.get_mut(key) {
                 f(core, e);
@@ -123,12 +129,10 @@ impl Sleep {
         });
     }
 
+    /// Disarms its timer in the loop that holds it, wherever this runs (see the module docs).
     fn cancel(&mut self) {
         let Some(key) = self.key.take() else { return };
-        let removed = try_with_core(|core| {
-            if core.loop_id() != self.loop_id {
-                return None;
-            }
+        let removed = with_loop(self.loop_id, |core| {
             let e = core.timers.borrow_mut().remove(key)?;
             if e.refd {
                 core.unref_handle();

@@ -1,0 +1,300 @@
+//! Handles that name an entry of a loop (timers, sleeps, immediates, hooks) act on the loop that
+//! made them wherever they are used or dropped: after `block_on` returned (no loop current),
+//! while another `Runtime` is current or is being dropped, and do nothing once their own
+//! `Runtime` is gone. They never reach another loop's entry, even one under the same slab key,
+//! nor a later entry of their own loop in a slot they left.
+//!
+//! Bounded: every loop is run with `run_nowait` (no blocking), and the timers are 60 s ones that
+//! never fire during a test.
+
+use std::cell::{Cell, RefCell};
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::Poll;
+use std::time::Duration;
+
+use nodus::rt::{self, HookHandle};
+use nodus::{Runtime, set_immediate, set_interval, set_timeout, sleep};
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// Polls `f` once on `rt`'s loop (arming a timer there); it must be pending.
+fn arm<F: Future + Unpin>(rt: &Runtime, f: &mut F) {
+    rt.block_on(poll_fn(|cx| {
+        assert!(Pin::new(&mut *f).poll(cx).is_pending());
+        Poll::Ready(())
+    }));
+}
+
+/// The id of the loop running the caller (for callbacks to say where they ran).
+fn here() -> u64 {
+    rt::handle().loop_id()
+}
+
+#[test]
+fn a_sleep_dropped_or_unrefd_outside_any_loop_leaves_its_loop() {
+    let rt = Runtime::new();
+    let mut s = sleep(LONG);
+    arm(&rt, &mut s);
+    assert!(rt.run_nowait(), "an armed sleep keeps its loop alive");
+    drop(s); // no loop is current
+    assert!(
+        !rt.run_nowait(),
+        "a sleep dropped after block_on returned still keeps its loop alive"
+    );
+
+    let mut s = sleep(LONG);
+    arm(&rt, &mut s);
+    s.unref();
+    assert!(!rt.run_nowait(), "unref outside the loop was not counted");
+
+    // An interval and a timeout hold a sleep too.
+    let mut i = nodus::interval(LONG);
+    rt.block_on(poll_fn(|cx| {
+        assert!(i.poll_tick(cx).is_pending());
+        Poll::Ready(())
+    }));
+    let mut t = Box::pin(nodus::timeout(LONG, std::future::pending::<()>()));
+    rt.block_on(poll_fn(|cx| {
+        assert!(t.as_mut().poll(cx).is_pending());
+        Poll::Ready(())
+    }));
+    assert!(rt.run_nowait());
+    drop((i, t));
+    assert!(
+        !rt.run_nowait(),
+        "a dropped interval or timeout is still armed"
+    );
+    drop(s);
+}
+
+#[test]
+fn a_sleep_dropped_while_another_loop_is_current_leaves_its_own_loop_only() {
+    let (rt1, rt2) = (Runtime::new(), Runtime::new());
+    let mut s1 = sleep(LONG);
+    arm(&rt1, &mut s1);
+    // The same slot and timer id in the other loop's queue.
+    let mut s2 = sleep(LONG);
+    arm(&rt2, &mut s2);
+    rt2.enter(|| drop(s1));
+    assert!(
+        !rt1.run_nowait(),
+        "a sleep dropped while another loop was current is still armed in its own"
+    );
+    assert!(
+        rt2.run_nowait(),
+        "the other loop's timer in the same slot was cancelled"
+    );
+
+    // Dropped by another runtime's shutdown (a task of rt2 held rt1's sleep).
+    let mut s1 = sleep(LONG);
+    arm(&rt1, &mut s1);
+    rt2.enter(|| {
+        nodus::spawn(async move {
+            let _held = s1;
+            std::future::pending::<()>().await
+        })
+        .detach()
+    });
+    assert!(rt1.run_nowait());
+    drop(rt2);
+    assert!(
+        !rt1.run_nowait(),
+        "a sleep dropped by another runtime's drop is still armed"
+    );
+
+    // Outliving its runtime: nothing to do, and nothing done to another loop.
+    let rt3 = Runtime::new();
+    let mut s3 = sleep(LONG);
+    arm(&rt3, &mut s3);
+    drop(s2);
+    let mut s1 = sleep(LONG);
+    arm(&rt1, &mut s1);
+    drop(rt1);
+    rt3.enter(|| drop(s1));
+    assert!(
+        rt3.run_nowait(),
+        "a stale sleep cancelled another loop's timer"
+    );
+    drop(s3);
+    assert!(!rt3.run_nowait());
+}
+
+#[test]
+fn a_timer_handle_acts_on_its_own_loop_wherever_it_is_used() {
+    let (rt1, rt2) = (Runtime::new(), Runtime::new());
+    let t1 = rt1.enter(|| set_timeout(LONG, || {}));
+    let t2 = rt2.enter(|| set_timeout(LONG, || {}));
+
+    rt2.enter(|| {
+        t1.unref();
+        assert!(!t1.has_ref() && t1.is_active());
+    });
+    assert!(!rt1.run_nowait(), "unref with another loop current");
+    assert!(rt2.run_nowait());
+    rt2.enter(|| assert!(t2.has_ref(), "the other loop's timer was unref'd"));
+
+    // With no loop current (this used to panic).
+    t1.ref_();
+    assert!(t1.has_ref());
+    assert!(rt1.run_nowait());
+    t1.clear();
+    assert!(!t1.is_active());
+    assert!(!rt1.run_nowait(), "a cleared timer keeps its loop alive");
+
+    // An interval cleared while another loop is current never fires.
+    let fired = Rc::new(Cell::new(0));
+    let f = fired.clone();
+    let i = rt1.enter(|| set_interval(1, move || f.set(f.get() + 1)));
+    rt2.enter(|| i.clear());
+    std::thread::sleep(Duration::from_millis(5));
+    assert!(!rt1.run_nowait());
+    assert_eq!(fired.get(), 0, "a cleared interval fired");
+
+    // `close` runs its callback in the timer's loop.
+    let ran = Rc::new(Cell::new(None));
+    let r = ran.clone();
+    let t3 = rt1.enter(|| set_timeout(LONG, || {}));
+    rt2.enter(|| t3.close(move || r.set(Some(here()))));
+    rt2.run_nowait();
+    assert_eq!(ran.get(), None, "the close callback ran in another loop");
+    assert!(!rt1.run_nowait());
+    assert_eq!(ran.get(), Some(rt1.id()));
+
+    // Once its runtime is gone: nothing, and nothing to another loop's timer in the same slot.
+    let t1 = rt1.enter(|| set_timeout(LONG, || {}));
+    drop(rt1);
+    t1.clear();
+    assert!(!t1.is_active() && !t1.has_ref());
+    rt2.enter(|| {
+        t1.clear();
+        t1.unref();
+        t1.close(|| panic!("the close callback of a timer whose loop is gone ran"));
+        assert!(t2.is_active() && t2.has_ref());
+    });
+    rt2.run_nowait();
+    rt2.enter(|| t2.clear());
+}
+
+#[test]
+fn an_immediate_is_cleared_in_its_own_loop_wherever_it_is_cleared() {
+    let (rt1, rt2) = (Runtime::new(), Runtime::new());
+    let ran = Rc::new(Cell::new(0));
+    let (a, b) = (ran.clone(), ran.clone());
+    let i1 = rt1.enter(|| set_immediate(move || a.set(a.get() + 1)));
+    let i2 = rt2.enter(|| set_immediate(move || b.set(b.get() + 10)));
+    rt2.enter(|| {
+        i1.clear();
+        assert!(i2.has_ref(), "the other loop's immediate was cleared");
+    });
+    assert!(!rt1.run_nowait());
+    assert_eq!(ran.get(), 0, "an immediate cleared from another loop ran");
+
+    // With no loop current (this used to panic).
+    let c = ran.clone();
+    let i3 = rt1.enter(|| set_immediate(move || c.set(c.get() + 100)));
+    i3.unref();
+    assert!(!i3.has_ref());
+    i3.clear();
+    assert!(!rt1.run_nowait());
+    assert_eq!(ran.get(), 0, "an immediate cleared outside any loop ran");
+
+    rt2.run_nowait();
+    assert_eq!(ran.get(), 10);
+}
+
+#[test]
+fn a_hook_handle_stops_its_own_hook_wherever_it_is_used() {
+    let (rt1, rt2) = (Runtime::new(), Runtime::new());
+    let h1 = rt1.enter(|| rt::prepare(|| {}));
+    let h2 = rt2.enter(|| rt::prepare(|| {}));
+    rt2.enter(|| h1.stop());
+    assert!(
+        !rt1.run_nowait(),
+        "a hook stopped while another loop was current still counts"
+    );
+    rt2.enter(|| assert!(h2.has_ref(), "the other loop's hook was stopped"));
+
+    // With no loop current (this used to panic); `close` calls back in the hook's loop.
+    let h = rt1.enter(|| rt::idle(|| {}));
+    h.unref();
+    assert!(!rt1.run_nowait());
+    h.ref_();
+    assert!(rt1.run_nowait());
+    let ran = Rc::new(Cell::new(None));
+    let r = ran.clone();
+    rt2.enter(|| h.close(move || r.set(Some(here()))));
+    rt2.run_nowait();
+    assert_eq!(ran.get(), None);
+    assert!(!rt1.run_nowait());
+    assert_eq!(ran.get(), Some(rt1.id()));
+
+    // Once its runtime is gone: nothing.
+    let h = rt1.enter(|| rt::prepare(|| {}));
+    drop(rt1);
+    rt2.enter(|| {
+        h.stop();
+        h.unref();
+        assert!(h2.has_ref());
+    });
+    h2.stop();
+    assert!(!rt2.run_nowait());
+}
+
+#[test]
+fn a_stopped_hooks_handle_never_reaches_the_hook_that_took_its_slot() {
+    let rt = Runtime::new();
+    rt.enter(|| {
+        let a = rt::idle(|| {});
+        a.stop();
+        let b = rt::idle(|| {});
+        a.stop();
+        a.unref();
+        assert!(!a.has_ref());
+        assert!(
+            b.has_ref(),
+            "a stale handle stopped or unref'd a newer hook"
+        );
+        b.stop();
+    });
+    assert!(!rt.run_nowait());
+}
+
+#[test]
+fn a_hook_started_during_a_pass_first_runs_in_the_next_one() {
+    let rt = Runtime::new();
+    let trace: Rc<RefCell<Vec<&str>>> = Rc::default();
+    let started: Rc<RefCell<Vec<HookHandle>>> = Rc::default();
+    let (t, s) = (trace.clone(), started.clone());
+    let first = rt.enter(|| {
+        let c = Rc::new(RefCell::new(None::<HookHandle>));
+        let cc = c.clone();
+        let a = rt::idle(move || {
+            t.borrow_mut().push("a");
+            // Stop `c` (after `a` in this pass) and start `b`, which takes `c`'s slot.
+            if let Some(c) = cc.borrow_mut().take() {
+                c.stop();
+                let tb = t.clone();
+                s.borrow_mut()
+                    .push(rt::idle(move || tb.borrow_mut().push("b")));
+            }
+        });
+        let tc = trace.clone();
+        *c.borrow_mut() = Some(rt::idle(move || tc.borrow_mut().push("c")));
+        a
+    });
+    rt.run_nowait();
+    assert_eq!(
+        *trace.borrow(),
+        ["a"],
+        "a hook started in the pass ran in it"
+    );
+    rt.run_nowait();
+    assert_eq!(*trace.borrow(), ["a", "a", "b"]);
+    first.stop();
+    for h in started.borrow_mut().drain(..) {
+        h.stop();
+    }
+    assert!(!rt.run_nowait());
+}
