@@ -129,7 +129,8 @@ struct RunArgs {
     backoff: nodus::cluster::Backoff,
     /// After a worker is asked to stop (SIGTERM, or a disconnect for --node), seconds before
     /// SIGKILL to its process group (during a shutdown, the exit code is then 124). A worker
-    /// sent a disconnect and still running a tenth earlier (at most 1 s) gets SIGTERM then.
+    /// sent a disconnect gets a drain deadline a tenth earlier (at most 1 s), and SIGTERM if it
+    /// still runs 0.2 s after that deadline (at most halfway to the SIGKILL).
     #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = seconds)]
     kill_timeout: f64,
     /// During a reload, seconds a new worker gets to become ready; under rr and least, also how

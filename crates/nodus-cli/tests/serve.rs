@@ -330,8 +330,9 @@ fn stop_during_a_stalled_download(
         std::thread::sleep(Duration::from_millis(200));
         server.proc.signal(signal);
     }
-    assert_eq!(server.proc.wait_exit(Duration::from_secs(10)), Some(code));
+    let exit = server.proc.wait_exit(Duration::from_secs(10));
     let log = server.proc.output();
+    assert_eq!(exit, Some(code), "{log:#?}");
     assert!(log.iter().any(|l| l.contains(logged)), "{log:?}");
 }
 

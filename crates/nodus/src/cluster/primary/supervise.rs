@@ -21,9 +21,9 @@
 //!   unless one is set already: 128 + the second signal's number, or [`FORCED_STOP_EXIT_CODE`];
 //!   the give-up code and 1 (a worker left after a crash) are kept.
 //! - A stop asks the worker alone: a worker with a channel gets `disconnect` (with the drain
-//!   deadline), then SIGTERM if it is still there at that deadline (a Node worker kept alive by a
-//!   timer or a connection: Node's `worker.kill()` sends SIGTERM too); a plain program gets
-//!   SIGTERM at once; whatever is left at the kill timeout gets SIGKILL.
+//!   deadline), then SIGTERM if it is still there `DRAIN_GRACE` after that deadline (a Node
+//!   worker kept alive by a timer or a connection: Node's `worker.kill()` sends SIGTERM too); a
+//!   plain program gets SIGTERM at once; whatever is left at the kill timeout gets SIGKILL.
 //! - No process of a worker's group outlives the worker (systemd's `KillMode=mixed`): a stop asks
 //!   the worker alone (`disconnect`, or SIGTERM to its pid); the kill timeout and a second signal
 //!   SIGKILL its whole group; and once it has exited, for any reason (a crash, its own exit, a
@@ -433,14 +433,26 @@ pub(super) fn drain(st: &Rc<State>, proc: &Rc<Proc>) {
         });
         // A worker still there at its drain deadline gets SIGTERM, as from Node's `worker.kill()`:
         // a Node worker that a timer or an open connection keeps alive after its `disconnect`
-        // runs its SIGTERM handler (or ends) instead of waiting for the SIGKILL.
-        Some(st.config.drain_timeout)
+        // runs its SIGTERM handler (or ends) instead of waiting for the SIGKILL. The worker
+        // times its deadline from when it reads the `disconnect`, a little after this: the
+        // SIGTERM waits `DRAIN_GRACE` more, so a worker that keeps its deadline exits of its own
+        // accord, with its own code (a nodus worker's 124: its deadline cut requests), instead
+        // of dying of a SIGTERM in the middle of its exit.
+        let room = st
+            .config
+            .kill_timeout
+            .saturating_sub(st.config.drain_timeout);
+        Some(st.config.drain_timeout + DRAIN_GRACE.min(room / 2))
     } else {
         let _ = proc.child.kill(SIGTERM);
         None
     };
     arm_kill_timer(st, proc, "after being asked to stop", term_at);
 }
+
+/// How long after the drain deadline a worker with a channel that is still running gets SIGTERM
+/// (at most half the time from the deadline to the kill timeout).
+const DRAIN_GRACE: Duration = Duration::from_millis(200);
 
 /// SIGTERMs `proc` if it still runs `term_at` from now (if given, and before the kill timeout),
 /// and SIGKILLs it and its process group if it still runs after the kill timeout; during the
@@ -455,8 +467,10 @@ fn arm_kill_timer(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str, term_at: O
         {
             tracing::info!(
                 target: "nodus::cluster",
-                "worker {} (pid {}) still running at its drain deadline ({term_at:?}): SIGTERM",
-                p.slot, p.pid
+                "worker {} (pid {}) still running {term_at:?} after it was asked to drain \
+                 (past its deadline): SIGTERM",
+                p.slot,
+                p.pid
             );
             let _ = p.child.kill(SIGTERM);
         }
