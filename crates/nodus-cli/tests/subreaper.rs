@@ -286,3 +286,88 @@ fn workers_exits_keep_their_codes_while_orphans_are_reaped_beside_them() {
         "{exits:#?}"
     );
 }
+
+#[test]
+fn a_child_the_program_had_before_it_started_is_reaped_but_neither_adopted_nor_stopped() {
+    let dir = TempDir::new("reap-inherited");
+    let file = dir.path().join("pid");
+    let admin = free_addr();
+    let mut cleanup = Cleanup::default();
+    // A wrapper's background jobs become the primary's children when it `exec`s nodus: a
+    // sidecar that runs on, and one that exits a moment later. Neither is something the workers
+    // left behind.
+    let script = format!(
+        "sleep 300 >/dev/null 2>&1 & echo $! > {file}; sleep 0.5 >/dev/null 2>&1 & echo $! > \
+         {file}.short; exec {NODUS} run -w 1 --admin {admin} -- sleep 300",
+        file = file.display()
+    );
+    let mut primary = spawn(
+        Command::new("sh")
+            .args(["-c", &script])
+            .env("RUST_LOG", "info"),
+    );
+    let sidecar = pid_in(&file, &mut cleanup);
+    let short = pid_in(&dir.path().join("pid.short"), &mut cleanup);
+    primary.wait_line("1 worker ready");
+    assert_eq!(parent_of(sidecar), Some(primary.id()));
+    // The short one is reaped at its exit all the same: no zombie.
+    assert_reaped(short, "the wrapper's short job");
+    assert_eq!(zombie_children(primary.id()), Vec::<i32>::new());
+    let stats = admin_json(admin, "/_nodus/stats");
+    assert_eq!(stats["orphans_adopted"], 0, "{stats}");
+    assert_eq!(stats["orphans_reaped"], 0, "{stats}");
+    let (code, output) = stop(&mut primary);
+    assert_eq!(code, Some(0), "{output:#?}");
+    assert!(
+        !gone(sidecar),
+        "the wrapper's sidecar was stopped with the cluster: {output:#?}"
+    );
+    assert!(
+        !output.iter().any(|l| l.contains("adopted process")),
+        "nothing adopted to stop: {output:#?}"
+    );
+}
+
+#[test]
+fn a_second_signal_during_the_drain_kills_the_adopted_processes_at_once() {
+    let dir = TempDir::new("reap-hurry");
+    let file = dir.path().join("pid");
+    let addr = free_addr();
+    let mut cleanup = Cleanup::default();
+    // The worker and the descendant it lets escape (`setsid`) both ignore SIGTERM.
+    let worker = format!(
+        "trap '' TERM; setsid sh -c 'trap \"\" TERM; echo $$ > {}; while :; do sleep 0.1; \
+         done' & while :; do sleep 0.1; done",
+        file.display()
+    );
+    let kill_timeout = Duration::from_secs(8);
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "-w", "1", "-l", &addr.to_string()])
+            .args(["--kill-timeout", &kill_timeout.as_secs().to_string()])
+            .args(["--", "sh", "-c", &worker])
+            .env("RUST_LOG", "info"),
+    );
+    let escaped = pid_in(&file, &mut cleanup);
+    primary.wait_line("1 worker ready");
+    primary.signal(Signal::TERM);
+    primary.wait_line("draining 1 worker");
+    let second = Instant::now();
+    primary.signal(Signal::TERM);
+    let code = primary.wait_exit(Duration::from_secs(30));
+    let took = second.elapsed();
+    let output = primary.output().to_vec();
+    assert_eq!(code, Some(143), "{output:#?}");
+    assert!(
+        took < kill_timeout / 2,
+        "a second signal means now: the stop took {took:?} after it, the kill timeout is \
+         {kill_timeout:?}: {output:#?}"
+    );
+    assert_reaped(escaped, "the escaped shell");
+    assert!(
+        output.iter().any(|l| l.contains(
+            "stopped 1 adopted process the workers left behind (0 got SIGTERM, 1 SIGKILL)"
+        )),
+        "{output:#?}"
+    );
+}

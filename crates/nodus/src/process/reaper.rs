@@ -40,6 +40,11 @@
 //! ([`Config::subreaper`](crate::cluster::Config::subreaper)); the `nodus` command line, whose
 //! processes all come from `nodus::process`, turns it on.
 //!
+//! What is not adopted: the children this process already had when the reaper started, other
+//! than nodus's own (a wrapper's background job before it `exec`ed this program: `sh -c
+//! 'crond & exec nodus serve ...'`). The workers did not leave them: they are reaped when they
+//! exit (no one else can), but neither counted nor stopped by [`Reaper::stop_adopted`].
+//!
 //! Signals: `SIGCHLD` comes through a [`Signals`] stream (unref'd). Signals coalesce, so each one
 //! is a full pass. An orphan re-parented while alive sends nothing then, but its exit does (the
 //! kernel gives a re-parented child `SIGCHLD` as its exit signal), and one re-parented as a
@@ -142,6 +147,11 @@ pub(crate) struct Reaper(Rc<Inner>);
 struct Inner {
     /// Foreign children seen and not yet reaped by us (each counted once as adopted).
     known: RefCell<HashSet<i32>>,
+    /// The children this process already had when the reaper started, not one of nodus's (a
+    /// wrapper's background job before it `exec`ed this program: `sh -c 'crond & exec nodus
+    /// ...'`). Nothing the workers left: reaped when they exit (no one else can), but neither
+    /// counted as adopted nor stopped by [`Reaper::stop_adopted`].
+    inherited: RefCell<HashSet<i32>>,
     adopted: Cell<u64>,
     reaped: Cell<u64>,
     /// This process was not a subreaper before `start`: `close` puts that back.
@@ -171,6 +181,8 @@ impl Reaper {
     #[track_caller]
     pub(crate) fn start() -> io::Result<Reaper> {
         let mut signals = Signals::new(&[libc::SIGCHLD])?;
+        // Before the mark: what is a child now was not re-parented here as a subreaper.
+        let inherited = inherited_children();
         let was = rustix::process::child_subreaper().ok().flatten().is_some();
         let mut set_here = false;
         if !was {
@@ -186,6 +198,7 @@ impl Reaper {
         }
         let inner = Rc::new(Inner {
             known: RefCell::default(),
+            inherited: RefCell::new(inherited),
             adopted: Cell::new(0),
             reaped: Cell::new(0),
             set_here,
@@ -228,6 +241,7 @@ impl Reaper {
         }
         let listed = children();
         let mut known = self.0.known.borrow_mut();
+        let mut inherited = self.0.inherited.borrow_mut();
         let mut alive = Vec::new();
         for &pid in &listed {
             if t.pids.as_ref().is_some_and(|p| p.contains_key(&pid)) {
@@ -236,7 +250,8 @@ impl Reaper {
             let Some(id) = Pid::from_raw(pid) else {
                 continue;
             };
-            if known.insert(pid) {
+            let was_inherited = inherited.contains(&pid);
+            if !was_inherited && known.insert(pid) {
                 self.0.adopted.set(self.0.adopted.get() + 1);
                 tracing::debug!(target: "nodus::process", "adopted process {pid}");
             }
@@ -249,6 +264,13 @@ impl Reaper {
                     other => break other,
                 }
             };
+            if was_inherited {
+                // Reaped if it has exited; not counted, never stopped.
+                if !matches!(result, Ok(None)) {
+                    inherited.remove(&pid);
+                }
+                continue;
+            }
             match result {
                 Ok(Some(status)) => {
                     known.remove(&pid);
@@ -270,6 +292,7 @@ impl Reaper {
         drop(t);
         // Gone without our reap: no longer ours to count.
         known.retain(|p| listed.contains(p));
+        inherited.retain(|p| listed.contains(p));
         Pass::Alive(alive)
     }
 
@@ -331,7 +354,8 @@ impl Reaper {
         (termed.len(), killed.len())
     }
 
-    /// A second signal during [`stop_adopted`](Self::stop_adopted): SIGKILL what is left now.
+    /// A second signal during [`stop_adopted`](Self::stop_adopted), or before it (during the
+    /// workers' drain): SIGKILL what is left now, without a SIGTERM first.
     pub(crate) fn hurry(&self) {
         self.0.hurry.set(true);
     }
@@ -400,6 +424,24 @@ fn signal_child(pid: i32, sig: Signal, tree: bool) -> bool {
         let _ = rustix::process::pidfd_send_signal(&fd, sig);
     }
     sent
+}
+
+/// The children this process has now that are not nodus's own (see `Inner::inherited`), taken
+/// with no fork of nodus's in progress (one on another thread is waited out, 100 ms at most):
+/// a child being forked would not be registered yet.
+fn inherited_children() -> HashSet<i32> {
+    for _ in 0..1000 {
+        let t = table();
+        if t.spawning == 0 {
+            return children()
+                .into_iter()
+                .filter(|pid| !t.pids.as_ref().is_some_and(|p| p.contains_key(pid)))
+                .collect();
+        }
+        drop(t);
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    HashSet::new()
 }
 
 /// This process's children: every thread's `/proc/self/task/TID/children` (a re-parented orphan

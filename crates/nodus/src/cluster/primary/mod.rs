@@ -176,13 +176,17 @@ pub struct Config {
     /// and a double fork) is re-parented to it rather than to init; reap every such adopted
     /// process when it exits (on `SIGCHLD`); and at the end of a graceful stop, once every
     /// worker is gone, SIGTERM the adopted processes still running, then SIGKILL them after
-    /// `kill_timeout`. Counted in the stats (`orphans_adopted`, `orphans_reaped`) and the
-    /// metrics (`nodus_cluster_orphans_adopted_total`, `_reaped_total`).
+    /// `kill_timeout` (or at once after a second stop request). Counted in the stats
+    /// (`orphans_adopted`, `orphans_reaped`) and the metrics
+    /// (`nodus_cluster_orphans_adopted_total`, `_reaped_total`). The children this process
+    /// already had at [`Primary::start`] (a wrapper's background jobs from before it `exec`ed
+    /// this program) are reaped when they exit but neither counted nor stopped.
     ///
     /// Only for a program whose children all come from [`crate::process`] (its own children
     /// are never reaped by this, whichever thread spawned them): any other child of this process
-    /// (one started with `std::process` or another library) counts as adopted, and its exit
-    /// status is taken by the primary, so its own `wait` fails (`ECHILD`). The subreaper mark and
+    /// (one started with `std::process` or another library) has its exit status taken by the
+    /// primary, so its own `wait` fails (`ECHILD`), and one started after [`Primary::start`]
+    /// counts as adopted (and is stopped with the others). The subreaper mark and
     /// the reaping end when [`Primary::run`] returns.
     pub subreaper: bool,
 }

@@ -31,9 +31,9 @@
 //!   it is reaped (see `Proc::spawn`). So when `run` returns, every worker's group is empty or
 //!   dying of SIGKILL; `run` then stops what the workers left that this process adopted (with
 //!   [`Config::subreaper`](super::Config::subreaper): SIGTERM, then SIGKILL after the kill
-//!   timeout, or at once on a second signal; the exit code stays what the workers' stop made
-//!   it), closes the orphan guard (which remembers no group by then, so kills nothing) and reaps
-//!   it, and ends the reaping, before returning.
+//!   timeout, or at once after a second signal, one during the workers' drain included; the
+//!   exit code stays what the workers' stop made it), closes the orphan guard (which remembers
+//!   no group by then, so kills nothing) and reaps it, and ends the reaping, before returning.
 
 use std::future::{Future, poll_fn};
 use std::pin::pin;
@@ -520,6 +520,11 @@ pub(super) fn request_shutdown(st: &Rc<State>, why: &str, forced_code: i32) {
     server::stop_accepting(st);
     if !procs.is_empty() {
         force(st, forced_code);
+    }
+    // What the workers left behind gets SIGKILL too, at once, when the workers are gone: a
+    // second signal means now, not after another kill timeout.
+    if let Some(reaper) = &st.reaper {
+        reaper.hurry();
     }
     for p in procs {
         let _ = p.child.kill_group(SIGKILL);
