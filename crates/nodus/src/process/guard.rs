@@ -341,15 +341,17 @@ unsafe fn guard_main(end: RawFd, table: *mut i32, last_fd: RawFd) -> ! {
     // child's own pid 0, a NUL-terminated static name, fd numbers, a stack buffer of the length
     // given); `table.add(i)` stays below `CAPACITY` (checked before each access).
     unsafe {
-        // Signals: what this process caught runs its default action (no parent handler in the
-        // child); the ones a terminal or a service manager sends the primary are ignored; none
-        // is blocked.
-        super::command::default_caught_signals();
+        // Signals: the ones a terminal or a service manager sends the primary are ignored
+        // first (until `setpgid` the guard is still in the primary's group, where a Ctrl-C or a
+        // group's SIGTERM reaches it: with their default action back before the ignore, one in
+        // between would kill it); then what this process caught runs its default action (no
+        // parent handler in the child; an ignored signal is left ignored); none is blocked.
         let mut ignore: libc::sigaction = std::mem::zeroed();
         ignore.sa_sigaction = libc::SIG_IGN;
         for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE] {
             libc::sigaction(sig, &ignore, std::ptr::null_mut());
         }
+        super::command::default_caught_signals();
         let mut none: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut none);
         libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
