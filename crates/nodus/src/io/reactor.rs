@@ -9,7 +9,8 @@
 //!   a generation (a counter of this reactor's registrations) in the high half, so it names one
 //!   registration, never a later one that reuses the key: an event still in a batch for a source
 //!   deregistered meanwhile (by a callback of the same batch, which may register another source
-//!   under the same key) is dropped at dispatch, as is one from any stale epoll registration.
+//!   under the same key; or before the next poll phase, for a batch `block_on` returned in the
+//!   middle of, whose rest is dispatched then) is dropped at dispatch, as is one from any stale epoll registration.
 //!   Without this, such an event would hand the new owner the old one's sticky `READ_CLOSED`/
 //!   `WRITE_CLOSED` bits, and its reader would spin on an "EOF" that never comes.
 //! - Every source leaves epoll (`EPOLL_CTL_DEL`) while its fd is still open, before it is closed:
@@ -151,10 +152,10 @@ impl Reactor {
         self.poll.borrow().as_raw_fd()
     }
 
+    /// The event buffer, holding the events a poll phase cut short left undispatched (they are
+    /// dispatched first: see `rt/phases.rs`).
     pub(crate) fn take_event_buffer(&self) -> Vec<(usize, u8)> {
-        let mut b = self.buffer.take();
-        b.clear();
-        b
+        self.buffer.take()
     }
 
     pub(crate) fn return_event_buffer(&self, b: Vec<(usize, u8)>) {
