@@ -136,3 +136,39 @@ fn close_calls_back_in_the_fds_own_loop() {
     rt2.enter(|| fd.close(|| panic!("a close callback ran with its loop gone")));
     rt2.run_nowait();
 }
+
+/// epoll is edge-triggered: an event the loop took from `epoll_wait` is never reported again. The
+/// `block_on` future completing in a callback of a batch must not drop the rest of the batch: a
+/// task waiting on a later event of it is still woken (when the loop next runs).
+#[test]
+fn events_after_the_one_that_completes_block_on_are_not_lost() {
+    let rt = nodus::Runtime::new();
+    let (a, mut peer_a) = pair();
+    let (b, mut peer_b) = pair();
+    let (fa, reader) = rt.enter(|| {
+        let fa = AsyncFd::new(a).unwrap();
+        let fb = AsyncFd::new(b).unwrap();
+        let reader = nodus::spawn(async move {
+            let mut buf = [0u8; 8];
+            fb.read_with(|s| (&*s).read(&mut buf)).await.unwrap()
+        });
+        // Both peers written by one callback: their events come back in one batch, `a`'s first.
+        nodus::set_timeout(5, move || {
+            peer_a.write_all(b"a").unwrap();
+            peer_b.write_all(b"b").unwrap();
+            // Kept open: an EOF would be another event.
+            std::mem::forget((peer_a, peer_b));
+        });
+        (fa, reader)
+    });
+    rt.block_on(async {
+        let mut buf = [0u8; 8];
+        fa.read_with(|s| (&*s).read(&mut buf)).await.unwrap();
+    });
+    let read = rt.block_on(nodus::timeout(Duration::from_secs(2), reader));
+    assert_eq!(
+        read.expect("the reader was never woken: its event was dropped with the rest of the batch")
+            .unwrap(),
+        1
+    );
+}

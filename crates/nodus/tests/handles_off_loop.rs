@@ -298,3 +298,53 @@ fn a_hook_started_during_a_pass_first_runs_in_the_next_one() {
     }
     assert!(!rt.run_nowait());
 }
+
+/// A `Runtime` made (and run) by a thread-local's destructor, after the thread's list of loops
+/// is gone: it works, unlisted. Run in a child process (this test binary, filtered to the
+/// ignored helper below): a panic in a thread-local destructor aborts the process.
+#[test]
+fn a_runtime_made_during_thread_local_teardown_works() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "runtime_in_a_thread_local_destructor",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env("NODUS_TEST_TLS_CHILD", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(
+        stderr.contains("made and ran a loop in a TLS destructor"),
+        "{stderr}"
+    );
+}
+
+#[test]
+#[ignore = "run by a_runtime_made_during_thread_local_teardown_works in a child process"]
+fn runtime_in_a_thread_local_destructor() {
+    if std::env::var_os("NODUS_TEST_TLS_CHILD").is_none() {
+        return;
+    }
+    struct MakeOnDrop;
+    impl Drop for MakeOnDrop {
+        fn drop(&mut self) {
+            let rt = Runtime::new();
+            rt.block_on(sleep(Duration::from_millis(1)));
+            eprintln!("made and ran a loop in a TLS destructor");
+        }
+    }
+    thread_local! {
+        static HOLDER: RefCell<Option<MakeOnDrop>> = const { RefCell::new(None) };
+    }
+    std::thread::spawn(|| {
+        // Registered before the list of loops (made by the first `Runtime`), so destroyed after
+        // it: thread-local destructors run in reverse order of registration.
+        HOLDER.with(|h| *h.borrow_mut() = Some(MakeOnDrop));
+        Runtime::new().block_on(async {});
+    })
+    .join()
+    .unwrap();
+}

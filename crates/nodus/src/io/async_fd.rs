@@ -74,6 +74,10 @@ impl<T: AsFd> AsyncFd<T> {
         self.inner.as_ref().expect("present until into_inner")
     }
 
+    /// The inner value, mutably. Do not replace its fd through this: the registration is taken
+    /// out of epoll by the number of the fd held at drop, so a swapped-out fd whose open file
+    /// lives on would stay registered. To change the fd, take it out with
+    /// [`into_inner`](Self::into_inner) and register the new one.
     pub fn get_mut(&mut self) -> &mut T {
         self.inner.as_mut().expect("present until into_inner")
     }

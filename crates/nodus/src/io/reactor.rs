@@ -9,9 +9,14 @@
 //!   a generation (a counter of this reactor's registrations) in the high half, so it names one
 //!   registration, never a later one that reuses the key: an event still in a batch for a source
 //!   deregistered meanwhile (by a callback of the same batch, which may register another source
-//!   under the same key) is dropped at dispatch, as is one from any stale epoll registration.
-//!   Without this, such an event would hand the new owner the old one's sticky `READ_CLOSED`/
-//!   `WRITE_CLOSED` bits, and its reader would spin on an "EOF" that never comes.
+//!   under the same key; or before the next poll phase, for a batch `block_on` returned in the
+//!   middle of, whose rest is dispatched then) is dropped at dispatch, as is one from any stale
+//!   epoll registration. Without this, such an event would hand the new owner the old one's
+//!   sticky `READ_CLOSED`/`WRITE_CLOSED` bits, and its reader would spin on an "EOF" that never
+//!   comes. The generation wraps (after 2^32 registrations on a 64-bit target, 2^16 on a 32-bit
+//!   one): an event meets a later registration's token only if it outlived that many
+//!   registrations, which the events of a batch do not, and no owner leaves a stale registration
+//!   (short of an fd swapped under an `AsyncFd` through `get_mut`, which its docs forbid).
 //! - Every source leaves epoll (`EPOLL_CTL_DEL`) while its fd is still open, before it is closed:
 //!   closing alone removes an epoll registration only when the fd was the last reference to its
 //!   open file (a `dup`, a child that inherited it, an fd sent over IPC keep it registered, with
@@ -151,10 +156,10 @@ impl Reactor {
         self.poll.borrow().as_raw_fd()
     }
 
+    /// The event buffer, holding the events a poll phase cut short left undispatched (they are
+    /// dispatched first: see `rt/phases.rs`).
     pub(crate) fn take_event_buffer(&self) -> Vec<(usize, u8)> {
-        let mut b = self.buffer.take();
-        b.clear();
-        b
+        self.buffer.take()
     }
 
     pub(crate) fn return_event_buffer(&self, b: Vec<(usize, u8)>) {

@@ -9,7 +9,9 @@
 //! - `LOOPS` lists the loops of this thread whose `Runtime` is alive, each by its id with a weak
 //!   reference (`Core::me`): a loop is added when its `Core` is made and removed when its
 //!   `Runtime` is dropped (after its shutdown). [`with_loop`] reaches a handle's own loop through
-//!   it when that loop is not the current one.
+//!   it when that loop is not the current one. Every access is a `try_with`, so none panics during
+//!   the thread's teardown: a `Runtime` made by a thread-local's destructor once the list is gone
+//!   works unlisted (its handles reach it only while it is current).
 //!
 //! A raw pointer instead of `RefCell<Option<Rc<Core>>>`: the free functions are on the hottest
 //! paths (`next_tick` is a 25 ns operation), and a `Cell<*const _>` read is one load.
@@ -41,7 +43,9 @@ thread_local! {
 
 /// Lists a new loop of this thread (from `Core::new`).
 pub(crate) fn add_loop(loop_id: u64, core: Weak<Core>) {
-    LOOPS.with(|l| {
+    // `try_with`: a `Runtime` may be made by a thread-local's destructor after the list is gone;
+    // its loop then goes unlisted (its handles reach it only while it is current).
+    let _ = LOOPS.try_with(|l| {
         let mut loops = l.borrow_mut();
         loops.retain(|(_, w)| w.strong_count() > 0);
         loops.push((loop_id, core));

@@ -7,7 +7,12 @@
 //! - The check phase runs exactly the entries queued when it started (immediates and yielded
 //!   tasks); entries added during it run on the next turn.
 //! - The poll phase never blocks while anything is ready to run: immediates, yielded tasks,
-//!   pending or closing callbacks, active idle hooks, a stop request.
+//!   pending or closing callbacks, active idle hooks, a stop request, events left over from a
+//!   batch cut short.
+//! - No event taken from epoll is lost (it is edge-triggered: never reported again). A batch
+//!   that `block_on`'s future completed in the middle of is dispatched, from the first event
+//!   left, at the start of the next poll phase, before any new event; so is the remote queue's
+//!   rest.
 //! - Every phase returns early once the `block_on` future has completed.
 
 use std::time::Duration;
@@ -131,7 +136,13 @@ impl Core {
     fn run_poll(&self, mode: Mode) {
         self.meter.phase(Phase::Poll);
         let mut timeout = self.poll_timeout(mode);
+        // Events of a batch that `block_on` returned in the middle of come first, and the poll
+        // does not block while there are any.
         let mut events = self.reactor.take_event_buffer();
+        let carried = events.len();
+        if carried > 0 {
+            timeout = Some(Duration::ZERO);
+        }
         let blocking = timeout != Some(Duration::ZERO);
         if blocking && self.shared.going_to_sleep() {
             timeout = Some(Duration::ZERO);
@@ -144,7 +155,7 @@ impl Core {
                 tracing::error!(target: "nodus::rt", "epoll_wait failed: {e}");
             }
             self.meter.stale();
-            self.meter.after_block(timeout, events.len());
+            self.meter.after_block(timeout, events.len() - carried);
         }
         if blocking {
             self.shared.awake();
@@ -156,7 +167,9 @@ impl Core {
         } else {
             self.meter.current_time()
         };
+        let mut dispatched = 0;
         for &(token, readiness) in &events {
+            dispatched += 1;
             if token == crate::io::reactor::WAKER_TOKEN {
                 continue;
             }
@@ -173,6 +186,9 @@ impl Core {
             }
         }
         let _ = returned;
+        // epoll is edge-triggered: an event taken from it is never reported again, so the ones
+        // not dispatched (`block_on` returned) are kept for the next poll phase, not dropped.
+        events.drain(..dispatched);
         self.reactor.return_event_buffer(events);
         if self.shared.has_remote() {
             self.run_remote();
