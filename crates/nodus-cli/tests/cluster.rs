@@ -15,10 +15,11 @@ use std::time::{Duration, Instant};
 
 use common::cluster::{events, run_node_app, spawn};
 use common::http::try_request;
-use common::{NODUS, gone, have};
+use common::{NODUS, have};
 use nodus_testkit::net::free_addr;
 use nodus_testkit::proc::Proc;
 use nodus_testkit::tmp::TempDir;
+use nodus_testkit::tree::gone;
 use serde_json::Value;
 
 /// GET `path`, retried until it answers 200 (the workers start): the body.

@@ -17,10 +17,11 @@ use std::time::{Duration, Instant};
 
 use common::cluster::spawn;
 use common::serve::Serve;
-use common::{NODUS, gone, have};
+use common::{NODUS, have};
 use nodus_testkit::net::free_addr;
 use nodus_testkit::proc::Proc;
 use nodus_testkit::tmp::TempDir;
+use nodus_testkit::tree::gone;
 use rustix::process::{Pid, Signal};
 
 /// How long the guard has to do its work once the primary is gone.

@@ -21,9 +21,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::cluster::{count, events, spawn, spawn_into_pipe, wait_events};
-use common::{NODUS, gone, have};
+use common::{NODUS, have};
 use nodus_testkit::proc::Proc;
 use nodus_testkit::tmp::TempDir;
+use nodus_testkit::tree::gone;
 use rustix::process::{Pid, Signal};
 
 fn script(dir: &TempDir, name: &str, body: &str) -> std::path::PathBuf {

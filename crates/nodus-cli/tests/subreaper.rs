@@ -16,10 +16,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::cluster::{events, spawn};
-use common::{NODUS, gone, have};
+use common::{NODUS, have};
 use nodus_testkit::net::free_addr;
 use nodus_testkit::proc::Proc;
 use nodus_testkit::tmp::TempDir;
+use nodus_testkit::tree::gone;
 use rustix::process::{Pid, Signal};
 use serde_json::Value;
 

@@ -13,6 +13,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use nodus::cluster::{Config, Event, EventKind, Policy, Primary, Readiness, Worker, WorkerCommand};
+use nodus_testkit::tree;
 
 /// Set in a worker this binary starts from itself: the worker role to play.
 const ROLE: &str = "NODUS_TEST_WORKER_ROLE";
@@ -602,31 +603,11 @@ const PRIMARY_ROLE: &str = "NODUS_TEST_PRIMARY_ROLE";
 
 /// The children of every thread of this process.
 fn own_children() -> Vec<i32> {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
-        .flat_map(|text| {
-            text.split_whitespace()
-                .filter_map(|p| p.parse().ok())
-                .collect::<Vec<i32>>()
-        })
-        .collect()
+    tree::children(std::process::id())
 }
 
 fn is_guard(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .is_ok_and(|comm| comm.trim_end().as_bytes() == nodus::process::GUARD_NAME.to_bytes())
-}
-
-/// Whether `pid` is gone or a zombie.
-fn gone(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
-        stat.rsplit(')')
-            .next()
-            .and_then(|s| s.trim().chars().next())
-            == Some('Z')
-    })
+    tree::is_named(pid, nodus::process::GUARD_NAME.to_bytes())
 }
 
 /// The primary role of the orphan-guard tests, in a process of its own (this binary, run
@@ -661,7 +642,7 @@ fn play_primary(role: &str, file: &str) {
             "a guard left: {:?}",
             own_children()
         );
-        assert!(guards.iter().all(|&g| gone(g)));
+        assert!(guards.iter().all(|&g| tree::gone(g)));
     });
 }
 
@@ -682,20 +663,6 @@ fn primary_process(
     (child, file)
 }
 
-/// The pid in `file` once written (20 s at most).
-fn pid_in(file: &std::path::Path) -> i32 {
-    for _ in 0..1000 {
-        if let Some(pid) = std::fs::read_to_string(file)
-            .ok()
-            .and_then(|t| t.trim().parse().ok())
-        {
-            return pid;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("no pid in {}", file.display());
-}
-
 /// A Rust program's primary killed with SIGKILL: its worker's child is gone within 2 s (the
 /// orphan guard), though the worker's parent-death signal only reaches the worker.
 #[test]
@@ -707,21 +674,21 @@ fn a_rust_primary_killed_with_sigkill_leaves_no_child_of_a_worker() {
     }
     let dir = nodus_testkit::tmp::TempDir::new("guard-lib-kill");
     let (mut primary, file) = primary_process(NAME, "kill", &dir);
-    let grandchild = pid_in(&file);
+    let grandchild = tree::pid_in(&file, Duration::from_secs(20));
     let kill = |pid: i32| {
         let _ = rustix::process::kill_process(
             rustix::process::Pid::from_raw(pid).unwrap(),
             rustix::process::Signal::KILL,
         );
     };
-    assert!(!gone(grandchild), "the worker's child runs");
+    assert!(!tree::gone(grandchild), "the worker's child runs");
     primary.kill().unwrap();
     primary.wait().unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(2);
-    while !gone(grandchild) && std::time::Instant::now() < deadline {
+    while !tree::gone(grandchild) && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let left = !gone(grandchild);
+    let left = !tree::gone(grandchild);
     if left {
         kill(grandchild);
     }

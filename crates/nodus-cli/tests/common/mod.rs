@@ -35,13 +35,3 @@ pub fn installed<'a>(tools: &[&'a str]) -> Option<&'a str> {
 pub fn have(tool: &str) -> bool {
     installed(&[tool]).is_some()
 }
-
-/// Whether process `pid` is gone or a zombie (dead, waiting for its reaper).
-pub fn gone(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
-        stat.rsplit(')')
-            .next()
-            .and_then(|s| s.trim().chars().next())
-            == Some('Z')
-    })
-}
