@@ -68,6 +68,7 @@
 //! panic path, no return: the child never runs the primary's code again.
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashSet;
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -83,6 +84,10 @@ use super::reaper::Spawning;
 /// the workers a primary runs, old generations draining during a reload included.
 pub(crate) const CAPACITY: usize = 1024;
 
+/// How many adopted processes (pids) the guard remembers at once: a table of its own (a second
+/// page), so adopted processes never crowd the workers' groups out.
+pub(crate) const PID_CAPACITY: usize = 1024;
+
 /// The guard's name (`/proc/PID/comm`; `ps` shows it).
 pub const GUARD_NAME: &CStr = c"nodus-guard";
 
@@ -91,6 +96,8 @@ const MAX_FD: RawFd = 1 << 20;
 
 const REMEMBER: i32 = 1;
 const FORGET: i32 = 2;
+const REMEMBER_PID: i32 = 3;
+const FORGET_PID: i32 = 4;
 
 /// How long [`OrphanGuard::close`] waits for the guard's exit (it exits at once).
 const CLOSE_WAIT: Duration = Duration::from_secs(1);
@@ -106,8 +113,13 @@ struct Inner {
     child: Rc<Child>,
     /// The groups sent to the guard and not yet forgotten (the primary's copy of its table).
     groups: RefCell<Vec<i32>>,
+    /// The adopted pids sent to the guard and not yet forgotten (the primary's copy of its
+    /// second table).
+    pids: RefCell<HashSet<i32>>,
     /// The full table was reported (once).
     full_warned: Cell<bool>,
+    /// The full pid table was reported (once).
+    pids_full_warned: Cell<bool>,
 }
 
 impl std::fmt::Debug for OrphanGuard {
@@ -115,6 +127,7 @@ impl std::fmt::Debug for OrphanGuard {
         f.debug_struct("OrphanGuard")
             .field("pid", &self.0.child.id())
             .field("groups", &self.0.groups.borrow().len())
+            .field("pids", &self.0.pids.borrow().len())
             .finish()
     }
 }
@@ -155,7 +168,7 @@ impl OrphanGuard {
         let pid = unsafe { libc::fork() };
         if pid == 0 {
             // SAFETY: this is the child of the fork; `theirs_raw` is open in it and `table_ptr`
-            // is a mapping of `CAPACITY` i32s that the child owns a copy of.
+            // is a mapping of `Table::LEN` i32s that the child owns a copy of.
             unsafe { guard_main(theirs_raw, table_ptr, last_fd) }
         }
         let fork_error = io::Error::last_os_error();
@@ -181,7 +194,9 @@ impl OrphanGuard {
             end: RefCell::new(Some(ours)),
             child: child.clone(),
             groups: RefCell::new(Vec::new()),
+            pids: RefCell::new(HashSet::new()),
             full_warned: Cell::new(false),
+            pids_full_warned: Cell::new(false),
         });
         // The task holds the guard weakly: it must not keep the primary's end open.
         let weak: Weak<Inner> = Rc::downgrade(&inner);
@@ -242,6 +257,40 @@ impl OrphanGuard {
         self.send(FORGET, pgid);
     }
 
+    /// Has the guard remember adopted process `pid` (SIGKILLed, with the process group it leads
+    /// if it leads one, at the guard's end of file). Called by the subreaper for a running child
+    /// of this process that it counts as adopted: unreaped, so its number cannot be reused until
+    /// [`forget_pid`](Self::forget_pid), which the subreaper calls before it reaps it. Nothing is
+    /// sent for a pid already remembered.
+    pub(crate) fn remember_pid(&self, pid: i32) {
+        if pid < 2 || self.0.end.borrow().is_none() || self.0.pids.borrow().contains(&pid) {
+            return;
+        }
+        if self.0.pids.borrow().len() >= PID_CAPACITY {
+            if !self.0.pids_full_warned.replace(true) {
+                tracing::warn!(
+                    target: "nodus::process",
+                    "the orphan guard's table of adopted processes is full ({PID_CAPACITY}): \
+                     adopted process {pid} (and later ones while it stays full) is not killed if \
+                     this process is killed with SIGKILL"
+                );
+            }
+            return;
+        }
+        if self.send(REMEMBER_PID, pid) {
+            self.0.pids.borrow_mut().insert(pid);
+        }
+    }
+
+    /// Has the guard forget adopted process `pid`: called before the subreaper reaps it (or
+    /// once it is found gone without that reap). Nothing is sent for a pid never remembered.
+    pub(crate) fn forget_pid(&self, pid: i32) {
+        if !self.0.pids.borrow_mut().remove(&pid) {
+            return; // never sent (the table was full), or the guard is gone
+        }
+        self.send(FORGET_PID, pid);
+    }
+
     /// Sends one message; `false` if the guard did not get it. A send that fails while the
     /// guard runs leaves its table unknown: the guard is killed at once and the primary goes on
     /// without one (one warning line).
@@ -265,6 +314,7 @@ impl OrphanGuard {
             result => {
                 *end = None;
                 self.0.groups.borrow_mut().clear();
+                self.0.pids.borrow_mut().clear();
                 // Its exit task then sees the end already gone: this line is the only one.
                 let _ = self.0.child.kill(libc::SIGKILL);
                 let why = match result {
@@ -273,9 +323,9 @@ impl OrphanGuard {
                 };
                 tracing::warn!(
                     target: "nodus::process",
-                    "the orphan guard (pid {}) cannot be told of a process group ({why}): killed \
-                     it; the workers' own children now outlive this process if it is killed with \
-                     SIGKILL; going on without it",
+                    "the orphan guard (pid {}) cannot be told of a process group or an adopted \
+                     process ({why}): killed it; the workers' own children now outlive this \
+                     process if it is killed with SIGKILL; going on without it",
                     self.0.child.id()
                 );
                 false
@@ -295,14 +345,17 @@ impl OrphanGuard {
     }
 }
 
-/// The guard's table: `CAPACITY` i32s in an anonymous mapping of its own, made before the fork
-/// (the child inherits it) and unmapped in the parent afterwards (the child keeps its copy).
+/// The guard's tables: `CAPACITY` pgids then `PID_CAPACITY` pids (`Table::LEN` i32s) in an
+/// anonymous mapping of its own, made before the fork (the child inherits it) and unmapped in
+/// the parent afterwards (the child keeps its copy). The pid half is touched (a page of its
+/// own) only once a pid is remembered.
 struct Table {
     ptr: *mut i32,
 }
 
 impl Table {
-    const BYTES: usize = CAPACITY * std::mem::size_of::<i32>();
+    const LEN: usize = CAPACITY + PID_CAPACITY;
+    const BYTES: usize = Self::LEN * std::mem::size_of::<i32>();
 
     fn map() -> io::Result<Table> {
         // SAFETY: a new private anonymous mapping at an address the kernel chooses: it aliases
@@ -328,18 +381,21 @@ impl Drop for Table {
 }
 
 /// The guard's life, in the child of the fork: set up (signals, group, name, fds), then
-/// remember and forget groups until end of file, then SIGKILL what it remembers and `_exit`.
+/// remember and forget groups and pids until end of file, then SIGKILL what it remembers and
+/// `_exit`.
 ///
 /// Async-signal-safe throughout: raw syscalls through libc on integers, on stack buffers and on
 /// `table`; no allocation, no lock, no unwinding (no indexing that can panic), no return.
 ///
 /// # Safety
 /// Only in the child of a `fork`, with `end` an open socket of the child and `table` a writable
-/// mapping of `CAPACITY` i32s owned by the child.
+/// mapping of `Table::LEN` i32s owned by the child (groups in `[0, CAPACITY)`, pids in
+/// `[CAPACITY, CAPACITY + PID_CAPACITY)`).
 unsafe fn guard_main(end: RawFd, table: *mut i32, last_fd: RawFd) -> ! {
     // SAFETY (the whole body): plain syscalls with valid arguments (signal numbers, the
     // child's own pid 0, a NUL-terminated static name, fd numbers, a stack buffer of the length
-    // given); `table.add(i)` stays below `CAPACITY` (checked before each access).
+    // given); `table.add(i)` stays below `CAPACITY` and `pids.add(i)` below `PID_CAPACITY`
+    // (checked before each access), so both stay within the `Table::LEN` i32s of `table`.
     unsafe {
         // Signals: the ones a terminal or a service manager sends the primary are ignored
         // first (until `setpgid` the guard is still in the primary's group, where a Ctrl-C or a
@@ -360,6 +416,8 @@ unsafe fn guard_main(end: RawFd, table: *mut i32, last_fd: RawFd) -> ! {
         close_all_but(end, last_fd);
 
         let mut count = 0usize;
+        let pids = table.add(CAPACITY);
+        let mut pid_count = 0usize;
         let mut message = [0u8; 8];
         loop {
             let n = libc::recv(end, message.as_mut_ptr().cast(), message.len(), 0);
@@ -385,15 +443,12 @@ unsafe fn guard_main(end: RawFd, table: *mut i32, last_fd: RawFd) -> ! {
                 *table.add(count) = pgid;
                 count += 1;
             } else if op == FORGET {
-                let mut i = 0;
-                while i < count {
-                    if *table.add(i) == pgid {
-                        count -= 1;
-                        *table.add(i) = *table.add(count);
-                        break;
-                    }
-                    i += 1;
-                }
+                forget(table, &mut count, pgid);
+            } else if op == REMEMBER_PID && pid_count < PID_CAPACITY {
+                *pids.add(pid_count) = pgid;
+                pid_count += 1;
+            } else if op == FORGET_PID {
+                forget(pids, &mut pid_count, pgid);
             }
         }
         let mut i = 0;
@@ -401,7 +456,38 @@ unsafe fn guard_main(end: RawFd, table: *mut i32, last_fd: RawFd) -> ! {
             libc::kill(-*table.add(i), libc::SIGKILL);
             i += 1;
         }
+        // An adopted process: the group it leads, if it leads one (a `setsid` daemon and the
+        // children it started, which stay in its group), then the process itself (in case it
+        // moved to another group). Group `pid` can only be one the process `pid` made (see the
+        // module doc); with none, `kill(-pid)` is ESRCH.
+        let mut i = 0;
+        while i < pid_count {
+            let pid = *pids.add(i);
+            libc::kill(-pid, libc::SIGKILL);
+            libc::kill(pid, libc::SIGKILL);
+            i += 1;
+        }
         libc::_exit(0)
+    }
+}
+
+/// Removes `value` from the `*count` entries at `list` (the last entry takes its place).
+/// Async-signal-safe: plain loads and stores.
+///
+/// # Safety
+/// `list` points to at least `*count` initialized i32s the caller owns.
+unsafe fn forget(list: *mut i32, count: &mut usize, value: i32) {
+    let mut i = 0;
+    while i < *count {
+        // SAFETY: `i` and `*count - 1` are below `*count` (the caller's guarantee).
+        unsafe {
+            if *list.add(i) == value {
+                *count -= 1;
+                *list.add(i) = *list.add(*count);
+                return;
+            }
+        }
+        i += 1;
     }
 }
 

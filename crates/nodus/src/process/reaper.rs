@@ -64,6 +64,7 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, PidfdFlags, Signal, WaitId, WaitIdOptions};
 
+use super::guard::OrphanGuard;
 use crate::JoinHandle;
 use crate::signal::Signals;
 
@@ -159,6 +160,9 @@ struct Inner {
     task: RefCell<Option<JoinHandle<()>>>,
     /// A second signal during the stop: SIGKILL what is left now.
     hurry: Cell<bool>,
+    /// The primary's orphan guard, told of each adopted process while it runs (see the module
+    /// doc).
+    guard: RefCell<Option<OrphanGuard>>,
 }
 
 /// One pass's outcome.
@@ -204,6 +208,7 @@ impl Reaper {
             set_here,
             task: RefCell::new(None),
             hurry: Cell::new(false),
+            guard: RefCell::new(None),
         });
         let weak = Rc::downgrade(&inner);
         let task = crate::task::spawn_named("process:reaper", async move {
@@ -215,6 +220,12 @@ impl Reaper {
         });
         *inner.task.borrow_mut() = Some(task);
         Ok(Reaper(inner))
+    }
+
+    /// From the next pass on, every adopted process seen running is remembered by `guard`
+    /// (SIGKILLed by it if this process dies) and forgotten before its reap (see the module doc).
+    pub(crate) fn set_guard(&self, guard: OrphanGuard) {
+        *self.0.guard.borrow_mut() = Some(guard);
     }
 
     /// Orphans adopted (foreign children seen) and reaped, since the start.
@@ -242,6 +253,7 @@ impl Reaper {
         let listed = children();
         let mut known = self.0.known.borrow_mut();
         let mut inherited = self.0.inherited.borrow_mut();
+        let guard = self.0.guard.borrow();
         let mut alive = Vec::new();
         for &pid in &listed {
             if t.pids.as_ref().is_some_and(|p| p.contains_key(&pid)) {
@@ -258,12 +270,25 @@ impl Reaper {
             let options = WaitIdOptions::EXITED
                 | WaitIdOptions::NOHANG
                 | WaitIdOptions::from_bits_retain(libc::__WALL as _);
-            let result = loop {
+            let wait = |options| loop {
                 match rustix::process::waitid(WaitId::Pid(id), options) {
                     Err(rustix::io::Errno::INTR) => continue,
                     other => break other,
                 }
             };
+            if !was_inherited && let Some(guard) = guard.as_ref() {
+                // An adopted process the guard may remember: look first (`WNOWAIT`), so that
+                // the guard forgets it before the reap, never after (see the module doc).
+                match wait(options | WaitIdOptions::NOWAIT) {
+                    Ok(None) => {
+                        guard.remember_pid(pid);
+                        alive.push(pid);
+                        continue;
+                    }
+                    _ => guard.forget_pid(pid),
+                }
+            }
+            let result = wait(options);
             if was_inherited {
                 // Reaped if it has exited; not counted, never stopped.
                 if !matches!(result, Ok(None)) {
@@ -282,6 +307,7 @@ impl Reaper {
                         status.terminating_signal()
                     );
                 }
+                // Only without a guard: with one, a running child was found by the look above.
                 Ok(None) => alive.push(pid),
                 // Reaped by someone else (a `waitpid(-1)` elsewhere in the process).
                 Err(_) => {
@@ -290,8 +316,14 @@ impl Reaper {
             }
         }
         drop(t);
-        // Gone without our reap: no longer ours to count.
-        known.retain(|p| listed.contains(p));
+        // Gone without our reap: no longer ours to count, nor the guard's to remember.
+        known.retain(|p| {
+            let keep = listed.contains(p);
+            if !keep && let Some(guard) = guard.as_ref() {
+                guard.forget_pid(*p);
+            }
+            keep
+        });
         inherited.retain(|p| listed.contains(p));
         Pass::Alive(alive)
     }
