@@ -1,6 +1,8 @@
 //! The orphan guard (`nodus::process::guard`): a primary killed with SIGKILL leaves none of its
 //! workers' children running (`nodus run` with a plain program and with `--node`) nor any
-//! listening port open; the guard of `nodus serve --workers` goes with its primary too; the
+//! listening port open, nor any process the primary adopted as its subreaper (a `setsid`
+//! escapee, counted in the stats first; a `setsid` daemon with the children in its group); the
+//! guard of `nodus serve --workers` goes with its primary too; the
 //! guard shrugs off SIGINT/SIGTERM/SIGHUP, holds no fd but its socket, and is reaped by its
 //! primary after a SIGTERM stop; a guard that dies is one warning line and the cluster goes on.
 //!

@@ -15,18 +15,36 @@
 //!   primary's group does not take it either), names itself [`GUARD_NAME`] (`/proc/PID/comm`,
 //!   what `ps` shows, and how a test tells it from a worker), and reads. Fork clears the
 //!   parent-death signal: it gets none.
-//! - Messages are 8 bytes, `[op: i32, pgid: i32]` in native byte order: remember a group, or
-//!   forget it. A socket pair rather than a pipe: one message is one datagram, sent whole or not
+//! - Messages are 8 bytes, `[op: i32, id: i32]` in native byte order: remember a group, forget
+//!   it, remember an adopted process (a pid, from the subreaper: `reaper`), forget it. A socket
+//!   pair rather than a pipe: one message is one datagram, sent whole or not
 //!   at all, and `MSG_NOSIGNAL` makes a send to a guard that died an `EPIPE` instead of a SIGPIPE
 //!   (which a library user's program may not ignore); its end of file is a pipe's.
-//! - The table is [`CAPACITY`] pgids in a page mapped before the fork (the primary unmaps its
-//!   copy right after): nothing is allocated in the guard. The primary keeps its own copy of the
-//!   list, so it knows when the table is full: then a new worker's group is not sent, with one
-//!   warning line (that worker's children are not covered; its own parent-death signal still
-//!   is), and the guard itself ignores a remember past its capacity.
+//! - The tables are [`CAPACITY`] pgids and, apart, [`PID_CAPACITY`] pids, in two pages mapped
+//!   before the fork (the primary unmaps its copy right after; the pid page is touched only once
+//!   a pid is remembered): nothing is allocated in the guard. Two tables, not one shared: however
+//!   many processes the workers leave behind, a new worker's group always has room. The primary
+//!   keeps its own copy of each list, so it knows when a table is full: then a new worker's
+//!   group, or a newly adopted pid, is not sent, with one warning line per table (that worker's
+//!   children, or that process, are not covered; a worker's own parent-death signal still is),
+//!   and the guard itself ignores a remember past its capacity.
 //! - At end of file (every copy of the primary's end is closed: the primary exited, was killed,
-//!   or closed it at the end of its run) the guard SIGKILLs every group it remembers and
-//!   `_exit`s. A pgid below 2 is never acted on (`kill(-1)` would signal every process).
+//!   or closed it at the end of its run) the guard SIGKILLs every group it remembers, then, for
+//!   every pid it remembers, `kill(-pid)` and `kill(pid)`, and `_exit`s. An id below 2 is never
+//!   acted on (`kill(-1)` would signal every process, `kill(0)` the guard's own group).
+//! - Why both kills for an adopted pid: a `setsid` daemon leads a session and a process group
+//!   of its own (its pgid is its pid), and the children it starts stay in that group; they are
+//!   not adopted (their parent, the daemon, runs), so `kill(pid)` alone would kill the daemon and
+//!   leave its children to init. `kill(-pid)` takes the group the daemon leads, children
+//!   included; `kill(pid)` then takes the process if it is in no group of its own (a double
+//!   fork's grandchild stays in the group of the middle process, which is gone and not ours to
+//!   name: that group is not killed, only the process). Group `pid` can only be one that process
+//!   `pid` made: a group's id is the pid of the process that made it (`setsid`, `setpgid(0, 0)`),
+//!   and a number still held by a group is never given to a new process, so while process `pid`
+//!   is unreaped no other process can have made a group of that number; if it made none,
+//!   `kill(-pid)` fails with `ESRCH`. The guard does not kill the group the process is in when it
+//!   is not its own (`getpgid`): that could be the primary's, or a shell's, which a worker's
+//!   descendant may join with `setpgid` within the primary's session.
 //!
 //! Ordering (why a remembered pgid is never another's): a worker leads its own group, so its
 //! pgid is its pid, and that number stays taken as long as the worker is unreaped or any process
@@ -35,7 +53,16 @@
 //! SIGKILL and before the reap (`Child::guard_group`): while the guard remembers a pgid, the
 //! worker is at worst a zombie the primary has not reaped, so the number cannot have been
 //! reused. The socket is ordered, and the guard reads everything before the end of file, so it
-//! never acts on a group the primary forgot. A failed send (the guard stopped reading, or died)
+//! never acts on a group the primary forgot.
+//!
+//! The same for an adopted pid: the subreaper (`reaper`) sends "remember" during a pass, for a
+//! child of the primary it counts as adopted and has just found running (`waitid` with
+//! `WNOWAIT`, nothing reaped), and "forget" during the pass that finds it exited, after that
+//! look and before the `waitid` that reaps it (still under the lock that keeps nodus's own
+//! forks out of a pass). So while the guard remembers a pid, that process is the primary's
+//! unreaped child (running, or a zombie the primary has not reaped) and its number cannot have
+//! been reused. A pid found gone without the primary's reap (a `waitpid(-1)` elsewhere in the
+//! program, which `reaper` already warns against) is forgotten at that pass. A failed send (the guard stopped reading, or died)
 //! could leave a pgid the primary forgets remembered: the primary then SIGKILLs the guard at once
 //! (through its pidfd) and goes on without one, with one warning line.
 //!
@@ -46,9 +73,13 @@
 //!   could reach another group only if the kernel handed out every other pid in between
 //!   (`pid_max`, 4 million by default) and the same number became a group's id.
 //! - A worker's child that calls `setsid` or moves to another group (a daemon's double fork)
-//!   leaves the group, so the guard does not kill it. A primary that is a subreaper (`reaper`)
-//!   adopts it once its parent is gone and stops it at the end of a graceful stop, but one
-//!   still running when the primary is killed goes to init: only a cgroup (systemd's final
+//!   leaves the group, so the group kill does not reach it. A primary that is a subreaper
+//!   (`reaper`, on in the CLI) adopts it once its parent is gone and tells the guard, which
+//!   SIGKILLs it (and the group it leads) if the primary is killed; without a subreaper, it goes
+//!   to init. The adoption is noticed at the subreaper's next pass (a `SIGCHLD`, a stats request,
+//!   the stop): a process adopted (its parent gone) less than that before the primary is killed
+//!   is not covered, nor is a descendant of an adopted process that left its group in turn
+//!   while its parent still runs (not adopted, not in the group). Only a cgroup (systemd's final
 //!   SIGKILL to the unit, `deploy/systemd`) or the end of a container's PID 1 catches those.
 //! - A worker's child started between the worker's `exec` and the primary's "remember" (a few
 //!   microseconds) is not covered if the primary is SIGKILLed in that window.
@@ -58,7 +89,7 @@
 //!   would make it a loop); workers keep their parent-death signal and their group kills.
 //!
 //! Memory: the guard shares the primary's pages copy-on-write; what it adds is its own stack
-//! pages, its table page, its page tables and, over time, its copies of the pages the primary
+//! pages, its table pages (the pid one once a pid is remembered), its page tables and, over time, its copies of the pages the primary
 //! writes after the fork (the guard keeps the old contents). BENCHMARKS.md has the measure.
 //!
 //! Everything the guard runs after the fork is async-signal-safe (the primary may have other

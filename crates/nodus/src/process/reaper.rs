@@ -51,6 +51,27 @@
 //! zombie signals its new parent at once. Adoptions are counted at the next pass (a `SIGCHLD`,
 //! a stats request, the stop).
 //!
+//! The orphan guard (`guard`; [`Reaper::set_guard`], which the cluster primary calls once both
+//! run): an adopted process survives a primary killed with SIGKILL (it left the worker groups
+//! the guard kills), so each pass has the guard remember every adopted process it finds running,
+//! and forget one before reaping it:
+//! - A pass first looks at an adopted child with `waitid(WEXITED | WNOHANG | WNOWAIT)`, which
+//!   reaps nothing. Running: the guard is told to remember its pid (once; the primary's copy
+//!   of the guard's table drops repeats). Exited: the guard is told to forget it, then the
+//!   child is reaped. Gone without our reap (someone else's `waitpid(-1)`): forgotten at once.
+//!   All of it under [`OURS`]'s lock, in the pass. So a pid the guard remembers is always an
+//!   unreaped child of this process, whose number cannot have been reused: at the guard's end of
+//!   file it SIGKILLs that process and the process group it leads, if any (`guard` says why
+//!   both, and why that group can only be the process's own).
+//! - Only processes counted as adopted: never nodus's own children (the registry) nor the ones
+//!   this process already had when the reaper started (`inherited`).
+//! - Its limit is the pass's lag: an orphan re-parented here while running sends no `SIGCHLD`,
+//!   so it is remembered only at the next pass (a `SIGCHLD` from any foreign child, a stats
+//!   request, the stop); one adopted less than that before the primary is killed goes to init.
+//! - If a graceful stop gives up on some adopted processes ([`Reaper::stop_adopted`] after its
+//!   SIGKILLs), they are still remembered: the guard's end of file, when the primary closes it,
+//!   SIGKILLs them once more.
+//!
 //! Requires `/proc` (with `CONFIG_PROC_CHILDREN`, else every `/proc/PID/stat` is read for its
 //! parent).
 
