@@ -62,7 +62,11 @@
 //! forks out of a pass). So while the guard remembers a pid, that process is the primary's
 //! unreaped child (running, or a zombie the primary has not reaped) and its number cannot have
 //! been reused. A pid found gone without the primary's reap (a `waitpid(-1)` elsewhere in the
-//! program, which `reaper` already warns against) is forgotten at that pass. A failed send (the guard stopped reading, or died)
+//! program, which `reaper` already warns against) is forgotten at that pass.
+//! Those messages come in bursts (many adoptions in one pass), so for them a full socket
+//! (`EAGAIN`) is not a failed send: nothing is sent, the pass is done again 1 ms later, and a
+//! process whose "forget" could not be sent is not reaped until it is (so the ordering holds).
+//! Only a socket full for [`BUSY_LIMIT`] (a guard stopped) is. A failed send (the guard stopped reading, or died)
 //! could leave a pgid the primary forgets remembered: the primary then SIGKILLs the guard at once
 //! (through its pidfd) and goes on without one, with one warning line.
 //!
@@ -104,7 +108,7 @@ use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::rc::{Rc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustix::process::Pid;
 
@@ -133,6 +137,10 @@ const FORGET_PID: i32 = 4;
 /// How long [`OrphanGuard::close`] waits for the guard's exit (it exits at once).
 const CLOSE_WAIT: Duration = Duration::from_secs(1);
 
+/// How long the guard's socket may stay full for the subreaper's messages before that counts
+/// as a failed send (the guard is killed): it reads as fast as it is scheduled.
+const BUSY_LIMIT: Duration = Duration::from_secs(1);
+
 /// The primary's handle on its guard. Cheap to clone; the guard's end of file comes when
 /// [`close`](Self::close) is called or the last clone is dropped.
 #[derive(Clone)]
@@ -151,6 +159,19 @@ struct Inner {
     full_warned: Cell<bool>,
     /// The full pid table was reported (once).
     pids_full_warned: Cell<bool>,
+    /// Since when the socket has been full for a pid message (see `send_or_busy`).
+    busy_since: Cell<Option<Instant>>,
+}
+
+/// What became of one message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    /// The guard will read it.
+    Yes,
+    /// The socket is full for now; nothing was sent and the guard runs on.
+    Busy,
+    /// The guard is gone (or was killed here: a failed send).
+    No,
 }
 
 impl std::fmt::Debug for OrphanGuard {
@@ -228,6 +249,7 @@ impl OrphanGuard {
             pids: RefCell::new(HashSet::new()),
             full_warned: Cell::new(false),
             pids_full_warned: Cell::new(false),
+            busy_since: Cell::new(None),
         });
         // The task holds the guard weakly: it must not keep the primary's end open.
         let weak: Weak<Inner> = Rc::downgrade(&inner);
@@ -292,10 +314,11 @@ impl OrphanGuard {
     /// if it leads one, at the guard's end of file). Called by the subreaper for a running child
     /// of this process that it counts as adopted: unreaped, so its number cannot be reused until
     /// [`forget_pid`](Self::forget_pid), which the subreaper calls before it reaps it. Nothing is
-    /// sent for a pid already remembered.
-    pub(crate) fn remember_pid(&self, pid: i32) {
+    /// sent for a pid already remembered. `false` if the guard's socket is full for now (nothing
+    /// sent): the subreaper tries again shortly.
+    pub(crate) fn remember_pid(&self, pid: i32) -> bool {
         if pid < 2 || self.0.end.borrow().is_none() || self.0.pids.borrow().contains(&pid) {
-            return;
+            return true;
         }
         if self.0.pids.borrow().len() >= PID_CAPACITY {
             if !self.0.pids_full_warned.replace(true) {
@@ -306,32 +329,55 @@ impl OrphanGuard {
                      this process is killed with SIGKILL"
                 );
             }
-            return;
+            return true;
         }
-        if self.send(REMEMBER_PID, pid) {
-            self.0.pids.borrow_mut().insert(pid);
+        match self.send_or_busy(REMEMBER_PID, pid, true) {
+            Sent::Yes => {
+                self.0.pids.borrow_mut().insert(pid);
+                true
+            }
+            Sent::Busy => false,
+            Sent::No => true,
         }
     }
 
     /// Has the guard forget adopted process `pid`: called before the subreaper reaps it (or
     /// once it is found gone without that reap). Nothing is sent for a pid never remembered.
-    pub(crate) fn forget_pid(&self, pid: i32) {
-        if !self.0.pids.borrow_mut().remove(&pid) {
-            return; // never sent (the table was full), or the guard is gone
+    /// `false` if the guard still holds it (its socket is full for now): the subreaper must not
+    /// reap the process yet, and tries again shortly.
+    pub(crate) fn forget_pid(&self, pid: i32) -> bool {
+        if !self.0.pids.borrow().contains(&pid) {
+            return true; // never sent (the table was full), or the guard is gone
         }
-        self.send(FORGET_PID, pid);
+        match self.send_or_busy(FORGET_PID, pid, true) {
+            Sent::Yes => {
+                self.0.pids.borrow_mut().remove(&pid);
+                true
+            }
+            Sent::Busy => false,
+            Sent::No => true, // the guard is gone (its copy cleared)
+        }
     }
 
     /// Sends one message; `false` if the guard did not get it. A send that fails while the
     /// guard runs leaves its table unknown: the guard is killed at once and the primary goes on
     /// without one (one warning line).
     fn send(&self, op: i32, pgid: i32) -> bool {
+        self.send_or_busy(op, pgid, false) == Sent::Yes
+    }
+
+    /// [`send`](Self::send), except that with `busy_ok` a full socket (`EAGAIN`: a burst of
+    /// adoptions in one pass, about 280 messages with the guard not yet scheduled to read them)
+    /// is [`Sent::Busy`], the guard left running, for the caller to try again shortly, as long
+    /// as the socket has not stayed full for [`BUSY_LIMIT`] (a guard stopped, not reading):
+    /// then it is a failed send.
+    fn send_or_busy(&self, op: i32, pgid: i32, busy_ok: bool) -> Sent {
         let mut message = [0u8; 8];
         message[..4].copy_from_slice(&op.to_ne_bytes());
         message[4..].copy_from_slice(&pgid.to_ne_bytes());
         let mut end = self.0.end.borrow_mut();
         let Some(fd) = end.as_ref() else {
-            return false;
+            return Sent::No;
         };
         let flags = rustix::net::SendFlags::NOSIGNAL | rustix::net::SendFlags::DONTWAIT;
         let result = loop {
@@ -341,7 +387,11 @@ impl OrphanGuard {
             }
         };
         match result {
-            Ok(n) if n == message.len() => true,
+            Ok(n) if n == message.len() => {
+                self.0.busy_since.set(None);
+                Sent::Yes
+            }
+            Err(rustix::io::Errno::AGAIN) if busy_ok && self.busy_within_limit() => Sent::Busy,
             result => {
                 *end = None;
                 self.0.groups.borrow_mut().clear();
@@ -359,9 +409,17 @@ impl OrphanGuard {
                      process if it is killed with SIGKILL; going on without it",
                     self.0.child.id()
                 );
-                false
+                Sent::No
             }
         }
+    }
+
+    /// The socket is full: `true` while it has not been so for [`BUSY_LIMIT`] (since the first
+    /// full send after the last one that went through).
+    fn busy_within_limit(&self) -> bool {
+        let since = self.0.busy_since.get().unwrap_or_else(Instant::now);
+        self.0.busy_since.set(Some(since));
+        since.elapsed() < BUSY_LIMIT
     }
 
     /// Closes the primary's end, once every worker has been reaped (so the guard kills
@@ -545,5 +603,89 @@ unsafe fn close_all_but(keep: RawFd, last: RawFd) {
             unsafe { libc::close(fd) };
         }
         fd += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Above `PID_MAX_LIMIT` (2^22): no process can have these numbers, so the guard's kills
+    /// of them, should it ever act, reach no one.
+    const NOBODY: i32 = (1 << 22) + 1;
+
+    fn state(pid: i32) -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat[stat.rfind(')')? + 2..].chars().next()
+    }
+
+    /// Retries `op` on each of `ids` until every one returns `true` (5 s at most).
+    async fn until_all(ids: &[i32], op: impl Fn(i32) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut left: Vec<i32> = ids.to_vec();
+        while !left.is_empty() {
+            left.retain(|&id| !op(id));
+            assert!(Instant::now() < deadline, "{} still busy", left.len());
+            crate::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// A burst of adopted pids that fills the guard's socket is "busy", not a failed send:
+    /// the guard runs on and takes every one once it reads again; a socket full for
+    /// `BUSY_LIMIT` is a failed send (the guard is killed).
+    #[test]
+    fn a_full_socket_is_busy_for_pids_then_a_failure_after_the_limit() {
+        std::thread::spawn(|| {
+            crate::Runtime::new().block_on(async {
+                let guard = OrphanGuard::start().unwrap();
+                let pid = guard.0.child.id() as i32;
+                let ids: Vec<i32> = (0..600).map(|i| NOBODY + i).collect();
+
+                guard.0.child.kill(libc::SIGSTOP).unwrap();
+                while state(pid) != Some('T') {
+                    crate::time::sleep(Duration::from_millis(1)).await;
+                }
+                let sent = ids.iter().filter(|&&id| guard.remember_pid(id)).count();
+                assert!(
+                    sent < ids.len(),
+                    "the socket fills: {sent} taken (sent, or given up)"
+                );
+                assert!(guard.0.end.borrow().is_some(), "the guard is not killed");
+                assert_eq!(guard.0.pids.borrow().len(), sent);
+
+                guard.0.child.kill(libc::SIGCONT).unwrap();
+                until_all(&ids, |id| guard.remember_pid(id)).await;
+                assert_eq!(guard.0.pids.borrow().len(), ids.len());
+                until_all(&ids, |id| guard.forget_pid(id)).await;
+                assert!(guard.0.pids.borrow().is_empty());
+
+                // Full for longer than the limit: the guard is killed, the copy cleared.
+                guard.0.child.kill(libc::SIGSTOP).unwrap();
+                while state(pid) != Some('T') {
+                    crate::time::sleep(Duration::from_millis(1)).await;
+                }
+                let mut busy_from = None;
+                for &id in &ids {
+                    if !guard.remember_pid(id) {
+                        busy_from.get_or_insert(id);
+                    }
+                }
+                assert!(busy_from.is_some() && guard.0.end.borrow().is_some());
+                crate::time::sleep(BUSY_LIMIT + Duration::from_millis(100)).await;
+                assert!(
+                    guard.remember_pid(busy_from.unwrap()),
+                    "a failed send: given up"
+                );
+                assert!(guard.0.end.borrow().is_none(), "the guard is killed");
+                assert!(guard.0.pids.borrow().is_empty());
+                let status = crate::time::timeout(Duration::from_secs(5), guard.0.child.wait())
+                    .await
+                    .expect("the guard dies")
+                    .unwrap();
+                assert_eq!(status.signal(), Some(libc::SIGKILL), "{status}");
+            });
+        })
+        .join()
+        .unwrap();
     }
 }

@@ -65,6 +65,10 @@
 //!   both, and why that group can only be the process's own).
 //! - Only processes counted as adopted: never nodus's own children (the registry) nor the ones
 //!   this process already had when the reaper started (`inherited`).
+//! - A burst of adoptions can fill the guard's socket (about 280 messages before it reads):
+//!   a message that finds it full is not sent and the pass is done again 1 ms later, a process
+//!   whose "forget" could not be sent staying unreaped (so still safe to remember) until it is.
+//!   A socket full for a whole second (the guard stopped) is a failed send: the guard is killed.
 //! - Its limit is the pass's lag: an orphan re-parented here while running sends no `SIGCHLD`,
 //!   so it is remembered only at the next pass (a `SIGCHLD` from any foreign child, a stats
 //!   request, the stop); one adopted less than that before the primary is killed goes to init.
@@ -190,7 +194,9 @@ struct Inner {
 enum Pass {
     /// The foreign children still running.
     Alive(Vec<i32>),
-    /// A fork was in progress on another thread: nothing was done.
+    /// A fork was in progress on another thread (nothing was done), or the orphan guard's
+    /// socket was full (what could not be told to it is to be done again): another pass, 1 ms
+    /// later.
     Deferred,
 }
 
@@ -255,7 +261,8 @@ impl Reaper {
     }
 
     /// Reaps every foreign child that has exited; returns those still running. Waits out a
-    /// fork in progress on another thread (1 ms at a time).
+    /// fork in progress on another thread, or a full orphan guard socket (1 ms at a time; the
+    /// guard reads as fast as it is scheduled, and one full for a second is killed).
     pub(crate) async fn reap(&self) -> Vec<i32> {
         loop {
             match self.pass() {
@@ -275,6 +282,8 @@ impl Reaper {
         let mut known = self.0.known.borrow_mut();
         let mut inherited = self.0.inherited.borrow_mut();
         let guard = self.0.guard.borrow();
+        // The guard's socket was full for one of its messages: the pass is done again shortly.
+        let mut busy = false;
         let mut alive = Vec::new();
         for &pid in &listed {
             if t.pids.as_ref().is_some_and(|p| p.contains_key(&pid)) {
@@ -302,11 +311,18 @@ impl Reaper {
                 // the guard forgets it before the reap, never after (see the module doc).
                 match wait(options | WaitIdOptions::NOWAIT) {
                     Ok(None) => {
-                        guard.remember_pid(pid);
+                        busy |= !guard.remember_pid(pid);
                         alive.push(pid);
                         continue;
                     }
-                    _ => guard.forget_pid(pid),
+                    _ => {
+                        if !guard.forget_pid(pid) {
+                            // Still remembered: not reaped (its number stays taken) until the
+                            // guard has read that it is forgotten.
+                            busy = true;
+                            continue;
+                        }
+                    }
                 }
             }
             let result = wait(options);
@@ -339,13 +355,18 @@ impl Reaper {
         drop(t);
         // Gone without our reap: no longer ours to count, nor the guard's to remember.
         known.retain(|p| {
-            let keep = listed.contains(p);
-            if !keep && let Some(guard) = guard.as_ref() {
-                guard.forget_pid(*p);
+            if listed.contains(p) {
+                return true;
             }
-            keep
+            // Kept (and forgotten again next pass) while the guard's socket is full.
+            let forgotten = guard.as_ref().is_none_or(|guard| guard.forget_pid(*p));
+            busy |= !forgotten;
+            !forgotten
         });
         inherited.retain(|p| listed.contains(p));
+        if busy {
+            return Pass::Deferred;
+        }
         Pass::Alive(alive)
     }
 
