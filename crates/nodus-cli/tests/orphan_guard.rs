@@ -1,6 +1,8 @@
 //! The orphan guard (`nodus::process::guard`): a primary killed with SIGKILL leaves none of its
 //! workers' children running (`nodus run` with a plain program and with `--node`) nor any
-//! listening port open; the guard of `nodus serve --workers` goes with its primary too; the
+//! listening port open, nor any process the primary adopted as its subreaper (a `setsid`
+//! escapee, counted in the stats first; a `setsid` daemon with the children in its group); the
+//! guard of `nodus serve --workers` goes with its primary too; the
 //! guard shrugs off SIGINT/SIGTERM/SIGHUP, holds no fd but its socket, and is reaped by its
 //! primary after a SIGTERM stop; a guard that dies is one warning line and the cluster goes on.
 //!
@@ -170,6 +172,106 @@ fn a_workers_children_and_its_listener_die_with_a_primary_killed_with_sigkill() 
     assert_gone_soon(&[grandchild], "the worker's child");
     assert_gone_soon(&[guard], "the guard");
     assert_port_free_soon(addr);
+}
+
+/// Waits until the primary's stats (`--admin` on `admin`) count `n` adopted processes (5 s at
+/// most): a stats request is a reaping pass, which has the guard remember each one running.
+fn wait_adopted(admin: SocketAddr, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let reply = common::http::get(admin, "/_nodus/stats");
+        assert_eq!(reply.status, 200);
+        let stats: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+        if stats["orphans_adopted"] == n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "not {n} adopted: {stats}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until `pid`'s parent (`/proc/PID/stat`) is `primary` (5 s at most).
+fn wait_parent(pid: i32, primary: u32) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let parent = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| {
+                stat[stat.rfind(')')? + 2..]
+                    .split(' ')
+                    .nth(1)?
+                    .parse::<u32>()
+                    .ok()
+            });
+        if parent == Some(primary) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "process {pid}'s parent is {parent:?}, not the primary {primary}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn an_adopted_setsid_process_dies_with_a_primary_killed_with_sigkill() {
+    let dir = TempDir::new("guard-adopted");
+    let file = dir.path().join("pid");
+    let addr = free_addr();
+    let admin = free_addr();
+    let mut cleanup = Cleanup::default();
+    // The subshell starts `sleep` in a session of its own (out of the worker's group, which the
+    // guard knows) and exits: the primary, a subreaper, adopts `sleep`.
+    let worker = format!(
+        "(setsid sleep 300 & echo $! > {}); exec sleep 300",
+        file.display()
+    );
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "-w", "1", "-l", &addr.to_string()])
+            .args(["--admin", &admin.to_string()])
+            .args(["--", "sh", "-c", &worker]),
+    );
+    let escaped = pid_in(&file, &mut cleanup);
+    wait_parent(escaped, primary.id());
+    wait_adopted(admin, 1);
+    let guard = the_guard(primary.id(), &mut cleanup);
+    kill_primary(&mut primary);
+    assert_gone_soon(&[escaped], "the adopted setsid sleep");
+    assert_gone_soon(&[guard], "the guard");
+}
+
+#[test]
+fn an_adopted_daemons_own_children_die_with_a_primary_killed_with_sigkill() {
+    let dir = TempDir::new("guard-adopted-group");
+    let file = dir.path().join("pid");
+    let child_file = dir.path().join("child");
+    let addr = free_addr();
+    let admin = free_addr();
+    let mut cleanup = Cleanup::default();
+    // A daemon (`setsid`: it leads a session and a process group) with a child of its own, in
+    // its group: the daemon is adopted, its child is not (its parent runs); the guard's kill
+    // of the group the daemon leads takes the child too.
+    let worker = format!(
+        "(setsid sh -c 'sleep 300 & echo $! > {}; exec sleep 300' & echo $! > {}); \
+         exec sleep 300",
+        child_file.display(),
+        file.display()
+    );
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "-w", "1", "-l", &addr.to_string()])
+            .args(["--admin", &admin.to_string()])
+            .args(["--", "sh", "-c", &worker]),
+    );
+    let daemon = pid_in(&file, &mut cleanup);
+    let child = pid_in(&child_file, &mut cleanup);
+    wait_parent(daemon, primary.id());
+    wait_parent(child, daemon as u32);
+    wait_adopted(admin, 1);
+    kill_primary(&mut primary);
+    assert_gone_soon(&[daemon, child], "the adopted daemon and its child");
 }
 
 #[test]

@@ -15,18 +15,36 @@
 //!   primary's group does not take it either), names itself [`GUARD_NAME`] (`/proc/PID/comm`,
 //!   what `ps` shows, and how a test tells it from a worker), and reads. Fork clears the
 //!   parent-death signal: it gets none.
-//! - Messages are 8 bytes, `[op: i32, pgid: i32]` in native byte order: remember a group, or
-//!   forget it. A socket pair rather than a pipe: one message is one datagram, sent whole or not
+//! - Messages are 8 bytes, `[op: i32, id: i32]` in native byte order: remember a group, forget
+//!   it, remember an adopted process (a pid, from the subreaper: `reaper`), forget it. A socket
+//!   pair rather than a pipe: one message is one datagram, sent whole or not
 //!   at all, and `MSG_NOSIGNAL` makes a send to a guard that died an `EPIPE` instead of a SIGPIPE
 //!   (which a library user's program may not ignore); its end of file is a pipe's.
-//! - The table is [`CAPACITY`] pgids in a page mapped before the fork (the primary unmaps its
-//!   copy right after): nothing is allocated in the guard. The primary keeps its own copy of the
-//!   list, so it knows when the table is full: then a new worker's group is not sent, with one
-//!   warning line (that worker's children are not covered; its own parent-death signal still
-//!   is), and the guard itself ignores a remember past its capacity.
+//! - The tables are [`CAPACITY`] pgids and, apart, [`PID_CAPACITY`] pids, in two pages mapped
+//!   before the fork (the primary unmaps its copy right after; the pid page is touched only once
+//!   a pid is remembered): nothing is allocated in the guard. Two tables, not one shared: however
+//!   many processes the workers leave behind, a new worker's group always has room. The primary
+//!   keeps its own copy of each list, so it knows when a table is full: then a new worker's
+//!   group, or a newly adopted pid, is not sent, with one warning line per table (that worker's
+//!   children, or that process, are not covered; a worker's own parent-death signal still is),
+//!   and the guard itself ignores a remember past its capacity.
 //! - At end of file (every copy of the primary's end is closed: the primary exited, was killed,
-//!   or closed it at the end of its run) the guard SIGKILLs every group it remembers and
-//!   `_exit`s. A pgid below 2 is never acted on (`kill(-1)` would signal every process).
+//!   or closed it at the end of its run) the guard SIGKILLs every group it remembers, then, for
+//!   every pid it remembers, `kill(-pid)` and `kill(pid)`, and `_exit`s. An id below 2 is never
+//!   acted on (`kill(-1)` would signal every process, `kill(0)` the guard's own group).
+//! - Why both kills for an adopted pid: a `setsid` daemon leads a session and a process group
+//!   of its own (its pgid is its pid), and the children it starts stay in that group; they are
+//!   not adopted (their parent, the daemon, runs), so `kill(pid)` alone would kill the daemon and
+//!   leave its children to init. `kill(-pid)` takes the group the daemon leads, children
+//!   included; `kill(pid)` then takes the process if it is in no group of its own (a double
+//!   fork's grandchild stays in the group of the middle process, which is gone and not ours to
+//!   name: that group is not killed, only the process). Group `pid` can only be one that process
+//!   `pid` made: a group's id is the pid of the process that made it (`setsid`, `setpgid(0, 0)`),
+//!   and a number still held by a group is never given to a new process, so while process `pid`
+//!   is unreaped no other process can have made a group of that number; if it made none,
+//!   `kill(-pid)` fails with `ESRCH`. The guard does not kill the group the process is in when it
+//!   is not its own (`getpgid`): that could be the primary's, or a shell's, which a worker's
+//!   descendant may join with `setpgid` within the primary's session.
 //!
 //! Ordering (why a remembered pgid is never another's): a worker leads its own group, so its
 //! pgid is its pid, and that number stays taken as long as the worker is unreaped or any process
@@ -35,7 +53,20 @@
 //! SIGKILL and before the reap (`Child::guard_group`): while the guard remembers a pgid, the
 //! worker is at worst a zombie the primary has not reaped, so the number cannot have been
 //! reused. The socket is ordered, and the guard reads everything before the end of file, so it
-//! never acts on a group the primary forgot. A failed send (the guard stopped reading, or died)
+//! never acts on a group the primary forgot.
+//!
+//! The same for an adopted pid: the subreaper (`reaper`) sends "remember" during a pass, for a
+//! child of the primary it counts as adopted and has just found running (`waitid` with
+//! `WNOWAIT`, nothing reaped), and "forget" during the pass that finds it exited, after that
+//! look and before the `waitid` that reaps it (still under the lock that keeps nodus's own
+//! forks out of a pass). So while the guard remembers a pid, that process is the primary's
+//! unreaped child (running, or a zombie the primary has not reaped) and its number cannot have
+//! been reused. A pid found gone without the primary's reap (a `waitpid(-1)` elsewhere in the
+//! program, which `reaper` already warns against) is forgotten at that pass.
+//! Those messages come in bursts (many adoptions in one pass), so for them a full socket
+//! (`EAGAIN`) is not a failed send: nothing is sent, the pass is done again 1 ms later, and a
+//! process whose "forget" could not be sent is not reaped until it is (so the ordering holds).
+//! Only a socket full for [`BUSY_LIMIT`] (a guard stopped) is. A failed send (the guard stopped reading, or died)
 //! could leave a pgid the primary forgets remembered: the primary then SIGKILLs the guard at once
 //! (through its pidfd) and goes on without one, with one warning line.
 //!
@@ -46,9 +77,13 @@
 //!   could reach another group only if the kernel handed out every other pid in between
 //!   (`pid_max`, 4 million by default) and the same number became a group's id.
 //! - A worker's child that calls `setsid` or moves to another group (a daemon's double fork)
-//!   leaves the group, so the guard does not kill it. A primary that is a subreaper (`reaper`)
-//!   adopts it once its parent is gone and stops it at the end of a graceful stop, but one
-//!   still running when the primary is killed goes to init: only a cgroup (systemd's final
+//!   leaves the group, so the group kill does not reach it. A primary that is a subreaper
+//!   (`reaper`, on in the CLI) adopts it once its parent is gone and tells the guard, which
+//!   SIGKILLs it (and the group it leads) if the primary is killed; without a subreaper, it goes
+//!   to init. The adoption is noticed at the subreaper's next pass (a `SIGCHLD`, a stats request,
+//!   the stop): a process adopted (its parent gone) less than that before the primary is killed
+//!   is not covered, nor is a descendant of an adopted process that left its group in turn
+//!   while its parent still runs (not adopted, not in the group). Only a cgroup (systemd's final
 //!   SIGKILL to the unit, `deploy/systemd`) or the end of a container's PID 1 catches those.
 //! - A worker's child started between the worker's `exec` and the primary's "remember" (a few
 //!   microseconds) is not covered if the primary is SIGKILLed in that window.
@@ -58,7 +93,7 @@
 //!   would make it a loop); workers keep their parent-death signal and their group kills.
 //!
 //! Memory: the guard shares the primary's pages copy-on-write; what it adds is its own stack
-//! pages, its table page, its page tables and, over time, its copies of the pages the primary
+//! pages, its table pages (the pid one once a pid is remembered), its page tables and, over time, its copies of the pages the primary
 //! writes after the fork (the guard keeps the old contents). BENCHMARKS.md has the measure.
 //!
 //! Everything the guard runs after the fork is async-signal-safe (the primary may have other
@@ -68,11 +103,12 @@
 //! panic path, no return: the child never runs the primary's code again.
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashSet;
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::rc::{Rc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustix::process::Pid;
 
@@ -83,6 +119,10 @@ use super::reaper::Spawning;
 /// the workers a primary runs, old generations draining during a reload included.
 pub(crate) const CAPACITY: usize = 1024;
 
+/// How many adopted processes (pids) the guard remembers at once: a table of its own (a second
+/// page), so adopted processes never crowd the workers' groups out.
+pub(crate) const PID_CAPACITY: usize = 1024;
+
 /// The guard's name (`/proc/PID/comm`; `ps` shows it).
 pub const GUARD_NAME: &CStr = c"nodus-guard";
 
@@ -91,9 +131,15 @@ const MAX_FD: RawFd = 1 << 20;
 
 const REMEMBER: i32 = 1;
 const FORGET: i32 = 2;
+const REMEMBER_PID: i32 = 3;
+const FORGET_PID: i32 = 4;
 
 /// How long [`OrphanGuard::close`] waits for the guard's exit (it exits at once).
 const CLOSE_WAIT: Duration = Duration::from_secs(1);
+
+/// How long the guard's socket may stay full for the subreaper's messages before that counts
+/// as a failed send (the guard is killed): it reads as fast as it is scheduled.
+const BUSY_LIMIT: Duration = Duration::from_secs(1);
 
 /// The primary's handle on its guard. Cheap to clone; the guard's end of file comes when
 /// [`close`](Self::close) is called or the last clone is dropped.
@@ -106,8 +152,26 @@ struct Inner {
     child: Rc<Child>,
     /// The groups sent to the guard and not yet forgotten (the primary's copy of its table).
     groups: RefCell<Vec<i32>>,
+    /// The adopted pids sent to the guard and not yet forgotten (the primary's copy of its
+    /// second table).
+    pids: RefCell<HashSet<i32>>,
     /// The full table was reported (once).
     full_warned: Cell<bool>,
+    /// The full pid table was reported (once).
+    pids_full_warned: Cell<bool>,
+    /// Since when the socket has been full for a pid message (see `send_or_busy`).
+    busy_since: Cell<Option<Instant>>,
+}
+
+/// What became of one message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    /// The guard will read it.
+    Yes,
+    /// The socket is full for now; nothing was sent and the guard runs on.
+    Busy,
+    /// The guard is gone (or was killed here: a failed send).
+    No,
 }
 
 impl std::fmt::Debug for OrphanGuard {
@@ -115,6 +179,7 @@ impl std::fmt::Debug for OrphanGuard {
         f.debug_struct("OrphanGuard")
             .field("pid", &self.0.child.id())
             .field("groups", &self.0.groups.borrow().len())
+            .field("pids", &self.0.pids.borrow().len())
             .finish()
     }
 }
@@ -155,7 +220,7 @@ impl OrphanGuard {
         let pid = unsafe { libc::fork() };
         if pid == 0 {
             // SAFETY: this is the child of the fork; `theirs_raw` is open in it and `table_ptr`
-            // is a mapping of `CAPACITY` i32s that the child owns a copy of.
+            // is a mapping of `Table::LEN` i32s that the child owns a copy of.
             unsafe { guard_main(theirs_raw, table_ptr, last_fd) }
         }
         let fork_error = io::Error::last_os_error();
@@ -181,7 +246,10 @@ impl OrphanGuard {
             end: RefCell::new(Some(ours)),
             child: child.clone(),
             groups: RefCell::new(Vec::new()),
+            pids: RefCell::new(HashSet::new()),
             full_warned: Cell::new(false),
+            pids_full_warned: Cell::new(false),
+            busy_since: Cell::new(None),
         });
         // The task holds the guard weakly: it must not keep the primary's end open.
         let weak: Weak<Inner> = Rc::downgrade(&inner);
@@ -242,16 +310,74 @@ impl OrphanGuard {
         self.send(FORGET, pgid);
     }
 
+    /// Has the guard remember adopted process `pid` (SIGKILLed, with the process group it leads
+    /// if it leads one, at the guard's end of file). Called by the subreaper for a running child
+    /// of this process that it counts as adopted: unreaped, so its number cannot be reused until
+    /// [`forget_pid`](Self::forget_pid), which the subreaper calls before it reaps it. Nothing is
+    /// sent for a pid already remembered. `false` if the guard's socket is full for now (nothing
+    /// sent): the subreaper tries again shortly.
+    pub(crate) fn remember_pid(&self, pid: i32) -> bool {
+        if pid < 2 || self.0.end.borrow().is_none() || self.0.pids.borrow().contains(&pid) {
+            return true;
+        }
+        if self.0.pids.borrow().len() >= PID_CAPACITY {
+            if !self.0.pids_full_warned.replace(true) {
+                tracing::warn!(
+                    target: "nodus::process",
+                    "the orphan guard's table of adopted processes is full ({PID_CAPACITY}): \
+                     adopted process {pid} (and later ones while it stays full) is not killed if \
+                     this process is killed with SIGKILL"
+                );
+            }
+            return true;
+        }
+        match self.send_or_busy(REMEMBER_PID, pid, true) {
+            Sent::Yes => {
+                self.0.pids.borrow_mut().insert(pid);
+                true
+            }
+            Sent::Busy => false,
+            Sent::No => true,
+        }
+    }
+
+    /// Has the guard forget adopted process `pid`: called before the subreaper reaps it (or
+    /// once it is found gone without that reap). Nothing is sent for a pid never remembered.
+    /// `false` if the guard still holds it (its socket is full for now): the subreaper must not
+    /// reap the process yet, and tries again shortly.
+    pub(crate) fn forget_pid(&self, pid: i32) -> bool {
+        if !self.0.pids.borrow().contains(&pid) {
+            return true; // never sent (the table was full), or the guard is gone
+        }
+        match self.send_or_busy(FORGET_PID, pid, true) {
+            Sent::Yes => {
+                self.0.pids.borrow_mut().remove(&pid);
+                true
+            }
+            Sent::Busy => false,
+            Sent::No => true, // the guard is gone (its copy cleared)
+        }
+    }
+
     /// Sends one message; `false` if the guard did not get it. A send that fails while the
     /// guard runs leaves its table unknown: the guard is killed at once and the primary goes on
     /// without one (one warning line).
     fn send(&self, op: i32, pgid: i32) -> bool {
+        self.send_or_busy(op, pgid, false) == Sent::Yes
+    }
+
+    /// [`send`](Self::send), except that with `busy_ok` a full socket (`EAGAIN`: a burst of
+    /// adoptions in one pass, about 280 messages with the guard not yet scheduled to read them)
+    /// is [`Sent::Busy`], the guard left running, for the caller to try again shortly, as long
+    /// as the socket has not stayed full for [`BUSY_LIMIT`] (a guard stopped, not reading):
+    /// then it is a failed send.
+    fn send_or_busy(&self, op: i32, pgid: i32, busy_ok: bool) -> Sent {
         let mut message = [0u8; 8];
         message[..4].copy_from_slice(&op.to_ne_bytes());
         message[4..].copy_from_slice(&pgid.to_ne_bytes());
         let mut end = self.0.end.borrow_mut();
         let Some(fd) = end.as_ref() else {
-            return false;
+            return Sent::No;
         };
         let flags = rustix::net::SendFlags::NOSIGNAL | rustix::net::SendFlags::DONTWAIT;
         let result = loop {
@@ -261,10 +387,15 @@ impl OrphanGuard {
             }
         };
         match result {
-            Ok(n) if n == message.len() => true,
+            Ok(n) if n == message.len() => {
+                self.0.busy_since.set(None);
+                Sent::Yes
+            }
+            Err(rustix::io::Errno::AGAIN) if busy_ok && self.busy_within_limit() => Sent::Busy,
             result => {
                 *end = None;
                 self.0.groups.borrow_mut().clear();
+                self.0.pids.borrow_mut().clear();
                 // Its exit task then sees the end already gone: this line is the only one.
                 let _ = self.0.child.kill(libc::SIGKILL);
                 let why = match result {
@@ -273,14 +404,22 @@ impl OrphanGuard {
                 };
                 tracing::warn!(
                     target: "nodus::process",
-                    "the orphan guard (pid {}) cannot be told of a process group ({why}): killed \
-                     it; the workers' own children now outlive this process if it is killed with \
-                     SIGKILL; going on without it",
+                    "the orphan guard (pid {}) cannot be told of a process group or an adopted \
+                     process ({why}): killed it; the workers' own children now outlive this \
+                     process if it is killed with SIGKILL; going on without it",
                     self.0.child.id()
                 );
-                false
+                Sent::No
             }
         }
+    }
+
+    /// The socket is full: `true` while it has not been so for [`BUSY_LIMIT`] (since the first
+    /// full send after the last one that went through).
+    fn busy_within_limit(&self) -> bool {
+        let since = self.0.busy_since.get().unwrap_or_else(Instant::now);
+        self.0.busy_since.set(Some(since));
+        since.elapsed() < BUSY_LIMIT
     }
 
     /// Closes the primary's end, once every worker has been reaped (so the guard kills
@@ -295,14 +434,17 @@ impl OrphanGuard {
     }
 }
 
-/// The guard's table: `CAPACITY` i32s in an anonymous mapping of its own, made before the fork
-/// (the child inherits it) and unmapped in the parent afterwards (the child keeps its copy).
+/// The guard's tables: `CAPACITY` pgids then `PID_CAPACITY` pids (`Table::LEN` i32s) in an
+/// anonymous mapping of its own, made before the fork (the child inherits it) and unmapped in
+/// the parent afterwards (the child keeps its copy). The pid half is touched (a page of its
+/// own) only once a pid is remembered.
 struct Table {
     ptr: *mut i32,
 }
 
 impl Table {
-    const BYTES: usize = CAPACITY * std::mem::size_of::<i32>();
+    const LEN: usize = CAPACITY + PID_CAPACITY;
+    const BYTES: usize = Self::LEN * std::mem::size_of::<i32>();
 
     fn map() -> io::Result<Table> {
         // SAFETY: a new private anonymous mapping at an address the kernel chooses: it aliases
@@ -328,18 +470,21 @@ impl Drop for Table {
 }
 
 /// The guard's life, in the child of the fork: set up (signals, group, name, fds), then
-/// remember and forget groups until end of file, then SIGKILL what it remembers and `_exit`.
+/// remember and forget groups and pids until end of file, then SIGKILL what it remembers and
+/// `_exit`.
 ///
 /// Async-signal-safe throughout: raw syscalls through libc on integers, on stack buffers and on
 /// `table`; no allocation, no lock, no unwinding (no indexing that can panic), no return.
 ///
 /// # Safety
 /// Only in the child of a `fork`, with `end` an open socket of the child and `table` a writable
-/// mapping of `CAPACITY` i32s owned by the child.
+/// mapping of `Table::LEN` i32s owned by the child (groups in `[0, CAPACITY)`, pids in
+/// `[CAPACITY, CAPACITY + PID_CAPACITY)`).
 unsafe fn guard_main(end: RawFd, table: *mut i32, last_fd: RawFd) -> ! {
     // SAFETY (the whole body): plain syscalls with valid arguments (signal numbers, the
     // child's own pid 0, a NUL-terminated static name, fd numbers, a stack buffer of the length
-    // given); `table.add(i)` stays below `CAPACITY` (checked before each access).
+    // given); `table.add(i)` stays below `CAPACITY` and `pids.add(i)` below `PID_CAPACITY`
+    // (checked before each access), so both stay within the `Table::LEN` i32s of `table`.
     unsafe {
         // Signals: the ones a terminal or a service manager sends the primary are ignored
         // first (until `setpgid` the guard is still in the primary's group, where a Ctrl-C or a
@@ -360,6 +505,8 @@ unsafe fn guard_main(end: RawFd, table: *mut i32, last_fd: RawFd) -> ! {
         close_all_but(end, last_fd);
 
         let mut count = 0usize;
+        let pids = table.add(CAPACITY);
+        let mut pid_count = 0usize;
         let mut message = [0u8; 8];
         loop {
             let n = libc::recv(end, message.as_mut_ptr().cast(), message.len(), 0);
@@ -385,15 +532,12 @@ unsafe fn guard_main(end: RawFd, table: *mut i32, last_fd: RawFd) -> ! {
                 *table.add(count) = pgid;
                 count += 1;
             } else if op == FORGET {
-                let mut i = 0;
-                while i < count {
-                    if *table.add(i) == pgid {
-                        count -= 1;
-                        *table.add(i) = *table.add(count);
-                        break;
-                    }
-                    i += 1;
-                }
+                forget(table, &mut count, pgid);
+            } else if op == REMEMBER_PID && pid_count < PID_CAPACITY {
+                *pids.add(pid_count) = pgid;
+                pid_count += 1;
+            } else if op == FORGET_PID {
+                forget(pids, &mut pid_count, pgid);
             }
         }
         let mut i = 0;
@@ -401,7 +545,38 @@ unsafe fn guard_main(end: RawFd, table: *mut i32, last_fd: RawFd) -> ! {
             libc::kill(-*table.add(i), libc::SIGKILL);
             i += 1;
         }
+        // An adopted process: the group it leads, if it leads one (a `setsid` daemon and the
+        // children it started, which stay in its group), then the process itself (in case it
+        // moved to another group). Group `pid` can only be one the process `pid` made (see the
+        // module doc); with none, `kill(-pid)` is ESRCH.
+        let mut i = 0;
+        while i < pid_count {
+            let pid = *pids.add(i);
+            libc::kill(-pid, libc::SIGKILL);
+            libc::kill(pid, libc::SIGKILL);
+            i += 1;
+        }
         libc::_exit(0)
+    }
+}
+
+/// Removes `value` from the `*count` entries at `list` (the last entry takes its place).
+/// Async-signal-safe: plain loads and stores.
+///
+/// # Safety
+/// `list` points to at least `*count` initialized i32s the caller owns.
+unsafe fn forget(list: *mut i32, count: &mut usize, value: i32) {
+    let mut i = 0;
+    while i < *count {
+        // SAFETY: `i` and `*count - 1` are below `*count` (the caller's guarantee).
+        unsafe {
+            if *list.add(i) == value {
+                *count -= 1;
+                *list.add(i) = *list.add(*count);
+                return;
+            }
+        }
+        i += 1;
     }
 }
 
@@ -428,5 +603,89 @@ unsafe fn close_all_but(keep: RawFd, last: RawFd) {
             unsafe { libc::close(fd) };
         }
         fd += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Above `PID_MAX_LIMIT` (2^22): no process can have these numbers, so the guard's kills
+    /// of them, should it ever act, reach no one.
+    const NOBODY: i32 = (1 << 22) + 1;
+
+    fn state(pid: i32) -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat[stat.rfind(')')? + 2..].chars().next()
+    }
+
+    /// Retries `op` on each of `ids` until every one returns `true` (5 s at most).
+    async fn until_all(ids: &[i32], op: impl Fn(i32) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut left: Vec<i32> = ids.to_vec();
+        while !left.is_empty() {
+            left.retain(|&id| !op(id));
+            assert!(Instant::now() < deadline, "{} still busy", left.len());
+            crate::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// A burst of adopted pids that fills the guard's socket is "busy", not a failed send:
+    /// the guard runs on and takes every one once it reads again; a socket full for
+    /// `BUSY_LIMIT` is a failed send (the guard is killed).
+    #[test]
+    fn a_full_socket_is_busy_for_pids_then_a_failure_after_the_limit() {
+        std::thread::spawn(|| {
+            crate::Runtime::new().block_on(async {
+                let guard = OrphanGuard::start().unwrap();
+                let pid = guard.0.child.id() as i32;
+                let ids: Vec<i32> = (0..600).map(|i| NOBODY + i).collect();
+
+                guard.0.child.kill(libc::SIGSTOP).unwrap();
+                while state(pid) != Some('T') {
+                    crate::time::sleep(Duration::from_millis(1)).await;
+                }
+                let sent = ids.iter().filter(|&&id| guard.remember_pid(id)).count();
+                assert!(
+                    sent < ids.len(),
+                    "the socket fills: {sent} taken (sent, or given up)"
+                );
+                assert!(guard.0.end.borrow().is_some(), "the guard is not killed");
+                assert_eq!(guard.0.pids.borrow().len(), sent);
+
+                guard.0.child.kill(libc::SIGCONT).unwrap();
+                until_all(&ids, |id| guard.remember_pid(id)).await;
+                assert_eq!(guard.0.pids.borrow().len(), ids.len());
+                until_all(&ids, |id| guard.forget_pid(id)).await;
+                assert!(guard.0.pids.borrow().is_empty());
+
+                // Full for longer than the limit: the guard is killed, the copy cleared.
+                guard.0.child.kill(libc::SIGSTOP).unwrap();
+                while state(pid) != Some('T') {
+                    crate::time::sleep(Duration::from_millis(1)).await;
+                }
+                let mut busy_from = None;
+                for &id in &ids {
+                    if !guard.remember_pid(id) {
+                        busy_from.get_or_insert(id);
+                    }
+                }
+                assert!(busy_from.is_some() && guard.0.end.borrow().is_some());
+                crate::time::sleep(BUSY_LIMIT + Duration::from_millis(100)).await;
+                assert!(
+                    guard.remember_pid(busy_from.unwrap()),
+                    "a failed send: given up"
+                );
+                assert!(guard.0.end.borrow().is_none(), "the guard is killed");
+                assert!(guard.0.pids.borrow().is_empty());
+                let status = crate::time::timeout(Duration::from_secs(5), guard.0.child.wait())
+                    .await
+                    .expect("the guard dies")
+                    .unwrap();
+                assert_eq!(status.signal(), Some(libc::SIGKILL), "{status}");
+            });
+        })
+        .join()
+        .unwrap();
     }
 }

@@ -20,8 +20,10 @@
 //!   over `FD_SETSIZE` that a raised limit would let it open; Node and nodus raise their own).
 //! - An orphan guard (`guard`, crate-private: a cluster primary's) is a fork of this process
 //!   without `exec`, running async-signal-safe code only; it SIGKILLs the process groups it was
-//!   told of once this process is gone. Its group remember/forget order is tied to the reap
-//!   (`Child::guard_group`), so it never holds a pgid that could be another's. Its name,
+//!   told of, and the processes the subreaper adopted (with the groups they lead), once this
+//!   process is gone. Its remember/forget order is tied to the reap (`Child::guard_group` for a
+//!   worker's group, the subreaper's pass for an adopted pid), so it never holds a pgid or a pid
+//!   that could be another's. Its name,
 //!   [`GUARD_NAME`], tells it from a worker among this process's children.
 //! - Every child nodus forks (`Command::spawn`, the orphan guard) is registered as nodus's own
 //!   (`reaper`, crate-private) from before the fork until after its reap by its exit task. A

@@ -51,6 +51,31 @@
 //! zombie signals its new parent at once. Adoptions are counted at the next pass (a `SIGCHLD`,
 //! a stats request, the stop).
 //!
+//! The orphan guard (`guard`; [`Reaper::set_guard`], which the cluster primary calls once both
+//! run): an adopted process survives a primary killed with SIGKILL (it left the worker groups
+//! the guard kills), so each pass has the guard remember every adopted process it finds running,
+//! and forget one before reaping it:
+//! - A pass first looks at an adopted child with `waitid(WEXITED | WNOHANG | WNOWAIT)`, which
+//!   reaps nothing. Running: the guard is told to remember its pid (once; the primary's copy
+//!   of the guard's table drops repeats). Exited: the guard is told to forget it, then the
+//!   child is reaped. Gone without our reap (someone else's `waitpid(-1)`): forgotten at once.
+//!   All of it under [`OURS`]'s lock, in the pass. So a pid the guard remembers is always an
+//!   unreaped child of this process, whose number cannot have been reused: at the guard's end of
+//!   file it SIGKILLs that process and the process group it leads, if any (`guard` says why
+//!   both, and why that group can only be the process's own).
+//! - Only processes counted as adopted: never nodus's own children (the registry) nor the ones
+//!   this process already had when the reaper started (`inherited`).
+//! - A burst of adoptions can fill the guard's socket (about 280 messages before it reads):
+//!   a message that finds it full is not sent and the pass is done again 1 ms later, a process
+//!   whose "forget" could not be sent staying unreaped (so still safe to remember) until it is.
+//!   A socket full for a whole second (the guard stopped) is a failed send: the guard is killed.
+//! - Its limit is the pass's lag: an orphan re-parented here while running sends no `SIGCHLD`,
+//!   so it is remembered only at the next pass (a `SIGCHLD` from any foreign child, a stats
+//!   request, the stop); one adopted less than that before the primary is killed goes to init.
+//! - If a graceful stop gives up on some adopted processes ([`Reaper::stop_adopted`] after its
+//!   SIGKILLs), they are still remembered: the guard's end of file, when the primary closes it,
+//!   SIGKILLs them once more.
+//!
 //! Requires `/proc` (with `CONFIG_PROC_CHILDREN`, else every `/proc/PID/stat` is read for its
 //! parent).
 
@@ -64,6 +89,7 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, PidfdFlags, Signal, WaitId, WaitIdOptions};
 
+use super::guard::OrphanGuard;
 use crate::JoinHandle;
 use crate::signal::Signals;
 
@@ -159,13 +185,18 @@ struct Inner {
     task: RefCell<Option<JoinHandle<()>>>,
     /// A second signal during the stop: SIGKILL what is left now.
     hurry: Cell<bool>,
+    /// The primary's orphan guard, told of each adopted process while it runs (see the module
+    /// doc).
+    guard: RefCell<Option<OrphanGuard>>,
 }
 
 /// One pass's outcome.
 enum Pass {
     /// The foreign children still running.
     Alive(Vec<i32>),
-    /// A fork was in progress on another thread: nothing was done.
+    /// A fork was in progress on another thread (nothing was done), or the orphan guard's
+    /// socket was full (what could not be told to it is to be done again): another pass, 1 ms
+    /// later.
     Deferred,
 }
 
@@ -204,6 +235,7 @@ impl Reaper {
             set_here,
             task: RefCell::new(None),
             hurry: Cell::new(false),
+            guard: RefCell::new(None),
         });
         let weak = Rc::downgrade(&inner);
         let task = crate::task::spawn_named("process:reaper", async move {
@@ -217,13 +249,20 @@ impl Reaper {
         Ok(Reaper(inner))
     }
 
+    /// From the next pass on, every adopted process seen running is remembered by `guard`
+    /// (SIGKILLed by it if this process dies) and forgotten before its reap (see the module doc).
+    pub(crate) fn set_guard(&self, guard: OrphanGuard) {
+        *self.0.guard.borrow_mut() = Some(guard);
+    }
+
     /// Orphans adopted (foreign children seen) and reaped, since the start.
     pub(crate) fn counts(&self) -> (u64, u64) {
         (self.0.adopted.get(), self.0.reaped.get())
     }
 
     /// Reaps every foreign child that has exited; returns those still running. Waits out a
-    /// fork in progress on another thread (1 ms at a time).
+    /// fork in progress on another thread, or a full orphan guard socket (1 ms at a time; the
+    /// guard reads as fast as it is scheduled, and one full for a second is killed).
     pub(crate) async fn reap(&self) -> Vec<i32> {
         loop {
             match self.pass() {
@@ -242,6 +281,9 @@ impl Reaper {
         let listed = children();
         let mut known = self.0.known.borrow_mut();
         let mut inherited = self.0.inherited.borrow_mut();
+        let guard = self.0.guard.borrow();
+        // The guard's socket was full for one of its messages: the pass is done again shortly.
+        let mut busy = false;
         let mut alive = Vec::new();
         for &pid in &listed {
             if t.pids.as_ref().is_some_and(|p| p.contains_key(&pid)) {
@@ -258,12 +300,32 @@ impl Reaper {
             let options = WaitIdOptions::EXITED
                 | WaitIdOptions::NOHANG
                 | WaitIdOptions::from_bits_retain(libc::__WALL as _);
-            let result = loop {
+            let wait = |options| loop {
                 match rustix::process::waitid(WaitId::Pid(id), options) {
                     Err(rustix::io::Errno::INTR) => continue,
                     other => break other,
                 }
             };
+            if !was_inherited && let Some(guard) = guard.as_ref() {
+                // An adopted process the guard may remember: look first (`WNOWAIT`), so that
+                // the guard forgets it before the reap, never after (see the module doc).
+                match wait(options | WaitIdOptions::NOWAIT) {
+                    Ok(None) => {
+                        busy |= !guard.remember_pid(pid);
+                        alive.push(pid);
+                        continue;
+                    }
+                    _ => {
+                        if !guard.forget_pid(pid) {
+                            // Still remembered: not reaped (its number stays taken) until the
+                            // guard has read that it is forgotten.
+                            busy = true;
+                            continue;
+                        }
+                    }
+                }
+            }
+            let result = wait(options);
             if was_inherited {
                 // Reaped if it has exited; not counted, never stopped.
                 if !matches!(result, Ok(None)) {
@@ -282,6 +344,7 @@ impl Reaper {
                         status.terminating_signal()
                     );
                 }
+                // Only without a guard: with one, a running child was found by the look above.
                 Ok(None) => alive.push(pid),
                 // Reaped by someone else (a `waitpid(-1)` elsewhere in the process).
                 Err(_) => {
@@ -290,9 +353,20 @@ impl Reaper {
             }
         }
         drop(t);
-        // Gone without our reap: no longer ours to count.
-        known.retain(|p| listed.contains(p));
+        // Gone without our reap: no longer ours to count, nor the guard's to remember.
+        known.retain(|p| {
+            if listed.contains(p) {
+                return true;
+            }
+            // Kept (and forgotten again next pass) while the guard's socket is full.
+            let forgotten = guard.as_ref().is_none_or(|guard| guard.forget_pid(*p));
+            busy |= !forgotten;
+            !forgotten
+        });
         inherited.retain(|p| listed.contains(p));
+        if busy {
+            return Pass::Deferred;
+        }
         Pass::Alive(alive)
     }
 

@@ -386,6 +386,11 @@ impl Primary {
                 None
             }
         };
+        // The reaper tells the guard of every process it adopts (SIGKILLed by the guard too if
+        // this process is killed).
+        if let (Some(reaper), Some(guard)) = (&reaper, &guard) {
+            reaper.set_guard(guard.clone());
+        }
         // Fds handed to workers and not yet read count against the sender's limit (the kernel
         // refuses more with ETOOMANYREFS).
         crate::process::raise_fd_limit();
