@@ -23,56 +23,29 @@ use common::{NODUS, have};
 use nodus_testkit::net::free_addr;
 use nodus_testkit::proc::Proc;
 use nodus_testkit::tmp::TempDir;
-use nodus_testkit::tree::gone;
+use nodus_testkit::tree::{self, KillOnDrop, gone};
 use rustix::process::{Pid, Signal};
 
 /// How long the guard has to do its work once the primary is gone.
 const GUARD_LIMIT: Duration = Duration::from_secs(2);
 
-/// Pids SIGKILLed on drop if still running (the test's grandchildren and guards), so a failed
-/// assertion leaks none.
-#[derive(Default)]
-struct Cleanup(Vec<i32>);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        for &pid in &self.0 {
-            if !gone(pid) {
-                let _ = rustix::process::kill_process(Pid::from_raw(pid).unwrap(), Signal::KILL);
-            }
-        }
-    }
-}
-
-/// The children of every thread of `pid`.
-fn children(pid: u32) -> Vec<i32> {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
-    tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
-        .flat_map(|text| {
-            text.split_whitespace()
-                .filter_map(|p| p.parse().ok())
-                .collect::<Vec<i32>>()
-        })
-        .collect()
-}
-
 fn is_guard(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .is_ok_and(|comm| comm.trim_end().as_bytes() == nodus::process::GUARD_NAME.to_bytes())
+    tree::is_named(pid, nodus::process::GUARD_NAME.to_bytes())
 }
 
 /// The guard among `primary`'s children: exactly one, checked to hold one fd, a socket.
-fn the_guard(primary: u32, cleanup: &mut Cleanup) -> i32 {
-    let guards: Vec<i32> = children(primary)
+fn the_guard(primary: u32, cleanup: &mut KillOnDrop) -> i32 {
+    let guards: Vec<i32> = tree::children(primary)
         .into_iter()
         .filter(|&p| is_guard(p))
         .collect();
     cleanup.0.extend(&guards);
-    assert_eq!(guards.len(), 1, "one guard among {:?}", children(primary));
+    assert_eq!(
+        guards.len(),
+        1,
+        "one guard among {:?}",
+        tree::children(primary)
+    );
     let guard = guards[0];
     let fds: Vec<PathBuf> = std::fs::read_dir(format!("/proc/{guard}/fd"))
         .unwrap()
@@ -88,20 +61,11 @@ fn the_guard(primary: u32, cleanup: &mut Cleanup) -> i32 {
 }
 
 /// The pid a worker wrote to `file`, once written (20 s at most), checked running.
-fn pid_in(file: &Path, cleanup: &mut Cleanup) -> i32 {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(pid) = std::fs::read_to_string(file)
-            .ok()
-            .and_then(|t| t.trim().parse::<i32>().ok())
-        {
-            cleanup.0.push(pid);
-            assert!(!gone(pid), "the worker's child {pid} runs");
-            return pid;
-        }
-        assert!(Instant::now() < deadline, "no pid in {}", file.display());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+fn pid_in(file: &Path, cleanup: &mut KillOnDrop) -> i32 {
+    let pid = tree::pid_in(file, Duration::from_secs(20));
+    cleanup.0.push(pid);
+    assert!(!gone(pid), "the worker's child {pid} runs");
+    pid
 }
 
 /// Asserts that every one of `pids` is gone (or a zombie) within [`GUARD_LIMIT`].
@@ -149,7 +113,7 @@ fn a_workers_children_and_its_listener_die_with_a_primary_killed_with_sigkill() 
     let dir = TempDir::new("guard-kill");
     let file = dir.path().join("pid");
     let addr = free_addr();
-    let mut cleanup = Cleanup::default();
+    let mut cleanup = KillOnDrop::default();
     // `sh` forks `sleep`, which inherits the listening socket (fd 3, LISTEN_FDS): it would hold
     // the port open for 300 s.
     let worker = format!("sleep 300 & echo $! > {}; wait", file.display());
@@ -190,37 +154,13 @@ fn wait_adopted(admin: SocketAddr, n: u64) {
     }
 }
 
-/// Waits until `pid`'s parent (`/proc/PID/stat`) is `primary` (5 s at most).
-fn wait_parent(pid: i32, primary: u32) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let parent = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|stat| {
-                stat[stat.rfind(')')? + 2..]
-                    .split(' ')
-                    .nth(1)?
-                    .parse::<u32>()
-                    .ok()
-            });
-        if parent == Some(primary) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "process {pid}'s parent is {parent:?}, not the primary {primary}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 #[test]
 fn an_adopted_setsid_process_dies_with_a_primary_killed_with_sigkill() {
     let dir = TempDir::new("guard-adopted");
     let file = dir.path().join("pid");
     let addr = free_addr();
     let admin = free_addr();
-    let mut cleanup = Cleanup::default();
+    let mut cleanup = KillOnDrop::default();
     // The subshell starts `sleep` in a session of its own (out of the worker's group, which the
     // guard knows) and exits: the primary, a subreaper, adopts `sleep`.
     let worker = format!(
@@ -234,7 +174,7 @@ fn an_adopted_setsid_process_dies_with_a_primary_killed_with_sigkill() {
             .args(["--", "sh", "-c", &worker]),
     );
     let escaped = pid_in(&file, &mut cleanup);
-    wait_parent(escaped, primary.id());
+    tree::wait_parent(escaped, primary.id(), Duration::from_secs(5));
     wait_adopted(admin, 1);
     let guard = the_guard(primary.id(), &mut cleanup);
     kill_primary(&mut primary);
@@ -249,7 +189,7 @@ fn an_adopted_daemons_own_children_die_with_a_primary_killed_with_sigkill() {
     let child_file = dir.path().join("child");
     let addr = free_addr();
     let admin = free_addr();
-    let mut cleanup = Cleanup::default();
+    let mut cleanup = KillOnDrop::default();
     // A daemon (`setsid`: it leads a session and a process group) with a child of its own, in
     // its group: the daemon is adopted, its child is not (its parent runs); the guard's kill
     // of the group the daemon leads takes the child too.
@@ -267,8 +207,8 @@ fn an_adopted_daemons_own_children_die_with_a_primary_killed_with_sigkill() {
     );
     let daemon = pid_in(&file, &mut cleanup);
     let child = pid_in(&child_file, &mut cleanup);
-    wait_parent(daemon, primary.id());
-    wait_parent(child, daemon as u32);
+    tree::wait_parent(daemon, primary.id(), Duration::from_secs(5));
+    tree::wait_parent(child, daemon as u32, Duration::from_secs(5));
     wait_adopted(admin, 1);
     kill_primary(&mut primary);
     assert_gone_soon(&[daemon, child], "the adopted daemon and its child");
@@ -292,7 +232,7 @@ fn a_node_workers_children_die_with_a_primary_killed_with_sigkill() {
         ),
     )
     .unwrap();
-    let mut cleanup = Cleanup::default();
+    let mut cleanup = KillOnDrop::default();
     let mut primary = spawn(
         Command::new(NODUS)
             .args(["run", "--node", "-w", "1", "--", "node"])
@@ -308,10 +248,10 @@ fn a_node_workers_children_die_with_a_primary_killed_with_sigkill() {
 fn the_guard_of_nodus_serve_goes_with_its_primary_and_holds_no_port() {
     let dir = TempDir::new("guard-serve");
     std::fs::write(dir.path().join("index.html"), "hello").unwrap();
-    let mut cleanup = Cleanup::default();
+    let mut cleanup = KillOnDrop::default();
     let mut serve = Serve::start(dir.path(), 2, &[]);
     let guard = the_guard(serve.proc.id(), &mut cleanup);
-    let workers: Vec<i32> = children(serve.proc.id())
+    let workers: Vec<i32> = tree::children(serve.proc.id())
         .into_iter()
         .filter(|&p| p != guard)
         .collect();
@@ -326,7 +266,7 @@ fn the_guard_of_nodus_serve_goes_with_its_primary_and_holds_no_port() {
 
 #[test]
 fn a_sigterm_stop_leaves_no_guard_behind() {
-    let mut cleanup = Cleanup::default();
+    let mut cleanup = KillOnDrop::default();
     let mut primary = spawn(Command::new(NODUS).args(["run", "-w", "2", "--", "sleep", "300"]));
     primary.wait_line("2 workers ready");
     let guard = the_guard(primary.id(), &mut cleanup);
@@ -346,7 +286,7 @@ fn a_sigterm_stop_leaves_no_guard_behind() {
 
 #[test]
 fn a_guard_that_dies_is_one_warning_line_and_the_cluster_goes_on() {
-    let mut cleanup = Cleanup::default();
+    let mut cleanup = KillOnDrop::default();
     let mut primary = spawn(
         Command::new(NODUS)
             .args(["run", "-w", "1", "--", "sleep", "300"])

@@ -20,64 +20,23 @@ use common::{NODUS, have};
 use nodus_testkit::net::free_addr;
 use nodus_testkit::proc::Proc;
 use nodus_testkit::tmp::TempDir;
-use nodus_testkit::tree::gone;
-use rustix::process::{Pid, Signal};
+use nodus_testkit::tree::{self, KillOnDrop, gone};
+use rustix::process::Signal;
 use serde_json::Value;
 
 /// How long the primary has to adopt, reap or stop a process.
 const LIMIT: Duration = Duration::from_secs(5);
 
-/// Pids SIGKILLed on drop if still running (the workers' escaped descendants), so a failed
-/// assertion leaks none.
-#[derive(Default)]
-struct Cleanup(Vec<i32>);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        for &pid in &self.0 {
-            if !gone(pid) {
-                let _ = rustix::process::kill_process(Pid::from_raw(pid).unwrap(), Signal::KILL);
-            }
-        }
-    }
-}
-
-/// The pid a worker wrote to `file`, once written (20 s at most).
-fn pid_in(file: &Path, cleanup: &mut Cleanup) -> i32 {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(pid) = std::fs::read_to_string(file)
-            .ok()
-            .and_then(|t| t.trim().parse::<i32>().ok())
-        {
-            cleanup.0.push(pid);
-            return pid;
-        }
-        assert!(Instant::now() < deadline, "no pid in {}", file.display());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// The parent of `pid` (`/proc/PID/stat`), if it exists.
-fn parent_of(pid: i32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat[stat.rfind(')')? + 2..].split(' ').nth(1)?.parse().ok()
+/// The pid a worker wrote to `file`, once written (20 s at most), killed on `cleanup`'s drop.
+fn pid_in(file: &Path, cleanup: &mut KillOnDrop) -> i32 {
+    let pid = tree::pid_in(file, Duration::from_secs(20));
+    cleanup.0.push(pid);
+    pid
 }
 
 /// Waits until `pid`'s parent is `primary` ([`LIMIT`] at most).
 fn assert_adopted_by(pid: i32, primary: u32) {
-    let deadline = Instant::now() + LIMIT;
-    loop {
-        let parent = parent_of(pid);
-        if parent == Some(primary) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "process {pid}'s parent is {parent:?}, not the primary {primary}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    tree::wait_parent(pid, primary, LIMIT);
 }
 
 /// Waits until `pid` has left the process table, zombie included ([`LIMIT`] at most).
@@ -95,25 +54,9 @@ fn assert_reaped(pid: i32, what: &str) {
 
 /// The zombies among `pid`'s children.
 fn zombie_children(pid: u32) -> Vec<i32> {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
-    tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
-        .flat_map(|text| {
-            text.split_whitespace()
-                .filter_map(|p| p.parse().ok())
-                .collect::<Vec<i32>>()
-        })
-        .filter(|&child| {
-            std::fs::read_to_string(format!("/proc/{child}/stat")).is_ok_and(|stat| {
-                stat.rsplit(')')
-                    .next()
-                    .and_then(|s| s.trim().chars().next())
-                    == Some('Z')
-            })
-        })
+    tree::children(pid)
+        .into_iter()
+        .filter(|&child| tree::is_zombie(child))
         .collect()
 }
 
@@ -136,7 +79,7 @@ fn an_escaped_descendant_is_adopted_and_stopped_with_the_cluster() {
     let dir = TempDir::new("reap-escaped");
     let file = dir.path().join("pid");
     let addr = free_addr();
-    let mut cleanup = Cleanup::default();
+    let mut cleanup = KillOnDrop::default();
     // The subshell starts `sleep` in a session of its own (out of the worker's process group,
     // which the worker's exit kills) and exits: `sleep` is orphaned.
     let worker = format!(
@@ -181,7 +124,7 @@ fn a_node_workers_escaped_descendant_is_adopted_and_stopped_with_the_cluster() {
         ),
     )
     .unwrap();
-    let mut cleanup = Cleanup::default();
+    let mut cleanup = KillOnDrop::default();
     let mut primary = spawn(
         Command::new(NODUS)
             .args(["run", "--node", "-w", "1", "--", "node"])
@@ -207,7 +150,7 @@ fn an_orphan_of_a_double_fork_is_reaped_and_counted_and_no_zombie_is_left() {
     let dir = TempDir::new("reap-double-fork");
     let file = dir.path().join("pid");
     let admin = free_addr();
-    let mut cleanup = Cleanup::default();
+    let mut cleanup = KillOnDrop::default();
     // A double fork: the middle process (the subshell) exits at once, its child a moment later.
     let worker = format!(
         "(sleep 0.5 & echo $! > {}) ; exec sleep 300",
@@ -293,7 +236,7 @@ fn a_child_the_program_had_before_it_started_is_reaped_but_neither_adopted_nor_s
     let dir = TempDir::new("reap-inherited");
     let file = dir.path().join("pid");
     let admin = free_addr();
-    let mut cleanup = Cleanup::default();
+    let mut cleanup = KillOnDrop::default();
     // A wrapper's background jobs become the primary's children when it `exec`s nodus: a
     // sidecar that runs on, and one that exits a moment later. Neither is something the workers
     // left behind.
@@ -310,7 +253,7 @@ fn a_child_the_program_had_before_it_started_is_reaped_but_neither_adopted_nor_s
     let sidecar = pid_in(&file, &mut cleanup);
     let short = pid_in(&dir.path().join("pid.short"), &mut cleanup);
     primary.wait_line("1 worker ready");
-    assert_eq!(parent_of(sidecar), Some(primary.id()));
+    assert_eq!(tree::parent_of(sidecar), Some(primary.id()));
     // The short one is reaped at its exit all the same: no zombie.
     assert_reaped(short, "the wrapper's short job");
     assert_eq!(zombie_children(primary.id()), Vec::<i32>::new());
@@ -334,7 +277,7 @@ fn a_second_signal_during_the_drain_kills_the_adopted_processes_at_once() {
     let dir = TempDir::new("reap-hurry");
     let file = dir.path().join("pid");
     let addr = free_addr();
-    let mut cleanup = Cleanup::default();
+    let mut cleanup = KillOnDrop::default();
     // The worker and the descendant it lets escape (`setsid`) both ignore SIGTERM.
     let worker = format!(
         "trap '' TERM; setsid sh -c 'trap \"\" TERM; echo $$ > {}; while :; do sleep 0.1; \

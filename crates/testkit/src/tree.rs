@@ -37,6 +37,22 @@ pub fn parent_of(pid: i32) -> Option<u32> {
     stat_fields(pid)?.get(1)?.parse().ok()
 }
 
+/// Waits until `pid`'s parent is `parent` (within `limit`; panics after, naming the parent).
+pub fn wait_parent(pid: i32, parent: u32, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let now = parent_of(pid);
+        if now == Some(parent) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "process {pid}'s parent is {now:?}, not {parent}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Whether `pid` is a zombie (dead, waiting for its reaper).
 pub fn is_zombie(pid: i32) -> bool {
     stat_fields(pid).is_some_and(|f| f.first().is_some_and(|s| s == "Z"))
