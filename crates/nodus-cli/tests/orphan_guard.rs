@@ -70,17 +70,8 @@ fn pid_in(file: &Path, cleanup: &mut KillOnDrop) -> i32 {
 
 /// Asserts that every one of `pids` is gone (or a zombie) within [`GUARD_LIMIT`].
 fn assert_gone_soon(pids: &[i32], what: &str) {
-    let deadline = Instant::now() + GUARD_LIMIT;
-    loop {
-        let left: Vec<i32> = pids.iter().copied().filter(|&p| !gone(p)).collect();
-        if left.is_empty() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what} {left:?} still running {GUARD_LIMIT:?} after the primary was killed"
-        );
-        std::thread::sleep(Duration::from_millis(20));
+    if let Err(left) = tree::wait_gone(pids, GUARD_LIMIT) {
+        panic!("{what} {left:?} still running {GUARD_LIMIT:?} after the primary was killed");
     }
 }
 

@@ -24,7 +24,7 @@ use common::cluster::{count, events, spawn, spawn_into_pipe, wait_events};
 use common::{NODUS, have};
 use nodus_testkit::proc::Proc;
 use nodus_testkit::tmp::TempDir;
-use nodus_testkit::tree::gone;
+use nodus_testkit::tree::{self, gone};
 use rustix::process::{Pid, Signal};
 
 fn script(dir: &TempDir, name: &str, body: &str) -> std::path::PathBuf {
@@ -569,17 +569,8 @@ impl Grandchildren {
 
     /// Asserts that every one started is gone within 10 s (a SIGKILL is delivered, not awaited).
     fn assert_all_gone(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let left: Vec<i32> = self.pids().into_iter().filter(|&p| !gone(p)).collect();
-            if left.is_empty() {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "worker children {left:?} outlived their workers"
-            );
-            std::thread::sleep(Duration::from_millis(20));
+        if let Err(left) = tree::wait_gone(&self.pids(), Duration::from_secs(10)) {
+            panic!("worker children {left:?} outlived their workers");
         }
     }
 }

@@ -63,6 +63,22 @@ pub fn gone(pid: i32) -> bool {
     stat_fields(pid).is_none() || is_zombie(pid)
 }
 
+/// Waits until every one of `pids` is gone (or a zombie) within `limit`; `Err` with those still
+/// running after it.
+pub fn wait_gone(pids: &[i32], limit: Duration) -> Result<(), Vec<i32>> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left: Vec<i32> = pids.iter().copied().filter(|&p| !gone(p)).collect();
+        if left.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(left);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Whether `pid`'s name (`/proc/PID/comm`) is `name`.
 pub fn is_named(pid: i32, name: &[u8]) -> bool {
     std::fs::read(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim_ascii_end() == name)
