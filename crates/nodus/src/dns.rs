@@ -303,6 +303,7 @@ fn host_error(host: &str, e: io::Error) -> io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nodus_testkit::net::loopback_index;
 
     #[test]
     fn resolver_errors_say_what_happened_as_node_does() {
@@ -329,24 +330,15 @@ mod tests {
         assert!(!addrs.is_empty());
     }
 
-    /// The loopback interface's index, as the kernel numbers it.
-    fn lo_index() -> u32 {
-        std::fs::read_to_string("/sys/class/net/lo/ifindex")
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap()
-    }
-
     #[test]
     fn a_scope_id_from_getaddrinfo_is_kept_and_named() {
         // glibc resolves the zone itself here: the scope id comes back in `sin6_scope_id`.
         let addrs = system_resolve("fe80::1%lo").unwrap();
         assert_eq!(addrs.len(), 1, "{addrs:?}");
-        assert_eq!(addrs[0].scope_id(), lo_index());
+        assert_eq!(addrs[0].scope_id(), loopback_index());
         assert_eq!(addrs[0].to_string(), "fe80::1%lo");
         match addrs[0].socket_addr(443) {
-            SocketAddr::V6(v6) => assert_eq!((v6.scope_id(), v6.port()), (lo_index(), 443)),
+            SocketAddr::V6(v6) => assert_eq!((v6.scope_id(), v6.port()), (loopback_index(), 443)),
             v4 => panic!("{v4}"),
         }
     }
@@ -357,7 +349,7 @@ mod tests {
         let mut raw: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
         raw.sin6_family = libc::AF_INET6 as libc::sa_family_t;
         raw.sin6_addr.s6_addr = "fe80::2".parse::<Ipv6Addr>().unwrap().octets();
-        raw.sin6_scope_id = lo_index();
+        raw.sin6_scope_id = loopback_index();
         // SAFETY: `raw` is a whole sockaddr_in6 and lives through the call.
         let addr = unsafe {
             socket_addr(
@@ -366,7 +358,10 @@ mod tests {
             )
         }
         .unwrap();
-        assert_eq!(addr.to_string(), format!("[fe80::2%{}]:0", lo_index()));
+        assert_eq!(
+            addr.to_string(),
+            format!("[fe80::2%{}]:0", loopback_index())
+        );
         assert_eq!(Address::from_socket_addr(addr).to_string(), "fe80::2%lo");
         // A scope id no interface has is shown as its number.
         let v6 = SocketAddrV6::new("fe80::2".parse().unwrap(), 0, 0, 999_999);
@@ -386,7 +381,7 @@ mod tests {
         assert_eq!(scoped_literal("127.0.0.1%lo"), None);
         assert_eq!(scoped_literal("host%lo"), None);
         assert_eq!(scope_id("7").unwrap(), 7);
-        assert_eq!(scope_id("lo").unwrap(), lo_index());
+        assert_eq!(scope_id("lo").unwrap(), loopback_index());
         assert_eq!(
             scope_id("nodus-no-if").unwrap_err().kind(),
             io::ErrorKind::NotFound

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use nodus::net::IntoSocketAddr;
 use nodus::{Runtime, dns, fs, pool, spawn};
+use nodus_testkit::net::loopback_index;
 
 #[test]
 fn localhost_resolves_to_a_loopback_address() {
@@ -48,15 +49,6 @@ fn literal_addresses_come_back_as_they_are() {
     });
 }
 
-/// The loopback interface's index, as the kernel numbers it.
-fn lo_index() -> u32 {
-    std::fs::read_to_string("/sys/class/net/lo/ifindex")
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 fn one_ip(a: &dns::Address) -> Ipv6Addr {
     match a.ip() {
         IpAddr::V6(ip) => ip,
@@ -83,9 +75,9 @@ fn an_ipv6_literal_keeps_its_zone_as_node_does() {
         // zone as written for `%1`. A literal: the resolver is never asked.
         let never = |_: &str| -> io::Result<Vec<dns::Address>> { panic!("resolver asked") };
         for (host, shown, scope_id) in [
-            ("fe80::1%lo", "fe80::1%lo", lo_index()),
+            ("fe80::1%lo", "fe80::1%lo", loopback_index()),
             ("fe80::1%1", "fe80::1%1", 1),
-            ("::1%lo", "::1%lo", lo_index()),
+            ("::1%lo", "::1%lo", loopback_index()),
         ] {
             let addrs = dns::lookup_with(host, never).await.unwrap();
             assert_eq!(addrs.len(), 1, "{host}: {addrs:?}");
@@ -102,13 +94,13 @@ fn an_ipv6_literal_keeps_its_zone_as_node_does() {
         let one = dns::lookup_one("fe80::1%lo").await.unwrap();
         assert_eq!(
             (one.to_string(), one.zone(), scope(&one, 1)),
-            ("fe80::1%lo".to_string(), Some("lo"), lo_index())
+            ("fe80::1%lo".to_string(), Some("lo"), loopback_index())
         );
         // So does the socket address a connect or bind is given.
         let to = (&one, 8080).into_socket_addr().unwrap();
         assert_eq!(
             to,
-            SocketAddrV6::new(one_ip(&one), 8080, 0, lo_index()).into()
+            SocketAddrV6::new(one_ip(&one), 8080, 0, loopback_index()).into()
         );
         // The system lookup keeps it as well.
         let addrs = dns::lookup("fe80::1%lo").await.unwrap();

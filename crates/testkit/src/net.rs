@@ -1,5 +1,6 @@
 //! Free loopback addresses: bound on 127.0.0.1 port 0, then released, for a server under test to
-//! bind next (a race with other processes is possible but unlikely).
+//! bind next (a race with other processes is possible but unlikely); the loopback interface's
+//! index.
 
 use std::net::{SocketAddr, TcpListener};
 
@@ -14,4 +15,13 @@ pub fn free_addrs<const N: usize>() -> [SocketAddr; N] {
 pub fn free_addr() -> SocketAddr {
     let [addr] = free_addrs();
     addr
+}
+
+/// The loopback interface's index, as the kernel numbers it.
+pub fn loopback_index() -> u32 {
+    std::fs::read_to_string("/sys/class/net/lo/ifindex")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }

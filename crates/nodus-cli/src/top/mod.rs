@@ -87,16 +87,7 @@ pub fn run(args: TopArgs) -> i32 {
             return 1;
         }
     };
-    let mut app = App {
-        target,
-        interval,
-        model: Model::default(),
-        sort: SortKey::default(),
-        selected_pid: None,
-        detail: false,
-        paused: false,
-        error: None,
-    };
+    let mut app = App::new(target, interval);
     app.model.update(first, Instant::now());
     if args.once {
         return once::run(app);
@@ -131,6 +122,20 @@ pub struct App {
 }
 
 impl App {
+    /// A view of `target` refreshed every `interval`, with nothing fetched yet.
+    fn new(target: Target, interval: Duration) -> App {
+        App {
+            target,
+            interval,
+            model: Model::default(),
+            sort: SortKey::default(),
+            selected_pid: None,
+            detail: false,
+            paused: false,
+            error: None,
+        }
+    }
+
     /// Index of the highlighted worker in `rows` (display order).
     fn selected_index(&self, rows: &[&Row]) -> usize {
         self.selected_pid

@@ -570,16 +570,10 @@ mod tests {
             serde_json::json!({"worker": i + 1, "pid": 7 + i, "snapshot": s})
         };
         let doc = serde_json::json!({"workers": [worker(0, 2), worker(1, 3)], "restarts": 0});
-        let mut app = App {
-            target: Target::parse("127.0.0.1:8080").unwrap(),
-            interval: std::time::Duration::from_secs(1),
-            model: Model::default(),
-            sort: SortKey::default(),
-            selected_pid: None,
-            detail: false,
-            paused: false,
-            error: None,
-        };
+        let mut app = App::new(
+            Target::parse("127.0.0.1:8080").unwrap(),
+            std::time::Duration::from_secs(1),
+        );
         let stats = ClusterStats::parse(doc.to_string().as_bytes()).unwrap();
         app.model.update(stats, std::time::Instant::now());
         app
