@@ -11,6 +11,9 @@
 use std::ffi::OsString;
 use std::io::ErrorKind;
 use std::os::unix::process::CommandExt;
+use std::path::Path;
+
+use nodus::fs::quote;
 
 /// Runs `args[0]` with `args[1..]` in place of this process; returns an exit code on failure.
 pub fn exec_listen(args: Vec<OsString>) -> i32 {
@@ -24,7 +27,7 @@ pub fn exec_listen(args: Vec<OsString>) -> i32 {
         cmd.env("LISTEN_PID", std::process::id().to_string());
     }
     let err = cmd.exec();
-    say!("nodus: cannot run {}: {err}", program.to_string_lossy());
+    say!("nodus: cannot run {}: {err}", quote(Path::new(program)));
     match err.kind() {
         ErrorKind::NotFound => 127,
         _ => 126,

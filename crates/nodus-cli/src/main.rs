@@ -277,6 +277,19 @@ fn positive_seconds(s: &str) -> Result<f64, String> {
 /// An IP address and port (`--listen`, `-l`, `--admin`), the port said to be out of range when
 /// it is (std's message is only "invalid socket address syntax").
 fn socket_addr(s: &str) -> Result<SocketAddr, String> {
+    if s.contains('%') {
+        // An IPv6 zone that names its interface (`[fe80::1%eth0]:80`), which std does not read.
+        use nodus::net::IntoSocketAddr;
+        return s.into_socket_addr().map_err(|e| {
+            let zone = s
+                .split_once('%')
+                .map_or("", |(_, z)| z.split(']').next().unwrap_or(z));
+            match e.kind() {
+                std::io::ErrorKind::NotFound => format!("no network interface is named '{zone}'"),
+                _ => "invalid socket address syntax".to_owned(),
+            }
+        });
+    }
     s.parse().map_err(|e: std::net::AddrParseError| {
         let out_of_range = s.rsplit_once(':').and_then(|(ip, port)| {
             let ip_ok = match ip.strip_prefix('[').and_then(|v6| v6.strip_suffix(']')) {

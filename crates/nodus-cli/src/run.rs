@@ -18,12 +18,13 @@
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use nodus::cluster::{
     Backoff, Config, Policy, Primary, Readiness, RestartPolicy, RestartType, WorkerCommand,
 };
+use nodus::fs::quote;
 use nodus::net::TcpListener;
 
 /// What `nodus run` was asked to do (parsed and checked by the command line).
@@ -108,7 +109,7 @@ pub fn run(options: RunOptions) -> i32 {
     }
     let (program, args) = (program.clone(), args.to_vec());
     if let Err(why) = check_runnable(&program) {
-        return fail(format!("cannot run {:?}: {why}", program.to_string_lossy()));
+        return fail(format!("cannot run {}: {why}", quote(Path::new(&program))));
     }
     nodus::process::raise_fd_limit();
     let rt = nodus::Runtime::new();

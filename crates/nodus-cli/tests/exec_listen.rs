@@ -53,7 +53,7 @@ fn a_missing_program_is_127_and_a_non_executable_one_126() {
     let (code, _, err) = run(Command::new(NODUS).args(["__exec-listen", "nodus-no-such-program"]));
     assert_eq!(code, Some(127));
     assert!(
-        err.starts_with("nodus: cannot run nodus-no-such-program: "),
+        err.starts_with("nodus: cannot run 'nodus-no-such-program': "),
         "{err}"
     );
 
@@ -63,6 +63,11 @@ fn a_missing_program_is_127_and_a_non_executable_one_126() {
     let (code, _, err) = run(Command::new(NODUS).arg("__exec-listen").arg(&file));
     assert_eq!(code, Some(126));
     assert!(err.starts_with("nodus: cannot run "), "{err}");
+
+    // A control character in the name is escaped (Node's quoting, as `nodus run` says it).
+    let (code, _, err) = run(Command::new(NODUS).args(["__exec-listen", "no\nsuch"]));
+    assert_eq!(code, Some(127));
+    assert!(err.starts_with("nodus: cannot run 'no\\nsuch': "), "{err}");
 }
 
 #[test]

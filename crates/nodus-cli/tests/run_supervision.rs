@@ -221,11 +221,22 @@ fn a_program_that_cannot_be_run_is_one_line_and_exit_code_1_before_any_worker() 
         assert_eq!(out.status.code(), Some(1), "{program}: {stderr}");
         assert_eq!(stderr.lines().count(), 1, "{program}: {stderr}");
         assert!(
-            stderr.starts_with(&format!("nodus run: cannot run {program:?}: "))
+            stderr.starts_with(&format!("nodus run: cannot run '{program}': "))
                 && stderr.contains(why),
             "{program}: {stderr}"
         );
     }
+    // A control character in the name is escaped, as Node quotes a path: the message stays one line.
+    let out = Command::new(NODUS)
+        .args(["run", "--", "nodus-no\nsuch"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("nodus run: cannot run 'nodus-no\\nsuch': "),
+        "{stderr}"
+    );
 }
 
 /// Open fds of process `pid`.

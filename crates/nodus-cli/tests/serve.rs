@@ -48,6 +48,37 @@ fn an_address_whose_port_is_out_of_range_is_a_usage_error_that_says_so() {
     assert!(stderr.contains("invalid socket address syntax"), "{stderr}");
 }
 
+#[test]
+fn an_ipv6_zone_may_name_its_interface_and_an_unknown_one_is_said() {
+    // `lo` exists, so the address reads: `top` gets as far as connecting (nothing listens there).
+    let out = Command::new(NODUS)
+        .args(["top", "--once", "[fe80::1%lo]:9"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot connect"), "{stderr}");
+    for args in [
+        &["serve", "--listen", "[fe80::1%nodus-no-if]:8080"][..],
+        &["run", "-l", "[fe80::1%nodus-no-if]:8080", "--", "true"],
+    ] {
+        let out = Command::new(NODUS).args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("no network interface is named 'nodus-no-if'"),
+            "{args:?}: {stderr}"
+        );
+    }
+    let out = Command::new(NODUS)
+        .args(["serve", "--listen", "[fe80::1%lo]:99999"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("invalid socket address syntax"), "{stderr}");
+}
+
 /// The resident set size of process `pid`, in KiB.
 fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

@@ -168,6 +168,14 @@ where
     Ok(addrs)
 }
 
+/// `host` as an IPv6 literal with a zone, read into the address and its scope id: `None` when
+/// `host` is not one, an error when the zone names no interface (or is out of range). For
+/// `nodus::net`'s string addresses (`"[fe80::1%lo]:80"`), which need no lookup either.
+pub(crate) fn zoned_ip(host: &str) -> Option<io::Result<(Ipv6Addr, u32)>> {
+    let (ip, zone) = scoped_literal(host)?;
+    Some(scope_id(zone).map(|scope_id| (ip, scope_id)))
+}
+
 /// `host` as an IPv6 literal with a zone (`fe80::1%lo`, `fe80::1%1`), as Node's `net.isIPv6`
 /// accepts it: the zone is one or more of `[0-9A-Za-z.:-]`.
 fn scoped_literal(host: &str) -> Option<(Ipv6Addr, &str)> {

@@ -10,6 +10,8 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+
+use nodus::net::IntoSocketAddr;
 use std::time::{Duration, Instant};
 
 /// Largest stats document accepted (a snapshot is a few tens of KB per worker).
@@ -86,11 +88,17 @@ impl Target {
     /// GETs the target; returns the body of a 200 response, or a one-line reason (without the URL).
     pub fn get(&self, timeout: Duration) -> Result<Vec<u8>, String> {
         let deadline = Instant::now() + timeout;
-        let addrs: Vec<SocketAddr> = self
-            .authority
-            .to_socket_addrs()
-            .map_err(|e| format!("cannot resolve the host: {e}"))?
-            .collect();
+        // An IP literal, also with a zone that names its interface (`[fe80::1%eth0]:80`, which
+        // `to_socket_addrs` does not read), needs no resolver.
+        let addrs: Vec<SocketAddr> = match self.authority.as_str().into_socket_addr() {
+            Ok(addr) => vec![addr],
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(e.to_string()),
+            Err(_) => self
+                .authority
+                .to_socket_addrs()
+                .map_err(|e| format!("cannot resolve the host: {e}"))?
+                .collect(),
+        };
         let mut last = "the host resolves to no address".to_string();
         let mut stream = None;
         for a in addrs {

@@ -54,7 +54,9 @@ pub use std::net::Shutdown;
 
 /// An address that needs no DNS lookup: a `SocketAddr`, an `(ip, port)` pair (the ip may be a
 /// [`dns::Address`](crate::dns::Address), whose IPv6 scope id is kept), or a string such as
-/// `"127.0.0.1:8080"` or `"[::1]:0"`. A host name is an `InvalidInput` error.
+/// `"127.0.0.1:8080"` or `"[::1]:0"`. An IPv6 zone may name its interface, as in Node:
+/// `"[fe80::1%eth0]:80"` or `("fe80::1%eth0", 80)` (one `if_nametoindex`, no network; `NotFound`
+/// when no interface has that name). A host name is an `InvalidInput` error.
 pub trait IntoSocketAddr {
     fn into_socket_addr(self) -> io::Result<SocketAddr>;
 }
@@ -109,16 +111,33 @@ impl IntoSocketAddr for (crate::dns::Address, u16) {
 
 impl IntoSocketAddr for (&str, u16) {
     fn into_socket_addr(self) -> io::Result<SocketAddr> {
-        match self.0.parse::<IpAddr>() {
-            Ok(ip) => Ok(SocketAddr::new(ip, self.1)),
-            Err(_) => Err(not_an_ip(&format!("{}:{}", self.0, self.1))),
+        let (host, port) = self;
+        if let Ok(ip) = host.parse::<IpAddr>() {
+            return Ok(SocketAddr::new(ip, port));
+        }
+        match crate::dns::zoned_ip(host) {
+            Some(zoned) => zoned_addr(zoned, port, &format!("[{host}]:{port}")),
+            None => Err(not_an_ip(&format!("{host}:{port}"))),
         }
     }
 }
 
 impl IntoSocketAddr for &str {
     fn into_socket_addr(self) -> io::Result<SocketAddr> {
-        self.parse().map_err(|_| not_an_ip(self))
+        if let Ok(addr) = self.parse() {
+            return Ok(addr);
+        }
+        // std reads a numeric zone only (`[fe80::1%2]:80`); an interface name is looked up.
+        let bracketed = self
+            .strip_prefix('[')
+            .and_then(|rest| rest.rsplit_once("]:"));
+        let Some((host, port)) = bracketed else {
+            return Err(not_an_ip(self));
+        };
+        match (crate::dns::zoned_ip(host), port.parse::<u16>()) {
+            (Some(zoned), Ok(port)) => zoned_addr(zoned, port, self),
+            _ => Err(not_an_ip(self)),
+        }
     }
 }
 
@@ -134,6 +153,13 @@ impl IntoSocketAddr for &String {
     }
 }
 
+/// An IPv6 address with its zone's scope id, or why the zone named no interface.
+fn zoned_addr(zoned: io::Result<(Ipv6Addr, u32)>, port: u16, s: &str) -> io::Result<SocketAddr> {
+    let (ip, scope_id) =
+        zoned.map_err(|e| io::Error::new(e.kind(), format!("nodus::net: {s:?}: {e}")))?;
+    Ok(SocketAddrV6::new(ip, port, 0, scope_id).into())
+}
+
 fn not_an_ip(s: &str) -> io::Error {
     io::Error::new(
         io::ErrorKind::InvalidInput,
@@ -142,4 +168,42 @@ fn not_an_ip(s: &str) -> io::Error {
              \"[::1]:8080\"); resolve host names first, off the loop"
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nodus_testkit::net::loopback_index;
+
+    #[test]
+    fn a_zone_may_name_its_interface() {
+        let ll: Ipv6Addr = "fe80::1".parse().unwrap();
+        let on_lo = SocketAddr::from(SocketAddrV6::new(ll, 80, 0, loopback_index()));
+        assert_eq!("[fe80::1%lo]:80".into_socket_addr().unwrap(), on_lo);
+        assert_eq!(("fe80::1%lo", 80).into_socket_addr().unwrap(), on_lo);
+        let numeric = format!("[fe80::1%{}]:80", loopback_index());
+        assert_eq!(numeric.into_socket_addr().unwrap(), on_lo);
+    }
+
+    #[test]
+    fn a_zone_that_names_no_interface_says_so() {
+        let err = "[fe80::1%nodus-no-if]:80".into_socket_addr().unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound, "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("[fe80::1%nodus-no-if]:80") && text.contains("nodus-no-if'"),
+            "{text}"
+        );
+        for bad in [
+            "[fe80::1%lo]:99999",
+            "[fe80::1%lo]",
+            "fe80::1%lo:80",
+            "[host%lo]:80",
+        ] {
+            let err = bad.into_socket_addr().unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{bad}: {err}");
+        }
+        let err = ("fe80::1%nodus-no-if", 80).into_socket_addr().unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound, "{err}");
+    }
 }
