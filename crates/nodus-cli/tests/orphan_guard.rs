@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::cluster::spawn;
+use common::cluster::{assert_exit, run_sh, spawn};
 use common::serve::Serve;
 use common::{NODUS, have};
 use nodus_testkit::net::free_addr;
@@ -108,11 +108,7 @@ fn a_workers_children_and_its_listener_die_with_a_primary_killed_with_sigkill() 
     // `sh` forks `sleep`, which inherits the listening socket (fd 3, LISTEN_FDS): it would hold
     // the port open for 300 s.
     let worker = format!("sleep 300 & echo $! > {}; wait", file.display());
-    let mut primary = spawn(
-        Command::new(NODUS)
-            .args(["run", "-w", "1", "-l", &addr.to_string()])
-            .args(["--", "sh", "-c", &worker]),
-    );
+    let mut primary = spawn(&mut run_sh(["-w", "1", "-l", &addr.to_string()], &worker));
     let grandchild = pid_in(&file, &mut cleanup);
     let guard = the_guard(primary.id(), &mut cleanup);
 
@@ -158,12 +154,15 @@ fn an_adopted_setsid_process_dies_with_a_primary_killed_with_sigkill() {
         "(setsid sleep 300 & echo $! > {}); exec sleep 300",
         file.display()
     );
-    let mut primary = spawn(
-        Command::new(NODUS)
-            .args(["run", "-w", "1", "-l", &addr.to_string()])
-            .args(["--admin", &admin.to_string()])
-            .args(["--", "sh", "-c", &worker]),
-    );
+    let options = [
+        "-w",
+        "1",
+        "-l",
+        &addr.to_string(),
+        "--admin",
+        &admin.to_string(),
+    ];
+    let mut primary = spawn(&mut run_sh(options, &worker));
     let escaped = pid_in(&file, &mut cleanup);
     tree::wait_parent(escaped, primary.id(), Duration::from_secs(5));
     wait_adopted(admin, 1);
@@ -190,12 +189,15 @@ fn an_adopted_daemons_own_children_die_with_a_primary_killed_with_sigkill() {
         child_file.display(),
         file.display()
     );
-    let mut primary = spawn(
-        Command::new(NODUS)
-            .args(["run", "-w", "1", "-l", &addr.to_string()])
-            .args(["--admin", &admin.to_string()])
-            .args(["--", "sh", "-c", &worker]),
-    );
+    let options = [
+        "-w",
+        "1",
+        "-l",
+        &addr.to_string(),
+        "--admin",
+        &admin.to_string(),
+    ];
+    let mut primary = spawn(&mut run_sh(options, &worker));
     let daemon = pid_in(&file, &mut cleanup);
     let child = pid_in(&child_file, &mut cleanup);
     tree::wait_parent(daemon, primary.id(), Duration::from_secs(5));
@@ -262,12 +264,7 @@ fn a_sigterm_stop_leaves_no_guard_behind() {
     primary.wait_line("2 workers ready");
     let guard = the_guard(primary.id(), &mut cleanup);
     primary.signal(Signal::TERM);
-    assert_eq!(
-        primary.wait_exit(Duration::from_secs(20)),
-        Some(0),
-        "{:#?}",
-        primary.output()
-    );
+    assert_exit(&mut primary, Duration::from_secs(20), 0);
     // Reaped by the primary itself before its exit: not even a zombie is left.
     assert!(
         !Path::new(&format!("/proc/{guard}")).exists() || gone(guard),
