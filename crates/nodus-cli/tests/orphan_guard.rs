@@ -141,19 +141,10 @@ fn wait_adopted(admin: SocketAddr, n: u64) {
     }
 }
 
-#[test]
-fn an_adopted_setsid_process_dies_with_a_primary_killed_with_sigkill() {
-    let dir = TempDir::new("guard-adopted");
-    let file = dir.path().join("pid");
-    let addr = free_addr();
-    let admin = free_addr();
-    let mut cleanup = KillOnDrop::default();
-    // The subshell starts `sleep` in a session of its own (out of the worker's group, which the
-    // guard knows) and exits: the primary, a subreaper, adopts `sleep`.
-    let worker = format!(
-        "(setsid sleep 300 & echo $! > {}); exec sleep 300",
-        file.display()
-    );
+/// `nodus run -w 1 -l ADDR --admin ADMIN -- sh -c WORKER`, both addresses free loopback ones:
+/// the primary and its admin address.
+fn run_with_admin(worker: &str) -> (Proc, SocketAddr) {
+    let (addr, admin) = (free_addr(), free_addr());
     let options = [
         "-w",
         "1",
@@ -162,7 +153,21 @@ fn an_adopted_setsid_process_dies_with_a_primary_killed_with_sigkill() {
         "--admin",
         &admin.to_string(),
     ];
-    let mut primary = spawn(&mut run_sh(options, &worker));
+    (spawn(&mut run_sh(options, worker)), admin)
+}
+
+#[test]
+fn an_adopted_setsid_process_dies_with_a_primary_killed_with_sigkill() {
+    let dir = TempDir::new("guard-adopted");
+    let file = dir.path().join("pid");
+    let mut cleanup = KillOnDrop::default();
+    // The subshell starts `sleep` in a session of its own (out of the worker's group, which the
+    // guard knows) and exits: the primary, a subreaper, adopts `sleep`.
+    let worker = format!(
+        "(setsid sleep 300 & echo $! > {}); exec sleep 300",
+        file.display()
+    );
+    let (mut primary, admin) = run_with_admin(&worker);
     let escaped = pid_in(&file, &mut cleanup);
     tree::wait_parent(escaped, primary.id(), Duration::from_secs(5));
     wait_adopted(admin, 1);
@@ -177,8 +182,6 @@ fn an_adopted_daemons_own_children_die_with_a_primary_killed_with_sigkill() {
     let dir = TempDir::new("guard-adopted-group");
     let file = dir.path().join("pid");
     let child_file = dir.path().join("child");
-    let addr = free_addr();
-    let admin = free_addr();
     let mut cleanup = KillOnDrop::default();
     // A daemon (`setsid`: it leads a session and a process group) with a child of its own, in
     // its group: the daemon is adopted, its child is not (its parent runs); the guard's kill
@@ -189,15 +192,7 @@ fn an_adopted_daemons_own_children_die_with_a_primary_killed_with_sigkill() {
         child_file.display(),
         file.display()
     );
-    let options = [
-        "-w",
-        "1",
-        "-l",
-        &addr.to_string(),
-        "--admin",
-        &admin.to_string(),
-    ];
-    let mut primary = spawn(&mut run_sh(options, &worker));
+    let (mut primary, admin) = run_with_admin(&worker);
     let daemon = pid_in(&file, &mut cleanup);
     let child = pid_in(&child_file, &mut cleanup);
     tree::wait_parent(daemon, primary.id(), Duration::from_secs(5));
