@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::cluster::{events, run_node_app, spawn};
+use common::cluster::{events, run_node_app, run_sh, spawn};
 use common::http::try_request;
 use common::{NODUS, have};
 use nodus_testkit::net::free_addr;
@@ -272,10 +272,7 @@ fn run_passes_listeners_to_a_node_program_without_making_it_a_cluster_worker() {
 fn run_with_admin_serves_the_clusters_endpoints_and_top_watches_it() {
     let admin = free_addr();
     let mut primary = spawn(
-        Command::new(NODUS)
-            .args(["run", "-w", "2", "--admin", &admin.to_string()])
-            .args(["--", "sh", "-c", "exec sleep 30"])
-            .env("RUST_LOG", "info"),
+        run_sh(["-w", "2", "--admin", &admin.to_string()], "exec sleep 30").env("RUST_LOG", "info"),
     );
     primary.wait_line("2 workers ready");
     assert_eq!(get_ok(admin, "/_nodus/readyz"), "ready\n");
@@ -313,20 +310,17 @@ fn run_with_admin_serves_the_clusters_endpoints_and_top_watches_it() {
 
 #[test]
 fn run_gives_up_on_a_program_that_exits_at_once() {
-    let mut primary = spawn(
-        Command::new(NODUS)
-            .args([
-                "run",
-                "-w",
-                "1",
-                "--max-restarts",
-                "3",
-                "--restart-window",
-                "30",
-            ])
-            .args(["--backoff", "0.01,2,0.1", "--", "sh", "-c", "exit 3"])
-            .env("RUST_LOG", "info"),
-    );
+    let options = [
+        "-w",
+        "1",
+        "--max-restarts",
+        "3",
+        "--restart-window",
+        "30",
+        "--backoff",
+        "0.01,2,0.1",
+    ];
+    let mut primary = spawn(run_sh(options, "exit 3").env("RUST_LOG", "info"));
     assert_eq!(
         primary.wait_exit(Duration::from_secs(30)),
         Some(75),
@@ -557,9 +551,7 @@ fn a_connection_a_node_worker_cannot_receive_goes_to_another_worker() {
     let addr = free_addr();
     // A low limit keeps filling the table quick.
     let mut primary = spawn(
-        Command::new(NODUS)
-            .args(["run", "--node", "-w", "2", "--", "sh", "-c"])
-            .arg("ulimit -n 256 && exec node \"$0\"")
+        run_sh(["--node", "-w", "2"], "ulimit -n 256 && exec node \"$0\"")
             .arg(dir.path().join("app.js"))
             .env("PORT", addr.port().to_string())
             .env("RUST_LOG", "info"),

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::cluster::spawn;
+use common::cluster::{assert_exit, run_sh, spawn};
 use common::serve::Serve;
 use common::{NODUS, have};
 use nodus_testkit::net::free_addr;
@@ -108,11 +108,7 @@ fn a_workers_children_and_its_listener_die_with_a_primary_killed_with_sigkill() 
     // `sh` forks `sleep`, which inherits the listening socket (fd 3, LISTEN_FDS): it would hold
     // the port open for 300 s.
     let worker = format!("sleep 300 & echo $! > {}; wait", file.display());
-    let mut primary = spawn(
-        Command::new(NODUS)
-            .args(["run", "-w", "1", "-l", &addr.to_string()])
-            .args(["--", "sh", "-c", &worker]),
-    );
+    let mut primary = spawn(&mut run_sh(["-w", "1", "-l", &addr.to_string()], &worker));
     let grandchild = pid_in(&file, &mut cleanup);
     let guard = the_guard(primary.id(), &mut cleanup);
 
@@ -145,12 +141,25 @@ fn wait_adopted(admin: SocketAddr, n: u64) {
     }
 }
 
+/// `nodus run -w 1 -l ADDR --admin ADMIN -- sh -c WORKER`, both addresses free loopback ones:
+/// the primary and its admin address.
+fn run_with_admin(worker: &str) -> (Proc, SocketAddr) {
+    let (addr, admin) = (free_addr(), free_addr());
+    let options = [
+        "-w",
+        "1",
+        "-l",
+        &addr.to_string(),
+        "--admin",
+        &admin.to_string(),
+    ];
+    (spawn(&mut run_sh(options, worker)), admin)
+}
+
 #[test]
 fn an_adopted_setsid_process_dies_with_a_primary_killed_with_sigkill() {
     let dir = TempDir::new("guard-adopted");
     let file = dir.path().join("pid");
-    let addr = free_addr();
-    let admin = free_addr();
     let mut cleanup = KillOnDrop::default();
     // The subshell starts `sleep` in a session of its own (out of the worker's group, which the
     // guard knows) and exits: the primary, a subreaper, adopts `sleep`.
@@ -158,12 +167,7 @@ fn an_adopted_setsid_process_dies_with_a_primary_killed_with_sigkill() {
         "(setsid sleep 300 & echo $! > {}); exec sleep 300",
         file.display()
     );
-    let mut primary = spawn(
-        Command::new(NODUS)
-            .args(["run", "-w", "1", "-l", &addr.to_string()])
-            .args(["--admin", &admin.to_string()])
-            .args(["--", "sh", "-c", &worker]),
-    );
+    let (mut primary, admin) = run_with_admin(&worker);
     let escaped = pid_in(&file, &mut cleanup);
     tree::wait_parent(escaped, primary.id(), Duration::from_secs(5));
     wait_adopted(admin, 1);
@@ -178,8 +182,6 @@ fn an_adopted_daemons_own_children_die_with_a_primary_killed_with_sigkill() {
     let dir = TempDir::new("guard-adopted-group");
     let file = dir.path().join("pid");
     let child_file = dir.path().join("child");
-    let addr = free_addr();
-    let admin = free_addr();
     let mut cleanup = KillOnDrop::default();
     // A daemon (`setsid`: it leads a session and a process group) with a child of its own, in
     // its group: the daemon is adopted, its child is not (its parent runs); the guard's kill
@@ -190,12 +192,7 @@ fn an_adopted_daemons_own_children_die_with_a_primary_killed_with_sigkill() {
         child_file.display(),
         file.display()
     );
-    let mut primary = spawn(
-        Command::new(NODUS)
-            .args(["run", "-w", "1", "-l", &addr.to_string()])
-            .args(["--admin", &admin.to_string()])
-            .args(["--", "sh", "-c", &worker]),
-    );
+    let (mut primary, admin) = run_with_admin(&worker);
     let daemon = pid_in(&file, &mut cleanup);
     let child = pid_in(&child_file, &mut cleanup);
     tree::wait_parent(daemon, primary.id(), Duration::from_secs(5));
@@ -262,12 +259,7 @@ fn a_sigterm_stop_leaves_no_guard_behind() {
     primary.wait_line("2 workers ready");
     let guard = the_guard(primary.id(), &mut cleanup);
     primary.signal(Signal::TERM);
-    assert_eq!(
-        primary.wait_exit(Duration::from_secs(20)),
-        Some(0),
-        "{:#?}",
-        primary.output()
-    );
+    assert_exit(&mut primary, Duration::from_secs(20), 0);
     // Reaped by the primary itself before its exit: not even a zombie is left.
     assert!(
         !Path::new(&format!("/proc/{guard}")).exists() || gone(guard),

@@ -20,7 +20,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::cluster::{count, events, spawn, spawn_into_pipe, wait_events};
+use common::cluster::{assert_exit, count, events, run_sh, spawn, spawn_into_pipe, wait_events};
 use common::{NODUS, have};
 use nodus_testkit::proc::Proc;
 use nodus_testkit::tmp::TempDir;
@@ -42,17 +42,10 @@ fn a_primary_with_no_worker_left_to_restart_exits() {
         ("transient", 0, 0),
         ("temporary", 3, 1),
     ] {
-        let mut primary = spawn(Command::new(NODUS).args([
-            "run",
-            "-w",
-            "2",
-            "--restart",
-            restart,
-            "--",
-            "sh",
-            "-c",
+        let mut primary = spawn(&mut run_sh(
+            ["-w", "2", "--restart", restart],
             &format!("exit {worker_code}"),
-        ]));
+        ));
         assert_eq!(
             primary.wait_exit(Duration::from_secs(20)),
             Some(expected),
@@ -250,19 +243,21 @@ fn fd_count(pid: u32) -> usize {
 fn a_worker_notify_socket_is_closed_with_its_worker() {
     let dir = TempDir::new("notify-fds");
     let log = dir.path().join("events.jsonl");
-    let primary = spawn(
-        Command::new(NODUS)
-            .args(["run", "-w", "1", "--backoff", "0.01,1,0.01"])
-            .args([
-                "--max-restarts",
-                "1000",
-                "--restart-window",
-                "60",
-                "--events",
-            ])
-            .arg(&log)
-            .args(["--", "sh", "-c", "sleep 0.02; exit 1"]),
-    );
+    let primary = spawn(&mut run_sh(
+        [
+            "-w",
+            "1",
+            "--backoff",
+            "0.01,1,0.01",
+            "--max-restarts",
+            "1000",
+            "--restart-window",
+            "60",
+            "--events",
+            log.to_str().unwrap(),
+        ],
+        "sleep 0.02; exit 1",
+    ));
     wait_events(&log, |e| count(e, "fork") >= 5);
     let before = fd_count(primary.id());
     wait_events(&log, |e| count(e, "fork") >= 45);
@@ -291,11 +286,7 @@ fn notify_messages_from_outside_the_worker_process_group_are_ignored() {
         go = go.display()
     );
     let mut primary = spawn(
-        Command::new(NODUS)
-            .args(["run", "-w", "1", "--events"])
-            .arg(&log)
-            .args(["--", "sh", "-c", &worker])
-            .env("RUST_LOG", "info"),
+        run_sh(["-w", "1", "--events", log.to_str().unwrap()], &worker).env("RUST_LOG", "info"),
     );
     let line = primary.wait_line("sock=@");
     let name = line.split("sock=@").nth(1).unwrap().trim().to_owned();
@@ -367,12 +358,8 @@ const POLITE: &str = "trap 'echo bye; exit 0' TERM; echo up; while :; do sleep 0
 
 /// `nodus run -w 2 --kill-timeout SECS -- sh -c WORKER`, once both workers said `up`.
 fn two_workers(kill_timeout: &str, worker: &str) -> nodus_testkit::proc::Proc {
-    let mut primary = spawn(
-        Command::new(NODUS)
-            .args(["run", "-w", "2", "--kill-timeout", kill_timeout])
-            .args(["--", "sh", "-c", worker])
-            .env("RUST_LOG", "info"),
-    );
+    let mut primary =
+        spawn(run_sh(["-w", "2", "--kill-timeout", kill_timeout], worker).env("RUST_LOG", "info"));
     primary.wait_line("[worker 1 ");
     primary.wait_line("[worker 2 ");
     primary
@@ -383,12 +370,7 @@ fn a_stop_that_had_to_kill_a_worker_exits_124_and_a_drain_in_time_exits_0() {
     let mut primary = two_workers("1", DEAF);
     let asked = Instant::now();
     primary.signal(Signal::TERM);
-    assert_eq!(
-        primary.wait_exit(Duration::from_secs(20)),
-        Some(124),
-        "{:#?}",
-        primary.output()
-    );
+    assert_exit(&mut primary, Duration::from_secs(20), 124);
     assert!(
         asked.elapsed() >= Duration::from_secs(1),
         "the kill timeout"
@@ -397,12 +379,7 @@ fn a_stop_that_had_to_kill_a_worker_exits_124_and_a_drain_in_time_exits_0() {
 
     let mut primary = two_workers("10", POLITE);
     primary.signal(Signal::TERM);
-    assert_eq!(
-        primary.wait_exit(Duration::from_secs(20)),
-        Some(0),
-        "{:#?}",
-        primary.output()
-    );
+    assert_exit(&mut primary, Duration::from_secs(20), 0);
     // Their last lines were written before the primary exited.
     assert_eq!(
         workers_saying(&mut primary, "bye"),
@@ -460,18 +437,18 @@ fn exits_logged_before_output(lines: &[String]) -> (Vec<u32>, usize) {
 fn a_worker_exit_is_logged_after_its_last_output_lines() {
     // Workers that write a line to stdout and one to stderr and exit at once, restarted until
     // the budget is spent (exit 75); the primary's stdout and stderr share one pipe.
-    let mut cmd = Command::new(NODUS);
-    cmd.args([
-        "run",
-        "-w",
-        "2",
-        "--max-restarts",
-        "150",
-        "--restart-window",
-        "600",
-    ])
-    .args(["--", "sh", "-c", "echo out-$$; echo err-$$ >&2"])
-    .env("RUST_LOG", "info");
+    let mut cmd = run_sh(
+        [
+            "-w",
+            "2",
+            "--max-restarts",
+            "150",
+            "--restart-window",
+            "600",
+        ],
+        "echo out-$$; echo err-$$ >&2",
+    );
+    cmd.env("RUST_LOG", "info");
     let (mut primary, reader) = spawn_into_pipe(cmd);
     let reading = std::thread::spawn(move || {
         BufReader::new(reader)
@@ -503,17 +480,19 @@ fn output_held_open_by_a_grandchild_delays_the_exit_line_a_little_and_the_restar
     let log = dir.path().join("events.jsonl");
     let started = Instant::now();
     let mut primary = spawn(
-        Command::new(NODUS)
-            .args(["run", "-w", "1", "--max-restarts", "1", "--events"])
-            .arg(&log)
-            .args([
-                "--",
-                "sh",
-                "-c",
-                // Not a group leader, so `setsid` execs `sleep` in a session of its own.
-                "setsid sleep 10 & echo \"grandchild $!\"; exit 3",
-            ])
-            .env("RUST_LOG", "info"),
+        run_sh(
+            [
+                "-w",
+                "1",
+                "--max-restarts",
+                "1",
+                "--events",
+                log.to_str().unwrap(),
+            ],
+            // Not a group leader, so `setsid` execs `sleep` in a session of its own.
+            "setsid sleep 10 & echo \"grandchild $!\"; exit 3",
+        )
+        .env("RUST_LOG", "info"),
     );
     let status = primary.exited_within(Duration::from_secs(20));
     let lines = primary.output().to_vec();
@@ -604,19 +583,10 @@ fn a_stop_asks_the_worker_alone_and_leaves_none_of_its_children() {
         "trap 'kill -0 $! && echo child alive; exit 0' TERM; {}; wait",
         kids.start_one()
     );
-    let mut primary = spawn(
-        Command::new(NODUS)
-            .args(["run", "-w", "2", "--kill-timeout", "30"])
-            .args(["--", "sh", "-c", &worker]),
-    );
+    let mut primary = spawn(&mut run_sh(["-w", "2", "--kill-timeout", "30"], &worker));
     kids.wait_started(2);
     primary.signal(Signal::TERM);
-    assert_eq!(
-        primary.wait_exit(Duration::from_secs(20)),
-        Some(0),
-        "{:#?}",
-        primary.output()
-    );
+    assert_exit(&mut primary, Duration::from_secs(20), 0);
     kids.assert_all_gone();
     let alive = workers_saying(&mut primary, "child alive");
     assert_eq!(alive, 2, "{:#?}", primary.output());
@@ -626,25 +596,11 @@ fn a_stop_asks_the_worker_alone_and_leaves_none_of_its_children() {
 fn a_crash_loop_to_the_give_up_leaves_none_of_the_workers_children() {
     let dir = TempDir::new("orphans-give-up");
     let kids = Grandchildren::new(&dir);
-    let mut primary = spawn(
-        Command::new(NODUS)
-            .args([
-                "run",
-                "-w",
-                "1",
-                "--max-restarts",
-                "2",
-                "--backoff",
-                "0,1,0",
-            ])
-            .args(["--", "sh", "-c", &format!("{}; exit 1", kids.start_one())]),
-    );
-    assert_eq!(
-        primary.wait_exit(Duration::from_secs(20)),
-        Some(75),
-        "{:#?}",
-        primary.output()
-    );
+    let mut primary = spawn(&mut run_sh(
+        ["-w", "1", "--max-restarts", "2", "--backoff", "0,1,0"],
+        &format!("{}; exit 1", kids.start_one()),
+    ));
+    assert_exit(&mut primary, Duration::from_secs(20), 75);
     assert_eq!(kids.pids().len(), 3, "one per worker");
     kids.assert_all_gone();
 }
@@ -661,12 +617,10 @@ fn a_worker_that_exits_cleanly_takes_its_children_with_it_while_the_primary_runs
         once = once.display()
     );
     let log = dir.path().join("events.jsonl");
-    let mut primary = spawn(
-        Command::new(NODUS)
-            .args(["run", "-w", "1", "--events"])
-            .arg(&log)
-            .args(["--", "sh", "-c", &worker]),
-    );
+    let mut primary = spawn(&mut run_sh(
+        ["-w", "1", "--events", log.to_str().unwrap()],
+        &worker,
+    ));
     wait_events(&log, |e| count(e, "fork") == 2);
     kids.assert_all_gone();
     assert_eq!(kids.pids().len(), 1);

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::cluster::{events, spawn};
+use common::cluster::{assert_exit, events, run_sh, spawn};
 use common::{NODUS, have};
 use nodus_testkit::net::free_addr;
 use nodus_testkit::proc::Proc;
@@ -86,12 +86,8 @@ fn an_escaped_descendant_is_adopted_and_stopped_with_the_cluster() {
         "(setsid sleep 300 & echo $! > {}) ; exec sleep 300",
         file.display()
     );
-    let mut primary = spawn(
-        Command::new(NODUS)
-            .args(["run", "-w", "1", "-l", &addr.to_string()])
-            .args(["--", "sh", "-c", &worker])
-            .env("RUST_LOG", "info"),
-    );
+    let mut primary =
+        spawn(run_sh(["-w", "1", "-l", &addr.to_string()], &worker).env("RUST_LOG", "info"));
     let escaped = pid_in(&file, &mut cleanup);
     assert_adopted_by(escaped, primary.id());
     primary.wait_line("1 worker ready");
@@ -156,12 +152,8 @@ fn an_orphan_of_a_double_fork_is_reaped_and_counted_and_no_zombie_is_left() {
         "(sleep 0.5 & echo $! > {}) ; exec sleep 300",
         file.display()
     );
-    let mut primary = spawn(
-        Command::new(NODUS)
-            .args(["run", "-w", "1", "--admin", &admin.to_string()])
-            .args(["--", "sh", "-c", &worker])
-            .env("RUST_LOG", "info"),
-    );
+    let mut primary =
+        spawn(run_sh(["-w", "1", "--admin", &admin.to_string()], &worker).env("RUST_LOG", "info"));
     let orphan = pid_in(&file, &mut cleanup);
     assert_adopted_by(orphan, primary.id());
     assert_reaped(orphan, "the orphan");
@@ -192,27 +184,20 @@ fn workers_exits_keep_their_codes_while_orphans_are_reaped_beside_them() {
     let log = dir.path().join("events.jsonl");
     // Each worker orphans a process that exits about when the worker does, then exits 3: the
     // reaper runs on every SIGCHLD next to the workers' exits and must take none of them.
-    let mut primary = spawn(
-        Command::new(NODUS)
-            .args([
-                "run",
-                "-w",
-                "2",
-                "--max-restarts",
-                "8",
-                "--backoff",
-                "0.01,1,0.01",
-            ])
-            .arg("--events")
-            .arg(&log)
-            .args(["--", "sh", "-c", "(sleep 0.05 &) ; sleep 0.05; exit 3"]),
-    );
-    assert_eq!(
-        primary.wait_exit(Duration::from_secs(60)),
-        Some(75),
-        "{:#?}",
-        primary.output()
-    );
+    let mut primary = spawn(&mut run_sh(
+        [
+            "-w",
+            "2",
+            "--max-restarts",
+            "8",
+            "--backoff",
+            "0.01,1,0.01",
+            "--events",
+            log.to_str().unwrap(),
+        ],
+        "(sleep 0.05 &) ; sleep 0.05; exit 3",
+    ));
+    assert_exit(&mut primary, Duration::from_secs(60), 75);
     let exits: Vec<Value> = events(&log)
         .into_iter()
         .filter(|e| e["event"] == "exit")
@@ -285,13 +270,15 @@ fn a_second_signal_during_the_drain_kills_the_adopted_processes_at_once() {
         file.display()
     );
     let kill_timeout = Duration::from_secs(8);
-    let mut primary = spawn(
-        Command::new(NODUS)
-            .args(["run", "-w", "1", "-l", &addr.to_string()])
-            .args(["--kill-timeout", &kill_timeout.as_secs().to_string()])
-            .args(["--", "sh", "-c", &worker])
-            .env("RUST_LOG", "info"),
-    );
+    let options = [
+        "-w",
+        "1",
+        "-l",
+        &addr.to_string(),
+        "--kill-timeout",
+        &kill_timeout.as_secs().to_string(),
+    ];
+    let mut primary = spawn(run_sh(options, &worker).env("RUST_LOG", "info"));
     let escaped = pid_in(&file, &mut cleanup);
     primary.wait_line("1 worker ready");
     primary.signal(Signal::TERM);

@@ -63,14 +63,19 @@ async fn expect_fd_error(ch: &Channel, expected: usize, received: usize) {
     }
 }
 
-/// Sends a well-formed handle (`listener`) and checks it is ACKed and delivered as itself.
-async fn the_next_handle_is_its_own(ch: &Channel, raw: &mut Raw, listener: &TcpListener) {
-    raw.send_now(HANDLE_FRAME, &[listener.as_fd()]);
+/// Checks that the handle frame sent with `listener` is ACKed and delivered as itself.
+async fn the_handle_arrives_as_itself(ch: &Channel, raw: &mut Raw, listener: &TcpListener) {
     assert_eq!(raw.frame().await.0, r#"{"cmd":"NODE_HANDLE_ACK"}"#);
     let mut m = ch.recv().await.unwrap().unwrap();
     assert_eq!(m.json(), r#""next""#);
     let got = m.take_handle().unwrap().into_tcp_listener().unwrap();
     assert_eq!(got.local_addr().unwrap(), listener.local_addr().unwrap());
+}
+
+/// Sends a well-formed handle (`listener`) and checks it is ACKed and delivered as itself.
+async fn the_next_handle_is_its_own(ch: &Channel, raw: &mut Raw, listener: &TcpListener) {
+    raw.send_now(HANDLE_FRAME, &[listener.as_fd()]);
+    the_handle_arrives_as_itself(ch, raw, listener).await;
     assert!(ch.is_connected(), "the channel stays open");
 }
 
@@ -134,11 +139,7 @@ fn a_split_fds_frame_with_fewer_fds_than_announced_does_not_take_the_next_frames
         assert_eq!(m.json(), r#""burst""#);
         assert!(m.take_handles().is_empty(), "no fd it cannot vouch for");
         assert!(write_end_closed(&r), "its one fd was closed");
-        assert_eq!(raw.frame().await.0, r#"{"cmd":"NODE_HANDLE_ACK"}"#);
-        let mut m = ch.recv().await.unwrap().unwrap();
-        assert_eq!(m.json(), r#""next""#);
-        let got = m.take_handle().unwrap().into_tcp_listener().unwrap();
-        assert_eq!(got.local_addr().unwrap(), listener.local_addr().unwrap());
+        the_handle_arrives_as_itself(ch, raw, listener).await;
     });
 }
 
@@ -223,11 +224,7 @@ fn fds_sent_with_a_frames_first_byte_reach_it_however_the_bytes_are_read() {
                 "in the order sent"
             );
         }
-        assert_eq!(raw.frame().await.0, r#"{"cmd":"NODE_HANDLE_ACK"}"#);
-        let mut m = ch.recv().await.unwrap().unwrap();
-        assert_eq!(m.json(), r#""next""#);
-        let got = m.take_handle().unwrap().into_tcp_listener().unwrap();
-        assert_eq!(got.local_addr().unwrap(), listener.local_addr().unwrap());
+        the_handle_arrives_as_itself(ch, raw, listener).await;
     });
 }
 

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::{bounded, have};
 use nodus::process::output::{Sink, prefix_lines};
-use nodus::process::{Command, ExecErrorKind, ExecOptions, Stdio, exec, exec_file};
+use nodus::process::{Child, Command, ExecErrorKind, ExecOptions, Stdio, exec, exec_file};
 use nodus::signal::{SIGKILL, SIGTERM};
 use nodus::{Runtime, spawn};
 
@@ -33,14 +33,7 @@ fn spawn_with_pipes_both_ways_and_exit_code() {
         let stdin = child.stdin.take().unwrap();
         stdin.write_all(b"through the pipe\n").await.unwrap();
         stdin.close();
-        let mut out = Vec::new();
-        child
-            .stdout
-            .as_ref()
-            .unwrap()
-            .read_to_end(&mut out)
-            .await
-            .unwrap();
+        let out = read_stdout(&child).await;
         let mut err = Vec::new();
         child
             .stderr
@@ -493,9 +486,8 @@ fn socket_link(fd: &OwnedFd) -> String {
     format!("socket:[{}]", rustix::fs::fstat(fd).unwrap().st_ino)
 }
 
-/// Runs `script` under `sh` with `cmd`'s settings and returns its stdout.
-async fn stdout_of(cmd: &mut Command, script: &str) -> String {
-    let child = cmd.arg("-c").arg(script).spawn().unwrap();
+/// The child's stdout, read to its end.
+async fn read_stdout(child: &Child) -> Vec<u8> {
     let mut out = Vec::new();
     child
         .stdout
@@ -504,6 +496,13 @@ async fn stdout_of(cmd: &mut Command, script: &str) -> String {
         .read_to_end(&mut out)
         .await
         .unwrap();
+    out
+}
+
+/// Runs `script` under `sh` with `cmd`'s settings and returns its stdout.
+async fn stdout_of(cmd: &mut Command, script: &str) -> String {
+    let child = cmd.arg("-c").arg(script).spawn().unwrap();
+    let out = read_stdout(&child).await;
     assert!(child.wait().await.unwrap().success());
     String::from_utf8(out).unwrap()
 }
@@ -538,9 +537,7 @@ fn passed_fds_land_at_their_numbers_with_the_channel_right_after() {
             .spawn()
             .unwrap();
         let channel = child.channel.take().unwrap();
-        let mut out = Vec::new();
-        let stdout = child.stdout.as_ref().unwrap();
-        stdout.read_to_end(&mut out).await.unwrap();
+        let out = read_stdout(&child).await;
         assert!(child.wait().await.unwrap().success());
         let out = String::from_utf8(out).unwrap();
         assert_eq!(out.lines().next(), Some("5"), "{out}");

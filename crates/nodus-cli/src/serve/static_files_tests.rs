@@ -104,7 +104,7 @@ impl Tree {
     }
 
     fn get(&self, path: &str) -> Plan {
-        self.plan(Method::GET, path, &[], &StaticOptions::default())
+        get_in(&self.root, path)
     }
 
     fn get_h(&self, path: &str, hs: &[(&str, &str)]) -> Plan {
@@ -118,6 +118,17 @@ impl Tree {
         };
         self.plan(Method::GET, path, &[], &opts)
     }
+}
+
+/// The plan for a plain `GET path` (no headers, the default options) under `root`.
+fn get_in(root: &Path, path: &str) -> Plan {
+    plan(
+        root,
+        &Method::GET,
+        path,
+        &HeaderMap::new(),
+        &StaticOptions::default(),
+    )
 }
 
 fn set_mtime(path: &Path, t: SystemTime) {
@@ -349,15 +360,7 @@ fn special_files_are_403_without_blocking() {
     let t = Tree::new();
     let root = t.root.clone();
     let (fifo, sock, zero) = within_5s(move || {
-        let get = |p: &str| {
-            plan(
-                &root,
-                &Method::GET,
-                p,
-                &HeaderMap::new(),
-                &StaticOptions::default(),
-            )
-        };
+        let get = |p: &str| get_in(&root, p);
         (get("/fifo"), get("/sock"), get("/link-zero"))
     });
     assert_status(&fifo, 403, "fifo");
@@ -370,16 +373,7 @@ fn special_files_are_403_without_blocking() {
     // Seed 003: `nodus serve /dev`.
     let dev = within_5s(|| {
         let root = canonical_root(Path::new("/dev")).unwrap();
-        let get = |p: &str| {
-            plan(
-                &root,
-                &Method::GET,
-                p,
-                &HeaderMap::new(),
-                &StaticOptions::default(),
-            )
-        };
-        ["/random", "/urandom", "/zero", "/null", "/stdin", "/fd/0"].map(|p| (p, get(p)))
+        ["/random", "/urandom", "/zero", "/null", "/stdin", "/fd/0"].map(|p| (p, get_in(&root, p)))
     });
     for (path, p) in &dev {
         match *path {

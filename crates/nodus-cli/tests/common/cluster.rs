@@ -1,5 +1,7 @@
-//! A started cluster primary (`nodus run`, `nodus serve --workers`) and its event log.
+//! A started cluster primary (`nodus run`, with `run_sh` workers that run a shell script;
+//! `nodus serve --workers`), its exit code and its event log.
 
+use std::ffi::OsStr;
 use std::io::PipeReader;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -16,6 +18,28 @@ use super::NODUS;
 /// `cmd` in its own process group, its stdout and stderr lines captured.
 pub fn spawn(cmd: &mut Command) -> Proc {
     Proc::spawn_group(cmd.stdout(Stdio::piped()).stderr(Stdio::piped()))
+}
+
+/// `nodus run OPTIONS... -- sh -c SCRIPT`: workers that run the shell script `SCRIPT`, the
+/// command to give its environment and start with [`spawn`].
+pub fn run_sh<S: AsRef<OsStr>>(options: impl IntoIterator<Item = S>, script: &str) -> Command {
+    let mut cmd = Command::new(NODUS);
+    cmd.arg("run")
+        .args(options)
+        .args(["--", "sh", "-c", script]);
+    cmd
+}
+
+/// Waits for `primary`'s exit (failing the test after `limit`) and asserts its exit code, with
+/// its output in the message.
+#[track_caller]
+pub fn assert_exit(primary: &mut Proc, limit: Duration, code: i32) {
+    assert_eq!(
+        primary.wait_exit(limit),
+        Some(code),
+        "{:#?}",
+        primary.output()
+    );
 }
 
 /// `nodus run --node -w WORKERS EXTRA... -- node app.js`, `app` (JavaScript) written to

@@ -1,7 +1,7 @@
 //! Helpers the `nodus` command's integration tests share beyond `nodus_testkit`: the binary,
 //! external tools (a missing one fails under `CI`), the testkit's HTTP/1.1 client with this
-//! crate's bounds (`http`), a started `nodus serve` (`serve`) and a cluster primary's process and
-//! event log (`cluster`).
+//! crate's bounds (`http`), a started `nodus serve` (`serve`) and a cluster primary's process, exit
+//! code and event log (`cluster`).
 //!
 //! Each test file is its own crate and uses a subset of these, hence `allow(dead_code)`.
 #![allow(dead_code)]

@@ -6,6 +6,7 @@
 //! source is (believed) ready, `WouldBlock` forgets the readiness and the next check registers the
 //! task's waker, `EINTR` tries again. Each check costs one unit of the cooperative budget.
 
+use std::future::poll_fn;
 use std::io::{self, IoSlice, IoSliceMut, Read};
 use std::net::Shutdown;
 use std::os::fd::{AsFd, AsRawFd};
@@ -123,8 +124,22 @@ pub(super) fn shutdown<T: AsFd>(s: &T, how: Shutdown) -> io::Result<()> {
     }
 }
 
+/// Connects the new stream socket `socket` to `addr` without blocking the loop: non-blocking,
+/// the connect started, registered with the current loop (as `from_std` registers a std stream),
+/// then ready once [`poll_connected`] says how it went.
+pub(super) async fn connect<S: AsFd + From<Socket>>(
+    socket: Socket,
+    addr: &SockAddr,
+) -> io::Result<AsyncFd<S>> {
+    socket.set_nonblocking(true)?;
+    start_connect(&socket, addr)?;
+    let io = AsyncFd::new(S::from(socket))?;
+    poll_fn(|cx| poll_connected(&io, cx)).await?;
+    Ok(io)
+}
+
 /// Starts a non-blocking connect: success or "in progress" are both fine.
-pub(super) fn start_connect(socket: &Socket, addr: &SockAddr) -> io::Result<()> {
+fn start_connect(socket: &Socket, addr: &SockAddr) -> io::Result<()> {
     match socket.connect(addr) {
         Ok(()) => Ok(()),
         Err(e)
@@ -140,10 +155,7 @@ pub(super) fn start_connect(socket: &Socket, addr: &SockAddr) -> io::Result<()> 
 /// Ready once a non-blocking connect finished: the fd became writable and `SO_ERROR` says how it
 /// went. A writable-looking fd that has no peer yet (the registration starts out ready) is still
 /// connecting.
-pub(super) fn poll_connected<T: AsFd>(
-    io: &AsyncFd<T>,
-    cx: &mut Context<'_>,
-) -> Poll<io::Result<()>> {
+fn poll_connected<T: AsFd>(io: &AsyncFd<T>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
     loop {
         ready!(io.poll_write_ready(cx))?;
         let socket = SockRef::from(io.get_ref());

@@ -166,11 +166,9 @@ impl TcpStream {
     pub async fn connect(addr: impl IntoSocketAddr) -> io::Result<TcpStream> {
         let addr = addr.into_socket_addr()?;
         let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-        socket.set_nonblocking(true)?;
-        sys::start_connect(&socket, &addr.into())?;
-        let stream = TcpStream::from_std(socket.into())?;
-        poll_fn(|cx| sys::poll_connected(&stream.io, cx)).await?;
-        Ok(stream)
+        Ok(TcpStream {
+            io: sys::connect(socket, &addr.into()).await?,
+        })
     }
 
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {

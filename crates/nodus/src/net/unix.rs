@@ -156,11 +156,9 @@ impl UnixStream {
     pub async fn connect(path: impl AsRef<Path>) -> io::Result<UnixStream> {
         let addr = SockAddr::unix(path)?;
         let socket = Socket::new(Domain::UNIX, Type::STREAM, None)?;
-        socket.set_nonblocking(true)?;
-        sys::start_connect(&socket, &addr)?;
-        let stream = UnixStream::from_std(socket.into())?;
-        poll_fn(|cx| sys::poll_connected(&stream.io, cx)).await?;
-        Ok(stream)
+        Ok(UnixStream {
+            io: sys::connect(socket, &addr).await?,
+        })
     }
 
     /// Two connected, unnamed sockets (`socketpair(2)`), both registered with the current loop.

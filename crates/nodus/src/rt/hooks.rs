@@ -9,8 +9,9 @@
 //! its loop's id: once the hook is stopped its key may hold a newer hook, which the handle never
 //! reaches (a second `stop`, an `unref`, do nothing). `stop`/`close`/`ref_`/`unref` act on the
 //! hook's own loop wherever they are called (its loop current or not, another `Runtime` current:
-//! `context::with_loop`), so a hook stopped off its loop leaves that loop's handle count; once the
-//! loop's `Runtime` is dropped (its hooks with it) or on another thread, they do nothing. A pass
+//! `entry::EntryHandle`, through `context::with_loop`), so a hook stopped off its loop leaves that
+//! loop's handle count; once the loop's `Runtime` is dropped (its hooks with it) or on another
+//! thread, they do nothing. A pass
 //! runs the hooks active when it starts: one started by a callback of the pass (even in a slot a
 //! stopped one left) first runs in the next pass, as in libuv. Dropping the handle does not stop
 //! the hook (a libuv handle lives until closed), on its loop or off it. Close callbacks
@@ -22,6 +23,7 @@ use slab::Slab;
 
 use super::context::{with_core, with_loop};
 use super::core::Core;
+use super::entry::EntryHandle;
 use crate::metrics::classes;
 use crate::metrics::phase::Phase;
 
@@ -122,54 +124,60 @@ fn start(
     })
 }
 
-impl HookHandle {
-    /// Runs `f` on the hook, in its own loop, if it is still active there.
-    fn with_hook<R>(&self, f: impl FnOnce(&Core, &mut Hook) -> R) -> Option<R> {
-        with_loop(self.loop_id, |core| {
-            let mut hooks = core.hooks.borrow_mut();
-            let hook = hooks.get_mut(self.key, self.id)?;
-            Some(f(core, hook))
-        })
-        .flatten()
+impl EntryHandle for HookHandle {
+    type Entry = Hook;
+
+    fn loop_id(&self) -> u64 {
+        self.loop_id
     }
 
+    fn take(&self, core: &Core) -> Option<Hook> {
+        let mut hooks = core.hooks.borrow_mut();
+        hooks.get_mut(self.key, self.id)?;
+        let hook = hooks.slots.remove(self.key);
+        if hook.kind == HookKind::Idle {
+            hooks.active_idle -= 1;
+        }
+        Some(hook)
+    }
+
+    fn held_ref(hook: &Hook) -> bool {
+        hook.refd
+    }
+
+    fn with_ref_flag<R>(&self, core: &Core, f: impl FnOnce(&mut bool) -> R) -> Option<R> {
+        Some(f(&mut core
+            .hooks
+            .borrow_mut()
+            .get_mut(self.key, self.id)?
+            .refd))
+    }
+}
+
+impl HookHandle {
     /// Stops the hook; its callback is dropped.
     pub fn stop(&self) {
-        let removed = with_loop(self.loop_id, |core| {
-            let mut hooks = core.hooks.borrow_mut();
-            hooks.get_mut(self.key, self.id)?;
-            let hook = hooks.slots.remove(self.key);
-            if hook.kind == HookKind::Idle {
-                hooks.active_idle -= 1;
-            }
-            drop(hooks);
-            if hook.refd {
-                core.unref_handle();
-            }
-            Some(hook)
-        });
-        drop(removed);
+        self.remove_entry();
     }
 
     /// Stops the hook and runs `callback` in its loop's close phase.
     #[track_caller]
     pub fn close(&self, callback: impl FnOnce() + 'static) {
-        self.stop();
-        close_callback_on(self.loop_id, Box::new(callback), Location::caller());
+        self.close_entry(Box::new(callback), Location::caller());
     }
 
     /// The hook no longer keeps the loop alive.
     pub fn unref(&self) {
-        self.with_hook(|core, h| core.set_refd(&mut h.refd, false));
+        self.set_entry_ref(false);
     }
 
     /// The hook keeps the loop alive again (the default).
     pub fn ref_(&self) {
-        self.with_hook(|core, h| core.set_refd(&mut h.refd, true));
+        self.set_entry_ref(true);
     }
 
     pub fn has_ref(&self) -> bool {
-        self.with_hook(|_, h| h.refd).unwrap_or(false)
+        self.entry_refd()
     }
 }
 

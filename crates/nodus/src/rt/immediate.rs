@@ -3,15 +3,17 @@
 //! Invariant: an [`Immediate`] (`Copy`, `Send`) names its entry by slab key, an id its loop
 //! never reuses, and its loop's id, and acts on that loop wherever it is used: `clear` cancels it
 //! there (leaving that loop's handle count and run queue) whether that loop is current or not,
-//! or another `Runtime` is current (`context::with_loop`); it never reaches an entry of another
-//! loop or a later immediate in the same slot. Once the loop's `Runtime` is dropped, or on another
-//! thread, it does nothing. Dropping the handle does not cancel the immediate (Node's rule).
+//! or another `Runtime` is current (`entry::EntryHandle`, through `context::with_loop`); it never
+//! reaches an entry of another loop or a later immediate in the same slot. Once the loop's
+//! `Runtime` is dropped, or on another thread, it does nothing. Dropping the handle does not
+//! cancel the immediate (Node's rule).
 
 use std::panic::Location;
 
-use super::context::{with_core, with_loop};
+use super::context::with_core;
 use super::core::Core;
-use super::hooks::close_callback_on;
+use super::entry::EntryHandle;
+use super::queues::ImmediateEntry;
 
 /// A queued immediate; clearing it after it ran does nothing. Dropping the handle does not
 /// cancel it.
@@ -50,67 +52,60 @@ pub fn clear_immediate(immediate: &Immediate) {
     immediate.clear();
 }
 
-impl Immediate {
-    /// Runs `f` on the immediate's own loop, whichever loop (if any) is current; `None` once
-    /// that loop's `Runtime` is dropped, or on another thread.
-    fn on_core<R>(&self, f: impl FnOnce(&Core) -> R) -> Option<R> {
-        with_loop(self.loop_id, f)
+impl EntryHandle for Immediate {
+    type Entry = ImmediateEntry;
+
+    fn loop_id(&self) -> u64 {
+        self.loop_id
     }
 
+    fn take(&self, core: &Core) -> Option<ImmediateEntry> {
+        let e = core
+            .check
+            .borrow_mut()
+            .remove_immediate(self.key, self.id)?;
+        core.meter.cancel();
+        Some(e)
+    }
+
+    fn held_ref(e: &ImmediateEntry) -> bool {
+        e.refd
+    }
+
+    fn with_ref_flag<R>(&self, core: &Core, f: impl FnOnce(&mut bool) -> R) -> Option<R> {
+        let mut check = core.check.borrow_mut();
+        Some(f(&mut check.immediate_mut(self.key, self.id)?.refd))
+    }
+}
+
+impl Immediate {
     /// Cancels it (same as `clear_immediate`).
     #[track_caller]
     pub fn clear(&self) {
-        let removed = self.on_core(|core| {
-            let e = core
-                .check
-                .borrow_mut()
-                .remove_immediate(self.key, self.id)?;
-            core.meter.cancel();
-            if e.refd {
-                core.unref_handle();
-            }
-            Some(e)
-        });
-        drop(removed);
+        self.remove_entry();
     }
 
     /// Cancels it and runs `callback` in the close phase.
     #[track_caller]
     pub fn close(&self, callback: impl FnOnce() + 'static) {
-        self.clear();
-        close_callback_on(self.loop_id, Box::new(callback), Location::caller());
+        self.close_entry(Box::new(callback), Location::caller());
     }
 
     /// It no longer keeps the loop alive by itself.
     #[track_caller]
     pub fn unref(&self) {
-        self.set_ref(false);
+        self.set_entry_ref(false);
     }
 
     /// It keeps the loop alive again (the default).
     #[track_caller]
     pub fn ref_(&self) {
-        self.set_ref(true);
+        self.set_entry_ref(true);
     }
 
     /// Whether it is queued and ref'd.
     #[track_caller]
     pub fn has_ref(&self) -> bool {
-        self.on_core(|core| {
-            core.check
-                .borrow_mut()
-                .immediate_mut(self.key, self.id)
-                .is_some_and(|e| e.refd)
-        })
-        .unwrap_or(false)
-    }
-
-    #[track_caller]
-    fn set_ref(&self, on: bool) {
-        self.on_core(|core| {
-            if let Some(e) = core.check.borrow_mut().immediate_mut(self.key, self.id) {
-                core.set_refd(&mut e.refd, on);
-            }
-        });
+        self.entry_refd()
     }
 }

@@ -16,6 +16,7 @@
 pub(crate) mod context;
 pub(crate) mod core;
 mod drain;
+pub(crate) mod entry;
 pub(crate) mod hooks;
 mod immediate;
 mod main_task;

@@ -14,10 +14,11 @@
 //! by that queue) and their loop's id: `clear`, `ref_`/`unref`, `has_ref`, `is_active`, and a
 //! `Sleep`'s drop, reset or unref reach that loop whether it is current, not current (after
 //! `block_on` returned, with no loop current) or another `Runtime` is current
-//! (`rt::context::with_loop`), and never touch another loop's timers. Once the loop's `Runtime`
-//! is dropped, or on another thread, they do nothing (`has_ref`/`is_active` are `false`): the
-//! loop's timers were dropped with it, or belong to its thread. Dropping a `Timer` does nothing
-//! (Node's handles); dropping a `Sleep` disarms it.
+//! (`rt::context::with_loop`; `clear` and the ref methods are `rt::entry::EntryHandle`'s, and a
+//! `Sleep` disarms its timer as `clear` does), and never touch another loop's timers. Once the
+//! loop's `Runtime` is dropped, or on another thread, they do nothing (`has_ref`/`is_active` are
+//! `false`): the loop's timers were dropped with it, or belong to its thread. Dropping a `Timer`
+//! does nothing (Node's handles); dropping a `Sleep` disarms it.
 
 mod delay;
 pub(crate) mod queue;
@@ -28,10 +29,10 @@ use std::panic::Location;
 pub use delay::{IntoDelay, MAX_DELAY};
 pub use sleep::{Elapsed, Interval, Sleep, Timeout, interval, sleep, sleep_until, timeout};
 
-use self::queue::{TimerAction, TimerKey};
+use self::queue::{TimerAction, TimerEntry, TimerKey};
 use crate::rt::context::{try_with_core, with_core, with_loop};
 use crate::rt::core::Core;
-use crate::rt::hooks::close_callback_on;
+use crate::rt::entry::EntryHandle;
 
 /// A timer made by `set_timeout` or `set_interval`. Copying the handle is cheap; dropping it
 /// does not cancel the timer.
@@ -111,65 +112,63 @@ fn arm(
     })
 }
 
-impl Timer {
-    /// Runs `f` on the timer's own loop, whichever loop (if any) is current; `None` once that
-    /// loop's `Runtime` is dropped, or on another thread (see the module docs).
-    fn on_core<R>(&self, f: impl FnOnce(&Core) -> R) -> Option<R> {
-        with_loop(self.loop_id, f)
+impl EntryHandle for Timer {
+    type Entry = TimerEntry;
+
+    fn loop_id(&self) -> u64 {
+        self.loop_id
     }
 
+    fn take(&self, core: &Core) -> Option<TimerEntry> {
+        core.timers.borrow_mut().remove(self.key)
+    }
+
+    fn held_ref(e: &TimerEntry) -> bool {
+        e.refd
+    }
+
+    fn with_ref_flag<R>(&self, core: &Core, f: impl FnOnce(&mut bool) -> R) -> Option<R> {
+        Some(f(&mut core.timers.borrow_mut().get_mut(self.key)?.refd))
+    }
+}
+
+impl Timer {
     /// Cancels the timer (`clear_timeout` / `clear_interval`).
     #[track_caller]
     pub fn clear(&self) {
-        let removed = self.on_core(|core| {
-            let e = core.timers.borrow_mut().remove(self.key)?;
-            if e.refd {
-                core.unref_handle();
-            }
-            Some(e)
-        });
-        drop(removed);
+        self.remove_entry();
     }
 
     /// Cancels the timer and runs `callback` in the close phase.
     #[track_caller]
     pub fn close(&self, callback: impl FnOnce() + 'static) {
-        self.clear();
-        close_callback_on(self.loop_id, Box::new(callback), Location::caller());
+        self.close_entry(Box::new(callback), Location::caller());
     }
 
     /// The timer no longer keeps the loop alive (Node's `timeout.unref()`).
     #[track_caller]
     pub fn unref(&self) {
-        self.set_ref(false);
+        self.set_entry_ref(false);
     }
 
     /// The timer keeps the loop alive again (Node's `timeout.ref()`; the default).
     #[track_caller]
     pub fn ref_(&self) {
-        self.set_ref(true);
+        self.set_entry_ref(true);
     }
 
     /// Whether the timer is armed and ref'd.
     #[track_caller]
     pub fn has_ref(&self) -> bool {
-        self.on_core(|core| core.timers.borrow().get(self.key).is_some_and(|e| e.refd))
-            .unwrap_or(false)
+        self.entry_refd()
     }
 
     /// Whether the timer is still armed (not fired, for a timeout; not cleared).
     #[track_caller]
     pub fn is_active(&self) -> bool {
-        self.on_core(|core| core.timers.borrow().get(self.key).is_some())
-            .unwrap_or(false)
-    }
-
-    #[track_caller]
-    fn set_ref(&self, on: bool) {
-        self.on_core(|core| {
-            if let Some(e) = core.timers.borrow_mut().get_mut(self.key) {
-                core.set_refd(&mut e.refd, on);
-            }
-        });
+        with_loop(self.loop_id, |core| {
+            core.timers.borrow().get(self.key).is_some()
+        })
+        .unwrap_or(false)
     }
 }

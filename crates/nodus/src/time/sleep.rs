@@ -129,17 +129,15 @@ impl Sleep {
         });
     }
 
-    /// Disarms its timer in the loop that holds it, wherever this runs (see the module docs).
+    /// Disarms its timer in the loop that holds it, wherever this runs (see the module docs): as
+    /// clearing a `Timer` with its key does.
     fn cancel(&mut self) {
         let Some(key) = self.key.take() else { return };
-        let removed = with_loop(self.loop_id, |core| {
-            let e = core.timers.borrow_mut().remove(key)?;
-            if e.refd {
-                core.unref_handle();
-            }
-            Some(e)
-        });
-        drop(removed);
+        super::Timer {
+            key,
+            loop_id: self.loop_id,
+        }
+        .clear();
     }
 }
 
