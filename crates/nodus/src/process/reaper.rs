@@ -9,7 +9,8 @@
 //!
 //! Which children are nodus's own: every process nodus forks ([`Command::spawn`](super::Command::spawn), the orphan
 //! guard) is registered in [`OURS`], a process-wide table, from before the fork until after its
-//! reap by its own exit task (`waitid(P_PIDFD)`, see `child`). The registration is always on,
+//! reap by its own exit task (`waitid(P_PIDFD)`, see `child`; once its loop is gone, by the
+//! orphan reaper, `orphans`). The registration is always on,
 //! reaper or not (a mutex and a map entry per spawn), so a child spawned before a reaper starts,
 //! or on another loop's thread, is known too.
 //!
@@ -26,7 +27,8 @@
 //!   another thread can make, does nothing and is tried again 1 ms later.) A pid the pass
 //!   `waitid`s is its unreaped child at the listing, so its number cannot have been reused in
 //!   between, and no new child of nodus's can take it while the lock is held.
-//! - An entry is removed only after its child's reap (`Watch::finish`), so a zombie of nodus's
+//! - An entry is removed only after its child's reap (`Watch::finish`; the watch's drop or the
+//!   orphan reaper's thread once its loop is gone), so a zombie of nodus's
 //!   waiting for its exit task, or one in the group-signal window (`WNOWAIT`), is still in the
 //!   table. Entries count: a number reused by a new child of nodus's before the old entry is
 //!   removed is held twice and stays held after the removal. A foreign child that gets a number
