@@ -81,8 +81,8 @@
 //!   (`reaper`, on in the CLI) adopts it once its parent is gone and tells the guard, which
 //!   SIGKILLs it (and the group it leads) if the primary is killed; without a subreaper, it goes
 //!   to init. The adoption is noticed at the subreaper's next pass (a `SIGCHLD`, a stats request,
-//!   the stop): a process adopted (its parent gone) less than that before the primary is killed
-//!   is not covered, nor is a descendant of an adopted process that left its group in turn
+//!   the stop, or its periodic pass, 500 ms at most): a process adopted (its parent gone) less
+//!   than that before the primary is killed is not covered, nor is a descendant of an adopted process that left its group in turn
 //!   while its parent still runs (not adopted, not in the group). Only a cgroup (systemd's final
 //!   SIGKILL to the unit, `deploy/systemd`) or the end of a container's PID 1 catches those.
 //! - A worker's child started between the worker's `exec` and the primary's "remember" (a few
