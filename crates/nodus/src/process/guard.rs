@@ -53,7 +53,9 @@
 //! SIGKILL and before the reap (`Child::guard_group`): while the guard remembers a pgid, the
 //! worker is at worst a zombie the primary has not reaped, so the number cannot have been
 //! reused. The socket is ordered, and the guard reads everything before the end of file, so it
-//! never acts on a group the primary forgot.
+//! never acts on a group the primary forgot. A worker still running when the primary's runtime
+//! is dropped (its exit task with it) is not forgotten: the orphan reaper (`orphans`) reaps it
+//! only after the guard's exit, which the runtime's drop brings about (end of file).
 //!
 //! The same for an adopted pid: the subreaper (`reaper`) sends "remember" during a pass, for a
 //! child of the primary it counts as adopted and has just found running (`waitid` with
@@ -82,8 +84,9 @@
 //!   SIGKILLs it (and the group it leads) if the primary is killed; without a subreaper, it goes
 //!   to init. The adoption is noticed at the subreaper's next pass (a `SIGCHLD`, a stats request,
 //!   the stop, or its periodic pass, 500 ms at most): a process adopted (its parent gone) less
-//!   than that before the primary is killed is not covered, nor is a descendant of an adopted process that left its group in turn
-//!   while its parent still runs (not adopted, not in the group). Only a cgroup (systemd's final
+//!   than that before the primary is killed is not covered, nor is a descendant of an adopted
+//!   process that left its group in turn while its parent still runs (not adopted, not in the
+//!   group). Only a cgroup (systemd's final
 //!   SIGKILL to the unit, `deploy/systemd`) or the end of a container's PID 1 catches those.
 //! - A worker's child started between the worker's `exec` and the primary's "remember" (a few
 //!   microseconds) is not covered if the primary is SIGKILLed in that window.

@@ -4,16 +4,16 @@
 //! daemonized with `setsid` and a double fork) is re-parented to this process instead of to init;
 //! as PID 1 of a container that happens anyway. The reaper then reaps every child that is not one
 //! of nodus's own ("foreign": adopted orphans), on `SIGCHLD` and every [`PASS_PERIOD`], so none is
-//! left a zombie, and at the
-//! end of a graceful stop [`Reaper::stop_adopted`] stops those still running (SIGTERM, SIGKILL
-//! after the kill timeout: systemd's `KillMode=` for a unit's leftovers).
+//! left a zombie, and at the end of a graceful stop [`Reaper::stop_adopted`] stops those still
+//! running (SIGTERM, SIGKILL after the kill timeout: systemd's `KillMode=` for a unit's
+//! leftovers).
 //!
 //! Which children are nodus's own: every process nodus forks ([`Command::spawn`](super::Command::spawn), the orphan
 //! guard) is registered in [`OURS`], a process-wide table, from before the fork until after its
 //! reap by its own exit task (`waitid(P_PIDFD)`, see `child`; once its loop is gone, by the
-//! orphan reaper, `orphans`). The registration is always on,
-//! reaper or not (a mutex and a map entry per spawn), so a child spawned before a reaper starts,
-//! or on another loop's thread, is known too.
+//! orphan reaper, `orphans`). The registration is always on, reaper or not (a mutex and a map
+//! entry per spawn), so a child spawned before a reaper starts, or on another loop's thread, is
+//! known too.
 //!
 //! Why the reaper never steals the exit status of one of nodus's own children:
 //! - It never calls `waitpid(-1)`/`waitid(P_ALL)`. It lists this process's children
@@ -29,11 +29,11 @@
 //!   `waitid`s is its unreaped child at the listing, so its number cannot have been reused in
 //!   between, and no new child of nodus's can take it while the lock is held.
 //! - An entry is removed only after its child's reap (`Watch::finish`; the watch's drop or the
-//!   orphan reaper's thread once its loop is gone), so a zombie of nodus's
-//!   waiting for its exit task, or one in the group-signal window (`WNOWAIT`), is still in the
-//!   table. Entries count: a number reused by a new child of nodus's before the old entry is
-//!   removed is held twice and stays held after the removal. A foreign child that gets a number
-//!   still held (reused between a reap and its entry's removal) is merely left for the next pass.
+//!   orphan reaper's thread once its loop is gone), so a zombie of nodus's waiting for its exit
+//!   task, or one in the group-signal window (`WNOWAIT`), is still in the table. Entries count:
+//!   a number reused by a new child of nodus's before the old entry is removed is held twice and
+//!   stays held after the removal. A foreign child that gets a number still held (reused between
+//!   a reap and its entry's removal) is merely left for the next pass.
 //! - A spawn's failure paths keep the registration until they have reaped the child themselves
 //!   (`Child::watch` hands it back on error).
 //!
