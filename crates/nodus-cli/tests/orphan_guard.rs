@@ -1,7 +1,8 @@
 //! The orphan guard (`nodus::process::guard`): a primary killed with SIGKILL leaves none of its
 //! workers' children running (`nodus run` with a plain program and with `--node`) nor any
 //! listening port open, nor any process the primary adopted as its subreaper (a `setsid`
-//! escapee, counted in the stats first; a `setsid` daemon with the children in its group); the
+//! escapee, counted in the stats first; a `setsid` daemon with the children in its group; a
+//! daemon adopted with nothing else happening, seen by the periodic reaping pass); the
 //! guard of `nodus serve --workers` goes with its primary too; the
 //! guard shrugs off SIGINT/SIGTERM/SIGHUP, holds no fd but its socket, and is reaped by its
 //! primary after a SIGTERM stop; a guard that dies is one warning line and the cluster goes on.
@@ -175,6 +176,32 @@ fn an_adopted_setsid_process_dies_with_a_primary_killed_with_sigkill() {
     kill_primary(&mut primary);
     assert_gone_soon(&[escaped], "the adopted setsid sleep");
     assert_gone_soon(&[guard], "the guard");
+}
+
+#[test]
+fn a_daemon_adopted_while_nothing_else_happens_dies_with_a_primary_killed_with_sigkill() {
+    let dir = TempDir::new("guard-adopted-quiet");
+    let file = dir.path().join("pid");
+    let addr = free_addr();
+    let mut cleanup = KillOnDrop::default();
+    // A daemon (`setsid` in a subshell that exits: a double fork). Its re-parenting sends the
+    // primary no SIGCHLD, and nothing else makes a reaping pass: the worker runs on, no other
+    // child exits, no stats are asked for. Only the subreaper's periodic pass sees it.
+    let worker = format!(
+        "(setsid sh -c 'echo $$ > {}; exec sleep 300' &); exec sleep 300",
+        file.display()
+    );
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "-w", "1", "-l", &addr.to_string()])
+            .args(["--", "sh", "-c", &worker]),
+    );
+    let daemon = pid_in(&file, &mut cleanup);
+    tree::wait_parent(daemon, primary.id(), Duration::from_secs(5));
+    // Three times the period (500 ms), for a loaded machine.
+    std::thread::sleep(Duration::from_millis(1500));
+    kill_primary(&mut primary);
+    assert_gone_soon(&[daemon], "the daemon adopted while nothing else happened");
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! `nodus::process`: spawn with pipes, exit codes and signals through the pidfd, kill, process
-//! groups and kill-tree, the group exit signal, the parent-death signal, ref/unref, exec and
+//! groups and kill-tree, the group exit signal, the parent-death signal, ref/unref, the reap of
+//! a child whose runtime is dropped before its exit (the orphan reaper), exec and
 //! exec_file (buffer limit, timeout, failure), fork of a nodus child, fds passed at given numbers
 //! (with the IPC channel after them), and output copied line by line behind a prefix.
 //! Every test bounded in time.
@@ -8,7 +9,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,6 +18,7 @@ use nodus::process::output::{Sink, prefix_lines};
 use nodus::process::{Child, Command, ExecErrorKind, ExecOptions, Stdio, exec, exec_file};
 use nodus::signal::{SIGKILL, SIGTERM};
 use nodus::{Runtime, spawn};
+use nodus_testkit::tree;
 
 fn state_of(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -315,27 +317,98 @@ fn the_parent_death_signal_fires_when_the_spawning_thread_exits() {
     })
     .join()
     .unwrap();
+    // Killed when the thread exited (else `sleep 30` would run on), then reaped by the orphan
+    // reaper (its exit task died with that loop).
+    wait_reaped(pid, "the child of the exited thread");
+}
+
+/// Waits until `pid` is no longer this process's child, zombie included (5 s at most).
+fn wait_reaped(pid: u32, what: &str) {
     let start = Instant::now();
-    // Killed when the thread exited; left as our zombie (its reaper task died with that loop).
-    while state_of(pid) != Some('Z') {
+    while tree::parent_of(pid as i32) == Some(std::process::id()) {
         assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "child {pid} survived its parent thread"
+            start.elapsed() < Duration::from_secs(5),
+            "{what} {pid} is still our child (state {:?})",
+            state_of(pid)
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    let pidfd = rustix::process::pidfd_open(
-        rustix::process::Pid::from_raw(pid as i32).unwrap(),
-        rustix::process::PidfdFlags::empty(),
-    )
-    .unwrap();
-    let st = rustix::process::waitid(
-        rustix::process::WaitId::PidFd(pidfd.as_fd()),
-        rustix::process::WaitIdOptions::EXITED,
-    )
-    .unwrap()
-    .unwrap();
-    assert_eq!(st.terminating_signal(), Some(SIGKILL));
+}
+
+/// Waits until `pid` is a zombie (5 s at most).
+fn wait_zombie(pid: u32) {
+    let start = Instant::now();
+    while !tree::is_zombie(pid as i32) {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{pid} has not exited (state {:?})",
+            state_of(pid)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_child_still_running_when_its_runtime_is_dropped_is_reaped_at_its_exit() {
+    let rt = Runtime::new();
+    // Its `Child` dropped at once, its exit task with the runtime.
+    let pid = rt.block_on(async { Command::new("sleep").arg("1").spawn().unwrap().id() });
+    drop(rt);
+    assert!(
+        state_of(pid).is_some_and(|s| s != 'Z'),
+        "still running at the drop"
+    );
+    wait_reaped(pid, "the child of the dropped runtime");
+}
+
+#[test]
+fn a_child_that_exited_before_its_runtime_was_dropped_is_reaped_by_the_drop() {
+    let rt = Runtime::new();
+    let pid = rt.block_on(async { Command::new("sleep").arg("0.1").spawn().unwrap().id() });
+    // The loop is not running: nothing reaps it yet.
+    wait_zombie(pid);
+    drop(rt);
+    assert_ne!(
+        tree::parent_of(pid as i32),
+        Some(std::process::id()),
+        "reaped by the drop"
+    );
+}
+
+#[test]
+fn a_child_kept_past_its_runtime_keeps_its_pidfd_and_is_reaped_when_dropped() {
+    let rt = Runtime::new();
+    let child = rt.block_on(async { Command::new("sleep").arg("30").spawn().unwrap() });
+    drop(rt);
+    let pid = child.id();
+    child.kill(SIGKILL).unwrap();
+    wait_zombie(pid);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        tree::is_zombie(pid as i32),
+        "not reaped while its Child is held"
+    );
+    drop(child);
+    assert_ne!(
+        tree::parent_of(pid as i32),
+        Some(std::process::id()),
+        "reaped by the drop"
+    );
+}
+
+#[test]
+fn an_unrefd_child_whose_loop_is_not_running_is_reaped_at_its_next_iteration() {
+    let rt = Runtime::new();
+    let child = rt.block_on(async {
+        let child = Command::new("sleep").arg("0.1").spawn().unwrap();
+        child.unref();
+        child
+    });
+    wait_zombie(child.id());
+    assert!(child.try_wait().is_none());
+    rt.run_nowait();
+    assert!(child.try_wait().unwrap().unwrap().success());
+    assert_ne!(tree::parent_of(child.id() as i32), Some(std::process::id()));
 }
 
 #[test]

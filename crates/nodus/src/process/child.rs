@@ -7,9 +7,16 @@
 //! no thread per child.
 //!
 //! Invariants:
-//! - The child is reaped exactly once, by its exit task, whether or not anyone awaits
-//!   [`Child::wait`]; dropping the `Child` does not kill it and does not leave a zombie (while the
-//!   loop runs).
+//! - The child is reaped exactly once, whether or not anyone awaits [`Child::wait`]; dropping the
+//!   `Child` does not kill it. While its loop lives, its exit task reaps it: an unref'd child
+//!   whose loop is not running (`block_on` returned) is reaped at the loop's next iteration
+//!   (`run_nowait` included; its pidfd stays readable). Once the loop's `Runtime` is dropped
+//!   (the exit task with it) and the `Child` too, the drop of the last of them reaps it if it
+//!   has exited, else hands it to the orphan reaper's thread (`orphans`), which reaps it at its
+//!   exit (group exit signal and guard order kept). So no zombie outlives both the runtime and
+//!   the `Child`. A `Child` held past its runtime is not reaped while held (its pid stays its
+//!   own: [`Child::kill_group`] stays safe), nor is the child of a runtime kept and never run
+//!   again.
 //! - Until its exit is observed the child is an active ref'd handle (Node: a `ChildProcess`
 //!   keeps the loop alive); [`Child::unref`] releases it. After the exit the pidfd is closed and
 //!   nothing is ref'd.
@@ -20,12 +27,14 @@
 //!   the exit task looks at the exit first (`WNOWAIT`, which leaves the child a zombie), signals
 //!   what is left of the child's process group, then reaps: the group is signalled while its id
 //!   is still the zombie's pid, so never a recycled one.
-//! - The child is registered as nodus's own (`reaper::Ours`, taken before the fork) until its
-//!   exit task has reaped it: no subreaper pass touches it, zombie or not (`Child::watch` hands
-//!   the registration back on error, for the caller to drop after its own reap).
+//! - The child is registered as nodus's own (`reaper::Ours`, taken before the fork) until it
+//!   has been reaped (by its exit task, the watch's drop or the orphan reaper): no subreaper pass
+//!   touches it, zombie or not (`Child::watch` hands the registration back on error, for the
+//!   caller to drop after its own reap).
 //! - A child whose group an orphan guard remembers ([`Child::guard_group`]) is forgotten by the
 //!   guard in that same window: after the group signal, before the reap (the guard never holds
-//!   a pgid that could be reused; see `guard`).
+//!   a pgid that could be reused; see `guard`). Handed to the orphan reaper while running, it
+//!   stays remembered and is reaped only after the guard's exit (see `orphans`).
 
 use std::cell::RefCell;
 use std::fmt;
@@ -38,6 +47,7 @@ use std::task::{Context, Poll, Waker, ready};
 use rustix::process::{Pid, Signal, WaitId, WaitIdOptions, WaitIdStatus};
 
 use super::guard::OrphanGuard;
+use super::orphans::Orphan;
 use super::pipes::{ChildStderr, ChildStdin, ChildStdout};
 use super::reaper::Ours;
 use crate::io::AsyncFd;
@@ -154,6 +164,42 @@ impl Watch {
             .borrow()
             .as_ref()
             .map(|r| r.clone().map_err(|(kind, msg)| io::Error::new(kind, msg)))
+    }
+}
+
+impl Drop for Watch {
+    /// The exit task was dropped before the reap (its loop's `Runtime` is gone) and so is the
+    /// `Child`: reaps the child now if it has exited, else hands it to the orphan reaper (see
+    /// the module doc).
+    fn drop(&mut self) {
+        // Both are taken by `finish` (the exit task reaped the child, or gave up). `ours` is
+        // dropped when this returns: after any reap here.
+        let (Some(pidfd), Some(ours)) = (self.pidfd.get_mut().take(), self.ours.get_mut().take())
+        else {
+            return;
+        };
+        let pidfd = pidfd.into_inner();
+        loop {
+            match self.try_reap(pidfd.as_fd()) {
+                Ok(None) => break,
+                Err(rustix::io::Errno::INTR) => {}
+                // Reaped, or not ours to reap (as in `finish`).
+                Ok(Some(_)) | Err(_) => return,
+            }
+        }
+        // A guard that remembers its group: the child is reaped after the guard's exit.
+        let mut guard_pidfd = None;
+        if let Some(guard) = self.guard.get_mut().take() {
+            match guard.pidfd() {
+                Some(Ok(fd)) => guard_pidfd = Some(fd),
+                // Reaped: the guard has exited and remembers nothing.
+                None => {}
+                // Its exit cannot be waited for: forgotten now (not covered, never wrong).
+                Some(Err(_)) => guard.forget(self.pid),
+            }
+        }
+        let orphan = Orphan::new(pidfd, self.pid, self.group_exit_signal, guard_pidfd, ours);
+        super::orphans::adopt(orphan);
     }
 }
 
@@ -298,6 +344,12 @@ impl Child {
         }
         guard.remember(self.watch.pid);
         *self.watch.guard.borrow_mut() = Some(guard.clone());
+    }
+
+    /// A new pidfd of the child, `None` once it has been reaped.
+    pub(super) fn pidfd(&self) -> Option<io::Result<OwnedFd>> {
+        let pidfd = self.watch.pidfd.borrow();
+        Some(pidfd.as_ref()?.get_ref().try_clone())
     }
 
     /// The child no longer keeps the loop alive (Node's `child.unref()`). Its stdio pipes and

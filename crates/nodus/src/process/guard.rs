@@ -53,7 +53,9 @@
 //! SIGKILL and before the reap (`Child::guard_group`): while the guard remembers a pgid, the
 //! worker is at worst a zombie the primary has not reaped, so the number cannot have been
 //! reused. The socket is ordered, and the guard reads everything before the end of file, so it
-//! never acts on a group the primary forgot.
+//! never acts on a group the primary forgot. A worker still running when the primary's runtime
+//! is dropped (its exit task with it) is not forgotten: the orphan reaper (`orphans`) reaps it
+//! only after the guard's exit, which the runtime's drop brings about (end of file).
 //!
 //! The same for an adopted pid: the subreaper (`reaper`) sends "remember" during a pass, for a
 //! child of the primary it counts as adopted and has just found running (`waitid` with
@@ -81,9 +83,10 @@
 //!   (`reaper`, on in the CLI) adopts it once its parent is gone and tells the guard, which
 //!   SIGKILLs it (and the group it leads) if the primary is killed; without a subreaper, it goes
 //!   to init. The adoption is noticed at the subreaper's next pass (a `SIGCHLD`, a stats request,
-//!   the stop): a process adopted (its parent gone) less than that before the primary is killed
-//!   is not covered, nor is a descendant of an adopted process that left its group in turn
-//!   while its parent still runs (not adopted, not in the group). Only a cgroup (systemd's final
+//!   the stop, or its periodic pass, 500 ms at most): a process adopted (its parent gone) less
+//!   than that before the primary is killed is not covered, nor is a descendant of an adopted
+//!   process that left its group in turn while its parent still runs (not adopted, not in the
+//!   group). Only a cgroup (systemd's final
 //!   SIGKILL to the unit, `deploy/systemd`) or the end of a container's PID 1 catches those.
 //! - A worker's child started between the worker's `exec` and the primary's "remember" (a few
 //!   microseconds) is not covered if the primary is SIGKILLed in that window.
@@ -422,6 +425,12 @@ impl OrphanGuard {
         since.elapsed() < BUSY_LIMIT
     }
 
+    /// A pidfd of the guard process, `None` once it has been reaped (it has exited: it holds
+    /// nothing). See `orphans`: a child whose group it remembers is reaped after its exit.
+    pub(crate) fn pidfd(&self) -> Option<io::Result<OwnedFd>> {
+        self.0.child.pidfd()
+    }
+
     /// Closes the primary's end, once every worker has been reaped (so the guard kills
     /// nothing), and waits for the guard's exit (1 s at most; it exits at once), which its exit
     /// task reaps. Later calls do nothing.
@@ -628,6 +637,54 @@ mod tests {
             assert!(Instant::now() < deadline, "{} still busy", left.len());
             crate::time::sleep(Duration::from_millis(1)).await;
         }
+    }
+
+    /// Waits until `done` (5 s at most, else panics with `what`).
+    fn until(what: &str, done: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// A worker-like child (its own group, SIGKILL to the group at its exit, the group
+    /// remembered by the guard) still running when its runtime is dropped: handed to the orphan
+    /// reaper, it is not reaped while the guard may still kill its group (here: a clone of the
+    /// guard's handle kept past the runtime), and is once the guard has exited, as the guard is.
+    #[test]
+    fn a_guarded_child_whose_runtime_is_gone_is_reaped_after_the_guard_exits() {
+        std::thread::spawn(|| {
+            let rt = crate::Runtime::new();
+            let (guard, child) = rt.block_on(async {
+                let guard = OrphanGuard::start().unwrap();
+                let child = crate::process::Command::new("sleep")
+                    .arg("30")
+                    .process_group(0)
+                    .group_exit_signal(Some(libc::SIGKILL))
+                    .spawn()
+                    .unwrap();
+                child.guard_group(&guard);
+                (guard, child.id() as i32)
+            });
+            let guard_pid = guard.0.child.id() as i32;
+            drop(rt);
+            // SAFETY: a plain syscall on our unreaped child (its number cannot be another's).
+            assert_eq!(unsafe { libc::kill(child, libc::SIGKILL) }, 0);
+            until("the child dies", || state(child) == Some('Z'));
+            std::thread::sleep(Duration::from_millis(200));
+            assert_eq!(
+                state(child),
+                Some('Z'),
+                "not reaped while the guard remembers its group"
+            );
+            drop(guard);
+            until("the child and the guard are reaped", || {
+                state(child).is_none() && state(guard_pid).is_none()
+            });
+        })
+        .join()
+        .unwrap();
     }
 
     /// A burst of adopted pids that fills the guard's socket is "busy", not a failed send:

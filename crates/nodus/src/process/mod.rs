@@ -7,6 +7,9 @@
 //! - Exits are observed through a pidfd registered with the reactor (readable at exit) and reaped
 //!   with `waitid(P_PIDFD)`: no `SIGCHLD` handler, no `waitpid(-1)`, no thread per child. A child
 //!   is a ref'd handle until its exit is observed (Node's rule); `Child::unref` releases it.
+//!   A child whose `Runtime` is dropped before its exit (its exit task with it) is reaped once
+//!   its `Child` is dropped too: then if it has exited, else at its exit by one background
+//!   thread for the process (`orphans`, crate-private), so none is left a zombie.
 //!   A group exit signal (`Command::group_exit_signal`) reaches what is left of the child's
 //!   process group after its exit and before its reap, while the zombie still holds the group's
 //!   id.
@@ -26,7 +29,8 @@
 //!   that could be another's. Its name,
 //!   [`GUARD_NAME`], tells it from a worker among this process's children.
 //! - Every child nodus forks (`Command::spawn`, the orphan guard) is registered as nodus's own
-//!   (`reaper`, crate-private) from before the fork until after its reap by its exit task. A
+//!   (`reaper`, crate-private) from before the fork until after its reap by its exit task (or,
+//!   its runtime gone, by `orphans`). A
 //!   subreaper (`Reaper`, a cluster primary's with
 //!   [`Config::subreaper`](crate::cluster::Config::subreaper)) reaps only the children that
 //!   table does not hold, one `waitid(P_PID)` each, under the table's lock with no fork in
@@ -39,6 +43,7 @@ mod child;
 mod command;
 mod exec;
 mod guard;
+mod orphans;
 pub mod output;
 mod pipes;
 mod reaper;

@@ -3,15 +3,17 @@
 //! (`PR_SET_CHILD_SUBREAPER`), so a descendant orphaned below it (its parent exited, or it
 //! daemonized with `setsid` and a double fork) is re-parented to this process instead of to init;
 //! as PID 1 of a container that happens anyway. The reaper then reaps every child that is not one
-//! of nodus's own ("foreign": adopted orphans), on `SIGCHLD`, so none is left a zombie, and at the
-//! end of a graceful stop [`Reaper::stop_adopted`] stops those still running (SIGTERM, SIGKILL
-//! after the kill timeout: systemd's `KillMode=` for a unit's leftovers).
+//! of nodus's own ("foreign": adopted orphans), on `SIGCHLD` and every [`PASS_PERIOD`], so none is
+//! left a zombie, and at the end of a graceful stop [`Reaper::stop_adopted`] stops those still
+//! running (SIGTERM, SIGKILL after the kill timeout: systemd's `KillMode=` for a unit's
+//! leftovers).
 //!
 //! Which children are nodus's own: every process nodus forks ([`Command::spawn`](super::Command::spawn), the orphan
 //! guard) is registered in [`OURS`], a process-wide table, from before the fork until after its
-//! reap by its own exit task (`waitid(P_PIDFD)`, see `child`). The registration is always on,
-//! reaper or not (a mutex and a map entry per spawn), so a child spawned before a reaper starts,
-//! or on another loop's thread, is known too.
+//! reap by its own exit task (`waitid(P_PIDFD)`, see `child`; once its loop is gone, by the
+//! orphan reaper, `orphans`). The registration is always on, reaper or not (a mutex and a map
+//! entry per spawn), so a child spawned before a reaper starts, or on another loop's thread, is
+//! known too.
 //!
 //! Why the reaper never steals the exit status of one of nodus's own children:
 //! - It never calls `waitpid(-1)`/`waitid(P_ALL)`. It lists this process's children
@@ -26,11 +28,12 @@
 //!   another thread can make, does nothing and is tried again 1 ms later.) A pid the pass
 //!   `waitid`s is its unreaped child at the listing, so its number cannot have been reused in
 //!   between, and no new child of nodus's can take it while the lock is held.
-//! - An entry is removed only after its child's reap (`Watch::finish`), so a zombie of nodus's
-//!   waiting for its exit task, or one in the group-signal window (`WNOWAIT`), is still in the
-//!   table. Entries count: a number reused by a new child of nodus's before the old entry is
-//!   removed is held twice and stays held after the removal. A foreign child that gets a number
-//!   still held (reused between a reap and its entry's removal) is merely left for the next pass.
+//! - An entry is removed only after its child's reap (`Watch::finish`; the watch's drop or the
+//!   orphan reaper's thread once its loop is gone), so a zombie of nodus's waiting for its exit
+//!   task, or one in the group-signal window (`WNOWAIT`), is still in the table. Entries count:
+//!   a number reused by a new child of nodus's before the old entry is removed is held twice and
+//!   stays held after the removal. A foreign child that gets a number still held (reused between
+//!   a reap and its entry's removal) is merely left for the next pass.
 //! - A spawn's failure paths keep the registration until they have reaped the child themselves
 //!   (`Child::watch` hands it back on error).
 //!
@@ -48,8 +51,16 @@
 //! Signals: `SIGCHLD` comes through a [`Signals`] stream (unref'd). Signals coalesce, so each one
 //! is a full pass. An orphan re-parented while alive sends nothing then, but its exit does (the
 //! kernel gives a re-parented child `SIGCHLD` as its exit signal), and one re-parented as a
-//! zombie signals its new parent at once. Adoptions are counted at the next pass (a `SIGCHLD`,
-//! a stats request, the stop).
+//! zombie signals its new parent at once. So an adoption is seen at the next pass: a `SIGCHLD`, a
+//! stats request, the stop, or at the latest the periodic pass, every [`PASS_PERIOD`] (500 ms)
+//! while the reaper runs (an unref'd interval in its task: it never keeps the loop alive, and
+//! ends with the task at [`Reaper::close`]). Why 500 ms: the period bounds how long an orphan
+//! adopted alive goes unremembered by the orphan guard (below); a pass costs one listing of
+//! `/proc/self/task/*/children` (a read per thread of this process: some 100 µs for a primary's
+//! dozen threads, under [`OURS`]'s lock, which holds back a spawn on another thread that long)
+//! and one `waitid` per foreign child, so two passes a second are a few hundredths of a percent
+//! of a core and two wake-ups of an idle primary, while the window is short next to anything
+//! that SIGKILLs a primary (an operator, the OOM killer).
 //!
 //! The orphan guard (`guard`; [`Reaper::set_guard`], which the cluster primary calls once both
 //! run): an adopted process survives a primary killed with SIGKILL (it left the worker groups
@@ -71,7 +82,8 @@
 //!   A socket full for a whole second (the guard stopped) is a failed send: the guard is killed.
 //! - Its limit is the pass's lag: an orphan re-parented here while running sends no `SIGCHLD`,
 //!   so it is remembered only at the next pass (a `SIGCHLD` from any foreign child, a stats
-//!   request, the stop); one adopted less than that before the primary is killed goes to init.
+//!   request, the stop, or the periodic one: [`PASS_PERIOD`] at most); one adopted less than
+//!   that before the primary is killed goes to init.
 //! - If a graceful stop gives up on some adopted processes ([`Reaper::stop_adopted`] after its
 //!   SIGKILLs), they are still remembered: the guard's end of file, when the primary closes it,
 //!   SIGKILLs them once more.
@@ -81,10 +93,12 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
+use std::future::poll_fn;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::rc::Rc;
 use std::sync::Mutex;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, PidfdFlags, Signal, WaitId, WaitIdOptions};
@@ -160,6 +174,9 @@ impl Drop for Ours {
     }
 }
 
+/// How often a pass runs without a `SIGCHLD` (see the module doc: the adoption lag).
+const PASS_PERIOD: Duration = Duration::from_millis(500);
+
 /// How often the stop looks at what is left of the adopted processes.
 const STOP_POLL: Duration = Duration::from_millis(10);
 /// How long the stop goes on SIGKILLing what appears (a killed process's own children are
@@ -202,7 +219,8 @@ enum Pass {
 
 impl Reaper {
     /// Marks this process a child subreaper (a failure is one warning line: as PID 1 it adopts
-    /// orphans anyway), catches `SIGCHLD` and reaps what is already there.
+    /// orphans anyway), catches `SIGCHLD` and reaps what is already there, then passes again at
+    /// every `SIGCHLD` and every [`PASS_PERIOD`].
     ///
     /// # Errors
     /// `SIGCHLD` cannot be caught.
@@ -239,10 +257,20 @@ impl Reaper {
         });
         let weak = Rc::downgrade(&inner);
         let task = crate::task::spawn_named("process:reaper", async move {
+            // Unref'd, as the signal stream: neither keeps the loop alive.
+            let mut period = crate::time::interval(PASS_PERIOD);
+            period.unref();
             loop {
                 let Some(inner) = weak.upgrade() else { return };
                 Reaper(inner).reap().await;
-                signals.recv().await;
+                // A `SIGCHLD`, or the period: an orphan re-parented here alive sends nothing.
+                poll_fn(|cx| {
+                    if signals.poll_recv(cx).is_ready() || period.poll_tick(cx).is_ready() {
+                        return Poll::Ready(());
+                    }
+                    Poll::Pending
+                })
+                .await;
             }
         });
         *inner.task.borrow_mut() = Some(task);

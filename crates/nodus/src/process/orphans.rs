@@ -1,0 +1,191 @@
+//! The orphan reaper: the children of nodus's whose loop is gone, reaped by a background thread.
+//!
+//! A child's exit is reaped by its exit task (`child`), on its loop. When that loop's `Runtime`
+//! is dropped before the child's exit was seen, the task is dropped with it, and once the
+//! `Child` is dropped too (the last holder of its exit watch), no loop will ever reap it. The
+//! watch's drop then reaps it at once if it has exited, and otherwise hands it here ([`adopt`]):
+//! its pidfd, its group exit signal, its registration as nodus's own ([`Ours`]) and, if the
+//! orphan guard remembers its group, a pidfd of the guard. (tokio keeps such children in an
+//! orphan queue; `std` leaves them zombies.)
+//!
+//! Invariants:
+//! - One thread ("nodus-orphans"), started by a hand-off when none runs. It blocks in `poll` on
+//!   the pidfds it holds and an eventfd (written by each hand-off), with no timeout: no busy
+//!   loop. It ends as soon as it holds nothing (the next hand-off starts another), and it never
+//!   keeps the process alive (a Rust program ends with its `main` thread).
+//! - A child is reaped here exactly as its exit task would have: `waitid(P_PIDFD)`, never
+//!   `waitpid(-1)`; with a group exit signal, its group is signalled between its exit, seen with
+//!   `WNOWAIT`, and its reap (the zombie holds the group's id). Its [`Ours`] is dropped only
+//!   after the reap (an error that makes it no longer ours to reap included), so no subreaper
+//!   pass takes it meanwhile (see `reaper`).
+//! - A child whose group the orphan guard remembers: the guard cannot be told to forget it from
+//!   here (its handle lives on the loop's thread), so its group stays remembered and the child
+//!   is reaped only once the guard has exited (its pidfd readable). Its loop being gone, so is
+//!   the primary the guard stands for: the guard's end of file comes when its last handle is
+//!   dropped, and it SIGKILLs the groups it remembers, this one included, while the child is
+//!   still unreaped. So the guard never holds a pgid that could be reused, and the group is
+//!   still covered until the guard acts. (If the guard's pidfd cannot be duplicated, the group is
+//!   forgotten at the hand-off instead: not covered, never wrong.)
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use rustix::event::{EventfdFlags, PollFd, PollFlags};
+use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
+
+use super::reaper::Ours;
+
+/// Children handed over and not yet taken by the thread, and the thread's eventfd.
+static QUEUE: Mutex<Queue> = Mutex::new(Queue {
+    new: Vec::new(),
+    wake: None,
+});
+
+struct Queue {
+    new: Vec<Orphan>,
+    /// The running thread's eventfd; `None` while no thread runs.
+    wake: Option<Arc<OwnedFd>>,
+}
+
+fn queue() -> MutexGuard<'static, Queue> {
+    QUEUE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A child of nodus's whose exit task is gone (see the module doc).
+pub(super) struct Orphan {
+    pidfd: OwnedFd,
+    pid: Pid,
+    group_exit_signal: Option<Signal>,
+    /// A pidfd of the orphan guard that remembers the child's group: reaped after its exit.
+    guard: Option<OwnedFd>,
+    /// Its exit seen and its group signalled: waiting for the guard's exit.
+    exited: bool,
+    /// Dropped with the `Orphan`, after the reap.
+    _ours: Ours,
+}
+
+impl Orphan {
+    pub(super) fn new(
+        pidfd: OwnedFd,
+        pid: Pid,
+        group_exit_signal: Option<Signal>,
+        guard: Option<OwnedFd>,
+        ours: Ours,
+    ) -> Orphan {
+        Orphan {
+            pidfd,
+            pid,
+            group_exit_signal,
+            guard,
+            exited: false,
+            _ours: ours,
+        }
+    }
+
+    /// What its next step waits for: the child's exit, then (if any) the guard's.
+    fn waiting_on(&self) -> BorrowedFd<'_> {
+        match &self.guard {
+            Some(guard) if self.exited => guard.as_fd(),
+            _ => self.pidfd.as_fd(),
+        }
+    }
+
+    /// The step `poll` found ready; `true` once the child is reaped (or not ours to reap).
+    fn step(&mut self) -> bool {
+        let wait = |options| loop {
+            match rustix::process::waitid(WaitId::PidFd(self.pidfd.as_fd()), options) {
+                Err(rustix::io::Errno::INTR) => continue,
+                other => break other,
+            }
+        };
+        let exited = WaitIdOptions::EXITED | WaitIdOptions::NOHANG;
+        if self.exited {
+            // The guard has exited: no table holds the group's id any more.
+            self.guard = None;
+        } else if self.group_exit_signal.is_some() || self.guard.is_some() {
+            match wait(exited | WaitIdOptions::NOWAIT) {
+                Ok(None) => return false,
+                Ok(Some(_)) => {}
+                Err(_) => return true,
+            }
+            if let Some(sig) = self.group_exit_signal {
+                // An empty group (ESRCH) is what we want.
+                let _ = rustix::process::kill_process_group(self.pid, sig);
+            }
+            if self.guard.is_some() {
+                self.exited = true;
+                return false;
+            }
+        }
+        !matches!(wait(exited), Ok(None))
+    }
+}
+
+/// Hands `orphan` to the thread, starting one if none runs. If none can start (no eventfd, no
+/// thread), one warning line: the child stays queued, an unreaped zombie once it exits, until a
+/// later hand-off starts the thread.
+pub(super) fn adopt(orphan: Orphan) {
+    let mut q = queue();
+    q.new.push(orphan);
+    if let Some(wake) = &q.wake {
+        let _ = rustix::io::write(wake, &1u64.to_ne_bytes());
+        return;
+    }
+    let started = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
+        .map_err(std::io::Error::from)
+        .and_then(|fd| {
+            let wake = Arc::new(fd);
+            let theirs = wake.clone();
+            std::thread::Builder::new()
+                .name("nodus-orphans".into())
+                .spawn(move || run(theirs))
+                .map(|_| wake)
+        });
+    match started {
+        Ok(wake) => q.wake = Some(wake),
+        Err(e) => tracing::warn!(
+            target: "nodus::process",
+            "cannot start the thread that reaps children whose loop is gone ({e}): {} stay \
+             unreaped for now",
+            q.new.len()
+        ),
+    }
+}
+
+/// The thread: takes what is handed over, waits for any of it to be ready, steps it, and ends
+/// once it holds nothing (under the queue's lock, so no hand-off is missed).
+fn run(wake: Arc<OwnedFd>) {
+    let mut orphans: Vec<Orphan> = Vec::new();
+    loop {
+        {
+            let mut q = queue();
+            orphans.append(&mut q.new);
+            if orphans.is_empty() {
+                q.wake = None;
+                return;
+            }
+        }
+        let mut fds = vec![PollFd::new(&*wake, PollFlags::IN)];
+        fds.extend(
+            orphans
+                .iter()
+                .map(|o| PollFd::from_borrowed_fd(o.waiting_on(), PollFlags::IN)),
+        );
+        match rustix::event::poll(&mut fds, None) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => {
+                // Not expected (no memory); not a busy loop either way.
+                tracing::warn!(target: "nodus::process", "orphan reaper: poll: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        let ready: Vec<bool> = fds.iter().map(|fd| !fd.revents().is_empty()).collect();
+        drop(fds);
+        if ready[0] {
+            let _ = rustix::io::read(&*wake, &mut [0u8; 8]);
+        }
+        let mut ready = ready[1..].iter();
+        orphans.retain_mut(|o| !(*ready.next().expect("one per orphan") && o.step()));
+    }
+}
