@@ -1,7 +1,7 @@
 //! HTML directory listings for `nodus serve` (a directory without `index.html`).
 //!
-//! A listing shows exactly what a request could fetch: names that are not UTF-8 (the path decoder
-//! refuses them), dotfiles (unless allowed), special files (FIFOs, devices, sockets) and symlinks
+//! A listing shows exactly what a request could fetch: names that are not UTF-8 or hold a
+//! backslash (the path decoder refuses both, `uri_path`), dotfiles (unless allowed), special files (FIFOs, devices, sockets) and symlinks
 //! that dangle, leave the root, or land on a dotfile are left out, so a listing never discloses
 //! anything outside the root. Names are HTML-escaped (`<>&"'`) and hrefs are percent-encoded and
 //! prefixed with `./`, so no name can inject markup or turn into a `javascript:` URL. Entries are
@@ -42,7 +42,7 @@ pub fn read_entries(dir: &Path, root: &Path, dotfiles: bool) -> io::Result<(Vec<
             continue;
         }
         let file_name = dirent.file_name();
-        let Some(name) = file_name.to_str() else {
+        let Some(name) = file_name.to_str().filter(|n| !n.contains('\\')) else {
             continue;
         };
         if !dotfiles && name.starts_with('.') {

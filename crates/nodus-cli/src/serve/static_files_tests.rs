@@ -382,9 +382,12 @@ fn special_files_are_403_without_blocking() {
             _ => assert_status(p, 403, path),
         }
     }
-    // Special files are not listed.
+    // Special files are not listed, nor a name no request can reach (`uri_path` refuses `\`).
+    t.write("back\\slash.txt", b"x");
+    assert_status(&t.get("/back%5Cslash.txt"), 400, "a backslash in a name");
     let html = t.get("/").inline_body().unwrap();
     assert!(!html.contains("fifo") && !html.contains("sock") && !html.contains("link-zero"));
+    assert!(!html.contains("slash.txt"), "{html}");
 }
 
 #[test]
