@@ -286,7 +286,10 @@ fn socket_addr(s: &str) -> Result<SocketAddr, String> {
                 .map_or("", |(_, z)| z.split(']').next().unwrap_or(z));
             match e.kind() {
                 std::io::ErrorKind::NotFound => format!("no network interface is named '{zone}'"),
-                _ => "invalid socket address syntax".to_owned(),
+                _ => s
+                    .rsplit_once("]:")
+                    .and_then(|(_, port)| port_out_of_range(port))
+                    .unwrap_or_else(|| "invalid socket address syntax".to_owned()),
             }
         });
     }

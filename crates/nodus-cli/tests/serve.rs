@@ -70,13 +70,18 @@ fn an_ipv6_zone_may_name_its_interface_and_an_unknown_one_is_said() {
             "{args:?}: {stderr}"
         );
     }
-    let out = Command::new(NODUS)
-        .args(["serve", "--listen", "[fe80::1%lo]:99999"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("invalid socket address syntax"), "{stderr}");
+    for (addr, says) in [
+        ("[fe80::1%lo]:99999", "port 99999 is out of range (0-65535)"),
+        ("[fe80::1%lo]:+80", "invalid socket address syntax"),
+    ] {
+        let out = Command::new(NODUS)
+            .args(["serve", "--listen", addr])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{addr}: {stderr}");
+        assert!(stderr.contains(says), "{addr}: {stderr}");
+    }
 }
 
 /// The resident set size of process `pid`, in KiB.

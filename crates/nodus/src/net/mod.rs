@@ -134,8 +134,13 @@ impl IntoSocketAddr for &str {
         let Some((host, port)) = bracketed else {
             return Err(not_an_ip(self));
         };
-        match (crate::dns::zoned_ip(host), port.parse::<u16>()) {
-            (Some(zoned), Ok(port)) => zoned_addr(zoned, port, self),
+        // All digits, as std reads a port (`u16::from_str` alone would take `+80`).
+        let digits = !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit());
+        match (
+            crate::dns::zoned_ip(host),
+            port.parse::<u16>().ok().filter(|_| digits),
+        ) {
+            (Some(zoned), Some(port)) => zoned_addr(zoned, port, self),
             _ => Err(not_an_ip(self)),
         }
     }
@@ -196,6 +201,7 @@ mod tests {
         );
         for bad in [
             "[fe80::1%lo]:99999",
+            "[fe80::1%lo]:+80",
             "[fe80::1%lo]",
             "fe80::1%lo:80",
             "[host%lo]:80",

@@ -14,7 +14,7 @@
 //!   (the exit task with it) and the `Child` too, the drop of the last of them reaps it if it
 //!   has exited, else hands it to the orphan reaper's thread (`orphans`), which reaps it at its
 //!   exit (group exit signal and guard order kept). So no zombie outlives both the runtime and
-//!   the `Child`. A `Child` held past its runtime is not reaped while held (its pid stays its
+//!   the `Child` (unless that thread cannot start: one warning line, see `orphans`). A `Child` held past its runtime is not reaped while held (its pid stays its
 //!   own: [`Child::kill_group`] stays safe), nor is the child of a runtime kept and never run
 //!   again.
 //! - Until its exit is observed the child is an active ref'd handle (Node: a `ChildProcess`

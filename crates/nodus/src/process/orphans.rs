@@ -9,10 +9,16 @@
 //! orphan queue; `std` leaves them zombies.)
 //!
 //! Invariants:
-//! - One thread ("nodus-orphans"), started by a hand-off when none runs. It blocks in `poll` on
-//!   the pidfds it holds and an eventfd (written by each hand-off), with no timeout: no busy
-//!   loop. It ends as soon as it holds nothing (the next hand-off starts another), and it never
+//! - One thread ("nodus-orphans") per process, started by a hand-off when none runs (a process
+//!   forked without `exec` inherits the queue but not the thread: its first hand-off starts its
+//!   own). It blocks in `poll` on the pidfds it holds and an eventfd (written by each hand-off),
+//!   with no timeout: no busy loop. If that `poll` fails (more fds than a lowered
+//!   `RLIMIT_NOFILE`, no memory), it looks at each fd alone every 100 ms instead, one warning
+//!   line. It ends as soon as it holds nothing (the next hand-off starts another), and it never
 //!   keeps the process alive (a Rust program ends with its `main` thread).
+//! - Not covered: a `fork` while this thread holds the queue's lock (briefly, to take what was
+//!   handed over) leaves the forked process's queue locked, as for any lock in a multi-threaded
+//!   program that forks and goes on without `exec`.
 //! - A child is reaped here exactly as its exit task would have: `waitid(P_PIDFD)`, never
 //!   `waitpid(-1)`; with a group exit signal, its group is signalled between its exit, seen with
 //!   `WNOWAIT`, and its reap (the zombie holds the group's id). Its [`Ours`] is dropped only
@@ -40,12 +46,16 @@ use super::reaper::Ours;
 static QUEUE: Mutex<Queue> = Mutex::new(Queue {
     new: Vec::new(),
     wake: None,
+    owner: 0,
 });
 
 struct Queue {
     new: Vec<Orphan>,
     /// The running thread's eventfd; `None` while no thread runs.
     wake: Option<Arc<OwnedFd>>,
+    /// The process whose thread that is: a process forked (without `exec`) from it inherits
+    /// `wake` but not the thread, and starts its own.
+    owner: u32,
 }
 
 fn queue() -> MutexGuard<'static, Queue> {
@@ -122,12 +132,31 @@ impl Orphan {
     }
 }
 
+/// How often the thread looks at each fd when one `poll` of them all fails.
+const SWEEP: Duration = Duration::from_millis(100);
+
+/// Whether `fd` is readable now (a `poll` of it alone, which no fd limit refuses).
+fn ready_now(fd: BorrowedFd<'_>) -> bool {
+    let mut one = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
+    let now = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    rustix::event::poll(&mut one, Some(&now)).is_ok_and(|n| n > 0)
+}
+
 /// Hands `orphan` to the thread, starting one if none runs. If none can start (no eventfd, no
 /// thread), one warning line: the child stays queued, an unreaped zombie once it exits, until a
 /// later hand-off starts the thread.
 pub(super) fn adopt(orphan: Orphan) {
     let mut q = queue();
     q.new.push(orphan);
+    let me = std::process::id();
+    if q.owner != me {
+        // A forked copy of the queue: its thread runs in another process (the eventfd is
+        // shared with it; this copy of it is closed here).
+        q.wake = None;
+    }
     if let Some(wake) = &q.wake {
         let _ = rustix::io::write(wake, &1u64.to_ne_bytes());
         return;
@@ -143,7 +172,10 @@ pub(super) fn adopt(orphan: Orphan) {
                 .map(|_| wake)
         });
     match started {
-        Ok(wake) => q.wake = Some(wake),
+        Ok(wake) => {
+            q.wake = Some(wake);
+            q.owner = me;
+        }
         Err(e) => tracing::warn!(
             target: "nodus::process",
             "cannot start the thread that reaps children whose loop is gone ({e}): {} stay \
@@ -157,6 +189,7 @@ pub(super) fn adopt(orphan: Orphan) {
 /// once it holds nothing (under the queue's lock, so no hand-off is missed).
 fn run(wake: Arc<OwnedFd>) {
     let mut orphans: Vec<Orphan> = Vec::new();
+    let mut warned = false;
     loop {
         {
             let mut q = queue();
@@ -172,15 +205,25 @@ fn run(wake: Arc<OwnedFd>) {
                 .iter()
                 .map(|o| PollFd::from_borrowed_fd(o.waiting_on(), PollFlags::IN)),
         );
-        match rustix::event::poll(&mut fds, None) {
-            Ok(_) | Err(rustix::io::Errno::INTR) => {}
-            Err(e) => {
-                // Not expected (no memory); not a busy loop either way.
-                tracing::warn!(target: "nodus::process", "orphan reaper: poll: {e}");
-                std::thread::sleep(Duration::from_millis(100));
+        let ready: Vec<bool> = match rustix::event::poll(&mut fds, None) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {
+                fds.iter().map(|fd| !fd.revents().is_empty()).collect()
             }
-        }
-        let ready: Vec<bool> = fds.iter().map(|fd| !fd.revents().is_empty()).collect();
+            Err(e) => {
+                // More fds than `RLIMIT_NOFILE` (`EINVAL`: the limit was lowered after they were
+                // opened) or no memory: look at each fd alone, every `SWEEP`.
+                if !warned {
+                    warned = true;
+                    tracing::warn!(
+                        target: "nodus::process",
+                        "orphan reaper: poll of {} fds: {e}; looking at each every {SWEEP:?}",
+                        fds.len()
+                    );
+                }
+                std::thread::sleep(SWEEP);
+                fds.iter().map(|fd| ready_now(fd.as_fd())).collect()
+            }
+        };
         drop(fds);
         if ready[0] {
             let _ = rustix::io::read(&*wake, &mut [0u8; 8]);
