@@ -228,6 +228,90 @@ fn the_access_log_line_cannot_be_forged_by_a_quote_in_the_path() {
     );
 }
 
+/// A request written raw on a new connection, its response read: the connection's local
+/// address (the peer the access log names) and the status.
+fn raw_request(addr: SocketAddr, head: &[u8], body_len: usize) -> (SocketAddr, u16) {
+    let s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
+    let peer = s.local_addr().unwrap();
+    let mut w = s.try_clone().unwrap();
+    w.write_all(head).unwrap();
+    // The body from a thread: the server answers without reading it, and closes.
+    let writer = std::thread::spawn(move || {
+        let _ = w.write_all(&vec![b'x'; body_len]);
+    });
+    let reply = nodus_testkit::http::read_reply(&mut BufReader::new(s), false).unwrap();
+    writer.join().unwrap();
+    (peer, reply.status)
+}
+
+/// The value of the sample `name` in the metrics text `text`.
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}")) as u64
+}
+
+#[test]
+fn every_request_refused_before_the_handler_has_one_access_log_line_and_counts_as_4xx() {
+    let dir = site();
+    let mut server = Serve::start(dir.path(), 1, &["--access-log"]);
+    let a = server.addr;
+    let big = format!(
+        "GET /hello.txt HTTP/1.1\r\nHost: t\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(17 * 1024)
+    );
+    let cases: [(&[u8], usize, u16, &str); 4] = [
+        (
+            b"GET /hello.txt HTTP/1.1\r\n\r\n",
+            0,
+            400,
+            "\"GET /hello.txt HTTP/1.1\" 400 ",
+        ),
+        (big.as_bytes(), 0, 431, "\"- - -\" 431 -"),
+        (
+            b"POST /hello.txt HTTP/1.1\r\nHost: t\r\nContent-Length: 2097152\r\n\r\n",
+            2 << 20,
+            413,
+            "\"POST /hello.txt HTTP/1.1\" 413 ",
+        ),
+        (
+            b"GET /hello.txt HTTP/1.1\r\nHost: t\r\nContent-Length: 2000000\r\n\r\n",
+            0,
+            413,
+            "\"GET /hello.txt HTTP/1.1\" 413 ",
+        ),
+    ];
+    let mut expected = Vec::new();
+    for (head, body_len, status, logged) in cases {
+        let (peer, got) = raw_request(a, head, body_len);
+        assert_eq!(got, status, "{logged}");
+        expected.push((format!("{peer} {logged}"), peer));
+    }
+    let r = request(a, "GET", "/_nodus/metrics", &[]);
+    let text = String::from_utf8(r.body).unwrap();
+    assert_eq!(
+        metric(&text, "nodus_http_requests_total{status=\"4xx\"}"),
+        4,
+        "{text}"
+    );
+    server.proc.signal(rustix::process::Signal::TERM);
+    assert_eq!(server.proc.wait_exit(Duration::from_secs(10)), Some(0));
+    let log = server.proc.output();
+    for (line, peer) in &expected {
+        let lines: Vec<_> = log
+            .iter()
+            .filter(|l| l.contains(&format!("{peer} ")))
+            .collect();
+        assert!(
+            lines.len() == 1 && lines[0].contains("nodus::access") && lines[0].contains(line),
+            "one access-log line {line:?} wanted: {lines:#?}"
+        );
+    }
+}
+
 #[test]
 fn the_dev_directory_attack_does_not_hang() {
     let server = Serve::start(Path::new("/dev"), 1, &[]);

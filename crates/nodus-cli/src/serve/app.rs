@@ -21,6 +21,11 @@
 //! manager that asked for the reload (`NOTIFY_SOCKET`) hears `RELOADING=1` and `READY=1` at once,
 //! so neither `Type=notify` nor `Type=notify-reload` is left waiting. A SIGHUP during the drain
 //! is not a second signal: it is logged and ignored.
+//!
+//! The access log: one line per request, written by `handle_public` for what the handler
+//! answers and by `log_refused` (the server's `on_refused` hook) for what the server refuses
+//! before the handler (400 without `Host`, 413, and a head it could not parse: 431, 400);
+//! method, path and version of an unparsed head, and its time, are `-`.
 
 use std::cell::Cell;
 use std::net::SocketAddr;
@@ -33,7 +38,7 @@ use nodus::cluster::FORCED_STOP_EXIT_CODE;
 use nodus::fs::quote;
 use nodus::net::TcpListener;
 use nodus::signal::{SIGHUP, SIGINT, SIGTERM, Signals};
-use nodus_http::server::ConnInfo;
+use nodus_http::server::{ConnInfo, Refused, RequestLine};
 use nodus_http::{Body, Config, RequestBody, full, serve, text};
 
 use super::admin;
@@ -338,6 +343,9 @@ fn start_servers<L: nodus_http::server::Accept>(
         public,
         Config {
             name: "http:static",
+            on_refused: options
+                .access_log
+                .then_some(log_refused as fn(&Refused<'_>)),
             ..Config::default()
         },
         move |req| handle_public(req, s.clone()),
@@ -418,12 +426,60 @@ async fn handle_public(req: Request<RequestBody>, site: Rc<Site>) -> Response<Bo
         .await
     };
     if site.access_log {
-        let ms = nodus::clock::now_ns().saturating_sub(start) as f64 / 1e6;
-        let peer = peer.map_or_else(|| "-".to_owned(), |p| p.to_string());
-        let path = log_escape(&path);
-        tracing::info!(target: "nodus::access", "{peer} \"{method} {path} {version:?}\" {} {ms:.3}ms", response.status().as_u16());
+        let ns = nodus::clock::now_ns().saturating_sub(start);
+        let line = RequestLine {
+            method: &method,
+            path: &path,
+            version,
+        };
+        log_access(peer, Some(line), response.status(), Some(ns));
     }
     response
+}
+
+/// The access log's line for a request the server refused before the handler (its
+/// `on_refused` hook): the same format, `-` for what an unparsed head does not tell.
+fn log_refused(refused: &Refused<'_>) {
+    log_access(
+        refused.peer,
+        refused.request,
+        refused.status,
+        refused.elapsed_ns,
+    );
+}
+
+/// One access-log line: `PEER "METHOD PATH VERSION" STATUS TIME`, each unknown field `-`.
+fn log_access(
+    peer: Option<SocketAddr>,
+    request: Option<RequestLine<'_>>,
+    status: StatusCode,
+    ns: Option<u64>,
+) {
+    let peer = peer.map_or_else(|| "-".to_owned(), |p| p.to_string());
+    let (status, time) = (status.as_u16(), LogTime(ns));
+    match request {
+        Some(RequestLine {
+            method,
+            path,
+            version,
+        }) => {
+            let path = log_escape(path);
+            tracing::info!(target: "nodus::access", "{peer} \"{method} {path} {version:?}\" {status} {time}");
+        }
+        None => tracing::info!(target: "nodus::access", "{peer} \"- - -\" {status} {time}"),
+    }
+}
+
+/// An access-log line's time: `1.234ms`, or `-` when unknown.
+struct LogTime(Option<u64>);
+
+impl std::fmt::Display for LogTime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(ns) => write!(f, "{:.3}ms", ns as f64 / 1e6),
+            None => f.write_str("-"),
+        }
+    }
 }
 
 /// A request path as the access log quotes it: `"` and `\` (which a request target may hold)
