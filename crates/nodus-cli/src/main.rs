@@ -53,6 +53,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve DIR's files over HTTP, with admin endpoints under /_nodus/.
+    ///
+    /// Signals: SIGTERM/SIGINT drain and exit (see --shutdown-delay, --drain-timeout). SIGHUP is a
+    /// rolling reload with --workers 2 or more (new workers re-executed from the binary's path,
+    /// then the old ones drain); with --workers 1 (the default on one core) there is no worker
+    /// to replace: one line says nothing was reloaded, and it serves on, losing nothing.
     Serve(ServeArgs),
     /// Live terminal dashboard of a running nodus server or cluster (reads ADDR's /_nodus/stats).
     ///
@@ -194,8 +199,9 @@ struct ServeArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8080", value_parser = socket_addr)]
     listen: SocketAddr,
-    /// Worker processes (default: the available cores). 1 serves from this process; more makes
-    /// this process a cluster primary that re-executes the same command as each worker.
+    /// Worker processes (default: the available cores). 1 serves from this process (SIGHUP then
+    /// reloads nothing); more makes this process a cluster primary that re-executes the same
+    /// command as each worker.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
     workers: Option<u16>,
     /// How connections reach workers: rr (the primary accepts and hands them out in turn;
@@ -210,7 +216,8 @@ struct ServeArgs {
     /// they answer loopback clients only).
     #[arg(long, value_parser = socket_addr)]
     admin: Option<SocketAddr>,
-    /// Log one line per request.
+    /// Log one line per request on stderr, those refused before the handler included (400
+    /// without Host, 413, 431; a head that could not be parsed is logged as "- - -").
     #[arg(long)]
     access_log: bool,
     /// Seconds in-flight requests get to finish after a shutdown begins. Exit code 0 when every

@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -231,6 +231,90 @@ fn the_access_log_line_cannot_be_forged_by_a_quote_in_the_path() {
         line.contains(r#""GET /x\x22_200_0.1ms_\x22\x5Cy HTTP/1.1" 400 "#),
         "{line}"
     );
+}
+
+/// A request written raw on a new connection, its response read: the connection's local
+/// address (the peer the access log names) and the status.
+fn raw_request(addr: SocketAddr, head: &[u8], body_len: usize) -> (SocketAddr, u16) {
+    let s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
+    let peer = s.local_addr().unwrap();
+    let mut w = s.try_clone().unwrap();
+    w.write_all(head).unwrap();
+    // The body from a thread: the server answers without reading it, and closes.
+    let writer = std::thread::spawn(move || {
+        let _ = w.write_all(&vec![b'x'; body_len]);
+    });
+    let reply = nodus_testkit::http::read_reply(&mut BufReader::new(s), false).unwrap();
+    writer.join().unwrap();
+    (peer, reply.status)
+}
+
+/// The value of the sample `name` in the metrics text `text`.
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}")) as u64
+}
+
+#[test]
+fn every_request_refused_before_the_handler_has_one_access_log_line_and_counts_as_4xx() {
+    let dir = site();
+    let mut server = Serve::start(dir.path(), 1, &["--access-log"]);
+    let a = server.addr;
+    let big = format!(
+        "GET /hello.txt HTTP/1.1\r\nHost: t\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(17 * 1024)
+    );
+    let cases: [(&[u8], usize, u16, &str); 4] = [
+        (
+            b"GET /hello.txt HTTP/1.1\r\n\r\n",
+            0,
+            400,
+            "\"GET /hello.txt HTTP/1.1\" 400 ",
+        ),
+        (big.as_bytes(), 0, 431, "\"- - -\" 431 -"),
+        (
+            b"POST /hello.txt HTTP/1.1\r\nHost: t\r\nContent-Length: 2097152\r\n\r\n",
+            2 << 20,
+            413,
+            "\"POST /hello.txt HTTP/1.1\" 413 ",
+        ),
+        (
+            b"GET /hello.txt HTTP/1.1\r\nHost: t\r\nContent-Length: 2000000\r\n\r\n",
+            0,
+            413,
+            "\"GET /hello.txt HTTP/1.1\" 413 ",
+        ),
+    ];
+    let mut expected = Vec::new();
+    for (head, body_len, status, logged) in cases {
+        let (peer, got) = raw_request(a, head, body_len);
+        assert_eq!(got, status, "{logged}");
+        expected.push((format!("{peer} {logged}"), peer));
+    }
+    let r = request(a, "GET", "/_nodus/metrics", &[]);
+    let text = String::from_utf8(r.body).unwrap();
+    assert_eq!(
+        metric(&text, "nodus_http_requests_total{status=\"4xx\"}"),
+        4,
+        "{text}"
+    );
+    server.proc.signal(rustix::process::Signal::TERM);
+    assert_eq!(server.proc.wait_exit(Duration::from_secs(10)), Some(0));
+    let log = server.proc.output();
+    for (line, peer) in &expected {
+        let lines: Vec<_> = log
+            .iter()
+            .filter(|l| l.contains(&format!("{peer} ")))
+            .collect();
+        assert!(
+            lines.len() == 1 && lines[0].contains("nodus::access") && lines[0].contains(line),
+            "one access-log line {line:?} wanted: {lines:#?}"
+        );
+    }
 }
 
 #[test]
@@ -703,6 +787,111 @@ fn the_service_manager_hears_ready_and_stopping() {
     let code = child.wait_exit(Duration::from_secs(20));
     let _ = std::fs::remove_file(&sock_path);
     assert!(ready.lines().any(|l| l == "READY=1"), "{ready:?}");
+    assert!(stopping.lines().any(|l| l == "STOPPING=1"), "{stopping:?}");
+    assert_eq!(code, Some(0));
+}
+
+/// SIGHUP to a single process (`--workers 1`, the default on one core): nothing to reload, but
+/// it must not stop it. A download in flight across it completes, new requests are served, one
+/// line says so, and SIGTERM afterwards drains and exits 0.
+#[test]
+fn sighup_to_a_single_process_reloads_nothing_and_loses_nothing() {
+    let dir = site();
+    let len: usize = 16 << 20; // more than the socket buffers hold: still being written
+    std::fs::File::create(dir.path().join("big.bin"))
+        .unwrap()
+        .set_len(len as u64)
+        .unwrap();
+    let mut server = Serve::start(dir.path(), 1, &[]);
+    let s = TcpStream::connect(server.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    (&s).write_all(b"GET /big.bin HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut download = BufReader::new(s);
+    let head = nodus_testkit::http::read_reply(&mut download, true).unwrap();
+    assert_eq!(head.status, 200);
+
+    server.proc.signal(rustix::process::Signal::HUP);
+    let line = server.proc.wait_line("SIGHUP");
+    assert!(
+        line.contains("nothing reloaded") && line.contains("--workers 2 or more"),
+        "{line}"
+    );
+    assert!(
+        server
+            .proc
+            .exited_within(Duration::from_millis(300))
+            .is_none(),
+        "SIGHUP stopped it: {:#?}",
+        server.proc.output()
+    );
+    assert_eq!(request(server.addr, "GET", "/hello.txt", &[]).status, 200);
+    // The download goes on to its last byte, read slowly.
+    let (mut total, mut buf) = (0, vec![0u8; 256 * 1024]);
+    loop {
+        match download.read(&mut buf).unwrap() {
+            0 => break,
+            n => total += n,
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(total, len, "the download was cut");
+
+    server.proc.signal(rustix::process::Signal::TERM);
+    assert_eq!(server.proc.wait_exit(Duration::from_secs(10)), Some(0));
+}
+
+#[test]
+fn a_service_manager_reloading_a_single_process_hears_reloading_then_ready() {
+    let dir = site();
+    let sock_path =
+        std::env::temp_dir().join(format!("nodus-notify-reload-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&sock_path);
+    let manager = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
+    manager
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut child = Proc::spawn(
+        Command::new(NODUS)
+            .args(["serve", "--listen", "127.0.0.1:0", "--workers", "1"])
+            .arg(dir.path())
+            .env("NOTIFY_SOCKET", &sock_path)
+            .stderr(Stdio::null()),
+    );
+    let mut buf = [0u8; 256];
+    let mut next = || {
+        let n = manager.recv(&mut buf).unwrap();
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    let ready = next();
+    let asked = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    let asked_usec = asked.tv_sec as u64 * 1_000_000 + asked.tv_nsec as u64 / 1000;
+    child.signal(rustix::process::Signal::HUP);
+    let reloading = next();
+    let ready_again = next();
+    child.signal(rustix::process::Signal::TERM);
+    let stopping = next();
+    let code = child.wait_exit(Duration::from_secs(20));
+    let _ = std::fs::remove_file(&sock_path);
+    assert!(ready.lines().any(|l| l == "READY=1"), "{ready:?}");
+    assert!(
+        reloading.lines().any(|l| l == "RELOADING=1"),
+        "{reloading:?}"
+    );
+    // systemd (Type=notify-reload) wants the reload's start on CLOCK_MONOTONIC, after its signal.
+    let usec: u64 = reloading
+        .lines()
+        .find_map(|l| l.strip_prefix("MONOTONIC_USEC="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no MONOTONIC_USEC: {reloading:?}"));
+    assert!(
+        (asked_usec..asked_usec + 20_000_000).contains(&usec),
+        "{usec} vs {asked_usec}"
+    );
+    assert!(
+        ready_again.lines().any(|l| l == "READY=1"),
+        "{ready_again:?}"
+    );
     assert!(stopping.lines().any(|l| l == "STOPPING=1"), "{stopping:?}");
     assert_eq!(code, Some(0));
 }

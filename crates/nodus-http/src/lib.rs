@@ -9,6 +9,8 @@
 //!   timeout, max connections) and a graceful drain with a deadline. A handler learns its peer
 //!   from the request's extensions (`req.extensions().get::<ConnInfo>()`); any [`Accept`]
 //!   listener can be served (nodus's `TcpListener`, `UnixListener`, a cluster worker's `Listener`).
+//!   A request the server refuses before the handler (400, 413, 414, 431) is counted and reported
+//!   to `Config::on_refused` ([`Refused`]), so an access log misses none.
 //! - `stats`: HTTP measurements, folded into the loop's `nodus::metrics::Snapshot`.
 //!
 //! Connections run as tasks named by handler class (`Config::name`, e.g. `http:static`), never by
@@ -25,6 +27,6 @@ mod timer;
 pub use body::{Body, BodyError, RequestBody, boxed, collect_body, empty, full, text};
 pub use exec::LocalExec;
 pub use io::{FdStream, HyperIo};
-pub use server::{Accept, Config, ConnInfo, Server, serve};
+pub use server::{Accept, Config, ConnInfo, Refused, RequestLine, Server, serve};
 pub use stats::{fill_snapshot, snapshot};
 pub use timer::NodusTimer;

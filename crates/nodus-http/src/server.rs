@@ -18,6 +18,13 @@
 //! - An HTTP/1.1 request without `Host` gets 400 and `Connection: close` without reaching the
 //!   handler, as from Node (HTTP/1.0 ones are served). It counts as a request, as a 413 does.
 //!   Without `http2`, an HTTP/2 preface gets Node's bare 400 head, and the connection closes.
+//! - Every request the server answers itself instead of the handler (400 without `Host`, 413, and
+//!   an HTTP/1 head hyper could not parse: 431 too large, 414 a URI too long, 400 malformed or an
+//!   HTTP/2 preface) counts once in `responses_by_class` and is reported once to
+//!   `Config::on_refused`. A head that could not be parsed has no start time: it is not in the
+//!   duration histogram, and it is never in flight. hyper answers those itself and ends the
+//!   connection with the parse error, so they are counted from that error, off the normal path:
+//!   a good request pays nothing for any of this.
 //! - A handler that panics (making its future, or in a poll of it) gets its request a 500 and
 //!   `Connection: close`, and one error log line; other requests and connections go on.
 //! - A `Server` dropped without a drain is not stopped: its tasks serve on while the loop runs
@@ -43,7 +50,7 @@ use std::rc::Rc;
 use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
-use http::{HeaderValue, Request, Response, StatusCode, Version};
+use http::{HeaderValue, Method, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use hyper_util::server::conn::auto;
 use nodus::JoinHandle;
@@ -77,6 +84,10 @@ pub struct Config {
     /// HTTP/1.1 is faster, and with it `max_header_bytes` is exact (with h2c the HTTP/1 limit is
     /// hyper's read-buffer size, which `max_header_bytes` then sets).
     pub http2: bool,
+    /// Called on the loop, once per request the server answers itself instead of the handler
+    /// (see [`Refused`]): where an access log writes the lines its handler cannot. Not called
+    /// for a handler's panic (its 500 is logged as an error). Default none.
+    pub on_refused: Option<fn(&Refused<'_>)>,
 }
 
 impl Default for Config {
@@ -90,6 +101,7 @@ impl Default for Config {
             keep_alive_timeout: Duration::from_secs(5),
             max_connections: 10_000,
             http2: false,
+            on_refused: None,
         }
     }
 }
@@ -98,6 +110,30 @@ impl Default for Config {
 #[derive(Debug, Clone, Copy)]
 pub struct ConnInfo {
     pub peer: Option<SocketAddr>,
+}
+
+/// A request the server answered itself, without the handler: an HTTP/1.1 request without
+/// `Host` (400), a `Content-Length` over `max_body_bytes` (413), or an HTTP/1 head that could not
+/// be parsed (431 too large or with too many headers, 414 a URI too long, 400 malformed or an
+/// HTTP/2 preface to a server without `http2`).
+#[derive(Debug, Clone, Copy)]
+pub struct Refused<'a> {
+    pub status: StatusCode,
+    pub peer: Option<SocketAddr>,
+    /// The request's start line; `None` for a head that could not be parsed.
+    pub request: Option<RequestLine<'a>>,
+    /// From the loop time of the poll that parsed the head to the refusal, as a request's
+    /// duration is counted; `None` for a head that could not be parsed.
+    pub elapsed_ns: Option<u64>,
+}
+
+/// A request's start line.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestLine<'a> {
+    pub method: &'a Method,
+    /// The target's path, without the query.
+    pub path: &'a str,
+    pub version: Version,
 }
 
 /// A listener the server can accept connections from.
@@ -389,11 +425,10 @@ where
         loop {
             if let Poll::Ready(result) = head_wait::scope(&mut head, || conn.as_mut().poll(cx)) {
                 if let Err(e) = result {
-                    if e.downcast_ref::<hyper::Error>()
-                        .is_some_and(hyper::Error::is_parse_version_h2)
-                    {
+                    if let Some(e) = e.downcast_ref::<hyper::Error>() {
                         // SAFETY: `conn` owns the stream, open until this function returns.
-                        refuse_h2_preface(unsafe { BorrowedFd::borrow_raw(fd) });
+                        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+                        head_refused(&state, e, fd, peer);
                     }
                     tracing::debug!(target: "nodus::http", "connection ended: {e}");
                 }
@@ -431,12 +466,64 @@ where
     .await;
 }
 
+/// Counts and reports the answer to a head that could not be parsed, which ended the connection
+/// with the parse error `e`: hyper's own (400, 414, 431), or Node's 400 to an HTTP/2 preface,
+/// written here on `fd`. Other errors answered nothing.
+#[cold]
+fn head_refused(state: &State, e: &hyper::Error, fd: BorrowedFd<'_>, peer: Option<SocketAddr>) {
+    let status = if e.is_parse_version_h2() {
+        if !refuse_h2_preface(fd) {
+            return;
+        }
+        StatusCode::BAD_REQUEST
+    } else {
+        match hyper_answer(e) {
+            Some(status) => status,
+            None => return,
+        }
+    };
+    stats::request_refused(status);
+    if let Some(report) = state.config.on_refused {
+        report(&Refused {
+            status,
+            peer,
+            request: None,
+            elapsed_ns: None,
+        });
+    }
+}
+
+/// The status hyper's HTTP/1 server wrote before ending a connection with the error `e`: a parse
+/// error of a request head is answered (hyper's `Server::on_error`) unless it is an internal one
+/// (or a response's, which a server never parses). hyper's predicates tell 431 from 400; its
+/// message tells the rest.
+fn hyper_answer(e: &hyper::Error) -> Option<StatusCode> {
+    if !e.is_parse() || e.is_parse_status() || e.is_parse_version_h2() {
+        return None;
+    }
+    let message = e.to_string();
+    if message.starts_with("internal error") {
+        None
+    } else if message == "URI too long" {
+        Some(StatusCode::URI_TOO_LONG)
+    } else if e.is_parse_too_large() {
+        Some(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)
+    } else {
+        Some(StatusCode::BAD_REQUEST)
+    }
+}
+
 /// Answers an HTTP/2 preface sent to the HTTP/1-only server as Node does (hyper closes without a
 /// word): one write of a short head, into a send buffer nothing else used, then the close.
-fn refuse_h2_preface(fd: BorrowedFd<'_>) {
+/// Whether it was written.
+fn refuse_h2_preface(fd: BorrowedFd<'_>) -> bool {
     const REFUSAL: &[u8] = b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n";
-    if let Ok(n) = rustix::net::send(fd, REFUSAL, rustix::net::SendFlags::NOSIGNAL) {
-        stats::sent(n);
+    match rustix::net::send(fd, REFUSAL, rustix::net::SendFlags::NOSIGNAL) {
+        Ok(n) => {
+            stats::sent(n);
+            true
+        }
+        Err(_) => false,
     }
 }
 
@@ -666,9 +753,9 @@ where
             .is_some_and(|len| len > limit as u64);
         let handler =
             if version == Version::HTTP_11 && !req.headers().contains_key(http::header::HOST) {
-                Err(Refusal::NoHost)
+                Err(self.refuse(&req, Refusal::NoHost, start))
             } else if too_large {
-                Err(Refusal::TooLarge)
+                Err(self.refuse(&req, Refusal::TooLarge, start))
             } else {
                 req.extensions_mut().insert(ConnInfo { peer: self.peer });
                 let req = req.map(|b| http_body_util::Limited::new(b, limit));
@@ -682,6 +769,26 @@ where
             version,
             start,
         }
+    }
+}
+
+impl<H, F> Service<H, F> {
+    /// Reports `refusal` of `req` (whose head was parsed at `start`) to `Config::on_refused`.
+    #[cold]
+    fn refuse(&self, req: &Request<Incoming>, refusal: Refusal, start: u64) -> Refusal {
+        if let Some(report) = self.state.config.on_refused {
+            report(&Refused {
+                status: refusal.status(),
+                peer: self.peer,
+                request: Some(RequestLine {
+                    method: req.method(),
+                    path: req.uri().path(),
+                    version: req.version(),
+                }),
+                elapsed_ns: Some(nodus::clock::now_ns().saturating_sub(start)),
+            });
+        }
+        refusal
     }
 }
 
@@ -714,17 +821,21 @@ impl Refusal {
         Refusal::HandlerPanicked
     }
 
+    fn status(self) -> StatusCode {
+        match self {
+            Refusal::NoHost => StatusCode::BAD_REQUEST,
+            Refusal::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Refusal::HandlerPanicked => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
     fn response(self) -> Response<Body> {
-        let mut r = match self {
-            Refusal::NoHost => text(
-                StatusCode::BAD_REQUEST,
-                "an HTTP/1.1 request needs a Host header\n",
-            ),
-            Refusal::TooLarge => text(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n"),
-            Refusal::HandlerPanicked => {
-                text(StatusCode::INTERNAL_SERVER_ERROR, "internal server error\n")
-            }
+        let message = match self {
+            Refusal::NoHost => "an HTTP/1.1 request needs a Host header\n",
+            Refusal::TooLarge => "request body too large\n",
+            Refusal::HandlerPanicked => "internal server error\n",
         };
+        let mut r = text(self.status(), message);
         r.headers_mut()
             .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
         r

@@ -52,10 +52,19 @@ pub(crate) fn request_started() {
 pub(crate) fn request_finished(status: http::StatusCode, ns: u64) {
     STATS.with(|s| {
         s.in_flight.set(s.in_flight.get().saturating_sub(1));
-        let class = (status.as_u16() / 100).clamp(1, 5) as usize - 1;
-        add(&s.by_class[class], 1);
+        add(&s.by_class[class(status)], 1);
         s.duration.borrow_mut().record(ns);
     });
+}
+
+/// A request head that could not be parsed was answered with `status` (never in flight, no
+/// duration: it has no start).
+pub(crate) fn request_refused(status: http::StatusCode) {
+    STATS.with(|s| add(&s.by_class[class(status)], 1));
+}
+
+fn class(status: http::StatusCode) -> usize {
+    (status.as_u16() / 100).clamp(1, 5) as usize - 1
 }
 
 /// A request was dropped unanswered (its connection was cut).

@@ -231,6 +231,78 @@ fn an_http_2_preface_to_the_http_1_server_gets_400_as_from_node() {
     );
 }
 
+/// What `Config::on_refused` was told, in order: status, request line (if parsed), whether it
+/// had a duration. Only `every_refusal_is_counted_and_reported_once` sets the hook.
+static REFUSED: std::sync::Mutex<Vec<(u16, Option<String>, bool)>> =
+    std::sync::Mutex::new(Vec::new());
+
+fn record_refusal(r: &nodus_http::Refused<'_>) {
+    let line = r
+        .request
+        .map(|l| format!("{} {} {:?}", l.method, l.path, l.version));
+    let entry = (r.status.as_u16(), line, r.elapsed_ns.is_some());
+    REFUSED.lock().unwrap().push(entry);
+}
+
+/// Writes `raw` on a new connection and reads the status of the answer.
+fn status_of(server: &TestServer, raw: &[u8]) -> u16 {
+    let mut s = server.connect();
+    s.write_all(raw).unwrap();
+    read_reply(&mut BufReader::new(s), false).unwrap().status
+}
+
+#[test]
+fn every_refusal_is_counted_and_reported_once() {
+    let config = Config {
+        // Above hyper's longest URI (65,534 bytes), so that a longer one is a 414.
+        max_header_bytes: 128 * 1024,
+        max_body_bytes: 1024,
+        on_refused: Some(record_refusal),
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_secs(1));
+    assert_eq!(
+        status_of(&server, b"GET /a HTTP/1.1\r\nHost: t\r\n\r\n"),
+        200
+    );
+    assert_eq!(status_of(&server, b"GET /no-host HTTP/1.1\r\n\r\n"), 400);
+    let body = b"POST /echo?q=1 HTTP/1.1\r\nHost: t\r\nContent-Length: 4096\r\n\r\n";
+    assert_eq!(status_of(&server, body), 413);
+    let many: String = (0..101).map(|i| format!("X-{i}: v\r\n")).collect();
+    let many = format!("GET / HTTP/1.1\r\nHost: t\r\n{many}\r\n");
+    assert_eq!(status_of(&server, many.as_bytes()), 431);
+    let long = format!("GET /{} HTTP/1.1\r\nHost: t\r\n\r\n", "u".repeat(70_000));
+    assert_eq!(status_of(&server, long.as_bytes()), 414);
+    assert_eq!(
+        status_of(&server, b"GET / HTTP/1.1\r\nHo st: t\r\n\r\n"),
+        400
+    );
+    let mut s = server.connect();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+    s.read_to_end(&mut Vec::new()).unwrap();
+    // A client that goes away without a request was refused nothing.
+    drop(server.connect());
+    let (_, snap) = server.finish();
+    let refused = std::mem::take(&mut *REFUSED.lock().unwrap());
+    let line = |l: &str| Some(l.to_owned());
+    assert_eq!(
+        refused,
+        [
+            (400, line("GET /no-host HTTP/1.1"), true),
+            (413, line("POST /echo HTTP/1.1"), true),
+            (431, None, false),
+            (414, None, false),
+            (400, None, false),
+            (400, None, false),
+        ]
+    );
+    assert_eq!(snap.http.responses_by_class[1], 1);
+    assert_eq!(snap.http.responses_by_class[3], 6, "every refusal counted");
+    // Only the parsed ones have a duration; nothing is left in flight.
+    assert_eq!(snap.http.request_duration.count, 3);
+    assert_eq!(snap.http.requests_in_flight, 0);
+}
+
 #[test]
 fn a_slowloris_client_is_cut_while_others_are_served() {
     let config = Config {

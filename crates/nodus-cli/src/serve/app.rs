@@ -14,6 +14,18 @@
 //! finish. The exit code says what the stop lost, as the cluster's does: 0 when every request was
 //! answered, [`FORCED_STOP_EXIT_CODE`] (124) when the drain deadline cut requests, 128 + N when a
 //! second signal N ended the stop at once.
+//!
+//! SIGHUP is the cluster primary's rolling reload. The single process (`--workers 1`, the
+//! default on one core) catches it too and is never stopped by it: there is no worker to replace,
+//! so it logs one line saying nothing was reloaded and serves on, losing nothing; a service
+//! manager that asked for the reload (`NOTIFY_SOCKET`) hears `RELOADING=1` and `READY=1` at once,
+//! so neither `Type=notify` nor `Type=notify-reload` is left waiting. A SIGHUP during the drain
+//! is not a second signal: it is logged and ignored.
+//!
+//! The access log: one line per request, written by `handle_public` for what the handler
+//! answers and by `log_refused` (the server's `on_refused` hook) for what the server refuses
+//! before the handler (400 without `Host`, 413, and a head it could not parse: 431, 400);
+//! method, path and version of an unparsed head, and its time, are `-`.
 
 use std::cell::Cell;
 use std::net::SocketAddr;
@@ -25,8 +37,8 @@ use http::{HeaderMap, Method, Request, Response, StatusCode};
 use nodus::cluster::FORCED_STOP_EXIT_CODE;
 use nodus::fs::quote;
 use nodus::net::TcpListener;
-use nodus::signal::{SIGINT, SIGTERM, Signals};
-use nodus_http::server::ConnInfo;
+use nodus::signal::{SIGHUP, SIGINT, SIGTERM, Signals};
+use nodus_http::server::{ConnInfo, Refused, RequestLine};
 use nodus_http::{Body, Config, RequestBody, full, serve, text};
 
 use super::admin;
@@ -153,9 +165,9 @@ async fn serve_until_signal(options: ServeOptions, root: PathBuf) -> i32 {
         Ok(l) => l,
         Err(e) => return fail(e),
     };
-    let mut signals = match Signals::new(&[SIGTERM, SIGINT]) {
+    let mut signals = match Signals::new(&[SIGTERM, SIGINT, SIGHUP]) {
         Ok(s) => s,
-        Err(e) => return fail(format!("cannot catch SIGTERM/SIGINT: {e}")),
+        Err(e) => return fail(format!("cannot catch SIGTERM/SIGINT/SIGHUP: {e}")),
     };
     let site = new_site(
         &options,
@@ -165,7 +177,12 @@ async fn serve_until_signal(options: ServeOptions, root: PathBuf) -> i32 {
     );
     let running = start_servers(&options, &site, public, admin_listener);
     tell_manager("READY=1\nSTATUS=serving");
-    let signal = signals.recv().await;
+    let signal = loop {
+        match signals.recv().await {
+            SIGHUP => reload_alone(),
+            signal => break signal,
+        }
+    };
     site.ready.set(false);
     tell_manager("STOPPING=1\nSTATUS=draining");
     tracing::info!(
@@ -181,7 +198,14 @@ async fn serve_until_signal(options: ServeOptions, root: PathBuf) -> i32 {
         }
         running.drain(options.drain_timeout).await
     };
-    let second = signals.recv();
+    let second = async {
+        loop {
+            match signals.recv().await {
+                SIGHUP => tracing::info!("SIGHUP during the drain: ignored, nothing to reload"),
+                signal => return signal,
+            }
+        }
+    };
     match futures_util::future::select(std::pin::pin!(stop), std::pin::pin!(second)).await {
         futures_util::future::Either::Left((cut, _)) => drained_exit_code(cut),
         futures_util::future::Either::Right((signal, _)) => {
@@ -192,6 +216,21 @@ async fn serve_until_signal(options: ServeOptions, root: PathBuf) -> i32 {
             128 + signal
         }
     }
+}
+
+/// SIGHUP to the single process: a rolling reload replaces workers, and there are none. Says so,
+/// and tells a service manager waiting for the reload (`Type=notify-reload`) that it began and
+/// ended; serving goes on untouched.
+fn reload_alone() {
+    tracing::info!(
+        "SIGHUP: nothing reloaded, still serving (a rolling reload needs --workers 2 or more; \
+         with --workers 1 a new binary takes a restart)"
+    );
+    tell_manager(&format!(
+        "RELOADING=1\nMONOTONIC_USEC={}\nSTATUS=nothing to reload with --workers 1",
+        nodus::clock::now_ns() / 1000
+    ));
+    tell_manager("READY=1\nSTATUS=serving");
 }
 
 /// 0 after a drain that answered every request, [`FORCED_STOP_EXIT_CODE`] when its deadline cut
@@ -304,6 +343,9 @@ fn start_servers<L: nodus_http::server::Accept>(
         public,
         Config {
             name: "http:static",
+            on_refused: options
+                .access_log
+                .then_some(log_refused as fn(&Refused<'_>)),
             ..Config::default()
         },
         move |req| handle_public(req, s.clone()),
@@ -384,12 +426,60 @@ async fn handle_public(req: Request<RequestBody>, site: Rc<Site>) -> Response<Bo
         .await
     };
     if site.access_log {
-        let ms = nodus::clock::now_ns().saturating_sub(start) as f64 / 1e6;
-        let peer = peer.map_or_else(|| "-".to_owned(), |p| p.to_string());
-        let path = log_escape(&path);
-        tracing::info!(target: "nodus::access", "{peer} \"{method} {path} {version:?}\" {} {ms:.3}ms", response.status().as_u16());
+        let ns = nodus::clock::now_ns().saturating_sub(start);
+        let line = RequestLine {
+            method: &method,
+            path: &path,
+            version,
+        };
+        log_access(peer, Some(line), response.status(), Some(ns));
     }
     response
+}
+
+/// The access log's line for a request the server refused before the handler (its
+/// `on_refused` hook): the same format, `-` for what an unparsed head does not tell.
+fn log_refused(refused: &Refused<'_>) {
+    log_access(
+        refused.peer,
+        refused.request,
+        refused.status,
+        refused.elapsed_ns,
+    );
+}
+
+/// One access-log line: `PEER "METHOD PATH VERSION" STATUS TIME`, each unknown field `-`.
+fn log_access(
+    peer: Option<SocketAddr>,
+    request: Option<RequestLine<'_>>,
+    status: StatusCode,
+    ns: Option<u64>,
+) {
+    let peer = peer.map_or_else(|| "-".to_owned(), |p| p.to_string());
+    let (status, time) = (status.as_u16(), LogTime(ns));
+    match request {
+        Some(RequestLine {
+            method,
+            path,
+            version,
+        }) => {
+            let path = log_escape(path);
+            tracing::info!(target: "nodus::access", "{peer} \"{method} {path} {version:?}\" {status} {time}");
+        }
+        None => tracing::info!(target: "nodus::access", "{peer} \"- - -\" {status} {time}"),
+    }
+}
+
+/// An access-log line's time: `1.234ms`, or `-` when unknown.
+struct LogTime(Option<u64>);
+
+impl std::fmt::Display for LogTime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(ns) => write!(f, "{:.3}ms", ns as f64 / 1e6),
+            None => f.write_str("-"),
+        }
+    }
 }
 
 /// A request path as the access log quotes it: `"` and `\` (which a request target may hold)
