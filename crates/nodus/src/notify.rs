@@ -98,6 +98,18 @@ impl NotifySocket {
             .await
     }
 
+    /// Receives the next datagram if one is queued, without waiting: `Ok(None)` when none is
+    /// (for a last look once the sender is gone). Errors as [`recv`](Self::recv)'s.
+    pub fn try_recv(&self) -> io::Result<Option<NotifyMessage>> {
+        loop {
+            match receive(self.io.get_ref()) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                other => return other.map(Some),
+            }
+        }
+    }
+
     /// Stops this socket from keeping the loop alive.
     pub fn unref(&self) {
         self.io.unref()

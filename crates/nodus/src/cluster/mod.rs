@@ -23,7 +23,9 @@ mod reply;
 pub mod supervision;
 mod worker;
 
-pub use primary::{Config, Event, EventKind, Policy, Primary, Readiness, WorkerCommand};
+pub use primary::{
+    Config, Event, EventKind, Policy, Primary, Readiness, WorkerCommand, report_exec_failure,
+};
 pub use supervision::{
     Backoff, Decision, ExitReason, FORCED_STOP_EXIT_CODE, GIVE_UP_EXIT_CODE, RestartBudget,
     RestartPolicy, RestartType, SlotHistory,

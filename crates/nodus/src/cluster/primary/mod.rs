@@ -66,6 +66,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 pub use events::{Event, EventKind};
+pub use proc::report_exec_failure;
 
 use super::supervision::{RestartBudget, RestartPolicy, SlotHistory};
 use crate::net::TcpListener;
@@ -242,6 +243,11 @@ struct Slot {
     taken: Rc<Cell<u64>>,
     /// A restart is scheduled (backoff) or a replacement is starting.
     pending_restart: bool,
+    /// Exits of its workers whose log line waits for their output to end.
+    exit_lines_pending: usize,
+    /// A replacement that could not be started while an exit line was pending: reported (and
+    /// decided on) after that line, in the order things happened.
+    failed_spawn: Option<io::Error>,
 }
 
 /// The last worker exit, or failed start: its slot, its pid (none for a start that failed) and
@@ -296,6 +302,10 @@ pub(crate) struct State {
     /// ends only after them.
     exits_settling: Cell<usize>,
     announced_ready: Cell<bool>,
+    /// A worker has run the program: a worker with a channel was spawned (its `exec` is part of
+    /// the spawn), or a plain program's worker was ready or exited without its launcher saying
+    /// it could not execute the program. Until then such an exec failure ends the run.
+    program_ran: Cell<bool>,
     done: RefCell<Option<std::task::Waker>>,
     events: events::Events,
     started: Instant,
@@ -407,6 +417,8 @@ impl Primary {
                 restarts: 0,
                 taken: Rc::default(),
                 pending_restart: false,
+                exit_lines_pending: 0,
+                failed_spawn: None,
             })
             .collect();
         let st = Rc::new(State {
@@ -432,6 +444,7 @@ impl Primary {
             final_code: Cell::new(0),
             exits_settling: Cell::new(0),
             announced_ready: Cell::new(false),
+            program_ran: Cell::new(false),
             done: RefCell::new(None),
             events,
             started: Instant::now(),

@@ -19,6 +19,9 @@
 //!   until it matches the board's count).
 //! - `output` holds the tasks copying the worker's captured stdout and stderr until
 //!   [`Proc::output_ended`] takes them (once, after the exit).
+//! - A plain program's notify socket is read one last time when the worker has exited, before
+//!   the exit is handled: whatever the worker sent before it exited (its launcher's exec
+//!   failure, [`report_exec_failure`]) is heeded first.
 
 use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::HashMap;
@@ -38,7 +41,7 @@ use crate::cluster::protocol::{Ack, Incoming, NODE_CLUSTER, Nodus};
 use crate::cluster::reply::ReplySlot;
 use crate::cluster::worker;
 use crate::ipc::{Channel, ChannelOptions, IpcError, Message};
-use crate::notify::NotifySocket;
+use crate::notify::{NotifyMessage, NotifySocket};
 use crate::process::output::{Sink, prefix_lines};
 use crate::process::{Child, Command, ExitStatus, Stdio};
 use crate::signal::SIGKILL;
@@ -102,6 +105,9 @@ pub(super) struct Proc {
     pub channel_done: ReplySlot<()>,
     /// The tasks copying its stdout and stderr (when prefixed).
     output: RefCell<Vec<JoinHandle<io::Result<()>>>>,
+    /// A plain program's launcher could not execute the program ([`report_exec_failure`]):
+    /// its errno and message.
+    pub exec_failed: RefCell<Option<(i32, String)>>,
 }
 
 impl Proc {
@@ -188,7 +194,12 @@ impl Proc {
             exit_status: Cell::new(None),
             channel_done: ReplySlot::new(),
             output: RefCell::new(output),
+            exec_failed: RefCell::new(None),
         });
+        if cfg.ipc {
+            // `spawn` returned only once the program was executed.
+            st.program_ran.set(true);
+        }
         st.procs.borrow_mut().insert(unique, proc.clone());
         st.emit(
             Some(&proc),
@@ -196,9 +207,21 @@ impl Proc {
                 generation: proc.generation,
             },
         );
-        let (s, p) = (st.clone(), proc.clone());
+        let notify_socket = notify_socket.map(Rc::new);
+        let (s, p, last_look) = (st.clone(), proc.clone(), notify_socket.clone());
         crate::task::spawn_named("cluster:exit", async move {
             let status = p.child.wait().await;
+            // What the worker said before it exited is heeded before its exit (its launcher's
+            // exec failure above all): the notify task may not have read it yet.
+            if let Some(socket) = last_look {
+                loop {
+                    match socket.try_recv() {
+                        Ok(Some(m)) => on_notify(&s, &p, m),
+                        Err(e) if e.kind() == io::ErrorKind::InvalidData => {}
+                        Ok(None) | Err(_) => break,
+                    }
+                }
+            }
             supervise::on_exit(&s, &p, status);
         })
         .detach();
@@ -234,7 +257,8 @@ impl Proc {
             let (s, p) = (st.clone(), proc.clone());
             socket.unref();
             crate::task::spawn_named("cluster:notify", async move {
-                // Ends (closing the socket) when the worker exits, not at a next message.
+                // Ends when the worker exits, not at a next message; the exit task takes a last
+                // look at the socket, which closes then.
                 let mut exited = pin!(p.child.wait());
                 loop {
                     let mut message = pin!(socket.recv());
@@ -245,14 +269,7 @@ impl Proc {
                     .await;
                     match next {
                         None => return,
-                        Some(Ok(m)) if !from_worker(&p, m.sender_pid) => tracing::warn!(
-                            target: "nodus::cluster",
-                            "worker {} (pid {}): ignored a notify message from pid {:?}, outside its process group",
-                            p.slot, p.pid, m.sender_pid
-                        ),
-                        Some(Ok(m)) if m.ready => mark_ready(&s, &p),
-                        Some(Ok(m)) if m.stopping => supervise::going_down(&s, &p),
-                        Some(Ok(_)) => {}
+                        Some(Ok(m)) => on_notify(&s, &p, m),
                         Some(Err(e)) => tracing::debug!(
                             target: "nodus::cluster",
                             "worker {} (pid {}): bad notify message: {e}", p.slot, p.pid
@@ -347,6 +364,49 @@ impl Proc {
     }
 }
 
+/// The key of the notice a plain program's launcher sends when it cannot execute the program
+/// (the errno; [`EXEC_FAILED_MESSAGE`] says it in words).
+const EXEC_FAILED: &str = "NODUS_EXEC_FAILED";
+const EXEC_FAILED_MESSAGE: &str = "NODUS_EXEC_FAILED_MESSAGE";
+
+/// For the launcher a plain program's worker runs first (`nodus __exec-listen`): tells the
+/// primary, through the worker's `NOTIFY_SOCKET`, that it could not execute the program
+/// (`error`), with the line to log (`message`). The primary logs it (no worker line is needed),
+/// and if no worker has run the program yet, an error that says the program is not there or
+/// cannot be executed (`ENOENT`, `EACCES`, `ENOEXEC`, ...) ends the run with exit code 1 instead
+/// of spending the restart budget. `Ok(false)` without a `NOTIFY_SOCKET`.
+///
+/// # Errors
+/// The notice cannot be sent.
+pub fn report_exec_failure(error: &io::Error, message: &str) -> io::Result<bool> {
+    let message = message.replace('\n', " ");
+    crate::notify::notify(&format!(
+        "{EXEC_FAILED}={}\n{EXEC_FAILED_MESSAGE}={message}",
+        error.raw_os_error().unwrap_or(0)
+    ))
+}
+
+/// A notify datagram from `proc`'s socket.
+fn on_notify(st: &Rc<State>, proc: &Rc<Proc>, m: NotifyMessage) {
+    if !from_worker(proc, m.sender_pid) {
+        tracing::warn!(
+            target: "nodus::cluster",
+            "worker {} (pid {}): ignored a notify message from pid {:?}, outside its process group",
+            proc.slot, proc.pid, m.sender_pid
+        );
+        return;
+    }
+    let field = |key: &str| m.other.iter().find(|(k, _)| k == key).map(|(_, v)| v);
+    if let Some(errno) = field(EXEC_FAILED) {
+        let message = field(EXEC_FAILED_MESSAGE).map_or("cannot run the program", |v| v);
+        *proc.exec_failed.borrow_mut() = Some((errno.parse().unwrap_or(0), message.to_owned()));
+    } else if m.ready {
+        mark_ready(st, proc);
+    } else if m.stopping {
+        supervise::going_down(st, proc);
+    }
+}
+
 /// Whether a notify datagram came from `proc` or a process of its group (a worker leads its own
 /// group, so a wrapper script's child counts). The socket's name is visible to every local user
 /// (`/proc/net/unix`): anyone else's `READY=1` or `STOPPING=1` is ignored.
@@ -365,6 +425,7 @@ pub(super) fn mark_ready(st: &Rc<State>, proc: &Rc<Proc>) {
         return;
     }
     proc.advance(ProcState::Ready);
+    st.program_ran.set(true);
     st.emit(Some(proc), EventKind::Ready);
     supervise::on_ready(st, proc);
 }

@@ -3,7 +3,9 @@
 //!
 //! Invariants:
 //! - One `Server` per listening socket the primary holds; several keys may name it (a pre-bound
-//!   listener matched by address). A server whose policy is round-robin or least is accepted on by
+//!   listener matched by address: the same port, on its address or "any"). A pre-bound listener
+//!   that no worker with a channel has asked for once every worker is first ready is said in a
+//!   warning ([`warn_unclaimed`]): its connections wait for a worker that may never ask. A server whose policy is round-robin or least is accepted on by
 //!   one task of the primary; a shared one is only duplicated into workers (never registered with
 //!   the primary's reactor, so incoming connections do not wake the primary).
 //! - A plain program gets listeners only under `shared` and `reuseport` (blocking, as systemd
@@ -92,6 +94,8 @@ pub(super) struct Server {
     pub(super) cursor: Cell<usize>,
     pub parked: Parked,
     accept_waker: RefCell<Option<Waker>>,
+    /// A pre-bound listener a worker's `queryServer` named (see [`warn_unclaimed`]).
+    claimed: Cell<bool>,
 }
 
 impl Server {
@@ -130,6 +134,7 @@ impl Server {
             // covers a restart (its backoff, 10 s at most by default) and the start-up.
             parked: Parked::new(MAX_PARKED, st.config.ready_timeout),
             accept_waker: RefCell::new(None),
+            claimed: Cell::new(false),
         });
         if matches!(server.sock, Sock::Accepting(_)) {
             let (s, srv) = (st.clone(), server.clone());
@@ -253,15 +258,7 @@ fn server_for(st: &Rc<State>, key: &str, addr: SocketAddr) -> io::Result<Rc<Serv
     if st.accepting_stopped.get() {
         return Err(io::Error::other("the cluster primary is shutting down"));
     }
-    let prebound = st
-        .prebound
-        .borrow()
-        .iter()
-        .find(|(_, s)| {
-            s.addr.port() == addr.port() && (s.addr.ip() == addr.ip() || addr.ip().is_unspecified())
-        })
-        .map(|(_, s)| s.clone());
-    let server = match prebound {
+    let server = match claim_prebound(st, addr) {
         Some(s) => s,
         None => {
             let l = TcpListener::bind(addr)?;
@@ -272,6 +269,46 @@ fn server_for(st: &Rc<State>, key: &str, addr: SocketAddr) -> io::Result<Rc<Serv
         .borrow_mut()
         .insert(key.to_owned(), server.clone());
     Ok(server)
+}
+
+/// The pre-bound listener a worker's `queryServer` for `addr` gets instead of a new socket (the
+/// same port, on the same address or with "any" asked for), marked claimed.
+fn claim_prebound(st: &State, addr: SocketAddr) -> Option<Rc<Server>> {
+    let prebound = st.prebound.borrow();
+    let (_, server) = prebound.iter().find(|(_, s)| {
+        s.addr.port() == addr.port() && (s.addr.ip() == addr.ip() || addr.ip().is_unspecified())
+    })?;
+    server.claimed.set(true);
+    Some(server.clone())
+}
+
+/// Once every worker is first ready: a warning for each pre-bound listener (`nodus run --node
+/// -l`, a socket systemd passed) that no worker's `queryServer` named, when the workers speak the
+/// cluster protocol (a plain program gets them all as fds). Its connections wait for a worker
+/// that never asks, so the mismatch (the program listens on another port) is said, once.
+pub(super) fn warn_unclaimed(st: &State) {
+    if !st.config.command.ipc {
+        return;
+    }
+    for (name, server) in st.prebound.borrow().iter() {
+        if server.claimed.get() {
+            continue;
+        }
+        let fate = match server.sock {
+            Sock::Accepting(_) => format!(
+                "accepted connections wait for one and are reset after {:?}",
+                st.config.ready_timeout
+            ),
+            _ => "connections wait in its backlog".to_owned(),
+        };
+        tracing::warn!(
+            target: "nodus::cluster",
+            "no worker listens on {} ({name}, bound before the workers started; a worker's listen \
+             on port {} would take it): {fate}",
+            server.addr,
+            server.addr.port()
+        );
+    }
 }
 
 /// Answers a worker's `queryServer`.
@@ -297,6 +334,10 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
         addr.and_then(|addr| datagram_copy(st, &key, addr, m.flags.unwrap_or(0)))
             .map(|fd| (None, Some(fd)))
     } else if st.config.policy == Policy::ReusePort {
+        // A pre-bound port is only held: the worker binds a socket of its own on it.
+        if let Ok(addr) = &addr {
+            claim_prebound(st, *addr);
+        }
         addr.and_then(|addr| reuseport_socket(st, &key, addr).map(|fd| (None, Some(fd))))
     } else {
         addr.and_then(|addr| server_for(st, &key, addr))

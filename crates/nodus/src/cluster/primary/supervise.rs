@@ -13,8 +13,14 @@
 //!   a second signal kills the workers.
 //! - An exit's consequences (the replacement, a backoff) happen at once; its log line waits for
 //!   the worker's output to end ([`Proc::output_ended`]), so it follows the worker's last lines,
-//!   and so do the lines about what the exit led to (not restarted, giving up). Until then the
-//!   exit is "settling" (`State::exits_settling`).
+//!   and so do the lines about what the exit led to (not restarted, giving up, a replacement
+//!   that could not be started: its report and decision wait for the slot's pending exit lines,
+//!   `Slot::failed_spawn`). Until then the exit is "settling" (`State::exits_settling`).
+//! - A plain program's worker whose launcher could not execute the program says so
+//!   ([`report_exec_failure`](super::report_exec_failure)): its exit line carries the reason.
+//!   While no worker has run the program (`State::program_ran`), such a failure for want of the
+//!   program (not there, not executable) stops the run with exit code 1 and one error line, as
+//!   a first spawn that fails does; after that it is a crash like any other.
 //! - The exit code is 0 after a graceful stop. A stop that had to kill workers (a second
 //!   SIGTERM/SIGINT, or the kill timeout during the shutdown), or in which a worker exited with
 //!   [`FORCED_STOP_EXIT_CODE`] (a nodus worker whose drain deadline cut requests), sets its code
@@ -212,7 +218,15 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
         pid: Some(proc.pid),
         reason: reason.to_string(),
     };
-    let text = last.text();
+    let exec_failed = proc.exec_failed.take();
+    let text = match &exec_failed {
+        // Its launcher said why instead of writing a line of its own.
+        Some((_, message)) => format!(
+            "worker {} (pid {}) could not run the program: {message} ({reason})",
+            proc.slot, proc.pid
+        ),
+        None => last.text(),
+    };
     *st.last_exit.borrow_mut() = Some(last);
     st.emit(
         Some(proc),
@@ -226,11 +240,37 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
     let is_current = st
         .current(proc.slot)
         .is_some_and(|c| c.unique == proc.unique);
+    let running = st.phase.get() == Phase::Running;
+    match &exec_failed {
+        None => st.program_ran.set(true),
+        Some((errno, message)) if is_current && running && !st.program_ran.get() => {
+            if program_missing(*errno) {
+                // No worker has run the program, and it is not there to run (a deploy race
+                // past `nodus run`'s own check, a missing ELF interpreter): as when the first
+                // workers cannot be spawned, exit code 1, not a restart budget spent.
+                st.slots.borrow_mut()[proc.slot as usize - 1].current = None;
+                tracing::error!(
+                    target: "nodus::cluster",
+                    "{message}: no worker could run it; exiting with code 1"
+                );
+                st.final_code.set(1);
+                start_shutdown(st, "the program cannot be run");
+            }
+        }
+        // Not a slot's current worker (a reload's new one, an old one): no exit line follows.
+        Some(_) if running && !is_current => tracing::warn!(target: "nodus::cluster", "{text}"),
+        Some(_) => {}
+    }
     // The exit of a slot's current worker while running is logged and restarts the slot (at
     // once); the rest of the decision and the log line wait for the worker's output to end.
     let decision = (is_current && st.phase.get() == Phase::Running).then(|| {
-        st.slots.borrow_mut()[proc.slot as usize - 1].current = None;
         let uptime = proc.started.elapsed();
+        {
+            let mut slots = st.slots.borrow_mut();
+            let slot = &mut slots[proc.slot as usize - 1];
+            slot.current = None;
+            slot.exit_lines_pending += 1;
+        }
         decide_and_restart(st, proc.slot, Some(proc.pid), uptime, reason, false)
     });
     st.exits_settling.set(st.exits_settling.get() + 1);
@@ -245,12 +285,41 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
                 tracing::info!(target: "nodus::cluster", "{text}");
             }
             settle(&s, p.slot, reason, decision);
+            // A replacement that could not be started meanwhile is told after this line.
+            let failed = {
+                let mut slots = s.slots.borrow_mut();
+                let slot = &mut slots[p.slot as usize - 1];
+                slot.exit_lines_pending -= 1;
+                (slot.exit_lines_pending == 0)
+                    .then(|| slot.failed_spawn.take())
+                    .flatten()
+            };
+            if let Some(e) = failed {
+                spawn_failed(&s, p.slot, e);
+            }
         }
         if s.phase.get() == Phase::Stopping {
             check_all_gone(&s);
         }
     })
     .detach();
+}
+
+/// Whether an exec failure's `errno` says the program is not there or cannot be executed at
+/// all (no passing cause such as `ETXTBSY`, a deploy still writing it, or a lack of memory).
+fn program_missing(errno: i32) -> bool {
+    [
+        libc::ENOENT,
+        libc::ENOTDIR,
+        libc::EACCES,
+        libc::EPERM,
+        libc::ENOEXEC,
+        libc::ELOOP,
+        libc::ENAMETOOLONG,
+        libc::EISDIR,
+        libc::ELIBBAD,
+    ]
+    .contains(&errno)
 }
 
 /// Applies the restart policy to slot `id`, whose worker (`pid`, when it ran) was up for
@@ -343,26 +412,42 @@ fn restart_slot(st: &Rc<State>, id: u32) {
     match Proc::spawn(st, id, st.generation.get()) {
         Ok(p) => st.slots.borrow_mut()[id as usize - 1].current = Some(p),
         Err(e) => {
-            let last = LastExit {
-                worker: id,
-                pid: None,
-                reason: format!("could not be started: {e}"),
-            };
-            let text = last.text();
-            tracing::warn!(target: "nodus::cluster", "{text}");
-            *st.last_exit.borrow_mut() = Some(last);
-            st.emit_for(
-                Some(id),
-                None,
-                EventKind::SpawnFailed {
-                    error: e.to_string(),
-                },
-            );
-            let reason = ExitReason::NotStarted;
-            let decision = decide_and_restart(st, id, None, Duration::ZERO, reason, false);
-            settle(st, id, reason, decision);
+            {
+                let mut slots = st.slots.borrow_mut();
+                let slot = &mut slots[id as usize - 1];
+                if slot.exit_lines_pending > 0 {
+                    // The exit that led here is not logged yet: this failure follows its line.
+                    slot.failed_spawn = Some(e);
+                    slot.pending_restart = true;
+                    return;
+                }
+            }
+            spawn_failed(st, id, e);
         }
     }
+}
+
+/// Slot `id`'s replacement could not be started (`e`): logged, and counted as a crash.
+fn spawn_failed(st: &Rc<State>, id: u32, e: std::io::Error) {
+    st.slots.borrow_mut()[id as usize - 1].pending_restart = false;
+    let last = LastExit {
+        worker: id,
+        pid: None,
+        reason: format!("could not be started: {e}"),
+    };
+    let text = last.text();
+    tracing::warn!(target: "nodus::cluster", "{text}");
+    *st.last_exit.borrow_mut() = Some(last);
+    st.emit_for(
+        Some(id),
+        None,
+        EventKind::SpawnFailed {
+            error: e.to_string(),
+        },
+    );
+    let reason = ExitReason::NotStarted;
+    let decision = decide_and_restart(st, id, None, Duration::ZERO, reason, false);
+    settle(st, id, reason, decision);
 }
 
 /// Once no worker is left and none will start (every slot's restart type said no), the primary
@@ -393,6 +478,7 @@ pub(super) fn on_ready(st: &Rc<State>, _proc: &Rc<Proc>) {
             st.config.policy.name()
         );
         notify("READY=1\nSTATUS=serving");
+        server::warn_unclaimed(st);
     }
 }
 
@@ -538,13 +624,29 @@ fn start_shutdown(st: &Rc<State>, why: &str) {
         return;
     }
     let procs: Vec<Rc<Proc>> = st.procs.borrow().values().cloned().collect();
-    if !procs.is_empty() {
+    // A give-up (or another code already set) stops at once.
+    let delay = if st.final_code.get() == 0 {
+        st.config.shutdown_delay
+    } else {
+        Duration::ZERO
+    };
+    let after = if delay.is_zero() {
+        String::new()
+    } else {
+        format!(" in {delay:?}")
+    };
+    let (n, kill) = (count(procs.len(), "worker"), st.config.kill_timeout);
+    if !procs.is_empty() && st.config.command.ipc {
+        let deadline = st.config.drain_timeout;
         tracing::info!(
             target: "nodus::cluster",
-            "{why}: draining {} (deadline {:?}, SIGKILL after {:?})",
-            count(procs.len(), "worker"),
-            st.config.drain_timeout,
-            st.config.kill_timeout
+            "{why}: draining {n}{after} (deadline {deadline:?}, SIGKILL after {kill:?})"
+        );
+    } else if !procs.is_empty() {
+        // A plain program has no drain deadline: it gets SIGTERM, then the kill timeout.
+        tracing::info!(
+            target: "nodus::cluster",
+            "{why}: SIGTERM to {n}{after}, SIGKILL after {kill:?} if still running"
         );
     }
     notify("STOPPING=1\nSTATUS=draining");
@@ -554,8 +656,7 @@ fn start_shutdown(st: &Rc<State>, why: &str) {
             why: why.to_owned(),
         },
     );
-    let delay = st.config.shutdown_delay;
-    if delay.is_zero() || st.final_code.get() != 0 {
+    if delay.is_zero() {
         drain_all(st);
         return;
     }
@@ -627,6 +728,14 @@ pub(super) fn start_reload(st: &Rc<State>) {
                 s.generation.set(generation);
                 tracing::info!(target: "nodus::cluster", "reload done: generation {generation} serving");
                 s.emit(None, EventKind::ReloadDone { generation });
+            }
+            Err(why) if s.phase.get() == Phase::Stopping => {
+                // Not a failure of the new workers: the stop ends every worker anyway.
+                tracing::info!(
+                    target: "nodus::cluster",
+                    "reload to generation {generation} abandoned: a shutdown began"
+                );
+                s.emit(None, EventKind::ReloadFailed { generation, why });
             }
             Err(why) => {
                 tracing::error!(
