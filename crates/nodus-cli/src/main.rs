@@ -116,7 +116,7 @@ struct RunArgs {
     #[arg(long, value_enum)]
     policy: Option<PolicyArg>,
     /// Serve the cluster's /_nodus/ endpoints (metrics, stats, healthz, readyz, the live page)
-    /// on this address; `nodus top ADDR` watches it.
+    /// on this address (as -l's); `nodus top ADDR` watches it.
     #[arg(long, value_name = "ADDR", value_parser = socket_addr)]
     admin: Option<SocketAddr>,
     /// Restart intensity: more than R restarts within --restart-window gives up (exit 75).
@@ -196,7 +196,8 @@ struct ServeArgs {
     /// The directory to serve.
     #[arg(default_value = ".")]
     dir: PathBuf,
-    /// Address to listen on.
+    /// Address to listen on: IP:PORT, [IPv6]:PORT or HOST:PORT (a host name is resolved at
+    /// the start, its first address taken, as Node's listen(port, host) does).
     #[arg(long, default_value = "127.0.0.1:8080", value_parser = socket_addr)]
     listen: SocketAddr,
     /// Worker processes (default: the available cores). 1 serves from this process (SIGHUP then
@@ -281,35 +282,65 @@ fn positive_seconds(s: &str) -> Result<f64, String> {
     }
 }
 
-/// An IP address and port (`--listen`, `-l`, `--admin`), the port said to be out of range when
-/// it is (std's message is only "invalid socket address syntax").
+/// An address and port (`--listen`, `-l`, `--admin`): `IP:PORT`, `[IPv6]:PORT` (its zone may
+/// name an interface: `[fe80::1%eth0]:80`, which std does not read) or `HOST:PORT`, a host name
+/// resolved here, before any loop runs, to its first address, as Node's `listen(port, host)`
+/// takes it. A port out of range is said to be (std's message is only "invalid socket address
+/// syntax"), and so is a host name that does not resolve.
 fn socket_addr(s: &str) -> Result<SocketAddr, String> {
-    if s.contains('%') {
-        // An IPv6 zone that names its interface (`[fe80::1%eth0]:80`), which std does not read.
-        use nodus::net::IntoSocketAddr;
-        return s.into_socket_addr().map_err(|e| {
-            let zone = s
-                .split_once('%')
-                .map_or("", |(_, z)| z.split(']').next().unwrap_or(z));
-            match e.kind() {
-                std::io::ErrorKind::NotFound => format!("no network interface is named '{zone}'"),
-                _ => s
-                    .rsplit_once("]:")
-                    .and_then(|(_, port)| port_out_of_range(port))
-                    .unwrap_or_else(|| "invalid socket address syntax".to_owned()),
-            }
-        });
+    if let Ok(addr) = s.parse() {
+        return Ok(addr);
     }
-    s.parse().map_err(|e: std::net::AddrParseError| {
-        let out_of_range = s.rsplit_once(':').and_then(|(ip, port)| {
-            let ip_ok = match ip.strip_prefix('[').and_then(|v6| v6.strip_suffix(']')) {
-                Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
-                None => ip.parse::<std::net::Ipv4Addr>().is_ok(),
-            };
-            if ip_ok { port_out_of_range(port) } else { None }
-        });
-        out_of_range.unwrap_or_else(|| e.to_string())
-    })
+    let syntax = || "invalid socket address syntax (IP:PORT, [IPv6]:PORT or HOST:PORT)".to_owned();
+    let (host, port) = s.rsplit_once(':').ok_or_else(syntax)?;
+    // All digits, as std reads a port (`u16::from_str` alone would take `+80`).
+    let port: u16 = match port.parse() {
+        Ok(p) if port.bytes().all(|b| b.is_ascii_digit()) => p,
+        _ => return Err(port_out_of_range(port).unwrap_or_else(syntax)),
+    };
+    if let Some(v6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        use nodus::net::IntoSocketAddr;
+        // Without a zone std read it above, or it is no address; std reads only a numeric zone,
+        // an interface name is looked up.
+        if !v6.contains('%') {
+            return Err(syntax());
+        }
+        return (v6, port)
+            .into_socket_addr()
+            .map_err(|e| match (e.kind(), v6.split_once('%')) {
+                (std::io::ErrorKind::NotFound, Some((_, zone))) => {
+                    format!("no network interface is named '{zone}'")
+                }
+                _ => syntax(),
+            });
+    }
+    // An IPv6 address goes in brackets.
+    if host.is_empty() || host.contains([':', '[', ']']) {
+        return Err(syntax());
+    }
+    resolve(host, port)
+}
+
+/// `host`'s first address (`getaddrinfo`'s order, as Node's `dns.lookup` gives it), with `port`.
+fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let cannot = |why: String| {
+        format!(
+            "cannot resolve {}: {why}",
+            nodus::fs::quote(std::path::Path::new(host))
+        )
+    };
+    let mut addrs = (host, port).to_socket_addrs().map_err(|e| {
+        let why = e.to_string();
+        // std's "failed to lookup address information: Name or service not known".
+        let why = why
+            .strip_prefix("failed to lookup address information: ")
+            .unwrap_or(&why);
+        cannot(why.to_owned())
+    })?;
+    addrs
+        .next()
+        .ok_or_else(|| cannot("it has no address".to_owned()))
 }
 
 /// For a port that did not parse as a `u16`: the message, if it is a number too big for one.

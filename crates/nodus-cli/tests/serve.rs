@@ -1,5 +1,6 @@
 //! `nodus serve` end to end: the real binary on 127.0.0.1, a real (minimal) HTTP client. Also
-//! the address arguments of every command: a port out of range is said to be.
+//! the address arguments of every command: a port out of range is said to be, a host name is
+//! resolved (and one that does not resolve is said to).
 //!
 //! Every server is started on port 0, its address read from its startup line, and stopped by
 //! PID (SIGTERM, then SIGKILL if it does not exit).
@@ -26,6 +27,7 @@ fn an_address_whose_port_is_out_of_range_is_a_usage_error_that_says_so() {
     for args in [
         &["serve", "--listen", "127.0.0.1:99999"][..],
         &["serve", "--admin", "[::1]:65536"],
+        &["serve", "--listen", "localhost:99999"],
         &["run", "-l", "127.0.0.1:99999", "--", "true"],
         &["top", "--once", "127.0.0.1:99999"],
     ] {
@@ -38,14 +40,73 @@ fn an_address_whose_port_is_out_of_range_is_a_usage_error_that_says_so() {
             "{args:?}: {stderr}"
         );
     }
-    // Any other mistake keeps std's message.
-    let out = Command::new(NODUS)
-        .args(["serve", "--listen", "localhost:99999"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("invalid socket address syntax"), "{stderr}");
+    // Any other mistake keeps std's message, with the forms an address takes.
+    for addr in [
+        "127.0.0.1",
+        "::1:80",
+        "[127.0.0.1]:80",
+        ":80",
+        "localhost:+80",
+    ] {
+        let out = Command::new(NODUS)
+            .args(["serve", "--listen", addr])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{addr}: {stderr}");
+        assert!(
+            stderr.contains("invalid socket address syntax (IP:PORT, [IPv6]:PORT or HOST:PORT)"),
+            "{addr}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn a_host_name_is_resolved_to_its_first_address_and_one_that_does_not_resolve_is_said() {
+    // What `localhost` is here (the first address, as Node's `listen(port, 'localhost')`).
+    use std::net::ToSocketAddrs;
+    let expected = ("localhost", 0)
+        .to_socket_addrs()
+        .unwrap()
+        .next()
+        .unwrap()
+        .ip();
+    assert!(expected.is_loopback(), "localhost is {expected} here");
+    let dir = site();
+    let mut cmd = Command::new(NODUS);
+    cmd.arg("serve")
+        .arg(dir.path())
+        .args(["--listen", "localhost:0", "--workers", "1"])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut proc = Proc::spawn(&mut cmd);
+    let line = proc.wait_line("on http://");
+    let addr: SocketAddr = line
+        .split("on http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    assert_eq!(addr.ip(), expected, "{line}");
+    assert!(addr.port() != 0, "{line}");
+    assert_eq!(
+        request(addr, "GET", "/hello.txt", &[]).body,
+        b"hello, nodus\n"
+    );
+
+    for args in [
+        &["serve", "--listen", "nodus-no-such-host.invalid:80"][..],
+        &["serve", "--admin", "nodus-no-such-host.invalid:80"],
+        &["run", "-l", "nodus-no-such-host.invalid:80", "--", "true"],
+    ] {
+        let out = Command::new(NODUS).args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("cannot resolve 'nodus-no-such-host.invalid': "),
+            "{args:?}: {stderr}"
+        );
+    }
 }
 
 #[test]
