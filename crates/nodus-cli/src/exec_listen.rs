@@ -5,8 +5,10 @@
 //! Invariants: it sets `LISTEN_PID` to its own pid when `LISTEN_FDS` is set (and touches nothing
 //! else), then replaces itself with PROGRAM (`execvp`): same pid, fds 3.. untouched (nothing
 //! runs before the exec that opens one without close-on-exec), parent-death signal kept. It
-//! returns only on failure: `nodus: cannot run PROGRAM: ...`, 127 when PROGRAM is not found
-//! (as a shell would), 126 otherwise.
+//! returns only on failure, with 127 when PROGRAM is not found (as a shell would), 126
+//! otherwise, after saying `cannot run PROGRAM: ...`: to the nodus primary whose worker it is
+//! (`NODUS_WORKER_ID` and `NOTIFY_SOCKET` set: `nodus::cluster::report_exec_failure`), which
+//! logs it and may end the run, or else on stderr (`nodus: cannot run ...`).
 
 use std::ffi::OsString;
 use std::io::ErrorKind;
@@ -27,7 +29,22 @@ pub fn exec_listen(args: Vec<OsString>) -> i32 {
         cmd.env("LISTEN_PID", std::process::id().to_string());
     }
     let err = cmd.exec();
-    say!("nodus: cannot run {}: {err}", quote(Path::new(program)));
+    let path = Path::new(program);
+    // ENOENT for a file that is there: what is missing is what it needs to run.
+    let hint = if err.kind() == ErrorKind::NotFound
+        && program.as_encoded_bytes().contains(&b'/')
+        && path.is_file()
+    {
+        " (the file exists: its interpreter, the ELF loader or the #! line's, does not)"
+    } else {
+        ""
+    };
+    let message = format!("cannot run {}: {err}{hint}", quote(path));
+    let primary = std::env::var_os("NODUS_WORKER_ID").is_some()
+        && nodus::cluster::report_exec_failure(&err, &message).unwrap_or(false);
+    if !primary {
+        say!("nodus: {message}");
+    }
     match err.kind() {
         ErrorKind::NotFound => 127,
         _ => 126,

@@ -84,7 +84,9 @@ enum Command {
     /// A plain program gets the -l listeners the systemd way (fds 3.., LISTEN_FDS, LISTEN_PID,
     /// LISTEN_FDNAMES) and a NOTIFY_SOCKET (READY=1: ready; STOPPING=1: going down). With
     /// --node, the workers are stock Node programs and nodus is their cluster primary:
-    /// `http.createServer(...).listen(8080)` runs clustered with no code change.
+    /// `http.createServer(...).listen(8080)` runs clustered with no code change (-l then only
+    /// binds ADDR first, for the workers' listen on its port). The start line names every
+    /// address bound (port 0 resolved).
     /// Workers get NODUS_WORKER_ID (1..N) and NODE_APP_INSTANCE (0..N-1); their output is
     /// prefixed with "[worker ID PID] ".
     ///
@@ -94,8 +96,9 @@ enum Command {
     /// group is SIGKILLed at once.
     ///
     /// Exit codes: 0 after a drain in which every worker stopped in time (or once no worker is
-    /// left after clean exits); 1 a start failure (the program cannot be run, a listener cannot
-    /// be bound) or a worker left after a crash; 2 a usage error; 75 the restart budget is spent;
+    /// left after clean exits); 1 a start failure (the program, or its #! interpreter, cannot be
+    /// run, checked before any worker starts; the workers' exec of it fails before any worker
+    /// ran it; a listener cannot be bound) or a worker left after a crash; 2 a usage error; 75 the restart budget is spent;
     /// 124 a worker was SIGKILLed at --kill-timeout during the stop, or exited 124 (a nodus
     /// worker whose drain deadline cut requests); 128+N a second signal N during the drain (130
     /// SIGINT, 143 SIGTERM).
@@ -107,8 +110,11 @@ struct RunArgs {
     /// Worker processes (default: the available cores).
     #[arg(short = 'w', long, value_parser = clap::value_parser!(u16).range(1..=1024))]
     workers: Option<u16>,
-    /// Listen on ADDR and pass the socket to every worker (repeatable, each address once; fds 3..
-    /// in order).
+    /// Listen on ADDR (IP:PORT, [IPv6]:PORT or HOST:PORT, a host name resolved to its first
+    /// address) before any worker starts and pass the socket to every worker: fds 3.. in order,
+    /// with LISTEN_FDS (repeatable, each address once). With --node nothing is passed: a
+    /// worker's listen(PORT) (any host, or ADDR's) gets this socket instead of a new one; port 0
+    /// is refused, and a socket no worker listens on once all are ready is a warning.
     #[arg(short = 'l', long = "listen", value_name = "ADDR", value_parser = socket_addr)]
     listen: Vec<SocketAddr>,
     /// shared (one socket in every worker; the default for plain programs), reuseport (a

@@ -10,14 +10,23 @@
 //! - `--node`: stock Node programs, with nodus as their cluster primary over `NODE_CLUSTER`
 //!   (`cluster.isWorker` is true in them): `server.listen(...)` gets its socket or its
 //!   connections from nodus. Ready at their first `listening` (or, with `--ready-after`, once up
-//!   that long without one: a worker that never listens); stopped with a `disconnect`.
+//!   that long without one: a worker that never listens); stopped with a `disconnect`. `-l`
+//!   passes nothing to them: it binds ADDR before they start, and a worker's `listen` on its
+//!   port (any host, or ADDR's) gets that socket; port 0 names no port and is refused (usage),
+//!   and the primary warns about a `-l` socket no worker asked for.
+//!
+//! The program is checked before any worker starts (`check_runnable`: found as `execvp` finds
+//! it, executable, and so is a script's `#!` interpreter, or `env`'s command), so the usual
+//! mistakes are one line and exit code 1. The start line names what was bound (port 0 resolved)
+//! and the admin address.
 //!
 //! With `--admin ADDR`, the primary serves the cluster's `/_nodus/` endpoints there, as `nodus
 //! serve --workers N --admin` does (a plain program's workers send no snapshots: the cluster's
 //! own figures, per worker pid, restarts, budget, generation).
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::net::SocketAddr;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -61,28 +70,124 @@ fn fail(message: impl std::fmt::Display) -> i32 {
 }
 
 /// Whether `program` can be run as the workers' `execvp` will look for it: a name with a slash
-/// must be an executable file, a bare name one in a `PATH` directory. Checked once at the start,
-/// so a mistyped program is one clear line and exit code 1, not a restart budget spent on exit
-/// code 127. (A program that disappears later fails its workers, and a reload, as any crash.)
-fn check_runnable(program: &std::ffi::OsStr) -> Result<(), String> {
-    fn executable_file(path: &std::path::Path) -> Result<(), String> {
-        let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
-        if !meta.is_file() {
-            return Err("not a file".into());
-        }
-        rustix::fs::access(path, rustix::fs::Access::EXEC_OK)
-            .map_err(|e| std::io::Error::from(e).to_string())
-    }
-    if program.as_encoded_bytes().contains(&b'/') {
-        return executable_file(std::path::Path::new(program));
+/// must be an executable file, a bare name one in a `PATH` directory; a script's `#!`
+/// interpreter must be one too (and the command `#!/usr/bin/env NAME` runs, NAME, in `PATH`).
+/// Checked once at the start, so a mistyped program is one clear line and exit code 1, not a
+/// restart budget spent on exit code 127. (A program that disappears later fails its workers,
+/// and a reload, as any crash.)
+fn check_runnable(program: &OsStr) -> Result<(), String> {
+    check_interpreter(&find_in_path(program)?, 0)
+}
+
+/// The file `execvp` runs for `name`: `name` itself when it has a slash, else the first
+/// executable file of that name in a `PATH` directory.
+fn find_in_path(name: &OsStr) -> Result<PathBuf, String> {
+    if name.as_encoded_bytes().contains(&b'/') {
+        executable_file(Path::new(name))?;
+        return Ok(PathBuf::from(name));
     }
     // glibc's execvp searches "/bin:/usr/bin" when PATH is unset.
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/bin:/usr/bin".into());
     std::env::split_paths(&path)
-        .map(|dir| dir.join(program))
-        .any(|candidate| executable_file(&candidate).is_ok())
-        .then_some(())
+        .map(|dir| dir.join(name))
+        .find(|candidate| executable_file(candidate).is_ok())
         .ok_or_else(|| "not found in PATH".into())
+}
+
+fn executable_file(path: &Path) -> Result<(), String> {
+    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a file".into());
+    }
+    rustix::fs::access(path, rustix::fs::Access::EXEC_OK)
+        .map_err(|e| std::io::Error::from(e).to_string())
+}
+
+/// The kernel reads this much of a file for its `#!` line (`BINPRM_BUF_SIZE`), and follows at
+/// most this many interpreters that are scripts themselves.
+const SHEBANG_MAX: usize = 256;
+const SHEBANG_DEPTH: usize = 4;
+
+/// If `file` is a script, whether its `#!` interpreter can run, as the kernel reads the line:
+/// the interpreter is the first word (a path, absolute or from the working directory), the rest
+/// of the line one argument. For `env`, that argument (or the first word after `-S`) is the
+/// command it looks for in `PATH`. An unreadable file or one that is no script is left to `exec`.
+fn check_interpreter(file: &Path, depth: usize) -> Result<(), String> {
+    let mut head = [0u8; SHEBANG_MAX];
+    let n = match std::fs::File::open(file).and_then(|mut f| {
+        use std::io::Read;
+        f.read(&mut head)
+    }) {
+        Ok(n) => n,
+        Err(_) => return Ok(()),
+    };
+    let Some(line) = head[..n].strip_prefix(b"#!") else {
+        return Ok(());
+    };
+    let blank = |b: &u8| *b == b' ' || *b == b'\t';
+    // Blanks trimmed at both ends, as the kernel does (a `\r` stays: a CRLF script's
+    // interpreter is `/bin/sh\r`).
+    let line = line.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = &line[..line.len() - line.iter().rev().take_while(|b| blank(b)).count()];
+    let line = &line[line.iter().take_while(|b| blank(b)).count()..];
+    let end = line.iter().position(blank).unwrap_or(line.len());
+    let (interpreter, rest) = line.split_at(end);
+    if interpreter.is_empty() {
+        // ENOEXEC: execvp runs the file with /bin/sh.
+        return Ok(());
+    }
+    let interpreter = Path::new(OsStr::from_bytes(interpreter));
+    let argument = &rest[rest.iter().take_while(|b| blank(b)).count()..];
+    let named = quote(interpreter);
+    match executable_file(interpreter) {
+        Err(_) if !interpreter.exists() => {
+            return Err(format!("its interpreter {named} (#! line) does not exist"));
+        }
+        Err(why) => return Err(format!("its interpreter {named} (#! line): {why}")),
+        Ok(()) => {}
+    }
+    if depth + 1 < SHEBANG_DEPTH {
+        check_interpreter(interpreter, depth + 1)
+            .map_err(|why| format!("its interpreter {named} (#! line) cannot run: {why}"))?;
+    }
+    if interpreter.file_name() == Some(OsStr::new("env")) {
+        check_env_command(interpreter, argument)?;
+    }
+    Ok(())
+}
+
+/// `#!/usr/bin/env ARGUMENT`: whether the command env is to run is found as env's `execvp`
+/// finds it. The kernel passes the whole rest of the line as one argument, so without `-S` a
+/// name with a space in it is looked for as it is. Other options or assignments are not judged.
+fn check_env_command(env: &Path, argument: &[u8]) -> Result<(), String> {
+    let (name, split) = match argument.strip_prefix(b"-S") {
+        Some(words) => (
+            words
+                .split(|b| b.is_ascii_whitespace())
+                .find(|w| !w.is_empty()),
+            true,
+        ),
+        None => (Some(argument), false),
+    };
+    let Some(name) = name.filter(|n| !n.is_empty() && !n.starts_with(b"-") && !n.contains(&b'='))
+    else {
+        return Ok(());
+    };
+    let name = OsStr::from_bytes(name);
+    find_in_path(name).map(drop).map_err(|why| {
+        let named = quote(Path::new(name));
+        let named = format!("its interpreter {named} (#!{} line)", env.display());
+        if name.as_bytes().contains(&b'/') {
+            format!("{named}: {why}")
+        } else if !split && name.as_bytes().contains(&b' ') {
+            format!(
+                "{named} is {why} (env takes the rest of the #! line as one name; `env -S` \
+                 splits it)"
+            )
+        } else {
+            format!("{named} is {why}")
+        }
+    })
 }
 
 /// Runs the supervisor until it stops; returns the exit code.
@@ -107,6 +212,14 @@ pub fn run(options: RunOptions) -> i32 {
     if let Some(clash) = crate::listen::first_clash(&flagged) {
         return usage(clash);
     }
+    if options.node
+        && let Some(any) = options.listen.iter().find(|a| a.port() == 0)
+    {
+        return usage(format!(
+            "-l {any}: with --node, a worker's listen(PORT) takes the socket bound on PORT, and \
+             port 0 is none (give -l the port the program listens on)"
+        ));
+    }
     let (program, args) = (program.clone(), args.to_vec());
     if let Err(why) = check_runnable(&program) {
         return fail(format!("cannot run {}: {why}", quote(Path::new(&program))));
@@ -123,6 +236,9 @@ pub fn run(options: RunOptions) -> i32 {
             Some(Ok(l)) => Some(l),
             None => None,
         };
+        // What was bound, port 0 resolved, for the start line.
+        let bound = listening_line(&listeners, options.node);
+        let admin_addr = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
         let command = if options.node {
             WorkerCommand {
                 program: PathBuf::from(&program),
@@ -176,11 +292,12 @@ pub fn run(options: RunOptions) -> i32 {
         };
         let admin = admin_listener.map(|l| crate::serve::admin::serve_primary(l, primary.clone()));
         tracing::info!(
-            "supervising {} worker(s) of {} (policy {}){}",
+            "supervising {} worker{} of {} (policy {}){bound}{}",
             options.workers,
-            program.to_string_lossy(),
+            if options.workers == 1 { "" } else { "s" },
+            quote(Path::new(&program)),
             policy.name(),
-            options.admin.map_or_else(String::new, |a| format!(
+            admin_addr.map_or_else(String::new, |a| format!(
                 "; admin endpoints on http://{a}/_nodus/"
             ))
         );
@@ -190,6 +307,26 @@ pub fn run(options: RunOptions) -> i32 {
         }
         code
     })
+}
+
+/// The start line's account of the listeners (empty without any): each bound address (port 0
+/// resolved) with the fd and name a plain program gets it as, or, under `--node`, the port a
+/// worker's `listen` takes it with.
+fn listening_line(listeners: &[(String, TcpListener)], node: bool) -> String {
+    let each: Vec<String> = listeners
+        .iter()
+        .enumerate()
+        .map(|(i, (name, l))| match l.local_addr() {
+            Ok(a) if node => format!("{a} (for a worker's listen on port {})", a.port()),
+            Ok(a) => format!("{a} (fd {}, {name})", 3 + i),
+            Err(e) => format!("{name} (its address: {e})"),
+        })
+        .collect();
+    if each.is_empty() {
+        String::new()
+    } else {
+        format!("; listening on {}", each.join(", "))
+    }
 }
 
 /// The `-l` listeners, or the sockets a service manager passed to nodus (`LISTEN_FDS`).

@@ -28,8 +28,13 @@ use nodus_testkit::tree::{self, gone};
 use rustix::process::{Pid, Signal};
 
 fn script(dir: &TempDir, name: &str, body: &str) -> std::path::PathBuf {
+    script_with(dir, name, &format!("#!/bin/sh\n{body}\n"))
+}
+
+/// An executable file `name` in `dir` holding `text`.
+fn script_with(dir: &TempDir, name: &str, text: &str) -> std::path::PathBuf {
     let path = dir.path().join(name);
-    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::write(&path, text).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     path
 }
@@ -98,7 +103,8 @@ fn a_replacement_that_cannot_be_started_is_retried_and_the_service_stays_up() {
             .args(["run", "-w", "2", "--backoff", "0.1,1,0.1"])
             .args(["--max-restarts", "50", "--restart-window", "60", "--events"])
             .arg(&log)
-            .args(["--", "sleep", "60"]),
+            .args(["--", "sleep", "60"])
+            .env("RUST_LOG", "info"),
     );
     let evs = wait_events(&log, |e| count(e, "fork") == 2);
     let first = evs
@@ -126,6 +132,19 @@ fn a_replacement_that_cannot_be_started_is_retried_and_the_service_stays_up() {
 
     primary.signal(Signal::TERM);
     assert_eq!(primary.wait_exit(Duration::from_secs(20)), Some(0));
+    // Logged in the order it happened: the exit, then the replacement that could not start.
+    let lines = primary.output();
+    let at = |what: &str| {
+        lines
+            .iter()
+            .position(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("no {what:?}: {lines:#?}"))
+    };
+    assert!(
+        at(&format!("worker 1 (pid {pid}) killed by signal 9"))
+            < at("worker 1 could not be started"),
+        "{lines:#?}"
+    );
 }
 
 #[test]
@@ -197,7 +216,26 @@ fn a_program_that_cannot_be_run_is_one_line_and_exit_code_1_before_any_worker() 
     let not_executable = dir.path().join("data.txt");
     std::fs::write(&not_executable, "not a program").unwrap();
     let missing = dir.path().join("missing");
+    let no_interpreter = script_with(&dir, "bad.sh", "#!/nonexistent/interp\necho hi\n");
+    let no_env_command = script_with(
+        &dir,
+        "env.sh",
+        "#!/usr/bin/env nodus-test-no-such-interp\necho hi\n",
+    );
+    let crlf = script_with(&dir, "crlf.sh", "#!/bin/sh\r\necho hi\r\n");
     let cases = [
+        (
+            no_interpreter.to_str().unwrap(),
+            "its interpreter '/nonexistent/interp' (#! line) does not exist",
+        ),
+        (
+            no_env_command.to_str().unwrap(),
+            "its interpreter 'nodus-test-no-such-interp' (#!/usr/bin/env line) is not found in PATH",
+        ),
+        (
+            crlf.to_str().unwrap(),
+            "its interpreter '/bin/sh\\r' (#! line) does not exist",
+        ),
         (missing.to_str().unwrap(), "No such file"),
         ("nodus-test-no-such-program", "not found in PATH"),
         (not_executable.to_str().unwrap(), "Permission denied"),
@@ -229,6 +267,267 @@ fn a_program_that_cannot_be_run_is_one_line_and_exit_code_1_before_any_worker() 
     assert!(
         stderr.starts_with("nodus run: cannot run 'nodus-no\\nsuch': "),
         "{stderr}"
+    );
+}
+
+/// A copy of a dynamically linked program (`/bin/true`) whose ELF interpreter (the dynamic
+/// loader) does not exist: there as a file, executable, without a `#!` line, yet its `exec`
+/// fails (`ENOENT`), which only the exec itself finds. `None` for a static `/bin/true`.
+fn without_its_loader(dir: &TempDir) -> Option<std::path::PathBuf> {
+    let mut elf = std::fs::read("/bin/true").unwrap();
+    let u16_at = |b: &[u8], at: usize| u16::from_le_bytes(b[at..at + 2].try_into().unwrap());
+    let u64_at =
+        |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap()) as usize;
+    // ELF64, little-endian: the program headers, and the one of type PT_INTERP (3).
+    assert!(elf.starts_with(b"\x7fELF\x02\x01"), "an ELF64 LE /bin/true");
+    let (offset, size, count) = (u64_at(&elf, 0x20), u16_at(&elf, 0x36), u16_at(&elf, 0x38));
+    let interp = (0..count as usize)
+        .map(|i| offset + i * size as usize)
+        .find(|&h| u32::from_le_bytes(elf[h..h + 4].try_into().unwrap()) == 3)?;
+    let (at, len) = (u64_at(&elf, interp + 8), u64_at(&elf, interp + 32));
+    let missing = b"/nodus-test-no-such-loader/ld.so";
+    assert!(len > 2, "a loader path");
+    for (i, byte) in elf[at..at + len - 1].iter_mut().enumerate() {
+        *byte = *missing.get(i).unwrap_or(&b'z');
+    }
+    let path = dir.path().join("no-loader");
+    std::fs::write(&path, elf).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    Some(path)
+}
+
+#[test]
+fn an_exec_that_fails_before_any_worker_ran_the_program_is_exit_code_1_and_one_line() {
+    let dir = TempDir::new("exec-fails");
+    let Some(program) = without_its_loader(&dir) else {
+        println!("skipped: /bin/true is statically linked");
+        return;
+    };
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "-w", "2", "--"])
+            .arg(&program)
+            .env("RUST_LOG", "info"),
+    );
+    // Bounded: a regression spends the restart budget (exit code 75).
+    assert_exit(&mut primary, Duration::from_secs(20), 1);
+    let lines = primary.output();
+    let said: Vec<&String> = lines.iter().filter(|l| l.contains("cannot run")).collect();
+    assert_eq!(said.len(), 1, "{lines:#?}");
+    assert!(
+        said[0].contains("ERROR")
+            && said[0].contains(&format!("cannot run '{}'", program.display()))
+            && said[0].contains("the file exists")
+            && said[0].ends_with("no worker could run it; exiting with code 1"),
+        "{lines:#?}"
+    );
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.starts_with("[worker ") || l.contains("giving up")),
+        "{lines:#?}"
+    );
+}
+
+#[test]
+fn an_exec_that_fails_after_the_program_ran_is_a_crash_that_says_why() {
+    let dir = TempDir::new("exec-fails-later");
+    let Some(broken) = without_its_loader(&dir) else {
+        println!("skipped: /bin/true is statically linked");
+        return;
+    };
+    // The program runs (its worker is ready), then a deploy replaces it with one that cannot.
+    let program = script(&dir, "app", "echo up; exec sleep 60");
+    let log = dir.path().join("events.jsonl");
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args([
+                "run",
+                "-w",
+                "1",
+                "--ready-after",
+                "0.1",
+                "--backoff",
+                "0.1,1,0.1",
+            ])
+            .args(["--max-restarts", "50", "--events"])
+            .arg(&log)
+            .arg("--")
+            .arg(&program)
+            .env("RUST_LOG", "info"),
+    );
+    let evs = wait_events(&log, |e| count(e, "ready") == 1);
+    let pid = evs.iter().find(|e| e["event"] == "fork").unwrap()["pid"]
+        .as_i64()
+        .unwrap() as i32;
+    std::fs::rename(&broken, &program).unwrap();
+    rustix::process::kill_process(Pid::from_raw(pid).unwrap(), Signal::KILL).unwrap();
+    wait_events(&log, |e| count(e, "fork") >= 3);
+    let line = primary.wait_line("could not run the program");
+    assert!(
+        line.contains(&format!("cannot run '{}'", program.display()))
+            && line.ends_with("(exited with code 127)"),
+        "{line}"
+    );
+    assert!(
+        primary.exited_within(Duration::ZERO).is_none(),
+        "the primary still runs"
+    );
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(20), 0);
+}
+
+#[test]
+fn a_reload_a_shutdown_cuts_short_is_abandoned_not_failed() {
+    let dir = TempDir::new("reload-abandoned");
+    let log = dir.path().join("events.jsonl");
+    // A new worker is ready only after 60 s: the reload is still waiting when the stop comes.
+    let mut primary = spawn(
+        run_sh(
+            [
+                "-w",
+                "1",
+                "--ready-after",
+                "60",
+                "--events",
+                log.to_str().unwrap(),
+            ],
+            "exec sleep 60",
+        )
+        .env("RUST_LOG", "info"),
+    );
+    wait_events(&log, |e| count(e, "fork") == 1);
+    primary.signal(Signal::HUP);
+    wait_events(&log, |e| count(e, "fork") == 2);
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(20), 0);
+    let lines = primary.output();
+    assert!(
+        lines.iter().any(|l| l.contains(" INFO ")
+            && l.ends_with("reload to generation 1 abandoned: a shutdown began")),
+        "{lines:#?}"
+    );
+    assert!(!lines.iter().any(|l| l.contains("failed")), "{lines:#?}");
+}
+
+#[test]
+fn the_start_line_names_the_addresses_bound() {
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args([
+                "run",
+                "-w",
+                "1",
+                "-l",
+                "127.0.0.1:0",
+                "--admin",
+                "127.0.0.1:0",
+            ])
+            .args(["--", "sleep", "60"])
+            .env("RUST_LOG", "info"),
+    );
+    let line = primary.wait_line("supervising 1 worker of 'sleep'");
+    let after = |what: &str| {
+        line.split_once(what)
+            .and_then(|(_, rest)| {
+                rest.split([' ', '/'])
+                    .next()?
+                    .parse::<std::net::SocketAddr>()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no address after {what:?}: {line}"))
+    };
+    let (public, admin) = (after("listening on "), after("admin endpoints on http://"));
+    assert!(
+        line.contains(&format!("{public} (fd 3, listen0)")),
+        "{line}"
+    );
+    assert!(public.port() != 0 && admin.port() != 0, "{line}");
+    // They are the real ones: the admin endpoints answer there.
+    let reply = common::http::get(admin, "/_nodus/healthz");
+    assert_eq!(reply.status, 200);
+    std::net::TcpStream::connect(public).unwrap();
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(20), 0);
+}
+
+/// `nodus run --node -w 1 -l LISTEN -- node app.js`, the app listening on `PORT`.
+fn node_with_listen(dir: &TempDir, listen: &str, port: u16) -> Proc {
+    let app = dir.path().join("app.js");
+    std::fs::write(
+        &app,
+        "require('http').createServer((q, r) => r.end('hello\\n')).listen(+process.env.PORT);\n",
+    )
+    .unwrap();
+    spawn(
+        Command::new(NODUS)
+            .args([
+                "run",
+                "--node",
+                "-w",
+                "1",
+                "--ready-timeout",
+                "1",
+                "-l",
+                listen,
+            ])
+            .args(["--", "node"])
+            .arg(&app)
+            .env("PORT", port.to_string())
+            .env("RUST_LOG", "info"),
+    )
+}
+
+#[test]
+fn with_node_an_l_socket_is_the_one_a_worker_listen_on_its_port_takes() {
+    if !have("node") {
+        return;
+    }
+    let dir = TempDir::new("node-l");
+    let [taken, other] = nodus_testkit::net::free_addrs::<2>();
+    // The app listens on -l's port: it is given that socket (no new one).
+    let mut primary = node_with_listen(&dir, &taken.to_string(), taken.port());
+    let line = primary.wait_line("supervising 1 worker");
+    assert!(
+        line.ends_with(&format!(
+            "listening on {taken} (for a worker's listen on port {})",
+            taken.port()
+        )),
+        "{line}"
+    );
+    primary.wait_line("1 worker ready");
+    assert_eq!(common::http::get(taken, "/").body, b"hello\n");
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(20), 0);
+    assert!(
+        !primary
+            .output()
+            .iter()
+            .any(|l| l.contains("no worker listens")),
+        "{:#?}",
+        primary.output()
+    );
+
+    // The app listens on another port: said once the worker is ready.
+    let mut primary = node_with_listen(&dir, &taken.to_string(), other.port());
+    let warning = primary.wait_line("no worker listens on");
+    assert!(
+        warning.contains(&format!("no worker listens on {taken} (listen0, "))
+            && warning.contains("reset after 1s"),
+        "{warning}"
+    );
+    assert_eq!(common::http::get(other, "/").body, b"hello\n");
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(20), 0);
+
+    // Port 0 names no port a worker could listen on: a usage error.
+    let mut primary = node_with_listen(&dir, "127.0.0.1:0", other.port());
+    assert_exit(&mut primary, Duration::from_secs(20), 2);
+    let lines = primary.output();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(
+        lines[0].starts_with("nodus run: -l 127.0.0.1:0: with --node, "),
+        "{lines:#?}"
     );
 }
 
@@ -395,7 +694,12 @@ fn a_second_signal_during_the_drain_exits_128_plus_its_number() {
         // The kill timeout is far: only the second signal can end this stop.
         let mut primary = two_workers("60", DEAF);
         primary.signal(signal);
-        primary.wait_line("draining 2 workers");
+        // A plain program gets no drain deadline: the line says what it gets.
+        let line = primary.wait_line("SIGTERM to 2 workers");
+        assert!(
+            line.ends_with("SIGKILL after 60s if still running"),
+            "{line}"
+        );
         primary.signal(signal);
         assert_eq!(
             primary.wait_exit(Duration::from_secs(20)),

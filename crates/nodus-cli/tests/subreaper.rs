@@ -282,7 +282,7 @@ fn a_second_signal_during_the_drain_kills_the_adopted_processes_at_once() {
     let escaped = pid_in(&file, &mut cleanup);
     primary.wait_line("1 worker ready");
     primary.signal(Signal::TERM);
-    primary.wait_line("draining 1 worker");
+    primary.wait_line("SIGTERM to 1 worker");
     let second = Instant::now();
     primary.signal(Signal::TERM);
     let code = primary.wait_exit(Duration::from_secs(30));
