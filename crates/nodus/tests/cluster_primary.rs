@@ -1,6 +1,7 @@
 //! `nodus::cluster::Primary` from Rust, with plain programs as workers (`sh -c 'sleep 30'`):
 //! events, `kill_worker` (an exit the primary asked for is not a crash and says so, unlike
-//! Node's `worker.kill()`), a crash restarted by the policy, and a graceful shutdown.
+//! Node's `worker.kill()`), a crash restarted by the policy, and a graceful shutdown; with nodus
+//! workers, the stats of a worker whose loop does not answer (before its first request too).
 //!
 //! Bounded: every wait has a deadline; the workers die with the test process (PDEATHSIG) and are
 //! drained by `shutdown` at the end.
@@ -379,6 +380,41 @@ fn a_worker_that_stops_answering_is_shown_without_its_old_snapshot() {
             }
         }
         assert!(after["snapshot"].is_object(), "{after}");
+        assert_eq!(shut_down(&primary, run).await, 0);
+    });
+}
+
+/// A worker whose loop blocks before the primary ever asked it for a snapshot is not answering
+/// from the first request on, as one that answered before would be.
+#[test]
+fn a_worker_that_stalls_before_its_first_snapshot_request_is_not_answering() {
+    if std::env::var(ROLE).as_deref() == Ok("snapshot") {
+        snapshot_worker();
+    }
+    let dir = nodus_testkit::tmp::TempDir::new("stall-before-first");
+    let rt = nodus::Runtime::new();
+    rt.block_on(async {
+        let config = stats_config(
+            "a_worker_that_stalls_before_its_first_snapshot_request_is_not_answering",
+            dir.path(),
+        );
+        let primary = Primary::start(config).expect("the test binary runs");
+        let (events, run) = record_and_run(&primary);
+        wait_until(&events, |ev| {
+            ev.iter().any(|e| matches!(e.kind, EventKind::Ready))
+        })
+        .await;
+        std::fs::write(dir.path().join("stall"), b"").unwrap();
+        assert!(file_appears(&dir.path().join("stalled")).await);
+        let pid = primary.worker_pids()[0].1;
+        let doc: serde_json::Value = serde_json::from_str(&primary.stats_json().await).unwrap();
+        let text = primary.metrics_text().await;
+        std::fs::write(dir.path().join("release"), b"").unwrap();
+        let worker = &doc["workers"][0];
+        assert_eq!(worker["answering"], false, "{worker}");
+        assert!(worker["snapshot"].is_null(), "{worker}");
+        let gauge = format!("nodus_cluster_worker_answering{{worker=\"1\",pid=\"{pid}\"}} 0");
+        assert!(text.contains(&gauge), "no {gauge:?} in\n{text}");
         assert_eq!(shut_down(&primary, run).await, 0);
     });
 }
