@@ -1,7 +1,8 @@
 //! The cluster through the `nodus` command: `serve --workers 2` (stats of the whole cluster,
 //! `nodus top --once` showing both workers), `run` with a plain program reading `LISTEN_FDS`
 //! (Python), `run --node` with a stock Node app (HTTP, and UDP through `dgram`), a nodus worker
-//! under a stock Node primary, and `run`'s restart budget.
+//! under a stock Node primary, `run`'s restart budget, and the notify protocol (watchdog pings
+//! with nodus and with Node workers).
 //!
 //! Every process is started in its own process group and the whole group is killed by PID when
 //! the test ends (workers die with their primary anyway: `PR_SET_PDEATHSIG`). Node and Python
@@ -702,6 +703,49 @@ fn the_primary_speaks_the_notify_protocol_with_watchdog_pings() {
         Some(0),
         "{heard:?}"
     );
+}
+
+/// Node workers have no loop the primary can ask (they never answer a snapshot request): they
+/// do not hold the watchdog pings back.
+#[test]
+fn node_workers_do_not_hold_back_the_watchdog_pings() {
+    if !have("node") {
+        return;
+    }
+    let dir = TempDir::new("notify-node");
+    let sock = dir.path().join("notify.sock");
+    let manager = std::os::unix::net::UnixDatagram::bind(&sock).unwrap();
+    manager
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let app = dir.path().join("app.js");
+    std::fs::write(
+        &app,
+        "require('http').createServer((q, s) => s.end('ok')).listen(+process.env.PORT);",
+    )
+    .unwrap();
+    let addr = free_addr();
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "--node", "-w", "2", "--", "node"])
+            .arg(&app)
+            .env("PORT", addr.port().to_string())
+            .env("NOTIFY_SOCKET", &sock)
+            .env("WATCHDOG_USEC", "400000"),
+    );
+    let mut buf = [0u8; 512];
+    let mut heard = Vec::new();
+    let mut pings = 0;
+    while pings < 3 {
+        let n = manager
+            .recv(&mut buf)
+            .unwrap_or_else(|e| panic!("no notification within 20 s ({e}): {heard:?}"));
+        let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+        pings += usize::from(text.contains("WATCHDOG=1"));
+        heard.push(text);
+    }
+    primary.signal(rustix::process::Signal::TERM);
+    assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
 }
 
 #[test]

@@ -465,9 +465,15 @@ fn sigterm_turns_readyz_to_503_then_drains_and_exits_0() {
         &["--shutdown-delay", "0.5", "--drain-timeout", "2"],
     );
     let a = server.addr;
+    let ready = request(a, "GET", "/_nodus/readyz", &[]);
+    assert_eq!((ready.status, &ready.body[..]), (200, &b"ready\n"[..]));
     server.proc.signal(rustix::process::Signal::TERM);
     std::thread::sleep(Duration::from_millis(150));
-    assert_eq!(request(a, "GET", "/_nodus/readyz", &[]).status, 503);
+    let stopping = request(a, "GET", "/_nodus/readyz", &[]);
+    assert_eq!(
+        (stopping.status, &stopping.body[..]),
+        (503, &b"shutting down\n"[..])
+    );
     assert_eq!(
         request(a, "GET", "/hello.txt", &[]).status,
         200,

@@ -1,6 +1,8 @@
 //! `nodus::cluster::Primary` from Rust, with plain programs as workers (`sh -c 'sleep 30'`):
 //! events, `kill_worker` (an exit the primary asked for is not a crash and says so, unlike
-//! Node's `worker.kill()`), a crash restarted by the policy, and a graceful shutdown.
+//! Node's `worker.kill()`), a crash restarted by the policy, readiness (one ready worker is
+//! enough, a shutdown ends it), and a graceful shutdown; with nodus workers, the stats of a
+//! worker whose loop does not answer (before its first request too).
 //!
 //! Bounded: every wait has a deadline; the workers die with the test process (PDEATHSIG) and are
 //! drained by `shutdown` at the end.
@@ -380,6 +382,91 @@ fn a_worker_that_stops_answering_is_shown_without_its_old_snapshot() {
         }
         assert!(after["snapshot"].is_object(), "{after}");
         assert_eq!(shut_down(&primary, run).await, 0);
+    });
+}
+
+/// A worker whose loop blocks before the primary ever asked it for a snapshot is not answering
+/// from the first request on, as one that answered before would be.
+#[test]
+fn a_worker_that_stalls_before_its_first_snapshot_request_is_not_answering() {
+    if std::env::var(ROLE).as_deref() == Ok("snapshot") {
+        snapshot_worker();
+    }
+    let dir = nodus_testkit::tmp::TempDir::new("stall-before-first");
+    let rt = nodus::Runtime::new();
+    rt.block_on(async {
+        let config = stats_config(
+            "a_worker_that_stalls_before_its_first_snapshot_request_is_not_answering",
+            dir.path(),
+        );
+        let primary = Primary::start(config).expect("the test binary runs");
+        let (events, run) = record_and_run(&primary);
+        wait_until(&events, |ev| {
+            ev.iter().any(|e| matches!(e.kind, EventKind::Ready))
+        })
+        .await;
+        std::fs::write(dir.path().join("stall"), b"").unwrap();
+        assert!(file_appears(&dir.path().join("stalled")).await);
+        let pid = primary.worker_pids()[0].1;
+        let doc: serde_json::Value = serde_json::from_str(&primary.stats_json().await).unwrap();
+        let text = primary.metrics_text().await;
+        std::fs::write(dir.path().join("release"), b"").unwrap();
+        let worker = &doc["workers"][0];
+        assert_eq!(worker["answering"], false, "{worker}");
+        assert!(worker["snapshot"].is_null(), "{worker}");
+        let gauge = format!("nodus_cluster_worker_answering{{worker=\"1\",pid=\"{pid}\"}} 0");
+        assert!(text.contains(&gauge), "no {gauge:?} in\n{text}");
+        assert_eq!(shut_down(&primary, run).await, 0);
+    });
+}
+
+/// Whether the cluster takes traffic: ready with one worker of two down, not ready with none,
+/// and stopping (not ready) from the shutdown on.
+#[test]
+fn the_cluster_is_ready_while_one_worker_is_and_no_shutdown_began() {
+    let rt = nodus::Runtime::new();
+    rt.block_on(async {
+        let mut config = sleeper_config(2);
+        // The replacement of a killed worker is not ready for a while.
+        config.readiness = Readiness::Alive(Duration::from_secs(3));
+        let primary = Primary::start(config).expect("sh runs");
+        assert!(!primary.is_ready(), "no worker is ready yet");
+        assert!(!primary.is_stopping());
+        let (events, run) = record_and_run(&primary);
+        let ready = |ev: &[Event]| {
+            ev.iter()
+                .filter(|e| matches!(e.kind, EventKind::Ready))
+                .count()
+        };
+        wait_until(&events, |ev| ready(ev) == 2).await;
+        assert!(primary.is_ready());
+        let w1 = primary.worker_pids()[0].1;
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(w1 as i32).unwrap(),
+            rustix::process::Signal::KILL,
+        )
+        .unwrap();
+        // The replacement's fork (the first workers' came before the recording began).
+        wait_until(&events, |ev| {
+            ev.iter().any(|e| matches!(e.kind, EventKind::Fork { .. }))
+        })
+        .await;
+        assert_eq!(
+            ready(&events.borrow()),
+            2,
+            "the replacement is not ready yet"
+        );
+        assert!(primary.is_ready(), "one worker of two is ready");
+        primary.shutdown();
+        assert!(primary.is_stopping());
+        assert!(!primary.is_ready(), "a shutdown began");
+        assert_eq!(
+            nodus::timeout(Duration::from_secs(20), run)
+                .await
+                .expect("shutdown finishes")
+                .unwrap(),
+            0
+        );
     });
 }
 

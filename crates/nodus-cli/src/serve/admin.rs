@@ -9,6 +9,12 @@
 //! In a cluster, stats and metrics cover every worker whichever process answers: a worker asks
 //! its primary over IPC, the primary (which serves `--admin` itself) builds them from its
 //! workers' snapshots. A worker whose primary does not answer (a Node primary) serves its own.
+//!
+//! readyz ([`Readyz`]) answers for the process that serves it: 200 `ready` while it takes
+//! traffic, 503 with why not. `shutting down` only once a shutdown began (this process's own
+//! SIGTERM/SIGINT, or, for a worker, the primary's `stopping` notice or `disconnect`); a
+//! cluster primary (`--admin`) with no worker ready and no shutdown (starting, or every worker
+//! crashed or in backoff) says `no worker ready`, and one ready worker is enough for 200.
 
 use std::net::SocketAddr;
 
@@ -37,6 +43,18 @@ pub fn is_admin_path(path: &str) -> bool {
     path == "/_nodus" || path.starts_with("/_nodus/")
 }
 
+/// What `/_nodus/readyz` answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readyz {
+    /// 200 `ready`: the process takes traffic (a cluster: at least one worker is ready).
+    Ready,
+    /// 503 `no worker ready`: a cluster primary none of whose workers is ready (they start,
+    /// or every one crashed or waits in backoff), and no shutdown began.
+    NoWorkerReady,
+    /// 503 `shutting down`: a shutdown began.
+    ShuttingDown,
+}
+
 /// Where stats and metrics come from.
 #[derive(Clone)]
 pub enum Source {
@@ -49,13 +67,15 @@ pub enum Source {
 }
 
 impl Source {
-    /// Whether the process it speaks for takes traffic: a worker until the primary stops it, a
-    /// primary while it is ready (not stopping), this process always (its own shutdown flag aside).
-    pub fn is_ready(&self) -> bool {
+    /// What readyz says of the process it speaks for: a worker is ready until the primary stops
+    /// it, a primary while no shutdown began and one of its workers is ready, this process
+    /// always (its own shutdown flag aside).
+    pub fn readiness(&self) -> Readyz {
         match self {
-            Source::Worker(w) => !w.is_stopping(),
-            Source::Primary(p) => p.is_ready(),
-            Source::Local => true,
+            Source::Worker(w) if w.is_stopping() => Readyz::ShuttingDown,
+            Source::Primary(p) if p.is_stopping() => Readyz::ShuttingDown,
+            Source::Primary(p) if !p.is_ready() => Readyz::NoWorkerReady,
+            Source::Worker(_) | Source::Primary(_) | Source::Local => Readyz::Ready,
         }
     }
 
@@ -82,7 +102,8 @@ impl Source {
 }
 
 /// Serves the admin endpoints of a cluster primary on `listener`: the whole cluster's figures,
-/// and readyz 200 while the primary is ready (`nodus serve --workers N`, `nodus run`).
+/// and readyz 200 while no shutdown began and a worker is ready (`nodus serve --workers N`,
+/// `nodus run`).
 pub fn serve_primary(
     listener: nodus::net::TcpListener,
     primary: nodus::cluster::Primary,
@@ -102,7 +123,7 @@ pub fn serve_primary(
                     req.method(),
                     req.uri().path(),
                     accept,
-                    source.is_ready(),
+                    source.readiness(),
                     &source,
                 )
                 .await
@@ -118,13 +139,13 @@ pub fn accept(headers: &http::HeaderMap) -> Option<&str> {
         .and_then(|v| v.to_str().ok())
 }
 
-/// Answers an admin request (`accept`: its `Accept` header, which picks the metrics format).
-/// `ready` is false once a shutdown began.
+/// Answers an admin request (`accept`: its `Accept` header, which picks the metrics format;
+/// `readiness`: what readyz says).
 pub async fn respond(
     method: &Method,
     path: &str,
     accept: Option<&str>,
-    ready: bool,
+    readiness: Readyz,
     source: &Source,
 ) -> Response<Body> {
     if method != Method::GET && method != Method::HEAD {
@@ -166,8 +187,11 @@ pub async fn respond(
         }
         // Answering at all means the loop is not stalled: a stalled loop cannot answer.
         "/_nodus/healthz" => text(StatusCode::OK, "ok\n"),
-        "/_nodus/readyz" if ready => text(StatusCode::OK, "ready\n"),
-        "/_nodus/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n"),
+        "/_nodus/readyz" => match readiness {
+            Readyz::Ready => text(StatusCode::OK, "ready\n"),
+            Readyz::NoWorkerReady => text(StatusCode::SERVICE_UNAVAILABLE, "no worker ready\n"),
+            Readyz::ShuttingDown => text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n"),
+        },
         _ => text(StatusCode::NOT_FOUND, "no such admin endpoint\n"),
     };
     r.headers_mut()

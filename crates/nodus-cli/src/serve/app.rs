@@ -72,13 +72,18 @@ pub(super) struct Site {
     /// Admin endpoints on the public listener (no `--admin`).
     admin_on_public: bool,
     access_log: bool,
+    /// False once this process's shutdown (or, for a worker, its drain) began.
     ready: Cell<bool>,
     source: admin::Source,
 }
 
 impl Site {
-    fn is_ready(&self) -> bool {
-        self.ready.get() && self.source.is_ready()
+    fn readiness(&self) -> admin::Readyz {
+        if self.ready.get() {
+            self.source.readiness()
+        } else {
+            admin::Readyz::ShuttingDown
+        }
     }
 }
 
@@ -387,7 +392,7 @@ fn serve_admin(listener: TcpListener, site: Rc<Site>) -> nodus_http::Server {
                     req.method(),
                     req.uri().path(),
                     accept,
-                    s.is_ready(),
+                    s.readiness(),
                     &s.source,
                 )
                 .await
@@ -407,7 +412,7 @@ async fn handle_public(req: Request<RequestBody>, site: Rc<Site>) -> Response<Bo
     let response = if admin::is_admin_path(&path) && site.admin_on_public {
         if admin::allowed(peer, req.headers()) {
             let accept = admin::accept(req.headers());
-            admin::respond(&method, &path, accept, site.is_ready(), &site.source).await
+            admin::respond(&method, &path, accept, site.readiness(), &site.source).await
         } else {
             text(
                 StatusCode::FORBIDDEN,

@@ -57,8 +57,9 @@ pub struct WorkerStats {
     /// How long the process has been up, as the primary counts it (else the snapshot's own).
     #[serde(default)]
     pub uptime_seconds: Option<f64>,
-    /// `false`: its loop did not answer the primary's last request (blocked or too busy), so the
-    /// primary gives no snapshot; absent or `null` for a worker that never sends one.
+    /// `false`: its loop did not answer the primary's last request (blocked or too busy; its
+    /// first one included), so the primary gives no snapshot; absent or `null` for a worker the
+    /// primary does not ask (a plain program, a Node worker), whose figures are unknown.
     #[serde(default)]
     pub answering: Option<bool>,
 }

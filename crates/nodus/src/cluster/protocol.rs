@@ -16,6 +16,9 @@
 //! replies. The primary's `disconnect` also carries `drainMs`, the drain deadline, which Node
 //! workers ignore.
 //!
+//! A nodus worker's `online` carries `"nodus":1` (Node's primary ignores it): from then on its
+//! primary knows it answers snapshot requests (a Node worker never does).
+//!
 //! Connection handoff between nodus peers: a nodus worker's `queryServer` carries `"nodus":1`
 //! (a Node primary ignores it); the primary then hands that worker its connections as
 //! `newconns` (key, `peers`: each client's address) with up to 64 fds in one frame
@@ -137,12 +140,15 @@ pub(crate) struct QueryServer<'a> {
 }
 
 /// The message a worker or primary sends with only `act` and `seq` (`online`, `disconnect`,
-/// `exitedAfterDisconnect`).
+/// `exitedAfterDisconnect`); a nodus worker's `online` also carries `"nodus":1`.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Act<'a> {
     pub cmd: &'static str,
     pub act: &'a str,
     pub seq: u64,
+    /// `1` in a nodus worker's `online`: it answers nodus's own messages (snapshot requests).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nodus: Option<u8>,
 }
 
 /// `close` of one server key, from a worker.

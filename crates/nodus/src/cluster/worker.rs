@@ -2,11 +2,12 @@
 //! primary via `cluster.setupPrimary({ exec })`).
 //!
 //! A process is a worker when `NODE_UNIQUE_ID` is set (Node's rule). [`Worker::get`] opens the
-//! IPC channel (`NODE_CHANNEL_FD`), says `online`, and starts one dispatch task that answers the
-//! primary. [`Worker::listen`] asks the primary for a listener (`queryServer`): under round-robin
-//! the primary accepts and hands connections over the channel (`newconn`, or `newconns` batches
-//! from a nodus primary), under a shared or
-//! reuse-port policy it sends a listening fd; either way the caller gets a [`Listener`].
+//! IPC channel (`NODE_CHANNEL_FD`), says `online` (with `nodus: 1`, so a nodus primary knows it
+//! answers snapshot requests), and starts one dispatch task that answers the primary.
+//! [`Worker::listen`] asks the primary for a listener (`queryServer`): under round-robin the
+//! primary accepts and hands connections over the channel (`newconn`, or `newconns` batches from
+//! a nodus primary), under a shared or reuse-port policy it sends a listening fd; either way the
+//! caller gets a [`Listener`].
 //!
 //! Invariants:
 //! - One `Worker` per process, created on the loop thread; the environment variables naming it
@@ -179,10 +180,12 @@ impl Worker {
                 board: OnceCell::new(),
             }),
         };
+        // `nodus: 1`: a nodus primary asks this worker for snapshots (Node's ignores it).
         worker.send_cluster(|seq| Act {
             cmd: NODE_CLUSTER,
             act: "online",
             seq,
+            nodus: Some(1),
         });
         let dispatch = worker.clone();
         crate::task::spawn_named("cluster:worker", async move { dispatch.dispatch().await })
@@ -352,6 +355,7 @@ impl Worker {
                 cmd: NODE_CLUSTER,
                 act: "exitedAfterDisconnect",
                 seq,
+                nodus: None,
             })
             .is_ok()
         {

@@ -588,9 +588,18 @@ impl Primary {
         stats::metrics_text(&self.st).await
     }
 
-    /// Whether every slot has a ready worker and no shutdown began (for `/_nodus/readyz`).
+    /// Whether the cluster takes traffic, for a readiness probe (`/_nodus/readyz`): no shutdown
+    /// began and at least one worker process is ready (the stats' `workers_up` is at least 1).
+    /// One worker down (crashed, being replaced, its slot in backoff) leaves the others serving,
+    /// so the cluster stays ready; none ready (still starting, or every one down) is not ready.
     pub fn is_ready(&self) -> bool {
-        self.st.phase.get() == Phase::Running && self.st.all_ready()
+        !self.is_stopping() && self.st.procs.borrow().values().any(|p| p.is_ready())
+    }
+
+    /// Whether a shutdown began: SIGTERM or SIGINT, [`shutdown`](Self::shutdown), or the give-up
+    /// when the restart budget is spent. It does not end.
+    pub fn is_stopping(&self) -> bool {
+        self.st.phase.get() == Phase::Stopping
     }
 }
 

@@ -22,6 +22,10 @@
 //! - A plain program's notify socket is read one last time when the worker has exited, before
 //!   the exit is handled: whatever the worker sent before it exited (its launcher's exec
 //!   failure, [`report_exec_failure`]) is heeded first.
+//! - `asked_for_snapshots` is set once the worker says it speaks nodus's own messages and
+//!   cleared when its channel ends (its snapshot and `answered_last` with it): the stats ask a
+//!   worker only while it can answer, so one that does not answer is stalled, never a Node
+//!   worker or a plain program.
 
 use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::HashMap;
@@ -96,8 +100,14 @@ pub(super) struct Proc {
     pub reported: Cell<Option<(u64, u64)>>,
     /// Its last loop snapshot (JSON) and when it came; cleared when it misses a request.
     pub snapshot: RefCell<Option<(Instant, String)>>,
-    /// Whether it answered the primary's last snapshot request: `None` until it has answered
-    /// one (a plain program or a Node worker never does), then `Some(false)` while it misses.
+    /// It answers snapshot requests, so the primary asks it: it said it speaks nodus's own
+    /// messages (`nodus: 1` in its `online` or `queryServer`, or any `NODE_NODUS` message) and
+    /// its channel has not ended. A Node worker never answers them; a plain program has no
+    /// channel.
+    pub asked_for_snapshots: Cell<bool>,
+    /// Whether it answered the primary's last snapshot request: `None` while it is not asked
+    /// (see `asked_for_snapshots`) or before its first request, else `Some(false)` while it
+    /// misses, whether or not it ever answered one.
     pub answered_last: Cell<Option<bool>>,
     pub snapshot_waiters: RefCell<HashMap<u64, ReplySlot<String>>>,
     pub exit_status: Cell<Option<ExitStatus>>,
@@ -189,6 +199,7 @@ impl Proc {
             slot_taken: st.slots.borrow()[slot as usize - 1].taken.clone(),
             reported: Cell::new(None),
             snapshot: RefCell::new(None),
+            asked_for_snapshots: Cell::new(false),
             answered_last: Cell::new(None),
             snapshot_waiters: RefCell::default(),
             exit_status: Cell::new(None),
@@ -232,6 +243,10 @@ impl Proc {
                 while let Some(msg) = channel.recv_internal().await {
                     on_internal(&s, &p, msg);
                 }
+                // No longer asked: neither figures nor a stall to show for it.
+                p.asked_for_snapshots.set(false);
+                p.answered_last.set(None);
+                *p.snapshot.borrow_mut() = None;
                 s.emit(Some(&p), EventKind::Disconnect);
                 handoff::channel_ended(&s, &p);
                 p.channel_done.fill(());
@@ -458,6 +473,9 @@ fn on_internal(st: &Rc<State>, proc: &Rc<Proc>, mut msg: Message) {
         );
         return;
     };
+    if m.is_nodus() || m.nodus == Some(1) {
+        proc.asked_for_snapshots.set(true);
+    }
     if m.is_nodus() {
         if let (Some("returned"), Some(key)) = (m.act, &m.key) {
             let fds = handles.into_iter().map(|h| h.into_owned_fd()).collect();

@@ -2,11 +2,14 @@
 //! the primary from its own bookkeeping and its workers' snapshots.
 //!
 //! Invariants: worker snapshots are pulled over the channel when the newest is older than
-//! [`FRESH`] (all workers asked at once, each answer awaited at most [`ASK_LIMIT`]); a worker
-//! that does not answer (stalled, or a plain program) appears with `snapshot: null`: a snapshot
-//! it sent before is dropped, never served as if current (a blocked loop would otherwise show
-//! its last figures, idle, for as long as it blocks). `answering` says which: `null` for a
-//! worker that never sent a snapshot, `false` for one that did but missed the last request.
+//! [`FRESH`] (every worker that answers snapshot requests asked at once, each answer awaited at
+//! most [`ASK_LIMIT`]): a nodus worker from its `online` on, until its channel ends. A Node
+//! worker (it has a channel but never answers) and a plain program (no channel) are not asked.
+//! A worker without a fresh answer appears with `snapshot: null`: a snapshot it sent before is
+//! dropped, never served as if current (a blocked loop would otherwise show its last figures,
+//! idle, for as long as it blocks). `answering` says why: `null` for a worker that is not asked
+//! (or not yet), `false` for one that was asked and did not answer in time (stalled, or too
+//! busy), whether or not it answered an earlier request.
 //! The JSON shape is the one `nodus top` and the admin page read (`workers[]` with `worker`,
 //! `pid`, `snapshot`, `answering`, `restarts`, `rss_bytes`, plus cluster fields).
 //!
@@ -55,7 +58,7 @@ fn live_procs(st: &State) -> Vec<Rc<Proc>> {
     procs
 }
 
-/// Pulls fresh snapshots from every worker with a channel, unless the last pull is recent.
+/// Pulls fresh snapshots from every worker that answers them, unless the last pull is recent.
 async fn refresh(st: &Rc<State>) {
     let fresh = st
         .stats_cache
@@ -67,12 +70,12 @@ async fn refresh(st: &Rc<State>) {
     }
 }
 
-/// Asks every live worker with a channel for a snapshot at once and waits at most `limit`;
-/// returns whether every one answered (a stalled loop cannot).
+/// Asks every live worker that answers snapshot requests for one at once and waits at most
+/// `limit`; returns whether every one answered (a stalled loop cannot).
 pub(super) async fn ask_all(st: &Rc<State>, limit: Duration) -> bool {
     let asks: Vec<(Rc<Proc>, u64, ReplySlot<String>)> = live_procs(st)
         .into_iter()
-        .filter(|p| p.channel.is_some())
+        .filter(|p| p.asked_for_snapshots.get())
         .map(|p| {
             let id = {
                 let mut cache = st.stats_cache.borrow_mut();
@@ -98,9 +101,11 @@ pub(super) async fn ask_all(st: &Rc<State>, limit: Duration) -> bool {
             }
             None => {
                 all = false;
-                // What it sent before is no longer true of it: never serve it as current.
+                // What it sent before is no longer true of it: never serve it as current. Asked
+                // and silent, it is stalled, even before its first answer (unless its channel
+                // ended meanwhile: then it is no longer asked).
                 *p.snapshot.borrow_mut() = None;
-                if p.answered_last.get().is_some() {
+                if p.asked_for_snapshots.get() {
                     p.answered_last.set(Some(false));
                 }
             }
@@ -138,7 +143,8 @@ struct WorkerDoc<'a> {
     rss_bytes: Option<u64>,
     connections_handed: u64,
     uptime_seconds: f64,
-    /// `None`: it never sent a snapshot; `Some(false)`: it missed the last request.
+    /// `None`: it is not asked for snapshots (a plain program, a Node worker) or not yet;
+    /// `Some(false)`: it missed the last request.
     answering: Option<bool>,
     snapshot: Option<&'a RawValue>,
 }

@@ -58,8 +58,9 @@ use crate::process::{ExitStatus, Reaper};
 use crate::signal::{SIGHUP, SIGINT, SIGKILL, SIGTERM, Signals};
 
 /// systemd's watchdog: with `WATCHDOG_USEC` set (for this process), sends `WATCHDOG=1` every
-/// half period while the primary's loop runs and every worker's loop answers within a quarter
-/// period; a stalled worker loop (or primary) makes the pings stop, so systemd acts.
+/// half period while the primary's loop runs and every nodus worker's loop answers within a
+/// quarter period (the workers asked for snapshots: Node workers and plain programs have no loop
+/// figures to give); a stalled worker loop (or primary) makes the pings stop, so systemd acts.
 fn start_watchdog(st: &Rc<State>) {
     let usec = std::env::var("WATCHDOG_USEC")
         .ok()

@@ -1,0 +1,317 @@
+//! A cluster primary's `/_nodus/` endpoints at their edges: readyz stays 200 while one worker of
+//! two is replaced, says `no worker ready` (not `shutting down`) while none is ready, at the start
+//! and in a crash loop, and `shutting down` once a shutdown began; a worker stopped (SIGSTOP)
+//! before the primary ever asked it for a snapshot is a stall in the stats, the metrics and
+//! `nodus top`; Node workers, which never answer snapshot requests, are unknown, not stalled.
+//!
+//! Every process is started in its own process group and the whole group is killed by PID when
+//! the test ends; a stopped worker gets SIGCONT, then SIGKILL, by PID whatever happens. Node is
+//! needed for one test: under `CI` a missing one fails it, elsewhere it is skipped.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::cluster::{assert_exit, count, events, run_node_app, run_sh, spawn, wait_events};
+use common::http::{get, try_request};
+use common::{NODUS, have};
+use nodus_testkit::net::free_addr;
+use nodus_testkit::tmp::TempDir;
+use nodus_testkit::tree::KillOnDrop;
+use rustix::process::{Pid, Signal};
+use serde_json::Value;
+
+/// The status and body of `GET /_nodus/readyz`, once the admin listener answers (20 s at most).
+fn readyz(admin: SocketAddr) -> (u16, String) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match try_request(admin, "GET", "/_nodus/readyz", &[]) {
+            Ok(r) => return (r.status, String::from_utf8(r.body).unwrap()),
+            Err(e) => assert!(Instant::now() < deadline, "readyz: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Polls readyz until its status is `status` (20 s at most); its body then.
+fn readyz_until(admin: SocketAddr, status: u16) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (s, body) = readyz(admin);
+        if s == status {
+            return body;
+        }
+        assert!(Instant::now() < deadline, "readyz stayed {s} {body:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn stats(admin: SocketAddr) -> Value {
+    let r = get(admin, "/_nodus/stats");
+    assert_eq!(r.status, 200);
+    serde_json::from_slice(&r.body).unwrap()
+}
+
+fn worker_pids(stats: &Value) -> Vec<i32> {
+    stats["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["pid"].as_i64().unwrap() as i32)
+        .collect()
+}
+
+fn signal(pid: i32, sig: Signal) {
+    let _ = rustix::process::kill_process(Pid::from_raw(pid).unwrap(), sig);
+}
+
+#[test]
+fn readyz_stays_200_while_one_worker_of_two_is_replaced() {
+    let dir = TempDir::new("readyz-replace");
+    let log = dir.path().join("events.jsonl");
+    let admin = free_addr();
+    // A replacement is ready 1.5 s after its start: the window readyz is polled in.
+    let admin_arg = admin.to_string();
+    let options = [
+        "-w",
+        "2",
+        "--admin",
+        &admin_arg,
+        "--ready-after",
+        "1.5",
+        "--events",
+    ];
+    let options = options.map(std::ffi::OsStr::new).into_iter();
+    let mut primary =
+        spawn(run_sh(options.chain([log.as_os_str()]), "exec sleep 60").env("RUST_LOG", "info"));
+    primary.wait_line("2 workers ready");
+    assert_eq!(readyz(admin), (200, "ready\n".to_owned()));
+    let doc = stats(admin);
+    for w in doc["workers"].as_array().unwrap() {
+        assert!(
+            w["answering"].is_null(),
+            "a plain program is not asked: {w}"
+        );
+    }
+    let victim = worker_pids(&doc)[0];
+    signal(victim, Signal::KILL);
+    // The replacement has started and is not ready yet: one worker of two serves.
+    wait_events(&log, |e| count(e, "fork") == 3);
+    let mut in_window = 0;
+    loop {
+        let answer = readyz(admin);
+        let ready_events = count(&events(&log), "ready");
+        assert_eq!(
+            answer,
+            (200, "ready\n".to_owned()),
+            "one worker of two is down ({ready_events} ready events)"
+        );
+        if ready_events == 3 {
+            break;
+        }
+        in_window += 1;
+        assert!(in_window < 2000, "the replacement never got ready");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        in_window > 0,
+        "no readyz answer fell in the replacement's window"
+    );
+    let up = stats(admin)["workers_up"].clone();
+    assert_eq!(up, 2);
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(30), 0);
+}
+
+#[test]
+fn readyz_says_no_worker_ready_while_none_is_and_shutting_down_only_in_a_shutdown() {
+    let dir = TempDir::new("readyz-why");
+    let crash = dir.path().join("crash");
+    std::fs::write(&crash, b"").unwrap();
+    let admin = free_addr();
+    // While `crash` exists the workers exit at once (a crash loop with a short backoff); else
+    // they ignore SIGTERM, so a shutdown's drain lasts until the kill timeout.
+    let script = "test -e \"$CRASH\" && exit 3; trap '' TERM; exec sleep 60";
+    // A worker counts as ready after 1 s up: far longer than one that crashes takes to exit.
+    let options = [
+        "--ready-after",
+        "1",
+        "--backoff",
+        "0.05,2,0.4",
+        "--max-restarts",
+        "10000",
+        "--kill-timeout",
+        "3",
+    ];
+    let mut cmd = run_sh(
+        ["-w", "2", "--admin", &admin.to_string()]
+            .into_iter()
+            .chain(options),
+        script,
+    );
+    let mut primary = spawn(cmd.env("CRASH", &crash).env("RUST_LOG", "info"));
+
+    // At the start, no worker is ready yet (nor ever, while they crash): not a shutdown.
+    for _ in 0..10 {
+        assert_eq!(readyz(admin), (503, "no worker ready\n".to_owned()));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(stats(admin)["workers_up"], 0);
+    std::fs::remove_file(&crash).unwrap();
+    assert_eq!(readyz_until(admin, 200), "ready\n");
+
+    // Both workers killed, their replacements crashing in backoff: not ready, not stopping.
+    std::fs::write(&crash, b"").unwrap();
+    for pid in worker_pids(&stats(admin)) {
+        signal(pid, Signal::KILL);
+    }
+    assert_eq!(readyz_until(admin, 503), "no worker ready\n");
+    std::fs::remove_file(&crash).unwrap();
+    assert_eq!(readyz_until(admin, 200), "ready\n");
+
+    // A shutdown: the workers drain (they ignore SIGTERM until the kill timeout).
+    primary.signal(Signal::TERM);
+    primary.wait_line("draining 2 workers");
+    assert_eq!(readyz(admin), (503, "shutting down\n".to_owned()));
+    assert_exit(&mut primary, Duration::from_secs(30), 124);
+}
+
+/// The public listener's readyz is the worker's own: 200 while it serves, 503 `shutting down`
+/// from the primary's `stopping` notice on (`--shutdown-delay`); the admin listener's is the
+/// primary's, `shutting down` too.
+#[test]
+fn readyz_says_shutting_down_through_the_shutdown_delay() {
+    let dir = TempDir::new("readyz-delay");
+    std::fs::write(dir.path().join("a.txt"), "a\n").unwrap();
+    let (public, admin) = (free_addr(), free_addr());
+    let serve = |admin: Option<SocketAddr>| {
+        let mut cmd = Command::new(NODUS);
+        cmd.arg("serve")
+            .arg(dir.path())
+            .args(["--workers", "2", "--listen"])
+            .arg(admin.map_or(public, |_| free_addr()).to_string())
+            .args(["--shutdown-delay", "5"])
+            .env("RUST_LOG", "info");
+        if let Some(a) = admin {
+            cmd.args(["--admin", &a.to_string()]);
+        }
+        let mut primary = spawn(&mut cmd);
+        primary.wait_line("2 workers ready");
+        primary
+    };
+    let mut on_public = serve(None);
+    let mut with_admin = serve(Some(admin));
+    assert_eq!(readyz(public), (200, "ready\n".to_owned()));
+    assert_eq!(readyz(admin), (200, "ready\n".to_owned()));
+    on_public.signal(Signal::TERM);
+    with_admin.signal(Signal::TERM);
+    // Each worker reads its `stopping` notice in its own time: polled.
+    assert_eq!(readyz_until(public, 503), "shutting down\n");
+    assert_eq!(readyz_until(admin, 503), "shutting down\n");
+    assert_eq!(get(public, "/a.txt").status, 200, "still serving");
+    assert_exit(&mut on_public, Duration::from_secs(30), 0);
+    assert_exit(&mut with_admin, Duration::from_secs(30), 0);
+}
+
+/// SIGCONT to a stopped process when dropped (before its `KillOnDrop`, declared first).
+struct ContOnDrop(i32);
+
+impl Drop for ContOnDrop {
+    fn drop(&mut self) {
+        signal(self.0, Signal::CONT);
+    }
+}
+
+#[test]
+fn a_worker_stopped_before_the_first_stats_pull_is_a_stall() {
+    let dir = TempDir::new("stall-first");
+    let log = dir.path().join("events.jsonl");
+    let admin = free_addr();
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .arg("serve")
+            .arg(dir.path())
+            .args(["--workers", "2", "--listen", "127.0.0.1:0"])
+            .args(["--admin", &admin.to_string(), "--events"])
+            .arg(&log)
+            .env("RUST_LOG", "info"),
+    );
+    primary.wait_line("2 workers ready");
+    // The pids from the event log: no stats request before the stop.
+    let ready = wait_events(&log, |e| count(e, "ready") == 2);
+    let pids: Vec<u64> = ready
+        .iter()
+        .filter(|e| e["event"] == "ready")
+        .map(|e| e["pid"].as_u64().unwrap())
+        .collect();
+    let (stopped, running) = (pids[0], pids[1]);
+    let _kill = KillOnDrop(vec![stopped as i32]);
+    let cont = ContOnDrop(stopped as i32);
+    signal(stopped as i32, Signal::STOP);
+
+    let doc = stats(admin);
+    let worker = |pid: u64| {
+        doc["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["pid"] == pid)
+            .unwrap_or_else(|| panic!("no worker {pid} in {doc}"))
+            .clone()
+    };
+    let (w, other) = (worker(stopped), worker(running));
+    assert_eq!(w["answering"], false, "{w}");
+    assert!(w["snapshot"].is_null(), "{w}");
+    assert_eq!(other["answering"], true, "{other}");
+    assert!(other["snapshot"].is_object(), "{other}");
+    let metrics = String::from_utf8(get(admin, "/_nodus/metrics").body).unwrap();
+    let gauge = format!(
+        "nodus_cluster_worker_answering{{worker=\"{}\",pid=\"{stopped}\"}} 0",
+        w["worker"]
+    );
+    assert!(metrics.contains(&gauge), "no {gauge:?} in\n{metrics}");
+    let out = Command::new(NODUS)
+        .args(["top", "--once", "--interval", "0.2", &admin.to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let row = text
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(&stopped.to_string()))
+        .unwrap_or_else(|| panic!("no row for pid {stopped}:\n{text}"));
+    assert_eq!(row.split_whitespace().nth(3), Some("stall"), "{text}");
+
+    drop(cont);
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(30), 0);
+}
+
+/// Node workers have a channel but never answer snapshot requests: they are not asked, and show
+/// as unknown (`answering: null`, no `_answering` series), never as stalled.
+#[test]
+fn node_workers_are_not_asked_for_snapshots_nor_shown_stalled() {
+    if !have("node") {
+        return;
+    }
+    let admin = free_addr();
+    let app = "require('http').createServer((q, s) => s.end('ok')).listen(+process.env.PORT, '127.0.0.1');";
+    let (_dir, _addr, mut primary) =
+        run_node_app("node-answering", app, 2, &["--admin", &admin.to_string()]);
+    for _ in 0..2 {
+        let doc = stats(admin);
+        for w in doc["workers"].as_array().unwrap() {
+            assert!(w["answering"].is_null(), "{w}");
+        }
+        let metrics = String::from_utf8(get(admin, "/_nodus/metrics").body).unwrap();
+        assert!(
+            !metrics.contains("nodus_cluster_worker_answering{"),
+            "{metrics}"
+        );
+        std::thread::sleep(Duration::from_millis(1100));
+    }
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(30), 0);
+}
