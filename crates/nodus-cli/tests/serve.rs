@@ -22,6 +22,17 @@ use nodus_testkit::net::free_addr;
 use nodus_testkit::proc::Proc;
 use nodus_testkit::tmp::TempDir;
 
+/// Runs `nodus ARGS`, which must be a usage error (exit code 2); its stderr.
+fn usage_error<S: AsRef<std::ffi::OsStr>>(
+    args: impl IntoIterator<Item = S> + std::fmt::Debug,
+) -> String {
+    let shown = format!("{args:?}");
+    let out = Command::new(NODUS).args(args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{shown}: {stderr}");
+    stderr
+}
+
 #[test]
 fn an_address_whose_port_is_out_of_range_is_a_usage_error_that_says_so() {
     for args in [
@@ -31,9 +42,7 @@ fn an_address_whose_port_is_out_of_range_is_a_usage_error_that_says_so() {
         &["run", "-l", "127.0.0.1:99999", "--", "true"],
         &["top", "--once", "127.0.0.1:99999"],
     ] {
-        let out = Command::new(NODUS).args(args).output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        let stderr = usage_error(args);
         assert!(
             stderr.contains("port 99999 is out of range (0-65535)")
                 || stderr.contains("port 65536 is out of range (0-65535)"),
@@ -48,12 +57,7 @@ fn an_address_whose_port_is_out_of_range_is_a_usage_error_that_says_so() {
         ":80",
         "localhost:+80",
     ] {
-        let out = Command::new(NODUS)
-            .args(["serve", "--listen", addr])
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{addr}: {stderr}");
+        let stderr = usage_error(["serve", "--listen", addr]);
         assert!(
             stderr.contains("invalid socket address syntax (IP:PORT, [IPv6]:PORT or HOST:PORT)"),
             "{addr}: {stderr}"
@@ -99,9 +103,7 @@ fn a_host_name_is_resolved_to_its_first_address_and_one_that_does_not_resolve_is
         &["serve", "--admin", "nodus-no-such-host.invalid:80"],
         &["run", "-l", "nodus-no-such-host.invalid:80", "--", "true"],
     ] {
-        let out = Command::new(NODUS).args(args).output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        let stderr = usage_error(args);
         assert!(
             stderr.contains("cannot resolve 'nodus-no-such-host.invalid': "),
             "{args:?}: {stderr}"
@@ -123,9 +125,7 @@ fn an_ipv6_zone_may_name_its_interface_and_an_unknown_one_is_said() {
         &["serve", "--listen", "[fe80::1%nodus-no-if]:8080"][..],
         &["run", "-l", "[fe80::1%nodus-no-if]:8080", "--", "true"],
     ] {
-        let out = Command::new(NODUS).args(args).output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        let stderr = usage_error(args);
         assert!(
             stderr.contains("no network interface is named 'nodus-no-if'"),
             "{args:?}: {stderr}"
@@ -135,12 +135,7 @@ fn an_ipv6_zone_may_name_its_interface_and_an_unknown_one_is_said() {
         ("[fe80::1%lo]:99999", "port 99999 is out of range (0-65535)"),
         ("[fe80::1%lo]:+80", "invalid socket address syntax"),
     ] {
-        let out = Command::new(NODUS)
-            .args(["serve", "--listen", addr])
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{addr}: {stderr}");
+        let stderr = usage_error(["serve", "--listen", addr]);
         assert!(stderr.contains(says), "{addr}: {stderr}");
     }
 }
