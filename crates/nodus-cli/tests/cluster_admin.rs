@@ -171,9 +171,9 @@ fn readyz_says_no_worker_ready_while_none_is_and_shutting_down_only_in_a_shutdow
     std::fs::remove_file(&crash).unwrap();
     assert_eq!(readyz_until(admin, 200), "ready\n");
 
-    // A shutdown: the workers drain (they ignore SIGTERM until the kill timeout).
+    // A shutdown: the workers are sent SIGTERM (they ignore it until the kill timeout).
     primary.signal(Signal::TERM);
-    primary.wait_line("draining 2 workers");
+    primary.wait_line("SIGTERM to 2 workers");
     assert_eq!(readyz(admin), (503, "shutting down\n".to_owned()));
     assert_exit(&mut primary, Duration::from_secs(30), 124);
 }
