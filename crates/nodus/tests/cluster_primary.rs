@@ -707,10 +707,18 @@ fn play_primary(role: &str, file: &str) {
     ];
     nodus::Runtime::new().block_on(async {
         let primary = Primary::start(config).expect("sh runs");
-        let guards: Vec<i32> = own_children()
-            .into_iter()
-            .filter(|&p| is_guard(p))
-            .collect();
+        // The guard names itself after its fork, so its name may come a moment later.
+        let named_by = std::time::Instant::now() + Duration::from_secs(5);
+        let guards: Vec<i32> = loop {
+            let guards: Vec<i32> = own_children()
+                .into_iter()
+                .filter(|&p| is_guard(p))
+                .collect();
+            if !guards.is_empty() || std::time::Instant::now() > named_by {
+                break guards;
+            }
+            nodus::sleep(Duration::from_millis(5)).await;
+        };
         assert_eq!(guards.len(), 1, "one guard: {:?}", own_children());
         let (_events, run) = record_and_run(&primary);
         if role == "kill" {
