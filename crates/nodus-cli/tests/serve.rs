@@ -33,6 +33,18 @@ fn usage_error<S: AsRef<std::ffi::OsStr>>(
     stderr
 }
 
+/// A service manager's end of `NOTIFY_SOCKET`: a datagram socket at a fresh path under the temp
+/// dir (`NAME-PID.sock`), reads bounded at 20 s.
+fn notify_manager(name: &str) -> (std::path::PathBuf, std::os::unix::net::UnixDatagram) {
+    let path = std::env::temp_dir().join(format!("{name}-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let manager = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    manager
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    (path, manager)
+}
+
 #[test]
 fn an_address_whose_port_is_out_of_range_is_a_usage_error_that_says_so() {
     for args in [
@@ -832,12 +844,7 @@ os.execve(sys.argv[1], [sys.argv[1], "serve", sys.argv[2], "--listen", "127.0.0.
 #[test]
 fn the_service_manager_hears_ready_and_stopping() {
     let dir = site();
-    let sock_path = std::env::temp_dir().join(format!("nodus-notify-{}.sock", std::process::id()));
-    let _ = std::fs::remove_file(&sock_path);
-    let manager = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
-    manager
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
+    let (sock_path, manager) = notify_manager("nodus-notify");
     let mut child = Proc::spawn(
         Command::new(NODUS)
             .args(["serve", "--listen", "127.0.0.1:0"])
@@ -911,13 +918,7 @@ fn sighup_to_a_single_process_reloads_nothing_and_loses_nothing() {
 #[test]
 fn a_service_manager_reloading_a_single_process_hears_reloading_then_ready() {
     let dir = site();
-    let sock_path =
-        std::env::temp_dir().join(format!("nodus-notify-reload-{}.sock", std::process::id()));
-    let _ = std::fs::remove_file(&sock_path);
-    let manager = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
-    manager
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
+    let (sock_path, manager) = notify_manager("nodus-notify-reload");
     let mut child = Proc::spawn(
         Command::new(NODUS)
             .args(["serve", "--listen", "127.0.0.1:0", "--workers", "1"])
