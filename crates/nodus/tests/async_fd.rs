@@ -1,7 +1,7 @@
 //! `AsyncFd`'s registration outlives neither the fd nor its owner: one dropped outside its loop
 //! (after `block_on` returned) leaves the loop's handles and epoll set, and an event that was
 //! already in a batch for a deregistered source never reaches a source registered after it under
-//! the same slab key.
+//! the same slab key. Its fd cannot be swapped unnoticed through `get_mut`.
 //!
 //! Bounded: every wait is a nodus timeout; only socket pairs, no process.
 
@@ -171,4 +171,29 @@ fn events_after_the_one_that_completes_block_on_are_not_lost() {
             .unwrap(),
         1
     );
+}
+
+/// Replacing the fd through `get_mut` would leave the registration on the old fd (and the new
+/// one never polled): it panics when the borrow ends. Using the value in place does not.
+#[test]
+fn an_fd_swapped_through_get_mut_panics_when_the_borrow_ends() {
+    let rt = nodus::Runtime::new();
+    let (a, _peer_a) = pair();
+    let (b, _peer_b) = pair();
+    let mut fd = rt.block_on(async { AsyncFd::new(a).unwrap() });
+    fd.get_mut().set_nonblocking(true).unwrap();
+    let swapped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        *fd.get_mut() = b;
+    }));
+    let panic = swapped.expect_err("swapping the fd through get_mut went unnoticed");
+    let message = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .unwrap_or_default();
+    assert!(
+        message.contains("get_mut") && message.contains("into_inner"),
+        "unclear message: {message:?}"
+    );
+    drop(fd);
+    assert!(!rt.run_nowait(), "the AsyncFd still counts as a handle");
 }

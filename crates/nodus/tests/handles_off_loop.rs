@@ -1,11 +1,11 @@
 //! Handles that name an entry of a loop (timers, sleeps, immediates, hooks) act on the loop that
 //! made them wherever they are used or dropped: after `block_on` returned (no loop current),
-//! while another `Runtime` is current or is being dropped, and do nothing once their own
-//! `Runtime` is gone. They never reach another loop's entry, even one under the same slab key,
+//! while another `Runtime` is current or is being dropped, on another thread for a `Sleep`
+//! (through its loop's remote queue), and do nothing once their own `Runtime` is gone. They never reach another loop's entry, even one under the same slab key,
 //! nor a later entry of their own loop in a slot they left.
 //!
-//! Bounded: every loop is run with `run_nowait` (no blocking), and the timers are 60 s ones that
-//! never fire during a test.
+//! Bounded: every loop is run with `run_nowait` (no blocking) but one, whose `run` an unref'd 10 s
+//! timer stops, and the timers are 60 s ones that never fire during a test.
 
 use std::cell::{Cell, RefCell};
 use std::future::{Future, poll_fn};
@@ -67,6 +67,99 @@ fn a_sleep_dropped_or_unrefd_outside_any_loop_leaves_its_loop() {
         "a dropped interval or timeout is still armed"
     );
     drop(s);
+}
+
+/// `Sleep` is `Send` (hyper's timer requires it): dropped, reset or unref'd on another thread,
+/// it reaches its loop through the loop's remote queue, never its thread-local state.
+#[test]
+fn a_sleep_dropped_reset_or_unrefd_on_another_thread_leaves_its_loop() {
+    let rt = Runtime::new();
+    let elsewhere = |f: Box<dyn FnOnce() + Send>| std::thread::spawn(f).join().unwrap();
+
+    let mut s = sleep(LONG);
+    arm(&rt, &mut s);
+    elsewhere(Box::new(move || drop(s)));
+    assert!(
+        !rt.run_nowait(),
+        "a sleep dropped on another thread still keeps its loop alive"
+    );
+
+    let mut s = sleep(LONG);
+    arm(&rt, &mut s);
+    let s = std::thread::spawn(move || {
+        s.unref();
+        s
+    })
+    .join()
+    .unwrap();
+    assert!(!rt.run_nowait(), "unref on another thread was not counted");
+    drop(s);
+
+    let mut s = sleep(LONG);
+    arm(&rt, &mut s);
+    let mut s = std::thread::spawn(move || {
+        s.reset(LONG);
+        s
+    })
+    .join()
+    .unwrap();
+    assert!(
+        !rt.run_nowait(),
+        "a sleep reset on another thread left its timer armed"
+    );
+    // Armed again (and only once) where it is next polled.
+    arm(&rt, &mut s);
+    assert!(rt.run_nowait());
+    drop(s);
+    assert!(!rt.run_nowait());
+
+    // An interval and a timeout hold a sleep too.
+    let mut i = nodus::interval(LONG);
+    rt.block_on(poll_fn(|cx| {
+        assert!(i.poll_tick(cx).is_pending());
+        Poll::Ready(())
+    }));
+    let mut t = Box::pin(nodus::timeout(LONG, std::future::pending::<()>()));
+    arm(&rt, &mut t);
+    elsewhere(Box::new(move || drop((i, t))));
+    assert!(
+        !rt.run_nowait(),
+        "an interval or timeout dropped on another thread is still armed"
+    );
+
+    // Once its loop is gone: nothing to reach.
+    let mut s = sleep(LONG);
+    arm(&rt, &mut s);
+    drop(rt);
+    elsewhere(Box::new(move || drop(s)));
+}
+
+/// The remote queue wakes a loop blocked on the sleep's timer: `run` returns once the sleep is
+/// dropped on another thread, not at its deadline. Bounded by an unref'd 10 s timer.
+#[test]
+fn a_sleep_dropped_on_another_thread_lets_a_blocked_run_return() {
+    let rt = Runtime::new();
+    let mut s = sleep(LONG);
+    arm(&rt, &mut s);
+    let late = Rc::new(Cell::new(false));
+    let l = late.clone();
+    rt.enter(|| {
+        set_timeout(Duration::from_secs(10), move || {
+            l.set(true);
+            rt::stop();
+        })
+        .unref()
+    });
+    let dropper = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        drop(s);
+    });
+    rt.run();
+    dropper.join().unwrap();
+    assert!(
+        !late.get(),
+        "run went on for 10 s after the sleep keeping it alive was dropped"
+    );
 }
 
 #[test]

@@ -16,11 +16,19 @@
 //! having gone with it. An `AsyncFd` is `!Send`, so this always happens on the loop's own
 //! thread. A closed fd's number may be reused at once: the registration's token is never reused
 //! (`reactor.rs`), so no event meant for this fd reaches the next owner of the number or of the
-//! slab key.
+//! slot.
+//!
+//! Invariant: the inner value's fd is the one registered, from `new` until `into_inner`/`close`/
+//! drop. [`AsyncFd::get_mut`] lends the value through an [`AsyncFdMut`], which checks the fd's
+//! number when the borrow ends and panics if it changed (the registration would be left on the
+//! old fd and the new one never polled). A number compare costs nothing, but it cannot see a
+//! value that closes its fd and opens another under the same number within one borrow: that is
+//! the caller's to avoid (the docs of `get_mut` say so).
 
 use std::future::poll_fn;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
+use std::ops::{Deref, DerefMut};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::panic::Location;
 use std::task::{Context, Poll};
 
@@ -74,12 +82,24 @@ impl<T: AsFd> AsyncFd<T> {
         self.inner.as_ref().expect("present until into_inner")
     }
 
-    /// The inner value, mutably. Do not replace its fd through this: the registration is taken
-    /// out of epoll by the number of the fd held at drop, so a swapped-out fd whose open file
-    /// lives on would stay registered. To change the fd, take it out with
-    /// [`into_inner`](Self::into_inner) and register the new one.
-    pub fn get_mut(&mut self) -> &mut T {
-        self.inner.as_mut().expect("present until into_inner")
+    /// The inner value, mutably, for as long as the returned borrow lives.
+    ///
+    /// Its fd must stay the registered one: to change the fd, take the value out with
+    /// [`into_inner`](Self::into_inner) and register the new one. Replacing the value (or its
+    /// fd) through this borrow would leave the registration on the old fd (still in epoll while
+    /// its open file lives on elsewhere) and never poll the new one.
+    ///
+    /// # Panics
+    /// When the borrow ends, if the value's fd number changed. (A value that closes its fd and
+    /// opens another under the same number meanwhile goes unnoticed: do not do that either.)
+    #[track_caller]
+    pub fn get_mut(&mut self) -> AsyncFdMut<'_, T> {
+        let inner = self.inner.as_mut().expect("present until into_inner");
+        AsyncFdMut {
+            fd: inner.as_fd().as_raw_fd(),
+            inner,
+            location: Location::caller(),
+        }
     }
 
     /// Deregisters and returns the fd (still non-blocking).
@@ -194,6 +214,52 @@ impl<T: AsFd> AsyncFd<T> {
 impl<T: AsFd> Drop for AsyncFd<T> {
     fn drop(&mut self) {
         self.deregister();
+    }
+}
+
+/// The inner value of an [`AsyncFd`], lent by [`AsyncFd::get_mut`]: it dereferences to the
+/// value, and panics when dropped if the value's fd was replaced meanwhile.
+pub struct AsyncFdMut<'a, T: AsFd> {
+    inner: &'a mut T,
+    /// The registered fd.
+    fd: RawFd,
+    /// Where `get_mut` was called (for the panic message: a drop has no caller to track).
+    location: &'static Location<'static>,
+}
+
+impl<T: AsFd> Deref for AsyncFdMut<'_, T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        self.inner
+    }
+}
+
+impl<T: AsFd> DerefMut for AsyncFdMut<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.inner
+    }
+}
+
+impl<T: AsFd + std::fmt::Debug> std::fmt::Debug for AsyncFdMut<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+impl<T: AsFd> Drop for AsyncFdMut<'_, T> {
+    fn drop(&mut self) {
+        let now = self.inner.as_fd().as_raw_fd();
+        // While unwinding, a second panic would abort: the first one is reported instead.
+        if now != self.fd && !std::thread::panicking() {
+            panic!(
+                "nodus: the fd of an AsyncFd was replaced through the borrow AsyncFd::get_mut \
+                 lent at {}: fd {} became fd {now}. The loop's registration is still fd {}'s, and \
+                 fd {now} is never polled. To change the fd, take the value out with \
+                 AsyncFd::into_inner and register the new one with AsyncFd::new",
+                self.location, self.fd, self.fd
+            );
+        }
     }
 }
 

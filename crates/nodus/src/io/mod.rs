@@ -5,5 +5,5 @@ mod async_fd;
 pub(crate) mod coop;
 pub(crate) mod reactor;
 
-pub use async_fd::AsyncFd;
+pub use async_fd::{AsyncFd, AsyncFdMut};
 pub use coop::consume_budget;

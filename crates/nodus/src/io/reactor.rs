@@ -1,22 +1,23 @@
-//! The reactor: mio's `Poll`, a slab of registered sources, and readiness dispatch.
+//! The reactor: mio's `Poll`, the slots of registered sources, and readiness dispatch.
 //!
 //! mio is edge-triggered, so readiness is remembered per source (`IoState::ready`) until the
 //! owner sees `WouldBlock` and clears it. Dispatching an event sets the bits and wakes the
 //! waiting tasks (each wake queues a microtask; the drain after the dispatch polls them).
 //!
 //! Invariants:
-//! - Token 0 is the cross-thread waker. A source's token is its slab key + 1 in the low half and
-//!   a generation (a counter of this reactor's registrations) in the high half, so it names one
-//!   registration, never a later one that reuses the key: an event still in a batch for a source
-//!   deregistered meanwhile (by a callback of the same batch, which may register another source
-//!   under the same key; or before the next poll phase, for a batch `block_on` returned in the
-//!   middle of, whose rest is dispatched then) is dropped at dispatch, as is one from any stale
-//!   epoll registration. Without this, such an event would hand the new owner the old one's
-//!   sticky `READ_CLOSED`/`WRITE_CLOSED` bits, and its reader would spin on an "EOF" that never
-//!   comes. The generation wraps (after 2^32 registrations on a 64-bit target, 2^16 on a 32-bit
-//!   one): an event meets a later registration's token only if it outlived that many
-//!   registrations, which the events of a batch do not, and no owner leaves a stale registration
-//!   (short of an fd swapped under an `AsyncFd` through `get_mut`, which its docs forbid).
+//! - Token 0 is the cross-thread waker. A source's token is its slot's key + 1 in the low half
+//!   and a generation (the count of registrations in that slot) in the high half, so it names
+//!   one registration, never a later one: no token is given twice. A slot whose generation
+//!   reaches the highest the half holds (2^32 − 1 on a 64-bit target, 2^16 − 1 on a 32-bit one)
+//!   is retired when that registration leaves: never reused, so a generation never wraps (a
+//!   retired slot costs a few bytes; on a 32-bit target the 2^16 − 1 slots of a loop last for
+//!   about 2^32 registrations, then registering fails). An event still in a batch for a source
+//!   deregistered meanwhile (by a callback of the same batch, which may register other sources
+//!   in the same slot, any number of them; or before the next poll phase, for a batch
+//!   `block_on` returned in the middle of, whose rest is dispatched then) is dropped at
+//!   dispatch, as is one from any stale epoll registration (an fd whose open file outlived its
+//!   source). Without this, such an event would hand the new owner the old one's sticky
+//!   `READ_CLOSED`/`WRITE_CLOSED` bits, and its reader would spin on an "EOF" that never comes.
 //! - Every source leaves epoll (`EPOLL_CTL_DEL`) while its fd is still open, before it is closed:
 //!   closing alone removes an epoll registration only when the fd was the last reference to its
 //!   open file (a `dup`, a child that inherited it, an fd sent over IPC keep it registered, with
@@ -34,7 +35,6 @@ use std::task::Waker;
 use std::time::Duration;
 
 use mio::{Events, Interest, Poll, Token};
-use slab::Slab;
 
 use crate::rt::core::Core;
 
@@ -47,13 +47,82 @@ pub(crate) const READ_CLOSED: u8 = 0b0100;
 /// The peer stopped reading or the socket failed: sticky like `READ_CLOSED`.
 pub(crate) const WRITE_CLOSED: u8 = 0b1000;
 
-/// Bits of a token that hold the slab key + 1; the rest hold the registration's generation.
+/// Bits of a token that hold the slot's key + 1; the rest hold the registration's generation.
 const KEY_BITS: u32 = usize::BITS / 2;
 const KEY_MASK: usize = (1 << KEY_BITS) - 1;
+/// A slot's last generation: the slot is retired once its registration leaves.
+const LAST_GENERATION: usize = usize::MAX >> KEY_BITS;
 
-/// The slab key a source token names.
+/// The slot key a source token names.
 fn key_of(token: usize) -> usize {
     (token & KEY_MASK).wrapping_sub(1)
+}
+
+/// One slot of [`Sources`].
+struct Slot {
+    /// The generation of the slot's latest registration (0: none yet).
+    generation: usize,
+    state: Option<Rc<IoState>>,
+}
+
+/// The registered sources by key: a slab whose slots count their registrations (see the module
+/// invariants).
+#[derive(Default)]
+struct Sources {
+    slots: Vec<Slot>,
+    /// Empty slots to reuse, the latest freed last (none retired).
+    free: Vec<usize>,
+    /// Slots holding a source.
+    live: usize,
+}
+
+impl Sources {
+    /// The slot the next registration takes, and its token there; `None` when the loop has no
+    /// slot left.
+    fn next(&self) -> Option<(usize, usize)> {
+        let (key, generation) = match self.free.last() {
+            Some(&key) => (key, self.slots[key].generation + 1),
+            None => (self.slots.len(), 1),
+        };
+        (key < KEY_MASK).then_some((key, (generation << KEY_BITS) | (key + 1)))
+    }
+
+    /// Puts `state` in the slot [`next`](Self::next) named, under its token.
+    fn insert(&mut self, key: usize, state: Rc<IoState>) {
+        if key == self.slots.len() {
+            self.slots.push(Slot {
+                generation: 0,
+                state: None,
+            });
+        } else {
+            debug_assert_eq!(self.free.last(), Some(&key));
+            self.free.pop();
+        }
+        let slot = &mut self.slots[key];
+        slot.generation = state.token >> KEY_BITS;
+        slot.state = Some(state);
+        self.live += 1;
+    }
+
+    /// The source registered under `token`, if it still is.
+    fn get(&self, token: usize) -> Option<&Rc<IoState>> {
+        let state = self.slots.get(key_of(token))?.state.as_ref()?;
+        (state.token == token).then_some(state)
+    }
+
+    /// Takes out the source registered under `token`, if it still is; its slot is freed, or
+    /// retired after its last generation.
+    fn remove(&mut self, token: usize) -> Option<Rc<IoState>> {
+        self.get(token)?;
+        let key = key_of(token);
+        let slot = &mut self.slots[key];
+        let state = slot.state.take();
+        self.live -= 1;
+        if slot.generation < LAST_GENERATION {
+            self.free.push(key);
+        }
+        state
+    }
 }
 
 /// The readiness and waiters of one registered source.
@@ -69,9 +138,7 @@ pub(crate) struct Reactor {
     poll: RefCell<Poll>,
     events: RefCell<Events>,
     buffer: Cell<Vec<(usize, u8)>>,
-    sources: RefCell<Slab<Rc<IoState>>>,
-    /// Registrations made so far: the high half of the next token.
-    generation: Cell<usize>,
+    sources: RefCell<Sources>,
 }
 
 impl Reactor {
@@ -83,29 +150,24 @@ impl Reactor {
             poll: RefCell::new(poll),
             events: RefCell::new(Events::with_capacity(1024)),
             buffer: Cell::new(Vec::with_capacity(1024)),
-            sources: RefCell::new(Slab::new()),
-            generation: Cell::new(0),
+            sources: RefCell::new(Sources::default()),
         };
         Ok((reactor, waker))
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.sources.borrow().is_empty()
+        self.sources.borrow().live == 0
     }
 
     /// Registers `source` for reading and writing; it starts out as ready for both (the first
     /// attempt finds out). Its token is new: no earlier registration had it.
     pub(crate) fn register(&self, source: &mut impl mio::event::Source) -> io::Result<Rc<IoState>> {
         let mut sources = self.sources.borrow_mut();
-        let entry = sources.vacant_entry();
-        if entry.key() + 1 > KEY_MASK {
+        let Some((key, token)) = sources.next() else {
             return Err(io::Error::other(
                 "too many sources registered with one loop",
             ));
-        }
-        let generation = self.generation.get().wrapping_add(1) & (usize::MAX >> KEY_BITS);
-        self.generation.set(generation);
-        let token = (generation << KEY_BITS) | (entry.key() + 1);
+        };
         self.poll.borrow().registry().register(
             source,
             Token(token),
@@ -118,35 +180,50 @@ impl Reactor {
             refd: Cell::new(true),
             token,
         });
-        entry.insert(state.clone());
+        sources.insert(key, state.clone());
         Ok(state)
     }
 
     /// Deregisters `source` (its fd still open: see the module invariants); returns its wakers
-    /// for the caller to drop outside any borrow. Removes the slab entry only if it is still
-    /// this registration's.
+    /// for the caller to drop outside any borrow. Empties the slot only if it still holds this
+    /// registration.
     pub(crate) fn deregister(
         &self,
         source: &mut impl mio::event::Source,
         state: &IoState,
     ) -> [Option<Waker>; 2] {
         let _ = self.poll.borrow().registry().deregister(source);
-        let removed = {
-            let mut sources = self.sources.borrow_mut();
-            let key = key_of(state.token);
-            match sources.get(key) {
-                Some(s) if s.token == state.token => Some(sources.remove(key)),
-                _ => None,
-            }
-        };
+        let removed = self.sources.borrow_mut().remove(state.token);
         drop(removed);
         [state.read_waker.take(), state.write_waker.take()]
+    }
+
+    /// As if `n` sources had been registered and deregistered since the last registration, each
+    /// in the slot the next registration takes.
+    #[cfg(test)]
+    fn skip_registrations(&self, n: usize) {
+        let mut sources = self.sources.borrow_mut();
+        let Some((key, token)) = sources.next() else {
+            return;
+        };
+        if key == sources.slots.len() {
+            sources.slots.push(Slot {
+                generation: 0,
+                state: None,
+            });
+            sources.free.push(key);
+        }
+        let last = ((token >> KEY_BITS) - 1).saturating_add(n);
+        if last >= LAST_GENERATION {
+            sources.free.pop();
+        }
+        sources.slots[key].generation = last.min(LAST_GENERATION);
     }
 
     /// Sources registered now.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.sources.borrow().len()
+        self.sources.borrow().live
     }
 
     /// The epoll instance's fd (its registrations are listed in `/proc/self/fdinfo/<fd>`).
@@ -201,12 +278,7 @@ impl Reactor {
     /// Marks a source ready and wakes its waiters. An event for a registration that is gone
     /// (deregistered earlier in this batch, its key perhaps reused since) is dropped.
     pub(crate) fn dispatch(&self, token: usize, bits: u8) {
-        let state = self
-            .sources
-            .borrow()
-            .get(key_of(token))
-            .filter(|s| s.token == token)
-            .cloned();
+        let state = self.sources.borrow().get(token).cloned();
         let Some(state) = state else { return };
         state.ready.set(state.ready.get() | bits);
         if bits & READABLE != 0
@@ -226,8 +298,9 @@ impl Reactor {
         let sources: Vec<Rc<IoState>> = self
             .sources
             .borrow()
+            .slots
             .iter()
-            .map(|(_, s)| s.clone())
+            .filter_map(|s| s.state.clone())
             .collect();
         sources
             .iter()
@@ -298,7 +371,7 @@ impl Registration {
         }
     }
 
-    /// Takes `source` (whose fd must still be open) out of its loop's epoll set and slab and stops
+    /// Takes `source` (whose fd must still be open) out of its loop's epoll set and slots and stops
     /// counting it as a handle. Nothing to do once the loop is gone. Idempotent.
     pub(crate) fn deregister(&self, source: &mut impl mio::event::Source) {
         if self.gone.replace(true) {
@@ -314,5 +387,62 @@ impl Registration {
         // Waker drops may run task code: after every borrow, with the core still held.
         drop(wakers);
         drop(core);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+
+    use mio::unix::SourceFd;
+
+    use super::*;
+
+    /// After as many registrations in one slot as there are generations (a wrap, were the slot
+    /// reused), an event still held for the slot's old source (here A's hang-up, a sticky
+    /// `READ_CLOSED`) must not reach the source registered then (B, whose peer is open).
+    #[test]
+    fn an_old_event_never_reaches_a_source_registered_after_a_generation_wrap() {
+        let (reactor, _waker) = Reactor::new().unwrap();
+        let (a, peer_a) = UnixStream::pair().unwrap();
+        let (b, _peer_b) = UnixStream::pair().unwrap();
+        let (a_fd, b_fd) = (a.as_raw_fd(), b.as_raw_fd());
+        let a_state = reactor.register(&mut SourceFd(&a_fd)).unwrap();
+        drop(peer_a);
+        let mut events = Vec::new();
+        reactor
+            .poll(Some(Duration::from_secs(10)), &mut events)
+            .unwrap();
+        assert!(
+            events
+                .iter()
+                .any(|&(t, bits)| t == a_state.token && bits & READ_CLOSED != 0),
+            "no hang-up event for A: {events:?}"
+        );
+        drop(reactor.deregister(&mut SourceFd(&a_fd), &a_state));
+
+        reactor.skip_registrations(usize::MAX >> KEY_BITS);
+        let b_state = reactor.register(&mut SourceFd(&b_fd)).unwrap();
+        b_state.ready.set(0);
+        for &(token, bits) in &events {
+            reactor.dispatch(token, bits);
+        }
+        assert_ne!(b_state.token, a_state.token, "B was given A's token");
+        assert_eq!(b_state.ready.get(), 0, "A's event reached B");
+        assert_ne!(
+            key_of(b_state.token),
+            key_of(a_state.token),
+            "a slot was reused after its last generation"
+        );
+        drop(reactor.deregister(&mut SourceFd(&b_fd), &b_state));
+        assert_eq!(reactor.len(), 0);
+        assert!(reactor.is_empty(), "a retired slot counts as a source");
+
+        // A slot short of its last generation is reused, under a new token.
+        let again = reactor.register(&mut SourceFd(&b_fd)).unwrap();
+        assert_eq!(key_of(again.token), key_of(b_state.token));
+        assert_ne!(again.token, b_state.token);
+        drop(reactor.deregister(&mut SourceFd(&b_fd), &again));
     }
 }

@@ -12,6 +12,11 @@
 //!   it when that loop is not the current one. Every access is a `try_with`, so none panics during
 //!   the thread's teardown: a `Runtime` made by a thread-local's destructor once the list is gone
 //!   works unlisted (its handles reach it only while it is current).
+//! - `SHARED` lists every loop of the process whose `Runtime` is alive, each by its id with a
+//!   weak reference to its [`Shared`] part (added when its `Core` is made, removed when its
+//!   `Runtime` is dropped): how a `Send` handle used on another thread reaches its loop
+//!   ([`on_loop`]). It is read only when the handle's loop is not on the reading thread's
+//!   `LOOPS`, a cold path.
 //!
 //! A raw pointer instead of `RefCell<Option<Rc<Core>>>`: the free functions are on the hottest
 //! paths (`next_tick` is a 25 ns operation), and a `Cell<*const _>` read is one load.
@@ -22,17 +27,22 @@
 //! the hot path), else through `LOOPS` (after `block_on` returned, while another `Runtime` is
 //! current or drops, or from code run by no loop). Never another loop's entry (loop ids are
 //! unique in the process, and every entry carries its own id or generation, so a key reused
-//! since names nothing). Once its `Runtime` is dropped, or from another thread (the handles that
-//! are `Send`: `Timer`, `Immediate`, `HookHandle`, `Sleep`), there is nothing to reach and the
-//! handle does nothing: the loop's entries went with it, or belong to that loop's thread.
-//! Handles that are `!Send` hold the weak reference themselves (an I/O source's
-//! [`Registration`](crate::io::reactor::Registration)); the `Send` ones hold the loop's id.
+//! since names nothing). Once its `Runtime` is dropped there is nothing to reach and the handle
+//! does nothing: the loop's entries went with it. On another thread (the handles that are `Send`:
+//! `Timer`, `Immediate`, `HookHandle`, `Sleep`) the loop's state is not theirs to touch: a
+//! `Sleep` dropped, reset or unref'd there posts the change to its loop's remote queue
+//! ([`on_loop`]), which runs it in that loop's poll phase; the others do nothing (their methods
+//! are Node's, which has one thread). Handles that are `!Send` hold the weak reference
+//! themselves (an I/O source's [`Registration`](crate::io::reactor::Registration)); the `Send`
+//! ones hold the loop's id.
 
 use std::cell::{Cell, RefCell};
+use std::panic::Location;
 use std::ptr;
 use std::rc::{Rc, Weak};
+use std::sync::{Arc, Mutex};
 
-use super::core::Core;
+use super::core::{Core, Remote, Shared};
 
 thread_local! {
     static CURRENT: Cell<*const Core> = const { Cell::new(ptr::null()) };
@@ -41,8 +51,20 @@ thread_local! {
     static LOOPS: RefCell<Vec<(u64, Weak<Core>)>> = const { RefCell::new(Vec::new()) };
 }
 
+/// The process's loops whose `Runtime` is alive (see the module docs): few, so a `Vec`.
+static SHARED: Mutex<Vec<(u64, std::sync::Weak<Shared>)>> = Mutex::new(Vec::new());
+
+fn shared_loops() -> std::sync::MutexGuard<'static, Vec<(u64, std::sync::Weak<Shared>)>> {
+    SHARED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Lists a new loop of this thread (from `Core::new`).
-pub(crate) fn add_loop(loop_id: u64, core: Weak<Core>) {
+pub(crate) fn add_loop(loop_id: u64, core: Weak<Core>, shared: &Arc<Shared>) {
+    {
+        let mut all = shared_loops();
+        all.retain(|(_, w)| w.strong_count() > 0);
+        all.push((loop_id, Arc::downgrade(shared)));
+    }
     // `try_with`: a `Runtime` may be made by a thread-local's destructor after the list is gone;
     // its loop then goes unlisted (its handles reach it only while it is current).
     let _ = LOOPS.try_with(|l| {
@@ -54,6 +76,12 @@ pub(crate) fn add_loop(loop_id: u64, core: Weak<Core>) {
 
 /// Takes a loop off this thread's list (its `Runtime` is being dropped, its shutdown done).
 pub(crate) fn remove_loop(loop_id: u64) {
+    {
+        let mut all = shared_loops();
+        if let Some(at) = all.iter().position(|(id, _)| *id == loop_id) {
+            all.swap_remove(at);
+        }
+    }
     // `try_with`: a `Runtime` kept in another thread-local may be dropped after this one.
     let removed = LOOPS.try_with(|l| {
         let mut loops = l.borrow_mut();
@@ -78,6 +106,49 @@ pub(crate) fn with_loop<R>(loop_id: u64, f: impl FnOnce(&Core) -> R) -> Option<R
     }
     let core = find_loop(loop_id)?;
     Some(f(&core))
+}
+
+/// Runs `f` with loop `loop_id` wherever that loop is: at once if it is alive on this thread
+/// ([`with_loop`]); if it is alive on another thread, in its poll phase (posted to its remote
+/// queue, as a callback from `location`), with it current; never once its `Runtime` is dropped.
+/// For a `Send` handle used on a thread that may not be its loop's (see the module docs).
+pub(crate) fn on_loop(
+    loop_id: u64,
+    location: &'static Location<'static>,
+    f: impl FnOnce(&Core) + Send + 'static,
+) {
+    let mut f = Some(f);
+    if with_loop(loop_id, |core| f.take().map(|f| f(core))).is_some() {
+        return;
+    }
+    let Some(f) = f else { return };
+    post_elsewhere(
+        loop_id,
+        location,
+        Box::new(move || {
+            let _ = with_loop(loop_id, f);
+        }),
+    );
+}
+
+/// Posts `job` to loop `loop_id`'s remote queue if that loop is alive (on another thread: this
+/// thread's own were looked for first); drops it otherwise.
+#[cold]
+#[inline(never)]
+fn post_elsewhere(
+    loop_id: u64,
+    location: &'static Location<'static>,
+    job: Box<dyn FnOnce() + Send>,
+) {
+    let shared = shared_loops()
+        .iter()
+        .find(|(id, _)| *id == loop_id)
+        .and_then(|(_, w)| w.upgrade());
+    if let Some(shared) = shared {
+        // Refused once the loop closed its queue (its `Runtime` is being dropped): the job is
+        // dropped here, with nothing left to do.
+        let _ = shared.push_remote(Remote::Callback(job, location));
+    }
 }
 
 /// Loop `loop_id` from this thread's list, if its `Runtime` is alive.

@@ -203,7 +203,7 @@ impl Core {
             main_done: Cell::new(false),
             main_location: Cell::new(Location::caller()),
         });
-        super::context::add_loop(loop_id, Rc::downgrade(&core));
+        super::context::add_loop(loop_id, Rc::downgrade(&core), &core.shared);
         Ok(core)
     }
 

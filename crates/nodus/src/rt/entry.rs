@@ -33,15 +33,19 @@ pub(crate) trait EntryHandle {
     /// Runs `f` on the live entry's ref flag in `core`; `None` once the entry is gone.
     fn with_ref_flag<R>(&self, core: &Core, f: impl FnOnce(&mut bool) -> R) -> Option<R>;
 
+    /// Takes the entry out of `core`, its loop, and gives its ref back there; the caller drops it
+    /// once it holds no borrow of that loop's tables.
+    fn remove_from(&self, core: &Core) -> Option<Self::Entry> {
+        let entry = self.take(core)?;
+        if Self::held_ref(&entry) {
+            core.unref_handle();
+        }
+        Some(entry)
+    }
+
     /// Takes the entry out of its loop and gives its ref back there.
     fn remove_entry(&self) {
-        let removed = with_loop(self.loop_id(), |core| {
-            let entry = self.take(core)?;
-            if Self::held_ref(&entry) {
-                core.unref_handle();
-            }
-            Some(entry)
-        });
+        let removed = with_loop(self.loop_id(), |core| self.remove_from(core));
         drop(removed);
     }
 

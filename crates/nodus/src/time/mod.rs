@@ -16,9 +16,11 @@
 //! `block_on` returned, with no loop current) or another `Runtime` is current
 //! (`rt::context::with_loop`; `clear` and the ref methods are `rt::entry::EntryHandle`'s, and a
 //! `Sleep` disarms its timer as `clear` does), and never touch another loop's timers. Once the
-//! loop's `Runtime` is dropped, or on another thread, they do nothing (`has_ref`/`is_active` are
-//! `false`): the loop's timers were dropped with it, or belong to its thread. Dropping a `Timer`
-//! does nothing (Node's handles); dropping a `Sleep` disarms it.
+//! loop's `Runtime` is dropped they do nothing (`has_ref`/`is_active` are `false`): the loop's
+//! timers were dropped with it. On another thread a `Timer` does nothing either (its loop's
+//! timers belong to that thread), while a `Sleep` dropped, reset or unref'd there posts the
+//! change to its loop's remote queue (`rt::context::on_loop`, see `sleep.rs`). Dropping a
+//! `Timer` does nothing (Node's handles); dropping a `Sleep` disarms it.
 
 mod delay;
 pub(crate) mod queue;

@@ -10,8 +10,12 @@
 //! returned, while another `Runtime` is current (`rt::context::with_loop`). So a `Sleep` dropped
 //! off its loop neither keeps that loop alive until its deadline nor leaves a timer that wakes
 //! a task for nothing; once the loop's `Runtime` is dropped its timer went with it. `Sleep` is
-//! `Send + Sync` (hyper's timer requires it) and holds no reference to its loop: dropped on
-//! another thread, it cannot reach its loop, and its timer stays armed until it fires.
+//! `Send + Sync` (hyper's timer requires it) and holds no reference to its loop (no count to
+//! keep per arm): dropped, reset or unref'd on another thread, it touches none of its loop's
+//! state there, but posts the change to the loop's remote queue (`rt::context::on_loop`), which
+//! makes it in that loop's next poll phase (waking a loop blocked in `epoll_wait`). Until then
+//! the timer may still fire and wake the task that polled the sleep: a spurious wake. It is
+//! polled only on its loop (`poll` asserts it when armed).
 //!
 //! Unlike `set_timeout`, these take delays past Node's maximum (2^31 − 1 ms, about 24.8 days): a
 //! longer sleep arms its timer for at most that long and re-arms it, from the loop's time, for
@@ -27,7 +31,8 @@ use std::time::{Duration, Instant};
 use super::delay::IntoDelay;
 use super::loop_now_ns;
 use super::queue::{TimerAction, TimerKey};
-use crate::rt::context::{with_core, with_loop};
+use crate::rt::context::{on_loop, with_core};
+use crate::rt::entry::EntryHandle;
 
 /// The longest one timer of a `Sleep` is armed for: Node's maximum delay.
 #[cfg(not(test))]
@@ -90,12 +95,15 @@ pub fn sleep_until(deadline: Instant) -> Sleep {
 impl Sleep {
     /// The sleep no longer keeps the loop alive (`run` may return before it completes).
     pub fn unref(&mut self) {
-        if std::mem::replace(&mut self.refd, false) {
-            self.with_entry(|core, e| {
-                e.refd = false;
-                core.unref_handle();
-            });
+        if !std::mem::replace(&mut self.refd, false) {
+            return;
         }
+        let Some(key) = self.key else { return };
+        on_loop(self.loop_id, self.location, move |core| {
+            if let Some(e) = core.timers.borrow_mut().get_mut(key) {
+                core.set_refd(&mut e.refd, false);
+            }
+        });
     }
 
     /// When it completes.
@@ -118,26 +126,17 @@ impl Sleep {
         self.fired = false;
     }
 
-    /// Runs `f` on its armed timer, in the loop that holds it (whichever loop is current).
-    fn with_entry(&self, f: impl FnOnce(&crate::rt::core::Core, &mut super::queue::TimerEntry)) {
-        let Some(key) = self.key else { return };
-        with_loop(self.loop_id, |core| {
-            let mut timers = core.timers.borrow_mut();
-            if let Some(e) = timers.get_mut(key) {
-                f(core, e);
-            }
-        });
-    }
-
     /// Disarms its timer in the loop that holds it, wherever this runs (see the module docs): as
     /// clearing a `Timer` with its key does.
     fn cancel(&mut self) {
         let Some(key) = self.key.take() else { return };
-        super::Timer {
+        let timer = super::Timer {
             key,
             loop_id: self.loop_id,
-        }
-        .clear();
+        };
+        on_loop(self.loop_id, self.location, move |core| {
+            drop(timer.remove_from(core));
+        });
     }
 }
 
