@@ -20,7 +20,9 @@
 //! so it logs one line saying nothing was reloaded and serves on, losing nothing; a service
 //! manager that asked for the reload (`NOTIFY_SOCKET`) hears `RELOADING=1` and `READY=1` at once,
 //! so neither `Type=notify` nor `Type=notify-reload` is left waiting. A SIGHUP during the drain
-//! is not a second signal: it is logged and ignored.
+//! is not a second signal: it is logged and ignored. A worker sent SIGHUP itself is not stopped
+//! either: `nodus::cluster::Worker` catches it for every Rust worker (one line naming the
+//! primary to send it to), so the primary spends no restart on it.
 //!
 //! The access log: one line per request, written by `handle_public` for what the handler
 //! answers and by `log_refused` (the server's `on_refused` hook) for what the server answers in
