@@ -177,6 +177,68 @@ fn serve_with_two_workers_shows_the_whole_cluster_in_stats_and_top() {
     assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
 }
 
+/// The `(slot, pid, connections handed)` of each worker in a cluster's stats.
+fn worker_rows(stats: &Value) -> Vec<(u64, u64, u64)> {
+    let rows = stats["workers"].as_array().unwrap().iter();
+    let field = |w: &Value, name: &str| w[name].as_u64().unwrap();
+    rows.map(|w| {
+        let handed = field(w, "connections_handed");
+        (field(w, "worker"), field(w, "pid"), handed)
+    })
+    .collect()
+}
+
+/// A SIGHUP sent to a worker itself (`kill -HUP` on every nodus pid, a PM2 habit) is not a
+/// reload and costs none: the worker says where a reload is asked for (the primary's pid) and
+/// serves on as the same process, the primary restarts nothing, and the stop paths are intact
+/// (SIGTERM to the primary drains it and exits 0).
+#[test]
+fn a_sighup_sent_to_a_serve_worker_itself_neither_stops_nor_restarts_it() {
+    let dir = TempDir::new("serve-worker-hup");
+    std::fs::write(dir.path().join("a.txt"), "hello cluster\n").unwrap();
+    let addr = free_addr();
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .arg("serve")
+            .arg(dir.path())
+            .args(["--workers", "2", "--listen", &addr.to_string()])
+            .env("RUST_LOG", "info"),
+    );
+    primary.wait_line("2 workers ready");
+    let stats: Value = serde_json::from_str(&get_ok(addr, "/_nodus/stats")).unwrap();
+    let (slot, victim, handed) = worker_rows(&stats)[0];
+
+    let pid = rustix::process::Pid::from_raw(victim as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+    let line = primary.wait_line("ignored a SIGHUP");
+    assert!(
+        line.contains(&format!("worker {slot} "))
+            && line.contains(&format!("kill -HUP {}", primary.id())),
+        "{line}"
+    );
+    // Killed by it, the worker would be gone (and replaced) well within this.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!gone(victim as i32), "{:#?}", primary.output());
+    for _ in 0..20 {
+        assert_eq!(get_ok(addr, "/a.txt"), "hello cluster\n");
+    }
+    let stats: Value = serde_json::from_str(&get_ok(addr, "/_nodus/stats")).unwrap();
+    assert_eq!(stats["restarts"], 0, "{stats}");
+    let rows = worker_rows(&stats);
+    assert!(
+        rows.iter()
+            .any(|&(s, p, h)| (s, p) == (slot, victim) && h > handed),
+        "the same process still serves as worker {slot}: {rows:?}"
+    );
+    // No exit line (`worker 1 (pid N) ...`) since the SIGHUP's.
+    let exit_line = format!("(pid {victim})");
+    let since: Vec<String> = primary.lines.try_iter().collect();
+    assert!(!since.iter().any(|l| l.contains(&exit_line)), "{since:#?}");
+
+    primary.signal(rustix::process::Signal::TERM);
+    assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
+}
+
 /// The sum over slots of `nodus_cluster_connections_handed_total`.
 fn handed_total(metrics: &str) -> u64 {
     metrics

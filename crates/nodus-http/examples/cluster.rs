@@ -24,7 +24,8 @@
 //! right after its `queryServer` went out, or once its answer has arrived (unpolled), say ready
 //! without a listener, wait `--hold-ms`, then listen again and serve.
 //! SIGTERM/SIGINT to the primary drain everything; SIGHUP is a
-//! rolling reload. Every response names its worker in `X-Worker`; logs go to stderr
+//! rolling reload (one sent to a worker itself is caught by [`Worker`]: a line naming the
+//! primary, and the worker serves on). Every response names its worker in `X-Worker`; logs go to stderr
 //! (`RUST_LOG`, default `info`).
 
 use std::net::SocketAddr;

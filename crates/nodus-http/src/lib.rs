@@ -9,8 +9,9 @@
 //!   timeout, max connections) and a graceful drain with a deadline. A handler learns its peer
 //!   from the request's extensions (`req.extensions().get::<ConnInfo>()`); any [`Accept`]
 //!   listener can be served (nodus's `TcpListener`, `UnixListener`, a cluster worker's `Listener`).
-//!   A request the server refuses before the handler (400, 413, 414, 431) is counted and reported
-//!   to `Config::on_refused` ([`Refused`]), so an access log misses none.
+//!   A request the server refuses before the handler (400, 413, 414, 431), or answers with a 500
+//!   because the handler panicked, is counted and reported to `Config::on_refused` ([`Refused`]),
+//!   so an access log misses none.
 //! - `stats`: HTTP measurements, folded into the loop's `nodus::metrics::Snapshot`.
 //!
 //! Connections run as tasks named by handler class (`Config::name`, e.g. `http:static`), never by

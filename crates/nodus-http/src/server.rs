@@ -26,7 +26,10 @@
 //!   connection with the parse error, so they are counted from that error, off the normal path:
 //!   a good request pays nothing for any of this.
 //! - A handler that panics (making its future, or in a poll of it) gets its request a 500 and
-//!   `Connection: close`, and one error log line; other requests and connections go on.
+//!   `Connection: close`, one error log line, and one report to `Config::on_refused` (its start
+//!   line with it: an access log misses no answered request); other requests and connections go
+//!   on. For that report each request keeps its method and path until its response, only while
+//!   `on_refused` is set: clones that share the parsed head's buffer, no allocation.
 //! - A `Server` dropped without a drain is not stopped: its tasks serve on while the loop runs
 //!   (a Node server nobody references still listens). `drain` is how it stops.
 //! - Drain: the listener is dropped at once (new connections are refused); every later HTTP/1
@@ -50,6 +53,7 @@ use std::rc::Rc;
 use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
+use http::uri::PathAndQuery;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use hyper_util::server::conn::auto;
@@ -85,8 +89,8 @@ pub struct Config {
     /// hyper's read-buffer size, which `max_header_bytes` then sets).
     pub http2: bool,
     /// Called on the loop, once per request the server answers itself instead of the handler
-    /// (see [`Refused`]): where an access log writes the lines its handler cannot. Not called
-    /// for a handler's panic (its 500 is logged as an error). Default none.
+    /// (see [`Refused`]), a handler's panic included: where an access log writes the lines its
+    /// handler cannot. Default none.
     pub on_refused: Option<fn(&Refused<'_>)>,
 }
 
@@ -113,9 +117,9 @@ pub struct ConnInfo {
 }
 
 /// A request the server answered itself, without the handler: an HTTP/1.1 request without
-/// `Host` (400), a `Content-Length` over `max_body_bytes` (413), or an HTTP/1 head that could not
+/// `Host` (400), a `Content-Length` over `max_body_bytes` (413), an HTTP/1 head that could not
 /// be parsed (431 too large or with too many headers, 414 a URI too long, 400 malformed or an
-/// HTTP/2 preface to a server without `http2`).
+/// HTTP/2 preface to a server without `http2`), or a request whose handler panicked (500).
 #[derive(Debug, Clone, Copy)]
 pub struct Refused<'a> {
     pub status: StatusCode,
@@ -409,12 +413,12 @@ where
         in_flight: Cell::new(0),
         streaming: Cell::new(0),
         http2: Cell::new(false),
+        peer,
     });
     let service = Service {
         state: state.clone(),
         handler,
         conn: conn_state.clone(),
-        peer,
         _response: PhantomData,
     };
     let mut conn = pin!(state.builders.serve(io, service));
@@ -718,13 +722,13 @@ struct ConnState {
     /// reading must still meet.
     streaming: Cell<usize>,
     http2: Cell<bool>,
+    peer: Option<SocketAddr>,
 }
 
 struct Service<H, F> {
     state: Rc<State>,
     handler: Rc<H>,
     conn: Rc<ConnState>,
-    peer: Option<SocketAddr>,
     _response: PhantomData<fn() -> F>,
 }
 
@@ -751,21 +755,32 @@ where
             .get(http::header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
             .is_some_and(|len| len > limit as u64);
+        let mut line = None;
         let handler =
             if version == Version::HTTP_11 && !req.headers().contains_key(http::header::HOST) {
                 Err(self.refuse(&req, Refusal::NoHost, start))
             } else if too_large {
                 Err(self.refuse(&req, Refusal::TooLarge, start))
             } else {
-                req.extensions_mut().insert(ConnInfo { peer: self.peer });
+                req.extensions_mut().insert(ConnInfo {
+                    peer: self.conn.peer,
+                });
+                if self.state.config.on_refused.is_some() {
+                    line = Some(KeptLine::of(&req));
+                }
                 let req = req.map(|b| http_body_util::Limited::new(b, limit));
-                catch_unwind(AssertUnwindSafe(|| (self.handler)(req)))
-                    .map_err(|payload| Refusal::handler_panicked(&*payload))
+                catch_unwind(AssertUnwindSafe(|| (self.handler)(req))).map_err(|payload| {
+                    let refusal = Refusal::handler_panicked(&*payload);
+                    self.state
+                        .report_panic(&self.conn, line.as_ref(), version, start);
+                    refusal
+                })
             };
         Respond {
             handler,
             state: self.state.clone(),
             conn: Some(self.conn.clone()),
+            line,
             version,
             start,
         }
@@ -779,7 +794,7 @@ impl<H, F> Service<H, F> {
         if let Some(report) = self.state.config.on_refused {
             report(&Refused {
                 status: refusal.status(),
-                peer: self.peer,
+                peer: self.conn.peer,
                 request: Some(RequestLine {
                     method: req.method(),
                     path: req.uri().path(),
@@ -789,6 +804,50 @@ impl<H, F> Service<H, F> {
             });
         }
         refusal
+    }
+}
+
+/// A request's start line, kept (while `Config::on_refused` is set) for the report of its
+/// handler's panic: the handler owns the request by then. Cloned from the parsed request, whose
+/// buffer the path shares (no allocation; a method is inline up to 15 bytes).
+struct KeptLine {
+    method: Method,
+    /// `None` for a target without a path (authority form), whose path is `""` as in `Uri::path`.
+    path: Option<PathAndQuery>,
+}
+
+impl KeptLine {
+    fn of<B>(req: &Request<B>) -> KeptLine {
+        KeptLine {
+            method: req.method().clone(),
+            path: req.uri().path_and_query().cloned(),
+        }
+    }
+}
+
+impl State {
+    /// Reports the 500 that stands in for a panicked handler's response to `Config::on_refused`,
+    /// with the request's start line (`line`, kept whenever `on_refused` is set).
+    #[cold]
+    fn report_panic(
+        &self,
+        conn: &ConnState,
+        line: Option<&KeptLine>,
+        version: Version,
+        start: u64,
+    ) {
+        if let Some(report) = self.config.on_refused {
+            report(&Refused {
+                status: Refusal::HandlerPanicked.status(),
+                peer: conn.peer,
+                request: line.map(|l| RequestLine {
+                    method: &l.method,
+                    path: l.path.as_ref().map_or("", PathAndQuery::path),
+                    version,
+                }),
+                elapsed_ns: Some(nodus::clock::now_ns().saturating_sub(start)),
+            });
+        }
     }
 }
 
@@ -853,6 +912,8 @@ struct Respond<F> {
     state: Rc<State>,
     /// Taken when the response is ready.
     conn: Option<Rc<ConnState>>,
+    /// The start line, for `Config::on_refused` should the handler panic (set only with it).
+    line: Option<KeptLine>,
     version: Version,
     start: u64,
 }
@@ -875,7 +936,15 @@ impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
                 match catch_unwind(AssertUnwindSafe(|| f.poll(cx))) {
                     Ok(poll) => ready!(poll),
                     // Never polled again: this future completes now.
-                    Err(payload) => Refusal::handler_panicked(&*payload).response(),
+                    Err(payload) => {
+                        let refusal = Refusal::handler_panicked(&*payload);
+                        if let Some(conn) = &this.conn {
+                            let line = this.line.as_ref();
+                            this.state
+                                .report_panic(conn, line, this.version, this.start);
+                        }
+                        refusal.response()
+                    }
                 }
             }
             Err(refusal) => refusal.response(),

@@ -471,6 +471,56 @@ fn a_reload_to_a_program_that_exits_at_once_fails_and_the_old_workers_keep_servi
     assert_eq!(by_worker.len(), 2, "both old workers serve: {by_worker:?}");
 }
 
+/// A SIGHUP sent to a worker itself (`kill -HUP` on every pid of the program) is no reload and
+/// costs none: `Worker` catches it for every Rust worker and says, in one line, where a reload is
+/// asked for (the primary's pid); the same process serves on, nothing is restarted, and a
+/// SIGTERM to the primary still drains every worker and exits 0.
+#[test]
+fn a_sighup_sent_to_a_worker_itself_neither_stops_nor_restarts_it() {
+    let _x = exclusive();
+    let mut c = Cluster::start(2, "rr", &[]);
+    let before = current_pids(&c.events());
+    let victim = before[0]; // worker 1's
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(victim as i32).unwrap(),
+        Signal::HUP,
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let line = loop {
+        let stderr = c.stderr();
+        if let Some(line) = stderr.lines().find(|l| l.contains("ignored a SIGHUP")) {
+            break line.to_owned();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no SIGHUP line:\n{stderr}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        line.contains("worker 1 ") && line.contains(&format!("kill -HUP {}", c.pid())),
+        "{line}"
+    );
+    // Killed by it, the worker would be gone (and its replacement forked) well within this.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(is_alive(victim), "{}", c.stderr());
+    let by_worker = forty_requests(&c);
+    assert_eq!(by_worker.len(), 2, "both workers serve: {by_worker:?}");
+    let events = c.events();
+    assert_eq!(current_pids(&events), before, "{}", dump(&events));
+    assert_eq!(
+        (count(&events, "fork"), count(&events, "exit")),
+        (2, 0),
+        "{}",
+        dump(&events)
+    );
+
+    c.signal(Signal::TERM);
+    let status = c.wait_exit(Duration::from_secs(30));
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{}", c.stderr());
+}
+
 #[test]
 fn no_worker_outlives_a_primary_killed_with_sigkill() {
     let _x = exclusive();

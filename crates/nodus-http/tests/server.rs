@@ -35,23 +35,27 @@ impl TestServer {
             let rt = Runtime::new();
             rt.block_on(async move {
                 let listener = TcpListener::bind(("127.0.0.1", 0)).unwrap();
-                let server = serve(listener, config, |req| async move {
-                    match req.uri().path() {
-                        "/slow" => {
-                            nodus::sleep(300).await;
-                            text(StatusCode::OK, "slow done")
-                        }
-                        "/panic" => panic!("a handler bug"),
-                        // 8 MiB: more than the socket buffers hold when the client reads none.
-                        "/big" => http::Response::new(full(vec![b'x'; 8 << 20])),
-                        "/echo" => match collect_body(req.into_body()).await {
-                            Ok(b) => http::Response::new(full(b)),
-                            Err(nodus_http::BodyError::TooLarge) => {
-                                text(StatusCode::PAYLOAD_TOO_LARGE, "too large")
+                let server = serve(listener, config, |req| {
+                    // A handler that panics before it makes its future.
+                    assert_ne!(req.uri().path(), "/panic-now", "a handler bug");
+                    async move {
+                        match req.uri().path() {
+                            "/slow" => {
+                                nodus::sleep(300).await;
+                                text(StatusCode::OK, "slow done")
                             }
-                            Err(e) => text(StatusCode::BAD_REQUEST, e.to_string()),
-                        },
-                        _ => text(StatusCode::OK, "hello"),
+                            "/panic" => panic!("a handler bug"),
+                            // 8 MiB: more than the socket buffers hold when the client reads none.
+                            "/big" => http::Response::new(full(vec![b'x'; 8 << 20])),
+                            "/echo" => match collect_body(req.into_body()).await {
+                                Ok(b) => http::Response::new(full(b)),
+                                Err(nodus_http::BodyError::TooLarge) => {
+                                    text(StatusCode::PAYLOAD_TOO_LARGE, "too large")
+                                }
+                                Err(e) => text(StatusCode::BAD_REQUEST, e.to_string()),
+                            },
+                            _ => text(StatusCode::OK, "hello"),
+                        }
                     }
                 });
                 tx.send(server.local_addr().unwrap()).unwrap();
@@ -135,6 +139,56 @@ fn a_handler_that_panics_gets_its_request_a_500_and_the_server_goes_on() {
     let (cut, snap) = server.finish();
     assert_eq!(cut, 0);
     assert_eq!(snap.http.responses_by_class[4], 1, "the 500 is counted");
+}
+
+/// One report to `Config::on_refused`: status, request line, whether it had a peer and a
+/// duration.
+type Report = (u16, Option<String>, bool, bool);
+
+/// What `Config::on_refused` was told in `a_panicked_handlers_500_is_reported_to_on_refused`.
+static PANICKED: std::sync::Mutex<Vec<Report>> = std::sync::Mutex::new(Vec::new());
+
+fn record_panic(r: &nodus_http::Refused<'_>) {
+    let line = r
+        .request
+        .map(|l| format!("{} {} {:?}", l.method, l.path, l.version));
+    let entry = (
+        r.status.as_u16(),
+        line,
+        r.peer.is_some(),
+        r.elapsed_ns.is_some(),
+    );
+    PANICKED.lock().unwrap().push(entry);
+}
+
+/// The 500 that stands in for a panicked handler's response is a response like any other to an
+/// access log: reported once to `on_refused` with the request's method, path (no query) and
+/// version, whether the handler panicked in a poll of its future or while making it.
+#[test]
+fn a_panicked_handlers_500_is_reported_to_on_refused() {
+    let config = Config {
+        on_refused: Some(record_panic),
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_secs(1));
+    for (raw, status) in [
+        (&b"GET /a HTTP/1.1\r\nHost: t\r\n\r\n"[..], 200),
+        (b"DELETE /panic?q=1 HTTP/1.1\r\nHost: t\r\n\r\n", 500),
+        (b"GET /panic-now HTTP/1.0\r\n\r\n", 500),
+    ] {
+        assert_eq!(status_of(&server, raw), status);
+    }
+    let (_, snap) = server.finish();
+    let reported = std::mem::take(&mut *PANICKED.lock().unwrap());
+    let line = |l: &str| Some(l.to_owned());
+    assert_eq!(
+        reported,
+        [
+            (500, line("DELETE /panic HTTP/1.1"), true, true),
+            (500, line("GET /panic-now HTTP/1.0"), true, true),
+        ]
+    );
+    assert_eq!(snap.http.responses_by_class[4], 2, "each 500 counted once");
 }
 
 #[test]

@@ -43,6 +43,12 @@ pub fn name(signal: i32) -> &'static str {
 /// default) and the number of live streams that catch it.
 static LISTENERS: Mutex<BTreeMap<i32, (Arc<AtomicBool>, usize)>> = Mutex::new(BTreeMap::new());
 
+/// How many live streams of the process catch `signal`.
+pub(crate) fn streams_catching(signal: i32) -> usize {
+    let listeners = LISTENERS.lock().unwrap_or_else(|e| e.into_inner());
+    listeners.get(&signal).map_or(0, |&(_, count)| count)
+}
+
 /// A stream of the signals it was created for.
 pub struct Signals {
     /// Declared first, so dropped before `pipe`: once released, a signal gets its default.

@@ -20,12 +20,15 @@
 //! so it logs one line saying nothing was reloaded and serves on, losing nothing; a service
 //! manager that asked for the reload (`NOTIFY_SOCKET`) hears `RELOADING=1` and `READY=1` at once,
 //! so neither `Type=notify` nor `Type=notify-reload` is left waiting. A SIGHUP during the drain
-//! is not a second signal: it is logged and ignored.
+//! is not a second signal: it is logged and ignored. A worker sent SIGHUP itself is not stopped
+//! either: `nodus::cluster::Worker` catches it for every Rust worker (one line naming the
+//! primary to send it to), so the primary spends no restart on it.
 //!
 //! The access log: one line per request, written by `handle_public` for what the handler
-//! answers and by `log_refused` (the server's `on_refused` hook) for what the server refuses
-//! before the handler (400 without `Host`, 413, and a head it could not parse: 431, 400);
-//! method, path and version of an unparsed head, and its time, are `-`.
+//! answers and by `log_refused` (the server's `on_refused` hook) for what the server answers in
+//! the handler's stead (400 without `Host`, 413, a head it could not parse: 431, 400, and the 500
+//! of a handler that panicked); method, path and version of an unparsed head, and its time, are
+//! `-`.
 
 use std::cell::Cell;
 use std::net::SocketAddr;
@@ -442,8 +445,9 @@ async fn handle_public(req: Request<RequestBody>, site: Rc<Site>) -> Response<Bo
     response
 }
 
-/// The access log's line for a request the server refused before the handler (its
-/// `on_refused` hook): the same format, `-` for what an unparsed head does not tell.
+/// The access log's line for a request the server answered in the handler's stead (its
+/// `on_refused` hook: a refusal, or a panic's 500): the same format, `-` for what an unparsed
+/// head does not tell.
 fn log_refused(refused: &Refused<'_>) {
     log_access(
         refused.peer,

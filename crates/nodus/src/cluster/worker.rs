@@ -33,6 +33,13 @@
 //! - Open connections are counted (for the `least` policy) only when the primary asks for load
 //!   reports; they go on the board, or without one in a message coalesced per loop turn, riding
 //!   on that turn's `took` when there is one.
+//! - From [`Worker::get`] on, SIGHUP never stops the worker: a reload is the primary's (it
+//!   replaces workers one at a time), so a SIGHUP sent to a worker itself (`kill -HUP` on every
+//!   nodus pid, a PM2 habit) is caught and answered by one log line naming the primary, rather
+//!   than killing the worker and spending the primary's restart budget on its replacement. The
+//!   line is left out while the application catches SIGHUP too (its own `Signals`): it is the
+//!   application's then. This is a handler, never `SIG_IGN`, so the worker's own children get
+//!   the default action back at their `exec`.
 
 use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::{HashMap, VecDeque};
@@ -56,6 +63,7 @@ use super::reply::ReplySlot;
 use crate::ipc::{Channel, Handle, MAX_FDS_PER_FRAME, Message};
 use crate::metrics::Snapshot;
 use crate::net::{TcpListener, TcpStream};
+use crate::signal::{SIGHUP, Signals};
 
 /// How long a worker waits for the primary's answer to `queryServer` or a stats request.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -118,8 +126,9 @@ struct Load {
 
 impl Worker {
     /// This process's worker, when a cluster primary started it (`NODE_UNIQUE_ID` set); `None`
-    /// in a primary or a standalone process. The first call opens the channel and says
-    /// `online`; call it early, before other threads read the environment.
+    /// in a primary or a standalone process. The first call opens the channel, says `online` and
+    /// starts catching SIGHUP (a SIGHUP to the worker is logged, not obeyed: see the module
+    /// docs); call it early, before other threads read the environment.
     ///
     /// # Errors
     /// The channel named by `NODE_CHANNEL_FD` cannot be opened.
@@ -190,6 +199,7 @@ impl Worker {
         let dispatch = worker.clone();
         crate::task::spawn_named("cluster:worker", async move { dispatch.dispatch().await })
             .detach();
+        worker.survive_sighup();
         WORKER.with(|w| *w.borrow_mut() = Some(worker.clone()));
         Ok(Some(worker))
     }
@@ -395,6 +405,46 @@ impl Worker {
                 "the cluster primary did not answer a stats request",
             )
         })
+    }
+
+    /// Catches SIGHUP for the rest of the process's life: one line per SIGHUP says where a
+    /// reload is asked for, unless the application catches SIGHUP too. Unref'd, as every
+    /// [`Signals`] is: it keeps no loop alive.
+    fn survive_sighup(&self) {
+        let mut hup = match Signals::new(&[SIGHUP]) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(
+                    target: "nodus::cluster",
+                    "cannot catch SIGHUP (one sent to this worker will stop it): {e}"
+                );
+                return;
+            }
+        };
+        let w = self.clone();
+        crate::task::spawn_named("cluster:worker-sighup", async move {
+            loop {
+                hup.recv().await;
+                if crate::signal::streams_catching(SIGHUP) > 1 {
+                    continue; // the application's own stream has it
+                }
+                let (id, primary) = (w.id(), std::os::unix::process::parent_id());
+                if w.sh.nodus_primary.get() {
+                    tracing::warn!(
+                        target: "nodus::cluster",
+                        "worker {id} ignored a SIGHUP sent to it and serves on: a rolling reload \
+                         is SIGHUP to the cluster primary (kill -HUP {primary})"
+                    );
+                } else {
+                    tracing::warn!(
+                        target: "nodus::cluster",
+                        "worker {id} ignored a SIGHUP sent to it and serves on: reloading is the \
+                         cluster primary's (pid {primary})"
+                    );
+                }
+            }
+        })
+        .detach();
     }
 
     fn next_seq(&self) -> u64 {
