@@ -12,8 +12,9 @@
 //!   connections from nodus. Ready at their first `listening` (or, with `--ready-after`, once up
 //!   that long without one: a worker that never listens); stopped with a `disconnect`. `-l`
 //!   passes nothing to them: it binds ADDR before they start, and a worker's `listen` on its
-//!   port (any host, or ADDR's) gets that socket; port 0 names no port and is refused (usage),
-//!   and the primary warns about a `-l` socket no worker asked for.
+//!   port on an address ADDR covers (any host, ADDR's, or with ADDR a wildcard its family's)
+//!   gets that socket; port 0 names no port and is refused (usage), and the primary warns about
+//!   a `-l` socket no worker asked for and a `listen` on its port it does not cover.
 //!
 //! The program is checked before any worker starts (`check_runnable`: found as `execvp` finds
 //! it, executable, and so is a script's `#!` interpreter, or `env`'s command), so the usual
