@@ -160,7 +160,9 @@ struct RunArgs {
     /// permanent (always restarted), transient (only after a crash), temporary (never).
     #[arg(long, value_enum, default_value_t = RestartArg::Permanent)]
     restart: RestartArg,
-    /// The workers are Node programs; nodus is their cluster primary (NODE_CLUSTER).
+    /// The workers are Node programs; nodus is their cluster primary (NODE_CLUSTER). Node makes a
+    /// process a cluster worker only with a process.argv[1] (a script, or an argument after -e
+    /// code), so `node -e CODE` alone is refused (give it one: `node -e CODE -- worker`).
     #[arg(long)]
     node: bool,
     /// Append lifecycle events (fork, ready, exit, reload...) to FILE as JSON lines.

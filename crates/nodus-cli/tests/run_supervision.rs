@@ -3,12 +3,13 @@
 //! during a reload queues one more reload, a window of 0 seconds is refused, the notify socket
 //! heeds only the worker's own process group and is closed with its worker, a Node worker's
 //! pipe `listen` is refused instead of bound as TCP, `--node`'s `-l` socket serves a worker's
-//! `listen` on an address it covers (another address on its port is said), the program follows
-//! the options with or without `--`, a program that cannot be run (its name quoted) is refused
-//! before any worker starts, a stop that had to kill workers exits with its own code (124, or
-//! 128 + a second signal's number) while a drain in time exits 0, a worker's exit is logged
-//! after its last output line, and no child of a worker outlives it (a stop, a crash loop to the
-//! give-up, a clean exit).
+//! `listen` on an address it covers (another address on its port is said), `node -e CODE` with
+//! no script is refused (and said at each worker's `listen` behind a wrapper), the program
+//! follows the options with or without `--`, a program that cannot be run (its name quoted) is
+//! refused before any worker starts, a stop that had to kill workers exits with its own code
+//! (124, or 128 + a second signal's number) while a drain in time exits 0, a worker's exit is
+//! logged after its last output line, and no child of a worker outlives it (a stop, a crash
+//! loop to the give-up, a clean exit).
 //!
 //! Every process is started in its own process group and the whole group is killed by PID when
 //! the test ends; a worker's background children, which a worker writes to a file, are killed by
@@ -599,6 +600,73 @@ fn with_node_an_l_socket_serves_a_listen_on_an_address_it_covers() {
         "{:#?}",
         primary.output()
     );
+}
+
+/// `nodus run --node -w 2 -- node ARGS...` with the app's code as `-e`'s, listening on 127.0.0.1
+/// port `port`.
+fn node_eval(args: &[&str], port: u16) -> Command {
+    let code = "require('http').createServer((q, r) => r.end('hello\\n'))\
+                .listen(+process.env.PORT, '127.0.0.1')";
+    let mut cmd = Command::new(NODUS);
+    cmd.args(["run", "--node", "-w", "2", "--max-restarts", "1", "--"])
+        .args(args.iter().map(|a| if *a == "CODE" { code } else { a }))
+        .env("PORT", port.to_string())
+        .env("RUST_LOG", "info");
+    cmd
+}
+
+#[test]
+fn with_node_code_with_no_script_is_refused_and_with_an_argument_it_runs() {
+    let port = nodus_testkit::net::free_addr().port();
+    // Node leaves process.argv[1] unset: not a cluster worker, its listen never answered. Said
+    // before any worker starts (no need for node to see that).
+    for args in [
+        &["node", "-e", "CODE"][..],
+        &["node", "-p", "CODE"],
+        &["node", "--eval", "CODE", "--"],
+        &["node", "-r", "fs", "-e", "CODE", "--title", "t"],
+        &["/usr/bin/node", "-e", "CODE", "--", ""],
+    ] {
+        let mut primary = spawn(&mut node_eval(args, port));
+        assert_exit(&mut primary, Duration::from_secs(20), 2);
+        let lines = primary.output();
+        assert_eq!(lines.len(), 1, "{args:?}: {lines:#?}");
+        assert!(
+            lines[0].starts_with("nodus run: --node: node with no script (-e or -p code alone) ")
+                && lines[0].ends_with("(node -e CODE -- ARG)"),
+            "{args:?}: {lines:#?}"
+        );
+    }
+    if !have("node") {
+        return;
+    }
+    // An argument after the code is process.argv[1]: the workers serve.
+    let mut primary = spawn(&mut node_eval(
+        &["node", "-e", "CODE", "--", "worker"],
+        port,
+    ));
+    primary.wait_line("2 workers ready");
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    assert_eq!(common::http::get(addr, "/").body, b"hello\n");
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(20), 0);
+
+    // Behind a wrapper nodus cannot see through: the worker's listen, before any `online`, is
+    // said to be that, by every worker, until the restart budget is spent.
+    let mut primary = spawn(&mut node_eval(
+        &["sh", "-c", "exec node -e \"$0\"", "CODE"],
+        port,
+    ));
+    assert_exit(&mut primary, Duration::from_secs(20), 75);
+    let lines = primary.output();
+    let said = lines
+        .iter()
+        .filter(|l| {
+            l.contains(" ERROR ")
+                && l.contains("asked to listen before it said online: Node did not set it up")
+        })
+        .count();
+    assert!(said >= 2, "{lines:#?}");
 }
 
 /// Open fds of process `pid`.
