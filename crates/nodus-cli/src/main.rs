@@ -85,8 +85,8 @@ enum Command {
     /// LISTEN_FDNAMES) and a NOTIFY_SOCKET (READY=1: ready; STOPPING=1: going down). With
     /// --node, the workers are stock Node programs and nodus is their cluster primary:
     /// `http.createServer(...).listen(8080)` runs clustered with no code change (-l then only
-    /// binds ADDR first, for the workers' listen on its port). The start line names every
-    /// address bound (port 0 resolved).
+    /// binds ADDR first, for the workers' listen on its port and an address it covers). The start
+    /// line names every address bound (port 0 resolved).
     /// Workers get NODUS_WORKER_ID (1..N) and NODE_APP_INSTANCE (0..N-1); their output is
     /// prefixed with "[worker ID PID] ".
     ///
@@ -113,8 +113,11 @@ struct RunArgs {
     /// Listen on ADDR (IP:PORT, [IPv6]:PORT or HOST:PORT, a host name resolved to its first
     /// address) before any worker starts and pass the socket to every worker: fds 3.. in order,
     /// with LISTEN_FDS (repeatable, each address once). With --node nothing is passed: a
-    /// worker's listen(PORT) (any host, or ADDR's) gets this socket instead of a new one; port 0
-    /// is refused, and a socket no worker listens on once all are ready is a warning.
+    /// worker's listen on ADDR's port gets this socket instead of a new one when ADDR covers the
+    /// host it names (none, ADDR's address, or any of ADDR's family when ADDR is 0.0.0.0 or [::],
+    /// [::] covering IPv4 too: -l 0.0.0.0:8080 serves listen(8080, '127.0.0.1')); another
+    /// address on that port gets a socket of its own and a warning. Port 0 is refused, and a
+    /// socket no worker listens on once all are ready is a warning.
     #[arg(short = 'l', long = "listen", value_name = "ADDR", value_parser = socket_addr)]
     listen: Vec<SocketAddr>,
     /// shared (one socket in every worker; the default for plain programs), reuseport (a
@@ -157,7 +160,9 @@ struct RunArgs {
     /// permanent (always restarted), transient (only after a crash), temporary (never).
     #[arg(long, value_enum, default_value_t = RestartArg::Permanent)]
     restart: RestartArg,
-    /// The workers are Node programs; nodus is their cluster primary (NODE_CLUSTER).
+    /// The workers are Node programs; nodus is their cluster primary (NODE_CLUSTER). Node makes a
+    /// process a cluster worker only with a process.argv[1] (a script, or an argument after -e
+    /// code), so `node -e CODE` alone is refused (give it one: `node -e CODE -- worker`).
     #[arg(long)]
     node: bool,
     /// Append lifecycle events (fork, ready, exit, reload...) to FILE as JSON lines.

@@ -12,8 +12,11 @@
 //!   connections from nodus. Ready at their first `listening` (or, with `--ready-after`, once up
 //!   that long without one: a worker that never listens); stopped with a `disconnect`. `-l`
 //!   passes nothing to them: it binds ADDR before they start, and a worker's `listen` on its
-//!   port (any host, or ADDR's) gets that socket; port 0 names no port and is refused (usage),
-//!   and the primary warns about a `-l` socket no worker asked for.
+//!   port on an address ADDR covers (any host, ADDR's, or with ADDR a wildcard its family's)
+//!   gets that socket; port 0 names no port and is refused (usage), and the primary warns about
+//!   a `-l` socket no worker asked for and a `listen` on its port it does not cover. A `node`
+//!   command with no script (`node -e CODE` alone) is refused (usage): Node makes a process a
+//!   cluster worker only when `process.argv[1]` is set ([`no_argv1`]).
 //!
 //! The program is checked before any worker starts (`check_runnable`: found as `execvp` finds
 //! it, executable, and so is a script's `#!` interpreter, or `env`'s command), so the usual
@@ -190,6 +193,64 @@ fn check_env_command(env: &Path, argument: &[u8]) -> Result<(), String> {
     })
 }
 
+/// Whether `program` is Node by its name: `node` or `nodejs`, maybe with a version (`node20`).
+fn is_node(program: &OsStr) -> bool {
+    let Some(name) = Path::new(program).file_name() else {
+        return false;
+    };
+    let name = name.as_bytes();
+    name.strip_prefix(b"nodejs")
+        .or_else(|| name.strip_prefix(b"node"))
+        .is_some_and(|version| version.iter().all(|b| b.is_ascii_digit() || *b == b'.'))
+}
+
+/// Node's options that take the next argument as their value (unless given as `--name=value`):
+/// those sure to; an option missing here makes [`no_argv1`] take its value for the script, so it
+/// errs towards answering false.
+const NODE_VALUE_OPTIONS: &[&[u8]] = &[
+    b"-e",
+    b"-p",
+    b"-pe",
+    b"-r",
+    b"-C",
+    b"--eval",
+    b"--print",
+    b"--require",
+    b"--import",
+    b"--loader",
+    b"--experimental-loader",
+    b"--conditions",
+    b"--input-type",
+    b"--inspect-port",
+    b"--debug-port",
+    b"--env-file",
+    b"--disable-warning",
+    b"--unhandled-rejections",
+    b"--dns-result-order",
+    b"--title",
+];
+
+/// Whether Node, given `args`, leaves `process.argv[1]` unset or empty, as Node reads its
+/// command line: options up to the first other argument (or the one after `--`), which is
+/// `process.argv[1]`: the script, or with `-e`/`-p` the code's first argument. Node sets a process with
+/// `NODE_UNIQUE_ID` up as a cluster worker only when `process.argv[1]` is set (its
+/// `initializeClusterIPC`); stock Node's `cluster.fork()` always passes a script path, even with
+/// `-e` in `execArgv`.
+fn no_argv1(args: &[OsString]) -> bool {
+    let mut args = args.iter().map(|a| a.as_bytes());
+    while let Some(arg) = args.next() {
+        if arg == b"--" {
+            return args.next().is_none_or(<[u8]>::is_empty);
+        }
+        if NODE_VALUE_OPTIONS.contains(&arg) {
+            args.next();
+        } else if !arg.starts_with(b"-") || arg == b"-" {
+            return arg.is_empty();
+        }
+    }
+    true
+}
+
 /// Runs the supervisor until it stops; returns the exit code.
 pub fn run(options: RunOptions) -> i32 {
     let policy = match (options.policy, options.node) {
@@ -219,6 +280,14 @@ pub fn run(options: RunOptions) -> i32 {
             "-l {any}: with --node, a worker's listen(PORT) takes the socket bound on PORT, and \
              port 0 is none (give -l the port the program listens on)"
         ));
+    }
+    if options.node && is_node(program) && no_argv1(args) {
+        return usage(
+            "--node: node with no script (-e or -p code alone) has no process.argv[1], and Node \
+             sets a process up as a cluster worker only with one (its listen would go unanswered \
+             and it would exit at once): put the code in a file, or give it an argument (node -e \
+             CODE -- ARG)",
+        );
     }
     let (program, args) = (program.clone(), args.to_vec());
     if let Err(why) = check_runnable(&program) {
@@ -352,4 +421,75 @@ fn bind_listeners(
         out.push((format!("listen{i}"), l));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::{OsStr, OsString};
+
+    use super::{is_node, no_argv1};
+
+    #[test]
+    fn node_is_known_by_its_name() {
+        for name in [
+            "node",
+            "/usr/bin/node",
+            "nodejs",
+            "./node20",
+            "/opt/nodejs18.19",
+        ] {
+            assert!(is_node(OsStr::new(name)), "{name}");
+        }
+        for name in [
+            "nodemon",
+            "node-dev",
+            "/usr/bin/env",
+            "sh",
+            "/node/bin/python3",
+        ] {
+            assert!(!is_node(OsStr::new(name)), "{name}");
+        }
+    }
+
+    #[test]
+    fn process_argv1_is_the_first_argument_after_the_options() {
+        let args = |line: &[&str]| line.iter().map(OsString::from).collect::<Vec<_>>();
+        for unset in [
+            &[][..],
+            &["-i"],
+            &["-e", "X"],
+            &["-p", "X"],
+            &["-pe", "X"],
+            &["--eval=X"],
+            &["--eval", "X", "--"],
+            &["-e", "X", "--", ""],
+            &["-e", "X", ""],
+            &[
+                "-r",
+                "fs",
+                "-e",
+                "X",
+                "--import",
+                "y",
+                "--title",
+                "t",
+                "--no-warnings",
+            ],
+        ] {
+            assert!(no_argv1(&args(unset)), "{unset:?}");
+        }
+        for set in [
+            &["app.js"][..],
+            &["-"],
+            &["-e", "X", "w"],
+            &["-e", "X", "--", "w"],
+            &["-e", "X", "--", "--"],
+            &["--no-warnings", "app.js", "-e", "X"],
+            &["-r", "fs", "app.js"],
+            // An option not known to take a value: its value counts as the script.
+            &["-e", "X", "--some-new-option", "v"],
+        ] {
+            assert!(!no_argv1(&args(set)), "{set:?}");
+        }
+    }
 }

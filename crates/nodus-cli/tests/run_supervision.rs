@@ -2,12 +2,14 @@
 //! replacement that cannot be started is retried instead of ending the service, a SIGHUP
 //! during a reload queues one more reload, a window of 0 seconds is refused, the notify socket
 //! heeds only the worker's own process group and is closed with its worker, a Node worker's
-//! pipe `listen` is refused instead of bound as TCP, the program follows the options with or
-//! without `--`, a program that cannot be run (its name quoted) is refused before any worker
-//! starts, a stop that had to kill workers exits with its own code (124, or 128 + a second
-//! signal's number) while a drain in time exits 0, a worker's exit is logged after its last
-//! output line, and no child of a worker outlives it (a stop, a crash loop to the give-up, a
-//! clean exit).
+//! pipe `listen` is refused instead of bound as TCP, `--node`'s `-l` socket serves a worker's
+//! `listen` on an address it covers (another address on its port is said), `node -e CODE` with
+//! no script is refused (and said at each worker's `listen` behind a wrapper), the program
+//! follows the options with or without `--`, a program that cannot be run (its name quoted) is
+//! refused before any worker starts, a stop that had to kill workers exits with its own code
+//! (124, or 128 + a second signal's number) while a drain in time exits 0, a worker's exit is
+//! logged after its last output line, and no child of a worker outlives it (a stop, a crash
+//! loop to the give-up, a clean exit).
 //!
 //! Every process is started in its own process group and the whole group is killed by PID when
 //! the test ends; a worker's background children, which a worker writes to a file, are killed by
@@ -453,29 +455,31 @@ fn the_start_line_names_the_addresses_bound() {
 
 /// `nodus run --node -w 1 -l LISTEN -- node app.js`, the app listening on `PORT`.
 fn node_with_listen(dir: &TempDir, listen: &str, port: u16) -> Proc {
+    node_app(dir, &["-l", listen], None, port)
+}
+
+/// `nodus run --node -w 1 --ready-timeout 1 OPTIONS... -- node app.js`, the app listening on
+/// `HOST` (none: any host) port `PORT`, then printing `address` and its `server.address()`.
+fn node_app(dir: &TempDir, options: &[&str], host: Option<&str>, port: u16) -> Proc {
     let app = dir.path().join("app.js");
     std::fs::write(
         &app,
-        "require('http').createServer((q, r) => r.end('hello\\n')).listen(+process.env.PORT);\n",
+        "require('http').createServer((q, r) => r.end('hello\\n'))\n  \
+         .listen(+process.env.PORT, process.env.HOST, function () {\n    \
+         console.log('address', JSON.stringify(this.address()));\n  });\n",
     )
     .unwrap();
-    spawn(
-        Command::new(NODUS)
-            .args([
-                "run",
-                "--node",
-                "-w",
-                "1",
-                "--ready-timeout",
-                "1",
-                "-l",
-                listen,
-            ])
-            .args(["--", "node"])
-            .arg(&app)
-            .env("PORT", port.to_string())
-            .env("RUST_LOG", "info"),
-    )
+    let mut cmd = Command::new(NODUS);
+    cmd.args(["run", "--node", "-w", "1", "--ready-timeout", "1"])
+        .args(options)
+        .args(["--", "node"])
+        .arg(&app)
+        .env("PORT", port.to_string())
+        .env("RUST_LOG", "info");
+    if let Some(host) = host {
+        cmd.env("HOST", host);
+    }
+    spawn(&mut cmd)
 }
 
 #[test]
@@ -529,6 +533,140 @@ fn with_node_an_l_socket_is_the_one_a_worker_listen_on_its_port_takes() {
         lines[0].starts_with("nodus run: -l 127.0.0.1:0: with --node, "),
         "{lines:#?}"
     );
+}
+
+#[test]
+fn with_node_an_l_socket_serves_a_listen_on_an_address_it_covers() {
+    if !have("node") {
+        return;
+    }
+    let dir = TempDir::new("node-l-cover");
+    let l = nodus_testkit::net::free_addr();
+    let listen = l.to_string();
+    // (policy, the app's host, what its server.address() says). Loopback only: that -l 0.0.0.0
+    // or [::] covers any address of its family is the `covers` unit test's.
+    for (policy, host, address) in [
+        // Any host: under reuseport the worker's own socket is bound to -l's address too.
+        ("reuseport", None, "127.0.0.1"),
+        // The same address (IPv4-mapped): -l's socket, under every policy.
+        ("rr", Some("::ffff:127.0.0.1"), "127.0.0.1"),
+        ("shared", Some("::ffff:127.0.0.1"), "127.0.0.1"),
+        ("reuseport", Some("::ffff:127.0.0.1"), "127.0.0.1"),
+    ] {
+        let mut primary = node_app(&dir, &["-l", &listen, "--policy", policy], host, l.port());
+        let line = primary.wait_line("] address ");
+        assert!(
+            line.contains(&format!(
+                r#"{{"address":"{address}","family":"IPv4","port":"#
+            )),
+            "{policy}, host {host:?}: {line}"
+        );
+        primary.wait_line("1 worker ready");
+        assert_eq!(common::http::get(l, "/").body, b"hello\n");
+        primary.signal(Signal::TERM);
+        assert_exit(&mut primary, Duration::from_secs(20), 0);
+        let lines = primary.output();
+        assert!(
+            !lines
+                .iter()
+                .any(|l| l.contains("no worker listens") || l.contains("does not cover")),
+            "{policy}, host {host:?}: {lines:#?}"
+        );
+    }
+
+    // Another address on -l's port: the worker gets a socket of its own, and that is said.
+    let mut primary = node_app(&dir, &["-l", &listen], Some("127.0.0.2"), l.port());
+    let warning = primary.wait_line("does not cover");
+    assert!(
+        warning.contains(" WARN ")
+            && warning.contains(&format!(
+                "listens on 127.0.0.2:{}, on the port of {l} (listen0, ",
+                l.port()
+            )),
+        "{warning}"
+    );
+    primary.wait_line("no worker listens on");
+    let own = std::net::SocketAddr::from(([127, 0, 0, 2], l.port()));
+    assert_eq!(common::http::get(own, "/").body, b"hello\n");
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(20), 0);
+    assert_eq!(
+        primary
+            .output()
+            .iter()
+            .filter(|l| l.contains("does not cover"))
+            .count(),
+        1,
+        "{:#?}",
+        primary.output()
+    );
+}
+
+/// `nodus run --node -w 2 -- node ARGS...` with the app's code as `-e`'s, listening on 127.0.0.1
+/// port `port`.
+fn node_eval(args: &[&str], port: u16) -> Command {
+    let code = "require('http').createServer((q, r) => r.end('hello\\n'))\
+                .listen(+process.env.PORT, '127.0.0.1')";
+    let mut cmd = Command::new(NODUS);
+    cmd.args(["run", "--node", "-w", "2", "--max-restarts", "1", "--"])
+        .args(args.iter().map(|a| if *a == "CODE" { code } else { a }))
+        .env("PORT", port.to_string())
+        .env("RUST_LOG", "info");
+    cmd
+}
+
+#[test]
+fn with_node_code_with_no_script_is_refused_and_with_an_argument_it_runs() {
+    let port = nodus_testkit::net::free_addr().port();
+    // Node leaves process.argv[1] unset: not a cluster worker, its listen never answered. Said
+    // before any worker starts (no need for node to see that).
+    for args in [
+        &["node", "-e", "CODE"][..],
+        &["node", "-p", "CODE"],
+        &["node", "--eval", "CODE", "--"],
+        &["node", "-r", "fs", "-e", "CODE", "--title", "t"],
+        &["/usr/bin/node", "-e", "CODE", "--", ""],
+    ] {
+        let mut primary = spawn(&mut node_eval(args, port));
+        assert_exit(&mut primary, Duration::from_secs(20), 2);
+        let lines = primary.output();
+        assert_eq!(lines.len(), 1, "{args:?}: {lines:#?}");
+        assert!(
+            lines[0].starts_with("nodus run: --node: node with no script (-e or -p code alone) ")
+                && lines[0].ends_with("(node -e CODE -- ARG)"),
+            "{args:?}: {lines:#?}"
+        );
+    }
+    if !have("node") {
+        return;
+    }
+    // An argument after the code is process.argv[1]: the workers serve.
+    let mut primary = spawn(&mut node_eval(
+        &["node", "-e", "CODE", "--", "worker"],
+        port,
+    ));
+    primary.wait_line("2 workers ready");
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    assert_eq!(common::http::get(addr, "/").body, b"hello\n");
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(20), 0);
+
+    // Behind a wrapper nodus cannot see through: the worker's listen, before any `online`, is
+    // said to be that, by every worker, until the restart budget is spent.
+    let mut primary = spawn(&mut node_eval(
+        &["sh", "-c", "exec node -e \"$0\"", "CODE"],
+        port,
+    ));
+    assert_exit(&mut primary, Duration::from_secs(20), 75);
+    let lines = primary.output();
+    let said = lines
+        .iter()
+        .filter(|l| {
+            l.contains(" ERROR ")
+                && l.contains("asked to listen before it said online: Node did not set it up")
+        })
+        .count();
+    assert!(said >= 2, "{lines:#?}");
 }
 
 /// Open fds of process `pid`.

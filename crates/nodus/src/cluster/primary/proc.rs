@@ -496,7 +496,12 @@ fn on_internal(st: &Rc<State>, proc: &Rc<Proc>, mut msg: Message) {
                 proc.send(&Nodus::act("report_load"));
             }
         }
-        Some("queryServer") => server::query(st, proc, &m),
+        Some("queryServer") => {
+            if proc.state.get() == ProcState::Starting {
+                not_set_up(proc);
+            }
+            server::query(st, proc, &m);
+        }
         Some("listening") => {
             proc.advance(ProcState::Listening);
             let address = format!(
@@ -537,6 +542,20 @@ fn on_internal(st: &Rc<State>, proc: &Rc<Proc>, mut msg: Message) {
         }
         Some(_) => {}
     }
+}
+
+/// A `queryServer` before `online`: a Node process that has the channel but was not set up as a
+/// cluster worker (Node does that only when `process.argv[1]` is set, so not for `node -e CODE`
+/// alone), whose `listen` never hears the answer; once idle it exits 0. Said as such, every time.
+fn not_set_up(proc: &Proc) {
+    tracing::error!(
+        target: "nodus::cluster",
+        "worker {} (pid {}) asked to listen before it said online: Node did not set it up as a \
+         cluster worker, which it does only when process.argv[1] is set (`node -e CODE` or \
+         `node -p CODE` alone has none): run a file, or give the code an argument \
+         (`node -e CODE -- ARG`)",
+        proc.slot, proc.pid
+    );
 }
 
 fn on_nodus(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {

@@ -2,10 +2,15 @@
 //! round-robin and least policies (what it accepts is handed out by `handoff`).
 //!
 //! Invariants:
-//! - One `Server` per listening socket the primary holds; several keys may name it (a pre-bound
-//!   listener matched by address: the same port, on its address or "any"). A pre-bound listener
-//!   that no worker with a channel has asked for once every worker is first ready is said in a
-//!   warning ([`warn_unclaimed`]): its connections wait for a worker that may never ask. A server whose policy is round-robin or least is accepted on by
+//! - One `Server` per listening socket the primary holds; several keys may name it. A pre-bound
+//!   listener (`nodus run --node -l`, a socket systemd passed) serves every `queryServer` on its
+//!   port whose address it covers ([`covers`]: "any" asked, the same address, or the pre-bound
+//!   one is its family's wildcard, `::` dual-stack covering IPv4 too); under reuseport the
+//!   worker's own socket is bound to the pre-bound address, not the one asked. An address on its
+//!   port it does not cover gets a socket of its own and a warning, once per address. A
+//!   pre-bound listener that no worker with a channel has asked for once every worker is first
+//!   ready is said in a warning ([`warn_unclaimed`]): its connections wait for a worker that may
+//!   never ask. A server whose policy is round-robin or least is accepted on by
 //!   one task of the primary; a shared one is only duplicated into workers (never registered with
 //!   the primary's reactor, so incoming connections do not wake the primary).
 //! - A plain program gets listeners only under `shared` and `reuseport` (blocking, as systemd
@@ -96,6 +101,10 @@ pub(super) struct Server {
     accept_waker: RefCell<Option<Waker>>,
     /// A pre-bound listener a worker's `queryServer` named (see [`warn_unclaimed`]).
     claimed: Cell<bool>,
+    /// An IPv6 wildcard socket that takes IPv4 connections too (not `IPV6_V6ONLY`).
+    dual_stack: bool,
+    /// The addresses on this pre-bound listener's port it did not cover, each warned about once.
+    uncovered: RefCell<Vec<IpAddr>>,
 }
 
 impl Server {
@@ -110,6 +119,9 @@ impl Server {
         policy: Policy,
     ) -> io::Result<Rc<Server>> {
         let addr = listener.local_addr()?;
+        let dual_stack = addr.is_ipv6()
+            && addr.ip().is_unspecified()
+            && !socket2::SockRef::from(&listener).only_v6()?;
         let sock = match policy {
             Policy::RoundRobin | Policy::Least => {
                 listener.set_nonblocking(true)?;
@@ -135,6 +147,8 @@ impl Server {
             parked: Parked::new(MAX_PARKED, st.config.ready_timeout),
             accept_waker: RefCell::new(None),
             claimed: Cell::new(false),
+            dual_stack,
+            uncovered: RefCell::default(),
         });
         if matches!(server.sock, Sock::Accepting(_)) {
             let (s, srv) = (st.clone(), server.clone());
@@ -251,14 +265,14 @@ fn hold_port(addr: SocketAddr) -> io::Result<socket2::Socket> {
 }
 
 /// Finds (or binds) the server a key names.
-fn server_for(st: &Rc<State>, key: &str, addr: SocketAddr) -> io::Result<Rc<Server>> {
+fn server_for(st: &Rc<State>, proc: &Proc, key: &str, addr: SocketAddr) -> io::Result<Rc<Server>> {
     if let Some(s) = st.servers.borrow().get(key) {
         return Ok(s.clone());
     }
     if st.accepting_stopped.get() {
         return Err(io::Error::other("the cluster primary is shutting down"));
     }
-    let server = match claim_prebound(st, addr) {
+    let server = match claim_prebound(st, proc, addr) {
         Some(s) => s,
         None => {
             let l = TcpListener::bind(addr)?;
@@ -271,15 +285,49 @@ fn server_for(st: &Rc<State>, key: &str, addr: SocketAddr) -> io::Result<Rc<Serv
     Ok(server)
 }
 
-/// The pre-bound listener a worker's `queryServer` for `addr` gets instead of a new socket (the
-/// same port, on the same address or with "any" asked for), marked claimed.
-fn claim_prebound(st: &State, addr: SocketAddr) -> Option<Rc<Server>> {
+/// Whether a pre-bound listener on `bound` (`dual_stack`: an IPv6 wildcard taking IPv4 too)
+/// serves a worker's `listen` on `asked`, a socket the two could not both bind: the same port,
+/// and "any" asked (the operator's address wins), the same address, or `bound` is the wildcard
+/// of `asked`'s family (or `::` dual-stack, and `asked` is IPv4). An IPv4-mapped IPv6 address
+/// counts as its IPv4 one.
+fn covers(bound: SocketAddr, dual_stack: bool, asked: SocketAddr) -> bool {
+    let (b, a) = (bound.ip().to_canonical(), asked.ip().to_canonical());
+    bound.port() == asked.port()
+        && (a.is_unspecified()
+            || a == b
+            || (b.is_unspecified() && (b.is_ipv4() == a.is_ipv4() || (dual_stack && a.is_ipv4()))))
+}
+
+/// The pre-bound listener a worker's `queryServer` for `addr` gets instead of a new socket (one
+/// that [`covers`] it), marked claimed. A pre-bound listener on the same port that does not
+/// cover `addr` is warned about, once per address: the worker gets a socket of its own.
+fn claim_prebound(st: &State, proc: &Proc, addr: SocketAddr) -> Option<Rc<Server>> {
     let prebound = st.prebound.borrow();
-    let (_, server) = prebound.iter().find(|(_, s)| {
-        s.addr.port() == addr.port() && (s.addr.ip() == addr.ip() || addr.ip().is_unspecified())
-    })?;
-    server.claimed.set(true);
-    Some(server.clone())
+    if let Some((_, server)) = prebound
+        .iter()
+        .find(|(_, s)| covers(s.addr, s.dual_stack, addr))
+    {
+        server.claimed.set(true);
+        return Some(server.clone());
+    }
+    for (name, server) in prebound
+        .iter()
+        .filter(|(_, s)| s.addr.port() == addr.port())
+    {
+        let mut uncovered = server.uncovered.borrow_mut();
+        if uncovered.contains(&addr.ip()) {
+            continue;
+        }
+        uncovered.push(addr.ip());
+        tracing::warn!(
+            target: "nodus::cluster",
+            "worker {} (pid {}) listens on {addr}, on the port of {} ({name}, bound before the \
+             workers started) but on an address that one does not cover (it serves any host, its \
+             own address, or with a wildcard its family's): the worker gets a socket of its own",
+            proc.slot, proc.pid, server.addr
+        );
+    }
+    None
 }
 
 /// Once every worker is first ready: a warning for each pre-bound listener (`nodus run --node
@@ -304,7 +352,7 @@ pub(super) fn warn_unclaimed(st: &State) {
         tracing::warn!(
             target: "nodus::cluster",
             "no worker listens on {} ({name}, bound before the workers started; a worker's listen \
-             on port {} would take it): {fate}",
+             on port {} would take it, on any host or an address it covers): {fate}",
             server.addr,
             server.addr.port()
         );
@@ -334,13 +382,12 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
         addr.and_then(|addr| datagram_copy(st, &key, addr, m.flags.unwrap_or(0)))
             .map(|fd| (None, Some(fd)))
     } else if st.config.policy == Policy::ReusePort {
-        // A pre-bound port is only held: the worker binds a socket of its own on it.
-        if let Ok(addr) = &addr {
-            claim_prebound(st, *addr);
-        }
-        addr.and_then(|addr| reuseport_socket(st, &key, addr).map(|fd| (None, Some(fd))))
+        // A pre-bound port is only held: the worker binds a socket of its own on it, on the
+        // pre-bound address (the operator's), not the one asked.
+        addr.map(|addr| claim_prebound(st, proc, addr).map_or(addr, |server| server.addr))
+            .and_then(|addr| reuseport_socket(st, &key, addr).map(|fd| (None, Some(fd))))
     } else {
-        addr.and_then(|addr| server_for(st, &key, addr))
+        addr.and_then(|addr| server_for(st, proc, &key, addr))
             .and_then(|server| match &server.sock {
                 Sock::Shared(copy) => Ok((None, Some(shared_copy(copy)?))),
                 Sock::Released(_) => unreachable!("released sockets exist only under reuseport"),
@@ -658,7 +705,42 @@ mod tests {
 
     use socket2::{Domain, Socket, Type};
 
-    use super::hold_port;
+    use super::{covers, hold_port};
+
+    #[test]
+    fn a_prebound_socket_covers_any_host_its_own_address_and_with_a_wildcard_its_family() {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        // (bound, dual-stack, asked)
+        for (bound, dual, asked) in [
+            ("0.0.0.0:80", false, "127.0.0.1:80"),
+            ("0.0.0.0:80", false, "10.1.2.3:80"),
+            ("0.0.0.0:80", false, "0.0.0.0:80"),
+            ("0.0.0.0:80", false, "[::]:80"),
+            ("127.0.0.1:80", false, "127.0.0.1:80"),
+            ("127.0.0.1:80", false, "0.0.0.0:80"),
+            ("127.0.0.1:80", false, "[::]:80"),
+            ("127.0.0.1:80", false, "[::ffff:127.0.0.1]:80"),
+            ("0.0.0.0:80", false, "[::ffff:127.0.0.1]:80"),
+            ("[::]:80", true, "[::1]:80"),
+            ("[::]:80", true, "127.0.0.1:80"),
+            ("[::]:80", false, "[::1]:80"),
+            ("[::1]:80", false, "[::1]:80"),
+            ("[::1]:80", false, "0.0.0.0:80"),
+        ] {
+            assert!(covers(a(bound), dual, a(asked)), "{bound} {dual} {asked}");
+        }
+        for (bound, dual, asked) in [
+            ("0.0.0.0:80", false, "127.0.0.1:81"),
+            ("0.0.0.0:80", false, "[::1]:80"),
+            ("127.0.0.1:80", false, "127.0.0.2:80"),
+            ("127.0.0.1:80", false, "[::1]:80"),
+            ("[::]:80", false, "127.0.0.1:80"),
+            ("[::1]:80", false, "127.0.0.1:80"),
+            ("[::1]:80", false, "[::2]:80"),
+        ] {
+            assert!(!covers(a(bound), dual, a(asked)), "{bound} {dual} {asked}");
+        }
+    }
 
     /// A worker's socket: `SO_REUSEADDR` and `SO_REUSEPORT`, listening.
     fn reuseport_listener(addr: SocketAddr) -> std::net::TcpListener {
