@@ -20,11 +20,11 @@ use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{
-    Block, Borders, Cell, Paragraph, Row as TableRow, Sparkline, Table, TableState,
+    Block, Borders, Cell, Paragraph, Row as TableRow, Sparkline, Table, TableState, Wrap,
 };
 
 use super::App;
-use super::model::{Model, PoolRow, Row, SortKey};
+use super::model::{Model, PoolRow, Row, SortKey, StallRow};
 
 /// Worker columns: header and width.
 pub const COLUMNS: [(&str, u16); 12] = [
@@ -185,34 +185,166 @@ pub fn pools_scope(pools: &[PoolRow], focus: Option<u32>, cluster: bool) -> Stri
 
 /// The title of the document: what is watched and its cluster figures.
 pub fn describe(m: &Model) -> String {
+    describe_parts(m).join(" · ")
+}
+
+/// [`describe`]'s parts: `2 workers`, `gen 3`, `restarts 1`, `budget 4` (as known).
+fn describe_parts(m: &Model) -> Vec<String> {
     let n = m.rows.len();
-    let mut s = if m.cluster {
+    let mut parts = vec![if m.cluster {
         format!("{n} worker{}", if n == 1 { "" } else { "s" })
     } else {
         "single process".to_string()
-    };
+    }];
     if let Some(g) = m.generation {
-        s.push_str(&format!(" · gen {g}"));
+        parts.push(format!("gen {g}"));
     }
     if m.cluster {
-        s.push_str(&format!(" · restarts {}", m.restarts));
+        parts.push(format!("restarts {}", m.restarts));
     }
     if let Some(b) = m.budget_left {
-        s.push_str(&format!(" · budget {b}"));
+        parts.push(format!("budget {b}"));
     }
-    s
+    parts
 }
 
 const DIM: Style = Style::new().fg(Color::DarkGray);
 const HEAD: Style = Style::new().add_modifier(Modifier::BOLD);
 
+/// The smallest terminal the dashboard draws in (columns): the selection mark and the PID column.
+pub const MIN_WIDTH: u16 = 1 + COLUMNS[0].1;
+/// The smallest terminal the dashboard draws in (lines): the status line, the worker table's
+/// title and header, one worker row, and the line under it (`+N more`, or the keys).
+pub const MIN_HEIGHT: u16 = 5;
+
+/// Worker columns in the order a narrow terminal drops them; never PID, and the column the rows
+/// are sorted by only after all of these.
+const DROP_ORDER: [&str; 11] = [
+    "RQAVG", "RQMAX", "SCHD50", "SCHD99", "RST", "UPTIME", "RSS", "CONN", "LATE99", "REQ/S",
+    "UTIL%",
+];
+
+/// The columns of `widths` (indices, in display order) that fit in `width` cells with one space
+/// between columns: whole columns, those of `drop` left out in turn until the rest fits.
+fn fit_columns(widths: &[u16], drop: &[usize], width: u16) -> Vec<usize> {
+    let mut kept: Vec<usize> = (0..widths.len()).collect();
+    let need = |k: &[usize]| {
+        k.iter()
+            .map(|&i| widths[i] + 1)
+            .sum::<u16>()
+            .saturating_sub(1)
+    };
+    for d in drop {
+        if need(&kept) <= width {
+            break;
+        }
+        kept.retain(|i| i != d);
+    }
+    kept
+}
+
+/// The worker columns (indices into [`COLUMNS`]) shown in `width` cells (the selection mark's
+/// left out): all of them from 78 on.
+fn worker_columns(width: u16, sort: SortKey) -> Vec<usize> {
+    let index = |h: &str| COLUMNS.iter().position(|c| c.0 == h).unwrap_or(0);
+    let sorted = sort_column(sort);
+    let mut drop: Vec<usize> = DROP_ORDER
+        .iter()
+        .filter(|&&h| Some(h) != sorted)
+        .map(|h| index(h))
+        .collect();
+    drop.extend(sorted.map(index));
+    fit_columns(&COLUMNS.map(|(_, w)| w), &drop, width)
+}
+
+/// The whole spans of `spans` that fit in `width` cells, from the left: what does not fit is
+/// left out rather than cut.
+fn fit_spans(spans: Vec<Span<'static>>, width: u16) -> Vec<Span<'static>> {
+    let mut left = width as usize;
+    spans
+        .into_iter()
+        .take_while(|s| {
+            let fits = s.width() <= left;
+            left = left.saturating_sub(s.width());
+            fits
+        })
+        .collect()
+}
+
+/// A section title (`Pools · pid 7 · ...`) in `width` cells: whole ` · `-separated parts from
+/// the left, so a title never shows a cut number.
+fn fit_title(title: &str, width: u16) -> String {
+    let parts = title
+        .split(" · ")
+        .enumerate()
+        .map(|(i, p)| {
+            Span::raw(if i == 0 {
+                format!(" {p} ")
+            } else {
+                format!("· {p} ")
+            })
+        })
+        .collect();
+    fit_spans(parts, width)
+        .into_iter()
+        .map(|s| s.content)
+        .collect()
+}
+
+/// Heights of the frame's parts, top to bottom: status line, workers, charts, detail line,
+/// pools, stalls, keys. In a `height` of [`MIN_HEIGHT`] or more, the worker table comes first
+/// (its title, header and a line per worker, or as many as fit with a `+N more` line), then the
+/// key line; then the charts (2 lines), the detail line, the pools (all of them or none) and the
+/// recent stalls (3 lines) when there are any; then the charts' other 3 lines, an empty pools
+/// panel, and the rest to the stalls (drawn from 3 lines on). What does not fit is left out; at
+/// 80×24 with a few workers every part gets its full height.
+fn heights(height: u16, workers: usize, detail: bool, pools: usize, stalls: usize) -> [u16; 7] {
+    let mut left = height.saturating_sub(1);
+    let mut take = |want: u16, least: u16| {
+        let got = if left >= least { want.min(left) } else { 0 };
+        left -= got;
+        got
+    };
+    let table = take(2 + workers.max(1) as u16, 0);
+    let keys = take(1, 1);
+    let mut charts = take(2, 2);
+    let detail = take(u16::from(detail), 1);
+    let mut pool_lines = if pools > 0 {
+        take(2 + pools as u16, 2 + pools as u16)
+    } else {
+        0
+    };
+    let stall_lines = if stalls > 0 { take(3, 3) } else { 0 };
+    if charts > 0 {
+        charts += take(3, 0);
+    }
+    if pools == 0 {
+        pool_lines = take(3, 3);
+    }
+    let stall_lines = stall_lines + take(u16::MAX, 0);
+    [1, table, charts, detail, pool_lines, stall_lines, keys]
+}
+
+/// The one line drawn instead of the dashboard in a terminal smaller than the minimum.
+fn too_small(area: Rect) -> String {
+    format!(
+        "terminal too small ({}×{}, need at least {MIN_WIDTH}×{MIN_HEIGHT})",
+        area.width, area.height
+    )
+}
+
 /// Draws the whole frame.
 pub fn draw(frame: &mut Frame, app: &App) {
+    let area = frame.area();
+    if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
+        let line = Paragraph::new(too_small(area)).wrap(Wrap { trim: true });
+        frame.render_widget(line, area);
+        return;
+    }
     let rows = app.model.sorted(app.sort);
     let focus = app.focus(&rows);
     let pools = app.model.pools(focus);
     let stalls = app.model.stalls(focus);
-    let table_h = 2 + rows.len().max(1) as u16;
     let [
         title,
         workers,
@@ -221,39 +353,56 @@ pub fn draw(frame: &mut Frame, app: &App) {
         pools_area,
         stalls_area,
         keys,
-    ] = Layout::vertical([
-        Constraint::Length(1),
-        Constraint::Max(table_h),
-        Constraint::Length(5),
-        Constraint::Length(u16::from(focus.is_some())),
-        Constraint::Length(2 + pools.len().max(1) as u16),
-        Constraint::Min(3),
-        Constraint::Length(1),
-    ])
-    .areas(frame.area());
+    ] = Layout::vertical(
+        heights(
+            area.height,
+            rows.len(),
+            focus.is_some(),
+            pools.len(),
+            stalls.len(),
+        )
+        .map(Constraint::Length),
+    )
+    .areas(area);
 
     draw_title(frame, title, app);
     draw_workers(frame, workers, app, &rows);
-    draw_charts(frame, charts, app, focus);
-    if let Some(r) = focus.and_then(|pid| rows.iter().find(|r| r.pid == pid)) {
-        frame.render_widget(Paragraph::new(detail_line(r)), detail);
+    if charts.height > 0 {
+        draw_charts(frame, charts, app, focus);
     }
-    let scope = match focus {
-        Some(pid) => format!("pid {pid}"),
-        None if app.model.cluster => "all workers".into(),
-        None => "process".into(),
+    if let Some(r) = focus.and_then(|pid| rows.iter().find(|r| r.pid == pid)) {
+        frame.render_widget(Paragraph::new(detail_line(r, detail.width)), detail);
+    }
+    if pools_area.height > 0 {
+        draw_pools(frame, pools_area, app, &pools, focus);
+    }
+    if stalls_area.height >= 3 {
+        draw_stalls(frame, stalls_area, app, &stalls, focus);
+    }
+    if keys.height > 0 {
+        draw_keys(frame, keys, app, focus);
+    }
+}
+
+fn draw_pools(frame: &mut Frame, area: Rect, app: &App, pools: &[PoolRow], focus: Option<u32>) {
+    const WIDTHS: [u16; 6] = [6, 8, 5, 6, 8, 7];
+    let kept = fit_columns(&WIDTHS, &[5, 4, 3, 2, 1], area.width);
+    let pick = |cells: [String; 6]| {
+        let mut cells = cells.map(Some);
+        kept.iter()
+            .map(move |&i| cells[i].take().unwrap_or_default())
     };
     let pool_rows: Vec<TableRow> = pools
         .iter()
         .map(|p| {
-            TableRow::new([
+            TableRow::new(pick([
                 p.pool.clone(),
                 threads_cell(p),
                 p.busy.to_string(),
                 p.queue_depth.to_string(),
                 opt(p.wait_p99, fmt_ns),
                 opt(p.completed_per_s, fmt_rate),
-            ])
+            ]))
             .style(if p.queue_depth > 0 {
                 Style::new().fg(Color::Yellow)
             } else {
@@ -261,20 +410,37 @@ pub fn draw(frame: &mut Frame, app: &App) {
             })
         })
         .collect();
-    let pool_table = Table::new(pool_rows, [6, 8, 5, 6, 8, 7].map(Constraint::Length))
-        .header(TableRow::new(["POOL", "THREADS", "BUSY", "QUEUE", "WAIT99", "DONE/S"]).style(HEAD))
-        .block(section(format!(
-            " Pools · {} ",
-            pools_scope(&pools, focus, app.model.cluster)
-        )));
-    frame.render_widget(pool_table, pools_area);
+    let header = ["POOL", "THREADS", "BUSY", "QUEUE", "WAIT99", "DONE/S"].map(String::from);
+    let pool_table = Table::new(pool_rows, kept.iter().map(|&i| WIDTHS[i]))
+        .header(TableRow::new(pick(header)).style(HEAD))
+        .block(section(
+            &format!("Pools · {}", pools_scope(pools, focus, app.model.cluster)),
+            area.width,
+        ));
+    frame.render_widget(pool_table, area);
+}
 
-    let loc_width = (stalls_area.width as usize).saturating_sub(4 + 7 + 12 + 6 + 18 + 5);
+fn draw_stalls(frame: &mut Frame, area: Rect, app: &App, stalls: &[StallRow], focus: Option<u32>) {
+    // SPAWNED AT (3) takes what the others leave, 10 cells at least.
+    const WIDTHS: [u16; 6] = [4, 7, 12, 10, 6, 18];
+    const SPAWNED_AT: usize = 3;
+    let kept = fit_columns(&WIDTHS, &[5, SPAWNED_AT, 2, 0, 4], area.width);
+    let others: u16 = kept
+        .iter()
+        .filter(|&&i| i != SPAWNED_AT)
+        .map(|&i| WIDTHS[i] + 1)
+        .sum();
+    let loc_width = area.width.saturating_sub(others) as usize;
+    let pick = |cells: [String; 6]| {
+        let mut cells = cells.map(Some);
+        kept.iter()
+            .map(move |&i| cells[i].take().unwrap_or_default())
+    };
     let stall_rows: Vec<TableRow> = stalls
         .iter()
         .map(|s| {
             let st = &s.stall;
-            TableRow::new([
+            TableRow::new(pick([
                 if st.ongoing {
                     "now".to_string()
                 } else {
@@ -285,7 +451,7 @@ pub fn draw(frame: &mut Frame, app: &App) {
                 keep_tail(&st.location, loc_width),
                 fmt_ns((st.elapsed_seconds * 1e9) as u64),
                 st.class.clone(),
-            ])
+            ]))
             .style(if st.ongoing {
                 Style::new().fg(Color::Red).add_modifier(Modifier::BOLD)
             } else {
@@ -293,38 +459,63 @@ pub fn draw(frame: &mut Frame, app: &App) {
             })
         })
         .collect();
+    let scope = match focus {
+        Some(pid) => format!("pid {pid}"),
+        None if app.model.cluster => "all workers".into(),
+        None => "process".into(),
+    };
     let empty = stall_rows.is_empty();
-    let stall_table = Table::new(
-        stall_rows,
-        [
-            Constraint::Length(4),
-            Constraint::Length(7),
-            Constraint::Length(12),
-            Constraint::Fill(1),
-            Constraint::Length(6),
-            Constraint::Length(18),
-        ],
-    )
-    .header(TableRow::new(["AGO", "PID", "TASK", "SPAWNED AT", "TOOK", "CLASS"]).style(HEAD))
-    .block(section(format!(
-        " Recent stalls · {scope}{} ",
-        if empty { " · none" } else { "" }
-    )));
-    frame.render_widget(stall_table, stalls_area);
+    let widths = kept.iter().map(|&i| {
+        if i == SPAWNED_AT {
+            Constraint::Fill(1)
+        } else {
+            Constraint::Length(WIDTHS[i])
+        }
+    });
+    let header = ["AGO", "PID", "TASK", "SPAWNED AT", "TOOK", "CLASS"].map(String::from);
+    let stall_table = Table::new(stall_rows, widths)
+        .header(TableRow::new(pick(header)).style(HEAD))
+        .block(section(
+            &format!(
+                "Recent stalls · {scope}{}",
+                if empty { " · none" } else { "" }
+            ),
+            area.width,
+        ));
+    frame.render_widget(stall_table, area);
+}
 
-    let help = if focus.is_some() {
-        "q quit  p pause  s sort  ↑↓ select  esc all workers"
+/// The key line: whole key hints from the left, the interval on the right.
+fn draw_keys(frame: &mut Frame, area: Rect, app: &App, focus: Option<u32>) {
+    let last = if focus.is_some() {
+        "esc all workers"
     } else {
-        "q quit  p pause  s sort  ↑↓ select  enter detail"
+        "enter detail"
     };
     let every = format!("every {}s ", app.interval.as_secs_f64());
-    let [left, right] = Layout::horizontal([
-        Constraint::Fill(1),
-        Constraint::Length(every.chars().count() as u16),
-    ])
-    .areas(keys);
-    frame.render_widget(Paragraph::new(Span::styled(help, DIM)), left);
-    frame.render_widget(Paragraph::new(Span::styled(every, DIM)), right);
+    let every = fit_spans(vec![Span::styled(every, DIM)], area.width);
+    let every_width = every.iter().map(Span::width).sum::<usize>() as u16;
+    let help = ["q quit", "p pause", "s sort", "↑↓ select", last]
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            Span::styled(
+                if i == 0 {
+                    k.to_string()
+                } else {
+                    format!("  {k}")
+                },
+                DIM,
+            )
+        })
+        .collect();
+    let [left, right] =
+        Layout::horizontal([Constraint::Fill(1), Constraint::Length(every_width)]).areas(area);
+    frame.render_widget(
+        Paragraph::new(Line::from(fit_spans(help, left.width))),
+        left,
+    );
+    frame.render_widget(Paragraph::new(Line::from(every)), right);
 }
 
 /// The end of `s` in at most `width` characters (`…` marks a cut): a spawn location keeps its
@@ -338,11 +529,12 @@ fn keep_tail(s: &str, width: usize) -> String {
     format!("…{tail}")
 }
 
-fn section(title: String) -> Block<'static> {
+/// A section's block: `title` (` · `-separated parts) fitted to `width`, over a dim rule.
+fn section(title: &str, width: u16) -> Block<'static> {
     Block::new()
         .borders(Borders::TOP)
         .border_style(DIM)
-        .title(Span::styled(title, HEAD))
+        .title(Span::styled(fit_title(title, width), HEAD))
 }
 
 fn draw_title(frame: &mut Frame, area: Rect, app: &App) {
@@ -353,26 +545,40 @@ fn draw_title(frame: &mut Frame, area: Rect, app: &App) {
     } else {
         (" LIVE ", Style::new().black().on_green())
     };
-    let text = match &app.error {
-        Some(e) => Span::styled(
-            format!(" {}: {e}; retrying", app.target.authority),
-            Style::new().fg(Color::Red),
-        ),
-        None => Span::raw(format!(
-            " {} · {}",
-            app.target.authority,
-            describe(&app.model)
-        )),
-    };
-    let line = Line::from(vec![
+    let authority = app.target.authority.clone();
+    let mut spans = vec![
         Span::styled(" nodus top ", Style::new().bold().reversed()),
         Span::styled(badge, style),
-        text,
-    ]);
-    frame.render_widget(Paragraph::new(line), area);
+    ];
+    match &app.error {
+        Some(e) => {
+            let red = Style::new().fg(Color::Red);
+            spans.push(Span::styled(format!(" {authority}:"), red));
+            spans.push(Span::styled(format!(" {e}; retrying"), red));
+        }
+        None => {
+            spans.push(Span::raw(format!(" {authority}")));
+            spans.extend(
+                describe_parts(&app.model)
+                    .into_iter()
+                    .map(|p| Span::raw(format!(" · {p}"))),
+            );
+        }
+    }
+    // Short of room for the badge and the address, the name goes first.
+    if spans[..3].iter().map(Span::width).sum::<usize>() > area.width as usize {
+        spans.remove(0);
+    }
+    frame.render_widget(
+        Paragraph::new(Line::from(fit_spans(spans, area.width))),
+        area,
+    );
 }
 
+/// The worker table: whole columns that fit the width ([`worker_columns`]), and a line per
+/// worker, or as many as fit and `+N more` under them (the table scrolls to the selected one).
 fn draw_workers(frame: &mut Frame, area: Rect, app: &App, rows: &[&Row]) {
+    let kept = worker_columns(area.width.saturating_sub(1), app.sort);
     let body: Vec<TableRow> = rows
         .iter()
         .map(|r| {
@@ -386,7 +592,9 @@ fn draw_workers(frame: &mut Frame, area: Rect, app: &App, rows: &[&Row]) {
             } else {
                 Style::new()
             };
-            let cells = cells(r).into_iter().enumerate().map(|(i, c)| {
+            let mut cells = cells(r).map(Some);
+            let cells = kept.iter().map(|&i| {
+                let c = cells[i].take().unwrap_or_default();
                 if i == 0 {
                     Cell::from(c)
                 } else {
@@ -397,31 +605,43 @@ fn draw_workers(frame: &mut Frame, area: Rect, app: &App, rows: &[&Row]) {
         })
         .collect();
     let sorted = sort_column(app.sort);
-    let header = TableRow::new(COLUMNS.map(|(h, _)| {
+    let header = TableRow::new(kept.iter().map(|&i| {
+        let h = COLUMNS[i].0;
         let style = if Some(h) == sorted {
             HEAD.fg(Color::Cyan).add_modifier(Modifier::UNDERLINED)
         } else {
             HEAD
         };
         let line = Line::styled(h, style);
-        Cell::from(if h == "PID" {
-            line
-        } else {
-            line.right_aligned()
-        })
+        Cell::from(if i == 0 { line } else { line.right_aligned() })
     }));
     let title = if app.model.cluster {
-        format!(" Workers ({}) · sort {} ", rows.len(), app.sort.label())
+        format!("Workers ({}) · sort {}", rows.len(), app.sort.label())
     } else {
-        format!(" Process · sort {} ", app.sort.label())
+        format!("Process · sort {}", app.sort.label())
     };
-    let table = Table::new(body, COLUMNS.map(|(_, w)| Constraint::Length(w)))
+    let fit = area.height.saturating_sub(2) as usize;
+    let (area, more) = if rows.len() > fit && fit >= 2 {
+        let [table, more] =
+            Layout::vertical([Constraint::Fill(1), Constraint::Length(1)]).areas(area);
+        (table, Some((more, rows.len() - (fit - 1))))
+    } else {
+        (area, None)
+    };
+    let table = Table::new(body, kept.iter().map(|&i| Constraint::Length(COLUMNS[i].1)))
         .header(header)
-        .block(section(title))
+        .block(section(&title, area.width))
         .row_highlight_style(Style::new().add_modifier(Modifier::REVERSED))
         .highlight_symbol("▶");
     let mut state = TableState::default().with_selected(Some(app.selected_index(rows)));
     frame.render_stateful_widget(table, area, &mut state);
+    if let Some((line, hidden)) = more {
+        let text = Span::styled(format!(" +{hidden} more"), DIM);
+        frame.render_widget(
+            Paragraph::new(Line::from(fit_spans(vec![text], line.width))),
+            line,
+        );
+    }
 }
 
 fn draw_charts(frame: &mut Frame, area: Rect, app: &App, focus: Option<u32>) {
@@ -446,16 +666,19 @@ fn draw_charts(frame: &mut Frame, area: Rect, app: &App, focus: Option<u32>) {
             .data(&util)
             .max(100)
             .style(Style::new().fg(Color::Cyan))
-            .block(section(format!(" Util {now_util} · {who} · {span} "))),
+            .block(section(
+                &format!("Util {now_util} · {who} · {span}"),
+                left.width,
+            )),
         left,
     );
     let worst = late.iter().copied().max().unwrap_or(0);
     let late_title = if worst == 0 {
-        format!(" Late p99 · no timer fired · {span} ")
+        format!("Late p99 · no timer fired · {span}")
     } else {
         let now = latest.map_or(0, |p| p.lateness_us * 1000);
         format!(
-            " Late p99 {} · max {} · {span} ",
+            "Late p99 {} · max {} · {span}",
             fmt_ns(now),
             fmt_ns(worst * 1000)
         )
@@ -465,22 +688,28 @@ fn draw_charts(frame: &mut Frame, area: Rect, app: &App, focus: Option<u32>) {
             .data(&late)
             .max(worst.max(1))
             .style(Style::new().fg(Color::Magenta))
-            .block(section(late_title)),
+            .block(section(&late_title, right.width)),
         right,
     );
 }
 
-fn detail_line(r: &Row) -> Line<'static> {
+/// The selected worker's figures in `width` cells (whole parts from the left).
+fn detail_line(r: &Row, width: u16) -> Line<'static> {
     let Some(s) = &r.snapshot else {
         let why = if r.not_answering {
             "its loop did not answer the primary (blocked or too busy; see its log)"
         } else {
             "no snapshot (starting or not reporting)"
         };
-        return Line::from(Span::styled(format!(" pid {}: {why}", r.pid), DIM));
+        // The pid whole or not at all; the words after it may be cut.
+        let mut spans = fit_spans(vec![Span::styled(format!(" pid {}:", r.pid), DIM)], width);
+        if !spans.is_empty() {
+            spans.push(Span::styled(format!(" {why}"), DIM));
+        }
+        return Line::from(spans);
     };
     let errors = s.http.responses_by_class[4];
-    Line::from(vec![
+    let spans = vec![
         Span::styled(
             match r.worker {
                 Some(w) => format!(" #{w} pid {} ", r.pid),
@@ -489,15 +718,15 @@ fn detail_line(r: &Row) -> Line<'static> {
             Style::new().bold().reversed(),
         ),
         Span::raw(format!(
-            " tasks {}/{} · yields {} · slow polls {} · in flight {} · 5xx {}",
-            s.tasks.alive,
-            s.tasks.spawned_total,
-            s.tasks.forced_yields_total,
-            s.loop_stats.slow_polls_total,
-            s.http.requests_in_flight,
-            errors,
+            " tasks {}/{}",
+            s.tasks.alive, s.tasks.spawned_total
         )),
-    ])
+        Span::raw(format!(" · yields {}", s.tasks.forced_yields_total)),
+        Span::raw(format!(" · slow polls {}", s.loop_stats.slow_polls_total)),
+        Span::raw(format!(" · in flight {}", s.http.requests_in_flight)),
+        Span::raw(format!(" · 5xx {errors}")),
+    ];
+    Line::from(fit_spans(spans, width))
 }
 
 /// The header of the column the rows are sorted by (none for the worker order).
@@ -579,10 +808,59 @@ mod tests {
         app
     }
 
+    /// A cluster of `n` workers with 5-digit pids (13577, 14688, ...), `io` pools, and an
+    /// ongoing stall in the first.
+    fn cluster_app(n: u32) -> App {
+        use super::super::fetch::Target;
+        use super::super::model::ClusterStats;
+        use nodus::metrics::{PoolSnapshot, Snapshot, StallReport};
+        let worker = |i: u32| {
+            let pid = 13_577 + i * 1_111;
+            let s = Snapshot {
+                pid,
+                uptime_seconds: 3_725.0,
+                rss_bytes: 50 << 20,
+                pools: vec![PoolSnapshot {
+                    pool: "io".into(),
+                    threads: 4,
+                    ..PoolSnapshot::default()
+                }],
+                stalls: if i == 0 {
+                    vec![StallReport {
+                        task_name: "handler".into(),
+                        location: "src/app/server.rs:10:5".into(),
+                        elapsed_seconds: 0.25,
+                        class: "cpu-bound".into(),
+                        ongoing: true,
+                        ..StallReport::default()
+                    }]
+                } else {
+                    Vec::new()
+                },
+                ..Snapshot::default()
+            };
+            serde_json::json!({"worker": i + 1, "pid": pid, "snapshot": s, "rss_bytes": 50 << 20})
+        };
+        let workers: Vec<_> = (0..n).map(worker).collect();
+        let doc = serde_json::json!({"workers": workers, "restarts": 0});
+        let mut app = App::new(
+            Target::parse("127.0.0.1:8080").unwrap(),
+            std::time::Duration::from_secs(1),
+        );
+        let stats = ClusterStats::parse(doc.to_string().as_bytes()).unwrap();
+        app.model.update(stats, std::time::Instant::now());
+        app
+    }
+
     /// The 80×24 frame as lines of text.
     fn frame_text(app: &App) -> Vec<String> {
+        frame_text_at(app, 80, 24)
+    }
+
+    /// The `w`×`h` frame as lines of text.
+    fn frame_text_at(app: &App, w: u16, h: u16) -> Vec<String> {
         let mut terminal =
-            ratatui::Terminal::new(ratatui::backend::TestBackend::new(80, 24)).unwrap();
+            ratatui::Terminal::new(ratatui::backend::TestBackend::new(w, h)).unwrap();
         terminal.draw(|f| draw(f, app)).unwrap();
         let buf = terminal.backend().buffer();
         (0..buf.area.height)
@@ -667,11 +945,134 @@ mod tests {
         let util = COLUMNS.iter().position(|c| c.0 == "UTIL%").unwrap();
         assert_eq!(cells(&m.rows[0])[util], "stall");
         assert!(
-            detail_line(&m.rows[0])
+            detail_line(&m.rows[0], 80)
                 .to_string()
                 .contains("did not answer")
         );
         // A worker that never sends a snapshot (a plain program) is not stalled: unknown.
         assert_eq!(cells(&m.rows[1])[util], "–");
+    }
+
+    #[test]
+    fn the_80x24_frame_is_the_full_dashboard() {
+        let want = [
+            " nodus top  LIVE  127.0.0.1:8080 · 2 workers · restarts 0",
+            " Workers (2) · sort worker ─────────────────────────────────────────────────────",
+            " PID     UPTIME RST UTIL% LATE99 SCHD50 SCHD99 RQAVG RQMAX  CONN  REQ/S    RSS",
+            "▶13577    1h02m   0   0.0      –      –      –  0.00     0     0      –    50M",
+            " 14688    1h02m   0   0.0      –      –      –  0.00     0     0      –    50M",
+            " Util 0% · cluster mean · 1s ─────────── Late p99 · no timer fired · 1s ────────",
+            "",
+            "",
+            "",
+            "",
+            " Pools · total of 2 workers · THREADS = workers × threads each ─────────────────",
+            "POOL   THREADS  BUSY  QUEUE  WAIT99   DONE/S",
+            "io     2×4      0     0      –        –",
+            " Recent stalls · all workers ───────────────────────────────────────────────────",
+            "AGO  PID     TASK         SPAWNED AT                   TOOK   CLASS",
+            "now  13577   handler      src/app/server.rs:10:5       250ms  cpu-bound",
+            "",
+            "",
+            "",
+            "",
+            "",
+            "",
+            "",
+            "q quit  p pause  s sort  ↑↓ select  enter detail                       every 1s",
+        ];
+        let got = frame_text(&cluster_app(2));
+        let got: Vec<&str> = got.iter().map(|l| l.trim_end()).collect();
+        assert_eq!(got, want, "\n{}", got.join("\n"));
+    }
+
+    /// The header cells and the worker lines (cells, selection mark left out) of a frame.
+    fn worker_table(lines: &[String], app: &App) -> (Vec<String>, Vec<Vec<String>>) {
+        let pids: Vec<String> = app.model.rows.iter().map(|r| r.pid.to_string()).collect();
+        let cells = |l: &String| -> Vec<String> {
+            l.trim_start_matches('▶')
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect()
+        };
+        let all = lines.join("\n");
+        let header = lines
+            .iter()
+            .map(cells)
+            .find(|c| c.first().map(String::as_str) == Some("PID"))
+            .unwrap_or_else(|| panic!("no worker header in\n{all}"));
+        let rows = lines
+            .iter()
+            .map(cells)
+            .filter(|c| c.first().is_some_and(|p| pids.contains(p)))
+            .collect();
+        (header, rows)
+    }
+
+    #[test]
+    fn small_terminals_keep_whole_worker_rows_and_columns() {
+        for (workers, w, h, shown) in [
+            (2, 80, 15, 2),
+            (2, 120, 12, 2),
+            (2, 60, 20, 2),
+            (2, 40, 10, 2),
+            (10, 80, 10, 6),
+            (3, 30, 5, 1),
+            (2, MIN_WIDTH, MIN_HEIGHT, 2),
+        ] {
+            let app = cluster_app(workers);
+            let lines = frame_text_at(&app, w, h);
+            let all = lines.join("\n");
+            let (header, rows) = worker_table(&lines, &app);
+            // Whole column names, in their order; PID first.
+            let names: Vec<&str> = COLUMNS.iter().map(|c| c.0).collect();
+            let mut at = names.iter();
+            for c in &header {
+                assert!(at.any(|n| n == c), "{w}×{h}: header cell {c} in\n{all}");
+            }
+            // Every row: a whole pid, then one whole cell per header cell.
+            assert_eq!(rows.len(), shown, "{w}×{h}: worker rows in\n{all}");
+            for r in &rows {
+                assert_eq!(
+                    r.len(),
+                    header.len(),
+                    "{w}×{h}: {r:?} under {header:?}\n{all}"
+                );
+            }
+            let more = format!("+{} more", workers as usize - shown);
+            assert_eq!(
+                all.contains(&more),
+                shown < workers as usize,
+                "{w}×{h}: {more}\n{all}"
+            );
+            if w >= 78 {
+                assert_eq!(header.len(), COLUMNS.len(), "{w}×{h}\n{all}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_narrow_terminal_keeps_the_sorted_column() {
+        let mut app = cluster_app(2);
+        app.sort = SortKey::Rss;
+        let (header, rows) = worker_table(&frame_text_at(&app, 24, 10), &app);
+        assert_eq!(header, ["PID", "UTIL%", "RSS"]);
+        assert_eq!(rows[0], ["13577", "0.0", "50M"]);
+    }
+
+    #[test]
+    fn a_terminal_below_the_minimum_says_so_in_one_line() {
+        let app = cluster_app(2);
+        for (w, h) in [(MIN_WIDTH - 1, 24), (80, MIN_HEIGHT - 1), (40, 4)] {
+            let lines = frame_text_at(&app, w, h);
+            let text: String = lines.concat().split_whitespace().collect();
+            let want = format!("terminal too small ({w}×{h}, need at least 8×5)");
+            assert!(
+                text.contains(&want.replace(' ', "")),
+                "{w}×{h}:\n{}",
+                lines.join("\n")
+            );
+            assert!(!text.contains("13577"), "{}", lines.join("\n"));
+        }
     }
 }
