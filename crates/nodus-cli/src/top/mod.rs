@@ -4,7 +4,8 @@
 //! - `fetch`: ADDR parsing and a minimal blocking HTTP/1.1 GET;
 //! - `model`: the stats document (one snapshot or the cluster shape), per-worker rows derived from
 //!   two successive fetches, and the sparkline history;
-//! - `view`: the worker columns and the ratatui frame (80×24 and up);
+//! - `view`: the worker columns and the ratatui frame (all of it from 80×24; the worker table
+//!   first, whole columns only, in a smaller terminal; a too-small line below 8×5);
 //! - `once`: `--once`, one plain-text frame.
 //!
 //! Usage errors come first, with exit code 2: an ADDR that does not parse, or, without `--once`, a

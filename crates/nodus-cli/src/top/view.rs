@@ -6,6 +6,13 @@
 //! sparkline column is one sample, or the mean (utilization) / worst (lateness) of several once
 //! the history is wider than the chart, so the charts cover up to 10 minutes.
 //!
+//! Smaller terminals: the worker table has the room first ([`heights`]: as many rows as fit, and
+//! `+N more` under them when not all do), the other panels shrink or go. Nothing shows a cut
+//! figure: a table too narrow for its columns drops whole ones ([`fit_columns`]; for workers
+//! [`DROP_ORDER`], never PID, the sorted column last), and the status, title and detail lines drop
+//! whole parts ([`fit_spans`]). Below [`MIN_WIDTH`]×[`MIN_HEIGHT`] the frame is one line saying
+//! so.
+//!
 //! Pools are one worker's (one process, or the selected worker) or the totals of every worker's
 //! (no worker selected in a cluster). A total is never shown as if it were one pool's size: the
 //! section's title says `total of N workers` and THREADS reads `workers×each` (`2×4`: two
