@@ -96,8 +96,8 @@ enum Command {
     /// group is SIGKILLed at once.
     ///
     /// Exit codes: 0 after a drain in which every worker stopped in time (or once no worker is
-    /// left after clean exits); 1 a start failure (the program, or its #! interpreter, cannot be
-    /// run, checked before any worker starts; the workers' exec of it fails before any worker
+    /// left after clean exits); 1 a start failure (the --events FILE cannot be opened; the
+    /// program, or its #! interpreter, cannot be run, checked before any worker starts; the workers' exec of it fails before any worker
     /// ran it; a listener cannot be bound) or a worker left after a crash; 2 a usage error; 75 the restart budget is spent;
     /// 124 a worker was SIGKILLed at --kill-timeout during the stop, or exited 124 (a nodus
     /// worker whose drain deadline cut requests); 128+N a second signal N during the drain (130
@@ -108,7 +108,7 @@ enum Command {
 #[derive(clap::Args)]
 struct RunArgs {
     /// Worker processes (default: the available cores).
-    #[arg(short = 'w', long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    #[arg(short = 'w', long, allow_negative_numbers = true, value_parser = worker_count)]
     workers: Option<u16>,
     /// Listen on ADDR (IP:PORT, [IPv6]:PORT or HOST:PORT, a host name resolved to its first
     /// address) before any worker starts and pass the socket to every worker: fds 3.. in order,
@@ -129,33 +129,65 @@ struct RunArgs {
     #[arg(long, value_name = "ADDR", value_parser = socket_addr)]
     admin: Option<SocketAddr>,
     /// Restart intensity: more than R restarts within --restart-window gives up (exit 75).
-    #[arg(long, value_name = "R", default_value_t = 5)]
-    max_restarts: u32,
+    /// Default: 5 or twice the workers, whichever is more, so that one event that restarts every
+    /// worker once (a database restart) does not give up; an R below the workers is warned of.
+    #[arg(long, value_name = "R", allow_negative_numbers = true, value_parser = restart_count)]
+    max_restarts: Option<u32>,
     /// The window of --max-restarts, in seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 60.0, value_parser = positive_seconds)]
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 60.0,
+        allow_negative_numbers = true,
+        value_parser = positive_seconds
+    )]
     restart_window: f64,
     /// A worker up this long resets its slot's backoff.
-    #[arg(long, value_name = "SECS", default_value_t = 1.0, value_parser = seconds)]
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 1.0,
+        allow_negative_numbers = true,
+        value_parser = seconds
+    )]
     min_uptime: f64,
     /// Backoff for consecutive crashes of a slot: initial seconds, factor, cap seconds (the
     /// first restart is immediate).
-    #[arg(long, value_name = "I,F,C", default_value = "0.1,2,10", value_parser = backoff)]
+    #[arg(
+        long,
+        value_name = "I,F,C",
+        default_value = "0.1,2,10",
+        allow_hyphen_values = true,
+        value_parser = backoff
+    )]
     backoff: nodus::cluster::Backoff,
     /// After a worker is asked to stop (SIGTERM, or a disconnect for --node), seconds before
     /// SIGKILL to its process group (during a shutdown, the exit code is then 124). A worker
     /// sent a disconnect gets a drain deadline a tenth earlier (at most 1 s), and SIGTERM if it
-    /// still runs 0.2 s after that deadline (at most halfway to the SIGKILL).
-    #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = seconds)]
+    /// still runs 0.2 s after that deadline (at most halfway to the SIGKILL). Above 0.
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 10.0,
+        allow_negative_numbers = true,
+        value_parser = positive_seconds
+    )]
     kill_timeout: f64,
     /// During a reload, seconds a new worker gets to become ready; under rr and least, also how
     /// long an accepted connection waits for a worker to take it before it is reset.
-    #[arg(long, value_name = "SECS", default_value_t = 30.0, value_parser = positive_seconds)]
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 30.0,
+        allow_negative_numbers = true,
+        value_parser = positive_seconds
+    )]
     ready_timeout: f64,
     /// A plain program that never sends READY=1 counts as ready after being up this long
     /// (default 1). With --node a worker is ready at its first `listening`, or, given this, after
     /// being up this long without one (a worker that never listens: a queue consumer, an
     /// `exclusive` server).
-    #[arg(long, value_name = "SECS", value_parser = seconds)]
+    #[arg(long, value_name = "SECS", allow_negative_numbers = true, value_parser = seconds)]
     ready_after: Option<f64>,
     /// permanent (always restarted), transient (only after a crash), temporary (never).
     #[arg(long, value_enum, default_value_t = RestartArg::Permanent)]
@@ -165,7 +197,9 @@ struct RunArgs {
     /// code), so `node -e CODE` alone is refused (give it one: `node -e CODE -- worker`).
     #[arg(long)]
     node: bool,
-    /// Append lifecycle events (fork, ready, exit, reload...) to FILE as JSON lines.
+    /// Append lifecycle events (fork, ready, exit, reload...) to FILE as JSON lines. Their t_ns
+    /// is CLOCK_MONOTONIC nanoseconds (not wall time); a primary's first line also has unix_ns,
+    /// the wall clock at that t_ns.
     #[arg(long, value_name = "FILE")]
     events: Option<PathBuf>,
     /// The program and its arguments: everything from the first argument that is not an option
@@ -214,14 +248,16 @@ struct ServeArgs {
     /// Worker processes (default: the available cores). 1 serves from this process (SIGHUP then
     /// reloads nothing); more makes this process a cluster primary that re-executes the same
     /// command as each worker.
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    #[arg(long, allow_negative_numbers = true, value_parser = worker_count)]
     workers: Option<u16>,
     /// How connections reach workers: rr (the primary accepts and hands them out in turn;
     /// the default), shared (one listening socket in every worker), reuseport (a SO_REUSEPORT
     /// socket per worker), least (the worker with the fewest open connections).
     #[arg(long, value_enum)]
     policy: Option<PolicyArg>,
-    /// Append the cluster's lifecycle events (fork, ready, exit, reload...) to FILE as JSON lines.
+    /// Append the cluster's lifecycle events (fork, ready, exit, reload...) to FILE as JSON lines
+    /// (t_ns: CLOCK_MONOTONIC nanoseconds; a primary's first line also has unix_ns, the wall
+    /// clock at that t_ns).
     #[arg(long, value_name = "FILE")]
     events: Option<PathBuf>,
     /// Serve /_nodus/* on this address (not --listen's) instead of the public listener (where
@@ -235,10 +271,20 @@ struct ServeArgs {
     /// Seconds in-flight requests get to finish after a shutdown begins. Exit code 0 when every
     /// request was answered, 124 when this deadline cut some, 128+N when a second signal N
     /// stopped the drain at once.
-    #[arg(long, default_value_t = 10.0, value_parser = seconds)]
+    #[arg(
+        long,
+        default_value_t = 10.0,
+        allow_negative_numbers = true,
+        value_parser = seconds
+    )]
     drain_timeout: f64,
     /// Seconds to keep serving after SIGTERM (readyz answers 503) before draining.
-    #[arg(long, default_value_t = 0.0, value_parser = seconds)]
+    #[arg(
+        long,
+        default_value_t = 0.0,
+        allow_negative_numbers = true,
+        value_parser = seconds
+    )]
     shutdown_delay: f64,
     /// Gzip text, JavaScript, JSON, XML and SVG responses for clients that accept it.
     #[arg(long)]
@@ -283,7 +329,8 @@ fn seconds(s: &str) -> Result<f64, String> {
 }
 
 /// Like [`seconds`], but 0 is refused: a restart window or a ready timeout of 0 would turn the
-/// restart budget or every reload into nothing.
+/// restart budget or every reload into nothing, and a kill timeout of 0 would make every stop a
+/// race between the worker's own exit and the SIGKILL.
 fn positive_seconds(s: &str) -> Result<f64, String> {
     match seconds(s) {
         Ok(v) if v > 0.0 => Ok(v),
@@ -291,6 +338,22 @@ fn positive_seconds(s: &str) -> Result<f64, String> {
             "`{s}` is not a number of seconds above 0 and at most 86400"
         )),
     }
+}
+
+/// `-w`, `--workers`: a whole number from 1 to 1024. The numeric flags take a value that starts
+/// with `-` (`allow_negative_numbers`), so `-1` gets this message rather than clap's hint to
+/// write `-- -1`, which would make `-1` `nodus run`'s PROGRAM.
+fn worker_count(s: &str) -> Result<u16, String> {
+    match s.parse::<u16>() {
+        Ok(n) if (1..=1024).contains(&n) => Ok(n),
+        _ => Err("must be a whole number from 1 to 1024".to_owned()),
+    }
+}
+
+/// `--max-restarts`: a whole number, 0 or more (0: the first crash gives up).
+fn restart_count(s: &str) -> Result<u32, String> {
+    s.parse()
+        .map_err(|_| "must be a whole number, 0 or more".to_owned())
 }
 
 /// An address and port (`--listen`, `-l`, `--admin`): `IP:PORT`, `[IPv6]:PORT` (its zone may

@@ -20,8 +20,10 @@
 //!
 //! The program is checked before any worker starts (`check_runnable`: found as `execvp` finds
 //! it, executable, and so is a script's `#!` interpreter, or `env`'s command), so the usual
-//! mistakes are one line and exit code 1. The start line names what was bound (port 0 resolved)
-//! and the admin address.
+//! mistakes are one line and exit code 1. The start line names the restart budget, what was
+//! bound (port 0 resolved) and the admin address. The budget's default grows with the workers
+//! ([`Config::new`]); a `--max-restarts` below the worker count is a warning at the start (one
+//! event that restarts every worker once would give up).
 //!
 //! With `--admin ADDR`, the primary serves the cluster's `/_nodus/` endpoints there, as `nodus
 //! serve --workers N --admin` does (a plain program's workers send no snapshots: the cluster's
@@ -46,7 +48,8 @@ pub struct RunOptions {
     pub listen: Vec<SocketAddr>,
     pub admin: Option<SocketAddr>,
     pub policy: Option<Policy>,
-    pub max_restarts: u32,
+    /// `--max-restarts`; when not given, [`Config::new`]'s default (5 or twice the workers).
+    pub max_restarts: Option<u32>,
     pub restart_window: Duration,
     pub min_uptime: Duration,
     pub backoff: Backoff,
@@ -332,7 +335,16 @@ pub fn run(options: RunOptions) -> i32 {
         let mut config = Config::new(options.workers, command);
         config.policy = policy;
         config.listeners = listeners;
-        config.max_restarts = options.max_restarts;
+        if let Some(r) = options.max_restarts {
+            config.max_restarts = r;
+            if (r as usize) < options.workers {
+                tracing::warn!(
+                    "--max-restarts {r} is below the {} workers: one event that restarts every \
+                     worker once (a database restart, say) gives up (exit 75)",
+                    options.workers
+                );
+            }
+        }
         config.restart_window = options.restart_window;
         config.restart = RestartPolicy {
             restart: options.restart,
@@ -355,13 +367,17 @@ pub fn run(options: RunOptions) -> i32 {
         // The primary is the init of what its workers leave behind (every child of this process
         // is a nodus::process one): adopted orphans are reaped, and stopped with the cluster.
         config.subreaper = true;
+        let budget = format!(
+            "at most {} restarts within {:?}",
+            config.max_restarts, config.restart_window
+        );
         let primary = match Primary::start(config) {
             Ok(p) => p,
             Err(e) => return fail(e),
         };
         let admin = admin_listener.map(|l| crate::serve::admin::serve_primary(l, primary.clone()));
         tracing::info!(
-            "supervising {} worker{} of {} (policy {}){bound}{}",
+            "supervising {} worker{} of {} (policy {}; {budget}){bound}{}",
             options.workers,
             if options.workers == 1 { "" } else { "s" },
             quote(Path::new(&program)),

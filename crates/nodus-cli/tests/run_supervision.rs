@@ -1,6 +1,8 @@
 //! `nodus run`'s supervision at its edges: a primary with no worker left to run exits, a
 //! replacement that cannot be started is retried instead of ending the service, a SIGHUP
-//! during a reload queues one more reload, a window of 0 seconds is refused, the notify socket
+//! during a reload queues one more reload, the default restart budget outlasts every worker
+//! crashing once (and a smaller explicit one is warned of), a window or a kill timeout of 0
+//! seconds and a negative number are refused as usage errors, the notify socket
 //! heeds only the worker's own process group and is closed with its worker, a Node worker's
 //! pipe `listen` is refused instead of bound as TCP, `--node`'s `-l` socket serves a worker's
 //! `listen` on an address it covers (another address on its port is said), `node -e CODE` with
@@ -197,6 +199,140 @@ fn a_sighup_during_a_reload_queues_one_more_reload() {
 
     primary.signal(Signal::TERM);
     assert_eq!(primary.wait_exit(Duration::from_secs(20)), Some(0));
+}
+
+#[test]
+fn the_default_budget_outlasts_every_worker_crashing_once() {
+    // A database restart: each of 8 workers crashes once (a marker file per NODUS_WORKER_ID),
+    // then stays up. 8 restarts are more than 5: a budget that does not grow with -w gives up.
+    let dir = TempDir::new("crash-once");
+    let log = dir.path().join("events.jsonl");
+    let marker = dir.path().join("crashed-");
+    let worker = format!(
+        "m={}$NODUS_WORKER_ID; [ -e \"$m\" ] || {{ : > \"$m\"; exit 3; }}; exec sleep 60",
+        marker.display()
+    );
+    let mut primary = spawn(
+        run_sh(["-w", "8", "--events", log.to_str().unwrap()], &worker).env("RUST_LOG", "info"),
+    );
+    let evs = wait_events(&log, |e| count(e, "fork") == 16 || count(e, "give_up") > 0);
+    assert_eq!(count(&evs, "give_up"), 0, "{evs:#?}");
+    assert_eq!(count(&evs, "restart"), 8, "{evs:#?}");
+    assert!(
+        primary.exited_within(Duration::ZERO).is_none(),
+        "the primary still runs"
+    );
+    let start = primary.wait_line("supervising 8 workers");
+    assert!(
+        start.contains("at most 16 restarts within 60s"),
+        "the start line says the budget: {start}"
+    );
+
+    // The log's first line anchors t_ns (CLOCK_MONOTONIC) to the wall clock; no other has it.
+    let now_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let anchor = evs[0]["unix_ns"]
+        .as_u64()
+        .expect("unix_ns on the first line");
+    assert!(
+        now_ns.abs_diff(anchor) < 120_000_000_000,
+        "{anchor} vs {now_ns}"
+    );
+    assert!(
+        evs[1..].iter().all(|e| e.get("unix_ns").is_none()),
+        "{evs:#?}"
+    );
+
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(20), 0);
+}
+
+#[test]
+fn a_budget_below_the_worker_count_is_warned_of_at_the_start() {
+    for (budget, warned) in [("3", true), ("4", false)] {
+        let mut primary = spawn(
+            run_sh(["-w", "4", "--max-restarts", budget], "exec sleep 60").env("RUST_LOG", "info"),
+        );
+        primary.wait_line("supervising 4 workers");
+        primary.signal(Signal::TERM);
+        assert_exit(&mut primary, Duration::from_secs(20), 0);
+        let lines = primary.output();
+        let warnings: Vec<_> = lines
+            .iter()
+            .filter(|l| l.contains("WARN") && l.contains("--max-restarts"))
+            .collect();
+        let expected = format!(
+            "--max-restarts {budget} is below the 4 workers: one event that restarts every worker \
+             once (a database restart, say) gives up (exit 75)"
+        );
+        if warned {
+            assert_eq!(warnings.len(), 1, "{lines:#?}");
+            assert!(warnings[0].contains(&expected), "{lines:#?}");
+        } else {
+            assert!(warnings.is_empty(), "{lines:#?}");
+        }
+    }
+}
+
+#[test]
+fn a_zero_kill_timeout_is_refused() {
+    let out = Command::new(NODUS)
+        .args(["run", "--kill-timeout", "0", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("invalid value '0' for '--kill-timeout <SECS>'")
+            && stderr.contains("above 0"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_negative_number_is_an_invalid_value_not_a_hint_to_use_double_dash() {
+    for (args, flag) in [
+        (&["-w", "-1"][..], "--workers <WORKERS>"),
+        (&["--workers", "-1"], "--workers <WORKERS>"),
+        (&["--max-restarts", "-1"], "--max-restarts <R>"),
+        (&["--restart-window", "-1"], "--restart-window <SECS>"),
+        (&["--min-uptime", "-1"], "--min-uptime <SECS>"),
+        (&["--kill-timeout", "-1"], "--kill-timeout <SECS>"),
+        (&["--ready-timeout", "-1"], "--ready-timeout <SECS>"),
+        (&["--ready-after", "-1"], "--ready-after <SECS>"),
+        (&["--backoff", "-1,2,3"], "--backoff <I,F,C>"),
+    ] {
+        let out = Command::new(NODUS)
+            .arg("run")
+            .args(args)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        let value = args[1];
+        assert!(
+            stderr.contains(&format!("invalid value '{value}' for '{flag}'")),
+            "{args:?}: {stderr}"
+        );
+        // clap's tip for a value that looks like a flag: `--` would start nodus run's PROGRAM.
+        assert!(
+            !stderr.contains("as a value, use '--"),
+            "{args:?}: {stderr}"
+        );
+    }
+    // The message of a count.
+    let out = Command::new(NODUS)
+        .args(["run", "-w", "-1", "--", "true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("must be a whole number from 1 to 1024"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! `nodus serve` end to end: the real binary on 127.0.0.1, a real (minimal) HTTP client. Also
 //! the address arguments of every command: a port out of range is said to be, a host name is
-//! resolved (and one that does not resolve is said to).
+//! resolved (and one that does not resolve is said to); a negative number given to a numeric
+//! flag is an invalid value.
 //!
 //! Every server is started on port 0, its address read from its startup line, and stopped by
 //! PID (SIGTERM, then SIGKILL if it does not exit).
@@ -74,6 +75,22 @@ fn an_address_whose_port_is_out_of_range_is_a_usage_error_that_says_so() {
             stderr.contains("invalid socket address syntax (IP:PORT, [IPv6]:PORT or HOST:PORT)"),
             "{addr}: {stderr}"
         );
+    }
+}
+
+#[test]
+fn a_negative_number_is_an_invalid_value_not_a_hint_to_use_double_dash() {
+    for (flag, shown) in [
+        ("--workers", "--workers <WORKERS>"),
+        ("--drain-timeout", "--drain-timeout <DRAIN_TIMEOUT>"),
+        ("--shutdown-delay", "--shutdown-delay <SHUTDOWN_DELAY>"),
+    ] {
+        let stderr = usage_error(["serve", flag, "-1"]);
+        assert!(
+            stderr.contains(&format!("invalid value '-1' for '{shown}'")),
+            "{flag}: {stderr}"
+        );
+        assert!(!stderr.contains("as a value, use '--"), "{flag}: {stderr}");
     }
 }
 

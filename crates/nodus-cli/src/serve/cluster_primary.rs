@@ -60,13 +60,18 @@ pub async fn run(options: ServeOptions) -> i32 {
     // a nodus::process one): adopted orphans are reaped, and stopped with the cluster.
     config.subreaper = true;
     config.listeners.push(("http".to_owned(), public));
+    // Config::new's restart budget: 5, or twice the workers when that is more.
+    let budget = format!(
+        "at most {} restarts within {:?}",
+        config.max_restarts, config.restart_window
+    );
     let primary = match Primary::start(config) {
         Ok(p) => p,
         Err(e) => return fail(e.to_string()),
     };
     let admin_server = admin_listener.map(|l| admin::serve_primary(l, primary.clone()));
     tracing::info!(
-        "cluster of {} workers (policy {}) serving on http://{public_addr}/{}",
+        "cluster of {} workers (policy {}; {budget}) serving on http://{public_addr}/{}",
         options.workers,
         options.policy.name(),
         admin_addr.map_or_else(String::new, |a| format!(

@@ -28,7 +28,7 @@ pub use primary::{
 };
 pub use supervision::{
     Backoff, Decision, ExitReason, FORCED_STOP_EXIT_CODE, GIVE_UP_EXIT_CODE, RestartBudget,
-    RestartPolicy, RestartType, SlotHistory,
+    RestartPolicy, RestartType, SlotHistory, default_max_restarts,
 };
 pub use worker::{Listener, Stream, Worker};
 

@@ -3,7 +3,9 @@
 //! - **One budget per primary** (OTP's intensity/period): more than `max_restarts` restarts within
 //!   `window`, across all workers, and the primary gives up: it stops every worker, logs one line
 //!   and exits with [`GIVE_UP_EXIT_CODE`], so systemd or Kubernetes can act. A worker that exits at
-//!   once therefore causes at most `max_restarts` forks per window, never a fork storm.
+//!   once therefore causes at most `max_restarts` forks per window, never a fork storm. The
+//!   default ([`default_max_restarts`]) grows with the workers, so that one event restarting every
+//!   worker once (a database restart) never spends it.
 //! - **Per-slot backoff**: a slot's first restart is immediate; each further consecutive crash
 //!   waits `initial × factor^(n−1)`, capped. A worker that stayed up `min_uptime` resets its slot.
 //! - **Restart types** (OTP's): `permanent` workers always come back, `transient` ones only after
@@ -26,6 +28,15 @@ pub const GIVE_UP_EXIT_CODE: i32 = 75;
 /// timeout, so requests may have been lost (`timeout(1)`'s "timed out" code). A stop forced by a
 /// second SIGTERM/SIGINT exits with 128 + that signal's number instead, as a shell reports it.
 pub const FORCED_STOP_EXIT_CODE: i32 = 124;
+
+/// The default restart budget of `workers` workers within one window: 5, or twice the workers
+/// when that is more, so one event that restarts every worker once (a database they all lost)
+/// leaves room for as many more restarts.
+pub fn default_max_restarts(workers: usize) -> u32 {
+    u32::try_from(workers.saturating_mul(2))
+        .unwrap_or(u32::MAX)
+        .max(5)
+}
 
 /// How a worker process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -238,6 +249,20 @@ impl RestartPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_budget_outlasts_one_restart_of_every_worker() {
+        for (workers, budget) in [
+            (1, 5),
+            (2, 5),
+            (3, 6),
+            (8, 16),
+            (1024, 2048),
+            (usize::MAX, u32::MAX),
+        ] {
+            assert_eq!(default_max_restarts(workers), budget, "{workers} workers");
+        }
+    }
 
     #[test]
     fn a_backoff_with_a_nonsense_factor_never_panics() {

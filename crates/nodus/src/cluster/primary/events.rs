@@ -1,13 +1,18 @@
 //! Lifecycle events of a cluster: delivered to subscribers and, optionally, appended to a
-//! JSON-lines event log (one object per line, `t_ns` on `CLOCK_MONOTONIC`).
+//! JSON-lines event log (one object per line, `t_ns` on `CLOCK_MONOTONIC`: nanoseconds since an
+//! arbitrary point, the boot on Linux, not wall time).
 //!
-//! Invariant: emitting never fails the primary: a log write error is reported once and the log
-//! is then off.
+//! Invariants: emitting never fails the primary: a log write error is reported once and the log
+//! is then off. The first line a primary writes to its log also has `unix_ns`, the wall clock
+//! (`CLOCK_REALTIME`, nanoseconds since the Unix epoch) read just after its `t_ns`: the anchor
+//! that turns every later `t_ns` of that primary into wall time (`unix_ns + t_ns - anchor's
+//! t_ns`), the log being appended to by one primary after another.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::Path;
+use std::time::SystemTime;
 
 use serde::Serialize;
 
@@ -86,10 +91,20 @@ pub enum EventKind {
     },
 }
 
+/// An event with the wall clock beside it: the log's first line from a primary.
+#[derive(Serialize)]
+struct Anchored<'a> {
+    #[serde(flatten)]
+    event: &'a Event,
+    unix_ns: u64,
+}
+
 type Subscriber = Box<dyn Fn(&Event)>;
 
 pub(super) struct Events {
     log: RefCell<Option<File>>,
+    /// Whether a line has been written to `log` (the first carries `unix_ns`).
+    anchored: Cell<bool>,
     subscribers: RefCell<Vec<Subscriber>>,
 }
 
@@ -111,6 +126,7 @@ impl Events {
             .transpose()?;
         Ok(Events {
             log: RefCell::new(log),
+            anchored: Cell::new(false),
             subscribers: RefCell::default(),
         })
     }
@@ -122,7 +138,18 @@ impl Events {
     pub fn emit(&self, event: Event) {
         let mut log = self.log.borrow_mut();
         if let Some(file) = log.as_mut() {
-            let mut line = serde_json::to_vec(&event).expect("events serialize");
+            let mut line = if self.anchored.replace(true) {
+                serde_json::to_vec(&event)
+            } else {
+                let unix_ns = SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+                serde_json::to_vec(&Anchored {
+                    event: &event,
+                    unix_ns,
+                })
+            }
+            .expect("events serialize");
             line.push(b'\n');
             if let Err(e) = file.write_all(&line) {
                 tracing::error!(target: "nodus::cluster", "event log write failed, log off: {e}");

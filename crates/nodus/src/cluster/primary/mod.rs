@@ -68,7 +68,7 @@ use std::time::{Duration, Instant};
 pub use events::{Event, EventKind};
 pub use proc::report_exec_failure;
 
-use super::supervision::{RestartBudget, RestartPolicy, SlotHistory};
+use super::supervision::{RestartBudget, RestartPolicy, SlotHistory, default_max_restarts};
 use crate::net::TcpListener;
 use crate::process::{OrphanGuard, Reaper};
 use proc::Proc;
@@ -151,7 +151,8 @@ pub struct Config {
     /// listening, and each worker gets sockets of its own.
     pub listeners: Vec<(String, TcpListener)>,
     pub restart: RestartPolicy,
-    /// Restart intensity: more than `max_restarts` within `restart_window` gives up.
+    /// Restart intensity: more than `max_restarts` within `restart_window` gives up. Below
+    /// `workers`, one event that restarts every worker once gives up.
     pub max_restarts: u32,
     pub restart_window: Duration,
     /// Drain deadline sent to a worker with its `disconnect`.
@@ -193,9 +194,9 @@ pub struct Config {
 }
 
 impl Config {
-    /// `workers` copies of `command`, ready at `listening`, at most 5 restarts within 60 s, the
-    /// default [`RestartPolicy`] (permanent, backoff 100 ms ×2 up to 10 s, 1 s min uptime),
-    /// 10 s drain, 10 s kill timeout, 30 s ready timeout, output prefixed. The policy is
+    /// `workers` copies of `command`, ready at `listening`, at most [`default_max_restarts`]
+    /// restarts (5, or twice the workers when that is more) within 60 s, the default
+    /// [`RestartPolicy`] (permanent, backoff 100 ms ×2 up to 10 s, 1 s min uptime), 10 s drain, 10 s kill timeout, 30 s ready timeout, output prefixed. The policy is
     /// round-robin (Node's default) for workers that speak the cluster protocol
     /// ([`WorkerCommand::ipc`]), `Shared` for a plain program (`nodus run`'s defaults: a plain
     /// program cannot take handed-over connections, see [`Primary::start`]).
@@ -211,7 +212,7 @@ impl Config {
             policy,
             listeners: Vec::new(),
             restart: RestartPolicy::default(),
-            max_restarts: 5,
+            max_restarts: default_max_restarts(workers),
             restart_window: Duration::from_secs(60),
             drain_timeout: Duration::from_secs(10),
             shutdown_delay: Duration::ZERO,
