@@ -3,6 +3,7 @@
 //! it forks or lowers a process-wide limit. Every process started is killed by pid; every wait is
 //! bounded.
 
+use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
 use nodus::Runtime;
@@ -11,12 +12,14 @@ use nodus_testkit::tree;
 
 const INNER: &str = "NODUS_ORPHANS_TEST_INNER";
 
-/// Runs test `name` alone in a new process of this binary (the scenario itself, `INNER` set);
-/// returns its exit code and its output. Killed by pid after 30 s.
+/// Runs test `name` alone in a new process of this binary (the scenario itself, `INNER` set),
+/// leading a process group of its own; returns its exit code and its output. Its group is
+/// SIGKILLed after 30 s (a process it forked, which holds its output open, with it).
 fn in_own_process(name: &str) -> (Option<i32>, String) {
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([name, "--exact", "--test-threads=1", "--nocapture"])
         .env(INNER, name)
+        .process_group(0)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -24,8 +27,9 @@ fn in_own_process(name: &str) -> (Option<i32>, String) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
-            // SAFETY: a plain syscall on our unreaped child (its number cannot be another's).
-            unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+            // SAFETY: a plain syscall on the group our unreaped child leads (its number cannot
+            // be another's).
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -81,7 +85,8 @@ fn a_forked_process_reaps_its_orphans_with_a_thread_of_its_own() {
             std::thread::sleep(Duration::from_millis(5));
         }
         // SAFETY: the child only runs nodus code of this test and `_exit`s; the other thread
-        // (the orphan reaper) is blocked in `poll`, holding no lock.
+        // (the orphan reaper) holds at most nodus's queue lock or registry lock, which nodus's
+        // fork handlers take around the fork, or glibc's malloc locks, which glibc's do.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
             let code = std::panic::catch_unwind(|| {

@@ -16,9 +16,10 @@
 //!   `RLIMIT_NOFILE`, no memory), it looks at each fd alone every 100 ms instead, one warning
 //!   line. It ends as soon as it holds nothing (the next hand-off starts another), and it never
 //!   keeps the process alive (a Rust program ends with its `main` thread).
-//! - Not covered: a `fork` while this thread holds the queue's lock (briefly, to take what was
-//!   handed over) leaves the forked process's queue locked, as for any lock in a multi-threaded
-//!   program that forks and goes on without `exec`.
+//! - The queue's lock is held briefly (a hand-off; this thread taking what was handed over) and
+//!   is never copied held into a forked process: the forking thread takes it before the fork
+//!   and lets it go after it, in both processes (`process`'s fork handlers). So the first
+//!   hand-off of a process forked without `exec` goes through.
 //! - A child is reaped here exactly as its exit task would have: `waitid(P_PIDFD)`, never
 //!   `waitpid(-1)`; with a group exit signal, its group is signalled between its exit, seen with
 //!   `WNOWAIT`, and its reap (the zombie holds the group's id). Its [`Ours`] is dropped only
@@ -49,7 +50,7 @@ static QUEUE: Mutex<Queue> = Mutex::new(Queue {
     owner: 0,
 });
 
-struct Queue {
+pub(super) struct Queue {
     new: Vec<Orphan>,
     /// The running thread's eventfd; `None` while no thread runs.
     wake: Option<Arc<OwnedFd>>,
@@ -58,7 +59,16 @@ struct Queue {
     owner: u32,
 }
 
-fn queue() -> MutexGuard<'static, Queue> {
+/// The queue's lock, held across a `fork` by the forking thread (see `process`).
+pub(super) type QueueGuard = MutexGuard<'static, Queue>;
+
+pub(super) fn queue() -> QueueGuard {
+    super::lock_across_forks();
+    lock_queue()
+}
+
+/// [`queue`] without the fork handlers' registration: for the handlers themselves.
+pub(super) fn lock_queue() -> QueueGuard {
     QUEUE.lock().unwrap_or_else(|e| e.into_inner())
 }
 

@@ -13,7 +13,8 @@
 //! reap by its own exit task (`waitid(P_PIDFD)`, see `child`; once its loop is gone, by the
 //! orphan reaper, `orphans`). The registration is always on, reaper or not (a mutex and a map
 //! entry per spawn), so a child spawned before a reaper starts, or on another loop's thread, is
-//! known too.
+//! known too. Its lock is never copied held into a forked process (`process`'s fork handlers
+//! take it around every `fork`): a process forked without `exec` can spawn.
 //!
 //! Why the reaper never steals the exit status of one of nodus's own children:
 //! - It never calls `waitpid(-1)`/`waitid(P_ALL)`. It lists this process's children
@@ -113,14 +114,23 @@ static OURS: Mutex<Table> = Mutex::new(Table {
     pids: None,
 });
 
-struct Table {
+pub(super) struct Table {
     /// [`Spawning`] tickets alive: forks that may have happened and are not registered yet.
     spawning: usize,
     /// pid → how many registrations hold it (see the module doc).
     pids: Option<HashMap<i32, u32>>,
 }
 
-fn table() -> std::sync::MutexGuard<'static, Table> {
+/// The table's lock, held across a `fork` by the forking thread (see `process`).
+pub(super) type TableGuard = std::sync::MutexGuard<'static, Table>;
+
+pub(super) fn table() -> TableGuard {
+    super::lock_across_forks();
+    lock_table()
+}
+
+/// [`table`] without the fork handlers' registration: for the handlers themselves.
+pub(super) fn lock_table() -> TableGuard {
     // The table stays consistent across a panic (every update is one statement).
     OURS.lock().unwrap_or_else(|e| e.into_inner())
 }
