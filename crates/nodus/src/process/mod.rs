@@ -36,7 +36,9 @@
 //!   table does not hold, one `waitid(P_PID)` each, under the table's lock with no fork in
 //!   progress: never one of nodus's own, so no exit status a `Child` waits for is ever taken.
 //!   (A child forked by other means, `std::process`, is not in the table: that is why the
-//!   subreaper is opt-in.)
+//!   subreaper is opt-in.) At its end (`close`, or its runtime dropped) the subreaper hands the
+//!   adopted children still unreaped to `orphans`, each registered as nodus's own then and
+//!   reaped by its pidfd: none is left a zombie, and no child forked later is waited for.
 //! - nodus's two process-wide locks (the registry's in `reaper`, the orphan queue's in
 //!   `orphans`) are kept whole across a `fork`: `pthread_atfork` handlers, registered at the
 //!   first use of either, have the forking thread take both before the fork and let them go
