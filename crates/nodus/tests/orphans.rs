@@ -1,22 +1,27 @@
-//! The orphan reaper (`process/orphans.rs`) where a process forks or its fd limit is lowered.
-//! Each scenario runs in a fresh process of its own (this test binary re-executed, one test, one thread), since
-//! it forks or lowers a process-wide limit. Every process started is killed by pid; every wait is
-//! bounded.
+//! The orphan reaper (`process/orphans.rs`) where a process forks or its fd limit is lowered, or
+//! where a subreaper primary's runtime is dropped without a stop (its adopted processes are
+//! handed to the orphan reaper). Each scenario runs in a fresh process of its own (this test
+//! binary re-executed, one test, one thread), since it forks, lowers a process-wide limit or
+//! marks the process a subreaper. Every process started is killed by pid; every wait is bounded.
 
+use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
 use nodus::Runtime;
+use nodus::cluster::{Config, Primary, Readiness, WorkerCommand};
 use nodus::process::Command;
 use nodus_testkit::tree;
 
 const INNER: &str = "NODUS_ORPHANS_TEST_INNER";
 
-/// Runs test `name` alone in a new process of this binary (the scenario itself, `INNER` set);
-/// returns its exit code and its output. Killed by pid after 30 s.
+/// Runs test `name` alone in a new process of this binary (the scenario itself, `INNER` set),
+/// leading a process group of its own; returns its exit code and its output. Its group is
+/// SIGKILLed after 30 s (a process it forked, which holds its output open, with it).
 fn in_own_process(name: &str) -> (Option<i32>, String) {
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([name, "--exact", "--test-threads=1", "--nocapture"])
         .env(INNER, name)
+        .process_group(0)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -24,8 +29,9 @@ fn in_own_process(name: &str) -> (Option<i32>, String) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
-            // SAFETY: a plain syscall on our unreaped child (its number cannot be another's).
-            unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+            // SAFETY: a plain syscall on the group our unreaped child leads (its number cannot
+            // be another's).
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -81,7 +87,8 @@ fn a_forked_process_reaps_its_orphans_with_a_thread_of_its_own() {
             std::thread::sleep(Duration::from_millis(5));
         }
         // SAFETY: the child only runs nodus code of this test and `_exit`s; the other thread
-        // (the orphan reaper) is blocked in `poll`, holding no lock.
+        // (the orphan reaper) holds at most nodus's queue lock or registry lock, which nodus's
+        // fork handlers take around the fork, or glibc's malloc locks, which glibc's do.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
             let code = std::panic::catch_unwind(|| {
@@ -158,6 +165,156 @@ fn orphans_past_a_lowered_fd_limit_are_still_reaped() {
             zombies.len(),
             pids.len()
         );
+        return;
+    }
+    let (code, out) = in_own_process(NAME);
+    assert_eq!(code, Some(0), "{out}");
+}
+
+/// Whether `pid` has been reaped (no `/proc` entry, zombie or not).
+fn reaped(pid: i32) -> bool {
+    std::fs::metadata(format!("/proc/{pid}")).is_err()
+}
+
+/// Whether this process is a child subreaper (`PR_GET_CHILD_SUBREAPER`).
+fn is_subreaper() -> bool {
+    let mut on: libc::c_int = 0;
+    // SAFETY: `prctl` writes one int through the pointer, which is valid for that.
+    let r = unsafe { libc::prctl(libc::PR_GET_CHILD_SUBREAPER, &mut on as *mut libc::c_int) };
+    assert_eq!(r, 0);
+    on != 0
+}
+
+/// A subreaper primary (one worker, `sh`) whose worker orphans a `sleep 30` (its parent, a
+/// second `sh`, exits at once): the primary, its runtime (the primary runs no `run`), and the
+/// adopted sleep's pid, once the primary has adopted it and its reaper has counted it (so the
+/// orphan guard remembers it).
+fn primary_with_an_adopted_sleep(dir: &nodus_testkit::tmp::TempDir) -> (Runtime, Primary, i32) {
+    let file = dir.path().join("pid");
+    let script = format!(
+        "sh -c 'sleep 30 & echo $! > {}'; exec sleep 30",
+        file.display()
+    );
+    let mut config = Config::new(
+        1,
+        WorkerCommand {
+            program: "sh".into(),
+            args: vec!["-c".into(), script.into()],
+            env: Vec::new(),
+            ipc: false,
+        },
+    );
+    config.readiness = Readiness::Alive(Duration::from_millis(10));
+    config.prefix_output = false;
+    config.subreaper = true;
+    let rt = Runtime::new();
+    let primary = rt.block_on(async { Primary::start(config).unwrap() });
+    let orphan = tree::pid_in(&file, Duration::from_secs(10));
+    tree::wait_parent(orphan, std::process::id(), Duration::from_secs(10));
+    rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !primary
+            .stats_json()
+            .await
+            .contains(r#""orphans_adopted":1"#)
+        {
+            assert!(Instant::now() < deadline, "{}", primary.stats_json().await);
+            nodus::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    (rt, primary, orphan)
+}
+
+/// Waits until `pid` is reaped (10 s at most); `false` if it is still there then.
+fn reaped_within_10s(pid: i32) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !reaped(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    reaped(pid)
+}
+
+/// A child this program starts with `std::process` keeps its exit status (no one else reaps
+/// it).
+fn a_std_child_keeps_its_status() {
+    let status = std::process::Command::new("sh")
+        .args(["-c", "sleep 0.2; exit 7"])
+        .status()
+        .expect("its own wait gets its status");
+    assert_eq!(status.code(), Some(7));
+}
+
+/// A subreaper primary's runtime dropped without a stop, its `Primary` with it: the orphan
+/// guard's end of file SIGKILLs the process the primary adopted, which is then reaped (by the
+/// orphan reaper, after the guard's exit): no zombie is left. The subreaper mark is off, and a
+/// child the program starts afterwards with `std::process` keeps its exit status.
+#[test]
+fn a_subreaper_primary_dropped_without_a_stop_leaves_no_zombie() {
+    const NAME: &str = "a_subreaper_primary_dropped_without_a_stop_leaves_no_zombie";
+    if inner(NAME) {
+        let dir = nodus_testkit::tmp::TempDir::new("orphans-subreaper-drop");
+        let (rt, primary, orphan) = primary_with_an_adopted_sleep(&dir);
+        let mut pids: Vec<i32> = primary
+            .worker_pids()
+            .iter()
+            .map(|&(_, p)| p as i32)
+            .collect();
+        pids.push(orphan);
+        let _kill = tree::KillOnDrop(pids);
+        drop(primary);
+        drop(rt);
+        assert!(
+            reaped_within_10s(orphan),
+            "adopted process {orphan} (zombie: {}) still there 10 s after its primary's runtime \
+             was dropped",
+            tree::is_zombie(orphan)
+        );
+        assert!(!is_subreaper(), "still a subreaper, with no reaper");
+        a_std_child_keeps_its_status();
+        return;
+    }
+    let (code, out) = in_own_process(NAME);
+    assert_eq!(code, Some(0), "{out}");
+}
+
+/// A subreaper primary's runtime dropped without a stop while its `Primary` is still held: the
+/// reaper ends with the runtime (its task), so the process is no subreaper any more (an orphan
+/// would find no one to reap it here); the process it adopted is reaped once it has exited and
+/// the orphan guard, which remembers it, is gone too (the `Primary`'s drop closes it).
+#[test]
+fn a_subreaper_primary_held_past_its_runtime_leaves_no_zombie() {
+    const NAME: &str = "a_subreaper_primary_held_past_its_runtime_leaves_no_zombie";
+    if inner(NAME) {
+        let dir = nodus_testkit::tmp::TempDir::new("orphans-subreaper-held");
+        let (rt, primary, orphan) = primary_with_an_adopted_sleep(&dir);
+        let mut pids: Vec<i32> = primary
+            .worker_pids()
+            .iter()
+            .map(|&(_, p)| p as i32)
+            .collect();
+        pids.push(orphan);
+        let _kill = tree::KillOnDrop(pids);
+        drop(rt);
+        assert!(!is_subreaper(), "still a subreaper, with no reaper");
+        // It exits while the guard still remembers it: not reaped yet (its number stays taken).
+        // SAFETY: a plain syscall on our unreaped child (its number cannot be another's).
+        assert_eq!(unsafe { libc::kill(orphan, libc::SIGKILL) }, 0);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !tree::is_zombie(orphan) {
+            assert!(Instant::now() < deadline, "{orphan} does not die");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            tree::is_zombie(orphan),
+            "reaped while the orphan guard remembers it"
+        );
+        drop(primary);
+        assert!(
+            reaped_within_10s(orphan),
+            "adopted process {orphan} still a zombie 10 s after its primary was dropped"
+        );
+        a_std_child_keeps_its_status();
         return;
     }
     let (code, out) = in_own_process(NAME);

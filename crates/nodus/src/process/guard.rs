@@ -64,7 +64,10 @@
 //! forks out of a pass). So while the guard remembers a pid, that process is the primary's
 //! unreaped child (running, or a zombie the primary has not reaped) and its number cannot have
 //! been reused. A pid found gone without the primary's reap (a `waitpid(-1)` elsewhere in the
-//! program, which `reaper` already warns against) is forgotten at that pass.
+//! program, which `reaper` already warns against) is forgotten at that pass. An adopted process
+//! still remembered when the subreaper ends (its runtime dropped without a stop) is handed to
+//! the orphan reaper (`orphans`) with a pidfd of the guard, and reaped only after the guard's
+//! exit, as a worker whose group it remembers.
 //! Those messages come in bursts (many adoptions in one pass), so for them a full socket
 //! (`EAGAIN`) is not a failed send: nothing is sent, the pass is done again 1 ms later, and a
 //! process whose "forget" could not be sent is not reaped until it is (so the ordering holds).
@@ -360,6 +363,12 @@ impl OrphanGuard {
             Sent::Busy => false,
             Sent::No => true, // the guard is gone (its copy cleared)
         }
+    }
+
+    /// Whether adopted process `pid` was sent to the guard and not forgotten since (the guard
+    /// SIGKILLs it at its end of file, if it has not exited by then).
+    pub(crate) fn remembers_pid(&self, pid: i32) -> bool {
+        self.0.pids.borrow().contains(&pid)
     }
 
     /// Sends one message; `false` if the guard did not get it. A send that fails while the

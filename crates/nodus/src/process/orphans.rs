@@ -8,6 +8,13 @@
 //! orphan guard remembers its group, a pidfd of the guard. (tokio keeps such children in an
 //! orphan queue; `std` leaves them zombies.)
 //!
+//! The subreaper (`reaper`) hands its adopted processes over the same way when it ends (its
+//! `close`, its last clone's drop, or its loop's `Runtime` dropped with its task): each one
+//! still unreaped, by a pidfd opened while it was the subreaper's unreaped child, registered as
+//! nodus's own at the hand-off (no other subreaper takes it meanwhile), with no group exit
+//! signal and, if the orphan guard remembers its pid, a pidfd of the guard. Only those: a child
+//! the program forks afterwards by other means (`std::process`) is never waited for here.
+//!
 //! Invariants:
 //! - One thread ("nodus-orphans") per process, started by a hand-off when none runs (a process
 //!   forked without `exec` inherits the queue but not the thread: its first hand-off starts its
@@ -16,22 +23,25 @@
 //!   `RLIMIT_NOFILE`, no memory), it looks at each fd alone every 100 ms instead, one warning
 //!   line. It ends as soon as it holds nothing (the next hand-off starts another), and it never
 //!   keeps the process alive (a Rust program ends with its `main` thread).
-//! - Not covered: a `fork` while this thread holds the queue's lock (briefly, to take what was
-//!   handed over) leaves the forked process's queue locked, as for any lock in a multi-threaded
-//!   program that forks and goes on without `exec`.
+//! - The queue's lock is held briefly (a hand-off; this thread taking what was handed over) and
+//!   is never copied held into a forked process: the forking thread takes it before the fork
+//!   and lets it go after it, in both processes (`process`'s fork handlers). So the first
+//!   hand-off of a process forked without `exec` goes through.
 //! - A child is reaped here exactly as its exit task would have: `waitid(P_PIDFD)`, never
-//!   `waitpid(-1)`; with a group exit signal, its group is signalled between its exit, seen with
-//!   `WNOWAIT`, and its reap (the zombie holds the group's id). Its [`Ours`] is dropped only
-//!   after the reap (an error that makes it no longer ours to reap included), so no subreaper
-//!   pass takes it meanwhile (see `reaper`).
-//! - A child whose group the orphan guard remembers: the guard cannot be told to forget it from
-//!   here (its handle lives on the loop's thread), so its group stays remembered and the child
-//!   is reaped only once the guard has exited (its pidfd readable). Its loop being gone, so is
-//!   the primary the guard stands for: the guard's end of file comes when its last handle is
-//!   dropped, and it SIGKILLs the groups it remembers, this one included, while the child is
-//!   still unreaped. So the guard never holds a pgid that could be reused, and the group is
-//!   still covered until the guard acts. (If the guard's pidfd cannot be duplicated, the group is
-//!   forgotten at the hand-off instead: not covered, never wrong.)
+//!   `waitpid(-1)` (so only a child handed over, never one the program waits for itself); with
+//!   a group exit signal, its group is signalled between its exit, seen with `WNOWAIT`, and its
+//!   reap (the zombie holds the group's id). Its [`Ours`] is dropped only after the reap (an
+//!   error that makes it no longer ours to reap included), so no subreaper pass takes it
+//!   meanwhile (see `reaper`).
+//! - A child whose group (or, adopted, whose pid) the orphan guard remembers: the guard cannot
+//!   be told to forget it from here (its handle lives on the loop's thread), so it stays
+//!   remembered and the child is reaped only once the guard has exited (its pidfd readable).
+//!   Its loop being gone, so is the primary the guard stands for: the guard's end of file comes
+//!   when its last handle is dropped, and it SIGKILLs what it remembers, this child (or its
+//!   group) included, while the child is still unreaped. So the guard never holds a pgid or a
+//!   pid that could be reused, and the child is still covered until the guard acts. (If the
+//!   guard's pidfd cannot be duplicated, the group or pid is forgotten at the hand-off instead:
+//!   not covered, never wrong.)
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -49,7 +59,7 @@ static QUEUE: Mutex<Queue> = Mutex::new(Queue {
     owner: 0,
 });
 
-struct Queue {
+pub(super) struct Queue {
     new: Vec<Orphan>,
     /// The running thread's eventfd; `None` while no thread runs.
     wake: Option<Arc<OwnedFd>>,
@@ -58,7 +68,16 @@ struct Queue {
     owner: u32,
 }
 
-fn queue() -> MutexGuard<'static, Queue> {
+/// The queue's lock, held across a `fork` by the forking thread (see `process`).
+pub(super) type QueueGuard = MutexGuard<'static, Queue>;
+
+pub(super) fn queue() -> QueueGuard {
+    super::lock_across_forks();
+    lock_queue()
+}
+
+/// [`queue`] without the fork handlers' registration: for the handlers themselves.
+pub(super) fn lock_queue() -> QueueGuard {
     QUEUE.lock().unwrap_or_else(|e| e.into_inner())
 }
 

@@ -6,14 +6,15 @@
 //! of nodus's own ("foreign": adopted orphans), on `SIGCHLD` and every [`PASS_PERIOD`], so none is
 //! left a zombie, and at the end of a graceful stop [`Reaper::stop_adopted`] stops those still
 //! running (SIGTERM, SIGKILL after the kill timeout: systemd's `KillMode=` for a unit's
-//! leftovers).
+//! leftovers). At its end (below) it hands those still unreaped to the orphan reaper's thread.
 //!
 //! Which children are nodus's own: every process nodus forks ([`Command::spawn`](super::Command::spawn), the orphan
 //! guard) is registered in [`OURS`], a process-wide table, from before the fork until after its
 //! reap by its own exit task (`waitid(P_PIDFD)`, see `child`; once its loop is gone, by the
 //! orphan reaper, `orphans`). The registration is always on, reaper or not (a mutex and a map
 //! entry per spawn), so a child spawned before a reaper starts, or on another loop's thread, is
-//! known too.
+//! known too. Its lock is never copied held into a forked process (`process`'s fork handlers
+//! take it around every `fork`): a process forked without `exec` can spawn.
 //!
 //! Why the reaper never steals the exit status of one of nodus's own children:
 //! - It never calls `waitpid(-1)`/`waitid(P_ALL)`. It lists this process's children
@@ -88,6 +89,26 @@
 //!   SIGKILLs), they are still remembered: the guard's end of file, when the primary closes it,
 //!   SIGKILLs them once more.
 //!
+//! The end, once, at whichever comes first: [`Reaper::close`] (the cluster primary's, at the end
+//! of `run`), the drop of the last clone, or the drop of the loop's `Runtime` (the reaper's task
+//! with it; a clone still held can pass no more without its loop). After it, no pass runs.
+//! - The subreaper mark [`Reaper::start`] set is taken off first, so no orphan is re-parented
+//!   here after the listing below. (A process that was a subreaper before the start, PID 1 say,
+//!   stays one: an orphan re-parented to it from then on is not reaped, as before the start.)
+//! - Then, under [`OURS`]'s lock with no fork in progress (as in a pass), every child that is
+//!   neither nodus's own nor `inherited` (every adopted process still unreaped, running or a
+//!   zombie, one re-parented since the last pass included) is handed to the orphan reaper's
+//!   thread (`orphans`): a pidfd opened and then checked to be this process's child (so the
+//!   pidfd is that child's), registered as nodus's own at the hand-off (no other subreaper,
+//!   another primary's, takes it meanwhile), reaped by that thread at its exit with
+//!   `waitid(P_PIDFD)`. One the orphan guard remembers is reaped only after the guard's exit,
+//!   as a worker whose group it remembers: a pid the guard holds stays an unreaped child. So
+//!   none is left a zombie however the primary ends (a runtime dropped without a stop
+//!   included), and a child the program forks afterwards by other means keeps its exit status:
+//!   only the pids handed over are waited for. (If a spawn on another thread keeps the table
+//!   busy for 100 ms, nothing is handed over: one warning line, those stay unreaped.)
+//! - The `inherited` children are left as they were before the start.
+//!
 //! Requires `/proc` (with `CONFIG_PROC_CHILDREN`, else every `/proc/PID/stat` is read for its
 //! parent).
 
@@ -96,7 +117,7 @@ use std::collections::{HashMap, HashSet};
 use std::future::poll_fn;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::sync::Mutex;
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -104,6 +125,7 @@ use std::time::{Duration, Instant};
 use rustix::process::{Pid, PidfdFlags, Signal, WaitId, WaitIdOptions};
 
 use super::guard::OrphanGuard;
+use super::orphans::Orphan;
 use crate::JoinHandle;
 use crate::signal::Signals;
 
@@ -113,16 +135,56 @@ static OURS: Mutex<Table> = Mutex::new(Table {
     pids: None,
 });
 
-struct Table {
+pub(super) struct Table {
     /// [`Spawning`] tickets alive: forks that may have happened and are not registered yet.
     spawning: usize,
     /// pid → how many registrations hold it (see the module doc).
     pids: Option<HashMap<i32, u32>>,
 }
 
-fn table() -> std::sync::MutexGuard<'static, Table> {
+impl Table {
+    fn holds(&self, pid: i32) -> bool {
+        self.pids.as_ref().is_some_and(|p| p.contains_key(&pid))
+    }
+
+    /// Registers `pid` as nodus's own (one more count). The returned `Ours` takes the lock when
+    /// dropped: not while this one is held.
+    fn claim(&mut self, pid: i32) -> Ours {
+        *self
+            .pids
+            .get_or_insert_with(HashMap::new)
+            .entry(pid)
+            .or_insert(0) += 1;
+        Ours(pid)
+    }
+}
+
+/// The table's lock, held across a `fork` by the forking thread (see `process`).
+pub(super) type TableGuard = std::sync::MutexGuard<'static, Table>;
+
+pub(super) fn table() -> TableGuard {
+    super::lock_across_forks();
+    lock_table()
+}
+
+/// [`table`] without the fork handlers' registration: for the handlers themselves.
+pub(super) fn lock_table() -> TableGuard {
     // The table stays consistent across a panic (every update is one statement).
     OURS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The table's lock, taken with no fork of nodus's in progress (a spawn on another thread is
+/// waited out, 100 ms at most; `None` after that): every child of nodus's is in it then.
+fn quiet_table() -> Option<TableGuard> {
+    for _ in 0..1000 {
+        let t = table();
+        if t.spawning == 0 {
+            return Some(t);
+        }
+        drop(t);
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    None
 }
 
 /// A fork about to happen (see the module doc): take it before the fork, then
@@ -137,16 +199,12 @@ impl Spawning {
 
     /// The fork made `pid`: it is nodus's own until the returned registration is dropped.
     pub(crate) fn register(self, pid: Pid) -> Ours {
-        let raw = pid.as_raw_nonzero().get();
         let mut t = table();
-        *t.pids
-            .get_or_insert_with(HashMap::new)
-            .entry(raw)
-            .or_insert(0) += 1;
+        let ours = t.claim(pid.as_raw_nonzero().get());
         t.spawning -= 1;
         drop(t);
         std::mem::forget(self);
-        Ours(raw)
+        ours
     }
 }
 
@@ -197,9 +255,11 @@ struct Inner {
     inherited: RefCell<HashSet<i32>>,
     adopted: Cell<u64>,
     reaped: Cell<u64>,
-    /// This process was not a subreaper before `start`: `close` puts that back.
+    /// This process was not a subreaper before `start`: the end puts that back.
     set_here: bool,
     task: RefCell<Option<JoinHandle<()>>>,
+    /// The reaper has ended (see the module doc): no more passes.
+    ended: Cell<bool>,
     /// A second signal during the stop: SIGKILL what is left now.
     hurry: Cell<bool>,
     /// The primary's orphan guard, told of each adopted process while it runs (see the module
@@ -252,11 +312,15 @@ impl Reaper {
             reaped: Cell::new(0),
             set_here,
             task: RefCell::new(None),
+            ended: Cell::new(false),
             hurry: Cell::new(false),
             guard: RefCell::new(None),
         });
         let weak = Rc::downgrade(&inner);
         let task = crate::task::spawn_named("process:reaper", async move {
+            // Dropped with the task: by `close` (the reaper has ended then), or with the loop's
+            // `Runtime`, which ends the reaper even while a clone of it is still held.
+            let _end = EndWithTask(weak.clone());
             // Unref'd, as the signal stream: neither keeps the loop alive.
             let mut period = crate::time::interval(PASS_PERIOD);
             period.unref();
@@ -302,6 +366,9 @@ impl Reaper {
 
     /// One pass, under [`OURS`]'s lock throughout (see the module doc).
     fn pass(&self) -> Pass {
+        if self.0.ended.get() {
+            return Pass::Alive(Vec::new());
+        }
         let t = table();
         if t.spawning > 0 {
             return Pass::Deferred;
@@ -314,7 +381,7 @@ impl Reaper {
         let mut busy = false;
         let mut alive = Vec::new();
         for &pid in &listed {
-            if t.pids.as_ref().is_some_and(|p| p.contains_key(&pid)) {
+            if t.holds(pid) {
                 continue;
             }
             let Some(id) = Pid::from_raw(pid) else {
@@ -462,9 +529,11 @@ impl Reaper {
         self.0.hurry.set(true);
     }
 
-    /// Stops reaping (a child forked afterwards by other means keeps its exit status) and, if
-    /// [`start`](Self::start) made this process a subreaper, makes it none again (orphans go to
-    /// init again). Also done when the last clone is dropped.
+    /// Ends the reaper (see the module doc): no more passes (a child forked afterwards by other
+    /// means keeps its exit status); if [`start`](Self::start) made this process a subreaper,
+    /// it is none again (orphans go to init again); the adopted processes still unreaped are
+    /// handed to the orphan reaper's thread. Also done when the last clone is dropped, or when
+    /// the loop's `Runtime` is (the reaper's task with it).
     pub(crate) fn close(&self) {
         self.0.close();
     }
@@ -472,11 +541,86 @@ impl Reaper {
 
 impl Inner {
     fn close(&self) {
-        if let Some(task) = self.task.borrow_mut().take() {
+        self.end();
+        let task = self.task.borrow_mut().take();
+        if let Some(task) = task {
             task.abort();
-            if self.set_here {
-                let _ = rustix::process::set_child_subreaper(None);
+        }
+    }
+
+    /// The reaper's end, once (see the module doc): the subreaper mark it set taken off, then
+    /// every adopted child still unreaped (running, or a zombie) handed to the orphan reaper's
+    /// thread, which reaps it at its exit by its pidfd.
+    fn end(&self) {
+        if self.ended.replace(true) {
+            return;
+        }
+        // First: no orphan is re-parented here after the listing below.
+        if self.set_here {
+            let _ = rustix::process::set_child_subreaper(None);
+        }
+        let guard = self.guard.borrow_mut().take();
+        let inherited = std::mem::take(&mut *self.inherited.borrow_mut());
+        self.known.borrow_mut().clear();
+        let Some(mut t) = quiet_table() else {
+            tracing::warn!(
+                target: "nodus::process",
+                "the subreaper ends while another thread spawns: the processes it adopted are \
+                 not reaped when they exit"
+            );
+            return;
+        };
+        let me = rustix::process::getpid();
+        let mut handed = Vec::new();
+        for pid in children() {
+            // Not nodus's own (no fork of nodus's is in progress: each one is in the table),
+            // nor a child this process had before the start.
+            if t.holds(pid) || inherited.contains(&pid) {
+                continue;
             }
+            let Some(id) = Pid::from_raw(pid) else {
+                continue;
+            };
+            // Our child once its pidfd is open: the pidfd is that child's, whatever becomes of
+            // the number.
+            let Ok(pidfd) = rustix::process::pidfd_open(id, PidfdFlags::empty()) else {
+                continue;
+            };
+            if super::child::parent_of(id) != Some(me) {
+                continue;
+            }
+            // Remembered by the orphan guard: reaped only after the guard's exit, as a worker
+            // whose group it remembers (see `orphans`).
+            let guard_pidfd = match guard.as_ref().filter(|g| g.remembers_pid(pid)) {
+                None => None,
+                Some(guard) => match guard.pidfd() {
+                    Some(Ok(fd)) => Some(fd),
+                    // Reaped: the guard has exited and remembers nothing.
+                    None => None,
+                    // Its exit cannot be waited for: forgotten now (not covered, never wrong),
+                    // or, with its socket full, left unreaped (its number stays taken).
+                    Some(Err(_)) if guard.forget_pid(pid) => None,
+                    Some(Err(_)) => continue,
+                },
+            };
+            // Nodus's own from now until the orphan reaper's reap: no other subreaper (another
+            // primary's, on another thread) takes it meanwhile.
+            handed.push(Orphan::new(pidfd, id, None, guard_pidfd, t.claim(pid)));
+        }
+        drop(t);
+        for orphan in handed {
+            super::orphans::adopt(orphan);
+        }
+    }
+}
+
+/// Held by the reaper's task: its drop (with the task) ends the reaper, unless it has ended.
+struct EndWithTask(Weak<Inner>);
+
+impl Drop for EndWithTask {
+    fn drop(&mut self) {
+        if let Some(inner) = self.0.upgrade() {
+            inner.end();
         }
     }
 }
@@ -507,7 +651,7 @@ fn signal_child(pid: i32, sig: Signal, tree: bool) -> bool {
         return false;
     };
     let t = table();
-    if t.spawning > 0 || t.pids.as_ref().is_some_and(|p| p.contains_key(&pid)) {
+    if t.spawning > 0 || t.holds(pid) {
         return false;
     }
     let Ok(pidfd) = rustix::process::pidfd_open(id, PidfdFlags::empty()) else {
@@ -532,18 +676,13 @@ fn signal_child(pid: i32, sig: Signal, tree: bool) -> bool {
 /// with no fork of nodus's in progress (one on another thread is waited out, 100 ms at most):
 /// a child being forked would not be registered yet.
 fn inherited_children() -> HashSet<i32> {
-    for _ in 0..1000 {
-        let t = table();
-        if t.spawning == 0 {
-            return children()
-                .into_iter()
-                .filter(|pid| !t.pids.as_ref().is_some_and(|p| p.contains_key(pid)))
-                .collect();
-        }
-        drop(t);
-        std::thread::sleep(Duration::from_micros(100));
-    }
-    HashSet::new()
+    let Some(t) = quiet_table() else {
+        return HashSet::new();
+    };
+    children()
+        .into_iter()
+        .filter(|&pid| !t.holds(pid))
+        .collect()
 }
 
 /// This process's children: every thread's `/proc/self/task/TID/children` (a re-parented orphan

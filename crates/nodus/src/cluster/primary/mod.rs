@@ -41,6 +41,8 @@
 //!   only children that `crate::process` did not spawn, so never a worker or the guard), and,
 //!   once a stop has no worker left, SIGTERMs the adopted processes still running, SIGKILLs
 //!   them after the kill timeout, and logs how many. The counts are in the stats and metrics.
+//!   A runtime dropped without a stop ends the reaper too: the adopted processes still there
+//!   are reaped by the orphan reaper's thread (`crate::process`), none left a zombie.
 //!   Off for a library user by default: the primary would reap any child of the program that
 //!   `crate::process` did not start.
 //! - Round-robin and least hand connections over the channel, so they need workers with one
@@ -189,7 +191,9 @@ pub struct Config {
     /// (one started with `std::process` or another library) has its exit status taken by the
     /// primary, so its own `wait` fails (`ECHILD`), and one started after [`Primary::start`]
     /// counts as adopted (and is stopped with the others). The subreaper mark and
-    /// the reaping end when [`Primary::run`] returns.
+    /// the reaping end when [`Primary::run`] returns, or when the primary's runtime is dropped
+    /// without a stop: the adopted processes still there are then reaped at their exit by a
+    /// background thread (each by its pidfd; a child started afterwards keeps its exit status).
     pub subreaper: bool,
 }
 
