@@ -174,7 +174,8 @@ struct RunArgs {
     )]
     kill_timeout: f64,
     /// During a reload, seconds a new worker gets to become ready; under rr and least, also how
-    /// long an accepted connection waits for a worker to take it before it is reset.
+    /// long an accepted connection waits for a worker to take it before it is reset; with --node
+    /// and no --ready-after, how long a worker may go without listening before a warning says so.
     #[arg(
         long,
         value_name = "SECS",
@@ -194,7 +195,10 @@ struct RunArgs {
     restart: RestartArg,
     /// The workers are Node programs; nodus is their cluster primary (NODE_CLUSTER). Node makes a
     /// process a cluster worker only with a process.argv[1] (a script, or an argument after -e
-    /// code), so `node -e CODE` alone is refused (give it one: `node -e CODE -- worker`).
+    /// code), so `node -e CODE` alone is refused (give it one: `node -e CODE -- worker`). A
+    /// listen with no host binds [::] dual-stack (0.0.0.0 without IPv6), as Node does. A
+    /// worker's process.send() messages reach no handler (nodus runs no JavaScript): each is a
+    /// `message` event (--events), the first one logged.
     #[arg(long)]
     node: bool,
     /// Append lifecycle events (fork, ready, exit, reload...) to FILE as JSON lines. Their t_ns

@@ -16,7 +16,11 @@
 //!   gets that socket; port 0 names no port and is refused (usage), and the primary warns about
 //!   a `-l` socket no worker asked for and a `listen` on its port it does not cover. A `node`
 //!   command with no script (`node -e CODE` alone) is refused (usage): Node makes a process a
-//!   cluster worker only when `process.argv[1]` is set ([`no_argv1`]).
+//!   cluster worker only when `process.argv[1]` is set ([`no_argv1`]). A `listen` with no host
+//!   is bound `::` dual-stack (`0.0.0.0` without IPv6), as Node binds it. The primary logs the
+//!   first application message of the run (`process.send()`: nodus runs no JavaScript, so none
+//!   is handled) and warns about a worker that has not listened within `--ready-timeout`
+//!   (without `--ready-after` it is not ready until it does).
 //!
 //! The program is checked before any worker starts (`check_runnable`: found as `execvp` finds
 //! it, executable, and so is a script's `#!` interpreter, or `env`'s command), so the usual

@@ -5,13 +5,15 @@
 //! seconds and a negative number are refused as usage errors, the notify socket
 //! heeds only the worker's own process group and is closed with its worker, a Node worker's
 //! pipe `listen` is refused instead of bound as TCP, `--node`'s `-l` socket serves a worker's
-//! `listen` on an address it covers (another address on its port is said), `node -e CODE` with
-//! no script is refused (and said at each worker's `listen` behind a wrapper), the program
-//! follows the options with or without `--`, a program that cannot be run (its name quoted) is
-//! refused before any worker starts, a stop that had to kill workers exits with its own code
-//! (124, or 128 + a second signal's number) while a drain in time exits 0, a worker's exit is
-//! logged after its last output line, and no child of a worker outlives it (a stop, a crash
-//! loop to the give-up, a clean exit).
+//! `listen` on an address it covers (another address on its port is said), a `--node` `listen`
+//! with no host is bound `::` dual-stack as plain `node` binds it (`ipv6Only` honoured), a
+//! `--node` worker's first message is said once and one that never listens is warned about,
+//! `node -e CODE` with no script is refused (and said at each worker's `listen` behind a
+//! wrapper), the program follows the options with or without `--`, a program that cannot be run
+//! (its name quoted) is refused before any worker starts, a stop that had to kill workers exits
+//! with its own code (124, or 128 + a second signal's number) while a drain in time exits 0, a
+//! worker's exit is logged after its last output line, and no child of a worker outlives it (a
+//! stop, a crash loop to the give-up, a clean exit).
 //!
 //! Every process is started in its own process group and the whole group is killed by PID when
 //! the test ends; a worker's background children, which a worker writes to a file, are killed by
@@ -594,17 +596,16 @@ fn node_with_listen(dir: &TempDir, listen: &str, port: u16) -> Proc {
     node_app(dir, &["-l", listen], None, port)
 }
 
-/// `nodus run --node -w 1 --ready-timeout 1 OPTIONS... -- node app.js`, the app listening on
-/// `HOST` (none: any host) port `PORT`, then printing `address` and its `server.address()`.
+/// A Node app listening on `HOST` (none: any host) port `PORT`, then printing `address` and its
+/// `server.address()`.
+const NODE_APP: &str = "require('http').createServer((q, r) => r.end('hello\\n'))\n  \
+     .listen(+process.env.PORT, process.env.HOST, function () {\n    \
+     console.log('address', JSON.stringify(this.address()));\n  });\n";
+
+/// `nodus run --node -w 1 --ready-timeout 1 OPTIONS... -- node app.js`, the app [`NODE_APP`].
 fn node_app(dir: &TempDir, options: &[&str], host: Option<&str>, port: u16) -> Proc {
     let app = dir.path().join("app.js");
-    std::fs::write(
-        &app,
-        "require('http').createServer((q, r) => r.end('hello\\n'))\n  \
-         .listen(+process.env.PORT, process.env.HOST, function () {\n    \
-         console.log('address', JSON.stringify(this.address()));\n  });\n",
-    )
-    .unwrap();
+    std::fs::write(&app, NODE_APP).unwrap();
     let mut cmd = Command::new(NODUS);
     cmd.args(["run", "--node", "-w", "1", "--ready-timeout", "1"])
         .args(options)
@@ -736,6 +737,150 @@ fn with_node_an_l_socket_serves_a_listen_on_an_address_it_covers() {
         "{:#?}",
         primary.output()
     );
+}
+
+#[test]
+fn with_node_a_listen_with_no_host_is_bound_dual_stack_as_node_binds_it() {
+    if !have("node") {
+        return;
+    }
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        println!("skipped: no IPv6 loopback");
+        return;
+    }
+    let dir = TempDir::new("node-any-host");
+    let port = nodus_testkit::net::free_addr().port();
+    let v4 = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let v6 = std::net::SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port));
+
+    // Plain node: `::`, dual-stack.
+    let app = dir.path().join("plain.js");
+    std::fs::write(&app, NODE_APP).unwrap();
+    let mut plain = spawn(Command::new("node").arg(&app).env("PORT", port.to_string()));
+    let expected = plain.wait_line("address ");
+    assert_eq!(
+        expected,
+        format!(r#"address {{"address":"::","family":"IPv6","port":{port}}}"#)
+    );
+    for addr in [v4, v6] {
+        assert_eq!(common::http::get(addr, "/").body, b"hello\n", "{addr}");
+    }
+    plain.signal(Signal::KILL);
+    assert!(plain.exited_within(Duration::from_secs(20)).is_some());
+
+    // Its workers under nodus, whatever the policy: the same.
+    for policy in ["rr", "least", "shared", "reuseport"] {
+        let mut primary = node_app(&dir, &["--policy", policy], None, port);
+        let line = primary.wait_line("] address ");
+        assert!(line.ends_with(&format!("] {expected}")), "{policy}: {line}");
+        primary.wait_line("1 worker ready");
+        for addr in [v4, v6] {
+            assert_eq!(
+                common::http::get(addr, "/").body,
+                b"hello\n",
+                "{policy}: {addr}"
+            );
+        }
+        primary.signal(Signal::TERM);
+        assert_exit(&mut primary, Duration::from_secs(20), 0);
+    }
+
+    // `ipv6Only` (with host `::`, where Node passes it on): IPv6 only, as Node binds it.
+    let app = dir.path().join("v6only.js");
+    std::fs::write(
+        &app,
+        "require('http').createServer((q, r) => r.end('hello\\n'))\n  \
+         .listen({ port: +process.env.PORT, host: '::', ipv6Only: true }, function () {\n    \
+         console.log('address', JSON.stringify(this.address()));\n  });\n",
+    )
+    .unwrap();
+    for policy in ["rr", "shared", "reuseport"] {
+        let mut primary = spawn(
+            Command::new(NODUS)
+                .args(["run", "--node", "-w", "1", "--policy", policy, "--", "node"])
+                .arg(&app)
+                .env("PORT", port.to_string())
+                .env("RUST_LOG", "info"),
+        );
+        primary.wait_line("1 worker ready");
+        assert_eq!(common::http::get(v6, "/").body, b"hello\n", "{policy}");
+        let refused = std::net::TcpStream::connect_timeout(&v4, Duration::from_secs(5));
+        assert!(
+            refused.is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused),
+            "{policy}: IPv4 is not served"
+        );
+        primary.signal(Signal::TERM);
+        assert_exit(&mut primary, Duration::from_secs(20), 0);
+    }
+}
+
+#[test]
+fn with_node_a_worker_message_is_said_once_and_a_worker_that_never_listens_is_warned_about() {
+    if !have("node") {
+        return;
+    }
+    let dir = TempDir::new("node-no-listen");
+    let log = dir.path().join("events.jsonl");
+    let app = dir.path().join("consumer.js");
+    // Never listens; two application messages; gone when the primary disconnects it.
+    std::fs::write(
+        &app,
+        "process.send({ hello: 1 }); process.send('again');\n\
+         process.on('disconnect', () => process.exit(0));\n\
+         console.log('up'); setInterval(() => {}, 1000);\n",
+    )
+    .unwrap();
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args([
+                "run",
+                "--node",
+                "-w",
+                "2",
+                "--ready-timeout",
+                "1",
+                "--events",
+            ])
+            .arg(&log)
+            .args(["--", "node"])
+            .arg(&app)
+            .env("RUST_LOG", "info"),
+    );
+    for slot in 1..=2 {
+        let up = primary.wait_line(&format!("[worker {slot} "));
+        let pid = up.split([' ', ']']).nth(2).unwrap().to_owned();
+        let warning = primary.wait_line(&format!("worker {slot} (pid {pid}) has not listened"));
+        assert!(
+            warning.contains(" WARN ")
+                && warning.contains(
+                    "has not listened in 1s: with --node a worker is ready at its first listen"
+                )
+                && warning.ends_with("is ready after --ready-after SECS"),
+            "{warning}"
+        );
+    }
+    wait_events(&log, |e| count(e, "message") == 4);
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(20), 0);
+    let lines = primary.output();
+    let said: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("sent a message"))
+        .collect();
+    assert_eq!(said.len(), 1, "{lines:#?}");
+    assert!(
+        said[0].contains(" INFO ")
+            && said[0].contains(" sent a message (process.send): ")
+            && said[0].contains("no cluster.on('message') handler receives worker messages")
+            && said[0].contains("`message` event (--events FILE)"),
+        "{}",
+        said[0]
+    );
+    let warned = lines
+        .iter()
+        .filter(|l| l.contains("has not listened"))
+        .count();
+    assert_eq!(warned, 2, "once per worker: {lines:#?}");
 }
 
 /// `nodus run --node -w 2 -- node ARGS...` with the app's code as `-e`'s, listening on 127.0.0.1

@@ -74,7 +74,8 @@ pub(crate) struct Incoming<'a> {
     pub address_type: Option<Value>,
     pub fd: Option<Value>,
     pub index: Option<Value>,
-    /// A UDP `queryServer`'s libuv bind flags (`UV_UDP_IPV6ONLY` 1, `UV_UDP_REUSEADDR` 4).
+    /// A `queryServer`'s libuv bind flags: TCP `UV_TCP_IPV6ONLY` 1 (`ipv6Only`); UDP
+    /// `UV_UDP_IPV6ONLY` 1, `UV_UDP_REUSEADDR` 4.
     pub flags: Option<u64>,
     pub errno: Option<Value>,
     // nodus extensions

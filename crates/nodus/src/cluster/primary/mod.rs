@@ -321,6 +321,9 @@ pub(crate) struct State {
     fd_reserve: handoff::FdReserve,
     /// Fds workers gave back (`returned`) that were not connections of the listener: closed.
     returned_rejected: Cell<u64>,
+    /// A worker's application message (`process.send()`) was logged at INFO (`proc`): the
+    /// next ones are logged at DEBUG.
+    app_message_said: Cell<bool>,
     stats_cache: RefCell<stats::Cache>,
     /// The orphan guard (`crate::process::OrphanGuard`): remembers every worker's process group
     /// and SIGKILLs those left when this process is gone. `None` if it could not be started.
@@ -457,6 +460,7 @@ impl Primary {
             accepting_stopped: Cell::new(false),
             fd_reserve: handoff::FdReserve::new(),
             returned_rejected: Cell::new(0),
+            app_message_said: Cell::new(false),
             stats_cache: RefCell::default(),
             guard,
             reaper,

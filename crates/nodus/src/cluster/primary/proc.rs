@@ -26,6 +26,10 @@
 //!   cleared when its channel ends (its snapshot and `answered_last` with it): the stats ask a
 //!   worker only while it can answer, so one that does not answer is stalled, never a Node
 //!   worker or a plain program.
+//! - Application messages (`process.send()`) are not handled (no JavaScript runs here): each is
+//!   a `message` event, the first of the run logged at INFO saying so, the rest at DEBUG. Under
+//!   `Readiness::Listening` a worker with a channel that has not sent `listening` after
+//!   `ready_timeout` is warned about once.
 
 use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::HashMap;
@@ -294,6 +298,7 @@ impl Proc {
             })
             .detach();
         }
+        warn_if_never_listening(st, &proc);
         if let Readiness::Alive(after) | Readiness::ListeningOrAlive(after) = st.config.readiness {
             let (s, p) = (st.clone(), proc.clone());
             crate::task::spawn_named("cluster:alive", async move {
@@ -616,10 +621,62 @@ fn on_user_message(st: &Rc<State>, proc: &Rc<Proc>, msg: &Message) {
         supervise::going_down(st, proc);
         return;
     }
+    log_app_message(st, proc, msg.json());
     st.emit(
         Some(proc),
         EventKind::Message {
             json: msg.json().to_owned(),
         },
     );
+}
+
+/// Logs a worker's application message (`process.send()`): the first one of the run at INFO,
+/// saying what becomes of them (nodus runs no JavaScript, so no `cluster.on('message')`
+/// handler sees them), the next ones at DEBUG.
+fn log_app_message(st: &State, proc: &Proc, json: &str) {
+    let json = &json[..json.floor_char_boundary(200)];
+    if st.app_message_said.replace(true) {
+        tracing::debug!(
+            target: "nodus::cluster",
+            "worker {} (pid {}) sent a message: {json}", proc.slot, proc.pid
+        );
+    } else {
+        tracing::info!(
+            target: "nodus::cluster",
+            "worker {} (pid {}) sent a message (process.send): {json}; nodus runs no JavaScript, \
+             so no cluster.on('message') handler receives worker messages: each is only written \
+             to the event log as a `message` event (--events FILE), and logged at DEBUG from now on",
+            proc.slot, proc.pid
+        );
+    }
+}
+
+/// Under [`Readiness::Listening`] (`nodus run --node` without `--ready-after`), a worker with a
+/// channel that has not sent `listening` after `ready_timeout` is warned about, once: it is not
+/// ready until it does (`/_nodus/readyz` says 503, a reload waiting for it fails), and nothing
+/// else says why.
+fn warn_if_never_listening(st: &Rc<State>, proc: &Rc<Proc>) {
+    if st.config.readiness != Readiness::Listening || proc.channel.is_none() {
+        return;
+    }
+    let (s, p) = (st.clone(), proc.clone());
+    crate::task::spawn_named("cluster:not-listening", async move {
+        crate::time::sleep(s.config.ready_timeout).await;
+        if p.state.get() >= ProcState::Listening || p.drained.get() || p.going_down.get() {
+            return;
+        }
+        let online = if p.state.get() == ProcState::Starting {
+            "; it has not said `online` either (is it a Node program run as `node FILE`?)"
+        } else {
+            ""
+        };
+        tracing::warn!(
+            target: "nodus::cluster",
+            "worker {} (pid {}) has not listened in {:?}: with --node a worker is ready at its \
+             first listen (a server.listen() callback in the worker), so it is not ready yet{online}; \
+             one that never listens (a queue consumer) is ready after --ready-after SECS",
+            p.slot, p.pid, s.config.ready_timeout
+        );
+    })
+    .detach();
 }

@@ -13,6 +13,10 @@
 //!   never ask. A server whose policy is round-robin or least is accepted on by
 //!   one task of the primary; a shared one is only duplicated into workers (never registered with
 //!   the primary's reactor, so incoming connections do not wake the primary).
+//! - A worker's TCP `listen` is bound as Node's own primary binds it ([`Bind`]): with no host,
+//!   `::` (Node always sends `addressType` 4 then), falling back to `0.0.0.0` only when that
+//!   cannot be bound for another reason than a busy port; an IPv6 socket is dual-stack unless the
+//!   worker asked `ipv6Only`. Its `server.address()` is the socket's address (`::`, IPv6).
 //! - A plain program gets listeners only under `shared` and `reuseport` (blocking, as systemd
 //!   passes them); never the primary's own non-blocking accept socket.
 //! - Reuse-port sockets are bound per worker and not kept: a socket nobody accepts on would
@@ -217,10 +221,12 @@ fn is_datagram(m: &Incoming<'_>) -> bool {
     )
 }
 
-/// The address a `queryServer` asks for (Node sends `null` for "any": IPv6 any, dual-stack, as
-/// Node's own listen does; a host name is resolved by the worker before it asks). Anything else
-/// (a pipe path: Node's `listen('/path')`) is refused with `EAFNOSUPPORT`: the primary serves TCP
-/// and UDP only, and must not bind "any" in its place.
+/// The address a `queryServer` asks for (a host name is resolved by the worker before it asks).
+/// Node sends `null` for "any": a TCP `listen` with no host (always `addressType` 4) is `::`,
+/// bound as [`Bind`] says (dual-stack, `0.0.0.0` if IPv6 cannot be bound); a `dgram` bind is its
+/// type's wildcard (`udp4`: `0.0.0.0`). Anything else (a pipe path: Node's `listen('/path')`) is
+/// refused with `EAFNOSUPPORT`: the primary serves TCP and UDP only, and must not bind "any" in
+/// its place.
 fn requested_addr(m: &Incoming<'_>) -> io::Result<SocketAddr> {
     let ip = match m.address.as_deref() {
         Some(a) => a.parse::<IpAddr>().map_err(|_| {
@@ -229,9 +235,7 @@ fn requested_addr(m: &Incoming<'_>) -> io::Result<SocketAddr> {
                 format!("{a:?} is not an IP address (the cluster primary serves TCP and UDP only)"),
             )
         })?,
-        None if m.address_type.as_ref().and_then(|v| v.as_u64()) == Some(4)
-            || m.address_type.as_ref().and_then(|v| v.as_str()) == Some("udp4") =>
-        {
+        None if m.address_type.as_ref().and_then(|v| v.as_str()) == Some("udp4") => {
             IpAddr::V4(Ipv4Addr::UNSPECIFIED)
         }
         None => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
@@ -244,6 +248,45 @@ fn requested_addr(m: &Incoming<'_>) -> io::Result<SocketAddr> {
         )
     })?;
     Ok(SocketAddr::new(ip, port))
+}
+
+/// Node's `UV_TCP_IPV6ONLY` bind flag (a `queryServer`'s `flags`: `listen({ ipv6Only: true })`).
+const UV_TCP_IPV6ONLY: u64 = 1;
+
+/// How a worker's TCP `listen` is bound, as Node's own primary binds it (`createServerHandle`
+/// and `setupListenHandle` in Node's `net`).
+#[derive(Clone, Copy, Default)]
+struct Bind {
+    /// `ipv6Only`: an IPv6 socket takes IPv6 connections only (otherwise it is dual-stack).
+    ipv6_only: bool,
+    /// No host was named (`::` asked): if `::` cannot be bound (no IPv6), `0.0.0.0` is. Not for a
+    /// busy port: libuv reports that at `listen`, where Node does not fall back.
+    any: bool,
+}
+
+impl Bind {
+    fn of(m: &Incoming<'_>) -> Bind {
+        Bind {
+            ipv6_only: m.flags.unwrap_or(0) & UV_TCP_IPV6ONLY != 0,
+            any: m.address.is_none(),
+        }
+    }
+
+    /// A listening socket on `addr` (`reuse_port`: with `SO_REUSEPORT`).
+    fn listen(self, addr: SocketAddr, reuse_port: bool) -> io::Result<TcpListener> {
+        let options = ListenOptions {
+            reuse_port,
+            ipv6_only: self.ipv6_only,
+            ..ListenOptions::default()
+        };
+        match TcpListener::bind_with(addr, options) {
+            Err(e) if self.any && e.kind() != io::ErrorKind::AddrInUse => {
+                let v4 = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), addr.port());
+                TcpListener::bind_with(v4, options)
+            }
+            bound => bound,
+        }
+    }
 }
 
 /// A socket bound to `addr` with `SO_REUSEPORT`, not listening: it keeps the port from anyone
@@ -264,8 +307,14 @@ fn hold_port(addr: SocketAddr) -> io::Result<socket2::Socket> {
     Ok(socket)
 }
 
-/// Finds (or binds) the server a key names.
-fn server_for(st: &Rc<State>, proc: &Proc, key: &str, addr: SocketAddr) -> io::Result<Rc<Server>> {
+/// Finds (or binds, as `bind` says) the server a key names.
+fn server_for(
+    st: &Rc<State>,
+    proc: &Proc,
+    key: &str,
+    addr: SocketAddr,
+    bind: Bind,
+) -> io::Result<Rc<Server>> {
     if let Some(s) = st.servers.borrow().get(key) {
         return Ok(s.clone());
     }
@@ -274,10 +323,7 @@ fn server_for(st: &Rc<State>, proc: &Proc, key: &str, addr: SocketAddr) -> io::R
     }
     let server = match claim_prebound(st, proc, addr) {
         Some(s) => s,
-        None => {
-            let l = TcpListener::bind(addr)?;
-            Server::new(st, l.into_std(), st.config.policy)?
-        }
+        None => Server::new(st, bind.listen(addr, false)?.into_std(), st.config.policy)?,
     };
     st.servers
         .borrow_mut()
@@ -383,11 +429,14 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
             .map(|fd| (None, Some(fd)))
     } else if st.config.policy == Policy::ReusePort {
         // A pre-bound port is only held: the worker binds a socket of its own on it, on the
-        // pre-bound address (the operator's), not the one asked.
-        addr.map(|addr| claim_prebound(st, proc, addr).map_or(addr, |server| server.addr))
-            .and_then(|addr| reuseport_socket(st, &key, addr).map(|fd| (None, Some(fd))))
+        // pre-bound address (the operator's, dual-stack as held), not the one asked.
+        addr.map(|addr| {
+            claim_prebound(st, proc, addr)
+                .map_or((addr, Bind::of(m)), |server| (server.addr, Bind::default()))
+        })
+        .and_then(|(addr, bind)| reuseport_socket(st, &key, addr, bind).map(|fd| (None, Some(fd))))
     } else {
-        addr.and_then(|addr| server_for(st, proc, &key, addr))
+        addr.and_then(|addr| server_for(st, proc, &key, addr, Bind::of(m)))
             .and_then(|server| match &server.sock {
                 Sock::Shared(copy) => Ok((None, Some(shared_copy(copy)?))),
                 Sock::Released(_) => unreachable!("released sockets exist only under reuseport"),
@@ -499,20 +548,21 @@ fn give_board(proc: &Proc) {
     }
 }
 
-/// A fresh `SO_REUSEPORT` socket for one worker. Port 0 is resolved once per key so every
-/// worker shares the port.
-fn reuseport_socket(st: &Rc<State>, key: &str, addr: SocketAddr) -> io::Result<OwnedFd> {
+/// A fresh `SO_REUSEPORT` socket for one worker, bound as `bind` says. Port 0 is resolved once
+/// per key so every worker shares the port.
+fn reuseport_socket(
+    st: &Rc<State>,
+    key: &str,
+    addr: SocketAddr,
+    bind: Bind,
+) -> io::Result<OwnedFd> {
     let mut addr = addr;
     if addr.port() == 0
         && let Some(port) = st.reuseport_ports.borrow().get(key)
     {
         addr.set_port(*port);
     }
-    let options = ListenOptions {
-        reuse_port: true,
-        ..ListenOptions::default()
-    };
-    let l = TcpListener::bind_with(addr, options)?;
+    let l = bind.listen(addr, true)?;
     if addr.port() == 0 {
         let port = l.local_addr()?.port();
         st.reuseport_ports.borrow_mut().insert(key.to_owned(), port);
@@ -705,7 +755,7 @@ mod tests {
 
     use socket2::{Domain, Socket, Type};
 
-    use super::{covers, hold_port};
+    use super::{Bind, covers, hold_port};
 
     #[test]
     fn a_prebound_socket_covers_any_host_its_own_address_and_with_a_wildcard_its_family() {
@@ -740,6 +790,28 @@ mod tests {
         ] {
             assert!(!covers(a(bound), dual, a(asked)), "{bound} {dual} {asked}");
         }
+    }
+
+    #[test]
+    fn any_host_falls_back_to_ipv4_when_ipv6_cannot_be_bound_but_not_when_the_port_is_busy() {
+        crate::Runtime::new().block_on(async {
+            let any = Bind {
+                ipv6_only: false,
+                any: true,
+            };
+            // An address this host does not have stands for IPv6 that cannot be bound.
+            let unbindable: SocketAddr = "[2001:db8::1]:0".parse().unwrap();
+            let bound = any.listen(unbindable, false).unwrap();
+            assert_eq!(bound.local_addr().unwrap().ip().to_string(), "0.0.0.0");
+            let named = Bind { any: false, ..any };
+            assert!(named.listen(unbindable, false).is_err());
+            // A busy port is an error, as in Node (libuv reports it at `listen`).
+            let Ok(taken) = std::net::TcpListener::bind("[::1]:0") else {
+                return; // no IPv6 loopback here
+            };
+            let err = any.listen(taken.local_addr().unwrap(), false).unwrap_err();
+            assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse);
+        });
     }
 
     /// A worker's socket: `SO_REUSEADDR` and `SO_REUSEPORT`, listening.
