@@ -82,7 +82,8 @@ enum Command {
     /// reload, SIGTERM/SIGINT drain, no orphans.
     ///
     /// A plain program gets the -l listeners the systemd way (fds 3.., LISTEN_FDS, LISTEN_PID,
-    /// LISTEN_FDNAMES) and a NOTIFY_SOCKET (READY=1: ready; STOPPING=1: going down). With
+    /// LISTEN_FDNAMES) and a NOTIFY_SOCKET (READY=1: ready, waited for with --wait-ready;
+    /// STOPPING=1: going down). With
     /// --node, the workers are stock Node programs and nodus is their cluster primary:
     /// `http.createServer(...).listen(8080)` runs clustered with no code change (-l then only
     /// binds ADDR first, for the workers' listen on its port and an address it covers). The start
@@ -184,12 +185,24 @@ struct RunArgs {
         value_parser = positive_seconds
     )]
     ready_timeout: f64,
-    /// A plain program that never sends READY=1 counts as ready after being up this long
-    /// (default 1). With --node a worker is ready at its first `listening`, or, given this, after
-    /// being up this long without one (a worker that never listens: a queue consumer, an
-    /// `exclusive` server).
-    #[arg(long, value_name = "SECS", allow_negative_numbers = true, value_parser = seconds)]
+    /// A plain program is ready once up this long (default 1), whatever it sends, or at its
+    /// READY=1 if that comes sooner. With --node a worker is ready at its first `listening`, or,
+    /// given this, after being up this long without one (a worker that never listens: a queue
+    /// consumer, an `exclusive` server). Not with --wait-ready.
+    #[arg(
+        long,
+        value_name = "SECS",
+        allow_negative_numbers = true,
+        value_parser = seconds,
+        conflicts_with = "wait_ready"
+    )]
     ready_after: Option<f64>,
+    /// A worker is ready only when it says so (PM2's --wait-ready): a plain program sends
+    /// READY=1 to its NOTIFY_SOCKET, a --node worker calls process.send('ready') (its
+    /// `listening` does not count). A reload waits for it up to --ready-timeout, or fails and
+    /// the running workers keep serving.
+    #[arg(long)]
+    wait_ready: bool,
     /// permanent (always restarted), transient (only after a crash), temporary (never).
     #[arg(long, value_enum, default_value_t = RestartArg::Permanent)]
     restart: RestartArg,
@@ -484,6 +497,7 @@ fn main() {
             kill_timeout: Duration::from_secs_f64(args.kill_timeout),
             ready_timeout: Duration::from_secs_f64(args.ready_timeout),
             ready_after: args.ready_after.map(Duration::from_secs_f64),
+            wait_ready: args.wait_ready,
             restart: match args.restart {
                 RestartArg::Permanent => nodus::cluster::RestartType::Permanent,
                 RestartArg::Transient => nodus::cluster::RestartType::Transient,

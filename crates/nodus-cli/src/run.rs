@@ -5,13 +5,15 @@
 //! - A plain program (the default): the listeners of `-l` (or the ones systemd passed to nodus)
 //!   reach it the systemd way, fds 3.. with `LISTEN_FDS`/`LISTEN_FDNAMES`; `LISTEN_PID` is set by
 //!   the `__exec-listen` step, which runs in the worker's own process and then executes the
-//!   program. It is ready when it sends `READY=1` to its `NOTIFY_SOCKET` or has stayed up
-//!   `--ready-after`; `STOPPING=1` is its "going down" notice. It is stopped with SIGTERM.
+//!   program. It is ready once it has stayed up `--ready-after` (1 s), whatever it sends, or
+//!   at its `READY=1` on its `NOTIFY_SOCKET` if that comes first; with `--wait-ready`, at its
+//!   `READY=1` only. `STOPPING=1` is its "going down" notice. It is stopped with SIGTERM.
 //! - `--node`: stock Node programs, with nodus as their cluster primary over `NODE_CLUSTER`
 //!   (`cluster.isWorker` is true in them): `server.listen(...)` gets its socket or its
 //!   connections from nodus. Ready at their first `listening` (or, with `--ready-after`, once up
-//!   that long without one: a worker that never listens); stopped with a `disconnect`. `-l`
-//!   passes nothing to them: it binds ADDR before they start, and a worker's `listen` on its
+//!   that long without one: a worker that never listens), or with `--wait-ready` only at PM2's
+//!   `process.send('ready')` (the string `'ready'` on the channel); stopped with a `disconnect`.
+//!   `-l` passes nothing to them: it binds ADDR before they start, and a worker's `listen` on its
 //!   port on an address ADDR covers (any host, ADDR's, or with ADDR a wildcard its family's)
 //!   gets that socket; port 0 names no port and is refused (usage), and the primary warns about
 //!   a `-l` socket no worker asked for and a `listen` on its port it does not cover. A `node`
@@ -61,6 +63,8 @@ pub struct RunOptions {
     pub ready_timeout: Duration,
     /// `--ready-after`: for a plain program 1 s when not given; under `--node`, none.
     pub ready_after: Option<Duration>,
+    /// `--wait-ready`: ready only when the worker says so (clap refuses it with `--ready-after`).
+    pub wait_ready: bool,
     pub restart: RestartType,
     pub node: bool,
     pub events: Option<PathBuf>,
@@ -362,10 +366,11 @@ pub fn run(options: RunOptions) -> i32 {
             .kill_timeout
             .saturating_sub((options.kill_timeout / 10).min(Duration::from_secs(1)));
         config.ready_timeout = options.ready_timeout;
-        config.readiness = match (options.node, options.ready_after) {
-            (true, None) => Readiness::Listening,
-            (true, Some(after)) => Readiness::ListeningOrAlive(after),
-            (false, after) => Readiness::Alive(after.unwrap_or(Duration::from_secs(1))),
+        config.readiness = match (options.wait_ready, options.node, options.ready_after) {
+            (true, _, _) => Readiness::Message,
+            (false, true, None) => Readiness::Listening,
+            (false, true, Some(after)) => Readiness::ListeningOrAlive(after),
+            (false, false, after) => Readiness::Alive(after.unwrap_or(Duration::from_secs(1))),
         };
         config.event_log = options.events;
         // The primary is the init of what its workers leave behind (every child of this process

@@ -13,7 +13,9 @@
 //! (its name quoted) is refused before any worker starts, a stop that had to kill workers exits
 //! with its own code (124, or 128 + a second signal's number) while a drain in time exits 0, a
 //! worker's exit is logged after its last output line, and no child of a worker outlives it (a
-//! stop, a crash loop to the give-up, a clean exit).
+//! stop, a crash loop to the give-up, a clean exit), `--wait-ready` waits for a worker's own word
+//! (`READY=1`, or a Node worker's `process.send('ready')`) before a reload drains the old one,
+//! and a reload and each backoff wait are logged.
 //!
 //! Every process is started in its own process group and the whole group is killed by PID when
 //! the test ends; a worker's background children, which a worker writes to a file, are killed by
@@ -548,6 +550,214 @@ fn a_reload_a_shutdown_cuts_short_is_abandoned_not_failed() {
         "{lines:#?}"
     );
     assert!(!lines.iter().any(|l| l.contains("failed")), "{lines:#?}");
+}
+
+/// A plain program that sends `READY=1` to its `NOTIFY_SOCKET` `READY_DELAY` seconds after its
+/// start, then sleeps; SIGTERM ends it `STOP_DELAY` seconds later.
+const PYTHON_READY_LATE: &str = r#"
+import os, signal, socket, time
+def stop(*_):
+    time.sleep(float(os.environ['STOP_DELAY']))
+    os._exit(0)
+signal.signal(signal.SIGTERM, stop)
+time.sleep(float(os.environ['READY_DELAY']))
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.sendto(b'READY=1', '\0' + os.environ['NOTIFY_SOCKET'][1:])
+time.sleep(60)
+"#;
+
+/// A log line's time of day in seconds (`2026-01-02T03:04:05.678901Z  INFO ...`).
+fn log_time(line: &str) -> f64 {
+    let time = line
+        .split(['T', 'Z'])
+        .nth(1)
+        .unwrap_or_else(|| panic!("{line}"));
+    time.split(':')
+        .map(|part| part.parse::<f64>().unwrap_or_else(|_| panic!("{line}")))
+        .fold(0.0, |sum, part| sum * 60.0 + part)
+}
+
+/// The `t_ns` of the first event `event` of `pid` in `evs`, and its index.
+fn event_of(evs: &[serde_json::Value], event: &str, pid: u64) -> (usize, u64) {
+    evs.iter()
+        .enumerate()
+        .find(|(_, e)| e["event"] == event && e["pid"] == pid)
+        .map(|(i, e)| (i, e["t_ns"].as_u64().unwrap()))
+        .unwrap_or_else(|| panic!("no {event} of pid {pid}: {evs:#?}"))
+}
+
+#[test]
+fn with_wait_ready_a_reload_drains_the_old_worker_only_after_the_new_one_sent_ready() {
+    if !have("python3") {
+        return;
+    }
+    let dir = TempDir::new("wait-ready");
+    let app = dir.path().join("app.py");
+    std::fs::write(&app, PYTHON_READY_LATE).unwrap();
+    let log = dir.path().join("events.jsonl");
+    // READY=1 2 s after the start: past the 1 s `--ready-after` would count it ready at.
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "-w", "1", "--wait-ready", "--ready-timeout", "20"])
+            .arg("--events")
+            .arg(&log)
+            .args(["--", "python3"])
+            .arg(&app)
+            .env("READY_DELAY", "2")
+            .env("STOP_DELAY", "1")
+            .env("RUST_LOG", "info"),
+    );
+    let evs = wait_events(&log, |e| count(e, "ready") == 1);
+    let old = evs.iter().find(|e| e["event"] == "fork").unwrap()["pid"]
+        .as_u64()
+        .unwrap();
+    primary.signal(Signal::HUP);
+    let evs = wait_events(&log, |e| {
+        count(e, "exit") == 1 && count(e, "reload_done") == 1
+    });
+    let new = evs.iter().filter(|e| e["event"] == "fork").nth(1).unwrap()["pid"]
+        .as_u64()
+        .unwrap();
+    let (_, forked) = event_of(&evs, "fork", new);
+    let (ready_at, ready) = event_of(&evs, "ready", new);
+    let (drain_at, _) = event_of(&evs, "drain", old);
+    // The old worker is asked to drain only after the new one's READY=1, 2 s after its start.
+    assert!(ready_at < drain_at, "{evs:#?}");
+    assert!(
+        ready - forked >= 1_900_000_000,
+        "ready {} ms after the fork: {evs:#?}",
+        (ready - forked) / 1_000_000
+    );
+    // One line for the switch, then "reload done" once the old worker has exited.
+    let done = primary.wait_line("reload done: generation 1 serving, the old workers have exited");
+    let lines = primary.output().to_vec();
+    let at = |what: &str| {
+        lines
+            .iter()
+            .position(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("no {what:?}: {lines:#?}"))
+    };
+    let switch = format!("reload: worker 1 pid {old} → pid {new} (ready ");
+    assert!(
+        lines[at(&switch)].ends_with(&format!("after its start); pid {old} asked to stop")),
+        "{lines:#?}"
+    );
+    assert!(
+        at(&switch) < at("waiting for 1 old worker to exit") && at(&done) > at(&switch),
+        "{lines:#?}"
+    );
+    // "reload done" waited for the old worker's exit, 1 s after its SIGTERM.
+    let waited = (log_time(&done) - log_time(&lines[at(&switch)])).rem_euclid(86_400.0);
+    assert!(waited >= 0.9, "{waited} s: {lines:#?}");
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(20), 0);
+}
+
+/// A Node worker that never listens and says it is ready (PM2's `process.send('ready')`).
+const NODE_APP_THAT_SENDS_READY: &str = r#"
+const timer = setInterval(() => {}, 1000);
+process.on('disconnect', () => clearInterval(timer));
+setTimeout(() => process.send('ready'), 200);
+"#;
+
+/// A Node worker that listens and never says it is ready.
+const NODE_APP_THAT_ONLY_LISTENS: &str = r#"
+require('http').createServer((q, r) => r.end('hello\n')).listen(+process.env.PORT, '127.0.0.1');
+"#;
+
+#[test]
+fn with_node_and_wait_ready_a_worker_is_ready_when_it_sends_ready_not_when_it_listens() {
+    if !have("node") {
+        return;
+    }
+    // `process.send('ready')`: ready (no `listening` ever), and a reload completes.
+    let (_dir, _addr, mut primary) = common::cluster::run_node_app(
+        "wait-ready-node",
+        NODE_APP_THAT_SENDS_READY,
+        1,
+        &["--wait-ready", "--ready-timeout", "20"],
+    );
+    primary.signal(Signal::HUP);
+    primary.wait_line("reload done: generation 1 serving");
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(20), 0);
+
+    // Listening, but never saying it is ready: not ready, and a reload fails at the ready
+    // timeout while the old worker keeps serving.
+    let dir = TempDir::new("wait-ready-node-never");
+    std::fs::write(dir.path().join("app.js"), NODE_APP_THAT_ONLY_LISTENS).unwrap();
+    let log = dir.path().join("events.jsonl");
+    let addr = nodus_testkit::net::free_addr();
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "--node", "-w", "1", "--wait-ready"])
+            .args(["--ready-timeout", "1", "--max-restarts", "0", "--events"])
+            .arg(&log)
+            .args(["--", "node"])
+            .arg(dir.path().join("app.js"))
+            .env("PORT", addr.port().to_string())
+            .env("RUST_LOG", "info"),
+    );
+    wait_events(&log, |e| count(e, "listening") == 1);
+    assert_eq!(common::http::get(addr, "/").body, b"hello\n");
+    primary.signal(Signal::HUP);
+    let failed = primary.wait_line("reload to generation 1 failed");
+    assert!(
+        failed.contains("was not ready within 1s (it never said it was ready"),
+        "{failed}"
+    );
+    assert_eq!(common::http::get(addr, "/").body, b"hello\n");
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(20), 0);
+    let evs = events(&log);
+    assert_eq!(count(&evs, "ready"), 0, "{evs:#?}");
+    assert!(
+        !primary.output().iter().any(|l| l.contains("worker ready")),
+        "{:#?}",
+        primary.output()
+    );
+}
+
+#[test]
+fn wait_ready_and_ready_after_together_are_refused() {
+    let out = Command::new(NODUS)
+        .args(["run", "--wait-ready", "--ready-after", "1", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--ready-after"), "{stderr}");
+}
+
+#[test]
+fn each_backoff_wait_is_one_line_after_the_exit_that_led_to_it() {
+    // Crashes 2 and 3 wait 100 ms and 200 ms; the 4th restart is past the budget.
+    let mut primary = spawn(
+        run_sh(
+            ["-w", "1", "--backoff", "0.1,2,1", "--max-restarts", "3"],
+            "exit 3",
+        )
+        .env("RUST_LOG", "info"),
+    );
+    assert_exit(&mut primary, Duration::from_secs(20), 75);
+    let lines = primary.output();
+    let waits: Vec<usize> = lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.contains(" restarts in "))
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(waits.len(), 2, "{lines:#?}");
+    for (i, (ms, crash)) in waits.iter().zip([(100, 2), (200, 3)]) {
+        assert!(
+            lines[*i].contains(" INFO ")
+                && lines[*i].ends_with(&format!(
+                    "worker 1 restarts in {ms} ms (crash {crash} in a row)"
+                ))
+                && lines[i - 1].ends_with("exited with code 3"),
+            "{lines:#?}"
+        );
+    }
 }
 
 #[test]

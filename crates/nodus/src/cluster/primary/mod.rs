@@ -111,7 +111,11 @@ impl Policy {
 /// old worker). A nodus `ready` message, or `READY=1` from a plain program, always counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Readiness {
-    /// Only an explicit ready message (nodus workers send it once they listen).
+    /// Only a worker saying it is ready (`nodus run --wait-ready`, PM2's `wait_ready`): a nodus
+    /// `ready` message (nodus workers send it once they listen), `READY=1` from a plain program,
+    /// or the string `'ready'` sent over the channel (PM2's `process.send('ready')` in a Node
+    /// worker). A Node worker's `listening` does not count; one that never says it is never
+    /// ready.
     Message,
     /// The worker's first `listening` (a Node worker's `server.listen` callback).
     Listening,

@@ -613,8 +613,15 @@ fn on_nodus(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
 }
 
 /// An application message: logged as an event; `{act: 'suicide'}` (seed 002's notice from a
-/// Node worker) is a "going down" notice.
+/// Node worker) is a "going down" notice, and under [`Readiness::Message`] the string `'ready'`
+/// (PM2's `process.send('ready')`) says the worker is ready.
 fn on_user_message(st: &Rc<State>, proc: &Rc<Proc>, msg: &Message) {
+    if st.config.readiness == Readiness::Message
+        && msg.deserialize::<String>().is_ok_and(|s| s == "ready")
+    {
+        mark_ready(st, proc);
+        return;
+    }
     if let Ok(v) = msg.deserialize::<serde_json::Value>()
         && v.get("act").and_then(|a| a.as_str()) == Some("suicide")
     {

@@ -6,7 +6,9 @@
 //!   spend a budget of the reload's own, so a bad deploy fails the reload, never the primary.
 //! - A reload switches one slot at a time: the new worker must be ready before the slot's old
 //!   worker is asked to drain; the old one then drains on its own schedule while the next slot
-//!   starts.
+//!   starts. Each switch is one log line (old pid → new pid, how long the new one took to be
+//!   ready); the reload is over (`reload_done`, the next queued reload, `READY=1`) once every
+//!   slot has switched, and "reload done" is logged once the old workers it stopped have exited.
 //! - Once shutdown (or give-up) begins, nothing is started again; `run` returns when the last
 //!   worker has exited and every exit has settled (below). The primary accepts connections
 //!   through `shutdown_delay` and stops when the drain begins (`server::stop_accepting`), or when
@@ -15,7 +17,8 @@
 //!   the worker's output to end ([`Proc::output_ended`]), so it follows the worker's last lines,
 //!   and so do the lines about what the exit led to (not restarted, giving up, a replacement
 //!   that could not be started: its report and decision wait for the slot's pending exit lines,
-//!   `Slot::failed_spawn`). Until then the exit is "settling" (`State::exits_settling`).
+//!   `Slot::failed_spawn`; a backoff wait, one line). Until then the exit is "settling"
+//!   (`State::exits_settling`).
 //! - A plain program's worker whose launcher could not execute the program says so
 //!   ([`report_exec_failure`](super::report_exec_failure)): its exit line carries the reason.
 //!   While no worker has run the program (`State::program_ran`), such a failure for want of the
@@ -323,6 +326,13 @@ fn program_missing(errno: i32) -> bool {
     .contains(&errno)
 }
 
+/// What [`decide_and_restart`] decided, for [`settle`]: the decision (a restart's `after` is the
+/// wait it got, none after a "going down" notice) and the slot's consecutive crashes then.
+struct Decided {
+    decision: Decision,
+    crashes: u32,
+}
+
 /// Applies the restart policy to slot `id`, whose worker (`pid`, when it ran) was up for
 /// `uptime`; `at_once` skips the backoff (a "going down" notice). A restart is started (or its
 /// backoff) now; the decision is returned for [`settle`] to carry out the rest.
@@ -333,21 +343,25 @@ fn decide_and_restart(
     uptime: Duration,
     reason: ExitReason,
     at_once: bool,
-) -> Decision {
+) -> Decided {
     let now = Instant::now();
-    let decision = {
+    let (mut decision, crashes) = {
         let mut slots = st.slots.borrow_mut();
         let slot = &mut slots[id as usize - 1];
-        st.config.restart.decide(
+        let decision = st.config.restart.decide(
             &mut slot.history,
             &mut st.budget.borrow_mut(),
             reason,
             uptime,
             now,
-        )
+        );
+        (decision, slot.history.crashes)
     };
-    if let Decision::Restart { after } = decision {
-        let after = if at_once { Duration::ZERO } else { after };
+    if let Decision::Restart { after } = &mut decision {
+        if at_once {
+            *after = Duration::ZERO;
+        }
+        let after = *after;
         {
             let mut slots = st.slots.borrow_mut();
             let slot = &mut slots[id as usize - 1];
@@ -373,12 +387,13 @@ fn decide_and_restart(
             .detach();
         }
     }
-    decision
+    Decided { decision, crashes }
 }
 
 /// Carries out what [`decide_and_restart`] left: an empty slot (exiting if no worker is left to
-/// run) or giving up.
-fn settle(st: &Rc<State>, id: u32, reason: ExitReason, decision: Decision) {
+/// run) or giving up; a backoff is said once, here (after the exit line that led to it).
+fn settle(st: &Rc<State>, id: u32, reason: ExitReason, decided: Decided) {
+    let Decided { decision, crashes } = decided;
     match decision {
         Decision::Leave => {
             if reason.is_crash() {
@@ -398,6 +413,19 @@ fn settle(st: &Rc<State>, id: u32, reason: ExitReason, decision: Decision) {
                 st.config.restart_window
             ),
         ),
+        Decision::Restart { after } if !after.is_zero() => {
+            let row = if reason.is_crash() {
+                format!("crash {crashes} in a row")
+            } else {
+                // A clean exit after crashes: the wait is theirs (a backoff needs 2 or more).
+                format!("after {crashes} crashes in a row")
+            };
+            tracing::info!(
+                target: "nodus::cluster",
+                "worker {id} restarts in {} ms ({row})",
+                after.as_millis()
+            );
+        }
         Decision::Restart { .. } => {}
     }
 }
@@ -722,13 +750,14 @@ pub(super) fn start_reload(st: &Rc<State>) {
     st.emit(None, EventKind::ReloadStart { generation });
     let s = st.clone();
     crate::task::spawn_named("cluster:reload", async move {
+        let began = Instant::now();
         let result = reload(&s, generation).await;
         s.reloading.set(false);
         match result {
-            Ok(()) => {
+            Ok(old) => {
                 s.generation.set(generation);
-                tracing::info!(target: "nodus::cluster", "reload done: generation {generation} serving");
                 s.emit(None, EventKind::ReloadDone { generation });
+                old_generation_gone(&s, generation, began, old);
             }
             Err(why) if s.phase.get() == Phase::Stopping => {
                 // Not a failure of the new workers: the stop ends every worker anyway.
@@ -760,9 +789,55 @@ pub(super) fn start_reload(st: &Rc<State>) {
     .detach();
 }
 
-async fn reload(st: &Rc<State>, generation: u64) -> Result<(), String> {
+/// Every slot has its new worker, and `old` (the old workers the reload asked to drain) are
+/// draining: says so, and once they have all exited, "reload done" (while running: a shutdown
+/// stops them anyway, and says so).
+fn old_generation_gone(st: &Rc<State>, generation: u64, began: Instant, old: Vec<Rc<Proc>>) {
+    let left: Vec<Rc<Proc>> = old.into_iter().filter(|p| p.is_alive()).collect();
+    if left.is_empty() {
+        tracing::info!(
+            target: "nodus::cluster",
+            "reload done: generation {generation} serving, no old worker left (in {:?})",
+            round_ms(began.elapsed())
+        );
+        return;
+    }
+    tracing::info!(
+        target: "nodus::cluster",
+        "generation {generation} serving: every worker replaced; waiting for {} to exit \
+         (pid {})",
+        count(left.len(), "old worker"),
+        left.iter().map(|p| p.pid.to_string()).collect::<Vec<_>>().join(", ")
+    );
+    let s = st.clone();
+    crate::task::spawn_named("cluster:reload-old-exits", async move {
+        for p in &left {
+            // Its exit handled (`on_exit`: its `exit` event), not only reaped.
+            while p.wait_for(ProcState::Dead, Duration::from_secs(60)).await != ProcState::Dead {}
+        }
+        if s.phase.get() == Phase::Running {
+            tracing::info!(
+                target: "nodus::cluster",
+                "reload done: generation {generation} serving, the old workers have exited \
+                 (in {:?})",
+                round_ms(began.elapsed())
+            );
+        }
+    })
+    .detach();
+}
+
+/// `d` to the millisecond, for a log line.
+fn round_ms(d: Duration) -> Duration {
+    Duration::from_millis(d.as_millis() as u64)
+}
+
+/// Replaces every slot's worker with one of `generation`, one at a time; returns the old
+/// workers it asked to drain.
+async fn reload(st: &Rc<State>, generation: u64) -> Result<Vec<Rc<Proc>>, String> {
     let mut budget = RestartBudget::new(st.config.max_restarts, st.config.restart_window);
     let ids: Vec<u32> = st.slots.borrow().iter().map(|s| s.id).collect();
+    let mut drained = Vec::new();
     for id in ids {
         let mut attempts = 0u32;
         let new = loop {
@@ -786,9 +861,15 @@ async fn reload(st: &Rc<State>, generation: u64) -> Result<(), String> {
                 ),
                 _ => {
                     drain(st, &new);
-                    // Ready at `listening` only: say so, a worker that never listens never is.
+                    // Ready at `listening` or at its word only: say so, a worker that never
+                    // listens (or never says it is ready) never is.
                     let hint = match st.config.readiness {
                         Readiness::Listening => " (it never sent `listening`)",
+                        Readiness::Message if st.config.command.ipc => {
+                            " (it never said it was ready: a Node worker's \
+                             `process.send('ready')`, a nodus worker's ready message)"
+                        }
+                        Readiness::Message => " (it never sent `READY=1` to its NOTIFY_SOCKET)",
                         _ => "",
                     };
                     format!(
@@ -804,25 +885,41 @@ async fn reload(st: &Rc<State>, generation: u64) -> Result<(), String> {
             if !budget.try_spend(Instant::now()) {
                 return Err(format!("{why}, {attempts} times"));
             }
-            tracing::warn!(target: "nodus::cluster", "{why}; trying again");
-            crate::time::sleep(
-                st.config
-                    .restart
-                    .backoff
-                    .delay(attempts + 1)
-                    .max(Duration::from_millis(1)),
-            )
-            .await;
+            let wait = st.config.restart.backoff.delay(attempts + 1);
+            tracing::warn!(
+                target: "nodus::cluster",
+                "{why}; trying again in {} ms",
+                wait.as_millis()
+            );
+            crate::time::sleep(wait.max(Duration::from_millis(1))).await;
         };
+        let ready_in = round_ms(new.started.elapsed());
         let old = st.slots.borrow_mut()[id as usize - 1]
             .current
             .replace(new.clone());
-        if let Some(old) = old {
-            drain(st, &old);
+        match old {
+            Some(old) => {
+                tracing::info!(
+                    target: "nodus::cluster",
+                    "reload: worker {id} pid {} → pid {} (ready {ready_in:?} after its start); \
+                     pid {} asked to stop",
+                    old.pid,
+                    new.pid,
+                    old.pid
+                );
+                drain(st, &old);
+                drained.push(old);
+            }
+            None => tracing::info!(
+                target: "nodus::cluster",
+                "reload: worker {id} is pid {} (ready {ready_in:?} after its start); its old \
+                 worker had already exited",
+                new.pid
+            ),
         }
         // A slot whose old worker had died meanwhile may have a restart pending: the new worker
         // fills it.
         st.slots.borrow_mut()[id as usize - 1].pending_restart = false;
     }
-    Ok(())
+    Ok(drained)
 }
