@@ -420,6 +420,18 @@ fn once_against_an_unreachable_address_is_one_line_and_fails() {
 }
 
 #[test]
+fn a_negative_interval_is_an_invalid_value_not_a_hint_to_use_double_dash() {
+    let out = top_once(&free_addr().to_string(), "-1");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.contains("`-1` is not a number of seconds between 0.1 and 3600")
+            && !stderr.contains("-- -1"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn dashboard_on_a_stdout_that_is_not_a_terminal_is_a_usage_error() {
     // Said before any fetch: the address need not answer.
     let out = Command::new(NODUS)

@@ -54,7 +54,13 @@ pub struct TopArgs {
     #[arg(long)]
     once: bool,
     /// Seconds between fetches (0.1 to 3600).
-    #[arg(long, value_name = "SECS", default_value_t = 1.0, value_parser = interval)]
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 1.0,
+        allow_negative_numbers = true,
+        value_parser = interval
+    )]
     interval: f64,
 }
 
