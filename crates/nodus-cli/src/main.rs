@@ -86,7 +86,8 @@ enum Command {
     /// STOPPING=1: going down). With
     /// --node, the workers are stock Node programs and nodus is their cluster primary:
     /// `http.createServer(...).listen(8080)` runs clustered with no code change (-l then only
-    /// binds ADDR first, for the workers' listen on its port and an address it covers). The start
+    /// binds ADDR first, for the workers' listen on its port and an address it covers); each
+    /// Node worker gets a NOTIFY_SOCKET of its own too (READY=1, STOPPING=1), never nodus's. The start
     /// line names every address bound (port 0 resolved).
     /// Workers get NODUS_WORKER_ID (1..N) and NODE_APP_INSTANCE (0..N-1); their output is
     /// prefixed with "[worker ID PID] ".
@@ -197,10 +198,10 @@ struct RunArgs {
         conflicts_with = "wait_ready"
     )]
     ready_after: Option<f64>,
-    /// A worker is ready only when it says so (PM2's --wait-ready): a plain program sends
-    /// READY=1 to its NOTIFY_SOCKET, a --node worker calls process.send('ready') (its
-    /// `listening` does not count). A reload waits for it up to --ready-timeout, or fails and
-    /// the running workers keep serving.
+    /// A worker is ready only when it says so (PM2's --wait-ready): it sends READY=1 to its
+    /// NOTIFY_SOCKET, or a --node worker calls process.send('ready') (its `listening` does not
+    /// count). One that has not within --ready-timeout is warned about, once. A reload waits
+    /// for it up to --ready-timeout, or fails and the running workers keep serving.
     #[arg(long)]
     wait_ready: bool,
     /// permanent (always restarted), transient (only after a crash), temporary (never).

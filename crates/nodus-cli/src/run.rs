@@ -10,9 +10,12 @@
 //!   `READY=1` only. `STOPPING=1` is its "going down" notice. It is stopped with SIGTERM.
 //! - `--node`: stock Node programs, with nodus as their cluster primary over `NODE_CLUSTER`
 //!   (`cluster.isWorker` is true in them): `server.listen(...)` gets its socket or its
-//!   connections from nodus. Ready at their first `listening` (or, with `--ready-after`, once up
-//!   that long without one: a worker that never listens), or with `--wait-ready` only at PM2's
-//!   `process.send('ready')` (the string `'ready'` on the channel); stopped with a `disconnect`.
+//!   connections from nodus. Each gets a `NOTIFY_SOCKET` of its own too, never nodus's own (a
+//!   Node app's `sd-notify` talks to nodus, not to systemd): `READY=1` there makes it ready,
+//!   `STOPPING=1` is its "going down" notice. Ready at their first `listening` (or, with
+//!   `--ready-after`, once up that long without one: a worker that never listens), or with
+//!   `--wait-ready` only at its word: PM2's `process.send('ready')` (the string `'ready'` on the
+//!   channel) or `READY=1`; stopped with a `disconnect`.
 //!   `-l` passes nothing to them: it binds ADDR before they start, and a worker's `listen` on its
 //!   port on an address ADDR covers (any host, ADDR's, or with ADDR a wildcard its family's)
 //!   gets that socket; port 0 names no port and is refused (usage), and the primary warns about
@@ -23,6 +26,8 @@
 //!   first application message of the run (`process.send()`: nodus runs no JavaScript, so none
 //!   is handled) and warns about a worker that has not listened within `--ready-timeout`
 //!   (without `--ready-after` it is not ready until it does).
+//! - With `--wait-ready`, a worker (of either kind) that has not said it is ready within
+//!   `--ready-timeout` is warned about, once: it is not ready until it does.
 //!
 //! The program is checked before any worker starts (`check_runnable`: found as `execvp` finds
 //! it, executable, and so is a script's `#!` interpreter, or `env`'s command), so the usual

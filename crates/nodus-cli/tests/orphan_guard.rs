@@ -4,8 +4,9 @@
 //! escapee, counted in the stats first; a `setsid` daemon with the children in its group; a
 //! daemon adopted with nothing else happening, seen by the periodic reaping pass); the
 //! guard of `nodus serve --workers` goes with its primary too; the
-//! guard shrugs off SIGINT/SIGTERM/SIGHUP, holds no fd but its socket, and is reaped by its
-//! primary after a SIGTERM stop; a guard that dies is one warning line and the cluster goes on.
+//! guard shrugs off SIGINT/SIGTERM/SIGHUP, holds no fd but its socket, shows a command line of
+//! its own (`nodus-guard for PID`, not the primary's: `pgrep -f` finds the primary alone), and
+//! is reaped by its primary after a SIGTERM stop; a guard that dies is one warning line and the cluster goes on.
 //!
 //! Every primary is started in its own process group, killed by PID at the end of its test; the
 //! workers' background children (their pids written to a file) and the guard are SIGKILLed by
@@ -57,6 +58,14 @@ fn the_guard(primary: u32, cleanup: &mut KillOnDrop) -> i32 {
     assert!(
         fds[0].to_string_lossy().starts_with("socket:"),
         "the guard's one fd is its socket: {fds:?}"
+    );
+    // Its command line (`ps -f`, `pgrep -f`) is its own, not the primary's.
+    let cmdline = std::fs::read(format!("/proc/{guard}/cmdline")).unwrap();
+    let title = &cmdline[..cmdline.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1)];
+    assert_eq!(
+        String::from_utf8_lossy(title),
+        format!("nodus-guard for {primary}"),
+        "the guard's /proc/{guard}/cmdline"
     );
     guard
 }
@@ -113,7 +122,20 @@ fn a_workers_children_and_its_listener_die_with_a_primary_killed_with_sigkill() 
     let grandchild = pid_in(&file, &mut cleanup);
     let guard = the_guard(primary.id(), &mut cleanup);
 
-    // A terminal's Ctrl-C, a service manager's SIGTERM, a hang-up: none takes the guard away.
+    // `pgrep -f` on the primary's arguments finds the primary alone.
+    if have("pgrep") {
+        let out = Command::new("pgrep")
+            .args(["-f", "--", &addr.to_string()])
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            primary.id().to_string(),
+            "pgrep -f finds the primary alone"
+        );
+    }
+    // A terminal's Ctrl-C, a service manager's SIGTERM (a `kill $(pgrep ...)` that reached it),
+    // a hang-up: none takes the guard away.
     for sig in [Signal::INT, Signal::TERM, Signal::HUP] {
         rustix::process::kill_process(Pid::from_raw(guard).unwrap(), sig).unwrap();
     }

@@ -14,8 +14,10 @@
 //! with its own code (124, or 128 + a second signal's number) while a drain in time exits 0, a
 //! worker's exit is logged after its last output line, and no child of a worker outlives it (a
 //! stop, a crash loop to the give-up, a clean exit), `--wait-ready` waits for a worker's own word
-//! (`READY=1`, or a Node worker's `process.send('ready')`) before a reload drains the old one,
-//! and a reload and each backoff wait are logged.
+//! (`READY=1`, or a Node worker's `process.send('ready')`) before a reload drains the old one
+//! and warns once per worker about one that has not said it within the ready timeout, a `--node`
+//! worker gets a `NOTIFY_SOCKET` of its own (never the primary's: its `READY=1` and `STOPPING=1`
+//! reach nodus, not systemd), and a reload and each backoff wait are logged.
 //!
 //! Every process is started in its own process group and the whole group is killed by PID when
 //! the test ends; a worker's background children, which a worker writes to a file, are killed by
@@ -700,6 +702,12 @@ fn with_node_and_wait_ready_a_worker_is_ready_when_it_sends_ready_not_when_it_li
     );
     wait_events(&log, |e| count(e, "listening") == 1);
     assert_eq!(common::http::get(addr, "/").body, b"hello\n");
+    // Said once the ready timeout is up, with what it waits for.
+    let warning = primary.wait_line("has not said it is ready in 1s");
+    assert!(
+        warning.contains("(READY=1 to its NOTIFY_SOCKET, or process.send('ready'))"),
+        "{warning}"
+    );
     primary.signal(Signal::HUP);
     let failed = primary.wait_line("reload to generation 1 failed");
     assert!(
@@ -715,6 +723,162 @@ fn with_node_and_wait_ready_a_worker_is_ready_when_it_sends_ready_not_when_it_li
         !primary.output().iter().any(|l| l.contains("worker ready")),
         "{:#?}",
         primary.output()
+    );
+}
+
+/// A Node worker that tells its `NOTIFY_SOCKET` it is ready (as the npm `sd-notify` package
+/// does; Node has no Unix datagrams, so through a `python3` child, in the worker's process
+/// group, which stays 1 s after its send: the primary heeds a sender it finds in the worker's
+/// group), after writing that socket's name to `$SOCK_FILE<worker id>`; the one that removes
+/// `$GO` says `STOPPING=1` and exits. Every message it sends says `STATUS=from-worker`.
+const NODE_APP_THAT_NOTIFIES: &str = r#"
+const { execFileSync } = require('child_process');
+const fs = require('fs');
+const target = process.env.NOTIFY_SOCKET || '';
+const send = (text) => execFileSync('python3', ['-c', `
+import socket, sys, time
+target = sys.argv[1]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.sendto(sys.argv[2].encode(), '\\0' + target[1:] if target.startswith('@') else target)
+time.sleep(1)
+`, target, text]);
+fs.writeFileSync(process.env.SOCK_FILE + process.env.NODUS_WORKER_ID, target);
+send('READY=1\nSTATUS=from-worker');
+const timer = setInterval(() => {
+  try { fs.unlinkSync(process.env.GO); } catch (e) { return; }
+  send('STOPPING=1\nSTATUS=from-worker');
+  setTimeout(() => process.exit(0), 100);
+}, 20);
+process.on('disconnect', () => clearInterval(timer));
+"#;
+
+/// Every datagram waiting on `socket`, as text.
+fn drain_datagrams(socket: &std::os::unix::net::UnixDatagram) -> Vec<String> {
+    socket.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 4096];
+    let mut heard = Vec::new();
+    while let Ok(n) = socket.recv(&mut buf) {
+        heard.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    heard
+}
+
+/// Under systemd (`Type=notify`, `NOTIFY_SOCKET` in nodus's environment), a `--node` worker's
+/// `sd_notify` reaches nodus, not systemd: each worker gets a `NOTIFY_SOCKET` of its own, where
+/// `READY=1` makes it ready under `--wait-ready` and `STOPPING=1` is its "going down" notice;
+/// the service's socket hears only the primary.
+#[test]
+fn with_node_a_worker_gets_a_notify_socket_of_its_own_not_the_primarys() {
+    if !have("node") || !have("python3") {
+        return;
+    }
+    let dir = TempDir::new("node-notify");
+    let manager_path = dir.path().join("systemd.sock");
+    let manager = std::os::unix::net::UnixDatagram::bind(&manager_path).unwrap();
+    manager
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let app = dir.path().join("app.js");
+    std::fs::write(&app, NODE_APP_THAT_NOTIFIES).unwrap();
+    let log = dir.path().join("events.jsonl");
+    let sock_file = dir.path().join("sock-");
+    let go = dir.path().join("go");
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "--node", "-w", "2", "--wait-ready"])
+            .args(["--ready-timeout", "20", "--events"])
+            .arg(&log)
+            .args(["--", "node"])
+            .arg(&app)
+            .env("NOTIFY_SOCKET", &manager_path)
+            .env("SOCK_FILE", &sock_file)
+            .env("GO", &go)
+            .env("RUST_LOG", "info"),
+    );
+    let mut seen = Vec::new();
+    for id in 1..=2 {
+        let file = dir.path().join(format!("sock-{id}"));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let name = loop {
+            match std::fs::read_to_string(&file) {
+                Ok(name) if !name.is_empty() => break name,
+                _ => assert!(Instant::now() < deadline, "worker {id} wrote no {file:?}"),
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_ne!(
+            name,
+            manager_path.to_str().unwrap(),
+            "worker {id} got the primary's NOTIFY_SOCKET"
+        );
+        assert!(name.starts_with("@nodus/"), "worker {id}: {name}");
+        seen.push(name);
+    }
+    assert_ne!(seen[0], seen[1], "one socket per worker");
+    // Ready at their READY=1 (they never listen nor send 'ready'): the primary then tells the
+    // service manager.
+    primary.wait_line("2 workers ready");
+    let mut buf = [0u8; 512];
+    let n = manager.recv(&mut buf).expect("a notification within 20 s");
+    assert_eq!(
+        String::from_utf8_lossy(&buf[..n]),
+        "READY=1\nSTATUS=serving",
+        "the primary's own READY=1, first"
+    );
+    let evs = events(&log);
+    assert_eq!(count(&evs, "ready"), 2, "{evs:#?}");
+
+    // STOPPING=1 from a worker: its replacement starts at once.
+    std::fs::write(&go, "").unwrap();
+    let evs = wait_events(&log, |e| {
+        count(e, "going_down") == 1 && count(e, "fork") == 3 && count(e, "ready") == 3
+    });
+    assert_eq!(count(&evs, "give_up"), 0, "{evs:#?}");
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(20), 0);
+    let heard = drain_datagrams(&manager);
+    assert!(
+        heard.iter().any(|m| m.starts_with("STOPPING=1")),
+        "the primary's own STOPPING=1: {heard:?}"
+    );
+    assert!(
+        !heard.iter().any(|m| m.contains("from-worker")),
+        "a worker's message reached the service manager: {heard:?}"
+    );
+}
+
+#[test]
+fn with_wait_ready_a_worker_that_never_says_it_is_ready_is_warned_about_once() {
+    let mut primary = spawn(
+        run_sh(
+            ["-w", "2", "--wait-ready", "--ready-timeout", "1"],
+            "echo \"up $$\"; exec sleep 60",
+        )
+        .env("RUST_LOG", "info"),
+    );
+    for slot in 1..=2 {
+        let up = primary.wait_line(&format!("[worker {slot} "));
+        let pid = up.rsplit(' ').next().unwrap().to_owned();
+        let warning = primary.wait_line(&format!("worker {slot} (pid {pid}) has not said"));
+        assert!(
+            warning.contains(" WARN ")
+                && warning.ends_with(
+                    "has not said it is ready in 1s: with --wait-ready a worker is ready only \
+                     when it says so (READY=1 to its NOTIFY_SOCKET), so it is not ready yet"
+                ),
+            "{warning}"
+        );
+    }
+    // Once per worker: nothing more after another ready timeout.
+    std::thread::sleep(Duration::from_millis(1500));
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(20), 0);
+    let lines = primary.output();
+    let warned = lines.iter().filter(|l| l.contains("has not said")).count();
+    assert_eq!(warned, 2, "once per worker: {lines:#?}");
+    assert!(
+        !lines.iter().any(|l| l.contains("workers ready")),
+        "{lines:#?}"
     );
 }
 

@@ -11,10 +11,13 @@
 //!   and listening sockets included, so it holds no port, pipe or terminal open), puts every
 //!   signal this process catches back to its default action, ignores SIGINT, SIGTERM, SIGHUP and
 //!   SIGPIPE (a terminal's Ctrl-C or a service manager's SIGTERM must not take it away before the
-//!   primary: it leaves when the primary does), leads a process group of its own (a kill of the
-//!   primary's group does not take it either), names itself [`GUARD_NAME`] (`/proc/PID/comm`,
-//!   what `ps` shows, and how a test tells it from a worker), and reads. Fork clears the
-//!   parent-death signal: it gets none.
+//!   primary: it leaves when the primary does; a `kill $(pgrep ...)` meant for the primary
+//!   leaves it in place), leads a process group of its own (a kill of the primary's group does
+//!   not take it either), names itself [`GUARD_NAME`] (`/proc/PID/comm`, what `ps` shows, and
+//!   how a test tells it from a worker), overwrites its copy of the primary's argv strings with
+//!   `nodus-guard for PID` (`/proc/PID/cmdline`, what `ps -f` and `pgrep -f` read: not the
+//!   primary's command line; `Title`, whose area is found and checked before the fork), and
+//!   reads. Fork clears the parent-death signal: it gets none.
 //! - Messages are 8 bytes, `[op: i32, id: i32]` in native byte order: remember a group, forget
 //!   it, remember an adopted process (a pid, from the subreaper: `reaper`), forget it. A socket
 //!   pair rather than a pipe: one message is one datagram, sent whole or not
@@ -105,8 +108,9 @@
 //! Everything the guard runs after the fork is async-signal-safe (the primary may have other
 //! threads, whose locks the child may find held): raw syscalls through libc (`sigaction`,
 //! `sigprocmask`, `setpgid`, `prctl`, `close_range`/`close`, `recv`, `kill`, `_exit`) on
-//! integers, stack buffers and the page mapped before the fork. No allocation, no lock, no
-//! panic path, no return: the child never runs the primary's code again.
+//! integers, stack buffers and the page mapped before the fork, and plain stores to the argv
+//! area found before the fork. No allocation, no lock, no panic path, no return: the child
+//! never runs the primary's code again.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
@@ -218,6 +222,7 @@ impl OrphanGuard {
             .map_or(MAX_FD, |n| RawFd::try_from(n).unwrap_or(MAX_FD).min(MAX_FD));
         let theirs_raw = theirs.as_raw_fd();
         let table_ptr = table.ptr;
+        let title = Title::new();
         // Known as nodus's own from before the fork (see `reaper`); the child never drops it.
         let spawning = Spawning::begin();
         // SAFETY: `fork` in a process that may have other threads: the child runs only
@@ -225,9 +230,10 @@ impl OrphanGuard {
         // goes on as usual.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
-            // SAFETY: this is the child of the fork; `theirs_raw` is open in it and `table_ptr`
-            // is a mapping of `Table::LEN` i32s that the child owns a copy of.
-            unsafe { guard_main(theirs_raw, table_ptr, last_fd) }
+            // SAFETY: this is the child of the fork; `theirs_raw` is open in it, `table_ptr` is a
+            // mapping of `Table::LEN` i32s that the child owns a copy of, and `title` was made
+            // (its area checked) just before the fork.
+            unsafe { guard_main(theirs_raw, table_ptr, last_fd, &title) }
         }
         let fork_error = io::Error::last_os_error();
         drop(theirs);
@@ -487,6 +493,102 @@ impl Drop for Table {
     }
 }
 
+/// The longest command line the guard gives itself: `nodus-guard for ` and a pid (at most 7
+/// digits, `PID_MAX_LIMIT` being 2^22).
+const TITLE_MAX: usize = 32;
+
+/// The guard's command line (`/proc/PID/cmdline`, which `ps -f`, `ps -o cmd` and `pgrep -f`
+/// read), `nodus-guard for PID` (the primary's pid) in place of the primary's own: a
+/// `pgrep -f 'nodus run'` finds the primary alone. Made in the parent before the fork (reading
+/// `/proc` allocates); the child only writes bytes ([`set`](Self::set)).
+///
+/// As `setproctitle` does: the kernel reads a process's command line from its argv strings'
+/// area (`arg_start`..`arg_end`, fields 48 and 49 of `/proc/self/stat`, as procps reads them),
+/// which the guard's copy of the address space holds; the guard overwrites its copy with the
+/// title and zeroes the rest (a NUL last byte: the kernel then reads the area as it is, and
+/// `ps`/`pgrep` drop the trailing NULs). Moving the area instead (`prctl(PR_SET_MM,
+/// PR_SET_MM_ARG_START)`) takes `CAP_SYS_RESOURCE`.
+#[derive(Clone, Copy)]
+struct Title {
+    /// The area's address and length, checked to lie within one private writable mapping (a
+    /// write there is the guard's alone, and cannot fault); `None` when it cannot be found or
+    /// checked (no `/proc`): the guard keeps the primary's command line.
+    area: Option<(usize, usize)>,
+    text: [u8; TITLE_MAX],
+    len: usize,
+}
+
+impl Title {
+    fn new() -> Title {
+        let title = format!(
+            "{} for {}",
+            GUARD_NAME.to_string_lossy(),
+            std::process::id()
+        );
+        let mut text = [0u8; TITLE_MAX];
+        let len = title.len().min(TITLE_MAX);
+        text[..len].copy_from_slice(&title.as_bytes()[..len]);
+        Title {
+            area: argv_area(),
+            text,
+            len,
+        }
+    }
+
+    /// Writes the title over the argv area and zeroes the rest of it (the last byte always).
+    /// Plain stores: async-signal-safe.
+    ///
+    /// # Safety
+    /// Only in the child of a fork made right after [`Title::new`] (the area lies within a
+    /// private writable mapping of the child's own copy of the address space), by the child's
+    /// only thread.
+    unsafe fn set(&self) {
+        let Some((start, len)) = self.area else {
+            return;
+        };
+        let text = self.len.min(len - 1);
+        let area = start as *mut u8;
+        // SAFETY: `[start, start + len)` is within a private writable mapping (checked before
+        // the fork), the child's own copy; nothing else in the child reads or writes it (the
+        // argv strings are read only by code the child never runs again). `text < len`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.text.as_ptr(), area, text);
+            std::ptr::write_bytes(area.add(text), 0, len - text);
+        }
+    }
+}
+
+/// This process's argv strings' area, `(address, length)`: `arg_start` and `arg_end` from
+/// `/proc/self/stat` (fields 48 and 49, Linux ≥ 3.5), if the whole area lies within one private
+/// writable mapping of `/proc/self/maps` (the main thread's stack).
+fn argv_area() -> Option<(usize, usize)> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // After the command name (which may hold spaces and parentheses) come fields 3, 4, ...
+    let mut fields = stat.get(stat.rfind(')')? + 2..)?.split_ascii_whitespace();
+    let start: usize = fields.nth(48 - 3)?.parse().ok()?;
+    let end: usize = fields.next()?.parse().ok()?;
+    if start == 0 || end <= start {
+        return None;
+    }
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let writable = maps.lines().any(|line| {
+        let mut parts = line.split_ascii_whitespace();
+        let (Some(range), Some(perms)) = (parts.next(), parts.next()) else {
+            return false;
+        };
+        let Some((lo, hi)) = range.split_once('-') else {
+            return false;
+        };
+        let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+        else {
+            return false;
+        };
+        let perms = perms.as_bytes();
+        lo <= start && end <= hi && perms.get(1) == Some(&b'w') && perms.get(3) == Some(&b'p')
+    });
+    writable.then_some((start, end - start))
+}
+
 /// The guard's life, in the child of the fork: set up (signals, group, name, fds), then
 /// remember and forget groups and pids until end of file, then SIGKILL what it remembers and
 /// `_exit`.
@@ -495,14 +597,16 @@ impl Drop for Table {
 /// `table`; no allocation, no lock, no unwinding (no indexing that can panic), no return.
 ///
 /// # Safety
-/// Only in the child of a `fork`, with `end` an open socket of the child and `table` a writable
+/// Only in the child of a `fork`, with `end` an open socket of the child, `table` a writable
 /// mapping of `Table::LEN` i32s owned by the child (groups in `[0, CAPACITY)`, pids in
-/// `[CAPACITY, CAPACITY + PID_CAPACITY)`).
-unsafe fn guard_main(end: RawFd, table: *mut i32, last_fd: RawFd) -> ! {
+/// `[CAPACITY, CAPACITY + PID_CAPACITY)`) and `title` made right before the fork.
+unsafe fn guard_main(end: RawFd, table: *mut i32, last_fd: RawFd, title: &Title) -> ! {
     // SAFETY (the whole body): plain syscalls with valid arguments (signal numbers, the
     // child's own pid 0, a NUL-terminated static name, fd numbers, a stack buffer of the length
     // given); `table.add(i)` stays below `CAPACITY` and `pids.add(i)` below `PID_CAPACITY`
-    // (checked before each access), so both stay within the `Table::LEN` i32s of `table`.
+    // (checked before each access), so both stay within the `Table::LEN` i32s of `table`;
+    // `title.set()` runs in the child of the fork made right after `Title::new` (the caller's
+    // guarantee), on its only thread.
     unsafe {
         // Signals: the ones a terminal or a service manager sends the primary are ignored
         // first (until `setpgid` the guard is still in the primary's group, where a Ctrl-C or a
@@ -520,6 +624,7 @@ unsafe fn guard_main(end: RawFd, table: *mut i32, last_fd: RawFd) -> ! {
         libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
         libc::setpgid(0, 0);
         libc::prctl(libc::PR_SET_NAME, GUARD_NAME.as_ptr(), 0, 0, 0);
+        title.set();
         close_all_but(end, last_fd);
 
         let mut count = 0usize;

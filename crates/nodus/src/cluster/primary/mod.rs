@@ -108,14 +108,16 @@ impl Policy {
 }
 
 /// What counts as a worker being ready for traffic (a reload waits for it before draining the
-/// old worker). A nodus `ready` message, or `READY=1` from a plain program, always counts.
+/// old worker). A nodus `ready` message, or `READY=1` to the worker's own `NOTIFY_SOCKET` (every
+/// worker gets one), always counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Readiness {
     /// Only a worker saying it is ready (`nodus run --wait-ready`, PM2's `wait_ready`): a nodus
-    /// `ready` message (nodus workers send it once they listen), `READY=1` from a plain program,
-    /// or the string `'ready'` sent over the channel (PM2's `process.send('ready')` in a Node
-    /// worker). A Node worker's `listening` does not count; one that never says it is never
-    /// ready.
+    /// `ready` message (nodus workers send it once they listen), `READY=1` to the worker's
+    /// `NOTIFY_SOCKET` (a plain program's, or a Node worker's `sd-notify`), or the string
+    /// `'ready'` sent over the channel (PM2's `process.send('ready')` in a Node worker). A Node
+    /// worker's `listening` does not count; one that never says it is never ready (warned about
+    /// once, after `ready_timeout`).
     Message,
     /// The worker's first `listening` (a Node worker's `server.listen` callback).
     Listening,
@@ -134,8 +136,8 @@ pub struct WorkerCommand {
     pub args: Vec<OsString>,
     pub env: Vec<(OsString, OsString)>,
     /// Speaks Node's cluster protocol over an IPC channel (a nodus or Node worker). Otherwise a
-    /// plain program: it gets the primary's listeners as `LISTEN_FDS` (from fd 3) and a
-    /// `NOTIFY_SOCKET`. `LISTEN_PID` cannot be known before the fork: a program that checks it
+    /// plain program: it gets the primary's listeners as `LISTEN_FDS` (from fd 3). Either way it
+    /// gets a `NOTIFY_SOCKET` of its own (never the primary's). `LISTEN_PID` cannot be known before the fork: a program that checks it
     /// (`sd_listen_fds`) must be started through a launcher that sets it to its own pid and
     /// then executes the program (`nodus __exec-listen -- PROGRAM ARGS`, as `nodus run` does).
     pub ipc: bool,

@@ -19,17 +19,20 @@
 //!   until it matches the board's count).
 //! - `output` holds the tasks copying the worker's captured stdout and stderr until
 //!   [`Proc::output_ended`] takes them (once, after the exit).
-//! - A plain program's notify socket is read one last time when the worker has exited, before
-//!   the exit is handled: whatever the worker sent before it exited (its launcher's exec
-//!   failure, [`report_exec_failure`]) is heeded first.
+//! - Every worker, plain program or not, gets a `NOTIFY_SOCKET` of its own (never the
+//!   primary's: a service manager's), which heeds only the worker's process group (`READY=1`:
+//!   ready, under any [`Readiness`]; `STOPPING=1`: going down). It is read one last time when the
+//!   worker has exited, before the exit is handled: whatever the worker sent before it exited
+//!   (its launcher's exec failure, [`report_exec_failure`]) is heeded first.
 //! - `asked_for_snapshots` is set once the worker says it speaks nodus's own messages and
 //!   cleared when its channel ends (its snapshot and `answered_last` with it): the stats ask a
 //!   worker only while it can answer, so one that does not answer is stalled, never a Node
 //!   worker or a plain program.
 //! - Application messages (`process.send()`) are not handled (no JavaScript runs here): each is
-//!   a `message` event, the first of the run logged at INFO saying so, the rest at DEBUG. Under
-//!   `Readiness::Listening` a worker with a channel that has not sent `listening` after
-//!   `ready_timeout` is warned about once.
+//!   a `message` event, the first of the run logged at INFO saying so, the rest at DEBUG.
+//! - A worker not ready after `ready_timeout` for want of what its readiness waits for is warned
+//!   about once: under `Readiness::Listening` one with a channel that has not sent `listening`,
+//!   under `Readiness::Message` one that has not said it is ready.
 
 use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::HashMap;
@@ -146,21 +149,22 @@ impl Proc {
             .group_exit_signal(Some(SIGKILL))
             .parent_death_signal(Some(SIGKILL));
         // `NODE_UNIQUE_ID` says "a cluster worker, with a channel to its primary" (to Node and to
-        // nodus alike): only a worker that has the channel gets it. A plain program (fds from 3,
-        // `NOTIFY_SOCKET`) with it would take itself for a cluster worker: Node's `listen` then
-        // asks a primary that is not there, and exits.
-        let notify_socket = if cfg.ipc {
+        // nodus alike): only a worker that has the channel gets it. A plain program (fds from 3)
+        // with it would take itself for a cluster worker: Node's `listen` then asks a primary
+        // that is not there, and exits.
+        if cfg.ipc {
             cmd.env("NODE_UNIQUE_ID", unique.to_string())
                 .env(worker::NODUS_PRIMARY_ENV, "1")
                 .ipc(ChannelOptions::default());
-            None
         } else {
             cmd.env_remove("NODE_UNIQUE_ID");
             server::pass_listeners(st, &mut cmd)?;
-            let socket = NotifySocket::bind_unique()?;
-            cmd.env("NOTIFY_SOCKET", socket.env_value());
-            Some(socket)
-        };
+        }
+        // Every worker gets a `NOTIFY_SOCKET` of its own, never the primary's (a service
+        // manager's): a worker's `READY=1` or `STOPPING=1` (a Node app's `sd-notify`) is about
+        // the worker, not the service.
+        let notify_socket = NotifySocket::bind_unique()?;
+        cmd.env("NOTIFY_SOCKET", notify_socket.env_value());
         if st.config.prefix_output {
             cmd.stdout(Stdio::Pipe).stderr(Stdio::Pipe);
         }
@@ -222,19 +226,17 @@ impl Proc {
                 generation: proc.generation,
             },
         );
-        let notify_socket = notify_socket.map(Rc::new);
+        let notify_socket = Rc::new(notify_socket);
         let (s, p, last_look) = (st.clone(), proc.clone(), notify_socket.clone());
         crate::task::spawn_named("cluster:exit", async move {
             let status = p.child.wait().await;
             // What the worker said before it exited is heeded before its exit (its launcher's
             // exec failure above all): the notify task may not have read it yet.
-            if let Some(socket) = last_look {
-                loop {
-                    match socket.try_recv() {
-                        Ok(Some(m)) => on_notify(&s, &p, m),
-                        Err(e) if e.kind() == io::ErrorKind::InvalidData => {}
-                        Ok(None) | Err(_) => break,
-                    }
+            loop {
+                match last_look.try_recv() {
+                    Ok(Some(m)) => on_notify(&s, &p, m),
+                    Err(e) if e.kind() == io::ErrorKind::InvalidData => {}
+                    Ok(None) | Err(_) => break,
                 }
             }
             supervise::on_exit(&s, &p, status);
@@ -272,33 +274,31 @@ impl Proc {
             })
             .detach();
         }
-        if let Some(socket) = notify_socket {
-            let (s, p) = (st.clone(), proc.clone());
-            socket.unref();
-            crate::task::spawn_named("cluster:notify", async move {
-                // Ends when the worker exits, not at a next message; the exit task takes a last
-                // look at the socket, which closes then.
-                let mut exited = pin!(p.child.wait());
-                loop {
-                    let mut message = pin!(socket.recv());
-                    let next = poll_fn(|cx| match exited.as_mut().poll(cx) {
-                        Poll::Ready(_) => Poll::Ready(None),
-                        Poll::Pending => message.as_mut().poll(cx).map(Some),
-                    })
-                    .await;
-                    match next {
-                        None => return,
-                        Some(Ok(m)) => on_notify(&s, &p, m),
-                        Some(Err(e)) => tracing::debug!(
-                            target: "nodus::cluster",
-                            "worker {} (pid {}): bad notify message: {e}", p.slot, p.pid
-                        ),
-                    }
+        let (s, p, socket) = (st.clone(), proc.clone(), notify_socket);
+        socket.unref();
+        crate::task::spawn_named("cluster:notify", async move {
+            // Ends when the worker exits, not at a next message; the exit task takes a last
+            // look at the socket, which closes then.
+            let mut exited = pin!(p.child.wait());
+            loop {
+                let mut message = pin!(socket.recv());
+                let next = poll_fn(|cx| match exited.as_mut().poll(cx) {
+                    Poll::Ready(_) => Poll::Ready(None),
+                    Poll::Pending => message.as_mut().poll(cx).map(Some),
+                })
+                .await;
+                match next {
+                    None => return,
+                    Some(Ok(m)) => on_notify(&s, &p, m),
+                    Some(Err(e)) => tracing::debug!(
+                        target: "nodus::cluster",
+                        "worker {} (pid {}): bad notify message: {e}", p.slot, p.pid
+                    ),
                 }
-            })
-            .detach();
-        }
-        warn_if_never_listening(st, &proc);
+            }
+        })
+        .detach();
+        warn_if_never_ready(st, &proc);
         if let Readiness::Alive(after) | Readiness::ListeningOrAlive(after) = st.config.readiness {
             let (s, p) = (st.clone(), proc.clone());
             crate::task::spawn_named("cluster:alive", async move {
@@ -406,7 +406,8 @@ pub fn report_exec_failure(error: &io::Error, message: &str) -> io::Result<bool>
     ))
 }
 
-/// A notify datagram from `proc`'s socket.
+/// A notify datagram from `proc`'s socket: `READY=1` marks it ready (whatever the
+/// [`Readiness`]: the worker says so itself), `STOPPING=1` is its "going down" notice.
 fn on_notify(st: &Rc<State>, proc: &Rc<Proc>, m: NotifyMessage) {
     if !from_worker(proc, m.sender_pid) {
         tracing::warn!(
@@ -658,18 +659,35 @@ fn log_app_message(st: &State, proc: &Proc, json: &str) {
     }
 }
 
-/// Under [`Readiness::Listening`] (`nodus run --node` without `--ready-after`), a worker with a
-/// channel that has not sent `listening` after `ready_timeout` is warned about, once: it is not
-/// ready until it does (`/_nodus/readyz` says 503, a reload waiting for it fails), and nothing
-/// else says why.
-fn warn_if_never_listening(st: &Rc<State>, proc: &Rc<Proc>) {
-    if st.config.readiness != Readiness::Listening || proc.channel.is_none() {
-        return;
-    }
+/// A worker not ready after `ready_timeout`, where nothing else would say why, is warned about
+/// once: under [`Readiness::Listening`] (`nodus run --node` without `--ready-after`) one with a
+/// channel that has not sent `listening`; under [`Readiness::Message`] (`--wait-ready`) any that
+/// has not said it is ready. It is not ready until it does (`/_nodus/readyz` says 503, a reload
+/// waiting for it fails).
+fn warn_if_never_ready(st: &Rc<State>, proc: &Rc<Proc>) {
+    let waits_for = match st.config.readiness {
+        Readiness::Listening if proc.channel.is_some() => ProcState::Listening,
+        Readiness::Message => ProcState::Ready,
+        _ => return,
+    };
     let (s, p) = (st.clone(), proc.clone());
-    crate::task::spawn_named("cluster:not-listening", async move {
+    crate::task::spawn_named("cluster:not-ready", async move {
         crate::time::sleep(s.config.ready_timeout).await;
-        if p.state.get() >= ProcState::Listening || p.drained.get() || p.going_down.get() {
+        if p.state.get() >= waits_for || p.drained.get() || p.going_down.get() {
+            return;
+        }
+        let (slot, pid, limit) = (p.slot, p.pid, s.config.ready_timeout);
+        if waits_for == ProcState::Ready {
+            let how = if p.channel.is_some() {
+                "READY=1 to its NOTIFY_SOCKET, or process.send('ready')"
+            } else {
+                "READY=1 to its NOTIFY_SOCKET"
+            };
+            tracing::warn!(
+                target: "nodus::cluster",
+                "worker {slot} (pid {pid}) has not said it is ready in {limit:?}: with --wait-ready \
+                 a worker is ready only when it says so ({how}), so it is not ready yet"
+            );
             return;
         }
         let online = if p.state.get() == ProcState::Starting {
@@ -679,10 +697,9 @@ fn warn_if_never_listening(st: &Rc<State>, proc: &Rc<Proc>) {
         };
         tracing::warn!(
             target: "nodus::cluster",
-            "worker {} (pid {}) has not listened in {:?}: with --node a worker is ready at its \
-             first listen (a server.listen() callback in the worker), so it is not ready yet{online}; \
-             one that never listens (a queue consumer) is ready after --ready-after SECS",
-            p.slot, p.pid, s.config.ready_timeout
+            "worker {slot} (pid {pid}) has not listened in {limit:?}: with --node a worker is ready \
+             at its first listen (a server.listen() callback in the worker), so it is not ready \
+             yet{online}; one that never listens (a queue consumer) is ready after --ready-after SECS"
         );
     })
     .detach();

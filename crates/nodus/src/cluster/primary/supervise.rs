@@ -867,7 +867,8 @@ async fn reload(st: &Rc<State>, generation: u64) -> Result<Vec<Rc<Proc>>, String
                         Readiness::Listening => " (it never sent `listening`)",
                         Readiness::Message if st.config.command.ipc => {
                             " (it never said it was ready: a Node worker's \
-                             `process.send('ready')`, a nodus worker's ready message)"
+                             `process.send('ready')` or `READY=1` to its NOTIFY_SOCKET, a nodus \
+                             worker's ready message)"
                         }
                         Readiness::Message => " (it never sent `READY=1` to its NOTIFY_SOCKET)",
                         _ => "",
