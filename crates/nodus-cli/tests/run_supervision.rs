@@ -1244,7 +1244,9 @@ fn with_node_a_worker_message_is_said_once_and_a_worker_that_never_listens_is_wa
     assert_eq!(said.len(), 1, "{lines:#?}");
     assert!(
         said[0].contains(" INFO ")
-            && said[0].contains(" sent a message (process.send): ")
+            && said[0].contains(" sent a message (process.send, ")
+            && said[0].contains(" bytes of JSON); ")
+            && !said[0].contains("hello")
             && said[0].contains("no cluster.on('message') handler receives worker messages")
             && said[0].contains("`message` event (--events FILE)"),
         "{}",
@@ -1369,9 +1371,12 @@ fn notify_messages_from_outside_the_worker_process_group_are_ignored() {
     let dir = TempDir::new("notify-spoof");
     let log = dir.path().join("events.jsonl");
     let go = dir.path().join("go");
-    // The worker says STOPPING=1 through a child of its own (same process group) once told to.
+    // The worker says STOPPING=1 through a child of its own (same process group) once told to;
+    // the child stays up a moment, since a sender already gone when its datagram is read is
+    // ignored (its group cannot be checked).
     let send = "import os, socket; s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); \
-                s.sendto(b'STOPPING=1', '\\0' + os.environ['NOTIFY_SOCKET'][1:])";
+                s.sendto(b'STOPPING=1', '\\0' + os.environ['NOTIFY_SOCKET'][1:]); \
+                import time; time.sleep(1)";
     let worker = format!(
         "echo \"sock=$NOTIFY_SOCKET\"; while [ ! -e {go} ]; do sleep 0.02; done; \
          python3 -c \"{send}\"; exec sleep 60",

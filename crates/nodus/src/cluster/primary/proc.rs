@@ -640,23 +640,24 @@ fn on_user_message(st: &Rc<State>, proc: &Rc<Proc>, msg: &Message) {
 
 /// Logs a worker's application message (`process.send()`): the first one of the run at INFO,
 /// saying what becomes of them (nodus runs no JavaScript, so no `cluster.on('message')`
-/// handler sees them), the next ones at DEBUG.
+/// handler sees them) with its size only, since a payload may hold what belongs in no log;
+/// each one at DEBUG with its first 200 bytes.
 fn log_app_message(st: &State, proc: &Proc, json: &str) {
-    let json = &json[..json.floor_char_boundary(200)];
-    if st.app_message_said.replace(true) {
-        tracing::debug!(
-            target: "nodus::cluster",
-            "worker {} (pid {}) sent a message: {json}", proc.slot, proc.pid
-        );
-    } else {
+    if !st.app_message_said.replace(true) {
         tracing::info!(
             target: "nodus::cluster",
-            "worker {} (pid {}) sent a message (process.send): {json}; nodus runs no JavaScript, \
-             so no cluster.on('message') handler receives worker messages: each is only written \
-             to the event log as a `message` event (--events FILE), and logged at DEBUG from now on",
-            proc.slot, proc.pid
+            "worker {} (pid {}) sent a message (process.send, {} bytes of JSON); nodus runs no \
+             JavaScript, so no cluster.on('message') handler receives worker messages: each is \
+             only written to the event log as a `message` event (--events FILE), and logged at \
+             DEBUG",
+            proc.slot, proc.pid, json.len()
         );
     }
+    tracing::debug!(
+        target: "nodus::cluster",
+        "worker {} (pid {}) sent a message: {}", proc.slot, proc.pid,
+        &json[..json.floor_char_boundary(200)]
+    );
 }
 
 /// A worker not ready after `ready_timeout`, where nothing else would say why, is warned about
@@ -672,8 +673,12 @@ fn warn_if_never_ready(st: &Rc<State>, proc: &Rc<Proc>) {
     };
     let (s, p) = (st.clone(), proc.clone());
     crate::task::spawn_named("cluster:not-ready", async move {
-        crate::time::sleep(s.config.ready_timeout).await;
-        if p.state.get() >= waits_for || p.drained.get() || p.going_down.get() {
+        // Ends early once the worker is there or gone (`Dead` is past every state), so neither
+        // the task nor the `Proc` it holds outlives the worker.
+        if p.wait_for(waits_for, s.config.ready_timeout).await >= waits_for
+            || p.drained.get()
+            || p.going_down.get()
+        {
             return;
         }
         let (slot, pid, limit) = (p.slot, p.pid, s.config.ready_timeout);
