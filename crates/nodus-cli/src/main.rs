@@ -201,7 +201,9 @@ struct RunArgs {
     /// A worker is ready only when it says so (PM2's --wait-ready): it sends READY=1 to its
     /// NOTIFY_SOCKET, or a --node worker calls process.send('ready') (its `listening` does not
     /// count). One that has not within --ready-timeout is warned about, once. A reload waits
-    /// for it up to --ready-timeout, or fails and the running workers keep serving.
+    /// for it up to --ready-timeout, or fails and the running workers keep serving. Stricter
+    /// than PM2 (whose --listen-timeout counts a silent worker as online): one that never says
+    /// it stays not ready.
     #[arg(long)]
     wait_ready: bool,
     /// permanent (always restarted), transient (only after a crash), temporary (never).
