@@ -117,9 +117,11 @@ struct RunArgs {
     /// with LISTEN_FDS (repeatable, each address once). With --node nothing is passed: a
     /// worker's listen on ADDR's port gets this socket instead of a new one when ADDR covers the
     /// host it names (none, ADDR's address, or any of ADDR's family when ADDR is 0.0.0.0 or [::],
-    /// [::] covering IPv4 too: -l 0.0.0.0:8080 serves listen(8080, '127.0.0.1')); another
-    /// address on that port gets a socket of its own and a warning. Port 0 is refused, and a
-    /// socket no worker listens on once all are ready is a warning.
+    /// [::] covering IPv4 too unless v6-only: -l 0.0.0.0:8080 serves listen(8080, '127.0.0.1'));
+    /// a named wildcard is an address like the others (listen(8080, '0.0.0.0') needs 0.0.0.0 or
+    /// a dual-stack [::]); another address on that port gets a socket of its own and a warning.
+    /// Under reuseport a worker's socket is bound to ADDR, v6-only if ADDR's socket is. Port 0 is
+    /// refused, and a socket no worker listens on once all are ready is a warning.
     #[arg(short = 'l', long = "listen", value_name = "ADDR", value_parser = socket_addr)]
     listen: Vec<SocketAddr>,
     /// shared (one socket in every worker; the default for plain programs), reuseport (a

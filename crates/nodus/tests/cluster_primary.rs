@@ -683,6 +683,107 @@ fn fds_given_back_that_are_not_connections_are_closed_and_counted_never_handed_o
     });
 }
 
+/// The worker role of the test below: reports whether the reuse-port socket it got is v6-only,
+/// in the file `v6only` (`true`/`false`). With a channel it asks for it as a Node worker does
+/// (`queryServer` for `::1` on `PORT`) and then waits for the primary's `disconnect`; a plain
+/// program takes fd 3 (`LISTEN_FDS`) and waits to be stopped.
+fn v6only_worker() -> ! {
+    let dir = std::path::PathBuf::from(std::env::var_os(DIR).expect("the test sets the dir"));
+    let report = |fd: &std::os::fd::OwnedFd| {
+        let only = socket2::SockRef::from(fd).only_v6().unwrap();
+        let tmp = dir.join("v6only.tmp");
+        std::fs::write(&tmp, only.to_string()).unwrap();
+        std::fs::rename(&tmp, dir.join("v6only")).unwrap();
+    };
+    if std::env::var_os("NODE_CHANNEL_FD").is_none() {
+        assert_eq!(std::env::var("LISTEN_FDS").as_deref(), Ok("1"));
+        // SAFETY: fd 3 is the listener the primary passed (LISTEN_FDS=1); nothing else owns it.
+        let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(3) };
+        report(&fd);
+        std::thread::sleep(Duration::from_secs(30));
+        std::process::exit(0);
+    }
+    let port: u16 = std::env::var("PORT").unwrap().parse().unwrap();
+    let code = nodus::Runtime::new().block_on(async move {
+        let channel = nodus::ipc::Channel::from_env()
+            .unwrap()
+            .expect("started with a channel");
+        channel
+            .send(&serde_json::json!({
+                "cmd": "NODE_CLUSTER", "act": "queryServer", "address": "::1",
+                "port": port, "addressType": 6, "index": 0, "flags": 0, "backlog": 511, "seq": 1
+            }))
+            .unwrap();
+        loop {
+            let mut msg = channel.recv_internal().await.expect("the primary answers");
+            let v: serde_json::Value = serde_json::from_str(msg.json()).unwrap();
+            if v["ack"] == 1 {
+                assert!(v["errno"].is_null(), "{v}");
+                report(&msg.take_handle().expect("a socket").into_owned_fd());
+                break;
+            }
+        }
+        while let Some(msg) = channel.recv_internal().await {
+            if msg.json().contains("\"disconnect\"") {
+                break;
+            }
+        }
+        0
+    });
+    std::process::exit(code);
+}
+
+/// Under reuseport the workers' sockets for a pre-bound v6-only `::` socket (as systemd's
+/// `BindIPv6Only=ipv6-only` passes one) are v6-only too, for a Node worker and a plain program:
+/// dual-stack ones would take IPv4 connections the operator did not ask for. The wildcard is
+/// needed (Linux makes every socket bound to a specific IPv6 address v6-only); nothing connects.
+#[test]
+fn reuseport_sockets_for_a_v6_only_prebound_socket_are_v6_only() {
+    const NAME: &str = "reuseport_sockets_for_a_v6_only_prebound_socket_are_v6_only";
+    if std::env::var(ROLE).as_deref() == Ok("v6only") {
+        v6only_worker();
+    }
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        println!("skipped: no IPv6 loopback");
+        return;
+    }
+    let rt = nodus::Runtime::new();
+    rt.block_on(async {
+        for ipc in [true, false] {
+            let dir = nodus_testkit::tmp::TempDir::new("reuseport-v6only");
+            let options = nodus::net::ListenOptions {
+                ipv6_only: true,
+                reuse_port: true,
+                ..nodus::net::ListenOptions::default()
+            };
+            let listener = nodus::net::TcpListener::bind_with("[::]:0", options).unwrap();
+            let port = listener.local_addr().unwrap().port();
+            let mut command = self_as_worker(NAME, "v6only");
+            command.ipc = ipc;
+            command
+                .env
+                .push((DIR.into(), dir.path().as_os_str().to_owned()));
+            command.env.push(("PORT".into(), port.to_string().into()));
+            let mut config = Config::new(1, command);
+            config.policy = Policy::ReusePort;
+            config.listeners.push(("http".into(), listener));
+            config.readiness = Readiness::Alive(Duration::from_millis(10));
+            config.prefix_output = false;
+            config.kill_timeout = Duration::from_secs(5);
+            let primary = Primary::start(config).expect("the test binary runs");
+            let (_events, run) = record_and_run(&primary);
+            let report = dir.path().join("v6only");
+            assert!(file_appears(&report).await, "ipc {ipc}: no report");
+            assert_eq!(
+                std::fs::read_to_string(&report).unwrap(),
+                "true",
+                "ipc {ipc}: the worker's socket is dual-stack"
+            );
+            shut_down(&primary, run).await;
+        }
+    });
+}
+
 /// Set in a primary this binary starts from itself (the orphan-guard tests): what to do
 /// (`kill`: run until killed; `stop`: shut down, then check no guard is left) and the file the
 /// worker writes its background child's pid to, as `ROLE:FILE`.

@@ -35,11 +35,12 @@
 //!   on that turn's `took` when there is one.
 //! - From [`Worker::get`] on, SIGHUP never stops the worker: a reload is the primary's (it
 //!   replaces workers one at a time), so a SIGHUP sent to a worker itself (`kill -HUP` on every
-//!   nodus pid, a PM2 habit) is caught and answered by one log line naming the primary, rather
-//!   than killing the worker and spending the primary's restart budget on its replacement. The
-//!   line is left out while the application catches SIGHUP too (its own `Signals`): it is the
-//!   application's then. This is a handler, never `SIG_IGN`, so the worker's own children get
-//!   the default action back at their `exec`.
+//!   nodus pid, a PM2 habit) is caught and answered by one log line naming the primary (its pid
+//!   recorded at [`Worker::get`]; the line says it is gone once the worker has another parent),
+//!   rather than killing the worker and spending the primary's restart budget on its
+//!   replacement. The line is left out while the application catches SIGHUP too (its own
+//!   `Signals`): it is the application's then. This is a handler, never `SIG_IGN`, so the
+//!   worker's own children get the default action back at their `exec`.
 
 use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::{HashMap, VecDeque};
@@ -89,6 +90,8 @@ pub struct Worker {
 
 struct Shared {
     id: u32,
+    /// The parent's pid at [`Worker::get`]: the primary's, while the worker is still its child.
+    primary_pid: u32,
     channel: Channel,
     seq: Cell<u64>,
     /// `queryServer` requests waiting for the primary, by their `seq`.
@@ -166,6 +169,7 @@ impl Worker {
         let worker = Worker {
             sh: Rc::new(Shared {
                 id,
+                primary_pid: std::os::unix::process::parent_id(),
                 channel,
                 seq: Cell::new(0),
                 queries: RefCell::default(),
@@ -428,8 +432,15 @@ impl Worker {
                 if crate::signal::streams_catching(SIGHUP) > 1 {
                     continue; // the application's own stream has it
                 }
-                let (id, primary) = (w.id(), std::os::unix::process::parent_id());
-                if w.sh.nodus_primary.get() {
+                let (id, primary) = (w.id(), w.sh.primary_pid);
+                if std::os::unix::process::parent_id() != primary {
+                    // Re-parented (to init or a subreaper): the primary died.
+                    tracing::warn!(
+                        target: "nodus::cluster",
+                        "worker {id} ignored a SIGHUP sent to it and serves on: its cluster \
+                         primary is gone (the worker has another parent), there is no reload to ask"
+                    );
+                } else if w.sh.nodus_primary.get() {
                     tracing::warn!(
                         target: "nodus::cluster",
                         "worker {id} ignored a SIGHUP sent to it and serves on: a rolling reload \

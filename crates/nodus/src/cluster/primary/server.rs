@@ -4,15 +4,17 @@
 //! Invariants:
 //! - One `Server` per listening socket the primary holds; several keys may name it. A pre-bound
 //!   listener (`nodus run --node -l`, a socket systemd passed) serves every `queryServer` on its
-//!   port whose address it covers ([`covers`]: "any" asked, the same address, or the pre-bound
-//!   one is its family's wildcard, `::` dual-stack covering IPv4 too); under reuseport the
-//!   worker's own socket is bound to the pre-bound address, not the one asked. An address on its
-//!   port it does not cover gets a socket of its own and a warning, once per address. A
-//!   pre-bound listener that no worker with a channel has asked for once every worker is first
-//!   ready is said in a warning ([`warn_unclaimed`]): its connections wait for a worker that may
-//!   never ask. A server whose policy is round-robin or least is accepted on by
-//!   one task of the primary; a shared one is only duplicated into workers (never registered with
-//!   the primary's reactor, so incoming connections do not wake the primary).
+//!   port whose address it covers ([`covers`]: no host asked, the same address, or the pre-bound
+//!   one is its family's wildcard, `::` dual-stack covering IPv4 too; an explicit wildcard asked
+//!   is an address like the others, so a v6-only `::` covers neither `0.0.0.0` nor a dual-stack
+//!   `::`); under reuseport the worker's own socket is bound to the pre-bound address, not the
+//!   one asked, and v6-only as the pre-bound socket is. An address on its port it does not cover
+//!   gets a socket of its own and a warning, once per address. A pre-bound listener that no
+//!   worker with a channel has asked for once every worker is first ready is said in a warning
+//!   ([`warn_unclaimed`]): its connections wait for a worker that may never ask. A server whose
+//!   policy is round-robin or least is accepted on by one task of the primary; a shared one is
+//!   only duplicated into workers (never registered with the primary's reactor, so incoming
+//!   connections do not wake the primary).
 //! - A worker's TCP `listen` is bound as Node's own primary binds it ([`Bind`]): with no host,
 //!   `::` (Node always sends `addressType` 4 then), falling back to `0.0.0.0` only when that
 //!   cannot be bound for another reason than a busy port; an IPv6 socket is dual-stack unless the
@@ -21,9 +23,9 @@
 //!   passes them); never the primary's own non-blocking accept socket.
 //! - Reuse-port sockets are bound per worker and not kept: a socket nobody accepts on would
 //!   swallow its share of connections. For a pre-bound address the primary keeps a socket bound
-//!   with `SO_REUSEPORT` but not listening (only listening sockets share the connections): the
-//!   port (the one port 0 resolved to) stays taken, for the workers alone, while none of them
-//!   holds it, until the drain begins.
+//!   with `SO_REUSEPORT` (v6-only as the pre-bound one) but not listening (only listening sockets
+//!   share the connections): the port (the one port 0 resolved to) stays taken, for the workers
+//!   alone, while none of them holds it, until the drain begins.
 //! - Accepted connections wait for a worker ("parked": none listening yet, all at their in-flight
 //!   cap, or no fd to hand them over with) only up to one accept batch plus what dead, refusing
 //!   or closing workers left or gave back, and within the bounds of `parked` (a cap, and
@@ -105,8 +107,9 @@ pub(super) struct Server {
     accept_waker: RefCell<Option<Waker>>,
     /// A pre-bound listener a worker's `queryServer` named (see [`warn_unclaimed`]).
     claimed: Cell<bool>,
-    /// An IPv6 wildcard socket that takes IPv4 connections too (not `IPV6_V6ONLY`).
-    dual_stack: bool,
+    /// An IPv6 socket with `IPV6_V6ONLY` (a wildcard one takes no IPv4 connection); kept for the
+    /// workers' sockets under reuseport.
+    ipv6_only: bool,
     /// The addresses on this pre-bound listener's port it did not cover, each warned about once.
     uncovered: RefCell<Vec<IpAddr>>,
 }
@@ -123,9 +126,7 @@ impl Server {
         policy: Policy,
     ) -> io::Result<Rc<Server>> {
         let addr = listener.local_addr()?;
-        let dual_stack = addr.is_ipv6()
-            && addr.ip().is_unspecified()
-            && !socket2::SockRef::from(&listener).only_v6()?;
+        let ipv6_only = addr.is_ipv6() && socket2::SockRef::from(&listener).only_v6()?;
         let sock = match policy {
             Policy::RoundRobin | Policy::Least => {
                 listener.set_nonblocking(true)?;
@@ -139,7 +140,7 @@ impl Server {
             }
             // Bound before the listener is closed (at the end of this function): the port is
             // never free.
-            Policy::ReusePort => Sock::Released(RefCell::new(Some(hold_port(addr)?))),
+            Policy::ReusePort => Sock::Released(RefCell::new(Some(hold_port(addr, ipv6_only)?))),
         };
         let server = Rc::new(Server {
             addr,
@@ -151,7 +152,7 @@ impl Server {
             parked: Parked::new(MAX_PARKED, st.config.ready_timeout),
             accept_waker: RefCell::new(None),
             claimed: Cell::new(false),
-            dual_stack,
+            ipv6_only,
             uncovered: RefCell::default(),
         });
         if matches!(server.sock, Sock::Accepting(_)) {
@@ -255,7 +256,7 @@ const UV_TCP_IPV6ONLY: u64 = 1;
 
 /// How a worker's TCP `listen` is bound, as Node's own primary binds it (`createServerHandle`
 /// and `setupListenHandle` in Node's `net`).
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 struct Bind {
     /// `ipv6Only`: an IPv6 socket takes IPv6 connections only (otherwise it is dual-stack).
     ipv6_only: bool,
@@ -291,8 +292,8 @@ impl Bind {
 
 /// A socket bound to `addr` with `SO_REUSEPORT`, not listening: it keeps the port from anyone
 /// but this user's reuse-port sockets (it sets no `SO_REUSEADDR`, which would let others bind
-/// it), and takes no connection.
-fn hold_port(addr: SocketAddr) -> io::Result<socket2::Socket> {
+/// it), and takes no connection. An IPv6 one is `ipv6_only` as the pre-bound socket was.
+fn hold_port(addr: SocketAddr, ipv6_only: bool) -> io::Result<socket2::Socket> {
     let socket = socket2::Socket::new(
         socket2::Domain::for_address(addr),
         socket2::Type::STREAM,
@@ -300,8 +301,8 @@ fn hold_port(addr: SocketAddr) -> io::Result<socket2::Socket> {
     )?;
     socket.set_reuse_port(true)?;
     if addr.is_ipv6() {
-        // As the listeners are bound (dual-stack): the IPv4 side of the port is held too.
-        socket.set_only_v6(false)?;
+        // As the workers' sockets are bound: a dual-stack one holds the IPv4 side of the port too.
+        socket.set_only_v6(ipv6_only)?;
     }
     socket.bind(&addr.into())?;
     Ok(socket)
@@ -321,7 +322,7 @@ fn server_for(
     if st.accepting_stopped.get() {
         return Err(io::Error::other("the cluster primary is shutting down"));
     }
-    let server = match claim_prebound(st, proc, addr) {
+    let server = match claim_prebound(st, proc, addr, bind) {
         Some(s) => s,
         None => Server::new(st, bind.listen(addr, false)?.into_std(), st.config.policy)?,
     };
@@ -331,27 +332,39 @@ fn server_for(
     Ok(server)
 }
 
-/// Whether a pre-bound listener on `bound` (`dual_stack`: an IPv6 wildcard taking IPv4 too)
-/// serves a worker's `listen` on `asked`, a socket the two could not both bind: the same port,
-/// and "any" asked (the operator's address wins), the same address, or `bound` is the wildcard
-/// of `asked`'s family (or `::` dual-stack, and `asked` is IPv4). An IPv4-mapped IPv6 address
-/// counts as its IPv4 one.
-fn covers(bound: SocketAddr, dual_stack: bool, asked: SocketAddr) -> bool {
+/// Whether a pre-bound listener on `bound` (`ipv6_only`: `IPV6_V6ONLY` set) serves a worker's
+/// `listen` on `asked` (bound as `bind` says): it takes every connection the worker's own socket
+/// would. The same port, and no host asked (`bind.any`: the operator's address wins), or:
+/// - a named address: the same one, or `bound` is the wildcard of its family (or `::` dual-stack,
+///   and `asked` is IPv4);
+/// - an explicit wildcard: `bound` is the wildcard of its family, or `::` dual-stack for
+///   `0.0.0.0`; for `::` (dual-stack unless `ipv6Only`) `bound` is dual-stack too unless the
+///   worker asked `ipv6Only`.
+///
+/// An IPv4-mapped IPv6 address counts as its IPv4 one.
+fn covers(bound: SocketAddr, ipv6_only: bool, asked: SocketAddr, bind: Bind) -> bool {
     let (b, a) = (bound.ip().to_canonical(), asked.ip().to_canonical());
+    let dual_stack = b.is_ipv6() && b.is_unspecified() && !ipv6_only;
+    // `bound` takes every address of `a`'s family.
+    let family = b.is_unspecified() && (b.is_ipv4() == a.is_ipv4() || (dual_stack && a.is_ipv4()));
     bound.port() == asked.port()
-        && (a.is_unspecified()
-            || a == b
-            || (b.is_unspecified() && (b.is_ipv4() == a.is_ipv4() || (dual_stack && a.is_ipv4()))))
+        && (bind.any
+            || if a.is_unspecified() {
+                family && (a.is_ipv4() || bind.ipv6_only || dual_stack)
+            } else {
+                a == b || family
+            })
 }
 
-/// The pre-bound listener a worker's `queryServer` for `addr` gets instead of a new socket (one
-/// that [`covers`] it), marked claimed. A pre-bound listener on the same port that does not
-/// cover `addr` is warned about, once per address: the worker gets a socket of its own.
-fn claim_prebound(st: &State, proc: &Proc, addr: SocketAddr) -> Option<Rc<Server>> {
+/// The pre-bound listener a worker's `queryServer` for `addr` (bound as `bind` says) gets
+/// instead of a new socket (one that [`covers`] it), marked claimed. A pre-bound listener on the
+/// same port that does not cover `addr` is warned about, once per address: the worker gets a
+/// socket of its own.
+fn claim_prebound(st: &State, proc: &Proc, addr: SocketAddr, bind: Bind) -> Option<Rc<Server>> {
     let prebound = st.prebound.borrow();
     if let Some((_, server)) = prebound
         .iter()
-        .find(|(_, s)| covers(s.addr, s.dual_stack, addr))
+        .find(|(_, s)| covers(s.addr, s.ipv6_only, addr, bind))
     {
         server.claimed.set(true);
         return Some(server.clone());
@@ -368,8 +381,9 @@ fn claim_prebound(st: &State, proc: &Proc, addr: SocketAddr) -> Option<Rc<Server
         tracing::warn!(
             target: "nodus::cluster",
             "worker {} (pid {}) listens on {addr}, on the port of {} ({name}, bound before the \
-             workers started) but on an address that one does not cover (it serves any host, its \
-             own address, or with a wildcard its family's): the worker gets a socket of its own",
+             workers started) but on an address that one does not cover (it serves a listen with no \
+             host, its own address, and as a wildcard its family's, IPv4 too as a dual-stack \
+             [::]): the worker gets a socket of its own",
             proc.slot, proc.pid, server.addr
         );
     }
@@ -429,10 +443,16 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
             .map(|fd| (None, Some(fd)))
     } else if st.config.policy == Policy::ReusePort {
         // A pre-bound port is only held: the worker binds a socket of its own on it, on the
-        // pre-bound address (the operator's, dual-stack as held), not the one asked.
+        // pre-bound address (the operator's, v6-only or dual-stack as held), not the one asked.
         addr.map(|addr| {
-            claim_prebound(st, proc, addr)
-                .map_or((addr, Bind::of(m)), |server| (server.addr, Bind::default()))
+            let bind = Bind::of(m);
+            claim_prebound(st, proc, addr, bind).map_or((addr, bind), |server| {
+                let held = Bind {
+                    ipv6_only: server.ipv6_only,
+                    any: false,
+                };
+                (server.addr, held)
+            })
         })
         .and_then(|(addr, bind)| reuseport_socket(st, &key, addr, bind).map(|fd| (None, Some(fd))))
     } else {
@@ -583,6 +603,7 @@ pub(super) fn pass_listeners(st: &Rc<State>, cmd: &mut Command) -> io::Result<()
             (_, Policy::ReusePort) => {
                 let options = ListenOptions {
                     reuse_port: true,
+                    ipv6_only: server.ipv6_only,
                     ..ListenOptions::default()
                 };
                 let l = TcpListener::bind_with(server.addr, options)?.into_std();
@@ -758,37 +779,72 @@ mod tests {
     use super::{Bind, covers, hold_port};
 
     #[test]
-    fn a_prebound_socket_covers_any_host_its_own_address_and_with_a_wildcard_its_family() {
+    fn a_prebound_socket_covers_no_host_its_own_address_and_as_a_wildcard_its_family() {
         let a = |s: &str| s.parse::<SocketAddr>().unwrap();
-        // (bound, dual-stack, asked)
-        for (bound, dual, asked) in [
-            ("0.0.0.0:80", false, "127.0.0.1:80"),
-            ("0.0.0.0:80", false, "10.1.2.3:80"),
-            ("0.0.0.0:80", false, "0.0.0.0:80"),
-            ("0.0.0.0:80", false, "[::]:80"),
-            ("127.0.0.1:80", false, "127.0.0.1:80"),
-            ("127.0.0.1:80", false, "0.0.0.0:80"),
-            ("127.0.0.1:80", false, "[::]:80"),
-            ("127.0.0.1:80", false, "[::ffff:127.0.0.1]:80"),
-            ("0.0.0.0:80", false, "[::ffff:127.0.0.1]:80"),
-            ("[::]:80", true, "[::1]:80"),
-            ("[::]:80", true, "127.0.0.1:80"),
-            ("[::]:80", false, "[::1]:80"),
-            ("[::1]:80", false, "[::1]:80"),
-            ("[::1]:80", false, "0.0.0.0:80"),
+        let any = Bind {
+            ipv6_only: false,
+            any: true,
+        };
+        let named = Bind { any: false, ..any };
+        let v6only = Bind {
+            ipv6_only: true,
+            ..named
+        };
+        // (bound, its IPV6_V6ONLY, asked, how the worker asked it)
+        for (bound, only, asked, bind) in [
+            // No host: whatever the pre-bound address, on its port.
+            ("0.0.0.0:80", false, "[::]:80", any),
+            ("127.0.0.1:80", false, "[::]:80", any),
+            ("[::1]:80", true, "[::]:80", any),
+            ("[::]:80", true, "[::]:80", any),
+            ("0.0.0.0:80", false, "127.0.0.1:80", named),
+            ("0.0.0.0:80", false, "10.1.2.3:80", named),
+            ("127.0.0.1:80", false, "127.0.0.1:80", named),
+            ("127.0.0.1:80", false, "[::ffff:127.0.0.1]:80", named),
+            ("0.0.0.0:80", false, "[::ffff:127.0.0.1]:80", named),
+            ("[::]:80", false, "[::1]:80", named),
+            ("[::]:80", false, "127.0.0.1:80", named),
+            ("[::]:80", true, "[::1]:80", named),
+            ("[::1]:80", false, "[::1]:80", named),
+            ("[::1]:80", true, "[::1]:80", v6only),
+            // An explicit wildcard: a wildcard that takes all it would.
+            ("0.0.0.0:80", false, "0.0.0.0:80", named),
+            ("[::]:80", false, "0.0.0.0:80", named),
+            ("[::]:80", false, "[::]:80", named),
+            ("[::]:80", false, "[::]:80", v6only),
+            ("[::]:80", true, "[::]:80", v6only),
         ] {
-            assert!(covers(a(bound), dual, a(asked)), "{bound} {dual} {asked}");
+            let how = (bind.any, bind.ipv6_only);
+            assert!(
+                covers(a(bound), only, a(asked), bind),
+                "{bound} v6only {only}, {asked} (any, ipv6Only) {how:?}"
+            );
         }
-        for (bound, dual, asked) in [
-            ("0.0.0.0:80", false, "127.0.0.1:81"),
-            ("0.0.0.0:80", false, "[::1]:80"),
-            ("127.0.0.1:80", false, "127.0.0.2:80"),
-            ("127.0.0.1:80", false, "[::1]:80"),
-            ("[::]:80", false, "127.0.0.1:80"),
-            ("[::1]:80", false, "127.0.0.1:80"),
-            ("[::1]:80", false, "[::2]:80"),
+        for (bound, only, asked, bind) in [
+            ("0.0.0.0:80", false, "127.0.0.1:81", named),
+            ("0.0.0.0:80", false, "[::]:81", any),
+            ("0.0.0.0:80", false, "[::1]:80", named),
+            ("127.0.0.1:80", false, "127.0.0.2:80", named),
+            ("127.0.0.1:80", false, "[::1]:80", named),
+            ("[::]:80", true, "127.0.0.1:80", named),
+            ("[::]:80", true, "[::ffff:127.0.0.1]:80", named),
+            ("[::1]:80", false, "127.0.0.1:80", named),
+            ("[::1]:80", false, "[::2]:80", named),
+            // An explicit wildcard is no "no host": an address or a wildcard that misses part
+            // of it does not cover it (a v6-only `::` takes no IPv4).
+            ("127.0.0.1:80", false, "0.0.0.0:80", named),
+            ("[::1]:80", false, "0.0.0.0:80", named),
+            ("[::]:80", true, "0.0.0.0:80", named),
+            ("0.0.0.0:80", false, "[::]:80", named),
+            ("0.0.0.0:80", false, "[::]:80", v6only),
+            ("[::1]:80", false, "[::]:80", v6only),
+            ("[::]:80", true, "[::]:80", named),
         ] {
-            assert!(!covers(a(bound), dual, a(asked)), "{bound} {dual} {asked}");
+            let how = (bind.any, bind.ipv6_only);
+            assert!(
+                !covers(a(bound), only, a(asked), bind),
+                "{bound} v6only {only}, {asked} (any, ipv6Only) {how:?}"
+            );
         }
     }
 
@@ -826,7 +882,7 @@ mod tests {
 
     #[test]
     fn a_held_port_takes_no_connection_and_no_one_else_binds_it() {
-        let hold = hold_port("127.0.0.1:0".parse().unwrap()).unwrap();
+        let hold = hold_port("127.0.0.1:0".parse().unwrap(), false).unwrap();
         let addr = hold.local_addr().unwrap().as_socket().unwrap();
         let worker = reuseport_listener(addr);
         worker.set_nonblocking(true).unwrap();
@@ -847,5 +903,19 @@ mod tests {
             "a held port is not listening"
         );
         drop(reuseport_listener(addr));
+    }
+
+    #[test]
+    fn a_held_ipv6_wildcard_port_holds_ipv4_as_the_prebound_socket_did() {
+        // Neither socket listens: nothing takes a connection on the wildcard.
+        for (ipv6_only, ipv4_free) in [(true, true), (false, false)] {
+            let Ok(hold) = hold_port("[::]:0".parse().unwrap(), ipv6_only) else {
+                return; // no IPv6 here
+            };
+            let port = hold.local_addr().unwrap().as_socket().unwrap().port();
+            let v4 = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+            let bound = v4.bind(&SocketAddr::from(([127, 0, 0, 1], port)).into());
+            assert_eq!(bound.is_ok(), ipv4_free, "v6-only {ipv6_only}: {bound:?}");
+        }
     }
 }
