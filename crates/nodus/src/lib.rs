@@ -20,6 +20,7 @@
 //!
 //! See `ARCHITECTURE.md` for the module map and the invariants that cross modules.
 
+mod atfork;
 pub mod clock;
 pub mod cluster;
 pub mod crypto;

@@ -15,13 +15,14 @@
 //! Invariants: readiness is edge-triggered, so every wake-up drains every pending signal before
 //! clearing readiness; a signal arriving after the drain writes to the pipe again and produces a
 //! new edge. `LISTENERS` counts, per signal, the live streams catching it; its flag is `true`
-//! exactly when the count is 0.
+//! exactly when the count is 0. Its lock is never copied held into a forked process
+//! (`crate::atfork` takes it around every `fork`).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::future::poll_fn;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
 use signal_hook_mio::v1_0::Signals as PipeSignals;
@@ -43,10 +44,22 @@ pub fn name(signal: i32) -> &'static str {
 /// default) and the number of live streams that catch it.
 static LISTENERS: Mutex<BTreeMap<i32, (Arc<AtomicBool>, usize)>> = Mutex::new(BTreeMap::new());
 
+/// [`LISTENERS`]'s lock, held across a `fork` by the forking thread (see `crate::atfork`).
+pub(crate) type ListenersGuard = MutexGuard<'static, BTreeMap<i32, (Arc<AtomicBool>, usize)>>;
+
+fn listeners() -> ListenersGuard {
+    crate::atfork::register();
+    lock_listeners()
+}
+
+/// [`listeners`] without the fork handlers' registration: for the handlers themselves.
+pub(crate) fn lock_listeners() -> ListenersGuard {
+    LISTENERS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// How many live streams of the process catch `signal`.
 pub(crate) fn streams_catching(signal: i32) -> usize {
-    let listeners = LISTENERS.lock().unwrap_or_else(|e| e.into_inner());
-    listeners.get(&signal).map_or(0, |&(_, count)| count)
+    listeners().get(&signal).map_or(0, |&(_, count)| count)
 }
 
 /// A stream of the signals it was created for.
@@ -70,7 +83,7 @@ impl Listening {
         let mut signals = signals.to_vec();
         signals.sort_unstable();
         signals.dedup();
-        let mut listeners = LISTENERS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut listeners = listeners();
         for &signal in &signals {
             let (idle, count) = listeners.entry(signal).or_insert_with(|| {
                 let idle = Arc::new(AtomicBool::new(false));
@@ -88,7 +101,7 @@ impl Listening {
 
 impl Drop for Listening {
     fn drop(&mut self) {
-        let mut listeners = LISTENERS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut listeners = listeners();
         for signal in &self.0 {
             if let Some((idle, count)) = listeners.get_mut(signal) {
                 *count -= 1;

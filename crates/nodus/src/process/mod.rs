@@ -39,17 +39,13 @@
 //!   subreaper is opt-in.) At its end (`close`, or its runtime dropped) the subreaper hands the
 //!   adopted children still unreaped to `orphans`, each registered as nodus's own then and
 //!   reaped by its pidfd: none is left a zombie, and no child forked later is waited for.
-//! - nodus's two process-wide locks (the registry's in `reaper`, the orphan queue's in
-//!   `orphans`) are kept whole across a `fork`: `pthread_atfork` handlers, registered at the
-//!   first use of either, have the forking thread take both before the fork and let them go
-//!   after it, in the parent and in the child. So no `fork` (glibc's: std's `Command`, nodus's
-//!   own, or the program's, without `exec`) copies either held by another thread, maybe
-//!   mid-update: a process forked without `exec` may hand children to the orphan reaper and
-//!   spawn (the lock it would take is free in its copy). A fork pays two uncontended locks, or
-//!   waits while a subreaper pass or a hand-off holds one (a pass: a listing of `/proc`).
-//!   Neither lock is ever held while the other is taken, and nodus never forks while it holds
-//!   one (the handlers would wait for this very thread). What nodus runs in its own forked
-//!   children takes neither anyway: `pre_exec` steps and the guard are raw syscalls.
+//! - The registry's lock (`reaper`) and the orphan queue's (`orphans`) are never copied held
+//!   into a forked process: the forking thread takes them, with nodus's other process-wide
+//!   locks, around every `fork` (`crate::atfork`). Both are keyed on the pid that owns them: at
+//!   its first use in a process forked without `exec`, the registry forgets the parent's children
+//!   and forks in progress (a fork on another thread of the parent never registers here), and the
+//!   orphan queue the children handed to the parent's thread. So such a process can spawn, reap
+//!   through a subreaper and hand children over as any other.
 //! - Requires Linux ≥ 5.3 (pidfd).
 
 mod child;
@@ -62,18 +58,18 @@ mod pipes;
 mod reaper;
 pub(crate) mod sched;
 
-use std::cell::RefCell;
 use std::ffi::OsStr;
 use std::io;
-use std::sync::{Once, OnceLock};
+use std::sync::OnceLock;
 
 pub use child::{Child, ExitStatus};
 pub use command::{CHANNEL_FD, Command, Stdio};
 pub use exec::{ExecError, ExecErrorKind, ExecOptions, Output, exec, exec_file};
 pub use guard::GUARD_NAME;
 pub(crate) use guard::OrphanGuard;
+pub(crate) use orphans::{QueueGuard, lock_queue};
 pub use pipes::{ChildStderr, ChildStdin, ChildStdout};
-pub(crate) use reaper::Reaper;
+pub(crate) use reaper::{Reaper, TableGuard, lock_table};
 
 use crate::ipc::{Channel, ChannelOptions};
 use crate::signal::SIGTERM;
@@ -132,83 +128,76 @@ fn child_fd_limit() -> Option<rustix::process::Rlimit> {
     Some(limit)
 }
 
-thread_local! {
-    /// Both process-wide locks, held by this thread across a `fork` (see the module doc).
-    static HELD_ACROSS_FORK: RefCell<Option<(reaper::TableGuard, orphans::QueueGuard)>> =
-        const { RefCell::new(None) };
-}
-
-/// Registers, once, the handlers that keep the registry's and the orphan queue's locks whole
-/// across a `fork` (see the module doc): each lock's accessor calls this before it locks, so
-/// no thread holds one before they are registered.
-pub(super) fn lock_across_forks() {
-    static REGISTERED: Once = Once::new();
-    REGISTERED.call_once(|| {
-        // SAFETY: registers plain `extern "C"` functions without arguments; they never unwind
-        // (a panic in them aborts) and stay valid for the life of the process.
-        let r =
-            unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork)) };
-        if r != 0 {
-            tracing::warn!(
-                target: "nodus::process",
-                "cannot register fork handlers ({}): a process forked without exec may find \
-                 nodus's locks held",
-                io::Error::from_raw_os_error(r)
-            );
-        }
-    });
-}
-
-/// Before a `fork`, on the forking thread: takes both locks (the registry's first; neither is
-/// held anywhere while the other is taken). Not if this thread's locals are gone (it is
-/// exiting): then nothing is held, as without the handlers.
-extern "C" fn before_fork() {
-    let _ = HELD_ACROSS_FORK.try_with(|held| {
-        *held.borrow_mut() = Some((reaper::lock_table(), orphans::lock_queue()));
-    });
-}
-
-/// After a `fork`, in the parent and in the child (the forking thread's copy): lets both go.
-extern "C" fn after_fork() {
-    let _ = HELD_ACROSS_FORK.try_with(|held| drop(held.borrow_mut().take()));
-}
-
+/// For the tests that fork without `exec` or mark the process a subreaper: each one runs alone,
+/// in a fresh process of the test binary (one test, one thread).
 #[cfg(test)]
-mod tests {
-    use std::sync::mpsc;
+pub(super) mod alone {
+    use std::os::unix::process::CommandExt;
     use std::time::{Duration, Instant};
 
-    use super::{orphans, reaper};
+    const INNER: &str = "NODUS_UNIT_TEST_ALONE";
 
-    /// Has another thread take a lock through `lock` and hold it 300 ms, forks meanwhile, and
-    /// has the forked process take its copy through `take` and `_exit(0)`: its wait status
-    /// (SIGKILLed after 10 s, should its copy be locked).
-    fn fork_while_another_thread_holds<G: 'static>(lock: fn() -> G, take: fn()) -> libc::c_int {
-        let (held, is_held) = mpsc::channel();
-        let holder = std::thread::spawn(move || {
-            let guard = lock();
-            held.send(()).unwrap();
-            std::thread::sleep(Duration::from_millis(300));
-            drop(guard);
-        });
-        is_held.recv().unwrap();
-        // SAFETY: the child takes one lock (free in its copy, or the test fails by timeout)
-        // and `_exit`s: no allocation, no return into the test harness.
+    /// In the fresh process, `true`: the caller runs its scenario. Here, runs test `name` (its
+    /// path, `crate::` omitted) in a new process of this binary, which leads a group of its own
+    /// (SIGKILLed after 30 s, with what it forked), asserts that it passed, and returns `false`.
+    pub(crate) fn alone(name: &str) -> bool {
+        if std::env::var(INNER).is_ok_and(|n| n == name) {
+            return true;
+        }
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([name, "--exact", "--test-threads=1", "--nocapture"])
+            .env(INNER, name)
+            .process_group(0)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                // SAFETY: a plain syscall on the group our unreaped child leads (its number
+                // cannot be another's).
+                unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("1 passed"),
+            "{name} alone: {}\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        false
+    }
+
+    /// Forks a child that `_exit(0)`s at once (`pause_first`: after a signal ends its pause).
+    pub(crate) fn fork_child(pause_first: bool) -> i32 {
+        // SAFETY: the child makes async-signal-safe calls only, and `_exit`s.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
-            take();
-            // SAFETY: ends the forked child without running this process's exit handlers.
+            if pause_first {
+                // SAFETY: plain syscalls.
+                unsafe { libc::pause() };
+            }
+            // SAFETY: ends the child without running this process's exit handlers.
             unsafe { libc::_exit(0) };
         }
-        assert!(pid > 0);
-        holder.join().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
+        assert!(pid > 0, "fork: {}", std::io::Error::last_os_error());
+        pid
+    }
+
+    /// Waits for the forked process `pid` (SIGKILLed after `limit`): its exit code, or its wait
+    /// status when it did not exit.
+    pub(crate) fn exit_code(pid: i32, limit: Duration) -> Result<i32, libc::c_int> {
+        let deadline = Instant::now() + limit;
         let mut status = 0;
         loop {
             // SAFETY: waits for our own child, writing its status to a valid int.
             let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
             if r == pid {
-                return status;
+                break;
             }
             assert_eq!(r, 0, "waitpid({pid})");
             if Instant::now() > deadline {
@@ -217,26 +206,10 @@ mod tests {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-    }
-
-    fn exited_0(status: libc::c_int) -> bool {
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
-    }
-
-    /// A fork while another thread holds the orphan queue's lock (as the orphan thread does,
-    /// taking what was handed over) waits for it: the forked process's first hand-off does not
-    /// block for good on a copy left locked.
-    #[test]
-    fn a_fork_waits_for_the_orphan_queue_lock() {
-        let status = fork_while_another_thread_holds(orphans::queue, || drop(orphans::queue()));
-        assert!(exited_0(status), "forked process: wait status {status:#x}");
-    }
-
-    /// The same for the registry's lock (a subreaper pass, a spawn or a reap on another
-    /// thread): the forked process's first spawn does not block for good.
-    #[test]
-    fn a_fork_waits_for_the_registry_lock() {
-        let status = fork_while_another_thread_holds(reaper::table, || drop(reaper::table()));
-        assert!(exited_0(status), "forked process: wait status {status:#x}");
+        if libc::WIFEXITED(status) {
+            Ok(libc::WEXITSTATUS(status))
+        } else {
+            Err(status)
+        }
     }
 }

@@ -16,17 +16,20 @@
 //! the program forks afterwards by other means (`std::process`) is never waited for here.
 //!
 //! Invariants:
-//! - One thread ("nodus-orphans") per process, started by a hand-off when none runs (a process
-//!   forked without `exec` inherits the queue but not the thread: its first hand-off starts its
-//!   own). It blocks in `poll` on the pidfds it holds and an eventfd (written by each hand-off),
+//! - One thread ("nodus-orphans") per process, started by a hand-off when none runs.
+//! - The queue is the process's own: it names the pid it belongs to, and at its first lock in a
+//!   process forked (without `exec`) from that one it starts empty, with no thread. The forked
+//!   process inherits neither the thread nor the children handed to it (not its own to reap):
+//!   their pidfds (its copies) are closed then, their registrations left to the parent's table
+//!   (see `reaper`), and its first hand-off starts its own thread. It blocks in `poll` on the pidfds it holds and an eventfd (written by each hand-off),
 //!   with no timeout: no busy loop. If that `poll` fails (more fds than a lowered
 //!   `RLIMIT_NOFILE`, no memory), it looks at each fd alone every 100 ms instead, one warning
 //!   line. It ends as soon as it holds nothing (the next hand-off starts another), and it never
 //!   keeps the process alive (a Rust program ends with its `main` thread).
 //! - The queue's lock is held briefly (a hand-off; this thread taking what was handed over) and
 //!   is never copied held into a forked process: the forking thread takes it before the fork
-//!   and lets it go after it, in both processes (`process`'s fork handlers). So the first
-//!   hand-off of a process forked without `exec` goes through.
+//!   and lets it go after it, in both processes (`crate::atfork`). So the first hand-off of a
+//!   process forked without `exec` goes through.
 //! - A child is reaped here exactly as its exit task would have: `waitid(P_PIDFD)`, never
 //!   `waitpid(-1)` (so only a child handed over, never one the program waits for itself); with
 //!   a group exit signal, its group is signalled between its exit, seen with `WNOWAIT`, and its
@@ -54,30 +57,46 @@ use super::reaper::Ours;
 
 /// Children handed over and not yet taken by the thread, and the thread's eventfd.
 static QUEUE: Mutex<Queue> = Mutex::new(Queue {
+    owner: 0,
     new: Vec::new(),
     wake: None,
-    owner: 0,
 });
 
-pub(super) struct Queue {
+pub(crate) struct Queue {
+    /// The process this queue is for (see the module doc): 0 before its first lock.
+    owner: u32,
     new: Vec<Orphan>,
     /// The running thread's eventfd; `None` while no thread runs.
     wake: Option<Arc<OwnedFd>>,
-    /// The process whose thread that is: a process forked (without `exec`) from it inherits
-    /// `wake` but not the thread, and starts its own.
-    owner: u32,
 }
 
-/// The queue's lock, held across a `fork` by the forking thread (see `process`).
-pub(super) type QueueGuard = MutexGuard<'static, Queue>;
+/// The queue's lock, held across a `fork` by the forking thread (see `crate::atfork`).
+pub(crate) type QueueGuard = MutexGuard<'static, Queue>;
 
+/// The queue, this process's own (see the module doc).
 pub(super) fn queue() -> QueueGuard {
-    super::lock_across_forks();
-    lock_queue()
+    crate::atfork::register();
+    let mut q = lock_queue();
+    let me = std::process::id();
+    if q.owner != me {
+        // New, or forked from the process it was: that one's thread is not here, and the
+        // children handed to it are not this one's.
+        q.owner = me;
+        q.wake = None;
+        let theirs = std::mem::take(&mut q.new);
+        if !theirs.is_empty() {
+            // Dropped unlocked (no lock is taken under another; theirs take the registry's).
+            drop(q);
+            drop(theirs);
+            q = lock_queue();
+        }
+    }
+    q
 }
 
-/// [`queue`] without the fork handlers' registration: for the handlers themselves.
-pub(super) fn lock_queue() -> QueueGuard {
+/// The bare lock, without the fork handlers' registration nor the owner's check: for the
+/// handlers themselves.
+pub(crate) fn lock_queue() -> QueueGuard {
     QUEUE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -170,12 +189,6 @@ fn ready_now(fd: BorrowedFd<'_>) -> bool {
 pub(super) fn adopt(orphan: Orphan) {
     let mut q = queue();
     q.new.push(orphan);
-    let me = std::process::id();
-    if q.owner != me {
-        // A forked copy of the queue: its thread runs in another process (the eventfd is
-        // shared with it; this copy of it is closed here).
-        q.wake = None;
-    }
     if let Some(wake) = &q.wake {
         let _ = rustix::io::write(wake, &1u64.to_ne_bytes());
         return;
@@ -191,10 +204,7 @@ pub(super) fn adopt(orphan: Orphan) {
                 .map(|_| wake)
         });
     match started {
-        Ok(wake) => {
-            q.wake = Some(wake);
-            q.owner = me;
-        }
+        Ok(wake) => q.wake = Some(wake),
         Err(e) => tracing::warn!(
             target: "nodus::process",
             "cannot start the thread that reaps children whose loop is gone ({e}): {} stay \
@@ -249,5 +259,67 @@ fn run(wake: Arc<OwnedFd>) {
         }
         let mut ready = ready[1..].iter();
         orphans.retain_mut(|o| !(*ready.next().expect("one per orphan") && o.step()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use rustix::process::{Pid, PidfdFlags};
+
+    use super::super::alone::{alone, exit_code, fork_child};
+    use super::super::reaper::table;
+    use super::*;
+
+    /// A child handed to this process's thread and not yet taken is not a process forked from
+    /// this one's to reap: at its first hand-off its queue is empty, and dropping the child's
+    /// entry there releases nothing of its own table (where a child of its own may hold the
+    /// same number).
+    #[test]
+    fn a_forked_process_drops_the_children_handed_over_in_its_parent() {
+        if !alone(
+            "process::orphans::tests::a_forked_process_drops_the_children_handed_over_in_its_parent",
+        ) {
+            return;
+        }
+        let parents_child = fork_child(true);
+        let pid = Pid::from_raw(parents_child).unwrap();
+        let pidfd = rustix::process::pidfd_open(pid, PidfdFlags::empty()).unwrap();
+        let ours = table().claim(parents_child);
+        // Queued as by a hand-off whose thread has not taken it yet (here: none runs).
+        queue().new.push(Orphan::new(pidfd, pid, None, None, ours));
+        // SAFETY: the forked process (this one has no other thread) runs the checks below and
+        // `_exit`s, never returning into the harness.
+        let forked = unsafe { libc::fork() };
+        if forked == 0 {
+            let code = std::panic::catch_unwind(|| {
+                let own = table().claim(parents_child);
+                if !queue().new.is_empty() {
+                    return 1;
+                }
+                if !table().holds(parents_child) {
+                    return 2;
+                }
+                drop(own);
+                0
+            });
+            // SAFETY: ends the forked process without running this one's exit handlers.
+            unsafe { libc::_exit(code.unwrap_or(9)) };
+        }
+        assert!(forked > 0);
+        let code = exit_code(forked, Duration::from_secs(10));
+        let left = std::mem::take(&mut queue().new);
+        // SAFETY: our unreaped child: killed, then reaped below.
+        unsafe { libc::kill(parents_child, libc::SIGKILL) };
+        let _ = exit_code(parents_child, Duration::from_secs(5));
+        assert_eq!(left.len(), 1, "this process's queue lost its child");
+        drop(left);
+        assert_eq!(
+            code,
+            Ok(0),
+            "forked process: 1 = still queues the parent's child, 2 = its drop released a \
+             registration of the forked process's own"
+        );
     }
 }

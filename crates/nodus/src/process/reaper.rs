@@ -13,8 +13,18 @@
 //! reap by its own exit task (`waitid(P_PIDFD)`, see `child`; once its loop is gone, by the
 //! orphan reaper, `orphans`). The registration is always on, reaper or not (a mutex and a map
 //! entry per spawn), so a child spawned before a reaper starts, or on another loop's thread, is
-//! known too. Its lock is never copied held into a forked process (`process`'s fork handlers
-//! take it around every `fork`): a process forked without `exec` can spawn.
+//! known too. Its lock is never copied held into a forked process (`crate::atfork` takes it
+//! around every `fork`): a process forked without `exec` can spawn.
+//!
+//! The table is the process's own: it names the pid it belongs to, and at its first lock in a
+//! process forked (without `exec`) from that one it starts empty. The forked process has none of
+//! its parent's children, and none of the parent's forks in progress: the thread between its
+//! [`Spawning`] ticket and its registration is not there, so a count kept from the parent would
+//! never come down (every pass deferred, the end handing nothing over, `signal_child` refusing),
+//! and a pid kept from it, reused by a child forked by other means, would be taken for nodus's
+//! own and never reaped. An [`Ours`] made in the parent and dropped in the forked process (a
+//! `Child` on the forking thread's stack) releases nothing there. (Reset at the first lock, not
+//! in the fork handler: freeing the map is no async-signal-safe step.)
 //!
 //! Why the reaper never steals the exit status of one of nodus's own children:
 //! - It never calls `waitpid(-1)`/`waitid(P_ALL)`. It lists this process's children
@@ -131,11 +141,14 @@ use crate::signal::Signals;
 
 /// The children nodus forked and has not reaped yet, and the forks in progress.
 static OURS: Mutex<Table> = Mutex::new(Table {
+    owner: 0,
     spawning: 0,
     pids: None,
 });
 
-pub(super) struct Table {
+pub(crate) struct Table {
+    /// The process this table is for (see the module doc): 0 before its first lock.
+    owner: u32,
     /// [`Spawning`] tickets alive: forks that may have happened and are not registered yet.
     spawning: usize,
     /// pid → how many registrations hold it (see the module doc).
@@ -143,32 +156,46 @@ pub(super) struct Table {
 }
 
 impl Table {
-    fn holds(&self, pid: i32) -> bool {
+    pub(super) fn holds(&self, pid: i32) -> bool {
         self.pids.as_ref().is_some_and(|p| p.contains_key(&pid))
     }
 
     /// Registers `pid` as nodus's own (one more count). The returned `Ours` takes the lock when
     /// dropped: not while this one is held.
-    fn claim(&mut self, pid: i32) -> Ours {
+    pub(super) fn claim(&mut self, pid: i32) -> Ours {
         *self
             .pids
             .get_or_insert_with(HashMap::new)
             .entry(pid)
             .or_insert(0) += 1;
-        Ours(pid)
+        Ours {
+            pid,
+            owner: self.owner,
+        }
     }
 }
 
-/// The table's lock, held across a `fork` by the forking thread (see `process`).
-pub(super) type TableGuard = std::sync::MutexGuard<'static, Table>;
+/// The table's lock, held across a `fork` by the forking thread (see `crate::atfork`).
+pub(crate) type TableGuard = std::sync::MutexGuard<'static, Table>;
 
+/// The table, this process's own (see the module doc).
 pub(super) fn table() -> TableGuard {
-    super::lock_across_forks();
-    lock_table()
+    crate::atfork::register();
+    let mut t = lock_table();
+    let me = std::process::id();
+    if t.owner != me {
+        // New, or forked from the process it was: none of that one's children or forks in
+        // progress is this one's.
+        t.owner = me;
+        t.spawning = 0;
+        t.pids = None;
+    }
+    t
 }
 
-/// [`table`] without the fork handlers' registration: for the handlers themselves.
-pub(super) fn lock_table() -> TableGuard {
+/// The bare lock, without the fork handlers' registration nor the owner's check: for the
+/// handlers themselves.
+pub(crate) fn lock_table() -> TableGuard {
     // The table stays consistent across a panic (every update is one statement).
     OURS.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -216,17 +243,25 @@ impl Drop for Spawning {
 
 /// A child of nodus's: no reaper touches it while this lives. Dropped after the child's reap.
 #[derive(Debug)]
-pub(crate) struct Ours(i32);
+pub(crate) struct Ours {
+    pid: i32,
+    /// The process whose table holds it: dropped in a process forked from that one, it releases
+    /// nothing (see the module doc).
+    owner: u32,
+}
 
 impl Drop for Ours {
     fn drop(&mut self) {
         let mut t = table();
+        if t.owner != self.owner {
+            return;
+        }
         if let Some(pids) = t.pids.as_mut()
-            && let Some(n) = pids.get_mut(&self.0)
+            && let Some(n) = pids.get_mut(&self.pid)
         {
             *n -= 1;
             if *n == 0 {
-                pids.remove(&self.0);
+                pids.remove(&self.pid);
             }
         }
     }
@@ -715,4 +750,121 @@ fn children() -> Vec<i32> {
             Pid::from_raw(pid).is_some_and(|p| super::child::parent_of(p) == Some(me_pid))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    use rustix::process::Signal;
+
+    use super::super::alone::{alone, exit_code, fork_child};
+    use super::*;
+
+    /// Waits (5 s at most) until this process's child `pid` is a zombie.
+    fn wait_zombie(pid: i32) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !nodus_testkit::tree::is_zombie(pid) {
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        true
+    }
+
+    /// What the process forked below checks: a code for each failure.
+    fn forked_process_checks(parents_child: i32) -> i32 {
+        if table().holds(parents_child) {
+            return 1;
+        }
+        if quiet_table().is_none() {
+            return 2;
+        }
+        let rt = crate::Runtime::new();
+        rt.block_on(async {
+            let reaper = Reaper::start().unwrap();
+            // A child forked by other means that has exited: a pass reaps it.
+            let done = fork_child(false);
+            if !wait_zombie(done) {
+                return 3;
+            }
+            if crate::time::timeout(Duration::from_secs(5), reaper.reap())
+                .await
+                .is_err()
+            {
+                return 4;
+            }
+            if nodus_testkit::tree::parent_of(done).is_some() {
+                return 5;
+            }
+            // One that runs: the subreaper may signal it.
+            let running = fork_child(true);
+            if !signal_child(running, Signal::KILL, false) {
+                // SAFETY: our unreaped child: killed and reaped here.
+                unsafe { libc::kill(running, libc::SIGKILL) };
+                let _ = exit_code(running, Duration::from_secs(5));
+                return 6;
+            }
+            if !wait_zombie(running) {
+                return 7;
+            }
+            let _ = crate::time::timeout(Duration::from_secs(5), reaper.reap()).await;
+            if nodus_testkit::tree::parent_of(running).is_some() {
+                return 8;
+            }
+            reaper.close();
+            0
+        })
+    }
+
+    /// A process forked without `exec` while another thread is between its `Spawning` ticket
+    /// and its registration (a spawn), and while a child of the parent is registered, has a
+    /// table of its own: no fork in progress, none of the parent's children. So its subreaper
+    /// reaps and signals the children it forks by other means (with the parent's count, every
+    /// pass would be deferred and every signal refused, for good).
+    #[test]
+    fn a_process_forked_during_a_spawn_on_another_thread_has_a_table_of_its_own() {
+        if !alone(
+            "process::reaper::tests::\
+             a_process_forked_during_a_spawn_on_another_thread_has_a_table_of_its_own",
+        ) {
+            return;
+        }
+        let parents_child = fork_child(true);
+        let registered = table().claim(parents_child);
+        let (began, has_begun) = mpsc::channel();
+        let (end, ends) = mpsc::channel::<()>();
+        let spawner = std::thread::spawn(move || {
+            let ticket = Spawning::begin();
+            began.send(()).unwrap();
+            let _ = ends.recv();
+            drop(ticket);
+        });
+        has_begun.recv().unwrap();
+        // SAFETY: the forked process runs this test's checks (the other thread holds no lock:
+        // its ticket is a count) and `_exit`s, never returning into the harness.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let code = std::panic::catch_unwind(|| forked_process_checks(parents_child));
+            // SAFETY: ends the forked process without running this one's exit handlers.
+            unsafe { libc::_exit(code.unwrap_or(9)) };
+        }
+        assert!(pid > 0);
+        let code = exit_code(pid, Duration::from_secs(20));
+        end.send(()).unwrap();
+        spawner.join().unwrap();
+        // SAFETY: our unreaped child: killed, then reaped below.
+        unsafe { libc::kill(parents_child, libc::SIGKILL) };
+        let _ = exit_code(parents_child, Duration::from_secs(5));
+        drop(registered);
+        assert_eq!(
+            code,
+            Ok(0),
+            "forked process: 1 = holds the parent's child, 2 = a fork in progress for good, \
+             3/7 = its child is no zombie, 4 = a pass deferred for good, 5/8 = its child left \
+             unreaped, 6 = signal refused"
+        );
+    }
 }

@@ -16,7 +16,8 @@
 //!   weak reference to its [`Shared`] part (added when its `Core` is made, removed when its
 //!   `Runtime` is dropped): how a `Send` handle used on another thread reaches its loop
 //!   ([`on_loop`]). It is read only when the handle's loop is not on the reading thread's
-//!   `LOOPS`, a cold path.
+//!   `LOOPS`, a cold path. Its lock is never copied held into a forked process (`crate::atfork`
+//!   takes it around every `fork`): a process forked without `exec` can make a `Runtime`.
 //!
 //! A raw pointer instead of `RefCell<Option<Rc<Core>>>`: the free functions are on the hottest
 //! paths (`next_tick` is a 25 ns operation), and a `Cell<*const _>` read is one load.
@@ -54,7 +55,16 @@ thread_local! {
 /// The process's loops whose `Runtime` is alive (see the module docs): few, so a `Vec`.
 static SHARED: Mutex<Vec<(u64, std::sync::Weak<Shared>)>> = Mutex::new(Vec::new());
 
-fn shared_loops() -> std::sync::MutexGuard<'static, Vec<(u64, std::sync::Weak<Shared>)>> {
+/// [`SHARED`]'s lock, held across a `fork` by the forking thread (see `crate::atfork`).
+pub(crate) type LoopsGuard = std::sync::MutexGuard<'static, Vec<(u64, std::sync::Weak<Shared>)>>;
+
+fn shared_loops() -> LoopsGuard {
+    crate::atfork::register();
+    lock_loops()
+}
+
+/// [`shared_loops`] without the fork handlers' registration: for the handlers themselves.
+pub(crate) fn lock_loops() -> LoopsGuard {
     SHARED.lock().unwrap_or_else(|e| e.into_inner())
 }
 

@@ -36,7 +36,9 @@
 //! - Only the watchdog thread reports stalls, reads `/proc`, and writes the ring buffer.
 //! - `ACTIVITY` (one word: busy-loop count + parked bit) is the only state shared by all loops; it
 //!   is touched once per `enter_idle`/`leave_idle`, i.e. when a loop is about to block anyway.
-//! - Like any thread, the watchdog does not survive a `fork` without exec.
+//! - Like any thread, the watchdog does not survive a `fork` without exec. Its two locks
+//!   (`PENDING`, `RING`) are never copied held into a forked process (`crate::atfork` takes them
+//!   around every `fork`): a process forked without `exec` can make a `Runtime`.
 //!
 //! Layout: this file holds the public API (`register`, [`recent_stalls`], [`StallReport`],
 //! [`StallClass`]), the ring buffer and the state shared by the loops and the watchdog thread
@@ -72,6 +74,20 @@ static WATCHDOG: OnceLock<Option<Thread>> = OnceLock::new();
 /// Slots registered since the watchdog's last scan.
 static PENDING: Mutex<Vec<Weak<LoopSlot>>> = Mutex::new(Vec::new());
 static RING: Mutex<Ring> = Mutex::new(Ring::new());
+
+/// The watchdog's locks, held across a `fork` by the forking thread (see `crate::atfork`).
+pub(crate) type PendingGuard = MutexGuard<'static, Vec<Weak<LoopSlot>>>;
+pub(crate) type RingGuard = MutexGuard<'static, Ring>;
+
+/// [`PENDING`]'s lock without the fork handlers' registration: for the handlers themselves.
+pub(crate) fn lock_pending() -> PendingGuard {
+    bare_lock(&PENDING)
+}
+
+/// [`RING`]'s lock without the fork handlers' registration: for the handlers themselves.
+pub(crate) fn lock_ring() -> RingGuard {
+    bare_lock(&RING)
+}
 
 /// One stall, as kept in the ring buffer and serialized in snapshots.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -198,12 +214,17 @@ fn wake_parked_watchdog() {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+fn lock<T>(mutex: &'static Mutex<T>) -> MutexGuard<'static, T> {
+    crate::atfork::register();
+    bare_lock(mutex)
+}
+
+fn bare_lock<T>(mutex: &'static Mutex<T>) -> MutexGuard<'static, T> {
     // These locks guard plain data updates only; a panic cannot leave the data torn.
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-struct Ring {
+pub(crate) struct Ring {
     /// (id, report); ids are consecutive, so an id's index is `id - front id`.
     entries: VecDeque<(u64, StallReport)>,
     next_id: u64,
