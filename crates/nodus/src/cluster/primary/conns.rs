@@ -23,6 +23,9 @@
 //! - The sockets are the worker's `/proc/PID/fd` links (`socket:[INODE]`) matched to the rows of
 //!   `/proc/PID/net/tcp` and `tcp6` (its network namespace). If they cannot be read (`hidepid`,
 //!   another user's process), [`until_idle`] never returns: the deadline rule applies as before.
+//! - They are read on the I/O pool, never on the primary's loop thread: the tables list every TCP
+//!   socket of the namespace (megabytes on a busy host) while the loop accepts and hands on
+//!   connections.
 
 use std::collections::HashSet;
 use std::io;
@@ -41,13 +44,21 @@ pub(super) async fn until_idle(st: &Rc<State>, proc: &Rc<Proc>) {
     if proc.channel.is_none() || proc.speaks_nodus.get() {
         return std::future::pending().await;
     }
-    let ports = server::tcp_ports(st);
+    let ports = std::sync::Arc::new(server::tcp_ports(st));
+    let pid = proc.pid;
     loop {
         crate::time::sleep(POLL).await;
         if !proc.channel_ended.get() {
             continue;
         }
-        match holds_inbound(proc.pid, &ports) {
+        // On the I/O pool: the tables list every TCP socket of the host's network namespace,
+        // megabytes on a busy host, and the primary's loop accepts and hands on connections.
+        let ports = ports.clone();
+        let held = crate::pool::offload_io(move || holds_inbound(pid, &ports))
+            .await
+            .map_err(io::Error::other)
+            .and_then(|held| held);
+        match held {
             Ok(false) => return,
             Ok(true) => {}
             Err(e) => {
