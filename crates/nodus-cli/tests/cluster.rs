@@ -490,7 +490,7 @@ process.on('SIGTERM', () => { console.log('SIGTERM handler ran'); process.exit(0
 "#;
 
 #[test]
-fn a_node_worker_kept_alive_by_a_timer_gets_sigterm_at_the_drain_deadline_not_sigkill() {
+fn a_node_worker_kept_alive_by_a_timer_gets_sigterm_not_sigkill() {
     if !have("node") {
         return;
     }

@@ -17,7 +17,9 @@
 //! (`READY=1`, or a Node worker's `process.send('ready')`) before a reload drains the old one
 //! and warns once per worker about one that has not said it within the ready timeout, a `--node`
 //! worker gets a `NOTIFY_SOCKET` of its own (never the primary's: its `READY=1` and `STOPPING=1`
-//! reach nodus, not systemd), and a reload and each backoff wait are logged.
+//! reach nodus, not systemd), a reload and each backoff wait are logged, and a stopped `--node`
+//! worker a timer keeps alive gets its SIGTERM once it has disconnected and holds no inbound
+//! connection (not at the drain deadline), but not before its in-flight response is done.
 //!
 //! Every process is started in its own process group and the whole group is killed by PID when
 //! the test ends; a worker's background children, which a worker writes to a file, are killed by
@@ -1760,4 +1762,120 @@ fn copy_nodus(to: &std::path::Path) {
         }
     }
     panic!("{} stayed busy (ETXTBSY) for 5 s", to.display());
+}
+
+/// A Node app a timer keeps alive after its `disconnect`, with two servers: the cluster's on
+/// `PORT`, and one of its own (`exclusive`: not the primary's, not closed by the `disconnect`) on
+/// a port it prints (`own port N`). On either, `/slow` answers its first half at once and the
+/// rest 1.5 s later, `/slower` 3 s later (saying `slow request in on PORT` when either starts);
+/// anything else at once.
+const NODE_APP_KEPT_ALIVE: &str = r#"
+const http = require('http');
+const handler = (q, r) => {
+  if (!q.url.startsWith('/slow')) return r.end('quick\n');
+  console.log('slow request in on', q.socket.localPort);
+  r.write('first half,');
+  setTimeout(() => r.end(' second half\n'), q.url === '/slower' ? 3000 : 1500);
+};
+http.createServer(handler).listen(+process.env.PORT, '127.0.0.1');
+const own = http.createServer(handler);
+own.listen({ port: 0, host: '127.0.0.1', exclusive: true }, () => {
+  console.log('own port', own.address().port);
+});
+setInterval(() => {}, 1000);
+"#;
+
+/// A stopped Node worker a timer keeps alive is SIGTERMed once it has disconnected and holds no
+/// inbound connection, not 0.2 s after its drain deadline (9.2 s at the default kill timeout).
+#[test]
+fn with_node_a_worker_holding_no_connection_is_stopped_right_after_its_disconnect() {
+    if !have("node") {
+        return;
+    }
+    let (_dir, addr, mut primary) =
+        common::cluster::run_node_app("node-drain-idle", NODE_APP_KEPT_ALIVE, 1, &[]);
+    primary.wait_line("own port");
+    // A connection came and went (Connection: close): none is held at the stop.
+    assert_eq!(common::http::get(addr, "/").status, 200);
+    let asked = Instant::now();
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(30), 0);
+    let took = asked.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "took {took:?} (the drain deadline's SIGTERM comes at 9.2 s): {:#?}",
+        primary.output()
+    );
+}
+
+/// Reads from `conn` until what was read ends with `end` (a closed or cut connection fails).
+fn read_until(conn: &mut std::net::TcpStream, end: &[u8]) -> String {
+    use std::io::Read;
+    let (mut read, mut buf) = (Vec::new(), [0u8; 512]);
+    while !read.ends_with(end) {
+        let n = conn.read(&mut buf).unwrap();
+        assert!(n > 0, "cut: {}", String::from_utf8_lossy(&read));
+        read.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&read).into_owned()
+}
+
+/// A kept-alive connection to `addr` (a first request answered on it) with a request for `path`
+/// in flight on it, once the app said so.
+fn slow_request_on_a_kept_alive_connection(
+    primary: &mut Proc,
+    addr: std::net::SocketAddr,
+    path: &str,
+) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    conn.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    read_until(&mut conn, b"quick\n");
+    conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .unwrap();
+    primary.wait_line(&format!("slow request in on {}", addr.port()));
+    conn
+}
+
+/// A stopped Node worker serving a slow request on a keep-alive connection is not SIGTERMed
+/// before the response is done: the client gets all of it, on the cluster's port, and on a server
+/// of the worker's own (which the `disconnect` leaves open) a slower one that outlasts the end
+/// of the worker's channel (once the first connection is closed); once the client has closed
+/// both, the stop ends well before the drain deadline.
+#[test]
+fn with_node_a_worker_is_not_stopped_before_its_in_flight_response_is_done() {
+    if !have("node") {
+        return;
+    }
+    let (_dir, addr, mut primary) =
+        common::cluster::run_node_app("node-drain-busy", NODE_APP_KEPT_ALIVE, 1, &[]);
+    let line = primary.wait_line("own port");
+    let own_port: u16 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    let own = std::net::SocketAddr::from(([127, 0, 0, 1], own_port));
+    let conns = [
+        slow_request_on_a_kept_alive_connection(&mut primary, addr, "/slow"),
+        slow_request_on_a_kept_alive_connection(&mut primary, own, "/slower"),
+    ];
+    let asked = Instant::now();
+    primary.signal(Signal::TERM);
+    for mut conn in conns {
+        // The last chunk of the chunked body ends the response; the client then closes the
+        // connection (else Node's keepAliveTimeout, 5 s, would end it).
+        let reply = read_until(&mut conn, b"0\r\n\r\n");
+        assert!(reply.starts_with("HTTP/1.1 200 OK\r\n"), "{reply}");
+        assert!(
+            reply.contains("first half,") && reply.contains(" second half\n"),
+            "the whole response: {reply}"
+        );
+    }
+    assert_exit(&mut primary, Duration::from_secs(30), 0);
+    let took = asked.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "took {took:?} (the drain deadline's SIGTERM comes at 9.2 s): {:#?}",
+        primary.output()
+    );
 }

@@ -11,7 +11,8 @@
 //!   `queryServer` answers and the accept loop), `handoff` (connections handed to workers and
 //!   pending until taken), `parked` (accepted connections waiting for a worker, and their
 //!   bounds), `balance` (rr / least choice), `supervise` (exits, restarts,
-//!   reload, shutdown), `stats` (the cluster's `/_nodus/stats` and `/_nodus/metrics`),
+//!   reload, shutdown), `conns` (whether a draining Node worker still holds an
+//!   inbound connection), `stats` (the cluster's `/_nodus/stats` and `/_nodus/metrics`),
 //!   `events` (lifecycle events and the JSON-lines event log).
 //!
 //! Invariants:
@@ -51,6 +52,7 @@
 //!   `Shared` (a blocking listening socket every worker accepts on, as systemd passes one).
 
 mod balance;
+mod conns;
 mod events;
 mod handoff;
 mod parked;

@@ -27,7 +27,8 @@
 //! - `asked_for_snapshots` is set once the worker says it speaks nodus's own messages and
 //!   cleared when its channel ends (its snapshot and `answered_last` with it): the stats ask a
 //!   worker only while it can answer, so one that does not answer is stalled, never a Node
-//!   worker or a plain program.
+//!   worker or a plain program. `speaks_nodus` is set with it and never cleared (a nodus
+//!   worker, not a Node one); `channel_ended` is set when the channel's reader ends.
 //! - Application messages (`process.send()`) are not handled (no JavaScript runs here): each is
 //!   a `message` event, the first of the run logged at INFO saying so, the rest at DEBUG.
 //! - A worker not ready after `ready_timeout` for want of what its readiness waits for is warned
@@ -112,6 +113,8 @@ pub(super) struct Proc {
     /// its channel has not ended. A Node worker never answers them; a plain program has no
     /// channel.
     pub asked_for_snapshots: Cell<bool>,
+    /// It said it speaks nodus's own messages (as above), ever: a nodus worker, not a Node one.
+    pub speaks_nodus: Cell<bool>,
     /// Whether it answered the primary's last snapshot request: `None` while it is not asked
     /// (see `asked_for_snapshots`) or before its first request, else `Some(false)` while it
     /// misses, whether or not it ever answered one.
@@ -120,6 +123,8 @@ pub(super) struct Proc {
     pub exit_status: Cell<Option<ExitStatus>>,
     /// Filled when the reader of its channel has handled the last message (the channel ended).
     pub channel_done: ReplySlot<()>,
+    /// Its channel ended (set as `channel_done` is filled; read by `conns::until_idle`).
+    pub channel_ended: Cell<bool>,
     /// The tasks copying its stdout and stderr (when prefixed).
     output: RefCell<Vec<JoinHandle<io::Result<()>>>>,
     /// A plain program's launcher could not execute the program ([`report_exec_failure`]):
@@ -208,10 +213,12 @@ impl Proc {
             reported: Cell::new(None),
             snapshot: RefCell::new(None),
             asked_for_snapshots: Cell::new(false),
+            speaks_nodus: Cell::new(false),
             answered_last: Cell::new(None),
             snapshot_waiters: RefCell::default(),
             exit_status: Cell::new(None),
             channel_done: ReplySlot::new(),
+            channel_ended: Cell::new(false),
             output: RefCell::new(output),
             exec_failed: RefCell::new(None),
         });
@@ -255,6 +262,7 @@ impl Proc {
                 *p.snapshot.borrow_mut() = None;
                 s.emit(Some(&p), EventKind::Disconnect);
                 handoff::channel_ended(&s, &p);
+                p.channel_ended.set(true);
                 p.channel_done.fill(());
             })
             .detach();
@@ -481,6 +489,7 @@ fn on_internal(st: &Rc<State>, proc: &Rc<Proc>, mut msg: Message) {
     };
     if m.is_nodus() || m.nodus == Some(1) {
         proc.asked_for_snapshots.set(true);
+        proc.speaks_nodus.set(true);
     }
     if m.is_nodus() {
         if let (Some("returned"), Some(key)) = (m.act, &m.key) {

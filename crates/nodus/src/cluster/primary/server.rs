@@ -53,6 +53,7 @@
 //!   [`RETRY_PAUSE`].
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashSet;
 use std::future::poll_fn;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -658,6 +659,17 @@ pub(super) fn leave_all(st: &Rc<State>, proc: &Proc) {
     for (_, server) in st.prebound.borrow().iter() {
         server.remove_member(proc);
     }
+}
+
+/// The ports of the cluster's TCP listeners (every policy; kept after it stopped accepting).
+pub(super) fn tcp_ports(st: &State) -> HashSet<u16> {
+    let servers = st.servers.borrow();
+    let prebound = st.prebound.borrow();
+    servers
+        .values()
+        .chain(prebound.iter().map(|(_, s)| s))
+        .map(|s| s.addr.port())
+        .collect()
 }
 
 /// How long the accept task pauses after a failed accept (EMFILE and friends) or a handoff that

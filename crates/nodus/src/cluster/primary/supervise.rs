@@ -31,7 +31,8 @@
 //!   the give-up code and 1 (a worker left after a crash) are kept.
 //! - A stop asks the worker alone: a worker with a channel gets `disconnect` (with the drain
 //!   deadline), then SIGTERM if it is still there `DRAIN_GRACE` after that deadline (a Node
-//!   worker kept alive by a timer or a connection: Node's `worker.kill()` sends SIGTERM too); a
+//!   worker kept alive by a timer or a connection: Node's `worker.kill()` sends SIGTERM too), a
+//!   Node worker sooner, once its channel ended and it holds no inbound connection (`conns`); a
 //!   plain program gets SIGTERM at once; whatever is left at the kill timeout gets SIGKILL.
 //! - No process of a worker's group outlives the worker (systemd's `KillMode=mixed`): a stop asks
 //!   the worker alone (`disconnect`, or SIGTERM to its pid); the kill timeout and a second signal
@@ -52,7 +53,7 @@ use std::time::{Duration, Instant};
 
 use super::proc::{Proc, ProcState};
 use super::{EventKind, LastExit, Phase, Readiness, State, count};
-use super::{handoff, server, stats};
+use super::{conns, handoff, server, stats};
 use crate::cluster::protocol::{Disconnect, NODE_CLUSTER, Nodus};
 use crate::cluster::supervision::{
     Decision, ExitReason, FORCED_STOP_EXIT_CODE, GIVE_UP_EXIT_CODE, RestartBudget,
@@ -577,17 +578,38 @@ fn arm_kill_timer(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str, term_at: O
     let term_at = term_at.filter(|&t| t < limit);
     crate::task::spawn_named("cluster:kill-timer", async move {
         let started = Instant::now();
-        if let Some(term_at) = term_at
-            && crate::time::timeout(term_at, p.child.wait()).await.is_err()
-        {
-            tracing::info!(
-                target: "nodus::cluster",
-                "worker {} (pid {}) still running {term_at:?} after it was asked to drain \
-                 (past its deadline): SIGTERM",
-                p.slot,
-                p.pid
-            );
-            let _ = p.child.kill(SIGTERM);
+        if let Some(term_at) = term_at {
+            // A Node worker that holds no inbound connection once its channel ended gets its
+            // SIGTERM then (`conns`): only a timer or a pool keeps it alive.
+            let mut exited = pin!(p.child.wait());
+            let mut idle = pin!(conns::until_idle(&s, &p));
+            let ended = poll_fn(|cx| {
+                if exited.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(false);
+                }
+                idle.as_mut().poll(cx).map(|()| true)
+            });
+            match crate::time::timeout(term_at, ended).await {
+                Ok(false) => {}
+                Ok(true) => {
+                    tracing::debug!(
+                        target: "nodus::cluster",
+                        "worker {} (pid {}) disconnected and holds no connection: SIGTERM",
+                        p.slot, p.pid
+                    );
+                    let _ = p.child.kill(SIGTERM);
+                }
+                Err(_) => {
+                    tracing::info!(
+                        target: "nodus::cluster",
+                        "worker {} (pid {}) still running {term_at:?} after it was asked to \
+                         drain (past its deadline): SIGTERM",
+                        p.slot,
+                        p.pid
+                    );
+                    let _ = p.child.kill(SIGTERM);
+                }
+            }
         }
         let left = limit.saturating_sub(started.elapsed());
         if crate::time::timeout(left, p.child.wait()).await.is_err() {
