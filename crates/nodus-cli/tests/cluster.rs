@@ -37,9 +37,10 @@ fn get_ok(addr: SocketAddr, path: &str) -> String {
     }
 }
 
-#[test]
-fn serve_with_two_workers_shows_the_whole_cluster_in_stats_and_top() {
-    let dir = TempDir::new("serve");
+/// `nodus serve --workers 2` on a free loopback port, serving a directory with `a.txt` in it;
+/// returned once both workers are ready.
+fn two_worker_serve(tag: &str) -> (TempDir, SocketAddr, Proc) {
+    let dir = TempDir::new(tag);
     std::fs::write(dir.path().join("a.txt"), "hello cluster\n").unwrap();
     let addr = free_addr();
     let mut primary = spawn(
@@ -50,6 +51,12 @@ fn serve_with_two_workers_shows_the_whole_cluster_in_stats_and_top() {
             .env("RUST_LOG", "info"),
     );
     primary.wait_line("2 workers ready");
+    (dir, addr, primary)
+}
+
+#[test]
+fn serve_with_two_workers_shows_the_whole_cluster_in_stats_and_top() {
+    let (_dir, addr, mut primary) = two_worker_serve("serve");
     // Without --admin, the workers answer /_nodus/ on the public listener (loopback clients)
     // and ask the primary for the whole cluster's figures.
     let admin_addr = addr;
@@ -194,17 +201,7 @@ fn worker_rows(stats: &Value) -> Vec<(u64, u64, u64)> {
 /// (SIGTERM to the primary drains it and exits 0).
 #[test]
 fn a_sighup_sent_to_a_serve_worker_itself_neither_stops_nor_restarts_it() {
-    let dir = TempDir::new("serve-worker-hup");
-    std::fs::write(dir.path().join("a.txt"), "hello cluster\n").unwrap();
-    let addr = free_addr();
-    let mut primary = spawn(
-        Command::new(NODUS)
-            .arg("serve")
-            .arg(dir.path())
-            .args(["--workers", "2", "--listen", &addr.to_string()])
-            .env("RUST_LOG", "info"),
-    );
-    primary.wait_line("2 workers ready");
+    let (_dir, addr, mut primary) = two_worker_serve("serve-worker-hup");
     let stats: Value = serde_json::from_str(&get_ok(addr, "/_nodus/stats")).unwrap();
     let (slot, victim, handed) = worker_rows(&stats)[0];
 

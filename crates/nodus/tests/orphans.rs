@@ -4,49 +4,12 @@
 //! binary re-executed, one test, one thread), since it forks, lowers a process-wide limit or
 //! marks the process a subreaper. Every process started is killed by pid; every wait is bounded.
 
-use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
 use nodus::Runtime;
 use nodus::cluster::{Config, Primary, Readiness, WorkerCommand};
 use nodus::process::Command;
 use nodus_testkit::tree;
-
-const INNER: &str = "NODUS_ORPHANS_TEST_INNER";
-
-/// Runs test `name` alone in a new process of this binary (the scenario itself, `INNER` set),
-/// leading a process group of its own; returns its exit code and its output. Its group is
-/// SIGKILLed after 30 s (a process it forked, which holds its output open, with it).
-fn in_own_process(name: &str) -> (Option<i32>, String) {
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([name, "--exact", "--test-threads=1", "--nocapture"])
-        .env(INNER, name)
-        .process_group(0)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            // SAFETY: a plain syscall on the group our unreaped child leads (its number cannot
-            // be another's).
-            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code(), text)
-}
-
-fn inner(name: &str) -> bool {
-    std::env::var(INNER).is_ok_and(|n| n == name)
-}
 
 /// Whether `pid` is an unreaped zombie child of this process.
 fn our_zombie(pid: i32) -> bool {
@@ -78,7 +41,7 @@ fn orphan_thread_runs() -> bool {
 #[test]
 fn a_forked_process_reaps_its_orphans_with_a_thread_of_its_own() {
     const NAME: &str = "a_forked_process_reaps_its_orphans_with_a_thread_of_its_own";
-    if inner(NAME) {
+    if nodus_testkit::alone::is_inner(NAME) {
         // The thread runs in this (single-threaded until now) process, holding a long child.
         let long = orphan_sleep("20");
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -124,7 +87,7 @@ fn a_forked_process_reaps_its_orphans_with_a_thread_of_its_own() {
         );
         return;
     }
-    let (code, out) = in_own_process(NAME);
+    let (code, out) = nodus_testkit::alone::run(NAME);
     assert_eq!(code, Some(0), "{out}");
 }
 
@@ -134,7 +97,7 @@ fn a_forked_process_reaps_its_orphans_with_a_thread_of_its_own() {
 #[test]
 fn orphans_past_a_lowered_fd_limit_are_still_reaped() {
     const NAME: &str = "orphans_past_a_lowered_fd_limit_are_still_reaped";
-    if inner(NAME) {
+    if nodus_testkit::alone::is_inner(NAME) {
         let pids: Vec<i32> = (0..12).map(|_| orphan_sleep("0.3")).collect();
         // One more, its `Child` kept past its runtime: dropped below, a hand-off that needs no
         // new fd and wakes the thread, whose next `poll` then has 14 fds.
@@ -167,7 +130,7 @@ fn orphans_past_a_lowered_fd_limit_are_still_reaped() {
         );
         return;
     }
-    let (code, out) = in_own_process(NAME);
+    let (code, out) = nodus_testkit::alone::run(NAME);
     assert_eq!(code, Some(0), "{out}");
 }
 
@@ -188,8 +151,10 @@ fn is_subreaper() -> bool {
 /// A subreaper primary (one worker, `sh`) whose worker orphans a `sleep 30` (its parent, a
 /// second `sh`, exits at once): the primary, its runtime (the primary runs no `run`), and the
 /// adopted sleep's pid, once the primary has adopted it and its reaper has counted it (so the
-/// orphan guard remembers it).
-fn primary_with_an_adopted_sleep(dir: &nodus_testkit::tmp::TempDir) -> (Runtime, Primary, i32) {
+/// orphan guard remembers it); and a guard that kills the worker and the sleep by pid.
+fn primary_with_an_adopted_sleep(
+    dir: &nodus_testkit::tmp::TempDir,
+) -> (Runtime, Primary, i32, tree::KillOnDrop) {
     let file = dir.path().join("pid");
     let script = format!(
         "sh -c 'sleep 30 & echo $! > {}'; exec sleep 30",
@@ -222,7 +187,13 @@ fn primary_with_an_adopted_sleep(dir: &nodus_testkit::tmp::TempDir) -> (Runtime,
             nodus::sleep(Duration::from_millis(20)).await;
         }
     });
-    (rt, primary, orphan)
+    let mut pids: Vec<i32> = primary
+        .worker_pids()
+        .iter()
+        .map(|&(_, p)| p as i32)
+        .collect();
+    pids.push(orphan);
+    (rt, primary, orphan, tree::KillOnDrop(pids))
 }
 
 /// Waits until `pid` is reaped (10 s at most); `false` if it is still there then.
@@ -251,16 +222,9 @@ fn a_std_child_keeps_its_status() {
 #[test]
 fn a_subreaper_primary_dropped_without_a_stop_leaves_no_zombie() {
     const NAME: &str = "a_subreaper_primary_dropped_without_a_stop_leaves_no_zombie";
-    if inner(NAME) {
+    if nodus_testkit::alone::is_inner(NAME) {
         let dir = nodus_testkit::tmp::TempDir::new("orphans-subreaper-drop");
-        let (rt, primary, orphan) = primary_with_an_adopted_sleep(&dir);
-        let mut pids: Vec<i32> = primary
-            .worker_pids()
-            .iter()
-            .map(|&(_, p)| p as i32)
-            .collect();
-        pids.push(orphan);
-        let _kill = tree::KillOnDrop(pids);
+        let (rt, primary, orphan, _kill) = primary_with_an_adopted_sleep(&dir);
         drop(primary);
         drop(rt);
         assert!(
@@ -273,7 +237,7 @@ fn a_subreaper_primary_dropped_without_a_stop_leaves_no_zombie() {
         a_std_child_keeps_its_status();
         return;
     }
-    let (code, out) = in_own_process(NAME);
+    let (code, out) = nodus_testkit::alone::run(NAME);
     assert_eq!(code, Some(0), "{out}");
 }
 
@@ -284,16 +248,9 @@ fn a_subreaper_primary_dropped_without_a_stop_leaves_no_zombie() {
 #[test]
 fn a_subreaper_primary_held_past_its_runtime_leaves_no_zombie() {
     const NAME: &str = "a_subreaper_primary_held_past_its_runtime_leaves_no_zombie";
-    if inner(NAME) {
+    if nodus_testkit::alone::is_inner(NAME) {
         let dir = nodus_testkit::tmp::TempDir::new("orphans-subreaper-held");
-        let (rt, primary, orphan) = primary_with_an_adopted_sleep(&dir);
-        let mut pids: Vec<i32> = primary
-            .worker_pids()
-            .iter()
-            .map(|&(_, p)| p as i32)
-            .collect();
-        pids.push(orphan);
-        let _kill = tree::KillOnDrop(pids);
+        let (rt, primary, orphan, _kill) = primary_with_an_adopted_sleep(&dir);
         drop(rt);
         assert!(!is_subreaper(), "still a subreaper, with no reaper");
         // It exits while the guard still remembers it: not reaped yet (its number stays taken).
@@ -317,6 +274,6 @@ fn a_subreaper_primary_held_past_its_runtime_leaves_no_zombie() {
         a_std_child_keeps_its_status();
         return;
     }
-    let (code, out) = in_own_process(NAME);
+    let (code, out) = nodus_testkit::alone::run(NAME);
     assert_eq!(code, Some(0), "{out}");
 }

@@ -3,9 +3,10 @@
 //!
 //! Everything is blocking std code, bounded in time, on 127.0.0.1, and cleans up on drop: a
 //! temporary directory ([`tmp`]), free loopback ports ([`net`]), a child process stopped by PID
-//! ([`proc`]), the process tree as `/proc` shows it ([`tree`]), a minimal HTTP/1.1 client
-//! ([`http`]) and the count of open fds ([`fds`]).
+//! ([`proc`]), one test alone in a fresh process ([`alone`]), the process tree as `/proc` shows
+//! it ([`tree`]), a minimal HTTP/1.1 client ([`http`]) and the count of open fds ([`fds`]).
 
+pub mod alone;
 pub mod fds;
 pub mod http;
 pub mod net;

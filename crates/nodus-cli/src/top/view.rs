@@ -779,10 +779,21 @@ mod tests {
         assert_eq!(keep_tail("a.rs:1:2", 14), "a.rs:1:2");
     }
 
-    /// A cluster of two workers: 4 `io` threads each, and 2 and 3 `cpu` threads.
-    fn two_worker_app() -> App {
+    /// An app that has fetched `doc` once (a stats document).
+    fn app_showing(doc: &serde_json::Value) -> App {
         use super::super::fetch::Target;
         use super::super::model::ClusterStats;
+        let mut app = App::new(
+            Target::parse("127.0.0.1:8080").unwrap(),
+            std::time::Duration::from_secs(1),
+        );
+        let stats = ClusterStats::parse(doc.to_string().as_bytes()).unwrap();
+        app.model.update(stats, std::time::Instant::now());
+        app
+    }
+
+    /// A cluster of two workers: 4 `io` threads each, and 2 and 3 `cpu` threads.
+    fn two_worker_app() -> App {
         use nodus::metrics::{PoolSnapshot, Snapshot};
         let worker = |i: u64, cpu: u64| {
             let s = Snapshot {
@@ -806,20 +817,12 @@ mod tests {
             serde_json::json!({"worker": i + 1, "pid": 7 + i, "snapshot": s})
         };
         let doc = serde_json::json!({"workers": [worker(0, 2), worker(1, 3)], "restarts": 0});
-        let mut app = App::new(
-            Target::parse("127.0.0.1:8080").unwrap(),
-            std::time::Duration::from_secs(1),
-        );
-        let stats = ClusterStats::parse(doc.to_string().as_bytes()).unwrap();
-        app.model.update(stats, std::time::Instant::now());
-        app
+        app_showing(&doc)
     }
 
     /// A cluster of `n` workers with 5-digit pids (13577, 14688, ...), `io` pools, and an
     /// ongoing stall in the first.
     fn cluster_app(n: u32) -> App {
-        use super::super::fetch::Target;
-        use super::super::model::ClusterStats;
         use nodus::metrics::{PoolSnapshot, Snapshot, StallReport};
         let worker = |i: u32| {
             let pid = 13_577 + i * 1_111;
@@ -850,13 +853,7 @@ mod tests {
         };
         let workers: Vec<_> = (0..n).map(worker).collect();
         let doc = serde_json::json!({"workers": workers, "restarts": 0});
-        let mut app = App::new(
-            Target::parse("127.0.0.1:8080").unwrap(),
-            std::time::Duration::from_secs(1),
-        );
-        let stats = ClusterStats::parse(doc.to_string().as_bytes()).unwrap();
-        app.model.update(stats, std::time::Instant::now());
-        app
+        app_showing(&doc)
     }
 
     /// The 80×24 frame as lines of text.

@@ -132,42 +132,19 @@ fn child_fd_limit() -> Option<rustix::process::Rlimit> {
 /// in a fresh process of the test binary (one test, one thread).
 #[cfg(test)]
 pub(super) mod alone {
-    use std::os::unix::process::CommandExt;
     use std::time::{Duration, Instant};
 
-    const INNER: &str = "NODUS_UNIT_TEST_ALONE";
-
     /// In the fresh process, `true`: the caller runs its scenario. Here, runs test `name` (its
-    /// path, `crate::` omitted) in a new process of this binary, which leads a group of its own
-    /// (SIGKILLed after 30 s, with what it forked), asserts that it passed, and returns `false`.
+    /// path, `crate::` omitted) alone in a fresh process of this binary ([`nodus_testkit::alone`]),
+    /// asserts that it passed, and returns `false`.
     pub(crate) fn alone(name: &str) -> bool {
-        if std::env::var(INNER).is_ok_and(|n| n == name) {
+        if nodus_testkit::alone::is_inner(name) {
             return true;
         }
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([name, "--exact", "--test-threads=1", "--nocapture"])
-            .env(INNER, name)
-            .process_group(0)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while child.try_wait().unwrap().is_none() {
-            if Instant::now() > deadline {
-                // SAFETY: a plain syscall on the group our unreaped child leads (its number
-                // cannot be another's).
-                unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let out = child.wait_with_output().unwrap();
+        let (code, out) = nodus_testkit::alone::run(name);
         assert!(
-            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("1 passed"),
-            "{name} alone: {}\n{}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+            code == Some(0) && out.contains("1 passed"),
+            "{name} alone: exit code {code:?}\n{out}"
         );
         false
     }
