@@ -119,6 +119,9 @@ impl Signals {
     ///
     /// # Errors
     /// For signals that cannot be caught (`SIGKILL`, `SIGSTOP`, `SIGSEGV`...).
+    ///
+    /// # Panics
+    /// On a thread with no nodus loop (the stream registers with the current loop's reactor).
     #[track_caller]
     pub fn new(signals: &[i32]) -> io::Result<Signals> {
         if let Some(&forbidden) = signals

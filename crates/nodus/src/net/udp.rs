@@ -37,6 +37,8 @@ impl UdpSocket {
     }
 
     /// Receives one datagram; returns its length and sender.
+    /// One receiving task at a time: a second one meanwhile takes the socket's one waiting slot
+    /// and the first is never woken (see the [module docs](super)).
     pub async fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
         poll_fn(|cx| self.poll_recv_from(cx, buf)).await
     }
@@ -52,6 +54,8 @@ impl UdpSocket {
     }
 
     /// Receives one datagram from the connected peer.
+    /// One receiving task at a time: a second one meanwhile takes the socket's one waiting slot
+    /// and the first is never woken (see the [module docs](super)).
     pub async fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
         poll_fn(|cx| self.poll_recv(cx, buf)).await
     }

@@ -70,6 +70,8 @@ impl UnixListener {
     }
 
     /// Waits for the next connection.
+    /// One task at a time: a second task accepting on the same listener meanwhile takes the
+    /// listener's one waiting slot and the first is never woken (see the [module docs](super)).
     pub async fn accept(&self) -> io::Result<(UnixStream, SocketAddr)> {
         poll_fn(|cx| self.poll_accept(cx)).await
     }
