@@ -1,16 +1,19 @@
 //! Handles that name an entry of a loop (timers, sleeps, immediates, hooks) act on the loop that
 //! made them wherever they are used or dropped: after `block_on` returned (no loop current),
-//! while another `Runtime` is current or is being dropped, on another thread for a `Sleep`
-//! (through its loop's remote queue), and do nothing once their own `Runtime` is gone. They never reach another loop's entry, even one under the same slab key,
-//! nor a later entry of their own loop in a slot they left.
+//! while another `Runtime` is current or is being dropped, on another thread (through the loop's
+//! remote queue; a query, or a `close` with its non-`Send` callback, panics there), and do
+//! nothing once their own `Runtime` is gone. They never reach another loop's entry, even one
+//! under the same slab key, nor a later entry of their own loop in a slot they left.
 //!
-//! Bounded: every loop is run with `run_nowait` (no blocking) but one, whose `run` an unref'd 10 s
-//! timer stops, and the timers are 60 s ones that never fire during a test.
+//! Bounded: every loop is run with `run_nowait` (no blocking) but those whose `run` an unref'd
+//! 10 s timer stops, and the timers are 60 s ones that never fire during a test (or 2 s ones
+//! that must not).
 
 use std::cell::{Cell, RefCell};
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -440,4 +443,180 @@ fn runtime_in_a_thread_local_destructor() {
     })
     .join()
     .unwrap();
+}
+
+/// Runs `f` on a new thread and returns its panic message (`None` if it did not panic).
+fn panic_elsewhere(f: impl FnOnce() + Send + 'static) -> Option<String> {
+    let payload = std::thread::spawn(f).join().err()?;
+    Some(match payload.downcast::<String>() {
+        Ok(s) => *s,
+        Err(p) => p
+            .downcast::<&str>()
+            .map_or_else(|_| "?".into(), |s| s.to_string()),
+    })
+}
+
+/// Arms an unref'd 10 s timer on `rt` that stops its `run`: the bound of a test that runs it;
+/// the flag says it fired.
+fn bound_run(rt: &Runtime) -> Rc<Cell<bool>> {
+    let late = Rc::new(Cell::new(false));
+    let l = late.clone();
+    rt.enter(|| {
+        set_timeout(Duration::from_secs(10), move || {
+            l.set(true);
+            rt::stop();
+        })
+        .unref()
+    });
+    late
+}
+
+/// A `Timer` is `Copy + Send`: cleared on another thread, it is cleared in its loop (through the
+/// remote queue), before `run` starts or while `run` is blocked on it.
+#[test]
+fn a_timer_cleared_on_another_thread_never_fires_and_lets_run_return() {
+    let rt = Runtime::new();
+    let late = bound_run(&rt);
+    let fired = Rc::new(Cell::new(0));
+    let (a, b) = (fired.clone(), fired.clone());
+    let early = rt.enter(|| set_timeout(Duration::from_secs(2), move || a.set(a.get() + 1)));
+    let blocked = rt.enter(|| set_interval(Duration::from_secs(2), move || b.set(b.get() + 10)));
+    // Before `run`: the reviewer's case.
+    std::thread::spawn(move || early.clear()).join().unwrap();
+    // While `run` is blocked in its poll phase.
+    let clearer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        blocked.clear();
+    });
+    rt.run();
+    clearer.join().unwrap();
+    assert_eq!(fired.get(), 0, "a timer cleared on another thread fired");
+    assert!(!late.get(), "run went on after its timers were cleared");
+}
+
+#[test]
+fn a_timer_or_hook_unrefd_or_stopped_on_another_thread_lets_run_return() {
+    let rt = Runtime::new();
+    let late = bound_run(&rt);
+    let t = rt.enter(|| set_timeout(LONG, || {}));
+    let unref = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        t.unref();
+    });
+    rt.run();
+    unref.join().unwrap();
+    assert!(
+        !late.get(),
+        "a timer unref'd on another thread kept run going"
+    );
+
+    // ... and ref'd again there, it keeps the loop alive.
+    std::thread::spawn(move || t.ref_()).join().unwrap();
+    assert!(rt.run_nowait(), "a timer ref'd on another thread was not");
+    t.clear();
+
+    // A hook stopped, or unref'd, on another thread.
+    let late = bound_run(&rt);
+    let h = rt.enter(|| rt::prepare(|| {}));
+    let stop = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        h.stop();
+    });
+    rt.run();
+    stop.join().unwrap();
+    assert!(
+        !late.get(),
+        "a hook stopped on another thread kept run going"
+    );
+    let h = rt.enter(|| rt::prepare(|| {}));
+    let h = std::thread::spawn(move || {
+        h.unref();
+        h
+    })
+    .join()
+    .unwrap();
+    assert!(
+        !rt.run_nowait(),
+        "a hook unref'd on another thread still counts"
+    );
+    h.stop();
+}
+
+#[test]
+fn an_immediate_cleared_on_another_thread_does_not_run() {
+    let rt = Runtime::new();
+    let ran = Rc::new(Cell::new(0));
+    let a = ran.clone();
+    let i = rt.enter(|| set_immediate(move || a.set(a.get() + 1)));
+    std::thread::spawn(move || i.clear()).join().unwrap();
+    assert!(!rt.run_nowait(), "a cleared immediate kept its loop alive");
+    assert_eq!(ran.get(), 0, "an immediate cleared on another thread ran");
+}
+
+/// A query only the loop's thread can answer, and a `close` whose callback cannot be sent
+/// there, panic on another thread with a message naming the method, instead of a wrong answer
+/// or nothing done. Once the loop is gone there is nothing to ask: `false`, no panic.
+#[test]
+fn a_query_or_close_on_another_thread_panics_naming_the_method() {
+    let rt = Runtime::new();
+    let t = rt.enter(|| set_timeout(LONG, || {}));
+    let i = rt.enter(|| set_immediate(|| {}));
+    let h = rt.enter(|| rt::idle(|| {}));
+    let h = Arc::new(h);
+    let expect = |what: &str, msg: Option<String>| {
+        let msg = msg.unwrap_or_else(|| panic!("{what} on another thread did not panic"));
+        assert!(
+            msg.contains(what) && msg.contains("another thread than its loop's"),
+            "{what}: {msg}"
+        );
+        assert!(msg.contains("LoopHandle::post"), "{what}: {msg}");
+    };
+    expect(
+        "Timer::is_active",
+        panic_elsewhere(move || {
+            let _ = t.is_active();
+        }),
+    );
+    expect(
+        "Timer::has_ref",
+        panic_elsewhere(move || {
+            let _ = t.has_ref();
+        }),
+    );
+    expect("Timer::close", panic_elsewhere(move || t.close(|| {})));
+    expect(
+        "Immediate::has_ref",
+        panic_elsewhere(move || {
+            let _ = i.has_ref();
+        }),
+    );
+    expect("Immediate::close", panic_elsewhere(move || i.close(|| {})));
+    let h2 = h.clone();
+    expect(
+        "HookHandle::has_ref",
+        panic_elsewhere(move || {
+            let _ = h2.has_ref();
+        }),
+    );
+    let h2 = h.clone();
+    expect(
+        "HookHandle::close",
+        panic_elsewhere(move || h2.close(|| {})),
+    );
+    // The panics changed nothing.
+    rt.enter(|| {
+        assert!(t.is_active() && t.has_ref() && i.has_ref() && h.has_ref());
+        t.clear();
+        i.clear();
+        h.stop();
+    });
+    assert!(!rt.run_nowait());
+
+    let t = rt.enter(|| set_timeout(LONG, || {}));
+    drop(rt);
+    assert_eq!(
+        panic_elsewhere(move || assert!(!t.is_active() && !t.has_ref())),
+        None,
+        "a query of a timer whose loop is gone panicked"
+    );
 }

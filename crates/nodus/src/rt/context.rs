@@ -15,8 +15,8 @@
 //! - `SHARED` lists every loop of the process whose `Runtime` is alive, each by its id with a
 //!   weak reference to its [`Shared`] part (added when its `Core` is made, removed when its
 //!   `Runtime` is dropped): how a `Send` handle used on another thread reaches its loop
-//!   ([`on_loop`]). It is read only when the handle's loop is not on the reading thread's
-//!   `LOOPS`, a cold path. Its lock is never copied held into a forked process (`crate::atfork`
+//!   ([`on_loop`]), or learns it is alive there ([`on_loop_thread`]). It is read only when the
+//!   handle's loop is not on the reading thread's `LOOPS`, a cold path. Its lock is never copied held into a forked process (`crate::atfork`
 //!   takes it around every `fork`): a process forked without `exec` can make a `Runtime`.
 //!
 //! A raw pointer instead of `RefCell<Option<Rc<Core>>>`: the free functions are on the hottest
@@ -31,11 +31,13 @@
 //! since names nothing). Once its `Runtime` is dropped there is nothing to reach and the handle
 //! does nothing: the loop's entries went with it. On another thread (the handles that are `Send`:
 //! `Timer`, `Immediate`, `HookHandle`, `Sleep`) the loop's state is not theirs to touch: a
-//! `Sleep` dropped, reset or unref'd there posts the change to its loop's remote queue
-//! ([`on_loop`]), which runs it in that loop's poll phase; the others do nothing (their methods
-//! are Node's, which has one thread). Handles that are `!Send` hold the weak reference
-//! themselves (an I/O source's [`Registration`](crate::io::reactor::Registration)); the `Send`
-//! ones hold the loop's id.
+//! change made there (a `Sleep` dropped, reset or unref'd; a clear, stop, ref or unref) is
+//! posted to its loop's remote queue ([`on_loop`]), which runs it in that loop's poll phase; on
+//! the loop's own thread it runs at once, as above. A method that cannot be posted (a query,
+//! which needs an answer; a `close`, whose callback is not `Send`) panics there naming itself
+//! ([`on_loop_thread`]), rather than answer wrong or do nothing. Handles that are `!Send` hold
+//! the weak reference themselves (an I/O source's
+//! [`Registration`](crate::io::reactor::Registration)); the `Send` ones hold the loop's id.
 
 use std::cell::{Cell, RefCell};
 use std::panic::Location;
@@ -139,6 +141,42 @@ pub(crate) fn on_loop(
             let _ = with_loop(loop_id, f);
         }),
     );
+}
+
+/// Runs `f` with loop `loop_id` if it is alive on this thread ([`with_loop`]); `None` once its
+/// `Runtime` is dropped. Panics, naming `ty::method` and saying `why`, if it is alive on another
+/// thread: for a `Send` handle's method that cannot be posted there (it needs an answer, or
+/// takes a callback that is not `Send`). On the loop's own thread this costs one test of `None`.
+#[inline]
+#[track_caller]
+pub(crate) fn on_loop_thread<R>(
+    loop_id: u64,
+    ty: &str,
+    method: &str,
+    why: &str,
+    f: impl FnOnce(&Core) -> R,
+) -> Option<R> {
+    let r = with_loop(loop_id, f);
+    if r.is_none() {
+        not_on_loop_thread(loop_id, ty, method, why);
+    }
+    r
+}
+
+/// Panics if loop `loop_id` is alive (so on another thread: [`on_loop_thread`]).
+#[cold]
+#[inline(never)]
+#[track_caller]
+fn not_on_loop_thread(loop_id: u64, ty: &str, method: &str, why: &str) {
+    let alive = shared_loops()
+        .iter()
+        .any(|(id, w)| *id == loop_id && w.strong_count() > 0);
+    if alive {
+        panic!(
+            "nodus: {ty}::{method} called on another thread than its loop's: {why}. Call it on \
+             the loop's thread (from another thread, through the loop's LoopHandle::post)"
+        );
+    }
 }
 
 /// Posts `job` to loop `loop_id`'s remote queue if that loop is alive (on another thread: this

@@ -3,20 +3,31 @@
 //! close callback after it, ref/unref and `has_ref`, each acting on the entry's own loop.
 //!
 //! Invariant: a handle names its loop by id and its entry by a key that loop never gives
-//! another entry; every method here reaches that loop through `context::with_loop` (whether it
-//! is current, not current, or another `Runtime` is) and does nothing once that loop's `Runtime`
-//! is dropped, or on another thread. A removed entry gives its ref back to its own loop, and is
-//! dropped only after that loop's tables are released: its drop (a callback and what it
-//! captured) may re-enter a loop.
+//! another entry; every method here reaches that loop through `context::with_loop` when it is
+//! alive on the calling thread (whether it is current, not current, or another `Runtime` is),
+//! and does nothing once that loop's `Runtime` is dropped. On another thread than the loop's
+//! (the handles are `Copy + Send`): removing the entry and ref/unref are posted to the loop's
+//! remote queue (`context::on_loop`, the cold path: on the loop's thread they run at once),
+//! made in its next poll phase; `has_ref` and `close` (whose callback is not `Send`)
+//! panic, naming the method (`context::on_loop_thread`), rather than answer wrong or do nothing.
+//! A removed entry gives its ref back to its own loop, and is dropped only after that loop's
+//! tables are released: its drop (a callback and what it captured) may re-enter a loop.
 
 use std::panic::Location;
 
-use super::context::with_loop;
+use super::context::{on_loop, on_loop_thread};
 use super::core::Core;
-use super::hooks::close_callback_on;
 
-/// A handle to an entry in one loop's tables; each type says where its entry lives.
-pub(crate) trait EntryHandle {
+/// Why a query cannot be made on another thread than the loop's.
+pub(crate) const QUERY: &str =
+    "its loop's state can be read only on that loop's thread (answering needs a round trip)";
+
+/// A handle to an entry in one loop's tables; each type says where its entry lives. A `Copy`
+/// of the handle is what a change posted to its loop from another thread carries.
+pub(crate) trait EntryHandle: Copy + Send + 'static {
+    /// The public type's name, for the panic of a method used off its loop's thread.
+    const NAME: &'static str;
+
     /// The entry as its loop holds it.
     type Entry;
 
@@ -43,28 +54,49 @@ pub(crate) trait EntryHandle {
         Some(entry)
     }
 
-    /// Takes the entry out of its loop and gives its ref back there.
+    /// Takes the entry out of its loop and gives its ref back there; from another thread, in
+    /// the loop's next poll phase.
+    #[track_caller]
     fn remove_entry(&self) {
-        let removed = with_loop(self.loop_id(), |core| self.remove_from(core));
-        drop(removed);
-    }
-
-    /// [`remove_entry`](Self::remove_entry), then `callback` queued for its loop's close phase.
-    fn close_entry(&self, callback: Box<dyn FnOnce()>, location: &'static Location<'static>) {
-        self.remove_entry();
-        close_callback_on(self.loop_id(), callback, location);
-    }
-
-    /// Sets the entry's ref flag, counting a change in its loop's refs.
-    fn set_entry_ref(&self, on: bool) {
-        with_loop(self.loop_id(), |core| {
-            self.with_ref_flag(core, |refd| core.set_refd(refd, on))
+        let this = *self;
+        on_loop(self.loop_id(), Location::caller(), move |core| {
+            drop(this.remove_from(core));
         });
     }
 
-    /// Whether the entry is live and ref'd.
+    /// [`remove_entry`](Self::remove_entry), then `callback` queued for its loop's close phase.
+    /// Panics on another thread than the loop's (the callback is not `Send`).
+    #[track_caller]
+    fn close_entry(&self, callback: Box<dyn FnOnce()>, location: &'static Location<'static>) {
+        on_loop_thread(
+            self.loop_id(),
+            Self::NAME,
+            "close",
+            "its callback, not Send, cannot be sent to the loop (clear or stop the handle here: \
+             that is posted to the loop)",
+            |core| {
+                let removed = self.remove_from(core);
+                core.queue_close(callback, location);
+                removed
+            },
+        );
+    }
+
+    /// Sets the entry's ref flag, counting a change in its loop's refs; from another thread, in
+    /// the loop's next poll phase.
+    #[track_caller]
+    fn set_entry_ref(&self, on: bool) {
+        let this = *self;
+        on_loop(self.loop_id(), Location::caller(), move |core| {
+            this.with_ref_flag(core, |refd| core.set_refd(refd, on));
+        });
+    }
+
+    /// Whether the entry is live and ref'd; `false` once its loop is gone. Panics on another
+    /// thread than the loop's.
+    #[track_caller]
     fn entry_refd(&self) -> bool {
-        with_loop(self.loop_id(), |core| {
+        on_loop_thread(self.loop_id(), Self::NAME, "has_ref", QUERY, |core| {
             self.with_ref_flag(core, |refd| *refd)
         })
         .flatten()

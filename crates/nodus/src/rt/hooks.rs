@@ -10,18 +10,20 @@
 //! reaches (a second `stop`, an `unref`, do nothing). `stop`/`close`/`ref_`/`unref` act on the
 //! hook's own loop wherever they are called (its loop current or not, another `Runtime` current:
 //! `entry::EntryHandle`, through `context::with_loop`), so a hook stopped off its loop leaves that
-//! loop's handle count; once the loop's `Runtime` is dropped (its hooks with it) or on another
-//! thread, they do nothing. A pass
-//! runs the hooks active when it starts: one started by a callback of the pass (even in a slot a
-//! stopped one left) first runs in the next pass, as in libuv. Dropping the handle does not stop
-//! the hook (a libuv handle lives until closed), on its loop or off it. Close callbacks
-//! (`close_callback_on`) are queued on the closed handle's own loop.
+//! loop's handle count; once the loop's `Runtime` is dropped (its hooks with it), they do
+//! nothing. The handle is `Send`: on another thread `stop`/`ref_`/`unref` are posted to the
+//! loop's remote queue (`context::on_loop`), made in its next poll phase, while `has_ref` and
+//! `close` (a callback that is not `Send`) panic, naming the method. A pass runs the hooks
+//! active when it starts: one started by a callback of the pass (even in a slot a stopped one
+//! left) first runs in the next pass, as in libuv. Dropping the handle does not stop the hook (a
+//! libuv handle lives until closed), on its loop or off it. Close callbacks are queued on the
+//! closed handle's own loop (`Core::queue_close`).
 
 use std::panic::Location;
 
 use slab::Slab;
 
-use super::context::{with_core, with_loop};
+use super::context::with_core;
 use super::core::Core;
 use super::entry::EntryHandle;
 use crate::metrics::classes;
@@ -73,9 +75,14 @@ impl Hooks {
 }
 
 /// A running idle or prepare hook. Dropping the handle does not stop it; `stop` or `close` does,
-/// wherever it is called on its loop's thread (see the module docs).
+/// wherever it is called (see the module docs).
 #[derive(Debug)]
-pub struct HookHandle {
+pub struct HookHandle(HookKey);
+
+/// What names a hook: what a change posted to its loop from another thread carries (the handle
+/// itself is not `Copy`, as a libuv handle).
+#[derive(Debug, Clone, Copy)]
+struct HookKey {
     key: usize,
     id: u64,
     loop_id: u64,
@@ -116,15 +123,17 @@ fn start(
         }
         drop(hooks);
         core.ref_handle();
-        HookHandle {
+        HookHandle(HookKey {
             key,
             id,
             loop_id: core.loop_id(),
-        }
+        })
     })
 }
 
-impl EntryHandle for HookHandle {
+impl EntryHandle for HookKey {
+    const NAME: &'static str = "HookHandle";
+
     type Entry = Hook;
 
     fn loop_id(&self) -> u64 {
@@ -155,29 +164,45 @@ impl EntryHandle for HookHandle {
 }
 
 impl HookHandle {
-    /// Stops the hook; its callback is dropped.
+    /// Stops the hook; its callback is dropped. From another thread than its loop's, in that
+    /// loop's next poll phase.
+    #[track_caller]
     pub fn stop(&self) {
-        self.remove_entry();
+        self.0.remove_entry();
     }
 
     /// Stops the hook and runs `callback` in its loop's close phase.
+    ///
+    /// # Panics
+    /// On another thread than its loop's (the callback is not `Send`): call `stop` there, or
+    /// `close` on the loop's thread.
     #[track_caller]
     pub fn close(&self, callback: impl FnOnce() + 'static) {
-        self.close_entry(Box::new(callback), Location::caller());
+        self.0.close_entry(Box::new(callback), Location::caller());
     }
 
-    /// The hook no longer keeps the loop alive.
+    /// The hook no longer keeps the loop alive. From another thread than its loop's, in that
+    /// loop's next poll phase.
+    #[track_caller]
     pub fn unref(&self) {
-        self.set_entry_ref(false);
+        self.0.set_entry_ref(false);
     }
 
-    /// The hook keeps the loop alive again (the default).
+    /// The hook keeps the loop alive again (the default). From another thread than its loop's,
+    /// in that loop's next poll phase.
+    #[track_caller]
     pub fn ref_(&self) {
-        self.set_entry_ref(true);
+        self.0.set_entry_ref(true);
     }
 
+    /// Whether the hook is active and ref'd (`false` once its loop's `Runtime` is dropped).
+    ///
+    /// # Panics
+    /// On another thread than its loop's, which alone can answer: ask there (from another
+    /// thread, through the loop's [`LoopHandle::post`](super::LoopHandle::post)).
+    #[track_caller]
     pub fn has_ref(&self) -> bool {
-        self.entry_refd()
+        self.0.entry_refd()
     }
 }
 
@@ -191,17 +216,6 @@ pub fn defer(callback: impl FnOnce() + 'static) {
             .borrow_mut()
             .push_back((Box::new(callback), location))
     });
-}
-
-/// Queues `callback` for the close phase of loop `loop_id` (a handle's `close`), whichever loop
-/// is current. Dropped unrun if that loop is gone (its close phase never comes) or lives on
-/// another thread.
-pub(crate) fn close_callback_on(
-    loop_id: u64,
-    callback: Box<dyn FnOnce()>,
-    location: &'static Location<'static>,
-) {
-    with_loop(loop_id, move |core| core.queue_close(callback, location));
 }
 
 impl Core {

@@ -5,8 +5,11 @@
 //! there (leaving that loop's handle count and run queue) whether that loop is current or not,
 //! or another `Runtime` is current (`entry::EntryHandle`, through `context::with_loop`); it never
 //! reaches an entry of another loop or a later immediate in the same slot. Once the loop's
-//! `Runtime` is dropped, or on another thread, it does nothing. Dropping the handle does not
-//! cancel the immediate (Node's rule).
+//! `Runtime` is dropped it does nothing. On another thread `clear`/`ref_`/`unref` are posted to
+//! the loop's remote queue (`context::on_loop`), made in its next poll phase (which precedes its
+//! check phase: a cleared immediate runs only if its check phase began before the clear came). `has_ref` and `close` (a callback that
+//! is not `Send`) panic there, naming the method. Dropping the handle does not cancel the
+//! immediate (Node's rule).
 
 use std::panic::Location;
 
@@ -53,6 +56,8 @@ pub fn clear_immediate(immediate: &Immediate) {
 }
 
 impl EntryHandle for Immediate {
+    const NAME: &'static str = "Immediate";
+
     type Entry = ImmediateEntry;
 
     fn loop_id(&self) -> u64 {
@@ -79,31 +84,42 @@ impl EntryHandle for Immediate {
 }
 
 impl Immediate {
-    /// Cancels it (same as `clear_immediate`).
+    /// Cancels it (same as `clear_immediate`). From another thread than its loop's, in that
+    /// loop's next poll phase (before its check phase).
     #[track_caller]
     pub fn clear(&self) {
         self.remove_entry();
     }
 
     /// Cancels it and runs `callback` in the close phase.
+    ///
+    /// # Panics
+    /// On another thread than its loop's (the callback is not `Send`): call `clear` there, or
+    /// `close` on the loop's thread.
     #[track_caller]
     pub fn close(&self, callback: impl FnOnce() + 'static) {
         self.close_entry(Box::new(callback), Location::caller());
     }
 
-    /// It no longer keeps the loop alive by itself.
+    /// It no longer keeps the loop alive by itself. From another thread than its loop's, in that
+    /// loop's next poll phase.
     #[track_caller]
     pub fn unref(&self) {
         self.set_entry_ref(false);
     }
 
-    /// It keeps the loop alive again (the default).
+    /// It keeps the loop alive again (the default). From another thread than its loop's, in
+    /// that loop's next poll phase.
     #[track_caller]
     pub fn ref_(&self) {
         self.set_entry_ref(true);
     }
 
-    /// Whether it is queued and ref'd.
+    /// Whether it is queued and ref'd (`false` once its loop's `Runtime` is dropped).
+    ///
+    /// # Panics
+    /// On another thread than its loop's, which alone can answer: ask there (from another
+    /// thread, through the loop's [`LoopHandle::post`](crate::LoopHandle::post)).
     #[track_caller]
     pub fn has_ref(&self) -> bool {
         self.entry_refd()

@@ -11,16 +11,21 @@
 //!
 //! Invariant: a timer handle acts on the loop that armed it, wherever it is used. A [`Timer`]
 //! (`Copy`, `Send`) and an armed [`Sleep`] hold their timer's key (slab key + an id never reused
-//! by that queue) and their loop's id: `clear`, `ref_`/`unref`, `has_ref`, `is_active`, and a
-//! `Sleep`'s drop, reset or unref reach that loop whether it is current, not current (after
+//! by that queue) and their loop's id: `clear`, `close`, `ref_`/`unref`, `has_ref`, `is_active`,
+//! and a `Sleep`'s drop, reset or unref reach that loop whether it is current, not current (after
 //! `block_on` returned, with no loop current) or another `Runtime` is current
 //! (`rt::context::with_loop`; `clear` and the ref methods are `rt::entry::EntryHandle`'s, and a
 //! `Sleep` disarms its timer as `clear` does), and never touch another loop's timers. Once the
 //! loop's `Runtime` is dropped they do nothing (`has_ref`/`is_active` are `false`): the loop's
-//! timers were dropped with it. On another thread a `Timer` does nothing either (its loop's
-//! timers belong to that thread), while a `Sleep` dropped, reset or unref'd there posts the
-//! change to its loop's remote queue (`rt::context::on_loop`, see `sleep.rs`). Dropping a
-//! `Timer` does nothing (Node's handles); dropping a `Sleep` disarms it.
+//! timers were dropped with it. On another thread than the loop's they touch none of its state
+//! there: a `Timer`'s `clear`/`ref_`/`unref` and a `Sleep`'s drop, reset or unref post the change
+//! to the loop's remote queue (`rt::context::on_loop`, see `sleep.rs`; on the loop's own thread
+//! it is made at once, at no extra cost), made in its next poll phase (waking it if blocked;
+//! until then a timer that falls due still fires). The queries `has_ref` and `is_active`, which
+//! only the loop's thread can answer, and `close`, whose callback is not `Send`, panic there with
+//! a message naming the method: ask on the loop's thread (from another, through its
+//! `LoopHandle::post`). Dropping a `Timer` does nothing (Node's handles); dropping a `Sleep`
+//! disarms it.
 
 mod delay;
 pub(crate) mod queue;
@@ -32,9 +37,9 @@ pub use delay::{IntoDelay, MAX_DELAY};
 pub use sleep::{Elapsed, Interval, Sleep, Timeout, interval, sleep, sleep_until, timeout};
 
 use self::queue::{TimerAction, TimerEntry, TimerKey};
-use crate::rt::context::{try_with_core, with_core, with_loop};
+use crate::rt::context::{on_loop_thread, try_with_core, with_core};
 use crate::rt::core::Core;
-use crate::rt::entry::EntryHandle;
+use crate::rt::entry::{EntryHandle, QUERY};
 
 /// A timer made by `set_timeout` or `set_interval`. Copying the handle is cheap; dropping it
 /// does not cancel the timer.
@@ -115,6 +120,8 @@ fn arm(
 }
 
 impl EntryHandle for Timer {
+    const NAME: &'static str = "Timer";
+
     type Entry = TimerEntry;
 
     fn loop_id(&self) -> u64 {
@@ -135,40 +142,56 @@ impl EntryHandle for Timer {
 }
 
 impl Timer {
-    /// Cancels the timer (`clear_timeout` / `clear_interval`).
+    /// Cancels the timer (`clear_timeout` / `clear_interval`). From another thread than its
+    /// loop's, in that loop's next poll phase (a timer due before it still fires).
     #[track_caller]
     pub fn clear(&self) {
         self.remove_entry();
     }
 
     /// Cancels the timer and runs `callback` in the close phase.
+    ///
+    /// # Panics
+    /// On another thread than the timer's loop's (the callback is not `Send`): call `clear`
+    /// there, or `close` on the loop's thread.
     #[track_caller]
     pub fn close(&self, callback: impl FnOnce() + 'static) {
         self.close_entry(Box::new(callback), Location::caller());
     }
 
-    /// The timer no longer keeps the loop alive (Node's `timeout.unref()`).
+    /// The timer no longer keeps the loop alive (Node's `timeout.unref()`). From another thread
+    /// than its loop's, in that loop's next poll phase.
     #[track_caller]
     pub fn unref(&self) {
         self.set_entry_ref(false);
     }
 
-    /// The timer keeps the loop alive again (Node's `timeout.ref()`; the default).
+    /// The timer keeps the loop alive again (Node's `timeout.ref()`; the default). From another
+    /// thread than its loop's, in that loop's next poll phase.
     #[track_caller]
     pub fn ref_(&self) {
         self.set_entry_ref(true);
     }
 
-    /// Whether the timer is armed and ref'd.
+    /// Whether the timer is armed and ref'd (`false` once its loop's `Runtime` is dropped).
+    ///
+    /// # Panics
+    /// On another thread than the timer's loop's, which alone can answer: ask there (from
+    /// another thread, through the loop's [`LoopHandle::post`](crate::LoopHandle::post)).
     #[track_caller]
     pub fn has_ref(&self) -> bool {
         self.entry_refd()
     }
 
-    /// Whether the timer is still armed (not fired, for a timeout; not cleared).
+    /// Whether the timer is still armed (not fired, for a timeout; not cleared; `false` once its
+    /// loop's `Runtime` is dropped).
+    ///
+    /// # Panics
+    /// On another thread than the timer's loop's, which alone can answer: ask there (from
+    /// another thread, through the loop's [`LoopHandle::post`](crate::LoopHandle::post)).
     #[track_caller]
     pub fn is_active(&self) -> bool {
-        with_loop(self.loop_id, |core| {
+        on_loop_thread(self.loop_id, "Timer", "is_active", QUERY, |core| {
             core.timers.borrow().get(self.key).is_some()
         })
         .unwrap_or(false)
