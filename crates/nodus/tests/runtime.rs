@@ -639,3 +639,58 @@ fn a_panic_in_a_callbacks_drop_at_shutdown_still_drops_every_task_then_propagate
     assert!(dropped.get(), "the task was dropped despite the panic");
     assert!(Runtime::new().block_on(h).unwrap_err().is_cancelled());
 }
+
+/// Runs `f` on a thread of its own and fails if it has not returned within `limit` (the thread,
+/// spinning or blocked, is left behind): a test that would hang fails instead.
+fn within(limit: Duration, f: impl FnOnce() + Send + 'static) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        f();
+        let _ = tx.send(());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(()) => t.join().unwrap(),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            std::panic::resume_unwind(t.join().unwrap_err())
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("hung for {limit:?}"),
+    }
+}
+
+/// `stop` under `block_on` neither ends it nor makes it busy-poll, with nothing registered (it
+/// used to spin forever, its clock frozen) or with an fd, and is discarded when it returns: the
+/// next `run` runs its timer.
+#[test]
+fn stop_inside_block_on_neither_spins_nor_outlives_it() {
+    within(Duration::from_secs(10), || {
+        let rt = Runtime::new();
+        for with_fd in [false, true] {
+            let listener =
+                with_fd.then(|| rt.enter(|| nodus::net::TcpListener::bind("127.0.0.1:0").unwrap()));
+            let iterations = Rc::new(Cell::new(0u32));
+            let n = iterations.clone();
+            let start = Instant::now();
+            rt.block_on(async move {
+                let hook = rt::prepare(move || n.set(n.get() + 1));
+                rt::stop();
+                sleep(Duration::from_millis(20)).await;
+                hook.stop();
+            });
+            assert!(start.elapsed() >= Duration::from_millis(20));
+            assert!(
+                iterations.get() < 50,
+                "block_on busy-polled after stop ({} iterations in 20 ms, fd: {with_fd})",
+                iterations.get()
+            );
+            drop(listener);
+        }
+        let fired = Rc::new(Cell::new(false));
+        let f = fired.clone();
+        rt.enter(|| set_timeout(5, move || f.set(true)));
+        rt.run();
+        assert!(
+            fired.get(),
+            "the stop requested under block_on ended a later run"
+        );
+    });
+}
