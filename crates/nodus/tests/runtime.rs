@@ -694,3 +694,50 @@ fn stop_inside_block_on_neither_spins_nor_outlives_it() {
         );
     });
 }
+
+/// A post from another thread while no `run` runs is queued, not lost: the next `run` runs it.
+/// Posting keeps nothing alive by itself: with nothing queued, `run` returns at once.
+#[test]
+fn a_post_between_runs_is_run_by_the_next_run() {
+    within(Duration::from_secs(10), || {
+        let rt = Runtime::new();
+        let h = rt.handle();
+        rt.run();
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        std::thread::spawn(move || assert!(h.post(move || r.store(true, Ordering::Release))))
+            .join()
+            .unwrap();
+        rt.run();
+        assert!(ran.load(Ordering::Acquire), "the post was lost");
+    });
+}
+
+/// A task run by `run`, parked, then woken from another thread once `run` has returned: the next
+/// `run` polls it.
+#[test]
+fn a_wake_from_another_thread_between_runs_is_run_by_the_next_run() {
+    within(Duration::from_secs(10), || {
+        let rt = Runtime::new();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let polls = Rc::new(Cell::new(0));
+        let p = polls.clone();
+        rt.enter(|| {
+            spawn(poll_fn(move |cx| {
+                p.set(p.get() + 1);
+                if p.get() == 1 {
+                    tx.send(cx.waker().clone()).unwrap();
+                    return Poll::Pending;
+                }
+                Poll::Ready(())
+            }))
+            .detach()
+        });
+        rt.run();
+        assert_eq!(polls.get(), 1);
+        let waker: std::task::Waker = rx.recv().unwrap();
+        std::thread::spawn(move || waker.wake()).join().unwrap();
+        rt.run();
+        assert_eq!(polls.get(), 2, "the wake from another thread was lost");
+    });
+}

@@ -157,7 +157,8 @@ impl Runtime {
     }
 
     /// Runs the loop until nothing ref'd is alive: no ref'd timer, immediate, hook or I/O
-    /// handle, no in-flight pool request, no pending or closing callback (Node's exit rule).
+    /// handle, no in-flight pool request, no pending or closing callback, no work posted from
+    /// another thread (a [`LoopHandle::post`], a wake) still queued (Node's exit rule).
     /// Returns early after [`stop`].
     #[track_caller]
     pub fn run(&self) {
@@ -356,7 +357,12 @@ pub struct LoopHandle {
 
 impl LoopHandle {
     /// Runs `f` on the loop, in its poll phase (a macrotask, followed by a queue drain). Returns
-    /// `false` if the loop is gone. Posting does not keep the loop alive by itself.
+    /// `false` if the loop is gone.
+    ///
+    /// Posting does not keep the loop alive by itself: a `run` with nothing else alive returns
+    /// without waiting for a post that may come. A post already queued is work due, though (like
+    /// a pending immediate): it counts as alive until it has run, so the `run` under way (its
+    /// poll phase woken) or else the next `run`, `run_once` or `run_nowait` runs it.
     #[track_caller]
     pub fn post(&self, f: impl FnOnce() + Send + 'static) -> bool {
         self.shared
