@@ -639,3 +639,105 @@ fn a_panic_in_a_callbacks_drop_at_shutdown_still_drops_every_task_then_propagate
     assert!(dropped.get(), "the task was dropped despite the panic");
     assert!(Runtime::new().block_on(h).unwrap_err().is_cancelled());
 }
+
+/// Runs `f` on a thread of its own and fails if it has not returned within `limit` (the thread,
+/// spinning or blocked, is left behind): a test that would hang fails instead.
+fn within(limit: Duration, f: impl FnOnce() + Send + 'static) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        f();
+        let _ = tx.send(());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(()) => t.join().unwrap(),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            std::panic::resume_unwind(t.join().unwrap_err())
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("hung for {limit:?}"),
+    }
+}
+
+/// `stop` under `block_on` neither ends it nor makes it busy-poll, with nothing registered (it
+/// used to spin forever, its clock frozen) or with an fd, and is discarded when it returns: the
+/// next `run` runs its timer.
+#[test]
+fn stop_inside_block_on_neither_spins_nor_outlives_it() {
+    within(Duration::from_secs(10), || {
+        let rt = Runtime::new();
+        for with_fd in [false, true] {
+            let listener =
+                with_fd.then(|| rt.enter(|| nodus::net::TcpListener::bind("127.0.0.1:0").unwrap()));
+            let iterations = Rc::new(Cell::new(0u32));
+            let n = iterations.clone();
+            let start = Instant::now();
+            rt.block_on(async move {
+                let hook = rt::prepare(move || n.set(n.get() + 1));
+                rt::stop();
+                sleep(Duration::from_millis(20)).await;
+                hook.stop();
+            });
+            assert!(start.elapsed() >= Duration::from_millis(20));
+            assert!(
+                iterations.get() < 50,
+                "block_on busy-polled after stop ({} iterations in 20 ms, fd: {with_fd})",
+                iterations.get()
+            );
+            drop(listener);
+        }
+        let fired = Rc::new(Cell::new(false));
+        let f = fired.clone();
+        rt.enter(|| set_timeout(5, move || f.set(true)));
+        rt.run();
+        assert!(
+            fired.get(),
+            "the stop requested under block_on ended a later run"
+        );
+    });
+}
+
+/// A post from another thread while no `run` runs is queued, not lost: the next `run` runs it.
+/// Posting keeps nothing alive by itself: with nothing queued, `run` returns at once.
+#[test]
+fn a_post_between_runs_is_run_by_the_next_run() {
+    within(Duration::from_secs(10), || {
+        let rt = Runtime::new();
+        let h = rt.handle();
+        rt.run();
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        std::thread::spawn(move || assert!(h.post(move || r.store(true, Ordering::Release))))
+            .join()
+            .unwrap();
+        rt.run();
+        assert!(ran.load(Ordering::Acquire), "the post was lost");
+    });
+}
+
+/// A task run by `run`, parked, then woken from another thread once `run` has returned: the next
+/// `run` polls it.
+#[test]
+fn a_wake_from_another_thread_between_runs_is_run_by_the_next_run() {
+    within(Duration::from_secs(10), || {
+        let rt = Runtime::new();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let polls = Rc::new(Cell::new(0));
+        let p = polls.clone();
+        rt.enter(|| {
+            spawn(poll_fn(move |cx| {
+                p.set(p.get() + 1);
+                if p.get() == 1 {
+                    tx.send(cx.waker().clone()).unwrap();
+                    return Poll::Pending;
+                }
+                Poll::Ready(())
+            }))
+            .detach()
+        });
+        rt.run();
+        assert_eq!(polls.get(), 1);
+        let waker: std::task::Waker = rx.recv().unwrap();
+        std::thread::spawn(move || waker.wake()).join().unwrap();
+        rt.run();
+        assert_eq!(polls.get(), 2, "the wake from another thread was lost");
+    });
+}

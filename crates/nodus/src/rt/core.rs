@@ -8,8 +8,9 @@
 //! - Every `RefCell` borrow is short and never spans user code, a waker call, or a drop of a
 //!   task/callback (those may re-enter the core). Removed entries are dropped after the borrow.
 //! - `refs` counts active ref'd handles (timers, immediates, hooks, I/O sources); together with
-//!   in-flight `requests`, pending and closing callbacks and yielded tasks it decides liveness
-//!   (Node's exit rule, `alive()`).
+//!   in-flight `requests`, pending and closing callbacks, yielded tasks and queued remote work
+//!   it decides liveness (Node's exit rule, `alive()`). Remote work is alive only once queued: a
+//!   `LoopHandle` does not keep the loop alive waiting for posts.
 //! - Every runnable entry (task poll, main-future poll, immediate) is counted by
 //!   `meter.arrive()` when queued and `meter.depart()`/`meter.cancel()` when it leaves.
 //! - `tasks` holds every task of this loop whose future is alive (tokio's `OwnedTasks`): an entry
@@ -266,7 +267,9 @@ impl Core {
         }
     }
 
-    /// Whether anything ref'd can still produce work: Node's exit rule.
+    /// Whether anything ref'd can still produce work: Node's exit rule. Remote work already
+    /// queued (posts, wakes from other threads) is work due, like a pending immediate; it is
+    /// checked last, so a loop kept alive by its handles pays no atomic load for it.
     pub(crate) fn alive(&self) -> bool {
         self.refs.get() > 0
             || self.requests.get() > 0
@@ -275,6 +278,7 @@ impl Core {
             || self.check.borrow().yields > 0
             || !self.micro.borrow().is_empty()
             || !self.ticks.borrow().is_empty()
+            || self.shared.has_remote()
     }
 
     /// Queues a woken task (or the main future) on this loop's thread.

@@ -4,6 +4,8 @@
 //!   `'static`); whatever else is queued stays queued for the next `run`/`block_on`.
 //! - `run()` runs until nothing ref'd is alive (Node's exit rule); `run_once()` and
 //!   `run_nowait()` run one pass starting at timers, blocking or not in the poll phase.
+//! - `stop()` ends `run` after the current iteration (libuv's `uv_stop`). Every run mode consumes
+//!   the request when it returns, as `uv_run` does; `block_on` does not honour it.
 //! - `enter(f)` runs `f` as the "main script": with this loop current, then drains next-ticks and
 //!   microtasks, as Node does after the main module returns.
 //!
@@ -124,6 +126,9 @@ impl Runtime {
 
     /// Runs the loop until `future` completes and returns its output.
     ///
+    /// [`stop`] does not end it, nor keep its poll phase from blocking; a stop requested during
+    /// (or before) it is discarded when it returns.
+    ///
     /// # Panics
     /// When called from inside a running nodus loop (a thread runs one loop at a time).
     #[track_caller]
@@ -132,6 +137,7 @@ impl Runtime {
         let _running = Running::new("Runtime::block_on");
         let _entered = Entered::new(&self.core);
         let _active = Active::new(&self.core);
+        let _stop = ConsumeStop(&self.core);
         let core = &*self.core;
         let mut output = None;
         {
@@ -151,15 +157,17 @@ impl Runtime {
     }
 
     /// Runs the loop until nothing ref'd is alive: no ref'd timer, immediate, hook or I/O
-    /// handle, no in-flight pool request, no pending or closing callback (Node's exit rule).
-    /// Returns early after `nodus::rt::stop()`.
+    /// handle, no in-flight pool request, no pending or closing callback, no work posted from
+    /// another thread (a [`LoopHandle::post`], a wake) still queued (Node's exit rule).
+    /// Returns early after [`stop`].
     #[track_caller]
     pub fn run(&self) {
         let _running = Running::new("Runtime::run");
         let _entered = Entered::new(&self.core);
         let _active = Active::new(&self.core);
+        let _stop = ConsumeStop(&self.core);
         self.core.drain();
-        while self.core.alive() && !self.core.stop.replace(false) {
+        while self.core.alive() && !self.core.stop.get() {
             self.core.iterate(Mode::Default);
         }
     }
@@ -182,8 +190,8 @@ impl Runtime {
         let _running = Running::new("Runtime::run_once/run_nowait");
         let _entered = Entered::new(&self.core);
         let _active = Active::new(&self.core);
+        let _stop = ConsumeStop(&self.core);
         self.core.drain();
-        self.core.stop.set(false);
         self.core.iterate(mode);
         self.core.alive()
     }
@@ -316,6 +324,15 @@ fn for_each_caught<T>(
     }
 }
 
+/// Clears the stop request when a run returns (also while unwinding), as libuv's `uv_run` does.
+struct ConsumeStop<'a>(&'a Core);
+
+impl Drop for ConsumeStop<'_> {
+    fn drop(&mut self) {
+        self.0.stop.set(false);
+    }
+}
+
 /// Tells the watchdog the loop is running for as long as it lives (also while unwinding).
 struct Active<'a>(&'a Core);
 
@@ -340,7 +357,12 @@ pub struct LoopHandle {
 
 impl LoopHandle {
     /// Runs `f` on the loop, in its poll phase (a macrotask, followed by a queue drain). Returns
-    /// `false` if the loop is gone. Posting does not keep the loop alive by itself.
+    /// `false` if the loop is gone.
+    ///
+    /// Posting does not keep the loop alive by itself: a `run` with nothing else alive returns
+    /// without waiting for a post that may come. A post already queued is work due, though (like
+    /// a pending immediate): it counts as alive until it has run, so the `run` under way (its
+    /// poll phase woken) or else the next `run`, `run_once` or `run_nowait` runs it.
     #[track_caller]
     pub fn post(&self, f: impl FnOnce() + Send + 'static) -> bool {
         self.shared
@@ -362,7 +384,12 @@ pub fn handle() -> LoopHandle {
     })
 }
 
-/// Stops `run` after the current iteration (libuv's `uv_stop`); the poll phase does not block.
+/// Makes `run` return after the current iteration, and keeps that iteration's poll phase (or
+/// `run_once`'s) from blocking (libuv's `uv_stop`). The request is consumed when the run under
+/// way returns, as in libuv's `uv_run`: every run mode clears it on return. Called while no run
+/// is under way (in [`Runtime::enter`]'s closure), it stops the next `run` before its first
+/// iteration. [`Runtime::block_on`] does not honour it: it runs, blocking as usual, until its
+/// future completes, then discards the request.
 #[track_caller]
 pub fn stop() {
     with_core("nodus::rt::stop", |core| core.stop.set(true));

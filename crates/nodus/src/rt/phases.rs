@@ -7,8 +7,11 @@
 //! - The check phase runs exactly the entries queued when it started (immediates and yielded
 //!   tasks); entries added during it run on the next turn.
 //! - The poll phase never blocks while anything is ready to run: immediates, yielded tasks,
-//!   pending or closing callbacks, active idle hooks, a stop request, events left over from a
-//!   batch cut short.
+//!   pending or closing callbacks, active idle hooks, a stop request (not under `block_on`,
+//!   which ignores it), remote work, events left over from a batch cut short.
+//! - The loop's time advances every iteration: the poll phase marks the cached clock stale
+//!   whether or not it polled (it skips `epoll_wait` when nothing is registered and it must not
+//!   block), so the next timers pass reads the clock.
 //! - No event taken from epoll is lost (it is edge-triggered: never reported again). A batch
 //!   that `block_on`'s future completed in the middle of is dispatched, from the first event
 //!   left, at the start of the next poll phase, before any new event; so is the remote queue's
@@ -118,7 +121,7 @@ impl Core {
     /// How long the poll phase may block.
     fn poll_timeout(&self, mode: Mode) -> Option<Duration> {
         if mode == Mode::NoWait
-            || self.stop.get()
+            || (self.stop.get() && mode != Mode::BlockOn)
             || self.main_done.get()
             || !self.check.borrow().order.is_empty()
             || !self.pending.borrow().is_empty()
@@ -149,7 +152,12 @@ impl Core {
         }
         let skip =
             timeout == Some(Duration::ZERO) && self.reactor.is_empty() && !self.shared.has_remote();
-        if !skip {
+        if skip {
+            // The loop's time advances every iteration, polled or not (libuv's
+            // `uv__update_time`), or a timer never comes due in a loop that never blocks: the next
+            // boundary or timers pass reads the clock (the poll's own read, when it polls).
+            self.meter.stale();
+        } else {
             self.meter.before_block(timeout);
             if let Err(e) = self.reactor.poll(timeout, &mut events) {
                 tracing::error!(target: "nodus::rt", "epoll_wait failed: {e}");
@@ -247,6 +255,36 @@ impl Core {
             if self.main_done.get() {
                 return;
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    use std::time::{Duration, Instant};
+
+    use super::Mode;
+    use crate::rt::context::Entered;
+    use crate::{Runtime, set_timeout};
+
+    /// Iterations that never poll (nothing registered, nothing may block) still advance the
+    /// loop's time: a timer comes due. Nothing runs in them to read the clock otherwise.
+    #[test]
+    fn the_clock_advances_in_iterations_that_skip_the_poll() {
+        let rt = Runtime::new();
+        let fired = Rc::new(Cell::new(false));
+        let f = fired.clone();
+        rt.enter(|| set_timeout(Duration::from_millis(5), move || f.set(true)));
+        let _entered = Entered::new(&rt.core);
+        let bound = Instant::now() + Duration::from_secs(10);
+        while !fired.get() {
+            assert!(
+                Instant::now() < bound,
+                "a 5 ms timer did not fire in 10 s: the loop's clock stood still"
+            );
+            rt.core.iterate(Mode::NoWait);
         }
     }
 }
