@@ -15,6 +15,9 @@ fn an_always_ready_reader_does_not_starve_a_due_timer() {
     let (reader, mut writer) = UnixStream::pair().unwrap();
     // Keep the socket readable for the whole test.
     writer.set_nonblocking(false).unwrap();
+    // Readable from the start whenever the feeder thread gets a CPU (a loaded machine may run it
+    // late): far more bytes than the reads the assertion below asks for.
+    writer.write_all(&[7u8; 64 * 1024]).unwrap();
     let feeder = std::thread::spawn(move || {
         let chunk = [7u8; 4096];
         let deadline = Instant::now() + Duration::from_secs(20);
