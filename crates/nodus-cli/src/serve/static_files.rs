@@ -262,7 +262,7 @@ fn file_plan(
     // compressible file is gzipped for a client that accepts it and asks for no range.
     let varies = opts.gzip && gzip::compressible(&content_type, len);
     let gzipped = varies && !req.contains_key(RANGE) && gzip::accepts_gzip(req);
-    let mut validators = Validators::from_metadata(meta);
+    let mut validators = Validators::from_metadata(meta, now);
     validators.weak = gzipped;
     let mut headers = HeaderMap::new();
     headers.insert(ETAG, value(validators.etag_header()));

@@ -817,3 +817,48 @@ fn a_copy_with_the_same_length_and_mtime_has_the_same_etag() {
     let p = b.get_h("/hello.txt", &[("if-range", &etag), ("range", "bytes=6-")]);
     assert_eq!(file_range(&p), (StatusCode::PARTIAL_CONTENT, 6..12, 12));
 }
+
+#[test]
+fn a_future_mtime_is_clamped_to_the_response_time() {
+    let t = Tree::new();
+    t.write("future.txt", b"from 2035");
+    let mtime_2035 = UNIX_EPOCH + Duration::from_secs(2_051_222_400); // Sat, 01 Jan 2035
+    set_mtime(&t.p("future.txt"), mtime_2035);
+    let now = UNIX_EPOCH + Duration::from_secs(1_900_000_000) + Duration::from_millis(700);
+    let now_lm = "Sun, 17 Mar 2030 17:46:40 GMT"; // `now`, whole seconds
+    let opts = StaticOptions::default();
+    let at = |hs: &[(&str, &str)]| {
+        plan_at(
+            &t.root,
+            &Method::GET,
+            "/future.txt",
+            &headers(hs),
+            &opts,
+            now,
+        )
+    };
+    let p = at(&[]);
+    assert_status(&p, 200, "future.txt");
+    assert_eq!(h(&p, "last-modified"), Some(now_lm));
+    // Every comparison uses the date the client was sent.
+    assert_status(&at(&[("if-modified-since", now_lm)]), 304, "IMS = LM");
+    assert_status(&at(&[("if-unmodified-since", now_lm)]), 200, "IUS = LM");
+    assert_status(
+        &at(&[("if-modified-since", "Sat, 16 Mar 2030 00:00:00 GMT")]),
+        200,
+        "IMS before LM",
+    );
+    // A clamped date is not a strong validator: If-Range with it gets the whole file.
+    let p = at(&[("if-range", now_lm), ("range", "bytes=0-3")]);
+    assert_eq!(file_range(&p).0, StatusCode::OK);
+    // A past mtime is untouched.
+    let p = plan_at(
+        &t.root,
+        &Method::GET,
+        "/hello.txt",
+        &HeaderMap::new(),
+        &opts,
+        now,
+    );
+    assert_eq!(h(&p, "last-modified"), Some(HELLO_LM));
+}
