@@ -301,6 +301,16 @@ fn head_answers_an_unreadable_file_as_get_does() {
     let head = request(server.addr, "HEAD", "/unreadable.txt", &[]);
     assert_eq!(head.status, get.status, "HEAD and GET disagree");
     assert_eq!(head.header("content-length"), get.header("content-length"));
+    // Nor does a conditional or a range request describe it: no 304 with its ETag, no 416 with
+    // its length.
+    for extra in ["If-None-Match: *", "Range: bytes=100-", "Range: bytes=0-0"] {
+        for method in ["GET", "HEAD"] {
+            let r = request(server.addr, method, "/unreadable.txt", &[extra]);
+            assert_eq!(r.status, 403, "{method} {extra}");
+            assert_eq!(r.header("etag"), None, "{method} {extra}");
+            assert_eq!(r.header("content-range"), None, "{method} {extra}");
+        }
+    }
     // A readable file is still 200 to both.
     assert_eq!(request(server.addr, "HEAD", "/hello.txt", &[]).status, 200);
 }

@@ -32,7 +32,7 @@
 
 use std::cell::Cell;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -511,29 +511,27 @@ async fn serve_static(
     let root = site.root.clone();
     let options = site.static_options.clone();
     let head = method == Method::HEAD;
+    // The plan holds the file open (HEAD's too, closed unread): a file this process cannot open
+    // gets the same 403 (or 404) whatever the method and the conditional headers.
     let planned = nodus::pool::offload_io(move || {
-        let plan = static_files::plan(&root, &method, &path, &headers, &options);
-        // HEAD opens the file too (and closes it unread): a file this process cannot open gets
-        // the same 403 (or 404) as GET, not a 200 whose GET would fail.
-        let file = match &plan {
-            Plan::File { path, id, .. } => Some(static_files::open_verified(path, *id)),
-            _ => None,
-        };
-        (plan, file)
+        static_files::plan(&root, &method, &path, &headers, &options)
     })
     .await;
-    let (plan, file) = match planned {
+    let plan = match planned {
         Ok(p) => p,
         Err(e) => {
             tracing::error!(target: "nodus::serve", "static file work failed: {e}");
             return text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n");
         }
     };
-    let body = match (&plan, file) {
-        (Plan::File { .. }, Some(Ok(_))) if head => nodus_http::empty(),
-        (Plan::File { range, gzip, .. }, Some(Ok(file))) => {
-            let body = nodus_http::boxed(FileBody::new(file, range.clone()));
-            if !*gzip {
+    let (status, headers) = (plan.status(), plan.headers().clone());
+    let body = match plan {
+        Plan::File { .. } if head => nodus_http::empty(),
+        Plan::File {
+            file, range, gzip, ..
+        } => {
+            let body = nodus_http::boxed(FileBody::new(file, range));
+            if !gzip {
                 body
             } else {
                 match gzip::gzip_body(body) {
@@ -545,23 +543,12 @@ async fn serve_static(
                 }
             }
         }
-        (Plan::File { path, .. }, Some(Err(e))) => return open_failed(path, e),
-        (Plan::File { .. }, None) => nodus_http::empty(),
-        (_, _) => plan.inline_body().map_or_else(nodus_http::empty, full),
+        other => other.inline_body().map_or_else(nodus_http::empty, full),
     };
     let mut response = Response::new(body);
-    *response.status_mut() = plan.status();
-    *response.headers_mut() = plan.headers().clone();
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
     response
-}
-
-fn open_failed(path: &Path, e: std::io::Error) -> Response<Body> {
-    // It changed between plan and open (or became unreadable): never serve something unplanned.
-    tracing::debug!(target: "nodus::serve", "cannot open {}: {e}", quote(path));
-    match e.kind() {
-        std::io::ErrorKind::NotFound => text(StatusCode::NOT_FOUND, "not found\n"),
-        _ => text(StatusCode::FORBIDDEN, "forbidden\n"),
-    }
 }
 
 /// Tells a service manager (systemd `Type=notify`) the state, if there is one.
