@@ -14,8 +14,10 @@
 //!   refuses `..`, encoded separators, NUL and empty segments with 400; then the joined path is
 //!   canonicalized and must still lie under the (canonical) root, so a symlink that leaves the root
 //!   gets the same 404 as a name that does not exist, whether or not its target exists.
-//! - Dotfiles and dot-directories (`.git/config`, `.env`) are 404 unless `Dotfiles::Allow`, both
-//!   as requested and after symlinks are resolved (a `link -> .env` is hidden too).
+//! - Hidden names (`hidden`) are 404, both as requested and after symlinks are resolved (a
+//!   `link -> .env` is hidden too), and left out of listings: dotfiles and dot-directories
+//!   (`.git/config`, `.env`) unless `Dotfiles::Allow`, except a top-level `.well-known`
+//!   (RFC 8615: ACME HTTP-01 challenges, `security.txt`; a dot-name inside it is still hidden).
 //! - Only regular files and directories are served. A FIFO, device or socket is 403 after a mere
 //!   `stat` (seed 003's `nodus serve /dev` + `GET /random` attack): it is never opened, and
 //!   `open_verified` refuses anything that is not the very regular file that was stat'ed.
@@ -51,7 +53,8 @@ use super::mime;
 use super::range::{self, RangeOutcome};
 use super::uri_path::{self, DecodedPath};
 
-/// Whether names starting with `.` may be served and listed.
+/// Whether names starting with `.` may be served and listed (`Deny`: all but a top-level
+/// `.well-known`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Dotfiles {
     Allow,
@@ -191,13 +194,12 @@ pub fn plan_at(
         Ok(d) => d,
         Err(bad) => return refuse(StatusCode::BAD_REQUEST, bad.reason()),
     };
-    let allow_dot = opts.dotfiles == Dotfiles::Allow;
-    if !allow_dot && decoded.has_dot_segment() {
+    if hidden_names(decoded.segments.iter().map(|s| s.as_bytes()), opts) {
         return not_found();
     }
     let mut joined = root.to_path_buf();
     joined.extend(&decoded.segments);
-    let Some((path, meta)) = resolve(root, &joined, allow_dot) else {
+    let Some((path, meta)) = resolve(root, &joined, opts) else {
         return not_found();
     };
     if meta.is_dir() {
@@ -207,13 +209,13 @@ pub fn plan_at(
                 uri_path.split_once('?').map(|(_, q)| q),
             );
         }
-        if let Some((index, index_meta)) = resolve(root, &path.join("index.html"), allow_dot)
+        if let Some((index, index_meta)) = resolve(root, &path.join("index.html"), opts)
             && index_meta.is_file()
         {
             let name = Path::new("index.html");
             return file_plan(index, name, &index_meta, method, headers, opts, now);
         }
-        return listing_plan(root, &path, &decoded, allow_dot);
+        return listing_plan(root, &path, &decoded, opts);
     }
     if !meta.is_file() {
         return refuse(StatusCode::FORBIDDEN, "forbidden: not a regular file");
@@ -226,26 +228,39 @@ pub fn plan_at(
     file_plan(path, name, &meta, method, headers, opts, now)
 }
 
-/// Canonicalizes `joined` and stats it; `None` if it does not exist, leaves the root, or (unless
-/// allowed) resolves to a dotfile.
-fn resolve(root: &Path, joined: &Path, allow_dot: bool) -> Option<(PathBuf, Metadata)> {
+/// Canonicalizes `joined` and stats it; `None` if it does not exist, leaves the root, or
+/// resolves to a hidden name.
+fn resolve(root: &Path, joined: &Path, opts: &StaticOptions) -> Option<(PathBuf, Metadata)> {
     let path = fs::canonicalize(joined).ok()?;
-    if !path.starts_with(root) || (!allow_dot && has_dot_component(&path, root)) {
+    if hidden(&path, root, opts) {
         return None;
     }
     let meta = fs::metadata(&path).ok()?;
     Some((path, meta))
 }
 
-/// Whether `path` (under `root`) has a component starting with `.` below the root; true if it is
-/// not under `root` at all.
-pub fn has_dot_component(path: &Path, root: &Path) -> bool {
+/// Whether `path` (canonical) is hidden from requests and listings: true if it is not under
+/// `root`, or if its components below the root name something hidden (see `hidden_names`).
+pub fn hidden(path: &Path, root: &Path, opts: &StaticOptions) -> bool {
     let Ok(rel) = path.strip_prefix(root) else {
         return true;
     };
-    rel.components().any(|c| match c {
-        Component::Normal(name) => name.as_encoded_bytes().starts_with(b"."),
-        _ => true,
+    let mut names = Vec::new();
+    for c in rel.components() {
+        match c {
+            Component::Normal(name) => names.push(name.as_encoded_bytes()),
+            _ => return true,
+        }
+    }
+    hidden_names(names.into_iter(), opts)
+}
+
+/// Whether a path below the root, given as its names from the top, is hidden: a name starting
+/// with `.` (unless `Dotfiles::Allow`) other than a top-level `.well-known`.
+fn hidden_names<'a>(names: impl Iterator<Item = &'a [u8]>, opts: &StaticOptions) -> bool {
+    let allow_dot = opts.dotfiles == Dotfiles::Allow;
+    names.enumerate().any(|(depth, name)| {
+        !allow_dot && name.starts_with(b".") && !(depth == 0 && name == b".well-known")
     })
 }
 
@@ -338,8 +353,8 @@ fn file_plan(
     }
 }
 
-fn listing_plan(root: &Path, dir: &Path, decoded: &DecodedPath, allow_dot: bool) -> Plan {
-    let Ok((entries, over_cap)) = listing::read_entries(dir, root, allow_dot) else {
+fn listing_plan(root: &Path, dir: &Path, decoded: &DecodedPath, opts: &StaticOptions) -> Plan {
+    let Ok((entries, over_cap)) = listing::read_entries(dir, root, opts) else {
         return refuse(StatusCode::FORBIDDEN, "forbidden: directory not readable");
     };
     let html = listing::render(

@@ -80,6 +80,9 @@ impl Tree {
         self.write(".env", b"SECRET=1");
         self.write(".git/config", b"[core]");
         self.write("a/.hidden/b", b"b");
+        self.write(".well-known/acme-challenge/tok", b"tok.thumbprint");
+        self.write(".well-known/.secret", b"s");
+        self.write("a/.well-known/x", b"x");
         self.write("old.txt", b"before 1970");
         set_mtime(&self.p("old.txt"), UNIX_EPOCH - Duration::from_secs(86_400));
         let status = std::process::Command::new("mkfifo")
@@ -807,10 +810,11 @@ fn canonical_root_checks() {
     assert!(canonical_root(&t.p("hello.txt")).is_err());
     assert!(canonical_root(&t.p("missing")).is_err());
     assert_eq!(canonical_root(&t.p("link-dir")).unwrap(), t.p("sub"));
-    assert!(has_dot_component(&t.p(".git/config"), &t.root));
-    assert!(!has_dot_component(&t.p("sub/b.txt"), &t.root));
-    assert!(!has_dot_component(&t.root, &t.root));
-    assert!(has_dot_component(Path::new("/etc"), &t.root));
+    let deny = StaticOptions::default();
+    assert!(hidden(&t.p(".git/config"), &t.root, &deny));
+    assert!(!hidden(&t.p("sub/b.txt"), &t.root, &deny));
+    assert!(!hidden(&t.root, &t.root, &deny));
+    assert!(hidden(Path::new("/etc"), &t.root, &deny));
 }
 
 #[test]
@@ -924,4 +928,27 @@ fn an_unreadable_file_is_403_before_preconditions_and_ranges() {
         }
         other => eprintln!("skipped /proc/sys/vm/drop_caches: open gave {other:?}"),
     }
+}
+
+#[test]
+fn a_top_level_well_known_is_served_under_deny() {
+    let t = Tree::new();
+    let p = t.get("/.well-known/acme-challenge/tok");
+    assert_eq!(file_range(&p).1, 0..14);
+    assert_status(&t.get("/%2Ewell-known/acme-challenge/tok"), 200, "encoded");
+    assert!(listing_html(&t.get("/.well-known/acme-challenge/")).contains(">tok</a>"));
+    // Only the top-level one (RFC 8615), and no dot-name inside it.
+    for path in [
+        "/.well-known/.secret",
+        "/a/.well-known/x",
+        "/.env",
+        "/.git/config",
+    ] {
+        assert_status(&t.get(path), 404, path);
+    }
+    let html = listing_html(&t.get("/.well-known/")).to_owned();
+    assert!(html.contains(">acme-challenge/</a>") && !html.contains(".secret"));
+    let root = t.get("/").inline_body().unwrap();
+    assert!(root.contains(">.well-known/</a>") && !root.contains(".env"));
+    assert!(!listing_html(&t.get("/a/")).contains(".well-known"));
 }
