@@ -475,6 +475,49 @@ fn admin_endpoints() {
 }
 
 #[test]
+fn every_spelling_of_nodus_is_the_admin_space_unless_admin_moves_it() {
+    let dir = site();
+    std::fs::create_dir(dir.path().join("_nodus")).unwrap();
+    std::fs::write(dir.path().join("_nodus/file.txt"), "a file").unwrap();
+    let server = Serve::start(dir.path(), 1, &[]);
+    let a = server.addr;
+    for path in [
+        "/_nodus/file.txt",
+        "/%5Fnodus/file.txt",
+        "/%5fnodus/file.txt",
+    ] {
+        let r = request(a, "GET", path, &[]);
+        assert_eq!(
+            (r.status, r.body.as_slice()),
+            (404, &b"no such admin endpoint\n"[..]),
+            "{path}"
+        );
+    }
+    let r = request(a, "GET", "/%5Fnodus/healthz", &[]);
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"ok\n"[..]));
+    // From a client the admin endpoints refuse, still not the file.
+    let r = request(
+        a,
+        "GET",
+        "/%5Fnodus/file.txt",
+        &["X-Forwarded-For: 203.0.113.9"],
+    );
+    assert_eq!(r.status, 403);
+    // With --admin ADDR the public listener serves the directory like any other.
+    drop(server);
+    let admin_addr = free_addr();
+    let server = Serve::start(dir.path(), 1, &["--admin", &admin_addr.to_string()]);
+    for path in ["/_nodus/file.txt", "/%5Fnodus/file.txt"] {
+        let r = request(server.addr, "GET", path, &[]);
+        assert_eq!(
+            (r.status, r.body.as_slice()),
+            (200, &b"a file"[..]),
+            "{path}"
+        );
+    }
+}
+
+#[test]
 fn a_separate_admin_listener() {
     let dir = site();
     let admin_addr = free_addr();

@@ -310,6 +310,7 @@ fn new_site(
         static_options: StaticOptions {
             dotfiles: options.dotfiles,
             gzip: options.gzip,
+            admin_dir_hidden: admin_on_public,
         },
         admin_on_public,
         access_log: options.access_log,
@@ -412,10 +413,14 @@ async fn handle_public(req: Request<RequestBody>, site: Rc<Site>) -> Response<Bo
         req.uri().path().to_owned(),
         req.version(),
     );
-    let response = if admin::is_admin_path(&path) && site.admin_on_public {
+    let admin_path = site
+        .admin_on_public
+        .then(|| admin::admin_path(&path))
+        .flatten();
+    let response = if let Some(admin_path) = admin_path {
         if admin::allowed(peer, req.headers()) {
             let accept = admin::accept(req.headers());
-            admin::respond(&method, &path, accept, site.readiness(), &site.source).await
+            admin::respond(&method, &admin_path, accept, site.readiness(), &site.source).await
         } else {
             text(
                 StatusCode::FORBIDDEN,

@@ -2,12 +2,14 @@
 //!
 //! A listing shows exactly what a request could fetch: names that are not UTF-8 or hold a
 //! backslash (the path decoder refuses both, `uri_path`), hidden names (`static_files::hidden`:
-//! dotfiles unless allowed, but a top-level `.well-known`), special files (FIFOs, devices,
-//! sockets) and symlinks that dangle, leave the root, or land on a hidden name are left out, so a
-//! listing never discloses anything outside the root. Names are HTML-escaped (`<>&"'`) and hrefs are percent-encoded and
-//! prefixed with `./`, so no name can inject markup or turn into a `javascript:` URL. Entries are
-//! sorted directories first, then by name (byte order), and capped at `MAX_ENTRIES` so a directory
-//! with a million files cannot make one response unbounded.
+//! dotfiles unless allowed, but a top-level `.well-known`; a top-level `_nodus` when the admin
+//! endpoints own `/_nodus/`), special files (FIFOs, devices, sockets) and symlinks that dangle,
+//! leave the root, or land on a hidden name are left out, so a listing never discloses anything
+//! outside the root nor links to a page that is not the file's. Names are HTML-escaped
+//! (`<>&"'`) and hrefs are percent-encoded and prefixed with `./`, so no name can inject markup or
+//! turn into a `javascript:` URL. Entries are sorted directories first, then by name (byte order),
+//! and capped at `MAX_ENTRIES` so a directory with a million files cannot make one response
+//! unbounded.
 //!
 //! Reading a directory is blocking I/O: like `static_files::plan`, run it off the loop thread.
 

@@ -17,7 +17,9 @@
 //! - Hidden names (`hidden`) are 404, both as requested and after symlinks are resolved (a
 //!   `link -> .env` is hidden too), and left out of listings: dotfiles and dot-directories
 //!   (`.git/config`, `.env`) unless `Dotfiles::Allow`, except a top-level `.well-known`
-//!   (RFC 8615: ACME HTTP-01 challenges, `security.txt`; a dot-name inside it is still hidden).
+//!   (RFC 8615: ACME HTTP-01 challenges, `security.txt`; a dot-name inside it is still hidden);
+//!   and a top-level `_nodus` when the admin endpoints own `/_nodus/` on this listener
+//!   (`StaticOptions::admin_dir_hidden`).
 //! - Only regular files and directories are served. A FIFO, device or socket is 403 after a mere
 //!   `stat` (seed 003's `nodus serve /dev` + `GET /random` attack): it is never opened, and
 //!   `open_verified` refuses anything that is not the very regular file that was stat'ed.
@@ -68,6 +70,8 @@ pub struct StaticOptions {
     pub dotfiles: Dotfiles,
     /// `--gzip`: compressible files also have a gzip representation (see `gzip`).
     pub gzip: bool,
+    /// A top-level `_nodus` is hidden: the admin endpoints answer `/_nodus/` on this listener.
+    pub admin_dir_hidden: bool,
 }
 
 /// Which file was stat'ed: `open_verified` checks that it opens this very file.
@@ -256,11 +260,13 @@ pub fn hidden(path: &Path, root: &Path, opts: &StaticOptions) -> bool {
 }
 
 /// Whether a path below the root, given as its names from the top, is hidden: a name starting
-/// with `.` (unless `Dotfiles::Allow`) other than a top-level `.well-known`.
+/// with `.` (unless `Dotfiles::Allow`) other than a top-level `.well-known`, or a top-level
+/// `_nodus` when `admin_dir_hidden`.
 fn hidden_names<'a>(names: impl Iterator<Item = &'a [u8]>, opts: &StaticOptions) -> bool {
     let allow_dot = opts.dotfiles == Dotfiles::Allow;
     names.enumerate().any(|(depth, name)| {
-        !allow_dot && name.starts_with(b".") && !(depth == 0 && name == b".well-known")
+        (!allow_dot && name.starts_with(b".") && !(depth == 0 && name == b".well-known"))
+            || (opts.admin_dir_hidden && depth == 0 && name == b"_nodus")
     })
 }
 

@@ -83,6 +83,8 @@ impl Tree {
         self.write(".well-known/acme-challenge/tok", b"tok.thumbprint");
         self.write(".well-known/.secret", b"s");
         self.write("a/.well-known/x", b"x");
+        self.write("_nodus/file.txt", b"not an admin page");
+        self.write("sub/_nodus/deep.txt", b"deep");
         self.write("old.txt", b"before 1970");
         set_mtime(&self.p("old.txt"), UNIX_EPOCH - Duration::from_secs(86_400));
         let status = std::process::Command::new("mkfifo")
@@ -100,6 +102,7 @@ impl Tree {
         symlink(".env", self.p("link-dot")).unwrap();
         symlink("..", self.p("link-up")).unwrap();
         symlink("fifo", self.p("link-fifo")).unwrap();
+        symlink("_nodus", self.p("link-admin")).unwrap();
     }
 
     fn plan(&self, method: Method, path: &str, hs: &[(&str, &str)], opts: &StaticOptions) -> Plan {
@@ -951,4 +954,33 @@ fn a_top_level_well_known_is_served_under_deny() {
     let root = t.get("/").inline_body().unwrap();
     assert!(root.contains(">.well-known/</a>") && !root.contains(".env"));
     assert!(!listing_html(&t.get("/a/")).contains(".well-known"));
+}
+
+#[test]
+fn a_top_level_nodus_dir_is_hidden_when_the_admin_endpoints_own_the_path() {
+    let t = Tree::new();
+    let admin = StaticOptions {
+        admin_dir_hidden: true,
+        ..StaticOptions::default()
+    };
+    let with = |path: &str| t.plan(Method::GET, path, &[], &admin);
+    for path in [
+        "/_nodus/file.txt",
+        "/%5Fnodus/file.txt",
+        "/_nodus/",
+        "/link-admin/file.txt",
+    ] {
+        assert_status(&with(path), 404, path);
+        assert_status(&t.get(path), 200, path);
+    }
+    let root = with("/").inline_body().unwrap();
+    assert!(
+        !root.contains("_nodus") && !root.contains("link-admin"),
+        "{root}"
+    );
+    let root = t.get("/").inline_body().unwrap();
+    assert!(root.contains(">_nodus/</a>") && root.contains(">link-admin/</a>"));
+    // Only the top-level one: the admin endpoints own `/_nodus/`, nothing deeper.
+    assert_status(&with("/sub/_nodus/deep.txt"), 200, "sub/_nodus");
+    assert!(listing_html(&with("/sub/")).contains(">_nodus/</a>"));
 }
