@@ -301,6 +301,16 @@ fn head_answers_an_unreadable_file_as_get_does() {
     let head = request(server.addr, "HEAD", "/unreadable.txt", &[]);
     assert_eq!(head.status, get.status, "HEAD and GET disagree");
     assert_eq!(head.header("content-length"), get.header("content-length"));
+    // Nor does a conditional or a range request describe it: no 304 with its ETag, no 416 with
+    // its length.
+    for extra in ["If-None-Match: *", "Range: bytes=100-", "Range: bytes=0-0"] {
+        for method in ["GET", "HEAD"] {
+            let r = request(server.addr, method, "/unreadable.txt", &[extra]);
+            assert_eq!(r.status, 403, "{method} {extra}");
+            assert_eq!(r.header("etag"), None, "{method} {extra}");
+            assert_eq!(r.header("content-range"), None, "{method} {extra}");
+        }
+    }
     // A readable file is still 200 to both.
     assert_eq!(request(server.addr, "HEAD", "/hello.txt", &[]).status, 200);
 }
@@ -462,6 +472,49 @@ fn admin_endpoints() {
     assert_eq!(r.header("content-type"), Some("text/html; charset=utf-8"));
     let page = String::from_utf8(r.body).unwrap();
     assert!(page.contains("/_nodus/stats") && !page.contains("<script src"));
+}
+
+#[test]
+fn every_spelling_of_nodus_is_the_admin_space_unless_admin_moves_it() {
+    let dir = site();
+    std::fs::create_dir(dir.path().join("_nodus")).unwrap();
+    std::fs::write(dir.path().join("_nodus/file.txt"), "a file").unwrap();
+    let server = Serve::start(dir.path(), 1, &[]);
+    let a = server.addr;
+    for path in [
+        "/_nodus/file.txt",
+        "/%5Fnodus/file.txt",
+        "/%5fnodus/file.txt",
+    ] {
+        let r = request(a, "GET", path, &[]);
+        assert_eq!(
+            (r.status, r.body.as_slice()),
+            (404, &b"no such admin endpoint\n"[..]),
+            "{path}"
+        );
+    }
+    let r = request(a, "GET", "/%5Fnodus/healthz", &[]);
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"ok\n"[..]));
+    // From a client the admin endpoints refuse, still not the file.
+    let r = request(
+        a,
+        "GET",
+        "/%5Fnodus/file.txt",
+        &["X-Forwarded-For: 203.0.113.9"],
+    );
+    assert_eq!(r.status, 403);
+    // With --admin ADDR the public listener serves the directory like any other.
+    drop(server);
+    let admin_addr = free_addr();
+    let server = Serve::start(dir.path(), 1, &["--admin", &admin_addr.to_string()]);
+    for path in ["/_nodus/file.txt", "/%5Fnodus/file.txt"] {
+        let r = request(server.addr, "GET", path, &[]);
+        assert_eq!(
+            (r.status, r.body.as_slice()),
+            (200, &b"a file"[..]),
+            "{path}"
+        );
+    }
 }
 
 #[test]

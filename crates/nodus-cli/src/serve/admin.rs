@@ -1,5 +1,9 @@
 //! The admin endpoints under `/_nodus/`: metrics, healthz, readyz, stats and the live page.
 //!
+//! On the public listener the admin space is decided on the decoded path (`admin_path`), as the
+//! file server decides, so `/%5Fnodus/x` is the admin space as `/_nodus/x` is; the file server
+//! then hides a top-level `_nodus` directory (`StaticOptions::admin_dir_hidden`).
+//!
 //! On the public listener they answer loopback clients only (`allowed`), and not a request a
 //! proxy relayed (one with `Forwarded`, `X-Forwarded-For` or `X-Real-IP`): behind a reverse proxy
 //! on the same host every client is a loopback peer. `--admin ADDR` serves them on a listener of
@@ -38,9 +42,14 @@ pub fn allowed(peer: Option<SocketAddr>, headers: &HeaderMap) -> bool {
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
-/// Whether `path` is an admin path.
-pub fn is_admin_path(path: &str) -> bool {
-    path == "/_nodus" || path.starts_with("/_nodus/")
+/// The admin endpoint a request path names, decoded (`/%5Fnodus/stats` is `/_nodus/stats`), or
+/// `None` if it is not in the admin space. Decided on the decoded path, as the file server
+/// decides, so no spelling of `/_nodus/...` reaches a `_nodus` directory under the served root
+/// while the admin endpoints own the public listener; a path the decoder refuses is not an admin
+/// path (the file server answers it 400).
+pub fn admin_path(path: &str) -> Option<String> {
+    let decoded = super::uri_path::decode(path).ok()?;
+    (decoded.segments.first().map(String::as_str) == Some("_nodus")).then(|| decoded.display())
 }
 
 /// What `/_nodus/readyz` answers.
@@ -244,9 +253,19 @@ mod tests {
 
     #[test]
     fn admin_paths() {
-        assert!(is_admin_path("/_nodus"));
-        assert!(is_admin_path("/_nodus/metrics"));
-        assert!(!is_admin_path("/_nodusx"));
-        assert!(!is_admin_path("/a/_nodus/"));
+        let admin = |p: &str| admin_path(p);
+        assert_eq!(admin("/_nodus").as_deref(), Some("/_nodus"));
+        assert_eq!(admin("/_nodus/").as_deref(), Some("/_nodus/"));
+        assert_eq!(admin("/_nodus/metrics").as_deref(), Some("/_nodus/metrics"));
+        // Every spelling of the same decoded path is the admin space.
+        assert_eq!(admin("/%5Fnodus/stats").as_deref(), Some("/_nodus/stats"));
+        assert_eq!(admin("/%5fnodus").as_deref(), Some("/_nodus"));
+        assert_eq!(
+            admin("/_nodus/file.txt").as_deref(),
+            Some("/_nodus/file.txt")
+        );
+        assert_eq!(admin("/_nodusx"), None);
+        assert_eq!(admin("/a/_nodus/"), None);
+        assert_eq!(admin("/_nodus/../x"), None);
     }
 }

@@ -32,7 +32,7 @@
 
 use std::cell::Cell;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -310,6 +310,7 @@ fn new_site(
         static_options: StaticOptions {
             dotfiles: options.dotfiles,
             gzip: options.gzip,
+            admin_dir_hidden: admin_on_public,
         },
         admin_on_public,
         access_log: options.access_log,
@@ -412,10 +413,14 @@ async fn handle_public(req: Request<RequestBody>, site: Rc<Site>) -> Response<Bo
         req.uri().path().to_owned(),
         req.version(),
     );
-    let response = if admin::is_admin_path(&path) && site.admin_on_public {
+    let admin_path = site
+        .admin_on_public
+        .then(|| admin::admin_path(&path))
+        .flatten();
+    let response = if let Some(admin_path) = admin_path {
         if admin::allowed(peer, req.headers()) {
             let accept = admin::accept(req.headers());
-            admin::respond(&method, &path, accept, site.readiness(), &site.source).await
+            admin::respond(&method, &admin_path, accept, site.readiness(), &site.source).await
         } else {
             text(
                 StatusCode::FORBIDDEN,
@@ -511,29 +516,27 @@ async fn serve_static(
     let root = site.root.clone();
     let options = site.static_options.clone();
     let head = method == Method::HEAD;
+    // The plan holds the file open (HEAD's too, closed unread): a file this process cannot open
+    // gets the same 403 (or 404) whatever the method and the conditional headers.
     let planned = nodus::pool::offload_io(move || {
-        let plan = static_files::plan(&root, &method, &path, &headers, &options);
-        // HEAD opens the file too (and closes it unread): a file this process cannot open gets
-        // the same 403 (or 404) as GET, not a 200 whose GET would fail.
-        let file = match &plan {
-            Plan::File { path, id, .. } => Some(static_files::open_verified(path, *id)),
-            _ => None,
-        };
-        (plan, file)
+        static_files::plan(&root, &method, &path, &headers, &options)
     })
     .await;
-    let (plan, file) = match planned {
+    let plan = match planned {
         Ok(p) => p,
         Err(e) => {
             tracing::error!(target: "nodus::serve", "static file work failed: {e}");
             return text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n");
         }
     };
-    let body = match (&plan, file) {
-        (Plan::File { .. }, Some(Ok(_))) if head => nodus_http::empty(),
-        (Plan::File { range, gzip, .. }, Some(Ok(file))) => {
-            let body = nodus_http::boxed(FileBody::new(file, range.clone()));
-            if !*gzip {
+    let (status, headers) = (plan.status(), plan.headers().clone());
+    let body = match plan {
+        Plan::File { .. } if head => nodus_http::empty(),
+        Plan::File {
+            file, range, gzip, ..
+        } => {
+            let body = nodus_http::boxed(FileBody::new(file, range));
+            if !gzip {
                 body
             } else {
                 match gzip::gzip_body(body) {
@@ -545,23 +548,12 @@ async fn serve_static(
                 }
             }
         }
-        (Plan::File { path, .. }, Some(Err(e))) => return open_failed(path, e),
-        (Plan::File { .. }, None) => nodus_http::empty(),
-        (_, _) => plan.inline_body().map_or_else(nodus_http::empty, full),
+        other => other.inline_body().map_or_else(nodus_http::empty, full),
     };
     let mut response = Response::new(body);
-    *response.status_mut() = plan.status();
-    *response.headers_mut() = plan.headers().clone();
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
     response
-}
-
-fn open_failed(path: &Path, e: std::io::Error) -> Response<Body> {
-    // It changed between plan and open (or became unreadable): never serve something unplanned.
-    tracing::debug!(target: "nodus::serve", "cannot open {}: {e}", quote(path));
-    match e.kind() {
-        std::io::ErrorKind::NotFound => text(StatusCode::NOT_FOUND, "not found\n"),
-        _ => text(StatusCode::FORBIDDEN, "forbidden\n"),
-    }
 }
 
 /// Tells a service manager (systemd `Type=notify`) the state, if there is one.

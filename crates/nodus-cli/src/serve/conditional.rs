@@ -1,11 +1,18 @@
 //! Validators (`ETag`, `Last-Modified`) of a file and conditional requests (RFC 9110 section 13).
 //!
-//! The ETag is derived from metadata alone (length, mtime in nanoseconds, inode), so no file
-//! content is ever read to compute it; a file replaced in place gets a new inode or mtime and so a
-//! new tag. It is strong, except for the gzip representation (`--gzip`), whose tag is the same
-//! one made weak (`W/`): it then matches `If-None-Match` (weak comparison) but never `If-Match`
-//! or `If-Range` (strong). `Last-Modified` is the mtime truncated to whole seconds, and omitted when it
-//! cannot be written as an HTTP-date (before 1970, after 9999), which httpdate would panic on.
+//! The ETag is derived from metadata alone (length, mtime in nanoseconds), so no file content is
+//! ever read to compute it; a file rewritten gets a new mtime and so a new tag. It holds no inode,
+//! so replicas serving the same file (same length and mtime, e.g. from `rsync -t` or an image)
+//! give the same tag, and revalidation and `If-Range` resumes work across them (as nginx; Apache
+//! 2.4 dropped the inode for this reason). It is strong, except for the gzip representation
+//! (`--gzip`), whose tag is the same one made weak (`W/`): it then matches `If-None-Match` (weak
+//! comparison) but never `If-Match` or `If-Range` (strong).
+//!
+//! `Last-Modified` is the mtime truncated to whole seconds, never later than the response's time:
+//! a future mtime is replaced by the response's date (RFC 9110 section 8.8.2.1), and every
+//! comparison (`If-Modified-Since`, `If-Unmodified-Since`, `If-Range`) uses that clamped value,
+//! the one the client was sent. It is omitted when it cannot be written as an HTTP-date (before
+//! 1970), which httpdate would panic on.
 //!
 //! Preconditions are evaluated in the order RFC 9110 section 13.2.2 prescribes: `If-Match`, else
 //! `If-Unmodified-Since` (412 when false); `If-None-Match` (304 for GET/HEAD, using the weak
@@ -28,22 +35,25 @@ const MAX_HTTP_DATE_SECS: u64 = 253_402_300_799;
 /// The validators of one file, computed from its metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Validators {
-    /// The entity tag's opaque part, quoted: `"len-mtime_ns-inode"` in hex.
+    /// The entity tag's opaque part, quoted: `"len-mtime_ns"` in hex.
     pub etag: String,
     /// The tag is weak (`W/`): the representation is a transformation of the file (gzip), whose
     /// bytes are not the file's. A weak tag never matches strongly (`If-Match`, `If-Range`).
     pub weak: bool,
-    /// The mtime truncated to seconds, if an HTTP-date can express it.
+    /// The mtime truncated to seconds and clamped to the response's time, if an HTTP-date can
+    /// express it.
     pub last_modified: Option<SystemTime>,
 }
 
 impl Validators {
-    pub fn from_metadata(meta: &Metadata) -> Validators {
+    /// The validators of a file with `meta`, for a response made at `now`.
+    pub fn from_metadata(meta: &Metadata, now: SystemTime) -> Validators {
         let mtime_ns = i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec());
-        let etag = format!("\"{:x}-{:x}-{:x}\"", meta.len(), mtime_ns, meta.ino());
+        let etag = format!("\"{:x}-{:x}\"", meta.len(), mtime_ns);
+        let now_secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let last_modified = u64::try_from(meta.mtime())
             .ok()
-            .filter(|&s| s <= MAX_HTTP_DATE_SECS)
+            .map(|s| s.min(now_secs).min(MAX_HTTP_DATE_SECS))
             .map(|s| UNIX_EPOCH + Duration::from_secs(s));
         Validators {
             etag,

@@ -1,12 +1,15 @@
 //! HTML directory listings for `nodus serve` (a directory without `index.html`).
 //!
 //! A listing shows exactly what a request could fetch: names that are not UTF-8 or hold a
-//! backslash (the path decoder refuses both, `uri_path`), dotfiles (unless allowed), special files (FIFOs, devices, sockets) and symlinks
-//! that dangle, leave the root, or land on a dotfile are left out, so a listing never discloses
-//! anything outside the root. Names are HTML-escaped (`<>&"'`) and hrefs are percent-encoded and
-//! prefixed with `./`, so no name can inject markup or turn into a `javascript:` URL. Entries are
-//! sorted directories first, then by name (byte order), and capped at `MAX_ENTRIES` so a directory
-//! with a million files cannot make one response unbounded.
+//! backslash (the path decoder refuses both, `uri_path`), hidden names (`static_files::hidden`:
+//! dotfiles unless allowed, but a top-level `.well-known`; a top-level `_nodus` when the admin
+//! endpoints own `/_nodus/`), special files (FIFOs, devices, sockets) and symlinks that dangle,
+//! leave the root, or land on a hidden name are left out, so a listing never discloses anything
+//! outside the root nor links to a page that is not the file's. Names are HTML-escaped
+//! (`<>&"'`) and hrefs are percent-encoded and prefixed with `./`, so no name can inject markup or
+//! turn into a `javascript:` URL. Entries are sorted directories first, then by name (byte order),
+//! and capped at `MAX_ENTRIES` so a directory with a million files cannot make one response
+//! unbounded.
 //!
 //! Reading a directory is blocking I/O: like `static_files::plan`, run it off the loop thread.
 
@@ -15,6 +18,7 @@ use std::io;
 use std::path::Path;
 use std::time::SystemTime;
 
+use super::static_files::{StaticOptions, hidden};
 use super::uri_path::encode_segment;
 
 /// At most this many entries are listed; the rest are counted and mentioned.
@@ -32,7 +36,11 @@ pub struct Entry {
 
 /// The servable entries of `dir` (canonical, inside `root`), sorted, and how many were left out
 /// because of the cap.
-pub fn read_entries(dir: &Path, root: &Path, dotfiles: bool) -> io::Result<(Vec<Entry>, usize)> {
+pub fn read_entries(
+    dir: &Path,
+    root: &Path,
+    opts: &StaticOptions,
+) -> io::Result<(Vec<Entry>, usize)> {
     let mut entries = Vec::new();
     let mut over_cap = 0usize;
     for dirent in fs::read_dir(dir)? {
@@ -45,19 +53,16 @@ pub fn read_entries(dir: &Path, root: &Path, dotfiles: bool) -> io::Result<(Vec<
         let Some(name) = file_name.to_str().filter(|n| !n.contains('\\')) else {
             continue;
         };
-        if !dotfiles && name.starts_with('.') {
+        if hidden(&dir.join(name), root, opts) {
             continue;
         }
         let Ok(ft) = dirent.file_type() else { continue };
         let meta = if ft.is_symlink() {
-            // Follow it only if it stays inside the root (and off dotfiles, when those are hidden).
+            // Follow it only if it stays inside the root, off hidden names.
             let Ok(target) = fs::canonicalize(dirent.path()) else {
                 continue;
             };
-            if !target.starts_with(root) {
-                continue;
-            }
-            if !dotfiles && super::static_files::has_dot_component(&target, root) {
+            if hidden(&target, root, opts) {
                 continue;
             }
             fs::metadata(&target)

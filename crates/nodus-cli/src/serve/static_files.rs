@@ -1,31 +1,39 @@
 //! What `nodus serve` answers to a request for a static file: a decision, made before any byte of
 //! content is read.
 //!
-//! `plan` looks at the method, the URI path and the request headers, stats and canonicalizes, and
-//! returns a `Plan`: refuse (400/403/404/405/412), 304, 301 to the slash form of a directory
-//! (query kept), 416, an HTML listing, or a file with its status (200/206), byte range and every
-//! response header. The HTTP glue then only has to open the file with `open_verified` and stream
-//! `range` from it (from the I/O pool), or send the in-memory body of the other variants. Keeping
-//! the decision free of any HTTP framework makes every rule testable with a temp directory and no
-//! sockets.
+//! `plan` looks at the method, the URI path and the request headers, stats and canonicalizes,
+//! opens a regular file (`open_verified`), and returns a `Plan`: refuse (400/403/404/405/412),
+//! 304, 301 to the slash form of a directory (query kept), 416, an HTML listing, or a file, open,
+//! with its status (200/206), byte range and every response header. The HTTP glue then only has
+//! to stream `range` from that file (from the I/O pool), or send the in-memory body of the other
+//! variants. Keeping the decision free of any HTTP framework makes every rule testable with a
+//! temp directory and no sockets.
 //!
 //! Invariants:
 //! - Nothing outside the root is served, listed or disclosed. The path decoder (`uri_path`)
 //!   refuses `..`, encoded separators, NUL and empty segments with 400; then the joined path is
 //!   canonicalized and must still lie under the (canonical) root, so a symlink that leaves the root
 //!   gets the same 404 as a name that does not exist, whether or not its target exists.
-//! - Dotfiles and dot-directories (`.git/config`, `.env`) are 404 unless `Dotfiles::Allow`, both
-//!   as requested and after symlinks are resolved (a `link -> .env` is hidden too).
+//! - Hidden names (`hidden`) are 404, both as requested and after symlinks are resolved (a
+//!   `link -> .env` is hidden too), and left out of listings: dotfiles and dot-directories
+//!   (`.git/config`, `.env`) unless `Dotfiles::Allow`, except a top-level `.well-known`
+//!   (RFC 8615: ACME HTTP-01 challenges, `security.txt`; a dot-name inside it is still hidden);
+//!   and a top-level `_nodus` when the admin endpoints own `/_nodus/` on this listener
+//!   (`StaticOptions::admin_dir_hidden`).
 //! - Only regular files and directories are served. A FIFO, device or socket is 403 after a mere
-//!   `stat` (seed 003's `nodus serve /dev` + `GET /random` attack): it is never opened here, and
-//!   `open_verified` refuses anything that is not the very regular file that was planned.
-//! - No content is read: validators come from metadata (see `conditional`), so empty and huge
+//!   `stat` (seed 003's `nodus serve /dev` + `GET /random` attack): it is never opened, and
+//!   `open_verified` refuses anything that is not the very regular file that was stat'ed.
+//! - A regular file is opened before any precondition or range is evaluated: one this process
+//!   cannot open is 403 (404 if it vanished) whatever the request's headers, so no 304 or 416
+//!   discloses the `ETag` (size, mtime) or length of a file GET would refuse. The validators come
+//!   from the open file's `fstat`, so they describe the very file that is streamed.
+//! - No content is read here: validators come from metadata (see `conditional`), so empty and huge
 //!   sparse files cost the same.
 //! - HEAD gets exactly the headers GET would get, `Range` and `--gzip` included (the caller omits
 //!   the body). With `--gzip`, the representation (gzip or identity, see `gzip`) is chosen before
 //!   preconditions are evaluated, so a 304 carries the `ETag` and `Vary` of the 200 it stands for.
 //!
-//! `plan` makes blocking system calls (stat, canonicalize, readdir): run it on the I/O pool.
+//! `plan` makes blocking system calls (stat, canonicalize, open, readdir): run it on the I/O pool.
 
 use std::fs::{self, Metadata, OpenOptions};
 use std::io;
@@ -47,7 +55,8 @@ use super::mime;
 use super::range::{self, RangeOutcome};
 use super::uri_path::{self, DecodedPath};
 
-/// Whether names starting with `.` may be served and listed.
+/// Whether names starting with `.` may be served and listed (`Deny`: all but a top-level
+/// `.well-known`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Dotfiles {
     Allow,
@@ -61,9 +70,11 @@ pub struct StaticOptions {
     pub dotfiles: Dotfiles,
     /// `--gzip`: compressible files also have a gzip representation (see `gzip`).
     pub gzip: bool,
+    /// A top-level `_nodus` is hidden: the admin endpoints answer `/_nodus/` on this listener.
+    pub admin_dir_hidden: bool,
 }
 
-/// Which file was planned: `open_verified` checks that it opens this very file.
+/// Which file was stat'ed: `open_verified` checks that it opens this very file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FileId {
     pub dev: u64,
@@ -84,13 +95,12 @@ pub enum Plan {
     NotModified { headers: HeaderMap },
     /// 301 to the slash form of a directory (`Location` in `headers`), empty body.
     Redirect { headers: HeaderMap },
-    /// 200 or 206: stream `range` of the file at `path` (canonical, inside the root), gzipped
-    /// if `gzip` (then `headers` are already those of the gzip response, and `range` is whole).
+    /// 200 or 206: stream `range` of `file` (open, read-only, inside the root), gzipped if
+    /// `gzip` (then `headers` are already those of the gzip response, and `range` is whole).
     File {
-        path: PathBuf,
+        file: fs::File,
         status: StatusCode,
         range: Range<u64>,
-        id: FileId,
         headers: HeaderMap,
         gzip: bool,
     },
@@ -188,13 +198,12 @@ pub fn plan_at(
         Ok(d) => d,
         Err(bad) => return refuse(StatusCode::BAD_REQUEST, bad.reason()),
     };
-    let allow_dot = opts.dotfiles == Dotfiles::Allow;
-    if !allow_dot && decoded.has_dot_segment() {
+    if hidden_names(decoded.segments.iter().map(|s| s.as_bytes()), opts) {
         return not_found();
     }
     let mut joined = root.to_path_buf();
     joined.extend(&decoded.segments);
-    let Some((path, meta)) = resolve(root, &joined, allow_dot) else {
+    let Some((path, meta)) = resolve(root, &joined, opts) else {
         return not_found();
     };
     if meta.is_dir() {
@@ -204,13 +213,13 @@ pub fn plan_at(
                 uri_path.split_once('?').map(|(_, q)| q),
             );
         }
-        if let Some((index, index_meta)) = resolve(root, &path.join("index.html"), allow_dot)
+        if let Some((index, index_meta)) = resolve(root, &path.join("index.html"), opts)
             && index_meta.is_file()
         {
             let name = Path::new("index.html");
             return file_plan(index, name, &index_meta, method, headers, opts, now);
         }
-        return listing_plan(root, &path, &decoded, allow_dot);
+        return listing_plan(root, &path, &decoded, opts);
     }
     if !meta.is_file() {
         return refuse(StatusCode::FORBIDDEN, "forbidden: not a regular file");
@@ -223,30 +232,46 @@ pub fn plan_at(
     file_plan(path, name, &meta, method, headers, opts, now)
 }
 
-/// Canonicalizes `joined` and stats it; `None` if it does not exist, leaves the root, or (unless
-/// allowed) resolves to a dotfile.
-fn resolve(root: &Path, joined: &Path, allow_dot: bool) -> Option<(PathBuf, Metadata)> {
+/// Canonicalizes `joined` and stats it; `None` if it does not exist, leaves the root, or
+/// resolves to a hidden name.
+fn resolve(root: &Path, joined: &Path, opts: &StaticOptions) -> Option<(PathBuf, Metadata)> {
     let path = fs::canonicalize(joined).ok()?;
-    if !path.starts_with(root) || (!allow_dot && has_dot_component(&path, root)) {
+    if hidden(&path, root, opts) {
         return None;
     }
     let meta = fs::metadata(&path).ok()?;
     Some((path, meta))
 }
 
-/// Whether `path` (under `root`) has a component starting with `.` below the root; true if it is
-/// not under `root` at all.
-pub fn has_dot_component(path: &Path, root: &Path) -> bool {
+/// Whether `path` (canonical) is hidden from requests and listings: true if it is not under
+/// `root`, or if its components below the root name something hidden (see `hidden_names`).
+pub fn hidden(path: &Path, root: &Path, opts: &StaticOptions) -> bool {
     let Ok(rel) = path.strip_prefix(root) else {
         return true;
     };
-    rel.components().any(|c| match c {
-        Component::Normal(name) => name.as_encoded_bytes().starts_with(b"."),
-        _ => true,
+    let mut names = Vec::new();
+    for c in rel.components() {
+        match c {
+            Component::Normal(name) => names.push(name.as_encoded_bytes()),
+            _ => return true,
+        }
+    }
+    hidden_names(names.into_iter(), opts)
+}
+
+/// Whether a path below the root, given as its names from the top, is hidden: a name starting
+/// with `.` (unless `Dotfiles::Allow`) other than a top-level `.well-known`, or a top-level
+/// `_nodus` when `admin_dir_hidden`.
+fn hidden_names<'a>(names: impl Iterator<Item = &'a [u8]>, opts: &StaticOptions) -> bool {
+    let allow_dot = opts.dotfiles == Dotfiles::Allow;
+    names.enumerate().any(|(depth, name)| {
+        (!allow_dot && name.starts_with(b".") && !(depth == 0 && name == b".well-known"))
+            || (opts.admin_dir_hidden && depth == 0 && name == b"_nodus")
     })
 }
 
-/// `name` decides the `Content-Type`.
+/// Opens the regular file at `path` (with `meta` from its `stat`) and plans its response; `name`
+/// decides the `Content-Type`.
 fn file_plan(
     path: PathBuf,
     name: &Path,
@@ -256,13 +281,24 @@ fn file_plan(
     opts: &StaticOptions,
     now: SystemTime,
 ) -> Plan {
+    let id = FileId {
+        dev: meta.dev(),
+        ino: meta.ino(),
+    };
+    // Before any precondition or range: a 304 or 416 must not describe a file GET would refuse.
+    let (file, meta) = match open_verified(&path, id) {
+        Ok(opened) => opened,
+        // It changed since the stat (never serve something unplanned) or is gone.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return not_found(),
+        Err(_) => return refuse(StatusCode::FORBIDDEN, "forbidden: not readable"),
+    };
     let len = meta.len();
     let content_type = mime::content_type(name);
     // Which representation, chosen before any validator is compared: with `--gzip`, a
     // compressible file is gzipped for a client that accepts it and asks for no range.
     let varies = opts.gzip && gzip::compressible(&content_type, len);
     let gzipped = varies && !req.contains_key(RANGE) && gzip::accepts_gzip(req);
-    let mut validators = Validators::from_metadata(meta);
+    let mut validators = Validators::from_metadata(&meta, now);
     validators.weak = gzipped;
     let mut headers = HeaderMap::new();
     headers.insert(ETAG, value(validators.etag_header()));
@@ -279,19 +315,14 @@ fn file_plan(
             return refuse(StatusCode::PRECONDITION_FAILED, "precondition failed");
         }
     }
-    let id = FileId {
-        dev: meta.dev(),
-        ino: meta.ino(),
-    };
     if gzipped {
         headers.insert(CONTENT_TYPE, value(content_type));
         headers.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
         gzip::gzip_headers(&mut headers);
         return Plan::File {
-            path,
+            file,
             status: StatusCode::OK,
             range: 0..len,
-            id,
             headers,
             gzip: true,
         };
@@ -320,17 +351,16 @@ fn file_plan(
     headers.insert(CONTENT_LENGTH, HeaderValue::from(range.end - range.start));
     headers.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     Plan::File {
-        path,
+        file,
         status,
         range,
-        id,
         headers,
         gzip: false,
     }
 }
 
-fn listing_plan(root: &Path, dir: &Path, decoded: &DecodedPath, allow_dot: bool) -> Plan {
-    let Ok((entries, over_cap)) = listing::read_entries(dir, root, allow_dot) else {
+fn listing_plan(root: &Path, dir: &Path, decoded: &DecodedPath, opts: &StaticOptions) -> Plan {
+    let Ok((entries, over_cap)) = listing::read_entries(dir, root, opts) else {
         return refuse(StatusCode::FORBIDDEN, "forbidden: directory not readable");
     };
     let html = listing::render(
@@ -391,11 +421,12 @@ fn value(s: String) -> HeaderValue {
     HeaderValue::try_from(s).expect("header value built from visible ASCII")
 }
 
-/// Opens a planned file for reading, without following a symlink swapped in since `plan`, without
-/// blocking on a FIFO swapped in since, and only if it is still the regular file `id` names.
-/// The length may still change before reading ends: read at most `range`'s length and treat a
-/// short read as an error (abort the response; the headers are already sent).
-pub fn open_verified(path: &Path, id: FileId) -> io::Result<fs::File> {
+/// Opens a stat'ed file for reading, without following a symlink swapped in since the stat,
+/// without blocking on a FIFO swapped in since, and only if it is still the regular file `id`
+/// names; returns it with its `fstat`. The length may still change before reading ends: read at
+/// most `range`'s length and treat a short read as an error (abort the response; the headers are
+/// already sent).
+pub fn open_verified(path: &Path, id: FileId) -> io::Result<(fs::File, Metadata)> {
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
@@ -407,7 +438,7 @@ pub fn open_verified(path: &Path, id: FileId) -> io::Result<fs::File> {
             "file changed since the request was planned",
         ));
     }
-    Ok(file)
+    Ok((file, meta))
 }
 
 #[cfg(test)]

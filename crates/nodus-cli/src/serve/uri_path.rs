@@ -55,11 +55,6 @@ pub struct DecodedPath {
 }
 
 impl DecodedPath {
-    /// Some segment starts with `.` (a dotfile or dot-directory).
-    pub fn has_dot_segment(&self) -> bool {
-        self.segments.iter().any(|s| s.starts_with('.'))
-    }
-
     /// The path re-encoded canonically (`/a%20b/c`), with a trailing slash if `slash`.
     /// Safe for a `Location` header: ASCII only, and never starts with `//`.
     pub fn encoded(&self, slash: bool) -> String {
@@ -233,10 +228,12 @@ mod tests {
 
     #[test]
     fn dot_segments_and_reencoding() {
-        assert!(decode("/.git/config").unwrap().has_dot_segment());
-        assert!(decode("/a/.hidden/b").unwrap().has_dot_segment());
-        assert!(decode("/%2eenv").unwrap().has_dot_segment());
-        assert!(!decode("/a.b/c").unwrap().has_dot_segment());
+        // A dot-name is a segment like any other (`static_files::hidden` decides), decoded.
+        assert_eq!(decode("/%2eenv").unwrap().segments, [".env"]);
+        assert_eq!(
+            decode("/a/.hidden/b").unwrap().segments,
+            ["a", ".hidden", "b"]
+        );
         let d = decode("/a%20b/c:d/%3Cx%3E").unwrap();
         assert_eq!(d.encoded(true), "/a%20b/c%3Ad/%3Cx%3E/");
         assert_eq!(d.encoded(false), "/a%20b/c%3Ad/%3Cx%3E");
