@@ -18,6 +18,9 @@
 //! - An HTTP/1.1 request without `Host` gets 400 and `Connection: close` without reaching the
 //!   handler, as from Node (HTTP/1.0 ones are served). It counts as a request, as a 413 does.
 //!   Without `http2`, an HTTP/2 preface gets Node's bare 400 head, and the connection closes.
+//! - HTTP/1 half-close: a client that shuts down its write side after its request (`nc -N`,
+//!   socat, health checkers) still gets the whole response, as from nginx or Node (hyper's
+//!   `half_close`); an EOF between requests ends the connection.
 //! - Every request the server answers itself instead of the handler (400 without `Host`, 413, and
 //!   an HTTP/1 head hyper could not parse: 431 too large, 414 a URI too long, 400 malformed or an
 //!   HTTP/2 preface) counts once in `responses_by_class` and is reported once to
@@ -627,7 +630,8 @@ impl Builders {
         if config.http2 {
             let mut b = auto::Builder::new(LocalExec::new(config.name));
             let mut h1 = b.http1();
-            h1.timer(HeadTimer::new())
+            h1.half_close(true)
+                .timer(HeadTimer::new())
                 .header_read_timeout(config.header_read_timeout)
                 .max_buf_size(config.max_header_bytes.max(8192));
             if config.max_headers != 100 {
@@ -639,7 +643,8 @@ impl Builders {
             Builders::Auto(Box::new(b))
         } else {
             let mut b = hyper::server::conn::http1::Builder::new();
-            b.timer(HeadTimer::new())
+            b.half_close(true)
+                .timer(HeadTimer::new())
                 .header_read_timeout(config.header_read_timeout)
                 .max_header_size(config.max_header_bytes);
             if config.max_headers != 100 {

@@ -44,6 +44,11 @@ impl TestServer {
                                 nodus::sleep(300).await;
                                 text(StatusCode::OK, "slow done")
                             }
+                            // Answered on a later loop turn, as from a file read on the pool.
+                            "/later" => {
+                                nodus::sleep(1).await;
+                                text(StatusCode::OK, "hello")
+                            }
                             "/panic" => panic!("a handler bug"),
                             // 8 MiB: more than the socket buffers hold when the client reads none.
                             "/big" => http::Response::new(full(vec![b'x'; 8 << 20])),
@@ -866,4 +871,49 @@ fn a_blocking_handler_is_reported_at_its_serve_call() {
     );
     assert_eq!(client.join().unwrap().unwrap(), 200);
     assert_eq!(thread.join().unwrap(), 0, "nothing cut by the drain");
+}
+
+#[test]
+fn a_client_that_half_closes_after_its_request_gets_the_whole_response() {
+    let server = TestServer::start(Config::default(), Duration::from_secs(1));
+    let heads: [&[u8]; 2] = [
+        b"GET /later HTTP/1.0\r\n\r\n",
+        b"GET /later HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+    ];
+    for head in heads {
+        for i in 0..20 {
+            // As `nc -N` does: the request, then a half-close at once.
+            let mut s = server.connect();
+            s.write_all(head).unwrap();
+            s.shutdown(std::net::Shutdown::Write).unwrap();
+            let mut raw = Vec::new();
+            s.read_to_end(&mut raw).unwrap();
+            let reply = read_reply(&mut &raw[..], false);
+            let what = format!(
+                "{} #{i}",
+                String::from_utf8_lossy(head).lines().next().unwrap()
+            );
+            let reply = reply.unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(
+                (reply.status, reply.body.as_slice()),
+                (200, &b"hello"[..]),
+                "{what}"
+            );
+        }
+    }
+    // A half-close in the middle of a large download does not cut it.
+    let mut s = server.connect();
+    s.write_all(b"GET /big HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let mut head = [0u8; 12];
+    r.read_exact(&mut head).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    r.read_to_end(&mut rest).unwrap();
+    let mut raw = head.to_vec();
+    raw.extend_from_slice(&rest);
+    let reply = read_reply(&mut &raw[..], false).unwrap();
+    assert_eq!((reply.status, reply.body.len()), (200, 8 << 20));
 }
