@@ -286,8 +286,8 @@ struct ServeArgs {
     /// they answer loopback clients only).
     #[arg(long, value_parser = socket_addr)]
     admin: Option<SocketAddr>,
-    /// Log one line per request on stderr, those refused before the handler included (400
-    /// without Host, 413, 431; a head that could not be parsed is logged as "- - -").
+    /// Log one line per request on stderr, those refused before the handler included (400 for a
+    /// missing, repeated or invalid Host, 413, 431; a head that could not be parsed is logged as "- - -").
     #[arg(long)]
     access_log: bool,
     /// Seconds in-flight requests get to finish after a shutdown begins. Exit code 0 when every

@@ -16,12 +16,14 @@
 //!   complete within `header_read_timeout` (slowloris) closes the connection; a connection with no
 //!   request in flight and no I/O for `keep_alive_timeout` is closed.
 //! - An HTTP/1.1 request without `Host` gets 400 and `Connection: close` without reaching the
-//!   handler, as from Node (HTTP/1.0 ones are served). It counts as a request, as a 413 does.
+//!   handler, as from Node (HTTP/1.0 ones are served); so does any HTTP/1 request with more than
+//!   one `Host` or one that is no `host[:port]` (RFC 9112 section 3.2). It counts as a request,
+//!   as a 413 does.
 //!   Without `http2`, an HTTP/2 preface gets Node's bare 400 head, and the connection closes.
 //! - HTTP/1 half-close: a client that shuts down its write side after its request (`nc -N`,
 //!   socat, health checkers) still gets the whole response, as from nginx or Node (hyper's
 //!   `half_close`); an EOF between requests ends the connection.
-//! - Every request the server answers itself instead of the handler (400 without `Host`, 413, and
+//! - Every request the server answers itself instead of the handler (400 for `Host`, 413, and
 //!   an HTTP/1 head hyper could not parse: 431 too large, 414 a URI too long, 400 malformed or an
 //!   HTTP/2 preface) counts once in `responses_by_class` and is reported once to
 //!   `Config::on_refused`. A head that could not be parsed has no start time: it is not in the
@@ -120,7 +122,7 @@ pub struct ConnInfo {
 }
 
 /// A request the server answered itself, without the handler: an HTTP/1.1 request without
-/// `Host` (400), a `Content-Length` over `max_body_bytes` (413), an HTTP/1 head that could not
+/// `Host`, or an HTTP/1 one with two or an invalid one (400), a `Content-Length` over `max_body_bytes` (413), an HTTP/1 head that could not
 /// be parsed (431 too large or with too many headers, 414 a URI too long, 400 malformed or an
 /// HTTP/2 preface to a server without `http2`), or a request whose handler panicked (500).
 #[derive(Debug, Clone, Copy)]
@@ -761,26 +763,25 @@ where
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
             .is_some_and(|len| len > limit as u64);
         let mut line = None;
-        let handler =
-            if version == Version::HTTP_11 && !req.headers().contains_key(http::header::HOST) {
-                Err(self.refuse(&req, Refusal::NoHost, start))
-            } else if too_large {
-                Err(self.refuse(&req, Refusal::TooLarge, start))
-            } else {
-                req.extensions_mut().insert(ConnInfo {
-                    peer: self.conn.peer,
-                });
-                if self.state.config.on_refused.is_some() {
-                    line = Some(KeptLine::of(&req));
-                }
-                let req = req.map(|b| http_body_util::Limited::new(b, limit));
-                catch_unwind(AssertUnwindSafe(|| (self.handler)(req))).map_err(|payload| {
-                    let refusal = Refusal::handler_panicked(&*payload);
-                    self.state
-                        .report_panic(&self.conn, line.as_ref(), version, start);
-                    refusal
-                })
-            };
+        let handler = if let Some(refusal) = host_refusal(req.headers(), version) {
+            Err(self.refuse(&req, refusal, start))
+        } else if too_large {
+            Err(self.refuse(&req, Refusal::TooLarge, start))
+        } else {
+            req.extensions_mut().insert(ConnInfo {
+                peer: self.conn.peer,
+            });
+            if self.state.config.on_refused.is_some() {
+                line = Some(KeptLine::of(&req));
+            }
+            let req = req.map(|b| http_body_util::Limited::new(b, limit));
+            catch_unwind(AssertUnwindSafe(|| (self.handler)(req))).map_err(|payload| {
+                let refusal = Refusal::handler_panicked(&*payload);
+                self.state
+                    .report_panic(&self.conn, line.as_ref(), version, start);
+                refusal
+            })
+        };
         Respond {
             handler,
             state: self.state.clone(),
@@ -810,6 +811,54 @@ impl<H, F> Service<H, F> {
         }
         refusal
     }
+}
+
+/// What an HTTP/1 request's `Host` headers get (RFC 9112 section 3.2): 400 when an HTTP/1.1 one
+/// has none, or any has more than one or one that is no `host[:port]`. HTTP/2 has `:authority`.
+fn host_refusal(headers: &http::HeaderMap, version: Version) -> Option<Refusal> {
+    if version == Version::HTTP_2 {
+        return None;
+    }
+    let mut hosts = headers.get_all(http::header::HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (None, _) if version == Version::HTTP_11 => Some(Refusal::NoHost),
+        (None, _) => None,
+        (Some(host), None) if valid_host(host.as_bytes()) => None,
+        _ => Some(Refusal::BadHost),
+    }
+}
+
+/// Whether `v` is RFC 9110's `Host` value: `uri-host [ ":" port ]`, where `uri-host` is an IP
+/// literal in brackets or a reg-name (unreserved, sub-delims, percent escapes; an IPv4 address is
+/// one), possibly empty, and `port` is digits, possibly none.
+fn valid_host(v: &[u8]) -> bool {
+    let (host_ok, port) = if let Some(rest) = v.strip_prefix(b"[") {
+        match rest.iter().position(|&b| b == b']') {
+            Some(end) => (
+                end > 0 && rest[..end].iter().all(|&b| is_host_char(b) || b == b':'),
+                &rest[end + 1..],
+            ),
+            None => return false,
+        }
+    } else {
+        let end = v.iter().position(|&b| b == b':').unwrap_or(v.len());
+        (v[..end].iter().all(|&b| is_host_char(b)), &v[end..])
+    };
+    let escapes_ok = v.iter().enumerate().all(|(i, &b)| {
+        b != b'%'
+            || v.get(i + 1..i + 3)
+                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
+    });
+    host_ok
+        && escapes_ok
+        && port
+            .strip_prefix(b":")
+            .map_or(port.is_empty(), |p| p.iter().all(u8::is_ascii_digit))
+}
+
+/// RFC 3986's unreserved and sub-delims characters, and `%` of a percent escape.
+fn is_host_char(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=%".contains(&b)
 }
 
 /// A request's start line, kept (while `Config::on_refused` is set) for the report of its
@@ -863,6 +912,9 @@ enum Refusal {
     /// An HTTP/1.1 request with no `Host` header (RFC 9112 section 3.2; Node's
     /// `requireHostHeader`): 400.
     NoHost,
+    /// More than one `Host` header, or one whose value is no `host[:port]` (RFC 9112 section
+    /// 3.2): 400.
+    BadHost,
     /// A `Content-Length` over `max_body_bytes`: 413, and the unread body is still on the wire.
     TooLarge,
     /// The handler panicked (logged): 500. The rest of the server runs on.
@@ -887,7 +939,7 @@ impl Refusal {
 
     fn status(self) -> StatusCode {
         match self {
-            Refusal::NoHost => StatusCode::BAD_REQUEST,
+            Refusal::NoHost | Refusal::BadHost => StatusCode::BAD_REQUEST,
             Refusal::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Refusal::HandlerPanicked => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -896,6 +948,7 @@ impl Refusal {
     fn response(self) -> Response<Body> {
         let message = match self {
             Refusal::NoHost => "an HTTP/1.1 request needs a Host header\n",
+            Refusal::BadHost => "a request may have one Host header, a valid host[:port]\n",
             Refusal::TooLarge => "request body too large\n",
             Refusal::HandlerPanicked => "internal server error\n",
         };

@@ -325,6 +325,8 @@ fn every_refusal_is_counted_and_reported_once() {
         200
     );
     assert_eq!(status_of(&server, b"GET /no-host HTTP/1.1\r\n\r\n"), 400);
+    let two_hosts = b"GET /two-hosts HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n";
+    assert_eq!(status_of(&server, two_hosts), 400);
     let body = b"POST /echo?q=1 HTTP/1.1\r\nHost: t\r\nContent-Length: 4096\r\n\r\n";
     assert_eq!(status_of(&server, body), 413);
     let many: String = (0..101).map(|i| format!("X-{i}: v\r\n")).collect();
@@ -348,6 +350,7 @@ fn every_refusal_is_counted_and_reported_once() {
         refused,
         [
             (400, line("GET /no-host HTTP/1.1"), true),
+            (400, line("GET /two-hosts HTTP/1.1"), true),
             (413, line("POST /echo HTTP/1.1"), true),
             (431, None, false),
             (414, None, false),
@@ -356,9 +359,9 @@ fn every_refusal_is_counted_and_reported_once() {
         ]
     );
     assert_eq!(snap.http.responses_by_class[1], 1);
-    assert_eq!(snap.http.responses_by_class[3], 6, "every refusal counted");
+    assert_eq!(snap.http.responses_by_class[3], 7, "every refusal counted");
     // Only the parsed ones have a duration; nothing is left in flight.
-    assert_eq!(snap.http.request_duration.count, 3);
+    assert_eq!(snap.http.request_duration.count, 4);
     assert_eq!(snap.http.requests_in_flight, 0);
 }
 
@@ -916,4 +919,44 @@ fn a_client_that_half_closes_after_its_request_gets_the_whole_response() {
     raw.extend_from_slice(&rest);
     let reply = read_reply(&mut &raw[..], false).unwrap();
     assert_eq!((reply.status, reply.body.len()), (200, 8 << 20));
+}
+
+#[test]
+fn repeated_or_invalid_host_headers_get_400_and_the_connection_closes() {
+    let server = TestServer::start(Config::default(), Duration::from_secs(1));
+    for raw in [
+        &b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"[..],
+        b"GET / HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n",
+        b"GET / HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: bad host\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: user@a\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a/b\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a:80x\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: [::1\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a%zz\r\n\r\n",
+        b"GET / HTTP/1.0\r\nHost: bad host\r\n\r\n",
+    ] {
+        let what = String::from_utf8_lossy(raw);
+        let mut s = server.connect();
+        s.write_all(raw).unwrap();
+        let mut r = BufReader::new(s);
+        let reply = read_reply(&mut r, false).unwrap();
+        assert_eq!(reply.status, 400, "{what}");
+        assert_eq!(reply.header("connection"), Some("close"), "{what}");
+    }
+    for host in [
+        "t",
+        "example.com:8080",
+        "127.0.0.1",
+        "[::1]:80",
+        "[fe80::1%25eth0]",
+        "a-b_c~d.e",
+        "x:",
+        "",
+    ] {
+        let raw = format!("GET / HTTP/1.1\r\nHost: {host}\r\n\r\n");
+        assert_eq!(status_of(&server, raw.as_bytes()), 200, "{host:?}");
+    }
+    let (_, snap) = server.finish();
+    assert_eq!(snap.http.responses_by_class[3], 10);
 }

@@ -26,7 +26,7 @@
 //!
 //! The access log: one line per request, written by `handle_public` for what the handler
 //! answers and by `log_refused` (the server's `on_refused` hook) for what the server answers in
-//! the handler's stead (400 without `Host`, 413, a head it could not parse: 431, 400, and the 500
+//! the handler's stead (400 for `Host`, 413, a head it could not parse: 431, 400, and the 500
 //! of a handler that panicked); method, path and version of an unparsed head, and its time, are
 //! `-`.
 
