@@ -247,6 +247,26 @@ fn files_head_range_conditional_and_listing() {
     assert_eq!(r.status, 200);
     let html = String::from_utf8(r.body).unwrap();
     assert!(html.contains("a&amp;b &lt;c&gt;.txt"), "{html}");
+
+    // Absolute-form targets (RFC 9112 section 3.2.2): an empty path is `/`; the query is kept.
+    for (target, status, location) in [
+        ("http://t?a=1", 200, None),
+        ("http://t", 200, None),
+        ("http://t/hello.txt?a=1", 200, None),
+        ("http://t/docs?page=2", 301, Some("/docs/?page=2")),
+    ] {
+        let mut s = TcpStream::connect(a).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let head = format!("GET {target} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+        s.write_all(head.as_bytes()).unwrap();
+        let r = nodus_testkit::http::read_reply(&mut BufReader::new(s), false).unwrap();
+        let body = String::from_utf8_lossy(&r.body);
+        assert_eq!(
+            (r.status, r.header("location")),
+            (status, location),
+            "{target}: {body}"
+        );
+    }
 }
 
 #[test]

@@ -428,15 +428,14 @@ async fn handle_public(req: Request<RequestBody>, site: Rc<Site>) -> Response<Bo
             )
         }
     } else {
-        // The query goes along: a directory's redirect to its slash form keeps it.
-        let target = req.uri().path_and_query().map_or(&*path, |pq| pq.as_str());
-        serve_static(
-            &site,
-            method.clone(),
-            target.to_owned(),
-            req.headers().clone(),
-        )
-        .await
+        // The query goes along: a directory's redirect to its slash form keeps it. The path is
+        // `Uri::path`'s, `/` for an absolute-form target without one (`http://h?q`, RFC 9112
+        // section 3.2.2), where the raw path-and-query would be `?q`.
+        let target = match req.uri().query() {
+            Some(query) => format!("{path}?{query}"),
+            None => path.clone(),
+        };
+        serve_static(&site, method.clone(), target, req.headers().clone()).await
     };
     if site.access_log {
         let ns = nodus::clock::now_ns().saturating_sub(start);
