@@ -7,7 +7,8 @@
 //! read and written with `read`/`write`/`writev` from then on. Readiness comes from the nodus
 //! reactor (edge-triggered: `EAGAIN` clears it) and every readiness check draws on the task's
 //! cooperative budget. Each transfer updates the connection's last-activity time (for the
-//! keep-alive idle timeout) and the loop's HTTP byte counters.
+//! keep-alive idle timeout) and the loop's HTTP byte counters; a write that finds the socket full
+//! marks the connection write-blocked, since when (for the write-stall timeout).
 
 use std::cell::Cell;
 use std::io;
@@ -112,6 +113,9 @@ pub struct Activity {
     pub last_io: Cell<u64>,
     /// The last write waits for the socket to drain: hyper holds output the peer has not taken.
     pub write_blocked: Cell<bool>,
+    /// Loop time (ns) the current `write_blocked` began: set when a write first finds the socket
+    /// full after one that made progress, so a write that succeeds costs nothing more.
+    pub blocked_since: Cell<u64>,
 }
 
 impl<S: FdStream> HyperIo<S> {
@@ -121,6 +125,7 @@ impl<S: FdStream> HyperIo<S> {
             activity: Rc::new(Activity {
                 last_io: Cell::new(now_ns()),
                 write_blocked: Cell::new(false),
+                blocked_since: Cell::new(0),
             }),
             not_socket: Cell::new(false),
         }
@@ -235,7 +240,9 @@ impl<S: FdStream> HyperIo<S> {
     ) -> Poll<io::Result<usize>> {
         loop {
             let Poll::Ready(ready) = self.stream.poll_write_ready(cx) else {
-                self.activity.write_blocked.set(true);
+                if !self.activity.write_blocked.replace(true) {
+                    self.activity.blocked_since.set(now_ns());
+                }
                 return Poll::Pending;
             };
             ready?;

@@ -14,7 +14,10 @@
 //!   431 (hyper); a `Content-Length` over `max_body_bytes` gets 413 without reaching the handler,
 //!   and a longer chunked body fails `collect_body` with `BodyError::TooLarge`; a head not
 //!   complete within `header_read_timeout` (slowloris) closes the connection; a connection with no
-//!   request in flight and no I/O for `keep_alive_timeout` is closed.
+//!   request in flight, no write waiting on the peer and no I/O for `keep_alive_timeout` is
+//!   closed; one whose write has waited on the peer for `write_stall_timeout` (it stopped reading)
+//!   is cut with a reset (`SO_LINGER` 0: no orphaned socket keeps probing a peer that never reads
+//!   with the unsent output), and so is one the drain deadline cuts with a write waiting.
 //! - An HTTP/1.1 request without `Host` gets 400 and `Connection: close` without reaching the
 //!   handler, as from Node (HTTP/1.0 ones are served); so does any HTTP/1 request with more than
 //!   one `Host` or one that is no `host[:port]` (RFC 9112 section 3.2). It counts as a request,
@@ -68,7 +71,7 @@ use slab::Slab;
 use crate::body::{Body, RequestBody, text};
 use crate::exec::LocalExec;
 use crate::head_wait::{self, HeadTimer, HeadWait};
-use crate::io::{FdStream, HyperIo, now_ns};
+use crate::io::{Activity, FdStream, HyperIo, now_ns};
 use crate::stats;
 use crate::timer::NodusTimer;
 
@@ -85,8 +88,13 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Time allowed for a complete request head once the connection waits for one. Default 10 s.
     pub header_read_timeout: Duration,
-    /// An idle connection (no request in flight, no I/O) is closed after this. Default 5 s.
+    /// An idle connection (no request in flight, no response write waiting on the peer, no I/O)
+    /// is closed after this. Default 5 s.
     pub keep_alive_timeout: Duration,
+    /// A connection whose response write has made no progress for this long (the peer stopped
+    /// reading) is cut, with a reset, requests in flight or not: nginx's `send_timeout`.
+    /// Default 60 s.
+    pub write_stall_timeout: Duration,
     /// Most open connections. Default 10,000.
     pub max_connections: usize,
     /// Also accept HTTP/2 with prior knowledge (h2c), sniffed per connection. Default off: plain
@@ -108,6 +116,7 @@ impl Default for Config {
             max_body_bytes: 1024 * 1024,
             header_read_timeout: Duration::from_secs(10),
             keep_alive_timeout: Duration::from_secs(5),
+            write_stall_timeout: Duration::from_secs(60),
             max_connections: 10_000,
             http2: false,
             on_refused: None,
@@ -427,7 +436,10 @@ where
         _response: PhantomData,
     };
     let mut conn = pin!(state.builders.serve(io, service));
-    let mut timer = ConnTimer::new(state.config.keep_alive_timeout);
+    let mut timer = ConnTimer::new(
+        state.config.keep_alive_timeout,
+        state.config.write_stall_timeout,
+    );
     let mut head = HeadWait::Idle;
     let mut drain: Option<nodus::Sleep> = None;
     poll_fn(|cx| {
@@ -455,9 +467,14 @@ where
                 });
                 if Pin::new(deadline).poll(cx).is_ready() {
                     // The drain deadline cuts it, with what it was answering.
-                    let answering = conn_state.streaming.get() > 0 || activity.write_blocked.get();
+                    let blocked = activity.write_blocked.get();
+                    let answering = conn_state.streaming.get() > 0 || blocked;
                     let cut = &state.cut_requests;
                     cut.set(cut.get() + conn_state.in_flight.get() + usize::from(answering));
+                    if blocked {
+                        // SAFETY: `conn` owns the stream, open until this function returns.
+                        reset_on_close(unsafe { BorrowedFd::borrow_raw(fd) });
+                    }
                     return Poll::Ready(());
                 }
             } else if let Some(slot) = state.conns.borrow_mut().get_mut(key)
@@ -465,10 +482,20 @@ where
             {
                 *slot = Some(cx.waker().clone());
             }
-            match timer.poll(cx, &mut head, &activity.last_io, &conn_state) {
+            match timer.poll(cx, &mut head, &activity, &conn_state) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Fired::HeadExpired) => continue, // hyper sees it when polled again
                 Poll::Ready(Fired::Idle) => return Poll::Ready(()),
+                Poll::Ready(Fired::WriteStalled) => {
+                    tracing::debug!(
+                        target: "nodus::http",
+                        "connection cut: no write progress for {:?}",
+                        state.config.write_stall_timeout
+                    );
+                    // SAFETY: `conn` owns the stream, open until this function returns.
+                    reset_on_close(unsafe { BorrowedFd::borrow_raw(fd) });
+                    return Poll::Ready(());
+                }
             }
         }
     })
@@ -536,36 +563,53 @@ fn refuse_h2_preface(fd: BorrowedFd<'_>) -> bool {
     }
 }
 
+/// Makes the close of `fd` a reset (`SO_LINGER` 0) that discards the output the peer has not
+/// taken, instead of leaving the kernel an orphaned socket that holds it as long as the peer acks
+/// its window probes. Not a socket (a pipe): a plain close.
+#[cold]
+fn reset_on_close(fd: BorrowedFd<'_>) {
+    let _ = rustix::net::sockopt::set_socket_linger(fd, Some(Duration::ZERO));
+}
+
 /// What a connection's timer found when it fired.
 enum Fired {
     /// The header-read deadline passed: hyper's header-read sleep is now complete.
     HeadExpired,
-    /// No request in flight and no I/O for the whole keep-alive timeout.
+    /// No request in flight, no write waiting and no I/O for the whole keep-alive timeout.
     Idle,
+    /// A write has waited on the peer for the whole write-stall timeout.
+    WriteStalled,
 }
 
 /// How late a connection's timer may fire (1 ms, its granularity).
 const SLACK: u64 = 1_000_000;
 
-/// A connection's one timer, for both the keep-alive idle timeout and the header-read deadline.
+/// A connection's one timer, for the keep-alive idle timeout, the header-read deadline and the
+/// write-stall timeout.
 ///
-/// Neither is re-armed per request: when it fires it checks both against the activity time and
-/// the current `HeadWait` and re-arms for the earlier of what remains. It is moved earlier only
-/// when a new header-read deadline comes more than `SLACK` before it: at most once per firing,
-/// since later waits have later deadlines.
+/// None is re-armed per request: when it fires it checks them against the activity times and
+/// the current `HeadWait` and re-arms for the earliest of what remains (at most a keep-alive
+/// timeout away, so that a connection whose write unblocked is checked for idleness again). It
+/// is moved earlier only when a new header-read deadline, or the stall deadline of a write that
+/// found the socket full, comes more than `SLACK` before it: at most once per firing or per
+/// blocked write, since later waits have later deadlines. A write that never blocks costs it
+/// nothing.
 struct ConnTimer {
     sleep: nodus::Sleep,
     /// When `sleep` is due (`nodus::clock` ns), at or after the time it was armed for.
     at: u64,
     keep_alive: u64,
+    write_stall: u64,
 }
 
 impl ConnTimer {
-    fn new(keep_alive: Duration) -> ConnTimer {
+    fn new(keep_alive: Duration, write_stall: Duration) -> ConnTimer {
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let mut timer = ConnTimer {
             sleep: nodus::sleep(1),
             at: 0,
-            keep_alive: u64::try_from(keep_alive.as_nanos()).unwrap_or(u64::MAX),
+            keep_alive: ns(keep_alive),
+            write_stall: ns(write_stall),
         };
         let now = now_ns();
         timer.arm(now.saturating_add(timer.keep_alive), now);
@@ -576,13 +620,18 @@ impl ConnTimer {
         &mut self,
         cx: &mut Context<'_>,
         head: &mut HeadWait,
-        activity: &Cell<u64>,
+        activity: &Activity,
         conn: &ConnState,
     ) -> Poll<Fired> {
         if let HeadWait::Until(deadline) = *head
             && deadline.saturating_add(SLACK) < self.at
         {
             self.arm(deadline, now_ns());
+        }
+        if let Some(stall_at) = self.stall_at(activity)
+            && stall_at.saturating_add(SLACK) < self.at
+        {
+            self.arm(stall_at, now_ns());
         }
         while Pin::new(&mut self.sleep).poll(cx).is_ready() {
             let now = now_ns();
@@ -593,14 +642,20 @@ impl ConnTimer {
                 self.arm(now.saturating_add(self.keep_alive), now);
                 return Poll::Ready(Fired::HeadExpired);
             }
-            let idle_at = if conn.in_flight.get() == 0 {
-                let idle_at = activity.get().saturating_add(self.keep_alive);
+            let recheck = now.saturating_add(self.keep_alive);
+            let idle_at = if let Some(stall_at) = self.stall_at(activity) {
+                if now >= stall_at {
+                    return Poll::Ready(Fired::WriteStalled);
+                }
+                stall_at.min(recheck)
+            } else if conn.in_flight.get() == 0 {
+                let idle_at = activity.last_io.get().saturating_add(self.keep_alive);
                 if now >= idle_at {
                     return Poll::Ready(Fired::Idle);
                 }
                 idle_at
             } else {
-                now.saturating_add(self.keep_alive)
+                recheck
             };
             let next = match *head {
                 HeadWait::Until(deadline) => idle_at.min(deadline),
@@ -609,6 +664,15 @@ impl ConnTimer {
             self.arm(next, now);
         }
         Poll::Pending
+    }
+
+    /// When a write waiting on the peer will have stalled for the write-stall timeout.
+    fn stall_at(&self, activity: &Activity) -> Option<u64> {
+        let since = activity.blocked_since.get();
+        activity
+            .write_blocked
+            .get()
+            .then(|| since.saturating_add(self.write_stall))
     }
 
     /// Re-arms the sleep for `at`, rounded up to whole milliseconds (the timer queue keeps one

@@ -960,3 +960,63 @@ fn repeated_or_invalid_host_headers_get_400_and_the_connection_closes() {
     let (_, snap) = server.finish();
     assert_eq!(snap.http.responses_by_class[3], 10);
 }
+
+/// A client with a tiny receive buffer that reads the start of `/big`, then stops reading.
+fn stalled_download(addr: SocketAddr) -> TcpStream {
+    use rustix::net::{AddressFamily, SocketType, sockopt};
+    let fd = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
+    // Before connecting, so that the window advertised is small from the start.
+    sockopt::set_socket_recv_buffer_size(&fd, 4096).unwrap();
+    rustix::net::connect(&fd, &addr).unwrap();
+    let mut s = TcpStream::from(fd);
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    get(&mut s, "/big");
+    let mut start = vec![0u8; 8 * 1024];
+    s.read_exact(&mut start).unwrap();
+    assert!(start.starts_with(b"HTTP/1.1 200"));
+    s
+}
+
+#[test]
+fn a_client_that_stops_reading_a_response_is_cut_after_the_write_stall_timeout() {
+    let config = Config {
+        write_stall_timeout: Duration::from_secs(1),
+        // Longer than the test: only the stall timeout can close it.
+        keep_alive_timeout: Duration::from_secs(60),
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_millis(100));
+    let s = stalled_download(server.addr);
+    let start = Instant::now();
+    loop {
+        // Reading nothing (the buffered response would come before the reset): the socket's
+        // pending error tells the reset.
+        if rustix::net::sockopt::socket_error(&s).unwrap().is_err() {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(15), "never closed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_millis(500),
+        "closed after {waited:?}"
+    );
+    // A download that keeps reading, however slowly, is not cut.
+    let mut s = server.connect();
+    get(&mut s, "/big");
+    let mut r = BufReader::new(s);
+    let mut got = 0;
+    let mut buf = vec![0u8; 1 << 20];
+    let start = Instant::now();
+    while got < 8 << 20 {
+        let n = r.read(&mut buf).unwrap();
+        assert!(n > 0, "cut after {got} bytes");
+        got += n;
+        if start.elapsed() < Duration::from_millis(1500) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let (cut, snap) = server.finish();
+    assert_eq!((cut, snap.http.connections_open), (0, 0));
+}
