@@ -153,10 +153,7 @@ fn a_sleep_dropped_on_another_thread_lets_a_blocked_run_return() {
         })
         .unref()
     });
-    let dropper = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(50));
-        drop(s);
-    });
+    let dropper = while_run_blocks(move || drop(s));
     rt.run();
     dropper.join().unwrap();
     assert!(
@@ -456,6 +453,15 @@ fn panic_elsewhere(f: impl FnOnce() + Send + 'static) -> Option<String> {
     })
 }
 
+/// Runs `f` on another thread 50 ms from now, once the loop's `run` is (most likely) blocked in
+/// its poll phase.
+fn while_run_blocks(f: impl FnOnce() + Send + 'static) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        f();
+    })
+}
+
 /// Arms an unref'd 10 s timer on `rt` that stops its `run`: the bound of a test that runs it;
 /// the flag says it fired.
 fn bound_run(rt: &Runtime) -> Rc<Cell<bool>> {
@@ -484,10 +490,7 @@ fn a_timer_cleared_on_another_thread_never_fires_and_lets_run_return() {
     // Before `run`: the reviewer's case.
     std::thread::spawn(move || early.clear()).join().unwrap();
     // While `run` is blocked in its poll phase.
-    let clearer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(50));
-        blocked.clear();
-    });
+    let clearer = while_run_blocks(move || blocked.clear());
     rt.run();
     clearer.join().unwrap();
     assert_eq!(fired.get(), 0, "a timer cleared on another thread fired");
@@ -499,10 +502,7 @@ fn a_timer_or_hook_unrefd_or_stopped_on_another_thread_lets_run_return() {
     let rt = Runtime::new();
     let late = bound_run(&rt);
     let t = rt.enter(|| set_timeout(LONG, || {}));
-    let unref = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(50));
-        t.unref();
-    });
+    let unref = while_run_blocks(move || t.unref());
     rt.run();
     unref.join().unwrap();
     assert!(
@@ -518,10 +518,7 @@ fn a_timer_or_hook_unrefd_or_stopped_on_another_thread_lets_run_return() {
     // A hook stopped, or unref'd, on another thread.
     let late = bound_run(&rt);
     let h = rt.enter(|| rt::prepare(|| {}));
-    let stop = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(50));
-        h.stop();
-    });
+    let stop = while_run_blocks(move || h.stop());
     rt.run();
     stop.join().unwrap();
     assert!(
