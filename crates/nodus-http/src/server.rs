@@ -14,7 +14,8 @@
 //!   431 (hyper); a `Content-Length` over `max_body_bytes` gets 413 without reaching the handler,
 //!   and a longer chunked body fails `collect_body` with `BodyError::TooLarge`; a head not
 //!   complete within `header_read_timeout` (slowloris) closes the connection; a connection with no
-//!   request in flight, no write waiting on the peer and no I/O for `keep_alive_timeout` is
+//!   request in flight, no streamed body still being written (a server-sent-events body may be
+//!   silent for long), no write waiting on the peer and no I/O for `keep_alive_timeout` is
 //!   closed; one whose write has waited on the peer for `write_stall_timeout` (it stopped reading)
 //!   is cut with a reset (`SO_LINGER` 0: no orphaned socket keeps probing a peer that never reads
 //!   with the unsent output), and so is one the drain deadline cuts with a write waiting.
@@ -88,8 +89,8 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Time allowed for a complete request head once the connection waits for one. Default 10 s.
     pub header_read_timeout: Duration,
-    /// An idle connection (no request in flight, no response write waiting on the peer, no I/O)
-    /// is closed after this. Default 5 s.
+    /// An idle connection (no request in flight, no streamed response body still being written,
+    /// no response write waiting on the peer, no I/O) is closed after this. Default 5 s.
     pub keep_alive_timeout: Duration,
     /// A connection whose response write has made no progress for this long (the peer stopped
     /// reading) is cut, with a reset, requests in flight or not: nginx's `send_timeout`.
@@ -575,7 +576,8 @@ fn reset_on_close(fd: BorrowedFd<'_>) {
 enum Fired {
     /// The header-read deadline passed: hyper's header-read sleep is now complete.
     HeadExpired,
-    /// No request in flight, no write waiting and no I/O for the whole keep-alive timeout.
+    /// No request in flight, no streamed body, no write waiting and no I/O for the whole
+    /// keep-alive timeout.
     Idle,
     /// A write has waited on the peer for the whole write-stall timeout.
     WriteStalled,
@@ -648,7 +650,7 @@ impl ConnTimer {
                     return Poll::Ready(Fired::WriteStalled);
                 }
                 stall_at.min(recheck)
-            } else if conn.in_flight.get() == 0 {
+            } else if conn.in_flight.get() == 0 && conn.streaming.get() == 0 {
                 let idle_at = activity.last_io.get().saturating_add(self.keep_alive);
                 if now >= idle_at {
                     return Poll::Ready(Fired::Idle);
@@ -789,8 +791,8 @@ struct ConnState {
     /// Requests whose handler has not answered yet.
     in_flight: Cell<usize>,
     /// Answered requests whose large or streamed body is still being written (see
-    /// [`TrackedBody`]); not "in flight" for the keep-alive timeout, which a client that stops
-    /// reading must still meet.
+    /// [`TrackedBody`]): the connection is not idle while one is (a server-sent-events body may
+    /// be silent for long); a client that stops reading it meets the write-stall timeout.
     streaming: Cell<usize>,
     http2: Cell<bool>,
     peer: Option<SocketAddr>,

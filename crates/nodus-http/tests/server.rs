@@ -50,6 +50,11 @@ impl TestServer {
                                 text(StatusCode::OK, "hello")
                             }
                             "/panic" => panic!("a handler bug"),
+                            // Server-sent events: a line, 400 ms of silence, a second line.
+                            "/events" => http::Response::new(nodus_http::body::boxed(Events {
+                                sent: 0,
+                                gap: Box::pin(nodus::sleep(400)),
+                            })),
                             // 8 MiB: more than the socket buffers hold when the client reads none.
                             "/big" => http::Response::new(full(vec![b'x'; 8 << 20])),
                             "/echo" => match collect_body(req.into_body()).await {
@@ -409,6 +414,64 @@ fn a_slowloris_client_is_cut_while_others_are_served() {
         elapsed < Duration::from_secs(3),
         "cut too late: {elapsed:?}"
     );
+}
+
+/// A streamed body (server-sent events): `first`, 400 ms of silence, `second`.
+struct Events {
+    sent: u8,
+    gap: std::pin::Pin<Box<nodus::Sleep>>,
+}
+
+impl hyper::body::Body for Events {
+    type Data = bytes::Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, std::io::Error>>> {
+        use std::future::Future;
+        use std::task::Poll;
+        let line: &'static [u8] = match self.sent {
+            0 => b"data: first\n\n",
+            1 => {
+                if self.gap.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                b"data: second\n\n"
+            }
+            _ => return Poll::Ready(None),
+        };
+        self.sent += 1;
+        Poll::Ready(Some(Ok(hyper::body::Frame::data(
+            bytes::Bytes::from_static(line),
+        ))))
+    }
+}
+
+/// A streamed body silent for longer than the keep-alive timeout is the server's own pace, not
+/// an idle connection: it is not cut.
+#[test]
+fn a_streamed_body_silent_past_the_keep_alive_timeout_is_not_cut() {
+    let config = Config {
+        keep_alive_timeout: Duration::from_millis(200),
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_secs(1));
+    let mut s = server.connect();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    get(&mut s, "/events");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    while !String::from_utf8_lossy(&got).contains("data: second") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(
+            n > 0,
+            "cut before the second event: {}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+    }
 }
 
 #[test]
