@@ -285,6 +285,21 @@ fn stats_config(test: &str, dir: &std::path::Path) -> Config {
     config
 }
 
+/// A one-worker primary of [`stats_config`] for `test`, its events recorded and its `run`
+/// spawned; returned once the worker is ready.
+async fn start_ready(
+    test: &str,
+    dir: &std::path::Path,
+) -> (Primary, Events, nodus::JoinHandle<i32>) {
+    let primary = Primary::start(stats_config(test, dir)).expect("the test binary runs");
+    let (events, run) = record_and_run(&primary);
+    wait_until(&events, |ev| {
+        ev.iter().any(|e| matches!(e.kind, EventKind::Ready))
+    })
+    .await;
+    (primary, events, run)
+}
+
 #[test]
 fn two_processes_of_one_slot_in_a_reload_have_distinct_series() {
     if std::env::var(ROLE).as_deref() == Ok("snapshot") {
@@ -337,15 +352,10 @@ fn a_worker_that_stops_answering_is_shown_without_its_old_snapshot() {
     let dir = nodus_testkit::tmp::TempDir::new("stale-snapshot");
     let rt = nodus::Runtime::new();
     rt.block_on(async {
-        let config = stats_config(
+        let (primary, _events, run) = start_ready(
             "a_worker_that_stops_answering_is_shown_without_its_old_snapshot",
             dir.path(),
-        );
-        let primary = Primary::start(config).expect("the test binary runs");
-        let (events, run) = record_and_run(&primary);
-        wait_until(&events, |ev| {
-            ev.iter().any(|e| matches!(e.kind, EventKind::Ready))
-        })
+        )
         .await;
         let worker = |json: &str| -> serde_json::Value {
             let v: serde_json::Value = serde_json::from_str(json).unwrap();
@@ -395,15 +405,10 @@ fn a_worker_that_stalls_before_its_first_snapshot_request_is_not_answering() {
     let dir = nodus_testkit::tmp::TempDir::new("stall-before-first");
     let rt = nodus::Runtime::new();
     rt.block_on(async {
-        let config = stats_config(
+        let (primary, _events, run) = start_ready(
             "a_worker_that_stalls_before_its_first_snapshot_request_is_not_answering",
             dir.path(),
-        );
-        let primary = Primary::start(config).expect("the test binary runs");
-        let (events, run) = record_and_run(&primary);
-        wait_until(&events, |ev| {
-            ev.iter().any(|e| matches!(e.kind, EventKind::Ready))
-        })
+        )
         .await;
         std::fs::write(dir.path().join("stall"), b"").unwrap();
         assert!(file_appears(&dir.path().join("stalled")).await);

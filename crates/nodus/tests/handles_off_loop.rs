@@ -144,15 +144,7 @@ fn a_sleep_dropped_on_another_thread_lets_a_blocked_run_return() {
     let rt = Runtime::new();
     let mut s = sleep(LONG);
     arm(&rt, &mut s);
-    let late = Rc::new(Cell::new(false));
-    let l = late.clone();
-    rt.enter(|| {
-        set_timeout(Duration::from_secs(10), move || {
-            l.set(true);
-            rt::stop();
-        })
-        .unref()
-    });
+    let late = bound_run(&rt);
     let dropper = while_run_blocks(move || drop(s));
     rt.run();
     dropper.join().unwrap();
