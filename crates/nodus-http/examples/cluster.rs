@@ -258,6 +258,8 @@ async fn run_worker(worker: Worker, args: Args) -> i32 {
         listener,
         HttpConfig {
             name: "http:hello",
+            // The handler never asks for its peer.
+            conn_info: false,
             ..HttpConfig::default()
         },
         move |_req| {

@@ -23,6 +23,8 @@ fn main() {
         });
         let config = Config {
             name: "http:hello",
+            // The handler never asks for its peer.
+            conn_info: false,
             ..Config::default()
         };
         let _server = serve(listener, config, |_req| async {

@@ -7,7 +7,8 @@
 //! - `server`: `serve(listener, config, handler)` with the limits a public server needs (header
 //!   bytes and count → 431, body size → 413, header-read timeout against slowloris, keep-alive idle
 //!   timeout, write-stall timeout against a client that stops reading, max connections) and a graceful drain with a deadline. A handler learns its peer
-//!   from the request's extensions (`req.extensions().get::<ConnInfo>()`); any [`Accept`]
+//!   from the request's extensions (`req.extensions().get::<ConnInfo>()`, unless `Config::conn_info`
+//!   is off); any [`Accept`]
 //!   listener can be served (nodus's `TcpListener`, `UnixListener`, a cluster worker's `Listener`).
 //!   A request the server refuses before the handler (400, 413, 414, 431), or answers with a 500
 //!   because the handler panicked, is counted and reported to `Config::on_refused` ([`Refused`]),

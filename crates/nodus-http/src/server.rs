@@ -106,6 +106,10 @@ pub struct Config {
     /// (see [`Refused`]), a handler's panic included: where an access log writes the lines its
     /// handler cannot. Default none.
     pub on_refused: Option<fn(&Refused<'_>)>,
+    /// Put a [`ConnInfo`] in every request's extensions. Default on; a handler that never reads
+    /// it can turn it off: the extension costs three allocations per request (about 6 % of the
+    /// server's user-space work per keep-alive request, BENCHMARKS.md).
+    pub conn_info: bool,
 }
 
 impl Default for Config {
@@ -121,11 +125,13 @@ impl Default for Config {
             max_connections: 10_000,
             http2: false,
             on_refused: None,
+            conn_info: true,
         }
     }
 }
 
-/// What the handler can learn about the connection (in the request's extensions).
+/// What the handler can learn about the connection (in the request's extensions, unless
+/// `Config::conn_info` is off).
 #[derive(Debug, Clone, Copy)]
 pub struct ConnInfo {
     pub peer: Option<SocketAddr>,
@@ -834,9 +840,11 @@ where
         } else if too_large {
             Err(self.refuse(&req, Refusal::TooLarge, start))
         } else {
-            req.extensions_mut().insert(ConnInfo {
-                peer: self.conn.peer,
-            });
+            if self.state.config.conn_info {
+                req.extensions_mut().insert(ConnInfo {
+                    peer: self.conn.peer,
+                });
+            }
             if self.state.config.on_refused.is_some() {
                 line = Some(KeptLine::of(&req));
             }
@@ -898,34 +906,51 @@ fn host_refusal(headers: &http::HeaderMap, version: Version) -> Option<Refusal> 
 /// literal in brackets or a reg-name (unreserved, sub-delims, percent escapes; an IPv4 address is
 /// one), possibly empty, and `port` is digits, possibly none.
 fn valid_host(v: &[u8]) -> bool {
-    let (host_ok, port) = if let Some(rest) = v.strip_prefix(b"[") {
-        match rest.iter().position(|&b| b == b']') {
-            Some(end) => (
-                end > 0 && rest[..end].iter().all(|&b| is_host_char(b) || b == b':'),
-                &rest[end + 1..],
-            ),
-            None => return false,
+    let (host, port, in_brackets) = match v.strip_prefix(b"[") {
+        Some(rest) => match rest.iter().position(|&b| b == b']') {
+            Some(end) if end > 0 => (&rest[..end], &rest[end + 1..], true),
+            _ => return false,
+        },
+        None => {
+            let end = v.iter().position(|&b| b == b':').unwrap_or(v.len());
+            (&v[..end], &v[end..], false)
         }
-    } else {
-        let end = v.iter().position(|&b| b == b':').unwrap_or(v.len());
-        (v[..end].iter().all(|&b| is_host_char(b)), &v[end..])
     };
-    let escapes_ok = v.iter().enumerate().all(|(i, &b)| {
-        b != b'%'
-            || v.get(i + 1..i + 3)
-                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
-    });
-    host_ok
-        && escapes_ok
-        && port
-            .strip_prefix(b":")
-            .map_or(port.is_empty(), |p| p.iter().all(u8::is_ascii_digit))
+    let mut i = 0;
+    while i < host.len() {
+        match host[i] {
+            b'%' => match host.get(i + 1..i + 3) {
+                Some(hex) if hex.iter().all(u8::is_ascii_hexdigit) => i += 2,
+                _ => return false,
+            },
+            b':' if in_brackets => {}
+            b if !HOST_CHAR[b as usize] => return false,
+            _ => {}
+        }
+        i += 1;
+    }
+    port.strip_prefix(b":")
+        .map_or(port.is_empty(), |p| p.iter().all(u8::is_ascii_digit))
 }
 
-/// RFC 3986's unreserved and sub-delims characters, and `%` of a percent escape.
-fn is_host_char(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=%".contains(&b)
-}
+/// RFC 3986's unreserved and sub-delims characters, by byte: one load per byte of a `Host`
+/// checked on every request.
+static HOST_CHAR: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = c.is_ascii_alphanumeric();
+        b += 1;
+    }
+    let extra = b"-._~!$&'()*+,;=";
+    let mut i = 0;
+    while i < extra.len() {
+        table[extra[i] as usize] = true;
+        i += 1;
+    }
+    table
+};
 
 /// A request's start line, kept (while `Config::on_refused` is set) for the report of its
 /// handler's panic: the handler owns the request by then. Cloned from the parsed request, whose

@@ -50,6 +50,11 @@ impl TestServer {
                                 text(StatusCode::OK, "hello")
                             }
                             "/panic" => panic!("a handler bug"),
+                            "/peer" => {
+                                let peer = req.extensions().get::<nodus_http::ConnInfo>();
+                                let peer = peer.and_then(|c| c.peer);
+                                text(StatusCode::OK, format!("{peer:?}"))
+                            }
                             // Server-sent events: a line, 400 ms of silence, a second line.
                             "/events" => http::Response::new(nodus_http::body::boxed(Events {
                                 sent: 0,
@@ -130,6 +135,30 @@ fn serves_keep_alive_requests_and_counts_them() {
     assert!(snap.http.bytes_received_total > 0 && snap.http.bytes_sent_total > 0);
     assert_eq!(snap.http.request_duration.count, 3);
     assert!(snap.task_classes.iter().any(|c| c.name == "http"));
+}
+
+#[test]
+fn the_peer_is_in_the_extensions_unless_conn_info_is_off() {
+    for conn_info in [true, false] {
+        let server = TestServer::start(
+            Config {
+                conn_info,
+                ..Config::default()
+            },
+            Duration::from_secs(1),
+        );
+        let mut s = server.connect();
+        let local = s.local_addr().unwrap();
+        get(&mut s, "/peer");
+        let reply = read_reply(&mut BufReader::new(s), false).unwrap();
+        let expected = if conn_info {
+            format!("Some({local})")
+        } else {
+            "None".to_string()
+        };
+        assert_eq!(String::from_utf8_lossy(&reply.body), expected);
+        server.finish();
+    }
 }
 
 #[test]
@@ -997,6 +1026,9 @@ fn repeated_or_invalid_host_headers_get_400_and_the_connection_closes() {
         b"GET / HTTP/1.1\r\nHost: a:80x\r\n\r\n",
         b"GET / HTTP/1.1\r\nHost: [::1\r\n\r\n",
         b"GET / HTTP/1.1\r\nHost: a%zz\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a%4\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: []:80\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: [fe80::1%2]\r\n\r\n",
         b"GET / HTTP/1.0\r\nHost: bad host\r\n\r\n",
     ] {
         let what = String::from_utf8_lossy(raw);
@@ -1021,7 +1053,7 @@ fn repeated_or_invalid_host_headers_get_400_and_the_connection_closes() {
         assert_eq!(status_of(&server, raw.as_bytes()), 200, "{host:?}");
     }
     let (_, snap) = server.finish();
-    assert_eq!(snap.http.responses_by_class[3], 10);
+    assert_eq!(snap.http.responses_by_class[3], 13);
 }
 
 /// A client with a tiny receive buffer that reads the start of `/big`, then stops reading.
