@@ -809,6 +809,10 @@ fn with_node_and_wait_ready_a_worker_is_ready_when_it_sends_ready_not_when_it_li
         !lines.iter().any(|l| l.contains("worker ready")),
         "{lines:#?}"
     );
+    // The reload's new worker is the reload's to report: its failure line, not also the
+    // warning the first worker got.
+    let warned = lines.iter().filter(|l| l.contains("has not said")).count();
+    assert_eq!(warned, 1, "the first worker only: {lines:#?}");
 }
 
 /// A Node worker that tells its `NOTIFY_SOCKET` it is ready (as the npm `sd-notify` package

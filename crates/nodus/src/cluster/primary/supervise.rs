@@ -7,7 +7,8 @@
 //! - A reload switches one slot at a time: the new worker must be ready before the slot's old
 //!   worker is asked to drain; the old one then drains on its own schedule while the next slot
 //!   starts. Each switch is one log line naming the reload's generation (old pid → new pid, how
-//!   long the new one took to be ready). Once every slot has switched,
+//!   long the new one took to be ready); a new worker not ready in time is the reload's to
+//!   report (one line: `proc`'s generic warning leaves it out). Once every slot has switched,
 //!   `reload_done`, `READY=1` (what `systemctl reload` waits for) and the "reload done" line
 //!   come together: the new generation serves; the line names the old workers still draining.
 //!   The reload stays under way (`State::reload_running`) until those have exited (one more
