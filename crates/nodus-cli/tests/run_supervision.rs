@@ -1,6 +1,7 @@
 //! `nodus run`'s supervision at its edges: a primary with no worker left to run exits, a
 //! replacement that cannot be started is retried instead of ending the service, a SIGHUP
-//! during a reload queues one more reload, the default restart budget outlasts every worker
+//! during a reload queues one more reload (started once the old workers have exited, so its
+//! lines follow all of the first's), the default restart budget outlasts every worker
 //! crashing once (and a smaller explicit one is warned of), a window or a kill timeout of 0
 //! seconds and a negative number are refused as usage errors, the notify socket
 //! heeds only the worker's own process group and is closed with its worker, a Node worker's
@@ -207,6 +208,85 @@ fn a_sighup_during_a_reload_queues_one_more_reload() {
 
     primary.signal(Signal::TERM);
     assert_eq!(primary.wait_exit(Duration::from_secs(20)), Some(0));
+}
+
+#[test]
+fn the_lines_of_a_queued_reload_follow_every_line_of_the_one_before() {
+    let dir = TempDir::new("reload-order");
+    // The first worker takes 3 s to exit after its SIGTERM, later ones 0.2 s: the old worker of
+    // reload 1 outlives all of reload 2 unless reload 2 waits for it.
+    let program = script(
+        &dir,
+        "worker.sh",
+        &format!(
+            "if mkdir {}/first 2>/dev/null; then delay=3; else delay=0.2; fi\n\
+             trap 'sleep $delay; exit 0' TERM\n\
+             while :; do sleep 1 & wait $!; done",
+            dir.path().display()
+        ),
+    );
+    let log = dir.path().join("events.jsonl");
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "-w", "1", "--ready-after", "0.5", "--events"])
+            .arg(&log)
+            .arg("--")
+            .arg(&program)
+            .env("RUST_LOG", "info"),
+    );
+    let evs = wait_events(&log, |e| count(e, "ready") == 1);
+    let first = evs.iter().find(|e| e["event"] == "fork").unwrap()["pid"].clone();
+    primary.signal(Signal::HUP);
+    wait_events(&log, |e| count(e, "reload_start") == 1);
+    primary.signal(Signal::HUP); // queued
+    let evs = wait_events(&log, |e| {
+        count(e, "reload_done") == 2 && count(e, "exit") == 2
+    });
+    // Reload 2 started once the first worker, reload 1's old one, had exited.
+    let at = |what: &str, key: &str, value: &serde_json::Value| {
+        evs.iter()
+            .position(|e| e["event"] == what && e[key] == *value)
+            .unwrap_or_else(|| panic!("no {what}: {evs:#?}"))
+    };
+    assert!(
+        at("exit", "pid", &first) < at("reload_start", "generation", &2.into()),
+        "{evs:#?}"
+    );
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(20), 0);
+    let lines: Vec<&String> = primary
+        .output()
+        .iter()
+        .filter(|l| l.contains("nodus::cluster:"))
+        .collect();
+    let line = |what: &str| {
+        lines
+            .iter()
+            .position(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("no {what:?}: {lines:#?}"))
+    };
+    let order = [
+        "reloading: generation 1,",
+        "reload to generation 1: worker 1 pid ",
+        "reload done: generation 1 serving (in ",
+        "reload to generation 1: the old workers have exited",
+        "reloading: generation 2,",
+        "reload to generation 2: worker 1 pid ",
+        "reload done: generation 2 serving",
+    ];
+    let at: Vec<usize> = order.iter().map(|what| line(what)).collect();
+    assert!(at.is_sorted(), "{order:#?} out of order: {lines:#?}");
+    // Every line about reload 1 comes before reload 2's first.
+    let last_of_1 = lines
+        .iter()
+        .rposition(|l| l.contains("generation 1"))
+        .unwrap();
+    assert!(last_of_1 < line("reloading: generation 2,"), "{lines:#?}");
+    assert!(
+        lines[line("SIGHUP during the reload to generation 1")]
+            .ends_with("another reload follows once its old workers have exited"),
+        "{lines:#?}"
+    );
 }
 
 #[test]
@@ -632,8 +712,8 @@ fn with_wait_ready_a_reload_drains_the_old_worker_only_after_the_new_one_sent_re
         "ready {} ms after the fork: {evs:#?}",
         (ready - forked) / 1_000_000
     );
-    // One line for the switch, then "reload done" once the old worker has exited.
-    let done = primary.wait_line("reload done: generation 1 serving, the old workers have exited");
+    // One line for the switch, "reload done" then, and one more once the old worker has exited.
+    let exited = primary.wait_line("reload to generation 1: the old workers have exited");
     let lines = primary.output().to_vec();
     let at = |what: &str| {
         lines
@@ -641,17 +721,20 @@ fn with_wait_ready_a_reload_drains_the_old_worker_only_after_the_new_one_sent_re
             .position(|l| l.contains(what))
             .unwrap_or_else(|| panic!("no {what:?}: {lines:#?}"))
     };
-    let switch = format!("reload: worker 1 pid {old} → pid {new} (ready ");
+    let switch = format!("reload to generation 1: worker 1 pid {old} → pid {new} (ready ");
     assert!(
         lines[at(&switch)].ends_with(&format!("after its start); pid {old} asked to stop")),
         "{lines:#?}"
     );
+    let done = at("reload done: generation 1 serving (in ");
     assert!(
-        at(&switch) < at("waiting for 1 old worker to exit") && at(&done) > at(&switch),
+        lines[done].ends_with(&format!("waiting for 1 old worker to exit (pid {old})"))
+            && at(&switch) < done
+            && done < at(&exited),
         "{lines:#?}"
     );
-    // "reload done" waited for the old worker's exit, 1 s after its SIGTERM.
-    let waited = (log_time(&done) - log_time(&lines[at(&switch)])).rem_euclid(86_400.0);
+    // The last line waited for the old worker's exit, 1 s after its SIGTERM.
+    let waited = (log_time(&exited) - log_time(&lines[at(&switch)])).rem_euclid(86_400.0);
     assert!(waited >= 0.9, "{waited} s: {lines:#?}");
     primary.signal(Signal::TERM);
     assert_exit(&mut primary, Duration::from_secs(20), 0);
@@ -721,11 +804,15 @@ fn with_node_and_wait_ready_a_worker_is_ready_when_it_sends_ready_not_when_it_li
     assert_exit(&mut primary, Duration::from_secs(20), 0);
     let evs = events(&log);
     assert_eq!(count(&evs, "ready"), 0, "{evs:#?}");
+    let lines = primary.output();
     assert!(
-        !primary.output().iter().any(|l| l.contains("worker ready")),
-        "{:#?}",
-        primary.output()
+        !lines.iter().any(|l| l.contains("worker ready")),
+        "{lines:#?}"
     );
+    // The reload's new worker is the reload's to report: its failure line, not also the
+    // warning the first worker got.
+    let warned = lines.iter().filter(|l| l.contains("has not said")).count();
+    assert_eq!(warned, 1, "the first worker only: {lines:#?}");
 }
 
 /// A Node worker that tells its `NOTIFY_SOCKET` it is ready (as the npm `sd-notify` package

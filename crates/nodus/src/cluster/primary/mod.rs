@@ -302,7 +302,12 @@ pub(crate) struct State {
     newest_generation: Cell<u64>,
     last_exit: RefCell<Option<LastExit>>,
     phase: Cell<Phase>,
+    /// A reload is switching slots: from its start until every slot has switched, or it failed
+    /// (the stats' `reloading`).
     reloading: Cell<bool>,
+    /// A reload is under way, the exits of the old workers it stopped included (past
+    /// `reloading`): a SIGHUP meanwhile queues one more.
+    reload_running: Cell<bool>,
     /// A SIGHUP came during a reload: one more reload follows it.
     reload_again: Cell<bool>,
     /// A slot was left empty after a crash (its restart type said no): the exit code is then 1.
@@ -454,6 +459,7 @@ impl Primary {
             last_exit: RefCell::new(None),
             phase: Cell::new(Phase::Running),
             reloading: Cell::new(false),
+            reload_running: Cell::new(false),
             reload_again: Cell::new(false),
             left_after_crash: Cell::new(false),
             exit_code: Cell::new(None),
@@ -505,7 +511,8 @@ impl Primary {
         supervise::run(&self.st).await
     }
 
-    /// Starts a rolling reload (what SIGHUP does); ignored while one runs or during shutdown.
+    /// Starts a rolling reload (what SIGHUP does); during a reload (until the old workers it
+    /// stopped have exited) it queues one more, at most one; ignored during shutdown.
     pub fn reload(&self) {
         supervise::start_reload(&self.st);
     }
@@ -666,7 +673,7 @@ impl State {
 
     /// No worker runs, none is about to start and no reload is under way.
     fn nothing_left(&self) -> bool {
-        !self.reloading.get()
+        !self.reload_running.get()
             && self
                 .slots
                 .borrow()

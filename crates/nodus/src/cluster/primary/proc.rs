@@ -33,7 +33,8 @@
 //!   a `message` event, the first of the run logged at INFO saying so, the rest at DEBUG.
 //! - A worker not ready after `ready_timeout` for want of what its readiness waits for is warned
 //!   about once: under `Readiness::Listening` one with a channel that has not sent `listening`,
-//!   under `Readiness::Message` one that has not said it is ready.
+//!   under `Readiness::Message` one that has not said it is ready; never a reload's new worker
+//!   (not yet its slot's current one: the reload says why it was not ready, in its own line).
 
 use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::HashMap;
@@ -672,8 +673,8 @@ fn log_app_message(st: &State, proc: &Proc, json: &str) {
 /// A worker not ready after `ready_timeout`, where nothing else would say why, is warned about
 /// once: under [`Readiness::Listening`] (`nodus run --node` without `--ready-after`) one with a
 /// channel that has not sent `listening`; under [`Readiness::Message`] (`--wait-ready`) any that
-/// has not said it is ready. It is not ready until it does (`/_nodus/readyz` says 503, a reload
-/// waiting for it fails).
+/// has not said it is ready. It is not ready until it does (`/_nodus/readyz` says 503). A
+/// reload's new worker is left to the reload, which fails or retries it with a line of its own.
 fn warn_if_never_ready(st: &Rc<State>, proc: &Rc<Proc>) {
     let waits_for = match st.config.readiness {
         Readiness::Listening if proc.channel.is_some() => ProcState::Listening,
@@ -688,6 +689,10 @@ fn warn_if_never_ready(st: &Rc<State>, proc: &Rc<Proc>) {
             || p.drained.get()
             || p.going_down.get()
         {
+            return;
+        }
+        // A reload's new worker: the reload waits for it as long and says why it was not ready.
+        if s.current(p.slot).is_none_or(|c| c.unique != p.unique) {
             return;
         }
         let (slot, pid, limit) = (p.slot, p.pid, s.config.ready_timeout);

@@ -6,9 +6,16 @@
 //!   spend a budget of the reload's own, so a bad deploy fails the reload, never the primary.
 //! - A reload switches one slot at a time: the new worker must be ready before the slot's old
 //!   worker is asked to drain; the old one then drains on its own schedule while the next slot
-//!   starts. Each switch is one log line (old pid → new pid, how long the new one took to be
-//!   ready); the reload is over (`reload_done`, the next queued reload, `READY=1`) once every
-//!   slot has switched, and "reload done" is logged once the old workers it stopped have exited.
+//!   starts. Each switch is one log line naming the reload's generation (old pid → new pid, how
+//!   long the new one took to be ready); a new worker not ready in time is the reload's to
+//!   report (one line: `proc`'s generic warning leaves it out). Once every slot has switched,
+//!   `reload_done`, `READY=1` (what `systemctl reload` waits for) and the "reload done" line
+//!   come together: the new generation serves; the line names the old workers still draining.
+//!   The reload stays under way (`State::reload_running`) until those have exited (one more
+//!   line; the kill timer bounds the wait), a failed one until the old workers of the slots it
+//!   switched have: a SIGHUP meanwhile queues one more reload (at most one), started only then,
+//!   so every line of reload N comes before the first of reload N+1 and at most two
+//!   generations run at once (as PM2's reload, done once the old processes are gone).
 //! - Once shutdown (or give-up) begins, nothing is started again; `run` returns when the last
 //!   worker has exited and every exit has settled (below). The primary accepts connections
 //!   through `shutdown_delay` and stops when the drain begins (`server::stop_accepting`), or when
@@ -751,17 +758,24 @@ fn give_up(st: &Rc<State>, why: String) {
     start_shutdown(st, "restart budget spent");
 }
 
-/// Starts a rolling reload (SIGHUP).
+/// Starts a rolling reload (SIGHUP); one during a reload (until the old workers it stopped have
+/// exited) queues one more.
 pub(super) fn start_reload(st: &Rc<State>) {
     if st.phase.get() != Phase::Running {
         return;
     }
-    if st.reloading.replace(true) {
+    if st.reload_running.replace(true) {
         if !st.reload_again.replace(true) {
-            tracing::info!(target: "nodus::cluster", "SIGHUP during a reload: another reload follows this one");
+            tracing::info!(
+                target: "nodus::cluster",
+                "SIGHUP during the reload to generation {}: another reload follows once its old \
+                 workers have exited",
+                st.newest_generation.get()
+            );
         }
         return;
     }
+    st.reloading.set(true);
     let generation = st.newest_generation.get() + 1;
     st.newest_generation.set(generation);
     tracing::info!(target: "nodus::cluster", "reloading: generation {generation}, one worker at a time");
@@ -773,13 +787,15 @@ pub(super) fn start_reload(st: &Rc<State>) {
     let s = st.clone();
     crate::task::spawn_named("cluster:reload", async move {
         let began = Instant::now();
-        let result = reload(&s, generation).await;
+        let mut stopped = Vec::new();
+        let result = reload(&s, generation, &mut stopped).await;
         s.reloading.set(false);
+        let left: Vec<Rc<Proc>> = stopped.into_iter().filter(|p| p.is_alive()).collect();
         match result {
-            Ok(old) => {
+            Ok(()) => {
                 s.generation.set(generation);
                 s.emit(None, EventKind::ReloadDone { generation });
-                old_generation_gone(&s, generation, began, old);
+                reload_done(generation, began, &left);
             }
             Err(why) if s.phase.get() == Phase::Stopping => {
                 // Not a failure of the new workers: the stop ends every worker anyway.
@@ -797,6 +813,27 @@ pub(super) fn start_reload(st: &Rc<State>) {
                 s.emit(None, EventKind::ReloadFailed { generation, why });
             }
         }
+        if s.phase.get() == Phase::Running {
+            notify("READY=1\nSTATUS=serving");
+        }
+        // The reload is under way until the old workers it stopped have exited (the kill timer
+        // bounds that): so every line of a reload comes before the next one's first, and no
+        // more than two generations run at once.
+        if !left.is_empty() {
+            for p in &left {
+                // Its exit handled (`on_exit`: its `exit` event), not only reaped.
+                while p.wait_for(ProcState::Dead, Duration::from_secs(60)).await != ProcState::Dead
+                {}
+            }
+            if s.phase.get() == Phase::Running {
+                tracing::info!(
+                    target: "nodus::cluster",
+                    "reload to generation {generation}: the old workers have exited (in {:?})",
+                    round_ms(began.elapsed())
+                );
+            }
+        }
+        s.reload_running.set(false);
         if s.phase.get() != Phase::Running {
             return;
         }
@@ -805,48 +842,29 @@ pub(super) fn start_reload(st: &Rc<State>) {
             start_reload(&s);
             return;
         }
-        notify("READY=1\nSTATUS=serving");
         exit_if_nothing_left(&s);
     })
     .detach();
 }
 
-/// Every slot has its new worker, and `old` (the old workers the reload asked to drain) are
-/// draining: says so, and once they have all exited, "reload done" (while running: a shutdown
-/// stops them anyway, and says so).
-fn old_generation_gone(st: &Rc<State>, generation: u64, began: Instant, old: Vec<Rc<Proc>>) {
-    let left: Vec<Rc<Proc>> = old.into_iter().filter(|p| p.is_alive()).collect();
+/// Every slot has its new worker (`reload_done`, `READY=1`): "reload done", with the old
+/// workers the reload stopped that have not exited yet (`left`).
+fn reload_done(generation: u64, began: Instant, left: &[Rc<Proc>]) {
+    let took = round_ms(began.elapsed());
     if left.is_empty() {
         tracing::info!(
             target: "nodus::cluster",
-            "reload done: generation {generation} serving, no old worker left (in {:?})",
-            round_ms(began.elapsed())
+            "reload done: generation {generation} serving, no old worker left (in {took:?})"
         );
         return;
     }
     tracing::info!(
         target: "nodus::cluster",
-        "generation {generation} serving: every worker replaced; waiting for {} to exit \
+        "reload done: generation {generation} serving (in {took:?}); waiting for {} to exit \
          (pid {})",
         count(left.len(), "old worker"),
         left.iter().map(|p| p.pid.to_string()).collect::<Vec<_>>().join(", ")
     );
-    let s = st.clone();
-    crate::task::spawn_named("cluster:reload-old-exits", async move {
-        for p in &left {
-            // Its exit handled (`on_exit`: its `exit` event), not only reaped.
-            while p.wait_for(ProcState::Dead, Duration::from_secs(60)).await != ProcState::Dead {}
-        }
-        if s.phase.get() == Phase::Running {
-            tracing::info!(
-                target: "nodus::cluster",
-                "reload done: generation {generation} serving, the old workers have exited \
-                 (in {:?})",
-                round_ms(began.elapsed())
-            );
-        }
-    })
-    .detach();
 }
 
 /// `d` to the millisecond, for a log line.
@@ -854,12 +872,15 @@ fn round_ms(d: Duration) -> Duration {
     Duration::from_millis(d.as_millis() as u64)
 }
 
-/// Replaces every slot's worker with one of `generation`, one at a time; returns the old
-/// workers it asked to drain.
-async fn reload(st: &Rc<State>, generation: u64) -> Result<Vec<Rc<Proc>>, String> {
+/// Replaces every slot's worker with one of `generation`, one at a time; the old workers it
+/// asks to drain are pushed to `stopped` (those of the slots switched before a failure too).
+async fn reload(
+    st: &Rc<State>,
+    generation: u64,
+    stopped: &mut Vec<Rc<Proc>>,
+) -> Result<(), String> {
     let mut budget = RestartBudget::new(st.config.max_restarts, st.config.restart_window);
     let ids: Vec<u32> = st.slots.borrow().iter().map(|s| s.id).collect();
-    let mut drained = Vec::new();
     for id in ids {
         let mut attempts = 0u32;
         let new = loop {
@@ -924,19 +945,19 @@ async fn reload(st: &Rc<State>, generation: u64) -> Result<Vec<Rc<Proc>>, String
             Some(old) => {
                 tracing::info!(
                     target: "nodus::cluster",
-                    "reload: worker {id} pid {} → pid {} (ready {ready_in:?} after its start); \
-                     pid {} asked to stop",
+                    "reload to generation {generation}: worker {id} pid {} → pid {} (ready \
+                     {ready_in:?} after its start); pid {} asked to stop",
                     old.pid,
                     new.pid,
                     old.pid
                 );
                 drain(st, &old);
-                drained.push(old);
+                stopped.push(old);
             }
             None => tracing::info!(
                 target: "nodus::cluster",
-                "reload: worker {id} is pid {} (ready {ready_in:?} after its start); its old \
-                 worker had already exited",
+                "reload to generation {generation}: worker {id} is pid {} (ready {ready_in:?} \
+                 after its start); its old worker had already exited",
                 new.pid
             ),
         }
@@ -944,5 +965,5 @@ async fn reload(st: &Rc<State>, generation: u64) -> Result<Vec<Rc<Proc>>, String
         // fills it.
         st.slots.borrow_mut()[id as usize - 1].pending_restart = false;
     }
-    Ok(drained)
+    Ok(())
 }
