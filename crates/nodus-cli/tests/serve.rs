@@ -383,25 +383,28 @@ fn every_request_refused_before_the_handler_has_one_access_log_line_and_counts_a
         "GET /hello.txt HTTP/1.1\r\nHost: t\r\nX-Big: {}\r\n\r\n",
         "a".repeat(17 * 1024)
     );
-    let cases: [(&[u8], usize, u16, &str); 4] = [
+    let long = format!("GET /{} HTTP/1.1\r\nHost: t\r\n\r\n", "a".repeat(17 * 1000));
+    let cases: [(&[u8], usize, u16, &str); 5] = [
         (
             b"GET /hello.txt HTTP/1.1\r\n\r\n",
             0,
             400,
-            "\"GET /hello.txt HTTP/1.1\" 400 ",
+            "\"GET /hello.txt HTTP/1.1\" 400 40 ",
         ),
-        (big.as_bytes(), 0, 431, "\"- - -\" 431 -"),
+        (big.as_bytes(), 0, 431, "\"- - -\" 431 0 -"),
+        // A request line over the head limit: URI Too Long, as from nginx.
+        (long.as_bytes(), 0, 414, "\"- - -\" 414 0 -"),
         (
             b"POST /hello.txt HTTP/1.1\r\nHost: t\r\nContent-Length: 2097152\r\n\r\n",
             2 << 20,
             413,
-            "\"POST /hello.txt HTTP/1.1\" 413 ",
+            "\"POST /hello.txt HTTP/1.1\" 413 23 ",
         ),
         (
             b"GET /hello.txt HTTP/1.1\r\nHost: t\r\nContent-Length: 2000000\r\n\r\n",
             0,
             413,
-            "\"GET /hello.txt HTTP/1.1\" 413 ",
+            "\"GET /hello.txt HTTP/1.1\" 413 23 ",
         ),
     ];
     let mut expected = Vec::new();
@@ -414,7 +417,7 @@ fn every_request_refused_before_the_handler_has_one_access_log_line_and_counts_a
     let text = String::from_utf8(r.body).unwrap();
     assert_eq!(
         metric(&text, "nodus_http_requests_total{status=\"4xx\"}"),
-        4,
+        5,
         "{text}"
     );
     server.proc.signal(rustix::process::Signal::TERM);
@@ -428,6 +431,90 @@ fn every_request_refused_before_the_handler_has_one_access_log_line_and_counts_a
         assert!(
             lines.len() == 1 && lines[0].contains("nodus::access") && lines[0].contains(line),
             "one access-log line {line:?} wanted: {lines:#?}"
+        );
+    }
+}
+
+/// The access log's BYTES: the body bytes sent, none for HEAD or 304, and as far as a download
+/// got when its client went away (with the status it was sent with, as nginx logs it).
+#[test]
+fn the_access_log_says_how_many_body_bytes_each_response_sent() {
+    let dir = site();
+    let mut server = Serve::start(dir.path(), 1, &["--access-log"]);
+    let a = server.addr;
+    let etag = request(a, "GET", "/hello.txt", &[])
+        .header("etag")
+        .unwrap()
+        .to_owned();
+    assert_eq!(request(a, "HEAD", "/hello.txt", &[]).status, 200);
+    let inm = format!("If-None-Match: {etag}");
+    assert_eq!(request(a, "GET", "/hello.txt", &[&inm]).status, 304);
+    assert_eq!(request(a, "GET", "/nope", &[]).status, 404);
+    // A 64 MiB download its client reads 12 bytes of, then closes (a reset: unread data).
+    drop(stalled_download(dir.path(), a));
+    let cut = server.proc.wait_line("\"GET /big.bin HTTP/1.1\" 200 ");
+    let bytes: u64 = cut
+        .split("\" 200 ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no byte count in {cut:?}"));
+    assert!(bytes > 0 && bytes < 64 << 20, "{cut}");
+    server.proc.signal(rustix::process::Signal::TERM);
+    assert_eq!(server.proc.wait_exit(Duration::from_secs(10)), Some(0));
+    let log = server.proc.output();
+    let access: Vec<_> = log.iter().filter(|l| l.contains("nodus::access")).collect();
+    for expected in [
+        "\"GET /hello.txt HTTP/1.1\" 200 13 ",
+        "\"HEAD /hello.txt HTTP/1.1\" 200 0 ",
+        "\"GET /hello.txt HTTP/1.1\" 304 0 ",
+        "\"GET /nope HTTP/1.1\" 404 10 ",
+    ] {
+        let n = access.iter().filter(|l| l.contains(expected)).count();
+        assert_eq!(n, 1, "one line with {expected:?}: {access:#?}");
+    }
+    assert_eq!(access.len(), 5, "{access:#?}");
+}
+
+/// RFC 9110 section 9.1: 501 for a method the server does not know, 405 with `Allow` for one it
+/// knows but does not allow here; and an answer that leaves the request's body unread (an early
+/// 405, an `Expect: 100-continue` refused) says `Connection: close`, since the connection closes.
+#[test]
+fn an_unknown_method_is_501_a_known_one_405_and_an_unread_body_ends_the_connection() {
+    let dir = site();
+    let server = Serve::start(dir.path(), 1, &[]);
+    let a = server.addr;
+    for (method, status, allow) in [
+        ("FOO", 501, None),
+        ("PROPFIND", 501, None),
+        ("DELETE", 405, Some("GET, HEAD")),
+        ("OPTIONS", 405, Some("GET, HEAD")),
+    ] {
+        for path in ["/hello.txt", "/nope", "/_nodus/metrics"] {
+            let r = request(a, method, path, &[]);
+            assert_eq!(
+                (r.status, r.header("allow")),
+                (status, allow),
+                "{method} {path}"
+            );
+        }
+    }
+    for head in [
+        "POST /hello.txt HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n",
+        "PUT /hello.txt HTTP/1.1\r\nHost: t\r\nContent-Length: 9\r\nExpect: 100-continue\r\n\r\n",
+    ] {
+        let mut s = TcpStream::connect(a).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s.write_all(head.as_bytes()).unwrap();
+        let mut r = BufReader::new(s);
+        let reply = nodus_testkit::http::read_reply(&mut r, false).unwrap();
+        assert_eq!(reply.status, 405, "{head:?}");
+        assert!(reply.closes(), "{head:?}: {:?}", reply.headers);
+        let mut rest = Vec::new();
+        r.read_to_end(&mut rest).unwrap();
+        assert!(
+            rest.is_empty(),
+            "{head:?}: {}",
+            String::from_utf8_lossy(&rest)
         );
     }
 }
@@ -862,6 +949,23 @@ fn gzip_for_clients_that_accept_it() {
             .header("content-encoding"),
         None
     );
+    // HTTP/1.0 has no chunked coding: the gzip body (no length) ends with the connection, and
+    // the answer to a keep-alive request says so (nginx keeps no such connection either).
+    let mut s = TcpStream::connect(server.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(
+        b"GET /big.txt HTTP/1.0\r\nConnection: keep-alive\r\nAccept-Encoding: gzip\r\n\r\n",
+    )
+    .unwrap();
+    let r = nodus_testkit::http::read_reply(&mut BufReader::new(s), false).unwrap();
+    assert_eq!(r.header("content-encoding"), Some("gzip"));
+    assert_eq!(r.header("content-length"), None);
+    assert!(r.closes(), "{:?}", r.headers);
+    let mut plain = String::new();
+    flate2::read::GzDecoder::new(&r.body[..])
+        .read_to_string(&mut plain)
+        .unwrap();
+    assert_eq!(plain, text);
 }
 
 #[test]

@@ -16,6 +16,13 @@
 //!   `deadline - base` is the timeout, counted from the connection's time when hyper arms it.
 //! - hyper's HTTP/1 server uses its timer for the header-read timeout only, so a connection has
 //!   at most one wait, armed when a head is awaited and disarmed (dropped) when it is parsed.
+//! - A wait also follows the head's request line as the connection reads it (`line_read`): the
+//!   bytes read since the wait was armed, until the first line feed. hyper refuses any head over
+//!   its size limit with 431; a request line that alone is over it gets 414 instead (nginx's
+//!   answer to a URI too long), which the connection can give only by ending the read before
+//!   hyper sees the head grow past its limit. Bytes hyper read ahead with the previous request
+//!   are not seen here, so for a pipelined head the answer may be the other of the two; the limit
+//!   itself is hyper's, exact either way.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -33,10 +40,20 @@ pub(crate) enum HeadWait {
     /// hyper is not waiting for a head (or has no timeout for it).
     #[default]
     Idle,
-    /// hyper is waiting for a head that must be complete by this time (`nodus::clock` ns).
-    Until(u64),
+    /// hyper is waiting for a head that must be complete by this time (`nodus::clock` ns); what
+    /// has been read of its request line.
+    Until(u64, Line),
     /// The deadline passed: hyper's sleep completes when it next polls it.
     Expired,
+}
+
+/// What a connection has read of a request line since it began waiting for the head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Line {
+    /// This many bytes, and no line feed among them.
+    Open(usize),
+    /// A line feed came: the request line is whole.
+    Ended,
 }
 
 thread_local! {
@@ -50,6 +67,23 @@ pub(crate) fn scope<R>(wait: &mut HeadWait, poll: impl FnOnce() -> R) -> R {
     let result = poll();
     *wait = CURRENT.replace(outer).unwrap_or_default();
     result
+}
+
+/// Follows the request line of the head the current connection is waiting for through `bytes`,
+/// just read; whether that line, line feed excluded, is now `limit` bytes or more. Outside a
+/// head wait (a body being read, or no connection's scope) it does nothing.
+pub(crate) fn line_read(bytes: &[u8], limit: usize) -> bool {
+    CURRENT.with(|current| {
+        let Some(HeadWait::Until(deadline, Line::Open(before))) = current.get() else {
+            return false;
+        };
+        let (line, len) = match bytes.iter().position(|&b| b == b'\n') {
+            Some(end) => (Line::Ended, before + end),
+            None => (Line::Open(before + bytes.len()), before + bytes.len()),
+        };
+        current.set(Some(HeadWait::Until(deadline, line)));
+        len >= limit
+    })
 }
 
 /// hyper's timer for the HTTP/1 header-read timeout (see the module docs).
@@ -71,7 +105,7 @@ impl Timer for HeadTimer {
         let armed = CURRENT.with(|current| {
             current.get().map(|_| {
                 let deadline = crate::io::now_ns().saturating_add(duration.as_nanos() as u64);
-                current.set(Some(HeadWait::Until(deadline)));
+                current.set(Some(HeadWait::Until(deadline, Line::Open(0))));
             })
         });
         match armed {
@@ -128,7 +162,7 @@ mod tests {
         let sleep = scope(&mut wait, || {
             timer.sleep_until(timer.now() + Duration::from_secs(10))
         });
-        let HeadWait::Until(deadline) = wait else {
+        let HeadWait::Until(deadline, Line::Open(0)) = wait else {
             panic!("not armed: {wait:?}")
         };
         assert!(deadline >= before + 10_000_000_000);
@@ -156,6 +190,29 @@ mod tests {
         assert_eq!(other, HeadWait::Expired);
         wait = HeadWait::Expired;
         assert!(scope(&mut wait, || sleep.as_mut().poll(&mut cx)).is_ready());
+    }
+
+    #[test]
+    fn the_request_line_is_followed_from_the_arming_to_its_line_feed() {
+        let timer = HeadTimer::new();
+        let mut wait = HeadWait::Idle;
+        // Not waiting for a head: nothing is followed.
+        assert!(!scope(&mut wait, || line_read(&[b'a'; 64], 10)));
+        let _sleep = scope(&mut wait, || timer.sleep(Duration::from_secs(1)));
+        assert!(!scope(&mut wait, || line_read(b"GET /aaa", 10)));
+        assert!(matches!(wait, HeadWait::Until(_, Line::Open(8))));
+        assert!(scope(&mut wait, || line_read(b"aa", 10)));
+        // A line feed ends it: what follows is headers, whatever their length.
+        let _sleep = scope(&mut wait, || timer.sleep(Duration::from_secs(1)));
+        assert!(!scope(&mut wait, || line_read(
+            b"GET / HTTP/1.1\r\nX: ",
+            20
+        )));
+        assert!(matches!(wait, HeadWait::Until(_, Line::Ended)));
+        assert!(!scope(&mut wait, || line_read(&[b'v'; 64], 20)));
+        // A line feed past the limit: the line was over it.
+        let _sleep = scope(&mut wait, || timer.sleep(Duration::from_secs(1)));
+        assert!(scope(&mut wait, || line_read(b"GET /aaaaaaaaaa\n", 10)));
     }
 
     #[test]

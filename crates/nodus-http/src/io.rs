@@ -8,7 +8,10 @@
 //! reactor (edge-triggered: `EAGAIN` clears it) and every readiness check draws on the task's
 //! cooperative budget. Each transfer updates the connection's last-activity time (for the
 //! keep-alive idle timeout) and the loop's HTTP byte counters; a write that finds the socket full
-//! marks the connection write-blocked, since when (for the write-stall timeout).
+//! marks the connection write-blocked, since when (for the write-stall timeout). While hyper
+//! waits for a request head, a read that makes its request line reach the line limit (set by
+//! the server: its head limit) fails with `UriTooLong` instead of handing hyper the bytes, so
+//! that the server answers 414 where hyper would answer 431 (see `head_wait`).
 
 use std::cell::Cell;
 use std::io;
@@ -21,6 +24,7 @@ use hyper::rt::{Read, ReadBufCursor, Write};
 use rustix::io::Errno;
 use rustix::net::{RecvFlags, SendFlags};
 
+use crate::head_wait;
 use crate::stats;
 
 /// The time (`nodus::clock` ns) connections count their timeouts from: the loop's, which costs
@@ -105,7 +109,21 @@ pub struct HyperIo<S> {
     activity: Rc<Activity>,
     /// The fd refused a socket call (`ENOTSOCK`): use file calls.
     not_socket: Cell<bool>,
+    /// A request line this long (line feed excluded) ends the read with [`UriTooLong`].
+    line_limit: usize,
 }
+
+/// The error of a read that made a request line too long: the server answers it with 414.
+#[derive(Debug)]
+pub(crate) struct UriTooLong;
+
+impl std::fmt::Display for UriTooLong {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("request line over the head limit")
+    }
+}
+
+impl std::error::Error for UriTooLong {}
 
 /// What a connection's task sees of its transfers.
 pub struct Activity {
@@ -128,7 +146,13 @@ impl<S: FdStream> HyperIo<S> {
                 blocked_since: Cell::new(0),
             }),
             not_socket: Cell::new(false),
+            line_limit: usize::MAX,
         }
+    }
+
+    /// Ends a read that makes a request line `limit` bytes long or more with [`UriTooLong`].
+    pub(crate) fn limit_request_line(&mut self, limit: usize) {
+        self.line_limit = limit;
     }
 
     /// Shared view of the connection's transfers.
@@ -158,24 +182,30 @@ impl<S: FdStream + Unpin> Read for HyperIo<S> {
             // initialized; we advance the cursor by exactly that many bytes.
             let unfilled = unsafe { buf.as_mut() };
             let fd = self.stream.fd();
+            // Each read's bytes are shown to the request-line check while they are at hand.
+            let limit = self.line_limit;
             let result = if self.not_socket.get() {
-                rustix::io::read(fd, unfilled).map(|(filled, _)| filled.len())
+                rustix::io::read(fd, unfilled)
+                    .map(|(filled, _)| (filled.len(), head_wait::line_read(filled, limit)))
             } else {
                 rustix::net::recv(fd, unfilled, RecvFlags::empty())
-                    .map(|((filled, _), _)| filled.len())
+                    .map(|((filled, _), _)| (filled.len(), head_wait::line_read(filled, limit)))
             };
             match result {
-                Ok(n) => {
+                Ok((n, too_long)) => {
                     // A short read of a stream drained the socket buffer: forget readiness now
                     // instead of paying a read that returns EAGAIN (later data raises a new
                     // edge; an EOF already seen stays visible).
                     if n > 0 && n < capacity {
                         self.stream.clear_read_ready();
                     }
-                    // SAFETY: the first `n` bytes of the cursor were just initialized.
-                    unsafe { buf.advance(n) };
                     self.touched();
                     stats::received(n);
+                    if too_long {
+                        return Poll::Ready(Err(io::Error::other(UriTooLong)));
+                    }
+                    // SAFETY: the first `n` bytes of the cursor were just initialized.
+                    unsafe { buf.advance(n) };
                     return Poll::Ready(Ok(()));
                 }
                 Err(Errno::NOTSOCK) => self.not_socket.set(true),

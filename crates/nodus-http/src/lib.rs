@@ -5,14 +5,17 @@
 //! - `timer`, `exec`: hyper's timer on nodus timers, and a local executor for HTTP/2 streams.
 //! - `head_wait`: the HTTP/1 header-read timeout with one timer per connection, not per request.
 //! - `server`: `serve(listener, config, handler)` with the limits a public server needs (header
-//!   bytes and count → 431, body size → 413, header-read timeout against slowloris, keep-alive idle
-//!   timeout, write-stall timeout against a client that stops reading, max connections) and a graceful drain with a deadline. A handler learns its peer
-//!   from the request's extensions (`req.extensions().get::<ConnInfo>()`, unless `Config::conn_info`
-//!   is off); any [`Accept`]
-//!   listener can be served (nodus's `TcpListener`, `UnixListener`, a cluster worker's `Listener`).
-//!   A request the server refuses before the handler (400, 413, 414, 431), or answers with a 500
-//!   because the handler panicked, is counted and reported to `Config::on_refused` ([`Refused`]),
-//!   so an access log misses none.
+//!   bytes and count → 431, a request line alone over the header bytes → 414, body size → 413,
+//!   header-read timeout against slowloris, keep-alive idle timeout, write-stall timeout against
+//!   a client that stops reading, max connections) and a graceful drain with a deadline. A
+//!   handler learns its peer from the request's extensions
+//!   (`req.extensions().get::<ConnInfo>()`, unless `Config::conn_info` is off); any [`Accept`] listener can be served (nodus's
+//!   `TcpListener`, `UnixListener`, a cluster worker's `Listener`). A request the server refuses
+//!   before the handler (400, 413, 414, 431), or answers with a 500 because the handler panicked,
+//!   is counted and reported to `Config::on_refused` ([`Refused`]), and so is one whose
+//!   connection ended before its handler answered (499, nginx's "client closed request"; not
+//!   counted: nothing was sent), so an access log misses none. An HTTP/1 response after which the
+//!   connection will close says `Connection: close`.
 //! - `stats`: HTTP measurements, folded into the loop's `nodus::metrics::Snapshot`.
 //!
 //! Connections run as tasks named by handler class (`Config::name`, e.g. `http:static`), never by

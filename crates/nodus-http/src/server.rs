@@ -11,11 +11,13 @@
 //! - At most `max_connections` are open: at the limit the accept task stops accepting (the
 //!   kernel's backlog holds newcomers) until one closes.
 //! - Limits: request heads over `max_header_bytes` or with more than `max_headers` headers get
-//!   431 (hyper); a `Content-Length` over `max_body_bytes` gets 413 without reaching the handler,
-//!   and a longer chunked body fails `collect_body` with `BodyError::TooLarge`; a head not
-//!   complete within `header_read_timeout` (slowloris) closes the connection; a connection with no
-//!   request in flight, no streamed body still being written (a server-sent-events body may be
-//!   silent for long), no write waiting on the peer and no I/O for `keep_alive_timeout` is
+//!   431 (hyper), except one whose request line alone is `max_header_bytes` long or more: 414, as
+//!   from nginx (the connection's read ends the head first, `HyperIo` with `head_wait`, and the
+//!   414 is written here); a `Content-Length` over `max_body_bytes` gets 413 without reaching the
+//!   handler, and a longer chunked body fails `collect_body` with `BodyError::TooLarge`; a head
+//!   not complete within `header_read_timeout` (slowloris) closes the connection; a connection
+//!   with no request in flight, no streamed body still being written (a server-sent-events body
+//!   may be silent for long), no write waiting on the peer and no I/O for `keep_alive_timeout` is
 //!   closed; one whose write has waited on the peer for `write_stall_timeout` (it stopped reading)
 //!   is cut with a reset (`SO_LINGER` 0: no orphaned socket keeps probing a peer that never reads
 //!   with the unsent output), and so is one the drain deadline cuts with a write waiting.
@@ -26,19 +28,35 @@
 //!   Without `http2`, an HTTP/2 preface gets Node's bare 400 head, and the connection closes.
 //! - HTTP/1 half-close: a client that shuts down its write side after its request (`nc -N`,
 //!   socat, health checkers) still gets the whole response, as from nginx or Node (hyper's
-//!   `half_close`); an EOF between requests ends the connection.
+//!   `half_close`); an EOF between requests ends the connection. So the connection is not read
+//!   while a request is in flight: a client that goes away meanwhile is noticed when the
+//!   response is written.
+//! - An HTTP/1 response after which the connection closes says `Connection: close`: every one
+//!   during a drain, a refusal's, one that leaves its request's body unread (an early 405, a
+//!   refused `Expect: 100-continue`: hyper does not read a body nobody takes, so it closes the
+//!   connection, unless the rest of the body was in its buffer already; the header makes the
+//!   close certain), and an HTTP/1.0 one whose body has no known length (HTTP/1.0 has no chunked
+//!   coding: the close ends the body; as nginx, no keep-alive for it).
+//! - HTTP versions: hyper's parser knows HTTP/1.0 and 1.1 only, so a higher HTTP/1 minor version
+//!   (`HTTP/1.2`, which RFC 9110 section 6.2 would have answered as 1.1, as nginx does) gets 400,
+//!   as from Node; nodus has no hook into that parse and leaves it.
 //! - Every request the server answers itself instead of the handler (400 for `Host`, 413, and
-//!   an HTTP/1 head hyper could not parse: 431 too large, 414 a URI too long, 400 malformed or an
-//!   HTTP/2 preface) counts once in `responses_by_class` and is reported once to
+//!   an HTTP/1 head that could not be parsed: 431 too large, 414 a request line too long, 400
+//!   malformed or an HTTP/2 preface) counts once in `responses_by_class` and is reported once to
 //!   `Config::on_refused`. A head that could not be parsed has no start time: it is not in the
-//!   duration histogram, and it is never in flight. hyper answers those itself and ends the
-//!   connection with the parse error, so they are counted from that error, off the normal path:
-//!   a good request pays nothing for any of this.
+//!   duration histogram, and it is never in flight. hyper answers those itself (414 and the
+//!   HTTP/2 preface's 400 are written here) and ends the connection with the error, so they are
+//!   counted from that error, off the normal path: a good request pays nothing for any of this.
+//! - A request whose handler had not answered when its connection ended (the drain deadline or
+//!   the write-stall timeout cut it, an HTTP/2 stream reset, a connection error) is reported to
+//!   `Config::on_refused` as 499 (nginx's "client closed request"), with its start line, once;
+//!   it is not in `responses_by_class` (nothing was sent).
 //! - A handler that panics (making its future, or in a poll of it) gets its request a 500 and
 //!   `Connection: close`, one error log line, and one report to `Config::on_refused` (its start
 //!   line with it: an access log misses no answered request); other requests and connections go
-//!   on. For that report each request keeps its method and path until its response, only while
-//!   `on_refused` is set: clones that share the parsed head's buffer, no allocation.
+//!   on. For that report (and a 499's) each request keeps its method and path until its
+//!   response, only while `on_refused` is set: clones that share the parsed head's buffer, no
+//!   allocation.
 //! - A `Server` dropped without a drain is not stopped: its tasks serve on while the loop runs
 //!   (a Node server nobody references still listens). `drain` is how it stops.
 //! - Drain: the listener is dropped at once (new connections are refused); every later HTTP/1
@@ -72,7 +90,7 @@ use slab::Slab;
 use crate::body::{Body, RequestBody, text};
 use crate::exec::LocalExec;
 use crate::head_wait::{self, HeadTimer, HeadWait};
-use crate::io::{Activity, FdStream, HyperIo, now_ns};
+use crate::io::{Activity, FdStream, HyperIo, UriTooLong, now_ns};
 use crate::stats;
 use crate::timer::NodusTimer;
 
@@ -81,7 +99,8 @@ use crate::timer::NodusTimer;
 pub struct Config {
     /// Task name of the accept and connection tasks: a handler class such as `http:static`.
     pub name: &'static str,
-    /// Largest request head (start line + headers) in bytes; larger gets 431. Default 16 KiB.
+    /// Largest request head (start line + headers) in bytes; larger gets 431, or 414 when the
+    /// request line alone is this long. Default 16 KiB.
     pub max_header_bytes: usize,
     /// Most headers in a request; more gets 431. Default 100.
     pub max_headers: usize,
@@ -103,8 +122,8 @@ pub struct Config {
     /// hyper's read-buffer size, which `max_header_bytes` then sets).
     pub http2: bool,
     /// Called on the loop, once per request the server answers itself instead of the handler
-    /// (see [`Refused`]), a handler's panic included: where an access log writes the lines its
-    /// handler cannot. Default none.
+    /// (see [`Refused`]), a handler's panic included, and once per request nobody answered
+    /// (499): where an access log writes the lines its handler cannot. Default none.
     pub on_refused: Option<fn(&Refused<'_>)>,
     /// Put a [`ConnInfo`] in every request's extensions. Default on; a handler that never reads
     /// it can turn it off: the extension costs three allocations per request (about 6 % of the
@@ -138,9 +157,14 @@ pub struct ConnInfo {
 }
 
 /// A request the server answered itself, without the handler: an HTTP/1.1 request without
-/// `Host`, or an HTTP/1 one with two or an invalid one (400), a `Content-Length` over `max_body_bytes` (413), an HTTP/1 head that could not
-/// be parsed (431 too large or with too many headers, 414 a URI too long, 400 malformed or an
-/// HTTP/2 preface to a server without `http2`), or a request whose handler panicked (500).
+/// `Host`, or an HTTP/1 one with two or an invalid one (400), a `Content-Length` over
+/// `max_body_bytes` (413), an HTTP/1 head that could not be parsed (431 too large or with too
+/// many headers, 414 a request line longer than `max_header_bytes`, 400 malformed, an HTTP
+/// version other than 1.0 and 1.1, or an HTTP/2 preface to a server without `http2`), or a
+/// request whose handler panicked (500). Or one nobody answered: its connection ended while its
+/// handler was still at work (cut by the drain deadline or the write-stall timeout, an HTTP/2
+/// stream reset, a connection error), reported with nginx's 499 ("client closed request"),
+/// nothing sent.
 #[derive(Debug, Clone, Copy)]
 pub struct Refused<'a> {
     pub status: StatusCode,
@@ -150,6 +174,13 @@ pub struct Refused<'a> {
     /// From the loop time of the poll that parsed the head to the refusal, as a request's
     /// duration is counted; `None` for a head that could not be parsed.
     pub elapsed_ns: Option<u64>,
+    /// The answer's body bytes: 0 for a head that could not be parsed, a `HEAD` request or a 499.
+    pub body_bytes: u64,
+}
+
+/// nginx's status for a request whose client went away before it was answered (none was sent).
+fn client_closed_request() -> StatusCode {
+    StatusCode::from_u16(499).expect("499 is a valid status code")
 }
 
 /// A request's start line.
@@ -428,10 +459,12 @@ where
 {
     let (state, key) = (guard.state.clone(), guard.key);
     let fd = stream.fd().as_raw_fd();
-    let io = HyperIo::new(stream);
+    let mut io = HyperIo::new(stream);
+    io.limit_request_line(state.config.max_header_bytes);
     let activity = io.activity();
     let conn_state = Rc::new(ConnState {
         in_flight: Cell::new(0),
+        body_left: Cell::new(false),
         streaming: Cell::new(0),
         http2: Cell::new(false),
         peer,
@@ -510,15 +543,24 @@ where
 }
 
 /// Counts and reports the answer to a head that could not be parsed, which ended the connection
-/// with the parse error `e`: hyper's own (400, 414, 431), or Node's 400 to an HTTP/2 preface,
-/// written here on `fd`. Other errors answered nothing.
+/// with the error `e`: hyper's own (400, 414, 431), or one written here on `fd`: Node's 400 to
+/// an HTTP/2 preface, 414 to a request line over the head limit (the read that found it ended
+/// with [`UriTooLong`], so hyper answered nothing). Other errors answered nothing.
 #[cold]
 fn head_refused(state: &State, e: &hyper::Error, fd: BorrowedFd<'_>, peer: Option<SocketAddr>) {
+    const PREFACE_REFUSED: &[u8] = b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n";
+    const URI_TOO_LONG: &[u8] =
+        b"HTTP/1.1 414 URI Too Long\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
     let status = if e.is_parse_version_h2() {
-        if !refuse_h2_preface(fd) {
+        if !answer_and_close(fd, PREFACE_REFUSED) {
             return;
         }
         StatusCode::BAD_REQUEST
+    } else if request_line_too_long(e) {
+        if !answer_and_close(fd, URI_TOO_LONG) {
+            return;
+        }
+        StatusCode::URI_TOO_LONG
     } else {
         match hyper_answer(e) {
             Some(status) => status,
@@ -532,8 +574,18 @@ fn head_refused(state: &State, e: &hyper::Error, fd: BorrowedFd<'_>, peer: Optio
             peer,
             request: None,
             elapsed_ns: None,
+            body_bytes: 0,
         });
     }
+}
+
+/// Whether `e` is the read error [`HyperIo`] ends a head with when its request line is over the
+/// limit.
+fn request_line_too_long(e: &hyper::Error) -> bool {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<io::Error>())
+        .and_then(io::Error::get_ref)
+        .is_some_and(|inner| inner.is::<UriTooLong>())
 }
 
 /// The status hyper's HTTP/1 server wrote before ending a connection with the error `e`: a parse
@@ -556,12 +608,11 @@ fn hyper_answer(e: &hyper::Error) -> Option<StatusCode> {
     }
 }
 
-/// Answers an HTTP/2 preface sent to the HTTP/1-only server as Node does (hyper closes without a
-/// word): one write of a short head, into a send buffer nothing else used, then the close.
-/// Whether it was written.
-fn refuse_h2_preface(fd: BorrowedFd<'_>) -> bool {
-    const REFUSAL: &[u8] = b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n";
-    match rustix::net::send(fd, REFUSAL, rustix::net::SendFlags::NOSIGNAL) {
+/// Answers a head hyper answered nothing to (an HTTP/2 preface sent to the HTTP/1-only server,
+/// which hyper closes without a word; a request line over the limit) with `answer`: one write of
+/// a short head, into a send buffer nothing else used, then the close. Whether it was written.
+fn answer_and_close(fd: BorrowedFd<'_>, answer: &[u8]) -> bool {
+    match rustix::net::send(fd, answer, rustix::net::SendFlags::NOSIGNAL) {
         Ok(n) => {
             stats::sent(n);
             true
@@ -631,7 +682,7 @@ impl ConnTimer {
         activity: &Activity,
         conn: &ConnState,
     ) -> Poll<Fired> {
-        if let HeadWait::Until(deadline) = *head
+        if let HeadWait::Until(deadline, _) = *head
             && deadline.saturating_add(SLACK) < self.at
         {
             self.arm(deadline, now_ns());
@@ -643,7 +694,7 @@ impl ConnTimer {
         }
         while Pin::new(&mut self.sleep).poll(cx).is_ready() {
             let now = now_ns();
-            if let HeadWait::Until(deadline) = *head
+            if let HeadWait::Until(deadline, _) = *head
                 && now >= deadline
             {
                 *head = HeadWait::Expired;
@@ -666,7 +717,7 @@ impl ConnTimer {
                 recheck
             };
             let next = match *head {
-                HeadWait::Until(deadline) => idle_at.min(deadline),
+                HeadWait::Until(deadline, _) => idle_at.min(deadline),
                 _ => idle_at,
             };
             self.arm(next, now);
@@ -793,9 +844,13 @@ where
     }
 }
 
-struct ConnState {
+pub(crate) struct ConnState {
     /// Requests whose handler has not answered yet.
     in_flight: Cell<usize>,
+    /// The current HTTP/1 request's body was let go of before its end (see [`RequestBody`]):
+    /// hyper will close the connection after the response unless the rest happens to be in its
+    /// buffer already, so the response says `Connection: close` (and the close is certain).
+    pub(crate) body_left: Cell<bool>,
     /// Answered requests whose large or streamed body is still being written (see
     /// [`TrackedBody`]): the connection is not idle while one is (a server-sent-events body may
     /// be silent for long); a client that stops reading it meets the write-stall timeout.
@@ -848,11 +903,16 @@ where
             if self.state.config.on_refused.is_some() {
                 line = Some(KeptLine::of(&req));
             }
-            let req = req.map(|b| http_body_util::Limited::new(b, limit));
+            // HTTP/1 runs one request at a time per connection: its body reports to it.
+            self.conn.body_left.set(false);
+            let watch = (version < Version::HTTP_2
+                && !hyper::body::Body::is_end_stream(req.body()))
+            .then(|| self.conn.clone());
+            let req = req.map(|b| RequestBody::new(http_body_util::Limited::new(b, limit), watch));
             catch_unwind(AssertUnwindSafe(|| (self.handler)(req))).map_err(|payload| {
                 let refusal = Refusal::handler_panicked(&*payload);
                 self.state
-                    .report_panic(&self.conn, line.as_ref(), version, start);
+                    .report_unanswered(&self.conn, line.as_ref(), version, start, true);
                 refusal
             })
         };
@@ -881,6 +941,7 @@ impl<H, F> Service<H, F> {
                     version: req.version(),
                 }),
                 elapsed_ns: Some(nodus::clock::now_ns().saturating_sub(start)),
+                body_bytes: refusal.body_bytes(req.method() == Method::HEAD),
             });
         }
         refusal
@@ -971,19 +1032,29 @@ impl KeptLine {
 }
 
 impl State {
-    /// Reports the 500 that stands in for a panicked handler's response to `Config::on_refused`,
-    /// with the request's start line (`line`, kept whenever `on_refused` is set).
+    /// Reports to `Config::on_refused` the request whose handler did not answer: the 500 that
+    /// stands in for a panicked handler's response (`panicked`), or the 499 of one whose
+    /// connection ended first. With the request's start line (`line`, kept whenever
+    /// `on_refused` is set).
     #[cold]
-    fn report_panic(
+    fn report_unanswered(
         &self,
         conn: &ConnState,
         line: Option<&KeptLine>,
         version: Version,
         start: u64,
+        panicked: bool,
     ) {
         if let Some(report) = self.config.on_refused {
+            let (status, body_bytes) = if panicked {
+                let head = line.is_some_and(|l| l.method == Method::HEAD);
+                let refusal = Refusal::HandlerPanicked;
+                (refusal.status(), refusal.body_bytes(head))
+            } else {
+                (client_closed_request(), 0)
+            };
             report(&Refused {
-                status: Refusal::HandlerPanicked.status(),
+                status,
                 peer: conn.peer,
                 request: line.map(|l| RequestLine {
                     method: &l.method,
@@ -991,6 +1062,7 @@ impl State {
                     version,
                 }),
                 elapsed_ns: Some(nodus::clock::now_ns().saturating_sub(start)),
+                body_bytes,
             });
         }
     }
@@ -1036,14 +1108,22 @@ impl Refusal {
         }
     }
 
-    fn response(self) -> Response<Body> {
-        let message = match self {
+    fn message(self) -> &'static str {
+        match self {
             Refusal::NoHost => "an HTTP/1.1 request needs a Host header\n",
             Refusal::BadHost => "a request may have one Host header, a valid host[:port]\n",
             Refusal::TooLarge => "request body too large\n",
             Refusal::HandlerPanicked => "internal server error\n",
-        };
-        let mut r = text(self.status(), message);
+        }
+    }
+
+    /// The body bytes of the answer (none to a `HEAD` request).
+    fn body_bytes(self, head: bool) -> u64 {
+        if head { 0 } else { self.message().len() as u64 }
+    }
+
+    fn response(self) -> Response<Body> {
+        let mut r = text(self.status(), self.message());
         r.headers_mut()
             .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
         r
@@ -1089,8 +1169,13 @@ impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
                         let refusal = Refusal::handler_panicked(&*payload);
                         if let Some(conn) = &this.conn {
                             let line = this.line.as_ref();
-                            this.state
-                                .report_panic(conn, line, this.version, this.start);
+                            this.state.report_unanswered(
+                                conn,
+                                line,
+                                this.version,
+                                this.start,
+                                true,
+                            );
                         }
                         refusal.response()
                     }
@@ -1098,9 +1183,20 @@ impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
             }
             Err(refusal) => refusal.response(),
         };
-        if this.state.draining.get() && this.version < Version::HTTP_2 {
-            resp.headers_mut()
-                .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+        if this.version < Version::HTTP_2 {
+            let body_left = this.conn.as_ref().is_some_and(|c| c.body_left.take());
+            if this.state.draining.get()
+                || body_left
+                || (this.version == Version::HTTP_10 && close_delimited(&resp))
+            {
+                resp.headers_mut()
+                    .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+                if this.version == Version::HTTP_10 {
+                    // hyper answers a keep-alive HTTP/1.0 request in kind (appending
+                    // `keep-alive` to this `close`) unless the response says HTTP/1.0 itself.
+                    *resp.version_mut() = Version::HTTP_10;
+                }
+            }
         }
         if let Some(conn) = this.conn.take() {
             conn.in_flight.set(conn.in_flight.get() - 1);
@@ -1167,10 +1263,28 @@ impl Drop for TrackedBody {
     }
 }
 
+/// Whether an HTTP/1.0 client could tell where `resp`'s body ends only by the connection's close:
+/// no `Content-Length`, and a body neither empty nor of a known length (hyper would give that
+/// one its length). HTTP/1.0 has no chunked coding, so such a response must end its connection
+/// (nginx: no keep-alive for it), and says so rather than answer a keep-alive request with
+/// `Connection: keep-alive`.
+fn close_delimited(resp: &Response<Body>) -> bool {
+    let body = resp.body();
+    !resp.headers().contains_key(http::header::CONTENT_LENGTH)
+        && !body.is_end_stream()
+        && body.size_hint().exact().is_none()
+}
+
 impl<F> Drop for Respond<F> {
     fn drop(&mut self) {
-        if self.conn.is_some() {
+        if let Some(conn) = &self.conn {
             stats::request_abandoned();
+            // A refusal was reported when it was made.
+            if self.handler.is_ok() {
+                let line = self.line.as_ref();
+                self.state
+                    .report_unanswered(conn, line, self.version, self.start, false);
+            }
         }
     }
 }

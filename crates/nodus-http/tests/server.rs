@@ -62,6 +62,18 @@ impl TestServer {
                             })),
                             // 8 MiB: more than the socket buffers hold when the client reads none.
                             "/big" => http::Response::new(full(vec![b'x'; 8 << 20])),
+                            // A body of no known length: chunked to HTTP/1.1, to the close to 1.0.
+                            "/stream" => {
+                                let chunks = ["str", "eam"].map(|c| {
+                                    Ok(hyper::body::Frame::data(bytes::Bytes::from_static(
+                                        c.as_bytes(),
+                                    )))
+                                });
+                                let body = http_body_util::StreamBody::new(
+                                    futures_util::stream::iter(chunks),
+                                );
+                                http::Response::new(nodus_http::body::boxed(body))
+                            }
                             "/echo" => match collect_body(req.into_body()).await {
                                 Ok(b) => http::Response::new(full(b)),
                                 Err(nodus_http::BodyError::TooLarge) => {
@@ -181,23 +193,27 @@ fn a_handler_that_panics_gets_its_request_a_500_and_the_server_goes_on() {
 }
 
 /// One report to `Config::on_refused`: status, request line, whether it had a peer and a
-/// duration.
-type Report = (u16, Option<String>, bool, bool);
+/// duration, body bytes.
+type Report = (u16, Option<String>, bool, bool, u64);
+
+fn report(r: &nodus_http::Refused<'_>) -> Report {
+    let line = r
+        .request
+        .map(|l| format!("{} {} {:?}", l.method, l.path, l.version));
+    (
+        r.status.as_u16(),
+        line,
+        r.peer.is_some(),
+        r.elapsed_ns.is_some(),
+        r.body_bytes,
+    )
+}
 
 /// What `Config::on_refused` was told in `a_panicked_handlers_500_is_reported_to_on_refused`.
 static PANICKED: std::sync::Mutex<Vec<Report>> = std::sync::Mutex::new(Vec::new());
 
 fn record_panic(r: &nodus_http::Refused<'_>) {
-    let line = r
-        .request
-        .map(|l| format!("{} {} {:?}", l.method, l.path, l.version));
-    let entry = (
-        r.status.as_u16(),
-        line,
-        r.peer.is_some(),
-        r.elapsed_ns.is_some(),
-    );
-    PANICKED.lock().unwrap().push(entry);
+    PANICKED.lock().unwrap().push(report(r));
 }
 
 /// The 500 that stands in for a panicked handler's response is a response like any other to an
@@ -217,17 +233,26 @@ fn a_panicked_handlers_500_is_reported_to_on_refused() {
     ] {
         assert_eq!(status_of(&server, raw), status);
     }
+    let mut s = server.connect();
+    s.write_all(b"HEAD /panic HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    assert_eq!(
+        read_reply(&mut BufReader::new(s), true).unwrap().status,
+        500
+    );
     let (_, snap) = server.finish();
     let reported = std::mem::take(&mut *PANICKED.lock().unwrap());
     let line = |l: &str| Some(l.to_owned());
     assert_eq!(
         reported,
         [
-            (500, line("DELETE /panic HTTP/1.1"), true, true),
-            (500, line("GET /panic-now HTTP/1.0"), true, true),
+            (500, line("DELETE /panic HTTP/1.1"), true, true, 22),
+            (500, line("GET /panic-now HTTP/1.0"), true, true, 22),
+            // The answer to HEAD has no body.
+            (500, line("HEAD /panic HTTP/1.1"), true, true, 0),
         ]
     );
-    assert_eq!(snap.http.responses_by_class[4], 2, "each 500 counted once");
+    assert_eq!(snap.http.responses_by_class[4], 3, "each 500 counted once");
 }
 
 #[test]
@@ -324,17 +349,11 @@ fn an_http_2_preface_to_the_http_1_server_gets_400_as_from_node() {
     );
 }
 
-/// What `Config::on_refused` was told, in order: status, request line (if parsed), whether it
-/// had a duration. Only `every_refusal_is_counted_and_reported_once` sets the hook.
-static REFUSED: std::sync::Mutex<Vec<(u16, Option<String>, bool)>> =
-    std::sync::Mutex::new(Vec::new());
+/// What `Config::on_refused` was told in `every_refusal_is_counted_and_reported_once`.
+static REFUSED: std::sync::Mutex<Vec<Report>> = std::sync::Mutex::new(Vec::new());
 
 fn record_refusal(r: &nodus_http::Refused<'_>) {
-    let line = r
-        .request
-        .map(|l| format!("{} {} {:?}", l.method, l.path, l.version));
-    let entry = (r.status.as_u16(), line, r.elapsed_ns.is_some());
-    REFUSED.lock().unwrap().push(entry);
+    REFUSED.lock().unwrap().push(report(r));
 }
 
 /// Writes `raw` on a new connection and reads the status of the answer.
@@ -368,8 +387,18 @@ fn every_refusal_is_counted_and_reported_once() {
     assert_eq!(status_of(&server, many.as_bytes()), 431);
     let long = format!("GET /{} HTTP/1.1\r\nHost: t\r\n\r\n", "u".repeat(70_000));
     assert_eq!(status_of(&server, long.as_bytes()), 414);
+    // A request line that alone reaches the head limit: 414 from nodus where hyper says 431.
+    // (Exactly the limit, no more, so that the server reads all of it and its close is no reset.)
+    let longer = format!("GET /{}", "u".repeat(128 * 1024 - 5));
+    assert_eq!(status_of(&server, longer.as_bytes()), 414);
     assert_eq!(
         status_of(&server, b"GET / HTTP/1.1\r\nHo st: t\r\n\r\n"),
+        400
+    );
+    // hyper (httparse) reads HTTP/1.0 and 1.1 only: a higher HTTP/1 minor version is refused,
+    // as by Node (nginx would answer it as 1.1).
+    assert_eq!(
+        status_of(&server, b"GET / HTTP/1.2\r\nHost: t\r\n\r\n"),
         400
     );
     let mut s = server.connect();
@@ -383,17 +412,19 @@ fn every_refusal_is_counted_and_reported_once() {
     assert_eq!(
         refused,
         [
-            (400, line("GET /no-host HTTP/1.1"), true),
-            (400, line("GET /two-hosts HTTP/1.1"), true),
-            (413, line("POST /echo HTTP/1.1"), true),
-            (431, None, false),
-            (414, None, false),
-            (400, None, false),
-            (400, None, false),
+            (400, line("GET /no-host HTTP/1.1"), true, true, 40),
+            (400, line("GET /two-hosts HTTP/1.1"), true, true, 56),
+            (413, line("POST /echo HTTP/1.1"), true, true, 23),
+            (431, None, true, false, 0),
+            (414, None, true, false, 0),
+            (414, None, true, false, 0),
+            (400, None, true, false, 0),
+            (400, None, true, false, 0),
+            (400, None, true, false, 0),
         ]
     );
     assert_eq!(snap.http.responses_by_class[1], 1);
-    assert_eq!(snap.http.responses_by_class[3], 7, "every refusal counted");
+    assert_eq!(snap.http.responses_by_class[3], 9, "every refusal counted");
     // Only the parsed ones have a duration; nothing is left in flight.
     assert_eq!(snap.http.request_duration.count, 4);
     assert_eq!(snap.http.requests_in_flight, 0);
@@ -1114,4 +1145,146 @@ fn a_client_that_stops_reading_a_response_is_cut_after_the_write_stall_timeout()
     }
     let (cut, snap) = server.finish();
     assert_eq!((cut, snap.http.connections_open), (0, 0));
+}
+
+/// Reads what the server sends until it closes the connection (bounded by the read timeout).
+fn read_to_close(r: &mut impl Read) -> Vec<u8> {
+    let mut rest = Vec::new();
+    r.read_to_end(&mut rest)
+        .expect("the server closes the connection");
+    rest
+}
+
+#[test]
+fn a_request_line_over_the_head_limit_gets_414_and_a_header_over_it_431() {
+    let server = TestServer::start(Config::default(), Duration::from_secs(1));
+    let uri = |len: usize| format!("GET /{} HTTP/1.1\r\nHost: t\r\n\r\n", "u".repeat(len));
+    // nginx answers a request line that does not fit its buffer with 414, not 431.
+    let mut s = server.connect();
+    s.write_all(uri(17 * 1000).as_bytes()).unwrap();
+    let mut r = BufReader::new(s);
+    let reply = read_reply(&mut r, false).unwrap();
+    assert_eq!(reply.status, 414);
+    assert!(reply.closes(), "{:?}", reply.headers);
+    assert!(read_to_close(&mut r).is_empty());
+    // A long URI that fits is served; a header over the limit is still 431.
+    assert_eq!(status_of(&server, uri(16_000).as_bytes()), 200);
+    let big_header = format!(
+        "GET / HTTP/1.1\r\nHost: t\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(17 * 1000)
+    );
+    assert_eq!(status_of(&server, big_header.as_bytes()), 431);
+    // A keep-alive connection's later request is checked from its own start.
+    let mut s = server.connect();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    s.write_all(uri(10_000).as_bytes()).unwrap();
+    assert_eq!(read_reply(&mut r, false).unwrap().status, 200);
+    s.write_all(uri(10_000).as_bytes()).unwrap();
+    assert_eq!(read_reply(&mut r, false).unwrap().status, 200);
+    let (_, snap) = server.finish();
+    assert_eq!(snap.http.responses_by_class[3], 2, "the 414 and the 431");
+}
+
+/// A handler that answers without reading the request's body (an early 405, a refused
+/// `Expect: 100-continue`) leaves hyper a body nobody takes: it closes the connection after the
+/// response (unless the rest of the body happens to be in its buffer), so the response says so.
+#[test]
+fn a_response_to_a_request_whose_body_was_not_read_says_connection_close() {
+    let server = TestServer::start(Config::default(), Duration::from_secs(1));
+    for head in [
+        "POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n",
+        "PUT / HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\nExpect: 100-continue\r\n\r\n",
+        "POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",
+    ] {
+        let mut s = server.connect();
+        s.write_all(head.as_bytes()).unwrap();
+        let mut r = BufReader::new(s);
+        let reply = read_reply(&mut r, false).unwrap();
+        assert_eq!(reply.status, 200, "{head:?}: no 100 Continue first");
+        assert!(reply.closes(), "{head:?}: {:?}", reply.headers);
+        assert!(read_to_close(&mut r).is_empty(), "{head:?}");
+    }
+    // A body the handler reads to its end (by length, or chunked) keeps the connection.
+    let mut s = server.connect();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    s.write_all(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nhello")
+        .unwrap();
+    let reply = read_reply(&mut r, false).unwrap();
+    assert_eq!((reply.status, reply.body.as_slice()), (200, &b"hello"[..]));
+    assert!(!reply.closes(), "{:?}", reply.headers);
+    s.write_all(b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n")
+        .unwrap();
+    s.write_all(b"2\r\nhi\r\n0\r\n\r\n").unwrap();
+    let reply = read_reply(&mut r, false).unwrap();
+    assert_eq!((reply.status, reply.body.as_slice()), (200, &b"hi"[..]));
+    assert!(!reply.closes(), "{:?}", reply.headers);
+    get(&mut s, "/");
+    assert_eq!(read_reply(&mut r, false).unwrap().status, 200);
+}
+
+/// HTTP/1.0 has no chunked coding: a body of no known length ends with the connection, so the
+/// answer to a keep-alive request says `Connection: close` (as nginx), not `keep-alive`.
+#[test]
+fn an_http_1_0_response_of_unknown_length_says_connection_close_and_ends_the_connection() {
+    let server = TestServer::start(Config::default(), Duration::from_secs(1));
+    let mut s = server.connect();
+    s.write_all(b"GET /stream HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        .unwrap();
+    let reply = read_reply(&mut BufReader::new(s), false).unwrap();
+    assert_eq!((reply.status, reply.body.as_slice()), (200, &b"stream"[..]));
+    assert!(reply.closes(), "{:?}", reply.headers);
+    assert_eq!(reply.header("content-length"), None);
+    // One of known length keeps the connection, as the client asked.
+    let mut s = server.connect();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    for _ in 0..2 {
+        s.write_all(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+            .unwrap();
+        let reply = read_reply(&mut r, false).unwrap();
+        assert_eq!((reply.status, reply.body.as_slice()), (200, &b"hello"[..]));
+        assert_eq!(reply.header("connection"), Some("keep-alive"));
+    }
+    // To HTTP/1.1 the same body is chunked, and the connection stays.
+    let mut s = server.connect();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    get(&mut s, "/stream");
+    let reply = read_reply(&mut r, false).unwrap();
+    assert_eq!(reply.body, b"stream");
+    assert!(!reply.closes(), "{:?}", reply.headers);
+}
+
+/// What `Config::on_refused` was told in
+/// `a_request_whose_connection_ends_before_its_handler_answers_is_reported_as_499`.
+static UNANSWERED: std::sync::Mutex<Vec<Report>> = std::sync::Mutex::new(Vec::new());
+
+fn record_unanswered(r: &nodus_http::Refused<'_>) {
+    UNANSWERED.lock().unwrap().push(report(r));
+}
+
+/// An access log has a line for a request whose handler never answered: nginx's 499.
+#[test]
+fn a_request_whose_connection_ends_before_its_handler_answers_is_reported_as_499() {
+    let config = Config {
+        on_refused: Some(record_unanswered),
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_millis(50));
+    let mut answered = server.connect();
+    get(&mut answered, "/");
+    assert_eq!(
+        read_reply(&mut BufReader::new(answered), false)
+            .unwrap()
+            .status,
+        200
+    );
+    let mut slow = server.connect();
+    get(&mut slow, "/slow?q=1");
+    std::thread::sleep(Duration::from_millis(50));
+    let (cut, _) = server.finish();
+    assert_eq!(cut, 1);
+    let reported = std::mem::take(&mut *UNANSWERED.lock().unwrap());
+    assert_eq!(
+        reported,
+        [(499, Some("GET /slow HTTP/1.1".to_owned()), true, true, 0)]
+    );
 }

@@ -19,6 +19,9 @@
 //! SIGTERM/SIGINT, or, for a worker, the primary's `stopping` notice or `disconnect`); a
 //! cluster primary (`--admin`) with no worker ready and no shutdown (starting, or every worker
 //! crashed or in backoff) says `no worker ready`, and one ready worker is enough for 200.
+//!
+//! They take GET and HEAD; another method HTTP defines is 405 with `Allow`, any other 501, as
+//! for static files (`static_files::known_method`).
 
 use std::net::SocketAddr;
 
@@ -158,6 +161,9 @@ pub async fn respond(
     source: &Source,
 ) -> Response<Body> {
     if method != Method::GET && method != Method::HEAD {
+        if !super::static_files::known_method(method) {
+            return text(StatusCode::NOT_IMPLEMENTED, "method not implemented\n");
+        }
         let mut r = text(
             StatusCode::METHOD_NOT_ALLOWED,
             "admin endpoints take GET or HEAD\n",

@@ -24,11 +24,10 @@
 //! either: `nodus::cluster::Worker` catches it for every Rust worker (one line naming the
 //! primary to send it to), so the primary spends no restart on it.
 //!
-//! The access log: one line per request, written by `handle_public` for what the handler
-//! answers and by `log_refused` (the server's `on_refused` hook) for what the server answers in
-//! the handler's stead (400 for `Host`, 413, a head it could not parse: 431, 400, and the 500
-//! of a handler that panicked); method, path and version of an unparsed head, and its time, are
-//! `-`.
+//! The access log (`access_log`): `handle_public` gives what the handler answers a body that
+//! writes the request's line when it is done with; the server's `on_refused` hook writes the
+//! lines of what it answered in the handler's stead, and of a request whose connection ended
+//! before its handler answered (499).
 
 use std::cell::Cell;
 use std::net::SocketAddr;
@@ -41,9 +40,10 @@ use nodus::cluster::FORCED_STOP_EXIT_CODE;
 use nodus::fs::quote;
 use nodus::net::TcpListener;
 use nodus::signal::{SIGHUP, SIGINT, SIGTERM, Signals};
-use nodus_http::server::{ConnInfo, Refused, RequestLine};
+use nodus_http::server::{ConnInfo, Refused};
 use nodus_http::{Body, Config, RequestBody, full, serve, text};
 
+use super::access_log::{self, log_refused};
 use super::admin;
 use super::file_body::FileBody;
 use super::gzip;
@@ -437,72 +437,17 @@ async fn handle_public(req: Request<RequestBody>, site: Rc<Site>) -> Response<Bo
         };
         serve_static(&site, method.clone(), target, req.headers().clone()).await
     };
-    if site.access_log {
-        let ns = nodus::clock::now_ns().saturating_sub(start);
-        let line = RequestLine {
-            method: &method,
-            path: &path,
-            version,
-        };
-        log_access(peer, Some(line), response.status(), Some(ns));
+    if !site.access_log {
+        return response;
     }
-    response
-}
-
-/// The access log's line for a request the server answered in the handler's stead (its
-/// `on_refused` hook: a refusal, or a panic's 500): the same format, `-` for what an unparsed
-/// head does not tell.
-fn log_refused(refused: &Refused<'_>) {
-    log_access(
-        refused.peer,
-        refused.request,
-        refused.status,
-        refused.elapsed_ns,
-    );
-}
-
-/// One access-log line: `PEER "METHOD PATH VERSION" STATUS TIME`, each unknown field `-`.
-fn log_access(
-    peer: Option<SocketAddr>,
-    request: Option<RequestLine<'_>>,
-    status: StatusCode,
-    ns: Option<u64>,
-) {
-    let peer = peer.map_or_else(|| "-".to_owned(), |p| p.to_string());
-    let (status, time) = (status.as_u16(), LogTime(ns));
-    match request {
-        Some(RequestLine {
-            method,
-            path,
-            version,
-        }) => {
-            let path = log_escape(path);
-            tracing::info!(target: "nodus::access", "{peer} \"{method} {path} {version:?}\" {status} {time}");
-        }
-        None => tracing::info!(target: "nodus::access", "{peer} \"- - -\" {status} {time}"),
-    }
-}
-
-/// An access-log line's time: `1.234ms`, or `-` when unknown.
-struct LogTime(Option<u64>);
-
-impl std::fmt::Display for LogTime {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0 {
-            Some(ns) => write!(f, "{:.3}ms", ns as f64 / 1e6),
-            None => f.write_str("-"),
-        }
-    }
-}
-
-/// A request path as the access log quotes it: `"` and `\` (which a request target may hold)
-/// written `\x22` and `\x5C`, as nginx does, so a client cannot close the quoted field and
-/// forge the ones after it.
-fn log_escape(path: &str) -> std::borrow::Cow<'_, str> {
-    if !path.contains(['"', '\\']) {
-        return path.into();
-    }
-    path.replace('\\', "\\x5C").replace('"', "\\x22").into()
+    let request = access_log::Request {
+        peer,
+        method,
+        path,
+        version,
+        start,
+    };
+    access_log::logged(request, response)
 }
 
 /// Plans the request and opens the file on the I/O pool, then streams it.
@@ -559,17 +504,5 @@ async fn serve_static(
 pub(super) fn tell_manager(state: &str) {
     if let Err(e) = nodus::notify::notify(state) {
         tracing::warn!("cannot notify the service manager ({state:?}): {e}");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn log_escape_closes_no_quoted_field() {
-        assert_eq!(super::log_escape("/a/b.txt"), "/a/b.txt");
-        assert_eq!(
-            super::log_escape(r#"/a" 200 0.1ms "x\y"#),
-            r"/a\x22 200 0.1ms \x22x\x5Cy"
-        );
     }
 }

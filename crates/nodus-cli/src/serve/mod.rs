@@ -19,6 +19,7 @@
 //! header is already right. `root` comes from
 //! `static_files::canonical_root(dir)` once at startup.
 
+mod access_log;
 pub(crate) mod admin;
 pub mod app;
 mod cluster_primary;

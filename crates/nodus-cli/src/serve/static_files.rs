@@ -2,7 +2,7 @@
 //! content is read.
 //!
 //! `plan` looks at the method, the URI path and the request headers, stats and canonicalizes,
-//! opens a regular file (`open_verified`), and returns a `Plan`: refuse (400/403/404/405/412),
+//! opens a regular file (`open_verified`), and returns a `Plan`: refuse (400/403/404/405/412/501),
 //! 304, 301 to the slash form of a directory (query kept), 416, an HTML listing, or a file, open,
 //! with its status (200/206), byte range and every response header. The HTTP glue then only has
 //! to stream `range` from that file (from the I/O pool), or send the in-memory body of the other
@@ -32,6 +32,10 @@
 //! - HEAD gets exactly the headers GET would get, `Range` and `--gzip` included (the caller omits
 //!   the body). With `--gzip`, the representation (gzip or identity, see `gzip`) is chosen before
 //!   preconditions are evaluated, so a 304 carries the `ETag` and `Vary` of the 200 it stands for.
+//!
+//! - Methods (RFC 9110 section 9.1): GET and HEAD are served; another method HTTP defines
+//!   (`known_method`) is 405 with `Allow: GET, HEAD`; any other is 501, a method this server
+//!   does not implement at all.
 //!
 //! `plan` makes blocking system calls (stat, canonicalize, open, readdir): run it on the I/O pool.
 
@@ -85,7 +89,7 @@ pub struct FileId {
 /// `Content-Length` where there is a body); `Plan::inline_body` is the body of all but `File`.
 #[derive(Debug)]
 pub enum Plan {
-    /// 400/403/404/405/412 with a short plain-text reason (never a path).
+    /// 400/403/404/405/412/501 with a short plain-text reason (never a path).
     Refuse {
         status: StatusCode,
         reason: &'static str,
@@ -188,6 +192,9 @@ pub fn plan_at(
     now: SystemTime,
 ) -> Plan {
     if method != Method::GET && method != Method::HEAD {
+        if !known_method(method) {
+            return refuse(StatusCode::NOT_IMPLEMENTED, "method not implemented");
+        }
         let mut plan = refuse(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
         if let Plan::Refuse { headers, .. } = &mut plan {
             headers.insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
@@ -230,6 +237,24 @@ pub fn plan_at(
     // The type follows the requested name (as a client sees it), not a symlink's target.
     let name = Path::new(decoded.segments.last().map_or("", String::as_str));
     file_plan(path, name, &meta, method, headers, opts, now)
+}
+
+/// Whether HTTP defines `method`: RFC 9110's eight and RFC 5789's PATCH. A server that does not
+/// allow one of these for a resource answers 405; one it does not know at all (`FOO`,
+/// WebDAV's `PROPFIND`) is a method it does not implement: 501 (RFC 9110 section 9.1).
+pub fn known_method(method: &Method) -> bool {
+    [
+        Method::GET,
+        Method::HEAD,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::CONNECT,
+        Method::OPTIONS,
+        Method::TRACE,
+        Method::PATCH,
+    ]
+    .contains(method)
 }
 
 /// Canonicalizes `joined` and stats it; `None` if it does not exist, leaves the root, or

@@ -205,8 +205,9 @@ fn listing_html(plan: &Plan) -> &str {
 #[test]
 fn only_get_and_head() {
     let t = Tree::new();
+    // Methods HTTP defines: known, not allowed here (RFC 9110 section 9.1).
     for m in [
-        "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT", "BREW",
+        "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT",
     ] {
         let method = Method::from_bytes(m.as_bytes()).unwrap();
         let p = t.plan(method, "/hello.txt", &[], &StaticOptions::default());
@@ -214,6 +215,16 @@ fn only_get_and_head() {
         assert_eq!(h(&p, "allow"), Some("GET, HEAD"));
         assert_eq!(p.inline_body().unwrap(), "method not allowed\n");
         assert_eq!(h(&p, "content-length"), Some("19"));
+    }
+    // Any other: not implemented by this server at all, whatever the path.
+    for m in ["FOO", "BREW", "PROPFIND", "get", "Get"] {
+        let method = Method::from_bytes(m.as_bytes()).unwrap();
+        for path in ["/hello.txt", "/nope", "/../x"] {
+            let p = t.plan(method.clone(), path, &[], &StaticOptions::default());
+            assert_status(&p, 501, m);
+            assert_eq!(h(&p, "allow"), None);
+            assert_eq!(p.inline_body().unwrap(), "method not implemented\n");
+        }
     }
     // HEAD: the same headers as GET, for a file, a range, a listing, a 304 and a refusal.
     for (path, hs) in [
