@@ -9,8 +9,9 @@
 //!   header-read timeout against slowloris, keep-alive idle timeout, write-stall timeout against
 //!   a client that stops reading, max connections) and a graceful drain with a deadline. A
 //!   handler learns its peer from the request's extensions
-//!   (`req.extensions().get::<ConnInfo>()`, unless `Config::conn_info` is off); any [`Accept`] listener can be served (nodus's
-//!   `TcpListener`, `UnixListener`, a cluster worker's `Listener`). A request the server refuses
+//!   (`req.extensions().get::<ConnInfo>()`, unless `Config::conn_info` is off); any [`Accept`]
+//!   listener can be served (nodus's `TcpListener`, `UnixListener`, a cluster worker's
+//!   `Listener`). A request the server refuses
 //!   before the handler (400, 413, 414, 431), or answers with a 500 because the handler panicked,
 //!   is counted and reported to `Config::on_refused` ([`Refused`]), and so is one whose
 //!   connection ended before its handler answered (499, nginx's "client closed request"; not
