@@ -10,7 +10,9 @@
 //! 1. the registry of nodus's own children (`process::reaper`),
 //! 2. the orphan queue (`process::orphans`),
 //! 3. the process's live loops (`rt::context`),
-//! 4. the signal streams' counts (`signal`),
+//! 4. the signal streams' counts (`signal`; also held around nodus's every registration and
+//!    unregistration of a signal-hook action, so no fork copies signal-hook's registry lock held
+//!    by a thread of nodus's: see `signal` for what that covers and what not),
 //! 5. the watchdog's pending registrations, then 6. its ring of stalls (`watchdog`).
 //!
 //! Invariants:
@@ -22,12 +24,16 @@
 //! - nodus never forks holding one (the handlers would wait for this very thread). What nodus
 //!   runs in its own forked children without `exec` (`pre_exec` steps, the orphan guard) takes
 //!   none: raw syscalls.
-//! - The child handler only unlocks (async-signal-safe: no allocation, no free). What the locks
-//!   guard that is the parent's alone (its children, its forks in progress, the children handed
-//!   to its orphan thread) is dropped by the registry and the orphan queue themselves at their
-//!   first lock in the forked process, which they tell by the pid that owns them.
+//! - The child handler gives back the default action of every signal the parent's streams catch
+//!   (`signal::forked`: atomic stores through the lock it holds; the parent's loops do not run in
+//!   the child, so their streams would swallow the signal), then unlocks: async-signal-safe, no
+//!   allocation, no free. What the locks guard that is the parent's alone (its children, its
+//!   forks in progress, the children handed to its orphan thread, its streams' counts) is dropped
+//!   by the registry, the orphan queue and the signal counts themselves at their first lock in
+//!   the forked process, which they tell by the pid that owns them.
 //! - A fork pays six uncontended locks, or waits while a holder finishes (the longest: a
-//!   subreaper pass, a listing of `/proc`).
+//!   subreaper pass, a listing of `/proc`; a signal stream's registration with signal-hook, which
+//!   waits for signal-hook's handlers running on other threads).
 
 use std::cell::RefCell;
 use std::sync::Once;
@@ -42,7 +48,7 @@ struct Held {
     _registry: TableGuard,
     _orphans: QueueGuard,
     _loops: LoopsGuard,
-    _signals: ListenersGuard,
+    signals: ListenersGuard,
     _pending: PendingGuard,
     _ring: RingGuard,
 }
@@ -58,8 +64,7 @@ pub(crate) fn register() {
     REGISTERED.call_once(|| {
         // SAFETY: registers plain `extern "C"` functions without arguments; they never unwind
         // (a panic in them aborts) and stay valid for the life of the process.
-        let r =
-            unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork)) };
+        let r = unsafe { libc::pthread_atfork(Some(before_fork), Some(in_parent), Some(in_child)) };
         if r != 0 {
             tracing::warn!(
                 target: "nodus",
@@ -80,7 +85,7 @@ extern "C" fn before_fork() {
             _registry: take(0, lock_table),
             _orphans: take(1, lock_queue),
             _loops: take(2, lock_loops),
-            _signals: take(3, lock_listeners),
+            signals: take(3, lock_listeners),
             _pending: take(4, lock_pending),
             _ring: take(5, lock_ring),
         });
@@ -94,13 +99,25 @@ fn take<G>(_index: usize, lock: fn() -> G) -> G {
     lock()
 }
 
-/// After a `fork`, in the parent and in the child (the forking thread's copy): lets them go.
-extern "C" fn after_fork() {
+/// After a `fork`, in the parent: lets them go.
+extern "C" fn in_parent() {
     let _ = HELD_ACROSS_FORK.try_with(|held| drop(held.borrow_mut().take()));
 }
 
+/// After a `fork`, in the child (the forking thread's copy): gives the signals the parent's
+/// streams catch their default action back, then lets the locks go (see the module doc).
+extern "C" fn in_child() {
+    let _ = HELD_ACROSS_FORK.try_with(|held| {
+        let held = held.borrow_mut().take();
+        if let Some(held) = &held {
+            crate::signal::forked(&held.signals);
+        }
+        drop(held);
+    });
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex, mpsc};
     use std::time::{Duration, Instant};
@@ -108,7 +125,7 @@ mod tests {
     use super::*;
 
     /// Per lock (the module doc's order): how many forks' handlers have begun to take it.
-    pub(super) static TAKING: [AtomicUsize; 6] = [const { AtomicUsize::new(0) }; 6];
+    pub(crate) static TAKING: [AtomicUsize; 6] = [const { AtomicUsize::new(0) }; 6];
 
     /// One such test at a time: two holders each waiting for the other's fork would only be
     /// let go by their hang bound.

@@ -12,15 +12,43 @@
 //! action per signal, registered with the first stream, runs the default while no stream lives.
 //! That holds even if other code in the process registered its own signal-hook action.)
 //!
-//! Invariants: readiness is edge-triggered, so every wake-up drains every pending signal before
-//! clearing readiness; a signal arriving after the drain writes to the pipe again and produces a
-//! new edge. `LISTENERS` counts, per signal, the live streams catching it; its flag is `true`
-//! exactly when the count is 0. Its lock is never copied held into a forked process
-//! (`crate::atfork` takes it around every `fork`).
+//! A process forked without `exec` runs none of its parent's loops, so its copies of the parent's
+//! streams catch nothing there: from the fork on, every signal they catch has its default action
+//! back in it (the fork handler, `crate::atfork`), but a real-time one (no conditional default:
+//! swallowed, as in the parent once no stream catches it). Their pipe actions stay registered
+//! there and write to the pipes it shares with the parent, whose streams wake with no signal to
+//! read. A stream the forked process makes catches as anywhere, and a copy of the parent's
+//! dropped there uncounts nothing of its own. (Node has no fork without `exec`; libuv wants
+//! `uv_loop_fork` first, tokio calls a runtime unusable after one.)
+//!
+//! Invariants:
+//! - Readiness is edge-triggered, so every wake-up drains every pending signal before clearing
+//!   readiness; a signal arriving after the drain writes to the pipe again and produces a new
+//!   edge.
+//! - `LISTENERS` counts, per signal, the live streams of its owner process catching it; its flag
+//!   is `true` exactly when the count is 0. Its lock is never copied held into a forked process
+//!   (`crate::atfork` takes it around every `fork`).
+//! - In the forked process the fork handler sets every flag to `true` (atomic stores on what the
+//!   lock held across the fork guards: async-signal-safe), and the first use of `LISTENERS` there
+//!   sets every count to 0 and takes the table for that process; a stream counted for another
+//!   process releases nothing.
+//! - Every call nodus makes into signal-hook that registers or unregisters an action (a
+//!   conditional default's registration; a stream's pipe actions, with signal-hook's lock of
+//!   that stream) is made under `LISTENERS`'s lock, so no `fork` happens while a thread of
+//!   nodus's is inside signal-hook's registry: none copies its registry lock (a mutex private to
+//!   `signal_hook_registry`, which no API reaches and no fork handler of its own takes) held by
+//!   a thread of nodus's. Not covered, since nodus cannot wait for them: a registration by other
+//!   code in the process (a library's, the program's `signal_hook::flag::register`), and a
+//!   signal handler of signal-hook's running on another thread at the fork (its read count of the
+//!   registry is copied and never falls back: the forked process's first registration or
+//!   unregistration, a `Signals::new` or a copied stream's drop there, spins for good). A fork
+//!   from a thread whose thread-locals are gone (it is exiting) holds no lock, and so gives the
+//!   forked process neither guarantee nor the default actions back (`crate::atfork`).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::future::poll_fn;
 use std::io;
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
@@ -40,52 +68,123 @@ pub fn name(signal: i32) -> &'static str {
     signal_hook::low_level::signal_name(signal).unwrap_or("signal")
 }
 
-/// Per signal: the flag of its conditional default action (`true`: no stream catches it, run the
-/// default) and the number of live streams that catch it.
-static LISTENERS: Mutex<BTreeMap<i32, (Arc<AtomicBool>, usize)>> = Mutex::new(BTreeMap::new());
-
-/// [`LISTENERS`]'s lock, held across a `fork` by the forking thread (see `crate::atfork`).
-pub(crate) type ListenersGuard = MutexGuard<'static, BTreeMap<i32, (Arc<AtomicBool>, usize)>>;
-
-fn listeners() -> ListenersGuard {
-    crate::atfork::register();
-    lock_listeners()
+/// Per signal, the flag of its conditional default action and the live streams that catch it.
+pub(crate) struct Listeners {
+    /// The process the counts are for (see the module doc): 0 before its first lock.
+    owner: u32,
+    /// Per signal: the flag (`true`: no stream catches it, run the default) and the count.
+    signals: BTreeMap<i32, (Arc<AtomicBool>, usize)>,
 }
 
-/// [`listeners`] without the fork handlers' registration: for the handlers themselves.
+static LISTENERS: Mutex<Listeners> = Mutex::new(Listeners {
+    owner: 0,
+    signals: BTreeMap::new(),
+});
+
+/// [`LISTENERS`]'s lock, held across a `fork` by the forking thread (see `crate::atfork`).
+pub(crate) type ListenersGuard = MutexGuard<'static, Listeners>;
+
+/// The counts, this process's own (see the module doc).
+fn listeners() -> ListenersGuard {
+    crate::atfork::register();
+    let mut l = lock_listeners();
+    let me = std::process::id();
+    if l.owner != me {
+        // New, or forked from the process it was: none of that one's streams catches here.
+        l.owner = me;
+        for (idle, count) in l.signals.values_mut() {
+            *count = 0;
+            idle.store(true, Ordering::SeqCst);
+        }
+    }
+    l
+}
+
+/// [`listeners`] without the fork handlers' registration nor the owner's check: for the
+/// handlers themselves.
 pub(crate) fn lock_listeners() -> ListenersGuard {
     LISTENERS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// In a process just forked, from the fork handler, with the lock held across the fork: every
+/// signal gets its default action back (see the module doc). Atomic stores only: no allocation,
+/// no lock (async-signal-safe).
+pub(crate) fn forked(listeners: &Listeners) {
+    for (idle, _) in listeners.signals.values() {
+        idle.store(true, Ordering::SeqCst);
+    }
+}
+
 /// How many live streams of the process catch `signal`.
 pub(crate) fn streams_catching(signal: i32) -> usize {
-    listeners().get(&signal).map_or(0, |&(_, count)| count)
+    listeners()
+        .signals
+        .get(&signal)
+        .map_or(0, |&(_, count)| count)
 }
 
 /// A stream of the signals it was created for.
 pub struct Signals {
-    /// Declared first, so dropped before `pipe`: once released, a signal gets its default.
-    _listening: Listening,
-    pipe: PipeSignals,
+    /// Its signals' counts and pipe, dropped once `Signals::drop` took the pipe out of epoll.
+    hook: Hook,
     reg: Registration,
     queued: VecDeque<i32>,
 }
 
-/// Counts its signals in [`LISTENERS`] while it lives. The first count of a signal registers its
-/// conditional default action, before any stream's pipe action for it: signal-hook runs a
-/// signal's actions in registration order, so a handler reads the flag before it writes to a
-/// pipe, and a stream that got the signal and was dropped at once (its flag back to `true`) can
-/// never have the same handler run go on to the default action.
-struct Listening(Box<[i32]>);
+/// A stream's part in signal-hook: its signals counted in [`LISTENERS`] and its pipe's actions,
+/// made and unmade under [`LISTENERS`]'s lock (see the module doc). The first count of a signal
+/// registers its conditional default action, before any stream's pipe action for it:
+/// signal-hook runs a signal's actions in registration order, so a handler reads the flag
+/// before it writes to a pipe, and a stream that got the signal and was dropped at once (its
+/// flag back to `true`) can never have the same handler run go on to the default action.
+struct Hook {
+    /// Sorted, without duplicates.
+    signals: Box<[i32]>,
+    /// The process whose counts hold this stream (see [`Listeners::owner`]).
+    owner: u32,
+    /// Dropped in `Hook::drop`, under the lock.
+    pipe: ManuallyDrop<PipeSignals>,
+}
 
-impl Listening {
-    fn new(signals: &[i32]) -> Listening {
+impl Hook {
+    fn new(signals: &[i32]) -> io::Result<Hook> {
         let mut signals = signals.to_vec();
         signals.sort_unstable();
         signals.dedup();
         let mut listeners = listeners();
-        for &signal in &signals {
-            let (idle, count) = listeners.entry(signal).or_insert_with(|| {
+        listeners.count(&signals);
+        match PipeSignals::new(signals.iter().copied()) {
+            Ok(pipe) => Ok(Hook {
+                signals: signals.into_boxed_slice(),
+                owner: listeners.owner,
+                pipe: ManuallyDrop::new(pipe),
+            }),
+            Err(e) => {
+                listeners.uncount(&signals);
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for Hook {
+    /// Uncounts first, so a signal from then on gets its default, then unregisters the pipe's
+    /// actions.
+    fn drop(&mut self) {
+        let mut listeners = listeners();
+        if listeners.owner == self.owner {
+            listeners.uncount(&self.signals);
+        }
+        // SAFETY: dropped once, here, and never used again.
+        unsafe { ManuallyDrop::drop(&mut self.pipe) };
+    }
+}
+
+impl Listeners {
+    /// One more stream catches `signals`: the first registers the signal's conditional default.
+    fn count(&mut self, signals: &[i32]) {
+        for &signal in signals {
+            let (idle, count) = self.signals.entry(signal).or_insert_with(|| {
                 let idle = Arc::new(AtomicBool::new(false));
                 // A signal signal-hook has no default for (a real-time one) cannot get this
                 // action: once no stream catches it, it stays swallowed.
@@ -95,15 +194,12 @@ impl Listening {
             *count += 1;
             idle.store(false, Ordering::SeqCst);
         }
-        Listening(signals.into_boxed_slice())
     }
-}
 
-impl Drop for Listening {
-    fn drop(&mut self) {
-        let mut listeners = listeners();
-        for signal in &self.0 {
-            if let Some((idle, count)) = listeners.get_mut(signal) {
+    /// One stream less catches `signals`.
+    fn uncount(&mut self, signals: &[i32]) {
+        for signal in signals {
+            if let Some((idle, count)) = self.signals.get_mut(signal) {
                 *count -= 1;
                 if *count == 0 {
                     idle.store(true, Ordering::SeqCst);
@@ -133,14 +229,12 @@ impl Signals {
                 format!("{} ({forbidden}) cannot be caught", name(forbidden)),
             ));
         }
-        let listening = Listening::new(signals);
-        let mut pipe = PipeSignals::new(signals.iter().copied())?;
+        let mut hook = Hook::new(signals)?;
         with_core("nodus::signal::Signals::new", |core| {
             // Unref'd by default (Node's rule).
-            let reg = Registration::new(core, &mut pipe, false)?;
+            let reg = Registration::new(core, &mut *hook.pipe, false)?;
             Ok(Signals {
-                _listening: listening,
-                pipe,
+                hook,
                 reg,
                 queued: VecDeque::new(),
             })
@@ -167,7 +261,7 @@ impl Signals {
                 drop(old);
                 return Poll::Pending;
             }
-            self.queued.extend(self.pipe.pending());
+            self.queued.extend(self.hook.pipe.pending());
             if self.queued.is_empty() {
                 let ready = &self.reg.state().ready;
                 ready.set(ready.get() & !READABLE);
@@ -190,6 +284,147 @@ impl Drop for Signals {
     /// Leaves its loop's epoll set before the pipe closes, wherever it is dropped (see
     /// `io::reactor::Registration`).
     fn drop(&mut self) {
-        self.reg.deregister(&mut self.pipe);
+        self.reg.deregister(&mut *self.hook.pipe);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::thread::JoinHandleExt;
+    use std::sync::atomic::AtomicBool;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::process::alone::{alone, exit_code};
+
+    /// Forks a process that runs `check` (a code for each failure, 0 when it passed) and
+    /// `_exit`s with its code; returns that code (or the wait status, SIGKILLed after 10 s).
+    fn in_forked_process(check: fn() -> i32) -> Result<i32, libc::c_int> {
+        // SAFETY: the forked process runs `check` (nodus code the test chose; the locks nodus's
+        // other threads may hold are taken around the fork) and `_exit`s, never returning into
+        // the harness.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let code = std::panic::catch_unwind(check).unwrap_or(99);
+            // SAFETY: ends the forked process without running this one's exit handlers.
+            unsafe { libc::_exit(code) };
+        }
+        assert!(pid > 0, "fork: {}", io::Error::last_os_error());
+        exit_code(pid, Duration::from_secs(10))
+    }
+
+    /// In a process forked without `exec`, the parent's streams are not counted (what they caught
+    /// gets its default action), one of its own is, and a copy of the parent's dropped there
+    /// does not uncount it.
+    #[test]
+    fn a_forked_process_counts_its_own_streams_only() {
+        if !alone("signal::tests::a_forked_process_counts_its_own_streams_only") {
+            return;
+        }
+        let parents = Hook::new(&[SIGUSR1]).unwrap();
+        assert_eq!(streams_catching(SIGUSR1), 1);
+        static PARENTS: Mutex<Option<Hook>> = Mutex::new(None);
+        *PARENTS.lock().unwrap() = Some(parents);
+        let code = in_forked_process(|| {
+            if streams_catching(SIGUSR1) != 0 {
+                return 1;
+            }
+            let idle = |l: &Listeners| l.signals.get(&SIGUSR1).map(|(i, _)| i.clone());
+            if !idle(&listeners()).is_some_and(|i| i.load(Ordering::SeqCst)) {
+                return 2;
+            }
+            let own = Hook::new(&[SIGUSR1]).unwrap();
+            if streams_catching(SIGUSR1) != 1 {
+                return 3;
+            }
+            drop(PARENTS.lock().unwrap().take());
+            if streams_catching(SIGUSR1) != 1 {
+                return 4;
+            }
+            drop(own);
+            if streams_catching(SIGUSR1) != 0 {
+                return 5;
+            }
+            0
+        });
+        assert_eq!(
+            code,
+            Ok(0),
+            "1: the parent's stream counted, 2: SIGUSR1 not back to its default, 3: its own not \
+             counted, 4: the parent's copy uncounted its own, 5: its own not uncounted"
+        );
+        // The parent's counts are its own still.
+        assert_eq!(streams_catching(SIGUSR1), 1);
+        drop(PARENTS.lock().unwrap().take());
+        assert_eq!(streams_catching(SIGUSR1), 0);
+    }
+
+    /// While one thread registers a stream with signal-hook (held there by a signal handler of
+    /// signal-hook's running on a third thread, whose end the registration waits for), a fork
+    /// waits for it: the forked process does not find signal-hook's registry locked, or its
+    /// handler's read count copied for good, and registers a stream of its own.
+    #[test]
+    fn a_fork_waits_for_a_stream_registering_on_another_thread() {
+        if !alone("signal::tests::a_fork_waits_for_a_stream_registering_on_another_thread") {
+            return;
+        }
+        static IN_HANDLER: AtomicBool = AtomicBool::new(false);
+        static RELEASE: AtomicBool = AtomicBool::new(false);
+        let bounded = |done: &dyn Fn() -> bool| {
+            let limit = Instant::now() + Duration::from_secs(5);
+            while !done() && Instant::now() < limit {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        // SIGUSR1's conditional default is registered now: the stream below only registers its
+        // pipe's action.
+        let first = Hook::new(&[SIGUSR1]).unwrap();
+        // SAFETY: the action uses atomics and the monotonic clock only (async-signal-safe) and
+        // spins until released (20 s at most, should the test fail on its way: longer than any
+        // wait of this process's before its fork).
+        let action = unsafe {
+            signal_hook::low_level::register(SIGUSR2, || {
+                IN_HANDLER.store(true, Ordering::SeqCst);
+                let limit = Instant::now() + Duration::from_secs(20);
+                while !RELEASE.load(Ordering::SeqCst) && Instant::now() < limit {
+                    std::hint::spin_loop();
+                }
+            })
+        }
+        .unwrap();
+        let handling = std::thread::spawn(|| {
+            while !RELEASE.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        // SAFETY: signals a live thread of this process (joined below).
+        unsafe { libc::pthread_kill(handling.as_pthread_t(), SIGUSR2) };
+        bounded(&|| IN_HANDLER.load(Ordering::SeqCst));
+        assert!(IN_HANDLER.load(Ordering::SeqCst), "no handler run");
+        let registering = std::thread::spawn(|| drop(Hook::new(&[SIGUSR1]).unwrap()));
+        // Inside its registration: holding the lock, waiting for the handler.
+        bounded(&|| LISTENERS.try_lock().is_err());
+        std::thread::sleep(Duration::from_millis(100));
+        let before = crate::atfork::tests::TAKING[3].load(Ordering::SeqCst);
+        let releasing = std::thread::spawn(move || {
+            // Once the fork has begun to take the lock (and waits there).
+            let taking = || crate::atfork::tests::TAKING[3].load(Ordering::SeqCst) > before;
+            let limit = Instant::now() + Duration::from_secs(10);
+            while !taking() && Instant::now() < limit {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            RELEASE.store(true, Ordering::SeqCst);
+        });
+        let code = in_forked_process(|| {
+            drop(Hook::new(&[SIGUSR1, SIGUSR2]).unwrap());
+            0
+        });
+        for thread in [releasing, registering, handling] {
+            thread.join().unwrap();
+        }
+        signal_hook::low_level::unregister(action);
+        drop(first);
+        assert_eq!(code, Ok(0), "the forked process's registration hung");
     }
 }

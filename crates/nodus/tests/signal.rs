@@ -101,3 +101,90 @@ fn a_signal_that_cannot_be_caught_is_an_error() {
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
     assert!(err.to_string().contains("SIGKILL"), "{err}");
 }
+
+/// Forks a process that runs `child` and `_exit`s with its code; returns its wait status
+/// (SIGKILLed after 20 s).
+fn fork_and_wait(child: fn() -> i32) -> libc::c_int {
+    // SAFETY: the forked process runs `child` (nodus code of this test) and `_exit`s, never
+    // returning into the harness.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let code = std::panic::catch_unwind(child).unwrap_or(99);
+        // SAFETY: ends the forked process without running this one's exit handlers.
+        unsafe { libc::_exit(code) };
+    }
+    assert!(pid > 0, "fork: {}", std::io::Error::last_os_error());
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut status = 0;
+    loop {
+        // SAFETY: waits for our own child, writing its status to a valid int.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            return status;
+        }
+        assert_eq!(r, 0, "waitpid({pid})");
+        if std::time::Instant::now() > deadline {
+            // SAFETY: `pid` is our unreaped child (its number cannot be another's).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Sends SIGTERM to this process, then waits 5 s for it to end: 3 if it did not.
+fn term_self() -> i32 {
+    let me = rustix::process::getpid();
+    rustix::process::kill_process(me, rustix::process::Signal::TERM).unwrap();
+    std::thread::sleep(Duration::from_secs(5));
+    3
+}
+
+fn assert_ended_by_sigterm(status: libc::c_int, what: &str) {
+    assert!(
+        libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == SIGTERM,
+        "{what}: wait status {status:#x} (exit code {} when it did not end by SIGTERM: 2 = its \
+         own stream caught nothing, 3 = SIGTERM swallowed)",
+        libc::WEXITSTATUS(status)
+    );
+}
+
+/// A process forked without `exec` from one whose loop catches SIGTERM runs none of that loop:
+/// there a SIGTERM does what it does by default (ends it) instead of being written to a pipe no
+/// one reads. A stream it makes of its own catches it, and once that stream is dropped the
+/// default is back. The parent's stream still catches it in the parent.
+#[test]
+fn a_process_forked_without_exec_gets_the_default_action_of_what_its_parents_loop_caught() {
+    const NAME: &str =
+        "a_process_forked_without_exec_gets_the_default_action_of_what_its_parents_loop_caught";
+    if !nodus_testkit::alone::is_inner(NAME) {
+        let (code, out) = nodus_testkit::alone::run(NAME);
+        assert!(code == Some(0) && out.contains("1 passed"), "{out}");
+        return;
+    }
+    let rt = Runtime::new();
+    let mut parents = rt.enter(|| Signals::new(&[SIGTERM, SIGUSR1]).unwrap());
+    assert_ended_by_sigterm(fork_and_wait(term_self), "forked, SIGTERM");
+    let status = fork_and_wait(|| {
+        let rt = Runtime::new();
+        let caught = rt.block_on(async {
+            let mut own = Signals::new(&[SIGTERM]).unwrap();
+            let me = rustix::process::getpid();
+            rustix::process::kill_process(me, rustix::process::Signal::TERM).unwrap();
+            nodus::timeout(Duration::from_secs(5), own.recv()).await
+        });
+        if caught != Ok(SIGTERM) {
+            return 2;
+        }
+        term_self()
+    });
+    assert_ended_by_sigterm(
+        status,
+        "forked, a stream of its own caught SIGTERM and was dropped",
+    );
+    let got = rt.block_on(async {
+        let me = rustix::process::getpid();
+        rustix::process::kill_process(me, rustix::process::Signal::TERM).unwrap();
+        nodus::timeout(Duration::from_secs(5), parents.recv()).await
+    });
+    assert_eq!(got, Ok(SIGTERM));
+}

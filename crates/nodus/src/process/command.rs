@@ -15,7 +15,10 @@
 //!   `SIGTERM`) does what it does to the program, instead of running the parent's handler in the
 //!   child, where signal-hook's would swallow it. (What std runs in the child before `pre_exec`,
 //!   the stdio `dup2`s, `chdir`, `setpgid` and the signal-mask reset, still runs with the
-//!   parent's handlers: a signal in those few microseconds can be lost.)
+//!   parent's handlers; glibc's `fork` has run nodus's fork handler before it, which gives every
+//!   signal a `nodus::signal` stream catches its default action back there (`signal`'s module
+//!   doc): only a real-time signal, or one that only other code catches, can be lost in those
+//!   few microseconds.)
 //! - The child gets stdio, the fds given to [`Command::pass_fd`] at their target numbers and,
 //!   with IPC, the channel right after the highest of them (fd 3 when there are none: Node's
 //!   `fork()` layout; listeners at 3..3+n then the channel: systemd's and DESIGN's layout), and

@@ -11,8 +11,8 @@
 //!   at: a nodus worker drains on its own deadline and exits by itself; a plain program got
 //!   SIGTERM at once.
 //! - Nothing is read before the channel ended (the worker's servers no longer accept then), and
-//!   nothing after the worker exited (the caller stops polling): /proc is read only while a
-//!   worker drains.
+//!   nothing after the worker exited (the caller stops polling): its sockets are read only while
+//!   it drains.
 //! - An inbound connection is a connected TCP socket (any state but `LISTEN` and `CLOSE`:
 //!   `ESTABLISHED`, `CLOSE_WAIT`, a half-closed `FIN_WAIT`...) among the fds of the worker process
 //!   itself (all its threads; not its children's: they are its business while it runs, and
@@ -20,12 +20,20 @@
 //!   primary's TCP listeners, every policy) or one of the worker's own listening TCP sockets (an
 //!   `exclusive` server) listens on. Outbound connections (a database pool) have an ephemeral
 //!   local port and do not count, nor do Unix sockets.
-//! - The sockets are the worker's `/proc/PID/fd` links (`socket:[INODE]`) matched to the rows of
-//!   `/proc/PID/net/tcp` and `tcp6` (its network namespace). If they cannot be read (`hidepid`,
-//!   another user's process), [`until_idle`] never returns: the deadline rule applies as before.
-//! - They are read on the I/O pool, never on the primary's loop thread: the tables list every TCP
-//!   socket of the namespace (megabytes on a busy host) while the loop accepts and hands on
-//!   connections.
+//! - The sockets are the worker's `/proc/PID/fd` links (`socket:[INODE]`) matched by inode to
+//!   the TCP sockets of its network namespace. Those come from `NETLINK_SOCK_DIAG`
+//!   ([`sock_diag`]): first the listening ones (few, even on a busy host), for the worker's own
+//!   ports, then only the connected ones on those ports and the cluster's (the kernel filters by
+//!   state and local port), so a host with very many sockets does not send them all every
+//!   [`POLL`].
+//!   `/proc/PID/net/tcp` and `tcp6` (the whole table, every socket) are read instead when the
+//!   worker is in another network namespace than the primary (the primary's netlink socket sees
+//!   its own), or netlink fails (`EPERM` in some containers, no `inet_diag` in the kernel). If
+//!   the worker's fds cannot be read (`hidepid`, another user's process), or neither source, the
+//!   worker is never idle ([`until_idle`] never returns): the deadline rule applies as before.
+//! - They are read on the I/O pool, never on the primary's loop thread: even filtered, a
+//!   namespace's sockets are walked by the kernel (and the fallback's tables are megabytes on a
+//!   busy host) while the loop accepts and hands on connections.
 
 use std::collections::HashSet;
 use std::io;
@@ -34,6 +42,8 @@ use std::time::Duration;
 
 use super::proc::Proc;
 use super::{State, server};
+
+mod sock_diag;
 
 /// How often a draining Node worker's sockets are looked at once its channel ended.
 const POLL: Duration = Duration::from_millis(50);
@@ -51,8 +61,8 @@ pub(super) async fn until_idle(st: &Rc<State>, proc: &Rc<Proc>) {
         if !proc.channel_ended.get() {
             continue;
         }
-        // On the I/O pool: the tables list every TCP socket of the host's network namespace,
-        // megabytes on a busy host, and the primary's loop accepts and hands on connections.
+        // On the I/O pool: the kernel walks every TCP socket of the namespace (and the
+        // fallback's tables are megabytes on a busy host) while the loop accepts connections.
         let ports = ports.clone();
         let held = crate::pool::offload_io(move || holds_inbound(pid, &ports))
             .await
@@ -74,10 +84,6 @@ pub(super) async fn until_idle(st: &Rc<State>, proc: &Rc<Proc>) {
     }
 }
 
-/// TCP states (`include/net/tcp_states.h`) of a socket that is not connected.
-const TCP_CLOSE: u8 = 0x07;
-const TCP_LISTEN: u8 = 0x0A;
-
 /// Whether process `pid` holds a connected TCP socket whose local port is in `ports` or is one
 /// it listens on itself.
 fn holds_inbound(pid: u32, ports: &HashSet<u16>) -> io::Result<bool> {
@@ -85,6 +91,57 @@ fn holds_inbound(pid: u32, ports: &HashSet<u16>) -> io::Result<bool> {
     if inodes.is_empty() {
         return Ok(false);
     }
+    if same_network_namespace(pid)?
+        && let Ok(held) = inbound_by_sock_diag(&inodes, ports)
+    {
+        return Ok(held);
+    }
+    inbound_in_tables(pid, &inodes, ports)
+}
+
+/// Whether process `pid` is in this process's network namespace.
+fn same_network_namespace(pid: u32) -> io::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let ns = |pid: &str| std::fs::metadata(format!("/proc/{pid}/ns/net"));
+    let (theirs, ours) = (ns(&pid.to_string())?, ns("self")?);
+    Ok((theirs.dev(), theirs.ino()) == (ours.dev(), ours.ino()))
+}
+
+/// [`any_inbound`]'s answer from this network namespace's sockets through `NETLINK_SOCK_DIAG`.
+fn inbound_by_sock_diag(inodes: &HashSet<u64>, ports: &HashSet<u16>) -> io::Result<bool> {
+    use std::ops::ControlFlow::{Break, Continue};
+    let mut diag = sock_diag::Diag::open()?;
+    let mut wanted: Vec<u16> = ports.iter().copied().collect();
+    for family in [libc::AF_INET, libc::AF_INET6] {
+        let _ = diag.dump(family, sock_diag::LISTENING, None, |port, inode| {
+            if inodes.contains(&inode) {
+                wanted.push(port);
+            }
+            Continue(())
+        })?;
+    }
+    if wanted.is_empty() {
+        return Ok(false);
+    }
+    wanted.sort_unstable();
+    wanted.dedup();
+    for family in [libc::AF_INET, libc::AF_INET6] {
+        let found = diag.dump(family, sock_diag::CONNECTED, Some(&wanted), |_, inode| {
+            if inodes.contains(&inode) {
+                Break(())
+            } else {
+                Continue(())
+            }
+        })?;
+        if found.is_break() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// [`any_inbound`] with process `pid`'s `/proc/PID/net/tcp` and `tcp6`.
+fn inbound_in_tables(pid: u32, inodes: &HashSet<u64>, ports: &HashSet<u16>) -> io::Result<bool> {
     let mut tables = Vec::with_capacity(2);
     for table in ["tcp", "tcp6"] {
         match std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) {
@@ -94,8 +151,12 @@ fn holds_inbound(pid: u32, ports: &HashSet<u16>) -> io::Result<bool> {
             Err(e) => return Err(e),
         }
     }
-    Ok(any_inbound(&inodes, &tables, ports))
+    Ok(any_inbound(inodes, &tables, ports))
 }
+
+/// TCP states (`include/net/tcp_states.h`) of a socket that is not connected.
+const TCP_CLOSE: u8 = 0x07;
+const TCP_LISTEN: u8 = 0x0A;
 
 /// Whether a socket of `inodes` is a connected one, in the `/proc/net/tcp` `tables`, whose local
 /// port is in `ports` or one a socket of `inodes` listens on.
@@ -165,6 +226,8 @@ fn parse_row(line: &str) -> Option<Row> {
 
 #[cfg(test)]
 mod tests {
+    use std::net::{TcpListener, TcpStream};
+
     use super::*;
 
     #[test]
@@ -195,41 +258,150 @@ mod tests {
         assert_eq!(parse_row(header), None);
     }
 
-    /// Sockets of this test (their inodes; other tests' sockets are in the tables too): an
+    /// A socket's inode.
+    fn inode(fd: impl std::os::fd::AsFd) -> u64 {
+        rustix::fs::fstat(fd).unwrap().st_ino
+    }
+
+    /// Whether the sockets `inodes` of this process hold an inbound connection on `ports` or on
+    /// one they listen on, asked of both sources (netlink, and the `/proc` tables it falls back
+    /// to), which must agree.
+    fn inbound(inodes: &[u64], ports: &[u16]) -> bool {
+        let inodes: HashSet<u64> = inodes.iter().copied().collect();
+        let ports: HashSet<u16> = ports.iter().copied().collect();
+        let by_diag = inbound_by_sock_diag(&inodes, &ports).unwrap();
+        let by_tables = inbound_in_tables(std::process::id(), &inodes, &ports).unwrap();
+        assert_eq!(
+            by_diag, by_tables,
+            "netlink and /proc/net/tcp disagree: sockets {inodes:?}, ports {ports:?}"
+        );
+        by_diag
+    }
+
+    /// A listener on 127.0.0.1, a connection to it from this process and its accepted end.
+    fn listener_client_served() -> (TcpListener, TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (served, _) = listener.accept().unwrap();
+        (listener, client, served)
+    }
+
+    /// Sockets of this test (their inodes; other tests' sockets are in the namespace too): an
     /// accepted connection on a cluster port counts, an outbound one (ephemeral local port) does
-    /// not, and a port the process listens on itself counts as a cluster port.
+    /// not, and a port the process listens on itself counts as a cluster port. Both sources.
     #[test]
     fn inbound_connections_are_told_from_outbound_ones() {
-        use std::os::fd::AsFd;
-        let inode = |fd: std::os::fd::BorrowedFd<'_>| rustix::fs::fstat(fd).unwrap().st_ino;
-        let tables = || {
-            ["tcp", "tcp6"]
-                .iter()
-                .filter_map(|t| std::fs::read_to_string(format!("/proc/self/net/{t}")).ok())
-                .collect::<Vec<_>>()
-        };
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let (listener, client, served) = listener_client_served();
         let port = listener.local_addr().unwrap().port();
-        let (cluster, none) = (HashSet::from([port]), HashSet::new());
-        let client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-        let (served, _) = listener.accept().unwrap();
-        let (l, c, s) = (
-            inode(listener.as_fd()),
-            inode(client.as_fd()),
-            inode(served.as_fd()),
-        );
+        let (l, c, s) = (inode(&listener), inode(&client), inode(&served));
         // Only a listening socket, or only an outbound connection: nothing inbound.
-        assert!(!any_inbound(&HashSet::from([l]), &tables(), &cluster));
-        assert!(!any_inbound(&HashSet::from([c]), &tables(), &cluster));
-        // The accepted connection, on a cluster port or on one the process listens on.
-        assert!(any_inbound(&HashSet::from([c, s]), &tables(), &cluster));
-        assert!(any_inbound(&HashSet::from([l, s]), &tables(), &none));
-        assert!(!any_inbound(&HashSet::from([s]), &tables(), &none));
+        assert!(!inbound(&[l], &[port]));
+        assert!(!inbound(&[c], &[port]));
+        assert!(!inbound(&[l, c], &[]));
+        // The accepted connection, on a cluster port (among others: the kernel's filter is an OR
+        // of ports) or on one the process listens on.
+        assert!(inbound(&[c, s], &[port]));
+        assert!(inbound(&[c, s], &[1, port, 65535]));
+        assert!(!inbound(&[c, s], &[1, 65535]));
+        assert!(inbound(&[l, s], &[]));
+        assert!(inbound(&[l, s], &[1, 65535]));
+        assert!(!inbound(&[s], &[]));
         // The client closed: the server's end is in CLOSE_WAIT, still held.
         drop(client);
         std::thread::sleep(Duration::from_millis(50));
-        assert!(any_inbound(&HashSet::from([s]), &tables(), &cluster));
+        assert!(inbound(&[s], &[port]));
         // This process's own fds are found.
         assert!(socket_inodes(std::process::id()).unwrap().contains(&s));
+    }
+
+    /// The kernel sends only what was asked: connected sockets on the given local ports (the
+    /// accepted end, never the outbound end whose remote port it is, nor the listener), or
+    /// listening ones. With too many ports for its filter, the dump checks them itself.
+    #[test]
+    fn the_kernel_filters_the_dump_by_state_and_local_port() {
+        use std::ops::ControlFlow::Continue;
+        let (listener, client, served) = listener_client_served();
+        let port = listener.local_addr().unwrap().port();
+        let (l, c, s) = (inode(&listener), inode(&client), inode(&served));
+        let dump = |states, ports: Option<&[u16]>| {
+            let mut seen = Vec::new();
+            let mut diag = sock_diag::Diag::open().unwrap();
+            let r = diag.dump(libc::AF_INET, states, ports, |port, inode| {
+                seen.push((port, inode));
+                Continue(())
+            });
+            assert!(r.unwrap().is_continue());
+            seen
+        };
+        let mut few = vec![1, port, 65535];
+        few.sort_unstable();
+        let mut many: Vec<u16> = (1..=1024).chain([port]).collect();
+        many.sort_unstable();
+        many.dedup();
+        for ports in [&few, &many] {
+            let seen = dump(sock_diag::CONNECTED, Some(ports));
+            assert!(seen.iter().all(|(p, _)| ports.contains(p)), "{seen:?}");
+            assert!(seen.contains(&(port, s)), "{seen:?}");
+            assert!(!seen.iter().any(|&(_, i)| i == c || i == l), "{seen:?}");
+        }
+        let seen = dump(sock_diag::LISTENING, None);
+        assert!(seen.contains(&(port, l)), "{seen:?}");
+        assert!(!seen.iter().any(|&(_, i)| i == c || i == s), "{seen:?}");
+    }
+
+    /// From now on, `socket(AF_NETLINK, ...)` fails with `EPERM` on this thread (a seccomp
+    /// filter, as some containers have).
+    fn refuse_netlink_sockets() {
+        const LD_W_ABS: u16 = 0x20;
+        const JEQ_K: u16 = 0x15;
+        const RET_K: u16 = 0x06;
+        // `seccomp_data`: the syscall number at 0, the first argument (64 bits) at 16.
+        let first_arg = 16 + if cfg!(target_endian = "big") { 4 } else { 0 };
+        let op = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+        let mut filter = [
+            op(LD_W_ABS, 0, 0, 0),
+            op(JEQ_K, 0, 3, libc::SYS_socket as u32),
+            op(LD_W_ABS, 0, 0, first_arg),
+            op(JEQ_K, 0, 1, libc::AF_NETLINK as u32),
+            op(RET_K, 0, 0, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
+            op(RET_K, 0, 0, libc::SECCOMP_RET_ALLOW),
+        ];
+        let prog = libc::sock_fprog {
+            len: filter.len() as u16,
+            filter: filter.as_mut_ptr(),
+        };
+        // SAFETY: prctl with integer arguments, then with a pointer to a filter program that
+        // outlives the call (the kernel copies it).
+        unsafe {
+            assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+            let r = libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &prog);
+            assert_eq!(r, 0, "seccomp: {}", io::Error::last_os_error());
+        }
+    }
+
+    /// The whole check on this process's own fds (alone in a fresh process: no other test's
+    /// sockets): through netlink, then, netlink refused, through the `/proc` tables.
+    #[test]
+    fn a_process_holds_an_inbound_connection_with_or_without_netlink() {
+        if !crate::process::alone::alone(
+            "cluster::primary::conns::tests::\
+             a_process_holds_an_inbound_connection_with_or_without_netlink",
+        ) {
+            return;
+        }
+        let me = std::process::id();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let cluster = HashSet::from([listener.local_addr().unwrap().port()]);
+        let _client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        // Not accepted yet: in the listener's queue, no fd of this process's.
+        assert!(!holds_inbound(me, &cluster).unwrap());
+        let (served, _) = listener.accept().unwrap();
+        assert!(holds_inbound(me, &cluster).unwrap());
+        refuse_netlink_sockets();
+        let refused = sock_diag::Diag::open().err().and_then(|e| e.raw_os_error());
+        assert_eq!(refused, Some(libc::EPERM));
+        assert!(holds_inbound(me, &cluster).unwrap());
+        drop(served);
+        assert!(!holds_inbound(me, &cluster).unwrap());
     }
 }
