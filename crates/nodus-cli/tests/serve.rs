@@ -479,7 +479,8 @@ fn the_access_log_says_how_many_body_bytes_each_response_sent() {
 /// knows but does not allow here; and an answer that leaves the request's body unread (an early
 /// 405, an `Expect: 100-continue` refused) says `Connection: close`, since the connection closes.
 #[test]
-fn an_unknown_method_is_501_a_known_one_405_and_an_unread_body_ends_the_connection() {
+fn an_unknown_method_is_501_a_known_one_405_and_an_unread_body_is_discarded_or_ends_the_connection()
+{
     let dir = site();
     let server = Serve::start(dir.path(), 1, &[]);
     let a = server.addr;
@@ -498,8 +499,27 @@ fn an_unknown_method_is_501_a_known_one_405_and_an_unread_body_ends_the_connecti
             );
         }
     }
+    // A short body is read and discarded: the connection serves on.
+    let mut s = TcpStream::connect(a).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    s.write_all(b"POST /hello.txt HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n")
+        .unwrap();
+    let reply = nodus_testkit::http::read_reply(&mut r, false).unwrap();
+    assert_eq!(reply.status, 405);
+    assert!(!reply.closes(), "{:?}", reply.headers);
+    s.write_all(&[b'x'; 1000]).unwrap();
+    s.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    assert_eq!(
+        nodus_testkit::http::read_reply(&mut r, false)
+            .unwrap()
+            .status,
+        200
+    );
+    // One that waits for a `100 Continue`, or a large one, is not read: the connection ends.
     for head in [
-        "POST /hello.txt HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n",
+        "POST /hello.txt HTTP/1.1\r\nHost: t\r\nContent-Length: 1000000\r\n\r\n",
         "PUT /hello.txt HTTP/1.1\r\nHost: t\r\nContent-Length: 9\r\nExpect: 100-continue\r\n\r\n",
     ] {
         let mut s = TcpStream::connect(a).unwrap();

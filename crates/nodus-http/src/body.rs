@@ -1,8 +1,10 @@
 //! Request and response bodies.
 //!
-//! Invariant: an HTTP/1 request's [`RequestBody`] tells its connection when it is let go of
-//! before its end (the handler answered without reading it all), so that the response can say
-//! `Connection: close`: hyper closes such a connection rather than read a body nobody takes.
+//! Invariant: an HTTP/1 request's [`RequestBody`] let go of before its end (the handler answered
+//! without reading it all) is either handed to its connection to be read and discarded (a rest of
+//! known length up to [`DISCARD_MAX`], with no `Expect: 100-continue` pending: the connection
+//! stays, as Node's and nginx's do after an early answer), or makes the response say
+//! `Connection: close` (hyper closes a connection rather than read a body nobody takes).
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -23,17 +25,42 @@ pub fn boxed(body: impl hyper::body::Body<Data = Bytes, Error = std::io::Error> 
     Box::pin(body)
 }
 
+/// The most an unread request body may still have to come for its connection to read and
+/// discard it rather than close.
+pub(crate) const DISCARD_MAX: u64 = 64 * 1024;
+
 /// A request body, limited to `Config::max_body_bytes`.
 pub struct RequestBody {
-    inner: Limited<Incoming>,
+    /// `None` once handed to the connection to be discarded (only in `drop`).
+    inner: Option<Limited<Incoming>>,
     /// An HTTP/1 request's connection, until the body ends; `None` for a body that was empty
     /// from the start, or ended.
     conn: Option<Rc<ConnState>>,
+    /// Whether the rest may be read once the handler let go of it: no `Expect: 100-continue`
+    /// (reading would send a `100 Continue` after the final response).
+    discardable: bool,
 }
 
 impl RequestBody {
-    pub(crate) fn new(inner: Limited<Incoming>, conn: Option<Rc<ConnState>>) -> RequestBody {
-        RequestBody { inner, conn }
+    pub(crate) fn new(
+        inner: Limited<Incoming>,
+        conn: Option<Rc<ConnState>>,
+        discardable: bool,
+    ) -> RequestBody {
+        RequestBody {
+            inner: Some(inner),
+            conn,
+            discardable,
+        }
+    }
+
+    fn inner(self: Pin<&mut Self>) -> Pin<&mut Limited<Incoming>> {
+        Pin::new(
+            self.get_mut()
+                .inner
+                .as_mut()
+                .expect("RequestBody: polled after drop"),
+        )
     }
 }
 
@@ -45,7 +72,7 @@ impl hyper::body::Body for RequestBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let frame = Pin::new(&mut self.inner).poll_frame(cx);
+        let frame = self.as_mut().inner().poll_frame(cx);
         if let Poll::Ready(None) = frame {
             self.conn = None;
         }
@@ -53,19 +80,28 @@ impl hyper::body::Body for RequestBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner.as_ref().is_none_or(|b| b.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), |b| b.size_hint())
     }
 }
 
 impl Drop for RequestBody {
     fn drop(&mut self) {
-        if let Some(conn) = self.conn.take()
-            && !self.inner.is_end_stream()
-        {
+        let (Some(conn), Some(inner)) = (self.conn.take(), self.inner.take()) else {
+            return;
+        };
+        if inner.is_end_stream() {
+            return;
+        }
+        let rest = inner.size_hint().upper();
+        if self.discardable && rest.is_some_and(|n| n <= DISCARD_MAX) {
+            conn.discard(inner);
+        } else {
             conn.body_left.set(true);
         }
     }
@@ -74,7 +110,7 @@ impl Drop for RequestBody {
 impl std::fmt::Debug for RequestBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RequestBody")
-            .field("size_hint", &self.inner.size_hint())
+            .field("size_hint", &hyper::body::Body::size_hint(self))
             .finish_non_exhaustive()
     }
 }

@@ -31,11 +31,16 @@
 //!   `half_close`); an EOF between requests ends the connection. So the connection is not read
 //!   while a request is in flight: a client that goes away meanwhile is noticed when the
 //!   response is written.
+//! - A request body the handler lets go of unread (an early 405, say) is read and discarded by
+//!   its connection, which then serves the next request (as from Node and nginx), when what is
+//!   left of it has a known length up to 64 KiB and no `Expect: 100-continue` waits for an
+//!   answer; any other is not read (a `100 Continue` after the final answer would be wrong, a
+//!   large one not worth reading), and hyper closes the connection.
 //! - An HTTP/1 response after which the connection closes says `Connection: close`: every one
-//!   during a drain, a refusal's, one that leaves its request's body unread (an early 405, a
-//!   refused `Expect: 100-continue`: hyper does not read a body nobody takes, so it closes the
-//!   connection, unless the rest of the body was in its buffer already; the header makes the
-//!   close certain), and an HTTP/1.0 one whose body has no known length (HTTP/1.0 has no chunked
+//!   during a drain, a refusal's, one that leaves its request's body unread and not discarded
+//!   (above: hyper does not read a body nobody takes, so it closes the connection, unless the
+//!   rest of the body was in its buffer already; the header makes the close certain), and an
+//!   HTTP/1.0 one whose body has no known length (HTTP/1.0 has no chunked
 //!   coding: the close ends the body; as nginx, no keep-alive for it).
 //! - HTTP versions: hyper's parser knows HTTP/1.0 and 1.1 only, so a higher HTTP/1 minor version
 //!   (`HTTP/1.2`, which RFC 9110 section 6.2 would have answered as 1.1, as nginx does) gets 400,
@@ -465,6 +470,7 @@ where
     let conn_state = Rc::new(ConnState {
         in_flight: Cell::new(0),
         body_left: Cell::new(false),
+        discarding: RefCell::new(None),
         streaming: Cell::new(0),
         http2: Cell::new(false),
         peer,
@@ -494,6 +500,9 @@ where
                     tracing::debug!(target: "nodus::http", "connection ended: {e}");
                 }
                 return Poll::Ready(());
+            }
+            if conn_state.poll_discard(cx) {
+                continue; // hyper reads on past the body it was waiting to be taken
             }
             if state.draining.get() {
                 let deadline = drain.get_or_insert_with(|| {
@@ -847,16 +856,46 @@ where
 pub(crate) struct ConnState {
     /// Requests whose handler has not answered yet.
     in_flight: Cell<usize>,
-    /// The current HTTP/1 request's body was let go of before its end (see [`RequestBody`]):
-    /// hyper will close the connection after the response unless the rest happens to be in its
-    /// buffer already, so the response says `Connection: close` (and the close is certain).
+    /// The current HTTP/1 request's body was let go of before its end and is not discarded
+    /// (see [`RequestBody`]): hyper will close the connection after the response unless the
+    /// rest happens to be in its buffer already, so the response says `Connection: close` (and
+    /// the close is certain).
     pub(crate) body_left: Cell<bool>,
+    /// An HTTP/1 request body its handler let go of, read to its end and dropped by the
+    /// connection's task so that the connection can serve the next request.
+    discarding: RefCell<Option<http_body_util::Limited<Incoming>>>,
     /// Answered requests whose large or streamed body is still being written (see
     /// [`TrackedBody`]): the connection is not idle while one is (a server-sent-events body may
     /// be silent for long); a client that stops reading it meets the write-stall timeout.
     streaming: Cell<usize>,
     http2: Cell<bool>,
     peer: Option<SocketAddr>,
+}
+
+impl ConnState {
+    /// Takes an unread request body to be read to its end and dropped.
+    pub(crate) fn discard(&self, body: http_body_util::Limited<Incoming>) {
+        *self.discarding.borrow_mut() = Some(body);
+    }
+
+    /// Reads what has come of a discarded body; true once it has ended (or failed: then hyper
+    /// closes the connection), false while more is to come or there is none.
+    fn poll_discard(&self, cx: &mut Context<'_>) -> bool {
+        let mut slot = self.discarding.borrow_mut();
+        let Some(body) = slot.as_mut() else {
+            return false;
+        };
+        loop {
+            match hyper::body::Body::poll_frame(Pin::new(&mut *body), cx) {
+                Poll::Ready(Some(Ok(_))) => {}
+                Poll::Ready(_) => {
+                    *slot = None;
+                    return true;
+                }
+                Poll::Pending => return false,
+            }
+        }
+    }
 }
 
 struct Service<H, F> {
@@ -908,7 +947,14 @@ where
             let watch = (version < Version::HTTP_2
                 && !hyper::body::Body::is_end_stream(req.body()))
             .then(|| self.conn.clone());
-            let req = req.map(|b| RequestBody::new(http_body_util::Limited::new(b, limit), watch));
+            let discardable = watch.is_some()
+                && !req
+                    .headers()
+                    .get(http::header::EXPECT)
+                    .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+            let req = req.map(|b| {
+                RequestBody::new(http_body_util::Limited::new(b, limit), watch, discardable)
+            });
             catch_unwind(AssertUnwindSafe(|| (self.handler)(req))).map_err(|payload| {
                 let refusal = Refusal::handler_panicked(&*payload);
                 self.state

@@ -1189,12 +1189,12 @@ fn a_request_line_over_the_head_limit_gets_414_and_a_header_over_it_431() {
 /// `Expect: 100-continue`) leaves hyper a body nobody takes: it closes the connection after the
 /// response (unless the rest of the body happens to be in its buffer), so the response says so.
 #[test]
-fn a_response_to_a_request_whose_body_was_not_read_says_connection_close() {
+fn an_unread_body_is_discarded_when_short_and_otherwise_the_response_says_connection_close() {
     let server = TestServer::start(Config::default(), Duration::from_secs(1));
     for head in [
-        "POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n",
         "PUT / HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\nExpect: 100-continue\r\n\r\n",
         "POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",
+        "POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\n\r\n",
     ] {
         let mut s = server.connect();
         s.write_all(head.as_bytes()).unwrap();
@@ -1204,6 +1204,19 @@ fn a_response_to_a_request_whose_body_was_not_read_says_connection_close() {
         assert!(reply.closes(), "{head:?}: {:?}", reply.headers);
         assert!(read_to_close(&mut r).is_empty(), "{head:?}");
     }
+    // A short unread body of known length, sent after the answer came, is read and discarded:
+    // the connection serves the next request (hyper alone would have closed it).
+    let mut s = server.connect();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    s.write_all(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n")
+        .unwrap();
+    let reply = read_reply(&mut r, false).unwrap();
+    assert_eq!(reply.status, 200);
+    assert!(!reply.closes(), "{:?}", reply.headers);
+    s.write_all(&[b'x'; 1000]).unwrap();
+    get(&mut s, "/");
+    let reply = read_reply(&mut r, false).unwrap();
+    assert_eq!((reply.status, reply.body.as_slice()), (200, &b"hello"[..]));
     // A body the handler reads to its end (by length, or chunked) keeps the connection.
     let mut s = server.connect();
     let mut r = BufReader::new(s.try_clone().unwrap());
