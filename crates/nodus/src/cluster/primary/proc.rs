@@ -3,6 +3,9 @@
 //! Invariants:
 //! - A `Proc` is created by [`Proc::spawn`] and lives in `State::procs` until its exit has been
 //!   handled (`supervise::on_exit`); its tasks (exit watcher, message dispatch) end with it.
+//! - A worker's environment holds `LISTEN_FDS`/`LISTEN_PID`/`LISTEN_FDNAMES` only when the
+//!   primary passes it its own listeners (`server::pass_listeners`): inherited ones, meant for
+//!   this process or another, are removed.
 //! - A worker leads its own process group (pgid = its pid), and whatever is left of that group
 //!   is SIGKILLed when the worker exits, before it is reaped ([`Command::group_exit_signal`]):
 //!   by the time `on_exit` runs, no process of its group is left but ones dying of SIGKILL.
@@ -139,6 +142,12 @@ impl Proc {
         let unique = st.next_unique.get();
         st.next_unique.set(unique + 1);
         let mut cmd = Command::new(&cfg.program);
+        // Sockets a service manager passed to this process, or variables inherited from a
+        // parent they were meant for, are not the worker's: it sees `LISTEN_*` only when
+        // `pass_listeners` passes it the cluster's own (sd_listen_fds's `unset_environment`).
+        for var in server::LISTEN_VARS {
+            cmd.env_remove(var);
+        }
         cmd.args(&cfg.args)
             .envs(cfg.env.iter().map(|(k, v)| (k, v)))
             .env("NODUS_WORKER_ID", slot.to_string())
