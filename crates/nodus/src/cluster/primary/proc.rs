@@ -92,6 +92,9 @@ pub(super) struct Proc {
     pub exited_after_disconnect: Cell<bool>,
     /// The primary asked it to stop (drain, reload, shutdown).
     pub drained: Cell<bool>,
+    /// It was still running `DRAIN_GRACE` after its drain deadline and got SIGTERM then
+    /// (`supervise::arm_kill_timer`): its exit is logged, whatever the phase.
+    pub termed_past_deadline: Cell<bool>,
     pub going_down: Cell<bool>,
     /// Handoffs not yet taken, with the primary's reference to each connection.
     pub pending: Pending,
@@ -211,6 +214,7 @@ impl Proc {
             changed: RefCell::default(),
             exited_after_disconnect: Cell::new(false),
             drained: Cell::new(false),
+            termed_past_deadline: Cell::new(false),
             going_down: Cell::new(false),
             pending: Pending::default(),
             board: OnceCell::new(),

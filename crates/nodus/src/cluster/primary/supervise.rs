@@ -25,10 +25,12 @@
 //!   program (not there, not executable) stops the run with exit code 1 and one error line, as
 //!   a first spawn that fails does; after that it is a crash like any other.
 //! - The exit code is 0 after a graceful stop. A stop that had to kill workers (a second
-//!   SIGTERM/SIGINT, or the kill timeout during the shutdown), or in which a worker exited with
-//!   [`FORCED_STOP_EXIT_CODE`] (a nodus worker whose drain deadline cut requests), sets its code
-//!   unless one is set already: 128 + the second signal's number, or [`FORCED_STOP_EXIT_CODE`];
-//!   the give-up code and 1 (a worker left after a crash) are kept.
+//!   SIGTERM/SIGINT, the kill timeout during the shutdown, or a SIGTERM past a worker's drain
+//!   deadline that the worker did not answer with exit code 0: it died of it, cutting what it
+//!   held), or in which a worker exited with [`FORCED_STOP_EXIT_CODE`] (a nodus worker whose
+//!   drain deadline cut requests), sets its code unless one is set already: 128 + the second
+//!   signal's number, or [`FORCED_STOP_EXIT_CODE`]; the give-up code and 1 (a worker left after
+//!   a crash) are kept. The SIGTERM past a deadline is a warning, and so is the exit it led to.
 //! - A stop asks the worker alone: a worker with a channel gets `disconnect` (with the drain
 //!   deadline), then SIGTERM if it is still there `DRAIN_GRACE` after that deadline (a Node
 //!   worker kept alive by a timer or a connection: Node's `worker.kill()` sends SIGTERM too), a
@@ -279,10 +281,29 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
         decide_and_restart(st, proc.slot, Some(proc.pid), uptime, reason, false)
     });
     st.exits_settling.set(st.exits_settling.get() + 1);
+    // A worker SIGTERMed past its drain deadline is not a slot's current one (no exit line
+    // below): its end, and what ended it, get a line of their own. Unless it still exited 0 (a
+    // nodus worker that kept its deadline a little late, a SIGTERM handler that finished the
+    // work), what it was doing was cut: during a stop, a forced one.
+    let termed_late = (decision.is_none() && proc.termed_past_deadline.get()).then(|| {
+        let line = format!(
+            "worker {} (pid {}) {} after its SIGTERM past the drain deadline",
+            proc.slot,
+            proc.pid,
+            exit_reason(&status)
+        );
+        (line, code != Some(0))
+    });
     let (s, p) = (st.clone(), proc.clone());
     crate::task::spawn_named("cluster:exit-settle", async move {
         p.output_ended().await;
         s.exits_settling.set(s.exits_settling.get() - 1);
+        if let Some((line, cut)) = termed_late {
+            tracing::warn!(target: "nodus::cluster", "{line}");
+            if cut && s.phase.get() == Phase::Stopping {
+                force(&s, FORCED_STOP_EXIT_CODE);
+            }
+        }
         if let Some(decision) = decision {
             if reason.is_crash() {
                 tracing::warn!(target: "nodus::cluster", "{text}");
@@ -332,6 +353,8 @@ fn program_missing(errno: i32) -> bool {
 struct Decided {
     decision: Decision,
     crashes: u32,
+    /// The pid of the replacement started at once (no backoff), if it could be started.
+    replacement: Option<u32>,
 }
 
 /// Applies the restart policy to slot `id`, whose worker (`pid`, when it ran) was up for
@@ -358,6 +381,7 @@ fn decide_and_restart(
         );
         (decision, slot.history.crashes)
     };
+    let mut replacement = None;
     if let Decision::Restart { after } = &mut decision {
         if at_once {
             *after = Duration::ZERO;
@@ -379,22 +403,36 @@ fn decide_and_restart(
         );
         let s = st.clone();
         if after.is_zero() {
-            restart_slot(&s, id);
+            replacement = restart_slot(&s, id);
         } else {
             crate::task::spawn_named("cluster:backoff", async move {
                 crate::time::sleep(after).await;
-                restart_slot(&s, id);
+                if let Some(pid) = restart_slot(&s, id) {
+                    tracing::info!(
+                        target: "nodus::cluster",
+                        "worker {id} restarted after {}: pid {pid}",
+                        ms(after)
+                    );
+                }
             })
             .detach();
         }
     }
-    Decided { decision, crashes }
+    Decided {
+        decision,
+        crashes,
+        replacement,
+    }
 }
 
 /// Carries out what [`decide_and_restart`] left: an empty slot (exiting if no worker is left to
 /// run) or giving up; a backoff is said once, here (after the exit line that led to it).
 fn settle(st: &Rc<State>, id: u32, reason: ExitReason, decided: Decided) {
-    let Decided { decision, crashes } = decided;
+    let Decided {
+        decision,
+        crashes,
+        replacement,
+    } = decided;
     match decision {
         Decision::Leave => {
             if reason.is_crash() {
@@ -427,20 +465,29 @@ fn settle(st: &Rc<State>, id: u32, reason: ExitReason, decided: Decided) {
                 after.as_millis()
             );
         }
-        Decision::Restart { .. } => {}
+        Decision::Restart { .. } => {
+            if let Some(pid) = replacement {
+                tracing::info!(target: "nodus::cluster", "worker {id} restarted at once: pid {pid}");
+            }
+        }
     }
 }
 
 /// Starts slot `id`'s replacement. A spawn that fails (the program was removed or made
 /// unexecutable by a deploy, the process table is full) counts as a crash of the slot: it spends
 /// the budget and backs off like one, so a passing failure costs a retry, not the service.
-fn restart_slot(st: &Rc<State>, id: u32) {
+/// Returns the replacement's pid when one was started.
+fn restart_slot(st: &Rc<State>, id: u32) -> Option<u32> {
     st.slots.borrow_mut()[id as usize - 1].pending_restart = false;
     if st.phase.get() != Phase::Running || st.current(id).is_some() {
-        return;
+        return None;
     }
     match Proc::spawn(st, id, st.generation.get()) {
-        Ok(p) => st.slots.borrow_mut()[id as usize - 1].current = Some(p),
+        Ok(p) => {
+            let pid = p.pid;
+            st.slots.borrow_mut()[id as usize - 1].current = Some(p);
+            Some(pid)
+        }
         Err(e) => {
             {
                 let mut slots = st.slots.borrow_mut();
@@ -449,10 +496,11 @@ fn restart_slot(st: &Rc<State>, id: u32) {
                     // The exit that led here is not logged yet: this failure follows its line.
                     slot.failed_spawn = Some(e);
                     slot.pending_restart = true;
-                    return;
+                    return None;
                 }
             }
             spawn_failed(st, id, e);
+            None
         }
     }
 }
@@ -600,13 +648,17 @@ fn arm_kill_timer(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str, term_at: O
                     let _ = p.child.kill(SIGTERM);
                 }
                 Err(_) => {
-                    tracing::info!(
+                    // Still busy past its deadline: what it was doing (a request in flight,
+                    // connections handed to it and not taken) is cut.
+                    tracing::warn!(
                         target: "nodus::cluster",
-                        "worker {} (pid {}) still running {term_at:?} after it was asked to \
-                         drain (past its deadline): SIGTERM",
+                        "worker {} (pid {}) still running {} after it was asked to drain (past \
+                         its deadline): SIGTERM",
                         p.slot,
-                        p.pid
+                        p.pid,
+                        ms(term_at)
                     );
+                    p.termed_past_deadline.set(true);
                     let _ = p.child.kill(SIGTERM);
                 }
             }
@@ -819,8 +871,8 @@ fn old_generation_gone(st: &Rc<State>, generation: u64, began: Instant, old: Vec
     if left.is_empty() {
         tracing::info!(
             target: "nodus::cluster",
-            "reload done: generation {generation} serving, no old worker left (in {:?})",
-            round_ms(began.elapsed())
+            "reload done: generation {generation} serving, no old worker left (in {})",
+            ms(began.elapsed())
         );
         return;
     }
@@ -841,17 +893,18 @@ fn old_generation_gone(st: &Rc<State>, generation: u64, began: Instant, old: Vec
             tracing::info!(
                 target: "nodus::cluster",
                 "reload done: generation {generation} serving, the old workers have exited \
-                 (in {:?})",
-                round_ms(began.elapsed())
+                 (in {})",
+                ms(began.elapsed())
             );
         }
     })
     .detach();
 }
 
-/// `d` to the millisecond, for a log line.
-fn round_ms(d: Duration) -> Duration {
-    Duration::from_millis(d.as_millis() as u64)
+/// A measured duration for a log line, in whole milliseconds (`0 ms`, `2503 ms`), as the
+/// backoff lines say theirs: `Debug` would print `0ns` or `2.503s`.
+fn ms(d: Duration) -> String {
+    format!("{} ms", d.as_millis())
 }
 
 /// Replaces every slot's worker with one of `generation`, one at a time; returns the old
@@ -916,7 +969,7 @@ async fn reload(st: &Rc<State>, generation: u64) -> Result<Vec<Rc<Proc>>, String
             );
             crate::time::sleep(wait.max(Duration::from_millis(1))).await;
         };
-        let ready_in = round_ms(new.started.elapsed());
+        let ready_in = ms(new.started.elapsed());
         let old = st.slots.borrow_mut()[id as usize - 1]
             .current
             .replace(new.clone());
@@ -924,7 +977,7 @@ async fn reload(st: &Rc<State>, generation: u64) -> Result<Vec<Rc<Proc>>, String
             Some(old) => {
                 tracing::info!(
                     target: "nodus::cluster",
-                    "reload: worker {id} pid {} → pid {} (ready {ready_in:?} after its start); \
+                    "reload: worker {id} pid {} → pid {} (ready {ready_in} after its start); \
                      pid {} asked to stop",
                     old.pid,
                     new.pid,
@@ -935,7 +988,7 @@ async fn reload(st: &Rc<State>, generation: u64) -> Result<Vec<Rc<Proc>>, String
             }
             None => tracing::info!(
                 target: "nodus::cluster",
-                "reload: worker {id} is pid {} (ready {ready_in:?} after its start); its old \
+                "reload: worker {id} is pid {} (ready {ready_in} after its start); its old \
                  worker had already exited",
                 new.pid
             ),
