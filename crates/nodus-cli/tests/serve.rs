@@ -1076,3 +1076,50 @@ fn a_listen_fds_count_beyond_the_passed_sockets_is_refused_with_the_fd_named() {
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("LISTEN_FDS names fd 4"), "{stderr}");
 }
+
+/// With `WATCHDOG_USEC` (systemd's `WatchdogSec=`), the single process sends `WATCHDOG=1` every
+/// half period; not when `WATCHDOG_PID` names another process.
+#[test]
+fn a_single_process_pings_the_watchdog_that_is_its_own() {
+    let dir = site();
+    for watchdog_pid in [None, Some("1")] {
+        let (sock_path, manager) = notify_manager("nodus-notify-watchdog");
+        let mut cmd = Command::new(NODUS);
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--workers", "1"])
+            .arg(dir.path())
+            .env("NOTIFY_SOCKET", &sock_path)
+            .env("WATCHDOG_USEC", "300000")
+            .stderr(Stdio::null());
+        match watchdog_pid {
+            Some(pid) => cmd.env("WATCHDOG_PID", pid),
+            None => cmd.env_remove("WATCHDOG_PID"),
+        };
+        let mut child = Proc::spawn(&mut cmd);
+        let mut buf = [0u8; 256];
+        let mut next = || {
+            manager
+                .recv(&mut buf)
+                .map(|n| String::from_utf8_lossy(&buf[..n]).into_owned())
+        };
+        let ready = next().unwrap();
+        assert!(ready.lines().any(|l| l == "READY=1"), "{ready:?}");
+        let mut heard = Vec::new();
+        if watchdog_pid.is_none() {
+            // Every 150 ms.
+            while heard.len() < 3 {
+                heard.push(next().expect("WATCHDOG=1 within 20 s"));
+            }
+            assert!(heard.iter().all(|m| m == "WATCHDOG=1"), "{heard:?}");
+        } else {
+            // Six periods go by in silence.
+            manager
+                .set_read_timeout(Some(Duration::from_millis(900)))
+                .unwrap();
+            heard.extend(next().ok());
+            assert!(heard.is_empty(), "{heard:?}");
+        }
+        child.signal(rustix::process::Signal::TERM);
+        assert_eq!(child.wait_exit(Duration::from_secs(20)), Some(0));
+        let _ = std::fs::remove_file(&sock_path);
+    }
+}

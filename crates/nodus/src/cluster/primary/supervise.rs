@@ -68,14 +68,7 @@ use crate::signal::{SIGHUP, SIGINT, SIGKILL, SIGTERM, Signals};
 /// quarter period (the workers asked for snapshots: Node workers and plain programs have no loop
 /// figures to give); a stalled worker loop (or primary) makes the pings stop, so systemd acts.
 fn start_watchdog(st: &Rc<State>) {
-    let usec = std::env::var("WATCHDOG_USEC")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok());
-    let for_us = std::env::var("WATCHDOG_PID")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        .is_none_or(|pid| pid == std::process::id());
-    let Some(period) = usec.filter(|u| *u > 0 && for_us).map(Duration::from_micros) else {
+    let Some(period) = crate::notify::watchdog_period() else {
         return;
     };
     let s = st.clone();
