@@ -32,7 +32,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::cluster::{assert_exit, count, events, run_sh, spawn, spawn_into_pipe, wait_events};
+use common::cluster::{
+    assert_exit, copy_nodus, count, events, run_sh, spawn, spawn_into_pipe, wait_events,
+};
 use common::{NODUS, have};
 use nodus_testkit::proc::Proc;
 use nodus_testkit::tmp::TempDir;
@@ -1781,24 +1783,6 @@ fn workers_saying(primary: &mut Proc, text: &str) -> usize {
         .iter()
         .filter(|l| l.ends_with(&suffix))
         .count()
-}
-
-/// Copies the nodus binary to `to` and waits until the copy can be run: a fork in another test
-/// of this process may hold the copy's write fd for a moment (`ETXTBSY` until it execs).
-fn copy_nodus(to: &std::path::Path) {
-    std::fs::copy(NODUS, to).unwrap();
-    for _ in 0..250 {
-        match Command::new(to).arg("--version").output() {
-            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::TXTBSY.raw_os_error()) => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            run => {
-                assert!(run.unwrap().status.success());
-                return;
-            }
-        }
-    }
-    panic!("{} stayed busy (ETXTBSY) for 5 s", to.display());
 }
 
 /// A Node app a timer keeps alive after its `disconnect`, with two servers: the cluster's on

@@ -42,6 +42,7 @@ use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::HashMap;
 use std::future::{Future, poll_fn};
 use std::io;
+use std::os::fd::AsRawFd;
 use std::pin::pin;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
@@ -67,6 +68,51 @@ use serde_json::value::RawValue;
 /// a grandchild that inherited them and left the worker's process group (`setsid`), so was not
 /// killed with it, can keep them open for good (its output is still copied).
 const OUTPUT_EOF_WAIT: Duration = Duration::from_millis(200);
+
+/// The lowest fd number a pinned program is kept at: above every fd a worker gets at a fixed
+/// number (stdio, listeners from 3, the channel after them), which the child's `dup2`s would
+/// put in its place before the `exec`.
+const PIN_FD_MIN: i32 = 100;
+
+/// With [`Config::pin_program`](super::Config::pin_program), opens the program (`O_PATH`) for
+/// the workers of `generation` (see there for what is left to its path). One open and a
+/// two-byte read (is it a script?) on the loop: once per generation, beside its forks.
+pub(super) fn pin_program(st: &State, generation: u64) {
+    let program = &st.config.command.program;
+    if !st.config.pin_program || !program.as_os_str().as_encoded_bytes().contains(&b'/') {
+        return;
+    }
+    let flags = rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC;
+    let Ok(opened) = rustix::fs::open(program, flags, rustix::fs::Mode::empty()) else {
+        return;
+    };
+    let Ok(fd) = rustix::io::fcntl_dupfd_cloexec(&opened, PIN_FD_MIN) else {
+        return;
+    };
+    // The same file, opened for reading through the one held (unreadable: no script either,
+    // an interpreter could not read it).
+    let mut head = [0u8; 2];
+    let script = std::fs::File::open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .and_then(|mut f| io::Read::read_exact(&mut f, &mut head))
+        .is_ok_and(|()| head == *b"#!");
+    if !script {
+        st.pinned.borrow_mut().push((generation, fd));
+    }
+}
+
+/// Keeps the pinned programs of the generations `keep` says, closes the others.
+pub(super) fn unpin(st: &State, keep: impl Fn(u64) -> bool) {
+    st.pinned.borrow_mut().retain(|(g, _)| keep(*g));
+}
+
+/// The path a worker of `generation` is executed through when its program is pinned.
+fn pinned_path(st: &State, generation: u64) -> Option<std::ffi::OsString> {
+    let pinned = st.pinned.borrow();
+    let (_, fd) = pinned.iter().find(|(g, _)| *g == generation)?;
+    // Above every fixed target of this spawn (see `PIN_FD_MIN`).
+    let highest_target = 3 + st.prebound.borrow().len() as i32;
+    (fd.as_raw_fd() > highest_target).then(|| format!("/proc/self/fd/{}", fd.as_raw_fd()).into())
+}
 
 /// Where a worker is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -144,7 +190,11 @@ impl Proc {
         let cfg = &st.config.command;
         let unique = st.next_unique.get();
         st.next_unique.set(unique + 1);
-        let mut cmd = Command::new(&cfg.program);
+        let pinned = pinned_path(st, generation);
+        let mut cmd = Command::new(pinned.as_deref().unwrap_or(cfg.program.as_os_str()));
+        if pinned.is_some() {
+            cmd.arg0(&cfg.program);
+        }
         // Sockets a service manager passed to this process, or variables inherited from a
         // parent they were meant for, are not the worker's: it sees `LISTEN_*` only when
         // `pass_listeners` passes it the cluster's own (sd_listen_fds's `unset_environment`).

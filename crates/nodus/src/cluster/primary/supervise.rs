@@ -9,6 +9,9 @@
 //!   starts. Each switch is one log line (old pid → new pid, how long the new one took to be
 //!   ready); the reload is over (`reload_done`, the next queued reload, `READY=1`) once every
 //!   slot has switched, and "reload done" is logged once the old workers it stopped have exited.
+//! - A reload that ends is counted, done or failed (`State::reloads_done`/`reloads_failed`,
+//!   the failure's reason kept until a reload is done), and ends with `READY=1` either way: a
+//!   failed one's `STATUS=` says so. One a shutdown cut short is neither.
 //! - Once shutdown (or give-up) begins, nothing is started again; `run` returns when the last
 //!   worker has exited and every exit has settled (below). The primary accepts connections
 //!   through `shutdown_delay` and stops when the drain begins (`server::stop_accepting`), or when
@@ -815,14 +818,27 @@ pub(super) fn start_reload(st: &Rc<State>) {
         crate::clock::now_ns() / 1000
     ));
     st.emit(None, EventKind::ReloadStart { generation });
+    // The new generation's program is the file at the path now (`Config::pin_program`).
+    super::proc::pin_program(st, generation);
     let s = st.clone();
     crate::task::spawn_named("cluster:reload", async move {
         let began = Instant::now();
         let result = reload(&s, generation).await;
         s.reloading.set(false);
+        // Only the serving generation starts workers from here on.
+        let serving = if result.is_ok() {
+            generation
+        } else {
+            s.generation.get()
+        };
+        super::proc::unpin(&s, |g| g == serving);
+        // What the service manager hears when this reload is over (`READY=1`).
+        let mut status = "serving".to_owned();
         match result {
             Ok(old) => {
                 s.generation.set(generation);
+                s.reloads_done.set(s.reloads_done.get() + 1);
+                *s.last_reload_failure.borrow_mut() = None;
                 s.emit(None, EventKind::ReloadDone { generation });
                 old_generation_gone(&s, generation, began, old);
             }
@@ -839,6 +855,15 @@ pub(super) fn start_reload(st: &Rc<State>) {
                     target: "nodus::cluster",
                     "reload to generation {generation} failed: {why}; the running workers keep serving"
                 );
+                s.reloads_failed.set(s.reloads_failed.get() + 1);
+                *s.last_reload_failure.borrow_mut() = Some(why.clone());
+                // Still serving (`READY=1`), but `systemctl status` and a deploy script reading
+                // the status see that the reload did not happen. One line: a status is one.
+                status = format!(
+                    "reload failed: {}; generation {} still serving",
+                    why.replace('\n', " "),
+                    s.generation.get()
+                );
                 s.emit(None, EventKind::ReloadFailed { generation, why });
             }
         }
@@ -850,7 +875,7 @@ pub(super) fn start_reload(st: &Rc<State>) {
             start_reload(&s);
             return;
         }
-        notify("READY=1\nSTATUS=serving");
+        notify(&format!("READY=1\nSTATUS={status}"));
         exit_if_nothing_left(&s);
     })
     .detach();
