@@ -1123,3 +1123,38 @@ fn a_single_process_pings_the_watchdog_that_is_its_own() {
         let _ = std::fs::remove_file(&sock_path);
     }
 }
+
+/// Two inherited sockets, neither named `admin` (two `ListenStream=` in one `.socket` unit):
+/// one public listener is served, so the start is refused (exit code 1), in a line that names
+/// the second socket by its name and address.
+#[test]
+fn a_second_public_inherited_socket_is_refused_with_its_address() {
+    if !common::have("python3") {
+        return;
+    }
+    let site = site();
+    let script = "import os, socket, sys\n\
+                  a = socket.socket(); a.bind(('127.0.0.1', 0)); a.listen()\n\
+                  b = socket.socket(); b.bind(('127.0.0.1', 0)); b.listen()\n\
+                  print(b.getsockname()[1], flush=True)\n\
+                  os.dup2(a.fileno(), 3); os.dup2(b.fileno(), 4)\n\
+                  os.set_inheritable(3, True); os.set_inheritable(4, True)\n\
+                  os.environ['LISTEN_PID'] = str(os.getpid()); os.environ['LISTEN_FDS'] = '2'\n\
+                  os.execv(sys.argv[1], sys.argv[1:])\n";
+    let out = Command::new("python3")
+        .args(["-c", script, NODUS, "serve", "--workers", "1"])
+        .arg(site.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let port = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "cannot serve the inherited socket 'unknown' on 127.0.0.1:{port}: one public TCP \
+             listener (and one named admin) is supported"
+        )),
+        "{stderr}"
+    );
+}

@@ -157,7 +157,8 @@ pub(super) fn listeners(
             nodus::net::Inherited::Tcp(_, l) if public.is_none() => public = Some(l),
             other => {
                 return Err(format!(
-                    "cannot serve the inherited socket {other:?}: one TCP listener (and one named admin) is supported"
+                    "cannot serve the inherited socket {other}: one public TCP listener (and one \
+                     named admin) is supported"
                 ));
             }
         }
