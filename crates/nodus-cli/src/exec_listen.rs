@@ -3,7 +3,8 @@
 //! supervisor cannot know before it forks; this process can, and the program keeps it.
 //!
 //! Invariants: it sets `LISTEN_PID` to its own pid when `LISTEN_FDS` is set (and touches nothing
-//! else), then replaces itself with PROGRAM (`execvp`): same pid, fds 3.. untouched (nothing
+//! else; a nodus primary sets `LISTEN_FDS` for its worker only with listeners of its own, and
+//! removes any it inherited, so the variable is never one meant for another process), then replaces itself with PROGRAM (`execvp`): same pid, fds 3.. untouched (nothing
 //! runs before the exec that opens one without close-on-exec), parent-death signal kept. It
 //! returns only on failure, with 127 when PROGRAM is not found (as a shell would), 126
 //! otherwise, after saying `cannot run PROGRAM: ...`: to the nodus primary whose worker it is

@@ -441,7 +441,7 @@ fn bind_listeners(
             nodus::net::Inherited::Tcp(name, l) => out.push((name, l)),
             other => {
                 return Err(format!(
-                    "cannot pass on the inherited socket {other:?}: only TCP listeners are supported"
+                    "cannot pass on the inherited socket {other}: only TCP listeners are supported"
                 ));
             }
         }

@@ -835,3 +835,34 @@ fn run_under_systemd_socket_activation_passes_the_inherited_socket_on() {
     activated.signal(rustix::process::Signal::TERM);
     assert_eq!(activated.wait_exit(Duration::from_secs(30)), Some(0));
 }
+
+/// `LISTEN_*` variables `nodus run` inherited for another process (`LISTEN_PID` not its pid: a
+/// socket-activated parent that did not `exec` it) never reach a worker, plain program or Node
+/// one, made to look like its own; with `-l`, a plain program sees only the cluster's listener.
+#[test]
+fn run_gives_workers_no_listen_variables_meant_for_another_process() {
+    const SAYS: &str =
+        "echo \"vars [${LISTEN_FDS-unset} ${LISTEN_PID-unset} ${LISTEN_FDNAMES-unset}] $$\"";
+    let addr = free_addr().to_string();
+    for options in [
+        &["-w", "1"][..],
+        &["-w", "1", "--node"],
+        &["-w", "1", "-l", &addr],
+    ] {
+        let mut primary = spawn(
+            run_sh(options.iter().chain(&["--restart", "temporary"]), SAYS)
+                .env("LISTEN_FDS", "2")
+                .env("LISTEN_PID", "1")
+                .env("LISTEN_FDNAMES", "a:b"),
+        );
+        common::cluster::assert_exit(&mut primary, Duration::from_secs(20), 0);
+        let line = primary.wait_line("vars [");
+        let pid = line.rsplit(' ').next().unwrap();
+        let expected = if options.contains(&"-l") {
+            format!("vars [1 {pid} listen0] {pid}")
+        } else {
+            format!("vars [unset unset unset] {pid}")
+        };
+        assert!(line.ends_with(&expected), "{options:?}: {line}");
+    }
+}

@@ -315,3 +315,115 @@ fn node_workers_are_not_asked_for_snapshots_nor_shown_stalled() {
     primary.signal(Signal::TERM);
     assert_exit(&mut primary, Duration::from_secs(30), 0);
 }
+
+/// The next datagram on a service manager's end of `NOTIFY_SOCKET` (the test fails after its
+/// read timeout).
+fn next_notice(manager: &std::os::unix::net::UnixDatagram) -> String {
+    let mut buf = [0u8; 4096];
+    let n = manager.recv(&mut buf).expect("a notification in time");
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+/// The value of the sample `series` (name and labels, as printed) in a metrics text.
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// A broken build deployed in place: the reload fails, and says so beyond the log (`READY=1`
+/// with `STATUS=reload failed: ...` to the service manager, the reload counters and the
+/// last-reload-failed gauge in the metrics, the stats); a worker that crashes afterwards comes
+/// back running the serving generation's binary, not the broken one on disk, so the service
+/// stays up. Fixed, the next reload is done, and says so too.
+#[test]
+fn a_failed_reload_is_told_and_a_crash_after_it_runs_the_serving_binary() {
+    let dir = TempDir::new("reload-failed");
+    let program = dir.path().join("nodus");
+    common::cluster::copy_nodus(&program);
+    let good = dir.path().join("nodus.good");
+    let sock = dir.path().join("notify.sock");
+    let manager = std::os::unix::net::UnixDatagram::bind(&sock).unwrap();
+    manager
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let log = dir.path().join("events.jsonl");
+    let (addr, admin) = (free_addr(), free_addr());
+    let mut primary = spawn(
+        Command::new(&program)
+            .arg("serve")
+            .arg(dir.path())
+            .args(["--workers", "2", "--listen", &addr.to_string()])
+            .args(["--admin", &admin.to_string(), "--events"])
+            .arg(&log)
+            .env("NOTIFY_SOCKET", &sock)
+            .env("RUST_LOG", "info"),
+    );
+    while !next_notice(&manager).contains("READY=1") {}
+
+    std::fs::rename(&program, &good).unwrap();
+    std::fs::write(&program, "#!/bin/sh\necho broken build >&2\nexit 1\n").unwrap();
+    std::fs::set_permissions(
+        &program,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    primary.signal(Signal::HUP);
+    while !next_notice(&manager).contains("RELOADING=1") {}
+    let over = next_notice(&manager);
+    assert!(
+        over.lines().any(|l| l == "READY=1")
+            && over.lines().any(|l| l.starts_with("STATUS=reload failed: ")
+                && l.ends_with("; generation 0 still serving")),
+        "{over:?}"
+    );
+    let metrics = String::from_utf8(get(admin, "/_nodus/metrics").body).unwrap();
+    for (series, value) in [
+        (r#"nodus_cluster_reloads_total{result="done"}"#, 0.0),
+        (r#"nodus_cluster_reloads_total{result="failed"}"#, 1.0),
+        ("nodus_cluster_last_reload_failed", 1.0),
+    ] {
+        assert_eq!(sample(&metrics, series), Some(value), "{series}: {metrics}");
+    }
+    let s = stats(admin);
+    assert_eq!(
+        s["reloads"],
+        serde_json::json!({"done": 0, "failed": 1}),
+        "{s}"
+    );
+    assert!(s["last_reload_failure"].is_string(), "{s}");
+
+    // A crash now: the replacement is generation 0's binary (the broken one would crash-loop
+    // the slot to the give-up, taking the other worker down with it).
+    let victim = worker_pids(&s)[0];
+    rustix::process::kill_process(Pid::from_raw(victim).unwrap(), Signal::KILL).unwrap();
+    let evs = wait_events(&log, |e| count(e, "ready") == 3);
+    let replacement = evs.iter().rev().find(|e| e["event"] == "ready").unwrap()["pid"]
+        .as_u64()
+        .unwrap();
+    let exe = std::fs::read_link(format!("/proc/{replacement}/exe")).unwrap();
+    assert_eq!(exe, good, "the replacement runs the serving binary");
+    assert_eq!(get(addr, "/").status, 200);
+    assert!(primary.exited_within(Duration::from_millis(500)).is_none());
+
+    // The build fixed: the reload is done.
+    std::fs::rename(&good, &program).unwrap();
+    primary.signal(Signal::HUP);
+    while !next_notice(&manager).contains("RELOADING=1") {}
+    let over = next_notice(&manager);
+    assert!(over.ends_with("READY=1\nSTATUS=serving"), "{over:?}");
+    let metrics = String::from_utf8(get(admin, "/_nodus/metrics").body).unwrap();
+    assert_eq!(
+        sample(&metrics, r#"nodus_cluster_reloads_total{result="done"}"#),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, "nodus_cluster_last_reload_failed"),
+        Some(0.0),
+        "{metrics}"
+    );
+    assert!(stats(admin)["last_reload_failure"].is_null());
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(30), 0);
+}

@@ -33,7 +33,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::cluster::{assert_exit, count, events, run_sh, spawn, spawn_into_pipe, wait_events};
+use common::cluster::{
+    assert_exit, copy_nodus, count, events, run_sh, spawn, spawn_into_pipe, wait_events,
+};
 use common::{NODUS, have};
 use nodus_testkit::proc::Proc;
 use nodus_testkit::tmp::TempDir;
@@ -722,8 +724,9 @@ fn with_wait_ready_a_reload_drains_the_old_worker_only_after_the_new_one_sent_re
             .unwrap_or_else(|| panic!("no {what:?}: {lines:#?}"))
     };
     let switch = format!("reload to generation 1: worker 1 pid {old} → pid {new} (ready ");
+    // Whole milliseconds, as every duration the primary measured.
     assert!(
-        lines[at(&switch)].ends_with(&format!("after its start); pid {old} asked to stop")),
+        lines[at(&switch)].ends_with(&format!(" ms after its start); pid {old} asked to stop")),
         "{lines:#?}"
     );
     let done = at("reload done: generation 1 serving (in ");
@@ -1009,6 +1012,42 @@ fn each_backoff_wait_is_one_line_after_the_exit_that_led_to_it() {
                 ))
                 && lines[i - 1].ends_with("exited with code 3"),
             "{lines:#?}"
+        );
+    }
+}
+
+/// Every restart, at once or after a backoff, is one line naming the replacement's pid, after
+/// the exit line of the worker it replaces.
+#[test]
+fn each_restart_names_the_new_pid() {
+    let mut primary = spawn(
+        run_sh(
+            ["-w", "1", "--backoff", "0.1,2,1", "--max-restarts", "3"],
+            "echo \"pid $$\"; exit 3",
+        )
+        .env("RUST_LOG", "info"),
+    );
+    assert_exit(&mut primary, Duration::from_secs(20), 75);
+    let lines = primary.output();
+    // The workers' own lines, in their order (stdout: not ordered with the primary's stderr).
+    let pids: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l.split("] pid ").nth(1))
+        .collect();
+    assert_eq!(pids.len(), 4, "{lines:#?}");
+    let at = |what: &str| lines.iter().position(|l| l.contains(what));
+    for (old, (new, how)) in
+        pids.iter().zip(
+            pids[1..]
+                .iter()
+                .zip(["at once", "after 100 ms", "after 200 ms"]),
+        )
+    {
+        let said = format!("worker 1 restarted {how}: pid {new}");
+        let exit = at(&format!("worker 1 (pid {old}) exited with code 3"));
+        assert!(
+            at(&said).is_some_and(|i| lines[i].contains(" INFO ") && Some(i) > exit),
+            "{said:?} after pid {old}'s exit line: {lines:#?}"
         );
     }
 }
@@ -1833,24 +1872,6 @@ fn workers_saying(primary: &mut Proc, text: &str) -> usize {
         .count()
 }
 
-/// Copies the nodus binary to `to` and waits until the copy can be run: a fork in another test
-/// of this process may hold the copy's write fd for a moment (`ETXTBSY` until it execs).
-fn copy_nodus(to: &std::path::Path) {
-    std::fs::copy(NODUS, to).unwrap();
-    for _ in 0..250 {
-        match Command::new(to).arg("--version").output() {
-            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::TXTBSY.raw_os_error()) => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            run => {
-                assert!(run.unwrap().status.success());
-                return;
-            }
-        }
-    }
-    panic!("{} stayed busy (ETXTBSY) for 5 s", to.display());
-}
-
 /// A Node app a timer keeps alive after its `disconnect`, with two servers: the cluster's on
 /// `PORT`, and one of its own (`exclusive`: not the primary's, not closed by the `disconnect`) on
 /// a port it prints (`own port N`). On either, `/slow` answers its first half at once and the
@@ -1965,4 +1986,72 @@ fn with_node_a_worker_is_not_stopped_before_its_in_flight_response_is_done() {
         "took {took:?} (the drain deadline's SIGTERM comes at 9.2 s): {:#?}",
         primary.output()
     );
+}
+
+/// A Node app whose `/slow` is never answered and whose `/spin` answers, then blocks its loop
+/// for good (a busy loop); each request says `request in PATH` first.
+const NODE_APP_STUCK: &str = r#"
+const http = require('http');
+http.createServer((q, r) => {
+  console.log('request in', q.url);
+  if (q.url === '/spin') { r.end('spinning\n'); setTimeout(() => { for (;;) {} }, 10); return; }
+  if (q.url === '/slow') return;
+  r.end('quick\n');
+}).listen(+process.env.PORT, '127.0.0.1');
+"#;
+
+/// A `--node` worker still busy at its drain deadline (a request in flight; a loop blocked, with
+/// a connection handed to it and never taken) is SIGTERMed, which cuts what it held: the stop
+/// is a forced one (exit code 124), and the SIGTERM and the worker's death from it are logged
+/// (WARN). A client of the cut request gets no response.
+#[test]
+fn with_node_a_worker_sigtermed_past_its_drain_deadline_makes_the_stop_exit_124() {
+    use std::io::{Read, Write};
+    if !have("node") {
+        return;
+    }
+    for path in ["/slow", "/spin"] {
+        let (_dir, addr, mut primary) = common::cluster::run_node_app(
+            "node-stuck",
+            NODE_APP_STUCK,
+            1,
+            &["--kill-timeout", "3"],
+        );
+        let mut conn = std::net::TcpStream::connect(addr).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            .unwrap();
+        primary.wait_line(&format!("request in {path}"));
+        if path == "/spin" {
+            read_until(&mut conn, b"spinning\n");
+            // Its loop blocks 10 ms later; a connection made then is handed to the blocked
+            // worker, never taken.
+            std::thread::sleep(Duration::from_millis(300));
+            conn = std::net::TcpStream::connect(addr).unwrap();
+            conn.set_read_timeout(Some(Duration::from_secs(20)))
+                .unwrap();
+            conn.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                .unwrap();
+        }
+        primary.signal(Signal::TERM);
+        let mut reply = Vec::new();
+        let _ = conn.read_to_end(&mut reply);
+        assert!(
+            reply.is_empty(),
+            "{path}: {}",
+            String::from_utf8_lossy(&reply)
+        );
+        assert_exit(&mut primary, Duration::from_secs(20), 124);
+        let line = primary.wait_line("past its deadline");
+        assert!(
+            line.contains("WARN") && line.ends_with(": SIGTERM"),
+            "{line}"
+        );
+        let line = primary.wait_line("after its SIGTERM past the drain deadline");
+        assert!(
+            line.contains("WARN") && line.contains("killed by signal 15"),
+            "{line}"
+        );
+    }
 }

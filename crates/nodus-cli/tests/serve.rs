@@ -1200,3 +1200,85 @@ fn a_listen_fds_count_beyond_the_passed_sockets_is_refused_with_the_fd_named() {
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("LISTEN_FDS names fd 4"), "{stderr}");
 }
+
+/// With `WATCHDOG_USEC` (systemd's `WatchdogSec=`), the single process sends `WATCHDOG=1` every
+/// half period; not when `WATCHDOG_PID` names another process.
+#[test]
+fn a_single_process_pings_the_watchdog_that_is_its_own() {
+    let dir = site();
+    for watchdog_pid in [None, Some("1")] {
+        let (sock_path, manager) = notify_manager("nodus-notify-watchdog");
+        let mut cmd = Command::new(NODUS);
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--workers", "1"])
+            .arg(dir.path())
+            .env("NOTIFY_SOCKET", &sock_path)
+            .env("WATCHDOG_USEC", "300000")
+            .stderr(Stdio::null());
+        match watchdog_pid {
+            Some(pid) => cmd.env("WATCHDOG_PID", pid),
+            None => cmd.env_remove("WATCHDOG_PID"),
+        };
+        let mut child = Proc::spawn(&mut cmd);
+        let mut buf = [0u8; 256];
+        let mut next = || {
+            manager
+                .recv(&mut buf)
+                .map(|n| String::from_utf8_lossy(&buf[..n]).into_owned())
+        };
+        let ready = next().unwrap();
+        assert!(ready.lines().any(|l| l == "READY=1"), "{ready:?}");
+        let mut heard = Vec::new();
+        if watchdog_pid.is_none() {
+            // Every 150 ms.
+            while heard.len() < 3 {
+                heard.push(next().expect("WATCHDOG=1 within 20 s"));
+            }
+            assert!(heard.iter().all(|m| m == "WATCHDOG=1"), "{heard:?}");
+        } else {
+            // Six periods go by in silence.
+            manager
+                .set_read_timeout(Some(Duration::from_millis(900)))
+                .unwrap();
+            heard.extend(next().ok());
+            assert!(heard.is_empty(), "{heard:?}");
+        }
+        child.signal(rustix::process::Signal::TERM);
+        assert_eq!(child.wait_exit(Duration::from_secs(20)), Some(0));
+        let _ = std::fs::remove_file(&sock_path);
+    }
+}
+
+/// Two inherited sockets, neither named `admin` (two `ListenStream=` in one `.socket` unit):
+/// one public listener is served, so the start is refused (exit code 1), in a line that names
+/// the second socket by its name and address.
+#[test]
+fn a_second_public_inherited_socket_is_refused_with_its_address() {
+    if !common::have("python3") {
+        return;
+    }
+    let site = site();
+    let script = "import os, socket, sys\n\
+                  a = socket.socket(); a.bind(('127.0.0.1', 0)); a.listen()\n\
+                  b = socket.socket(); b.bind(('127.0.0.1', 0)); b.listen()\n\
+                  print(b.getsockname()[1], flush=True)\n\
+                  os.dup2(a.fileno(), 3); os.dup2(b.fileno(), 4)\n\
+                  os.set_inheritable(3, True); os.set_inheritable(4, True)\n\
+                  os.environ['LISTEN_PID'] = str(os.getpid()); os.environ['LISTEN_FDS'] = '2'\n\
+                  os.execv(sys.argv[1], sys.argv[1:])\n";
+    let out = Command::new("python3")
+        .args(["-c", script, NODUS, "serve", "--workers", "1"])
+        .arg(site.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let port = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "cannot serve the inherited socket 'unknown' on 127.0.0.1:{port}: one public TCP \
+             listener (and one named admin) is supported"
+        )),
+        "{stderr}"
+    );
+}

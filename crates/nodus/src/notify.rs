@@ -8,7 +8,7 @@
 //!
 //! Invariants: a send never blocks (the socket is non-blocking; a full manager queue is an error,
 //! not a stall); nothing here reads or changes the environment except [`notify`] reading
-//! `NOTIFY_SOCKET`. A received datagram is at most [`MAX_DATAGRAM`] bytes of UTF-8 (systemd's
+//! `NOTIFY_SOCKET` and [`watchdog_period`] reading `WATCHDOG_USEC` and `WATCHDOG_PID`. A received datagram is at most [`MAX_DATAGRAM`] bytes of UTF-8 (systemd's
 //! limit), or it is an `InvalidData` error and the socket goes on; fds sent along are closed.
 //! Abstract sockets are reachable by any process in the network namespace, so each message
 //! carries the sender's pid as the kernel saw it (`SO_PASSCRED`) for the supervisor to check.
@@ -19,6 +19,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use rustix::net::RecvFlags;
 use socket2::{MaybeUninitSlice, MsgHdrMut, SockRef};
@@ -43,6 +44,19 @@ pub fn notify(state: &str) -> io::Result<bool> {
     socket.set_nonblocking(true)?;
     socket.send_to_addr(state.as_bytes(), &addr)?;
     Ok(true)
+}
+
+/// systemd's watchdog period for this process (`sd_watchdog_enabled(3)`): `WATCHDOG_USEC` above
+/// 0, and `WATCHDOG_PID` unset or this process's pid (a child that inherited the variables is
+/// not the one watched). The service is killed unless `WATCHDOG=1` comes within each period:
+/// send it every half period.
+pub fn watchdog_period() -> Option<Duration> {
+    let usec = std::env::var("WATCHDOG_USEC").ok()?.parse::<u64>().ok()?;
+    let for_us = std::env::var("WATCHDOG_PID")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .is_none_or(|pid| pid == std::process::id());
+    (usec > 0 && for_us).then(|| Duration::from_micros(usec))
 }
 
 /// A datagram socket receiving one child's notifications, bound to a unique abstract name. It is

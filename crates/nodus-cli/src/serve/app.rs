@@ -15,6 +15,10 @@
 //! answered, [`FORCED_STOP_EXIT_CODE`] (124) when the drain deadline cut requests, 128 + N when a
 //! second signal N ended the stop at once.
 //!
+//! systemd's watchdog (`WATCHDOG_USEC`, `WATCHDOG_PID` unset or this pid): the single process
+//! sends `WATCHDOG=1` every half period from a task on its loop, from `READY=1` until it exits,
+//! so a stalled loop stops the pings; a cluster primary sends them for its workers' loops.
+//!
 //! SIGHUP is the cluster primary's rolling reload. The single process (`--workers 1`, the
 //! default on one core) catches it too and is never stopped by it: there is no worker to replace,
 //! so it logs one line saying nothing was reloaded and serves on, losing nothing; a service
@@ -153,7 +157,8 @@ pub(super) fn listeners(
             nodus::net::Inherited::Tcp(_, l) if public.is_none() => public = Some(l),
             other => {
                 return Err(format!(
-                    "cannot serve the inherited socket {other:?}: one TCP listener (and one named admin) is supported"
+                    "cannot serve the inherited socket {other}: one public TCP listener (and one \
+                     named admin) is supported"
                 ));
             }
         }
@@ -185,6 +190,7 @@ async fn serve_until_signal(options: ServeOptions, root: PathBuf) -> i32 {
     );
     let running = start_servers(&options, &site, public, admin_listener);
     tell_manager("READY=1\nSTATUS=serving");
+    start_watchdog();
     let signal = loop {
         match signals.recv().await {
             SIGHUP => reload_alone(),
@@ -194,11 +200,11 @@ async fn serve_until_signal(options: ServeOptions, root: PathBuf) -> i32 {
     site.ready.set(false);
     tell_manager("STOPPING=1\nSTATUS=draining");
     tracing::info!(
-        "{}: readyz now answers 503; draining in {:?}, then up to {:?} for in-flight requests \
-         (a second signal stops at once)",
+        "{}: readyz now answers 503; draining in {} ms, then up to {} ms for in-flight \
+         requests (a second signal stops at once)",
         nodus::signal::name(signal),
-        options.shutdown_delay,
-        options.drain_timeout
+        options.shutdown_delay.as_millis(),
+        options.drain_timeout.as_millis()
     );
     let stop = async {
         if !options.shutdown_delay.is_zero() {
@@ -224,6 +230,22 @@ async fn serve_until_signal(options: ServeOptions, root: PathBuf) -> i32 {
             128 + signal
         }
     }
+}
+
+/// systemd's watchdog (`WatchdogSec=`, which sets `WATCHDOG_USEC`, for this process): the single
+/// process sends `WATCHDOG=1` every half period from its loop, so a loop that stalls stops the
+/// pings and systemd acts (as a cluster primary does for its workers' loops), until it exits.
+fn start_watchdog() {
+    let Some(period) = nodus::notify::watchdog_period() else {
+        return;
+    };
+    nodus::spawn_named("serve:watchdog", async move {
+        loop {
+            nodus::sleep(period / 2).await;
+            tell_manager("WATCHDOG=1");
+        }
+    })
+    .detach();
 }
 
 /// SIGHUP to the single process: a rolling reload replaces workers, and there are none. Says so,

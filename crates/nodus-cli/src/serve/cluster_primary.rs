@@ -1,5 +1,6 @@
 //! `nodus serve --workers N`: this process is the cluster primary. It binds (or inherits) the
-//! public listener, re-executes its own command line as N workers, serves `--admin` itself with
+//! public listener, re-executes its own command line as N workers (each generation's from the
+//! binary as it was when the generation began: `Config::pin_program`), serves `--admin` itself with
 //! the whole cluster's stats, and supervises (restart budget, SIGHUP rolling reload,
 //! SIGTERM/SIGINT drain).
 //!
@@ -59,6 +60,9 @@ pub async fn run(options: ServeOptions) -> i32 {
     // The primary is the init of what its workers leave behind (every child of this process is
     // a nodus::process one): adopted orphans are reaped, and stopped with the cluster.
     config.subreaper = true;
+    // A crash restart runs its generation's own binary: after a failed reload (a broken build
+    // deployed in place), not the broken one.
+    config.pin_program = true;
     config.listeners.push(("http".to_owned(), public));
     // Config::new's restart budget: 5, or twice the workers when that is more.
     let budget = format!(

@@ -1,5 +1,6 @@
 //! A started cluster primary (`nodus run`, with `run_sh` workers that run a shell script;
-//! `nodus serve --workers`), its exit code and its event log.
+//! `nodus serve --workers`), its exit code and its event log; a copy of the nodus binary (to
+//! deploy over).
 
 use std::ffi::OsStr;
 use std::io::PipeReader;
@@ -108,4 +109,22 @@ pub fn wait_events(path: &Path, what: impl Fn(&[Value]) -> bool) -> Vec<Value> {
 /// How many of `evs` are `event`.
 pub fn count(evs: &[Value], event: &str) -> usize {
     evs.iter().filter(|e| e["event"] == event).count()
+}
+
+/// Copies the nodus binary to `to` and waits until the copy can be run: a fork in another test
+/// of this process may hold the copy's write fd for a moment (`ETXTBSY` until it execs).
+pub fn copy_nodus(to: &Path) {
+    std::fs::copy(NODUS, to).unwrap();
+    for _ in 0..250 {
+        match Command::new(to).arg("--version").output() {
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::TXTBSY.raw_os_error()) => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            run => {
+                assert!(run.unwrap().status.success());
+                return;
+            }
+        }
+    }
+    panic!("{} stayed busy (ETXTBSY) for 5 s", to.display());
 }

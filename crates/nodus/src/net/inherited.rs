@@ -38,6 +38,27 @@ impl Inherited {
     }
 }
 
+/// The socket as a message names it: its name and address (`'unknown' on 127.0.0.1:8080`,
+/// `'app' on /run/app.sock`).
+impl std::fmt::Display for Inherited {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = crate::fs::quote(std::path::Path::new(self.name()));
+        match self {
+            Inherited::Tcp(_, l) => match l.local_addr() {
+                Ok(addr) => write!(f, "{name} on {addr}"),
+                Err(_) => write!(f, "{name} (TCP)"),
+            },
+            Inherited::Unix(_, l) => match l.local_addr() {
+                Ok(addr) => match addr.as_pathname() {
+                    Some(path) => write!(f, "{name} on {}", crate::fs::quote(path)),
+                    None => write!(f, "{name} (an unnamed or abstract Unix socket)"),
+                },
+                Err(_) => write!(f, "{name} (Unix)"),
+            },
+        }
+    }
+}
+
 /// Takes the listening sockets this process inherited (none if `LISTEN_PID` is not this process's
 /// pid, or on a second call), registered with the current loop.
 ///

@@ -90,6 +90,8 @@ impl Stdio {
 #[derive(Debug)]
 pub struct Command {
     program: OsString,
+    /// `argv[0]`, when it is not `program`.
+    arg0: Option<OsString>,
     args: Vec<OsString>,
     /// In order: `Some(value)` sets, `None` removes.
     env: Vec<(OsString, Option<OsString>)>,
@@ -111,6 +113,7 @@ impl Command {
     pub fn new(program: impl AsRef<OsStr>) -> Command {
         Command {
             program: program.as_ref().to_owned(),
+            arg0: None,
             args: Vec::new(),
             env: Vec::new(),
             env_clear: false,
@@ -124,6 +127,13 @@ impl Command {
             fds: Vec::new(),
             ipc: None,
         }
+    }
+
+    /// The child's `argv[0]`, instead of the program (one run through `/proc/self/fd/N` keeps
+    /// the name it is known by).
+    pub fn arg0(&mut self, arg0: impl AsRef<OsStr>) -> &mut Command {
+        self.arg0 = Some(arg0.as_ref().to_owned());
+        self
     }
 
     pub fn arg(&mut self, arg: impl AsRef<OsStr>) -> &mut Command {
@@ -268,6 +278,9 @@ impl Command {
         // would be left unreaped.
         crate::rt::context::with_core("nodus::process::Command::spawn", |_| ());
         let mut cmd = std::process::Command::new(&self.program);
+        if let Some(arg0) = &self.arg0 {
+            cmd.arg0(arg0);
+        }
         cmd.args(&self.args);
         if self.env_clear {
             cmd.env_clear();

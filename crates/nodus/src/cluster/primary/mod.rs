@@ -46,6 +46,10 @@
 //!   are reaped by the orphan reaper's thread (`crate::process`), none left a zombie.
 //!   Off for a library user by default: the primary would reap any child of the program that
 //!   `crate::process` did not start.
+//! - With [`Config::pin_program`], `State::pinned` holds the program file (`O_PATH`, fd 100 or
+//!   above) of the serving generation and, during a reload, of the reload's; a worker of a
+//!   generation that has one is executed through it, any other from the program's path. The
+//!   reload's is dropped when it fails, the old one when it is done.
 //! - Round-robin and least hand connections over the channel, so they need workers with one
 //!   (`WorkerCommand::ipc`): `Primary::start` refuses them for a plain program, as `nodus run`
 //!   refuses `--policy rr` without `--node`, and `Config::new` defaults a plain program to
@@ -65,6 +69,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -203,6 +208,16 @@ pub struct Config {
     /// without a stop: the adopted processes still there are then reaped at their exit by a
     /// background thread (each by its pidfd; a child started afterwards keeps its exit status).
     pub subreaper: bool,
+    /// Run each generation's workers from the program file as it was when the generation began
+    /// (off by default; `nodus serve --workers N` turns it on): the program is opened
+    /// (`O_PATH`) at [`Primary::start`] and at each rolling reload, and every worker of that
+    /// generation, a crash restart's included, is executed through that open file
+    /// (`/proc/self/fd/N`, `argv[0]` still the program's path). So after a reload that failed
+    /// (a broken build deployed in place), a crash restart runs the serving generation's program,
+    /// not the broken one on disk, which would crash-loop the slot into the give-up. Left to its
+    /// path: a program named without a `/` (found in `PATH`), one that cannot be opened, and a
+    /// script (`#!`: its interpreter would have to reopen it by that name, closed by then).
+    pub pin_program: bool,
 }
 
 impl Config {
@@ -234,6 +249,7 @@ impl Config {
             prefix_output: true,
             event_log: None,
             subreaper: false,
+            pin_program: false,
         }
     }
 }
@@ -308,6 +324,15 @@ pub(crate) struct State {
     /// A reload is under way, the exits of the old workers it stopped included (past
     /// `reloading`): a SIGHUP meanwhile queues one more.
     reload_running: Cell<bool>,
+    /// Reloads that ended with every slot switched, and those that failed (a shutdown's
+    /// abandoning one is neither).
+    reloads_done: Cell<u64>,
+    reloads_failed: Cell<u64>,
+    /// Why the last reload to end failed; `None` after one that was done (or before any).
+    last_reload_failure: RefCell<Option<String>>,
+    /// With [`Config::pin_program`], the program file of each generation that may start
+    /// workers (the serving one, a reload's), open (`proc::pin_program`).
+    pinned: RefCell<Vec<(u64, OwnedFd)>>,
     /// A SIGHUP came during a reload: one more reload follows it.
     reload_again: Cell<bool>,
     /// A slot was left empty after a crash (its restart type said no): the exit code is then 1.
@@ -460,6 +485,10 @@ impl Primary {
             phase: Cell::new(Phase::Running),
             reloading: Cell::new(false),
             reload_running: Cell::new(false),
+            reloads_done: Cell::new(0),
+            reloads_failed: Cell::new(0),
+            last_reload_failure: RefCell::new(None),
+            pinned: RefCell::default(),
             reload_again: Cell::new(false),
             left_after_crash: Cell::new(false),
             exit_code: Cell::new(None),
@@ -483,6 +512,7 @@ impl Primary {
             let server = Server::prebound(&st, listener)?;
             st.prebound.borrow_mut().push((name, server));
         }
+        proc::pin_program(&st, 0);
         let primary = Primary { st };
         let ids: Vec<u32> = primary.st.slots.borrow().iter().map(|s| s.id).collect();
         for id in ids {

@@ -3,6 +3,9 @@
 //! Invariants:
 //! - A `Proc` is created by [`Proc::spawn`] and lives in `State::procs` until its exit has been
 //!   handled (`supervise::on_exit`); its tasks (exit watcher, message dispatch) end with it.
+//! - A worker's environment holds `LISTEN_FDS`/`LISTEN_PID`/`LISTEN_FDNAMES` only when the
+//!   primary passes it its own listeners (`server::pass_listeners`): inherited ones, meant for
+//!   this process or another, are removed.
 //! - A worker leads its own process group (pgid = its pid), and whatever is left of that group
 //!   is SIGKILLed when the worker exits, before it is reaped ([`Command::group_exit_signal`]):
 //!   by the time `on_exit` runs, no process of its group is left but ones dying of SIGKILL.
@@ -40,6 +43,7 @@ use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::HashMap;
 use std::future::{Future, poll_fn};
 use std::io;
+use std::os::fd::AsRawFd;
 use std::pin::pin;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
@@ -66,6 +70,51 @@ use serde_json::value::RawValue;
 /// killed with it, can keep them open for good (its output is still copied).
 const OUTPUT_EOF_WAIT: Duration = Duration::from_millis(200);
 
+/// The lowest fd number a pinned program is kept at: above every fd a worker gets at a fixed
+/// number (stdio, listeners from 3, the channel after them), which the child's `dup2`s would
+/// put in its place before the `exec`.
+const PIN_FD_MIN: i32 = 100;
+
+/// With [`Config::pin_program`](super::Config::pin_program), opens the program (`O_PATH`) for
+/// the workers of `generation` (see there for what is left to its path). One open and a
+/// two-byte read (is it a script?) on the loop: once per generation, beside its forks.
+pub(super) fn pin_program(st: &State, generation: u64) {
+    let program = &st.config.command.program;
+    if !st.config.pin_program || !program.as_os_str().as_encoded_bytes().contains(&b'/') {
+        return;
+    }
+    let flags = rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC;
+    let Ok(opened) = rustix::fs::open(program, flags, rustix::fs::Mode::empty()) else {
+        return;
+    };
+    let Ok(fd) = rustix::io::fcntl_dupfd_cloexec(&opened, PIN_FD_MIN) else {
+        return;
+    };
+    // The same file, opened for reading through the one held (unreadable: no script either,
+    // an interpreter could not read it).
+    let mut head = [0u8; 2];
+    let script = std::fs::File::open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .and_then(|mut f| io::Read::read_exact(&mut f, &mut head))
+        .is_ok_and(|()| head == *b"#!");
+    if !script {
+        st.pinned.borrow_mut().push((generation, fd));
+    }
+}
+
+/// Keeps the pinned programs of the generations `keep` says, closes the others.
+pub(super) fn unpin(st: &State, keep: impl Fn(u64) -> bool) {
+    st.pinned.borrow_mut().retain(|(g, _)| keep(*g));
+}
+
+/// The path a worker of `generation` is executed through when its program is pinned.
+fn pinned_path(st: &State, generation: u64) -> Option<std::ffi::OsString> {
+    let pinned = st.pinned.borrow();
+    let (_, fd) = pinned.iter().find(|(g, _)| *g == generation)?;
+    // Above every fixed target of this spawn (see `PIN_FD_MIN`).
+    let highest_target = 3 + st.prebound.borrow().len() as i32;
+    (fd.as_raw_fd() > highest_target).then(|| format!("/proc/self/fd/{}", fd.as_raw_fd()).into())
+}
+
 /// Where a worker is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum ProcState {
@@ -90,6 +139,9 @@ pub(super) struct Proc {
     pub exited_after_disconnect: Cell<bool>,
     /// The primary asked it to stop (drain, reload, shutdown).
     pub drained: Cell<bool>,
+    /// It was still running `DRAIN_GRACE` after its drain deadline and got SIGTERM then
+    /// (`supervise::arm_kill_timer`): its exit is logged, whatever the phase.
+    pub termed_past_deadline: Cell<bool>,
     pub going_down: Cell<bool>,
     /// Handoffs not yet taken, with the primary's reference to each connection.
     pub pending: Pending,
@@ -139,7 +191,17 @@ impl Proc {
         let cfg = &st.config.command;
         let unique = st.next_unique.get();
         st.next_unique.set(unique + 1);
-        let mut cmd = Command::new(&cfg.program);
+        let pinned = pinned_path(st, generation);
+        let mut cmd = Command::new(pinned.as_deref().unwrap_or(cfg.program.as_os_str()));
+        if pinned.is_some() {
+            cmd.arg0(&cfg.program);
+        }
+        // Sockets a service manager passed to this process, or variables inherited from a
+        // parent they were meant for, are not the worker's: it sees `LISTEN_*` only when
+        // `pass_listeners` passes it the cluster's own (sd_listen_fds's `unset_environment`).
+        for var in server::LISTEN_VARS {
+            cmd.env_remove(var);
+        }
         cmd.args(&cfg.args)
             .envs(cfg.env.iter().map(|(k, v)| (k, v)))
             .env("NODUS_WORKER_ID", slot.to_string())
@@ -203,6 +265,7 @@ impl Proc {
             changed: RefCell::default(),
             exited_after_disconnect: Cell::new(false),
             drained: Cell::new(false),
+            termed_past_deadline: Cell::new(false),
             going_down: Cell::new(false),
             pending: Pending::default(),
             board: OnceCell::new(),

@@ -591,9 +591,14 @@ fn reuseport_socket(
     Ok(OwnedFd::from(l.into_std()))
 }
 
+/// The socket-activation variables, removed from every worker's environment (`Proc::spawn`)
+/// before [`pass_listeners`] sets them for the cluster's own listeners.
+pub(super) const LISTEN_VARS: [&str; 3] = ["LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"];
+
 /// Gives a plain program the primary's listeners the systemd way: fds 3.. with `LISTEN_FDS` and
 /// `LISTEN_FDNAMES` (`LISTEN_PID` must be the program's own pid: a launcher sets it), blocking as
-/// systemd passes them. Under `reuseport` each worker gets fresh sockets bound to the same
+/// systemd passes them; with no listener to pass, none of the variables (an inherited
+/// `LISTEN_FDS` meant for another process never reaches a worker). Under `reuseport` each worker gets fresh sockets bound to the same
 /// addresses; under `shared` a duplicate of the one socket. Round-robin and least have nothing to
 /// pass (the primary accepts; `Primary::start` refuses them for plain programs).
 pub(super) fn pass_listeners(st: &Rc<State>, cmd: &mut Command) -> io::Result<()> {

@@ -159,6 +159,10 @@ struct ClusterDoc<'a> {
     budget_left: u32,
     generation: u64,
     reloading: bool,
+    /// Rolling reloads done and failed since the primary started.
+    reloads: ReloadsDoc,
+    /// Why the last reload to end failed; `null` when it was done (or before any).
+    last_reload_failure: Option<String>,
     last_exit: Option<String>,
     /// Fds workers gave back that were not connections of the listener (closed, not handed on).
     returned_rejected: u64,
@@ -168,6 +172,12 @@ struct ClusterDoc<'a> {
     orphans_reaped: Option<u64>,
     primary: PrimaryDoc,
     workers: Vec<WorkerDoc<'a>>,
+}
+
+#[derive(Serialize)]
+struct ReloadsDoc {
+    done: u64,
+    failed: u64,
 }
 
 #[derive(Serialize)]
@@ -231,6 +241,11 @@ pub(super) async fn stats_json(st: &Rc<State>) -> String {
         budget_left: st.budget.borrow_mut().left(Instant::now()),
         generation: st.generation.get(),
         reloading: st.reloading.get(),
+        reloads: ReloadsDoc {
+            done: st.reloads_done.get(),
+            failed: st.reloads_failed.get(),
+        },
+        last_reload_failure: st.last_reload_failure.borrow().clone(),
         last_exit: st.last_exit.borrow().as_ref().map(LastExit::text),
         returned_rejected: st.returned_rejected.get(),
         orphans_adopted: orphans.map(|(adopted, _)| adopted),
@@ -306,6 +321,27 @@ pub(super) async fn metrics_text(st: &Rc<State>) -> String {
         "nodus_cluster_generation",
         "Reload generation serving: the number of the last successful rolling reload (failed ones use up a number too)",
         generation,
+    );
+    let reloads = Family::<Vec<(String, String)>, Counter<u64>>::default();
+    for (result, n) in [
+        ("done", st.reloads_done.get()),
+        ("failed", st.reloads_failed.get()),
+    ] {
+        reloads
+            .get_or_create(&vec![("result".to_owned(), result.to_owned())])
+            .inc_by(n);
+    }
+    registry.register(
+        "nodus_cluster_reloads",
+        "Rolling reloads that ended, by result: done (every worker replaced) or failed (the new workers never became ready; the old ones keep serving)",
+        reloads,
+    );
+    let reload_failed = Gauge::<i64>::default();
+    reload_failed.set(i64::from(st.last_reload_failure.borrow().is_some()));
+    registry.register(
+        "nodus_cluster_last_reload_failed",
+        "Whether the last rolling reload to end failed (1: the program on disk is not what serves, and a crash restart runs it)",
+        reload_failed,
     );
     let rejected = Counter::<u64>::default();
     rejected.inc_by(st.returned_rejected.get());

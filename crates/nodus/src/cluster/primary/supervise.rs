@@ -16,6 +16,9 @@
 //!   switched have: a SIGHUP meanwhile queues one more reload (at most one), started only then,
 //!   so every line of reload N comes before the first of reload N+1 and at most two
 //!   generations run at once (as PM2's reload, done once the old processes are gone).
+//! - A reload that ends is counted, done or failed (`State::reloads_done`/`reloads_failed`,
+//!   the failure's reason kept until a reload is done), and ends with `READY=1` either way: a
+//!   failed one's `STATUS=` says so. One a shutdown cut short is neither.
 //! - Once shutdown (or give-up) begins, nothing is started again; `run` returns when the last
 //!   worker has exited and every exit has settled (below). The primary accepts connections
 //!   through `shutdown_delay` and stops when the drain begins (`server::stop_accepting`), or when
@@ -32,10 +35,12 @@
 //!   program (not there, not executable) stops the run with exit code 1 and one error line, as
 //!   a first spawn that fails does; after that it is a crash like any other.
 //! - The exit code is 0 after a graceful stop. A stop that had to kill workers (a second
-//!   SIGTERM/SIGINT, or the kill timeout during the shutdown), or in which a worker exited with
-//!   [`FORCED_STOP_EXIT_CODE`] (a nodus worker whose drain deadline cut requests), sets its code
-//!   unless one is set already: 128 + the second signal's number, or [`FORCED_STOP_EXIT_CODE`];
-//!   the give-up code and 1 (a worker left after a crash) are kept.
+//!   SIGTERM/SIGINT, the kill timeout during the shutdown, or a SIGTERM past a worker's drain
+//!   deadline that the worker did not answer with exit code 0: it died of it, cutting what it
+//!   held), or in which a worker exited with [`FORCED_STOP_EXIT_CODE`] (a nodus worker whose
+//!   drain deadline cut requests), sets its code unless one is set already: 128 + the second
+//!   signal's number, or [`FORCED_STOP_EXIT_CODE`]; the give-up code and 1 (a worker left after
+//!   a crash) are kept. The SIGTERM past a deadline is a warning, and so is the exit it led to.
 //! - A stop asks the worker alone: a worker with a channel gets `disconnect` (with the drain
 //!   deadline), then SIGTERM if it is still there `DRAIN_GRACE` after that deadline (a Node
 //!   worker kept alive by a timer or a connection: Node's `worker.kill()` sends SIGTERM too), a
@@ -73,14 +78,7 @@ use crate::signal::{SIGHUP, SIGINT, SIGKILL, SIGTERM, Signals};
 /// quarter period (the workers asked for snapshots: Node workers and plain programs have no loop
 /// figures to give); a stalled worker loop (or primary) makes the pings stop, so systemd acts.
 fn start_watchdog(st: &Rc<State>) {
-    let usec = std::env::var("WATCHDOG_USEC")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok());
-    let for_us = std::env::var("WATCHDOG_PID")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        .is_none_or(|pid| pid == std::process::id());
-    let Some(period) = usec.filter(|u| *u > 0 && for_us).map(Duration::from_micros) else {
+    let Some(period) = crate::notify::watchdog_period() else {
         return;
     };
     let s = st.clone();
@@ -286,10 +284,29 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
         decide_and_restart(st, proc.slot, Some(proc.pid), uptime, reason, false)
     });
     st.exits_settling.set(st.exits_settling.get() + 1);
+    // A worker SIGTERMed past its drain deadline is not a slot's current one (no exit line
+    // below): its end, and what ended it, get a line of their own. Unless it still exited 0 (a
+    // nodus worker that kept its deadline a little late, a SIGTERM handler that finished the
+    // work), what it was doing was cut: during a stop, a forced one.
+    let termed_late = (decision.is_none() && proc.termed_past_deadline.get()).then(|| {
+        let line = format!(
+            "worker {} (pid {}) {} after its SIGTERM past the drain deadline",
+            proc.slot,
+            proc.pid,
+            exit_reason(&status)
+        );
+        (line, code != Some(0))
+    });
     let (s, p) = (st.clone(), proc.clone());
     crate::task::spawn_named("cluster:exit-settle", async move {
         p.output_ended().await;
         s.exits_settling.set(s.exits_settling.get() - 1);
+        if let Some((line, cut)) = termed_late {
+            tracing::warn!(target: "nodus::cluster", "{line}");
+            if cut && s.phase.get() == Phase::Stopping {
+                force(&s, FORCED_STOP_EXIT_CODE);
+            }
+        }
         if let Some(decision) = decision {
             if reason.is_crash() {
                 tracing::warn!(target: "nodus::cluster", "{text}");
@@ -339,6 +356,8 @@ fn program_missing(errno: i32) -> bool {
 struct Decided {
     decision: Decision,
     crashes: u32,
+    /// The pid of the replacement started at once (no backoff), if it could be started.
+    replacement: Option<u32>,
 }
 
 /// Applies the restart policy to slot `id`, whose worker (`pid`, when it ran) was up for
@@ -365,6 +384,7 @@ fn decide_and_restart(
         );
         (decision, slot.history.crashes)
     };
+    let mut replacement = None;
     if let Decision::Restart { after } = &mut decision {
         if at_once {
             *after = Duration::ZERO;
@@ -386,22 +406,36 @@ fn decide_and_restart(
         );
         let s = st.clone();
         if after.is_zero() {
-            restart_slot(&s, id);
+            replacement = restart_slot(&s, id);
         } else {
             crate::task::spawn_named("cluster:backoff", async move {
                 crate::time::sleep(after).await;
-                restart_slot(&s, id);
+                if let Some(pid) = restart_slot(&s, id) {
+                    tracing::info!(
+                        target: "nodus::cluster",
+                        "worker {id} restarted after {}: pid {pid}",
+                        ms(after)
+                    );
+                }
             })
             .detach();
         }
     }
-    Decided { decision, crashes }
+    Decided {
+        decision,
+        crashes,
+        replacement,
+    }
 }
 
 /// Carries out what [`decide_and_restart`] left: an empty slot (exiting if no worker is left to
 /// run) or giving up; a backoff is said once, here (after the exit line that led to it).
 fn settle(st: &Rc<State>, id: u32, reason: ExitReason, decided: Decided) {
-    let Decided { decision, crashes } = decided;
+    let Decided {
+        decision,
+        crashes,
+        replacement,
+    } = decided;
     match decision {
         Decision::Leave => {
             if reason.is_crash() {
@@ -434,20 +468,29 @@ fn settle(st: &Rc<State>, id: u32, reason: ExitReason, decided: Decided) {
                 after.as_millis()
             );
         }
-        Decision::Restart { .. } => {}
+        Decision::Restart { .. } => {
+            if let Some(pid) = replacement {
+                tracing::info!(target: "nodus::cluster", "worker {id} restarted at once: pid {pid}");
+            }
+        }
     }
 }
 
 /// Starts slot `id`'s replacement. A spawn that fails (the program was removed or made
 /// unexecutable by a deploy, the process table is full) counts as a crash of the slot: it spends
 /// the budget and backs off like one, so a passing failure costs a retry, not the service.
-fn restart_slot(st: &Rc<State>, id: u32) {
+/// Returns the replacement's pid when one was started.
+fn restart_slot(st: &Rc<State>, id: u32) -> Option<u32> {
     st.slots.borrow_mut()[id as usize - 1].pending_restart = false;
     if st.phase.get() != Phase::Running || st.current(id).is_some() {
-        return;
+        return None;
     }
     match Proc::spawn(st, id, st.generation.get()) {
-        Ok(p) => st.slots.borrow_mut()[id as usize - 1].current = Some(p),
+        Ok(p) => {
+            let pid = p.pid;
+            st.slots.borrow_mut()[id as usize - 1].current = Some(p);
+            Some(pid)
+        }
         Err(e) => {
             {
                 let mut slots = st.slots.borrow_mut();
@@ -456,10 +499,11 @@ fn restart_slot(st: &Rc<State>, id: u32) {
                     // The exit that led here is not logged yet: this failure follows its line.
                     slot.failed_spawn = Some(e);
                     slot.pending_restart = true;
-                    return;
+                    return None;
                 }
             }
             spawn_failed(st, id, e);
+            None
         }
     }
 }
@@ -607,13 +651,17 @@ fn arm_kill_timer(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str, term_at: O
                     let _ = p.child.kill(SIGTERM);
                 }
                 Err(_) => {
-                    tracing::info!(
+                    // Still busy past its deadline: what it was doing (a request in flight,
+                    // connections handed to it and not taken) is cut.
+                    tracing::warn!(
                         target: "nodus::cluster",
-                        "worker {} (pid {}) still running {term_at:?} after it was asked to \
-                         drain (past its deadline): SIGTERM",
+                        "worker {} (pid {}) still running {} after it was asked to drain (past \
+                         its deadline): SIGTERM",
                         p.slot,
-                        p.pid
+                        p.pid,
+                        ms(term_at)
                     );
+                    p.termed_past_deadline.set(true);
                     let _ = p.child.kill(SIGTERM);
                 }
             }
@@ -784,6 +832,8 @@ pub(super) fn start_reload(st: &Rc<State>) {
         crate::clock::now_ns() / 1000
     ));
     st.emit(None, EventKind::ReloadStart { generation });
+    // The new generation's program is the file at the path now (`Config::pin_program`).
+    super::proc::pin_program(st, generation);
     let s = st.clone();
     crate::task::spawn_named("cluster:reload", async move {
         let began = Instant::now();
@@ -791,9 +841,20 @@ pub(super) fn start_reload(st: &Rc<State>) {
         let result = reload(&s, generation, &mut stopped).await;
         s.reloading.set(false);
         let left: Vec<Rc<Proc>> = stopped.into_iter().filter(|p| p.is_alive()).collect();
+        // Only the serving generation starts workers from here on.
+        let serving = if result.is_ok() {
+            generation
+        } else {
+            s.generation.get()
+        };
+        super::proc::unpin(&s, |g| g == serving);
+        // What the service manager hears when this reload is over (`READY=1`).
+        let mut status = "serving".to_owned();
         match result {
             Ok(()) => {
                 s.generation.set(generation);
+                s.reloads_done.set(s.reloads_done.get() + 1);
+                *s.last_reload_failure.borrow_mut() = None;
                 s.emit(None, EventKind::ReloadDone { generation });
                 reload_done(generation, began, &left);
             }
@@ -810,11 +871,20 @@ pub(super) fn start_reload(st: &Rc<State>) {
                     target: "nodus::cluster",
                     "reload to generation {generation} failed: {why}; the running workers keep serving"
                 );
+                s.reloads_failed.set(s.reloads_failed.get() + 1);
+                *s.last_reload_failure.borrow_mut() = Some(why.clone());
+                // Still serving (`READY=1`), but `systemctl status` and a deploy script reading
+                // the status see that the reload did not happen. One line: a status is one.
+                status = format!(
+                    "reload failed: {}; generation {} still serving",
+                    why.replace('\n', " "),
+                    s.generation.get()
+                );
                 s.emit(None, EventKind::ReloadFailed { generation, why });
             }
         }
         if s.phase.get() == Phase::Running {
-            notify("READY=1\nSTATUS=serving");
+            notify(&format!("READY=1\nSTATUS={status}"));
         }
         // The reload is under way until the old workers it stopped have exited (the kill timer
         // bounds that): so every line of a reload comes before the next one's first, and no
@@ -828,8 +898,8 @@ pub(super) fn start_reload(st: &Rc<State>) {
             if s.phase.get() == Phase::Running {
                 tracing::info!(
                     target: "nodus::cluster",
-                    "reload to generation {generation}: the old workers have exited (in {:?})",
-                    round_ms(began.elapsed())
+                    "reload to generation {generation}: the old workers have exited (in {})",
+                    ms(began.elapsed())
                 );
             }
         }
@@ -850,26 +920,27 @@ pub(super) fn start_reload(st: &Rc<State>) {
 /// Every slot has its new worker (`reload_done`, `READY=1`): "reload done", with the old
 /// workers the reload stopped that have not exited yet (`left`).
 fn reload_done(generation: u64, began: Instant, left: &[Rc<Proc>]) {
-    let took = round_ms(began.elapsed());
+    let took = ms(began.elapsed());
     if left.is_empty() {
         tracing::info!(
             target: "nodus::cluster",
-            "reload done: generation {generation} serving, no old worker left (in {took:?})"
+            "reload done: generation {generation} serving, no old worker left (in {took})"
         );
         return;
     }
     tracing::info!(
         target: "nodus::cluster",
-        "reload done: generation {generation} serving (in {took:?}); waiting for {} to exit \
+        "reload done: generation {generation} serving (in {took}); waiting for {} to exit \
          (pid {})",
         count(left.len(), "old worker"),
         left.iter().map(|p| p.pid.to_string()).collect::<Vec<_>>().join(", ")
     );
 }
 
-/// `d` to the millisecond, for a log line.
-fn round_ms(d: Duration) -> Duration {
-    Duration::from_millis(d.as_millis() as u64)
+/// A measured duration for a log line, in whole milliseconds (`0 ms`, `2503 ms`), as the
+/// backoff lines say theirs: `Debug` would print `0ns` or `2.503s`.
+fn ms(d: Duration) -> String {
+    format!("{} ms", d.as_millis())
 }
 
 /// Replaces every slot's worker with one of `generation`, one at a time; the old workers it
@@ -937,7 +1008,7 @@ async fn reload(
             );
             crate::time::sleep(wait.max(Duration::from_millis(1))).await;
         };
-        let ready_in = round_ms(new.started.elapsed());
+        let ready_in = ms(new.started.elapsed());
         let old = st.slots.borrow_mut()[id as usize - 1]
             .current
             .replace(new.clone());
@@ -946,7 +1017,7 @@ async fn reload(
                 tracing::info!(
                     target: "nodus::cluster",
                     "reload to generation {generation}: worker {id} pid {} → pid {} (ready \
-                     {ready_in:?} after its start); pid {} asked to stop",
+                     {ready_in} after its start); pid {} asked to stop",
                     old.pid,
                     new.pid,
                     old.pid
@@ -956,7 +1027,7 @@ async fn reload(
             }
             None => tracing::info!(
                 target: "nodus::cluster",
-                "reload to generation {generation}: worker {id} is pid {} (ready {ready_in:?} \
+                "reload to generation {generation}: worker {id} is pid {} (ready {ready_in} \
                  after its start); its old worker had already exited",
                 new.pid
             ),
