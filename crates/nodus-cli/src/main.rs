@@ -473,7 +473,7 @@ fn main() {
     if let Command::ExecListen { args } = cli.command {
         // Returns only when the program could not be run, after saying why.
         let code = exec_listen::exec_listen(args);
-        nodus::process::output::flush_stderr(EXIT_FLUSH_TIMEOUT);
+        nodus::process::output::flush_before_exit(EXIT_FLUSH_TIMEOUT);
         std::process::exit(code);
     }
     let filter =
@@ -529,10 +529,12 @@ fn main() {
             },
         }),
     };
-    // What is still queued for stderr (the last log lines), unless stderr is stalled.
-    nodus::process::output::flush_stderr(EXIT_FLUSH_TIMEOUT);
+    // What is still queued for stdout and stderr (the workers' last lines, ours).
+    nodus::process::output::flush_before_exit(EXIT_FLUSH_TIMEOUT);
     std::process::exit(code);
 }
 
-/// How long the exit waits for queued log lines to be written.
-const EXIT_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the exit waits for queued output (the workers' last lines, our last log lines) to
+/// be written to a slow reader; past it, what is left is dropped with a notice per worker,
+/// given at most `nodus::process::output::EXIT_DROP_GRACE` (1 s) more.
+const EXIT_FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
