@@ -34,7 +34,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use serve::app::ServeOptions;
 use serve::static_files::Dotfiles;
@@ -264,7 +264,8 @@ struct ServeArgs {
     #[arg(default_value = ".")]
     dir: PathBuf,
     /// Address to listen on: IP:PORT, [IPv6]:PORT or HOST:PORT (a host name is resolved at
-    /// the start, its first address taken, as Node's listen(port, host) does).
+    /// the start, its first address taken, as Node's listen(port, host) does). Ignored, with a
+    /// warning, when a service manager passes the listener (socket activation).
     #[arg(long, default_value = "127.0.0.1:8080", value_parser = socket_addr)]
     listen: SocketAddr,
     /// Worker processes (default: the available cores). 1 serves from this process (SIGHUP then
@@ -283,7 +284,8 @@ struct ServeArgs {
     #[arg(long, value_name = "FILE")]
     events: Option<PathBuf>,
     /// Serve /_nodus/* on this address (not --listen's) instead of the public listener (where
-    /// they answer loopback clients only).
+    /// they answer loopback clients only). Ignored, with a warning, when a service manager passes
+    /// a socket named admin.
     #[arg(long, value_parser = socket_addr)]
     admin: Option<SocketAddr>,
     /// Log one line per request on stderr, those refused before the handler included (400 for a
@@ -469,7 +471,12 @@ fn available_cores() -> usize {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // Whether `serve --listen` was given, not defaulted (socket activation then ignores it).
+    let listen_given = matches
+        .subcommand_matches("serve")
+        .is_some_and(|m| m.value_source("listen") == Some(clap::parser::ValueSource::CommandLine));
     if let Command::ExecListen { args } = cli.command {
         // Returns only when the program could not be run, after saying why.
         let code = exec_listen::exec_listen(args);
@@ -518,6 +525,7 @@ fn main() {
             events: args.events,
             dir: args.dir,
             listen: args.listen,
+            listen_given,
             admin: args.admin,
             access_log: args.access_log,
             gzip: args.gzip,
