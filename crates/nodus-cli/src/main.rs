@@ -43,7 +43,9 @@ use serve::static_files::Dotfiles;
 #[command(
     name = "nodus",
     version,
-    about = "Node.js's process and event-loop model, observable by design"
+    about = "Node.js's process and event-loop model, observable by design",
+    after_help = "Logs go to stderr; RUST_LOG sets which are written (default: info; RUST_LOG=warn, \
+                  RUST_LOG=info,nodus::cluster=debug)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -290,6 +292,7 @@ struct ServeArgs {
     admin: Option<SocketAddr>,
     /// Log one line per request on stderr, those refused before the handler included (400 for a
     /// missing, repeated or invalid Host, 413, 431; a head that could not be parsed is logged as "- - -").
+    /// Written whatever level RUST_LOG sets, unless it names the target nodus::access itself.
     #[arg(long)]
     access_log: bool,
     /// Seconds in-flight requests get to finish after a shutdown begins. Exit code 0 when every
@@ -483,8 +486,8 @@ fn main() {
         nodus::process::output::flush_before_exit(EXIT_FLUSH_TIMEOUT);
         std::process::exit(code);
     }
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let access_log = matches!(&cli.command, Command::Serve(args) if args.access_log);
+    let filter = log_filter(std::env::var("RUST_LOG").ok().as_deref(), access_log);
     let color = std::io::IsTerminal::is_terminal(&std::io::stderr());
     // Log lines are queued to stderr's writer thread: logging never blocks (a full pipe) nor
     // panics (a closed one; tracing-subscriber would report the failed write with `eprintln!`).
@@ -542,7 +545,46 @@ fn main() {
     std::process::exit(code);
 }
 
+/// The log lines written: `RUST_LOG`'s directives (`info` without it, or when they do not
+/// parse), and with `--access-log` the access log (target `nodus::access`, INFO) whatever they
+/// say, unless they name that target themselves: `RUST_LOG=warn` alone would silence it.
+fn log_filter(rust_log: Option<&str>, access_log: bool) -> tracing_subscriber::EnvFilter {
+    let filter = rust_log
+        .and_then(|d| tracing_subscriber::EnvFilter::try_new(d).ok())
+        .unwrap_or_else(|| "info".into());
+    if access_log && !rust_log.is_some_and(names_access_log) {
+        filter.add_directive("nodus::access=info".parse().expect("a valid directive"))
+    } else {
+        filter
+    }
+}
+
+/// Whether a `RUST_LOG` value has a directive for the access log's target itself
+/// (`nodus::access=off`, `nodus::access[...]=debug`), not through a level for every target or
+/// a shorter prefix (`warn`, `nodus=warn`).
+fn names_access_log(rust_log: &str) -> bool {
+    rust_log.split(',').any(|directive| {
+        let target = directive.split(['[', '=']).next().unwrap_or_default();
+        target.trim() == "nodus::access"
+    })
+}
+
 /// How long the exit waits for queued output (the workers' last lines, our last log lines) to
 /// be written to a slow reader; past it, what is left is dropped with a notice per worker,
 /// given at most `nodus::process::output::EXIT_DROP_GRACE` (1 s) more.
 const EXIT_FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[cfg(test)]
+mod tests {
+    use super::names_access_log;
+
+    #[test]
+    fn only_a_directive_for_the_access_log_target_names_it() {
+        assert!(names_access_log("nodus::access=off"));
+        assert!(names_access_log("warn, nodus::access = debug"));
+        assert!(names_access_log("nodus::access[conn]=info"));
+        assert!(!names_access_log("warn"));
+        assert!(!names_access_log("nodus=warn,nodus::cluster=debug"));
+        assert!(!names_access_log("nodus::accessory=off"));
+    }
+}

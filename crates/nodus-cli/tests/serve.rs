@@ -348,6 +348,50 @@ fn the_access_log_line_cannot_be_forged_by_a_quote_in_the_path() {
     );
 }
 
+/// `--access-log` asks for the access log: a `RUST_LOG` that leaves INFO out (`warn`) does not
+/// silence it; one that names its target does.
+#[test]
+fn the_access_log_is_written_whatever_level_rust_log_sets() {
+    let dir = site();
+    for (rust_log, logged) in [("warn", true), ("warn,nodus::access=off", false)] {
+        let addr = free_addr();
+        let mut server = Proc::spawn(
+            Command::new(NODUS)
+                .arg("serve")
+                .arg(dir.path())
+                .args([
+                    "--listen",
+                    &addr.to_string(),
+                    "--workers",
+                    "1",
+                    "--access-log",
+                ])
+                .env("RUST_LOG", rust_log)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped()),
+        );
+        // No start line at WARN: the address answers once it listens.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(addr).is_err() {
+            assert!(Instant::now() < deadline, "{rust_log}: it never listened");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(request(addr, "GET", "/hello.txt", &[]).status, 200);
+        server.signal(rustix::process::Signal::TERM);
+        assert_eq!(server.wait_exit(Duration::from_secs(20)), Some(0));
+        let out = server.output();
+        let access = out.iter().any(|l| l.contains("nodus::access"));
+        assert_eq!(access, logged, "RUST_LOG={rust_log}: {out:#?}");
+        assert!(
+            access
+                == out
+                    .iter()
+                    .any(|l| l.contains(r#""GET /hello.txt HTTP/1.1" 200 "#)),
+            "{out:#?}"
+        );
+    }
+}
+
 /// A request written raw on a new connection, its response read: the connection's local
 /// address (the peer the access log names) and the status.
 fn raw_request(addr: SocketAddr, head: &[u8], body_len: usize) -> (SocketAddr, u16) {
