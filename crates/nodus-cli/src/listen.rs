@@ -2,6 +2,14 @@
 //! an address that cannot be bound (under reuseport too, where the bind itself would join another
 //! process's group), and the check, before anything is bound, that no two of the addresses given
 //! on the command line name the same socket.
+//!
+//! Under reuseport every worker binds a socket of its own to the listener's address, so a socket
+//! a service manager passed (socket activation) cannot be served that way, and both commands
+//! refuse it with [`reuseport_refused`], naming its address: one without `SO_REUSEPORT` refuses
+//! the workers' binds, and one with it (a `.socket` unit's `ReusePort=yes`) would stay listening
+//! in the manager, which keeps its copy open: the kernel would queue part of the connections
+//! there, where nobody accepts them (and systemd's socket is root's, so a service running as
+//! another user could not join its group anyway).
 
 use std::net::SocketAddr;
 
@@ -25,6 +33,26 @@ pub fn bind(addr: SocketAddr, reuse_port: bool) -> Result<TcpListener, String> {
         std::io::ErrorKind::AddrInUse => in_use(),
         _ => format!("cannot listen on {addr}: {e}"),
     })
+}
+
+/// The start failure of `--policy reuseport` with `listener`, a socket a service manager
+/// passed (see the module doc).
+pub fn reuseport_refused(listener: &TcpListener) -> String {
+    let addr = listener
+        .local_addr()
+        .map_or_else(|e| format!("(its address: {e})"), |a| a.to_string());
+    let why = if rustix::net::sockopt::socket_reuseport(listener).unwrap_or(false) {
+        "the service manager that passed it keeps its own copy listening (systemd does), and the \
+         kernel would queue part of the connections there, where no worker accepts them"
+    } else {
+        "it has no SO_REUSEPORT, so no worker's own socket can bind its address beside it (and \
+         ReusePort=yes in a .socket unit would not do: systemd keeps its copy listening, where \
+         part of the connections would wait for nobody)"
+    };
+    format!(
+        "--policy reuseport cannot serve the socket passed on {addr} (socket activation): {why}; \
+         use --policy rr or shared"
+    )
 }
 
 /// Whether a socket already listens on `addr` or holds it: then a plain bind (with

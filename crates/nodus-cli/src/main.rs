@@ -34,7 +34,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use serve::app::ServeOptions;
 use serve::static_files::Dotfiles;
@@ -43,7 +43,9 @@ use serve::static_files::Dotfiles;
 #[command(
     name = "nodus",
     version,
-    about = "Node.js's process and event-loop model, observable by design"
+    about = "Node.js's process and event-loop model, observable by design",
+    after_help = "Logs go to stderr; RUST_LOG sets which are written (default: info; RUST_LOG=warn, \
+                  RUST_LOG=info,nodus::cluster=debug)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -264,7 +266,8 @@ struct ServeArgs {
     #[arg(default_value = ".")]
     dir: PathBuf,
     /// Address to listen on: IP:PORT, [IPv6]:PORT or HOST:PORT (a host name is resolved at
-    /// the start, its first address taken, as Node's listen(port, host) does).
+    /// the start, its first address taken, as Node's listen(port, host) does). Ignored, with a
+    /// warning, when a service manager passes the listener (socket activation).
     #[arg(long, default_value = "127.0.0.1:8080", value_parser = socket_addr)]
     listen: SocketAddr,
     /// Worker processes (default: the available cores). 1 serves from this process (SIGHUP then
@@ -283,11 +286,13 @@ struct ServeArgs {
     #[arg(long, value_name = "FILE")]
     events: Option<PathBuf>,
     /// Serve /_nodus/* on this address (not --listen's) instead of the public listener (where
-    /// they answer loopback clients only).
+    /// they answer loopback clients only). Ignored, with a warning, when a service manager passes
+    /// a socket named admin.
     #[arg(long, value_parser = socket_addr)]
     admin: Option<SocketAddr>,
     /// Log one line per request on stderr, those refused before the handler included (400 for a
     /// missing, repeated or invalid Host, 413, 431; a head that could not be parsed is logged as "- - -").
+    /// Written whatever level RUST_LOG sets, unless it names the target nodus::access itself.
     #[arg(long)]
     access_log: bool,
     /// Seconds in-flight requests get to finish after a shutdown begins. Exit code 0 when every
@@ -469,15 +474,20 @@ fn available_cores() -> usize {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // Whether `serve --listen` was given, not defaulted (socket activation then ignores it).
+    let listen_given = matches
+        .subcommand_matches("serve")
+        .is_some_and(|m| m.value_source("listen") == Some(clap::parser::ValueSource::CommandLine));
     if let Command::ExecListen { args } = cli.command {
         // Returns only when the program could not be run, after saying why.
         let code = exec_listen::exec_listen(args);
-        nodus::process::output::flush_stderr(EXIT_FLUSH_TIMEOUT);
+        nodus::process::output::flush_before_exit(EXIT_FLUSH_TIMEOUT);
         std::process::exit(code);
     }
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let access_log = matches!(&cli.command, Command::Serve(args) if args.access_log);
+    let filter = log_filter(std::env::var("RUST_LOG").ok().as_deref(), access_log);
     let color = std::io::IsTerminal::is_terminal(&std::io::stderr());
     // Log lines are queued to stderr's writer thread: logging never blocks (a full pipe) nor
     // panics (a closed one; tracing-subscriber would report the failed write with `eprintln!`).
@@ -518,6 +528,7 @@ fn main() {
             events: args.events,
             dir: args.dir,
             listen: args.listen,
+            listen_given,
             admin: args.admin,
             access_log: args.access_log,
             gzip: args.gzip,
@@ -529,10 +540,51 @@ fn main() {
             },
         }),
     };
-    // What is still queued for stderr (the last log lines), unless stderr is stalled.
-    nodus::process::output::flush_stderr(EXIT_FLUSH_TIMEOUT);
+    // What is still queued for stdout and stderr (the workers' last lines, ours).
+    nodus::process::output::flush_before_exit(EXIT_FLUSH_TIMEOUT);
     std::process::exit(code);
 }
 
-/// How long the exit waits for queued log lines to be written.
-const EXIT_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
+/// The log lines written: `RUST_LOG`'s directives (`info` without it, or when they do not
+/// parse), and with `--access-log` the access log (target `nodus::access`, INFO) whatever they
+/// say, unless they name that target themselves: `RUST_LOG=warn` alone would silence it.
+fn log_filter(rust_log: Option<&str>, access_log: bool) -> tracing_subscriber::EnvFilter {
+    let filter = rust_log
+        .and_then(|d| tracing_subscriber::EnvFilter::try_new(d).ok())
+        .unwrap_or_else(|| "info".into());
+    if access_log && !rust_log.is_some_and(names_access_log) {
+        filter.add_directive("nodus::access=info".parse().expect("a valid directive"))
+    } else {
+        filter
+    }
+}
+
+/// Whether a `RUST_LOG` value has a directive for the access log's target itself
+/// (`nodus::access=off`, `nodus::access[...]=debug`), not through a level for every target or
+/// a shorter prefix (`warn`, `nodus=warn`).
+fn names_access_log(rust_log: &str) -> bool {
+    rust_log.split(',').any(|directive| {
+        let target = directive.split(['[', '=']).next().unwrap_or_default();
+        target.trim() == "nodus::access"
+    })
+}
+
+/// How long the exit waits for queued output (the workers' last lines, our last log lines) to
+/// be written to a slow reader; past it, what is left is dropped with a notice per worker,
+/// given at most `nodus::process::output::EXIT_DROP_GRACE` (1 s) more.
+const EXIT_FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[cfg(test)]
+mod tests {
+    use super::names_access_log;
+
+    #[test]
+    fn only_a_directive_for_the_access_log_target_names_it() {
+        assert!(names_access_log("nodus::access=off"));
+        assert!(names_access_log("warn, nodus::access = debug"));
+        assert!(names_access_log("nodus::access[conn]=info"));
+        assert!(!names_access_log("warn"));
+        assert!(!names_access_log("nodus=warn,nodus::cluster=debug"));
+        assert!(!names_access_log("nodus::accessory=off"));
+    }
+}

@@ -2,8 +2,8 @@
 //! --workers N` (restart budget, backoff, SIGHUP rolling reload, SIGTERM/SIGINT drain).
 //!
 //! Two kinds of workers:
-//! - A plain program (the default): the listeners of `-l` (or the ones systemd passed to nodus)
-//!   reach it the systemd way, fds 3.. with `LISTEN_FDS`/`LISTEN_FDNAMES`; `LISTEN_PID` is set by
+//! - A plain program (the default): the listeners of `-l` (and the ones systemd passed to nodus,
+//!   refused under reuseport: `listen::reuseport_refused`) reach it the systemd way, fds 3.. with `LISTEN_FDS`/`LISTEN_FDNAMES`; `LISTEN_PID` is set by
 //!   the `__exec-listen` step, which runs in the worker's own process and then executes the
 //!   program. It is ready once it has stayed up `--ready-after` (1 s), whatever it sends, or
 //!   at its `READY=1` on its `NOTIFY_SOCKET` if that comes first; with `--wait-ready`, at its
@@ -428,7 +428,8 @@ fn listening_line(listeners: &[(String, TcpListener)], node: bool) -> String {
     }
 }
 
-/// The `-l` listeners, or the sockets a service manager passed to nodus (`LISTEN_FDS`).
+/// The sockets a service manager passed to nodus (`LISTEN_FDS`; refused under reuseport), and
+/// the `-l` listeners.
 fn bind_listeners(
     addrs: &[SocketAddr],
     policy: Policy,
@@ -438,6 +439,9 @@ fn bind_listeners(
     let mut out = Vec::new();
     for socket in inherited {
         match socket {
+            nodus::net::Inherited::Tcp(_, l) if policy == Policy::ReusePort => {
+                return Err(crate::listen::reuseport_refused(&l));
+            }
             nodus::net::Inherited::Tcp(name, l) => out.push((name, l)),
             other => {
                 return Err(format!(

@@ -348,6 +348,50 @@ fn the_access_log_line_cannot_be_forged_by_a_quote_in_the_path() {
     );
 }
 
+/// `--access-log` asks for the access log: a `RUST_LOG` that leaves INFO out (`warn`) does not
+/// silence it; one that names its target does.
+#[test]
+fn the_access_log_is_written_whatever_level_rust_log_sets() {
+    let dir = site();
+    for (rust_log, logged) in [("warn", true), ("warn,nodus::access=off", false)] {
+        let addr = free_addr();
+        let mut server = Proc::spawn(
+            Command::new(NODUS)
+                .arg("serve")
+                .arg(dir.path())
+                .args([
+                    "--listen",
+                    &addr.to_string(),
+                    "--workers",
+                    "1",
+                    "--access-log",
+                ])
+                .env("RUST_LOG", rust_log)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped()),
+        );
+        // No start line at WARN: the address answers once it listens.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(addr).is_err() {
+            assert!(Instant::now() < deadline, "{rust_log}: it never listened");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(request(addr, "GET", "/hello.txt", &[]).status, 200);
+        server.signal(rustix::process::Signal::TERM);
+        assert_eq!(server.wait_exit(Duration::from_secs(20)), Some(0));
+        let out = server.output();
+        let access = out.iter().any(|l| l.contains("nodus::access"));
+        assert_eq!(access, logged, "RUST_LOG={rust_log}: {out:#?}");
+        assert!(
+            access
+                == out
+                    .iter()
+                    .any(|l| l.contains(r#""GET /hello.txt HTTP/1.1" 200 "#)),
+            "{out:#?}"
+        );
+    }
+}
+
 /// A request written raw on a new connection, its response read: the connection's local
 /// address (the peer the access log names) and the status.
 fn raw_request(addr: SocketAddr, head: &[u8], body_len: usize) -> (SocketAddr, u16) {
@@ -1053,6 +1097,145 @@ os.execve(sys.argv[1], [sys.argv[1], "serve", sys.argv[2], "--listen", "127.0.0.
     assert_eq!(reply.status, 200);
     assert_eq!(reply.body, b"hello, nodus\n");
     assert_eq!(code, Some(0));
+}
+
+/// `nodus ARGS...` started the way systemd socket activation starts it: Python binds one
+/// loopback socket per `(name, SO_REUSEPORT)`, puts them at fds 3.. with `LISTEN_FDS`,
+/// `LISTEN_PID` and `LISTEN_FDNAMES`, and becomes nodus (so, unlike systemd, it keeps no copy).
+/// The process (stdout and stderr lines) and the sockets' addresses.
+fn socket_activated(sockets: &[(&str, bool)], args: &[&str]) -> (Proc, Vec<SocketAddr>) {
+    let script = r#"
+import fcntl, os, socket, sys
+specs, argv = sys.argv[1], sys.argv[2:]
+names, ports, socks = [], [], []
+for spec in specs.split(","):
+    name, reuse = spec.split(":")
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse == "1": s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    s.bind(("127.0.0.1", 0)); s.listen(16)
+    names.append(name); ports.append(str(s.getsockname()[1])); socks.append(s)
+# Copies above the fds to fill first (a socket may sit on one of them), then in place.
+high = [fcntl.fcntl(s.fileno(), fcntl.F_DUPFD_CLOEXEC, 100) for s in socks]
+for i, fd in enumerate(high):
+    os.dup2(fd, 3 + i)
+print(" ".join(ports), flush=True)
+env = dict(os.environ, LISTEN_FDS=str(len(names)), LISTEN_PID=str(os.getpid()),
+           LISTEN_FDNAMES=":".join(names), RUST_LOG="info")
+os.execve(argv[0], argv, env)
+"#;
+    let specs: Vec<String> = sockets
+        .iter()
+        .map(|(name, reuse)| format!("{name}:{}", u8::from(*reuse)))
+        .collect();
+    let child = Proc::spawn(
+        Command::new("python3")
+            .args(["-c", script, &specs.join(","), NODUS])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    let ports = child.lines.recv_timeout(Duration::from_secs(20)).unwrap();
+    let addrs = ports
+        .split(' ')
+        .map(|p| format!("127.0.0.1:{p}").parse().unwrap())
+        .collect();
+    (child, addrs)
+}
+
+/// Under reuseport each worker binds a socket of its own beside the listener: a socket passed
+/// by a service manager is refused at the start, by `serve` and `run`, with its address and
+/// what to use instead, whether it lacks `SO_REUSEPORT` (the workers could not bind) or has it
+/// (systemd would keep its copy listening, where connections would wait for nobody).
+#[test]
+fn reuseport_refuses_a_passed_socket_with_its_address_and_what_to_use() {
+    if !common::have("python3") {
+        return;
+    }
+    let dir = site();
+    let serve = [
+        "serve",
+        dir.path().to_str().unwrap(),
+        "--workers",
+        "2",
+        "--policy",
+        "reuseport",
+    ];
+    let run = [
+        "run",
+        "-w",
+        "1",
+        "--policy",
+        "reuseport",
+        "--",
+        "sleep",
+        "10",
+    ];
+    for (reuse, why) in [
+        (false, "it has no SO_REUSEPORT"),
+        (true, "keeps its own copy"),
+    ] {
+        for command in [&serve[..], &run[..]] {
+            let (mut nodus, addrs) = socket_activated(&[("http", reuse)], command);
+            let code = nodus.wait_exit(Duration::from_secs(20));
+            let out = nodus.output().join("\n");
+            assert_eq!(code, Some(1), "{command:?} {reuse}: {out}");
+            let said = format!(
+                "--policy reuseport cannot serve the socket passed on {} (socket activation): ",
+                addrs[0]
+            );
+            assert!(out.contains(&said), "{command:?} {reuse}: {out}");
+            assert!(out.contains(why), "{command:?} {reuse}: {out}");
+            assert!(out.contains("use --policy rr or shared"), "{out}");
+        }
+    }
+}
+
+/// Socket activation decides the addresses: an explicit `--listen` (and `--admin`, when a socket
+/// named `admin` is passed) is ignored, and a warning says so and what is served instead.
+#[test]
+fn addresses_given_for_passed_sockets_are_ignored_with_a_warning() {
+    if !common::have("python3") {
+        return;
+    }
+    let dir = site();
+    let (listen, admin) = (free_addr(), free_addr());
+    let (mut nodus, addrs) = socket_activated(
+        &[("http", false), ("admin", false)],
+        &[
+            "serve",
+            dir.path().to_str().unwrap(),
+            "--workers",
+            "1",
+            "--listen",
+            &listen.to_string(),
+            "--admin",
+            &admin.to_string(),
+        ],
+    );
+    let line = nodus.wait_line("--listen");
+    assert!(
+        line.contains("WARN")
+            && line.contains(&format!(
+                "--listen {listen} ignored: serving the socket the service manager passed ({})",
+                addrs[0]
+            )),
+        "{line}"
+    );
+    let line = nodus.wait_line("--admin");
+    assert!(
+        line.contains("WARN")
+            && line.contains(&format!(
+                "--admin {admin} ignored: serving /_nodus/ on the socket named admin the service \
+                 manager passed ({})",
+                addrs[1]
+            )),
+        "{line}"
+    );
+    assert_eq!(request(addrs[0], "GET", "/hello.txt", &[]).status, 200);
+    assert_eq!(request(addrs[1], "GET", "/_nodus/healthz", &[]).status, 200);
+    nodus.signal(rustix::process::Signal::TERM);
+    assert_eq!(nodus.wait_exit(Duration::from_secs(20)), Some(0));
 }
 
 #[test]

@@ -1,20 +1,21 @@
 //! `nodus run` whose stderr is a pipe nobody reads: closed (`2>&1 | head -2`) or full
 //! (`2>&1 | sleep 25`). The primary's log lines must neither kill the task that logs (a panic on
 //! `EPIPE`) nor block its loop (a `write` to a full pipe): it still gives up with 75, and still
-//! drains on SIGTERM.
+//! drains on SIGTERM. And one whose stdout is read late: the output queued at its exit waits
+//! for the reader.
 //!
 //! Every primary is started in its own process group, killed by PID when the test ends.
 
 mod common;
 
-use std::io::{BufRead, BufReader, PipeReader};
+use std::io::{BufRead, BufReader, PipeReader, Read};
 use std::os::fd::AsFd;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::NODUS;
-use common::cluster::spawn_into_pipe;
+use common::cluster::{run_sh, spawn_into_pipe};
 use nodus_testkit::proc::Proc;
 use rustix::process::Signal;
 
@@ -80,6 +81,43 @@ fn run_drains_on_sigterm_while_its_stderr_is_a_full_pipe() {
     }
     // The drain starts with a log line: a blocking write of it would stall the loop for good.
     primary.signal(Signal::TERM);
-    assert_eq!(primary.wait_exit(Duration::from_secs(10)), Some(0));
+    // The drain takes a moment; the exit then waits 10 s for the queued output, and 1 s more
+    // for the drop notices, before it gives up on a pipe nobody reads.
+    assert_eq!(primary.wait_exit(Duration::from_secs(25)), Some(0));
     drop(reader);
+}
+
+/// A worker writes more than a pipe holds and exits, and the primary with it, while nothing
+/// reads the primary's stdout (journald under pressure, a log shipper that stalls): the output
+/// still queued at the exit waits for the reader, up to 10 s, and every line arrives whole.
+#[test]
+fn run_writes_the_output_queued_at_its_exit_for_a_reader_that_comes_late() {
+    const LINES: usize = 20_000; // about 450 KB with the prefixes
+    let (reader, writer) = std::io::pipe().unwrap();
+    let mut cmd = run_sh(
+        ["-w", "1", "--restart", "temporary"],
+        &format!("seq 1 {LINES}"),
+    );
+    cmd.stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(Stdio::null());
+    let mut primary = Proc::spawn_group(&mut cmd);
+    drop(cmd); // our copy of the write end
+    std::thread::sleep(Duration::from_secs(3));
+    let reading = std::thread::spawn(move || {
+        let mut out = String::new();
+        BufReader::new(reader).read_to_string(&mut out).unwrap();
+        out
+    });
+    assert_eq!(primary.wait_exit(Duration::from_secs(20)), Some(0));
+    let out = reading.join().unwrap();
+    let numbers: Vec<usize> = out
+        .lines()
+        .map(|l| {
+            let (prefix, n) = l.split_once("] ").unwrap_or_else(|| panic!("{l:?}"));
+            assert!(prefix.starts_with("[worker 1 "), "{l:?}");
+            n.parse().unwrap_or_else(|_| panic!("{l:?}"))
+        })
+        .collect();
+    assert_eq!(numbers, (1..=LINES).collect::<Vec<_>>());
 }

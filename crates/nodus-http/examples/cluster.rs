@@ -160,7 +160,7 @@ fn main() {
             }
         }
     });
-    nodus::process::output::flush_stderr(Duration::from_secs(2));
+    nodus::process::output::flush_before_exit(Duration::from_secs(2));
     std::process::exit(code);
 }
 

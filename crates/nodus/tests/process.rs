@@ -781,15 +781,20 @@ fn output_lines_get_the_prefix_partial_last_line_and_bytes_as_they_are() {
     assert_eq!(err.join().unwrap(), b"[w1 err] e1\r\n[w1 err] e2\n");
 }
 
+/// A long line (a 100 KB JSON log record) stays one line; one over `MAX_LINE` (1 MiB) is cut.
 #[test]
-fn output_lines_over_64_kib_are_cut() {
+fn output_lines_are_kept_whole_up_to_1_mib_and_cut_beyond() {
+    const LONG: usize = 100_000;
+    const OVER: usize = 1024 * 1024 + 5000;
     let (reader, writer) = std::io::pipe().unwrap();
     let out = drain(reader);
     bounded(async {
         let mut child = Command::new("sh")
             .args([
                 "-c",
-                "head -c 150000 /dev/zero | tr '\\0' x; echo; echo end",
+                &format!(
+                    "x() {{ head -c $1 /dev/zero | tr '\\0' x; echo; }}; x {LONG}; x {OVER}; echo end"
+                ),
             ])
             .spawn()
             .unwrap();
@@ -803,7 +808,10 @@ fn output_lines_over_64_kib_are_cut() {
     });
     let out = String::from_utf8(out.join().unwrap()).unwrap();
     let lens: Vec<usize> = out.lines().map(str::len).collect();
-    assert_eq!(lens, [2 + 65536, 2 + 65536, 2 + 150000 - 2 * 65536, 2 + 3]);
+    assert_eq!(
+        lens,
+        [2 + LONG, 2 + 1024 * 1024, 2 + OVER - 1024 * 1024, 2 + 3]
+    );
     assert!(out.lines().all(|l| l.starts_with("> ")));
     assert!(out.ends_with("> end\n"));
 }
@@ -811,7 +819,7 @@ fn output_lines_over_64_kib_are_cut() {
 #[test]
 fn a_stalled_sink_drops_counted_output_and_never_stalls_the_child() {
     const LINE: &str = "0123456789abcde\n";
-    const LINES: usize = 262_144; // 4 MiB: four times the sink's queue.
+    const LINES: usize = 1_048_576; // 16 MiB: four times the sink's queue.
     let (reader, writer) = std::io::pipe().unwrap();
     let mut drained = None;
     bounded(async {
@@ -850,7 +858,7 @@ fn a_stalled_sink_drops_counted_output_and_never_stalls_the_child() {
         }
     }
     assert!(notices > 0, "the sink was stalled: some output is dropped");
-    assert!(delivered >= 1024 * 1024 / 2, "delivered {delivered}");
+    assert!(delivered >= 4 * 1024 * 1024 / 2, "delivered {delivered}");
     assert_eq!(delivered + dropped, LINE.len() * LINES);
 }
 

@@ -184,12 +184,12 @@ pub async fn respond(
             Response::new(full(ADMIN_PAGE_HTML)),
             "text/html; charset=utf-8",
         ),
-        // OpenMetrics for a scraper that asks for it (Prometheus does), else the classic text
-        // format (`curl`, `promtool check metrics`).
+        // OpenMetrics for a scraper that prefers it by its `Accept` q-values (Prometheus does,
+        // by default), else the classic text format (`curl`, `promtool check metrics`).
         "/_nodus/metrics" => {
-            use nodus::metrics::prometheus::{self as prom, accepts_openmetrics};
+            use nodus::metrics::prometheus::{self as prom, prefers_openmetrics};
             let text = source.metrics().await;
-            if accept.is_some_and(accepts_openmetrics) {
+            if accept.is_some_and(prefers_openmetrics) {
                 with_type(Response::new(full(text)), prom::CONTENT_TYPE)
             } else {
                 let classic = prom::to_classic(&text);

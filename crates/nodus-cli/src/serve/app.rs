@@ -58,6 +58,9 @@ use super::static_files::{self, Dotfiles, Plan, StaticOptions};
 pub struct ServeOptions {
     pub dir: PathBuf,
     pub listen: SocketAddr,
+    /// `--listen` was given (not its default): with sockets passed by a service manager, which
+    /// are served instead, it is warned about.
+    pub listen_given: bool,
     pub admin: Option<SocketAddr>,
     pub access_log: bool,
     pub drain_timeout: Duration,
@@ -133,8 +136,9 @@ pub(super) fn fail(message: String) -> i32 {
 }
 
 /// The public and admin listeners: inherited from a service manager (`LISTEN_FDS`, systemd
-/// socket activation; a socket named `admin` is the admin listener) or bound from the options
-/// (the public one with `SO_REUSEPORT` when `reuse_port`).
+/// socket activation; a socket named `admin` is the admin listener; under `reuse_port`
+/// refused), an address given for one of them (`--listen`, `--admin`) then warned about as
+/// ignored; or bound from the options (the public one with `SO_REUSEPORT` when `reuse_port`).
 pub(super) fn listeners(
     options: &ServeOptions,
     reuse_port: bool,
@@ -164,6 +168,27 @@ pub(super) fn listeners(
         }
     }
     let public = public.ok_or("the inherited sockets hold no public TCP listener")?;
+    if reuse_port {
+        return Err(crate::listen::reuseport_refused(&public));
+    }
+    let passed = |l: &TcpListener| {
+        l.local_addr()
+            .map_or_else(|e| format!("its address: {e}"), |a| a.to_string())
+    };
+    if options.listen_given {
+        tracing::warn!(
+            "--listen {} ignored: serving the socket the service manager passed ({}) instead",
+            options.listen,
+            passed(&public)
+        );
+    }
+    if let (Some(a), Some(l)) = (options.admin, &admin) {
+        tracing::warn!(
+            "--admin {a} ignored: serving /_nodus/ on the socket named admin the service manager \
+             passed ({}) instead",
+            passed(l)
+        );
+    }
     Ok((
         public,
         admin

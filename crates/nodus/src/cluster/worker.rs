@@ -506,8 +506,8 @@ impl Worker {
         }
         if !self.sh.disconnecting.get() {
             tracing::warn!(target: "nodus::cluster", "the cluster primary went away; exiting");
-            // The line above may be queued (`output::log_writer`); a stalled stderr gets 1 s.
-            crate::process::output::flush_stderr(Duration::from_secs(1));
+            // The line above may be queued (`output::log_writer`); a stalled sink gets 1 s.
+            crate::process::output::flush_before_exit(Duration::from_secs(1));
             std::process::exit(0);
         }
     }

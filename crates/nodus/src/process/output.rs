@@ -3,53 +3,68 @@
 //! [`log_writer`].
 //!
 //! Lines are bytes, not text: nothing is decoded or replaced. A line ends at `\n`; one longer
-//! than [`MAX_LINE`] is cut into pieces of that size (each written as a line of its own), and a
-//! last line without `\n` is written at end of file with one added.
+//! than [`MAX_LINE`] (1 MiB) is cut into pieces of that size (each written as a line of its own),
+//! and a last line without `\n` is written at end of file with one added.
 //!
 //! Writing must never stall the loop, but our stdout may be a full pipe or a slow terminal, and
 //! making fd 1 non-blocking is not an option (`O_NONBLOCK` belongs to the open file description,
 //! which we share with the rest of the process and with our own parent). So the loop task hands
 //! batches of prefixed lines to a writer thread (one per sink: one for stdout and one for stderr,
 //! shared by every task writing there, each living as long as the process), which writes them
-//! with plain blocking `write`s. The hand-off is bounded by bytes ([`QUEUE_LIMIT`] per sink):
-//! a batch that does not fit is dropped and counted, and the task's next batch that fits starts
-//! with `PREFIX[N bytes of output dropped]`. A sink that fails (`EPIPE`) discards from then on.
+//! with plain blocking `write`s. The hand-off is bounded by bytes ([`QUEUE_LIMIT`], 4 MiB per
+//! sink, shared by its tasks): a batch that does not fit is dropped and counted, and the task's
+//! next batch that fits starts with `PREFIX[N bytes of output dropped]`. A sink that fails
+//! (`EPIPE`) discards from then on.
 //!
 //! Invariants: the loop task never blocks and its memory is bounded (one read buffer, one
 //! partial line of at most [`MAX_LINE`], one batch); lines of one task keep their order; lines of
-//! different tasks never interleave (a sink's thread writes each batch whole before the next).
-//! The task ends after end of file once its last batch has been written (or dropped), and until
-//! then it keeps the loop alive: a stalled sink keeps it waiting, as a full stdout pipe does in
-//! Node.
+//! different tasks never interleave (a sink's thread writes each batch whole before the next,
+//! or, when the exit drops what is queued, to the end of a line: see below). The task ends after end of file once its
+//! last batch has been written (or dropped), and until then it keeps the loop alive: a stalled
+//! sink keeps it waiting, as a full stdout pipe does in Node.
 //!
 //! Our own log lines go through the stderr sink's thread too: [`log_writer`] is the writer for a
 //! `tracing-subscriber` fmt layer, which formats an event whole and writes it with one
 //! `write_all`, queued as one message. So a log line never interleaves with prefixed lines, and
 //! logging never blocks or panics, whatever stderr is (a full pipe, a closed one): a line that
 //! does not fit is dropped and counted, and the next one that fits is preceded by
-//! `[nodus: N bytes of log output dropped]`. Queued lines die with the process: before exiting,
-//! [`flush_stderr`] waits for them, from any thread and for a bounded time.
+//! `[nodus: N bytes of log output dropped]`.
+//!
+//! Queued lines die with the process: before exiting, [`flush_before_exit`] waits for both sinks,
+//! from any thread and for a bounded time. Past it, what is still queued is dropped: each sink's
+//! thread finishes the line it is writing (it writes in pieces of at most 64 KiB and looks
+//! between them), skips the rest, and writes one `PREFIX[N bytes of output dropped]` per task
+//! (`[nodus: N bytes of log output dropped]` for log lines) that lost output, given at most
+//! [`EXIT_DROP_GRACE`] more; a sink nobody reads at all gets nothing more, and its last line may
+//! stay cut.
 
 use std::future::poll_fn;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::task::{Poll, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::JoinHandle;
 use crate::rt::context::with_core;
 
-/// The longest line written whole; longer ones are cut into pieces of this size.
-pub const MAX_LINE: usize = 64 * 1024;
+/// The longest line written whole (1 MiB); longer ones are cut into pieces of this size.
+pub const MAX_LINE: usize = 1024 * 1024;
 
-/// The most bytes one sink holds waiting for its writer thread; beyond it, batches are dropped.
-pub const QUEUE_LIMIT: usize = 1024 * 1024;
+/// The most bytes one sink holds waiting for its writer thread (4 MiB, shared by every task
+/// writing there); beyond it, batches are dropped. Four times [`MAX_LINE`], so that a line that
+/// long gets through a sink that keeps up, next to what is still queued.
+pub const QUEUE_LIMIT: usize = 4 * MAX_LINE;
 
-/// Batches are handed over once they reach this size.
+/// After [`flush_before_exit`]'s timeout, how long the writer threads get to finish the lines
+/// they are writing and to write the drop notices.
+pub const EXIT_DROP_GRACE: Duration = Duration::from_secs(1);
+
+/// Batches are handed over once they reach this size; a writer thread writes at most this much
+/// per `write`.
 const BATCH: usize = 64 * 1024;
 
 /// Where prefixed lines go.
@@ -86,7 +101,7 @@ where
     R: futures_io::AsyncRead + Unpin,
 {
     let writer = Writer::for_sink(sink)?;
-    let mut lines = Lines::new(prefix);
+    let mut lines = Lines::new(Origin::Lines(prefix.into()));
     let mut buf = vec![0u8; BATCH];
     let result = loop {
         match poll_fn(|cx| Pin::new(&mut source).poll_read(cx, &mut buf)).await {
@@ -102,7 +117,8 @@ where
 
 /// The line splitter of one task: the partial line so far and the batch being built.
 struct Lines {
-    prefix: Vec<u8>,
+    /// Its prefix.
+    origin: Origin,
     partial: Vec<u8>,
     batch: Vec<u8>,
     /// Source bytes in `batch` (without prefixes and added newlines), counted when dropped.
@@ -112,9 +128,9 @@ struct Lines {
 }
 
 impl Lines {
-    fn new(prefix: Vec<u8>) -> Lines {
+    fn new(origin: Origin) -> Lines {
         Lines {
-            prefix,
+            origin,
             partial: Vec::new(),
             batch: Vec::new(),
             batch_source: 0,
@@ -152,7 +168,7 @@ impl Lines {
     /// Appends `partial + tail` as one prefixed line to the batch (adding the newline a piece
     /// or a last line lacks).
     fn emit(&mut self, tail: &[u8]) {
-        self.batch.extend_from_slice(&self.prefix);
+        self.batch.extend_from_slice(self.origin.prefix());
         self.batch.extend_from_slice(&self.partial);
         self.batch.extend_from_slice(tail);
         self.batch_source += self.partial.len() + tail.len();
@@ -169,8 +185,11 @@ impl Lines {
         }
         self.hand_over(writer);
         if self.dropped > 0 {
-            writer.queue(self.notice());
-            self.dropped = 0;
+            writer.queue(Batch {
+                bytes: self.origin.notice(self.dropped),
+                source: std::mem::take(&mut self.dropped),
+                origin: self.origin.clone(),
+            });
         }
     }
 
@@ -180,38 +199,96 @@ impl Lines {
             return;
         }
         let bytes = if self.dropped > 0 {
-            let mut bytes = self.notice();
+            let mut bytes = self.origin.notice(self.dropped);
             bytes.append(&mut self.batch);
             bytes
         } else {
             std::mem::take(&mut self.batch)
         };
         let source = std::mem::take(&mut self.batch_source);
-        if writer.try_queue(bytes) {
+        let batch = Batch {
+            bytes,
+            // The notice's count goes with it: the batch dropped at the exit counts both.
+            source: self.dropped + source,
+            origin: self.origin.clone(),
+        };
+        if writer.try_queue(batch) {
             self.dropped = 0;
         } else {
             self.dropped += source;
         }
     }
+}
 
-    fn notice(&self) -> Vec<u8> {
-        let mut notice = self.prefix.clone();
-        notice
-            .extend_from_slice(format!("[{} bytes of output dropped]\n", self.dropped).as_bytes());
-        notice
+/// Whose bytes a batch holds, for its drop notice.
+#[derive(Clone, PartialEq)]
+enum Origin {
+    /// Prefixed lines of one task: the prefix.
+    Lines(Arc<[u8]>),
+    /// Our own log lines.
+    Log,
+}
+
+impl Origin {
+    fn prefix(&self) -> &[u8] {
+        match self {
+            Origin::Lines(prefix) => prefix,
+            Origin::Log => &[],
+        }
+    }
+
+    /// The line saying `dropped` source bytes were dropped.
+    fn notice(&self, dropped: usize) -> Vec<u8> {
+        match self {
+            Origin::Lines(prefix) => {
+                let mut notice = prefix.to_vec();
+                notice
+                    .extend_from_slice(format!("[{dropped} bytes of output dropped]\n").as_bytes());
+                notice
+            }
+            Origin::Log => format!("[nodus: {dropped} bytes of log output dropped]\n").into_bytes(),
+        }
+    }
+
+    /// The source bytes in `lines`, whole lines of this origin: without their prefixes (a
+    /// newline added to a piece or a last line counts as one).
+    fn source_of(&self, lines: &[u8]) -> usize {
+        let newlines = lines.iter().filter(|&&b| b == b'\n').count();
+        lines.len().saturating_sub(newlines * self.prefix().len())
     }
 }
 
-/// A sink's writer thread, seen from a task: the channel and the sink's queued-byte count.
+/// Bytes queued for a writer thread: whole lines of one origin.
+struct Batch {
+    bytes: Vec<u8>,
+    /// The source bytes they stand for (without prefixes; a notice's count included), counted
+    /// if the exit drops them.
+    source: usize,
+    origin: Origin,
+}
+
+/// A sink's writer thread, seen from a task: the channel and the state it shares with the
+/// thread.
 #[derive(Clone)]
 struct Writer {
     tx: mpsc::Sender<Message>,
-    queued: Arc<AtomicUsize>,
+    shared: Arc<Shared>,
+}
+
+#[derive(Default)]
+struct Shared {
+    /// Bytes queued and not yet written (or dropped).
+    queued: AtomicUsize,
+    /// Set by [`Writer::drop_queued`] until its [`Message::Drop`] is handled: the thread
+    /// finishes the line it is writing and drops every batch until then.
+    dropping: AtomicBool,
 }
 
 enum Message {
-    Bytes(Vec<u8>),
+    Bytes(Batch),
     Flush(FlushToken),
+    /// The end of a [`Writer::drop_queued`]: the drop notices, then the token.
+    Drop(FlushToken),
 }
 
 static STDOUT: OnceLock<Writer> = OnceLock::new();
@@ -234,29 +311,31 @@ impl Writer {
 
     fn start(target: Target, name: &str) -> io::Result<Writer> {
         let (tx, rx) = mpsc::channel();
-        let queued = Arc::new(AtomicUsize::new(0));
-        let counter = queued.clone();
+        let shared = Arc::new(Shared::default());
+        let thread_shared = shared.clone();
         std::thread::Builder::new()
             .name(name.to_owned())
-            .spawn(move || write_loop(target, rx, counter))?;
-        Ok(Writer { tx, queued })
+            .spawn(move || write_loop(target, rx, &thread_shared))?;
+        Ok(Writer { tx, shared })
     }
 
-    /// Queues `bytes` if the sink has room for them.
-    fn try_queue(&self, bytes: Vec<u8>) -> bool {
-        let len = bytes.len();
-        if self.queued.fetch_add(len, Ordering::AcqRel) + len > QUEUE_LIMIT {
-            self.queued.fetch_sub(len, Ordering::AcqRel);
+    /// Queues `batch` if the sink has room for it.
+    fn try_queue(&self, batch: Batch) -> bool {
+        let len = batch.bytes.len();
+        if self.shared.queued.fetch_add(len, Ordering::AcqRel) + len > QUEUE_LIMIT {
+            self.shared.queued.fetch_sub(len, Ordering::AcqRel);
             return false;
         }
-        self.send(Message::Bytes(bytes));
+        self.send(Message::Bytes(batch));
         true
     }
 
-    /// Queues `bytes` regardless of the limit (one drop notice per task at most).
-    fn queue(&self, bytes: Vec<u8>) {
-        self.queued.fetch_add(bytes.len(), Ordering::AcqRel);
-        self.send(Message::Bytes(bytes));
+    /// Queues `batch` regardless of the limit (one drop notice per task at most).
+    fn queue(&self, batch: Batch) {
+        self.shared
+            .queued
+            .fetch_add(batch.bytes.len(), Ordering::AcqRel);
+        self.send(Message::Bytes(batch));
     }
 
     fn send(&self, message: Message) {
@@ -264,13 +343,19 @@ impl Writer {
         let _ = self.tx.send(message);
     }
 
+    /// A flush done once the writer thread has dealt with everything queued before.
+    fn flush_request(&self) -> Arc<Flush> {
+        let flush = Arc::new(Flush::default());
+        self.send(Message::Flush(FlushToken(flush.clone())));
+        flush
+    }
+
     /// Waits until the writer thread has dealt with everything queued before (keeping the loop
     /// alive meanwhile).
     async fn flush(&self) {
-        let flush = Arc::new(Flush::default());
         // One unit of the loop's in-flight requests (it keeps the loop alive) while awaited.
         let _in_flight = with_core("nodus::process::output", |core| core.request());
-        self.send(Message::Flush(FlushToken(flush.clone())));
+        let flush = self.flush_request();
         poll_fn(|cx| {
             let mut state = flush.state.lock().expect("no panic while held");
             if state.0 {
@@ -282,26 +367,40 @@ impl Writer {
         .await
     }
 
-    /// Blocks the calling thread until the writer thread has dealt with everything queued
-    /// before, at most `timeout`; whether it did.
-    fn flush_blocking(&self, timeout: Duration) -> bool {
+    /// Drops what is queued now (see the module doc): done once the line being written is
+    /// finished and the drop notices are written.
+    fn drop_queued(&self) -> Arc<Flush> {
+        self.shared.dropping.store(true, Ordering::Release);
         let flush = Arc::new(Flush::default());
-        self.send(Message::Flush(FlushToken(flush.clone())));
-        let state = flush.state.lock().expect("no panic while held");
-        let (state, _) = flush
-            .done
-            .wait_timeout_while(state, timeout, |s| !s.0)
-            .expect("no panic while held");
-        state.0
+        self.send(Message::Drop(FlushToken(flush.clone())));
+        flush
     }
 }
 
-/// Waits until everything queued for our stderr so far (log lines, prefixed lines) is written,
-/// at most `timeout` (a stalled stderr must not hang the exit); whether it was. Meant for the end
-/// of the process, before `std::process::exit`, from any thread: it blocks the calling thread,
-/// the loop's included.
-pub fn flush_stderr(timeout: Duration) -> bool {
-    STDERR.get().is_none_or(|w| w.flush_blocking(timeout))
+/// Waits until everything queued for our stdout and stderr so far (prefixed lines, log lines)
+/// is written, at most `timeout` (a stalled sink must not hang the exit); whether it was. Past
+/// `timeout`, what is still queued is dropped: each sink finishes the line it is writing and
+/// writes the drop notices, given at most [`EXIT_DROP_GRACE`] more (see the module doc). Meant
+/// for the end of the process, before `std::process::exit`, from any thread: it blocks the
+/// calling thread, the loop's included.
+pub fn flush_before_exit(timeout: Duration) -> bool {
+    let writers: Vec<&Writer> = [&STDOUT, &STDERR]
+        .into_iter()
+        .filter_map(OnceLock::get)
+        .collect();
+    let deadline = Instant::now() + timeout;
+    let flushes: Vec<_> = writers.iter().map(|w| w.flush_request()).collect();
+    let dropping: Vec<_> = writers
+        .iter()
+        .zip(&flushes)
+        .filter(|(_, flush)| !flush.wait_until(deadline))
+        .map(|(w, _)| w.drop_queued())
+        .collect();
+    let grace = Instant::now() + EXIT_DROP_GRACE;
+    for flush in &dropping {
+        flush.wait_until(grace);
+    }
+    dropping.is_empty()
 }
 
 /// Log bytes dropped (the stderr queue was full) since the last log line queued.
@@ -341,14 +440,18 @@ impl io::Write for LogWriter {
 /// Queues `line` (after a notice of what `dropped` counts, if any) or adds it to `dropped`.
 fn queue_log(writer: &Writer, dropped: &AtomicUsize, line: &[u8]) {
     let before = dropped.swap(0, Ordering::AcqRel);
-    let mut bytes = Vec::with_capacity(line.len() + if before > 0 { 64 } else { 0 });
-    if before > 0 {
-        bytes.extend_from_slice(
-            format!("[nodus: {before} bytes of log output dropped]\n").as_bytes(),
-        );
-    }
+    let mut bytes = if before > 0 {
+        Origin::Log.notice(before)
+    } else {
+        Vec::new()
+    };
     bytes.extend_from_slice(line);
-    if !writer.try_queue(bytes) {
+    let batch = Batch {
+        bytes,
+        source: before + line.len(),
+        origin: Origin::Log,
+    };
+    if !writer.try_queue(batch) {
         dropped.fetch_add(before + line.len(), Ordering::AcqRel);
     }
 }
@@ -371,6 +474,17 @@ impl Flush {
         if let Some(w) = waker {
             w.wake();
         }
+    }
+
+    /// Blocks the calling thread until done, or until `deadline`; whether it is done.
+    fn wait_until(&self, deadline: Instant) -> bool {
+        let state = self.state.lock().expect("no panic while held");
+        let timeout = deadline.saturating_duration_since(Instant::now());
+        let (state, _) = self
+            .done
+            .wait_timeout_while(state, timeout, |s| !s.0)
+            .expect("no panic while held");
+        state.0
     }
 }
 
@@ -401,30 +515,82 @@ impl Target {
     }
 }
 
-fn write_loop(target: Target, rx: mpsc::Receiver<Message>, queued: Arc<AtomicUsize>) {
+fn write_loop(target: Target, rx: mpsc::Receiver<Message>, shared: &Shared) {
     let mut failed = false;
+    // Source bytes dropped by a `drop_queued`, per origin, until its notices are written.
+    let mut dropped: Vec<(Origin, usize)> = Vec::new();
     for message in rx {
         match message {
-            Message::Bytes(bytes) => {
-                if !failed && let Err(e) = write_all(target.fd(), &bytes) {
-                    failed = true;
-                    // Said on stderr, so not when stderr is what failed: through `log_writer`
-                    // the warning would come back to this thread only to be discarded, and
-                    // through a subscriber writing fd 2 itself it would be one more write to a
-                    // dead pipe (which tracing-subscriber reports by default with `eprintln!`,
-                    // a panic on this thread). Another sink's warning reaches stderr, through
-                    // `log_writer` without ever blocking this thread.
-                    if !matches!(target, Target::Stderr(_)) {
-                        tracing::warn!(
-                            "nodus::process::output: writing child output failed ({e}); discarding from now on"
-                        );
+            Message::Bytes(batch) => {
+                let lost = if failed {
+                    0
+                } else if shared.dropping.load(Ordering::Acquire) {
+                    batch.source
+                } else {
+                    match write_batch(target.fd(), &batch, &shared.dropping) {
+                        Ok(lost) => lost,
+                        Err(e) => {
+                            failed = true;
+                            // Said on stderr, so not when stderr is what failed: through
+                            // `log_writer` the warning would come back to this thread only to
+                            // be discarded, and through a subscriber writing fd 2 itself it
+                            // would be one more write to a dead pipe (which tracing-subscriber
+                            // reports by default with `eprintln!`, a panic on this thread).
+                            // Another sink's warning reaches stderr, through `log_writer`
+                            // without ever blocking this thread.
+                            if !matches!(target, Target::Stderr(_)) {
+                                tracing::warn!(
+                                    "nodus::process::output: writing child output failed ({e}); discarding from now on"
+                                );
+                            }
+                            0
+                        }
+                    }
+                };
+                if lost > 0 {
+                    match dropped.iter_mut().find(|(o, _)| *o == batch.origin) {
+                        Some((_, n)) => *n += lost,
+                        None => dropped.push((batch.origin, lost)),
                     }
                 }
-                queued.fetch_sub(bytes.len(), Ordering::AcqRel);
+                shared.queued.fetch_sub(batch.bytes.len(), Ordering::AcqRel);
             }
             Message::Flush(token) => drop(token),
+            Message::Drop(token) => {
+                shared.dropping.store(false, Ordering::Release);
+                for (origin, n) in dropped.drain(..) {
+                    if !failed && write_all(target.fd(), &origin.notice(n)).is_err() {
+                        failed = true;
+                    }
+                }
+                drop(token);
+            }
         }
     }
+}
+
+/// Writes `batch` in pieces of at most [`BATCH`] bytes; once `dropping` is set, only to the end
+/// of the line being written. The source bytes left unwritten.
+fn write_batch(fd: BorrowedFd<'_>, batch: &Batch, dropping: &AtomicBool) -> io::Result<usize> {
+    let bytes = &batch.bytes[..];
+    let mut done = 0;
+    while done < bytes.len() {
+        if done > 0 && dropping.load(Ordering::Acquire) {
+            let end = match bytes[done - 1] {
+                b'\n' => done,
+                _ => bytes[done..]
+                    .iter()
+                    .position(|&b| b == b'\n')
+                    .map_or(bytes.len(), |i| done + i + 1),
+            };
+            write_all(fd, &bytes[done..end])?;
+            return Ok(batch.origin.source_of(&bytes[end..]));
+        }
+        let end = bytes.len().min(done + BATCH);
+        write_all(fd, &bytes[done..end])?;
+        done = end;
+    }
+    Ok(0)
 }
 
 /// Blocking `write` until done; waits a little on `EAGAIN` (someone made the fd non-blocking).
@@ -446,19 +612,23 @@ mod tests {
     use super::*;
     use std::io::Read;
 
+    fn flushed(writer: &Writer, timeout: Duration) -> bool {
+        writer.flush_request().wait_until(Instant::now() + timeout)
+    }
+
     #[test]
     fn log_lines_dropped_on_a_full_queue_are_counted_before_the_next_line_that_fits() {
         let (mut reader, pipe) = io::pipe().unwrap();
         let writer = Writer::start(Target::Fd(pipe.into()), "test-log").unwrap();
         let dropped = AtomicUsize::new(0);
         queue_log(&writer, &dropped, b"first\n");
-        assert!(writer.flush_blocking(Duration::from_secs(10)));
+        assert!(flushed(&writer, Duration::from_secs(10)));
         // Nothing is queued now: a full queue is simulated by its count.
-        writer.queued.store(QUEUE_LIMIT, Ordering::Release);
+        writer.shared.queued.store(QUEUE_LIMIT, Ordering::Release);
         queue_log(&writer, &dropped, b"lost\n");
         queue_log(&writer, &dropped, b"lost too\n");
         assert_eq!(dropped.load(Ordering::Acquire), 14);
-        writer.queued.store(0, Ordering::Release);
+        writer.shared.queued.store(0, Ordering::Release);
         queue_log(&writer, &dropped, b"kept\n");
         queue_log(&writer, &dropped, b"last\n");
         assert_eq!(dropped.load(Ordering::Acquire), 0);
@@ -476,15 +646,68 @@ mod tests {
         let (mut reader, pipe) = io::pipe().unwrap();
         let writer = Writer::start(Target::Fd(pipe.into()), "test-log").unwrap();
         // More than a pipe holds: the thread blocks until someone reads.
-        assert!(writer.try_queue(vec![b'x'; 512 * 1024]));
-        assert!(!writer.flush_blocking(Duration::from_millis(100)));
+        queue_log(&writer, &AtomicUsize::new(0), &[b'x'; 512 * 1024]);
+        assert!(!flushed(&writer, Duration::from_millis(100)));
         let reading = std::thread::spawn(move || {
             let mut out = Vec::new();
             reader.read_to_end(&mut out).unwrap();
             out.len()
         });
-        assert!(writer.flush_blocking(Duration::from_secs(10)));
+        assert!(flushed(&writer, Duration::from_secs(10)));
         drop(writer);
         assert_eq!(reading.join().unwrap(), 512 * 1024);
+    }
+
+    /// What the exit drops: the line being written is finished, and each task that lost output
+    /// gets one notice with the count of its source bytes (without prefixes).
+    #[test]
+    fn dropping_what_is_queued_finishes_the_line_being_written_and_counts_the_rest_per_task() {
+        let (mut reader, pipe) = io::pipe().unwrap();
+        let writer = Writer::start(Target::Fd(pipe.into()), "test-drop").unwrap();
+        // Lines of 1000 bytes, 996 of them the task's own.
+        let batch = |prefix: &str, lines: usize| {
+            let line = format!("{prefix}{}\n", "x".repeat(995));
+            Batch {
+                bytes: line.repeat(lines).into_bytes(),
+                source: 996 * lines,
+                origin: Origin::Lines(prefix.as_bytes().into()),
+            }
+        };
+        // 4 MB: far more than a pipe holds, so the thread is blocked in the middle of it.
+        writer.queue(batch("[a] ", 4000));
+        writer.queue(batch("[b] ", 10));
+        queue_log(&writer, &AtomicUsize::new(0), b"a log line\n");
+        writer.queue(batch("[b] ", 5));
+        assert!(
+            !flushed(&writer, Duration::from_millis(100)),
+            "nobody reads"
+        );
+        let dropped = writer.drop_queued();
+        let reading = std::thread::spawn(move || {
+            let mut out = String::new();
+            reader.read_to_string(&mut out).unwrap();
+            out
+        });
+        assert!(dropped.wait_until(Instant::now() + Duration::from_secs(10)));
+        drop(writer);
+        let out = reading.join().unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        let (written, notices) = lines.split_at(lines.len() - 3);
+        assert!(
+            written
+                .iter()
+                .all(|l| *l == format!("[a] {}", "x".repeat(995))),
+            "a line was cut"
+        );
+        let a_dropped = 996 * (4000 - written.len());
+        assert!(a_dropped > 0, "the thread was blocked in the first batch");
+        assert_eq!(
+            notices,
+            [
+                format!("[a] [{a_dropped} bytes of output dropped]"),
+                format!("[b] [{} bytes of output dropped]", 996 * 15),
+                "[nodus: 11 bytes of log output dropped]".to_owned(),
+            ]
+        );
     }
 }

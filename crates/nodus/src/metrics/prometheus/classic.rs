@@ -1,7 +1,9 @@
 //! The Prometheus text format 0.0.4 (the classic one), rewritten from the OpenMetrics text the
 //! encoder writes, for scrapers and tools that do not ask for OpenMetrics: `promtool check
 //! metrics`, a plain `curl`, older agents. Prometheus itself asks for OpenMetrics
-//! (`Accept: application/openmetrics-text...`) and gets it unchanged.
+//! (`Accept: application/openmetrics-text...`) and gets it unchanged, unless its
+//! `scrape_protocols` put the classic format first: [`prefers_openmetrics`] weighs the `Accept`
+//! header's q-values.
 //!
 //! For what nodus writes the two formats differ only in metadata lines:
 //! - a counter family `x` is `# HELP x` / `# TYPE x counter` in OpenMetrics, with samples
@@ -16,19 +18,60 @@
 /// The HTTP `Content-Type` of [`to_classic`]'s text.
 pub const CLASSIC_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// Whether an HTTP `Accept` header value asks for OpenMetrics (a media range
-/// `application/openmetrics-text` with a non-zero `q`), as Prometheus's scrapes do.
-pub fn accepts_openmetrics(accept: &str) -> bool {
-    accept.split(',').any(|range| {
-        let mut parts = range.split(';').map(str::trim);
-        let media = parts.next().unwrap_or_default();
-        let refused = parts.any(|p| {
-            p.strip_prefix("q=")
-                .and_then(|q| q.parse::<f32>().ok())
-                .is_some_and(|q| q <= 0.0)
-        });
-        media.eq_ignore_ascii_case("application/openmetrics-text") && !refused
-    })
+/// Whether a request whose `Accept` header is `accept` gets OpenMetrics rather than the classic
+/// format. Each format gets the quality (`q`, 1 when absent) of the most specific media range
+/// that matches it (`application/openmetrics-text` or `text/plain`, with a `version` that is
+/// the one written, 1.0.0 or 0.0.4, before the same without one, then `application/*` or
+/// `text/*`, then `*/*`; a range with another version, or a `q` that is no number from 0 to 1,
+/// matches nothing); OpenMetrics only when its quality is the higher: 0 is not acceptable, and
+/// a tie goes to the classic format, as Prometheus's client libraries answer.
+pub fn prefers_openmetrics(accept: &str) -> bool {
+    quality(accept, ("application", "openmetrics-text", "1.0.0"))
+        > quality(accept, ("text", "plain", "0.0.4"))
+}
+
+/// The quality `accept` gives to the media type `(type, subtype, version)` (see
+/// [`prefers_openmetrics`]); 0 when no range matches it.
+fn quality(accept: &str, (ty, subtype, version): (&str, &str, &str)) -> f32 {
+    // (specificity, q) of the most specific range matching so far; the first one of a kind.
+    let mut best: Option<(u8, f32)> = None;
+    for range in accept.split(',') {
+        let mut parts = range.split(';');
+        let Some((t, st)) = parts.next().and_then(|m| m.split_once('/')) else {
+            continue;
+        };
+        let (t, st) = (t.trim(), st.trim());
+        let (mut q, mut v) = (Some(1.0), None);
+        for (name, value) in parts.filter_map(|p| p.split_once('=')) {
+            let value = value.trim().trim_matches('"');
+            match name.trim() {
+                n if n.eq_ignore_ascii_case("q") => {
+                    q = value.parse().ok().filter(|q| (0.0..=1.0).contains(q));
+                }
+                n if n.eq_ignore_ascii_case("version") => v = Some(value),
+                _ => {}
+            }
+        }
+        let specificity = match (t, st, v) {
+            ("*", "*", _) => 1,
+            (t, "*", _) if t.eq_ignore_ascii_case(ty) => 2,
+            (t, st, None) if t.eq_ignore_ascii_case(ty) && st.eq_ignore_ascii_case(subtype) => 3,
+            (t, st, Some(v))
+                if t.eq_ignore_ascii_case(ty)
+                    && st.eq_ignore_ascii_case(subtype)
+                    && v == version =>
+            {
+                4
+            }
+            _ => continue,
+        };
+        if let Some(q) = q
+            && best.is_none_or(|(s, _)| specificity > s)
+        {
+            best = Some((specificity, q));
+        }
+    }
+    best.map_or(0.0, |(_, q)| q)
 }
 
 /// The classic text format of `openmetrics` (see the module docs).
@@ -154,12 +197,44 @@ mod tests {
     }
 
     #[test]
-    fn openmetrics_is_chosen_only_when_asked_for() {
+    fn openmetrics_is_chosen_only_when_preferred() {
+        // Prometheus 2's and 3's default scrape_protocols.
         let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
-        assert!(accepts_openmetrics(prometheus));
-        assert!(accepts_openmetrics("Application/OpenMetrics-Text"));
-        assert!(!accepts_openmetrics("*/*"));
-        assert!(!accepts_openmetrics("text/plain;version=0.0.4"));
-        assert!(!accepts_openmetrics("application/openmetrics-text;q=0"));
+        assert!(prefers_openmetrics(prometheus));
+        let prometheus3 = "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1";
+        assert!(prefers_openmetrics(prometheus3));
+        assert!(prefers_openmetrics("Application/OpenMetrics-Text"));
+        assert!(prefers_openmetrics("application/*"));
+        assert!(!prefers_openmetrics("*/*"));
+        assert!(!prefers_openmetrics("text/plain;version=0.0.4"));
+        assert!(!prefers_openmetrics("application/openmetrics-text;q=0"));
+        assert!(!prefers_openmetrics(
+            "application/openmetrics-text;q=0, */*"
+        ));
+        // A scraper that puts the classic format first (scrape_protocols).
+        assert!(!prefers_openmetrics(
+            "text/plain;version=0.0.4;q=0.5,application/openmetrics-text;q=0.1"
+        ));
+        assert!(!prefers_openmetrics(
+            "text/plain;version=0.0.4, application/openmetrics-text;version=1.0.0;q=0.9"
+        ));
+        // A tie goes to the classic format, whatever the order.
+        assert!(!prefers_openmetrics(
+            "application/openmetrics-text, text/plain"
+        ));
+        // A version nodus does not write is not what a range asks for.
+        assert!(!prefers_openmetrics(
+            "application/openmetrics-text;version=2.0.0"
+        ));
+        assert!(prefers_openmetrics(
+            "application/openmetrics-text;version=2.0.0, application/openmetrics-text;q=0.2, text/plain;q=0.1"
+        ));
+        // The most specific range decides, not the order.
+        assert!(prefers_openmetrics(
+            "*/*;q=0.9, text/*;q=0.1, application/openmetrics-text;Q=\"0.5\""
+        ));
+        assert!(!prefers_openmetrics(
+            "application/openmetrics-text;q=nonsense, text/plain;q=0.1"
+        ));
     }
 }

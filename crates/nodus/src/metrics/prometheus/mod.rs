@@ -40,7 +40,7 @@ use super::snapshot::Snapshot;
 use encode::{Family, Series, Value, seconds_histogram, unitless_histogram};
 use families::*;
 
-pub use classic::{CLASSIC_CONTENT_TYPE, accepts_openmetrics, to_classic};
+pub use classic::{CLASSIC_CONTENT_TYPE, prefers_openmetrics, to_classic};
 
 /// The HTTP `Content-Type` of the text [`render`] returns.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
