@@ -324,6 +324,8 @@ pub(crate) struct State {
     started: Instant,
     /// A release pass (`handoff::arm_release`) is scheduled.
     release_armed: Cell<bool>,
+    /// The handoff deadline's watch (`handoff::arm_deadline`) is scheduled.
+    deadline_armed: Cell<bool>,
     /// A shutdown's drain began: no listener accepts or is bound any more.
     accepting_stopped: Cell<bool>,
     fd_reserve: handoff::FdReserve,
@@ -465,6 +467,7 @@ impl Primary {
             events,
             started: Instant::now(),
             release_armed: Cell::new(false),
+            deadline_armed: Cell::new(false),
             accepting_stopped: Cell::new(false),
             fd_reserve: handoff::FdReserve::new(),
             returned_rejected: Cell::new(0),
