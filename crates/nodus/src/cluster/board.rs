@@ -302,9 +302,9 @@ mod tests {
                 let mut next = 0;
                 while next < BATCHES {
                     let upto = sent.load(Ordering::Acquire) as usize;
-                    for seq in next..upto {
+                    for (seq, claimed) in claimed.iter().enumerate().take(upto).skip(next) {
                         if worker.claim(seq as u64) {
-                            claimed[seq].store(true, Ordering::Relaxed);
+                            claimed.store(true, Ordering::Relaxed);
                         } else {
                             worker.post_seen(seq as u64);
                         }
