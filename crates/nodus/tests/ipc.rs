@@ -253,6 +253,59 @@ fn two_nacks_give_exactly_two_retransmissions_then_the_handle_is_delivered() {
 }
 
 #[test]
+fn handles_held_behind_the_one_in_flight_can_be_taken_back_unwritten() {
+    bounded(async {
+        let (ch, mut raw) = with_raw(ChannelOptions::default());
+        let (mut read_end, write_end) = std::io::pipe().unwrap();
+        let (first, _keep) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (third, _keep3) = std::os::unix::net::UnixStream::pair().unwrap();
+        ch.send_handle(&serde_json::json!({ "n": 1 }), SendHandle::fd(first.into()))
+            .unwrap();
+        ch.send_handle(
+            &serde_json::json!({ "n": 2 }),
+            SendHandle::fd(OwnedFd::from(write_end)),
+        )
+        .unwrap();
+        ch.send(&"between").unwrap();
+        ch.send_handle(&serde_json::json!({ "n": 3 }), SendHandle::fd(third.into()))
+            .unwrap();
+        let queued = ch.queued_bytes();
+        let mut offered = Vec::new();
+        let taken = ch.take_back_held_handles(|msg| {
+            offered.push(msg.to_owned());
+            msg == r#"{"n":2}"#
+        });
+        assert_eq!(taken, 1);
+        // Only held handles are offered: not the one in flight, nor a plain message.
+        assert_eq!(offered, [r#"{"n":2}"#, r#"{"n":3}"#]);
+        assert!(ch.queued_bytes() < queued);
+        // Its fd (the channel's, the only copy) is closed: the pipe's reader sees end of file.
+        let mut rest = Vec::new();
+        std::io::Read::read_to_end(&mut read_end, &mut rest).unwrap();
+        let (line, fds) = raw.frame().await;
+        assert_eq!(
+            line,
+            r#"{"cmd":"NODE_HANDLE","type":"net.Native","msg":{"n":1}}"#
+        );
+        assert_eq!(fds.len(), 1);
+        raw.write(b"{\"cmd\":\"NODE_HANDLE_ACK\"}\n").await;
+        let (between, with_it) = raw.frame().await;
+        assert_eq!(between, r#""between""#);
+        let (line, fds) = raw.frame().await;
+        assert_eq!(
+            line,
+            r#"{"cmd":"NODE_HANDLE","type":"net.Native","msg":{"n":3}}"#
+        );
+        // One read may bring both frames (the raw peer gives its fds to the first).
+        assert_eq!(with_it.len() + fds.len(), 1);
+        raw.write(b"{\"cmd\":\"NODE_HANDLE_ACK\"}\n").await;
+        ch.send(&"end").unwrap();
+        assert_eq!(raw.frame().await.0, r#""end""#, "nothing else was written");
+        ch.flush().await.unwrap();
+    });
+}
+
+#[test]
 fn four_nacks_give_an_error_event_and_release_held_messages() {
     bounded(async {
         let (ch, mut raw) = with_raw(ChannelOptions::default());

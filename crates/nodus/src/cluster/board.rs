@@ -1,7 +1,8 @@
 //! A worker's board: one page of memory a nodus primary shares with one nodus worker (a `memfd`
 //! sent over the channel), where the worker posts what the primary would otherwise need a
 //! message for: which connection batches it has taken, how many it refused, and (for `least`)
-//! its open connections.
+//! its open connections; and where the two agree on who owns a batch the worker was slow to
+//! take (the primary takes it back after the handoff deadline).
 //!
 //! Why: under round-robin a `took` message per loop turn cost the worker a `sendmsg` and the
 //! primary a wake-up and two `recvmsg` for every few connections. A store to shared memory costs
@@ -10,14 +11,25 @@
 //! primary still reads exactly which batches the worker had taken.
 //!
 //! Invariants:
-//! - The worker only writes, the primary only reads; every field only grows except `open`.
-//! - `taken_below` is stored (`Release`) after the batch's fds are in the worker's fd table, so a
-//!   primary that reads (`Acquire`) `taken_below > seq` may drop its own reference to batch `seq`:
-//!   the worker holds the connection (or refused it, see next).
-//! - A refusal is counted in `refused` before any later `taken_below` store, and the `refused`
+//! - Every field only grows except `open`. The worker writes all but `settled_below`, which both
+//!   ends move, each only forward and only by compare-and-swap.
+//! - `settled_below`: every batch below it is settled, taken by the worker or taken back by the
+//!   primary, once and for good. Batches reach the worker in `seq` order, so a worker holding
+//!   batch `seq` finds it at most `seq` unless the primary took it back. The worker claims batch
+//!   `seq` ([`Board::claim`]) by moving it from a value at most `seq` to `seq + 1`, after the
+//!   batch's fds are in its fd table; the primary takes back every batch below `end`
+//!   ([`Board::take_back_below`]) by moving it from `v < end` to `end`: batches below `v` were
+//!   the worker's, those in `v..end` are the primary's again. One swap wins: a batch is never
+//!   both served by the worker and handed on. A worker that loses closes its copies of the fds
+//!   (never `shutdown`: the connection is another worker's) and posts `seen_below`.
+//! - A primary that reads (`Acquire`) `settled_below > seq` for a batch it has not taken back may
+//!   drop its own reference to it: the worker holds the connection (or refused it, see next).
+//! - A refusal is counted in `refused` before any later `settled_below` store, and the `refused`
 //!   message naming the batch is sent after it: a primary that sees more refusals than it has
 //!   handled releases nothing until those messages arrive (the refused batch must go to another
-//!   worker, from the primary's references).
+//!   worker, from the primary's references). A refused batch does not move `settled_below`.
+//! - `seen_below` is past every batch the worker has refused or found taken back: once it reaches
+//!   the end of a take-back, the worker's loop has run again since.
 //! - The page is mapped `MAP_SHARED` from a `memfd` of exactly [`Board::LEN`] bytes; a board
 //!   that is too small is refused when opened, never read out of bounds.
 
@@ -29,8 +41,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// The shared page's layout (both ends are the same build, or the primary sends no board).
 #[repr(C)]
 struct Page {
-    taken_below: AtomicU64,
+    settled_below: AtomicU64,
     refused: AtomicU64,
+    seen_below: AtomicU64,
     /// Non-zero once the worker counts its connections (the primary asked for load reports).
     counting: AtomicU64,
     open: AtomicU64,
@@ -113,11 +126,29 @@ impl Board {
         unsafe { self.page.as_ref() }
     }
 
-    /// Worker: every batch with a `seq` below `seq_end` is taken (or refused and counted).
-    pub fn post_taken_below(&self, seq_end: u64) {
+    /// Worker: claims batch `seq` (its fds are in this process's fd table). `false`: the primary
+    /// took it back first (the worker was too slow); the worker closes its copies of the fds,
+    /// without `shutdown`, and says so with [`Board::post_seen`].
+    pub fn claim(&self, seq: u64) -> bool {
+        let word = &self.page().settled_below;
+        let mut settled = word.load(Ordering::Acquire);
+        loop {
+            if settled > seq {
+                return false;
+            }
+            match word.compare_exchange_weak(settled, seq + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return true,
+                Err(now) => settled = now,
+            }
+        }
+    }
+
+    /// Worker: batch `seq` was refused or found taken back (after the `refused` count, if any).
+    pub fn post_seen(&self, seq: u64) {
         self.page()
-            .taken_below
-            .fetch_max(seq_end, Ordering::Release);
+            .seen_below
+            .fetch_max(seq.saturating_add(1), Ordering::Release);
     }
 
     /// Worker: one more batch refused (before its `refused` message is sent).
@@ -136,17 +167,40 @@ impl Board {
     /// Primary: every batch below the returned `seq` may be released, or `None` while a refusal
     /// the worker posted has not been handled yet (`refusals_handled` counts the `refused`
     /// messages the primary has handled; the refused batch must go elsewhere first). `refused` is
-    /// read after `taken_below`, so every refusal of a batch below it is counted.
+    /// read after `settled_below`, so every refusal of a batch below it is counted. Batches the
+    /// primary took back are its own again (no longer pending): this says nothing of them.
     pub fn releasable_below(&self, refusals_handled: u64) -> Option<u64> {
         let p = self.page();
-        let below = p.taken_below.load(Ordering::Acquire);
+        let below = p.settled_below.load(Ordering::Acquire);
         (p.refused.load(Ordering::Acquire) == refusals_handled).then_some(below)
     }
 
     /// Primary, once the worker's channel has ended: every batch below the returned `seq` was
-    /// taken (the refusal gate of [`Board::releasable_below`] no longer applies).
-    pub fn taken_below(&self) -> u64 {
-        self.page().taken_below.load(Ordering::Acquire)
+    /// taken or taken back (the refusal gate of [`Board::releasable_below`] no longer applies).
+    pub fn settled_below(&self) -> u64 {
+        self.page().settled_below.load(Ordering::Acquire)
+    }
+
+    /// Primary: takes back every batch below `end` the worker has not claimed. Returns where the
+    /// worker's claims ended: batches below it are the worker's (taken, or refused), those from
+    /// it to `end` are the primary's again (none when it is `end` or more).
+    pub fn take_back_below(&self, end: u64) -> u64 {
+        let word = &self.page().settled_below;
+        let mut settled = word.load(Ordering::Acquire);
+        loop {
+            if settled >= end {
+                return settled;
+            }
+            match word.compare_exchange_weak(settled, end, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return settled,
+                Err(now) => settled = now,
+            }
+        }
+    }
+
+    /// Primary: the worker has seen (refused or found taken back) every batch below this.
+    pub fn seen_below(&self) -> u64 {
+        self.page().seen_below.load(Ordering::Acquire)
     }
 
     /// Primary: the worker's (open, accepted in total), once it counts.
@@ -171,6 +225,8 @@ impl Drop for Board {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::AtomicBool;
+
     use super::*;
 
     #[test]
@@ -179,8 +235,8 @@ mod tests {
         let worker = Board::open(fd).unwrap();
         assert_eq!(primary.releasable_below(0), Some(0));
         assert_eq!(primary.load(), None);
-        worker.post_taken_below(5);
-        worker.post_taken_below(3); // never goes back
+        assert!(worker.claim(0));
+        assert!(worker.claim(4));
         worker.post_load(7, 40);
         assert_eq!(primary.releasable_below(0), Some(5));
         assert_eq!(primary.load(), Some((7, 40)));
@@ -193,15 +249,108 @@ mod tests {
     fn nothing_is_released_while_a_posted_refusal_is_unhandled() {
         let (primary, fd) = Board::create().unwrap();
         let worker = Board::open(fd).unwrap();
-        worker.post_taken_below(2);
+        assert!(worker.claim(1));
         // Batch 2 refused, batch 3 taken: until the primary has handled the `refused` message
         // for batch 2, releasing "below 4" would drop the references batch 2 still needs.
         worker.post_refusal();
-        worker.post_taken_below(4);
+        assert!(worker.claim(3));
         assert_eq!(primary.releasable_below(0), None);
         assert_eq!(primary.releasable_below(1), Some(4));
         // Once the channel has ended, the gate no longer holds anything back.
-        assert_eq!(primary.taken_below(), 4);
+        assert_eq!(primary.settled_below(), 4);
+    }
+
+    #[test]
+    fn a_batch_taken_back_cannot_be_claimed_and_one_claimed_cannot_be_taken_back() {
+        let (primary, fd) = Board::create().unwrap();
+        let worker = Board::open(fd).unwrap();
+        assert!(worker.claim(2));
+        // Batches 5 and 7 were handed; the worker took neither in time.
+        assert_eq!(primary.take_back_below(8), 3, "below 3: the worker's");
+        assert!(!worker.claim(5));
+        worker.post_seen(5);
+        assert_eq!(primary.seen_below(), 6);
+        assert!(!worker.claim(7));
+        worker.post_seen(7);
+        assert_eq!(primary.seen_below(), 8);
+        // The next batch is the worker's to take, and then it cannot be taken back.
+        assert!(worker.claim(9));
+        assert_eq!(primary.take_back_below(10), 10, "nothing to take back");
+        assert_eq!(primary.settled_below(), 10);
+    }
+
+    /// The worker claims batches in `seq` order as they are "sent" while the primary takes back
+    /// below what it has sent, on two threads through two mappings of one board: every batch
+    /// ends with exactly one owner, the worker's claim or the primary's take-back (from the mark
+    /// it returned to the end it asked), and the marks never go back. Most batches are contested
+    /// (taken back right after they are sent, as the worker reaches for them); the last ones are
+    /// left to the worker.
+    #[test]
+    fn a_batch_is_claimed_or_taken_back_never_both_nor_neither() {
+        const BATCHES: usize = 2_000_000;
+        const UNCONTESTED: usize = 1000;
+        let (primary, fd) = Board::create().unwrap();
+        let sent = AtomicU64::new(0);
+        let started = AtomicBool::new(false);
+        let claimed: Vec<AtomicBool> = (0..BATCHES).map(|_| AtomicBool::new(false)).collect();
+        let mut taken_back = vec![false; BATCHES];
+        let mut went_back = None;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let worker = Board::open(fd).unwrap();
+                started.store(true, Ordering::Release);
+                let mut next = 0;
+                while next < BATCHES {
+                    let upto = sent.load(Ordering::Acquire) as usize;
+                    for (seq, claimed) in claimed.iter().enumerate().take(upto).skip(next) {
+                        if worker.claim(seq as u64) {
+                            claimed.store(true, Ordering::Relaxed);
+                        } else {
+                            worker.post_seen(seq as u64);
+                        }
+                    }
+                    next = upto;
+                    std::hint::spin_loop();
+                }
+            });
+            while !started.load(Ordering::Acquire) {
+                std::hint::spin_loop();
+            }
+            let mut last_mark = 0;
+            for seq in 0..BATCHES {
+                sent.store(seq as u64 + 1, Ordering::Release);
+                if seq % 5 != 0 && seq < BATCHES - UNCONTESTED {
+                    let end = seq as u64 + 1;
+                    let mark = primary.take_back_below(end);
+                    if mark < last_mark {
+                        went_back = Some((last_mark, mark));
+                        // The worker goes through the rest and ends.
+                        sent.store(BATCHES as u64, Ordering::Release);
+                        break;
+                    }
+                    last_mark = end.max(mark);
+                    for t in &mut taken_back[mark.min(end) as usize..end as usize] {
+                        *t = true;
+                    }
+                }
+            }
+        });
+        assert_eq!(went_back, None, "the mark went back (from, to)");
+        let mut last_taken_back = None;
+        for (seq, (c, t)) in claimed.iter().zip(&taken_back).enumerate() {
+            let c = c.load(Ordering::Relaxed);
+            assert!(c != *t, "batch {seq}: claimed {c}, taken back {t}");
+            if *t {
+                last_taken_back = Some(seq);
+            }
+        }
+        let last_taken_back = last_taken_back.expect("the worker always won: nothing tested");
+        assert!(
+            taken_back[..BATCHES - UNCONTESTED].contains(&false),
+            "the primary always won: nothing tested"
+        );
+        // The worker has seen every batch it lost.
+        assert_eq!(primary.seen_below(), last_taken_back as u64 + 1);
     }
 
     #[test]

@@ -13,9 +13,11 @@
 //! - One `Worker` per process, created on the loop thread; the environment variables naming it
 //!   (`NODE_UNIQUE_ID`, `NODE_CHANNEL_*`) are removed as Node removes them.
 //! - Every `newconn` is answered `{ack, accepted}`, every `newconns` batch (a nodus primary) by a
-//!   post on the board the primary gave (`board.rs`; without one, a `took` per loop turn for
+//!   claim on the board the primary gave (`board.rs`; without one, a `took` per loop turn for
 //!   every batch up to the newest) or at once by `refused` (counted on the board first): taken
-//!   iff the queue of its key is open, and a queue is open only while something will accept from
+//!   iff the queue of its key is open and (with a board) the claim wins, the primary not having
+//!   taken the batch back after its handoff deadline (a lost claim closes this process's copies
+//!   of the fds, never with `shutdown`), and a queue is open only while something will accept from
 //!   it or give it back. It is opened when [`Worker::listen`] sends `queryServer` (before any
 //!   answer or `newconns` can arrive) and held by a claim, which the [`Listener`] takes over; when
 //!   the last claim goes (the `Listener` closes, or the `listen` future is dropped before making
@@ -624,15 +626,33 @@ impl Worker {
             );
         }
         let queue = queue.filter(|_| handles.len() >= peers.len());
+        let board = self.sh.board.get();
         let Some(queue) = queue else {
-            if let Some(board) = self.sh.board.get() {
+            if let Some(board) = board {
                 board.post_refusal();
+                board.post_seen(seq);
             }
             let mut refused = Nodus::act("refused");
             refused.ack = Some(seq);
             self.send_nodus(&refused);
             return;
         };
+        // A batch this worker was too slow to take (its loop stalled past the primary's handoff
+        // deadline) may have been taken back: the board says whose it is, once. Taken back, the
+        // primary hands its own copies on; ours are closed without a `shutdown`, which would end
+        // the connection for the worker that serves it.
+        if let Some(board) = board
+            && !board.claim(seq)
+        {
+            board.post_seen(seq);
+            tracing::debug!(
+                target: "nodus::cluster",
+                "a batch of {} connection(s) came after the primary's handoff deadline: it took \
+                 them back",
+                handles.len()
+            );
+            return;
+        }
         for (i, handle) in handles.into_iter().enumerate() {
             match TcpStream::from_nonblocking(handle.into_owned_fd()) {
                 Ok(s) => queue
@@ -646,12 +666,9 @@ impl Worker {
             }
         }
         queue.wake();
-        match self.sh.board.get() {
-            Some(board) => board.post_taken_below(seq.saturating_add(1)),
-            None => {
-                self.sh.took.set(Some(seq));
-                self.queue_report();
-            }
+        if board.is_none() {
+            self.sh.took.set(Some(seq));
+            self.queue_report();
         }
     }
 

@@ -25,6 +25,9 @@
 //! - **Retransmission.** A NACK resends the in-flight handle frame with its fd, at most 3 times
 //!   (Node's `MAX_HANDLE_RETRANSMISSIONS`); the 4th NACK drops the handle, delivers
 //!   [`IpcError::HandleNotReceived`] and releases the held messages.
+//! - **Taking back.** A handle held behind the one in flight has not been written: the sender
+//!   may take it back ([`Channel::take_back_held_handles`]; a cluster primary does so for
+//!   connections a stalled Node worker has not taken), its fd closed, the rest in order.
 //! - **Backpressure, nothing lost.** `send` never drops: it queues and returns `Ok(false)` once
 //!   128 KiB or more waits in user space (Node's `send()` return value).
 //! - **Fds once, with the first byte.** A frame's fds go in the `sendmsg` that writes its first
@@ -844,6 +847,33 @@ impl Channel {
     /// Bytes waiting in user space (written when the peer reads).
     pub fn queued_bytes(&self) -> usize {
         self.inner.st.borrow().queued()
+    }
+
+    /// Takes back handles sent with [`send_handle`](Self::send_handle) that wait behind the one
+    /// in flight (the peer has not ACKed it): never written, so the peer has seen none of them.
+    /// `take` is given each one's message (the `msg` sent with it, as JSON text) and says which;
+    /// those leave the queue, their fds (the channel's) closed, and the others keep their order.
+    /// Returns how many were taken back. The handle in flight is the peer's to ACK or NACK.
+    pub fn take_back_held_handles(&self, mut take: impl FnMut(&str) -> bool) -> usize {
+        #[derive(serde::Deserialize)]
+        struct Held<'a> {
+            #[serde(borrow)]
+            msg: &'a RawValue,
+        }
+        let mut st = self.inner.st.borrow_mut();
+        let st = &mut *st;
+        let before = st.held.len();
+        let mut freed = 0;
+        st.held.retain(|(bytes, payload)| {
+            let taken = matches!(payload, Payload::Handle(_))
+                && serde_json::from_slice::<Held<'_>>(bytes).is_ok_and(|h| take(h.msg.get()));
+            if taken {
+                freed += bytes.len();
+            }
+            !taken
+        });
+        st.held_bytes -= freed;
+        before - st.held.len()
     }
 
     /// Whether `send` is still allowed.

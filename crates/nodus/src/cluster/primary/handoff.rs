@@ -14,6 +14,23 @@
 //!   reads it before every dispatch, on the worker's `close` and exit, and from a release pass
 //!   that runs every 1 ms, backing off to 50 ms while nothing moves, as long as anything is
 //!   pending); others answer with `took` (nodus) or `accepted` (Node).
+//! - A handoff a worker has not taken within [`HANDOFF_DEADLINE`] (its loop is blocked or
+//!   stopped) is taken back where that cannot have two processes serve one connection, and
+//!   handed to another worker ([`take_back`], from a watch task that runs while anything is
+//!   pending or a worker is behind): from a nodus worker with a board, every batch it has not
+//!   claimed, by compare-and-swap on the board (`board.rs`: the worker's claim and the take-back
+//!   exclude each other; a worker that loses closes its copies of the fds without `shutdown`);
+//!   from a Node worker, the `newconn`s its channel still holds behind the one in flight (never
+//!   written, [`Channel::take_back_held_handles`](crate::ipc::Channel::take_back_held_handles));
+//!   the one in flight, and whatever a nodus worker without a board was sent, stay with the
+//!   worker (nothing on their side would know they were taken back). Nothing is taken back once
+//!   the primary stopped accepting (no other worker would take it). Each one is counted
+//!   (`Proc::taken_back`, in the stats and metrics).
+//! - A worker gets no new connection while a handoff to it is past the deadline, and after a
+//!   take-back until it has seen the batches taken back (`seen_below` on its board): a stalled
+//!   worker's share goes to the others. Nor does a worker that is not ready while another
+//!   member of the listener is ([`takes_now`]: a new generation's worker in a reload waits for
+//!   its ready; with no ready member, as at the start, every member takes connections).
 //! - What a worker gives back (`returned`) is handed on only after [`check_returned`]: each fd
 //!   must be a connected, non-listening TCP stream socket of the listener's family and local
 //!   address (an fd the worker accepted from that listener); anything else (a pipe, a UDP or Unix
@@ -39,14 +56,27 @@ use super::parked::{self, Conn, MAX_PARKED};
 use super::proc::{Proc, ProcState};
 use super::server::{Member, RETRY_PAUSE, Server, leave_all};
 use super::{Policy, State, count};
-use crate::cluster::protocol::{NODE_CLUSTER, NODE_NODUS, NewConn, NewConns};
+use crate::cluster::protocol::{Incoming, NODE_CLUSTER, NODE_NODUS, NewConn, NewConns};
 use crate::ipc::{MAX_FDS_PER_FRAME, SendHandle};
 
 /// Connections handed to one worker in one message, kept until it answers.
 struct Handoff {
     server: Rc<Server>,
     conns: Vec<Conn>,
+    /// When it was handed (the loop's time, ns).
+    sent_ns: u64,
 }
+
+/// How long a handoff may wait for its worker to take it before the primary takes it back (where
+/// it can) and gives the worker no more connections until it does. A worker takes a handoff in
+/// the loop turn after it arrives, so a healthy one is far inside this even under load; one past
+/// it has its loop blocked (a busy loop, a long synchronous call) or stopped (SIGSTOP, a
+/// debugger), and its clients already wait a second. The release pass sees a taken handoff
+/// within 50 ms, so nothing healthy is taken back for want of a look; and a connection taken
+/// back goes to another worker once, so one taken back from a worker that was only slow costs
+/// nothing but the wait. `--ready-timeout` (30 s by default) is a start-up bound, far too long
+/// for a client waiting on a worker that was serving.
+pub(super) const HANDOFF_DEADLINE: Duration = Duration::from_secs(1);
 
 /// Handoffs a worker has not answered, by `seq`, with the number of connections in them.
 #[derive(Default)]
@@ -75,6 +105,35 @@ impl Pending {
 
     fn is_empty(&self) -> bool {
         self.handoffs.borrow().is_empty()
+    }
+
+    fn contains(&self, seq: u64) -> bool {
+        self.handoffs.borrow().contains_key(&seq)
+    }
+
+    /// When the oldest handoff still pending was handed.
+    fn oldest_sent_ns(&self) -> Option<u64> {
+        self.handoffs
+            .borrow()
+            .first_key_value()
+            .map(|(_, h)| h.sent_ns)
+    }
+
+    fn last_seq(&self) -> Option<u64> {
+        self.handoffs.borrow().last_key_value().map(|(&seq, _)| seq)
+    }
+
+    /// Removes every handoff with a `seq` from `start` on.
+    fn remove_from(&self, start: u64) -> Vec<Handoff> {
+        let done: Vec<Handoff> = self
+            .handoffs
+            .borrow_mut()
+            .split_off(&start)
+            .into_values()
+            .collect();
+        let n: usize = done.iter().map(|h| h.conns.len()).sum();
+        self.conns.set(self.conns.get() - n as u64);
+        done
     }
 
     /// Removes every handoff with a `seq` below `end`.
@@ -167,6 +226,9 @@ fn board_pending(st: &State) -> u64 {
 }
 
 fn took(proc: &Proc, handoffs: Vec<Handoff>) {
+    if handoffs.is_empty() {
+        return;
+    }
     for h in handoffs {
         let n = h.conns.len() as u64;
         proc.handed.set(proc.handed.get() + n);
@@ -175,6 +237,185 @@ fn took(proc: &Proc, handoffs: Vec<Handoff>) {
         if !h.server.parked.is_empty() {
             h.server.wake_accept();
         }
+    }
+    runs_again(proc, crate::time::loop_now_ns());
+}
+
+/// Whether a handoff to `proc` is past [`HANDOFF_DEADLINE`] at `now`.
+fn overdue(proc: &Proc, now: u64) -> bool {
+    proc.pending
+        .oldest_sent_ns()
+        .is_some_and(|sent| now.saturating_sub(sent) >= HANDOFF_DEADLINE.as_nanos() as u64)
+}
+
+/// Whether `proc` gets no new connections for being stalled: a handoff past the deadline, or
+/// batches taken back from it that it has not seen yet.
+fn stalled(proc: &Proc, now: u64) -> bool {
+    proc.behind_until.get().is_some() || overdue(proc, now)
+}
+
+/// Says once that a worker said to be stalled takes connections again.
+fn runs_again(proc: &Proc, now: u64) {
+    if proc.stall_said.get() && !stalled(proc, now) {
+        proc.stall_said.set(false);
+        tracing::info!(
+            target: "nodus::cluster",
+            "worker {} (pid {}) runs again: it takes connections again",
+            proc.slot, proc.pid
+        );
+    }
+}
+
+/// Whether `proc`, a member of a server where `ready_member` says whether any member is ready,
+/// may be handed a connection now (given room under its in-flight cap): not draining, not
+/// pausing after a refusal, not stalled, and ready unless no member is.
+fn takes_now(proc: &Proc, ready_member: bool, now: u64) -> bool {
+    proc.state.get() < ProcState::Draining
+        && (proc.is_ready() || !ready_member)
+        && !pausing(proc)
+        && !stalled(proc, now)
+}
+
+/// How often the watch looks whether a worker that had batches taken back has seen them.
+const CATCH_UP_POLL: Duration = Duration::from_millis(50);
+
+/// Makes sure the deadline watch runs while any handoff is pending or a worker is behind a
+/// take-back: at each handoff's deadline it takes back what is overdue ([`take_back`]), and every
+/// [`CATCH_UP_POLL`] it looks whether a worker behind has caught up (then parked connections may
+/// go to it). Deadlines come in handoff order, so a handoff never needs the watch sooner than it
+/// is armed for.
+fn arm_deadline(st: &Rc<State>) {
+    if st.deadline_armed.replace(true) {
+        return;
+    }
+    let st = st.clone();
+    crate::task::spawn_named("cluster:handoff-deadline", async move {
+        loop {
+            let now = crate::time::loop_now_ns();
+            let procs: Vec<Rc<Proc>> = st.procs.borrow().values().cloned().collect();
+            for p in &procs {
+                release_taken(p);
+                if overdue(p, now) {
+                    take_back(&st, p);
+                }
+                let caught_up = p
+                    .behind_until
+                    .get()
+                    .is_some_and(|end| p.board.get().is_some_and(|b| b.seen_below() >= end));
+                if caught_up {
+                    p.behind_until.set(None);
+                    runs_again(p, now);
+                    wake_parked(&st);
+                }
+            }
+            // After every take-back: what it handed on has deadlines too.
+            let next = procs
+                .iter()
+                .filter_map(|p| {
+                    let due = p
+                        .pending
+                        .oldest_sent_ns()
+                        .map(|sent| sent + HANDOFF_DEADLINE.as_nanos() as u64)
+                        .filter(|&due| due > now);
+                    let poll = p
+                        .behind_until
+                        .get()
+                        .map(|_| now + CATCH_UP_POLL.as_nanos() as u64);
+                    due.into_iter().chain(poll).min()
+                })
+                .min();
+            let Some(at) = next else { break };
+            crate::time::sleep(Duration::from_nanos(at - now)).await;
+        }
+        st.deadline_armed.set(false);
+    })
+    .detach();
+}
+
+/// Wakes the accept task of every server with parked connections.
+fn wake_parked(st: &State) {
+    let servers = st.servers.borrow();
+    let prebound = st.prebound.borrow();
+    for server in servers.values().chain(prebound.iter().map(|(_, s)| s)) {
+        if !server.parked.is_empty() {
+            server.wake_accept();
+        }
+    }
+}
+
+/// `proc` has not taken a handoff within [`HANDOFF_DEADLINE`]: takes back what can be taken back
+/// without two processes serving one connection (see the module docs) and hands it on. The
+/// worker gets no new connections meanwhile ([`stalled`]); said once per stall.
+fn take_back(st: &Rc<State>, proc: &Proc) {
+    if st.accepting_stopped.get() {
+        return;
+    }
+    let back = match (proc.board.get(), &proc.channel) {
+        (Some(board), _) => {
+            let Some(end) = proc.pending.last_seq().map(|seq| seq + 1) else {
+                return;
+            };
+            // Below `mark` the worker claimed (or refused) them: released as usual.
+            let mark = board.take_back_below(end);
+            let back = proc.pending.remove_from(mark);
+            if !back.is_empty() {
+                proc.behind_until.set(Some(end));
+            }
+            release_taken(proc);
+            back
+        }
+        (None, Some(channel)) => {
+            let mut seqs = Vec::new();
+            channel.take_back_held_handles(|msg| {
+                let seq = Incoming::parse(msg)
+                    .filter(|m| m.is_cluster() && m.act == Some("newconn"))
+                    .and_then(|m| m.seq)
+                    .filter(|&seq| proc.pending.contains(seq));
+                seqs.extend(seq);
+                seq.is_some()
+            });
+            seqs.into_iter()
+                .filter_map(|seq| proc.pending.remove(seq))
+                .collect()
+        }
+        (None, None) => return,
+    };
+    let n: usize = back.iter().map(|h| h.conns.len()).sum();
+    proc.taken_back.set(proc.taken_back.get() + n as u64);
+    if !proc.stall_said.replace(true) {
+        let left = proc.pending.conns() as usize;
+        let why = if proc.speaks_nodus.get() {
+            "a nodus worker without a board could not tell"
+        } else {
+            "a Node worker's cannot be taken back once written to its channel"
+        };
+        let done = match (n, left) {
+            (_, 0) => format!(
+                "{} taken back and handed to the other workers",
+                count(n, "connection")
+            ),
+            (0, _) => format!(
+                "{} already sent stay with it ({why})",
+                count(left, "connection")
+            ),
+            _ => format!(
+                "{} taken back and handed to the other workers, {left} already sent stay with it \
+                 ({why})",
+                count(n, "connection")
+            ),
+        };
+        tracing::warn!(
+            target: "nodus::cluster",
+            "worker {} (pid {}) has not taken connections handed to it {HANDOFF_DEADLINE:?} ago \
+             (its loop is blocked or stopped?): {done}; it gets no new connections until it runs \
+             again",
+            proc.slot,
+            proc.pid
+        );
+    }
+    for h in back {
+        let _ = dispatch(st, &h.server, h.conns);
+        h.server.wake_accept();
     }
 }
 
@@ -216,12 +457,13 @@ fn pausing(proc: &Proc) -> bool {
         .is_some_and(|at| at.elapsed() < REFUSAL_PAUSE)
 }
 
-/// Whether some member can take a connection now.
+/// Whether some member can take a connection now (as [`dispatch`] chooses).
 pub(super) fn has_room(server: &Server) -> bool {
-    server.members.borrow().iter().any(|m| {
-        m.proc.state.get() < ProcState::Draining
-            && m.proc.pending.conns() < balance::MAX_IN_FLIGHT
-            && !pausing(&m.proc)
+    let members = server.members.borrow();
+    let ready_member = members.iter().any(|m| m.proc.is_ready());
+    let now = crate::time::loop_now_ns();
+    members.iter().any(|m| {
+        takes_now(&m.proc, ready_member, now) && m.proc.pending.conns() < balance::MAX_IN_FLIGHT
     })
 }
 
@@ -353,7 +595,7 @@ pub(super) fn after_exit(st: &Rc<State>, proc: &Rc<Proc>) {
 pub(super) fn channel_ended(st: &Rc<State>, proc: &Proc) {
     leave_all(st, proc);
     if let Some(board) = proc.board.get() {
-        took(proc, proc.pending.remove_below(board.taken_below()));
+        took(proc, proc.pending.remove_below(board.settled_below()));
     }
     redistribute(st, proc);
 }
@@ -377,13 +619,15 @@ pub(super) fn dispatch(st: &Rc<State>, server: &Rc<Server>, conns: Vec<Conn>) ->
     let (targets, parked) = {
         let members = server.members.borrow();
         members.iter().for_each(|m| release_taken(&m.proc));
+        let ready_member = members.iter().any(|m| m.proc.is_ready());
+        let now = crate::time::loop_now_ns();
         let mut cands: Vec<Candidate> = members
             .iter()
             .map(|m| Candidate {
-                in_flight: if pausing(&m.proc) {
-                    balance::MAX_IN_FLIGHT
-                } else {
+                in_flight: if takes_now(&m.proc, ready_member, now) {
                     m.proc.pending.conns()
+                } else {
+                    balance::MAX_IN_FLIGHT
                 },
                 load: m.proc.load_estimate(),
             })
@@ -502,11 +746,13 @@ fn handoff(
                     Handoff {
                         server: server.clone(),
                         conns: batch,
+                        sent_ns: crate::time::loop_now_ns(),
                     },
                 );
                 if proc.board.get().is_some() {
                     arm_release(st);
                 }
+                arm_deadline(st);
             }
             Err(e) => {
                 failed = Some(e);

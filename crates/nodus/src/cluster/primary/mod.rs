@@ -24,8 +24,10 @@
 //!   which closes a round-robin listener when its last worker leaves): a reload or a crash never
 //!   refuses a connection. Then it stops accepting: new connections are refused by the kernel.
 //!   A connection handed to a worker stays owned by the primary too until the worker answers
-//!   `accepted`, so one lost with its worker is handed to another; one no worker takes waits a
-//!   bounded time (`ready_timeout`), then it is reset.
+//!   `accepted`, so one lost with its worker is handed to another, and so is one a stalled worker
+//!   has not taken within the handoff deadline (1 s), wherever it can be taken back without two
+//!   processes serving it (`handoff`); one no worker takes waits a bounded time
+//!   (`ready_timeout`), then it is reset.
 //! - Workers get `PR_SET_PDEATHSIG(SIGKILL)`: none outlives a primary killed with SIGKILL. Their
 //!   own children are the orphan guard's (`crate::process::OrphanGuard`, `State::guard`),
 //!   forked by [`Primary::start`] before the first worker: it remembers each worker's process
@@ -115,8 +117,12 @@ impl Policy {
 }
 
 /// What counts as a worker being ready for traffic (a reload waits for it before draining the
-/// old worker). A nodus `ready` message, or `READY=1` to the worker's own `NOTIFY_SOCKET` (every
-/// worker gets one), always counts.
+/// old worker; `/_nodus/readyz` needs one). A nodus `ready` message, or `READY=1` to the worker's
+/// own `NOTIFY_SOCKET` (every worker gets one), always counts. Under [`Policy::RoundRobin`] and
+/// [`Policy::Least`] it also routes: a worker that is not ready is handed no connection while a
+/// ready one takes connections from that listener (with none ready, as at the start, every one
+/// is). Under [`Policy::Shared`] and [`Policy::ReusePort`] the kernel hands connections to
+/// whoever accepts, ready or not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Readiness {
     /// Only a worker saying it is ready (`nodus run --wait-ready`, PM2's `wait_ready`): a nodus
@@ -354,6 +360,8 @@ pub(crate) struct State {
     started: Instant,
     /// A release pass (`handoff::arm_release`) is scheduled.
     release_armed: Cell<bool>,
+    /// The handoff deadline's watch (`handoff::arm_deadline`) is scheduled.
+    deadline_armed: Cell<bool>,
     /// A shutdown's drain began: no listener accepts or is bound any more.
     accepting_stopped: Cell<bool>,
     fd_reserve: handoff::FdReserve,
@@ -500,6 +508,7 @@ impl Primary {
             events,
             started: Instant::now(),
             release_armed: Cell::new(false),
+            deadline_armed: Cell::new(false),
             accepting_stopped: Cell::new(false),
             fd_reserve: handoff::FdReserve::new(),
             returned_rejected: Cell::new(0),

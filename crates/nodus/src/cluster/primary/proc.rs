@@ -16,7 +16,8 @@
 //!   step may be skipped).
 //! - `pending` holds the primary's reference to every connection handed to this worker and not
 //!   yet taken (posted on its `board`, a `took`, or `accepted` from a Node worker); whatever is
-//!   left when the worker dies is handed to another.
+//!   left when the worker dies, or is taken back after the handoff deadline
+//!   (`handoff::HANDOFF_DEADLINE`), is handed to another.
 //! - `board` is set at most once, before the answer to the worker's first `queryServer` that
 //!   asked for one; `refusals_seen` counts the `refused` messages handled (a board release waits
 //!   until it matches the board's count).
@@ -155,6 +156,14 @@ pub(super) struct Proc {
     pub gave_back_bad_fd: Cell<bool>,
     /// Connections this worker accepted from the primary.
     pub handed: Cell<u64>,
+    /// Connections handed to it that the primary took back after the handoff deadline.
+    pub taken_back: Cell<u64>,
+    /// Batches below this `seq` were taken back from it and it has not seen them all yet (its
+    /// board's `seen_below`): it gets no new connections until it has.
+    pub behind_until: Cell<Option<u64>>,
+    /// Its stall was logged (a handoff past the deadline); cleared, with a line, once it runs
+    /// again.
+    pub stall_said: Cell<bool>,
     /// The same, summed over every worker of its slot (see `Slot::taken`).
     pub slot_taken: Rc<Cell<u64>>,
     /// The worker's last load report: (open connections, accepted in total).
@@ -273,6 +282,9 @@ impl Proc {
             refused_at: Cell::new(None),
             gave_back_bad_fd: Cell::new(false),
             handed: Cell::new(0),
+            taken_back: Cell::new(0),
+            behind_until: Cell::new(None),
+            stall_said: Cell::new(false),
             slot_taken: st.slots.borrow()[slot as usize - 1].taken.clone(),
             reported: Cell::new(None),
             snapshot: RefCell::new(None),

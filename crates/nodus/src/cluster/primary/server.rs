@@ -207,11 +207,15 @@ impl Server {
         self.wake_accept();
     }
 
-    /// Removes `proc` from the members (it closes, drains or died).
+    /// Removes `proc` from the members (it closes, drains or died). Parked connections may go to
+    /// those left (a member that is not ready takes connections once no member is).
     pub fn remove_member(&self, proc: &Proc) {
         self.members
             .borrow_mut()
             .retain(|m| m.proc.unique != proc.unique);
+        if !self.parked.is_empty() {
+            self.wake_accept();
+        }
     }
 }
 

@@ -142,6 +142,8 @@ struct WorkerDoc<'a> {
     restarts: u64,
     rss_bytes: Option<u64>,
     connections_handed: u64,
+    /// Connections handed to it and taken back after the handoff deadline (its loop stalled).
+    connections_taken_back: u64,
     uptime_seconds: f64,
     /// `None`: it is not asked for snapshots (a plain program, a Node worker) or not yet;
     /// `Some(false)`: it missed the last request.
@@ -227,6 +229,7 @@ pub(super) async fn stats_json(st: &Rc<State>) -> String {
             restarts: slot_restarts(st, p.slot),
             rss_bytes: rss_bytes(p.pid),
             connections_handed: p.handed.get(),
+            connections_taken_back: p.taken_back.get(),
             uptime_seconds: p.started.elapsed().as_secs_f64(),
             answering: p.answered_last.get(),
             snapshot: snap.as_deref(),
@@ -377,18 +380,20 @@ pub(super) async fn metrics_text(st: &Rc<State>) -> String {
         handed,
     );
     // Per worker process (DESIGN section 3): ready or not, its memory, its handoffs not yet
-    // taken; per slot: restarts.
+    // taken and those taken back; per slot: restarts.
     let (ready, rss, in_flight) = (
         Family::<Vec<(String, String)>, Gauge<i64>>::default(),
         Family::<Vec<(String, String)>, Gauge<i64>>::default(),
         Family::<Vec<(String, String)>, Gauge<i64>>::default(),
     );
+    let taken_back = Family::<Vec<(String, String)>, Counter<u64>>::default();
     for p in &procs {
         let labels = worker_labels(p);
         ready.get_or_create(&labels).set(i64::from(p.is_ready()));
         in_flight
             .get_or_create(&labels)
             .set(p.pending.conns() as i64);
+        taken_back.get_or_create(&labels).inc_by(p.taken_back.get());
         if let Some(bytes) = rss_bytes(p.pid) {
             rss.get_or_create(&labels).set(bytes as i64);
         }
@@ -407,6 +412,11 @@ pub(super) async fn metrics_text(st: &Rc<State>) -> String {
         "nodus_cluster_worker_handoffs_in_flight",
         "Connections handed to the worker process that it has not taken yet",
         in_flight,
+    );
+    registry.register(
+        "nodus_cluster_worker_handoffs_taken_back",
+        "Connections handed to the worker process that it had not taken within the handoff deadline (1 s: its loop was blocked or stopped), taken back by the primary and handed to another worker",
+        taken_back,
     );
     let slot_restarts = Family::<Vec<(String, String)>, Counter<u64>>::default();
     for slot in st.slots.borrow().iter() {

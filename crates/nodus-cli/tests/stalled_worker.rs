@@ -1,0 +1,307 @@
+//! A worker that stops taking the connections handed to it under rr (SIGSTOP here; a busy loop
+//! is the same to the primary): after the handoff deadline (1 s) the primary takes them back and
+//! hands them to another worker, so every client is answered, and no two processes ever serve
+//! one connection, however close to the deadline the worker wakes up. A stock Node worker keeps
+//! only the one connection already written to its channel. Under `--wait-ready`, a reload's new
+//! worker that has not said it is ready gets no connection while a ready worker listens.
+//!
+//! Every process is started in its own process group and the whole group is killed by PID when
+//! the test ends; a stopped worker gets SIGCONT, then SIGKILL, by PID whatever happens. Node is
+//! needed for two tests: under `CI` a missing one fails them, elsewhere they are skipped.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::cluster::{assert_exit, count, run_node_app, spawn, wait_events};
+use common::http::get;
+use common::{NODUS, have};
+use nodus_testkit::http::{Timeouts, connect, read_reply, write_request};
+use nodus_testkit::net::free_addr;
+use nodus_testkit::proc::Proc;
+use nodus_testkit::tmp::TempDir;
+use nodus_testkit::tree::KillOnDrop;
+use rustix::process::{Pid, Signal};
+use serde_json::Value;
+
+/// A client's bounds: well past the handoff deadline, so a client left waiting is an error.
+const TIMEOUTS: Timeouts = Timeouts {
+    connect: Duration::from_secs(5),
+    io: Duration::from_secs(8),
+};
+
+/// What `serve_two` serves at `/a.txt`.
+const BODY: &str = "hello cluster\n";
+
+fn signal(pid: i32, sig: Signal) {
+    let _ = rustix::process::kill_process(Pid::from_raw(pid).unwrap(), sig);
+}
+
+/// Sends SIGCONT to a stopped worker when dropped (before its `KillOnDrop`, declared first).
+struct ContOnDrop(i32);
+
+impl Drop for ContOnDrop {
+    fn drop(&mut self) {
+        signal(self.0, Signal::CONT);
+    }
+}
+
+/// `nodus serve --workers 2` (rr) with `--admin`, once both workers are ready: the directory, the
+/// public and admin addresses, the primary and the workers' pids.
+fn serve_two(tag: &str) -> (TempDir, SocketAddr, SocketAddr, Proc, [i32; 2]) {
+    let dir = TempDir::new(tag);
+    std::fs::write(dir.path().join("a.txt"), BODY).unwrap();
+    let log = dir.path().join("events.jsonl");
+    let (addr, admin) = (free_addr(), free_addr());
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .arg("serve")
+            .arg(dir.path())
+            .args(["--workers", "2", "--listen", &addr.to_string()])
+            .args(["--admin", &admin.to_string(), "--events"])
+            .arg(&log)
+            .env("RUST_LOG", "info"),
+    );
+    primary.wait_line("2 workers ready");
+    let ready = wait_events(&log, |e| count(e, "ready") == 2);
+    let pids: Vec<i32> = ready
+        .iter()
+        .filter(|e| e["event"] == "ready")
+        .map(|e| e["pid"].as_i64().unwrap() as i32)
+        .collect();
+    (dir, addr, admin, primary, [pids[0], pids[1]])
+}
+
+/// The cluster's stats, and the entry of worker process `pid` in them.
+fn worker_stats(admin: SocketAddr, pid: i32) -> Value {
+    let doc: Value = serde_json::from_slice(&get(admin, "/_nodus/stats").body).unwrap();
+    doc["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["pid"] == pid)
+        .unwrap_or_else(|| panic!("no worker {pid} in {doc}"))
+        .clone()
+}
+
+/// `GET /a.txt` on a new connection: answered in full within [`TIMEOUTS`], and how long it took.
+fn get_a(addr: SocketAddr, i: usize) -> Duration {
+    let t = Instant::now();
+    let reply = nodus_testkit::http::request(addr, TIMEOUTS, "GET", "/a.txt", &[])
+        .unwrap_or_else(|e| panic!("request {i}: {e} after {:?}", t.elapsed()));
+    assert_eq!(reply.status, 200, "request {i}");
+    assert_eq!(reply.body, BODY.as_bytes(), "request {i}");
+    t.elapsed()
+}
+
+#[test]
+fn a_stopped_workers_clients_are_answered_by_the_other_worker() {
+    let (_dir, addr, admin, mut primary, [stopped, _running]) = serve_two("stall-rr");
+    let _kill = KillOnDrop(vec![stopped]);
+    let cont = ContOnDrop(stopped);
+    signal(stopped, Signal::STOP);
+    // Half of these would wait for the stopped worker for good: each is answered within the
+    // deadline and a margin, and once the worker is seen stalled, at once.
+    for i in 0..20 {
+        let took = get_a(addr, i);
+        assert!(took < Duration::from_secs(4), "request {i} took {took:?}");
+    }
+    primary.wait_line("has not taken connections handed to it");
+    let w = worker_stats(admin, stopped);
+    let back = w["connections_taken_back"].as_u64().unwrap();
+    assert!(back >= 1, "{w}");
+    let metrics = String::from_utf8(get(admin, "/_nodus/metrics").body).unwrap();
+    let series = format!(
+        "nodus_cluster_worker_handoffs_taken_back_total{{worker=\"{}\",pid=\"{stopped}\"}} {back}",
+        w["worker"]
+    );
+    assert!(metrics.contains(&series), "no {series:?} in\n{metrics}");
+
+    // Woken, it has seen what was taken back and takes connections again.
+    drop(cont);
+    primary.wait_line("takes connections again");
+    let handed = w["connections_handed"].as_u64().unwrap();
+    for i in 0..10 {
+        get_a(addr, i);
+    }
+    let w = worker_stats(admin, stopped);
+    assert!(w["connections_handed"].as_u64().unwrap() > handed, "{w}");
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(30), 0);
+}
+
+/// Reads one whole exchange on `s` (its request sent, `Connection: close`): exactly one `200`
+/// response with [`BODY`], then end of file, within [`TIMEOUTS`].
+fn exactly_one_response(mut s: TcpStream, what: &str) {
+    let mut got = Vec::new();
+    if let Err(e) = s.read_to_end(&mut got) {
+        panic!("{what}: {e} after {:?}", String::from_utf8_lossy(&got));
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 200 "), "{what}: {text:?}");
+    assert!(text.ends_with(BODY), "{what}: {text:?}");
+    assert_eq!(text.matches("HTTP/1.1 ").count(), 1, "{what}: {text:?}");
+}
+
+/// The worker wakes up (SIGCONT) from just before to just after the primary's deadline for the
+/// connections handed to it, round after round: at the deadline both may be at it, the worker
+/// adopting the batch and the primary taking it back. Each client sends the first line of its
+/// request at once and the rest once both are done: had both processes taken the connection,
+/// each would read from it, and a part read by the other one (a head starting with `Host:`)
+/// would be answered 400, or the request never completed. Every client must get exactly one
+/// 200 and the end of the connection.
+#[test]
+fn a_worker_waking_at_the_deadline_and_the_primary_never_both_serve_a_connection() {
+    let (_dir, addr, admin, mut primary, [stopped, _running]) = serve_two("stall-race");
+    let _kill = KillOnDrop(vec![stopped]);
+    let _cont = ContOnDrop(stopped);
+    let offsets_ms = [900, 950, 980, 995, 1000, 1003, 1006, 1010, 1020, 1050, 1100];
+    for (round, offset) in offsets_ms.into_iter().enumerate() {
+        signal(stopped, Signal::STOP);
+        let t0 = Instant::now();
+        // rr alternates: half of them go to the stopped worker.
+        let conns: Vec<TcpStream> = (0..6)
+            .map(|i| {
+                let mut s = connect(addr, TIMEOUTS)
+                    .unwrap_or_else(|e| panic!("round {round}, client {i}: {e}"));
+                s.write_all(b"GET /a.txt HTTP/1.1\r\n").unwrap();
+                s
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(offset).saturating_sub(t0.elapsed()));
+        signal(stopped, Signal::CONT);
+        std::thread::sleep(Duration::from_millis(1600).saturating_sub(t0.elapsed()));
+        let conns: Vec<TcpStream> = conns
+            .into_iter()
+            .map(|mut s| {
+                s.write_all(b"Host: t\r\nConnection: close\r\n\r\n")
+                    .unwrap();
+                s
+            })
+            .collect();
+        for (i, s) in conns.into_iter().enumerate() {
+            exactly_one_response(
+                s,
+                &format!("round {round} (SIGCONT at {offset} ms), client {i}"),
+            );
+        }
+        // Long enough for the worker to be seen caught up before the next round.
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let w = worker_stats(admin, stopped);
+    assert!(
+        w["connections_taken_back"].as_u64().unwrap() >= 1,
+        "the worker always woke in time: nothing raced; {w}"
+    );
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(30), 0);
+}
+
+/// An HTTP server that answers with its pid.
+const NODE_PID_APP: &str = r#"
+require('http')
+  .createServer((req, res) => res.end(`pid ${process.pid}`))
+  .listen(+process.env.PORT, '127.0.0.1');
+"#;
+
+/// A stopped Node worker under rr: its channel holds every `newconn` behind the one it has not
+/// ACKed (Node's protocol, one handle in flight); the primary takes those back at the deadline,
+/// and the other worker answers them. Only the one written to the stopped worker waits for it.
+#[test]
+fn a_stopped_node_worker_keeps_only_the_connection_written_to_its_channel() {
+    if !have("node") {
+        return;
+    }
+    let events = TempDir::new("stall-node-events");
+    let log = events.path().join("events.jsonl");
+    let log_arg = log.to_str().unwrap();
+    let (_dir, addr, mut primary) =
+        run_node_app("stall-node", NODE_PID_APP, 2, &["--events", log_arg]);
+    let ready = wait_events(&log, |e| count(e, "ready") == 2);
+    let pids: Vec<i32> = ready
+        .iter()
+        .filter(|e| e["event"] == "ready")
+        .map(|e| e["pid"].as_i64().unwrap() as i32)
+        .collect();
+    let (stopped, running) = (pids[0], pids[1]);
+    let _kill = KillOnDrop(vec![stopped]);
+    let cont = ContOnDrop(stopped);
+    signal(stopped, Signal::STOP);
+    let t0 = Instant::now();
+    let clients: Vec<_> = (0..10)
+        .map(|i| {
+            let mut s = connect(addr, TIMEOUTS).unwrap();
+            write_request(&mut s, "GET", "/", &["Connection: close"]).unwrap();
+            std::thread::spawn(move || {
+                // Bounded: the one left with the stopped worker is answered after its SIGCONT.
+                s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                let reply = read_reply(&mut std::io::BufReader::new(s), false)
+                    .unwrap_or_else(|e| panic!("client {i}: {e}"));
+                (String::from_utf8(reply.body).unwrap(), t0.elapsed())
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(3));
+    let answered_while_stopped = clients.iter().filter(|c| c.is_finished()).count();
+    drop(cont);
+    let replies: Vec<(String, Duration)> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    assert!(
+        answered_while_stopped >= replies.len() - 1,
+        "{answered_while_stopped} of {} answered while a worker was stopped: {replies:?}",
+        replies.len()
+    );
+    let from_running = replies
+        .iter()
+        .filter(|(body, _)| *body == format!("pid {running}"))
+        .count();
+    assert!(from_running >= replies.len() - 1, "{replies:?}");
+    primary.wait_line("already sent stay with it");
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(30), 0);
+}
+
+/// A Node app that says it is ready (`process.send('ready')`) only while the file `MODE_DIR/mode`
+/// says `v1` when it starts, and answers with that mode.
+const NODE_READY_APP: &str = r#"
+const mode = require('fs').readFileSync(`MODE_DIR/mode`, 'utf8').trim();
+require('http')
+  .createServer((req, res) => res.end(mode))
+  .listen(+process.env.PORT, '127.0.0.1', () => { if (mode === 'v1') process.send('ready'); });
+"#;
+
+/// During a reload under `--wait-ready`, the new worker listens but never says it is ready: the
+/// ready old workers get every connection (a broken build that accepts but never says it is
+/// ready serves no client).
+#[test]
+fn a_reloads_worker_that_has_not_said_it_is_ready_gets_no_connection() {
+    if !have("node") {
+        return;
+    }
+    let events = TempDir::new("not-ready-events");
+    let log = events.path().join("events.jsonl");
+    let log_arg = log.to_str().unwrap();
+    let dir = TempDir::new("not-ready-mode");
+    let app = NODE_READY_APP.replace("MODE_DIR", dir.path().to_str().unwrap());
+    std::fs::write(dir.path().join("mode"), "v1").unwrap();
+    let (_app_dir, addr, mut primary) = run_node_app(
+        "not-ready",
+        &app,
+        2,
+        &["--wait-ready", "--ready-timeout", "5", "--events", log_arg],
+    );
+    std::fs::write(dir.path().join("mode"), "v2").unwrap();
+    primary.signal(Signal::HUP);
+    // The new worker listens (a member of the listener) but never says it is ready.
+    wait_events(&log, |e| count(e, "listening") >= 3);
+    let mut seen = Vec::new();
+    for _ in 0..12 {
+        let reply = nodus_testkit::http::request(addr, TIMEOUTS, "GET", "/", &[]).unwrap();
+        seen.push(String::from_utf8(reply.body).unwrap());
+    }
+    assert!(seen.iter().all(|m| m == "v1"), "{seen:?}");
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(30), 0);
+}
