@@ -134,7 +134,7 @@ mod fill {
                     poll_duration: c.poll_duration.snapshot(),
                 })
                 .collect();
-            snap.stalls = crate::watchdog::recent_stalls_for(snap.loop_id);
+            snap.stalls = crate::watchdog::stalls_seen_by_loop(&self.slot, now);
         }
     }
 }

@@ -259,7 +259,7 @@ pub(super) const STALL_LAST: Desc = desc!(
     "nodus_stall_last",
     Gauge,
     true,
-    "Duration of the most recent stall: exact once it has ended, so far while it lasts (0 if none)."
+    "Duration of the most recent stall (0 if none): how long it ran, from the end the loop recorded; in a snapshot the stalled poll took itself, how long it has run so far."
 );
 /// nodus_uptime_seconds
 pub(super) const UPTIME: Desc = desc!(
