@@ -290,3 +290,27 @@ fn tasks_woken_by_io_count_their_wait_behind_earlier_events() {
         snap.loop_stats.schedule_delay
     );
 }
+
+#[test]
+fn a_slow_poll_counts_only_what_was_runnable_when_it_began() {
+    let (out, logging, rt) = logging_loop(Duration::from_millis(10));
+    tracing::dispatcher::with_default(&logging, || {
+        rt.block_on(async {
+            // Two tasks queued behind "sluggish"; its completion wakes this one (a third) as
+            // its poll ends, which did not wait behind it.
+            let slow = spawn_named("sluggish", async { spin(Duration::from_millis(25)) });
+            let others: Vec<_> = (0..2).map(|_| spawn_named("other", async {})).collect();
+            slow.await.unwrap();
+            for o in others {
+                o.await.unwrap();
+            }
+        });
+    });
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains("slow poll") && l.contains("sluggish"))
+        .unwrap_or_else(|| panic!("no slow-poll line in:\n{text}"));
+    assert!(line.contains("with 2 runnable waiting"), "{line}");
+    assert!(line.contains("run_queue=2"), "{line}");
+}

@@ -80,6 +80,10 @@ pub(crate) struct Meter {
     runnable_at_boundary: Cell<u64>,
     /// Entries currently runnable.
     runnable: Cell<u64>,
+    /// Entries runnable when the poll (or closure batch) under way began: the slow-poll log's
+    /// "runnable waiting".
+    #[cfg(feature = "measure")]
+    waiting_at_start: Cell<u64>,
     #[cfg(feature = "measure")]
     phase: Cell<Phase>,
     #[cfg(feature = "measure")]
@@ -120,6 +124,8 @@ impl Meter {
             #[cfg(feature = "measure")]
             runnable_at_boundary: Cell::new(0),
             runnable: Cell::new(0),
+            #[cfg(feature = "measure")]
+            waiting_at_start: Cell::new(0),
             #[cfg(feature = "measure")]
             phase: Cell::new(Phase::Main),
             #[cfg(feature = "measure")]
