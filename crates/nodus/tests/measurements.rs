@@ -314,3 +314,78 @@ fn a_slow_poll_counts_only_what_was_runnable_when_it_began() {
     assert!(line.contains("with 2 runnable waiting"), "{line}");
     assert!(line.contains("run_queue=2"), "{line}");
 }
+
+/// Polls `f` once (registering the current task's waker), keeping it pending.
+async fn poll_once<F: std::future::Future + Unpin>(f: &mut F) {
+    std::future::poll_fn(|cx| {
+        assert!(std::pin::Pin::new(&mut *f).poll(cx).is_pending());
+        std::task::Poll::Ready(())
+    })
+    .await;
+}
+
+#[test]
+fn pool_completions_waiting_behind_a_blocked_loop_are_schedule_delay_and_run_queue() {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        // Eight jobs held until the loop starts an 800 ms block, awaited (their completions will
+        // be posted to the loop) and then finishing while it blocks.
+        let go = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+        let mut jobs: Vec<_> = (0..8)
+            .map(|_| {
+                let go = go.clone();
+                Box::pin(nodus::offload_io(move || {
+                    let (lock, cv) = &*go;
+                    let mut started = lock.lock().unwrap();
+                    while !*started {
+                        started = cv.wait(started).unwrap();
+                    }
+                }))
+            })
+            .collect();
+        for job in &mut jobs {
+            poll_once(job).await;
+        }
+        *go.0.lock().unwrap() = true;
+        go.1.notify_all();
+        spin(Duration::from_millis(800));
+        // The poll phase takes the eight completions together.
+        yield_now().await;
+        for job in jobs {
+            job.await.unwrap();
+        }
+    });
+    let s = rt.enter(snapshot);
+    assert!(
+        s.loop_stats.schedule_delay.max >= 200_000_000,
+        "a completion waited behind the 800 ms block: {:?}",
+        s.loop_stats.schedule_delay
+    );
+    assert!(
+        s.run_queue.max >= 8,
+        "eight completions waited together: max {}",
+        s.run_queue.max
+    );
+    // Each completion's wait is in the time-integrated length (about 8 × 0.7 task-seconds).
+    let integral = s.run_queue.mean * s.uptime_seconds;
+    assert!(
+        integral >= 1.5,
+        "run-queue integral {integral} task-seconds"
+    );
+}
+
+#[test]
+fn work_posted_and_not_yet_taken_counts_in_the_current_run_queue() {
+    let rt = Runtime::new();
+    let handle = rt.handle();
+    let current = rt.block_on(async move {
+        std::thread::spawn(move || assert!(handle.post(|| {})))
+            .join()
+            .unwrap();
+        snapshot().run_queue.current
+    });
+    assert!(
+        current >= 1,
+        "a post waiting for the loop: current {current}"
+    );
+}

@@ -42,7 +42,8 @@ impl Core {
             ..Default::default()
         };
         snap.rss_bytes = resident_bytes();
-        snap.run_queue.current = self.meter.runnable();
+        // Remote work posted and not yet taken by the poll phase is runnable too.
+        snap.run_queue.current = self.meter.runnable() + self.shared.posted_len() as u64;
         self.meter.fill_snapshot(&mut snap, now);
         snap.pools = crate::pool::snapshots();
         snap

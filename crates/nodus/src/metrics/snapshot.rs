@@ -87,7 +87,8 @@ pub struct LoopSnapshot {
     pub microtasks_total: u64,
 }
 
-/// Run-queue length: runnable tasks and queued immediates waiting for the loop.
+/// Run-queue length: runnable tasks, queued immediates and remote work (pool completions,
+/// posts, wakes from other threads) waiting for the loop.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct RunQueueSnapshot {
     /// Length at the moment of the snapshot.

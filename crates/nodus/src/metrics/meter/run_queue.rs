@@ -26,6 +26,46 @@ impl Meter {
         }
     }
 
+    /// Remote work posted at `posted` was taken from the remote queue at boundary `taken`: it is
+    /// runnable from here on, and its wait since the post is added to the integrals.
+    #[inline]
+    pub(crate) fn arrive_posted(&self, posted: u64, taken: u64) {
+        self.arrive();
+        #[cfg(feature = "measure")]
+        {
+            // Counted from `taken` (the boundary just passed) by the integration, like a local
+            // entry queued before it.
+            self.runnable_at_boundary.set(self.runnable.get());
+            let mut s = self.stats.borrow_mut();
+            s.rq_integral += u128::from(taken.saturating_sub(posted));
+            let since = posted.max(s.interval.start_ns);
+            s.interval.rq_integral += u128::from(taken.saturating_sub(since));
+        }
+        #[cfg(not(feature = "measure"))]
+        let _ = (posted, taken);
+    }
+
+    /// Remote work posted at `posted` and taken goes back on the remote queue at boundary `t`
+    /// without running (`block_on` returned): undoes `arrive_posted`, so its next one counts
+    /// its whole wait once.
+    #[cold]
+    pub(crate) fn unarrive_posted(&self, posted: u64, t: u64) {
+        self.cancel();
+        #[cfg(feature = "measure")]
+        {
+            self.runnable_at_boundary.set(self.runnable.get());
+            let mut s = self.stats.borrow_mut();
+            s.arrivals -= 1;
+            let wait = u128::from(t.saturating_sub(posted));
+            s.rq_integral = s.rq_integral.saturating_sub(wait);
+            let since = posted.max(s.interval.start_ns);
+            let wait = u128::from(t.saturating_sub(since));
+            s.interval.rq_integral = s.interval.rq_integral.saturating_sub(wait);
+        }
+        #[cfg(not(feature = "measure"))]
+        let _ = (posted, t);
+    }
+
     /// A runnable entry left the queue without running (cancelled or dropped).
     #[inline]
     pub(crate) fn cancel(&self) {

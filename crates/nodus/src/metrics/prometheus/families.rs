@@ -103,7 +103,7 @@ pub(super) const RUN_QUEUE: Desc = desc!(
     "nodus_run_queue_length",
     Gauge,
     false,
-    "Run-queue length (runnable tasks and queued immediates) at the snapshot."
+    "Run-queue length (runnable tasks, queued immediates, remote work such as pool completions) at the snapshot."
 );
 /// nodus_run_queue_length_mean
 pub(super) const RUN_QUEUE_MEAN: Desc = desc!(
