@@ -389,3 +389,78 @@ fn work_posted_and_not_yet_taken_counts_in_the_current_run_queue() {
         "a post waiting for the loop: current {current}"
     );
 }
+
+#[test]
+fn a_snapshot_after_a_long_wait_reports_the_wait_not_the_work_before_it() {
+    let rt = Runtime::builder()
+        .metrics_interval(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let handle = rt.handle();
+    type Slot = Arc<Mutex<(Option<nodus::metrics::Snapshot>, Option<std::task::Waker>)>>;
+    let slot: Slot = Arc::default();
+    let got = slot.clone();
+    let snap = rt.block_on(async move {
+        spawn_named("busy", async { spin(Duration::from_millis(300)) })
+            .await
+            .unwrap();
+        // After 500 ms of waiting in epoll, a callback in the poll phase (as a cluster worker
+        // answers the primary's snapshot request) takes the snapshot.
+        let post = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(500));
+            handle.post(move || {
+                let mut slot = slot.lock().unwrap();
+                slot.0 = Some(snapshot());
+                if let Some(w) = slot.1.take() {
+                    w.wake();
+                }
+            })
+        });
+        let snap = std::future::poll_fn(|cx| {
+            let mut got = got.lock().unwrap();
+            match got.0.take() {
+                Some(s) => std::task::Poll::Ready(s),
+                None => {
+                    got.1 = Some(cx.waker().clone());
+                    std::task::Poll::Pending
+                }
+            }
+        })
+        .await;
+        assert!(post.join().unwrap());
+        snap
+    });
+    let ls = &snap.loop_stats;
+    assert!(
+        ls.interval_utilization < 0.5,
+        "the last interval is the 500 ms wait: utilization {} over {} s",
+        ls.interval_utilization,
+        ls.interval_seconds
+    );
+    assert!(ls.interval_seconds >= 0.1, "{} s", ls.interval_seconds);
+    assert_eq!(snap.run_queue.interval_max, 0, "nothing ran in the wait");
+}
+
+#[test]
+fn before_the_first_interval_closes_the_interval_is_the_time_since_start() {
+    let rt = Runtime::new(); // 1 s intervals
+    let snap = rt.block_on(async {
+        let tasks: Vec<_> = (0..3).map(|_| spawn_named("q", yield_now())).collect();
+        spawn_named("busy", async { spin(Duration::from_millis(100)) })
+            .await
+            .unwrap();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        snapshot()
+    });
+    let (ls, rq) = (&snap.loop_stats, &snap.run_queue);
+    assert!(ls.interval_seconds > 0.0, "{} s", ls.interval_seconds);
+    assert!(
+        ls.interval_utilization > 0.5,
+        "a loop that never waited: utilization {}",
+        ls.interval_utilization
+    );
+    assert!(rq.interval_max >= 3, "interval max {}", rq.interval_max);
+    assert!(rq.interval_mean > 0.0, "interval mean {}", rq.interval_mean);
+}

@@ -69,12 +69,13 @@ mod fill {
 
     impl Meter {
         pub(crate) fn fill_snapshot(&self, snap: &mut Snapshot, now: u64) {
+            self.settle(now);
             let s = self.stats.borrow();
             let classes = self.classes.borrow();
             let elapsed = now.saturating_sub(s.started_ns).max(1);
             let idle = s.idle_ns.min(elapsed);
             snap.uptime_seconds = elapsed as f64 / NS;
-            let li = &s.last_interval;
+            let li = &s.reported_interval(now);
             let interval_len = li.end_ns.saturating_sub(li.start_ns);
             snap.loop_stats = LoopSnapshot {
                 iterations: s.iterations,

@@ -181,10 +181,9 @@ impl Meter {
             #[cfg(feature = "measure")]
             {
                 self.slot.leave_idle();
-                let idle = t.saturating_sub(self.block_start.get());
-                let mut s = self.stats.borrow_mut();
-                s.idle_ns += idle;
-                s.interval.idle_ns += idle;
+                self.stats
+                    .borrow_mut()
+                    .add_idle(self.block_start.get(), t, self.interval_ns());
             }
             #[cfg(not(feature = "measure"))]
             let _ = t;

@@ -8,6 +8,14 @@
 //! - Entries queued between two boundaries are counted from the second one, the same moment their
 //!   schedule delay starts, so Little's law (mean length = arrival rate × mean delay) holds by
 //!   construction for local wakes.
+//! - Remote work (a wake from another thread, a pool completion, a `LoopHandle::post`) is
+//!   runnable from its post, but the loop learns of it only when its poll phase takes the remote
+//!   queue: it arrives then (`arrive_posted`), counted from that boundary on, and the wait from
+//!   its post to that boundary is added to the integral at once. Its schedule delay counts from
+//!   the post too, so Little's law holds for it as well (the interval's integral gets only the
+//!   part of that wait inside the interval).
+//! - `last_boundary` never goes back: a snapshot brings the integral up to its own clock read
+//!   (`settle`), which a later boundary's cached time may precede.
 
 use super::Meter;
 
@@ -97,16 +105,37 @@ impl Meter {
         let t = self.boundary_time();
         #[cfg(feature = "measure")]
         {
-            let last = self.last_boundary.replace(t);
             let n = self.runnable_at_boundary.replace(self.runnable.get());
-            if n > 0 && t > last {
+            self.integrate(n, t);
+        }
+        t
+    }
+
+    /// Adds `n` entries × the time from the last boundary to `t` to the integrals, and makes `t`
+    /// the last boundary (if it is later).
+    #[cfg(feature = "measure")]
+    #[inline]
+    fn integrate(&self, n: u64, t: u64) {
+        let last = self.last_boundary.get();
+        if t > last {
+            self.last_boundary.set(t);
+            if n > 0 {
                 let mut s = self.stats.borrow_mut();
                 let area = n as u128 * (t - last) as u128;
                 s.rq_integral += area;
                 s.interval.rq_integral += area;
             }
         }
-        t
+    }
+
+    /// A snapshot at `now`: the integrals are brought up to `now` (the entries runnable since
+    /// the last boundary stay counted from it on), and the interval is closed if it is due.
+    #[cfg(feature = "measure")]
+    pub(crate) fn settle(&self, now: u64) {
+        self.integrate(self.runnable_at_boundary.get(), now);
+        self.stats
+            .borrow_mut()
+            .roll_interval_if_due(now, self.interval_ns());
     }
 
     /// A runnable entry queued at `queued_at` starts to run at boundary `t`.

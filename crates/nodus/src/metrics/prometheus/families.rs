@@ -117,7 +117,7 @@ pub(super) const RUN_QUEUE_MAX: Desc = desc!(
     "nodus_run_queue_length_max",
     Gauge,
     false,
-    "Run-queue high-water mark over the last completed interval."
+    "Run-queue high-water mark over the last closed interval (as for nodus_loop_utilization)."
 );
 /// nodus_run_queue_length_samples
 pub(super) const RUN_QUEUE_SAMPLES: Desc = desc!(
@@ -152,7 +152,7 @@ pub(super) const UTILIZATION: Desc = desc!(
     "nodus_loop_utilization",
     Gauge,
     false,
-    "Busy / (busy + idle) over the last completed interval."
+    "Busy / (busy + idle) over the last closed interval: at least the configured length (1 s by default), closed by the snapshot once due; before the first closes, the time since the loop started."
 );
 /// nodus_timer_lateness_seconds
 pub(super) const TIMER_LATENESS: Desc = desc!(
