@@ -311,3 +311,24 @@ pub(super) const POOL_COMPLETED: Desc = desc!(
     false,
     "Pool jobs run to the end."
 );
+/// nodus_pool_cancelled_total{pool}
+pub(super) const POOL_CANCELLED: Desc = desc!(
+    "nodus_pool_cancelled",
+    Counter,
+    false,
+    "Pool jobs whose future was dropped before a thread started them (never run)."
+);
+/// nodus_pool_rejected_total{pool}
+pub(super) const POOL_REJECTED: Desc = desc!(
+    "nodus_pool_rejected",
+    Counter,
+    false,
+    "Pool submissions refused because the pool's queue was at its bound."
+);
+/// nodus_pool_panicked_total{pool}
+pub(super) const POOL_PANICKED: Desc = desc!(
+    "nodus_pool_panicked",
+    Counter,
+    false,
+    "Pool jobs that panicked (counted among the completed too)."
+);
