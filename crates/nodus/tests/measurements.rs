@@ -290,3 +290,177 @@ fn tasks_woken_by_io_count_their_wait_behind_earlier_events() {
         snap.loop_stats.schedule_delay
     );
 }
+
+#[test]
+fn a_slow_poll_counts_only_what_was_runnable_when_it_began() {
+    let (out, logging, rt) = logging_loop(Duration::from_millis(10));
+    tracing::dispatcher::with_default(&logging, || {
+        rt.block_on(async {
+            // Two tasks queued behind "sluggish"; its completion wakes this one (a third) as
+            // its poll ends, which did not wait behind it.
+            let slow = spawn_named("sluggish", async { spin(Duration::from_millis(25)) });
+            let others: Vec<_> = (0..2).map(|_| spawn_named("other", async {})).collect();
+            slow.await.unwrap();
+            for o in others {
+                o.await.unwrap();
+            }
+        });
+    });
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains("slow poll") && l.contains("sluggish"))
+        .unwrap_or_else(|| panic!("no slow-poll line in:\n{text}"));
+    assert!(line.contains("with 2 runnable waiting"), "{line}");
+    assert!(line.contains("run_queue=2"), "{line}");
+}
+
+/// Polls `f` once (registering the current task's waker), keeping it pending.
+async fn poll_once<F: std::future::Future + Unpin>(f: &mut F) {
+    std::future::poll_fn(|cx| {
+        assert!(std::pin::Pin::new(&mut *f).poll(cx).is_pending());
+        std::task::Poll::Ready(())
+    })
+    .await;
+}
+
+#[test]
+fn pool_completions_waiting_behind_a_blocked_loop_are_schedule_delay_and_run_queue() {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        // Eight jobs held until the loop starts an 800 ms block, awaited (their completions will
+        // be posted to the loop) and then finishing while it blocks.
+        let go = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+        let mut jobs: Vec<_> = (0..8)
+            .map(|_| {
+                let go = go.clone();
+                Box::pin(nodus::offload_io(move || {
+                    let (lock, cv) = &*go;
+                    let mut started = lock.lock().unwrap();
+                    while !*started {
+                        started = cv.wait(started).unwrap();
+                    }
+                }))
+            })
+            .collect();
+        for job in &mut jobs {
+            poll_once(job).await;
+        }
+        *go.0.lock().unwrap() = true;
+        go.1.notify_all();
+        spin(Duration::from_millis(800));
+        // The poll phase takes the eight completions together.
+        yield_now().await;
+        for job in jobs {
+            job.await.unwrap();
+        }
+    });
+    let s = rt.enter(snapshot);
+    assert!(
+        s.loop_stats.schedule_delay.max >= 200_000_000,
+        "a completion waited behind the 800 ms block: {:?}",
+        s.loop_stats.schedule_delay
+    );
+    assert!(
+        s.run_queue.max >= 8,
+        "eight completions waited together: max {}",
+        s.run_queue.max
+    );
+    // Each completion's wait is in the time-integrated length (about 8 × 0.7 task-seconds).
+    let integral = s.run_queue.mean * s.uptime_seconds;
+    assert!(
+        integral >= 1.5,
+        "run-queue integral {integral} task-seconds"
+    );
+}
+
+#[test]
+fn work_posted_and_not_yet_taken_counts_in_the_current_run_queue() {
+    let rt = Runtime::new();
+    let handle = rt.handle();
+    let current = rt.block_on(async move {
+        std::thread::spawn(move || assert!(handle.post(|| {})))
+            .join()
+            .unwrap();
+        snapshot().run_queue.current
+    });
+    assert!(
+        current >= 1,
+        "a post waiting for the loop: current {current}"
+    );
+}
+
+#[test]
+fn a_snapshot_after_a_long_wait_reports_the_wait_not_the_work_before_it() {
+    let rt = Runtime::builder()
+        .metrics_interval(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let handle = rt.handle();
+    type Slot = Arc<Mutex<(Option<nodus::metrics::Snapshot>, Option<std::task::Waker>)>>;
+    let slot: Slot = Arc::default();
+    let got = slot.clone();
+    let snap = rt.block_on(async move {
+        spawn_named("busy", async { spin(Duration::from_millis(300)) })
+            .await
+            .unwrap();
+        // After 500 ms of waiting in epoll, a callback in the poll phase (as a cluster worker
+        // answers the primary's snapshot request) takes the snapshot.
+        let post = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(500));
+            handle.post(move || {
+                let mut slot = slot.lock().unwrap();
+                slot.0 = Some(snapshot());
+                if let Some(w) = slot.1.take() {
+                    w.wake();
+                }
+            })
+        });
+        let snap = std::future::poll_fn(|cx| {
+            let mut got = got.lock().unwrap();
+            match got.0.take() {
+                Some(s) => std::task::Poll::Ready(s),
+                None => {
+                    got.1 = Some(cx.waker().clone());
+                    std::task::Poll::Pending
+                }
+            }
+        })
+        .await;
+        assert!(post.join().unwrap());
+        snap
+    });
+    let ls = &snap.loop_stats;
+    assert!(
+        ls.interval_utilization < 0.5,
+        "the last interval is the 500 ms wait: utilization {} over {} s",
+        ls.interval_utilization,
+        ls.interval_seconds
+    );
+    assert!(ls.interval_seconds >= 0.1, "{} s", ls.interval_seconds);
+    assert_eq!(snap.run_queue.interval_max, 0, "nothing ran in the wait");
+}
+
+#[test]
+fn before_the_first_interval_closes_the_interval_is_the_time_since_start() {
+    let rt = Runtime::new(); // 1 s intervals
+    let snap = rt.block_on(async {
+        let tasks: Vec<_> = (0..3).map(|_| spawn_named("q", yield_now())).collect();
+        spawn_named("busy", async { spin(Duration::from_millis(100)) })
+            .await
+            .unwrap();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        snapshot()
+    });
+    let (ls, rq) = (&snap.loop_stats, &snap.run_queue);
+    assert!(ls.interval_seconds > 0.0, "{} s", ls.interval_seconds);
+    assert!(
+        ls.interval_utilization > 0.5,
+        "a loop that never waited: utilization {}",
+        ls.interval_utilization
+    );
+    assert!(rq.interval_max >= 3, "interval max {}", rq.interval_max);
+    assert!(rq.interval_mean > 0.0, "interval mean {}", rq.interval_mean);
+}

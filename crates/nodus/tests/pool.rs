@@ -288,6 +288,9 @@ fn pools_are_measured_in_the_snapshot_and_in_prometheus_text() {
         "nodus_pool_run_seconds_bucket",
         "nodus_pool_busy_threads",
         "nodus_pool_completed_total",
+        "nodus_pool_cancelled_total",
+        "nodus_pool_rejected_total",
+        "nodus_pool_panicked_total",
     ] {
         for pool in ["io", "cpu"] {
             assert!(

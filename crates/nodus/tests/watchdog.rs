@@ -162,3 +162,70 @@ fn a_stall_in_a_next_tick_or_microtask_closure_names_its_queue() {
     let (r, still) = observe_run(sleep, |rt, block| rt.enter(|| queue_microtask(block)));
     assert_named_while_blocking(&r, "microtask", still);
 }
+
+/// Spins until the watchdog has published a stall for `loop_id` (10 s at most); returns when the
+/// spin started.
+fn spin_until_reported(loop_id: u64) -> Instant {
+    let start = Instant::now();
+    while recent_stalls_for(loop_id).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no stall reported in 10 s"
+        );
+        std::hint::spin_loop();
+    }
+    spin(THRESHOLD);
+    start
+}
+
+#[test]
+fn a_loops_own_snapshot_right_after_a_stall_says_it_ended_with_its_exact_duration() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let rt = Runtime::builder()
+        .stall_threshold(THRESHOLD)
+        .build()
+        .unwrap();
+    let loop_id = rt.id();
+    let (snap, ran) = rt.block_on(async move {
+        let ran = spawn_named("hog", async move { spin_until_reported(loop_id).elapsed() })
+            .await
+            .unwrap();
+        // The next poll after the stall: the watchdog has most likely not looked since it ended.
+        (nodus::metrics::snapshot(), ran)
+    });
+    let last = snap.stalls.last().expect("the stall");
+    assert_eq!(last.task_name, "hog");
+    assert!(
+        !last.ongoing,
+        "the loop taking the snapshot is not stalled: {last:?}"
+    );
+    assert!(
+        last.elapsed_seconds >= ran.as_secs_f64(),
+        "the exact duration, at least the {ran:?} the task spun: {last:?}"
+    );
+}
+
+#[test]
+fn a_snapshot_taken_inside_the_stalled_poll_times_it_to_that_moment() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let rt = Runtime::builder()
+        .stall_threshold(THRESHOLD)
+        .build()
+        .unwrap();
+    let loop_id = rt.id();
+    let (snap, ran) = rt.block_on(async move {
+        spawn_named("hog", async move {
+            let ran = spin_until_reported(loop_id).elapsed();
+            (nodus::metrics::snapshot(), ran)
+        })
+        .await
+        .unwrap()
+    });
+    let last = snap.stalls.last().expect("the stall");
+    assert_eq!(last.task_name, "hog");
+    assert!(last.ongoing, "{last:?}");
+    assert!(
+        last.elapsed_seconds >= ran.as_secs_f64(),
+        "timed to the snapshot, at least the {ran:?} the task had spun: {last:?}"
+    );
+}

@@ -42,7 +42,8 @@ impl Core {
             ..Default::default()
         };
         snap.rss_bytes = resident_bytes();
-        snap.run_queue.current = self.meter.runnable();
+        // Remote work posted and not yet taken by the poll phase is runnable too.
+        snap.run_queue.current = self.meter.runnable() + self.shared.posted_len() as u64;
         self.meter.fill_snapshot(&mut snap, now);
         snap.pools = crate::pool::snapshots();
         snap
@@ -68,12 +69,13 @@ mod fill {
 
     impl Meter {
         pub(crate) fn fill_snapshot(&self, snap: &mut Snapshot, now: u64) {
+            self.settle(now);
             let s = self.stats.borrow();
             let classes = self.classes.borrow();
             let elapsed = now.saturating_sub(s.started_ns).max(1);
             let idle = s.idle_ns.min(elapsed);
             snap.uptime_seconds = elapsed as f64 / NS;
-            let li = &s.last_interval;
+            let li = &s.reported_interval(now);
             let interval_len = li.end_ns.saturating_sub(li.start_ns);
             snap.loop_stats = LoopSnapshot {
                 iterations: s.iterations,
@@ -134,7 +136,7 @@ mod fill {
                     poll_duration: c.poll_duration.snapshot(),
                 })
                 .collect();
-            snap.stalls = crate::watchdog::recent_stalls_for(snap.loop_id);
+            snap.stalls = crate::watchdog::stalls_seen_by_loop(&self.slot, now);
         }
     }
 }

@@ -64,16 +64,23 @@ pub struct LoopSnapshot {
     pub busy_seconds: f64,
     /// busy / (busy + idle) over the loop's lifetime.
     pub utilization: f64,
-    /// busy / (busy + idle) over the last completed interval (`interval_seconds` long).
+    /// busy / (busy + idle) over the last closed interval (`interval_seconds` long). An interval
+    /// is at least `Builder::metrics_interval` long (1 s by default) and closes once due at the
+    /// next loop iteration, snapshot or poll-phase wait (a long wait is an interval of its own),
+    /// so it ends at most about one length before the snapshot; before the first one closes, it
+    /// is the time since the loop started.
     pub interval_utilization: f64,
     pub interval_seconds: f64,
     /// I/O events and completions dispatched in the poll phase.
     pub events_total: u64,
     /// Events per poll phase (unitless values).
     pub events_per_poll: HistogramSnapshot,
-    /// Time from a task being woken (or a callback queued) to it starting to run, in ns.
+    /// Time from a task being woken (or a callback queued) to it starting to run, in ns. A task
+    /// woken by I/O counts from the return of the `epoll_wait` that saw the event (not from the
+    /// event's arrival, which the loop cannot see); remote work (a pool completion, a
+    /// `LoopHandle::post`, a wake from another thread) from its post.
     pub schedule_delay: HistogramSnapshot,
-    /// Fire time minus deadline for every timer, in ns.
+    /// Fire time minus deadline for every timer that fired, in ns (none without timers).
     pub timer_lateness: HistogramSnapshot,
     /// Run time of every task poll and macrotask callback, in ns (the next-tick and microtask
     /// closures it queued run after it, in batches of their own: see `slow_polls_total`).
@@ -87,7 +94,8 @@ pub struct LoopSnapshot {
     pub microtasks_total: u64,
 }
 
-/// Run-queue length: runnable tasks and queued immediates waiting for the loop.
+/// Run-queue length: runnable tasks, queued immediates and remote work (pool completions,
+/// posts, wakes from other threads) waiting for the loop.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct RunQueueSnapshot {
     /// Length at the moment of the snapshot.
@@ -96,9 +104,9 @@ pub struct RunQueueSnapshot {
     pub mean: f64,
     /// High-water mark over the loop's lifetime.
     pub max: u64,
-    /// High-water mark over the last completed interval.
+    /// High-water mark over the last closed interval (the one of `interval_utilization`).
     pub interval_max: u64,
-    /// Time-weighted mean over the last completed interval.
+    /// Time-weighted mean over the last closed interval.
     pub interval_mean: f64,
     /// Lengths sampled at the start of every drain (unitless values).
     pub samples: HistogramSnapshot,

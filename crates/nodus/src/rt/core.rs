@@ -12,7 +12,9 @@
 //!   it decides liveness (Node's exit rule, `alive()`). Remote work is alive only once queued: a
 //!   `LoopHandle` does not keep the loop alive waiting for posts.
 //! - Every runnable entry (task poll, main-future poll, immediate) is counted by
-//!   `meter.arrive()` when queued and `meter.depart()`/`meter.cancel()` when it leaves.
+//!   `meter.arrive()` when queued and `meter.depart()`/`meter.cancel()` when it leaves. Remote
+//!   work is stamped when posted and counted when the poll phase takes it from the remote queue
+//!   (`meter.arrive_posted`, with its wait since the post), until it runs.
 //! - `tasks` holds every task of this loop whose future is alive (tokio's `OwnedTasks`): an entry
 //!   from spawn until the future is dropped (completion, abort, shutdown). Its waker is how
 //!   shutdown reaches a task nothing else would wake; its id tells a reused key from the task's.
@@ -52,16 +54,20 @@ pub(crate) type Tick = (Box<dyn FnOnce()>, &'static Location<'static>);
 
 /// Work sent to the loop from another thread.
 pub(crate) enum Remote {
-    /// A task (or the main future) woken at the given time.
-    Run(RunItem, u64),
+    /// A woken task (or the main future).
+    Run(RunItem),
     /// A closure to run on the loop in the poll phase (pool completions, `LoopHandle::post`).
     Callback(Box<dyn FnOnce() + Send>, &'static Location<'static>),
 }
 
+/// Remote work and when it was posted (`clock::now_ns`; 0 with measurements compiled out): the
+/// start of its schedule delay and of its time in the run queue.
+pub(crate) type Posted = (Remote, u64);
+
 /// The part of a loop other threads can reach.
 pub(crate) struct Shared {
     pub(crate) loop_id: u64,
-    remote: Mutex<Vec<Remote>>,
+    remote: Mutex<Vec<Posted>>,
     /// Set when the remote queue is non-empty.
     notified: AtomicBool,
     /// The loop is blocked (or about to block) in `epoll_wait`: only then does a push write the
@@ -74,15 +80,20 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Queues work for the loop and wakes its poll phase.
+    /// Queues work for the loop, stamped with the time (one clock read), and wakes its poll
+    /// phase.
     pub(crate) fn push_remote(&self, item: Remote) -> Result<(), Remote> {
         if self.closed.load(Ordering::Acquire) {
             return Err(item);
         }
+        #[cfg(feature = "measure")]
+        let posted = crate::clock::now_ns();
+        #[cfg(not(feature = "measure"))]
+        let posted = 0;
         self.remote
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push(item);
+            .push((item, posted));
         if !self.notified.swap(true, Ordering::SeqCst) && self.sleeping.load(Ordering::SeqCst) {
             // A failed wake leaves the item queued; the next poll picks it up.
             let _ = self.waker.wake();
@@ -92,9 +103,7 @@ impl Shared {
 
     /// A task woken from another thread (or while its loop is not entered).
     pub(crate) fn schedule_remote(&self, item: RunItem) {
-        if let Err(Remote::Run(item, _)) =
-            self.push_remote(Remote::Run(item, crate::clock::now_ns()))
-        {
+        if let Err(Remote::Run(item)) = self.push_remote(Remote::Run(item)) {
             // The loop is gone. Its drop dropped every task's future, so a later wake or abort
             // schedules nothing; this is a wake from another thread that raced the drop (the
             // task marked scheduled before the registry's wake, pushed after the close). The
@@ -118,12 +127,28 @@ impl Shared {
         self.sleeping.store(false, Ordering::Relaxed);
     }
 
-    pub(crate) fn take_remote(&self) -> Vec<Remote> {
+    pub(crate) fn take_remote(&self) -> Vec<Posted> {
         self.notified.store(false, Ordering::Release);
         std::mem::take(&mut *self.remote.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    pub(crate) fn close(&self) -> Vec<Remote> {
+    /// Puts back, ahead of anything posted since, work taken but not run (`block_on` returned in
+    /// the middle of it), with its stamps. On the loop thread, which is awake: no wake needed.
+    pub(crate) fn requeue(&self, rest: Vec<Posted>) {
+        if rest.is_empty() || self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let mut queue = self.remote.lock().unwrap_or_else(|e| e.into_inner());
+        queue.splice(0..0, rest);
+        self.notified.store(true, Ordering::SeqCst);
+    }
+
+    /// Work posted and not yet taken by the loop.
+    pub(crate) fn posted_len(&self) -> usize {
+        self.remote.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    pub(crate) fn close(&self) -> Vec<Posted> {
         self.closed.store(true, Ordering::Release);
         self.take_remote()
     }

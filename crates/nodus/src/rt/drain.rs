@@ -112,7 +112,7 @@ impl Core {
             batch.start = self.meter.closures_start();
         }
         let target = Core::callback_target(name, location, classes::MAIN);
-        self.meter.begin_poll(&target, batch.start);
+        self.meter.begin_closure(&target, batch.start);
         batch.last = Some(target);
     }
 

@@ -89,7 +89,10 @@ impl Builder {
         self
     }
 
-    /// Length of the interval behind "last interval" figures such as utilization (default 1 s).
+    /// Shortest length of the interval behind "last interval" figures such as utilization
+    /// (default 1 s). An interval closes once it is this long, at the next loop iteration,
+    /// snapshot or end of a poll-phase wait, so it may be longer (a long wait is an interval of
+    /// its own, all idle); before the first one closes, the figures cover the time since start.
     pub fn metrics_interval(mut self, d: Duration) -> Builder {
         self.config.interval = d.max(Duration::from_millis(1));
         self

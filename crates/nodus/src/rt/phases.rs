@@ -15,7 +15,7 @@
 //! - No event taken from epoll is lost (it is edge-triggered: never reported again). A batch
 //!   that `block_on`'s future completed in the middle of is dispatched, from the first event
 //!   left, at the start of the next poll phase, before any new event; so is the remote queue's
-//!   rest.
+//!   rest (ahead of work posted since).
 //! - Every phase returns early once the `block_on` future has completed.
 
 use std::time::Duration;
@@ -204,30 +204,41 @@ impl Core {
     }
 
     /// Work posted by other threads: woken tasks and completion callbacks, each a macrotask.
+    /// Each item is runnable from its post: it joins the run queue when taken, with its wait so
+    /// far, and its schedule delay counts from the post.
     fn run_remote(&self) {
         let items = self.shared.take_remote();
         self.meter.extra_events(items.len());
+        let taken = self.boundary();
+        for &(_, posted) in &items {
+            self.meter.arrive_posted(posted, taken);
+        }
         let mut items = items.into_iter();
-        for item in items.by_ref() {
+        for (item, posted) in items.by_ref() {
             match item {
-                Remote::Run(item, woken_at) => {
-                    self.meter.arrive();
+                Remote::Run(item) => {
                     let t = self.boundary();
-                    self.run_item(item, woken_at.min(t), t);
+                    self.run_item(item, posted.min(t), t);
                     self.drain();
                 }
                 Remote::Callback(callback, location) => {
                     let target = Core::callback_target("remote", location, classes::REMOTE);
-                    self.run_callback(target, None, callback);
+                    self.run_callback(target, Some(posted), callback);
                 }
             }
             if self.main_done.get() {
                 break;
             }
         }
-        // Left over when `block_on` returned mid-phase: back on the queue for the next turn.
-        for rest in items {
-            let _ = self.shared.push_remote(rest);
+        // Left over when `block_on` returned mid-phase: out of the run queue, and back on the
+        // remote queue, ahead of later posts, for the next turn.
+        let rest: Vec<_> = items.collect();
+        if !rest.is_empty() {
+            let t = self.boundary();
+            for &(_, posted) in &rest {
+                self.meter.unarrive_posted(posted, t);
+            }
+            self.shared.requeue(rest);
         }
     }
 

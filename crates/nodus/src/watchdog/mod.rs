@@ -33,7 +33,10 @@
 //! - `begin`, `end`, `enter_idle` and `leave_idle` run on the loop thread and never allocate, lock
 //!   or make a syscall, except `leave_idle` unparking a parked watchdog (once per idle period).
 //! - `start_ns == 0` in a slot means no poll is in progress (`begin` stores at least 1).
-//! - Only the watchdog thread reports stalls, reads `/proc`, and writes the ring buffer.
+//! - Only the watchdog thread reports stalls, reads `/proc`, and writes the ring buffer. A loop's
+//!   own snapshot reads its entries with what the loop knows better (`stalls_seen_by_loop`: a
+//!   stall the watchdog has not yet seen end is over unless it is the poll under way) but never
+//!   writes them.
 //! - `ACTIVITY` (one word: busy-loop count + parked bit) is the only state shared by all loops; it
 //!   is touched once per `enter_idle`/`leave_idle`, i.e. when a loop is about to block anyway.
 //! - Like any thread, the watchdog does not survive a `fork` without exec. Its two locks
@@ -99,7 +102,9 @@ pub struct StallReport {
     /// "file:line:col" of the spawn / scheduling site.
     pub location: String,
     /// How long the poll had been running at the latest observation; once ended, how long it ran
-    /// (the loop records the end; only a loop that unwound out of the poll leaves a lower bound).
+    /// (the loop records the end; only a loop that unwound out of the poll, or a later long poll
+    /// of the loop before the watchdog saw this one end, leaves a lower bound). In a loop's own
+    /// snapshot, an ongoing stall is the poll that took the snapshot, timed to that moment.
     pub elapsed_seconds: f64,
     /// "on-cpu" | "blocked-in-syscall" | "waiting-for-cpu" | "unknown" ([`StallClass::as_str`]).
     pub class: String,
@@ -109,6 +114,9 @@ pub struct StallReport {
     pub waiting_for_cpu_share: f64,
     /// Wall-clock time of the first report, milliseconds since the Unix epoch.
     pub at_unix_ms: u64,
+    /// The poll was still running when this was read. From [`recent_stalls`], until the watchdog's
+    /// next look (10 ms at most while the loop is busy) after it ended; in a loop's own snapshot,
+    /// only for the poll that took the snapshot.
     pub ongoing: bool,
     /// How long the poll had been running when the watchdog first reported it.
     pub detected_after_seconds: f64,
@@ -189,9 +197,15 @@ pub(crate) fn register(slot: &Arc<LoopSlot>) {
     }
 }
 
-/// The most recent stalls (last 64, process-wide), oldest first. Ongoing ones have `ongoing: true`.
+/// The most recent stalls (last 64, process-wide), oldest first. Ongoing ones have `ongoing: true`
+/// (one that ended since the watchdog's last look still says so, with the duration seen then: a
+/// loop's own snapshot knows better, see [`StallReport::ongoing`]).
 pub fn recent_stalls() -> Vec<StallReport> {
-    lock(&RING).entries.iter().map(|(_, r)| r.clone()).collect()
+    lock(&RING)
+        .entries
+        .iter()
+        .map(|e| e.report.clone())
+        .collect()
 }
 
 /// The most recent stalls of one loop, oldest first.
@@ -199,8 +213,36 @@ pub fn recent_stalls_for(loop_id: u64) -> Vec<StallReport> {
     lock(&RING)
         .entries
         .iter()
-        .filter(|(_, r)| r.loop_id == loop_id)
-        .map(|(_, r)| r.clone())
+        .filter(|e| e.report.loop_id == loop_id)
+        .map(|e| e.report.clone())
+        .collect()
+}
+
+/// The most recent stalls of the loop that owns `slot`, oldest first, as that loop knows them at
+/// `now`: called on the loop's own thread (its snapshot), which is running this code, so a stall
+/// the watchdog has not yet seen end is over unless it is the poll under way. An ended one is
+/// reported ended, with its exact duration (the end the loop left in the slot; a lower bound
+/// only if a later long poll has overwritten it); the poll under way, with its duration to `now`.
+pub(crate) fn stalls_seen_by_loop(slot: &LoopSlot, now: u64) -> Vec<StallReport> {
+    let current = slot.current_poll();
+    lock(&RING)
+        .entries
+        .iter()
+        .filter(|e| e.report.loop_id == slot.loop_id)
+        .map(|e| {
+            let mut report = e.report.clone();
+            if report.ongoing {
+                if current == Some(e.poll_seq) {
+                    report.elapsed_seconds = now.saturating_sub(e.start_ns) as f64 / 1e9;
+                } else {
+                    report.ongoing = false;
+                    if let Some(end) = slot.long_end(e.poll_seq) {
+                        report.elapsed_seconds = end.saturating_sub(e.start_ns) as f64 / 1e9;
+                    }
+                }
+            }
+            report
+        })
         .collect()
 }
 
@@ -225,9 +267,17 @@ fn bare_lock<T>(mutex: &'static Mutex<T>) -> MutexGuard<'static, T> {
 }
 
 pub(crate) struct Ring {
-    /// (id, report); ids are consecutive, so an id's index is `id - front id`.
-    entries: VecDeque<(u64, StallReport)>,
+    /// Ids are consecutive, so an id's index is `id - front id`.
+    entries: VecDeque<RingEntry>,
     next_id: u64,
+}
+
+struct RingEntry {
+    id: u64,
+    /// The stalled poll: its slot sequence (`PollView::seq`) and start.
+    poll_seq: u64,
+    start_ns: u64,
+    report: StallReport,
 }
 
 impl Ring {
@@ -238,24 +288,31 @@ impl Ring {
         }
     }
 
-    fn push(&mut self, report: StallReport) -> u64 {
+    /// Adds the report of the stalled poll with slot sequence `poll_seq`, started at `start_ns`.
+    fn push(&mut self, report: StallReport, poll_seq: u64, start_ns: u64) -> u64 {
         if self.entries.len() == RING_CAPACITY {
             self.entries.pop_front();
         }
         let id = self.next_id;
         self.next_id += 1;
-        self.entries.push_back((id, report));
+        self.entries.push_back(RingEntry {
+            id,
+            poll_seq,
+            start_ns,
+            report,
+        });
         id
     }
 
     /// Updates the changing fields of entry `id` in place (without allocating), if still held.
     fn update(&mut self, id: u64, report: &StallReport) {
-        let Some(&(front, _)) = self.entries.front() else {
+        let Some(front) = self.entries.front().map(|e| e.id) else {
             return;
         };
-        let Some((_, entry)) = usize::try_from(id.wrapping_sub(front))
+        let Some(entry) = usize::try_from(id.wrapping_sub(front))
             .ok()
             .and_then(|index| self.entries.get_mut(index))
+            .map(|e| &mut e.report)
         else {
             return;
         };

@@ -154,6 +154,13 @@ impl LoopSlot {
         (self.long_end_seq.load(Ordering::Relaxed) == seq).then_some(end_ns)
     }
 
+    /// Loop thread: the sequence of the poll in progress (the `PollView::seq` the watchdog reads
+    /// for it), if one is.
+    pub(crate) fn current_poll(&self) -> Option<u64> {
+        // Single writer: relaxed loads of our own last stores are exact.
+        (self.start_ns.load(Ordering::Relaxed) != 0).then(|| self.seq.load(Ordering::Relaxed))
+    }
+
     /// Loop thread, just before blocking in epoll with a non-zero timeout. (A registered loop that
     /// is neither idle nor running keeps the watchdog ticking every 10 ms.)
     #[inline]

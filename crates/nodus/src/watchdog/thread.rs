@@ -279,7 +279,10 @@ fn observe(
     let mut ring = lock(&RING);
     match stall.ring_id {
         Some(id) => ring.update(id, &stall.report),
-        None => stall.ring_id = Some(ring.push(stall.report.clone())),
+        None => {
+            let id = ring.push(stall.report.clone(), poll.view.seq, start);
+            stall.ring_id = Some(id);
+        }
     }
     drop(ring);
     due(stall.multiplier)

@@ -10,12 +10,17 @@
 //! - **Schedule delay** is measured from the moment an entry became runnable to the boundary at
 //!   which it starts to run: the end of the callback that woke it; for a task woken by I/O, the
 //!   moment `epoll_wait` returned (so an event that waits behind earlier events of the same poll
-//!   counts); for a wake from another thread, the wake itself.
+//!   counts, but not the time it waited in the kernel before); for remote work (a wake from
+//!   another thread, a pool completion, a `LoopHandle::post`), its post (`Shared::push_remote`
+//!   stamps it).
 //! - **Run-queue length** is integrated over time at boundaries with the count of entries that
 //!   were runnable since the previous boundary. Entries queued between two boundaries are counted
 //!   from the second one, the same moment their schedule delay starts, so Little's law
-//!   (mean length = arrival rate × mean delay) holds by construction for local wakes (I/O and
-//!   remote wakes add delay from before they were queued, which the length does not see).
+//!   (mean length = arrival rate × mean delay) holds by construction for local wakes and remote
+//!   work (whose wait before the poll phase took it is added then: `run_queue`); I/O wakes add
+//!   delay from `epoll_wait`'s return to their wake, which the length does not see.
+//! - **Intervals** (utilization, run-queue mean and maximum over the last one) are at least
+//!   `MeterConfig::interval` long; `stats` says when one closes.
 //! - **Idle** is time blocked in the poll phase with a non-zero timeout; busy is the rest.
 //!
 //! All state is loop-thread-only (`Cell`/`RefCell`); the watchdog reads only the `LoopSlot`.
@@ -80,6 +85,10 @@ pub(crate) struct Meter {
     runnable_at_boundary: Cell<u64>,
     /// Entries currently runnable.
     runnable: Cell<u64>,
+    /// Entries runnable when the poll (or closure batch) under way began: the slow-poll log's
+    /// "runnable waiting".
+    #[cfg(feature = "measure")]
+    waiting_at_start: Cell<u64>,
     #[cfg(feature = "measure")]
     phase: Cell<Phase>,
     #[cfg(feature = "measure")]
@@ -120,6 +129,8 @@ impl Meter {
             #[cfg(feature = "measure")]
             runnable_at_boundary: Cell::new(0),
             runnable: Cell::new(0),
+            #[cfg(feature = "measure")]
+            waiting_at_start: Cell::new(0),
             #[cfg(feature = "measure")]
             phase: Cell::new(Phase::Main),
             #[cfg(feature = "measure")]
@@ -222,10 +233,14 @@ impl Meter {
         {
             let mut s = self.stats.borrow_mut();
             s.iterations += 1;
-            let now = self.now.get();
-            if now.saturating_sub(s.interval.start_ns) >= self.config.interval.as_nanos() as u64 {
-                s.roll_interval(now);
-            }
+            s.roll_interval_if_due(self.now.get(), self.interval_ns());
         }
+    }
+
+    /// The configured interval length (`MeterConfig::interval`), in ns.
+    #[cfg(feature = "measure")]
+    #[inline]
+    fn interval_ns(&self) -> u64 {
+        u64::try_from(self.config.interval.as_nanos()).unwrap_or(u64::MAX)
     }
 }

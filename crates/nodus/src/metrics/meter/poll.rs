@@ -9,6 +9,10 @@
 //! - A poll at least `slow_poll` long is counted and logged once (target `nodus::slow_poll`), and
 //!   so is a closure batch (`closures_end`): a batch is timed as a whole, so it is the batch, named
 //!   after its last closure, that counts (rt/drain.rs says why and what that misses).
+//! - The log's "N runnable waiting" (`run_queue=N`) is the run-queue length when the poll or
+//!   batch began: the entries (tasks, immediates, remote work taken) that waited all through it.
+//!   Entries it made runnable itself (a task it woke, its own re-wake) are not counted, nor is
+//!   remote work posted during it (counted once the poll phase takes it).
 
 use std::time::Duration;
 
@@ -18,6 +22,15 @@ impl Meter {
     /// A poll or callback starts at `start` (a boundary time).
     #[inline]
     pub(crate) fn begin_poll(&self, target: &PollTarget, start: u64) {
+        #[cfg(feature = "measure")]
+        self.waiting_at_start.set(self.runnable.get());
+        self.begin_closure(target, start);
+    }
+
+    /// A next-tick or microtask closure of the batch that began at `start` starts: published to
+    /// the watchdog (the batch is timed as a whole: `closures_start`, `closures_end`).
+    #[inline]
+    pub(crate) fn begin_closure(&self, target: &PollTarget, start: u64) {
         #[cfg(feature = "measure")]
         self.slot
             .begin(target.task_id, target.name, target.location, start);
@@ -65,12 +78,12 @@ impl Meter {
             task = target.name,
             location = %target.location,
             duration_ms = d as f64 / 1e6,
-            run_queue = self.runnable.get(),
+            run_queue = self.waiting_at_start.get(),
             "slow poll: task {:?} ({}) ran for {:.1} ms with {} runnable waiting",
             target.name,
             target.location,
             d as f64 / 1e6,
-            self.runnable.get()
+            self.waiting_at_start.get()
         );
     }
 
@@ -94,6 +107,7 @@ impl Meter {
         {
             let t = self.boundary_time();
             self.tick_batch.set(Some(t));
+            self.waiting_at_start.set(self.runnable.get());
             t
         }
         #[cfg(not(feature = "measure"))]
@@ -139,11 +153,11 @@ impl Meter {
             location = %last.location,
             closures,
             duration_ms = d as f64 / 1e6,
-            run_queue = self.runnable.get(),
+            run_queue = self.waiting_at_start.get(),
             "slow poll: {what} ({}) ran for {:.1} ms with {} runnable waiting",
             last.location,
             d as f64 / 1e6,
-            self.runnable.get()
+            self.waiting_at_start.get()
         );
     }
 
@@ -167,10 +181,9 @@ impl Meter {
             #[cfg(feature = "measure")]
             {
                 self.slot.leave_idle();
-                let idle = t.saturating_sub(self.block_start.get());
-                let mut s = self.stats.borrow_mut();
-                s.idle_ns += idle;
-                s.interval.idle_ns += idle;
+                self.stats
+                    .borrow_mut()
+                    .add_idle(self.block_start.get(), t, self.interval_ns());
             }
             #[cfg(not(feature = "measure"))]
             let _ = t;

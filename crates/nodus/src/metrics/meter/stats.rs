@@ -1,9 +1,20 @@
 //! The plain counters one loop's `Meter` updates (compiled only with the `measure` feature):
-//! `LoopStats` for the loop, `ClassStats` per task class, `IntervalStats` per fixed-length
-//! interval (the window utilization and the interval run-queue maximum are computed over).
+//! `LoopStats` for the loop, `ClassStats` per task class, `IntervalStats` per interval (the
+//! window the interval utilization and run-queue mean and maximum are computed over).
+//!
+//! Intervals: the loop's time is cut into consecutive intervals, each at least the configured
+//! length (`Builder::metrics_interval`, 1 s by default). One that has come due (reached that
+//! length) closes at the first of: the start of a loop iteration, a snapshot, or the end of a
+//! wait in the poll phase. A wait is split at the moment the interval came due (the part before
+//! it is the interval's, the rest starts the next one), and the part of a wait that is itself
+//! at least the length is an interval of its own, all idle: so an interval holds at most one
+//! length of work before the wait that closes it, and after a long quiet period the last
+//! interval says idle. Before the first one closes, a snapshot reports the time since the loop
+//! started (`closed == 0`).
 //!
 //! Invariants: loop-thread only (inside the meter's `RefCell`); nothing here reads the clock or
-//! logs, callers pass the time; `classes` has one entry per class the class table has handed out.
+//! logs, callers pass the time; `classes` has one entry per class the class table has handed out;
+//! every closed interval is at least the configured length.
 
 use crate::metrics::classes::Classes;
 use crate::metrics::histogram::Histogram;
@@ -44,12 +55,13 @@ pub(crate) struct LoopStats {
     pub(crate) rq_integral: u128,
     pub(crate) rq_max: u64,
     pub(crate) arrivals: u64,
-    // The interval being accumulated, and the last completed one.
+    // The interval being accumulated, the last closed one, and how many have closed.
     pub(crate) interval: IntervalStats,
     pub(crate) last_interval: IntervalStats,
+    pub(crate) closed: u64,
 }
 
-/// Busy/idle and run-queue figures of one fixed-length interval.
+/// Busy/idle and run-queue figures of one interval (see the module comment for its length).
 #[derive(Default, Clone, Copy)]
 pub(crate) struct IntervalStats {
     pub(crate) start_ns: u64,
@@ -95,10 +107,12 @@ impl LoopStats {
                 end_ns: now,
                 ..Default::default()
             },
+            closed: 0,
         }
     }
 
-    pub(super) fn roll_interval(&mut self, now: u64) {
+    /// Closes the interval at `now` and starts the next.
+    fn roll_interval(&mut self, now: u64) {
         self.last_interval = IntervalStats {
             end_ns: now,
             ..self.interval
@@ -107,5 +121,44 @@ impl LoopStats {
             start_ns: now,
             ..Default::default()
         };
+        self.closed += 1;
+    }
+
+    /// Closes the interval at `now` if it is at least `len` long by then.
+    pub(super) fn roll_interval_if_due(&mut self, now: u64, len: u64) {
+        if now.saturating_sub(self.interval.start_ns) >= len {
+            self.roll_interval(now);
+        }
+    }
+
+    /// The loop was blocked in the poll phase from `from` to `to`: idle time. An interval that
+    /// came due before or during the wait is closed at that moment (with the part of the wait
+    /// before it), and the rest of the wait, if at least `len`, is an interval of its own.
+    pub(super) fn add_idle(&mut self, from: u64, to: u64, len: u64) {
+        let from = from.min(to);
+        self.idle_ns += to - from;
+        let due = self.interval.start_ns.saturating_add(len);
+        if to >= due {
+            let end = due.max(from);
+            self.interval.idle_ns += end - from;
+            self.roll_interval(end);
+            self.interval.idle_ns += to - end;
+            self.roll_interval_if_due(to, len);
+        } else {
+            self.interval.idle_ns += to - from;
+        }
+    }
+
+    /// The interval a snapshot at `now` reports: the last closed one, or before any has closed
+    /// the one under way (the time since the loop started).
+    pub(crate) fn reported_interval(&self, now: u64) -> IntervalStats {
+        if self.closed > 0 {
+            self.last_interval
+        } else {
+            IntervalStats {
+                end_ns: now.max(self.interval.start_ns),
+                ..self.interval
+            }
+        }
     }
 }

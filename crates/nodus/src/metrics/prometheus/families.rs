@@ -103,7 +103,7 @@ pub(super) const RUN_QUEUE: Desc = desc!(
     "nodus_run_queue_length",
     Gauge,
     false,
-    "Run-queue length (runnable tasks and queued immediates) at the snapshot."
+    "Run-queue length (runnable tasks, queued immediates, remote work such as pool completions) at the snapshot."
 );
 /// nodus_run_queue_length_mean
 pub(super) const RUN_QUEUE_MEAN: Desc = desc!(
@@ -117,7 +117,7 @@ pub(super) const RUN_QUEUE_MAX: Desc = desc!(
     "nodus_run_queue_length_max",
     Gauge,
     false,
-    "Run-queue high-water mark over the last completed interval."
+    "Run-queue high-water mark over the last closed interval (as for nodus_loop_utilization)."
 );
 /// nodus_run_queue_length_samples
 pub(super) const RUN_QUEUE_SAMPLES: Desc = desc!(
@@ -152,7 +152,7 @@ pub(super) const UTILIZATION: Desc = desc!(
     "nodus_loop_utilization",
     Gauge,
     false,
-    "Busy / (busy + idle) over the last completed interval."
+    "Busy / (busy + idle) over the last closed interval: at least the configured length (1 s by default), closed by the snapshot once due; before the first closes, the time since the loop started."
 );
 /// nodus_timer_lateness_seconds
 pub(super) const TIMER_LATENESS: Desc = desc!(
@@ -259,7 +259,7 @@ pub(super) const STALL_LAST: Desc = desc!(
     "nodus_stall_last",
     Gauge,
     true,
-    "Duration of the most recent stall: exact once it has ended, so far while it lasts (0 if none)."
+    "Duration of the most recent stall (0 if none): how long it ran, from the end the loop recorded; in a snapshot the stalled poll took itself, how long it has run so far."
 );
 /// nodus_uptime_seconds
 pub(super) const UPTIME: Desc = desc!(
@@ -310,4 +310,25 @@ pub(super) const POOL_COMPLETED: Desc = desc!(
     Counter,
     false,
     "Pool jobs run to the end."
+);
+/// nodus_pool_cancelled_total{pool}
+pub(super) const POOL_CANCELLED: Desc = desc!(
+    "nodus_pool_cancelled",
+    Counter,
+    false,
+    "Pool jobs whose future was dropped before a thread started them (never run)."
+);
+/// nodus_pool_rejected_total{pool}
+pub(super) const POOL_REJECTED: Desc = desc!(
+    "nodus_pool_rejected",
+    Counter,
+    false,
+    "Pool submissions refused because the pool's queue was at its bound."
+);
+/// nodus_pool_panicked_total{pool}
+pub(super) const POOL_PANICKED: Desc = desc!(
+    "nodus_pool_panicked",
+    Counter,
+    false,
+    "Pool jobs that panicked (counted among the completed too)."
 );

@@ -197,6 +197,9 @@ impl SnapshotCollector {
             self.push(&POOL_RUN, pool(), seconds_histogram(&p.run));
             self.push(&POOL_BUSY, pool(), Value::Int(p.busy_threads));
             self.push(&POOL_COMPLETED, pool(), Value::Int(p.completed_total));
+            self.push(&POOL_CANCELLED, pool(), Value::Int(p.cancelled_total));
+            self.push(&POOL_REJECTED, pool(), Value::Int(p.rejected_total));
+            self.push(&POOL_PANICKED, pool(), Value::Int(p.panicked_total));
         }
     }
 }

@@ -247,9 +247,11 @@ fn renders_pools_with_a_pool_label() {
             queue_depth: 2,
             busy_threads: 1,
             completed_total: completed,
+            cancelled_total: completed / 100,
+            rejected_total: 9,
+            panicked_total: completed % 2,
             queue_wait: hist(&[(500, 2)]),
             run: hist(&[(800_000, 1)]),
-            ..Default::default()
         });
     }
     let text = render(&s);
@@ -263,11 +265,30 @@ fn renders_pools_with_a_pool_label() {
             "# TYPE nodus_pool_completed counter",
             r#"nodus_pool_completed_total{pool="io"} 1600"#,
             r#"nodus_pool_completed_total{pool="cpu"} 3"#,
+            "# HELP nodus_pool_cancelled Pool jobs whose future was dropped before a thread started them (never run).",
+            "# TYPE nodus_pool_cancelled counter",
+            r#"nodus_pool_cancelled_total{pool="io"} 16"#,
+            r#"nodus_pool_cancelled_total{pool="cpu"} 0"#,
+            "# HELP nodus_pool_rejected Pool submissions refused because the pool's queue was at its bound.",
+            "# TYPE nodus_pool_rejected counter",
+            r#"nodus_pool_rejected_total{pool="io"} 9"#,
+            "# HELP nodus_pool_panicked Pool jobs that panicked (counted among the completed too).",
+            "# TYPE nodus_pool_panicked counter",
+            r#"nodus_pool_panicked_total{pool="io"} 0"#,
+            r#"nodus_pool_panicked_total{pool="cpu"} 1"#,
             "# TYPE nodus_pool_queue_wait_seconds histogram",
             r#"nodus_pool_queue_wait_seconds_bucket{le="0.000001",pool="io"} 2"#,
             r#"nodus_pool_queue_wait_seconds_count{pool="cpu"} 2"#,
             r#"nodus_pool_run_seconds_bucket{le="0.001",pool="io"} 1"#,
             r#"nodus_pool_run_seconds_count{pool="io"} 1"#,
+        ],
+    );
+    // The classic format names each counter family after its samples.
+    assert_lines(
+        &to_classic(&text),
+        &[
+            "# TYPE nodus_pool_rejected_total counter",
+            r#"nodus_pool_rejected_total{pool="cpu"} 9"#,
         ],
     );
     // Without pools, no pool family is written.
