@@ -625,22 +625,40 @@ impl Worker {
                 peers.len()
             );
         }
-        let queue = queue.filter(|_| handles.len() >= peers.len());
         let board = self.sh.board.get();
-        let Some(queue) = queue else {
-            if let Some(board) = board {
-                board.post_refusal();
-                board.post_seen(seq);
+        // Adopted before the batch is claimed: one that cannot be (out of epoll watches, say)
+        // refuses the whole batch while the primary still holds every connection of it, so
+        // they go to another worker. Our copies are closed without a `shutdown`, which would
+        // end the connection for the worker that serves it.
+        let adopted = queue.filter(|_| handles.len() >= peers.len()).map(|queue| {
+            let conns = handles
+                .into_iter()
+                .map(|h| TcpStream::from_nonblocking(h.into_owned_fd()))
+                .collect::<io::Result<Vec<_>>>();
+            (queue, conns)
+        });
+        let (queue, conns) = match adopted {
+            Some((queue, Ok(conns))) => (queue, conns),
+            refused => {
+                if let Some((_, Err(e))) = refused {
+                    tracing::warn!(
+                        target: "nodus::cluster",
+                        "cannot adopt a handed-over connection: {e}; refusing the batch"
+                    );
+                }
+                if let Some(board) = board {
+                    board.post_refusal();
+                    board.post_seen(seq);
+                }
+                let mut refused = Nodus::act("refused");
+                refused.ack = Some(seq);
+                self.send_nodus(&refused);
+                return;
             }
-            let mut refused = Nodus::act("refused");
-            refused.ack = Some(seq);
-            self.send_nodus(&refused);
-            return;
         };
         // A batch this worker was too slow to take (its loop stalled past the primary's handoff
         // deadline) may have been taken back: the board says whose it is, once. Taken back, the
-        // primary hands its own copies on; ours are closed without a `shutdown`, which would end
-        // the connection for the worker that serves it.
+        // primary hands its own copies on; ours are closed.
         if let Some(board) = board
             && !board.claim(seq)
         {
@@ -649,22 +667,16 @@ impl Worker {
                 target: "nodus::cluster",
                 "a batch of {} connection(s) came after the primary's handoff deadline: it took \
                  them back",
-                handles.len()
+                conns.len()
             );
             return;
         }
-        for (i, handle) in handles.into_iter().enumerate() {
-            match TcpStream::from_nonblocking(handle.into_owned_fd()) {
-                Ok(s) => queue
-                    .conns
-                    .borrow_mut()
-                    .push_back((s, peers.get(i).copied().flatten())),
-                Err(e) => tracing::warn!(
-                    target: "nodus::cluster",
-                    "cannot adopt a handed-over connection: {e}"
-                ),
-            }
-        }
+        queue.conns.borrow_mut().extend(
+            conns
+                .into_iter()
+                .enumerate()
+                .map(|(i, s)| (s, peers.get(i).copied().flatten())),
+        );
         queue.wake();
         if board.is_none() {
             self.sh.took.set(Some(seq));

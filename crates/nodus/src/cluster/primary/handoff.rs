@@ -45,7 +45,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -414,8 +414,24 @@ fn take_back(st: &Rc<State>, proc: &Proc) {
         );
     }
     for h in back {
+        nonblocking_again(&h.conns);
         let _ = dispatch(st, &h.server, h.conns);
         h.server.wake_accept();
+    }
+}
+
+/// Connections a worker had (refused, taken back, or left behind at its exit) are handed on:
+/// `O_NONBLOCK` lives in the file description the worker shared, and one that cleared it must
+/// not hand the next worker, which adopts them as non-blocking without asking, a blocking
+/// socket. One `F_GETFL` each, on these rare paths only.
+fn nonblocking_again(conns: &[Conn]) {
+    for c in conns {
+        let fd = c.fd.as_fd();
+        if let Ok(flags) = rustix::fs::fcntl_getfl(fd)
+            && !flags.contains(rustix::fs::OFlags::NONBLOCK)
+        {
+            let _ = rustix::fs::fcntl_setfl(fd, flags | rustix::fs::OFlags::NONBLOCK);
+        }
     }
 }
 
@@ -439,6 +455,7 @@ pub(super) fn refused(st: &Rc<State>, proc: &Rc<Proc>, ack: u64) {
     );
     proc.refused_at.set(Some(Instant::now()));
     // Whatever could not go out is parked: the accept task retries it.
+    nonblocking_again(&h.conns);
     let _ = dispatch(st, &h.server, h.conns);
     h.server.wake_accept();
     release_taken(proc);
@@ -604,6 +621,7 @@ pub(super) fn channel_ended(st: &Rc<State>, proc: &Proc) {
 /// workers.
 fn redistribute(st: &Rc<State>, proc: &Proc) {
     for h in proc.pending.take_all() {
+        nonblocking_again(&h.conns);
         let _ = dispatch(st, &h.server, h.conns);
         h.server.wake_accept();
     }
@@ -803,5 +821,39 @@ impl FdReserve {
             *self.0.borrow_mut() = FdReserve::open();
         }
         Ok(copy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsFd;
+    use std::rc::Rc;
+
+    use rustix::fs::{OFlags, fcntl_getfl, fcntl_setfl};
+
+    use super::{Conn, nonblocking_again};
+
+    #[test]
+    fn a_connection_handed_on_is_non_blocking_whatever_its_last_worker_did() {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let conns: Vec<Conn> = [a, b]
+            .into_iter()
+            .map(|s| Conn {
+                fd: Rc::new(s.into()),
+                peer: None,
+                since: 0,
+            })
+            .collect();
+        // One was left non-blocking, the other cleared (a worker's copy shares the flag).
+        fcntl_setfl(conns[0].fd.as_fd(), OFlags::NONBLOCK).unwrap();
+        fcntl_setfl(conns[1].fd.as_fd(), OFlags::empty()).unwrap();
+        nonblocking_again(&conns);
+        for c in &conns {
+            assert!(
+                fcntl_getfl(c.fd.as_fd())
+                    .unwrap()
+                    .contains(OFlags::NONBLOCK)
+            );
+        }
     }
 }
