@@ -2,7 +2,7 @@
 //!
 //! Invariant: an HTTP/1 request's [`RequestBody`] let go of before its end (the handler answered
 //! without reading it all) is either handed to its connection to be read and discarded (a rest of
-//! known length up to [`DISCARD_MAX`], with no `Expect: 100-continue` pending: the connection
+//! known length up to `DISCARD_MAX`, with no `Expect: 100-continue` pending: the connection
 //! stays, as Node's and nginx's do after an early answer), or makes the response say
 //! `Connection: close` (hyper closes a connection rather than read a body nobody takes).
 
