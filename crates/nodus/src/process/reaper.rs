@@ -415,6 +415,10 @@ impl Reaper {
         // The guard's socket was full for one of its messages: the pass is done again shortly.
         let mut busy = false;
         let mut alive = Vec::new();
+        // Logged once the lock is released (no code of the program's, a tracing subscriber,
+        // runs under it: see `crate::atfork`).
+        let mut adopted_now = Vec::new();
+        let mut reaped_now = Vec::new();
         for &pid in &listed {
             if t.holds(pid) {
                 continue;
@@ -425,7 +429,7 @@ impl Reaper {
             let was_inherited = inherited.contains(&pid);
             if !was_inherited && known.insert(pid) {
                 self.0.adopted.set(self.0.adopted.get() + 1);
-                tracing::debug!(target: "nodus::process", "adopted process {pid}");
+                adopted_now.push(pid);
             }
             let options = WaitIdOptions::EXITED
                 | WaitIdOptions::NOHANG
@@ -467,12 +471,7 @@ impl Reaper {
                 Ok(Some(status)) => {
                     known.remove(&pid);
                     self.0.reaped.set(self.0.reaped.get() + 1);
-                    tracing::debug!(
-                        target: "nodus::process",
-                        "reaped adopted process {pid} (exit {:?}, signal {:?})",
-                        status.exit_status(),
-                        status.terminating_signal()
-                    );
+                    reaped_now.push((pid, status.exit_status(), status.terminating_signal()));
                 }
                 // Only without a guard: with one, a running child was found by the look above.
                 Ok(None) => alive.push(pid),
@@ -483,6 +482,15 @@ impl Reaper {
             }
         }
         drop(t);
+        for pid in adopted_now {
+            tracing::debug!(target: "nodus::process", "adopted process {pid}");
+        }
+        for (pid, exit, signal) in reaped_now {
+            tracing::debug!(
+                target: "nodus::process",
+                "reaped adopted process {pid} (exit {exit:?}, signal {signal:?})"
+            );
+        }
         // Gone without our reap: no longer ours to count, nor the guard's to remember.
         known.retain(|p| {
             if listed.contains(p) {
@@ -494,6 +502,9 @@ impl Reaper {
             !forgotten
         });
         inherited.retain(|p| listed.contains(p));
+        if let Some(guard) = guard.as_ref() {
+            guard.log_deferred();
+        }
         if busy {
             return Pass::Deferred;
         }
@@ -643,6 +654,9 @@ impl Inner {
             handed.push(Orphan::new(pidfd, id, None, guard_pidfd, t.claim(pid)));
         }
         drop(t);
+        if let Some(guard) = guard.as_ref() {
+            guard.log_deferred();
+        }
         for orphan in handed {
             super::orphans::adopt(orphan);
         }
