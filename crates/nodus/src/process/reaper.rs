@@ -833,6 +833,54 @@ mod tests {
         })
     }
 
+    /// The subreaper's log lines are said once the registry lock is let go: a tracing
+    /// subscriber (the program's code, which may fork or spawn, and so take that lock on this
+    /// very thread) never runs under it.
+    #[test]
+    fn the_subreaper_logs_without_the_registry_lock() {
+        use std::sync::Arc;
+
+        use tracing_subscriber::layer::SubscriberExt;
+
+        if !alone("process::reaper::tests::the_subreaper_logs_without_the_registry_lock") {
+            return;
+        }
+        /// Whether the lock was held (by this thread: the test runs alone) at each of the
+        /// process module's events.
+        struct Held(Arc<Mutex<Vec<bool>>>);
+        impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Held {
+            fn on_event(
+                &self,
+                event: &tracing::Event<'_>,
+                _: tracing_subscriber::layer::Context<'_, S>,
+            ) {
+                if event.metadata().target() == "nodus::process" {
+                    self.0.lock().unwrap().push(OURS.try_lock().is_err());
+                }
+            }
+        }
+        let held = Arc::new(Mutex::new(Vec::new()));
+        let subscriber = tracing_subscriber::registry().with(Held(held.clone()));
+        tracing::subscriber::with_default(subscriber, || {
+            crate::Runtime::new().block_on(async {
+                let reaper = Reaper::start().unwrap();
+                // A child forked by other means, exited: adopted, then reaped, by a pass.
+                let done = fork_child(false);
+                assert!(wait_zombie(done));
+                crate::time::timeout(Duration::from_secs(5), reaper.reap())
+                    .await
+                    .unwrap();
+                reaper.close();
+            });
+        });
+        let held = held.lock().unwrap();
+        assert!(held.len() >= 2, "the adopted and reaped lines: {held:?}");
+        assert!(
+            !held.contains(&true),
+            "a line said under the lock: {held:?}"
+        );
+    }
+
     /// A process forked without `exec` while another thread is between its `Spawning` ticket
     /// and its registration (a spawn), and while a child of the parent is registered, has a
     /// table of its own: no fork in progress, none of the parent's children. So its subreaper
