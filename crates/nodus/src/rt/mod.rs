@@ -102,7 +102,17 @@ impl Builder {
     }
 
     /// Creates the loop on the current thread.
+    ///
+    /// The first runtime of the process (unless a pool or `Channel::from_env` came first) takes
+    /// the variables a parent set for this process alone out of the environment, as Node does
+    /// at its startup: `NODE_CHANNEL_FD` and `NODE_CHANNEL_SERIALIZATION_MODE` (for
+    /// [`Channel::from_env`](crate::ipc::Channel::from_env)), `NODE_UNIQUE_ID` and
+    /// `NODUS_PRIMARY` (for [`Worker::get`](crate::cluster::Worker::get)), so no grandchild
+    /// inherits them. Where one is set, that is `std::env::remove_var`: build it before starting
+    /// threads that read the environment through libc (`getenv`, `getaddrinfo`, `localtime`),
+    /// as for any `remove_var`. nodus's own threads all start afterwards.
     pub fn build(self) -> std::io::Result<Runtime> {
+        crate::parent_env::take();
         Ok(Runtime {
             core: Core::new(self.config)?,
         })
