@@ -87,10 +87,13 @@
 //!   both, and why that group can only be the process's own).
 //! - Only processes counted as adopted: never nodus's own children (the registry) nor the ones
 //!   this process already had when the reaper started (`inherited`).
-//! - A burst of adoptions can fill the guard's socket (about 280 messages before it reads):
-//!   a message that finds it full is not sent and the pass is done again 1 ms later, a process
+//! - A burst of adoptions can fill the guard's socket for pids (about 280 messages before it
+//!   reads; the workers' groups have a socket of their own, which the burst leaves free): a
+//!   message that finds it full is not sent and the pass is done again 1 ms later, a process
 //!   whose "forget" could not be sent staying unreaped (so still safe to remember) until it is.
 //!   A socket full for a whole second (the guard stopped) is a failed send: the guard is killed.
+//! - The pass logs (adoptions, reaps, the guard's warnings) once it has let the lock go: no
+//!   tracing subscriber, the program's code, runs under a lock the fork handlers take.
 //! - Its limit is the pass's lag: an orphan re-parented here while running sends no `SIGCHLD`,
 //!   so it is remembered only at the next pass (a `SIGCHLD` from any foreign child, a stats
 //!   request, the stop, or the periodic one: [`PASS_PERIOD`] at most); one adopted less than
