@@ -21,7 +21,9 @@
 //! - None of them is held while another is taken (each guards a few statements on its own data),
 //!   so the order above is never inverted and the handlers cannot deadlock with a holder. A
 //!   future nested use must take them in this order.
-//! - nodus never forks holding one (the handlers would wait for this very thread). What nodus
+//! - nodus never forks holding one (the handlers would wait for this very thread), nor runs code
+//!   of the program's holding one (a tracing subscriber may fork, or spawn through
+//!   `nodus::process`): the lines to log under one are logged once it is let go. What nodus
 //!   runs in its own forked children without `exec` (`pre_exec` steps, the orphan guard) takes
 //!   none: raw syscalls.
 //! - The child handler gives back the default action of every signal the parent's streams catch

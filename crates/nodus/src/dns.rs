@@ -238,7 +238,9 @@ fn system_resolve(host: &str) -> io::Result<Vec<Address>> {
     hints.ai_socktype = libc::SOCK_STREAM;
     let mut list: *mut libc::addrinfo = std::ptr::null_mut();
     // SAFETY: `name` is NUL-terminated and outlives the call, `hints` is initialized, and `list`
-    // is a valid out-pointer; a list returned is freed below, once.
+    // is a valid out-pointer; a list returned is freed below, once. It reads the environment
+    // (`RES_OPTIONS`, `LOCALDOMAIN`...) through libc's `getenv`, on a pool thread: nodus writes
+    // the environment only before it starts any thread (`parent_env`).
     let code = unsafe { libc::getaddrinfo(name.as_ptr(), std::ptr::null(), &hints, &mut list) };
     if code != 0 {
         return Err(resolver_error(code));

@@ -32,6 +32,7 @@ pub mod json;
 pub mod metrics;
 pub mod net;
 pub mod notify;
+mod parent_env;
 pub mod pool;
 pub mod process;
 pub mod rt;

@@ -32,8 +32,8 @@ pub use supervision::{
 };
 pub use worker::{Listener, Stream, Worker};
 
-/// Whether a cluster primary started this process (`NODE_UNIQUE_ID` is set and
-/// [`Worker::get`] has not consumed it yet), or [`Worker::get`] already made it a worker.
+/// Whether a cluster primary started this process (it set `NODE_UNIQUE_ID`), before or after
+/// [`Worker::get`] and nodus's taking of the variable out of the environment; takes nothing.
 pub fn is_worker() -> bool {
-    std::env::var_os("NODE_UNIQUE_ID").is_some() || worker::exists()
+    crate::parent_env::started_as_worker()
 }

@@ -11,7 +11,9 @@
 //!
 //! Invariants:
 //! - One `Worker` per process, created on the loop thread; the environment variables naming it
-//!   (`NODE_UNIQUE_ID`, `NODE_CHANNEL_*`) are removed as Node removes them.
+//!   (`NODE_UNIQUE_ID`, `NODUS_PRIMARY`, `NODE_CHANNEL_*`) are taken out of the environment as
+//!   Node takes them, before nodus starts a thread of its own (`parent_env`), and handed out
+//!   once.
 //! - Every `newconn` is answered `{ack, accepted}`, every `newconns` batch (a nodus primary) by a
 //!   claim on the board the primary gave (`board.rs`; without one, a `took` per loop turn for
 //!   every batch up to the newest) or at once by `refused` (counted on the board first): taken
@@ -71,10 +73,7 @@ use crate::signal::{SIGHUP, Signals};
 /// How long a worker waits for the primary's answer to `queryServer` or a stats request.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Set (to `1`) by a nodus primary in the environment of the workers it talks to over a channel:
-/// the worker knows from its first message on that it may use nodus's own messages (cluster
-/// stats, giving connections back). A stock Node primary never answers them.
-pub(crate) const NODUS_PRIMARY_ENV: &str = "NODUS_PRIMARY";
+pub(crate) use crate::parent_env::NODUS_PRIMARY as NODUS_PRIMARY_ENV;
 
 /// The primary's answer to `queryServer`: the server key (or its error text) and, for a shared
 /// or reuse-port listener, the listening fd.
@@ -133,18 +132,23 @@ impl Worker {
     /// This process's worker, when a cluster primary started it (`NODE_UNIQUE_ID` set); `None`
     /// in a primary or a standalone process. The first call opens the channel, says `online` and
     /// starts catching SIGHUP (a SIGHUP to the worker is logged, not obeyed: see the module
-    /// docs); call it early, before other threads read the environment.
+    /// docs). `NODE_UNIQUE_ID` and `NODUS_PRIMARY` are taken out of the environment (as Node
+    /// does) with the channel's variables, by the first runtime built at the latest: see
+    /// [`Builder::build`](crate::rt::Builder::build) for when other threads may read it.
     ///
     /// # Errors
     /// The channel named by `NODE_CHANNEL_FD` cannot be opened.
     ///
     /// # Panics
-    /// Outside a running nodus loop.
+    /// The first call, outside a running nodus loop (before anything is taken: a later call in
+    /// a loop still finds the worker).
+    #[track_caller]
     pub fn get() -> io::Result<Option<Worker>> {
         if let Some(w) = WORKER.with(|w| w.borrow().clone()) {
             return Ok(Some(w));
         }
-        let Some(unique) = std::env::var_os("NODE_UNIQUE_ID") else {
+        crate::rt::context::with_core("nodus::cluster::Worker::get", |_| ());
+        let Some((unique, nodus_primary)) = crate::parent_env::worker() else {
             return Ok(None);
         };
         let id = std::env::var("NODUS_WORKER_ID")
@@ -152,17 +156,6 @@ impl Worker {
             .and_then(|v| v.parse().ok())
             .or_else(|| unique.to_str().and_then(|v| v.parse().ok()))
             .unwrap_or(0);
-        // SAFETY: the documented contract of this function is to be called early, before other
-        // threads read the environment. nodus's own threads read it only in `getaddrinfo` (a dns
-        // lookup on the I/O pool), and glibc's unsetenv only shifts the pointers of `environ`
-        // under its lock, never freeing a string a concurrent `getenv` may be reading: at worst
-        // such a lookup misses one variable.
-        let nodus_primary = std::env::var_os(NODUS_PRIMARY_ENV).is_some_and(|v| v == "1");
-        // SAFETY: as above.
-        unsafe {
-            std::env::remove_var("NODE_UNIQUE_ID");
-            std::env::remove_var(NODUS_PRIMARY_ENV);
-        };
         let channel = Channel::from_env()
             .map_err(|e| io::Error::other(e.to_string()))?
             .ok_or_else(|| {
@@ -1055,9 +1048,4 @@ impl std::fmt::Debug for Stream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.tcp.fmt(f)
     }
-}
-
-/// Whether [`Worker::get`] made this process a worker.
-pub(super) fn exists() -> bool {
-    WORKER.with(|w| w.borrow().is_some())
 }

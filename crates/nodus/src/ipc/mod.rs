@@ -34,8 +34,10 @@ pub use handles::{Handle, SendHandle};
 impl Channel {
     /// The channel a parent gave this process (Node's `process.channel`), from
     /// `NODE_CHANNEL_FD`; `Ok(None)` when there is none. Both `NODE_CHANNEL_*` variables are
-    /// removed from the environment, as Node does, so grandchildren do not inherit them (and a
-    /// second call returns `None`). Call it early, before other threads read the environment.
+    /// taken out of the environment, as Node takes them, so grandchildren do not inherit them,
+    /// and handed out once (a second call returns `None`): by the first runtime built at the
+    /// latest (see [`Builder::build`](crate::rt::Builder::build) for when other threads may read
+    /// the environment), so one the program sets itself afterwards is not seen.
     ///
     /// # Errors
     /// [`IpcError::UnsupportedSerialization`] for a parent using `serialization: 'advanced'`;
@@ -44,7 +46,8 @@ impl Channel {
     /// and connected Unix stream socket. A refused fd is left as it was, never closed.
     ///
     /// # Panics
-    /// Outside a running nodus loop.
+    /// Outside a running nodus loop (before anything is taken: a later call in a loop still
+    /// finds the channel).
     #[track_caller]
     pub fn from_env() -> Result<Option<Channel>, IpcError> {
         Channel::from_env_with(ChannelOptions::default())
@@ -53,20 +56,10 @@ impl Channel {
     /// [`from_env`](Self::from_env) with options (a different frame cap).
     #[track_caller]
     pub fn from_env_with(options: ChannelOptions) -> Result<Option<Channel>, IpcError> {
-        let Some(fd) = std::env::var_os("NODE_CHANNEL_FD") else {
+        crate::rt::context::with_core("nodus::ipc::Channel::from_env", |_| ());
+        let Some((fd, mode)) = crate::parent_env::channel() else {
             return Ok(None);
         };
-        let mode = std::env::var_os("NODE_CHANNEL_SERIALIZATION_MODE");
-        // SAFETY: `remove_var` races only with other threads reading or writing the environment
-        // at the same time, and the contract of this function (documented above) is to be called
-        // before user threads do. nodus's own threads read it only in `getaddrinfo` (a dns lookup
-        // on the I/O pool), and glibc's unsetenv only shifts the pointers of `environ`, never
-        // freeing a string a concurrent `getenv` may be reading: at worst such a lookup misses
-        // one variable.
-        unsafe {
-            std::env::remove_var("NODE_CHANNEL_FD");
-            std::env::remove_var("NODE_CHANNEL_SERIALIZATION_MODE");
-        }
         if let Some(mode) = mode
             && mode != "json"
         {
@@ -85,7 +78,8 @@ impl Channel {
         // every fd this process opens is: so no other owner in this process knows it) and is a
         // connected Unix stream socket, not a listener `net::listen_fds` could take
         // (`check_inherited`). The parent passed it for exactly this channel, and the variable
-        // naming it is now removed, so no other code in the process is told to take it.
+        // naming it is handed out once (`parent_env`), so no other code in the process is told
+        // to take it.
         let owned = unsafe { OwnedFd::from_raw_fd(fd) };
         Channel::from_fd(owned, options)
             .map(Some)

@@ -117,6 +117,8 @@ impl Inner {
         threads: usize,
         max_queue: Option<usize>,
     ) -> std::io::Result<Arc<Inner>> {
+        // Before the first thread of nodus's (see `parent_env`).
+        crate::parent_env::take();
         let inner = Arc::new(Inner {
             slow_limit: threads.div_ceil(2),
             threads,

@@ -5,9 +5,9 @@
 //! would outlive a primary killed with SIGKILL, since no one is left to kill their group.
 //!
 //! How it works:
-//! - [`OrphanGuard::start`] makes a `SOCK_SEQPACKET` socket pair (close-on-exec: no worker
-//!   inherits either end) and maps one page for the guard's table, then forks. The primary keeps
-//!   its end; the guard keeps the other, closes every other fd it inherited (`close_range`; stdio
+//! - [`OrphanGuard::start`] makes two `SOCK_SEQPACKET` socket pairs, one for each table below
+//!   (close-on-exec: no worker inherits an end), and maps the guard's table pages, then forks.
+//!   The primary keeps its ends; the guard keeps the others, closes every other fd it inherited (`close_range`; stdio
 //!   and listening sockets included, so it holds no port, pipe or terminal open), puts every
 //!   signal this process catches back to its default action, ignores SIGINT, SIGTERM, SIGHUP and
 //!   SIGPIPE (a terminal's Ctrl-C or a service manager's SIGTERM must not take it away before the
@@ -17,12 +17,15 @@
 //!   how a test tells it from a worker), overwrites its copy of the primary's argv strings with
 //!   `nodus-guard for PID` (`/proc/PID/cmdline`, what `ps -f` and `pgrep -f` read: not the
 //!   primary's command line; `Title`, whose area is found and checked before the fork), and
-//!   reads. Fork clears the parent-death signal: it gets none.
+//!   reads both (`poll`). Fork clears the parent-death signal: it gets none.
 //! - Messages are 8 bytes, `[op: i32, id: i32]` in native byte order: remember a group, forget
 //!   it, remember an adopted process (a pid, from the subreaper: `reaper`), forget it. A socket
 //!   pair rather than a pipe: one message is one datagram, sent whole or not
 //!   at all, and `MSG_NOSIGNAL` makes a send to a guard that died an `EPIPE` instead of a SIGPIPE
-//!   (which a library user's program may not ignore); its end of file is a pipe's.
+//!   (which a library user's program may not ignore); its end of file is a pipe's. The group
+//!   messages have a pair of their own: a burst of pid messages that fills its socket (below)
+//!   never holds one up, so a worker's spawn or exit right after a pass that adopted hundreds
+//!   of processes still reaches the guard.
 //! - The tables are [`CAPACITY`] pgids and, apart, [`PID_CAPACITY`] pids, in two pages mapped
 //!   before the fork (the primary unmaps its copy right after; the pid page is touched only once
 //!   a pid is remembered): nothing is allocated in the guard. Two tables, not one shared: however
@@ -31,8 +34,8 @@
 //!   group, or a newly adopted pid, is not sent, with one warning line per table (that worker's
 //!   children, or that process, are not covered; a worker's own parent-death signal still is),
 //!   and the guard itself ignores a remember past its capacity.
-//! - At end of file (every copy of the primary's end is closed: the primary exited, was killed,
-//!   or closed it at the end of its run) the guard SIGKILLs every group it remembers, then, for
+//! - At end of file on both (every copy of the primary's ends is closed: the primary exited, was
+//!   killed, or closed them at the end of its run) the guard SIGKILLs every group it remembers, then, for
 //!   every pid it remembers, `kill(-pid)` and `kill(pid)`, and `_exit`s. An id below 2 is never
 //!   acted on (`kill(-1)` would signal every process, `kill(0)` the guard's own group).
 //! - Why both kills for an adopted pid: a `setsid` daemon leads a session and a process group
@@ -55,7 +58,7 @@
 //! so the number is its own), and "forget" from the worker's exit task after the group's
 //! SIGKILL and before the reap (`Child::guard_group`): while the guard remembers a pgid, the
 //! worker is at worst a zombie the primary has not reaped, so the number cannot have been
-//! reused. The socket is ordered, and the guard reads everything before the end of file, so it
+//! reused. Each socket is ordered, and the guard reads everything before the end of file, so it
 //! never acts on a group the primary forgot. A worker still running when the primary's runtime
 //! is dropped (its exit task with it) is not forgotten: the orphan reaper (`orphans`) reaps it
 //! only after the guard's exit, which the runtime's drop brings about (end of file).
@@ -74,9 +77,14 @@
 //! Those messages come in bursts (many adoptions in one pass), so for them a full socket
 //! (`EAGAIN`) is not a failed send: nothing is sent, the pass is done again 1 ms later, and a
 //! process whose "forget" could not be sent is not reaped until it is (so the ordering holds).
-//! Only a socket full for [`BUSY_LIMIT`] (a guard stopped) is. A failed send (the guard stopped reading, or died)
-//! could leave a pgid the primary forgets remembered: the primary then SIGKILLs the guard at once
-//! (through its pidfd) and goes on without one, with one warning line.
+//! Only a socket full for [`BUSY_LIMIT`] (a guard stopped) is. A group message has its socket
+//! to itself (one per worker spawn or exit): that one full is a guard not reading at all. A
+//! failed send (the guard stopped reading, or died) could leave a pgid the primary forgets
+//! remembered: the primary then SIGKILLs the guard at once (through its pidfd) and goes on
+//! without one, with one warning line. The subreaper's messages are sent under the process-wide
+//! registry lock (`reaper`), which the fork handlers take: a warning line they lead to is said
+//! once the subreaper has let the lock go ([`OrphanGuard::log_deferred`]), so no code of the
+//! program's (a tracing subscriber) runs under it.
 //!
 //! Limits:
 //! - After the primary dies its zombie workers are reaped by whoever inherits them, and a
@@ -107,7 +115,7 @@
 //!
 //! Everything the guard runs after the fork is async-signal-safe (the primary may have other
 //! threads, whose locks the child may find held): raw syscalls through libc (`sigaction`,
-//! `sigprocmask`, `setpgid`, `prctl`, `close_range`/`close`, `recv`, `kill`, `_exit`) on
+//! `sigprocmask`, `setpgid`, `prctl`, `close_range`/`close`, `poll`, `recv`, `kill`, `_exit`) on
 //! integers, stack buffers and the page mapped before the fork, and plain stores to the argv
 //! area found before the fork. No allocation, no lock, no panic path, no return: the child
 //! never runs the primary's code again.
@@ -156,9 +164,17 @@ const BUSY_LIMIT: Duration = Duration::from_secs(1);
 #[derive(Clone)]
 pub(crate) struct OrphanGuard(Rc<Inner>);
 
+/// The primary's ends of the two socket pairs.
+struct Ends {
+    /// For the group messages (`REMEMBER`, `FORGET`).
+    groups: OwnedFd,
+    /// For the pid messages (`REMEMBER_PID`, `FORGET_PID`).
+    pids: OwnedFd,
+}
+
 struct Inner {
-    /// The primary's end of the socket pair; `None` once closed, or once the guard is gone.
-    end: RefCell<Option<OwnedFd>>,
+    /// The primary's ends; `None` once closed, or once the guard is gone.
+    end: RefCell<Option<Ends>>,
     child: Rc<Child>,
     /// The groups sent to the guard and not yet forgotten (the primary's copy of its table).
     groups: RefCell<Vec<i32>>,
@@ -169,8 +185,11 @@ struct Inner {
     full_warned: Cell<bool>,
     /// The full pid table was reported (once).
     pids_full_warned: Cell<bool>,
-    /// Since when the socket has been full for a pid message (see `send_or_busy`).
+    /// Since when the pid socket has been full (see `send_or_busy`).
     busy_since: Cell<Option<Instant>>,
+    /// Warning lines made while the subreaper holds the registry lock, not said yet
+    /// ([`OrphanGuard::log_deferred`]).
+    unsaid: RefCell<Vec<String>>,
 }
 
 /// What became of one message.
@@ -207,12 +226,17 @@ impl OrphanGuard {
     #[track_caller]
     pub(crate) fn start() -> io::Result<OrphanGuard> {
         crate::rt::context::with_core("nodus::process::OrphanGuard::start", |_| ());
-        let (ours, theirs) = rustix::net::socketpair(
-            rustix::net::AddressFamily::UNIX,
-            rustix::net::SocketType::SEQPACKET,
-            rustix::net::SocketFlags::CLOEXEC,
-            None,
-        )?;
+        let pair = || {
+            rustix::net::socketpair(
+                rustix::net::AddressFamily::UNIX,
+                rustix::net::SocketType::SEQPACKET,
+                rustix::net::SocketFlags::CLOEXEC,
+                None,
+            )
+        };
+        let (groups, groups_theirs) = pair()?;
+        let (pids, pids_theirs) = pair()?;
+        let ours = Ends { groups, pids };
         let table = Table::map()?;
         // For a kernel without close_range (before 5.9): the child closes every number below
         // the open-files limit, one by one (the kernel's own ceiling, `nr_open`, is 2^20 by
@@ -220,23 +244,26 @@ impl OrphanGuard {
         let last_fd = rustix::process::getrlimit(rustix::process::Resource::Nofile)
             .current
             .map_or(MAX_FD, |n| RawFd::try_from(n).unwrap_or(MAX_FD).min(MAX_FD));
-        let theirs_raw = theirs.as_raw_fd();
+        let theirs_raw = [groups_theirs.as_raw_fd(), pids_theirs.as_raw_fd()];
         let table_ptr = table.ptr;
         let title = Title::new();
         // Known as nodus's own from before the fork (see `reaper`); the child never drops it.
         let spawning = Spawning::begin();
-        // SAFETY: `fork` in a process that may have other threads: the child runs only
+        // SAFETY: `fork` in a process that may have other threads. In the child the
+        // `pthread_atfork` child handlers run first: nodus's (`crate::atfork`: atomic stores and
+        // unlocks, async-signal-safe) and any other library's, which every `fork` of a threaded
+        // process runs and which are that library's to make safe. Then the child runs only
         // `guard_main`, which is async-signal-safe (see there) and never returns. The parent
         // goes on as usual.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
-            // SAFETY: this is the child of the fork; `theirs_raw` is open in it, `table_ptr` is a
-            // mapping of `Table::LEN` i32s that the child owns a copy of, and `title` was made
-            // (its area checked) just before the fork.
+            // SAFETY: this is the child of the fork; both fds of `theirs_raw` are open in it,
+            // `table_ptr` is a mapping of `Table::LEN` i32s that the child owns a copy of, and
+            // `title` was made (its area checked) just before the fork.
             unsafe { guard_main(theirs_raw, table_ptr, last_fd, &title) }
         }
         let fork_error = io::Error::last_os_error();
-        drop(theirs);
+        drop((groups_theirs, pids_theirs));
         drop(table);
         if pid < 0 {
             return Err(fork_error);
@@ -262,6 +289,7 @@ impl OrphanGuard {
             full_warned: Cell::new(false),
             pids_full_warned: Cell::new(false),
             busy_since: Cell::new(None),
+            unsaid: RefCell::new(Vec::new()),
         });
         // The task holds the guard weakly: it must not keep the primary's end open.
         let weak: Weak<Inner> = Rc::downgrade(&inner);
@@ -323,7 +351,9 @@ impl OrphanGuard {
     }
 
     /// Has the guard remember adopted process `pid` (SIGKILLed, with the process group it leads
-    /// if it leads one, at the guard's end of file). Called by the subreaper for a running child
+    /// if it leads one, at the guard's end of file). A warning line it leads to waits for
+    /// [`log_deferred`](Self::log_deferred), as one of [`forget_pid`](Self::forget_pid) does.
+    /// Called by the subreaper for a running child
     /// of this process that it counts as adopted: unreaped, so its number cannot be reused until
     /// [`forget_pid`](Self::forget_pid), which the subreaper calls before it reaps it. Nothing is
     /// sent for a pid already remembered. `false` if the guard's socket is full for now (nothing
@@ -334,12 +364,11 @@ impl OrphanGuard {
         }
         if self.0.pids.borrow().len() >= PID_CAPACITY {
             if !self.0.pids_full_warned.replace(true) {
-                tracing::warn!(
-                    target: "nodus::process",
+                self.0.unsaid.borrow_mut().push(format!(
                     "the orphan guard's table of adopted processes is full ({PID_CAPACITY}): \
                      adopted process {pid} (and later ones while it stays full) is not killed if \
                      this process is killed with SIGKILL"
-                );
+                ));
             }
             return true;
         }
@@ -377,26 +406,39 @@ impl OrphanGuard {
         self.0.pids.borrow().contains(&pid)
     }
 
-    /// Sends one message; `false` if the guard did not get it. A send that fails while the
-    /// guard runs leaves its table unknown: the guard is killed at once and the primary goes on
-    /// without one (one warning line).
-    fn send(&self, op: i32, pgid: i32) -> bool {
-        self.send_or_busy(op, pgid, false) == Sent::Yes
+    /// Says the warning lines the subreaper's calls led to ([`remember_pid`](Self::remember_pid),
+    /// [`forget_pid`](Self::forget_pid)): called once it has let the registry lock go.
+    pub(crate) fn log_deferred(&self) {
+        let unsaid = std::mem::take(&mut *self.0.unsaid.borrow_mut());
+        for line in unsaid {
+            tracing::warn!(target: "nodus::process", "{line}");
+        }
     }
 
-    /// [`send`](Self::send), except that with `busy_ok` a full socket (`EAGAIN`: a burst of
-    /// adoptions in one pass, about 280 messages with the guard not yet scheduled to read them)
-    /// is [`Sent::Busy`], the guard left running, for the caller to try again shortly, as long
-    /// as the socket has not stayed full for [`BUSY_LIMIT`] (a guard stopped, not reading):
-    /// then it is a failed send.
+    /// Sends one group message (on the group socket); `false` if the guard did not get it. A
+    /// send that fails while the guard runs leaves its table unknown: the guard is killed at
+    /// once and the primary goes on without one (one warning line).
+    fn send(&self, op: i32, pgid: i32) -> bool {
+        let sent = self.send_or_busy(op, pgid, false) == Sent::Yes;
+        self.log_deferred();
+        sent
+    }
+
+    /// [`send`](Self::send), except that with `busy_ok` (the pid messages, on their socket) a
+    /// full socket (`EAGAIN`: a burst of adoptions in one pass, about 280 messages with the
+    /// guard not yet scheduled to read them) is [`Sent::Busy`], the guard left running, for the
+    /// caller to try again shortly, as long as the socket has not stayed full for
+    /// [`BUSY_LIMIT`] (a guard stopped, not reading): then it is a failed send. The warning line
+    /// of a failed send waits for [`log_deferred`](Self::log_deferred).
     fn send_or_busy(&self, op: i32, pgid: i32, busy_ok: bool) -> Sent {
         let mut message = [0u8; 8];
         message[..4].copy_from_slice(&op.to_ne_bytes());
         message[4..].copy_from_slice(&pgid.to_ne_bytes());
         let mut end = self.0.end.borrow_mut();
-        let Some(fd) = end.as_ref() else {
+        let Some(ends) = end.as_ref() else {
             return Sent::No;
         };
+        let fd = if busy_ok { &ends.pids } else { &ends.groups };
         let flags = rustix::net::SendFlags::NOSIGNAL | rustix::net::SendFlags::DONTWAIT;
         let result = loop {
             match rustix::net::send(fd, &message, flags) {
@@ -420,13 +462,12 @@ impl OrphanGuard {
                     Ok(n) => format!("a short send of {n} bytes"),
                     Err(e) => io::Error::from(e).to_string(),
                 };
-                tracing::warn!(
-                    target: "nodus::process",
+                self.0.unsaid.borrow_mut().push(format!(
                     "the orphan guard (pid {}) cannot be told of a process group or an adopted \
                      process ({why}): killed it; the workers' own children now outlive this \
                      process if it is killed with SIGKILL; going on without it",
                     self.0.child.id()
-                );
+                ));
                 Sent::No
             }
         }
@@ -446,7 +487,7 @@ impl OrphanGuard {
         self.0.child.pidfd()
     }
 
-    /// Closes the primary's end, once every worker has been reaped (so the guard kills
+    /// Closes the primary's ends, once every worker has been reaped (so the guard kills
     /// nothing), and waits for the guard's exit (1 s at most; it exits at once), which its exit
     /// task reaps. Later calls do nothing.
     pub(crate) async fn close(&self) {
@@ -590,20 +631,21 @@ fn argv_area() -> Option<(usize, usize)> {
 }
 
 /// The guard's life, in the child of the fork: set up (signals, group, name, fds), then
-/// remember and forget groups and pids until end of file, then SIGKILL what it remembers and
-/// `_exit`.
+/// remember and forget groups and pids until end of file on both sockets, then SIGKILL what it
+/// remembers and `_exit`.
 ///
 /// Async-signal-safe throughout: raw syscalls through libc on integers, on stack buffers and on
 /// `table`; no allocation, no lock, no unwinding (no indexing that can panic), no return.
 ///
 /// # Safety
-/// Only in the child of a `fork`, with `end` an open socket of the child, `table` a writable
-/// mapping of `Table::LEN` i32s owned by the child (groups in `[0, CAPACITY)`, pids in
-/// `[CAPACITY, CAPACITY + PID_CAPACITY)`) and `title` made right before the fork.
-unsafe fn guard_main(end: RawFd, table: *mut i32, last_fd: RawFd, title: &Title) -> ! {
+/// Only in the child of a `fork`, with `ends` two open sockets of the child (the groups' and
+/// the pids'), `table` a writable mapping of `Table::LEN` i32s owned by the child (groups in
+/// `[0, CAPACITY)`, pids in `[CAPACITY, CAPACITY + PID_CAPACITY)`) and `title` made right
+/// before the fork.
+unsafe fn guard_main(ends: [RawFd; 2], table: *mut i32, last_fd: RawFd, title: &Title) -> ! {
     // SAFETY (the whole body): plain syscalls with valid arguments (signal numbers, the
     // child's own pid 0, a NUL-terminated static name, fd numbers, a stack buffer of the length
-    // given); `table.add(i)` stays below `CAPACITY` and `pids.add(i)` below `PID_CAPACITY`
+    // given, a stack array of the two `pollfd`s counted); `table.add(i)` stays below `CAPACITY` and `pids.add(i)` below `PID_CAPACITY`
     // (checked before each access), so both stay within the `Table::LEN` i32s of `table`;
     // `title.set()` runs in the child of the fork made right after `Title::new` (the caller's
     // guarantee), on its only thread.
@@ -625,42 +667,72 @@ unsafe fn guard_main(end: RawFd, table: *mut i32, last_fd: RawFd, title: &Title)
         libc::setpgid(0, 0);
         libc::prctl(libc::PR_SET_NAME, GUARD_NAME.as_ptr(), 0, 0, 0);
         title.set();
-        close_all_but(end, last_fd);
+        close_all_but(ends, last_fd);
 
         let mut count = 0usize;
         let pids = table.add(CAPACITY);
         let mut pid_count = 0usize;
         let mut message = [0u8; 8];
-        loop {
-            let n = libc::recv(end, message.as_mut_ptr().cast(), message.len(), 0);
-            if n == 0 {
-                break; // end of file: the primary is gone
-            }
-            if n < 0 {
+        let mut fds = ends.map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        // Until end of file on both (the primary is gone): a socket at its end is set to -1,
+        // which `poll` skips.
+        while fds[0].fd >= 0 || fds[1].fd >= 0 {
+            if libc::poll(fds.as_mut_ptr(), 2, -1) < 0 {
                 if *libc::__errno_location() == libc::EINTR {
                     continue;
                 }
-                // Cannot happen on a connected socket pair; leave without killing anything.
+                // Cannot happen with two valid entries; leave without killing anything.
                 libc::_exit(1);
             }
-            if n != message.len() as isize {
-                continue; // not one of ours
-            }
-            let op = i32::from_ne_bytes([message[0], message[1], message[2], message[3]]);
-            let pgid = i32::from_ne_bytes([message[4], message[5], message[6], message[7]]);
-            if pgid < 2 {
-                continue; // never kill(-1) (everyone) or kill(0) (our own group)
-            }
-            if op == REMEMBER && count < CAPACITY {
-                *table.add(count) = pgid;
-                count += 1;
-            } else if op == FORGET {
-                forget(table, &mut count, pgid);
-            } else if op == REMEMBER_PID && pid_count < PID_CAPACITY {
-                *pids.add(pid_count) = pgid;
-                pid_count += 1;
-            } else if op == FORGET_PID {
-                forget(pids, &mut pid_count, pgid);
+            for p in &mut fds {
+                if p.fd < 0 || p.revents == 0 {
+                    continue;
+                }
+                // Everything queued on this one, then back to `poll`.
+                loop {
+                    let n = libc::recv(
+                        p.fd,
+                        message.as_mut_ptr().cast(),
+                        message.len(),
+                        libc::MSG_DONTWAIT,
+                    );
+                    if n == 0 {
+                        p.fd = -1; // end of file
+                        break;
+                    }
+                    if n < 0 {
+                        match *libc::__errno_location() {
+                            libc::EINTR => continue,
+                            libc::EAGAIN => break,
+                            // Cannot happen on a connected socket pair; leave without killing
+                            // anything.
+                            _ => libc::_exit(1),
+                        }
+                    }
+                    if n != message.len() as isize {
+                        continue; // not one of ours
+                    }
+                    let op = i32::from_ne_bytes([message[0], message[1], message[2], message[3]]);
+                    let id = i32::from_ne_bytes([message[4], message[5], message[6], message[7]]);
+                    if id < 2 {
+                        continue; // never kill(-1) (everyone) or kill(0) (our own group)
+                    }
+                    if op == REMEMBER && count < CAPACITY {
+                        *table.add(count) = id;
+                        count += 1;
+                    } else if op == FORGET {
+                        forget(table, &mut count, id);
+                    } else if op == REMEMBER_PID && pid_count < PID_CAPACITY {
+                        *pids.add(pid_count) = id;
+                        pid_count += 1;
+                    } else if op == FORGET_PID {
+                        forget(pids, &mut pid_count, id);
+                    }
+                }
             }
         }
         let mut i = 0;
@@ -703,25 +775,25 @@ unsafe fn forget(list: *mut i32, count: &mut usize, value: i32) {
     }
 }
 
-/// Closes every fd but `keep`: `close_range` around it (Linux ≥ 5.9), else each number up to
-/// `last` one by one. Raw syscalls only: async-signal-safe.
+/// Closes every fd but the two of `keep` (distinct, open): `close_range` around them (Linux ≥
+/// 5.9), else each number up to `last` one by one. Raw syscalls only: async-signal-safe.
 ///
 /// # Safety
 /// Only in the child of a `fork` (it closes fds other code may think it owns).
-unsafe fn close_all_but(keep: RawFd, last: RawFd) {
+unsafe fn close_all_but(keep: [RawFd; 2], last: RawFd) {
     let close_range = |first: u32, last: u32| -> bool {
         // SAFETY: close_range takes no pointers; it closes this (child) process's fds in the
-        // range.
-        unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) == 0 }
+        // range (none when it is empty).
+        first > last || unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) == 0 }
     };
-    let keep_u = keep as u32;
-    let below = keep_u == 0 || close_range(0, keep_u - 1);
-    if below && close_range(keep_u + 1, u32::MAX) {
+    let (lo, hi) = (keep[0].min(keep[1]) as u32, keep[0].max(keep[1]) as u32);
+    let below = lo == 0 || close_range(0, lo - 1);
+    if below && close_range(lo + 1, hi - 1) && close_range(hi + 1, u32::MAX) {
         return;
     }
     let mut fd = 0;
     while fd < last {
-        if fd != keep {
+        if fd != keep[0] && fd != keep[1] {
             // SAFETY: closing an fd number in the child; a number not open gives EBADF.
             unsafe { libc::close(fd) };
         }
@@ -731,6 +803,10 @@ unsafe fn close_all_but(keep: RawFd, last: RawFd) {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::process::ExitStatusExt;
+
+    use nodus_testkit::proc::Proc;
+
     use super::*;
 
     /// Above `PID_MAX_LIMIT` (2^22): no process can have these numbers, so the guard's kills
@@ -795,6 +871,58 @@ mod tests {
             drop(guard);
             until("the child and the guard are reaped", || {
                 state(child).is_none() && state(guard_pid).is_none()
+            });
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// A worker's group told to the guard right after a burst of adopted pids that filled
+    /// their socket (the guard not scheduled yet to read it) goes through, the guard running on;
+    /// once it reads, it takes everything, and at end of file kills the group and the pids it
+    /// remembers. Before, one socket carried both: the group message found it full, a failed
+    /// send, and the guard was killed.
+    #[test]
+    fn a_group_message_after_a_pid_burst_that_filled_their_socket_goes_through() {
+        std::thread::spawn(|| {
+            crate::Runtime::new().block_on(async {
+                let guard = OrphanGuard::start().unwrap();
+                let pid = guard.0.child.id() as i32;
+                guard.0.child.kill(libc::SIGSTOP).unwrap();
+                while state(pid) != Some('T') {
+                    crate::time::sleep(Duration::from_millis(1)).await;
+                }
+                let ids: Vec<i32> = (0..600).map(|i| NOBODY + i).collect();
+                let sent = ids.iter().filter(|&&id| guard.remember_pid(id)).count();
+                assert!(sent < ids.len(), "the pid socket fills: {sent} taken");
+
+                // A worker spawned in the same loop turn: its group is told to the guard.
+                let mut worker = Proc::spawn_group(std::process::Command::new("sleep").arg("30"));
+                let group = worker.id() as i32;
+                guard.remember(Pid::from_raw(group).unwrap());
+                assert!(guard.0.end.borrow().is_some(), "the guard is not killed");
+                assert_eq!(*guard.0.groups.borrow(), [group]);
+
+                // An adopted process, told once the guard reads again.
+                let mut adopted = Proc::spawn(std::process::Command::new("sleep").arg("30"));
+                guard.0.child.kill(libc::SIGCONT).unwrap();
+                let mut all = ids.clone();
+                all.push(adopted.id() as i32);
+                until_all(&all, |id| guard.remember_pid(id)).await;
+
+                // End of file on both sockets: the group and the adopted process are killed.
+                guard.close().await;
+                for (what, proc) in [
+                    ("the worker's group", &mut worker),
+                    ("adopted", &mut adopted),
+                ] {
+                    let status = proc.exited_within(Duration::from_secs(5));
+                    assert_eq!(
+                        status.and_then(|s| s.signal()),
+                        Some(libc::SIGKILL),
+                        "{what}: {status:?}"
+                    );
+                }
             });
         })
         .join()

@@ -205,12 +205,17 @@ pub(super) fn adopt(orphan: Orphan) {
         });
     match started {
         Ok(wake) => q.wake = Some(wake),
-        Err(e) => tracing::warn!(
-            target: "nodus::process",
-            "cannot start the thread that reaps children whose loop is gone ({e}): {} stay \
-             unreaped for now",
-            q.new.len()
-        ),
+        Err(e) => {
+            let queued = q.new.len();
+            // Said without the queue's lock, which the fork handlers take (`crate::atfork`): no
+            // code of the program's (a tracing subscriber) runs under it.
+            drop(q);
+            tracing::warn!(
+                target: "nodus::process",
+                "cannot start the thread that reaps children whose loop is gone ({e}): {queued} \
+                 stay unreaped for now"
+            );
+        }
     }
 }
 

@@ -310,6 +310,8 @@ impl Writer {
     }
 
     fn start(target: Target, name: &str) -> io::Result<Writer> {
+        // Before the first thread of nodus's (see `parent_env`).
+        crate::parent_env::take();
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared::default());
         let thread_shared = shared.clone();

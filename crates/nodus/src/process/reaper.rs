@@ -87,10 +87,13 @@
 //!   both, and why that group can only be the process's own).
 //! - Only processes counted as adopted: never nodus's own children (the registry) nor the ones
 //!   this process already had when the reaper started (`inherited`).
-//! - A burst of adoptions can fill the guard's socket (about 280 messages before it reads):
-//!   a message that finds it full is not sent and the pass is done again 1 ms later, a process
+//! - A burst of adoptions can fill the guard's socket for pids (about 280 messages before it
+//!   reads; the workers' groups have a socket of their own, which the burst leaves free): a
+//!   message that finds it full is not sent and the pass is done again 1 ms later, a process
 //!   whose "forget" could not be sent staying unreaped (so still safe to remember) until it is.
 //!   A socket full for a whole second (the guard stopped) is a failed send: the guard is killed.
+//! - The pass logs (adoptions, reaps, the guard's warnings) once it has let the lock go: no
+//!   tracing subscriber, the program's code, runs under a lock the fork handlers take.
 //! - Its limit is the pass's lag: an orphan re-parented here while running sends no `SIGCHLD`,
 //!   so it is remembered only at the next pass (a `SIGCHLD` from any foreign child, a stats
 //!   request, the stop, or the periodic one: [`PASS_PERIOD`] at most); one adopted less than
@@ -415,6 +418,10 @@ impl Reaper {
         // The guard's socket was full for one of its messages: the pass is done again shortly.
         let mut busy = false;
         let mut alive = Vec::new();
+        // Logged once the lock is released (no code of the program's, a tracing subscriber,
+        // runs under it: see `crate::atfork`).
+        let mut adopted_now = Vec::new();
+        let mut reaped_now = Vec::new();
         for &pid in &listed {
             if t.holds(pid) {
                 continue;
@@ -425,7 +432,7 @@ impl Reaper {
             let was_inherited = inherited.contains(&pid);
             if !was_inherited && known.insert(pid) {
                 self.0.adopted.set(self.0.adopted.get() + 1);
-                tracing::debug!(target: "nodus::process", "adopted process {pid}");
+                adopted_now.push(pid);
             }
             let options = WaitIdOptions::EXITED
                 | WaitIdOptions::NOHANG
@@ -467,12 +474,7 @@ impl Reaper {
                 Ok(Some(status)) => {
                     known.remove(&pid);
                     self.0.reaped.set(self.0.reaped.get() + 1);
-                    tracing::debug!(
-                        target: "nodus::process",
-                        "reaped adopted process {pid} (exit {:?}, signal {:?})",
-                        status.exit_status(),
-                        status.terminating_signal()
-                    );
+                    reaped_now.push((pid, status.exit_status(), status.terminating_signal()));
                 }
                 // Only without a guard: with one, a running child was found by the look above.
                 Ok(None) => alive.push(pid),
@@ -483,6 +485,15 @@ impl Reaper {
             }
         }
         drop(t);
+        for pid in adopted_now {
+            tracing::debug!(target: "nodus::process", "adopted process {pid}");
+        }
+        for (pid, exit, signal) in reaped_now {
+            tracing::debug!(
+                target: "nodus::process",
+                "reaped adopted process {pid} (exit {exit:?}, signal {signal:?})"
+            );
+        }
         // Gone without our reap: no longer ours to count, nor the guard's to remember.
         known.retain(|p| {
             if listed.contains(p) {
@@ -494,6 +505,9 @@ impl Reaper {
             !forgotten
         });
         inherited.retain(|p| listed.contains(p));
+        if let Some(guard) = guard.as_ref() {
+            guard.log_deferred();
+        }
         if busy {
             return Pass::Deferred;
         }
@@ -643,6 +657,9 @@ impl Inner {
             handed.push(Orphan::new(pidfd, id, None, guard_pidfd, t.claim(pid)));
         }
         drop(t);
+        if let Some(guard) = guard.as_ref() {
+            guard.log_deferred();
+        }
         for orphan in handed {
             super::orphans::adopt(orphan);
         }
@@ -817,6 +834,54 @@ mod tests {
             reaper.close();
             0
         })
+    }
+
+    /// The subreaper's log lines are said once the registry lock is let go: a tracing
+    /// subscriber (the program's code, which may fork or spawn, and so take that lock on this
+    /// very thread) never runs under it.
+    #[test]
+    fn the_subreaper_logs_without_the_registry_lock() {
+        use std::sync::Arc;
+
+        use tracing_subscriber::layer::SubscriberExt;
+
+        if !alone("process::reaper::tests::the_subreaper_logs_without_the_registry_lock") {
+            return;
+        }
+        /// Whether the lock was held (by this thread: the test runs alone) at each of the
+        /// process module's events.
+        struct Held(Arc<Mutex<Vec<bool>>>);
+        impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Held {
+            fn on_event(
+                &self,
+                event: &tracing::Event<'_>,
+                _: tracing_subscriber::layer::Context<'_, S>,
+            ) {
+                if event.metadata().target() == "nodus::process" {
+                    self.0.lock().unwrap().push(OURS.try_lock().is_err());
+                }
+            }
+        }
+        let held = Arc::new(Mutex::new(Vec::new()));
+        let subscriber = tracing_subscriber::registry().with(Held(held.clone()));
+        tracing::subscriber::with_default(subscriber, || {
+            crate::Runtime::new().block_on(async {
+                let reaper = Reaper::start().unwrap();
+                // A child forked by other means, exited: adopted, then reaped, by a pass.
+                let done = fork_child(false);
+                assert!(wait_zombie(done));
+                crate::time::timeout(Duration::from_secs(5), reaper.reap())
+                    .await
+                    .unwrap();
+                reaper.close();
+            });
+        });
+        let held = held.lock().unwrap();
+        assert!(held.len() >= 2, "the adopted and reaped lines: {held:?}");
+        assert!(
+            !held.contains(&true),
+            "a line said under the lock: {held:?}"
+        );
     }
 
     /// A process forked without `exec` while another thread is between its `Spawning` ticket

@@ -64,10 +64,18 @@ pub(crate) enum Remote {
 /// start of its schedule delay and of its time in the run queue.
 pub(crate) type Posted = (Remote, u64);
 
+/// The remote queue: what other threads sent, and whether the loop is gone.
+struct RemoteQueue {
+    items: Vec<Posted>,
+    /// The loop is gone (its `Runtime` dropped): remote work can no longer run. Set under the
+    /// lock, so no push lands in a queue that is closed.
+    closed: bool,
+}
+
 /// The part of a loop other threads can reach.
 pub(crate) struct Shared {
     pub(crate) loop_id: u64,
-    remote: Mutex<Vec<Posted>>,
+    remote: Mutex<RemoteQueue>,
     /// Set when the remote queue is non-empty.
     notified: AtomicBool,
     /// The loop is blocked (or about to block) in `epoll_wait`: only then does a push write the
@@ -75,25 +83,28 @@ pub(crate) struct Shared {
     /// reads `sleeping`; the loop sets `sleeping` then reads `notified`; one of them sees the other.
     sleeping: AtomicBool,
     waker: mio::Waker,
-    /// The loop is gone: remote work can no longer run.
-    closed: AtomicBool,
 }
 
 impl Shared {
-    /// Queues work for the loop, stamped with the time (one clock read), and wakes its poll
-    /// phase.
+    fn queue(&self) -> std::sync::MutexGuard<'_, RemoteQueue> {
+        // Every update is one statement: consistent across a panic.
+        self.remote.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues work for the loop, stamped with the time (one clock read, outside the lock), and
+    /// wakes its poll phase; the work back if the loop is gone.
     pub(crate) fn push_remote(&self, item: Remote) -> Result<(), Remote> {
-        if self.closed.load(Ordering::Acquire) {
-            return Err(item);
-        }
         #[cfg(feature = "measure")]
         let posted = crate::clock::now_ns();
         #[cfg(not(feature = "measure"))]
         let posted = 0;
-        self.remote
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((item, posted));
+        {
+            let mut q = self.queue();
+            if q.closed {
+                return Err(item);
+            }
+            q.items.push((item, posted));
+        }
         if !self.notified.swap(true, Ordering::SeqCst) && self.sleeping.load(Ordering::SeqCst) {
             // A failed wake leaves the item queued; the next poll picks it up.
             let _ = self.waker.wake();
@@ -103,13 +114,12 @@ impl Shared {
 
     /// A task woken from another thread (or while its loop is not entered).
     pub(crate) fn schedule_remote(&self, item: RunItem) {
-        if let Err(Remote::Run(item)) = self.push_remote(Remote::Run(item)) {
-            // The loop is gone. Its drop dropped every task's future, so a later wake or abort
-            // schedules nothing; this is a wake from another thread that raced the drop (the
-            // task marked scheduled before the registry's wake, pushed after the close). The
-            // future can be dropped only on its own thread, which may not be this one: leak it.
-            std::mem::forget(item);
-        }
+        #[cfg(test)]
+        tests::in_flight();
+        // Refused only once the loop is gone, and then `item` is the main future's: a task's
+        // `Runnable` exists only while its future does, and the runtime's drop closes the queue
+        // only once no task's future is left (`Core::shutdown`), so there is none to drop here.
+        let _ = self.push_remote(Remote::Run(item));
     }
 
     pub(crate) fn has_remote(&self) -> bool {
@@ -129,28 +139,34 @@ impl Shared {
 
     pub(crate) fn take_remote(&self) -> Vec<Posted> {
         self.notified.store(false, Ordering::Release);
-        std::mem::take(&mut *self.remote.lock().unwrap_or_else(|e| e.into_inner()))
+        std::mem::take(&mut self.queue().items)
     }
 
     /// Puts back, ahead of anything posted since, work taken but not run (`block_on` returned in
     /// the middle of it), with its stamps. On the loop thread, which is awake: no wake needed.
     pub(crate) fn requeue(&self, rest: Vec<Posted>) {
-        if rest.is_empty() || self.closed.load(Ordering::Acquire) {
+        if rest.is_empty() {
             return;
         }
-        let mut queue = self.remote.lock().unwrap_or_else(|e| e.into_inner());
-        queue.splice(0..0, rest);
+        let mut q = self.queue();
+        if q.closed {
+            return;
+        }
+        q.items.splice(0..0, rest);
         self.notified.store(true, Ordering::SeqCst);
     }
 
     /// Work posted and not yet taken by the loop.
     pub(crate) fn posted_len(&self) -> usize {
-        self.remote.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.queue().items.len()
     }
 
+    /// Refuses every later push; returns what was queued.
     pub(crate) fn close(&self) -> Vec<Posted> {
-        self.closed.store(true, Ordering::Release);
-        self.take_remote()
+        self.notified.store(false, Ordering::Release);
+        let mut q = self.queue();
+        q.closed = true;
+        std::mem::take(&mut q.items)
     }
 }
 
@@ -197,11 +213,13 @@ impl Core {
         let (reactor, waker) = Reactor::new()?;
         let shared = Arc::new(Shared {
             loop_id,
-            remote: Mutex::new(Vec::new()),
+            remote: Mutex::new(RemoteQueue {
+                items: Vec::new(),
+                closed: false,
+            }),
             notified: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
             waker,
-            closed: AtomicBool::new(false),
         });
         let core = Rc::new_cyclic(|me| Core {
             me: me.clone(),
@@ -257,7 +275,7 @@ impl Core {
         );
     }
 
-    /// A task's future was dropped: it leaves the registry (unless shutdown took it already).
+    /// A task's future was dropped: it leaves the registry.
     pub(crate) fn task_dropped(&self, key: usize, id: u64) {
         self.meter.task_dropped();
         let mut tasks = self.tasks.borrow_mut();
@@ -360,5 +378,103 @@ impl Core {
             location,
             class,
         }
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use std::cell::RefCell;
+    use std::future::poll_fn;
+    use std::sync::mpsc;
+    use std::sync::{Arc, Mutex};
+    use std::task::{Poll, Waker};
+    use std::thread::{self, ThreadId};
+    use std::time::{Duration, Instant};
+
+    use crate::Runtime;
+
+    thread_local! {
+        /// Run by `schedule_remote` on this thread before it pushes: a waking thread held up
+        /// inside a wake (the task marked scheduled, its `Runnable` in hand).
+        static IN_FLIGHT: RefCell<Option<Box<dyn Fn()>>> = const { RefCell::new(None) };
+    }
+
+    /// The loops whose drop is waiting for a wake in flight.
+    static WAITING: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+
+    pub(crate) fn in_flight() {
+        IN_FLIGHT.with(|hook| {
+            if let Some(hook) = &*hook.borrow() {
+                hook();
+            }
+        });
+    }
+
+    pub(crate) fn waiting_for_a_wake(loop_id: u64) {
+        let mut waiting = WAITING.lock().unwrap();
+        if !waiting.contains(&loop_id) {
+            waiting.push(loop_id);
+        }
+    }
+
+    /// Records on which thread it is dropped.
+    struct DropSeen(Arc<Mutex<Option<ThreadId>>>);
+
+    impl Drop for DropSeen {
+        fn drop(&mut self) {
+            *self.0.lock().unwrap() = Some(thread::current().id());
+        }
+    }
+
+    /// A wake from another thread in flight while the runtime is dropped (the task marked
+    /// scheduled before the drop's own wake of it, its `Runnable` pushed once the drop would
+    /// have closed the remote queue): the drop waits for it and drops the task's future, on the
+    /// loop's thread. Before, the push found the queue closed and the future was never dropped.
+    #[test]
+    fn a_wake_from_another_thread_racing_the_runtime_drop_drops_the_future() {
+        let rt = Runtime::new();
+        let dropped_on = Arc::new(Mutex::new(None));
+        let seen = DropSeen(dropped_on.clone());
+        let (wakers, waker) = mpsc::channel::<Waker>();
+        rt.block_on(async {
+            crate::spawn(async move {
+                let _seen = seen;
+                poll_fn(|cx| {
+                    let _ = wakers.send(cx.waker().clone());
+                    Poll::<()>::Pending
+                })
+                .await
+            })
+            .detach();
+            crate::yield_now().await;
+        });
+        let waker = waker.recv().unwrap();
+        let handle = rt.handle();
+        let (in_flight, wait_in_flight) = mpsc::channel();
+        let waking = thread::spawn(move || {
+            IN_FLIGHT.with(|hook| {
+                *hook.borrow_mut() = Some(Box::new(move || {
+                    in_flight.send(()).unwrap();
+                    // Held up until the drop closed the remote queue (before the fix) or waits
+                    // for this wake (5 s at most).
+                    let deadline = Instant::now() + Duration::from_secs(5);
+                    while handle.post(|| {})
+                        && !WAITING.lock().unwrap().contains(&handle.loop_id())
+                        && Instant::now() < deadline
+                    {
+                        thread::sleep(Duration::from_millis(1));
+                    }
+                }));
+            });
+            waker.wake();
+        });
+        wait_in_flight.recv().unwrap();
+        drop(rt);
+        waking.join().unwrap();
+        assert_eq!(
+            *dropped_on.lock().unwrap(),
+            Some(thread::current().id()),
+            "the task's future is dropped by the runtime's drop, on the loop's thread"
+        );
     }
 }

@@ -13,7 +13,9 @@
 //! inside another running loop on the same thread. Dropping the runtime drops every task,
 //! callback and timer it still holds, on this thread, with the loop current (a drop may cancel a
 //! timer, close an fd, spawn: all of it is dropped too): every task through the loop's task
-//! registry, so also one nothing could wake, whose `JoinHandle` then resolves `Cancelled`.
+//! registry, so also one nothing could wake, whose `JoinHandle` then resolves `Cancelled`, and
+//! one whose wake from another thread races the drop (the drop waits for that wake's push). No
+//! task's future outlives the drop, whatever other threads do.
 
 pub(crate) mod context;
 pub(crate) mod core;
@@ -32,6 +34,7 @@ use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
 use std::pin::pin;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::task::Waker;
 use std::time::Duration;
 
 pub use hooks::{HookHandle, defer, idle, prepare};
@@ -99,7 +102,17 @@ impl Builder {
     }
 
     /// Creates the loop on the current thread.
+    ///
+    /// The first runtime of the process (unless a pool or `Channel::from_env` came first) takes
+    /// the variables a parent set for this process alone out of the environment, as Node does
+    /// at its startup: `NODE_CHANNEL_FD` and `NODE_CHANNEL_SERIALIZATION_MODE` (for
+    /// [`Channel::from_env`](crate::ipc::Channel::from_env)), `NODE_UNIQUE_ID` and
+    /// `NODUS_PRIMARY` (for [`Worker::get`](crate::cluster::Worker::get)), so no grandchild
+    /// inherits them. Where one is set, that is `std::env::remove_var`: build it before starting
+    /// threads that read the environment through libc (`getenv`, `getaddrinfo`, `localtime`),
+    /// as for any `remove_var`. nodus's own threads all start afterwards.
     pub fn build(self) -> std::io::Result<Runtime> {
+        crate::parent_env::take();
         Ok(Runtime {
             core: Core::new(self.config)?,
         })
@@ -257,10 +270,24 @@ impl Core {
     /// its own `catch_unwind`, so a panicking drop neither stops the rest nor, with a second one,
     /// aborts the process: the first panic is resumed once all is dropped (unless the thread is
     /// unwinding already).
+    ///
+    /// A task whose future outlives a round (nothing holds its `Runnable`, and the round's wake
+    /// of it did nothing) was marked scheduled by a wake on another thread that has yet to push
+    /// its `Runnable` (a pool completion, an abort there): the runnable exists only in that
+    /// wake, which needs nothing but the remote queue's lock to finish. So the rounds go on,
+    /// yielding the CPU, until it arrives and is dropped here; only then is the remote queue
+    /// closed, so no task's `Runnable` is ever pushed to a closed queue, which could only leak
+    /// it (dropped off its thread, the future would abort the process).
     fn shutdown(&self) {
         self.shutting_down.set(true);
         let mut panic = None;
-        while !self.drop_held(&mut panic) {}
+        while !self.drop_held(&mut panic) {
+            if !self.tasks.borrow().is_empty() {
+                #[cfg(test)]
+                self::core::tests::waiting_for_a_wake(self.loop_id());
+                std::thread::yield_now();
+            }
+        }
         drop(self.shared.close());
         if let Some(p) = panic
             && !std::thread::panicking()
@@ -270,8 +297,8 @@ impl Core {
     }
 
     /// Drops one round of what the loop holds: queued work, timers, hooks, callbacks and stored
-    /// wakers, then every task still registered. Returns whether there was nothing left; keeps
-    /// the first panic of a drop in `panic`.
+    /// wakers, then wakes every task still registered. Returns whether there was nothing left;
+    /// keeps the first panic of a drop in `panic`.
     fn drop_held(&self, panic: &mut Option<Box<dyn Any + Send>>) -> bool {
         let micro = self.micro.borrow_mut().take_all();
         let check = self.check.borrow_mut().order.take_all();
@@ -305,11 +332,17 @@ impl Core {
         for_each_caught(wakers, drop, panic);
         // The tasks left (parked where no waker is stored, or whose `JoinHandle` is held), in key
         // order, now that no queue holds a `Runnable`: the wake hands each one's `Runnable` to
-        // `schedule_local`, which drops it, and with it the future (a task spawned meanwhile
-        // goes the same way at once, so the next round finds it gone).
-        let tasks = std::mem::take(&mut *self.tasks.borrow_mut());
+        // `schedule_local`, which drops it, and with it the future, whose guard takes the task
+        // out of the registry (a task spawned meanwhile goes the same way at once). A task
+        // another thread marked scheduled stays: its wake is in flight (see `shutdown`).
+        let tasks: Vec<_> = self
+            .tasks
+            .borrow()
+            .iter()
+            .map(|(_, (_, waker))| waker.clone())
+            .collect();
         let empty = empty && tasks.is_empty();
-        for_each_caught(tasks, |(_, (_, waker))| waker.wake(), panic);
+        for_each_caught(tasks, Waker::wake, panic);
         empty
     }
 }

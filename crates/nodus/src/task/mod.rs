@@ -9,9 +9,10 @@
 //!
 //! Every task is in its loop's registry (`Core::tasks`, with a waker) from spawn until its future
 //! is dropped; dropping the runtime wakes every task still there, and the wake, refused by a
-//! loop that is shutting down, drops the task's future. So no task outlives its runtime, whether
-//! or not anything else could wake it, and a `JoinHandle` still held resolves to
-//! `JoinError::Cancelled`.
+//! loop that is shutting down, drops the task's future (one another thread's wake has just
+//! marked scheduled is dropped when that wake's push arrives, which the drop waits for). So no
+//! task outlives its runtime, whether or not anything else could wake it, and a `JoinHandle`
+//! still held resolves to `JoinError::Cancelled`.
 //!
 //! Invariants: a task is polled and dropped only on its loop's thread (async-task's
 //! `spawn_local` checks it); a panic inside a task, in a poll or in its future's drop (an abort,
