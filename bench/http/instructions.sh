@@ -2,7 +2,9 @@
 # bench/http/instructions.sh: user-space instructions per keep-alive request, counted exactly by
 # callgrind (valgrind), so that a change of a few per cent in the request path's own work shows
 # through the noise of a shared machine (wall-clock A/Bs there spread ±15 %). The kernel's share
-# (about 80 % of a request's CPU on loopback) is not counted: this measures nodus's and hyper's work.
+# (about 80 % of a request's CPU on loopback) is not counted: this measures nodus's and hyper's work
+# on the loop's thread (the main one; the watchdog thread's sampling scales with the run's wall
+# time under valgrind, not with the requests, so it is left out).
 #
 # Usage: bench/http/instructions.sh NAME=BINARY [NAME=BINARY ...]
 #   BINARY takes a port as its only argument (`hello_http`). Build it so that it runs under valgrind:
@@ -25,13 +27,14 @@ port=$((21000 + RANDOM % 2000))
 count() {
   local bin=$1 n=$2
   port=$((port + 1))
-  valgrind --tool=callgrind --callgrind-out-file="$out/cg" "$bin" "$port" >/dev/null 2>"$out/vg.log" &
+  valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$out/cg" "$bin" "$port" >/dev/null 2>"$out/vg.log" &
   vg=$!
   timeout 300 python3 "$here/keepalive_client.py" "$port" "$n" 16 >/dev/null
   kill -TERM "$vg"
   wait "$vg" || true
   vg=""
-  awk '/^(summary|totals):/ {print $2; exit}' "$out/cg"
+  awk '/^(summary|totals):/ {print $2; exit}' "$out/cg-01"
+  rm -f "$out"/cg*
 }
 for variant in "$@"; do
   name=${variant%%=*} bin=${variant#*=}
