@@ -14,7 +14,9 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::cluster::{assert_exit, count, events, run_node_app, run_sh, spawn, wait_events};
+use common::cluster::{
+    assert_exit, count, events, run_node_app, run_sh, spawn, wait_events, wait_ready_pids,
+};
 use common::http::{get, try_request};
 use common::{NODUS, have};
 use nodus_testkit::net::free_addr;
@@ -240,19 +242,14 @@ fn a_worker_stopped_before_the_first_stats_pull_is_a_stall() {
     );
     primary.wait_line("2 workers ready");
     // The pids from the event log: no stats request before the stop.
-    let ready = wait_events(&log, |e| count(e, "ready") == 2);
-    let pids: Vec<u64> = ready
-        .iter()
-        .filter(|e| e["event"] == "ready")
-        .map(|e| e["pid"].as_u64().unwrap())
-        .collect();
+    let pids = wait_ready_pids(&log, 2);
     let (stopped, running) = (pids[0], pids[1]);
-    let _kill = KillOnDrop(vec![stopped as i32]);
-    let cont = ContOnDrop(stopped as i32);
-    signal(stopped as i32, Signal::STOP);
+    let _kill = KillOnDrop(vec![stopped]);
+    let cont = ContOnDrop(stopped);
+    signal(stopped, Signal::STOP);
 
     let doc = stats(admin);
-    let worker = |pid: u64| {
+    let worker = |pid: i32| {
         doc["workers"]
             .as_array()
             .unwrap()

@@ -16,7 +16,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::cluster::{assert_exit, count, run_node_app, spawn, wait_events};
+use common::cluster::{assert_exit, count, run_node_app, spawn, wait_events, wait_ready_pids};
 use common::http::get;
 use common::{NODUS, have};
 use nodus_testkit::http::{Timeouts, connect, read_reply, write_request};
@@ -66,12 +66,7 @@ fn serve_two(tag: &str) -> (TempDir, SocketAddr, SocketAddr, Proc, [i32; 2]) {
             .env("RUST_LOG", "info"),
     );
     primary.wait_line("2 workers ready");
-    let ready = wait_events(&log, |e| count(e, "ready") == 2);
-    let pids: Vec<i32> = ready
-        .iter()
-        .filter(|e| e["event"] == "ready")
-        .map(|e| e["pid"].as_i64().unwrap() as i32)
-        .collect();
+    let pids = wait_ready_pids(&log, 2);
     (dir, addr, admin, primary, [pids[0], pids[1]])
 }
 
@@ -220,12 +215,7 @@ fn a_stopped_node_worker_keeps_only_the_connection_written_to_its_channel() {
     let log_arg = log.to_str().unwrap();
     let (_dir, addr, mut primary) =
         run_node_app("stall-node", NODE_PID_APP, 2, &["--events", log_arg]);
-    let ready = wait_events(&log, |e| count(e, "ready") == 2);
-    let pids: Vec<i32> = ready
-        .iter()
-        .filter(|e| e["event"] == "ready")
-        .map(|e| e["pid"].as_i64().unwrap() as i32)
-        .collect();
+    let pids = wait_ready_pids(&log, 2);
     let (stopped, running) = (pids[0], pids[1]);
     let _kill = KillOnDrop(vec![stopped]);
     let cont = ContOnDrop(stopped);

@@ -106,6 +106,16 @@ pub fn wait_events(path: &Path, what: impl Fn(&[Value]) -> bool) -> Vec<Value> {
     }
 }
 
+/// Waits (20 s at most) for `n` `ready` events in the log at `path`; the pids they name, in
+/// their order.
+pub fn wait_ready_pids(path: &Path, n: usize) -> Vec<i32> {
+    wait_events(path, |e| count(e, "ready") == n)
+        .iter()
+        .filter(|e| e["event"] == "ready")
+        .map(|e| e["pid"].as_i64().unwrap() as i32)
+        .collect()
+}
+
 /// How many of `evs` are `event`.
 pub fn count(evs: &[Value], event: &str) -> usize {
     evs.iter().filter(|e| e["event"] == event).count()
