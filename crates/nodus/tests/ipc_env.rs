@@ -18,20 +18,7 @@ use std::os::unix::net::UnixStream;
 
 use common::bounded;
 use nodus::ipc::{Channel, IpcError};
-
-/// Whether this is the fresh process running test `name` (else runs it there, and checks it
-/// passed).
-fn alone(name: &str) -> bool {
-    if nodus_testkit::alone::is_inner(name) {
-        return true;
-    }
-    let (code, out) = nodus_testkit::alone::run(name);
-    assert!(
-        code == Some(0) && out.contains("1 passed"),
-        "{name} alone: exit code {code:?}\n{out}"
-    );
-    false
-}
+use nodus_testkit::alone::scenario as alone;
 
 fn still_open(fd: RawFd) -> bool {
     // SAFETY: borrowed only for the check, which fails if no fd `fd` is open.

@@ -49,3 +49,17 @@ pub fn run(name: &str) -> (Option<i32>, String) {
     );
     (out.status.code(), text)
 }
+
+/// In the fresh process for test `name`, `true`: the caller runs its scenario. Anywhere else,
+/// runs the test there ([`run`]), asserts that it passed, and returns `false`.
+pub fn scenario(name: &str) -> bool {
+    if is_inner(name) {
+        return true;
+    }
+    let (code, out) = run(name);
+    assert!(
+        code == Some(0) && out.contains("1 passed"),
+        "{name} alone: exit code {code:?}\n{out}"
+    );
+    false
+}

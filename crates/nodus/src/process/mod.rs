@@ -138,15 +138,7 @@ pub(super) mod alone {
     /// path, `crate::` omitted) alone in a fresh process of this binary ([`nodus_testkit::alone`]),
     /// asserts that it passed, and returns `false`.
     pub(crate) fn alone(name: &str) -> bool {
-        if nodus_testkit::alone::is_inner(name) {
-            return true;
-        }
-        let (code, out) = nodus_testkit::alone::run(name);
-        assert!(
-            code == Some(0) && out.contains("1 passed"),
-            "{name} alone: exit code {code:?}\n{out}"
-        );
-        false
+        nodus_testkit::alone::scenario(name)
     }
 
     /// Forks a child that `_exit(0)`s at once (`pause_first`: after a signal ends its pause).
