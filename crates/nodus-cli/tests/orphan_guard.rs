@@ -54,10 +54,11 @@ fn the_guard(primary: u32, cleanup: &mut KillOnDrop) -> i32 {
         .flatten()
         .map(|e| std::fs::read_link(e.path()).unwrap())
         .collect();
-    assert_eq!(fds.len(), 1, "the guard holds one fd: {fds:?}");
+    // Its two sockets (groups, and pids from the subreaper), nothing else.
+    assert_eq!(fds.len(), 2, "the guard holds two fds: {fds:?}");
     assert!(
-        fds[0].to_string_lossy().starts_with("socket:"),
-        "the guard's one fd is its socket: {fds:?}"
+        fds.iter().all(|fd| fd.to_string_lossy().starts_with("socket:")),
+        "the guard's fds are its sockets: {fds:?}"
     );
     // Its command line (`ps -f`, `pgrep -f`) is its own, not the primary's.
     let cmdline = std::fs::read(format!("/proc/{guard}/cmdline")).unwrap();
