@@ -57,7 +57,8 @@ fn the_guard(primary: u32, cleanup: &mut KillOnDrop) -> i32 {
     // Its two sockets (groups, and pids from the subreaper), nothing else.
     assert_eq!(fds.len(), 2, "the guard holds two fds: {fds:?}");
     assert!(
-        fds.iter().all(|fd| fd.to_string_lossy().starts_with("socket:")),
+        fds.iter()
+            .all(|fd| fd.to_string_lossy().starts_with("socket:")),
         "the guard's fds are its sockets: {fds:?}"
     );
     // Its command line (`ps -f`, `pgrep -f`) is its own, not the primary's.
