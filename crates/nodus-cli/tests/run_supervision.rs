@@ -366,6 +366,30 @@ fn a_budget_below_the_worker_count_is_warned_of_at_the_start() {
     }
 }
 
+/// A SIGTERM that comes while the primary is still starting (here from its first worker, the
+/// moment it runs) is a stop like any other: drain, exit 0. The primary catches it from before
+/// its first worker's fork; before, it caught signals only once the start was done, and such a
+/// SIGTERM killed it (the default action), its workers half started.
+#[test]
+fn a_sigterm_during_the_start_is_a_clean_stop() {
+    for round in 0..5 {
+        let mut primary = spawn(
+            run_sh(
+                ["-w", "4"],
+                r#"[ "$NODUS_WORKER_ID" = 1 ] && kill -TERM $PPID; exec sleep 60"#,
+            )
+            .env("RUST_LOG", "info"),
+        );
+        let code = primary.wait_exit(Duration::from_secs(20));
+        let lines = primary.output();
+        assert_eq!(code, Some(0), "round {round}: {lines:#?}");
+        assert!(
+            lines.iter().any(|l| l.contains("nodus::cluster: SIGTERM: ")),
+            "round {round}: {lines:#?}"
+        );
+    }
+}
+
 #[test]
 fn a_zero_kill_timeout_is_refused() {
     let out = Command::new(NODUS)

@@ -26,7 +26,9 @@
 //!   readiness; a signal arriving after the drain writes to the pipe again and produces a new
 //!   edge.
 //! - `LISTENERS` counts, per signal, the live streams of its owner process catching it; its flag
-//!   is `true` exactly when the count is 0. Its lock is never copied held into a forked process
+//!   is `true` exactly when the count is 0, as seen by any holder of its lock (a stream being
+//!   made counts itself first and turns the flag off only once its pipe action is registered, so
+//!   a signal meanwhile gets its default rather than be swallowed with no pipe to write to). Its lock is never copied held into a forked process
 //!   (`crate::atfork` takes it around every `fork`).
 //! - In the forked process the fork handler sets every flag to `true` (atomic stores on what the
 //!   lock held across the fork guards: async-signal-safe), and the first use of `LISTENERS` there
@@ -154,11 +156,16 @@ impl Hook {
         let mut listeners = listeners();
         listeners.count(&signals);
         match PipeSignals::new(signals.iter().copied()) {
-            Ok(pipe) => Ok(Hook {
-                signals: signals.into_boxed_slice(),
-                owner: listeners.owner,
-                pipe: ManuallyDrop::new(pipe),
-            }),
+            Ok(pipe) => {
+                // Caught from now on, once the pipe's actions are there to catch them: a signal
+                // that came before (the default still on) did what it does with no stream.
+                listeners.arm(&signals);
+                Ok(Hook {
+                    signals: signals.into_boxed_slice(),
+                    owner: listeners.owner,
+                    pipe: ManuallyDrop::new(pipe),
+                })
+            }
             Err(e) => {
                 listeners.uncount(&signals);
                 Err(e)
@@ -181,18 +188,29 @@ impl Drop for Hook {
 }
 
 impl Listeners {
-    /// One more stream catches `signals`: the first registers the signal's conditional default.
+    /// One more stream is to catch `signals`: the first registers the signal's conditional
+    /// default (on: the stream's pipe action is not registered yet). [`arm`](Self::arm) turns the
+    /// defaults off once it is; until then a signal does what it does with no stream, rather
+    /// than be swallowed by a default turned off with no pipe to write to.
     fn count(&mut self, signals: &[i32]) {
         for &signal in signals {
-            let (idle, count) = self.signals.entry(signal).or_insert_with(|| {
-                let idle = Arc::new(AtomicBool::new(false));
+            let (_, count) = self.signals.entry(signal).or_insert_with(|| {
+                let idle = Arc::new(AtomicBool::new(true));
                 // A signal signal-hook has no default for (a real-time one) cannot get this
                 // action: once no stream catches it, it stays swallowed.
                 let _ = signal_hook::flag::register_conditional_default(signal, idle.clone());
                 (idle, 0)
             });
             *count += 1;
-            idle.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// The stream counted for `signals` catches them now: their defaults are off.
+    fn arm(&self, signals: &[i32]) {
+        for signal in signals {
+            if let Some((idle, _)) = self.signals.get(signal) {
+                idle.store(false, Ordering::SeqCst);
+            }
         }
     }
 

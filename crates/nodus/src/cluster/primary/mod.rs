@@ -82,6 +82,7 @@ pub use proc::report_exec_failure;
 use super::supervision::{RestartBudget, RestartPolicy, SlotHistory, default_max_restarts};
 use crate::net::TcpListener;
 use crate::process::{OrphanGuard, Reaper};
+use crate::signal::{SIGHUP, SIGINT, SIGTERM, Signals};
 use proc::Proc;
 use server::Server;
 
@@ -356,6 +357,10 @@ pub(crate) struct State {
     /// it could not execute the program. Until then such an exec failure ends the run.
     program_ran: Cell<bool>,
     done: RefCell<Option<std::task::Waker>>,
+    /// SIGTERM, SIGINT and SIGHUP, caught from before the first worker's spawn (a stop sent
+    /// the moment the start is logged is drained, not the primary killed by the default action
+    /// with its workers half started); `run` takes it.
+    signals: RefCell<Option<Signals>>,
     events: events::Events,
     started: Instant,
     /// A release pass (`handoff::arm_release`) is scheduled.
@@ -389,7 +394,9 @@ impl Primary {
     /// Forks the workers and starts serving the pre-bound listeners. Raises the process's soft
     /// open-files limit to the hard limit first ([`crate::process::raise_fd_limit`]) and, when
     /// the calling (loop) thread runs the normal scheduling policy, switches it to `SCHED_BATCH`
-    /// (connections gather while the cores are busy; the workers run normal).
+    /// (connections gather while the cores are busy; the workers run normal). SIGTERM, SIGINT
+    /// and SIGHUP are caught from before the first worker is forked, and acted on by
+    /// [`run`](Self::run): a stop sent during the start drains the workers started.
     ///
     /// # Errors
     /// `InvalidInput` for a cluster of no workers, or for a plain program (no
@@ -475,6 +482,13 @@ impl Primary {
                 failed_spawn: None,
             })
             .collect();
+        let signals = match Signals::new(&[SIGTERM, SIGINT, SIGHUP]) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::error!(target: "nodus::cluster", "cannot catch signals: {e}");
+                None
+            }
+        };
         let st = Rc::new(State {
             config,
             seq: Cell::new(0),
@@ -505,6 +519,7 @@ impl Primary {
             announced_ready: Cell::new(false),
             program_ran: Cell::new(false),
             done: RefCell::new(None),
+            signals: RefCell::new(signals),
             events,
             started: Instant::now(),
             release_armed: Cell::new(false),

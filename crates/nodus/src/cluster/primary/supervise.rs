@@ -71,7 +71,7 @@ use crate::cluster::supervision::{
     Decision, ExitReason, FORCED_STOP_EXIT_CODE, GIVE_UP_EXIT_CODE, RestartBudget,
 };
 use crate::process::{ExitStatus, Reaper};
-use crate::signal::{SIGHUP, SIGINT, SIGKILL, SIGTERM, Signals};
+use crate::signal::{SIGHUP, SIGKILL, SIGTERM, Signals};
 
 /// systemd's watchdog: with `WATCHDOG_USEC` set (for this process), sends `WATCHDOG=1` every
 /// half period while the primary's loop runs and every nodus worker's loop answers within a
@@ -101,13 +101,7 @@ fn start_watchdog(st: &Rc<State>) {
 /// Serves signals until the run is over; returns the exit code.
 pub(super) async fn run(st: &Rc<State>) -> i32 {
     start_watchdog(st);
-    let mut signals = match Signals::new(&[SIGTERM, SIGINT, SIGHUP]) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            tracing::error!(target: "nodus::cluster", "cannot catch signals: {e}");
-            None
-        }
-    };
+    let mut signals = st.signals.borrow_mut().take();
     loop {
         let next = poll_fn(|cx| {
             if let Some(code) = st.exit_code.get() {
