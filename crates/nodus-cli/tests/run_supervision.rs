@@ -384,7 +384,9 @@ fn a_sigterm_during_the_start_is_a_clean_stop() {
         let lines = primary.output();
         assert_eq!(code, Some(0), "round {round}: {lines:#?}");
         assert!(
-            lines.iter().any(|l| l.contains("nodus::cluster: SIGTERM: ")),
+            lines
+                .iter()
+                .any(|l| l.contains("nodus::cluster: SIGTERM: ")),
             "round {round}: {lines:#?}"
         );
     }

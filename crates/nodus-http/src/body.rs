@@ -98,7 +98,8 @@ impl Drop for RequestBody {
         if inner.is_end_stream() {
             return;
         }
-        let rest = inner.size_hint().upper();
+        // Exact: a chunked body has an upper bound here (`Limited`'s limit), not a known length.
+        let rest = inner.size_hint().exact();
         if self.discardable && rest.is_some_and(|n| n <= DISCARD_MAX) {
             conn.discard(inner);
         } else {

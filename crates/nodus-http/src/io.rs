@@ -10,8 +10,9 @@
 //! keep-alive idle timeout) and the loop's HTTP byte counters; a write that finds the socket full
 //! marks the connection write-blocked, since when (for the write-stall timeout). While hyper
 //! waits for a request head, a read that makes its request line reach the line limit (set by
-//! the server: its head limit) fails with `UriTooLong` instead of handing hyper the bytes, so
-//! that the server answers 414 where hyper would answer 431 (see `head_wait`).
+//! the server: its head limit) hands hyper one byte of its bytes and every later read fails with
+//! `UriTooLong`, so that the server answers 414 where hyper would answer 431 (see `head_wait`):
+//! hyper takes a read error with an empty buffer for the peer's close, and would answer nothing.
 
 use std::cell::Cell;
 use std::io;
@@ -111,6 +112,9 @@ pub struct HyperIo<S> {
     not_socket: Cell<bool>,
     /// A request line this long (line feed excluded) ends the read with [`UriTooLong`].
     line_limit: usize,
+    /// A read made the request line too long: every read from then on fails with
+    /// [`UriTooLong`].
+    line_too_long: Cell<bool>,
 }
 
 /// The error of a read that made a request line too long: the server answers it with 414.
@@ -147,6 +151,7 @@ impl<S: FdStream> HyperIo<S> {
             }),
             not_socket: Cell::new(false),
             line_limit: usize::MAX,
+            line_too_long: Cell::new(false),
         }
     }
 
@@ -175,6 +180,9 @@ impl<S: FdStream + Unpin> Read for HyperIo<S> {
         cx: &mut Context<'_>,
         mut buf: ReadBufCursor<'_>,
     ) -> Poll<io::Result<()>> {
+        if self.line_too_long.get() {
+            return Poll::Ready(Err(io::Error::other(UriTooLong)));
+        }
         loop {
             ready!(self.stream.poll_read_ready(cx))?;
             let capacity = buf.remaining();
@@ -201,8 +209,14 @@ impl<S: FdStream + Unpin> Read for HyperIo<S> {
                     }
                     self.touched();
                     stats::received(n);
-                    if too_long {
-                        return Poll::Ready(Err(io::Error::other(UriTooLong)));
+                    if too_long && n > 0 {
+                        // hyper takes a read error with nothing in its buffer for the peer's
+                        // close (no answer at all), so it gets one byte of this read, an
+                        // incomplete head, and the error at its next read.
+                        self.line_too_long.set(true);
+                        // SAFETY: the read initialized the first `n` ≥ 1 bytes of the cursor.
+                        unsafe { buf.advance(1) };
+                        return Poll::Ready(Ok(()));
                     }
                     // SAFETY: the first `n` bytes of the cursor were just initialized.
                     unsafe { buf.advance(n) };

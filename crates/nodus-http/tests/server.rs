@@ -1185,6 +1185,42 @@ fn a_request_line_over_the_head_limit_gets_414_and_a_header_over_it_431() {
     assert_eq!(snap.http.responses_by_class[3], 2, "the 414 and the 431");
 }
 
+/// A request line that is too long in the very first read of its head, with nothing in hyper's
+/// buffer yet (a head limit no larger than hyper's first read; a keep-alive connection whose
+/// earlier large body grew hyper's reads), still gets its 414: hyper takes a read error on an
+/// empty buffer for the peer's close, and answered nothing.
+#[test]
+fn a_request_line_too_long_in_the_heads_first_read_gets_414() {
+    let uri = |len: usize| format!("GET /{} HTTP/1.1\r\nHost: t\r\n\r\n", "u".repeat(len));
+    let server = TestServer::start(
+        Config {
+            max_header_bytes: 8192,
+            ..Config::default()
+        },
+        Duration::from_secs(1),
+    );
+    let mut s = server.connect();
+    s.write_all(uri(9000).as_bytes()).unwrap();
+    let reply = read_reply(&mut BufReader::new(s), false).unwrap();
+    assert_eq!(reply.status, 414);
+    let (_, snap) = server.finish();
+    assert_eq!(snap.http.responses_by_class[3], 1);
+    let server = TestServer::start(Config::default(), Duration::from_secs(1));
+    let mut s = server.connect();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let body = vec![b'b'; 512 * 1024];
+    let head = format!(
+        "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(&body).unwrap();
+    assert_eq!(read_reply(&mut r, false).unwrap().status, 200);
+    std::thread::sleep(Duration::from_millis(50)); // the echo's end read before the next head
+    s.write_all(uri(40_000).as_bytes()).unwrap();
+    assert_eq!(read_reply(&mut r, false).unwrap().status, 414);
+}
+
 /// A handler that answers without reading the request's body (an early 405, a refused
 /// `Expect: 100-continue`) leaves hyper a body nobody takes: it closes the connection after the
 /// response (unless the rest of the body happens to be in its buffer), so the response says so.
@@ -1204,6 +1240,20 @@ fn an_unread_body_is_discarded_when_short_and_otherwise_the_response_says_connec
         assert!(reply.closes(), "{head:?}: {:?}", reply.headers);
         assert!(read_to_close(&mut r).is_empty(), "{head:?}");
     }
+    // A chunked body under a body limit within the discard bound has no known length either.
+    let small = TestServer::start(
+        Config {
+            max_body_bytes: 1024,
+            ..Config::default()
+        },
+        Duration::from_secs(1),
+    );
+    let mut s = small.connect();
+    s.write_all(b"POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab")
+        .unwrap();
+    let reply = read_reply(&mut BufReader::new(s), false).unwrap();
+    assert!(reply.closes(), "{:?}", reply.headers);
+    drop(small);
     // A short unread body of known length, sent after the answer came, is read and discarded:
     // the connection serves the next request (hyper alone would have closed it).
     let mut s = server.connect();

@@ -390,6 +390,26 @@ fn work_posted_and_not_yet_taken_counts_in_the_current_run_queue() {
     );
 }
 
+/// A posted callback that panics ends the loop's turn (as an uncaught exception ends Node's), but
+/// the posts behind it are neither lost nor left counted: they run at the next turn, and the run
+/// queue is empty after it.
+#[test]
+fn posts_behind_a_panicking_one_run_at_the_next_turn() {
+    let rt = Runtime::new();
+    let handle = rt.handle();
+    let ran = Arc::new(Mutex::new(0));
+    let r = ran.clone();
+    assert!(handle.post(|| panic!("a posted callback's bug")));
+    assert!(handle.post(move || *r.lock().unwrap() += 1));
+    let turn = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.run_once()));
+    assert!(turn.is_err(), "the panic reaches the caller");
+    assert_eq!(*ran.lock().unwrap(), 0);
+    rt.run_once();
+    assert_eq!(*ran.lock().unwrap(), 1, "the post behind the panic ran");
+    let current = rt.block_on(async { snapshot().run_queue.current });
+    assert_eq!(current, 0, "nothing left counted in the run queue");
+}
+
 #[test]
 fn a_snapshot_after_a_long_wait_reports_the_wait_not_the_work_before_it() {
     let rt = Runtime::builder()

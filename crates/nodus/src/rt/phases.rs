@@ -20,7 +20,7 @@
 
 use std::time::Duration;
 
-use super::core::{Core, Remote};
+use super::core::{Core, Posted, Remote};
 use super::hooks::HookKind;
 use super::queues::Popped;
 use crate::metrics::classes;
@@ -213,8 +213,11 @@ impl Core {
         for &(_, posted) in &items {
             self.meter.arrive_posted(posted, taken);
         }
-        let mut items = items.into_iter();
-        for (item, posted) in items.by_ref() {
+        let mut rest = Unrun {
+            core: self,
+            items: items.into_iter(),
+        };
+        while let Some((item, posted)) = rest.items.next() {
             match item {
                 Remote::Run(item) => {
                     let t = self.boundary();
@@ -229,16 +232,6 @@ impl Core {
             if self.main_done.get() {
                 break;
             }
-        }
-        // Left over when `block_on` returned mid-phase: out of the run queue, and back on the
-        // remote queue, ahead of later posts, for the next turn.
-        let rest: Vec<_> = items.collect();
-        if !rest.is_empty() {
-            let t = self.boundary();
-            for &(_, posted) in &rest {
-                self.meter.unarrive_posted(posted, t);
-            }
-            self.shared.requeue(rest);
         }
     }
 
@@ -297,5 +290,28 @@ mod tests {
             );
             rt.core.iterate(Mode::NoWait);
         }
+    }
+}
+
+/// The remote items of a poll phase not yet run, when it ends early (`block_on` returned
+/// mid-phase) or unwinds (a posted callback panicked): out of the run queue, and back on the
+/// remote queue ahead of later posts, for the next turn, so that a panic loses none of them and
+/// leaves no count behind.
+struct Unrun<'a> {
+    core: &'a Core,
+    items: std::vec::IntoIter<Posted>,
+}
+
+impl Drop for Unrun<'_> {
+    fn drop(&mut self) {
+        let rest: Vec<Posted> = self.items.by_ref().collect();
+        if rest.is_empty() {
+            return;
+        }
+        let t = self.core.boundary();
+        for &(_, posted) in &rest {
+            self.core.meter.unarrive_posted(posted, t);
+        }
+        self.core.shared.requeue(rest);
     }
 }

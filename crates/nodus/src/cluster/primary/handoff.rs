@@ -332,8 +332,9 @@ fn arm_deadline(st: &Rc<State>) {
     .detach();
 }
 
-/// Wakes the accept task of every server with parked connections.
-fn wake_parked(st: &State) {
+/// Wakes the accept task of every server with parked connections (a worker became ready, or
+/// runs again after a stall: it may take what waits).
+pub(super) fn wake_parked(st: &State) {
     let servers = st.servers.borrow();
     let prebound = st.prebound.borrow();
     for server in servers.values().chain(prebound.iter().map(|(_, s)| s)) {

@@ -544,6 +544,9 @@ fn exit_if_nothing_left(st: &Rc<State>) {
 
 /// A worker became ready.
 pub(super) fn on_ready(st: &Rc<State>, _proc: &Rc<Proc>) {
+    // Under rr and least a worker not ready is passed over while another is: what was parked
+    // meanwhile (every ready one stalled, say) may go to it now.
+    super::handoff::wake_parked(st);
     if !st.announced_ready.get() && st.phase.get() == Phase::Running && st.all_ready() {
         st.announced_ready.set(true);
         tracing::info!(
