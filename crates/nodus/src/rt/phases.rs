@@ -217,7 +217,7 @@ impl Core {
             core: self,
             items: items.into_iter(),
         };
-        while let Some((item, posted)) = rest.items.next() {
+        for (item, posted) in rest.items.by_ref() {
             match item {
                 Remote::Run(item) => {
                     let t = self.boundary();
@@ -263,6 +263,29 @@ impl Core {
     }
 }
 
+/// The remote items of a poll phase not yet run, when it ends early (`block_on` returned
+/// mid-phase) or unwinds (a posted callback panicked): out of the run queue, and back on the
+/// remote queue ahead of later posts, for the next turn, so that a panic loses none of them and
+/// leaves no count behind.
+struct Unrun<'a> {
+    core: &'a Core,
+    items: std::vec::IntoIter<Posted>,
+}
+
+impl Drop for Unrun<'_> {
+    fn drop(&mut self) {
+        let rest: Vec<Posted> = self.items.by_ref().collect();
+        if rest.is_empty() {
+            return;
+        }
+        let t = self.core.boundary();
+        for &(_, posted) in &rest {
+            self.core.meter.unarrive_posted(posted, t);
+        }
+        self.core.shared.requeue(rest);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::cell::Cell;
@@ -290,28 +313,5 @@ mod tests {
             );
             rt.core.iterate(Mode::NoWait);
         }
-    }
-}
-
-/// The remote items of a poll phase not yet run, when it ends early (`block_on` returned
-/// mid-phase) or unwinds (a posted callback panicked): out of the run queue, and back on the
-/// remote queue ahead of later posts, for the next turn, so that a panic loses none of them and
-/// leaves no count behind.
-struct Unrun<'a> {
-    core: &'a Core,
-    items: std::vec::IntoIter<Posted>,
-}
-
-impl Drop for Unrun<'_> {
-    fn drop(&mut self) {
-        let rest: Vec<Posted> = self.items.by_ref().collect();
-        if rest.is_empty() {
-            return;
-        }
-        let t = self.core.boundary();
-        for &(_, posted) in &rest {
-            self.core.meter.unarrive_posted(posted, t);
-        }
-        self.core.shared.requeue(rest);
     }
 }
