@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use common::cluster::{
     assert_exit, count, events, run_node_app, run_sh, spawn, wait_events, wait_ready_pids,
+    worker_entry,
 };
 use common::http::{get, try_request};
 use common::{NODUS, have};
@@ -249,16 +250,7 @@ fn a_worker_stopped_before_the_first_stats_pull_is_a_stall() {
     signal(stopped, Signal::STOP);
 
     let doc = stats(admin);
-    let worker = |pid: i32| {
-        doc["workers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|w| w["pid"] == pid)
-            .unwrap_or_else(|| panic!("no worker {pid} in {doc}"))
-            .clone()
-    };
-    let (w, other) = (worker(stopped), worker(running));
+    let (w, other) = (worker_entry(&doc, stopped), worker_entry(&doc, running));
     assert_eq!(w["answering"], false, "{w}");
     assert!(w["snapshot"].is_null(), "{w}");
     assert_eq!(other["answering"], true, "{other}");

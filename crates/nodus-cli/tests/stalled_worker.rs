@@ -16,7 +16,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::cluster::{assert_exit, count, run_node_app, spawn, wait_events, wait_ready_pids};
+use common::cluster::{
+    assert_exit, count, run_node_app, spawn, wait_events, wait_ready_pids, worker_entry,
+};
 use common::http::get;
 use common::{NODUS, have};
 use nodus_testkit::http::{Timeouts, connect, read_reply, write_request};
@@ -73,13 +75,7 @@ fn serve_two(tag: &str) -> (TempDir, SocketAddr, SocketAddr, Proc, [i32; 2]) {
 /// The cluster's stats, and the entry of worker process `pid` in them.
 fn worker_stats(admin: SocketAddr, pid: i32) -> Value {
     let doc: Value = serde_json::from_slice(&get(admin, "/_nodus/stats").body).unwrap();
-    doc["workers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|w| w["pid"] == pid)
-        .unwrap_or_else(|| panic!("no worker {pid} in {doc}"))
-        .clone()
+    worker_entry(&doc, pid)
 }
 
 /// `GET /a.txt` on a new connection: answered in full within [`TIMEOUTS`], and how long it took.

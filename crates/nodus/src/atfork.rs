@@ -173,21 +173,7 @@ pub(crate) mod tests {
         forked.store(true, Ordering::SeqCst);
         assert!(pid > 0);
         holder.join().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut status = 0;
-        loop {
-            // SAFETY: waits for our own child, writing its status to a valid int.
-            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-            if r == pid {
-                return status;
-            }
-            assert_eq!(r, 0, "waitpid({pid})");
-            if Instant::now() > deadline {
-                // SAFETY: `pid` is our unreaped child (its number cannot be another's).
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        nodus_testkit::proc::reap_within(pid, Duration::from_secs(10))
     }
 
     fn assert_exited_0(status: libc::c_int) {

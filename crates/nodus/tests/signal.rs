@@ -114,21 +114,7 @@ fn fork_and_wait(child: fn() -> i32) -> libc::c_int {
         unsafe { libc::_exit(code) };
     }
     assert!(pid > 0, "fork: {}", std::io::Error::last_os_error());
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let mut status = 0;
-    loop {
-        // SAFETY: waits for our own child, writing its status to a valid int.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid {
-            return status;
-        }
-        assert_eq!(r, 0, "waitpid({pid})");
-        if std::time::Instant::now() > deadline {
-            // SAFETY: `pid` is our unreaped child (its number cannot be another's).
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    nodus_testkit::proc::reap_within(pid, Duration::from_secs(20))
 }
 
 /// Sends SIGTERM to this process, then waits 5 s for it to end: 3 if it did not.

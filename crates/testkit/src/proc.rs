@@ -148,3 +148,21 @@ impl Drop for Proc {
         let _ = self.child.wait();
     }
 }
+
+/// Reaps child `pid` of this process (one forked without `exec`, say), SIGKILLed once `limit`
+/// has passed; returns its raw wait status (`libc::WIFEXITED` and the rest read it).
+pub fn reap_within(pid: i32, limit: Duration) -> i32 {
+    let child = Pid::from_raw(pid).expect("a child's pid is positive");
+    let deadline = Instant::now() + limit;
+    loop {
+        let waited = rustix::process::waitpid(Some(child), rustix::process::WaitOptions::NOHANG);
+        if let Some((_, status)) = waited.unwrap_or_else(|e| panic!("waitpid({pid}): {e}")) {
+            return status.as_raw();
+        }
+        if Instant::now() > deadline {
+            // Our unreaped child: its number cannot be another process's.
+            let _ = rustix::process::kill_process(child, Signal::KILL);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -116,6 +116,17 @@ pub fn wait_ready_pids(path: &Path, n: usize) -> Vec<i32> {
         .collect()
 }
 
+/// The entry of worker process `pid` in the cluster's stats `doc` (`/_nodus/stats`).
+pub fn worker_entry(doc: &Value, pid: i32) -> Value {
+    doc["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["pid"] == pid)
+        .unwrap_or_else(|| panic!("no worker {pid} in {doc}"))
+        .clone()
+}
+
 /// How many of `evs` are `event`.
 pub fn count(evs: &[Value], event: &str) -> usize {
     evs.iter().filter(|e| e["event"] == event).count()

@@ -132,7 +132,7 @@ fn child_fd_limit() -> Option<rustix::process::Rlimit> {
 /// in a fresh process of the test binary (one test, one thread).
 #[cfg(test)]
 pub(super) mod alone {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     /// In the fresh process, `true`: the caller runs its scenario. Here, runs test `name` (its
     /// path, `crate::` omitted) alone in a fresh process of this binary ([`nodus_testkit::alone`]),
@@ -160,21 +160,7 @@ pub(super) mod alone {
     /// Waits for the forked process `pid` (SIGKILLed after `limit`): its exit code, or its wait
     /// status when it did not exit.
     pub(crate) fn exit_code(pid: i32, limit: Duration) -> Result<i32, libc::c_int> {
-        let deadline = Instant::now() + limit;
-        let mut status = 0;
-        loop {
-            // SAFETY: waits for our own child, writing its status to a valid int.
-            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-            if r == pid {
-                break;
-            }
-            assert_eq!(r, 0, "waitpid({pid})");
-            if Instant::now() > deadline {
-                // SAFETY: `pid` is our unreaped child (its number cannot be another's).
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let status = nodus_testkit::proc::reap_within(pid, limit);
         if libc::WIFEXITED(status) {
             Ok(libc::WEXITSTATUS(status))
         } else {
