@@ -20,7 +20,9 @@ Measures, in this order on one fresh start per server and round (MEASURE_ORDER):
              server CPU per connection: time on a CPU of every thread of the process tree, from the
              scheduler's account (/proc/PID/task/TID/schedstat; utime + stime, tick samples, are kept in
              results.json as cpu_us_per_req_ticks)
-  keepalive  wrk -t1 -c64 -d10s after a 3 s warm-up: requests per server CPU-second
+  keepalive  wrk -t1 -c64 -d10s after a 3 s warm-up: requests per server CPU-second, and where that CPU goes:
+             user space against the kernel (the schedstat total split by the utime/stime share) and the
+             servers' sleeps (voluntary context switches) and preemptions per request
   reload     SIGHUP to the idle primary → its reload_done event (PM2: `pm2 reload` wall time)
   kill9      SIGKILL to an idle worker → the next listening/ready event of its slot, slots in turn, KILL_GAP s
              apart (longer than nodus's 1 s min uptime, so no restart backoff applies)
@@ -152,6 +154,34 @@ def cpu_ticks(pid):
     """utime + stime of all threads of PID."""
     f = stat_fields(pid)
     return int(f[11]) + int(f[12]) if f else 0
+
+
+def user_sys_ticks(pid):
+    """(utime, stime) of all threads of PID: the tick-sampled split of its CPU time between user space
+    and the kernel."""
+    f = stat_fields(pid)
+    return (int(f[11]), int(f[12])) if f else (0, 0)
+
+
+def ctx_switches(pid):
+    """(voluntary, involuntary) context switches of all threads of PID: voluntary ones are sleeps
+    (an empty epoll_wait), involuntary ones preemptions."""
+    vol = invol = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0, 0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        vol += int(line.split()[1])
+                    elif line.startswith("nonvoluntary_ctxt_switches:"):
+                        invol += int(line.split()[1])
+        except (OSError, ValueError, IndexError):
+            pass
+    return vol, invol
 
 
 def cpu_ns(pid):
@@ -490,9 +520,13 @@ def measure_load(srv, args, tag, close):
         waited, busy_before, gave_up = wait_quiet()
         pids = srv.pids()
         c0, t0, s0 = {p: cpu_ns(p) for p in pids}, {p: cpu_ticks(p) for p in pids}, sys_ticks()
+        u0, x0 = {p: user_sys_ticks(p) for p in pids}, {p: ctx_switches(p) for p in pids}
         r = run_wrk(os.path.join(args.outdir, f"wrk-{name}-{tag}-a{attempt}.txt"), srv.port, conns, args.duration,
                     close)
         c1, t1, s1 = {p: cpu_ns(p) for p in pids}, {p: cpu_ticks(p) for p in pids}, sys_ticks()
+        u1, x1 = {p: user_sys_ticks(p) for p in pids}, {p: ctx_switches(p) for p in pids}
+        user_ticks, sys_ticks_ = (sum(u1[p][i] - u0[p][i] for p in pids) for i in (0, 1))
+        sleeps, preempted = (sum(x1[p][i] - x0[p][i] for p in pids) for i in (0, 1))
         wall = r["wrk_wall_s"]
         cpu_s = {p: (c1[p] - c0[p]) / 1e9 for p in pids}
         total, root = sum(cpu_s.values()), cpu_s.get(srv.root, 0.0)
@@ -512,6 +546,13 @@ def measure_load(srv, args, tag, close):
             r["cpu_us_per_req"] = round(1e6 * total / r["requests"], 1)
             r["root_us_per_req"] = round(1e6 * root / r["requests"], 1)
             r["workers_us_per_req"] = round(1e6 * (total - root) / r["requests"], 1)
+            # Where a request's CPU goes: the exact total split by the sampled user/kernel share.
+            if user_ticks + sys_ticks_:
+                r["user_share"] = round(user_ticks / (user_ticks + sys_ticks_), 3)
+                r["user_us_per_req"] = round(r["cpu_us_per_req"] * r["user_share"], 2)
+                r["kernel_us_per_req"] = round(r["cpu_us_per_req"] - r["user_us_per_req"], 2)
+            r["sleeps_per_req"] = round(sleeps / r["requests"], 4)
+            r["preemptions_per_req"] = round(preempted / r["requests"], 4)
         log(f"   {name}: {r['rps'] or 0:,.0f} req/s, server CPU {r['server_cpu_pct']}% (primary {r['root_cpu_pct']}%,"
             f" workers {r['worker_cpu_pct']}), {r.get('cpu_us_per_req')} µs/req, {r.get('req_per_cpu_s') or 0:,} "
             f"req/CPU-s, wrk {r['wrk_cpu_pct']}%, errors {r['errors']}, foreign {r['foreign_cpu_pct']}%")
@@ -740,6 +781,22 @@ def load_table(rs, present, measure):
     return head + out if out else []
 
 
+def split_table(rs, present, measure):
+    """Where a request's server CPU goes: user space against the kernel (the exact schedstat total split
+    by the tick-sampled utime/stime share), and how often the servers slept or were preempted."""
+    head = ["| server | µs per request | user space µs | kernel µs | user share | sleeps per request "
+            "| preemptions per request |", "|---|---|---|---|---|---|---|"]
+    out = []
+    for c in present:
+        mine = [r for r in rs if r["config"] == c.key and r["measure"] == measure and "user_share" in r]
+        if mine:
+            v = lambda m, f: mmm([r.get(m) for r in mine], f)
+            out.append(f"| {c.label} | {v('cpu_us_per_req', '{:.1f}')} | {v('user_us_per_req', '{:.2f}')} "
+                       f"| {v('kernel_us_per_req', '{:.2f}')} | {v('user_share', '{:.2f}')} "
+                       f"| {v('sleeps_per_req', '{:.3f}')} | {v('preemptions_per_req', '{:.3f}')} |")
+    return head + out if out else []
+
+
 def kill9_table(rs, present):
     out = []
     for c in present:
@@ -793,6 +850,7 @@ def report(doc):
             ("New connections: `wrk -t1 -c32 -H 'Connection: close'` (one request per connection)",
              load_table(rs, present, "close")),
             ("Keep-alive: `wrk -t1 -c64`", load_table(rs, present, "keepalive")),
+            ("Keep-alive: where a request's server CPU goes", split_table(rs, present, "keepalive")),
             ("kill -9 of an idle worker → its slot serves again", kill9_table(rs, present)),
             ("Rolling reload of 2 idle workers", reload_table(rs, present)),
             ("Idle memory", memory_table(rs, present))):
