@@ -15,7 +15,9 @@
 //!   before the handler (400, 413, 414, 431), or answers with a 500 because the handler panicked,
 //!   is counted and reported to `Config::on_refused` ([`Refused`]), and so is one whose
 //!   connection ended before its handler answered (499, nginx's "client closed request"; not
-//!   counted: nothing was sent), so an access log misses none. An HTTP/1 response after which the
+//!   counted: nothing was sent), so an access log misses none. A request body the handler left
+//!   unread is discarded (a chunked one, or up to 64 KiB of known length; within 64 KiB and the
+//!   keep-alive timeout) so the connection serves on. An HTTP/1 response after which the
 //!   connection will close says `Connection: close`.
 //! - `stats`: HTTP measurements, folded into the loop's `nodus::metrics::Snapshot`.
 //!

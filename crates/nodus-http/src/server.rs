@@ -32,16 +32,25 @@
 //!   while a request is in flight: a client that goes away meanwhile is noticed when the
 //!   response is written.
 //! - A request body the handler lets go of unread (an early 405, say) is read and discarded by
-//!   its connection, which then serves the next request (as from Node and nginx), when what is
-//!   left of it has a known length up to 64 KiB and no `Expect: 100-continue` waits for an
-//!   answer; any other is not read (a `100 Continue` after the final answer would be wrong, a
-//!   large one not worth reading), and hyper closes the connection.
+//!   its connection, which then serves the next request (as from Node and nginx), when no
+//!   `Expect: 100-continue` waits for an answer (a `100 Continue` after the final answer would
+//!   be wrong) and what is left of it is a chunked body or has a known length up to 64 KiB. The
+//!   discard has bounds, which Node's has not: at most 64 KiB of body data (and no more than
+//!   `max_body_bytes` in all), within the keep-alive timeout from the moment the handler let go
+//!   of it. A body past a bound, a malformed chunk, or a peer that stalls or trickles is given
+//!   up: hyper stops reading (none of the rest is ever parsed, as a request or anything else)
+//!   and closes the connection after the response. Any other body (`Expect: 100-continue`, a
+//!   known length over 64 KiB) is not read, and hyper closes the connection.
 //! - An HTTP/1 response after which the connection closes says `Connection: close`: every one
 //!   during a drain, a refusal's, one that leaves its request's body unread and not discarded
 //!   (above: hyper does not read a body nobody takes, so it closes the connection, unless the
 //!   rest of the body was in its buffer already; the header makes the close certain), and an
 //!   HTTP/1.0 one whose body has no known length (HTTP/1.0 has no chunked
-//!   coding: the close ends the body; as nginx, no keep-alive for it).
+//!   coding: the close ends the body; as nginx, no keep-alive for it). The head is written
+//!   before a chunked body's discard is over, so it cannot know the body's size: one whose
+//!   discard was given up by then says `Connection: close`; one still being discarded promises
+//!   nothing, and if it is given up later the connection still closes cleanly, after the whole
+//!   response (RFC 9112 section 9.5: a server may close a connection at any time).
 //! - HTTP versions: hyper's parser knows HTTP/1.0 and 1.1 only, so a higher HTTP/1 minor version
 //!   (`HTTP/1.2`, which RFC 9110 section 6.2 would have answered as 1.1, as nginx does) gets 400,
 //!   as from Node; nodus has no hook into that parse and leaves it.
@@ -92,7 +101,7 @@ use hyper_util::server::conn::auto;
 use nodus::JoinHandle;
 use slab::Slab;
 
-use crate::body::{Body, RequestBody, text};
+use crate::body::{Body, DISCARD_MAX, RequestBody, text};
 use crate::exec::LocalExec;
 use crate::head_wait::{self, HeadTimer, HeadWait};
 use crate::io::{Activity, FdStream, HyperIo, UriTooLong, now_ns};
@@ -114,7 +123,8 @@ pub struct Config {
     /// Time allowed for a complete request head once the connection waits for one. Default 10 s.
     pub header_read_timeout: Duration,
     /// An idle connection (no request in flight, no streamed response body still being written,
-    /// no response write waiting on the peer, no I/O) is closed after this. Default 5 s.
+    /// no response write waiting on the peer, no I/O) is closed after this; the discard of a
+    /// request body the handler left unread is given up after this. Default 5 s.
     pub keep_alive_timeout: Duration,
     /// A connection whose response write has made no progress for this long (the peer stopped
     /// reading) is cut, with a reset, requests in flight or not: nginx's `send_timeout`.
@@ -471,6 +481,7 @@ where
         in_flight: Cell::new(0),
         body_left: Cell::new(false),
         discarding: RefCell::new(None),
+        discard_timeout: state.config.keep_alive_timeout,
         streaming: Cell::new(0),
         http2: Cell::new(false),
         peer,
@@ -857,13 +868,15 @@ pub(crate) struct ConnState {
     /// Requests whose handler has not answered yet.
     in_flight: Cell<usize>,
     /// The current HTTP/1 request's body was let go of before its end and is not discarded
-    /// (see [`RequestBody`]): hyper will close the connection after the response unless the
-    /// rest happens to be in its buffer already, so the response says `Connection: close` (and
-    /// the close is certain).
+    /// (see [`RequestBody`]), or its discard was given up: hyper will close the connection
+    /// after the response unless the rest happens to be in its buffer already, so the response
+    /// says `Connection: close` (and the close is certain) if its head is not written yet.
     pub(crate) body_left: Cell<bool>,
     /// An HTTP/1 request body its handler let go of, read to its end and dropped by the
     /// connection's task so that the connection can serve the next request.
-    discarding: RefCell<Option<http_body_util::Limited<Incoming>>>,
+    discarding: RefCell<Option<Discard>>,
+    /// How long a discard may take: the keep-alive timeout.
+    discard_timeout: Duration,
     /// Answered requests whose large or streamed body is still being written (see
     /// [`TrackedBody`]): the connection is not idle while one is (a server-sent-events body may
     /// be silent for long); a client that stops reading it meets the write-stall timeout.
@@ -872,29 +885,56 @@ pub(crate) struct ConnState {
     peer: Option<SocketAddr>,
 }
 
+/// An unread request body being read and dropped, within its bounds: `DISCARD_MAX` body bytes
+/// (`Config::max_body_bytes` too, through `Limited`) and the keep-alive timeout from the moment
+/// its handler let go of it.
+struct Discard {
+    body: http_body_util::Limited<Incoming>,
+    /// Body bytes it may still read.
+    left: u64,
+    deadline: nodus::Sleep,
+}
+
 impl ConnState {
     /// Takes an unread request body to be read to its end and dropped.
     pub(crate) fn discard(&self, body: http_body_util::Limited<Incoming>) {
-        *self.discarding.borrow_mut() = Some(body);
+        *self.discarding.borrow_mut() = Some(Discard {
+            body,
+            left: DISCARD_MAX,
+            deadline: nodus::sleep(self.discard_timeout),
+        });
     }
 
-    /// Reads what has come of a discarded body; true once it has ended (or failed: then hyper
-    /// closes the connection), false while more is to come or there is none.
+    /// Reads what has come of a discarded body; true once it has ended or was given up, false
+    /// while more is to come or there is none. A body that goes past its bounds, fails (a
+    /// malformed chunk), or is not over by the deadline is given up: dropping it has hyper stop
+    /// reading (it never parses the rest as a request) and close the connection after the
+    /// response, which says `Connection: close` if its head is not written yet.
     fn poll_discard(&self, cx: &mut Context<'_>) -> bool {
         let mut slot = self.discarding.borrow_mut();
-        let Some(body) = slot.as_mut() else {
+        let Some(d) = slot.as_mut() else {
             return false;
         };
-        loop {
-            match hyper::body::Body::poll_frame(Pin::new(&mut *body), cx) {
-                Poll::Ready(Some(Ok(_))) => {}
-                Poll::Ready(_) => {
-                    *slot = None;
-                    return true;
+        let ended = loop {
+            match hyper::body::Body::poll_frame(Pin::new(&mut d.body), cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    let n = frame.data_ref().map_or(0, |b| b.len() as u64);
+                    match d.left.checked_sub(n) {
+                        Some(left) => d.left = left,
+                        None => break false,
+                    }
                 }
+                Poll::Ready(Some(Err(_))) => break false,
+                Poll::Ready(None) => break true,
+                Poll::Pending if Pin::new(&mut d.deadline).poll(cx).is_ready() => break false,
                 Poll::Pending => return false,
             }
+        };
+        *slot = None;
+        if !ended {
+            self.body_left.set(true);
         }
+        true
     }
 }
 
