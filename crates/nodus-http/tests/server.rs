@@ -1089,8 +1089,9 @@ fn repeated_or_invalid_host_headers_get_400_and_the_connection_closes() {
     assert_eq!(snap.http.responses_by_class[3], 13);
 }
 
-/// A client with a tiny receive buffer that reads the start of `/big`, then stops reading.
-fn stalled_download(addr: SocketAddr) -> TcpStream {
+/// A client with a tiny receive buffer that reads the start of `/big` (8 KiB), then stops
+/// reading; with the length of the response's head.
+fn stalled_download(addr: SocketAddr) -> (TcpStream, u64) {
     use rustix::net::{AddressFamily, SocketType, sockopt};
     let fd = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
     // Before connecting, so that the window advertised is small from the start.
@@ -1102,7 +1103,8 @@ fn stalled_download(addr: SocketAddr) -> TcpStream {
     let mut start = vec![0u8; 8 * 1024];
     s.read_exact(&mut start).unwrap();
     assert!(start.starts_with(b"HTTP/1.1 200"));
-    s
+    let head = start.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    (s, head as u64)
 }
 
 #[test]
@@ -1114,7 +1116,7 @@ fn a_client_that_stops_reading_a_response_is_cut_after_the_write_stall_timeout()
         ..Config::default()
     };
     let server = TestServer::start(config, Duration::from_millis(100));
-    let s = stalled_download(server.addr);
+    let (s, _) = stalled_download(server.addr);
     let start = Instant::now();
     loop {
         // Reading nothing (the buffered response would come before the reset): the socket's
@@ -1460,6 +1462,73 @@ fn an_unread_body_that_stalls_or_trickles_is_given_up_at_the_keep_alive_timeout(
             "{shown:?} (trickle: {trickle}): closed after {waited:?}"
         );
     }
+}
+
+/// What `Config::on_response` was told in
+/// `on_response_reports_each_answer_with_the_body_bytes_the_socket_took`: status, start line,
+/// body bytes.
+static ANSWERED: std::sync::Mutex<Vec<(u16, String, u64)>> = std::sync::Mutex::new(Vec::new());
+
+fn record_answered(a: &nodus_http::Answered<'_>) {
+    let r = a.request;
+    let line = format!("{} {} {:?}", r.method, r.path, r.version);
+    ANSWERED
+        .lock()
+        .unwrap()
+        .push((a.status.as_u16(), line, a.body_bytes));
+}
+
+/// Waits (10 s at most) until `on_response` has been told of `n` answers; takes them.
+fn answered(n: usize) -> Vec<(u16, String, u64)> {
+    let start = Instant::now();
+    loop {
+        let mut got = ANSWERED.lock().unwrap();
+        if got.len() >= n {
+            return std::mem::take(&mut *got);
+        }
+        drop(got);
+        assert!(start.elapsed() < Duration::from_secs(10), "no {n} answers");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// An access log's BYTES: the body bytes the socket took, none for `HEAD`, no chunk framing; and
+/// for a download its client went away from, exactly what was written of it before the write
+/// that failed: the bytes the server's socket took for the connection, less the head. (Counted
+/// as the body handed to hyper, it would be the whole 8 MiB: hyper takes it in one chunk.)
+#[test]
+fn on_response_reports_each_answer_with_the_body_bytes_the_socket_took() {
+    let config = || Config {
+        on_response: Some(record_answered),
+        ..Config::default()
+    };
+    let server = TestServer::start(config(), Duration::from_secs(1));
+    let mut s = server.connect();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    for (method, path) in [("GET", "/"), ("HEAD", "/"), ("GET", "/stream")] {
+        write_request(&mut s, method, path, &[]).unwrap();
+        assert_eq!(read_reply(&mut r, method == "HEAD").unwrap().status, 200);
+    }
+    assert_eq!(
+        answered(3),
+        [
+            (200, "GET / HTTP/1.1".to_owned(), 5),
+            (200, "HEAD / HTTP/1.1".to_owned(), 0),
+            (200, "GET /stream HTTP/1.1".to_owned(), 6),
+        ]
+    );
+    drop(server);
+    // Alone on its server (whose byte counter is then this connection's): a client with a
+    // small receive buffer reads the start of an 8 MiB body, then resets the connection.
+    let server = TestServer::start(config(), Duration::from_secs(1));
+    let (s, head) = stalled_download(server.addr);
+    rustix::net::sockopt::set_socket_linger(&s, Some(Duration::ZERO)).unwrap();
+    drop(s);
+    let [(status, line, bytes)] = <[_; 1]>::try_from(answered(1)).unwrap();
+    assert_eq!((status, line.as_str()), (200, "GET /big HTTP/1.1"));
+    let (_, snap) = server.finish();
+    assert_eq!(bytes, snap.http.bytes_sent_total - head, "head {head}");
+    assert!(bytes >= 8 * 1024 - head && bytes < 8 << 20, "{bytes}");
 }
 
 /// HTTP/1.0 has no chunked coding: a body of no known length ends with the connection, so the
