@@ -35,8 +35,8 @@
 //!   its connection, which then serves the next request (as from Node and nginx), when no
 //!   `Expect: 100-continue` waits for an answer (a `100 Continue` after the final answer would
 //!   be wrong) and what is left of it is a chunked body or has a known length up to 64 KiB. The
-//!   discard has bounds, which Node's has not: at most 64 KiB of body data (and no more than
-//!   `max_body_bytes` in all), within the keep-alive timeout from the moment the handler let go
+//!   discard has bounds: at most 64 KiB of body data (Node's reads any amount) and
+//!   `max_body_bytes` in all, within the keep-alive timeout from the moment the handler let go
 //!   of it. A body past a bound, a malformed chunk, or a peer that stalls or trickles is given
 //!   up: hyper stops reading (none of the rest is ever parsed, as a request or anything else)
 //!   and closes the connection after the response. Any other body (`Expect: 100-continue`, a

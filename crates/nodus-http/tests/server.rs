@@ -1343,7 +1343,7 @@ fn an_unread_chunked_body_within_64_kib_is_discarded_and_the_connection_serves_o
     }
 }
 
-/// A discard has bounds, as Node's and nginx's do not: a chunked body with more than 64 KiB
+/// A discard has bounds (Node's reads any amount): a chunked body with more than 64 KiB
 /// (or more than `max_body_bytes`) of data still to come, or a malformed chunk, ends the
 /// connection after the response (whose head, written before the body's size was known, may
 /// have promised keep-alive: the close is still clean, after the whole response), and the rest
