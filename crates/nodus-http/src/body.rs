@@ -1,9 +1,10 @@
 //! Request and response bodies.
 //!
 //! Invariant: an HTTP/1 request's [`RequestBody`] let go of before its end (the handler answered
-//! without reading it all) is either handed to its connection to be read and discarded (a rest of
-//! known length up to `DISCARD_MAX`, with no `Expect: 100-continue` pending: the connection
-//! stays, as Node's and nginx's do after an early answer), or makes the response say
+//! without reading it all) is either handed to its connection to be read and discarded (a
+//! chunked rest, or one of known length up to `DISCARD_MAX`, with no `Expect: 100-continue`
+//! pending: the connection stays, as Node's and nginx's do after an early answer, if the rest
+//! ends within the discard's bounds, `server`'s module docs), or makes the response say
 //! `Connection: close` (hyper closes a connection rather than read a body nobody takes).
 
 use std::convert::Infallible;
@@ -25,8 +26,8 @@ pub fn boxed(body: impl hyper::body::Body<Data = Bytes, Error = std::io::Error> 
     Box::pin(body)
 }
 
-/// The most an unread request body may still have to come for its connection to read and
-/// discard it rather than close.
+/// The most body data its connection reads of an unread request body to discard it: a rest of
+/// known length over this is not read at all, a chunked one is given up past it.
 pub(crate) const DISCARD_MAX: u64 = 64 * 1024;
 
 /// A request body, limited to `Config::max_body_bytes`.
@@ -98,9 +99,10 @@ impl Drop for RequestBody {
         if inner.is_end_stream() {
             return;
         }
-        // Exact: a chunked body has an upper bound here (`Limited`'s limit), not a known length.
+        // A rest of known length over the bound is not worth reading; a chunked body's rest
+        // (no exact length: `Limited`'s limit is an upper bound) is found out by its discard.
         let rest = inner.size_hint().exact();
-        if self.discardable && rest.is_some_and(|n| n <= DISCARD_MAX) {
+        if self.discardable && rest.is_none_or(|n| n <= DISCARD_MAX) {
             conn.discard(inner);
         } else {
             conn.body_left.set(true);

@@ -15,8 +15,11 @@
 //!   before the handler (400, 413, 414, 431), or answers with a 500 because the handler panicked,
 //!   is counted and reported to `Config::on_refused` ([`Refused`]), and so is one whose
 //!   connection ended before its handler answered (499, nginx's "client closed request"; not
-//!   counted: nothing was sent), so an access log misses none. An HTTP/1 response after which the
-//!   connection will close says `Connection: close`.
+//!   counted: nothing was sent), so an access log misses none; every answer of the handler is
+//!   reported to `Config::on_response` ([`Answered`]) once done with, with the body bytes the
+//!   socket took. A request body the handler left unread is discarded (a chunked one, or up to
+//!   64 KiB of known length; within 64 KiB and the keep-alive timeout) so the connection serves
+//!   on. An HTTP/1 response after which the connection will close says `Connection: close`.
 //! - `stats`: HTTP measurements, folded into the loop's `nodus::metrics::Snapshot`.
 //!
 //! Connections run as tasks named by handler class (`Config::name`, e.g. `http:static`), never by
@@ -33,6 +36,6 @@ mod timer;
 pub use body::{Body, BodyError, RequestBody, boxed, collect_body, empty, full, text};
 pub use exec::LocalExec;
 pub use io::{FdStream, HyperIo};
-pub use server::{Accept, Config, ConnInfo, Refused, RequestLine, Server, serve};
+pub use server::{Accept, Answered, Config, ConnInfo, Refused, RequestLine, Server, serve};
 pub use stats::{fill_snapshot, snapshot};
 pub use timer::NodusTimer;

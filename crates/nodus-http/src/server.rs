@@ -32,16 +32,25 @@
 //!   while a request is in flight: a client that goes away meanwhile is noticed when the
 //!   response is written.
 //! - A request body the handler lets go of unread (an early 405, say) is read and discarded by
-//!   its connection, which then serves the next request (as from Node and nginx), when what is
-//!   left of it has a known length up to 64 KiB and no `Expect: 100-continue` waits for an
-//!   answer; any other is not read (a `100 Continue` after the final answer would be wrong, a
-//!   large one not worth reading), and hyper closes the connection.
+//!   its connection, which then serves the next request (as from Node and nginx), when no
+//!   `Expect: 100-continue` waits for an answer (a `100 Continue` after the final answer would
+//!   be wrong) and what is left of it is a chunked body or has a known length up to 64 KiB. The
+//!   discard has bounds: at most 64 KiB of body data (Node's reads any amount) and
+//!   `max_body_bytes` in all, within the keep-alive timeout from the moment the handler let go
+//!   of it. A body past a bound, a malformed chunk, or a peer that stalls or trickles is given
+//!   up: hyper stops reading (none of the rest is ever parsed, as a request or anything else)
+//!   and closes the connection after the response. Any other body (`Expect: 100-continue`, a
+//!   known length over 64 KiB) is not read, and hyper closes the connection.
 //! - An HTTP/1 response after which the connection closes says `Connection: close`: every one
 //!   during a drain, a refusal's, one that leaves its request's body unread and not discarded
 //!   (above: hyper does not read a body nobody takes, so it closes the connection, unless the
 //!   rest of the body was in its buffer already; the header makes the close certain), and an
 //!   HTTP/1.0 one whose body has no known length (HTTP/1.0 has no chunked
-//!   coding: the close ends the body; as nginx, no keep-alive for it).
+//!   coding: the close ends the body; as nginx, no keep-alive for it). The head is written
+//!   before a chunked body's discard is over, so it cannot know the body's size: one whose
+//!   discard was given up by then says `Connection: close`; one still being discarded promises
+//!   nothing, and if it is given up later the connection still closes cleanly, after the whole
+//!   response (RFC 9112 section 9.5: a server may close a connection at any time).
 //! - HTTP versions: hyper's parser knows HTTP/1.0 and 1.1 only, so a higher HTTP/1 minor version
 //!   (`HTTP/1.2`, which RFC 9110 section 6.2 would have answered as 1.1, as nginx does) gets 400,
 //!   as from Node; nodus has no hook into that parse and leaves it.
@@ -59,9 +68,17 @@
 //! - A handler that panics (making its future, or in a poll of it) gets its request a 500 and
 //!   `Connection: close`, one error log line, and one report to `Config::on_refused` (its start
 //!   line with it: an access log misses no answered request); other requests and connections go
-//!   on. For that report (and a 499's) each request keeps its method and path until its
-//!   response, only while `on_refused` is set: clones that share the parsed head's buffer, no
-//!   allocation.
+//!   on. For that report (and a 499's, and `on_response`'s) each request keeps its method and
+//!   path until its response is done with, only while `on_refused` or `on_response` is set:
+//!   clones that share the parsed head's buffer, no allocation.
+//! - Each response of the handler is reported once to `Config::on_response` ([`Answered`]),
+//!   when it is done with: its body's last byte written, or its connection ended first. Its
+//!   body bytes are those the socket took: every data chunk hyper gets carries the response's
+//!   `Meter`, which counts what each write advances it by (hyper queues chunks as they are, for
+//!   vectored writes, and advances them only by what a write took; over HTTP/2, h2 copies a
+//!   payload under 256 bytes into its frame buffer, and it counts then); the report is the
+//!   meter's drop, when the body and the last chunk hyper held are gone. Without the hook the
+//!   chunks carry no meter: nothing is allocated.
 //! - A `Server` dropped without a drain is not stopped: its tasks serve on while the loop runs
 //!   (a Node server nobody references still listens). `drain` is how it stops.
 //! - Drain: the listener is dropped at once (new connections are refused); every later HTTP/1
@@ -85,6 +102,7 @@ use std::rc::Rc;
 use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
+use bytes::Buf;
 use http::uri::PathAndQuery;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
@@ -92,7 +110,7 @@ use hyper_util::server::conn::auto;
 use nodus::JoinHandle;
 use slab::Slab;
 
-use crate::body::{Body, RequestBody, text};
+use crate::body::{Body, DISCARD_MAX, RequestBody, text};
 use crate::exec::LocalExec;
 use crate::head_wait::{self, HeadTimer, HeadWait};
 use crate::io::{Activity, FdStream, HyperIo, UriTooLong, now_ns};
@@ -114,7 +132,8 @@ pub struct Config {
     /// Time allowed for a complete request head once the connection waits for one. Default 10 s.
     pub header_read_timeout: Duration,
     /// An idle connection (no request in flight, no streamed response body still being written,
-    /// no response write waiting on the peer, no I/O) is closed after this. Default 5 s.
+    /// no response write waiting on the peer, no I/O) is closed after this; the discard of a
+    /// request body the handler left unread is given up after this. Default 5 s.
     pub keep_alive_timeout: Duration,
     /// A connection whose response write has made no progress for this long (the peer stopped
     /// reading) is cut, with a reset, requests in flight or not: nginx's `send_timeout`.
@@ -130,10 +149,21 @@ pub struct Config {
     /// (see [`Refused`]), a handler's panic included, and once per request nobody answered
     /// (499): where an access log writes the lines its handler cannot. Default none.
     pub on_refused: Option<fn(&Refused<'_>)>,
+    /// Called on the loop, once per response of the handler, when it is done with: its last
+    /// body byte written to the socket, or its connection ended first (see [`Answered`]):
+    /// where an access log writes the lines of the requests its handler answered. Default none.
+    pub on_response: Option<fn(&Answered<'_>)>,
     /// Put a [`ConnInfo`] in every request's extensions. Default on; a handler that never reads
     /// it can turn it off: the extension costs three allocations per request (about 6 % of the
     /// server's user-space work per keep-alive request, BENCHMARKS.md).
     pub conn_info: bool,
+}
+
+impl Config {
+    /// Whether each request keeps its start line for a hook's report.
+    fn keeps_lines(&self) -> bool {
+        self.on_refused.is_some() || self.on_response.is_some()
+    }
 }
 
 impl Default for Config {
@@ -149,6 +179,7 @@ impl Default for Config {
             max_connections: 10_000,
             http2: false,
             on_refused: None,
+            on_response: None,
             conn_info: true,
         }
     }
@@ -180,6 +211,26 @@ pub struct Refused<'a> {
     /// duration is counted; `None` for a head that could not be parsed.
     pub elapsed_ns: Option<u64>,
     /// The answer's body bytes: 0 for a head that could not be parsed, a `HEAD` request or a 499.
+    pub body_bytes: u64,
+}
+
+/// A response of the handler, done with: reported to `Config::on_response` when its last body
+/// byte was written to the socket, or when its connection ended first (a client that went away
+/// mid-body, a cut), with the status it was sent with, as nginx logs it.
+#[derive(Debug, Clone, Copy)]
+pub struct Answered<'a> {
+    pub status: StatusCode,
+    pub peer: Option<SocketAddr>,
+    pub request: RequestLine<'a>,
+    /// From the loop time of the poll that parsed the head to the response's end: its last body
+    /// byte written, or its connection's end (for a response without a body (`HEAD`, 304),
+    /// when hyper took its head).
+    pub elapsed_ns: u64,
+    /// The body bytes the socket took (nginx's `$body_bytes_sent`): a write that failed, and
+    /// whatever hyper still held unwritten when the connection ended, count for nothing. Exact
+    /// for HTTP/1 (hyper queues each body chunk and advances it by what each write took); over
+    /// HTTP/2 a DATA frame's payload under 256 bytes counts when h2 copies it into its frame
+    /// buffer, before it is written.
     pub body_bytes: u64,
 }
 
@@ -471,6 +522,7 @@ where
         in_flight: Cell::new(0),
         body_left: Cell::new(false),
         discarding: RefCell::new(None),
+        discard_timeout: state.config.keep_alive_timeout,
         streaming: Cell::new(0),
         http2: Cell::new(false),
         peer,
@@ -857,13 +909,15 @@ pub(crate) struct ConnState {
     /// Requests whose handler has not answered yet.
     in_flight: Cell<usize>,
     /// The current HTTP/1 request's body was let go of before its end and is not discarded
-    /// (see [`RequestBody`]): hyper will close the connection after the response unless the
-    /// rest happens to be in its buffer already, so the response says `Connection: close` (and
-    /// the close is certain).
+    /// (see [`RequestBody`]), or its discard was given up: hyper will close the connection
+    /// after the response unless the rest happens to be in its buffer already, so the response
+    /// says `Connection: close` (and the close is certain) if its head is not written yet.
     pub(crate) body_left: Cell<bool>,
     /// An HTTP/1 request body its handler let go of, read to its end and dropped by the
     /// connection's task so that the connection can serve the next request.
-    discarding: RefCell<Option<http_body_util::Limited<Incoming>>>,
+    discarding: RefCell<Option<Discard>>,
+    /// How long a discard may take: the keep-alive timeout.
+    discard_timeout: Duration,
     /// Answered requests whose large or streamed body is still being written (see
     /// [`TrackedBody`]): the connection is not idle while one is (a server-sent-events body may
     /// be silent for long); a client that stops reading it meets the write-stall timeout.
@@ -872,29 +926,56 @@ pub(crate) struct ConnState {
     peer: Option<SocketAddr>,
 }
 
+/// An unread request body being read and dropped, within its bounds: `DISCARD_MAX` body bytes
+/// (`Config::max_body_bytes` too, through `Limited`) and the keep-alive timeout from the moment
+/// its handler let go of it.
+struct Discard {
+    body: http_body_util::Limited<Incoming>,
+    /// Body bytes it may still read.
+    left: u64,
+    deadline: nodus::Sleep,
+}
+
 impl ConnState {
     /// Takes an unread request body to be read to its end and dropped.
     pub(crate) fn discard(&self, body: http_body_util::Limited<Incoming>) {
-        *self.discarding.borrow_mut() = Some(body);
+        *self.discarding.borrow_mut() = Some(Discard {
+            body,
+            left: DISCARD_MAX,
+            deadline: nodus::sleep(self.discard_timeout),
+        });
     }
 
-    /// Reads what has come of a discarded body; true once it has ended (or failed: then hyper
-    /// closes the connection), false while more is to come or there is none.
+    /// Reads what has come of a discarded body; true once it has ended or was given up, false
+    /// while more is to come or there is none. A body that goes past its bounds, fails (a
+    /// malformed chunk), or is not over by the deadline is given up: dropping it has hyper stop
+    /// reading (it never parses the rest as a request) and close the connection after the
+    /// response, which says `Connection: close` if its head is not written yet.
     fn poll_discard(&self, cx: &mut Context<'_>) -> bool {
         let mut slot = self.discarding.borrow_mut();
-        let Some(body) = slot.as_mut() else {
+        let Some(d) = slot.as_mut() else {
             return false;
         };
-        loop {
-            match hyper::body::Body::poll_frame(Pin::new(&mut *body), cx) {
-                Poll::Ready(Some(Ok(_))) => {}
-                Poll::Ready(_) => {
-                    *slot = None;
-                    return true;
+        let ended = loop {
+            match hyper::body::Body::poll_frame(Pin::new(&mut d.body), cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    let n = frame.data_ref().map_or(0, |b| b.len() as u64);
+                    match d.left.checked_sub(n) {
+                        Some(left) => d.left = left,
+                        None => break false,
+                    }
                 }
+                Poll::Ready(Some(Err(_))) => break false,
+                Poll::Ready(None) => break true,
+                Poll::Pending if Pin::new(&mut d.deadline).poll(cx).is_ready() => break false,
                 Poll::Pending => return false,
             }
+        };
+        *slot = None;
+        if !ended {
+            self.body_left.set(true);
         }
+        true
     }
 }
 
@@ -910,7 +991,7 @@ where
     H: Fn(Request<RequestBody>) -> F + 'static,
     F: Future<Output = Response<Body>> + 'static,
 {
-    type Response = Response<Body>;
+    type Response = Response<SentBody>;
     type Error = Infallible;
     type Future = Respond<F>;
 
@@ -939,7 +1020,7 @@ where
                     peer: self.conn.peer,
                 });
             }
-            if self.state.config.on_refused.is_some() {
+            if self.state.config.keeps_lines() {
                 line = Some(KeptLine::of(&req));
             }
             // HTTP/1 runs one request at a time per connection: its body reports to it.
@@ -1059,9 +1140,10 @@ static HOST_CHAR: [bool; 256] = {
     table
 };
 
-/// A request's start line, kept (while `Config::on_refused` is set) for the report of its
-/// handler's panic: the handler owns the request by then. Cloned from the parsed request, whose
-/// buffer the path shares (no allocation; a method is inline up to 15 bytes).
+/// A request's start line, kept (while `Config::on_refused` or `Config::on_response` is set)
+/// for the report of its handler's panic, or of its response once done with: the handler owns
+/// the request by then. Cloned from the parsed request, whose buffer the path shares (no
+/// allocation; a method is inline up to 15 bytes).
 struct KeptLine {
     method: Method,
     /// `None` for a target without a path (authority form), whose path is `""` as in `Uri::path`.
@@ -1073,6 +1155,14 @@ impl KeptLine {
         KeptLine {
             method: req.method().clone(),
             path: req.uri().path_and_query().cloned(),
+        }
+    }
+
+    fn line(&self, version: Version) -> RequestLine<'_> {
+        RequestLine {
+            method: &self.method,
+            path: self.path.as_ref().map_or("", PathAndQuery::path),
+            version,
         }
     }
 }
@@ -1102,11 +1192,7 @@ impl State {
             report(&Refused {
                 status,
                 peer: conn.peer,
-                request: line.map(|l| RequestLine {
-                    method: &l.method,
-                    path: l.path.as_ref().map_or("", PathAndQuery::path),
-                    version,
-                }),
+                request: line.map(|l| l.line(version)),
                 elapsed_ns: Some(nodus::clock::now_ns().saturating_sub(start)),
                 body_bytes,
             });
@@ -1187,14 +1273,15 @@ struct Respond<F> {
     state: Rc<State>,
     /// Taken when the response is ready.
     conn: Option<Rc<ConnState>>,
-    /// The start line, for `Config::on_refused` should the handler panic (set only with it).
+    /// The start line, for `Config::on_refused` should the handler panic, and for
+    /// `Config::on_response` (set only with one of them).
     line: Option<KeptLine>,
     version: Version,
     start: u64,
 }
 
 impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
-    type Output = Result<Response<Body>, Infallible>;
+    type Output = Result<Response<SentBody>, Infallible>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         // SAFETY: only `handler` is pinned, and it is polled in place and never moved out;
@@ -1204,12 +1291,13 @@ impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
             this.conn.is_some(),
             "nodus-http: Respond polled after completion"
         );
-        let mut resp = match &mut this.handler {
+        // Whether the handler made the response (not a refusal standing in for it).
+        let (mut resp, by_handler) = match &mut this.handler {
             Ok(f) => {
                 // SAFETY: see above.
                 let f = unsafe { Pin::new_unchecked(f) };
                 match catch_unwind(AssertUnwindSafe(|| f.poll(cx))) {
-                    Ok(poll) => ready!(poll),
+                    Ok(poll) => (ready!(poll), true),
                     // Never polled again: this future completes now.
                     Err(payload) => {
                         let refusal = Refusal::handler_panicked(&*payload);
@@ -1223,11 +1311,11 @@ impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
                                 true,
                             );
                         }
-                        refusal.response()
+                        (refusal.response(), false)
                     }
                 }
             }
-            Err(refusal) => refusal.response(),
+            Err(refusal) => (refusal.response(), false),
         };
         if this.version < Version::HTTP_2 {
             let body_left = this.conn.as_ref().is_some_and(|c| c.body_left.take());
@@ -1244,15 +1332,116 @@ impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
                 }
             }
         }
+        let mut meter = None;
         if let Some(conn) = this.conn.take() {
             conn.in_flight.set(conn.in_flight.get() - 1);
+            if let (Some(report), Some(line), true) =
+                (this.state.config.on_response, this.line.take(), by_handler)
+            {
+                meter = Some(Rc::new(Meter {
+                    report,
+                    status: resp.status(),
+                    peer: conn.peer,
+                    line,
+                    version: this.version,
+                    start: this.start,
+                    written: Cell::new(0),
+                }));
+            }
             if TrackedBody::needed(resp.body()) {
                 resp = resp.map(|inner| TrackedBody::track(inner, conn));
             }
         }
         let ns = nodus::clock::now_ns().saturating_sub(this.start);
         stats::request_finished(resp.status(), ns);
-        Poll::Ready(Ok(resp))
+        Poll::Ready(Ok(resp.map(|inner| SentBody { inner, meter })))
+    }
+}
+
+/// A response body as hyper takes it: each data chunk carries its response's [`Meter`], if any,
+/// which counts what each write takes of it.
+pub(crate) struct SentBody {
+    inner: Body,
+    meter: Option<Rc<Meter>>,
+}
+
+impl hyper::body::Body for SentBody {
+    type Data = SentChunk;
+    type Error = io::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<SentChunk>, io::Error>>> {
+        let this = self.get_mut();
+        let frame = ready!(this.inner.as_mut().poll_frame(cx));
+        Poll::Ready(frame.map(|f| {
+            f.map(|f| {
+                f.map_data(|bytes| SentChunk {
+                    bytes,
+                    meter: this.meter.clone(),
+                })
+            })
+        }))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A response body chunk on its way to the socket. hyper's HTTP/1 writes queue it as it is
+/// (`HyperIo` is vectored, so hyper never flattens it into its own buffer) and advance it by
+/// what each write took: what it counts is what the socket took.
+pub(crate) struct SentChunk {
+    bytes: bytes::Bytes,
+    meter: Option<Rc<Meter>>,
+}
+
+impl Buf for SentChunk {
+    fn remaining(&self) -> usize {
+        self.bytes.len()
+    }
+
+    fn chunk(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    fn advance(&mut self, n: usize) {
+        self.bytes.advance(n);
+        if let Some(meter) = &self.meter {
+            meter.written.set(meter.written.get() + n as u64);
+        }
+    }
+}
+
+/// One response's account for `Config::on_response`, shared by its body and the chunks hyper
+/// holds: reported when the last of them is dropped (the body done with and every chunk written,
+/// or dropped unwritten with the connection).
+pub(crate) struct Meter {
+    report: fn(&Answered<'_>),
+    status: StatusCode,
+    peer: Option<SocketAddr>,
+    line: KeptLine,
+    version: Version,
+    start: u64,
+    /// Body bytes the socket took.
+    written: Cell<u64>,
+}
+
+impl Drop for Meter {
+    fn drop(&mut self) {
+        (self.report)(&Answered {
+            status: self.status,
+            peer: self.peer,
+            request: self.line.line(self.version),
+            elapsed_ns: nodus::clock::now_ns().saturating_sub(self.start),
+            body_bytes: self.written.get(),
+        });
     }
 }
 

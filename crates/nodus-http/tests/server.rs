@@ -50,6 +50,8 @@ impl TestServer {
                                 text(StatusCode::OK, "hello")
                             }
                             "/panic" => panic!("a handler bug"),
+                            // What a request smuggled in a body would get.
+                            "/x" => text(StatusCode::OK, "smuggled"),
                             "/peer" => {
                                 let peer = req.extensions().get::<nodus_http::ConnInfo>();
                                 let peer = peer.and_then(|c| c.peer);
@@ -1087,8 +1089,9 @@ fn repeated_or_invalid_host_headers_get_400_and_the_connection_closes() {
     assert_eq!(snap.http.responses_by_class[3], 13);
 }
 
-/// A client with a tiny receive buffer that reads the start of `/big`, then stops reading.
-fn stalled_download(addr: SocketAddr) -> TcpStream {
+/// A client with a tiny receive buffer that reads the start of `/big` (8 KiB), then stops
+/// reading; with the length of the response's head.
+fn stalled_download(addr: SocketAddr) -> (TcpStream, u64) {
     use rustix::net::{AddressFamily, SocketType, sockopt};
     let fd = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
     // Before connecting, so that the window advertised is small from the start.
@@ -1100,7 +1103,8 @@ fn stalled_download(addr: SocketAddr) -> TcpStream {
     let mut start = vec![0u8; 8 * 1024];
     s.read_exact(&mut start).unwrap();
     assert!(start.starts_with(b"HTTP/1.1 200"));
-    s
+    let head = start.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    (s, head as u64)
 }
 
 #[test]
@@ -1112,7 +1116,7 @@ fn a_client_that_stops_reading_a_response_is_cut_after_the_write_stall_timeout()
         ..Config::default()
     };
     let server = TestServer::start(config, Duration::from_millis(100));
-    let s = stalled_download(server.addr);
+    let (s, _) = stalled_download(server.addr);
     let start = Instant::now();
     loop {
         // Reading nothing (the buffered response would come before the reset): the socket's
@@ -1221,15 +1225,16 @@ fn a_request_line_too_long_in_the_heads_first_read_gets_414() {
     assert_eq!(read_reply(&mut r, false).unwrap().status, 414);
 }
 
-/// A handler that answers without reading the request's body (an early 405, a refused
-/// `Expect: 100-continue`) leaves hyper a body nobody takes: it closes the connection after the
-/// response (unless the rest of the body happens to be in its buffer), so the response says so.
+/// A handler that answers without reading the request's body (an early 405): a short rest of
+/// known length is discarded; one over 64 KiB, or one an `Expect: 100-continue` waits to be
+/// asked for, leaves hyper a body nobody takes: it closes the connection after the response
+/// (unless the rest of the body happens to be in its buffer), so the response says so. (A
+/// chunked one: the tests after this one.)
 #[test]
 fn an_unread_body_is_discarded_when_short_and_otherwise_the_response_says_connection_close() {
     let server = TestServer::start(Config::default(), Duration::from_secs(1));
     for head in [
         "PUT / HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\nExpect: 100-continue\r\n\r\n",
-        "POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",
         "POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\n\r\n",
     ] {
         let mut s = server.connect();
@@ -1240,20 +1245,6 @@ fn an_unread_body_is_discarded_when_short_and_otherwise_the_response_says_connec
         assert!(reply.closes(), "{head:?}: {:?}", reply.headers);
         assert!(read_to_close(&mut r).is_empty(), "{head:?}");
     }
-    // A chunked body under a body limit within the discard bound has no known length either.
-    let small = TestServer::start(
-        Config {
-            max_body_bytes: 1024,
-            ..Config::default()
-        },
-        Duration::from_secs(1),
-    );
-    let mut s = small.connect();
-    s.write_all(b"POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab")
-        .unwrap();
-    let reply = read_reply(&mut BufReader::new(s), false).unwrap();
-    assert!(reply.closes(), "{:?}", reply.headers);
-    drop(small);
     // A short unread body of known length, sent after the answer came, is read and discarded:
     // the connection serves the next request (hyper alone would have closed it).
     let mut s = server.connect();
@@ -1283,6 +1274,261 @@ fn an_unread_body_is_discarded_when_short_and_otherwise_the_response_says_connec
     assert!(!reply.closes(), "{:?}", reply.headers);
     get(&mut s, "/");
     assert_eq!(read_reply(&mut r, false).unwrap().status, 200);
+}
+
+/// One chunk of a chunked body.
+fn chunk(data: &[u8]) -> Vec<u8> {
+    let mut c = format!("{:x}\r\n", data.len()).into_bytes();
+    c.extend_from_slice(data);
+    c.extend_from_slice(b"\r\n");
+    c
+}
+
+/// A request in a body's bytes: what a smuggling attempt hopes the server reads as a request.
+const SMUGGLED: &[u8] = b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n";
+
+/// A chunked POST's head.
+const CHUNKED_POST: &[u8] = b"POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n";
+
+/// Reads until the server closes the connection (an EOF, or the reset of a close with input
+/// unread), within the read timeout; what came before.
+fn read_until_closed(r: &mut impl Read) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match r.read(&mut buf) {
+            Ok(0) => return got,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return got,
+            Err(e) => panic!("the connection did not close: {e} (after {got:?})"),
+        }
+    }
+}
+
+/// A chunked body the handler lets go of unread is read and discarded, as one of known length
+/// is, when it ends within 64 KiB of body data: the response keeps the connection, which serves
+/// the next request; the body's bytes are never read as a request, whatever they look like.
+#[test]
+fn an_unread_chunked_body_within_64_kib_is_discarded_and_the_connection_serves_on() {
+    let server = TestServer::start(Config::default(), Duration::from_secs(1));
+    let mut s = server.connect();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    // The whole body with its head (in hyper's buffer when the handler answers).
+    let mut request = CHUNKED_POST.to_vec();
+    request.extend(chunk(SMUGGLED));
+    request.extend_from_slice(b"0\r\n\r\n");
+    s.write_all(&request).unwrap();
+    let reply = read_reply(&mut r, false).unwrap();
+    assert_eq!((reply.status, reply.body.as_slice()), (200, &b"hello"[..]));
+    assert!(!reply.closes(), "{:?}", reply.headers);
+    // The body after the answer came: 62 KiB of it in 1 KiB chunks that are requests over
+    // and over, a chunk extension, and trailers.
+    s.write_all(CHUNKED_POST).unwrap();
+    let reply = read_reply(&mut r, false).unwrap();
+    assert_eq!(reply.status, 200);
+    assert!(!reply.closes(), "{:?}", reply.headers);
+    let data: Vec<u8> = SMUGGLED.iter().copied().cycle().take(1024).collect();
+    let mut body = Vec::new();
+    for _ in 0..62 {
+        body.extend(chunk(&data));
+    }
+    body.extend_from_slice(b"4;ext=1\r\nGET \r\n0\r\nX-Trailer: GET /x HTTP/1.1\r\n\r\n");
+    s.write_all(&body).unwrap();
+    // The next answers are those of the next requests: none to a request in the body.
+    for _ in 0..2 {
+        get(&mut s, "/");
+        let reply = read_reply(&mut r, false).unwrap();
+        assert_eq!((reply.status, reply.body.as_slice()), (200, &b"hello"[..]));
+        assert!(!reply.closes(), "{:?}", reply.headers);
+    }
+}
+
+/// A discard has bounds (Node's reads any amount): a chunked body with more than 64 KiB
+/// (or more than `max_body_bytes`) of data still to come, or a malformed chunk, ends the
+/// connection after the response (whose head, written before the body's size was known, may
+/// have promised keep-alive: the close is still clean, after the whole response), and the rest
+/// of the body is never read as a request.
+#[test]
+fn an_unread_chunked_body_past_its_bounds_or_malformed_ends_the_connection_after_the_response() {
+    let server = TestServer::start(Config::default(), Duration::from_secs(1));
+    let small = TestServer::start(
+        Config {
+            max_body_bytes: 1024,
+            ..Config::default()
+        },
+        Duration::from_secs(1),
+    );
+    // 100 KiB of requests in a body (8 KiB to the server whose body limit is 1 KiB), then its
+    // end and a request of its own after it. hyper, told the body is not wanted, decodes at most one more
+    // chunk of what it has (`poll_drain_or_close_read`): the end is always more than one chunk
+    // away, so the connection closes with nothing after it read.
+    let data: Vec<u8> = SMUGGLED.iter().copied().cycle().take(1024).collect();
+    for (server, chunks) in [(&server, 100), (&small, 8)] {
+        let mut s = server.connect();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        s.write_all(CHUNKED_POST).unwrap();
+        let reply = read_reply(&mut r, false).unwrap();
+        assert_eq!((reply.status, reply.body.as_slice()), (200, &b"hello"[..]));
+        let mut body = Vec::new();
+        for _ in 0..chunks {
+            body.extend(chunk(&data));
+        }
+        body.extend_from_slice(b"0\r\n\r\n");
+        body.extend_from_slice(SMUGGLED);
+        // The server may close (and reset) before it has all of it.
+        let _ = s.write_all(&body);
+        let rest = read_until_closed(&mut r);
+        assert!(
+            rest.is_empty(),
+            "{chunks} KiB: {:?}",
+            String::from_utf8_lossy(&rest)
+        );
+    }
+    // A malformed chunk, after the response said keep-alive (the body's end was to come).
+    for bad in [&b"cde\r\nzz\r\n"[..], b"cdeXY0\r\n\r\n", b"cde\r\n-1\r\n"] {
+        let mut s = server.connect();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        let mut request = CHUNKED_POST.to_vec();
+        request.extend_from_slice(b"5\r\nab");
+        s.write_all(&request).unwrap();
+        let reply = read_reply(&mut r, false).unwrap();
+        assert_eq!(reply.status, 200);
+        assert!(!reply.closes(), "{:?}", reply.headers);
+        let mut rest = bad.to_vec();
+        rest.extend_from_slice(SMUGGLED);
+        let _ = s.write_all(&rest);
+        let rest = read_until_closed(&mut r);
+        assert!(
+            rest.is_empty(),
+            "{bad:?}: {:?}",
+            String::from_utf8_lossy(&rest)
+        );
+    }
+}
+
+/// A discard is bounded in time too: a body whose rest does not come (a stall), or comes too
+/// slowly (one byte at a time, each within the keep-alive timeout, which alone would never
+/// fire), is given up at the keep-alive timeout after its handler let go of it, and the
+/// connection closes.
+#[test]
+fn an_unread_body_that_stalls_or_trickles_is_given_up_at_the_keep_alive_timeout() {
+    let config = Config {
+        keep_alive_timeout: Duration::from_millis(500),
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_secs(1));
+    let stalled: &[u8] = b"POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab";
+    // A chunk of 64 KiB - 1 bytes begun: trickled bytes are its data.
+    let chunked: &[u8] =
+        b"POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nffff\r\n";
+    let sized: &[u8] = b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n";
+    for (head, trickle) in [
+        (stalled, false),
+        (chunked, false),
+        (chunked, true),
+        (sized, false),
+        (sized, true),
+    ] {
+        let mut s = server.connect();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        s.write_all(head).unwrap();
+        let start = Instant::now();
+        let reply = read_reply(&mut r, false).unwrap();
+        assert_eq!(reply.status, 200);
+        assert!(!reply.closes(), "{:?}", reply.headers);
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = trickle.then(|| {
+            let (mut s, stop) = (s.try_clone().unwrap(), stop.clone());
+            std::thread::spawn(move || {
+                // 1000 bytes, one each 50 ms: 50 s unless the server gives up.
+                for _ in 0..1000 {
+                    if stop.load(Ordering::Acquire) || s.write_all(b"x").is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            })
+        });
+        let rest = read_until_closed(&mut r);
+        let waited = start.elapsed();
+        stop.store(true, Ordering::Release);
+        if let Some(w) = writer {
+            w.join().unwrap();
+        }
+        assert!(rest.is_empty(), "{:?}", String::from_utf8_lossy(&rest));
+        let shown = String::from_utf8_lossy(head);
+        assert!(
+            waited >= Duration::from_millis(250) && waited < Duration::from_secs(5),
+            "{shown:?} (trickle: {trickle}): closed after {waited:?}"
+        );
+    }
+}
+
+/// What `Config::on_response` was told in
+/// `on_response_reports_each_answer_with_the_body_bytes_the_socket_took`: status, start line,
+/// body bytes.
+static ANSWERED: std::sync::Mutex<Vec<(u16, String, u64)>> = std::sync::Mutex::new(Vec::new());
+
+fn record_answered(a: &nodus_http::Answered<'_>) {
+    let r = a.request;
+    let line = format!("{} {} {:?}", r.method, r.path, r.version);
+    ANSWERED
+        .lock()
+        .unwrap()
+        .push((a.status.as_u16(), line, a.body_bytes));
+}
+
+/// Waits (10 s at most) until `on_response` has been told of `n` answers; takes them.
+fn answered(n: usize) -> Vec<(u16, String, u64)> {
+    let start = Instant::now();
+    loop {
+        let mut got = ANSWERED.lock().unwrap();
+        if got.len() >= n {
+            return std::mem::take(&mut *got);
+        }
+        drop(got);
+        assert!(start.elapsed() < Duration::from_secs(10), "no {n} answers");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// An access log's BYTES: the body bytes the socket took, none for `HEAD`, no chunk framing; and
+/// for a download its client went away from, exactly what was written of it before the write
+/// that failed: the bytes the server's socket took for the connection, less the head. (Counted
+/// as the body handed to hyper, it would be the whole 8 MiB: hyper takes it in one chunk.)
+#[test]
+fn on_response_reports_each_answer_with_the_body_bytes_the_socket_took() {
+    let config = || Config {
+        on_response: Some(record_answered),
+        ..Config::default()
+    };
+    let server = TestServer::start(config(), Duration::from_secs(1));
+    let mut s = server.connect();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    for (method, path) in [("GET", "/"), ("HEAD", "/"), ("GET", "/stream")] {
+        write_request(&mut s, method, path, &[]).unwrap();
+        assert_eq!(read_reply(&mut r, method == "HEAD").unwrap().status, 200);
+    }
+    assert_eq!(
+        answered(3),
+        [
+            (200, "GET / HTTP/1.1".to_owned(), 5),
+            (200, "HEAD / HTTP/1.1".to_owned(), 0),
+            (200, "GET /stream HTTP/1.1".to_owned(), 6),
+        ]
+    );
+    drop(server);
+    // Alone on its server (whose byte counter is then this connection's): a client with a
+    // small receive buffer reads the start of an 8 MiB body, then resets the connection.
+    let server = TestServer::start(config(), Duration::from_secs(1));
+    let (s, head) = stalled_download(server.addr);
+    rustix::net::sockopt::set_socket_linger(&s, Some(Duration::ZERO)).unwrap();
+    drop(s);
+    let [(status, line, bytes)] = <[_; 1]>::try_from(answered(1)).unwrap();
+    assert_eq!((status, line.as_str()), (200, "GET /big HTTP/1.1"));
+    let (_, snap) = server.finish();
+    assert_eq!(bytes, snap.http.bytes_sent_total - head, "head {head}");
+    assert!(bytes >= 8 * 1024 - head && bytes < 8 << 20, "{bytes}");
 }
 
 /// HTTP/1.0 has no chunked coding: a body of no known length ends with the connection, so the

@@ -28,10 +28,10 @@
 //! either: `nodus::cluster::Worker` catches it for every Rust worker (one line naming the
 //! primary to send it to), so the primary spends no restart on it.
 //!
-//! The access log (`access_log`): `handle_public` gives what the handler answers a body that
-//! writes the request's line when it is done with; the server's `on_refused` hook writes the
-//! lines of what it answered in the handler's stead, and of a request whose connection ended
-//! before its handler answered (499).
+//! The access log (`access_log`): the server's `on_response` hook writes the line of each
+//! answer of the handler once it is done with (its last body byte written, or its connection
+//! ended); its `on_refused` hook writes the lines of what it answered in the handler's stead, and
+//! of a request whose connection ended before its handler answered (499).
 
 use std::cell::Cell;
 use std::net::SocketAddr;
@@ -44,10 +44,10 @@ use nodus::cluster::FORCED_STOP_EXIT_CODE;
 use nodus::fs::quote;
 use nodus::net::TcpListener;
 use nodus::signal::{SIGHUP, SIGINT, SIGTERM, Signals};
-use nodus_http::server::{ConnInfo, Refused};
+use nodus_http::server::{Answered, ConnInfo, Refused};
 use nodus_http::{Body, Config, RequestBody, full, serve, text};
 
-use super::access_log::{self, log_refused};
+use super::access_log::{log_answered, log_refused};
 use super::admin;
 use super::file_body::FileBody;
 use super::gzip;
@@ -81,7 +81,6 @@ pub(super) struct Site {
     static_options: StaticOptions,
     /// Admin endpoints on the public listener (no `--admin`).
     admin_on_public: bool,
-    access_log: bool,
     /// False once this process's shutdown (or, for a worker, its drain) began.
     ready: Cell<bool>,
     source: admin::Source,
@@ -360,7 +359,6 @@ fn new_site(
             admin_dir_hidden: admin_on_public,
         },
         admin_on_public,
-        access_log: options.access_log,
         ready: Cell::new(true),
         source,
     })
@@ -402,6 +400,9 @@ fn start_servers<L: nodus_http::server::Accept>(
             on_refused: options
                 .access_log
                 .then_some(log_refused as fn(&Refused<'_>)),
+            on_response: options
+                .access_log
+                .then_some(log_answered as fn(&Answered<'_>)),
             ..Config::default()
         },
         move |req| handle_public(req, s.clone()),
@@ -453,18 +454,13 @@ fn serve_admin(listener: TcpListener, site: Rc<Site>) -> nodus_http::Server {
 }
 
 async fn handle_public(req: Request<RequestBody>, site: Rc<Site>) -> Response<Body> {
-    let start = nodus::clock::now_ns();
     let peer = req.extensions().get::<ConnInfo>().and_then(|c| c.peer);
-    let (method, path, version) = (
-        req.method().clone(),
-        req.uri().path().to_owned(),
-        req.version(),
-    );
+    let (method, path) = (req.method().clone(), req.uri().path().to_owned());
     let admin_path = site
         .admin_on_public
         .then(|| admin::admin_path(&path))
         .flatten();
-    let response = if let Some(admin_path) = admin_path {
+    if let Some(admin_path) = admin_path {
         if admin::allowed(peer, req.headers()) {
             let accept = admin::accept(req.headers());
             admin::respond(&method, &admin_path, accept, site.readiness(), &site.source).await
@@ -482,19 +478,8 @@ async fn handle_public(req: Request<RequestBody>, site: Rc<Site>) -> Response<Bo
             Some(query) => format!("{path}?{query}"),
             None => path.clone(),
         };
-        serve_static(&site, method.clone(), target, req.headers().clone()).await
-    };
-    if !site.access_log {
-        return response;
+        serve_static(&site, method, target, req.headers().clone()).await
     }
-    let request = access_log::Request {
-        peer,
-        method,
-        path,
-        version,
-        start,
-    };
-    access_log::logged(request, response)
 }
 
 /// Plans the request and opens the file on the I/O pool, then streams it.
