@@ -45,7 +45,8 @@ use serve::static_files::Dotfiles;
     version,
     about = "Node.js's process and event-loop model, observable by design",
     after_help = "Logs go to stderr; RUST_LOG sets which are written (default: info; RUST_LOG=warn, \
-                  RUST_LOG=info,nodus::cluster=debug)."
+                  RUST_LOG=info,nodus::cluster=debug). A RUST_LOG that does not parse is info \
+                  too, said in one WARN line at the start with the parse error."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -487,7 +488,7 @@ fn main() {
         std::process::exit(code);
     }
     let access_log = matches!(&cli.command, Command::Serve(args) if args.access_log);
-    let filter = log_filter(std::env::var("RUST_LOG").ok().as_deref(), access_log);
+    let (filter, unparsed) = log_filter(std::env::var_os("RUST_LOG").as_deref(), access_log);
     let color = std::io::IsTerminal::is_terminal(&std::io::stderr());
     // Log lines are queued to stderr's writer thread: logging never blocks (a full pipe) nor
     // panics (a closed one; tracing-subscriber would report the failed write with `eprintln!`).
@@ -497,6 +498,14 @@ fn main() {
         .log_internal_errors(false)
         .with_ansi(color)
         .init();
+    // A worker of `nodus serve --workers N` (it finds `NODUS_LISTEN`) runs the primary's
+    // command line in its environment: the primary said it already.
+    let serve_worker = matches!(cli.command, Command::Serve(_))
+        && nodus::cluster::is_worker()
+        && std::env::var_os("NODUS_LISTEN").is_some();
+    if let Some(why) = unparsed.filter(|_| !serve_worker) {
+        tracing::warn!("{why}");
+    }
     let code = match cli.command {
         Command::Top(args) => top::run(args),
         Command::ExecListen { .. } => unreachable!("handled before logging starts"),
@@ -545,18 +554,44 @@ fn main() {
     std::process::exit(code);
 }
 
-/// The log lines written: `RUST_LOG`'s directives (`info` without it, or when they do not
-/// parse), and with `--access-log` the access log (target `nodus::access`, INFO) whatever they
-/// say, unless they name that target themselves: `RUST_LOG=warn` alone would silence it.
-fn log_filter(rust_log: Option<&str>, access_log: bool) -> tracing_subscriber::EnvFilter {
-    let filter = rust_log
-        .and_then(|d| tracing_subscriber::EnvFilter::try_new(d).ok())
-        .unwrap_or_else(|| "info".into());
-    if access_log && !rust_log.is_some_and(names_access_log) {
+/// The log lines written: `RUST_LOG`'s directives (`info` without it, empty, or when they do
+/// not parse), and with `--access-log` the access log (target `nodus::access`, INFO) whatever they
+/// say, unless they name that target themselves: `RUST_LOG=warn` alone would silence it. A value
+/// that does not parse (or is not UTF-8) also gives the line to log at WARN once logging is set
+/// up: the value and why, so a typo is not mistaken for a quiet service.
+fn log_filter(
+    rust_log: Option<&std::ffi::OsStr>,
+    access_log: bool,
+) -> (tracing_subscriber::EnvFilter, Option<String>) {
+    let info = || tracing_subscriber::EnvFilter::new("info");
+    // Empty is unset (`Environment=RUST_LOG=`): no directive at all would silence every line.
+    let rust_log = rust_log.filter(|v| !v.as_encoded_bytes().trim_ascii().is_empty());
+    let (filter, names_access, unparsed) = match rust_log.map(|v| v.to_str().ok_or(v)) {
+        None => (info(), false, None),
+        Some(Ok(value)) => match tracing_subscriber::EnvFilter::try_new(value) {
+            Ok(filter) => (filter, names_access_log(value), None),
+            Err(e) => (
+                info(),
+                false,
+                Some(format!(
+                    "RUST_LOG={value:?} does not parse ({e}): logging at info instead"
+                )),
+            ),
+        },
+        Some(Err(raw)) => (
+            info(),
+            false,
+            Some(format!(
+                "RUST_LOG={raw:?} is not UTF-8: logging at info instead"
+            )),
+        ),
+    };
+    let filter = if access_log && !names_access {
         filter.add_directive("nodus::access=info".parse().expect("a valid directive"))
     } else {
         filter
-    }
+    };
+    (filter, unparsed)
 }
 
 /// Whether a `RUST_LOG` value has a directive for the access log's target itself
@@ -576,7 +611,49 @@ const EXIT_FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[cfg(test)]
 mod tests {
-    use super::names_access_log;
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+
+    use super::{log_filter, names_access_log};
+
+    #[test]
+    fn a_rust_log_that_does_not_parse_is_info_and_said_with_its_value_and_why() {
+        let (filter, why) = log_filter(Some(OsStr::new("info,nodus=loud")), false);
+        assert_eq!(filter.to_string(), "info");
+        let why = why.expect("a warning");
+        assert!(
+            why.starts_with(r#"RUST_LOG="info,nodus=loud" does not parse ("#),
+            "{why}"
+        );
+        assert!(why.contains("level"), "the parse error: {why}");
+        assert!(why.ends_with("logging at info instead"), "{why}");
+        // The access log is still written (info covers it, and it is asked for).
+        let (filter, _) = log_filter(Some(OsStr::new("nodus::access=off,[")), true);
+        assert_eq!(filter.to_string(), "nodus::access=info,info");
+        let (filter, why) = log_filter(Some(OsStr::from_bytes(b"warn\xff")), false);
+        assert_eq!(filter.to_string(), "info");
+        assert!(why.unwrap().contains("is not UTF-8"));
+    }
+
+    #[test]
+    fn a_rust_log_that_parses_or_none_is_not_warned_about() {
+        for value in [
+            None,
+            Some(""),
+            Some(" "),
+            Some("warn"),
+            Some("nodus::cluster=debug,info"),
+        ] {
+            let (filter, why) = log_filter(value.map(OsStr::new), false);
+            assert_eq!(why, None, "{value:?}");
+            let expected = value.filter(|v| !v.trim().is_empty()).unwrap_or("info");
+            assert_eq!(filter.to_string(), expected);
+        }
+        let (filter, _) = log_filter(Some(OsStr::new("warn")), true);
+        assert_eq!(filter.to_string(), "nodus::access=info,warn");
+        let (filter, _) = log_filter(Some(OsStr::new("warn,nodus::access=off")), true);
+        assert_eq!(filter.to_string(), "nodus::access=off,warn");
+    }
 
     #[test]
     fn only_a_directive_for_the_access_log_target_names_it() {
