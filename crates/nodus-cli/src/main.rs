@@ -132,7 +132,8 @@ struct RunArgs {
     #[arg(long, value_enum)]
     policy: Option<PolicyArg>,
     /// Serve the cluster's /_nodus/ endpoints (metrics, stats, healthz, readyz, the live page)
-    /// on this address (as -l's); `nodus top ADDR` watches it.
+    /// on this address (as -l's); `nodus top ADDR` watches it. readyz is 200 while a ready
+    /// worker is not stalled (its loop answered the primary within 1 s), 503 with why not.
     #[arg(long, value_name = "ADDR", value_parser = socket_addr)]
     admin: Option<SocketAddr>,
     /// Restart intensity: more than R restarts within --restart-window gives up (exit 75).
@@ -288,7 +289,8 @@ struct ServeArgs {
     events: Option<PathBuf>,
     /// Serve /_nodus/* on this address (not --listen's) instead of the public listener (where
     /// they answer loopback clients only). Ignored, with a warning, when a service manager passes
-    /// a socket named admin.
+    /// a socket named admin. With --workers 2 or more, its readyz is the cluster's: 200 while a
+    /// ready worker is not stalled (its loop answered the primary within 1 s), 503 with why not.
     #[arg(long, value_parser = socket_addr)]
     admin: Option<SocketAddr>,
     /// Log one line per request on stderr, those refused before the handler included (400 for a

@@ -443,7 +443,7 @@ fn serve_admin(listener: TcpListener, site: Rc<Site>) -> nodus_http::Server {
                     req.method(),
                     req.uri().path(),
                     accept,
-                    s.readiness(),
+                    || s.readiness(),
                     &s.source,
                 )
                 .await
@@ -467,7 +467,14 @@ async fn handle_public(req: Request<RequestBody>, site: Rc<Site>) -> Response<Bo
     let response = if let Some(admin_path) = admin_path {
         if admin::allowed(peer, req.headers()) {
             let accept = admin::accept(req.headers());
-            admin::respond(&method, &admin_path, accept, site.readiness(), &site.source).await
+            admin::respond(
+                &method,
+                &admin_path,
+                accept,
+                || site.readiness(),
+                &site.source,
+            )
+            .await
         } else {
             text(
                 StatusCode::FORBIDDEN,

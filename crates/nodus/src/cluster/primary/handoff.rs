@@ -250,7 +250,7 @@ fn overdue(proc: &Proc, now: u64) -> bool {
 
 /// Whether `proc` gets no new connections for being stalled: a handoff past the deadline, or
 /// batches taken back from it that it has not seen yet.
-fn stalled(proc: &Proc, now: u64) -> bool {
+pub(super) fn stalled(proc: &Proc, now: u64) -> bool {
     proc.behind_until.get().is_some() || overdue(proc, now)
 }
 
