@@ -32,9 +32,11 @@ mod top;
 use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+use nodus::process::output::EXIT_DROP_GRACE;
 
 use serve::app::ServeOptions;
 use serve::static_files::Dotfiles;
@@ -172,7 +174,9 @@ struct RunArgs {
     /// After a worker is asked to stop (SIGTERM, or a disconnect for --node), seconds before
     /// SIGKILL to its process group (during a shutdown, the exit code is then 124). A worker
     /// sent a disconnect gets a drain deadline a tenth earlier (at most 1 s), and SIGTERM if it
-    /// still runs 0.2 s after that deadline (at most halfway to the SIGKILL). Above 0.
+    /// still runs 0.2 s after that deadline (at most halfway to the SIGKILL). Above 0. A stop is
+    /// over within twice this + 3 s: the workers, what they left behind, then the exit (the flush
+    /// of queued output to a stalled stderr included).
     #[arg(
         long,
         value_name = "SECS",
@@ -300,7 +304,8 @@ struct ServeArgs {
     access_log: bool,
     /// Seconds in-flight requests get to finish after a shutdown begins. Exit code 0 when every
     /// request was answered, 124 when this deadline cut some, 128+N when a second signal N
-    /// stopped the drain at once.
+    /// stopped the drain at once. The whole stop, its exit included (the flush of queued output
+    /// to a stalled stderr), is over within --shutdown-delay + this + 8 s.
     #[arg(
         long,
         default_value_t = 10.0,
@@ -486,7 +491,7 @@ fn main() {
     if let Command::ExecListen { args } = cli.command {
         // Returns only when the program could not be run, after saying why.
         let code = exec_listen::exec_listen(args);
-        nodus::process::output::flush_before_exit(EXIT_FLUSH_TIMEOUT);
+        nodus::process::output::flush_before_exit(exit_flush_timeout());
         std::process::exit(code);
     }
     let access_log = matches!(&cli.command, Command::Serve(args) if args.access_log);
@@ -552,7 +557,7 @@ fn main() {
         }),
     };
     // What is still queued for stdout and stderr (the workers' last lines, ours).
-    nodus::process::output::flush_before_exit(EXIT_FLUSH_TIMEOUT);
+    nodus::process::output::flush_before_exit(exit_flush_timeout());
     std::process::exit(code);
 }
 
@@ -607,9 +612,38 @@ fn names_access_log(rust_log: &str) -> bool {
 }
 
 /// How long the exit waits for queued output (the workers' last lines, our last log lines) to
-/// be written to a slow reader; past it, what is left is dropped with a notice per worker,
-/// given at most `nodus::process::output::EXIT_DROP_GRACE` (1 s) more.
+/// be written to a slow reader, at most; past it, what is left is dropped with a notice per
+/// worker, given at most [`EXIT_DROP_GRACE`] (1 s) more. After a stop, less: what is left of
+/// the stop's bound ([`stop_began`]).
 const EXIT_FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a stop takes past its workers' end, at most, counted in its bound: their last output
+/// (0.2 s), the admin listener's drain (1 s), and the drop notices of output a stalled reader
+/// did not take ([`EXIT_DROP_GRACE`], 1 s), rounded up. The exit's flush of queued output gets
+/// what is left of the bound, so it never makes a stop outlast it: with a journal that stalls, a
+/// service manager's stop timeout above the bound still sees nodus exit on its own, with its
+/// exit code.
+const EXIT_MARGIN: Duration = Duration::from_secs(3);
+
+/// When the stop under way must be over (set once, when it began).
+static STOP_DEADLINE: OnceLock<Instant> = OnceLock::new();
+
+/// A stop began (SIGTERM or SIGINT, or a cluster's shutdown for any cause) that must be over
+/// within `bound`, its exit included: the exit's flush waits for queued output only until
+/// `bound` less [`EXIT_DROP_GRACE`] from now. The first call counts.
+fn stop_began(bound: Duration) {
+    let _ = STOP_DEADLINE.set(Instant::now() + bound);
+}
+
+/// The exit's wait for queued output: [`EXIT_FLUSH_TIMEOUT`], or what is left of the stop's
+/// bound less the drop notices' grace, if that is less (nothing, once it is spent).
+fn exit_flush_timeout() -> Duration {
+    STOP_DEADLINE.get().map_or(EXIT_FLUSH_TIMEOUT, |deadline| {
+        deadline
+            .saturating_duration_since(Instant::now() + EXIT_DROP_GRACE)
+            .min(EXIT_FLUSH_TIMEOUT)
+    })
+}
 
 #[cfg(test)]
 mod tests {
