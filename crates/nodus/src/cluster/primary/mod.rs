@@ -121,7 +121,7 @@ impl Policy {
 }
 
 /// What counts as a worker being ready for traffic (a reload waits for it before draining the
-/// old worker; `/_nodus/readyz` needs one). A nodus `ready` message, or `READY=1` to the worker's
+/// old worker; `/_nodus/readyz` needs one that is not stalled: [`Primary::ready_state`]). A nodus `ready` message, or `READY=1` to the worker's
 /// own `NOTIFY_SOCKET` (every worker gets one), always counts. Under [`Policy::RoundRobin`] and
 /// [`Policy::Least`] it also routes: a worker that is not ready is handed no connection while a
 /// ready one takes connections from that listener (with none ready, as at the start, every one

@@ -31,8 +31,9 @@
 //! - `asked_for_snapshots` is set once the worker says it speaks nodus's own messages and
 //!   cleared when its channel ends (its snapshot, `answered_last` and `unanswered` with it): the
 //!   stats and readyz ask a worker only while it can answer, so one that does not answer is
-//!   stalled, never a Node worker or a plain program. `speaks_nodus` is set with it and never cleared (a nodus
-//!   worker, not a Node one); `channel_ended` is set when the channel's reader ends.
+//!   stalled, never a Node worker or a plain program. `speaks_nodus` is set with it and never
+//!   cleared (a nodus worker, not a Node one); `channel_ended` is set when the channel's reader
+//!   ends.
 //! - Application messages (`process.send()`) are not handled (no JavaScript runs here): each is
 //!   a `message` event, the first of the run logged at INFO saying so, the rest at DEBUG.
 //! - A worker not ready after `ready_timeout` for want of what its readiness waits for is warned
