@@ -32,9 +32,11 @@ mod top;
 use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+use nodus::process::output::EXIT_DROP_GRACE;
 
 use serve::app::ServeOptions;
 use serve::static_files::Dotfiles;
@@ -45,7 +47,8 @@ use serve::static_files::Dotfiles;
     version,
     about = "Node.js's process and event-loop model, observable by design",
     after_help = "Logs go to stderr; RUST_LOG sets which are written (default: info; RUST_LOG=warn, \
-                  RUST_LOG=info,nodus::cluster=debug)."
+                  RUST_LOG=info,nodus::cluster=debug). A RUST_LOG that does not parse is info \
+                  too, said in one WARN line at the start with the parse error."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -131,7 +134,8 @@ struct RunArgs {
     #[arg(long, value_enum)]
     policy: Option<PolicyArg>,
     /// Serve the cluster's /_nodus/ endpoints (metrics, stats, healthz, readyz, the live page)
-    /// on this address (as -l's); `nodus top ADDR` watches it.
+    /// on this address (as -l's); `nodus top ADDR` watches it. readyz is 200 while a ready
+    /// worker is not stalled (its loop answered the primary within 1 s), 503 with why not.
     #[arg(long, value_name = "ADDR", value_parser = socket_addr)]
     admin: Option<SocketAddr>,
     /// Restart intensity: more than R restarts within --restart-window gives up (exit 75).
@@ -170,7 +174,9 @@ struct RunArgs {
     /// After a worker is asked to stop (SIGTERM, or a disconnect for --node), seconds before
     /// SIGKILL to its process group (during a shutdown, the exit code is then 124). A worker
     /// sent a disconnect gets a drain deadline a tenth earlier (at most 1 s), and SIGTERM if it
-    /// still runs 0.2 s after that deadline (at most halfway to the SIGKILL). Above 0.
+    /// still runs 0.2 s after that deadline (at most halfway to the SIGKILL). Above 0. A stop is
+    /// over within twice this + 3 s: the workers, what they left behind, then the exit (the flush
+    /// of queued output to a stalled stderr included).
     #[arg(
         long,
         value_name = "SECS",
@@ -287,7 +293,8 @@ struct ServeArgs {
     events: Option<PathBuf>,
     /// Serve /_nodus/* on this address (not --listen's) instead of the public listener (where
     /// they answer loopback clients only). Ignored, with a warning, when a service manager passes
-    /// a socket named admin.
+    /// a socket named admin. With --workers 2 or more, its readyz is the cluster's: 200 while a
+    /// ready worker is not stalled (its loop answered the primary within 1 s), 503 with why not.
     #[arg(long, value_parser = socket_addr)]
     admin: Option<SocketAddr>,
     /// Log one line per request on stderr, those refused before the handler included (400 for a
@@ -297,7 +304,8 @@ struct ServeArgs {
     access_log: bool,
     /// Seconds in-flight requests get to finish after a shutdown begins. Exit code 0 when every
     /// request was answered, 124 when this deadline cut some, 128+N when a second signal N
-    /// stopped the drain at once.
+    /// stopped the drain at once. The whole stop, its exit included (the flush of queued output
+    /// to a stalled stderr), is over within --shutdown-delay + this + 8 s.
     #[arg(
         long,
         default_value_t = 10.0,
@@ -483,11 +491,11 @@ fn main() {
     if let Command::ExecListen { args } = cli.command {
         // Returns only when the program could not be run, after saying why.
         let code = exec_listen::exec_listen(args);
-        nodus::process::output::flush_before_exit(EXIT_FLUSH_TIMEOUT);
+        nodus::process::output::flush_before_exit(exit_flush_timeout());
         std::process::exit(code);
     }
     let access_log = matches!(&cli.command, Command::Serve(args) if args.access_log);
-    let filter = log_filter(std::env::var("RUST_LOG").ok().as_deref(), access_log);
+    let (filter, unparsed) = log_filter(std::env::var_os("RUST_LOG").as_deref(), access_log);
     let color = std::io::IsTerminal::is_terminal(&std::io::stderr());
     // Log lines are queued to stderr's writer thread: logging never blocks (a full pipe) nor
     // panics (a closed one; tracing-subscriber would report the failed write with `eprintln!`).
@@ -497,6 +505,14 @@ fn main() {
         .log_internal_errors(false)
         .with_ansi(color)
         .init();
+    // A worker of `nodus serve --workers N` (it finds `NODUS_LISTEN`) runs the primary's
+    // command line in its environment: the primary said it already.
+    let serve_worker = matches!(cli.command, Command::Serve(_))
+        && nodus::cluster::is_worker()
+        && std::env::var_os("NODUS_LISTEN").is_some();
+    if let Some(why) = unparsed.filter(|_| !serve_worker) {
+        tracing::warn!("{why}");
+    }
     let code = match cli.command {
         Command::Top(args) => top::run(args),
         Command::ExecListen { .. } => unreachable!("handled before logging starts"),
@@ -541,22 +557,48 @@ fn main() {
         }),
     };
     // What is still queued for stdout and stderr (the workers' last lines, ours).
-    nodus::process::output::flush_before_exit(EXIT_FLUSH_TIMEOUT);
+    nodus::process::output::flush_before_exit(exit_flush_timeout());
     std::process::exit(code);
 }
 
-/// The log lines written: `RUST_LOG`'s directives (`info` without it, or when they do not
-/// parse), and with `--access-log` the access log (target `nodus::access`, INFO) whatever they
-/// say, unless they name that target themselves: `RUST_LOG=warn` alone would silence it.
-fn log_filter(rust_log: Option<&str>, access_log: bool) -> tracing_subscriber::EnvFilter {
-    let filter = rust_log
-        .and_then(|d| tracing_subscriber::EnvFilter::try_new(d).ok())
-        .unwrap_or_else(|| "info".into());
-    if access_log && !rust_log.is_some_and(names_access_log) {
+/// The log lines written: `RUST_LOG`'s directives (`info` without it, empty, or when they do
+/// not parse), and with `--access-log` the access log (target `nodus::access`, INFO) whatever they
+/// say, unless they name that target themselves: `RUST_LOG=warn` alone would silence it. A value
+/// that does not parse (or is not UTF-8) also gives the line to log at WARN once logging is set
+/// up: the value and why, so a typo is not mistaken for a quiet service.
+fn log_filter(
+    rust_log: Option<&std::ffi::OsStr>,
+    access_log: bool,
+) -> (tracing_subscriber::EnvFilter, Option<String>) {
+    let info = || tracing_subscriber::EnvFilter::new("info");
+    // Empty is unset (`Environment=RUST_LOG=`): no directive at all would silence every line.
+    let rust_log = rust_log.filter(|v| !v.as_encoded_bytes().trim_ascii().is_empty());
+    let (filter, names_access, unparsed) = match rust_log.map(|v| v.to_str().ok_or(v)) {
+        None => (info(), false, None),
+        Some(Ok(value)) => match tracing_subscriber::EnvFilter::try_new(value) {
+            Ok(filter) => (filter, names_access_log(value), None),
+            Err(e) => (
+                info(),
+                false,
+                Some(format!(
+                    "RUST_LOG={value:?} does not parse ({e}): logging at info instead"
+                )),
+            ),
+        },
+        Some(Err(raw)) => (
+            info(),
+            false,
+            Some(format!(
+                "RUST_LOG={raw:?} is not UTF-8: logging at info instead"
+            )),
+        ),
+    };
+    let filter = if access_log && !names_access {
         filter.add_directive("nodus::access=info".parse().expect("a valid directive"))
     } else {
         filter
-    }
+    };
+    (filter, unparsed)
 }
 
 /// Whether a `RUST_LOG` value has a directive for the access log's target itself
@@ -570,13 +612,84 @@ fn names_access_log(rust_log: &str) -> bool {
 }
 
 /// How long the exit waits for queued output (the workers' last lines, our last log lines) to
-/// be written to a slow reader; past it, what is left is dropped with a notice per worker,
-/// given at most `nodus::process::output::EXIT_DROP_GRACE` (1 s) more.
+/// be written to a slow reader, at most; past it, what is left is dropped with a notice per
+/// worker, given at most [`EXIT_DROP_GRACE`] (1 s) more. After a stop, less: what is left of
+/// the stop's bound ([`stop_began`]).
 const EXIT_FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a stop takes past its workers' end, at most, counted in its bound: their last output
+/// (0.2 s), the admin listener's drain (1 s), and the drop notices of output a stalled reader
+/// did not take ([`EXIT_DROP_GRACE`], 1 s), rounded up. The exit's flush of queued output gets
+/// what is left of the bound, so it never makes a stop outlast it: with a journal that stalls, a
+/// service manager's stop timeout above the bound still sees nodus exit on its own, with its
+/// exit code.
+const EXIT_MARGIN: Duration = Duration::from_secs(3);
+
+/// When the stop under way must be over (set once, when it began).
+static STOP_DEADLINE: OnceLock<Instant> = OnceLock::new();
+
+/// A stop began (SIGTERM or SIGINT, or a cluster's shutdown for any cause) that must be over
+/// within `bound`, its exit included: the exit's flush waits for queued output only until
+/// `bound` less [`EXIT_DROP_GRACE`] from now. The first call counts.
+fn stop_began(bound: Duration) {
+    let _ = STOP_DEADLINE.set(Instant::now() + bound);
+}
+
+/// The exit's wait for queued output: [`EXIT_FLUSH_TIMEOUT`], or what is left of the stop's
+/// bound less the drop notices' grace, if that is less (nothing, once it is spent).
+fn exit_flush_timeout() -> Duration {
+    STOP_DEADLINE.get().map_or(EXIT_FLUSH_TIMEOUT, |deadline| {
+        deadline
+            .saturating_duration_since(Instant::now() + EXIT_DROP_GRACE)
+            .min(EXIT_FLUSH_TIMEOUT)
+    })
+}
 
 #[cfg(test)]
 mod tests {
-    use super::names_access_log;
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+
+    use super::{log_filter, names_access_log};
+
+    #[test]
+    fn a_rust_log_that_does_not_parse_is_info_and_said_with_its_value_and_why() {
+        let (filter, why) = log_filter(Some(OsStr::new("info,nodus=loud")), false);
+        assert_eq!(filter.to_string(), "info");
+        let why = why.expect("a warning");
+        assert!(
+            why.starts_with(r#"RUST_LOG="info,nodus=loud" does not parse ("#),
+            "{why}"
+        );
+        assert!(why.contains("level"), "the parse error: {why}");
+        assert!(why.ends_with("logging at info instead"), "{why}");
+        // The access log is still written (info covers it, and it is asked for).
+        let (filter, _) = log_filter(Some(OsStr::new("nodus::access=off,[")), true);
+        assert_eq!(filter.to_string(), "nodus::access=info,info");
+        let (filter, why) = log_filter(Some(OsStr::from_bytes(b"warn\xff")), false);
+        assert_eq!(filter.to_string(), "info");
+        assert!(why.unwrap().contains("is not UTF-8"));
+    }
+
+    #[test]
+    fn a_rust_log_that_parses_or_none_is_not_warned_about() {
+        for value in [
+            None,
+            Some(""),
+            Some(" "),
+            Some("warn"),
+            Some("nodus::cluster=debug,info"),
+        ] {
+            let (filter, why) = log_filter(value.map(OsStr::new), false);
+            assert_eq!(why, None, "{value:?}");
+            let expected = value.filter(|v| !v.trim().is_empty()).unwrap_or("info");
+            assert_eq!(filter.to_string(), expected);
+        }
+        let (filter, _) = log_filter(Some(OsStr::new("warn")), true);
+        assert_eq!(filter.to_string(), "nodus::access=info,warn");
+        let (filter, _) = log_filter(Some(OsStr::new("warn,nodus::access=off")), true);
+        assert_eq!(filter.to_string(), "nodus::access=off,warn");
+    }
 
     #[test]
     fn only_a_directive_for_the_access_log_target_names_it() {

@@ -389,6 +389,15 @@ pub fn run(options: RunOptions) -> i32 {
             Ok(p) => p,
             Err(e) => return fail(e),
         };
+        // A stop takes the kill timeout for the workers, another for the processes they left
+        // behind (the subreaper's), then its exit: the exit's flush of queued output takes what
+        // is left of that.
+        let stop_bound = 2 * options.kill_timeout + crate::EXIT_MARGIN;
+        primary.on_event(move |e| {
+            if let nodus::cluster::EventKind::Shutdown { .. } = e.kind {
+                crate::stop_began(stop_bound);
+            }
+        });
         let admin = admin_listener.map(|l| crate::serve::admin::serve_primary(l, primary.clone()));
         tracing::info!(
             "supervising {} worker{} of {} (policy {}; {budget}){bound}{}",

@@ -1,6 +1,8 @@
 //! A cluster primary's `/_nodus/` endpoints at their edges: readyz stays 200 while one worker of
 //! two is replaced, says `no worker ready` (not `shutting down`) while none is ready, at the start
-//! and in a crash loop, and `shutting down` once a shutdown began; a worker stopped (SIGSTOP)
+//! and in a crash loop, `no worker takes connections (N stalled)` while every ready worker is
+//! stopped (SIGSTOP), under rr and shared, without waiting for them, and `shutting down` once a
+//! shutdown began; a worker stopped (SIGSTOP)
 //! before the primary ever asked it for a snapshot is a stall in the stats, the metrics and
 //! `nodus top`; Node workers, which never answer snapshot requests, are unknown, not stalled.
 //!
@@ -225,6 +227,104 @@ impl Drop for ContOnDrop {
     fn drop(&mut self) {
         signal(self.0, Signal::CONT);
     }
+}
+
+/// `GET /_nodus/readyz` while a worker is stopped: answered from what the primary knows, within
+/// 1 s (it never waits for a worker); its status and body.
+fn quick_readyz(admin: SocketAddr) -> (u16, String) {
+    let t = Instant::now();
+    let answer = readyz(admin);
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "readyz took {:?}",
+        t.elapsed()
+    );
+    answer
+}
+
+/// [`quick_readyz`] until its status is `status` (20 s at most); its body then.
+fn quick_readyz_until(admin: SocketAddr, status: u16) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (s, body) = quick_readyz(admin);
+        if s == status {
+            return body;
+        }
+        assert!(Instant::now() < deadline, "readyz stayed {s} {body:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A cluster of one nodus worker (`nodus serve` under `nodus run --node -w 1`, rr), idle: stopped
+/// (SIGSTOP; a blocked loop is the same to the primary), the worker takes no connection, and
+/// readyz says so within a few seconds with no traffic to show it (the primary's own snapshot
+/// request goes unanswered), never waiting for it; 200 again once it runs.
+#[test]
+fn readyz_says_no_worker_takes_connections_while_the_only_worker_is_stopped() {
+    let dir = TempDir::new("readyz-stall-one");
+    let admin = free_addr();
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "--node", "-w", "1", "--admin", &admin.to_string()])
+            .args(["--", NODUS, "serve"])
+            .arg(dir.path())
+            .args(["--listen", &free_addr().to_string()])
+            .env("RUST_LOG", "info"),
+    );
+    primary.wait_line("1 worker ready");
+    assert_eq!(quick_readyz(admin), (200, "ready\n".to_owned()));
+    let pid = worker_pids(&stats(admin))[0];
+    let _kill = KillOnDrop(vec![pid]);
+    let cont = ContOnDrop(pid);
+    signal(pid, Signal::STOP);
+    assert_eq!(
+        quick_readyz_until(admin, 503),
+        "no worker takes connections (1 stalled)\n"
+    );
+    drop(cont);
+    assert_eq!(quick_readyz_until(admin, 200), "ready\n");
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(30), 0);
+}
+
+/// Under `shared` (the kernel hands connections to whichever worker accepts) one stopped worker
+/// of two leaves the other taking them all: readyz stays 200; both stopped, 503 naming them; one
+/// of them running again, 200.
+#[test]
+fn readyz_says_503_under_shared_only_once_every_worker_is_stopped() {
+    let dir = TempDir::new("readyz-stall-shared");
+    let log = dir.path().join("events.jsonl");
+    let admin = free_addr();
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .arg("serve")
+            .arg(dir.path())
+            .args(["--workers", "2", "--policy", "shared", "--listen"])
+            .arg(free_addr().to_string())
+            .args(["--admin", &admin.to_string(), "--events"])
+            .arg(&log)
+            .env("RUST_LOG", "info"),
+    );
+    primary.wait_line("2 workers ready");
+    let pids = wait_ready_pids(&log, 2);
+    let _kill = KillOnDrop(pids.to_vec());
+    let conts: Vec<ContOnDrop> = pids.iter().map(|&p| ContOnDrop(p)).collect();
+    signal(pids[0], Signal::STOP);
+    // Long past the 1 s a stalled loop takes to show: the other worker takes connections.
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        assert_eq!(quick_readyz(admin), (200, "ready\n".to_owned()));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    signal(pids[1], Signal::STOP);
+    assert_eq!(
+        quick_readyz_until(admin, 503),
+        "no worker takes connections (2 stalled)\n"
+    );
+    drop(conts);
+    assert_eq!(quick_readyz_until(admin, 200), "ready\n");
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(30), 0);
 }
 
 #[test]

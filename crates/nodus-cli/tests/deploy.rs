@@ -4,6 +4,9 @@
 //! - The Kubernetes manifests are parsed: probes, scrape annotations, the grace period and the
 //!   Service are checked against the container's own arguments.
 //! - The unit files are read as INI: the notify protocol, reload, stop and restart settings.
+//! - The stop timeouts (`TimeoutStopSec=`, `terminationGracePeriodSeconds` less the `preStop`
+//!   sleep) are above the bound the arguments give a stop, its exit's flush included
+//!   (deploy/README.md, Stop time).
 //! - `systemd-analyze verify` and `systemd-analyze security --offline=true` check the units
 //!   without a running systemd (they work in a container whose PID 1 is not systemd).
 //! - `nodus serve` runs under `systemd-socket-activate` with the two named sockets the units
@@ -52,6 +55,29 @@ fn seconds(args: &[String], name: &str, default: f64) -> f64 {
         v.parse()
             .unwrap_or_else(|_| panic!("{name} {v:?} is not seconds"))
     })
+}
+
+/// How long a stop of `nodus serve` takes past `--shutdown-delay` + `--drain-timeout`, its exit
+/// included: a cluster's workers are SIGKILLed 5 s past the drain deadline, and the exit (the
+/// flush of queued output to a stalled journal included) fits in 3 s more
+/// (`serve::app::stop_bound`; `tests/stderr.rs` holds the binary to it).
+const SERVE_STOP_MARGIN: f64 = 8.0;
+
+/// How long a stop of `nodus run` takes past twice `--kill-timeout` (the workers, then what they
+/// left behind), its exit included (`EXIT_MARGIN` in `main.rs`; `tests/stderr.rs` holds the
+/// binary to it).
+const RUN_EXIT_MARGIN: f64 = 3.0;
+
+/// The bound of a stop of `nodus serve ARGS` (deploy/README.md, Stop time), in seconds.
+fn serve_stop_bound(args: &[String]) -> f64 {
+    seconds(args, "--shutdown-delay", 0.0)
+        + seconds(args, "--drain-timeout", 10.0)
+        + SERVE_STOP_MARGIN
+}
+
+/// The bound of a stop of `nodus run ARGS` (deploy/README.md, Stop time), in seconds.
+fn run_stop_bound(args: &[String]) -> f64 {
+    2.0 * seconds(args, "--kill-timeout", 10.0) + RUN_EXIT_MARGIN
 }
 
 fn port_of(addr: &str) -> i64 {
@@ -213,11 +239,12 @@ fn systemd_serve_units_notify_reload_drain_and_restart() {
     let service = Unit::read("nodus-serve.service");
     let exec = check_service(&service, "serve");
     assert_eq!(flag(&exec, "--workers"), Some("2"));
-    let stop = seconds(&exec, "--shutdown-delay", 0.0) + seconds(&exec, "--drain-timeout", 10.0);
+    let stop = serve_stop_bound(&exec);
     let timeout = systemd_seconds(service.require("Service", "TimeoutStopSec"));
     assert!(
         timeout > stop,
-        "TimeoutStopSec={timeout} does not cover the shutdown delay + drain ({stop} s)"
+        "TimeoutStopSec={timeout} does not cover the stop: shutdown delay + drain + \
+         {SERVE_STOP_MARGIN} s for the workers' kill and the exit's flush ({stop} s)"
     );
 
     // The sockets: one public, one named admin on loopback, both activating this service.
@@ -269,7 +296,13 @@ fn systemd_run_units_notify_reload_drain_and_restart() {
             .list("Unit", "Requires")
             .contains(&"nodus-run.socket".to_owned())
     );
-    assert!(systemd_seconds(service.require("Service", "TimeoutStopSec")) > 0.0);
+    let stop = run_stop_bound(&exec);
+    let timeout = systemd_seconds(service.require("Service", "TimeoutStopSec"));
+    assert!(
+        timeout > stop,
+        "TimeoutStopSec={timeout} does not cover the stop: twice the kill timeout (the workers, \
+         what they left behind) + {RUN_EXIT_MARGIN} s for the exit's flush ({stop} s)"
+    );
 }
 
 // ---- Kubernetes manifests ----
@@ -442,7 +475,6 @@ fn kubernetes_serve_probes_scrapes_and_grace_match_its_args() {
         "/_nodus/metrics",
     );
     let delay = seconds(&pod.args, "--shutdown-delay", 0.0);
-    let drain = seconds(&pod.args, "--drain-timeout", 10.0);
     assert!(
         delay > 0.0,
         "without --shutdown-delay, endpoint removal races the drain"
@@ -452,9 +484,11 @@ fn kubernetes_serve_probes_scrapes_and_grace_match_its_args() {
         "the shutdown delay replaces a preStop hook"
     );
     let grace = grace_seconds(&pod.spec);
+    let stop = serve_stop_bound(&pod.args);
     assert!(
-        grace > delay + drain,
-        "terminationGracePeriodSeconds {grace} <= shutdown-delay {delay} + drain-timeout {drain}"
+        grace > stop,
+        "terminationGracePeriodSeconds {grace} does not cover the stop: shutdown delay + drain + \
+         {SERVE_STOP_MARGIN} s for the workers' kill and the exit's flush ({stop} s)"
     );
 }
 
@@ -479,9 +513,11 @@ fn kubernetes_run_probes_scrapes_and_grace_match_its_args() {
         .as_i64()
         .expect("a preStop sleep (nodus run has no --shutdown-delay)") as f64;
     let grace = grace_seconds(&pod.spec);
+    let stop = run_stop_bound(&pod.args);
     assert!(
-        grace >= sleep + 10.0,
-        "terminationGracePeriodSeconds {grace} leaves the program under 10 s after the {sleep} s preStop sleep"
+        grace > sleep + stop,
+        "terminationGracePeriodSeconds {grace} does not cover the {sleep} s preStop sleep and the \
+         stop: twice the kill timeout + {RUN_EXIT_MARGIN} s for the exit's flush ({stop} s)"
     );
 }
 

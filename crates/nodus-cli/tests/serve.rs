@@ -392,6 +392,35 @@ fn the_access_log_is_written_whatever_level_rust_log_sets() {
     }
 }
 
+/// A `RUST_LOG` that does not parse is said in one WARN line at the start (its value and the
+/// parse error) and logging goes on at info, the access log included; a cluster's workers, which
+/// run with the primary's environment, leave that line to the primary.
+#[test]
+fn a_rust_log_that_does_not_parse_is_said_once_and_info_is_logged() {
+    let dir = site();
+    for workers in [1, 2] {
+        let mut server = Serve::start_with(dir.path(), workers, &["--access-log"], |cmd| {
+            cmd.env("RUST_LOG", "info,nodus=loud");
+        });
+        // Started: its INFO start line was read.
+        assert_eq!(request(server.addr, "GET", "/hello.txt", &[]).status, 200);
+        server.proc.wait_line(r#""GET /hello.txt HTTP/1.1" 200 "#);
+        server.proc.signal(rustix::process::Signal::TERM);
+        assert_eq!(server.proc.wait_exit(Duration::from_secs(30)), Some(0));
+        let out = server.proc.output();
+        let said: Vec<&String> = out.iter().filter(|l| l.contains("RUST_LOG=")).collect();
+        assert_eq!(said.len(), 1, "--workers {workers}: {out:#?}");
+        let line = said[0];
+        assert!(line.contains(" WARN "), "{line}");
+        assert!(
+            line.contains(r#"RUST_LOG="info,nodus=loud" does not parse (error parsing level"#),
+            "{line}"
+        );
+        assert!(line.ends_with("logging at info instead"), "{line}");
+        assert!(!line.starts_with("[worker"), "{line}");
+    }
+}
+
 /// A request written raw on a new connection, its response read: the connection's local
 /// address (the peer the access log names) and the status.
 fn raw_request(addr: SocketAddr, head: &[u8], body_len: usize) -> (SocketAddr, u16) {

@@ -1,8 +1,9 @@
 //! `nodus run` whose stderr is a pipe nobody reads: closed (`2>&1 | head -2`) or full
 //! (`2>&1 | sleep 25`). The primary's log lines must neither kill the task that logs (a panic on
 //! `EPIPE`) nor block its loop (a `write` to a full pipe): it still gives up with 75, and still
-//! drains on SIGTERM. And one whose stdout is read late: the output queued at its exit waits
-//! for the reader.
+//! drains on SIGTERM, and its stop, `nodus serve`'s too, is over within its bound however long
+//! the pipe stays full (the exit's flush of queued output takes what is left of it). And one
+//! whose stdout is read late: the output queued at its exit waits for the reader.
 //!
 //! Every primary is started in its own process group, killed by PID when the test ends.
 
@@ -81,11 +82,68 @@ fn run_drains_on_sigterm_while_its_stderr_is_a_full_pipe() {
     }
     // The drain starts with a log line: a blocking write of it would stall the loop for good.
     primary.signal(Signal::TERM);
-    // The drain takes a moment; the exit then waits 10 s for the queued output, and 1 s more
-    // for the drop notices, before it gives up on a pipe nobody reads.
+    let stopping = Instant::now();
+    // The drain takes a moment; the exit then waits for the queued output, and 1 s for the drop
+    // notices, before it gives up on a pipe nobody reads: all of it within the stop's bound,
+    // twice the kill timeout + 3 s (the flush alone may take 10 s).
     assert_eq!(primary.wait_exit(Duration::from_secs(25)), Some(0));
+    within_bound(stopping.elapsed(), Duration::from_secs(2 + 3));
     drop(reader);
 }
+
+/// A stop that lasted `took`, which its bound says is at most `bound`: within it, give or take
+/// a scheduling delay.
+fn within_bound(took: Duration, bound: Duration) {
+    assert!(
+        took < bound + Duration::from_millis(1500),
+        "the stop took {took:?}, its bound is {bound:?}"
+    );
+}
+
+/// `nodus serve --workers 2` whose stdout and stderr are a full pipe nobody reads (journald
+/// stalled): its stop is over within `--shutdown-delay` + `--drain-timeout` + 8 s, the exit's
+/// flush of queued output and the drop notices included (the flush alone may take 10 s).
+#[test]
+fn serve_stops_within_its_bound_while_its_stderr_is_a_full_pipe() {
+    let dir = nodus_testkit::tmp::TempDir::new("serve-stalled-stderr");
+    std::fs::write(dir.path().join("a.txt"), "a\n").unwrap();
+    let addr = nodus_testkit::net::free_addr();
+    let mut cmd = Command::new(NODUS);
+    cmd.arg("serve")
+        .arg(dir.path())
+        .args(["--workers", "2", "--access-log", "--drain-timeout", "0"])
+        .args(["--listen", &addr.to_string()])
+        .env("RUST_LOG", "info");
+    let (mut primary, reader) = spawn_into_pipe(cmd);
+    // One page: the start lines and a few access log lines fill it.
+    let size = rustix::pipe::fcntl_setpipe_size(&reader, 4096).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut full_since = None;
+    while full_since.is_none_or(|n| n < 20) {
+        assert!(Instant::now() < deadline, "the pipe never filled up");
+        // Refused until the primary listens.
+        if let Ok(r) = nodus_testkit::http::request(addr, TIMEOUTS, "GET", "/a.txt", &[]) {
+            assert_eq!(r.status, 200);
+        } else {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Full, and more queued behind it.
+        if rustix::io::ioctl_fionread(reader.as_fd()).unwrap() as usize + 256 > size {
+            full_since = Some(full_since.map_or(0, |n| n + 1));
+        }
+    }
+    primary.signal(Signal::TERM);
+    let stopping = Instant::now();
+    assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
+    within_bound(stopping.elapsed(), Duration::from_secs(8));
+    drop(reader);
+}
+
+/// A client's bounds for the requests that fill the pipe.
+const TIMEOUTS: nodus_testkit::http::Timeouts = nodus_testkit::http::Timeouts {
+    connect: Duration::from_secs(5),
+    io: Duration::from_secs(5),
+};
 
 /// A worker writes more than a pipe holds and exits, and the primary with it, while nothing
 /// reads the primary's stdout (journald under pressure, a log shipper that stalls): the output

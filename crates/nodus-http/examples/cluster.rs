@@ -26,7 +26,7 @@
 //! SIGTERM/SIGINT to the primary drain everything; SIGHUP is a
 //! rolling reload (one sent to a worker itself is caught by [`Worker`]: a line naming the
 //! primary, and the worker serves on). Every response names its worker in `X-Worker`; logs go to stderr
-//! (`RUST_LOG`, default `info`).
+//! (`RUST_LOG`, default `info`; a value that does not parse is `info` too, with one WARN line).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -141,14 +141,33 @@ fn main() {
         eprintln!("cluster: {e}");
         std::process::exit(2);
     });
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    // `RUST_LOG`, or `info` (unset or empty); a value that does not parse is `info` too, said
+    // once at WARN (by the primary: its workers run with its environment).
+    let rust_log = std::env::var_os("RUST_LOG");
+    let set = rust_log
+        .as_deref()
+        .filter(|v| !v.as_encoded_bytes().trim_ascii().is_empty());
+    let parsed = set.map(|v| {
+        let v = v.to_str().ok_or_else(|| "not UTF-8".to_owned())?;
+        tracing_subscriber::EnvFilter::try_new(v).map_err(|e| e.to_string())
+    });
+    let (filter, unparsed) = match parsed {
+        None => (tracing_subscriber::EnvFilter::new("info"), None),
+        Some(Ok(filter)) => (filter, None),
+        Some(Err(why)) => (tracing_subscriber::EnvFilter::new("info"), Some(why)),
+    };
     // Queued to stderr's writer thread: logging never blocks nor panics, whatever stderr is.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(nodus::process::output::log_writer)
         .log_internal_errors(false)
         .init();
+    if let Some(why) = unparsed
+        && !nodus::cluster::is_worker()
+    {
+        let value = rust_log.unwrap_or_default();
+        tracing::warn!("RUST_LOG={value:?} does not parse ({why}): logging at info instead");
+    }
     let rt = nodus::Runtime::new();
     let code = rt.block_on(async move {
         match Worker::get() {

@@ -2,7 +2,8 @@
 //! events, `kill_worker` (an exit the primary asked for is not a crash and says so, unlike
 //! Node's `worker.kill()`), a crash restarted by the policy, readiness (one ready worker is
 //! enough, a shutdown ends it), and a graceful shutdown; with nodus workers, the stats of a
-//! worker whose loop does not answer (before its first request too).
+//! worker whose loop does not answer (before its first request too), and readiness while the
+//! only worker's loop is blocked.
 //!
 //! Bounded: every wait has a deadline; the workers die with the test process (PDEATHSIG) and are
 //! drained by `shutdown` at the end.
@@ -14,7 +15,9 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use nodus::cluster::{Config, Event, EventKind, Policy, Primary, Readiness, Worker, WorkerCommand};
+use nodus::cluster::{
+    Config, Event, EventKind, Policy, Primary, Readiness, ReadyState, Worker, WorkerCommand,
+};
 use nodus_testkit::tree;
 
 /// Set in a worker this binary starts from itself: the worker role to play.
@@ -421,6 +424,44 @@ fn a_worker_that_stalls_before_its_first_snapshot_request_is_not_answering() {
         assert!(worker["snapshot"].is_null(), "{worker}");
         let gauge = format!("nodus_cluster_worker_answering{{worker=\"1\",pid=\"{pid}\"}} 0");
         assert!(text.contains(&gauge), "no {gauge:?} in\n{text}");
+        assert_eq!(shut_down(&primary, run).await, 0);
+    });
+}
+
+/// A one-worker cluster whose worker's loop blocks, with no connection to hand it: once the
+/// snapshot request `ready_state` sends (without waiting for it) has gone unanswered for 1 s,
+/// every ready worker is stalled and the cluster is not ready; it is again once the loop runs.
+#[test]
+fn a_cluster_whose_only_worker_is_stalled_is_not_ready_until_its_loop_runs() {
+    if std::env::var(ROLE).as_deref() == Ok("snapshot") {
+        snapshot_worker();
+    }
+    let dir = nodus_testkit::tmp::TempDir::new("ready-stall");
+    let rt = nodus::Runtime::new();
+    rt.block_on(async {
+        let (primary, _events, run) = start_ready(
+            "a_cluster_whose_only_worker_is_stalled_is_not_ready_until_its_loop_runs",
+            dir.path(),
+        )
+        .await;
+        assert_eq!(primary.ready_state(), ReadyState::Ready);
+        std::fs::write(dir.path().join("stall"), b"").unwrap();
+        assert!(file_appears(&dir.path().join("stalled")).await);
+        let until = async |want: ReadyState, other: ReadyState| {
+            for _ in 0..200 {
+                match primary.ready_state() {
+                    state if state == want => return,
+                    state => assert_eq!(state, other),
+                }
+                nodus::sleep(Duration::from_millis(50)).await;
+            }
+            panic!("never {want:?}");
+        };
+        let stalled = ReadyState::Stalled { workers: 1 };
+        until(stalled, ReadyState::Ready).await;
+        assert!(!primary.is_ready());
+        std::fs::write(dir.path().join("release"), b"").unwrap();
+        until(ReadyState::Ready, stalled).await;
         assert_eq!(shut_down(&primary, run).await, 0);
     });
 }

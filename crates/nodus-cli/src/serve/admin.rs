@@ -18,7 +18,10 @@
 //! traffic, 503 with why not. `shutting down` only once a shutdown began (this process's own
 //! SIGTERM/SIGINT, or, for a worker, the primary's `stopping` notice or `disconnect`); a
 //! cluster primary (`--admin`) with no worker ready and no shutdown (starting, or every worker
-//! crashed or in backoff) says `no worker ready`, and one ready worker is enough for 200.
+//! crashed or in backoff) says `no worker ready`, and with every ready worker stalled (its loop
+//! blocked or stopped for 1 s: `Primary::ready_state`) `no worker takes connections (N
+//! stalled)`; one ready worker that is not stalled is enough for 200. It is computed only for a
+//! readyz request, from what the primary already knows (it never waits for a worker).
 //!
 //! They take GET and HEAD; another method HTTP defines is 405 with `Allow`, any other 501, as
 //! for static files (`static_files::known_method`).
@@ -63,6 +66,9 @@ pub enum Readyz {
     /// 503 `no worker ready`: a cluster primary none of whose workers is ready (they start,
     /// or every one crashed or waits in backoff), and no shutdown began.
     NoWorkerReady,
+    /// 503 `no worker takes connections (N stalled)`: a cluster primary whose ready workers
+    /// (`stalled` of them) are all stalled, and no shutdown began.
+    NoWorkerTakes { stalled: usize },
     /// 503 `shutting down`: a shutdown began.
     ShuttingDown,
 }
@@ -80,14 +86,19 @@ pub enum Source {
 
 impl Source {
     /// What readyz says of the process it speaks for: a worker is ready until the primary stops
-    /// it, a primary while no shutdown began and one of its workers is ready, this process
-    /// always (its own shutdown flag aside).
+    /// it, a primary while no shutdown began and one of its ready workers is not stalled, this
+    /// process always (its own shutdown flag aside).
     pub fn readiness(&self) -> Readyz {
+        use nodus::cluster::ReadyState;
         match self {
             Source::Worker(w) if w.is_stopping() => Readyz::ShuttingDown,
-            Source::Primary(p) if p.is_stopping() => Readyz::ShuttingDown,
-            Source::Primary(p) if !p.is_ready() => Readyz::NoWorkerReady,
-            Source::Worker(_) | Source::Primary(_) | Source::Local => Readyz::Ready,
+            Source::Primary(p) => match p.ready_state() {
+                ReadyState::Ready => Readyz::Ready,
+                ReadyState::NoWorkerReady => Readyz::NoWorkerReady,
+                ReadyState::Stalled { workers } => Readyz::NoWorkerTakes { stalled: workers },
+                ReadyState::ShuttingDown => Readyz::ShuttingDown,
+            },
+            Source::Worker(_) | Source::Local => Readyz::Ready,
         }
     }
 
@@ -114,8 +125,8 @@ impl Source {
 }
 
 /// Serves the admin endpoints of a cluster primary on `listener`: the whole cluster's figures,
-/// and readyz 200 while no shutdown began and a worker is ready (`nodus serve --workers N`,
-/// `nodus run`).
+/// and readyz 200 while no shutdown began and a ready worker is not stalled (`nodus serve
+/// --workers N`, `nodus run`).
 pub fn serve_primary(
     listener: nodus::net::TcpListener,
     primary: nodus::cluster::Primary,
@@ -135,7 +146,7 @@ pub fn serve_primary(
                     req.method(),
                     req.uri().path(),
                     accept,
-                    source.readiness(),
+                    || source.readiness(),
                     &source,
                 )
                 .await
@@ -152,12 +163,12 @@ pub fn accept(headers: &http::HeaderMap) -> Option<&str> {
 }
 
 /// Answers an admin request (`accept`: its `Accept` header, which picks the metrics format;
-/// `readiness`: what readyz says).
+/// `readiness`: what readyz says, asked for a readyz request only).
 pub async fn respond(
     method: &Method,
     path: &str,
     accept: Option<&str>,
-    readiness: Readyz,
+    readiness: impl FnOnce() -> Readyz,
     source: &Source,
 ) -> Response<Body> {
     if method != Method::GET && method != Method::HEAD {
@@ -202,9 +213,13 @@ pub async fn respond(
         }
         // Answering at all means the loop is not stalled: a stalled loop cannot answer.
         "/_nodus/healthz" => text(StatusCode::OK, "ok\n"),
-        "/_nodus/readyz" => match readiness {
+        "/_nodus/readyz" => match readiness() {
             Readyz::Ready => text(StatusCode::OK, "ready\n"),
             Readyz::NoWorkerReady => text(StatusCode::SERVICE_UNAVAILABLE, "no worker ready\n"),
+            Readyz::NoWorkerTakes { stalled } => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("no worker takes connections ({stalled} stalled)\n"),
+            ),
             Readyz::ShuttingDown => text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n"),
         },
         _ => text(StatusCode::NOT_FOUND, "no such admin endpoint\n"),

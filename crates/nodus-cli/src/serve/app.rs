@@ -13,7 +13,9 @@
 //! notices), then both listeners stop accepting and in-flight requests get `--drain-timeout` to
 //! finish. The exit code says what the stop lost, as the cluster's does: 0 when every request was
 //! answered, [`FORCED_STOP_EXIT_CODE`] (124) when the drain deadline cut requests, 128 + N when a
-//! second signal N ended the stop at once.
+//! second signal N ended the stop at once. The whole stop, its exit's flush of queued output
+//! included, is over within [`stop_bound`]: shutdown delay + drain timeout + 8 s, whatever the
+//! role (a cluster's workers are SIGKILLed 5 s past the drain deadline).
 //!
 //! systemd's watchdog (`WATCHDOG_USEC`, `WATCHDOG_PID` unset or this pid): the single process
 //! sends `WATCHDOG=1` every half period from a task on its loop, from `READY=1` until it exits,
@@ -129,6 +131,18 @@ pub fn run(options: ServeOptions) -> i32 {
     })
 }
 
+/// How long a cluster's worker gets past its drain deadline before SIGKILL: the kill timeout is
+/// `--drain-timeout` + this.
+pub(super) const KILL_MARGIN: Duration = Duration::from_secs(5);
+
+/// How long a stop of `nodus serve` (SIGTERM or SIGINT) takes at most, its exit included:
+/// `--shutdown-delay` + `--drain-timeout` + [`KILL_MARGIN`] (a cluster's workers are gone by
+/// then) + [`EXIT_MARGIN`](crate::EXIT_MARGIN) (3 s). The same for one process, which is done
+/// draining sooner: the exit's flush of queued output waits at most 10 s, and never past it.
+pub(super) fn stop_bound(options: &ServeOptions) -> Duration {
+    options.shutdown_delay + options.drain_timeout + KILL_MARGIN + crate::EXIT_MARGIN
+}
+
 pub(super) fn fail(message: String) -> i32 {
     say!("nodus serve: {message}");
     1
@@ -221,6 +235,7 @@ async fn serve_until_signal(options: ServeOptions, root: PathBuf) -> i32 {
             signal => break signal,
         }
     };
+    crate::stop_began(stop_bound(&options));
     site.ready.set(false);
     tell_manager("STOPPING=1\nSTATUS=draining");
     tracing::info!(
@@ -444,7 +459,7 @@ fn serve_admin(listener: TcpListener, site: Rc<Site>) -> nodus_http::Server {
                     req.method(),
                     req.uri().path(),
                     accept,
-                    s.readiness(),
+                    || s.readiness(),
                     &s.source,
                 )
                 .await
@@ -463,7 +478,14 @@ async fn handle_public(req: Request<RequestBody>, site: Rc<Site>) -> Response<Bo
     if let Some(admin_path) = admin_path {
         if admin::allowed(peer, req.headers()) {
             let accept = admin::accept(req.headers());
-            admin::respond(&method, &admin_path, accept, site.readiness(), &site.source).await
+            admin::respond(
+                &method,
+                &admin_path,
+                accept,
+                || site.readiness(),
+                &site.source,
+            )
+            .await
         } else {
             text(
                 StatusCode::FORBIDDEN,

@@ -14,10 +14,10 @@
 
 use std::time::Duration;
 
-use nodus::cluster::{Config, Policy, Primary, Readiness, WorkerCommand};
+use nodus::cluster::{Config, EventKind, Policy, Primary, Readiness, WorkerCommand};
 
 use super::admin;
-use super::app::{ServeOptions, fail, listeners};
+use super::app::{KILL_MARGIN, ServeOptions, fail, listeners, stop_bound};
 
 /// Runs the primary until shutdown; returns the exit code.
 pub async fn run(options: ServeOptions) -> i32 {
@@ -55,7 +55,7 @@ pub async fn run(options: ServeOptions) -> i32 {
     config.readiness = Readiness::Message;
     config.drain_timeout = options.drain_timeout;
     config.shutdown_delay = options.shutdown_delay;
-    config.kill_timeout = options.drain_timeout + Duration::from_secs(5);
+    config.kill_timeout = options.drain_timeout + KILL_MARGIN;
     config.event_log = options.events.clone();
     // The primary is the init of what its workers leave behind (every child of this process is
     // a nodus::process one): adopted orphans are reaped, and stopped with the cluster.
@@ -73,6 +73,13 @@ pub async fn run(options: ServeOptions) -> i32 {
         Ok(p) => p,
         Err(e) => return fail(e.to_string()),
     };
+    // Its exit's flush of queued output takes what is left of the stop's bound.
+    let bound = stop_bound(&options);
+    primary.on_event(move |e| {
+        if let EventKind::Shutdown { .. } = e.kind {
+            crate::stop_began(bound);
+        }
+    });
     let admin_server = admin_listener.map(|l| admin::serve_primary(l, primary.clone()));
     tracing::info!(
         "cluster of {} workers (policy {}; {budget}) serving on http://{public_addr}/{}",

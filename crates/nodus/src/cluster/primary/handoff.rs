@@ -30,7 +30,8 @@
 //!   take-back until it has seen the batches taken back (`seen_below` on its board): a stalled
 //!   worker's share goes to the others. Nor does a worker that is not ready while another
 //!   member of the listener is ([`takes_now`]: a new generation's worker in a reload waits for
-//!   its ready; with no ready member, as at the start, every member takes connections).
+//!   its ready; with no ready member, as at the start, every member takes connections). readyz
+//!   counts a worker stalled by the same rule ([`stalled`], in `Primary::ready_state`).
 //! - What a worker gives back (`returned`) is handed on only after [`check_returned`]: each fd
 //!   must be a connected, non-listening TCP stream socket of the listener's family and local
 //!   address (an fd the worker accepted from that listener); anything else (a pipe, a UDP or Unix
@@ -250,7 +251,7 @@ fn overdue(proc: &Proc, now: u64) -> bool {
 
 /// Whether `proc` gets no new connections for being stalled: a handoff past the deadline, or
 /// batches taken back from it that it has not seen yet.
-fn stalled(proc: &Proc, now: u64) -> bool {
+pub(super) fn stalled(proc: &Proc, now: u64) -> bool {
     proc.behind_until.get().is_some() || overdue(proc, now)
 }
 

@@ -7,6 +7,9 @@
 //!   ([`GIVE_UP_EXIT_CODE`](crate::cluster::GIVE_UP_EXIT_CODE) when the restart budget ran out,
 //!   [`FORCED_STOP_EXIT_CODE`](crate::cluster::FORCED_STOP_EXIT_CODE) or 128 + a second signal's
 //!   number when the stop had to kill workers or a worker cut requests).
+//! - [`Primary::ready_state`] is what readyz says: ready while a ready worker is not stalled
+//!   (the handoff deadline passed on a connection handed to it, or on its loop's answer to a
+//!   snapshot request the call itself sends, without waiting for it).
 //! - Files: `proc` (one worker process and its channel), `server` (listeners per server key,
 //!   `queryServer` answers and the accept loop), `handoff` (connections handed to workers and
 //!   pending until taken), `parked` (accepted connections waiting for a worker, and their
@@ -118,7 +121,7 @@ impl Policy {
 }
 
 /// What counts as a worker being ready for traffic (a reload waits for it before draining the
-/// old worker; `/_nodus/readyz` needs one). A nodus `ready` message, or `READY=1` to the worker's
+/// old worker; `/_nodus/readyz` needs one that is not stalled: [`Primary::ready_state`]). A nodus `ready` message, or `READY=1` to the worker's
 /// own `NOTIFY_SOCKET` (every worker gets one), always counts. Under [`Policy::RoundRobin`] and
 /// [`Policy::Least`] it also routes: a worker that is not ready is handed no connection while a
 /// ready one takes connections from that listener (with none ready, as at the start, every one
@@ -141,6 +144,20 @@ pub enum Readiness {
     ListeningOrAlive(Duration),
     /// Having stayed alive this long (plain programs that never send `READY=1`).
     Alive(Duration),
+}
+
+/// What a readiness probe says of a cluster ([`Primary::ready_state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadyState {
+    /// A ready worker takes connections.
+    Ready,
+    /// No worker process is ready: they start, or every one crashed or waits in backoff.
+    NoWorkerReady,
+    /// Every ready worker is stalled (`workers` of them): its loop is blocked or stopped, so
+    /// no worker takes a new connection now.
+    Stalled { workers: usize },
+    /// A shutdown began (a signal, [`Primary::shutdown`], or the give-up).
+    ShuttingDown,
 }
 
 /// The program run as each worker, and how it talks to the primary.
@@ -666,12 +683,51 @@ impl Primary {
         stats::metrics_text(&self.st).await
     }
 
-    /// Whether the cluster takes traffic, for a readiness probe (`/_nodus/readyz`): no shutdown
-    /// began and at least one worker process is ready (the stats' `workers_up` is at least 1).
-    /// One worker down (crashed, being replaced, its slot in backoff) leaves the others serving,
-    /// so the cluster stays ready; none ready (still starting, or every one down) is not ready.
+    /// Whether the cluster takes traffic, for a readiness probe (`/_nodus/readyz`), and why not:
+    /// [`ReadyState::Ready`] while no shutdown began and a ready worker process is not stalled.
+    /// One worker down (crashed, being replaced, its slot in backoff) or stalled leaves the
+    /// others serving, so the cluster stays ready; none ready (still starting, or every one
+    /// down) is [`ReadyState::NoWorkerReady`], every ready one stalled
+    /// [`ReadyState::Stalled`].
+    ///
+    /// A worker is stalled when the primary has waited for its loop for the handoff deadline
+    /// (1 s): a connection handed to it under round-robin or least not taken (or taken back from
+    /// it and not yet seen), or, for a worker that answers snapshot requests (a nodus worker), a
+    /// request not answered. So that an idle cluster's stall is seen too, this sends each ready
+    /// nodus worker with no request unanswered a snapshot request when it was last asked 1 s ago
+    /// or more, and does not wait for it: the answer is cheap and never waits for a worker (a
+    /// stall begun since shows at a later call, once that request is 1 s old). A Node worker
+    /// or a plain program is asked nothing: stalled only by its handoffs, never otherwise.
+    ///
+    /// Under [`Policy::Shared`] and [`Policy::ReusePort`] no connection is handed over: the
+    /// kernel queues them on the workers' sockets. A stalled worker accepts none meanwhile; under
+    /// `Shared` the others take them all from the one queue, but under `ReusePort` the kernel
+    /// still hashes new connections to a stalled worker's own socket, where its share waits
+    /// until it runs again (or is reset when its socket closes): the cluster is ready while
+    /// another worker serves, so most connections are served.
+    pub fn ready_state(&self) -> ReadyState {
+        if self.is_stopping() {
+            return ReadyState::ShuttingDown;
+        }
+        let now = crate::time::loop_now_ns();
+        let (mut ready, mut stalled) = (0, 0);
+        for p in self.st.procs.borrow().values().filter(|p| p.is_ready()) {
+            stats::probe(&self.st, p, now);
+            ready += 1;
+            if handoff::stalled(p, now) || stats::loop_stalled(p, now) {
+                stalled += 1;
+            }
+        }
+        match ready {
+            0 => ReadyState::NoWorkerReady,
+            n if n == stalled => ReadyState::Stalled { workers: n },
+            _ => ReadyState::Ready,
+        }
+    }
+
+    /// Whether [`ready_state`](Self::ready_state) is [`ReadyState::Ready`].
     pub fn is_ready(&self) -> bool {
-        !self.is_stopping() && self.st.procs.borrow().values().any(|p| p.is_ready())
+        self.ready_state() == ReadyState::Ready
     }
 
     /// Whether a shutdown began: SIGTERM or SIGINT, [`shutdown`](Self::shutdown), or the give-up

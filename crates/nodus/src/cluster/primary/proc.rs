@@ -29,10 +29,11 @@
 //!   worker has exited, before the exit is handled: whatever the worker sent before it exited
 //!   (its launcher's exec failure, [`report_exec_failure`]) is heeded first.
 //! - `asked_for_snapshots` is set once the worker says it speaks nodus's own messages and
-//!   cleared when its channel ends (its snapshot and `answered_last` with it): the stats ask a
-//!   worker only while it can answer, so one that does not answer is stalled, never a Node
-//!   worker or a plain program. `speaks_nodus` is set with it and never cleared (a nodus
-//!   worker, not a Node one); `channel_ended` is set when the channel's reader ends.
+//!   cleared when its channel ends (its snapshot, `answered_last` and `unanswered` with it): the
+//!   stats and readyz ask a worker only while it can answer, so one that does not answer is
+//!   stalled, never a Node worker or a plain program. `speaks_nodus` is set with it and never
+//!   cleared (a nodus worker, not a Node one); `channel_ended` is set when the channel's reader
+//!   ends.
 //! - Application messages (`process.send()`) are not handled (no JavaScript runs here): each is
 //!   a `message` event, the first of the run logged at INFO saying so, the rest at DEBUG.
 //! - A worker not ready after `ready_timeout` for want of what its readiness waits for is warned
@@ -181,6 +182,12 @@ pub(super) struct Proc {
     /// (see `asked_for_snapshots`) or before its first request, else `Some(false)` while it
     /// misses, whether or not it ever answered one.
     pub answered_last: Cell<Option<bool>>,
+    /// The oldest snapshot request it has not answered: its id and when it was sent (the loop's
+    /// time, ns). One left unanswered for the handoff deadline means its loop is stalled
+    /// (`stats::loop_stalled`, for readyz); cleared by an answer to it or a later one.
+    pub unanswered: Cell<Option<(u64, u64)>>,
+    /// When the primary last asked it for a snapshot (the loop's time, ns).
+    pub asked_ns: Cell<Option<u64>>,
     pub snapshot_waiters: RefCell<HashMap<u64, ReplySlot<String>>>,
     pub exit_status: Cell<Option<ExitStatus>>,
     /// Filled when the reader of its channel has handled the last message (the channel ended).
@@ -291,6 +298,8 @@ impl Proc {
             asked_for_snapshots: Cell::new(false),
             speaks_nodus: Cell::new(false),
             answered_last: Cell::new(None),
+            unanswered: Cell::new(None),
+            asked_ns: Cell::new(None),
             snapshot_waiters: RefCell::default(),
             exit_status: Cell::new(None),
             channel_done: ReplySlot::new(),
@@ -335,6 +344,7 @@ impl Proc {
                 // No longer asked: neither figures nor a stall to show for it.
                 p.asked_for_snapshots.set(false);
                 p.answered_last.set(None);
+                p.unanswered.set(None);
                 *p.snapshot.borrow_mut() = None;
                 s.emit(Some(&p), EventKind::Disconnect);
                 handoff::channel_ended(&s, &p);
@@ -673,6 +683,12 @@ fn on_nodus(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
             }
         }
         Some("snapshot") => {
+            // Answered in order: every request up to this one was.
+            if let (Some(id), Some((oldest, _))) = (m.id, proc.unanswered.get())
+                && id >= oldest
+            {
+                proc.unanswered.set(None);
+            }
             let waiter =
                 m.id.and_then(|id| proc.snapshot_waiters.borrow_mut().remove(&id));
             if let (Some(w), Some(raw)) = (waiter, m.snapshot) {

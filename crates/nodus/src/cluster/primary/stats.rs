@@ -10,6 +10,9 @@
 //! idle, for as long as it blocks). `answering` says why: `null` for a worker that is not asked
 //! (or not yet), `false` for one that was asked and did not answer in time (stalled, or too
 //! busy), whether or not it answered an earlier request.
+//! The same requests tell readyz whether a worker's loop runs (`probe`, `loop_stalled`): the
+//! oldest one a worker has not answered is kept with its time, so a loop that has not answered
+//! for the handoff deadline is stalled, and its next answer, however late, says it runs again.
 //! The JSON shape is the one `nodus top` and the admin page read (`workers[]` with `worker`,
 //! `pid`, `snapshot`, `answering`, `restarts`, `rss_bytes`, plus cluster fields).
 //!
@@ -77,16 +80,9 @@ pub(super) async fn ask_all(st: &Rc<State>, limit: Duration) -> bool {
         .into_iter()
         .filter(|p| p.asked_for_snapshots.get())
         .map(|p| {
-            let id = {
-                let mut cache = st.stats_cache.borrow_mut();
-                cache.next_id += 1;
-                cache.next_id
-            };
             let slot = ReplySlot::new();
+            let id = ask(st, &p);
             p.snapshot_waiters.borrow_mut().insert(id, slot.clone());
-            let mut msg = Nodus::act("snapshot_request");
-            msg.id = Some(id);
-            p.send(&msg);
             (p, id, slot)
         })
         .collect();
@@ -114,6 +110,47 @@ pub(super) async fn ask_all(st: &Rc<State>, limit: Duration) -> bool {
     }
     st.stats_cache.borrow_mut().refreshed = Some(Instant::now());
     all
+}
+
+/// Sends `p` a snapshot request and returns its id; the oldest one it has not answered is
+/// remembered (`Proc::unanswered`, cleared when the answer comes, however late).
+fn ask(st: &State, p: &Proc) -> u64 {
+    let id = {
+        let mut cache = st.stats_cache.borrow_mut();
+        cache.next_id += 1;
+        cache.next_id
+    };
+    let mut msg = Nodus::act("snapshot_request");
+    msg.id = Some(id);
+    p.send(&msg);
+    let now = crate::time::loop_now_ns();
+    p.asked_ns.set(Some(now));
+    if p.unanswered.get().is_none() {
+        p.unanswered.set(Some((id, now)));
+    }
+    id
+}
+
+/// For readyz: asks `p` for a snapshot without waiting for it, when it answers them, has none
+/// left unanswered and was last asked [`FRESH`] ago or more (at most one small message per worker
+/// per second, whoever polls). Its answer, whenever it comes, only clears `Proc::unanswered`.
+pub(super) fn probe(st: &State, p: &Proc, now: u64) {
+    let due = p
+        .asked_ns
+        .get()
+        .is_none_or(|t| now.saturating_sub(t) >= FRESH.as_nanos() as u64);
+    if p.asked_for_snapshots.get() && p.is_alive() && p.unanswered.get().is_none() && due {
+        ask(st, p);
+    }
+}
+
+/// Whether `p`'s loop has left a snapshot request unanswered for the handoff deadline (1 s, the
+/// bound rr applies to a handoff): it is blocked or stopped. A worker not asked (a Node worker,
+/// a plain program) never is.
+pub(super) fn loop_stalled(p: &Proc, now: u64) -> bool {
+    p.unanswered.get().is_some_and(|(_, sent)| {
+        now.saturating_sub(sent) >= super::handoff::HANDOFF_DEADLINE.as_nanos() as u64
+    })
 }
 
 fn rss_bytes(pid: u32) -> Option<u64> {
