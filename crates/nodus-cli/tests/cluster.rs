@@ -1,5 +1,5 @@
 //! The cluster through the `nodus` command: `serve --workers 2` (stats of the whole cluster,
-//! `nodus top --once` showing both workers), `run` with a plain program reading `LISTEN_FDS`
+//! `nodus top --once` showing both workers, metrics that carry the stats' figures), `run` with a plain program reading `LISTEN_FDS`
 //! (Python), `run --node` with a stock Node app (HTTP, and UDP through `dgram`), a nodus worker
 //! under a stock Node primary, `run`'s restart budget, and the notify protocol (watchdog pings
 //! with nodus and with Node workers).
@@ -19,6 +19,7 @@ use common::http::try_request;
 use common::{NODUS, have};
 use nodus_testkit::net::free_addr;
 use nodus_testkit::proc::Proc;
+use nodus_testkit::scrape::{family_type, find};
 use nodus_testkit::tmp::TempDir;
 use nodus_testkit::tree::gone;
 use serde_json::Value;
@@ -157,6 +158,9 @@ fn serve_with_two_workers_shows_the_whole_cluster_in_stats_and_top() {
     assert!(before >= 10, "{metrics}");
     primary.signal(rustix::process::Signal::HUP);
     primary.wait_line("reload done");
+    // The old workers exit after "reload done" (they drain first): the last exit is theirs once
+    // the reload says they have exited.
+    primary.wait_line("the old workers have exited");
     let metrics = get_ok(admin_addr, "/_nodus/metrics");
     let after = handed_total(&metrics);
     assert!(
@@ -179,6 +183,143 @@ fn serve_with_two_workers_shows_the_whole_cluster_in_stats_and_top() {
         line.contains("(pid ") && line.ends_with("stopped as asked"),
         "{line}"
     );
+
+    primary.signal(rustix::process::Signal::TERM);
+    assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
+}
+
+/// `GET /_nodus/metrics` as Prometheus asks for it: the OpenMetrics text.
+fn openmetrics(addr: SocketAddr) -> String {
+    let accept = "Accept: application/openmetrics-text;version=1.0.0";
+    let r = try_request(addr, "GET", "/_nodus/metrics", &[accept]).unwrap();
+    assert_eq!(r.status, 200);
+    String::from_utf8(r.body).unwrap()
+}
+
+/// The figures of a cluster's stats that its metrics lacked, scraped: the primary's memory and
+/// uptime and whether a reload is under way (no labels), each worker process's generation and
+/// uptime, and each worker loop's run-queue lifetime maximum and wait, last interval's mean and
+/// length, and slow-poll threshold (`worker` and `pid` labels), each family's type and each
+/// value against the stats. The primary pulls its workers' snapshots at most once a second, so
+/// when the stats before and after a scrape show the same snapshots, the scrape shows them too.
+#[test]
+fn serve_cluster_metrics_carry_the_figures_of_its_stats() {
+    let (_dir, addr, mut primary) = two_worker_serve("metrics-json");
+    for _ in 0..10 {
+        assert_eq!(get_ok(addr, "/a.txt"), "hello cluster\n");
+    }
+    let stats = || -> Value { serde_json::from_str(&get_ok(addr, "/_nodus/stats")).unwrap() };
+    let snapshots = |doc: &Value| -> Vec<Value> {
+        let workers = doc["workers"].as_array().unwrap();
+        workers
+            .iter()
+            .map(|w| w["snapshot"]["taken_at_unix_ms"].clone())
+            .collect()
+    };
+    // The primary's memory may change a page between two requests: it too is read again until
+    // the stats on both sides agree with the metrics.
+    let rss = "nodus_cluster_primary_rss_bytes";
+    assert_eq!(
+        family_type(&openmetrics(addr), rss).as_deref(),
+        Some("gauge")
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (before, text, after) = loop {
+        let (before, text, after) = (stats(), openmetrics(addr), stats());
+        let scraped = find(&text, rss, &[]).map(|s| s.value);
+        let same = snapshots(&before) == snapshots(&after)
+            && snapshots(&before).iter().all(Value::is_u64)
+            && before["primary"]["rss_bytes"] == after["primary"]["rss_bytes"]
+            && scraped == before["primary"]["rss_bytes"].as_f64();
+        if same {
+            break (before, text, after);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the snapshots or the primary's memory kept changing ({rss} {scraped:?}):\n{before}\n{after}"
+        );
+    };
+    let kind = |family: &str| family_type(&text, family);
+    let one = |sample: &str, labels: &[(&str, &str)]| {
+        find(&text, sample, labels)
+            .unwrap_or_else(|| panic!("no {sample}{labels:?} in\n{text}"))
+            .value
+    };
+    let num = |v: &Value| v.as_f64().unwrap();
+
+    // The primary's own: no labels.
+    assert_eq!(kind("nodus_cluster_reloading").as_deref(), Some("gauge"));
+    assert_eq!(before["reloading"], false);
+    assert_eq!(one("nodus_cluster_reloading", &[]), 0.0);
+    assert_eq!(one(rss, &[]), num(&before["primary"]["rss_bytes"]));
+    let uptime = "nodus_cluster_primary_uptime_seconds";
+    assert_eq!(kind(uptime).as_deref(), Some("gauge"));
+    let (from, to) = (
+        &before["primary"]["uptime_seconds"],
+        &after["primary"]["uptime_seconds"],
+    );
+    let up = one(uptime, &[]);
+    assert!(
+        num(from) <= up && up <= num(to),
+        "{up} not within {from} and {to}"
+    );
+
+    let loop_figures = [
+        (
+            "nodus_run_queue_length_lifetime_max",
+            "gauge",
+            "",
+            "/run_queue/max",
+        ),
+        (
+            "nodus_run_queue_length_mean",
+            "gauge",
+            "",
+            "/run_queue/interval_mean",
+        ),
+        (
+            "nodus_run_queue_wait_seconds",
+            "counter",
+            "_total",
+            "/run_queue/wait_seconds",
+        ),
+        (
+            "nodus_loop_interval_seconds",
+            "gauge",
+            "",
+            "/loop_stats/interval_seconds",
+        ),
+        (
+            "nodus_loop_slow_poll_threshold_seconds",
+            "gauge",
+            "",
+            "/loop_stats/slow_poll_threshold_seconds",
+        ),
+    ];
+    let workers = before["workers"].as_array().unwrap();
+    assert_eq!(workers.len(), 2, "{before}");
+    for (w, w_after) in workers.iter().zip(after["workers"].as_array().unwrap()) {
+        let (slot, pid) = (w["worker"].to_string(), w["pid"].to_string());
+        let labels = [("worker", slot.as_str()), ("pid", pid.as_str())];
+        let family = "nodus_cluster_worker_generation";
+        assert_eq!(kind(family).as_deref(), Some("gauge"));
+        assert_eq!(one(family, &labels), num(&w["generation"]));
+        let family = "nodus_cluster_worker_uptime_seconds";
+        assert_eq!(kind(family).as_deref(), Some("gauge"));
+        let (from, to) = (&w["uptime_seconds"], &w_after["uptime_seconds"]);
+        let up = one(family, &labels);
+        assert!(
+            num(from) <= up && up <= num(to),
+            "{up} not within {from} and {to}"
+        );
+        for (family, type_, suffix, pointer) in loop_figures {
+            assert_eq!(kind(family).as_deref(), Some(type_), "{family}");
+            let got = one(&format!("{family}{suffix}"), &labels);
+            let want = num(w["snapshot"].pointer(pointer).unwrap());
+            assert_eq!(got, want, "{family} of worker {slot} against its {pointer}");
+        }
+        assert!(num(&w["snapshot"]["run_queue"]["max"]) >= 1.0, "{w}");
+    }
 
     primary.signal(rustix::process::Signal::TERM);
     assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));

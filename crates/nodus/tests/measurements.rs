@@ -11,6 +11,7 @@ use nodus::metrics::{prometheus, snapshot};
 use nodus::{
     Runtime, next_tick, queue_microtask, set_immediate, set_timeout, sleep, spawn_named, yield_now,
 };
+use nodus_testkit::scrape::{family_type, series};
 
 fn spin(d: Duration) {
     let end = Instant::now() + d;
@@ -483,4 +484,112 @@ fn before_the_first_interval_closes_the_interval_is_the_time_since_start() {
     );
     assert!(rq.interval_max >= 3, "interval max {}", rq.interval_max);
     assert!(rq.interval_mean > 0.0, "interval mean {}", rq.interval_mean);
+}
+
+/// The figures the exposition took over from the stats JSON, scraped from one snapshot's
+/// exposition (a cluster worker's: `worker` and `pid` labels first): each family's type, each
+/// series' labels, and the value the JSON of the same snapshot has.
+#[test]
+fn the_exposition_carries_the_run_queue_and_interval_figures_of_the_json() {
+    // 100 ms intervals: a burst of 8 queued tasks, then an idle wait of several intervals, so the
+    // lifetime figures and the last interval's differ.
+    let rt = Runtime::builder()
+        .metrics_interval(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let snap = rt.block_on(async {
+        let tasks: Vec<_> = (0..8)
+            .map(|_| spawn_named("burst", async { spin(Duration::from_millis(2)) }))
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        sleep(350).await;
+        snapshot()
+    });
+    let json = serde_json::to_value(&snap).unwrap();
+    let (rq, ls) = (&snap.run_queue, &snap.loop_stats);
+    assert!(rq.max >= 7, "lifetime max {}", rq.max);
+    assert!(
+        rq.interval_max < rq.max,
+        "{} vs {}",
+        rq.interval_max,
+        rq.max
+    );
+    assert!(
+        rq.interval_mean < rq.mean,
+        "{} vs {}",
+        rq.interval_mean,
+        rq.mean
+    );
+    assert!(rq.wait_seconds > 0.0);
+    let lifetime_mean = rq.wait_seconds / snap.uptime_seconds;
+    assert!(
+        (lifetime_mean / rq.mean - 1.0).abs() < 1e-9,
+        "the integral over the uptime is the lifetime mean: {lifetime_mean} vs {}",
+        rq.mean
+    );
+
+    // A cluster worker's series: the primary's labels come first.
+    let labels = vec![
+        ("worker".to_owned(), "2".to_owned()),
+        ("pid".to_owned(), snap.pid.to_string()),
+    ];
+    let text = prometheus::render_labeled(&[(labels.clone(), &snap)]);
+    // (family, type, sample, the same figure in the JSON)
+    for (family, kind, sample, pointer) in [
+        (
+            "nodus_run_queue_length_lifetime_max",
+            "gauge",
+            "nodus_run_queue_length_lifetime_max",
+            "/run_queue/max",
+        ),
+        (
+            "nodus_run_queue_length_mean",
+            "gauge",
+            "nodus_run_queue_length_mean",
+            "/run_queue/interval_mean",
+        ),
+        (
+            "nodus_run_queue_length_max",
+            "gauge",
+            "nodus_run_queue_length_max",
+            "/run_queue/interval_max",
+        ),
+        (
+            "nodus_run_queue_wait_seconds",
+            "counter",
+            "nodus_run_queue_wait_seconds_total",
+            "/run_queue/wait_seconds",
+        ),
+        (
+            "nodus_loop_interval_seconds",
+            "gauge",
+            "nodus_loop_interval_seconds",
+            "/loop_stats/interval_seconds",
+        ),
+        (
+            "nodus_loop_slow_poll_threshold_seconds",
+            "gauge",
+            "nodus_loop_slow_poll_threshold_seconds",
+            "/loop_stats/slow_poll_threshold_seconds",
+        ),
+    ] {
+        assert_eq!(
+            family_type(&text, family).as_deref(),
+            Some(kind),
+            "{family}"
+        );
+        let got = series(&text, sample);
+        assert_eq!(got.len(), 1, "{sample}: {got:?}");
+        assert_eq!(got[0].labels, labels, "{sample}");
+        let want = json.pointer(pointer).and_then(|v| v.as_f64()).unwrap();
+        assert_eq!(got[0].value, want, "{sample} against the JSON's {pointer}");
+    }
+    assert_eq!(ls.slow_poll_threshold_seconds, 0.1);
+    assert!(ls.interval_seconds >= 0.1, "{} s", ls.interval_seconds);
+    // The lifetime utilization stays in the JSON: the counters give it.
+    let busy = series(&text, "nodus_loop_busy_seconds_total")[0].value;
+    let idle = series(&text, "nodus_loop_idle_seconds_total")[0].value;
+    assert!((busy / (busy + idle) - ls.utilization).abs() < 1e-9);
 }

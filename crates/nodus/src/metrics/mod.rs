@@ -100,6 +100,7 @@ mod fill {
                 microtasks_total: s.microtasks,
             };
             snap.run_queue.mean = s.rq_integral as f64 / elapsed as f64;
+            snap.run_queue.wait_seconds = s.rq_integral as f64 / NS;
             snap.run_queue.max = s.rq_max;
             snap.run_queue.interval_max = li.rq_max;
             snap.run_queue.interval_mean = if interval_len > 0 {

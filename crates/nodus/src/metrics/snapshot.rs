@@ -100,8 +100,13 @@ pub struct LoopSnapshot {
 pub struct RunQueueSnapshot {
     /// Length at the moment of the snapshot.
     pub current: u64,
-    /// Time-weighted mean over the loop's lifetime (integral of length dt / elapsed).
+    /// Time-weighted mean over the loop's lifetime (`wait_seconds` / `uptime_seconds`).
     pub mean: f64,
+    /// The length integrated over the loop's lifetime (length × seconds): the time every entry
+    /// spent in the queue, summed. Over a window, its increase divided by the window's length is
+    /// the mean length, and divided by the arrivals' increase the mean wait (Little's law).
+    #[serde(default)]
+    pub wait_seconds: f64,
     /// High-water mark over the loop's lifetime.
     pub max: u64,
     /// High-water mark over the last closed interval (the one of `interval_utilization`).

@@ -16,17 +16,23 @@
 //! The JSON shape is the one `nodus top` and the admin page read (`workers[]` with `worker`,
 //! `pid`, `snapshot`, `answering`, `restarts`, `rss_bytes`, plus cluster fields).
 //!
+//! The metrics carry every figure of the JSON but a few it keeps for people: the policy, the
+//! pids (labels in the metrics), a worker's state by name (`nodus_cluster_worker_up` says
+//! ready or not), its handoffs counted per process (the metrics count them per slot, every
+//! generation) and the texts of the last reload failure and exit (a 0/1 gauge, an info series).
+//!
 //! In the metrics every worker series carries `worker` (the slot) and `pid` labels: during a
 //! rolling reload or a replacement a slot has two live processes, and with `worker` alone their
 //! series would collide (an exposition with duplicate series is rejected by Prometheus).
 
 use std::rc::Rc;
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Registry, Unit};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
@@ -376,6 +382,13 @@ pub(super) async fn metrics_text(st: &Rc<State>) -> String {
         "Rolling reloads that ended, by result: done (every worker replaced) or failed (the new workers never became ready; the old ones keep serving)",
         reloads,
     );
+    let reloading = Gauge::<i64>::default();
+    reloading.set(i64::from(st.reloading.get()));
+    registry.register(
+        "nodus_cluster_reloading",
+        "Whether a rolling reload is under way (1 from its start until every slot has switched)",
+        reloading,
+    );
     let reload_failed = Gauge::<i64>::default();
     reload_failed.set(i64::from(st.last_reload_failure.borrow().is_some()));
     registry.register(
@@ -405,6 +418,24 @@ pub(super) async fn metrics_text(st: &Rc<State>) -> String {
             reaped_total,
         );
     }
+    let me = std::process::id();
+    if let Some(bytes) = rss_bytes(me) {
+        let rss = Gauge::<i64>::default();
+        rss.set(bytes as i64);
+        registry.register(
+            "nodus_cluster_primary_rss_bytes",
+            "Resident memory of the primary process",
+            rss,
+        );
+    }
+    let uptime = Gauge::<f64, AtomicU64>::default();
+    uptime.set(st.started.elapsed().as_secs_f64());
+    registry.register_with_unit(
+        "nodus_cluster_primary_uptime",
+        "Time since the primary started",
+        Unit::Seconds,
+        uptime,
+    );
     let handed = Family::<Vec<(String, String)>, Counter<u64>>::default();
     for slot in st.slots.borrow().iter() {
         handed
@@ -413,20 +444,28 @@ pub(super) async fn metrics_text(st: &Rc<State>) -> String {
     }
     registry.register(
         "nodus_cluster_connections_handed",
-        "Connections the primary handed to each worker slot, every generation of it (round-robin and least policies)",
+        "Connections the primary handed to each worker slot, every generation of it (round-robin and least policies), so a reload does not restart the count (per process: connections_handed in /_nodus/stats)",
         handed,
     );
-    // Per worker process (DESIGN section 3): ready or not, its memory, its handoffs not yet
-    // taken and those taken back; per slot: restarts.
-    let (ready, rss, in_flight) = (
+    // Per worker process (DESIGN section 3): ready or not, its generation, uptime and memory,
+    // its handoffs not yet taken and those taken back; per slot: restarts.
+    let (ready, worker_generation, rss, in_flight) = (
+        Family::<Vec<(String, String)>, Gauge<i64>>::default(),
         Family::<Vec<(String, String)>, Gauge<i64>>::default(),
         Family::<Vec<(String, String)>, Gauge<i64>>::default(),
         Family::<Vec<(String, String)>, Gauge<i64>>::default(),
     );
+    let worker_uptime = Family::<Vec<(String, String)>, Gauge<f64, AtomicU64>>::default();
     let taken_back = Family::<Vec<(String, String)>, Counter<u64>>::default();
     for p in &procs {
         let labels = worker_labels(p);
         ready.get_or_create(&labels).set(i64::from(p.is_ready()));
+        worker_generation
+            .get_or_create(&labels)
+            .set(p.generation as i64);
+        worker_uptime
+            .get_or_create(&labels)
+            .set(p.started.elapsed().as_secs_f64());
         in_flight
             .get_or_create(&labels)
             .set(p.pending.conns() as i64);
@@ -437,8 +476,19 @@ pub(super) async fn metrics_text(st: &Rc<State>) -> String {
     }
     registry.register(
         "nodus_cluster_worker_up",
-        "Whether the worker process is ready for traffic (0: starting or draining)",
+        "Whether the worker process is ready for traffic (0: starting or draining; its state by name is in /_nodus/stats)",
         ready,
+    );
+    registry.register(
+        "nodus_cluster_worker_generation",
+        "The reload generation the worker process was started in (during a reload, the old workers have the previous one)",
+        worker_generation,
+    );
+    registry.register_with_unit(
+        "nodus_cluster_worker_uptime",
+        "Time since the worker process was started",
+        Unit::Seconds,
+        worker_uptime,
     );
     registry.register(
         "nodus_cluster_worker_rss_bytes",

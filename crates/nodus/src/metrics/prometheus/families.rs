@@ -23,8 +23,15 @@ pub(super) struct Desc {
     pub(super) kind: Kind,
 }
 
+/// The end of every histogram's help: what the stats JSON has of it that the buckets do not.
+macro_rules! summary_in_json {
+    () => {
+        " Lifetime min, max and quantiles: /_nodus/stats; over a window, histogram_quantile() of the buckets."
+    };
+}
+
 macro_rules! desc {
-    ($name:literal, $kind:ident, $seconds:literal, $help:literal) => {
+    ($name:literal, $kind:ident, $seconds:literal, $help:expr) => {
         Desc {
             name: $name,
             help: $help,
@@ -54,7 +61,10 @@ pub(super) const HTTP_DURATION: Desc = desc!(
     "nodus_http_request_duration",
     Histogram,
     true,
-    "Time from an HTTP request head being parsed to its response head being ready."
+    concat!(
+        "Time from an HTTP request head being parsed to its response head being ready.",
+        summary_in_json!()
+    )
 );
 /// nodus_http_requests_in_flight
 pub(super) const HTTP_IN_FLIGHT: Desc = desc!(
@@ -96,7 +106,10 @@ pub(super) const SCHEDULE_DELAY: Desc = desc!(
     "nodus_task_schedule_delay",
     Histogram,
     true,
-    "Time from a task being woken (or a callback queued) to it starting to run."
+    concat!(
+        "Time from a task being woken (or a callback queued) to it starting to run.",
+        summary_in_json!()
+    )
 );
 /// nodus_run_queue_length
 pub(super) const RUN_QUEUE: Desc = desc!(
@@ -110,7 +123,7 @@ pub(super) const RUN_QUEUE_MEAN: Desc = desc!(
     "nodus_run_queue_length_mean",
     Gauge,
     false,
-    "Time-weighted mean run-queue length over the loop's lifetime."
+    "Time-weighted mean run-queue length over the last closed interval (as for nodus_loop_utilization); over any window, rate(nodus_run_queue_wait_seconds_total)."
 );
 /// nodus_run_queue_length_max
 pub(super) const RUN_QUEUE_MAX: Desc = desc!(
@@ -119,12 +132,29 @@ pub(super) const RUN_QUEUE_MAX: Desc = desc!(
     false,
     "Run-queue high-water mark over the last closed interval (as for nodus_loop_utilization)."
 );
+/// nodus_run_queue_length_lifetime_max
+pub(super) const RUN_QUEUE_LIFETIME_MAX: Desc = desc!(
+    "nodus_run_queue_length_lifetime_max",
+    Gauge,
+    false,
+    "Run-queue high-water mark over the loop's lifetime."
+);
+/// nodus_run_queue_wait_seconds_total
+pub(super) const RUN_QUEUE_WAIT: Desc = desc!(
+    "nodus_run_queue_wait",
+    Counter,
+    true,
+    "Time entries spent in the run queue, summed (its length integrated over time): rate() is the mean length over the window, rate() / rate(nodus_run_queue_arrivals_total) the mean wait, and the total / nodus_uptime_seconds the lifetime mean length."
+);
 /// nodus_run_queue_length_samples
 pub(super) const RUN_QUEUE_SAMPLES: Desc = desc!(
     "nodus_run_queue_length_samples",
     Histogram,
     false,
-    "Run-queue length sampled at the start of every drain."
+    concat!(
+        "Run-queue length sampled at the start of every drain.",
+        summary_in_json!()
+    )
 );
 /// nodus_run_queue_arrivals_total
 pub(super) const RUN_QUEUE_ARRIVALS: Desc = desc!(
@@ -152,28 +182,44 @@ pub(super) const UTILIZATION: Desc = desc!(
     "nodus_loop_utilization",
     Gauge,
     false,
-    "Busy / (busy + idle) over the last closed interval: at least the configured length (1 s by default), closed by the snapshot once due; before the first closes, the time since the loop started."
+    "Busy / (busy + idle) over the last closed interval (nodus_loop_interval_seconds long): at least the configured length (1 s by default), closed by the snapshot once due; before the first closes, the time since the loop started. Over a window or the lifetime it follows from the counters, rate() or not: busy_seconds_total / (busy_seconds_total + idle_seconds_total)."
+);
+/// nodus_loop_interval_seconds
+pub(super) const INTERVAL: Desc = desc!(
+    "nodus_loop_interval",
+    Gauge,
+    true,
+    "Length of the last closed interval, the one nodus_loop_utilization, nodus_run_queue_length_mean and nodus_run_queue_length_max cover (a long idle wait is an interval of its own)."
 );
 /// nodus_timer_lateness_seconds
 pub(super) const TIMER_LATENESS: Desc = desc!(
     "nodus_timer_lateness",
     Histogram,
     true,
-    "Fire time minus deadline of every timer."
+    concat!(
+        "Fire time minus deadline of every timer.",
+        summary_in_json!()
+    )
 );
 /// nodus_task_poll_duration_seconds{task}
 pub(super) const TASK_POLL_DURATION: Desc = desc!(
     "nodus_task_poll_duration",
     Histogram,
     true,
-    "Run time of each task poll or callback, by task name."
+    concat!(
+        "Run time of each task poll or callback, by task name.",
+        summary_in_json!()
+    )
 );
 /// nodus_loop_poll_duration_seconds
 pub(super) const POLL_DURATION: Desc = desc!(
     "nodus_loop_poll_duration",
     Histogram,
     true,
-    "Run time of every task poll and macrotask callback."
+    concat!(
+        "Run time of every task poll and macrotask callback.",
+        summary_in_json!()
+    )
 );
 /// nodus_loop_iterations_total
 pub(super) const ITERATIONS: Desc =
@@ -190,7 +236,7 @@ pub(super) const EVENTS_PER_POLL: Desc = desc!(
     "nodus_loop_events_per_poll",
     Histogram,
     false,
-    "Events dispatched per poll phase."
+    concat!("Events dispatched per poll phase.", summary_in_json!())
 );
 /// nodus_loop_phase_seconds_total{phase}
 pub(super) const PHASE_SECONDS: Desc = desc!(
@@ -211,21 +257,21 @@ pub(super) const TASK_POLLS: Desc = desc!(
     "nodus_task_polls",
     Counter,
     false,
-    "Task polls, by task name."
+    "Task polls, by task name (their sum is the loop's total, tasks.polls_total in /_nodus/stats)."
 );
 /// nodus_task_forced_yields_total{task}
 pub(super) const TASK_FORCED_YIELDS: Desc = desc!(
     "nodus_task_forced_yields",
     Counter,
     false,
-    "Polls cut short by the cooperative budget, by task name."
+    "Polls cut short by the cooperative budget, by task name (their sum is the loop's total, tasks.forced_yields_total in /_nodus/stats)."
 );
 /// nodus_tasks_spawned_total{task}
 pub(super) const TASKS_SPAWNED: Desc = desc!(
     "nodus_tasks_spawned",
     Counter,
     false,
-    "Tasks spawned, by task name."
+    "Tasks spawned, by task name (their sum is the loop's total, tasks.spawned_total in /_nodus/stats)."
 );
 /// nodus_tasks_alive
 pub(super) const TASKS_ALIVE: Desc = desc!("nodus_tasks_alive", Gauge, false, "Tasks alive.");
@@ -235,6 +281,13 @@ pub(super) const SLOW_POLLS: Desc = desc!(
     Counter,
     false,
     "Polls, callbacks and next-tick/microtask batches at least the slow-poll threshold long."
+);
+/// nodus_loop_slow_poll_threshold_seconds
+pub(super) const SLOW_POLL_THRESHOLD: Desc = desc!(
+    "nodus_loop_slow_poll_threshold",
+    Gauge,
+    true,
+    "The duration from which a poll, callback or batch counts in nodus_loop_slow_polls_total (and is logged)."
 );
 /// nodus_loop_tick_drain_seconds_total
 pub(super) const TICK_DRAIN: Desc = desc!(
@@ -252,7 +305,7 @@ pub(super) const STALLS_RECENT: Desc = desc!(
     "nodus_stalls_recent",
     Gauge,
     false,
-    "Stalls kept in the watchdog's ring buffer for this loop."
+    "Stalls kept in the watchdog's ring buffer for this loop (each one's task, spawn location and class are in /_nodus/stats only: free text, no label values)."
 );
 /// nodus_stall_last_seconds
 pub(super) const STALL_LAST: Desc = desc!(
@@ -288,14 +341,17 @@ pub(super) const POOL_QUEUE_WAIT: Desc = desc!(
     "nodus_pool_queue_wait",
     Histogram,
     true,
-    "Time from submitting a job to a pool thread starting it."
+    concat!(
+        "Time from submitting a job to a pool thread starting it.",
+        summary_in_json!()
+    )
 );
 /// nodus_pool_run_seconds{pool}
 pub(super) const POOL_RUN: Desc = desc!(
     "nodus_pool_run",
     Histogram,
     true,
-    "Run time of each pool job."
+    concat!("Run time of each pool job.", summary_in_json!())
 );
 /// nodus_pool_busy_threads{pool}
 pub(super) const POOL_BUSY: Desc = desc!(

@@ -14,6 +14,11 @@
 //! per family, followed by all of its series, so [`render_labeled`] can put several snapshots
 //! (a cluster's workers, each with a `worker` label) in one exposition.
 //!
+//! What a snapshot holds that no family carries (the lifetime utilization, which the busy and
+//! idle counters give; the loop's task totals, sums of the per-task series; histograms' lifetime
+//! min, max and quantiles; each stall's task, location and class; the pid, loop id and time of
+//! the snapshot) is said in the HELP of the family nearest to it and in the README.
+//!
 //! Histogram buckets are fixed (`le` = 1 µs … 10 s for `_seconds`, 0, 1, 2, 4, … 4096 for
 //! unitless ones) and derived from the snapshot's sparse log-linear buckets. Approximation: a
 //! sparse bucket counts toward an `le` only when its inclusive upper bound is `<= le`, so the
@@ -118,13 +123,16 @@ impl SnapshotCollector {
             seconds_histogram(&ls.schedule_delay),
         );
         self.push(&RUN_QUEUE, base(), Value::Int(rq.current));
-        self.push(&RUN_QUEUE_MEAN, base(), Value::Float(rq.mean));
+        self.push(&RUN_QUEUE_MEAN, base(), Value::Float(rq.interval_mean));
         self.push(&RUN_QUEUE_MAX, base(), Value::Int(rq.interval_max));
+        self.push(&RUN_QUEUE_LIFETIME_MAX, base(), Value::Int(rq.max));
         self.push(&RUN_QUEUE_SAMPLES, base(), unitless_histogram(&rq.samples));
         self.push(&RUN_QUEUE_ARRIVALS, base(), Value::Int(rq.arrivals_total));
+        self.push(&RUN_QUEUE_WAIT, base(), Value::Float(rq.wait_seconds));
         self.push(&BUSY, base(), Value::Float(ls.busy_seconds));
         self.push(&IDLE, base(), Value::Float(ls.idle_seconds));
         self.push(&UTILIZATION, base(), Value::Float(ls.interval_utilization));
+        self.push(&INTERVAL, base(), Value::Float(ls.interval_seconds));
         self.push(
             &TIMER_LATENESS,
             base(),
@@ -159,6 +167,8 @@ impl SnapshotCollector {
         }
         self.push(&TASKS_ALIVE, base(), Value::Int(s.tasks.alive));
         self.push(&SLOW_POLLS, base(), Value::Int(ls.slow_polls_total));
+        let threshold = Value::Float(ls.slow_poll_threshold_seconds);
+        self.push(&SLOW_POLL_THRESHOLD, base(), threshold);
         self.push(&TICK_DRAIN, base(), Value::Float(ls.tick_drain_seconds));
         self.push(&TICKS, base(), Value::Int(ls.ticks_total));
         self.push(&MICROTASKS, base(), Value::Int(ls.microtasks_total));

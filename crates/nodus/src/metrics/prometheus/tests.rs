@@ -26,6 +26,8 @@ fn sample() -> Snapshot {
     ls.busy_seconds = 1.5;
     ls.idle_seconds = 10.25;
     ls.interval_utilization = 0.125;
+    ls.interval_seconds = 1.25;
+    ls.slow_poll_threshold_seconds = 0.1;
     ls.events_total = 100;
     // 500 ns x3 (bucket 496..=511), 800 us x2 (786432..=819199), 2 ms x1 (1966080..=2031615).
     ls.schedule_delay = hist(&[(500, 3), (800_000, 2), (2_000_000, 1)]);
@@ -37,6 +39,9 @@ fn sample() -> Snapshot {
     ls.microtasks_total = 11;
     s.run_queue.current = 3;
     s.run_queue.mean = 0.75;
+    s.run_queue.wait_seconds = 9.375;
+    s.run_queue.max = 40;
+    s.run_queue.interval_mean = 2.5;
     s.run_queue.interval_max = 17;
     s.run_queue.arrivals_total = 1000;
     s.run_queue.samples = hist(&[(0, 10), (1, 4), (2, 3), (3, 2), (5000, 1)]);
@@ -100,9 +105,16 @@ fn renders_one_snapshot() {
             "nodus_loop_utilization 0.125",
             "nodus_loop_events_total 100",
             "nodus_run_queue_length 3",
-            "nodus_run_queue_length_mean 0.75",
+            // The interval's figures side by side; the lifetime's as a high-water mark and
+            // the integral whose rate is a mean.
+            "nodus_loop_interval_seconds 1.25",
+            "nodus_run_queue_length_mean 2.5",
             "nodus_run_queue_length_max 17",
+            "nodus_run_queue_length_lifetime_max 40",
+            "# TYPE nodus_run_queue_wait_seconds counter",
+            "nodus_run_queue_wait_seconds_total 9.375",
             "nodus_run_queue_arrivals_total 1000",
+            "nodus_loop_slow_poll_threshold_seconds 0.1",
             "nodus_tasks_alive 4",
             "nodus_loop_slow_polls_total 2",
             "nodus_loop_tick_drain_seconds_total 0.5",
