@@ -329,6 +329,8 @@ struct State {
     out_bytes: usize,
     held: VecDeque<(Vec<u8>, Payload)>,
     held_bytes: usize,
+    /// The handles (`Payload::Handle`) in `held`.
+    held_handles: usize,
     in_flight: Option<InFlight>,
     /// `sendmsg` refusals in a row for want of kernel memory.
     send_failures: u32,
@@ -374,6 +376,7 @@ impl State {
                 break;
             };
             self.held_bytes -= bytes.len();
+            self.held_handles -= usize::from(matches!(payload, Payload::Handle(_)));
             self.enqueue(bytes, payload);
         }
     }
@@ -692,6 +695,7 @@ impl Channel {
                 out_bytes: 0,
                 held: VecDeque::new(),
                 held_bytes: 0,
+                held_handles: 0,
                 in_flight: None,
                 send_failures: 0,
                 backoff: None,
@@ -849,6 +853,13 @@ impl Channel {
         self.inner.st.borrow().queued()
     }
 
+    /// Handles sent with [`send_handle`](Self::send_handle) the peer has not ACKed: the one in
+    /// flight and those held behind it (each holds its fd).
+    pub(crate) fn handles_waiting(&self) -> usize {
+        let st = self.inner.st.borrow();
+        usize::from(st.in_flight.is_some()) + st.held_handles
+    }
+
     /// Takes back handles sent with [`send_handle`](Self::send_handle) that wait behind the one
     /// in flight (the peer has not ACKed it): never written, so the peer has seen none of them.
     /// `take` is given each one's message (the `msg` sent with it, as JSON text) and says which;
@@ -873,6 +884,7 @@ impl Channel {
             !taken
         });
         st.held_bytes -= freed;
+        st.held_handles -= before - st.held.len();
         before - st.held.len()
     }
 
@@ -932,6 +944,7 @@ impl Inner {
         }
         if st.in_flight.is_some() {
             st.held_bytes += bytes.len();
+            st.held_handles += usize::from(matches!(payload, Payload::Handle(_)));
             st.held.push_back((bytes, payload));
         } else {
             st.enqueue(bytes, payload);
@@ -1032,6 +1045,7 @@ impl Inner {
         st.out_bytes = 0;
         let held = std::mem::take(&mut st.held);
         st.held_bytes = 0;
+        st.held_handles = 0;
         let in_flight = st.in_flight.take();
         let arrived = st.arrived.take();
         let backoff = st.backoff.take();
