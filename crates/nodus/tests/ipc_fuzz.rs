@@ -602,3 +602,45 @@ fn json_nested_past_serdes_limit_is_delivered_as_node_would_and_parsing_it_is_an
         assert!(m.json().starts_with(r#"{"cmd":"NODE_X","junk":[[["#));
     });
 }
+
+#[test]
+fn a_peer_that_asks_and_never_reads_gets_a_bounded_number_of_answers() {
+    let _serial = serial();
+    bounded_for(Duration::from_secs(60), async {
+        let (ch, mut raw) = with_raw(ChannelOptions::default());
+        // 100 000 frames the channel answers itself (a socket query, a handle without its fd),
+        // from a peer that reads none of the answers.
+        let mut burst = Vec::new();
+        for _ in 0..50_000 {
+            burst.extend_from_slice(b"{\"cmd\":\"NODE_SOCKET_GET_COUNT\",\"key\":\"k\"}\n");
+            burst.extend_from_slice(
+                b"{\"cmd\":\"NODE_HANDLE\",\"type\":\"net.Native\",\"msg\":1}\n",
+            );
+        }
+        raw.write(&burst).await;
+        raw.all_read().await;
+        let queued = ch.queued_bytes();
+        assert!(
+            queued <= 1024 * 50,
+            "{queued} bytes of answers wait for the peer"
+        );
+        // What it can read is what the socket held and the 1024 answers queued.
+        let mut answers = 0;
+        while let Ok((frame, _)) = nodus::timeout(Duration::from_millis(300), raw.frame()).await {
+            assert!(frame.contains("NODE_SOCKET_COUNT") || frame.contains("NODE_HANDLE_NACK"));
+            answers += 1;
+        }
+        assert!(
+            answers < 10_000,
+            "{answers} answers of 100000 were kept for the peer"
+        );
+        // Once it reads, it is answered again.
+        raw.write(b"{\"cmd\":\"NODE_SOCKET_GET_COUNT\",\"key\":\"again\"}\n")
+            .await;
+        assert_eq!(
+            raw.frame().await.0,
+            r#"{"cmd":"NODE_SOCKET_COUNT","key":"again","count":0}"#
+        );
+        assert!(ch.is_connected());
+    });
+}

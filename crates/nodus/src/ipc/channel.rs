@@ -43,8 +43,10 @@
 //!   (no JSON text contains a raw newline, so the stream keeps its sync). At most 64 input error
 //!   events wait unread, and at most 1024 messages, 64 MiB of them or 4096 fds in their handles
 //!   (the oldest are dropped, with a warning), and as many internal messages (the oldest are
-//!   dropped): memory and fds stay bounded when nobody reads. Nothing panics and nothing exits
-//!   the process.
+//!   dropped): memory and fds stay bounded when nobody reads. The channel's own answers to the
+//!   peer's frames (ACK, NACK, socket replies) wait unwritten 1024 at most (more are dropped): a
+//!   peer that asks and never reads cannot grow this side either. Nothing panics and nothing
+//!   exits the process.
 //! - **Liveness.** An open channel is a ref'd handle (Node's `channel.ref()`); `unref()` lets the
 //!   loop exit while it is open. Closing (EOF, an error, `disconnect`, drop) releases it.
 //! - **Disconnect.** `disconnect()` (or dropping the `Channel`) stops new sends, writes what is
@@ -91,6 +93,12 @@ const MAX_UNREAD_ERRORS: usize = 64;
 /// messages (a cluster worker that only serves) stays bounded; Node drops a message nobody
 /// listens for. The internal messages kept for [`Channel::recv_internal`] have the same bounds.
 const MAX_UNREAD_MESSAGES: usize = 1024;
+
+/// The channel's own answers to the peer's frames (ACK, NACK, `NODE_SOCKET_*` replies) queued
+/// unwritten at most: a peer that waits for its answers has a few; one that sends handle frames
+/// or socket queries and never reads would otherwise grow this side without bound. Past it,
+/// answers are dropped (that peer reads none of them anyway).
+const MAX_UNREAD_REPLIES: usize = 1024;
 const MAX_UNREAD_BYTES: usize = 64 * 1024 * 1024;
 const MAX_UNREAD_FDS: usize = 4096;
 
@@ -283,6 +291,8 @@ struct Out {
     bytes: Vec<u8>,
     written: usize,
     attach: Attach,
+    /// The channel's own answer to a frame of the peer's (ACK, NACK, `NODE_SOCKET_*`).
+    reply: bool,
 }
 
 /// A frame `submit` may have to hold back behind an in-flight handle.
@@ -327,6 +337,10 @@ struct State {
     internal_unread: Unread,
     out: VecDeque<Out>,
     out_bytes: usize,
+    /// The `reply` frames in `out`; `replies_dropped` once one was dropped for want of room
+    /// (warned), until one is queued again.
+    replies_queued: usize,
+    replies_dropped: bool,
     held: VecDeque<(Vec<u8>, Payload)>,
     held_bytes: usize,
     /// The handles (`Payload::Handle`) in `held`.
@@ -366,6 +380,7 @@ impl State {
             bytes,
             written: 0,
             attach,
+            reply: false,
         });
     }
 
@@ -381,12 +396,29 @@ impl State {
         }
     }
 
+    /// Queues the channel's own answer to a frame of the peer's, unless [`MAX_UNREAD_REPLIES`]
+    /// of them wait unwritten already: a peer that keeps asking and never reads gets no more
+    /// (one warning per stretch).
     fn control(&mut self, bytes: &[u8]) {
+        if self.replies_queued >= MAX_UNREAD_REPLIES {
+            if !self.replies_dropped {
+                tracing::warn!(
+                    target: "nodus::ipc",
+                    "{MAX_UNREAD_REPLIES} answers to the peer's frames wait unread: dropping more \
+                     (the peer does not read its channel)"
+                );
+                self.replies_dropped = true;
+            }
+            return;
+        }
+        self.replies_dropped = false;
+        self.replies_queued += 1;
         self.out_bytes += bytes.len();
         self.out.push_back(Out {
             bytes: bytes.to_vec(),
             written: 0,
             attach: Attach::None,
+            reply: true,
         });
     }
 
@@ -560,6 +592,7 @@ impl State {
                         bytes,
                         written: 0,
                         attach: Attach::InFlight,
+                        reply: false,
                     });
                 }
             }
@@ -693,6 +726,8 @@ impl Channel {
                 internal_unread: Unread::default(),
                 out: VecDeque::new(),
                 out_bytes: 0,
+                replies_queued: 0,
+                replies_dropped: false,
                 held: VecDeque::new(),
                 held_bytes: 0,
                 held_handles: 0,
@@ -1003,6 +1038,7 @@ impl Inner {
                     front.written += n;
                     st.out_bytes -= n;
                     if front.written == front.bytes.len() {
+                        st.replies_queued -= usize::from(front.reply);
                         st.out.pop_front();
                     }
                 }
@@ -1042,6 +1078,7 @@ impl Inner {
         st.closed = true;
         st.connected = false;
         st.out.clear();
+        st.replies_queued = 0;
         st.out_bytes = 0;
         let held = std::mem::take(&mut st.held);
         st.held_bytes = 0;
