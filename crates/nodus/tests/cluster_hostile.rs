@@ -805,13 +805,15 @@ fn a_flood_of_stats_requests_is_answered_in_bounded_batches() {
 
 /// A snapshot with `n` task classes named `name(i)`.
 fn with_classes(n: usize, name: impl Fn(usize) -> String) -> String {
-    let mut s = Snapshot::default();
-    s.task_classes = (0..n)
-        .map(|i| TaskClassSnapshot {
-            name: name(i),
-            ..TaskClassSnapshot::default()
-        })
-        .collect();
+    let s = Snapshot {
+        task_classes: (0..n)
+            .map(|i| TaskClassSnapshot {
+                name: name(i),
+                ..TaskClassSnapshot::default()
+            })
+            .collect(),
+        ..Snapshot::default()
+    };
     serde_json::to_string(&s).unwrap()
 }
 

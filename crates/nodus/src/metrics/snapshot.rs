@@ -313,8 +313,10 @@ mod tests {
             why(&|s| s.http.request_duration.buckets = too_many.clone()),
             "a histogram of 626 buckets (a histogram has 625)"
         );
-        let mut fine = Snapshot::default();
-        fine.task_classes = vec![class("quote\" newline\n"), class("b")];
+        let mut fine = Snapshot {
+            task_classes: vec![class("quote\" newline\n"), class("b")],
+            ..Default::default()
+        };
         fine.loop_stats.poll_duration.buckets = vec![(1, u64::MAX)];
         assert_eq!(fine.out_of_bounds(), None);
     }

@@ -299,8 +299,11 @@ pub(super) async fn stats_json(st: &Rc<State>) -> String {
     serde_json::to_string(&doc).expect("the stats document serializes")
 }
 
+/// A series' labels, (name, value).
+type Labels = Vec<(String, String)>;
+
 /// A worker process's labels: its slot and its pid (two processes share a slot in a reload).
-fn worker_labels(p: &Proc) -> Vec<(String, String)> {
+fn worker_labels(p: &Proc) -> Labels {
     vec![
         ("worker".to_owned(), p.slot.to_string()),
         ("pid".to_owned(), p.pid.to_string()),
@@ -313,15 +316,14 @@ pub(super) async fn metrics_text(st: &Rc<State>) -> String {
     refresh(st).await;
     let orphans = orphans(st).await;
     let procs = live_procs(st);
-    let snapshots: Vec<(Vec<(String, String)>, Ref<'_, Snapshot>)> = procs
+    let snapshots: Vec<(Labels, Ref<'_, Snapshot>)> = procs
         .iter()
         .filter_map(|p| {
             let snap = Ref::filter_map(p.snapshot.borrow(), |s| s.as_ref().map(|(_, _, s)| s));
             Some((worker_labels(p), snap.ok()?))
         })
         .collect();
-    let refs: Vec<(Vec<(String, String)>, &Snapshot)> =
-        snapshots.iter().map(|(l, s)| (l.clone(), &**s)).collect();
+    let refs: Vec<(Labels, &Snapshot)> = snapshots.iter().map(|(l, s)| (l.clone(), &**s)).collect();
     let mut registry = Registry::default();
     registry.register_collector(Box::new(SnapshotCollector::new(&refs)));
     let up = Gauge::<i64>::default();
