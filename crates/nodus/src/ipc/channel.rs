@@ -93,14 +93,14 @@ const MAX_UNREAD_ERRORS: usize = 64;
 /// messages (a cluster worker that only serves) stays bounded; Node drops a message nobody
 /// listens for. The internal messages kept for [`Channel::recv_internal`] have the same bounds.
 const MAX_UNREAD_MESSAGES: usize = 1024;
+const MAX_UNREAD_BYTES: usize = 64 * 1024 * 1024;
+const MAX_UNREAD_FDS: usize = 4096;
 
 /// The channel's own answers to the peer's frames (ACK, NACK, `NODE_SOCKET_*` replies) queued
 /// unwritten at most: a peer that waits for its answers has a few; one that sends handle frames
 /// or socket queries and never reads would otherwise grow this side without bound. Past it,
 /// answers are dropped (that peer reads none of them anyway).
 const MAX_UNREAD_REPLIES: usize = 1024;
-const MAX_UNREAD_BYTES: usize = 64 * 1024 * 1024;
-const MAX_UNREAD_FDS: usize = 4096;
 
 /// What unread messages hold: how many, their JSON bytes and the fds of their handles.
 #[derive(Default)]

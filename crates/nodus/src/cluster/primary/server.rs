@@ -487,7 +487,10 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
                     // A worker that asks again (the same key, or another the server covers) is
                     // a member once: one share of the connections.
                     let mut members = server.members.borrow_mut();
-                    if !members.iter().any(|m| m.proc.unique == proc.unique) {
+                    if !members
+                        .iter()
+                        .any(|member| member.proc.unique == proc.unique)
+                    {
                         members.push(Member {
                             proc: proc.clone(),
                             key: key.clone(),
@@ -546,7 +549,7 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
 /// Server keys the primary keeps for its workers at most (a listener bound, a UDP socket, a
 /// reuse-port key's port 0 resolved): a worker asking for more (a `listen` on port 0 in a loop)
 /// gets `EMFILE`, and the primary's fds and memory stay its own.
-pub(super) const MAX_KEYS: usize = 1024;
+const MAX_KEYS: usize = 1024;
 
 /// Whether `key` is kept already, or there is room for one more key.
 fn key_room(st: &State, key: &str) -> bool {
