@@ -394,9 +394,9 @@ impl Server {
     pub async fn drain(&self, timeout: Duration) -> usize {
         let state = &self.state;
         if !state.draining.replace(true) {
-            state
-                .deadline
-                .set(now_ns().saturating_add(timeout.as_nanos() as u64));
+            // A timeout past what a u64 of nanoseconds holds is no deadline (not one wrapped).
+            let timeout = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
+            state.deadline.set(now_ns().saturating_add(timeout));
             state.wake_accept();
             let wakers: Vec<Waker> = state
                 .conns

@@ -873,6 +873,22 @@ fn a_header_read_timeout_longer_than_keep_alive_still_cuts_a_trickling_head() {
     );
 }
 
+/// A drain deadline past what a `u64` of nanoseconds holds (a cluster primary's `drainMs` is any
+/// `u64` of milliseconds) is no deadline at all, not one wrapped around to a few microseconds.
+#[test]
+fn a_drain_deadline_too_far_for_nanoseconds_waits_for_the_request_in_flight() {
+    // 2^64 ns and one microsecond.
+    let far = Duration::new(18_446_744_073, 709_552_616);
+    let server = TestServer::start(Config::default(), far);
+    let mut slow = server.connect();
+    get(&mut slow, "/slow");
+    std::thread::sleep(Duration::from_millis(50));
+    let (cut, _) = server.finish();
+    assert_eq!(cut, 0, "the drain cut the request in flight");
+    let Reply { status, body, .. } = read_reply(&mut BufReader::new(slow), false).unwrap();
+    assert_eq!((status, body.as_slice()), (200, &b"slow done"[..]));
+}
+
 #[test]
 fn a_request_cut_by_the_drain_deadline_leaves_no_request_in_flight() {
     let server = TestServer::start(Config::default(), Duration::from_millis(50));

@@ -42,7 +42,9 @@
 //!
 //! Invariant: fields are parsed leniently (unknown fields ignored, all optional) so a message
 //! from a newer or older peer never breaks the channel; what a role needs and does not find is
-//! logged and the message dropped.
+//! logged and the message dropped. A known field of another JSON type (`"seq":"6"`, a `port`
+//! past `i64`, `addressType` nested past serde's recursion limit) makes the message one that
+//! does not parse: it is logged and dropped whole, never half read.
 
 use std::net::SocketAddr;
 

@@ -550,8 +550,11 @@ impl Worker {
                 let Some(ack) = m.ack else { return };
                 if let Some(slot) = self.sh.queries.borrow_mut().remove(&ack) {
                     let result = match (&m.errno, &m.key) {
+                        // A negative errno (libuv's) is said in words; anything else as it came.
                         (Some(e), _) if !e.is_null() && e != 0 => Err(match e.as_i64() {
-                            Some(n) if n < 0 => io::Error::from_raw_os_error(-n as i32).to_string(),
+                            Some(n) if n < 0 && i32::try_from(n.unsigned_abs()).is_ok() => {
+                                io::Error::from_raw_os_error(n.unsigned_abs() as i32).to_string()
+                            }
                             _ => format!("error {e}"),
                         }),
                         (_, Some(key)) => Ok(key.clone()),

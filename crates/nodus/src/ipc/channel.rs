@@ -43,8 +43,10 @@
 //!   (no JSON text contains a raw newline, so the stream keeps its sync). At most 64 input error
 //!   events wait unread, and at most 1024 messages, 64 MiB of them or 4096 fds in their handles
 //!   (the oldest are dropped, with a warning), and as many internal messages (the oldest are
-//!   dropped): memory and fds stay bounded when nobody reads. Nothing panics and nothing exits
-//!   the process.
+//!   dropped): memory and fds stay bounded when nobody reads. The channel's own answers to the
+//!   peer's frames (ACK, NACK, socket replies) wait unwritten 1024 at most (more are dropped): a
+//!   peer that asks and never reads cannot grow this side either. Nothing panics and nothing
+//!   exits the process.
 //! - **Liveness.** An open channel is a ref'd handle (Node's `channel.ref()`); `unref()` lets the
 //!   loop exit while it is open. Closing (EOF, an error, `disconnect`, drop) releases it.
 //! - **Disconnect.** `disconnect()` (or dropping the `Channel`) stops new sends, writes what is
@@ -93,6 +95,12 @@ const MAX_UNREAD_ERRORS: usize = 64;
 const MAX_UNREAD_MESSAGES: usize = 1024;
 const MAX_UNREAD_BYTES: usize = 64 * 1024 * 1024;
 const MAX_UNREAD_FDS: usize = 4096;
+
+/// The channel's own answers to the peer's frames (ACK, NACK, `NODE_SOCKET_*` replies) queued
+/// unwritten at most: a peer that waits for its answers has a few; one that sends handle frames
+/// or socket queries and never reads would otherwise grow this side without bound. Past it,
+/// answers are dropped (that peer reads none of them anyway).
+const MAX_UNREAD_REPLIES: usize = 1024;
 
 /// What unread messages hold: how many, their JSON bytes and the fds of their handles.
 #[derive(Default)]
@@ -283,6 +291,8 @@ struct Out {
     bytes: Vec<u8>,
     written: usize,
     attach: Attach,
+    /// The channel's own answer to a frame of the peer's (ACK, NACK, `NODE_SOCKET_*`).
+    reply: bool,
 }
 
 /// A frame `submit` may have to hold back behind an in-flight handle.
@@ -327,8 +337,14 @@ struct State {
     internal_unread: Unread,
     out: VecDeque<Out>,
     out_bytes: usize,
+    /// The `reply` frames in `out`; `replies_dropped` once one was dropped for want of room
+    /// (warned), until one is queued again.
+    replies_queued: usize,
+    replies_dropped: bool,
     held: VecDeque<(Vec<u8>, Payload)>,
     held_bytes: usize,
+    /// The handles (`Payload::Handle`) in `held`.
+    held_handles: usize,
     in_flight: Option<InFlight>,
     /// `sendmsg` refusals in a row for want of kernel memory.
     send_failures: u32,
@@ -364,6 +380,7 @@ impl State {
             bytes,
             written: 0,
             attach,
+            reply: false,
         });
     }
 
@@ -374,16 +391,34 @@ impl State {
                 break;
             };
             self.held_bytes -= bytes.len();
+            self.held_handles -= usize::from(matches!(payload, Payload::Handle(_)));
             self.enqueue(bytes, payload);
         }
     }
 
+    /// Queues the channel's own answer to a frame of the peer's, unless [`MAX_UNREAD_REPLIES`]
+    /// of them wait unwritten already: a peer that keeps asking and never reads gets no more
+    /// (one warning per stretch).
     fn control(&mut self, bytes: &[u8]) {
+        if self.replies_queued >= MAX_UNREAD_REPLIES {
+            if !self.replies_dropped {
+                tracing::warn!(
+                    target: "nodus::ipc",
+                    "{MAX_UNREAD_REPLIES} answers to the peer's frames wait unread: dropping more \
+                     (the peer does not read its channel)"
+                );
+                self.replies_dropped = true;
+            }
+            return;
+        }
+        self.replies_dropped = false;
+        self.replies_queued += 1;
         self.out_bytes += bytes.len();
         self.out.push_back(Out {
             bytes: bytes.to_vec(),
             written: 0,
             attach: Attach::None,
+            reply: true,
         });
     }
 
@@ -557,6 +592,7 @@ impl State {
                         bytes,
                         written: 0,
                         attach: Attach::InFlight,
+                        reply: false,
                     });
                 }
             }
@@ -690,8 +726,11 @@ impl Channel {
                 internal_unread: Unread::default(),
                 out: VecDeque::new(),
                 out_bytes: 0,
+                replies_queued: 0,
+                replies_dropped: false,
                 held: VecDeque::new(),
                 held_bytes: 0,
+                held_handles: 0,
                 in_flight: None,
                 send_failures: 0,
                 backoff: None,
@@ -849,6 +888,13 @@ impl Channel {
         self.inner.st.borrow().queued()
     }
 
+    /// Handles sent with [`send_handle`](Self::send_handle) the peer has not ACKed: the one in
+    /// flight and those held behind it (each holds its fd).
+    pub(crate) fn handles_waiting(&self) -> usize {
+        let st = self.inner.st.borrow();
+        usize::from(st.in_flight.is_some()) + st.held_handles
+    }
+
     /// Takes back handles sent with [`send_handle`](Self::send_handle) that wait behind the one
     /// in flight (the peer has not ACKed it): never written, so the peer has seen none of them.
     /// `take` is given each one's message (the `msg` sent with it, as JSON text) and says which;
@@ -873,6 +919,7 @@ impl Channel {
             !taken
         });
         st.held_bytes -= freed;
+        st.held_handles -= before - st.held.len();
         before - st.held.len()
     }
 
@@ -932,6 +979,7 @@ impl Inner {
         }
         if st.in_flight.is_some() {
             st.held_bytes += bytes.len();
+            st.held_handles += usize::from(matches!(payload, Payload::Handle(_)));
             st.held.push_back((bytes, payload));
         } else {
             st.enqueue(bytes, payload);
@@ -990,6 +1038,7 @@ impl Inner {
                     front.written += n;
                     st.out_bytes -= n;
                     if front.written == front.bytes.len() {
+                        st.replies_queued -= usize::from(front.reply);
                         st.out.pop_front();
                     }
                 }
@@ -1029,9 +1078,11 @@ impl Inner {
         st.closed = true;
         st.connected = false;
         st.out.clear();
+        st.replies_queued = 0;
         st.out_bytes = 0;
         let held = std::mem::take(&mut st.held);
         st.held_bytes = 0;
+        st.held_handles = 0;
         let in_flight = st.in_flight.take();
         let arrived = st.arrived.take();
         let backoff = st.backoff.take();

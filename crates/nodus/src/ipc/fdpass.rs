@@ -70,9 +70,16 @@ pub(crate) fn recv(socket: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Receive
             fds.extend(received);
         }
     }
+    let mut truncated = msg.flags.contains(ReturnFlags::CTRUNC);
+    // `cmsg_space!` leaves room to align the buffer, which the kernel may fill with a few fds
+    // more: those are closed here, as the kernel closes the ones that do not fit.
+    if fds.len() > MAX_FDS {
+        fds.truncate(MAX_FDS);
+        truncated = true;
+    }
     Ok(Received {
         len: msg.bytes,
         fds,
-        truncated: msg.flags.contains(ReturnFlags::CTRUNC),
+        truncated,
     })
 }

@@ -13,12 +13,12 @@
 //! - `channel`: [`Channel`], its task, ordering, ACK/NACK, backpressure, disconnect, and
 //!   [`Channel::send_fds`] (several fds in one frame, between nodus peers).
 //!
-//! Unlike Node, a malformed or oversized frame is an error event on that channel, which then
-//! closes; fds that do not match the frame they came with are closed and an error event, and the
-//! channel goes on (fds are matched to frames by where they arrive in the byte stream, so a
-//! mismatch never shifts fds onto later messages); the process keeps running. Only the `json` serialization is spoken: a Node parent that
-//! forks with `serialization: 'advanced'` gets [`IpcError::UnsupportedSerialization`] from
-//! [`Channel::from_env`].
+//! Unlike Node, a malformed or oversized frame is an error event on that channel, which reads on
+//! from the next line; fds that do not match the frame they came with are closed and an error
+//! event, and the channel goes on (fds are matched to frames by where they arrive in the byte
+//! stream, so a mismatch never shifts fds onto later messages); the process keeps running. Only
+//! the `json` serialization is spoken: a Node parent that forks with `serialization:
+//! 'advanced'` gets [`IpcError::UnsupportedSerialization`] from [`Channel::from_env`].
 
 mod channel;
 mod fdpass;

@@ -4,6 +4,11 @@
 //! then serialized to JSON (`/_nodus/stats`) or rendered as Prometheus text (`prometheus.rs`).
 //! Durations are nanoseconds in histograms (`HistogramSnapshot` values) and seconds in scalar
 //! fields whose names end in `_seconds`.
+//!
+//! A loop's tables are bounded, so is what it puts here: [`Snapshot::out_of_bounds`] says why
+//! a snapshot is not one a loop could have taken (a cluster primary refuses such a snapshot from
+//! a worker rather than render it: duplicate names would make duplicate series, and unbounded
+//! lists a huge exposition).
 
 use serde::{Deserialize, Serialize};
 
@@ -38,6 +43,82 @@ pub struct Snapshot {
     /// The process-wide worker pools that exist (`io`, `cpu`), at snapshot time.
     #[serde(default)]
     pub pools: Vec<PoolSnapshot>,
+}
+
+/// The longest name (task class, phase, pool) [`Snapshot::out_of_bounds`] accepts, in bytes:
+/// each is a label value repeated on every line of its series.
+pub(crate) const MAX_NAME: usize = 256;
+
+/// Pools a snapshot may list (a process has `io` and `cpu`).
+pub(crate) const MAX_POOLS: usize = 16;
+
+impl Snapshot {
+    /// Why this is not a snapshot a nodus loop could have taken, if it is not: more task
+    /// classes, phases, pools or stalls than a loop has, two of one name in a list, a name
+    /// longer than [`MAX_NAME`] bytes, or a histogram with more buckets than a histogram has.
+    pub(crate) fn out_of_bounds(&self) -> Option<String> {
+        let classes = self.task_classes.iter().map(|c| c.name.as_str());
+        let phases = self.phases.iter().map(|p| p.phase.as_str());
+        let pools = self.pools.iter().map(|p| p.pool.as_str());
+        names(
+            "task classes",
+            classes,
+            crate::metrics::classes::MAX_CLASSES,
+        )
+        .or_else(|| names("phases", phases, crate::metrics::phase::Phase::COUNT))
+        .or_else(|| names("pools", pools, MAX_POOLS))
+        .or_else(|| {
+            let max = crate::watchdog::RING_CAPACITY;
+            (self.stalls.len() > max)
+                .then(|| format!("{} stalls (a loop keeps {max})", self.stalls.len()))
+        })
+        .or_else(|| {
+            let ls = &self.loop_stats;
+            let mut histograms = vec![
+                &ls.events_per_poll,
+                &ls.schedule_delay,
+                &ls.timer_lateness,
+                &ls.poll_duration,
+                &self.run_queue.samples,
+                &self.http.request_duration,
+            ];
+            histograms.extend(self.task_classes.iter().map(|c| &c.poll_duration));
+            for p in &self.pools {
+                histograms.extend([&p.queue_wait, &p.run]);
+            }
+            let max = super::histogram::BUCKETS;
+            histograms
+                .iter()
+                .map(|h| h.buckets.len())
+                .find(|&n| n > max)
+                .map(|n| format!("a histogram of {n} buckets (a histogram has {max})"))
+        })
+    }
+}
+
+/// Why the names of a list (`what`) are out of bounds, if they are: more than `max`, one longer
+/// than [`MAX_NAME`], or one twice.
+fn names<'a>(
+    what: &str,
+    names: impl ExactSizeIterator<Item = &'a str>,
+    max: usize,
+) -> Option<String> {
+    if names.len() > max {
+        return Some(format!("{} {what} (a loop has at most {max})", names.len()));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for name in names {
+        if name.len() > MAX_NAME {
+            return Some(format!(
+                "{what}: a name of {} bytes (at most {MAX_NAME})",
+                name.len()
+            ));
+        }
+        if !seen.insert(name) {
+            return Some(format!("{what}: {name:?} twice"));
+        }
+    }
+    None
 }
 
 /// HTTP server figures of one loop.
@@ -169,4 +250,79 @@ pub struct PoolSnapshot {
     pub queue_wait: HistogramSnapshot,
     /// Run time of each job, in ns.
     pub run: HistogramSnapshot,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn class(name: &str) -> TaskClassSnapshot {
+        TaskClassSnapshot {
+            name: name.to_owned(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_loops_own_snapshot_is_within_bounds() {
+        let rt = crate::Runtime::new();
+        let s = rt.block_on(async {
+            // More task names than the class table holds.
+            for i in 0..100u32 {
+                let name: &'static str = format!("t{i}").leak();
+                crate::task::spawn_named(name, async move { i }).detach();
+            }
+            crate::metrics::snapshot()
+        });
+        assert_eq!(s.out_of_bounds(), None);
+        let json = serde_json::to_string(&s).unwrap();
+        let back: Snapshot = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.out_of_bounds(), None);
+    }
+
+    #[test]
+    fn what_no_loop_takes_is_out_of_bounds_and_says_why() {
+        let why = |f: &dyn Fn(&mut Snapshot)| {
+            let mut s = Snapshot::default();
+            f(&mut s);
+            s.out_of_bounds().expect("out of bounds")
+        };
+        assert_eq!(
+            why(&|s| s.task_classes = vec![class("a"), class("b"), class("a")]),
+            r#"task classes: "a" twice"#
+        );
+        assert_eq!(
+            why(&|s| s.task_classes = (0..65).map(|i| class(&i.to_string())).collect()),
+            "65 task classes (a loop has at most 64)"
+        );
+        assert_eq!(
+            why(&|s| s.task_classes = vec![class(&"x".repeat(MAX_NAME + 1))]),
+            "task classes: a name of 257 bytes (at most 256)"
+        );
+        assert_eq!(
+            why(&|s| {
+                s.phases = vec![PhaseSnapshot::default(), PhaseSnapshot::default()];
+            }),
+            r#"phases: "" twice"#
+        );
+        assert_eq!(
+            why(&|s| s.pools = vec![PoolSnapshot::default(); MAX_POOLS + 1]),
+            "17 pools (a loop has at most 16)"
+        );
+        assert_eq!(
+            why(&|s| s.stalls = vec![StallReport::default(); 65]),
+            "65 stalls (a loop keeps 64)"
+        );
+        let too_many = vec![(1, 1); crate::metrics::histogram::BUCKETS + 1];
+        assert_eq!(
+            why(&|s| s.http.request_duration.buckets = too_many.clone()),
+            "a histogram of 626 buckets (a histogram has 625)"
+        );
+        let mut fine = Snapshot {
+            task_classes: vec![class("quote\" newline\n"), class("b")],
+            ..Default::default()
+        };
+        fine.loop_stats.poll_duration.buckets = vec![(1, u64::MAX)];
+        assert_eq!(fine.out_of_bounds(), None);
+    }
 }

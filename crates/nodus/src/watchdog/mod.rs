@@ -67,7 +67,7 @@ pub(crate) use slot::LoopSlot;
 use slot::{IDLE, REGISTERED};
 
 /// Stalls kept in the ring buffer.
-const RING_CAPACITY: usize = 64;
+pub(crate) const RING_CAPACITY: usize = 64;
 
 /// Bit 63: the watchdog is parked. Low bits: live registered slots not in `enter_idle`.
 static ACTIVITY: AtomicU64 = AtomicU64::new(0);

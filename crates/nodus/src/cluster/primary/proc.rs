@@ -36,6 +36,12 @@
 //!   ends.
 //! - Application messages (`process.send()`) are not handled (no JavaScript runs here): each is
 //!   a `message` event, the first of the run logged at INFO saying so, the rest at DEBUG.
+//! - What a worker asks for is answered only while it reads its channel ([`Proc::may_answer`]:
+//!   less than [`REPLY_BACKLOG`] bytes and [`REPLY_HANDLES`] handles of the primary's wait
+//!   there unread); otherwise the request is dropped, with one warning per stretch, so a worker
+//!   that asks and never reads cannot grow the primary's memory or spend its fds. Its stats
+//!   requests are answered by one task at a time, in batches (at most [`MAX_STATS_WAITING`]
+//!   waiting): a flood of them costs one document at a time.
 //! - A worker not ready after `ready_timeout` for want of what its readiness waits for is warned
 //!   about once: under `Readiness::Listening` one with a channel that has not sent `listening`,
 //!   under `Readiness::Message` one that has not said it is ready; never a reload's new worker
@@ -60,12 +66,25 @@ use crate::cluster::protocol::{Ack, Incoming, NODE_CLUSTER, Nodus};
 use crate::cluster::reply::ReplySlot;
 use crate::cluster::worker;
 use crate::ipc::{Channel, ChannelOptions, IpcError, Message};
+use crate::metrics::Snapshot;
 use crate::notify::{NotifyMessage, NotifySocket};
 use crate::process::output::{Sink, prefix_lines};
 use crate::process::{Child, Command, ExitStatus, Stdio};
 use crate::signal::SIGKILL;
 use rustix::process::Pid;
 use serde_json::value::RawValue;
+
+/// A worker's channel with this many bytes unwritten (it does not read) gets no more answers to
+/// its requests ([`Proc::may_answer`]): a frame's worth, more than any one answer.
+pub(super) const REPLY_BACKLOG: usize = crate::ipc::DEFAULT_MAX_FRAME;
+
+/// Nor one with this many handles it has not ACKed, each holding an fd of the primary's: twice
+/// what its handoffs may leave there.
+pub(super) const REPLY_HANDLES: usize = 2 * super::balance::MAX_IN_FLIGHT as usize;
+
+/// A worker's stats requests waiting for the next document at most; more are dropped (their
+/// sender times out).
+const MAX_STATS_WAITING: usize = 64;
 
 /// How long a worker's exit line waits for its output pipes to reach end of file once it exited:
 /// a grandchild that inherited them and left the worker's process group (`setsid`), so was not
@@ -169,8 +188,21 @@ pub(super) struct Proc {
     pub slot_taken: Rc<Cell<u64>>,
     /// The worker's last load report: (open connections, accepted in total).
     pub reported: Cell<Option<(u64, u64)>>,
-    /// Its last loop snapshot (JSON) and when it came; cleared when it misses a request.
-    pub snapshot: RefCell<Option<(Instant, String)>>,
+    /// Its last loop snapshot (JSON, and parsed) and when it came; cleared when it misses a
+    /// request or sends one that is refused (`stats::checked`).
+    pub snapshot: RefCell<Option<(Instant, String, Snapshot)>>,
+    /// It sent a snapshot that was refused (logged once per process).
+    pub bad_snapshot_said: Cell<bool>,
+    /// Its stats requests waiting for the next document (`id`, and whether it asks for the
+    /// metrics), at most [`MAX_STATS_WAITING`]; `stats_running` while a task makes documents
+    /// for them; `stats_dropped_said` once a request was dropped for want of room (until the
+    /// next batch).
+    stats_waiting: RefCell<Vec<(Option<u64>, bool)>>,
+    stats_running: Cell<bool>,
+    stats_dropped_said: Cell<bool>,
+    /// An answer to one of its requests was dropped for its backlog ([`Proc::may_answer`]) and
+    /// not one sent since.
+    answers_refused: Cell<bool>,
     /// It answers snapshot requests, so the primary asks it: it said it speaks nodus's own
     /// messages (`nodus: 1` in its `online` or `queryServer`, or any `NODE_NODUS` message) and
     /// its channel has not ended. A Node worker never answers them; a plain program has no
@@ -295,6 +327,11 @@ impl Proc {
             slot_taken: st.slots.borrow()[slot as usize - 1].taken.clone(),
             reported: Cell::new(None),
             snapshot: RefCell::new(None),
+            bad_snapshot_said: Cell::new(false),
+            stats_waiting: RefCell::default(),
+            stats_running: Cell::new(false),
+            stats_dropped_said: Cell::new(false),
+            answers_refused: Cell::new(false),
             asked_for_snapshots: Cell::new(false),
             speaks_nodus: Cell::new(false),
             answered_last: Cell::new(None),
@@ -459,6 +496,37 @@ impl Proc {
         }
     }
 
+    /// Whether an answer to one of the worker's own requests may be queued on its channel: not
+    /// while [`REPLY_BACKLOG`] bytes or [`REPLY_HANDLES`] handles wait there unread (a worker that
+    /// asks and never reads the answers cannot make the primary hold memory and fds without
+    /// bound). The first refusal of a stretch is logged.
+    pub fn may_answer(&self) -> bool {
+        let Some(ch) = &self.channel else {
+            return false;
+        };
+        let (bytes, handles) = (ch.queued_bytes(), ch.handles_waiting());
+        if bytes < REPLY_BACKLOG && handles < REPLY_HANDLES {
+            self.answers_refused.set(false);
+            return true;
+        }
+        if !self.answers_refused.replace(true) {
+            tracing::warn!(
+                target: "nodus::cluster",
+                "worker {} (pid {}) does not read its channel ({bytes} bytes and {handles} handles \
+                 wait there): its requests are dropped unanswered until it does",
+                self.slot, self.pid
+            );
+        }
+        false
+    }
+
+    /// Sends an answer to one of the worker's own requests, unless [`Proc::may_answer`] says no.
+    pub fn answer<T: serde::Serialize>(&self, msg: &T) {
+        if self.may_answer() {
+            self.send(msg);
+        }
+    }
+
     /// Estimated open connections (for `least`).
     pub fn load_estimate(&self) -> u64 {
         let in_flight = self.pending.conns();
@@ -594,7 +662,7 @@ fn on_internal(st: &Rc<State>, proc: &Rc<Proc>, mut msg: Message) {
             proc.advance(ProcState::Online);
             st.emit(Some(proc), EventKind::Online);
             if st.config.policy == super::Policy::Least {
-                proc.send(&Nodus::act("report_load"));
+                proc.answer(&Nodus::act("report_load"));
             }
         }
         Some("queryServer") => {
@@ -628,7 +696,7 @@ fn on_internal(st: &Rc<State>, proc: &Rc<Proc>, mut msg: Message) {
         Some("exitedAfterDisconnect") => {
             proc.exited_after_disconnect.set(true);
             if let Some(seq) = m.seq {
-                proc.send(&Ack {
+                proc.answer(&Ack {
                     cmd: NODE_CLUSTER,
                     ack: seq,
                     accepted: None,
@@ -696,22 +764,64 @@ fn on_nodus(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
             }
         }
         Some("stats_request") => {
-            let (s, p) = (st.clone(), proc.clone());
-            let (id, what) = (m.id, m.text.clone());
-            crate::task::spawn_named("cluster:stats", async move {
-                let text = match what.as_deref() {
-                    Some("metrics") => stats::metrics_text(&s).await,
-                    _ => stats::stats_json(&s).await,
-                };
-                let mut reply = Nodus::act("stats_reply");
-                reply.id = id;
-                reply.text = Some(&text);
-                p.send(&reply);
-            })
-            .detach();
+            stats_request(st, proc, m.id, m.text.as_deref() == Some("metrics"))
         }
         _ => {}
     }
+}
+
+/// A worker asks for the cluster's stats (`metrics`: the exposition, else the JSON document).
+/// One task per worker answers them in batches: every request waiting when a document is made
+/// gets it, so however many a worker sends, the primary makes one document at a time for it
+/// (and asks the workers for snapshots at most once a second: the stats' cache). Past
+/// [`MAX_STATS_WAITING`] waiting, or while it does not read its channel, a request is dropped.
+fn stats_request(st: &Rc<State>, proc: &Rc<Proc>, id: Option<u64>, metrics: bool) {
+    if !proc.may_answer() {
+        return;
+    }
+    if proc.stats_waiting.borrow().len() >= MAX_STATS_WAITING {
+        if !proc.stats_dropped_said.replace(true) {
+            tracing::warn!(
+                target: "nodus::cluster",
+                "worker {} (pid {}) has {MAX_STATS_WAITING} stats requests waiting: dropping more",
+                proc.slot, proc.pid
+            );
+        }
+        return;
+    }
+    proc.stats_waiting.borrow_mut().push((id, metrics));
+    if proc.stats_running.replace(true) {
+        return;
+    }
+    let (s, p) = (st.clone(), proc.clone());
+    crate::task::spawn_named("cluster:stats", async move {
+        loop {
+            let batch = std::mem::take(&mut *p.stats_waiting.borrow_mut());
+            if batch.is_empty() {
+                break;
+            }
+            p.stats_dropped_said.set(false);
+            let wants = |kind: bool| batch.iter().any(|&(_, metrics)| metrics == kind);
+            let json = if wants(false) {
+                stats::stats_json(&s).await
+            } else {
+                String::new()
+            };
+            let text = if wants(true) {
+                stats::metrics_text(&s).await
+            } else {
+                String::new()
+            };
+            for (id, metrics) in batch {
+                let mut reply = Nodus::act("stats_reply");
+                reply.id = id;
+                reply.text = Some(if metrics { &text } else { &json });
+                p.answer(&reply);
+            }
+        }
+        p.stats_running.set(false);
+    })
+    .detach();
 }
 
 /// An application message: logged as an event; `{act: 'suicide'}` (seed 002's notice from a

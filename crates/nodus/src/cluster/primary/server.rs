@@ -2,7 +2,10 @@
 //! round-robin and least policies (what it accepts is handed out by `handoff`).
 //!
 //! Invariants:
-//! - One `Server` per listening socket the primary holds; several keys may name it. A pre-bound
+//! - One `Server` per listening socket the primary holds; several keys may name it; a worker is
+//!   one member of it however often it asks (one share of its connections). At most
+//!   [`MAX_KEYS`] keys are kept (listeners, UDP sockets, reuse-port ports): a `queryServer` for
+//!   one more is refused with `EMFILE`, so a worker cannot spend the primary's fds. A pre-bound
 //!   listener (`nodus run --node -l`, a socket systemd passed) serves every `queryServer` on its
 //!   port whose address it covers ([`covers`]: no host asked, the same address, or the pre-bound
 //!   one is its family's wildcard, `::` dual-stack covering IPv4 too; an explicit wildcard asked
@@ -428,6 +431,10 @@ pub(super) fn warn_unclaimed(st: &State) {
 pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
     let key = server_key(m);
     let Some(ack) = m.seq else { return };
+    // A worker that does not read its answers gets neither an answer nor a listener.
+    if !proc.may_answer() {
+        return;
+    }
     let reply = |errno: Option<String>, sockname: Option<SockName>| QueryReply {
         cmd: NODE_CLUSTER,
         errno,
@@ -438,15 +445,23 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
         seq: st.next_seq(),
     };
     let addr = requested_addr(m);
+    let reuse_port = st.config.policy == Policy::ReusePort && !is_datagram(m);
+    // A reuse-port socket is the worker's: the primary keeps an entry only to resolve port 0.
+    let keeps_entry = !reuse_port || addr.as_ref().is_ok_and(|a| a.port() == 0);
     let result = if proc.drained.get() || proc.going_down.get() {
         // A worker on its way out gets no new listener: as a member it would be handed
         // connections (or under shared and reuseport, take them from a queue) it cannot serve.
         Err(io::Error::from_raw_os_error(libc::ESHUTDOWN))
+    } else if keeps_entry && !key_room(st, &key) {
+        Err(io::Error::new(
+            io::ErrorKind::QuotaExceeded,
+            format!("the cluster primary keeps at most {MAX_KEYS} listeners for its workers"),
+        ))
     } else if is_datagram(m) {
         // UDP is connectionless: every policy shares one socket, as Node's primary does.
         addr.and_then(|addr| datagram_copy(st, &key, addr, m.flags.unwrap_or(0)))
             .map(|fd| (None, Some(fd)))
-    } else if st.config.policy == Policy::ReusePort {
+    } else if reuse_port {
         // A pre-bound port is only held: the worker binds a socket of its own on it, on the
         // pre-bound address (the operator's, v6-only or dual-stack as held), not the one asked.
         addr.map(|addr| {
@@ -469,11 +484,20 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
                     if m.nodus == Some(1) && m.board == Some(1) {
                         give_board(proc);
                     }
-                    server.members.borrow_mut().push(Member {
-                        proc: proc.clone(),
-                        key: key.clone(),
-                        batches: m.nodus == Some(1),
-                    });
+                    // A worker that asks again (the same key, or another the server covers) is
+                    // a member once: one share of the connections.
+                    let mut members = server.members.borrow_mut();
+                    if !members
+                        .iter()
+                        .any(|member| member.proc.unique == proc.unique)
+                    {
+                        members.push(Member {
+                            proc: proc.clone(),
+                            key: key.clone(),
+                            batches: m.nodus == Some(1),
+                        });
+                    }
+                    drop(members);
                     server.wake_accept();
                     Ok((Some(server.addr), None))
                 }
@@ -510,6 +534,7 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
             let raw = match e.kind() {
                 io::ErrorKind::Unsupported => libc::EAFNOSUPPORT,
                 io::ErrorKind::InvalidInput => libc::EINVAL,
+                io::ErrorKind::QuotaExceeded => libc::EMFILE,
                 _ => e.raw_os_error().unwrap_or(libc::EIO),
             };
             let errno = format!("{}", -raw);
@@ -519,6 +544,24 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
     if let Err(e) = sent {
         tracing::debug!(target: "nodus::cluster", "cannot answer queryServer: {e}");
     }
+}
+
+/// Server keys the primary keeps for its workers at most (a listener bound, a UDP socket, a
+/// reuse-port key's port 0 resolved): a worker asking for more (a `listen` on port 0 in a loop)
+/// gets `EMFILE`, and the primary's fds and memory stay its own.
+const MAX_KEYS: usize = 1024;
+
+/// Whether `key` is kept already, or there is room for one more key.
+fn key_room(st: &State, key: &str) -> bool {
+    let (servers, datagrams, ports) = (
+        st.servers.borrow(),
+        st.datagrams.borrow(),
+        st.reuseport_ports.borrow(),
+    );
+    servers.contains_key(key)
+        || datagrams.contains_key(key)
+        || ports.contains_key(key)
+        || servers.len() + datagrams.len() + ports.len() < MAX_KEYS
 }
 
 /// A duplicate of the UDP socket for `key`, bound on first use with the worker's libuv flags

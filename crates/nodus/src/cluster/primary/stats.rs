@@ -15,6 +15,11 @@
 //! for the handoff deadline is stalled, and its next answer, however late, says it runs again.
 //! The JSON shape is the one `nodus top` and the admin page read (`workers[]` with `worker`,
 //! `pid`, `snapshot`, `answering`, `restarts`, `rss_bytes`, plus cluster fields).
+//! A snapshot a worker sends is served only if a loop could have taken it: a JSON `Snapshot`
+//! of at most [`MAX_SNAPSHOT_BYTES`] within [`Snapshot::out_of_bounds`]'s bounds. Any other
+//! (malformed, huge, with two series of one name) is refused, the worker shown without a
+//! snapshot (`answering` stays true: its loop answered) and said once per worker process, so
+//! one worker's bad answer never makes the document or the exposition invalid for the others.
 //!
 //! The metrics carry every figure of the JSON but a few it keeps for people: the policy, the
 //! pids (labels in the metrics), a worker's state by name (`nodus_cluster_worker_up` says
@@ -25,6 +30,7 @@
 //! rolling reload or a replacement a slot has two live processes, and with `worker` alone their
 //! series would collide (an exposition with duplicate series is rejected by Prometheus).
 
+use std::cell::Ref;
 use std::rc::Rc;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
@@ -98,8 +104,22 @@ pub(super) async fn ask_all(st: &Rc<State>, limit: Duration) -> bool {
         let left = deadline.saturating_duration_since(Instant::now());
         match slot.wait(left.max(Duration::from_millis(1))).await {
             Some(json) => {
-                *p.snapshot.borrow_mut() = Some((Instant::now(), json));
+                // Its loop answered; what it sent is served only if a loop could have sent it.
                 p.answered_last.set(Some(true));
+                match checked(&json) {
+                    Ok(parsed) => *p.snapshot.borrow_mut() = Some((Instant::now(), json, parsed)),
+                    Err(why) => {
+                        *p.snapshot.borrow_mut() = None;
+                        if !p.bad_snapshot_said.replace(true) {
+                            tracing::warn!(
+                                target: "nodus::cluster",
+                                "worker {} (pid {}) sent a snapshot no loop takes ({why}): it is \
+                                 shown without one (further ones are refused without a line)",
+                                p.slot, p.pid
+                            );
+                        }
+                    }
+                }
             }
             None => {
                 all = false;
@@ -157,6 +177,22 @@ pub(super) fn loop_stalled(p: &Proc, now: u64) -> bool {
     p.unanswered.get().is_some_and(|(_, sent)| {
         now.saturating_sub(sent) >= super::handoff::HANDOFF_DEADLINE.as_nanos() as u64
     })
+}
+
+/// The largest snapshot a worker may send, in bytes: a loop's (64 task classes, every
+/// histogram full) is about 1 MiB.
+const MAX_SNAPSHOT_BYTES: usize = 4 << 20;
+
+/// `json` as a snapshot, or why it is none a loop could have taken.
+fn checked(json: &str) -> Result<Snapshot, String> {
+    if json.len() > MAX_SNAPSHOT_BYTES {
+        return Err(format!("{} bytes, over {MAX_SNAPSHOT_BYTES}", json.len()));
+    }
+    let parsed: Snapshot = serde_json::from_str(json).map_err(|e| e.to_string())?;
+    match parsed.out_of_bounds() {
+        Some(why) => Err(why),
+        None => Ok(parsed),
+    }
 }
 
 fn rss_bytes(pid: u32) -> Option<u64> {
@@ -258,7 +294,7 @@ pub(super) async fn stats_json(st: &Rc<State>) -> String {
             p.snapshot
                 .borrow()
                 .as_ref()
-                .and_then(|(_, j)| RawValue::from_string(j.clone()).ok())
+                .and_then(|(_, j, _)| RawValue::from_string(j.clone()).ok())
         })
         .collect();
     let workers = procs
@@ -306,8 +342,11 @@ pub(super) async fn stats_json(st: &Rc<State>) -> String {
     serde_json::to_string(&doc).expect("the stats document serializes")
 }
 
+/// A series' labels, (name, value).
+type Labels = Vec<(String, String)>;
+
 /// A worker process's labels: its slot and its pid (two processes share a slot in a reload).
-fn worker_labels(p: &Proc) -> Vec<(String, String)> {
+fn worker_labels(p: &Proc) -> Labels {
     vec![
         ("worker".to_owned(), p.slot.to_string()),
         ("pid".to_owned(), p.pid.to_string()),
@@ -320,17 +359,14 @@ pub(super) async fn metrics_text(st: &Rc<State>) -> String {
     refresh(st).await;
     let orphans = orphans(st).await;
     let procs = live_procs(st);
-    let parsed: Vec<(Vec<(String, String)>, Snapshot)> = procs
+    let snapshots: Vec<(Labels, Ref<'_, Snapshot>)> = procs
         .iter()
         .filter_map(|p| {
-            let snap = p.snapshot.borrow();
-            let (_, json) = snap.as_ref()?;
-            let s: Snapshot = serde_json::from_str(json).ok()?;
-            Some((worker_labels(p), s))
+            let snap = Ref::filter_map(p.snapshot.borrow(), |s| s.as_ref().map(|(_, _, s)| s));
+            Some((worker_labels(p), snap.ok()?))
         })
         .collect();
-    let refs: Vec<(Vec<(String, String)>, &Snapshot)> =
-        parsed.iter().map(|(l, s)| (l.clone(), s)).collect();
+    let refs: Vec<(Labels, &Snapshot)> = snapshots.iter().map(|(l, s)| (l.clone(), &**s)).collect();
     let mut registry = Registry::default();
     registry.register_collector(Box::new(SnapshotCollector::new(&refs)));
     let up = Gauge::<i64>::default();

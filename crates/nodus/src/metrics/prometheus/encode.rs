@@ -6,7 +6,8 @@
 //! - A family's `kind` and each of its values' variant always match (`encode_value` relies on it).
 //! - Histogram bucket counts are non-cumulative (the encoder accumulates them), `+Inf` last;
 //!   `_count`, `+Inf` and `_sum` are exact, an `le` bucket is approximate as described in the
-//!   parent module.
+//!   parent module. Their running total never passes `u64::MAX` (it is capped there: a snapshot
+//!   from another process may carry any counts, and the encoder's sum must not overflow).
 //! - A family with no series is not written at all.
 
 use prometheus_client::collector::Collector;
@@ -92,7 +93,14 @@ fn histogram(h: &HistogramSnapshot, les: &[(f64, u64)], seconds: bool) -> Value 
         let i = les.partition_point(|&(_, le)| le < upper);
         counts[i] = counts[i].saturating_add(c);
     }
-    let count = counts.iter().fold(0u64, |a, &c| a.saturating_add(c));
+    // The encoder adds the counts up with `+`: the running total is capped at `u64::MAX` here
+    // (the last counts shrink), so it cannot overflow, whatever a snapshot from a worker says.
+    let mut count = 0u64;
+    for c in &mut counts {
+        let total = count.saturating_add(*c);
+        *c = total - count;
+        count = total;
+    }
     let buckets = les
         .iter()
         .map(|&(le, _)| le)

@@ -175,6 +175,24 @@ fn renders_histograms() {
     assert_eq!(count("nodus_run_queue_length_samples_bucket{"), 15);
 }
 
+/// Counts no loop reaches, as a snapshot from another process may carry them: the cumulative
+/// buckets stop at `u64::MAX` (the encoder adds them up and would overflow) and stay monotone.
+#[test]
+fn bucket_counts_that_add_up_past_u64_max_saturate() {
+    let mut s = Snapshot::default();
+    s.loop_stats.poll_duration.buckets = vec![(1, u64::MAX), (2_000, u64::MAX), (u64::MAX, 5)];
+    let text = render(&s);
+    assert_lines(
+        &text,
+        &[
+            r#"nodus_loop_poll_duration_seconds_bucket{le="0.000001"} 18446744073709551615"#,
+            r#"nodus_loop_poll_duration_seconds_bucket{le="0.000005"} 18446744073709551615"#,
+            r#"nodus_loop_poll_duration_seconds_bucket{le="+Inf"} 18446744073709551615"#,
+            "nodus_loop_poll_duration_seconds_count 18446744073709551615",
+        ],
+    );
+}
+
 #[test]
 fn empty_snapshot_renders_zeros() {
     let text = render(&Snapshot::default());
