@@ -20,6 +20,11 @@
 //!   socket took. A request body the handler left unread is discarded (a chunked one, or up to
 //!   64 KiB of known length; within 64 KiB and the keep-alive timeout) so the connection serves
 //!   on. An HTTP/1 response after which the connection will close says `Connection: close`.
+//! - `linger`: the lingering close of an HTTP/1 connection the server closes while its client may
+//!   still be sending (a body left unread, a refusal, a drain): the write side shut down after
+//!   the response, input read and dropped until the client closes, within
+//!   `Config::lingering_timeout` between reads and `Config::lingering_time` in all, so that the
+//!   client reads the response instead of a reset.
 //! - `stats`: HTTP measurements, folded into the loop's `nodus::metrics::Snapshot`.
 //!
 //! Connections run as tasks named by handler class (`Config::name`, e.g. `http:static`), never by
@@ -29,6 +34,7 @@ pub mod body;
 mod exec;
 mod head_wait;
 pub mod io;
+mod linger;
 pub mod server;
 pub mod stats;
 mod timer;

@@ -51,6 +51,21 @@
 //!   discard was given up by then says `Connection: close`; one still being discarded promises
 //!   nothing, and if it is given up later the connection still closes cleanly, after the whole
 //!   response (RFC 9112 section 9.5: a server may close a connection at any time).
+//! - Lingering close (RFC 9112 section 9.6, nginx's `lingering_close`; `linger`): an HTTP/1
+//!   connection the server closes while the client may still be sending is not closed with its
+//!   input unread (the kernel would reset it, and the client lose the response). That is one
+//!   that ends after an answer the server said `Connection: close` to (above: during a drain, a
+//!   body left unread, an HTTP/1.0 body of no known length), or after a refusal (400 for `Host`,
+//!   413, a panicked handler's 500), after a discard given up, or after an answer to a head that
+//!   could not be parsed (431, 414, 400). Once hyper is done (its last byte written, the write
+//!   side shut down; the answers written here are shut down by the linger), the task reads and
+//!   drops input until the client closes, `lingering_timeout` passes without input,
+//!   `lingering_time` in all, or the drain's deadline. It holds no request state; it is still
+//!   open on the server's books (it counts toward `max_connections`, the drain waits for it, and
+//!   loses nothing when it cuts it). A connection cut (write stall, drain deadline), idle, cut
+//!   for a slow head or ended by the client does not linger, nor does an HTTP/2 one (GOAWAY and
+//!   hyper's HTTP/2 close), nor one closed only because the client's request or the handler's
+//!   response asked for it.
 //! - HTTP versions: hyper's parser knows HTTP/1.0 and 1.1 only, so a higher HTTP/1 minor version
 //!   (`HTTP/1.2`, which RFC 9110 section 6.2 would have answered as 1.1, as nginx does) gets 400,
 //!   as from Node; nodus has no hook into that parse and leaves it.
@@ -84,7 +99,8 @@
 //! - Drain: the listener is dropped at once (new connections are refused); every later HTTP/1
 //!   response carries `Connection: close` (so a keep-alive client whose next request is already
 //!   on the wire gets its answer, then the connection closes); HTTP/2 connections get GOAWAY; idle
-//!   connections close at their keep-alive timeout; whatever is still open at the deadline is cut.
+//!   connections close at their keep-alive timeout, lingering ones when their client closes or
+//!   their linger ends; whatever is still open at the deadline is cut.
 //!   `Server::drain` returns what the cut lost: the requests whose handler had not answered,
 //!   plus one per connection still writing a response (a large or streamed body still producing,
 //!   or output the peer has not taken). An idle connection cut at the deadline loses nothing.
@@ -114,6 +130,7 @@ use crate::body::{Body, DISCARD_MAX, RequestBody, text};
 use crate::exec::LocalExec;
 use crate::head_wait::{self, HeadTimer, HeadWait};
 use crate::io::{Activity, FdStream, HyperIo, UriTooLong, now_ns};
+use crate::linger;
 use crate::stats;
 use crate::timer::NodusTimer;
 
@@ -141,6 +158,16 @@ pub struct Config {
     pub write_stall_timeout: Duration,
     /// Most open connections. Default 10,000.
     pub max_connections: usize,
+    /// The longest lingering close: an HTTP/1 connection the server closes while its client may
+    /// still be sending (a request body left unread, a refusal, a response during a drain) shuts
+    /// down its write side after the response and reads and drops input until the client closes,
+    /// for at most this long (and never past a drain's deadline), so that the client reads the
+    /// response instead of a reset (nginx's `lingering_time`, 30 s there). Zero: no lingering.
+    /// Default 10 s, as long as the header-read timeout and the CLI's drain timeout.
+    pub lingering_time: Duration,
+    /// A lingering connection that gets no input for this long is closed (nginx's
+    /// `lingering_timeout`). Default 5 s, the keep-alive timeout's default, as nginx's.
+    pub lingering_timeout: Duration,
     /// Also accept HTTP/2 with prior knowledge (h2c), sniffed per connection. Default off: plain
     /// HTTP/1.1 is faster, and with it `max_header_bytes` is exact (with h2c the HTTP/1 limit is
     /// hyper's read-buffer size, which `max_header_bytes` then sets).
@@ -177,6 +204,8 @@ impl Default for Config {
             keep_alive_timeout: Duration::from_secs(5),
             write_stall_timeout: Duration::from_secs(60),
             max_connections: 10_000,
+            lingering_time: Duration::from_secs(10),
+            lingering_timeout: Duration::from_secs(5),
             http2: false,
             on_refused: None,
             on_response: None,
@@ -330,6 +359,20 @@ impl State {
             w.wake();
         }
     }
+
+    /// The drain's deadline once a drain began; until then, keeps the waker of connection
+    /// `key`'s task, which the drain wakes when it begins.
+    fn drain_deadline(&self, key: usize, cx: &mut Context<'_>) -> Option<u64> {
+        if self.draining.get() {
+            return Some(self.deadline.get());
+        }
+        if let Some(slot) = self.conns.borrow_mut().get_mut(key)
+            && !slot.as_ref().is_some_and(|w| w.will_wake(cx.waker()))
+        {
+            *slot = Some(cx.waker().clone());
+        }
+        None
+    }
 }
 
 /// A running server.
@@ -376,7 +419,7 @@ impl Server {
         self.local_addr
     }
 
-    /// Open connections.
+    /// Open connections, lingering ones included.
     pub fn connections(&self) -> usize {
         self.state.conns.borrow().len()
     }
@@ -514,118 +557,145 @@ where
     F: Future<Output = Response<Body>> + 'static,
 {
     let (state, key) = (guard.state.clone(), guard.key);
-    let fd = stream.fd().as_raw_fd();
-    let mut io = HyperIo::new(stream);
-    io.limit_request_line(state.config.max_header_bytes);
-    let activity = io.activity();
-    let conn_state = Rc::new(ConnState {
-        in_flight: Cell::new(0),
-        body_left: Cell::new(false),
-        discarding: RefCell::new(None),
-        discard_timeout: state.config.keep_alive_timeout,
-        streaming: Cell::new(0),
-        http2: Cell::new(false),
-        peer,
-    });
-    let service = Service {
-        state: state.clone(),
-        handler,
-        conn: conn_state.clone(),
-        _response: PhantomData,
-    };
-    let mut conn = pin!(state.builders.serve(io, service));
-    let mut timer = ConnTimer::new(
-        state.config.keep_alive_timeout,
-        state.config.write_stall_timeout,
-    );
-    let mut head = HeadWait::Idle;
-    let mut drain: Option<nodus::Sleep> = None;
-    poll_fn(|cx| {
-        loop {
-            if let Poll::Ready(result) = head_wait::scope(&mut head, || conn.as_mut().poll(cx)) {
-                if let Err(e) = result {
-                    if let Some(e) = e.downcast_ref::<hyper::Error>() {
-                        // SAFETY: `conn` owns the stream, open until this function returns.
-                        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-                        head_refused(&state, e, fd, peer);
+    // Served in a block (not a function of its own, whose future's poll would cost every request
+    // a few instructions): hyper's connection and the stream it owns are dropped at its end. It
+    // gives a duplicate of the socket's fd when the connection is to linger.
+    let lingering = {
+        let fd = stream.fd().as_raw_fd();
+        let mut io = HyperIo::new(stream);
+        io.limit_request_line(state.config.max_header_bytes);
+        let activity = io.activity();
+        let conn_state = Rc::new(ConnState {
+            in_flight: Cell::new(0),
+            body_left: Cell::new(false),
+            linger: Cell::new(false),
+            discarding: RefCell::new(None),
+            discard_timeout: state.config.keep_alive_timeout,
+            streaming: Cell::new(0),
+            http2: Cell::new(false),
+            peer,
+        });
+        let service = Service {
+            state: state.clone(),
+            handler,
+            conn: conn_state.clone(),
+            _response: PhantomData,
+        };
+        let mut conn = pin!(state.builders.serve(io, service));
+        let mut timer = ConnTimer::new(
+            state.config.keep_alive_timeout,
+            state.config.write_stall_timeout,
+        );
+        let mut head = HeadWait::Idle;
+        let mut drain: Option<nodus::Sleep> = None;
+        // Whether the connection ended, its last response written, while the client may still be
+        // sending: it lingers.
+        let linger = poll_fn(|cx| {
+            loop {
+                if let Poll::Ready(result) = head_wait::scope(&mut head, || conn.as_mut().poll(cx))
+                {
+                    let mut answered = false;
+                    if let Err(e) = result {
+                        if let Some(e) = e.downcast_ref::<hyper::Error>() {
+                            // SAFETY: `conn` owns the stream, open until this block ends.
+                            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+                            answered = head_refused(&state, e, fd, peer);
+                        }
+                        tracing::debug!(target: "nodus::http", "connection ended: {e}");
                     }
-                    tracing::debug!(target: "nodus::http", "connection ended: {e}");
+                    let closing = conn_state.linger.get() || conn_state.body_left.get();
+                    return Poll::Ready(!conn_state.http2.get() && (closing || answered));
                 }
-                return Poll::Ready(());
-            }
-            if conn_state.poll_discard(cx) {
-                continue; // hyper reads on past the body it was waiting to be taken
-            }
-            if state.draining.get() {
-                let deadline = drain.get_or_insert_with(|| {
-                    if conn_state.http2.get() {
-                        conn.as_mut().shut_down();
+                if conn_state.poll_discard(cx) {
+                    continue; // hyper reads on past the body it was waiting to be taken
+                }
+                if let Some(deadline_at) = state.drain_deadline(key, cx) {
+                    let deadline = drain.get_or_insert_with(|| {
+                        if conn_state.http2.get() {
+                            conn.as_mut().shut_down();
+                        }
+                        let now = now_ns();
+                        nodus::sleep(Duration::from_nanos(deadline_at.saturating_sub(now)))
+                    });
+                    if Pin::new(deadline).poll(cx).is_ready() {
+                        // The drain deadline cuts it, with what it was answering.
+                        let blocked = activity.write_blocked.get();
+                        let answering = conn_state.streaming.get() > 0 || blocked;
+                        let cut = &state.cut_requests;
+                        cut.set(cut.get() + conn_state.in_flight.get() + usize::from(answering));
+                        if blocked {
+                            // SAFETY: `conn` owns the stream, open until this block ends.
+                            reset_on_close(unsafe { BorrowedFd::borrow_raw(fd) });
+                        }
+                        return Poll::Ready(false);
                     }
-                    let now = now_ns();
-                    nodus::sleep(Duration::from_nanos(
-                        state.deadline.get().saturating_sub(now),
-                    ))
-                });
-                if Pin::new(deadline).poll(cx).is_ready() {
-                    // The drain deadline cuts it, with what it was answering.
-                    let blocked = activity.write_blocked.get();
-                    let answering = conn_state.streaming.get() > 0 || blocked;
-                    let cut = &state.cut_requests;
-                    cut.set(cut.get() + conn_state.in_flight.get() + usize::from(answering));
-                    if blocked {
-                        // SAFETY: `conn` owns the stream, open until this function returns.
+                }
+                match timer.poll(cx, &mut head, &activity, &conn_state) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Fired::HeadExpired) => continue, // hyper sees it when polled again
+                    Poll::Ready(Fired::Idle) => return Poll::Ready(false),
+                    Poll::Ready(Fired::WriteStalled) => {
+                        tracing::debug!(
+                            target: "nodus::http",
+                            "connection cut: no write progress for {:?}",
+                            state.config.write_stall_timeout
+                        );
+                        // SAFETY: `conn` owns the stream, open until this block ends.
                         reset_on_close(unsafe { BorrowedFd::borrow_raw(fd) });
+                        return Poll::Ready(false);
                     }
-                    return Poll::Ready(());
-                }
-            } else if let Some(slot) = state.conns.borrow_mut().get_mut(key)
-                && !slot.as_ref().is_some_and(|w| w.will_wake(cx.waker()))
-            {
-                *slot = Some(cx.waker().clone());
-            }
-            match timer.poll(cx, &mut head, &activity, &conn_state) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Fired::HeadExpired) => continue, // hyper sees it when polled again
-                Poll::Ready(Fired::Idle) => return Poll::Ready(()),
-                Poll::Ready(Fired::WriteStalled) => {
-                    tracing::debug!(
-                        target: "nodus::http",
-                        "connection cut: no write progress for {:?}",
-                        state.config.write_stall_timeout
-                    );
-                    // SAFETY: `conn` owns the stream, open until this function returns.
-                    reset_on_close(unsafe { BorrowedFd::borrow_raw(fd) });
-                    return Poll::Ready(());
                 }
             }
+        })
+        .await;
+        // A duplicate keeps the socket open when the stream is dropped with hyper's connection, at
+        // the end of this block.
+        // SAFETY: `conn` owns the stream, open until this block ends.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        if linger && !state.config.lingering_time.is_zero() {
+            rustix::io::fcntl_dupfd_cloexec(fd, 0).ok()
+        } else {
+            None
         }
-    })
-    .await;
+    };
+    if let Some(fd) = lingering {
+        let config = &state.config;
+        let drain = |cx: &mut Context<'_>| state.drain_deadline(key, cx);
+        linger::linger(fd, config.lingering_time, config.lingering_timeout, drain).await;
+    }
+    // Off the server's books only now: a lingering connection counts, and a drain waits for it.
+    drop(guard);
 }
 
 /// Counts and reports the answer to a head that could not be parsed, which ended the connection
 /// with the error `e`: hyper's own (400, 414, 431), or one written here on `fd`: Node's 400 to
 /// an HTTP/2 preface, 414 to a request line over the head limit (the read that found it ended
-/// with [`UriTooLong`], so hyper answered nothing). Other errors answered nothing.
+/// with [`UriTooLong`], so hyper answered nothing). Other errors answered nothing. Whether an
+/// answer was written.
 #[cold]
-fn head_refused(state: &State, e: &hyper::Error, fd: BorrowedFd<'_>, peer: Option<SocketAddr>) {
+fn head_refused(
+    state: &State,
+    e: &hyper::Error,
+    fd: BorrowedFd<'_>,
+    peer: Option<SocketAddr>,
+) -> bool {
     const PREFACE_REFUSED: &[u8] = b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n";
     const URI_TOO_LONG: &[u8] =
         b"HTTP/1.1 414 URI Too Long\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
     let status = if e.is_parse_version_h2() {
         if !answer_and_close(fd, PREFACE_REFUSED) {
-            return;
+            return false;
         }
         StatusCode::BAD_REQUEST
     } else if request_line_too_long(e) {
         if !answer_and_close(fd, URI_TOO_LONG) {
-            return;
+            return false;
         }
         StatusCode::URI_TOO_LONG
     } else {
         match hyper_answer(e) {
             Some(status) => status,
-            None => return,
+            None => return false,
         }
     };
     stats::request_refused(status);
@@ -638,6 +708,7 @@ fn head_refused(state: &State, e: &hyper::Error, fd: BorrowedFd<'_>, peer: Optio
             body_bytes: 0,
         });
     }
+    true
 }
 
 /// Whether `e` is the read error [`HyperIo`] ends a head with when its request line is over the
@@ -913,6 +984,11 @@ pub(crate) struct ConnState {
     /// after the response unless the rest happens to be in its buffer already, so the response
     /// says `Connection: close` (and the close is certain) if its head is not written yet.
     pub(crate) body_left: Cell<bool>,
+    /// An HTTP/1 response after which the server closes the connection while the client may
+    /// still be sending was answered (one the server said `Connection: close` to, or a refusal):
+    /// the connection lingers once its last byte is written (`linger`), as it does when it ends
+    /// with `body_left`.
+    linger: Cell<bool>,
     /// An HTTP/1 request body its handler let go of, read to its end and dropped by the
     /// connection's task so that the connection can serve the next request.
     discarding: RefCell<Option<Discard>>,
@@ -1319,10 +1395,10 @@ impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
         };
         if this.version < Version::HTTP_2 {
             let body_left = this.conn.as_ref().is_some_and(|c| c.body_left.take());
-            if this.state.draining.get()
+            let close = this.state.draining.get()
                 || body_left
-                || (this.version == Version::HTTP_10 && close_delimited(&resp))
-            {
+                || (this.version == Version::HTTP_10 && close_delimited(&resp));
+            if close {
                 resp.headers_mut()
                     .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
                 if this.version == Version::HTTP_10 {
@@ -1330,6 +1406,13 @@ impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
                     // `keep-alive` to this `close`) unless the response says HTTP/1.0 itself.
                     *resp.version_mut() = Version::HTTP_10;
                 }
+            }
+            // The server closes the connection after this answer (a refusal's says so too):
+            // the client may still be sending the request's body, or a next request.
+            if (close || !by_handler)
+                && let Some(conn) = &this.conn
+            {
+                conn.linger.set(true);
             }
         }
         let mut meter = None;

@@ -7,7 +7,7 @@ use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::rc::Rc;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -22,6 +22,9 @@ use nodus_testkit::http::{Reply, read_reply, write_request};
 struct TestServer {
     addr: SocketAddr,
     drain: Arc<AtomicBool>,
+    /// The server's open connections (`Server::connections`), as of 5 ms ago at most, until
+    /// the drain begins.
+    open: Arc<AtomicUsize>,
     /// The requests the drain cut, and the final snapshot.
     thread: Option<JoinHandle<(usize, nodus::metrics::Snapshot)>>,
 }
@@ -31,6 +34,8 @@ impl TestServer {
         let (tx, rx) = mpsc::channel();
         let drain = Arc::new(AtomicBool::new(false));
         let d = drain.clone();
+        let open = Arc::new(AtomicUsize::new(0));
+        let o = open.clone();
         let thread = std::thread::spawn(move || {
             let rt = Runtime::new();
             rt.block_on(async move {
@@ -64,6 +69,10 @@ impl TestServer {
                             })),
                             // 8 MiB: more than the socket buffers hold when the client reads none.
                             "/big" => http::Response::new(full(vec![b'x'; 8 << 20])),
+                            // 128 KiB, not reading the request's body: more than a client with a
+                            // 4 KiB receive buffer takes before it reads, less than the server's
+                            // send buffer holds.
+                            "/128k" => http::Response::new(full(vec![b'x'; 128 << 10])),
                             // A body of no known length: chunked to HTTP/1.1, to the close to 1.0.
                             "/stream" => {
                                 let chunks = ["str", "eam"].map(|c| {
@@ -89,6 +98,7 @@ impl TestServer {
                 });
                 tx.send(server.local_addr().unwrap()).unwrap();
                 while !d.load(Ordering::Acquire) {
+                    o.store(server.connections(), Ordering::Release);
                     nodus::sleep(5).await;
                 }
                 let cut = server.drain(drain_timeout).await;
@@ -101,6 +111,7 @@ impl TestServer {
         TestServer {
             addr,
             drain,
+            open,
             thread: Some(thread),
         }
     }
@@ -109,6 +120,16 @@ impl TestServer {
         let s = TcpStream::connect(self.addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         s
+    }
+
+    /// Waits up to 5 s for the server to have `n` connections open; how long it took.
+    fn wait_open(&self, n: usize) -> Duration {
+        let start = Instant::now();
+        while self.open.load(Ordering::Acquire) != n {
+            assert!(start.elapsed() < Duration::from_secs(5), "never {n} open");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        start.elapsed()
     }
 
     /// Starts the drain and waits for the server to finish it; returns the requests its deadline
@@ -585,6 +606,9 @@ fn graceful_drain_finishes_in_flight_work_and_refuses_new_connections() {
     let reply = read_reply(&mut ka_r, false).unwrap();
     assert_eq!(reply.status, 200);
     assert_eq!(reply.header("connection"), Some("close"));
+    // A client closes a connection its server said it closes (one that does not is waited for
+    // until its lingering close ends, by the drain's deadline at the latest).
+    drop((ka, ka_r));
     // The in-flight slow request completes.
     let Reply { status, body, .. } = read_reply(&mut BufReader::new(slow), false).unwrap();
     assert_eq!((status, body.as_slice()), (200, &b"slow done"[..]));
@@ -1105,16 +1129,22 @@ fn repeated_or_invalid_host_headers_get_400_and_the_connection_closes() {
     assert_eq!(snap.http.responses_by_class[3], 13);
 }
 
-/// A client with a tiny receive buffer that reads the start of `/big` (8 KiB), then stops
-/// reading; with the length of the response's head.
-fn stalled_download(addr: SocketAddr) -> (TcpStream, u64) {
+/// A connection whose receive buffer is 4 KiB: the server can send it little until it reads.
+fn connect_small_window(addr: SocketAddr) -> TcpStream {
     use rustix::net::{AddressFamily, SocketType, sockopt};
     let fd = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
     // Before connecting, so that the window advertised is small from the start.
     sockopt::set_socket_recv_buffer_size(&fd, 4096).unwrap();
     rustix::net::connect(&fd, &addr).unwrap();
-    let mut s = TcpStream::from(fd);
+    let s = TcpStream::from(fd);
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+/// A client with a tiny receive buffer that reads the start of `/big` (8 KiB), then stops
+/// reading; with the length of the response's head.
+fn stalled_download(addr: SocketAddr) -> (TcpStream, u64) {
+    let mut s = connect_small_window(addr);
     get(&mut s, "/big");
     let mut start = vec![0u8; 8 * 1024];
     s.read_exact(&mut start).unwrap();
@@ -1612,4 +1642,165 @@ fn a_request_whose_connection_ends_before_its_handler_answers_is_reported_as_499
         reported,
         [(499, Some("GET /slow HTTP/1.1".to_owned()), true, true, 0)]
     );
+}
+
+/// Writes `data` in 64 KiB pieces 10 ms apart: a client still sending when the answer comes.
+fn send_slowly(s: &mut TcpStream, data: &[u8]) -> std::io::Result<()> {
+    for piece in data.chunks(64 * 1024) {
+        s.write_all(piece)?;
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+/// Reads a whole response, then the end of the connection: an EOF, not a reset.
+fn read_reply_then_eof(r: &mut impl std::io::BufRead) -> Reply {
+    let reply = read_reply(r, false).expect("the whole response");
+    let mut rest = Vec::new();
+    r.read_to_end(&mut rest)
+        .expect("an EOF after the response, not a reset");
+    assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
+    reply
+}
+
+/// A POST of 1 MiB that `/` answers without reading: over the discard's 64 KiB, so the
+/// connection closes after the answer while the client is still sending.
+const UNREAD_POST: &[u8] = b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 1048576\r\n\r\n";
+
+/// A handler answers without reading a 1 MiB body, and the connection closes after the answer
+/// while the client, slower, is still sending the body, and has read little of the answer (its
+/// receive buffer is small, the rest waits in the server's send buffer): the server shuts down
+/// its write side and reads on (a lingering close, RFC 9112 section 9.6), so the client's writes
+/// go through and it then reads the whole response and an EOF. A close with the client's input
+/// unread would have reset the connection, the rest of the response discarded with it. (With
+/// `http2` too: an HTTP/1 connection of the sniffing server lingers the same.)
+#[test]
+fn a_client_still_sending_a_body_left_unread_gets_the_whole_response_and_an_eof() {
+    for http2 in [false, true] {
+        let config = Config {
+            http2,
+            ..Config::default()
+        };
+        let server = TestServer::start(config, Duration::from_secs(1));
+        let mut s = connect_small_window(server.addr);
+        s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"POST /128k HTTP/1.1\r\nHost: t\r\nContent-Length: 1048576\r\n\r\n")
+            .unwrap();
+        // The answer is written, and the server done with the connection, before the body
+        // starts.
+        std::thread::sleep(Duration::from_millis(100));
+        send_slowly(&mut s, &[b'b'; 1 << 20])
+            .unwrap_or_else(|e| panic!("http2: {http2}: the server reads what is sent: {e}"));
+        let reply = read_reply_then_eof(&mut BufReader::new(s));
+        assert_eq!((reply.status, reply.body.len()), (200, 128 << 10));
+        assert!(reply.closes(), "{:?}", reply.headers);
+        let (cut, snap) = server.finish();
+        assert_eq!((cut, snap.http.connections_open), (0, 0));
+    }
+}
+
+/// The refusals written before the handler while the rest of the request is on its way (413 to
+/// a declared length over the limit, 431 to a head over it, 414 to a request line over it)
+/// reach a client that keeps sending, as in the test above.
+#[test]
+fn a_refusal_reaches_a_client_still_sending_its_request() {
+    let server = TestServer::start(Config::default(), Duration::from_secs(1));
+    let too_large = format!(
+        "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n",
+        8 << 20
+    );
+    for (start, status) in [
+        (too_large.as_str(), 413),
+        ("GET / HTTP/1.1\r\nHost: t\r\nX-Big: ", 431),
+        ("GET /", 414),
+    ] {
+        let mut s = server.connect();
+        s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(start.as_bytes()).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        // 1 MiB more: of the body, or of the head's header or request line.
+        send_slowly(&mut s, &[b'a'; 1 << 20])
+            .unwrap_or_else(|e| panic!("{status}: the server reads what the client sends: {e}"));
+        let reply = read_reply_then_eof(&mut BufReader::new(s));
+        assert_eq!(reply.status, status);
+    }
+    let (cut, snap) = server.finish();
+    assert_eq!((cut, snap.http.connections_open), (0, 0));
+    assert_eq!(snap.http.responses_by_class[3], 3);
+}
+
+/// A client that never closes: the lingering connection is cut after `lingering_timeout`
+/// without input, or `lingering_time` in all for one that keeps sending.
+#[test]
+fn a_lingering_connection_is_cut_at_its_bounds_when_the_client_never_closes() {
+    let config = Config {
+        lingering_time: Duration::from_millis(1200),
+        lingering_timeout: Duration::from_millis(400),
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_secs(1));
+    // Silent after the answer.
+    let mut s = server.connect();
+    s.write_all(UNREAD_POST).unwrap();
+    s.write_all(&[b'b'; 64 * 1024]).unwrap();
+    let reply = read_reply_then_eof(&mut BufReader::new(s.try_clone().unwrap()));
+    assert_eq!(reply.status, 200);
+    let start = Instant::now();
+    server.wait_open(1);
+    server.wait_open(0);
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_millis(250) && waited < Duration::from_secs(3),
+        "a silent client was cut after {waited:?}"
+    );
+    // Sending a little every 100 ms, never closing.
+    let mut trickling = server.connect();
+    trickling.write_all(UNREAD_POST).unwrap();
+    let mut r = BufReader::new(trickling.try_clone().unwrap());
+    assert_eq!(read_reply_then_eof(&mut r).status, 200);
+    let start = Instant::now();
+    // The first write after the server's close draws a reset, a later one fails.
+    while trickling.write_all(b"b").is_ok() {
+        assert!(start.elapsed() < Duration::from_secs(5), "never cut");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1000),
+        "a trickling client was cut after {waited:?}"
+    );
+    let (cut, snap) = server.finish();
+    assert_eq!((cut, snap.http.connections_open), (0, 0));
+    drop(s);
+}
+
+/// A lingering connection is on the server's books (it counts toward `max_connections`, and a
+/// drain waits for it) and ends by the drain's deadline, having lost nothing.
+#[test]
+fn a_drain_ends_a_lingering_connection_by_its_deadline() {
+    let config = Config {
+        lingering_time: Duration::from_secs(60),
+        lingering_timeout: Duration::from_secs(60),
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_millis(500));
+    let mut s = server.connect();
+    s.write_all(UNREAD_POST).unwrap();
+    let reply = read_reply_then_eof(&mut BufReader::new(s.try_clone().unwrap()));
+    assert_eq!(reply.status, 200);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        server.open.load(Ordering::Acquire),
+        1,
+        "the connection lingers"
+    );
+    let start = Instant::now();
+    let (cut, snap) = server.finish();
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(400) && took < Duration::from_secs(3),
+        "the drain took {took:?}"
+    );
+    assert_eq!((cut, snap.http.connections_open), (0, 0));
+    drop(s);
 }
