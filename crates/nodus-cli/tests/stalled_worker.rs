@@ -1,9 +1,12 @@
 //! A worker that stops taking the connections handed to it under rr (SIGSTOP here; a busy loop
 //! is the same to the primary): after the handoff deadline (1 s) the primary takes them back and
 //! hands them to another worker, so every client is answered, and no two processes ever serve
-//! one connection, however close to the deadline the worker wakes up. A stock Node worker keeps
-//! only the one connection already written to its channel. Under `--wait-ready`, a reload's new
-//! worker that has not said it is ready gets no connection while a ready worker listens.
+//! one connection, however close to the deadline the worker wakes up. A worker whose loop is
+//! already known stalled (a readyz request, or the primary's own probe while it hands
+//! connections, unanswered for 1 s) is handed nothing at all, so no client waits for it, and
+//! takes connections again once it runs. A stock Node worker keeps only the one connection
+//! already written to its channel. Under `--wait-ready`, a reload's new worker that has not said
+//! it is ready gets no connection while a ready worker listens.
 //!
 //! Every process is started in its own process group and the whole group is killed by PID when
 //! the test ends; a stopped worker gets SIGCONT, then SIGKILL, by PID whatever happens. Node is
@@ -100,7 +103,7 @@ fn a_stopped_workers_clients_are_answered_by_the_other_worker() {
         let took = get_a(addr, i);
         assert!(took < Duration::from_secs(4), "request {i} took {took:?}");
     }
-    primary.wait_line("has not taken connections handed to it");
+    primary.wait_line("it gets no new connections until it runs again");
     let w = worker_stats(admin, stopped);
     let back = w["connections_taken_back"].as_u64().unwrap();
     assert!(back >= 1, "{w}");
@@ -120,6 +123,98 @@ fn a_stopped_workers_clients_are_answered_by_the_other_worker() {
     }
     let w = worker_stats(admin, stopped);
     assert!(w["connections_handed"].as_u64().unwrap() > handed, "{w}");
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(30), 0);
+}
+
+/// Well past the handoff deadline (1 s) that a snapshot request must go unanswered for the
+/// worker to be known stalled.
+const KNOWN_STALLED_AFTER: Duration = Duration::from_secs(2);
+
+/// `n` requests in a row, each answered in full (by whichever worker); how long each took.
+fn get_many(addr: SocketAddr, n: usize) -> Vec<Duration> {
+    (0..n).map(|i| get_a(addr, i)).collect()
+}
+
+/// Worker `stopped` is stopped and readyz, which asks each worker whether its loop runs (never
+/// waiting for the answer), has made it known stalled: rr hands it nothing, so no client waits
+/// for it (it would wait for the 1 s deadline, and be taken back: nothing is). Continued, it
+/// answers, and takes connections again.
+#[test]
+fn a_worker_readyz_found_stalled_is_handed_nothing_until_it_runs_again() {
+    let (_dir, addr, admin, mut primary, [stopped, _running]) = serve_two("stall-known");
+    let _kill = KillOnDrop(vec![stopped]);
+    let cont = ContOnDrop(stopped);
+    signal(stopped, Signal::STOP);
+    let readyz = get(admin, "/_nodus/readyz");
+    assert_eq!(readyz.status, 200, "one worker of two runs");
+    std::thread::sleep(KNOWN_STALLED_AFTER);
+    // rr alternates: without the stall known, every other one would go to the stopped worker.
+    let took = get_many(addr, 10);
+    let w = worker_stats(admin, stopped);
+    assert_eq!(
+        w["connections_taken_back"], 0,
+        "{w}; requests took {took:?}"
+    );
+    assert_eq!(w["connections_handed"], 0, "{w}");
+    primary.wait_line("has not answered the primary for 1s");
+
+    drop(cont);
+    primary.wait_line("takes connections again");
+    get_many(addr, 10);
+    let w = worker_stats(admin, stopped);
+    assert!(w["connections_handed"].as_u64().unwrap() > 0, "{w}");
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(30), 0);
+}
+
+/// With no readyz request nor stats scrape, the primary learns of a stall from the probe it sends
+/// its workers while it hands connections: after one request handed to worker X (rr then hands
+/// the next to the other), X is stopped; the next request probes it, and once that probe has
+/// gone unanswered for 1 s, X is handed nothing, however many come.
+#[test]
+fn a_stall_the_primary_probed_while_handing_keeps_connections_off_the_worker() {
+    let (_dir, addr, admin, mut primary, pids) = serve_two("stall-probed");
+    get_a(addr, 0);
+    // Which worker took it (the stats ask both, which answer: no request stays unanswered).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let stopped = loop {
+        let handed: Vec<(i32, u64)> = pids
+            .iter()
+            .map(|&p| {
+                (
+                    p,
+                    worker_stats(admin, p)["connections_handed"]
+                        .as_u64()
+                        .unwrap(),
+                )
+            })
+            .collect();
+        if let Some(&(p, _)) = handed.iter().find(|(_, n)| *n == 1) {
+            break p;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no worker took the request: {handed:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _kill = KillOnDrop(vec![stopped]);
+    let cont = ContOnDrop(stopped);
+    // Past the 1 s since the stats asked, so the next handoff probes both workers.
+    std::thread::sleep(Duration::from_millis(1200));
+    signal(stopped, Signal::STOP);
+    get_a(addr, 1);
+    std::thread::sleep(KNOWN_STALLED_AFTER);
+    let took = get_many(addr, 10);
+    let w = worker_stats(admin, stopped);
+    assert_eq!(
+        w["connections_taken_back"], 0,
+        "{w}; requests took {took:?}"
+    );
+    assert_eq!(w["connections_handed"], 1, "{w}");
+    primary.wait_line("has not answered the primary for 1s");
+    drop(cont);
     primary.signal(Signal::TERM);
     assert_exit(&mut primary, Duration::from_secs(30), 0);
 }

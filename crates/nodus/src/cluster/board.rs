@@ -2,7 +2,8 @@
 //! sent over the channel), where the worker posts what the primary would otherwise need a
 //! message for: which connection batches it has taken, how many it refused, and (for `least`)
 //! its open connections; and where the two agree on who owns a batch the worker was slow to
-//! take (the primary takes it back after the handoff deadline).
+//! take (the primary takes it back once it has waited its handoff deadline for the worker's
+//! loop).
 //!
 //! Why: under round-robin a `took` message per loop turn cost the worker a `sendmsg` and the
 //! primary a wake-up and two `recvmsg` for every few connections. A store to shared memory costs

@@ -13,8 +13,9 @@
 //! primary ignores them (Node's cluster code drops internal messages whose `cmd` is not
 //! `NODE_CLUSTER`). They carry what Node's protocol has no word for: `ready`, `going_down`,
 //! `load` (open connections, for the `least` policy), snapshot and cluster-stats requests and
-//! replies. The primary's `disconnect` also carries `drainMs`, the drain deadline, which Node
-//! workers ignore.
+//! replies (a `snapshot_request` with `text: "probe"` asks only whether the worker's loop runs:
+//! its `snapshot` answer carries none; an older worker sends one all the same). The primary's
+//! `disconnect` also carries `drainMs`, the drain deadline, which Node workers ignore.
 //!
 //! A nodus worker's `online` carries `"nodus":1` (Node's primary ignores it): from then on its
 //! primary knows it answers snapshot requests (a Node worker never does).
@@ -56,6 +57,9 @@ use serde_json::value::RawValue;
 pub(crate) const NODE_CLUSTER: &str = "NODE_CLUSTER";
 /// `cmd` of nodus's own cluster messages.
 pub(crate) const NODE_NODUS: &str = "NODE_NODUS";
+/// The `text` of a `snapshot_request` that asks only whether the worker's loop runs: answered
+/// with a `snapshot` message that carries none.
+pub(crate) const SNAPSHOT_PROBE: &str = "probe";
 
 /// Every field any cluster message may carry; what is absent is `None`.
 #[derive(Debug, Default, Deserialize)]

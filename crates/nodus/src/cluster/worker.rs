@@ -3,7 +3,8 @@
 //!
 //! A process is a worker when `NODE_UNIQUE_ID` is set (Node's rule). [`Worker::get`] opens the
 //! IPC channel (`NODE_CHANNEL_FD`), says `online` (with `nodus: 1`, so a nodus primary knows it
-//! answers snapshot requests), and starts one dispatch task that answers the primary.
+//! answers snapshot requests; one that is only a probe, `text: "probe"`, without building a
+//! snapshot), and starts one dispatch task that answers the primary.
 //! [`Worker::listen`] asks the primary for a listener (`queryServer`): under round-robin the
 //! primary accepts and hands connections over the channel (`newconn`, or `newconns` batches from
 //! a nodus primary), under a shared or reuse-port policy it sends a listening fd; either way the
@@ -18,14 +19,15 @@
 //!   claim on the board the primary gave (`board.rs`; without one, a `took` per loop turn for
 //!   every batch up to the newest) or at once by `refused` (counted on the board first): taken
 //!   iff the queue of its key is open and (with a board) the claim wins, the primary not having
-//!   taken the batch back after its handoff deadline (a lost claim closes this process's copies
-//!   of the fds, never with `shutdown`), and a queue is open only while something will accept from
-//!   it or give it back. It is opened when [`Worker::listen`] sends `queryServer` (before any
-//!   answer or `newconns` can arrive) and held by a claim, which the [`Listener`] takes over; when
-//!   the last claim goes (the `Listener` closes, or the `listen` future is dropped before making
-//!   one: a timeout, a select) the key is closed at once: `close`, then whatever was queued goes
-//!   back (`returned`), and a late answer to the query is ignored. Refused connections go back to
-//!   the primary, which gives them to another worker.
+//!   taken the batch back (it does once it has waited its handoff deadline for this loop; a lost
+//!   claim closes this process's copies of the fds, never with `shutdown`), and a queue is open
+//!   only while something will accept from it or give it back. It is opened when
+//!   [`Worker::listen`] sends `queryServer` (before any answer or `newconns` can arrive) and held
+//!   by a claim, which the [`Listener`] takes over; when the last claim goes (the `Listener`
+//!   closes, or the `listen` future is dropped before making one: a timeout, a select) the key is
+//!   closed at once: `close`, then whatever was queued goes back (`returned`), and a late answer
+//!   to the query is ignored. Refused connections go back to the primary, which gives them to
+//!   another worker.
 //! - The primary's `disconnect` makes [`Worker::drain_requested`] resolve (with the primary's
 //!   drain deadline); what to drain is the application's business. [`Worker::disconnect`] (leaving
 //!   on our own) closes every key as above while the channel is open, then says
@@ -63,6 +65,7 @@ use serde_json::value::RawValue;
 use super::board::Board;
 use super::protocol::{
     Ack, Act, CloseKey, Incoming, NODE_CLUSTER, NODE_NODUS, NewConns, Nodus, QueryServer,
+    SNAPSHOT_PROBE,
 };
 use super::reply::ReplySlot;
 use crate::ipc::{Channel, Handle, MAX_FDS_PER_FRAME, Message};
@@ -652,8 +655,8 @@ impl Worker {
                 return;
             }
         };
-        // A batch this worker was too slow to take (its loop stalled past the primary's handoff
-        // deadline) may have been taken back: the board says whose it is, once. Taken back, the
+        // A batch this worker was too slow to take (the primary waited its handoff deadline for
+        // this loop) may have been taken back: the board says whose it is, once. Taken back, the
         // primary hands its own copies on; ours are closed.
         if let Some(board) = board
             && !board.claim(seq)
@@ -661,8 +664,8 @@ impl Worker {
             board.post_seen(seq);
             tracing::debug!(
                 target: "nodus::cluster",
-                "a batch of {} connection(s) came after the primary's handoff deadline: it took \
-                 them back",
+                "a batch of {} connection(s) came after the primary found this loop stalled: it \
+                 took them back",
                 conns.len()
             );
             return;
@@ -699,12 +702,15 @@ impl Worker {
     fn on_nodus(&self, m: &Incoming<'_>) {
         match m.act {
             Some("snapshot_request") => {
-                let snapshot = (self.sh.snapshot.borrow())();
-                let json = serde_json::to_string(&snapshot).expect("a snapshot serializes");
-                let raw = RawValue::from_string(json).expect("serde_json writes JSON");
+                // A probe asks only whether this loop runs: the answer is enough.
+                let raw = (m.text.as_deref() != Some(SNAPSHOT_PROBE)).then(|| {
+                    let snapshot = (self.sh.snapshot.borrow())();
+                    let json = serde_json::to_string(&snapshot).expect("a snapshot serializes");
+                    RawValue::from_string(json).expect("serde_json writes JSON")
+                });
                 let mut reply = Nodus::act("snapshot");
                 reply.id = m.id;
-                reply.snapshot = Some(&raw);
+                reply.snapshot = raw.as_deref();
                 self.send_nodus(&reply);
             }
             Some("stats_reply") => {

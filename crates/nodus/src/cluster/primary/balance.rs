@@ -2,10 +2,10 @@
 //!
 //! Round-robin: strict rotation over the eligible workers, skipping any with
 //! [`MAX_IN_FLIGHT`] handed connections not yet taken (a stuck or slow worker stops receiving;
-//! the others keep the rotation; `handoff` gives a worker that takes nothing now, stalled past
-//! the handoff deadline, pausing or not ready, the cap too). Node's primary allows one
-//! unaccepted handoff per worker, so a single slow ACK stalls that worker's share; nodus
-//! pipelines up to the cap.
+//! the others keep the rotation; `handoff` gives a worker that takes nothing now, stalled (the
+//! primary has waited the handoff deadline for its loop), pausing or not ready, the cap too).
+//! Node's primary allows one unaccepted handoff per worker, so a single slow ACK stalls that
+//! worker's share; nodus pipelines up to the cap.
 //!
 //! Least: the worker with the fewest estimated open connections, where the estimate is what the
 //! worker last reported plus the connections handed since that report (a Node worker reports

@@ -14,10 +14,16 @@
 //!   reads it before every dispatch, on the worker's `close` and exit, and from a release pass
 //!   that runs every 1 ms, backing off to 50 ms while nothing moves, as long as anything is
 //!   pending); others answer with `took` (nodus) or `accepted` (Node).
-//! - A handoff a worker has not taken within [`HANDOFF_DEADLINE`] (its loop is blocked or
-//!   stopped) is taken back where that cannot have two processes serve one connection, and
-//!   handed to another worker ([`take_back`], from a watch task that runs while anything is
-//!   pending or a worker is behind): from a nodus worker with a board, every batch it has not
+//! - A worker is stalled ([`stalled`]: one rule for routing and for readyz's
+//!   `Primary::ready_state`) once the primary has waited [`HANDOFF_DEADLINE`] for its loop, by
+//!   whichever signal shows it first: a handoff to it not taken; a snapshot request not answered,
+//!   with nothing else heard from it since (`stats::loop_stalled`); or batches taken back from it
+//!   that it has not seen yet (`seen_below` on its board). A stalled worker gets no new
+//!   connection: its share goes to the others.
+//! - What a stalled worker has not taken is taken back, however recently it was handed, where
+//!   that cannot have two processes serve one connection, and handed to another worker
+//!   ([`take_back`], from a watch task that runs while anything is pending, a worker is behind or
+//!   a request to one is unanswered): from a nodus worker with a board, every batch it has not
 //!   claimed, by compare-and-swap on the board (`board.rs`: the worker's claim and the take-back
 //!   exclude each other; a worker that loses closes its copies of the fds without `shutdown`);
 //!   from a Node worker, the `newconn`s its channel still holds behind the one in flight (never
@@ -25,13 +31,25 @@
 //!   the one in flight, and whatever a nodus worker without a board was sent, stay with the
 //!   worker (nothing on their side would know they were taken back). Nothing is taken back once
 //!   the primary stopped accepting (no other worker would take it). Each one is counted
-//!   (`Proc::taken_back`, in the stats and metrics).
-//! - A worker gets no new connection while a handoff to it is past the deadline, and after a
-//!   take-back until it has seen the batches taken back (`seen_below` on its board): a stalled
-//!   worker's share goes to the others. Nor does a worker that is not ready while another
-//!   member of the listener is ([`takes_now`]: a new generation's worker in a reload waits for
-//!   its ready; with no ready member, as at the start, every member takes connections). readyz
-//!   counts a worker stalled by the same rule ([`stalled`], in `Primary::ready_state`).
+//!   (`Proc::taken_back`, in the stats and metrics); each stall is said once, and its end.
+//! - A stall ends as soon as the worker shows its loop runs: any message from it
+//!   ([`heard_from`], the answer to the request above included), its `seen_below` reaching the
+//!   end of the take-back (looked at every [`CATCH_UP_POLL`]), or the late handoff taken.
+//!   Connections parked meanwhile are offered to it at once. While every member is stalled,
+//!   new connections wait in the primary (parked, within its bounds) for the first worker that
+//!   runs again rather than being handed to a stalled one, where they would wait for that one
+//!   (a Node worker's in flight, a board-less worker's batch) or come back after the deadline.
+//!   Node's primary, which knows no stall, hands a stalled worker one connection (its
+//!   round-robin waits for each one's ACK) and queues the rest in the primary too.
+//! - While connections are handed, [`dispatch`] probes its members ([`stats::probe`]: a snapshot
+//!   request that asks for no snapshot, to a worker that answers them, has none unanswered and
+//!   was last asked [`FRESH`](super::stats::FRESH) ago or more): at most one small message each
+//!   way per worker per second, no timer of its own and no syscall added to a handoff, so
+//!   routing learns of a stall without a readyz request, often before a connection waits on it.
+//!   An idle primary probes only when readyz or the stats ask.
+//! - A worker that is not ready gets no new connection while another member of the listener is
+//!   ready ([`takes_now`]: a new generation's worker in a reload waits for its ready; with no
+//!   ready member, as at the start, every member takes connections).
 //! - What a worker gives back (`returned`) is handed on only after [`check_returned`]: each fd
 //!   must be a connected, non-listening TCP stream socket of the listener's family and local
 //!   address (an fd the worker accepted from that listener); anything else (a pipe, a UDP or Unix
@@ -56,7 +74,7 @@ use super::balance::{self, Candidate};
 use super::parked::{self, Conn, MAX_PARKED};
 use super::proc::{Proc, ProcState};
 use super::server::{Member, RETRY_PAUSE, Server, leave_all};
-use super::{Policy, State, count};
+use super::{Policy, State, count, stats};
 use crate::cluster::protocol::{Incoming, NODE_CLUSTER, NODE_NODUS, NewConn, NewConns};
 use crate::ipc::{MAX_FDS_PER_FRAME, SendHandle};
 
@@ -249,10 +267,25 @@ fn overdue(proc: &Proc, now: u64) -> bool {
         .is_some_and(|sent| now.saturating_sub(sent) >= HANDOFF_DEADLINE.as_nanos() as u64)
 }
 
-/// Whether `proc` gets no new connections for being stalled: a handoff past the deadline, or
-/// batches taken back from it that it has not seen yet.
+/// Whether `proc` is stalled (see the module docs), so it gets no new connection: a handoff past
+/// the deadline, its loop silent as long while a request waits for it, or batches taken back
+/// from it that it has not seen yet.
 pub(super) fn stalled(proc: &Proc, now: u64) -> bool {
-    proc.behind_until.get().is_some() || overdue(proc, now)
+    proc.behind_until.get().is_some() || overdue(proc, now) || stats::loop_stalled(proc, now)
+}
+
+/// `proc` sent a message (handled just now, an answer having cleared its request already): its
+/// loop runs, so batches taken back from it no longer hold it back, and its silence starts over.
+/// The end of a stall said is said; parked connections, if any, may go to it now (whether or not
+/// its stall had been said: the watch may not have looked yet).
+pub(super) fn heard_from(st: &State, proc: &Proc) {
+    let now = crate::time::loop_now_ns();
+    proc.heard_ns.set(now);
+    proc.behind_until.set(None);
+    if !stalled(proc, now) {
+        runs_again(proc, now);
+        wake_parked(st);
+    }
 }
 
 /// Says once that a worker said to be stalled takes connections again.
@@ -280,24 +313,27 @@ fn takes_now(proc: &Proc, ready_member: bool, now: u64) -> bool {
 /// How often the watch looks whether a worker that had batches taken back has seen them.
 const CATCH_UP_POLL: Duration = Duration::from_millis(50);
 
-/// Makes sure the deadline watch runs while any handoff is pending or a worker is behind a
-/// take-back: at each handoff's deadline it takes back what is overdue ([`take_back`]), and every
-/// [`CATCH_UP_POLL`] it looks whether a worker behind has caught up (then parked connections may
-/// go to it). Deadlines come in handoff order, so a handoff never needs the watch sooner than it
-/// is armed for.
-fn arm_deadline(st: &Rc<State>) {
+/// Makes sure the stall watch runs while any handoff is pending, a worker is behind a take-back
+/// or a request to a worker is unanswered: when a worker becomes stalled (a handoff's deadline,
+/// or its loop silent as long) it takes back what that worker has not taken and says the stall
+/// ([`take_back`]), and every [`CATCH_UP_POLL`] it looks whether a worker behind has caught up
+/// (then parked connections may go to it). Each wakes it at its own time; what it hands on, or
+/// a request sent after it went to sleep, never needs it sooner than it is armed for (deadlines
+/// come in the order things were sent).
+pub(super) fn arm_deadline(st: &Rc<State>) {
     if st.deadline_armed.replace(true) {
         return;
     }
     let st = st.clone();
     crate::task::spawn_named("cluster:handoff-deadline", async move {
+        let deadline = HANDOFF_DEADLINE.as_nanos() as u64;
         loop {
             let now = crate::time::loop_now_ns();
             let procs: Vec<Rc<Proc>> = st.procs.borrow().values().cloned().collect();
             for p in &procs {
                 release_taken(p);
-                if overdue(p, now) {
-                    take_back(&st, p);
+                if overdue(p, now) || stats::loop_stalled(p, now) {
+                    take_back(&st, p, now);
                 }
                 let caught_up = p
                     .behind_until
@@ -316,13 +352,16 @@ fn arm_deadline(st: &Rc<State>) {
                     let due = p
                         .pending
                         .oldest_sent_ns()
-                        .map(|sent| sent + HANDOFF_DEADLINE.as_nanos() as u64)
+                        .map(|sent| sent + deadline)
+                        .filter(|&due| due > now);
+                    let silent = stats::silent_from(p)
+                        .map(|since| since + deadline)
                         .filter(|&due| due > now);
                     let poll = p
                         .behind_until
                         .get()
                         .map(|_| now + CATCH_UP_POLL.as_nanos() as u64);
-                    due.into_iter().chain(poll).min()
+                    due.into_iter().chain(silent).chain(poll).min()
                 })
                 .min();
             let Some(at) = next else { break };
@@ -345,27 +384,30 @@ pub(super) fn wake_parked(st: &State) {
     }
 }
 
-/// `proc` has not taken a handoff within [`HANDOFF_DEADLINE`]: takes back what can be taken back
-/// without two processes serving one connection (see the module docs) and hands it on. The
-/// worker gets no new connections meanwhile ([`stalled`]); said once per stall.
-fn take_back(st: &Rc<State>, proc: &Proc) {
+/// `proc` is stalled (a handoff past [`HANDOFF_DEADLINE`], or its loop silent as long): takes
+/// back what can be taken back without two processes serving one connection (see the module
+/// docs) and hands it on; says the stall once. It gets no new connections meanwhile
+/// ([`stalled`]).
+fn take_back(st: &Rc<State>, proc: &Proc, now: u64) {
     if st.accepting_stopped.get() {
         return;
     }
+    let late = overdue(proc, now);
     let back = match (proc.board.get(), &proc.channel) {
-        (Some(board), _) => {
-            let Some(end) = proc.pending.last_seq().map(|seq| seq + 1) else {
-                return;
-            };
-            // Below `mark` the worker claimed (or refused) them: released as usual.
-            let mark = board.take_back_below(end);
-            let back = proc.pending.remove_from(mark);
-            if !back.is_empty() {
-                proc.behind_until.set(Some(end));
+        (Some(board), _) => match proc.pending.last_seq() {
+            Some(last) => {
+                let end = last + 1;
+                // Below `mark` the worker claimed (or refused) them: released as usual.
+                let mark = board.take_back_below(end);
+                let back = proc.pending.remove_from(mark);
+                if !back.is_empty() {
+                    proc.behind_until.set(Some(end));
+                }
+                release_taken(proc);
+                back
             }
-            release_taken(proc);
-            back
-        }
+            None => Vec::new(),
+        },
         (None, Some(channel)) => {
             let mut seqs = Vec::new();
             channel.take_back_held_handles(|msg| {
@@ -385,41 +427,52 @@ fn take_back(st: &Rc<State>, proc: &Proc) {
     let n: usize = back.iter().map(|h| h.conns.len()).sum();
     proc.taken_back.set(proc.taken_back.get() + n as u64);
     if !proc.stall_said.replace(true) {
-        let left = proc.pending.conns() as usize;
-        let why = if proc.speaks_nodus.get() {
-            "a nodus worker without a board could not tell"
-        } else {
-            "a Node worker's cannot be taken back once written to its channel"
-        };
-        let done = match (n, left) {
-            (_, 0) => format!(
-                "{} taken back and handed to the other workers",
-                count(n, "connection")
-            ),
-            (0, _) => format!(
-                "{} already sent stay with it ({why})",
-                count(left, "connection")
-            ),
-            _ => format!(
-                "{} taken back and handed to the other workers, {left} already sent stay with it \
-                 ({why})",
-                count(n, "connection")
-            ),
-        };
-        tracing::warn!(
-            target: "nodus::cluster",
-            "worker {} (pid {}) has not taken connections handed to it {HANDOFF_DEADLINE:?} ago \
-             (its loop is blocked or stopped?): {done}; it gets no new connections until it runs \
-             again",
-            proc.slot,
-            proc.pid
-        );
+        say_stalled(proc, late, n);
     }
     for h in back {
         nonblocking_again(&h.conns);
         let _ = dispatch(st, &h.server, h.conns);
         h.server.wake_accept();
     }
+}
+
+/// The stall's line: what showed it (`late`: a handoff past the deadline, else the loop's
+/// silence), and what became of the connections handed to it (`n` taken back).
+fn say_stalled(proc: &Proc, late: bool, n: usize) {
+    let left = proc.pending.conns() as usize;
+    let why = if proc.speaks_nodus.get() {
+        "a nodus worker without a board could not tell"
+    } else {
+        "a Node worker's cannot be taken back once written to its channel"
+    };
+    let done = match (n, left) {
+        (0, 0) => String::new(),
+        (_, 0) => format!(
+            ": {} taken back and handed to the other workers",
+            count(n, "connection")
+        ),
+        (0, _) => format!(
+            ": {} already sent stay with it ({why})",
+            count(left, "connection")
+        ),
+        _ => format!(
+            ": {} taken back and handed to the other workers, {left} already sent stay with it \
+             ({why})",
+            count(n, "connection")
+        ),
+    };
+    let what = if late {
+        format!("has not taken connections handed to it {HANDOFF_DEADLINE:?} ago")
+    } else {
+        format!("has not answered the primary for {HANDOFF_DEADLINE:?}")
+    };
+    tracing::warn!(
+        target: "nodus::cluster",
+        "worker {} (pid {}) {what} (its loop is blocked or stopped?){done}; it gets no new \
+         connections until it runs again",
+        proc.slot,
+        proc.pid
+    );
 }
 
 /// Connections a worker had (refused, taken back, or left behind at its exit) are handed on:
@@ -638,9 +691,12 @@ fn redistribute(st: &Rc<State>, proc: &Proc) {
 pub(super) fn dispatch(st: &Rc<State>, server: &Rc<Server>, conns: Vec<Conn>) -> io::Result<()> {
     let (targets, parked) = {
         let members = server.members.borrow();
-        members.iter().for_each(|m| release_taken(&m.proc));
-        let ready_member = members.iter().any(|m| m.proc.is_ready());
         let now = crate::time::loop_now_ns();
+        for m in members.iter() {
+            release_taken(&m.proc);
+            stats::probe(st, &m.proc, now);
+        }
+        let ready_member = members.iter().any(|m| m.proc.is_ready());
         let mut cands: Vec<Candidate> = members
             .iter()
             .map(|m| Candidate {

@@ -7,9 +7,11 @@
 //!   ([`GIVE_UP_EXIT_CODE`](crate::cluster::GIVE_UP_EXIT_CODE) when the restart budget ran out,
 //!   [`FORCED_STOP_EXIT_CODE`](crate::cluster::FORCED_STOP_EXIT_CODE) or 128 + a second signal's
 //!   number when the stop had to kill workers or a worker cut requests).
-//! - [`Primary::ready_state`] is what readyz says: ready while a ready worker is not stalled
-//!   (the handoff deadline passed on a connection handed to it, or on its loop's answer to a
-//!   snapshot request the call itself sends, without waiting for it).
+//! - [`Primary::ready_state`] is what readyz says: ready while a ready worker is not stalled, by
+//!   the rule routing uses (`handoff::stalled`): the handoff deadline passed on a connection
+//!   handed to it, or on its loop's answer to a snapshot request (one the call itself sends,
+//!   without waiting for it, or one routing sent while handing connections) with nothing else
+//!   heard from it meanwhile.
 //! - Files: `proc` (one worker process and its channel), `server` (listeners per server key,
 //!   `queryServer` answers and the accept loop), `handoff` (connections handed to workers and
 //!   pending until taken), `parked` (accepted connections waiting for a worker, and their
@@ -28,9 +30,9 @@
 //!   refuses a connection. Then it stops accepting: new connections are refused by the kernel.
 //!   A connection handed to a worker stays owned by the primary too until the worker answers
 //!   `accepted`, so one lost with its worker is handed to another, and so is one a stalled worker
-//!   has not taken within the handoff deadline (1 s), wherever it can be taken back without two
-//!   processes serving it (`handoff`); one no worker takes waits a bounded time
-//!   (`ready_timeout`), then it is reset.
+//!   (the primary has waited the handoff deadline, 1 s, for its loop) has not taken, wherever it
+//!   can be taken back without two processes serving it (`handoff`); one no worker takes (every
+//!   one stalled, say) waits a bounded time (`ready_timeout`), then it is reset.
 //! - Workers get `PR_SET_PDEATHSIG(SIGKILL)`: none outlives a primary killed with SIGKILL. Their
 //!   own children are the orphan guard's (`crate::process::OrphanGuard`, `State::guard`),
 //!   forked by [`Primary::start`] before the first worker: it remembers each worker's process
@@ -693,11 +695,14 @@ impl Primary {
     /// A worker is stalled when the primary has waited for its loop for the handoff deadline
     /// (1 s): a connection handed to it under round-robin or least not taken (or taken back from
     /// it and not yet seen), or, for a worker that answers snapshot requests (a nodus worker), a
-    /// request not answered. So that an idle cluster's stall is seen too, this sends each ready
-    /// nodus worker with no request unanswered a snapshot request when it was last asked 1 s ago
-    /// or more, and does not wait for it: the answer is cheap and never waits for a worker (a
-    /// stall begun since shows at a later call, once that request is 1 s old). A Node worker
-    /// or a plain program is asked nothing: stalled only by its handoffs, never otherwise.
+    /// request not answered, with no other message from it meanwhile. Round-robin and least
+    /// route by the same rule: a worker this calls stalled is handed no connection until it
+    /// answers (any message from it). So that an idle cluster's stall is seen too, this sends
+    /// each ready nodus worker with no request unanswered a probe (a snapshot request answered
+    /// without a snapshot) when it was last asked 1 s ago or more, and does not wait for it: the
+    /// answer is cheap and never waits for a worker (a stall begun since shows at a later call,
+    /// once that request is 1 s old). A Node worker or a plain program is asked nothing:
+    /// stalled only by its handoffs, never otherwise.
     ///
     /// Under [`Policy::Shared`] and [`Policy::ReusePort`] no connection is handed over: the
     /// kernel queues them on the workers' sockets. A stalled worker accepts none meanwhile; under
@@ -714,7 +719,7 @@ impl Primary {
         for p in self.st.procs.borrow().values().filter(|p| p.is_ready()) {
             stats::probe(&self.st, p, now);
             ready += 1;
-            if handoff::stalled(p, now) || stats::loop_stalled(p, now) {
+            if handoff::stalled(p, now) {
                 stalled += 1;
             }
         }

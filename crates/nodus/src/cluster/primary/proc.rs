@@ -16,8 +16,8 @@
 //!   step may be skipped).
 //! - `pending` holds the primary's reference to every connection handed to this worker and not
 //!   yet taken (posted on its `board`, a `took`, or `accepted` from a Node worker); whatever is
-//!   left when the worker dies, or is taken back after the handoff deadline
-//!   (`handoff::HANDOFF_DEADLINE`), is handed to another.
+//!   left when the worker dies, or is taken back once it is stalled (the primary waited
+//!   `handoff::HANDOFF_DEADLINE` for its loop), is handed to another.
 //! - `board` is set at most once, before the answer to the worker's first `queryServer` that
 //!   asked for one; `refusals_seen` counts the `refused` messages handled (a board release waits
 //!   until it matches the board's count).
@@ -30,10 +30,12 @@
 //!   (its launcher's exec failure, [`report_exec_failure`]) is heeded first.
 //! - `asked_for_snapshots` is set once the worker says it speaks nodus's own messages and
 //!   cleared when its channel ends (its snapshot, `answered_last` and `unanswered` with it): the
-//!   stats and readyz ask a worker only while it can answer, so one that does not answer is
-//!   stalled, never a Node worker or a plain program. `speaks_nodus` is set with it and never
+//!   stats, readyz and routing ask a worker only while it can answer, so one that does not answer
+//!   is stalled, never a Node worker or a plain program. `speaks_nodus` is set with it and never
 //!   cleared (a nodus worker, not a Node one); `channel_ended` is set when the channel's reader
 //!   ends.
+//! - `heard_ns` is when a message from the worker was last handled (either stream of its
+//!   channel), stamped after the message: a sign its loop ran (`handoff::heard_from`).
 //! - Application messages (`process.send()`) are not handled (no JavaScript runs here): each is
 //!   a `message` event, the first of the run logged at INFO saying so, the rest at DEBUG.
 //! - What a worker asks for is answered only while it reads its channel ([`Proc::may_answer`]:
@@ -176,13 +178,12 @@ pub(super) struct Proc {
     pub gave_back_bad_fd: Cell<bool>,
     /// Connections this worker accepted from the primary.
     pub handed: Cell<u64>,
-    /// Connections handed to it that the primary took back after the handoff deadline.
+    /// Connections handed to it that the primary took back once it was stalled.
     pub taken_back: Cell<u64>,
     /// Batches below this `seq` were taken back from it and it has not seen them all yet (its
-    /// board's `seen_below`): it gets no new connections until it has.
+    /// board's `seen_below`): it gets no new connections until it has, or sends a message.
     pub behind_until: Cell<Option<u64>>,
-    /// Its stall was logged (a handoff past the deadline); cleared, with a line, once it runs
-    /// again.
+    /// Its stall was logged (`handoff::take_back`); cleared, with a line, once it runs again.
     pub stall_said: Cell<bool>,
     /// The same, summed over every worker of its slot (see `Slot::taken`).
     pub slot_taken: Rc<Cell<u64>>,
@@ -215,9 +216,12 @@ pub(super) struct Proc {
     /// misses, whether or not it ever answered one.
     pub answered_last: Cell<Option<bool>>,
     /// The oldest snapshot request it has not answered: its id and when it was sent (the loop's
-    /// time, ns). One left unanswered for the handoff deadline means its loop is stalled
-    /// (`stats::loop_stalled`, for readyz); cleared by an answer to it or a later one.
+    /// time, ns). One left unanswered for the handoff deadline, with nothing heard from it
+    /// meanwhile, means its loop is stalled (`stats::loop_stalled`, for routing and readyz);
+    /// cleared by an answer to it or a later one.
     pub unanswered: Cell<Option<(u64, u64)>>,
+    /// When a message from it was last handled (the loop's time, ns; 0 before the first).
+    pub heard_ns: Cell<u64>,
     /// When the primary last asked it for a snapshot (the loop's time, ns).
     pub asked_ns: Cell<Option<u64>>,
     pub snapshot_waiters: RefCell<HashMap<u64, ReplySlot<String>>>,
@@ -336,6 +340,7 @@ impl Proc {
             speaks_nodus: Cell::new(false),
             answered_last: Cell::new(None),
             unanswered: Cell::new(None),
+            heard_ns: Cell::new(0),
             asked_ns: Cell::new(None),
             snapshot_waiters: RefCell::default(),
             exit_status: Cell::new(None),
@@ -377,6 +382,7 @@ impl Proc {
                 let channel = p.channel.as_ref().expect("checked");
                 while let Some(msg) = channel.recv_internal().await {
                     on_internal(&s, &p, msg);
+                    handoff::heard_from(&s, &p);
                 }
                 // No longer asked: neither figures nor a stall to show for it.
                 p.asked_for_snapshots.set(false);
@@ -401,6 +407,7 @@ impl Proc {
                             "worker {} (pid {}): channel error: {e}", p.slot, p.pid
                         ),
                     }
+                    handoff::heard_from(&s, &p);
                 }
             })
             .detach();

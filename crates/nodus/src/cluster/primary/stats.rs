@@ -10,9 +10,14 @@
 //! idle, for as long as it blocks). `answering` says why: `null` for a worker that is not asked
 //! (or not yet), `false` for one that was asked and did not answer in time (stalled, or too
 //! busy), whether or not it answered an earlier request.
-//! The same requests tell readyz whether a worker's loop runs (`probe`, `loop_stalled`): the
-//! oldest one a worker has not answered is kept with its time, so a loop that has not answered
-//! for the handoff deadline is stalled, and its next answer, however late, says it runs again.
+//! The same requests tell routing and readyz whether a worker's loop runs (`probe`,
+//! `loop_stalled`, part of `handoff::stalled`): the oldest one a worker has not answered is kept
+//! with its time, so a loop that has left it unanswered for the handoff deadline, with nothing
+//! else heard from it meanwhile, is stalled; its next answer, however late, or any other message
+//! says it runs again. A probe (`text: "probe"`) asks for no snapshot: a nodus worker answers it
+//! without building one (an older one sends its snapshot, ignored), so the requests routing
+//! sends while connections are handed (at most one per worker per second) stay under a hundred
+//! bytes each way.
 //! The JSON shape is the one `nodus top` and the admin page read (`workers[]` with `worker`,
 //! `pid`, `snapshot`, `answering`, `restarts`, `rss_bytes`, plus cluster fields).
 //! A snapshot a worker sends is served only if a loop could have taken it: a JSON `Snapshot`
@@ -44,7 +49,7 @@ use serde_json::value::RawValue;
 
 use super::proc::{Proc, ProcState};
 use super::{LastExit, State};
-use crate::cluster::protocol::Nodus;
+use crate::cluster::protocol::{Nodus, SNAPSHOT_PROBE};
 use crate::cluster::reply::ReplySlot;
 use crate::metrics::Snapshot;
 use crate::metrics::prometheus::SnapshotCollector;
@@ -93,7 +98,7 @@ pub(super) async fn ask_all(st: &Rc<State>, limit: Duration) -> bool {
         .filter(|p| p.asked_for_snapshots.get())
         .map(|p| {
             let slot = ReplySlot::new();
-            let id = ask(st, &p);
+            let id = ask(st, &p, true);
             p.snapshot_waiters.borrow_mut().insert(id, slot.clone());
             (p, id, slot)
         })
@@ -138,9 +143,10 @@ pub(super) async fn ask_all(st: &Rc<State>, limit: Duration) -> bool {
     all
 }
 
-/// Sends `p` a snapshot request and returns its id; the oldest one it has not answered is
-/// remembered (`Proc::unanswered`, cleared when the answer comes, however late).
-fn ask(st: &State, p: &Proc) -> u64 {
+/// Sends `p` a snapshot request (a probe unless `snapshot`: answered without one) and returns its
+/// id; the oldest one it has not answered is remembered (`Proc::unanswered`, cleared when the
+/// answer comes, however late), and the stall watch is armed to see it go unanswered.
+fn ask(st: &Rc<State>, p: &Proc, snapshot: bool) -> u64 {
     let id = {
         let mut cache = st.stats_cache.borrow_mut();
         cache.next_id += 1;
@@ -148,34 +154,48 @@ fn ask(st: &State, p: &Proc) -> u64 {
     };
     let mut msg = Nodus::act("snapshot_request");
     msg.id = Some(id);
+    if !snapshot {
+        msg.text = Some(SNAPSHOT_PROBE);
+    }
     p.send(&msg);
     let now = crate::time::loop_now_ns();
     p.asked_ns.set(Some(now));
     if p.unanswered.get().is_none() {
         p.unanswered.set(Some((id, now)));
+        super::handoff::arm_deadline(st);
     }
     id
 }
 
-/// For readyz: asks `p` for a snapshot without waiting for it, when it answers them, has none
-/// left unanswered and was last asked [`FRESH`] ago or more (at most one small message per worker
-/// per second, whoever polls). Its answer, whenever it comes, only clears `Proc::unanswered`.
-pub(super) fn probe(st: &State, p: &Proc, now: u64) {
+/// For routing ([`dispatch`](super::handoff::dispatch), while connections are handed) and
+/// readyz: asks `p` whether its loop runs, without waiting for the answer, when it answers
+/// snapshot requests, has none left unanswered and was last asked [`FRESH`] ago or more (at
+/// most one small message each way per worker per second, whoever asks). Its answer, whenever
+/// it comes, only clears `Proc::unanswered`.
+pub(super) fn probe(st: &Rc<State>, p: &Proc, now: u64) {
     let due = p
         .asked_ns
         .get()
         .is_none_or(|t| now.saturating_sub(t) >= FRESH.as_nanos() as u64);
     if p.asked_for_snapshots.get() && p.is_alive() && p.unanswered.get().is_none() && due {
-        ask(st, p);
+        ask(st, p, false);
     }
 }
 
-/// Whether `p`'s loop has left a snapshot request unanswered for the handoff deadline (1 s, the
-/// bound rr applies to a handoff): it is blocked or stopped. A worker not asked (a Node worker,
-/// a plain program) never is.
+/// Since when `p`'s loop has been silent while a request waited for it: the oldest request it
+/// has not answered, or the last message heard from it if that came later. `None` while no
+/// request waits (a worker not asked, a Node worker or a plain program, never waits one).
+pub(super) fn silent_from(p: &Proc) -> Option<u64> {
+    p.unanswered
+        .get()
+        .map(|(_, sent)| sent.max(p.heard_ns.get()))
+}
+
+/// Whether `p`'s loop has been silent for the handoff deadline (1 s, the bound a handoff gets)
+/// while a snapshot request waited for it ([`silent_from`]): it is blocked or stopped.
 pub(super) fn loop_stalled(p: &Proc, now: u64) -> bool {
-    p.unanswered.get().is_some_and(|(_, sent)| {
-        now.saturating_sub(sent) >= super::handoff::HANDOFF_DEADLINE.as_nanos() as u64
+    silent_from(p).is_some_and(|since| {
+        now.saturating_sub(since) >= super::handoff::HANDOFF_DEADLINE.as_nanos() as u64
     })
 }
 
@@ -221,7 +241,7 @@ struct WorkerDoc<'a> {
     restarts: u64,
     rss_bytes: Option<u64>,
     connections_handed: u64,
-    /// Connections handed to it and taken back after the handoff deadline (its loop stalled).
+    /// Connections handed to it and taken back once its loop was found stalled.
     connections_taken_back: u64,
     uptime_seconds: f64,
     /// `None`: it is not asked for snapshots (a plain program, a Node worker) or not yet;
@@ -538,7 +558,7 @@ pub(super) async fn metrics_text(st: &Rc<State>) -> String {
     );
     registry.register(
         "nodus_cluster_worker_handoffs_taken_back",
-        "Connections handed to the worker process that it had not taken within the handoff deadline (1 s: its loop was blocked or stopped), taken back by the primary and handed to another worker",
+        "Connections handed to the worker process that it had not taken when the primary found its loop stalled (1 s without it taking a connection or answering a request: blocked or stopped), taken back by the primary and handed to another worker",
         taken_back,
     );
     let slot_restarts = Family::<Vec<(String, String)>, Counter<u64>>::default();
