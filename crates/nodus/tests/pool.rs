@@ -78,6 +78,8 @@ fn in_flight_work_keeps_run_alive() {
     let rt = Runtime::new();
     let done = Rc::new(RefCell::new(None));
     let d = done.clone();
+    // Before the spawn: the work may start on the pool as soon as the task is first polled.
+    let start = Instant::now();
     rt.enter(|| {
         spawn(async move {
             let v = offload_io(|| {
@@ -90,7 +92,6 @@ fn in_flight_work_keeps_run_alive() {
         })
         .detach();
     });
-    let start = Instant::now();
     rt.run();
     assert_eq!(*done.borrow(), Some(42));
     assert!(start.elapsed() >= Duration::from_millis(50));
