@@ -513,6 +513,9 @@ fn a_worker_asking_for_one_listener_a_thousand_times_gets_one_share() {
 
 /// How many listeners the primary binds for its workers at most (`cluster::primary::server`).
 const MAX_KEYS: usize = 1024;
+/// The most handles a worker may leave unACKed before its requests go unanswered (the primary's
+/// `REPLY_HANDLES`): a listener for every key plus twice the handoffs in flight (64).
+const REPLY_HANDLES: usize = MAX_KEYS + 2 * 64;
 
 /// Listeners the worker of the test below asks for.
 const FLOOD: usize = 2000;
@@ -576,6 +579,53 @@ fn a_flood_of_listeners_is_refused_past_the_cap() {
         );
         let grown = open_fds().saturating_sub(before);
         assert!(grown < MAX_KEYS + 100, "{grown} fds opened");
+        c.shut_down().await;
+    });
+}
+
+/// An honest worker that listens on 200 ports in one burst under `shared`, as a Node program
+/// calling `listen` 200 times in one tick does: every answer carries a listener, and Node's
+/// channel sends them one at a time, each after the ACK of the one before, so most wait in the
+/// primary's queue for a while. It writes each answer's `errno` (`errnos`, one per line).
+fn many_listens_worker() -> ! {
+    let dir = worker_dir();
+    nodus::Runtime::new().block_on(async move {
+        let ch = Channel::from_env()
+            .unwrap()
+            .expect("started with a channel");
+        send(&ch, r#"{"cmd":"NODE_CLUSTER","act":"online","seq":0}"#);
+        for seq in 1..=MANY_LISTENS as u64 {
+            let q = query(seq, "127.0.0.1", 0).replace("\"index\":0", &format!("\"index\":{seq}"));
+            send(&ch, &q);
+        }
+        let mut errnos = String::new();
+        for _ in 0..MANY_LISTENS {
+            let v = next(&ch).await;
+            errnos.push_str(&format!("{}\n", v["errno"]));
+        }
+        put(&dir, "errnos", &errnos);
+        until_disconnect(&ch).await
+    })
+}
+
+const MANY_LISTENS: usize = 200;
+
+#[test]
+fn a_worker_listening_on_many_ports_at_once_under_shared_gets_every_listener() {
+    const NAME: &str = "a_worker_listening_on_many_ports_at_once_under_shared_gets_every_listener";
+    if std::env::var(ROLE).as_deref() == Ok("many-listens") {
+        many_listens_worker();
+    }
+    let _serial = serial();
+    let dir = nodus_testkit::tmp::TempDir::new("hostile-many-listens");
+    bounded(async || {
+        let c = Cluster::start(NAME, "many-listens", 1, Policy::Shared, dir.path());
+        let errnos = read(dir.path(), "errnos").await;
+        assert_eq!(
+            errnos.lines().filter(|e| *e == "null").count(),
+            MANY_LISTENS,
+            "listeners granted: {errnos}"
+        );
         c.shut_down().await;
     });
 }
@@ -678,17 +728,23 @@ fn a_worker_that_never_reads_gets_no_more_answers_past_a_frames_worth() {
     });
 }
 
-/// Slot 1 of the test below: never reads its channel (so never ACKs a handle) while it sends a
-/// thousand `queryServer`s for the pre-bound shared listener (each answer carries a duplicate of
-/// it); then says `"flooded"` and waits to be killed (the primary's `disconnect` waits behind
+/// Slot 1 of the test below: never reads its channel (so never ACKs a handle) while it sends
+/// twice [`REPLY_HANDLES`] `queryServer`s for the pre-bound shared listener (each answer carries
+/// a duplicate of it); then says `"flooded"` and waits to be killed (the primary's `disconnect` waits behind
 /// the handle it never ACKs).
 fn deaf_shared_worker() -> ! {
     let sock = raw_channel();
     let mut out = std::io::BufWriter::new(sock.try_clone().unwrap());
     writeln!(out, r#"{{"cmd":"NODE_CLUSTER","act":"online","seq":0}}"#).unwrap();
     let port = worker_addr().port() as i64;
-    for seq in 1..=1000 {
+    // In rounds of 100: a burst of thousands would overflow the primary's queue of unread
+    // messages (1024), which drops the oldest, and the cap would never be reached.
+    for seq in 1..=2 * REPLY_HANDLES as u64 {
         writeln!(out, "{}", query(seq, "127.0.0.1", port)).unwrap();
+        if seq % 100 == 0 {
+            out.flush().unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
     writeln!(out, r#""flooded""#).unwrap();
     out.flush().unwrap();
@@ -704,6 +760,8 @@ fn a_worker_that_never_acks_holds_a_bounded_number_of_the_primarys_fds() {
         deaf_shared_worker();
     }
     let _serial = serial();
+    // Room for the fds the cap allows and more, so that a missing cap shows as fds held.
+    nodus::process::raise_fd_limit();
     let dir = nodus_testkit::tmp::TempDir::new("hostile-deaf-shared");
     bounded(async || {
         let before = open_fds();
@@ -711,7 +769,10 @@ fn a_worker_that_never_acks_holds_a_bounded_number_of_the_primarys_fds() {
         c.message_from(1, r#""flooded""#).await;
         nodus::sleep(Duration::from_millis(300)).await;
         let grown = open_fds().saturating_sub(before);
-        assert!(grown < 200, "{grown} fds held for a worker that never ACKs");
+        assert!(
+            grown < REPLY_HANDLES + 100,
+            "{grown} fds held for a worker that never ACKs"
+        );
         // It would never see the drain: killed once the shutdown began (no restart then).
         let pid = c.primary.worker_pids()[0].1;
         c.primary.shutdown();

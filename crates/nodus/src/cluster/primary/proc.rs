@@ -80,9 +80,12 @@ use serde_json::value::RawValue;
 /// its requests ([`Proc::may_answer`]): a frame's worth, more than any one answer.
 pub(super) const REPLY_BACKLOG: usize = crate::ipc::DEFAULT_MAX_FRAME;
 
-/// Nor one with this many handles it has not ACKed, each holding an fd of the primary's: twice
-/// what its handoffs may leave there.
-pub(super) const REPLY_HANDLES: usize = 2 * super::balance::MAX_IN_FLIGHT as usize;
+/// Nor one with this many handles it has not ACKed, each holding an fd of the primary's: more
+/// than a worker that reads its channel can have waiting there, a listener for every key the
+/// primary keeps (a Node program's `listen` calls of one tick all answered under `shared`, where
+/// Node's channel sends one handle per ACK) plus twice what its handoffs may leave there.
+pub(super) const REPLY_HANDLES: usize =
+    server::MAX_KEYS + 2 * super::balance::MAX_IN_FLIGHT as usize;
 
 /// A worker's stats requests waiting for the next document at most; more are dropped (their
 /// sender times out).

@@ -549,7 +549,7 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
 /// Server keys the primary keeps for its workers at most (a listener bound, a UDP socket, a
 /// reuse-port key's port 0 resolved): a worker asking for more (a `listen` on port 0 in a loop)
 /// gets `EMFILE`, and the primary's fds and memory stay its own.
-const MAX_KEYS: usize = 1024;
+pub(super) const MAX_KEYS: usize = 1024;
 
 /// Whether `key` is kept already, or there is room for one more key.
 fn key_room(st: &State, key: &str) -> bool {
