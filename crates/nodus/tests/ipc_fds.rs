@@ -14,11 +14,12 @@
 mod common;
 
 use std::net::TcpListener;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::{Mutex, MutexGuard};
 
 use common::bounded;
 use common::ipc::{Raw, with_raw};
+use common::pipes::{pipe, write_end_closed};
 use nodus::ipc::{Channel, ChannelOptions, IpcError};
 use nodus_testkit::fds::open_fds;
 
@@ -26,22 +27,6 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A pipe: its read end (non-blocking) and its write end, the fd to pass.
-fn pipe() -> (OwnedFd, OwnedFd) {
-    let (r, w) = std::io::pipe().unwrap();
-    rustix::fs::fcntl_setfl(&r, rustix::fs::OFlags::NONBLOCK).unwrap();
-    (r.into(), w.into())
-}
-
-/// Whether every write end of the pipe is closed (a read sees EOF rather than `EAGAIN`).
-fn write_end_closed(read_end: &OwnedFd) -> bool {
-    match rustix::io::read(read_end, &mut [0u8; 1]) {
-        Ok(0) => true,
-        Err(rustix::io::Errno::AGAIN) => false,
-        other => panic!("unexpected pipe read: {other:?}"),
-    }
 }
 
 const HANDLE_FRAME: &[u8] = b"{\"cmd\":\"NODE_HANDLE\",\"type\":\"net.Server\",\"msg\":\"next\"}\n";

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use common::bounded_for;
 use common::ipc::{Raw, with_raw};
+use common::pipes::{pipe, write_end_closed};
 use common::rng::Rng;
 use nodus::ipc::framing::{Decoder, FrameError};
 use nodus::ipc::{ChannelOptions, DEFAULT_MAX_FRAME, IpcError, Message};
@@ -287,23 +288,6 @@ fn a_100_mib_line_through_a_channel_is_one_error_and_the_next_message_arrives() 
 
 // ---------------------------------------------------------------------------------------------
 // Fds.
-
-/// A pipe: its read end (non-blocking), kept to see whether the write end was closed, and its
-/// write end, the fd to pass.
-fn pipe() -> (OwnedFd, OwnedFd) {
-    let (r, w) = std::io::pipe().unwrap();
-    rustix::fs::fcntl_setfl(&r, rustix::fs::OFlags::NONBLOCK).unwrap();
-    (r.into(), w.into())
-}
-
-/// Whether every write end of the pipe is closed (a read sees EOF rather than `EAGAIN`).
-fn write_end_closed(read_end: &OwnedFd) -> bool {
-    match rustix::io::read(read_end, &mut [0u8; 1]) {
-        Ok(0) => true,
-        Err(rustix::io::Errno::AGAIN) => false,
-        other => panic!("unexpected pipe read: {other:?}"),
-    }
-}
 
 /// One `sendmsg` of `bytes` with up to 253 fds (the kernel's `SCM_MAX_FD`).
 fn send_many(raw: &Raw, bytes: &[u8], fds: &[BorrowedFd<'_>]) {

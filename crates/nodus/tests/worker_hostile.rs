@@ -11,6 +11,8 @@
 //! holds and plays the primary on; it reports what its `listen` calls returned as application
 //! messages. Bounded: every wait has a deadline, and the worker exits at the end of its channel.
 
+mod common;
+
 use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::rc::Rc;
@@ -20,6 +22,8 @@ use nodus::cluster::Worker;
 use nodus::ipc::{Channel, ChannelOptions, SendHandle};
 use nodus::process::Command;
 use serde_json::{Value, json};
+
+use common::pipes::{pipe, write_end_closed};
 
 /// Set in the worker this binary starts from itself.
 const ROLE: &str = "NODUS_TEST_WORKER_ROLE";
@@ -90,21 +94,6 @@ async fn report(ch: &Channel) -> Value {
         .expect("the channel is open")
         .expect("a message, not an error");
     serde_json::from_str(msg.json()).unwrap()
-}
-
-/// A pipe: its read end, kept to see whether every write end was closed, and its write end.
-fn pipe() -> (OwnedFd, OwnedFd) {
-    let (r, w) = std::io::pipe().unwrap();
-    rustix::fs::fcntl_setfl(&r, rustix::fs::OFlags::NONBLOCK).unwrap();
-    (r.into(), w.into())
-}
-
-fn write_end_closed(read_end: &OwnedFd) -> bool {
-    match rustix::io::read(read_end, &mut [0u8; 1]) {
-        Ok(0) => true,
-        Err(rustix::io::Errno::AGAIN) => false,
-        other => panic!("unexpected pipe read: {other:?}"),
-    }
 }
 
 /// A connection accepted on `listener` (its client end returned too).

@@ -1,12 +1,13 @@
 //! Helpers the runtime's integration tests share: a loop bounded in time, external tools (a
 //! missing one fails under `CI`), close-on-exec checks, stream helpers (`net`), a raw IPC peer
-//! (`ipc`) and a seeded PRNG for the attack tests (`rng`).
+//! (`ipc`), pipes to pass as fds (`pipes`) and a seeded PRNG for the attack tests (`rng`).
 //!
 //! Each test file is its own crate and uses a subset of these, hence `allow(dead_code)`.
 #![allow(dead_code)]
 
 pub mod ipc;
 pub mod net;
+pub mod pipes;
 pub mod rng;
 
 use std::future::Future;
