@@ -148,16 +148,8 @@ fn a_worker_readyz_found_stalled_is_handed_nothing_until_it_runs_again() {
     signal(stopped, Signal::STOP);
     let readyz = get(admin, "/_nodus/readyz");
     assert_eq!(readyz.status, 200, "one worker of two runs");
-    std::thread::sleep(KNOWN_STALLED_AFTER);
     // rr alternates: without the stall known, every other one would go to the stopped worker.
-    let took = get_many(addr, 10);
-    let w = worker_stats(admin, stopped);
-    assert_eq!(
-        w["connections_taken_back"], 0,
-        "{w}; requests took {took:?}"
-    );
-    assert_eq!(w["connections_handed"], 0, "{w}");
-    primary.wait_line("has not answered the primary for 1s");
+    assert_kept_off(addr, admin, stopped, 0, &mut primary);
 
     drop(cont);
     primary.wait_line("takes connections again");
@@ -205,15 +197,7 @@ fn a_stall_the_primary_probed_while_handing_keeps_connections_off_the_worker() {
     std::thread::sleep(Duration::from_millis(1200));
     signal(stopped, Signal::STOP);
     get_a(addr, 1);
-    std::thread::sleep(KNOWN_STALLED_AFTER);
-    let took = get_many(addr, 10);
-    let w = worker_stats(admin, stopped);
-    assert_eq!(
-        w["connections_taken_back"], 0,
-        "{w}; requests took {took:?}"
-    );
-    assert_eq!(w["connections_handed"], 1, "{w}");
-    primary.wait_line("has not answered the primary for 1s");
+    assert_kept_off(addr, admin, stopped, 1, &mut primary);
     drop(cont);
     primary.signal(Signal::TERM);
     assert_exit(&mut primary, Duration::from_secs(30), 0);
@@ -385,4 +369,25 @@ fn a_reloads_worker_that_has_not_said_it_is_ready_gets_no_connection() {
     assert!(seen.iter().all(|m| m == "v1"), "{seen:?}");
     primary.signal(Signal::TERM);
     assert_exit(&mut primary, Duration::from_secs(30), 0);
+}
+
+/// Once the primary has had time to know `stopped` is stalled, ten requests are answered without
+/// any going to it: none taken back (none waited out a handoff's deadline) and still `handed`
+/// handed to it; the primary said the stall.
+fn assert_kept_off(
+    addr: SocketAddr,
+    admin: SocketAddr,
+    stopped: i32,
+    handed: u64,
+    primary: &mut Proc,
+) {
+    std::thread::sleep(KNOWN_STALLED_AFTER);
+    let took = get_many(addr, 10);
+    let w = worker_stats(admin, stopped);
+    assert_eq!(
+        w["connections_taken_back"], 0,
+        "{w}; requests took {took:?}"
+    );
+    assert_eq!(w["connections_handed"], handed, "{w}");
+    primary.wait_line("has not answered the primary for 1s");
 }
