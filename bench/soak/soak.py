@@ -5,6 +5,9 @@
 Usage:
   cargo build --release -p nodus-cli
   python3 bench/soak/soak.py [--target serve|node|both] [--load SECS] [--nodus PATH] [--out DIR] [--seed N]
+                             [--reload-every SECS] [--kill-every SECS]
+  (--reload-every 1 --kill-every 0: a churn of reloads, to see what each one leaves behind in the primary;
+  nodus serve's restart budget, 5 within 60 s, allows a kill every 15 s at most)
 
 Targets (2 workers each, one after the other with --target both):
   serve  nodus serve DIR --workers 2 --access-log (a directory of a 13-byte file and a 1 MiB one)
@@ -817,7 +820,10 @@ def run_target(name, args, outroot):
         t_load = now()
         load.start()
         events.append((t_load, "load-start", {}))
-        next_reload, next_kill, next_burst = RELOAD_EVERY, KILL_OFFSET + RELOAD_EVERY, BURST_EVERY / 4
+        never = float("inf")
+        next_reload = args.reload_every or never
+        next_kill = KILL_OFFSET + args.reload_every if args.kill_every else never
+        next_burst = BURST_EVERY / 4
         next_sample = SAMPLE_EVERY
         while True:
             el = now() - t_load
@@ -826,7 +832,7 @@ def run_target(name, args, outroot):
             if el >= next_reload:
                 target.sighup()
                 events.append((now(), "reload", {}))
-                next_reload += RELOAD_EVERY
+                next_reload += args.reload_every
             if el >= next_kill:
                 k = target.kill_worker(rng, rec)
                 if k:
@@ -835,7 +841,7 @@ def run_target(name, args, outroot):
                                                     "in_flight": k["in_flight"]}))
                     log(f"[{name}] kill -9 worker {k['pid']}: {len(k['ports'])} connections, "
                         f"{k['in_flight']} requests in flight")
-                next_kill += KILL_EVERY
+                next_kill += args.kill_every
             if el >= next_burst:
                 t = now()
                 took = load.burst()
@@ -856,7 +862,7 @@ def run_target(name, args, outroot):
             load.join()
         code, left = target.stop()
         sample_file.close()
-    return summarize(name, target, rec, events, kills, samples, code, left, log_at, t0, outdir)
+    return summarize(name, target, rec, events, kills, samples, code, left, log_at, t0, outdir, args)
 
 
 def free_port():
@@ -869,7 +875,7 @@ def free_port():
 
 # ---------------------------------------------------------------- summary
 
-def attribute(rec, kills, events):
+def attribute(rec, kills, events, reload_every):
     """Each failure: the kill whose connections it was on (in flight at it, or a stale reuse after it), or
     the nearest reload before it, or none."""
     reloads = [t for t, k, _ in events if k == "reload"]
@@ -893,7 +899,7 @@ def attribute(rec, kills, events):
         before = [t for t in reloads if t <= f["t1"]]
         since = f["t1"] - before[-1] if before else None
         f["since_reload"] = round(since, 3) if since is not None else None
-        where = f"reload +{int(since)} s" if since is not None and since < RELOAD_EVERY else "no event"
+        where = f"reload +{int(since)} s" if since is not None and since < reload_every else "no event"
         out[f"{where}: {f['kind']}{' (reused conn)' if f['reused'] else ''}"] += 1
         unexplained.append(f)
     return out, per_kill, unexplained
@@ -903,7 +909,7 @@ def proc_rows(s, role):
     return [p for p in s["procs"] if p["role"] == role]
 
 
-def summarize(name, target, rec, events, kills, samples, code, left, log_at, t0, outdir):
+def summarize(name, target, rec, events, kills, samples, code, left, log_at, t0, outdir, args):
     by = {s["label"]: s for s in samples}
     a, b = log_at.get("load-start", 0), log_at.get("load-end")
     mid = (a + b) // 2 if b else None
@@ -915,7 +921,7 @@ def summarize(name, target, rec, events, kills, samples, code, left, log_at, t0,
     load = [s for s in samples if s["label"].startswith("load")]
     reloads = sum(1 for _, k, _ in events if k == "reload")
     nkills = len(kills)
-    causes, per_kill, unexplained = attribute(rec, kills, events)
+    causes, per_kill, unexplained = attribute(rec, kills, events, args.reload_every or RELOAD_EVERY)
 
     def role_line(role):
         rows = []
@@ -951,7 +957,8 @@ def summarize(name, target, rec, events, kills, samples, code, left, log_at, t0,
     killed_exits = sum(1 for e in evfile if e.get("event") == "exit" and e.get("pid") in {k["pid"] for k in kills})
     final = end or samples[-1]
     summary = {
-        "target": name, "port": target.port, "load_seconds": None, "exit_code": code, "left_after_stop": left,
+        "target": name, "port": target.port, "load_seconds": args.load, "reload_every": args.reload_every,
+        "kill_every": args.kill_every, "exit_code": code, "left_after_stop": left,
         "client": {"ok": dict(rec.ok), "ok_total": sum(rec.ok.values()),
                    "failures": {f"{a}/{b}": n for (a, b), n in rec.fail.items()},
                    "failures_total": sum(rec.fail.values()), "conns_opened": rec.conns_opened,
@@ -1044,6 +1051,10 @@ def main():
                                                     "release", "nodus"))
     ap.add_argument("--out", default=None)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--reload-every", type=float, default=RELOAD_EVERY,
+                    help=f"seconds between SIGHUPs (default {RELOAD_EVERY:g}; 0: none)")
+    ap.add_argument("--kill-every", type=float, default=KILL_EVERY,
+                    help=f"seconds between kill -9s (default {KILL_EVERY:g}; 0: none)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally blocks stop what was started
     if not os.access(args.nodus, os.X_OK):
