@@ -967,6 +967,8 @@ def summarize(name, target, rec, events, kills, samples, code, left, log_at, t0,
         "done": {"reloads_sent": reloads, "kills": nkills,
                  "bursts": sum(1 for _, k, _ in events if k == "burst")},
         "failure_causes": dict(causes), "per_kill": per_kill, "unexplained": unexplained[:50],
+        "unexplained_since_reload_max": max((f["since_reload"] for f in unexplained
+                                             if f["since_reload"] is not None), default=None),
         "cluster_end": final["cluster"], "metrics_end": final["metrics"],
         "metrics_series": {lab: by[lab]["metrics"]["series"] for lab in ("cold", "baseline", "end") if lab in by},
         "stats_bytes": {lab: by[lab]["stats_bytes"] for lab in ("cold", "baseline", "end") if lab in by},
@@ -1004,7 +1006,7 @@ def print_summary(s):
     c = s["client"]
     p(f"client: {c['ok_total']} ok {c['ok']}, {c['failures_total']} failed {c['failures']}, "
       f"{c['conns_opened']} connections")
-    p(f"failure causes: {s['failure_causes']}")
+    p(f"failure causes: {s['failure_causes']}; the latest after a reload: {s['unexplained_since_reload_max']} s")
     for k in s["per_kill"]:
         p(f"  kill pid {k['pid']}: {k['conns']} conns, {k['in_flight']} in flight -> failed {k['failed_in_flight']} "
           f"in flight + {k['failed_stale']} stale reuse")
