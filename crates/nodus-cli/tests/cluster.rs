@@ -384,7 +384,10 @@ fn a_sighup_sent_to_a_serve_worker_itself_neither_stops_nor_restarts_it() {
 #[test]
 fn serve_workers_bear_their_binarys_name_not_the_pinned_fds_number() {
     let (_dir, _addr, mut primary) = two_worker_serve("serve-comm");
-    let name = std::path::Path::new(NODUS).file_name().unwrap().as_encoded_bytes();
+    let name = std::path::Path::new(NODUS)
+        .file_name()
+        .unwrap()
+        .as_encoded_bytes();
     let primary_pid = primary.id();
     let workers = || -> Vec<i32> {
         nodus_testkit::tree::children(primary_pid)
@@ -400,7 +403,9 @@ fn serve_workers_bear_their_binarys_name_not_the_pinned_fds_number() {
     let first = workers();
     assert_eq!(first.len(), 2, "{first:?}");
     assert!(
-        first.iter().all(|&p| nodus_testkit::tree::is_named(p, name)),
+        first
+            .iter()
+            .all(|&p| nodus_testkit::tree::is_named(p, name)),
         "{:?}",
         named(&first)
     );
@@ -412,7 +417,9 @@ fn serve_workers_bear_their_binarys_name_not_the_pinned_fds_number() {
         "{first:?} then {second:?}"
     );
     assert!(
-        second.iter().all(|&p| nodus_testkit::tree::is_named(p, name)),
+        second
+            .iter()
+            .all(|&p| nodus_testkit::tree::is_named(p, name)),
         "{:?}",
         named(&second)
     );

@@ -1693,7 +1693,10 @@ fn a_worker_killed_while_it_drains_is_said_and_makes_a_shutdown_exit_124() {
             .iter()
             .find(|e| e["event"] == "exit" && e["pid"] == pid)
             .unwrap();
-        assert_eq!(exit["reason"], "killed by signal 9 while draining", "{exit}");
+        assert_eq!(
+            exit["reason"], "killed by signal 9 while draining",
+            "{exit}"
+        );
         assert_eq!(exit["signal"], 9, "{exit}");
         evs
     };
