@@ -481,6 +481,23 @@ fn available_cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// Names this process after its binary, as `exec` by path would have (`/proc/PID/comm`: what
+/// `ps`, `top`, `pgrep -x` and `pidof` read). A worker of `nodus serve --workers N` is executed
+/// through its generation's pinned binary, `/proc/self/fd/FD` (`Config::pin_program`), which the
+/// kernel names `FD`. Called before any thread starts: a thread takes its creator's name.
+fn name_after_argv0() {
+    let Some(argv0) = std::env::args_os().next() else {
+        return;
+    };
+    let Some(name) = std::path::Path::new(&argv0).file_name() else {
+        return;
+    };
+    if let Ok(name) = std::ffi::CString::new(name.as_encoded_bytes()) {
+        // The kernel keeps the first 15 bytes.
+        let _ = rustix::thread::set_name(&name);
+    }
+}
+
 fn main() {
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
@@ -494,6 +511,14 @@ fn main() {
         nodus::process::output::flush_before_exit(exit_flush_timeout());
         std::process::exit(code);
     }
+    // A worker of `nodus serve --workers N` (it finds `NODUS_LISTEN`), run from its generation's
+    // pinned binary: its name first, before any thread starts.
+    let serve_worker = matches!(cli.command, Command::Serve(_))
+        && nodus::cluster::is_worker()
+        && std::env::var_os("NODUS_LISTEN").is_some();
+    if serve_worker {
+        name_after_argv0();
+    }
     let access_log = matches!(&cli.command, Command::Serve(args) if args.access_log);
     let (filter, unparsed) = log_filter(std::env::var_os("RUST_LOG").as_deref(), access_log);
     let color = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -505,11 +530,7 @@ fn main() {
         .log_internal_errors(false)
         .with_ansi(color)
         .init();
-    // A worker of `nodus serve --workers N` (it finds `NODUS_LISTEN`) runs the primary's
-    // command line in its environment: the primary said it already.
-    let serve_worker = matches!(cli.command, Command::Serve(_))
-        && nodus::cluster::is_worker()
-        && std::env::var_os("NODUS_LISTEN").is_some();
+    // A serve worker runs the primary's command line in its environment: the primary said it.
     if let Some(why) = unparsed.filter(|_| !serve_worker) {
         tracing::warn!("{why}");
     }

@@ -377,6 +377,56 @@ fn a_sighup_sent_to_a_serve_worker_itself_neither_stops_nor_restarts_it() {
     assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
 }
 
+/// A worker of `nodus serve --workers N` runs its generation's pinned binary through
+/// `/proc/self/fd/FD`, which names the process `FD` (`/proc/PID/comm`: what `ps`, `top`,
+/// `pgrep -x` and `pidof` read); it takes its binary's name back, after a reload too. They
+/// were `100` and `101` (found by bench/soak/soak.py, in `ps --ppid PRIMARY`).
+#[test]
+fn serve_workers_bear_their_binarys_name_not_the_pinned_fds_number() {
+    let (_dir, _addr, mut primary) = two_worker_serve("serve-comm");
+    let name = std::path::Path::new(NODUS)
+        .file_name()
+        .unwrap()
+        .as_encoded_bytes();
+    let primary_pid = primary.id();
+    let workers = || -> Vec<i32> {
+        nodus_testkit::tree::children(primary_pid)
+            .into_iter()
+            .filter(|&p| !nodus_testkit::tree::is_named(p, b"nodus-guard"))
+            .collect()
+    };
+    let named = |pids: &[i32]| -> Vec<String> {
+        pids.iter()
+            .map(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default())
+            .collect()
+    };
+    let first = workers();
+    assert_eq!(first.len(), 2, "{first:?}");
+    assert!(
+        first
+            .iter()
+            .all(|&p| nodus_testkit::tree::is_named(p, name)),
+        "{:?}",
+        named(&first)
+    );
+    primary.signal(rustix::process::Signal::HUP);
+    primary.wait_line("the old workers have exited");
+    let second = workers();
+    assert!(
+        second.len() == 2 && second.iter().all(|p| !first.contains(p)),
+        "{first:?} then {second:?}"
+    );
+    assert!(
+        second
+            .iter()
+            .all(|&p| nodus_testkit::tree::is_named(p, name)),
+        "{:?}",
+        named(&second)
+    );
+    primary.signal(rustix::process::Signal::TERM);
+    assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
+}
+
 /// The sum over slots of `nodus_cluster_connections_handed_total`.
 fn handed_total(metrics: &str) -> u64 {
     metrics

@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use common::cluster::{
     assert_exit, copy_nodus, count, events, run_sh, spawn, spawn_into_pipe, wait_events,
+    wait_ready_pids,
 };
 use common::{NODUS, have};
 use nodus_testkit::proc::Proc;
@@ -1660,6 +1661,58 @@ fn a_second_signal_during_the_drain_exits_128_plus_its_number() {
             primary.output()
         );
     }
+}
+
+/// A worker that, asked to stop, says so and takes 5 s to finish.
+const SLOW_STOP: &str =
+    "trap 'echo draining; sleep 5; exit 0' TERM; echo up; while :; do sleep 0.05; done";
+
+/// A worker asked to stop that dies of a signal nodus did not send (a crash, the OOM killer, an
+/// operator's `kill -9`) did not stop as asked: what it still held was cut. One WARN line says
+/// so, and so does its exit event's reason (not "stopped as asked"); a reload's old worker that
+/// does leaves the service serving, while a shutdown it happens in exits 124, as one that had to
+/// kill a worker. Both were silent, and that shutdown exited 0 (found by bench/soak/soak.py:
+/// `kill -9` of a Node worker draining after a reload).
+#[test]
+fn a_worker_killed_while_it_drains_is_said_and_makes_a_shutdown_exit_124() {
+    let dir = TempDir::new("drain-killed");
+    let log = dir.path().join("events.jsonl");
+    let log_arg = log.to_str().unwrap();
+    let mut primary =
+        spawn(run_sh(["-w", "1", "--events", log_arg], SLOW_STOP).env("RUST_LOG", "info"));
+    let old = wait_ready_pids(&log, 1)[0];
+    let kill_draining = |primary: &mut Proc, pid: i32| {
+        primary.wait_line(&format!(" {pid}] draining"));
+        rustix::process::kill_process(Pid::from_raw(pid).unwrap(), Signal::KILL).unwrap();
+        let line = primary.wait_line(&format!("(pid {pid}) killed by signal 9 while draining"));
+        assert!(line.contains("WARN"), "{line}");
+        let evs = wait_events(&log, |e| {
+            e.iter().any(|e| e["event"] == "exit" && e["pid"] == pid)
+        });
+        let exit = evs
+            .iter()
+            .find(|e| e["event"] == "exit" && e["pid"] == pid)
+            .unwrap();
+        assert_eq!(
+            exit["reason"], "killed by signal 9 while draining",
+            "{exit}"
+        );
+        assert_eq!(exit["signal"], 9, "{exit}");
+        evs
+    };
+
+    // A reload: the old worker is killed while it drains; the new one serves on, no restart.
+    primary.signal(Signal::HUP);
+    let new = wait_ready_pids(&log, 2)[1];
+    let evs = kill_draining(&mut primary, old);
+    assert_eq!(count(&evs, "restart"), 0, "{evs:#?}");
+    primary.wait_line("the old workers have exited");
+    assert!(!gone(new), "the new worker serves on");
+
+    // A shutdown: its worker is killed while it drains.
+    primary.signal(Signal::TERM);
+    kill_draining(&mut primary, new);
+    assert_exit(&mut primary, Duration::from_secs(20), 124);
 }
 
 /// Worker pids whose "exited" log line came before one of their own output lines, and how many

@@ -1,6 +1,7 @@
 //! `nodus serve --workers N`: this process is the cluster primary. It binds (or inherits) the
 //! public listener, re-executes its own command line as N workers (each generation's from the
-//! binary as it was when the generation began: `Config::pin_program`), serves `--admin` itself with
+//! binary as it was when the generation began: `Config::pin_program`, through `/proc/self/fd/FD`,
+//! so each worker names itself after the binary at its start: `main`), serves `--admin` itself with
 //! the whole cluster's stats, and supervises (restart budget, SIGHUP rolling reload,
 //! SIGTERM/SIGINT drain).
 //!

@@ -577,7 +577,8 @@ impl Primary {
     /// a rolling reload; a spent restart budget stops everything and returns
     /// [`GIVE_UP_EXIT_CODE`](crate::cluster::GIVE_UP_EXIT_CODE). A stop that had to kill
     /// workers returns [`FORCED_STOP_EXIT_CODE`](crate::cluster::FORCED_STOP_EXIT_CODE) (the
-    /// kill timeout expired) or 128 + N (a second signal N: 143 for SIGTERM, 130 for SIGINT).
+    /// kill timeout expired; so does one in which a draining worker died of a signal the primary
+    /// did not send) or 128 + N (a second signal N: 143 for SIGTERM, 130 for SIGINT).
     /// Tells systemd `READY=1` once every worker is ready (and after each reload),
     /// `RELOADING=1`, `STOPPING=1`.
     pub async fn run(&self) -> i32 {
@@ -660,7 +661,7 @@ impl Primary {
             .current(id)
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no worker {id}")))?;
         p.drained.set(true);
-        p.child.kill(signal)
+        p.signal(signal, false)
     }
 
     /// The pids of the current workers, by worker id (0 for an empty slot, or one whose worker

@@ -168,6 +168,9 @@ pub(super) struct Proc {
     /// It was still running `DRAIN_GRACE` after its drain deadline and got SIGTERM then
     /// (`supervise::arm_kill_timer`): its exit is logged, whatever the phase.
     pub termed_past_deadline: Cell<bool>,
+    /// The signals the primary sent it (bit N: signal N; [`Proc::signal`]), so an exit by a
+    /// signal it did not send (a crash, the OOM killer, an operator's `kill`) is told apart.
+    signals_sent: Cell<u64>,
     pub going_down: Cell<bool>,
     /// Handoffs not yet taken, with the primary's reference to each connection.
     pub pending: Pending,
@@ -321,6 +324,7 @@ impl Proc {
             exited_after_disconnect: Cell::new(false),
             drained: Cell::new(false),
             termed_past_deadline: Cell::new(false),
+            signals_sent: Cell::new(0),
             going_down: Cell::new(false),
             pending: Pending::default(),
             board: OnceCell::new(),
@@ -471,6 +475,23 @@ impl Proc {
 
     pub fn is_alive(&self) -> bool {
         self.state.get() != ProcState::Dead
+    }
+
+    /// Sends `signal` to the worker (`group`: to its whole process group, until its reap) and
+    /// records that the primary sent it.
+    pub fn signal(&self, signal: i32, group: bool) -> io::Result<()> {
+        self.signals_sent
+            .set(self.signals_sent.get() | 1u64.checked_shl(signal as u32).unwrap_or(0));
+        if group {
+            self.child.kill_group(signal)
+        } else {
+            self.child.kill(signal)
+        }
+    }
+
+    /// Whether the primary sent it `signal` ([`Proc::signal`]).
+    pub fn was_sent(&self, signal: i32) -> bool {
+        self.signals_sent.get() & 1u64.checked_shl(signal as u32).unwrap_or(0) != 0
     }
 
     /// Moves to `state` if that is forward; wakes every waiter.

@@ -38,9 +38,16 @@
 //!   SIGTERM/SIGINT, the kill timeout during the shutdown, or a SIGTERM past a worker's drain
 //!   deadline that the worker did not answer with exit code 0: it died of it, cutting what it
 //!   held), or in which a worker exited with [`FORCED_STOP_EXIT_CODE`] (a nodus worker whose
-//!   drain deadline cut requests), sets its code unless one is set already: 128 + the second
-//!   signal's number, or [`FORCED_STOP_EXIT_CODE`]; the give-up code and 1 (a worker left after
-//!   a crash) are kept. The SIGTERM past a deadline is a warning, and so is the exit it led to.
+//!   drain deadline cut requests) or died of a signal the primary did not send while it drained
+//!   (below), sets its code unless one is set already: 128 + the second signal's number, or
+//!   [`FORCED_STOP_EXIT_CODE`]; the give-up code and 1 (a worker left after a crash) are kept.
+//!   The SIGTERM past a deadline is a warning, and so is the exit it led to.
+//! - A worker asked to stop (a reload's old one, a shutdown's) that dies of a signal the primary
+//!   did not send it (`Proc::signal` records each one it sends: a crash's SIGSEGV or SIGABRT,
+//!   the OOM killer's or an operator's SIGKILL are not) did not stop as asked: what it still
+//!   held was cut. Its exit's reason (event, stats, metrics) is `killed by signal N while
+//!   draining`, not `stopped as asked`, with one WARN line, whatever the phase; it is still no
+//!   crash for the restart decision (its slot has its replacement, or was asked to empty).
 //! - A stop asks the worker alone: a worker with a channel gets `disconnect` (with the drain
 //!   deadline), then SIGTERM if it is still there `DRAIN_GRACE` after that deadline (a Node
 //!   worker kept alive by a timer or a connection: Node's `worker.kill()` sends SIGTERM too), a
@@ -208,6 +215,15 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
         Ok(s) => (s.code(), s.signal()),
         Err(_) => (None, None),
     };
+    // Asked to stop, it died of a signal the primary did not send (a crash, the OOM killer, an
+    // operator's `kill`): not the stop it was asked for, so not said as one. What it still held
+    // was cut: a line, and during a shutdown a forced stop (below). The restart decision stays
+    // an asked-for exit's.
+    let killed_draining = signal.filter(|&sig| proc.drained.get() && !proc.was_sent(sig));
+    let told = match killed_draining {
+        Some(sig) => format!("killed by signal {sig} while draining"),
+        None => reason.to_string(),
+    };
     if code == Some(FORCED_STOP_EXIT_CODE) && st.phase.get() == Phase::Stopping {
         // The worker's own drain deadline cut requests (a nodus worker says so with this code).
         tracing::warn!(
@@ -220,7 +236,7 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
     let last = LastExit {
         worker: proc.slot,
         pid: Some(proc.pid),
-        reason: reason.to_string(),
+        reason: told.clone(),
     };
     let exec_failed = proc.exec_failed.take();
     let text = match &exec_failed {
@@ -238,7 +254,7 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
             code,
             signal,
             exited_after_disconnect: proc.exited_after_disconnect.get() || proc.drained.get(),
-            reason: reason.to_string(),
+            reason: told,
         },
     );
     let is_current = st
@@ -291,6 +307,9 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
         );
         (line, code != Some(0))
     });
+    // Killed while draining, by a signal the primary did not send: the slot's current worker
+    // (asked to stop by `Primary::stop_worker`) says so in its exit line; any other gets a line.
+    let killed_line = killed_draining.is_some() && decision.is_none();
     let (s, p) = (st.clone(), proc.clone());
     crate::task::spawn_named("cluster:exit-settle", async move {
         p.output_ended().await;
@@ -301,8 +320,14 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
                 force(&s, FORCED_STOP_EXIT_CODE);
             }
         }
+        if killed_line {
+            tracing::warn!(target: "nodus::cluster", "{text}: what it still held was cut");
+        }
+        if killed_draining.is_some() && s.phase.get() == Phase::Stopping {
+            force(&s, FORCED_STOP_EXIT_CODE);
+        }
         if let Some(decision) = decision {
-            if reason.is_crash() {
+            if reason.is_crash() || killed_draining.is_some() {
                 tracing::warn!(target: "nodus::cluster", "{text}");
             } else {
                 tracing::info!(target: "nodus::cluster", "{text}");
@@ -608,7 +633,7 @@ pub(super) fn drain(st: &Rc<State>, proc: &Rc<Proc>) {
             .saturating_sub(st.config.drain_timeout);
         Some(st.config.drain_timeout + DRAIN_GRACE.min(room / 2))
     } else {
-        let _ = proc.child.kill(SIGTERM);
+        let _ = proc.signal(SIGTERM, false);
         None
     };
     arm_kill_timer(st, proc, "after being asked to stop", term_at);
@@ -645,7 +670,7 @@ fn arm_kill_timer(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str, term_at: O
                         "worker {} (pid {}) disconnected and holds no connection: SIGTERM",
                         p.slot, p.pid
                     );
-                    let _ = p.child.kill(SIGTERM);
+                    let _ = p.signal(SIGTERM, false);
                 }
                 Err(_) => {
                     // Still busy past its deadline: what it was doing (a request in flight,
@@ -659,7 +684,7 @@ fn arm_kill_timer(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str, term_at: O
                         ms(term_at)
                     );
                     p.termed_past_deadline.set(true);
-                    let _ = p.child.kill(SIGTERM);
+                    let _ = p.signal(SIGTERM, false);
                 }
             }
         }
@@ -670,8 +695,8 @@ fn arm_kill_timer(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str, term_at: O
                 "worker {} (pid {}) still running {limit:?} {why}: SIGKILL",
                 p.slot, p.pid
             );
-            let _ = p.child.kill_group(SIGKILL);
-            let _ = p.child.kill(SIGKILL);
+            let _ = p.signal(SIGKILL, true);
+            let _ = p.signal(SIGKILL, false);
             if s.phase.get() == Phase::Stopping {
                 force(&s, FORCED_STOP_EXIT_CODE);
             }
@@ -716,8 +741,8 @@ pub(super) fn request_shutdown(st: &Rc<State>, why: &str, forced_code: i32) {
         reaper.hurry();
     }
     for p in procs {
-        let _ = p.child.kill_group(SIGKILL);
-        let _ = p.child.kill(SIGKILL);
+        let _ = p.signal(SIGKILL, true);
+        let _ = p.signal(SIGKILL, false);
     }
 }
 
