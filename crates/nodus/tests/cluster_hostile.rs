@@ -215,6 +215,17 @@ fn honest_worker() -> ! {
     std::process::exit(code);
 }
 
+/// In a worker this binary started for `role` (see [`ROLE`]), plays it and never returns: slot 1
+/// the honest worker when `beside_honest`, every other slot `hostile`. Elsewhere returns at once.
+fn play(role: &str, beside_honest: bool, hostile: fn() -> !) {
+    if std::env::var(ROLE).as_deref() == Ok(role) {
+        if beside_honest && slot() == 1 {
+            honest_worker();
+        }
+        hostile();
+    }
+}
+
 /// Sends `text` as it is (one frame).
 fn send(ch: &Channel, text: &str) {
     ch.send(&RawValue::from_string(text.to_owned()).unwrap())
@@ -351,12 +362,7 @@ fn garbage_worker() -> ! {
 fn garbage_and_absurd_addresses_get_exact_answers_and_the_honest_worker_is_served() {
     const NAME: &str =
         "garbage_and_absurd_addresses_get_exact_answers_and_the_honest_worker_is_served";
-    if std::env::var(ROLE).as_deref() == Ok("garbage") {
-        if slot() == 1 {
-            honest_worker();
-        }
-        garbage_worker();
-    }
+    play("garbage", true, garbage_worker);
     let _serial = serial();
     let dir = nodus_testkit::tmp::TempDir::new("hostile-garbage");
     bounded(async || {
@@ -478,12 +484,7 @@ fn repeating_worker() -> ! {
 #[test]
 fn a_worker_asking_for_one_listener_a_thousand_times_gets_one_share() {
     const NAME: &str = "a_worker_asking_for_one_listener_a_thousand_times_gets_one_share";
-    if std::env::var(ROLE).as_deref() == Ok("repeating") {
-        if slot() == 1 {
-            honest_worker();
-        }
-        repeating_worker();
-    }
+    play("repeating", true, repeating_worker);
     let _serial = serial();
     let dir = nodus_testkit::tmp::TempDir::new("hostile-repeating");
     bounded(async || {
@@ -556,9 +557,7 @@ fn listener_flood_worker() -> ! {
 #[test]
 fn a_flood_of_listeners_is_refused_past_the_cap() {
     const NAME: &str = "a_flood_of_listeners_is_refused_past_the_cap";
-    if std::env::var(ROLE).as_deref() == Ok("listener-flood") {
-        listener_flood_worker();
-    }
+    play("listener-flood", false, listener_flood_worker);
     let _serial = serial();
     let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
     if limit
@@ -618,9 +617,7 @@ const MANY_LISTENS: usize = 200;
 #[test]
 fn a_worker_listening_on_many_ports_at_once_under_shared_gets_every_listener() {
     const NAME: &str = "a_worker_listening_on_many_ports_at_once_under_shared_gets_every_listener";
-    if std::env::var(ROLE).as_deref() == Ok("many-listens") {
-        many_listens_worker();
-    }
+    play("many-listens", false, many_listens_worker);
     let _serial = serial();
     let dir = nodus_testkit::tmp::TempDir::new("hostile-many-listens");
     bounded(async || {
@@ -705,12 +702,7 @@ fn until_disconnect_raw(sock: &mut std::os::unix::net::UnixStream) -> ! {
 #[test]
 fn a_worker_that_never_reads_gets_no_more_answers_past_a_frames_worth() {
     const NAME: &str = "a_worker_that_never_reads_gets_no_more_answers_past_a_frames_worth";
-    if std::env::var(ROLE).as_deref() == Ok("deaf") {
-        if slot() == 1 {
-            honest_worker();
-        }
-        deaf_worker();
-    }
+    play("deaf", true, deaf_worker);
     let _serial = serial();
     let dir = nodus_testkit::tmp::TempDir::new("hostile-deaf");
     bounded(async || {
@@ -761,9 +753,7 @@ fn deaf_shared_worker() -> ! {
 #[test]
 fn a_worker_that_never_acks_holds_a_bounded_number_of_the_primarys_fds() {
     const NAME: &str = "a_worker_that_never_acks_holds_a_bounded_number_of_the_primarys_fds";
-    if std::env::var(ROLE).as_deref() == Ok("deaf-shared") {
-        deaf_shared_worker();
-    }
+    play("deaf-shared", false, deaf_shared_worker);
     let _serial = serial();
     // Room for the fds the cap allows and more, so that a missing cap shows as fds held.
     nodus::process::raise_fd_limit();
@@ -839,12 +829,7 @@ fn stats_flood_worker() -> ! {
 #[test]
 fn a_flood_of_stats_requests_is_answered_in_bounded_batches() {
     const NAME: &str = "a_flood_of_stats_requests_is_answered_in_bounded_batches";
-    if std::env::var(ROLE).as_deref() == Ok("stats-flood") {
-        if slot() == 1 {
-            honest_worker();
-        }
-        stats_flood_worker();
-    }
+    play("stats-flood", true, stats_flood_worker);
     let _serial = serial();
     let dir = nodus_testkit::tmp::TempDir::new("hostile-stats");
     bounded(async || {
@@ -963,12 +948,7 @@ fn duplicate_samples(text: &str) -> Vec<&str> {
 #[test]
 fn bad_snapshots_are_refused_and_the_others_metrics_and_stats_stay_whole() {
     const NAME: &str = "bad_snapshots_are_refused_and_the_others_metrics_and_stats_stay_whole";
-    if std::env::var(ROLE).as_deref() == Ok("bad-snapshot") {
-        if slot() == 1 {
-            honest_worker();
-        }
-        bad_snapshot_worker();
-    }
+    play("bad-snapshot", true, bad_snapshot_worker);
     let _serial = serial();
     let dir = nodus_testkit::tmp::TempDir::new("hostile-snapshots");
     bounded(async || {
