@@ -8,7 +8,7 @@ pub mod histogram;
 pub(crate) mod meter;
 pub(crate) mod phase;
 pub mod prometheus;
-mod snapshot;
+pub(crate) mod snapshot;
 
 pub use histogram::{Histogram, HistogramSnapshot};
 pub use snapshot::{
