@@ -8,9 +8,10 @@ pub mod histogram;
 pub(crate) mod meter;
 pub(crate) mod phase;
 pub mod prometheus;
-pub(crate) mod snapshot;
+mod snapshot;
 
 pub use histogram::{Histogram, HistogramSnapshot};
+pub(crate) use snapshot::wire;
 pub use snapshot::{
     HttpSnapshot, LoopSnapshot, PhaseSnapshot, PoolSnapshot, RunQueueSnapshot, Snapshot,
     StallReport, TaskClassSnapshot, TasksSnapshot,

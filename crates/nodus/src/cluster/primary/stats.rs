@@ -57,7 +57,7 @@ use crate::cluster::protocol::{Nodus, SNAPSHOT_PROBE};
 use crate::cluster::reply::ReplySlot;
 use crate::metrics::Snapshot;
 use crate::metrics::prometheus::SnapshotCollector;
-use crate::metrics::snapshot::wire;
+use crate::metrics::wire;
 
 /// Snapshots younger than this are served as they are.
 pub(super) const FRESH: Duration = Duration::from_secs(1);
