@@ -5,7 +5,9 @@
 //! the answers, a flood of stats requests, and snapshots that are not snapshots (malformed, huge,
 //! with duplicate series). Each test asserts the primary's exact answers and that an honest
 //! worker beside the hostile one is still served, its metrics and stats intact (DESIGN.md
-//! section 9: bad input gets a clear error and costs nothing else).
+//! section 9: bad input gets a clear error and costs nothing else). Beside them, a snapshot
+//! shaped like a newer build's (more task classes, phases, stalls and buckets than this build
+//! keeps, fields it does not know, one it lacks), which a rolling reload brings: served.
 //!
 //! A worker is this test binary run again (the variable [`ROLE`] says which role, filtered to
 //! the same test); slot 1 is an honest nodus worker, the other slots hostile ones, which speak
@@ -26,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use nodus::cluster::{Config, Event, EventKind, Policy, Primary, Readiness, Worker, WorkerCommand};
 use nodus::ipc::Channel;
-use nodus::metrics::{Snapshot, TaskClassSnapshot};
+use nodus::metrics::{PhaseSnapshot, Snapshot, StallReport, TaskClassSnapshot};
 use nodus_testkit::fds::open_fds;
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -880,7 +882,7 @@ fn bad_snapshot(slot: u32, id: &Value) -> String {
         3 => r#"{"pid":1,"loop_stats":"busy"}"#.to_owned(),
         // Two task classes of one name: two series of one name and labels.
         4 => with_classes(2, |_| "twin".to_owned()),
-        // Far more task classes than a loop keeps (64), each with a long name.
+        // Far more task classes than the wire limit (256), each with a long name.
         5 => with_classes(1000, |i| format!("class-{i}-{}", "z".repeat(200))),
         // A well-formed snapshot with odd but valid values: served.
         6 => {
@@ -908,9 +910,13 @@ fn bad_snapshot(slot: u32, id: &Value) -> String {
 /// Slots 2 to 7 of the test below: nodus-speaking workers that answer every snapshot request
 /// with [`bad_snapshot`]; ready once online.
 fn bad_snapshot_worker() -> ! {
-    let slot = slot();
     // Made once (a large one takes a while in a debug build), the id put in for each request.
-    let template = bad_snapshot(slot, &Value::from(0));
+    snapshot_worker(bad_snapshot(slot(), &Value::from(0)))
+}
+
+/// A nodus-speaking worker that answers every snapshot request with `template` (its `"id":0,`
+/// replaced by the request's id); ready once online.
+fn snapshot_worker(template: String) -> ! {
     nodus::Runtime::new().block_on(async move {
         let ch = Channel::from_env()
             .unwrap()
@@ -1009,6 +1015,98 @@ fn bad_snapshots_are_refused_and_the_others_metrics_and_stats_stay_whole() {
             assert_eq!(workers[slot - 1]["answering"], true, "worker {slot}");
         }
         assert_eq!(workers[6]["answering"], false);
+        honest_serves(c.addr).await;
+        c.shut_down().await;
+    });
+}
+
+/// What a worker of a newer build might answer a snapshot request with (id 0): more task classes,
+/// phases, stalls and histogram buckets than this build keeps (within the wire limits), fields
+/// this build does not know, and none of a field it has (`tasks`).
+fn newer_snapshot() -> String {
+    let mut s = Snapshot {
+        pid: 4242,
+        task_classes: (0..100)
+            .map(|i| TaskClassSnapshot {
+                name: format!("newer-{i}"),
+                polls: i,
+                ..TaskClassSnapshot::default()
+            })
+            .collect(),
+        phases: (0..12)
+            .map(|i| PhaseSnapshot {
+                phase: format!("phase-{i}"),
+                ..PhaseSnapshot::default()
+            })
+            .collect(),
+        stalls: vec![StallReport::default(); 100],
+        ..Snapshot::default()
+    };
+    // Finer buckets than this build's 625, named by their upper bounds.
+    s.loop_stats.poll_duration.buckets = (1..=1000u64).map(|b| (b * 1000, 1)).collect();
+    s.loop_stats.poll_duration.count = 1000;
+    let mut v = serde_json::to_value(&s).unwrap();
+    v["from_a_newer_build"] = serde_json::json!({"nested": [1, 2, 3]});
+    v["loop_stats"]["also_newer"] = 1.5.into();
+    v.as_object_mut().unwrap().remove("tasks");
+    format!(r#"{{"cmd":"NODE_NODUS","act":"snapshot","id":0,"snapshot":{v}}}"#)
+}
+
+#[test]
+fn a_newer_builds_snapshot_within_the_wire_limits_is_served_per_worker() {
+    const NAME: &str = "a_newer_builds_snapshot_within_the_wire_limits_is_served_per_worker";
+    play("newer-snapshot", true, || snapshot_worker(newer_snapshot()));
+    let _serial = serial();
+    let dir = nodus_testkit::tmp::TempDir::new("newer-snapshot");
+    bounded(async || {
+        let c = Cluster::start(NAME, "newer-snapshot", 2, Policy::RoundRobin, dir.path());
+        c.wait_until(|ev| {
+            ev.iter()
+                .filter(|e| matches!(e.kind, EventKind::Ready))
+                .count()
+                == 2
+        })
+        .await;
+        let pid = c.primary.worker_pids()[1].1;
+        // Again if a loaded machine made a worker miss the primary's 500 ms.
+        let (mut text, mut stats) = (String::new(), Value::Null);
+        for _ in 0..10 {
+            text = c.primary.metrics_text().await;
+            stats = serde_json::from_str(&c.primary.stats_json().await).unwrap();
+            if (0..2).all(|i| stats["workers"][i]["answering"] == true) {
+                break;
+            }
+            nodus::sleep(Duration::from_millis(1100)).await;
+        }
+        // The JSON document: the worker's snapshot as it sent it, unknown fields included.
+        let w = &stats["workers"][1];
+        assert_eq!(w["worker"], 2);
+        assert_eq!(w["answering"], true);
+        let snap = &w["snapshot"];
+        assert_eq!(snap["from_a_newer_build"]["nested"][2], 3, "{snap}");
+        assert_eq!(snap["task_classes"].as_array().map(Vec::len), Some(100));
+        assert_eq!(snap["stalls"].as_array().map(Vec::len), Some(100));
+        // What `nodus top` and the page read: a snapshot.
+        serde_json::from_value::<Snapshot>(snap.clone()).unwrap();
+        // The exposition: its series, with the worker's labels, and no series twice.
+        assert_eq!(duplicate_samples(&text), Vec::<&str>::new());
+        let labels = format!("worker=\"2\",pid=\"{pid}\"");
+        for series in [
+            format!("nodus_task_polls_total{{{labels},task=\"newer-99\"}} 99"),
+            format!("nodus_loop_phase_callbacks_total{{{labels},phase=\"phase-11\"}} 0"),
+            format!("nodus_stalls_recent{{{labels}}} 100"),
+            format!("nodus_loop_poll_duration_seconds_count{{{labels}}} 1000"),
+        ] {
+            assert!(
+                text.lines().any(|l| l == series),
+                "no {series:?} in the metrics"
+            );
+        }
+        // The honest worker beside it, as ever.
+        let honest = c.primary.worker_pids()[0].1;
+        assert!(text.contains(&format!(
+            "nodus_uptime_seconds{{worker=\"1\",pid=\"{honest}\"}} "
+        )));
         honest_serves(c.addr).await;
         c.shut_down().await;
     });

@@ -33,13 +33,20 @@
 //!   the end of a take-back, the worker's loop has run again since.
 //! - The page is mapped `MAP_SHARED` from a `memfd` of exactly [`Board::LEN`] bytes; a board
 //!   that is too small is refused when opened, never read out of bounds.
+//! - The layout ([`Page`]: its fields, their order, offsets and meanings) is version 1, the
+//!   `board: 1` a worker's `queryServer` carries; the two ends may be different builds (a
+//!   rolling reload runs the binary on disk under the primary that started), so it never
+//!   changes. A layout that does takes another number: a primary sends a board only of the
+//!   version a worker asked for, and a worker asks only for one it knows, so an end that does
+//!   not know the other's number goes without a board (`took` and `load` messages), never
+//!   misreads one.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The shared page's layout (both ends are the same build, or the primary sends no board).
+/// The shared page's layout, version 1 (`board: 1`): fixed, whatever build either end is.
 #[repr(C)]
 struct Page {
     settled_below: AtomicU64,

@@ -46,6 +46,21 @@
 //! logged and the message dropped. A known field of another JSON type (`"seq":"6"`, a `port`
 //! past `i64`, `addressType` nested past serde's recursion limit) makes the message one that
 //! does not parse: it is logged and dropped whole, never half read.
+//!
+//! Version skew (ARCHITECTURE.md, "Version skew"): a rolling reload runs the binary on disk
+//! under the primary that started, so a nodus primary and its nodus workers may be different
+//! builds, older or newer either way, for as long as the primary runs. So, in every build:
+//! - an act or a field keeps its name, JSON type and meaning; a new meaning is a new name, and
+//!   an act or field a peer does not know is ignored (an older peer's answer to a newer request
+//!   is one it already gives: a probe is answered with a whole snapshot, ignored);
+//! - what a peer may lack is used only once it says it has it, by a number that names the
+//!   version: `nodus: 1` (batched handoff, snapshot requests), `board: 1` (the board's layout,
+//!   `board.rs`). A change an older peer would misread takes a new number, which such a peer
+//!   does not know, so it falls back (to Node's messages, to `took`/`load` messages) rather
+//!   than misread; the side that reads the number serves only the versions it knows;
+//! - a limit a receiver puts on what its peer sends ([`crate::ipc`]'s 16 MiB frame and 64 fds per
+//!   frame, the snapshot's wire limits, `metrics/snapshot.rs`) is a fixed number for every build,
+//!   never this build's own table sizes, and never lowered; a sender stays within it.
 
 use std::net::SocketAddr;
 

@@ -23,7 +23,9 @@ use rustix::net::{
     SendAncillaryMessage, SendFlags,
 };
 
-/// Fds accepted per `recvmsg` (libuv's `UV__CMSG_FD_COUNT`).
+/// Fds accepted per `recvmsg` (libuv's `UV__CMSG_FD_COUNT`). A wire limit: a peer of any
+/// nodus build, or Node, takes no more in one call, so it is never raised (a sender's frame
+/// with more would reach an older peer truncated).
 pub(crate) const MAX_FDS: usize = 64;
 
 /// Sends `bytes` with `fds` attached (at most [`MAX_FDS`]). Returns how many bytes the kernel took

@@ -273,8 +273,11 @@ impl Histogram {
 }
 
 /// Serializable, sparse form. Also what the cluster primary receives from workers, so it must
-/// round-trip: `Histogram::from_snapshot(&h.snapshot())` gives back the same counts.
+/// round-trip: `Histogram::from_snapshot(&h.snapshot())` gives back the same counts. Read
+/// across builds: a field absent is zero, and buckets are named by their upper bound, so a
+/// build with another bucket layout is read right (`snapshot.rs`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct HistogramSnapshot {
     pub count: u64,
     pub sum: u64,

@@ -11,6 +11,7 @@ pub mod prometheus;
 mod snapshot;
 
 pub use histogram::{Histogram, HistogramSnapshot};
+pub(crate) use snapshot::wire;
 pub use snapshot::{
     HttpSnapshot, LoopSnapshot, PhaseSnapshot, PoolSnapshot, RunQueueSnapshot, Snapshot,
     StallReport, TaskClassSnapshot, TasksSnapshot,

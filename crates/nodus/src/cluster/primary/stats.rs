@@ -20,11 +20,15 @@
 //! bytes each way.
 //! The JSON shape is the one `nodus top` and the admin page read (`workers[]` with `worker`,
 //! `pid`, `snapshot`, `answering`, `restarts`, `rss_bytes`, plus cluster fields).
-//! A snapshot a worker sends is served only if a loop could have taken it: a JSON `Snapshot`
-//! of at most [`MAX_SNAPSHOT_BYTES`] within [`Snapshot::out_of_bounds`]'s bounds. Any other
-//! (malformed, huge, with two series of one name) is refused, the worker shown without a
-//! snapshot (`answering` stays true: its loop answered) and said once per worker process, so
-//! one worker's bad answer never makes the document or the exposition invalid for the others.
+//! A snapshot a worker sends is served only if a loop could have sent it: a JSON `Snapshot` of
+//! at most [`wire::BYTES`] within [`Snapshot::out_of_bounds`]'s bounds. Any other (malformed,
+//! huge, with two series of one name) is refused, the worker shown without a snapshot
+//! (`answering` stays true: its loop answered) and said once per worker process, so one worker's
+//! bad answer never makes the document or the exposition invalid for the others.
+//! The worker may be another build than the primary (a rolling reload runs the binary on disk):
+//! its snapshot is checked against the wire limits every build keeps, never this build's own
+//! table sizes, its fields this build does not know are ignored (and served as sent in the JSON
+//! document) and those it lacks read as zero in the metrics (`metrics/snapshot.rs`).
 //!
 //! The metrics carry every figure of the JSON but a few it keeps for people: the policy, the
 //! pids (labels in the metrics), a worker's state by name (`nodus_cluster_worker_up` says
@@ -53,6 +57,7 @@ use crate::cluster::protocol::{Nodus, SNAPSHOT_PROBE};
 use crate::cluster::reply::ReplySlot;
 use crate::metrics::Snapshot;
 use crate::metrics::prometheus::SnapshotCollector;
+use crate::metrics::wire;
 
 /// Snapshots younger than this are served as they are.
 pub(super) const FRESH: Duration = Duration::from_secs(1);
@@ -199,14 +204,10 @@ pub(super) fn loop_stalled(p: &Proc, now: u64) -> bool {
     })
 }
 
-/// The largest snapshot a worker may send, in bytes: a loop's (64 task classes, every
-/// histogram full) is about 1 MiB.
-const MAX_SNAPSHOT_BYTES: usize = 4 << 20;
-
-/// `json` as a snapshot, or why it is none a loop could have taken.
+/// `json` as a snapshot, or why it is none a loop of any build could have sent.
 fn checked(json: &str) -> Result<Snapshot, String> {
-    if json.len() > MAX_SNAPSHOT_BYTES {
-        return Err(format!("{} bytes, over {MAX_SNAPSHOT_BYTES}", json.len()));
+    if json.len() > wire::BYTES {
+        return Err(format!("{} bytes, over {}", json.len(), wire::BYTES));
     }
     let parsed: Snapshot = serde_json::from_str(json).map_err(|e| e.to_string())?;
     match parsed.out_of_bounds() {
