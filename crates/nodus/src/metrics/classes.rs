@@ -1,8 +1,10 @@
 //! Task classes: the bounded table of task names that per-name measurements are kept for.
 //!
 //! Invariants: at most [`MAX_CLASSES`] entries; the first [`BUILTIN`] are fixed and name the
-//! loop's own callback kinds; once the table is full every new name maps to [`OTHER`]. A name is
-//! looked up once, at spawn (or at scheduling, for callbacks); polls carry the index.
+//! loop's own callback kinds; once the table is full every new name maps to [`OTHER`], and so
+//! does a name longer than [`wire::NAME`](super::wire::NAME) bytes at any time (a primary refuses
+//! a snapshot that carries one). A name is looked up once, at spawn (or at scheduling, for
+//! callbacks); polls carry the index.
 //!
 //! Names are `&'static str` on purpose: a task name is a class (`http:static`), never a
 //! per-connection value, and the type makes the unbounded case impossible to write by accident.
@@ -54,7 +56,7 @@ impl Classes {
         }
     }
 
-    /// The class of `name`, registering it if there is room.
+    /// The class of `name`, registering it if there is room and it is not too long to report.
     pub(crate) fn id_of(&mut self, name: &'static str) -> ClassId {
         let (ptr, len, id) = self.last;
         if ptr == name.as_ptr() && len == name.len() {
@@ -62,6 +64,7 @@ impl Classes {
         }
         let id = match self.names.iter().position(|n| *n == name) {
             Some(i) => i as ClassId,
+            None if name.len() > super::wire::NAME => OTHER,
             None if self.names.len() < MAX_CLASSES => {
                 self.names.push(name);
                 (self.names.len() - 1) as ClassId
@@ -100,5 +103,18 @@ mod tests {
         assert_eq!(c.len(), MAX_CLASSES);
         assert_eq!(c.id_of(leaked[99]), OTHER);
         assert_eq!(c.name(a), "http:static");
+    }
+
+    #[test]
+    fn a_name_too_long_to_report_is_other_and_takes_no_entry() {
+        let mut c = Classes::new();
+        let long: &'static str =
+            Box::leak("x".repeat(crate::metrics::wire::NAME + 1).into_boxed_str());
+        let before = c.len();
+        assert_eq!(c.id_of(long), OTHER);
+        assert_eq!(c.len(), before);
+        let longest: &'static str =
+            Box::leak("y".repeat(crate::metrics::wire::NAME).into_boxed_str());
+        assert_ne!(c.id_of(longest), OTHER);
     }
 }
