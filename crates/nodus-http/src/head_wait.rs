@@ -104,7 +104,9 @@ impl Timer for HeadTimer {
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
         let armed = CURRENT.with(|current| {
             current.get().map(|_| {
-                let deadline = crate::io::now_ns().saturating_add(duration.as_nanos() as u64);
+                // A timeout past what a u64 of nanoseconds holds is no deadline (not one wrapped).
+                let timeout = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+                let deadline = crate::io::now_ns().saturating_add(timeout);
                 current.set(Some(HeadWait::Until(deadline, Line::Open(0))));
             })
         });
@@ -169,6 +171,15 @@ mod tests {
         assert!(deadline < crate::io::now_ns() + 11_000_000_000);
         scope(&mut wait, || drop(sleep));
         assert_eq!(wait, HeadWait::Idle);
+    }
+
+    #[test]
+    fn a_timeout_past_a_u64_of_nanoseconds_is_no_deadline() {
+        let timer = HeadTimer::new();
+        let mut wait = HeadWait::Idle;
+        // 2^62 s: `Instant` holds it (hyper adds it to `now()`), its nanoseconds no u64 does.
+        let _sleep = scope(&mut wait, || timer.sleep(Duration::from_secs(1 << 62)));
+        assert_eq!(wait, HeadWait::Until(u64::MAX, Line::Open(0)));
     }
 
     #[test]

@@ -884,12 +884,17 @@ enum Builders {
 
 impl Builders {
     fn new(config: &Config) -> Builders {
+        // hyper adds the header-read timeout to an `Instant`, which panics past its range: the
+        // longest a u64 of nanoseconds holds (584 years) is as good as none.
+        let header_read_timeout = config
+            .header_read_timeout
+            .min(Duration::from_nanos(u64::MAX));
         if config.http2 {
             let mut b = auto::Builder::new(LocalExec::new(config.name));
             let mut h1 = b.http1();
             h1.half_close(true)
                 .timer(HeadTimer::new())
-                .header_read_timeout(config.header_read_timeout)
+                .header_read_timeout(header_read_timeout)
                 .max_buf_size(config.max_header_bytes.max(8192));
             if config.max_headers != 100 {
                 h1.max_headers(config.max_headers);
@@ -902,7 +907,7 @@ impl Builders {
             let mut b = hyper::server::conn::http1::Builder::new();
             b.half_close(true)
                 .timer(HeadTimer::new())
-                .header_read_timeout(config.header_read_timeout)
+                .header_read_timeout(header_read_timeout)
                 .max_header_size(config.max_header_bytes);
             if config.max_headers != 100 {
                 b.max_headers(config.max_headers);

@@ -975,6 +975,27 @@ fn a_keep_alive_timeout_beyond_the_longest_timer_is_accepted() {
     }
 }
 
+/// A header-read timeout past what an `Instant` holds (hyper adds it to one) is no timeout, not
+/// a panic; with `http2` too (its HTTP/1 side has the same timeout).
+#[test]
+fn a_header_read_timeout_beyond_any_instant_is_accepted() {
+    for http2 in [false, true] {
+        let config = Config {
+            header_read_timeout: Duration::MAX,
+            http2,
+            ..Config::default()
+        };
+        let server = TestServer::start(config, Duration::from_millis(100));
+        let mut s = server.connect();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        for _ in 0..2 {
+            get(&mut s, "/");
+            let reply = read_reply(&mut r, false);
+            assert_eq!(reply.map(|r| r.status).ok(), Some(200), "http2: {http2}");
+        }
+    }
+}
+
 /// A handler that blocks the loop is reported by the watchdog under the server's name, at the
 /// line that called `serve` (not inside nodus-http), while it still blocks.
 #[test]
