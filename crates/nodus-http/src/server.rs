@@ -57,15 +57,19 @@
 //!   that ends after an answer the server said `Connection: close` to (above: during a drain, a
 //!   body left unread, an HTTP/1.0 body of no known length), or after a refusal (400 for `Host`,
 //!   413, a panicked handler's 500), after a discard given up, or after an answer to a head that
-//!   could not be parsed (431, 414, 400). Once hyper is done (its last byte written, the write
+//!   could not be parsed (431, 414, 400). So does one hyper closed after a response because the
+//!   request or the handler's response asked for it (`Connection: close`, an HTTP/1.0 request
+//!   without keep-alive) when the client's input waits unread then (a request pipelined behind
+//!   it; one peek at the connection's end, none after the client's EOF was read): input still on
+//!   its way then is not waited for, as with nginx's default `lingering_close on`. Once hyper is
+//!   done (its last byte written, the write
 //!   side shut down; the answers written here are shut down by the linger), the task reads and
 //!   drops input until the client closes, `lingering_timeout` passes without input,
 //!   `lingering_time` in all, or the drain's deadline. It holds no request state; it is still
 //!   open on the server's books (it counts toward `max_connections`, the drain waits for it, and
 //!   loses nothing when it cuts it). A connection cut (write stall, drain deadline), idle, cut
 //!   for a slow head or ended by the client does not linger, nor does an HTTP/2 one (GOAWAY and
-//!   hyper's HTTP/2 close), nor one closed only because the client's request or the handler's
-//!   response asked for it.
+//!   hyper's HTTP/2 close).
 //! - HTTP versions: hyper's parser knows HTTP/1.0 and 1.1 only, so a higher HTTP/1 minor version
 //!   (`HTTP/1.2`, which RFC 9110 section 6.2 would have answered as 1.1, as nginx does) gets 400,
 //!   as from Node; nodus has no hook into that parse and leaves it.
@@ -159,7 +163,8 @@ pub struct Config {
     /// Most open connections. Default 10,000.
     pub max_connections: usize,
     /// The longest lingering close: an HTTP/1 connection the server closes while its client may
-    /// still be sending (a request body left unread, a refusal, a response during a drain) shuts
+    /// still be sending (a request body left unread, a refusal, a response during a drain, a
+    /// request pipelined behind a `Connection: close`) shuts
     /// down its write side after the response and reads and drops input until the client closes,
     /// for at most this long (and never past a drain's deadline), so that the client reads the
     /// response instead of a reset (nginx's `lingering_time`, 30 s there). Zero: no lingering.
@@ -594,6 +599,7 @@ where
             loop {
                 if let Poll::Ready(result) = head_wait::scope(&mut head, || conn.as_mut().poll(cx))
                 {
+                    let ended = result.is_ok();
                     let mut answered = false;
                     if let Err(e) = result {
                         if let Some(e) = e.downcast_ref::<hyper::Error>() {
@@ -604,7 +610,14 @@ where
                         tracing::debug!(target: "nodus::http", "connection ended: {e}");
                     }
                     let closing = conn_state.linger.get() || conn_state.body_left.get();
-                    return Poll::Ready(!conn_state.http2.get() && (closing || answered));
+                    // hyper closed it after a response, as the request or the response asked
+                    // (`Connection: close`, HTTP/1.0): the client may have sent more behind it.
+                    // SAFETY: `conn` owns the stream, open until this block ends.
+                    let asked = || input_waiting(unsafe { BorrowedFd::borrow_raw(fd) });
+                    return Poll::Ready(
+                        !conn_state.http2.get()
+                            && (closing || answered || (ended && !activity.eof.get() && asked())),
+                    );
                 }
                 if conn_state.poll_discard(cx) {
                     continue; // hyper reads on past the body it was waiting to be taken
@@ -751,6 +764,14 @@ fn answer_and_close(fd: BorrowedFd<'_>, answer: &[u8]) -> bool {
         }
         Err(_) => false,
     }
+}
+
+/// Whether the client's input waits unread on `fd` (one peek, at the end of a connection hyper
+/// closed without an EOF from the client): closed now, it would be a reset.
+#[cold]
+fn input_waiting(fd: BorrowedFd<'_>) -> bool {
+    let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
+    matches!(rustix::net::recv(fd, &mut [0u8; 1], flags), Ok((n, _)) if n > 0)
 }
 
 /// Makes the close of `fd` a reset (`SO_LINGER` 0) that discards the output the peer has not

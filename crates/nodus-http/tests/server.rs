@@ -73,6 +73,15 @@ impl TestServer {
                             // 4 KiB receive buffer takes before it reads, less than the server's
                             // send buffer holds.
                             "/128k" => http::Response::new(full(vec![b'x'; 128 << 10])),
+                            // The same, and the handler closes the connection after it.
+                            "/128k-close" => {
+                                let mut resp = http::Response::new(full(vec![b'x'; 128 << 10]));
+                                resp.headers_mut().insert(
+                                    http::header::CONNECTION,
+                                    http::HeaderValue::from_static("close"),
+                                );
+                                resp
+                            }
                             // A body of no known length: chunked to HTTP/1.1, to the close to 1.0.
                             "/stream" => {
                                 let chunks = ["str", "eam"].map(|c| {
@@ -1715,6 +1724,48 @@ fn a_client_still_sending_a_body_left_unread_gets_the_whole_response_and_an_eof(
         let reply = read_reply_then_eof(&mut BufReader::new(s));
         assert_eq!((reply.status, reply.body.len()), (200, 128 << 10));
         assert!(reply.closes(), "{:?}", reply.headers);
+        let (cut, snap) = server.finish();
+        assert_eq!((cut, snap.http.connections_open), (0, 0));
+    }
+}
+
+/// A client pipelines a request (a POST of 64 KiB: more than the server reads with the first)
+/// behind one after which the connection closes because the request asked for it
+/// (`Connection: close`, HTTP/1.0) or the handler's response did, and has read little of the
+/// answer (its receive buffer is small, the rest waits in the server's send buffer): the server
+/// lingers, and the client reads the whole response and an EOF. A close with the pipelined
+/// request unread would have reset the connection, the rest of the response discarded with it.
+#[test]
+fn a_close_the_client_or_the_handler_asked_for_lingers_for_a_request_pipelined_behind_it() {
+    let mut pipelined = b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 65536\r\n\r\n".to_vec();
+    pipelined.extend_from_slice(&[b'b'; 64 << 10]);
+    for http2 in [false, true] {
+        let config = Config {
+            http2,
+            ..Config::default()
+        };
+        let server = TestServer::start(config, Duration::from_secs(1));
+        for first in [
+            &b"GET /128k HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"[..],
+            b"GET /128k HTTP/1.0\r\n\r\n",
+            b"GET /128k-close HTTP/1.1\r\nHost: t\r\n\r\n",
+        ] {
+            let what = format!(
+                "http2: {http2}: {}",
+                String::from_utf8_lossy(first).lines().next().unwrap()
+            );
+            let mut s = connect_small_window(server.addr);
+            s.write_all(&[first, &pipelined[..]].concat()).unwrap();
+            // The server is done with the connection before the client reads.
+            std::thread::sleep(Duration::from_millis(100));
+            let mut r = BufReader::new(s);
+            let reply = read_reply(&mut r, false).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!((reply.status, reply.body.len()), (200, 128 << 10), "{what}");
+            let mut rest = Vec::new();
+            r.read_to_end(&mut rest)
+                .unwrap_or_else(|e| panic!("{what}: an EOF after the response: {e}"));
+            assert!(rest.is_empty(), "{what}");
+        }
         let (cut, snap) = server.finish();
         assert_eq!((cut, snap.http.connections_open), (0, 0));
     }
