@@ -27,10 +27,16 @@
 //!   as a 413 does.
 //!   Without `http2`, an HTTP/2 preface gets Node's bare 400 head, and the connection closes.
 //! - HTTP/1 half-close: a client that shuts down its write side after its request (`nc -N`,
-//!   socat, health checkers) still gets the whole response, as from nginx or Node (hyper's
-//!   `half_close`); an EOF between requests ends the connection. So the connection is not read
-//!   while a request is in flight: a client that goes away meanwhile is noticed when the
-//!   response is written.
+//!   socat, health checkers) still gets the whole response, as from nginx's static files
+//!   (hyper's `half_close`; Node answers it only when its handler answers at once, and aborts a
+//!   request still at work); an EOF between requests ends the connection. So the connection is
+//!   not read while a request is in flight, and a client that closes meanwhile (its FIN is a
+//!   half-close's) cannot be told from one that half-closed: its request is answered and
+//!   reported to `Config::on_response` with its status and the body bytes the socket took, not as
+//!   499 (nginx's proxy and Node would call it one). One that resets the connection meanwhile
+//!   is noticed only when the response is written: reported the same, with 0 bytes. Over HTTP/2
+//!   a client's close or reset of the connection, or of the request's stream, drops the request
+//!   (499, below).
 //! - A request body the handler lets go of unread (an early 405, say) is read and discarded by
 //!   its connection, which then serves the next request (as from Node and nginx), when no
 //!   `Expect: 100-continue` waits for an answer (a `100 Continue` after the final answer would
@@ -81,7 +87,8 @@
 //!   HTTP/2 preface's 400 are written here) and ends the connection with the error, so they are
 //!   counted from that error, off the normal path: a good request pays nothing for any of this.
 //! - A request whose handler had not answered when its connection ended (the drain deadline or
-//!   the write-stall timeout cut it, an HTTP/2 stream reset, a connection error) is reported to
+//!   the write-stall timeout cut it, an HTTP/2 client closed or reset the connection or the
+//!   request's stream, a connection error) is reported to
 //!   `Config::on_refused` as 499 (nginx's "client closed request"), with its start line, once;
 //!   it is not in `responses_by_class` (nothing was sent).
 //! - A handler that panics (making its future, or in a poll of it) gets its request a 500 and
@@ -233,8 +240,9 @@ pub struct ConnInfo {
 /// version other than 1.0 and 1.1, or an HTTP/2 preface to a server without `http2`), or a
 /// request whose handler panicked (500). Or one nobody answered: its connection ended while its
 /// handler was still at work (cut by the drain deadline or the write-stall timeout, an HTTP/2
-/// stream reset, a connection error), reported with nginx's 499 ("client closed request"),
-/// nothing sent.
+/// client's close or reset of the connection or the stream, a connection error), reported with
+/// nginx's 499 ("client closed request"), nothing sent. (An HTTP/1 client that closes while its
+/// handler works cannot be told from one that half-closed: it is answered.)
 #[derive(Debug, Clone, Copy)]
 pub struct Refused<'a> {
     pub status: StatusCode,

@@ -1876,3 +1876,87 @@ fn a_drain_ends_a_lingering_connection_by_its_deadline() {
     assert_eq!((cut, snap.http.connections_open), (0, 0));
     drop(s);
 }
+
+/// What the hooks were told in
+/// `an_http2_client_that_goes_away_while_its_handler_works_is_reported_as_499`.
+static GONE: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn record_gone_refused(r: &nodus_http::Refused<'_>) {
+    GONE.lock()
+        .unwrap()
+        .push(format!("refused {:?}", report(r)));
+}
+
+fn record_gone_answered(a: &nodus_http::Answered<'_>) {
+    let r = a.request;
+    let status = a.status.as_u16();
+    GONE.lock().unwrap().push(format!(
+        "answered {status} {} {} {:?}",
+        r.method, r.path, r.version
+    ));
+}
+
+/// An HTTP/2 frame: its header (length, type, flags, stream) and payload.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    f.extend_from_slice(&[kind, flags]);
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// An h2c connection (prior knowledge) whose stream 1 is `GET /slow`, its head and end sent.
+fn h2_get_slow(addr: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(h2_frame(4, 0, 0, &[]));
+    // HPACK: :method GET, :scheme http, :path "/slow", :authority "t".
+    let block = [&[0x82, 0x86, 0x44, 5][..], b"/slow", &[0x41, 1], b"t"].concat();
+    // HEADERS, END_STREAM | END_HEADERS.
+    out.extend(h2_frame(1, 0x5, 1, &block));
+    s.write_all(&out).unwrap();
+    s
+}
+
+/// An HTTP/2 client that goes away while its request's handler is at work (it closes the
+/// connection, resets it, or resets the stream) gets its request reported as 499, not counted as
+/// a response, and the handler's future dropped. (Over HTTP/1 a client's close while its handler
+/// works cannot be told from a half-close, which is answered: the server module's docs.)
+#[test]
+fn an_http2_client_that_goes_away_while_its_handler_works_is_reported_as_499() {
+    let config = Config {
+        http2: true,
+        on_refused: Some(record_gone_refused),
+        on_response: Some(record_gone_answered),
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_secs(1));
+    for case in ["close", "reset", "stream reset"] {
+        let mut s = h2_get_slow(server.addr);
+        std::thread::sleep(Duration::from_millis(50));
+        // Read what the server sent (its SETTINGS), so that the close is a FIN.
+        s.set_nonblocking(true).unwrap();
+        while matches!(s.read(&mut [0u8; 4096]), Ok(n) if n > 0) {}
+        match case {
+            "reset" => {
+                let fd = std::os::fd::AsFd::as_fd(&s);
+                rustix::net::sockopt::set_socket_linger(fd, Some(Duration::ZERO)).unwrap();
+            }
+            // RST_STREAM, CANCEL; the connection stays open until the handler would have answered.
+            "stream reset" => s
+                .write_all(&h2_frame(3, 0, 1, &8u32.to_be_bytes()))
+                .unwrap(),
+            _ => {}
+        }
+        let open = (case == "stream reset").then_some(s);
+        // The handler would answer 300 ms after the request.
+        std::thread::sleep(Duration::from_millis(500));
+        let reported = std::mem::take(&mut *GONE.lock().unwrap());
+        let expected = r#"refused (499, Some("GET /slow HTTP/2.0"), true, true, 0)"#;
+        assert_eq!(reported, [expected], "{case}");
+        drop(open);
+    }
+    let (cut, snap) = server.finish();
+    assert_eq!((cut, snap.http.requests_in_flight), (0, 0));
+    assert_eq!(snap.http.responses_by_class, [0; 5], "nothing was answered");
+}
