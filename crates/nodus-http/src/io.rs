@@ -205,15 +205,13 @@ impl<S: FdStream + Unpin> Read for HyperIo<S> {
             };
             match result {
                 Ok((n, too_long)) => {
-                    // A short read of a stream drained the socket buffer: forget readiness now
-                    // instead of paying a read that returns EAGAIN (later data raises a new
-                    // edge; an EOF already seen stays visible).
-                    if n < capacity {
-                        if n > 0 {
-                            self.stream.clear_read_ready();
-                        } else {
-                            self.activity.eof.set(true);
-                        }
+                    // The peer's EOF is noted. A short read of a stream drained the socket
+                    // buffer: forget readiness now instead of paying a read that returns EAGAIN
+                    // (later data raises a new edge; an EOF already seen stays visible).
+                    if n == 0 {
+                        self.activity.eof.set(true);
+                    } else if n < capacity {
+                        self.stream.clear_read_ready();
                     }
                     self.touched();
                     stats::received(n);

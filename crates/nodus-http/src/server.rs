@@ -922,7 +922,7 @@ impl Builders {
             let mut b = auto::Builder::new(LocalExec::new(config.name));
             let mut h1 = b.http1();
             h1.half_close(true)
-                .timer(HeadTimer::new())
+                .timer(HeadTimer::new(header_read_timeout))
                 .header_read_timeout(header_read_timeout)
                 .max_buf_size(config.max_header_bytes.max(8192));
             if config.max_headers != 100 {
@@ -935,7 +935,7 @@ impl Builders {
         } else {
             let mut b = hyper::server::conn::http1::Builder::new();
             b.half_close(true)
-                .timer(HeadTimer::new())
+                .timer(HeadTimer::new(header_read_timeout))
                 .header_read_timeout(header_read_timeout)
                 .max_header_size(config.max_header_bytes);
             if config.max_headers != 100 {
