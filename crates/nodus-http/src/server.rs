@@ -68,14 +68,13 @@
 //!   without keep-alive) when the client's input waits unread then (a request pipelined behind
 //!   it; one peek at the connection's end, none after the client's EOF was read): input still on
 //!   its way then is not waited for, as with nginx's default `lingering_close on`. Once hyper is
-//!   done (its last byte written, the write
-//!   side shut down; the answers written here are shut down by the linger), the task reads and
-//!   drops input until the client closes, `lingering_timeout` passes without input,
-//!   `lingering_time` in all, or the drain's deadline. It holds no request state; it is still
-//!   open on the server's books (it counts toward `max_connections`, the drain waits for it, and
-//!   loses nothing when it cuts it). A connection cut (write stall, drain deadline), idle, cut
-//!   for a slow head or ended by the client does not linger, nor does an HTTP/2 one (GOAWAY and
-//!   hyper's HTTP/2 close).
+//!   done (its last byte written, the write side shut down; the answers written here are shut
+//!   down by the linger), the task reads and drops input until the client closes,
+//!   `lingering_timeout` passes without input, `lingering_time` in all, or the drain's deadline.
+//!   It holds no request state; it is still open on the server's books (it counts toward
+//!   `max_connections`, the drain waits for it, and loses nothing when it cuts it). A connection
+//!   cut (write stall, drain deadline), idle, cut for a slow head or ended by the client does not
+//!   linger, nor does an HTTP/2 one (GOAWAY and hyper's HTTP/2 close).
 //! - HTTP versions: hyper's parser knows HTTP/1.0 and 1.1 only, so a higher HTTP/1 minor version
 //!   (`HTTP/1.2`, which RFC 9110 section 6.2 would have answered as 1.1, as nginx does) gets 400,
 //!   as from Node; nodus has no hook into that parse and leaves it.
