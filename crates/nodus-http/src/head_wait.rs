@@ -14,6 +14,9 @@
 //!   every scope the slot is empty, and `HeadTimer` falls back to a nodus sleep.
 //! - `HeadTimer`'s clock stands still at `base`: hyper's deadline is `now() + timeout`, so
 //!   `deadline - base` is the timeout, counted from the connection's time when hyper arms it.
+//!   The configured timeout's deadline is always the same `Instant`: for it the nanoseconds are
+//!   worked out once. A timeout past what a u64 of nanoseconds holds is no deadline (`u64::MAX`),
+//!   not one wrapped around to a near one.
 //! - hyper's HTTP/1 server uses its timer for the header-read timeout only, so a connection has
 //!   at most one wait, armed when a head is awaited and disarmed (dropped) when it is parsed.
 //! - A wait also follows the head's request line as the connection reads it (`line_read`): the
@@ -90,21 +93,32 @@ pub(crate) fn line_read(bytes: &[u8], limit: usize) -> bool {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct HeadTimer {
     base: Instant,
+    /// The header-read timeout hyper is configured with, and the deadline it asks for with it
+    /// every time (`base` plus the timeout; `None` past what an `Instant` holds)...
+    timeout: Duration,
+    deadline: Option<Instant>,
+    /// ...and the timeout in nanoseconds, worked out once.
+    timeout_ns: u64,
 }
 
 impl HeadTimer {
-    pub(crate) fn new() -> HeadTimer {
+    pub(crate) fn new(timeout: Duration) -> HeadTimer {
+        let base = Instant::now();
         HeadTimer {
-            base: Instant::now(),
+            base,
+            timeout,
+            deadline: base.checked_add(timeout),
+            timeout_ns: saturating_ns(timeout),
         }
     }
-}
 
-impl Timer for HeadTimer {
-    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+    /// Arms the current connection's wait for `timeout_ns` (`duration`) from now; outside every
+    /// scope, a nodus sleep.
+    #[inline]
+    fn wait(&self, timeout_ns: u64, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
         let armed = CURRENT.with(|current| {
             current.get().map(|_| {
-                let deadline = crate::io::now_ns().saturating_add(duration.as_nanos() as u64);
+                let deadline = crate::io::now_ns().saturating_add(timeout_ns);
                 current.set(Some(HeadWait::Until(deadline, Line::Open(0))));
             })
         });
@@ -113,9 +127,25 @@ impl Timer for HeadTimer {
             None => NodusTimer.sleep(duration),
         }
     }
+}
+
+/// `d` in nanoseconds; one past what a u64 holds is no deadline (not one wrapped).
+fn saturating_ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Timer for HeadTimer {
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        self.wait(saturating_ns(duration), duration)
+    }
 
     fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        self.sleep(deadline.saturating_duration_since(self.base))
+        // The configured timeout: its nanoseconds are at hand.
+        if Some(deadline) == self.deadline {
+            return self.wait(self.timeout_ns, self.timeout);
+        }
+        let duration = deadline.saturating_duration_since(self.base);
+        self.wait(saturating_ns(duration), duration)
     }
 
     fn now(&self) -> Instant {
@@ -156,7 +186,7 @@ mod tests {
 
     #[test]
     fn arming_inside_a_scope_records_the_deadline_and_dropping_disarms() {
-        let timer = HeadTimer::new();
+        let timer = HeadTimer::new(Duration::from_secs(10));
         let mut wait = HeadWait::Idle;
         let before = crate::io::now_ns();
         let sleep = scope(&mut wait, || {
@@ -172,8 +202,20 @@ mod tests {
     }
 
     #[test]
+    fn a_timeout_past_a_u64_of_nanoseconds_is_no_deadline() {
+        // 2^62 s: `Instant` holds it (hyper adds it to `now()`), its nanoseconds no u64 does.
+        let far = Duration::from_secs(1 << 62);
+        // The configured timeout, and another.
+        for timer in [HeadTimer::new(far), HeadTimer::new(Duration::from_secs(10))] {
+            let mut wait = HeadWait::Idle;
+            let _sleep = scope(&mut wait, || timer.sleep_until(timer.now() + far));
+            assert_eq!(wait, HeadWait::Until(u64::MAX, Line::Open(0)));
+        }
+    }
+
+    #[test]
     fn the_sleep_completes_only_once_its_connection_expired_it() {
-        let timer = HeadTimer::new();
+        let timer = HeadTimer::new(Duration::from_secs(10));
         let mut wait = HeadWait::Idle;
         let mut sleep = scope(&mut wait, || timer.sleep(Duration::from_secs(1)));
         let waker = std::task::Waker::noop();
@@ -194,7 +236,7 @@ mod tests {
 
     #[test]
     fn the_request_line_is_followed_from_the_arming_to_its_line_feed() {
-        let timer = HeadTimer::new();
+        let timer = HeadTimer::new(Duration::from_secs(10));
         let mut wait = HeadWait::Idle;
         // Not waiting for a head: nothing is followed.
         assert!(!scope(&mut wait, || line_read(&[b'a'; 64], 10)));
@@ -217,7 +259,7 @@ mod tests {
 
     #[test]
     fn outside_a_scope_it_is_a_nodus_sleep() {
-        let timer = HeadTimer::new();
+        let timer = HeadTimer::new(Duration::from_secs(10));
         nodus::Runtime::new().block_on(async {
             let start = Instant::now();
             timer.sleep(Duration::from_millis(20)).await;

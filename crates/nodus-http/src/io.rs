@@ -8,7 +8,8 @@
 //! reactor (edge-triggered: `EAGAIN` clears it) and every readiness check draws on the task's
 //! cooperative budget. Each transfer updates the connection's last-activity time (for the
 //! keep-alive idle timeout) and the loop's HTTP byte counters; a write that finds the socket full
-//! marks the connection write-blocked, since when (for the write-stall timeout). While hyper
+//! marks the connection write-blocked, since when (for the write-stall timeout); a read of the
+//! peer's EOF is noted (a connection that saw it has no input to linger for). While hyper
 //! waits for a request head, a read that makes its request line reach the line limit (set by
 //! the server: its head limit) hands hyper one byte of its bytes and every later read fails with
 //! `UriTooLong`, so that the server answers 414 where hyper would answer 431 (see `head_wait`):
@@ -138,6 +139,8 @@ pub struct Activity {
     /// Loop time (ns) the current `write_blocked` began: set when a write first finds the socket
     /// full after one that made progress, so a write that succeeds costs nothing more.
     pub blocked_since: Cell<u64>,
+    /// A read found the peer's EOF: it sends nothing more.
+    pub eof: Cell<bool>,
 }
 
 impl<S: FdStream> HyperIo<S> {
@@ -148,6 +151,7 @@ impl<S: FdStream> HyperIo<S> {
                 last_io: Cell::new(now_ns()),
                 write_blocked: Cell::new(false),
                 blocked_since: Cell::new(0),
+                eof: Cell::new(false),
             }),
             not_socket: Cell::new(false),
             line_limit: usize::MAX,
@@ -201,10 +205,12 @@ impl<S: FdStream + Unpin> Read for HyperIo<S> {
             };
             match result {
                 Ok((n, too_long)) => {
-                    // A short read of a stream drained the socket buffer: forget readiness now
-                    // instead of paying a read that returns EAGAIN (later data raises a new
-                    // edge; an EOF already seen stays visible).
-                    if n > 0 && n < capacity {
+                    // The peer's EOF is noted. A short read of a stream drained the socket
+                    // buffer: forget readiness now instead of paying a read that returns EAGAIN
+                    // (later data raises a new edge; an EOF already seen stays visible).
+                    if n == 0 {
+                        self.activity.eof.set(true);
+                    } else if n < capacity {
                         self.stream.clear_read_ready();
                     }
                     self.touched();

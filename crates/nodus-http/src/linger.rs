@@ -3,7 +3,8 @@
 //!
 //! A connection the server closes while its client may still be sending (the rest of a request
 //! body nobody read, the body or head of a request refused before the handler, a next request
-//! the drain's `Connection: close` came too late for) must not simply close: the kernel answers
+//! the drain's `Connection: close` came too late for, or one pipelined behind a request or
+//! response that said `Connection: close`) must not simply close: the kernel answers
 //! a close with input unread by a reset, which discards what the send buffer still holds of the
 //! response and fails the client's writes, so the client sees "connection reset" instead of the
 //! answer it was sent (a 413 to an upload, say). Instead, after the last response byte is

@@ -27,10 +27,16 @@
 //!   as a 413 does.
 //!   Without `http2`, an HTTP/2 preface gets Node's bare 400 head, and the connection closes.
 //! - HTTP/1 half-close: a client that shuts down its write side after its request (`nc -N`,
-//!   socat, health checkers) still gets the whole response, as from nginx or Node (hyper's
-//!   `half_close`); an EOF between requests ends the connection. So the connection is not read
-//!   while a request is in flight: a client that goes away meanwhile is noticed when the
-//!   response is written.
+//!   socat, health checkers) still gets the whole response, as from nginx's static files
+//!   (hyper's `half_close`; Node answers it only when its handler answers at once, and aborts a
+//!   request still at work); an EOF between requests ends the connection. So the connection is
+//!   not read while a request is in flight, and a client that closes meanwhile (its FIN is a
+//!   half-close's) cannot be told from one that half-closed: its request is answered and
+//!   reported to `Config::on_response` with its status and the body bytes the socket took, not as
+//!   499 (nginx's proxy and Node would call it one). One that resets the connection meanwhile
+//!   is noticed only when the response is written: reported the same, with 0 bytes. Over HTTP/2
+//!   a client's close or reset of the connection, or of the request's stream, drops the request
+//!   (499, below).
 //! - A request body the handler lets go of unread (an early 405, say) is read and discarded by
 //!   its connection, which then serves the next request (as from Node and nginx), when no
 //!   `Expect: 100-continue` waits for an answer (a `100 Continue` after the final answer would
@@ -57,15 +63,18 @@
 //!   that ends after an answer the server said `Connection: close` to (above: during a drain, a
 //!   body left unread, an HTTP/1.0 body of no known length), or after a refusal (400 for `Host`,
 //!   413, a panicked handler's 500), after a discard given up, or after an answer to a head that
-//!   could not be parsed (431, 414, 400). Once hyper is done (its last byte written, the write
-//!   side shut down; the answers written here are shut down by the linger), the task reads and
-//!   drops input until the client closes, `lingering_timeout` passes without input,
-//!   `lingering_time` in all, or the drain's deadline. It holds no request state; it is still
-//!   open on the server's books (it counts toward `max_connections`, the drain waits for it, and
-//!   loses nothing when it cuts it). A connection cut (write stall, drain deadline), idle, cut
-//!   for a slow head or ended by the client does not linger, nor does an HTTP/2 one (GOAWAY and
-//!   hyper's HTTP/2 close), nor one closed only because the client's request or the handler's
-//!   response asked for it.
+//!   could not be parsed (431, 414, 400). So does one hyper closed after a response because the
+//!   request or the handler's response asked for it (`Connection: close`, an HTTP/1.0 request
+//!   without keep-alive) when the client's input waits unread then (a request pipelined behind
+//!   it; one peek at the connection's end, none after the client's EOF was read): input still on
+//!   its way then is not waited for, as with nginx's default `lingering_close on`. Once hyper is
+//!   done (its last byte written, the write side shut down; the answers written here are shut
+//!   down by the linger), the task reads and drops input until the client closes,
+//!   `lingering_timeout` passes without input, `lingering_time` in all, or the drain's deadline.
+//!   It holds no request state; it is still open on the server's books (it counts toward
+//!   `max_connections`, the drain waits for it, and loses nothing when it cuts it). A connection
+//!   cut (write stall, drain deadline), idle, cut for a slow head or ended by the client does not
+//!   linger, nor does an HTTP/2 one (GOAWAY and hyper's HTTP/2 close).
 //! - HTTP versions: hyper's parser knows HTTP/1.0 and 1.1 only, so a higher HTTP/1 minor version
 //!   (`HTTP/1.2`, which RFC 9110 section 6.2 would have answered as 1.1, as nginx does) gets 400,
 //!   as from Node; nodus has no hook into that parse and leaves it.
@@ -77,7 +86,8 @@
 //!   HTTP/2 preface's 400 are written here) and ends the connection with the error, so they are
 //!   counted from that error, off the normal path: a good request pays nothing for any of this.
 //! - A request whose handler had not answered when its connection ended (the drain deadline or
-//!   the write-stall timeout cut it, an HTTP/2 stream reset, a connection error) is reported to
+//!   the write-stall timeout cut it, an HTTP/2 client closed or reset the connection or the
+//!   request's stream, a connection error) is reported to
 //!   `Config::on_refused` as 499 (nginx's "client closed request"), with its start line, once;
 //!   it is not in `responses_by_class` (nothing was sent).
 //! - A handler that panics (making its future, or in a poll of it) gets its request a 500 and
@@ -159,7 +169,8 @@ pub struct Config {
     /// Most open connections. Default 10,000.
     pub max_connections: usize,
     /// The longest lingering close: an HTTP/1 connection the server closes while its client may
-    /// still be sending (a request body left unread, a refusal, a response during a drain) shuts
+    /// still be sending (a request body left unread, a refusal, a response during a drain, a
+    /// request pipelined behind a `Connection: close`) shuts
     /// down its write side after the response and reads and drops input until the client closes,
     /// for at most this long (and never past a drain's deadline), so that the client reads the
     /// response instead of a reset (nginx's `lingering_time`, 30 s there). Zero: no lingering.
@@ -228,8 +239,9 @@ pub struct ConnInfo {
 /// version other than 1.0 and 1.1, or an HTTP/2 preface to a server without `http2`), or a
 /// request whose handler panicked (500). Or one nobody answered: its connection ended while its
 /// handler was still at work (cut by the drain deadline or the write-stall timeout, an HTTP/2
-/// stream reset, a connection error), reported with nginx's 499 ("client closed request"),
-/// nothing sent.
+/// client's close or reset of the connection or the stream, a connection error), reported with
+/// nginx's 499 ("client closed request"), nothing sent. (An HTTP/1 client that closes while its
+/// handler works cannot be told from one that half-closed: it is answered.)
 #[derive(Debug, Clone, Copy)]
 pub struct Refused<'a> {
     pub status: StatusCode,
@@ -594,6 +606,7 @@ where
             loop {
                 if let Poll::Ready(result) = head_wait::scope(&mut head, || conn.as_mut().poll(cx))
                 {
+                    let ended = result.is_ok();
                     let mut answered = false;
                     if let Err(e) = result {
                         if let Some(e) = e.downcast_ref::<hyper::Error>() {
@@ -604,7 +617,14 @@ where
                         tracing::debug!(target: "nodus::http", "connection ended: {e}");
                     }
                     let closing = conn_state.linger.get() || conn_state.body_left.get();
-                    return Poll::Ready(!conn_state.http2.get() && (closing || answered));
+                    // hyper closed it after a response, as the request or the response asked
+                    // (`Connection: close`, HTTP/1.0): the client may have sent more behind it.
+                    // SAFETY: `conn` owns the stream, open until this block ends.
+                    let asked = || input_waiting(unsafe { BorrowedFd::borrow_raw(fd) });
+                    return Poll::Ready(
+                        !conn_state.http2.get()
+                            && (closing || answered || (ended && !activity.eof.get() && asked())),
+                    );
                 }
                 if conn_state.poll_discard(cx) {
                     continue; // hyper reads on past the body it was waiting to be taken
@@ -753,6 +773,14 @@ fn answer_and_close(fd: BorrowedFd<'_>, answer: &[u8]) -> bool {
     }
 }
 
+/// Whether the client's input waits unread on `fd` (one peek, at the end of a connection hyper
+/// closed without an EOF from the client): closed now, it would be a reset.
+#[cold]
+fn input_waiting(fd: BorrowedFd<'_>) -> bool {
+    let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
+    matches!(rustix::net::recv(fd, &mut [0u8; 1], flags), Ok((n, _)) if n > 0)
+}
+
 /// Makes the close of `fd` a reset (`SO_LINGER` 0) that discards the output the peer has not
 /// taken, instead of leaving the kernel an orphaned socket that holds it as long as the peer acks
 /// its window probes. Not a socket (a pipe): a plain close.
@@ -884,12 +912,17 @@ enum Builders {
 
 impl Builders {
     fn new(config: &Config) -> Builders {
+        // hyper adds the header-read timeout to an `Instant`, which panics past its range: the
+        // longest a u64 of nanoseconds holds (584 years) is as good as none.
+        let header_read_timeout = config
+            .header_read_timeout
+            .min(Duration::from_nanos(u64::MAX));
         if config.http2 {
             let mut b = auto::Builder::new(LocalExec::new(config.name));
             let mut h1 = b.http1();
             h1.half_close(true)
-                .timer(HeadTimer::new())
-                .header_read_timeout(config.header_read_timeout)
+                .timer(HeadTimer::new(header_read_timeout))
+                .header_read_timeout(header_read_timeout)
                 .max_buf_size(config.max_header_bytes.max(8192));
             if config.max_headers != 100 {
                 h1.max_headers(config.max_headers);
@@ -901,8 +934,8 @@ impl Builders {
         } else {
             let mut b = hyper::server::conn::http1::Builder::new();
             b.half_close(true)
-                .timer(HeadTimer::new())
-                .header_read_timeout(config.header_read_timeout)
+                .timer(HeadTimer::new(header_read_timeout))
+                .header_read_timeout(header_read_timeout)
                 .max_header_size(config.max_header_bytes);
             if config.max_headers != 100 {
                 b.max_headers(config.max_headers);

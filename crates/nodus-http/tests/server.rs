@@ -73,6 +73,15 @@ impl TestServer {
                             // 4 KiB receive buffer takes before it reads, less than the server's
                             // send buffer holds.
                             "/128k" => http::Response::new(full(vec![b'x'; 128 << 10])),
+                            // The same, and the handler closes the connection after it.
+                            "/128k-close" => {
+                                let mut resp = http::Response::new(full(vec![b'x'; 128 << 10]));
+                                resp.headers_mut().insert(
+                                    http::header::CONNECTION,
+                                    http::HeaderValue::from_static("close"),
+                                );
+                                resp
+                            }
                             // A body of no known length: chunked to HTTP/1.1, to the close to 1.0.
                             "/stream" => {
                                 let chunks = ["str", "eam"].map(|c| {
@@ -975,6 +984,27 @@ fn a_keep_alive_timeout_beyond_the_longest_timer_is_accepted() {
     }
 }
 
+/// A header-read timeout past what an `Instant` holds (hyper adds it to one) is no timeout, not
+/// a panic; with `http2` too (its HTTP/1 side has the same timeout).
+#[test]
+fn a_header_read_timeout_beyond_any_instant_is_accepted() {
+    for http2 in [false, true] {
+        let config = Config {
+            header_read_timeout: Duration::MAX,
+            http2,
+            ..Config::default()
+        };
+        let server = TestServer::start(config, Duration::from_millis(100));
+        let mut s = server.connect();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        for _ in 0..2 {
+            get(&mut s, "/");
+            let reply = read_reply(&mut r, false);
+            assert_eq!(reply.map(|r| r.status).ok(), Some(200), "http2: {http2}");
+        }
+    }
+}
+
 /// A handler that blocks the loop is reported by the watchdog under the server's name, at the
 /// line that called `serve` (not inside nodus-http), while it still blocks.
 #[test]
@@ -1699,6 +1729,48 @@ fn a_client_still_sending_a_body_left_unread_gets_the_whole_response_and_an_eof(
     }
 }
 
+/// A client pipelines a request (a POST of 64 KiB: more than the server reads with the first)
+/// behind one after which the connection closes because the request asked for it
+/// (`Connection: close`, HTTP/1.0) or the handler's response did, and has read little of the
+/// answer (its receive buffer is small, the rest waits in the server's send buffer): the server
+/// lingers, and the client reads the whole response and an EOF. A close with the pipelined
+/// request unread would have reset the connection, the rest of the response discarded with it.
+#[test]
+fn a_close_the_client_or_the_handler_asked_for_lingers_for_a_request_pipelined_behind_it() {
+    let mut pipelined = b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 65536\r\n\r\n".to_vec();
+    pipelined.extend_from_slice(&[b'b'; 64 << 10]);
+    for http2 in [false, true] {
+        let config = Config {
+            http2,
+            ..Config::default()
+        };
+        let server = TestServer::start(config, Duration::from_secs(1));
+        for first in [
+            &b"GET /128k HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"[..],
+            b"GET /128k HTTP/1.0\r\n\r\n",
+            b"GET /128k-close HTTP/1.1\r\nHost: t\r\n\r\n",
+        ] {
+            let what = format!(
+                "http2: {http2}: {}",
+                String::from_utf8_lossy(first).lines().next().unwrap()
+            );
+            let mut s = connect_small_window(server.addr);
+            s.write_all(&[first, &pipelined[..]].concat()).unwrap();
+            // The server is done with the connection before the client reads.
+            std::thread::sleep(Duration::from_millis(100));
+            let mut r = BufReader::new(s);
+            let reply = read_reply(&mut r, false).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!((reply.status, reply.body.len()), (200, 128 << 10), "{what}");
+            let mut rest = Vec::new();
+            r.read_to_end(&mut rest)
+                .unwrap_or_else(|e| panic!("{what}: an EOF after the response: {e}"));
+            assert!(rest.is_empty(), "{what}");
+        }
+        let (cut, snap) = server.finish();
+        assert_eq!((cut, snap.http.connections_open), (0, 0));
+    }
+}
+
 /// The refusals written before the handler while the rest of the request is on its way (413 to
 /// a declared length over the limit, 431 to a head over it, 414 to a request line over it)
 /// reach a client that keeps sending, as in the test above.
@@ -1803,4 +1875,88 @@ fn a_drain_ends_a_lingering_connection_by_its_deadline() {
     );
     assert_eq!((cut, snap.http.connections_open), (0, 0));
     drop(s);
+}
+
+/// What the hooks were told in
+/// `an_http2_client_that_goes_away_while_its_handler_works_is_reported_as_499`.
+static GONE: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn record_gone_refused(r: &nodus_http::Refused<'_>) {
+    GONE.lock()
+        .unwrap()
+        .push(format!("refused {:?}", report(r)));
+}
+
+fn record_gone_answered(a: &nodus_http::Answered<'_>) {
+    let r = a.request;
+    let status = a.status.as_u16();
+    GONE.lock().unwrap().push(format!(
+        "answered {status} {} {} {:?}",
+        r.method, r.path, r.version
+    ));
+}
+
+/// An HTTP/2 frame: its header (length, type, flags, stream) and payload.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    f.extend_from_slice(&[kind, flags]);
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// An h2c connection (prior knowledge) whose stream 1 is `GET /slow`, its head and end sent.
+fn h2_get_slow(addr: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(h2_frame(4, 0, 0, &[]));
+    // HPACK: :method GET, :scheme http, :path "/slow", :authority "t".
+    let block = [&[0x82, 0x86, 0x44, 5][..], b"/slow", &[0x41, 1], b"t"].concat();
+    // HEADERS, END_STREAM | END_HEADERS.
+    out.extend(h2_frame(1, 0x5, 1, &block));
+    s.write_all(&out).unwrap();
+    s
+}
+
+/// An HTTP/2 client that goes away while its request's handler is at work (it closes the
+/// connection, resets it, or resets the stream) gets its request reported as 499, not counted as
+/// a response, and the handler's future dropped. (Over HTTP/1 a client's close while its handler
+/// works cannot be told from a half-close, which is answered: the server module's docs.)
+#[test]
+fn an_http2_client_that_goes_away_while_its_handler_works_is_reported_as_499() {
+    let config = Config {
+        http2: true,
+        on_refused: Some(record_gone_refused),
+        on_response: Some(record_gone_answered),
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_secs(1));
+    for case in ["close", "reset", "stream reset"] {
+        let mut s = h2_get_slow(server.addr);
+        std::thread::sleep(Duration::from_millis(50));
+        // Read what the server sent (its SETTINGS), so that the close is a FIN.
+        s.set_nonblocking(true).unwrap();
+        while matches!(s.read(&mut [0u8; 4096]), Ok(n) if n > 0) {}
+        match case {
+            "reset" => {
+                let fd = std::os::fd::AsFd::as_fd(&s);
+                rustix::net::sockopt::set_socket_linger(fd, Some(Duration::ZERO)).unwrap();
+            }
+            // RST_STREAM, CANCEL; the connection stays open until the handler would have answered.
+            "stream reset" => s
+                .write_all(&h2_frame(3, 0, 1, &8u32.to_be_bytes()))
+                .unwrap(),
+            _ => {}
+        }
+        let open = (case == "stream reset").then_some(s);
+        // The handler would answer 300 ms after the request.
+        std::thread::sleep(Duration::from_millis(500));
+        let reported = std::mem::take(&mut *GONE.lock().unwrap());
+        let expected = r#"refused (499, Some("GET /slow HTTP/2.0"), true, true, 0)"#;
+        assert_eq!(reported, [expected], "{case}");
+        drop(open);
+    }
+    let (cut, snap) = server.finish();
+    assert_eq!((cut, snap.http.requests_in_flight), (0, 0));
+    assert_eq!(snap.http.responses_by_class, [0; 5], "nothing was answered");
 }
