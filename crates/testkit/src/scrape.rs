@@ -71,10 +71,10 @@ pub fn unit_mistakes(text: &str) -> Vec<String> {
         .lines()
         .filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next())
     {
-        if let Some(unit) = UNITS.iter().find(|u| family.ends_with(&format!("_{u}"))) {
-            if !said.contains(&(family, unit)) {
-                wrong.push(format!("{family}: no `# UNIT {family} {unit}` line"));
-            }
+        if let Some(unit) = UNITS.iter().find(|u| family.ends_with(&format!("_{u}")))
+            && !said.contains(&(family, unit))
+        {
+            wrong.push(format!("{family}: no `# UNIT {family} {unit}` line"));
         }
     }
     wrong
