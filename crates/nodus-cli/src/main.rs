@@ -26,6 +26,7 @@ macro_rules! say {
 mod exec_listen;
 mod listen;
 mod run;
+mod rust_log;
 mod serve;
 mod top;
 
@@ -48,7 +49,10 @@ use serve::static_files::Dotfiles;
     about = "Node.js's process and event-loop model, observable by design",
     after_help = "Logs go to stderr; RUST_LOG sets which are written (default: info; RUST_LOG=warn, \
                   RUST_LOG=info,nodus::cluster=debug). A RUST_LOG that does not parse is info \
-                  too, said in one WARN line at the start with the parse error."
+                  too, said in one WARN line at the start with the parse error. One that parses \
+                  but is likely a mistake is kept and said the same way: a bare word near a level \
+                  (RUST_LOG=infoo is the target infoo), or no directive for nodus's own targets \
+                  (RUST_LOG=hyper=debug: not even nodus's errors are written)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -520,7 +524,8 @@ fn main() {
         name_after_argv0();
     }
     let access_log = matches!(&cli.command, Command::Serve(args) if args.access_log);
-    let (filter, unparsed) = log_filter(std::env::var_os("RUST_LOG").as_deref(), access_log);
+    let (filter, warning) =
+        rust_log::log_filter(std::env::var_os("RUST_LOG").as_deref(), access_log);
     let color = std::io::IsTerminal::is_terminal(&std::io::stderr());
     // Log lines are queued to stderr's writer thread: logging never blocks (a full pipe) nor
     // panics (a closed one; tracing-subscriber would report the failed write with `eprintln!`).
@@ -531,8 +536,8 @@ fn main() {
         .with_ansi(color)
         .init();
     // A serve worker runs the primary's command line in its environment: the primary said it.
-    if let Some(why) = unparsed.filter(|_| !serve_worker) {
-        tracing::warn!("{why}");
+    if let Some(why) = warning.filter(|_| !serve_worker) {
+        tracing::warn!(target: rust_log::TARGET, "{why}");
     }
     let code = match cli.command {
         Command::Top(args) => top::run(args),
@@ -582,56 +587,6 @@ fn main() {
     std::process::exit(code);
 }
 
-/// The log lines written: `RUST_LOG`'s directives (`info` without it, empty, or when they do
-/// not parse), and with `--access-log` the access log (target `nodus::access`, INFO) whatever they
-/// say, unless they name that target themselves: `RUST_LOG=warn` alone would silence it. A value
-/// that does not parse (or is not UTF-8) also gives the line to log at WARN once logging is set
-/// up: the value and why, so a typo is not mistaken for a quiet service.
-fn log_filter(
-    rust_log: Option<&std::ffi::OsStr>,
-    access_log: bool,
-) -> (tracing_subscriber::EnvFilter, Option<String>) {
-    let info = || tracing_subscriber::EnvFilter::new("info");
-    // Empty is unset (`Environment=RUST_LOG=`): no directive at all would silence every line.
-    let rust_log = rust_log.filter(|v| !v.as_encoded_bytes().trim_ascii().is_empty());
-    let (filter, names_access, unparsed) = match rust_log.map(|v| v.to_str().ok_or(v)) {
-        None => (info(), false, None),
-        Some(Ok(value)) => match tracing_subscriber::EnvFilter::try_new(value) {
-            Ok(filter) => (filter, names_access_log(value), None),
-            Err(e) => (
-                info(),
-                false,
-                Some(format!(
-                    "RUST_LOG={value:?} does not parse ({e}): logging at info instead"
-                )),
-            ),
-        },
-        Some(Err(raw)) => (
-            info(),
-            false,
-            Some(format!(
-                "RUST_LOG={raw:?} is not UTF-8: logging at info instead"
-            )),
-        ),
-    };
-    let filter = if access_log && !names_access {
-        filter.add_directive("nodus::access=info".parse().expect("a valid directive"))
-    } else {
-        filter
-    };
-    (filter, unparsed)
-}
-
-/// Whether a `RUST_LOG` value has a directive for the access log's target itself
-/// (`nodus::access=off`, `nodus::access[...]=debug`), not through a level for every target or
-/// a shorter prefix (`warn`, `nodus=warn`).
-fn names_access_log(rust_log: &str) -> bool {
-    rust_log.split(',').any(|directive| {
-        let target = directive.split(['[', '=']).next().unwrap_or_default();
-        target.trim() == "nodus::access"
-    })
-}
-
 /// How long the exit waits for queued output (the workers' last lines, our last log lines) to
 /// be written to a slow reader, at most; past it, what is left is dropped with a notice per
 /// worker, given at most [`EXIT_DROP_GRACE`] (1 s) more. After a stop, less: what is left of
@@ -664,61 +619,4 @@ fn exit_flush_timeout() -> Duration {
             .saturating_duration_since(Instant::now() + EXIT_DROP_GRACE)
             .min(EXIT_FLUSH_TIMEOUT)
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use std::ffi::OsStr;
-    use std::os::unix::ffi::OsStrExt;
-
-    use super::{log_filter, names_access_log};
-
-    #[test]
-    fn a_rust_log_that_does_not_parse_is_info_and_said_with_its_value_and_why() {
-        let (filter, why) = log_filter(Some(OsStr::new("info,nodus=loud")), false);
-        assert_eq!(filter.to_string(), "info");
-        let why = why.expect("a warning");
-        assert!(
-            why.starts_with(r#"RUST_LOG="info,nodus=loud" does not parse ("#),
-            "{why}"
-        );
-        assert!(why.contains("level"), "the parse error: {why}");
-        assert!(why.ends_with("logging at info instead"), "{why}");
-        // The access log is still written (info covers it, and it is asked for).
-        let (filter, _) = log_filter(Some(OsStr::new("nodus::access=off,[")), true);
-        assert_eq!(filter.to_string(), "nodus::access=info,info");
-        let (filter, why) = log_filter(Some(OsStr::from_bytes(b"warn\xff")), false);
-        assert_eq!(filter.to_string(), "info");
-        assert!(why.unwrap().contains("is not UTF-8"));
-    }
-
-    #[test]
-    fn a_rust_log_that_parses_or_none_is_not_warned_about() {
-        for value in [
-            None,
-            Some(""),
-            Some(" "),
-            Some("warn"),
-            Some("nodus::cluster=debug,info"),
-        ] {
-            let (filter, why) = log_filter(value.map(OsStr::new), false);
-            assert_eq!(why, None, "{value:?}");
-            let expected = value.filter(|v| !v.trim().is_empty()).unwrap_or("info");
-            assert_eq!(filter.to_string(), expected);
-        }
-        let (filter, _) = log_filter(Some(OsStr::new("warn")), true);
-        assert_eq!(filter.to_string(), "nodus::access=info,warn");
-        let (filter, _) = log_filter(Some(OsStr::new("warn,nodus::access=off")), true);
-        assert_eq!(filter.to_string(), "nodus::access=off,warn");
-    }
-
-    #[test]
-    fn only_a_directive_for_the_access_log_target_names_it() {
-        assert!(names_access_log("nodus::access=off"));
-        assert!(names_access_log("warn, nodus::access = debug"));
-        assert!(names_access_log("nodus::access[conn]=info"));
-        assert!(!names_access_log("warn"));
-        assert!(!names_access_log("nodus=warn,nodus::cluster=debug"));
-        assert!(!names_access_log("nodus::accessory=off"));
-    }
 }

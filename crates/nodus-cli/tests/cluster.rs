@@ -119,6 +119,17 @@ fn serve_with_two_workers_shows_the_whole_cluster_in_stats_and_top() {
         om.contains("# TYPE nodus_cluster_restarts counter\n"),
         "{om}"
     );
+    // Every family named after a unit (the workers' and the primary's: `_seconds`, `_bytes`)
+    // has its `# UNIT` line.
+    assert_eq!(
+        nodus_testkit::scrape::unit_mistakes(&om),
+        Vec::<String>::new(),
+        "{om}"
+    );
+    assert!(
+        om.contains("# UNIT nodus_cluster_worker_rss_bytes bytes\n"),
+        "{om}"
+    );
     // Per worker process: up, memory, handoffs in flight; per slot: restarts.
     for w in workers {
         let labels = format!("{{worker=\"{}\",pid=\"{}\"}}", w["worker"], w["pid"]);

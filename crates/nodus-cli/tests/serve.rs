@@ -421,6 +421,111 @@ fn a_rust_log_that_does_not_parse_is_said_once_and_info_is_logged() {
     }
 }
 
+/// `nodus serve DIR --workers WORKERS` under `RUST_LOG=rust_log`, started (its address answers
+/// a request), then stopped with SIGTERM: its stderr lines.
+fn serve_logs(dir: &Path, workers: u32, rust_log: &str) -> Vec<String> {
+    let addr = free_addr();
+    let mut server = Proc::spawn(
+        Command::new(NODUS)
+            .arg("serve")
+            .arg(dir)
+            .args([
+                "--listen",
+                &addr.to_string(),
+                "--workers",
+                &workers.to_string(),
+            ])
+            .env("RUST_LOG", rust_log)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
+    // No start line under every value: the address answers once it listens.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(addr).is_err() {
+        assert!(Instant::now() < deadline, "{rust_log}: it never listened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(request(addr, "GET", "/hello.txt", &[]).status, 200);
+    server.signal(rustix::process::Signal::TERM);
+    assert_eq!(
+        server.wait_exit(Duration::from_secs(30)),
+        Some(0),
+        "{rust_log}"
+    );
+    server.output().to_vec()
+}
+
+/// A `RUST_LOG` that parses but is likely a mistake is kept, and said in one WARN line at the
+/// start, written though the value silences everything else: a bare word near a level (taken
+/// for a target: `infoo` logs nothing at all), or no directive for nodus's targets. A cluster's
+/// workers leave the line to the primary. Values that are right, `off` among them, are not said.
+#[test]
+fn a_rust_log_that_is_likely_a_mistake_is_said_once_and_a_right_one_is_not() {
+    let dir = site();
+    for (rust_log, workers, said) in [
+        (
+            "infoo",
+            1,
+            Some(r#""infoo" is a target, not a level (did you mean "info"?)"#),
+        ),
+        (
+            "infoo",
+            2,
+            Some(r#""infoo" is a target, not a level (did you mean "info"?)"#),
+        ),
+        (
+            "wran",
+            1,
+            Some(r#""wran" is a target, not a level (did you mean "warn"?)"#),
+        ),
+        (
+            "debgu",
+            1,
+            Some(r#""debgu" is a target, not a level (did you mean "debug"?)"#),
+        ),
+        ("hyper=debug", 1, None),
+    ] {
+        let out = serve_logs(dir.path(), workers, rust_log);
+        let shown = format!("RUST_LOG={rust_log} --workers {workers}: {out:#?}");
+        let said_lines: Vec<&String> = out.iter().filter(|l| l.contains("RUST_LOG")).collect();
+        assert_eq!(said_lines.len(), 1, "{shown}");
+        if workers == 1 {
+            // The warning is all there is: the value silences every other line.
+            assert_eq!(out.len(), 1, "{shown}");
+        }
+        let line = said_lines[0];
+        assert!(!line.starts_with("[worker"), "{line}");
+        assert!(line.contains(" WARN nodus::rust_log: "), "{line}");
+        assert!(line.contains(&format!("RUST_LOG={rust_log:?}: ")), "{line}");
+        if let Some(said) = said {
+            assert!(line.contains(said), "{line}");
+        }
+        assert!(
+            line.contains("nodus logs nothing under it, not even errors"),
+            "{line}"
+        );
+    }
+    // A typo beside a level: nodus logs at that level, the typo alone is said.
+    let out = serve_logs(dir.path(), 1, "info,wran");
+    let said: Vec<&String> = out.iter().filter(|l| l.contains("RUST_LOG=")).collect();
+    assert_eq!(said.len(), 1, "{out:#?}");
+    assert!(said[0].contains(r#"(did you mean "warn"?)"#), "{}", said[0]);
+    assert!(!said[0].contains("nodus logs nothing"), "{}", said[0]);
+    assert!(out.iter().any(|l| l.contains(" INFO ")), "{out:#?}");
+    for rust_log in ["info", "nodus=debug", "hyper=warn,info", "off"] {
+        let out = serve_logs(dir.path(), 1, rust_log);
+        assert!(
+            !out.iter().any(|l| l.contains("RUST_LOG")),
+            "RUST_LOG={rust_log}: {out:#?}"
+        );
+        assert_eq!(
+            out.is_empty(),
+            rust_log == "off",
+            "RUST_LOG={rust_log}: {out:#?}"
+        );
+    }
+}
+
 /// A request written raw on a new connection, its response read: the connection's local
 /// address (the peer the access log names) and the status.
 fn raw_request(addr: SocketAddr, head: &[u8], body_len: usize) -> (SocketAddr, u16) {

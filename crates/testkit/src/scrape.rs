@@ -1,5 +1,6 @@
 //! A Prometheus exposition read as a scraper reads it: a family's type from its `# TYPE` line,
-//! and a sample's series, each with its labels (in their order, values unescaped) and value.
+//! and a sample's series, each with its labels (in their order, values unescaped) and value;
+//! and whether every family named after a unit has its `# UNIT` line (`unit_mistakes`).
 //! Both the OpenMetrics and the classic text format parse; timestamps and exemplars, which nodus
 //! never writes, do not.
 
@@ -46,6 +47,37 @@ pub fn find(text: &str, sample: &str, labels: &[(&str, &str)]) -> Option<Series>
                 .zip(labels)
                 .all(|(a, b)| a.0 == b.0 && a.1 == b.1)
     })
+}
+
+/// The units a family name may end in (OpenMetrics' base units, and prometheus-client's).
+pub const UNITS: [&str; 9] = [
+    "seconds", "bytes", "meters", "grams", "amperes", "volts", "joules", "celsius", "ratios",
+];
+
+/// What an OpenMetrics `text` says wrong about units, one line each: a family (a `# TYPE` line)
+/// whose name ends in `_UNIT` (one of [`UNITS`]) without its `# UNIT NAME UNIT` line, and a
+/// `# UNIT` line whose unit is not its family's suffix. Empty when all is right.
+pub fn unit_mistakes(text: &str) -> Vec<String> {
+    let said: Vec<(&str, &str)> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# UNIT ")?.split_once(' '))
+        .collect();
+    let mut wrong: Vec<String> = said
+        .iter()
+        .filter(|(family, unit)| !family.ends_with(&format!("_{unit}")))
+        .map(|(family, unit)| format!("{family}: `# UNIT {unit}` is not its suffix"))
+        .collect();
+    for family in text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next())
+    {
+        if let Some(unit) = UNITS.iter().find(|u| family.ends_with(&format!("_{u}")))
+            && !said.contains(&(family, unit))
+        {
+            wrong.push(format!("{family}: no `# UNIT {family} {unit}` line"));
+        }
+    }
+    wrong
 }
 
 /// `{name="value",...} VALUE` (labels optional) after the sample name.
@@ -104,5 +136,21 @@ mod tests {
         let two = find(TEXT, "b", &[("worker", "2"), ("task", "x\"y,z\\")]).unwrap();
         assert_eq!(two.value, 1.0);
         assert_eq!(find(TEXT, "b", &[("worker", "1")]), None);
+    }
+
+    #[test]
+    fn a_family_named_after_a_unit_needs_its_unit_line() {
+        let right = "# TYPE a_seconds gauge\n# UNIT a_seconds seconds\n# TYPE b counter\n";
+        assert_eq!(unit_mistakes(right), Vec::<String>::new());
+        let missing = "# TYPE c_bytes counter\nc_bytes_total 1\n# TYPE d_seconds gauge\n";
+        assert_eq!(
+            unit_mistakes(missing),
+            [
+                "c_bytes: no `# UNIT c_bytes bytes` line",
+                "d_seconds: no `# UNIT d_seconds seconds` line"
+            ]
+        );
+        let other = "# TYPE e_seconds gauge\n# UNIT e_seconds bytes\n";
+        assert_eq!(unit_mistakes(other).len(), 2, "{:?}", unit_mistakes(other));
     }
 }

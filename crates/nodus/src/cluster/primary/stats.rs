@@ -479,9 +479,10 @@ pub(super) async fn metrics_text(st: &Rc<State>) -> String {
     if let Some(bytes) = rss_bytes(me) {
         let rss = Gauge::<i64>::default();
         rss.set(bytes as i64);
-        registry.register(
-            "nodus_cluster_primary_rss_bytes",
+        registry.register_with_unit(
+            "nodus_cluster_primary_rss",
             "Resident memory of the primary process",
+            Unit::Bytes,
             rss,
         );
     }
@@ -547,9 +548,10 @@ pub(super) async fn metrics_text(st: &Rc<State>) -> String {
         Unit::Seconds,
         worker_uptime,
     );
-    registry.register(
-        "nodus_cluster_worker_rss_bytes",
+    registry.register_with_unit(
+        "nodus_cluster_worker_rss",
         "Resident memory of the worker process",
+        Unit::Bytes,
         rss,
     );
     registry.register(

@@ -19,14 +19,12 @@ use super::SnapshotCollector;
 use super::families::Kind;
 use crate::metrics::snapshot::HistogramSnapshot;
 
-/// The unit suffix the encoder appends (`# UNIT` line included).
-static SECONDS: Unit = Unit::Seconds;
-
 #[derive(Debug)]
 pub(super) struct Family {
     pub(super) name: &'static str,
     pub(super) help: &'static str,
-    pub(super) seconds: bool,
+    /// The name's suffix the encoder appends, with its `# UNIT` line.
+    pub(super) unit: Option<&'static Unit>,
     pub(super) kind: Kind,
     pub(super) series: Vec<Series>,
 }
@@ -154,8 +152,7 @@ impl Collector for SnapshotCollector {
                 Kind::Gauge => MetricType::Gauge,
                 Kind::Histogram => MetricType::Histogram,
             };
-            let unit = f.seconds.then_some(&SECONDS);
-            let mut metric = encoder.encode_descriptor(f.name, f.help, unit, metric_type)?;
+            let mut metric = encoder.encode_descriptor(f.name, f.help, f.unit, metric_type)?;
             for s in &f.series {
                 if s.labels.is_empty() {
                     // `encode_family` with no labels would write an empty `{}`.

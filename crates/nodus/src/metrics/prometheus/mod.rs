@@ -10,7 +10,8 @@
 //! [`to_classic`] rewrites the metadata into that format, served with [`CLASSIC_CONTENT_TYPE`].)
 //!
 //! Names carry the `nodus_` prefix and base units: durations are `_seconds` (histogram values
-//! are nanoseconds, divided by 1e9), counters end in `_total`. One `# HELP`/`# TYPE` is written
+//! are nanoseconds, divided by 1e9), sizes `_bytes`, each with its `# UNIT` line; counters end
+//! in `_total`. One `# HELP`/`# TYPE` is written
 //! per family, followed by all of its series, so [`render_labeled`] can put several snapshots
 //! (a cluster's workers, each with a `worker` label) in one exposition.
 //!
@@ -96,7 +97,7 @@ impl SnapshotCollector {
                 self.families.push(Family {
                     name: d.name,
                     help: d.help,
-                    seconds: d.seconds,
+                    unit: d.unit,
                     kind: d.kind,
                     series: Vec::new(),
                 });

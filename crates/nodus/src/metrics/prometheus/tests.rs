@@ -334,3 +334,36 @@ fn collector_registers_in_a_larger_registry() {
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
     assert_eq!(text, render(&s));
 }
+
+/// Every family whose name ends in a unit (`_seconds`, `_bytes`, ...) has its `# UNIT` line, in
+/// an exposition with every family (pools included, two workers).
+#[test]
+fn every_family_named_after_a_unit_has_its_unit_line() {
+    let mut s = sample();
+    s.pools.push(PoolSnapshot {
+        pool: "io".into(),
+        threads: 4,
+        queue_wait: hist(&[(500, 2)]),
+        run: hist(&[(800_000, 1)]),
+        ..Default::default()
+    });
+    let l = |w: &str| vec![("worker".to_owned(), w.to_owned())];
+    let text = render_labeled(&[(l("1"), &s), (l("2"), &s)]);
+    assert_eq!(
+        nodus_testkit::scrape::unit_mistakes(&text),
+        Vec::<String>::new(),
+        "{text}"
+    );
+    assert_lines(
+        &text,
+        &[
+            "# UNIT nodus_process_resident_memory_bytes bytes",
+            "# UNIT nodus_http_received_bytes bytes",
+            "# UNIT nodus_http_sent_bytes bytes",
+            "# UNIT nodus_pool_run_seconds seconds",
+        ],
+    );
+    // The samples keep their names.
+    assert!(text.contains("\nnodus_http_sent_bytes_total{worker=\"1\"} 0\n"));
+    assert!(text.contains("\nnodus_process_resident_memory_bytes{worker=\"2\"} 0\n"));
+}
