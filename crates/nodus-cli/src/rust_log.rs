@@ -2,6 +2,8 @@
 //! likely a mistake.
 //!
 //! - A value that does not parse (or is not UTF-8) is `info`, said with the value and why.
+//! - White space around each directive is taken off (`EnvFilter` would take `info, nodus=debug`
+//!   for the level `info` and a target ` nodus`).
 //! - A value that parses is the filter as written (`--access-log`'s target added unless it names
 //!   it). Two mistakes are said, in one line: a bare word that is no level but within two edits
 //!   of one (`infoo`, which `EnvFilter` takes for the target `infoo` at TRACE: did you mean
@@ -48,19 +50,20 @@ pub fn log_filter(
     let info = || EnvFilter::new("info");
     // Empty is unset (`Environment=RUST_LOG=`): no directive at all would silence every line.
     let rust_log = rust_log.filter(|v| !v.as_encoded_bytes().trim_ascii().is_empty());
-    let (filter, names_access, warning) = match rust_log.map(|v| v.to_str().ok_or(v)) {
+    let rust_log = rust_log.map(|v| v.to_str().map(trim_directives).ok_or(v));
+    let (filter, names_access, warning) = match rust_log {
         None => (info(), false, None),
-        Some(Ok(value)) => match EnvFilter::try_new(value) {
-            Ok(filter) => match parsed_mistakes(value) {
+        Some(Ok(value)) => match EnvFilter::try_new(&value) {
+            Ok(filter) => match parsed_mistakes(&value) {
                 Some(why) => {
                     let own = format!("{TARGET}=warn").parse().expect("a valid directive");
                     (
                         filter.add_directive(own),
-                        names_access_log(value),
+                        names_access_log(&value),
                         Some(why),
                     )
                 }
-                None => (filter, names_access_log(value), None),
+                None => (filter, names_access_log(&value), None),
             },
             Err(e) => (
                 info(),
@@ -84,6 +87,17 @@ pub fn log_filter(
         filter
     };
     (filter, warning)
+}
+
+/// `value` with the white space around each directive taken off: `EnvFilter` keeps it, so
+/// `info, nodus=debug` (a common way to write it) would make ` nodus` a target that matches
+/// nothing and leave nodus at `info`.
+fn trim_directives(value: &str) -> String {
+    value
+        .split(',')
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Whether a `RUST_LOG` value has a directive for the access log's target itself
@@ -293,15 +307,18 @@ mod tests {
     }
 
     #[test]
-    fn a_level_with_spaces_around_it_is_a_target_to_env_filter_and_said() {
-        let filter = tracing_subscriber::EnvFilter::try_new("hyper=warn, info").unwrap();
-        assert!(filter.to_string().contains(" info=trace"), "{filter}");
-        let why = parsed_mistakes("hyper=warn, info").unwrap();
-        assert!(
-            why.contains(r#"" info" is a target, not a level (did you mean "info"?)"#),
-            "{why}"
-        );
-        assert!(why.contains("nodus logs nothing under it"), "{why}");
+    fn spaces_around_directives_are_taken_off_so_they_mean_what_they_say() {
+        // EnvFilter itself keeps them: " info" would be a target, leaving nodus silent.
+        let raw = tracing_subscriber::EnvFilter::try_new("hyper=warn, info").unwrap();
+        assert!(raw.to_string().contains(" info=trace"), "{raw}");
+        for (value, expected) in [
+            ("hyper=warn, info", "hyper=warn,info"),
+            (" info , nodus=debug ", "nodus=debug,info"),
+        ] {
+            let (filter, why) = log_filter(Some(OsStr::new(value)), false);
+            assert_eq!(why, None, "{value:?}");
+            assert_eq!(filter.to_string(), expected, "{value:?}");
+        }
     }
 
     #[test]
