@@ -63,6 +63,8 @@ enum Command {
     /// rolling reload with --workers 2 or more (new workers re-executed from the binary's path,
     /// then the old ones drain); with --workers 1 (the default on one core) there is no worker
     /// to replace: one line says nothing was reloaded, and it serves on, losing nothing.
+    /// SIGUSR1 and SIGUSR2 (to the primary, a worker or the single process) are one line each
+    /// and change nothing. SIGQUIT keeps its default action (a core dump).
     Serve(ServeArgs),
     /// Live terminal dashboard of a running nodus server or cluster (reads ADDR's /_nodus/stats).
     ///
