@@ -97,7 +97,12 @@ enum Command {
     /// Node worker gets a NOTIFY_SOCKET of its own too (READY=1, STOPPING=1), never nodus's. The start
     /// line names every address bound (port 0 resolved).
     /// Workers get NODUS_WORKER_ID (1..N) and NODE_APP_INSTANCE (0..N-1); their output is
-    /// prefixed with "[worker ID PID] ".
+    /// prefixed with "[worker ID PID] " (not with --raw-output).
+    ///
+    /// Signals to the primary: SIGTERM/SIGINT drain and exit; SIGHUP is a rolling reload;
+    /// SIGUSR1 and SIGUSR2 are one line each naming the workers' pids, and change nothing (not
+    /// passed to the workers: send them to a worker's pid, Node's inspector or heap snapshot);
+    /// SIGQUIT keeps its default action (a core dump; the workers are SIGKILLed with it).
     ///
     /// Each worker leads its own process group, stopped as systemd's KillMode=mixed does: a stop
     /// sends SIGTERM (or a disconnect) to the worker alone, SIGKILL to its group after
@@ -237,6 +242,13 @@ struct RunArgs {
     /// the wall clock at that t_ns.
     #[arg(long, value_name = "FILE")]
     events: Option<PathBuf>,
+    /// Write the workers' stdout and stderr lines as they are, without the "[worker ID PID] "
+    /// prefix (pm2-runtime's --raw), so a JSON log line (pino, bunyan) stays one for a log
+    /// shipper reading nodus's stdout. Default: off (prefixed). Lines are still whole (up to
+    /// 1 MiB) and never mixed; what a slow reader lost is still one prefixed
+    /// "[worker ID PID] [N bytes of output dropped]" line.
+    #[arg(long, visible_alias = "raw")]
+    raw_output: bool,
     /// The program and its arguments: everything from the first argument that is not an option
     /// of nodus on (as for `timeout` or `nice`), or everything after `--`.
     #[arg(trailing_var_arg = true, required = true, value_name = "PROGRAM")]
@@ -332,6 +344,11 @@ struct ServeArgs {
     /// Whether files and directories whose names start with a dot are served.
     #[arg(long, value_enum, default_value_t = DotfilesArg::Deny)]
     dotfiles: DotfilesArg,
+    /// With --workers 2 or more, write the workers' stdout and stderr lines (their logs, the
+    /// access log) without the "[worker ID PID] " prefix, as `nodus run --raw-output` does.
+    /// Default: off (prefixed).
+    #[arg(long, visible_alias = "raw")]
+    raw_output: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -562,6 +579,7 @@ fn main() {
             },
             node: args.node,
             events: args.events,
+            raw_output: args.raw_output,
             command: args.command,
         }),
         Command::Serve(args) => serve::app::run(ServeOptions {
@@ -580,6 +598,7 @@ fn main() {
                 DotfilesArg::Allow => Dotfiles::Allow,
                 DotfilesArg::Deny => Dotfiles::Deny,
             },
+            raw_output: args.raw_output,
         }),
     };
     // What is still queued for stdout and stderr (the workers' last lines, ours).

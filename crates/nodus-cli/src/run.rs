@@ -40,6 +40,10 @@
 //! ([`Config::new`]); a `--max-restarts` below the worker count is a warning at the start (one
 //! event that restarts every worker once would give up).
 //!
+//! `--raw-output` writes the workers' lines without their `[worker ID PID] ` prefix
+//! ([`Config::raw_output`]). Signals are the primary's ([`Primary::run`]: SIGTERM/SIGINT stop,
+//! SIGHUP reloads, SIGUSR1/SIGUSR2 are one line each and change nothing).
+//!
 //! With `--admin ADDR`, the primary serves the cluster's `/_nodus/` endpoints there, as `nodus
 //! serve --workers N --admin` does (a plain program's workers send no snapshots: the cluster's
 //! own figures, per worker pid, restarts, budget, generation).
@@ -77,6 +81,8 @@ pub struct RunOptions {
     pub restart: RestartType,
     pub node: bool,
     pub events: Option<PathBuf>,
+    /// `--raw-output`: the workers' lines without their prefix ([`Config::raw_output`]).
+    pub raw_output: bool,
     pub command: Vec<OsString>,
 }
 
@@ -476,6 +482,7 @@ pub fn run(options: RunOptions) -> i32 {
             (false, false, after) => Readiness::Alive(after.unwrap_or(Duration::from_secs(1))),
         };
         config.event_log = options.events;
+        config.raw_output = options.raw_output;
         // The primary is the init of what its workers leave behind (every child of this process
         // is a nodus::process one): adopted orphans are reaped, and stopped with the cluster.
         config.subreaper = true;

@@ -81,6 +81,9 @@ pub struct ServeOptions {
     pub policy: nodus::cluster::Policy,
     /// A cluster primary's JSON-lines event log.
     pub events: Option<PathBuf>,
+    /// A cluster primary writes its workers' lines without their prefix
+    /// ([`nodus::cluster::Config::raw_output`]).
+    pub raw_output: bool,
 }
 
 /// Shared by every request of the process.

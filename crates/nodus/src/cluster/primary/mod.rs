@@ -212,6 +212,11 @@ pub struct Config {
     pub readiness: Readiness,
     /// Capture each worker's stdout/stderr with a `[worker id pid]` prefix (else inherited).
     pub prefix_output: bool,
+    /// With [`prefix_output`](Self::prefix_output), write the captured lines without the prefix
+    /// (off by default; `--raw-output` on the command line): a JSON log line stays a JSON line
+    /// for a shipper reading the primary's stdout. Lines are kept whole as prefixed ones are,
+    /// and a drop notice still names its worker ([`crate::process::output::raw_lines`]).
+    pub raw_output: bool,
     /// Append every lifecycle event as a JSON line to this file.
     pub event_log: Option<PathBuf>,
     /// Act as the init of the processes below the primary (off by default; the `nodus` command
@@ -274,6 +279,7 @@ impl Config {
             ready_timeout: Duration::from_secs(30),
             readiness: Readiness::Listening,
             prefix_output: true,
+            raw_output: false,
             event_log: None,
             subreaper: false,
             pin_program: false,
