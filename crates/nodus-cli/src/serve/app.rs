@@ -30,9 +30,9 @@
 //! either: `nodus::cluster::Worker` catches it for every Rust worker (one line naming the
 //! primary to send it to), so the primary spends no restart on it.
 //!
-//! SIGUSR1 and SIGUSR2 stop nothing, whatever the role: one WARN line each, and serving (or a
-//! drain) goes on (a cluster primary's line, `nodus::cluster::Primary`'s, names its workers'
-//! pids). Their default action would end the process with no drain (a `pkill -USR1 nodus`, a
+//! SIGUSR1 and SIGUSR2 stop nothing, whatever the role: one WARN line each (none from a worker
+//! that is draining: its stream is caught but no longer read), and serving (or a drain) goes on
+//! (a cluster primary's line, `nodus::cluster::Primary`'s, names its workers' pids). Their default action would end the process with no drain (a `pkill -USR1 nodus`, a
 //! logrotate `postrotate` habit); nodus serve has no use for either. SIGQUIT keeps its default
 //! action (a core dump, for a process that hangs): the documented stop is SIGTERM.
 //!
