@@ -67,6 +67,8 @@ enum Command {
     /// rolling reload with --workers 2 or more (new workers re-executed from the binary's path,
     /// then the old ones drain); with --workers 1 (the default on one core) there is no worker
     /// to replace: one line says nothing was reloaded, and it serves on, losing nothing.
+    /// SIGUSR1 and SIGUSR2 (to the primary, a worker or the single process) are one line each
+    /// and change nothing. SIGQUIT keeps its default action (a core dump).
     Serve(ServeArgs),
     /// Live terminal dashboard of a running nodus server or cluster (reads ADDR's /_nodus/stats).
     ///
@@ -99,7 +101,12 @@ enum Command {
     /// Node worker gets a NOTIFY_SOCKET of its own too (READY=1, STOPPING=1), never nodus's. The start
     /// line names every address bound (port 0 resolved).
     /// Workers get NODUS_WORKER_ID (1..N) and NODE_APP_INSTANCE (0..N-1); their output is
-    /// prefixed with "[worker ID PID] ".
+    /// prefixed with "[worker ID PID] " (not with --raw-output).
+    ///
+    /// Signals to the primary: SIGTERM/SIGINT drain and exit; SIGHUP is a rolling reload;
+    /// SIGUSR1 and SIGUSR2 are one line each naming the workers' pids, and change nothing (not
+    /// passed to the workers: send them to a worker's pid, Node's inspector or heap snapshot);
+    /// SIGQUIT keeps its default action (a core dump; the workers are SIGKILLed with it).
     ///
     /// Each worker leads its own process group, stopped as systemd's KillMode=mixed does: a stop
     /// sends SIGTERM (or a disconnect) to the worker alone, SIGKILL to its group after
@@ -225,7 +232,10 @@ struct RunArgs {
     restart: RestartArg,
     /// The workers are Node programs; nodus is their cluster primary (NODE_CLUSTER). Node makes a
     /// process a cluster worker only with a process.argv[1] (a script, or an argument after -e
-    /// code), so `node -e CODE` alone is refused (give it one: `node -e CODE -- worker`). A
+    /// code), so `node -e CODE` alone is refused (give it one: `node -e CODE -- worker`). So is
+    /// a launcher that is a Node program itself (npm, npx, yarn, pnpm, corepack: `npm start`),
+    /// which would take the cluster channel, its app then binding the port itself: run `node
+    /// FILE` (what package.json's scripts.start runs) instead. A
     /// listen with no host binds [::] dual-stack (0.0.0.0 without IPv6), as Node does. A
     /// worker's process.send() messages reach no handler (nodus runs no JavaScript): each is a
     /// `message` event (--events), the first one logged.
@@ -236,6 +246,13 @@ struct RunArgs {
     /// the wall clock at that t_ns.
     #[arg(long, value_name = "FILE")]
     events: Option<PathBuf>,
+    /// Write the workers' stdout and stderr lines as they are, without the "[worker ID PID] "
+    /// prefix (pm2-runtime's --raw), so a JSON log line (pino, bunyan) stays one for a log
+    /// shipper reading nodus's stdout. Default: off (prefixed). Lines are still whole (up to
+    /// 1 MiB) and never mixed; what a slow reader lost is still one prefixed
+    /// "[worker ID PID] [N bytes of output dropped]" line.
+    #[arg(long, visible_alias = "raw")]
+    raw_output: bool,
     /// The program and its arguments: everything from the first argument that is not an option
     /// of nodus on (as for `timeout` or `nice`), or everything after `--`.
     #[arg(trailing_var_arg = true, required = true, value_name = "PROGRAM")]
@@ -331,6 +348,11 @@ struct ServeArgs {
     /// Whether files and directories whose names start with a dot are served.
     #[arg(long, value_enum, default_value_t = DotfilesArg::Deny)]
     dotfiles: DotfilesArg,
+    /// With --workers 2 or more, write the workers' stdout and stderr lines (their logs, the
+    /// access log) without the "[worker ID PID] " prefix, as `nodus run --raw-output` does.
+    /// Default: off (prefixed).
+    #[arg(long, visible_alias = "raw")]
+    raw_output: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -562,6 +584,7 @@ fn main() {
             },
             node: args.node,
             events: args.events,
+            raw_output: args.raw_output,
             command: args.command,
         }),
         Command::Serve(args) => serve::app::run(ServeOptions {
@@ -580,6 +603,7 @@ fn main() {
                 DotfilesArg::Allow => Dotfiles::Allow,
                 DotfilesArg::Deny => Dotfiles::Deny,
             },
+            raw_output: args.raw_output,
         }),
     };
     // What is still queued for stdout and stderr (the workers' last lines, ours).

@@ -21,7 +21,11 @@
 //!   gets that socket; port 0 names no port and is refused (usage), and the primary warns about
 //!   a `-l` socket no worker asked for and a `listen` on its port it does not cover. A `node`
 //!   command with no script (`node -e CODE` alone) is refused (usage): Node makes a process a
-//!   cluster worker only when `process.argv[1]` is set ([`no_argv1`]). A `listen` with no host
+//!   cluster worker only when `process.argv[1]` is set ([`no_argv1`]). So is a launcher that is a
+//!   Node program itself ([`launcher`]: npm, npx, yarn, pnpm, corepack, by file name or a
+//!   symlink's target): it would take the cluster channel, and the app it starts would bind its
+//!   port itself; the usage error says what to run instead, quoting package.json's script when
+//!   it is a plain `node FILE` ([`launcher_refused`]). A `listen` with no host
 //!   is bound `::` dual-stack (`0.0.0.0` without IPv6), as Node binds it. The primary logs the
 //!   first application message of the run (`process.send()`: nodus runs no JavaScript, so none
 //!   is handled) and warns about a worker that has not listened within `--ready-timeout`
@@ -35,6 +39,10 @@
 //! bound (port 0 resolved) and the admin address. The budget's default grows with the workers
 //! ([`Config::new`]); a `--max-restarts` below the worker count is a warning at the start (one
 //! event that restarts every worker once would give up).
+//!
+//! `--raw-output` writes the workers' lines without their `[worker ID PID] ` prefix
+//! ([`Config::raw_output`]). Signals are the primary's ([`Primary::run`]: SIGTERM/SIGINT stop,
+//! SIGHUP reloads, SIGUSR1/SIGUSR2 are one line each and change nothing).
 //!
 //! With `--admin ADDR`, the primary serves the cluster's `/_nodus/` endpoints there, as `nodus
 //! serve --workers N --admin` does (a plain program's workers send no snapshots: the cluster's
@@ -73,6 +81,8 @@ pub struct RunOptions {
     pub restart: RestartType,
     pub node: bool,
     pub events: Option<PathBuf>,
+    /// `--raw-output`: the workers' lines without their prefix ([`Config::raw_output`]).
+    pub raw_output: bool,
     pub command: Vec<OsString>,
 }
 
@@ -220,6 +230,95 @@ fn is_node(program: &OsStr) -> bool {
         .is_some_and(|version| version.iter().all(|b| b.is_ascii_digit() || *b == b'.'))
 }
 
+/// The package managers and runners that are Node programs themselves: under `--node` the one
+/// started takes the cluster channel (`NODE_CHANNEL_FD`, `NODE_UNIQUE_ID`) and becomes the
+/// "worker", and the app it starts, with no channel, is no cluster worker and binds its port
+/// itself ([`launcher`]).
+const LAUNCHERS: &[&str] = &["npm", "npx", "yarn", "yarnpkg", "pnpm", "pnpx", "corepack"];
+
+/// The launcher `program` is ([`LAUNCHERS`]), by its file name as given (`npm`,
+/// `/usr/bin/npm`) or, the file `execvp` would run being a symlink, by its target's
+/// (`/usr/bin/npm` → `npm-cli.js`, corepack's `yarn.js`): the name without a `.js`, `.cjs` or
+/// `.mjs` extension, then without a `-cli` or `-VERSION` suffix (`yarn-1.22.22.cjs`).
+fn launcher(program: &OsStr) -> Option<&'static str> {
+    let named = |path: &Path| {
+        let name = path.file_name()?.to_str()?;
+        let stem = [".js", ".cjs", ".mjs"]
+            .iter()
+            .find_map(|ext| name.strip_suffix(ext))
+            .unwrap_or(name);
+        let stem = match stem.split_once('-') {
+            Some((base, "cli")) => base,
+            Some((base, version)) if version.bytes().all(|b| b.is_ascii_digit() || b == b'.') => {
+                base
+            }
+            _ => stem,
+        };
+        LAUNCHERS.iter().copied().find(|&l| l == stem)
+    };
+    named(Path::new(program)).or_else(|| {
+        let file = find_in_path(program).ok()?;
+        named(&std::fs::canonicalize(file).ok()?)
+    })
+}
+
+/// The usage error for `--node` with a launcher (`npm start`): what goes wrong, and what to run
+/// instead, quoting package.json's script (in the working directory, the workers' too) when the
+/// launcher's arguments name one (`start`, `run NAME`, `run-script NAME`; yarn's and pnpm's
+/// `NAME`) and it is a plain `node FILE ...` command.
+fn launcher_refused(name: &str, args: &[OsString]) -> String {
+    let why = format!(
+        "--node: {name} is a Node program itself: it would take the cluster channel and be the \
+         worker, and the app it starts would be no cluster worker and bind its port itself \
+         (EADDRINUSE with -w 2 or more, never ready with -w 1)"
+    );
+    let scripts = std::fs::read("package.json")
+        .ok()
+        .and_then(|text| serde_json::from_slice::<serde_json::Value>(&text).ok())
+        .and_then(|doc| doc.get("scripts").cloned());
+    let words: Vec<&str> = args
+        .iter()
+        .filter_map(|a| a.to_str())
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let script = match (name, words.as_slice()) {
+        ("npx" | "pnpx" | "corepack", _) => None,
+        (_, ["start", ..]) => Some("start"),
+        (_, ["run" | "run-script", script, ..]) => Some(*script),
+        ("yarn" | "yarnpkg" | "pnpm", [script, ..]) => Some(*script),
+        _ => None,
+    };
+    let command = script.and_then(|script| {
+        let text = scripts.as_ref()?.get(script)?.as_str()?;
+        Some((script, text.to_owned()))
+    });
+    let instead = match command {
+        Some((script, text)) if plain_node_command(&text) => format!(
+            "run it with node directly: nodus run --node [OPTIONS] -- {text} (package.json's \
+             scripts.{script})"
+        ),
+        Some((script, text)) => format!(
+            "run the file it ends up running with node directly: nodus run --node [OPTIONS] -- \
+             node FILE (package.json's scripts.{script} is `{text}`, not a plain `node FILE` \
+             command)"
+        ),
+        None => "run the app's script with node directly: nodus run --node [OPTIONS] -- node \
+                 FILE (for `npm start`, the file package.json's scripts.start runs)"
+            .to_owned(),
+    };
+    format!("{why}; {instead}")
+}
+
+/// Whether a package.json script is `node FILE ...` with nothing a shell would read otherwise
+/// (no variable, quote, operator, redirection or glob): then it runs the same as nodus's
+/// workers' command.
+fn plain_node_command(text: &str) -> bool {
+    let words: Vec<OsString> = text.split_whitespace().map(OsString::from).collect();
+    !text.contains(|c: char| "|&;<>()$`\\\"'*?{}[]~#".contains(c))
+        && words.first().is_some_and(|w| is_node(w))
+        && !no_argv1(&words[1..])
+}
+
 /// Node's options that take the next argument as their value (unless given as `--name=value`):
 /// those sure to; an option missing here makes [`no_argv1`] take its value for the script, so it
 /// errs towards answering false.
@@ -305,6 +404,11 @@ pub fn run(options: RunOptions) -> i32 {
              CODE -- ARG)",
         );
     }
+    if options.node
+        && let Some(name) = launcher(program)
+    {
+        return usage(launcher_refused(name, args));
+    }
     let (program, args) = (program.clone(), args.to_vec());
     if let Err(why) = check_runnable(&program) {
         return fail(format!("cannot run {}: {why}", quote(Path::new(&program))));
@@ -378,6 +482,7 @@ pub fn run(options: RunOptions) -> i32 {
             (false, false, after) => Readiness::Alive(after.unwrap_or(Duration::from_secs(1))),
         };
         config.event_log = options.events;
+        config.raw_output = options.raw_output;
         // The primary is the init of what its workers leave behind (every child of this process
         // is a nodus::process one): adopted orphans are reaped, and stopped with the cluster.
         config.subreaper = true;
@@ -470,7 +575,7 @@ fn bind_listeners(
 mod tests {
     use std::ffi::{OsStr, OsString};
 
-    use super::{is_node, no_argv1};
+    use super::{is_node, launcher, no_argv1, plain_node_command};
 
     #[test]
     fn node_is_known_by_its_name() {
@@ -491,6 +596,57 @@ mod tests {
             "/node/bin/python3",
         ] {
             assert!(!is_node(OsStr::new(name)), "{name}");
+        }
+    }
+
+    #[test]
+    fn node_launchers_are_known_by_their_file_names() {
+        for (name, expected) in [
+            ("npm", "npm"),
+            ("/opt/node/bin/npx", "npx"),
+            ("npm-cli.js", "npm"),
+            ("./yarn.js", "yarn"),
+            ("yarnpkg", "yarnpkg"),
+            (".yarn/releases/yarn-1.22.22.cjs", "yarn"),
+            ("pnpm.cjs", "pnpm"),
+            ("pnpx", "pnpx"),
+            ("corepack", "corepack"),
+        ] {
+            assert_eq!(launcher(OsStr::new(name)), Some(expected), "{name}");
+        }
+        for name in [
+            "node",
+            "nodemon",
+            "npm-check",
+            "yarn-dev",
+            "sh",
+            "/no/such/npmx",
+        ] {
+            assert_eq!(launcher(OsStr::new(name)), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_plain_node_command_is_node_and_a_script_with_nothing_for_a_shell() {
+        for plain in [
+            "node server.js",
+            "node server.js --port 3000",
+            "nodejs -r dotenv/config dist/main.js",
+            "node --max-old-space-size=4096 app.js",
+        ] {
+            assert!(plain_node_command(plain), "{plain}");
+        }
+        for not in [
+            "node",
+            "node -e 'x'",
+            "NODE_ENV=production node app.js",
+            "node app.js && echo done",
+            "node $SCRIPT",
+            "next start",
+            "nodemon app.js",
+            "node app.js > log",
+        ] {
+            assert!(!plain_node_command(not), "{not}");
         }
     }
 

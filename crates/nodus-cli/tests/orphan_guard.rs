@@ -4,7 +4,7 @@
 //! escapee, counted in the stats first; a `setsid` daemon with the children in its group; a
 //! daemon adopted with nothing else happening, seen by the periodic reaping pass); the
 //! guard of `nodus serve --workers` goes with its primary too; the
-//! guard shrugs off SIGINT/SIGTERM/SIGHUP, holds no fd but its socket, shows a command line of
+//! guard shrugs off SIGINT/SIGTERM/SIGHUP/SIGUSR1/SIGUSR2, holds no fd but its socket, shows a command line of
 //! its own (`nodus-guard for PID`, not the primary's: `pgrep -f` finds the primary alone), and
 //! is reaped by its primary after a SIGTERM stop; a guard that dies is one warning line and the cluster goes on.
 //!
@@ -137,12 +137,22 @@ fn a_workers_children_and_its_listener_die_with_a_primary_killed_with_sigkill() 
         );
     }
     // A terminal's Ctrl-C, a service manager's SIGTERM (a `kill $(pgrep ...)` that reached it),
-    // a hang-up: none takes the guard away.
-    for sig in [Signal::INT, Signal::TERM, Signal::HUP] {
+    // a hang-up, a `pkill -USR1 nodus` (the name `nodus-guard` matches): none takes the guard
+    // away.
+    for sig in [
+        Signal::INT,
+        Signal::TERM,
+        Signal::HUP,
+        Signal::USR1,
+        Signal::USR2,
+    ] {
         rustix::process::kill_process(Pid::from_raw(guard).unwrap(), sig).unwrap();
     }
     std::thread::sleep(Duration::from_millis(200));
-    assert!(!gone(guard), "the guard ignores SIGINT, SIGTERM and SIGHUP");
+    assert!(
+        !gone(guard),
+        "the guard ignores SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2"
+    );
 
     kill_primary(&mut primary);
     assert_gone_soon(&[grandchild], "the worker's child");

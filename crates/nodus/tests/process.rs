@@ -2,8 +2,8 @@
 //! groups and kill-tree, the group exit signal, the parent-death signal, ref/unref, the reap of
 //! a child whose runtime is dropped before its exit (the orphan reaper), exec and
 //! exec_file (buffer limit, timeout, failure), fork of a nodus child, fds passed at given numbers
-//! (with the IPC channel after them), and output copied line by line behind a prefix.
-//! Every test bounded in time.
+//! (with the IPC channel after them), and output copied line by line behind a prefix (or as it
+//! is, its drop notices prefixed). Every test bounded in time.
 
 mod common;
 
@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{bounded, have};
-use nodus::process::output::{Sink, prefix_lines};
+use nodus::process::output::{Sink, prefix_lines, raw_lines};
 use nodus::process::{Child, Command, ExecErrorKind, ExecOptions, Stdio, exec, exec_file};
 use nodus::signal::{SIGKILL, SIGTERM};
 use nodus::{Runtime, spawn};
@@ -860,6 +860,52 @@ fn a_stalled_sink_drops_counted_output_and_never_stalls_the_child() {
     assert!(notices > 0, "the sink was stalled: some output is dropped");
     assert!(delivered >= 4 * 1024 * 1024 / 2, "delivered {delivered}");
     assert_eq!(delivered + dropped, LINE.len() * LINES);
+}
+
+/// `raw_lines`: the lines as the child wrote them (no prefix; a last line without `\n` gets
+/// one), while a drop notice (the sink stalled) still names whose output it lost.
+#[test]
+fn raw_lines_are_written_as_they_are_and_only_drop_notices_are_prefixed() {
+    const LINE: &str = "{\"msg\":\"0123456789\"}\n";
+    const LINES: usize = 800_000; // 16 MiB: four times the sink's queue.
+    let (reader, writer) = std::io::pipe().unwrap();
+    let mut drained = None;
+    bounded(async {
+        let script =
+            format!(r#"yes '{{"msg":"0123456789"}}' | head -n {LINES}; printf '{{"last":1}}'"#);
+        let mut child = Command::new("sh").args(["-c", &script]).spawn().unwrap();
+        let task = raw_lines(
+            child.stdout.take().unwrap(),
+            "[p] ".into(),
+            Sink::Fd(writer.into()),
+        );
+        // Nobody reads the sink yet: output is dropped, the child runs to its end.
+        assert!(child.wait().await.unwrap().success());
+        drained = Some(drain(reader));
+        task.await.unwrap().unwrap();
+    });
+    let out = String::from_utf8(drained.unwrap().join().unwrap()).unwrap();
+    let (mut delivered, mut dropped, mut notices) = (0, 0, 0);
+    for line in out.lines() {
+        if let Some(n) = line
+            .strip_prefix("[p] [")
+            .and_then(|r| r.strip_suffix(" bytes of output dropped]"))
+        {
+            dropped += n.parse::<usize>().unwrap();
+            notices += 1;
+        } else if line == r#"{"last":1}"# {
+            delivered += line.len();
+        } else {
+            assert_eq!(format!("{line}\n"), LINE, "a line as the child wrote it");
+            delivered += LINE.len();
+        }
+    }
+    assert!(notices > 0, "the sink was stalled: some output is dropped");
+    assert!(delivered >= 4 * 1024 * 1024 / 2, "delivered {delivered}");
+    assert_eq!(
+        delivered + dropped,
+        LINE.len() * LINES + r#"{"last":1}"#.len()
+    );
 }
 
 #[test]

@@ -30,6 +30,12 @@
 //! either: `nodus::cluster::Worker` catches it for every Rust worker (one line naming the
 //! primary to send it to), so the primary spends no restart on it.
 //!
+//! SIGUSR1 and SIGUSR2 stop nothing, whatever the role: one WARN line each (none from a worker
+//! that is draining: its stream is caught but no longer read), and serving (or a drain) goes on
+//! (a cluster primary's line, `nodus::cluster::Primary`'s, names its workers' pids). Their default action would end the process with no drain (a `pkill -USR1 nodus`, a
+//! logrotate `postrotate` habit); nodus serve has no use for either. SIGQUIT keeps its default
+//! action (a core dump, for a process that hangs): the documented stop is SIGTERM.
+//!
 //! The access log (`access_log`): the server's `on_response` hook writes the line of each
 //! answer of the handler once it is done with (its last body byte written, or its connection
 //! ended); its `on_refused` hook writes the lines of what it answered in the handler's stead, and
@@ -45,7 +51,7 @@ use http::{HeaderMap, Method, Request, Response, StatusCode};
 use nodus::cluster::FORCED_STOP_EXIT_CODE;
 use nodus::fs::quote;
 use nodus::net::TcpListener;
-use nodus::signal::{SIGHUP, SIGINT, SIGTERM, Signals};
+use nodus::signal::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2, Signals};
 use nodus_http::server::{Answered, ConnInfo, Refused};
 use nodus_http::{Body, Config, RequestBody, full, serve, text};
 
@@ -75,6 +81,9 @@ pub struct ServeOptions {
     pub policy: nodus::cluster::Policy,
     /// A cluster primary's JSON-lines event log.
     pub events: Option<PathBuf>,
+    /// A cluster primary writes its workers' lines without their prefix
+    /// ([`nodus::cluster::Config::raw_output`]).
+    pub raw_output: bool,
 }
 
 /// Shared by every request of the process.
@@ -216,9 +225,13 @@ async fn serve_until_signal(options: ServeOptions, root: PathBuf) -> i32 {
         Ok(l) => l,
         Err(e) => return fail(e),
     };
-    let mut signals = match Signals::new(&[SIGTERM, SIGINT, SIGHUP]) {
+    let mut signals = match Signals::new(&[SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2]) {
         Ok(s) => s,
-        Err(e) => return fail(format!("cannot catch SIGTERM/SIGINT/SIGHUP: {e}")),
+        Err(e) => {
+            return fail(format!(
+                "cannot catch SIGTERM/SIGINT/SIGHUP/SIGUSR1/SIGUSR2: {e}"
+            ));
+        }
     };
     let site = new_site(
         &options,
@@ -232,6 +245,7 @@ async fn serve_until_signal(options: ServeOptions, root: PathBuf) -> i32 {
     let signal = loop {
         match signals.recv().await {
             SIGHUP => reload_alone(),
+            signal @ (SIGUSR1 | SIGUSR2) => no_use_for(signal),
             signal => break signal,
         }
     };
@@ -255,6 +269,7 @@ async fn serve_until_signal(options: ServeOptions, root: PathBuf) -> i32 {
         loop {
             match signals.recv().await {
                 SIGHUP => tracing::info!("SIGHUP during the drain: ignored, nothing to reload"),
+                signal @ (SIGUSR1 | SIGUSR2) => no_use_for(signal),
                 signal => return signal,
             }
         }
@@ -302,6 +317,17 @@ fn reload_alone() {
     tell_manager("READY=1\nSTATUS=serving");
 }
 
+/// SIGUSR1 or SIGUSR2 to the single process or a worker: one line; serving (or the drain) goes
+/// on. Their default action would end the process undrained (`pkill -USR1 nodus`, a logrotate
+/// `postrotate`), and nodus serve has no use for either.
+fn no_use_for(signal: i32) {
+    tracing::warn!(
+        "{} (pid {}): ignored, nodus serve has no use for it and serves on",
+        nodus::signal::name(signal),
+        std::process::id()
+    );
+}
+
 /// 0 after a drain that answered every request, [`FORCED_STOP_EXIT_CODE`] when its deadline cut
 /// `cut` requests.
 fn drained_exit_code(cut: usize) -> i32 {
@@ -326,9 +352,9 @@ async fn serve_worker(options: ServeOptions, root: PathBuf, worker: nodus::clust
         Ok(l) => l,
         Err(e) => return fail(format!("worker {}: {e}", worker.id())),
     };
-    let mut signals = match Signals::new(&[SIGTERM, SIGINT]) {
+    let mut signals = match Signals::new(&[SIGTERM, SIGINT, SIGUSR1, SIGUSR2]) {
         Ok(s) => s,
-        Err(e) => return fail(format!("cannot catch SIGTERM/SIGINT: {e}")),
+        Err(e) => return fail(format!("cannot catch SIGTERM/SIGINT/SIGUSR1/SIGUSR2: {e}")),
     };
     worker.set_snapshot(nodus_http::snapshot);
     let admin_elsewhere = options.admin.is_some() || std::env::var_os("NODUS_ADMIN").is_some();
@@ -341,7 +367,14 @@ async fn serve_worker(options: ServeOptions, root: PathBuf, worker: nodus::clust
     let running = start_servers(&options, &site, public, None);
     worker.ready();
     let drain = std::pin::pin!(worker.drain_requested());
-    let signal = std::pin::pin!(signals.recv());
+    let signal = std::pin::pin!(async {
+        loop {
+            match signals.recv().await {
+                signal @ (SIGUSR1 | SIGUSR2) => no_use_for(signal),
+                signal => return signal,
+            }
+        }
+    });
     let deadline = match futures_util::future::select(drain, signal).await {
         futures_util::future::Either::Left((deadline, _)) => deadline,
         futures_util::future::Either::Right((_, _)) => {

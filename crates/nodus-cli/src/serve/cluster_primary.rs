@@ -58,6 +58,7 @@ pub async fn run(options: ServeOptions) -> i32 {
     config.shutdown_delay = options.shutdown_delay;
     config.kill_timeout = options.drain_timeout + KILL_MARGIN;
     config.event_log = options.events.clone();
+    config.raw_output = options.raw_output;
     // The primary is the init of what its workers leave behind (every child of this process is
     // a nodus::process one): adopted orphans are reaped, and stopped with the cluster.
     config.subreaper = true;

@@ -9,10 +9,10 @@
 //!   (close-on-exec: no worker inherits an end), and maps the guard's table pages, then forks.
 //!   The primary keeps its ends; the guard keeps the others, closes every other fd it inherited (`close_range`; stdio
 //!   and listening sockets included, so it holds no port, pipe or terminal open), puts every
-//!   signal this process catches back to its default action, ignores SIGINT, SIGTERM, SIGHUP and
-//!   SIGPIPE (a terminal's Ctrl-C or a service manager's SIGTERM must not take it away before the
-//!   primary: it leaves when the primary does; a `kill $(pgrep ...)` meant for the primary
-//!   leaves it in place), leads a process group of its own (a kill of the primary's group does
+//!   signal this process catches back to its default action, ignores SIGINT, SIGTERM, SIGHUP,
+//!   SIGUSR1, SIGUSR2 and SIGPIPE (a terminal's Ctrl-C or a service manager's SIGTERM must not
+//!   take it away before the primary: it leaves when the primary does; a `kill $(pgrep ...)` or
+//!   a `pkill -USR1 nodus` meant for the primary leaves it in place), leads a process group of its own (a kill of the primary's group does
 //!   not take it either), names itself [`GUARD_NAME`] (`/proc/PID/comm`, what `ps` shows, and
 //!   how a test tells it from a worker), overwrites its copy of the primary's argv strings with
 //!   `nodus-guard for PID` (`/proc/PID/cmdline`, what `ps -f` and `pgrep -f` read: not the
@@ -657,7 +657,14 @@ unsafe fn guard_main(ends: [RawFd; 2], table: *mut i32, last_fd: RawFd, title: &
         // parent handler in the child; an ignored signal is left ignored); none is blocked.
         let mut ignore: libc::sigaction = std::mem::zeroed();
         ignore.sa_sigaction = libc::SIG_IGN;
-        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE] {
+        for sig in [
+            libc::SIGINT,
+            libc::SIGTERM,
+            libc::SIGHUP,
+            libc::SIGUSR1,
+            libc::SIGUSR2,
+            libc::SIGPIPE,
+        ] {
             libc::sigaction(sig, &ignore, std::ptr::null_mut());
         }
         super::command::default_caught_signals();

@@ -1,6 +1,6 @@
 //! A child's output copied to our own stdout or stderr line by line, each line behind a prefix
-//! (`[worker 2 pid 4242] `): [`prefix_lines`]; and our own log lines to stderr the same way:
-//! [`log_writer`].
+//! (`[worker 2 pid 4242] `): [`prefix_lines`], or as it is ([`raw_lines`]: no prefix, the
+//! drop notices still prefixed); and our own log lines to stderr the same way: [`log_writer`].
 //!
 //! Lines are bytes, not text: nothing is decoded or replaced. A line ends at `\n`; one longer
 //! than [`MAX_LINE`] (1 MiB) is cut into pieces of that size (each written as a line of its own),
@@ -92,16 +92,34 @@ where
 {
     crate::spawn_named(
         "process:output",
-        copy_lines(source, prefix.into_bytes(), sink),
+        copy_lines(source, Origin::Lines(prefix.into_bytes().into()), sink),
     )
 }
 
-async fn copy_lines<R>(mut source: R, prefix: Vec<u8>, sink: Sink) -> io::Result<()>
+/// [`prefix_lines`] with no prefix: each line written as the child wrote it (a JSON log line
+/// stays one), with the same line rules (whole up to [`MAX_LINE`], a last line without `\n`
+/// given one) and the same bounded queue; a drop notice alone is behind `prefix`, naming whose
+/// output was dropped (`[worker 2 4242] [N bytes of output dropped]`).
+///
+/// # Panics
+/// Outside a running nodus loop.
+#[track_caller]
+pub fn raw_lines<R>(source: R, prefix: String, sink: Sink) -> JoinHandle<io::Result<()>>
+where
+    R: futures_io::AsyncRead + Unpin + 'static,
+{
+    crate::spawn_named(
+        "process:output",
+        copy_lines(source, Origin::Raw(prefix.into_bytes().into()), sink),
+    )
+}
+
+async fn copy_lines<R>(mut source: R, origin: Origin, sink: Sink) -> io::Result<()>
 where
     R: futures_io::AsyncRead + Unpin,
 {
     let writer = Writer::for_sink(sink)?;
-    let mut lines = Lines::new(Origin::Lines(prefix.into()));
+    let mut lines = Lines::new(origin);
     let mut buf = vec![0u8; BATCH];
     let result = loop {
         match poll_fn(|cx| Pin::new(&mut source).poll_read(cx, &mut buf)).await {
@@ -225,6 +243,8 @@ impl Lines {
 enum Origin {
     /// Prefixed lines of one task: the prefix.
     Lines(Arc<[u8]>),
+    /// Unprefixed lines of one task ([`raw_lines`]): the prefix of its drop notices.
+    Raw(Arc<[u8]>),
     /// Our own log lines.
     Log,
 }
@@ -233,14 +253,14 @@ impl Origin {
     fn prefix(&self) -> &[u8] {
         match self {
             Origin::Lines(prefix) => prefix,
-            Origin::Log => &[],
+            Origin::Raw(_) | Origin::Log => &[],
         }
     }
 
     /// The line saying `dropped` source bytes were dropped.
     fn notice(&self, dropped: usize) -> Vec<u8> {
         match self {
-            Origin::Lines(prefix) => {
+            Origin::Lines(prefix) | Origin::Raw(prefix) => {
                 let mut notice = prefix.to_vec();
                 notice
                     .extend_from_slice(format!("[{dropped} bytes of output dropped]\n").as_bytes());

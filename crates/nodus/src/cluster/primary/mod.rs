@@ -3,7 +3,8 @@
 //!
 //! - [`Config`] says what to run and how; [`Primary::start`] forks the workers;
 //!   [`Primary::run`] serves until SIGTERM/SIGINT (drain, exit code 0), handles SIGHUP as a
-//!   rolling reload, and returns the process exit code
+//!   rolling reload, catches SIGUSR1 and SIGUSR2 (one line each, serving goes on: their default
+//!   action would end the primary undrained), and returns the process exit code
 //!   ([`GIVE_UP_EXIT_CODE`](crate::cluster::GIVE_UP_EXIT_CODE) when the restart budget ran out,
 //!   [`FORCED_STOP_EXIT_CODE`](crate::cluster::FORCED_STOP_EXIT_CODE) or 128 + a second signal's
 //!   number when the stop had to kill workers or a worker cut requests).
@@ -87,7 +88,7 @@ pub use proc::report_exec_failure;
 use super::supervision::{RestartBudget, RestartPolicy, SlotHistory, default_max_restarts};
 use crate::net::TcpListener;
 use crate::process::{OrphanGuard, Reaper};
-use crate::signal::{SIGHUP, SIGINT, SIGTERM, Signals};
+use crate::signal::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2, Signals};
 use proc::Proc;
 use server::Server;
 
@@ -211,6 +212,11 @@ pub struct Config {
     pub readiness: Readiness,
     /// Capture each worker's stdout/stderr with a `[worker id pid]` prefix (else inherited).
     pub prefix_output: bool,
+    /// With [`prefix_output`](Self::prefix_output), write the captured lines without the prefix
+    /// (off by default; `--raw-output` on the command line): a JSON log line stays a JSON line
+    /// for a shipper reading the primary's stdout. Lines are kept whole as prefixed ones are,
+    /// and a drop notice still names its worker ([`crate::process::output::raw_lines`]).
+    pub raw_output: bool,
     /// Append every lifecycle event as a JSON line to this file.
     pub event_log: Option<PathBuf>,
     /// Act as the init of the processes below the primary (off by default; the `nodus` command
@@ -273,6 +279,7 @@ impl Config {
             ready_timeout: Duration::from_secs(30),
             readiness: Readiness::Listening,
             prefix_output: true,
+            raw_output: false,
             event_log: None,
             subreaper: false,
             pin_program: false,
@@ -376,9 +383,9 @@ pub(crate) struct State {
     /// it could not execute the program. Until then such an exec failure ends the run.
     program_ran: Cell<bool>,
     done: RefCell<Option<std::task::Waker>>,
-    /// SIGTERM, SIGINT and SIGHUP, caught from before the first worker's spawn (a stop sent
-    /// the moment the start is logged is drained, not the primary killed by the default action
-    /// with its workers half started); `run` takes it.
+    /// SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2, caught from before the first worker's
+    /// spawn (a stop sent the moment the start is logged is drained, not the primary killed by
+    /// the default action with its workers half started); `run` takes it.
     signals: RefCell<Option<Signals>>,
     events: events::Events,
     started: Instant,
@@ -413,9 +420,9 @@ impl Primary {
     /// Forks the workers and starts serving the pre-bound listeners. Raises the process's soft
     /// open-files limit to the hard limit first ([`crate::process::raise_fd_limit`]) and, when
     /// the calling (loop) thread runs the normal scheduling policy, switches it to `SCHED_BATCH`
-    /// (connections gather while the cores are busy; the workers run normal). SIGTERM, SIGINT
-    /// and SIGHUP are caught from before the first worker is forked, and acted on by
-    /// [`run`](Self::run): a stop sent during the start drains the workers started.
+    /// (connections gather while the cores are busy; the workers run normal). SIGTERM, SIGINT,
+    /// SIGHUP, SIGUSR1 and SIGUSR2 are caught from before the first worker is forked, and acted
+    /// on by [`run`](Self::run): a stop sent during the start drains the workers started.
     ///
     /// # Errors
     /// `InvalidInput` for a cluster of no workers, or for a plain program (no
@@ -501,7 +508,7 @@ impl Primary {
                 failed_spawn: None,
             })
             .collect();
-        let signals = match Signals::new(&[SIGTERM, SIGINT, SIGHUP]) {
+        let signals = match Signals::new(&[SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2]) {
             Ok(s) => Some(s),
             Err(e) => {
                 tracing::error!(target: "nodus::cluster", "cannot catch signals: {e}");
@@ -574,7 +581,10 @@ impl Primary {
     }
 
     /// Serves until a shutdown: SIGTERM or SIGINT drain every worker and return 0; SIGHUP starts
-    /// a rolling reload; a spent restart budget stops everything and returns
+    /// a rolling reload; SIGUSR1 and SIGUSR2 are one WARN line each naming the workers' pids
+    /// (not passed on: a worker that does not catch one would die of it), and change nothing,
+    /// so a `pkill -USR2 -f 'node app.js'` meant for Node workers, which matches the primary's
+    /// command line too, does not end the service; a spent restart budget stops everything and returns
     /// [`GIVE_UP_EXIT_CODE`](crate::cluster::GIVE_UP_EXIT_CODE). A stop that had to kill
     /// workers returns [`FORCED_STOP_EXIT_CODE`](crate::cluster::FORCED_STOP_EXIT_CODE) (the
     /// kill timeout expired; so does one in which a draining worker died of a signal the primary

@@ -70,7 +70,7 @@ use crate::cluster::worker;
 use crate::ipc::{Channel, ChannelOptions, IpcError, Message};
 use crate::metrics::Snapshot;
 use crate::notify::{NotifyMessage, NotifySocket};
-use crate::process::output::{Sink, prefix_lines};
+use crate::process::output::{Sink, prefix_lines, raw_lines};
 use crate::process::{Child, Command, ExitStatus, Stdio};
 use crate::signal::SIGKILL;
 use rustix::process::Pid;
@@ -303,11 +303,18 @@ impl Proc {
         let mut output = Vec::new();
         if st.config.prefix_output {
             let prefix = format!("[worker {slot} {}] ", child.id());
+            let raw = st.config.raw_output;
             if let Some(out) = child.stdout.take() {
-                output.push(prefix_lines(out, prefix.clone(), Sink::Stdout));
+                output.push(match raw {
+                    true => raw_lines(out, prefix.clone(), Sink::Stdout),
+                    false => prefix_lines(out, prefix.clone(), Sink::Stdout),
+                });
             }
             if let Some(err) = child.stderr.take() {
-                output.push(prefix_lines(err, prefix, Sink::Stderr));
+                output.push(match raw {
+                    true => raw_lines(err, prefix, Sink::Stderr),
+                    false => prefix_lines(err, prefix, Sink::Stderr),
+                });
             }
         }
         let channel = child.channel.take();

@@ -23,6 +23,8 @@
 //!   worker has exited and every exit has settled (below). The primary accepts connections
 //!   through `shutdown_delay` and stops when the drain begins (`server::stop_accepting`), or when
 //!   a second signal kills the workers.
+//! - SIGUSR1 and SIGUSR2 change nothing, at any phase (a stop's included): one WARN line each,
+//!   naming the workers' pids; they are not passed on (`no_use_for`).
 //! - An exit's consequences (the replacement, a backoff) happen at once; its log line waits for
 //!   the worker's output to end ([`Proc::output_ended`]), so it follows the worker's last lines,
 //!   and so do the lines about what the exit led to (not restarted, giving up, a replacement
@@ -78,7 +80,7 @@ use crate::cluster::supervision::{
     Decision, ExitReason, FORCED_STOP_EXIT_CODE, GIVE_UP_EXIT_CODE, RestartBudget,
 };
 use crate::process::{ExitStatus, Reaper};
-use crate::signal::{SIGHUP, SIGKILL, SIGTERM, Signals};
+use crate::signal::{SIGHUP, SIGKILL, SIGTERM, SIGUSR1, SIGUSR2, Signals};
 
 /// systemd's watchdog: with `WATCHDOG_USEC` set (for this process), sends `WATCHDOG=1` every
 /// half period while the primary's loop runs and every nodus worker's loop answers within a
@@ -145,6 +147,7 @@ pub(super) async fn run(st: &Rc<State>) -> i32 {
                 return code;
             }
             Ok(SIGHUP) => start_reload(st),
+            Ok(sig @ (SIGUSR1 | SIGUSR2)) => no_use_for(st, sig),
             Ok(sig) => {
                 request_shutdown(st, crate::signal::name(sig), 128 + sig);
             }
@@ -160,14 +163,47 @@ async fn stop_adopted(st: &State, reaper: &Reaper, mut signals: Option<&mut Sign
     poll_fn(|cx| {
         if let Some(signals) = signals.as_deref_mut() {
             while let Poll::Ready(sig) = signals.poll_recv(cx) {
-                if sig != SIGHUP {
-                    reaper.hurry();
+                match sig {
+                    SIGHUP => {}
+                    SIGUSR1 | SIGUSR2 => no_use_for(st, sig),
+                    _ => reaper.hurry(),
                 }
             }
         }
         stop.as_mut().poll(cx)
     })
     .await;
+}
+
+/// SIGUSR1 or SIGUSR2 to the primary: one line, nothing else. Their default action would end
+/// the primary with no drain, and a worker that does not catch one would die of it, so neither
+/// happens; the line names the workers' pids, where such a signal is meant to go (Node's
+/// inspector on SIGUSR1, a heap snapshot on SIGUSR2). `pkill -f 'node app.js'` matches the
+/// primary's command line and reaches the workers itself.
+fn no_use_for(st: &State, sig: i32) {
+    let mut workers: Vec<(u32, u32)> = st
+        .procs
+        .borrow()
+        .values()
+        .map(|p| (p.slot, p.pid))
+        .collect();
+    workers.sort_unstable();
+    let pids = if workers.is_empty() {
+        "no worker runs now".to_owned()
+    } else {
+        let each: Vec<String> = workers
+            .iter()
+            .map(|(slot, pid)| format!("worker {slot} pid {pid}"))
+            .collect();
+        format!("send it to a worker: {}", each.join(", "))
+    };
+    tracing::warn!(
+        target: "nodus::cluster",
+        "{} to the cluster primary (pid {}): ignored, it has no use for it and serves on; not \
+         passed to the workers ({pids})",
+        crate::signal::name(sig),
+        std::process::id()
+    );
 }
 
 fn finish(st: &State, code: i32) {
