@@ -6,15 +6,17 @@
 //! connections, unanswered for 1 s) is handed nothing at all, so no client waits for it, and
 //! takes connections again once it runs. A stock Node worker keeps only the one connection
 //! already written to its channel. Under `--wait-ready`, a reload's new worker that has not said
-//! it is ready gets no connection while a ready worker listens.
+//! it is ready gets no connection while a ready worker listens. A pause of the primary itself
+//! (SIGSTOP here; a frozen VM is the same) stalls no worker that ran meanwhile.
 //!
 //! Every process is started in its own process group and the whole group is killed by PID when
-//! the test ends; a stopped worker gets SIGCONT, then SIGKILL, by PID whatever happens. Node is
-//! needed for two tests: under `CI` a missing one fails them, elsewhere they are skipped.
+//! the test ends; a stopped worker gets SIGCONT, then SIGKILL, by PID whatever happens, and a
+//! stopped primary SIGCONT. Node is needed for three tests: under `CI` a missing one fails
+//! them, elsewhere they are skipped.
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -390,4 +392,134 @@ fn assert_kept_off(
     );
     assert_eq!(w["connections_handed"], handed, "{w}");
     primary.wait_line("has not answered the primary for 1s");
+}
+
+/// How long the tests below stop the primary: past the handoff deadline (1 s) that everything
+/// it sent just before waits for.
+const PRIMARY_PAUSE: Duration = Duration::from_millis(1500);
+
+/// What the primary says when it finds a worker stalled, and when that one runs again.
+const STALL_LINES: [&str; 2] = ["its loop is blocked or stopped", "takes connections again"];
+
+/// Stops `primary` (SIGTERM, exit code 0) and asserts it never said a worker stalled.
+fn assert_no_stall_said(primary: &mut Proc) {
+    primary.signal(Signal::TERM);
+    assert_exit(primary, Duration::from_secs(30), 0);
+    let said: Vec<&String> = primary
+        .output()
+        .iter()
+        .filter(|l| STALL_LINES.iter().any(|s| l.contains(s)))
+        .collect();
+    assert!(said.is_empty(), "a worker said stalled: {said:#?}");
+}
+
+/// The primary itself is stopped for [`PRIMARY_PAUSE`] while its workers run: when it resumes,
+/// its clock has jumped, and what the workers sent meanwhile (the answers to its probes) waits
+/// in its sockets for its poll phase, which may come after its timers (whether it does depends
+/// on where the stop caught the primary: three rounds). No worker is said stalled nor has
+/// anything taken back, and readyz, asked during the pause, answers 200 at once. So that probes
+/// and handoffs are in flight when the primary stops, the workers are stopped for a moment
+/// first (far under the deadline): the handoffs and readyz probe them, and four clients are
+/// handed to them. They run again once the primary is stopped, and serve those clients while it
+/// still is.
+#[test]
+fn a_pause_of_the_primary_itself_stalls_no_worker_that_answered_during_it() {
+    let (_dir, addr, admin, mut primary, workers) = serve_two("stall-primary-paused");
+    let _kill = KillOnDrop(workers.to_vec());
+    let _cont = workers.map(ContOnDrop);
+    for round in 0..3 {
+        // Past 1 s since the workers were last asked: the handoffs and readyz probe them.
+        std::thread::sleep(Duration::from_millis(1100));
+        let primary_cont = ContOnDrop(primary.id() as i32);
+        for w in workers {
+            signal(w, Signal::STOP);
+        }
+        let clients: Vec<TcpStream> = (0..4)
+            .map(|i| {
+                let mut s = connect(addr, TIMEOUTS)
+                    .unwrap_or_else(|e| panic!("round {round}, client {i}: {e}"));
+                write_request(&mut s, "GET", "/a.txt", &["Connection: close"]).unwrap();
+                s
+            })
+            .collect();
+        assert_eq!(get(admin, "/_nodus/readyz").status, 200, "round {round}");
+        // The primary hands the clients over in the loop turn that accepts them, readyz's at
+        // the latest: a wide margin.
+        std::thread::sleep(Duration::from_millis(50));
+        signal(primary.id() as i32, Signal::STOP);
+        let paused = Instant::now();
+        for w in workers {
+            signal(w, Signal::CONT);
+        }
+        for (i, s) in clients.into_iter().enumerate() {
+            let what = format!("round {round}, client {i}, while the primary is stopped");
+            exactly_one_response(s, &what);
+        }
+        let mut readyz = connect(admin, TIMEOUTS).unwrap();
+        write_request(&mut readyz, "GET", "/_nodus/readyz", &["Connection: close"]).unwrap();
+        std::thread::sleep(PRIMARY_PAUSE.saturating_sub(paused.elapsed()));
+        drop(primary_cont);
+        let reply = read_reply(&mut BufReader::new(readyz), false).unwrap();
+        let body = String::from_utf8_lossy(&reply.body);
+        assert_eq!(reply.status, 200, "round {round}, readyz on resume: {body}");
+    }
+    // A stall found late would be found by now: what the primary waits for is 1 s old at most.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(get(admin, "/_nodus/readyz").status, 200);
+    for w in workers {
+        let stats = worker_stats(admin, w);
+        assert_eq!(stats["connections_taken_back"], 0, "{stats}");
+    }
+    assert_no_stall_said(&mut primary);
+}
+
+/// The same pause with stock Node workers, whose answers are `accepted` messages, one `newconn`
+/// at a time (their channel holds the rest until the one written is acknowledged): six clients
+/// are handed to the workers while they are stopped for a moment, the primary is stopped, and
+/// the workers take the one written to each meanwhile. Once the primary runs again, the ones it
+/// held go out, one per answer: none counts the pause against the worker, none is taken back,
+/// no worker is said stalled, and every client is answered.
+#[test]
+fn a_pause_of_the_primary_itself_stalls_no_node_worker_that_took_its_connection_during_it() {
+    if !have("node") {
+        return;
+    }
+    let events = TempDir::new("pause-node-events");
+    let log = events.path().join("events.jsonl");
+    let log_arg = log.to_str().unwrap();
+    let (_dir, addr, mut primary) =
+        run_node_app("pause-node", NODE_PID_APP, 2, &["--events", log_arg]);
+    let workers = wait_ready_pids(&log, 2);
+    let _kill = KillOnDrop(workers.clone());
+    let _cont: Vec<ContOnDrop> = workers.iter().map(|&w| ContOnDrop(w)).collect();
+    let primary_cont = ContOnDrop(primary.id() as i32);
+    for &w in &workers {
+        signal(w, Signal::STOP);
+    }
+    let clients: Vec<_> = (0..6)
+        .map(|i| {
+            let mut s = connect(addr, TIMEOUTS).unwrap_or_else(|e| panic!("client {i}: {e}"));
+            write_request(&mut s, "GET", "/", &["Connection: close"]).unwrap();
+            std::thread::spawn(move || {
+                s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                let reply = read_reply(&mut BufReader::new(s), false)
+                    .unwrap_or_else(|e| panic!("client {i}: {e}"));
+                String::from_utf8(reply.body).unwrap()
+            })
+        })
+        .collect();
+    // The primary accepts and hands them over within a loop turn: a wide margin.
+    std::thread::sleep(Duration::from_millis(100));
+    signal(primary.id() as i32, Signal::STOP);
+    let paused = Instant::now();
+    for &w in &workers {
+        signal(w, Signal::CONT);
+    }
+    std::thread::sleep(PRIMARY_PAUSE.saturating_sub(paused.elapsed()));
+    drop(primary_cont);
+    let replies: Vec<String> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    assert!(replies.iter().all(|r| r.starts_with("pid ")), "{replies:?}");
+    // A stall found late would be found by now: what the primary waits for is 1 s old at most.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_no_stall_said(&mut primary);
 }

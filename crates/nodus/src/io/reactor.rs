@@ -244,18 +244,21 @@ impl Reactor {
     }
 
     /// Waits for readiness (at most `timeout`; `None` = forever) and appends `(token, bits)`.
+    /// `true` when every source ready at the call was reported: no signal cut the wait short
+    /// and the batch did not fill the buffer (the rest would come in the next one).
     pub(crate) fn poll(
         &self,
         timeout: Option<Duration>,
         out: &mut Vec<(usize, u8)>,
-    ) -> io::Result<()> {
+    ) -> io::Result<bool> {
         let mut events = self.events.borrow_mut();
         match self.poll.borrow_mut().poll(&mut events, timeout) {
             Ok(()) => {}
             // A signal: report nothing and let the loop come round again.
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(false),
             Err(e) => return Err(e),
         }
+        let mut n = 0;
         for event in events.iter() {
             let mut bits = 0;
             if event.is_readable() || event.is_error() {
@@ -271,8 +274,9 @@ impl Reactor {
                 bits |= WRITABLE | WRITE_CLOSED;
             }
             out.push((event.token().0, bits));
+            n += 1;
         }
-        Ok(())
+        Ok(n < events.capacity())
     }
 
     /// Marks a source ready and wakes its waiters. An event for a registration that is gone

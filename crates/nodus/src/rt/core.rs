@@ -194,6 +194,9 @@ pub(crate) struct Core {
     pub(crate) stop: Cell<bool>,
     pub(crate) shutting_down: Cell<bool>,
     pub(crate) budget: Cell<u32>,
+    /// The loop's time when the last poll phase that reported every ready source began, once it
+    /// has dispatched them all (`crate::time::polled_ns`); 0 before the first.
+    pub(crate) polled: Cell<u64>,
     /// The task being polled, if any (budget accounting, stall attribution).
     pub(crate) current: Cell<Option<PollTarget>>,
     next_task: Cell<u64>,
@@ -238,6 +241,7 @@ impl Core {
             stop: Cell::new(false),
             shutting_down: Cell::new(false),
             budget: Cell::new(COOP_BUDGET),
+            polled: Cell::new(0),
             current: Cell::new(None),
             next_task: Cell::new(1),
             tasks: RefCell::new(Slab::new()),

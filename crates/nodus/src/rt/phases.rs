@@ -12,6 +12,12 @@
 //! - The loop's time advances every iteration: the poll phase marks the cached clock stale
 //!   whether or not it polled (it skips `epoll_wait` when nothing is registered and it must not
 //!   block), so the next timers pass reads the clock.
+//! - `Core::polled` (`crate::time::polled_ns`) is the loop's latest clock read before a poll
+//!   phase that reported every source ready at its call (not cut short by a signal, its batch
+//!   not full), set once that phase has dispatched every event it took: by then each of those
+//!   sources' tasks has run. It never runs ahead of what the loop has read: after the process
+//!   was stopped, the timers phase sees the clock jump, `polled` only once a poll phase has
+//!   dispatched what arrived meanwhile.
 //! - No event taken from epoll is lost (it is edge-triggered: never reported again). A batch
 //!   that `block_on`'s future completed in the middle of is dispatched, from the first event
 //!   left, at the start of the next poll phase, before any new event; so is the remote queue's
@@ -138,6 +144,8 @@ impl Core {
 
     fn run_poll(&self, mode: Mode) {
         self.meter.phase(Phase::Poll);
+        // The loop's latest clock read, at or before the poll: what was ready then is reported.
+        let polled = self.meter.now();
         let mut timeout = self.poll_timeout(mode);
         // Events of a batch that `block_on` returned in the middle of come first, and the poll
         // does not block while there are any.
@@ -152,6 +160,8 @@ impl Core {
         }
         let skip =
             timeout == Some(Duration::ZERO) && self.reactor.is_empty() && !self.shared.has_remote();
+        // Nothing registered: nothing ready to miss.
+        let mut complete = true;
         if skip {
             // The loop's time advances every iteration, polled or not (libuv's
             // `uv__update_time`), or a timer never comes due in a loop that never blocks: the next
@@ -159,9 +169,13 @@ impl Core {
             self.meter.stale();
         } else {
             self.meter.before_block(timeout);
-            if let Err(e) = self.reactor.poll(timeout, &mut events) {
-                tracing::error!(target: "nodus::rt", "epoll_wait failed: {e}");
-            }
+            complete = match self.reactor.poll(timeout, &mut events) {
+                Ok(complete) => complete,
+                Err(e) => {
+                    tracing::error!(target: "nodus::rt", "epoll_wait failed: {e}");
+                    false
+                }
+            };
             self.meter.stale();
             self.meter.after_block(timeout, events.len() - carried);
         }
@@ -194,6 +208,9 @@ impl Core {
             }
         }
         let _ = returned;
+        if complete && dispatched == events.len() {
+            self.polled.set(polled);
+        }
         // epoll is edge-triggered: an event taken from it is never reported again, so the ones
         // not dispatched (`block_on` returned) are kept for the next poll phase, not dropped.
         events.drain(..dispatched);
@@ -294,7 +311,52 @@ mod tests {
 
     use super::Mode;
     use crate::rt::context::Entered;
-    use crate::{Runtime, set_timeout};
+    use crate::time::polled_ns;
+    use crate::{Runtime, set_immediate, set_timeout};
+
+    /// The loop blocked for 100 ms (as a stopped process is) while a peer wrote to it: the next
+    /// timers pass sees the clock jump, but `polled_ns` passes the write only once a poll phase
+    /// has dispatched it (the reading task has run).
+    #[test]
+    fn polled_ns_passes_a_pause_only_once_a_poll_has_read_what_came_during_it() {
+        let rt = Runtime::new();
+        let read = Rc::new(Cell::new(false));
+        let written = Rc::new(Cell::new(0));
+        let checked = Rc::new(Cell::new(false));
+        let (r, w1, w2, c) = (
+            read.clone(),
+            written.clone(),
+            written.clone(),
+            checked.clone(),
+        );
+        rt.enter(move || {
+            let (a, b) = crate::net::UnixStream::pair().unwrap();
+            let mut b = b.into_std();
+            crate::task::spawn(async move {
+                let mut buf = [0u8; 8];
+                assert_eq!(a.read(&mut buf).await.unwrap(), 1);
+                r.set(true);
+            })
+            .detach();
+            set_immediate(move || {
+                w1.set(crate::clock::now_ns());
+                std::io::Write::write_all(&mut b, b"x").unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+            });
+            set_timeout(Duration::from_millis(20), move || {
+                // Due after the pause: its timers pass comes before the poll that reads.
+                assert!(!read.get(), "read before the timers pass");
+                assert!(polled_ns() <= w2.get(), "polled_ns passed an unread write");
+                set_immediate(move || {
+                    assert!(read.get(), "not read in the poll phase after the pause");
+                    assert!(polled_ns() > w2.get(), "polled_ns stood still");
+                    c.set(true);
+                });
+            });
+        });
+        rt.run();
+        assert!(checked.get());
+    }
 
     /// Iterations that never poll (nothing registered, nothing may block) still advance the
     /// loop's time: a timer comes due. Nothing runs in them to read the clock otherwise.

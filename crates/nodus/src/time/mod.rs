@@ -85,6 +85,19 @@ pub fn loop_now_ns() -> u64 {
     try_with_core(|core| core.meter.now()).unwrap_or_else(crate::clock::now_ns)
 }
 
+/// The loop's time as of its last complete look at its sources: what was ready to read then has
+/// been dispatched, its tasks run (the clock read before the last poll phase that reported every
+/// ready source, set once it dispatched them all; 0 before the first). A decision that a peer has
+/// been silent for some time compares against this, not [`loop_now_ns`]: when this process
+/// itself was stopped (SIGSTOP, a frozen VM, a long page-in), the loop's clock has jumped in the
+/// timers phase while what the peer sent meanwhile waits in a socket for the poll phase. It lags
+/// the loop's clock by up to a turn (a blocked poll's wait included). Outside a loop, the process
+/// clock.
+#[inline]
+pub(crate) fn polled_ns() -> u64 {
+    try_with_core(|core| core.polled.get()).unwrap_or_else(crate::clock::now_ns)
+}
+
 /// Cancels a timeout that has not fired; it never fires, even if due in the same pass.
 #[track_caller]
 pub fn clear_timeout(timer: &Timer) {

@@ -16,10 +16,20 @@
 //!   pending); others answer with `took` (nodus) or `accepted` (Node).
 //! - A worker is stalled ([`stalled`]: one rule for routing and for readyz's
 //!   `Primary::ready_state`) once the primary has waited [`HANDOFF_DEADLINE`] for its loop, by
-//!   whichever signal shows it first: a handoff to it not taken; a snapshot request not answered,
-//!   with nothing else heard from it since (`stats::loop_stalled`); or batches taken back from it
-//!   that it has not seen yet (`seen_below` on its board). A stalled worker gets no new
-//!   connection: its share goes to the others.
+//!   whichever signal shows it first: a handoff to it not taken (a Node worker's `newconn`
+//!   counted from the answer to the one before, when its channel writes it: [`on_accepted`]); a
+//!   snapshot request not answered, with nothing else heard from it since
+//!   (`stats::loop_stalled`); or batches taken back from it that it has not seen yet
+//!   (`seen_below` on its board). A stalled worker gets no new connection: its share goes to
+//!   the others.
+//! - The wait is counted up to the primary's last complete read of what the workers sent
+//!   (`crate::time::polled_ns`: the loop's time before its last poll phase, once every event
+//!   that phase took was dispatched), never to the clock alone: when the primary itself was
+//!   stopped (SIGSTOP, a frozen VM, a long page-in), its clock jumps in the timers phase while
+//!   what the workers sent meanwhile (an answer, a `took`, an `accepted`) still waits in their
+//!   sockets for the poll phase. So a pause of the primary stalls no worker that answered, or
+//!   took its handoffs, during it; a real stall is seen up to a loop turn later. Handing
+//!   connections costs nothing more (one cached time read, as before).
 //! - What a stalled worker has not taken is taken back, however recently it was handed, where
 //!   that cannot have two processes serve one connection, and handed to another worker
 //!   ([`take_back`], from a watch task that runs while anything is pending, a worker is behind or
@@ -130,6 +140,15 @@ impl Pending {
         self.handoffs.borrow().contains_key(&seq)
     }
 
+    /// The oldest handoff still pending waits for its worker from `now` on, unless it did from
+    /// later already.
+    fn restart_oldest(&self, now: u64) {
+        if let Some(mut oldest) = self.handoffs.borrow_mut().first_entry() {
+            let h = oldest.get_mut();
+            h.sent_ns = h.sent_ns.max(now);
+        }
+    }
+
     /// When the oldest handoff still pending was handed.
     fn oldest_sent_ns(&self) -> Option<u64> {
         self.handoffs
@@ -173,12 +192,17 @@ impl Pending {
     }
 }
 
-/// A Node-protocol answer to one `newconn`.
+/// A Node-protocol answer to one `newconn`. Its channel writes the next `newconn` it held only
+/// once this one was acknowledged (one handle at a time): that one waits for the worker from
+/// now, however long the primary held it (a pause of the primary itself included).
 pub(super) fn on_accepted(st: &Rc<State>, proc: &Rc<Proc>, ack: u64, accepted: bool) {
     if accepted {
-        took(proc, proc.pending.remove(ack).into_iter().collect());
+        let done = proc.pending.remove(ack).into_iter().collect();
+        proc.pending.restart_oldest(crate::time::loop_now_ns());
+        took(proc, done);
     } else {
         refused(st, proc, ack);
+        proc.pending.restart_oldest(crate::time::loop_now_ns());
     }
 }
 
@@ -257,7 +281,7 @@ fn took(proc: &Proc, handoffs: Vec<Handoff>) {
             h.server.wake_accept();
         }
     }
-    runs_again(proc, crate::time::loop_now_ns());
+    runs_again(proc, crate::time::polled_ns());
 }
 
 /// Whether a handoff to `proc` is past [`HANDOFF_DEADLINE`] at `now`.
@@ -269,7 +293,8 @@ fn overdue(proc: &Proc, now: u64) -> bool {
 
 /// Whether `proc` is stalled (see the module docs), so it gets no new connection: a handoff past
 /// the deadline, its loop silent as long while a request waits for it, or batches taken back
-/// from it that it has not seen yet.
+/// from it that it has not seen yet. `now` is `crate::time::polled_ns`: the primary's last
+/// complete look at what its workers sent, never a time whose messages it has not read yet.
 pub(super) fn stalled(proc: &Proc, now: u64) -> bool {
     proc.behind_until.get().is_some() || overdue(proc, now) || stats::loop_stalled(proc, now)
 }
@@ -279,9 +304,9 @@ pub(super) fn stalled(proc: &Proc, now: u64) -> bool {
 /// The end of a stall said is said; parked connections, if any, may go to it now (whether or not
 /// its stall had been said: the watch may not have looked yet).
 pub(super) fn heard_from(st: &State, proc: &Proc) {
-    let now = crate::time::loop_now_ns();
-    proc.heard_ns.set(now);
+    proc.heard_ns.set(crate::time::loop_now_ns());
     proc.behind_until.set(None);
+    let now = crate::time::polled_ns();
     if !stalled(proc, now) {
         runs_again(proc, now);
         wake_parked(st);
@@ -319,7 +344,10 @@ const CATCH_UP_POLL: Duration = Duration::from_millis(50);
 /// ([`take_back`]), and every [`CATCH_UP_POLL`] it looks whether a worker behind has caught up
 /// (then parked connections may go to it). Each wakes it at its own time; what it hands on, or
 /// a request sent after it went to sleep, never needs it sooner than it is armed for (deadlines
-/// come in the order things were sent).
+/// come in the order things were sent). It decides as of `crate::time::polled_ns`; a due time
+/// the loop's clock has passed and that one has not waits for the next poll phase (a yield), so
+/// woken by its timer after the primary itself was stopped, it decides only once the loop has
+/// read what the workers sent meanwhile.
 pub(super) fn arm_deadline(st: &Rc<State>) {
     if st.deadline_armed.replace(true) {
         return;
@@ -328,7 +356,9 @@ pub(super) fn arm_deadline(st: &Rc<State>) {
     crate::task::spawn_named("cluster:handoff-deadline", async move {
         let deadline = HANDOFF_DEADLINE.as_nanos() as u64;
         loop {
-            let now = crate::time::loop_now_ns();
+            // Silence is judged as of the loop's last complete read; the catch-up look, and the
+            // wait for the next decision, go by its clock.
+            let (now, clock) = (crate::time::polled_ns(), crate::time::loop_now_ns());
             let procs: Vec<Rc<Proc>> = st.procs.borrow().values().cloned().collect();
             for p in &procs {
                 release_taken(p);
@@ -360,12 +390,16 @@ pub(super) fn arm_deadline(st: &Rc<State>) {
                     let poll = p
                         .behind_until
                         .get()
-                        .map(|_| now + CATCH_UP_POLL.as_nanos() as u64);
+                        .map(|_| clock + CATCH_UP_POLL.as_nanos() as u64);
                     due.into_iter().chain(silent).chain(poll).min()
                 })
                 .min();
             let Some(at) = next else { break };
-            crate::time::sleep(Duration::from_nanos(at - now)).await;
+            if at > clock {
+                crate::time::sleep(Duration::from_nanos(at - clock)).await;
+            } else {
+                crate::task::yield_now().await;
+            }
         }
         st.deadline_armed.set(false);
     })
@@ -533,7 +567,7 @@ fn pausing(proc: &Proc) -> bool {
 pub(super) fn has_room(server: &Server) -> bool {
     let members = server.members.borrow();
     let ready_member = members.iter().any(|m| m.proc.is_ready());
-    let now = crate::time::loop_now_ns();
+    let now = crate::time::polled_ns();
     members.iter().any(|m| {
         takes_now(&m.proc, ready_member, now) && m.proc.pending.conns() < balance::MAX_IN_FLIGHT
     })
@@ -691,10 +725,10 @@ fn redistribute(st: &Rc<State>, proc: &Proc) {
 pub(super) fn dispatch(st: &Rc<State>, server: &Rc<Server>, conns: Vec<Conn>) -> io::Result<()> {
     let (targets, parked) = {
         let members = server.members.borrow();
-        let now = crate::time::loop_now_ns();
+        let now = crate::time::polled_ns();
         for m in members.iter() {
             release_taken(&m.proc);
-            stats::probe(st, &m.proc, now);
+            stats::probe(st, &m.proc);
         }
         let ready_member = members.iter().any(|m| m.proc.is_ready());
         let mut cands: Vec<Candidate> = members

@@ -12,7 +12,8 @@
 //!   the rule routing uses (`handoff::stalled`): the handoff deadline passed on a connection
 //!   handed to it, or on its loop's answer to a snapshot request (one the call itself sends,
 //!   without waiting for it, or one routing sent while handing connections) with nothing else
-//!   heard from it meanwhile.
+//!   heard from it meanwhile (counted up to the loop's last complete read of what the workers
+//!   sent, so a pause of the primary itself stalls no worker).
 //! - Files: `proc` (one worker process and its channel), `server` (listeners per server key,
 //!   `queryServer` answers and the accept loop), `handoff` (connections handed to workers and
 //!   pending until taken), `parked` (accepted connections waiting for a worker, and their
@@ -713,7 +714,10 @@ impl Primary {
     /// without a snapshot) when it was last asked 1 s ago or more, and does not wait for it: the
     /// answer is cheap and never waits for a worker (a stall begun since shows at a later call,
     /// once that request is 1 s old). A Node worker or a plain program is asked nothing:
-    /// stalled only by its handoffs, never otherwise.
+    /// stalled only by its handoffs, never otherwise. The wait counts up to the primary's last
+    /// complete read of what its workers sent, not to the clock: right after the primary itself
+    /// was stopped (SIGSTOP, a frozen VM), a worker that answered meanwhile is not stalled,
+    /// whether or not its answer has been read yet.
     ///
     /// Under [`Policy::Shared`] and [`Policy::ReusePort`] no connection is handed over: the
     /// kernel queues them on the workers' sockets. A stalled worker accepts none meanwhile; under
@@ -725,10 +729,10 @@ impl Primary {
         if self.is_stopping() {
             return ReadyState::ShuttingDown;
         }
-        let now = crate::time::loop_now_ns();
+        let now = crate::time::polled_ns();
         let (mut ready, mut stalled) = (0, 0);
         for p in self.st.procs.borrow().values().filter(|p| p.is_ready()) {
-            stats::probe(&self.st, p, now);
+            stats::probe(&self.st, p);
             ready += 1;
             if handoff::stalled(p, now) {
                 stalled += 1;

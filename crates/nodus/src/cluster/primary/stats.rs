@@ -177,12 +177,18 @@ fn ask(st: &Rc<State>, p: &Proc, snapshot: bool) -> u64 {
 /// snapshot requests, has none left unanswered and was last asked [`FRESH`] ago or more (at
 /// most one small message each way per worker per second, whoever asks). Its answer, whenever
 /// it comes, only clears `Proc::unanswered`.
-pub(super) fn probe(st: &Rc<State>, p: &Proc, now: u64) {
+pub(super) fn probe(st: &Rc<State>, p: &Proc) {
+    if !p.asked_for_snapshots.get() || !p.is_alive() || p.unanswered.get().is_some() {
+        return;
+    }
+    // The loop's clock: this paces requests and judges no silence (`polled_ns`, which does, is
+    // as old as the loop's last wait for events while it handles them).
+    let now = crate::time::loop_now_ns();
     let due = p
         .asked_ns
         .get()
         .is_none_or(|t| now.saturating_sub(t) >= FRESH.as_nanos() as u64);
-    if p.asked_for_snapshots.get() && p.is_alive() && p.unanswered.get().is_none() && due {
+    if due {
         ask(st, p, false);
     }
 }
@@ -197,7 +203,8 @@ pub(super) fn silent_from(p: &Proc) -> Option<u64> {
 }
 
 /// Whether `p`'s loop has been silent for the handoff deadline (1 s, the bound a handoff gets)
-/// while a snapshot request waited for it ([`silent_from`]): it is blocked or stopped.
+/// while a snapshot request waited for it ([`silent_from`]): it is blocked or stopped. `now` is
+/// `crate::time::polled_ns` (see `handoff::stalled`).
 pub(super) fn loop_stalled(p: &Proc, now: u64) -> bool {
     silent_from(p).is_some_and(|since| {
         now.saturating_sub(since) >= super::handoff::HANDOFF_DEADLINE.as_nanos() as u64
