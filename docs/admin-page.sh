@@ -18,25 +18,15 @@ cd "$(dirname "$0")/.."
 
 out=${1:-docs}
 load_seconds=${LOAD_SECONDS:-60}
-for tool in wrk chromium python3; do
-  command -v "$tool" >/dev/null || { echo "docs/admin-page.sh needs $tool" >&2; exit 1; }
-done
-if [ -z "${NODUS:-}" ]; then
-  cargo build --release -p nodus-cli
-  NODUS=${CARGO_TARGET_DIR:-target}/release/nodus
-fi
+. docs/lib.sh
+needs docs/admin-page.sh wrk chromium python3
+nodus_binary
 
 work=$(mktemp -d)
 serve_pid=""
 shot_pid=""
 idle_pid=""
 load_pids=()
-stop() { # stop PID: SIGTERM, then SIGKILL if it is still there after 5 s
-  local pid=$1
-  kill -TERM "$pid" 2>/dev/null || return 0
-  for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
-  kill -KILL "$pid" 2>/dev/null || true
-}
 stop_all() {
   for pid in "${load_pids[@]}"; do stop "$pid"; done
   load_pids=()
@@ -51,10 +41,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# The site: a small page and a 256 KiB file (read in 64 KiB chunks on the I/O pool).
-mkdir "$work/site"
-printf '<!doctype html><title>nodus</title><p>hello\n' > "$work/site/index.html"
-head -c 262144 /dev/urandom > "$work/site/big.bin"
+make_site "$work/site"
 
 # Opens URL in headless Chromium at 1440×1000, waits SECONDS, writes the viewport to OUT (PNG).
 # Chromium is its child, spoken to over fds 3 and 4 (NUL-ended JSON) and stopped by its PID.
@@ -121,21 +108,6 @@ finally:
         chrome.wait()
 PY
 
-# Clients that ask for the page (one in four for a missing file: the 4xx count) and then stay
-# idle, two a second, until the server's keep-alive timer (5 s) closes them: the timers whose
-# lateness the page shows.
-cat > "$work/idle.py" <<'PY'
-import socket, sys, time
-host, port = sys.argv[1].rsplit(":", 1)
-idle, end = [], time.monotonic() + float(sys.argv[2])
-while time.monotonic() < end:
-    s = socket.create_connection((host, int(port)))
-    path = b"/missing" if len(idle) % 4 == 3 else b"/"
-    s.sendall(b"GET " + path + b" HTTP/1.1\r\nHost: nodus\r\n\r\n")
-    idle.append(s)
-    time.sleep(0.5)
-PY
-
 # photograph WORKERS READY_LINE OUT: nodus serve with WORKERS workers, its page photographed
 # under load once READY_LINE is in its log.
 photograph() {
@@ -150,21 +122,12 @@ photograph() {
   python3 "$work/shot.py" "http://$addr/_nodus/" "$load_seconds" "$work/shot.png" \
     "$work/chromium-$workers" &
   shot_pid=$!
-  python3 "$work/idle.py" "$addr" "$((load_seconds + 10))" &
-  idle_pid=$!
+  idle_clients "$addr" "$((load_seconds + 10))"
 
-  # Load that varies, so the charts show it: rounds of a few seconds at 4 to 16 connections on
-  # the page and a steady trickle of the large file. Each wrk ends with its round; the rounds go
-  # on until the picture is taken.
-  local round=0 conns
+  # The load's rounds go on until the picture is taken.
+  local round=0
   while kill -0 "$shot_pid" 2>/dev/null; do
-    conns=$(( (round % 4 + 1) * 4 ))
-    wrk -t 1 -c 2 -d 3s "http://$addr/big.bin" > /dev/null &
-    load_pids=($!)
-    wrk -t 1 -c "$conns" -d 3s "http://$addr/index.html" > /dev/null &
-    load_pids+=($!)
-    wait "${load_pids[@]}"
-    load_pids=()
+    load_round "$addr" "$round"
     round=$((round + 1))
     [ $((round % 5)) -eq 0 ] && sleep 1 # a quieter moment now and then
   done

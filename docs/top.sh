@@ -16,13 +16,9 @@ cd "$(dirname "$0")/.."
 
 out=${1:-docs/top.png}
 load_seconds=${LOAD_SECONDS:-60}
-for tool in tmux wrk chromium python3; do
-  command -v "$tool" >/dev/null || { echo "docs/top.sh needs $tool" >&2; exit 1; }
-done
-if [ -z "${NODUS:-}" ]; then
-  cargo build --release -p nodus-cli
-  NODUS=${CARGO_TARGET_DIR:-target}/release/nodus
-fi
+. docs/lib.sh
+needs docs/top.sh tmux wrk chromium python3
+nodus_binary
 
 work=$(mktemp -d)
 sock="nodus-top-$$"
@@ -31,12 +27,6 @@ tmux_pid=""
 top_pid=""
 idle_pid=""
 load_pids=()
-stop() { # stop PID: SIGTERM, then SIGKILL if it is still there after 5 s
-  local pid=$1
-  kill -TERM "$pid" 2>/dev/null || return 0
-  for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
-  kill -KILL "$pid" 2>/dev/null || true
-}
 cleanup() {
   for pid in "${load_pids[@]}"; do stop "$pid"; done
   [ -n "$idle_pid" ] && stop "$idle_pid"
@@ -47,10 +37,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# The site: a small page and a 256 KiB file (read in 64 KiB chunks on the I/O pool).
-mkdir "$work/site"
-printf '<!doctype html><title>nodus</title><p>hello\n' > "$work/site/index.html"
-head -c 262144 /dev/urandom > "$work/site/big.bin"
+make_site "$work/site"
 
 "$NODUS" serve "$work/site" --workers 2 --listen 127.0.0.1:0 2> "$work/serve.log" &
 serve_pid=$!
@@ -62,32 +49,12 @@ tmux -L "$sock" -f /dev/null new-session -d -x 80 -y 24 -s top "$NODUS" top "$ad
 tmux_pid=$(tmux -L "$sock" display-message -p -t top '#{pid}')
 top_pid=$(tmux -L "$sock" display-message -p -t top '#{pane_pid}')
 
-# Browsers' way too: two connections a second that ask for the page and then stay idle, until the
-# server's keep-alive timer (5 s) closes them: the timers whose lateness the dashboard charts.
-python3 - "$addr" "$((load_seconds + 10))" <<'PY' &
-import socket, sys, time
-host, port = sys.argv[1].rsplit(":", 1)
-idle, end = [], time.monotonic() + float(sys.argv[2])
-while time.monotonic() < end:
-    s = socket.create_connection((host, int(port)))
-    s.sendall(b"GET / HTTP/1.1\r\nHost: nodus\r\n\r\n")
-    idle.append(s)
-    time.sleep(0.5)
-PY
-idle_pid=$!
+idle_clients "$addr" "$((load_seconds + 10))"
 
-# Load that varies, so the charts show it: rounds of a few seconds at 2 to 16 connections on the
-# page, and a steady trickle of the large file. Each wrk ends with its round.
 end=$((SECONDS + load_seconds))
 round=0
 while [ "$SECONDS" -lt "$end" ]; do
-  conns=$(( (round % 4 + 1) * 4 ))
-  wrk -t 1 -c 2 -d 3s "http://$addr/big.bin" > /dev/null &
-  load_pids=($!)
-  wrk -t 1 -c "$conns" -d 3s "http://$addr/index.html" > /dev/null &
-  load_pids+=($!)
-  wait "${load_pids[@]}"
-  load_pids=()
+  load_round "$addr" "$round"
   round=$((round + 1))
   [ $((round % 5)) -eq 0 ] && sleep 2 # a quieter moment now and then
 done
