@@ -102,6 +102,32 @@ impl Cluster {
         panic!("timed out; events: {:#?}", self.events.borrow());
     }
 
+    /// Waits until `n` workers were ready.
+    async fn ready(&self, n: usize) {
+        self.wait_until(|ev| {
+            ev.iter()
+                .filter(|e| matches!(e.kind, EventKind::Ready))
+                .count()
+                == n
+        })
+        .await;
+    }
+
+    /// The metrics text and the stats document once the first `n` workers answer in both (again
+    /// if a loaded machine made a worker miss the primary's 500 ms; at most 10 tries).
+    async fn metrics_and_stats(&self, n: usize) -> (String, Value) {
+        let (mut text, mut stats) = (String::new(), Value::Null);
+        for _ in 0..10 {
+            text = self.primary.metrics_text().await;
+            stats = serde_json::from_str(&self.primary.stats_json().await).unwrap();
+            if (0..n).all(|i| stats["workers"][i]["answering"] == true) {
+                break;
+            }
+            nodus::sleep(Duration::from_millis(1100)).await;
+        }
+        (text, stats)
+    }
+
     /// Waits until worker `slot` sent the application message `json`.
     async fn message_from(&self, slot: u32, json: &str) {
         self.wait_until(|ev| {
@@ -492,13 +518,7 @@ fn a_worker_asking_for_one_listener_a_thousand_times_gets_one_share() {
     bounded(async || {
         let c = Cluster::start(NAME, "repeating", 2, Policy::RoundRobin, dir.path());
         assert!(file_appears_async(&dir.path().join("hostile-ready")).await);
-        c.wait_until(|ev| {
-            ev.iter()
-                .filter(|e| matches!(e.kind, EventKind::Ready))
-                .count()
-                == 2
-        })
-        .await;
+        c.ready(2).await;
         // Round-robin between two members, one connection at a time: they alternate.
         let mut his = 0;
         for _ in 0..10 {
@@ -959,25 +979,9 @@ fn bad_snapshots_are_refused_and_the_others_metrics_and_stats_stay_whole() {
     let dir = nodus_testkit::tmp::TempDir::new("hostile-snapshots");
     bounded(async || {
         let c = Cluster::start(NAME, "bad-snapshot", 7, Policy::RoundRobin, dir.path());
-        c.wait_until(|ev| {
-            ev.iter()
-                .filter(|e| matches!(e.kind, EventKind::Ready))
-                .count()
-                == 7
-        })
-        .await;
+        c.ready(7).await;
         let pids: Vec<u32> = c.primary.worker_pids().iter().map(|(_, p)| *p).collect();
-        // One refresh serves both (1 s cache); again if a loaded machine made a worker that
-        // answers miss the primary's 500 ms.
-        let (mut text, mut stats) = (String::new(), Value::Null);
-        for _ in 0..10 {
-            text = c.primary.metrics_text().await;
-            stats = serde_json::from_str(&c.primary.stats_json().await).unwrap();
-            if (0..6).all(|i| stats["workers"][i]["answering"] == true) {
-                break;
-            }
-            nodus::sleep(Duration::from_millis(1100)).await;
-        }
+        let (text, stats) = c.metrics_and_stats(6).await;
 
         assert_eq!(duplicate_samples(&text), Vec::<&str>::new());
         assert!(text.len() < 1 << 20, "{} bytes of metrics", text.len());
@@ -1060,24 +1064,9 @@ fn a_newer_builds_snapshot_within_the_wire_limits_is_served_per_worker() {
     let dir = nodus_testkit::tmp::TempDir::new("newer-snapshot");
     bounded(async || {
         let c = Cluster::start(NAME, "newer-snapshot", 2, Policy::RoundRobin, dir.path());
-        c.wait_until(|ev| {
-            ev.iter()
-                .filter(|e| matches!(e.kind, EventKind::Ready))
-                .count()
-                == 2
-        })
-        .await;
+        c.ready(2).await;
         let pid = c.primary.worker_pids()[1].1;
-        // Again if a loaded machine made a worker miss the primary's 500 ms.
-        let (mut text, mut stats) = (String::new(), Value::Null);
-        for _ in 0..10 {
-            text = c.primary.metrics_text().await;
-            stats = serde_json::from_str(&c.primary.stats_json().await).unwrap();
-            if (0..2).all(|i| stats["workers"][i]["answering"] == true) {
-                break;
-            }
-            nodus::sleep(Duration::from_millis(1100)).await;
-        }
+        let (text, stats) = c.metrics_and_stats(2).await;
         // The JSON document: the worker's snapshot as it sent it, unknown fields included.
         let w = &stats["workers"][1];
         assert_eq!(w["worker"], 2);
