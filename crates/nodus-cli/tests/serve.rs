@@ -354,32 +354,7 @@ fn the_access_log_line_cannot_be_forged_by_a_quote_in_the_path() {
 fn the_access_log_is_written_whatever_level_rust_log_sets() {
     let dir = site();
     for (rust_log, logged) in [("warn", true), ("warn,nodus::access=off", false)] {
-        let addr = free_addr();
-        let mut server = Proc::spawn(
-            Command::new(NODUS)
-                .arg("serve")
-                .arg(dir.path())
-                .args([
-                    "--listen",
-                    &addr.to_string(),
-                    "--workers",
-                    "1",
-                    "--access-log",
-                ])
-                .env("RUST_LOG", rust_log)
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped()),
-        );
-        // No start line at WARN: the address answers once it listens.
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(addr).is_err() {
-            assert!(Instant::now() < deadline, "{rust_log}: it never listened");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        assert_eq!(request(addr, "GET", "/hello.txt", &[]).status, 200);
-        server.signal(rustix::process::Signal::TERM);
-        assert_eq!(server.wait_exit(Duration::from_secs(20)), Some(0));
-        let out = server.output();
+        let out = serve_logs(dir.path(), 1, rust_log, &["--access-log"]);
         let access = out.iter().any(|l| l.contains("nodus::access"));
         assert_eq!(access, logged, "RUST_LOG={rust_log}: {out:#?}");
         assert!(
@@ -421,9 +396,10 @@ fn a_rust_log_that_does_not_parse_is_said_once_and_info_is_logged() {
     }
 }
 
-/// `nodus serve DIR --workers WORKERS` under `RUST_LOG=rust_log`, started (its address answers
-/// a request), then stopped with SIGTERM: its stderr lines.
-fn serve_logs(dir: &Path, workers: u32, rust_log: &str) -> Vec<String> {
+/// `nodus serve DIR --workers WORKERS EXTRA...` under `RUST_LOG=rust_log`, started (its address
+/// answers a request for `/hello.txt`), then stopped with SIGTERM, which it must exit 0 on: its
+/// stderr lines.
+fn serve_logs(dir: &Path, workers: u32, rust_log: &str, extra: &[&str]) -> Vec<String> {
     let addr = free_addr();
     let mut server = Proc::spawn(
         Command::new(NODUS)
@@ -435,6 +411,7 @@ fn serve_logs(dir: &Path, workers: u32, rust_log: &str) -> Vec<String> {
                 "--workers",
                 &workers.to_string(),
             ])
+            .args(extra)
             .env("RUST_LOG", rust_log)
             .stdout(Stdio::null())
             .stderr(Stdio::piped()),
@@ -485,7 +462,7 @@ fn a_rust_log_that_is_likely_a_mistake_is_said_once_and_a_right_one_is_not() {
         ),
         ("hyper=debug", 1, None),
     ] {
-        let out = serve_logs(dir.path(), workers, rust_log);
+        let out = serve_logs(dir.path(), workers, rust_log, &[]);
         let shown = format!("RUST_LOG={rust_log} --workers {workers}: {out:#?}");
         let said_lines: Vec<&String> = out.iter().filter(|l| l.contains("RUST_LOG")).collect();
         assert_eq!(said_lines.len(), 1, "{shown}");
@@ -506,14 +483,14 @@ fn a_rust_log_that_is_likely_a_mistake_is_said_once_and_a_right_one_is_not() {
         );
     }
     // A typo beside a level: nodus logs at that level, the typo alone is said.
-    let out = serve_logs(dir.path(), 1, "info,wran");
+    let out = serve_logs(dir.path(), 1, "info,wran", &[]);
     let said: Vec<&String> = out.iter().filter(|l| l.contains("RUST_LOG=")).collect();
     assert_eq!(said.len(), 1, "{out:#?}");
     assert!(said[0].contains(r#"(did you mean "warn"?)"#), "{}", said[0]);
     assert!(!said[0].contains("nodus logs nothing"), "{}", said[0]);
     assert!(out.iter().any(|l| l.contains(" INFO ")), "{out:#?}");
     for rust_log in ["info", "nodus=debug", "hyper=warn,info", "off"] {
-        let out = serve_logs(dir.path(), 1, rust_log);
+        let out = serve_logs(dir.path(), 1, rust_log, &[]);
         assert!(
             !out.iter().any(|l| l.contains("RUST_LOG")),
             "RUST_LOG={rust_log}: {out:#?}"
