@@ -880,7 +880,11 @@ fn a_stalled_sink_drops_counted_output_and_never_stalls_the_child() {
         // second it takes to see the sink stalled (a few times over, on a busy host).
         let started = Instant::now();
         assert!(child.wait().await.unwrap().success());
-        assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
         drained = Some(drain(reader));
         task.await.unwrap().unwrap();
     });

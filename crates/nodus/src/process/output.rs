@@ -373,7 +373,7 @@ impl Shared {
         }
     }
 
-    /// Writes `bytes` whole, its `write`s timed for [`Shared::stalled`].
+    /// Writes `bytes` whole, its `write`s timed for [`Shared::stalled_at`].
     fn write(&self, fd: BorrowedFd<'_>, bytes: &[u8]) -> io::Result<()> {
         // `now_ns` is never 0 (the monotonic clock counts from boot).
         self.writing_since.store(now_ns(), Ordering::Release);
@@ -525,8 +525,7 @@ impl Future for Room<'_> {
                 }
                 match this.turn {
                     Some(turn) => {
-                        if let Some((_, waker)) =
-                            waiting.queue.iter_mut().find(|(t, _)| *t == turn)
+                        if let Some((_, waker)) = waiting.queue.iter_mut().find(|(t, _)| *t == turn)
                         {
                             waker.clone_from(cx.waker());
                         }
@@ -834,6 +833,28 @@ mod tests {
             out,
             "first\n[nodus: 14 bytes of log output dropped]\nkept\nlast\n"
         );
+    }
+
+    /// Prefixed lines that fill their part of the queue (held back while the sink makes
+    /// progress) leave room for log lines.
+    #[test]
+    fn log_lines_fit_where_prefixed_lines_are_held_back() {
+        let (mut reader, pipe) = io::pipe().unwrap();
+        let writer = Writer::start(Target::Fd(pipe.into()), "test-log").unwrap();
+        // Nothing is queued: a queue full of prefixed lines is simulated by its count.
+        writer
+            .shared
+            .queued
+            .store(QUEUE_LIMIT - LOG_ROOM, Ordering::Release);
+        assert!(!writer.shared.reserve(1, QUEUE_LIMIT - LOG_ROOM));
+        let dropped = AtomicUsize::new(0);
+        queue_log(&writer, &dropped, b"still logged\n");
+        assert_eq!(dropped.load(Ordering::Acquire), 0);
+        writer.shared.queued.store(0, Ordering::Release);
+        drop(writer);
+        let mut out = String::new();
+        reader.read_to_string(&mut out).unwrap();
+        assert_eq!(out, "still logged\n");
     }
 
     #[test]
