@@ -15,8 +15,8 @@
 //! sink, shared by its tasks; prefixed lines leave the last 256 KiB of it to log lines).
 //! A batch that does not fit waits while the sink makes progress: the task stops reading its
 //! source until there is room (tasks waiting on one sink get room in turn), so a worker that
-//! writes faster than the sink takes is slowed by its own full pipe, as with a plain pipe, and
-//! loses nothing. Once the sink is stalled (a `write` to it under way for [`STALL`], 1 s), a
+//! writes faster than the sink takes meets its own full pipe, as with a plain pipe (blocking
+//! writes wait; Node queues them in its own memory), and loses nothing. Once the sink is stalled (a `write` to it under way for [`STALL`], 1 s), a
 //! batch that does not fit is dropped and counted, and the task's next batch that fits starts
 //! with `PREFIX[N bytes of output dropped]`: a stalled reader costs lines, it does not stall the
 //! workers for more than that second. A sink that fails (`EPIPE`) discards from then on.
@@ -73,7 +73,7 @@ pub const QUEUE_LIMIT: usize = 4 * MAX_LINE;
 
 /// How long a sink may take nothing before it counts as stalled (1 s): a `write` to it (at most
 /// 64 KiB) under way for that long. While it is not, a task whose batch does not fit waits for
-/// room and reads nothing meanwhile (the worker's pipe fills and slows the worker, as a plain
+/// room and reads nothing meanwhile (the worker's pipe fills, holding the worker back as a plain
 /// pipe would); once it is, batches that do not fit are dropped. Long enough that a file, a
 /// terminal or a reader that keeps up never counts, however busy the host (a writer thread
 /// waiting for a CPU is not in a `write`); short enough that a stalled reader holds a worker back
