@@ -816,6 +816,50 @@ fn output_lines_are_kept_whole_up_to_1_mib_and_cut_beyond() {
     assert!(out.ends_with("> end\n"));
 }
 
+/// A sink that is slow but keeps taking (a reader that sleeps between reads) holds the child
+/// back instead of losing its lines: every line arrives, in order, as through a plain pipe.
+#[test]
+fn a_slow_sink_that_makes_progress_slows_the_child_and_loses_no_line() {
+    const LINES: usize = 1_000_000; // about 7 MB, 11 MB with the prefixes: three queues' worth
+    let (reader, writer) = std::io::pipe().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            match (&reader).read(&mut buf).unwrap() {
+                0 => break out,
+                n => out.extend_from_slice(&buf[..n]),
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    });
+    common::bounded_for(Duration::from_secs(120), async {
+        let mut child = Command::new("seq")
+            .args(["1", &LINES.to_string()])
+            .spawn()
+            .unwrap();
+        let task = prefix_lines(
+            child.stdout.take().unwrap(),
+            "[p] ".into(),
+            Sink::Fd(writer.into()),
+        );
+        assert!(child.wait().await.unwrap().success());
+        task.await.unwrap().unwrap();
+    });
+    let out = String::from_utf8(out.join().unwrap()).unwrap();
+    let mut expected = 1;
+    for line in out.lines() {
+        let n = line
+            .strip_prefix("[p] ")
+            .expect("every line has the prefix");
+        assert_eq!(n, expected.to_string(), "line {expected}");
+        expected += 1;
+    }
+    assert_eq!(expected - 1, LINES);
+}
+
+/// A sink nobody reads (a stalled journal): once it has taken nothing for a second, what does
+/// not fit in its queue is dropped and counted, and the child runs on to its end.
 #[test]
 fn a_stalled_sink_drops_counted_output_and_never_stalls_the_child() {
     const LINE: &str = "0123456789abcde\n";
@@ -832,8 +876,15 @@ fn a_stalled_sink_drops_counted_output_and_never_stalls_the_child() {
             "[p] ".into(),
             Sink::Fd(writer.into()),
         );
-        // Nobody reads the sink yet: the child still runs to its end.
+        // Nobody reads the sink yet: the child still runs to its end, held back only for the
+        // second it takes to see the sink stalled (a few times over, on a busy host).
+        let started = Instant::now();
         assert!(child.wait().await.unwrap().success());
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
         drained = Some(drain(reader));
         task.await.unwrap().unwrap();
     });

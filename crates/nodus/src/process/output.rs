@@ -12,16 +12,24 @@
 //! batches of prefixed lines to a writer thread (one per sink: one for stdout and one for stderr,
 //! shared by every task writing there, each living as long as the process), which writes them
 //! with plain blocking `write`s. The hand-off is bounded by bytes ([`QUEUE_LIMIT`], 4 MiB per
-//! sink, shared by its tasks): a batch that does not fit is dropped and counted, and the task's
-//! next batch that fits starts with `PREFIX[N bytes of output dropped]`. A sink that fails
-//! (`EPIPE`) discards from then on.
+//! sink, shared by its tasks; prefixed lines leave the last 256 KiB of it to log lines).
+//! A batch that does not fit waits while the sink makes progress: the task stops reading its
+//! source until there is room (tasks waiting on one sink get room in turn), so a worker that
+//! writes faster than the sink takes meets its own full pipe, as with a plain pipe (blocking
+//! writes wait; Node queues them in its own memory), and loses nothing. Once the sink is stalled (a `write` to it under way for [`STALL`], 1 s), a
+//! batch that does not fit is dropped and counted, and the task's next batch that fits starts
+//! with `PREFIX[N bytes of output dropped]`: a stalled reader costs lines, it does not stall the
+//! workers for more than that second. A sink that fails (`EPIPE`) discards from then on.
 //!
-//! Invariants: the loop task never blocks and its memory is bounded (one read buffer, one
-//! partial line of at most [`MAX_LINE`], one batch); lines of one task keep their order; lines of
-//! different tasks never interleave (a sink's thread writes each batch whole before the next,
-//! or, when the exit drops what is queued, to the end of a line: see below). The task ends after end of file once its
-//! last batch has been written (or dropped), and until then it keeps the loop alive: a stalled
-//! sink keeps it waiting, as a full stdout pipe does in Node.
+//! Invariants: the loop task never blocks (it waits for room as a future, with a timer for the
+//! stall) and its memory is bounded (one read buffer, one partial line of at most [`MAX_LINE`],
+//! one batch); lines of one task keep their order; lines of different tasks never interleave (a
+//! sink's thread writes each batch whole before the next, or, when the exit drops what is
+//! queued, to the end of a line: see below); nothing is dropped while the sink is not stalled.
+//! The task ends after end of file once its last batch has been written (or dropped), and until
+//! then it keeps the loop alive: a stalled sink keeps it waiting, as a full stdout pipe does in
+//! Node. A task dropped before its end (with its runtime) queues a drop notice for the batch it
+//! held and what it had dropped unsaid.
 //!
 //! Our own log lines go through the stderr sink's thread too: [`log_writer`] is the writer for a
 //! `tracing-subscriber` fmt layer, which formats an event whole and writes it with one
@@ -38,26 +46,45 @@
 //! [`EXIT_DROP_GRACE`] more; a sink nobody reads at all gets nothing more, and its last line may
 //! stay cut.
 
-use std::future::poll_fn;
+use std::collections::VecDeque;
+use std::future::{Future, poll_fn};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
-use std::task::{Poll, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use crate::JoinHandle;
+use crate::clock::now_ns;
 use crate::rt::context::with_core;
+use crate::time::Sleep;
 
 /// The longest line written whole (1 MiB); longer ones are cut into pieces of this size.
 pub const MAX_LINE: usize = 1024 * 1024;
 
 /// The most bytes one sink holds waiting for its writer thread (4 MiB, shared by every task
-/// writing there); beyond it, batches are dropped. Four times [`MAX_LINE`], so that a line that
-/// long gets through a sink that keeps up, next to what is still queued.
+/// writing there); beyond it, batches wait for room, or are dropped once the sink is stalled
+/// (see [`STALL`]). Four times [`MAX_LINE`], so that a line that long gets through next to what
+/// is still queued.
 pub const QUEUE_LIMIT: usize = 4 * MAX_LINE;
+
+/// How long a sink may take nothing before it counts as stalled (1 s): a `write` to it (at most
+/// 64 KiB) under way for that long. While it is not, a task whose batch does not fit waits for
+/// room and reads nothing meanwhile (the worker's pipe fills, holding the worker back as a plain
+/// pipe would); once it is, batches that do not fit are dropped. Long enough that a file, a
+/// terminal or a reader that keeps up never counts, however busy the host (a writer thread
+/// waiting for a CPU is not in a `write`); short enough that a stalled reader holds a worker back
+/// no longer than the primary's own stall rule waits for a worker's loop (1 s) before routing
+/// around it. So a reader that takes less than 64 KiB a second counts as stalled.
+pub const STALL: Duration = Duration::from_secs(1);
+
+/// The part of a sink's queue kept for log lines (256 KiB): prefixed lines queue up to
+/// [`QUEUE_LIMIT`] less this, so that workers holding their queue full while the sink makes
+/// progress do not crowd out the primary's own log lines.
+const LOG_ROOM: usize = 256 * 1024;
 
 /// After [`flush_before_exit`]'s timeout, how long the writer threads get to finish the lines
 /// they are writing and to write the drop notices.
@@ -119,16 +146,16 @@ where
     R: futures_io::AsyncRead + Unpin,
 {
     let writer = Writer::for_sink(sink)?;
-    let mut lines = Lines::new(origin);
+    let mut lines = Lines::new(origin, writer.clone());
     let mut buf = vec![0u8; BATCH];
     let result = loop {
         match poll_fn(|cx| Pin::new(&mut source).poll_read(cx, &mut buf)).await {
             Ok(0) => break Ok(()),
-            Ok(n) => lines.push(&buf[..n], &writer),
+            Ok(n) => lines.push(&buf[..n]).await,
             Err(e) => break Err(e),
         }
     };
-    lines.finish(&writer);
+    lines.finish().await;
     writer.flush().await;
     result
 }
@@ -137,6 +164,7 @@ where
 struct Lines {
     /// Its prefix.
     origin: Origin,
+    writer: Writer,
     partial: Vec<u8>,
     batch: Vec<u8>,
     /// Source bytes in `batch` (without prefixes and added newlines), counted when dropped.
@@ -146,9 +174,10 @@ struct Lines {
 }
 
 impl Lines {
-    fn new(origin: Origin) -> Lines {
+    fn new(origin: Origin, writer: Writer) -> Lines {
         Lines {
             origin,
+            writer,
             partial: Vec::new(),
             batch: Vec::new(),
             batch_source: 0,
@@ -156,7 +185,7 @@ impl Lines {
         }
     }
 
-    fn push(&mut self, mut data: &[u8], writer: &Writer) {
+    async fn push(&mut self, mut data: &[u8]) {
         while !data.is_empty() {
             let room = MAX_LINE - self.partial.len();
             let window = &data[..data.len().min(room + 1)];
@@ -177,10 +206,10 @@ impl Lines {
                 }
             }
             if self.batch.len() >= BATCH {
-                self.hand_over(writer);
+                self.hand_over().await;
             }
         }
-        self.hand_over(writer);
+        self.hand_over().await;
     }
 
     /// Appends `partial + tail` as one prefixed line to the batch (adding the newline a piece
@@ -197,13 +226,18 @@ impl Lines {
     }
 
     /// End of file: the last partial line, and a last drop notice even if the queue is full.
-    fn finish(&mut self, writer: &Writer) {
+    async fn finish(&mut self) {
         if !self.partial.is_empty() {
             self.emit(&[]);
         }
-        self.hand_over(writer);
+        self.hand_over().await;
+        self.say_dropped();
+    }
+
+    /// Queues a drop notice for what was dropped and not said yet, even if the queue is full.
+    fn say_dropped(&mut self) {
         if self.dropped > 0 {
-            writer.queue(Batch {
+            self.writer.queue(Batch {
                 bytes: self.origin.notice(self.dropped),
                 source: std::mem::take(&mut self.dropped),
                 origin: self.origin.clone(),
@@ -211,30 +245,45 @@ impl Lines {
         }
     }
 
-    /// Queues the batch, after a drop notice if batches were dropped since the last one queued.
-    fn hand_over(&mut self, writer: &Writer) {
+    /// Queues the batch, after a drop notice if batches were dropped since the last one queued:
+    /// once it fits, waiting for room while the sink makes progress (see [`STALL`]); dropped
+    /// and counted if the sink is stalled.
+    async fn hand_over(&mut self) {
         if self.batch.is_empty() {
             return;
         }
-        let bytes = if self.dropped > 0 {
-            let mut bytes = self.origin.notice(self.dropped);
+        let notice = match self.dropped {
+            0 => Vec::new(),
+            n => self.origin.notice(n),
+        };
+        if !self.writer.room(notice.len() + self.batch.len()).await {
+            self.dropped += std::mem::take(&mut self.batch_source);
+            self.batch.clear();
+            return;
+        }
+        let bytes = if notice.is_empty() {
+            std::mem::take(&mut self.batch)
+        } else {
+            let mut bytes = notice;
             bytes.append(&mut self.batch);
             bytes
-        } else {
-            std::mem::take(&mut self.batch)
         };
-        let source = std::mem::take(&mut self.batch_source);
         let batch = Batch {
             bytes,
             // The notice's count goes with it: the batch dropped at the exit counts both.
-            source: self.dropped + source,
+            source: std::mem::take(&mut self.dropped) + std::mem::take(&mut self.batch_source),
             origin: self.origin.clone(),
         };
-        if writer.try_queue(batch) {
-            self.dropped = 0;
-        } else {
-            self.dropped += source;
-        }
+        self.writer.send(Message::Bytes(batch));
+    }
+}
+
+impl Drop for Lines {
+    /// A task dropped before its end (with its runtime, at the primary's exit) loses the batch it
+    /// was waiting to queue: said with what was dropped before it.
+    fn drop(&mut self) {
+        self.dropped += std::mem::take(&mut self.batch_source);
+        self.say_dropped();
     }
 }
 
@@ -302,6 +351,56 @@ struct Shared {
     /// Set by [`Writer::drop_queued`] until its [`Message::Drop`] is handled: the thread
     /// finishes the line it is writing and drops every batch until then.
     dropping: AtomicBool,
+    /// When the thread's `write` under way started ([`now_ns`]); 0 between writes.
+    writing_since: AtomicU64,
+    /// Tasks waiting for room ([`Writer::room`]), served in turn.
+    waiting: Mutex<Waiting>,
+}
+
+#[derive(Default)]
+struct Waiting {
+    /// The next task's turn.
+    next: u64,
+    /// Turns taken and not served, oldest first, each with its task's waker.
+    queue: VecDeque<(u64, Waker)>,
+}
+
+impl Shared {
+    /// Adds `len` to what is queued if it fits within `limit` (or nothing is queued: a batch
+    /// larger than the limit gets through a sink that keeps up).
+    fn reserve(&self, len: usize, limit: usize) -> bool {
+        self.queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                (q == 0 || q + len <= limit).then_some(q + len)
+            })
+            .is_ok()
+    }
+
+    /// When the sink counts as stalled ([`STALL`] into the write under way, or into one
+    /// starting `now`): it is if that is not after `now`.
+    fn stalled_at(&self, now: u64) -> u64 {
+        let since = match self.writing_since.load(Ordering::Acquire) {
+            0 => now,
+            since => since,
+        };
+        since + STALL.as_nanos() as u64
+    }
+
+    /// Wakes the task whose turn it is (room was freed, or the turn moved on).
+    fn wake_first(&self, waiting: &Waiting) {
+        if let Some((_, waker)) = waiting.queue.front() {
+            waker.wake_by_ref();
+        }
+    }
+
+    /// Writes `bytes` whole, its `write`s timed for [`Shared::stalled_at`].
+    fn write(&self, fd: BorrowedFd<'_>, bytes: &[u8]) -> io::Result<()> {
+        // `now_ns` is never 0 (the monotonic clock counts from boot).
+        self.writing_since.store(now_ns(), Ordering::Release);
+        let result = write_all(fd, bytes);
+        self.writing_since.store(0, Ordering::Release);
+        result
+    }
 }
 
 enum Message {
@@ -341,15 +440,25 @@ impl Writer {
         Ok(Writer { tx, shared })
     }
 
-    /// Queues `batch` if the sink has room for it.
+    /// Queues `batch` (a log line) if the sink has room for it.
     fn try_queue(&self, batch: Batch) -> bool {
-        let len = batch.bytes.len();
-        if self.shared.queued.fetch_add(len, Ordering::AcqRel) + len > QUEUE_LIMIT {
-            self.shared.queued.fetch_sub(len, Ordering::AcqRel);
+        if !self.shared.reserve(batch.bytes.len(), QUEUE_LIMIT) {
             return false;
         }
         self.send(Message::Bytes(batch));
         true
+    }
+
+    /// Reserves room for `len` bytes of prefixed lines (within [`QUEUE_LIMIT`] less
+    /// [`LOG_ROOM`]), in turn with the other tasks waiting for room on this sink, waiting while
+    /// the sink makes progress; `false` (nothing reserved) once it is stalled (see [`STALL`]).
+    fn room(&self, len: usize) -> Room<'_> {
+        Room {
+            writer: self,
+            len,
+            turn: None,
+            timer: None,
+        }
     }
 
     /// Queues `batch` regardless of the limit (one drop notice per task at most).
@@ -396,6 +505,88 @@ impl Writer {
         let flush = Arc::new(Flush::default());
         self.send(Message::Drop(FlushToken(flush.clone())));
         flush
+    }
+}
+
+/// See [`Writer::room`].
+struct Room<'a> {
+    writer: &'a Writer,
+    len: usize,
+    /// Its turn, once it waits.
+    turn: Option<u64>,
+    /// Wakes it to look again when the sink would count as stalled at the earliest (a later
+    /// write can only stall later: the timer is not moved, it is armed again once it fired).
+    timer: Option<Sleep>,
+}
+
+impl Future for Room<'_> {
+    type Output = bool;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
+        let this = self.get_mut();
+        let writer = this.writer;
+        let shared = &*writer.shared;
+        loop {
+            let wait = {
+                let mut waiting = shared.waiting.lock().expect("no panic while held");
+                let first = waiting
+                    .queue
+                    .front()
+                    .is_none_or(|&(turn, _)| Some(turn) == this.turn);
+                if first && shared.reserve(this.len, QUEUE_LIMIT - LOG_ROOM) {
+                    this.leave(&mut waiting);
+                    return Poll::Ready(true);
+                }
+                let now = now_ns();
+                let stalled_at = shared.stalled_at(now);
+                if stalled_at <= now {
+                    this.leave(&mut waiting);
+                    return Poll::Ready(false);
+                }
+                match this.turn {
+                    Some(turn) => {
+                        if let Some((_, waker)) = waiting.queue.iter_mut().find(|(t, _)| *t == turn)
+                        {
+                            waker.clone_from(cx.waker());
+                        }
+                    }
+                    None => {
+                        let turn = waiting.next;
+                        waiting.next += 1;
+                        waiting.queue.push_back((turn, cx.waker().clone()));
+                        this.turn = Some(turn);
+                    }
+                }
+                stalled_at - now
+            };
+            let timer = this
+                .timer
+                .get_or_insert_with(|| crate::time::sleep(Duration::from_nanos(wait)));
+            if Pin::new(timer).poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            // The sink may be stalled now: look again.
+            this.timer = None;
+        }
+    }
+}
+
+impl Room<'_> {
+    /// Gives up its turn, if it has one, and wakes the next task in line: it may go now.
+    fn leave(&mut self, waiting: &mut Waiting) {
+        let Some(turn) = self.turn.take() else { return };
+        waiting.queue.retain(|(t, _)| *t != turn);
+        self.writer.shared.wake_first(waiting);
+    }
+}
+
+impl Drop for Room<'_> {
+    fn drop(&mut self) {
+        if self.turn.is_some() {
+            let writer = self.writer;
+            let mut waiting = writer.shared.waiting.lock().expect("no panic while held");
+            self.leave(&mut waiting);
+        }
     }
 }
 
@@ -549,7 +740,7 @@ fn write_loop(target: Target, rx: mpsc::Receiver<Message>, shared: &Shared) {
                 } else if shared.dropping.load(Ordering::Acquire) {
                     batch.source
                 } else {
-                    match write_batch(target.fd(), &batch, &shared.dropping) {
+                    match write_batch(target.fd(), &batch, shared) {
                         Ok(lost) => lost,
                         Err(e) => {
                             failed = true;
@@ -576,12 +767,13 @@ fn write_loop(target: Target, rx: mpsc::Receiver<Message>, shared: &Shared) {
                     }
                 }
                 shared.queued.fetch_sub(batch.bytes.len(), Ordering::AcqRel);
+                shared.wake_first(&shared.waiting.lock().expect("no panic while held"));
             }
             Message::Flush(token) => drop(token),
             Message::Drop(token) => {
                 shared.dropping.store(false, Ordering::Release);
                 for (origin, n) in dropped.drain(..) {
-                    if !failed && write_all(target.fd(), &origin.notice(n)).is_err() {
+                    if !failed && shared.write(target.fd(), &origin.notice(n)).is_err() {
                         failed = true;
                     }
                 }
@@ -591,13 +783,13 @@ fn write_loop(target: Target, rx: mpsc::Receiver<Message>, shared: &Shared) {
     }
 }
 
-/// Writes `batch` in pieces of at most [`BATCH`] bytes; once `dropping` is set, only to the end
-/// of the line being written. The source bytes left unwritten.
-fn write_batch(fd: BorrowedFd<'_>, batch: &Batch, dropping: &AtomicBool) -> io::Result<usize> {
+/// Writes `batch` in pieces of at most [`BATCH`] bytes; once `shared.dropping` is set, only to
+/// the end of the line being written. The source bytes left unwritten.
+fn write_batch(fd: BorrowedFd<'_>, batch: &Batch, shared: &Shared) -> io::Result<usize> {
     let bytes = &batch.bytes[..];
     let mut done = 0;
     while done < bytes.len() {
-        if done > 0 && dropping.load(Ordering::Acquire) {
+        if done > 0 && shared.dropping.load(Ordering::Acquire) {
             let end = match bytes[done - 1] {
                 b'\n' => done,
                 _ => bytes[done..]
@@ -605,11 +797,11 @@ fn write_batch(fd: BorrowedFd<'_>, batch: &Batch, dropping: &AtomicBool) -> io::
                     .position(|&b| b == b'\n')
                     .map_or(bytes.len(), |i| done + i + 1),
             };
-            write_all(fd, &bytes[done..end])?;
+            shared.write(fd, &bytes[done..end])?;
             return Ok(batch.origin.source_of(&bytes[end..]));
         }
         let end = bytes.len().min(done + BATCH);
-        write_all(fd, &bytes[done..end])?;
+        shared.write(fd, &bytes[done..end])?;
         done = end;
     }
     Ok(0)
@@ -661,6 +853,28 @@ mod tests {
             out,
             "first\n[nodus: 14 bytes of log output dropped]\nkept\nlast\n"
         );
+    }
+
+    /// Prefixed lines that fill their part of the queue (held back while the sink makes
+    /// progress) leave room for log lines.
+    #[test]
+    fn log_lines_fit_where_prefixed_lines_are_held_back() {
+        let (mut reader, pipe) = io::pipe().unwrap();
+        let writer = Writer::start(Target::Fd(pipe.into()), "test-log").unwrap();
+        // Nothing is queued: a queue full of prefixed lines is simulated by its count.
+        writer
+            .shared
+            .queued
+            .store(QUEUE_LIMIT - LOG_ROOM, Ordering::Release);
+        assert!(!writer.shared.reserve(1, QUEUE_LIMIT - LOG_ROOM));
+        let dropped = AtomicUsize::new(0);
+        queue_log(&writer, &dropped, b"still logged\n");
+        assert_eq!(dropped.load(Ordering::Acquire), 0);
+        writer.shared.queued.store(0, Ordering::Release);
+        drop(writer);
+        let mut out = String::new();
+        reader.read_to_string(&mut out).unwrap();
+        assert_eq!(out, "still logged\n");
     }
 
     #[test]
