@@ -1,0 +1,164 @@
+//! How `nodus run --node` workers leave: a worker that leaves on its own
+//! (`cluster.worker.disconnect()` under rr, `server.close()` under shared) is replaced at once,
+//! while it still drains, not once it has exited; one that closes one of its two listeners is not
+//! replaced.
+//!
+//! Node is needed: under `CI` a missing one fails the tests, elsewhere they are skipped. Every
+//! primary is started in its own process group, and the whole group is killed by PID when the
+//! test ends. The clients are the test's, on 127.0.0.1.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use common::cluster::{assert_exit, count, events, wait_events};
+use common::have;
+use rustix::process::Signal;
+
+/// A Node app on `PORT` whose `/long` is answered 8 s later, `/leave` makes the worker leave on
+/// its own (`LEAVE=disconnect`: `cluster.worker.disconnect()`; `LEAVE=close`: `server.close()`, and
+/// an exit once it has closed: the channel would keep the worker alive),
+/// and anything else at once with the worker's pid. With `PORT2`, a second server there, which
+/// `/close2` closes.
+const APP_LEAVING: &str = r#"
+const cluster = require('cluster');
+const http = require('http');
+let second;
+const server = http.createServer((q, r) => {
+  if (q.url === '/long') { console.log('long request in'); setTimeout(() => r.end('long done\n'), 8000); return; }
+  if (q.url === '/leave') {
+    r.setHeader('Connection', 'close');
+    r.end('leaving\n');
+    if (process.env.LEAVE === 'close') server.close(() => process.exit(0)); else cluster.worker.disconnect();
+    return;
+  }
+  if (q.url === '/close2') { second.close(() => console.log('second closed')); r.setHeader('Connection', 'close'); return r.end('closing\n'); }
+  r.end(`ok ${process.pid}\n`);
+});
+server.listen(+process.env.PORT, '127.0.0.1');
+if (process.env.PORT2) {
+  second = http.createServer((q, r) => r.end('second\n'));
+  second.listen(+process.env.PORT2, '127.0.0.1');
+}
+"#;
+
+/// The pid in an `ok PID` answer from `addr`.
+fn pid_serving(addr: SocketAddr) -> u32 {
+    let reply = common::http::get(addr, "/");
+    let body = String::from_utf8_lossy(&reply.body).into_owned();
+    body.trim()
+        .strip_prefix("ok ")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("{body:?}"))
+}
+
+/// A Node worker that leaves on its own while a long request keeps it draining (`-w 1`) is
+/// replaced at once: a new connection is served by the replacement within 5 s (not once the old
+/// worker has finished its 8 s request and exited), and the old one finishes its request. Under
+/// rr its `cluster.worker.disconnect()`, under shared a `server.close()`.
+#[test]
+fn a_node_worker_that_leaves_on_its_own_is_replaced_at_once() {
+    if !have("node") {
+        return;
+    }
+    for (policy, leave) in [("rr", "disconnect"), ("shared", "close")] {
+        let events_dir = nodus_testkit::tmp::TempDir::new("node-leave-events");
+        let log = events_dir.path().join("events.jsonl");
+        let dir = nodus_testkit::tmp::TempDir::new("node-leave");
+        std::fs::write(dir.path().join("app.js"), APP_LEAVING).unwrap();
+        let addr = nodus_testkit::net::free_addr();
+        let mut primary = common::cluster::spawn(
+            std::process::Command::new(common::NODUS)
+                .args(["run", "--node", "-w", "1", "--kill-timeout", "30"])
+                .args(["--policy", policy, "--events", log.to_str().unwrap()])
+                .args(["--", "node"])
+                .arg(dir.path().join("app.js"))
+                .env("PORT", addr.port().to_string())
+                .env("LEAVE", leave)
+                .env("RUST_LOG", "info"),
+        );
+        primary.wait_line("1 worker ready");
+        let old = pid_serving(addr);
+        let mut long = TcpStream::connect(addr).unwrap();
+        long.set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        long.write_all(b"GET /long HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        primary.wait_line("long request in");
+        assert_eq!(common::http::get(addr, "/leave").body, b"leaving\n");
+        let left = Instant::now();
+        let new = pid_serving(addr);
+        let took = left.elapsed();
+        assert_ne!(new, old, "{policy}");
+        assert!(
+            took < Duration::from_secs(5),
+            "{policy}: the replacement served after {took:?}: {:#?}",
+            primary.output()
+        );
+        let line = primary.wait_line("closed its last listener");
+        assert!(line.contains(&format!("(pid {old})")), "{line}");
+        // The old worker still finishes its request, then exits.
+        let mut reply = Vec::new();
+        let _ = long.read_to_end(&mut reply);
+        assert!(
+            String::from_utf8_lossy(&reply).contains("long done\n"),
+            "{policy}: {}",
+            String::from_utf8_lossy(&reply)
+        );
+        let evs = wait_events(&log, |e| {
+            e.iter()
+                .any(|e| e["event"] == "exit" && e["pid"] == u64::from(old))
+        });
+        assert_eq!(count(&evs, "going_down"), 1, "{policy}: {evs:#?}");
+        assert_eq!(count(&evs, "fork"), 2, "{policy}: {evs:#?}");
+        primary.signal(Signal::TERM);
+        assert_exit(&mut primary, Duration::from_secs(30), 0);
+    }
+}
+
+/// A Node worker that closes one of its two servers still has a listener: it is not going down,
+/// nor replaced, and serves on.
+#[test]
+fn a_node_worker_closing_one_of_two_listeners_is_not_replaced() {
+    if !have("node") {
+        return;
+    }
+    let [addr, second] = nodus_testkit::net::free_addrs::<2>();
+    let events_dir = nodus_testkit::tmp::TempDir::new("node-close-one-events");
+    let log = events_dir.path().join("events.jsonl");
+    let dir = nodus_testkit::tmp::TempDir::new("node-close-one");
+    std::fs::write(dir.path().join("app.js"), APP_LEAVING).unwrap();
+    let mut primary = common::cluster::spawn(
+        std::process::Command::new(common::NODUS)
+            .args(["run", "--node", "-w", "1"])
+            .args(["--events", log.to_str().unwrap()])
+            .args(["--", "node"])
+            .arg(dir.path().join("app.js"))
+            .env("PORT", addr.port().to_string())
+            .env("PORT2", second.port().to_string())
+            .env("RUST_LOG", "info"),
+    );
+    wait_events(&log, |e| count(e, "listening") == 2);
+    assert_eq!(common::http::get(second, "/").body, b"second\n");
+    let pid = pid_serving(addr);
+    assert_eq!(common::http::get(addr, "/close2").body, b"closing\n");
+    primary.wait_line("second closed");
+    // Time for a going-down to be handled, had it been taken as one.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(pid_serving(addr), pid);
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(30), 0);
+    let evs = events(&log);
+    assert_eq!(count(&evs, "going_down"), 0, "{evs:#?}");
+    assert_eq!(count(&evs, "fork"), 1, "{evs:#?}");
+    assert!(
+        !primary
+            .output()
+            .iter()
+            .any(|l| l.contains("closed its last listener")),
+        "{:#?}",
+        primary.output()
+    );
+}
