@@ -37,9 +37,11 @@
 //! - `heard_ns` is when a message from the worker was last handled (either stream of its
 //!   channel), stamped after the message: a sign its loop ran (`handoff::heard_from`).
 //! - `listeners` counts, by key, the listeners `queryServer` answers gave the worker, less its
-//!   `close`s. A `close` that leaves it none, the primary not having asked it to stop, is a
-//!   "going down" notice (`supervise::closed_last_listener`): Node sends `close` for each server
-//!   a worker closes, whatever the policy, and `cluster.worker.disconnect()` closes them all.
+//!   `close`s. A `close` that leaves a worker that does not speak nodus (a Node worker) none, the
+//!   primary not having asked it to stop, is a "going down" notice
+//!   (`supervise::closed_last_listener`): Node sends `close` for each server a worker closes,
+//!   whatever the policy, and `cluster.worker.disconnect()` closes them all. A nodus worker says
+//!   it is going down itself, and may close its listener to listen again.
 //! - Application messages (`process.send()`) are not handled (no JavaScript runs here): each is
 //!   a `message` event, the first of the run logged at INFO saying so, the rest at DEBUG.
 //! - What a worker asks for is answered only while it reads its channel ([`Proc::may_answer`]:
@@ -750,7 +752,9 @@ fn on_internal(st: &Rc<State>, proc: &Rc<Proc>, mut msg: Message) {
                 // Before connections it gives back arrive: taken ones are no longer pending.
                 handoff::release_taken(proc);
                 server::leave(st, proc, key);
-                if proc.closed_listener(key) {
+                // A Node worker has no word for going down; a nodus worker says it (`going_down`)
+                // and may close a listener to listen again.
+                if proc.closed_listener(key) && !proc.speaks_nodus.get() {
                     supervise::closed_last_listener(st, proc);
                 }
             }

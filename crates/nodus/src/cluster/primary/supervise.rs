@@ -48,7 +48,7 @@
 //!   held was cut. Its exit's reason (event, stats, metrics) is `killed by signal N while
 //!   draining`, not `stopped as asked`, with one WARN line, whatever the phase; it is still no
 //!   crash for the restart decision (its slot has its replacement, or was asked to empty).
-//! - A "going down" notice (the worker's word, or a worker closing the last listener it holds
+//! - A "going down" notice (the worker's word, or a Node worker closing the last listener it holds
 //!   while the primary did not ask it to stop) frees the slot of its current worker at once, while
 //!   running: the replacement starts (no backoff) and the old worker gets the kill timeout to go.
 //!   A worker the primary asked to stop (`Proc::drained`: a reload's, `Primary::stop_worker`'s),
@@ -597,12 +597,12 @@ pub(super) fn going_down(st: &Rc<State>, proc: &Rc<Proc>) {
     }
 }
 
-/// `proc` closed the last listener it held (its `close` for it) without being asked to stop:
-/// it is leaving on its own (Node's `cluster.worker.disconnect()` from inside the worker, or a
-/// `server.close()` that recycles it), a "going down" notice in all but name, so its
+/// `proc`, a Node worker, closed the last listener it held (its `close` for it) without being
+/// asked to stop: it is leaving on its own (Node's `cluster.worker.disconnect()` from inside the
+/// worker, or a `server.close()` that recycles it), a "going down" notice in all but name, so its
 /// replacement starts now rather than once it has drained and exited. A stop the primary asked
-/// for (a reload's, a shutdown's, [`Primary::stop_worker`](super::Primary::stop_worker) and `kill_worker`) closes
-/// listeners too: not taken so.
+/// for (a reload's, a shutdown's, [`Primary::stop_worker`](super::Primary::stop_worker) and
+/// `kill_worker`) closes listeners too: not taken so.
 pub(super) fn closed_last_listener(st: &Rc<State>, proc: &Rc<Proc>) {
     if proc.drained.get() || !may_go_down(st, proc) {
         return;
