@@ -12,7 +12,8 @@
 //!   (`cluster.isWorker` is true in them): `server.listen(...)` gets its socket or its
 //!   connections from nodus. Each gets a `NOTIFY_SOCKET` of its own too, never nodus's own (a
 //!   Node app's `sd-notify` talks to nodus, not to systemd): `READY=1` there makes it ready,
-//!   `STOPPING=1` is its "going down" notice. Ready at their first `listening` (or, with
+//!   `STOPPING=1` is its "going down" notice, and so is its closing the last listener it holds
+//!   unasked (`cluster.worker.disconnect()` or `server.close()` in the worker). Ready at their first `listening` (or, with
 //!   `--ready-after`, once up that long without one: a worker that never listens), or with
 //!   `--wait-ready` only at its word: PM2's `process.send('ready')` (the string `'ready'` on the
 //!   channel) or `READY=1`; stopped with a `disconnect`.

@@ -41,9 +41,11 @@ fn open_requests(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
 }
 
 /// A Node worker that closes its server once it listens: the primary keeps the listener, with no
-/// worker taking its connections.
+/// worker taking its connections. A second server (port 0) keeps it from closing its last
+/// listener, which would be a "going down" notice (its replacement would take the connections).
 const NODE_APP_THAT_CLOSES: &str = r#"
 const http = require('http');
+http.createServer((req, res) => res.end('other')).listen(0, '127.0.0.1');
 const server = http.createServer((req, res) => res.end('served'));
 server.listen(+process.env.PORT, '127.0.0.1', () => {
   // Once the worker's `listening` (sent after this callback) is out: it makes the worker ready.

@@ -576,7 +576,8 @@ fn a_plain_program_gets_a_blocking_shared_listener_and_never_round_robin() {
 /// The worker roles of the test below, by slot. Slot 1 is a nodus worker: it listens, says so
 /// with the file `b-listening`, and for each connection it accepts appends a line to
 /// `b-accepted` and answers `hi`. Slot 2 speaks the protocol by hand, as a buggy or hostile
-/// worker could: it asks for the same listener, closes it, and gives back as `returned` five
+/// worker could: it asks for the same listener (and another, which it keeps: closing its last
+/// one would be a "going down" notice), closes it, and gives back as `returned` five
 /// fds none of which is a connection of that listener; then it writes `a-sent` and waits for the
 /// primary's `disconnect`.
 fn returning_worker() -> ! {
@@ -623,6 +624,20 @@ fn returning_worker() -> ! {
                 break v["key"].as_str().expect("a key").to_owned();
             }
         };
+        // A second listener, kept: closing its last one would be a "going down" notice.
+        channel
+            .send(&serde_json::json!({
+                "cmd": "NODE_CLUSTER", "act": "queryServer", "address": "127.0.0.1",
+                "port": 0, "addressType": 4, "index": 1, "flags": 0, "backlog": 511, "seq": 4
+            }))
+            .unwrap();
+        loop {
+            let msg = channel.recv_internal().await.expect("the primary answers");
+            let v: serde_json::Value = serde_json::from_str(msg.json()).unwrap();
+            if v["ack"] == 4 {
+                break;
+            }
+        }
         channel
             .send(&serde_json::json!({"cmd": "NODE_CLUSTER", "act": "close", "key": key, "seq": 2}))
             .unwrap();

@@ -36,6 +36,13 @@
 //!   ends.
 //! - `heard_ns` is when a message from the worker was last handled (either stream of its
 //!   channel), stamped after the message: a sign its loop ran (`handoff::heard_from`).
+//! - `listeners` counts, by key, the listeners `queryServer` answers gave the worker, less its
+//!   `close`s. A `close` that leaves a worker that does not speak nodus (a Node worker) none, the
+//!   primary not having asked it to stop, the worker ready and up the restart policy's
+//!   `min_uptime` (not probing a port at its start), is a "going down" notice
+//!   (`supervise::closed_last_listener`): Node sends `close` for each server a worker closes,
+//!   whatever the policy, and `cluster.worker.disconnect()` closes them all. A nodus worker says
+//!   it is going down itself, and may close its listener to listen again.
 //! - Application messages (`process.send()`) are not handled (no JavaScript runs here): each is
 //!   a `message` event, the first of the run logged at INFO saying so, the rest at DEBUG.
 //! - What a worker asks for is answered only while it reads its channel ([`Proc::may_answer`]:
@@ -172,6 +179,9 @@ pub(super) struct Proc {
     /// signal it did not send (a crash, the OOM killer, an operator's `kill`) is told apart.
     signals_sent: Cell<u64>,
     pub going_down: Cell<bool>,
+    /// The keys of the listeners it holds: how many `queryServer` answers gave it one for each,
+    /// less its `close`s (see [`Proc::closed_listener`]).
+    listeners: RefCell<HashMap<String, u32>>,
     /// Handoffs not yet taken, with the primary's reference to each connection.
     pub pending: Pending,
     /// The page a nodus worker posts taken batches and its load on.
@@ -333,6 +343,7 @@ impl Proc {
             termed_past_deadline: Cell::new(false),
             signals_sent: Cell::new(0),
             going_down: Cell::new(false),
+            listeners: RefCell::default(),
             pending: Pending::default(),
             board: OnceCell::new(),
             refusals_seen: Cell::new(0),
@@ -534,6 +545,26 @@ impl Proc {
         }
     }
 
+    /// A `queryServer` answer gave it a listener for `key`.
+    pub fn gave_listener(&self, key: &str) {
+        let mut held = self.listeners.borrow_mut();
+        *held.entry(key.to_owned()).or_default() += 1;
+    }
+
+    /// It closed its listener for `key` (a `close`): whether that was the last listener it held.
+    /// A key it was given no listener for changes nothing.
+    pub fn closed_listener(&self, key: &str) -> bool {
+        let mut held = self.listeners.borrow_mut();
+        let Some(n) = held.get_mut(key) else {
+            return false;
+        };
+        *n -= 1;
+        if *n == 0 {
+            held.remove(key);
+        }
+        held.is_empty()
+    }
+
     /// Whether an answer to one of the worker's own requests may be queued on its channel: not
     /// while [`REPLY_BACKLOG`] bytes or [`REPLY_HANDLES`] handles wait there unread (a worker that
     /// asks and never reads the answers cannot make the primary hold memory and fds without
@@ -729,6 +760,11 @@ fn on_internal(st: &Rc<State>, proc: &Rc<Proc>, mut msg: Message) {
                 // Before connections it gives back arrive: taken ones are no longer pending.
                 handoff::release_taken(proc);
                 server::leave(st, proc, key);
+                // A Node worker has no word for going down; a nodus worker says it (`going_down`)
+                // and may close a listener to listen again.
+                if proc.closed_listener(key) && !proc.speaks_nodus.get() {
+                    supervise::closed_last_listener(st, proc);
+                }
             }
         }
         Some("exitedAfterDisconnect") => {
@@ -862,8 +898,8 @@ fn stats_request(st: &Rc<State>, proc: &Rc<Proc>, id: Option<u64>, metrics: bool
     .detach();
 }
 
-/// An application message: logged as an event; `{act: 'suicide'}` (seed 002's notice from a
-/// Node worker) is a "going down" notice, and under [`Readiness::Message`] the string `'ready'`
+/// An application message: logged as an event; `{act: 'suicide'}` (seed 002's notice, which a
+/// Node app may send; Node itself never does) is a "going down" notice, and under [`Readiness::Message`] the string `'ready'`
 /// (PM2's `process.send('ready')`) says the worker is ready.
 fn on_user_message(st: &Rc<State>, proc: &Rc<Proc>, msg: &Message) {
     if st.config.readiness == Readiness::Message

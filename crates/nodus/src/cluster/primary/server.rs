@@ -503,6 +503,9 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
                 }
             })
     };
+    if result.is_ok() {
+        proc.gave_listener(&key);
+    }
     let Some(channel) = &proc.channel else { return };
     let sent = match result {
         Ok((Some(local), None)) => channel.send(&reply(

@@ -50,6 +50,11 @@
 //!   held was cut. Its exit's reason (event, stats, metrics) is `killed by signal N while
 //!   draining`, not `stopped as asked`, with one WARN line, whatever the phase; it is still no
 //!   crash for the restart decision (its slot has its replacement, or was asked to empty).
+//! - A "going down" notice (the worker's word, or a Node worker closing the last listener it holds
+//!   while the primary did not ask it to stop) frees the slot of its current worker at once, while
+//!   running: the replacement starts (no backoff) and the old worker gets the kill timeout to go.
+//!   A worker the primary asked to stop (`Proc::drained`: a reload's, `Primary::stop_worker`'s),
+//!   or one closing its listeners during a shutdown, is not going down.
 //! - A stop asks the worker alone: a worker with a channel gets `disconnect` (with the drain
 //!   deadline), then SIGTERM if it is still there `DRAIN_GRACE` after that deadline (a Node
 //!   worker kept alive by a timer or a connection: Node's `worker.kill()` sends SIGTERM too), a
@@ -623,15 +628,49 @@ pub(super) fn on_ready(st: &Rc<State>, _proc: &Rc<Proc>) {
 
 /// The worker says it is about to exit: start its replacement now.
 pub(super) fn going_down(st: &Rc<State>, proc: &Rc<Proc>) {
-    let is_current = st
-        .current(proc.slot)
-        .is_some_and(|c| c.unique == proc.unique);
-    if !is_current || st.phase.get() != Phase::Running || proc.going_down.replace(true) {
+    if may_go_down(st, proc) {
+        replace_now(st, proc, "after saying it was going down");
+    }
+}
+
+/// `proc`, a Node worker, closed the last listener it held (its `close` for it) without being
+/// asked to stop: it is leaving on its own (Node's `cluster.worker.disconnect()` from inside the
+/// worker, or a `server.close()` that recycles it), a "going down" notice in all but name, so its
+/// replacement starts now rather than once it has drained and exited. A stop the primary asked
+/// for (a reload's, a shutdown's, [`Primary::stop_worker`](super::Primary::stop_worker) and
+/// `kill_worker`) closes listeners too: not taken so. Nor is a close before the worker is
+/// ready and up `min_uptime`: a program that probes a port at its start (listen, close, then
+/// its real `listen`, as `get-port` does) is starting, not leaving; taken for leaving, each
+/// replacement would do the same, until the restart budget ran out.
+pub(super) fn closed_last_listener(st: &Rc<State>, proc: &Rc<Proc>) {
+    let starting = !proc.is_ready() || proc.started.elapsed() < st.config.restart.min_uptime;
+    if starting || proc.drained.get() || !may_go_down(st, proc) {
         return;
     }
+    tracing::info!(
+        target: "nodus::cluster",
+        "worker {} (pid {}) closed its last listener without being asked to stop: it is going \
+         down, its replacement starts now",
+        proc.slot, proc.pid
+    );
+    replace_now(st, proc, "after closing its last listener");
+}
+
+/// Whether `proc` going down would free its slot: it is the slot's current worker, the primary
+/// runs (no shutdown) and it has not gone down already.
+fn may_go_down(st: &State, proc: &Proc) -> bool {
+    st.current(proc.slot)
+        .is_some_and(|c| c.unique == proc.unique)
+        && st.phase.get() == Phase::Running
+        && !proc.going_down.get()
+}
+
+/// `proc` is leaving (`why`, for the kill timer's line): its replacement takes the slot at
+/// once, and it gets the kill timeout to go.
+fn replace_now(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str) {
+    proc.going_down.set(true);
     st.emit(Some(proc), EventKind::GoingDown);
-    // It said it is leaving: its replacement takes the slot, and it gets the kill timeout to go.
-    arm_kill_timer(st, proc, "after saying it was going down", None);
+    arm_kill_timer(st, proc, why, None);
     server::leave_all(st, proc);
     st.slots.borrow_mut()[proc.slot as usize - 1].current = None;
     let (uptime, reason) = (proc.started.elapsed(), ExitReason::Failed(1));
