@@ -941,7 +941,7 @@ fn the_primary_speaks_the_notify_protocol_with_watchdog_pings() {
     let mut heard = Vec::new();
     let mut buf = [0u8; 512];
     let mut next = |heard: &mut Vec<String>| {
-        let n = manager.recv(&mut buf).expect("a notification within 20 s");
+        let n = common::recv_datagram(&manager, &mut buf).expect("a notification within 20 s");
         let text = String::from_utf8_lossy(&buf[..n]).into_owned();
         heard.push(text.clone());
         text
@@ -998,8 +998,7 @@ fn node_workers_do_not_hold_back_the_watchdog_pings() {
     let mut heard = Vec::new();
     let mut pings = 0;
     while pings < 3 {
-        let n = manager
-            .recv(&mut buf)
+        let n = common::recv_datagram(&manager, &mut buf)
             .unwrap_or_else(|e| panic!("no notification within 20 s ({e}): {heard:?}"));
         let text = String::from_utf8_lossy(&buf[..n]).into_owned();
         pings += usize::from(text.contains("WATCHDOG=1"));

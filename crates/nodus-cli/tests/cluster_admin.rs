@@ -409,7 +409,7 @@ fn node_workers_are_not_asked_for_snapshots_nor_shown_stalled() {
 /// read timeout).
 fn next_notice(manager: &std::os::unix::net::UnixDatagram) -> String {
     let mut buf = [0u8; 4096];
-    let n = manager.recv(&mut buf).expect("a notification in time");
+    let n = common::recv_datagram(manager, &mut buf).expect("a notification in time");
     String::from_utf8_lossy(&buf[..n]).into_owned()
 }
 

@@ -657,8 +657,7 @@ impl Activated {
 fn notified(manager: &UnixDatagram, line: &str) -> String {
     let mut buf = [0u8; 512];
     loop {
-        let n = manager
-            .recv(&mut buf)
+        let n = common::recv_datagram(manager, &mut buf)
             .unwrap_or_else(|e| panic!("no {line} on NOTIFY_SOCKET: {e}"));
         let message = String::from_utf8_lossy(&buf[..n]).into_owned();
         if message.lines().any(|l| l == line) {

@@ -938,7 +938,7 @@ fn with_node_a_worker_gets_a_notify_socket_of_its_own_not_the_primarys() {
     // service manager.
     primary.wait_line("2 workers ready");
     let mut buf = [0u8; 512];
-    let n = manager.recv(&mut buf).expect("a notification within 20 s");
+    let n = common::recv_datagram(&manager, &mut buf).expect("a notification within 20 s");
     assert_eq!(
         String::from_utf8_lossy(&buf[..n]),
         "READY=1\nSTATUS=serving",

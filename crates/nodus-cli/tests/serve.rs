@@ -1365,10 +1365,10 @@ fn the_service_manager_hears_ready_and_stopping() {
             .stderr(Stdio::null()),
     );
     let mut buf = [0u8; 256];
-    let n = manager.recv(&mut buf).unwrap();
+    let n = common::recv_datagram(&manager, &mut buf).unwrap();
     let ready = String::from_utf8_lossy(&buf[..n]).into_owned();
     child.signal(rustix::process::Signal::TERM);
-    let n = manager.recv(&mut buf).unwrap();
+    let n = common::recv_datagram(&manager, &mut buf).unwrap();
     let stopping = String::from_utf8_lossy(&buf[..n]).into_owned();
     let code = child.wait_exit(Duration::from_secs(20));
     let _ = std::fs::remove_file(&sock_path);
@@ -1440,7 +1440,7 @@ fn a_service_manager_reloading_a_single_process_hears_reloading_then_ready() {
     );
     let mut buf = [0u8; 256];
     let mut next = || {
-        let n = manager.recv(&mut buf).unwrap();
+        let n = common::recv_datagram(&manager, &mut buf).unwrap();
         String::from_utf8_lossy(&buf[..n]).into_owned()
     };
     let ready = next();
@@ -1519,8 +1519,7 @@ fn a_single_process_pings_the_watchdog_that_is_its_own() {
         let mut child = Proc::spawn(&mut cmd);
         let mut buf = [0u8; 256];
         let mut next = || {
-            manager
-                .recv(&mut buf)
+            common::recv_datagram(&manager, &mut buf)
                 .map(|n| String::from_utf8_lossy(&buf[..n]).into_owned())
         };
         let ready = next().unwrap();

@@ -35,3 +35,19 @@ pub fn installed<'a>(tools: &[&'a str]) -> Option<&'a str> {
 pub fn have(tool: &str) -> bool {
     installed(&[tool]).is_some()
 }
+
+/// The next datagram on `socket` (a service manager's notify socket, with a receive timeout), its
+/// wait retried when a signal cuts it short: with a receive timeout set the kernel never restarts
+/// `recv` (signal(7)), so a handler's signal or a stop and continue of the test process (a
+/// freezer's thaw too) fails it with `EINTR`.
+pub fn recv_datagram(
+    socket: &std::os::unix::net::UnixDatagram,
+    buf: &mut [u8],
+) -> std::io::Result<usize> {
+    loop {
+        match socket.recv(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            received => return received,
+        }
+    }
+}
