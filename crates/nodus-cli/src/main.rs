@@ -110,9 +110,9 @@ enum Command {
     /// SIGQUIT keeps its default action (a core dump; the workers are SIGKILLed with it).
     ///
     /// Each worker leads its own process group, stopped as systemd's KillMode=mixed does: a stop
-    /// sends SIGTERM (or a disconnect) to the worker alone, SIGKILL to its group after
-    /// --kill-timeout; once a worker has exited, for any reason, whatever is left of its process
-    /// group is SIGKILLed at once.
+    /// sends --kill-signal (SIGTERM by default; or a disconnect first) to the worker alone,
+    /// SIGKILL to its group after --kill-timeout; once a worker has exited, for any reason,
+    /// whatever is left of its process group is SIGKILLed at once.
     ///
     /// Exit codes: 0 after a drain in which every worker stopped in time (or once no worker is
     /// left after clean exits); 1 a start failure (the --events FILE cannot be opened; the
@@ -183,12 +183,12 @@ struct RunArgs {
         value_parser = backoff
     )]
     backoff: nodus::cluster::Backoff,
-    /// After a worker is asked to stop (SIGTERM, or a disconnect for --node), seconds before
-    /// SIGKILL to its process group (during a shutdown, the exit code is then 124). A worker
-    /// sent a disconnect gets a drain deadline a tenth earlier (at most 1 s), and SIGTERM if it
-    /// still runs 0.2 s after that deadline (at most halfway to the SIGKILL). Above 0. A stop is
-    /// over within twice this + 3 s: the workers, what they left behind, then the exit (the flush
-    /// of queued output to a stalled stderr included).
+    /// After a worker is asked to stop (--kill-signal, or a disconnect for --node), seconds
+    /// before SIGKILL to its process group (during a shutdown, the exit code is then 124). A
+    /// worker sent a disconnect gets a drain deadline a tenth earlier (at most 1 s), and
+    /// --kill-signal if it still runs 0.2 s after that deadline (at most halfway to the SIGKILL).
+    /// Above 0. A stop is over within twice this + 3 s: the workers, what they left behind, then
+    /// the exit (the flush of queued output to a stalled stderr included).
     #[arg(
         long,
         value_name = "SECS",
@@ -197,6 +197,19 @@ struct RunArgs {
         value_parser = positive_seconds
     )]
     kill_timeout: f64,
+    /// The signal that stops a worker (PM2's --kill-signal): a plain program gets it at once, a
+    /// --node worker after its disconnect, past its drain deadline (or once it holds no inbound
+    /// connection); SIGKILL still follows at --kill-timeout. A name (SIGINT or INT, any case) or
+    /// a number from 1 to 31; not SIGKILL nor SIGSTOP. SIGINT runs the
+    /// process.on('SIGINT') cleanup of an app written for PM2 (whose default it is). A worker
+    /// that dies of it stopped as asked (exit code 0, as with SIGTERM).
+    #[arg(
+        long,
+        value_name = "SIGNAL",
+        default_value = "SIGTERM",
+        value_parser = kill_signal
+    )]
+    kill_signal: i32,
     /// During a reload, seconds a new worker gets to become ready; under rr and least, also how
     /// long an accepted connection waits for a worker to take it before it is reset; with --node
     /// and no --ready-after, how long a worker may go without listening before a warning says so.
@@ -412,6 +425,30 @@ fn worker_count(s: &str) -> Result<u16, String> {
     }
 }
 
+/// `--kill-signal`: a signal's name (`SIGINT`, `INT`, any case) or number, 1 to 31 (Linux's
+/// standard signals), but not SIGKILL nor SIGSTOP, which no handler can catch: a stop must let
+/// the worker clean up, and SIGKILL comes at the kill timeout anyway.
+fn kill_signal(s: &str) -> Result<i32, String> {
+    let upper = s.to_ascii_uppercase();
+    let name = upper.strip_prefix("SIG").unwrap_or(&upper);
+    let found = if s.bytes().all(|b| b.is_ascii_digit()) {
+        s.parse::<i32>().ok().filter(|n| (1..=31).contains(n))
+    } else {
+        (1..=31).find(|&n| nodus::signal::name(n).strip_prefix("SIG") == Some(name))
+    };
+    match found {
+        Some(n @ (libc::SIGKILL | libc::SIGSTOP)) => Err(format!(
+            "{} cannot be caught, so no worker could clean up: SIGKILL comes at --kill-timeout",
+            nodus::signal::name(n)
+        )),
+        Some(n) => Ok(n),
+        None => Err(
+            "not a signal: a name (SIGINT, INT) or a number from 1 to 31 (not SIGKILL nor SIGSTOP)"
+                .to_owned(),
+        ),
+    }
+}
+
 /// `--max-restarts`: a whole number, 0 or more (0: the first crash gives up).
 fn restart_count(s: &str) -> Result<u32, String> {
     s.parse()
@@ -575,6 +612,7 @@ fn main() {
             min_uptime: Duration::from_secs_f64(args.min_uptime),
             backoff: args.backoff,
             kill_timeout: Duration::from_secs_f64(args.kill_timeout),
+            kill_signal: args.kill_signal,
             ready_timeout: Duration::from_secs_f64(args.ready_timeout),
             ready_after: args.ready_after.map(Duration::from_secs_f64),
             wait_ready: args.wait_ready,

@@ -7,7 +7,8 @@
 //!   the `__exec-listen` step, which runs in the worker's own process and then executes the
 //!   program. It is ready once it has stayed up `--ready-after` (1 s), whatever it sends, or
 //!   at its `READY=1` on its `NOTIFY_SOCKET` if that comes first; with `--wait-ready`, at its
-//!   `READY=1` only. `STOPPING=1` is its "going down" notice. It is stopped with SIGTERM.
+//!   `READY=1` only. `STOPPING=1` is its "going down" notice. It is stopped with
+//!   `--kill-signal` (SIGTERM by default; SIGINT for an app written for PM2).
 //! - `--node`: stock Node programs, with nodus as their cluster primary over `NODE_CLUSTER`
 //!   (`cluster.isWorker` is true in them): `server.listen(...)` gets its socket or its
 //!   connections from nodus. Each gets a `NOTIFY_SOCKET` of its own too, never nodus's own (a
@@ -16,7 +17,8 @@
 //!   unasked (`cluster.worker.disconnect()` or `server.close()` in the worker). Ready at their first `listening` (or, with
 //!   `--ready-after`, once up that long without one: a worker that never listens), or with
 //!   `--wait-ready` only at its word: PM2's `process.send('ready')` (the string `'ready'` on the
-//!   channel) or `READY=1`; stopped with a `disconnect`.
+//!   channel) or `READY=1`; stopped with a `disconnect` (then `--kill-signal` past its drain
+//!   deadline, or once it holds no inbound connection).
 //!   `-l` passes nothing to them: it binds ADDR before they start, and a worker's `listen` on its
 //!   port on an address ADDR covers (any host, ADDR's, or with ADDR a wildcard its family's)
 //!   gets that socket; port 0 names no port and is refused (usage), and the primary warns about
@@ -74,6 +76,8 @@ pub struct RunOptions {
     pub min_uptime: Duration,
     pub backoff: Backoff,
     pub kill_timeout: Duration,
+    /// `--kill-signal`: the signal that stops a worker ([`Config::kill_signal`]).
+    pub kill_signal: i32,
     pub ready_timeout: Duration,
     /// `--ready-after`: for a plain program 1 s when not given; under `--node`, none.
     pub ready_after: Option<Duration>,
@@ -470,6 +474,7 @@ pub fn run(options: RunOptions) -> i32 {
             min_uptime: options.min_uptime,
         };
         config.kill_timeout = options.kill_timeout;
+        config.kill_signal = options.kill_signal;
         // The deadline a worker that drains itself is given (a nodus worker's `disconnect`): a
         // little inside the kill timeout, so it ends its drain before the SIGKILL, not with it.
         config.drain_timeout = options

@@ -20,7 +20,10 @@
 //! worker gets a `NOTIFY_SOCKET` of its own (never the primary's: its `READY=1` and `STOPPING=1`
 //! reach nodus, not systemd), a reload and each backoff wait are logged, and a stopped `--node`
 //! worker a timer keeps alive gets its SIGTERM once it has disconnected and holds no inbound
-//! connection (not at the drain deadline), but not before its in-flight response is done.
+//! connection (not at the drain deadline), but not before its in-flight response is done, and
+//! `--kill-signal` (SIGINT, for an app written for PM2) is what stops a worker instead of
+//! SIGTERM, a plain program's at once and a Node worker's after its `disconnect`, while an
+//! uncatchable or unknown signal is a usage error.
 //!
 //! Every process is started in its own process group and the whole group is killed by PID when
 //! the test ends; a worker's background children, which a worker writes to a file, are killed by
@@ -1661,6 +1664,161 @@ fn a_second_signal_during_the_drain_exits_128_plus_its_number() {
             primary.output()
         );
     }
+}
+
+/// A worker that writes which of SIGINT and SIGTERM it got into the file `$MARK` (appending
+/// `int` or `term`) and exits 0 then.
+const MARKS_ITS_STOP: &str = "trap 'echo int >>\"$MARK\"; exit 0' INT; \
+     trap 'echo term >>\"$MARK\"; exit 0' TERM; echo up; while :; do sleep 0.05; done";
+
+/// `nodus run -w 1 --events FILE OPTIONS -- sh -c MARKS_ITS_STOP`, stopped by a SIGTERM once
+/// its worker is up, its stop line naming `signal`: what the worker wrote, and its exit event,
+/// once nodus exited 0.
+fn stopped_with(dir: &TempDir, options: &[&str], signal: &str) -> (String, serde_json::Value) {
+    let (mark, log) = (dir.path().join("mark"), dir.path().join("events.jsonl"));
+    let _ = std::fs::remove_file(&mark);
+    let _ = std::fs::remove_file(&log);
+    let mut primary = spawn(
+        run_sh(
+            ["-w", "1", "--events", log.to_str().unwrap()]
+                .iter()
+                .chain(options),
+            MARKS_ITS_STOP,
+        )
+        .env("MARK", &mark)
+        .env("RUST_LOG", "info"),
+    );
+    primary.wait_line("[worker 1 ");
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(20), 0);
+    let exit = events(&log)
+        .into_iter()
+        .find(|e| e["event"] == "exit")
+        .unwrap_or_else(|| panic!("no exit event: {:#?}", primary.output()));
+    assert!(
+        primary
+            .output()
+            .iter()
+            .any(|l| l.contains(&format!("{signal} to 1 worker, SIGKILL after"))),
+        "the stop line names {signal}: {:#?}",
+        primary.output()
+    );
+    (std::fs::read_to_string(&mark).unwrap_or_default(), exit)
+}
+
+/// `--kill-signal SIGINT` (PM2's default kill signal) stops a plain program with SIGINT, so the
+/// cleanup of an app written for PM2 runs (reviewer's item 8: it got SIGTERM and died of it);
+/// by default it gets SIGTERM. A worker that answers it with exit 0 stopped as asked.
+#[test]
+fn kill_signal_is_what_stops_a_worker_and_sigterm_by_default() {
+    let dir = TempDir::new("kill-signal");
+    for given in ["SIGINT", "INT", "int", "2"] {
+        let (mark, exit) = stopped_with(&dir, &["--kill-signal", given], "SIGINT");
+        assert_eq!(mark, "int\n", "--kill-signal {given}");
+        assert_eq!(exit["code"], 0, "{exit}");
+        assert_eq!(exit["reason"], "stopped as asked", "{exit}");
+    }
+    let (mark, exit) = stopped_with(&dir, &[], "SIGTERM");
+    assert_eq!(mark, "term\n", "the default");
+    assert_eq!(exit["reason"], "stopped as asked", "{exit}");
+}
+
+/// A worker that dies of the kill signal (no handler) stopped as asked: exit code 0, its exit
+/// event naming the signal. Not "killed by signal 2 while draining" (a signal nodus did not send).
+#[test]
+fn a_worker_that_dies_of_the_kill_signal_stopped_as_asked() {
+    let dir = TempDir::new("kill-signal-dies");
+    let log = dir.path().join("events.jsonl");
+    // The worker is `sleep` itself, which has no handler of SIGINT.
+    let mut primary = spawn(
+        run_sh(
+            [
+                "-w",
+                "1",
+                "--kill-signal",
+                "INT",
+                "--events",
+                log.to_str().unwrap(),
+            ],
+            "echo up; exec sleep 600",
+        )
+        .env("RUST_LOG", "info"),
+    );
+    primary.wait_line("[worker 1 ");
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(20), 0);
+    let exit = events(&log)
+        .into_iter()
+        .find(|e| e["event"] == "exit")
+        .unwrap();
+    assert_eq!(exit["signal"], 2, "{exit}");
+    assert_eq!(exit["reason"], "stopped as asked", "{exit}");
+}
+
+#[test]
+fn a_kill_signal_that_cannot_be_caught_or_is_no_signal_is_a_usage_error() {
+    for (bad, says) in [
+        ("SIGKILL", "SIGKILL cannot be caught"),
+        ("9", "SIGKILL cannot be caught"),
+        ("stop", "SIGSTOP cannot be caught"),
+        ("SIGFOO", "not a signal"),
+        ("0", "not a signal"),
+        ("32", "not a signal"),
+        ("", "not a signal"),
+    ] {
+        let out = Command::new(NODUS)
+            .args(["run", "--kill-signal", bad, "--", "true"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "invalid value '{bad}' for '--kill-signal <SIGNAL>'"
+            )) && stderr.contains(says),
+            "{bad}: {stderr}"
+        );
+    }
+    let help = Command::new(NODUS)
+        .args(["run", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("--kill-signal <SIGNAL>") && help.contains("[default: SIGTERM]"),
+        "{help}"
+    );
+}
+
+/// A Node app written for PM2: a pool (here a timer) keeps it alive, and its cleanup is a
+/// SIGINT handler.
+const NODE_PM2_SIGINT_APP: &str = r#"
+const http = require('http');
+http.createServer((q, r) => r.end('ok\n')).listen(+process.env.PORT, '127.0.0.1');
+setInterval(() => {}, 1000);
+process.on('SIGINT', () => { console.log('db closed'); process.exit(0); });
+"#;
+
+/// With `--node --kill-signal SIGINT`, a Node worker kept alive after its `disconnect` gets
+/// SIGINT (not SIGTERM), so its PM2-style cleanup runs and the stop is a clean one.
+#[test]
+fn with_node_the_kill_signal_reaches_a_worker_kept_alive_after_its_disconnect() {
+    if !have("node") {
+        return;
+    }
+    let (_dir, _addr, mut primary) = common::cluster::run_node_app(
+        "node-kill-signal",
+        NODE_PM2_SIGINT_APP,
+        1,
+        &["--kill-signal", "SIGINT"],
+    );
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(30), 0);
+    assert!(
+        primary.output().iter().any(|l| l.ends_with("] db closed")),
+        "{:#?}",
+        primary.output()
+    );
 }
 
 /// A worker that, asked to stop, says so and takes 5 s to finish.

@@ -1,4 +1,5 @@
-//! Whether a draining Node worker still serves a connection: the early SIGTERM of its stop.
+//! Whether a draining Node worker still serves a connection: the early kill signal of its stop
+//! (`Config::kill_signal`, SIGTERM by default; "SIGTERM" below).
 //!
 //! A Node worker closes its cluster servers and then its channel on `disconnect`, but a timer or
 //! a database pool keeps its loop alive, so it would run on to the SIGTERM after its drain

@@ -44,8 +44,8 @@ pub enum EventKind {
     },
     /// The worker is ready for traffic.
     Ready,
-    /// The worker was asked to drain (`disconnect` with a deadline, or SIGTERM for a plain
-    /// program).
+    /// The worker was asked to drain (`disconnect` with a deadline, or the kill signal,
+    /// `Config::kill_signal`, for a plain program).
     Drain,
     /// The worker's IPC channel closed (Node's `'disconnect'`).
     Disconnect,

@@ -203,9 +203,16 @@ pub struct Config {
     /// After SIGTERM/SIGINT, how long workers keep serving (told `stopping`, so their readiness
     /// probes fail) before the drain begins.
     pub shutdown_delay: Duration,
-    /// After a worker was asked to stop (disconnect, or SIGTERM for a plain program), the time it
-    /// gets before SIGKILL.
+    /// After a worker was asked to stop (disconnect, or the kill signal for a plain program), the
+    /// time it gets before SIGKILL.
     pub kill_timeout: Duration,
+    /// The signal that stops a worker (`nodus run --kill-signal`, PM2's `kill_signal`; SIGTERM by
+    /// default): a plain program's at once, a worker with a channel's if it is still running
+    /// just past its drain deadline (a Node worker's sooner, once it holds no inbound
+    /// connection). Sent to the worker alone; SIGKILL to its group still follows at
+    /// [`kill_timeout`](Self::kill_timeout). A worker that dies of it stopped as asked. Not
+    /// SIGKILL nor SIGSTOP (the command line refuses them).
+    pub kill_signal: i32,
     /// How long a reload waits for a new worker to be ready. Under round-robin and least, also
     /// how long a connection the primary accepted waits for a worker to take it (none listens,
     /// or every one is full) before it is reset.
@@ -256,7 +263,7 @@ pub struct Config {
 impl Config {
     /// `workers` copies of `command`, ready at `listening`, at most [`default_max_restarts`]
     /// restarts (5, or twice the workers when that is more) within 60 s, the default
-    /// [`RestartPolicy`] (permanent, backoff 100 ms ×2 up to 10 s, 1 s min uptime), 10 s drain, 10 s kill timeout, 30 s ready timeout, output prefixed. The policy is
+    /// [`RestartPolicy`] (permanent, backoff 100 ms ×2 up to 10 s, 1 s min uptime), 10 s drain, 10 s kill timeout (SIGTERM first), 30 s ready timeout, output prefixed. The policy is
     /// round-robin (Node's default) for workers that speak the cluster protocol
     /// ([`WorkerCommand::ipc`]), `Shared` for a plain program (`nodus run`'s defaults: a plain
     /// program cannot take handed-over connections, see [`Primary::start`]).
@@ -277,6 +284,7 @@ impl Config {
             drain_timeout: Duration::from_secs(10),
             shutdown_delay: Duration::ZERO,
             kill_timeout: Duration::from_secs(10),
+            kill_signal: SIGTERM,
             ready_timeout: Duration::from_secs(30),
             readiness: Readiness::Listening,
             prefix_output: true,

@@ -172,7 +172,7 @@ pub(super) struct Proc {
     pub exited_after_disconnect: Cell<bool>,
     /// The primary asked it to stop (drain, reload, shutdown).
     pub drained: Cell<bool>,
-    /// It was still running `DRAIN_GRACE` after its drain deadline and got SIGTERM then
+    /// It was still running `DRAIN_GRACE` after its drain deadline and got the kill signal then
     /// (`supervise::arm_kill_timer`): its exit is logged, whatever the phase.
     pub termed_past_deadline: Cell<bool>,
     /// The signals the primary sent it (bit N: signal N; [`Proc::signal`]), so an exit by a

@@ -37,13 +37,13 @@
 //!   program (not there, not executable) stops the run with exit code 1 and one error line, as
 //!   a first spawn that fails does; after that it is a crash like any other.
 //! - The exit code is 0 after a graceful stop. A stop that had to kill workers (a second
-//!   SIGTERM/SIGINT, the kill timeout during the shutdown, or a SIGTERM past a worker's drain
-//!   deadline that the worker did not answer with exit code 0: it died of it, cutting what it
-//!   held), or in which a worker exited with [`FORCED_STOP_EXIT_CODE`] (a nodus worker whose
+//!   SIGTERM/SIGINT, the kill timeout during the shutdown, or the kill signal past a worker's
+//!   drain deadline that the worker did not answer with exit code 0: it died of it, cutting what
+//!   it held), or in which a worker exited with [`FORCED_STOP_EXIT_CODE`] (a nodus worker whose
 //!   drain deadline cut requests) or died of a signal the primary did not send while it drained
 //!   (below), sets its code unless one is set already: 128 + the second signal's number, or
 //!   [`FORCED_STOP_EXIT_CODE`]; the give-up code and 1 (a worker left after a crash) are kept.
-//!   The SIGTERM past a deadline is a warning, and so is the exit it led to.
+//!   The kill signal past a deadline is a warning, and so is the exit it led to.
 //! - A worker asked to stop (a reload's old one, a shutdown's) that dies of a signal the primary
 //!   did not send it (`Proc::signal` records each one it sends: a crash's SIGSEGV or SIGABRT,
 //!   the OOM killer's or an operator's SIGKILL are not) did not stop as asked: what it still
@@ -56,15 +56,18 @@
 //!   A worker the primary asked to stop (`Proc::drained`: a reload's, `Primary::stop_worker`'s),
 //!   or one closing its listeners during a shutdown, is not going down.
 //! - A stop asks the worker alone: a worker with a channel gets `disconnect` (with the drain
-//!   deadline), then SIGTERM if it is still there `DRAIN_GRACE` after that deadline (a Node
-//!   worker kept alive by a timer or a connection: Node's `worker.kill()` sends SIGTERM too), a
-//!   Node worker sooner, once its channel ended and it holds no inbound connection (`conns`); a
-//!   plain program gets SIGTERM at once; whatever is left at the kill timeout gets SIGKILL.
+//!   deadline), then the kill signal ([`Config::kill_signal`](super::Config::kill_signal),
+//!   SIGTERM by default) if it is still there `DRAIN_GRACE` after that deadline (a Node worker
+//!   kept alive by a timer or a connection: Node's `worker.kill()` sends SIGTERM too), a Node
+//!   worker sooner, once its channel ended and it holds no inbound connection (`conns`); a plain
+//!   program gets the kill signal at once; whatever is left at the kill timeout gets SIGKILL.
+//!   That signal is one the primary sent (`Proc::signal`): a worker that dies of it stopped as
+//!   asked, whichever signal it is.
 //! - No process of a worker's group outlives the worker (systemd's `KillMode=mixed`): a stop asks
-//!   the worker alone (`disconnect`, or SIGTERM to its pid); the kill timeout and a second signal
-//!   SIGKILL its whole group; and once it has exited, for any reason (a crash, its own exit, a
-//!   stop, a give-up, a reload's old generation), what is left of its group is SIGKILLed before
-//!   it is reaped (see `Proc::spawn`). So when `run` returns, every worker's group is empty or
+//!   the worker alone (`disconnect`, or the kill signal to its pid); the kill timeout and a
+//!   second signal SIGKILL its whole group; and once it has exited, for any reason (a crash, its
+//!   own exit, a stop, a give-up, a reload's old generation), what is left of its group is
+//!   SIGKILLed before it is reaped (see `Proc::spawn`). So when `run` returns, every worker's group is empty or
 //!   dying of SIGKILL; `run` then stops what the workers left that this process adopted (with
 //!   [`Config::subreaper`](super::Config::subreaper): SIGTERM, then SIGKILL after the kill
 //!   timeout, or at once after a second signal, one during the workers' drain included; the
@@ -85,7 +88,7 @@ use crate::cluster::supervision::{
     Decision, ExitReason, FORCED_STOP_EXIT_CODE, GIVE_UP_EXIT_CODE, RestartBudget,
 };
 use crate::process::{ExitStatus, Reaper};
-use crate::signal::{SIGHUP, SIGKILL, SIGTERM, SIGUSR1, SIGUSR2, Signals};
+use crate::signal::{SIGHUP, SIGKILL, SIGUSR1, SIGUSR2, Signals};
 
 /// systemd's watchdog: with `WATCHDOG_USEC` set (for this process), sends `WATCHDOG=1` every
 /// half period while the primary's loop runs and every nodus worker's loop answers within a
@@ -335,16 +338,17 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
         decide_and_restart(st, proc.slot, Some(proc.pid), uptime, reason, false)
     });
     st.exits_settling.set(st.exits_settling.get() + 1);
-    // A worker SIGTERMed past its drain deadline is not a slot's current one (no exit line
-    // below): its end, and what ended it, get a line of their own. Unless it still exited 0 (a
-    // nodus worker that kept its deadline a little late, a SIGTERM handler that finished the
-    // work), what it was doing was cut: during a stop, a forced one.
+    // A worker sent the kill signal past its drain deadline is not a slot's current one (no
+    // exit line below): its end, and what ended it, get a line of their own. Unless it still
+    // exited 0 (a nodus worker that kept its deadline a little late, a handler of that signal
+    // that finished the work), what it was doing was cut: during a stop, a forced one.
     let termed_late = (decision.is_none() && proc.termed_past_deadline.get()).then(|| {
         let line = format!(
-            "worker {} (pid {}) {} after its SIGTERM past the drain deadline",
+            "worker {} (pid {}) {} after its {} past the drain deadline",
             proc.slot,
             proc.pid,
-            exit_reason(&status)
+            exit_reason(&status),
+            crate::signal::name(st.config.kill_signal)
         );
         (line, code != Some(0))
     });
@@ -678,8 +682,8 @@ fn replace_now(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str) {
     settle(st, proc.slot, reason, decision);
 }
 
-/// Asks `proc` to stop: `disconnect` with the drain deadline (SIGTERM for a plain program), then
-/// SIGKILL after the kill timeout.
+/// Asks `proc` to stop: `disconnect` with the drain deadline (the kill signal for a plain
+/// program), then SIGKILL after the kill timeout.
 pub(super) fn drain(st: &Rc<State>, proc: &Rc<Proc>) {
     if proc.state.get() >= ProcState::Draining {
         return;
@@ -695,40 +699,44 @@ pub(super) fn drain(st: &Rc<State>, proc: &Rc<Proc>) {
             seq: st.next_seq(),
             drain_ms: st.config.drain_timeout.as_millis() as u64,
         });
-        // A worker still there at its drain deadline gets SIGTERM, as from Node's `worker.kill()`:
-        // a Node worker that a timer or an open connection keeps alive after its `disconnect`
-        // runs its SIGTERM handler (or ends) instead of waiting for the SIGKILL. The worker
-        // times its deadline from when it reads the `disconnect`, a little after this: the
-        // SIGTERM waits `DRAIN_GRACE` more, so a worker that keeps its deadline exits of its own
-        // accord, with its own code (a nodus worker's 124: its deadline cut requests), instead
-        // of dying of a SIGTERM in the middle of its exit.
+        // A worker still there at its drain deadline gets the kill signal (SIGTERM by default,
+        // as from Node's `worker.kill()`): a Node worker that a timer or an open connection
+        // keeps alive after its `disconnect` runs its handler of it (or ends) instead of waiting
+        // for the SIGKILL. The worker times its deadline from when it reads the `disconnect`, a
+        // little after this: the signal waits `DRAIN_GRACE` more, so a worker that keeps its
+        // deadline exits of its own accord, with its own code (a nodus worker's 124: its
+        // deadline cut requests), instead of dying of the signal in the middle of its exit.
         let room = st
             .config
             .kill_timeout
             .saturating_sub(st.config.drain_timeout);
         Some(st.config.drain_timeout + DRAIN_GRACE.min(room / 2))
     } else {
-        let _ = proc.signal(SIGTERM, false);
+        let _ = proc.signal(st.config.kill_signal, false);
         None
     };
     arm_kill_timer(st, proc, "after being asked to stop", term_at);
 }
 
-/// How long after the drain deadline a worker with a channel that is still running gets SIGTERM
-/// (at most half the time from the deadline to the kill timeout).
+/// How long after the drain deadline a worker with a channel that is still running gets the kill
+/// signal (at most half the time from the deadline to the kill timeout).
 const DRAIN_GRACE: Duration = Duration::from_millis(200);
 
-/// SIGTERMs `proc` if it still runs `term_at` from now (if given, and before the kill timeout),
-/// and SIGKILLs it and its process group if it still runs after the kill timeout; during the
-/// shutdown, that makes the stop a forced one.
+/// Sends `proc` the kill signal if it still runs `term_at` from now (if given, and before the
+/// kill timeout), and SIGKILLs it and its process group if it still runs after the kill timeout;
+/// during the shutdown, that makes the stop a forced one.
 fn arm_kill_timer(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str, term_at: Option<Duration>) {
     let (s, p, limit) = (st.clone(), proc.clone(), st.config.kill_timeout);
+    let (term, term_name) = (
+        st.config.kill_signal,
+        crate::signal::name(st.config.kill_signal),
+    );
     let term_at = term_at.filter(|&t| t < limit);
     crate::task::spawn_named("cluster:kill-timer", async move {
         let started = Instant::now();
         if let Some(term_at) = term_at {
             // A Node worker that holds no inbound connection once its channel ended gets its
-            // SIGTERM then (`conns`): only a timer or a pool keeps it alive.
+            // kill signal then (`conns`): only a timer or a pool keeps it alive.
             let mut exited = pin!(p.child.wait());
             let mut idle = pin!(conns::until_idle(&s, &p));
             let ended = poll_fn(|cx| {
@@ -742,10 +750,10 @@ fn arm_kill_timer(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str, term_at: O
                 Ok(true) => {
                     tracing::debug!(
                         target: "nodus::cluster",
-                        "worker {} (pid {}) disconnected and holds no connection: SIGTERM",
+                        "worker {} (pid {}) disconnected and holds no connection: {term_name}",
                         p.slot, p.pid
                     );
-                    let _ = p.signal(SIGTERM, false);
+                    let _ = p.signal(term, false);
                 }
                 Err(_) => {
                     // Still busy past its deadline: what it was doing (a request in flight,
@@ -753,13 +761,13 @@ fn arm_kill_timer(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str, term_at: O
                     tracing::warn!(
                         target: "nodus::cluster",
                         "worker {} (pid {}) still running {} after it was asked to drain (past \
-                         its deadline): SIGTERM",
+                         its deadline): {term_name}",
                         p.slot,
                         p.pid,
                         ms(term_at)
                     );
                     p.termed_past_deadline.set(true);
-                    let _ = p.signal(SIGTERM, false);
+                    let _ = p.signal(term, false);
                 }
             }
         }
@@ -846,10 +854,11 @@ fn start_shutdown(st: &Rc<State>, why: &str) {
             "{why}: draining {n}{after} (deadline {deadline:?}, SIGKILL after {kill:?})"
         );
     } else if !procs.is_empty() {
-        // A plain program has no drain deadline: it gets SIGTERM, then the kill timeout.
+        // A plain program has no drain deadline: it gets the kill signal, then the kill timeout.
+        let term = crate::signal::name(st.config.kill_signal);
         tracing::info!(
             target: "nodus::cluster",
-            "{why}: SIGTERM to {n}{after}, SIGKILL after {kill:?} if still running"
+            "{why}: {term} to {n}{after}, SIGKILL after {kill:?} if still running"
         );
     }
     notify("STOPPING=1\nSTATUS=draining");
