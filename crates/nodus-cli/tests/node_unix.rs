@@ -1,5 +1,5 @@
 //! `nodus run --node` workers listening on a Unix socket path (`server.listen('/path/app.sock')`,
-//! nginx in front over a socket), as under Node's own cluster primary: under rr and shared both
+//! nginx in front over a socket), as under Node's own cluster primary: under every policy both
 //! workers serve HTTP over the socket, `server.address()` is the path, a rolling reload keeps
 //! serving, and the socket file is removed when the primary stops; a stale socket file fails the
 //! worker's `listen` with the error a stock Node primary gives (`EADDRINUSE`, the file kept).
@@ -78,15 +78,16 @@ fn pids_serving(path: &Path) -> HashSet<String> {
     pids
 }
 
-/// Under rr and shared: both workers serve over the socket, a reload under a client that keeps
+/// Under rr and shared (and least, and reuseport: a Unix socket is shared there): both workers
+/// serve over the socket, a reload under a client that keeps
 /// connecting loses no request (a slow one in flight on an old worker is answered: its drain
 /// counts its Unix connections) and the new workers serve, and a stop removes the socket file.
 #[test]
-fn node_workers_serve_a_unix_socket_path_under_rr_and_shared_across_a_reload() {
+fn node_workers_serve_a_unix_socket_path_under_every_policy_across_a_reload() {
     if !have("node") {
         return;
     }
-    for policy in ["rr", "shared"] {
+    for policy in ["rr", "shared", "least", "reuseport"] {
         let dir = nodus_testkit::tmp::TempDir::new("node-unix");
         std::fs::write(dir.path().join("app.js"), APP).unwrap();
         let sock = dir.path().join("app.sock");
