@@ -4,8 +4,8 @@
 //! A Node worker closes its cluster servers and then its channel on `disconnect`, but a timer or
 //! a database pool keeps its loop alive, so it would run on to the SIGTERM after its drain
 //! deadline. Once its channel has ended, [`until_idle`] looks at the worker's own sockets every
-//! [`POLL`] and returns once it holds no inbound TCP connection, so the supervisor SIGTERMs it
-//! then instead (`supervise::arm_kill_timer`).
+//! [`POLL`] and returns once it holds no inbound connection, so the supervisor SIGTERMs it then
+//! instead (`supervise::arm_kill_timer`).
 //!
 //! Invariants:
 //! - Only a Node worker (a channel, and it never said it speaks nodus's own messages) is looked
@@ -20,7 +20,10 @@
 //!   its group is killed once it exits) whose local port is one the cluster listens on (the
 //!   primary's TCP listeners, every policy) or one of the worker's own listening TCP sockets (an
 //!   `exclusive` server) listens on. Outbound connections (a database pool) have an ephemeral
-//!   local port and do not count, nor do Unix sockets.
+//!   local port and do not count. On a cluster's Unix socket path (Node's `listen(path)`), an
+//!   inbound connection is a connected Unix socket of the worker's whose address is that path
+//!   (an accepted socket carries its listener's), read in `/proc/PID/net/unix`; a Unix
+//!   socket it connected itself (unbound) does not count.
 //! - The sockets are the worker's `/proc/PID/fd` links (`socket:[INODE]`) matched by inode to
 //!   the TCP sockets of its network namespace. Those come from `NETLINK_SOCK_DIAG`
 //!   ([`sock_diag`]): first the listening ones (few, even on a busy host), for the worker's own
@@ -50,12 +53,13 @@ mod sock_diag;
 const POLL: Duration = Duration::from_millis(50);
 
 /// Returns once `proc`, a Node worker asked to stop, has ended its channel and holds no inbound
-/// TCP connection; never, for another kind of worker or when its sockets cannot be read.
+/// connection (TCP, or Unix on a cluster path); never, for another kind of worker or when its sockets cannot be read.
 pub(super) async fn until_idle(st: &Rc<State>, proc: &Rc<Proc>) {
     if proc.channel.is_none() || proc.speaks_nodus.get() {
         return std::future::pending().await;
     }
     let ports = std::sync::Arc::new(server::tcp_ports(st));
+    let paths = std::sync::Arc::new(server::unix_paths(st));
     let pid = proc.pid;
     loop {
         crate::time::sleep(POLL).await;
@@ -64,8 +68,8 @@ pub(super) async fn until_idle(st: &Rc<State>, proc: &Rc<Proc>) {
         }
         // On the I/O pool: the kernel walks every TCP socket of the namespace (and the
         // fallback's tables are megabytes on a busy host) while the loop accepts connections.
-        let ports = ports.clone();
-        let held = crate::pool::offload_io(move || holds_inbound(pid, &ports))
+        let (ports, paths) = (ports.clone(), paths.clone());
+        let held = crate::pool::offload_io(move || holds_inbound(pid, &ports, &paths))
             .await
             .map_err(io::Error::other)
             .and_then(|held| held);
@@ -86,11 +90,17 @@ pub(super) async fn until_idle(st: &Rc<State>, proc: &Rc<Proc>) {
 }
 
 /// Whether process `pid` holds a connected TCP socket whose local port is in `ports` or is one
-/// it listens on itself.
-fn holds_inbound(pid: u32, ports: &HashSet<u16>) -> io::Result<bool> {
+/// it listens on itself, or a connected Unix socket whose address is one of `paths`.
+fn holds_inbound(pid: u32, ports: &HashSet<u16>, paths: &HashSet<String>) -> io::Result<bool> {
     let inodes = socket_inodes(pid)?;
     if inodes.is_empty() {
         return Ok(false);
+    }
+    if !paths.is_empty() {
+        let table = std::fs::read(format!("/proc/{pid}/net/unix"))?;
+        if unix_inbound(&inodes, &String::from_utf8_lossy(&table), paths) {
+            return Ok(true);
+        }
     }
     if same_network_namespace(pid)?
         && let Ok(held) = inbound_by_sock_diag(&inodes, ports)
@@ -180,6 +190,30 @@ fn any_inbound(inodes: &HashSet<u64>, tables: &[String], ports: &HashSet<u16>) -
     connected
         .iter()
         .any(|port| ports.contains(port) || listening.contains(port))
+}
+
+/// `SS_CONNECTED`, a Unix socket's `St` in `/proc/net/unix`.
+const UNIX_CONNECTED: &str = "03";
+
+/// Whether a socket of `inodes` is, in the `/proc/net/unix` `table` (`Num RefCount Protocol Flags
+/// Type St Inode Path`), a connected one whose address is one of `paths`.
+fn unix_inbound(inodes: &HashSet<u64>, table: &str, paths: &HashSet<String>) -> bool {
+    table.lines().skip(1).any(|line| {
+        // Seven fields, then the path as it is (it may hold spaces).
+        let (mut fields, mut rest) = (Vec::with_capacity(7), line);
+        while fields.len() < 7 {
+            let field = rest.trim_start();
+            let end = field.find(' ').unwrap_or(field.len());
+            fields.push(&field[..end]);
+            rest = &field[end..];
+        }
+        let Some(path) = rest.strip_prefix(' ') else {
+            return false;
+        };
+        fields[5] == UNIX_CONNECTED
+            && fields[6].parse().is_ok_and(|i: u64| inodes.contains(&i))
+            && paths.contains(path)
+    })
 }
 
 /// The inodes of the sockets among process `pid`'s open fds.
@@ -380,6 +414,30 @@ mod tests {
         }
     }
 
+    #[test]
+    fn an_accepted_unix_connection_on_a_cluster_path_is_inbound_an_outbound_one_is_not() {
+        use std::os::unix::net::{UnixListener, UnixStream};
+        let dir = nodus_testkit::tmp::TempDir::new("conns-unix");
+        let path = dir.path().join("app sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let paths = HashSet::from([path.to_str().unwrap().to_owned()]);
+        let me = std::process::id();
+        let held = |paths: &HashSet<String>| {
+            let inodes = socket_inodes(me).unwrap();
+            let table = std::fs::read_to_string("/proc/self/net/unix").unwrap();
+            unix_inbound(&inodes, &table, paths)
+        };
+        let client = UnixStream::connect(&path).unwrap();
+        // Queued, not accepted; the client's own end has no address.
+        assert!(!held(&paths));
+        let (served, _) = listener.accept().unwrap();
+        assert!(held(&paths));
+        assert!(!held(&HashSet::from(["/elsewhere.sock".to_owned()])));
+        drop(served);
+        assert!(!held(&paths));
+        drop(client);
+    }
+
     /// The whole check on this process's own fds (alone in a fresh process: no other test's
     /// sockets): through netlink, then, netlink refused, through the `/proc` tables.
     #[test]
@@ -395,14 +453,15 @@ mod tests {
         let cluster = HashSet::from([listener.local_addr().unwrap().port()]);
         let _client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         // Not accepted yet: in the listener's queue, no fd of this process's.
-        assert!(!holds_inbound(me, &cluster).unwrap());
+        let none = HashSet::new();
+        assert!(!holds_inbound(me, &cluster, &none).unwrap());
         let (served, _) = listener.accept().unwrap();
-        assert!(holds_inbound(me, &cluster).unwrap());
+        assert!(holds_inbound(me, &cluster, &none).unwrap());
         refuse_netlink_sockets();
         let refused = sock_diag::Diag::open().err().and_then(|e| e.raw_os_error());
         assert_eq!(refused, Some(libc::EPERM));
-        assert!(holds_inbound(me, &cluster).unwrap());
+        assert!(holds_inbound(me, &cluster, &none).unwrap());
         drop(served);
-        assert!(!holds_inbound(me, &cluster).unwrap());
+        assert!(!holds_inbound(me, &cluster, &none).unwrap());
     }
 }

@@ -61,10 +61,11 @@
 //!   ready ([`takes_now`]: a new generation's worker in a reload waits for its ready; with no
 //!   ready member, as at the start, every member takes connections).
 //! - What a worker gives back (`returned`) is handed on only after [`check_returned`]: each fd
-//!   must be a connected, non-listening TCP stream socket of the listener's family and local
-//!   address (an fd the worker accepted from that listener); anything else (a pipe, a UDP or Unix
-//!   socket, a listener, a connection of its own elsewhere, one already reset) is closed and
-//!   counted (`returned_rejected`, in the stats), logged once per worker process.
+//!   must be a connected, non-listening stream socket of the listener's family and local address
+//!   (an fd the worker accepted from that listener: TCP on its address and port, Unix on its
+//!   path); anything else (a pipe, a UDP socket, a socket of another family, a listener, a
+//!   connection of its own elsewhere, one already reset) is closed and counted
+//!   (`returned_rejected`, in the stats), logged once per worker process.
 //! - A Node worker's handoff sends a duplicate of the fd (its channel owns what it sends until
 //!   the ACK). At the fd limit the primary's [`FdReserve`] is given up for that duplicate; when
 //!   none can be made the connections stay parked (the worker stays a member) and the accept
@@ -83,7 +84,7 @@ use socket2::{Domain, Protocol, SockRef, Type};
 use super::balance::{self, Candidate};
 use super::parked::{self, Conn, MAX_PARKED};
 use super::proc::{Proc, ProcState};
-use super::server::{Member, RETRY_PAUSE, Server, leave_all};
+use super::server::{Addr, Member, RETRY_PAUSE, Server, leave_all};
 use super::{Policy, State, count, stats};
 use crate::cluster::protocol::{Incoming, NODE_CLUSTER, NODE_NODUS, NewConn, NewConns};
 use crate::ipc::{MAX_FDS_PER_FRAME, SendHandle};
@@ -585,13 +586,13 @@ pub(super) fn on_returned(st: &Rc<State>, proc: &Proc, key: &str, fds: Vec<Owned
     let mut rejected = 0;
     for fd in fds {
         let checked = match &server {
-            Some(server) => check_returned(&fd, server.addr),
+            Some(server) => check_returned(&fd, &server.addr),
             None => Err(format!("no listener has the key {key:?}")),
         };
         match checked {
             Ok(peer) => conns.push(Conn {
                 fd: Rc::new(fd),
-                peer: Some(peer),
+                peer,
                 since,
             }),
             Err(why) => {
@@ -631,27 +632,49 @@ pub(super) fn on_returned(st: &Rc<State>, proc: &Proc, key: &str, fds: Vec<Owned
 }
 
 /// Whether `fd`, given back for the listener bound to `listener`, is a connection accepted on
-/// it: a connected TCP stream socket of the listener's family, not listening, whose local port
-/// is the listener's (and its address too, unless the listener has every address). Returns the
-/// client's address (the kernel's, not the worker's word). Makes the socket non-blocking if it
-/// is not: the worker it goes to adopts it without `FIONBIO`.
-fn check_returned(fd: &OwnedFd, listener: SocketAddr) -> Result<SocketAddr, String> {
+/// it: a connected stream socket of the listener's family, not listening, TCP whose local port
+/// is the listener's (and its address too, unless the listener has every address), or Unix
+/// whose local path is the listener's. Returns the TCP client's address (the kernel's, not the
+/// worker's word). Makes the socket non-blocking if it is not: the worker it goes to adopts it
+/// without `FIONBIO`.
+fn check_returned(fd: &OwnedFd, listener: &Addr) -> Result<Option<SocketAddr>, String> {
     let sock = SockRef::from(fd);
     let err = |what: &str, e: io::Error| format!("{what}: {e}");
     let domain = sock.domain().map_err(|e| err("not a socket", e))?;
-    if domain != Domain::for_address(listener) {
+    let family = match listener {
+        Addr::Tcp(a) => Domain::for_address(*a),
+        Addr::Unix(_) => Domain::UNIX,
+    };
+    if domain != family {
         return Err(format!("socket domain {domain:?}"));
     }
     let ty = sock.r#type().map_err(|e| err("SO_TYPE", e))?;
     if ty != Type::STREAM {
         return Err(format!("socket type {ty:?}"));
     }
+    if sock.is_listener().map_err(|e| err("SO_ACCEPTCONN", e))? {
+        return Err("a listening socket".into());
+    }
+    let listener = match listener {
+        Addr::Tcp(a) => *a,
+        Addr::Unix(path) => {
+            let local = sock.local_addr().map_err(|e| err("getsockname", e))?;
+            if local.as_pathname() != Some(path.as_path()) {
+                return Err(format!(
+                    "its local address is {local:?}, not {}",
+                    path.display()
+                ));
+            }
+            sock.peer_addr().map_err(|e| err("not connected", e))?;
+            if !sock.nonblocking().map_err(|e| err("F_GETFL", e))? {
+                sock.set_nonblocking(true).map_err(|e| err("F_SETFL", e))?;
+            }
+            return Ok(None);
+        }
+    };
     let protocol = sock.protocol().map_err(|e| err("SO_PROTOCOL", e))?;
     if protocol != Some(Protocol::TCP) {
         return Err(format!("protocol {protocol:?}"));
-    }
-    if sock.is_listener().map_err(|e| err("SO_ACCEPTCONN", e))? {
-        return Err("a listening socket".into());
     }
     let local = sock
         .local_addr()
@@ -671,7 +694,7 @@ fn check_returned(fd: &OwnedFd, listener: SocketAddr) -> Result<SocketAddr, Stri
     if !sock.nonblocking().map_err(|e| err("F_GETFL", e))? {
         sock.set_nonblocking(true).map_err(|e| err("F_SETFL", e))?;
     }
-    Ok(peer)
+    Ok(Some(peer))
 }
 
 /// How long an exited worker's channel may stay open (a process it left behind holds its end)
@@ -923,7 +946,43 @@ mod tests {
 
     use rustix::fs::{OFlags, fcntl_getfl, fcntl_setfl};
 
-    use super::{Conn, nonblocking_again};
+    use super::{Addr, Conn, check_returned, nonblocking_again};
+
+    #[test]
+    fn a_unix_connection_given_back_is_one_accepted_on_the_listeners_path() {
+        use std::os::unix::net::{UnixListener, UnixStream};
+        let dir = nodus_testkit::tmp::TempDir::new("handoff-unix");
+        let (path, other) = (dir.path().join("a.sock"), dir.path().join("b.sock"));
+        let (listener, elsewhere) = (
+            UnixListener::bind(&path).unwrap(),
+            UnixListener::bind(&other).unwrap(),
+        );
+        let addr = Addr::Unix(path.clone());
+        let _client = UnixStream::connect(&path).unwrap();
+        let (served, _) = listener.accept().unwrap();
+        served.set_nonblocking(false).unwrap();
+        let served = served.into();
+        assert_eq!(check_returned(&served, &addr), Ok(None));
+        assert!(
+            fcntl_getfl(served.as_fd())
+                .unwrap()
+                .contains(OFlags::NONBLOCK)
+        );
+        // The client's end (no address), a connection of another path, the listener itself, and
+        // a TCP connection are not.
+        let client = UnixStream::connect(&other).unwrap();
+        let (of_other, _) = elsewhere.accept().unwrap();
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let _tcp_client = std::net::TcpStream::connect(tcp.local_addr().unwrap()).unwrap();
+        for fd in [
+            client.into(),
+            of_other.into(),
+            listener.into(),
+            tcp.accept().unwrap().0.into(),
+        ] {
+            assert!(check_returned(&fd, &addr).is_err(), "{fd:?}");
+        }
+    }
 
     #[test]
     fn a_connection_handed_on_is_non_blocking_whatever_its_last_worker_did() {

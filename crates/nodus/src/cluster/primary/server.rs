@@ -22,6 +22,17 @@
 //!   `::` (Node always sends `addressType` 4 then), falling back to `0.0.0.0` only when that
 //!   cannot be bound for another reason than a busy port; an IPv6 socket is dual-stack unless the
 //!   worker asked `ipv6Only`. Its `server.address()` is the socket's address (`::`, IPv6).
+//! - A worker's `listen(path)` (`addressType` -1) is a Unix stream socket bound on that path
+//!   once per key, as Node's primary binds it (the path as the worker sent it: a relative one is
+//!   the primary's working directory's, which is the workers'). A path that exists, a stale
+//!   socket file too, fails the bind with `EADDRINUSE`, answered as Node's primary answers it:
+//!   nothing is removed first (the app or the operator removes a stale file). It is served under
+//!   rr, least and shared as TCP is (accepted Unix connections handed out, or the listening
+//!   socket duplicated); under reuseport it is shared, since Linux has no `SO_REUSEPORT` for Unix
+//!   sockets. Its answer under rr and least carries no sockname, so Node's worker says the path
+//!   as `server.address()`. Its file is removed when the primary closes the socket
+//!   ([`stop_accepting`]), as libuv removes a pipe server's on close, and only while the path
+//!   still names the socket bound (device and inode): never a newer one's.
 //! - A plain program gets listeners only under `shared` and `reuseport` (blocking, as systemd
 //!   passes them); never the primary's own non-blocking accept socket.
 //! - Reuse-port sockets are bound per worker and not kept: a socket nobody accepts on would
@@ -61,6 +72,8 @@ use std::future::poll_fn;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -89,21 +102,52 @@ pub(super) struct Member {
     pub(super) batches: bool,
 }
 
+/// What a server listens on: a TCP address, or a Unix socket path (Node's `listen(path)`).
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum Addr {
+    Tcp(SocketAddr),
+    /// As the worker asked it (a relative path is the primary's working directory's, which is
+    /// the workers' too, as under Node's primary).
+    Unix(PathBuf),
+}
+
+impl Addr {
+    /// The TCP address, if it is one.
+    pub(super) fn tcp(&self) -> Option<SocketAddr> {
+        match self {
+            Addr::Tcp(a) => Some(*a),
+            Addr::Unix(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Addr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Addr::Tcp(a) => a.fmt(f),
+            Addr::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
 enum Sock {
     /// The primary accepts (round-robin, least); `None` once it stopped ([`stop_accepting`]: the
     /// socket is closed).
-    Accepting(RefCell<Option<AsyncFd<std::net::TcpListener>>>),
+    Accepting(RefCell<Option<AsyncFd<OwnedFd>>>),
     /// Workers accept on duplicates of it; `None` once the primary stopped accepting (its copy
     /// is closed: the socket closes when the last worker closes its own).
-    Shared(RefCell<Option<std::net::TcpListener>>),
+    Shared(RefCell<Option<OwnedFd>>),
     /// Reuse-port: each worker binds (gets) a socket of its own; the primary holds the port with
     /// a socket bound but not listening (`None` once it stopped accepting).
     Released(RefCell<Option<socket2::Socket>>),
 }
 
 pub(super) struct Server {
-    pub addr: SocketAddr,
+    pub addr: Addr,
     sock: Sock,
+    /// A Unix socket's file as bound (device, inode): removed when the primary closes the socket
+    /// if the path still names it (taken then).
+    socket_file: Cell<Option<(u64, u64)>>,
     /// Workers taking connections from this server, with the key each asked with.
     pub(super) members: RefCell<Vec<Member>>,
     pub(super) cursor: Cell<usize>,
@@ -121,34 +165,74 @@ pub(super) struct Server {
 impl Server {
     /// Wraps a listener bound before the workers started.
     pub fn prebound(st: &Rc<State>, listener: TcpListener) -> io::Result<Rc<Server>> {
-        Server::new(st, listener.into_std(), st.config.policy)
+        Server::tcp(st, listener.into_std(), st.config.policy)
     }
 
-    fn new(
+    fn tcp(
         st: &Rc<State>,
         listener: std::net::TcpListener,
         policy: Policy,
     ) -> io::Result<Rc<Server>> {
         let addr = listener.local_addr()?;
         let ipv6_only = addr.is_ipv6() && socket2::SockRef::from(&listener).only_v6()?;
+        Server::new(st, listener.into(), Addr::Tcp(addr), ipv6_only, policy)
+    }
+
+    /// A Unix socket bound on `path` (`bind` fails with `EADDRINUSE` if the path exists, a stale
+    /// socket file too: Node's primary does not remove it either). Under reuseport it is shared:
+    /// Linux has no `SO_REUSEPORT` for Unix sockets.
+    fn unix(st: &Rc<State>, path: &Path) -> io::Result<Rc<Server>> {
+        let listener = std::os::unix::net::UnixListener::bind(path)?;
+        let file = std::fs::symlink_metadata(path)?;
+        let policy = match st.config.policy {
+            Policy::ReusePort => Policy::Shared,
+            policy => policy,
+        };
+        let server = Server::new(
+            st,
+            listener.into(),
+            Addr::Unix(path.to_owned()),
+            false,
+            policy,
+        )?;
+        server.socket_file.set(Some((file.dev(), file.ino())));
+        Ok(server)
+    }
+
+    fn new(
+        st: &Rc<State>,
+        listener: OwnedFd,
+        addr: Addr,
+        ipv6_only: bool,
+        policy: Policy,
+    ) -> io::Result<Rc<Server>> {
         let sock = match policy {
             Policy::RoundRobin | Policy::Least => {
-                listener.set_nonblocking(true)?;
+                socket2::SockRef::from(&listener).set_nonblocking(true)?;
                 Sock::Accepting(RefCell::new(Some(AsyncFd::new(listener)?)))
             }
             // Shared duplicates share the file's flags: blocking, as a service manager passes
             // sockets (a nodus or Node worker makes its copy non-blocking itself).
             Policy::Shared => {
-                listener.set_nonblocking(false)?;
+                socket2::SockRef::from(&listener).set_nonblocking(false)?;
                 Sock::Shared(RefCell::new(Some(listener)))
             }
             // Bound before the listener is closed (at the end of this function): the port is
             // never free.
-            Policy::ReusePort => Sock::Released(RefCell::new(Some(hold_port(addr, ipv6_only)?))),
+            Policy::ReusePort => {
+                let addr = addr.tcp().ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "no SO_REUSEPORT for Unix sockets",
+                    )
+                })?;
+                Sock::Released(RefCell::new(Some(hold_port(addr, ipv6_only)?)))
+            }
         };
         let server = Rc::new(Server {
             addr,
             sock,
+            socket_file: Cell::new(None),
             members: RefCell::default(),
             cursor: Cell::new(0),
             // A parked connection waits as long as a new worker may take to be ready: that
@@ -174,7 +258,7 @@ impl Server {
     }
 
     /// The socket the primary accepts on, until it stopped.
-    fn accepting(&self) -> Option<std::cell::Ref<'_, AsyncFd<std::net::TcpListener>>> {
+    fn accepting(&self) -> Option<std::cell::Ref<'_, AsyncFd<OwnedFd>>> {
         let Sock::Accepting(listener) = &self.sock else {
             return None;
         };
@@ -182,8 +266,15 @@ impl Server {
     }
 
     /// Closes the primary's socket (the one it accepts on, or its copy of a shared one) and
-    /// resets what is parked.
+    /// resets what is parked. A Unix socket's file is removed, as libuv removes a pipe server's
+    /// on close (only while the path still names that socket).
     fn stop(&self) {
+        if let (Addr::Unix(path), Some(bound)) = (&self.addr, self.socket_file.take())
+            && std::fs::symlink_metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == bound)
+            && let Err(e) = std::fs::remove_file(path)
+        {
+            tracing::warn!(target: "nodus::cluster", "cannot remove {}: {e}", path.display());
+        }
         let listener = match &self.sock {
             Sock::Accepting(listener) => listener,
             Sock::Shared(copy) => {
@@ -230,18 +321,24 @@ fn is_datagram(m: &Incoming<'_>) -> bool {
     )
 }
 
-/// The address a `queryServer` asks for (a host name is resolved by the worker before it asks).
-/// Node sends `null` for "any": a TCP `listen` with no host (always `addressType` 4) is `::`,
-/// bound as [`Bind`] says (dual-stack, `0.0.0.0` if IPv6 cannot be bound); a `dgram` bind is its
-/// type's wildcard (`udp4`: `0.0.0.0`). Anything else (a pipe path: Node's `listen('/path')`) is
-/// refused with `EAFNOSUPPORT`: the primary serves TCP and UDP only, and must not bind "any" in
-/// its place.
+/// The path of a `queryServer` for a Unix socket (Node's `listen(path)`: `addressType` and
+/// `port` -1).
+fn pipe_path<'m>(m: &'m Incoming<'_>) -> Option<&'m Path> {
+    let pipe = m.address_type.as_ref().and_then(|v| v.as_i64()) == Some(-1);
+    m.address.as_deref().filter(|_| pipe).map(Path::new)
+}
+
+/// The address a TCP or UDP `queryServer` asks for (a host name is resolved by the worker before
+/// it asks). Node sends `null` for "any": a TCP `listen` with no host (always `addressType` 4) is
+/// `::`, bound as [`Bind`] says (dual-stack, `0.0.0.0` if IPv6 cannot be bound); a `dgram` bind
+/// is its type's wildcard (`udp4`: `0.0.0.0`). Anything else that is not a pipe ([`pipe_path`])
+/// is refused with `EAFNOSUPPORT`: the primary must not bind "any" in its place.
 fn requested_addr(m: &Incoming<'_>) -> io::Result<SocketAddr> {
     let ip = match m.address.as_deref() {
         Some(a) => a.parse::<IpAddr>().map_err(|_| {
             io::Error::new(
                 io::ErrorKind::Unsupported,
-                format!("{a:?} is not an IP address (the cluster primary serves TCP and UDP only)"),
+                format!("{a:?} is not an IP address"),
             )
         })?,
         None if m.address_type.as_ref().and_then(|v| v.as_str()) == Some("udp4") => {
@@ -316,13 +413,11 @@ fn hold_port(addr: SocketAddr, ipv6_only: bool) -> io::Result<socket2::Socket> {
     Ok(socket)
 }
 
-/// Finds (or binds, as `bind` says) the server a key names.
+/// Finds the server a key names, or makes it (`make`: binds it, or claims a pre-bound one).
 fn server_for(
     st: &Rc<State>,
-    proc: &Proc,
     key: &str,
-    addr: SocketAddr,
-    bind: Bind,
+    make: impl FnOnce() -> io::Result<Rc<Server>>,
 ) -> io::Result<Rc<Server>> {
     if let Some(s) = st.servers.borrow().get(key) {
         return Ok(s.clone());
@@ -330,10 +425,7 @@ fn server_for(
     if st.accepting_stopped.get() {
         return Err(io::Error::other("the cluster primary is shutting down"));
     }
-    let server = match claim_prebound(st, proc, addr, bind) {
-        Some(s) => s,
-        None => Server::new(st, bind.listen(addr, false)?.into_std(), st.config.policy)?,
-    };
+    let server = make()?;
     st.servers
         .borrow_mut()
         .insert(key.to_owned(), server.clone());
@@ -370,16 +462,17 @@ fn covers(bound: SocketAddr, ipv6_only: bool, asked: SocketAddr, bind: Bind) -> 
 /// socket of its own.
 fn claim_prebound(st: &State, proc: &Proc, addr: SocketAddr, bind: Bind) -> Option<Rc<Server>> {
     let prebound = st.prebound.borrow();
-    if let Some((_, server)) = prebound
-        .iter()
-        .find(|(_, s)| covers(s.addr, s.ipv6_only, addr, bind))
-    {
+    if let Some((_, server)) = prebound.iter().find(|(_, s)| {
+        s.addr
+            .tcp()
+            .is_some_and(|b| covers(b, s.ipv6_only, addr, bind))
+    }) {
         server.claimed.set(true);
         return Some(server.clone());
     }
     for (name, server) in prebound
         .iter()
-        .filter(|(_, s)| s.addr.port() == addr.port())
+        .filter(|(_, s)| s.addr.tcp().is_some_and(|b| b.port() == addr.port()))
     {
         let mut uncovered = server.uncovered.borrow_mut();
         if uncovered.contains(&addr.ip()) {
@@ -407,9 +500,9 @@ pub(super) fn warn_unclaimed(st: &State) {
         return;
     }
     for (name, server) in st.prebound.borrow().iter() {
-        if server.claimed.get() {
+        let Some(addr) = server.addr.tcp().filter(|_| !server.claimed.get()) else {
             continue;
-        }
+        };
         let fate = match server.sock {
             Sock::Accepting(_) => format!(
                 "accepted connections wait for one and are reset after {:?}",
@@ -421,8 +514,8 @@ pub(super) fn warn_unclaimed(st: &State) {
             target: "nodus::cluster",
             "no worker listens on {} ({name}, bound before the workers started; a worker's listen \
              on port {} would take it, on any host or an address it covers): {fate}",
-            server.addr,
-            server.addr.port()
+            addr,
+            addr.port()
         );
     }
 }
@@ -444,8 +537,10 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
         sockname,
         seq: st.next_seq(),
     };
+    let pipe = pipe_path(m);
     let addr = requested_addr(m);
-    let reuse_port = st.config.policy == Policy::ReusePort && !is_datagram(m);
+    // A Unix socket is shared under reuseport (no `SO_REUSEPORT` for Unix sockets).
+    let reuse_port = st.config.policy == Policy::ReusePort && !is_datagram(m) && pipe.is_none();
     // A reuse-port socket is the worker's: the primary keeps an entry only to resolve port 0.
     let keeps_entry = !reuse_port || addr.as_ref().is_ok_and(|a| a.port() == 0);
     let result = if proc.drained.get() || proc.going_down.get() {
@@ -460,76 +555,70 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
     } else if is_datagram(m) {
         // UDP is connectionless: every policy shares one socket, as Node's primary does.
         addr.and_then(|addr| datagram_copy(st, &key, addr, m.flags.unwrap_or(0)))
-            .map(|fd| (None, Some(fd)))
+            .map(Answer::Fd)
+    } else if let Some(path) = pipe {
+        server_for(st, &key, || Server::unix(st, path))
+            .and_then(|server| join(proc, m, &key, &server))
     } else if reuse_port {
         // A pre-bound port is only held: the worker binds a socket of its own on it, on the
         // pre-bound address (the operator's, v6-only or dual-stack as held), not the one asked.
         addr.map(|addr| {
             let bind = Bind::of(m);
-            claim_prebound(st, proc, addr, bind).map_or((addr, bind), |server| {
-                let held = Bind {
-                    ipv6_only: server.ipv6_only,
-                    any: false,
-                };
-                (server.addr, held)
+            claim_prebound(st, proc, addr, bind)
+                .and_then(|server| {
+                    let held = Bind {
+                        ipv6_only: server.ipv6_only,
+                        any: false,
+                    };
+                    Some((server.addr.tcp()?, held))
+                })
+                .unwrap_or((addr, bind))
+        })
+        .and_then(|(addr, bind)| reuseport_socket(st, &key, addr, bind).map(Answer::Fd))
+    } else {
+        addr.and_then(|addr| {
+            let bind = Bind::of(m);
+            server_for(st, &key, || match claim_prebound(st, proc, addr, bind) {
+                Some(s) => Ok(s),
+                None => Server::tcp(st, bind.listen(addr, false)?.into_std(), st.config.policy),
             })
         })
-        .and_then(|(addr, bind)| reuseport_socket(st, &key, addr, bind).map(|fd| (None, Some(fd))))
-    } else {
-        addr.and_then(|addr| server_for(st, proc, &key, addr, Bind::of(m)))
-            .and_then(|server| match &server.sock {
-                Sock::Shared(copy) => Ok((None, Some(shared_copy(copy)?))),
-                Sock::Released(_) => unreachable!("released sockets exist only under reuseport"),
-                Sock::Accepting(_) => {
-                    if m.nodus == Some(1) && m.board == Some(1) {
-                        give_board(proc);
-                    }
-                    // A worker that asks again (the same key, or another the server covers) is
-                    // a member once: one share of the connections.
-                    let mut members = server.members.borrow_mut();
-                    if !members
-                        .iter()
-                        .any(|member| member.proc.unique == proc.unique)
-                    {
-                        members.push(Member {
-                            proc: proc.clone(),
-                            key: key.clone(),
-                            batches: m.nodus == Some(1),
-                        });
-                    }
-                    drop(members);
-                    server.wake_accept();
-                    Ok((Some(server.addr), None))
-                }
-            })
+        .and_then(|server| join(proc, m, &key, &server))
     };
     if result.is_ok() {
         proc.gave_listener(&key);
     }
     let Some(channel) = &proc.channel else { return };
     let sent = match result {
-        Ok((Some(local), None)) => channel.send(&reply(
+        // A Unix socket has no sockname: Node's worker then says its path as `server.address()`.
+        Ok(Answer::Member(local)) => channel.send(&reply(
             None,
-            Some(SockName {
+            local.map(|local| SockName {
                 address: local.ip().to_string(),
                 family: if local.is_ipv4() { "IPv4" } else { "IPv6" },
                 port: local.port(),
             }),
         )),
-        Ok((_, Some(fd))) => channel.send_handle(&reply(None, None), SendHandle::fd(fd)),
-        Ok((None, None)) => unreachable!("a server answers with an address or an fd"),
+        Ok(Answer::Fd(fd)) => channel.send_handle(&reply(None, None), SendHandle::fd(fd)),
         Err(e) => {
-            let (address, port) = (m.address.as_deref().unwrap_or("any"), m.port.unwrap_or(0));
+            let what = match pipe {
+                Some(path) => format!("unix socket {}", path.display()),
+                None => format!(
+                    "{:?} port {}",
+                    m.address.as_deref().unwrap_or("any"),
+                    m.port.unwrap_or(0)
+                ),
+            };
             if e.raw_os_error() == Some(libc::ESHUTDOWN) {
                 tracing::warn!(
                     target: "nodus::cluster",
-                    "worker {} (pid {}) asked to listen on {address:?} port {port} while stopping: refused",
+                    "worker {} (pid {}) asked to listen on {what} while stopping: refused",
                     proc.slot, proc.pid
                 );
             } else {
                 tracing::error!(
                     target: "nodus::cluster",
-                    "worker {} (pid {}) cannot listen on {address:?} port {port}: {e}",
+                    "worker {} (pid {}) cannot listen on {what}: {e}",
                     proc.slot, proc.pid
                 );
             }
@@ -546,6 +635,45 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
     };
     if let Err(e) = sent {
         tracing::debug!(target: "nodus::cluster", "cannot answer queryServer: {e}");
+    }
+}
+
+/// A `queryServer`'s answer.
+enum Answer {
+    /// The worker is a member of a server the primary accepts on (round-robin, least): its TCP
+    /// address, none for a Unix socket.
+    Member(Option<SocketAddr>),
+    /// A socket of the worker's own to listen on: a shared socket's duplicate, a reuse-port
+    /// socket, a UDP socket's duplicate.
+    Fd(OwnedFd),
+}
+
+/// `proc` joins `server`: a duplicate of a shared socket, or membership of one the primary
+/// accepts on (a worker that asks again, with the same key or another the server covers, is a
+/// member once: one share of the connections).
+fn join(proc: &Rc<Proc>, m: &Incoming<'_>, key: &str, server: &Server) -> io::Result<Answer> {
+    match &server.sock {
+        Sock::Shared(copy) => Ok(Answer::Fd(shared_copy(copy)?)),
+        Sock::Released(_) => unreachable!("released sockets exist only under reuseport"),
+        Sock::Accepting(_) => {
+            if m.nodus == Some(1) && m.board == Some(1) {
+                give_board(proc);
+            }
+            let mut members = server.members.borrow_mut();
+            if !members
+                .iter()
+                .any(|member| member.proc.unique == proc.unique)
+            {
+                members.push(Member {
+                    proc: proc.clone(),
+                    key: key.to_owned(),
+                    batches: m.nodus == Some(1),
+                });
+            }
+            drop(members);
+            server.wake_accept();
+            Ok(Answer::Member(server.addr.tcp()))
+        }
     }
 }
 
@@ -662,7 +790,10 @@ pub(super) fn pass_listeners(st: &Rc<State>, cmd: &mut Command) -> io::Result<()
                     ipv6_only: server.ipv6_only,
                     ..ListenOptions::default()
                 };
-                let l = TcpListener::bind_with(server.addr, options)?.into_std();
+                let addr = server.addr.tcp().ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::InvalidInput, "a pre-bound listener is TCP")
+                })?;
+                let l = TcpListener::bind_with(addr, options)?.into_std();
                 l.set_nonblocking(false)?;
                 OwnedFd::from(l)
             }
@@ -691,7 +822,7 @@ pub(super) fn pass_listeners(st: &Rc<State>, cmd: &mut Command) -> io::Result<()
 }
 
 /// A duplicate of a shared socket for a worker, while the primary has not stopped accepting.
-fn shared_copy(copy: &RefCell<Option<std::net::TcpListener>>) -> io::Result<OwnedFd> {
+fn shared_copy(copy: &RefCell<Option<OwnedFd>>) -> io::Result<OwnedFd> {
     copy.borrow()
         .as_ref()
         .ok_or_else(|| io::Error::other("the cluster primary stopped accepting"))?
@@ -723,7 +854,20 @@ pub(super) fn tcp_ports(st: &State) -> HashSet<u16> {
     servers
         .values()
         .chain(prebound.iter().map(|(_, s)| s))
-        .map(|s| s.addr.port())
+        .filter_map(|s| s.addr.tcp())
+        .map(|a| a.port())
+        .collect()
+}
+
+/// The paths of the cluster's Unix sockets, as bound (kept after it stopped accepting).
+pub(super) fn unix_paths(st: &State) -> HashSet<String> {
+    st.servers
+        .borrow()
+        .values()
+        .filter_map(|s| match &s.addr {
+            Addr::Unix(path) => Some(path.to_string_lossy().into_owned()),
+            Addr::Tcp(_) => None,
+        })
         .collect()
 }
 
