@@ -99,7 +99,8 @@ enum Command {
     /// `http.createServer(...).listen(8080)` runs clustered with no code change (-l then only
     /// binds ADDR first, for the workers' listen on its port and an address it covers); each
     /// Node worker gets a NOTIFY_SOCKET of its own too (READY=1, STOPPING=1), never nodus's; one that
-    /// closes its last server unasked (cluster.worker.disconnect()) is going down too. The start
+    /// closes its last server unasked (cluster.worker.disconnect()), once ready and up
+    /// --min-uptime, is going down too. The start
     /// line names every address bound (port 0 resolved).
     /// Workers get NODUS_WORKER_ID (1..N) and NODE_APP_INSTANCE (0..N-1); their output is
     /// prefixed with "[worker ID PID] " (not with --raw-output).
