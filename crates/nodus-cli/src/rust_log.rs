@@ -192,7 +192,12 @@ fn edit_distance(a: &str, b: &str) -> usize {
 /// none).
 fn logs_error(filter: &EnvFilter, target: &str) -> bool {
     let subscriber = tracing_subscriber::registry().with(filter.clone());
-    let event = Metadata::new(
+    tracing::Subscriber::enabled(&subscriber, &probe_event(target))
+}
+
+/// An ERROR event of `target` at the [`Probe`] callsite.
+const fn probe_event(target: &str) -> Metadata<'_> {
+    Metadata::new(
         "probe",
         target,
         Level::ERROR,
@@ -201,8 +206,7 @@ fn logs_error(filter: &EnvFilter, target: &str) -> bool {
         None,
         FieldSet::new(&[], Identifier(&PROBE)),
         Kind::EVENT,
-    );
-    tracing::Subscriber::enabled(&subscriber, &event)
+    )
 }
 
 /// The callsite [`logs_error`]'s events name: they are asked about, never recorded.
@@ -210,16 +214,7 @@ struct Probe;
 
 static PROBE: Probe = Probe;
 
-static PROBE_METADATA: Metadata<'static> = Metadata::new(
-    "probe",
-    "nodus",
-    Level::ERROR,
-    None,
-    None,
-    None,
-    FieldSet::new(&[], Identifier(&PROBE)),
-    Kind::EVENT,
-);
+static PROBE_METADATA: Metadata<'static> = probe_event("nodus");
 
 impl Callsite for Probe {
     fn set_interest(&self, _: Interest) {}
