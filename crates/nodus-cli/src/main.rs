@@ -200,7 +200,8 @@ struct RunArgs {
     kill_timeout: f64,
     /// The signal that stops a worker (PM2's --kill-signal): a plain program gets it at once, a
     /// --node worker after its disconnect, past its drain deadline (or once it holds no inbound
-    /// connection); SIGKILL still follows at --kill-timeout. A name (SIGINT or INT, any case;
+    /// connection); SIGKILL still follows at --kill-timeout. The processes the workers left
+    /// behind that the primary adopted get it too at the stop. A name (SIGINT or INT, any case;
     /// SIGHUP to SIGSYS, SIGSTKFLT and SIGPWR included) or a number from 1 to 31; not SIGKILL
     /// nor SIGSTOP. SIGINT runs the process.on('SIGINT') cleanup of an app written for PM2
     /// (whose default it is). A worker that dies of it stopped as asked (exit code 0, as with
