@@ -250,10 +250,11 @@ struct RunArgs {
     /// The workers are Node programs; nodus is their cluster primary (NODE_CLUSTER). Node makes a
     /// process a cluster worker only with a process.argv[1] (a script, or an argument after -e
     /// code), so `node -e CODE` alone is refused (give it one: `node -e CODE -- worker`). So is
-    /// a launcher that is a Node program itself (npm, npx, yarn, pnpm, corepack: `npm start`),
-    /// which would take the cluster channel, its app then binding the port itself: run `node
-    /// FILE` (what package.json's scripts.start runs) instead. A
-    /// listen with no host binds [::] dual-stack (0.0.0.0 without IPv6), as Node does. A
+    /// a launcher that is a Node program itself (npm, npx, yarn, pnpm, corepack: `npm start`, or
+    /// as node's script: `node .../npm-cli.js start`), which would take the cluster channel,
+    /// its app then binding the port itself: run `node FILE` (what package.json's
+    /// scripts.start runs) instead. A listen with no host binds [::] dual-stack (0.0.0.0
+    /// without IPv6), as Node does. A
     /// worker's process.send() messages reach no handler (nodus runs no JavaScript): each is a
     /// `message` event (--events), the first one logged.
     #[arg(long)]
