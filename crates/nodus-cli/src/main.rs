@@ -200,10 +200,12 @@ struct RunArgs {
     kill_timeout: f64,
     /// The signal that stops a worker (PM2's --kill-signal): a plain program gets it at once, a
     /// --node worker after its disconnect, past its drain deadline (or once it holds no inbound
-    /// connection); SIGKILL still follows at --kill-timeout. A name (SIGINT or INT, any case) or
-    /// a number from 1 to 31; not SIGKILL nor SIGSTOP. SIGINT runs the
-    /// process.on('SIGINT') cleanup of an app written for PM2 (whose default it is). A worker
-    /// that dies of it stopped as asked (exit code 0, as with SIGTERM).
+    /// connection); SIGKILL still follows at --kill-timeout. The processes the workers left
+    /// behind that the primary adopted get it too at the stop. A name (SIGINT or INT, any case;
+    /// SIGHUP to SIGSYS, SIGSTKFLT and SIGPWR included) or a number from 1 to 31; not SIGKILL
+    /// nor SIGSTOP. SIGINT runs the process.on('SIGINT') cleanup of an app written for PM2
+    /// (whose default it is). A worker that dies of it stopped as asked (exit code 0, as with
+    /// SIGTERM).
     #[arg(
         long,
         value_name = "SIGNAL",
@@ -248,10 +250,11 @@ struct RunArgs {
     /// The workers are Node programs; nodus is their cluster primary (NODE_CLUSTER). Node makes a
     /// process a cluster worker only with a process.argv[1] (a script, or an argument after -e
     /// code), so `node -e CODE` alone is refused (give it one: `node -e CODE -- worker`). So is
-    /// a launcher that is a Node program itself (npm, npx, yarn, pnpm, corepack: `npm start`),
-    /// which would take the cluster channel, its app then binding the port itself: run `node
-    /// FILE` (what package.json's scripts.start runs) instead. A
-    /// listen with no host binds [::] dual-stack (0.0.0.0 without IPv6), as Node does. A
+    /// a launcher that is a Node program itself (npm, npx, yarn, pnpm, corepack: `npm start`, or
+    /// as node's script: `node .../npm-cli.js start`), which would take the cluster channel,
+    /// its app then binding the port itself: run `node FILE` (what package.json's
+    /// scripts.start runs) instead. A listen with no host binds [::] dual-stack (0.0.0.0
+    /// without IPv6), as Node does. A
     /// worker's process.send() messages reach no handler (nodus runs no JavaScript): each is a
     /// `message` event (--events), the first one logged.
     #[arg(long)]
@@ -426,16 +429,15 @@ fn worker_count(s: &str) -> Result<u16, String> {
     }
 }
 
-/// `--kill-signal`: a signal's name (`SIGINT`, `INT`, any case) or number, 1 to 31 (Linux's
-/// standard signals), but not SIGKILL nor SIGSTOP, which no handler can catch: a stop must let
-/// the worker clean up, and SIGKILL comes at the kill timeout anyway.
+/// `--kill-signal`: a signal's name (`SIGINT`, `INT`, any case; every standard one, as
+/// [`nodus::signal::by_name`] reads it) or number, 1 to 31 (Linux's standard signals), but not
+/// SIGKILL nor SIGSTOP, which no handler can catch: a stop must let the worker clean up, and
+/// SIGKILL comes at the kill timeout anyway.
 fn kill_signal(s: &str) -> Result<i32, String> {
-    let upper = s.to_ascii_uppercase();
-    let name = upper.strip_prefix("SIG").unwrap_or(&upper);
     let found = if s.bytes().all(|b| b.is_ascii_digit()) {
         s.parse::<i32>().ok().filter(|n| (1..=31).contains(n))
     } else {
-        (1..=31).find(|&n| nodus::signal::name(n).strip_prefix("SIG") == Some(name))
+        nodus::signal::by_name(s)
     };
     match found {
         Some(n @ (libc::SIGKILL | libc::SIGSTOP)) => Err(format!(
@@ -683,4 +685,28 @@ fn exit_flush_timeout() -> Duration {
             .saturating_duration_since(Instant::now() + EXIT_DROP_GRACE)
             .min(EXIT_FLUSH_TIMEOUT)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kill_signal;
+
+    #[test]
+    fn kill_signal_takes_every_catchable_standard_signal_by_name_or_number() {
+        for n in (1..=31).filter(|&n| n != libc::SIGKILL && n != libc::SIGSTOP) {
+            let name = nodus::signal::name(n);
+            assert_eq!(kill_signal(name), Ok(n), "{name}");
+            assert_eq!(
+                kill_signal(&name[3..].to_ascii_lowercase()),
+                Ok(n),
+                "{name}"
+            );
+            assert_eq!(kill_signal(&n.to_string()), Ok(n), "{n}");
+        }
+        assert_eq!(kill_signal("SIGSTKFLT"), Ok(libc::SIGSTKFLT));
+        assert_eq!(kill_signal("pwr"), Ok(libc::SIGPWR));
+        for bad in ["KILL", "9", "SIGSTOP", "0", "32", "SIGRTMIN", "SIGFOO", ""] {
+            assert!(kill_signal(bad).is_err(), "{bad}");
+        }
+    }
 }

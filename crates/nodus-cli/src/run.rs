@@ -26,9 +26,10 @@
 //!   command with no script (`node -e CODE` alone) is refused (usage): Node makes a process a
 //!   cluster worker only when `process.argv[1]` is set ([`no_argv1`]). So is a launcher that is a
 //!   Node program itself ([`launcher`]: npm, npx, yarn, pnpm, corepack, by file name or a
-//!   symlink's target): it would take the cluster channel, and the app it starts would bind its
-//!   port itself; the usage error says what to run instead, quoting package.json's script when
-//!   it is a plain `node FILE` ([`launcher_refused`]). A `listen` with no host
+//!   symlink's target; or given as `node`'s script, [`node_launcher`]: `node
+//!   .../npm-cli.js start`): it would take the cluster channel, and the app it starts would
+//!   bind its port itself; the usage error says what to run instead, quoting package.json's
+//!   script when it is a plain `node FILE` ([`launcher_refused`]). A `listen` with no host
 //!   is bound `::` dual-stack (`0.0.0.0` without IPv6), as Node binds it. The primary logs the
 //!   first application message of the run (`process.send()`: nodus runs no JavaScript, so none
 //!   is handled) and warns about a worker that has not listened within `--ready-timeout`
@@ -243,28 +244,41 @@ const LAUNCHERS: &[&str] = &["npm", "npx", "yarn", "yarnpkg", "pnpm", "pnpx", "c
 
 /// The launcher `program` is ([`LAUNCHERS`]), by its file name as given (`npm`,
 /// `/usr/bin/npm`) or, the file `execvp` would run being a symlink, by its target's
-/// (`/usr/bin/npm` → `npm-cli.js`, corepack's `yarn.js`): the name without a `.js`, `.cjs` or
-/// `.mjs` extension, then without a `-cli` or `-VERSION` suffix (`yarn-1.22.22.cjs`).
+/// (`/usr/bin/npm` → `npm-cli.js`, corepack's `yarn.js`): see [`launcher_named`].
 fn launcher(program: &OsStr) -> Option<&'static str> {
-    let named = |path: &Path| {
-        let name = path.file_name()?.to_str()?;
-        let stem = [".js", ".cjs", ".mjs"]
-            .iter()
-            .find_map(|ext| name.strip_suffix(ext))
-            .unwrap_or(name);
-        let stem = match stem.split_once('-') {
-            Some((base, "cli")) => base,
-            Some((base, version)) if version.bytes().all(|b| b.is_ascii_digit() || b == b'.') => {
-                base
-            }
-            _ => stem,
-        };
-        LAUNCHERS.iter().copied().find(|&l| l == stem)
-    };
-    named(Path::new(program)).or_else(|| {
+    launcher_named(Path::new(program)).or_else(|| {
         let file = find_in_path(program).ok()?;
-        named(&std::fs::canonicalize(file).ok()?)
+        launcher_named(&std::fs::canonicalize(file).ok()?)
     })
+}
+
+/// The launcher a file is by its name: the name without a `.js`, `.cjs` or `.mjs` extension,
+/// then without a `-cli` or `-VERSION` suffix (`npm-cli.js`, `yarn-1.22.22.cjs`), one of
+/// [`LAUNCHERS`].
+fn launcher_named(path: &Path) -> Option<&'static str> {
+    let name = path.file_name()?.to_str()?;
+    let stem = [".js", ".cjs", ".mjs"]
+        .iter()
+        .find_map(|ext| name.strip_suffix(ext))
+        .unwrap_or(name);
+    let stem = match stem.split_once('-') {
+        Some((base, "cli")) => base,
+        Some((base, version)) if version.bytes().all(|b| b.is_ascii_digit() || b == b'.') => base,
+        _ => stem,
+    };
+    LAUNCHERS.iter().copied().find(|&l| l == stem)
+}
+
+/// The launcher `node ARGS...` runs as its script ([`node_script`]:
+/// `node /usr/lib/node_modules/npm/bin/npm-cli.js start`), by the script's file name as given
+/// or, a symlink (Node resolves the script from the working directory, not `PATH`), by its
+/// target's ([`launcher_named`]); with the launcher's own arguments, those after it.
+fn node_launcher(args: &[OsString]) -> Option<(&'static str, &[OsString])> {
+    let at = node_script(args)?;
+    let script = Path::new(&args[at]);
+    let name =
+        launcher_named(script).or_else(|| launcher_named(&std::fs::canonicalize(script).ok()?))?;
+    Some((name, &args[at + 1..]))
 }
 
 /// The usage error for `--node` with a launcher (`npm start`): what goes wrong, and what to run
@@ -350,25 +364,51 @@ const NODE_VALUE_OPTIONS: &[&[u8]] = &[
     b"--title",
 ];
 
-/// Whether Node, given `args`, leaves `process.argv[1]` unset or empty, as Node reads its
-/// command line: options up to the first other argument (or the one after `--`), which is
-/// `process.argv[1]`: the script, or with `-e`/`-p` the code's first argument. Node sets a process with
+/// Node's options that make it run the code they give (`-e`, `-p`, also as `--eval=CODE`), so
+/// that `process.argv[1]` is no script but the code's first argument.
+const NODE_CODE_OPTIONS: &[&[u8]] = &[b"-e", b"-p", b"-pe", b"--eval", b"--print"];
+
+/// Where `process.argv[1]` is in `args` (node's arguments), as Node reads its command line:
+/// options up to the first other argument (or the one after `--`), which is `process.argv[1]`:
+/// its index, if there is one; and whether an option gave code to run (`-e`, `-p`), making it
+/// the code's first argument rather than the script.
+fn node_argv1(args: &[OsString]) -> (Option<usize>, bool) {
+    let mut code = false;
+    let mut i = 0;
+    while let Some(arg) = args.get(i).map(|a| a.as_bytes()) {
+        if arg == b"--" {
+            return (Some(i + 1).filter(|&at| at < args.len()), code);
+        }
+        code |= NODE_CODE_OPTIONS.contains(&arg)
+            || arg.starts_with(b"--eval=")
+            || arg.starts_with(b"--print=");
+        if NODE_VALUE_OPTIONS.contains(&arg) {
+            i += 1;
+        } else if !arg.starts_with(b"-") || arg == b"-" {
+            return (Some(i), code);
+        }
+        i += 1;
+    }
+    (None, code)
+}
+
+/// Whether Node, given `args`, leaves `process.argv[1]` unset or empty ([`node_argv1`]): the
+/// script, or with `-e`/`-p` the code's first argument. Node sets a process with
 /// `NODE_UNIQUE_ID` up as a cluster worker only when `process.argv[1]` is set (its
 /// `initializeClusterIPC`); stock Node's `cluster.fork()` always passes a script path, even with
 /// `-e` in `execArgv`.
 fn no_argv1(args: &[OsString]) -> bool {
-    let mut args = args.iter().map(|a| a.as_bytes());
-    while let Some(arg) = args.next() {
-        if arg == b"--" {
-            return args.next().is_none_or(<[u8]>::is_empty);
-        }
-        if NODE_VALUE_OPTIONS.contains(&arg) {
-            args.next();
-        } else if !arg.starts_with(b"-") || arg == b"-" {
-            return arg.is_empty();
-        }
+    node_argv1(args).0.is_none_or(|at| args[at].is_empty())
+}
+
+/// The index in `args` (node's arguments) of the script Node runs: `process.argv[1]`
+/// ([`node_argv1`]) when no `-e`/`-p` code is given (`node --inspect app.js`, `node -r mod
+/// app.js`; not `node -e CODE app.js`, where `app.js` is the code's argument).
+fn node_script(args: &[OsString]) -> Option<usize> {
+    match node_argv1(args) {
+        (Some(at), false) if !args[at].is_empty() => Some(at),
+        _ => None,
     }
-    true
 }
 
 /// Runs the supervisor until it stops; returns the exit code.
@@ -409,10 +449,15 @@ pub fn run(options: RunOptions) -> i32 {
              CODE -- ARG)",
         );
     }
-    if options.node
-        && let Some(name) = launcher(program)
-    {
-        return usage(launcher_refused(name, args));
+    if options.node {
+        let refused = match launcher(program) {
+            Some(name) => Some((name, args)),
+            None if is_node(program) => node_launcher(args),
+            None => None,
+        };
+        if let Some((name, args)) = refused {
+            return usage(launcher_refused(name, args));
+        }
     }
     let (program, args) = (program.clone(), args.to_vec());
     if let Err(why) = check_runnable(&program) {
@@ -581,7 +626,7 @@ fn bind_listeners(
 mod tests {
     use std::ffi::{OsStr, OsString};
 
-    use super::{is_node, launcher, no_argv1, plain_node_command};
+    use super::{is_node, launcher, no_argv1, node_launcher, node_script, plain_node_command};
 
     #[test]
     fn node_is_known_by_its_name() {
@@ -695,6 +740,70 @@ mod tests {
             &["-e", "X", "--some-new-option", "v"],
         ] {
             assert!(!no_argv1(&args(set)), "{set:?}");
+        }
+    }
+
+    #[test]
+    fn nodes_script_is_its_first_argument_after_the_options_unless_code_is_given() {
+        let args = |line: &[&str]| line.iter().map(OsString::from).collect::<Vec<_>>();
+        for (line, script) in [
+            (&["app.js"][..], 0),
+            (&["--inspect", "x.js"], 1),
+            (&["--inspect=0", "x.js", "--port", "3"], 1),
+            (&["-r", "mod", "x.js"], 2),
+            (&["--require", "dotenv/config", "--no-warnings", "x.js"], 3),
+            (&["--", "x.js"], 1),
+            (&["--title", "t", "--", "--", "x"], 3),
+        ] {
+            assert_eq!(node_script(&args(line)), Some(script), "{line:?}");
+        }
+        for line in [
+            &[][..],
+            &["-e", "X", "x.js"],
+            &["-p", "X", "--", "x.js"],
+            &["--eval=X", "x.js"],
+            &["--print", "X", "x.js"],
+            &["-r", "x.js"],
+            &["--", ""],
+            &["--inspect"],
+        ] {
+            assert_eq!(node_script(&args(line)), None, "{line:?}");
+        }
+    }
+
+    #[test]
+    fn a_launcher_given_as_nodes_script_is_known_with_its_own_arguments() {
+        let args = |line: &[&str]| line.iter().map(OsString::from).collect::<Vec<_>>();
+        for (line, name, rest) in [
+            (
+                &["/usr/lib/node_modules/npm/bin/npm-cli.js", "start"][..],
+                "npm",
+                &["start"][..],
+            ),
+            (&["--inspect", "npx-cli.js", "serve"], "npx", &["serve"]),
+            (&["-r", "mod", ".yarn/releases/yarn-4.1.0.cjs"], "yarn", &[]),
+            (&["--", "pnpm.cjs", "run", "dev"], "pnpm", &["run", "dev"]),
+            (
+                &["/usr/bin/corepack", "yarn", "start"],
+                "corepack",
+                &["yarn", "start"],
+            ),
+        ] {
+            let line = args(line);
+            assert_eq!(
+                node_launcher(&line),
+                Some((name, &args(rest)[..])),
+                "{line:?}"
+            );
+        }
+        for line in [
+            &["app.js", "npm-cli.js"][..],
+            &["-e", "X", "npm-cli.js"],
+            &["-r", "npm-cli.js", "app.js"],
+            &["--eval=require('npm')", "npm"],
+            &["npm-check.js"],
+        ] {
+            assert_eq!(node_launcher(&args(line)), None, "{line:?}");
         }
     }
 }

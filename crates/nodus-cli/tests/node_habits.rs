@@ -3,8 +3,9 @@
 //! primary (`nodus run`, `nodus serve --workers 2`), to a `nodus serve` worker or to the single
 //! `nodus serve` process stop nothing, restart nothing and are one line each; `nodus run --node`
 //! refuses a launcher that is a Node program itself (`npm start`: a fake `npm` on `PATH`; by
-//! name, by path and through a symlink to its `-cli.js`) with exit code 2 before any worker
-//! starts, quoting package.json's script, while a plain `nodus run` runs it; `--raw-output`
+//! name, by path and through a symlink to its `-cli.js`; or given as `node`'s script: `node
+//! .../npm-cli.js start`) with exit code 2 before any worker starts, quoting package.json's
+//! script, while a plain `nodus run` runs it; `--raw-output`
 //! writes the workers' lines without their prefix (`nodus run`, `nodus serve --workers 2`).
 //!
 //! Every process is started in its own process group, whose whole group is killed by PID when
@@ -259,6 +260,90 @@ fn run_node_refuses_a_launcher_that_is_a_node_program_before_any_worker_starts()
     assert_exit(&mut primary, Duration::from_secs(20), 0);
     let ran = std::fs::read_to_string(&marker).unwrap();
     assert!(ran.ends_with("npm start\n"), "{ran}");
+}
+
+/// A launcher given as `node`'s script (`node /usr/lib/node_modules/npm/bin/npm-cli.js start`,
+/// behind node's own options too) is refused as the launcher itself is; an `-e` code's argument
+/// is no script. `node` is a fake on `PATH` that leaves a mark if a worker runs it.
+#[test]
+fn run_node_refuses_a_launcher_given_as_nodes_script() {
+    let dir = TempDir::new("node-launcher");
+    let (bin, app) = (dir.path().join("bin"), dir.path().join("app"));
+    let npm_bin = dir.path().join("node_modules/npm/bin");
+    for d in [&bin, &npm_bin, &app] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let marker = dir.path().join("ran");
+    let body = format!("echo \"$0 $*\" >> {}; exec sleep 600", marker.display());
+    script(&bin, "node", &body);
+    let npm_cli = script(&npm_bin, "npm-cli.js", "exit 0");
+    let npx_cli = script(&npm_bin, "npx-cli.js", "exit 0");
+    std::os::unix::fs::symlink(&npx_cli, app.join("launch")).unwrap();
+    std::fs::write(
+        app.join("package.json"),
+        r#"{"scripts": {"start": "node server.js --port 3000"}}"#,
+    )
+    .unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let quoted = "nodus run --node [OPTIONS] -- node server.js --port 3000 (package.json's \
+                  scripts.start)";
+    let (npm_cli, npx_cli) = (npm_cli.to_str().unwrap(), npx_cli.to_str().unwrap());
+    for (command, said) in [
+        (
+            &["node", npm_cli, "start"][..],
+            &["npm is a Node program", quoted][..],
+        ),
+        (
+            &["node", "--inspect", "-r", "mod", npm_cli, "run", "start"][..],
+            &["npm is a Node program", quoted][..],
+        ),
+        (
+            &["node", "--", npx_cli, "serve"][..],
+            &["npx is a Node program", "-- node FILE"][..],
+        ),
+        // A symlink to it, found from the working directory as Node finds its script.
+        (
+            &["node", "launch"][..],
+            &["npx is a Node program", "-- node FILE"][..],
+        ),
+    ] {
+        let mut primary = spawn(
+            Command::new(NODUS)
+                .args(["run", "--node", "-w", "2", "--"])
+                .args(command)
+                .current_dir(&app)
+                .env("PATH", &path),
+        );
+        assert_exit(&mut primary, Duration::from_secs(10), 2);
+        let out = primary.output().join("\n");
+        for s in said {
+            assert!(out.contains(s), "{command:?}: {s:?} in {out}");
+        }
+        assert!(!marker.exists(), "{command:?}: no worker started");
+    }
+    // `npm-cli.js` as an `-e` code's argument is no script: the workers start.
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "--node", "-w", "1", "--kill-timeout", "1", "--"])
+            .args(["node", "-e", "X", npm_cli])
+            .current_dir(&app)
+            .env("PATH", &path),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !marker.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "node -e X npm-cli.js: no worker ran: {:#?}",
+            primary.output()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    primary.signal(Signal::TERM);
+    primary.wait_exit(Duration::from_secs(30));
 }
 
 #[test]

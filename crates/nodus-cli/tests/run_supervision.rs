@@ -1756,6 +1756,42 @@ fn a_worker_that_dies_of_the_kill_signal_stopped_as_asked() {
     assert_eq!(exit["reason"], "stopped as asked", "{exit}");
 }
 
+/// Every standard signal has its name in the stop's lines, 16 and 30 too (SIGSTKFLT, SIGPWR:
+/// said "signal" before), given by name or number; `sleep` dies of it, as asked.
+#[test]
+fn the_stop_line_names_sigstkflt_and_sigpwr() {
+    let dir = TempDir::new("kill-signal-named");
+    let log = dir.path().join("events.jsonl");
+    for (given, n, name) in [("30", 30, "SIGPWR"), ("stkflt", 16, "SIGSTKFLT")] {
+        let _ = std::fs::remove_file(&log);
+        let options = ["-w", "1", "--kill-signal", given, "--events"];
+        let mut primary = spawn(
+            run_sh(
+                options.iter().chain(&[log.to_str().unwrap()]),
+                "echo up; exec sleep 600",
+            )
+            .env("RUST_LOG", "info"),
+        );
+        primary.wait_line("[worker 1 ");
+        primary.signal(Signal::TERM);
+        assert_exit(&mut primary, Duration::from_secs(20), 0);
+        assert!(
+            primary
+                .output()
+                .iter()
+                .any(|l| l.contains(&format!("{name} to 1 worker, SIGKILL after"))),
+            "--kill-signal {given}: {:#?}",
+            primary.output()
+        );
+        let exit = events(&log)
+            .into_iter()
+            .find(|e| e["event"] == "exit")
+            .unwrap();
+        assert_eq!(exit["signal"], n, "{exit}");
+        assert_eq!(exit["reason"], "stopped as asked", "{exit}");
+    }
+}
+
 #[test]
 fn a_kill_signal_that_cannot_be_caught_or_is_no_signal_is_a_usage_error() {
     for (bad, says) in [

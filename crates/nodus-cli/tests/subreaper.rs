@@ -302,3 +302,41 @@ fn a_second_signal_during_the_drain_kills_the_adopted_processes_at_once() {
         "{output:#?}"
     );
 }
+
+/// The processes the workers left belong to the app: at the stop they get `--kill-signal`, not
+/// SIGTERM. The worker starts a shell that leaves its group (`setsid -f`, which forks, so the
+/// shell's parent exits at once and it is orphaned) and writes which of SIGINT and SIGTERM it got.
+#[test]
+fn the_adopted_processes_get_the_kill_signal_at_the_stop() {
+    let dir = TempDir::new("reap-kill-signal");
+    let (file, mark) = (dir.path().join("pid"), dir.path().join("mark"));
+    let addr = free_addr();
+    let mut cleanup = KillOnDrop::default();
+    // Not started with `&`: a non-interactive shell's background job ignores SIGINT for good.
+    let worker = format!(
+        "setsid -f sh -c 'trap \"echo int > {mark}; exit 0\" INT; \
+         trap \"echo term > {mark}; exit 0\" TERM; echo $$ > {file}; \
+         while :; do sleep 0.1; done'; exec sleep 300",
+        mark = mark.display(),
+        file = file.display()
+    );
+    let options = ["-w", "1", "-l", &addr.to_string(), "--kill-signal", "INT"];
+    let mut primary = spawn(run_sh(options, &worker).env("RUST_LOG", "info"));
+    let escaped = pid_in(&file, &mut cleanup);
+    assert_adopted_by(escaped, primary.id());
+    primary.wait_line("1 worker ready");
+    let (code, output) = stop(&mut primary);
+    assert_eq!(code, Some(0), "{output:#?}");
+    assert_reaped(escaped, "the escaped shell");
+    assert_eq!(
+        std::fs::read_to_string(&mark).ok().as_deref(),
+        Some("int\n"),
+        "what the adopted shell got: {output:#?}"
+    );
+    assert!(
+        output
+            .iter()
+            .any(|l| l.contains("adopted process") && l.contains("got SIGINT, 0 SIGKILL)")),
+        "{output:#?}"
+    );
+}

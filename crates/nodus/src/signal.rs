@@ -5,6 +5,10 @@
 //! as readiness in its poll phase. Like Node's `process.on('SIGINT')`, a `Signals` stream does not
 //! keep the loop alive by itself (`ref_()` makes it).
 //!
+//! [`name`] and [`by_name`] read nodus's one table of signal names (`NAMES`): every Linux
+//! standard signal, 1 to 31, as libc numbers it for the target (SIGSTKFLT and SIGPWR included,
+//! which signal-hook's table lacks); log lines and the command line's `--kill-signal` use it.
+//!
 //! While a `Signals` stream lives, its signals' default actions (terminating, say) do not happen;
 //! once no stream of the process catches a signal any more, its default action is back, as in
 //! Node once the last `process.on('SIGTERM')` listener is removed. (signal-hook's handler stays
@@ -65,9 +69,63 @@ use crate::io::coop::poll_proceed;
 use crate::io::reactor::{READABLE, Registration};
 use crate::rt::context::with_core;
 
-/// A signal's name ("SIGTERM"), or "signal" for a number nobody named.
+/// Linux's standard signals (1 to 31) by name, every one: [`name`] and [`by_name`] read this
+/// table alone. The numbers are libc's (some differ by architecture); the last two rows are
+/// aliases, which [`by_name`] takes and [`name`] never gives (their numbers come first above).
+const NAMES: &[(i32, &str)] = &[
+    (libc::SIGHUP, "SIGHUP"),
+    (libc::SIGINT, "SIGINT"),
+    (libc::SIGQUIT, "SIGQUIT"),
+    (libc::SIGILL, "SIGILL"),
+    (libc::SIGTRAP, "SIGTRAP"),
+    (libc::SIGABRT, "SIGABRT"),
+    (libc::SIGBUS, "SIGBUS"),
+    (libc::SIGFPE, "SIGFPE"),
+    (libc::SIGKILL, "SIGKILL"),
+    (libc::SIGUSR1, "SIGUSR1"),
+    (libc::SIGSEGV, "SIGSEGV"),
+    (libc::SIGUSR2, "SIGUSR2"),
+    (libc::SIGPIPE, "SIGPIPE"),
+    (libc::SIGALRM, "SIGALRM"),
+    (libc::SIGTERM, "SIGTERM"),
+    (libc::SIGSTKFLT, "SIGSTKFLT"),
+    (libc::SIGCHLD, "SIGCHLD"),
+    (libc::SIGCONT, "SIGCONT"),
+    (libc::SIGSTOP, "SIGSTOP"),
+    (libc::SIGTSTP, "SIGTSTP"),
+    (libc::SIGTTIN, "SIGTTIN"),
+    (libc::SIGTTOU, "SIGTTOU"),
+    (libc::SIGURG, "SIGURG"),
+    (libc::SIGXCPU, "SIGXCPU"),
+    (libc::SIGXFSZ, "SIGXFSZ"),
+    (libc::SIGVTALRM, "SIGVTALRM"),
+    (libc::SIGPROF, "SIGPROF"),
+    (libc::SIGWINCH, "SIGWINCH"),
+    (libc::SIGIO, "SIGIO"),
+    (libc::SIGPWR, "SIGPWR"),
+    (libc::SIGSYS, "SIGSYS"),
+    (libc::SIGIOT, "SIGIOT"),
+    (libc::SIGPOLL, "SIGPOLL"),
+];
+
+/// A signal's name ("SIGTERM"), or "signal" for a number that is no standard signal (0, a
+/// real-time one).
 pub fn name(signal: i32) -> &'static str {
-    signal_hook::low_level::signal_name(signal).unwrap_or("signal")
+    NAMES
+        .iter()
+        .find(|&&(n, _)| n == signal)
+        .map_or("signal", |&(_, name)| name)
+}
+
+/// The standard signal named `name`, with or without its `SIG` prefix, in any case (`SIGINT`,
+/// `int`); aliases too (`SIGIOT` is SIGABRT, `SIGPOLL` SIGIO).
+pub fn by_name(name: &str) -> Option<i32> {
+    let upper = name.to_ascii_uppercase();
+    let bare = upper.strip_prefix("SIG").unwrap_or(&upper);
+    NAMES
+        .iter()
+        .find(|&&(_, known)| known.strip_prefix("SIG") == Some(bare))
+        .map(|&(n, _)| n)
 }
 
 /// Per signal, the flag of its conditional default action and the live streams that catch it.
@@ -314,6 +372,34 @@ mod tests {
 
     use super::*;
     use crate::process::alone::{alone, exit_code};
+
+    #[test]
+    fn every_standard_signal_has_one_name_read_back_by_by_name() {
+        let mut seen = std::collections::HashSet::new();
+        for n in 1..=31 {
+            let named = name(n);
+            assert!(named.starts_with("SIG") && named.len() > 3, "{n}: {named}");
+            assert!(seen.insert(named), "{n}: {named} names two signals");
+            assert_eq!(by_name(named), Some(n), "{named}");
+            assert_eq!(
+                by_name(&named[3..].to_ascii_lowercase()),
+                Some(n),
+                "{named}"
+            );
+        }
+        assert_eq!((name(16), name(30)), ("SIGSTKFLT", "SIGPWR"));
+        assert_eq!(by_name("stkflt"), Some(libc::SIGSTKFLT));
+        assert_eq!(by_name("SigPwr"), Some(libc::SIGPWR));
+        assert_eq!(by_name("SIGIOT"), Some(libc::SIGABRT));
+        assert_eq!(by_name("poll"), Some(libc::SIGIO));
+        for not in ["", "SIG", "SIGSIGINT", "TERM2", "SIGRTMIN", "15"] {
+            assert_eq!(by_name(not), None, "{not:?}");
+        }
+        assert_eq!(
+            (name(0), name(32), name(-1)),
+            ("signal", "signal", "signal")
+        );
+    }
 
     /// Forks a process that runs `check` (a code for each failure, 0 when it passed) and
     /// `_exit`s with its code; returns that code (or the wait status, SIGKILLed after 10 s).

@@ -5,8 +5,9 @@
 //! as PID 1 of a container that happens anyway. The reaper then reaps every child that is not one
 //! of nodus's own ("foreign": adopted orphans), on `SIGCHLD` and every [`PASS_PERIOD`], so none is
 //! left a zombie, and at the end of a graceful stop [`Reaper::stop_adopted`] stops those still
-//! running (SIGTERM, SIGKILL after the kill timeout: systemd's `KillMode=` for a unit's
-//! leftovers). At its end (below) it hands those still unreaped to the orphan reaper's thread.
+//! running (the workers' kill signal, SIGTERM by default, then SIGKILL after the kill timeout:
+//! systemd's `KillMode=` for a unit's leftovers). At its end (below) it hands those still
+//! unreaped to the orphan reaper's thread.
 //!
 //! Which children are nodus's own: every process nodus forks ([`Command::spawn`](super::Command::spawn), the orphan
 //! guard) is registered in [`OURS`], a process-wide table, from before the fork until after its
@@ -514,12 +515,16 @@ impl Reaper {
         Pass::Alive(alive)
     }
 
-    /// At the end of a graceful stop, once every worker is gone: SIGTERM to every adopted
-    /// process still running (and to each one re-parented here meanwhile), SIGKILL to what is
-    /// left (and its descendants) after `kill_timeout` or after [`hurry`](Self::hurry). Returns
-    /// how many got SIGTERM and how many SIGKILL; logs one line when there were any.
-    pub(crate) async fn stop_adopted(&self, kill_timeout: Duration) -> (usize, usize) {
+    /// At the end of a graceful stop, once every worker is gone: `term` (the workers' kill
+    /// signal, SIGTERM by default: they belong to the app) to every adopted process still running
+    /// (and to each one re-parented here meanwhile), SIGKILL to what is left (and its
+    /// descendants) after `kill_timeout` or after [`hurry`](Self::hurry). Returns how many got
+    /// `term` and how many SIGKILL; logs one line, naming `term`, when there were any.
+    pub(crate) async fn stop_adopted(&self, term: i32, kill_timeout: Duration) -> (usize, usize) {
         let deadline = Instant::now() + kill_timeout;
+        // A number that is no signal (a library user's `Config::kill_signal`) sends nothing, as
+        // it does to the workers: SIGKILL at the kill timeout.
+        let term_signal = super::child::to_signal(term).ok();
         let mut termed = HashSet::new();
         loop {
             let alive = self.reap().await;
@@ -530,7 +535,10 @@ impl Reaper {
                 break;
             }
             for pid in alive {
-                if !termed.contains(&pid) && signal_child(pid, Signal::TERM, false) {
+                if let Some(signal) = term_signal
+                    && !termed.contains(&pid)
+                    && signal_child(pid, signal, false)
+                {
                     termed.insert(pid);
                 }
             }
@@ -563,9 +571,10 @@ impl Reaper {
             let s = if stopped == 1 { "" } else { "es" };
             tracing::info!(
                 target: "nodus::process",
-                "stopped {stopped} adopted process{s} the workers left behind ({} got SIGTERM, {} \
+                "stopped {stopped} adopted process{s} the workers left behind ({} got {}, {} \
                  SIGKILL)",
                 termed.len(),
+                crate::signal::name(term),
                 killed.len()
             );
         }
@@ -573,7 +582,7 @@ impl Reaper {
     }
 
     /// A second signal during [`stop_adopted`](Self::stop_adopted), or before it (during the
-    /// workers' drain): SIGKILL what is left now, without a SIGTERM first.
+    /// workers' drain): SIGKILL what is left now, without the kill signal first.
     pub(crate) fn hurry(&self) {
         self.0.hurry.set(true);
     }

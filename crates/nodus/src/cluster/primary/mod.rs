@@ -49,8 +49,10 @@
 //!   worker, it adopts every descendant orphaned below it (a `setsid` daemon whose parent
 //!   exited included), reaps each when it exits (`crate::process::Reaper`, `State::reaper`:
 //!   only children that `crate::process` did not spawn, so never a worker or the guard), and,
-//!   once a stop has no worker left, SIGTERMs the adopted processes still running, SIGKILLs
-//!   them after the kill timeout, and logs how many. The counts are in the stats and metrics.
+//!   once a stop has no worker left, sends the adopted processes still running the workers'
+//!   kill signal ([`Config::kill_signal`], SIGTERM by default: they belong to the app),
+//!   SIGKILLs them after the kill timeout, and logs how many. The counts are in the stats and
+//!   metrics.
 //!   A runtime dropped without a stop ends the reaper too: the adopted processes still there
 //!   are reaped by the orphan reaper's thread (`crate::process`), none left a zombie.
 //!   Off for a library user by default: the primary would reap any child of the program that
@@ -210,8 +212,10 @@ pub struct Config {
     /// default): a plain program's at once, a worker with a channel's if it is still running
     /// just past its drain deadline (a Node worker's sooner, once it holds no inbound
     /// connection). Sent to the worker alone; SIGKILL to its group still follows at
-    /// [`kill_timeout`](Self::kill_timeout). A worker that dies of it stopped as asked. Not
-    /// SIGKILL nor SIGSTOP (the command line refuses them).
+    /// [`kill_timeout`](Self::kill_timeout). A worker that dies of it stopped as asked. With
+    /// [`subreaper`](Self::subreaper), the adopted processes still running once a stop has no
+    /// worker left get it too (they belong to the app). Not SIGKILL nor SIGSTOP (the command
+    /// line refuses them).
     pub kill_signal: i32,
     /// How long a reload waits for a new worker to be ready. Under round-robin and least, also
     /// how long a connection the primary accepted waits for a worker to take it (none listens,
@@ -232,7 +236,8 @@ pub struct Config {
     /// worker's descendant that is orphaned (its parent exited, or it daemonized with `setsid`
     /// and a double fork) is re-parented to it rather than to init; reap every such adopted
     /// process when it exits (on `SIGCHLD`); and at the end of a graceful stop, once every
-    /// worker is gone, SIGTERM the adopted processes still running, then SIGKILL them after
+    /// worker is gone, send the adopted processes still running
+    /// [`kill_signal`](Self::kill_signal) (SIGTERM by default), then SIGKILL them after
     /// `kill_timeout` (or at once after a second stop request). Counted in the stats
     /// (`orphans_adopted`, `orphans_reaped`) and the metrics
     /// (`nodus_cluster_orphans_adopted_total`, `_reaped_total`). The children this process

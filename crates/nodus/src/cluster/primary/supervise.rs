@@ -69,8 +69,8 @@
 //!   own exit, a stop, a give-up, a reload's old generation), what is left of its group is
 //!   SIGKILLed before it is reaped (see `Proc::spawn`). So when `run` returns, every worker's group is empty or
 //!   dying of SIGKILL; `run` then stops what the workers left that this process adopted (with
-//!   [`Config::subreaper`](super::Config::subreaper): SIGTERM, then SIGKILL after the kill
-//!   timeout, or at once after a second signal, one during the workers' drain included; the
+//!   [`Config::subreaper`](super::Config::subreaper): the kill signal, then SIGKILL after the
+//!   kill timeout, or at once after a second signal, one during the workers' drain included; the
 //!   exit code stays what the workers' stop made it), closes the orphan guard (which remembers
 //!   no group by then, so kills nothing) and reaps it, and ends the reaping, before returning.
 
@@ -134,7 +134,7 @@ pub(super) async fn run(st: &Rc<State>) -> i32 {
         match next {
             Err(code) => {
                 // Every worker is gone: what they left behind that this process adopted is
-                // stopped now (SIGTERM, SIGKILL after the kill timeout).
+                // stopped now (the kill signal, SIGKILL after the kill timeout).
                 if let Some(reaper) = &st.reaper {
                     stop_adopted(st, reaper, signals.as_mut()).await;
                 }
@@ -167,7 +167,7 @@ pub(super) async fn run(st: &Rc<State>) -> i32 {
 /// ([`Reaper::stop_adopted`]); a SIGTERM or SIGINT meanwhile SIGKILLs them at once. The exit
 /// code is not changed: what the workers' stop lost decides it.
 async fn stop_adopted(st: &State, reaper: &Reaper, mut signals: Option<&mut Signals>) {
-    let mut stop = pin!(reaper.stop_adopted(st.config.kill_timeout));
+    let mut stop = pin!(reaper.stop_adopted(st.config.kill_signal, st.config.kill_timeout));
     poll_fn(|cx| {
         if let Some(signals) = signals.as_deref_mut() {
             while let Poll::Ready(sig) = signals.poll_recv(cx) {
