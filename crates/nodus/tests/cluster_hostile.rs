@@ -9,7 +9,8 @@
 //! shaped like a newer build's (more task classes, phases, stalls and buckets than this build
 //! keeps, fields it does not know, one it lacks), which a rolling reload brings: served.
 //! And snapshots within the limits but too big together for the one IPC frame that relays the
-//! cluster's stats to a worker: the worker gets them with the largest left out, said so.
+//! cluster's stats to a worker: the worker gets them with the largest left out, said so. And a
+//! stall of the primary's own loop while its workers answer: none of them looks silent.
 //!
 //! A worker is this test binary run again (the variable [`ROLE`] says which role, filtered to
 //! the same test); slot 1 is an honest nodus worker, the other slots hostile ones, which speak
@@ -1257,6 +1258,47 @@ fn stats_relayed_to_a_worker_fit_one_frame_and_say_what_they_left_out() {
         for i in 1..4 {
             let padding = own["workers"][i]["snapshot"]["padding"].as_str();
             assert_eq!(padding.map(str::len), Some(PADDING), "worker {}", i + 1);
+        }
+        honest_serves(c.addr).await;
+        c.shut_down().await;
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn a_stall_of_the_primary_itself_makes_no_worker_look_silent() {
+    const NAME: &str = "a_stall_of_the_primary_itself_makes_no_worker_look_silent";
+    play("primary-stall", true, || {
+        snapshot_worker(format!(
+            r#"{{"cmd":"NODE_NODUS","act":"snapshot","id":0,"snapshot":{}}}"#,
+            with_classes(1, |_| "small".to_owned())
+        ))
+    });
+    let _serial = serial();
+    let dir = nodus_testkit::tmp::TempDir::new("primary-stall");
+    bounded(async || {
+        let c = Cluster::start(NAME, "primary-stall", 2, Policy::RoundRobin, dir.path());
+        c.ready(2).await;
+        let (_, stats) = c.metrics_and_stats(2).await;
+        assert_eq!(stats["workers"][1]["answering"], true);
+        for _ in 0..3 {
+            // Past the cache (1 s): the next document asks both workers, and the primary's
+            // loop stalls (as a stopped process does) for twice the ask's 500 ms right after
+            // the requests went out, while both answer.
+            nodus::sleep(Duration::from_millis(1100)).await;
+            let p = c.primary.clone();
+            let doc = nodus::spawn(async move { p.stats_json().await });
+            nodus::set_immediate(|| std::thread::sleep(Duration::from_millis(1000)));
+            let stats: Value = serde_json::from_str(&doc.await.unwrap()).unwrap();
+            for w in stats["workers"].as_array().unwrap() {
+                assert_eq!(
+                    w["answering"], true,
+                    "worker {} after the stall",
+                    w["worker"]
+                );
+                assert!(w["snapshot"].is_object(), "worker {}", w["worker"]);
+            }
         }
         honest_serves(c.addr).await;
         c.shut_down().await;

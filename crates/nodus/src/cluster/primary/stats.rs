@@ -9,9 +9,11 @@
 //! dropped, never served as if current (a blocked loop would otherwise show its last figures,
 //! idle, for as long as it blocks). `answering` says why: `null` for a worker that is not asked
 //! (or not yet), `false` for one that was asked and did not answer in time (stalled, or too
-//! busy), whether or not it answered an earlier request. Answers are checked (parsed) once
-//! every wait is over, so the time one worker's snapshot takes to parse is no other's to
-//! answer in.
+//! busy), whether or not it answered an earlier request, judged against the primary's own
+//! progress: a wait that ran out counts only once the loop has read what came by its deadline
+//! (`time::polled_ns`), so a pause of the primary (SIGSTOP, a stalled loop) makes no worker that
+//! answered meanwhile look silent. Answers are checked (parsed) once every wait is over, so the
+//! time one worker's snapshot takes to parse is no other's to answer in.
 //! The same requests tell routing and readyz whether a worker's loop runs (`probe`,
 //! `loop_stalled`, part of `handoff::stalled`): the oldest one a worker has not answered is kept
 //! with its time, so a loop that has left it unanswered for the handoff deadline, with nothing
@@ -117,10 +119,23 @@ pub(super) async fn ask_all(st: &Rc<State>, limit: Duration) -> bool {
         })
         .collect();
     let deadline = Instant::now() + limit;
+    // The deadline on the loop's clock: a wait that ran out is a verdict only once the loop has
+    // read everything that came by then (`polled_ns` past it). A pause of the primary itself
+    // (stopped, or its loop stalled) runs the timer out with the answers unread in the channel:
+    // they are waited for a little longer (at most `limit` more, should the loop never complete
+    // a read), and a worker that answered in time is not found silent.
+    let due_ns = crate::clock::now_ns() + limit.as_nanos() as u64;
     let mut answers = Vec::with_capacity(asks.len());
+    let mut grace = None;
     for (p, id, slot) in asks {
         let left = deadline.saturating_duration_since(Instant::now());
-        let answer = slot.wait(left.max(Duration::from_millis(1))).await;
+        let mut answer = slot.wait(left.max(Duration::from_millis(1))).await;
+        while answer.is_none()
+            && crate::time::polled_ns() < due_ns
+            && Instant::now() < *grace.get_or_insert_with(|| Instant::now() + limit)
+        {
+            answer = slot.wait(Duration::from_millis(1)).await;
+        }
         p.snapshot_waiters.borrow_mut().remove(&id);
         answers.push((p, answer));
     }
