@@ -8,6 +8,9 @@
 //! section 9: bad input gets a clear error and costs nothing else). Beside them, a snapshot
 //! shaped like a newer build's (more task classes, phases, stalls and buckets than this build
 //! keeps, fields it does not know, one it lacks), which a rolling reload brings: served.
+//! And snapshots within the limits but too big together for the one IPC frame that relays the
+//! cluster's stats to a worker: the worker gets them with the largest left out, said so. And a
+//! stall of the primary's own loop while its workers answer: none of them looks silent.
 //!
 //! A worker is this test binary run again (the variable [`ROLE`] says which role, filtered to
 //! the same test); slot 1 is an honest nodus worker, the other slots hostile ones, which speak
@@ -1096,6 +1099,207 @@ fn a_newer_builds_snapshot_within_the_wire_limits_is_served_per_worker() {
         assert!(text.contains(&format!(
             "nodus_uptime_seconds{{worker=\"1\",pid=\"{honest}\"}} "
         )));
+        honest_serves(c.addr).await;
+        c.shut_down().await;
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// A snapshot within the wire limits (3 MB) that takes twice its size in a frame's `text`: a
+/// field this build does not know (served as sent) of 1,500,000 quotes, each `\"` in the
+/// snapshot and `\\\"` once the document holding it is a reply's `text`. Three of them do not
+/// fit one 16 MiB frame.
+fn big_snapshot() -> String {
+    let mut v: Value = serde_json::from_str(&with_classes(1, |_| "big".to_owned())).unwrap();
+    v["padding"] = "\"".repeat(PADDING).into();
+    format!(r#"{{"cmd":"NODE_NODUS","act":"snapshot","id":0,"snapshot":{v}}}"#)
+}
+
+/// Slot 5 of the test below: a nodus worker that asks the primary for the cluster's stats (the
+/// relay a worker's `/_nodus/stats` uses) until slots 2 to 4 have answered in it (at most 30
+/// tries: parsing three such snapshots takes a debug build on a loaded machine near the
+/// primary's 500 ms), then for the metrics; writes each reply's `text` (`stats`, `metrics`), or `none` when the primary sent no
+/// reply within 10 s. Answers snapshot requests meanwhile.
+fn stats_asker_worker() -> ! {
+    let dir = worker_dir();
+    nodus::Runtime::new().block_on(async move {
+        let ch = Channel::from_env()
+            .unwrap()
+            .expect("started with a channel");
+        send(
+            &ch,
+            r#"{"cmd":"NODE_CLUSTER","act":"online","seq":0,"nodus":1}"#,
+        );
+        send(&ch, r#"{"cmd":"NODE_NODUS","act":"ready"}"#);
+        let small = with_classes(0, |_| String::new());
+        // The reply's `text` to a request for `what`, or `None` after 10 s.
+        let ask = async |id: u64, what: &str| {
+            send(
+                &ch,
+                &format!(
+                    r#"{{"cmd":"NODE_NODUS","act":"stats_request","id":{id},"text":"{what}"}}"#
+                ),
+            );
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let Ok(Some(msg)) = nodus::timeout(left, ch.recv_internal()).await else {
+                    return None;
+                };
+                let v: Value = serde_json::from_str(msg.json()).unwrap();
+                match v["act"].as_str() {
+                    Some("snapshot_request") => send(
+                        &ch,
+                        &format!(
+                            r#"{{"cmd":"NODE_NODUS","act":"snapshot","id":{},"snapshot":{small}}}"#,
+                            v["id"]
+                        ),
+                    ),
+                    Some("stats_reply") if v["id"] == id => {
+                        return Some(v["text"].as_str().unwrap().to_owned());
+                    }
+                    _ => {}
+                }
+            }
+        };
+        let mut stats = None;
+        for id in 1..=30 {
+            stats = ask(id, "stats").await;
+            let Some(json) = &stats else { break };
+            let doc: Value = serde_json::from_str(json).unwrap();
+            if (1..4).all(|i| doc["workers"][i]["answering"] == true) {
+                break;
+            }
+            nodus::sleep(Duration::from_millis(1100)).await;
+        }
+        put(&dir, "stats", stats.as_deref().unwrap_or("none"));
+        let metrics = ask(100, "metrics").await;
+        put(&dir, "metrics", metrics.as_deref().unwrap_or("none"));
+        until_disconnect(&ch).await
+    })
+}
+
+/// The quotes in a [`big_snapshot`].
+const PADDING: usize = 1_500_000;
+
+#[test]
+fn stats_relayed_to_a_worker_fit_one_frame_and_say_what_they_left_out() {
+    const NAME: &str = "stats_relayed_to_a_worker_fit_one_frame_and_say_what_they_left_out";
+    play("big-snapshots", true, || {
+        if slot() == 5 {
+            stats_asker_worker()
+        }
+        snapshot_worker(big_snapshot())
+    });
+    let _serial = serial();
+    let dir = nodus_testkit::tmp::TempDir::new("big-snapshots");
+    bounded(async || {
+        let c = Cluster::start(NAME, "big-snapshots", 5, Policy::RoundRobin, dir.path());
+        let relayed = read(dir.path(), "stats").await;
+        assert_ne!(relayed, "none", "the primary sent no stats reply");
+        // The reply fit one frame: its `text` escaped, and the rest of the message.
+        let text_len = serde_json::to_string(&relayed).unwrap().len();
+        assert!(text_len < nodus::ipc::DEFAULT_MAX_FRAME, "{text_len} bytes");
+        let doc: Value = serde_json::from_str(&relayed).unwrap();
+        let workers = doc["workers"].as_array().unwrap();
+        assert_eq!(workers.len(), 5);
+        // Three 6 MB parts (escaped) cannot all fit 16 MiB: the first of the largest is left
+        // out, saying so, and the document says why.
+        let left_out: Vec<u64> = workers
+            .iter()
+            .filter(|w| !w["snapshot_left_out"].is_null())
+            .map(|w| w["worker"].as_u64().unwrap())
+            .collect();
+        assert_eq!(left_out, [2], "{:#}", doc["trimmed"]);
+        let why = workers[1]["snapshot_left_out"].as_str().unwrap();
+        assert!(
+            why.contains("-byte snapshot did not fit the IPC frame"),
+            "{why}"
+        );
+        assert!(workers[1]["snapshot"].is_null());
+        assert_eq!(workers[1]["answering"], true);
+        let trimmed = doc["trimmed"].as_str().unwrap();
+        assert!(
+            trimmed.starts_with("1 of 5 worker snapshots left out") && trimmed.contains("16777216"),
+            "{trimmed}"
+        );
+        for slot in [1, 3, 4, 5] {
+            let w = &workers[slot - 1];
+            assert!(w["snapshot_left_out"].is_null(), "worker {slot}");
+            assert!(
+                w["snapshot"].is_object(),
+                "worker {slot}: {}",
+                w["snapshot"]
+            );
+        }
+        // The relayed metrics carry no padding (a field the metrics do not know): whole.
+        let metrics = read(dir.path(), "metrics").await;
+        assert!(
+            metrics.ends_with("# EOF\n"),
+            "{}",
+            &metrics[..metrics.len().min(200)]
+        );
+        assert!(!metrics.contains("nodus_cluster_worker_snapshot_left_out"));
+        // The primary's own document has no frame to fit: whole, past a frame's size, once the
+        // three answered in time.
+        let mut own = Value::Null;
+        for _ in 0..30 {
+            own = serde_json::from_str(&c.primary.stats_json().await).unwrap();
+            if (1..4).all(|i| own["workers"][i]["answering"] == true) {
+                break;
+            }
+            nodus::sleep(Duration::from_millis(1100)).await;
+        }
+        assert!(own["trimmed"].is_null());
+        for w in own["workers"].as_array().unwrap() {
+            assert!(w["snapshot_left_out"].is_null());
+        }
+        for i in 1..4 {
+            let padding = own["workers"][i]["snapshot"]["padding"].as_str();
+            assert_eq!(padding.map(str::len), Some(PADDING), "worker {}", i + 1);
+        }
+        honest_serves(c.addr).await;
+        c.shut_down().await;
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn a_stall_of_the_primary_itself_makes_no_worker_look_silent() {
+    const NAME: &str = "a_stall_of_the_primary_itself_makes_no_worker_look_silent";
+    play("primary-stall", true, || {
+        snapshot_worker(format!(
+            r#"{{"cmd":"NODE_NODUS","act":"snapshot","id":0,"snapshot":{}}}"#,
+            with_classes(1, |_| "small".to_owned())
+        ))
+    });
+    let _serial = serial();
+    let dir = nodus_testkit::tmp::TempDir::new("primary-stall");
+    bounded(async || {
+        let c = Cluster::start(NAME, "primary-stall", 2, Policy::RoundRobin, dir.path());
+        c.ready(2).await;
+        let (_, stats) = c.metrics_and_stats(2).await;
+        assert_eq!(stats["workers"][1]["answering"], true);
+        for _ in 0..3 {
+            // Past the cache (1 s): the next document asks both workers, and the primary's
+            // loop stalls (as a stopped process does) for twice the ask's 500 ms right after
+            // the requests went out, while both answer.
+            nodus::sleep(Duration::from_millis(1100)).await;
+            let p = c.primary.clone();
+            let doc = nodus::spawn(async move { p.stats_json().await });
+            nodus::set_immediate(|| std::thread::sleep(Duration::from_millis(1000)));
+            let stats: Value = serde_json::from_str(&doc.await.unwrap()).unwrap();
+            for w in stats["workers"].as_array().unwrap() {
+                assert_eq!(
+                    w["answering"], true,
+                    "worker {} after the stall",
+                    w["worker"]
+                );
+                assert!(w["snapshot"].is_object(), "worker {}", w["worker"]);
+            }
+        }
         honest_serves(c.addr).await;
         c.shut_down().await;
     });

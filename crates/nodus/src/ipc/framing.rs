@@ -18,7 +18,8 @@ use std::fmt;
 use serde_json::value::RawValue;
 
 /// The default cap on one frame: 16 MiB. A wire limit between nodus peers of any build, never
-/// lowered (a worker's snapshot, at most 4 MiB, stays well under it).
+/// lowered (a worker's snapshot, at most 4 MiB, stays well under it; the cluster stats a
+/// primary relays to a worker, every worker's snapshot in them, leave snapshots out to fit it).
 pub const DEFAULT_MAX_FRAME: usize = 16 * 1024 * 1024;
 
 /// Why a frame was refused.

@@ -26,7 +26,7 @@
 //!   `me`, a weak reference, for `!Send` owners): never to whichever loop is current.
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::future::Future;
 use std::panic::Location;
 use std::ptr::NonNull;
@@ -197,6 +197,10 @@ pub(crate) struct Core {
     /// The loop's time when the last poll phase that reported every ready source began, once it
     /// has dispatched them all (`crate::time::polled_ns`); 0 before the first.
     pub(crate) polled: Cell<u64>,
+    /// Under full poll batches (`rt/phases.rs`): the loop's time before the oldest full batch
+    /// not yet known to have been followed by every source it left unreported, and the tokens
+    /// reported since (dispatched batches only). Cleared by a complete poll.
+    pub(crate) full_batch: RefCell<Option<(u64, HashSet<usize>)>>,
     /// The task being polled, if any (budget accounting, stall attribution).
     pub(crate) current: Cell<Option<PollTarget>>,
     next_task: Cell<u64>,
@@ -242,6 +246,7 @@ impl Core {
             shutting_down: Cell::new(false),
             budget: Cell::new(COOP_BUDGET),
             polled: Cell::new(0),
+            full_batch: RefCell::new(None),
             current: Cell::new(None),
             next_task: Cell::new(1),
             tasks: RefCell::new(Slab::new()),

@@ -17,13 +17,19 @@
 //!   not full), set once that phase has dispatched every event it took: by then each of those
 //!   sources' tasks has run. It never runs ahead of what the loop has read: after the process
 //!   was stopped, the timers phase sees the clock jump, `polled` only once a poll phase has
-//!   dispatched what arrived meanwhile.
+//!   dispatched what arrived meanwhile. While every batch is full (1,024 events per
+//!   `epoll_wait`, more sources ready), it still advances: to the clock read before the oldest
+//!   full batch not yet covered, once a later dispatched batch reports again a source reported
+//!   since that one (`after_batch`): epoll puts what a full batch left unreported back at the
+//!   head of its ready list and a source ready again at its tail, so by then every source that
+//!   batch left has been reported and dispatched.
 //! - No event taken from epoll is lost (it is edge-triggered: never reported again). A batch
 //!   that `block_on`'s future completed in the middle of is dispatched, from the first event
 //!   left, at the start of the next poll phase, before any new event; so is the remote queue's
 //!   rest (ahead of work posted since).
 //! - Every phase returns early once the `block_on` future has completed.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use super::core::{Core, Posted, Remote};
@@ -208,8 +214,8 @@ impl Core {
             }
         }
         let _ = returned;
-        if complete && dispatched == events.len() {
-            self.polled.set(polled);
+        if dispatched == events.len() {
+            self.after_batch(polled, complete, &events[carried..]);
         }
         // epoll is edge-triggered: an event taken from it is never reported again, so the ones
         // not dispatched (`block_on` returned) are kept for the next poll phase, not dropped.
@@ -218,6 +224,34 @@ impl Core {
         if self.shared.has_remote() {
             self.run_remote();
         }
+    }
+
+    /// Moves `Core::polled` on once a poll phase has dispatched every event it took (`new`, the
+    /// ones its `epoll_wait` reported, the poll's clock read `polled`): to `polled` after a
+    /// complete poll; under full batches, to the read before the oldest full batch once a token
+    /// reported since it is reported again. epoll keeps its ready list in order and puts back
+    /// what a full batch left unreported at its head, while a source reported and ready again
+    /// is added at its tail: that source's return comes after every source the older batch left.
+    fn after_batch(&self, polled: u64, complete: bool, new: &[(usize, u8)]) {
+        let mut full = self.full_batch.borrow_mut();
+        if complete {
+            self.polled.set(polled);
+            *full = None;
+            return;
+        }
+        if new.is_empty() {
+            return; // a signal, or a failed poll: nothing reported, nothing learnt
+        }
+        let proved = full
+            .as_ref()
+            .filter(|(_, seen)| new.iter().any(|(token, _)| seen.contains(token)))
+            .map(|&(since, _)| since);
+        if let Some(since) = proved {
+            self.polled.set(since);
+            *full = None;
+        }
+        let (_, seen) = full.get_or_insert_with(|| (polled, HashSet::new()));
+        seen.extend(new.iter().map(|&(token, _)| token));
     }
 
     /// Work posted by other threads: woken tasks and completion callbacks, each a macrotask.
@@ -356,6 +390,58 @@ mod tests {
         });
         rt.run();
         assert!(checked.get());
+    }
+
+    /// More sources ready than one `epoll_wait` reports (1,024) at every poll, written to again
+    /// each turn: every batch is full, and `polled_ns` still moves on, behind the loop's clock
+    /// by a few batches (before, it stood at the last poll that was not full).
+    #[test]
+    fn polled_ns_advances_while_every_poll_batch_is_full() {
+        use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+        const SOURCES: usize = 1100;
+        const TURNS: u32 = 20;
+        let limit = getrlimit(Resource::Nofile);
+        if limit.current.is_some_and(|n| n < 4096) {
+            let wanted = Rlimit {
+                current: limit.maximum.map(|max| max.min(4096)),
+                maximum: limit.maximum,
+            };
+            setrlimit(Resource::Nofile, wanted).unwrap();
+        }
+        let rt = Runtime::new();
+        let seen = Rc::new(Cell::new(None));
+        let s = seen.clone();
+        rt.enter(move || {
+            let mut writers = Vec::with_capacity(SOURCES);
+            for _ in 0..SOURCES {
+                let (a, b) = crate::net::UnixStream::pair().unwrap();
+                writers.push(b.into_std());
+                crate::task::spawn(async move {
+                    let mut buf = [0u8; 64];
+                    while a.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+                })
+                .detach();
+            }
+            crate::task::spawn(async move {
+                let mut since = 0;
+                for turn in 0..TURNS {
+                    for mut w in &writers {
+                        std::io::Write::write_all(&mut w, b"x").unwrap();
+                    }
+                    if turn == 1 {
+                        // Every poll from here on finds more than a batch ready.
+                        since = crate::clock::now_ns();
+                    }
+                    crate::task::yield_now().await;
+                }
+                s.set(Some((since, polled_ns())));
+                drop(writers);
+            })
+            .detach();
+        });
+        rt.run();
+        let (since, polled) = seen.get().expect("the writer ran");
+        assert!(polled > since, "polled_ns stood still under full batches");
     }
 
     /// Iterations that never poll (nothing registered, nothing may block) still advance the

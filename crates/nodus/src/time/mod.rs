@@ -91,8 +91,9 @@ pub fn loop_now_ns() -> u64 {
 /// been silent for some time compares against this, not [`loop_now_ns`]: when this process
 /// itself was stopped (SIGSTOP, a frozen VM, a long page-in), the loop's clock has jumped in the
 /// timers phase while what the peer sent meanwhile waits in a socket for the poll phase. It lags
-/// the loop's clock by up to a turn (a blocked poll's wait included). Outside a loop, the process
-/// clock.
+/// the loop's clock by up to a turn (a blocked poll's wait included), and while every poll batch
+/// is full by the batches until a source comes round again (`rt/phases.rs`). Outside a loop, the
+/// process clock.
 #[inline]
 pub(crate) fn polled_ns() -> u64 {
     try_with_core(|core| core.polled.get()).unwrap_or_else(crate::clock::now_ns)

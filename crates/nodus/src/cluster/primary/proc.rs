@@ -50,7 +50,8 @@
 //!   there unread); otherwise the request is dropped, with one warning per stretch, so a worker
 //!   that asks and never reads cannot grow the primary's memory or spend its fds. Its stats
 //!   requests are answered by one task at a time, in batches (at most [`MAX_STATS_WAITING`]
-//!   waiting): a flood of them costs one document at a time.
+//!   waiting): a flood of them costs one document at a time, made to fit one frame
+//!   ([`stats_text_budget`]).
 //! - A worker not ready after `ready_timeout` for want of what its readiness waits for is warned
 //!   about once: under `Readiness::Listening` one with a channel that has not sent `listening`,
 //!   under `Readiness::Message` one that has not said it is ready; never a reload's new worker
@@ -97,6 +98,18 @@ pub(super) const REPLY_HANDLES: usize =
 /// A worker's stats requests waiting for the next document at most; more are dropped (their
 /// sender times out).
 const MAX_STATS_WAITING: usize = 64;
+
+/// The room a `stats_reply` frame has for its `text` (the document, JSON-escaped): the frame
+/// cap less the rest of the message, with the longest id. A document that would take more
+/// leaves worker snapshots out (`stats::stats_json_relayed`): a reply past the cap could not be
+/// sent at all, and the worker would wait for it in vain.
+fn stats_text_budget() -> usize {
+    let mut reply = Nodus::act("stats_reply");
+    reply.id = Some(u64::MAX);
+    reply.text = Some("");
+    let rest = serde_json::to_string(&reply).expect("a reply serializes");
+    crate::ipc::DEFAULT_MAX_FRAME - rest.len()
+}
 
 /// How long a worker's exit line waits for its output pipes to reach end of file once it exited:
 /// a grandchild that inherited them and left the worker's process group (`setsid`), so was not
@@ -877,12 +890,12 @@ fn stats_request(st: &Rc<State>, proc: &Rc<Proc>, id: Option<u64>, metrics: bool
             p.stats_dropped_said.set(false);
             let wants = |kind: bool| batch.iter().any(|&(_, metrics)| metrics == kind);
             let json = if wants(false) {
-                stats::stats_json(&s).await
+                stats::stats_json_relayed(&s, stats_text_budget()).await
             } else {
                 String::new()
             };
             let text = if wants(true) {
-                stats::metrics_text(&s).await
+                stats::metrics_text_relayed(&s, stats_text_budget()).await
             } else {
                 String::new()
             };

@@ -9,7 +9,11 @@
 //! dropped, never served as if current (a blocked loop would otherwise show its last figures,
 //! idle, for as long as it blocks). `answering` says why: `null` for a worker that is not asked
 //! (or not yet), `false` for one that was asked and did not answer in time (stalled, or too
-//! busy), whether or not it answered an earlier request.
+//! busy), whether or not it answered an earlier request, judged against the primary's own
+//! progress: a wait that ran out counts only once the loop has read what came by its deadline
+//! (`time::polled_ns`), so a pause of the primary (SIGSTOP, a stalled loop) makes no worker that
+//! answered meanwhile look silent. Answers are checked (parsed) once every wait is over, so the
+//! time one worker's snapshot takes to parse is no other's to answer in.
 //! The same requests tell routing and readyz whether a worker's loop runs (`probe`,
 //! `loop_stalled`, part of `handoff::stalled`): the oldest one a worker has not answered is kept
 //! with its time, so a loop that has left it unanswered for the handoff deadline, with nothing
@@ -25,6 +29,12 @@
 //! huge, with two series of one name) is refused, the worker shown without a snapshot
 //! (`answering` stays true: its loop answered) and said once per worker process, so one worker's
 //! bad answer never makes the document or the exposition invalid for the others.
+//! A document relayed to a worker (its own `/_nodus/...`, asked over the channel) fits one IPC
+//! frame ([`crate::ipc::DEFAULT_MAX_FRAME`], its text JSON-escaped in the reply): past that,
+//! the largest worker snapshots are left out, as few as needed ([`fit`]), each such worker
+//! saying why (`snapshot_left_out`; `nodus_cluster_worker_snapshot_left_out` in the metrics)
+//! and the document that it is trimmed (`trimmed`), so the worker always gets a valid answer
+//! rather than none. The primary's own document has no frame and is always whole.
 //! The worker may be another build than the primary (a rolling reload runs the binary on disk):
 //! its snapshot is checked against the wire limits every build keeps, never this build's own
 //! table sizes, its fields this build does not know are ignored (and served as sent in the JSON
@@ -56,7 +66,7 @@ use super::{LastExit, State};
 use crate::cluster::protocol::{Nodus, SNAPSHOT_PROBE};
 use crate::cluster::reply::ReplySlot;
 use crate::metrics::Snapshot;
-use crate::metrics::prometheus::SnapshotCollector;
+use crate::metrics::prometheus::{SnapshotCollector, render_labeled};
 use crate::metrics::wire;
 
 /// Snapshots younger than this are served as they are.
@@ -109,10 +119,31 @@ pub(super) async fn ask_all(st: &Rc<State>, limit: Duration) -> bool {
         })
         .collect();
     let deadline = Instant::now() + limit;
-    let mut all = true;
+    // The deadline on the loop's clock: a wait that ran out is a verdict only once the loop has
+    // read everything that came by then (`polled_ns` past it). A pause of the primary itself
+    // (stopped, or its loop stalled) runs the timer out with the answers unread in the channel:
+    // they are waited for a little longer (at most `limit` more, should the loop never complete
+    // a read), and a worker that answered in time is not found silent.
+    let due_ns = crate::clock::now_ns() + limit.as_nanos() as u64;
+    let mut answers = Vec::with_capacity(asks.len());
+    let mut grace = None;
     for (p, id, slot) in asks {
         let left = deadline.saturating_duration_since(Instant::now());
-        match slot.wait(left.max(Duration::from_millis(1))).await {
+        let mut answer = slot.wait(left.max(Duration::from_millis(1))).await;
+        while answer.is_none()
+            && crate::time::polled_ns() < due_ns
+            && Instant::now() < *grace.get_or_insert_with(|| Instant::now() + limit)
+        {
+            answer = slot.wait(Duration::from_millis(1)).await;
+        }
+        p.snapshot_waiters.borrow_mut().remove(&id);
+        answers.push((p, answer));
+    }
+    // Checked once every wait is over: the time parsing one worker's snapshot takes (4 MiB at
+    // most) is no other worker's to answer in.
+    let mut all = true;
+    for (p, answer) in answers {
+        match answer {
             Some(json) => {
                 // Its loop answered; what it sent is served only if a loop could have sent it.
                 p.answered_last.set(Some(true));
@@ -142,7 +173,6 @@ pub(super) async fn ask_all(st: &Rc<State>, limit: Duration) -> bool {
                 }
             }
         }
-        p.snapshot_waiters.borrow_mut().remove(&id);
     }
     st.stats_cache.borrow_mut().refreshed = Some(Instant::now());
     all
@@ -256,6 +286,8 @@ struct WorkerDoc<'a> {
     /// `Some(false)`: it missed the last request.
     answering: Option<bool>,
     snapshot: Option<&'a RawValue>,
+    /// Why its snapshot is left out of a document relayed to a worker (`null`: it is not).
+    snapshot_left_out: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -279,6 +311,9 @@ struct ClusterDoc<'a> {
     /// without [`Config::subreaper`](super::Config::subreaper)).
     orphans_adopted: Option<u64>,
     orphans_reaped: Option<u64>,
+    /// What a document relayed to a worker left out to fit its IPC frame, and why (`null`: it
+    /// is whole, as the primary's own always is).
+    trimmed: Option<String>,
     primary: PrimaryDoc,
     workers: Vec<WorkerDoc<'a>>,
 }
@@ -311,24 +346,146 @@ async fn orphans(st: &State) -> Option<(u64, u64)> {
     Some(reaper.counts())
 }
 
-/// The cluster's stats document.
+/// The cluster's stats document, every worker's snapshot in it (the primary's own answer).
 pub(super) async fn stats_json(st: &Rc<State>) -> String {
     refresh(st).await;
     let orphans = orphans(st).await;
     let procs = live_procs(st);
+    json_doc(st, orphans, &procs, &Relay::whole(procs.len()))
+}
+
+/// The stats document as relayed to a worker in one IPC frame: its JSON-escaped text (the
+/// `text` of the reply) at most `budget` bytes, worker snapshots left out, largest first, as
+/// that needs ([`fit`]), each such worker saying so (`snapshot_left_out`) and the document too
+/// (`trimmed`).
+pub(super) async fn stats_json_relayed(st: &Rc<State>, budget: usize) -> String {
+    refresh(st).await;
+    let orphans = orphans(st).await;
+    let procs = live_procs(st);
+    let sizes = || {
+        procs
+            .iter()
+            .map(|p| {
+                p.snapshot
+                    .borrow()
+                    .as_ref()
+                    .map_or(0, |(_, j, _)| escaped_len(j))
+            })
+            .collect()
+    };
+    fit(procs.len(), budget, sizes, |relay| {
+        json_doc(st, orphans, &procs, relay)
+    })
+}
+
+/// Which workers' snapshots a document leaves out (by index in its `procs`).
+struct Relay {
+    left_out: Vec<bool>,
+}
+
+impl Relay {
+    fn whole(n: usize) -> Relay {
+        Relay {
+            left_out: vec![false; n],
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.left_out.iter().filter(|&&out| out).count()
+    }
+
+    /// The document's word on what it left out; `None` when it is whole.
+    fn trimmed(&self) -> Option<String> {
+        let n = self.count();
+        (n > 0).then(|| {
+            format!(
+                "{n} of {} worker snapshots left out (largest first, see each worker's \
+                 snapshot_left_out): this document was relayed to a worker in one IPC frame, at \
+                 most {} bytes; the primary's own /_nodus/stats (--admin) has them all",
+                self.left_out.len(),
+                crate::ipc::DEFAULT_MAX_FRAME
+            )
+        })
+    }
+}
+
+/// The escaped length of `text` as a JSON string's contents (serde_json's escapes): what it
+/// takes of an IPC frame as a message's `text`.
+fn escaped_len(text: &str) -> usize {
+    text.bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+            0..0x20 => 6,
+            _ => 1,
+        })
+        .sum()
+}
+
+/// Room kept for what leaving snapshots out adds (the notes saying so) when choosing them.
+const NOTE_ROOM: usize = 4096;
+
+/// `render`'s text with every worker's part in it if its [`escaped_len`] is at most `budget`;
+/// else with the largest parts left out (`sizes`: each worker's part's escaped length, 0 for
+/// none), as few as the excess needs, rendered again until it fits or nothing is left to leave
+/// out (the rest of a document is far smaller than a frame).
+fn fit(
+    n: usize,
+    budget: usize,
+    sizes: impl FnOnce() -> Vec<usize>,
+    render: impl Fn(&Relay) -> String,
+) -> String {
+    let mut relay = Relay::whole(n);
+    let mut text = render(&relay);
+    let mut len = escaped_len(&text);
+    if len <= budget {
+        return text;
+    }
+    let sizes = sizes();
+    let mut order: Vec<usize> = (0..n).filter(|&i| sizes[i] > 0).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(sizes[i]));
+    let mut order = order.into_iter();
+    while len > budget {
+        let mut excess = (len - budget + NOTE_ROOM) as isize;
+        let mut any = false;
+        for i in order.by_ref() {
+            relay.left_out[i] = true;
+            any = true;
+            excess -= sizes[i] as isize;
+            if excess <= 0 {
+                break;
+            }
+        }
+        if !any {
+            break;
+        }
+        text = render(&relay);
+        len = escaped_len(&text);
+    }
+    text
+}
+
+fn json_doc(
+    st: &Rc<State>,
+    orphans: Option<(u64, u64)>,
+    procs: &[Rc<Proc>],
+    relay: &Relay,
+) -> String {
     let snapshots: Vec<Option<Box<RawValue>>> = procs
         .iter()
-        .map(|p| {
+        .zip(&relay.left_out)
+        .map(|(p, &out)| {
             p.snapshot
                 .borrow()
                 .as_ref()
+                .filter(|_| !out)
                 .and_then(|(_, j, _)| RawValue::from_string(j.clone()).ok())
         })
         .collect();
     let workers = procs
         .iter()
         .zip(&snapshots)
-        .map(|(p, snap)| WorkerDoc {
+        .zip(&relay.left_out)
+        .map(|((p, snap), &out)| WorkerDoc {
             worker: p.slot,
             pid: p.pid,
             generation: p.generation,
@@ -340,6 +497,10 @@ pub(super) async fn stats_json(st: &Rc<State>) -> String {
             uptime_seconds: p.started.elapsed().as_secs_f64(),
             answering: p.answered_last.get(),
             snapshot: snap.as_deref(),
+            snapshot_left_out: out.then(|| {
+                let bytes = p.snapshot.borrow().as_ref().map_or(0, |(_, j, _)| j.len());
+                format!("its {bytes}-byte snapshot did not fit the IPC frame this document came in")
+            }),
         })
         .collect();
     let doc = ClusterDoc {
@@ -360,6 +521,7 @@ pub(super) async fn stats_json(st: &Rc<State>) -> String {
         returned_rejected: st.returned_rejected.get(),
         orphans_adopted: orphans.map(|(adopted, _)| adopted),
         orphans_reaped: orphans.map(|(_, reaped)| reaped),
+        trimmed: relay.trimmed(),
         primary: PrimaryDoc {
             pid: std::process::id(),
             rss_bytes: rss_bytes(std::process::id()),
@@ -382,14 +544,47 @@ fn worker_labels(p: &Proc) -> Labels {
 }
 
 /// The cluster's metrics: every worker's series with `worker` and `pid` labels, then the
-/// cluster's own.
+/// cluster's own (the primary's own answer).
 pub(super) async fn metrics_text(st: &Rc<State>) -> String {
     refresh(st).await;
     let orphans = orphans(st).await;
     let procs = live_procs(st);
+    metrics_doc(st, orphans, &procs, &Relay::whole(procs.len()))
+}
+
+/// The metrics as relayed to a worker in one IPC frame: their JSON-escaped text at most
+/// `budget` bytes, the loop series of workers left out, largest first, as that needs ([`fit`]),
+/// each such worker in `nodus_cluster_worker_snapshot_left_out`.
+pub(super) async fn metrics_text_relayed(st: &Rc<State>, budget: usize) -> String {
+    refresh(st).await;
+    let orphans = orphans(st).await;
+    let procs = live_procs(st);
+    let sizes = || {
+        procs
+            .iter()
+            .map(|p| {
+                p.snapshot.borrow().as_ref().map_or(0, |(_, _, s)| {
+                    escaped_len(&render_labeled(&[(worker_labels(p), s)]))
+                })
+            })
+            .collect()
+    };
+    fit(procs.len(), budget, sizes, |relay| {
+        metrics_doc(st, orphans, &procs, relay)
+    })
+}
+
+fn metrics_doc(
+    st: &Rc<State>,
+    orphans: Option<(u64, u64)>,
+    procs: &[Rc<Proc>],
+    relay: &Relay,
+) -> String {
     let snapshots: Vec<(Labels, Ref<'_, Snapshot>)> = procs
         .iter()
-        .filter_map(|p| {
+        .zip(&relay.left_out)
+        .filter(|(_, out)| !**out)
+        .filter_map(|(p, _)| {
             let snap = Ref::filter_map(p.snapshot.borrow(), |s| s.as_ref().map(|(_, _, s)| s));
             Some((worker_labels(p), snap.ok()?))
         })
@@ -522,7 +717,7 @@ pub(super) async fn metrics_text(st: &Rc<State>) -> String {
     );
     let worker_uptime = Family::<Vec<(String, String)>, Gauge<f64, AtomicU64>>::default();
     let taken_back = Family::<Vec<(String, String)>, Counter<u64>>::default();
-    for p in &procs {
+    for p in procs {
         let labels = worker_labels(p);
         ready.get_or_create(&labels).set(i64::from(p.is_ready()));
         worker_generation
@@ -583,7 +778,7 @@ pub(super) async fn metrics_text(st: &Rc<State>) -> String {
         slot_restarts,
     );
     let answering = Family::<Vec<(String, String)>, Gauge<i64>>::default();
-    for p in &procs {
+    for p in procs {
         if let Some(answered) = p.answered_last.get() {
             answering
                 .get_or_create(&worker_labels(p))
@@ -595,6 +790,17 @@ pub(super) async fn metrics_text(st: &Rc<State>) -> String {
         "Whether the worker's loop answered the primary's last snapshot request (0: blocked or too busy; its loop series are left out)",
         answering,
     );
+    if relay.count() > 0 {
+        let left_out = Family::<Vec<(String, String)>, Gauge<i64>>::default();
+        for (p, _) in procs.iter().zip(&relay.left_out).filter(|(_, out)| **out) {
+            left_out.get_or_create(&worker_labels(p)).set(1);
+        }
+        registry.register(
+            "nodus_cluster_worker_snapshot_left_out",
+            "Workers whose loop series this exposition leaves out (value always 1): it was relayed to a worker in one IPC frame, at most 16 MiB, and their series, largest first, did not fit (the primary's own /_nodus/metrics, --admin, has them all)",
+            left_out,
+        );
+    }
     if let Some(last) = st.last_exit.borrow().as_ref() {
         let info = Family::<Vec<(String, String)>, Gauge<i64>>::default();
         info.get_or_create(&vec![
@@ -612,4 +818,59 @@ pub(super) async fn metrics_text(st: &Rc<State>) -> String {
     prometheus_client::encoding::text::encode(&mut out, &registry)
         .expect("encoding into a String cannot fail");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{NOTE_ROOM, Relay, escaped_len, fit};
+
+    #[test]
+    fn escaped_len_is_what_serde_json_makes_of_a_string() {
+        let text = "plain \"quoted\" back\\slash\n\r\t\u{8}\u{c}\u{1}\u{1f} é ✓ \u{2028}";
+        let escaped = serde_json::to_string(text).unwrap();
+        assert_eq!(escaped_len(text), escaped.len() - 2);
+    }
+
+    /// Parts of 100, 300, 200 and 0 bytes (escaped) and 10 of the rest: the largest left out,
+    /// as few as the budget needs, and rendered again until it fits.
+    #[test]
+    fn fit_leaves_out_the_largest_parts_as_few_as_needed() {
+        let sizes = [100, 300, 200, 0].map(|n| n * NOTE_ROOM);
+        let render = |relay: &Relay| {
+            let kept: usize = (0..4)
+                .filter(|&i| !relay.left_out[i])
+                .map(|i| sizes[i])
+                .sum();
+            "x".repeat(10 + kept)
+        };
+        let whole = 10 + 600 * NOTE_ROOM;
+        assert_eq!(fit(4, whole, || unreachable!(), render).len(), whole);
+        // Past the budget by one byte: the largest (300) alone.
+        assert_eq!(
+            fit(4, whole - 1, || sizes.to_vec(), render).len(),
+            whole - 300 * NOTE_ROOM
+        );
+        // Room for 250: largest first, the 300 then the 200.
+        let got = fit(4, 10 + 250 * NOTE_ROOM, || sizes.to_vec(), render);
+        assert_eq!(got.len(), 10 + 100 * NOTE_ROOM);
+        // Room for none: all left out, what is left served however long.
+        assert_eq!(fit(4, 5, || sizes.to_vec(), render).len(), 10);
+    }
+
+    /// A render that grows as parts are left out (their notes), past what the sizes said: one
+    /// more is left out.
+    #[test]
+    fn fit_renders_again_until_the_notes_fit_too() {
+        let sizes = [10 * NOTE_ROOM; 3];
+        let render = |relay: &Relay| {
+            let kept: usize = (0..3)
+                .filter(|&i| !relay.left_out[i])
+                .map(|i| sizes[i])
+                .sum();
+            "x".repeat(kept + relay.count() * 2 * NOTE_ROOM)
+        };
+        // One left out would do but for its note (20 + 2 > 21): two.
+        let got = fit(3, 21 * NOTE_ROOM, || sizes.to_vec(), render);
+        assert_eq!(got.len(), 14 * NOTE_ROOM);
+    }
 }
