@@ -3,7 +3,8 @@
 //! a child whose runtime is dropped before its exit (the orphan reaper), exec and
 //! exec_file (buffer limit, timeout, failure), fork of a nodus child, fds passed at given numbers
 //! (with the IPC channel after them), and output copied line by line behind a prefix (or as it
-//! is, its drop notices prefixed). Every test bounded in time.
+//! is, its drop notices prefixed), fairly between the children sharing a sink. Every test
+//! bounded in time.
 
 mod common;
 
@@ -956,6 +957,195 @@ fn raw_lines_are_written_as_they_are_and_only_drop_notices_are_prefixed() {
     assert_eq!(
         delivered + dropped,
         LINE.len() * LINES + r#"{"last":1}"#.len()
+    );
+}
+
+/// Runs `inner` (an ignored test below: a loud and a quiet child writing to our stdout) in a
+/// process of its own group (killed whole if the test fails), its stdout the pipe returned.
+fn loud_and_quiet(inner: &str) -> (nodus_testkit::proc::Proc, std::io::PipeReader) {
+    let (reader, writer) = std::io::pipe().unwrap();
+    let proc = nodus_testkit::proc::Proc::spawn_group(
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", inner, "--ignored", "--nocapture"])
+            .stdout(writer),
+    );
+    (proc, reader)
+}
+
+/// The inner side of [`loud_and_quiet`]: `seq` floods our stdout with lines `[L] N` while a
+/// quiet child writes `markers` lines `[Q] Q K MICROS PAD` (its clock when written, then `pad`
+/// bytes of `x`), `interval` apart; the flood is killed once the quiet child is done.
+fn loud_and_quiet_child(markers: usize, interval: &str, pad: usize) {
+    common::bounded_for(Duration::from_secs(100), async {
+        let mut loud = Command::new("seq")
+            .args(["1", "1000000000"])
+            .spawn()
+            .unwrap();
+        // bash's `EPOCHREALTIME`: no fork between the clock and the write.
+        let script = format!(
+            r#"pad=$(head -c {pad} /dev/zero | tr '\0' x)
+for i in {{1..{markers}}}; do echo "Q $i ${{EPOCHREALTIME//[^0-9]/}} $pad"; sleep {interval}; done"#
+        );
+        let mut quiet = Command::new("bash").args(["-c", &script]).spawn().unwrap();
+        let l = prefix_lines(loud.stdout.take().unwrap(), "[L] ".into(), Sink::Stdout);
+        let q = prefix_lines(quiet.stdout.take().unwrap(), "[Q] ".into(), Sink::Stdout);
+        assert!(quiet.wait().await.unwrap().success());
+        q.await.unwrap().unwrap();
+        loud.kill(SIGKILL).unwrap();
+        loud.wait().await.unwrap();
+        l.await.unwrap().unwrap();
+    });
+}
+
+#[test]
+#[ignore = "run by a_quiet_childs_lines_are_not_held_behind_a_loud_siblings_flood"]
+fn fair_output_child() {
+    loud_and_quiet_child(40, "0.05", 0);
+}
+
+#[test]
+#[ignore = "run by a_stalled_sink_drops_the_floods_lines_and_keeps_a_quiet_siblings"]
+fn stalled_output_child() {
+    loud_and_quiet_child(10, "0.1", 9000);
+}
+
+/// Two children writing to one sink: a loud one floods it with numbered lines, a quiet one
+/// writes a marker line every 50 ms. The sink (a pipe read slowly) makes progress all along, so
+/// every marker arrives, in order (and the flood loses nothing, unless a loaded host holds the
+/// reader back for the sink's stall second); and the quiet child's markers are not held behind
+/// the loud child's backlog: each arrives after little of the loud output that arrived once it
+/// was written (the pipe, the batch being written and one more: about 150 KiB; over 4 MiB, the
+/// sink's whole queue, when the writer took batches in the order they came).
+#[test]
+fn a_quiet_childs_lines_are_not_held_behind_a_loud_siblings_flood() {
+    let (proc, reader) = loud_and_quiet("fair_output_child");
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros()
+    };
+    // The slow sink: 16 KiB per 5 ms at most, about 3 MB/s. Each read is noted with how much
+    // loud output had arrived before it.
+    let (mut reads, mut markers) = (Vec::new(), Vec::new());
+    let (mut loud, mut next_loud, mut partial) = (0usize, 1u64, Vec::new());
+    // Drops of the flood: none unless a loaded host held this reader back for a second.
+    let (mut loud_dropped, mut after_drop) = (0, false);
+    let mut buf = vec![0u8; 16 * 1024];
+    let started = Instant::now();
+    loop {
+        assert!(started.elapsed() < Duration::from_secs(120), "timed out");
+        let n = (&reader).read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        reads.push((now(), loud));
+        partial.extend_from_slice(&buf[..n]);
+        let end = partial
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |i| i + 1);
+        for line in String::from_utf8(partial.drain(..end).collect())
+            .unwrap()
+            .lines()
+        {
+            if line.starts_with("[L] [") && line.ends_with(" bytes of output dropped]") {
+                (loud_dropped, after_drop) = (loud_dropped + 1, true);
+            } else if let Some(n) = line.strip_prefix("[L] ") {
+                let n: u64 = n.parse().unwrap();
+                assert!(
+                    n == next_loud || after_drop && n > next_loud,
+                    "the loud child's lines, in order: {n} after {}",
+                    next_loud - 1
+                );
+                (next_loud, after_drop) = (n + 1, false);
+                loud += line.len() + 1;
+            } else if let Some(marker) = line.strip_prefix("[Q] Q ") {
+                let (k, written) = marker.trim_end().split_once(' ').unwrap();
+                let written: u128 = written.parse().unwrap();
+                // The loud output that arrived after the marker was written, before it.
+                let before = reads
+                    .iter()
+                    .rev()
+                    .find(|r| r.0 <= written)
+                    .map_or(0, |r| r.1);
+                markers.push((k.parse::<usize>().unwrap(), loud - before, now() - written));
+            } else {
+                assert!(!line.starts_with('['), "nothing else is prefixed: {line}");
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut proc = proc;
+    assert_eq!(proc.wait_exit(Duration::from_secs(10)), Some(0));
+    let order: Vec<usize> = markers.iter().map(|m| m.0).collect();
+    assert_eq!(
+        order,
+        (1..=40).collect::<Vec<_>>(),
+        "every marker, in order"
+    );
+    let mut behind: Vec<usize> = markers.iter().map(|m| m.1).collect();
+    behind.sort_unstable();
+    let late = markers.iter().map(|m| m.2).max().unwrap() / 1000;
+    let (median, max) = (behind[behind.len() / 2], behind[behind.len() - 1]);
+    eprintln!(
+        "{next_loud} loud lines ({loud_dropped} drop notices); a marker behind {median} bytes of them (median), {max} at most, {late} ms late at most"
+    );
+    assert!(
+        next_loud > 100_000,
+        "the loud child flooded: {next_loud} lines"
+    );
+    // Generous (a loaded host can hold the loop back while the sink drains the queue).
+    assert!(median < 512 * 1024, "median {median} bytes");
+    assert!(
+        max < 2 * 1024 * 1024,
+        "a marker behind {max} bytes ({late} ms)"
+    );
+}
+
+/// The same two children, the sink stalled (nobody reads for 4 s), the quiet child's markers
+/// 9 KB lines (90 KB in all: more than a full queue leaves between the flood's batches): the
+/// flood fills the queue and is dropped once the sink has taken nothing for 1 s, while the quiet
+/// child's lines still get in (room is kept for a task that holds little) and all arrive, whole,
+/// once the sink is read again.
+#[test]
+fn a_stalled_sink_drops_the_floods_lines_and_keeps_a_quiet_siblings() {
+    let (proc, reader) = loud_and_quiet("stalled_output_child");
+    // Nobody reads from the inner test run's first line on (before the children start): the
+    // process may take a while to start on a loaded host.
+    let mut byte = [0u8];
+    while byte != *b"\n" {
+        (&reader).read_exact(&mut byte).unwrap();
+    }
+    std::thread::sleep(Duration::from_secs(4));
+    let mut out = String::new();
+    (&reader).read_to_string(&mut out).unwrap();
+    let mut proc = proc;
+    assert_eq!(proc.wait_exit(Duration::from_secs(10)), Some(0));
+    let (mut markers, mut loud_dropped) = (Vec::new(), 0);
+    for line in out.lines() {
+        if let Some(marker) = line.strip_prefix("[Q] Q ") {
+            assert!(
+                marker.ends_with(&format!(" {}", "x".repeat(9000))),
+                "{line}"
+            );
+            markers.push(marker.split_once(' ').unwrap().0.parse::<usize>().unwrap());
+        } else if line.starts_with("[L] [") && line.ends_with(" bytes of output dropped]") {
+            loud_dropped += 1;
+        } else if let Some(n) = line.strip_prefix("[L] ") {
+            assert!(n.parse::<u64>().is_ok(), "{line}");
+        } else {
+            assert!(!line.starts_with('['), "nothing else is prefixed: {line}");
+        }
+    }
+    assert!(
+        loud_dropped > 0,
+        "the sink was stalled: the flood lost lines"
+    );
+    assert_eq!(
+        markers,
+        (1..=10).collect::<Vec<_>>(),
+        "every marker, in order"
     );
 }
 

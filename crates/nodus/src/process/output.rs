@@ -21,11 +21,21 @@
 //! with `PREFIX[N bytes of output dropped]`: a stalled reader costs lines, it does not stall the
 //! workers for more than that second. A sink that fails (`EPIPE`) discards from then on.
 //!
+//! Reading is fair between the tasks of a sink, so a quiet worker's line (an error) comes out
+//! promptly while a sibling floods: the sink's thread serves its tasks in turn, a batch (64 KiB)
+//! a turn, so a task's batch waits for at most the batch being written and one more of each
+//! other task's, however much they queued before it; a task that read a full buffer lets the
+//! loop's other tasks read before it reads again; and the backpressure falls on the flood: a task
+//! holding 128 KiB or more of the queue (`QUIET`) queues only up to its last 512 KiB
+//! (`QUIET_ROOM`), which is the quiet tasks', so when the queue is full it is the flooding
+//! worker's pipe that is left unread, and the sink stalled, its lines that are dropped.
+//!
 //! Invariants: the loop task never blocks (it waits for room as a future, with a timer for the
 //! stall) and its memory is bounded (one read buffer, one partial line of at most [`MAX_LINE`],
 //! one batch); lines of one task keep their order; lines of different tasks never interleave (a
 //! sink's thread writes each batch whole before the next, or, when the exit drops what is
-//! queued, to the end of a line: see below); nothing is dropped while the sink is not stalled.
+//! queued, to the end of a line: see below); nothing is dropped while the sink is not stalled;
+//! a task's batch, once queued, waits for at most two batches of each other task of its sink.
 //! The task ends after end of file once its last batch has been written (or dropped), and until
 //! then it keeps the loop alive: a stalled sink keeps it waiting, as a full stdout pipe does in
 //! Node. A task dropped before its end (with its runtime) queues a drop notice for the batch it
@@ -85,6 +95,17 @@ pub const STALL: Duration = Duration::from_secs(1);
 /// [`QUEUE_LIMIT`] less this, so that workers holding their queue full while the sink makes
 /// progress do not crowd out the primary's own log lines.
 const LOG_ROOM: usize = 256 * 1024;
+
+/// The part of prefixed lines' room kept for quiet tasks (512 KiB): a task holding [`QUIET`] or
+/// more in the queue (one whose output comes faster than the sink takes it) queues up to
+/// [`QUEUE_LIMIT`] less [`LOG_ROOM`] less this, so that when the queue is full it is the flooding
+/// worker's pipe that is left unread, and a quiet worker's lines still get in (and, the sink
+/// stalled, are kept while the flood's are dropped).
+const QUIET_ROOM: usize = 512 * 1024;
+
+/// A task holding less than this in its sink's queue (128 KiB, two batches) is quiet: it may
+/// queue into [`QUIET_ROOM`], without waiting for its turn.
+const QUIET: usize = 2 * BATCH;
 
 /// After [`flush_before_exit`]'s timeout, how long the writer threads get to finish the lines
 /// they are writing and to write the drop notices.
@@ -151,7 +172,13 @@ where
     let result = loop {
         match poll_fn(|cx| Pin::new(&mut source).poll_read(cx, &mut buf)).await {
             Ok(0) => break Ok(()),
-            Ok(n) => lines.push(&buf[..n]).await,
+            Ok(n) => {
+                lines.push(&buf[..n]).await;
+                // A full read: more is likely waiting. The other pipes get their turn first.
+                if n == buf.len() {
+                    crate::yield_now().await;
+                }
+            }
             Err(e) => break Err(e),
         }
     };
@@ -171,6 +198,8 @@ struct Lines {
     batch_source: usize,
     /// Source bytes dropped since the last batch that got through.
     dropped: usize,
+    /// Its bytes queued and not yet written (or dropped), counted by the writer thread too.
+    held: Arc<AtomicUsize>,
 }
 
 impl Lines {
@@ -182,6 +211,7 @@ impl Lines {
             batch: Vec::new(),
             batch_source: 0,
             dropped: 0,
+            held: Arc::default(),
         }
     }
 
@@ -241,6 +271,7 @@ impl Lines {
                 bytes: self.origin.notice(self.dropped),
                 source: std::mem::take(&mut self.dropped),
                 origin: self.origin.clone(),
+                held: Some(self.held.clone()),
             });
         }
     }
@@ -256,7 +287,8 @@ impl Lines {
             0 => Vec::new(),
             n => self.origin.notice(n),
         };
-        if !self.writer.room(notice.len() + self.batch.len()).await {
+        let len = notice.len() + self.batch.len();
+        if !self.writer.room(len, &self.held).await {
             self.dropped += std::mem::take(&mut self.batch_source);
             self.batch.clear();
             return;
@@ -273,6 +305,7 @@ impl Lines {
             // The notice's count goes with it: the batch dropped at the exit counts both.
             source: std::mem::take(&mut self.dropped) + std::mem::take(&mut self.batch_source),
             origin: self.origin.clone(),
+            held: Some(self.held.clone()),
         };
         self.writer.send(Message::Bytes(batch));
     }
@@ -334,6 +367,18 @@ struct Batch {
     /// if the exit drops them.
     source: usize,
     origin: Origin,
+    /// What its task holds in the queue ([`Lines::held`]); `None` for log lines.
+    held: Option<Arc<AtomicUsize>>,
+}
+
+impl Batch {
+    /// Whether `other` is from the same task (log lines are all one).
+    fn same_task(&self, other: &Batch) -> bool {
+        match (&self.held, &other.held) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (a, b) => a.is_none() && b.is_none(),
+        }
+    }
 }
 
 /// A sink's writer thread, seen from a task: the channel and the state it shares with the
@@ -386,9 +431,17 @@ impl Shared {
         since + STALL.as_nanos() as u64
     }
 
-    /// Wakes the task whose turn it is (room was freed, or the turn moved on).
+    /// Wakes the task whose turn it is (the turn moved on).
     fn wake_first(&self, waiting: &Waiting) {
         if let Some((_, waker)) = waiting.queue.front() {
+            waker.wake_by_ref();
+        }
+    }
+
+    /// Wakes every waiting task (room was freed: the first in line may go, and so may a quiet
+    /// one, see [`Writer::room`]).
+    fn wake_all(&self, waiting: &Waiting) {
+        for (_, waker) in &waiting.queue {
             waker.wake_by_ref();
         }
     }
@@ -449,13 +502,16 @@ impl Writer {
         true
     }
 
-    /// Reserves room for `len` bytes of prefixed lines (within [`QUEUE_LIMIT`] less
-    /// [`LOG_ROOM`]), in turn with the other tasks waiting for room on this sink, waiting while
-    /// the sink makes progress; `false` (nothing reserved) once it is stalled (see [`STALL`]).
-    fn room(&self, len: usize) -> Room<'_> {
+    /// Reserves room for `len` bytes of prefixed lines of the task holding `held` bytes in the
+    /// queue, waiting while the sink makes progress; `false` (nothing reserved) once it is
+    /// stalled (see [`STALL`]). A quiet task (holding less than [`QUIET`]) may fill the queue up
+    /// to [`QUEUE_LIMIT`] less [`LOG_ROOM`], as soon as there is room; another, up to
+    /// [`QUIET_ROOM`] less, in turn with the other tasks waiting for room on this sink.
+    fn room<'a>(&'a self, len: usize, held: &'a AtomicUsize) -> Room<'a> {
         Room {
             writer: self,
             len,
+            held,
             turn: None,
             timer: None,
         }
@@ -466,6 +522,9 @@ impl Writer {
         self.shared
             .queued
             .fetch_add(batch.bytes.len(), Ordering::AcqRel);
+        if let Some(held) = &batch.held {
+            held.fetch_add(batch.bytes.len(), Ordering::AcqRel);
+        }
         self.send(Message::Bytes(batch));
     }
 
@@ -512,6 +571,8 @@ impl Writer {
 struct Room<'a> {
     writer: &'a Writer,
     len: usize,
+    /// What its task holds in the queue.
+    held: &'a AtomicUsize,
     /// Its turn, once it waits.
     turn: Option<u64>,
     /// Wakes it to look again when the sink would count as stalled at the earliest (a later
@@ -533,7 +594,12 @@ impl Future for Room<'_> {
                     .queue
                     .front()
                     .is_none_or(|&(turn, _)| Some(turn) == this.turn);
-                if first && shared.reserve(this.len, QUEUE_LIMIT - LOG_ROOM) {
+                let (limit, in_turn) = match this.held.load(Ordering::Acquire) {
+                    held if held < QUIET => (QUEUE_LIMIT - LOG_ROOM, false),
+                    _ => (QUEUE_LIMIT - LOG_ROOM - QUIET_ROOM, true),
+                };
+                if (first || !in_turn) && shared.reserve(this.len, limit) {
+                    this.held.fetch_add(this.len, Ordering::AcqRel);
                     this.leave(&mut waiting);
                     return Poll::Ready(true);
                 }
@@ -663,6 +729,7 @@ fn queue_log(writer: &Writer, dropped: &AtomicUsize, line: &[u8]) {
         bytes,
         source: before + line.len(),
         origin: Origin::Log,
+        held: None,
     };
     if !writer.try_queue(batch) {
         dropped.fetch_add(before + line.len(), Ordering::AcqRel);
@@ -729,56 +796,134 @@ impl Target {
 }
 
 fn write_loop(target: Target, rx: mpsc::Receiver<Message>, shared: &Shared) {
+    let mut pending = Pending::default();
     let mut failed = false;
-    // Source bytes dropped by a `drop_queued`, per origin, until its notices are written.
-    let mut dropped: Vec<(Origin, usize)> = Vec::new();
-    for message in rx {
+    loop {
+        // Wait for a message only with nothing to write (or while what is pending is being
+        // dropped: until the `Drop`), then take every one that came, so that each task with a
+        // batch waiting has its turn.
+        if pending.tasks.is_empty() || shared.dropping.load(Ordering::Acquire) {
+            match rx.recv() {
+                Ok(message) => pending.take(message, &target, shared, &mut failed),
+                Err(_) => break,
+            }
+        }
+        while let Ok(message) = rx.try_recv() {
+            pending.take(message, &target, shared, &mut failed);
+        }
+        if shared.dropping.load(Ordering::Acquire) {
+            continue;
+        }
+        let Some(batch) = pending.next() else {
+            continue;
+        };
+        let lost = if failed {
+            0
+        } else {
+            match write_batch(target.fd(), &batch, shared) {
+                Ok(lost) => lost,
+                Err(e) => {
+                    failed = true;
+                    // Said on stderr, so not when stderr is what failed: through `log_writer` the
+                    // warning would come back to this thread only to be discarded, and through a
+                    // subscriber writing fd 2 itself it would be one more write to a dead pipe
+                    // (which tracing-subscriber reports by default with `eprintln!`, a panic on
+                    // this thread). Another sink's warning reaches stderr, through `log_writer`
+                    // without ever blocking this thread.
+                    if !matches!(target, Target::Stderr(_)) {
+                        tracing::warn!(
+                            "nodus::process::output: writing child output failed ({e}); discarding from now on"
+                        );
+                    }
+                    0
+                }
+            }
+        };
+        pending.done(batch, lost, shared);
+    }
+}
+
+/// What a writer thread has taken from its channel and not dealt with yet: the batches, one
+/// queue per task served in turn, a batch a turn (so a task's line waits for at most a batch or
+/// two of each other task's, however much they queued before it), and the flushes waiting for
+/// them.
+#[derive(Default)]
+struct Pending {
+    /// Batches and flushes taken so far, numbering them in the channel's order.
+    taken: u64,
+    /// A queue per task with batches waiting (none empty), each in order, the next to be served
+    /// first.
+    tasks: VecDeque<VecDeque<(u64, Batch)>>,
+    /// Flushes in order, each done once every batch taken before it is dealt with.
+    flushes: VecDeque<(u64, FlushToken)>,
+    /// Source bytes dropped by a `drop_queued`, per origin, until its notices are written.
+    dropped: Vec<(Origin, usize)>,
+}
+
+impl Pending {
+    fn take(&mut self, message: Message, target: &Target, shared: &Shared, failed: &mut bool) {
+        let n = self.taken;
+        self.taken += 1;
         match message {
             Message::Bytes(batch) => {
-                let lost = if failed {
-                    0
-                } else if shared.dropping.load(Ordering::Acquire) {
-                    batch.source
-                } else {
-                    match write_batch(target.fd(), &batch, shared) {
-                        Ok(lost) => lost,
-                        Err(e) => {
-                            failed = true;
-                            // Said on stderr, so not when stderr is what failed: through
-                            // `log_writer` the warning would come back to this thread only to
-                            // be discarded, and through a subscriber writing fd 2 itself it
-                            // would be one more write to a dead pipe (which tracing-subscriber
-                            // reports by default with `eprintln!`, a panic on this thread).
-                            // Another sink's warning reaches stderr, through `log_writer`
-                            // without ever blocking this thread.
-                            if !matches!(target, Target::Stderr(_)) {
-                                tracing::warn!(
-                                    "nodus::process::output: writing child output failed ({e}); discarding from now on"
-                                );
-                            }
-                            0
-                        }
-                    }
-                };
-                if lost > 0 {
-                    match dropped.iter_mut().find(|(o, _)| *o == batch.origin) {
-                        Some((_, n)) => *n += lost,
-                        None => dropped.push((batch.origin, lost)),
-                    }
+                match self.tasks.iter_mut().find(|q| q[0].1.same_task(&batch)) {
+                    Some(queue) => queue.push_back((n, batch)),
+                    None => self.tasks.push_back(VecDeque::from([(n, batch)])),
                 }
-                shared.queued.fetch_sub(batch.bytes.len(), Ordering::AcqRel);
-                shared.wake_first(&shared.waiting.lock().expect("no panic while held"));
             }
-            Message::Flush(token) => drop(token),
+            Message::Flush(token) => {
+                self.flushes.push_back((n, token));
+                self.complete_flushes();
+            }
+            // Everything taken before it is dropped, what came after is written as usual.
             Message::Drop(token) => {
+                for (_, batch) in std::mem::take(&mut self.tasks).into_iter().flatten() {
+                    let lost = batch.source;
+                    self.done(batch, lost, shared);
+                }
                 shared.dropping.store(false, Ordering::Release);
-                for (origin, n) in dropped.drain(..) {
-                    if !failed && shared.write(target.fd(), &origin.notice(n)).is_err() {
-                        failed = true;
+                for (origin, n) in self.dropped.drain(..) {
+                    if !*failed && shared.write(target.fd(), &origin.notice(n)).is_err() {
+                        *failed = true;
                     }
                 }
                 drop(token);
             }
+        }
+    }
+
+    /// The next batch in turn.
+    fn next(&mut self) -> Option<Batch> {
+        let mut queue = self.tasks.pop_front()?;
+        let (_, batch) = queue.pop_front().expect("no queue is empty");
+        if !queue.is_empty() {
+            self.tasks.push_back(queue);
+        }
+        Some(batch)
+    }
+
+    /// `batch` written or dropped, `lost` of its source bytes unwritten: counted, its room freed.
+    fn done(&mut self, batch: Batch, lost: usize, shared: &Shared) {
+        if lost > 0 {
+            match self.dropped.iter_mut().find(|(o, _)| *o == batch.origin) {
+                Some((_, n)) => *n += lost,
+                None => self.dropped.push((batch.origin, lost)),
+            }
+        }
+        let len = batch.bytes.len();
+        shared.queued.fetch_sub(len, Ordering::AcqRel);
+        if let Some(held) = &batch.held {
+            held.fetch_sub(len, Ordering::AcqRel);
+        }
+        shared.wake_all(&shared.waiting.lock().expect("no panic while held"));
+        self.complete_flushes();
+    }
+
+    /// Completes the flushes no batch taken before them is waiting for.
+    fn complete_flushes(&mut self) {
+        let oldest = self.tasks.iter().map(|q| q[0].0).min().unwrap_or(u64::MAX);
+        while self.flushes.front().is_some_and(|&(n, _)| n < oldest) {
+            self.flushes.pop_front();
         }
     }
 }
@@ -894,6 +1039,47 @@ mod tests {
         assert_eq!(reading.join().unwrap(), 512 * 1024);
     }
 
+    /// A task's batch waits for a batch or two of another's, not for all it queued before:
+    /// the writer serves its tasks in turn.
+    #[test]
+    fn a_writer_serves_its_tasks_in_turn() {
+        let (mut reader, pipe) = io::pipe().unwrap();
+        let writer = Writer::start(Target::Fd(pipe.into()), "test-turns").unwrap();
+        // Batches of one 100 KB line: more than a pipe holds, so the thread is blocked in the
+        // first until someone reads, and takes in the rest meanwhile.
+        let batch = |prefix: &str, held: &Arc<AtomicUsize>| {
+            let line = format!("{prefix}{}\n", "x".repeat(100_000));
+            Batch {
+                source: line.len() - prefix.len(),
+                bytes: line.into_bytes(),
+                origin: Origin::Lines(prefix.as_bytes().into()),
+                held: Some(held.clone()),
+            }
+        };
+        let (a, b) = (Arc::default(), Arc::default());
+        for _ in 0..10 {
+            writer.queue(batch("[a] ", &a));
+        }
+        writer.queue(batch("[b] ", &b));
+        assert!(b.load(Ordering::Acquire) > 0);
+        let reading = std::thread::spawn(move || {
+            let mut out = String::new();
+            reader.read_to_string(&mut out).unwrap();
+            out
+        });
+        assert!(flushed(&writer, Duration::from_secs(10)));
+        assert_eq!(
+            (a.load(Ordering::Acquire), b.load(Ordering::Acquire)),
+            (0, 0)
+        );
+        drop(writer);
+        let out = reading.join().unwrap();
+        let order: Vec<&str> = out.lines().map(|l| &l[..3]).collect();
+        assert_eq!(order.len(), 11, "every line, whole");
+        let b_at = order.iter().position(|&p| p == "[b]").unwrap();
+        assert!(b_at <= 2, "[b] after {b_at} batches of [a]");
+    }
+
     /// What the exit drops: the line being written is finished, and each task that lost output
     /// gets one notice with the count of its source bytes (without prefixes).
     #[test]
@@ -901,12 +1087,14 @@ mod tests {
         let (mut reader, pipe) = io::pipe().unwrap();
         let writer = Writer::start(Target::Fd(pipe.into()), "test-drop").unwrap();
         // Lines of 1000 bytes, 996 of them the task's own.
+        let (a, b): (Arc<AtomicUsize>, Arc<AtomicUsize>) = Default::default();
         let batch = |prefix: &str, lines: usize| {
             let line = format!("{prefix}{}\n", "x".repeat(995));
             Batch {
                 bytes: line.repeat(lines).into_bytes(),
                 source: 996 * lines,
                 origin: Origin::Lines(prefix.as_bytes().into()),
+                held: Some(if prefix == "[a] " { &a } else { &b }.clone()),
             }
         };
         // 4 MB: far more than a pipe holds, so the thread is blocked in the middle of it.
