@@ -419,6 +419,114 @@ fn timeout_and_interval_futures() {
     });
 }
 
+/// Busy on the loop's thread for `ms` (a CPU-heavy step, a slow synchronous call).
+fn spin(ms: u64) {
+    let end = Instant::now() + Duration::from_millis(ms);
+    while Instant::now() < end {}
+}
+
+fn at_least(took: Duration, ms: u64, what: &str) {
+    let want = Duration::from_millis(ms);
+    assert!(took >= want, "{what} took {took:?}, less than {want:?}");
+}
+
+#[test]
+fn timer_futures_count_from_the_call_not_from_the_start_of_the_poll() {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        spin(300);
+        let t = Instant::now();
+        sleep(200).await;
+        at_least(t.elapsed(), 200, "sleep(200) after a 300 ms step");
+
+        spin(300);
+        let t = Instant::now();
+        assert!(timeout(200, std::future::pending::<()>()).await.is_err());
+        at_least(t.elapsed(), 200, "timeout(200) after a 300 ms step");
+
+        spin(150);
+        let t = Instant::now();
+        nodus::interval(100).tick().await;
+        at_least(
+            t.elapsed(),
+            100,
+            "interval(100)'s first tick after a 150 ms step",
+        );
+
+        let mut s = sleep(1);
+        spin(150);
+        let t = Instant::now();
+        s.reset(100);
+        s.await;
+        at_least(
+            t.elapsed(),
+            100,
+            "a sleep reset to 100 ms after a 150 ms step",
+        );
+    });
+}
+
+#[test]
+fn set_timeout_and_set_interval_count_from_the_call_not_from_the_start_of_the_callback() {
+    let rt = Runtime::new();
+    let took: Rc<RefCell<Vec<(&str, Duration)>>> = Rc::default();
+    let (a, b) = (took.clone(), took.clone());
+    rt.enter(|| {
+        set_timeout(1, move || {
+            spin(200);
+            let t = Instant::now();
+            set_timeout(150, move || {
+                a.borrow_mut().push(("set_timeout(150)", t.elapsed()))
+            });
+            let t = Instant::now();
+            let iv: Rc<Cell<Option<nodus::Timer>>> = Rc::default();
+            let iv2 = iv.clone();
+            iv.set(Some(set_interval(150, move || {
+                b.borrow_mut().push(("set_interval(150)", t.elapsed()));
+                iv2.get().unwrap().clear();
+            })));
+        });
+    });
+    rt.run();
+    let took = took.borrow();
+    assert_eq!(took.len(), 2, "{took:?}");
+    for &(what, d) in took.iter() {
+        at_least(
+            d,
+            150,
+            &format!("{what} after a 200 ms step in a timer callback"),
+        );
+    }
+}
+
+#[test]
+fn an_interval_rearms_from_its_callbacks_start_not_from_its_timers_pass() {
+    let rt = Runtime::new();
+    let runs: Rc<RefCell<Vec<Instant>>> = Rc::default();
+    let r = runs.clone();
+    rt.enter(|| {
+        // Both are due in the first timers pass; the timeout runs first and holds the loop.
+        set_timeout(40, || spin(300));
+        let iv: Rc<Cell<Option<nodus::Timer>>> = Rc::default();
+        let iv2 = iv.clone();
+        iv.set(Some(set_interval(50, move || {
+            r.borrow_mut().push(Instant::now());
+            if r.borrow().len() == 2 {
+                iv2.get().unwrap().clear();
+            }
+        })));
+        spin(60);
+    });
+    rt.run();
+    let runs = runs.borrow();
+    assert_eq!(runs.len(), 2);
+    at_least(
+        runs[1] - runs[0],
+        50,
+        "the interval's second period after a slow pass",
+    );
+}
+
 #[test]
 fn ticks_run_before_microtasks_inside_tasks_too() {
     let rt = Runtime::new();
