@@ -119,6 +119,43 @@ fn a_call_outside_any_loop_panics_clearly() {
 }
 
 #[test]
+fn a_loop_call_on_a_pool_thread_panics_naming_the_way_out_which_works() {
+    let rt = Runtime::new();
+    let loop_id = rt.id();
+    rt.block_on(async {
+        let err = nodus::offload_cpu(|| {
+            set_timeout(1, || {});
+        })
+        .await
+        .unwrap_err();
+        let nodus::OffloadError::Panicked(msg) = err else {
+            panic!("not a panic: {err:?}")
+        };
+        assert!(
+            msg.contains("nodus::set_timeout called on a thread with no nodus loop"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("offload_cpu") && msg.contains("nodus::LoopHandle::current()"),
+            "{msg}"
+        );
+        assert!(msg.contains("handle.post(move || ...)"), "{msg}");
+        // The way out it names.
+        let handle = nodus::LoopHandle::current();
+        let (tx, rx) = std::sync::mpsc::channel();
+        nodus::offload_cpu(move || {
+            handle.post(move || {
+                spawn(async move { tx.send(rt::handle().loop_id()).unwrap() }).detach();
+            });
+        })
+        .await
+        .unwrap();
+        sleep(5).await;
+        assert_eq!(rx.try_recv(), Ok(loop_id));
+    });
+}
+
+#[test]
 #[should_panic(expected = "longer than the maximum")]
 fn a_timer_of_duration_max_panics_clearly() {
     let rt = Runtime::new();
