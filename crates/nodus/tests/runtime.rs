@@ -85,6 +85,57 @@ fn a_panicking_task_reaches_its_handle_and_the_loop_keeps_running() {
     assert!(ticks.get() >= 2, "interval kept running: {}", ticks.get());
 }
 
+/// Runs `f`, which must panic with `message`.
+fn panics_with(message: &str, f: impl FnOnce()) {
+    let payload = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_err();
+    let got = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str));
+    assert_eq!(got, Some(message));
+}
+
+#[test]
+fn a_panicking_callback_unwinds_out_of_block_on_and_run_and_the_runtime_stays_usable() {
+    let rt = Runtime::new();
+    let trace: Trace = Rc::default();
+    let t = trace.clone();
+    panics_with("timer boom", || {
+        rt.block_on(async move {
+            set_timeout(1, || panic!("timer boom"));
+            set_timeout(1, move || push(&t, "timer behind it"));
+            sleep(1_000).await;
+        })
+    });
+    let t = trace.clone();
+    rt.enter(|| {
+        set_immediate(|| next_tick(|| panic!("tick boom")));
+        set_immediate(move || push(&t, "immediate behind it"));
+    });
+    panics_with("tick boom", || rt.run());
+    let t = trace.clone();
+    rt.enter(|| {
+        set_immediate(|| panic!("immediate boom"));
+        set_immediate(move || push(&t, "second immediate"));
+    });
+    panics_with("immediate boom", || rt.run());
+    // Usable: what was queued behind each panic runs, and so does new work.
+    assert_eq!(
+        rt.block_on(async {
+            sleep(1).await;
+            7
+        }),
+        7
+    );
+    rt.run();
+    let mut got = trace.borrow().clone();
+    got.sort();
+    assert_eq!(
+        got,
+        ["immediate behind it", "second immediate", "timer behind it"]
+    );
+}
+
 #[test]
 fn dropped_join_handle_detaches() {
     let rt = Runtime::new();

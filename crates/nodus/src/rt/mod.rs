@@ -147,6 +147,12 @@ impl Runtime {
     ///
     /// # Panics
     /// When called from inside a running nodus loop (a thread runs one loop at a time).
+    ///
+    /// A panic in `future` itself, or in a callback the loop runs (a timer, immediate, next-tick,
+    /// microtask, `LoopHandle::post` or close callback: Node's uncaught exception), unwinds out
+    /// of `block_on`, dropping `future`. The runtime stays usable: what was queued behind the
+    /// callback is still queued, and the next `block_on` or `run` runs it. A panic in a spawned
+    /// task does not unwind: its `JoinHandle` returns it.
     #[track_caller]
     pub fn block_on<F: Future>(&self, future: F) -> F::Output {
         let location = Location::caller();
@@ -176,6 +182,13 @@ impl Runtime {
     /// handle, no in-flight pool request, no pending or closing callback, no work posted from
     /// another thread (a [`LoopHandle::post`], a wake) still queued (Node's exit rule).
     /// Returns early after [`stop`].
+    ///
+    /// # Panics
+    /// When called from inside a running nodus loop. A panic in a callback the loop runs (a
+    /// timer, immediate, next-tick, microtask, `LoopHandle::post` or close callback) unwinds out
+    /// of `run`, and the runtime stays usable: what was queued behind it is still queued, and the
+    /// next `run` (or `block_on`) runs it. A panic in a spawned task does not unwind: its
+    /// `JoinHandle` returns it.
     #[track_caller]
     pub fn run(&self) {
         let _running = Running::new("Runtime::run");
