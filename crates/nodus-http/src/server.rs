@@ -388,6 +388,12 @@ impl State {
 }
 
 /// A running server.
+///
+/// Dropping it does not stop serving: the accept loop and every connection run on (and keep
+/// `Runtime::run` alive), as a Node `net.Server` serves until its `close()` whatever becomes of
+/// the variable that held it. This is unlike a hyper or axum serve future, which stops when
+/// dropped. [`Server::drain`] is the only way to stop it, and a dropped `Server` can no longer
+/// be drained: keep it for as long as you may want to stop the server.
 pub struct Server {
     state: Rc<State>,
     local_addr: Option<SocketAddr>,
@@ -397,6 +403,9 @@ pub struct Server {
 /// Serves `listener` on the current loop: each request goes to `handler`. Its tasks (the accept
 /// loop, one per connection, where `handler` runs) carry `config.name` and the location of this
 /// call, so a handler that blocks the loop is reported there.
+///
+/// It serves until [`Server::drain`]: dropping the returned [`Server`] does not stop it (keep
+/// the `Server` to be able to drain it).
 #[track_caller]
 pub fn serve<L, H, F>(listener: L, config: Config, handler: H) -> Server
 where

@@ -148,6 +148,41 @@ fn per_name_poll_durations_and_prometheus_text() {
     assert_eq!(back.loop_stats.iterations, snap.loop_stats.iterations);
 }
 
+#[test]
+fn task_panics_are_counted_per_name_whether_or_not_the_handle_was_kept() {
+    let rt = Runtime::new();
+    rt.enter(|| {
+        // Detached: its panic reaches nothing but the panic hook (and now the metrics).
+        drop(spawn_named("doomed", async {
+            sleep(1).await;
+            panic!("a detached task's panic");
+        }));
+        drop(spawn_named("fine", async { sleep(1).await }));
+    });
+    rt.run();
+    rt.block_on(async {
+        let err = spawn_named("doomed", async { panic!("an awaited task's panic") })
+            .await
+            .unwrap_err();
+        assert!(err.is_panic());
+    });
+    let snap = rt.enter(snapshot);
+    let class = |name: &str| snap.task_classes.iter().find(|c| c.name == name).unwrap();
+    assert_eq!(class("doomed").panics, 2);
+    assert_eq!(class("fine").panics, 0);
+    assert_eq!(snap.tasks.panics_total, 2);
+    let text = prometheus::render(&snap);
+    assert_eq!(
+        family_type(&text, "nodus_task_panics").as_deref(),
+        Some("counter")
+    );
+    assert!(
+        text.lines()
+            .any(|l| l == r#"nodus_task_panics_total{task="doomed"} 2"#),
+        "{text}"
+    );
+}
+
 /// Captures tracing output.
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);

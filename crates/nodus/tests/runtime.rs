@@ -85,6 +85,57 @@ fn a_panicking_task_reaches_its_handle_and_the_loop_keeps_running() {
     assert!(ticks.get() >= 2, "interval kept running: {}", ticks.get());
 }
 
+/// Runs `f`, which must panic with `message`.
+fn panics_with(message: &str, f: impl FnOnce()) {
+    let payload = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_err();
+    let got = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str));
+    assert_eq!(got, Some(message));
+}
+
+#[test]
+fn a_panicking_callback_unwinds_out_of_block_on_and_run_and_the_runtime_stays_usable() {
+    let rt = Runtime::new();
+    let trace: Trace = Rc::default();
+    let t = trace.clone();
+    panics_with("timer boom", || {
+        rt.block_on(async move {
+            set_timeout(1, || panic!("timer boom"));
+            set_timeout(1, move || push(&t, "timer behind it"));
+            sleep(1_000).await;
+        })
+    });
+    let t = trace.clone();
+    rt.enter(|| {
+        set_immediate(|| next_tick(|| panic!("tick boom")));
+        set_immediate(move || push(&t, "immediate behind it"));
+    });
+    panics_with("tick boom", || rt.run());
+    let t = trace.clone();
+    rt.enter(|| {
+        set_immediate(|| panic!("immediate boom"));
+        set_immediate(move || push(&t, "second immediate"));
+    });
+    panics_with("immediate boom", || rt.run());
+    // Usable: what was queued behind each panic runs, and so does new work.
+    assert_eq!(
+        rt.block_on(async {
+            sleep(1).await;
+            7
+        }),
+        7
+    );
+    rt.run();
+    let mut got = trace.borrow().clone();
+    got.sort();
+    assert_eq!(
+        got,
+        ["immediate behind it", "second immediate", "timer behind it"]
+    );
+}
+
 #[test]
 fn dropped_join_handle_detaches() {
     let rt = Runtime::new();
@@ -116,6 +167,43 @@ fn block_on_inside_a_running_loop_panics_clearly() {
 #[should_panic(expected = "nodus::set_timeout called on a thread with no nodus loop")]
 fn a_call_outside_any_loop_panics_clearly() {
     set_timeout(1, || {});
+}
+
+#[test]
+fn a_loop_call_on_a_pool_thread_panics_naming_the_way_out_which_works() {
+    let rt = Runtime::new();
+    let loop_id = rt.id();
+    rt.block_on(async {
+        let err = nodus::offload_cpu(|| {
+            set_timeout(1, || {});
+        })
+        .await
+        .unwrap_err();
+        let nodus::OffloadError::Panicked(msg) = err else {
+            panic!("not a panic: {err:?}")
+        };
+        assert!(
+            msg.contains("nodus::set_timeout called on a thread with no nodus loop"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("offload_cpu") && msg.contains("nodus::LoopHandle::current()"),
+            "{msg}"
+        );
+        assert!(msg.contains("handle.post(move || ...)"), "{msg}");
+        // The way out it names.
+        let handle = nodus::LoopHandle::current();
+        let (tx, rx) = std::sync::mpsc::channel();
+        nodus::offload_cpu(move || {
+            handle.post(move || {
+                spawn(async move { tx.send(rt::handle().loop_id()).unwrap() }).detach();
+            });
+        })
+        .await
+        .unwrap();
+        sleep(5).await;
+        assert_eq!(rx.try_recv(), Ok(loop_id));
+    });
 }
 
 #[test]
@@ -417,6 +505,114 @@ fn timeout_and_interval_futures() {
         }
         assert!(start.elapsed() >= Duration::from_millis(6));
     });
+}
+
+/// Busy on the loop's thread for `ms` (a CPU-heavy step, a slow synchronous call).
+fn spin(ms: u64) {
+    let end = Instant::now() + Duration::from_millis(ms);
+    while Instant::now() < end {}
+}
+
+fn at_least(took: Duration, ms: u64, what: &str) {
+    let want = Duration::from_millis(ms);
+    assert!(took >= want, "{what} took {took:?}, less than {want:?}");
+}
+
+#[test]
+fn timer_futures_count_from_the_call_not_from_the_start_of_the_poll() {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        spin(300);
+        let t = Instant::now();
+        sleep(200).await;
+        at_least(t.elapsed(), 200, "sleep(200) after a 300 ms step");
+
+        spin(300);
+        let t = Instant::now();
+        assert!(timeout(200, std::future::pending::<()>()).await.is_err());
+        at_least(t.elapsed(), 200, "timeout(200) after a 300 ms step");
+
+        spin(150);
+        let t = Instant::now();
+        nodus::interval(100).tick().await;
+        at_least(
+            t.elapsed(),
+            100,
+            "interval(100)'s first tick after a 150 ms step",
+        );
+
+        let mut s = sleep(1);
+        spin(150);
+        let t = Instant::now();
+        s.reset(100);
+        s.await;
+        at_least(
+            t.elapsed(),
+            100,
+            "a sleep reset to 100 ms after a 150 ms step",
+        );
+    });
+}
+
+#[test]
+fn set_timeout_and_set_interval_count_from_the_call_not_from_the_start_of_the_callback() {
+    let rt = Runtime::new();
+    let took: Rc<RefCell<Vec<(&str, Duration)>>> = Rc::default();
+    let (a, b) = (took.clone(), took.clone());
+    rt.enter(|| {
+        set_timeout(1, move || {
+            spin(200);
+            let t = Instant::now();
+            set_timeout(150, move || {
+                a.borrow_mut().push(("set_timeout(150)", t.elapsed()))
+            });
+            let t = Instant::now();
+            let iv: Rc<Cell<Option<nodus::Timer>>> = Rc::default();
+            let iv2 = iv.clone();
+            iv.set(Some(set_interval(150, move || {
+                b.borrow_mut().push(("set_interval(150)", t.elapsed()));
+                iv2.get().unwrap().clear();
+            })));
+        });
+    });
+    rt.run();
+    let took = took.borrow();
+    assert_eq!(took.len(), 2, "{took:?}");
+    for &(what, d) in took.iter() {
+        at_least(
+            d,
+            150,
+            &format!("{what} after a 200 ms step in a timer callback"),
+        );
+    }
+}
+
+#[test]
+fn an_interval_rearms_from_its_callbacks_start_not_from_its_timers_pass() {
+    let rt = Runtime::new();
+    let runs: Rc<RefCell<Vec<Instant>>> = Rc::default();
+    let r = runs.clone();
+    rt.enter(|| {
+        // Both are due in the first timers pass; the timeout runs first and holds the loop.
+        set_timeout(40, || spin(300));
+        let iv: Rc<Cell<Option<nodus::Timer>>> = Rc::default();
+        let iv2 = iv.clone();
+        iv.set(Some(set_interval(50, move || {
+            r.borrow_mut().push(Instant::now());
+            if r.borrow().len() == 2 {
+                iv2.get().unwrap().clear();
+            }
+        })));
+        spin(60);
+    });
+    rt.run();
+    let runs = runs.borrow();
+    assert_eq!(runs.len(), 2);
+    at_least(
+        runs[1] - runs[0],
+        50,
+        "the interval's second period after a slow pass",
+    );
 }
 
 #[test]

@@ -116,6 +116,7 @@ mod fill {
                 alive: s.tasks_alive,
                 polls_total: s.polls,
                 forced_yields_total: s.forced_yields,
+                panics_total: s.task_panics,
             };
             snap.phases = Phase::ALL
                 .iter()
@@ -135,6 +136,7 @@ mod fill {
                     spawned: c.spawned,
                     polls: c.polls,
                     forced_yields: c.forced_yields,
+                    panics: c.panics,
                     poll_duration: c.poll_duration.snapshot(),
                 })
                 .collect();

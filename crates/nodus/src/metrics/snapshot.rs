@@ -254,6 +254,9 @@ pub struct TasksSnapshot {
     pub polls_total: u64,
     /// Polls cut short because the task ran out of its cooperative budget.
     pub forced_yields_total: u64,
+    /// Task polls that panicked (caught at the task boundary; counted whether or not the task's
+    /// `JoinHandle` was kept, so a detached task's panic shows here too).
+    pub panics_total: u64,
 }
 
 /// Time and callbacks of one loop phase.
@@ -273,6 +276,8 @@ pub struct TaskClassSnapshot {
     pub spawned: u64,
     pub polls: u64,
     pub forced_yields: u64,
+    /// Polls of tasks of this name that panicked (see [`TasksSnapshot::panics_total`]).
+    pub panics: u64,
     pub poll_duration: HistogramSnapshot,
 }
 
@@ -449,11 +454,16 @@ mod tests {
             .as_object_mut()
             .unwrap()
             .remove("forced_yields");
+        v["task_classes"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("panics");
         let back: Snapshot = serde_json::from_value(v).expect("parses");
         assert_eq!(back.pid, 7);
         assert_eq!(back.loop_stats.iterations, 5);
         assert_eq!(back.loop_stats.poll_duration.buckets, vec![(3, 2)]);
         assert_eq!(back.task_classes[0].name, "a");
+        assert_eq!(back.task_classes[0].panics, 0);
         assert_eq!(back.tasks.alive, 0);
         assert_eq!(back.http.responses_by_class, [0; 5]);
         assert_eq!(back.out_of_bounds(), None);
@@ -496,6 +506,7 @@ mod tests {
             task_classes: (0..crate::metrics::classes::MAX_CLASSES)
                 .map(|i| TaskClassSnapshot {
                     name: name(i),
+                    panics: u64::MAX,
                     poll_duration: full(),
                     ..Default::default()
                 })

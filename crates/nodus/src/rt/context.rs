@@ -289,6 +289,9 @@ pub(crate) fn try_with_core<R>(f: impl FnOnce(&Core) -> R) -> Option<R> {
 fn no_runtime(api: &str) -> ! {
     panic!(
         "nodus: {api} called on a thread with no nodus loop; call it from inside \
-         Runtime::block_on, Runtime::run or Runtime::enter"
+         Runtime::block_on, Runtime::run or Runtime::enter. From another thread (a job in \
+         offload_cpu/offload_io, a std::thread), take the loop's handle on the loop \
+         (nodus::LoopHandle::current(), or Runtime::handle()), move it there and call \
+         handle.post(move || ...): the closure runs on the loop, where this call works"
     )
 }

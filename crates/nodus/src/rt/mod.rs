@@ -147,6 +147,12 @@ impl Runtime {
     ///
     /// # Panics
     /// When called from inside a running nodus loop (a thread runs one loop at a time).
+    ///
+    /// A panic in `future` itself, or in a callback the loop runs (a timer, immediate, next-tick,
+    /// microtask, `LoopHandle::post` or close callback: Node's uncaught exception), unwinds out
+    /// of `block_on`, dropping `future`. The runtime stays usable: what was queued behind the
+    /// callback is still queued, and the next `block_on` or `run` runs it. A panic in a spawned
+    /// task does not unwind: its `JoinHandle` returns it.
     #[track_caller]
     pub fn block_on<F: Future>(&self, future: F) -> F::Output {
         let location = Location::caller();
@@ -176,6 +182,13 @@ impl Runtime {
     /// handle, no in-flight pool request, no pending or closing callback, no work posted from
     /// another thread (a [`LoopHandle::post`], a wake) still queued (Node's exit rule).
     /// Returns early after [`stop`].
+    ///
+    /// # Panics
+    /// When called from inside a running nodus loop. A panic in a callback the loop runs (a
+    /// timer, immediate, next-tick, microtask, `LoopHandle::post` or close callback) unwinds out
+    /// of `run`, and the runtime stays usable: what was queued behind it is still queued, and the
+    /// next `run` (or `block_on`) runs it. A panic in a spawned task does not unwind: its
+    /// `JoinHandle` returns it.
     #[track_caller]
     pub fn run(&self) {
         let _running = Running::new("Runtime::run");
@@ -385,7 +398,9 @@ impl Drop for Active<'_> {
     }
 }
 
-/// A `Send + Sync` handle to a loop, for other threads.
+/// A `Send + Sync` handle to a loop, for other threads: take it on the loop
+/// ([`LoopHandle::current`], [`Runtime::handle`]) and [`post`](LoopHandle::post) to it what must
+/// run there.
 #[derive(Clone)]
 pub struct LoopHandle {
     shared: Arc<Shared>,
@@ -410,9 +425,42 @@ impl LoopHandle {
     pub fn loop_id(&self) -> u64 {
         self.shared.loop_id
     }
+
+    /// The current loop's handle: take it on the loop, move it to another thread (a job in
+    /// [`offload_cpu`](crate::offload_cpu), a `std::thread`), and [`post`](LoopHandle::post) from
+    /// there what must run on the loop (`spawn`, `set_timeout`, ...: they panic on a thread with
+    /// no loop). The same as [`handle`].
+    ///
+    /// ```
+    /// let rt = nodus::Runtime::new();
+    /// rt.block_on(async {
+    ///     let handle = nodus::LoopHandle::current();
+    ///     let (tx, rx) = std::sync::mpsc::channel();
+    ///     nodus::offload_cpu(move || {
+    ///         let sum: u64 = (1..=100).sum();
+    ///         // On a pool thread: no `nodus::spawn` here; post it to the loop.
+    ///         handle.post(move || {
+    ///             nodus::spawn(async move { tx.send(sum).unwrap() }).detach();
+    ///         });
+    ///     })
+    ///     .await
+    ///     .unwrap();
+    ///     nodus::sleep(5).await;
+    ///     assert_eq!(rx.try_recv(), Ok(5050));
+    /// });
+    /// ```
+    ///
+    /// # Panics
+    /// On a thread with no nodus loop.
+    #[track_caller]
+    pub fn current() -> LoopHandle {
+        with_core("nodus::LoopHandle::current", |core| LoopHandle {
+            shared: core.shared.clone(),
+        })
+    }
 }
 
-/// The current loop's handle.
+/// The current loop's handle (also [`LoopHandle::current`]).
 #[track_caller]
 pub fn handle() -> LoopHandle {
     with_core("nodus::rt::handle", |core| LoopHandle {

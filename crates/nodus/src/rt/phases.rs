@@ -2,8 +2,10 @@
 //!
 //! Invariants:
 //! - The timers pass fires timers due at `pass_now`, read once when the pass starts; timers
-//!   added during the pass have later deadlines, so they wait for the next pass. Each timer is
-//!   popped only when it is about to run, so a timer cleared by an earlier callback never fires.
+//!   added during the pass count from a later clock read (the timer functions read it when they
+//!   arm), so they have later deadlines and wait for the next pass; an interval re-arms from its
+//!   callback's start, also after `pass_now`. Each timer is popped only when it is about to run,
+//!   so a timer cleared by an earlier callback never fires.
 //! - The check phase runs exactly the entries queued when it started (immediates and yielded
 //!   tasks); entries added during it run on the next turn.
 //! - The poll phase never blocks while anything is ready to run: immediates, yielded tasks,
@@ -101,6 +103,9 @@ impl Core {
                 }
                 TimerAction::Callback(mut callback) => {
                     let t = self.boundary();
+                    // An interval re-arms from its callback's start (Node's `listOnTimeout`), not
+                    // the pass's: with measurements on, `t` itself (no second read).
+                    let start = self.meter.current_time();
                     self.meter.timer_fired(fired.deadline, t);
                     self.meter.begin_poll(&target, t);
                     callback();
@@ -109,7 +114,7 @@ impl Core {
                         let cleared = self
                             .timers
                             .borrow_mut()
-                            .finish_interval(key, callback, pass_now);
+                            .finish_interval(key, callback, start);
                         drop(cleared);
                     }
                     self.drain();

@@ -17,7 +17,8 @@
 //! Invariants: a task is polled and dropped only on its loop's thread (async-task's
 //! `spawn_local` checks it); a panic inside a task, in a poll or in its future's drop (an abort,
 //! the runtime's drop), is caught at the task boundary and never reaches the loop: a poll's
-//! reaches the `JoinHandle`, a drop's leaves it `Cancelled`.
+//! reaches the `JoinHandle` and is counted for the task's name (`nodus_task_panics_total`, handle
+//! kept or not), a drop's leaves it `Cancelled`.
 
 mod join;
 mod yield_now;
@@ -136,7 +137,12 @@ where
     let future = join::CatchUnwind::new(future);
     let future = async move {
         let _guard = guard;
-        future.await
+        let out = future.await;
+        if out.is_err() {
+            // Counted here, on the loop, whether or not the `JoinHandle` is still held.
+            try_with_core(|core| core.meter.task_panicked(class));
+        }
+        out
     };
     let shared = core.shared.clone();
     let schedule = WithInfo(move |runnable: Runnable<TaskMeta>, info: ScheduleInfo| {

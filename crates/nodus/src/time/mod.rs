@@ -2,9 +2,23 @@
 //!
 //! Delay rules (Node's): a delay below 1 ms (0, negative, NaN) becomes 1 ms; equal deadlines fire
 //! in insertion order; a timer never fires early on the loop clock (it fires in the first timers
-//! pass whose time is at or past its deadline). Deadlines count from the loop's latest clock
-//! read, which is the start of the callback that sets the timer (with measurements compiled out,
-//! the start of the iteration). A `set_timeout`/`set_interval` delay above Node's maximum
+//! pass whose time is at or past its deadline).
+//!
+//! Deadlines count from the call: `set_timeout`, `set_interval`, `sleep`, `timeout`, `interval`
+//! and `Sleep::reset` read the monotonic clock when they arm (one vDSO read, about 20 ns), so
+//! synchronous work earlier in the same poll does not shorten them. That is Node's rule (its
+//! `setTimeout` starts from `getLibuvNow()`, which runs `uv_update_time` first) and tokio's
+//! (`Instant::now()`); raw libuv's `uv_timer_start` counts from the cached `uv_now` instead. The
+//! loop's cached clock ([`loop_now_ns`], the start of the current poll) is not moved by it: a
+//! timers pass fires what is due at the `now` it reads when it starts, so a timer armed during
+//! the pass (counting from a later read) waits for the next pass. An interval re-arms from the
+//! start of its callback (Node's `listOnTimeout`), so a slow callback earlier in the same pass
+//! does not shorten its next period either. nodus-http's own per-request deadlines (header read,
+//! keep-alive idle, write stall) count from [`loop_now_ns`] instead, which costs no read: they
+//! are seconds long and need no better than the start of the current poll, and a fresh read
+//! there costs ~45 instructions per keep-alive request (+0.5 %, BENCHMARKS.md, session 17).
+//!
+//! A `set_timeout`/`set_interval` delay above Node's maximum
 //! (2^31 − 1 ms, about 24.8 days) panics with a clear message instead of being silently changed;
 //! the futures (`sleep`, `sleep_until`, `interval`, `timeout`) take longer delays and wait them
 //! out in steps of at most that maximum.
@@ -50,7 +64,9 @@ pub struct Timer {
 }
 
 /// Runs `callback` once after `delay` (Node's `setTimeout(callback, delay)`). `delay` is a
-/// `Duration` or a number of milliseconds (`10`, `2.5`, `-1`, `f64::NAN`).
+/// `Duration` or a number of milliseconds (`10`, `2.5`, `-1`, `f64::NAN`), counted from this call
+/// (a fresh clock read: synchronous work done earlier in the same poll does not shorten it). It
+/// runs in the first timers pass at or past that deadline, never earlier.
 #[track_caller]
 pub fn set_timeout(delay: impl IntoDelay, callback: impl FnOnce() + 'static) -> Timer {
     let action = TimerAction::Once(Box::new(callback));
@@ -63,8 +79,9 @@ pub fn set_timeout(delay: impl IntoDelay, callback: impl FnOnce() + 'static) -> 
     )
 }
 
-/// Runs `callback` every `delay` until cleared (Node's `setInterval`). Each run re-arms the
-/// interval from the time its timers pass started, behind timers already due at that time.
+/// Runs `callback` every `delay` until cleared (Node's `setInterval`). The first run is `delay`
+/// after this call (a fresh clock read, as for [`set_timeout`]); each run re-arms the interval
+/// from the time its callback started (Node's rule), behind timers already due at that time.
 #[track_caller]
 pub fn set_interval(delay: impl IntoDelay, callback: impl FnMut() + 'static) -> Timer {
     let delay = delay.into_delay_ns();
@@ -78,8 +95,11 @@ pub fn set_interval(delay: impl IntoDelay, callback: impl FnMut() + 'static) -> 
     )
 }
 
-/// The loop's time in `nodus::clock` nanoseconds (libuv's `uv_now`): its latest clock read, the
-/// base new timers count from, read without a clock read. Outside a loop, the process clock.
+/// The loop's time in `nodus::clock` nanoseconds (libuv's `uv_now`): its latest clock read (the
+/// start of the current poll; with measurements compiled out, of the current iteration), read
+/// without a clock read. The timer functions count from a fresh read instead (see the module
+/// docs); this is for deadlines that need no better than the start of the current poll. Outside a
+/// loop, the process clock.
 #[inline]
 pub fn loop_now_ns() -> u64 {
     try_with_core(|core| core.meter.now()).unwrap_or_else(crate::clock::now_ns)
@@ -120,7 +140,7 @@ fn arm(
     location: &'static Location<'static>,
 ) -> Timer {
     with_core(api, |core| {
-        let now = core.meter.now();
+        let now = crate::clock::now_ns();
         let key = core
             .timers
             .borrow_mut()

@@ -10,7 +10,9 @@
 //! - Firing order is `(deadline, seq)`; `seq` increases with every (re)arm, so equal deadlines
 //!   fire in insertion order and a re-armed interval goes behind timers already queued. A list
 //!   stays sorted by `(deadline, seq)`: the rare out-of-order arm (a deadline based on an older
-//!   clock read) is inserted in place from the back.
+//!   clock read: a `Sleep` first polled after others of its delay were armed, an interval
+//!   re-armed from its callback's start behind timers its callback armed) is inserted in place
+//!   from the back.
 //! - Each non-empty list is in the heap exactly once (`List::heap_pos`), keyed by its front item;
 //!   an emptied list leaves the heap and the table.
 //! - The slab entry is the truth; a list item whose slab entry is gone or has another `seq` is a

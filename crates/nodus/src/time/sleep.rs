@@ -1,7 +1,8 @@
 //! Timer futures: `sleep`, `interval`, `timeout`.
 //!
-//! A `Sleep` fixes its deadline when created (from the loop's clock inside a loop, from the
-//! process clock the loops share outside one) and joins the timer queue of the loop that first
+//! A `Sleep` fixes its deadline when created (or reset), from a fresh read of the process clock
+//! the loops share, inside a loop or not (so work done earlier in the same poll does not shorten
+//! it; see the `time` module docs), and joins the timer queue of the loop that first
 //! polls it, as a waker entry (no boxed callback). While armed and ref'd it keeps the loop alive,
 //! like a pending `setTimeout` promise; dropping it cancels the timer.
 //!
@@ -19,7 +20,8 @@
 //!
 //! Unlike `set_timeout`, these take delays past Node's maximum (2^31 − 1 ms, about 24.8 days): a
 //! longer sleep arms its timer for at most that long and re-arms it, from the loop's time, for
-//! what is left each time it fires, until its deadline. A sleep within the maximum arms once.
+//! what is left each time it fires, until its deadline (fixed when it was made: the steps
+//! shorten nothing). A sleep within the maximum arms once.
 
 use std::fmt;
 use std::future::Future;
@@ -29,7 +31,6 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use super::delay::IntoDelay;
-use super::loop_now_ns;
 use super::queue::{TimerAction, TimerKey};
 use crate::rt::context::{on_loop, with_core};
 use crate::rt::entry::EntryHandle;
@@ -67,13 +68,21 @@ pub struct Sleep {
     location: &'static Location<'static>,
 }
 
-/// Waits for `delay` (at least 1 ms, Node's rule; see the `time` module docs).
+/// Waits for `delay` (at least 1 ms, Node's rule), counted from this call: the clock is read
+/// here, so synchronous work done earlier in the same poll does not shorten the wait (see the
+/// `time` module docs). It completes in the first timers pass at or past its deadline.
 ///
 #[track_caller]
 pub fn sleep(delay: impl IntoDelay) -> Sleep {
-    let location = Location::caller();
-    let delay = delay.into_unlimited_delay_ns();
-    let start = loop_now_ns();
+    sleep_from(
+        crate::clock::now_ns(),
+        delay.into_unlimited_delay_ns(),
+        Location::caller(),
+    )
+}
+
+/// A sleep of `delay` ns from `start`.
+fn sleep_from(start: u64, delay: u64, location: &'static Location<'static>) -> Sleep {
     Sleep {
         deadline: start.saturating_add(delay),
         start,
@@ -85,11 +94,13 @@ pub fn sleep(delay: impl IntoDelay) -> Sleep {
     }
 }
 
-/// Waits until `deadline` (at least 1 ms from now, Node's rule).
+/// Waits until `deadline` (at least 1 ms from this call, Node's rule).
 ///
 #[track_caller]
 pub fn sleep_until(deadline: Instant) -> Sleep {
-    sleep(deadline.saturating_duration_since(crate::clock::instant_at(loop_now_ns())))
+    let now = crate::clock::now_ns();
+    let delay = deadline.saturating_duration_since(crate::clock::instant_at(now));
+    sleep_from(now, delay.into_unlimited_delay_ns(), Location::caller())
 }
 
 impl Sleep {
@@ -116,12 +127,12 @@ impl Sleep {
         self.fired
     }
 
-    /// Re-arms the sleep for `delay` from the loop's current time.
+    /// Re-arms the sleep for `delay` from this call (a fresh clock read, as [`sleep`]).
     #[track_caller]
     pub fn reset(&mut self, delay: impl IntoDelay) {
         let delay = delay.into_unlimited_delay_ns();
         self.cancel();
-        self.start = loop_now_ns();
+        self.start = crate::clock::now_ns();
         self.deadline = self.start.saturating_add(delay);
         self.fired = false;
     }
@@ -157,8 +168,8 @@ impl Future for Sleep {
                 );
             }
             let mut timers = core.timers.borrow_mut();
-            // The start of the step to arm: the sleep's own start, or now for the next step of a
-            // long sleep whose timer fired before its deadline.
+            // The start of the step to arm: the sleep's own start, or the loop's time for the
+            // next step of a long sleep whose timer fired before its deadline.
             let start = match this.key {
                 None => this.start,
                 Some(key) => match timers.get_mut(key) {
@@ -172,6 +183,8 @@ impl Future for Sleep {
                         }
                         return Poll::Pending;
                     }
+                    // Judged on the loop clock, on which a sleep never ends early; the deadline
+                    // is fixed, so a step armed from the cached time shortens nothing.
                     None if this.deadline - this.start > max_step_ns()
                         && core.meter.now() < this.deadline =>
                     {
@@ -218,8 +231,9 @@ impl fmt::Debug for Sleep {
     }
 }
 
-/// Ticks every `period`, the first tick one period after creation (like `setInterval`). A tick
-/// that is late re-arms from when it ran, so late ticks are not bunched up.
+/// Ticks every `period`, the first tick one period after this call (like `setInterval`; the clock
+/// is read here, as [`sleep`] does). A tick that is late re-arms from when it ran, so late ticks
+/// are not bunched up.
 ///
 #[track_caller]
 pub fn interval(period: impl IntoDelay) -> Interval {
@@ -264,7 +278,9 @@ impl Interval {
     }
 }
 
-/// Runs `future` for at most `limit`; `Err(Elapsed)` if the time ran out first.
+/// Runs `future` for at most `limit`, counted from this call (the clock is read here, as
+/// [`sleep`] does: work done earlier in the same poll does not shorten the limit); `Err(Elapsed)`
+/// if the time ran out first.
 ///
 #[track_caller]
 pub fn timeout<F: Future>(limit: impl IntoDelay, future: F) -> Timeout<F> {
@@ -312,6 +328,7 @@ impl<F: Future> Future for Timeout<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::time::loop_now_ns;
 
     #[test]
     fn a_sleep_longer_than_one_step_rearms_until_its_deadline() {

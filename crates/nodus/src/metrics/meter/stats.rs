@@ -26,6 +26,7 @@ pub(crate) struct ClassStats {
     pub(crate) spawned: u64,
     pub(crate) polls: u64,
     pub(crate) forced_yields: u64,
+    pub(crate) panics: u64,
     pub(crate) poll_duration: Histogram,
 }
 
@@ -50,6 +51,7 @@ pub(crate) struct LoopStats {
     pub(crate) tasks_alive: u64,
     pub(crate) polls: u64,
     pub(crate) forced_yields: u64,
+    pub(crate) task_panics: u64,
     // Run queue.
     pub(crate) rq_samples: Histogram,
     pub(crate) rq_integral: u128,
@@ -94,6 +96,7 @@ impl LoopStats {
             tasks_alive: 0,
             polls: 0,
             forced_yields: 0,
+            task_panics: 0,
             rq_samples: Histogram::new(),
             rq_integral: 0,
             rq_max: 0,

@@ -1,4 +1,5 @@
-//! Task-class counters: a task name's class, and spawns, drops and forced yields per class.
+//! Task-class counters: a task name's class, and spawns, drops, forced yields and panics per
+//! class.
 //!
 //! Invariant: `class_of` grows the per-class statistics with the class table, so every `ClassId`
 //! it returns indexes `LoopStats::classes` safely afterwards.
@@ -54,6 +55,20 @@ impl Meter {
             let mut s = self.stats.borrow_mut();
             s.forced_yields += 1;
             s.classes[class as usize].forced_yields += 1;
+        }
+        #[cfg(not(feature = "measure"))]
+        let _ = class;
+    }
+
+    /// A poll of a task of `class` panicked (caught at the task boundary, whether or not its
+    /// `JoinHandle` is still held).
+    #[inline]
+    pub(crate) fn task_panicked(&self, class: ClassId) {
+        #[cfg(feature = "measure")]
+        {
+            let mut s = self.stats.borrow_mut();
+            s.task_panics += 1;
+            s.classes[class as usize].panics += 1;
         }
         #[cfg(not(feature = "measure"))]
         let _ = class;

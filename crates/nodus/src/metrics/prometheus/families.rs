@@ -285,6 +285,13 @@ pub(super) const TASK_FORCED_YIELDS: Desc = desc!(
     none,
     "Polls cut short by the cooperative budget, by task name (their sum is the loop's total, tasks.forced_yields_total in /_nodus/stats)."
 );
+/// nodus_task_panics_total{task}
+pub(super) const TASK_PANICS: Desc = desc!(
+    "nodus_task_panics",
+    Counter,
+    none,
+    "Task polls that panicked, by task name, whether or not the task's JoinHandle was kept (their sum is the loop's total, tasks.panics_total in /_nodus/stats)."
+);
 /// nodus_tasks_spawned_total{task}
 pub(super) const TASKS_SPAWNED: Desc = desc!(
     "nodus_tasks_spawned",

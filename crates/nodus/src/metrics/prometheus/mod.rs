@@ -164,6 +164,7 @@ impl SnapshotCollector {
             self.push(&TASK_POLLS, with("task", &t.name), Value::Int(t.polls));
             let v = Value::Int(t.forced_yields);
             self.push(&TASK_FORCED_YIELDS, with("task", &t.name), v);
+            self.push(&TASK_PANICS, with("task", &t.name), Value::Int(t.panics));
             self.push(&TASKS_SPAWNED, with("task", &t.name), Value::Int(t.spawned));
         }
         self.push(&TASKS_ALIVE, base(), Value::Int(s.tasks.alive));

@@ -63,6 +63,7 @@ fn sample() -> Snapshot {
         spawned: 5,
         polls: 50,
         forced_yields: 1,
+        panics: 2,
         poll_duration: hist(&[(2_000, 50)]),
     }];
     s.stalls = vec![
@@ -127,6 +128,8 @@ fn renders_one_snapshot() {
             r#"nodus_loop_phase_callbacks_total{phase="poll"} 8"#,
             r#"nodus_task_polls_total{task="http:static"} 50"#,
             r#"nodus_task_forced_yields_total{task="http:static"} 1"#,
+            "# TYPE nodus_task_panics counter",
+            r#"nodus_task_panics_total{task="http:static"} 2"#,
             r#"nodus_tasks_spawned_total{task="http:static"} 5"#,
             "# EOF",
         ],
