@@ -11,6 +11,10 @@
 //! and capped at `MAX_ENTRIES` so a directory with a million files cannot make one response
 //! unbounded.
 //!
+//! The directory read is the one `static_files::resolve` opened and checked (through its
+//! descriptor), and a symlinked entry is judged by what it opens (`resolve` again), so renaming
+//! things meanwhile cannot make a listing show the outside.
+//!
 //! Reading a directory is blocking I/O: like `static_files::plan`, run it off the loop thread.
 
 use std::fs;
@@ -18,7 +22,7 @@ use std::io;
 use std::path::Path;
 use std::time::SystemTime;
 
-use super::static_files::{StaticOptions, hidden};
+use super::static_files::{Resolved, StaticOptions, hidden, resolve};
 use super::uri_path::encode_segment;
 
 /// At most this many entries are listed; the rest are counted and mentioned.
@@ -34,16 +38,18 @@ pub struct Entry {
     pub modified: Option<SystemTime>,
 }
 
-/// The servable entries of `dir` (canonical, inside `root`), sorted, and how many were left out
-/// because of the cap.
+/// The servable entries of `dir` (as `static_files::resolve` found it, inside `root`), sorted,
+/// and how many were left out because of the cap. The directory read is the one `dir` holds open,
+/// and each entry is looked at from there: whatever is renamed meanwhile, only what lies under the
+/// root is listed.
 pub fn read_entries(
-    dir: &Path,
+    dir: &Resolved,
     root: &Path,
     opts: &StaticOptions,
 ) -> io::Result<(Vec<Entry>, usize)> {
     let mut entries = Vec::new();
     let mut over_cap = 0usize;
-    for dirent in fs::read_dir(dir)? {
+    for dirent in fs::read_dir(dir.fd_path())? {
         let Ok(dirent) = dirent else { continue };
         if entries.len() >= MAX_ENTRIES {
             over_cap += 1;
@@ -53,19 +59,16 @@ pub fn read_entries(
         let Some(name) = file_name.to_str().filter(|n| !n.contains('\\')) else {
             continue;
         };
-        if hidden(&dir.join(name), root, opts) {
+        if hidden(&dir.path.join(name), root, opts) {
             continue;
         }
         let Ok(ft) = dirent.file_type() else { continue };
         let meta = if ft.is_symlink() {
-            // Follow it only if it stays inside the root, off hidden names.
-            let Ok(target) = fs::canonicalize(dirent.path()) else {
+            // Follow it only if it lands inside the root, off hidden names.
+            let Some(target) = resolve(root, &dirent.path(), opts) else {
                 continue;
             };
-            if hidden(&target, root, opts) {
-                continue;
-            }
-            fs::metadata(&target)
+            Ok(target.meta)
         } else {
             dirent.metadata()
         };

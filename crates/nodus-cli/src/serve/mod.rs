@@ -1,8 +1,10 @@
 //! `nodus serve`: the HTTP-framework-independent parts.
 //!
 //! - `static_files`: `plan`, the decision for one static-file request (refuse, 304, redirect,
-//!   file + range + headers, 416, listing), made with stat and canonicalize, and, for a regular
-//!   file, `open_verified` before any precondition or range is looked at (the plan holds it open);
+//!   file + range + headers, 416, listing), made from what `resolve` opened (an `O_PATH`
+//!   descriptor whose real path lies under the root), and, for a regular file, `open_verified`
+//!   through that descriptor before any precondition or range is looked at (the plan holds it
+//!   open);
 //! - `uri_path`: request path → safe decoded segments (the traversal defence);
 //! - `conditional`: ETag/Last-Modified and RFC 9110 preconditions (`If-None-Match`, `If-Range`...);
 //! - `range`: `Range: bytes=` evaluation and `Content-Range` strings;
@@ -12,12 +14,12 @@
 //! - `ADMIN_PAGE_HTML`: the self-contained live page served at `/_nodus/`, which polls
 //!   `/_nodus/stats` (one `Snapshot`, or `{"workers": [{worker, pid, snapshot}]}` for a cluster).
 //!
-//! How the HTTP glue uses it, per request (off the loop thread: `plan` stats, canonicalizes and
-//! opens): `let p = static_files::plan(&root, &method, uri.path(), &headers, &opts);` then answer
-//! `p.status()` with `p.headers()`, and as body `p.inline_body()`, or for `Plan::File { file,
-//! range, .. }` the bytes `range` of `file`, streamed. HEAD (and 304) send no body; every other
-//! header is already right. `root` comes from
-//! `static_files::canonical_root(dir)` once at startup.
+//! How the HTTP glue uses it, per request (off the loop thread: `plan` opens, reads links and
+//! directories): `let p = static_files::plan(&root, &method, uri.path(), &headers, &opts);` then
+//! answer `p.status()` with `p.headers()`, and as body `p.inline_body()`, or for `Plan::File {
+//! file, range, .. }` the bytes `range` of `file`, streamed. HEAD (and 304) send no body; every
+//! other header is already right. `root` comes from `static_files::canonical_root(dir)` once at
+//! startup.
 
 mod access_log;
 pub(crate) mod admin;

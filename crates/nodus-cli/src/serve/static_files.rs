@@ -1,32 +1,42 @@
 //! What `nodus serve` answers to a request for a static file: a decision, made before any byte of
 //! content is read.
 //!
-//! `plan` looks at the method, the URI path and the request headers, stats and canonicalizes,
-//! opens a regular file (`open_verified`), and returns a `Plan`: refuse (400/403/404/405/412/501),
-//! 304, 301 to the slash form of a directory (query kept), 416, an HTML listing, or a file, open,
-//! with its status (200/206), byte range and every response header. The HTTP glue then only has
-//! to stream `range` from that file (from the I/O pool), or send the in-memory body of the other
-//! variants. Keeping the decision free of any HTTP framework makes every rule testable with a
-//! temp directory and no sockets.
+//! `plan` looks at the method, the URI path and the request headers, opens what the path names
+//! (`resolve`), opens a regular file for reading (`open_verified`), and returns a `Plan`: refuse
+//! (400/403/404/405/412/501), 304, 301 to the slash form of a directory (query kept), 416, an
+//! HTML listing, or a file, open, with its status (200/206), byte range and every response header.
+//! The HTTP glue then only has to stream `range` from that file (from the I/O pool), or send the
+//! in-memory body of the other variants. Keeping the decision free of any HTTP framework makes
+//! every rule testable with a temp directory and no sockets.
 //!
 //! Invariants:
 //! - Nothing outside the root is served, listed or disclosed. The path decoder (`uri_path`)
-//!   refuses `..`, encoded separators, NUL and empty segments with 400; then the joined path is
-//!   canonicalized and must still lie under the (canonical) root, so a symlink that leaves the root
-//!   gets the same 404 as a name that does not exist, whether or not its target exists.
-//! - Hidden names (`hidden`) are 404, both as requested and after symlinks are resolved (a
-//!   `link -> .env` is hidden too), and left out of listings: dotfiles and dot-directories
+//!   refuses `..`, encoded separators, NUL and empty segments with 400; then `resolve` opens the
+//!   joined path (`O_PATH`, following symlinks) and reads the real path of what it opened back
+//!   from the descriptor (`/proc/self/fd/N`): it must lie under the (canonical) root, so a symlink
+//!   that leaves the root gets the same 404 as a name that does not exist, whether or not its
+//!   target exists. Everything after that (its metadata, the file read, the directory listed, the
+//!   `index.html` looked up in it) goes through that descriptor, never through a path looked up
+//!   again: a local writer who swaps a directory for a symlink while a request is planned
+//!   (`renameat2(RENAME_EXCHANGE)`) gets the inside file, a 404, or the outside refused, never the
+//!   outside served. Symlinks inside the root are followed as the kernel follows them, relative or
+//!   absolute, through the outside and back; only where they land counts. The root's own path
+//!   (and its ancestors) are trusted: whoever can rename them chooses what is served anyway.
+//!   `canonical_root` refuses to start where `/proc` cannot tell a descriptor's path.
+//! - Hidden names (`hidden`) are 404, both as requested and on the real path of what was opened
+//!   (a `link -> .env` is hidden too), and left out of listings: dotfiles and dot-directories
 //!   (`.git/config`, `.env`) unless `Dotfiles::Allow`, except a top-level `.well-known`
 //!   (RFC 8615: ACME HTTP-01 challenges, `security.txt`; a dot-name inside it is still hidden);
 //!   and a top-level `_nodus` when the admin endpoints own `/_nodus/` on this listener
 //!   (`StaticOptions::admin_dir_hidden`).
 //! - Only regular files and directories are served. A FIFO, device or socket is 403 after a mere
-//!   `stat` (seed 003's `nodus serve /dev` + `GET /random` attack): it is never opened, and
-//!   `open_verified` refuses anything that is not the very regular file that was stat'ed.
+//!   `fstat` of its `O_PATH` descriptor (seed 003's `nodus serve /dev` + `GET /random` attack): it
+//!   is never opened for reading, and `open_verified` opens only the very regular file `resolve`
+//!   checked (through its descriptor).
 //! - A regular file is opened before any precondition or range is evaluated: one this process
-//!   cannot open is 403 (404 if it vanished) whatever the request's headers, so no 304 or 416
-//!   discloses the `ETag` (size, mtime) or length of a file GET would refuse. The validators come
-//!   from the open file's `fstat`, so they describe the very file that is streamed.
+//!   cannot open is 403 whatever the request's headers, so no 304 or 416 discloses the `ETag`
+//!   (size, mtime) or length of a file GET would refuse. The validators come from the open file's
+//!   `fstat`, so they describe the very file that is streamed.
 //! - No content is read here: validators come from metadata (see `conditional`), so empty and huge
 //!   sparse files cost the same.
 //! - HEAD gets exactly the headers GET would get, `Range` and `--gzip` included (the caller omits
@@ -37,12 +47,13 @@
 //!   (`known_method`) is 405 with `Allow: GET, HEAD`; any other is 501, a method this server
 //!   does not implement at all.
 //!
-//! `plan` makes blocking system calls (stat, canonicalize, open, readdir): run it on the I/O pool.
+//! `plan` makes blocking system calls (open, readlink, fstat, readdir): run it on the I/O pool.
 
 use std::fs::{self, Metadata, OpenOptions};
 use std::io;
 use std::ops::Range;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 use std::time::SystemTime;
 
@@ -78,11 +89,24 @@ pub struct StaticOptions {
     pub admin_dir_hidden: bool,
 }
 
-/// Which file was stat'ed: `open_verified` checks that it opens this very file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FileId {
-    pub dev: u64,
-    pub ino: u64,
+/// A file or directory under the root, as `resolve` found it: held open with `O_PATH` (no read
+/// permission needed, and opening a FIFO or device this way neither blocks nor reaches its
+/// driver), with the real path read back from that descriptor and its `fstat`. What is served is
+/// decided from it, never from a path looked up again.
+#[derive(Debug)]
+pub struct Resolved {
+    fd: fs::File,
+    /// The real path: canonical, under the root, not hidden.
+    pub path: PathBuf,
+    pub meta: Metadata,
+}
+
+impl Resolved {
+    /// A path that names this very file or directory while `self` lives (`/proc/self/fd/N`):
+    /// opening it, or a name below it, starts from the descriptor, whatever was renamed since.
+    pub fn fd_path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))
+    }
 }
 
 /// The answer to one request. Every variant carries its complete response headers (including
@@ -149,13 +173,20 @@ impl Plan {
     }
 }
 
-/// Canonicalizes the directory to serve (what `plan` expects as its root).
+/// Canonicalizes the directory to serve (what `plan` expects as its root), and checks that
+/// `resolve` can read its real path back from `/proc/self/fd` (else nothing could be served).
 pub fn canonical_root(dir: &Path) -> io::Result<PathBuf> {
     let root = fs::canonicalize(dir)?;
     if !fs::metadata(&root)?.is_dir() {
         return Err(io::Error::new(
             io::ErrorKind::NotADirectory,
             format!("{} is not a directory", nodus::fs::quote(dir)),
+        ));
+    }
+    if resolve(&root, &root, &StaticOptions::default()).is_none_or(|r| r.path != root) {
+        return Err(io::Error::other(
+            "/proc/self/fd does not tell the real path of an open file (is /proc mounted?): \
+             nodus serve checks there that what it opens lies under the root",
         ));
     }
     Ok(root)
@@ -210,25 +241,26 @@ pub fn plan_at(
     }
     let mut joined = root.to_path_buf();
     joined.extend(&decoded.segments);
-    let Some((path, meta)) = resolve(root, &joined, opts) else {
+    let Some(found) = resolve(root, &joined, opts) else {
         return not_found();
     };
-    if meta.is_dir() {
+    if found.meta.is_dir() {
         if !decoded.trailing_slash {
             return redirect(
                 decoded.encoded(true),
                 uri_path.split_once('?').map(|(_, q)| q),
             );
         }
-        if let Some((index, index_meta)) = resolve(root, &path.join("index.html"), opts)
-            && index_meta.is_file()
+        // In the very directory resolved, not in whatever its path names now.
+        if let Some(index) = resolve(root, &found.fd_path().join("index.html"), opts)
+            && index.meta.is_file()
         {
             let name = Path::new("index.html");
-            return file_plan(index, name, &index_meta, method, headers, opts, now);
+            return file_plan(&index, name, method, headers, opts, now);
         }
-        return listing_plan(root, &path, &decoded, opts);
+        return listing_plan(root, &found, &decoded, opts);
     }
-    if !meta.is_file() {
+    if !found.meta.is_file() {
         return refuse(StatusCode::FORBIDDEN, "forbidden: not a regular file");
     }
     if decoded.trailing_slash {
@@ -236,7 +268,7 @@ pub fn plan_at(
     }
     // The type follows the requested name (as a client sees it), not a symlink's target.
     let name = Path::new(decoded.segments.last().map_or("", String::as_str));
-    file_plan(path, name, &meta, method, headers, opts, now)
+    file_plan(&found, name, method, headers, opts, now)
 }
 
 /// Whether HTTP defines `method`: RFC 9110's eight and RFC 5789's PATCH. A server that does not
@@ -257,18 +289,29 @@ pub fn known_method(method: &Method) -> bool {
     .contains(method)
 }
 
-/// Canonicalizes `joined` and stats it; `None` if it does not exist, leaves the root, or
-/// resolves to a hidden name.
-fn resolve(root: &Path, joined: &Path, opts: &StaticOptions) -> Option<(PathBuf, Metadata)> {
-    let path = fs::canonicalize(joined).ok()?;
-    if hidden(&path, root, opts) {
+/// Opens `path` as the kernel resolves it (symlinks followed) with `O_PATH`, reads the real path
+/// of what it opened back from the descriptor, and `fstat`s it; `None` if it does not exist,
+/// lies outside `root`, or is hidden. The check is on the opened file or directory itself, so a
+/// component of `path` swapped for a symlink meanwhile cannot make it pass for something else.
+pub fn resolve(root: &Path, path: &Path, opts: &StaticOptions) -> Option<Resolved> {
+    let fd = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH)
+        .open(path)
+        .ok()?;
+    let real = fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()?;
+    if hidden(&real, root, opts) {
         return None;
     }
-    let meta = fs::metadata(&path).ok()?;
-    Some((path, meta))
+    let meta = fd.metadata().ok()?;
+    Some(Resolved {
+        fd,
+        path: real,
+        meta,
+    })
 }
 
-/// Whether `path` (canonical) is hidden from requests and listings: true if it is not under
+/// Whether `path` (a real path) is hidden from requests and listings: true if it is not under
 /// `root`, or if its components below the root name something hidden (see `hidden_names`).
 pub fn hidden(path: &Path, root: &Path, opts: &StaticOptions) -> bool {
     let Ok(rel) = path.strip_prefix(root) else {
@@ -295,26 +338,18 @@ fn hidden_names<'a>(names: impl Iterator<Item = &'a [u8]>, opts: &StaticOptions)
     })
 }
 
-/// Opens the regular file at `path` (with `meta` from its `stat`) and plans its response; `name`
-/// decides the `Content-Type`.
+/// Opens the regular file `found` and plans its response; `name` decides the `Content-Type`.
 fn file_plan(
-    path: PathBuf,
+    found: &Resolved,
     name: &Path,
-    meta: &Metadata,
     method: &Method,
     req: &HeaderMap,
     opts: &StaticOptions,
     now: SystemTime,
 ) -> Plan {
-    let id = FileId {
-        dev: meta.dev(),
-        ino: meta.ino(),
-    };
     // Before any precondition or range: a 304 or 416 must not describe a file GET would refuse.
-    let (file, meta) = match open_verified(&path, id) {
+    let (file, meta) = match open_verified(found) {
         Ok(opened) => opened,
-        // It changed since the stat (never serve something unplanned) or is gone.
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return not_found(),
         Err(_) => return refuse(StatusCode::FORBIDDEN, "forbidden: not readable"),
     };
     let len = meta.len();
@@ -384,7 +419,7 @@ fn file_plan(
     }
 }
 
-fn listing_plan(root: &Path, dir: &Path, decoded: &DecodedPath, opts: &StaticOptions) -> Plan {
+fn listing_plan(root: &Path, dir: &Resolved, decoded: &DecodedPath, opts: &StaticOptions) -> Plan {
     let Ok((entries, over_cap)) = listing::read_entries(dir, root, opts) else {
         return refuse(StatusCode::FORBIDDEN, "forbidden: directory not readable");
     };
@@ -446,23 +481,23 @@ fn value(s: String) -> HeaderValue {
     HeaderValue::try_from(s).expect("header value built from visible ASCII")
 }
 
-/// Opens a stat'ed file for reading, without following a symlink swapped in since the stat,
-/// without blocking on a FIFO swapped in since, and only if it is still the regular file `id`
-/// names; returns it with its `fstat`. The length may still change before reading ends: read at
-/// most `range`'s length and treat a short read as an error (abort the response; the headers are
-/// already sent).
-pub fn open_verified(path: &Path, id: FileId) -> io::Result<(fs::File, Metadata)> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)?;
-    let meta = file.metadata()?;
-    if !meta.is_file() || meta.dev() != id.dev || meta.ino() != id.ino {
+/// Opens the regular file `found` holds for reading, through its descriptor (`fd_path`): the
+/// very file `resolve` checked, whatever was renamed or swapped for a symlink since; returns it
+/// with its `fstat`. Anything else `found` may be (a FIFO, a device) is refused without being
+/// opened. The length may still change before reading ends: read at most `range`'s length and
+/// treat a short read as an error (abort the response; the headers are already sent).
+pub fn open_verified(found: &Resolved) -> io::Result<(fs::File, Metadata)> {
+    if !found.meta.is_file() {
         return Err(io::Error::new(
-            io::ErrorKind::NotFound,
-            "file changed since the request was planned",
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
         ));
     }
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(found.fd_path())?;
+    let meta = file.metadata()?;
     Ok((file, meta))
 }
 

@@ -4,7 +4,7 @@
 
 use super::*;
 use std::fs::File;
-use std::os::unix::fs::symlink;
+use std::os::unix::fs::{MetadataExt, symlink};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -792,30 +792,35 @@ fn empty_and_huge_sparse_files() {
 }
 
 #[test]
-fn open_verified_checks_identity() {
+fn open_verified_opens_the_file_resolved() {
     let t = Tree::new();
     let path = t.p("hello.txt");
-    let meta = fs::metadata(&path).unwrap();
-    let id = FileId {
-        dev: meta.dev(),
-        ino: meta.ino(),
-    };
-    let (mut f, opened) = open_verified(&path, id).unwrap();
-    assert_eq!(opened.ino(), meta.ino());
+    let deny = StaticOptions::default();
+    let found = resolve(&t.root, &path, &deny).unwrap();
+    assert_eq!(found.path, path);
+    // Replaced by another file, then by a symlink: the file resolved is the one read.
+    fs::remove_file(&path).unwrap();
+    t.write("hello.txt", b"another file");
+    fs::remove_file(&path).unwrap();
+    symlink("sub/b.txt", &path).unwrap();
+    let (mut f, opened) = open_verified(&found).unwrap();
+    assert_eq!(opened.ino(), found.meta.ino());
     let mut s = String::new();
     io::Read::read_to_string(&mut f, &mut s).unwrap();
     assert_eq!(s.as_bytes(), HELLO);
-    // Replaced by another file: a different inode.
-    fs::remove_file(&path).unwrap();
-    t.write("hello.txt", HELLO);
-    assert!(open_verified(&path, id).is_err());
-    // Swapped for a symlink or a FIFO: refused without blocking.
-    fs::remove_file(&path).unwrap();
-    symlink("sub/b.txt", &path).unwrap();
-    assert!(open_verified(&path, id).is_err());
-    let fifo = t.p("fifo");
-    let fifo_err = within_5s(move || open_verified(&fifo, id).is_err());
-    assert!(fifo_err);
+    // A FIFO (directly or through a symlink) is refused without blocking.
+    for fifo in ["fifo", "link-fifo"] {
+        let root = t.root.clone();
+        let fifo_err = within_5s(move || {
+            let found = resolve(&root, &root.join(fifo), &StaticOptions::default()).unwrap();
+            open_verified(&found).is_err()
+        });
+        assert!(fifo_err, "{fifo}");
+    }
+    // Outside the root, or hidden on its real path: not resolved.
+    assert!(resolve(&t.root, &t.p("link-out"), &deny).is_none());
+    assert!(resolve(&t.root, &t.p("link-dot"), &deny).is_none());
+    assert!(resolve(&t.root, &t.p("missing"), &deny).is_none());
 }
 
 #[test]
@@ -994,4 +999,82 @@ fn a_top_level_nodus_dir_is_hidden_when_the_admin_endpoints_own_the_path() {
     // Only the top-level one: the admin endpoints own `/_nodus/`, nothing deeper.
     assert_status(&with("/sub/_nodus/deep.txt"), 200, "sub/_nodus");
     assert!(listing_html(&with("/sub/")).contains(">_nodus/</a>"));
+}
+
+/// Review rbad item 2: a local writer swaps a directory under the root with a symlink to an
+/// outside directory (`renameat2(RENAME_EXCHANGE)`, in a loop) while requests for a file in it and
+/// for its listing are planned. No plan streams the outside file or lists the outside directory.
+#[test]
+fn a_directory_swapped_for_a_symlink_never_leaks_the_outside() {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+
+    const ITERATIONS: usize = 20_000;
+    let t = Tree::new();
+    let outside = Tree::new();
+    outside.write("swap/s.txt", b"OUTSIDE");
+    outside.write("swap/outside-only.txt", b"o");
+    t.write("racedir/s.txt", b"inside!");
+    symlink(outside.p("swap"), t.p("racelink")).unwrap();
+    let c = |rel: &str| CString::new(t.p(rel).as_os_str().as_bytes()).unwrap();
+    let (dir, link) = (c("racedir"), c("racelink"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let swapper = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut swaps = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                // SAFETY: both paths are NUL-terminated C strings that outlive the call.
+                let rc = unsafe {
+                    libc::renameat2(
+                        libc::AT_FDCWD,
+                        dir.as_ptr(),
+                        libc::AT_FDCWD,
+                        link.as_ptr(),
+                        libc::RENAME_EXCHANGE,
+                    )
+                };
+                assert_eq!(rc, 0, "renameat2: {}", io::Error::last_os_error());
+                swaps += 1;
+            }
+            swaps
+        })
+    };
+    let (mut files, mut listings) = (0, 0);
+    let (mut outside_files, mut outside_listings) = (0, 0);
+    for i in 0..ITERATIONS {
+        let path = if i % 2 == 0 {
+            "/racedir/s.txt"
+        } else {
+            "/racedir/"
+        };
+        match t.get(path) {
+            Plan::File { mut file, .. } => {
+                let mut s = String::new();
+                io::Read::read_to_string(&mut file, &mut s).unwrap();
+                match s.as_str() {
+                    "inside!" => files += 1,
+                    _ => outside_files += 1,
+                }
+            }
+            Plan::Listing { html, .. } if html.contains("outside-only") => outside_listings += 1,
+            Plan::Listing { .. } => listings += 1,
+            other => assert_status(&other, 404, path),
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
+    assert_eq!(
+        (outside_files, outside_listings),
+        (0, 0),
+        "outside files and listings served in {ITERATIONS} plans ({files} files and {listings} \
+         listings inside, {swaps} swaps)"
+    );
+    // The race ran: the swapper swapped, and the inside was reached both ways.
+    assert!(
+        swaps > 0 && files > 0 && listings > 0,
+        "{swaps} {files} {listings}"
+    );
 }
