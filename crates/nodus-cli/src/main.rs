@@ -331,11 +331,19 @@ struct ServeArgs {
     #[arg(long, value_name = "FILE")]
     events: Option<PathBuf>,
     /// Serve /_nodus/* on this address (not --listen's) instead of the public listener (where
-    /// they answer loopback clients only). Ignored, with a warning, when a service manager passes
-    /// a socket named admin. With --workers 2 or more, its readyz is the cluster's: 200 while a
-    /// ready worker is not stalled (its loop answered the primary within 1 s), 503 with why not.
+    /// they answer loopback clients only; with --admin, none, unless --admin-on-public on).
+    /// Ignored, with a warning, when a service manager passes a socket named admin. With
+    /// --workers 2 or more, its readyz is the cluster's: 200 while a ready worker is not stalled
+    /// (its loop answered the primary within 1 s), 503 with why not.
     #[arg(long, value_parser = socket_addr)]
     admin: Option<SocketAddr>,
+    /// Whether the public listener answers /_nodus/* (to loopback clients whose request carries
+    /// no Forwarded, X-Forwarded-For nor X-Real-IP). Default: on, off with an admin listener
+    /// (--admin, or a socket named admin). Behind a proxy on this host that adds none of those
+    /// headers (nginx without proxy_set_header, or a TCP proxy or TLS terminator, which cannot)
+    /// every client is a loopback one: give --admin, or off.
+    #[arg(long, value_enum, value_name = "on|off", hide_possible_values = true)]
+    admin_on_public: Option<OnOff>,
     /// Log one line per request on stderr, those refused before the handler included (400 for a
     /// missing, repeated or invalid Host, 413, 431; a head that could not be parsed is logged as "- - -").
     /// Written whatever level RUST_LOG sets, unless it names the target nodus::access itself.
@@ -390,6 +398,12 @@ impl PolicyArg {
             PolicyArg::Least => nodus::cluster::Policy::Least,
         }
     }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum OnOff {
+    On,
+    Off,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -637,6 +651,7 @@ fn main() {
             listen: args.listen,
             listen_given,
             admin: args.admin,
+            admin_on_public: args.admin_on_public.map(|v| matches!(v, OnOff::On)),
             access_log: args.access_log,
             gzip: args.gzip,
             drain_timeout: Duration::from_secs_f64(args.drain_timeout),

@@ -819,6 +819,112 @@ fn a_separate_admin_listener() {
     );
 }
 
+/// `--admin-on-public on|off`: whether the public listener answers `/_nodus/*`; by default on
+/// without an admin listener, off with one. The start line says where they answer.
+#[test]
+fn admin_on_public_turns_the_admin_endpoints_on_the_public_listener_on_or_off() {
+    let dir = site();
+    std::fs::create_dir(dir.path().join("_nodus")).unwrap();
+    std::fs::write(dir.path().join("_nodus/healthz"), "a file").unwrap();
+    let get = |a: SocketAddr, path: &str| {
+        let r = request(a, "GET", path, &[]);
+        (r.status, String::from_utf8(r.body).unwrap())
+    };
+    let (ok, file) = ((200, "ok\n".to_owned()), (200, "a file".to_owned()));
+
+    // The default: on, and the start line says what a same-host proxy must do.
+    let mut server = Serve::start(dir.path(), 1, &[]);
+    let line = server.proc.wait_line("on http://");
+    assert!(
+        line.contains("admin endpoints at /_nodus/ for loopback clients")
+            && line.contains("adds no X-Forwarded-For, every client is one")
+            && line.contains("--admin-on-public off"),
+        "{line}"
+    );
+    assert_eq!(get(server.addr, "/_nodus/healthz"), ok);
+    drop(server);
+
+    // Off: even a loopback client gets the directory's files there, and no admin endpoint.
+    let mut server = Serve::start(dir.path(), 1, &["--admin-on-public", "off"]);
+    let line = server.proc.wait_line("on http://");
+    assert!(line.contains("no admin endpoints"), "{line}");
+    assert_eq!(get(server.addr, "/_nodus/healthz"), file);
+    assert_eq!(get(server.addr, "/%5Fnodus/metrics").0, 404);
+    drop(server);
+
+    // On, with --admin: both listeners answer, the public one loopback clients only.
+    let admin = free_addr();
+    let mut server = Serve::start(
+        dir.path(),
+        1,
+        &["--admin", &admin.to_string(), "--admin-on-public", "on"],
+    );
+    let line = server.proc.wait_line("on http://");
+    assert!(
+        line.contains(&format!(
+            "admin endpoints on http://{admin}/_nodus/ and at /_nodus/"
+        )),
+        "{line}"
+    );
+    assert_eq!(get(admin, "/_nodus/healthz"), ok);
+    assert_eq!(get(server.addr, "/_nodus/healthz"), ok);
+    let relayed = request(
+        server.addr,
+        "GET",
+        "/_nodus/healthz",
+        &["X-Forwarded-For: 203.0.113.9"],
+    );
+    assert_eq!(relayed.status, 403);
+    drop(server);
+
+    // Off, with --admin: as --admin alone.
+    let admin = free_addr();
+    let server = Serve::start(
+        dir.path(),
+        1,
+        &["--admin", &admin.to_string(), "--admin-on-public", "off"],
+    );
+    assert_eq!(get(admin, "/_nodus/healthz"), ok);
+    assert_eq!(get(server.addr, "/_nodus/healthz"), file);
+    drop(server);
+
+    let stderr = usage_error(["serve", "--admin-on-public", "yes"]);
+    assert!(stderr.contains("invalid value 'yes'"), "{stderr}");
+}
+
+/// A cluster's workers read `--admin-on-public` from the command line they re-execute: off, no
+/// worker answers `/_nodus/*` on the public listener; on with `--admin`, they do, beside the
+/// primary's admin listener.
+#[test]
+fn a_clusters_workers_follow_admin_on_public() {
+    let dir = site();
+    std::fs::create_dir(dir.path().join("_nodus")).unwrap();
+    std::fs::write(dir.path().join("_nodus/healthz"), "a file").unwrap();
+    let mut server = Serve::start(dir.path(), 2, &["--admin-on-public", "off"]);
+    let line = server.proc.wait_line("on http://");
+    assert!(line.contains("no admin endpoints"), "{line}");
+    // Whichever worker answers: the file, never the endpoint.
+    for _ in 0..4 {
+        let r = request(server.addr, "GET", "/_nodus/healthz", &[]);
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"a file"[..]));
+    }
+    drop(server);
+    let admin = free_addr();
+    let server = Serve::start(
+        dir.path(),
+        2,
+        &["--admin", &admin.to_string(), "--admin-on-public", "on"],
+    );
+    for _ in 0..4 {
+        let r = request(server.addr, "GET", "/_nodus/stats", &[]);
+        assert_eq!(r.status, 200);
+        // The whole cluster's figures, as on the admin listener.
+        let stats: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert!(stats["workers"].is_array(), "{stats}");
+    }
+    assert_eq!(request(admin, "GET", "/_nodus/healthz", &[]).status, 200);
+}
+
 #[test]
 fn sigterm_turns_readyz_to_503_then_drains_and_exits_0() {
     let dir = site();

@@ -6,9 +6,11 @@
 //!
 //! On the public listener they answer loopback clients only (`allowed`), and not a request a
 //! proxy relayed (one with `Forwarded`, `X-Forwarded-For` or `X-Real-IP`): behind a reverse proxy
-//! on the same host every client is a loopback peer. `--admin ADDR` serves them on a listener of
-//! their own instead (for a cluster primary, `serve_primary`: `nodus serve
-//! --workers N` and `nodus run`).
+//! on the same host every client is a loopback peer, so the rule holds only behind a proxy that
+//! adds one of those headers (a layer-4 proxy or TLS terminator cannot). `--admin ADDR` serves
+//! them on a listener of their own instead (for a cluster primary, `serve_primary`: `nodus serve
+//! --workers N` and `nodus run`); the public listener then answers none, unless
+//! `--admin-on-public on` (`app::admin_on_public`; `off` without `--admin`: no admin endpoints).
 //!
 //! In a cluster, stats and metrics cover every worker whichever process answers: a worker asks
 //! its primary over IPC, the primary (which serves `--admin` itself) builds them from its

@@ -6,6 +6,10 @@
 //! workers; a process started that way (`NODE_UNIQUE_ID` set) is a worker and gets its public
 //! listener from the primary.
 //!
+//! The admin endpoints answer on the admin listener (`--admin`, a socket named admin; a worker's
+//! is its primary's) and on the public one as `--admin-on-public` says, by default only without
+//! an admin listener ([`admin_on_public`]); every role's start line says where ([`admin_note`]).
+//!
 //! Every request's filesystem work (stat, canonicalize, open, read) runs on the I/O pool; the
 //! loop only routes, writes headers and moves 64 KiB chunks.
 //!
@@ -70,6 +74,10 @@ pub struct ServeOptions {
     /// are served instead, it is warned about.
     pub listen_given: bool,
     pub admin: Option<SocketAddr>,
+    /// `--admin-on-public`: whether the public listener answers `/_nodus/*` (to loopback
+    /// clients no proxy relayed); `None`: only when there is no admin listener
+    /// ([`admin_on_public`]).
+    pub admin_on_public: Option<bool>,
     pub access_log: bool,
     pub drain_timeout: Duration,
     pub shutdown_delay: Duration,
@@ -90,7 +98,7 @@ pub struct ServeOptions {
 pub(super) struct Site {
     root: PathBuf,
     static_options: StaticOptions,
-    /// Admin endpoints on the public listener (no `--admin`).
+    /// Admin endpoints on the public listener ([`admin_on_public`]).
     admin_on_public: bool,
     /// False once this process's shutdown (or, for a worker, its drain) began.
     ready: Cell<bool>,
@@ -236,7 +244,7 @@ async fn serve_until_signal(options: ServeOptions, root: PathBuf) -> i32 {
     let site = new_site(
         &options,
         root,
-        admin_listener.is_none(),
+        admin_on_public(&options, admin_listener.is_some()),
         admin::Source::Local,
     );
     let running = start_servers(&options, &site, public, admin_listener);
@@ -361,7 +369,7 @@ async fn serve_worker(options: ServeOptions, root: PathBuf, worker: nodus::clust
     let site = new_site(
         &options,
         root,
-        !admin_elsewhere,
+        admin_on_public(&options, admin_elsewhere),
         admin::Source::Worker(worker.clone()),
     );
     let running = start_servers(&options, &site, public, None);
@@ -391,6 +399,28 @@ async fn serve_worker(options: ServeOptions, root: PathBuf, worker: nodus::clust
     // Connections the drain gave back to the primary may still be queued on the channel.
     worker.flush(Duration::from_secs(1)).await;
     drained_exit_code(cut)
+}
+
+/// Whether the public listener answers `/_nodus/*`: as `--admin-on-public` says, else only when
+/// there is no admin listener (`admin_listener`: `--admin`, a socket named admin, or, for a
+/// worker, its primary's).
+pub(super) fn admin_on_public(options: &ServeOptions, admin_listener: bool) -> bool {
+    options.admin_on_public.unwrap_or(!admin_listener)
+}
+
+/// Where the admin endpoints answer, for a start line: on the admin listener at `admin`, on the
+/// public one (`on_public`; with the loopback rule's limit said), both, or nowhere.
+pub(super) fn admin_note(admin: Option<SocketAddr>, on_public: bool) -> String {
+    const PUBLIC: &str = "at /_nodus/ for loopback clients; through a proxy on this host that \
+                          adds no X-Forwarded-For, every client is one";
+    match (admin, on_public) {
+        (Some(a), false) => format!("admin endpoints on http://{a}/_nodus/"),
+        (Some(a), true) => {
+            format!("admin endpoints on http://{a}/_nodus/ and {PUBLIC}: --admin-on-public off")
+        }
+        (None, true) => format!("admin endpoints {PUBLIC}: give --admin or --admin-on-public off"),
+        (None, false) => "no admin endpoints: --admin-on-public off and no --admin".to_owned(),
+    }
 }
 
 fn new_site(
@@ -462,15 +492,11 @@ fn start_servers<L: nodus_http::server::Accept>(
             "worker serving {} on http://{public_addr}/",
             quote(&site.root)
         );
-    } else if let Some(a) = admin_addr {
-        tracing::info!(
-            "serving {} on http://{public_addr}/ (admin endpoints on http://{a}/_nodus/)",
-            quote(&site.root)
-        );
     } else {
         tracing::info!(
-            "serving {} on http://{public_addr}/ (admin endpoints at /_nodus/ for loopback clients)",
-            quote(&site.root)
+            "serving {} on http://{public_addr}/ ({})",
+            quote(&site.root),
+            admin_note(admin_addr, site.admin_on_public)
         );
     }
     Running { public, admin }

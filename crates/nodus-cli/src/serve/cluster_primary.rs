@@ -7,7 +7,8 @@
 //!
 //! Workers find the public address in `NODUS_LISTEN` (the inherited or bound socket's address),
 //! so their `queryServer` names the socket the primary holds; `NODUS_ADMIN`, when the primary
-//! has an admin listener, tells them not to answer `/_nodus/` on the public one. Under `--policy
+//! has an admin listener, tells them not to answer `/_nodus/` on the public one (unless
+//! `--admin-on-public on`, which they read from the same command line). Under `--policy
 //! reuseport` the primary binds the public address up front too (with `SO_REUSEPORT`: a busy
 //! address fails here, before any worker starts, and port 0 becomes the one port all workers
 //! share); the cluster then holds that port without listening, and each worker gets a socket of
@@ -18,7 +19,9 @@ use std::time::Duration;
 use nodus::cluster::{Config, EventKind, Policy, Primary, Readiness, WorkerCommand};
 
 use super::admin;
-use super::app::{KILL_MARGIN, ServeOptions, fail, listeners, stop_bound};
+use super::app::{
+    KILL_MARGIN, ServeOptions, admin_note, admin_on_public, fail, listeners, stop_bound,
+};
 
 /// Runs the primary until shutdown; returns the exit code.
 pub async fn run(options: ServeOptions) -> i32 {
@@ -83,13 +86,13 @@ pub async fn run(options: ServeOptions) -> i32 {
         }
     });
     let admin_server = admin_listener.map(|l| admin::serve_primary(l, primary.clone()));
+    // The workers decide the same way (`NODUS_ADMIN`, the same `--admin-on-public`).
+    let on_public = admin_on_public(&options, admin_addr.is_some());
     tracing::info!(
-        "cluster of {} workers (policy {}; {budget}) serving on http://{public_addr}/{}",
+        "cluster of {} workers (policy {}; {budget}) serving on http://{public_addr}/ ({})",
         options.workers,
         options.policy.name(),
-        admin_addr.map_or_else(String::new, |a| format!(
-            " (admin endpoints on http://{a}/_nodus/)"
-        ))
+        admin_note(admin_addr, on_public)
     );
     let code = primary.run().await;
     if let Some(server) = admin_server {

@@ -16,9 +16,11 @@
 //!
 //! Preconditions are evaluated in the order RFC 9110 section 13.2.2 prescribes: `If-Match`, else
 //! `If-Unmodified-Since` (412 when false); `If-None-Match` (304 for GET/HEAD, using the weak
-//! comparison), else `If-Modified-Since` (304 when not modified since); then `If-Range` decides
-//! whether a `Range` is honoured (strong comparison only; a date matches only an exact, strong
-//! `Last-Modified`). Malformed conditional headers are ignored, never an error.
+//! comparison), else `If-Modified-Since` (304 when not modified since; a date later than the
+//! wall clock at the request is invalid and ignored, RFC 9110 section 13.1.3, as nginx does);
+//! then `If-Range` decides whether a `Range` is honoured (strong comparison only; a date matches
+//! only an exact, strong `Last-Modified`). Malformed conditional headers are ignored, never an
+//! error.
 
 use std::fs::Metadata;
 use std::os::unix::fs::MetadataExt;
@@ -88,8 +90,14 @@ pub enum Precondition {
     Failed,
 }
 
-/// Evaluates `If-Match`, `If-Unmodified-Since`, `If-None-Match` and `If-Modified-Since`.
-pub fn preconditions(method: &Method, headers: &HeaderMap, v: &Validators) -> Precondition {
+/// Evaluates `If-Match`, `If-Unmodified-Since`, `If-None-Match` and `If-Modified-Since`; `now`
+/// is the wall clock at the request (an `If-Modified-Since` later than it is ignored).
+pub fn preconditions(
+    method: &Method,
+    headers: &HeaderMap,
+    v: &Validators,
+    now: SystemTime,
+) -> Precondition {
     let safe = method == Method::GET || method == Method::HEAD;
     if let Some(list) = joined(headers, IF_MATCH) {
         if !matches_list(&list, v, true) {
@@ -111,6 +119,7 @@ pub fn preconditions(method: &Method, headers: &HeaderMap, v: &Validators) -> Pr
         }
     } else if safe
         && let (Some(date), Some(lm)) = (single_date(headers, IF_MODIFIED_SINCE), v.last_modified)
+        && date <= now
         && lm <= date
     {
         return Precondition::NotModified;
@@ -234,6 +243,11 @@ mod tests {
         m
     }
 
+    /// The wall clock at the request: a minute after `LM`.
+    fn now() -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_000_000_060)
+    }
+
     const LM: &str = "Sun, 09 Sep 2001 01:46:40 GMT";
     const BEFORE: &str = "Sun, 09 Sep 2001 01:46:39 GMT";
     const AFTER: &str = "Sun, 09 Sep 2001 01:46:41 GMT";
@@ -265,7 +279,7 @@ mod tests {
     #[test]
     fn if_none_match() {
         let get = Method::GET;
-        let pre = |hs: &[(HeaderName, &str)]| preconditions(&get, &h(hs), &v());
+        let pre = |hs: &[(HeaderName, &str)]| preconditions(&get, &h(hs), &v(), now());
         assert_eq!(pre(&[]), Precondition::Proceed);
         assert_eq!(
             pre(&[(IF_NONE_MATCH, "\"abc\"")]),
@@ -292,18 +306,23 @@ mod tests {
             Precondition::Proceed
         );
         assert_eq!(
-            preconditions(&Method::HEAD, &h(&[(IF_NONE_MATCH, "\"abc\"")]), &v()),
+            preconditions(
+                &Method::HEAD,
+                &h(&[(IF_NONE_MATCH, "\"abc\"")]),
+                &v(),
+                now()
+            ),
             Precondition::NotModified
         );
         assert_eq!(
-            preconditions(&Method::PUT, &h(&[(IF_NONE_MATCH, "\"abc\"")]), &v()),
+            preconditions(&Method::PUT, &h(&[(IF_NONE_MATCH, "\"abc\"")]), &v(), now()),
             Precondition::Failed
         );
     }
 
     #[test]
     fn if_modified_since() {
-        let pre = |hs: &[(HeaderName, &str)]| preconditions(&Method::GET, &h(hs), &v());
+        let pre = |hs: &[(HeaderName, &str)]| preconditions(&Method::GET, &h(hs), &v(), now());
         assert_eq!(pre(&[(IF_MODIFIED_SINCE, LM)]), Precondition::NotModified);
         assert_eq!(
             pre(&[(IF_MODIFIED_SINCE, AFTER)]),
@@ -323,18 +342,49 @@ mod tests {
             ..v()
         };
         assert_eq!(
-            preconditions(&Method::GET, &h(&[(IF_MODIFIED_SINCE, AFTER)]), &no_lm),
+            preconditions(
+                &Method::GET,
+                &h(&[(IF_MODIFIED_SINCE, AFTER)]),
+                &no_lm,
+                now()
+            ),
             Precondition::Proceed
         );
         assert_eq!(
-            preconditions(&Method::POST, &h(&[(IF_MODIFIED_SINCE, AFTER)]), &v()),
+            preconditions(
+                &Method::POST,
+                &h(&[(IF_MODIFIED_SINCE, AFTER)]),
+                &v(),
+                now()
+            ),
+            Precondition::Proceed
+        );
+    }
+
+    #[test]
+    fn an_if_modified_since_later_than_now_is_ignored() {
+        let at = |now: SystemTime| {
+            preconditions(&Method::GET, &h(&[(IF_MODIFIED_SINCE, AFTER)]), &v(), now)
+        };
+        let after = UNIX_EPOCH + Duration::from_secs(1_000_000_001);
+        // RFC 9110 section 13.1.3: a date later than the server's current time is invalid.
+        assert_eq!(at(after - Duration::from_millis(1)), Precondition::Proceed);
+        assert_eq!(at(after), Precondition::NotModified);
+        assert_eq!(
+            at(after + Duration::from_millis(1)),
+            Precondition::NotModified
+        );
+        // Not a reason to refuse: the request is answered as without the header.
+        let far = "Fri, 31 Dec 9999 23:59:59 GMT";
+        assert_eq!(
+            preconditions(&Method::GET, &h(&[(IF_MODIFIED_SINCE, far)]), &v(), now()),
             Precondition::Proceed
         );
     }
 
     #[test]
     fn if_match_and_if_unmodified_since() {
-        let pre = |hs: &[(HeaderName, &str)]| preconditions(&Method::GET, &h(hs), &v());
+        let pre = |hs: &[(HeaderName, &str)]| preconditions(&Method::GET, &h(hs), &v(), now());
         assert_eq!(pre(&[(IF_MATCH, "\"abc\"")]), Precondition::Proceed);
         assert_eq!(pre(&[(IF_MATCH, "*")]), Precondition::Proceed);
         assert_eq!(pre(&[(IF_MATCH, "W/\"abc\"")]), Precondition::Failed);
@@ -353,7 +403,7 @@ mod tests {
         let gz = Validators { weak: true, ..v() };
         assert_eq!(gz.etag_header(), "W/\"abc\"");
         assert_eq!(v().etag_header(), "\"abc\"");
-        let pre = |hs: &[(HeaderName, &str)]| preconditions(&Method::GET, &h(hs), &gz);
+        let pre = |hs: &[(HeaderName, &str)]| preconditions(&Method::GET, &h(hs), &gz, now());
         assert_eq!(
             pre(&[(IF_NONE_MATCH, "W/\"abc\"")]),
             Precondition::NotModified

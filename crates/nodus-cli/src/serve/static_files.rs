@@ -213,7 +213,7 @@ pub fn plan(
 }
 
 /// `plan` with the response time given (it decides whether a `Last-Modified` is strong enough
-/// for `If-Range`).
+/// for `If-Range`, and whether an `If-Modified-Since` is in the future, so ignored).
 pub fn plan_at(
     root: &Path,
     method: &Method,
@@ -368,7 +368,7 @@ fn file_plan(
     if varies {
         headers.insert(VARY, HeaderValue::from_static("Accept-Encoding"));
     }
-    match conditional::preconditions(method, req, &validators) {
+    match conditional::preconditions(method, req, &validators, now) {
         Precondition::Proceed => {}
         Precondition::NotModified => return Plan::NotModified { headers },
         Precondition::Failed => {

@@ -43,7 +43,10 @@
 //!   drain deadline cut requests) or died of a signal the primary did not send while it drained
 //!   (below), sets its code unless one is set already: 128 + the second signal's number, or
 //!   [`FORCED_STOP_EXIT_CODE`]; the give-up code and 1 (a worker left after a crash) are kept.
-//!   The kill signal past a deadline is a warning, and so is the exit it led to.
+//!   The kill signal past a deadline is a warning, and so is the exit it led to. That exit's
+//!   line says what ended the worker by its wait status (`termed_late_line`): the SIGKILL at the
+//!   kill timeout (or of a second signal) races the worker's own exit, and a worker whose status
+//!   is an exit code (a nodus worker's 124) was already ending when the SIGKILL was sent.
 //! - A worker asked to stop (a reload's old one, a shutdown's) that dies of a signal the primary
 //!   did not send it (`Proc::signal` records each one it sends: a crash's SIGSEGV or SIGABRT,
 //!   the OOM killer's or an operator's SIGKILL are not) did not stop as asked: what it still
@@ -343,12 +346,12 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
     // exited 0 (a nodus worker that kept its deadline a little late, a handler of that signal
     // that finished the work), what it was doing was cut: during a stop, a forced one.
     let termed_late = (decision.is_none() && proc.termed_past_deadline.get()).then(|| {
-        let line = format!(
-            "worker {} (pid {}) {} after its {} past the drain deadline",
+        let line = termed_late_line(
             proc.slot,
             proc.pid,
-            exit_reason(&status),
-            crate::signal::name(st.config.kill_signal)
+            st.config.kill_signal,
+            (code, signal),
+            proc.was_sent(SIGKILL),
         );
         (line, code != Some(0))
     });
@@ -396,6 +399,40 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
         }
     })
     .detach();
+}
+
+/// The line of a worker that was sent the kill signal `term` past its drain deadline, once it
+/// has ended: what ended it, by its wait status (`code`, `signal`). When the primary sent it
+/// SIGKILL too (`sigkilled`: the kill timeout, a second signal), that SIGKILL and the worker's
+/// own exit race, and only the status says which won: killed by signal 9 is the SIGKILL's doing;
+/// an exit code (or another signal) means the worker was already ending when the SIGKILL was
+/// sent, so the SIGKILL line before it named a worker that was no longer running its work.
+fn termed_late_line(
+    slot: u32,
+    pid: u32,
+    term: i32,
+    (code, signal): (Option<i32>, Option<i32>),
+    sigkilled: bool,
+) -> String {
+    let term = crate::signal::name(term);
+    let status = match (code, signal) {
+        (Some(c), _) => ExitReason::Failed(c),
+        (None, Some(sig)) => ExitReason::Signaled(sig),
+        (None, None) => ExitReason::Failed(-1),
+    };
+    match (signal, sigkilled) {
+        (Some(SIGKILL), true) => format!(
+            "worker {slot} (pid {pid}) killed by the primary's SIGKILL: still running after its \
+             {term} past the drain deadline"
+        ),
+        (_, true) => format!(
+            "worker {slot} (pid {pid}) {status} after its {term} past the drain deadline, by \
+             itself: it was already ending when the primary sent SIGKILL"
+        ),
+        (_, false) => {
+            format!("worker {slot} (pid {pid}) {status} after its {term} past the drain deadline")
+        }
+    }
 }
 
 /// Whether an exec failure's `errno` says the program is not there or cannot be executed at
@@ -1143,4 +1180,47 @@ async fn reload(
         st.slots.borrow_mut()[id as usize - 1].pending_restart = false;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::signal::SIGTERM;
+
+    #[test]
+    fn a_late_workers_line_says_what_its_wait_status_says() {
+        let line = |status, sigkilled| termed_late_line(1, 4242, SIGTERM, status, sigkilled);
+        // The kill timeout's SIGKILL ended it.
+        assert_eq!(
+            line((None, Some(SIGKILL)), true),
+            "worker 1 (pid 4242) killed by the primary's SIGKILL: still running after its \
+             SIGTERM past the drain deadline"
+        );
+        // The SIGKILL was sent, but the worker's own exit (124: its drain cut requests) won the
+        // race: the status is an exit code, so it was not the SIGKILL that ended it.
+        assert_eq!(
+            line((Some(FORCED_STOP_EXIT_CODE), None), true),
+            "worker 1 (pid 4242) exited with code 124 after its SIGTERM past the drain deadline, \
+             by itself: it was already ending when the primary sent SIGKILL"
+        );
+        assert_eq!(
+            line((None, Some(SIGTERM)), true),
+            "worker 1 (pid 4242) killed by signal 15 after its SIGTERM past the drain deadline, \
+             by itself: it was already ending when the primary sent SIGKILL"
+        );
+        // No SIGKILL sent: the status alone.
+        assert_eq!(
+            line((Some(FORCED_STOP_EXIT_CODE), None), false),
+            "worker 1 (pid 4242) exited with code 124 after its SIGTERM past the drain deadline"
+        );
+        assert_eq!(
+            line((Some(0), None), false),
+            "worker 1 (pid 4242) exited with code 0 after its SIGTERM past the drain deadline"
+        );
+        // A SIGKILL the primary did not send (the OOM killer) is not said to be the primary's.
+        assert_eq!(
+            line((None, Some(SIGKILL)), false),
+            "worker 1 (pid 4242) killed by signal 9 after its SIGTERM past the drain deadline"
+        );
+    }
 }
