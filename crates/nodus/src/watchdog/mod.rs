@@ -97,15 +97,28 @@ pub(crate) fn lock_ring() -> RingGuard {
 #[serde(default)]
 pub struct StallReport {
     pub loop_id: u64,
+    /// The task (or callback, or closure queue) that held the loop, as of the latest observation:
+    /// the poll in progress if it has run for at least half the stall, else the one the watchdog
+    /// saw running most often in it (it looks at every tick). For a stall of one poll, that poll.
     pub task_id: u64,
     pub task_name: String,
     /// "file:line:col" of the spawn / scheduling site.
     pub location: String,
-    /// How long the poll had been running at the latest observation; once ended, how long it ran
-    /// (the loop records the end; only a loop that unwound out of the poll, or a later long poll
-    /// of the loop before the watchdog saw this one end, leaves a lower bound). In a loop's own
-    /// snapshot, an ongoing stall is the poll that took the snapshot, timed to that moment.
+    /// How long the loop had been held at the latest observation; once ended, how long it was
+    /// held (the loop records the end; only a loop that unwound out of a poll, or a later long
+    /// stall of the loop before the watchdog saw this one end, leaves a lower bound). A stall is
+    /// a macrotask callback and the drain after it (next-ticks, microtasks, woken tasks), timed
+    /// from the first poll to the drain's end. In a loop's own snapshot, an ongoing stall is the
+    /// one that took the snapshot, timed to that moment.
     pub elapsed_seconds: f64,
+    /// Polls the loop ran in the stall: task polls, callbacks and next-tick/microtask closures
+    /// (at the latest observation; exact once ended, unless the duration is a lower bound).
+    /// 1: a single poll held the loop; many: a drain that did not empty (tasks waking each
+    /// other, a chain of closures).
+    pub polls: u64,
+    /// The poll or callback that began the stall, `"name" (file:line:col)`: the macrotask whose
+    /// drain held the loop (for a stall of one poll, the task itself).
+    pub began_with: String,
     /// "on-cpu" | "blocked-in-syscall" | "waiting-for-cpu" | "unknown" ([`StallClass::as_str`]).
     pub class: String,
     /// Fraction of the stall window the loop thread was on a CPU.
@@ -114,11 +127,11 @@ pub struct StallReport {
     pub waiting_for_cpu_share: f64,
     /// Wall-clock time of the first report, milliseconds since the Unix epoch.
     pub at_unix_ms: u64,
-    /// The poll was still running when this was read. From [`recent_stalls`], until the watchdog's
+    /// The stall was still going on when this was read. From [`recent_stalls`], until the watchdog's
     /// next look (10 ms at most while the loop is busy) after it ended; in a loop's own snapshot,
     /// only for the poll that took the snapshot.
     pub ongoing: bool,
-    /// How long the poll had been running when the watchdog first reported it.
+    /// How long the loop had been held when the watchdog first reported it.
     pub detected_after_seconds: f64,
     /// Warnings logged for this stall (the first one and the backoff repeats that the rate limit let
     /// through).
@@ -224,7 +237,7 @@ pub fn recent_stalls_for(loop_id: u64) -> Vec<StallReport> {
 /// reported ended, with its exact duration (the end the loop left in the slot; a lower bound
 /// only if a later long poll has overwritten it); the poll under way, with its duration to `now`.
 pub(crate) fn stalls_seen_by_loop(slot: &LoopSlot, now: u64) -> Vec<StallReport> {
-    let current = slot.current_poll();
+    let current = slot.current_hold();
     lock(&RING)
         .entries
         .iter()
@@ -232,12 +245,13 @@ pub(crate) fn stalls_seen_by_loop(slot: &LoopSlot, now: u64) -> Vec<StallReport>
         .map(|e| {
             let mut report = e.report.clone();
             if report.ongoing {
-                if current == Some(e.poll_seq) {
+                if current == Some(e.hold_seq) {
                     report.elapsed_seconds = now.saturating_sub(e.start_ns) as f64 / 1e9;
                 } else {
                     report.ongoing = false;
-                    if let Some(end) = slot.long_end(e.poll_seq) {
+                    if let Some((end, polls)) = slot.long_end(e.hold_seq) {
                         report.elapsed_seconds = end.saturating_sub(e.start_ns) as f64 / 1e9;
+                        report.polls = polls;
                     }
                 }
             }
@@ -274,8 +288,8 @@ pub(crate) struct Ring {
 
 struct RingEntry {
     id: u64,
-    /// The stalled poll: its slot sequence (`PollView::seq`) and start.
-    poll_seq: u64,
+    /// The stalled hold: its slot sequence (`HoldView::hold_seq`) and start.
+    hold_seq: u64,
     start_ns: u64,
     report: StallReport,
 }
@@ -288,8 +302,8 @@ impl Ring {
         }
     }
 
-    /// Adds the report of the stalled poll with slot sequence `poll_seq`, started at `start_ns`.
-    fn push(&mut self, report: StallReport, poll_seq: u64, start_ns: u64) -> u64 {
+    /// Adds the report of the stalled hold with slot sequence `hold_seq`, started at `start_ns`.
+    fn push(&mut self, report: StallReport, hold_seq: u64, start_ns: u64) -> u64 {
         if self.entries.len() == RING_CAPACITY {
             self.entries.pop_front();
         }
@@ -297,14 +311,15 @@ impl Ring {
         self.next_id += 1;
         self.entries.push_back(RingEntry {
             id,
-            poll_seq,
+            hold_seq,
             start_ns,
             report,
         });
         id
     }
 
-    /// Updates the changing fields of entry `id` in place (without allocating), if still held.
+    /// Updates the changing fields of entry `id` in place (allocating only for a longer name), if
+    /// still held.
     fn update(&mut self, id: u64, report: &StallReport) {
         let Some(front) = self.entries.front().map(|e| e.id) else {
             return;
@@ -317,9 +332,16 @@ impl Ring {
             return;
         };
         entry.elapsed_seconds = report.elapsed_seconds;
-        if entry.class != report.class {
-            entry.class.clear();
-            entry.class.push_str(&report.class);
+        entry.polls = report.polls;
+        entry.task_id = report.task_id;
+        for (to, from) in [
+            (&mut entry.class, &report.class),
+            (&mut entry.task_name, &report.task_name),
+            (&mut entry.location, &report.location),
+        ] {
+            if to != from {
+                from.clone_into(to);
+            }
         }
         entry.on_cpu_share = report.on_cpu_share;
         entry.waiting_for_cpu_share = report.waiting_for_cpu_share;
