@@ -329,7 +329,11 @@ fn tasks_that_wake_each_other_are_one_stall_reported_while_they_hold_the_loop() 
         .iter()
         .filter(|r| r.task_name == "ping" || r.task_name == "pong")
         .collect();
-    assert_eq!(ours.len(), 1, "one stall for the whole ping-pong: {stalls:?}");
+    assert_eq!(
+        ours.len(),
+        1,
+        "one stall for the whole ping-pong: {stalls:?}"
+    );
     let r = ours[0];
     assert!(
         r.elapsed_seconds >= hold.as_secs_f64() * 0.8 && r.polls >= turns,

@@ -1,24 +1,38 @@
-//! The stall watchdog: one process-wide thread that reports a task poll or callback that has been
-//! running too long *while it is still running* (DESIGN.md section 3). Node, tokio and asyncio only
-//! see a slow poll after it returns, so an infinite loop in a callback is never reported there.
+//! The stall watchdog: one process-wide thread that reports the loop held too long *while it is
+//! still held* (DESIGN.md section 3). Node, tokio and asyncio only see a slow poll after it
+//! returns, so an infinite loop in a callback is never reported there.
+//!
+//! A stall is a *hold* longer than the threshold: the loop has not left one macrotask callback and
+//! the drain after it (next-ticks, microtasks, woken tasks' polls) since the hold's first poll.
+//! One long poll is a hold; so is a drain of many short polls that never empties (two tasks that
+//! wake each other, a chain of closures: Node's order, which starves timers and I/O as Node does
+//! on a promise ping-pong). Either is one stall, one report per backoff step, one ring entry.
 //!
 //! How it works:
 //! - Every loop owns a `LoopSlot` and publishes in it which task it is polling and since when
-//!   (`LoopSlot::begin` / `LoopSlot::end`). The slot is a seqlock: `begin` makes the sequence odd,
-//!   writes the record, then makes it even with a release store; the watchdog reads the record and
-//!   keeps it only if the sequence was even and unchanged around the reads. The loop never waits
-//!   and never makes a syscall: a slot update is a handful of plain stores on x86-64.
+//!   (`LoopSlot::begin` / `LoopSlot::end`), and the hold: the first `begin` after a drain returned
+//!   opens it, `LoopSlot::end_hold` (the drain returned) closes it. The slot is a seqlock: `begin`
+//!   makes the sequence odd, writes the record, then makes it even with a release store; the
+//!   watchdog reads the record and keeps it only if the sequence was even and unchanged around the
+//!   reads. The loop never waits and never makes a syscall: a slot update is a handful of plain
+//!   stores on x86-64, and no clock read is added (the hold starts at its first poll's start and
+//!   ends at the drain's last read).
 //! - The watchdog thread (`nodus-watchdog`, started by the first `register`) scans all slots. While
-//!   any loop is busy it sleeps until the earliest moment an in-progress poll reaches its threshold
+//!   any loop is busy it sleeps until the earliest moment a hold in progress reaches its threshold
 //!   (or its next backoff report), and never longer than a tick (10 ms, or half the smallest
-//!   threshold), because a new poll starts without telling it. While every loop is blocked in epoll
+//!   threshold), because a new hold starts without telling it. While every loop is blocked in epoll
 //!   (`LoopSlot::enter_idle`) it parks; `LoopSlot::leave_idle` unparks it only if it is parked.
+//! - At each look it notes the poll that began last (a sampling profile of the hold). A report
+//!   names the poll in progress if it has run for at least half the hold (a single long poll, as
+//!   before), else the poll seen most often, with the hold's poll count (the slot's sequence
+//!   counts `begin`s) and the callback that opened it.
 //! - A stall is reported (one `tracing` warning, target `nodus::watchdog`) at the threshold, then at
 //!   2x, 4x, 8x... the threshold while it lasts, at most about 10 reports per second across all
 //!   stalls; suppressed reports are counted in the next one. The last 64 stalls stay in a ring
 //!   buffer ([`recent_stalls`]); an ongoing one is updated in place at every tick and when it ends,
-//!   with its exact duration: the loop leaves the end time of a poll that reached the threshold in
-//!   its slot (a loop dropped before the next tick leaves only the last sample, a lower bound).
+//!   with its exact duration and poll count: the loop leaves the end of a hold that reached the
+//!   threshold in its slot (a loop dropped before the next tick leaves only the last sample, a
+//!   lower bound).
 //!
 //! Why a thread and not a signal (Seastar arms a per-thread timer signal): a handler runs on the
 //! stalled thread itself, so it interrupts the syscall a blocked loop is in (`EINTR` or a restart:
@@ -30,12 +44,17 @@
 //! thread's CPU clock, `schedstat` and `status` is explained in `proc`.
 //!
 //! Invariants:
-//! - `begin`, `end`, `enter_idle` and `leave_idle` run on the loop thread and never allocate, lock
-//!   or make a syscall, except `leave_idle` unparking a parked watchdog (once per idle period).
-//! - `start_ns == 0` in a slot means no poll is in progress (`begin` stores at least 1).
+//! - `begin`, `end`, `end_hold`, `enter_idle` and `leave_idle` run on the loop thread and never
+//!   allocate, lock or make a syscall, except `leave_idle` unparking a parked watchdog (once per
+//!   idle period).
+//! - Every drain's return closes the hold, and so does the loop stopping (`Meter::loop_running`,
+//!   which also runs when a callback unwinds out of `block_on`/`run`): a hold never spans a wait
+//!   in epoll.
+//! - `hold_ns == 0` in a slot means the loop holds nothing, `start_ns == 0` that no poll is in
+//!   progress (`begin` stores at least 1 in both).
 //! - Only the watchdog thread reports stalls, reads `/proc`, and writes the ring buffer. A loop's
 //!   own snapshot reads its entries with what the loop knows better (`stalls_seen_by_loop`: a
-//!   stall the watchdog has not yet seen end is over unless it is the poll under way) but never
+//!   stall the watchdog has not yet seen end is over unless it is the hold under way) but never
 //!   writes them.
 //! - `ACTIVITY` (one word: busy-loop count + parked bit) is the only state shared by all loops; it
 //!   is touched once per `enter_idle`/`leave_idle`, i.e. when a loop is about to block anyway.
@@ -233,9 +252,10 @@ pub fn recent_stalls_for(loop_id: u64) -> Vec<StallReport> {
 
 /// The most recent stalls of the loop that owns `slot`, oldest first, as that loop knows them at
 /// `now`: called on the loop's own thread (its snapshot), which is running this code, so a stall
-/// the watchdog has not yet seen end is over unless it is the poll under way. An ended one is
-/// reported ended, with its exact duration (the end the loop left in the slot; a lower bound
-/// only if a later long poll has overwritten it); the poll under way, with its duration to `now`.
+/// the watchdog has not yet seen end is over unless it is the hold under way (the callback and
+/// drain the snapshot is taken in). An ended one is reported ended, with its exact duration and
+/// poll count (the end the loop left in the slot; a lower bound only if a later long hold has
+/// overwritten it); the hold under way, with its duration to `now`.
 pub(crate) fn stalls_seen_by_loop(slot: &LoopSlot, now: u64) -> Vec<StallReport> {
     let current = slot.current_hold();
     lock(&RING)

@@ -1,16 +1,21 @@
 //! The watchdog thread (`nodus-watchdog`): scans every registered loop's slot, samples the loop
-//! thread's scheduler state once a poll passes its threshold, reports the stall, and sleeps until
+//! thread's scheduler state once a hold passes its threshold, reports the stall, and sleeps until
 //! the next moment something can be due.
 //!
-//! - While any loop is busy it sleeps until the earliest moment an in-progress poll reaches its
+//! - While any loop is busy it sleeps until the earliest moment a hold in progress reaches its
 //!   threshold (or its next backoff report), and never longer than a tick (10 ms, or half the
-//!   smallest threshold), because a new poll starts without telling it. While every loop is idle
+//!   smallest threshold), because a new hold starts without telling it. While every loop is idle
 //!   in epoll it parks, after a CAS on `ACTIVITY` that a loop's `leave_idle` cannot miss.
+//! - At every look at a hold it counts the poll that began last by name and location (`Seen`, at
+//!   most 8 distinct ones). A stalled hold is named after the poll in progress if that has run for
+//!   half of it at least (`Shape::Poll`, `Shape::LongPoll`), else after the poll seen most often
+//!   (`Shape::Drain`: many short polls, the drain does not empty); the name may change while the
+//!   stall lasts and is updated in place.
 //! - A stall is reported (one `tracing` warning, target `nodus::watchdog`) at the threshold, then
 //!   at 2x, 4x, 8x... the threshold while it lasts. A token bucket over all stalls lets out at
 //!   most about 10 reports per second; suppressed reports are counted in the next one.
 //! - The stall's ring-buffer entry is published complete at its first observation past the
-//!   threshold and updated in place at every tick and when the poll ends.
+//!   threshold and updated in place at every tick and when the hold ends.
 //!
 //! Invariants:
 //! - This thread alone reports stalls, reads `/proc` and writes the ring buffer.
@@ -262,7 +267,10 @@ fn scan(watched: &mut Vec<Watched>, limiter: &mut RateLimit) -> Scan {
             SlotRead::Held(view) => view,
         };
         out.active = true;
-        if w.hold.as_ref().is_some_and(|h| h.view.hold_seq != view.hold_seq) {
+        if w.hold
+            .as_ref()
+            .is_some_and(|h| h.view.hold_seq != view.hold_seq)
+        {
             let hold = w.hold.take().expect("checked above");
             let end = slot.long_end(hold.view.hold_seq);
             finish(hold, end);
@@ -555,7 +563,8 @@ mod tests {
     fn a_drain_of_short_polls_names_the_ones_seen_most() {
         static PING: &str = "ping";
         static PONG: &str = "pong";
-        let (main_at, ping_at, pong_at) = (Location::caller(), Location::caller(), Location::caller());
+        let (main_at, ping_at, pong_at) =
+            (Location::caller(), Location::caller(), Location::caller());
         let view = |name, location| HoldView {
             seq: 0,
             task_id: 1,
@@ -600,7 +609,9 @@ mod tests {
         };
         let message = stall_message(
             &report,
-            &Shape::LongPoll { running_ns: 95_000_000 },
+            &Shape::LongPoll {
+                running_ns: 95_000_000,
+            },
             &seen,
             StallClass::OnCpu,
             0,
