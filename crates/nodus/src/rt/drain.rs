@@ -113,11 +113,13 @@ impl Core {
     /// A closure from the queue `name` (`"next_tick"` or `"microtask"`) is about to run.
     #[inline]
     fn closure(&self, batch: &mut Batch, name: &'static str, location: &'static Location<'static>) {
+        let target = Core::callback_target(name, location, classes::MAIN);
         if batch.last.is_none() {
             batch.start = self.meter.closures_start();
+            self.meter.begin_batch(&target, batch.start);
+        } else {
+            self.meter.begin_closure(&target, batch.start);
         }
-        let target = Core::callback_target(name, location, classes::MAIN);
-        self.meter.begin_closure(&target, batch.start);
         batch.last = Some(target);
     }
 

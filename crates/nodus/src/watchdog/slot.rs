@@ -12,15 +12,16 @@
 //! handful of plain stores on x86-64.
 //!
 //! Invariants:
-//! - `begin`, `end`, `end_hold`, `enter_idle` and `leave_idle` run on the loop thread (the single
-//!   writer) and never allocate, lock or make a syscall, except `leave_idle` unparking a parked
-//!   watchdog (once per idle period).
+//! - `begin`, `begin_in_hold`, `end`, `end_hold`, `enter_idle` and `leave_idle` run on the loop
+//!   thread (the single writer) and never allocate, lock or make a syscall, except `leave_idle`
+//!   unparking a parked watchdog (once per idle period).
 //! - `hold_ns == 0` means the loop holds nothing (`begin` stores at least 1). The first `begin`
 //!   after that opens a hold: it writes `hold_ns`, `hold_seq` (its own sequence) and the opener's
 //!   name and location inside its seqlock window; later `begin`s leave them alone. `end_hold`
-//!   (the drain returned, or the loop stopped running) closes it with one store. Every `begin`
-//!   adds 2 to the sequence, so a hold has run `(seq - hold_seq) / 2 + 1` polls: counting them
-//!   costs the loop nothing.
+//!   (the drain returned, or the loop stopped running) closes it with one store. A closure after
+//!   the first of its batch is inside a hold already and skips the check (`begin_in_hold`): a
+//!   chained closure pays nothing for holds. Every `begin` adds 2 to the sequence, so a hold has
+//!   run `(seq - hold_seq) / 2 + 1` polls: counting them costs the loop nothing.
 //! - `start_ns == 0` means no poll is in progress (between two polls of a hold, or no hold).
 //! - A hold that lasted at least the threshold leaves its end time and poll count in
 //!   `long_end_ns` / `long_end_polls`, tagged with its `hold_seq` in `long_end_seq` (stored last,
@@ -155,6 +156,32 @@ impl LoopSlot {
         location: &'static Location<'static>,
         start_ns: u64,
     ) {
+        self.write(task_id, name, location, start_ns, true);
+    }
+
+    /// `begin` for a caller that knows a hold is open (a closure after the first of its batch):
+    /// one load and branch fewer, on the path a chained closure takes.
+    #[inline]
+    pub(crate) fn begin_in_hold(
+        &self,
+        task_id: u64,
+        name: &'static str,
+        location: &'static Location<'static>,
+        start_ns: u64,
+    ) {
+        debug_assert_ne!(self.hold_ns.load(Ordering::Relaxed), 0, "no hold open");
+        self.write(task_id, name, location, start_ns, false);
+    }
+
+    #[inline(always)]
+    fn write(
+        &self,
+        task_id: u64,
+        name: &'static str,
+        location: &'static Location<'static>,
+        start_ns: u64,
+        may_open: bool,
+    ) {
         // Single writer: the loop thread, so relaxed loads of our own last stores are exact.
         let seq = self.seq.load(Ordering::Relaxed);
         self.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
@@ -167,7 +194,7 @@ impl LoopSlot {
         self.name_len.store(name.len(), Ordering::Relaxed);
         self.location.store(location, Ordering::Relaxed);
         self.start_ns.store(start_ns.max(1), Ordering::Relaxed);
-        if self.hold_ns.load(Ordering::Relaxed) == 0 {
+        if may_open && self.hold_ns.load(Ordering::Relaxed) == 0 {
             self.hold_seq.store(seq.wrapping_add(2), Ordering::Relaxed);
             self.opener_ptr.store(name_ptr, Ordering::Relaxed);
             self.opener_len.store(name.len(), Ordering::Relaxed);

@@ -8,9 +8,10 @@
 //!   in epoll it parks, after a CAS on `ACTIVITY` that a loop's `leave_idle` cannot miss.
 //! - At every look at a hold it counts the poll that began last by name and location (`Seen`, at
 //!   most 8 distinct ones). A stalled hold is named after the poll in progress if that has run for
-//!   half of it at least (`Shape::Poll`, `Shape::LongPoll`), else after the poll seen most often
-//!   (`Shape::Drain`: many short polls, the drain does not empty); the name may change while the
-//!   stall lasts and is updated in place.
+//!   half of it at least and was already running at the last look (`Shape::Poll`,
+//!   `Shape::LongPoll`; a closure's published start is its batch's), else after the poll seen
+//!   most often (`Shape::Drain`: many short polls, the drain does not empty); the name may change
+//!   while the stall lasts and is updated in place.
 //! - A stall is reported (one `tracing` warning, target `nodus::watchdog`) at the threshold, then
 //!   at 2x, 4x, 8x... the threshold while it lasts. A token bucket over all stalls lets out at
 //!   most about 10 reports per second; suppressed reports are counted in the next one.
@@ -281,22 +282,26 @@ fn scan(watched: &mut Vec<Watched>, limiter: &mut RateLimit) -> Scan {
             seen: Seen::default(),
             stall: None,
         });
+        // The same poll as at the last look: nothing began since.
+        let steady = hold.seen.looks > 0 && hold.view.seq == view.seq;
         hold.view = view;
         hold.seen.add(&view);
-        let due = observe(w.loop_id, w.threshold_ns, &w.proc, hold, limiter);
+        let due = observe(w.loop_id, w.threshold_ns, &w.proc, hold, steady, limiter);
         out.next_due_ns = Some(out.next_due_ns.map_or(due, |d| d.min(due)));
         true
     });
     out
 }
 
-/// Checks one hold in progress: opens, updates or reports its stall. Returns when the next report
-/// is due (the threshold, for a hold not yet stalled).
+/// Checks one hold in progress: opens, updates or reports its stall. `steady`: the poll in
+/// progress is the one seen at the last look. Returns when the next report is due (the
+/// threshold, for a hold not yet stalled).
 fn observe(
     loop_id: u64,
     threshold_ns: u64,
     proc: &ThreadProc,
     hold: &mut Observed,
+    steady: bool,
     limiter: &mut RateLimit,
 ) -> u64 {
     let start = hold.view.hold_ns;
@@ -309,7 +314,10 @@ fn observe(
     let held_ns = sample.wall_ns.saturating_sub(start);
     let view = &hold.view;
     let polls = view.polls();
-    let running_ns = (view.start_ns != 0).then(|| sample.wall_ns.saturating_sub(view.start_ns));
+    // A closure's published start is its batch's, so only a poll seen at two looks in a row
+    // (nothing began in between) is known to have run that long itself.
+    let running_ns =
+        (view.start_ns != 0 && steady).then(|| sample.wall_ns.saturating_sub(view.start_ns));
     // Who holds the loop: the poll under way if it is (nearly) all of the hold, else the poll
     // seen running most often.
     let shape = match running_ns {
