@@ -1,12 +1,18 @@
-//! The watchdog reports a task while it is still blocking the loop, three ways.
+//! The watchdog reports a task while it is still blocking the loop, three ways; and a drain of
+//! many short polls that holds the loop (tasks waking each other, a chain of closures) as one
+//! stall, while it holds it.
 #![cfg(feature = "measure")]
 
+use std::cell::{Cell, RefCell};
+use std::future::poll_fn;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
 use nodus::watchdog::{StallReport, recent_stalls_for};
-use nodus::{Runtime, next_tick, queue_microtask, spawn_named};
+use nodus::{Runtime, next_tick, queue_microtask, set_timeout, sleep, spawn_named, yield_now};
 
 const THRESHOLD: Duration = Duration::from_millis(50);
 
@@ -190,7 +196,9 @@ fn a_loops_own_snapshot_right_after_a_stall_says_it_ended_with_its_exact_duratio
         let ran = spawn_named("hog", async move { spin_until_reported(loop_id).elapsed() })
             .await
             .unwrap();
-        // The next poll after the stall: the watchdog has most likely not looked since it ended.
+        // Out of the drain the stall is (the next turn's check phase): the watchdog has most
+        // likely not looked since it ended.
+        yield_now().await;
         (nodus::metrics::snapshot(), ran)
     });
     let last = snap.stalls.last().expect("the stall");
@@ -228,4 +236,170 @@ fn a_snapshot_taken_inside_the_stalled_poll_times_it_to_that_moment() {
         last.elapsed_seconds >= ran.as_secs_f64(),
         "timed to the snapshot, at least the {ran:?} the task had spun: {last:?}"
     );
+}
+
+/// Waits (10 s at most) until the watchdog has seen every stall of `loop_id` end; returns them.
+fn settled_stalls(loop_id: u64) -> Vec<StallReport> {
+    let give_up = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stalls = recent_stalls_for(loop_id);
+        if !stalls.iter().any(|r| r.ongoing) {
+            return stalls;
+        }
+        assert!(Instant::now() < give_up, "a stall never ended: {stalls:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Watches `loop_id` from another thread: returns the handle that answers when the first
+/// ongoing stall of more than one poll was seen (`None`: not within 10 s, or `stop` was set).
+fn first_drain_stall_seen(
+    loop_id: u64,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Option<Instant>> {
+    std::thread::spawn(move || {
+        let give_up = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < give_up && !stop.load(Ordering::Acquire) {
+            if recent_stalls_for(loop_id)
+                .iter()
+                .any(|r| r.ongoing && r.polls > 1)
+            {
+                return Some(Instant::now());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        None
+    })
+}
+
+/// Whose turn it is, and the waker of the player waiting for it: a local channel in miniature.
+#[derive(Default)]
+struct Table {
+    turn: Cell<usize>,
+    waiting: RefCell<[Option<Waker>; 2]>,
+}
+
+/// Player `me` of a ping-pong on `table` until `until`: waits for its turn, passes it and wakes
+/// the other player (queued as a microtask, so the drain never empties). Returns its turns.
+async fn play(table: Rc<Table>, me: usize, until: Instant) -> u64 {
+    let mut turns = 0;
+    while Instant::now() < until {
+        poll_fn(|cx| {
+            if table.turn.get() == me {
+                Poll::Ready(())
+            } else {
+                table.waiting.borrow_mut()[me] = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+        .await;
+        turns += 1;
+        table.turn.set(1 - me);
+        let other = table.waiting.borrow_mut()[1 - me].take();
+        if let Some(waker) = other {
+            waker.wake();
+        }
+    }
+    turns
+}
+
+#[test]
+fn tasks_that_wake_each_other_are_one_stall_reported_while_they_hold_the_loop() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let rt = Runtime::builder()
+        .stall_threshold(THRESHOLD)
+        .build()
+        .unwrap();
+    let loop_id = rt.id();
+    let stop = Arc::new(AtomicBool::new(false));
+    let observer = first_drain_stall_seen(loop_id, stop.clone());
+    let hold = Duration::from_millis(600);
+    let (turns, ended) = rt.block_on(async move {
+        let table = Rc::new(Table::default());
+        let until = Instant::now() + hold;
+        let ping = spawn_named("ping", play(table.clone(), 0, until));
+        let pong = spawn_named("pong", play(table, 1, until));
+        let turns = ping.await.unwrap() + pong.await.unwrap();
+        (turns, Instant::now())
+    });
+    stop.store(true, Ordering::Release);
+    let seen = observer.join().unwrap();
+    let stalls = settled_stalls(loop_id);
+    let ours: Vec<_> = stalls
+        .iter()
+        .filter(|r| r.task_name == "ping" || r.task_name == "pong")
+        .collect();
+    assert_eq!(
+        ours.len(),
+        1,
+        "one stall for the whole ping-pong: {stalls:?}"
+    );
+    let r = ours[0];
+    assert!(
+        r.elapsed_seconds >= hold.as_secs_f64() * 0.8 && r.polls >= turns,
+        "the stall spans the ping-pong's {turns} polls: {r:?}"
+    );
+    assert!(r.location.contains("tests/watchdog.rs:"), "{r:?}");
+    let seen = seen.expect("a stall reported while the tasks held the loop");
+    assert!(seen < ended, "reported while the ping-pong went on: {r:?}");
+}
+
+/// Queues itself as a microtask until `until`: each closure is tiny, the drain never empties.
+fn chain(until: Instant) {
+    if Instant::now() < until {
+        queue_microtask(move || chain(until));
+    }
+}
+
+/// Runs a chain of closures for `hold` (from a timer callback) on a fresh loop, after `before`
+/// (in the main future); returns the loop's stalls once settled.
+fn chain_stalls(hold: Duration, before: impl FnOnce() + 'static) -> Vec<StallReport> {
+    let rt = Runtime::builder()
+        .stall_threshold(THRESHOLD)
+        .build()
+        .unwrap();
+    let loop_id = rt.id();
+    rt.block_on(async move {
+        before();
+        yield_now().await;
+        let until = Instant::now() + hold;
+        set_timeout(1, move || chain(until));
+        sleep(hold + Duration::from_millis(100)).await;
+    });
+    settled_stalls(loop_id)
+}
+
+#[test]
+fn a_chain_of_closures_is_one_stall() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let hold = Duration::from_millis(600);
+    let stalls = chain_stalls(hold, || {});
+    let ours: Vec<_> = stalls
+        .iter()
+        .filter(|r| r.task_name == "microtask")
+        .collect();
+    assert_eq!(ours.len(), 1, "one entry for the whole chain: {stalls:?}");
+    let r = ours[0];
+    assert!(
+        r.elapsed_seconds >= hold.as_secs_f64() * 0.8 && r.polls > 1000,
+        "{r:?}"
+    );
+    assert!(r.began_with.starts_with("\"timer\""), "{r:?}");
+}
+
+#[test]
+fn a_long_chain_of_closures_leaves_earlier_stalls_in_the_history() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // Long enough for a stall a tick (64 fill the history) even if the watchdog ticks late.
+    let stalls = chain_stalls(Duration::from_secs(3), || {
+        spin(THRESHOLD * 3);
+    });
+    assert!(
+        stalls
+            .iter()
+            .any(|r| r.task_name == "main" && r.polls == 1 && r.elapsed_seconds >= 0.1),
+        "the earlier stall is still there: {stalls:?}"
+    );
+    let chains = stalls.iter().filter(|r| r.task_name == "microtask").count();
+    assert_eq!(chains, 1, "{stalls:?}");
 }

@@ -500,6 +500,8 @@ mod tests {
             task_name: name(0),
             location: name(1),
             class: name(2),
+            began_with: name(3),
+            polls: u64::MAX,
             ..Default::default()
         };
         let mut s = Snapshot {

@@ -11,8 +11,12 @@
 //!   costs a few nanoseconds and a chain is one batch: a read per closure (a vDSO
 //!   `clock_gettime`) would cost several times the closure.
 //! - Each closure is published to the watchdog with its queue's name, `"next_tick"` or
-//!   `"microtask"`, and where it was queued, and with the batch's start: a stall report names the
-//!   closure running when the watchdog looked and counts from the start of its batch.
+//!   `"microtask"`, and where it was queued (nothing else per closure: the batch's start is
+//!   already known). The watchdog's unit is the hold: from the first poll after the previous drain
+//!   returned (usually the macrotask callback) until this drain returns (`Meter::drained`, at the
+//!   last poll's or batch's clock read). However short each poll or closure, a drain that never
+//!   empties (tasks that wake each other, a chain of closures) is one stall, reported while it
+//!   lasts and named after the polls the watchdog saw running in it.
 //! - A batch at least the slow-poll threshold long counts as one slow poll and is logged once,
 //!   named after its last closure (the one in the watchdog's slot when it ended). That is exact for
 //!   a batch of one closure, the usual shape of a slow one (a callback queues a heavy closure). A
@@ -100,6 +104,7 @@ impl Core {
             }
             self.end_batch(&mut batch);
             if self.ticks.borrow().is_empty() && self.micro.borrow().is_empty() {
+                self.meter.drained();
                 return;
             }
         }
@@ -108,11 +113,13 @@ impl Core {
     /// A closure from the queue `name` (`"next_tick"` or `"microtask"`) is about to run.
     #[inline]
     fn closure(&self, batch: &mut Batch, name: &'static str, location: &'static Location<'static>) {
+        let target = Core::callback_target(name, location, classes::MAIN);
         if batch.last.is_none() {
             batch.start = self.meter.closures_start();
+            self.meter.begin_batch(&target, batch.start);
+        } else {
+            self.meter.begin_closure(&target, batch.start);
         }
-        let target = Core::callback_target(name, location, classes::MAIN);
-        self.meter.begin_closure(&target, batch.start);
         batch.last = Some(target);
     }
 

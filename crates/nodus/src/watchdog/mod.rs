@@ -1,24 +1,38 @@
-//! The stall watchdog: one process-wide thread that reports a task poll or callback that has been
-//! running too long *while it is still running* (DESIGN.md section 3). Node, tokio and asyncio only
-//! see a slow poll after it returns, so an infinite loop in a callback is never reported there.
+//! The stall watchdog: one process-wide thread that reports the loop held too long *while it is
+//! still held* (DESIGN.md section 3). Node, tokio and asyncio only see a slow poll after it
+//! returns, so an infinite loop in a callback is never reported there.
+//!
+//! A stall is a *hold* longer than the threshold: the loop has not left one macrotask callback and
+//! the drain after it (next-ticks, microtasks, woken tasks' polls) since the hold's first poll.
+//! One long poll is a hold; so is a drain of many short polls that never empties (two tasks that
+//! wake each other, a chain of closures: Node's order, which starves timers and I/O as Node does
+//! on a promise ping-pong). Either is one stall, one report per backoff step, one ring entry.
 //!
 //! How it works:
 //! - Every loop owns a `LoopSlot` and publishes in it which task it is polling and since when
-//!   (`LoopSlot::begin` / `LoopSlot::end`). The slot is a seqlock: `begin` makes the sequence odd,
-//!   writes the record, then makes it even with a release store; the watchdog reads the record and
-//!   keeps it only if the sequence was even and unchanged around the reads. The loop never waits
-//!   and never makes a syscall: a slot update is a handful of plain stores on x86-64.
+//!   (`LoopSlot::begin` / `LoopSlot::end`), and the hold: the first `begin` after a drain returned
+//!   opens it, `LoopSlot::end_hold` (the drain returned) closes it. The slot is a seqlock: `begin`
+//!   makes the sequence odd, writes the record, then makes it even with a release store; the
+//!   watchdog reads the record and keeps it only if the sequence was even and unchanged around the
+//!   reads. The loop never waits and never makes a syscall: a slot update is a handful of plain
+//!   stores on x86-64, and no clock read is added (the hold starts at its first poll's start and
+//!   ends at the drain's last read).
 //! - The watchdog thread (`nodus-watchdog`, started by the first `register`) scans all slots. While
-//!   any loop is busy it sleeps until the earliest moment an in-progress poll reaches its threshold
+//!   any loop is busy it sleeps until the earliest moment a hold in progress reaches its threshold
 //!   (or its next backoff report), and never longer than a tick (10 ms, or half the smallest
-//!   threshold), because a new poll starts without telling it. While every loop is blocked in epoll
+//!   threshold), because a new hold starts without telling it. While every loop is blocked in epoll
 //!   (`LoopSlot::enter_idle`) it parks; `LoopSlot::leave_idle` unparks it only if it is parked.
+//! - At each look it notes the poll that began last (a sampling profile of the hold). A report
+//!   names the poll in progress if it has run for at least half the hold (a single long poll, as
+//!   before), else the poll seen most often, with the hold's poll count (the slot's sequence
+//!   counts `begin`s) and the callback that opened it.
 //! - A stall is reported (one `tracing` warning, target `nodus::watchdog`) at the threshold, then at
 //!   2x, 4x, 8x... the threshold while it lasts, at most about 10 reports per second across all
 //!   stalls; suppressed reports are counted in the next one. The last 64 stalls stay in a ring
 //!   buffer ([`recent_stalls`]); an ongoing one is updated in place at every tick and when it ends,
-//!   with its exact duration: the loop leaves the end time of a poll that reached the threshold in
-//!   its slot (a loop dropped before the next tick leaves only the last sample, a lower bound).
+//!   with its exact duration and poll count: the loop leaves the end of a hold that reached the
+//!   threshold in its slot (a loop dropped before the next tick leaves only the last sample, a
+//!   lower bound).
 //!
 //! Why a thread and not a signal (Seastar arms a per-thread timer signal): a handler runs on the
 //! stalled thread itself, so it interrupts the syscall a blocked loop is in (`EINTR` or a restart:
@@ -30,12 +44,17 @@
 //! thread's CPU clock, `schedstat` and `status` is explained in `proc`.
 //!
 //! Invariants:
-//! - `begin`, `end`, `enter_idle` and `leave_idle` run on the loop thread and never allocate, lock
-//!   or make a syscall, except `leave_idle` unparking a parked watchdog (once per idle period).
-//! - `start_ns == 0` in a slot means no poll is in progress (`begin` stores at least 1).
+//! - `begin`, `end`, `end_hold`, `enter_idle` and `leave_idle` run on the loop thread and never
+//!   allocate, lock or make a syscall, except `leave_idle` unparking a parked watchdog (once per
+//!   idle period).
+//! - Every drain's return closes the hold, and so does the loop stopping (`Meter::loop_running`,
+//!   which also runs when a callback unwinds out of `block_on`/`run`): a hold never spans a wait
+//!   in epoll.
+//! - `hold_ns == 0` in a slot means the loop holds nothing, `start_ns == 0` that no poll is in
+//!   progress (`begin` stores at least 1 in both).
 //! - Only the watchdog thread reports stalls, reads `/proc`, and writes the ring buffer. A loop's
 //!   own snapshot reads its entries with what the loop knows better (`stalls_seen_by_loop`: a
-//!   stall the watchdog has not yet seen end is over unless it is the poll under way) but never
+//!   stall the watchdog has not yet seen end is over unless it is the hold under way) but never
 //!   writes them.
 //! - `ACTIVITY` (one word: busy-loop count + parked bit) is the only state shared by all loops; it
 //!   is touched once per `enter_idle`/`leave_idle`, i.e. when a loop is about to block anyway.
@@ -97,15 +116,28 @@ pub(crate) fn lock_ring() -> RingGuard {
 #[serde(default)]
 pub struct StallReport {
     pub loop_id: u64,
+    /// The task (or callback, or closure queue) that held the loop, as of the latest observation:
+    /// the poll in progress if it has run for at least half the stall, else the one the watchdog
+    /// saw running most often in it (it looks at every tick). For a stall of one poll, that poll.
     pub task_id: u64,
     pub task_name: String,
     /// "file:line:col" of the spawn / scheduling site.
     pub location: String,
-    /// How long the poll had been running at the latest observation; once ended, how long it ran
-    /// (the loop records the end; only a loop that unwound out of the poll, or a later long poll
-    /// of the loop before the watchdog saw this one end, leaves a lower bound). In a loop's own
-    /// snapshot, an ongoing stall is the poll that took the snapshot, timed to that moment.
+    /// How long the loop had been held at the latest observation; once ended, how long it was
+    /// held (the loop records the end; only a loop that unwound out of a poll, or a later long
+    /// stall of the loop before the watchdog saw this one end, leaves a lower bound). A stall is
+    /// a macrotask callback and the drain after it (next-ticks, microtasks, woken tasks), timed
+    /// from the first poll to the drain's end. In a loop's own snapshot, an ongoing stall is the
+    /// one that took the snapshot, timed to that moment.
     pub elapsed_seconds: f64,
+    /// Polls the loop ran in the stall: task polls, callbacks and next-tick/microtask closures
+    /// (at the latest observation; exact once ended, unless the duration is a lower bound).
+    /// 1: a single poll held the loop; many: a drain that did not empty (tasks waking each
+    /// other, a chain of closures).
+    pub polls: u64,
+    /// The poll or callback that began the stall, `"name" (file:line:col)`: the macrotask whose
+    /// drain held the loop (for a stall of one poll, the task itself).
+    pub began_with: String,
     /// "on-cpu" | "blocked-in-syscall" | "waiting-for-cpu" | "unknown" ([`StallClass::as_str`]).
     pub class: String,
     /// Fraction of the stall window the loop thread was on a CPU.
@@ -114,11 +146,11 @@ pub struct StallReport {
     pub waiting_for_cpu_share: f64,
     /// Wall-clock time of the first report, milliseconds since the Unix epoch.
     pub at_unix_ms: u64,
-    /// The poll was still running when this was read. From [`recent_stalls`], until the watchdog's
+    /// The stall was still going on when this was read. From [`recent_stalls`], until the watchdog's
     /// next look (10 ms at most while the loop is busy) after it ended; in a loop's own snapshot,
     /// only for the poll that took the snapshot.
     pub ongoing: bool,
-    /// How long the poll had been running when the watchdog first reported it.
+    /// How long the loop had been held when the watchdog first reported it.
     pub detected_after_seconds: f64,
     /// Warnings logged for this stall (the first one and the backoff repeats that the rate limit let
     /// through).
@@ -220,11 +252,12 @@ pub fn recent_stalls_for(loop_id: u64) -> Vec<StallReport> {
 
 /// The most recent stalls of the loop that owns `slot`, oldest first, as that loop knows them at
 /// `now`: called on the loop's own thread (its snapshot), which is running this code, so a stall
-/// the watchdog has not yet seen end is over unless it is the poll under way. An ended one is
-/// reported ended, with its exact duration (the end the loop left in the slot; a lower bound
-/// only if a later long poll has overwritten it); the poll under way, with its duration to `now`.
+/// the watchdog has not yet seen end is over unless it is the hold under way (the callback and
+/// drain the snapshot is taken in). An ended one is reported ended, with its exact duration and
+/// poll count (the end the loop left in the slot; a lower bound only if a later long hold has
+/// overwritten it); the hold under way, with its duration to `now`.
 pub(crate) fn stalls_seen_by_loop(slot: &LoopSlot, now: u64) -> Vec<StallReport> {
-    let current = slot.current_poll();
+    let current = slot.current_hold();
     lock(&RING)
         .entries
         .iter()
@@ -232,12 +265,13 @@ pub(crate) fn stalls_seen_by_loop(slot: &LoopSlot, now: u64) -> Vec<StallReport>
         .map(|e| {
             let mut report = e.report.clone();
             if report.ongoing {
-                if current == Some(e.poll_seq) {
+                if current == Some(e.hold_seq) {
                     report.elapsed_seconds = now.saturating_sub(e.start_ns) as f64 / 1e9;
                 } else {
                     report.ongoing = false;
-                    if let Some(end) = slot.long_end(e.poll_seq) {
+                    if let Some((end, polls)) = slot.long_end(e.hold_seq) {
                         report.elapsed_seconds = end.saturating_sub(e.start_ns) as f64 / 1e9;
+                        report.polls = polls;
                     }
                 }
             }
@@ -274,8 +308,8 @@ pub(crate) struct Ring {
 
 struct RingEntry {
     id: u64,
-    /// The stalled poll: its slot sequence (`PollView::seq`) and start.
-    poll_seq: u64,
+    /// The stalled hold: its slot sequence (`HoldView::hold_seq`) and start.
+    hold_seq: u64,
     start_ns: u64,
     report: StallReport,
 }
@@ -288,8 +322,8 @@ impl Ring {
         }
     }
 
-    /// Adds the report of the stalled poll with slot sequence `poll_seq`, started at `start_ns`.
-    fn push(&mut self, report: StallReport, poll_seq: u64, start_ns: u64) -> u64 {
+    /// Adds the report of the stalled hold with slot sequence `hold_seq`, started at `start_ns`.
+    fn push(&mut self, report: StallReport, hold_seq: u64, start_ns: u64) -> u64 {
         if self.entries.len() == RING_CAPACITY {
             self.entries.pop_front();
         }
@@ -297,14 +331,15 @@ impl Ring {
         self.next_id += 1;
         self.entries.push_back(RingEntry {
             id,
-            poll_seq,
+            hold_seq,
             start_ns,
             report,
         });
         id
     }
 
-    /// Updates the changing fields of entry `id` in place (without allocating), if still held.
+    /// Updates the changing fields of entry `id` in place (allocating only for a longer name), if
+    /// still held.
     fn update(&mut self, id: u64, report: &StallReport) {
         let Some(front) = self.entries.front().map(|e| e.id) else {
             return;
@@ -317,9 +352,16 @@ impl Ring {
             return;
         };
         entry.elapsed_seconds = report.elapsed_seconds;
-        if entry.class != report.class {
-            entry.class.clear();
-            entry.class.push_str(&report.class);
+        entry.polls = report.polls;
+        entry.task_id = report.task_id;
+        for (to, from) in [
+            (&mut entry.class, &report.class),
+            (&mut entry.task_name, &report.task_name),
+            (&mut entry.location, &report.location),
+        ] {
+            if to != from {
+                from.clone_into(to);
+            }
         }
         entry.on_cpu_share = report.on_cpu_share;
         entry.waiting_for_cpu_share = report.waiting_for_cpu_share;

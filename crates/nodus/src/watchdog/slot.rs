@@ -1,20 +1,33 @@
 //! `LoopSlot`: a loop's published "what am I running since when" record, read by the watchdog
 //! thread, and the loop's side of the busy/idle count that lets the watchdog park.
 //!
+//! The record has two levels. The *hold* is a macrotask callback and the drain after it (or a
+//! drain alone): the loop has not left it since `hold_ns`, however many task polls and closures
+//! ran in it. The *poll* is the task poll, callback or closure that began last in that hold. A
+//! stall is a hold longer than the threshold (DESIGN.md section 3); the polls name what held it.
+//!
 //! The slot is a seqlock: `begin` makes the sequence odd, writes the record, then makes it even
 //! with a release store; the watchdog (`read`) keeps a record only if the sequence was even and
 //! unchanged around its loads. The loop never waits and never makes a syscall: a slot update is a
 //! handful of plain stores on x86-64.
 //!
 //! Invariants:
-//! - `begin`, `end`, `enter_idle` and `leave_idle` run on the loop thread (the single writer) and
-//!   never allocate, lock or make a syscall, except `leave_idle` unparking a parked watchdog (once
-//!   per idle period).
-//! - `start_ns == 0` means no poll is in progress (`begin` stores at least 1).
-//! - A poll that ran at least the threshold leaves its end time in `long_end_ns`, tagged with
-//!   its sequence in `long_end_seq` (stored last, with release): the watchdog, seeing that poll
-//!   over, reads the exact end instead of its own later tick. A later long poll overwrites the
-//!   pair; a reader that finds another poll's sequence keeps its own estimate.
+//! - `begin`, `begin_in_hold`, `end`, `end_hold`, `enter_idle` and `leave_idle` run on the loop
+//!   thread (the single writer) and never allocate, lock or make a syscall, except `leave_idle`
+//!   unparking a parked watchdog (once per idle period).
+//! - `hold_ns == 0` means the loop holds nothing (`begin` stores at least 1). The first `begin`
+//!   after that opens a hold: it writes `hold_ns`, `hold_seq` (its own sequence) and the opener's
+//!   name and location inside its seqlock window; later `begin`s leave them alone. `end_hold`
+//!   (the drain returned, or the loop stopped running) closes it with one store. A closure after
+//!   the first of its batch is inside a hold already and skips the check (`begin_in_hold`): a
+//!   chained closure pays nothing for holds. Every `begin` adds 2 to the sequence, so a hold has
+//!   run `(seq - hold_seq) / 2 + 1` polls: counting them costs the loop nothing.
+//! - `start_ns == 0` means no poll is in progress (between two polls of a hold, or no hold).
+//! - A hold that lasted at least the threshold leaves its end time and poll count in
+//!   `long_end_ns` / `long_end_polls`, tagged with its `hold_seq` in `long_end_seq` (stored last,
+//!   with release): the watchdog, seeing that hold over, reads the exact end instead of its own
+//!   later tick. A later long hold overwrites them; a reader that finds another hold's sequence
+//!   keeps its own estimate.
 //! - A registered slot counts once in `ACTIVITY` while not idle; `flags` (`IDLE` | `REGISTERED`)
 //!   records which, so the count stays balanced through `enter_idle`/`leave_idle` and `drop`.
 //! - The name and location pointers always come from a `&'static str` and a
@@ -46,8 +59,17 @@ pub(crate) struct LoopSlot {
     location: AtomicPtr<Location<'static>>,
     /// Poll start (`now_ns`), 0 when no poll is in progress.
     start_ns: AtomicU64,
-    /// End time of the latest poll that ran at least `threshold_ns`, and that poll's sequence.
+    /// Start of the hold in progress (`now_ns`), 0 when the loop holds nothing.
+    hold_ns: AtomicU64,
+    /// The sequence the hold's first `begin` left, and that poll's name and location.
+    hold_seq: AtomicU64,
+    opener_ptr: AtomicPtr<u8>,
+    opener_len: AtomicUsize,
+    opener_location: AtomicPtr<Location<'static>>,
+    /// End time and poll count of the latest hold that lasted at least `threshold_ns`, and that
+    /// hold's `hold_seq`.
     long_end_ns: AtomicU64,
+    long_end_polls: AtomicU64,
     long_end_seq: AtomicU64,
     /// `IDLE` | `REGISTERED`, written by the loop thread only (plain loads and stores). The slot
     /// counts in `ACTIVITY` while registered and not idle.
@@ -59,20 +81,41 @@ pub(super) const REGISTERED: u8 = 2;
 
 /// A consistent read of a slot.
 pub(super) enum SlotRead {
+    /// The loop holds nothing.
     Idle,
-    Poll(PollView),
+    Held(HoldView),
     /// The loop was writing the slot at every attempt (it was preempted mid-`begin`).
     Torn,
 }
 
+/// A hold in progress and the poll that began last in it.
 #[derive(Clone, Copy)]
-pub(super) struct PollView {
-    /// The (even) sequence `begin` left: identifies this poll.
+pub(super) struct HoldView {
+    /// The (even) sequence the latest `begin` left: identifies the latest poll.
     pub(super) seq: u64,
     pub(super) task_id: u64,
     pub(super) name: &'static str,
     pub(super) location: &'static Location<'static>,
+    /// The latest poll's start, 0 if it has returned (the loop is between two polls).
     pub(super) start_ns: u64,
+    /// The sequence the hold's first `begin` left: identifies the hold.
+    pub(super) hold_seq: u64,
+    pub(super) hold_ns: u64,
+    /// The poll or callback that opened the hold.
+    pub(super) opener: &'static str,
+    pub(super) opener_location: &'static Location<'static>,
+}
+
+impl HoldView {
+    /// Polls begun in the hold so far.
+    pub(super) fn polls(&self) -> u64 {
+        polls_between(self.hold_seq, self.seq)
+    }
+}
+
+/// Polls begun from the one that left `hold_seq` to the one that left `seq`, both included.
+fn polls_between(hold_seq: u64, seq: u64) -> u64 {
+    seq.wrapping_sub(hold_seq) / 2 + 1
 }
 
 impl LoopSlot {
@@ -80,6 +123,7 @@ impl LoopSlot {
     /// 10 ms is raised to 10 ms (shorter slow polls are the slow-poll log's business).
     pub(crate) fn new(loop_id: u64, threshold: Duration) -> Arc<LoopSlot> {
         let threshold_ns = u64::try_from(threshold.as_nanos()).unwrap_or(u64::MAX);
+        let here = std::ptr::from_ref(Location::caller()).cast_mut();
         Arc::new(LoopSlot {
             loop_id,
             tid: rustix::thread::gettid().as_raw_pid(),
@@ -88,15 +132,22 @@ impl LoopSlot {
             task_id: AtomicU64::new(0),
             name_ptr: AtomicPtr::new("".as_ptr().cast_mut()),
             name_len: AtomicUsize::new(0),
-            location: AtomicPtr::new(std::ptr::from_ref(Location::caller()).cast_mut()),
+            location: AtomicPtr::new(here),
             start_ns: AtomicU64::new(0),
+            hold_ns: AtomicU64::new(0),
+            hold_seq: AtomicU64::new(0),
+            opener_ptr: AtomicPtr::new("".as_ptr().cast_mut()),
+            opener_len: AtomicUsize::new(0),
+            opener_location: AtomicPtr::new(here),
             long_end_ns: AtomicU64::new(0),
+            long_end_polls: AtomicU64::new(0),
             long_end_seq: AtomicU64::new(u64::MAX),
             flags: AtomicU8::new(0),
         })
     }
 
-    /// Loop thread, at the start of every task poll or macrotask callback.
+    /// Loop thread, at the start of every task poll, macrotask callback or closure; the first
+    /// since the loop last left a drain also opens a hold, at the same `start_ns`.
     #[inline]
     pub(crate) fn begin(
         &self,
@@ -105,60 +156,111 @@ impl LoopSlot {
         location: &'static Location<'static>,
         start_ns: u64,
     ) {
-        // Single writer: the loop thread, so a relaxed load of our own last store is exact.
+        self.write(task_id, name, location, start_ns, true);
+    }
+
+    /// `begin` for a caller that knows a hold is open (a closure after the first of its batch):
+    /// one load and branch fewer, on the path a chained closure takes.
+    #[inline]
+    pub(crate) fn begin_in_hold(
+        &self,
+        task_id: u64,
+        name: &'static str,
+        location: &'static Location<'static>,
+        start_ns: u64,
+    ) {
+        debug_assert_ne!(self.hold_ns.load(Ordering::Relaxed), 0, "no hold open");
+        self.write(task_id, name, location, start_ns, false);
+    }
+
+    #[inline(always)]
+    fn write(
+        &self,
+        task_id: u64,
+        name: &'static str,
+        location: &'static Location<'static>,
+        start_ns: u64,
+        may_open: bool,
+    ) {
+        // Single writer: the loop thread, so relaxed loads of our own last stores are exact.
         let seq = self.seq.load(Ordering::Relaxed);
         self.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
         // Orders the odd sequence before the field stores (pairs with the reader's acquire fence).
         fence(Ordering::Release);
+        let name_ptr = name.as_ptr().cast_mut();
+        let location = std::ptr::from_ref(location).cast_mut();
         self.task_id.store(task_id, Ordering::Relaxed);
-        self.name_ptr
-            .store(name.as_ptr().cast_mut(), Ordering::Relaxed);
+        self.name_ptr.store(name_ptr, Ordering::Relaxed);
         self.name_len.store(name.len(), Ordering::Relaxed);
-        self.location
-            .store(std::ptr::from_ref(location).cast_mut(), Ordering::Relaxed);
+        self.location.store(location, Ordering::Relaxed);
         self.start_ns.store(start_ns.max(1), Ordering::Relaxed);
+        if may_open && self.hold_ns.load(Ordering::Relaxed) == 0 {
+            self.hold_seq.store(seq.wrapping_add(2), Ordering::Relaxed);
+            self.opener_ptr.store(name_ptr, Ordering::Relaxed);
+            self.opener_len.store(name.len(), Ordering::Relaxed);
+            self.opener_location.store(location, Ordering::Relaxed);
+            self.hold_ns.store(start_ns.max(1), Ordering::Relaxed);
+        }
         self.seq.store(seq.wrapping_add(2), Ordering::Release);
     }
 
-    /// Loop thread, when that poll/callback returns at `end_ns`.
+    /// Loop thread, when that poll/callback returns (the hold goes on until `end_hold`).
     #[inline]
-    pub(crate) fn end(&self, end_ns: u64) {
-        // Single writer: relaxed loads of our own last stores are exact.
-        let start_ns = self.start_ns.load(Ordering::Relaxed);
-        if end_ns.saturating_sub(start_ns) >= self.threshold_ns {
-            self.record_long_end(end_ns);
-        }
+    pub(crate) fn end(&self) {
         // One field, so no seqlock round: a reader sees either the poll or "none in progress".
         self.start_ns.store(0, Ordering::Release);
     }
 
+    /// Loop thread: the loop left the drain (or stopped running) at `end_ns`, closing the hold
+    /// in progress if there is one. `end_ns` is `None` when the time is unknown (the loop is
+    /// unwinding): the watchdog then keeps its own estimate.
+    #[inline]
+    pub(crate) fn end_hold(&self, end_ns: Option<u64>) {
+        // Single writer: relaxed loads of our own last stores are exact.
+        let hold_ns = self.hold_ns.load(Ordering::Relaxed);
+        if hold_ns == 0 {
+            return;
+        }
+        if let Some(end_ns) = end_ns
+            && end_ns.saturating_sub(hold_ns) >= self.threshold_ns
+        {
+            self.record_long_end(end_ns);
+        }
+        self.start_ns.store(0, Ordering::Relaxed);
+        // One field: a reader sees either the hold or "nothing held".
+        self.hold_ns.store(0, Ordering::Release);
+    }
+
     #[cold]
     fn record_long_end(&self, end_ns: u64) {
-        let seq = self.seq.load(Ordering::Relaxed);
-        // Invalidate first, so a reader never pairs the new end with the previous long poll.
+        let hold_seq = self.hold_seq.load(Ordering::Relaxed);
+        let polls = polls_between(hold_seq, self.seq.load(Ordering::Relaxed));
+        // Invalidate first, so a reader never pairs the new end with the previous long hold.
         self.long_end_seq.store(u64::MAX, Ordering::Relaxed);
         fence(Ordering::Release);
         self.long_end_ns.store(end_ns, Ordering::Relaxed);
-        self.long_end_seq.store(seq, Ordering::Release);
+        self.long_end_polls.store(polls, Ordering::Relaxed);
+        self.long_end_seq.store(hold_seq, Ordering::Release);
     }
 
-    /// Watchdog: the end time of the poll with sequence `seq`, if it ran at least the threshold
-    /// and no later long poll has overwritten it.
-    pub(super) fn long_end(&self, seq: u64) -> Option<u64> {
-        if self.long_end_seq.load(Ordering::Acquire) != seq {
+    /// Watchdog: the end time and poll count of the hold with `hold_seq`, if it lasted at least
+    /// the threshold and no later long hold has overwritten them.
+    pub(super) fn long_end(&self, hold_seq: u64) -> Option<(u64, u64)> {
+        if self.long_end_seq.load(Ordering::Acquire) != hold_seq {
             return None;
         }
         let end_ns = self.long_end_ns.load(Ordering::Relaxed);
-        // Orders the load of the end before the re-check (pairs with `record_long_end`'s fence).
+        let polls = self.long_end_polls.load(Ordering::Relaxed);
+        // Orders the loads before the re-check (pairs with `record_long_end`'s fence).
         fence(Ordering::Acquire);
-        (self.long_end_seq.load(Ordering::Relaxed) == seq).then_some(end_ns)
+        (self.long_end_seq.load(Ordering::Relaxed) == hold_seq).then_some((end_ns, polls))
     }
 
-    /// Loop thread: the sequence of the poll in progress (the `PollView::seq` the watchdog reads
-    /// for it), if one is.
-    pub(crate) fn current_poll(&self) -> Option<u64> {
+    /// Loop thread: the `hold_seq` of the hold in progress (the `HoldView::hold_seq` the watchdog
+    /// reads for it), if there is one.
+    pub(crate) fn current_hold(&self) -> Option<u64> {
         // Single writer: relaxed loads of our own last stores are exact.
-        (self.start_ns.load(Ordering::Relaxed) != 0).then(|| self.seq.load(Ordering::Relaxed))
+        (self.hold_ns.load(Ordering::Relaxed) != 0).then(|| self.hold_seq.load(Ordering::Relaxed))
     }
 
     /// Loop thread, just before blocking in epoll with a non-zero timeout. (A registered loop that
@@ -200,30 +302,43 @@ impl LoopSlot {
             let name_len = self.name_len.load(Ordering::Relaxed);
             let location = self.location.load(Ordering::Relaxed);
             let start_ns = self.start_ns.load(Ordering::Relaxed);
+            let hold_ns = self.hold_ns.load(Ordering::Relaxed);
+            let hold_seq = self.hold_seq.load(Ordering::Relaxed);
+            let opener_ptr = self.opener_ptr.load(Ordering::Relaxed);
+            let opener_len = self.opener_len.load(Ordering::Relaxed);
+            let opener_location = self.opener_location.load(Ordering::Relaxed);
             // Orders the field loads before the re-check (pairs with `begin`'s release fence).
             fence(Ordering::Acquire);
             if self.seq.load(Ordering::Relaxed) != seq {
                 continue;
             }
-            if start_ns == 0 {
+            if hold_ns == 0 {
                 return SlotRead::Idle;
             }
             // SAFETY: the sequence was even and unchanged around the loads, so no `begin` overlapped
-            // them and the pointer/length pair and the location come from one `begin` call (or from
+            // them and each pointer/length pair and location comes from one `begin` call (or from
             // `new`). There they were a `&'static str` and a `&'static Location<'static>`: valid
             // UTF-8, never freed, and published by the release store of `seq` we acquired above.
-            let (name, location) = unsafe {
+            let (name, location, opener, opener_location) = unsafe {
                 (
                     std::str::from_utf8_unchecked(std::slice::from_raw_parts(name_ptr, name_len)),
                     &*location,
+                    std::str::from_utf8_unchecked(std::slice::from_raw_parts(
+                        opener_ptr, opener_len,
+                    )),
+                    &*opener_location,
                 )
             };
-            return SlotRead::Poll(PollView {
+            return SlotRead::Held(HoldView {
                 seq,
                 task_id,
                 name,
                 location,
                 start_ns,
+                hold_seq,
+                hold_ns,
+                opener,
+                opener_location,
             });
         }
         SlotRead::Torn
@@ -268,28 +383,43 @@ mod tests {
                         slot.begin(3, B, lb, i);
                     }
                     if i.is_multiple_of(7) {
-                        slot.end(i);
+                        slot.end();
+                    }
+                    if i.is_multiple_of(13) {
+                        slot.end_hold(Some(i));
                     }
                 }
             })
         };
         let (mut polls, mut idles) = (0, 0);
-        // At least 200 ms of reads, and on until one whole poll record was read (a loaded host
-        // may not run the writer for a while); 10 s only catches a hang.
-        let (least, most) = (now_ns() + 200 * MS, now_ns() + 10_000 * MS);
-        while now_ns() < least || (polls == 0 && now_ns() < most) {
+        // 200 ms of reads, longer (10 s at most) until the writer, maybe starved of a CPU on a
+        // loaded machine, has written a record.
+        let deadline = now_ns() + 200 * MS;
+        let give_up = now_ns() + 10_000 * MS;
+        while now_ns() < deadline || (polls == 0 && now_ns() < give_up) {
             match slot.read() {
-                SlotRead::Poll(v) => {
+                SlotRead::Held(v) => {
                     polls += 1;
+                    // A poll in progress started at its own `i`; the hold at its opener's.
                     let ok = (v.task_id == 2
                         && v.name == A
                         && std::ptr::eq(v.location, la)
-                        && v.start_ns % 2 == 0)
+                        && (v.start_ns == 0 || v.start_ns % 2 == 0))
                         || (v.task_id == 3
                             && v.name == B
                             && std::ptr::eq(v.location, lb)
-                            && v.start_ns % 2 == 1);
+                            && (v.start_ns == 0 || v.start_ns % 2 == 1));
                     assert!(ok, "torn read: {} {} {}", v.task_id, v.name, v.start_ns);
+                    let opener_ok = (v.opener == A && std::ptr::eq(v.opener_location, la))
+                        || (v.opener == B && std::ptr::eq(v.opener_location, lb));
+                    let opener_even = v.opener == A;
+                    assert!(
+                        opener_ok && (v.hold_ns % 2 == 0) == opener_even,
+                        "torn hold: {} {}",
+                        v.opener,
+                        v.hold_ns
+                    );
+                    assert!(v.polls() >= 1 && v.polls() <= 13, "{} polls", v.polls());
                 }
                 SlotRead::Idle => idles += 1,
                 SlotRead::Torn => {}

@@ -56,7 +56,8 @@ fn spawn_loop(
         slot.begin(7, "hog", location, start);
         body();
         let end = now_ns();
-        slot.end(end);
+        slot.end();
+        slot.end_hold(Some(end));
         (start, end, slot)
     })
 }
@@ -253,7 +254,8 @@ fn parks_while_every_loop_is_idle() {
             let start = now_ns();
             slot.begin(9, "wakes-the-watchdog", location, start);
             thread::sleep(Duration::from_millis(150));
-            slot.end(now_ns());
+            slot.end();
+            slot.end_hold(Some(now_ns()));
             slot.enter_idle();
             // Drop while idle: the count must stay balanced.
         })

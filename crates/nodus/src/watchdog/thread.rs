@@ -1,16 +1,22 @@
 //! The watchdog thread (`nodus-watchdog`): scans every registered loop's slot, samples the loop
-//! thread's scheduler state once a poll passes its threshold, reports the stall, and sleeps until
+//! thread's scheduler state once a hold passes its threshold, reports the stall, and sleeps until
 //! the next moment something can be due.
 //!
-//! - While any loop is busy it sleeps until the earliest moment an in-progress poll reaches its
+//! - While any loop is busy it sleeps until the earliest moment a hold in progress reaches its
 //!   threshold (or its next backoff report), and never longer than a tick (10 ms, or half the
-//!   smallest threshold), because a new poll starts without telling it. While every loop is idle
+//!   smallest threshold), because a new hold starts without telling it. While every loop is idle
 //!   in epoll it parks, after a CAS on `ACTIVITY` that a loop's `leave_idle` cannot miss.
+//! - At every look at a hold it counts the poll that began last by name and location (`Seen`, at
+//!   most 8 distinct ones). A stalled hold is named after the poll in progress if that has run for
+//!   half of it at least and was already running at the last look (`Shape::Poll`,
+//!   `Shape::LongPoll`; a closure's published start is its batch's), else after the poll seen
+//!   most often (`Shape::Drain`: many short polls, the drain does not empty); the name may change
+//!   while the stall lasts and is updated in place.
 //! - A stall is reported (one `tracing` warning, target `nodus::watchdog`) at the threshold, then
 //!   at 2x, 4x, 8x... the threshold while it lasts. A token bucket over all stalls lets out at
 //!   most about 10 reports per second; suppressed reports are counted in the next one.
 //! - The stall's ring-buffer entry is published complete at its first observation past the
-//!   threshold and updated in place at every tick and when the poll ends.
+//!   threshold and updated in place at every tick and when the hold ends.
 //!
 //! Invariants:
 //! - This thread alone reports stalls, reads `/proc` and writes the ring buffer.
@@ -18,6 +24,7 @@
 //!   the next scan.
 
 use std::fmt::Write as _;
+use std::panic::Location;
 use std::sync::Weak;
 #[cfg(test)]
 use std::sync::atomic::AtomicU64;
@@ -25,7 +32,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::proc::{Sample, ThreadProc, classify};
-use super::slot::{LoopSlot, PollView, SlotRead};
+use super::slot::{HoldView, LoopSlot, SlotRead};
 use super::{ACTIVITY, PARKED, PENDING, RING, StallClass, StallReport, lock};
 use crate::clock::now_ns;
 
@@ -49,15 +56,17 @@ struct Watched {
     loop_id: u64,
     threshold_ns: u64,
     proc: ThreadProc,
-    /// The poll seen in progress at the last scan.
-    poll: Option<Observed>,
+    /// The hold seen in progress at the last scan.
+    hold: Option<Observed>,
 }
 
 struct Observed {
-    view: PollView,
-    /// The loop thread's scheduler state when the watchdog first saw this poll: the start of the
+    /// The latest read of the hold.
+    view: HoldView,
+    /// The loop thread's scheduler state when the watchdog first saw this hold: the start of the
     /// share window.
     baseline: Sample,
+    seen: Seen,
     stall: Option<Stall>,
 }
 
@@ -66,7 +75,74 @@ struct Stall {
     ring_id: Option<u64>,
     /// Next report is due at `start + threshold * multiplier`.
     multiplier: u64,
+    /// The name and location `report` names (compared by address: both are `'static`).
+    holder: (*const u8, *const Location<'static>),
     report: StallReport,
+}
+
+/// Distinct polls `Seen` keeps count of; later ones count only in the total.
+const SEEN_CAP: usize = 8;
+
+/// What the watchdog saw running at each look at one hold (the poll that began last: it is
+/// running, or the loop is in the drain right after it), by name and location: a sampling
+/// profile of the hold that costs the loop nothing.
+#[derive(Default)]
+struct Seen {
+    polls: Vec<SeenPoll>,
+    looks: u32,
+}
+
+#[derive(Clone, Copy)]
+struct SeenPoll {
+    task_id: u64,
+    name: &'static str,
+    location: &'static Location<'static>,
+    looks: u32,
+}
+
+impl Seen {
+    fn add(&mut self, view: &HoldView) {
+        self.looks += 1;
+        let same = |p: &&mut SeenPoll| {
+            std::ptr::eq(p.name, view.name) && std::ptr::eq(p.location, view.location)
+        };
+        if let Some(p) = self.polls.iter_mut().find(same) {
+            p.looks += 1;
+            p.task_id = view.task_id;
+        } else if self.polls.len() < SEEN_CAP {
+            self.polls.push(SeenPoll {
+                task_id: view.task_id,
+                name: view.name,
+                location: view.location,
+                looks: 1,
+            });
+        }
+    }
+
+    /// The two polls seen most often, most first.
+    fn top(&self) -> (Option<SeenPoll>, Option<SeenPoll>) {
+        let mut first: Option<SeenPoll> = None;
+        let mut second: Option<SeenPoll> = None;
+        for &p in &self.polls {
+            if first.is_none_or(|f| p.looks > f.looks) {
+                second = first;
+                first = Some(p);
+            } else if second.is_none_or(|s| p.looks > s.looks) {
+                second = Some(p);
+            }
+        }
+        (first, second)
+    }
+}
+
+/// What holds the loop, at one observation of a stall.
+enum Shape {
+    /// One poll, the hold's only one so far.
+    Poll,
+    /// A poll that has been running for `running_ns`, at least half the hold, after others.
+    LongPoll { running_ns: u64 },
+    /// Many polls, none of them long: a drain that does not empty.
+    Drain,
 }
 
 /// Token bucket over all stalls.
@@ -156,7 +232,7 @@ fn adopt_pending(watched: &mut Vec<Watched>) {
                 threshold_ns: slot.threshold_ns,
                 proc: ThreadProc::open(slot.tid),
                 slot: weak,
-                poll: None,
+                hold: None,
             });
         }
     }
@@ -171,8 +247,8 @@ fn scan(watched: &mut Vec<Watched>, limiter: &mut RateLimit) -> Scan {
     watched.retain_mut(|w| {
         let Some(slot) = w.slot.upgrade() else {
             // The loop is gone (maybe unwinding out of a stalled poll): close its stall.
-            if let Some(poll) = w.poll.take() {
-                finish(poll, None);
+            if let Some(hold) = w.hold.take() {
+                finish(hold, None);
             }
             return false;
         };
@@ -183,77 +259,107 @@ fn scan(watched: &mut Vec<Watched>, limiter: &mut RateLimit) -> Scan {
                 return true;
             }
             SlotRead::Idle => {
-                if let Some(poll) = w.poll.take() {
-                    let end = slot.long_end(poll.view.seq);
-                    finish(poll, end);
+                if let Some(hold) = w.hold.take() {
+                    let end = slot.long_end(hold.view.hold_seq);
+                    finish(hold, end);
                 }
                 return true;
             }
-            SlotRead::Poll(view) => view,
+            SlotRead::Held(view) => view,
         };
         out.active = true;
-        if w.poll.as_ref().is_some_and(|p| p.view.seq != view.seq) {
-            let poll = w.poll.take().expect("checked above");
-            let end = slot.long_end(poll.view.seq);
-            finish(poll, end);
+        if w.hold
+            .as_ref()
+            .is_some_and(|h| h.view.hold_seq != view.hold_seq)
+        {
+            let hold = w.hold.take().expect("checked above");
+            let end = slot.long_end(hold.view.hold_seq);
+            finish(hold, end);
         }
-        let poll = w.poll.get_or_insert_with(|| Observed {
+        let hold = w.hold.get_or_insert_with(|| Observed {
             view,
             baseline: w.proc.sample(),
+            seen: Seen::default(),
             stall: None,
         });
-        let due = observe(w.loop_id, w.threshold_ns, &w.proc, poll, limiter);
+        // The same poll as at the last look: nothing began since.
+        let steady = hold.seen.looks > 0 && hold.view.seq == view.seq;
+        hold.view = view;
+        hold.seen.add(&view);
+        let due = observe(w.loop_id, w.threshold_ns, &w.proc, hold, steady, limiter);
         out.next_due_ns = Some(out.next_due_ns.map_or(due, |d| d.min(due)));
         true
     });
     out
 }
 
-/// Checks one in-progress poll: opens, updates or reports its stall. Returns when the next report
-/// is due (the threshold, for a poll not yet stalled).
+/// Checks one hold in progress: opens, updates or reports its stall. `steady`: the poll in
+/// progress is the one seen at the last look. Returns when the next report is due (the
+/// threshold, for a hold not yet stalled).
 fn observe(
     loop_id: u64,
     threshold_ns: u64,
     proc: &ThreadProc,
-    poll: &mut Observed,
+    hold: &mut Observed,
+    steady: bool,
     limiter: &mut RateLimit,
 ) -> u64 {
-    let start = poll.view.start_ns;
+    let start = hold.view.hold_ns;
     let due = |multiplier: u64| start.saturating_add(threshold_ns.saturating_mul(multiplier));
     if now_ns() < due(1) {
         return due(1);
     }
     let sample = proc.sample();
-    let (class, on_cpu, waiting) = classify(Some(&poll.baseline), &sample);
-    let elapsed = sample.wall_ns.saturating_sub(start) as f64 / 1e9;
-    let stall = poll.stall.get_or_insert_with(|| {
-        let view = &poll.view;
+    let (class, on_cpu, waiting) = classify(Some(&hold.baseline), &sample);
+    let held_ns = sample.wall_ns.saturating_sub(start);
+    let view = &hold.view;
+    let polls = view.polls();
+    // A closure's published start is its batch's, so only a poll seen at two looks in a row
+    // (nothing began in between) is known to have run that long itself.
+    let running_ns =
+        (view.start_ns != 0 && steady).then(|| sample.wall_ns.saturating_sub(view.start_ns));
+    // Who holds the loop: the poll under way if it is (nearly) all of the hold, else the poll
+    // seen running most often.
+    let shape = match running_ns {
+        _ if polls == 1 => Shape::Poll,
+        Some(running_ns) if running_ns.saturating_mul(2) >= held_ns => {
+            Shape::LongPoll { running_ns }
+        }
+        _ => Shape::Drain,
+    };
+    let (task_id, name, location) = match (&shape, hold.seen.top().0) {
+        (Shape::Drain, Some(p)) => (p.task_id, p.name, p.location),
+        _ => (view.task_id, view.name, view.location),
+    };
+    let stall = hold.stall.get_or_insert_with(|| {
         let report = StallReport {
             loop_id,
-            task_id: view.task_id,
-            task_name: view.name.to_owned(),
-            location: format!(
-                "{}:{}:{}",
-                view.location.file(),
-                view.location.line(),
-                view.location.column()
-            ),
+            began_with: format!("{:?} ({})", view.opener, location_str(view.opener_location)),
             class: class.as_str().to_owned(),
             at_unix_ms: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
             ongoing: true,
-            detected_after_seconds: elapsed,
+            detected_after_seconds: held_ns as f64 / 1e9,
             ..StallReport::default()
         };
         Stall {
             ring_id: None,
             multiplier: 1,
+            holder: (std::ptr::null(), std::ptr::null()),
             report,
         }
     });
     let report = &mut stall.report;
-    report.elapsed_seconds = elapsed;
+    let holder = (name.as_ptr(), std::ptr::from_ref(location));
+    if stall.holder != holder {
+        stall.holder = holder;
+        name.clone_into(&mut report.task_name);
+        report.location = location_str(location);
+    }
+    report.task_id = task_id;
+    report.polls = polls;
+    report.elapsed_seconds = held_ns as f64 / 1e9;
     if report.class != class.as_str() {
         class.as_str().clone_into(&mut report.class);
     }
@@ -262,11 +368,12 @@ fn observe(
     if sample.wall_ns >= due(stall.multiplier) {
         if let Some(suppressed) = limiter.allow(sample.wall_ns) {
             report.reports += 1;
-            let message = stall_message(report, class, suppressed);
+            let message = stall_message(report, &shape, &hold.seen, class, suppressed);
             tracing::warn!(
                 target: "nodus::watchdog",
                 loop_id,
                 task_id = report.task_id,
+                polls,
                 "{message}"
             );
         }
@@ -280,7 +387,7 @@ fn observe(
     match stall.ring_id {
         Some(id) => ring.update(id, &stall.report),
         None => {
-            let id = ring.push(stall.report.clone(), poll.view.seq, start);
+            let id = ring.push(stall.report.clone(), hold.view.hold_seq, start);
             stall.ring_id = Some(id);
         }
     }
@@ -288,17 +395,28 @@ fn observe(
     due(stall.multiplier)
 }
 
-/// A poll that was being observed has ended at `end_ns` (as its loop recorded it), or at an
-/// unknown time after the last sample (its loop is gone, or a later long poll overwrote the end).
-fn finish(poll: Observed, end_ns: Option<u64>) {
-    let Some(mut stall) = poll.stall else {
+fn location_str(location: &Location<'_>) -> String {
+    format!(
+        "{}:{}:{}",
+        location.file(),
+        location.line(),
+        location.column()
+    )
+}
+
+/// A hold that was being observed has ended at `end` (time and poll count, as its loop recorded
+/// them), or at an unknown time after the last sample (its loop is gone, or a later long hold
+/// overwrote the end).
+fn finish(hold: Observed, end: Option<(u64, u64)>) {
+    let Some(mut stall) = hold.stall else {
         return;
     };
     let report = &mut stall.report;
     report.ongoing = false;
-    let at_least = match end_ns {
-        Some(end) => {
-            report.elapsed_seconds = end.saturating_sub(poll.view.start_ns) as f64 / 1e9;
+    let at_least = match end {
+        Some((end_ns, polls)) => {
+            report.elapsed_seconds = end_ns.saturating_sub(hold.view.hold_ns) as f64 / 1e9;
+            report.polls = polls;
             ""
         }
         None => "at least ",
@@ -307,37 +425,92 @@ fn finish(poll: Observed, end_ns: Option<u64>) {
         lock(&RING).update(id, report);
     }
     let ms = report.elapsed_seconds * 1e3;
+    let what = if report.polls <= 1 {
+        format!(
+            "task {:?} ({}) ran for {at_least}{ms:.0} ms",
+            report.task_name, report.location
+        )
+    } else {
+        format!(
+            "the microtask drain after {} held the loop for {at_least}{ms:.0} ms: {} polls, \
+             mostly {:?} ({})",
+            report.began_with, report.polls, report.task_name, report.location
+        )
+    };
     if report.reports > 0 {
         tracing::info!(
             target: "nodus::watchdog",
             loop_id = report.loop_id,
             task_id = report.task_id,
-            "stall ended: task {:?} ({}) ran for {at_least}{ms:.0} ms",
-            report.task_name,
-            report.location,
+            "stall ended: {what}"
         );
     } else {
         tracing::debug!(
             target: "nodus::watchdog",
             loop_id = report.loop_id,
             task_id = report.task_id,
-            "stall ended (not reported: rate limit): task {:?} ({}) ran for {at_least}{ms:.0} ms",
-            report.task_name,
-            report.location,
+            "stall ended (not reported: rate limit): {what}"
         );
     }
 }
 
-/// The one-line warning, e.g. `loop stalled: task "hog" (examples/stall.rs:21:5) has been running
-/// for 101 ms, on-cpu (cpu 99%, waiting for cpu 0%)`.
-fn stall_message(report: &StallReport, class: StallClass, suppressed: u64) -> String {
-    let mut message = format!(
-        "loop stalled: task {:?} ({}) has been running for {:.0} ms, {}",
-        report.task_name,
-        report.location,
-        report.elapsed_seconds * 1e3,
-        class,
-    );
+/// The one-line warning. One poll: `loop stalled: task "hog" (examples/stall.rs:21:5) has been
+/// running for 101 ms, on-cpu (cpu 99%, waiting for cpu 0%)`. A long poll after others: the same,
+/// then `, 103 ms in the microtask drain after "timer" (src/app.rs:9:5) (3 polls)`. A drain of
+/// short polls: `loop stalled: held for 101 ms in the microtask drain after "main"
+/// (src/main.rs:4:5): 20345 polls, mostly "ping" (src/main.rs:12:9) in 6 of 10 looks, then
+/// "pong" (src/main.rs:12:9) in 4, on-cpu (...)`.
+fn stall_message(
+    report: &StallReport,
+    shape: &Shape,
+    seen: &Seen,
+    class: StallClass,
+    suppressed: u64,
+) -> String {
+    let held_ms = report.elapsed_seconds * 1e3;
+    let mut message = match *shape {
+        Shape::Poll => format!(
+            "loop stalled: task {:?} ({}) has been running for {held_ms:.0} ms",
+            report.task_name, report.location,
+        ),
+        Shape::LongPoll { running_ns } => format!(
+            "loop stalled: task {:?} ({}) has been running for {:.0} ms, {held_ms:.0} ms in the \
+             microtask drain after {} ({} polls)",
+            report.task_name,
+            report.location,
+            running_ns as f64 / 1e6,
+            report.began_with,
+            report.polls,
+        ),
+        Shape::Drain => {
+            let mut m = format!(
+                "loop stalled: held for {held_ms:.0} ms in the microtask drain after {}: {} polls",
+                report.began_with, report.polls,
+            );
+            let (first, second) = seen.top();
+            if let Some(p) = first {
+                let _ = write!(
+                    m,
+                    ", mostly {:?} ({}) in {} of {} looks",
+                    p.name,
+                    location_str(p.location),
+                    p.looks,
+                    seen.looks
+                );
+            }
+            if let Some(p) = second {
+                let _ = write!(
+                    m,
+                    ", then {:?} ({}) in {}",
+                    p.name,
+                    location_str(p.location),
+                    p.looks
+                );
+            }
+            m
+        }
+    };
+    let _ = write!(message, ", {class}");
     if class == StallClass::Unknown {
         message.push_str(" (no scheduler data)");
     } else {
@@ -379,11 +552,12 @@ mod tests {
             waiting_for_cpu_share: 0.001,
             ..StallReport::default()
         };
+        let none = Seen::default();
         assert_eq!(
-            stall_message(&report, StallClass::OnCpu, 0),
+            stall_message(&report, &Shape::Poll, &none, StallClass::OnCpu, 0),
             "loop stalled: task \"hog\" (examples/stall.rs:21:5) has been running for 101 ms, on-cpu (cpu 99%, waiting for cpu 0%)"
         );
-        let message = stall_message(&report, StallClass::Unknown, 3);
+        let message = stall_message(&report, &Shape::Poll, &none, StallClass::Unknown, 3);
         assert!(
             message.ends_with(
                 "unknown (no scheduler data); 3 earlier stall reports suppressed by the rate limit"
@@ -391,6 +565,73 @@ mod tests {
             "{message}"
         );
         assert!(!message.contains('\n'));
+    }
+
+    #[test]
+    fn a_drain_of_short_polls_names_the_ones_seen_most() {
+        static PING: &str = "ping";
+        static PONG: &str = "pong";
+        let (main_at, ping_at, pong_at) =
+            (Location::caller(), Location::caller(), Location::caller());
+        let view = |name, location| HoldView {
+            seq: 0,
+            task_id: 1,
+            name,
+            location,
+            start_ns: 0,
+            hold_seq: 0,
+            hold_ns: 1,
+            opener: "main",
+            opener_location: main_at,
+        };
+        let mut seen = Seen::default();
+        for (name, location, looks) in [(PONG, pong_at, 4), (PING, ping_at, 6)] {
+            for _ in 0..looks {
+                seen.add(&view(name, location));
+            }
+        }
+        let at = |l: &Location<'_>| location_str(l);
+        let report = StallReport {
+            elapsed_seconds: 0.1012,
+            polls: 20345,
+            began_with: format!("\"main\" ({})", at(main_at)),
+            on_cpu_share: 0.994,
+            ..StallReport::default()
+        };
+        assert_eq!(
+            stall_message(&report, &Shape::Drain, &seen, StallClass::OnCpu, 0),
+            format!(
+                "loop stalled: held for 101 ms in the microtask drain after \"main\" ({}): 20345 \
+                 polls, mostly \"ping\" ({}) in 6 of 10 looks, then \"pong\" ({}) in 4, on-cpu \
+                 (cpu 99%, waiting for cpu 0%)",
+                at(main_at),
+                at(ping_at),
+                at(pong_at)
+            )
+        );
+        let report = StallReport {
+            task_name: "hog".into(),
+            location: "examples/stall.rs:21:5".into(),
+            polls: 3,
+            ..report
+        };
+        let message = stall_message(
+            &report,
+            &Shape::LongPoll {
+                running_ns: 95_000_000,
+            },
+            &seen,
+            StallClass::OnCpu,
+            0,
+        );
+        assert!(
+            message.starts_with(&format!(
+                "loop stalled: task \"hog\" (examples/stall.rs:21:5) has been running for 95 ms, \
+                 101 ms in the microtask drain after \"main\" ({}) (3 polls), on-cpu",
+                at(main_at)
+            )),
+            "{message}"
+        );
     }
 
     #[test]

@@ -203,6 +203,8 @@ impl Meter {
             self.fresh.set(false);
             self.slot.leave_idle();
         } else {
+            // Normally closed by the drain already; not if a callback unwound out of the loop.
+            self.slot.end_hold(None);
             self.slot.enter_idle();
         }
         #[cfg(not(feature = "measure"))]

@@ -2,8 +2,11 @@
 //! fires, a batch of next-tick and microtask closures runs, the poll phase blocks and returns.
 //!
 //! Invariants:
-//! - A poll's start is published in the watchdog's `LoopSlot` (`begin_poll`) and cleared when it
-//!   returns (`end_poll`, `closures_end`) with its end, the one clock read of the boundary.
+//! - A poll's start is published in the watchdog's `LoopSlot` (`begin_poll`, `begin_batch`,
+//!   `begin_closure`) and cleared when it returns (`end_poll`, `closures_end`, whose end is the
+//!   one clock read of the boundary). The first poll after a drain returned opens the slot's
+//!   hold, and `drained` closes it at that read: the watchdog times a stall over the callback and
+//!   its whole drain. Only a batch's first closure checks for an open hold.
 //! - Only a block with a non-zero timeout counts as idle, and only then is the loop idle to the
 //!   watchdog (`before_block` / `after_block`).
 //! - A poll at least `slow_poll` long is counted and logged once (target `nodus::slow_poll`), and
@@ -23,17 +26,32 @@ impl Meter {
     #[inline]
     pub(crate) fn begin_poll(&self, target: &PollTarget, start: u64) {
         #[cfg(feature = "measure")]
-        self.waiting_at_start.set(self.runnable.get());
-        self.begin_closure(target, start);
+        {
+            self.waiting_at_start.set(self.runnable.get());
+            self.slot
+                .begin(target.task_id, target.name, target.location, start);
+        }
+        #[cfg(not(feature = "measure"))]
+        let _ = (target, start);
     }
 
-    /// A next-tick or microtask closure of the batch that began at `start` starts: published to
-    /// the watchdog (the batch is timed as a whole: `closures_start`, `closures_end`).
+    /// The first next-tick or microtask closure of a batch that began at `start` starts: it may
+    /// open the watchdog's hold (the batch is timed as a whole: `closures_start`, `closures_end`).
+    #[inline]
+    pub(crate) fn begin_batch(&self, target: &PollTarget, start: u64) {
+        #[cfg(feature = "measure")]
+        self.slot
+            .begin(target.task_id, target.name, target.location, start);
+        #[cfg(not(feature = "measure"))]
+        let _ = (target, start);
+    }
+
+    /// A later closure of that batch starts: published to the watchdog, inside the hold.
     #[inline]
     pub(crate) fn begin_closure(&self, target: &PollTarget, start: u64) {
         #[cfg(feature = "measure")]
         self.slot
-            .begin(target.task_id, target.name, target.location, start);
+            .begin_in_hold(target.task_id, target.name, target.location, start);
         #[cfg(not(feature = "measure"))]
         let _ = (target, start);
     }
@@ -44,7 +62,7 @@ impl Meter {
         #[cfg(feature = "measure")]
         {
             let end = self.refresh();
-            self.slot.end(end);
+            self.slot.end();
             let d = end.saturating_sub(start);
             let phase = self.phase.get() as usize;
             let slow = {
@@ -87,6 +105,15 @@ impl Meter {
         );
     }
 
+    /// The drain returned: the loop has left the macrotask (callback and drain) it was in, which
+    /// ends the watchdog's hold at the latest clock read (the end of the drain's last poll or
+    /// batch: no read of its own).
+    #[inline]
+    pub(crate) fn drained(&self) {
+        #[cfg(feature = "measure")]
+        self.slot.end_hold(Some(self.now.get()));
+    }
+
     /// A timer with `deadline` fires at boundary `t`.
     #[inline]
     pub(crate) fn timer_fired(&self, deadline: u64, t: u64) {
@@ -120,7 +147,7 @@ impl Meter {
         #[cfg(feature = "measure")]
         if let Some(start) = self.tick_batch.take() {
             let end = self.refresh();
-            self.slot.end(end);
+            self.slot.end();
             let d = end.saturating_sub(start);
             let slow = d >= self.config.slow_poll.as_nanos() as u64;
             {
