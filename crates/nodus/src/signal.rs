@@ -333,8 +333,7 @@ impl Signals {
             }
             let state = self.reg.state();
             if state.ready.get() & READABLE == 0 {
-                let old = state.read_waker.replace(Some(cx.waker().clone()));
-                drop(old);
+                state.readers.register(cx.waker());
                 return Poll::Pending;
             }
             self.queued.extend(self.hook.pipe.pending());

@@ -396,3 +396,79 @@ fn a_large_write_to_a_slow_reader_completes_without_loss() {
         );
     });
 }
+
+/// The N-acceptors pattern: tasks accepting on one shared listener. Every waiter is woken when a
+/// connection comes, so each connection is accepted (a listener remembering only its latest
+/// waiter would leave the first acceptor asleep and its connection unaccepted).
+#[test]
+fn two_tasks_accepting_on_one_listener_both_accept() {
+    bounded(async {
+        let listener = Rc::new(TcpListener::bind("127.0.0.1:0").unwrap());
+        let addr = listener.local_addr().unwrap();
+        let acceptors: Vec<_> = (0..2)
+            .map(|_| {
+                let l = listener.clone();
+                spawn(async move { l.accept().await.unwrap().1 })
+            })
+            .collect();
+        // Both are waiting before the first connection comes.
+        sleep(10).await;
+        let c1 = TcpStream::connect(addr).await.unwrap();
+        let c2 = TcpStream::connect(addr).await.unwrap();
+        let mut peers = Vec::new();
+        for (i, a) in acceptors.into_iter().enumerate() {
+            let peer = nodus::timeout(Duration::from_secs(5), a)
+                .await
+                .unwrap_or_else(|_| panic!("acceptor {i} was never woken"));
+            peers.push(peer.unwrap());
+        }
+        peers.sort();
+        let mut want = vec![c1.local_addr().unwrap(), c2.local_addr().unwrap()];
+        want.sort();
+        assert_eq!(peers, want);
+    });
+}
+
+/// Two acceptors, one connection: one accepts it, the other finds `WouldBlock` and waits again,
+/// without waking the first or being woken over and over (no busy loop).
+#[test]
+fn the_acceptor_that_loses_the_race_waits_quietly() {
+    bounded(async {
+        let listener = Rc::new(TcpListener::bind("127.0.0.1:0").unwrap());
+        let addr = listener.local_addr().unwrap();
+        let polls = Rc::new(Cell::new(0u32));
+        let acceptors: Vec<_> = (0..2)
+            .map(|_| {
+                let (l, polls) = (listener.clone(), polls.clone());
+                spawn(async move {
+                    let mut accept = std::pin::pin!(l.accept());
+                    poll_fn(|cx| {
+                        polls.set(polls.get() + 1);
+                        accept.as_mut().poll(cx)
+                    })
+                    .await
+                    .unwrap()
+                })
+            })
+            .collect();
+        sleep(10).await;
+        let _c = TcpStream::connect(addr).await.unwrap();
+        let start = Instant::now();
+        while !acceptors.iter().any(|a| a.is_finished()) {
+            assert!(start.elapsed() < Duration::from_secs(5), "nobody accepted");
+            sleep(1).await;
+        }
+        sleep(100).await;
+        let done = acceptors.iter().filter(|a| a.is_finished()).count();
+        assert_eq!(done, 1, "one connection, one acceptor done");
+        // Each polled once to wait and once when the connection came.
+        assert!(
+            polls.get() <= 4,
+            "{} polls: the acceptors woke each other",
+            polls.get()
+        );
+        for a in acceptors {
+            a.abort();
+        }
+    });
+}

@@ -199,3 +199,38 @@ fn from_and_into_std_and_owned_fds() {
         assert!(err.to_string().contains("not a UDP socket"), "{err}");
     });
 }
+
+/// Two tasks receiving on one shared socket, two datagrams: both are received (every waiter is
+/// woken when the socket becomes readable; one remembering only its latest waiter would leave the
+/// first receiver asleep and the second datagram unread).
+#[test]
+fn two_tasks_receiving_on_one_socket_both_receive() {
+    bounded(async {
+        let socket = Rc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+        let addr = socket.local_addr().unwrap();
+        let receivers: Vec<_> = (0..2)
+            .map(|_| {
+                let s = socket.clone();
+                spawn(async move {
+                    let mut buf = [0u8; 16];
+                    let (n, _) = s.recv_from(&mut buf).await.unwrap();
+                    buf[..n].to_vec()
+                })
+            })
+            .collect();
+        // Both are waiting before the first datagram comes.
+        nodus::sleep(10).await;
+        let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+        client.send_to(b"a", addr).await.unwrap();
+        client.send_to(b"b", addr).await.unwrap();
+        let mut got = Vec::new();
+        for (i, r) in receivers.into_iter().enumerate() {
+            let data = nodus::timeout(Duration::from_secs(5), r)
+                .await
+                .unwrap_or_else(|_| panic!("receiver {i} was never woken"));
+            got.push(data.unwrap());
+        }
+        got.sort();
+        assert_eq!(got, [b"a".to_vec(), b"b".to_vec()]);
+    });
+}

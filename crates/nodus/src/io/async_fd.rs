@@ -131,14 +131,20 @@ impl<T: AsFd> AsyncFd<T> {
         if state.ready.get() & (bit | closed) != 0 {
             return Poll::Ready(Ok(()));
         }
-        let slot = if bit == READABLE {
-            &state.read_waker
+        let waiters = if bit == READABLE {
+            &state.readers
         } else {
-            &state.write_waker
+            &state.writers
         };
-        let old = slot.replace(Some(cx.waker().clone()));
-        drop(old);
+        waiters.register(cx.waker());
         Poll::Pending
+    }
+
+    /// How many wakers wait for readability and for writability.
+    #[cfg(test)]
+    pub(crate) fn waiters(&self) -> (usize, usize) {
+        let state = self.reg.state();
+        (state.readers.len(), state.writers.len())
     }
 
     /// Forgets read readiness (after `WouldBlock`, or a short read of a stream: edge-triggered

@@ -26,6 +26,14 @@
 //!   `block_on` returned), or while another loop runs on the thread. Once the loop itself is gone
 //!   there is nothing to do: its epoll instance was closed with it. Owners are `!Send` (the
 //!   `Rc`s here), so all of this happens on the loop's thread.
+//! - Any number of tasks may wait on one direction of a source ([`Waiters`]): the first waker
+//!   is stored inline (one waiter, the usual case, costs no allocation), more go to a list, and a
+//!   waker that [`will_wake`](Waker::will_wake) the same task as one stored is not stored again.
+//!   Readiness of a direction wakes and forgets every waiter of it: each re-tries, and those that
+//!   find `WouldBlock` clear the readiness and register again. A waiter whose future was dropped
+//!   meanwhile is woken once, spuriously, and forgotten then; until that edge it stays stored
+//!   (nothing tells a waker's owner has gone), so the list holds at most one entry per task that
+//!   waited since the direction was last ready.
 //! - The loop thread is the only one touching `IoState`.
 
 use std::cell::{Cell, RefCell};
@@ -125,11 +133,100 @@ impl Sources {
     }
 }
 
+/// The tasks waiting for one direction of a source (see the module invariants): the first
+/// inline, the others in a list allocated when a second task waits.
+#[derive(Default)]
+pub(crate) struct Waiters {
+    first: Cell<Option<Waker>>,
+    /// Empty while `first` is `None`.
+    more: Cell<Vec<Waker>>,
+}
+
+impl Waiters {
+    /// Stores `waker` unless one that wakes the same task is stored already.
+    #[inline]
+    pub(crate) fn register(&self, waker: &Waker) {
+        match self.first.take() {
+            None => self.first.set(Some(waker.clone())),
+            Some(first) => {
+                let same = first.will_wake(waker);
+                self.first.set(Some(first));
+                if !same {
+                    self.register_more(waker);
+                }
+            }
+        }
+    }
+
+    /// A second (or later) task waiting on this direction.
+    #[inline(never)]
+    fn register_more(&self, waker: &Waker) {
+        let mut more = self.more.take();
+        if !more.iter().any(|w| w.will_wake(waker)) {
+            more.push(waker.clone());
+        }
+        self.more.set(more);
+    }
+
+    /// Wakes and forgets every waiter.
+    #[inline]
+    pub(crate) fn wake_all(&self) {
+        let Some(first) = self.first.take() else {
+            return;
+        };
+        first.wake();
+        let more = self.more.take();
+        if !more.is_empty() {
+            self.wake_more(more);
+        }
+    }
+
+    #[inline(never)]
+    fn wake_more(&self, mut more: Vec<Waker>) {
+        for w in more.drain(..) {
+            w.wake();
+        }
+        // The list's allocation serves the next round, unless a wake registered a waiter
+        // meanwhile (a waker that polls at once, not a nodus task's).
+        let fresh = self.more.replace(more);
+        if !fresh.is_empty() {
+            self.more.set(fresh);
+        }
+    }
+
+    /// Takes every waiter out, for the caller to drop outside any borrow.
+    pub(crate) fn take(&self) -> Waiters {
+        Waiters {
+            first: Cell::new(self.first.take()),
+            more: Cell::new(self.more.take()),
+        }
+    }
+
+    /// The stored wakers.
+    fn into_wakers(self) -> impl Iterator<Item = Waker> {
+        self.first
+            .into_inner()
+            .into_iter()
+            .chain(self.more.into_inner())
+    }
+
+    /// How many wakers are stored.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        let first = self.first.take();
+        let more = self.more.take();
+        let n = usize::from(first.is_some()) + more.len();
+        self.first.set(first);
+        self.more.set(more);
+        n
+    }
+}
+
 /// The readiness and waiters of one registered source.
 pub(crate) struct IoState {
     pub(crate) ready: Cell<u8>,
-    pub(crate) read_waker: Cell<Option<Waker>>,
-    pub(crate) write_waker: Cell<Option<Waker>>,
+    pub(crate) readers: Waiters,
+    pub(crate) writers: Waiters,
     pub(crate) refd: Cell<bool>,
     pub(crate) token: usize,
 }
@@ -175,8 +272,8 @@ impl Reactor {
         )?;
         let state = Rc::new(IoState {
             ready: Cell::new(READABLE | WRITABLE),
-            read_waker: Cell::new(None),
-            write_waker: Cell::new(None),
+            readers: Waiters::default(),
+            writers: Waiters::default(),
             refd: Cell::new(true),
             token,
         });
@@ -191,11 +288,11 @@ impl Reactor {
         &self,
         source: &mut impl mio::event::Source,
         state: &IoState,
-    ) -> [Option<Waker>; 2] {
+    ) -> [Waiters; 2] {
         let _ = self.poll.borrow().registry().deregister(source);
         let removed = self.sources.borrow_mut().remove(state.token);
         drop(removed);
-        [state.read_waker.take(), state.write_waker.take()]
+        [state.readers.take(), state.writers.take()]
     }
 
     /// As if `n` sources had been registered and deregistered since the last registration, each
@@ -285,15 +382,11 @@ impl Reactor {
         let state = self.sources.borrow().get(token).cloned();
         let Some(state) = state else { return };
         state.ready.set(state.ready.get() | bits);
-        if bits & READABLE != 0
-            && let Some(w) = state.read_waker.take()
-        {
-            w.wake();
+        if bits & READABLE != 0 {
+            state.readers.wake_all();
         }
-        if bits & WRITABLE != 0
-            && let Some(w) = state.write_waker.take()
-        {
-            w.wake();
+        if bits & WRITABLE != 0 {
+            state.writers.wake_all();
         }
     }
 
@@ -308,8 +401,8 @@ impl Reactor {
             .collect();
         sources
             .iter()
-            .flat_map(|s| [s.read_waker.take(), s.write_waker.take()])
-            .flatten()
+            .flat_map(|s| [s.readers.take(), s.writers.take()])
+            .flat_map(Waiters::into_wakers)
             .collect()
     }
 }

@@ -8,9 +8,14 @@
 //!   read or write leaves readiness set (the next attempt finds out). `EINTR` is retried. Every
 //!   readiness check draws one unit of the task's cooperative budget, so a socket that is always
 //!   ready cannot starve timers or other tasks.
-//! - **One waiter per direction.** A socket remembers one reading and one writing task: a reader
-//!   task and a writer task may share a stream (`&TcpStream` implements `AsyncRead` and
-//!   `AsyncWrite`), but two tasks reading (or accepting) at once would leave the first unwoken.
+//! - **Any number of waiters per direction.** Any number of tasks may wait to read (accept,
+//!   receive) and to write on one socket: N acceptors on one `Rc<TcpListener>`, receivers
+//!   sharing a `UdpSocket`, a reader task and a writer task sharing a stream (`&TcpStream`
+//!   implements `AsyncRead` and `AsyncWrite`). Readiness of a direction wakes every task waiting
+//!   on it; each tries again, and those that find `WouldBlock` wait for the next edge (no busy
+//!   loop). One waiter, the usual case, is stored inline and costs no allocation; a task polled
+//!   again is not stored twice. A waiter that gave up (its future dropped by a timeout, say) is
+//!   woken once, spuriously, at the next readiness and then forgotten (`io/reactor.rs`).
 //! - **What keeps the loop alive.** A socket is an active handle from the moment it is created
 //!   or adopted until it is closed, dropped or converted back (`into_std`): while ref'd it keeps
 //!   `Runtime::run` from returning, like a libuv handle. `unref()` lets the loop exit while the

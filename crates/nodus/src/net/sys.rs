@@ -273,8 +273,8 @@ macro_rules! stream_io {
     ($ty:ident, $std:ty) => {
         impl $ty {
             /// Reads into `buf`; `Ok(0)` is end of stream (the peer shut down its write side).
-            /// One reading task at a time (and one writing): a second task reading the same stream
-            /// meanwhile takes its one waiting slot and the first is never woken ([module docs](super)).
+            /// Tasks reading one stream at once each get some of its bytes, in no set order
+            /// (the [module docs](super) say how waiters are woken).
             pub async fn read(&self, buf: &mut [u8]) -> std::io::Result<usize> {
                 std::future::poll_fn(|cx| super::sys::poll_read(&self.io, cx, buf)).await
             }

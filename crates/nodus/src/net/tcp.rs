@@ -82,9 +82,9 @@ impl TcpListener {
         TcpListener::from_std(socket.into())
     }
 
-    /// Waits for the next connection.
-    /// One task at a time: a second task accepting on the same listener meanwhile takes the
-    /// listener's one waiting slot and the first is never woken (see the [module docs](super)).
+    /// Waits for the next connection. Several tasks may accept on one listener (an
+    /// `Rc<TcpListener>` shared by N acceptors): a connection wakes them all, one takes it and
+    /// the others wait again (see the [module docs](super)).
     pub async fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
         poll_fn(|cx| self.poll_accept(cx)).await
     }
@@ -262,5 +262,91 @@ impl fmt::Debug for TcpStream {
             .field("peer", &self.peer_addr().ok())
             .field("fd", &self.as_raw_fd())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::future::poll_fn;
+    use std::pin::pin;
+    use std::rc::Rc;
+    use std::task::Poll;
+    use std::time::Duration;
+
+    use super::{TcpListener, TcpStream};
+    use crate::{sleep, spawn, timeout, yield_now};
+
+    /// Polls `accept` once (it must be waiting) and drops it, as a timeout that fires does.
+    async fn give_up_on(listener: &TcpListener) {
+        let mut accept = pin!(listener.accept());
+        poll_fn(|cx| {
+            assert!(accept.as_mut().poll(cx).is_pending(), "nothing to accept");
+            Poll::Ready(())
+        })
+        .await;
+    }
+
+    /// A task that gives up on accept again and again stays one stored waker: the same task's
+    /// waker is not stored twice.
+    #[test]
+    fn a_task_giving_up_on_accept_10000_times_stays_one_waiter() {
+        crate::Runtime::new().block_on(async {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            for i in 0..10_000 {
+                give_up_on(&listener).await;
+                assert_eq!(listener.io.waiters(), (1, 0), "after give-up {i}");
+                // A new poll each time (and a fresh cooperative budget).
+                yield_now().await;
+            }
+            for _ in 0..20 {
+                assert!(timeout(1, listener.accept()).await.is_err());
+            }
+            assert_eq!(listener.io.waiters(), (1, 0));
+        });
+    }
+
+    /// A waiter that gave up and now waits for something else is woken once by the next
+    /// connection, spuriously, and forgotten then: the next connection does not wake it again.
+    #[test]
+    fn a_waiter_that_gave_up_is_woken_once_and_forgotten() {
+        crate::Runtime::new().block_on(async {
+            let listener = Rc::new(TcpListener::bind("127.0.0.1:0").unwrap());
+            let addr = listener.local_addr().unwrap();
+            let l = listener.clone();
+            let polls = Rc::new(Cell::new(0u32));
+            let p = polls.clone();
+            let quitter = spawn(async move {
+                give_up_on(&l).await;
+                let mut other = pin!(sleep(Duration::from_secs(60)));
+                poll_fn(|cx| {
+                    p.set(p.get() + 1);
+                    other.as_mut().poll(cx)
+                })
+                .await;
+            });
+            let l = listener.clone();
+            let acceptor = spawn(async move {
+                let a = l.accept().await.unwrap();
+                let b = l.accept().await.unwrap();
+                (a, b)
+            });
+            sleep(10).await;
+            assert_eq!(polls.get(), 1);
+            assert_eq!(
+                listener.io.waiters(),
+                (2, 0),
+                "the quitter and the acceptor"
+            );
+            let _c1 = TcpStream::connect(addr).await.unwrap();
+            let _c2 = TcpStream::connect(addr).await.unwrap();
+            timeout(Duration::from_secs(5), acceptor)
+                .await
+                .expect("the acceptor was never woken")
+                .unwrap();
+            assert_eq!(listener.io.waiters(), (0, 0), "the quitter is forgotten");
+            assert_eq!(polls.get(), 2, "the quitter is woken once, spuriously");
+            quitter.abort();
+        });
     }
 }

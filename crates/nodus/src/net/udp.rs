@@ -36,9 +36,9 @@ impl UdpSocket {
         poll_fn(|cx| self.poll_send_to(cx, buf, target)).await
     }
 
-    /// Receives one datagram; returns its length and sender.
-    /// One receiving task at a time: a second one meanwhile takes the socket's one waiting slot
-    /// and the first is never woken (see the [module docs](super)).
+    /// Receives one datagram; returns its length and sender. Several tasks may receive on one
+    /// socket: a datagram wakes them all, one takes it and the others wait again (see the
+    /// [module docs](super)).
     pub async fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
         poll_fn(|cx| self.poll_recv_from(cx, buf)).await
     }
@@ -53,9 +53,8 @@ impl UdpSocket {
         poll_fn(|cx| self.poll_send(cx, buf)).await
     }
 
-    /// Receives one datagram from the connected peer.
-    /// One receiving task at a time: a second one meanwhile takes the socket's one waiting slot
-    /// and the first is never woken (see the [module docs](super)).
+    /// Receives one datagram from the connected peer. Several tasks may receive at once, as
+    /// with [`recv_from`](Self::recv_from).
     pub async fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
         poll_fn(|cx| self.poll_recv(cx, buf)).await
     }

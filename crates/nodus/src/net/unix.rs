@@ -69,9 +69,9 @@ impl UnixListener {
         Ok(listener)
     }
 
-    /// Waits for the next connection.
-    /// One task at a time: a second task accepting on the same listener meanwhile takes the
-    /// listener's one waiting slot and the first is never woken (see the [module docs](super)).
+    /// Waits for the next connection. Several tasks may accept on one listener (an
+    /// `Rc<UnixListener>` shared by N acceptors): a connection wakes them all, one takes it and
+    /// the others wait again (see the [module docs](super)).
     pub async fn accept(&self) -> io::Result<(UnixStream, SocketAddr)> {
         poll_fn(|cx| self.poll_accept(cx)).await
     }
