@@ -37,7 +37,13 @@
 //!   (`known_method`) is 405 with `Allow: GET, HEAD`; any other is 501, a method this server
 //!   does not implement at all.
 //!
-//! `plan` makes blocking system calls (stat, canonicalize, open, readdir): run it on the I/O pool.
+//! - A directory without `index.html` is listed (`listing`), or 404 as a missing name with
+//!   `StaticOptions::no_listings` (`--listings off`). `plan_deferred` makes the same decision but
+//!   leaves the listing to its caller (`Planned::List`, with the directory's identity and the
+//!   `mtime`/`ctime` its stat saw, for `listing_cache`); `plan` (for tests) builds it.
+//!
+//! `plan_deferred` makes blocking system calls (stat, canonicalize, open), and so does
+//! `ListJob::build` (readdir, stat): run them on the I/O pool.
 
 use std::fs::{self, Metadata, OpenOptions};
 use std::io;
@@ -76,6 +82,8 @@ pub struct StaticOptions {
     pub gzip: bool,
     /// A top-level `_nodus` is hidden: the admin endpoints answer `/_nodus/` on this listener.
     pub admin_dir_hidden: bool,
+    /// `--listings off`: a directory without `index.html` is 404, as a missing name.
+    pub no_listings: bool,
 }
 
 /// Which file was stat'ed: `open_verified` checks that it opens this very file.
@@ -164,6 +172,9 @@ pub fn canonical_root(dir: &Path) -> io::Result<PathBuf> {
 /// Decides the answer to `method uri_path` under `root_canonical` (see `canonical_root`).
 /// `uri_path` may carry the request's query (`/dir?x=1`): it is ignored, but kept in the
 /// redirect of a directory to its slash form (`/dir/?x=1`), as nginx and `serve-static` do.
+/// The listing of a directory is built here: the whole answer, what the tests look at (`nodus
+/// serve` calls `plan_deferred`, and caches listings).
+#[cfg(test)]
 pub fn plan(
     root_canonical: &Path,
     method: &Method,
@@ -183,6 +194,7 @@ pub fn plan(
 
 /// `plan` with the response time given (it decides whether a `Last-Modified` is strong enough
 /// for `If-Range`).
+#[cfg(test)]
 pub fn plan_at(
     root: &Path,
     method: &Method,
@@ -191,52 +203,134 @@ pub fn plan_at(
     opts: &StaticOptions,
     now: SystemTime,
 ) -> Plan {
+    match plan_deferred_at(root, method, uri_path, headers, opts, now) {
+        Planned::Done(plan) => plan,
+        Planned::List(job) => job.build(),
+    }
+}
+
+/// `plan`'s decision, but a listing is left to the caller, who may have it cached
+/// (`listing_cache`): `Planned::List` carries what identifies and validates it.
+pub fn plan_deferred(
+    root: &Path,
+    method: &Method,
+    uri_path: &str,
+    headers: &HeaderMap,
+    opts: &StaticOptions,
+) -> Planned {
+    plan_deferred_at(root, method, uri_path, headers, opts, SystemTime::now())
+}
+
+/// What `plan_deferred` decided.
+#[derive(Debug)]
+pub enum Planned {
+    /// The whole answer.
+    Done(Plan),
+    /// A listing of this directory is the answer: `ListJob::build` it (blocking I/O).
+    List(ListJob),
+}
+
+/// A directory to list, stat'ed when the request was planned.
+#[derive(Debug, Clone)]
+pub struct ListJob {
+    /// Root, directory (canonical) and options: what `build` reads.
+    root: PathBuf,
+    opts: StaticOptions,
+    /// The identity of the page: the request's decoded path (its title; `/` has no `../`), the
+    /// directory and its `dev`/`ino`.
+    pub key: ListingKey,
+    /// The directory's `mtime` and `ctime` (seconds, nanoseconds) at the stat, before `build`
+    /// reads it: a cached page built from a stat with other times is stale.
+    pub changed: [(i64, i64); 2],
+}
+
+/// What a listing page is a listing of, and under which name it was asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListingKey {
+    pub display: String,
+    pub dir: PathBuf,
+    pub id: FileId,
+}
+
+impl ListJob {
+    /// Reads the directory and renders its page (blocking: run it on the I/O pool).
+    pub fn build(self) -> Plan {
+        listing_plan(&self.root, &self.key.dir, &self.key.display, &self.opts)
+    }
+}
+
+fn plan_deferred_at(
+    root: &Path,
+    method: &Method,
+    uri_path: &str,
+    headers: &HeaderMap,
+    opts: &StaticOptions,
+    now: SystemTime,
+) -> Planned {
+    let done = Planned::Done;
     if method != Method::GET && method != Method::HEAD {
         if !known_method(method) {
-            return refuse(StatusCode::NOT_IMPLEMENTED, "method not implemented");
+            return done(refuse(
+                StatusCode::NOT_IMPLEMENTED,
+                "method not implemented",
+            ));
         }
         let mut plan = refuse(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
         if let Plan::Refuse { headers, .. } = &mut plan {
             headers.insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
         }
-        return plan;
+        return done(plan);
     }
     let decoded = match uri_path::decode(uri_path) {
         Ok(d) => d,
-        Err(bad) => return refuse(StatusCode::BAD_REQUEST, bad.reason()),
+        Err(bad) => return done(refuse(StatusCode::BAD_REQUEST, bad.reason())),
     };
     if hidden_names(decoded.segments.iter().map(|s| s.as_bytes()), opts) {
-        return not_found();
+        return done(not_found());
     }
     let mut joined = root.to_path_buf();
     joined.extend(&decoded.segments);
     let Some((path, meta)) = resolve(root, &joined, opts) else {
-        return not_found();
+        return done(not_found());
     };
     if meta.is_dir() {
         if !decoded.trailing_slash {
-            return redirect(
+            return done(redirect(
                 decoded.encoded(true),
                 uri_path.split_once('?').map(|(_, q)| q),
-            );
+            ));
         }
         if let Some((index, index_meta)) = resolve(root, &path.join("index.html"), opts)
             && index_meta.is_file()
         {
             let name = Path::new("index.html");
-            return file_plan(index, name, &index_meta, method, headers, opts, now);
+            return done(file_plan(
+                index,
+                name,
+                &index_meta,
+                method,
+                headers,
+                opts,
+                now,
+            ));
         }
-        return listing_plan(root, &path, &decoded, opts);
+        if opts.no_listings {
+            return done(not_found());
+        }
+        return Planned::List(list_job(root, path, &meta, &decoded, opts));
     }
     if !meta.is_file() {
-        return refuse(StatusCode::FORBIDDEN, "forbidden: not a regular file");
+        return done(refuse(
+            StatusCode::FORBIDDEN,
+            "forbidden: not a regular file",
+        ));
     }
     if decoded.trailing_slash {
-        return not_found();
+        return done(not_found());
     }
     // The type follows the requested name (as a client sees it), not a symlink's target.
     let name = Path::new(decoded.segments.last().map_or("", String::as_str));
-    file_plan(path, name, &meta, method, headers, opts, now)
+    done(file_plan(path, name, &meta, method, headers, opts, now))
 }
 
 /// Whether HTTP defines `method`: RFC 9110's eight and RFC 5789's PATCH. A server that does not
@@ -384,16 +478,37 @@ fn file_plan(
     }
 }
 
-fn listing_plan(root: &Path, dir: &Path, decoded: &DecodedPath, opts: &StaticOptions) -> Plan {
+fn list_job(
+    root: &Path,
+    dir: PathBuf,
+    meta: &Metadata,
+    decoded: &DecodedPath,
+    opts: &StaticOptions,
+) -> ListJob {
+    ListJob {
+        root: root.to_path_buf(),
+        opts: opts.clone(),
+        key: ListingKey {
+            display: decoded.display(),
+            dir,
+            id: FileId {
+                dev: meta.dev(),
+                ino: meta.ino(),
+            },
+        },
+        changed: [
+            (meta.mtime(), meta.mtime_nsec()),
+            (meta.ctime(), meta.ctime_nsec()),
+        ],
+    }
+}
+
+/// The listing of `dir` asked for as `display` (the decoded request path: `/` is the root).
+fn listing_plan(root: &Path, dir: &Path, display: &str, opts: &StaticOptions) -> Plan {
     let Ok((entries, over_cap)) = listing::read_entries(dir, root, opts) else {
         return refuse(StatusCode::FORBIDDEN, "forbidden: directory not readable");
     };
-    let html = listing::render(
-        &decoded.display(),
-        decoded.segments.is_empty(),
-        &entries,
-        over_cap,
-    );
+    let html = listing::render(display, display == "/", &entries, over_cap);
     let mut headers = HeaderMap::new();
     headers.insert(
         CONTENT_TYPE,

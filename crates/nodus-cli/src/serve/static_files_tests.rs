@@ -995,3 +995,22 @@ fn a_top_level_nodus_dir_is_hidden_when_the_admin_endpoints_own_the_path() {
     assert_status(&with("/sub/_nodus/deep.txt"), 200, "sub/_nodus");
     assert!(listing_html(&with("/sub/")).contains(">_nodus/</a>"));
 }
+
+#[test]
+fn listings_off_is_404_for_a_directory_without_index_only() {
+    let t = Tree::new();
+    let off = StaticOptions {
+        no_listings: true,
+        ..StaticOptions::default()
+    };
+    let with = |method: Method, path: &str| t.plan(method, path, &[], &off);
+    assert_status(&with(Method::GET, "/sub/"), 404, "no listing");
+    assert_status(&with(Method::HEAD, "/sub/"), 404, "no listing for HEAD");
+    assert_eq!(
+        with(Method::GET, "/sub/").inline_body().unwrap(),
+        "not found\n"
+    );
+    assert_status(&with(Method::GET, "/sub"), 301, "the slash redirect");
+    assert!(matches!(with(Method::GET, "/site/"), Plan::File { .. }));
+    assert_status(&with(Method::GET, "/hello.txt"), 200, "a file");
+}
