@@ -374,6 +374,10 @@ struct ServeArgs {
     /// Whether files and directories whose names start with a dot are served.
     #[arg(long, value_enum, default_value_t = DotfilesArg::Deny)]
     dotfiles: DotfilesArg,
+    /// Whether a directory without index.html is answered with an HTML listing of its entries
+    /// (at most 10,000; cached, one built at a time) or, with off, 404 as a missing name.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    listings: OnOff,
     /// With --workers 2 or more, write the workers' stdout and stderr lines (their logs, the
     /// access log) without the "[worker ID PID] " prefix, as `nodus run --raw-output` does.
     /// Default: off (prefixed).
@@ -400,7 +404,7 @@ impl PolicyArg {
     }
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum OnOff {
     On,
     Off,
@@ -660,6 +664,7 @@ fn main() {
                 DotfilesArg::Allow => Dotfiles::Allow,
                 DotfilesArg::Deny => Dotfiles::Deny,
             },
+            listings: args.listings == OnOff::On,
             raw_output: args.raw_output,
         }),
     };

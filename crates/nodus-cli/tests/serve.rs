@@ -1685,3 +1685,35 @@ fn a_second_public_inherited_socket_is_refused_with_its_address() {
         "{stderr}"
     );
 }
+
+#[test]
+fn listings_off_answers_a_directory_without_index_404_and_on_lists_it() {
+    let dir = site();
+    std::fs::create_dir(dir.path().join("empty")).unwrap();
+    let off = Serve::start(dir.path(), 1, &["--listings", "off"]);
+    for (path, status) in [
+        ("/docs/", 404),
+        ("/empty/", 404),
+        ("/docs", 301),
+        ("/", 200),
+        ("/hello.txt", 200),
+    ] {
+        let r = request(off.addr, "GET", path, &[]);
+        assert_eq!(r.status, status, "--listings off: GET {path}");
+    }
+    let r = request(off.addr, "HEAD", "/docs/", &[]);
+    assert_eq!(r.status, 404);
+    // The default: listed, the same page twice (the second from the cache, or built again).
+    let on = Serve::start(dir.path(), 1, &[]);
+    for _ in 0..2 {
+        let r = request(on.addr, "GET", "/docs/", &[]);
+        assert_eq!(r.status, 200);
+        assert!(
+            String::from_utf8(r.body)
+                .unwrap()
+                .contains("a&amp;b &lt;c&gt;.txt")
+        );
+    }
+    let r = request(on.addr, "HEAD", "/empty/", &[]);
+    assert_eq!((r.status, r.body.len()), (200, 0));
+}

@@ -10,8 +10,11 @@
 //! is its primary's) and on the public one as `--admin-on-public` says, by default only without
 //! an admin listener ([`admin_on_public`]); every role's start line says where ([`admin_note`]).
 //!
-//! Every request's filesystem work (stat, canonicalize, open, read) runs on the I/O pool; the
-//! loop only routes, writes headers and moves 64 KiB chunks.
+//! Every request's filesystem work (open, readlink, fstat, read, a listing's readdir) runs on the
+//! I/O pool; the loop only routes, writes headers and moves 64 KiB chunks (and closes the files
+//! it served, and the descriptor of a directory whose listing was cached). Listings are cached and built one at a time
+//! per process (`listing_cache`), so requests for them, served or abandoned, never queue more
+//! than one listing ahead of a file's I/O on the pool.
 //!
 //! Shutdown: readyz turns 503 at once, serving goes on for `--shutdown-delay` (so a load balancer
 //! notices), then both listeners stop accepting and in-flight requests get `--drain-timeout` to
@@ -63,7 +66,8 @@ use super::access_log::{log_answered, log_refused};
 use super::admin;
 use super::file_body::FileBody;
 use super::gzip;
-use super::static_files::{self, Dotfiles, Plan, StaticOptions};
+use super::listing_cache::Listings;
+use super::static_files::{self, Dotfiles, Plan, Planned, StaticOptions};
 
 /// What `nodus serve` was asked to do.
 #[derive(Debug, Clone)]
@@ -82,6 +86,8 @@ pub struct ServeOptions {
     pub drain_timeout: Duration,
     pub shutdown_delay: Duration,
     pub dotfiles: Dotfiles,
+    /// `--listings`: a directory without `index.html` is listed (else 404).
+    pub listings: bool,
     /// Gzip compressible responses for clients that accept it.
     pub gzip: bool,
     /// Worker processes: 1 serves from this process.
@@ -98,6 +104,7 @@ pub struct ServeOptions {
 pub(super) struct Site {
     root: PathBuf,
     static_options: StaticOptions,
+    listings: Rc<Listings>,
     /// Admin endpoints on the public listener ([`admin_on_public`]).
     admin_on_public: bool,
     /// False once this process's shutdown (or, for a worker, its drain) began.
@@ -435,7 +442,9 @@ fn new_site(
             dotfiles: options.dotfiles,
             gzip: options.gzip,
             admin_dir_hidden: admin_on_public,
+            no_listings: !options.listings,
         },
+        listings: Listings::new(),
         admin_on_public,
         ready: Cell::new(true),
         source,
@@ -563,7 +572,8 @@ async fn handle_public(req: Request<RequestBody>, site: Rc<Site>) -> Response<Bo
     }
 }
 
-/// Plans the request and opens the file on the I/O pool, then streams it.
+/// Plans the request and opens the file on the I/O pool, then streams it; a listing comes from
+/// the process's `Listings`.
 async fn serve_static(
     site: &Site,
     method: Method,
@@ -576,15 +586,22 @@ async fn serve_static(
     // The plan holds the file open (HEAD's too, closed unread): a file this process cannot open
     // gets the same 403 (or 404) whatever the method and the conditional headers.
     let planned = nodus::pool::offload_io(move || {
-        static_files::plan(&root, &method, &path, &headers, &options)
+        static_files::plan_deferred(&root, &method, &path, &headers, &options)
     })
     .await;
     let plan = match planned {
-        Ok(p) => p,
-        Err(e) => {
-            tracing::error!(target: "nodus::serve", "static file work failed: {e}");
-            return text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n");
-        }
+        Ok(Planned::Done(p)) => p,
+        Ok(Planned::List(job)) => match site.listings.page(*job).await {
+            // HEAD's body is dropped by the server, as for every inline body.
+            Ok(page) => {
+                let mut response = Response::new(full(page.body));
+                *response.status_mut() = page.status;
+                *response.headers_mut() = page.headers;
+                return response;
+            }
+            Err(e) => return internal_error(e),
+        },
+        Err(e) => return internal_error(e),
     };
     let (status, headers) = (plan.status(), plan.headers().clone());
     let body = match plan {
@@ -611,6 +628,11 @@ async fn serve_static(
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     response
+}
+
+fn internal_error(e: impl std::fmt::Display) -> Response<Body> {
+    tracing::error!(target: "nodus::serve", "static file work failed: {e}");
+    text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n")
 }
 
 /// Tells a service manager (systemd `Type=notify`) the state, if there is one.

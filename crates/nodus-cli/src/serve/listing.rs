@@ -8,14 +8,18 @@
 //! outside the root nor links to a page that is not the file's. Names are HTML-escaped
 //! (`<>&"'`) and hrefs are percent-encoded and prefixed with `./`, so no name can inject markup or
 //! turn into a `javascript:` URL. Entries are sorted directories first, then by name (byte order),
-//! and capped at `MAX_ENTRIES` so a directory with a million files cannot make one response
-//! unbounded.
+//! and capped at `MAX_ENTRIES` (the first ones `readdir` returns, one `stat` each) so a directory
+//! with a million files cannot make one response unbounded: the rest are only counted, by name
+//! (a hidden or unusable name is not counted), and the page says how many were left out.
 //!
 //! The directory read is the one `static_files::resolve` opened and checked (through its
-//! descriptor), and a symlinked entry is judged by what it opens (`resolve` again), so renaming
-//! things meanwhile cannot make a listing show the outside.
+//! descriptor: `nodus serve` holds it from the request's plan to the listing's build, in
+//! `static_files::ListJob`), and a symlinked entry is judged by what it opens (`resolve` again),
+//! so renaming things meanwhile cannot make a listing show the outside.
 //!
-//! Reading a directory is blocking I/O: like `static_files::plan`, run it off the loop thread.
+//! Reading a directory is blocking I/O: like `static_files::plan_deferred`, run it on the I/O pool
+//! (`nodus serve` builds at most one listing at a time per process and caches them:
+//! `listing_cache`).
 
 use std::fs;
 use std::io;
@@ -39,27 +43,37 @@ pub struct Entry {
 }
 
 /// The servable entries of `dir` (as `static_files::resolve` found it, inside `root`), sorted,
-/// and how many were left out because of the cap. The directory read is the one `dir` holds open,
-/// and each entry is looked at from there: whatever is renamed meanwhile, only what lies under the
-/// root is listed.
+/// and how many were left out because of the cap ([`MAX_ENTRIES`]). The directory read is the one
+/// `dir` holds open, and each entry is looked at from there: whatever is renamed meanwhile, only
+/// what lies under the root is listed.
 pub fn read_entries(
     dir: &Resolved,
     root: &Path,
     opts: &StaticOptions,
 ) -> io::Result<(Vec<Entry>, usize)> {
+    read_entries_capped(dir, root, opts, MAX_ENTRIES)
+}
+
+/// [`read_entries`] with at most `cap` entries.
+fn read_entries_capped(
+    dir: &Resolved,
+    root: &Path,
+    opts: &StaticOptions,
+    cap: usize,
+) -> io::Result<(Vec<Entry>, usize)> {
     let mut entries = Vec::new();
     let mut over_cap = 0usize;
     for dirent in fs::read_dir(dir.fd_path())? {
         let Ok(dirent) = dirent else { continue };
-        if entries.len() >= MAX_ENTRIES {
-            over_cap += 1;
-            continue;
-        }
         let file_name = dirent.file_name();
         let Some(name) = file_name.to_str().filter(|n| !n.contains('\\')) else {
             continue;
         };
         if hidden(&dir.path.join(name), root, opts) {
+            continue;
+        }
+        if entries.len() >= cap {
+            over_cap += 1;
             continue;
         }
         let Ok(ft) = dirent.file_type() else { continue };
@@ -211,6 +225,29 @@ mod tests {
         assert_eq!(human_size(20 << 20), "20 MiB");
         assert_eq!(human_size(1 << 40), "1.0 TiB");
         assert_eq!(human_size(u64::MAX), "16 EiB");
+    }
+
+    #[test]
+    fn entries_are_capped_and_the_rest_counted() {
+        let dir = std::env::temp_dir().join(format!("nodus-listing-cap-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir(&dir).unwrap();
+        for name in ["a", "b", "c", "d", "e", ".hidden"] {
+            fs::write(dir.join(name), name).unwrap();
+        }
+        let root = fs::canonicalize(&dir).unwrap();
+        let opts = StaticOptions::default();
+        let found = resolve(&root, &root, &opts).unwrap();
+        let (entries, over_cap) = read_entries_capped(&found, &root, &opts, 2).unwrap();
+        // Two listed (sorted), three more counted; the hidden name is neither.
+        assert_eq!(entries.len(), 2);
+        assert!(entries.windows(2).all(|w| w[0].name < w[1].name));
+        assert_eq!(over_cap, 3);
+        let html = render("/", true, &entries, over_cap);
+        assert!(html.contains("3 more entries not shown."));
+        let (all, none) = read_entries(&found, &root, &opts).unwrap();
+        assert_eq!((all.len(), none), (5, 0));
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -9,17 +9,21 @@
 //! - `conditional`: ETag/Last-Modified and RFC 9110 preconditions (`If-None-Match`, `If-Range`...);
 //! - `range`: `Range: bytes=` evaluation and `Content-Range` strings;
 //! - `listing`: HTML directory listings (escaped, percent-encoded, never showing what cannot be
-//!   served);
+//!   served, capped at 10,000 entries);
+//! - `listing_cache`: the per-process cache of listing pages (validated by the directory's
+//!   times) and the one-at-a-time turn for building them, so listings' cost stays bounded;
 //! - `mime`: `Content-Type` by extension;
 //! - `ADMIN_PAGE_HTML`: the self-contained live page served at `/_nodus/`, which polls
 //!   `/_nodus/stats` (one `Snapshot`, or `{"workers": [{worker, pid, snapshot}]}` for a cluster).
 //!
-//! How the HTTP glue uses it, per request (off the loop thread: `plan` opens, reads links and
-//! directories): `let p = static_files::plan(&root, &method, uri.path(), &headers, &opts);` then
-//! answer `p.status()` with `p.headers()`, and as body `p.inline_body()`, or for `Plan::File {
-//! file, range, .. }` the bytes `range` of `file`, streamed. HEAD (and 304) send no body; every
-//! other header is already right. `root` comes from `static_files::canonical_root(dir)` once at
-//! startup.
+//! How the HTTP glue uses it, per request (off the loop thread: `plan_deferred` opens and reads
+//! links): `let p = static_files::plan_deferred(&root, &method, uri.path(), &headers, &opts);`
+//! then, for `Planned::Done(p)`, answer `p.status()` with `p.headers()`, and as body
+//! `p.inline_body()`, or for `Plan::File { file, range, .. }` the bytes `range` of `file`,
+//! streamed; for `Planned::List(job)` (which holds the directory's descriptor), the page
+//! `listing_cache::Listings::page(job)` answers (cached, or built on the I/O pool through that
+//! descriptor, one at a time). HEAD (and 304) send no body; every other header is already right.
+//! `root` comes from `static_files::canonical_root(dir)` once at startup.
 
 mod access_log;
 pub(crate) mod admin;
@@ -29,6 +33,7 @@ pub mod conditional;
 mod file_body;
 mod gzip;
 pub mod listing;
+pub mod listing_cache;
 pub mod mime;
 pub mod range;
 pub mod static_files;

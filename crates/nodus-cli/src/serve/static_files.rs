@@ -47,13 +47,20 @@
 //!   (`known_method`) is 405 with `Allow: GET, HEAD`; any other is 501, a method this server
 //!   does not implement at all.
 //!
-//! `plan` makes blocking system calls (open, readlink, fstat, readdir): run it on the I/O pool.
+//! - A directory without `index.html` is listed (`listing`), or 404 as a missing name with
+//!   `StaticOptions::no_listings` (`--listings off`). `plan_deferred` makes the same decision but
+//!   leaves the listing to its caller (`Planned::List`: a `ListJob` holding the directory's
+//!   descriptor, the very one checked, which the build reads, and the `dev`/`ino` and
+//!   `mtime`/`ctime` of its `fstat`, for `listing_cache`); `plan` (for tests) builds it.
+//!
+//! `plan_deferred` makes blocking system calls (open, readlink, fstat), and so does
+//! `ListJob::build` (readdir, stat): run them on the I/O pool.
 
 use std::fs::{self, Metadata, OpenOptions};
 use std::io;
 use std::ops::Range;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::time::SystemTime;
 
@@ -87,6 +94,8 @@ pub struct StaticOptions {
     pub gzip: bool,
     /// A top-level `_nodus` is hidden: the admin endpoints answer `/_nodus/` on this listener.
     pub admin_dir_hidden: bool,
+    /// `--listings off`: a directory without `index.html` is 404, as a missing name.
+    pub no_listings: bool,
 }
 
 /// A file or directory under the root, as `resolve` found it: held open with `O_PATH` (no read
@@ -195,6 +204,9 @@ pub fn canonical_root(dir: &Path) -> io::Result<PathBuf> {
 /// Decides the answer to `method uri_path` under `root_canonical` (see `canonical_root`).
 /// `uri_path` may carry the request's query (`/dir?x=1`): it is ignored, but kept in the
 /// redirect of a directory to its slash form (`/dir/?x=1`), as nginx and `serve-static` do.
+/// The listing of a directory is built here: the whole answer, what the tests look at (`nodus
+/// serve` calls `plan_deferred`, and caches listings).
+#[cfg(test)]
 pub fn plan(
     root_canonical: &Path,
     method: &Method,
@@ -214,6 +226,7 @@ pub fn plan(
 
 /// `plan` with the response time given (it decides whether a `Last-Modified` is strong enough
 /// for `If-Range`, and whether an `If-Modified-Since` is in the future, so ignored).
+#[cfg(test)]
 pub fn plan_at(
     root: &Path,
     method: &Method,
@@ -222,53 +235,139 @@ pub fn plan_at(
     opts: &StaticOptions,
     now: SystemTime,
 ) -> Plan {
+    match plan_deferred_at(root, method, uri_path, headers, opts, now) {
+        Planned::Done(plan) => plan,
+        Planned::List(job) => job.build(),
+    }
+}
+
+/// `plan`'s decision, but a listing is left to the caller, who may have it cached
+/// (`listing_cache`): `Planned::List` carries what identifies and validates it.
+pub fn plan_deferred(
+    root: &Path,
+    method: &Method,
+    uri_path: &str,
+    headers: &HeaderMap,
+    opts: &StaticOptions,
+) -> Planned {
+    plan_deferred_at(root, method, uri_path, headers, opts, SystemTime::now())
+}
+
+/// What `plan_deferred` decided.
+#[derive(Debug)]
+pub enum Planned {
+    /// The whole answer.
+    Done(Plan),
+    /// A listing of this directory is the answer: `ListJob::build` it (blocking I/O). Boxed: it
+    /// holds the directory's `fstat`, and most answers are `Done`.
+    List(Box<ListJob>),
+}
+
+/// A directory to list, opened and checked (`resolve`) when the request was planned.
+#[derive(Debug)]
+pub struct ListJob {
+    /// Root and options: what `build` judges entries by.
+    root: PathBuf,
+    opts: StaticOptions,
+    /// The directory, held open: `build` reads it through this descriptor, never by path again.
+    dir: Resolved,
+    /// The identity of the page: the request's decoded path (its title; `/` has no `../`), the
+    /// directory's real path and its `dev`/`ino` (from the descriptor's `fstat`).
+    pub key: ListingKey,
+    /// The directory's `mtime` and `ctime` (seconds, nanoseconds) at that `fstat`, before `build`
+    /// reads it: a cached page built from a stat with other times is stale.
+    pub changed: [(i64, i64); 2],
+}
+
+/// What a listing page is a listing of, and under which name it was asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListingKey {
+    pub display: String,
+    pub dir: PathBuf,
+    pub id: FileId,
+}
+
+/// Which directory (its `fstat`'s device and inode): a path renamed onto another directory
+/// keys another page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileId {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl ListJob {
+    /// Reads the directory (through the descriptor `plan_deferred` opened) and renders its page
+    /// (blocking: run it on the I/O pool).
+    pub fn build(self) -> Plan {
+        listing_plan(&self.root, &self.dir, &self.key.display, &self.opts)
+    }
+}
+
+fn plan_deferred_at(
+    root: &Path,
+    method: &Method,
+    uri_path: &str,
+    headers: &HeaderMap,
+    opts: &StaticOptions,
+    now: SystemTime,
+) -> Planned {
+    let done = Planned::Done;
     if method != Method::GET && method != Method::HEAD {
         if !known_method(method) {
-            return refuse(StatusCode::NOT_IMPLEMENTED, "method not implemented");
+            return done(refuse(
+                StatusCode::NOT_IMPLEMENTED,
+                "method not implemented",
+            ));
         }
         let mut plan = refuse(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
         if let Plan::Refuse { headers, .. } = &mut plan {
             headers.insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
         }
-        return plan;
+        return done(plan);
     }
     let decoded = match uri_path::decode(uri_path) {
         Ok(d) => d,
-        Err(bad) => return refuse(StatusCode::BAD_REQUEST, bad.reason()),
+        Err(bad) => return done(refuse(StatusCode::BAD_REQUEST, bad.reason())),
     };
     if hidden_names(decoded.segments.iter().map(|s| s.as_bytes()), opts) {
-        return not_found();
+        return done(not_found());
     }
     let mut joined = root.to_path_buf();
     joined.extend(&decoded.segments);
     let Some(found) = resolve(root, &joined, opts) else {
-        return not_found();
+        return done(not_found());
     };
     if found.meta.is_dir() {
         if !decoded.trailing_slash {
-            return redirect(
+            return done(redirect(
                 decoded.encoded(true),
                 uri_path.split_once('?').map(|(_, q)| q),
-            );
+            ));
         }
         // In the very directory resolved, not in whatever its path names now.
         if let Some(index) = resolve(root, &found.fd_path().join("index.html"), opts)
             && index.meta.is_file()
         {
             let name = Path::new("index.html");
-            return file_plan(&index, name, method, headers, opts, now);
+            return done(file_plan(&index, name, method, headers, opts, now));
         }
-        return listing_plan(root, &found, &decoded, opts);
+        if opts.no_listings {
+            return done(not_found());
+        }
+        return Planned::List(Box::new(list_job(root, found, &decoded, opts)));
     }
     if !found.meta.is_file() {
-        return refuse(StatusCode::FORBIDDEN, "forbidden: not a regular file");
+        return done(refuse(
+            StatusCode::FORBIDDEN,
+            "forbidden: not a regular file",
+        ));
     }
     if decoded.trailing_slash {
-        return not_found();
+        return done(not_found());
     }
     // The type follows the requested name (as a client sees it), not a symlink's target.
     let name = Path::new(decoded.segments.last().map_or("", String::as_str));
-    file_plan(&found, name, method, headers, opts, now)
+    done(file_plan(&found, name, method, headers, opts, now))
 }
 
 /// Whether HTTP defines `method`: RFC 9110's eight and RFC 5789's PATCH. A server that does not
@@ -419,16 +518,33 @@ fn file_plan(
     }
 }
 
-fn listing_plan(root: &Path, dir: &Resolved, decoded: &DecodedPath, opts: &StaticOptions) -> Plan {
+fn list_job(root: &Path, dir: Resolved, decoded: &DecodedPath, opts: &StaticOptions) -> ListJob {
+    let meta = &dir.meta;
+    ListJob {
+        root: root.to_path_buf(),
+        opts: opts.clone(),
+        key: ListingKey {
+            display: decoded.display(),
+            dir: dir.path.clone(),
+            id: FileId {
+                dev: meta.dev(),
+                ino: meta.ino(),
+            },
+        },
+        changed: [
+            (meta.mtime(), meta.mtime_nsec()),
+            (meta.ctime(), meta.ctime_nsec()),
+        ],
+        dir,
+    }
+}
+
+/// The listing of `dir` asked for as `display` (the decoded request path: `/` is the root).
+fn listing_plan(root: &Path, dir: &Resolved, display: &str, opts: &StaticOptions) -> Plan {
     let Ok((entries, over_cap)) = listing::read_entries(dir, root, opts) else {
         return refuse(StatusCode::FORBIDDEN, "forbidden: directory not readable");
     };
-    let html = listing::render(
-        &decoded.display(),
-        decoded.segments.is_empty(),
-        &entries,
-        over_cap,
-    );
+    let html = listing::render(display, display == "/", &entries, over_cap);
     let mut headers = HeaderMap::new();
     headers.insert(
         CONTENT_TYPE,

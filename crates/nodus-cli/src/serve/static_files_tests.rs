@@ -1084,3 +1084,58 @@ fn a_directory_swapped_for_a_symlink_never_leaks_the_outside() {
         "{swaps} {files} {listings}"
     );
 }
+
+#[test]
+fn listings_off_is_404_for_a_directory_without_index_only() {
+    let t = Tree::new();
+    let off = StaticOptions {
+        no_listings: true,
+        ..StaticOptions::default()
+    };
+    let with = |method: Method, path: &str| t.plan(method, path, &[], &off);
+    assert_status(&with(Method::GET, "/sub/"), 404, "no listing");
+    assert_status(&with(Method::HEAD, "/sub/"), 404, "no listing for HEAD");
+    assert_eq!(
+        with(Method::GET, "/sub/").inline_body().unwrap(),
+        "not found\n"
+    );
+    assert_status(&with(Method::GET, "/sub"), 301, "the slash redirect");
+    assert!(matches!(with(Method::GET, "/site/"), Plan::File { .. }));
+    assert_status(&with(Method::GET, "/hello.txt"), 200, "a file");
+}
+
+/// A deferred listing is built from the directory `plan_deferred` opened and checked: a local
+/// writer who swaps it for a symlink to the outside between the plan and the build (the request
+/// waiting its turn in `listing_cache`) still gets the inside listed, under the inside's key.
+#[test]
+fn a_deferred_listing_reads_the_directory_it_checked() {
+    let t = Tree::new();
+    let outside = Tree::new();
+    outside.write("swap/outside-only.txt", b"o");
+    t.write("racedir/inside-only.txt", b"i");
+    symlink(outside.p("swap"), t.p("racelink")).unwrap();
+    let inside = fs::metadata(t.p("racedir")).unwrap();
+    let deferred = plan_deferred(
+        &t.root,
+        &Method::GET,
+        "/racedir/",
+        &HeaderMap::new(),
+        &StaticOptions::default(),
+    );
+    let Planned::List(job) = deferred else {
+        panic!("expected a listing job, got {deferred:#?}");
+    };
+    assert_eq!(
+        (job.key.id.dev, job.key.id.ino),
+        (inside.dev(), inside.ino())
+    );
+    // `racedir` is now the symlink to the outside; the inside directory is `racelink`.
+    fs::rename(t.p("racedir"), t.p("moved")).unwrap();
+    fs::rename(t.p("racelink"), t.p("racedir")).unwrap();
+    let built = job.build();
+    let html = listing_html(&built);
+    assert!(
+        html.contains(">inside-only.txt</a>") && !html.contains("outside-only"),
+        "{html}"
+    );
+}
