@@ -1339,7 +1339,7 @@ for spec in specs.split(","):
 high = [fcntl.fcntl(s.fileno(), fcntl.F_DUPFD_CLOEXEC, 100) for s in socks]
 for i, fd in enumerate(high):
     os.dup2(fd, 3 + i)
-print(" ".join(ports), flush=True)
+print("ports: " + " ".join(ports), flush=True)
 env = dict(os.environ, LISTEN_FDS=str(len(names)), LISTEN_PID=str(os.getpid()),
            LISTEN_FDNAMES=":".join(names), RUST_LOG="info")
 os.execve(argv[0], argv, env)
@@ -1348,7 +1348,7 @@ os.execve(argv[0], argv, env)
         .iter()
         .map(|(name, reuse)| format!("{name}:{}", u8::from(*reuse)))
         .collect();
-    let child = Proc::spawn(
+    let mut child = Proc::spawn(
         Command::new("python3")
             .args(["-c", script, &specs.join(","), NODUS])
             .args(args)
@@ -1356,8 +1356,10 @@ os.execve(argv[0], argv, env)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped()),
     );
-    let ports = child.lines.recv_timeout(Duration::from_secs(20)).unwrap();
-    let addrs = ports
+    // By its mark, not as the first line: nodus's stderr may come through before it (two pipes),
+    // and `wait_line` keeps what it passes over for the test's own waits.
+    let line = child.wait_line("ports: ");
+    let addrs = line["ports: ".len()..]
         .split(' ')
         .map(|p| format!("127.0.0.1:{p}").parse().unwrap())
         .collect();
