@@ -17,9 +17,9 @@
 //!   connection ended before its handler answered (499, nginx's "client closed request"; not
 //!   counted: nothing was sent), so an access log misses none; every answer of the handler is
 //!   reported to `Config::on_response` ([`Answered`]) once done with, with the body bytes the
-//!   socket took. A request body the handler left unread is discarded (a chunked one, or up to
-//!   64 KiB of known length; within 64 KiB and the keep-alive timeout) so the connection serves
-//!   on. An HTTP/1 response after which the connection will close says `Connection: close`.
+//!   socket took and whether its whole body went out. A request body the handler left unread is
+//!   discarded (a chunked one, or up to 64 KiB of known length; within 64 KiB and the keep-alive
+//!   timeout) so the connection serves on. An HTTP/1 response after which the connection will close says `Connection: close`.
 //! - `linger`: the lingering close of an HTTP/1 connection the server closes while its client may
 //!   still be sending (a body left unread, a refusal, a drain): the write side shut down after
 //!   the response, input read and dropped until the client closes, within

@@ -16,11 +16,15 @@
 //!   414 is written here); a `Content-Length` over `max_body_bytes` gets 413 without reaching the
 //!   handler, and a longer chunked body fails `collect_body` with `BodyError::TooLarge`; a head
 //!   not complete within `header_read_timeout` (slowloris) closes the connection; a connection
-//!   with no request in flight, no streamed body still being written (a server-sent-events body
-//!   may be silent for long), no write waiting on the peer and no I/O for `keep_alive_timeout` is
-//!   closed; one whose write has waited on the peer for `write_stall_timeout` (it stopped reading)
-//!   is cut with a reset (`SO_LINGER` 0: no orphaned socket keeps probing a peer that never reads
-//!   with the unsent output), and so is one the drain deadline cuts with a write waiting.
+//!   with no request in flight, no response body still being produced or written (however
+//!   small: its head may be out while its data waits on the server's own work, a file chunk on
+//!   a swamped I/O pool, or a server-sent-events body is silent for long), no write waiting on
+//!   the peer and no I/O for `keep_alive_timeout` is closed; one whose write has waited on the
+//!   peer for `write_stall_timeout` (it stopped reading) is cut with a reset (`SO_LINGER` 0: no
+//!   orphaned socket keeps probing a peer that never reads with the unsent output), and so is
+//!   one the drain deadline cuts with a response unfinished (a write waiting, or a body still
+//!   being produced: the reset tells its client it is incomplete, even a body that would end
+//!   with the connection).
 //! - An HTTP/1.1 request without `Host` gets 400 and `Connection: close` without reaching the
 //!   handler, as from Node (HTTP/1.0 ones are served); so does any HTTP/1 request with more than
 //!   one `Host` or one that is no `host[:port]` (RFC 9112 section 3.2). It counts as a request,
@@ -102,7 +106,9 @@
 //!   `Meter`, which counts what each write advances it by (hyper queues chunks as they are, for
 //!   vectored writes, and advances them only by what a write took; over HTTP/2, h2 copies a
 //!   payload under 256 bytes into its frame buffer, and it counts then); the report is the
-//!   meter's drop, when the body and the last chunk hyper held are gone. Without the hook the
+//!   meter's drop, when the body and the last chunk hyper held are gone. It says too whether the
+//!   whole body went out (its end reached, every byte taken), so a response cut after its head
+//!   is not reported as a complete one. Without the hook the
 //!   chunks carry no meter: nothing is allocated.
 //! - A `Server` dropped without a drain is not stopped: its tasks serve on while the loop runs
 //!   (a Node server nobody references still listens). `drain` is how it stops.
@@ -112,7 +118,7 @@
 //!   connections close at their keep-alive timeout, lingering ones when their client closes or
 //!   their linger ends; whatever is still open at the deadline is cut.
 //!   `Server::drain` returns what the cut lost: the requests whose handler had not answered,
-//!   plus one per connection still writing a response (a large or streamed body still producing,
+//!   plus one per connection still writing a response (a body still being produced,
 //!   or output the peer has not taken). An idle connection cut at the deadline loses nothing.
 
 use std::cell::{Cell, RefCell};
@@ -158,7 +164,7 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Time allowed for a complete request head once the connection waits for one. Default 10 s.
     pub header_read_timeout: Duration,
-    /// An idle connection (no request in flight, no streamed response body still being written,
+    /// An idle connection (no request in flight, no response body still being produced or written,
     /// no response write waiting on the peer, no I/O) is closed after this; the discard of a
     /// request body the handler left unread is given up after this. Default 5 s.
     pub keep_alive_timeout: Duration,
@@ -273,6 +279,11 @@ pub struct Answered<'a> {
     /// HTTP/2 a DATA frame's payload under 256 bytes counts when h2 copies it into its frame
     /// buffer, before it is written.
     pub body_bytes: u64,
+    /// Whether the whole body went out: its end was reached and the socket took every byte of
+    /// it (always, for an answer without a body: `HEAD`, 204, 304). False for one cut short
+    /// (the drain deadline, a write stall, a body that failed, a client that went away), whose
+    /// `status` is still the one it was sent with.
+    pub complete: bool,
 }
 
 /// nginx's status for a request whose client went away before it was answered (none was sent).
@@ -647,12 +658,14 @@ where
                         nodus::sleep(Duration::from_nanos(deadline_at.saturating_sub(now)))
                     });
                     if Pin::new(deadline).poll(cx).is_ready() {
-                        // The drain deadline cuts it, with what it was answering.
+                        // The drain deadline cuts it, with what it was answering: a response
+                        // it cuts ends with a reset, never a close that could pass for its end
+                        // (an HTTP/1.0 body that ends with the connection).
                         let blocked = activity.write_blocked.get();
                         let answering = conn_state.streaming.get() > 0 || blocked;
                         let cut = &state.cut_requests;
                         cut.set(cut.get() + conn_state.in_flight.get() + usize::from(answering));
-                        if blocked {
+                        if answering {
                             // SAFETY: `conn` owns the stream, open until this block ends.
                             reset_on_close(unsafe { BorrowedFd::borrow_raw(fd) });
                         }
@@ -802,7 +815,7 @@ fn reset_on_close(fd: BorrowedFd<'_>) {
 enum Fired {
     /// The header-read deadline passed: hyper's header-read sleep is now complete.
     HeadExpired,
-    /// No request in flight, no streamed body, no write waiting and no I/O for the whole
+    /// No request in flight, no response body unfinished, no write waiting and no I/O for the whole
     /// keep-alive timeout.
     Idle,
     /// A write has waited on the peer for the whole write-stall timeout.
@@ -1036,8 +1049,8 @@ pub(crate) struct ConnState {
     discarding: RefCell<Option<Discard>>,
     /// How long a discard may take: the keep-alive timeout.
     discard_timeout: Duration,
-    /// Answered requests whose large or streamed body is still being written (see
-    /// [`TrackedBody`]): the connection is not idle while one is (a server-sent-events body may
+    /// Answered requests whose body is still being produced or written (see [`SentBody`]),
+    /// however small: the connection is not idle while one is (a server-sent-events body may
     /// be silent for long); a client that stops reading it meets the write-stall timeout.
     streaming: Cell<usize>,
     http2: Cell<bool>,
@@ -1457,7 +1470,7 @@ impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
                 conn.linger.set(true);
             }
         }
-        let mut meter = None;
+        let (mut meter, mut streaming) = (None, None);
         if let Some(conn) = this.conn.take() {
             conn.in_flight.set(conn.in_flight.get() - 1);
             if let (Some(report), Some(line), true) =
@@ -1471,23 +1484,53 @@ impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
                     version: this.version,
                     start: this.start,
                     written: Cell::new(0),
+                    handed: Cell::new(0),
+                    ended: Cell::new(false),
                 }));
             }
-            if TrackedBody::needed(resp.body()) {
-                resp = resp.map(|inner| TrackedBody::track(inner, conn));
+            if !resp.body().is_end_stream() {
+                conn.streaming.set(conn.streaming.get() + 1);
+                streaming = Some(conn);
             }
         }
         let ns = nodus::clock::now_ns().saturating_sub(this.start);
         stats::request_finished(resp.status(), ns);
-        Poll::Ready(Ok(resp.map(|inner| SentBody { inner, meter })))
+        Poll::Ready(Ok(resp.map(|inner| SentBody {
+            inner,
+            meter,
+            streaming,
+        })))
     }
 }
 
 /// A response body as hyper takes it: each data chunk carries its response's [`Meter`], if any,
 /// which counts what each write takes of it.
+///
+/// Every body not empty from the start counts in its connection's `streaming` until it is
+/// dropped (written out, or abandoned with the connection): the connection is not idle while
+/// the body waits on the server's own work (a file chunk read on a swamped I/O pool, a
+/// server-sent-events body silent for long), and a drain deadline cutting it knows it cut a
+/// response. Small bodies of an exact length count too: one that needs a later loop turn for
+/// its data (a 6-byte file read on the pool) leaves its head written and its connection quiet.
 pub(crate) struct SentBody {
     inner: Body,
     meter: Option<Rc<Meter>>,
+    /// The connection whose `streaming` counts this body.
+    streaming: Option<Rc<ConnState>>,
+}
+
+impl Drop for SentBody {
+    fn drop(&mut self) {
+        // hyper drops a body without asking for its end once it says it is at it.
+        if let Some(meter) = &self.meter
+            && self.inner.is_end_stream()
+        {
+            meter.ended.set(true);
+        }
+        if let Some(conn) = &self.streaming {
+            conn.streaming.set(conn.streaming.get() - 1);
+        }
+    }
 }
 
 impl hyper::body::Body for SentBody {
@@ -1500,6 +1543,16 @@ impl hyper::body::Body for SentBody {
     ) -> Poll<Option<Result<hyper::body::Frame<SentChunk>, io::Error>>> {
         let this = self.get_mut();
         let frame = ready!(this.inner.as_mut().poll_frame(cx));
+        if let Some(meter) = &this.meter {
+            match &frame {
+                None => meter.ended.set(true),
+                Some(Ok(f)) => {
+                    let len = f.data_ref().map_or(0, |d| d.len() as u64);
+                    meter.handed.set(meter.handed.get() + len);
+                }
+                Some(Err(_)) => {}
+            }
+        }
         Poll::Ready(frame.map(|f| {
             f.map(|f| {
                 f.map_data(|bytes| SentChunk {
@@ -1556,6 +1609,21 @@ pub(crate) struct Meter {
     start: u64,
     /// Body bytes the socket took.
     written: Cell<u64>,
+    /// Body bytes handed to hyper.
+    handed: Cell<u64>,
+    /// The body reached its end (not cut short, not failed).
+    ended: Cell<bool>,
+}
+
+impl Meter {
+    /// An answer hyper sends no body with.
+    fn bodiless(&self) -> bool {
+        *self.line.line(self.version).method == Method::HEAD
+            || matches!(
+                self.status,
+                StatusCode::NO_CONTENT | StatusCode::NOT_MODIFIED
+            )
+    }
 }
 
 impl Drop for Meter {
@@ -1566,60 +1634,9 @@ impl Drop for Meter {
             request: self.line.line(self.version),
             elapsed_ns: nodus::clock::now_ns().saturating_sub(self.start),
             body_bytes: self.written.get(),
+            complete: self.bodiless()
+                || (self.ended.get() && self.written.get() == self.handed.get()),
         });
-    }
-}
-
-/// A response body that counts in its connection's `streaming` until it is dropped (written
-/// out, or abandoned with the connection), so that a drain deadline cutting the connection knows
-/// it cut a response. Only bodies that may outlast one write are tracked: the small ones with an
-/// exact length go out with the head, and wrapping them would cost an allocation per request.
-struct TrackedBody {
-    inner: Body,
-    conn: Rc<ConnState>,
-}
-
-impl TrackedBody {
-    /// Bodies up to this exact length are not tracked.
-    const UNTRACKED_MAX: u64 = 64 * 1024;
-
-    fn needed(body: &Body) -> bool {
-        !body.is_end_stream()
-            && body
-                .size_hint()
-                .exact()
-                .is_none_or(|len| len > Self::UNTRACKED_MAX)
-    }
-
-    fn track(inner: Body, conn: Rc<ConnState>) -> Body {
-        conn.streaming.set(conn.streaming.get() + 1);
-        crate::body::boxed(TrackedBody { inner, conn })
-    }
-}
-
-impl hyper::body::Body for TrackedBody {
-    type Data = bytes::Bytes;
-    type Error = io::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
-        self.inner.as_mut().poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for TrackedBody {
-    fn drop(&mut self) {
-        self.conn.streaming.set(self.conn.streaming.get() - 1);
     }
 }
 

@@ -67,6 +67,14 @@ impl TestServer {
                                 sent: 0,
                                 gap: Box::pin(nodus::sleep(400)),
                             })),
+                            // 6 bytes whose data comes 400 ms after the head, as a file chunk
+                            // read on a swamped I/O pool: of that exact length, or of none.
+                            "/late-body" => {
+                                http::Response::new(nodus_http::body::boxed(LateBody::new(true)))
+                            }
+                            "/late-stream" => {
+                                http::Response::new(nodus_http::body::boxed(LateBody::new(false)))
+                            }
                             // 8 MiB: more than the socket buffers hold when the client reads none.
                             "/big" => http::Response::new(full(vec![b'x'; 8 << 20])),
                             // 128 KiB, not reading the request's body: more than a client with a
@@ -539,6 +547,137 @@ impl hyper::body::Body for Events {
             bytes::Bytes::from_static(line),
         ))))
     }
+}
+
+/// `later!`, 400 ms after it is first polled; with its exact length, or none.
+struct LateBody {
+    exact: bool,
+    sent: bool,
+    gap: std::pin::Pin<Box<nodus::Sleep>>,
+}
+
+impl LateBody {
+    fn new(exact: bool) -> LateBody {
+        LateBody {
+            exact,
+            sent: false,
+            gap: Box::pin(nodus::sleep(400)),
+        }
+    }
+}
+
+impl hyper::body::Body for LateBody {
+    type Data = bytes::Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, std::io::Error>>> {
+        use std::future::Future;
+        use std::task::Poll;
+        if self.sent {
+            return Poll::Ready(None);
+        }
+        if self.gap.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        self.sent = true;
+        Poll::Ready(Some(Ok(hyper::body::Frame::data(
+            bytes::Bytes::from_static(b"later!"),
+        ))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.sent
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match (self.exact, self.sent) {
+            (true, false) => hyper::body::SizeHint::with_exact(6),
+            (true, true) => hyper::body::SizeHint::with_exact(0),
+            (false, _) => hyper::body::SizeHint::default(),
+        }
+    }
+}
+
+/// A small body of a known length whose data waits on the server's own work (a file chunk read
+/// on a swamped I/O pool) past the keep-alive timeout, its head already sent, is not idle: it
+/// arrives whole (it was cut after its head, a clean EOF short of its `Content-Length`).
+#[test]
+fn a_small_body_waiting_on_the_server_past_the_keep_alive_timeout_is_not_cut() {
+    let config = Config {
+        keep_alive_timeout: Duration::from_millis(200),
+        on_response: Some(record_late),
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_secs(1));
+    let mut s = server.connect();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    get(&mut s, "/late-body");
+    let reply = read_reply(&mut r, false).unwrap();
+    assert_eq!(reply.status, 200);
+    assert_eq!(String::from_utf8_lossy(&reply.body), "later!");
+    let start = Instant::now();
+    while LATE.lock().unwrap().is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(10), "never reported");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        std::mem::take(&mut *LATE.lock().unwrap()),
+        [(200, 6, true)],
+        "on_response: status, body bytes, complete"
+    );
+}
+
+static LATE: std::sync::Mutex<Vec<(u16, u64, bool)>> = std::sync::Mutex::new(Vec::new());
+
+fn record_late(a: &nodus_http::Answered<'_>) {
+    LATE.lock()
+        .unwrap()
+        .push((a.status.as_u16(), a.body_bytes, a.complete));
+}
+
+static CUT: std::sync::Mutex<Vec<(u16, u64, bool)>> = std::sync::Mutex::new(Vec::new());
+
+fn record_cut(a: &nodus_http::Answered<'_>) {
+    CUT.lock()
+        .unwrap()
+        .push((a.status.as_u16(), a.body_bytes, a.complete));
+}
+
+/// A response the drain deadline cuts while its body waits on the server ends with a reset: an
+/// HTTP/1.0 body of no known length ends with the connection, so a plain close would pass for
+/// its end. `on_response` reports it incomplete.
+#[test]
+fn a_response_the_drain_deadline_cuts_before_its_body_ends_is_reset() {
+    let config = Config {
+        on_response: Some(record_cut),
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_millis(100));
+    let mut s = server.connect();
+    s.write_all(b"GET /late-stream HTTP/1.0\r\n\r\n").unwrap();
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"HTTP/1.0 200");
+    let (cut, _) = server.finish();
+    assert_eq!(cut, 1, "the drain reports the response it cut");
+    let mut got = Vec::new();
+    let err = s
+        .read_to_end(&mut got)
+        .expect_err("a clean end after the head");
+    assert_eq!(
+        err.kind(),
+        std::io::ErrorKind::ConnectionReset,
+        "{err}; got {}",
+        String::from_utf8_lossy(&got)
+    );
+    assert_eq!(
+        *CUT.lock().unwrap(),
+        [(200, 0, false)],
+        "on_response: status, body bytes, complete"
+    );
 }
 
 /// A streamed body silent for longer than the keep-alive timeout is the server's own pace, not
@@ -1543,7 +1682,10 @@ fn an_unread_body_that_stalls_or_trickles_is_given_up_at_the_keep_alive_timeout(
 /// What `Config::on_response` was told in
 /// `on_response_reports_each_answer_with_the_body_bytes_the_socket_took`: status, start line,
 /// body bytes.
-static ANSWERED: std::sync::Mutex<Vec<(u16, String, u64)>> = std::sync::Mutex::new(Vec::new());
+/// Status, start line, body bytes, complete.
+type Answer = (u16, String, u64, bool);
+
+static ANSWERED: std::sync::Mutex<Vec<Answer>> = std::sync::Mutex::new(Vec::new());
 
 fn record_answered(a: &nodus_http::Answered<'_>) {
     let r = a.request;
@@ -1551,11 +1693,11 @@ fn record_answered(a: &nodus_http::Answered<'_>) {
     ANSWERED
         .lock()
         .unwrap()
-        .push((a.status.as_u16(), line, a.body_bytes));
+        .push((a.status.as_u16(), line, a.body_bytes, a.complete));
 }
 
 /// Waits (10 s at most) until `on_response` has been told of `n` answers; takes them.
-fn answered(n: usize) -> Vec<(u16, String, u64)> {
+fn answered(n: usize) -> Vec<Answer> {
     let start = Instant::now();
     loop {
         let mut got = ANSWERED.lock().unwrap();
@@ -1588,9 +1730,9 @@ fn on_response_reports_each_answer_with_the_body_bytes_the_socket_took() {
     assert_eq!(
         answered(3),
         [
-            (200, "GET / HTTP/1.1".to_owned(), 5),
-            (200, "HEAD / HTTP/1.1".to_owned(), 0),
-            (200, "GET /stream HTTP/1.1".to_owned(), 6),
+            (200, "GET / HTTP/1.1".to_owned(), 5, true),
+            (200, "HEAD / HTTP/1.1".to_owned(), 0, true),
+            (200, "GET /stream HTTP/1.1".to_owned(), 6, true),
         ]
     );
     drop(server);
@@ -1600,8 +1742,11 @@ fn on_response_reports_each_answer_with_the_body_bytes_the_socket_took() {
     let (s, head) = stalled_download(server.addr);
     rustix::net::sockopt::set_socket_linger(&s, Some(Duration::ZERO)).unwrap();
     drop(s);
-    let [(status, line, bytes)] = <[_; 1]>::try_from(answered(1)).unwrap();
-    assert_eq!((status, line.as_str()), (200, "GET /big HTTP/1.1"));
+    let [(status, line, bytes, complete)] = <[_; 1]>::try_from(answered(1)).unwrap();
+    assert_eq!(
+        (status, line.as_str(), complete),
+        (200, "GET /big HTTP/1.1", false)
+    );
     let (_, snap) = server.finish();
     assert_eq!(bytes, snap.http.bytes_sent_total - head, "head {head}");
     assert!(bytes >= 8 * 1024 - head && bytes < 8 << 20, "{bytes}");

@@ -1,10 +1,14 @@
 //! `--access-log`: one line per request on stderr (target `nodus::access`),
-//! `PEER "METHOD PATH VERSION" STATUS BYTES TIME`, each unknown field `-`.
+//! `PEER "METHOD PATH VERSION" STATUS BYTES TIME`, each unknown field `-`, and ` incomplete`
+//! after it for an answer whose body did not all go out.
 //!
 //! - BYTES is the response body's bytes sent (nginx's `$body_bytes_sent`): what the socket took
 //!   of the body (`nodus_http::Answered::body_bytes`), so a download cut short shows how far it
 //!   got (with the status it was sent with, as nginx logs it; a write that failed, or output
 //!   still unwritten when the connection ended, is not counted), and a `HEAD` or 304 shows 0.
+//!   An answer of the handler cut short (`nodus_http::Answered::complete` false: the drain
+//!   deadline, a write stall, a file read that failed, a client gone) says ` incomplete` at the
+//!   end of its line, so a body cut to nothing (`200 0`) cannot pass for an empty one.
 //! - TIME runs from the request's start to the end of its response: the line of an answer the
 //!   handler made is written when it is done with (its last body byte written, or its
 //!   connection ended), through the server's `on_response` hook ([`log_answered`]); one the
@@ -29,6 +33,7 @@ pub(super) fn log_answered(answered: &Answered<'_>) {
         answered.status,
         answered.body_bytes,
         Some(answered.elapsed_ns),
+        !answered.complete,
     );
 }
 
@@ -41,6 +46,7 @@ pub(super) fn log_refused(refused: &Refused<'_>) {
         refused.status,
         refused.body_bytes,
         refused.elapsed_ns,
+        false,
     );
 }
 
@@ -51,9 +57,11 @@ fn log_access(
     status: StatusCode,
     bytes: u64,
     ns: Option<u64>,
+    incomplete: bool,
 ) {
     let peer = peer.map_or_else(|| "-".to_owned(), |p| p.to_string());
     let (status, time) = (status.as_u16(), LogTime(ns));
+    let cut = if incomplete { " incomplete" } else { "" };
     match request {
         Some(RequestLine {
             method,
@@ -61,10 +69,10 @@ fn log_access(
             version,
         }) => {
             let path = log_escape(path);
-            tracing::info!(target: "nodus::access", "{peer} \"{method} {path} {version:?}\" {status} {bytes} {time}");
+            tracing::info!(target: "nodus::access", "{peer} \"{method} {path} {version:?}\" {status} {bytes} {time}{cut}");
         }
         None => {
-            tracing::info!(target: "nodus::access", "{peer} \"- - -\" {status} {bytes} {time}")
+            tracing::info!(target: "nodus::access", "{peer} \"- - -\" {status} {bytes} {time}{cut}")
         }
     }
 }
