@@ -44,7 +44,7 @@ const CRASHING: &[&str] = &[
 fn run_gives_up_with_75_when_its_stderr_is_closed_from_the_start() {
     let (mut primary, reader) = run_into_pipe(CRASHING);
     drop(reader);
-    assert_eq!(primary.wait_exit(Duration::from_secs(10)), Some(75));
+    assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(75));
 }
 
 #[test]
@@ -59,7 +59,8 @@ fn run_gives_up_with_75_when_its_stderr_reader_goes_away_after_a_line() {
     });
     let first = rx.recv_timeout(Duration::from_secs(10)).unwrap();
     assert!(first.contains("supervising 1 worker"), "{first:?}");
-    assert_eq!(primary.wait_exit(Duration::from_secs(10)), Some(75));
+    // Two crashes 0.2 s apart, then the give-up: 30 s only catches a hang on a loaded host.
+    assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(75));
 }
 
 #[test]
