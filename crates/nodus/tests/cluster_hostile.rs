@@ -263,6 +263,19 @@ fn send(ch: &Channel, text: &str) {
         .unwrap();
 }
 
+/// A nodus-speaking worker's channel, once it said `online` (a nodus worker) and `ready`.
+fn online_and_ready() -> Channel {
+    let ch = Channel::from_env()
+        .unwrap()
+        .expect("started with a channel");
+    send(
+        &ch,
+        r#"{"cmd":"NODE_CLUSTER","act":"online","seq":0,"nodus":1}"#,
+    );
+    send(&ch, r#"{"cmd":"NODE_NODUS","act":"ready"}"#);
+    ch
+}
+
 /// The next internal message from the primary, as JSON (at most 10 s).
 async fn next(ch: &Channel) -> Value {
     let msg = nodus::timeout(Duration::from_secs(10), ch.recv_internal())
@@ -941,14 +954,7 @@ fn bad_snapshot_worker() -> ! {
 /// replaced by the request's id); ready once online.
 fn snapshot_worker(template: String) -> ! {
     nodus::Runtime::new().block_on(async move {
-        let ch = Channel::from_env()
-            .unwrap()
-            .expect("started with a channel");
-        send(
-            &ch,
-            r#"{"cmd":"NODE_CLUSTER","act":"online","seq":0,"nodus":1}"#,
-        );
-        send(&ch, r#"{"cmd":"NODE_NODUS","act":"ready"}"#);
+        let ch = online_and_ready();
         while let Some(msg) = ch.recv_internal().await {
             let v: Value = serde_json::from_str(msg.json()).unwrap();
             match v["act"].as_str() {
@@ -1124,14 +1130,7 @@ fn big_snapshot() -> String {
 fn stats_asker_worker() -> ! {
     let dir = worker_dir();
     nodus::Runtime::new().block_on(async move {
-        let ch = Channel::from_env()
-            .unwrap()
-            .expect("started with a channel");
-        send(
-            &ch,
-            r#"{"cmd":"NODE_CLUSTER","act":"online","seq":0,"nodus":1}"#,
-        );
-        send(&ch, r#"{"cmd":"NODE_NODUS","act":"ready"}"#);
+        let ch = online_and_ready();
         let small = with_classes(0, |_| String::new());
         // The reply's `text` to a request for `what`, or `None` after 10 s.
         let ask = async |id: u64, what: &str| {
