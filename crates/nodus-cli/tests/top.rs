@@ -1,7 +1,9 @@
 //! `nodus top` end to end: `--once` against a real `nodus serve` and against a fake 2-worker
 //! cluster stats server, the dashboard under a pseudo-terminal at 80×24 (keys, `q`, Ctrl-C and
 //! SIGTERM all leave the terminal restored; closing the terminal ends it; a stdout that is not a
-//! terminal is a usage error), and the `/_nodus/` page in headless Chromium.
+//! terminal is a usage error), and the `/_nodus/` page in headless Chromium (against a real
+//! cluster, and against a crafted relayed document: panics, a drain stall, a snapshot left out,
+//! an older build's snapshot).
 //!
 //! The fake cluster is a std `TcpListener` thread answering every request with the cluster shape
 //! (`{"workers": [...], "restarts", "budget_left", "generation"}`); each answer advances its
@@ -296,13 +298,22 @@ fn cluster_doc(n: u64) -> Value {
                 queue_wait: hist(&[(2_000_000, 100)]),
                 ..PoolSnapshot::default()
             }];
+            // Worker 1's stall was a drain of short polls; its tasks panicked 3 times.
             s.stalls = vec![StallReport {
                 task_name: "http:static".into(),
                 location: "crates/app/src/slow.rs:12:5".into(),
                 elapsed_seconds: 0.25,
                 class: "on-cpu".into(),
                 at_unix_ms: 1_800_000_000_000,
+                polls: [1, 20_345][i as usize],
+                began_with: "\"main\" (src/main.rs:4:5)".into(),
                 ..StallReport::default()
+            }];
+            s.tasks.panics_total = 3 * i;
+            s.task_classes = vec![nodus::metrics::TaskClassSnapshot {
+                name: "job".into(),
+                panics: 3 * i,
+                ..Default::default()
             }];
             serde_json::json!({
                 "worker": i,
@@ -401,6 +412,21 @@ fn once_against_a_two_worker_cluster_shows_both_pids_and_matching_figures() {
         2,
         "{stdout}"
     );
+    // Worker 1's drain and panics; worker 0's single poll and no panics add nothing.
+    assert_eq!(
+        stdout
+            .matches(
+                ", held in drain: 20345 polls, mostly http:static after \"main\" (src/main.rs:4:5)"
+            )
+            .count(),
+        1,
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("  panics: pid 31002: panics 3 (job 3)\n"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("panics: pid 31001"), "{stdout}");
 }
 
 #[test]
@@ -668,6 +694,51 @@ fn admin_page_in_headless_chromium_fills_the_worker_rows() {
     };
     let dir = site("chromium");
     let (server, pids) = cluster(&dir);
+    let dom = chromium_dom(chromium, &format!("http://{}/_nodus/", server.addr));
+    // One row per worker of the cluster, each with its utilization.
+    for pid in pids {
+        let row = dom
+            .split("<tr ")
+            .find(|tag| tag.contains("worker-row") && tag.contains(&format!("data-pid=\"{pid}\"")))
+            .unwrap_or_else(|| panic!("no worker row for pid {pid} in the page:\n{dom}"));
+        assert!(row.contains('%'), "the row has no utilization: {row}");
+    }
+    assert!(dom.contains("data-state=\"ok\""), "{dom}");
+}
+
+/// Serves the `/_nodus/` page (this build's) and `doc` as `/_nodus/stats`, as a relayed
+/// cluster document would come; returns the address.
+fn fake_admin(doc: Value) -> SocketAddr {
+    const PAGE: &str = include_str!("../src/serve/admin_page.html");
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            let head = String::from_utf8_lossy(&head);
+            let (kind, body) = if head.starts_with("GET /_nodus/stats ") {
+                ("application/json", doc.to_string())
+            } else {
+                ("text/html; charset=utf-8", PAGE.to_string())
+            };
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\nContent-Length: {}\r\n\
+                 Connection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    addr
+}
+
+/// The DOM of `url` after headless Chromium ran its script for a few (virtual) seconds.
+fn chromium_dom(chromium: &str, url: &str) -> String {
     let profile = TempDir::new("chromium-profile");
     let out = Command::new(chromium)
         .args([
@@ -682,20 +753,126 @@ fn admin_page_in_headless_chromium_fills_the_worker_rows() {
             "--dump-dom",
         ])
         .arg(format!("--user-data-dir={}", profile.path().display()))
-        .arg(format!("http://{}/_nodus/", server.addr))
+        .arg(url)
         .stderr(Stdio::null())
         .output()
         .unwrap();
-    let dom = String::from_utf8_lossy(&out.stdout);
-    // One row per worker of the cluster, each with its utilization.
-    for pid in pids {
-        let row = dom
-            .split("<tr ")
-            .find(|tag| tag.contains("worker-row") && tag.contains(&format!("data-pid=\"{pid}\"")))
-            .unwrap_or_else(|| panic!("no worker row for pid {pid} in the page:\n{dom}"));
-        assert!(row.contains('%'), "the row has no utilization: {row}");
-    }
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The row (`<tr ...>` to `</tr>`) of `dom` whose opening tag has `class` and `attr`.
+fn dom_row<'a>(dom: &'a str, class: &str, attr: &str) -> &'a str {
+    dom.split("<tr ")
+        .find(|tag| {
+            let open = tag.split('>').next().unwrap_or("");
+            open.contains(class) && open.contains(attr)
+        })
+        .and_then(|tag| tag.split("</tr>").next())
+        .unwrap_or_else(|| panic!("no {class} row with {attr} in the page:\n{dom}"))
+}
+
+/// A relayed 3-worker document: worker 1's snapshot has task panics and a drain stall, worker 2's
+/// was left out, worker 3 is an older build (no panic fields, a stall without `polls`).
+fn relayed_doc() -> Value {
+    use nodus::metrics::TaskClassSnapshot;
+    let snapshot = |pid: u32, old: bool| {
+        let mut s = Snapshot {
+            pid,
+            loop_id: 1,
+            uptime_seconds: 60.0,
+            taken_at_unix_ms: 1_800_000_000_000,
+            task_classes: ["handler", "job", "quiet"]
+                .iter()
+                .zip([1, 2, 0])
+                .map(|(name, panics)| TaskClassSnapshot {
+                    name: (*name).into(),
+                    spawned: 5,
+                    polls: 50,
+                    panics,
+                    ..TaskClassSnapshot::default()
+                })
+                .collect(),
+            stalls: vec![StallReport {
+                task_name: "ping".into(),
+                location: "src/main.rs:12:9".into(),
+                elapsed_seconds: 0.101,
+                class: "on-cpu".into(),
+                polls: 20_345,
+                began_with: "\"main\" (src/main.rs:4:5)".into(),
+                at_unix_ms: 1_800_000_000_000,
+                ..StallReport::default()
+            }],
+            ..Snapshot::default()
+        };
+        s.tasks.panics_total = 3;
+        let mut s = serde_json::to_value(&s).unwrap();
+        if old {
+            s["tasks"].as_object_mut().unwrap().remove("panics_total");
+            for c in s["task_classes"].as_array_mut().unwrap() {
+                c.as_object_mut().unwrap().remove("panics");
+            }
+            let stall = s["stalls"][0].as_object_mut().unwrap();
+            stall.remove("polls");
+            stall.remove("began_with");
+        }
+        s
+    };
+    serde_json::json!({
+        "workers": [
+            {"worker": 1, "pid": 41_001, "answering": true, "snapshot": snapshot(41_001, false)},
+            {"worker": 2, "pid": 41_002, "answering": true, "snapshot": null,
+             "snapshot_left_out": "its 9000000-byte snapshot did not fit the IPC frame this document came in"},
+            {"worker": 3, "pid": 41_003, "answering": true, "snapshot": snapshot(41_003, true)},
+        ],
+        "restarts": 0,
+        "trimmed": "1 of 3 worker snapshots left out (largest first, see each worker's snapshot_left_out)",
+    })
+}
+
+#[test]
+fn admin_page_in_headless_chromium_shows_panics_drains_and_left_out_snapshots() {
+    let Some(chromium) = installed(&["chromium", "chromium-browser"]) else {
+        return;
+    };
+    let addr = fake_admin(relayed_doc());
+    let dom = chromium_dom(chromium, &format!("http://{addr}/_nodus/"));
     assert!(dom.contains("data-state=\"ok\""), "{dom}");
+    // The left-out worker: said so, with the reason, in its row and in the header.
+    let row = dom_row(&dom, "worker-row", "data-pid=\"41002\"");
+    assert!(row.contains("left-out"), "{row}");
+    assert!(
+        row.contains("snapshot left out: its 9000000-byte snapshot did not fit the IPC frame"),
+        "{row}"
+    );
+    assert!(dom.contains("1 snapshot left out"), "{dom}");
+    // Worker 1 (selected first): its panics in total and per task name.
+    assert!(
+        dom.contains(r#"<span id="task-panics" class="bad">3</span>"#),
+        "{dom}"
+    );
+    let job = dom_row(&dom, "task-row", "data-name=\"job\"");
+    assert!(job.contains(r#"<td class="n panics bad">2</td>"#), "{job}");
+    let quiet = dom_row(&dom, "task-row", "data-name=\"quiet\"");
+    assert!(quiet.contains(r#"<td class="n panics">0</td>"#), "{quiet}");
+    // Its stall, a drain of short polls: how many, whose, after what.
+    let stall = dom_row(&dom, "stall-row", "data-task=\"ping\"");
+    assert!(
+        stall
+            .contains("held in drain: 20,345 polls, mostly ping, after \"main\" (src/main.rs:4:5)"),
+        "{stall}"
+    );
+
+    // Worker 3, an older build: no panic figures (not 0), no drain line.
+    let dom = chromium_dom(chromium, &format!("http://{addr}/_nodus/#worker=3"));
+    assert!(dom.contains("Worker #3 · pid 41003"), "{dom}");
+    assert!(
+        dom.contains(r#"<span id="task-panics" class="">–</span>"#),
+        "{dom}"
+    );
+    let job = dom_row(&dom, "task-row", "data-name=\"job\"");
+    assert!(job.contains(r#"<td class="n panics">–</td>"#), "{job}");
+    let stall = dom_row(&dom, "stall-row", "data-task=\"ping\"");
+    assert!(!stall.contains("held in drain"), "{stall}");
 }
 
 #[test]

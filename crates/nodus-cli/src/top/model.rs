@@ -12,6 +12,14 @@
 //! refresh interval. Where that difference is empty (first fetch, no new samples) the snapshot's
 //! own figures are used: the last runtime interval for utilization, the lifetime for percentiles.
 //! Run-queue mean and max are the runtime's last completed interval (lifetime before one exists).
+//!
+//! Version skew: a worker may be an older build whose snapshot lacks a field this one reads as a
+//! default. A figure whose zero would read as a fact is shown only if the snapshot has it: task
+//! panics (`tasks.panics_total`) are `None` in a [`Row`] when absent ([`ClusterStats::parse`]
+//! looks for the field itself); a stall's `polls` of 0 (absent) says nothing about a drain.
+//! A worker whose snapshot a relayed document left out (`snapshot_left_out`, the document's
+//! `trimmed`: it did not fit the IPC frame that document came in) keeps the reason, so it is
+//! shown as left out, not as one that does not report.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
@@ -35,6 +43,8 @@ pub struct ClusterStats {
     pub generation: Option<u64>,
     /// Whether the document had the cluster shape (false: one process's own snapshot).
     pub cluster: bool,
+    /// What a document relayed to a worker left out to fit its IPC frame (`None`: it is whole).
+    pub trimmed: Option<String>,
 }
 
 /// One worker of the cluster shape.
@@ -62,6 +72,13 @@ pub struct WorkerStats {
     /// primary does not ask (a plain program, a Node worker), whose figures are unknown.
     #[serde(default)]
     pub answering: Option<bool>,
+    /// Why a document relayed to a worker left this worker's snapshot out (`None`: it did not).
+    #[serde(default)]
+    pub snapshot_left_out: Option<String>,
+    /// Whether its snapshot has `tasks.panics_total` (an older build's lacks it); set by
+    /// [`ClusterStats::parse`].
+    #[serde(skip)]
+    pub panics_known: bool,
 }
 
 #[derive(Deserialize)]
@@ -80,6 +97,41 @@ struct RawCluster {
     budget_left: Option<u64>,
     #[serde(default)]
     generation: Option<u64>,
+    #[serde(default)]
+    trimmed: Option<String>,
+}
+
+/// Which snapshots of a document have `tasks.panics_total` (read apart from [`Snapshot`], whose
+/// missing fields read as 0).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum PanicsProbe {
+    Cluster { workers: Vec<ProbeWorker> },
+    Single(ProbeSnapshot),
+}
+
+#[derive(Deserialize)]
+struct ProbeWorker {
+    #[serde(default)]
+    snapshot: Option<ProbeSnapshot>,
+}
+
+#[derive(Default, Deserialize)]
+struct ProbeSnapshot {
+    #[serde(default)]
+    tasks: ProbeTasks,
+}
+
+#[derive(Default, Deserialize)]
+struct ProbeTasks {
+    #[serde(default)]
+    panics_total: Option<u64>,
+}
+
+impl ProbeSnapshot {
+    fn panics_known(&self) -> bool {
+        self.tasks.panics_total.is_some()
+    }
 }
 
 impl From<StatsDoc> for ClusterStats {
@@ -91,6 +143,7 @@ impl From<StatsDoc> for ClusterStats {
                 budget_left: c.budget_left,
                 generation: c.generation,
                 cluster: true,
+                trimmed: c.trimmed,
             },
             StatsDoc::Single(s) => ClusterStats {
                 workers: vec![WorkerStats {
@@ -101,11 +154,14 @@ impl From<StatsDoc> for ClusterStats {
                     rss_bytes: None,
                     uptime_seconds: None,
                     answering: None,
+                    snapshot_left_out: None,
+                    panics_known: false,
                 }],
                 restarts: 0,
                 budget_left: None,
                 generation: None,
                 cluster: false,
+                trimmed: None,
             },
         }
     }
@@ -114,6 +170,24 @@ impl From<StatsDoc> for ClusterStats {
 impl ClusterStats {
     /// Parses a stats document, with a precise message when it is neither shape.
     pub fn parse(body: &[u8]) -> Result<ClusterStats, String> {
+        let mut stats = ClusterStats::parse_shape(body)?;
+        match serde_json::from_slice::<PanicsProbe>(body) {
+            Ok(PanicsProbe::Cluster { workers }) => {
+                for (w, p) in stats.workers.iter_mut().zip(workers) {
+                    w.panics_known = p.snapshot.is_some_and(|s| s.panics_known());
+                }
+            }
+            Ok(PanicsProbe::Single(s)) => {
+                for w in &mut stats.workers {
+                    w.panics_known = s.panics_known();
+                }
+            }
+            Err(_) => {}
+        }
+        Ok(stats)
+    }
+
+    fn parse_shape(body: &[u8]) -> Result<ClusterStats, String> {
         serde_json::from_slice(body).map_err(|_| {
             match serde_json::from_slice::<serde_json::Value>(body) {
                 Err(e) => format!("invalid JSON: {e}"),
@@ -182,6 +256,11 @@ pub struct Row {
     pub snapshot: Option<Snapshot>,
     /// The worker's loop did not answer the primary's last request (see [`WorkerStats`]).
     pub not_answering: bool,
+    /// Why a relayed document left its snapshot out (see [`WorkerStats`]).
+    pub left_out: Option<String>,
+    /// Task panics, lifetime, and per task name (those with any, most first); `None` when its
+    /// snapshot does not have them (none, or an older build's).
+    pub panics: Option<(u64, Vec<(String, u64)>)>,
 }
 
 /// One history sample.
@@ -286,6 +365,8 @@ pub struct Model {
     pub restarts: u64,
     pub budget_left: Option<u64>,
     pub generation: Option<u64>,
+    /// The document's `trimmed` (see [`ClusterStats`]).
+    pub trimmed: Option<String>,
     /// In the order of the document (see [`Model::sorted`]).
     pub rows: Vec<Row>,
     /// Per worker pid.
@@ -303,6 +384,7 @@ impl Model {
         self.restarts = stats.restarts;
         self.budget_left = stats.budget_left;
         self.generation = stats.generation;
+        self.trimmed = stats.trimmed;
         let mut rows = Vec::with_capacity(stats.workers.len());
         let mut prev = HashMap::new();
         for w in stats.workers {
@@ -423,11 +505,22 @@ fn derive_row(
             .uptime_seconds
             .or_else(|| w.snapshot.as_ref().map(|s| s.uptime_seconds)),
         not_answering: w.answering == Some(false),
+        left_out: w.snapshot_left_out.clone(),
         ..Row::default()
     };
     let Some(s) = &w.snapshot else {
         return row;
     };
+    if w.panics_known {
+        let mut by_task: Vec<(String, u64)> = s
+            .task_classes
+            .iter()
+            .filter(|c| c.panics > 0)
+            .map(|c| (c.name.clone(), c.panics))
+            .collect();
+        by_task.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        row.panics = Some((s.tasks.panics_total, by_task));
+    }
     let prev = before.map(|b| &b.0);
     let ls = &s.loop_stats;
     row.util = Some(

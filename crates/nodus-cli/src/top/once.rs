@@ -16,11 +16,18 @@
 //! Only worker lines start with a digit (the pid); every figure is the same as on the dashboard.
 //! In a cluster the pools are the totals of every worker's, said on their own line first
 //! (`pools: total of 2 workers · THREADS = workers × threads each`), THREADS as `2×4`.
+//! After the worker lines: `left out: pid N: why` for each worker whose snapshot a relayed
+//! document left out, and `panics: pid N: panics 3 (job 2, handler 1)` for each worker with
+//! panics (a snapshot without the field, an older build's, shows none); a stall that was a
+//! drain of many short polls ends with `, held in drain: N polls, mostly T after B`.
 
 use std::fmt::Write as _;
 use std::time::{Instant, SystemTime};
 
-use super::view::{COLUMNS, cells, describe, fmt_ago, fmt_ns, fmt_rate, pools_scope, threads_cell};
+use super::view::{
+    COLUMNS, cells, describe, drain_note, fmt_ago, fmt_ns, fmt_rate, panics_text, pools_scope,
+    threads_cell,
+};
 use super::{App, fetch_stats};
 
 /// Takes the second sample, prints the frame; returns the exit code.
@@ -61,8 +68,19 @@ fn render(app: &App) -> String {
         l.trim_end().to_string()
     };
     let _ = writeln!(out, "{}", line(COLUMNS.map(|(h, _)| h.to_string())));
-    for r in app.model.sorted(app.sort) {
+    let rows = app.model.sorted(app.sort);
+    for r in &rows {
         let _ = writeln!(out, "{}", line(cells(r)));
+    }
+    for r in &rows {
+        if let Some(why) = &r.left_out {
+            let _ = writeln!(out, "  left out: pid {}: {why}", r.pid);
+        }
+    }
+    for r in &rows {
+        if let Some(text) = panics_text(r).filter(|_| r.panics.as_ref().is_some_and(|p| p.0 > 0)) {
+            let _ = writeln!(out, "  panics: pid {}: {text}", r.pid);
+        }
     }
     out.push('\n');
     let pools = app.model.pools(None);
@@ -97,9 +115,16 @@ fn render(app: &App) -> String {
         out.push_str("  stalls (newest first):\n");
         for s in stalls.iter().take(10) {
             let st = &s.stall;
+            let drain = drain_note(st).map_or(String::new(), |n| {
+                if st.began_with.is_empty() {
+                    format!(", {n}")
+                } else {
+                    format!(", {n} after {}", st.began_with)
+                }
+            });
             let _ = writeln!(
                 out,
-                "    {} ago pid {} {} at {} took {} {}{}",
+                "    {} ago pid {} {} at {} took {} {}{}{drain}",
                 fmt_ago(st.at_unix_ms),
                 s.pid,
                 st.task_name,

@@ -19,9 +19,16 @@
 //! workers with 4 threads each; `3×3–4` when their sizes differ), as `top` shows each process's
 //! own threads and PM2 one line per process; BUSY, QUEUE and DONE/S are sums, WAIT99 the worst
 //! worker's ([`threads_cell`], [`pools_scope`], shared with `--once`).
+//!
+//! Within that layout: a worker whose snapshot a relayed document left out reads `trim` as its
+//! UTIL% (the status line counts them, its detail line says why); task panics are in the detail
+//! line (the total, then the task names that panicked), only for a snapshot that has them; a stall
+//! that was a drain of many short polls takes two lines, the second saying `held in drain: N
+//! polls, mostly T` ([`drain_note`], shared with `--once`).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use nodus::metrics::StallReport;
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
@@ -50,7 +57,8 @@ pub const COLUMNS: [(&str, u16); 12] = [
 ];
 
 /// The worker's cells, in [`COLUMNS`] order ("–" where a figure is unknown; `stall` as the
-/// utilization of a worker whose loop did not answer the primary).
+/// utilization of a worker whose loop did not answer the primary, `trim` as that of one whose
+/// snapshot the relayed document left out).
 pub fn cells(r: &Row) -> [String; 12] {
     [
         r.pid.to_string(),
@@ -58,6 +66,8 @@ pub fn cells(r: &Row) -> [String; 12] {
         r.restarts.to_string(),
         if r.not_answering {
             "stall".to_string()
+        } else if r.left_out.is_some() {
+            "trim".to_string()
         } else {
             opt(r.util, |u| format!("{:.1}", u * 100.0))
         },
@@ -190,12 +200,30 @@ pub fn pools_scope(pools: &[PoolRow], focus: Option<u32>, cluster: bool) -> Stri
     }
 }
 
+/// What a stall that was a drain of many short polls says (`None` for one poll, or a snapshot
+/// of a build that does not count them): `held in drain: 20345 polls, mostly ping`.
+pub fn drain_note(st: &StallReport) -> Option<String> {
+    (st.polls > 1).then(|| format!("held in drain: {} polls, mostly {}", st.polls, st.task_name))
+}
+
+/// A worker's task panics (when its snapshot has them): `panics 3 (job 2, handler 1)`.
+pub fn panics_text(r: &Row) -> Option<String> {
+    let (total, by_task) = r.panics.as_ref()?;
+    let mut text = format!("panics {total}");
+    if !by_task.is_empty() {
+        let names: Vec<String> = by_task.iter().map(|(t, n)| format!("{t} {n}")).collect();
+        text.push_str(&format!(" ({})", names.join(", ")));
+    }
+    Some(text)
+}
+
 /// The title of the document: what is watched and its cluster figures.
 pub fn describe(m: &Model) -> String {
     describe_parts(m).join(" · ")
 }
 
-/// [`describe`]'s parts: `2 workers`, `gen 3`, `restarts 1`, `budget 4` (as known).
+/// [`describe`]'s parts: `2 workers`, `gen 3`, `restarts 1`, `budget 4` (as known), `1 snapshot
+/// left out` (a relayed document's).
 fn describe_parts(m: &Model) -> Vec<String> {
     let n = m.rows.len();
     let mut parts = vec![if m.cluster {
@@ -211,6 +239,13 @@ fn describe_parts(m: &Model) -> Vec<String> {
     }
     if let Some(b) = m.budget_left {
         parts.push(format!("budget {b}"));
+    }
+    let left_out = m.rows.iter().filter(|r| r.left_out.is_some()).count();
+    if left_out > 0 || m.trimmed.is_some() {
+        parts.push(format!(
+            "{left_out} snapshot{} left out",
+            if left_out == 1 { "" } else { "s" }
+        ));
     }
     parts
 }
@@ -447,6 +482,9 @@ fn draw_stalls(frame: &mut Frame, area: Rect, app: &App, stalls: &[StallRow], fo
         .iter()
         .map(|s| {
             let st = &s.stall;
+            // A drain's second line, in the location's column (cut at its end if need be).
+            let drain = drain_note(st).map(|n| keep_head(&n, loc_width));
+            let location = keep_tail(&st.location, loc_width);
             TableRow::new(pick([
                 if st.ongoing {
                     "now".to_string()
@@ -455,10 +493,14 @@ fn draw_stalls(frame: &mut Frame, area: Rect, app: &App, stalls: &[StallRow], fo
                 },
                 s.pid.to_string(),
                 st.task_name.clone(),
-                keep_tail(&st.location, loc_width),
+                match &drain {
+                    Some(note) => format!("{location}\n{note}"),
+                    None => location,
+                },
                 fmt_ns((st.elapsed_seconds * 1e9) as u64),
                 st.class.clone(),
             ]))
+            .height(if drain.is_some() { 2 } else { 1 })
             .style(if st.ongoing {
                 Style::new().fg(Color::Red).add_modifier(Modifier::BOLD)
             } else {
@@ -534,6 +576,15 @@ fn keep_tail(s: &str, width: usize) -> String {
     }
     let tail: String = s.chars().skip(n + 1 - width.max(1)).collect();
     format!("…{tail}")
+}
+
+/// The start of `s` in at most `width` characters (`…` marks a cut).
+fn keep_head(s: &str, width: usize) -> String {
+    if s.chars().count() <= width {
+        return s.to_string();
+    }
+    let head: String = s.chars().take(width.saturating_sub(1)).collect();
+    format!("{head}…")
 }
 
 /// A section's block: `title` (` · `-separated parts) fitted to `width`, over a dim rule.
@@ -704,9 +755,11 @@ fn draw_charts(frame: &mut Frame, area: Rect, app: &App, focus: Option<u32>) {
 fn detail_line(r: &Row, width: u16) -> Line<'static> {
     let Some(s) = &r.snapshot else {
         let why = if r.not_answering {
-            "its loop did not answer the primary (blocked or too busy; see its log)"
+            "its loop did not answer the primary (blocked or too busy; see its log)".to_string()
+        } else if let Some(reason) = &r.left_out {
+            format!("snapshot left out: {reason}")
         } else {
-            "no snapshot (starting or not reporting)"
+            "no snapshot (starting or not reporting)".to_string()
         };
         // The pid whole or not at all; the words after it may be cut.
         let mut spans = fit_spans(vec![Span::styled(format!(" pid {}:", r.pid), DIM)], width);
@@ -716,7 +769,7 @@ fn detail_line(r: &Row, width: u16) -> Line<'static> {
         return Line::from(spans);
     };
     let errors = s.http.responses_by_class[4];
-    let spans = vec![
+    let mut spans = vec![
         Span::styled(
             match r.worker {
                 Some(w) => format!(" #{w} pid {} ", r.pid),
@@ -733,6 +786,14 @@ fn detail_line(r: &Row, width: u16) -> Line<'static> {
         Span::raw(format!(" · in flight {}", s.http.requests_in_flight)),
         Span::raw(format!(" · 5xx {errors}")),
     ];
+    // Panics (when the snapshot has them) right after the tasks, before what a narrow line drops.
+    if let Some(text) = panics_text(r) {
+        let style = match r.panics {
+            Some((total, _)) if total > 0 => Style::new().fg(Color::Red),
+            _ => Style::new(),
+        };
+        spans.insert(2, Span::styled(format!(" · {text}"), style));
+    }
     Line::from(fit_spans(spans, width))
 }
 
@@ -955,6 +1016,135 @@ mod tests {
         );
         // A worker that never sends a snapshot (a plain program) is not stalled: unknown.
         assert_eq!(cells(&m.rows[1])[util], "–");
+    }
+
+    #[test]
+    fn a_worker_whose_snapshot_was_left_out_says_so_and_why() {
+        use super::super::model::ClusterStats;
+        let doc = br#"{"workers":[
+            {"worker":1,"pid":7,"snapshot":null,"answering":true,"uptime_seconds":3.0,
+             "snapshot_left_out":"its 9000000-byte snapshot did not fit the IPC frame this document came in"},
+            {"worker":2,"pid":8,"snapshot":null}],
+            "restarts":0,"trimmed":"1 of 2 worker snapshots left out"}"#;
+        let mut m = Model::default();
+        m.update(ClusterStats::parse(doc).unwrap(), std::time::Instant::now());
+        let util = COLUMNS.iter().position(|c| c.0 == "UTIL%").unwrap();
+        assert_eq!(cells(&m.rows[0])[util], "trim");
+        let detail = detail_line(&m.rows[0], 200).to_string();
+        assert!(
+            detail.contains("snapshot left out: its 9000000-byte snapshot did not fit"),
+            "{detail}"
+        );
+        assert!(
+            describe(&m).contains("1 snapshot left out"),
+            "{}",
+            describe(&m)
+        );
+        // A worker with no snapshot and no reason is still only unknown.
+        assert_eq!(cells(&m.rows[1])[util], "–");
+        assert!(
+            detail_line(&m.rows[1], 200)
+                .to_string()
+                .contains("no snapshot (starting")
+        );
+    }
+
+    /// A one-worker cluster document whose snapshot has 3 task panics (`job` 2, `handler` 1),
+    /// or, `old`, the same snapshot without the panic fields (an older build's).
+    fn panics_doc(old: bool) -> serde_json::Value {
+        use nodus::metrics::{Snapshot, TaskClassSnapshot};
+        let mut s = Snapshot {
+            pid: 7,
+            task_classes: vec![
+                TaskClassSnapshot {
+                    name: "handler".into(),
+                    panics: 1,
+                    ..TaskClassSnapshot::default()
+                },
+                TaskClassSnapshot {
+                    name: "job".into(),
+                    panics: 2,
+                    ..TaskClassSnapshot::default()
+                },
+                TaskClassSnapshot {
+                    name: "quiet".into(),
+                    ..TaskClassSnapshot::default()
+                },
+            ],
+            ..Snapshot::default()
+        };
+        s.tasks.panics_total = 3;
+        let mut s = serde_json::to_value(&s).unwrap();
+        if old {
+            s["tasks"].as_object_mut().unwrap().remove("panics_total");
+            for c in s["task_classes"].as_array_mut().unwrap() {
+                c.as_object_mut().unwrap().remove("panics");
+            }
+        }
+        serde_json::json!({"workers": [{"worker": 1, "pid": 7, "snapshot": s}], "restarts": 0})
+    }
+
+    #[test]
+    fn task_panics_show_per_task_and_in_total_only_when_the_snapshot_has_them() {
+        let mut app = app_showing(&panics_doc(false));
+        let detail = detail_line(&app.model.rows[0], 200).to_string();
+        assert!(detail.contains("panics 3 (job 2, handler 1)"), "{detail}");
+        // In the 80×24 dashboard's detail line, before what a narrow line drops.
+        app.selected_pid = Some(7);
+        app.detail = true;
+        let all = frame_text(&app).join("\n");
+        assert!(all.contains("panics 3 (job 2, handler 1)"), "{all}");
+        // An older build's snapshot has no panic count: nothing shown, not 0.
+        let old = app_showing(&panics_doc(true));
+        assert_eq!(old.model.rows[0].panics, None);
+        let detail = detail_line(&old.model.rows[0], 200).to_string();
+        assert!(!detail.contains("panics"), "{detail}");
+    }
+
+    #[test]
+    fn a_stall_that_was_a_drain_says_how_many_polls_and_whose() {
+        use nodus::metrics::{Snapshot, StallReport};
+        let stall = |polls: u64| StallReport {
+            task_name: "ping".into(),
+            location: "src/main.rs:12:9".into(),
+            elapsed_seconds: 0.101,
+            class: "on-cpu".into(),
+            polls,
+            began_with: "\"main\" (src/main.rs:4:5)".into(),
+            ..StallReport::default()
+        };
+        let s = Snapshot {
+            pid: 7,
+            stalls: vec![stall(20_345)],
+            ..Snapshot::default()
+        };
+        let doc =
+            serde_json::json!({"workers": [{"worker": 1, "pid": 7, "snapshot": s}], "restarts": 0});
+        let app = app_showing(&doc);
+        let wide = frame_text_at(&app, 120, 24).join("\n");
+        assert!(
+            wide.contains("held in drain: 20345 polls, mostly ping"),
+            "{wide}"
+        );
+        // At 80 columns the note is cut at its end, never its start; the location stays.
+        let lines = frame_text(&app);
+        let all = lines.join("\n");
+        let at = lines
+            .iter()
+            .position(|l| l.contains("src/main.rs:12:9"))
+            .unwrap_or_else(|| panic!("{all}"));
+        assert!(
+            lines[at + 1].contains("held in drain: 20345 polls"),
+            "{all}"
+        );
+        // One poll, or an older build's report (no polls): one line, no drain.
+        for polls in [0, 1] {
+            assert_eq!(drain_note(&stall(polls)), None);
+        }
+        assert_eq!(
+            drain_note(&stall(3)).as_deref(),
+            Some("held in drain: 3 polls, mostly ping")
+        );
     }
 
     #[test]

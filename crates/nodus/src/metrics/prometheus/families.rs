@@ -331,14 +331,14 @@ pub(super) const STALLS_RECENT: Desc = desc!(
     "nodus_stalls_recent",
     Gauge,
     none,
-    "Stalls kept in the watchdog's ring buffer for this loop (each one's task, spawn location and class are in /_nodus/stats only: free text, no label values)."
+    "Stalls kept in the watchdog's ring buffer for this loop (each one's task, spawn location, polls and class are in /_nodus/stats only: free text, no label values)."
 );
 /// nodus_stall_last_seconds
 pub(super) const STALL_LAST: Desc = desc!(
     "nodus_stall_last",
     Gauge,
     seconds,
-    "Duration of the most recent stall (0 if none): how long it ran, from the end the loop recorded; in a snapshot the stalled poll took itself, how long it has run so far."
+    "Duration of the most recent stall (0 if none): how long the loop was held by one callback and the drain after it, however many polls ran in it, from the end the loop recorded; in a snapshot taken inside a stall, how long it has held the loop so far."
 );
 /// nodus_uptime_seconds
 pub(super) const UPTIME: Desc = desc!(

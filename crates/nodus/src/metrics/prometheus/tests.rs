@@ -137,6 +137,26 @@ fn renders_one_snapshot() {
     assert!(text.ends_with("# EOF\n"));
 }
 
+/// A stall is a hold (one callback and its drain, however many polls: `watchdog`), not one
+/// poll: the stall families' help says so.
+#[test]
+fn stall_help_speaks_of_a_hold() {
+    let text = render(&sample());
+    let help = |family: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("# HELP {family} ")))
+            .unwrap_or_else(|| panic!("no HELP for {family} in\n{text}"))
+            .to_owned()
+    };
+    let last = help("nodus_stall_last_seconds");
+    assert!(
+        last.contains("held by one callback and the drain after it"),
+        "{last}"
+    );
+    assert!(!last.contains("poll took"), "{last}");
+    assert!(help("nodus_stalls_recent").contains("polls"));
+}
+
 #[test]
 fn renders_histograms() {
     let text = render(&sample());
