@@ -346,11 +346,17 @@ async fn orphans(st: &State) -> Option<(u64, u64)> {
     Some(reaper.counts())
 }
 
-/// The cluster's stats document, every worker's snapshot in it (the primary's own answer).
-pub(super) async fn stats_json(st: &Rc<State>) -> String {
+/// What every document starts from: the workers' snapshots refreshed, the adopted orphans
+/// reaped and counted, and the live workers.
+async fn fresh(st: &Rc<State>) -> (Option<(u64, u64)>, Vec<Rc<Proc>>) {
     refresh(st).await;
     let orphans = orphans(st).await;
-    let procs = live_procs(st);
+    (orphans, live_procs(st))
+}
+
+/// The cluster's stats document, every worker's snapshot in it (the primary's own answer).
+pub(super) async fn stats_json(st: &Rc<State>) -> String {
+    let (orphans, procs) = fresh(st).await;
     json_doc(st, orphans, &procs, &Relay::whole(procs.len()))
 }
 
@@ -359,9 +365,7 @@ pub(super) async fn stats_json(st: &Rc<State>) -> String {
 /// that needs ([`fit`]), each such worker saying so (`snapshot_left_out`) and the document too
 /// (`trimmed`).
 pub(super) async fn stats_json_relayed(st: &Rc<State>, budget: usize) -> String {
-    refresh(st).await;
-    let orphans = orphans(st).await;
-    let procs = live_procs(st);
+    let (orphans, procs) = fresh(st).await;
     let sizes = || {
         procs
             .iter()
@@ -546,9 +550,7 @@ fn worker_labels(p: &Proc) -> Labels {
 /// The cluster's metrics: every worker's series with `worker` and `pid` labels, then the
 /// cluster's own (the primary's own answer).
 pub(super) async fn metrics_text(st: &Rc<State>) -> String {
-    refresh(st).await;
-    let orphans = orphans(st).await;
-    let procs = live_procs(st);
+    let (orphans, procs) = fresh(st).await;
     metrics_doc(st, orphans, &procs, &Relay::whole(procs.len()))
 }
 
@@ -556,9 +558,7 @@ pub(super) async fn metrics_text(st: &Rc<State>) -> String {
 /// `budget` bytes, the loop series of workers left out, largest first, as that needs ([`fit`]),
 /// each such worker in `nodus_cluster_worker_snapshot_left_out`.
 pub(super) async fn metrics_text_relayed(st: &Rc<State>, budget: usize) -> String {
-    refresh(st).await;
-    let orphans = orphans(st).await;
-    let procs = live_procs(st);
+    let (orphans, procs) = fresh(st).await;
     let sizes = || {
         procs
             .iter()
