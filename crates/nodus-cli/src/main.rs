@@ -372,11 +372,23 @@ struct ServeArgs {
     #[arg(long)]
     gzip: bool,
     /// Whether files and directories whose names start with a dot are served.
-    #[arg(long, value_enum, default_value_t = DotfilesArg::Deny)]
+    #[arg(
+        long,
+        value_enum,
+        default_value_t = DotfilesArg::Deny,
+        value_name = "allow|deny",
+        hide_possible_values = true
+    )]
     dotfiles: DotfilesArg,
     /// Whether a directory without index.html is answered with an HTML listing of its entries
     /// (at most 10,000; cached, one built at a time) or, with off, 404 as a missing name.
-    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    #[arg(
+        long,
+        value_enum,
+        default_value_t = OnOff::On,
+        value_name = "on|off",
+        hide_possible_values = true
+    )]
     listings: OnOff,
     /// With --workers 2 or more, write the workers' stdout and stderr lines (their logs, the
     /// access log) without the "[worker ID PID] " prefix, as `nodus run --raw-output` does.
