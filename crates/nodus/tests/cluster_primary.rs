@@ -1,9 +1,10 @@
 //! `nodus::cluster::Primary` from Rust, with plain programs as workers (`sh -c 'sleep 30'`):
 //! events, `kill_worker` (an exit the primary asked for is not a crash and says so, unlike
 //! Node's `worker.kill()`), a crash restarted by the policy, readiness (one ready worker is
-//! enough, a shutdown ends it), and a graceful shutdown; with nodus workers, the stats of a
-//! worker whose loop does not answer (before its first request too), and readiness while the
-//! only worker's loop is blocked.
+//! enough, a shutdown ends it), a graceful shutdown, and a worker that exits as its drain
+//! deadline or kill timeout expires, before its reap (not killed, not a forced stop); with nodus
+//! workers, the stats of a worker whose loop does not answer (before its first request too), and
+//! readiness while the only worker's loop is blocked.
 //!
 //! Bounded: every wait has a deadline; the workers die with the test process (PDEATHSIG) and are
 //! drained by `shutdown` at the end.
@@ -979,4 +980,260 @@ fn a_rust_primary_that_shuts_down_leaves_no_guard() {
         });
     primary.wait().unwrap();
     assert!(status.success(), "{status}");
+}
+
+/// Warnings logged on this thread (the primary's loop) while the guard is held.
+#[derive(Clone, Default)]
+struct Warnings(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Warnings {
+    fn capture() -> (Warnings, tracing::subscriber::DefaultGuard) {
+        let warnings = Warnings::default();
+        let writer = warnings.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+            .finish();
+        (warnings, tracing::subscriber::set_default(subscriber))
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Warnings {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// One worker (`sh`, which ignores SIGTERM) that exits with `code` once `file` exists; `ipc`
+/// gives it a channel (it never reads it), so a drain deadline.
+fn exit_on_file_config(file: &std::path::Path, code: i32, ipc: bool) -> Config {
+    let script = format!("trap '' TERM; while [ ! -e \"$1\" ]; do sleep 0.01; done; exit {code}");
+    let mut config = Config::new(
+        1,
+        WorkerCommand {
+            program: "sh".into(),
+            args: vec!["-c".into(), script.into(), "sh".into(), file.into()],
+            env: Vec::new(),
+            ipc,
+        },
+    );
+    config.readiness = Readiness::Alive(Duration::from_millis(10));
+    config.prefix_output = false;
+    config
+}
+
+/// Has the worker `pid()` exit (it waits for `file`) exactly as a timer the primary armed by now
+/// for `expiry` expires: once the primary's tasks have run (50 ms), in the check phase (after
+/// this loop turn's poll phase) it creates `file`, then blocks the loop until the worker is a
+/// zombie and `expiry` has passed, so the next turn runs the timer (timers phase) before the
+/// poll phase that reaps the worker.
+async fn exit_as_it_expires(pid: impl Fn() -> u32, file: &std::path::Path, expiry: Duration) {
+    nodus::sleep(Duration::from_millis(50)).await;
+    let armed_by = std::time::Instant::now();
+    let pid = pid();
+    assert_ne!(pid, 0, "the worker runs");
+    nodus::yield_now().await;
+    std::fs::write(file, b"").unwrap();
+    let start = std::time::Instant::now();
+    while !tree::is_zombie(pid as i32) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "worker {pid} did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let due = armed_by + expiry + Duration::from_millis(100);
+    std::thread::sleep(due.saturating_duration_since(std::time::Instant::now()));
+}
+
+/// Shuts `primary` (one ready worker, from [`exit_on_file_config`]) down, its worker exiting as
+/// the kill timer's `expiry` passes ([`exit_as_it_expires`]); `run`'s exit code.
+async fn exit_as_the_kill_timer_expires(
+    primary: &Primary,
+    run: nodus::JoinHandle<i32>,
+    file: &std::path::Path,
+    expiry: Duration,
+) -> i32 {
+    let pid = primary.worker_pids()[0].1;
+    // The drain arms the kill timer (its task runs in this turn).
+    primary.shutdown();
+    exit_as_it_expires(|| pid, file, expiry).await;
+    nodus::timeout(Duration::from_secs(20), run)
+        .await
+        .expect("the shutdown finishes")
+        .unwrap()
+}
+
+/// A worker that exits as its kill timeout expires, before the loop has reaped it, is not
+/// "still running": no SIGKILL line, and the stop is not a forced one (exit code 0, not 124).
+#[test]
+fn a_worker_that_exits_as_its_kill_timeout_expires_is_not_killed() {
+    let dir = nodus_testkit::tmp::TempDir::new("kill-timeout-race");
+    let file = dir.path().join("exit");
+    let (warnings, _guard) = Warnings::capture();
+    let rt = nodus::Runtime::new();
+    let code = rt.block_on(async {
+        let mut config = exit_on_file_config(&file, 0, false);
+        let kill_timeout = Duration::from_millis(300);
+        config.kill_timeout = kill_timeout;
+        let primary = Primary::start(config).expect("sh runs");
+        let (events, run) = record_and_run(&primary);
+        wait_until(&events, |ev| {
+            ev.iter().any(|e| matches!(e.kind, EventKind::Ready))
+        })
+        .await;
+        exit_as_the_kill_timer_expires(&primary, run, &file, kill_timeout).await
+    });
+    let warnings = warnings.text();
+    assert!(!warnings.contains("still running"), "{warnings}");
+    assert_eq!(code, 0, "{warnings}");
+}
+
+/// A worker with a channel that exits as its drain deadline passes (the kill signal's time),
+/// before the loop has reaped it, gets no kill signal: no "past its deadline" line, and its exit
+/// (code 3, not a forced stop's) is not one the kill signal cut (exit code 0, not 124).
+#[test]
+fn a_worker_that_exits_as_its_drain_deadline_passes_gets_no_kill_signal() {
+    let dir = nodus_testkit::tmp::TempDir::new("drain-deadline-race");
+    let file = dir.path().join("exit");
+    let (warnings, _guard) = Warnings::capture();
+    let rt = nodus::Runtime::new();
+    let code = rt.block_on(async {
+        let mut config = exit_on_file_config(&file, 3, true);
+        config.drain_timeout = Duration::from_millis(100);
+        config.kill_timeout = Duration::from_secs(10);
+        let primary = Primary::start(config).expect("sh runs");
+        let (events, run) = record_and_run(&primary);
+        wait_until(&events, |ev| {
+            ev.iter().any(|e| matches!(e.kind, EventKind::Ready))
+        })
+        .await;
+        // The kill signal comes 200 ms (`DRAIN_GRACE`) after the drain deadline.
+        let term_at = Duration::from_millis(300);
+        exit_as_the_kill_timer_expires(&primary, run, &file, term_at).await
+    });
+    let warnings = warnings.text();
+    for line in ["past its deadline", "past the drain deadline"] {
+        assert!(!warnings.contains(line), "{warnings}");
+    }
+    assert_eq!(code, 0, "{warnings}");
+}
+
+/// A worker that exits as its ready timeout expires, before its reap, is not warned about as
+/// not ready: it is gone, and its exit says so.
+#[test]
+fn a_worker_that_exits_as_its_ready_timeout_expires_is_not_called_not_ready() {
+    let dir = nodus_testkit::tmp::TempDir::new("ready-timeout-race");
+    let file = dir.path().join("exit");
+    let (warnings, _guard) = Warnings::capture();
+    let rt = nodus::Runtime::new();
+    let code = rt.block_on(async {
+        let mut config = exit_on_file_config(&file, 0, false);
+        config.readiness = Readiness::Message;
+        let ready_timeout = Duration::from_millis(300);
+        config.ready_timeout = ready_timeout;
+        // Not restarted: with no worker left, the primary exits (0: a clean exit).
+        config.restart.restart = nodus::cluster::RestartType::Temporary;
+        let primary = Primary::start(config).expect("sh runs");
+        let (_events, run) = record_and_run(&primary);
+        let pid = primary.worker_pids()[0].1;
+        // Its spawn armed the not-ready warning's timer.
+        exit_as_it_expires(|| pid, &file, ready_timeout).await;
+        nodus::timeout(Duration::from_secs(20), run)
+            .await
+            .expect("the primary exits with its last worker")
+            .unwrap()
+    });
+    let warnings = warnings.text();
+    assert!(!warnings.contains("has not said it is ready"), "{warnings}");
+    assert_eq!(code, 0, "{warnings}");
+}
+
+/// A reload's new worker that exits as the reload's ready timeout expires, before its reap,
+/// fails the reload as an exit ("exited before it was ready", with its status), not as a worker
+/// that was late.
+#[test]
+fn a_reloads_worker_that_exits_as_its_ready_timeout_expires_fails_it_as_an_exit() {
+    let dir = nodus_testkit::tmp::TempDir::new("reload-ready-race");
+    let file = dir.path().join("exit");
+    let old = dir.path().join("old");
+    let (warnings, _guard) = Warnings::capture();
+    let rt = nodus::Runtime::new();
+    let why = rt.block_on(async {
+        // The first worker marks `old` and sleeps; the reload's waits for `file`, then exits 3.
+        let script = "if [ -e \"$2\" ]; then while [ ! -e \"$1\" ]; do sleep 0.01; done; \
+                      exit 3; fi; : > \"$2\"; exec sleep 30";
+        let mut config = Config::new(
+            1,
+            WorkerCommand {
+                program: "sh".into(),
+                args: vec![
+                    "-c".into(),
+                    script.into(),
+                    "sh".into(),
+                    file.clone().into(),
+                    old.clone().into(),
+                ],
+                env: Vec::new(),
+                ipc: false,
+            },
+        );
+        config.prefix_output = false;
+        // Never ready by time within the test: the reload waits its ready timeout.
+        config.readiness = Readiness::Alive(Duration::from_secs(60));
+        let ready_timeout = Duration::from_millis(300);
+        config.ready_timeout = ready_timeout;
+        // The first failed attempt fails the reload.
+        config.max_restarts = 0;
+        config.kill_timeout = Duration::from_secs(5);
+        let primary = Primary::start(config).expect("sh runs");
+        let (events, run) = record_and_run(&primary);
+        for _ in 0..1000 {
+            if old.exists() {
+                break;
+            }
+            nodus::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(old.exists(), "the first worker ran");
+        primary.reload();
+        let new_pid = || {
+            events
+                .borrow()
+                .iter()
+                .find(|e| matches!(e.kind, EventKind::Fork { generation: 1 }))
+                .and_then(|e| e.pid)
+                .unwrap_or(0)
+        };
+        exit_as_it_expires(new_pid, &file, ready_timeout).await;
+        wait_until(&events, |ev| {
+            ev.iter()
+                .any(|e| matches!(e.kind, EventKind::ReloadFailed { .. }))
+        })
+        .await;
+        let why = events
+            .borrow()
+            .iter()
+            .find_map(|e| match &e.kind {
+                EventKind::ReloadFailed { why, .. } => Some(why.clone()),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(shut_down(&primary, run).await, 0);
+        why
+    });
+    let warnings = warnings.text();
+    assert!(
+        why.starts_with("worker 1 of generation 1 exited before it was ready (exit code 3)"),
+        "{why}\n{warnings}"
+    );
 }

@@ -3,8 +3,8 @@
 //! a child whose runtime is dropped before its exit (the orphan reaper), exec and
 //! exec_file (buffer limit, timeout, failure), fork of a nodus child, fds passed at given numbers
 //! (with the IPC channel after them), and output copied line by line behind a prefix (or as it
-//! is, its drop notices prefixed), fairly between the children sharing a sink. Every test
-//! bounded in time.
+//! is, its drop notices prefixed), fairly between the children sharing a sink; `has_exited` on
+//! an exit not yet reaped. Every test bounded in time.
 
 mod common;
 
@@ -347,6 +347,31 @@ fn wait_zombie(pid: u32) {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// `has_exited` sees a zombie that the exit task has not reaped yet (the loop is blocked here),
+/// without reaping it: the exit task still does, with its status.
+#[test]
+fn has_exited_sees_an_unreaped_exit_and_leaves_the_reap_to_the_exit_task() {
+    bounded(async {
+        let running = Command::new("sleep").arg("30").spawn().unwrap();
+        assert!(!running.has_exited());
+        let child = Command::new("sh").args(["-c", "exit 3"]).spawn().unwrap();
+        let pid = child.id();
+        wait_zombie(pid);
+        assert!(child.try_wait().is_none(), "not observed yet");
+        assert!(child.has_exited());
+        assert!(
+            child.has_exited(),
+            "still there to be seen: the first look reaped nothing"
+        );
+        assert!(tree::is_zombie(pid as i32), "not reaped");
+        assert_eq!(child.wait().await.unwrap().code(), Some(3));
+        assert!(child.has_exited());
+        running.kill(SIGKILL).unwrap();
+        running.wait().await.unwrap();
+        assert!(running.has_exited());
+    });
 }
 
 #[test]

@@ -17,6 +17,8 @@
 //!   the `Child` (unless that thread cannot start: one warning line, see `orphans`). A `Child` held past its runtime is not reaped while held (its pid stays its
 //!   own: [`Child::kill_group`] stays safe), nor is the child of a runtime kept and never run
 //!   again.
+//! - [`Child::has_exited`] only looks (`waitid(WNOWAIT)`), so it may see the exit before the exit
+//!   task does (a zombie not yet reaped) and never takes the reap from it.
 //! - Until its exit is observed the child is an active ref'd handle (Node: a `ChildProcess`
 //!   keeps the loop alive); [`Child::unref`] releases it. After the exit the pidfd is closed and
 //!   nothing is ref'd.
@@ -280,6 +282,29 @@ impl Child {
     /// The exit status, if the exit has been observed.
     pub fn try_wait(&self) -> Option<io::Result<ExitStatus>> {
         self.watch.exited()
+    }
+
+    /// Whether the child has exited, its exit observed ([`try_wait`](Self::try_wait)) or not
+    /// yet: a zombie that its exit task has not reaped (the loop has not polled its pidfd since)
+    /// counts. A timer due in the same loop turn as the exit runs before the poll phase that
+    /// observes it, so a deadline's decision ("still running: kill it") asks this first. It only
+    /// looks (`waitid(WNOWAIT)`): the exit task still reaps the child, and [`wait`](Self::wait)
+    /// gives its status. An error (not ours to wait for) counts as exited, as it ends the exit
+    /// task's wait.
+    pub fn has_exited(&self) -> bool {
+        let pidfd = self.watch.pidfd.borrow();
+        // Taken at the reap.
+        let Some(pidfd) = pidfd.as_ref() else {
+            return true;
+        };
+        let peek = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
+        loop {
+            match rustix::process::waitid(WaitId::PidFd(pidfd.get_ref().as_fd()), peek) {
+                Ok(found) => return found.is_some(),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(_) => return true,
+            }
+        }
     }
 
     /// Sends `signal` (`nodus::signal::SIGTERM`, ...) to the child through its pidfd.

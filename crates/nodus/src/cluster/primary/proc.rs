@@ -55,7 +55,8 @@
 //! - A worker not ready after `ready_timeout` for want of what its readiness waits for is warned
 //!   about once: under `Readiness::Listening` one with a channel that has not sent `listening`,
 //!   under `Readiness::Message` one that has not said it is ready; never a reload's new worker
-//!   (not yet its slot's current one: the reload says why it was not ready, in its own line).
+//!   (not yet its slot's current one: the reload says why it was not ready, in its own line),
+//!   nor one that has exited by then, reaped or not (`Child::has_exited`).
 
 use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::HashMap;
@@ -972,8 +973,10 @@ fn warn_if_never_ready(st: &Rc<State>, proc: &Rc<Proc>) {
     let (s, p) = (st.clone(), proc.clone());
     crate::task::spawn_named("cluster:not-ready", async move {
         // Ends early once the worker is there or gone (`Dead` is past every state), so neither
-        // the task nor the `Proc` it holds outlives the worker.
+        // the task nor the `Proc` it holds outlives the worker. One that exited as the timeout
+        // expired (a zombie not yet reaped) is gone too, not late.
         if p.wait_for(waits_for, s.config.ready_timeout).await >= waits_for
+            || p.child.has_exited()
             || p.drained.get()
             || p.going_down.get()
         {

@@ -45,8 +45,9 @@
 //!   [`FORCED_STOP_EXIT_CODE`]; the give-up code and 1 (a worker left after a crash) are kept.
 //!   The kill signal past a deadline is a warning, and so is the exit it led to. That exit's
 //!   line says what ended the worker by its wait status (`termed_late_line`): the SIGKILL at the
-//!   kill timeout (or of a second signal) races the worker's own exit, and a worker whose status
-//!   is an exit code (a nodus worker's 124) was already ending when the SIGKILL was sent.
+//!   kill timeout (or of a second signal) races the worker's own exit (one that ends between the
+//!   kill timer's look and its signal), and a worker whose status is an exit code (a nodus
+//!   worker's 124) was already ending when the SIGKILL was sent.
 //! - A worker asked to stop (a reload's old one, a shutdown's) that dies of a signal the primary
 //!   did not send it (`Proc::signal` records each one it sends: a crash's SIGSEGV or SIGABRT,
 //!   the OOM killer's or an operator's SIGKILL are not) did not stop as asked: what it still
@@ -66,6 +67,10 @@
 //!   program gets the kill signal at once; whatever is left at the kill timeout gets SIGKILL.
 //!   That signal is one the primary sent (`Proc::signal`): a worker that dies of it stopped as
 //!   asked, whichever signal it is.
+//!   A worker that has exited by either expiry is left alone (no signal, no line, no forced
+//!   stop), reaped or not: its exit and the timer can come in one loop turn, whose timers run
+//!   before the poll phase that reaps it, so the kill timer asks `Child::has_exited` (a zombie
+//!   has) rather than taking its unfinished wait for a running worker.
 //! - No process of a worker's group outlives the worker (systemd's `KillMode=mixed`): a stop asks
 //!   the worker alone (`disconnect`, or the kill signal to its pid); the kill timeout and a
 //!   second signal SIGKILL its whole group; and once it has exited, for any reason (a crash, its
@@ -761,7 +766,7 @@ const DRAIN_GRACE: Duration = Duration::from_millis(200);
 
 /// Sends `proc` the kill signal if it still runs `term_at` from now (if given, and before the
 /// kill timeout), and SIGKILLs it and its process group if it still runs after the kill timeout;
-/// during the shutdown, that makes the stop a forced one.
+/// during the shutdown, that makes the stop a forced one. A zombie not yet reaped does not run.
 fn arm_kill_timer(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str, term_at: Option<Duration>) {
     let (s, p, limit) = (st.clone(), proc.clone(), st.config.kill_timeout);
     let (term, term_name) = (
@@ -792,6 +797,9 @@ fn arm_kill_timer(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str, term_at: O
                     );
                     let _ = p.signal(term, false);
                 }
+                // Exited as its deadline passed: a zombie this turn's poll phase reaps (see
+                // the module doc). Nothing is left to stop.
+                Err(_) if p.child.has_exited() => return,
                 Err(_) => {
                     // Still busy past its deadline: what it was doing (a request in flight,
                     // connections handed to it and not taken) is cut.
@@ -809,7 +817,8 @@ fn arm_kill_timer(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str, term_at: O
             }
         }
         let left = limit.saturating_sub(started.elapsed());
-        if crate::time::timeout(left, p.child.wait()).await.is_err() {
+        let expired = crate::time::timeout(left, p.child.wait()).await.is_err();
+        if expired && !p.child.has_exited() {
             tracing::warn!(
                 target: "nodus::cluster",
                 "worker {} (pid {}) still running {limit:?} {why}: SIGKILL",
@@ -1103,9 +1112,14 @@ async fn reload(
             }
             let new = Proc::spawn(st, id, generation)
                 .map_err(|e| format!("cannot start worker {id}: {e}"))?;
-            let state = new
+            let mut state = new
                 .wait_for(ProcState::Ready, st.config.ready_timeout)
                 .await;
+            if state < ProcState::Ready && new.child.has_exited() {
+                // It exited as the timeout expired (its reap comes in this loop turn's poll
+                // phase): said as an exit, not as lateness.
+                state = new.wait_for(ProcState::Dead, Duration::from_secs(60)).await;
+            }
             if state == ProcState::Ready {
                 break new;
             }
