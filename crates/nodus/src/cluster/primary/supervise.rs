@@ -1155,7 +1155,10 @@ async fn reload(
                 return Err("shutdown began".to_owned());
             }
             if !budget.try_spend(Instant::now()) {
-                return Err(format!("{why}, {attempts} times"));
+                let tries = if attempts == 1 { "try" } else { "tries" };
+                return Err(format!(
+                    "{why} ({attempts} {tries}: the reload's budget is spent)"
+                ));
             }
             let wait = st.config.restart.backoff.delay(attempts + 1);
             tracing::warn!(
