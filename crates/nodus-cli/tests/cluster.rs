@@ -816,11 +816,12 @@ fn a_connection_a_node_worker_cannot_receive_goes_to_another_worker() {
         run_sh(["--node", "-w", "2"], "ulimit -n 256 && exec node \"$0\"")
             .arg(dir.path().join("app.js"))
             .env("PORT", addr.port().to_string())
-            .env("RUST_LOG", "info"),
+            .env("RUST_LOG", "info,nodus::cluster=debug"),
     );
     primary.wait_line("2 workers ready");
     primary.wait_line("worker 1 holds");
-    for i in 0..6 {
+    // Spaced past the 100 ms a worker that refused gets nothing, so worker 1 is tried again.
+    for i in 0..12 {
         let reply = try_request(addr, "GET", "/", &[])
             .unwrap_or_else(|e| panic!("request {i}: {e}: {:#?}", primary.output()));
         assert_eq!(
@@ -828,10 +829,17 @@ fn a_connection_a_node_worker_cannot_receive_goes_to_another_worker() {
             "worker 2",
             "request {i}"
         );
+        std::thread::sleep(Duration::from_millis(150));
     }
     primary.wait_line("could not receive a connection");
     primary.signal(rustix::process::Signal::TERM);
     assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
+    // Every connection worker 1 could not receive was refused (DEBUG), and said once (WARN,
+    // then counted: one line per 10 s).
+    let out = primary.output();
+    let said = |needle: &str| out.iter().filter(|l| l.contains(needle)).count();
+    assert!(said("worker 1 refused 1 connection") >= 2, "{out:#?}");
+    assert_eq!(said("could not receive a connection"), 1, "{out:#?}");
 }
 
 /// A stock Node primary forking `nodus serve` as its cluster worker.

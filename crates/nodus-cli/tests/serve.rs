@@ -1724,3 +1724,88 @@ fn listings_off_answers_a_directory_without_index_404_and_on_lists_it() {
     let r = request(on.addr, "HEAD", "/empty/", &[]);
     assert_eq!((r.status, r.body.len()), (200, 0));
 }
+
+/// At its open-files limit (lowered with `prlimit` once it listens, connections holding the
+/// rest), `nodus serve` answers `GET /` of a site with an `index.html` 200 or 503 with
+/// `Retry-After`: never 403, 404 or the directory's listing. The 503s are one log line however
+/// many there are, and so are the accepts that fail meanwhile; once the connections close it
+/// serves again.
+#[test]
+fn out_of_fds_answers_503_never_403_404_or_a_listing_and_logs_it_once() {
+    use nodus_testkit::http::{Timeouts, connect, read_reply, write_request};
+    use rustix::process::{Pid, Resource, Rlimit, prlimit};
+    let dir = TempDir::new("serve-out-of-fds");
+    std::fs::write(dir.path().join("index.html"), "hello\n").unwrap();
+    std::fs::write(dir.path().join("other.txt"), "other\n").unwrap();
+    let mut server = Serve::start(dir.path(), 1, &[]);
+    let pid = Pid::from_raw(server.proc.id() as i32).unwrap();
+    // Room for 24 more: the kernel gives the lowest free number, refused at the limit.
+    let open: std::collections::HashSet<u64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    let limit = (0..).filter(|n| !open.contains(n)).nth(24);
+    prlimit(
+        Some(pid),
+        Resource::Nofile,
+        Rlimit {
+            current: limit,
+            maximum: limit,
+        },
+    )
+    .unwrap();
+    let t = Timeouts {
+        connect: Duration::from_secs(5),
+        io: Duration::from_secs(1),
+    };
+    let ask = |s: &mut TcpStream| {
+        write_request(s, "GET", "/", &[])?;
+        read_reply(&mut BufReader::new(s), false)
+    };
+    // New keep-alive connections, each asking for `/`, until one is not even accepted.
+    let (mut held, mut statuses) = (Vec::new(), Vec::new());
+    let mut retry_after = None;
+    loop {
+        assert!(held.len() < 200, "no accept failed: {statuses:?}");
+        let mut s = connect(server.addr, t).unwrap();
+        let Ok(reply) = ask(&mut s) else { break };
+        let body = String::from_utf8_lossy(&reply.body).into_owned();
+        assert!(
+            matches!((reply.status, body.as_str()), (200, "hello\n") | (503, _)),
+            "{} {body:?} after {statuses:?}",
+            reply.status
+        );
+        if reply.status == 503 {
+            retry_after = reply.header("retry-after").map(str::to_owned);
+        }
+        statuses.push(reply.status);
+        held.push(s);
+    }
+    assert!(statuses.contains(&503), "{statuses:?}");
+    assert_eq!(retry_after.as_deref(), Some("5"));
+    // Out of fds for a while: every request on the connections held is 503, and the accept of
+    // the last one fails every 100 ms.
+    let deadline = Instant::now() + Duration::from_millis(600);
+    while Instant::now() < deadline {
+        let status = ask(&mut held[0]).map(|r| r.status);
+        assert!(matches!(status, Ok(200 | 503)), "{status:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(held);
+    let recovered = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        common::http::try_request(server.addr, "GET", "/", &[]).is_ok_and(|r| r.status == 200)
+    });
+    assert!(recovered, "not serving again once the connections closed");
+    server.proc.signal(rustix::process::Signal::TERM);
+    assert_eq!(server.proc.wait_exit(Duration::from_secs(20)), Some(0));
+    let out = server.proc.output();
+    let said: Vec<&String> = out
+        .iter()
+        .filter(|l| l.contains("answered 503 (further failures are counted"))
+        .collect();
+    assert_eq!(said.len(), 1, "{out:#?}");
+    assert!(said[0].contains("Too many open files"), "{out:#?}");
+    let accepts = out.iter().filter(|l| l.contains("accept failed")).count();
+    assert_eq!(accepts, 1, "{out:#?}");
+}

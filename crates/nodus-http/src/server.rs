@@ -9,7 +9,9 @@
 //!   and it is served, instead of the drain finding nothing open and the process exiting with the
 //!   connection unanswered.
 //! - At most `max_connections` are open: at the limit the accept task stops accepting (the
-//!   kernel's backlog holds newcomers) until one closes.
+//!   kernel's backlog holds newcomers) until one closes. An accept that fails for want of a
+//!   file descriptor (`EMFILE`, `ENFILE`) pauses the accept task 100 ms instead of spinning, and
+//!   is logged once per burst, then counted: one line per 10 s (`nodus::log_limit`).
 //! - Limits: request heads over `max_header_bytes` or with more than `max_headers` headers get
 //!   431 (hyper), except one whose request line alone is `max_header_bytes` long or more: 414, as
 //!   from nginx (the connection's read ends the head first, `HyperIo` with `head_wait`, and the
@@ -512,6 +514,14 @@ async fn accept_loop<L, H, F>(
     H: Fn(Request<RequestBody>) -> F + 'static,
     F: Future<Output = Response<Body>> + 'static,
 {
+    // At the open-files limit an accept fails every 100 ms: one line, then a count per 10 s.
+    let window = nodus::log_limit::WINDOW;
+    let emfile = nodus::log_limit::LogLimit::new(window, move |n, last| {
+        tracing::warn!(
+            target: "nodus::http",
+            "{n} more accepts failed in the last {window:?} (the last: {last})"
+        );
+    });
     loop {
         let next = poll_fn(|cx| {
             if state.draining.get() {
@@ -541,7 +551,13 @@ async fn accept_loop<L, H, F>(
             Some(Err(e)) if matches!(e.raw_os_error(), Some(libc_emfile) if libc_emfile == 24 || libc_emfile == 23) =>
             {
                 // Out of file descriptors: back off instead of spinning on a ready listener.
-                tracing::warn!(target: "nodus::http", "accept failed: {e}; retrying in 100 ms");
+                if emfile.first(|| e.to_string()) {
+                    tracing::warn!(
+                        target: "nodus::http",
+                        "accept failed: {e}; retrying in 100 ms (further failures are counted: \
+                         one line per {window:?})"
+                    );
+                }
                 nodus::sleep(100).await;
             }
             // A listener that can give no more connections (a cluster worker's, after the

@@ -29,6 +29,7 @@ pub mod fs;
 pub mod io;
 pub mod ipc;
 pub mod json;
+pub mod log_limit;
 pub mod metrics;
 pub mod net;
 pub mod notify;

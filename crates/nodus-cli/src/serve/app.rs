@@ -14,7 +14,10 @@
 //! I/O pool; the loop only routes, writes headers and moves 64 KiB chunks (and closes the files
 //! it served, and the descriptor of a directory whose listing was cached). Listings are cached and built one at a time
 //! per process (`listing_cache`), so requests for them, served or abandoned, never queue more
-//! than one listing ahead of a file's I/O on the pool.
+//! than one listing ahead of a file's I/O on the pool. A request whose file system work failed
+//! for the server's own reason (`static_files::Failure`: out of descriptors, say) is answered 503
+//! or 500 and said in a WARN line (target `nodus::serve`) once per burst, then counted: one line
+//! per 10 s while it lasts (`Site::failures`, `nodus::log_limit`).
 //!
 //! Shutdown: readyz turns 503 at once, serving goes on for `--shutdown-delay` (so a load balancer
 //! notices), then both listeners stop accepting and in-flight requests get `--drain-timeout` to
@@ -57,6 +60,7 @@ use std::time::Duration;
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use nodus::cluster::FORCED_STOP_EXIT_CODE;
 use nodus::fs::quote;
+use nodus::log_limit::{self, LogLimit};
 use nodus::net::TcpListener;
 use nodus::signal::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2, Signals};
 use nodus_http::server::{Answered, ConnInfo, Refused};
@@ -110,6 +114,9 @@ pub(super) struct Site {
     /// False once this process's shutdown (or, for a worker, its drain) began.
     ready: Cell<bool>,
     source: admin::Source,
+    /// Static requests answered 503 or 500 for a file system call that failed
+    /// (`static_files::Failure`): logged once per burst, then counted.
+    failures: Rc<LogLimit>,
 }
 
 impl Site {
@@ -448,6 +455,14 @@ fn new_site(
         admin_on_public,
         ready: Cell::new(true),
         source,
+        failures: LogLimit::new(log_limit::WINDOW, |n, last| {
+            tracing::warn!(
+                target: "nodus::serve",
+                "{n} more static requests answered 503 or 500 in the last {:?} for a file system \
+                 call that failed (the last: {last})",
+                log_limit::WINDOW
+            );
+        }),
     })
 }
 
@@ -586,21 +601,30 @@ async fn serve_static(
     // The plan holds the file open (HEAD's too, closed unread): a file this process cannot open
     // gets the same 403 (or 404) whatever the method and the conditional headers.
     let planned = nodus::pool::offload_io(move || {
-        static_files::plan_deferred(&root, &method, &path, &headers, &options)
+        let planned = static_files::plan_deferred(&root, &method, &path, &headers, &options);
+        (planned, method, path)
     })
     .await;
     let plan = match planned {
-        Ok(Planned::Done(p)) => p,
-        Ok(Planned::List(job)) => match site.listings.page(*job).await {
-            // HEAD's body is dropped by the server, as for every inline body.
-            Ok(page) => {
-                let mut response = Response::new(full(page.body));
-                *response.status_mut() = page.status;
-                *response.headers_mut() = page.headers;
-                return response;
+        Ok((planned, method, path)) => {
+            let plan = match planned {
+                Planned::Done(p) => p,
+                Planned::List(job) => match site.listings.page(*job).await {
+                    // HEAD's body is dropped by the server, as for every inline body.
+                    Ok(page) => {
+                        let mut response = Response::new(full(page.body));
+                        *response.status_mut() = page.status;
+                        *response.headers_mut() = page.headers;
+                        return response;
+                    }
+                    Err(failure) => static_files::failed(failure),
+                },
+            };
+            if let Plan::Failed { failure, .. } = &plan {
+                say_failure(site, &method, &path, failure);
             }
-            Err(e) => return internal_error(e),
-        },
+            plan
+        }
         Err(e) => return internal_error(e),
     };
     let (status, headers) = (plan.status(), plan.headers().clone());
@@ -628,6 +652,21 @@ async fn serve_static(
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     response
+}
+
+/// A static request answered 503 or 500 for a file system call that failed: one WARN line per
+/// burst, then a count per [`log_limit::WINDOW`] (`Site::failures`).
+fn say_failure(site: &Site, method: &Method, path: &str, failure: &static_files::Failure) {
+    let status = failure.status().as_u16();
+    let line = || format!("{method} {path:?}: {failure}: answered {status}");
+    if site.failures.first(line) {
+        tracing::warn!(
+            target: "nodus::serve",
+            "{} (further failures are counted: one line per {:?})",
+            line(),
+            log_limit::WINDOW
+        );
+    }
 }
 
 fn internal_error(e: impl std::fmt::Display) -> Response<Body> {

@@ -10,7 +10,10 @@
 //! turn into a `javascript:` URL. Entries are sorted directories first, then by name (byte order),
 //! and capped at `MAX_ENTRIES` (the first ones `readdir` returns, one `stat` each) so a directory
 //! with a million files cannot make one response unbounded: the rest are only counted, by name
-//! (a hidden or unusable name is not counted), and the page says how many were left out.
+//! (a hidden or unusable name is not counted), and the page says how many were left out. An
+//! entry gone meanwhile, or that this process may not look at, is left out; one that cannot be
+//! looked at for another reason (out of descriptors or memory, an I/O error) fails the whole
+//! listing (`static_files::Failure`, 503 or 500): no page lacks an entry for the server's trouble.
 //!
 //! The directory read is the one `static_files::resolve` opened and checked (through its
 //! descriptor: `nodus serve` holds it from the request's plan to the listing's build, in
@@ -26,7 +29,7 @@ use std::io;
 use std::path::Path;
 use std::time::SystemTime;
 
-use super::static_files::{Resolved, StaticOptions, hidden, resolve};
+use super::static_files::{self, Resolved, StaticOptions, hidden, resolve};
 use super::uri_path::encode_segment;
 
 /// At most this many entries are listed; the rest are counted and mentioned.
@@ -46,6 +49,10 @@ pub struct Entry {
 /// and how many were left out because of the cap ([`MAX_ENTRIES`]). The directory read is the one
 /// `dir` holds open, and each entry is looked at from there: whatever is renamed meanwhile, only
 /// what lies under the root is listed.
+///
+/// # Errors
+/// The directory cannot be read, or an entry could not be looked at for another reason than
+/// its absence or a permission (out of descriptors, say): the listing would lack it.
 pub fn read_entries(
     dir: &Resolved,
     root: &Path,
@@ -64,7 +71,9 @@ fn read_entries_capped(
     let mut entries = Vec::new();
     let mut over_cap = 0usize;
     for dirent in fs::read_dir(dir.fd_path())? {
-        let Ok(dirent) = dirent else { continue };
+        let Some(dirent) = skip_gone(dirent)? else {
+            continue;
+        };
         let file_name = dirent.file_name();
         let Some(name) = file_name.to_str().filter(|n| !n.contains('\\')) else {
             continue;
@@ -76,17 +85,21 @@ fn read_entries_capped(
             over_cap += 1;
             continue;
         }
-        let Ok(ft) = dirent.file_type() else { continue };
+        let Some(ft) = skip_gone(dirent.file_type())? else {
+            continue;
+        };
         let meta = if ft.is_symlink() {
             // Follow it only if it lands inside the root, off hidden names.
-            let Some(target) = resolve(root, &dirent.path(), opts) else {
+            let Some(target) = resolve(root, &dirent.path(), opts).map_err(|f| f.error)? else {
                 continue;
             };
-            Ok(target.meta)
+            target.meta
         } else {
-            dirent.metadata()
+            let Some(meta) = skip_gone(dirent.metadata())? else {
+                continue;
+            };
+            meta
         };
-        let Ok(meta) = meta else { continue };
         if !meta.is_file() && !meta.is_dir() {
             continue;
         }
@@ -99,6 +112,17 @@ fn read_entries_capped(
     }
     entries.sort_by(|a, b| b.is_dir.cmp(&a.is_dir).then_with(|| a.name.cmp(&b.name)));
     Ok((entries, over_cap))
+}
+
+/// An entry's read or stat: an entry gone meanwhile, or one this process may not look at, is
+/// left out (`None`); any other error (out of descriptors or memory, an I/O error) fails the
+/// whole listing, which is never answered with entries silently missing.
+fn skip_gone<T>(read: io::Result<T>) -> io::Result<Option<T>> {
+    match read {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if static_files::missing(&e) || static_files::denied(&e) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// Escapes the five HTML-significant characters.
@@ -237,7 +261,7 @@ mod tests {
         }
         let root = fs::canonicalize(&dir).unwrap();
         let opts = StaticOptions::default();
-        let found = resolve(&root, &root, &opts).unwrap();
+        let found = resolve(&root, &root, &opts).unwrap().unwrap();
         let (entries, over_cap) = read_entries_capped(&found, &root, &opts, 2).unwrap();
         // Two listed (sorted), three more counted; the hidden name is neither.
         assert_eq!(entries.len(), 2);

@@ -23,7 +23,8 @@
 //!   [`MAX_AGE`], when a cached page is built again.
 //! - A page is cached only if the directory's `ctime` was at least [`RACY`] older than the start
 //!   of its build, so a change in the same clock tick as the stat, after it, cannot hide behind
-//!   equal times (git's "racy clean" rule). Refusals (an unreadable directory) are never cached.
+//!   equal times (git's "racy clean" rule). Refusals (an unreadable directory) and failures
+//!   (out of descriptors while reading it: `static_files::Failure`) are never cached.
 //! - At most [`MAX_PAGES`] pages and [`MAX_BYTES`] of HTML are kept, the least recently used
 //!   dropped first; a larger page is answered but not kept.
 //! - Nothing here touches the filesystem on the loop: the one `stat` that validates a page is
@@ -39,7 +40,7 @@ use bytes::Bytes;
 use futures_util::lock::Mutex;
 use http::{HeaderMap, StatusCode};
 
-use super::static_files::{ListJob, ListingKey, Plan};
+use super::static_files::{Failure, ListJob, ListingKey, Plan};
 
 /// Pages kept.
 pub const MAX_PAGES: usize = 32;
@@ -49,6 +50,14 @@ pub const MAX_BYTES: usize = 8 << 20;
 pub const RACY: Duration = Duration::from_secs(2);
 /// How long a kept page is answered at most (then built again, if asked for).
 pub const MAX_AGE: Duration = Duration::from_secs(5);
+
+/// A listing whose build never ran to its end (the pool's or the task's failure).
+fn pool_failure(error: io::Error) -> Failure {
+    Failure {
+        op: "build the listing",
+        error,
+    }
+}
 
 /// A listing's answer: 200 with the page, or the refusal of a directory that cannot be read.
 #[derive(Debug, Clone)]
@@ -130,7 +139,11 @@ impl Listings {
 
     /// The answer to `job`: its cached page, or one built on the I/O pool when this request's
     /// turn comes (see the module's invariants).
-    pub async fn page(self: &Rc<Listings>, job: ListJob) -> io::Result<Page> {
+    ///
+    /// # Errors
+    /// The build failed for the server's own reason (out of descriptors, say), or the I/O pool
+    /// did: the caller answers 503 or 500 and logs it.
+    pub async fn page(self: &Rc<Listings>, job: ListJob) -> Result<Page, Failure> {
         if let Some(page) = self.cached(&job) {
             return Ok(page);
         }
@@ -147,12 +160,18 @@ impl Listings {
                 let started = SystemTime::now();
                 (build(job), started)
             })
-            .await?;
+            .await
+            .map_err(|e| pool_failure(e.into()))?;
+            if let Plan::Failed { failure, .. } = plan {
+                return Err(failure);
+            }
             let page = Page::of(plan);
             this.keep(key, changed, started, &page);
-            Ok::<_, io::Error>(page)
+            Ok(page)
         });
-        built.await.map_err(|e| io::Error::other(e.to_string()))?
+        built
+            .await
+            .map_err(|e| pool_failure(io::Error::other(e.to_string())))?
     }
 
     fn cached(&self, job: &ListJob) -> Option<Page> {

@@ -4,7 +4,8 @@
 //! `plan` looks at the method, the URI path and the request headers, opens what the path names
 //! (`resolve`), opens a regular file for reading (`open_verified`), and returns a `Plan`: refuse
 //! (400/403/404/405/412/501), 304, 301 to the slash form of a directory (query kept), 416, an
-//! HTML listing, or a file, open, with its status (200/206), byte range and every response header.
+//! HTML listing, a file, open, with its status (200/206), byte range and every response header,
+//! or a failure of the server's own (503/500: `Failure`).
 //! The HTTP glue then only has to stream `range` from that file (from the I/O pool), or send the
 //! in-memory body of the other variants. Keeping the decision free of any HTTP framework makes
 //! every rule testable with a temp directory and no sockets.
@@ -47,8 +48,18 @@
 //!   (`known_method`) is 405 with `Allow: GET, HEAD`; any other is 501, a method this server
 //!   does not implement at all.
 //!
+//! - A 404 or 403 says what the request names, never the server's state: only an errno that says
+//!   the name is missing (`ENOENT`, `ENOTDIR`, `ENAMETOOLONG`, `ELOOP`) is 404, only one that
+//!   says this process may not (`EACCES`, `EPERM`) is 403 (404 while a name is being looked up,
+//!   where it lands cannot be checked). Anything else, out of descriptors or memory above all
+//!   (`EMFILE`, `ENFILE`, `ENOMEM`: 503 with `Retry-After`) or an I/O error (500), is a
+//!   `Failure` at every step: the lookup, `index.html`'s, the open for reading, the listing's
+//!   read and each entry's look. Its answer is never cached (`Cache-Control: no-store`), and the
+//!   caller logs it (`app`).
+//!
 //! - A directory without `index.html` is listed (`listing`), or 404 as a missing name with
-//!   `StaticOptions::no_listings` (`--listings off`). `plan_deferred` makes the same decision but
+//!   `StaticOptions::no_listings` (`--listings off`); one whose `index.html` could not be looked
+//!   up (a `Failure`) is that failure, never its listing. `plan_deferred` makes the same decision but
 //!   leaves the listing to its caller (`Planned::List`: a `ListJob` holding the directory's
 //!   descriptor, the very one checked, which the build reads, and the `dev`/`ino` and
 //!   `mtime`/`ctime` of its `fstat`, for `listing_cache`); `plan` (for tests) builds it.
@@ -66,7 +77,7 @@ use std::time::SystemTime;
 
 use http::header::{
     ACCEPT_RANGES, ALLOW, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_SECURITY_POLICY,
-    CONTENT_TYPE, ETAG, LAST_MODIFIED, LOCATION, RANGE, VARY, X_CONTENT_TYPE_OPTIONS,
+    CONTENT_TYPE, ETAG, LAST_MODIFIED, LOCATION, RANGE, RETRY_AFTER, VARY, X_CONTENT_TYPE_OPTIONS,
 };
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 
@@ -145,12 +156,55 @@ pub enum Plan {
     RangeNotSatisfiable { headers: HeaderMap },
     /// 200 with an HTML directory listing.
     Listing { html: String, headers: HeaderMap },
+    /// 503 or 500: a file system call failed for the server's own reason ([`Failure`]), said in
+    /// the log (by the caller), never to the client.
+    Failed {
+        failure: Failure,
+        headers: HeaderMap,
+    },
+}
+
+/// A file system call that failed for another reason than the name asked for: not a missing or
+/// hidden name, nothing outside the root, no permission refused (those are 404 and 403), but the
+/// server's own trouble (out of descriptors or memory, an I/O error). Answered 503 or 500
+/// ([`Failure::status`]), which no cache keeps as it keeps a 404, and never a listing in place of
+/// an `index.html` it could not open. Errno → answer, as nginx's: `ENOENT`, `ENOTDIR`,
+/// `ENAMETOOLONG` and `ELOOP` are a missing name (404); `EACCES` and `EPERM` are 403 for a file
+/// or directory `resolve` found (its real path checked) and 404 while looking one up (where it
+/// lands cannot be checked then); anything else is a `Failure`.
+#[derive(Debug)]
+pub struct Failure {
+    /// What failed, for the log (`open`, `list the directory`...).
+    pub op: &'static str,
+    pub error: io::Error,
+}
+
+/// `Retry-After` of a 503 (seconds): the keep-alive timeout of an idle connection, which is what
+/// holds the descriptors most often when they run out.
+pub const RETRY_AFTER_SECS: u32 = 5;
+
+impl Failure {
+    /// 503 with `Retry-After` for a shortage that passes (`EMFILE`, `ENFILE`: out of
+    /// descriptors, the process's or the system's; `ENOMEM`), 500 for anything else (`EIO`...).
+    pub fn status(&self) -> StatusCode {
+        match self.error.raw_os_error() {
+            Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM) => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cannot {}: {}", self.op, self.error)
+    }
 }
 
 impl Plan {
     pub fn status(&self) -> StatusCode {
         match self {
             Plan::Refuse { status, .. } | Plan::File { status, .. } => *status,
+            Plan::Failed { failure, .. } => failure.status(),
             Plan::NotModified { .. } => StatusCode::NOT_MODIFIED,
             Plan::Redirect { .. } => StatusCode::MOVED_PERMANENTLY,
             Plan::RangeNotSatisfiable { .. } => StatusCode::RANGE_NOT_SATISFIABLE,
@@ -165,7 +219,8 @@ impl Plan {
             | Plan::Redirect { headers, .. }
             | Plan::File { headers, .. }
             | Plan::RangeNotSatisfiable { headers }
-            | Plan::Listing { headers, .. } => headers,
+            | Plan::Listing { headers, .. }
+            | Plan::Failed { headers, .. } => headers,
         }
     }
 
@@ -174,6 +229,7 @@ impl Plan {
         match self {
             Plan::Refuse { reason, .. } => Some(format!("{reason}\n")),
             Plan::Listing { html, .. } => Some(html.clone()),
+            Plan::Failed { failure, .. } => Some(failed_body(failure.status()).to_owned()),
             Plan::NotModified { .. } | Plan::Redirect { .. } | Plan::RangeNotSatisfiable { .. } => {
                 Some(String::new())
             }
@@ -192,7 +248,10 @@ pub fn canonical_root(dir: &Path) -> io::Result<PathBuf> {
             format!("{} is not a directory", nodus::fs::quote(dir)),
         ));
     }
-    if resolve(&root, &root, &StaticOptions::default()).is_none_or(|r| r.path != root) {
+    if resolve(&root, &root, &StaticOptions::default())
+        .map_err(|failure| failure.error)?
+        .is_none_or(|r| r.path != root)
+    {
         return Err(io::Error::other(
             "/proc/self/fd does not tell the real path of an open file (is /proc mounted?): \
              nodus serve checks there that what it opens lies under the root",
@@ -334,8 +393,10 @@ fn plan_deferred_at(
     }
     let mut joined = root.to_path_buf();
     joined.extend(&decoded.segments);
-    let Some(found) = resolve(root, &joined, opts) else {
-        return done(not_found());
+    let found = match resolve(root, &joined, opts) {
+        Ok(Some(found)) => found,
+        Ok(None) => return done(not_found()),
+        Err(failure) => return done(failed(failure)),
     };
     if found.meta.is_dir() {
         if !decoded.trailing_slash {
@@ -344,12 +405,15 @@ fn plan_deferred_at(
                 uri_path.split_once('?').map(|(_, q)| q),
             ));
         }
-        // In the very directory resolved, not in whatever its path names now.
-        if let Some(index) = resolve(root, &found.fd_path().join("index.html"), opts)
-            && index.meta.is_file()
-        {
-            let name = Path::new("index.html");
-            return done(file_plan(&index, name, method, headers, opts, now));
+        // In the very directory resolved, not in whatever its path names now. Listed only
+        // when there is no `index.html` to serve, never when looking for one failed.
+        match resolve(root, &found.fd_path().join("index.html"), opts) {
+            Ok(Some(index)) if index.meta.is_file() => {
+                let name = Path::new("index.html");
+                return done(file_plan(&index, name, method, headers, opts, now));
+            }
+            Ok(_) => {}
+            Err(failure) => return done(failed(failure)),
         }
         if opts.no_listings {
             return done(not_found());
@@ -392,22 +456,67 @@ pub fn known_method(method: &Method) -> bool {
 /// of what it opened back from the descriptor, and `fstat`s it; `None` if it does not exist,
 /// lies outside `root`, or is hidden. The check is on the opened file or directory itself, so a
 /// component of `path` swapped for a symlink meanwhile cannot make it pass for something else.
-pub fn resolve(root: &Path, path: &Path, opts: &StaticOptions) -> Option<Resolved> {
-    let fd = OpenOptions::new()
+///
+/// # Errors
+/// A [`Failure`] when a call failed for another reason than the name (out of descriptors, say):
+/// never taken for a missing name. A lookup refused (`EACCES`, `EPERM`: a directory on the way
+/// that this process may not search, maybe outside the root through a symlink) is `None`, as a
+/// name outside the root is, since where it leads cannot be checked.
+pub fn resolve(
+    root: &Path,
+    path: &Path,
+    opts: &StaticOptions,
+) -> Result<Option<Resolved>, Failure> {
+    let opened = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_PATH)
-        .open(path)
-        .ok()?;
-    let real = fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()?;
+        .open(path);
+    let fd = match opened {
+        Ok(fd) => fd,
+        Err(e) if missing(&e) || denied(&e) => return Ok(None),
+        Err(error) => return Err(Failure { op: "open", error }),
+    };
+    let real =
+        fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_err(|error| Failure {
+            op: "read the real path of what was opened",
+            error,
+        })?;
     if hidden(&real, root, opts) {
-        return None;
+        return Ok(None);
     }
-    let meta = fd.metadata().ok()?;
-    Some(Resolved {
+    let meta = fd
+        .metadata()
+        .map_err(|error| Failure { op: "stat", error })?;
+    Ok(Some(Resolved {
         fd,
         path: real,
         meta,
-    })
+    }))
+}
+
+/// An error that says the name is not there: 404 (see [`Failure`]).
+pub fn missing(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOENT | libc::ENOTDIR | libc::ENAMETOOLONG | libc::ELOOP)
+    )
+}
+
+/// An error that says this process may not: 403 for what was resolved (see [`Failure`]).
+pub fn denied(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM))
+}
+
+/// The answer to `error` from `op` on a file or directory `resolve` found: 403 with `forbidden`,
+/// 404, or the [`Failure`]'s 503 or 500.
+fn refused_for(error: io::Error, op: &'static str, forbidden: &'static str) -> Plan {
+    if denied(&error) {
+        refuse(StatusCode::FORBIDDEN, forbidden)
+    } else if missing(&error) {
+        not_found()
+    } else {
+        failed(Failure { op, error })
+    }
 }
 
 /// Whether `path` (a real path) is hidden from requests and listings: true if it is not under
@@ -449,7 +558,7 @@ fn file_plan(
     // Before any precondition or range: a 304 or 416 must not describe a file GET would refuse.
     let (file, meta) = match open_verified(found) {
         Ok(opened) => opened,
-        Err(_) => return refuse(StatusCode::FORBIDDEN, "forbidden: not readable"),
+        Err(e) => return refused_for(e, "open for reading", "forbidden: not readable"),
     };
     let len = meta.len();
     let content_type = mime::content_type(name);
@@ -541,8 +650,9 @@ fn list_job(root: &Path, dir: Resolved, decoded: &DecodedPath, opts: &StaticOpti
 
 /// The listing of `dir` asked for as `display` (the decoded request path: `/` is the root).
 fn listing_plan(root: &Path, dir: &Resolved, display: &str, opts: &StaticOptions) -> Plan {
-    let Ok((entries, over_cap)) = listing::read_entries(dir, root, opts) else {
-        return refuse(StatusCode::FORBIDDEN, "forbidden: directory not readable");
+    let (entries, over_cap) = match listing::read_entries(dir, root, opts) {
+        Ok(read) => read,
+        Err(e) => return refused_for(e, "list the directory", "forbidden: directory not readable"),
     };
     let html = listing::render(display, display == "/", &entries, over_cap);
     let mut headers = HeaderMap::new();
@@ -577,6 +687,33 @@ fn refuse(status: StatusCode, reason: &'static str) -> Plan {
 
 fn not_found() -> Plan {
     refuse(StatusCode::NOT_FOUND, "not found")
+}
+
+/// The answer to a [`Failure`]: 503 with `Retry-After` or 500, a short reason (never the error:
+/// that is for the log), `Cache-Control: no-store`.
+pub fn failed(failure: Failure) -> Plan {
+    let status = failure.status();
+    let body = failed_body(status);
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
+    headers.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        headers.insert(RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+    }
+    Plan::Failed { failure, headers }
+}
+
+fn failed_body(status: StatusCode) -> &'static str {
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        "service unavailable: out of resources, try again later\n"
+    } else {
+        "internal error\n"
+    }
 }
 
 /// A 301 to `path` (canonically encoded) with `query` (as the request sent it, which `http`

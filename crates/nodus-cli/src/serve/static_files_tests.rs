@@ -796,7 +796,7 @@ fn open_verified_opens_the_file_resolved() {
     let t = Tree::new();
     let path = t.p("hello.txt");
     let deny = StaticOptions::default();
-    let found = resolve(&t.root, &path, &deny).unwrap();
+    let found = resolve(&t.root, &path, &deny).unwrap().unwrap();
     assert_eq!(found.path, path);
     // Replaced by another file, then by a symlink: the file resolved is the one read.
     fs::remove_file(&path).unwrap();
@@ -812,15 +812,17 @@ fn open_verified_opens_the_file_resolved() {
     for fifo in ["fifo", "link-fifo"] {
         let root = t.root.clone();
         let fifo_err = within_5s(move || {
-            let found = resolve(&root, &root.join(fifo), &StaticOptions::default()).unwrap();
+            let found = resolve(&root, &root.join(fifo), &StaticOptions::default())
+                .unwrap()
+                .unwrap();
             open_verified(&found).is_err()
         });
         assert!(fifo_err, "{fifo}");
     }
     // Outside the root, or hidden on its real path: not resolved.
-    assert!(resolve(&t.root, &t.p("link-out"), &deny).is_none());
-    assert!(resolve(&t.root, &t.p("link-dot"), &deny).is_none());
-    assert!(resolve(&t.root, &t.p("missing"), &deny).is_none());
+    assert!(resolve(&t.root, &t.p("link-out"), &deny).unwrap().is_none());
+    assert!(resolve(&t.root, &t.p("link-dot"), &deny).unwrap().is_none());
+    assert!(resolve(&t.root, &t.p("missing"), &deny).unwrap().is_none());
 }
 
 #[test]
@@ -1138,4 +1140,129 @@ fn a_deferred_listing_reads_the_directory_it_checked() {
         html.contains(">inside-only.txt</a>") && !html.contains("outside-only"),
         "{html}"
     );
+}
+
+#[test]
+fn errno_decides_404_403_or_a_failure() {
+    let e = io::Error::from_raw_os_error;
+    for (errno, status) in [
+        (libc::ENOENT, 404),
+        (libc::ENOTDIR, 404),
+        (libc::ENAMETOOLONG, 404),
+        (libc::ELOOP, 404),
+        (libc::EACCES, 403),
+        (libc::EPERM, 403),
+        (libc::EMFILE, 503),
+        (libc::ENFILE, 503),
+        (libc::ENOMEM, 503),
+        (libc::EIO, 500),
+        (libc::EOVERFLOW, 500),
+    ] {
+        let plan = refused_for(e(errno), "open", "forbidden");
+        assert_status(&plan, status, &format!("errno {errno}"));
+        if status >= 500 {
+            let h = plan.headers();
+            assert_eq!(h[CACHE_CONTROL], "no-store");
+            assert_eq!(
+                h.get(RETRY_AFTER).is_some(),
+                status == 503,
+                "errno {errno}: {h:?}"
+            );
+            let body = plan.inline_body().unwrap();
+            assert_eq!(h[CONTENT_LENGTH], body.len().to_string());
+            assert!(!body.contains("os error"), "{body}");
+        }
+    }
+}
+
+/// Run only in a child of this test binary (`NODUS_TEST_OUT_OF_FDS` set): its open-files limit
+/// is lowered and filled there.
+const OUT_OF_FDS: &str = "NODUS_TEST_OUT_OF_FDS";
+
+/// Out of descriptors (`EMFILE`) at each step where a request's plan opens one: 503 with
+/// `Retry-After`, never the 404 of a missing name, the 403 of an unreadable file, the listing
+/// of a directory without `index.html`, or a listing short of an entry. In a child process (this
+/// very test, `OUT_OF_FDS` set), whose descriptors it fills up to a lowered limit.
+#[test]
+fn out_of_descriptors_is_503_never_404_403_or_a_listing() {
+    let name = module_path!().split_once("::").unwrap().1.to_owned()
+        + "::out_of_descriptors_is_503_never_404_403_or_a_listing";
+    if std::env::var_os(OUT_OF_FDS).is_none() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", &name, "--test-threads=1", "--nocapture"])
+            .env(OUT_OF_FDS, "1")
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{said}");
+        assert!(said.contains("1 passed"), "the child ran no test: {said}");
+        return;
+    }
+    let t = Tree::new();
+    let opts = StaticOptions::default();
+    symlink("a.html", t.p("sub/link.html")).unwrap();
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    rustix::process::setrlimit(
+        rustix::process::Resource::Nofile,
+        rustix::process::Rlimit {
+            current: Some(128),
+            ..limit
+        },
+    )
+    .unwrap();
+    // Every descriptor below the limit taken, then `free` of them given back for one step.
+    let mut held = Vec::new();
+    let fill = |held: &mut Vec<File>| loop {
+        match File::open("/dev/null") {
+            Ok(f) => held.push(f),
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::EMFILE), "{e}");
+                return;
+            }
+        }
+    };
+    fill(&mut held);
+    // `plan_deferred`'s answer, a listing built with `later` more fds given back: `nodus serve`
+    // builds it later, maybe once fds are free again, so the job must not stand for an
+    // `index.html` that could not be looked up.
+    let mut with_free = |free: usize, later: usize, path: &str| {
+        held.truncate(held.len() - free);
+        let plan = match plan_deferred(&t.root, &Method::GET, path, &HeaderMap::new(), &opts) {
+            Planned::Done(plan) => plan,
+            Planned::List(job) => {
+                held.truncate(held.len() - later);
+                job.build()
+            }
+        };
+        let status = plan.status().as_u16();
+        // A listing, and whether it shows the symlink.
+        let listing = match &plan {
+            Plan::Listing { html, .. } => Some(html.contains("link.html")),
+            _ => None,
+        };
+        let retry = plan.headers().get(RETRY_AFTER).cloned();
+        drop(plan);
+        fill(&mut held);
+        (status, listing, retry)
+    };
+    let unavailable = (503, None, Some(HeaderValue::from(RETRY_AFTER_SECS)));
+    // None: the first open (`O_PATH`) fails.
+    assert_eq!(with_free(0, 0, "/hello.txt"), unavailable, "no fd: a file");
+    assert_eq!(with_free(0, 0, "/site/"), unavailable, "no fd: a directory");
+    // One: the file is found, its open for reading fails (was 403); the directory is found,
+    // looking for its `index.html` fails (was its listing).
+    assert_eq!(
+        with_free(1, 0, "/hello.txt"),
+        unavailable,
+        "open for reading"
+    );
+    assert_eq!(with_free(1, 8, "/site/"), unavailable, "index.html lookup");
+    // Two: `index.html` found, its open for reading fails (was 403); a directory without one is
+    // read, the symlink in it cannot be looked at (was a listing without it).
+    assert_eq!(with_free(2, 0, "/site/"), unavailable, "index.html open");
+    assert_eq!(with_free(2, 0, "/sub/"), unavailable, "a listing's symlink");
+    // Three: enough for each, so the counts above are the steps named.
+    assert_eq!(with_free(3, 0, "/site/"), (200, None, None));
+    assert_eq!(with_free(3, 0, "/sub/"), (200, Some(true), None));
+    drop(held);
 }

@@ -70,6 +70,10 @@
 //!   the ACK). At the fd limit the primary's [`FdReserve`] is given up for that duplicate; when
 //!   none can be made the connections stay parked (the worker stays a member) and the accept
 //!   task tries again after [`RETRY_PAUSE`], within the parking bound.
+//! - What repeats as fast as connections come while a process is at its open-files limit (a
+//!   Node worker that could not receive one, a duplicate that could not be made, a failed
+//!   accept) is logged once, then counted: one summary line per 10 s while it lasts ([`Floods`]),
+//!   not one line per connection or per [`RETRY_PAUSE`].
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -88,6 +92,7 @@ use super::server::{Addr, Member, RETRY_PAUSE, Server, leave_all};
 use super::{Policy, State, count, stats};
 use crate::cluster::protocol::{Incoming, NODE_CLUSTER, NODE_NODUS, NewConn, NewConns};
 use crate::ipc::{MAX_FDS_PER_FRAME, SendHandle};
+use crate::log_limit::{self, LogLimit};
 
 /// Connections handed to one worker in one message, kept until it answers.
 struct Handoff {
@@ -855,11 +860,18 @@ fn handoff(
             let copy = match st.fd_reserve.dup(&batch[0].fd) {
                 Ok(c) => c,
                 Err(e) => {
-                    tracing::warn!(
-                        target: "nodus::cluster",
-                        "worker {}: cannot hand connections over ({e}): they wait to be tried \
-                         again in {RETRY_PAUSE:?}", proc.slot
-                    );
+                    if st
+                        .floods
+                        .no_fd
+                        .first(|| format!("worker {}: {e}", proc.slot))
+                    {
+                        tracing::warn!(
+                            target: "nodus::cluster",
+                            "worker {}: cannot hand connections over ({e}): they wait to be \
+                             tried again in {RETRY_PAUSE:?} (further failures are counted: one \
+                             line per {:?})", proc.slot, log_limit::WINDOW
+                        );
+                    }
                     park(server, batch.into_iter().chain(rest));
                     return Err(e);
                 }
@@ -900,6 +912,64 @@ fn handoff(
         park(server, rest);
     }
     Ok(())
+}
+
+/// The primary's lines whose cause repeats as fast as connections come (a worker, or the primary
+/// itself, at its open-files limit): each is logged once, then counted, one line per
+/// [`log_limit::WINDOW`] while it lasts ([`LogLimit`]), where a line each made hundreds a second.
+pub(super) struct Floods {
+    /// A Node worker could not receive a connection ([`not_received`]).
+    pub not_received: Rc<LogLimit>,
+    /// No duplicate of a connection for a Node worker's handoff ([`handoff`]).
+    pub no_fd: Rc<LogLimit>,
+    /// An accept failed (`server::back_off`).
+    pub accept: Rc<LogLimit>,
+}
+
+impl Floods {
+    pub fn new() -> Floods {
+        let window = log_limit::WINDOW;
+        Floods {
+            not_received: LogLimit::new(window, move |n, last| {
+                tracing::warn!(
+                    target: "nodus::cluster",
+                    "{} could not be received by Node workers in the last {window:?} (the last \
+                     by {last}): each was handed to another worker or waits in the primary",
+                    count(n as usize, "more connection")
+                );
+            }),
+            no_fd: LogLimit::new(window, move |n, last| {
+                tracing::warn!(
+                    target: "nodus::cluster",
+                    "{} to Node workers could not be made in the last {window:?} (the last: \
+                     {last}): their connections waited in the primary to be tried again",
+                    count(n as usize, "more handoff")
+                );
+            }),
+            accept: LogLimit::new(window, move |n, last| {
+                tracing::error!(
+                    target: "nodus::cluster",
+                    "{} failed in the last {window:?} (the last on {last})",
+                    count(n as usize, "more accept")
+                );
+            }),
+        }
+    }
+}
+
+/// A connection handed to Node worker `proc` never arrived (its channel dropped it after the
+/// worker refused it: at its open-files limit, say): said once per burst (`Floods`).
+pub(super) fn not_received(st: &State, proc: &Proc) {
+    let who = || format!("worker {} (pid {})", proc.slot, proc.pid);
+    if st.floods.not_received.first(who) {
+        tracing::warn!(
+            target: "nodus::cluster",
+            "{} could not receive a connection: handing it to another worker (further ones are \
+             counted: one line per {:?})",
+            who(),
+            log_limit::WINDOW
+        );
+    }
 }
 
 /// One fd the primary holds in reserve for the duplicate a Node worker's handoff needs: an accept

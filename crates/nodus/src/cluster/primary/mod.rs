@@ -410,6 +410,8 @@ pub(crate) struct State {
     /// A shutdown's drain began: no listener accepts or is bound any more.
     accepting_stopped: Cell<bool>,
     fd_reserve: handoff::FdReserve,
+    /// Lines that would repeat as fast as connections come, limited (`handoff::Floods`).
+    floods: handoff::Floods,
     /// Fds workers gave back (`returned`) that were not connections of the listener: closed.
     returned_rejected: Cell<u64>,
     /// A worker's application message (`process.send()`) was logged at INFO (`proc`): the
@@ -566,6 +568,7 @@ impl Primary {
             deadline_armed: Cell::new(false),
             accepting_stopped: Cell::new(false),
             fd_reserve: handoff::FdReserve::new(),
+            floods: handoff::Floods::new(),
             returned_rejected: Cell::new(0),
             app_message_said: Cell::new(false),
             stats_cache: RefCell::default(),

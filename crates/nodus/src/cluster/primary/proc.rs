@@ -699,11 +699,7 @@ pub(super) fn mark_ready(st: &Rc<State>, proc: &Rc<Proc>) {
 /// A connection handed to a Node worker never arrived: its channel dropped the fd after the
 /// worker NACKed it 4 times (at its open-files limit, say). A refusal: another worker gets it.
 fn not_received(st: &Rc<State>, proc: &Rc<Proc>, sent: &RawValue) {
-    tracing::warn!(
-        target: "nodus::cluster",
-        "worker {} (pid {}) could not receive a connection: handing it to another worker",
-        proc.slot, proc.pid
-    );
+    handoff::not_received(st, proc);
     if let Some(m) = Incoming::parse(sent.get())
         && m.is_cluster()
         && m.act == Some("newconn")

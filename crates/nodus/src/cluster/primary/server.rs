@@ -933,7 +933,7 @@ async fn accept_loop(st: &Rc<State>, server: &Rc<Server>) {
         let (conns, failure) = match poll_fn(|cx| poll_work(server, cx)).await {
             Work::Stop => return,
             Work::Failed(e) => {
-                back_off(server, e).await;
+                back_off(st, server, e).await;
                 continue;
             }
             Work::Parked => (server.parked.take(ACCEPT_BATCH), None),
@@ -941,7 +941,7 @@ async fn accept_loop(st: &Rc<State>, server: &Rc<Server>) {
         };
         let short = dispatch(st, server, conns).is_err();
         if let Some(e) = failure {
-            back_off(server, e).await;
+            back_off(st, server, e).await;
         } else if short {
             crate::time::sleep(RETRY_PAUSE).await;
         }
@@ -974,9 +974,18 @@ fn accept_batch(server: &Server) -> (Vec<Conn>, Option<io::Error>) {
     (conns, None)
 }
 
-/// After a failed accept (EMFILE and friends): log and pause briefly instead of spinning.
-async fn back_off(server: &Server, e: io::Error) {
-    tracing::error!(target: "nodus::cluster", "accept on {} failed: {e}", server.addr);
+/// After a failed accept (EMFILE and friends): log (once per burst, `handoff::Floods`) and pause
+/// briefly instead of spinning.
+async fn back_off(st: &State, server: &Server, e: io::Error) {
+    if st.floods.accept.first(|| format!("{}: {e}", server.addr)) {
+        tracing::error!(
+            target: "nodus::cluster",
+            "accept on {} failed: {e}; retrying in {RETRY_PAUSE:?} (further failures are counted: \
+             one line per {:?})",
+            server.addr,
+            crate::log_limit::WINDOW
+        );
+    }
     crate::time::sleep(RETRY_PAUSE).await;
 }
 
