@@ -332,7 +332,7 @@ impl Worker {
     ///
     /// # Errors
     /// `Unsupported` at once under a stock Node primary (it keeps no stats); `TimedOut` if a
-    /// nodus primary did not answer within [`STATS_TIMEOUT`] (stopped, or its loop stalled).
+    /// nodus primary did not answer within 5 s (stopped, or its loop stalled).
     pub async fn cluster_stats(&self) -> io::Result<String> {
         self.ask_primary("stats").await
     }
