@@ -4,7 +4,11 @@
 //! stopped (SIGSTOP), under rr and shared, without waiting for them, and `shutting down` once a
 //! shutdown began; a worker stopped (SIGSTOP)
 //! before the primary ever asked it for a snapshot is a stall in the stats, the metrics and
-//! `nodus top`; Node workers, which never answer snapshot requests, are unknown, not stalled.
+//! `nodus top`; Node workers, which never answer snapshot requests, are not asked (`answering`
+//! unknown), and are shown stalled (`stalled`, `nodus_cluster_worker_stalled`, `nodus top`) once
+//! stopped with connections handed to them, as readyz finds them. A worker whose primary is
+//! stopped answers its stats and metrics 503 within 5 s, never its own figures in the cluster's
+//! place.
 //!
 //! Every process is started in its own process group and the whole group is killed by PID when
 //! the test ends; a stopped worker gets SIGCONT, then SIGKILL, by PID whatever happens. Node is
@@ -372,6 +376,15 @@ fn a_worker_stopped_before_the_first_stats_pull_is_a_stall() {
         .find(|l| l.split_whitespace().next() == Some(&stopped.to_string()))
         .unwrap_or_else(|| panic!("no row for pid {stopped}:\n{text}"));
     assert_eq!(row.split_whitespace().nth(3), Some("stall"), "{text}");
+    // Its request unanswered for 1 s, the primary's own verdict (readyz's and routing's) too.
+    let w = stalled_until(admin, stopped, true);
+    assert_eq!(worker_entry(&stats(admin), running)["stalled"], false);
+    let metrics = String::from_utf8(get(admin, "/_nodus/metrics").body).unwrap();
+    for (pid, worker, v) in [(stopped, &w["worker"], 1), (running, &other["worker"], 0)] {
+        let gauge =
+            format!("nodus_cluster_worker_stalled{{worker=\"{worker}\",pid=\"{pid}\"}} {v}");
+        assert!(metrics.contains(&gauge), "no {gauge:?} in\n{metrics}");
+    }
 
     drop(cont);
     primary.signal(Signal::TERM);
@@ -393,6 +406,7 @@ fn node_workers_are_not_asked_for_snapshots_nor_shown_stalled() {
         let doc = stats(admin);
         for w in doc["workers"].as_array().unwrap() {
             assert!(w["answering"].is_null(), "{w}");
+            assert_eq!(w["stalled"], false, "{w}");
         }
         let metrics = String::from_utf8(get(admin, "/_nodus/metrics").body).unwrap();
         assert!(
@@ -401,6 +415,163 @@ fn node_workers_are_not_asked_for_snapshots_nor_shown_stalled() {
         );
         std::thread::sleep(Duration::from_millis(1100));
     }
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(30), 0);
+}
+
+/// Polls the stats until worker process `pid`'s `stalled` is `stalled` (20 s at most); its entry
+/// then.
+fn stalled_until(admin: SocketAddr, pid: i32, stalled: bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let w = worker_entry(&stats(admin), pid);
+        if w["stalled"] == stalled {
+            return w;
+        }
+        assert!(Instant::now() < deadline, "stalled never {stalled}: {w}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Stock Node workers under rr, both stopped (SIGSTOP) with clients handed to them: readyz says
+/// none takes connections, and the stats, the metrics and `nodus top` say which are stalled,
+/// though the primary never asks a Node worker for a snapshot (`answering` stays `null`).
+/// Continued, they take their clients and are no longer stalled.
+#[test]
+fn stopped_node_workers_are_shown_stalled_as_readyz_finds_them() {
+    if !have("node") {
+        return;
+    }
+    let admin = free_addr();
+    let events = TempDir::new("node-stalled-events");
+    let log = events.path().join("events.jsonl");
+    let app = "require('http').createServer((q, s) => s.end('ok')).listen(+process.env.PORT, '127.0.0.1');";
+    let (_dir, addr, mut primary) = run_node_app(
+        "node-stalled",
+        app,
+        2,
+        &[
+            "--admin",
+            &admin.to_string(),
+            "--events",
+            log.to_str().unwrap(),
+        ],
+    );
+    let pids = wait_ready_pids(&log, 2);
+    let _kill = KillOnDrop(pids.clone());
+    let conts: Vec<ContOnDrop> = pids.iter().map(|&p| ContOnDrop(p)).collect();
+    for &p in &pids {
+        signal(p, Signal::STOP);
+    }
+    // Four clients: rr hands two to each stopped worker (one written to its channel).
+    let clients: Vec<_> = (0..4)
+        .map(|i| {
+            let mut s = nodus_testkit::http::connect(addr, TIMEOUTS).unwrap();
+            nodus_testkit::http::write_request(&mut s, "GET", "/", &["Connection: close"])
+                .unwrap_or_else(|e| panic!("client {i}: {e}"));
+            s
+        })
+        .collect();
+    assert_eq!(
+        quick_readyz_until(admin, 503),
+        "no worker takes connections (2 stalled)\n"
+    );
+    let doc = stats(admin);
+    assert_eq!(doc["workers_up"], 2, "{doc}");
+    let metrics = String::from_utf8(get(admin, "/_nodus/metrics").body).unwrap();
+    for &p in &pids {
+        let w = worker_entry(&doc, p);
+        assert_eq!(w["stalled"], true, "{w}");
+        assert!(w["answering"].is_null(), "{w}");
+        let gauge = format!(
+            "nodus_cluster_worker_stalled{{worker=\"{}\",pid=\"{p}\"}} 1",
+            w["worker"]
+        );
+        assert!(metrics.contains(&gauge), "no {gauge:?} in\n{metrics}");
+    }
+    assert!(
+        !metrics.contains("nodus_cluster_worker_answering{"),
+        "{metrics}"
+    );
+    let out = Command::new(NODUS)
+        .args(["top", "--once", "--interval", "0.2", &admin.to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("2 stalled"), "{text}");
+    for p in &pids {
+        let row = text
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(&p.to_string()))
+            .unwrap_or_else(|| panic!("no row for pid {p}:\n{text}"));
+        assert_eq!(row.split_whitespace().nth(3), Some("stall"), "{text}");
+    }
+
+    drop(conts);
+    for (i, s) in clients.into_iter().enumerate() {
+        let reply = nodus_testkit::http::read_reply(&mut std::io::BufReader::new(s), false)
+            .unwrap_or_else(|e| panic!("client {i}: {e}"));
+        assert_eq!(reply.body, b"ok", "client {i}");
+    }
+    assert_eq!(quick_readyz_until(admin, 200), "ready\n");
+    for &p in &pids {
+        stalled_until(admin, p, false);
+    }
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(30), 0);
+}
+
+/// A client's bounds for requests a stopped process holds: past every wait the test expects.
+const TIMEOUTS: nodus_testkit::http::Timeouts = nodus_testkit::http::Timeouts {
+    connect: Duration::from_secs(5),
+    io: Duration::from_secs(20),
+};
+
+/// The cluster primary stopped (SIGSTOP), a worker answers its stats and metrics (the public
+/// listener's, for a loopback client) 503 `cluster primary not answering` once it has waited
+/// 5 s for the primary: never its own single-process document, whose metrics would lack the
+/// `worker` and `pid` labels. Its healthz answers meanwhile; the primary continued, the cluster
+/// document is back.
+#[test]
+fn a_worker_whose_primary_does_not_answer_fails_stats_and_metrics() {
+    let dir = TempDir::new("primary-silent");
+    let log = dir.path().join("events.jsonl");
+    let addr = free_addr();
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .arg("serve")
+            .arg(dir.path())
+            .args(["--workers", "2", "--policy", "shared", "--listen"])
+            .arg(addr.to_string())
+            .arg("--events")
+            .arg(&log)
+            .env("RUST_LOG", "info"),
+    );
+    primary.wait_line("2 workers ready");
+    let _kill = KillOnDrop(wait_ready_pids(&log, 2));
+    assert!(stats(addr)["cluster"] == true);
+    let cont = ContOnDrop(primary.id() as i32);
+    signal(primary.id() as i32, Signal::STOP);
+    assert_eq!(get(addr, "/_nodus/healthz").status, 200);
+    for path in ["/_nodus/stats", "/_nodus/metrics"] {
+        let t = Instant::now();
+        let r = get(addr, path);
+        let took = t.elapsed();
+        assert_eq!(
+            (r.status, String::from_utf8_lossy(&r.body).into_owned()),
+            (503, "cluster primary not answering\n".to_owned()),
+            "{path}"
+        );
+        assert!(
+            (Duration::from_secs(4)..Duration::from_secs(9)).contains(&took),
+            "{path} after {took:?}"
+        );
+    }
+    drop(cont);
+    assert!(stats(addr)["cluster"] == true);
+    let metrics = String::from_utf8(get(addr, "/_nodus/metrics").body).unwrap();
+    assert!(metrics.contains("nodus_cluster_workers_up 2"), "{metrics}");
     primary.signal(Signal::TERM);
     assert_exit(&mut primary, Duration::from_secs(30), 0);
 }

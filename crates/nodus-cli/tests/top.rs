@@ -875,6 +875,59 @@ fn admin_page_in_headless_chromium_shows_panics_drains_and_left_out_snapshots() 
     assert!(!stall.contains("held in drain"), "{stall}");
 }
 
+/// Workers the primary found stalled: a Node worker (no snapshot, `answering` null) and a nodus
+/// worker whose snapshot came (a take-back it has not seen yet): each row says so, and the
+/// header counts them; a worker not stalled does not.
+#[test]
+fn admin_page_in_headless_chromium_shows_stalled_workers() {
+    let Some(chromium) = installed(&["chromium", "chromium-browser"]) else {
+        return;
+    };
+    let snapshot = serde_json::to_value(Snapshot {
+        pid: 42_002,
+        loop_id: 1,
+        uptime_seconds: 60.0,
+        ..Snapshot::default()
+    })
+    .unwrap();
+    let addr = fake_admin(serde_json::json!({
+        "workers": [
+            {"worker": 1, "pid": 42_001, "answering": null, "stalled": true, "snapshot": null},
+            {"worker": 2, "pid": 42_002, "answering": true, "stalled": true, "snapshot": snapshot},
+            {"worker": 3, "pid": 42_003, "answering": null, "stalled": false, "snapshot": null},
+        ],
+        "restarts": 0,
+    }));
+    let dom = chromium_dom(chromium, &format!("http://{addr}/_nodus/"));
+    assert!(dom.contains("data-state=\"ok\""), "{dom}");
+    // Whether the row's classes (its opening tag's first attribute) have `stalled`.
+    let stalled_class = |row: &str| {
+        row.split('"')
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .any(|c| c == "stalled")
+    };
+    let node = dom_row(&dom, "worker-row", "data-pid=\"42001\"");
+    assert!(stalled_class(node), "{node}");
+    assert!(
+        node.contains("stalled: it has not taken connections handed to it for 1 s"),
+        "{node}"
+    );
+    let nodus = dom_row(&dom, "worker-row", "data-pid=\"42002\"");
+    assert!(stalled_class(nodus), "{nodus}");
+    assert!(
+        nodus.contains(r#"<span class="bad"> stalled</span>"#),
+        "{nodus}"
+    );
+    let running = dom_row(&dom, "worker-row", "data-pid=\"42003\"");
+    assert!(
+        !stalled_class(running) && !running.contains("stalled"),
+        "{running}"
+    );
+    assert!(dom.contains("3 workers · 0 restarts · 2 stalled"), "{dom}");
+}
+
 #[test]
 fn dashboard_sigterm_exits_0_and_restores_the_terminal() {
     let (addr, _) = fake_cluster();

@@ -14,7 +14,12 @@
 //!
 //! In a cluster, stats and metrics cover every worker whichever process answers: a worker asks
 //! its primary over IPC, the primary (which serves `--admin` itself) builds them from its
-//! workers' snapshots. A worker whose primary does not answer (a Node primary) serves its own.
+//! workers' snapshots. A worker under a stock Node primary (which keeps no stats) serves its
+//! own. A worker whose nodus primary does not answer within 5 s (stopped, its loop stalled)
+//! answers 503 `cluster primary not answering`, never its own figures in the cluster's place:
+//! the document would change shape and the metrics lose their `worker` and `pid` labels, so
+//! Prometheus would see other series rather than a failed scrape (`up` 0). 5 s is under
+//! Prometheus's default scrape timeout (10 s), so the scrape fails with this answer.
 //!
 //! readyz ([`Readyz`]) answers for the process that serves it: 200 `ready` while it takes
 //! traffic, 503 with why not. `shutting down` only once a shutdown began (this process's own
@@ -104,26 +109,50 @@ impl Source {
         }
     }
 
-    async fn stats(&self) -> Vec<u8> {
-        let local = || serde_json::to_vec(&nodus_http::snapshot()).expect("a snapshot serializes");
-        match self {
-            Source::Local => local(),
+    /// The stats document; `Err` when the cluster primary does not answer.
+    async fn stats(&self) -> Result<Vec<u8>, PrimarySilent> {
+        let local =
+            || serde_json::to_string(&nodus_http::snapshot()).expect("a snapshot serializes");
+        Ok(match self {
+            Source::Local => local().into_bytes(),
             Source::Primary(p) => p.stats_json().await.into_bytes(),
-            Source::Worker(w) => match w.cluster_stats().await {
-                Ok(json) => json.into_bytes(),
-                Err(_) => local(),
-            },
-        }
+            Source::Worker(w) => from_primary(w.cluster_stats().await, local)?.into(),
+        })
     }
 
-    async fn metrics(&self) -> String {
+    /// The metrics (OpenMetrics text); `Err` when the cluster primary does not answer.
+    async fn metrics(&self) -> Result<String, PrimarySilent> {
         let local = || nodus::metrics::prometheus::render(&nodus_http::snapshot());
         match self {
-            Source::Local => local(),
-            Source::Primary(p) => p.metrics_text().await,
-            Source::Worker(w) => w.cluster_metrics().await.unwrap_or_else(|_| local()),
+            Source::Local => Ok(local()),
+            Source::Primary(p) => Ok(p.metrics_text().await),
+            Source::Worker(w) => from_primary(w.cluster_metrics().await, local),
         }
     }
+}
+
+/// A worker's nodus primary did not answer a stats request (within 5 s, or its channel ended).
+struct PrimarySilent;
+
+/// What a worker serves for the cluster: the primary's answer; `local` under a stock Node
+/// primary (it keeps no stats, and says so at once); else [`PrimarySilent`].
+fn from_primary(
+    answer: std::io::Result<String>,
+    local: impl FnOnce() -> String,
+) -> Result<String, PrimarySilent> {
+    match answer {
+        Ok(text) => Ok(text),
+        Err(e) if e.kind() == std::io::ErrorKind::Unsupported => Ok(local()),
+        Err(_) => Err(PrimarySilent),
+    }
+}
+
+/// The answer for stats or metrics while the cluster primary does not answer.
+fn primary_silent() -> Response<Body> {
+    text(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "cluster primary not answering\n",
+    )
 }
 
 /// Serves the admin endpoints of a cluster primary on `listener`: the whole cluster's figures,
@@ -201,18 +230,21 @@ pub async fn respond(
         // by default), else the classic text format (`curl`, `promtool check metrics`).
         "/_nodus/metrics" => {
             use nodus::metrics::prometheus::{self as prom, prefers_openmetrics};
-            let text = source.metrics().await;
-            if accept.is_some_and(prefers_openmetrics) {
-                with_type(Response::new(full(text)), prom::CONTENT_TYPE)
-            } else {
-                let classic = prom::to_classic(&text);
-                with_type(Response::new(full(classic)), prom::CLASSIC_CONTENT_TYPE)
+            match source.metrics().await {
+                Err(PrimarySilent) => primary_silent(),
+                Ok(text) if accept.is_some_and(prefers_openmetrics) => {
+                    with_type(Response::new(full(text)), prom::CONTENT_TYPE)
+                }
+                Ok(text) => {
+                    let classic = prom::to_classic(&text);
+                    with_type(Response::new(full(classic)), prom::CLASSIC_CONTENT_TYPE)
+                }
             }
         }
-        "/_nodus/stats" => {
-            let json = source.stats().await;
-            with_type(Response::new(full(json)), "application/json")
-        }
+        "/_nodus/stats" => match source.stats().await {
+            Ok(json) => with_type(Response::new(full(json)), "application/json"),
+            Err(PrimarySilent) => primary_silent(),
+        },
         // Answering at all means the loop is not stalled: a stalled loop cannot answer.
         "/_nodus/healthz" => text(StatusCode::OK, "ok\n"),
         "/_nodus/readyz" => match readiness() {

@@ -72,6 +72,11 @@ pub struct WorkerStats {
     /// primary does not ask (a plain program, a Node worker), whose figures are unknown.
     #[serde(default)]
     pub answering: Option<bool>,
+    /// `true`: the primary found it stalled (a connection handed to it, or a request to its
+    /// loop, waited 1 s), so it is handed no connection; absent or `null` where the primary
+    /// cannot tell (a Node worker under shared or reuseport, a plain program, an older primary).
+    #[serde(default)]
+    pub stalled: Option<bool>,
     /// Why a document relayed to a worker left this worker's snapshot out (`None`: it did not).
     #[serde(default)]
     pub snapshot_left_out: Option<String>,
@@ -154,6 +159,7 @@ impl From<StatsDoc> for ClusterStats {
                     rss_bytes: None,
                     uptime_seconds: None,
                     answering: None,
+                    stalled: None,
                     snapshot_left_out: None,
                     panics_known: false,
                 }],
@@ -256,6 +262,8 @@ pub struct Row {
     pub snapshot: Option<Snapshot>,
     /// The worker's loop did not answer the primary's last request (see [`WorkerStats`]).
     pub not_answering: bool,
+    /// The primary found the worker stalled (see [`WorkerStats`]).
+    pub stalled: bool,
     /// Why a relayed document left its snapshot out (see [`WorkerStats`]).
     pub left_out: Option<String>,
     /// Task panics, lifetime, and per task name (those with any, most first); `None` when its
@@ -505,6 +513,7 @@ fn derive_row(
             .uptime_seconds
             .or_else(|| w.snapshot.as_ref().map(|s| s.uptime_seconds)),
         not_answering: w.answering == Some(false),
+        stalled: w.stalled == Some(true),
         left_out: w.snapshot_left_out.clone(),
         ..Row::default()
     };

@@ -20,8 +20,10 @@
 //! own threads and PM2 one line per process; BUSY, QUEUE and DONE/S are sums, WAIT99 the worst
 //! worker's ([`threads_cell`], [`pools_scope`], shared with `--once`).
 //!
-//! Within that layout: a worker whose snapshot a relayed document left out reads `trim` as its
-//! UTIL% (the status line counts them, its detail line says why); task panics are in the detail
+//! Within that layout: a worker the primary found stalled, or whose loop did not answer it, reads
+//! `stall` as its UTIL% (the status line counts the stalled ones, its detail line says why); a
+//! worker whose snapshot a relayed document left out reads `trim` as its UTIL% (the status line
+//! counts them, its detail line says why); task panics are in the detail
 //! line (the total, then the task names that panicked), only for a snapshot that has them; a stall
 //! that was a drain of many short polls takes two lines, the second saying `held in drain: N
 //! polls, mostly T` ([`drain_note`], shared with `--once`).
@@ -57,14 +59,14 @@ pub const COLUMNS: [(&str, u16); 12] = [
 ];
 
 /// The worker's cells, in [`COLUMNS`] order ("–" where a figure is unknown; `stall` as the
-/// utilization of a worker whose loop did not answer the primary, `trim` as that of one whose
-/// snapshot the relayed document left out).
+/// utilization of a worker the primary found stalled or whose loop did not answer it, `trim` as
+/// that of one whose snapshot the relayed document left out).
 pub fn cells(r: &Row) -> [String; 12] {
     [
         r.pid.to_string(),
         opt(r.uptime_s, fmt_uptime),
         r.restarts.to_string(),
-        if r.not_answering {
+        if r.not_answering || r.stalled {
             "stall".to_string()
         } else if r.left_out.is_some() {
             "trim".to_string()
@@ -222,8 +224,8 @@ pub fn describe(m: &Model) -> String {
     describe_parts(m).join(" · ")
 }
 
-/// [`describe`]'s parts: `2 workers`, `gen 3`, `restarts 1`, `budget 4` (as known), `1 snapshot
-/// left out` (a relayed document's).
+/// [`describe`]'s parts: `2 workers`, `gen 3`, `restarts 1`, `budget 4` (as known), `1 stalled`
+/// (the primary's verdict), `1 snapshot left out` (a relayed document's).
 fn describe_parts(m: &Model) -> Vec<String> {
     let n = m.rows.len();
     let mut parts = vec![if m.cluster {
@@ -239,6 +241,10 @@ fn describe_parts(m: &Model) -> Vec<String> {
     }
     if let Some(b) = m.budget_left {
         parts.push(format!("budget {b}"));
+    }
+    let stalled = m.rows.iter().filter(|r| r.stalled).count();
+    if stalled > 0 {
+        parts.push(format!("{stalled} stalled"));
     }
     let left_out = m.rows.iter().filter(|r| r.left_out.is_some()).count();
     if left_out > 0 || m.trimmed.is_some() {
@@ -756,6 +762,10 @@ fn detail_line(r: &Row, width: u16) -> Line<'static> {
     let Some(s) = &r.snapshot else {
         let why = if r.not_answering {
             "its loop did not answer the primary (blocked or too busy; see its log)".to_string()
+        } else if r.stalled {
+            "stalled: it has not taken connections handed to it for 1 s (blocked or stopped; \
+             the primary hands it none until it runs again)"
+                .to_string()
         } else if let Some(reason) = &r.left_out {
             format!("snapshot left out: {reason}")
         } else {
@@ -786,6 +796,15 @@ fn detail_line(r: &Row, width: u16) -> Line<'static> {
         Span::raw(format!(" · in flight {}", s.http.requests_in_flight)),
         Span::raw(format!(" · 5xx {errors}")),
     ];
+    if r.stalled {
+        spans.insert(
+            1,
+            Span::styled(
+                " stalled: handed no connection ·",
+                Style::new().fg(Color::Red),
+            ),
+        );
+    }
     // Panics (when the snapshot has them) right after the tasks, before what a narrow line drops.
     if let Some(text) = panics_text(r) {
         let style = match r.panics {
@@ -1016,6 +1035,33 @@ mod tests {
         );
         // A worker that never sends a snapshot (a plain program) is not stalled: unknown.
         assert_eq!(cells(&m.rows[1])[util], "–");
+    }
+
+    /// A worker the primary found stalled shows it whether or not it is asked for snapshots (a
+    /// Node worker never is: `answering` null), and the status line counts it.
+    #[test]
+    fn a_worker_the_primary_found_stalled_shows_stall() {
+        use super::super::model::ClusterStats;
+        let doc = br#"{"workers":[
+            {"worker":1,"pid":7,"snapshot":null,"answering":null,"stalled":true},
+            {"worker":2,"pid":8,"snapshot":null,"answering":null,"stalled":false},
+            {"worker":3,"pid":9,"snapshot":null,"answering":null,"stalled":null}],"restarts":0}"#;
+        let mut m = Model::default();
+        m.update(ClusterStats::parse(doc).unwrap(), std::time::Instant::now());
+        let util = COLUMNS.iter().position(|c| c.0 == "UTIL%").unwrap();
+        assert_eq!(cells(&m.rows[0])[util], "stall");
+        let detail = detail_line(&m.rows[0], 200).to_string();
+        assert!(
+            detail.contains("stalled: it has not taken connections"),
+            "{detail}"
+        );
+        assert_eq!(cells(&m.rows[1])[util], "–");
+        assert_eq!(cells(&m.rows[2])[util], "–");
+        assert!(
+            describe(&m).contains("3 workers · restarts 0 · 1 stalled"),
+            "{}",
+            describe(&m)
+        );
     }
 
     #[test]

@@ -73,8 +73,13 @@ use crate::metrics::Snapshot;
 use crate::net::{TcpListener, TcpStream};
 use crate::signal::{SIGHUP, Signals};
 
-/// How long a worker waits for the primary's answer to `queryServer` or a stats request.
+/// How long a worker waits for the primary's answer to `queryServer` or its exit.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a worker waits for the primary's stats or metrics: half Prometheus's default scrape
+/// timeout (10 s), so a scrape through a worker whose primary does not answer fails with the
+/// worker's own answer, not the scraper's timeout. The primary needs 1 s at most (its workers'
+/// snapshots are awaited 500 ms, and as long again after a pause of its own).
+const STATS_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub(crate) use crate::parent_env::NODUS_PRIMARY as NODUS_PRIMARY_ENV;
 
@@ -327,7 +332,7 @@ impl Worker {
     ///
     /// # Errors
     /// `Unsupported` at once under a stock Node primary (it keeps no stats); `TimedOut` if a
-    /// nodus primary did not answer within 10 s.
+    /// nodus primary did not answer within 5 s (stopped, or its loop stalled).
     pub async fn cluster_stats(&self) -> io::Result<String> {
         self.ask_primary("stats").await
     }
@@ -399,7 +404,7 @@ impl Worker {
         msg.id = Some(id);
         msg.text = Some(what);
         self.send_nodus(&msg);
-        let reply = slot.wait(REPLY_TIMEOUT).await;
+        let reply = slot.wait(STATS_TIMEOUT).await;
         self.sh.stats.borrow_mut().remove(&id);
         reply.ok_or_else(|| {
             io::Error::new(

@@ -22,8 +22,14 @@
 //! without building one (an older one sends its snapshot, ignored), so the requests routing
 //! sends while connections are handed (at most one per worker per second) stay under a hundred
 //! bytes each way.
+//! `stalled` (`nodus_cluster_worker_stalled` in the metrics) is the primary's own verdict, the
+//! one readyz and routing use (`handoff::stalled`, as of `time::polled_ns`), for every worker the
+//! primary can watch: one it asks (a nodus worker) or hands connections to (rr and least: a Node
+//! worker too). It is `null` (no series) for one it cannot: a Node worker under shared or
+//! reuseport, a plain program. `answering` is about snapshots only: a Node worker is never asked,
+//! so it is `null` there even while `stalled` is true.
 //! The JSON shape is the one `nodus top` and the admin page read (`workers[]` with `worker`,
-//! `pid`, `snapshot`, `answering`, `restarts`, `rss_bytes`, plus cluster fields).
+//! `pid`, `snapshot`, `answering`, `stalled`, `restarts`, `rss_bytes`, plus cluster fields).
 //! A snapshot a worker sends is served only if a loop could have sent it: a JSON `Snapshot` of
 //! at most [`wire::BYTES`] within [`Snapshot::out_of_bounds`]'s bounds. Any other (malformed,
 //! huge, with two series of one name) is refused, the worker shown without a snapshot
@@ -62,7 +68,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 use super::proc::{Proc, ProcState};
-use super::{LastExit, State};
+use super::{LastExit, Policy, State};
 use crate::cluster::protocol::{Nodus, SNAPSHOT_PROBE};
 use crate::cluster::reply::ReplySlot;
 use crate::metrics::Snapshot;
@@ -241,6 +247,16 @@ pub(super) fn loop_stalled(p: &Proc, now: u64) -> bool {
     })
 }
 
+/// The primary's stall verdict on `p` as of `now` (`crate::time::polled_ns`): what readyz and
+/// routing go by ([`handoff::stalled`](super::handoff::stalled)). `None` for a worker it cannot
+/// watch: one it neither asks for snapshots (a Node worker, a plain program) nor hands
+/// connections to (the shared and reuseport policies; a plain program has no channel).
+fn stall_verdict(st: &State, p: &Proc, now: u64) -> Option<bool> {
+    let handed =
+        matches!(st.config.policy, Policy::RoundRobin | Policy::Least) && p.channel.is_some();
+    (p.asked_for_snapshots.get() || handed).then(|| super::handoff::stalled(p, now))
+}
+
 /// `json` as a snapshot, or why it is none a loop of any build could have sent.
 fn checked(json: &str) -> Result<Snapshot, String> {
     if json.len() > wire::BYTES {
@@ -285,6 +301,9 @@ struct WorkerDoc<'a> {
     /// `None`: it is not asked for snapshots (a plain program, a Node worker) or not yet;
     /// `Some(false)`: it missed the last request.
     answering: Option<bool>,
+    /// The primary found it stalled (routing hands it nothing, readyz counts it): see
+    /// [`stall_verdict`]; `None` when the primary cannot tell.
+    stalled: Option<bool>,
     snapshot: Option<&'a RawValue>,
     /// Why its snapshot is left out of a document relayed to a worker (`null`: it is not).
     snapshot_left_out: Option<String>,
@@ -485,6 +504,7 @@ fn json_doc(
                 .and_then(|(_, j, _)| RawValue::from_string(j.clone()).ok())
         })
         .collect();
+    let now = crate::time::polled_ns();
     let workers = procs
         .iter()
         .zip(&snapshots)
@@ -500,6 +520,7 @@ fn json_doc(
             connections_taken_back: p.taken_back.get(),
             uptime_seconds: p.started.elapsed().as_secs_f64(),
             answering: p.answered_last.get(),
+            stalled: stall_verdict(st, p, now),
             snapshot: snap.as_deref(),
             snapshot_left_out: out.then(|| {
                 let bytes = p.snapshot.borrow().as_ref().map_or(0, |(_, j, _)| j.len());
@@ -789,6 +810,20 @@ fn metrics_doc(
         "nodus_cluster_worker_answering",
         "Whether the worker's loop answered the primary's last snapshot request (0: blocked or too busy; its loop series are left out)",
         answering,
+    );
+    let stalled = Family::<Vec<(String, String)>, Gauge<i64>>::default();
+    let now = crate::time::polled_ns();
+    for p in procs {
+        if let Some(verdict) = stall_verdict(st, p, now) {
+            stalled
+                .get_or_create(&worker_labels(p))
+                .set(i64::from(verdict));
+        }
+    }
+    registry.register(
+        "nodus_cluster_worker_stalled",
+        "Whether the primary found the worker process stalled (1: a connection handed to it or a request to its loop waited 1 s, its loop blocked or stopped; it is handed no connection, and readyz fails once every ready worker is; no series for a worker the primary cannot watch: a Node worker under shared or reuseport, a plain program)",
+        stalled,
     );
     if relay.count() > 0 {
         let left_out = Family::<Vec<(String, String)>, Gauge<i64>>::default();
