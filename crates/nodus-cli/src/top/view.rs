@@ -24,7 +24,8 @@
 //! UTIL% (the status line counts them, its detail line says why); task panics are in the detail
 //! line (the total, then the task names that panicked), only for a snapshot that has them; a stall
 //! that was a drain of many short polls takes two lines, the second saying `held in drain: N
-//! polls, mostly T` ([`drain_note`], shared with `--once`).
+//! polls, mostly T` ([`drain_note`], shared with `--once`); a stall's task is named with its note
+//! when it had one, `http:app [GET /slow/thing]` ([`task_text`], shared with `--once`).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -200,10 +201,25 @@ pub fn pools_scope(pools: &[PoolRow], focus: Option<u32>, cluster: bool) -> Stri
     }
 }
 
+/// A stall's task: its name, with its note if it had one (`http:app [GET /slow/thing]`).
+pub fn task_text(st: &StallReport) -> String {
+    if st.note.is_empty() {
+        st.task_name.clone()
+    } else {
+        format!("{} [{}]", st.task_name, st.note)
+    }
+}
+
 /// What a stall that was a drain of many short polls says (`None` for one poll, or a snapshot
 /// of a build that does not count them): `held in drain: 20345 polls, mostly ping`.
 pub fn drain_note(st: &StallReport) -> Option<String> {
-    (st.polls > 1).then(|| format!("held in drain: {} polls, mostly {}", st.polls, st.task_name))
+    (st.polls > 1).then(|| {
+        format!(
+            "held in drain: {} polls, mostly {}",
+            st.polls,
+            task_text(st)
+        )
+    })
 }
 
 /// A worker's task panics (when its snapshot has them): `panics 3 (job 2, handler 1)`.
@@ -492,7 +508,7 @@ fn draw_stalls(frame: &mut Frame, area: Rect, app: &App, stalls: &[StallRow], fo
                     fmt_ago(st.at_unix_ms)
                 },
                 s.pid.to_string(),
-                st.task_name.clone(),
+                task_text(st),
                 match &drain {
                     Some(note) => format!("{location}\n{note}"),
                     None => location,
@@ -1145,6 +1161,22 @@ mod tests {
             drain_note(&stall(3)).as_deref(),
             Some("held in drain: 3 polls, mostly ping")
         );
+        // A task with a note (the request an HTTP handler served) is named with it.
+        let noted = StallReport {
+            note: "GET /slow/thing".into(),
+            ..stall(1)
+        };
+        assert_eq!(task_text(&noted), "ping [GET /slow/thing]");
+        assert_eq!(task_text(&stall(1)), "ping");
+        let s = Snapshot {
+            pid: 7,
+            stalls: vec![noted],
+            ..Snapshot::default()
+        };
+        let doc =
+            serde_json::json!({"workers": [{"worker": 1, "pid": 7, "snapshot": s}], "restarts": 0});
+        let wide = frame_text_at(&app_showing(&doc), 120, 24).join("\n");
+        assert!(wide.contains("ping [GET /slow/thing]"), "{wide}");
     }
 
     #[test]
