@@ -24,8 +24,9 @@
 //! UTIL% (the status line counts them, its detail line says why); task panics are in the detail
 //! line (the total, then the task names that panicked), only for a snapshot that has them; a stall
 //! that was a drain of many short polls takes two lines, the second saying `held in drain: N
-//! polls, mostly T` ([`drain_note`], shared with `--once`); a stall's task is named with its note
-//! when it had one, `http:app [GET /slow/thing]` ([`task_text`], shared with `--once`).
+//! polls, mostly T` ([`drain_note`], shared with `--once`); a stall whose task had a note (the
+//! request an HTTP handler served) shows it on that second line, `[GET /slow/thing]`, and
+//! `--once` names the task with it, `http:app [GET /slow/thing]` ([`task_text`]).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -498,8 +499,11 @@ fn draw_stalls(frame: &mut Frame, area: Rect, app: &App, stalls: &[StallRow], fo
         .iter()
         .map(|s| {
             let st = &s.stall;
-            // A drain's second line, in the location's column (cut at its end if need be).
-            let drain = drain_note(st).map(|n| keep_head(&n, loc_width));
+            // A drain's second line (with the task's note), else the note's, in the location's
+            // column (cut at its end if need be): the task's column is too narrow for a note.
+            let drain = drain_note(st)
+                .or_else(|| (!st.note.is_empty()).then(|| format!("[{}]", st.note)))
+                .map(|n| keep_head(&n, loc_width));
             let location = keep_tail(&st.location, loc_width);
             TableRow::new(pick([
                 if st.ongoing {
@@ -508,7 +512,7 @@ fn draw_stalls(frame: &mut Frame, area: Rect, app: &App, stalls: &[StallRow], fo
                     fmt_ago(st.at_unix_ms)
                 },
                 s.pid.to_string(),
-                task_text(st),
+                st.task_name.clone(),
                 match &drain {
                     Some(note) => format!("{location}\n{note}"),
                     None => location,
@@ -1175,8 +1179,17 @@ mod tests {
         };
         let doc =
             serde_json::json!({"workers": [{"worker": 1, "pid": 7, "snapshot": s}], "restarts": 0});
-        let wide = frame_text_at(&app_showing(&doc), 120, 24).join("\n");
-        assert!(wide.contains("ping [GET /slow/thing]"), "{wide}");
+        // In the dashboard, on the second line, in the location's column.
+        let lines = frame_text_at(&app_showing(&doc), 120, 24);
+        let at = lines
+            .iter()
+            .position(|l| l.contains("src/main.rs:12:9"))
+            .unwrap_or_else(|| panic!("{}", lines.join("\n")));
+        assert!(
+            lines[at + 1].contains("[GET /slow/thing]"),
+            "{}",
+            lines.join("\n")
+        );
     }
 
     #[test]
