@@ -574,4 +574,64 @@ mod tests {
         writer.join().unwrap();
         assert!(polls > 0, "{polls} polls, {idles} idle reads");
     }
+
+    #[test]
+    fn note_reads_are_consistent_and_name_their_own_poll() {
+        let _serial = serial();
+        // Task 2 notes "GET /a" (one word), task 3 a note of four words; each note is set after
+        // its poll's `begin`, sometimes cleared. A read is the latest poll's own note or none.
+        static A: &str = "alpha";
+        static B: &str = "beta";
+        let long = "/b".repeat(14);
+        let at: &'static Location<'static> = Location::caller();
+        let slot = LoopSlot::new(ID_BASE + 7, Duration::from_millis(100));
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (slot, stop, long) = (slot.clone(), stop.clone(), long.clone());
+            thread::spawn(move || {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    if i.is_multiple_of(2) {
+                        slot.begin(2, A, at, i);
+                        slot.set_note("GET ", "/a");
+                    } else {
+                        slot.begin(3, B, at, i);
+                        slot.set_note("POST ", &long);
+                    }
+                    if i.is_multiple_of(5) {
+                        slot.clear_note();
+                    }
+                    if i.is_multiple_of(11) {
+                        slot.begin(4, B, at, i);
+                    }
+                    if i.is_multiple_of(13) {
+                        slot.end_hold(Some(i));
+                    }
+                }
+            })
+        };
+        let want_b = format!("POST {long}");
+        let (mut noted, mut reads) = (0, 0);
+        let deadline = now_ns() + 200 * MS;
+        let give_up = now_ns() + 10_000 * MS;
+        while now_ns() < deadline || (noted == 0 && now_ns() < give_up) {
+            if let SlotRead::Held(v) = slot.read() {
+                reads += 1;
+                let note = v.note.render();
+                let ok = match v.task_id {
+                    2 => note.is_empty() || note == "GET /a",
+                    3 => note.is_empty() || note == want_b,
+                    _ => note.is_empty(),
+                };
+                assert!(ok, "task {} read with note {note:?}", v.task_id);
+                if !note.is_empty() {
+                    noted += 1;
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        writer.join().unwrap();
+        assert!(noted > 0, "{noted} noted reads of {reads}");
+    }
 }
