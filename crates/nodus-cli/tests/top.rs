@@ -799,6 +799,7 @@ fn relayed_doc() -> Value {
                 class: "on-cpu".into(),
                 polls: 20_345,
                 began_with: "\"main\" (src/main.rs:4:5)".into(),
+                note: "GET /slow/thing".into(),
                 at_unix_ms: 1_800_000_000_000,
                 ..StallReport::default()
             }],
@@ -814,6 +815,7 @@ fn relayed_doc() -> Value {
             let stall = s["stalls"][0].as_object_mut().unwrap();
             stall.remove("polls");
             stall.remove("began_with");
+            stall.remove("note");
         }
         s
     };
@@ -861,6 +863,11 @@ fn admin_page_in_headless_chromium_shows_panics_drains_and_left_out_snapshots() 
             .contains("held in drain: 20,345 polls, mostly ping, after \"main\" (src/main.rs:4:5)"),
         "{stall}"
     );
+    // The task's note (the request its handler served), under its name.
+    assert!(
+        stall.contains(r#"<div class="task-note">[GET /slow/thing]</div>"#),
+        "{stall}"
+    );
 
     // Worker 3, an older build: no panic figures (not 0), no drain line.
     let dom = chromium_dom(chromium, &format!("http://{addr}/_nodus/#worker=3"));
@@ -873,6 +880,7 @@ fn admin_page_in_headless_chromium_shows_panics_drains_and_left_out_snapshots() 
     assert!(job.contains(r#"<td class="n panics">–</td>"#), "{job}");
     let stall = dom_row(&dom, "stall-row", "data-task=\"ping\"");
     assert!(!stall.contains("held in drain"), "{stall}");
+    assert!(!stall.contains("task-note"), "{stall}");
 }
 
 /// Workers the primary found stalled: a Node worker (no snapshot, `answering` null) and a nodus

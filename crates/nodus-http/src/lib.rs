@@ -28,7 +28,9 @@
 //! - `stats`: HTTP measurements, folded into the loop's `nodus::metrics::Snapshot`.
 //!
 //! Connections run as tasks named by handler class (`Config::name`, e.g. `http:static`), never by
-//! peer, so per-name measurements stay bounded.
+//! peer, so per-name measurements stay bounded; the request a handler serves (`GET /path`, no
+//! query) is its task's note while it runs (`nodus::task::set_note`), so a handler that blocks
+//! the loop is reported by its route.
 
 pub mod body;
 mod exec;

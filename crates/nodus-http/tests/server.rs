@@ -1210,6 +1210,169 @@ fn a_blocking_handler_is_reported_at_its_serve_call() {
     assert_eq!(thread.join().unwrap(), 0, "nothing cut by the drain");
 }
 
+/// What the process logged (a global subscriber, installed once by
+/// `a_handler_that_blocks_the_loop_is_reported_with_the_request_it_serves`).
+static LOGGED: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
+
+struct LogWriter;
+
+impl Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        LOGGED.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The lines logged so far that mention `what`.
+fn logged(what: &str) -> Vec<String> {
+    String::from_utf8_lossy(&LOGGED.lock().unwrap())
+        .lines()
+        .filter(|l| l.contains(what))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A handler that blocks the loop is named by the request it serves, `GET /slow/thing` (its
+/// method and path, never the query), while it blocks: in the watchdog's stall report and its
+/// warning, then in the end-of-stall line and the slow-poll line; over HTTP/1, where the
+/// connection's task polls the handler, and HTTP/2, where each stream is a task of its own. The
+/// handler first awaits, so the note is the one its task kept from an earlier poll.
+#[test]
+fn a_handler_that_blocks_the_loop_is_reported_with_the_request_it_serves() {
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(|| LogWriter)
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).unwrap();
+    });
+    for http2 in [false, true] {
+        let name: &'static str = if http2 {
+            "http:route-h2"
+        } else {
+            "http:route-h1"
+        };
+        let (tx, rx) = mpsc::channel();
+        let seen = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s2, stop2) = (seen.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let rt = Runtime::builder()
+                .stall_threshold(Duration::from_millis(50))
+                .build()
+                .unwrap();
+            let loop_id = rt.id();
+            rt.block_on(async move {
+                let listener = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+                let config = Config {
+                    name,
+                    http2,
+                    ..Config::default()
+                };
+                let server = serve(listener, config, move |_req| {
+                    let seen = s2.clone();
+                    async move {
+                        nodus::sleep(1).await;
+                        // Blocks the loop (never do this) for 300 ms, and until the report is
+                        // seen (10 s at most).
+                        let start = Instant::now();
+                        while (start.elapsed() < Duration::from_millis(300)
+                            || !seen.load(Ordering::Acquire))
+                            && start.elapsed() < Duration::from_secs(10)
+                        {
+                            std::hint::spin_loop();
+                        }
+                        text(StatusCode::OK, "late")
+                    }
+                });
+                tx.send((server.local_addr().unwrap(), loop_id)).unwrap();
+                while !stop2.load(Ordering::Acquire) {
+                    nodus::sleep(5).await;
+                }
+                server.drain(Duration::from_secs(1)).await
+            })
+        });
+        let (addr, loop_id) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let mut s = TcpStream::connect(addr).unwrap();
+        if http2 {
+            let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+            out.extend(h2_frame(4, 0, 0, &[]));
+            // HPACK: :method GET, :scheme http, :path "/slow/thing?secret=1", :authority "t".
+            let path = b"/slow/thing?secret=1";
+            let block = [
+                &[0x82, 0x86, 0x44, path.len() as u8][..],
+                path,
+                &[0x41, 1],
+                b"t",
+            ]
+            .concat();
+            out.extend(h2_frame(1, 0x5, 1, &block));
+            s.write_all(&out).unwrap();
+        } else {
+            get(&mut s, "/slow/thing?secret=1");
+        }
+        let give_up = Instant::now() + Duration::from_secs(10);
+        let report = loop {
+            if let Some(r) = nodus::watchdog::recent_stalls_for(loop_id)
+                .into_iter()
+                .find(|r| r.ongoing && r.task_name == name)
+            {
+                break r;
+            }
+            assert!(Instant::now() < give_up, "no stall report within 10 s");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        seen.store(true, Ordering::Release);
+        assert_eq!(report.note, "GET /slow/thing", "http2: {http2}: {report:?}");
+        // The end of the stall, once the handler returned: the same note.
+        let ended = loop {
+            if let Some(r) = nodus::watchdog::recent_stalls_for(loop_id)
+                .into_iter()
+                .find(|r| !r.ongoing && r.task_name == name)
+            {
+                break r;
+            }
+            assert!(
+                Instant::now() < give_up,
+                "the stall did not end within 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert_eq!(ended.note, "GET /slow/thing", "http2: {http2}: {ended:?}");
+        // `task "NAME" [GET /slow/thing] (...)`, or `mostly "NAME" [...] (...)` for a stall
+        // that was more than one poll (the handler's task woken by its sleep's timer).
+        let task = format!("\"{name}\" [GET /slow/thing] (");
+        let lines = loop {
+            let lines = logged(&format!("\"{name}\""));
+            let has = |what: &str| lines.iter().any(|l| l.contains(what) && l.contains(&task));
+            if has("loop stalled: ") && has("stall ended: ") && has("slow poll: ") {
+                break lines;
+            }
+            assert!(
+                Instant::now() < give_up,
+                "http2: {http2}: not every line names the request: {lines:#?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert!(
+            lines.iter().all(|l| !l.contains("secret")),
+            "the query is left out: {lines:#?}"
+        );
+        drop(s);
+        stop.store(true, Ordering::Release);
+        assert_eq!(
+            thread.join().unwrap(),
+            0,
+            "http2: {http2}: nothing cut by the drain"
+        );
+    }
+}
+
 #[test]
 fn a_client_that_half_closes_after_its_request_gets_the_whole_response() {
     let server = TestServer::start(Config::default(), Duration::from_secs(1));

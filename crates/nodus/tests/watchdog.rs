@@ -403,3 +403,63 @@ fn a_long_chain_of_closures_leaves_earlier_stalls_in_the_history() {
     let chains = stalls.iter().filter(|r| r.task_name == "microtask").count();
     assert_eq!(chains, 1, "{stalls:?}");
 }
+
+/// Spins until the watchdog has published `n` stalls for `loop_id` (10 s at most).
+fn spin_until_stalls(loop_id: u64, n: usize) {
+    let start = Instant::now();
+    while recent_stalls_for(loop_id).len() < n {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{n} stalls not reported in 10 s"
+        );
+        std::hint::spin_loop();
+    }
+}
+
+/// A task's note (`nodus::task::set_note`) names it in the report while it blocks, from a later
+/// poll than the one that set it, escaped; it is not lent to the next task, nor kept once cleared.
+#[test]
+fn a_tasks_note_names_it_while_it_blocks_until_cleared() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let rt = Runtime::builder()
+        .stall_threshold(THRESHOLD)
+        .build()
+        .unwrap();
+    let loop_id = rt.id();
+    rt.block_on(async move {
+        // Sets its note, then awaits: it blocks in a later poll.
+        spawn_named("job", async move {
+            nodus::task::set_note("job 42\n");
+            sleep(5).await;
+            spin_until_stalls(loop_id, 1);
+        })
+        .await
+        .unwrap();
+        // No note of its own: none lent from the task before.
+        spawn_named("plain", async move {
+            sleep(1).await;
+            spin_until_stalls(loop_id, 2);
+        })
+        .await
+        .unwrap();
+        // Set and cleared in an earlier poll: none.
+        spawn_named("cleared", async move {
+            nodus::task::set_note("job 43");
+            yield_now().await;
+            nodus::task::clear_note();
+            sleep(1).await;
+            spin_until_stalls(loop_id, 3);
+        })
+        .await
+        .unwrap();
+    });
+    let stalls = recent_stalls_for(loop_id);
+    let named: Vec<(&str, &str)> = stalls
+        .iter()
+        .map(|r| (r.task_name.as_str(), r.note.as_str()))
+        .collect();
+    assert_eq!(
+        named,
+        [("job", "job 42\\u{a}"), ("plain", ""), ("cleared", "")]
+    );
+}

@@ -26,7 +26,7 @@ use std::time::{Instant, SystemTime};
 
 use super::view::{
     COLUMNS, cells, describe, drain_note, fmt_ago, fmt_ns, fmt_rate, panics_text, pools_scope,
-    threads_cell,
+    task_text, threads_cell,
 };
 use super::{App, fetch_stats};
 
@@ -127,7 +127,7 @@ fn render(app: &App) -> String {
                 "    {} ago pid {} {} at {} took {} {}{}{drain}",
                 fmt_ago(st.at_unix_ms),
                 s.pid,
-                st.task_name,
+                task_text(st),
                 st.location,
                 fmt_ns((st.elapsed_seconds * 1e9) as u64),
                 st.class,

@@ -26,7 +26,9 @@
 //! counts them, its detail line says why); task panics are in the detail
 //! line (the total, then the task names that panicked), only for a snapshot that has them; a stall
 //! that was a drain of many short polls takes two lines, the second saying `held in drain: N
-//! polls, mostly T` ([`drain_note`], shared with `--once`).
+//! polls, mostly T` ([`drain_note`], shared with `--once`); a stall whose task had a note (the
+//! request an HTTP handler served) shows it on that second line, `[GET /slow/thing]`, and
+//! `--once` names the task with it, `http:app [GET /slow/thing]` ([`task_text`]).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -202,10 +204,25 @@ pub fn pools_scope(pools: &[PoolRow], focus: Option<u32>, cluster: bool) -> Stri
     }
 }
 
+/// A stall's task: its name, with its note if it had one (`http:app [GET /slow/thing]`).
+pub fn task_text(st: &StallReport) -> String {
+    if st.note.is_empty() {
+        st.task_name.clone()
+    } else {
+        format!("{} [{}]", st.task_name, st.note)
+    }
+}
+
 /// What a stall that was a drain of many short polls says (`None` for one poll, or a snapshot
 /// of a build that does not count them): `held in drain: 20345 polls, mostly ping`.
 pub fn drain_note(st: &StallReport) -> Option<String> {
-    (st.polls > 1).then(|| format!("held in drain: {} polls, mostly {}", st.polls, st.task_name))
+    (st.polls > 1).then(|| {
+        format!(
+            "held in drain: {} polls, mostly {}",
+            st.polls,
+            task_text(st)
+        )
+    })
 }
 
 /// A worker's task panics (when its snapshot has them): `panics 3 (job 2, handler 1)`.
@@ -488,8 +505,11 @@ fn draw_stalls(frame: &mut Frame, area: Rect, app: &App, stalls: &[StallRow], fo
         .iter()
         .map(|s| {
             let st = &s.stall;
-            // A drain's second line, in the location's column (cut at its end if need be).
-            let drain = drain_note(st).map(|n| keep_head(&n, loc_width));
+            // A drain's second line (with the task's note), else the note's, in the location's
+            // column (cut at its end if need be): the task's column is too narrow for a note.
+            let drain = drain_note(st)
+                .or_else(|| (!st.note.is_empty()).then(|| format!("[{}]", st.note)))
+                .map(|n| keep_head(&n, loc_width));
             let location = keep_tail(&st.location, loc_width);
             TableRow::new(pick([
                 if st.ongoing {
@@ -1190,6 +1210,31 @@ mod tests {
         assert_eq!(
             drain_note(&stall(3)).as_deref(),
             Some("held in drain: 3 polls, mostly ping")
+        );
+        // A task with a note (the request an HTTP handler served) is named with it.
+        let noted = StallReport {
+            note: "GET /slow/thing".into(),
+            ..stall(1)
+        };
+        assert_eq!(task_text(&noted), "ping [GET /slow/thing]");
+        assert_eq!(task_text(&stall(1)), "ping");
+        let s = Snapshot {
+            pid: 7,
+            stalls: vec![noted],
+            ..Snapshot::default()
+        };
+        let doc =
+            serde_json::json!({"workers": [{"worker": 1, "pid": 7, "snapshot": s}], "restarts": 0});
+        // In the dashboard, on the second line, in the location's column.
+        let lines = frame_text_at(&app_showing(&doc), 120, 24);
+        let at = lines
+            .iter()
+            .position(|l| l.contains("src/main.rs:12:9"))
+            .unwrap_or_else(|| panic!("{}", lines.join("\n")));
+        assert!(
+            lines[at + 1].contains("[GET /slow/thing]"),
+            "{}",
+            lines.join("\n")
         );
     }
 

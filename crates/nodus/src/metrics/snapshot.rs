@@ -501,6 +501,8 @@ mod tests {
             location: name(1),
             class: name(2),
             began_with: name(3),
+            // The longest note shown: 64 control characters, each escaped.
+            note: crate::watchdog::Note::of(&"\u{1}".repeat(64)).render(),
             polls: u64::MAX,
             ..Default::default()
         };

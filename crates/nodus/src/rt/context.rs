@@ -274,7 +274,7 @@ pub(crate) fn with_core<R>(api: &str, f: impl FnOnce(&Core) -> R) -> R {
 }
 
 /// Runs `f` with the current loop if there is one.
-#[inline]
+#[inline(always)]
 pub(crate) fn try_with_core<R>(f: impl FnOnce(&Core) -> R) -> Option<R> {
     let ptr = CURRENT.with(|c| c.get());
     if ptr.is_null() {

@@ -284,9 +284,20 @@ impl Core {
         );
     }
 
+    /// A task's poll that had a note returned: if it changed it, the task keeps the note for
+    /// its next polls if it is still set and the task's future is alive.
+    #[cold]
+    pub(crate) fn end_task_note(&self, key: usize, id: u64) {
+        if self.meter.take_note_change() {
+            let alive = matches!(self.tasks.borrow().get(key), Some(&(i, _)) if i == id);
+            self.meter.end_task_note(key, id, alive);
+        }
+    }
+
     /// A task's future was dropped: it leaves the registry.
     pub(crate) fn task_dropped(&self, key: usize, id: u64) {
         self.meter.task_dropped();
+        self.meter.task_note_dropped(key, id);
         let mut tasks = self.tasks.borrow_mut();
         let entry = match tasks.get(key) {
             Some(&(i, _)) if i == id => Some(tasks.remove(key)),

@@ -66,7 +66,11 @@ impl Core {
                 self.current.set(Some(target));
                 self.budget.set(COOP_BUDGET);
                 self.meter.begin_poll(&target, t);
+                self.meter.begin_task_note(meta.key, meta.id);
                 runnable.run();
+                if self.meter.note_state_set() {
+                    self.end_task_note(meta.key, meta.id);
+                }
                 self.meter.end_poll(&target, t);
                 self.current.set(None);
             }

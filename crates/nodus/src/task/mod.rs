@@ -1,6 +1,12 @@
 //! Tasks: `!Send` futures spawned on the current loop, with names, spawn locations and
 //! `JoinHandle`s.
 //!
+//! A task's name is a static class (`"http:app"`), so measurements per name stay bounded; what
+//! it is doing now may be dynamic (the request a handler serves). [`set_note`] attaches that as a
+//! short note, which the watchdog shows with the name while the task holds the loop (and the
+//! slow-poll log when its poll returns), until [`clear_note`] or the task ends
+//! (`metrics/meter/notes.rs` says how the loop publishes it at no cost to tasks without one).
+//!
 //! A task is an `async_task` task (one allocation: header, future, output) whose metadata is
 //! [`TaskMeta`]. Its waker is `Send + Sync`: a wake on the loop thread queues the task on the
 //! microtask queue (polling a woken task is a microtask, like a JS `await` continuation), a wake
@@ -41,6 +47,8 @@ use crate::rt::queues::RunItem;
 #[derive(Debug, Clone, Copy)]
 pub struct TaskMeta {
     pub(crate) id: u64,
+    /// The task's key in its loop's registry (`Core::tasks`), which keeps its note between polls.
+    pub(crate) key: usize,
     pub(crate) name: &'static str,
     pub(crate) location: &'static Location<'static>,
     pub(crate) class: ClassId,
@@ -123,14 +131,15 @@ where
     F::Output: 'static,
 {
     let class = core.meter.class_of(name);
+    let key = core.next_task_key();
     let meta = TaskMeta {
         id: core.next_task_id(),
+        key,
         name,
         location,
         class,
     };
     core.meter.spawned(class);
-    let key = core.next_task_key();
     let guard = TaskGuard { key, id: meta.id };
     // Built outside the async block, so that dropping the task before its first poll drops the
     // future inside `CatchUnwind` too.
@@ -154,6 +163,39 @@ where
     core.register_task(key, meta.id, runnable.waker());
     runnable.schedule();
     JoinHandle::new(task.fallible(), meta.id)
+}
+
+/// Attaches `note` to the current task: what it is doing now, which its static name cannot say
+/// (`nodus-http` sets `GET /path` for the request a handler serves). While the task holds the
+/// loop, the watchdog's stall report names it with the note, `task "http:app" [GET /slow/thing]
+/// (src/main.rs:9:5)` (and so do [`StallReport::note`](crate::watchdog::StallReport::note), the
+/// end-of-stall line and a slow poll's log line). It stays until [`clear_note`], the next
+/// `set_note`, or the task's end; outside a task (in `block_on`'s future, a callback or a
+/// next-tick or microtask closure) it names only the poll or callback under way.
+///
+/// At most 64 bytes are kept (a longer note is cut at a char boundary); control characters and
+/// backslashes are escaped when it is shown. Notes appear in logs and in `/_nodus/stats`: keep
+/// secrets out of them. Cheap enough for every request: a copy into the loop's watchdog slot,
+/// no allocation. Does nothing on a thread with no running loop, or without the `measure`
+/// feature.
+#[inline]
+pub fn set_note(note: &str) {
+    set_note_prefixed("", note);
+}
+
+/// [`set_note`] with a static prefix, `set_note_prefixed("GET ", path)`: the prefix is shared
+/// by reference and only `text` is copied (so a note made of a fixed part and a dynamic one
+/// needs no buffer to join them in). The prefix and the text together are cut to 64 bytes.
+#[inline(always)]
+pub fn set_note_prefixed(prefix: &'static str, text: &str) {
+    try_with_core(|core| core.meter.set_note(prefix, text));
+}
+
+/// Removes the current task's note (see [`set_note`]). A slow poll that set one and cleared it
+/// before returning is still logged with it.
+#[inline(always)]
+pub fn clear_note() {
+    try_with_core(|core| core.meter.clear_note());
 }
 
 /// Where a woken task goes (see the module docs).

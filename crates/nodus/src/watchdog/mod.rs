@@ -26,6 +26,11 @@
 //!   names the poll in progress if it has run for at least half the hold (a single long poll, as
 //!   before), else the poll seen most often, with the hold's poll count (the slot's sequence
 //!   counts `begin`s) and the callback that opened it.
+//! - A task's name is static (a class, `http:app`); what it is doing may not be. A task can
+//!   attach a short note to itself (`nodus::task::set_note`: `nodus-http` sets `GET /path` for
+//!   the request a handler serves), which the loop copies into the slot's own words (`note`,
+//!   under a second seqlock) when it is set, and again when a task that kept one is polled: the
+//!   report names the note with the task, while the stall lasts (`StallReport::note`).
 //! - A stall is reported (one `tracing` warning, target `nodus::watchdog`) at the threshold, then at
 //!   2x, 4x, 8x... the threshold while it lasts, at most about 10 reports per second across all
 //!   stalls; suppressed reports are counted in the next one. The last 64 stalls stay in a ring
@@ -44,8 +49,9 @@
 //! thread's CPU clock, `schedstat` and `status` is explained in `proc`.
 //!
 //! Invariants:
-//! - `begin`, `end`, `end_hold`, `enter_idle` and `leave_idle` run on the loop thread and never
-//!   allocate, lock or make a syscall, except `leave_idle` unparking a parked watchdog (once per
+//! - `begin`, `end`, `end_hold`, `enter_idle`, `leave_idle` and the note's `set_note`,
+//!   `republish_note` and `clear_note` run on the loop thread and never allocate, lock or make a
+//!   syscall, except `leave_idle` unparking a parked watchdog (once per
 //!   idle period).
 //! - Every drain's return closes the hold, and so does the loop stopping (`Meter::loop_running`,
 //!   which also runs when a callback unwinds out of `block_on`/`run`): a hold never spans a wait
@@ -65,12 +71,14 @@
 //! Layout: this file holds the public API (`register`, [`recent_stalls`], [`StallReport`],
 //! [`StallClass`]), the ring buffer and the state shared by the loops and the watchdog thread
 //! (`ACTIVITY`, the pending registrations); `slot` is the seqlock `LoopSlot` the loop writes;
+//! `note` a task's note as the slot keeps it (cut, and escaped when shown);
 //! `thread` is the watchdog thread (scan, observe, backoff, rate limit, report messages); `proc`
 //! reads `/proc` and classifies a stall.
 
 // With the `measure` feature off (the overhead benchmark only) this is compiled but not used.
 #![cfg_attr(not(feature = "measure"), allow(dead_code))]
 
+mod note;
 mod proc;
 mod slot;
 mod thread;
@@ -82,8 +90,13 @@ use std::thread::Thread;
 
 use serde::{Deserialize, Serialize};
 
+// Without `measure` (the overhead benchmark only) nothing outside the watchdog uses them.
+#[cfg_attr(not(feature = "measure"), allow(unused_imports))]
+pub(crate) use note::Note;
 pub(crate) use slot::LoopSlot;
 use slot::{IDLE, REGISTERED};
+#[cfg_attr(not(feature = "measure"), allow(unused_imports))]
+pub(crate) use thread::named;
 
 /// Stalls kept in the ring buffer.
 pub(crate) const RING_CAPACITY: usize = 64;
@@ -121,6 +134,10 @@ pub struct StallReport {
     /// saw running most often in it (it looks at every tick). For a stall of one poll, that poll.
     pub task_id: u64,
     pub task_name: String,
+    /// The note that task had attached to itself when it was seen holding the loop
+    /// (`nodus::task::set_note`: `GET /slow/thing` for a request of a `nodus-http` server), at
+    /// most 64 bytes, control characters and backslashes escaped; empty if none.
+    pub note: String,
     /// "file:line:col" of the spawn / scheduling site.
     pub location: String,
     /// How long the loop had been held at the latest observation; once ended, how long it was
@@ -357,6 +374,7 @@ impl Ring {
         for (to, from) in [
             (&mut entry.class, &report.class),
             (&mut entry.task_name, &report.task_name),
+            (&mut entry.note, &report.note),
             (&mut entry.location, &report.location),
         ] {
             if to != from {

@@ -32,18 +32,29 @@
 //!   records which, so the count stays balanced through `enter_idle`/`leave_idle` and `drop`.
 //! - The name and location pointers always come from a `&'static str` and a
 //!   `&'static Location<'static>`, which is what makes `read`'s `unsafe` sound.
+//! - A task's note (`nodus::task::set_note`) is a `&'static str` prefix, published by pointer as
+//!   names are, and a dynamic text, which no pointer could share soundly: it is copied into the
+//!   slot's own words. Both are written under a second seqlock (`note_seq`), tagged with the
+//!   sequence of the poll they were set in (`note_tag`): the note names that poll only, and a
+//!   `begin` leaves it alone (a poll that set no note has another sequence). `set_note` writes it during
+//!   a poll, `republish_note` right after `begin` for a task that kept one from an earlier poll;
+//!   `clear_note` is one store (`NOTE_CLEARED` in `note_len`). Neither waits, allocates nor makes
+//!   a syscall, and `begin` and `end` do not touch the note: a poll without one pays nothing.
 
 use std::panic::Location;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering, fence};
 use std::time::Duration;
 
+use super::note::{self, NOTE_MAX, NOTE_WORDS, Note};
 use super::{ACTIVITY, PARKED, wake_parked_watchdog};
 
 /// Thresholds below this are raised to it: shorter polls are the slow-poll log's business.
 const MIN_THRESHOLD_NS: u64 = 10_000_000;
 /// Attempts at a consistent slot read before giving up until the next tick.
 const READ_RETRIES: u32 = 64;
+/// In `note_len`: the note was cleared in the poll that set it.
+const NOTE_CLEARED: u64 = 1 << 63;
 
 /// A loop's published "what am I running since when" record, read by the watchdog thread.
 #[repr(align(64))]
@@ -74,6 +85,17 @@ pub(crate) struct LoopSlot {
     /// `IDLE` | `REGISTERED`, written by the loop thread only (plain loads and stores). The slot
     /// counts in `ACTIVITY` while registered and not idle.
     pub(super) flags: AtomicU8,
+    /// The note's seqlock sequence: odd while `set_note` or `republish_note` writes the fields
+    /// below (`clear_note` sets a bit of `note_len` alone).
+    note_seq: AtomicU64,
+    /// The `seq` of the poll the note was set in: it names that poll only.
+    note_tag: AtomicU64,
+    /// The note's text length in bytes, with `NOTE_CLEARED` once cleared.
+    note_len: AtomicU64,
+    /// The note's static prefix (from a `&'static str`), and its text's bytes.
+    note_prefix_ptr: AtomicPtr<u8>,
+    note_prefix_len: AtomicUsize,
+    note_words: [AtomicU64; NOTE_WORDS],
 }
 
 pub(super) const IDLE: u8 = 1;
@@ -104,6 +126,8 @@ pub(super) struct HoldView {
     /// The poll or callback that opened the hold.
     pub(super) opener: &'static str,
     pub(super) opener_location: &'static Location<'static>,
+    /// The note of the latest poll (set in it and not cleared), empty if none.
+    pub(super) note: Note,
 }
 
 impl HoldView {
@@ -143,6 +167,12 @@ impl LoopSlot {
             long_end_polls: AtomicU64::new(0),
             long_end_seq: AtomicU64::new(u64::MAX),
             flags: AtomicU8::new(0),
+            note_seq: AtomicU64::new(0),
+            note_tag: AtomicU64::new(u64::MAX),
+            note_len: AtomicU64::new(0),
+            note_prefix_ptr: AtomicPtr::new("".as_ptr().cast_mut()),
+            note_prefix_len: AtomicUsize::new(0),
+            note_words: Default::default(),
         })
     }
 
@@ -263,6 +293,120 @@ impl LoopSlot {
         (self.hold_ns.load(Ordering::Relaxed) != 0).then(|| self.hold_seq.load(Ordering::Relaxed))
     }
 
+    /// Loop thread, during a poll: the note `prefix` + `text` (the text cut so that both fit in
+    /// `NOTE_MAX` bytes, at a char boundary) names it from now until it returns, sets another or
+    /// clears it.
+    #[inline(always)]
+    pub(crate) fn set_note(&self, prefix: &'static str, text: &str) {
+        let text = note::fit(prefix, text).as_bytes();
+        self.write_note(prefix, text.len(), |words| {
+            note::pack(text, |i, word| words[i].store(word, Ordering::Relaxed));
+        });
+    }
+
+    /// Loop thread, right after `begin`: a task's note kept from an earlier poll names this one.
+    pub(crate) fn republish_note(&self, note: &Note) {
+        let len = usize::from(note.len);
+        self.write_note(note.prefix, len, |words| {
+            for (to, &word) in words.iter().zip(&note.words[..len.div_ceil(8)]) {
+                to.store(word, Ordering::Relaxed);
+            }
+        });
+    }
+
+    /// One write of the note under its seqlock: `fill` stores the words of its `len` bytes.
+    #[inline(always)]
+    fn write_note(
+        &self,
+        prefix: &'static str,
+        len: usize,
+        fill: impl FnOnce(&[AtomicU64; NOTE_WORDS]),
+    ) {
+        // Single writer: relaxed loads of our own last stores are exact.
+        let note_seq = self.note_seq.load(Ordering::Relaxed);
+        self.note_seq
+            .store(note_seq.wrapping_add(1), Ordering::Relaxed);
+        // Orders the odd sequence before the field stores (pairs with the reader's acquire fence).
+        fence(Ordering::Release);
+        fill(&self.note_words);
+        self.note_prefix_ptr
+            .store(prefix.as_ptr().cast_mut(), Ordering::Relaxed);
+        self.note_prefix_len.store(prefix.len(), Ordering::Relaxed);
+        self.note_len.store(len as u64, Ordering::Relaxed);
+        self.note_tag
+            .store(self.seq.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.note_seq
+            .store(note_seq.wrapping_add(2), Ordering::Release);
+    }
+
+    /// Loop thread: the poll in progress no longer has a note (it stays readable to
+    /// `poll_note`, for the slow-poll log of this poll).
+    #[inline(always)]
+    pub(crate) fn clear_note(&self) {
+        // One field: a reader sees the note or none, whatever else it read with it.
+        let len = self.note_len.load(Ordering::Relaxed);
+        self.note_len.store(len | NOTE_CLEARED, Ordering::Relaxed);
+    }
+
+    /// Loop thread: the latest note set in the poll in progress (or the one that just returned,
+    /// before the next `begin`), and whether it is still set (not cleared since).
+    pub(crate) fn poll_note(&self) -> Option<(Note, bool)> {
+        // Single writer: relaxed loads of our own last stores are exact.
+        if self.note_tag.load(Ordering::Relaxed) != self.seq.load(Ordering::Relaxed) {
+            return None;
+        }
+        let len = self.note_len.load(Ordering::Relaxed);
+        let prefix_ptr = self.note_prefix_ptr.load(Ordering::Relaxed);
+        let prefix_len = self.note_prefix_len.load(Ordering::Relaxed);
+        let note = Note {
+            // SAFETY: this thread stored the pair, from one `&'static str` (`write_note`).
+            prefix: unsafe {
+                std::str::from_utf8_unchecked(std::slice::from_raw_parts(prefix_ptr, prefix_len))
+            },
+            words: std::array::from_fn(|i| self.note_words[i].load(Ordering::Relaxed)),
+            len: (len & !NOTE_CLEARED) as u8,
+        };
+        (!note.is_empty()).then_some((note, len & NOTE_CLEARED == 0))
+    }
+
+    /// Watchdog: the note of the poll that left sequence `seq`, if it set one and has not
+    /// cleared it (empty if none, or if the loop kept rewriting it through every attempt).
+    fn read_note(&self, seq: u64) -> Note {
+        for _ in 0..READ_RETRIES {
+            let note_seq = self.note_seq.load(Ordering::Acquire);
+            if note_seq & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let tag = self.note_tag.load(Ordering::Relaxed);
+            let len = self.note_len.load(Ordering::Relaxed);
+            let prefix_ptr = self.note_prefix_ptr.load(Ordering::Relaxed);
+            let prefix_len = self.note_prefix_len.load(Ordering::Relaxed);
+            let words = std::array::from_fn(|i| self.note_words[i].load(Ordering::Relaxed));
+            // Orders the loads before the re-check (pairs with `write_note`'s release fence).
+            fence(Ordering::Acquire);
+            if self.note_seq.load(Ordering::Relaxed) != note_seq {
+                continue;
+            }
+            if tag != seq || len & NOTE_CLEARED != 0 {
+                return Note::default();
+            }
+            // SAFETY: the note's sequence was even and unchanged around the loads, so no
+            // `write_note` overlapped them and the pointer/length pair comes from one call (or
+            // from `new`), where it was a `&'static str`: valid UTF-8, never freed, published by
+            // the release store of `note_seq` acquired above.
+            let prefix = unsafe {
+                std::str::from_utf8_unchecked(std::slice::from_raw_parts(prefix_ptr, prefix_len))
+            };
+            return Note {
+                prefix,
+                words,
+                len: len.min(NOTE_MAX as u64) as u8,
+            };
+        }
+        Note::default()
+    }
+
     /// Loop thread, just before blocking in epoll with a non-zero timeout. (A registered loop that
     /// is neither idle nor running keeps the watchdog ticking every 10 ms.)
     #[inline]
@@ -339,6 +483,7 @@ impl LoopSlot {
                 hold_ns,
                 opener,
                 opener_location,
+                note: self.read_note(seq),
             });
         }
         SlotRead::Torn
@@ -428,5 +573,65 @@ mod tests {
         stop.store(true, Ordering::Relaxed);
         writer.join().unwrap();
         assert!(polls > 0, "{polls} polls, {idles} idle reads");
+    }
+
+    #[test]
+    fn note_reads_are_consistent_and_name_their_own_poll() {
+        let _serial = serial();
+        // Task 2 notes "GET /a" (one word), task 3 a note of four words; each note is set after
+        // its poll's `begin`, sometimes cleared. A read is the latest poll's own note or none.
+        static A: &str = "alpha";
+        static B: &str = "beta";
+        let long = "/b".repeat(14);
+        let at: &'static Location<'static> = Location::caller();
+        let slot = LoopSlot::new(ID_BASE + 7, Duration::from_millis(100));
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (slot, stop, long) = (slot.clone(), stop.clone(), long.clone());
+            thread::spawn(move || {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    if i.is_multiple_of(2) {
+                        slot.begin(2, A, at, i);
+                        slot.set_note("GET ", "/a");
+                    } else {
+                        slot.begin(3, B, at, i);
+                        slot.set_note("POST ", &long);
+                    }
+                    if i.is_multiple_of(5) {
+                        slot.clear_note();
+                    }
+                    if i.is_multiple_of(11) {
+                        slot.begin(4, B, at, i);
+                    }
+                    if i.is_multiple_of(13) {
+                        slot.end_hold(Some(i));
+                    }
+                }
+            })
+        };
+        let want_b = format!("POST {long}");
+        let (mut noted, mut reads) = (0, 0);
+        let deadline = now_ns() + 200 * MS;
+        let give_up = now_ns() + 10_000 * MS;
+        while now_ns() < deadline || (noted == 0 && now_ns() < give_up) {
+            if let SlotRead::Held(v) = slot.read() {
+                reads += 1;
+                let note = v.note.render();
+                let ok = match v.task_id {
+                    2 => note.is_empty() || note == "GET /a",
+                    3 => note.is_empty() || note == want_b,
+                    _ => note.is_empty(),
+                };
+                assert!(ok, "task {} read with note {note:?}", v.task_id);
+                if !note.is_empty() {
+                    noted += 1;
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        writer.join().unwrap();
+        assert!(noted > 0, "{noted} noted reads of {reads}");
     }
 }

@@ -11,7 +11,8 @@
 //!   half of it at least and was already running at the last look (`Shape::Poll`,
 //!   `Shape::LongPoll`; a closure's published start is its batch's), else after the poll seen
 //!   most often (`Shape::Drain`: many short polls, the drain does not empty); the name may change
-//!   while the stall lasts and is updated in place.
+//!   while the stall lasts and is updated in place. So may the note that names with it what the
+//!   task is doing (`nodus::task::set_note`; for a drain, the latest seen with that poll).
 //! - A stall is reported (one `tracing` warning, target `nodus::watchdog`) at the threshold, then
 //!   at 2x, 4x, 8x... the threshold while it lasts. A token bucket over all stalls lets out at
 //!   most about 10 reports per second; suppressed reports are counted in the next one.
@@ -31,6 +32,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::note::Note;
 use super::proc::{Sample, ThreadProc, classify};
 use super::slot::{HoldView, LoopSlot, SlotRead};
 use super::{ACTIVITY, PARKED, PENDING, RING, StallClass, StallReport, lock};
@@ -75,8 +77,10 @@ struct Stall {
     ring_id: Option<u64>,
     /// Next report is due at `start + threshold * multiplier`.
     multiplier: u64,
-    /// The name and location `report` names (compared by address: both are `'static`).
+    /// The name and location `report` names (compared by address: both are `'static`), and the
+    /// note it names with them.
     holder: (*const u8, *const Location<'static>),
+    note: Note,
     report: StallReport,
 }
 
@@ -97,6 +101,8 @@ struct SeenPoll {
     task_id: u64,
     name: &'static str,
     location: &'static Location<'static>,
+    /// The note seen with it at the latest look.
+    note: Note,
     looks: u32,
 }
 
@@ -109,11 +115,13 @@ impl Seen {
         if let Some(p) = self.polls.iter_mut().find(same) {
             p.looks += 1;
             p.task_id = view.task_id;
+            p.note = view.note;
         } else if self.polls.len() < SEEN_CAP {
             self.polls.push(SeenPoll {
                 task_id: view.task_id,
                 name: view.name,
                 location: view.location,
+                note: view.note,
                 looks: 1,
             });
         }
@@ -327,9 +335,9 @@ fn observe(
         }
         _ => Shape::Drain,
     };
-    let (task_id, name, location) = match (&shape, hold.seen.top().0) {
-        (Shape::Drain, Some(p)) => (p.task_id, p.name, p.location),
-        _ => (view.task_id, view.name, view.location),
+    let (task_id, name, location, note) = match (&shape, hold.seen.top().0) {
+        (Shape::Drain, Some(p)) => (p.task_id, p.name, p.location, p.note),
+        _ => (view.task_id, view.name, view.location, view.note),
     };
     let stall = hold.stall.get_or_insert_with(|| {
         let report = StallReport {
@@ -347,6 +355,7 @@ fn observe(
             ring_id: None,
             multiplier: 1,
             holder: (std::ptr::null(), std::ptr::null()),
+            note: Note::default(),
             report,
         }
     });
@@ -356,6 +365,10 @@ fn observe(
         stall.holder = holder;
         name.clone_into(&mut report.task_name);
         report.location = location_str(location);
+    }
+    if stall.note != note {
+        stall.note = note;
+        report.note = note.render();
     }
     report.task_id = task_id;
     report.polls = polls;
@@ -425,16 +438,14 @@ fn finish(hold: Observed, end: Option<(u64, u64)>) {
         lock(&RING).update(id, report);
     }
     let ms = report.elapsed_seconds * 1e3;
+    let task = named(&report.task_name, &report.note, &report.location);
     let what = if report.polls <= 1 {
-        format!(
-            "task {:?} ({}) ran for {at_least}{ms:.0} ms",
-            report.task_name, report.location
-        )
+        format!("task {task} ran for {at_least}{ms:.0} ms")
     } else {
         format!(
             "the microtask drain after {} held the loop for {at_least}{ms:.0} ms: {} polls, \
-             mostly {:?} ({})",
-            report.began_with, report.polls, report.task_name, report.location
+             mostly {task}",
+            report.began_with, report.polls
         )
     };
     if report.reports > 0 {
@@ -454,8 +465,19 @@ fn finish(hold: Observed, end: Option<(u64, u64)>) {
     }
 }
 
+/// A task as reports name it: `"http:app" (src/main.rs:9:5)`, with its note if it has one:
+/// `"http:app" [GET /slow/thing] (src/main.rs:9:5)`.
+pub(crate) fn named(name: &str, note: &str, location: &str) -> String {
+    if note.is_empty() {
+        format!("{name:?} ({location})")
+    } else {
+        format!("{name:?} [{note}] ({location})")
+    }
+}
+
 /// The one-line warning. One poll: `loop stalled: task "hog" (examples/stall.rs:21:5) has been
-/// running for 101 ms, on-cpu (cpu 99%, waiting for cpu 0%)`. A long poll after others: the same,
+/// running for 101 ms, on-cpu (cpu 99%, waiting for cpu 0%)`; a task with a note names it:
+/// `task "http:app" [GET /slow/thing] (src/main.rs:9:5)`. A long poll after others: the same,
 /// then `, 103 ms in the microtask drain after "timer" (src/app.rs:9:5) (3 polls)`. A drain of
 /// short polls: `loop stalled: held for 101 ms in the microtask drain after "main"
 /// (src/main.rs:4:5): 20345 polls, mostly "ping" (src/main.rs:12:9) in 6 of 10 looks, then
@@ -468,16 +490,12 @@ fn stall_message(
     suppressed: u64,
 ) -> String {
     let held_ms = report.elapsed_seconds * 1e3;
+    let task = named(&report.task_name, &report.note, &report.location);
     let mut message = match *shape {
-        Shape::Poll => format!(
-            "loop stalled: task {:?} ({}) has been running for {held_ms:.0} ms",
-            report.task_name, report.location,
-        ),
+        Shape::Poll => format!("loop stalled: task {task} has been running for {held_ms:.0} ms"),
         Shape::LongPoll { running_ns } => format!(
-            "loop stalled: task {:?} ({}) has been running for {:.0} ms, {held_ms:.0} ms in the \
+            "loop stalled: task {task} has been running for {:.0} ms, {held_ms:.0} ms in the \
              microtask drain after {} ({} polls)",
-            report.task_name,
-            report.location,
             running_ns as f64 / 1e6,
             report.began_with,
             report.polls,
@@ -488,24 +506,18 @@ fn stall_message(
                 report.began_with, report.polls,
             );
             let (first, second) = seen.top();
+            let poll = |p: &SeenPoll| named(p.name, &p.note.render(), &location_str(p.location));
             if let Some(p) = first {
                 let _ = write!(
                     m,
-                    ", mostly {:?} ({}) in {} of {} looks",
-                    p.name,
-                    location_str(p.location),
+                    ", mostly {} in {} of {} looks",
+                    poll(&p),
                     p.looks,
                     seen.looks
                 );
             }
             if let Some(p) = second {
-                let _ = write!(
-                    m,
-                    ", then {:?} ({}) in {}",
-                    p.name,
-                    location_str(p.location),
-                    p.looks
-                );
+                let _ = write!(m, ", then {} in {}", poll(&p), p.looks);
             }
             m
         }
@@ -565,6 +577,18 @@ mod tests {
             "{message}"
         );
         assert!(!message.contains('\n'));
+        let noted = StallReport {
+            note: "GET /slow/thing".into(),
+            ..report
+        };
+        let message = stall_message(&noted, &Shape::Poll, &none, StallClass::OnCpu, 0);
+        assert!(
+            message.starts_with(
+                "loop stalled: task \"hog\" [GET /slow/thing] (examples/stall.rs:21:5) has been \
+                 running for 101 ms"
+            ),
+            "{message}"
+        );
     }
 
     #[test]
@@ -583,6 +607,7 @@ mod tests {
             hold_ns: 1,
             opener: "main",
             opener_location: main_at,
+            note: Note::default(),
         };
         let mut seen = Seen::default();
         for (name, location, looks) in [(PONG, pong_at, 4), (PING, ping_at, 6)] {

@@ -28,11 +28,13 @@
 //! Layout: this file holds `Meter` itself, its construction and its clock (the cached read and
 //! when it goes stale); `run_queue` the arrival/departure accounting (schedule delay, run-queue
 //! length); `poll` the per-callback boundaries (polls, timers, closure batches, blocking in the
-//! poll phase); `tasks` the task-class counters; `stats` the plain counters they all update.
+//! poll phase); `notes` the task notes the watchdog shows (`nodus::task::set_note`); `tasks` the
+//! task-class counters; `stats` the plain counters they all update.
 
 // With the `measure` feature off (the overhead benchmark only) this is compiled but not used.
 #![cfg_attr(not(feature = "measure"), allow(dead_code))]
 
+mod notes;
 mod poll;
 mod run_queue;
 #[cfg(feature = "measure")]
@@ -49,7 +51,7 @@ use super::phase::Phase;
 use crate::clock;
 
 #[cfg(feature = "measure")]
-use crate::watchdog::LoopSlot;
+use crate::watchdog::{LoopSlot, Note};
 #[cfg(feature = "measure")]
 pub(crate) use stats::{ClassStats, LoopStats};
 
@@ -100,6 +102,15 @@ pub(crate) struct Meter {
     pub(crate) stats: RefCell<LoopStats>,
     #[cfg(feature = "measure")]
     pub(crate) slot: Arc<LoopSlot>,
+    /// `NOTE_KEPT` | `NOTE_DIRTY`: the task poll under way and its note (`notes`).
+    #[cfg(feature = "measure")]
+    note_state: Cell<u8>,
+    /// The notes tasks keep between polls, by task key, with the task's id (0: none), and how
+    /// many there are.
+    #[cfg(feature = "measure")]
+    notes: RefCell<Vec<(u64, Note)>>,
+    #[cfg(feature = "measure")]
+    kept_notes: Cell<usize>,
     pub(crate) config: MeterConfig,
     #[cfg(not(feature = "measure"))]
     _slot: std::marker::PhantomData<Arc<()>>,
@@ -142,6 +153,12 @@ impl Meter {
             stats: RefCell::new(LoopStats::new(now)),
             #[cfg(feature = "measure")]
             slot,
+            #[cfg(feature = "measure")]
+            note_state: Cell::new(0),
+            #[cfg(feature = "measure")]
+            notes: RefCell::new(Vec::new()),
+            #[cfg(feature = "measure")]
+            kept_notes: Cell::new(0),
             config,
             #[cfg(not(feature = "measure"))]
             _slot: std::marker::PhantomData,

@@ -9,7 +9,8 @@
 //!   its whole drain. Only a batch's first closure checks for an open hold.
 //! - Only a block with a non-zero timeout counts as idle, and only then is the loop idle to the
 //!   watchdog (`before_block` / `after_block`).
-//! - A poll at least `slow_poll` long is counted and logged once (target `nodus::slow_poll`), and
+//! - A poll at least `slow_poll` long is counted and logged once (target `nodus::slow_poll`, with
+//!   the note the poll set last or kept, `nodus::task::set_note`, cleared since or not), and
 //!   so is a closure batch (`closures_end`): a batch is timed as a whole, so it is the batch, named
 //!   after its last closure, that counts (rt/drain.rs says why and what that misses).
 //! - The log's "N runnable waiting" (`run_queue=N`) is the run-queue length when the poll or
@@ -91,15 +92,20 @@ impl Meter {
     #[cfg(feature = "measure")]
     #[cold]
     fn log_slow_poll(&self, target: &PollTarget, d: u64) {
+        // The note the poll set last (or kept from an earlier one), cleared since or not.
+        let note = self
+            .slot
+            .poll_note()
+            .map_or(String::new(), |(note, _)| note.render());
+        let task = crate::watchdog::named(target.name, &note, &target.location.to_string());
         tracing::warn!(
             target: "nodus::slow_poll",
             task = target.name,
+            note,
             location = %target.location,
             duration_ms = d as f64 / 1e6,
             run_queue = self.waiting_at_start.get(),
-            "slow poll: task {:?} ({}) ran for {:.1} ms with {} runnable waiting",
-            target.name,
-            target.location,
+            "slow poll: task {task} ran for {:.1} ms with {} runnable waiting",
             d as f64 / 1e6,
             self.waiting_at_start.get()
         );
