@@ -94,7 +94,7 @@ enum Command {
     ///
     /// A plain program gets the -l listeners the systemd way (fds 3.., LISTEN_FDS, LISTEN_PID,
     /// LISTEN_FDNAMES) and a NOTIFY_SOCKET (READY=1: ready, waited for with --wait-ready;
-    /// STOPPING=1: going down). With
+    /// STOPPING=1: going down, see --restart). With
     /// --node, the workers are stock Node programs and nodus is their cluster primary:
     /// `http.createServer(...).listen(8080)` runs clustered with no code change (-l then only
     /// binds ADDR first, for the workers' listen on its port and an address it covers); each
@@ -165,7 +165,10 @@ struct RunArgs {
         value_parser = positive_seconds
     )]
     restart_window: f64,
-    /// A worker up this long resets its slot's backoff.
+    /// A worker up this long resets its slot's backoff; one that exits sooner, with any status
+    /// (exit code 0 too: a program that daemonizes by mistake), is paced by --backoff as a
+    /// crash is. A "going down" notice (STOPPING=1) replaces a worker early only once it is
+    /// ready and up this long.
     #[arg(
         long,
         value_name = "SECS",
@@ -174,8 +177,8 @@ struct RunArgs {
         value_parser = seconds
     )]
     min_uptime: f64,
-    /// Backoff for consecutive crashes of a slot: initial seconds, factor, cap seconds (the
-    /// first restart is immediate).
+    /// Backoff for consecutive bad exits of a slot (crashes, and exits of any status before
+    /// --min-uptime): initial seconds, factor, cap seconds (the first restart is immediate).
     #[arg(
         long,
         value_name = "I,F,C",
@@ -244,7 +247,10 @@ struct RunArgs {
     /// it stays not ready.
     #[arg(long)]
     wait_ready: bool,
-    /// permanent (always restarted), transient (only after a crash), temporary (never).
+    /// permanent (always restarted), transient (only after a crash), temporary (never). A
+    /// "going down" notice (STOPPING=1) is no crash: under permanent a worker that serves is
+    /// replaced at once and gets --kill-timeout to exit; under transient and temporary it
+    /// restarts and stops nothing, the worker's real exit decides.
     #[arg(long, value_enum, default_value_t = RestartArg::Permanent)]
     restart: RestartArg,
     /// The workers are Node programs; nodus is their cluster primary (NODE_CLUSTER). Node makes a

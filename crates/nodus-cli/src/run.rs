@@ -538,8 +538,10 @@ pub fn run(options: RunOptions) -> i32 {
         // is a nodus::process one): adopted orphans are reaped, and stopped with the cluster.
         config.subreaper = true;
         let budget = format!(
-            "at most {} restarts within {:?}",
-            config.max_restarts, config.restart_window
+            "at most {} restart{} within {:?}",
+            config.max_restarts,
+            if config.max_restarts == 1 { "" } else { "s" },
+            config.restart_window
         );
         let primary = match Primary::start(config) {
             Ok(p) => p,

@@ -23,7 +23,10 @@
 //! connection (not at the drain deadline), but not before its in-flight response is done, and
 //! `--kill-signal` (SIGINT, for an app written for PM2) is what stops a worker instead of
 //! SIGTERM, a plain program's at once and a Node worker's after its `disconnect`, while an
-//! uncatchable or unknown signal is a usage error.
+//! uncatchable or unknown signal is a usage error; `STOPPING=1` then exit code 0 is no crash
+//! under any restart type (a `permanent` worker is replaced at once, the others' exit decides)
+//! and a give-up names a notice or the exit after it as it was; exits of any status before
+//! `--min-uptime` back off as crashes do; "no worker left to run" follows every exit line.
 //!
 //! Every process is started in its own process group and the whole group is killed by PID when
 //! the test ends; a worker's background children, which a worker writes to a file, are killed by
@@ -1038,11 +1041,302 @@ fn each_backoff_wait_is_one_line_after_the_exit_that_led_to_it() {
         assert!(
             lines[*i].contains(" INFO ")
                 && lines[*i].ends_with(&format!(
-                    "worker 1 restarts in {ms} ms (crash {crash} in a row)"
+                    "worker 1 restarts in {ms} ms (exit {crash} in a row that crashed or came \
+                     less than 1s after its start)"
                 ))
                 && lines[i - 1].ends_with("exited with code 3"),
             "{lines:#?}"
         );
+    }
+}
+
+/// The delays of the `restart` events in the log at `path`, in milliseconds, in order.
+fn restart_delays(path: &std::path::Path) -> Vec<u64> {
+    events(path)
+        .iter()
+        .filter(|e| e["event"] == "restart")
+        .map(|e| e["delay_ms"].as_u64().unwrap())
+        .collect()
+}
+
+/// A worker that exits before `--min-uptime`, with exit code 0 too (`/bin/true`, a program that
+/// daemonizes by mistake), is paced by the backoff as a crash is, and its wait's line says why;
+/// one that stayed up `--min-uptime` before its clean exit is restarted at once.
+#[test]
+fn clean_exits_before_min_uptime_back_off_as_crashes_do() {
+    let dir = TempDir::new("clean-backoff");
+    // (worker, --min-uptime, its restarts' delays)
+    for (worker, min_uptime, delays) in [
+        ("exit 0", "5", [0, 100, 200]),
+        ("sleep 0.3; exit 0", "0.1", [0, 0, 0]),
+    ] {
+        let log = dir.path().join(format!("{}.jsonl", delays[1]));
+        let mut primary = spawn(
+            run_sh(
+                ["-w", "1", "--backoff", "0.1,2,1", "--max-restarts", "3"]
+                    .into_iter()
+                    .chain([
+                        "--min-uptime",
+                        min_uptime,
+                        "--events",
+                        log.to_str().unwrap(),
+                    ]),
+                worker,
+            )
+            .env("RUST_LOG", "info"),
+        );
+        assert_exit(&mut primary, Duration::from_secs(20), 75);
+        assert_eq!(
+            restart_delays(&log),
+            delays,
+            "{worker}: {:#?}",
+            events(&log)
+        );
+        let lines = primary.output();
+        let waits: Vec<&String> = lines
+            .iter()
+            .filter(|l| l.contains(" restarts in "))
+            .collect();
+        if delays[1] == 0 {
+            assert!(waits.is_empty(), "{worker}: {lines:#?}");
+            continue;
+        }
+        assert_eq!(waits.len(), 2, "{lines:#?}");
+        assert!(
+            waits[0].contains(
+                "worker 1 restarts in 100 ms (exit 2 in a row that crashed or came less than 5s \
+                 after its start; it exited with code 0 that soon"
+            ),
+            "{lines:#?}"
+        );
+        let give_up = lines.iter().find(|l| l.contains("giving up")).unwrap();
+        assert!(
+            give_up.contains("more than 3 restarts within 60s (last: worker 1 (pid ")
+                && give_up.contains(") exited with code 0)"),
+            "{give_up}"
+        );
+    }
+}
+
+/// A plain program that says `READY=1`, then `STOPPING=1` 0.5 s later, then after 0.3 s more
+/// exits with `$CODE` (or, with `$HOLD` set, runs on). With `$ONCE` (a file) set, only the
+/// first worker does so: the others just run.
+const GOES_DOWN: &str = r#"
+import os, socket, sys, time
+once = os.environ.get('ONCE')
+if once and os.path.exists(once):
+    time.sleep(60)
+    sys.exit(0)
+if once:
+    open(once, 'w').close()
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+to = '\0' + os.environ['NOTIFY_SOCKET'][1:]
+s.sendto(b'READY=1', to)
+time.sleep(0.5)
+s.sendto(b'STOPPING=1', to)
+time.sleep(60 if os.environ.get('HOLD') else 0.3)
+print('exiting', flush=True)
+sys.exit(int(os.environ.get('CODE', '0')))
+"#;
+
+/// `nodus run -w 1 --min-uptime 0.2 --events LOG OPTIONS -- python3 GOES_DOWN`, with `env`.
+fn run_going_down(
+    dir: &TempDir,
+    log: &std::path::Path,
+    options: &[&str],
+    env: &[(&str, &str)],
+) -> Proc {
+    let program = dir.path().join("goes_down.py");
+    std::fs::write(&program, GOES_DOWN).unwrap();
+    let mut cmd = Command::new(NODUS);
+    cmd.args(["run", "-w", "1", "--min-uptime", "0.2", "--events"])
+        .arg(log)
+        .args(options)
+        .arg("--")
+        .arg("python3")
+        .arg(&program)
+        .env("RUST_LOG", "info")
+        .envs(env.iter().copied());
+    spawn(&mut cmd)
+}
+
+/// The pids of the `fork` events in `evs`, in order.
+fn forked(evs: &[serde_json::Value]) -> Vec<i64> {
+    evs.iter()
+        .filter(|e| e["event"] == "fork")
+        .map(|e| e["pid"].as_i64().unwrap())
+        .collect()
+}
+
+/// `STOPPING=1` and then exit code 0 is no crash, whatever the restart type (systemd takes
+/// `STOPPING=1` as a status; the exit decides): under `transient` and `temporary` the notice
+/// restarts and stops nothing, and the clean exit leaves the slot empty (exit code 0); under
+/// `permanent` the worker that serves is replaced at once, and its exit, one line with its
+/// status, restarts nothing more. The notice is one line naming the worker and its pid (and the
+/// replacement's).
+#[test]
+fn stopping_then_exit_0_is_no_crash_under_any_restart_type() {
+    if !have("python3") {
+        return;
+    }
+    let dir = TempDir::new("stopping-clean");
+    for restart in ["temporary", "transient", "permanent"] {
+        let log = dir.path().join(format!("{restart}.jsonl"));
+        let once = dir.path().join(format!("{restart}.once"));
+        let mut primary = run_going_down(
+            &dir,
+            &log,
+            &["--restart", restart],
+            &[("ONCE", once.to_str().unwrap())],
+        );
+        let evs = if restart == "permanent" {
+            wait_events(&log, |e| {
+                count(e, "going_down") == 1 && count(e, "exit") == 1 && count(e, "ready") == 2
+            })
+        } else {
+            assert_exit(&mut primary, Duration::from_secs(20), 0);
+            events(&log)
+        };
+        let pids = forked(&evs);
+        let old = pids[0];
+        let exit = evs.iter().find(|e| e["event"] == "exit").unwrap();
+        assert_eq!(
+            (exit["pid"].as_i64(), exit["code"].as_i64()),
+            (Some(old), Some(0)),
+            "{restart}: {evs:#?}"
+        );
+        let notice = primary.wait_line(&format!("worker 1 (pid {old}) said it is going down"));
+        let exit_line = primary.wait_line(&format!("worker 1 (pid {old}) exited with code 0"));
+        let lines = primary.output().to_vec();
+        let at = |l: &String| lines.iter().position(|x| x == l);
+        assert!(at(&notice) < at(&exit_line), "{restart}: {lines:#?}");
+        assert!(notice.contains(" INFO "), "{notice}");
+        if restart == "permanent" {
+            assert_eq!(pids.len(), 2, "{evs:#?}");
+            assert!(
+                notice.ends_with(&format!(
+                    "said it is going down: its replacement is pid {}; pid {old} has 10s to \
+                     exit",
+                    pids[1]
+                )),
+                "{notice}"
+            );
+            assert!(
+                exit_line.ends_with("exited with code 0, after going down"),
+                "{exit_line}"
+            );
+            assert_eq!(restart_delays(&log), [0], "{evs:#?}");
+            // Its exit is no slot's: nothing more is restarted for it.
+            std::thread::sleep(Duration::from_millis(500));
+            let evs = events(&log);
+            assert_eq!(
+                (count(&evs, "fork"), count(&evs, "restart")),
+                (2, 1),
+                "{evs:#?}"
+            );
+            primary.signal(Signal::TERM);
+            assert_exit(&mut primary, Duration::from_secs(20), 0);
+        } else {
+            // Neither restarted nor stopped: it exited 0 by itself, and that ended the run.
+            assert_eq!(pids.len(), 1, "{restart}: {evs:#?}");
+            for event in ["restart", "drain", "give_up"] {
+                assert_eq!(count(&evs, event), 0, "{restart}: {evs:#?}");
+            }
+            assert!(
+                notice.ends_with(&format!(
+                    "said it is going down: no replacement before it exits (restart type \
+                     {restart}), its exit decides"
+                )),
+                "{notice}"
+            );
+            let none_left =
+                format!("no worker left to run (restart type {restart}): exiting with code 0");
+            assert!(lines.iter().any(|l| l.ends_with(&none_left)), "{lines:#?}");
+        }
+        assert!(
+            !lines.iter().any(|l| l.contains("exited with code 1")),
+            "{restart}: {lines:#?}"
+        );
+    }
+}
+
+/// The give-up names what spent the budget as it was: a going-down notice (no exit code
+/// invented for it), or the exit that followed one, with its own status.
+#[test]
+fn a_give_up_after_going_down_notices_names_each_as_it_was() {
+    if !have("python3") {
+        return;
+    }
+    let dir = TempDir::new("stopping-give-up");
+    // (restart type, what the worker does after its notice, the give-up's last cause)
+    for (restart, env, last) in [
+        ("permanent", ("HOLD", "1"), "said it was going down"),
+        ("transient", ("CODE", "3"), "exited with code 3"),
+    ] {
+        let log = dir.path().join(format!("{restart}.jsonl"));
+        let mut primary = run_going_down(
+            &dir,
+            &log,
+            &["--restart", restart, "--max-restarts", "1"],
+            &[env],
+        );
+        assert_exit(&mut primary, Duration::from_secs(20), 75);
+        let evs = events(&log);
+        let pids = forked(&evs);
+        assert_eq!(pids.len(), 2, "{restart}: {evs:#?}");
+        let why = format!(
+            "more than 1 restart within 60s (last: worker 1 (pid {}) {last})",
+            pids[1]
+        );
+        let give_up = evs.iter().find(|e| e["event"] == "give_up").unwrap();
+        assert_eq!(give_up["why"], why.as_str(), "{restart}: {evs:#?}");
+        let lines = primary.output();
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains(&format!("giving up: {why};"))),
+            "{restart}: {lines:#?}"
+        );
+        assert!(
+            lines.iter().any(|l| l.contains("supervising 1 worker")
+                && l.contains("at most 1 restart within 60s)")),
+            "{lines:#?}"
+        );
+    }
+}
+
+/// With no worker left to run, "no worker left to run" follows every worker's exit line, one
+/// whose output ends late (a background process held its pipes, 200 ms at most) included.
+#[test]
+fn no_worker_left_is_said_after_every_exit_line() {
+    if !have("setsid") {
+        return;
+    }
+    let dir = TempDir::new("no-worker-left-order");
+    let kids = Grandchildren::new(&dir);
+    let held = dir.path().join("held");
+    // Worker 2 leaves a process holding its output (out of its group: not killed with it) and
+    // exits; worker 1 exits 50 ms later, while worker 2's exit line waits for that output.
+    let worker = format!(
+        "if [ \"$NODUS_WORKER_ID\" = 2 ]; then setsid sleep 5 & echo $! >> {kids}; : > {held}; \
+         exit 0; fi; while [ ! -e {held} ]; do sleep 0.01; done; sleep 0.05; exit 0",
+        kids = kids.0.display(),
+        held = held.display()
+    );
+    let mut primary =
+        spawn(run_sh(["-w", "2", "--restart", "transient"], &worker).env("RUST_LOG", "info"));
+    assert_exit(&mut primary, Duration::from_secs(20), 0);
+    let lines = primary.output();
+    let at = |what: &str| {
+        lines
+            .iter()
+            .position(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("no {what:?}: {lines:#?}"))
+    };
+    let none_left = at("no worker left to run");
+    for id in [1, 2] {
+        let exit = at(&format!("worker {id} (pid "));
+        assert!(exit < none_left, "worker {id}: {lines:#?}");
     }
 }
 
@@ -1541,7 +1835,13 @@ fn notify_messages_from_outside_the_worker_process_group_are_ignored() {
         go = go.display()
     );
     let mut primary = spawn(
-        run_sh(["-w", "1", "--events", log.to_str().unwrap()], &worker).env("RUST_LOG", "info"),
+        run_sh(
+            ["-w", "1", "--ready-after", "0.2", "--min-uptime", "0.1"]
+                .into_iter()
+                .chain(["--events", log.to_str().unwrap()]),
+            &worker,
+        )
+        .env("RUST_LOG", "info"),
     );
     let line = primary.wait_line("sock=@");
     let name = line.split("sock=@").nth(1).unwrap().trim().to_owned();
@@ -1557,7 +1857,9 @@ fn notify_messages_from_outside_the_worker_process_group_are_ignored() {
     assert_eq!(count(&evs, "going_down"), 0, "{evs:#?}");
     assert_eq!(count(&evs, "fork"), 1, "{evs:#?}");
 
-    // The worker's own group: heeded, the replacement starts at once.
+    // The worker's own group, once the worker serves (ready, up its min uptime): heeded, the
+    // replacement starts at once.
+    wait_events(&log, |e| count(e, "ready") == 1);
     std::fs::write(&go, "").unwrap();
     let evs = wait_events(&log, |e| {
         count(e, "going_down") == 1 && count(e, "fork") == 2
@@ -1939,8 +2241,9 @@ fn exits_logged_before_output(lines: &[String]) -> (Vec<u32>, usize) {
 
 #[test]
 fn a_worker_exit_is_logged_after_its_last_output_lines() {
-    // Workers that write a line to stdout and one to stderr and exit at once, restarted until
-    // the budget is spent (exit 75); the primary's stdout and stderr share one pipe.
+    // Workers that write a line to stdout and one to stderr and exit at once, restarted (no
+    // backoff) until the budget is spent (exit 75); the primary's stdout and stderr share one
+    // pipe.
     let mut cmd = run_sh(
         [
             "-w",
@@ -1949,6 +2252,8 @@ fn a_worker_exit_is_logged_after_its_last_output_lines() {
             "150",
             "--restart-window",
             "600",
+            "--backoff",
+            "0,1,0",
         ],
         "echo out-$$; echo err-$$ >&2",
     );
@@ -2021,7 +2326,7 @@ fn output_held_open_by_a_grandchild_delays_the_exit_line_a_little_and_the_restar
     );
     let exited = lines
         .iter()
-        .filter(|l| l.contains(") exited with code 3"))
+        .filter(|l| l.ends_with(") exited with code 3"))
         .count();
     assert_eq!(exited, 2, "both exits logged: {lines:#?}");
 }

@@ -6,11 +6,17 @@
 //!   once therefore causes at most `max_restarts` forks per window, never a fork storm. The
 //!   default ([`default_max_restarts`]) grows with the workers, so that one event restarting every
 //!   worker once (a database restart) never spends it.
-//! - **Per-slot backoff**: a slot's first restart is immediate; each further consecutive crash
-//!   waits `initial × factor^(n−1)`, capped. A worker that stayed up `min_uptime` resets its slot.
+//! - **Per-slot backoff**: a slot's first restart is immediate; the restart after its n-th bad
+//!   exit in a row (n ≥ 2) waits `initial × factor^(n−2)`, capped. A bad exit is a crash, or an
+//!   exit of any status, a clean one too, of a worker up less than `min_uptime` (supervisord's
+//!   `startsecs`, PM2's `min_uptime`): a program that exits 0 at once (`/bin/true`, one that
+//!   daemonizes by mistake) is paced as a crash loop is, not restarted as fast as it can fork.
+//!   A worker that stayed up `min_uptime` resets its slot (its own exit counts if it crashed).
 //! - **Restart types** (OTP's): `permanent` workers always come back, `transient` ones only after
 //!   an abnormal exit, `temporary` ones never. An exit the primary asked for (a drain, a reload)
-//!   is never a crash and never restarts the old worker.
+//!   is never a crash and never restarts the old worker. A "going down" notice
+//!   ([`ExitReason::GoingDown`]) is no exit and no crash: it restarts (at once, no backoff) a
+//!   `permanent` worker's slot only; a `transient` or `temporary` worker's real exit decides.
 //!
 //! Invariants: decisions depend only on the recorded history and the `now` passed in (no clock
 //! reads here), so they are deterministic and testable; the history holds at most
@@ -38,7 +44,7 @@ pub fn default_max_restarts(workers: usize) -> u32 {
         .max(5)
 }
 
-/// How a worker process ended.
+/// How a worker process ended, or, [`GoingDown`](ExitReason::GoingDown), is about to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExitReason {
     /// Exit code 0.
@@ -51,6 +57,10 @@ pub enum ExitReason {
     Requested,
     /// It could not be started at all (fork or exec failed): a crash for the budget and backoff.
     NotStarted,
+    /// It said it is going down (`STOPPING=1`, a "going down" notice) and still runs: no crash,
+    /// no exit code. Only a `permanent` worker's slot is restarted for it (its replacement
+    /// starts before it exits); its exit, later, is not decided on again.
+    GoingDown,
 }
 
 impl ExitReason {
@@ -71,6 +81,7 @@ impl fmt::Display for ExitReason {
             ExitReason::Signaled(sig) => write!(f, "killed by signal {sig}"),
             ExitReason::Requested => f.write_str("stopped as asked"),
             ExitReason::NotStarted => f.write_str("could not be started"),
+            ExitReason::GoingDown => f.write_str("said it was going down"),
         }
     }
 }
@@ -81,7 +92,7 @@ pub enum RestartType {
     /// Always restarted (unless the primary asked it to stop).
     #[default]
     Permanent,
-    /// Restarted only after a crash.
+    /// Restarted only after a crash (not for a "going down" notice: its exit decides).
     Transient,
     /// Never restarted.
     Temporary,
@@ -98,6 +109,7 @@ impl fmt::Display for RestartType {
 }
 
 impl RestartType {
+    /// Whether a worker of this type that ended (or is going down) for `reason` is restarted.
     pub fn restarts_after(self, reason: ExitReason) -> bool {
         match (self, reason) {
             (_, ExitReason::Requested) => false,
@@ -149,7 +161,8 @@ impl RestartBudget {
     }
 }
 
-/// Exponential backoff for consecutive crashes of one slot.
+/// Exponential backoff for consecutive bad exits of one slot (crashes, and exits before
+/// `min_uptime`: [`SlotHistory`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Backoff {
     pub initial: Duration,
@@ -169,12 +182,13 @@ impl Default for Backoff {
 }
 
 impl Backoff {
-    /// The wait before restarting after the `crashes`-th consecutive crash (the first is free).
-    pub fn delay(&self, crashes: u32) -> Duration {
-        if crashes <= 1 {
+    /// The wait before restarting after the `bad_exits`-th consecutive bad exit (the first is
+    /// free).
+    pub fn delay(&self, bad_exits: u32) -> Duration {
+        if bad_exits <= 1 {
             return Duration::ZERO;
         }
-        let exponent = i32::try_from(crashes - 2).unwrap_or(i32::MAX);
+        let exponent = i32::try_from(bad_exits - 2).unwrap_or(i32::MAX);
         let scaled = self.initial.as_secs_f64() * self.factor.powi(exponent);
         // A factor below 0 or NaN (a Backoff built in code) waits nothing instead of panicking.
         Duration::from_secs_f64(scaled.max(0.0).min(self.cap.as_secs_f64()))
@@ -186,7 +200,8 @@ impl Backoff {
 pub struct RestartPolicy {
     pub restart: RestartType,
     pub backoff: Backoff,
-    /// A worker up at least this long resets its slot's consecutive-crash count.
+    /// A worker up at least this long resets its slot's count of bad exits; one that exits
+    /// sooner, with any status, counts as a bad exit.
     pub min_uptime: Duration,
 }
 
@@ -203,8 +218,10 @@ impl Default for RestartPolicy {
 /// What happened to one worker slot recently.
 #[derive(Debug, Clone, Default)]
 pub struct SlotHistory {
-    /// Consecutive crashes without a worker staying up `min_uptime` in between.
-    pub crashes: u32,
+    /// Consecutive bad exits that restarted the slot: crashes, and exits of any status of
+    /// workers up less than `min_uptime`. A worker up `min_uptime` starts the count afresh (its
+    /// own exit counted only if it crashed).
+    pub bad_exits: u32,
 }
 
 /// What to do about an exited worker.
@@ -228,20 +245,21 @@ impl RestartPolicy {
         uptime: Duration,
         now: Instant,
     ) -> Decision {
-        if uptime >= self.min_uptime {
-            slot.crashes = 0;
+        let short = uptime < self.min_uptime;
+        if !short {
+            slot.bad_exits = 0;
         }
         if !self.restart.restarts_after(reason) {
             return Decision::Leave;
         }
-        if reason.is_crash() {
-            slot.crashes += 1;
+        if reason.is_crash() || short {
+            slot.bad_exits = slot.bad_exits.saturating_add(1);
         }
         if !budget.try_spend(now) {
             return Decision::GiveUp;
         }
         Decision::Restart {
-            after: self.backoff.delay(slot.crashes),
+            after: self.backoff.delay(slot.bad_exits),
         }
     }
 }
@@ -399,6 +417,41 @@ mod tests {
     }
 
     #[test]
+    fn exits_of_any_status_before_min_uptime_back_off_and_a_worker_that_stayed_up_resets_it() {
+        let policy = RestartPolicy {
+            backoff: Backoff {
+                initial: secs(0.1),
+                factor: 2.0,
+                cap: secs(10.0),
+            },
+            ..RestartPolicy::default()
+        };
+        let mut budget = RestartBudget::new(u32::MAX, secs(1.0));
+        let mut slot = SlotHistory::default();
+        let t = Instant::now();
+        let mut delay =
+            |reason, uptime| match policy.decide(&mut slot, &mut budget, reason, secs(uptime), t) {
+                Decision::Restart { after } => after,
+                d => panic!("{d:?}"),
+            };
+        // `/bin/true`: exit code 0 at once, again and again, paced as a crash loop is.
+        let quick: Vec<Duration> = (0..4).map(|_| delay(ExitReason::Normal, 0.01)).collect();
+        assert_eq!(quick, [secs(0.0), secs(0.1), secs(0.2), secs(0.4)]);
+        // Mixed with crashes, one row.
+        assert_eq!(delay(CRASH, 0.01), secs(0.8));
+        // A clean exit after min_uptime is no bad exit: at once, and the row starts afresh.
+        assert_eq!(delay(ExitReason::Normal, 2.0), Duration::ZERO);
+        assert_eq!(delay(ExitReason::Normal, 0.01), Duration::ZERO);
+        assert_eq!(delay(ExitReason::Normal, 0.01), secs(0.1));
+        // A crash after min_uptime counts as the first of a new row, as it always did.
+        assert_eq!(delay(CRASH, 2.0), Duration::ZERO);
+        assert_eq!(delay(CRASH, 0.01), secs(0.1));
+        // A going-down notice of a worker that served starts the row afresh too.
+        assert_eq!(delay(ExitReason::GoingDown, 2.0), Duration::ZERO);
+        assert_eq!(delay(ExitReason::Normal, 0.01), Duration::ZERO);
+    }
+
+    #[test]
     fn restart_types() {
         use ExitReason::*;
         use RestartType::*;
@@ -411,6 +464,10 @@ mod tests {
                 "a requested stop never restarts ({t:?})"
             );
         }
+        // A "going down" notice is no crash: only a permanent worker is replaced for it.
+        assert!(!GoingDown.is_crash());
+        assert!(Permanent.restarts_after(GoingDown));
+        assert!(!Transient.restarts_after(GoingDown) && !Temporary.restarts_after(GoingDown));
         let policy = RestartPolicy {
             restart: Transient,
             ..RestartPolicy::default()

@@ -49,7 +49,9 @@ pub enum EventKind {
     Drain,
     /// The worker's IPC channel closed (Node's `'disconnect'`).
     Disconnect,
-    /// The worker said it is about to exit; its replacement starts now.
+    /// The worker said it is about to exit (a "going down" notice): no exit, no crash. A
+    /// `permanent` worker that serves (ready and up `min_uptime`) is replaced now (a `restart`
+    /// event follows); otherwise its exit decides.
     GoingDown,
     /// The worker exited. `exited_after_disconnect` is true iff the primary or the worker asked
     /// for the exit (a drain, a reload, `disconnect()`), whatever the exit status.

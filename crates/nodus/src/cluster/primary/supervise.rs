@@ -30,7 +30,9 @@
 //!   and so do the lines about what the exit led to (not restarted, giving up, a replacement
 //!   that could not be started: its report and decision wait for the slot's pending exit lines,
 //!   `Slot::failed_spawn`; a backoff wait, one line). Until then the exit is "settling"
-//!   (`State::exits_settling`).
+//!   (`State::exits_settling`). "No worker left to run" waits for every settling exit: it
+//!   follows the exit lines of every worker, not only of the one whose exit found the slots
+//!   empty.
 //! - A plain program's worker whose launcher could not execute the program says so
 //!   ([`report_exec_failure`](super::report_exec_failure)): its exit line carries the reason.
 //!   While no worker has run the program (`State::program_ran`), such a failure for want of the
@@ -55,10 +57,17 @@
 //!   draining`, not `stopped as asked`, with one WARN line, whatever the phase; it is still no
 //!   crash for the restart decision (its slot has its replacement, or was asked to empty).
 //! - A "going down" notice (the worker's word, or a Node worker closing the last listener it holds
-//!   while the primary did not ask it to stop) frees the slot of its current worker at once, while
-//!   running: the replacement starts (no backoff) and the old worker gets the kill timeout to go.
-//!   A worker the primary asked to stop (`Proc::drained`: a reload's, `Primary::stop_worker`'s),
-//!   or one closing its listeners during a shutdown, is not going down.
+//!   while the primary did not ask it to stop, once it serves) is no exit and no crash
+//!   (`ExitReason::GoingDown`: it invents no exit code). The primary hands it no new
+//!   connection, and one line names it and its pid. A `permanent` worker that serves (ready and
+//!   up `min_uptime`) leaves its slot at once: the replacement starts (no backoff; the restart
+//!   spends the budget, and the line names its pid) and the old worker gets the kill timeout to
+//!   go; its exit, no slot's by then, is one line with its status and is not decided on again.
+//!   A replacement that cannot be started, or the give-up, is told after that line. Any other (a
+//!   `transient` or `temporary` worker, or one not serving yet) stays its slot's worker and is
+//!   not stopped: its real exit decides, as any exit's. A worker the primary asked to stop
+//!   (`Proc::drained`: a reload's, `Primary::stop_worker`'s), or one closing its listeners
+//!   during a shutdown, is not going down.
 //! - A stop asks the worker alone: a worker with a channel gets `disconnect` (with the drain
 //!   deadline), then the kill signal ([`Config::kill_signal`](super::Config::kill_signal),
 //!   SIGTERM by default) if it is still there `DRAIN_GRACE` after that deadline (a Node worker
@@ -363,6 +372,9 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
     // Killed while draining, by a signal the primary did not send: the slot's current worker
     // (asked to stop by `Primary::stop_worker`) says so in its exit line; any other gets a line.
     let killed_line = killed_draining.is_some() && decision.is_none();
+    // A worker that went down and was replaced then is no slot's: its exit gets a line of its
+    // own, with its status, and is not decided on again.
+    let went_down_line = decision.is_none() && proc.going_down.get() && !proc.drained.get();
     let (s, p) = (st.clone(), proc.clone());
     crate::task::spawn_named("cluster:exit-settle", async move {
         p.output_ended().await;
@@ -375,6 +387,11 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
         }
         if killed_line {
             tracing::warn!(target: "nodus::cluster", "{text}: what it still held was cut");
+        }
+        if went_down_line && reason.is_crash() {
+            tracing::warn!(target: "nodus::cluster", "{text}, after going down");
+        } else if went_down_line {
+            tracing::info!(target: "nodus::cluster", "{text}, after going down");
         }
         if killed_draining.is_some() && s.phase.get() == Phase::Stopping {
             force(&s, FORCED_STOP_EXIT_CODE);
@@ -401,6 +418,9 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
         }
         if s.phase.get() == Phase::Stopping {
             check_all_gone(&s);
+        } else {
+            // The last exit to settle: "no worker left to run" comes after every exit line.
+            exit_if_nothing_left(&s);
         }
     })
     .detach();
@@ -458,10 +478,12 @@ fn program_missing(errno: i32) -> bool {
 }
 
 /// What [`decide_and_restart`] decided, for [`settle`]: the decision (a restart's `after` is the
-/// wait it got, none after a "going down" notice) and the slot's consecutive crashes then.
+/// wait it got, none after a "going down" notice) and the slot's consecutive bad exits then.
 struct Decided {
     decision: Decision,
-    crashes: u32,
+    bad_exits: u32,
+    /// The pid of the worker decided about (none for a start that failed).
+    pid: Option<u32>,
     /// The pid of the replacement started at once (no backoff), if it could be started.
     replacement: Option<u32>,
 }
@@ -478,7 +500,7 @@ fn decide_and_restart(
     at_once: bool,
 ) -> Decided {
     let now = Instant::now();
-    let (mut decision, crashes) = {
+    let (mut decision, bad_exits) = {
         let mut slots = st.slots.borrow_mut();
         let slot = &mut slots[id as usize - 1];
         let decision = st.config.restart.decide(
@@ -488,7 +510,7 @@ fn decide_and_restart(
             uptime,
             now,
         );
-        (decision, slot.history.crashes)
+        (decision, slot.history.bad_exits)
     };
     let mut replacement = None;
     if let Decision::Restart { after } = &mut decision {
@@ -529,17 +551,20 @@ fn decide_and_restart(
     }
     Decided {
         decision,
-        crashes,
+        bad_exits,
+        pid,
         replacement,
     }
 }
 
 /// Carries out what [`decide_and_restart`] left: an empty slot (exiting if no worker is left to
-/// run) or giving up; a backoff is said once, here (after the exit line that led to it).
+/// run) or giving up; a backoff is said once, here (after the exit line that led to it), and so
+/// is a restart at once (but a going-down worker's replacement: its line, `go_down`'s, says it).
 fn settle(st: &Rc<State>, id: u32, reason: ExitReason, decided: Decided) {
     let Decided {
         decision,
-        crashes,
+        bad_exits,
+        pid,
         replacement,
     } = decided;
     match decision {
@@ -553,29 +578,41 @@ fn settle(st: &Rc<State>, id: u32, reason: ExitReason, decided: Decided) {
             );
             exit_if_nothing_left(st);
         }
-        Decision::GiveUp => give_up(
-            st,
-            format!(
-                "more than {} within {:?} (last: worker {id} {reason})",
-                count(st.config.max_restarts as usize, "restart"),
-                st.config.restart_window
-            ),
-        ),
+        Decision::GiveUp => {
+            let last = LastExit {
+                worker: id,
+                pid,
+                reason: reason.to_string(),
+            };
+            give_up(
+                st,
+                format!(
+                    "more than {} within {:?} (last: {})",
+                    count(st.config.max_restarts as usize, "restart"),
+                    st.config.restart_window,
+                    last.text()
+                ),
+            );
+        }
         Decision::Restart { after } if !after.is_zero() => {
-            let row = if reason.is_crash() {
-                format!("crash {crashes} in a row")
+            // A wait follows a bad exit (a crash, or any exit before the min uptime) that is
+            // not the slot's first in a row.
+            let min_uptime = st.config.restart.min_uptime;
+            let hint = if reason == ExitReason::Normal {
+                "; it exited with code 0 that soon: a program that puts itself in the background \
+                 (daemonizes) must stay in the foreground to be supervised"
             } else {
-                // A clean exit after crashes: the wait is theirs (a backoff needs 2 or more).
-                format!("after {crashes} crashes in a row")
+                ""
             };
             tracing::info!(
                 target: "nodus::cluster",
-                "worker {id} restarts in {} ms ({row})",
+                "worker {id} restarts in {} ms (exit {bad_exits} in a row that crashed or came \
+                 less than {min_uptime:?} after its start{hint})",
                 after.as_millis()
             );
         }
         Decision::Restart { .. } => {
-            if let Some(pid) = replacement {
+            if let Some(pid) = replacement.filter(|_| reason != ExitReason::GoingDown) {
                 tracing::info!(target: "nodus::cluster", "worker {id} restarted at once: pid {pid}");
             }
         }
@@ -639,9 +676,10 @@ fn spawn_failed(st: &Rc<State>, id: u32, e: std::io::Error) {
 
 /// Once no worker is left and none will start (every slot's restart type said no), the primary
 /// has nothing to supervise: it exits, 0 when every worker's last exit was clean (as Node's
-/// primary does when its last worker is gone), 1 when one was not.
+/// primary does when its last worker is gone), 1 when one was not. Not before every exit has
+/// settled: the line follows every worker's exit line (the last exit to settle looks again).
 fn exit_if_nothing_left(st: &Rc<State>) {
-    if st.phase.get() != Phase::Running || !st.nothing_left() {
+    if st.phase.get() != Phase::Running || !st.nothing_left() || st.exits_settling.get() > 0 {
         return;
     }
     let code = i32::from(st.left_after_crash.get());
@@ -672,10 +710,16 @@ pub(super) fn on_ready(st: &Rc<State>, _proc: &Rc<Proc>) {
     }
 }
 
-/// The worker says it is about to exit: start its replacement now.
+/// The worker says it is about to exit (`STOPPING=1`, `{act: 'suicide'}`, a nodus worker's
+/// `going_down`): see [`go_down`].
 pub(super) fn going_down(st: &Rc<State>, proc: &Rc<Proc>) {
     if may_go_down(st, proc) {
-        replace_now(st, proc, "after saying it was going down");
+        go_down(
+            st,
+            proc,
+            "said it is going down",
+            "after saying it was going down",
+        );
     }
 }
 
@@ -689,17 +733,20 @@ pub(super) fn going_down(st: &Rc<State>, proc: &Rc<Proc>) {
 /// its real `listen`, as `get-port` does) is starting, not leaving; taken for leaving, each
 /// replacement would do the same, until the restart budget ran out.
 pub(super) fn closed_last_listener(st: &Rc<State>, proc: &Rc<Proc>) {
-    let starting = !proc.is_ready() || proc.started.elapsed() < st.config.restart.min_uptime;
-    if starting || proc.drained.get() || !may_go_down(st, proc) {
+    if !serves(st, proc) || proc.drained.get() || !may_go_down(st, proc) {
         return;
     }
-    tracing::info!(
-        target: "nodus::cluster",
-        "worker {} (pid {}) closed its last listener without being asked to stop: it is going \
-         down, its replacement starts now",
-        proc.slot, proc.pid
+    go_down(
+        st,
+        proc,
+        "closed its last listener without being asked to stop: it is going down",
+        "after closing its last listener",
     );
-    replace_now(st, proc, "after closing its last listener");
+}
+
+/// Whether `proc` serves: it is ready and has been up the restart policy's `min_uptime`.
+fn serves(st: &State, proc: &Proc) -> bool {
+    proc.is_ready() && proc.started.elapsed() >= st.config.restart.min_uptime
 }
 
 /// Whether `proc` going down would free its slot: it is the slot's current worker, the primary
@@ -711,17 +758,82 @@ fn may_go_down(st: &State, proc: &Proc) -> bool {
         && !proc.going_down.get()
 }
 
-/// `proc` is leaving (`why`, for the kill timer's line): its replacement takes the slot at
-/// once, and it gets the kill timeout to go.
-fn replace_now(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str) {
+/// `proc` is going down (it `said` so; `why`, for the kill timer's line): no crash, no exit.
+/// The primary hands it no new connection. A `permanent` worker that serves (ready and up
+/// `min_uptime`) is replaced at once ([`replace_now`]). Otherwise nothing else happens: it stays its slot's
+/// worker, is not stopped, and its exit decides as any exit does (`transient`: a restart only
+/// after a crash; a worker not serving yet has nothing to hand over, and an early replacement
+/// would skip the backoff of a program that says it is going down as it starts). One line.
+fn go_down(st: &Rc<State>, proc: &Rc<Proc>, said: &str, why: &'static str) {
     proc.going_down.set(true);
     st.emit(Some(proc), EventKind::GoingDown);
-    arm_kill_timer(st, proc, why, None);
     server::leave_all(st, proc);
-    st.slots.borrow_mut()[proc.slot as usize - 1].current = None;
-    let (uptime, reason) = (proc.started.elapsed(), ExitReason::Failed(1));
-    let decision = decide_and_restart(st, proc.slot, Some(proc.pid), uptime, reason, true);
-    settle(st, proc.slot, reason, decision);
+    let restart = st.config.restart.restart;
+    if !restart.restarts_after(ExitReason::GoingDown) {
+        tracing::info!(
+            target: "nodus::cluster",
+            "worker {} (pid {}) {said}: no replacement before it exits (restart type {restart}), \
+             its exit decides",
+            proc.slot, proc.pid
+        );
+    } else if !serves(st, proc) {
+        tracing::info!(
+            target: "nodus::cluster",
+            "worker {} (pid {}) {said}: no replacement before it exits (it is not serving yet: \
+             not ready, or up less than {:?}), its exit decides",
+            proc.slot, proc.pid, st.config.restart.min_uptime
+        );
+    } else {
+        replace_now(st, proc, said, why);
+    }
+}
+
+/// `proc`, going down, leaves its slot now: the slot's restart is decided (a restart at once,
+/// or the give-up), and `proc` gets the kill timeout to exit (its exit is then no slot's: not
+/// decided on again). One line, with the replacement's pid; a replacement that could not be
+/// started, or the give-up, is told after it.
+fn replace_now(st: &Rc<State>, proc: &Rc<Proc>, said: &str, why: &'static str) {
+    let (id, pid) = (proc.slot, proc.pid);
+    arm_kill_timer(st, proc, why, None);
+    {
+        let mut slots = st.slots.borrow_mut();
+        let slot = &mut slots[id as usize - 1];
+        slot.current = None;
+        // A replacement that cannot be started is told after this line (`Slot::failed_spawn`).
+        slot.exit_lines_pending += 1;
+    }
+    let (uptime, reason) = (proc.started.elapsed(), ExitReason::GoingDown);
+    let decided = decide_and_restart(st, id, Some(pid), uptime, reason, true);
+    let kill = st.config.kill_timeout;
+    match (decided.replacement, decided.decision) {
+        (Some(new), _) => tracing::info!(
+            target: "nodus::cluster",
+            "worker {id} (pid {pid}) {said}: its replacement is pid {new}; pid {pid} has \
+             {kill:?} to exit"
+        ),
+        // The give-up (its line follows) stops it with the others.
+        (None, Decision::GiveUp) => {
+            tracing::info!(target: "nodus::cluster", "worker {id} (pid {pid}) {said}");
+        }
+        // The replacement's start failed: said (and decided on) after this line.
+        (None, _) => tracing::info!(
+            target: "nodus::cluster",
+            "worker {id} (pid {pid}) {said}: its replacement could not be started; pid {pid} \
+             has {kill:?} to exit"
+        ),
+    }
+    settle(st, id, reason, decided);
+    let failed = {
+        let mut slots = st.slots.borrow_mut();
+        let slot = &mut slots[id as usize - 1];
+        slot.exit_lines_pending -= 1;
+        (slot.exit_lines_pending == 0)
+            .then(|| slot.failed_spawn.take())
+            .flatten()
+    };
+    if let Some(e) = failed {
+        spawn_failed(st, id, e);
+    }
 }
 
 /// Asks `proc` to stop: `disconnect` with the drain deadline (the kill signal for a plain
