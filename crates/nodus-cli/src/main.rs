@@ -66,7 +66,9 @@ enum Command {
     /// Signals: SIGTERM/SIGINT drain and exit (see --shutdown-delay, --drain-timeout). SIGHUP is a
     /// rolling reload with --workers 2 or more (new workers re-executed from the binary's path,
     /// then the old ones drain); with --workers 1 (the default on one core) there is no worker
-    /// to replace: one line says nothing was reloaded, and it serves on, losing nothing.
+    /// to replace: one line says nothing was reloaded, and it serves on, losing nothing. A
+    /// terminal's hangup (the kernel's SIGHUP: an SSH session dropped) drains and exits as
+    /// SIGTERM does.
     /// SIGUSR1 and SIGUSR2 (to the primary, a worker or the single process) are one line each
     /// and change nothing. SIGQUIT keeps its default action (a core dump).
     Serve(ServeArgs),
@@ -90,7 +92,8 @@ enum Command {
         args: Vec<OsString>,
     },
     /// Supervise PROGRAM as a cluster of workers: restart budget, backoff, SIGHUP rolling
-    /// reload, SIGTERM/SIGINT drain, no orphans.
+    /// reload, SIGTERM/SIGINT drain, no orphans (but a descendant that calls setsid while its
+    /// worker runs outlives a SIGKILL of the primary: only a cgroup, systemd's, catches it).
     ///
     /// A plain program gets the -l listeners the systemd way (fds 3.., LISTEN_FDS, LISTEN_PID,
     /// LISTEN_FDNAMES) and a NOTIFY_SOCKET (READY=1: ready, waited for with --wait-ready;
@@ -105,20 +108,26 @@ enum Command {
     /// Workers get NODUS_WORKER_ID (1..N) and NODE_APP_INSTANCE (0..N-1); their output is
     /// prefixed with "[worker ID PID] " (not with --raw-output).
     ///
-    /// Signals to the primary: SIGTERM/SIGINT drain and exit; SIGHUP is a rolling reload;
+    /// Signals to the primary: SIGTERM/SIGINT drain and exit; SIGHUP is a rolling reload (but a
+    /// terminal's hangup, the kernel's SIGHUP: an SSH session dropped, drains and exits as
+    /// SIGTERM does);
     /// SIGUSR1 and SIGUSR2 are one line each naming the workers' pids, and change nothing (not
     /// passed to the workers: send them to a worker's pid, Node's inspector or heap snapshot);
     /// SIGQUIT keeps its default action (a core dump; the workers are SIGKILLed with it).
     ///
     /// Each worker leads its own process group, stopped as systemd's KillMode=mixed does: a stop
-    /// sends --kill-signal (SIGTERM by default; or a disconnect first) to the worker alone,
-    /// SIGKILL to its group after --kill-timeout; once a worker has exited, for any reason,
-    /// whatever is left of its process group is SIGKILLed at once.
+    /// sends --kill-signal (SIGTERM by default; or a disconnect first) to the worker alone, then
+    /// SIGCONT (a stopped worker handles it), SIGKILL to its group after --kill-timeout; once a
+    /// worker has exited, for any reason, whatever is left of its process group is SIGKILLed at
+    /// once (one WARN line names it: a wrapper script should `exec` its program).
     ///
     /// Exit codes: 0 after a drain in which every worker stopped in time (or once no worker is
     /// left after clean exits); 1 a start failure (the --events FILE cannot be opened; the
-    /// program, or its #! interpreter, cannot be run, checked before any worker starts; the workers' exec of it fails before any worker
-    /// ran it; a listener cannot be bound) or a worker left after a crash; 2 a usage error; 75 the restart budget is spent;
+    /// program, or its #! interpreter, cannot be run, checked before any worker starts (an ELF
+    /// file for another machine or a corrupt one too: "Exec format error"; a script with no #!
+    /// line runs with /bin/sh); the workers' exec of it fails before any worker ran it; a
+    /// listener cannot be bound) or a worker left after a crash; 2 a usage error (an empty
+    /// PROGRAM too); 75 the restart budget is spent;
     /// 124 a worker was SIGKILLed at --kill-timeout during the stop, or exited 124 (a nodus
     /// worker whose drain deadline cut requests); 128+N a second signal N during the drain (130
     /// SIGINT, 143 SIGTERM).
@@ -208,7 +217,9 @@ struct RunArgs {
     /// SIGHUP to SIGSYS, SIGSTKFLT and SIGPWR included) or a number from 1 to 31; not SIGKILL
     /// nor SIGSTOP. SIGINT runs the process.on('SIGINT') cleanup of an app written for PM2
     /// (whose default it is). A worker that dies of it stopped as asked (exit code 0, as with
-    /// SIGTERM).
+    /// SIGTERM). SIGCONT follows it (a stopped process handles it). In a wrapper script, `exec`
+    /// the program (`sh -c 'exec node app.js'`): the signal reaches the worker alone, the shell,
+    /// and what it leaves in its process group when it exits is SIGKILLed.
     #[arg(
         long,
         value_name = "SIGNAL",

@@ -146,8 +146,11 @@ const SHEBANG_DEPTH: usize = 4;
 /// If `file` is a script, whether its `#!` interpreter can run, as the kernel reads the line:
 /// the interpreter is the first word (a path, absolute or from the working directory), the rest
 /// of the line one argument. For `env`, that argument (or the first word after `-S`) is the
-/// command it looks for in `PATH`. An unreadable file or one that is no script is left to `exec`.
+/// command it looks for in `PATH`. An ELF file must be one this machine executes
+/// ([`check_elf`]). An unreadable file, or one that is neither (a shell script with no `#!`
+/// line, which `execvp` runs with `/bin/sh`, as Node's `child_process` does), is left to `exec`.
 fn check_interpreter(file: &Path, depth: usize) -> Result<(), String> {
+    // Zeros past what the file holds, as in the kernel's buffer (`binfmt_misc` matches on it).
     let mut head = [0u8; SHEBANG_MAX];
     let n = match std::fs::File::open(file).and_then(|mut f| {
         use std::io::Read;
@@ -156,6 +159,9 @@ fn check_interpreter(file: &Path, depth: usize) -> Result<(), String> {
         Ok(n) => n,
         Err(_) => return Ok(()),
     };
+    if head.starts_with(ELF_MAGIC) {
+        return check_elf(file, &head, n);
+    }
     let Some(line) = head[..n].strip_prefix(b"#!") else {
         return Ok(());
     };
@@ -189,6 +195,175 @@ fn check_interpreter(file: &Path, depth: usize) -> Result<(), String> {
         check_env_command(interpreter, argument)?;
     }
     Ok(())
+}
+
+const ELF_MAGIC: &[u8] = b"\x7fELF";
+
+/// An ELF file whose `exec` would fail with `ENOEXEC` (bash's "cannot execute binary file: Exec
+/// format error", systemd's 203/EXEC) is refused here: `execvp` would run it with `/bin/sh`
+/// instead (shell syntax errors, a crash loop, exit 75). `head` is its first bytes (`len` read,
+/// zeros after). A file some `binfmt_misc` entry takes (qemu-user for another architecture) is
+/// left to the kernel; otherwise it must be a whole ELF header for an executable (or a shared
+/// object: PIE programs are) of this machine's byte order and of its architecture, or one the
+/// kernel runs beside it (i386 and x32 on x86-64, 32-bit ARM on AArch64: [`elf_refusal`]).
+fn check_elf(file: &Path, head: &[u8; SHEBANG_MAX], len: usize) -> Result<(), String> {
+    if binfmt_misc_takes(file, head) {
+        return Ok(());
+    }
+    let own = std::fs::File::open("/proc/self/exe").and_then(|mut f| {
+        use std::io::Read;
+        let mut own = [0u8; 20];
+        f.read_exact(&mut own).map(|()| own)
+    });
+    match elf_refusal(&head[..len], own.as_ref().ok().map(|o| &o[..])) {
+        Some(why) => Err(format!("Exec format error: {why}")),
+        None => Ok(()),
+    }
+}
+
+/// ELF's `e_machine` numbers nodus names (the others are said by number).
+const MACHINES: &[(u16, &str)] = &[
+    (2, "SPARC"),
+    (3, "x86 (i386)"),
+    (8, "MIPS"),
+    (18, "SPARC32+"),
+    (20, "PowerPC"),
+    (21, "PowerPC64"),
+    (22, "S/390"),
+    (40, "ARM"),
+    (42, "SuperH"),
+    (43, "SPARC V9"),
+    (50, "IA-64"),
+    (62, "x86-64"),
+    (183, "AArch64"),
+    (243, "RISC-V"),
+    (258, "LoongArch"),
+];
+
+/// The ELF classes and machines a kernel runs beside its own (`(class, e_machine)`, class 1:
+/// 32-bit, 2: 64-bit), by its own machine: its compat modes. Generous: a kernel built without
+/// one is left to `exec`.
+fn compat_machines(own: u16) -> &'static [(u8, u16)] {
+    match own {
+        62 => &[(1, 3), (1, 62)],
+        183 => &[(1, 40)],
+        21 => &[(1, 20)],
+        22 => &[(1, 22)],
+        43 => &[(1, 2), (1, 18)],
+        8 => &[(1, 8)],
+        243 => &[(1, 243)],
+        _ => &[],
+    }
+}
+
+/// Why the kernel cannot execute an ELF file that starts with `head` (all that was read of it,
+/// magic included), or `None`. `own` is the start of this process's own ELF header (its class,
+/// byte order and machine); without it, the machine is not judged.
+fn elf_refusal(head: &[u8], own: Option<&[u8]>) -> Option<String> {
+    let (class, header) = match head.get(4) {
+        Some(1) => (1, 52),
+        Some(2) => (2, 64),
+        _ => return Some("an ELF file of no valid class (32 or 64-bit): corrupt".into()),
+    };
+    if head.len() < header {
+        return Some(format!(
+            "a truncated ELF file ({} bytes, less than its {header}-byte header)",
+            head.len()
+        ));
+    }
+    let half = |b: &[u8], at: usize, order: u8| {
+        let pair = [b[at], b[at + 1]];
+        match order {
+            2 => u16::from_be_bytes(pair),
+            _ => u16::from_le_bytes(pair),
+        }
+    };
+    let order = match head[5] {
+        o @ (1 | 2) => o,
+        _ => return Some("an ELF file of no valid byte order: corrupt".into()),
+    };
+    match half(head, 16, order) {
+        2 | 3 => {}
+        1 => return Some("an ELF relocatable object (a .o file), not a program".into()),
+        4 => return Some("an ELF core dump, not a program".into()),
+        other => return Some(format!("an ELF file of type {other}, not a program")),
+    }
+    let own = own.filter(|o| o.len() >= 20 && o.starts_with(ELF_MAGIC))?;
+    let machine = half(head, 18, order);
+    let own_machine = half(own, 18, own[5]);
+    let runs = order == own[5]
+        && ((class == own[4] && machine == own_machine)
+            || compat_machines(own_machine).contains(&(class, machine)));
+    if runs {
+        return None;
+    }
+    let named = |machine: u16, class: u8, order: u8| {
+        let name = MACHINES
+            .iter()
+            .find(|&&(m, _)| m == machine)
+            .map_or_else(|| format!("machine {machine}"), |&(_, n)| n.to_owned());
+        let bits = if class == 1 { 32 } else { 64 };
+        let endian = if order == 2 { "big" } else { "little" };
+        format!("{name} ({bits}-bit, {endian}-endian)")
+    };
+    Some(format!(
+        "an ELF program for {}; this machine runs {} ones (and no binfmt_misc entry takes it)",
+        named(machine, class, order),
+        named(own_machine, own[4], own[5])
+    ))
+}
+
+/// Whether an enabled `binfmt_misc` entry (`/proc/sys/fs/binfmt_misc`, with binfmt_misc itself
+/// enabled) takes the file: the kernel then runs its interpreter (qemu-user, say) instead.
+fn binfmt_misc_takes(file: &Path, head: &[u8; SHEBANG_MAX]) -> bool {
+    let dir = Path::new("/proc/sys/fs/binfmt_misc");
+    let enabled = std::fs::read_to_string(dir.join("status"));
+    if enabled.map_or(true, |s| s.trim() != "enabled") {
+        return false;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().any(|entry| {
+        let name = entry.file_name();
+        name != "status"
+            && name != "register"
+            && std::fs::read_to_string(entry.path())
+                .is_ok_and(|text| binfmt_entry_takes(&text, file, head))
+    })
+}
+
+/// Whether one `binfmt_misc` entry (its file's text: `enabled`, `offset N`, `magic HEX`, `mask
+/// HEX`, or `extension .EXT`) takes `file`, whose first bytes are `head`, as the kernel matches.
+fn binfmt_entry_takes(text: &str, file: &Path, head: &[u8]) -> bool {
+    let mut lines = text.lines();
+    if lines.next() != Some("enabled") {
+        return false;
+    }
+    let field = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(' '))
+    };
+    if let Some(ext) = field("extension") {
+        let ext = ext.strip_prefix('.').unwrap_or(ext);
+        return file
+            .extension()
+            .is_some_and(|e| e.as_encoded_bytes() == ext.as_bytes());
+    }
+    let hex = |text: &str| -> Option<Vec<u8>> {
+        (0..text.len() / 2)
+            .map(|i| u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok())
+            .collect()
+    };
+    let Some(magic) = field("magic").and_then(hex) else {
+        return false;
+    };
+    let mask = field("mask").and_then(hex).unwrap_or_default();
+    let offset: usize = field("offset").and_then(|o| o.parse().ok()).unwrap_or(0);
+    magic.iter().enumerate().all(|(i, m)| {
+        let byte = head.get(offset + i).copied().unwrap_or(0);
+        (byte ^ m) & mask.get(i).copied().unwrap_or(0xff) == 0
+    })
 }
 
 /// `#!/usr/bin/env ARGUMENT`: whether the command env is to run is found as env's `execvp`
@@ -428,6 +603,9 @@ pub fn run(options: RunOptions) -> i32 {
     let Some((program, args)) = options.command.split_first() else {
         return usage("no program to run: nodus run [OPTIONS] [--] PROGRAM [ARGS]...");
     };
+    if program.is_empty() {
+        return usage("the program's name is empty: nodus run [OPTIONS] [--] PROGRAM [ARGS]...");
+    }
     let mut flagged: Vec<_> = options.listen.iter().map(|&a| ("-l", a)).collect();
     flagged.extend(options.admin.map(|a| ("--admin", a)));
     if let Some(clash) = crate::listen::first_clash(&flagged) {
@@ -628,7 +806,89 @@ fn bind_listeners(
 mod tests {
     use std::ffi::{OsStr, OsString};
 
-    use super::{is_node, launcher, no_argv1, node_launcher, node_script, plain_node_command};
+    use std::path::Path;
+
+    use super::{
+        binfmt_entry_takes, elf_refusal, is_node, launcher, no_argv1, node_launcher, node_script,
+        plain_node_command,
+    };
+
+    /// The start of an ELF header: class, byte order, version 1, type and machine set, the
+    /// rest zeros.
+    fn elf(class: u8, order: u8, kind: u16, machine: u16) -> Vec<u8> {
+        let mut head = vec![0u8; 64];
+        head[..4].copy_from_slice(b"\x7fELF");
+        head[4] = class;
+        head[5] = order;
+        head[6] = 1;
+        let half = |v: u16| match order {
+            2 => v.to_be_bytes(),
+            _ => v.to_le_bytes(),
+        };
+        head[16..18].copy_from_slice(&half(kind));
+        head[18..20].copy_from_slice(&half(machine));
+        head
+    }
+
+    #[test]
+    fn an_elf_file_this_machine_cannot_execute_is_refused_and_one_it_can_is_not() {
+        // As if this were an x86-64 process, then an AArch64 one.
+        let x86_64 = elf(2, 1, 3, 62);
+        let aarch64 = elf(2, 1, 3, 183);
+        for runs in [
+            elf(2, 1, 2, 62),
+            elf(2, 1, 3, 62),
+            elf(1, 1, 2, 3),
+            elf(1, 1, 3, 62),
+        ] {
+            assert_eq!(elf_refusal(&runs, Some(&x86_64)), None, "{runs:?}");
+        }
+        assert_eq!(elf_refusal(&elf(1, 1, 2, 40), Some(&aarch64)), None);
+        // Not judged without its own header.
+        assert_eq!(elf_refusal(&elf(2, 1, 2, 40), None), None);
+        for (head, why) in [
+            (
+                elf(2, 1, 3, 40),
+                "an ELF program for ARM (64-bit, little-endian); this machine runs x86-64 \
+                 (64-bit, little-endian) ones",
+            ),
+            (elf(1, 1, 2, 40), "for ARM (32-bit, little-endian)"),
+            (elf(2, 2, 2, 62), "for x86-64 (64-bit, big-endian)"),
+            (elf(2, 1, 2, 4242), "for machine 4242 (64-bit"),
+            (elf(2, 1, 1, 62), "relocatable object"),
+            (elf(2, 1, 4, 62), "core dump"),
+            (b"\x7fELFgarbage".to_vec(), "no valid class"),
+            (
+                elf(2, 1, 2, 62)[..40].to_vec(),
+                "truncated ELF file (40 bytes",
+            ),
+            (elf(2, 7, 2, 62), "no valid byte order"),
+        ] {
+            let refused = elf_refusal(&head, Some(&x86_64));
+            assert!(
+                refused.as_ref().is_some_and(|r| r.contains(why)),
+                "{refused:?}: {why}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_binfmt_misc_entry_takes_a_file_by_its_masked_magic_or_its_extension() {
+        // qemu-user's entry for AArch64 (as update-binfmts registers it).
+        let qemu = "enabled\ninterpreter /usr/bin/qemu-aarch64-static\nflags: OCF\noffset 0\n\
+                    magic 7f454c460201010000000000000000000200b700\n\
+                    mask ffffffffffffff00fffffffffffffffffeffffff\n";
+        let file = Path::new("app");
+        assert!(binfmt_entry_takes(qemu, file, &elf(2, 1, 2, 183)));
+        assert!(binfmt_entry_takes(qemu, file, &elf(2, 1, 3, 183)));
+        assert!(!binfmt_entry_takes(qemu, file, &elf(2, 1, 2, 40)));
+        assert!(!binfmt_entry_takes(qemu, file, &elf(1, 1, 2, 183)));
+        let disabled = qemu.replacen("enabled", "disabled", 1);
+        assert!(!binfmt_entry_takes(&disabled, file, &elf(2, 1, 2, 183)));
+        let wine = "enabled\ninterpreter /usr/bin/wine\nflags: \nextension .exe\n";
+        assert!(binfmt_entry_takes(wine, Path::new("dir/app.exe"), b""));
+        assert!(!binfmt_entry_takes(wine, Path::new("app.sh"), b""));
+    }
 
     #[test]
     fn node_is_known_by_its_name() {

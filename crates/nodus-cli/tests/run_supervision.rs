@@ -1,20 +1,26 @@
 //! `nodus run`'s supervision at its edges: a primary with no worker left to run exits, a
-//! replacement that cannot be started is retried instead of ending the service, a SIGHUP
+//! replacement that cannot be started is retried instead of ending the service, a terminal's
+//! hangup (the kernel's SIGHUP) is a stop and no reload, a SIGHUP
 //! during a reload queues one more reload (started once the old workers have exited, so its
 //! lines follow all of the first's), the default restart budget outlasts every worker
 //! crashing once (and a smaller explicit one is warned of), a window or a kill timeout of 0
 //! seconds and a negative number are refused as usage errors, the notify socket
-//! heeds only the worker's own process group and is closed with its worker, a Node worker's
+//! heeds only the worker's own process group (anyone else's datagrams counted in the stats and
+//! said once) and is closed with its worker, a Node worker's
 //! pipe `listen` gets a Unix socket (not TCP), `--node`'s `-l` socket serves a worker's
 //! `listen` on an address it covers (another address on its port is said), a `--node` `listen`
 //! with no host is bound `::` dual-stack as plain `node` binds it (`ipv6Only` honoured), a
 //! `--node` worker's first message is said once and one that never listens is warned about,
 //! `node -e CODE` with no script is refused (and said at each worker's `listen` behind a
 //! wrapper), the program follows the options with or without `--`, a program that cannot be run
-//! (its name quoted) is refused before any worker starts, a stop that had to kill workers exits
+//! (its name quoted; an ELF file for another machine, or a corrupt one, too) is refused before
+//! any worker starts while a script with no `#!` line runs with `/bin/sh`, an empty program name
+//! is a usage error, a stop that had to kill workers exits
 //! with its own code (124, or 128 + a second signal's number) while a drain in time exits 0, a
 //! worker's exit is logged after its last output line, and no child of a worker outlives it (a
-//! stop, a crash loop to the give-up, a clean exit), `--wait-ready` waits for a worker's own word
+//! stop, a crash loop to the give-up, a clean exit) while what a worker left in its group at its
+//! exit is said and counted (`group_killed`), a stopped worker is continued after its kill
+//! signal and stops in time, `--wait-ready` waits for a worker's own word
 //! (`READY=1`, or a Node worker's `process.send('ready')`) before a reload drains the old one
 //! and warns once per worker about one that has not said it within the ready timeout, a `--node`
 //! worker gets a `NOTIFY_SOCKET` of its own (never the primary's: its `READY=1` and `STOPPING=1`
@@ -167,6 +173,45 @@ fn a_replacement_that_cannot_be_started_is_retried_and_the_service_stays_up() {
             < at("worker 1 could not be started"),
         "{lines:#?}"
     );
+}
+
+/// A terminal's hangup (an SSH session dropped: the kernel's SIGHUP) stops a foreground
+/// primary as SIGTERM does, exit code 0, with the reason said; it is no reload after which the
+/// primary serves on detached, holding its port. (`kill -HUP` is still a reload: below.)
+#[test]
+fn a_terminal_hangup_stops_the_primary_as_sigterm_does_not_a_reload() {
+    if !have("python3") {
+        return;
+    }
+    let dir = TempDir::new("hangup");
+    let log = dir.path().join("events.jsonl");
+    let outcome = common::hang_up(
+        "2 workers ready",
+        &[
+            "run",
+            "-w",
+            "2",
+            "--ready-after",
+            "0.2",
+            "--events",
+            log.to_str().unwrap(),
+            "--",
+            "sleep",
+            "100",
+        ],
+    );
+    let evs = events(&log);
+    assert_eq!(outcome, "exit 0", "{evs:#?}");
+    assert_eq!(count(&evs, "reload_start"), 0, "{evs:#?}");
+    let shutdown = evs.iter().find(|e| e["event"] == "shutdown").unwrap();
+    assert!(
+        shutdown["why"]
+            .as_str()
+            .unwrap()
+            .contains("the terminal hung up"),
+        "{evs:#?}"
+    );
+    assert_eq!(count(&evs, "exit"), 2, "{evs:#?}");
 }
 
 #[test]
@@ -484,6 +529,13 @@ fn a_program_that_cannot_be_run_is_one_line_and_exit_code_1_before_any_worker() 
         "#!/usr/bin/env nodus-test-no-such-interp\necho hi\n",
     );
     let crlf = script_with(&dir, "crlf.sh", "#!/bin/sh\r\necho hi\r\n");
+    // ELF files the kernel refuses (ENOEXEC), which execvp would run with /bin/sh: a program
+    // for another machine (/bin/true, its e_machine made ARM's) and a corrupt one.
+    let mut elf = std::fs::read("/bin/true").unwrap();
+    elf[18..20].copy_from_slice(&40u16.to_le_bytes());
+    let other_machine = script_with(&dir, "arm-true", "");
+    std::fs::write(&other_machine, elf).unwrap();
+    let corrupt = script_with(&dir, "corrupt", "\x7fELFgarbage");
     let cases = [
         (
             no_interpreter.to_str().unwrap(),
@@ -501,7 +553,14 @@ fn a_program_that_cannot_be_run_is_one_line_and_exit_code_1_before_any_worker() 
         ("nodus-test-no-such-program", "not found in PATH"),
         (not_executable.to_str().unwrap(), "Permission denied"),
         (dir.path().to_str().unwrap(), "not a file"),
-        ("", "not found in PATH"),
+        (
+            other_machine.to_str().unwrap(),
+            "Exec format error: an ELF program for ARM (64-bit, little-endian); this machine runs",
+        ),
+        (
+            corrupt.to_str().unwrap(),
+            "Exec format error: an ELF file of no valid class",
+        ),
     ];
     for (program, why) in cases {
         // Bounded without a timeout of its own: a regression gives up on the restart budget.
@@ -518,6 +577,27 @@ fn a_program_that_cannot_be_run_is_one_line_and_exit_code_1_before_any_worker() 
             "{program}: {stderr}"
         );
     }
+    // An empty name is a usage error (exit code 2), not a program looked for in PATH.
+    let out = Command::new(NODUS)
+        .args(["run", "--", ""])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with("nodus run: the program's name is empty"),
+        "{stderr}"
+    );
+    // A shell script with no #! line still runs (execvp gives it to /bin/sh, as Node does).
+    let no_shebang = script_with(&dir, "plain.sh", "echo ran by sh; exit 0\n");
+    let out = Command::new(NODUS)
+        .args(["run", "-w", "1", "--restart", "temporary", "--"])
+        .arg(&no_shebang)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("] ran by sh"), "{stdout}");
     // A control character in the name is escaped, as Node quotes a path: the message stays one line.
     let out = Command::new(NODUS)
         .args(["run", "--", "nodus-no\nsuch"])
@@ -1834,11 +1914,21 @@ fn notify_messages_from_outside_the_worker_process_group_are_ignored() {
          python3 -c \"{send}\"; exec sleep 60",
         go = go.display()
     );
+    let admin = nodus_testkit::net::free_addr();
     let mut primary = spawn(
         run_sh(
-            ["-w", "1", "--ready-after", "0.2", "--min-uptime", "0.1"]
-                .into_iter()
-                .chain(["--events", log.to_str().unwrap()]),
+            [
+                "-w",
+                "1",
+                "--ready-after",
+                "0.2",
+                "--min-uptime",
+                "0.1",
+                "--admin",
+                &admin.to_string(),
+                "--events",
+                log.to_str().unwrap(),
+            ],
             &worker,
         )
         .env("RUST_LOG", "info"),
@@ -1846,13 +1936,34 @@ fn notify_messages_from_outside_the_worker_process_group_are_ignored() {
     let line = primary.wait_line("sock=@");
     let name = line.split("sock=@").nth(1).unwrap().trim().to_owned();
 
-    // Anyone else (this test process) who finds the name.
+    // Anyone else (this test process) who finds the name: heard, counted, said once (a flood of
+    // them is no flood of log lines: one more line a minute at most), its pid said plainly.
     use std::os::linux::net::SocketAddrExt;
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
     let spoofer = std::os::unix::net::UnixDatagram::unbound().unwrap();
-    spoofer.send_to_addr(b"STOPPING=1", &addr).unwrap();
-    primary.wait_line("ignored a notify message");
-    std::thread::sleep(Duration::from_millis(300));
+    const SPOOFED: u64 = 300;
+    for _ in 0..SPOOFED {
+        spoofer.send_to_addr(b"STOPPING=1", &addr).unwrap();
+    }
+    let line = primary.wait_line("ignored a notify message");
+    assert!(
+        line.contains(&format!("from pid {},", std::process::id())),
+        "{line}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let ignored = loop {
+        let reply = common::http::get(admin, "/_nodus/stats");
+        let stats: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+        if stats["notify_ignored"] == SPOOFED || Instant::now() > deadline {
+            break stats["notify_ignored"].clone();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(ignored, SPOOFED);
+    let metrics = common::http::get(admin, "/_nodus/metrics");
+    let text = String::from_utf8_lossy(&metrics.body);
+    let series = format!("nodus_cluster_notify_ignored_total {SPOOFED}");
+    assert!(text.lines().any(|l| l == series), "{series} in {text}");
     let evs = events(&log);
     assert_eq!(count(&evs, "going_down"), 0, "{evs:#?}");
     assert_eq!(count(&evs, "fork"), 1, "{evs:#?}");
@@ -1867,6 +1978,130 @@ fn notify_messages_from_outside_the_worker_process_group_are_ignored() {
     assert_eq!(count(&evs, "give_up"), 0, "{evs:#?}");
     primary.signal(Signal::TERM);
     assert_eq!(primary.wait_exit(Duration::from_secs(20)), Some(0));
+    let said: Vec<&String> = primary
+        .output()
+        .iter()
+        .filter(|l| l.contains("notify message"))
+        .collect();
+    assert_eq!(said.len(), 1, "{said:#?}");
+}
+
+/// A wrapper script that does not `exec` its program (`sh -c 'sleep 300; echo done'`): SIGTERM
+/// ends the shell, and what it left in its process group is SIGKILLed at its exit, as
+/// systemd's `KillMode=mixed` does. That is said (one WARN line: the worker, the group, what was
+/// killed, the `exec` advice) and counted in the exit event (`group_killed`); a worker that
+/// `exec`s its program leaves nothing, and no line.
+#[test]
+fn what_a_worker_left_in_its_process_group_at_its_exit_is_said_and_counted() {
+    let dir = TempDir::new("group-killed");
+    for (script, left) in [("sleep 300; echo done", 1), ("exec sleep 300", 0)] {
+        let log = dir.path().join(format!("events-{left}.jsonl"));
+        let mut primary = spawn(
+            run_sh(
+                [
+                    "-w",
+                    "1",
+                    "--ready-after",
+                    "0.1",
+                    "--events",
+                    log.to_str().unwrap(),
+                ],
+                script,
+            )
+            .env("RUST_LOG", "info"),
+        );
+        let evs = wait_events(&log, |e| count(e, "ready") == 1);
+        let pid = evs.iter().find(|e| e["event"] == "fork").unwrap()["pid"].clone();
+        // The shell's `sleep` has started (the worker's own child, in its group).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while left == 1
+            && tree::children(pid.as_u64().unwrap() as u32).is_empty()
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        primary.signal(Signal::TERM);
+        assert_exit(&mut primary, Duration::from_secs(20), 0);
+        let evs = events(&log);
+        let exit = evs.iter().find(|e| e["event"] == "exit").unwrap();
+        assert_eq!(exit["group_killed"], left, "{evs:#?}");
+        let said: Vec<&String> = primary
+            .output()
+            .iter()
+            .filter(|l| l.contains("in its process group"))
+            .collect();
+        if left == 0 {
+            assert!(said.is_empty(), "{said:#?}");
+            continue;
+        }
+        assert_eq!(said.len(), 1, "{:#?}", primary.output());
+        assert!(
+            said[0].contains("WARN")
+                && said[0].contains(&format!(
+                    "worker 1 (pid {pid}) exited and left 1 process in its process group {pid}: \
+                     SIGKILLed pid "
+                ))
+                && said[0].contains(
+                    " (sleep); a wrapper script should `exec` its program, so \
+                                     that the program gets SIGTERM itself"
+                ),
+            "{said:#?}"
+        );
+    }
+}
+
+/// A stopped worker (SIGSTOP, a debugger) gets SIGCONT right after its kill signal, as systemd
+/// sends it: it handles the signal and stops in time (exit code 0), rather than stay stopped
+/// until its SIGKILL at the kill timeout (exit code 124).
+#[test]
+fn a_stopped_worker_is_continued_after_its_kill_signal_and_stops_in_time() {
+    let dir = TempDir::new("sigcont");
+    let log = dir.path().join("events.jsonl");
+    let mut primary = spawn(
+        run_sh(
+            [
+                "-w",
+                "1",
+                "--ready-after",
+                "0.1",
+                "--kill-timeout",
+                "30",
+                "--events",
+                log.to_str().unwrap(),
+            ],
+            "trap 'echo got TERM; exit 0' TERM; while :; do sleep 0.1; done",
+        )
+        .env("RUST_LOG", "info"),
+    );
+    let evs = wait_events(&log, |e| count(e, "ready") == 1);
+    let pid = evs.iter().find(|e| e["event"] == "fork").unwrap()["pid"]
+        .as_i64()
+        .unwrap() as i32;
+    let worker = Pid::from_raw(pid).unwrap();
+    rustix::process::kill_process(worker, Signal::STOP).unwrap();
+    // Stopped before the SIGTERM comes ('T' in /proc/PID/stat).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let stopped = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('T')
+        })
+    };
+    while !stopped() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(stopped(), "the worker did not stop");
+    primary.signal(Signal::TERM);
+    // Well inside the 30 s kill timeout: a regression waits it out and exits 124.
+    assert_exit(&mut primary, Duration::from_secs(20), 0);
+    assert!(
+        primary.output().iter().any(|l| l.ends_with("] got TERM")),
+        "{:#?}",
+        primary.output()
+    );
 }
 
 /// A Node worker's `listen(path)` is bound as a Unix socket on that path (its `server.address()`

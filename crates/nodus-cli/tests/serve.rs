@@ -1490,6 +1490,23 @@ fn the_service_manager_hears_ready_and_stopping() {
     assert_eq!(code, Some(0));
 }
 
+/// A terminal's hangup (the kernel's SIGHUP) stops a foreground single process as SIGTERM
+/// does (exit code 0): it does not take it for a reload's SIGHUP and serve on detached.
+#[test]
+fn a_terminal_hangup_stops_a_single_process_as_sigterm_does() {
+    if !common::have("python3") {
+        return;
+    }
+    let dir = site();
+    let addr = free_addr().to_string();
+    let root = dir.path().to_str().unwrap();
+    let outcome = common::hang_up(
+        "serving",
+        &["serve", "--workers", "1", "--listen", &addr, root],
+    );
+    assert_eq!(outcome, "exit 0");
+}
+
 /// SIGHUP to a single process (`--workers 1`, the default on one core): nothing to reload, but
 /// it must not stop it. A download in flight across it completes, new requests are served, one
 /// line says so, and SIGTERM afterwards drains and exits 0.

@@ -3,7 +3,8 @@
 //! `EPIPE`) nor block its loop (a `write` to a full pipe): it still gives up with 75, and still
 //! drains on SIGTERM, and its stop, `nodus serve`'s too, is over within its bound however long
 //! the pipe stays full (the exit's flush of queued output takes what is left of it). And one
-//! whose stdout is read late: the output queued at its exit waits for the reader.
+//! whose stdout is read late: the output queued at its exit waits for the reader; one whose
+//! stdout is closed: one WARN line says the workers' output is discarded.
 //!
 //! Every primary is started in its own process group, killed by PID when the test ends.
 
@@ -39,6 +40,36 @@ const CRASHING: &[&str] = &[
     "-c",
     "sleep 0.2; exit 3",
 ];
+
+/// A closed stdout (`nodus run ... | head -0`): the workers' output is discarded from its first
+/// failed write, said in one WARN line (its target, `nodus::process::output`, named once), and
+/// the run goes on to its end.
+#[test]
+fn run_says_once_that_its_closed_stdout_discards_the_workers_output() {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut primary = Proc::spawn_group(
+        Command::new(NODUS)
+            .args(["run", "-w", "1", "--restart", "temporary", "--"])
+            .args(["sh", "-c", "echo one; sleep 0.2; echo two"])
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(writer)
+            .stderr(Stdio::piped()),
+    );
+    assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
+    let said: Vec<&String> = primary
+        .output()
+        .iter()
+        .filter(|l| l.contains("writing child output failed"))
+        .collect();
+    assert_eq!(said.len(), 1, "{:#?}", primary.output());
+    assert!(
+        said[0].contains("WARN nodus::process::output: writing child output failed (Broken pipe")
+            && said[0].ends_with("discarding from now on"),
+        "{said:#?}"
+    );
+}
 
 #[test]
 fn run_gives_up_with_75_when_its_stderr_is_closed_from_the_start() {

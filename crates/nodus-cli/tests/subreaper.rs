@@ -2,7 +2,7 @@
 //! escapes (`setsid` in a subshell that exits) or is orphaned by a double fork is re-parented to
 //! the primary (`nodus run`, `nodus run --node`), reaped by it when it exits (no zombie left,
 //! counted in the stats and the metrics), and stopped with the cluster on SIGTERM (exit code 0,
-//! one line saying how many); the workers' own exits are still the supervisor's, with their
+//! one line saying how many; one that is stopped is continued after its SIGTERM); the workers' own exits are still the supervisor's, with their
 //! real exit codes.
 //!
 //! Every primary is started in its own process group and killed by PID at the end of its test;
@@ -98,6 +98,45 @@ fn an_escaped_descendant_is_adopted_and_stopped_with_the_cluster() {
         output
             .iter()
             .any(|l| l.contains("stopped 1 adopted process the workers left behind")),
+        "{output:#?}"
+    );
+}
+
+/// An adopted process that is stopped (SIGSTOP) gets SIGCONT right after the kill signal at
+/// the cluster's stop, as systemd sends it: it handles the signal and exits, with no SIGKILL
+/// after the kill timeout.
+#[test]
+fn a_stopped_adopted_process_is_continued_after_its_kill_signal() {
+    let dir = TempDir::new("reap-stopped");
+    let file = dir.path().join("pid");
+    let got = dir.path().join("got-term");
+    let mut cleanup = KillOnDrop::default();
+    let worker = format!(
+        "(setsid sh -c 'trap \"touch {got}; exit 0\" TERM; echo $$ > {file}; \
+         while :; do sleep 0.1; done' &) ; exec sleep 300",
+        got = got.display(),
+        file = file.display()
+    );
+    let mut primary =
+        spawn(run_sh(["-w", "1", "--kill-timeout", "30"], &worker).env("RUST_LOG", "info"));
+    let escaped = pid_in(&file, &mut cleanup);
+    assert_adopted_by(escaped, primary.id());
+    primary.wait_line("1 worker ready");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(escaped).unwrap(),
+        Signal::STOP,
+    )
+    .unwrap();
+    let started = Instant::now();
+    let (code, output) = stop(&mut primary);
+    assert_eq!(code, Some(0), "{output:#?}");
+    // Well inside the 30 s kill timeout a regression waits out before its SIGKILL.
+    assert!(started.elapsed() < Duration::from_secs(20), "{output:#?}");
+    assert!(got.exists(), "the trap did not run: {output:#?}");
+    assert!(
+        output.iter().any(|l| l.contains(
+            "stopped 1 adopted process the workers left behind (1 got SIGTERM, 0 SIGKILL)"
+        )),
         "{output:#?}"
     );
 }

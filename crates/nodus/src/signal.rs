@@ -16,6 +16,11 @@
 //! action per signal, registered with the first stream, runs the default while no stream lives.
 //! That holds even if other code in the process registered its own signal-hook action.)
 //!
+//! [`Signals::recv_from`] also says who sent the signal ([`Origin`], by its `siginfo_t`'s
+//! `si_code`): the kernel itself (`SI_KERNEL`: the SIGHUP of a terminal's hangup) or anything
+//! else (`kill`, `sigqueue`: `SI_USER`, `SI_QUEUE`). A signal the pipe holds once for several
+//! deliveries (signals merge until read) is the kernel's if any of them was.
+//!
 //! A process forked without `exec` runs none of its parent's loops, so its copies of the parent's
 //! streams catch nothing there: from the fork on, every signal they catch has its default action
 //! back in it (the fork handler, `crate::atfork`), but a real-time one (no conditional default:
@@ -38,9 +43,13 @@
 //!   lock held across the fork guards: async-signal-safe), and the first use of `LISTENERS` there
 //!   sets every count to 0 and takes the table for that process; a stream counted for another
 //!   process releases nothing.
+//! - A stream registers, per signal, an action that records a delivery from the kernel (its
+//!   `kernel` flags) before its pipe's action: signal-hook runs a signal's actions in
+//!   registration order, so a signal read from the pipe finds its origin recorded, and the read
+//!   takes the record (an action's store is all it does in signal context: an atomic).
 //! - Every call nodus makes into signal-hook that registers or unregisters an action (a
-//!   conditional default's registration; a stream's pipe actions, with signal-hook's lock of
-//!   that stream) is made under `LISTENERS`'s lock, so no `fork` happens while a thread of
+//!   conditional default's registration; a stream's origin and pipe actions, with signal-hook's
+//!   lock of that stream) is made under `LISTENERS`'s lock, so no `fork` happens while a thread of
 //!   nodus's is inside signal-hook's registry: none copies its registry lock (a mutex private to
 //!   `signal_hook_registry`, which no API reaches and no fork handler of its own takes) held by
 //!   a thread of nodus's. Not covered, since nodus cannot wait for them: a registration by other
@@ -128,6 +137,18 @@ pub fn by_name(name: &str) -> Option<i32> {
         .map(|&(n, _)| n)
 }
 
+/// Who sent a signal ([`Signals::recv_from`]), by its `siginfo_t`'s `si_code`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// The kernel itself (`SI_KERNEL`): the SIGHUP (and SIGCONT) of a terminal's hangup, to its
+    /// session leader, and to the foreground process group once that leader exits; the SIGHUP
+    /// to a process group orphaned with a stopped member.
+    Kernel,
+    /// Any other sender: a process (`kill`, `sigqueue`, `tgkill`: `SI_USER`, `SI_QUEUE`,
+    /// `SI_TKILL`), a timer, I/O.
+    Other,
+}
+
 /// Per signal, the flag of its conditional default action and the live streams that catch it.
 pub(crate) struct Listeners {
     /// The process the counts are for (see the module doc): 0 before its first lock.
@@ -200,6 +221,11 @@ pub struct Signals {
 struct Hook {
     /// Sorted, without duplicates.
     signals: Box<[i32]>,
+    /// Per signal (as `signals`): a delivery from the kernel came since the last read.
+    kernel: Box<[Arc<AtomicBool>]>,
+    /// The actions that set `kernel`, registered before the pipe's; unregistered in
+    /// `Hook::drop`, under the lock.
+    origins: Vec<signal_hook_registry::SigId>,
     /// The process whose counts hold this stream (see [`Listeners::owner`]).
     owner: u32,
     /// Dropped in `Hook::drop`, under the lock.
@@ -213,21 +239,63 @@ impl Hook {
         signals.dedup();
         let mut listeners = listeners();
         listeners.count(&signals);
-        match PipeSignals::new(signals.iter().copied()) {
+        let kernel: Box<[Arc<AtomicBool>]> = signals.iter().map(|_| Arc::default()).collect();
+        let mut origins = Vec::with_capacity(signals.len());
+        let mut registered = Ok(());
+        for (&signal, flag) in signals.iter().zip(kernel.iter()) {
+            let flag = flag.clone();
+            // SAFETY: the action reads the siginfo's `si_code` and stores an atomic: no
+            // allocation, no lock (async-signal-safe). `Signals::new` refused the forbidden
+            // signals, which `register_sigaction` panics on.
+            let action = unsafe {
+                signal_hook_registry::register_sigaction(signal, move |info: &libc::siginfo_t| {
+                    if info.si_code == libc::SI_KERNEL {
+                        flag.store(true, Ordering::SeqCst);
+                    }
+                })
+            };
+            match action {
+                Ok(id) => origins.push(id),
+                Err(e) => {
+                    registered = Err(e);
+                    break;
+                }
+            }
+        }
+        match registered.and_then(|()| PipeSignals::new(signals.iter().copied())) {
             Ok(pipe) => {
                 // Caught from now on, once the pipe's actions are there to catch them: a signal
                 // that came before (the default still on) did what it does with no stream.
                 listeners.arm(&signals);
                 Ok(Hook {
                     signals: signals.into_boxed_slice(),
+                    kernel,
+                    origins,
                     owner: listeners.owner,
                     pipe: ManuallyDrop::new(pipe),
                 })
             }
             Err(e) => {
+                for id in origins {
+                    signal_hook_registry::unregister(id);
+                }
                 listeners.uncount(&signals);
                 Err(e)
             }
+        }
+    }
+
+    /// Who sent `signal`, just read from the pipe: the kernel if a delivery of it since the
+    /// last read was the kernel's (the record is taken).
+    fn origin(&self, signal: i32) -> Origin {
+        let from_kernel = self
+            .signals
+            .binary_search(&signal)
+            .is_ok_and(|i| self.kernel[i].swap(false, Ordering::SeqCst));
+        if from_kernel {
+            Origin::Kernel
+        } else {
+            Origin::Other
         }
     }
 }
@@ -242,6 +310,9 @@ impl Drop for Hook {
         }
         // SAFETY: dropped once, here, and never used again.
         unsafe { ManuallyDrop::drop(&mut self.pipe) };
+        for id in self.origins.drain(..) {
+            signal_hook_registry::unregister(id);
+        }
     }
 }
 
@@ -324,9 +395,19 @@ impl Signals {
 
     /// Polls for the next signal.
     pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<i32> {
+        self.poll_recv_from(cx).map(|(signal, _)| signal)
+    }
+
+    /// The next signal, and who sent it (see [`Origin`]).
+    pub async fn recv_from(&mut self) -> (i32, Origin) {
+        poll_fn(|cx| self.poll_recv_from(cx)).await
+    }
+
+    /// Polls for the next signal and who sent it.
+    pub fn poll_recv_from(&mut self, cx: &mut Context<'_>) -> Poll<(i32, Origin)> {
         loop {
             if let Some(sig) = self.queued.pop_front() {
-                return Poll::Ready(sig);
+                return Poll::Ready((sig, self.hook.origin(sig)));
             }
             if poll_proceed(cx).is_pending() {
                 return Poll::Pending;
@@ -398,6 +479,63 @@ mod tests {
             (name(0), name(32), name(-1)),
             ("signal", "signal", "signal")
         );
+    }
+
+    /// Sends this thread `signal` as the kernel would (`si_code` `SI_KERNEL`: a terminal's
+    /// hangup; a thread may give any `si_code` to a signal to itself, `rt_tgsigqueueinfo`).
+    fn raise_as_kernel(signal: i32) {
+        // SAFETY: a zeroed siginfo_t is valid; its first three fields are set below.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        info.si_signo = signal;
+        info.si_code = libc::SI_KERNEL;
+        // SAFETY: `info` lives across the call, which reads it only.
+        let sent = unsafe {
+            libc::syscall(
+                libc::SYS_rt_tgsigqueueinfo,
+                libc::getpid(),
+                libc::gettid(),
+                signal,
+                &raw const info,
+            )
+        };
+        assert_eq!(sent, 0, "{}", io::Error::last_os_error());
+    }
+
+    /// `recv_from` says a signal the kernel sent (a hangup's SIGHUP) from one `kill` sent, and
+    /// one read of a signal delivered twice (merged in the pipe) is the kernel's if either was.
+    #[test]
+    fn recv_from_tells_the_kernels_signal_from_a_processs() {
+        if !alone("signal::tests::recv_from_tells_the_kernels_signal_from_a_processs") {
+            return;
+        }
+        let rt = crate::Runtime::new();
+        rt.block_on(async {
+            let mut signals = Signals::new(&[SIGHUP, SIGUSR2]).unwrap();
+            let next = async |signals: &mut Signals| {
+                crate::time::timeout(Duration::from_secs(10), signals.recv_from())
+                    .await
+                    .expect("a signal within 10 s")
+            };
+            // SAFETY: plain syscalls.
+            let kill = |signal| assert_eq!(unsafe { libc::kill(libc::getpid(), signal) }, 0);
+            kill(SIGHUP);
+            assert_eq!(next(&mut signals).await, (SIGHUP, Origin::Other));
+            raise_as_kernel(SIGHUP);
+            assert_eq!(next(&mut signals).await, (SIGHUP, Origin::Kernel));
+            // The record was taken with the read.
+            kill(SIGHUP);
+            assert_eq!(next(&mut signals).await, (SIGHUP, Origin::Other));
+            // Per signal: SIGUSR2 from a process while SIGHUP's is the kernel's.
+            raise_as_kernel(SIGHUP);
+            kill(SIGUSR2);
+            let mut got = vec![next(&mut signals).await, next(&mut signals).await];
+            got.sort_unstable_by_key(|&(signal, _)| signal);
+            assert_eq!(got, [(SIGHUP, Origin::Kernel), (SIGUSR2, Origin::Other)]);
+            // Two deliveries before a read: one signal, the kernel's.
+            raise_as_kernel(SIGHUP);
+            kill(SIGHUP);
+            assert_eq!(next(&mut signals).await, (SIGHUP, Origin::Kernel));
+        });
     }
 
     /// Forks a process that runs `check` (a code for each failure, 0 when it passed) and

@@ -31,11 +31,14 @@
 //! sends `WATCHDOG=1` every half period from a task on its loop, from `READY=1` until it exits,
 //! so a stalled loop stops the pings; a cluster primary sends them for its workers' loops.
 //!
-//! SIGHUP is the cluster primary's rolling reload. The single process (`--workers 1`, the
-//! default on one core) catches it too and is never stopped by it: there is no worker to replace,
-//! so it logs one line saying nothing was reloaded and serves on, losing nothing; a service
-//! manager that asked for the reload (`NOTIFY_SOCKET`) hears `RELOADING=1` and `READY=1` at once,
-//! so neither `Type=notify` nor `Type=notify-reload` is left waiting. A SIGHUP during the drain
+//! SIGHUP is the cluster primary's rolling reload, unless the kernel sent it: the terminal
+//! hung up (an SSH session dropped, a terminal closed), and the single process or the primary
+//! stops as for SIGTERM rather than serve on detached, holding its port, its output lost. The
+//! single process (`--workers 1`, the default on one core) catches it too and is never stopped
+//! by a reload's SIGHUP: there is no worker to replace, so it logs one line saying nothing was
+//! reloaded and serves on, losing nothing; a service manager that asked for the reload
+//! (`NOTIFY_SOCKET`) hears `RELOADING=1` and `READY=1` at once, so neither `Type=notify` nor
+//! `Type=notify-reload` is left waiting. A SIGHUP during the drain
 //! is not a second signal: it is logged and ignored. A worker sent SIGHUP itself is not stopped
 //! either: `nodus::cluster::Worker` catches it for every Rust worker (one line naming the
 //! primary to send it to), so the primary spends no restart on it.
@@ -62,7 +65,7 @@ use nodus::cluster::FORCED_STOP_EXIT_CODE;
 use nodus::fs::quote;
 use nodus::log_limit::{self, LogLimit};
 use nodus::net::TcpListener;
-use nodus::signal::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2, Signals};
+use nodus::signal::{Origin, SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2, Signals};
 use nodus_http::server::{Answered, ConnInfo, Refused};
 use nodus_http::{Body, Config, RequestBody, full, serve, text};
 
@@ -264,20 +267,22 @@ async fn serve_until_signal(options: ServeOptions, root: PathBuf) -> i32 {
     let running = start_servers(&options, &site, public, admin_listener);
     tell_manager("READY=1\nSTATUS=serving");
     start_watchdog();
-    let signal = loop {
-        match signals.recv().await {
-            SIGHUP => reload_alone(),
-            signal @ (SIGUSR1 | SIGUSR2) => no_use_for(signal),
-            signal => break signal,
+    let why = loop {
+        match signals.recv_from().await {
+            (SIGHUP, Origin::Kernel) => {
+                break "SIGHUP from the kernel: the terminal hung up (a stop; kill -HUP reloads)";
+            }
+            (SIGHUP, Origin::Other) => reload_alone(),
+            (signal @ (SIGUSR1 | SIGUSR2), _) => no_use_for(signal),
+            (signal, _) => break nodus::signal::name(signal),
         }
     };
     crate::stop_began(stop_bound(&options));
     site.ready.set(false);
     tell_manager("STOPPING=1\nSTATUS=draining");
     tracing::info!(
-        "{}: readyz now answers 503; draining in {} ms, then up to {} ms for in-flight \
+        "{why}: readyz now answers 503; draining in {} ms, then up to {} ms for in-flight \
          requests (a second signal stops at once)",
-        nodus::signal::name(signal),
         options.shutdown_delay.as_millis(),
         options.drain_timeout.as_millis()
     );

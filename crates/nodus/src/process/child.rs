@@ -28,7 +28,9 @@
 //! - With a group exit signal ([`Command::group_exit_signal`](super::Command::group_exit_signal)),
 //!   the exit task looks at the exit first (`WNOWAIT`, which leaves the child a zombie), signals
 //!   what is left of the child's process group, then reaps: the group is signalled while its id
-//!   is still the zombie's pid, so never a recycled one.
+//!   is still the zombie's pid, so never a recycled one. It lists the group's other running
+//!   processes (`/proc`) just before the signal ([`Child::left_in_group`]): the zombie leader
+//!   keeps the group in being, so the signal's own result cannot tell an empty group.
 //! - The child is registered as nodus's own (`reaper::Ours`, taken before the fork) until it
 //!   has been reaped (by its exit task, the watch's drop or the orphan reaper): no subreaper pass
 //!   touches it, zombie or not (`Child::watch` hands the registration back on error, for the
@@ -102,6 +104,8 @@ struct Watch {
     /// The child's registration as nodus's own (no subreaper reaps it): released after the
     /// reap (see `reaper`).
     ours: RefCell<Option<Ours>>,
+    /// What the group exit signal was sent to besides the child (`Child::left_in_group`).
+    left_in_group: RefCell<Vec<(u32, String)>>,
 }
 
 impl Watch {
@@ -110,7 +114,7 @@ impl Watch {
         let pidfd = guard.as_ref().expect("the pidfd lives until the reap");
         loop {
             ready!(pidfd.poll_read_ready(cx))?;
-            match self.try_reap(pidfd.get_ref().as_fd()) {
+            match self.try_reap(pidfd.get_ref().as_fd(), true) {
                 Ok(Some(st)) => {
                     return Poll::Ready(Ok(ExitStatus {
                         code: st.exit_status(),
@@ -125,9 +129,14 @@ impl Watch {
     }
 
     /// Reaps the child if it has exited; with a group exit signal, signals its group first,
-    /// while the child is still a zombie, and then has its orphan guard, if any, forget the
-    /// group (see the module doc).
-    fn try_reap(&self, pidfd: BorrowedFd<'_>) -> rustix::io::Result<Option<WaitIdStatus>> {
+    /// while the child is still a zombie (`look`: after listing what else the group holds, for
+    /// `Child::left_in_group`), and then has its orphan guard, if any, forget the group (see
+    /// the module doc).
+    fn try_reap(
+        &self,
+        pidfd: BorrowedFd<'_>,
+        look: bool,
+    ) -> rustix::io::Result<Option<WaitIdStatus>> {
         let exited = WaitIdOptions::EXITED | WaitIdOptions::NOHANG;
         if self.group_exit_signal.is_some() || self.guard.borrow().is_some() {
             let peek = exited | WaitIdOptions::NOWAIT;
@@ -135,7 +144,11 @@ impl Watch {
                 return Ok(None);
             }
             if let Some(sig) = self.group_exit_signal {
-                // An empty group (ESRCH) is what we want.
+                if look {
+                    *self.left_in_group.borrow_mut() = group_members(self.pid);
+                }
+                // An empty group (ESRCH) is what we want. (The zombie leads it still, so the
+                // call never says whether it held more: `group_members` does.)
                 let _ = rustix::process::kill_process_group(self.pid, sig);
             }
             // The zombie still holds the group's id: the guard forgets it before it can be
@@ -182,7 +195,7 @@ impl Drop for Watch {
         };
         let pidfd = pidfd.into_inner();
         loop {
-            match self.try_reap(pidfd.as_fd()) {
+            match self.try_reap(pidfd.as_fd(), false) {
                 Ok(None) => break,
                 Err(rustix::io::Errno::INTR) => {}
                 // Reaped, or not ours to reap (as in `finish`).
@@ -243,6 +256,7 @@ impl Child {
             status: RefCell::new(None),
             waiters: RefCell::new(Vec::new()),
             ours: RefCell::new(Some(ours)),
+            left_in_group: RefCell::new(Vec::new()),
         });
         let w = watch.clone();
         crate::task::spawn_named("process:exit", async move {
@@ -282,6 +296,16 @@ impl Child {
     /// The exit status, if the exit has been observed.
     pub fn try_wait(&self) -> Option<io::Result<ExitStatus>> {
         self.watch.exited()
+    }
+
+    /// With a group exit signal, the processes it was sent to besides the child, as `/proc`
+    /// listed them just before (pid and name, `comm`): what the child left running in its
+    /// group (a wrapper script's program, a worker's own children), not yet exited. Known once
+    /// the exit task has reaped the child ([`wait`](Self::wait) returned); empty before, with
+    /// no group exit signal, and when the group held the child alone. A process forked in the
+    /// group between the listing and the signal got the signal too, unlisted.
+    pub fn left_in_group(&self) -> Vec<(u32, String)> {
+        self.watch.left_in_group.borrow().clone()
     }
 
     /// Whether the child has exited, its exit observed ([`try_wait`](Self::try_wait)) or not
@@ -462,6 +486,37 @@ fn has_exited(pidfd: BorrowedFd<'_>) -> bool {
         tv_nsec: 0,
     };
     rustix::event::poll(&mut fds, Some(&zero)).map_or(true, |ready| ready > 0)
+}
+
+/// The processes of process group `pgid` other than its leader, not yet exited (no zombie),
+/// from `/proc/PID/stat` (state, group and `comm`): pid and name.
+fn group_members(pgid: Pid) -> Vec<(u32, String)> {
+    let leader = pgid.as_raw_nonzero().get();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            if pid == leader {
+                return None;
+            }
+            let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+            // `PID (COMM) STATE PPID PGRP ...`: COMM may hold spaces and parentheses.
+            let (open, close) = (
+                stat.iter().position(|&b| b == b'(')?,
+                stat.iter().rposition(|&b| b == b')')?,
+            );
+            let mut fields = stat.get(close + 2..)?.split(|&b| b == b' ');
+            let state = fields.next()?;
+            let group: i32 = std::str::from_utf8(fields.nth(1)?).ok()?.parse().ok()?;
+            if group != leader || matches!(state, b"Z" | b"X" | b"x") {
+                return None;
+            }
+            let name = String::from_utf8_lossy(stat.get(open + 1..close)?).into_owned();
+            Some((pid as u32, name))
+        })
+        .collect()
 }
 
 /// The parent of `pid` (`/proc/<pid>/stat` field 4), if it still exists.

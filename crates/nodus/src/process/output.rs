@@ -831,9 +831,7 @@ fn write_loop(target: Target, rx: mpsc::Receiver<Message>, shared: &Shared) {
                     // this thread). Another sink's warning reaches stderr, through `log_writer`
                     // without ever blocking this thread.
                     if !matches!(target, Target::Stderr(_)) {
-                        tracing::warn!(
-                            "nodus::process::output: writing child output failed ({e}); discarding from now on"
-                        );
+                        tracing::warn!("writing child output failed ({e}); discarding from now on");
                     }
                     0
                 }

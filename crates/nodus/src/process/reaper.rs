@@ -516,8 +516,9 @@ impl Reaper {
     }
 
     /// At the end of a graceful stop, once every worker is gone: `term` (the workers' kill
-    /// signal, SIGTERM by default: they belong to the app) to every adopted process still running
-    /// (and to each one re-parented here meanwhile), SIGKILL to what is left (and its
+    /// signal, SIGTERM by default: they belong to the app), then SIGCONT (a stopped process
+    /// acts on it once continued), to every adopted process still running (and to each one
+    /// re-parented here meanwhile), SIGKILL to what is left (and its
     /// descendants) after `kill_timeout` or after [`hurry`](Self::hurry). Returns how many got
     /// `term` and how many SIGKILL; logs one line, naming `term`, when there were any.
     pub(crate) async fn stop_adopted(&self, term: i32, kill_timeout: Duration) -> (usize, usize) {
@@ -729,6 +730,10 @@ fn signal_child(pid: i32, sig: Signal, tree: bool) -> bool {
     let sent = rustix::process::pidfd_send_signal(&pidfd, sig).is_ok();
     for fd in all {
         let _ = rustix::process::pidfd_send_signal(&fd, sig);
+    }
+    // As systemd's `kill_and_sigcont`: a stopped process acts on the signal once continued.
+    if sent && sig != Signal::KILL && sig != Signal::CONT {
+        let _ = rustix::process::pidfd_send_signal(&pidfd, Signal::CONT);
     }
     sent
 }

@@ -60,6 +60,10 @@ pub enum EventKind {
         signal: Option<i32>,
         exited_after_disconnect: bool,
         reason: String,
+        /// The processes left in its process group at its exit, SIGKILLed then (systemd's
+        /// `KillMode=mixed`; 0 when the primary had SIGKILLed the group itself): a wrapper
+        /// script's program that never got the kill signal, say.
+        group_killed: usize,
     },
     /// A worker could not be started (fork or exec failed); it counts as a crash of its slot.
     SpawnFailed {

@@ -3,8 +3,9 @@
 //!
 //! - [`Config`] says what to run and how; [`Primary::start`] forks the workers;
 //!   [`Primary::run`] serves until SIGTERM/SIGINT (drain, exit code 0), handles SIGHUP as a
-//!   rolling reload, catches SIGUSR1 and SIGUSR2 (one line each, serving goes on: their default
-//!   action would end the primary undrained), and returns the process exit code
+//!   rolling reload (one the kernel sent, a terminal's hangup, as SIGTERM), catches SIGUSR1
+//!   and SIGUSR2 (one line each, serving goes on: their default action would end the primary
+//!   undrained), and returns the process exit code
 //!   ([`GIVE_UP_EXIT_CODE`](crate::cluster::GIVE_UP_EXIT_CODE) when the restart budget ran out,
 //!   [`FORCED_STOP_EXIT_CODE`](crate::cluster::FORCED_STOP_EXIT_CODE) or 128 + a second signal's
 //!   number when the stop had to kill workers or a worker cut requests).
@@ -414,6 +415,9 @@ pub(crate) struct State {
     floods: handoff::Floods,
     /// Fds workers gave back (`returned`) that were not connections of the listener: closed.
     returned_rejected: Cell<u64>,
+    /// Datagrams the workers' notify sockets ignored, sent from outside the worker's process
+    /// group (`proc::ignored_notify`).
+    notify_ignored: Cell<u64>,
     /// A worker's application message (`process.send()`) was logged at INFO (`proc`): the
     /// next ones are logged at DEBUG.
     app_message_said: Cell<bool>,
@@ -570,6 +574,7 @@ impl Primary {
             fd_reserve: handoff::FdReserve::new(),
             floods: handoff::Floods::new(),
             returned_rejected: Cell::new(0),
+            notify_ignored: Cell::new(0),
             app_message_said: Cell::new(false),
             stats_cache: RefCell::default(),
             guard,
@@ -598,8 +603,9 @@ impl Primary {
     }
 
     /// Serves until a shutdown: SIGTERM or SIGINT drain every worker and return 0; SIGHUP starts
-    /// a rolling reload; SIGUSR1 and SIGUSR2 are one WARN line each naming the workers' pids
-    /// (not passed on: a worker that does not catch one would die of it), and change nothing,
+    /// a rolling reload, unless the kernel sent it ([`Origin::Kernel`](crate::signal::Origin):
+    /// the primary's terminal hung up), which drains as SIGTERM does; SIGUSR1 and SIGUSR2 are
+    /// one WARN line each naming the workers' pids (not passed on: a worker that does not catch one would die of it), and change nothing,
     /// so a `pkill -USR2 -f 'node app.js'` meant for Node workers, which matches the primary's
     /// command line too, does not end the service; a spent restart budget stops everything and returns
     /// [`GIVE_UP_EXIT_CODE`](crate::cluster::GIVE_UP_EXIT_CODE). A stop that had to kill

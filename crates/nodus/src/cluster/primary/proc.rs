@@ -25,9 +25,15 @@
 //!   [`Proc::output_ended`] takes them (once, after the exit).
 //! - Every worker, plain program or not, gets a `NOTIFY_SOCKET` of its own (never the
 //!   primary's: a service manager's), which heeds only the worker's process group (`READY=1`:
-//!   ready, under any [`Readiness`]; `STOPPING=1`: going down). It is read one last time when the
-//!   worker has exited, before the exit is handled: whatever the worker sent before it exited
-//!   (its launcher's exec failure, [`report_exec_failure`]) is heeded first.
+//!   ready, under any [`Readiness`]; `STOPPING=1`: going down); what others send (any local
+//!   user can reach an abstract socket) is counted and said once a minute at most. It is read
+//!   one last time when the worker has exited, before the exit is handled: whatever the worker
+//!   sent before it exited (its launcher's exec failure, [`report_exec_failure`]) is heeded
+//!   first.
+//! - What a worker left in its process group at its exit, SIGKILLed then, is one WARN line and
+//!   the exit event's `group_killed` ([`killed_what_it_left`]), unless the primary had SIGKILLed
+//!   the group itself. Any signal the primary sends a worker but SIGKILL is followed by SIGCONT
+//!   ([`Proc::signal`]).
 //! - `asked_for_snapshots` is set once the worker says it speaks nodus's own messages and
 //!   cleared when its channel ends (its snapshot, `answered_last` and `unanswered` with it): the
 //!   stats, readyz and routing ask a worker only while it can answer, so one that does not answer
@@ -265,6 +271,13 @@ pub(super) struct Proc {
     /// A plain program's launcher could not execute the program ([`report_exec_failure`]):
     /// its errno and message.
     pub exec_failed: RefCell<Option<(i32, String)>>,
+    /// Notify datagrams from outside its process group ignored, and when the last line about
+    /// them was logged with how many it had counted then ([`ignored_notify`]).
+    notify_ignored: Cell<u64>,
+    notify_ignored_said: Cell<Option<(Instant, u64)>>,
+    /// How many processes were left in its process group at its exit, SIGKILLed then (not
+    /// counted when the primary had SIGKILLed the group itself): [`killed_what_it_left`].
+    pub group_killed: Cell<usize>,
 }
 
 impl Proc {
@@ -387,6 +400,9 @@ impl Proc {
             channel_ended: Cell::new(false),
             output: RefCell::new(output),
             exec_failed: RefCell::new(None),
+            notify_ignored: Cell::new(0),
+            notify_ignored_said: Cell::new(None),
+            group_killed: Cell::new(0),
         });
         if cfg.ipc {
             // `spawn` returned only once the program was executed.
@@ -403,6 +419,7 @@ impl Proc {
         let (s, p, last_look) = (st.clone(), proc.clone(), notify_socket.clone());
         crate::task::spawn_named("cluster:exit", async move {
             let status = p.child.wait().await;
+            killed_what_it_left(&s, &p);
             // What the worker said before it exited is heeded before its exit (its launcher's
             // exec failure above all): the notify task may not have read it yet.
             loop {
@@ -510,15 +527,22 @@ impl Proc {
     }
 
     /// Sends `signal` to the worker (`group`: to its whole process group, until its reap) and
-    /// records that the primary sent it.
+    /// records that the primary sent it. Any signal but SIGKILL (and SIGCONT) is followed by
+    /// SIGCONT to the same target, as systemd's `kill_and_sigcont` does: a stopped worker
+    /// (SIGSTOP, a debugger, a frozen cgroup) could not act on it, and would wait out the kill
+    /// timeout for a SIGKILL.
     pub fn signal(&self, signal: i32, group: bool) -> io::Result<()> {
         self.signals_sent
             .set(self.signals_sent.get() | 1u64.checked_shl(signal as u32).unwrap_or(0));
-        if group {
-            self.child.kill_group(signal)
-        } else {
-            self.child.kill(signal)
+        let send = |signal| match group {
+            true => self.child.kill_group(signal),
+            false => self.child.kill(signal),
+        };
+        send(signal)?;
+        if signal != SIGKILL && signal != libc::SIGCONT {
+            let _ = send(libc::SIGCONT);
         }
+        Ok(())
     }
 
     /// Whether the primary sent it `signal` ([`Proc::signal`]).
@@ -629,6 +653,42 @@ impl Proc {
     }
 }
 
+/// What was left of `proc`'s process group at its exit was SIGKILLed (systemd's
+/// `KillMode=mixed`): when that was a process or more (the primary had not SIGKILLed the group
+/// itself), one WARN line names them, and the exit event counts them (`group_killed`). The
+/// usual cause is a wrapper script (`sh -c 'app; echo done'`, a `start.sh` without `exec`): the
+/// kill signal reached the shell, and the program it ran got no chance to stop gracefully.
+fn killed_what_it_left(st: &State, proc: &Proc) {
+    let left = proc.child.left_in_group();
+    if left.is_empty() || proc.was_sent(SIGKILL) {
+        return;
+    }
+    proc.group_killed.set(left.len());
+    let mut named: Vec<String> = left
+        .iter()
+        .take(3)
+        .map(|(pid, name)| format!("pid {pid} ({name})"))
+        .collect();
+    if left.len() > 3 {
+        named.push(format!("{} more", left.len() - 3));
+    }
+    let n = match left.len() {
+        1 => "1 process".to_owned(),
+        n => format!("{n} processes"),
+    };
+    tracing::warn!(
+        target: "nodus::cluster",
+        "worker {} (pid {}) exited and left {} in its process group {}: SIGKILLed {}; a \
+         wrapper script should `exec` its program, so that the program gets {} itself",
+        proc.slot,
+        proc.pid,
+        n,
+        proc.pid,
+        named.join(", "),
+        crate::signal::name(st.config.kill_signal)
+    );
+}
+
 /// The key of the notice a plain program's launcher sends when it cannot execute the program
 /// (the errno; [`EXEC_FAILED_MESSAGE`] says it in words).
 const EXEC_FAILED: &str = "NODUS_EXEC_FAILED";
@@ -655,11 +715,7 @@ pub fn report_exec_failure(error: &io::Error, message: &str) -> io::Result<bool>
 /// [`Readiness`]: the worker says so itself), `STOPPING=1` is its "going down" notice.
 fn on_notify(st: &Rc<State>, proc: &Rc<Proc>, m: NotifyMessage) {
     if !from_worker(proc, m.sender_pid) {
-        tracing::warn!(
-            target: "nodus::cluster",
-            "worker {} (pid {}): ignored a notify message from pid {:?}, outside its process group",
-            proc.slot, proc.pid, m.sender_pid
-        );
+        ignored_notify(st, proc, m.sender_pid);
         return;
     }
     let field = |key: &str| m.other.iter().find(|(k, _)| k == key).map(|(_, v)| v);
@@ -671,6 +727,40 @@ fn on_notify(st: &Rc<State>, proc: &Rc<Proc>, m: NotifyMessage) {
     } else if m.stopping {
         supervise::going_down(st, proc);
     }
+}
+
+/// At most this often a worker's notify socket says again that it ignored datagrams from
+/// outside its process group ([`ignored_notify`]).
+const NOTIFY_IGNORED_EVERY: Duration = Duration::from_secs(60);
+
+/// A notify datagram from outside `proc`'s process group (anyone who can reach the abstract
+/// socket: any local user): ignored and counted (`notify_ignored` in the stats). Its first is one
+/// WARN line; later ones are said once a minute at most, with their count, at the first that
+/// comes after the minute, so a flood of them is no flood of lines.
+fn ignored_notify(st: &State, proc: &Proc, sender: Option<u32>) {
+    let n = proc.notify_ignored.get() + 1;
+    proc.notify_ignored.set(n);
+    st.notify_ignored.set(st.notify_ignored.get() + 1);
+    let from = sender.map_or_else(|| "an unknown pid".to_owned(), |pid| format!("pid {pid}"));
+    let now = Instant::now();
+    match proc.notify_ignored_said.get() {
+        None => tracing::warn!(
+            target: "nodus::cluster",
+            "worker {} (pid {}): ignored a notify message from {from}, outside its process group \
+             (more are counted in the stats' notify_ignored, and said once a minute at most)",
+            proc.slot, proc.pid
+        ),
+        Some((at, counted)) if now.duration_since(at) >= NOTIFY_IGNORED_EVERY => {
+            tracing::warn!(
+                target: "nodus::cluster",
+                "worker {} (pid {}): ignored {} more notify messages from outside its process \
+                 group in {}s (the last from {from}; {n} in all)",
+                proc.slot, proc.pid, n - counted, now.duration_since(at).as_secs()
+            );
+        }
+        Some(_) => return,
+    }
+    proc.notify_ignored_said.set(Some((now, n)));
 }
 
 /// Whether a notify datagram came from `proc` or a process of its group (a worker leads its own

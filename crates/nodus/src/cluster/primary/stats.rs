@@ -326,6 +326,9 @@ struct ClusterDoc<'a> {
     last_exit: Option<String>,
     /// Fds workers gave back that were not connections of the listener (closed, not handed on).
     returned_rejected: u64,
+    /// Datagrams the workers' notify sockets ignored: sent from outside the worker's process
+    /// group (any local user can reach an abstract socket).
+    notify_ignored: u64,
     /// Orphaned descendants this process adopted as a subreaper, and those it reaped (`null`
     /// without [`Config::subreaper`](super::Config::subreaper)).
     orphans_adopted: Option<u64>,
@@ -544,6 +547,7 @@ fn json_doc(
         last_reload_failure: st.last_reload_failure.borrow().clone(),
         last_exit: st.last_exit.borrow().as_ref().map(LastExit::text),
         returned_rejected: st.returned_rejected.get(),
+        notify_ignored: st.notify_ignored.get(),
         orphans_adopted: orphans.map(|(adopted, _)| adopted),
         orphans_reaped: orphans.map(|(_, reaped)| reaped),
         trimmed: relay.trimmed(),
@@ -682,6 +686,13 @@ fn metrics_doc(
         "nodus_cluster_returned_fds_rejected",
         "Fds workers gave back as connections that were not connections of the listener (closed, never handed to another worker)",
         rejected,
+    );
+    let notify_ignored = Counter::<u64>::default();
+    notify_ignored.inc_by(st.notify_ignored.get());
+    registry.register(
+        "nodus_cluster_notify_ignored",
+        "Datagrams the workers' notify sockets ignored, sent from outside the worker's process group",
+        notify_ignored,
     );
     if let Some((adopted, reaped)) = orphans {
         let (adopted_total, reaped_total) = (Counter::<u64>::default(), Counter::<u64>::default());

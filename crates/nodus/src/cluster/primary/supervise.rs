@@ -23,6 +23,9 @@
 //!   worker has exited and every exit has settled (below). The primary accepts connections
 //!   through `shutdown_delay` and stops when the drain begins (`server::stop_accepting`), or when
 //!   a second signal kills the workers.
+//! - A SIGHUP the kernel sent (`signal::Origin::Kernel`: the primary's terminal hung up) is a
+//!   graceful stop, as SIGTERM's, with its own reason (`hung_up`); during a stop, nothing. A
+//!   SIGHUP a process sent (`kill -HUP`, `systemctl reload`) is a reload.
 //! - SIGUSR1 and SIGUSR2 change nothing, at any phase (a stop's included): one WARN line each,
 //!   naming the workers' pids; they are not passed on (`no_use_for`).
 //! - An exit's consequences (the replacement, a backoff) happen at once; its log line waits for
@@ -105,7 +108,7 @@ use crate::cluster::supervision::{
     Decision, ExitReason, FORCED_STOP_EXIT_CODE, GIVE_UP_EXIT_CODE, RestartBudget,
 };
 use crate::process::{ExitStatus, Reaper};
-use crate::signal::{SIGHUP, SIGKILL, SIGUSR1, SIGUSR2, Signals};
+use crate::signal::{Origin, SIGHUP, SIGKILL, SIGUSR1, SIGUSR2, Signals};
 
 /// systemd's watchdog: with `WATCHDOG_USEC` set (for this process), sends `WATCHDOG=1` every
 /// half period while the primary's loop runs and every nodus worker's loop answers within a
@@ -142,7 +145,7 @@ pub(super) async fn run(st: &Rc<State>) -> i32 {
                 return Poll::Ready(Err(code));
             }
             *st.done.borrow_mut() = Some(cx.waker().clone());
-            match signals.as_mut().map(|s| s.poll_recv(cx)) {
+            match signals.as_mut().map(|s| s.poll_recv_from(cx)) {
                 Some(Poll::Ready(sig)) => Poll::Ready(Ok(sig)),
                 _ => Poll::Pending,
             }
@@ -171,12 +174,27 @@ pub(super) async fn run(st: &Rc<State>) -> i32 {
                 }
                 return code;
             }
-            Ok(SIGHUP) => start_reload(st),
-            Ok(sig @ (SIGUSR1 | SIGUSR2)) => no_use_for(st, sig),
-            Ok(sig) => {
+            Ok((SIGHUP, Origin::Kernel)) => hung_up(st),
+            Ok((SIGHUP, Origin::Other)) => start_reload(st),
+            Ok((sig @ (SIGUSR1 | SIGUSR2), _)) => no_use_for(st, sig),
+            Ok((sig, _)) => {
                 request_shutdown(st, crate::signal::name(sig), 128 + sig);
             }
         }
+    }
+}
+
+/// A SIGHUP the kernel sent (`SI_KERNEL`): the primary's terminal hung up (an SSH session
+/// dropped, a terminal closed), not an operator's `kill -HUP` (a reload). A foreground primary
+/// whose terminal is gone stops, as pm2-runtime and foreman do, rather than serve on detached,
+/// holding its ports, its output lost: a graceful stop, as SIGTERM's. During a stop, nothing.
+fn hung_up(st: &Rc<State>) {
+    if st.phase.get() == Phase::Running {
+        start_shutdown(
+            st,
+            "SIGHUP from the kernel: the terminal hung up (a stop, not a reload; kill -HUP \
+             reloads)",
+        );
     }
 }
 
@@ -316,6 +334,7 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
             signal,
             exited_after_disconnect: proc.exited_after_disconnect.get() || proc.drained.get(),
             reason: told,
+            group_killed: proc.group_killed.get(),
         },
     );
     let is_current = st
