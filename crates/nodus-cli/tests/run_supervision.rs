@@ -444,6 +444,27 @@ fn a_sigterm_during_the_start_is_a_clean_stop() {
     }
 }
 
+/// A SIGHUP once a stop began (a `systemctl reload` racing a stop) starts no reload and is no
+/// second signal: one line says so, and the stop ends as it would have.
+#[test]
+fn a_sighup_during_the_stop_is_said_and_starts_no_reload() {
+    let mut primary = spawn(
+        run_sh(
+            ["-w", "1", "--ready-after", "0.1", "--kill-timeout", "20"],
+            "trap 'echo got-term; sleep 1; exit 0' TERM; while :; do sleep 0.05; done",
+        )
+        .env("RUST_LOG", "info"),
+    );
+    primary.wait_line("1 worker ready");
+    primary.signal(Signal::TERM);
+    primary.wait_line("got-term");
+    primary.signal(Signal::HUP);
+    primary.wait_line("SIGHUP during the stop: no reload");
+    assert_eq!(primary.wait_exit(Duration::from_secs(20)), Some(0));
+    let lines = primary.output();
+    assert!(!lines.iter().any(|l| l.contains("reloading")), "{lines:#?}");
+}
+
 #[test]
 fn a_zero_kill_timeout_is_refused() {
     let out = Command::new(NODUS)

@@ -27,7 +27,8 @@
 //!   graceful stop, as SIGTERM's, with its own reason (`hung_up`); during a stop, nothing. A
 //!   SIGHUP a process sent (`kill -HUP`, `systemctl reload`) is a reload.
 //! - SIGUSR1 and SIGUSR2 change nothing, at any phase (a stop's included): one WARN line each,
-//!   naming the workers' pids; they are not passed on (`no_use_for`).
+//!   naming the workers' pids; they are not passed on (`no_use_for`). A process's SIGHUP once a
+//!   stop began starts no reload: one INFO line says so (`no_reload_while_stopping`).
 //! - An exit's consequences (the replacement, a backoff) happen at once; its log line waits for
 //!   the worker's output to end ([`Proc::output_ended`]), so it follows the worker's last lines,
 //!   and so do the lines about what the exit led to (not restarted, giving up, a replacement
@@ -175,6 +176,9 @@ pub(super) async fn run(st: &Rc<State>) -> i32 {
                 return code;
             }
             Ok((SIGHUP, Origin::Kernel)) => hung_up(st),
+            Ok((SIGHUP, Origin::Other)) if st.phase.get() == Phase::Stopping => {
+                no_reload_while_stopping();
+            }
             Ok((SIGHUP, Origin::Other)) => start_reload(st),
             Ok((sig @ (SIGUSR1 | SIGUSR2), _)) => no_use_for(st, sig),
             Ok((sig, _)) => {
@@ -198,6 +202,15 @@ fn hung_up(st: &Rc<State>) {
     }
 }
 
+/// A SIGHUP (`kill -HUP`, `systemctl reload`) once a stop began: no reload then, said in one
+/// line so that a reload racing a stop is not lost without a word.
+fn no_reload_while_stopping() {
+    tracing::info!(
+        target: "nodus::cluster",
+        "SIGHUP during the stop: no reload (the stop goes on)"
+    );
+}
+
 /// Stops the adopted processes still running once every worker is gone
 /// ([`Reaper::stop_adopted`]); a SIGTERM or SIGINT meanwhile SIGKILLs them at once. The exit
 /// code is not changed: what the workers' stop lost decides it.
@@ -207,7 +220,7 @@ async fn stop_adopted(st: &State, reaper: &Reaper, mut signals: Option<&mut Sign
         if let Some(signals) = signals.as_deref_mut() {
             while let Poll::Ready(sig) = signals.poll_recv(cx) {
                 match sig {
-                    SIGHUP => {}
+                    SIGHUP => no_reload_while_stopping(),
                     SIGUSR1 | SIGUSR2 => no_use_for(st, sig),
                     _ => reaper.hurry(),
                 }
