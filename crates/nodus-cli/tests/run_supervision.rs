@@ -465,6 +465,23 @@ fn a_sighup_during_the_stop_is_said_and_starts_no_reload() {
     assert!(!lines.iter().any(|l| l.contains("reloading")), "{lines:#?}");
 }
 
+/// A stop while every worker waits out a backoff (a crash loop) is still said, with the restart
+/// it cancels, and is over at once.
+#[test]
+fn a_stop_during_a_backoff_wait_says_what_it_cancels() {
+    let mut primary = spawn(
+        run_sh(
+            ["-w", "1", "--backoff", "5,2,10", "--min-uptime", "5"],
+            "exit 3",
+        )
+        .env("RUST_LOG", "info"),
+    );
+    primary.wait_line("worker 1 restarts in 5000 ms");
+    primary.signal(Signal::TERM);
+    primary.wait_line("SIGTERM: no worker running; 1 restart waiting out a backoff not started");
+    assert!(primary.wait_exit(Duration::from_secs(20)).is_some());
+}
+
 #[test]
 fn a_zero_kill_timeout_is_refused() {
     let out = Command::new(NODUS)

@@ -1050,6 +1050,24 @@ fn start_shutdown(st: &Rc<State>, why: &str) {
             target: "nodus::cluster",
             "{why}: {term} to {n}{after}, SIGKILL after {kill:?} if still running"
         );
+    } else {
+        // Every worker had exited (a crash loop waiting out a backoff): the stop is still said,
+        // with the restarts it cancels.
+        let pending = st
+            .slots
+            .borrow()
+            .iter()
+            .filter(|s| s.pending_restart)
+            .count();
+        let cancelled = if pending == 0 {
+            String::new()
+        } else {
+            format!(
+                "; {} waiting out a backoff not started",
+                count(pending, "restart")
+            )
+        };
+        tracing::info!(target: "nodus::cluster", "{why}: no worker running{cancelled}");
     }
     notify("STOPPING=1\nSTATUS=draining");
     st.emit(
