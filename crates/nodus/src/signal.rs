@@ -516,8 +516,17 @@ mod tests {
                     .await
                     .expect("a signal within 10 s")
             };
-            // SAFETY: plain syscalls.
-            let kill = |signal| assert_eq!(unsafe { libc::kill(libc::getpid(), signal) }, 0);
+            // A process's signal, sent to this thread (`tgkill`: `SI_TKILL`), so that it is
+            // handled before the call returns: a `kill` of the process may be taken by another
+            // thread, late on a loaded host, after the stream is gone (its default then ends
+            // the process).
+            let kill = |signal: i32| {
+                // SAFETY: plain syscalls.
+                let sent = unsafe {
+                    libc::syscall(libc::SYS_tgkill, libc::getpid(), libc::gettid(), signal)
+                };
+                assert_eq!(sent, 0, "{}", io::Error::last_os_error());
+            };
             kill(SIGHUP);
             assert_eq!(next(&mut signals).await, (SIGHUP, Origin::Other));
             raise_as_kernel(SIGHUP);
