@@ -1,6 +1,6 @@
 //! `nodus::cluster::Primary` from Rust, with plain programs as workers (`sh -c 'sleep 30'`):
 //! events, `kill_worker` (an exit the primary asked for is not a crash and says so, unlike
-//! Node's `worker.kill()`), a crash restarted by the policy, readiness (one ready worker is
+//! Node's `worker.kill()`; a stop signal sent through it pauses the worker), a crash restarted by the policy, readiness (one ready worker is
 //! enough, a shutdown ends it), a graceful shutdown, and a worker that exits as its drain
 //! deadline or kill timeout expires, before its reap (not killed, not a forced stop); with nodus
 //! workers, the stats of a worker whose loop does not answer (before its first request too), and
@@ -91,6 +91,34 @@ fn exits(events: &[Event]) -> Vec<(u32, bool)> {
             _ => None,
         })
         .collect()
+}
+
+/// A stop signal a caller sends through `kill_worker` pauses the worker: no SIGCONT follows it
+/// (one follows every other signal, so that a stopped worker acts on it).
+#[test]
+fn a_stop_signal_sent_through_kill_worker_is_not_undone() {
+    let rt = nodus::Runtime::new();
+    rt.block_on(async {
+        let primary = Primary::start(sleeper_config(1)).expect("sh runs");
+        let (events, run) = record_and_run(&primary);
+        wait_until(&events, |ev| {
+            ev.iter().any(|e| matches!(e.kind, EventKind::Ready))
+        })
+        .await;
+        let pid = primary.worker_pids()[0].1 as i32;
+        primary.kill_worker(1, libc::SIGSTOP).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !tree::is_stopped(pid) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "worker {pid} never stopped"
+            );
+            nodus::time::sleep(Duration::from_millis(10)).await;
+        }
+        nodus::time::sleep(Duration::from_millis(200)).await;
+        assert!(tree::is_stopped(pid), "worker {pid} was continued");
+        assert_eq!(shut_down(&primary, run).await, 0);
+    });
 }
 
 #[test]

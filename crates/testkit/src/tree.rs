@@ -58,6 +58,11 @@ pub fn is_zombie(pid: i32) -> bool {
     stat_fields(pid).is_some_and(|f| f.first().is_some_and(|s| s == "Z"))
 }
 
+/// Whether `pid` is stopped (by SIGSTOP or SIGTSTP; `T` in its stat).
+pub fn is_stopped(pid: i32) -> bool {
+    stat_fields(pid).is_some_and(|f| f.first().is_some_and(|s| s == "T"))
+}
+
 /// Whether `pid` is gone or a zombie.
 pub fn gone(pid: i32) -> bool {
     stat_fields(pid).is_none() || is_zombie(pid)

@@ -32,8 +32,8 @@
 //!   first.
 //! - What a worker left in its process group at its exit, SIGKILLed then, is one WARN line and
 //!   the exit event's `group_killed` ([`killed_what_it_left`]), unless the primary had SIGKILLed
-//!   the group itself. Any signal the primary sends a worker but SIGKILL is followed by SIGCONT
-//!   ([`Proc::signal`]).
+//!   the group itself. Any signal the primary sends a worker but SIGKILL, SIGCONT and the stop
+//!   signals is followed by SIGCONT ([`Proc::signal`]).
 //! - `asked_for_snapshots` is set once the worker says it speaks nodus's own messages and
 //!   cleared when its channel ends (its snapshot, `answered_last` and `unanswered` with it): the
 //!   stats, readyz and routing ask a worker only while it can answer, so one that does not answer
@@ -527,8 +527,9 @@ impl Proc {
     }
 
     /// Sends `signal` to the worker (`group`: to its whole process group, until its reap) and
-    /// records that the primary sent it. Any signal but SIGKILL (and SIGCONT) is followed by
-    /// SIGCONT to the same target, as systemd's `kill_and_sigcont` does: a stopped worker
+    /// records that the primary sent it. Any signal but SIGKILL, SIGCONT and the stop signals
+    /// (a caller's SIGSTOP or SIGTSTP pauses the worker) is followed by SIGCONT to the same
+    /// target, as systemd's `kill_and_sigcont` does: a stopped worker
     /// (SIGSTOP, a debugger, a frozen cgroup) could not act on it, and would wait out the kill
     /// timeout for a SIGKILL.
     pub fn signal(&self, signal: i32, group: bool) -> io::Result<()> {
@@ -539,7 +540,10 @@ impl Proc {
             false => self.child.kill(signal),
         };
         send(signal)?;
-        if signal != SIGKILL && signal != libc::SIGCONT {
+        if !matches!(
+            signal,
+            SIGKILL | libc::SIGCONT | libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU
+        ) {
             let _ = send(libc::SIGCONT);
         }
         Ok(())
