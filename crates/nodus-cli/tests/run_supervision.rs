@@ -1236,6 +1236,29 @@ fn clean_exits_before_min_uptime_back_off_as_crashes_do() {
     }
 }
 
+/// Under `transient`, a worker that says it is going down and then stays is out of routing:
+/// the kill timeout bounds its stay, and its SIGKILL is an exit that restarts the slot.
+#[test]
+fn a_going_down_worker_that_stays_is_killed_at_the_kill_timeout() {
+    if !have("python3") {
+        return;
+    }
+    let dir = TempDir::new("stopping-stays");
+    let log = dir.path().join("events.jsonl");
+    let once = dir.path().join("once");
+    let mut primary = run_going_down(
+        &dir,
+        &log,
+        &["--restart", "transient", "--kill-timeout", "1"],
+        &[("HOLD", "1"), ("ONCE", once.to_str().unwrap())],
+    );
+    let evs = wait_events(&log, |e| count(e, "exit") == 1 && count(e, "fork") == 2);
+    let exit = evs.iter().find(|e| e["event"] == "exit").unwrap();
+    assert_eq!(exit["signal"].as_i64(), Some(9), "{evs:#?}");
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(20), 0);
+}
+
 /// A plain program that says `READY=1`, then `STOPPING=1` 0.5 s later, then after 0.3 s more
 /// exits with `$CODE` (or, with `$HOLD` set, runs on). With `$ONCE` (a file) set, only the
 /// first worker does so: the others just run.
@@ -1363,7 +1386,7 @@ fn stopping_then_exit_0_is_no_crash_under_any_restart_type() {
             assert!(
                 notice.ends_with(&format!(
                     "said it is going down: no replacement before it exits (restart type \
-                     {restart}), its exit decides"
+                     {restart}), its exit decides; it has 10s to exit"
                 )),
                 "{notice}"
             );

@@ -69,7 +69,9 @@
 //!   go; its exit, no slot's by then, is one line with its status and is not decided on again.
 //!   A replacement that cannot be started, or the give-up, is told after that line. Any other (a
 //!   `transient` or `temporary` worker, or one not serving yet) stays its slot's worker and is
-//!   not stopped: its real exit decides, as any exit's. A worker the primary asked to stop
+//!   not stopped: its real exit decides, as any exit's; it gets the kill timeout to exit (out of
+//!   routing, a worker that stays would hold its slot for good), its SIGKILL then an exit that
+//!   decides. A worker the primary asked to stop
 //!   (`Proc::drained`: a reload's, `Primary::stop_worker`'s), or one closing its listeners
 //!   during a shutdown, is not going down.
 //! - A stop asks the worker alone: a worker with a channel gets `disconnect` (with the drain
@@ -792,32 +794,37 @@ fn may_go_down(st: &State, proc: &Proc) -> bool {
 
 /// `proc` is going down (it `said` so; `why`, for the kill timer's line): no crash, no exit.
 /// The primary hands it no new connection. A `permanent` worker that serves (ready and up
-/// `min_uptime`) is replaced at once ([`replace_now`]). Otherwise nothing else happens: it stays its slot's
-/// worker, is not stopped, and its exit decides as any exit does (`transient`: a restart only
-/// after a crash; a worker not serving yet has nothing to hand over, and an early replacement
-/// would skip the backoff of a program that says it is going down as it starts). One line.
+/// `min_uptime`) is replaced at once ([`replace_now`]). Otherwise it stays its slot's worker, is
+/// not stopped, and its exit decides as any exit does (`transient`: a restart only after a
+/// crash; a worker not serving yet has nothing to hand over, and an early replacement would skip
+/// the backoff of a program that says it is going down as it starts); the kill timer bounds its
+/// stay. One line.
 fn go_down(st: &Rc<State>, proc: &Rc<Proc>, said: &str, why: &'static str) {
     proc.going_down.set(true);
     st.emit(Some(proc), EventKind::GoingDown);
     server::leave_all(st, proc);
-    let restart = st.config.restart.restart;
+    let (restart, kill) = (st.config.restart.restart, st.config.kill_timeout);
     if !restart.restarts_after(ExitReason::GoingDown) {
         tracing::info!(
             target: "nodus::cluster",
             "worker {} (pid {}) {said}: no replacement before it exits (restart type {restart}), \
-             its exit decides",
+             its exit decides; it has {kill:?} to exit",
             proc.slot, proc.pid
         );
     } else if !serves(st, proc) {
         tracing::info!(
             target: "nodus::cluster",
             "worker {} (pid {}) {said}: no replacement before it exits (it is not serving yet: \
-             not ready, or up less than {:?}), its exit decides",
+             not ready, or up less than {:?}), its exit decides; it has {kill:?} to exit",
             proc.slot, proc.pid, st.config.restart.min_uptime
         );
     } else {
         replace_now(st, proc, said, why);
+        return;
     }
+    // Out of routing from now on: a worker that said it goes down and stays gets the kill
+    // timeout, so its slot is not lost for good (its SIGKILL is then an exit that decides).
+    arm_kill_timer(st, proc, why, None);
 }
 
 /// `proc`, going down, leaves its slot now: the slot's restart is decided (a restart at once,
