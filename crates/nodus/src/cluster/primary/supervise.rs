@@ -633,8 +633,9 @@ fn settle(st: &Rc<State>, id: u32, reason: ExitReason, decided: Decided) {
             // not the slot's first in a row.
             let min_uptime = st.config.restart.min_uptime;
             let hint = if reason == ExitReason::Normal {
-                "; it exited with code 0 that soon: a program that puts itself in the background \
-                 (daemonizes) must stay in the foreground to be supervised"
+                "; it exited with code 0 that soon: a server that puts itself in the background \
+                 (daemonizes) must stay in the foreground; a program meant to run briefly and \
+                 often is paced so unless --min-uptime is lowered"
             } else {
                 ""
             };
