@@ -11,9 +11,11 @@
 //! and capped at `MAX_ENTRIES` (the first ones `readdir` returns, one `stat` each) so a directory
 //! with a million files cannot make one response unbounded: the rest are only counted, by name
 //! (a hidden or unusable name is not counted), and the page says how many were left out. An
-//! entry gone meanwhile, or that this process may not look at, is left out; one that cannot be
-//! looked at for another reason (out of descriptors or memory, an I/O error) fails the whole
-//! listing (`static_files::Failure`, 503 or 500): no page lacks an entry for the server's trouble.
+//! entry that cannot be looked at is left out (gone meanwhile, not this process's to look at, or
+//! broken: an I/O error, a dead network mount's `ENOTCONN`, `ESTALE`: one broken entry does not
+//! take its directory's page down), unless the server itself is short (out of descriptors or
+//! memory): that fails the whole listing (`static_files::Failure`, 503), so no page lacks an
+//! entry for a passing trouble of the server's, nor is cached so.
 //!
 //! The directory read is the one `static_files::resolve` opened and checked (through its
 //! descriptor: `nodus serve` holds it from the request's plan to the listing's build, in
@@ -51,8 +53,8 @@ pub struct Entry {
 /// what lies under the root is listed.
 ///
 /// # Errors
-/// The directory cannot be read, or an entry could not be looked at for another reason than
-/// its absence or a permission (out of descriptors, say): the listing would lack it.
+/// The directory cannot be read, or an entry could not be looked at for want of descriptors or
+/// memory: the listing would lack it for the server's passing trouble.
 pub fn read_entries(
     dir: &Resolved,
     root: &Path,
@@ -90,8 +92,11 @@ fn read_entries_capped(
         };
         let meta = if ft.is_symlink() {
             // Follow it only if it lands inside the root, off hidden names.
-            let Some(target) = resolve(root, &dirent.path(), opts).map_err(|f| f.error)? else {
-                continue;
+            let target = match resolve(root, &dirent.path(), opts) {
+                Ok(Some(target)) => target,
+                Ok(None) => continue,
+                Err(f) if static_files::shortage(&f.error) => return Err(f.error),
+                Err(_) => continue,
             };
             target.meta
         } else {
@@ -114,14 +119,14 @@ fn read_entries_capped(
     Ok((entries, over_cap))
 }
 
-/// An entry's read or stat: an entry gone meanwhile, or one this process may not look at, is
-/// left out (`None`); any other error (out of descriptors or memory, an I/O error) fails the
-/// whole listing, which is never answered with entries silently missing.
+/// An entry's read or stat: an entry that cannot be looked at is left out (`None`), unless the
+/// server is short of descriptors or memory: that fails the whole listing, which is never
+/// answered with entries missing for a passing trouble of the server's.
 fn skip_gone<T>(read: io::Result<T>) -> io::Result<Option<T>> {
     match read {
         Ok(t) => Ok(Some(t)),
-        Err(e) if static_files::missing(&e) || static_files::denied(&e) => Ok(None),
-        Err(e) => Err(e),
+        Err(e) if static_files::shortage(&e) => Err(e),
+        Err(_) => Ok(None),
     }
 }
 
@@ -231,6 +236,26 @@ pub fn human_size(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One broken entry (a dead network mount's `ENOTCONN`, `ESTALE`, `EIO`) is left out; only a
+    /// shortage of the server's (descriptors, memory) fails the listing.
+    #[test]
+    fn a_broken_entry_is_left_out_and_only_a_shortage_fails_the_listing() {
+        let err = |errno| Err::<(), _>(io::Error::from_raw_os_error(errno));
+        for errno in [
+            libc::ENOENT,
+            libc::EACCES,
+            libc::ENOTCONN,
+            libc::ESTALE,
+            libc::EIO,
+        ] {
+            assert!(matches!(skip_gone(err(errno)), Ok(None)), "errno {errno}");
+        }
+        for errno in [libc::EMFILE, libc::ENFILE, libc::ENOMEM] {
+            assert!(skip_gone(err(errno)).is_err(), "errno {errno}");
+        }
+        assert!(matches!(skip_gone(Ok(())), Ok(Some(()))));
+    }
 
     #[test]
     fn escapes_all_five() {

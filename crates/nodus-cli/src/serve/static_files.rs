@@ -187,9 +187,10 @@ impl Failure {
     /// 503 with `Retry-After` for a shortage that passes (`EMFILE`, `ENFILE`: out of
     /// descriptors, the process's or the system's; `ENOMEM`), 500 for anything else (`EIO`...).
     pub fn status(&self) -> StatusCode {
-        match self.error.raw_os_error() {
-            Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM) => StatusCode::SERVICE_UNAVAILABLE,
-            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        if shortage(&self.error) {
+            StatusCode::SERVICE_UNAVAILABLE
+        } else {
+            StatusCode::INTERNAL_SERVER_ERROR
         }
     }
 }
@@ -499,6 +500,15 @@ pub fn missing(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
         Some(libc::ENOENT | libc::ENOTDIR | libc::ENAMETOOLONG | libc::ELOOP)
+    )
+}
+
+/// An error that says the process is short of descriptors or memory for now: 503 (see
+/// [`Failure`]).
+pub fn shortage(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)
     )
 }
 
