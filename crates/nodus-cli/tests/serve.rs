@@ -1902,6 +1902,11 @@ fn connections_past_the_fd_limit_wait_in_the_backlog_and_those_held_are_served()
             );
         }
     }
+    // The stats say the cap.
+    write_request(&mut held[1], "GET", "/_nodus/stats", &[]).unwrap();
+    let stats = read_reply(&mut BufReader::new(&mut held[1]), false).unwrap();
+    let stats: serde_json::Value = serde_json::from_slice(&stats.body).unwrap();
+    assert_eq!(stats["http"]["connections_max"], cap, "{stats}");
     // Not accepted meanwhile: no answer.
     waiting[0]
         .set_read_timeout(Some(Duration::from_millis(300)))

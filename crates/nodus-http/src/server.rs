@@ -535,6 +535,8 @@ async fn accept_loop<L, H, F>(
     H: Fn(Request<RequestBody>) -> F + 'static,
     F: Future<Output = Response<Body>> + 'static,
 {
+    // This server's cap is in the loop's stats while it accepts.
+    let _cap = stats::Cap::new(state.config.max_connections);
     // At the open-files limit an accept fails every 100 ms: one line, then a count per 10 s.
     let window = nodus::log_limit::WINDOW;
     let emfile = nodus::log_limit::LogLimit::new(window, move |n, last| {
