@@ -1,6 +1,7 @@
 //! HTTP measurements of the current loop: responses by status class, request duration,
-//! requests in flight, connections (open, accepted, the accepting servers' caps), bytes. Loop-thread-only (thread-local `Cell`s), folded into
-//! the loop's `nodus::metrics::Snapshot` by `fill_snapshot`.
+//! requests in flight, connections (open, accepted, the accepting servers' caps), bytes.
+//! Loop-thread-only (thread-local `Cell`s), folded into the loop's `nodus::metrics::Snapshot` by
+//! `fill_snapshot`.
 
 use std::cell::{Cell, RefCell};
 
