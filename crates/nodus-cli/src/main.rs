@@ -412,6 +412,13 @@ struct ServeArgs {
     /// Default: off (prefixed).
     #[arg(long, visible_alias = "raw")]
     raw_output: bool,
+    /// Most connections each process keeps open on the public listener; past it, newcomers wait
+    /// in the backlog until one closes. Default: from the open-files limit, so the fds never run
+    /// out for the files of the connections held: (limit - fds open at the start - a reserve of
+    /// an eighth of the limit, at least 64) / 2, at most 10,000 (said at the start). More than
+    /// the limit holds is warned about.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections: Option<u64>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -695,6 +702,7 @@ fn main() {
             },
             listings: args.listings == OnOff::On,
             raw_output: args.raw_output,
+            max_connections: args.max_connections,
         }),
     };
     // What is still queued for stdout and stderr (the workers' last lines, ours).

@@ -1826,3 +1826,244 @@ fn out_of_fds_answers_503_never_403_404_or_a_listing_and_logs_it_once() {
     let accepts = out.iter().filter(|l| l.contains("accept failed")).count();
     assert_eq!(accepts, 1, "{out:#?}");
 }
+
+/// Started with an open-files limit of 64 (a container's, `LimitNOFILE=64`), `nodus serve`
+/// keeps fewer connections open than the limit, the cap it says at the start, so clients that
+/// hold more keep-alive connections than the limit do not starve its file opens: every request
+/// on the connections it took is answered 200 (not 503), a newcomer waits in the backlog, and
+/// is served once a held connection closes.
+#[test]
+fn connections_past_the_fd_limit_wait_in_the_backlog_and_those_held_are_served() {
+    use nodus_testkit::http::{Timeouts, connect, read_reply, write_request};
+    use std::os::unix::process::CommandExt;
+    const LIMIT: u64 = 64;
+    let dir = TempDir::new("serve-fd-cap");
+    std::fs::write(dir.path().join("index.html"), "hello\n").unwrap();
+    let mut server = Serve::start_with(dir.path(), 1, &[], |cmd| {
+        // SAFETY: setrlimit is async-signal-safe; the closure touches nothing else.
+        unsafe {
+            cmd.pre_exec(|| {
+                let limit = libc::rlimit {
+                    rlim_cur: LIMIT,
+                    rlim_max: LIMIT,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    });
+    let said = server.proc.wait_line("connection cap");
+    let cap: usize = said
+        .split("connection cap ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no cap in {said:?}"));
+    assert!((1..32).contains(&cap), "{said}");
+    assert!(
+        said.contains("WARN") && said.contains("open-files limit 64"),
+        "{said}"
+    );
+    let t = Timeouts {
+        connect: Duration::from_secs(5),
+        io: Duration::from_secs(5),
+    };
+    let answer =
+        |r: &nodus_testkit::http::Reply| (r.status, String::from_utf8_lossy(&r.body).into_owned());
+    let ask = |s: &mut TcpStream| {
+        write_request(s, "GET", "/", &[])?;
+        read_reply(&mut BufReader::new(s), false)
+    };
+    // The cap's worth, each answered once: the server holds them.
+    let mut held: Vec<TcpStream> = (0..cap)
+        .map(|i| {
+            let mut s = connect(server.addr, t).unwrap();
+            let reply = ask(&mut s).unwrap_or_else(|e| panic!("connection {i}: {e}"));
+            assert_eq!(answer(&reply), (200, "hello\n".into()), "connection {i}");
+            s
+        })
+        .collect();
+    // More than the limit in all: the rest wait in the backlog (the kernel completes their
+    // handshake). The first of them asks at once.
+    let mut waiting: Vec<TcpStream> = (cap..LIMIT as usize + 6)
+        .map(|_| connect(server.addr, t).unwrap())
+        .collect();
+    write_request(&mut waiting[0], "GET", "/", &[]).unwrap();
+    // Every held connection is still served, again and again, for a while.
+    let until = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < until {
+        for (i, s) in held.iter_mut().enumerate() {
+            let reply = ask(s).unwrap_or_else(|e| panic!("held connection {i}: {e}"));
+            assert_eq!(
+                answer(&reply),
+                (200, "hello\n".into()),
+                "held connection {i}"
+            );
+        }
+    }
+    // The stats say the cap.
+    write_request(&mut held[1], "GET", "/_nodus/stats", &[]).unwrap();
+    let stats = read_reply(&mut BufReader::new(&mut held[1]), false).unwrap();
+    let stats: serde_json::Value = serde_json::from_slice(&stats.body).unwrap();
+    assert_eq!(stats["http"]["connections_max"], cap, "{stats}");
+    // Not accepted meanwhile: no answer.
+    waiting[0]
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    let early = waiting[0].read(&mut byte);
+    assert!(
+        early.as_ref().is_err_and(|e| matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        )),
+        "a connection past the cap was answered: {early:?}"
+    );
+    // One held connection closes: the first waiting one is accepted and served.
+    drop(held.remove(0));
+    waiting[0].set_read_timeout(Some(t.io)).unwrap();
+    let reply = read_reply(&mut BufReader::new(&mut waiting[0]), false).unwrap();
+    assert_eq!(answer(&reply), (200, "hello\n".into()));
+    drop((held, waiting));
+    server.proc.signal(rustix::process::Signal::TERM);
+    assert_eq!(server.proc.wait_exit(Duration::from_secs(20)), Some(0));
+    let out = server.proc.output();
+    assert!(
+        !out.iter()
+            .any(|l| l.contains("answered 503") || l.contains("accept failed")),
+        "{out:#?}"
+    );
+}
+
+/// The same in a 2-worker cluster under rr, each worker with the limit it inherits (320): each
+/// says its own cap and holds that many connections, whose requests are all answered 200, while
+/// twice the limit's worth of clients wait (what the primary hands a worker at its cap and the
+/// worker has not accepted is bounded: it refuses batches past `HANDOFF_QUEUE_MAX`, so its fds
+/// are not spent on connections it does not serve). Once the held ones close, those waiting are
+/// served, never 503.
+#[test]
+fn a_cluster_worker_at_its_connection_cap_takes_no_more_than_it_serves() {
+    use nodus_testkit::http::read_reply;
+    use std::os::unix::process::CommandExt;
+    const LIMIT: u64 = 320;
+    let dir = TempDir::new("serve-fd-cap-cluster");
+    std::fs::write(dir.path().join("index.html"), "hello\n").unwrap();
+    let mut server = Serve::start_with(dir.path(), 2, &["--policy", "rr"], |cmd| {
+        // SAFETY: setrlimit is async-signal-safe; the closure touches nothing else.
+        unsafe {
+            cmd.pre_exec(|| {
+                let limit = libc::rlimit {
+                    rlim_cur: LIMIT,
+                    rlim_max: LIMIT,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    });
+    // Each worker's first line: its cap, at WARN (low).
+    for id in [1, 2] {
+        server.proc.wait_line(&format!("[worker {id} "));
+    }
+    let caps: Vec<usize> = server
+        .proc
+        .seen()
+        .iter()
+        .filter_map(|l| {
+            l.split("connection cap ")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert_eq!(caps.len(), 2, "{:#?}", server.proc.seen());
+    let cap: usize = caps.iter().sum();
+    assert!((2..200).contains(&cap), "{caps:?}");
+    let answer =
+        |r: &nodus_testkit::http::Reply| (r.status, String::from_utf8_lossy(&r.body).into_owned());
+    // Twice the limit's worth of clients, each asking once.
+    let mut clients: Vec<TcpStream> = (0..2 * LIMIT as usize + 20)
+        .map(|_| {
+            let mut s = TcpStream::connect(server.addr).unwrap();
+            nodus_testkit::http::write_request(&mut s, "GET", "/", &[]).unwrap();
+            s
+        })
+        .collect();
+    // Answered by now: the caps' worth; the others wait.
+    let answered = |clients: &mut [TcpStream], wait: Duration| {
+        std::thread::sleep(wait);
+        clients
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                s.set_nonblocking(true).unwrap();
+                let mut byte = [0u8; 1];
+                let ready = s.peek(&mut byte).is_ok();
+                s.set_nonblocking(false).unwrap();
+                ready.then_some(i)
+            })
+            .collect::<Vec<usize>>()
+    };
+    let first = answered(&mut clients, Duration::from_secs(2));
+    assert_eq!(first.len(), cap, "answered {first:?}");
+    let (mut held, mut waiting) = (Vec::new(), Vec::new());
+    for (i, s) in clients.into_iter().enumerate() {
+        if first.contains(&i) {
+            held.push(s);
+        } else {
+            waiting.push(s);
+        }
+    }
+    let io = Some(Duration::from_secs(5));
+    for s in held.iter_mut().chain(&mut waiting) {
+        s.set_read_timeout(io).unwrap();
+        s.set_write_timeout(io).unwrap();
+    }
+    let read = |s: &mut TcpStream| read_reply(&mut BufReader::new(s), false);
+    for (i, s) in held.iter_mut().enumerate() {
+        let reply = read(s).unwrap_or_else(|e| panic!("held connection {i}: {e}"));
+        assert_eq!(
+            answer(&reply),
+            (200, "hello\n".into()),
+            "held connection {i}"
+        );
+    }
+    let until = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < until {
+        for (i, s) in held.iter_mut().enumerate() {
+            nodus_testkit::http::write_request(s, "GET", "/", &[]).unwrap();
+            let reply = read(s).unwrap_or_else(|e| panic!("held connection {i}: {e}"));
+            assert_eq!(
+                answer(&reply),
+                (200, "hello\n".into()),
+                "held connection {i}"
+            );
+        }
+    }
+    // The held ones close: as many waiting ones are served in their place, with 200.
+    drop(held);
+    let next = answered(&mut waiting, Duration::from_secs(2));
+    assert_eq!(next.len(), cap, "answered {next:?}");
+    for i in next {
+        let reply = read(&mut waiting[i]).unwrap();
+        assert_eq!(
+            answer(&reply),
+            (200, "hello\n".into()),
+            "waiting connection {i}"
+        );
+    }
+    drop(waiting);
+    server.proc.signal(rustix::process::Signal::TERM);
+    assert_eq!(server.proc.wait_exit(Duration::from_secs(30)), Some(0));
+    let out = server.proc.output();
+    assert!(
+        !out.iter()
+            .any(|l| l.contains("answered 503") || l.contains("fd limit?")),
+        "{out:#?}"
+    );
+}

@@ -22,9 +22,14 @@
 //!   8,374 without): the path copied into the loop's slot a word at a time, the method a static
 //!   prefix, and the clear.
 //! - At most `max_connections` are open: at the limit the accept task stops accepting (the
-//!   kernel's backlog holds newcomers) until one closes. An accept that fails for want of a
-//!   file descriptor (`EMFILE`, `ENFILE`) pauses the accept task 100 ms instead of spinning, and
-//!   is logged once per burst, then counted: one line per 10 s (`nodus::log_limit`).
+//!   kernel's backlog holds newcomers; for a cluster worker's listener fed by the primary, the
+//!   primary, once the worker's queue of handed-over connections is full) until one closes. The
+//!   limit knows nothing of the open-files limit nor of what a request opens: the application
+//!   sets it below what its fds hold (`nodus serve` does, from `RLIMIT_NOFILE`), or connections
+//!   held up to the fd limit leave their own requests without an fd. An accept that fails for
+//!   want of a file descriptor (`EMFILE`, `ENFILE`) pauses the accept task 100 ms instead of
+//!   spinning, and is logged once per burst, then counted: one line per 10 s
+//!   (`nodus::log_limit`).
 //! - Limits: request heads over `max_header_bytes` or with more than `max_headers` headers get
 //!   431 (hyper), except one whose request line alone is `max_header_bytes` long or more: 414, as
 //!   from nginx (the connection's read ends the head first, `HyperIo` with `head_wait`, and the
@@ -187,7 +192,10 @@ pub struct Config {
     /// reading) is cut, with a reset, requests in flight or not: nginx's `send_timeout`.
     /// Default 60 s.
     pub write_stall_timeout: Duration,
-    /// Most open connections. Default 10,000.
+    /// Most open connections. Default 10,000. Set it below what the open-files limit holds,
+    /// with room for what a request opens (a file, a backend's socket): at the fd limit a
+    /// request that needs one fails (nginx's `worker_connections`, which it warns about when
+    /// above the limit).
     pub max_connections: usize,
     /// The longest lingering close: an HTTP/1 connection the server closes while its client may
     /// still be sending (a request body left unread, a refusal, a response during a drain, a
@@ -527,6 +535,8 @@ async fn accept_loop<L, H, F>(
     H: Fn(Request<RequestBody>) -> F + 'static,
     F: Future<Output = Response<Body>> + 'static,
 {
+    // This server's cap is in the loop's stats while it accepts.
+    let _cap = stats::Cap::new(state.config.max_connections);
     // At the open-files limit an accept fails every 100 ms: one line, then a count per 10 s.
     let window = nodus::log_limit::WINDOW;
     let emfile = nodus::log_limit::LogLimit::new(window, move |n, last| {

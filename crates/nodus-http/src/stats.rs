@@ -1,6 +1,7 @@
 //! HTTP measurements of the current loop: responses by status class, request duration,
-//! requests in flight, connections, bytes. Loop-thread-only (thread-local `Cell`s), folded into
-//! the loop's `nodus::metrics::Snapshot` by `fill_snapshot`.
+//! requests in flight, connections (open, accepted, the accepting servers' caps), bytes.
+//! Loop-thread-only (thread-local `Cell`s), folded into the loop's `nodus::metrics::Snapshot` by
+//! `fill_snapshot`.
 
 use std::cell::{Cell, RefCell};
 
@@ -12,6 +13,8 @@ struct HttpStats {
     duration: RefCell<Histogram>,
     in_flight: Cell<u64>,
     open: Cell<u64>,
+    /// The caps of the servers accepting on this loop, summed.
+    max: Cell<u64>,
     accepted: Cell<u64>,
     received: Cell<u64>,
     sent: Cell<u64>,
@@ -42,6 +45,25 @@ pub(crate) fn connection_opened() {
 
 pub(crate) fn connection_closed() {
     STATS.with(|s| s.open.set(s.open.get().saturating_sub(1)));
+}
+
+/// A server's cap on this loop's books while it accepts: added now, taken off when dropped (its
+/// accept task ended: a drain, its listener's end, or the runtime's drop).
+pub(crate) struct Cap(u64);
+
+impl Cap {
+    pub(crate) fn new(max: usize) -> Cap {
+        let max = u64::try_from(max).unwrap_or(u64::MAX);
+        STATS.with(|s| s.max.set(s.max.get().saturating_add(max)));
+        Cap(max)
+    }
+}
+
+impl Drop for Cap {
+    fn drop(&mut self) {
+        // The thread's own state may be gone already when a runtime is dropped at its exit.
+        let _ = STATS.try_with(|s| s.max.set(s.max.get().saturating_sub(self.0)));
+    }
 }
 
 pub(crate) fn request_started() {
@@ -80,6 +102,7 @@ pub fn fill_snapshot(snapshot: &mut Snapshot) {
             request_duration: s.duration.borrow().snapshot(),
             requests_in_flight: s.in_flight.get(),
             connections_open: s.open.get(),
+            connections_max: s.max.get(),
             connections_total: s.accepted.get(),
             bytes_received_total: s.received.get(),
             bytes_sent_total: s.sent.get(),

@@ -57,6 +57,10 @@ impl TestServer {
                             "/panic" => panic!("a handler bug"),
                             // What a request smuggled in a body would get.
                             "/x" => text(StatusCode::OK, "smuggled"),
+                            "/connections-max" => text(
+                                StatusCode::OK,
+                                nodus_http::snapshot().http.connections_max.to_string(),
+                            ),
                             "/peer" => {
                                 let peer = req.extensions().get::<nodus_http::ConnInfo>();
                                 let peer = peer.and_then(|c| c.peer);
@@ -925,6 +929,23 @@ fn at_most_max_connections_are_served_at_once() {
         .set_read_timeout(Some(Duration::from_secs(5)))
         .unwrap();
     assert_eq!(read_reply(&mut second_r, false).unwrap().status, 200);
+}
+
+/// The loop's stats carry the cap of the server while it accepts (`connections_max`), and not
+/// once its drain stopped it.
+#[test]
+fn the_stats_say_the_cap_while_the_server_accepts() {
+    let config = Config {
+        max_connections: 7,
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_secs(1));
+    let mut s = server.connect();
+    get(&mut s, "/connections-max");
+    let reply = read_reply(&mut BufReader::new(s), false).unwrap();
+    assert_eq!((reply.status, &reply.body[..]), (200, &b"7"[..]));
+    let (_, snap) = server.finish();
+    assert_eq!(snap.http.connections_max, 0);
 }
 
 #[test]

@@ -121,6 +121,11 @@ impl Proc {
         }
     }
 
+    /// The output lines taken so far (by `wait_line`, `output`), without waiting for more.
+    pub fn seen(&self) -> &[String] {
+        &self.seen
+    }
+
     /// Every output line: for a process that has exited, all it wrote (waiting, at most 10 s,
     /// for the pipes to close).
     pub fn output(&mut self) -> &[String] {

@@ -19,6 +19,12 @@
 //! or 500 and said in a WARN line (target `nodus::serve`) once per burst, then counted: one line
 //! per 10 s while it lasts (`Site::failures`, `nodus::log_limit`).
 //!
+//! The public listener keeps at most as many connections open as the open-files limit holds
+//! with the fds their requests need (`fd_budget`: two per connection, a reserve for the rest;
+//! `--max-connections` instead), so clients that hold connections up to the limit do not starve
+//! the file opens of those connections: past the cap newcomers wait in the backlog. Each process
+//! computes its own at its start and says it (INFO; a worker DEBUG; WARN when low).
+//!
 //! Shutdown: readyz turns 503 at once, serving goes on for `--shutdown-delay` (so a load balancer
 //! notices), then both listeners stop accepting and in-flight requests get `--drain-timeout` to
 //! finish. The exit code says what the stop lost, as the cluster's does: 0 when every request was
@@ -71,6 +77,7 @@ use nodus_http::{Body, Config, RequestBody, full, serve, text};
 
 use super::access_log::{log_answered, log_refused};
 use super::admin;
+use super::fd_budget;
 use super::file_body::FileBody;
 use super::gzip;
 use super::listing_cache::Listings;
@@ -105,6 +112,9 @@ pub struct ServeOptions {
     /// A cluster primary writes its workers' lines without their prefix
     /// ([`nodus::cluster::Config::raw_output`]).
     pub raw_output: bool,
+    /// `--max-connections`: the public listener's cap instead of the one from the open-files
+    /// limit (`fd_budget`).
+    pub max_connections: Option<u64>,
 }
 
 /// Shared by every request of the process.
@@ -264,7 +274,9 @@ async fn serve_until_signal(options: ServeOptions, root: PathBuf) -> i32 {
         admin_on_public(&options, admin_listener.is_some()),
         admin::Source::Local,
     );
-    let running = start_servers(&options, &site, public, admin_listener);
+    let budget = fd_budget::measure(false, options.max_connections);
+    budget.say(false, admin_listener.is_some());
+    let running = start_servers(&options, &site, public, admin_listener, budget);
     tell_manager("READY=1\nSTATUS=serving");
     start_watchdog();
     let why = loop {
@@ -391,7 +403,14 @@ async fn serve_worker(options: ServeOptions, root: PathBuf, worker: nodus::clust
         admin_on_public(&options, admin_elsewhere),
         admin::Source::Worker(worker.clone()),
     );
-    let running = start_servers(&options, &site, public, None);
+    // Fed by the primary (rr, least), it also holds what was handed over and not yet accepted.
+    let handoffs = matches!(
+        options.policy,
+        nodus::cluster::Policy::RoundRobin | nodus::cluster::Policy::Least
+    );
+    let budget = fd_budget::measure(handoffs, options.max_connections);
+    budget.say(true, false);
+    let running = start_servers(&options, &site, public, None, budget);
     worker.ready();
     let drain = std::pin::pin!(worker.drain_requested());
     let signal = std::pin::pin!(async {
@@ -497,6 +516,7 @@ fn start_servers<L: nodus_http::server::Accept>(
     site: &Rc<Site>,
     public: L,
     admin_listener: Option<TcpListener>,
+    budget: fd_budget::Budget,
 ) -> Running {
     let public_addr = public.local_addr().unwrap_or(options.listen);
     let s = site.clone();
@@ -510,12 +530,14 @@ fn start_servers<L: nodus_http::server::Accept>(
             on_response: options
                 .access_log
                 .then_some(log_answered as fn(&Answered<'_>)),
+            max_connections: usize::try_from(budget.max).unwrap_or(usize::MAX),
             ..Config::default()
         },
         move |req| handle_public(req, s.clone()),
     );
     let admin_addr = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
-    let admin = admin_listener.map(|l| serve_admin(l, site.clone()));
+    let admin_max = usize::try_from(budget.admin_max).unwrap_or(usize::MAX);
+    let admin = admin_listener.map(|l| serve_admin(l, site.clone(), admin_max));
     if matches!(site.source, admin::Source::Worker(_)) {
         tracing::debug!(
             "worker serving {} on http://{public_addr}/",
@@ -532,11 +554,12 @@ fn start_servers<L: nodus_http::server::Accept>(
 }
 
 /// The admin endpoints on a listener of their own.
-fn serve_admin(listener: TcpListener, site: Rc<Site>) -> nodus_http::Server {
+fn serve_admin(listener: TcpListener, site: Rc<Site>, max: usize) -> nodus_http::Server {
     serve(
         listener,
         Config {
             name: "http:admin",
+            max_connections: max,
             ..Config::default()
         },
         move |req| {

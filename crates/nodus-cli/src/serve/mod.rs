@@ -13,6 +13,8 @@
 //! - `listing_cache`: the per-process cache of listing pages (validated by the directory's
 //!   times) and the one-at-a-time turn for building them, so listings' cost stays bounded;
 //! - `mime`: `Content-Type` by extension;
+//! - `fd_budget`: the connection cap from the open-files limit (two fds per connection, a
+//!   reserve for everything else), or `--max-connections`;
 //! - `ADMIN_PAGE_HTML`: the self-contained live page served at `/_nodus/`, which polls
 //!   `/_nodus/stats` (one `Snapshot`, or `{"workers": [{worker, pid, snapshot}]}` for a cluster).
 //!
@@ -30,6 +32,7 @@ pub(crate) mod admin;
 pub mod app;
 mod cluster_primary;
 pub mod conditional;
+mod fd_budget;
 mod file_body;
 mod gzip;
 pub mod listing;

@@ -18,16 +18,22 @@
 //! - Every `newconn` is answered `{ack, accepted}`, every `newconns` batch (a nodus primary) by a
 //!   claim on the board the primary gave (`board.rs`; without one, a `took` per loop turn for
 //!   every batch up to the newest) or at once by `refused` (counted on the board first): taken
-//!   iff the queue of its key is open and (with a board) the claim wins, the primary not having
-//!   taken the batch back (it does once it has waited its handoff deadline for this loop; a lost
-//!   claim closes this process's copies of the fds, never with `shutdown`), and a queue is open
-//!   only while something will accept from it or give it back. It is opened when
+//!   iff the queue of its key is open, has room (below) and (with a board) the claim wins, the
+//!   primary not having taken the batch back (it does once it has waited its handoff deadline
+//!   for this loop; a lost claim closes this process's copies of the fds, never with
+//!   `shutdown`), and a queue is open only while something will accept from it or give it back.
+//!   It is opened when
 //!   [`Worker::listen`] sends `queryServer` (before any answer or `newconns` can arrive) and held
 //!   by a claim, which the [`Listener`] takes over; when the last claim goes (the `Listener`
 //!   closes, or the `listen` future is dropped before making one: a timeout, a select) the key is
 //!   closed at once: `close`, then whatever was queued goes back (`returned`), and a late answer
 //!   to the query is ignored. Refused connections go back to the primary, which gives them to
 //!   another worker.
+//! - A `newconns` batch that would leave more than [`HANDOFF_QUEUE_MAX`] (128) connections of
+//!   its key queued and not yet accepted by the application is refused (an application at its
+//!   connection cap stops accepting, as from a kernel listener): this process holds no fds for
+//!   connections nobody serves, and the primary hands them on or parks them. (A Node primary's
+//!   `newconn`, one per round trip, is taken.)
 //! - The primary's `disconnect` makes [`Worker::drain_requested`] resolve (with the primary's
 //!   drain deadline); what to drain is the application's business. [`Worker::disconnect`] (leaving
 //!   on our own) closes every key as above while the channel is open, then says
@@ -80,6 +86,13 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 /// worker's own answer, not the scraper's timeout. The primary needs 1 s at most (its workers'
 /// snapshots are awaited 500 ms, and as long again after a pause of its own).
 const STATS_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Connections handed over for one key and not yet accepted by the application, at most: a
+/// batch that would queue more is refused (the application is at its connection cap, or its loop
+/// is behind), so the primary hands it to another worker or parks it, rather than this process
+/// holding the fds of connections nobody serves. Two batches: a healthy loop takes each batch in
+/// the turn it arrived, and a channel read of one turn may bring two.
+pub const HANDOFF_QUEUE_MAX: usize = 2 * MAX_FDS_PER_FRAME;
 
 pub(crate) use crate::parent_env::NODUS_PRIMARY as NODUS_PRIMARY_ENV;
 
@@ -619,6 +632,8 @@ impl Worker {
             .and_then(|k| self.sh.rr.borrow().get(k).cloned())
             .filter(|q| !q.closed.get());
         let peers = m.peers.as_deref().unwrap_or_default();
+        // Refused whole, silently: the primary pauses this worker a moment and hands it on.
+        let queue = queue.filter(|q| q.conns.borrow().len() + peers.len() <= HANDOFF_QUEUE_MAX);
         if handles.len() < peers.len() {
             // The kernel dropped fds (this process is at its fd limit): the primary still holds
             // every connection of the batch and gives them to other workers.

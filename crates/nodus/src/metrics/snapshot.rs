@@ -174,6 +174,9 @@ pub struct HttpSnapshot {
     pub request_duration: HistogramSnapshot,
     pub requests_in_flight: u64,
     pub connections_open: u64,
+    /// The most connections the loop's accepting servers keep open: the sum of their caps
+    /// (`nodus-http`'s `Config::max_connections`); 0 from a build that does not send it.
+    pub connections_max: u64,
     pub connections_total: u64,
     pub bytes_received_total: u64,
     pub bytes_sent_total: u64,

@@ -99,6 +99,14 @@ pub(super) const HTTP_CONNECTIONS: Desc = desc!(
     none,
     "Open HTTP connections."
 );
+/// nodus_http_connections_max
+pub(super) const HTTP_CONNECTIONS_MAX: Desc = desc!(
+    "nodus_http_connections_max",
+    Gauge,
+    none,
+    "Most HTTP connections the accepting servers keep open (the sum of their caps); past it they \
+     stop accepting."
+);
 /// nodus_http_connections_accepted_total
 pub(super) const HTTP_CONNECTIONS_TOTAL: Desc = desc!(
     "nodus_http_connections_accepted",

@@ -194,6 +194,7 @@ impl SnapshotCollector {
         );
         self.push(&HTTP_IN_FLIGHT, base(), Value::Int(h.requests_in_flight));
         self.push(&HTTP_CONNECTIONS, base(), Value::Int(h.connections_open));
+        self.push(&HTTP_CONNECTIONS_MAX, base(), Value::Int(h.connections_max));
         self.push(
             &HTTP_CONNECTIONS_TOTAL,
             base(),
