@@ -257,7 +257,10 @@ enum Binfmt {
 /// unreadable: [`Binfmt::Unknown`]).
 fn read_binfmt_misc() -> Binfmt {
     let dir = Path::new("/proc/sys/fs/binfmt_misc");
-    match std::fs::read_to_string(dir.join("status")).as_deref().map(str::trim) {
+    match std::fs::read_to_string(dir.join("status"))
+        .as_deref()
+        .map(str::trim)
+    {
         Ok("enabled") => {}
         Ok("disabled") => return Binfmt::Disabled,
         _ => return Binfmt::Unknown,
@@ -354,7 +357,9 @@ fn elf_refusal(
     binfmt: &Binfmt,
 ) -> Option<String> {
     if let Binfmt::Enabled(entries) = binfmt
-        && entries.iter().any(|text| binfmt_entry_takes(text, file, head))
+        && entries
+            .iter()
+            .any(|text| binfmt_entry_takes(text, file, head))
     {
         return None;
     }
@@ -887,8 +892,8 @@ mod tests {
     use std::path::Path;
 
     use super::{
-        Binfmt, Kernel, binfmt_entry_takes, elf_refusal, is_node, launcher, no_argv1, node_launcher, node_script,
-        plain_node_command,
+        Binfmt, Kernel, binfmt_entry_takes, elf_refusal, is_node, launcher, no_argv1,
+        node_launcher, node_script, plain_node_command,
     };
 
     /// The start of an ELF header: class, byte order, version 1, type and machine set, the
@@ -950,8 +955,16 @@ mod tests {
                 "an ELF program for ARM (64-bit, little-endian), which this machine's kernel \
                  (x86_64, little-endian) does not run, and no binfmt_misc entry takes it",
             ),
-            (elf(1, 1, 2, 40), "x86_64", "for ARM (32-bit, little-endian)"),
-            (elf(2, 2, 2, 62), "x86_64", "for x86-64 (64-bit, big-endian)"),
+            (
+                elf(1, 1, 2, 40),
+                "x86_64",
+                "for ARM (32-bit, little-endian)",
+            ),
+            (
+                elf(2, 2, 2, 62),
+                "x86_64",
+                "for x86-64 (64-bit, big-endian)",
+            ),
             (elf(2, 1, 2, 4242), "x86_64", "for machine 4242 (64-bit"),
             // A 32-bit kernel (not under linux32, it names its own machine).
             (elf(2, 1, 2, 62), "i686", "for x86-64 (64-bit"),
