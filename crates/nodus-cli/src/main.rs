@@ -124,8 +124,8 @@ enum Command {
     /// Exit codes: 0 after a drain in which every worker stopped in time (or once no worker is
     /// left after clean exits); 1 a start failure (the --events FILE cannot be opened; the
     /// program, or its #! interpreter, cannot be run, checked before any worker starts (an ELF
-    /// file for another machine or a corrupt one too: "Exec format error"; a script with no #!
-    /// line runs with /bin/sh); the workers' exec of it fails before any worker ran it; a
+    /// file for a machine the kernel does not run, no binfmt_misc entry taking it, or a corrupt
+    /// one too: "Exec format error"; a script with no #! line runs with /bin/sh); the workers' exec of it fails before any worker ran it; a
     /// listener cannot be bound) or a worker left after a crash; 2 a usage error (an empty
     /// PROGRAM too); 75 the restart budget is spent;
     /// 124 a worker was SIGKILLed at --kill-timeout during the stop, or exited 124 (a nodus

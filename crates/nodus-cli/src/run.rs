@@ -146,7 +146,7 @@ const SHEBANG_DEPTH: usize = 4;
 /// If `file` is a script, whether its `#!` interpreter can run, as the kernel reads the line:
 /// the interpreter is the first word (a path, absolute or from the working directory), the rest
 /// of the line one argument. For `env`, that argument (or the first word after `-S`) is the
-/// command it looks for in `PATH`. An ELF file must be one this machine executes
+/// command it looks for in `PATH`. An ELF file must be one the kernel executes
 /// ([`check_elf`]). An unreadable file, or one that is neither (a shell script with no `#!`
 /// line, which `execvp` runs with `/bin/sh`, as Node's `child_process` does), is left to `exec`.
 fn check_interpreter(file: &Path, depth: usize) -> Result<(), String> {
@@ -202,23 +202,87 @@ const ELF_MAGIC: &[u8] = b"\x7fELF";
 /// An ELF file whose `exec` would fail with `ENOEXEC` (bash's "cannot execute binary file: Exec
 /// format error", systemd's 203/EXEC) is refused here: `execvp` would run it with `/bin/sh`
 /// instead (shell syntax errors, a crash loop, exit 75). `head` is its first bytes (`len` read,
-/// zeros after). A file some `binfmt_misc` entry takes (qemu-user for another architecture) is
-/// left to the kernel; otherwise it must be a whole ELF header for an executable (or a shared
-/// object: PIE programs are) of this machine's byte order and of its architecture, or one the
-/// kernel runs beside it (i386 and x32 on x86-64, 32-bit ARM on AArch64: [`elf_refusal`]).
+/// zeros after). The decision is [`elf_refusal`]'s, from the kernel's machine (uname(2), not
+/// nodus's own binary: a 32-bit nodus may run on a 64-bit kernel) and what
+/// `/proc/sys/fs/binfmt_misc` shows.
 fn check_elf(file: &Path, head: &[u8; SHEBANG_MAX], len: usize) -> Result<(), String> {
-    if binfmt_misc_takes(file, head) {
-        return Ok(());
-    }
-    let own = std::fs::File::open("/proc/self/exe").and_then(|mut f| {
-        use std::io::Read;
-        let mut own = [0u8; 20];
-        f.read_exact(&mut own).map(|()| own)
-    });
-    match elf_refusal(&head[..len], own.as_ref().ok().map(|o| &o[..])) {
+    let uname = rustix::system::uname();
+    let machine = uname.machine().to_string_lossy();
+    // `/proc/self/personality`: hex. Unreadable, it may be `linux32` (the wider judgement).
+    let linux32 = std::fs::read_to_string("/proc/self/personality")
+        .ok()
+        .and_then(|p| u32::from_str_radix(p.trim(), 16).ok())
+        .is_none_or(|p| p & PER_MASK == PER_LINUX32);
+    let kernel = Kernel {
+        machine: &machine,
+        linux32,
+        order: if cfg!(target_endian = "big") { 2 } else { 1 },
+    };
+    match elf_refusal(file, head, len, &kernel, &read_binfmt_misc()) {
         Some(why) => Err(format!("Exec format error: {why}")),
         None => Ok(()),
     }
+}
+
+/// personality(2)'s persona bits, and the `linux32` persona (`setarch linux32`; Docker sets it
+/// for a 32-bit platform's container).
+const PER_MASK: u32 = 0xff;
+const PER_LINUX32: u32 = 0x0008;
+
+/// The kernel as far as running an ELF file goes.
+struct Kernel<'a> {
+    /// uname(2)'s `machine`: `x86_64`, `aarch64`, `armv7l`, ...
+    machine: &'a str,
+    /// Whether this process runs under the `linux32` personality, under which a 64-bit kernel
+    /// names its 32-bit compat machine (`i686` on x86-64, `armv8l` on AArch64, `ppc`, `s390`,
+    /// ...).
+    linux32: bool,
+    /// Its byte order, ELF's `EI_DATA` (1: little-endian, 2: big): nodus's own, as the kernel
+    /// runs programs of its own byte order only.
+    order: u8,
+}
+
+/// What `/proc/sys/fs/binfmt_misc` shows ([`read_binfmt_misc`]).
+enum Binfmt {
+    /// Not mounted or not readable: unknown. In a container it is usually not mounted, yet the
+    /// host's entries (qemu-user's, with the `F` flag) still run foreign programs.
+    Unknown,
+    /// `status` says `disabled`: the kernel uses no entry.
+    Disabled,
+    /// Enabled, with the text of each entry.
+    Enabled(Vec<String>),
+}
+
+/// Reads `/proc/sys/fs/binfmt_misc`: its `status`, and every entry's text (any of them
+/// unreadable: [`Binfmt::Unknown`]).
+fn read_binfmt_misc() -> Binfmt {
+    let dir = Path::new("/proc/sys/fs/binfmt_misc");
+    match std::fs::read_to_string(dir.join("status"))
+        .as_deref()
+        .map(str::trim)
+    {
+        Ok("enabled") => {}
+        Ok("disabled") => return Binfmt::Disabled,
+        _ => return Binfmt::Unknown,
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Binfmt::Unknown;
+    };
+    let mut texts = Vec::new();
+    for entry in entries {
+        let Ok(entry) = entry else {
+            return Binfmt::Unknown;
+        };
+        let name = entry.file_name();
+        if name == "status" || name == "register" {
+            continue;
+        }
+        match std::fs::read_to_string(entry.path()) {
+            Ok(text) => texts.push(text),
+            Err(_) => return Binfmt::Unknown,
+        }
+    }
+    Binfmt::Enabled(texts)
 }
 
 /// ELF's `e_machine` numbers nodus names (the others are said by number).
@@ -240,26 +304,66 @@ const MACHINES: &[(u16, &str)] = &[
     (258, "LoongArch"),
 ];
 
-/// The ELF classes and machines a kernel runs beside its own (`(class, e_machine)`, class 1:
-/// 32-bit, 2: 64-bit), by its own machine: its compat modes. Generous: a kernel built without
-/// one is left to `exec`.
-fn compat_machines(own: u16) -> &'static [(u8, u16)] {
-    match own {
-        62 => &[(1, 3), (1, 62)],
-        183 => &[(1, 40)],
-        21 => &[(1, 20)],
-        22 => &[(1, 22)],
-        43 => &[(1, 2), (1, 18)],
-        8 => &[(1, 8)],
-        243 => &[(1, 243)],
-        _ => &[],
+/// The ELF classes and machines (`(class, e_machine)`; class 1: 32-bit, 2: 64-bit) a kernel
+/// whose uname(2) `machine` is `machine` runs: its own and its compat modes' (i386 and x32 on
+/// x86-64, 32-bit ARM on AArch64, ...). Under `linux32`, a 32-bit name may be a 64-bit kernel's
+/// compat one: its family's 64-bit programs are taken too. Generous: a kernel built without a
+/// compat mode (or a CPU without AArch32) is left to `exec`. `None`: a machine not known here,
+/// not judged.
+fn kernel_machines(machine: &str, linux32: bool) -> Option<&'static [(u8, u16)]> {
+    const X86_64: &[(u8, u16)] = &[(2, 62), (1, 3), (1, 62)];
+    const AARCH64: &[(u8, u16)] = &[(2, 183), (1, 40)];
+    const PPC64: &[(u8, u16)] = &[(2, 21), (1, 20)];
+    const S390X: &[(u8, u16)] = &[(2, 22), (1, 22)];
+    const SPARC64: &[(u8, u16)] = &[(2, 43), (1, 2), (1, 18)];
+    const MIPS64: &[(u8, u16)] = &[(2, 8), (1, 8)];
+    const RISCV64: &[(u8, u16)] = &[(2, 243), (1, 243)];
+    let narrow = |wide: &'static [(u8, u16)], own: &'static [(u8, u16)]| {
+        Some(if linux32 { wide } else { own })
+    };
+    match machine {
+        "x86_64" => Some(X86_64),
+        "i386" | "i486" | "i586" | "i686" => narrow(X86_64, &[(1, 3)]),
+        "aarch64" | "aarch64_be" | "arm64" => Some(AARCH64),
+        m if m.starts_with("arm") => narrow(AARCH64, &[(1, 40)]),
+        "ppc64" | "ppc64le" => Some(PPC64),
+        "ppc" | "ppcle" => narrow(PPC64, &[(1, 20)]),
+        "s390x" => Some(S390X),
+        "s390" => narrow(S390X, &[(1, 22)]),
+        "sparc64" => Some(SPARC64),
+        "sparc" => narrow(SPARC64, &[(1, 2), (1, 18)]),
+        "mips64" => Some(MIPS64),
+        "mips" => narrow(MIPS64, &[(1, 8)]),
+        "riscv64" => Some(RISCV64),
+        "riscv32" | "riscv" => narrow(RISCV64, &[(1, 243)]),
+        "loongarch64" => Some(&[(2, 258)]),
+        _ => None,
     }
 }
 
-/// Why the kernel cannot execute an ELF file that starts with `head` (all that was read of it,
-/// magic included), or `None`. `own` is the start of this process's own ELF header (its class,
-/// byte order and machine); without it, the machine is not judged.
-fn elf_refusal(head: &[u8], own: Option<&[u8]>) -> Option<String> {
+/// Why the kernel cannot execute the ELF file `file`, or `None`: a pure function of what was
+/// read of it (`head`, magic included: `len` bytes read, zeros after), the kernel and
+/// `binfmt_misc`. A file an enabled `binfmt_misc` entry takes is the entry's (the kernel tries
+/// those first). Otherwise it must be a whole ELF header of an executable (or a shared object:
+/// PIE programs are): a corrupt or truncated file, an object file or a core dump is refused.
+/// One for another architecture or byte order ([`kernel_machines`]) is refused only when
+/// `binfmt_misc` is known to have no entry that takes it (enabled and none matches, or
+/// disabled): an unknown one may (errs towards running).
+fn elf_refusal(
+    file: &Path,
+    head: &[u8],
+    len: usize,
+    kernel: &Kernel<'_>,
+    binfmt: &Binfmt,
+) -> Option<String> {
+    if let Binfmt::Enabled(entries) = binfmt
+        && entries
+            .iter()
+            .any(|text| binfmt_entry_takes(text, file, head))
+    {
+        return None;
+    }
+    let head = &head[..len.min(head.len())];
     let (class, header) = match head.get(4) {
         Some(1) => (1, 52),
         Some(2) => (2, 64),
@@ -271,66 +375,45 @@ fn elf_refusal(head: &[u8], own: Option<&[u8]>) -> Option<String> {
             head.len()
         ));
     }
-    let half = |b: &[u8], at: usize, order: u8| {
-        let pair = [b[at], b[at + 1]];
+    let order = match head[5] {
+        o @ (1 | 2) => o,
+        _ => return Some("an ELF file of no valid byte order: corrupt".into()),
+    };
+    let half = |at: usize| {
+        let pair = [head[at], head[at + 1]];
         match order {
             2 => u16::from_be_bytes(pair),
             _ => u16::from_le_bytes(pair),
         }
     };
-    let order = match head[5] {
-        o @ (1 | 2) => o,
-        _ => return Some("an ELF file of no valid byte order: corrupt".into()),
-    };
-    match half(head, 16, order) {
+    match half(16) {
         2 | 3 => {}
         1 => return Some("an ELF relocatable object (a .o file), not a program".into()),
         4 => return Some("an ELF core dump, not a program".into()),
         other => return Some(format!("an ELF file of type {other}, not a program")),
     }
-    let own = own.filter(|o| o.len() >= 20 && o.starts_with(ELF_MAGIC))?;
-    let machine = half(head, 18, order);
-    let own_machine = half(own, 18, own[5]);
-    let runs = order == own[5]
-        && ((class == own[4] && machine == own_machine)
-            || compat_machines(own_machine).contains(&(class, machine)));
+    if matches!(binfmt, Binfmt::Unknown) {
+        return None;
+    }
+    let machine = half(18);
+    let runs = order == kernel.order
+        && kernel_machines(kernel.machine, kernel.linux32)
+            .is_none_or(|runs| runs.contains(&(class, machine)));
     if runs {
         return None;
     }
-    let named = |machine: u16, class: u8, order: u8| {
-        let name = MACHINES
-            .iter()
-            .find(|&&(m, _)| m == machine)
-            .map_or_else(|| format!("machine {machine}"), |&(_, n)| n.to_owned());
-        let bits = if class == 1 { 32 } else { 64 };
-        let endian = if order == 2 { "big" } else { "little" };
-        format!("{name} ({bits}-bit, {endian}-endian)")
-    };
+    let name = MACHINES
+        .iter()
+        .find(|&&(m, _)| m == machine)
+        .map_or_else(|| format!("machine {machine}"), |&(_, n)| n.to_owned());
+    let bits = if class == 1 { 32 } else { 64 };
+    let endian = if order == 2 { "big" } else { "little" };
+    let kernel_endian = if kernel.order == 2 { "big" } else { "little" };
     Some(format!(
-        "an ELF program for {}; this machine runs {} ones (and no binfmt_misc entry takes it)",
-        named(machine, class, order),
-        named(own_machine, own[4], own[5])
+        "an ELF program for {name} ({bits}-bit, {endian}-endian), which this machine's kernel \
+         ({}, {kernel_endian}-endian) does not run, and no binfmt_misc entry takes it",
+        kernel.machine
     ))
-}
-
-/// Whether an enabled `binfmt_misc` entry (`/proc/sys/fs/binfmt_misc`, with binfmt_misc itself
-/// enabled) takes the file: the kernel then runs its interpreter (qemu-user, say) instead.
-fn binfmt_misc_takes(file: &Path, head: &[u8; SHEBANG_MAX]) -> bool {
-    let dir = Path::new("/proc/sys/fs/binfmt_misc");
-    let enabled = std::fs::read_to_string(dir.join("status"));
-    if enabled.map_or(true, |s| s.trim() != "enabled") {
-        return false;
-    }
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return false;
-    };
-    entries.flatten().any(|entry| {
-        let name = entry.file_name();
-        name != "status"
-            && name != "register"
-            && std::fs::read_to_string(entry.path())
-                .is_ok_and(|text| binfmt_entry_takes(&text, file, head))
-    })
 }
 
 /// Whether one `binfmt_misc` entry (its file's text: `enabled`, `offset N`, `magic HEX`, `mask
@@ -809,8 +892,8 @@ mod tests {
     use std::path::Path;
 
     use super::{
-        binfmt_entry_takes, elf_refusal, is_node, launcher, no_argv1, node_launcher, node_script,
-        plain_node_command,
+        Binfmt, Kernel, binfmt_entry_takes, elf_refusal, is_node, launcher, no_argv1,
+        node_launcher, node_script, plain_node_command,
     };
 
     /// The start of an ELF header: class, byte order, version 1, type and machine set, the
@@ -830,33 +913,106 @@ mod tests {
         head
     }
 
+    /// `elf_refusal` for `head` (all of it read) on `kernel` with `binfmt`.
+    fn refusal(head: &[u8], kernel: (&str, bool), binfmt: &Binfmt) -> Option<String> {
+        let (machine, linux32) = kernel;
+        let kernel = Kernel {
+            machine,
+            linux32,
+            order: 1,
+        };
+        elf_refusal(Path::new("app"), head, head.len(), &kernel, binfmt)
+    }
+
+    /// `binfmt_misc` mounted and enabled, with no entry.
+    fn no_entry() -> Binfmt {
+        Binfmt::Enabled(Vec::new())
+    }
+
     #[test]
-    fn an_elf_file_this_machine_cannot_execute_is_refused_and_one_it_can_is_not() {
-        // As if this were an x86-64 process, then an AArch64 one.
-        let x86_64 = elf(2, 1, 3, 62);
-        let aarch64 = elf(2, 1, 3, 183);
+    fn an_elf_file_the_kernel_cannot_execute_is_refused_and_one_it_can_is_not() {
         for runs in [
             elf(2, 1, 2, 62),
             elf(2, 1, 3, 62),
             elf(1, 1, 2, 3),
             elf(1, 1, 3, 62),
         ] {
-            assert_eq!(elf_refusal(&runs, Some(&x86_64)), None, "{runs:?}");
+            assert_eq!(refusal(&runs, ("x86_64", false), &no_entry()), None);
         }
-        assert_eq!(elf_refusal(&elf(1, 1, 2, 40), Some(&aarch64)), None);
-        // Not judged without its own header.
-        assert_eq!(elf_refusal(&elf(2, 1, 2, 40), None), None);
-        for (head, why) in [
+        assert_eq!(
+            refusal(&elf(1, 1, 2, 40), ("aarch64", false), &no_entry()),
+            None
+        );
+        // A machine not known here is not judged.
+        assert_eq!(
+            refusal(&elf(2, 1, 2, 40), ("m68k", false), &no_entry()),
+            None
+        );
+        for (head, kernel, why) in [
             (
                 elf(2, 1, 3, 40),
-                "an ELF program for ARM (64-bit, little-endian); this machine runs x86-64 \
-                 (64-bit, little-endian) ones",
+                "x86_64",
+                "an ELF program for ARM (64-bit, little-endian), which this machine's kernel \
+                 (x86_64, little-endian) does not run, and no binfmt_misc entry takes it",
             ),
-            (elf(1, 1, 2, 40), "for ARM (32-bit, little-endian)"),
-            (elf(2, 2, 2, 62), "for x86-64 (64-bit, big-endian)"),
-            (elf(2, 1, 2, 4242), "for machine 4242 (64-bit"),
+            (
+                elf(1, 1, 2, 40),
+                "x86_64",
+                "for ARM (32-bit, little-endian)",
+            ),
+            (
+                elf(2, 2, 2, 62),
+                "x86_64",
+                "for x86-64 (64-bit, big-endian)",
+            ),
+            (elf(2, 1, 2, 4242), "x86_64", "for machine 4242 (64-bit"),
+            // A 32-bit kernel (not under linux32, it names its own machine).
+            (elf(2, 1, 2, 62), "i686", "for x86-64 (64-bit"),
+            (elf(2, 1, 2, 183), "armv7l", "for AArch64 (64-bit"),
+        ] {
+            let refused = refusal(&head, (kernel, false), &no_entry());
+            assert!(
+                refused.as_ref().is_some_and(|r| r.contains(why)),
+                "{refused:?}: {why}"
+            );
+            // With binfmt_misc disabled, no entry could take it either.
+            assert!(refusal(&head, (kernel, false), &Binfmt::Disabled).is_some());
+        }
+    }
+
+    #[test]
+    fn a_64_bit_kernel_runs_its_64_bit_programs_for_a_32_bit_nodus() {
+        // A 32-bit nodus (i386, armhf) on a 64-bit kernel: uname names the kernel's machine,
+        // or under the linux32 personality (setarch, Docker's 32-bit platforms) its compat one.
+        for (head, kernel) in [
+            (elf(2, 1, 2, 62), ("x86_64", false)),
+            (elf(2, 1, 3, 62), ("i686", true)),
+            (elf(2, 1, 2, 183), ("aarch64", false)),
+            (elf(2, 1, 3, 183), ("armv8l", true)),
+            (elf(1, 1, 2, 40), ("armv8l", true)),
+            (elf(1, 1, 2, 3), ("i686", true)),
+        ] {
+            assert_eq!(refusal(&head, kernel, &no_entry()), None, "{kernel:?}");
+        }
+    }
+
+    #[test]
+    fn another_architecture_is_refused_only_when_binfmt_misc_is_known_to_have_no_entry_for_it() {
+        let aarch64 = elf(2, 1, 2, 183);
+        // Not mounted (a container, where the host's qemu-user entries apply), unreadable.
+        assert_eq!(refusal(&aarch64, ("x86_64", false), &Binfmt::Unknown), None);
+        // An entry that takes it (qemu-user's, as update-binfmts registers it), or none.
+        let qemu = "enabled\ninterpreter /usr/bin/qemu-aarch64-static\nflags: OCF\noffset 0\n\
+                    magic 7f454c460201010000000000000000000200b700\n\
+                    mask ffffffffffffff00fffffffffffffffffeffffff\n";
+        let with_qemu = Binfmt::Enabled(vec![qemu.to_owned()]);
+        assert_eq!(refusal(&aarch64, ("x86_64", false), &with_qemu), None);
+        let arm = elf(1, 1, 2, 40);
+        assert!(refusal(&arm, ("x86_64", false), &with_qemu).is_some());
+        // Whatever binfmt_misc holds, a file no kernel runs is refused.
+        for (head, why) in [
             (elf(2, 1, 1, 62), "relocatable object"),
-            (elf(2, 1, 4, 62), "core dump"),
+            (elf(2, 1, 4, 183), "core dump"),
             (b"\x7fELFgarbage".to_vec(), "no valid class"),
             (
                 elf(2, 1, 2, 62)[..40].to_vec(),
@@ -864,11 +1020,13 @@ mod tests {
             ),
             (elf(2, 7, 2, 62), "no valid byte order"),
         ] {
-            let refused = elf_refusal(&head, Some(&x86_64));
-            assert!(
-                refused.as_ref().is_some_and(|r| r.contains(why)),
-                "{refused:?}: {why}"
-            );
+            for binfmt in [&Binfmt::Unknown, &with_qemu, &no_entry()] {
+                let refused = refusal(&head, ("x86_64", false), binfmt);
+                assert!(
+                    refused.as_ref().is_some_and(|r| r.contains(why)),
+                    "{refused:?}: {why}"
+                );
+            }
         }
     }
 

@@ -30,7 +30,10 @@
 //!   what is left of the child's process group, then reaps: the group is signalled while its id
 //!   is still the zombie's pid, so never a recycled one. It lists the group's other running
 //!   processes (`/proc`) just before the signal ([`Child::left_in_group`]): the zombie leader
-//!   keeps the group in being, so the signal's own result cannot tell an empty group.
+//!   keeps the group in being, so the signal's own result cannot tell an empty group. The
+//!   listing runs on the loop, so in a child subreaper (a cluster primary) it walks only this
+//!   process's descendants, where the group's processes all are (`own_descendants`); in
+//!   another process, every process on the host.
 //! - The child is registered as nodus's own (`reaper::Ours`, taken before the fork) until it
 //!   has been reaped (by its exit task, the watch's drop or the orphan reaper): no subreaper pass
 //!   touches it, zombie or not (`Child::watch` hands the registration back on error, for the
@@ -489,18 +492,24 @@ fn has_exited(pidfd: BorrowedFd<'_>) -> bool {
 }
 
 /// The processes of process group `pgid` other than its leader, not yet exited (no zombie),
-/// from `/proc/PID/stat` (state, group and `comm`): pid and name.
+/// from `/proc/PID/stat` (state, group and `comm`): pid and name. Run on the loop at a child's
+/// exit, so it looks only at this process's descendants when that is enough
+/// ([`own_descendants`]): O(this process's subtree), not O(every process on the host).
 fn group_members(pgid: Pid) -> Vec<(u32, String)> {
     let leader = pgid.as_raw_nonzero().get();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|entry| {
-            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
-            if pid == leader {
-                return None;
-            }
+    let candidates = own_descendants().unwrap_or_else(|| {
+        std::fs::read_dir("/proc")
+            .map(|dir| {
+                dir.flatten()
+                    .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    });
+    candidates
+        .into_iter()
+        .filter(|&pid| pid != leader)
+        .filter_map(|pid| {
             let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
             // `PID (COMM) STATE PPID PGRP ...`: COMM may hold spaces and parentheses.
             let (open, close) = (
@@ -517,6 +526,48 @@ fn group_members(pgid: Pid) -> Vec<(u32, String)> {
             Some((pid as u32, name))
         })
         .collect()
+}
+
+/// Every descendant of this process (`/proc/PID/task/*/children`, from its own threads down),
+/// when it is a child subreaper: it adopts what its descendants orphan (a wrapper script's
+/// program, once the script has exited), so every process descended from a child of its stays
+/// in its subtree, and so does every process of a group such a child leads that joined it by
+/// a fork (one outside it could join by a `setpgid` of its own, within the session: not looked
+/// for). `None` when it is no
+/// subreaper (orphans went to init, or to another subreaper) or the kernel has no `children`
+/// files (`CONFIG_PROC_CHILDREN`): the caller looks at every process. A process forked, or
+/// re-parented, while the walk runs may be missed.
+fn own_descendants() -> Option<Vec<i32>> {
+    let subreaper = rustix::process::child_subreaper().ok().flatten().is_some();
+    if !subreaper || !std::path::Path::new("/proc/thread-self/children").exists() {
+        return None;
+    }
+    let children = |pid: &str| -> Vec<i32> {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return Vec::new();
+        };
+        tasks
+            .flatten()
+            .filter_map(|task| std::fs::read_to_string(task.path().join("children")).ok())
+            .flat_map(|list| {
+                list.split_whitespace()
+                    .filter_map(|c| c.parse().ok())
+                    .collect::<Vec<i32>>()
+            })
+            .collect()
+    };
+    let mut found = children("self");
+    let mut seen: std::collections::HashSet<i32> = found.iter().copied().collect();
+    let mut next = 0;
+    while let Some(&pid) = found.get(next) {
+        next += 1;
+        for child in children(&pid.to_string()) {
+            if seen.insert(child) {
+                found.push(child);
+            }
+        }
+    }
+    Some(found)
 }
 
 /// The parent of `pid` (`/proc/<pid>/stat` field 4), if it still exists.
