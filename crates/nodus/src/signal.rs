@@ -183,8 +183,8 @@ pub enum Sighup {
 pub fn sighup(origin: Origin) -> Sighup {
     let start = START.get();
     let ttys = start.map_or(0, |s| s.ttys);
-    let hung_up = origin == Origin::Kernel
-        || (0..3).any(|fd| ttys & (1 << fd) != 0 && tty_hung_up(fd));
+    let hung_up =
+        origin == Origin::Kernel || (0..3).any(|fd| ttys & (1 << fd) != 0 && tty_hung_up(fd));
     match (hung_up, start.is_some_and(|s| s.sighup_ignored)) {
         (false, _) => Sighup::Request,
         (true, false) => Sighup::Hangup,
@@ -569,6 +569,32 @@ mod tests {
             (name(0), name(32), name(-1)),
             ("signal", "signal", "signal")
         );
+    }
+
+    /// A terminal whose other side closed is hung up (`EIO`); a live one and a pipe are not.
+    #[test]
+    fn tty_hung_up_tells_a_hung_up_terminal_from_a_live_one_or_none() {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        let (mut master, mut slave) = (-1, -1);
+        // SAFETY: `openpty` writes the two fds; the null pointers ask for no name nor settings.
+        let opened = unsafe {
+            libc::openpty(
+                &raw mut master,
+                &raw mut slave,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(opened, 0, "{}", io::Error::last_os_error());
+        // SAFETY: `openpty` opened both, owned by nothing else.
+        let (master, slave) =
+            unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+        let (pipe, _writer) = std::io::pipe().unwrap();
+        assert!(!tty_hung_up(slave.as_raw_fd()));
+        assert!(!tty_hung_up(pipe.as_raw_fd()));
+        drop(master);
+        assert!(tty_hung_up(slave.as_raw_fd()));
     }
 
     /// Sends this thread `signal` as the kernel would (`si_code` `SI_KERNEL`: a terminal's
