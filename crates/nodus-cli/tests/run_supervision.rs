@@ -252,40 +252,44 @@ fn a_hangup_a_shell_forwards_stops_the_primary_not_a_reload() {
 }
 
 /// Under `nohup` (SIGHUP ignored at start, output to a file) the primary outlives its terminal:
-/// the hangup is one line and changes nothing, and a `kill -HUP` afterwards is still a reload.
+/// the hangup is one line and changes nothing, and a `kill -HUP` afterwards is still a reload,
+/// stdin on /dev/null (nohup's) or left on the hung-up terminal.
 #[test]
 fn under_nohup_a_hangup_changes_nothing_and_kill_hup_still_reloads() {
     if !have("python3") {
         return;
     }
-    let dir = TempDir::new("hangup-nohup");
-    let log = dir.path().join("events.jsonl");
-    let out = dir.path().join("nohup.out");
-    let args = [
-        "run",
-        "-w",
-        "1",
-        "--ready-after",
-        "0.2",
-        "--events",
-        log.to_str().unwrap(),
-        "--",
-        "sleep",
-        "100",
-    ];
-    let hung_up = common::hang_up_as(common::Tty::Nohup(&out), "1 worker ready", &args, 3);
-    let evs = events(&log);
-    assert_eq!(hung_up.outcome, "still running", "{evs:#?}");
-    assert_eq!(count(&evs, "shutdown"), 0, "{evs:#?}");
-    assert_eq!(count(&evs, "reload_start"), 0, "{evs:#?}");
-    let output = std::fs::read_to_string(&out).unwrap();
-    assert!(
-        output.contains("SIGHUP was ignored at start (nohup): serving on"),
-        "{output}"
-    );
-    rustix::process::kill_process(Pid::from_raw(hung_up.pid).unwrap(), Signal::HUP).unwrap();
-    let evs = wait_events(&log, |e| count(e, "reload_done") == 1);
-    assert_eq!(count(&evs, "shutdown"), 0, "{evs:#?}");
+    for stdin_null in [true, false] {
+        let dir = TempDir::new("hangup-nohup");
+        let log = dir.path().join("events.jsonl");
+        let out = dir.path().join("nohup.out");
+        let args = [
+            "run",
+            "-w",
+            "1",
+            "--ready-after",
+            "0.2",
+            "--events",
+            log.to_str().unwrap(),
+            "--",
+            "sleep",
+            "100",
+        ];
+        let tty = common::Tty::Nohup(&out, stdin_null);
+        let hung_up = common::hang_up_as(tty, "1 worker ready", &args, 3);
+        let evs = events(&log);
+        assert_eq!(hung_up.outcome, "still running", "{stdin_null} {evs:#?}");
+        assert_eq!(count(&evs, "shutdown"), 0, "{stdin_null} {evs:#?}");
+        assert_eq!(count(&evs, "reload_start"), 0, "{stdin_null} {evs:#?}");
+        let output = std::fs::read_to_string(&out).unwrap();
+        assert!(
+            output.contains("SIGHUP was ignored at start (nohup): serving on"),
+            "{output}"
+        );
+        rustix::process::kill_process(Pid::from_raw(hung_up.pid).unwrap(), Signal::HUP).unwrap();
+        let evs = wait_events(&log, |e| count(e, "reload_done") == 1);
+        assert_eq!(count(&evs, "shutdown"), 0, "{stdin_null} {evs:#?}");
+    }
 }
 
 #[test]

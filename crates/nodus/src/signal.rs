@@ -28,8 +28,8 @@
 //! (bash, zsh), the session leader, gets the kernel's and forwards it to its jobs with `killpg`
 //! (`SI_USER`), the terminal hung up already; the kernel's own reaches a job only when the shell
 //! exits, if at all. SIGHUP's disposition is read at that first stream too, before any handler of
-//! nodus's: ignored then (`nohup`), a hangup is [`Sighup::HangupIgnored`]. A handler other code
-//! installed for SIGHUP before that stream hides an inherited ignore.
+//! nodus's: ignored then (`nohup`), a hangup is [`Sighup::HangupIgnored`], and once one was, a
+//! SIGHUP only the hung-up terminal marks is a request (the terminal stays hung up). A handler other code installed for SIGHUP before that stream hides an inherited ignore.
 //!
 //! A process forked without `exec` runs none of its parent's loops, so its copies of the parent's
 //! streams catch nothing there: from the fork on, every signal they catch has its default action
@@ -177,20 +177,31 @@ pub enum Sighup {
 
 /// What a SIGHUP that `origin` sent means (see the module doc): [`Sighup::Hangup`] when the
 /// kernel sent it or a standard fd that was a terminal at the first stream catching SIGHUP is a
-/// hung-up terminal now; [`Sighup::HangupIgnored`] instead when SIGHUP was ignored then
-/// (`nohup`); [`Sighup::Request`] otherwise. (A `kill -HUP` while such an fd is still on the
-/// hung-up terminal is a hangup too: nothing tells them apart.)
+/// hung-up terminal now (a `kill -HUP` then too: nothing tells them apart);
+/// [`Sighup::HangupIgnored`] instead when SIGHUP was ignored then (`nohup`), for the kernel's and
+/// for the first found by the terminal alone, after which such a SIGHUP is a request (the
+/// process outlived its terminal, whose state tells nothing more); [`Sighup::Request`]
+/// otherwise.
 pub fn sighup(origin: Origin) -> Sighup {
     let start = START.get();
     let ttys = start.map_or(0, |s| s.ttys);
-    let hung_up =
-        origin == Origin::Kernel || (0..3).any(|fd| ttys & (1 << fd) != 0 && tty_hung_up(fd));
-    match (hung_up, start.is_some_and(|s| s.sighup_ignored)) {
-        (false, _) => Sighup::Request,
-        (true, false) => Sighup::Hangup,
-        (true, true) => Sighup::HangupIgnored,
+    let kernel = origin == Origin::Kernel;
+    if !kernel && !(0..3).any(|fd| ttys & (1 << fd) != 0 && tty_hung_up(fd)) {
+        return Sighup::Request;
+    }
+    if !start.is_some_and(|s| s.sighup_ignored) {
+        return Sighup::Hangup;
+    }
+    let first = !HANGUP_IGNORED.swap(true, Ordering::SeqCst);
+    if kernel || first {
+        Sighup::HangupIgnored
+    } else {
+        Sighup::Request
     }
 }
+
+/// A hangup was [`Sighup::HangupIgnored`] once already.
+static HANGUP_IGNORED: AtomicBool = AtomicBool::new(false);
 
 /// Whether `fd` is a hung-up terminal: every ioctl of one fails with `EIO` (a terminal's
 /// `TIOCGPGRP` that is not the caller's controlling one, or no terminal, fails with `ENOTTY`).

@@ -1,7 +1,8 @@
 //! Helpers the `nodus` command's integration tests share beyond `nodus_testkit`: the binary,
 //! external tools (a missing one fails under `CI`), the testkit's HTTP/1.1 client with this
 //! crate's bounds (`http`), a started `nodus serve` (`serve`), a cluster primary's process, exit
-//! code and event log (`cluster`), and a terminal's hangup (`hang_up`).
+//! code and event log (`cluster`), and a terminal's hangup (`hang_up`, `hang_up_as`: nodus the
+//! session leader, an interactive shell's job, or under `nohup`).
 //!
 //! Each test file is its own crate and uses a subset of these, hence `allow(dead_code)`.
 #![allow(dead_code)]
@@ -63,9 +64,10 @@ pub enum Tty<'a> {
     /// and forwards it to the job with `killpg` (`SI_USER`), as bash does, and outlives nodus,
     /// so nodus gets no SIGHUP from the kernel.
     Shell,
-    /// nodus is the session leader started as `nohup` starts it: SIGHUP ignored, stdin from
-    /// /dev/null, stdout and stderr appended to this file (where the marker is looked for).
-    Nohup(&'a std::path::Path),
+    /// nodus is the session leader started as `nohup` starts it: SIGHUP ignored, stdout and
+    /// stderr appended to this file (where the marker is looked for), stdin from /dev/null
+    /// (`false`: left on the terminal, as after `trap '' HUP` in a shell).
+    Nohup(&'a std::path::Path, bool),
 }
 
 /// What [`hang_up_as`] saw: `exit N` or `still running` (nodus is SIGKILLed when this is
@@ -92,10 +94,11 @@ marker, mode, wait, log = sys.argv[1].encode(), sys.argv[2], float(sys.argv[3]),
 argv = sys.argv[5:]
 report_r, report_w = os.pipe()  # the shell's reports; not inherited by nodus (close-on-exec)
 def start():
-    if mode == "nohup":
+    if mode.startswith("nohup"):
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        if mode == "nohup":
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         os.dup2(out, 1)
         os.dup2(out, 2)
     os.execv(argv[0], argv)
@@ -130,7 +133,7 @@ if mode == "shell":
 print("nodus", nodus, pid, flush=True)
 seen, deadline = b"", time.time() + 30
 while marker not in seen and time.time() < deadline:
-    if mode == "nohup":
+    if mode.startswith("nohup"):
         time.sleep(0.1)
         seen = open(log, "rb").read() if os.path.exists(log) else b""
     elif select.select([fd], [], [], 0.1)[0]:
@@ -158,7 +161,10 @@ print("still running", flush=True)
     let (mode, log) = match tty {
         Tty::Leader => ("leader", "-".to_string()),
         Tty::Shell => ("shell", "-".to_string()),
-        Tty::Nohup(log) => ("nohup", log.to_str().unwrap().to_string()),
+        Tty::Nohup(log, stdin_null) => (
+            if stdin_null { "nohup" } else { "nohup-stdin" },
+            log.to_str().unwrap().to_string(),
+        ),
     };
     let mut helper = cluster::spawn(
         Command::new("python3")
