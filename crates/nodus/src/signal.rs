@@ -29,7 +29,8 @@
 //! (`SI_USER`), the terminal hung up already; the kernel's own reaches a job only when the shell
 //! exits, if at all. SIGHUP's disposition is read at that first stream too, before any handler of
 //! nodus's: ignored then (`nohup`), a hangup is [`Sighup::HangupIgnored`], and once one was, a
-//! SIGHUP only the hung-up terminal marks is a request (the terminal stays hung up). A handler other code installed for SIGHUP before that stream hides an inherited ignore.
+//! SIGHUP only the hung-up terminal marks is a request (the terminal stays hung up). A handler
+//! other code installed for SIGHUP before that stream hides an inherited ignore.
 //!
 //! A process forked without `exec` runs none of its parent's loops, so its copies of the parent's
 //! streams catch nothing there: from the fork on, every signal they catch has its default action
