@@ -67,8 +67,9 @@ enum Command {
     /// rolling reload with --workers 2 or more (new workers re-executed from the binary's path,
     /// then the old ones drain); with --workers 1 (the default on one core) there is no worker
     /// to replace: one line says nothing was reloaded, and it serves on, losing nothing. A
-    /// terminal's hangup (the kernel's SIGHUP: an SSH session dropped) drains and exits as
-    /// SIGTERM does.
+    /// terminal's hangup (an SSH session dropped: the kernel's SIGHUP, or the shell's forwarded
+    /// one while stdin, stdout or stderr is the hung-up terminal) drains and exits as SIGTERM
+    /// does; under nohup (SIGHUP ignored at start) it is one line and changes nothing.
     /// SIGUSR1 and SIGUSR2 (to the primary, a worker or the single process) are one line each
     /// and change nothing. SIGQUIT keeps its default action (a core dump).
     Serve(ServeArgs),
@@ -109,8 +110,9 @@ enum Command {
     /// prefixed with "[worker ID PID] " (not with --raw-output).
     ///
     /// Signals to the primary: SIGTERM/SIGINT drain and exit; SIGHUP is a rolling reload (but a
-    /// terminal's hangup, the kernel's SIGHUP: an SSH session dropped, drains and exits as
-    /// SIGTERM does);
+    /// terminal's hangup, an SSH session dropped: the kernel's SIGHUP, or the shell's forwarded
+    /// one while stdin, stdout or stderr is the hung-up terminal, drains and exits as SIGTERM
+    /// does; under nohup, SIGHUP ignored at start, it is one line and changes nothing);
     /// SIGUSR1 and SIGUSR2 are one line each naming the workers' pids, and change nothing (not
     /// passed to the workers: send them to a worker's pid, Node's inspector or heap snapshot);
     /// SIGQUIT keeps its default action (a core dump; the workers are SIGKILLed with it).

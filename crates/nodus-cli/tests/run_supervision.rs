@@ -1,6 +1,7 @@
 //! `nodus run`'s supervision at its edges: a primary with no worker left to run exits, a
 //! replacement that cannot be started is retried instead of ending the service, a terminal's
-//! hangup (the kernel's SIGHUP) is a stop and no reload, a SIGHUP
+//! hangup (the kernel's SIGHUP, or an interactive shell's forwarding it) is a stop and no
+//! reload, one under `nohup` changes nothing (a `kill -HUP` then still reloads), a SIGHUP
 //! during a reload queues one more reload (started once the old workers have exited, so its
 //! lines follow all of the first's), the default restart budget outlasts every worker
 //! crashing once (and a smaller explicit one is warned of), a window or a kill timeout of 0
@@ -212,6 +213,83 @@ fn a_terminal_hangup_stops_the_primary_as_sigterm_does_not_a_reload() {
         "{evs:#?}"
     );
     assert_eq!(count(&evs, "exit"), 2, "{evs:#?}");
+}
+
+/// The usual hangup: an interactive shell leads the session and forwards the kernel's SIGHUP to
+/// its foreground job with `killpg` (`SI_USER`, as bash does), the kernel's own never reaching
+/// the primary. The terminal is hung up by then: a stop, exit code 0, no reload.
+#[test]
+fn a_hangup_a_shell_forwards_stops_the_primary_not_a_reload() {
+    if !have("python3") {
+        return;
+    }
+    let dir = TempDir::new("hangup-shell");
+    let log = dir.path().join("events.jsonl");
+    let args = [
+        "run",
+        "-w",
+        "1",
+        "--ready-after",
+        "0.2",
+        "--events",
+        log.to_str().unwrap(),
+        "--",
+        "sleep",
+        "100",
+    ];
+    let hung_up = common::hang_up_as(common::Tty::Shell, "1 worker ready", &args, 30);
+    let evs = events(&log);
+    assert_eq!(hung_up.outcome, "exit 0", "{evs:#?}");
+    assert_eq!(count(&evs, "reload_start"), 0, "{evs:#?}");
+    let shutdown = evs.iter().find(|e| e["event"] == "shutdown").unwrap();
+    assert!(
+        shutdown["why"]
+            .as_str()
+            .unwrap()
+            .contains("the terminal hung up"),
+        "{evs:#?}"
+    );
+}
+
+/// Under `nohup` (SIGHUP ignored at start, output to a file) the primary outlives its terminal:
+/// the hangup is one line and changes nothing, and a `kill -HUP` afterwards is still a reload,
+/// stdin on /dev/null (nohup's) or left on the hung-up terminal.
+#[test]
+fn under_nohup_a_hangup_changes_nothing_and_kill_hup_still_reloads() {
+    if !have("python3") {
+        return;
+    }
+    for stdin_null in [true, false] {
+        let dir = TempDir::new("hangup-nohup");
+        let log = dir.path().join("events.jsonl");
+        let out = dir.path().join("nohup.out");
+        let args = [
+            "run",
+            "-w",
+            "1",
+            "--ready-after",
+            "0.2",
+            "--events",
+            log.to_str().unwrap(),
+            "--",
+            "sleep",
+            "100",
+        ];
+        let tty = common::Tty::Nohup(&out, stdin_null);
+        let hung_up = common::hang_up_as(tty, "1 worker ready", &args, 3);
+        let evs = events(&log);
+        assert_eq!(hung_up.outcome, "still running", "{stdin_null} {evs:#?}");
+        assert_eq!(count(&evs, "shutdown"), 0, "{stdin_null} {evs:#?}");
+        assert_eq!(count(&evs, "reload_start"), 0, "{stdin_null} {evs:#?}");
+        let output = std::fs::read_to_string(&out).unwrap();
+        assert!(
+            output.contains("SIGHUP was ignored at start (nohup): serving on"),
+            "{output}"
+        );
+        rustix::process::kill_process(Pid::from_raw(hung_up.pid).unwrap(), Signal::HUP).unwrap();
+        let evs = wait_events(&log, |e| count(e, "reload_done") == 1);
+        assert_eq!(count(&evs, "shutdown"), 0, "{stdin_null} {evs:#?}");
+    }
 }
 
 #[test]

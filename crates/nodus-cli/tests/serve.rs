@@ -1508,6 +1508,26 @@ fn a_terminal_hangup_stops_a_single_process_as_sigterm_does() {
     assert_eq!(outcome, "exit 0");
 }
 
+/// The usual hangup: an interactive shell forwards the kernel's SIGHUP to its foreground job
+/// with `killpg` (`SI_USER`, as bash does). The terminal is hung up by then: the single process
+/// stops (exit code 0) rather than take it for a reload's SIGHUP.
+#[test]
+fn a_hangup_a_shell_forwards_stops_a_single_process() {
+    if !common::have("python3") {
+        return;
+    }
+    let dir = site();
+    let addr = free_addr().to_string();
+    let root = dir.path().to_str().unwrap();
+    let hung_up = common::hang_up_as(
+        common::Tty::Shell,
+        "serving",
+        &["serve", "--workers", "1", "--listen", &addr, root],
+        30,
+    );
+    assert_eq!(hung_up.outcome, "exit 0");
+}
+
 /// SIGHUP to a single process (`--workers 1`, the default on one core): nothing to reload, but
 /// it must not stop it. A download in flight across it completes, new requests are served, one
 /// line says so, and SIGTERM afterwards drains and exits 0.

@@ -21,6 +21,17 @@
 //! else (`kill`, `sigqueue`: `SI_USER`, `SI_QUEUE`). A signal the pipe holds once for several
 //! deliveries (signals merge until read) is the kernel's if any of them was.
 //!
+//! [`sighup`] says what a SIGHUP read means to a foreground server ([`Sighup`]): the terminal hung
+//! up, or a request (`kill -HUP`: a reload). A hangup is the kernel's SIGHUP, or any SIGHUP while
+//! one of the standard fds (0, 1, 2) that were terminals when the process's first stream catching
+//! SIGHUP was made is a hung-up terminal (its `TIOCGPGRP` fails with `EIO`): an interactive shell
+//! (bash, zsh), the session leader, gets the kernel's and forwards it to its jobs with `killpg`
+//! (`SI_USER`), the terminal hung up already; the kernel's own reaches a job only when the shell
+//! exits, if at all. SIGHUP's disposition is read at that first stream too, before any handler of
+//! nodus's: ignored then (`nohup`), a hangup is [`Sighup::HangupIgnored`], and once one was, a
+//! SIGHUP only the hung-up terminal marks is a request (the terminal stays hung up). A handler
+//! other code installed for SIGHUP before that stream hides an inherited ignore.
+//!
 //! A process forked without `exec` runs none of its parent's loops, so its copies of the parent's
 //! streams catch nothing there: from the fork on, every signal they catch has its default action
 //! back in it (the fork handler, `crate::atfork`), but a real-time one (no conditional default:
@@ -46,7 +57,10 @@
 //! - A stream registers, per signal, an action that records a delivery from the kernel (its
 //!   `kernel` flags) before its pipe's action: signal-hook runs a signal's actions in
 //!   registration order, so a signal read from the pipe finds its origin recorded, and the read
-//!   takes the record (an action's store is all it does in signal context: an atomic).
+//!   takes the record (an action's store is all it does in signal context: an atomic). The
+//!   flags are cleared once the pipe's actions are registered, so a kernel's signal in between
+//!   (its flag set, no pipe byte) is no later signal's origin; one landing just before that
+//!   clear reads as another sender's ([`sighup`] still finds a hangup by its terminal).
 //! - Every call nodus makes into signal-hook that registers or unregisters an action (a
 //!   conditional default's registration; a stream's origin and pipe actions, with signal-hook's
 //!   lock of that stream) is made under `LISTENERS`'s lock, so no `fork` happens while a thread of
@@ -147,6 +161,86 @@ pub enum Origin {
     /// Any other sender: a process (`kill`, `sigqueue`, `tgkill`: `SI_USER`, `SI_QUEUE`,
     /// `SI_TKILL`), a timer, I/O.
     Other,
+}
+
+/// What a SIGHUP read from a stream means ([`sighup`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sighup {
+    /// The process's terminal hung up (an SSH session dropped, a terminal closed): the kernel
+    /// sent it ([`Origin::Kernel`]), or a standard fd that was a terminal is a hung-up one.
+    Hangup,
+    /// A hangup, but SIGHUP was ignored when the process began to catch it (`nohup`): asked
+    /// to outlive its terminal.
+    HangupIgnored,
+    /// Anything else: a process's request (`kill -HUP`, `systemctl reload`).
+    Request,
+}
+
+/// What a SIGHUP that `origin` sent means (see the module doc): [`Sighup::Hangup`] when the
+/// kernel sent it or a standard fd that was a terminal at the first stream catching SIGHUP is a
+/// hung-up terminal now (a `kill -HUP` then too: nothing tells them apart);
+/// [`Sighup::HangupIgnored`] instead when SIGHUP was ignored then (`nohup`), for the kernel's and
+/// for the first found by the terminal alone, after which such a SIGHUP is a request (the
+/// process outlived its terminal, whose state tells nothing more); [`Sighup::Request`]
+/// otherwise.
+pub fn sighup(origin: Origin) -> Sighup {
+    let start = START.get();
+    let ttys = start.map_or(0, |s| s.ttys);
+    let kernel = origin == Origin::Kernel;
+    if !kernel && !(0..3).any(|fd| ttys & (1 << fd) != 0 && tty_hung_up(fd)) {
+        return Sighup::Request;
+    }
+    if !start.is_some_and(|s| s.sighup_ignored) {
+        return Sighup::Hangup;
+    }
+    let first = !HANGUP_IGNORED.swap(true, Ordering::SeqCst);
+    if kernel || first {
+        Sighup::HangupIgnored
+    } else {
+        Sighup::Request
+    }
+}
+
+/// A hangup was [`Sighup::HangupIgnored`] once already.
+static HANGUP_IGNORED: AtomicBool = AtomicBool::new(false);
+
+/// Whether `fd` is a hung-up terminal: every ioctl of one fails with `EIO` (a terminal's
+/// `TIOCGPGRP` that is not the caller's controlling one, or no terminal, fails with `ENOTTY`).
+fn tty_hung_up(fd: i32) -> bool {
+    // SAFETY: `tcgetpgrp` on any fd number only reads the kernel's state, or fails.
+    let pgrp = unsafe { libc::tcgetpgrp(fd) };
+    pgrp == -1 && io::Error::last_os_error().raw_os_error() == Some(libc::EIO)
+}
+
+/// The process as its first stream catching SIGHUP found it, before any handler of nodus's
+/// for SIGHUP ([`sighup`]).
+struct Start {
+    /// Bit `fd` set: the standard fd `fd` (0, 1, 2) was a terminal, not hung up.
+    ttys: u8,
+    /// SIGHUP's disposition was `SIG_IGN` (`nohup`).
+    sighup_ignored: bool,
+}
+
+static START: std::sync::OnceLock<Start> = std::sync::OnceLock::new();
+
+/// Records [`START`], once: called before the first registration for SIGHUP.
+fn record_start() {
+    START.get_or_init(|| {
+        // SAFETY: `isatty` only asks the kernel about the fd number.
+        let ttys = (0..3).fold(0, |bits, fd| {
+            bits | (u8::from(unsafe { libc::isatty(fd) } == 1) << fd)
+        });
+        // SAFETY: a zeroed sigaction is valid; `sigaction` with no new action only fills `old`.
+        let sighup_ignored = unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(SIGHUP, std::ptr::null(), &raw mut old) == 0
+                && old.sa_sigaction == libc::SIG_IGN
+        };
+        Start {
+            ttys,
+            sighup_ignored,
+        }
+    });
 }
 
 /// Per signal, the flag of its conditional default action and the live streams that catch it.
@@ -264,6 +358,11 @@ impl Hook {
         }
         match registered.and_then(|()| PipeSignals::new(signals.iter().copied())) {
             Ok(pipe) => {
+                // A kernel's signal between the origin actions and the pipe's set a flag with no
+                // pipe byte to read it: left, it would be a later signal's origin.
+                for flag in kernel.iter() {
+                    flag.store(false, Ordering::SeqCst);
+                }
                 // Caught from now on, once the pipe's actions are there to catch them: a signal
                 // that came before (the default still on) did what it does with no stream.
                 listeners.arm(&signals);
@@ -324,6 +423,9 @@ impl Listeners {
     fn count(&mut self, signals: &[i32]) {
         for &signal in signals {
             let (_, count) = self.signals.entry(signal).or_insert_with(|| {
+                if signal == SIGHUP {
+                    record_start();
+                }
                 let idle = Arc::new(AtomicBool::new(true));
                 // A signal signal-hook has no default for (a real-time one) cannot get this
                 // action: once no stream catches it, it stays swallowed.
@@ -479,6 +581,32 @@ mod tests {
             (name(0), name(32), name(-1)),
             ("signal", "signal", "signal")
         );
+    }
+
+    /// A terminal whose other side closed is hung up (`EIO`); a live one and a pipe are not.
+    #[test]
+    fn tty_hung_up_tells_a_hung_up_terminal_from_a_live_one_or_none() {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        let (mut master, mut slave) = (-1, -1);
+        // SAFETY: `openpty` writes the two fds; the null pointers ask for no name nor settings.
+        let opened = unsafe {
+            libc::openpty(
+                &raw mut master,
+                &raw mut slave,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(opened, 0, "{}", io::Error::last_os_error());
+        // SAFETY: `openpty` opened both, owned by nothing else.
+        let (master, slave) =
+            unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+        let (pipe, _writer) = std::io::pipe().unwrap();
+        assert!(!tty_hung_up(slave.as_raw_fd()));
+        assert!(!tty_hung_up(pipe.as_raw_fd()));
+        drop(master);
+        assert!(tty_hung_up(slave.as_raw_fd()));
     }
 
     /// Sends this thread `signal` as the kernel would (`si_code` `SI_KERNEL`: a terminal's

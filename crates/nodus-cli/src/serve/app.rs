@@ -37,9 +37,11 @@
 //! sends `WATCHDOG=1` every half period from a task on its loop, from `READY=1` until it exits,
 //! so a stalled loop stops the pings; a cluster primary sends them for its workers' loops.
 //!
-//! SIGHUP is the cluster primary's rolling reload, unless the kernel sent it: the terminal
-//! hung up (an SSH session dropped, a terminal closed), and the single process or the primary
-//! stops as for SIGTERM rather than serve on detached, holding its port, its output lost. The
+//! SIGHUP is the cluster primary's rolling reload, unless it is the terminal hanging up (an SSH
+//! session dropped, a terminal closed: `nodus::signal::sighup`, the kernel's SIGHUP or a shell's
+//! forwarded one while a standard fd is the hung-up terminal), and the single process or the
+//! primary stops as for SIGTERM rather than serve on detached, holding its port, its output
+//! lost; under `nohup` (SIGHUP ignored at start) a hangup is one line and changes nothing. The
 //! single process (`--workers 1`, the default on one core) catches it too and is never stopped
 //! by a reload's SIGHUP: there is no worker to replace, so it logs one line saying nothing was
 //! reloaded and serves on, losing nothing; a service manager that asked for the reload
@@ -71,7 +73,7 @@ use nodus::cluster::FORCED_STOP_EXIT_CODE;
 use nodus::fs::quote;
 use nodus::log_limit::{self, LogLimit};
 use nodus::net::TcpListener;
-use nodus::signal::{Origin, SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2, Signals};
+use nodus::signal::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2, Sighup, Signals};
 use nodus_http::server::{Answered, ConnInfo, Refused};
 use nodus_http::{Body, Config, RequestBody, full, serve, text};
 
@@ -281,10 +283,16 @@ async fn serve_until_signal(options: ServeOptions, root: PathBuf) -> i32 {
     start_watchdog();
     let why = loop {
         match signals.recv_from().await {
-            (SIGHUP, Origin::Kernel) => {
-                break "SIGHUP from the kernel: the terminal hung up (a stop; kill -HUP reloads)";
-            }
-            (SIGHUP, Origin::Other) => reload_alone(),
+            (SIGHUP, origin) => match nodus::signal::sighup(origin) {
+                Sighup::Hangup => {
+                    break "SIGHUP: the terminal hung up (a stop; kill -HUP reloads)";
+                }
+                Sighup::HangupIgnored => tracing::info!(
+                    "SIGHUP: the terminal hung up; SIGHUP was ignored at start (nohup): \
+                     serving on"
+                ),
+                Sighup::Request => reload_alone(),
+            },
             (signal @ (SIGUSR1 | SIGUSR2), _) => no_use_for(signal),
             (signal, _) => break nodus::signal::name(signal),
         }

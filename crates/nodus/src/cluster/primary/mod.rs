@@ -603,8 +603,9 @@ impl Primary {
     }
 
     /// Serves until a shutdown: SIGTERM or SIGINT drain every worker and return 0; SIGHUP starts
-    /// a rolling reload, unless the kernel sent it ([`Origin::Kernel`](crate::signal::Origin):
-    /// the primary's terminal hung up), which drains as SIGTERM does; SIGUSR1 and SIGUSR2 are
+    /// a rolling reload, unless it is the primary's terminal hanging up
+    /// ([`sighup`](crate::signal::sighup)), which drains as SIGTERM does (under `nohup`, one
+    /// line and nothing else); SIGUSR1 and SIGUSR2 are
     /// one WARN line each naming the workers' pids (not passed on: a worker that does not catch one would die of it), and change nothing,
     /// so a `pkill -USR2 -f 'node app.js'` meant for Node workers, which matches the primary's
     /// command line too, does not end the service; a spent restart budget stops everything and returns

@@ -23,9 +23,12 @@
 //!   worker has exited and every exit has settled (below). The primary accepts connections
 //!   through `shutdown_delay` and stops when the drain begins (`server::stop_accepting`), or when
 //!   a second signal kills the workers.
-//! - A SIGHUP the kernel sent (`signal::Origin::Kernel`: the primary's terminal hung up) is a
-//!   graceful stop, as SIGTERM's, with its own reason (`hung_up`); during a stop, nothing. A
-//!   SIGHUP a process sent (`kill -HUP`, `systemctl reload`) is a reload.
+//! - A SIGHUP that is the primary's terminal hanging up (`signal::sighup`: the kernel's, or any
+//!   while a standard fd that was a terminal is a hung-up one, as when an interactive shell
+//!   forwards the hangup to its jobs) is a graceful stop, as SIGTERM's, with its own reason
+//!   (`hung_up`); during a stop, nothing. Under `nohup` (SIGHUP ignored when the primary began
+//!   to catch it) a hangup changes nothing: one INFO line. Any other SIGHUP (`kill -HUP`,
+//!   `systemctl reload`) is a reload.
 //! - SIGUSR1 and SIGUSR2 change nothing, at any phase (a stop's included): one WARN line each,
 //!   naming the workers' pids; they are not passed on (`no_use_for`). A process's SIGHUP once a
 //!   stop began starts no reload: one INFO line says so (`no_reload_while_stopping`).
@@ -111,7 +114,7 @@ use crate::cluster::supervision::{
     Decision, ExitReason, FORCED_STOP_EXIT_CODE, GIVE_UP_EXIT_CODE, RestartBudget,
 };
 use crate::process::{ExitStatus, Reaper};
-use crate::signal::{Origin, SIGHUP, SIGKILL, SIGUSR1, SIGUSR2, Signals};
+use crate::signal::{SIGHUP, SIGKILL, SIGUSR1, SIGUSR2, Sighup, Signals};
 
 /// systemd's watchdog: with `WATCHDOG_USEC` set (for this process), sends `WATCHDOG=1` every
 /// half period while the primary's loop runs and every nodus worker's loop answers within a
@@ -177,11 +180,14 @@ pub(super) async fn run(st: &Rc<State>) -> i32 {
                 }
                 return code;
             }
-            Ok((SIGHUP, Origin::Kernel)) => hung_up(st),
-            Ok((SIGHUP, Origin::Other)) if st.phase.get() == Phase::Stopping => {
-                no_reload_while_stopping();
-            }
-            Ok((SIGHUP, Origin::Other)) => start_reload(st),
+            Ok((SIGHUP, origin)) => match crate::signal::sighup(origin) {
+                Sighup::Hangup => hung_up(st),
+                Sighup::HangupIgnored => hangup_ignored(),
+                Sighup::Request if st.phase.get() == Phase::Stopping => {
+                    no_reload_while_stopping();
+                }
+                Sighup::Request => start_reload(st),
+            },
             Ok((sig @ (SIGUSR1 | SIGUSR2), _)) => no_use_for(st, sig),
             Ok((sig, _)) => {
                 request_shutdown(st, crate::signal::name(sig), 128 + sig);
@@ -190,18 +196,28 @@ pub(super) async fn run(st: &Rc<State>) -> i32 {
     }
 }
 
-/// A SIGHUP the kernel sent (`SI_KERNEL`): the primary's terminal hung up (an SSH session
-/// dropped, a terminal closed), not an operator's `kill -HUP` (a reload). A foreground primary
-/// whose terminal is gone stops, as pm2-runtime and foreman do, rather than serve on detached,
-/// holding its ports, its output lost: a graceful stop, as SIGTERM's. During a stop, nothing.
+/// A SIGHUP of the primary's terminal hanging up (an SSH session dropped, a terminal closed:
+/// the kernel's, or a shell's forwarding it), not an operator's `kill -HUP` (a reload). A
+/// foreground primary whose terminal is gone stops, as pm2-runtime and foreman do, rather than
+/// serve on detached, holding its ports, its output lost: a graceful stop, as SIGTERM's. During
+/// a stop, nothing.
 fn hung_up(st: &Rc<State>) {
     if st.phase.get() == Phase::Running {
         start_shutdown(
             st,
-            "SIGHUP from the kernel: the terminal hung up (a stop, not a reload; kill -HUP \
-             reloads)",
+            "SIGHUP: the terminal hung up (a stop, not a reload; kill -HUP reloads)",
         );
     }
+}
+
+/// A hangup's SIGHUP under `nohup` (SIGHUP ignored when the primary began to catch it): asked
+/// to outlive its terminal, the primary serves on; one line says so.
+fn hangup_ignored() {
+    tracing::info!(
+        target: "nodus::cluster",
+        "SIGHUP: the terminal hung up; SIGHUP was ignored at start (nohup): serving on, no \
+         reload (kill -HUP reloads)"
+    );
 }
 
 /// A SIGHUP (`kill -HUP`, `systemctl reload`) once a stop began: no reload then, said in one
