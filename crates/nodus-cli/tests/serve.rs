@@ -1848,6 +1848,24 @@ fn out_of_fds_answers_503_never_403_404_or_a_listing_and_logs_it_once() {
     assert_eq!(accepts, 1, "{out:#?}");
 }
 
+/// Starts `cmd` with `limit` open files at most (soft and hard).
+fn limit_open_files(cmd: &mut Command, limit: u64) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setrlimit is async-signal-safe; the closure touches nothing else.
+    unsafe {
+        cmd.pre_exec(move || {
+            let limit = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: limit,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Started with an open-files limit of 64 (a container's, `LimitNOFILE=64`), `nodus serve`
 /// keeps fewer connections open than the limit, the cap it says at the start, so clients that
 /// hold more keep-alive connections than the limit do not starve its file opens: every request
@@ -1856,25 +1874,10 @@ fn out_of_fds_answers_503_never_403_404_or_a_listing_and_logs_it_once() {
 #[test]
 fn connections_past_the_fd_limit_wait_in_the_backlog_and_those_held_are_served() {
     use nodus_testkit::http::{Timeouts, connect, read_reply, write_request};
-    use std::os::unix::process::CommandExt;
     const LIMIT: u64 = 64;
     let dir = TempDir::new("serve-fd-cap");
     std::fs::write(dir.path().join("index.html"), "hello\n").unwrap();
-    let mut server = Serve::start_with(dir.path(), 1, &[], |cmd| {
-        // SAFETY: setrlimit is async-signal-safe; the closure touches nothing else.
-        unsafe {
-            cmd.pre_exec(|| {
-                let limit = libc::rlimit {
-                    rlim_cur: LIMIT,
-                    rlim_max: LIMIT,
-                };
-                if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    });
+    let mut server = Serve::start_with(dir.path(), 1, &[], |cmd| limit_open_files(cmd, LIMIT));
     let said = server.proc.wait_line("connection cap");
     let cap: usize = said
         .split("connection cap ")
@@ -1966,24 +1969,11 @@ fn connections_past_the_fd_limit_wait_in_the_backlog_and_those_held_are_served()
 #[test]
 fn a_cluster_worker_at_its_connection_cap_takes_no_more_than_it_serves() {
     use nodus_testkit::http::read_reply;
-    use std::os::unix::process::CommandExt;
     const LIMIT: u64 = 320;
     let dir = TempDir::new("serve-fd-cap-cluster");
     std::fs::write(dir.path().join("index.html"), "hello\n").unwrap();
     let mut server = Serve::start_with(dir.path(), 2, &["--policy", "rr"], |cmd| {
-        // SAFETY: setrlimit is async-signal-safe; the closure touches nothing else.
-        unsafe {
-            cmd.pre_exec(|| {
-                let limit = libc::rlimit {
-                    rlim_cur: LIMIT,
-                    rlim_max: LIMIT,
-                };
-                if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        limit_open_files(cmd, LIMIT)
     });
     // Each worker's first line: its cap, at WARN (low).
     for id in [1, 2] {
