@@ -218,10 +218,23 @@ fn check_elf(file: &Path, head: &[u8; SHEBANG_MAX], len: usize) -> Result<(), St
         linux32,
         order: if cfg!(target_endian = "big") { 2 } else { 1 },
     };
-    match elf_refusal(file, head, len, &kernel, &read_binfmt_misc()) {
-        Some(why) => Err(format!("Exec format error: {why}")),
-        None => Ok(()),
+    let binfmt = read_binfmt_misc();
+    if let Some(why) = elf_refusal(file, head, len, &kernel, &binfmt) {
+        return Err(format!("Exec format error: {why}"));
     }
+    // binfmt_misc unknown (not mounted: most containers): let it run, but say what it looks
+    // like, since `execvp` runs a program the kernel refuses with `/bin/sh`.
+    if matches!(binfmt, Binfmt::Unknown)
+        && let Some(why) = elf_refusal(file, head, len, &kernel, &Binfmt::Enabled(Vec::new()))
+    {
+        tracing::warn!(
+            "{} looks like {why} (binfmt_misc is not mounted here: an emulator the host \
+             registered may run it all the same); if the workers fail with shell syntax errors, \
+             this is why",
+            file.display()
+        );
+    }
+    Ok(())
 }
 
 /// personality(2)'s persona bits, and the `linux32` persona (`setarch linux32`; Docker sets it

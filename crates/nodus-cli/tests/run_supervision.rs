@@ -710,6 +710,21 @@ fn a_program_that_cannot_be_run_is_one_line_and_exit_code_1_before_any_worker() 
             "{program}: {stderr}"
         );
     }
+    // Unmounted, the other machine's program runs (and fails: `execvp` gives it to /bin/sh), but
+    // its start says what it looks like, so a crash loop of shell syntax errors is explained.
+    if !binfmt_misc {
+        let out = Command::new(NODUS)
+            .args(["run", "-w", "1", "--max-restarts", "0", "--"])
+            .arg(&other_machine)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("looks like an ELF program for ARM (64-bit, little-endian)")
+                && stderr.contains("binfmt_misc is not mounted here"),
+            "{stderr}"
+        );
+    }
     // An empty name is a usage error (exit code 2), not a program looked for in PATH.
     let out = Command::new(NODUS)
         .args(["run", "--", ""])
