@@ -82,6 +82,44 @@ fn pids_serving(path: &Path) -> HashSet<String> {
 /// serve over the socket, a reload under a client that keeps
 /// connecting loses no request (a slow one in flight on an old worker is answered: its drain
 /// counts its Unix connections) and the new workers serve, and a stop removes the socket file.
+/// Whether the listening socket bound on `path` that process `pid` holds is non-blocking
+/// (`None`: it holds none). Two workers woken for one connection on a blocking one would leave
+/// the loser's loop stuck in `accept`.
+fn listener_nonblocking(pid: &str, path: &Path) -> Option<bool> {
+    let path = path.to_str().unwrap();
+    // /proc/net/unix: `Num RefCount Protocol Flags Type St Inode Path`; flags 00010000: listening.
+    let table = std::fs::read_to_string("/proc/net/unix").unwrap();
+    let inodes: HashSet<String> = table
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() == 8 && f[3] == "00010000" && f[7] == path).then(|| f[6].to_owned())
+        })
+        .collect();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()? {
+        let entry = entry.ok()?;
+        let target = std::fs::read_link(entry.path()).ok()?;
+        let target = target.to_string_lossy();
+        let Some(inode) = target
+            .strip_prefix("socket:[")
+            .and_then(|t| t.strip_suffix(']'))
+        else {
+            continue;
+        };
+        if inodes.contains(inode) {
+            let info = std::fs::read_to_string(format!(
+                "/proc/{pid}/fdinfo/{}",
+                entry.file_name().to_string_lossy()
+            ))
+            .ok()?;
+            let flags = info.lines().find_map(|l| l.strip_prefix("flags:"))?.trim();
+            let flags = u32::from_str_radix(flags, 8).ok()?;
+            return Some(flags & libc::O_NONBLOCK as u32 != 0);
+        }
+    }
+    None
+}
+
 #[test]
 fn node_workers_serve_a_unix_socket_path_under_every_policy_across_a_reload() {
     if !have("node") {
@@ -102,6 +140,15 @@ fn node_workers_serve_a_unix_socket_path_under_every_policy_across_a_reload() {
         primary.wait_line("2 workers ready");
         let before = pids_serving(&sock);
         assert_eq!(before.len(), 2, "{policy}: {before:?}");
+        if matches!(policy, "shared" | "reuseport") {
+            for pid in &before {
+                assert_eq!(
+                    listener_nonblocking(pid, &sock),
+                    Some(true),
+                    "{policy}: worker {pid}'s listening socket"
+                );
+            }
+        }
 
         let stop = Arc::new(AtomicBool::new(false));
         let client = {

@@ -211,10 +211,14 @@ impl Server {
                 socket2::SockRef::from(&listener).set_nonblocking(true)?;
                 Sock::Accepting(RefCell::new(Some(AsyncFd::new(listener)?)))
             }
-            // Shared duplicates share the file's flags: blocking, as a service manager passes
-            // sockets (a nodus or Node worker makes its copy non-blocking itself).
+            // Shared duplicates share the file's flags. Workers with a channel (Node, nodus)
+            // get it non-blocking, as Node's own primary makes it: a Node worker does not set
+            // the flag on a handle it receives (a Unix socket's, at least), and two workers that
+            // wake for one connection would leave the loser blocked in `accept` (its loop stuck,
+            // its `disconnect` unread, until the next connection or SIGTERM). A plain program
+            // gets it blocking, as a service manager passes sockets.
             Policy::Shared => {
-                socket2::SockRef::from(&listener).set_nonblocking(false)?;
+                socket2::SockRef::from(&listener).set_nonblocking(st.config.command.ipc)?;
                 Sock::Shared(RefCell::new(Some(listener)))
             }
             // Bound before the listener is closed (at the end of this function): the port is
