@@ -94,6 +94,9 @@ marker, mode, wait, log = sys.argv[1].encode(), sys.argv[2], float(sys.argv[3]),
 argv = sys.argv[5:]
 report_r, report_w = os.pipe()  # the shell's reports; not inherited by nodus (close-on-exec)
 def start():
+    # A terminal's SIGHUP, whatever the test runs under (`nohup`, a CI runner that ignores
+    # it): nodus takes an ignored SIGHUP at its start for nohup's.
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     if mode.startswith("nohup"):
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
