@@ -227,10 +227,20 @@ fn once_against_a_real_two_worker_serve_shows_both_pids_and_their_figures() {
 
 /// Serves the fake cluster; returns its address and the number of answers given so far.
 fn fake_cluster() -> (SocketAddr, Arc<AtomicU64>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
     let served = Arc::new(AtomicU64::new(0));
     let count = Arc::clone(&served);
+    let addr = serve_fake(move |_| {
+        let n = count.fetch_add(1, Ordering::SeqCst);
+        ("application/json", cluster_doc(n).to_string())
+    });
+    (addr, served)
+}
+
+/// A one-answer-per-connection HTTP server on 127.0.0.1: `answer(head)` gives each request's
+/// content type and body. Returns its address.
+fn serve_fake(answer: impl Fn(&str) -> (&'static str, String) + Send + 'static) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
     std::thread::spawn(move || {
         for conn in listener.incoming() {
             let Ok(mut conn) = conn else { continue };
@@ -239,17 +249,16 @@ fn fake_cluster() -> (SocketAddr, Arc<AtomicU64>) {
             while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap_or(0) == 1 {
                 head.push(byte[0]);
             }
-            let n = count.fetch_add(1, Ordering::SeqCst);
-            let body = cluster_doc(n).to_string();
+            let (kind, body) = answer(&String::from_utf8_lossy(&head));
             let _ = write!(
                 conn,
-                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+                "HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\nContent-Length: {}\r\n\
                  Connection: close\r\n\r\n{body}",
                 body.len()
             );
         }
     });
-    (addr, served)
+    addr
 }
 
 const PIDS: [u32; 2] = [31_001, 31_002];
@@ -710,31 +719,13 @@ fn admin_page_in_headless_chromium_fills_the_worker_rows() {
 /// cluster document would come; returns the address.
 fn fake_admin(doc: Value) -> SocketAddr {
     const PAGE: &str = include_str!("../src/serve/admin_page.html");
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            let mut head = Vec::new();
-            let mut byte = [0u8; 1];
-            while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap_or(0) == 1 {
-                head.push(byte[0]);
-            }
-            let head = String::from_utf8_lossy(&head);
-            let (kind, body) = if head.starts_with("GET /_nodus/stats ") {
-                ("application/json", doc.to_string())
-            } else {
-                ("text/html; charset=utf-8", PAGE.to_string())
-            };
-            let _ = write!(
-                conn,
-                "HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\nContent-Length: {}\r\n\
-                 Connection: close\r\n\r\n{body}",
-                body.len()
-            );
+    serve_fake(move |head| {
+        if head.starts_with("GET /_nodus/stats ") {
+            ("application/json", doc.to_string())
+        } else {
+            ("text/html; charset=utf-8", PAGE.to_string())
         }
-    });
-    addr
+    })
 }
 
 /// The DOM of `url` after headless Chromium ran its script for a few (virtual) seconds.

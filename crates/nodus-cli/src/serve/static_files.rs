@@ -680,14 +680,20 @@ fn listing_plan(root: &Path, dir: &Resolved, display: &str, opts: &StaticOptions
     Plan::Listing { html, headers }
 }
 
-fn refuse(status: StatusCode, reason: &'static str) -> Plan {
+/// The headers of a short plain-text answer of `len` bytes.
+fn text_headers(len: usize) -> HeaderMap {
     let mut headers = HeaderMap::new();
     headers.insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
-    headers.insert(CONTENT_LENGTH, HeaderValue::from(reason.len() + 1));
+    headers.insert(CONTENT_LENGTH, HeaderValue::from(len));
     headers.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    headers
+}
+
+fn refuse(status: StatusCode, reason: &'static str) -> Plan {
+    let headers = text_headers(reason.len() + 1);
     Plan::Refuse {
         status,
         reason,
@@ -703,14 +709,7 @@ fn not_found() -> Plan {
 /// that is for the log), `Cache-Control: no-store`.
 pub fn failed(failure: Failure) -> Plan {
     let status = failure.status();
-    let body = failed_body(status);
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
-    headers.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    let mut headers = text_headers(failed_body(status).len());
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     if status == StatusCode::SERVICE_UNAVAILABLE {
         headers.insert(RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));

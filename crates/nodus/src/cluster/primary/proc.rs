@@ -83,6 +83,7 @@ use crate::cluster::protocol::{Ack, Incoming, NODE_CLUSTER, Nodus};
 use crate::cluster::reply::ReplySlot;
 use crate::cluster::worker;
 use crate::ipc::{Channel, ChannelOptions, IpcError, Message};
+use crate::log_limit::LogLimit;
 use crate::metrics::Snapshot;
 use crate::notify::{NotifyMessage, NotifySocket};
 use crate::process::output::{Sink, prefix_lines, raw_lines};
@@ -271,10 +272,10 @@ pub(super) struct Proc {
     /// A plain program's launcher could not execute the program ([`report_exec_failure`]):
     /// its errno and message.
     pub exec_failed: RefCell<Option<(i32, String)>>,
-    /// Notify datagrams from outside its process group ignored, and when the last line about
-    /// them was logged with how many it had counted then ([`ignored_notify`]).
+    /// Notify datagrams from outside its process group ignored, and the limit on the lines
+    /// saying so ([`ignored_notify`]).
     notify_ignored: Cell<u64>,
-    notify_ignored_said: Cell<Option<(Instant, u64)>>,
+    notify_ignored_said: OnceCell<Rc<LogLimit>>,
     /// How many processes were left in its process group at its exit, SIGKILLed then (not
     /// counted when the primary had SIGKILLed the group itself): [`killed_what_it_left`].
     pub group_killed: Cell<usize>,
@@ -401,7 +402,7 @@ impl Proc {
             output: RefCell::new(output),
             exec_failed: RefCell::new(None),
             notify_ignored: Cell::new(0),
-            notify_ignored_said: Cell::new(None),
+            notify_ignored_said: OnceCell::new(),
             group_killed: Cell::new(0),
         });
         if cfg.ipc {
@@ -739,32 +740,31 @@ const NOTIFY_IGNORED_EVERY: Duration = Duration::from_secs(60);
 
 /// A notify datagram from outside `proc`'s process group (anyone who can reach the abstract
 /// socket: any local user): ignored and counted (`notify_ignored` in the stats). Its first is one
-/// WARN line; later ones are said once a minute at most, with their count, at the first that
-/// comes after the minute, so a flood of them is no flood of lines.
+/// WARN line; later ones are counted and said once a minute at most, with their count
+/// (`log_limit`), so a flood of them is no flood of lines.
 fn ignored_notify(st: &State, proc: &Proc, sender: Option<u32>) {
     let n = proc.notify_ignored.get() + 1;
     proc.notify_ignored.set(n);
     st.notify_ignored.set(st.notify_ignored.get() + 1);
     let from = sender.map_or_else(|| "an unknown pid".to_owned(), |pid| format!("pid {pid}"));
-    let now = Instant::now();
-    match proc.notify_ignored_said.get() {
-        None => tracing::warn!(
-            target: "nodus::cluster",
-            "worker {} (pid {}): ignored a notify message from {from}, outside its process group \
-             (more are counted in the stats' notify_ignored, and said once a minute at most)",
-            proc.slot, proc.pid
-        ),
-        Some((at, counted)) if now.duration_since(at) >= NOTIFY_IGNORED_EVERY => {
+    let (slot, pid) = (proc.slot, proc.pid);
+    let limit = proc.notify_ignored_said.get_or_init(|| {
+        LogLimit::new(NOTIFY_IGNORED_EVERY, move |more, last| {
             tracing::warn!(
                 target: "nodus::cluster",
-                "worker {} (pid {}): ignored {} more notify messages from outside its process \
-                 group in {}s (the last from {from}; {n} in all)",
-                proc.slot, proc.pid, n - counted, now.duration_since(at).as_secs()
+                "worker {slot} (pid {pid}): ignored {more} more notify messages from outside its \
+                 process group in {}s (the last from {last})",
+                NOTIFY_IGNORED_EVERY.as_secs()
             );
-        }
-        Some(_) => return,
+        })
+    });
+    if limit.first(|| from.clone()) {
+        tracing::warn!(
+            target: "nodus::cluster",
+            "worker {slot} (pid {pid}): ignored a notify message from {from}, outside its process \
+             group (more are counted in the stats' notify_ignored, and said once a minute at most)"
+        );
     }
-    proc.notify_ignored_said.set(Some((now, n)));
 }
 
 /// Whether a notify datagram came from `proc` or a process of its group (a worker leads its own
