@@ -9,6 +9,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use nodus::process::output::{Sink, prefix_lines, raw_lines};
 use nodus::process::{Child, Command, ExecErrorKind, ExecOptions, Stdio, exec, exec_file};
 use nodus::signal::{SIGKILL, SIGTERM};
 use nodus::{Runtime, spawn};
+use nodus_testkit::tmp::TempDir;
 use nodus_testkit::tree;
 
 fn state_of(pid: u32) -> Option<char> {
@@ -574,6 +576,97 @@ fn exec_timeout_kills_the_child() {
         assert_eq!(err.status.unwrap().signal(), Some(SIGTERM));
         assert!(start.elapsed() < Duration::from_secs(5));
     });
+}
+
+/// Waits (blocking the loop) until `file` holds a pid, and returns it.
+fn pid_in(file: &std::path::Path) -> u32 {
+    let start = Instant::now();
+    loop {
+        if let Some(pid) = std::fs::read_to_string(file)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+        {
+            return pid;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no pid in {file:?}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A child that exits as the timeout expires, its exit not yet observed (the loop turn that runs
+/// the timer runs it before the poll phase that would), is not "timed out" nor signalled: the
+/// result is its own exit, with its output. The loop is blocked here (in the check phase) until
+/// the child is a zombie and the timeout has passed, so the next turn is that one.
+#[test]
+fn exec_timeout_spares_a_child_that_exited_as_it_expired() {
+    let dir = TempDir::new("exec-timeout-race");
+    let (pid_file, go) = (dir.path().join("pid"), dir.path().join("go"));
+    bounded(async {
+        let timeout = Duration::from_secs(2);
+        let opts = ExecOptions {
+            timeout: Some(timeout),
+            ..Default::default()
+        };
+        let script = r#"echo $$ > "$1"; while [ ! -e "$2" ]; do sleep 0.01; done; echo done"#;
+        let args = [script.into(), "sh".into(), pid_file.clone(), go.clone()];
+        let run = spawn(async move {
+            exec_file(
+                "sh",
+                [OsString::from("-c")]
+                    .into_iter()
+                    .chain(args.map(OsString::from)),
+                &opts,
+            )
+            .await
+        });
+        // Its pid written: the exec started it, and armed its timer, by now.
+        while !pid_file.exists() {
+            nodus::sleep(Duration::from_millis(5)).await;
+        }
+        let armed_by = Instant::now();
+        let pid = pid_in(&pid_file);
+        // Blocked from the check phase on (after this turn's poll phase), the loop's next turn
+        // runs the timer (timers phase) before the poll phase that observes the exit.
+        nodus::yield_now().await;
+        std::fs::write(&go, b"").unwrap();
+        wait_zombie(pid);
+        std::thread::sleep((armed_by + timeout + Duration::from_millis(100)) - Instant::now());
+        let out = run.await.unwrap().expect("its own exit, not a timeout");
+        assert!(out.status.success(), "{:?}", out.status);
+        assert_eq!(out.stdout, b"done\n");
+    });
+}
+
+/// A child that exited before the timeout, leaving a process that holds its pipes open: at the
+/// timeout the result is the child's own exit with what it wrote (not a wait for the pipes' end,
+/// nor a "timed out": nothing was killed).
+#[test]
+fn exec_timeout_after_the_child_exited_is_its_own_exit_with_its_output() {
+    let (result, elapsed) = bounded(async {
+        let opts = ExecOptions {
+            timeout: Some(Duration::from_millis(300)),
+            ..Default::default()
+        };
+        let start = Instant::now();
+        let result = exec("sleep 30 & echo $!; echo err >&2; exit 4", &opts).await;
+        (result, start.elapsed())
+    });
+    // Either outcome's stdout names the sleep: killed before anything is asserted.
+    let stdout = result.as_ref().map_or_else(|e| &e.stdout, |o| &o.stdout);
+    let sleep: i32 = std::str::from_utf8(stdout).unwrap().trim().parse().unwrap();
+    // SAFETY: a plain syscall on the sleep this test started.
+    unsafe { libc::kill(sleep, libc::SIGKILL) };
+    let err = result.expect_err("exit code 4");
+    assert!(matches!(err.kind, ExecErrorKind::Failed), "{err}");
+    assert_eq!(err.status.unwrap().code(), Some(4));
+    assert_eq!(err.stderr, b"err\n");
+    assert!(
+        elapsed < Duration::from_secs(10),
+        "{elapsed:?}: the timeout bounds it"
+    );
 }
 
 fn listener() -> (std::net::SocketAddr, OwnedFd) {
