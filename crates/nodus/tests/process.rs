@@ -4,7 +4,8 @@
 //! exec_file (buffer limit, timeout, failure), fork of a nodus child, fds passed at given numbers
 //! (with the IPC channel after them), and output copied line by line behind a prefix (or as it
 //! is, its drop notices prefixed), fairly between the children sharing a sink; `has_exited` on
-//! an exit not yet reaped. Every test bounded in time.
+//! an exit not yet reaped; `no_shell_for_elf` (an ELF file the kernel refuses is a spawn error,
+//! not a script for `/bin/sh`). Every test bounded in time.
 
 mod common;
 
@@ -667,6 +668,100 @@ fn exec_timeout_after_the_child_exited_is_its_own_exit_with_its_output() {
         elapsed < Duration::from_secs(10),
         "{elapsed:?}: the timeout bounds it"
     );
+}
+
+/// An ELF file the kernel refuses to execute (`ENOEXEC`; a corrupt header, refused whatever
+/// binfmt_misc holds): `execvp`, the default, gives it to `/bin/sh`, which reads it as a script;
+/// with `no_shell_for_elf`, found as `execvp` finds it (a path, a name in the child's `PATH`, a
+/// relative path from its working directory), it is a spawn error. A file with no `#!` line
+/// still runs with `/bin/sh`.
+#[test]
+fn no_shell_for_elf_makes_an_elf_file_the_kernel_refuses_a_spawn_error() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("no-shell-for-elf");
+    let elf = dir.path().join("corrupt-elf");
+    let script = dir.path().join("no-shebang");
+    std::fs::write(&elf, b"\x7fELF\n").unwrap();
+    std::fs::write(&script, "exit 7\n").unwrap();
+    for file in [&elf, &script] {
+        std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let quiet = |cmd: &mut Command| {
+        cmd.stdin(Stdio::Null)
+            .stdout(Stdio::Null)
+            .stderr(Stdio::Null);
+    };
+    let enoexec = std::io::Error::from_raw_os_error(libc::ENOEXEC).to_string();
+    bounded(async {
+        let mut cmd = Command::new(&elf);
+        quiet(&mut cmd);
+        let by_sh = cmd.spawn().expect("execvp runs it with /bin/sh");
+        assert!(!by_sh.wait().await.unwrap().success());
+        let ways: [(
+            &std::ffi::OsStr,
+            Option<&std::path::Path>,
+            Option<&std::path::Path>,
+        ); 3] = [
+            (elf.as_os_str(), None, None),
+            ("corrupt-elf".as_ref(), Some(dir.path()), None),
+            ("./corrupt-elf".as_ref(), None, Some(dir.path())),
+        ];
+        for (program, path, cwd) in ways {
+            let mut cmd = Command::new(program);
+            quiet(cmd.no_shell_for_elf(true));
+            if let Some(path) = path {
+                cmd.env("PATH", path);
+            }
+            if let Some(cwd) = cwd {
+                cmd.current_dir(cwd);
+            }
+            let err = cmd
+                .spawn()
+                .err()
+                .unwrap_or_else(|| panic!("{program:?} was run"));
+            assert!(err.to_string().ends_with(&enoexec), "{program:?}: {err}");
+        }
+        let mut cmd = Command::new(&script);
+        quiet(cmd.no_shell_for_elf(true));
+        let status = cmd.spawn().unwrap().wait().await.unwrap();
+        assert_eq!(status.code(), Some(7), "run by /bin/sh");
+    });
+}
+
+/// With `no_shell_for_elf`, a program that is an ELF file (`sh`, found in `PATH`) is executed
+/// with `execve` and gets what `execvp` gives it: its `argv[0]` and arguments, its environment
+/// as set (variables added and removed, or cleared first; then glibc's `PATH` finds it), its
+/// working directory.
+#[test]
+fn no_shell_for_elf_runs_an_elf_program_with_its_argv_environment_and_directory() {
+    let dir = std::env::temp_dir().canonicalize().unwrap();
+    bounded(async {
+        let mut cmd = Command::new("sh");
+        cmd.no_shell_for_elf(true)
+            .arg0("named")
+            .env("NODUS_ADDED", "a b")
+            .env_remove("HOME")
+            .current_dir(&dir);
+        let out = stdout_of(
+            &mut cmd,
+            r#"tr '\0' ' ' < /proc/$$/cmdline; echo "|$NODUS_ADDED|${HOME-unset}|$(pwd)""#,
+        )
+        .await;
+        assert_eq!(
+            out,
+            format!(
+                "named -c {} |a b|unset|{}\n",
+                r#"tr '\0' ' ' < /proc/$$/cmdline; echo "|$NODUS_ADDED|${HOME-unset}|$(pwd)""#,
+                dir.display()
+            )
+        );
+        let mut cmd = Command::new("sh");
+        cmd.no_shell_for_elf(true)
+            .env_clear()
+            .env("NODUS_ONLY", "1");
+        let out = stdout_of(&mut cmd, r"tr '\0' '\n' < /proc/$$/environ").await;
+        assert_eq!(out, "NODUS_ONLY=1\n");
+    });
 }
 
 fn listener() -> (std::net::SocketAddr, OwnedFd) {
