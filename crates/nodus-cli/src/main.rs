@@ -127,7 +127,9 @@ enum Command {
     /// left after clean exits); 1 a start failure (the --events FILE cannot be opened; the
     /// program, or its #! interpreter, cannot be run, checked before any worker starts (an ELF
     /// file for a machine the kernel does not run, no binfmt_misc entry taking it, or a corrupt
-    /// one too: "Exec format error"; a script with no #! line runs with /bin/sh); the workers' exec of it fails before any worker ran it; a
+    /// one too: "Exec format error"; a script with no #! line runs with /bin/sh); the workers' exec of it fails before any worker ran it (an
+    /// ELF program is executed without /bin/sh: one for another machine, binfmt_misc not
+    /// mounted and no emulator taking it, is "Exec format error" then, one line); a
     /// listener cannot be bound) or a worker left after a crash; 2 a usage error (an empty
     /// PROGRAM too); 75 the restart budget is spent;
     /// 124 a worker was SIGKILLed at --kill-timeout during the stop, or exited 124 (a nodus

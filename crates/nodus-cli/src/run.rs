@@ -116,7 +116,7 @@ fn check_runnable(program: &OsStr) -> Result<(), String> {
 
 /// The file `execvp` runs for `name`: `name` itself when it has a slash, else the first
 /// executable file of that name in a `PATH` directory.
-fn find_in_path(name: &OsStr) -> Result<PathBuf, String> {
+pub fn find_in_path(name: &OsStr) -> Result<PathBuf, String> {
     if name.as_encoded_bytes().contains(&b'/') {
         executable_file(Path::new(name))?;
         return Ok(PathBuf::from(name));
@@ -200,12 +200,40 @@ fn check_interpreter(file: &Path, depth: usize) -> Result<(), String> {
 const ELF_MAGIC: &[u8] = b"\x7fELF";
 
 /// An ELF file whose `exec` would fail with `ENOEXEC` (bash's "cannot execute binary file: Exec
-/// format error", systemd's 203/EXEC) is refused here: `execvp` would run it with `/bin/sh`
-/// instead (shell syntax errors, a crash loop, exit 75). `head` is its first bytes (`len` read,
-/// zeros after). The decision is [`elf_refusal`]'s, from the kernel's machine (uname(2), not
-/// nodus's own binary: a 32-bit nodus may run on a 64-bit kernel) and what
-/// `/proc/sys/fs/binfmt_misc` shows.
+/// format error", systemd's 203/EXEC) is refused here, before a worker's exec fails on it.
+/// `head` is its first bytes (`len` read, zeros after). The decision is [`elf_refusal`]'s, with
+/// what `/proc/sys/fs/binfmt_misc` shows: not mounted (most containers), another architecture's
+/// program is left to the exec, since an emulator the host registered may run it; if none does,
+/// the worker's exec fails (`ENOEXEC`: the launcher and the cluster execute an ELF program with
+/// `execve` alone, never with `/bin/sh`), and the primary exits with one line
+/// ([`why_exec_refused`] says what the file is).
 fn check_elf(file: &Path, head: &[u8; SHEBANG_MAX], len: usize) -> Result<(), String> {
+    match judge_elf(file, head, len, &read_binfmt_misc()) {
+        Some(why) => Err(format!("Exec format error: {why}")),
+        None => Ok(()),
+    }
+}
+
+/// After an exec of `file` failed with `ENOEXEC` (no `binfmt_misc` entry took it, mounted here
+/// or not): what makes it a file the kernel does not run, if it is an ELF file whose header says
+/// (another architecture, an object file, ...).
+pub fn why_exec_refused(file: &Path) -> Option<String> {
+    let mut head = [0u8; SHEBANG_MAX];
+    let n = std::fs::File::open(file)
+        .and_then(|mut f| {
+            use std::io::Read;
+            f.read(&mut head)
+        })
+        .ok()?;
+    if !head.starts_with(ELF_MAGIC) {
+        return None;
+    }
+    judge_elf(file, &head, n, &Binfmt::Enabled(Vec::new()))
+}
+
+/// [`elf_refusal`] on this machine's kernel: uname(2)'s machine, not nodus's own binary's (a
+/// 32-bit nodus may run on a 64-bit kernel), and its personality.
+fn judge_elf(file: &Path, head: &[u8], len: usize, binfmt: &Binfmt) -> Option<String> {
     let uname = rustix::system::uname();
     let machine = uname.machine().to_string_lossy();
     // `/proc/self/personality`: hex. Unreadable, it may be `linux32` (the wider judgement).
@@ -218,23 +246,7 @@ fn check_elf(file: &Path, head: &[u8; SHEBANG_MAX], len: usize) -> Result<(), St
         linux32,
         order: if cfg!(target_endian = "big") { 2 } else { 1 },
     };
-    let binfmt = read_binfmt_misc();
-    if let Some(why) = elf_refusal(file, head, len, &kernel, &binfmt) {
-        return Err(format!("Exec format error: {why}"));
-    }
-    // binfmt_misc unknown (not mounted: most containers): let it run, but say what it looks
-    // like, since `execvp` runs a program the kernel refuses with `/bin/sh`.
-    if matches!(binfmt, Binfmt::Unknown)
-        && let Some(why) = elf_refusal(file, head, len, &kernel, &Binfmt::Enabled(Vec::new()))
-    {
-        tracing::warn!(
-            "{} looks like {why} (binfmt_misc is not mounted here: an emulator the host \
-             registered may run it all the same); if the workers fail with shell syntax errors, \
-             this is why",
-            file.display()
-        );
-    }
-    Ok(())
+    elf_refusal(file, head, len, &kernel, binfmt)
 }
 
 /// personality(2)'s persona bits, and the `linux32` persona (`setarch linux32`; Docker sets it
@@ -819,7 +831,7 @@ pub fn run(options: RunOptions) -> i32 {
         );
         let primary = match Primary::start(config) {
             Ok(p) => p,
-            Err(e) => return fail(e),
+            Err(e) => return fail(start_failure(e, &program)),
         };
         // A stop takes the kill timeout for the workers, another for the processes they left
         // behind (the subreaper's), then its exit: the exit's flush of queued output takes what
@@ -847,6 +859,22 @@ pub fn run(options: RunOptions) -> i32 {
         }
         code
     })
+}
+
+/// The line for a cluster that could not start (`e`). A `--node` worker runs the program itself,
+/// an ELF one with `execve` alone: a kernel's refusal of it (`ENOEXEC`, binfmt_misc not mounted
+/// here to judge it before) ends the spawn's message, and what the file's header says follows.
+fn start_failure(e: std::io::Error, program: &OsStr) -> String {
+    let enoexec = std::io::Error::from_raw_os_error(libc::ENOEXEC).to_string();
+    let why = e
+        .to_string()
+        .ends_with(&enoexec)
+        .then(|| why_exec_refused(&find_in_path(program).ok()?))
+        .flatten();
+    match why {
+        Some(why) => format!("{e}: {why}"),
+        None => e.to_string(),
+    }
 }
 
 /// The start line's account of the listeners (empty without any): each bound address (port 0

@@ -1,5 +1,6 @@
 //! `nodus __exec-listen`: LISTEN_PID is the program's own pid (set only with LISTEN_FDS), passed
-//! fds survive the step, and a program that cannot run is exit code 127 or 126 with a message.
+//! fds survive the step, and a program that cannot run is exit code 127 or 126 with a message
+//! (an ELF file the kernel refuses too: never run by `/bin/sh`).
 
 mod common;
 
@@ -68,6 +69,44 @@ fn a_missing_program_is_127_and_a_non_executable_one_126() {
     let (code, _, err) = run(Command::new(NODUS).args(["__exec-listen", "no\nsuch"]));
     assert_eq!(code, Some(127));
     assert!(err.starts_with("nodus: cannot run 'no\\nsuch': "), "{err}");
+}
+
+/// An ELF file the kernel refuses to execute (`ENOEXEC`; a corrupt header, refused whatever
+/// binfmt_misc holds), by its path or found in `PATH`, is an exec failure (126, one line saying
+/// what the file is), not a script for `/bin/sh` (whose exec of it writes its own errors and
+/// exits 127 or 2). A file with no `#!` line still runs with `/bin/sh`.
+#[test]
+fn an_elf_file_the_kernel_refuses_is_an_exec_failure_not_a_shell_script() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("exec-listen-enoexec");
+    let elf = dir.path().join("corrupt-elf");
+    let script = dir.path().join("no-shebang");
+    std::fs::write(&elf, b"\x7fELF\n").unwrap();
+    std::fs::write(&script, "echo ran by sh\n").unwrap();
+    for file in [&elf, &script] {
+        std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let path = format!("{}:/usr/bin:/bin", dir.path().display());
+    for (program, named) in [
+        (elf.to_str().unwrap(), elf.to_str().unwrap()),
+        ("corrupt-elf", "corrupt-elf"),
+    ] {
+        let (code, out, err) = run(Command::new(NODUS)
+            .args(["__exec-listen", program])
+            .env("PATH", &path));
+        assert_eq!(code, Some(126), "{program}: {out}{err}");
+        assert_eq!(
+            err,
+            format!(
+                "nodus: cannot run '{named}': Exec format error (os error 8): an ELF file of no \
+                 valid class (32 or 64-bit): corrupt\n"
+            )
+        );
+        assert_eq!(out, "");
+    }
+    let (code, out, err) = run(Command::new(NODUS).arg("__exec-listen").arg(&script));
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out, "ran by sh\n");
 }
 
 #[test]

@@ -15,7 +15,9 @@
 //! `node -e CODE` with no script is refused (and said at each worker's `listen` behind a
 //! wrapper), the program follows the options with or without `--`, a program that cannot be run
 //! (its name quoted; an ELF file for another machine, or a corrupt one, too) is refused before
-//! any worker starts while a script with no `#!` line runs with `/bin/sh`, an empty program name
+//! any worker starts while a script with no `#!` line runs with `/bin/sh` (another machine's
+//! program, with binfmt_misc not mounted to judge it, is one line and exit code 1 at the
+//! workers' exec, never a worker of `/bin/sh`), an empty program name
 //! is a usage error, a stop that had to kill workers exits
 //! with its own code (124, or 128 + a second signal's number) while a drain in time exits 0, a
 //! worker's exit is logged after its last output line, and no child of a worker outlives it (a
@@ -710,19 +712,35 @@ fn a_program_that_cannot_be_run_is_one_line_and_exit_code_1_before_any_worker() 
             "{program}: {stderr}"
         );
     }
-    // Unmounted, the other machine's program runs (and fails: `execvp` gives it to /bin/sh), but
-    // its start says what it looks like, so a crash loop of shell syntax errors is explained.
-    if !binfmt_misc {
+    // Another machine's program, binfmt_misc mounted or not (unmounted, it is left to the
+    // workers' exec, which an emulator the host registered could take; none takes a 64-bit ARM
+    // one, and the kernel refuses it): one line naming it and what it is, exit code 1, no
+    // worker line (`/bin/sh` reading it would have written some, crash after crash), no give-up.
+    // Plain (the launcher's exec) and `--node` (the worker's spawn) alike.
+    for node in [false, true] {
         let out = Command::new(NODUS)
-            .args(["run", "-w", "1", "--max-restarts", "0", "--"])
+            .args(["run", "-w", "2"])
+            .args(node.then_some("--node"))
+            .arg("--")
             .arg(&other_machine)
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "--node {node}: {stderr}");
+        let said: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.contains("Exec format error"))
+            .collect();
+        assert_eq!(said.len(), 1, "--node {node}: {stderr}");
         assert!(
-            stderr.contains("looks like an ELF program for ARM (64-bit, little-endian)")
-                && stderr.contains("binfmt_misc is not mounted here"),
-            "{stderr}"
+            said[0].contains(&format!("'{}'", other_machine.display()))
+                && said[0].contains("an ELF program for ARM (64-bit, little-endian)"),
+            "--node {node}: {stderr}"
+        );
+        assert!(
+            !format!("{stdout}{stderr}").contains("[worker ") && !stderr.contains("giving up"),
+            "--node {node}: {stdout}{stderr}"
         );
     }
     // An empty name is a usage error (exit code 2), not a program looked for in PATH.

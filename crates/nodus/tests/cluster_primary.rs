@@ -4,7 +4,8 @@
 //! enough, a shutdown ends it), a graceful shutdown, and a worker that exits as its drain
 //! deadline or kill timeout expires, before its reap (not killed, not a forced stop); with nodus
 //! workers, the stats of a worker whose loop does not answer (before its first request too), and
-//! readiness while the only worker's loop is blocked.
+//! readiness while the only worker's loop is blocked; a worker program the kernel refuses to
+//! execute fails the start (never run by `/bin/sh`).
 //!
 //! Bounded: every wait has a deadline; the workers die with the test process (PDEATHSIG) and are
 //! drained by `shutdown` at the end.
@@ -183,6 +184,34 @@ fn a_cluster_of_no_workers_is_refused() {
             panic!("a cluster of no workers started");
         };
         assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    });
+}
+
+/// A worker program that is an ELF file the kernel refuses to execute (`ENOEXEC`; here a corrupt
+/// header, refused whatever binfmt_misc holds; in life another machine's program) fails the
+/// start: it is executed with `execve` alone, where `execvp` would have `/bin/sh` read it, and
+/// fail, worker after worker.
+#[test]
+fn a_worker_program_the_kernel_refuses_to_execute_fails_the_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = nodus_testkit::tmp::TempDir::new("cluster-enoexec");
+    let program = dir.path().join("corrupt-elf");
+    std::fs::write(&program, b"\x7fELF\n").unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    nodus::Runtime::new().block_on(async {
+        let mut config = sleeper_config(1);
+        config.command.program = program.clone();
+        config.command.args = Vec::new();
+        let err = match Primary::start(config) {
+            Ok(primary) => {
+                let (_, run) = record_and_run(&primary);
+                shut_down(&primary, run).await;
+                panic!("a worker was started");
+            }
+            Err(err) => err,
+        };
+        let enoexec = std::io::Error::from_raw_os_error(libc::ENOEXEC).to_string();
+        assert!(err.to_string().ends_with(&enoexec), "{err}");
     });
 }
 

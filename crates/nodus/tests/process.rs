@@ -4,11 +4,13 @@
 //! exec_file (buffer limit, timeout, failure), fork of a nodus child, fds passed at given numbers
 //! (with the IPC channel after them), and output copied line by line behind a prefix (or as it
 //! is, its drop notices prefixed), fairly between the children sharing a sink; `has_exited` on
-//! an exit not yet reaped. Every test bounded in time.
+//! an exit not yet reaped; `no_shell_for_elf` (an ELF file the kernel refuses is a spawn error,
+//! not a script for `/bin/sh`). Every test bounded in time.
 
 mod common;
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
@@ -19,6 +21,7 @@ use nodus::process::output::{Sink, prefix_lines, raw_lines};
 use nodus::process::{Child, Command, ExecErrorKind, ExecOptions, Stdio, exec, exec_file};
 use nodus::signal::{SIGKILL, SIGTERM};
 use nodus::{Runtime, spawn};
+use nodus_testkit::tmp::TempDir;
 use nodus_testkit::tree;
 
 fn state_of(pid: u32) -> Option<char> {
@@ -573,6 +576,191 @@ fn exec_timeout_kills_the_child() {
         assert_eq!(err.stdout, b"started\n");
         assert_eq!(err.status.unwrap().signal(), Some(SIGTERM));
         assert!(start.elapsed() < Duration::from_secs(5));
+    });
+}
+
+/// Waits (blocking the loop) until `file` holds a pid, and returns it.
+fn pid_in(file: &std::path::Path) -> u32 {
+    let start = Instant::now();
+    loop {
+        if let Some(pid) = std::fs::read_to_string(file)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+        {
+            return pid;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no pid in {file:?}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A child that exits as the timeout expires, its exit not yet observed (the loop turn that runs
+/// the timer runs it before the poll phase that would), is not "timed out" nor signalled: the
+/// result is its own exit, with its output. The loop is blocked here (in the check phase) until
+/// the child is a zombie and the timeout has passed, so the next turn is that one.
+#[test]
+fn exec_timeout_spares_a_child_that_exited_as_it_expired() {
+    let dir = TempDir::new("exec-timeout-race");
+    let (pid_file, go) = (dir.path().join("pid"), dir.path().join("go"));
+    bounded(async {
+        let timeout = Duration::from_secs(2);
+        let opts = ExecOptions {
+            timeout: Some(timeout),
+            ..Default::default()
+        };
+        let script = r#"echo $$ > "$1"; while [ ! -e "$2" ]; do sleep 0.01; done; echo done"#;
+        let args = [script.into(), "sh".into(), pid_file.clone(), go.clone()];
+        let run = spawn(async move {
+            exec_file(
+                "sh",
+                [OsString::from("-c")]
+                    .into_iter()
+                    .chain(args.map(OsString::from)),
+                &opts,
+            )
+            .await
+        });
+        // Its pid written: the exec started it, and armed its timer, by now.
+        while !pid_file.exists() {
+            nodus::sleep(Duration::from_millis(5)).await;
+        }
+        let armed_by = Instant::now();
+        let pid = pid_in(&pid_file);
+        // Blocked from the check phase on (after this turn's poll phase), the loop's next turn
+        // runs the timer (timers phase) before the poll phase that observes the exit.
+        nodus::yield_now().await;
+        std::fs::write(&go, b"").unwrap();
+        wait_zombie(pid);
+        std::thread::sleep((armed_by + timeout + Duration::from_millis(100)) - Instant::now());
+        let out = run.await.unwrap().expect("its own exit, not a timeout");
+        assert!(out.status.success(), "{:?}", out.status);
+        assert_eq!(out.stdout, b"done\n");
+    });
+}
+
+/// A child that exited before the timeout, leaving a process that holds its pipes open: at the
+/// timeout the result is the child's own exit with what it wrote (not a wait for the pipes' end,
+/// nor a "timed out": nothing was killed).
+#[test]
+fn exec_timeout_after_the_child_exited_is_its_own_exit_with_its_output() {
+    let (result, elapsed) = bounded(async {
+        let opts = ExecOptions {
+            timeout: Some(Duration::from_millis(300)),
+            ..Default::default()
+        };
+        let start = Instant::now();
+        let result = exec("sleep 30 & echo $!; echo err >&2; exit 4", &opts).await;
+        (result, start.elapsed())
+    });
+    // Either outcome's stdout names the sleep: killed before anything is asserted.
+    let stdout = result.as_ref().map_or_else(|e| &e.stdout, |o| &o.stdout);
+    let sleep: i32 = std::str::from_utf8(stdout).unwrap().trim().parse().unwrap();
+    // SAFETY: a plain syscall on the sleep this test started.
+    unsafe { libc::kill(sleep, libc::SIGKILL) };
+    let err = result.expect_err("exit code 4");
+    assert!(matches!(err.kind, ExecErrorKind::Failed), "{err}");
+    assert_eq!(err.status.unwrap().code(), Some(4));
+    assert_eq!(err.stderr, b"err\n");
+    assert!(
+        elapsed < Duration::from_secs(10),
+        "{elapsed:?}: the timeout bounds it"
+    );
+}
+
+/// An ELF file the kernel refuses to execute (`ENOEXEC`; a corrupt header, refused whatever
+/// binfmt_misc holds): `execvp`, the default, gives it to `/bin/sh`, which reads it as a script;
+/// with `no_shell_for_elf`, found as `execvp` finds it (a path, a name in the child's `PATH`, a
+/// relative path from its working directory), it is a spawn error. A file with no `#!` line
+/// still runs with `/bin/sh`.
+#[test]
+fn no_shell_for_elf_makes_an_elf_file_the_kernel_refuses_a_spawn_error() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("no-shell-for-elf");
+    let elf = dir.path().join("corrupt-elf");
+    let script = dir.path().join("no-shebang");
+    std::fs::write(&elf, b"\x7fELF\n").unwrap();
+    std::fs::write(&script, "exit 7\n").unwrap();
+    for file in [&elf, &script] {
+        std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let quiet = |cmd: &mut Command| {
+        cmd.stdin(Stdio::Null)
+            .stdout(Stdio::Null)
+            .stderr(Stdio::Null);
+    };
+    let enoexec = std::io::Error::from_raw_os_error(libc::ENOEXEC).to_string();
+    bounded(async {
+        let mut cmd = Command::new(&elf);
+        quiet(&mut cmd);
+        let by_sh = cmd.spawn().expect("execvp runs it with /bin/sh");
+        assert!(!by_sh.wait().await.unwrap().success());
+        let ways: [(
+            &std::ffi::OsStr,
+            Option<&std::path::Path>,
+            Option<&std::path::Path>,
+        ); 3] = [
+            (elf.as_os_str(), None, None),
+            ("corrupt-elf".as_ref(), Some(dir.path()), None),
+            ("./corrupt-elf".as_ref(), None, Some(dir.path())),
+        ];
+        for (program, path, cwd) in ways {
+            let mut cmd = Command::new(program);
+            quiet(cmd.no_shell_for_elf(true));
+            if let Some(path) = path {
+                cmd.env("PATH", path);
+            }
+            if let Some(cwd) = cwd {
+                cmd.current_dir(cwd);
+            }
+            let err = cmd
+                .spawn()
+                .err()
+                .unwrap_or_else(|| panic!("{program:?} was run"));
+            assert!(err.to_string().ends_with(&enoexec), "{program:?}: {err}");
+        }
+        let mut cmd = Command::new(&script);
+        quiet(cmd.no_shell_for_elf(true));
+        let status = cmd.spawn().unwrap().wait().await.unwrap();
+        assert_eq!(status.code(), Some(7), "run by /bin/sh");
+    });
+}
+
+/// With `no_shell_for_elf`, a program that is an ELF file (`sh`, found in `PATH`) is executed
+/// with `execve` and gets what `execvp` gives it: its `argv[0]` and arguments, its environment
+/// as set (variables added and removed, or cleared first; then glibc's `PATH` finds it), its
+/// working directory.
+#[test]
+fn no_shell_for_elf_runs_an_elf_program_with_its_argv_environment_and_directory() {
+    let dir = std::env::temp_dir().canonicalize().unwrap();
+    bounded(async {
+        let mut cmd = Command::new("sh");
+        cmd.no_shell_for_elf(true)
+            .arg0("named")
+            .env("NODUS_ADDED", "a b")
+            .env_remove("HOME")
+            .current_dir(&dir);
+        let out = stdout_of(
+            &mut cmd,
+            r#"tr '\0' ' ' < /proc/$$/cmdline; echo "|$NODUS_ADDED|${HOME-unset}|$(pwd)""#,
+        )
+        .await;
+        assert_eq!(
+            out,
+            format!(
+                "named -c {} |a b|unset|{}\n",
+                r#"tr '\0' ' ' < /proc/$$/cmdline; echo "|$NODUS_ADDED|${HOME-unset}|$(pwd)""#,
+                dir.display()
+            )
+        );
+        let mut cmd = Command::new("sh");
+        cmd.no_shell_for_elf(true)
+            .env_clear()
+            .env("NODUS_ONLY", "1");
+        let out = stdout_of(&mut cmd, r"tr '\0' '\n' < /proc/$$/environ").await;
+        assert_eq!(out, "NODUS_ONLY=1\n");
     });
 }
 

@@ -36,6 +36,14 @@
 //!   low fds at that very moment could still open a hole: then a failed `exec` would show as an
 //!   abnormal exit of the child instead of a `spawn` error.)
 //!
+//! - With [`Command::no_shell_for_elf`], an ELF program is executed with `execve` as the last
+//!   step of `pre_exec`: the file `execvp` would run (the child's `PATH`, its working
+//!   directory) is found and its first bytes read in the parent, and the path, argv and envp are
+//!   C arrays built there too, so the child only reads them (no allocation after the fork). A
+//!   failed `execve` (`ENOEXEC` above all: another architecture, with no `binfmt_misc` entry
+//!   for it) is the spawn's error; std's `execvp`, which would give such a file to `/bin/sh`,
+//!   never runs. Any other file (a script, a missing one) is left to `execvp`.
+//!
 //! - A `reaper::Spawning` ticket is taken before the fork and turned into the child's
 //!   registration as nodus's own right after it (see `reaper`): between the two, no subreaper
 //!   pass reaps anything, so the new child is never taken for an adopted orphan.
@@ -44,10 +52,12 @@
 //! socket, and `posix_spawn` when it can; nodus adds the pidfd, the pre-exec steps and the pipes
 //! on the reactor.
 
-use std::ffi::{OsStr, OsString};
+use std::collections::BTreeMap;
+use std::ffi::{CString, OsStr, OsString};
 use std::io;
 use std::mem::ManuallyDrop;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -106,6 +116,7 @@ pub struct Command {
     /// (target, source), sorted by target, one entry per target.
     fds: Vec<(RawFd, Arc<OwnedFd>)>,
     ipc: Option<ChannelOptions>,
+    no_shell_for_elf: bool,
 }
 
 impl Command {
@@ -126,6 +137,7 @@ impl Command {
             death_signal: None,
             fds: Vec::new(),
             ipc: None,
+            no_shell_for_elf: false,
         }
     }
 
@@ -260,6 +272,19 @@ impl Command {
         self
     }
 
+    /// Whether an ELF program is executed with `execve` alone (default `false`: `execvp`'s
+    /// way, Node's). `execvp` runs a file the kernel refuses to execute (`ENOEXEC`) with
+    /// `/bin/sh`: right for a shell script with no `#!` line, but an ELF program the kernel
+    /// cannot run (built for another architecture, with no `binfmt_misc` emulator for it) is then
+    /// read by the shell as a script: syntax errors on stderr and a failed exit, a crash loop
+    /// under a supervisor. With this set, such a program is a `spawn` error instead ("Exec
+    /// format error": `ENOEXEC`, the error's source). Files that are not ELF keep `execvp`'s
+    /// way. The cluster's workers are spawned with it.
+    pub fn no_shell_for_elf(&mut self, on: bool) -> &mut Command {
+        self.no_shell_for_elf = on;
+        self
+    }
+
     /// Starts the child.
     ///
     /// # Errors
@@ -328,6 +353,11 @@ impl Command {
             wanted.push((self.channel_fd(), child_end.as_fd()));
         }
         let ChildFds { pairs, held } = ChildFds::prepare(&wanted)?;
+        // Built here: the child must not allocate.
+        let direct = match self.no_shell_for_elf {
+            true => DirectExec::prepare(&cmd, self.arg0.as_deref(), self.env_clear),
+            false => None,
+        };
         // With close_range the child needs no list (an empty one stands for "all from 3 up").
         let cloexec_all = close_range_cloexec_works();
         let inherited = if cloexec_all {
@@ -346,9 +376,9 @@ impl Command {
         let fd_limit = super::child_fd_limit();
         // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
         // calls are allowed: it makes raw syscalls (rt_sigaction, prctl, getppid, getpid, kill,
-        // close_range, fcntl, dup2, sched_setscheduler, prlimit64) on plain integers and
-        // stack values, reads the lists computed in the parent, and allocates nothing. The
-        // inherited fds may be closed by now: `fcntl` then fails, harmlessly.
+        // close_range, fcntl, dup2, sched_setscheduler, prlimit64, execve) on plain integers and
+        // stack values, reads the lists and C arrays computed in the parent, and allocates
+        // nothing. The inherited fds may be closed by now: `fcntl` then fails, harmlessly.
         // Each target `OwnedFd` is wrapped in `ManuallyDrop`, so it is never closed here; the
         // sources stay open in the parent (`held`) until after the fork.
         unsafe {
@@ -386,7 +416,11 @@ impl Command {
                     let mut target = ManuallyDrop::new(OwnedFd::from_raw_fd(target));
                     rustix::io::dup2(BorrowedFd::borrow_raw(src), &mut target)?;
                 }
-                Ok(())
+                // Last: returns only on failure, which std reports as the spawn's error.
+                match &direct {
+                    Some(direct) => Err(direct.exec()),
+                    None => Ok(()),
+                }
             });
         }
         // From before the fork until its reap, the child is known as nodus's own: no subreaper
@@ -469,6 +503,109 @@ impl std::error::Error for SpawnError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         Some(&self.source)
     }
+}
+
+/// An ELF program's `execve` ([`Command::no_shell_for_elf`]), prepared in the parent for the
+/// child: the path `execvp` would run, and argv and envp as null-terminated C arrays.
+struct DirectExec {
+    path: CString,
+    /// What `argv` and `envp` point into: owned here, never changed (moving a `Vec` does not
+    /// move its buffer).
+    _strings: Vec<CString>,
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+}
+
+// SAFETY: the pointers point into `_strings`, which the same value owns and never changes; they
+// are only read (by `execve`, in the forked child).
+unsafe impl Send for DirectExec {}
+// SAFETY: as for `Send`: nothing is written through `&DirectExec`.
+unsafe impl Sync for DirectExec {}
+
+impl DirectExec {
+    /// The `execve` of what `cmd` runs, when `execvp` would run an ELF file: `None` for any other
+    /// file, one not found (its error is `execvp`'s to give), or a NUL byte in a string (std's).
+    /// `arg0` is `argv[0]` when set; `env_clear`, whether the child's environment starts empty.
+    fn prepare(
+        cmd: &std::process::Command,
+        arg0: Option<&OsStr>,
+        env_clear: bool,
+    ) -> Option<DirectExec> {
+        let mut env: BTreeMap<OsString, OsString> = match env_clear {
+            true => BTreeMap::new(),
+            false => std::env::vars_os().collect(),
+        };
+        for (k, v) in cmd.get_envs() {
+            match v {
+                Some(v) => env.insert(k.to_owned(), v.to_owned()),
+                None => env.remove(k),
+            };
+        }
+        let path = execvp_file(
+            cmd.get_program(),
+            env.get(OsStr::new("PATH")),
+            cmd.get_current_dir(),
+        )?;
+        let c = |s: &[u8]| CString::new(s).ok();
+        let mut strings: Vec<CString> = Vec::with_capacity(1 + cmd.get_args().len() + env.len());
+        strings.push(c(arg0.unwrap_or(cmd.get_program()).as_bytes())?);
+        for arg in cmd.get_args() {
+            strings.push(c(arg.as_bytes())?);
+        }
+        let argc = strings.len();
+        for (k, v) in &env {
+            strings.push(c(&[k.as_bytes(), b"=", v.as_bytes()].concat())?);
+        }
+        let pointers = |s: &[CString]| {
+            s.iter()
+                .map(|s| s.as_ptr())
+                .chain(std::iter::once(std::ptr::null()))
+                .collect()
+        };
+        Some(DirectExec {
+            path: c(path.as_os_str().as_bytes())?,
+            argv: pointers(&strings[..argc]),
+            envp: pointers(&strings[argc..]),
+            _strings: strings,
+        })
+    }
+
+    /// In the child: `execve`, which returns only on failure (async-signal-safe: one syscall,
+    /// then `errno` read).
+    fn exec(&self) -> io::Error {
+        // SAFETY: `path` is a C string, `argv` and `envp` null-terminated arrays of C strings
+        // that `self` owns (see the struct); execve reads them and replaces the process.
+        unsafe { libc::execve(self.path.as_ptr(), self.argv.as_ptr(), self.envp.as_ptr()) };
+        io::Error::last_os_error()
+    }
+}
+
+/// The file `execvp` runs for `program`, when it is an ELF file: `program` itself when it has a
+/// slash, else the first executable file of that name in `path`'s directories (the child's
+/// `PATH`; glibc's default without one), as the child will see it. Its first bytes are read
+/// from where the child looks, after its `chdir` to `cwd`.
+fn execvp_file(program: &OsStr, path: Option<&OsString>, cwd: Option<&Path>) -> Option<PathBuf> {
+    let seen_from = |file: &Path| match cwd {
+        Some(dir) if file.is_relative() => dir.join(file),
+        _ => file.to_owned(),
+    };
+    let executable = |file: &Path| {
+        std::fs::metadata(file).is_ok_and(|m| m.is_file())
+            && rustix::fs::access(file, rustix::fs::Access::EXEC_OK).is_ok()
+    };
+    let file = if program.as_bytes().contains(&b'/') {
+        PathBuf::from(program)
+    } else {
+        let path = path.map_or(OsStr::new("/bin:/usr/bin"), OsString::as_os_str);
+        std::env::split_paths(path)
+            .map(|dir| dir.join(program))
+            .find(|file| executable(&seen_from(file)))?
+    };
+    let mut magic = [0u8; 4];
+    std::fs::File::open(seen_from(&file))
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+        .ok()?;
+    (&magic == b"\x7fELF").then_some(file)
 }
 
 /// One spawn's extra fds, prepared in the parent: close-on-exec duplicates of the sources, all

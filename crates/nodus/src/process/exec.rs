@@ -6,7 +6,12 @@
 //!   the child is killed with `kill_signal` and the result is [`ExecErrorKind::MaxBuffer`], with
 //!   the output up to the limit.
 //! - With a `timeout`, a child still running when it expires is killed with `kill_signal` and
-//!   the result is [`ExecErrorKind::Timeout`].
+//!   the result is [`ExecErrorKind::Timeout`]. One that has exited by then is not, reaped or
+//!   not (its exit and the timer can come in one loop turn, whose timers run before the poll
+//!   phase that observes the exit: [`Child::has_exited`](super::Child::has_exited) is asked):
+//!   the result is its own exit, ready once that is observed and what its pipes hold has been
+//!   read, without waiting for a process it left holding them (the timeout still bounds the
+//!   wait).
 //! - A non-zero exit (or a death by signal) is an error that still carries the output.
 //! - The result is ready once the child exited and both pipes reached end of file, except after
 //!   a kill: then it is ready at the exit, without waiting for grandchildren that may still hold
@@ -20,6 +25,7 @@ use std::ffi::OsStr;
 use std::fmt;
 use std::future::poll_fn;
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
 use std::pin::pin;
 use std::task::Poll;
@@ -32,7 +38,8 @@ use crate::signal::SIGTERM;
 /// Options for [`exec`] and [`exec_file`].
 #[derive(Debug, Clone)]
 pub struct ExecOptions {
-    /// Kill the child after this long (default: no limit). Unlike Node's `timeout: 0`, which
+    /// Kill the child after this long, if it is still running then (default: no limit; see the
+    /// module doc for one that has exited by then). Unlike Node's `timeout: 0`, which
     /// means no limit, `Some(Duration::ZERO)` is a limit (1 ms, the shortest timer): `None` is
     /// "no limit".
     pub timeout: Option<Duration>,
@@ -176,6 +183,25 @@ impl Collect {
             }
         }
     }
+
+    /// Reads what the pipe `fd` holds now, to its end of file or until it is empty (non-blocking
+    /// reads straight from the fd, not through its readiness).
+    fn drain(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        chunk: &mut [u8],
+        max: usize,
+        overflow: &mut Option<&'static str>,
+    ) {
+        while self.open && overflow.is_none() {
+            let read = match rustix::io::read(fd, &mut *chunk) {
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(rustix::io::Errno::AGAIN) => return,
+                read => read.map_err(io::Error::from),
+            };
+            self.take(Poll::Ready(read), chunk, max, overflow);
+        }
+    }
 }
 
 /// Kills the child if `run`'s future is dropped before the child's exit was observed.
@@ -215,6 +241,9 @@ async fn run(mut cmd: Command, options: &ExecOptions) -> Result<Output, ExecErro
     let mut failure: Option<ExecErrorKind> = None;
     let mut chunk = vec![0u8; 64 * 1024];
     let mut deadline = options.timeout.map(|t| Box::pin(crate::sleep(t)));
+    // The timeout passed after the child had exited: the pipes are read no longer than what
+    // they hold at its exit.
+    let mut past_deadline = false;
     let mut exit = pin!(child.wait());
     let mut status = None;
     let mut kill_on_drop = KillOnDrop {
@@ -244,7 +273,9 @@ async fn run(mut cmd: Command, options: &ExecOptions) -> Result<Output, ExecErro
                 && d.as_mut().poll(cx).is_ready()
             {
                 deadline = None;
-                if failure.is_none() {
+                if child.has_exited() {
+                    past_deadline = true;
+                } else if failure.is_none() {
                     failure = Some(ExecErrorKind::Timeout);
                     let _ = child.kill(options.kill_signal);
                 }
@@ -256,6 +287,22 @@ async fn run(mut cmd: Command, options: &ExecOptions) -> Result<Output, ExecErro
                     Ok(s) => status = Some(s),
                     Err(e) => return Poll::Ready(Err(e)),
                 }
+            }
+            if status.is_some() && past_deadline && failure.is_none() {
+                // What the child wrote is all in the pipes by now: read it, not what a process
+                // it left holding them may write later.
+                for (collect, pipe) in [
+                    (&mut out, stdout.map(AsFd::as_fd)),
+                    (&mut err, stderr.map(AsFd::as_fd)),
+                ] {
+                    if let Some(fd) = pipe {
+                        collect.drain(fd, &mut chunk, options.max_buffer, &mut overflow);
+                    }
+                }
+                if let Some(name) = overflow {
+                    failure = Some(ExecErrorKind::MaxBuffer(name));
+                }
+                return Poll::Ready(Ok(()));
             }
             let pipes_done = !out.open && !err.open;
             if status.is_some() && (pipes_done || failure.is_some()) {

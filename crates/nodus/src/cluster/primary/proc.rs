@@ -6,6 +6,9 @@
 //! - A worker's environment holds `LISTEN_FDS`/`LISTEN_PID`/`LISTEN_FDNAMES` only when the
 //!   primary passes it its own listeners (`server::pass_listeners`): inherited ones, meant for
 //!   this process or another, are removed.
+//! - A worker's program, an ELF file, is executed with `execve` alone
+//!   ([`Command::no_shell_for_elf`]): one the kernel refuses (`ENOEXEC`: another architecture
+//!   with no `binfmt_misc` emulator) fails the spawn, where `execvp` would run `/bin/sh` on it.
 //! - A worker leads its own process group (pgid = its pid), and whatever is left of that group
 //!   is SIGKILLed when the worker exits, before it is reaped ([`Command::group_exit_signal`]):
 //!   by the time `on_exit` runs, no process of its group is left but ones dying of SIGKILL.
@@ -311,7 +314,10 @@ impl Proc {
             // `KillMode=mixed`): no child of a worker outlives it.
             .process_group(0)
             .group_exit_signal(Some(SIGKILL))
-            .parent_death_signal(Some(SIGKILL));
+            .parent_death_signal(Some(SIGKILL))
+            // An ELF program the kernel refuses (another architecture) is a spawn error, not a
+            // worker of `/bin/sh` reading machine code, crash after crash.
+            .no_shell_for_elf(true);
         // `NODE_UNIQUE_ID` says "a cluster worker, with a channel to its primary" (to Node and to
         // nodus alike): only a worker that has the channel gets it. A plain program (fds from 3)
         // with it would take itself for a cluster worker: Node's `listen` then asks a primary
