@@ -1,0 +1,258 @@
+//! `nodus::fs` tests that need the process to themselves, in a test binary of their own and one
+//! at a time (`ALONE`): an I/O pool of two threads installed here, so every job it completes is
+//! one of the test's (job counts are exact).
+
+use std::future::Future;
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Once};
+use std::time::{Duration, Instant};
+
+use futures_util::{AsyncBufReadExt, AsyncReadExt, StreamExt};
+use nodus::fs::{self, File};
+use nodus::pool::{self, PoolBuilder};
+use nodus::{Runtime, offload_io, spawn};
+
+/// One test at a time: the counts below take every job the pool completes for the test's.
+static ALONE: Mutex<()> = Mutex::new(());
+
+/// Takes the process for one test: the I/O pool (two threads) installed by the first.
+fn alone() -> MutexGuard<'static, ()> {
+    static SETUP: Once = Once::new();
+    SETUP.call_once(|| {
+        pool::init_io(PoolBuilder::new("io").threads(2))
+            .unwrap_or_else(|_| panic!("the I/O pool was already installed"));
+    });
+    ALONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A fresh directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!("nodus-fs-alone-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Waits until the I/O pool has nothing queued or running (at most 10 s).
+async fn pool_idle() {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = pool::io().stats();
+        if s.busy_threads == 0 && s.queue_depth == 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the I/O pool never went idle");
+        nodus::sleep(1).await;
+    }
+}
+
+/// Runs `read` (which returns the bytes it read) and returns how many I/O pool jobs it took,
+/// its own detached close included. With `busy`, two other tasks keep the pool's two threads
+/// busy meanwhile with 1 ms jobs back to back (other requests' calls), whose jobs are not
+/// counted. A read that does not finish in 20 s (a hang bound) fails.
+async fn jobs_of(
+    busy: bool,
+    expected: usize,
+    read: impl Future<Output = io::Result<usize>>,
+) -> u64 {
+    pool_idle().await;
+    let completed = || pool::io().stats().completed_total;
+    let before = completed();
+    let (stop, others) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let trickles: Vec<_> = (0..if busy { 2 } else { 0 })
+        .map(|_| {
+            let (stop, others) = (stop.clone(), others.clone());
+            spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let others = others.clone();
+                    offload_io(move || {
+                        std::thread::sleep(Duration::from_millis(1));
+                        others.fetch_add(1, Ordering::Relaxed);
+                    })
+                    .await
+                    .unwrap();
+                }
+            })
+        })
+        .collect();
+    let read = nodus::timeout(Duration::from_secs(20), read).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in trickles {
+        t.await.unwrap();
+    }
+    pool_idle().await;
+    let jobs = completed() - before - others.load(Ordering::Relaxed);
+    let n = read
+        .unwrap_or_else(|_| panic!("the read never finished ({jobs} I/O pool jobs)"))
+        .unwrap();
+    assert_eq!(n, expected);
+    jobs
+}
+
+/// Every way to read a file to its end, each from its open to its close: one job opens, one
+/// reads the data, one finds the end, one closes (and `read_to_end` asks for the size first).
+/// The end of the file is one read that returns 0, reported once: never a read per poll.
+fn every_reader_reads_to_the_end_in_a_few_jobs(busy: bool) {
+    let _alone = alone();
+    let dir = TempDir::new(if busy { "eof-busy" } else { "eof" });
+    let path = dir.join("small");
+    let line = format!("{}\n", "x".repeat(63));
+    std::fs::write(&path, line.repeat(64)).unwrap(); // 4 KiB, 64 lines
+    let empty = dir.join("empty");
+    std::fs::write(&empty, "").unwrap();
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let p = || path.clone();
+        let mut counts = Vec::new();
+        let mut count = |name: &'static str, jobs: u64| counts.push((name, jobs));
+        count(
+            "fs::read",
+            jobs_of(busy, 4096, async { Ok(fs::read(p()).await?.len()) }).await,
+        );
+        count(
+            "fs::read_to_string",
+            jobs_of(busy, 4096, async {
+                Ok(fs::read_to_string(p()).await?.len())
+            })
+            .await,
+        );
+        count(
+            "fs::read of an empty file",
+            jobs_of(busy, 0, async { Ok(fs::read(&empty).await?.len()) }).await,
+        );
+        count(
+            "File::read_to_end",
+            jobs_of(busy, 4096, async {
+                let mut buf = Vec::new();
+                File::open(p()).await?.read_to_end(&mut buf, u64::MAX).await
+            })
+            .await,
+        );
+        count(
+            "AsyncReadExt::read_to_end",
+            jobs_of(busy, 4096, async {
+                let mut buf = Vec::new();
+                AsyncReadExt::read_to_end(&mut File::open(p()).await?, &mut buf).await
+            })
+            .await,
+        );
+        count(
+            "AsyncReadExt::read_to_string",
+            jobs_of(busy, 4096, async {
+                let mut text = String::new();
+                AsyncReadExt::read_to_string(&mut File::open(p()).await?, &mut text).await
+            })
+            .await,
+        );
+        count(
+            "AsyncReadExt::read until 0",
+            jobs_of(busy, 4096, async {
+                let mut f = File::open(p()).await?;
+                let (mut total, mut buf) = (0, [0u8; 1000]);
+                loop {
+                    match AsyncReadExt::read(&mut f, &mut buf).await? {
+                        0 => return Ok(total),
+                        n => total += n,
+                    }
+                }
+            })
+            .await,
+        );
+        count(
+            "AsyncBufReadExt::lines",
+            jobs_of(busy, 4096, async {
+                let lines = futures_util::io::BufReader::new(File::open(p()).await?).lines();
+                let lines: Vec<_> = lines.collect().await;
+                Ok(lines.len() * 64)
+            })
+            .await,
+        );
+        count(
+            "File's own AsyncBufReadExt::lines",
+            jobs_of(busy, 4096, async {
+                let lines: Vec<_> = File::open(p()).await?.lines().collect().await;
+                Ok(lines.len() * 64)
+            })
+            .await,
+        );
+        count(
+            "AsyncBufReadExt::fill_buf until empty",
+            jobs_of(busy, 4096, async {
+                let mut f = File::open(p()).await?;
+                let mut total = 0;
+                loop {
+                    let n = f.fill_buf().await?.len();
+                    if n == 0 {
+                        return Ok(total);
+                    }
+                    f.consume_unpin(n);
+                    total += n;
+                }
+            })
+            .await,
+        );
+        let pool = if busy { "busy" } else { "idle" };
+        assert!(
+            counts.iter().all(|(_, jobs)| *jobs <= 5),
+            "I/O pool jobs per read of a 4 KiB file, pool {pool}: {counts:?}"
+        );
+    });
+}
+
+#[test]
+fn every_reader_reads_to_the_end_in_a_few_jobs_on_an_idle_pool() {
+    every_reader_reads_to_the_end_in_a_few_jobs(false);
+}
+
+#[test]
+fn every_reader_reads_to_the_end_in_a_few_jobs_on_a_busy_pool() {
+    every_reader_reads_to_the_end_in_a_few_jobs(true);
+}
+
+/// The end of the file is reported once, not for good: a file that has grown since is read on.
+#[test]
+fn a_read_after_the_end_of_the_file_reads_what_was_appended() {
+    let _alone = alone();
+    let dir = TempDir::new("grows");
+    let path = dir.join("log");
+    std::fs::write(&path, "one\n").unwrap();
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let mut f = File::open(&path).await.unwrap();
+        let mut text = String::new();
+        AsyncReadExt::read_to_string(&mut f, &mut text)
+            .await
+            .unwrap();
+        assert_eq!(text, "one\n");
+        let mut buf = [0u8; 16];
+        assert_eq!(AsyncReadExt::read(&mut f, &mut buf).await.unwrap(), 0);
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .and_then(|mut a| io::Write::write_all(&mut a, b"two\n"))
+            .unwrap();
+        text.clear();
+        AsyncReadExt::read_to_string(&mut f, &mut text)
+            .await
+            .unwrap();
+        assert_eq!(text, "two\n");
+    });
+}
