@@ -1,10 +1,11 @@
 //! `nodus::fs` tests that need the process to themselves, in a test binary of their own and one
 //! at a time (`ALONE`): an I/O pool of two threads installed here, so every job it completes is
-//! one of the test's (job counts are exact).
+//! one of the test's (job counts are exact); the global log subscriber.
 
 use std::future::Future;
 use std::io;
-use std::path::PathBuf;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
@@ -17,12 +18,40 @@ use nodus::{Runtime, offload_io, spawn};
 /// One test at a time: the counts below take every job the pool completes for the test's.
 static ALONE: Mutex<()> = Mutex::new(());
 
-/// Takes the process for one test: the I/O pool (two threads) installed by the first.
+/// What the process-wide subscriber saw of the `nodus::fs` target: (level, message).
+static FS_EVENTS: Mutex<Vec<(tracing::Level, String)>> = Mutex::new(Vec::new());
+
+struct FsEvents;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for FsEvents {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        if event.metadata().target() == "nodus::fs" {
+            let mut message = Message(String::new());
+            event.record(&mut message);
+            let level = *event.metadata().level();
+            FS_EVENTS.lock().unwrap().push((level, message.0));
+        }
+    }
+}
+
+/// Takes the process for one test: the I/O pool (two threads) and the log subscriber installed
+/// by the first.
 fn alone() -> MutexGuard<'static, ()> {
     static SETUP: Once = Once::new();
     SETUP.call_once(|| {
+        use tracing_subscriber::layer::SubscriberExt;
         pool::init_io(PoolBuilder::new("io").threads(2))
             .unwrap_or_else(|_| panic!("the I/O pool was already installed"));
+        tracing::subscriber::set_global_default(tracing_subscriber::registry().with(FsEvents))
+            .unwrap();
     });
     ALONE.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -46,6 +75,15 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// How many descriptors of this process are open on `path`.
+fn open_here(path: &Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target == path)
+        .count()
 }
 
 /// Waits until the I/O pool has nothing queued or running (at most 10 s).
@@ -255,4 +293,104 @@ fn a_read_after_the_end_of_the_file_reads_what_was_appended() {
             .unwrap();
         assert_eq!(text, "two\n");
     });
+}
+
+/// The report's case: `write_all` of 1 MiB and the `File` dropped without a flush. `run` (Node's
+/// exit rule) returns only once the last chunk is written and the file closed.
+#[test]
+fn run_returns_after_a_dropped_file_s_last_write_and_its_close() {
+    let _alone = alone();
+    let dir = TempDir::new("dropped");
+    let path = dir.join("f");
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let mut f = File::create(&path).await.unwrap();
+        File::write_all(&mut f, &vec![1u8; 1 << 20]).await.unwrap();
+        drop(f); // the last 64 KiB chunk is still in flight
+    });
+    rt.run();
+    assert_eq!(open_here(&path), 0, "run returned with the file still open");
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 1 << 20);
+}
+
+/// A dropped file's write that cannot end yet (into a full FIFO, drained 200 ms later by
+/// another thread) keeps `run` going: it returns with the data written and the file closed.
+#[test]
+fn a_dropped_file_s_blocked_write_keeps_run_going_until_it_ends() {
+    let _alone = alone();
+    let dir = TempDir::new("fifo");
+    let fifo = dir.join("fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    // The read end, opened without waiting for a writer, then made blocking.
+    let reader = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .unwrap();
+    // Fill the pipe, so that the next write blocks until the reader drains it.
+    let mut prefill = 0;
+    {
+        let mut filler = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+            .unwrap();
+        for size in [4096, 1] {
+            loop {
+                match io::Write::write(&mut filler, &vec![0u8; size]) {
+                    Ok(n) => prefill += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
+    }
+    rustix::fs::fcntl_setfl(&reader, rustix::fs::OFlags::empty()).unwrap();
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let mut f = File::create(&fifo).await.unwrap();
+        File::write_all(&mut f, &[1u8; 65536]).await.unwrap();
+        drop(f); // its one write waits for room in the pipe
+    });
+    let (dropped, wait) = std::sync::mpsc::channel::<()>();
+    let drain = std::thread::spawn(move || {
+        wait.recv().unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let mut all = Vec::new();
+        io::Read::read_to_end(&mut &reader, &mut all).unwrap();
+        all.len()
+    });
+    dropped.send(()).unwrap();
+    rt.run();
+    // The reader's descriptor, until the drain ends; never the writer's.
+    assert!(
+        open_here(&fifo) <= 1,
+        "run returned with the write in flight"
+    );
+    assert_eq!(drain.join().unwrap(), prefill + 65536);
+}
+
+/// No caller can get the error of a dropped file's last write any more: it is logged, once,
+/// naming the path.
+#[test]
+fn the_error_of_a_dropped_file_s_write_is_logged_naming_the_path() {
+    let _alone = alone();
+    FS_EVENTS.lock().unwrap().clear();
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let mut f = File::create("/dev/full").await.unwrap();
+        File::write_all(&mut f, b"lost").await.unwrap();
+        drop(f);
+    });
+    rt.run();
+    let events = FS_EVENTS.lock().unwrap().clone();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let (level, message) = &events[0];
+    assert_eq!(*level, tracing::Level::WARN);
+    assert!(
+        message.starts_with("write '/dev/full': No space left on device"),
+        "{message}"
+    );
 }

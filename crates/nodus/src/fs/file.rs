@@ -13,7 +13,10 @@
 //! - Writes are write-behind, as in tokio: `poll_write` copies up to `CHUNK` bytes into the
 //!   buffer, submits the job and returns; its error surfaces at the next operation, `flush` or
 //!   `close`. A write still in flight when the `File` is dropped is detached, never cancelled,
-//!   so accepted data is not lost; the descriptor is closed on the pool too.
+//!   so accepted data is not lost, and keeps the loop alive until it has ended, as libuv's fs
+//!   requests do (`Runtime::run` returns after it); its error, which no caller can get any
+//!   more, is logged (one WARN line, target `nodus::fs`, naming the path). The descriptor is
+//!   closed on the pool too, also before `run` returns.
 
 use std::future::poll_fn;
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -423,12 +426,24 @@ impl Drop for File {
             },
         );
         if let State::Writing(job) = state {
-            job.detach();
+            let path = self.path.clone();
+            job.detach_then(move |done| {
+                let e = match done {
+                    Ok((_, Ok(_))) => return,
+                    Ok((_, Err(e))) => e,
+                    Err(e) => e.into(),
+                };
+                tracing::warn!(
+                    target: "nodus::fs",
+                    "{} (the file was dropped with this write in flight: its data is lost)",
+                    path_error("write", &path, e)
+                );
+            });
         }
         // `close` can block (NFS, a full disk flushing): it runs on the pool, after any write
-        // still in flight (which holds the file too).
+        // still in flight (which holds the file too). Both keep the loop alive until done.
         if let Some(file) = self.std.take() {
-            offload_io(move || drop(file)).detach();
+            offload_io(move || drop(file)).detach_then(drop);
         }
     }
 }
