@@ -1,6 +1,7 @@
 //! `nodus::fs` tests that need the process to themselves, in a test binary of their own and one
 //! at a time (`ALONE`): an I/O pool of two threads installed here, so every job it completes is
-//! one of the test's (job counts are exact); the global log subscriber.
+//! one of the test's (job counts are exact); the open-files limit lowered; the global log
+//! subscriber.
 
 use std::future::Future;
 use std::io;
@@ -11,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
 use futures_util::{AsyncBufReadExt, AsyncReadExt, StreamExt};
-use nodus::fs::{self, File};
+use nodus::fs::{self, File, PathError};
 use nodus::pool::{self, PoolBuilder};
 use nodus::{Runtime, offload_io, spawn};
 
@@ -392,5 +393,60 @@ fn the_error_of_a_dropped_file_s_write_is_logged_naming_the_path() {
     assert!(
         message.starts_with("write '/dev/full': No space left on device"),
         "{message}"
+    );
+}
+
+/// EMFILE, which std leaves uncategorized, keeps its errno and Node's code.
+#[test]
+fn an_open_past_the_open_files_limit_says_emfile() {
+    let _alone = alone();
+    let dir = TempDir::new("emfile");
+    let path = dir.join("f");
+    std::fs::write(&path, "x").unwrap();
+    let rt = Runtime::new();
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a valid rlimit to write into.
+    assert_eq!(
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
+        0
+    );
+    let open_now = std::fs::read_dir("/proc/self/fd").unwrap().count() as u64;
+    let lowered = libc::rlimit {
+        rlim_cur: open_now + 16,
+        ..limit
+    };
+    // SAFETY: a valid rlimit, below the hard limit.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lowered) }, 0);
+    let e = rt.block_on(async {
+        let mut held = Vec::new();
+        loop {
+            match File::open(&path).await {
+                Ok(f) => held.push(f),
+                Err(e) => return e,
+            }
+            assert!(held.len() < 64, "no open failed");
+        }
+    });
+    // SAFETY: restores the limit read above.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+    rt.run();
+    assert_eq!(fs::os_error(&e), Some(libc::EMFILE), "{e}");
+    assert_eq!(fs::error_code(&e), Some("EMFILE"), "{e}");
+    let pe = e
+        .get_ref()
+        .and_then(|i| i.downcast_ref::<PathError>())
+        .unwrap();
+    assert_eq!(
+        (pe.op(), pe.raw_os_error(), pe.code()),
+        ("open", Some(libc::EMFILE), Some("EMFILE"))
+    );
+    assert_eq!(e.kind(), io::Error::from_raw_os_error(libc::EMFILE).kind());
+    assert!(
+        e.to_string()
+            .starts_with(&format!("open '{}': ", path.display())),
+        "{e}"
     );
 }
