@@ -182,6 +182,11 @@ fn a_missing_path_is_named_in_the_error() {
             let pe = path_error(&err);
             assert_eq!((pe.op(), pe.path()), (op, missing.as_path()));
             assert_eq!(pe.os_error().raw_os_error(), Some(2));
+            // What Node's error has: the errno and the code, read from the error as it comes.
+            assert_eq!((pe.raw_os_error(), pe.code()), (Some(2), Some("ENOENT")));
+            assert_eq!(err.raw_os_error(), None, "the message is nodus's own");
+            assert_eq!(fs::os_error(&err), Some(libc::ENOENT));
+            assert_eq!(fs::error_code(&err), Some("ENOENT"));
         }
         let err = fs::rename(&missing, dir.join("dest")).await.unwrap_err();
         assert!(err.to_string().contains(&shown), "{err}");
@@ -321,6 +326,8 @@ fn a_path_with_a_nul_byte_is_refused_before_any_pool_job_as_node_refuses_it() {
             assert_eq!(pe.op(), op);
             assert_eq!(pe.code(), Some(fs::ERR_INVALID_ARG_VALUE));
             assert_eq!(pe.os_error().raw_os_error(), None);
+            assert_eq!(fs::os_error(&err), None);
+            assert_eq!(fs::error_code(&err), Some(fs::ERR_INVALID_ARG_VALUE));
         }
     });
     // Nothing touched `a`, and nothing was created in its place.
@@ -345,7 +352,7 @@ fn control_characters_in_a_path_are_escaped_in_every_error_message() {
             assert_no_control_chars(&text);
             assert!(text.contains(&shown), "{text}");
             assert_eq!(path_error(&err).path(), odd.as_path());
-            assert_eq!(path_error(&err).code(), None);
+            assert_eq!(path_error(&err).code(), Some("ENOENT"));
         }
     });
 }
@@ -401,6 +408,7 @@ fn check_permission_denied(secret: &Path) {
             "{err}"
         );
         assert_eq!(path_error(&err).os_error().raw_os_error(), Some(13));
+        assert_eq!(fs::error_code(&err), Some("EACCES"));
     });
 }
 

@@ -7,10 +7,16 @@
 //! - Reads go through one reused `CHUNK`-sized buffer: a job fills it, callers consume it. The
 //!   OS file position is therefore ahead of the caller's by the unconsumed bytes; the next write
 //!   job seeks back by that much first, so reads and writes stay in order.
+//! - End of file is one read job that returns 0 bytes, reported once: that read's caller gets
+//!   an empty buffer (`Ok(0)`), and only a later call reads again (the file may have grown, as
+//!   with tokio and std). A settled read of 0 bytes is never taken for a used-up buffer.
 //! - Writes are write-behind, as in tokio: `poll_write` copies up to `CHUNK` bytes into the
 //!   buffer, submits the job and returns; its error surfaces at the next operation, `flush` or
 //!   `close`. A write still in flight when the `File` is dropped is detached, never cancelled,
-//!   so accepted data is not lost; the descriptor is closed on the pool too.
+//!   so accepted data is not lost, and keeps the loop alive until it has ended, as libuv's fs
+//!   requests do (`Runtime::run` returns after it); its error, which no caller can get any
+//!   more, is logged (one WARN line, target `nodus::fs`, naming the path). The descriptor is
+//!   closed on the pool too, also before `run` returns.
 
 use std::future::poll_fn;
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -53,6 +59,8 @@ pub struct File {
     std: Option<Arc<std::fs::File>>,
     path: Arc<Path>,
     state: State,
+    /// The last read job returned 0 bytes (end of file) and no caller was told yet.
+    eof: bool,
 }
 
 /// How to open a file (`std::fs::OpenOptions`, opened on the I/O pool).
@@ -129,6 +137,7 @@ impl OpenOptions {
                 start: 0,
                 end: 0,
             },
+            eof: false,
         })
     }
 }
@@ -186,14 +195,19 @@ impl File {
                 return Poll::Ready(Err(self.error(if w { "write" } else { "read" }, e)));
             }
         };
+        self.eof = !writing && end == 0;
         self.state = State::Idle { buf, start: 0, end };
         Poll::Ready(Ok(()))
     }
 
     /// Makes read data available: the unconsumed bytes, or (when none are left) the next chunk
-    /// read by one pool job; empty at end of file.
+    /// read by one pool job; empty at end of file, once per read that found it.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<&[u8]>> {
         ready!(self.poll_settle(cx))?;
+        if std::mem::take(&mut self.eof) {
+            // A read that was in flight found the end: that is this call's answer.
+            return Poll::Ready(Ok(&[]));
+        }
         if let State::Idle { buf, start, end } = &mut self.state
             && start == end
         {
@@ -205,6 +219,8 @@ impl File {
                 (buf, n)
             }));
             ready!(self.poll_settle(cx))?;
+            // Settled at once: an end of file found here is this call's answer (empty).
+            self.eof = false;
         }
         Poll::Ready(Ok(self.buffered()))
     }
@@ -227,6 +243,7 @@ impl File {
     /// many bytes it took.
     fn poll_submit_write(&mut self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
         ready!(self.poll_settle(cx))?;
+        self.eof = false;
         let State::Idle { buf, start, end } = &mut self.state else {
             unreachable!("settled")
         };
@@ -409,12 +426,24 @@ impl Drop for File {
             },
         );
         if let State::Writing(job) = state {
-            job.detach();
+            let path = self.path.clone();
+            job.detach_then(move |done| {
+                let e = match done {
+                    Ok((_, Ok(_))) => return,
+                    Ok((_, Err(e))) => e,
+                    Err(e) => e.into(),
+                };
+                tracing::warn!(
+                    target: "nodus::fs",
+                    "{} (the file was dropped with this write in flight: its data is lost)",
+                    path_error("write", &path, e)
+                );
+            });
         }
         // `close` can block (NFS, a full disk flushing): it runs on the pool, after any write
-        // still in flight (which holds the file too).
+        // still in flight (which holds the file too). Both keep the loop alive until done.
         if let Some(file) = self.std.take() {
-            offload_io(move || drop(file)).detach();
+            offload_io(move || drop(file)).detach_then(drop);
         }
     }
 }

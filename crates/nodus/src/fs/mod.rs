@@ -12,9 +12,14 @@
 //!   only claims (sparse, `/proc`), reserves no more; a buffer that cannot grow is an
 //!   `OutOfMemory` error, not an abort.
 //! - Every error names the operation and the path, as Node's do (a full I/O queue or a panic on
-//!   the pool too) (`open '/x': No such file or
-//!   directory (os error 2)`); its [`io::ErrorKind`] is the OS error's, and [`PathError`] (the
-//!   error's inner value) gives back the path and the OS error.
+//!   the pool too) (`open '/x': No such file or directory (os error 2)`); its
+//!   [`io::ErrorKind`] is the OS error's. Its inner value (`e.get_ref()`) is a [`PathError`],
+//!   which gives back what Node's error has: the operation (`syscall`, [`PathError::op`]), the
+//!   path(s), the errno ([`PathError::raw_os_error`]: the outer `io::Error`'s own
+//!   `raw_os_error()` is `None`, as for any error with a message of its own) and Node's code
+//!   ([`PathError::code`]: `ENOENT`, `EMFILE`, ...). [`os_error`] and [`error_code`] read them
+//!   from any `io::Error`, an fs error or a plain OS one. A kind std leaves uncategorized
+//!   (`EMFILE`, `EIO`) is told apart by the errno or the code.
 //! - A path is shown as Node's `util.inspect` shows a string (see [`quote`]): quoted, with every
 //!   control character escaped (`\x00`, `\n`, `\x1B`, ...; a byte that is not UTF-8 as `\xNN`),
 //!   so no error message carries a raw control byte (a NUL, a newline, a terminal escape). Node
@@ -88,10 +93,70 @@ impl PathError {
         &self.source
     }
 
-    /// Node's code for an error nodus raises itself: [`ERR_INVALID_ARG_VALUE`] for a path with a
-    /// NUL byte, refused before any system call. `None` for an OS error (its code is the errno).
+    /// The errno (Node's `err.errno`, but positive: `libc::ENOENT`), for an error the OS
+    /// returned; `None` for one nodus raised itself (a refused path, a full I/O queue, a file
+    /// over its limit).
+    pub fn raw_os_error(&self) -> Option<i32> {
+        self.source.raw_os_error()
+    }
+
+    /// Node's `err.code`: the errno's name (`ENOENT`, `EMFILE`, ...: [`errno_code`]) for an OS
+    /// error, [`ERR_INVALID_ARG_VALUE`] for a path with a NUL byte (refused before any system
+    /// call), `None` for the other errors nodus raises itself.
     pub fn code(&self) -> Option<&'static str> {
-        self.refused.then_some(ERR_INVALID_ARG_VALUE)
+        if self.refused {
+            return Some(ERR_INVALID_ARG_VALUE);
+        }
+        self.raw_os_error().and_then(errno_code)
+    }
+}
+
+/// The errno behind `e`: its own `raw_os_error()`, or the one of the [`PathError`] inside it (an
+/// fs error). `None` for an error the OS did not return.
+pub fn os_error(e: &io::Error) -> Option<i32> {
+    e.raw_os_error()
+        .or_else(|| path_error_of(e)?.raw_os_error())
+}
+
+/// Node's `err.code` for `e`: [`PathError::code`] for an fs error, else the name of its errno
+/// ([`errno_code`]). `None` for an error without either.
+pub fn error_code(e: &io::Error) -> Option<&'static str> {
+    match path_error_of(e) {
+        Some(pe) => pe.code(),
+        None => e.raw_os_error().and_then(errno_code),
+    }
+}
+
+fn path_error_of(e: &io::Error) -> Option<&PathError> {
+    e.get_ref()?.downcast_ref::<PathError>()
+}
+
+/// Node's code for a Linux errno: its name in `<errno.h>` (`ENOENT`, `EMFILE`, `EAGAIN`), and
+/// `ENOTSUP` for `EOPNOTSUPP` (the same number on Linux), as libuv names it. `None` for a number
+/// Linux does not define.
+pub fn errno_code(errno: i32) -> Option<&'static str> {
+    macro_rules! names {
+        ($($name:ident)*) => {
+            match errno {
+                $(libc::$name => Some(stringify!($name)),)*
+                _ => None,
+            }
+        };
+    }
+    names! {
+        EPERM ENOENT ESRCH EINTR EIO ENXIO E2BIG ENOEXEC EBADF ECHILD EAGAIN ENOMEM EACCES EFAULT
+        ENOTBLK EBUSY EEXIST EXDEV ENODEV ENOTDIR EISDIR EINVAL ENFILE EMFILE ENOTTY ETXTBSY
+        EFBIG ENOSPC ESPIPE EROFS EMLINK EPIPE EDOM ERANGE EDEADLK ENAMETOOLONG ENOLCK ENOSYS
+        ENOTEMPTY ELOOP ENOMSG EIDRM ECHRNG EL2NSYNC EL3HLT EL3RST ELNRNG EUNATCH ENOCSI EL2HLT
+        EBADE EBADR EXFULL ENOANO EBADRQC EBADSLT EBFONT ENOSTR ENODATA ETIME ENOSR ENONET ENOPKG
+        EREMOTE ENOLINK EADV ESRMNT ECOMM EPROTO EMULTIHOP EDOTDOT EBADMSG EOVERFLOW ENOTUNIQ
+        EBADFD EREMCHG ELIBACC ELIBBAD ELIBSCN ELIBMAX ELIBEXEC EILSEQ ERESTART ESTRPIPE EUSERS
+        ENOTSOCK EDESTADDRREQ EMSGSIZE EPROTOTYPE ENOPROTOOPT EPROTONOSUPPORT ESOCKTNOSUPPORT
+        ENOTSUP EPFNOSUPPORT EAFNOSUPPORT EADDRINUSE EADDRNOTAVAIL ENETDOWN ENETUNREACH ENETRESET
+        ECONNABORTED ECONNRESET ENOBUFS EISCONN ENOTCONN ESHUTDOWN ETOOMANYREFS ETIMEDOUT
+        ECONNREFUSED EHOSTDOWN EHOSTUNREACH EALREADY EINPROGRESS ESTALE EUCLEAN ENOTNAM ENAVAIL
+        EISNAM EREMOTEIO EDQUOT ENOMEDIUM EMEDIUMTYPE ECANCELED ENOKEY EKEYEXPIRED EKEYREVOKED
+        EKEYREJECTED EOWNERDEAD ENOTRECOVERABLE ERFKILL EHWPOISON
     }
 }
 
@@ -514,5 +579,54 @@ fn remove_failed_copy(dst: &std::fs::File, to: &Path) {
     };
     if open.is_file() && (open.dev(), open.ino()) == (named.dev(), named.ino()) {
         let _ = std::fs::remove_file(to);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_linux_errno_has_its_name_as_node_s_code() {
+        let mut seen = std::collections::HashSet::new();
+        for errno in 1..=133 {
+            // 41 and 58 are unused on Linux (x86's EWOULDBLOCK and EDEADLOCK are aliases).
+            if errno == 41 || errno == 58 {
+                assert_eq!(errno_code(errno), None);
+                continue;
+            }
+            let code = errno_code(errno).unwrap_or_else(|| panic!("no name for {errno}"));
+            assert!(
+                code.starts_with('E') && seen.insert(code),
+                "{errno}: {code}"
+            );
+        }
+        assert_eq!(errno_code(libc::ENOENT), Some("ENOENT"));
+        assert_eq!(errno_code(libc::EMFILE), Some("EMFILE"));
+        assert_eq!(errno_code(libc::EWOULDBLOCK), Some("EAGAIN"));
+        assert_eq!(errno_code(libc::EOPNOTSUPP), Some("ENOTSUP"));
+        assert_eq!(
+            (errno_code(0), errno_code(-2), errno_code(4096)),
+            (None, None, None)
+        );
+    }
+
+    #[test]
+    fn the_errno_and_code_are_read_from_an_fs_error_and_a_plain_one() {
+        let plain = io::Error::from_raw_os_error(libc::EIO);
+        assert_eq!(
+            (os_error(&plain), error_code(&plain)),
+            (Some(libc::EIO), Some("EIO"))
+        );
+        let named = path_error("read", Path::new("/x"), plain);
+        assert_eq!(named.raw_os_error(), None);
+        assert_eq!(
+            (os_error(&named), error_code(&named)),
+            (Some(libc::EIO), Some("EIO"))
+        );
+        let own = path_error("read", Path::new("/x"), io::ErrorKind::FileTooLarge.into());
+        assert_eq!((os_error(&own), error_code(&own)), (None, None));
+        let other = io::Error::other("not an fs error");
+        assert_eq!((os_error(&other), error_code(&other)), (None, None));
     }
 }

@@ -14,18 +14,22 @@
 //!   its own loop at once wherever it is dropped: with that loop current or not, or another
 //!   `Runtime` current (`rt::context::with_loop`); once the loop's `Runtime` is dropped there is
 //!   nothing to give back.
+//! - A job detached with [`Offload::detach_then`] keeps its unit until it ends (libuv's active
+//!   request): the unit becomes a [`SendRequest`], which the worker drops after running `done`,
+//!   and which gives it back on its loop (posted there: `rt::context::on_loop`). A plain
+//!   [`Offload::detach`] gives the unit back at once.
 
 use std::any::Any;
 use std::future::Future;
 use std::marker::PhantomData;
-use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::panic::{AssertUnwindSafe, Location, catch_unwind};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
 use super::OffloadError;
 use super::worker::Inner;
-use crate::rt::context::{try_with_core, with_loop};
+use crate::rt::context::{on_loop, try_with_core, with_loop};
 use crate::rt::core::{Core, Remote, Shared};
 
 /// What the queue sees of a job.
@@ -46,7 +50,13 @@ trait Completion<T>: Send + Sync {
     fn cancel(&self);
     /// The future is gone but the work should still run.
     fn detach(&self);
+    /// The future is gone, the work should still run, and `done` gets its output: here if it
+    /// has one already, else on the worker once it ends.
+    fn detach_then(&self, done: Done<T>);
 }
+
+/// What a job detached with [`Offload::detach_then`] does with its output.
+type Done<T> = Box<dyn FnOnce(Result<T, OffloadError>) + Send>;
 
 struct State<F, T> {
     work: Option<F>,
@@ -54,6 +64,8 @@ struct State<F, T> {
     waker: Option<Waker>,
     /// Nobody will take the output.
     abandoned: bool,
+    /// Detached with [`Offload::detach_then`]: takes the output on the worker.
+    done: Option<Done<T>>,
 }
 
 struct Job<F, T> {
@@ -95,6 +107,12 @@ where
             OffloadError::Panicked(msg)
         });
         let mut state = self.lock();
+        if let Some(done) = state.done.take() {
+            drop(state);
+            // User code, as the job is: a panic in it must not take the worker down.
+            let _ = catch_unwind(AssertUnwindSafe(move || done(output)));
+            return Some((self.queued_at, None));
+        }
         if state.abandoned {
             drop(state);
             // The output's destructor is user code: it must not take the worker down either.
@@ -157,6 +175,23 @@ where
         drop(state);
         drop((output, waker));
     }
+
+    fn detach_then(&self, done: Done<T>) {
+        let mut state = self.lock();
+        let waker = state.waker.take();
+        match state.output.take() {
+            Some(output) => {
+                state.abandoned = true;
+                drop(state);
+                done(output);
+            }
+            None => {
+                state.done = Some(done);
+                drop(state);
+            }
+        }
+        drop(waker);
+    }
 }
 
 /// One unit of a loop's in-flight `requests` (what keeps `run` going), given back to that loop
@@ -202,6 +237,29 @@ impl Drop for Request {
     }
 }
 
+impl Request {
+    /// The same unit, as one that may be dropped on any thread.
+    fn into_send(self) -> SendRequest {
+        let unit = SendRequest {
+            loop_id: self.loop_id,
+        };
+        std::mem::forget(self);
+        unit
+    }
+}
+
+/// A unit of a loop's requests held by a detached job (see the module invariants): dropped on a
+/// worker, it is given back on its loop, posted there; on the loop's own thread, at once.
+struct SendRequest {
+    loop_id: u64,
+}
+
+impl Drop for SendRequest {
+    fn drop(&mut self) {
+        on_loop(self.loop_id, Location::caller(), |core| core.end_request());
+    }
+}
+
 enum Slot<T> {
     Queued(Arc<dyn Completion<T>>),
     Failed(OffloadError),
@@ -231,6 +289,7 @@ impl<T: Send + 'static> Offload<T> {
                 output: None,
                 waker: None,
                 abandoned: false,
+                done: None,
             }),
             queued_at: crate::clock::now_ns(),
             home: try_with_core(|core| core.shared.clone()),
@@ -248,6 +307,28 @@ impl<T: Send + 'static> Offload<T> {
                 }),
                 request: None,
             },
+        }
+    }
+
+    /// Lets the work run (or keep running) with nobody waiting, as [`Offload::detach`], but
+    /// keeps the loop alive until it has ended, as libuv's active requests do (`run` returns
+    /// only after it), and gives its output to `done`: on the worker once the work ends there,
+    /// or here at once if it has ended already (or the pool refused it).
+    pub(crate) fn detach_then(
+        mut self,
+        done: impl FnOnce(Result<T, OffloadError>) + Send + 'static,
+    ) {
+        match std::mem::replace(&mut self.inner, Slot::Done) {
+            Slot::Queued(job) => {
+                // Given back once `done` has run, wherever that is.
+                let unit = self.request.take().map(Request::into_send);
+                job.detach_then(Box::new(move |output| {
+                    done(output);
+                    drop(unit);
+                }));
+            }
+            Slot::Failed(e) => done(Err(e)),
+            Slot::Done => {}
         }
     }
 }
@@ -339,5 +420,43 @@ mod tests {
         assert_eq!(requests(&rt1), 0);
         drop(tx);
         drop(other);
+    }
+
+    /// A job detached with `detach_then` keeps `run` going until it ends (libuv's active
+    /// request), `done` gets its output, and the unit goes back to the loop.
+    #[test]
+    fn a_job_detached_with_detach_then_keeps_run_going_until_it_ends() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+
+        let rt = crate::Runtime::new();
+        let requests = || rt.enter(|| with_core("test", |c| c.requests.get()));
+        let (tx, rx) = mpsc::channel::<()>();
+        let (got, ran) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (g, r) = (got.clone(), ran.clone());
+        rt.enter(|| {
+            let job = crate::offload_io(move || {
+                let _ = rx.recv();
+                r.store(true, Ordering::SeqCst);
+                7
+            });
+            job.detach_then(move |output| g.store(output == Ok(7), Ordering::SeqCst));
+        });
+        assert_eq!(requests(), 1);
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            drop(tx);
+        });
+        rt.run();
+        assert!(
+            ran.load(Ordering::SeqCst),
+            "run returned before the job ran"
+        );
+        assert!(got.load(Ordering::SeqCst), "done did not get the output");
+        assert_eq!(requests(), 0);
+        release.join().unwrap();
     }
 }
