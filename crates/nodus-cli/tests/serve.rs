@@ -1871,10 +1871,21 @@ fn limit_open_files(cmd: &mut Command, limit: u64) {
 /// hold more keep-alive connections than the limit do not starve its file opens: every request
 /// on the connections it took is answered 200 (not 503), a newcomer waits in the backlog, and
 /// is served once a held connection closes.
+///
+/// Counted, not timed, so that a loaded host (a CI run) cannot fail it: the test may be
+/// descheduled or frozen for seconds anywhere. A held connection it leaves silent for the
+/// keep-alive timeout the server closes, as it should (never sooner: that fails the test), and
+/// the slot goes to the first waiting connection (the backlog is first in, first out). So the
+/// waiting connection `j` may be answered only once `j + 1` held ones were closed; one answered
+/// before is one past the cap, and fails the test. A wait a signal cuts short (a stop and
+/// continue, a freezer's thaw) is waited again.
 #[test]
 fn connections_past_the_fd_limit_wait_in_the_backlog_and_those_held_are_served() {
     use nodus_testkit::http::{Timeouts, connect, read_reply, write_request};
     const LIMIT: u64 = 64;
+    // `nodus serve` keeps nodus-http's defaults.
+    let defaults = nodus_http::Config::default();
+    let keep_alive = defaults.keep_alive_timeout;
     let dir = TempDir::new("serve-fd-cap");
     std::fs::write(dir.path().join("index.html"), "hello\n").unwrap();
     let mut server = Serve::start_with(dir.path(), 1, &[], |cmd| limit_open_files(cmd, LIMIT));
@@ -1893,62 +1904,123 @@ fn connections_past_the_fd_limit_wait_in_the_backlog_and_those_held_are_served()
         connect: Duration::from_secs(5),
         io: Duration::from_secs(5),
     };
-    let answer =
-        |r: &nodus_testkit::http::Reply| (r.status, String::from_utf8_lossy(&r.body).into_owned());
-    let ask = |s: &mut TcpStream| {
-        write_request(s, "GET", "/", &[])?;
-        read_reply(&mut BufReader::new(s), false)
+    let hello = |reply: &nodus_testkit::http::Reply| {
+        let body = String::from_utf8_lossy(&reply.body).into_owned();
+        assert_eq!((reply.status, body.as_str()), (200, "hello\n"));
     };
     // The cap's worth, each answered once: the server holds them.
-    let mut held: Vec<TcpStream> = (0..cap)
+    let mut held: Vec<Held> = (0..cap)
         .map(|i| {
-            let mut s = connect(server.addr, t).unwrap();
-            let reply = ask(&mut s).unwrap_or_else(|e| panic!("connection {i}: {e}"));
-            assert_eq!(answer(&reply), (200, "hello\n".into()), "connection {i}");
-            s
+            let mut h = Held {
+                s: connect(server.addr, t).unwrap(),
+                asked: Instant::now(),
+            };
+            let reply = h
+                .ask("/", keep_alive)
+                .unwrap_or_else(|| panic!("connection {i} closed"));
+            hello(&reply);
+            h
         })
         .collect();
     // More than the limit in all: the rest wait in the backlog (the kernel completes their
     // handshake). The first of them asks at once.
+    let connected = Instant::now();
     let mut waiting: Vec<TcpStream> = (cap..LIMIT as usize + 6)
         .map(|_| connect(server.addr, t).unwrap())
         .collect();
     write_request(&mut waiting[0], "GET", "/", &[]).unwrap();
+    let mut waiting_asked = Instant::now();
+    // The held connections the server closed, and the waiting ones answered since (held now).
+    let (mut closed, mut served) = (0, 0);
+    // Asks each held connection (the first for the stats, which say the cap): each answered,
+    // or closed after the keep-alive timeout (counted and dropped).
+    let mut stats_seen = false;
+    let mut ask_all = |held: &mut Vec<Held>, closed: &mut usize| {
+        let mut first = true;
+        held.retain_mut(|h| {
+            let path = if first { "/_nodus/stats" } else { "/" };
+            let Some(reply) = h.ask(path, keep_alive) else {
+                *closed += 1;
+                return false;
+            };
+            if first {
+                let stats: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+                assert_eq!(stats["http"]["connections_max"], cap, "{stats}");
+                stats_seen = true;
+            } else {
+                hello(&reply);
+            }
+            first = false;
+            true
+        });
+    };
     // Every held connection is still served, again and again, for a while.
     let until = Instant::now() + Duration::from_millis(1500);
     while Instant::now() < until {
-        for (i, s) in held.iter_mut().enumerate() {
-            let reply = ask(s).unwrap_or_else(|e| panic!("held connection {i}: {e}"));
-            assert_eq!(
-                answer(&reply),
-                (200, "hello\n".into()),
-                "held connection {i}"
-            );
-        }
+        ask_all(&mut held, &mut closed);
     }
-    // The stats say the cap.
-    write_request(&mut held[1], "GET", "/_nodus/stats", &[]).unwrap();
-    let stats = read_reply(&mut BufReader::new(&mut held[1]), false).unwrap();
-    let stats: serde_json::Value = serde_json::from_slice(&stats.body).unwrap();
-    assert_eq!(stats["http"]["connections_max"], cap, "{stats}");
-    // Not accepted meanwhile: no answer.
-    waiting[0]
-        .set_read_timeout(Some(Duration::from_millis(300)))
-        .unwrap();
-    let mut byte = [0u8; 1];
-    let early = waiting[0].read(&mut byte);
-    assert!(
-        early.as_ref().is_err_and(|e| matches!(
-            e.kind(),
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-        )),
-        "a connection past the cap was answered: {early:?}"
-    );
+    // Not accepted meanwhile: no answer, while every connection the server took is held.
+    let mut rounds = 0;
+    loop {
+        rounds += 1;
+        assert!(rounds < 200, "{closed} closed, {served} served");
+        closed += reap(&mut held, keep_alive);
+        let early = answered_within(&waiting[0], Duration::from_millis(300));
+        closed += reap(&mut held, keep_alive);
+        if early {
+            // The close that made room may reach this end after the answer (each is a
+            // loopback softirq, maybe on another CPU): looked for again, for a second.
+            let by = Instant::now() + Duration::from_secs(1);
+            while served >= closed && Instant::now() < by {
+                std::thread::sleep(Duration::from_millis(10));
+                closed += reap(&mut held, keep_alive);
+            }
+            assert!(
+                served < closed,
+                "a connection past the cap was answered: {served} waiting ones were before, \
+                 {closed} held ones closed"
+            );
+            let mut s = waiting.remove(0);
+            s.set_read_timeout(Some(t.io)).unwrap();
+            match read_reply(&mut BufReader::new(&mut s), false) {
+                Ok(reply) => {
+                    hello(&reply);
+                    held.push(Held {
+                        s,
+                        asked: waiting_asked,
+                    });
+                }
+                // Taken while the test was stopped, before it asked, and closed for that: no
+                // head within the header-read timeout (never sooner). Its slot is free again.
+                Err(e) if is_close(&e) => {
+                    let silent = connected.elapsed();
+                    assert!(
+                        silent >= defaults.header_read_timeout,
+                        "a connection taken from the backlog closed ({e}) {silent:?} after it \
+                         connected, within the header-read timeout"
+                    );
+                    closed += 1;
+                }
+                Err(e) => panic!("a connection taken from the backlog: {e}"),
+            }
+            served += 1;
+            assert!(
+                !waiting.is_empty(),
+                "every waiting connection was taken: the test was stopped for too long"
+            );
+            write_request(&mut waiting[0], "GET", "/", &[]).unwrap();
+            waiting_asked = Instant::now();
+        } else if closed == served {
+            break;
+        }
+        // A slot freed, or another round: the held ones asked again, so they stay open.
+        ask_all(&mut held, &mut closed);
+    }
+    assert!(stats_seen, "no stats: every held connection closed at once");
     // One held connection closes: the first waiting one is accepted and served.
     drop(held.remove(0));
     waiting[0].set_read_timeout(Some(t.io)).unwrap();
-    let reply = read_reply(&mut BufReader::new(&mut waiting[0]), false).unwrap();
-    assert_eq!(answer(&reply), (200, "hello\n".into()));
+    hello(&read_reply(&mut BufReader::new(&mut waiting[0]), false).unwrap());
     drop((held, waiting));
     server.proc.signal(rustix::process::Signal::TERM);
     assert_eq!(server.proc.wait_exit(Duration::from_secs(20)), Some(0));
@@ -1958,6 +2030,104 @@ fn connections_past_the_fd_limit_wait_in_the_backlog_and_those_held_are_served()
             .any(|l| l.contains("answered 503") || l.contains("accept failed")),
         "{out:#?}"
     );
+}
+
+/// A keep-alive connection the server took, and when its last request was sent.
+struct Held {
+    s: TcpStream,
+    asked: Instant,
+}
+
+impl Held {
+    /// `GET path` and its reply; `None` when the server had closed the connection, which it
+    /// does only once it was silent for `keep_alive` (sooner fails the test).
+    fn ask(&mut self, path: &str, keep_alive: Duration) -> Option<nodus_testkit::http::Reply> {
+        use nodus_testkit::http::{read_reply, write_request};
+        let before = std::mem::replace(&mut self.asked, Instant::now());
+        let got = write_request(&mut self.s, "GET", path, &[])
+            .and_then(|()| read_reply(&mut BufReader::new(&mut self.s), false));
+        match got {
+            Ok(reply) => Some(reply),
+            Err(e) if is_close(&e) => {
+                assert_silent(before, keep_alive, &e.to_string());
+                None
+            }
+            Err(e) => panic!("a held connection, GET {path}: {e}"),
+        }
+    }
+
+    /// Whether the server closed it (its end or a reset waits to be read); as for `ask`, only
+    /// once it was silent for `keep_alive`.
+    fn closed(&self, keep_alive: Duration) -> bool {
+        self.s.set_nonblocking(true).unwrap();
+        let peeked = self.s.peek(&mut [0u8; 1]);
+        self.s.set_nonblocking(false).unwrap();
+        match peeked {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+            Ok(0) => {
+                assert_silent(self.asked, keep_alive, "its end");
+                true
+            }
+            Err(e) if is_close(&e) => {
+                assert_silent(self.asked, keep_alive, &e.to_string());
+                true
+            }
+            other => panic!("a held connection with no request: {other:?}"),
+        }
+    }
+}
+
+/// Drops the held connections the server closed (see [`Held::closed`]); how many.
+fn reap(held: &mut Vec<Held>, keep_alive: Duration) -> usize {
+    let before = held.len();
+    held.retain(|h| !h.closed(keep_alive));
+    before - held.len()
+}
+
+/// An error that says the peer closed or reset the connection.
+fn is_close(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+    matches!(
+        e.kind(),
+        UnexpectedEof | ConnectionReset | BrokenPipe | ConnectionAborted
+    )
+}
+
+/// A close seen (`what`) on a connection whose last request was sent at `asked`: the server
+/// closes one only once it was silent for its keep-alive timeout, which began after that.
+fn assert_silent(asked: Instant, keep_alive: Duration, what: &str) {
+    let silent = asked.elapsed();
+    assert!(
+        silent >= keep_alive,
+        "a held connection closed ({what}) {silent:?} after its last request, before the \
+         keep-alive timeout ({keep_alive:?})"
+    );
+}
+
+/// Whether `s` has something to read (an answer, or its end) within `wait`. Looked at again
+/// when a signal cuts the wait short: with a receive timeout set the kernel never restarts
+/// `recv` (signal(7)), so a stop and continue of the test process (a freezer's thaw too) fails
+/// it with `EINTR` (looked at once more, however late).
+fn answered_within(s: &TcpStream, wait: Duration) -> bool {
+    let deadline = Instant::now() + wait;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .unwrap();
+        match s.peek(&mut [0u8; 1]) {
+            Ok(_) => return true,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return false;
+            }
+            Err(e) => panic!("a waiting connection: {e}"),
+        }
+    }
 }
 
 /// The same in a 2-worker cluster under rr, each worker with the limit it inherits (320): each
