@@ -438,6 +438,40 @@ fn once_against_a_two_worker_cluster_shows_both_pids_and_matching_figures() {
     assert!(!stdout.contains("panics: pid 31001"), "{stdout}");
 }
 
+/// A primary answers from worker snapshots up to 1 s old, so `top` refreshing faster gets the
+/// same one twice: here each document is served twice. `--once` fetches again until the
+/// snapshots change, and shows the rates of that window, never the no traffic a snapshot
+/// compared with itself would show.
+#[test]
+fn once_with_the_same_snapshots_twice_shows_the_rates_of_the_next_ones() {
+    let served = Arc::new(AtomicU64::new(0));
+    let count = Arc::clone(&served);
+    let addr = serve_fake(move |_| {
+        let n = count.fetch_add(1, Ordering::SeqCst) / 2;
+        ("application/json", cluster_doc(n).to_string())
+    });
+    let out = top_once(&addr.to_string(), "0.1");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows = worker_lines(&stdout);
+    assert_eq!(rows.len(), 2, "{stdout}");
+    for (i, pid) in PIDS.iter().enumerate() {
+        let row = rows
+            .iter()
+            .find(|r| r[0] == pid.to_string())
+            .unwrap_or_else(|| panic!("pid {pid} not shown:\n{stdout}"));
+        let num = |name: &str| row[col(&stdout, name)].parse::<f64>().unwrap();
+        within(num("REQ/S"), 100.0 * (i + 1) as f64, "requests/s");
+        within(num("UTIL%"), [25.0, 50.0][i], "utilization");
+    }
+    // The first document, the same again, and the next.
+    assert_eq!(served.load(Ordering::SeqCst), 3, "{stdout}");
+}
+
 #[test]
 fn once_against_an_unreachable_address_is_one_line_and_fails() {
     let addr = free_addr();
@@ -876,24 +910,30 @@ fn admin_page_in_headless_chromium_shows_panics_drains_and_left_out_snapshots() 
 
 /// Workers the primary found stalled: a Node worker (no snapshot, `answering` null) and a nodus
 /// worker whose snapshot came (a take-back it has not seen yet): each row says so, and the
-/// header counts them; a worker not stalled does not.
+/// header counts them; a worker not stalled does not. A worker whose loop did not answer in
+/// time, shown with its last snapshot: its figures are marked old, with their age.
 #[test]
 fn admin_page_in_headless_chromium_shows_stalled_workers() {
     let Some(chromium) = installed(&["chromium", "chromium-browser"]) else {
         return;
     };
-    let snapshot = serde_json::to_value(Snapshot {
-        pid: 42_002,
-        loop_id: 1,
-        uptime_seconds: 60.0,
-        ..Snapshot::default()
-    })
-    .unwrap();
+    let snapshot = |pid: u32| {
+        serde_json::to_value(Snapshot {
+            pid,
+            loop_id: 1,
+            uptime_seconds: 60.0,
+            ..Snapshot::default()
+        })
+        .unwrap()
+    };
     let addr = fake_admin(serde_json::json!({
         "workers": [
             {"worker": 1, "pid": 42_001, "answering": null, "stalled": true, "snapshot": null},
-            {"worker": 2, "pid": 42_002, "answering": true, "stalled": true, "snapshot": snapshot},
+            {"worker": 2, "pid": 42_002, "answering": true, "stalled": true,
+             "snapshot": snapshot(42_002), "snapshot_age_seconds": 0.3},
             {"worker": 3, "pid": 42_003, "answering": null, "stalled": false, "snapshot": null},
+            {"worker": 4, "pid": 42_004, "answering": false, "stalled": false,
+             "snapshot": snapshot(42_004), "snapshot_age_seconds": 2.5},
         ],
         "restarts": 0,
     }));
@@ -924,7 +964,13 @@ fn admin_page_in_headless_chromium_shows_stalled_workers() {
         !stalled_class(running) && !running.contains("stalled"),
         "{running}"
     );
-    assert!(dom.contains("3 workers · 0 restarts · 2 stalled"), "{dom}");
+    assert!(!nodus.contains("not answering"), "{nodus}");
+    let old = dom_row(&dom, "worker-row not-answering", "data-pid=\"42004\"");
+    assert!(
+        old.contains(r#"<span class="warn"> not answering · figures 2.5 s old</span>"#),
+        "{old}"
+    );
+    assert!(dom.contains("4 workers · 0 restarts · 2 stalled"), "{dom}");
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //! Node's `worker.kill()`; a stop signal sent through it pauses the worker), a crash restarted by the policy, readiness (one ready worker is
 //! enough, a shutdown ends it), a graceful shutdown, and a worker that exits as its drain
 //! deadline or kill timeout expires, before its reap (not killed, not a forced stop); with nodus
-//! workers, the stats of a worker whose loop does not answer (before its first request too), and
+//! workers, the stats of a worker whose loop does not answer (its last snapshot kept, with its
+//! age; before its first request, none), and
 //! readiness while the only worker's loop is blocked; a worker program the kernel refuses to
 //! execute fails the start (never run by `/bin/sh`).
 //!
@@ -405,44 +406,115 @@ fn two_processes_of_one_slot_in_a_reload_have_distinct_series() {
     });
 }
 
+/// The worker role of the test below: reports snapshots (and, each time it builds one once
+/// `unblock1` exists, writes `answered`: the answer to the request its blocked loop left
+/// waiting), says ready; blocks its loop from `block1` (writing `blocked1`) until `unblock1`
+/// appears, then the same from `block2` to `unblock2`. Every wait gives up after 30 s.
+fn blocking_worker() -> ! {
+    let dir = std::path::PathBuf::from(std::env::var_os(DIR).expect("the test sets the dir"));
+    let code = nodus::Runtime::new().block_on(async move {
+        let worker = Worker::get().unwrap().expect("started as a cluster worker");
+        let d = dir.clone();
+        worker.set_snapshot(move || {
+            if d.join("unblock1").exists() {
+                std::fs::write(d.join("answered"), b"").unwrap();
+            }
+            nodus::metrics::snapshot()
+        });
+        worker.ready();
+        let d = dir.clone();
+        let blocker = nodus::spawn_named("test:blocker", async move {
+            for n in 1..=2 {
+                if !file_appears(&d.join(format!("block{n}"))).await {
+                    return;
+                }
+                std::fs::write(d.join(format!("blocked{n}")), b"").unwrap();
+                // Blocks the loop: no snapshot request can be answered meanwhile.
+                for _ in 0..3000 {
+                    if d.join(format!("unblock{n}")).exists() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        });
+        worker.drain_requested().await;
+        blocker.abort();
+        0
+    });
+    std::process::exit(code);
+}
+
+/// A worker whose loop does not answer in time keeps its last snapshot, its loop series with
+/// it, said to be old (`answering` false) and how old; an answer that comes after its wait ran
+/// out is its newest snapshot the next time it does not answer; it answers again once its loop
+/// runs.
 #[test]
-fn a_worker_that_stops_answering_is_shown_without_its_old_snapshot() {
-    if std::env::var(ROLE).as_deref() == Ok("snapshot") {
-        snapshot_worker();
+fn a_worker_that_stops_answering_keeps_its_last_snapshot_with_its_age() {
+    if std::env::var(ROLE).as_deref() == Ok("blocking") {
+        blocking_worker();
     }
     let dir = nodus_testkit::tmp::TempDir::new("stale-snapshot");
     let rt = nodus::Runtime::new();
     rt.block_on(async {
-        let (primary, _events, run) = start_ready(
-            "a_worker_that_stops_answering_is_shown_without_its_old_snapshot",
-            dir.path(),
-        )
+        let name = "a_worker_that_stops_answering_keeps_its_last_snapshot_with_its_age";
+        let mut config = stats_config(name, dir.path());
+        config.command.env[0].1 = "blocking".into();
+        let primary = Primary::start(config).expect("the test binary runs");
+        let (events, run) = record_and_run(&primary);
+        wait_until(&events, |ev| {
+            ev.iter().any(|e| matches!(e.kind, EventKind::Ready))
+        })
         .await;
+        let file = |name: &str| dir.path().join(name);
         let worker = |json: &str| -> serde_json::Value {
             let v: serde_json::Value = serde_json::from_str(json).unwrap();
             v["workers"][0].clone()
         };
+        let taken_at = |w: &serde_json::Value| w["snapshot"]["taken_at_unix_ms"].as_u64();
         let before = worker(&primary.stats_json().await);
-        assert!(before["snapshot"].is_object(), "{before}");
+        assert_eq!(before["answering"], true, "{before}");
+        assert!(taken_at(&before).is_some(), "{before}");
         let pid = before["pid"].as_u64().unwrap();
 
-        std::fs::write(dir.path().join("stall"), b"").unwrap();
-        assert!(file_appears(&dir.path().join("stalled")).await);
+        std::fs::write(file("block1"), b"").unwrap();
+        assert!(file_appears(&file("blocked1")).await);
         // Past the primary's 1 s cache, so the next document asks the worker again.
         nodus::sleep(Duration::from_millis(1100)).await;
         let during = worker(&primary.stats_json().await);
         let text = primary.metrics_text().await;
-        std::fs::write(dir.path().join("release"), b"").unwrap();
-        assert!(during["snapshot"].is_null(), "a stale snapshot: {during}");
+        assert_eq!(during["answering"], false, "{during}");
+        assert_eq!(taken_at(&during), taken_at(&before), "{during}");
+        // It came before `before` was made, 1.1 s and a wait for the answer ago.
+        let age = during["snapshot_age_seconds"].as_f64().unwrap();
+        assert!(age >= 1.1, "{during}");
+        let labels = format!("{{worker=\"1\",pid=\"{pid}\"}}");
+        for series in [
+            format!("nodus_uptime_seconds{labels} "),
+            format!("nodus_cluster_worker_answering{labels} 0\n"),
+        ] {
+            assert!(text.contains(&series), "no {series:?} in\n{text}");
+        }
+        let gauge = format!("nodus_cluster_worker_snapshot_age_seconds{labels} ");
+        let line = text.lines().find(|l| l.starts_with(&gauge));
+        let value = line.and_then(|l| l[gauge.len()..].parse::<f64>().ok());
+        assert!(value.is_some_and(|v| v >= 1.1), "{line:?} in\n{text}");
+
+        // Its loop runs again and answers the request late; then it blocks again.
+        std::fs::write(file("unblock1"), b"").unwrap();
+        assert!(file_appears(&file("answered")).await);
+        std::fs::write(file("block2"), b"").unwrap();
+        assert!(file_appears(&file("blocked2")).await);
+        nodus::sleep(Duration::from_millis(1100)).await;
+        let late = worker(&primary.stats_json().await);
+        assert_eq!(late["answering"], false, "{late}");
         assert!(
-            !text.contains("nodus_uptime_seconds{"),
-            "stale series: {text}"
+            taken_at(&late) > taken_at(&before),
+            "the late answer is not its snapshot: {late}"
         );
-        assert_eq!(during["answering"], false);
-        let gauge = format!("nodus_cluster_worker_answering{{worker=\"1\",pid=\"{pid}\"}} 0");
-        assert!(text.contains(&gauge), "no {gauge:?} in\n{text}");
 
         // Once the loop runs again, it answers again.
+        std::fs::write(file("unblock2"), b"").unwrap();
         let mut after = serde_json::Value::Null;
         for _ in 0..30 {
             nodus::sleep(Duration::from_millis(1100)).await;
@@ -451,7 +523,8 @@ fn a_worker_that_stops_answering_is_shown_without_its_old_snapshot() {
                 break;
             }
         }
-        assert!(after["snapshot"].is_object(), "{after}");
+        assert_eq!(after["answering"], true, "{after}");
+        assert!(taken_at(&after) > taken_at(&late), "{after}");
         assert_eq!(shut_down(&primary, run).await, 0);
     });
 }

@@ -50,7 +50,8 @@ pub struct TopArgs {
     addr: String,
     /// Print one plain-text frame and exit: a header line, a column line, then one line per
     /// worker starting with its pid, then pools and recent stalls. Fetches twice, --interval
-    /// apart, so rates and utilization cover that interval.
+    /// apart, so rates and utilization cover that interval (and again, at most 2 s more, while
+    /// a cluster's primary serves a worker's same snapshot, which it keeps up to 1 s).
     #[arg(long)]
     once: bool,
     /// Seconds between fetches (0.1 to 3600).
@@ -87,6 +88,7 @@ pub fn run(args: TopArgs) -> i32 {
         return 2;
     }
     let interval = Duration::from_secs_f64(args.interval);
+    let started = Instant::now();
     let first = match fetch_stats(&target) {
         Ok(s) => s,
         Err(e) => {
@@ -97,7 +99,7 @@ pub fn run(args: TopArgs) -> i32 {
     let mut app = App::new(target, interval);
     app.model.update(first, Instant::now());
     if args.once {
-        return once::run(app);
+        return once::run(app, started);
     }
     match dashboard(app) {
         Ok(()) => 0,

@@ -11,6 +11,11 @@
 //! pool queue wait) come from the difference between it and the current one, so they cover the
 //! refresh interval. Where that difference is empty (first fetch, no new samples) the snapshot's
 //! own figures are used: the last runtime interval for utilization, the lifetime for percentiles.
+//! A snapshot served again unchanged (a primary answers from snapshots up to 1 s old, so a
+//! refresh faster than that gets the same one twice; a worker that does not answer keeps its
+//! last one) is no new window: its figures stay those of the window that ended with it (the
+//! snapshot before it to it), never a difference of a snapshot with itself, which would read as
+//! no traffic. A row says whether its figures cover such a window ([`Row::windowed`]).
 //! Run-queue mean and max are the runtime's last completed interval (lifetime before one exists).
 //!
 //! Version skew: a worker may be an older build whose snapshot lacks a field this one reads as a
@@ -67,11 +72,16 @@ pub struct WorkerStats {
     /// How long the process has been up, as the primary counts it (else the snapshot's own).
     #[serde(default)]
     pub uptime_seconds: Option<f64>,
-    /// `false`: its loop did not answer the primary's last request (blocked or too busy; its
-    /// first one included), so the primary gives no snapshot; absent or `null` for a worker the
-    /// primary does not ask (a plain program, a Node worker), whose figures are unknown.
+    /// `false`: its loop did not answer the primary's last request in time (blocked or too
+    /// busy; its first one included), so its snapshot, if any, is the last one it sent (older
+    /// primaries gave none); absent or `null` for a worker the primary does not ask (a plain
+    /// program, a Node worker), whose figures are unknown.
     #[serde(default)]
     pub answering: Option<bool>,
+    /// How long ago the primary got its snapshot, in seconds (`None`: no snapshot, or an older
+    /// primary, which does not say).
+    #[serde(default)]
+    pub snapshot_age_seconds: Option<f64>,
     /// `true`: the primary found it stalled (a connection handed to it, or a request to its
     /// loop, waited 1 s), so it is handed no connection; absent or `null` where the primary
     /// cannot tell (a Node worker under shared or reuseport, a plain program, an older primary).
@@ -159,6 +169,7 @@ impl From<StatsDoc> for ClusterStats {
                     rss_bytes: None,
                     uptime_seconds: None,
                     answering: None,
+                    snapshot_age_seconds: None,
                     stalled: None,
                     snapshot_left_out: None,
                     panics_known: false,
@@ -269,6 +280,11 @@ pub struct Row {
     /// Task panics, lifetime, and per task name (those with any, most first); `None` when its
     /// snapshot does not have them (none, or an older build's).
     pub panics: Option<(u64, Vec<(String, u64)>)>,
+    /// Its figures cover a window between two snapshots (false: the first one seen of it, so
+    /// utilization and the percentiles are the snapshot's own, and there are no rates).
+    pub windowed: bool,
+    /// How old the primary said its snapshot was (`snapshot_age_seconds`; see [`WorkerStats`]).
+    pub snapshot_age: Option<f64>,
 }
 
 /// One history sample.
@@ -381,8 +397,27 @@ pub struct Model {
     pub history: HashMap<u32, History>,
     /// Mean utilization and worst lateness over all workers.
     pub cluster_history: History,
-    /// The previous snapshot of every worker pid, and when it was fetched.
-    prev: HashMap<u32, (Snapshot, Instant)>,
+    /// The last snapshot seen of every worker pid (see [`Seen`]).
+    prev: HashMap<u32, Seen>,
+}
+
+/// The last snapshot seen of a worker, when it was first fetched, and the one before it (the
+/// start of the window its figures cover).
+#[derive(Debug)]
+struct Seen {
+    snapshot: Snapshot,
+    at: Instant,
+    base: Option<(Snapshot, Instant)>,
+}
+
+/// Whether `a` and `b` are one snapshot served twice (a primary answers from snapshots up to 1 s
+/// old, so a refresh faster than that gets the same one again): the same loop, taken at the
+/// same time by the worker's own clocks.
+fn same_snapshot(a: &Snapshot, b: &Snapshot) -> bool {
+    a.pid == b.pid
+        && a.loop_id == b.loop_id
+        && a.taken_at_unix_ms == b.taken_at_unix_ms
+        && a.uptime_seconds == b.uptime_seconds
 }
 
 impl Model {
@@ -400,15 +435,29 @@ impl Model {
                 .pid
                 .or(w.snapshot.as_ref().map(|s| s.pid))
                 .unwrap_or_default();
-            let before = self.prev.get(&pid);
-            let row = derive_row(&w, pid, before, now);
+            // The window the figures cover: from the snapshot before this one. The same
+            // snapshot served again keeps the window (and so the figures) it had: a rate
+            // between a snapshot and itself is no traffic only in appearance.
+            let seen = self.prev.remove(&pid);
+            let (base, at) = match (&w.snapshot, seen) {
+                (Some(s), Some(seen)) if same_snapshot(s, &seen.snapshot) => (seen.base, seen.at),
+                (_, seen) => (seen.map(|seen| (seen.snapshot, seen.at)), now),
+            };
+            let row = derive_row(&w, pid, base.as_ref(), at);
             if let Some(s) = &w.snapshot {
                 let h = self.history.entry(pid).or_default();
                 h.push(Point {
                     util_pct: row.util.map_or(0, |u| (u * 100.0).round() as u64),
-                    lateness_us: recent_lateness_us(s, before.map(|b| &b.0)),
+                    lateness_us: recent_lateness_us(s, base.as_ref().map(|b| &b.0)),
                 });
-                prev.insert(pid, (s.clone(), now));
+                prev.insert(
+                    pid,
+                    Seen {
+                        snapshot: s.clone(),
+                        at,
+                        base,
+                    },
+                );
             }
             rows.push(Row {
                 snapshot: w.snapshot,
@@ -429,6 +478,14 @@ impl Model {
         self.history.retain(|pid, _| prev.contains_key(pid));
         self.prev = prev;
         self.rows = rows;
+    }
+
+    /// Whether a worker whose loop answers has figures over no window yet: its snapshot is
+    /// the first seen of it, or the same one again (see [`Row::windowed`]).
+    pub fn unwindowed(&self) -> bool {
+        self.rows
+            .iter()
+            .any(|r| r.snapshot.is_some() && !r.windowed && !r.not_answering)
     }
 
     /// Rows in display order.
@@ -494,6 +551,8 @@ impl Model {
     }
 }
 
+/// `w`'s row: its figures over the window from `before` (a snapshot of it and when it was
+/// fetched) to its current snapshot, first fetched at `now`.
 fn derive_row(
     w: &WorkerStats,
     pid: u32,
@@ -515,6 +574,7 @@ fn derive_row(
         not_answering: w.answering == Some(false),
         stalled: w.stalled == Some(true),
         left_out: w.snapshot_left_out.clone(),
+        snapshot_age: w.snapshot.as_ref().and(w.snapshot_age_seconds),
         ..Row::default()
     };
     let Some(s) = &w.snapshot else {
@@ -530,6 +590,7 @@ fn derive_row(
         by_task.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         row.panics = Some((s.tasks.panics_total, by_task));
     }
+    row.windowed = before.is_some();
     let prev = before.map(|b| &b.0);
     let ls = &s.loop_stats;
     row.util = Some(
@@ -650,6 +711,8 @@ fn recent_lateness_us(cur: &Snapshot, prev: Option<&Snapshot>) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn hist(values: &[u64]) -> HistogramSnapshot {
@@ -733,6 +796,63 @@ mod tests {
         let late = h.points[1].lateness_us;
         assert!((950..=1_050).contains(&late), "{late}");
         assert_eq!(m.cluster_history.points.len(), 2);
+    }
+
+    /// A primary answers from snapshots up to 1 s old: fetched faster, the same snapshot comes
+    /// twice. It keeps the figures of the window that ended with it, not a difference of a
+    /// snapshot with itself (no requests, the runtime's own last interval's utilization).
+    #[test]
+    fn the_same_snapshot_again_keeps_its_window() {
+        let mut s = Snapshot {
+            pid: 7,
+            loop_id: 1,
+            taken_at_unix_ms: 10_000,
+            uptime_seconds: 10.0,
+            ..Snapshot::default()
+        };
+        s.loop_stats.busy_seconds = 1.0;
+        s.loop_stats.idle_seconds = 9.0;
+        s.loop_stats.interval_seconds = 1.0;
+        s.loop_stats.interval_utilization = 0.9;
+        s.loop_stats.timer_lateness = hist(&[1_000; 100]);
+        s.http.responses_by_class = [0, 100, 0, 0, 0];
+        let cluster = |s: &Snapshot| {
+            let doc = serde_json::json!({"workers": [{"worker": 1, "pid": 7, "snapshot": s}]});
+            ClusterStats::parse(doc.to_string().as_bytes()).unwrap()
+        };
+        let mut m = Model::default();
+        let t0 = Instant::now();
+        m.update(cluster(&s), t0);
+        assert!(!m.rows[0].windowed && m.unwindowed());
+        // Served again: still no window.
+        m.update(cluster(&s), t0 + Duration::from_millis(500));
+        assert!(!m.rows[0].windowed && m.unwindowed());
+        assert_eq!(m.rows[0].req_per_s, None);
+
+        s.taken_at_unix_ms = 11_000;
+        s.uptime_seconds = 11.0;
+        s.loop_stats.busy_seconds = 1.5;
+        s.loop_stats.idle_seconds = 9.5;
+        s.http.responses_by_class = [0, 300, 0, 0, 0];
+        let mut late: Vec<u64> = vec![1_000; 100];
+        late.extend([1_000_000; 10]);
+        s.loop_stats.timer_lateness = hist(&late);
+        m.update(cluster(&s), t0 + Duration::from_secs(1));
+        let measured = m.rows[0].clone();
+        assert!(measured.windowed && !m.unwindowed());
+        assert_eq!(measured.req_per_s, Some(200.0));
+        assert_eq!(measured.util, Some(0.5));
+        let point = m.history[&7].latest().unwrap();
+        assert_eq!(point.util_pct, 50);
+        assert!(point.lateness_us > 900, "{point:?}");
+
+        m.update(cluster(&s), t0 + Duration::from_millis(1500));
+        let again = &m.rows[0];
+        assert!(again.windowed);
+        assert_eq!(again.req_per_s, measured.req_per_s);
+        assert_eq!(again.util, measured.util);
+        assert_eq!(again.lateness_p99, measured.lateness_p99);
+        assert_eq!(m.history[&7].latest(), Some(point));
     }
 
     #[test]

@@ -1,7 +1,13 @@
 //! `nodus top --once`: one plain-text frame on stdout.
 //!
 //! A second fetch is made `--interval` after the first so that utilization, requests/s and the
-//! recent percentiles cover that interval, exactly as one refresh of the dashboard would. Layout:
+//! recent percentiles cover that interval, exactly as one refresh of the dashboard would. A
+//! cluster's primary answers from worker snapshots up to 1 s old, so with a shorter interval the
+//! second fetch may bring a worker's same snapshot again, which covers no interval: fetches are
+//! then made again (every `--interval`, at most 0.25 s apart) until every worker whose loop
+//! answers has a new one, for at most [`MORE`] after the second; the header says the time from
+//! the first fetch to the last (a worker whose loop does not answer keeps its last snapshot and
+//! is not waited for). Layout:
 //!
 //! ```text
 //! nodus top · 127.0.0.1:8080 · single process · Sat, 21 Nov 2026 15:20:01 GMT · over 1s
@@ -16,36 +22,50 @@
 //! Only worker lines start with a digit (the pid); every figure is the same as on the dashboard.
 //! In a cluster the pools are the totals of every worker's, said on their own line first
 //! (`pools: total of 2 workers · THREADS = workers × threads each`), THREADS as `2×4`.
-//! After the worker lines: `left out: pid N: why` for each worker whose snapshot a relayed
-//! document left out, and `panics: pid N: panics 3 (job 2, handler 1)` for each worker with
+//! After the worker lines: `not answering: pid N: figures 2.5 s old` for each worker whose loop
+//! did not answer the primary in time (its figures are its last snapshot's, as old as the
+//! primary says), `left out: pid N: why` for each worker whose snapshot a relayed document left
+//! out, and `panics: pid N: panics 3 (job 2, handler 1)` for each worker with
 //! panics (a snapshot without the field, an older build's, shows none); a stall that was a
 //! drain of many short polls ends with `, held in drain: N polls, mostly T after B`.
 
 use std::fmt::Write as _;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::view::{
-    COLUMNS, cells, describe, drain_note, fmt_ago, fmt_ns, fmt_rate, panics_text, pools_scope,
-    task_text, threads_cell,
+    COLUMNS, cells, describe, drain_note, fmt_ago, fmt_ns, fmt_rate, old_figures, panics_text,
+    pools_scope, task_text, threads_cell,
 };
 use super::{App, fetch_stats};
 
-/// Takes the second sample, prints the frame; returns the exit code.
-pub fn run(mut app: App) -> i32 {
+/// How long after the second fetch more are made while a worker's snapshot is the same one
+/// (a primary refreshes a snapshot 1 s old, awaiting each worker 0.5 s at most).
+const MORE: Duration = Duration::from_secs(2);
+
+/// Takes the second sample (and more while a worker's snapshot has not changed), prints the
+/// frame; `first` is when the first was taken. Returns the exit code.
+pub fn run(mut app: App, first: Instant) -> i32 {
     std::thread::sleep(app.interval);
-    match fetch_stats(&app.target) {
-        Ok(stats) => app.model.update(stats, Instant::now()),
-        Err(e) => {
-            say!("nodus top: cannot read {}: {e}", app.target.url());
-            return 1;
+    let second = Instant::now();
+    loop {
+        match fetch_stats(&app.target) {
+            Ok(stats) => app.model.update(stats, Instant::now()),
+            Err(e) => {
+                say!("nodus top: cannot read {}: {e}", app.target.url());
+                return 1;
+            }
         }
+        if !app.model.unwindowed() || second.elapsed() >= MORE {
+            break;
+        }
+        std::thread::sleep(app.interval.min(Duration::from_millis(250)));
     }
-    print!("{}", render(&app));
+    print!("{}", render(&app, first.elapsed()));
     0
 }
 
-/// The frame as text.
-fn render(app: &App) -> String {
+/// The frame as text; `span` is the time from the first fetch to now.
+fn render(app: &App, span: Duration) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -53,7 +73,8 @@ fn render(app: &App) -> String {
         app.target.authority,
         describe(&app.model),
         httpdate::fmt_http_date(SystemTime::now()),
-        app.interval.as_secs_f64()
+        // Tenths: the span is the interval plus a fetch or two.
+        (span.as_secs_f64() * 10.0).round() / 10.0
     );
     let line = |cols: [String; 12]| {
         let mut l = String::new();
@@ -71,6 +92,11 @@ fn render(app: &App) -> String {
     let rows = app.model.sorted(app.sort);
     for r in &rows {
         let _ = writeln!(out, "{}", line(cells(r)));
+    }
+    for r in &rows {
+        if r.not_answering && r.snapshot.is_some() {
+            let _ = writeln!(out, "  not answering: pid {}: {}", r.pid, old_figures(r));
+        }
     }
     for r in &rows {
         if let Some(why) = &r.left_out {

@@ -825,6 +825,15 @@ fn detail_line(r: &Row, width: u16) -> Line<'static> {
             ),
         );
     }
+    if r.not_answering {
+        spans.insert(
+            1,
+            Span::styled(
+                format!(" not answering: {} ·", old_figures(r)),
+                Style::new().fg(Color::Red),
+            ),
+        );
+    }
     // Panics (when the snapshot has them) right after the tasks, before what a narrow line drops.
     if let Some(text) = panics_text(r) {
         let style = match r.panics {
@@ -834,6 +843,15 @@ fn detail_line(r: &Row, width: u16) -> Line<'static> {
         spans.insert(2, Span::styled(format!(" · {text}"), style));
     }
     Line::from(fit_spans(spans, width))
+}
+
+/// What the figures of a worker whose loop did not answer the primary are: its last snapshot's,
+/// and how old (an older primary does not say).
+pub fn old_figures(r: &Row) -> String {
+    match r.snapshot_age {
+        Some(age) => format!("figures {age:.1} s old"),
+        None => "old figures".to_string(),
+    }
 }
 
 /// The header of the column the rows are sorted by (none for the worker order).

@@ -40,6 +40,11 @@ impl<T> ReplySlot<T> {
         }
     }
 
+    /// The value if the slot is filled (and not yet read), without waiting.
+    pub fn take(&self) -> Option<T> {
+        self.inner.borrow_mut().0.take()
+    }
+
     /// The value, or `None` after `limit`.
     pub async fn wait(&self, limit: Duration) -> Option<T> {
         let wait = poll_fn(|cx| {

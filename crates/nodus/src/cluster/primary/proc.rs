@@ -183,6 +183,9 @@ pub(super) enum ProcState {
     Dead,
 }
 
+/// A worker's answer to a snapshot request: when it came, and the snapshot's JSON as sent.
+pub(super) type SnapshotAnswer = (Instant, String);
+
 pub(super) struct Proc {
     pub unique: u64,
     pub slot: u32,
@@ -229,9 +232,16 @@ pub(super) struct Proc {
     pub slot_taken: Rc<Cell<u64>>,
     /// The worker's last load report: (open connections, accepted in total).
     pub reported: Cell<Option<(u64, u64)>>,
-    /// Its last loop snapshot (JSON, and parsed) and when it came; cleared when it misses a
-    /// request or sends one that is refused (`stats::checked`).
+    /// Its last loop snapshot (JSON, and parsed) and when it came: kept while it misses
+    /// requests (served with its age, `answered_last` false), cleared when it sends one that is
+    /// refused (`stats::checked`) or its channel ends.
     pub snapshot: RefCell<Option<(Instant, String, Snapshot)>>,
+    /// A snapshot it sent after its request's wait had run out, and when it came (unchecked):
+    /// newer than `snapshot`, taken for it when the next request goes unanswered too. Only an
+    /// answer to a request made: its id at most `snapshot_asked`.
+    pub late_snapshot: RefCell<Option<SnapshotAnswer>>,
+    /// The id of the last request that asked it for a snapshot (not a probe); 0 before one.
+    pub snapshot_asked: Cell<u64>,
     /// It sent a snapshot that was refused (logged once per process).
     pub bad_snapshot_said: Cell<bool>,
     /// Its stats requests waiting for the next document (`id`, and whether it asks for the
@@ -264,7 +274,9 @@ pub(super) struct Proc {
     pub heard_ns: Cell<u64>,
     /// When the primary last asked it for a snapshot (the loop's time, ns).
     pub asked_ns: Cell<Option<u64>>,
-    pub snapshot_waiters: RefCell<HashMap<u64, ReplySlot<String>>>,
+    /// The snapshot requests `stats::ask_all` awaits, by id: each filled with the answer and
+    /// when it came.
+    pub snapshot_waiters: RefCell<HashMap<u64, ReplySlot<SnapshotAnswer>>>,
     pub exit_status: Cell<Option<ExitStatus>>,
     /// Filled when the reader of its channel has handled the last message (the channel ended).
     pub channel_done: ReplySlot<()>,
@@ -390,6 +402,8 @@ impl Proc {
             slot_taken: st.slots.borrow()[slot as usize - 1].taken.clone(),
             reported: Cell::new(None),
             snapshot: RefCell::new(None),
+            late_snapshot: RefCell::new(None),
+            snapshot_asked: Cell::new(0),
             bad_snapshot_said: Cell::new(false),
             stats_waiting: RefCell::default(),
             stats_running: Cell::new(false),
@@ -452,6 +466,7 @@ impl Proc {
                 p.answered_last.set(None);
                 p.unanswered.set(None);
                 *p.snapshot.borrow_mut() = None;
+                *p.late_snapshot.borrow_mut() = None;
                 s.emit(Some(&p), EventKind::Disconnect);
                 handoff::channel_ended(&s, &p);
                 p.channel_ended.set(true);
@@ -943,8 +958,18 @@ fn on_nodus(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
             }
             let waiter =
                 m.id.and_then(|id| proc.snapshot_waiters.borrow_mut().remove(&id));
-            if let (Some(w), Some(raw)) = (waiter, m.snapshot) {
-                w.fill(raw.get().to_owned());
+            if let Some(raw) = m.snapshot {
+                let answer = (Instant::now(), raw.get().to_owned());
+                match waiter {
+                    Some(w) => w.fill(answer),
+                    // Its wait ran out (or a probe, to an older build, which sends one anyway):
+                    // still its newest figures, kept for when it misses the next request. An id
+                    // never asked is no answer.
+                    None if m.id.is_some_and(|id| id <= proc.snapshot_asked.get()) => {
+                        *proc.late_snapshot.borrow_mut() = Some(answer);
+                    }
+                    None => {}
+                }
             }
         }
         Some("stats_request") => {

@@ -5,23 +5,29 @@
 //! [`FRESH`] (every worker that answers snapshot requests asked at once, each answer awaited at
 //! most [`ASK_LIMIT`]): a nodus worker from its `online` on, until its channel ends. A Node
 //! worker (it has a channel but never answers) and a plain program (no channel) are not asked.
-//! A worker without a fresh answer appears with `snapshot: null`: a snapshot it sent before is
-//! dropped, never served as if current (a blocked loop would otherwise show its last figures,
-//! idle, for as long as it blocks). `answering` says why: `null` for a worker that is not asked
-//! (or not yet), `false` for one that was asked and did not answer in time (stalled, or too
-//! busy), whether or not it answered an earlier request, judged against the primary's own
-//! progress: a wait that ran out counts only once the loop has read what came by its deadline
-//! (`time::polled_ns`), so a pause of the primary (SIGSTOP, a stalled loop) makes no worker that
-//! answered meanwhile look silent. Answers are checked (parsed) once every wait is over, so the
-//! time one worker's snapshot takes to parse is no other's to answer in.
+//! A worker without a fresh answer keeps the last snapshot it sent, served with its age
+//! (`snapshot_age_seconds`, `nodus_cluster_worker_snapshot_age_seconds`: since it came), so a
+//! worker too busy to answer in time (back-to-back long polls) keeps its loop series, the ones an
+//! alert on its utilization reads, rather than dropping out of them for exactly as long as it
+//! needs watching; one that never answered has `snapshot: null`. An answer that comes after its
+//! wait ran out is kept aside (`Proc::late_snapshot`, unchecked) and taken, being newer, when the
+//! next request goes unanswered too. The snapshot goes with the worker: when its channel ends
+//! or it exits (a dead worker is in no document). `answering` says whether the snapshot is old:
+//! `null` for a worker that is not asked (or not yet), `false` for one that was asked and did
+//! not answer in time (stalled, or too busy: its figures are from before, a blocked loop's from
+//! before it blocked), whether or not it answered an earlier request, judged against the
+//! primary's own progress: a wait that ran out counts only once the loop has read what came by
+//! its deadline (`time::polled_ns`), so a pause of the primary (SIGSTOP, a stalled loop) makes
+//! no worker that answered meanwhile look silent. Answers are checked (parsed) once every wait
+//! is over, so the time one worker's snapshot takes to parse is no other's to answer in.
 //! The same requests tell routing and readyz whether a worker's loop runs (`probe`,
 //! `loop_stalled`, part of `handoff::stalled`): the oldest one a worker has not answered is kept
 //! with its time, so a loop that has left it unanswered for the handoff deadline, with nothing
 //! else heard from it meanwhile, is stalled; its next answer, however late, or any other message
 //! says it runs again. A probe (`text: "probe"`) asks for no snapshot: a nodus worker answers it
-//! without building one (an older one sends its snapshot, ignored), so the requests routing
-//! sends while connections are handed (at most one per worker per second) stay under a hundred
-//! bytes each way.
+//! without building one (an older one sends its snapshot: kept as a late answer), so the
+//! requests routing sends while connections are handed (at most one per worker per second) stay
+//! under a hundred bytes each way.
 //! `stalled` (`nodus_cluster_worker_stalled` in the metrics) is the primary's own verdict, the
 //! one readyz and routing use (`handoff::stalled`, as of `time::polled_ns`), for every worker the
 //! primary can watch: one it asks (a nodus worker) or hands connections to (rr and least: a Node
@@ -67,7 +73,7 @@ use prometheus_client::registry::{Registry, Unit};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use super::proc::{Proc, ProcState};
+use super::proc::{Proc, ProcState, SnapshotAnswer};
 use super::{LastExit, Policy, State};
 use crate::cluster::protocol::{Nodus, SNAPSHOT_PROBE};
 use crate::cluster::reply::ReplySlot;
@@ -114,7 +120,7 @@ async fn refresh(st: &Rc<State>) {
 /// Asks every live worker that answers snapshot requests for one at once and waits at most
 /// `limit`; returns whether every one answered (a stalled loop cannot).
 pub(super) async fn ask_all(st: &Rc<State>, limit: Duration) -> bool {
-    let asks: Vec<(Rc<Proc>, u64, ReplySlot<String>)> = live_procs(st)
+    let asks: Vec<(Rc<Proc>, u64, ReplySlot<SnapshotAnswer>)> = live_procs(st)
         .into_iter()
         .filter(|p| p.asked_for_snapshots.get())
         .map(|p| {
@@ -143,39 +149,46 @@ pub(super) async fn ask_all(st: &Rc<State>, limit: Duration) -> bool {
             answer = slot.wait(Duration::from_millis(1)).await;
         }
         p.snapshot_waiters.borrow_mut().remove(&id);
+        if answer.is_none()
+            && let Some(late) = slot.take()
+        {
+            // Filled as the last wait ran out, before this task ran again: it came late.
+            *p.late_snapshot.borrow_mut() = Some(late);
+        }
         answers.push((p, answer));
     }
     // Checked once every wait is over: the time parsing one worker's snapshot takes (4 MiB at
     // most) is no other worker's to answer in.
     let mut all = true;
     for (p, answer) in answers {
-        match answer {
-            Some(json) => {
-                // Its loop answered; what it sent is served only if a loop could have sent it.
-                p.answered_last.set(Some(true));
-                match checked(&json) {
-                    Ok(parsed) => *p.snapshot.borrow_mut() = Some((Instant::now(), json, parsed)),
-                    Err(why) => {
-                        *p.snapshot.borrow_mut() = None;
-                        if !p.bad_snapshot_said.replace(true) {
-                            tracing::warn!(
-                                target: "nodus::cluster",
-                                "worker {} (pid {}) sent a snapshot no loop takes ({why}): it is \
-                                 shown without one (further ones are refused without a line)",
-                                p.slot, p.pid
-                            );
-                        }
-                    }
-                }
-            }
-            None => {
-                all = false;
-                // What it sent before is no longer true of it: never serve it as current. Asked
-                // and silent, it is stalled, even before its first answer (unless its channel
-                // ended meanwhile: then it is no longer asked).
+        let late = p.late_snapshot.borrow_mut().take();
+        if answer.is_none() {
+            all = false;
+        }
+        // Its channel ended meanwhile: no longer asked, it shows neither figures nor silence.
+        if !p.asked_for_snapshots.get() {
+            continue;
+        }
+        // Asked and silent, it is not answering, even before its first answer; answering, its
+        // loop runs (whatever it sent).
+        p.answered_last.set(Some(answer.is_some()));
+        // Its newest snapshot: this answer, else one that came after an earlier wait had run
+        // out; with neither, the one it has is kept, served with its age.
+        let Some((at, json)) = answer.into_iter().chain(late).max_by_key(|(at, _)| *at) else {
+            continue;
+        };
+        // Served only if a loop could have sent it.
+        match checked(&json) {
+            Ok(parsed) => *p.snapshot.borrow_mut() = Some((at, json, parsed)),
+            Err(why) => {
                 *p.snapshot.borrow_mut() = None;
-                if p.asked_for_snapshots.get() {
-                    p.answered_last.set(Some(false));
+                if !p.bad_snapshot_said.replace(true) {
+                    tracing::warn!(
+                        target: "nodus::cluster",
+                        "worker {} (pid {}) sent a snapshot no loop takes ({why}): it is \
+                         shown without one (further ones are refused without a line)",
+                        p.slot, p.pid
+                    );
                 }
             }
         }
@@ -195,7 +208,9 @@ fn ask(st: &Rc<State>, p: &Proc, snapshot: bool) -> u64 {
     };
     let mut msg = Nodus::act("snapshot_request");
     msg.id = Some(id);
-    if !snapshot {
+    if snapshot {
+        p.snapshot_asked.set(id);
+    } else {
         msg.text = Some(SNAPSHOT_PROBE);
     }
     p.send(&msg);
@@ -269,6 +284,14 @@ fn checked(json: &str) -> Result<Snapshot, String> {
     }
 }
 
+/// How long ago `p`'s snapshot came, in seconds; `None` without one.
+fn snapshot_age(p: &Proc) -> Option<f64> {
+    p.snapshot
+        .borrow()
+        .as_ref()
+        .map(|(at, _, _)| at.elapsed().as_secs_f64())
+}
+
 fn rss_bytes(pid: u32) -> Option<u64> {
     let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
@@ -299,8 +322,10 @@ struct WorkerDoc<'a> {
     connections_taken_back: u64,
     uptime_seconds: f64,
     /// `None`: it is not asked for snapshots (a plain program, a Node worker) or not yet;
-    /// `Some(false)`: it missed the last request.
+    /// `Some(false)`: it missed the last request (its snapshot, if any, is an older one).
     answering: Option<bool>,
+    /// How long ago its snapshot came, in seconds (`None` with no snapshot in this document).
+    snapshot_age_seconds: Option<f64>,
     /// The primary found it stalled (routing hands it nothing, readyz counts it): see
     /// [`stall_verdict`]; `None` when the primary cannot tell.
     stalled: Option<bool>,
@@ -523,6 +548,7 @@ fn json_doc(
             connections_taken_back: p.taken_back.get(),
             uptime_seconds: p.started.elapsed().as_secs_f64(),
             answering: p.answered_last.get(),
+            snapshot_age_seconds: snap.as_ref().and_then(|_| snapshot_age(p)),
             stalled: stall_verdict(st, p, now),
             snapshot: snap.as_deref(),
             snapshot_left_out: out.then(|| {
@@ -819,8 +845,20 @@ fn metrics_doc(
     }
     registry.register(
         "nodus_cluster_worker_answering",
-        "Whether the worker's loop answered the primary's last snapshot request (0: blocked or too busy; its loop series are left out)",
+        "Whether the worker's loop answered the primary's last snapshot request in time, 0.5 s (0: blocked or too busy; its loop series are those of the last snapshot it sent, nodus_cluster_worker_snapshot_age_seconds old)",
         answering,
+    );
+    let age = Family::<Vec<(String, String)>, Gauge<f64, AtomicU64>>::default();
+    for (p, _) in procs.iter().zip(&relay.left_out).filter(|(_, out)| !**out) {
+        if let Some(secs) = snapshot_age(p) {
+            age.get_or_create(&worker_labels(p)).set(secs);
+        }
+    }
+    registry.register_with_unit(
+        "nodus_cluster_worker_snapshot_age",
+        "Time since the primary got the snapshot the worker's loop series here come from: up to about 1 s while its loop answers (the primary asks again when its newest is 1 s old), growing while it does not (nodus_cluster_worker_answering 0: blocked, or too busy to answer in 0.5 s; its series are then from before); no series for a worker without them",
+        Unit::Seconds,
+        age,
     );
     let stalled = Family::<Vec<(String, String)>, Gauge<i64>>::default();
     let now = crate::time::polled_ns();
