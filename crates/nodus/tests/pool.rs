@@ -345,3 +345,86 @@ fn busy_threads_and_queue_depth_show_a_saturated_pool() {
         std::thread::sleep(Duration::from_millis(1));
     }
 }
+
+#[test]
+fn work_dropped_before_it_starts_leaves_the_queue_at_once() {
+    // A bounded pool whose one thread is held, its queue filled, then every future dropped:
+    // the queue is empty again at once (libuv's `uv_cancel`), not when the thread frees up.
+    let (pool, release, started) = held_pool("dropped", Some(10));
+    started.recv_timeout(WAIT).unwrap();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let doomed: Vec<_> = (0..10)
+            .map(|_| {
+                let r = ran.clone();
+                pool.offload(move || r.fetch_add(1, Ordering::SeqCst))
+            })
+            .collect();
+        assert_eq!(pool.stats().queue_depth, 10);
+        drop(doomed);
+        let s = pool.stats();
+        assert_eq!((s.queue_depth, s.cancelled_total), (0, 10));
+        // The bound counts live jobs only: ten more fit, the eleventh does not.
+        let next: Vec<_> = (0..10).map(|i| pool.offload(move || i)).collect();
+        let err = pool.offload(|| 10).await.unwrap_err();
+        assert!(
+            matches!(err, OffloadError::QueueFull { limit: 10, .. }),
+            "{err}"
+        );
+        assert_eq!(pool.stats().queue_depth, 10);
+        release.send(()).unwrap();
+        for (i, j) in next.into_iter().enumerate() {
+            assert_eq!(j.await.unwrap(), i);
+        }
+    });
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "dropped work ran");
+    let s = pool.stats();
+    // Reaching the dropped jobs' places did not count them out (or as cancelled) again.
+    assert_eq!(
+        (s.queue_depth, s.cancelled_total, s.rejected_total),
+        (0, 10, 1)
+    );
+    assert_eq!(s.completed_total, 11);
+}
+
+#[test]
+fn futures_dropped_while_workers_take_their_jobs_count_each_job_once() {
+    // Drops racing the workers: each job either ran or was cancelled, never both or neither,
+    // and the queue count ends at zero (a job counted out twice would wrap it).
+    let pool = Pool::builder("race").threads(2).build().unwrap();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let rt = Runtime::new();
+    let n = 20_000;
+    rt.block_on(async {
+        let mut kept = Vec::new();
+        for i in 0..n {
+            let r = ran.clone();
+            let job = pool.offload(move || {
+                r.fetch_add(1, Ordering::Relaxed);
+            });
+            if i % 2 == 0 {
+                drop(job);
+            } else {
+                kept.push(job);
+            }
+        }
+        for j in kept {
+            j.await.unwrap();
+        }
+    });
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let s = pool.stats();
+        let ran = ran.load(Ordering::SeqCst) as u64;
+        if s.busy_threads == 0 && s.queue_depth == 0 {
+            assert_eq!(s.cancelled_total + ran, n as u64, "{s:?}");
+            assert_eq!(s.completed_total, ran);
+            assert!(s.cancelled_total > 0);
+            break;
+        }
+        assert!(s.queue_depth <= n as u64, "the count wrapped: {s:?}");
+        assert!(Instant::now() < deadline, "{s:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}

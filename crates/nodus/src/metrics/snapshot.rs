@@ -291,7 +291,7 @@ pub struct PoolSnapshot {
     /// `io` or `cpu` (or the name of a pool built with `PoolBuilder`).
     pub pool: String,
     pub threads: u64,
-    /// Jobs waiting for a thread.
+    /// Jobs waiting for a thread (not those whose future was dropped: they are off the queue).
     pub queue_depth: u64,
     /// Threads running a job.
     pub busy_threads: u64,

@@ -20,7 +20,8 @@
 //! - Slow work (DNS) never occupies more than `(n + 1) / 2` of a pool's `n` threads (libuv's
 //!   rule for `UV__WORK_SLOW_IO`), so a hanging resolver cannot starve file I/O.
 //! - An optional queue bound rejects submissions with [`OffloadError::QueueFull`]; the default
-//!   is unbounded, as in libuv.
+//!   is unbounded, as in libuv. A job whose future was dropped before it started is off the
+//!   queue at once (`worker`): it counts neither against the bound nor in the depth.
 //!
 //! Pool-backed modules partition their work (64 KiB of file I/O, 256 KiB of zlib input, 1 MiB of
 //! hashing per job), so one large request never holds a thread for long.
