@@ -428,3 +428,25 @@ fn futures_dropped_while_workers_take_their_jobs_count_each_job_once() {
         std::thread::sleep(Duration::from_millis(1));
     }
 }
+
+#[test]
+fn an_idle_gap_between_jobs_is_not_counted_as_run_time() {
+    // Empty jobs one after another: the pool is idle between them (the loop awaits each one,
+    // then submits the next), so their run time is a small part of the wall time.
+    let pool = Pool::builder("gaps").threads(1).build().unwrap();
+    let rt = Runtime::new();
+    let start = Instant::now();
+    rt.block_on(async {
+        for _ in 0..2000 {
+            pool.offload(|| ()).await.unwrap();
+        }
+    });
+    let wall = start.elapsed().as_nanos() as u64;
+    let s = pool.stats();
+    assert_eq!(s.run.count, 2000);
+    assert!(
+        s.run.sum < wall / 2,
+        "run time {} ns of {wall} ns wall: the idle gaps were counted",
+        s.run.sum
+    );
+}
