@@ -450,3 +450,52 @@ fn an_idle_gap_between_jobs_is_not_counted_as_run_time() {
         s.run.sum
     );
 }
+
+#[test]
+fn built_pools_are_listed_under_their_names_while_they_live() {
+    let rt = Runtime::new();
+    let names = |rt: &Runtime| -> Vec<String> {
+        rt.enter(snapshot)
+            .pools
+            .into_iter()
+            .map(|p| p.pool)
+            .collect()
+    };
+    let pool = Pool::builder("listed-a").threads(1).build().unwrap();
+    rt.block_on(pool.offload(|| ())).unwrap();
+    let s = rt.enter(snapshot);
+    let listed = s
+        .pools
+        .iter()
+        .find(|p| p.pool == "listed-a")
+        .expect("listed");
+    assert_eq!((listed.threads, listed.completed_total), (1, 1));
+    let text = prometheus::render(&s);
+    assert!(
+        text.lines().any(
+            |l| l.starts_with("nodus_pool_completed_total{") && l.contains("pool=\"listed-a\"")
+        ),
+        "{text}"
+    );
+    // A second live pool of that name, or one named like a process-wide pool, still works but
+    // is not listed: a name is one series.
+    let twin = Pool::builder("listed-a").threads(1).build().unwrap();
+    let io = Pool::builder("io").threads(1).build().unwrap();
+    assert_eq!(rt.block_on(twin.offload(|| 1)).unwrap(), 1);
+    assert_eq!(rt.block_on(io.offload(|| 2)).unwrap(), 2);
+    rt.block_on(offload_io(|| ())).unwrap();
+    let all = names(&rt);
+    for name in ["listed-a", "io"] {
+        assert_eq!(all.iter().filter(|n| *n == name).count(), 1, "{all:?}");
+    }
+    // Gone with the pool; then the name is free again.
+    drop((pool, twin));
+    assert!(!names(&rt).contains(&"listed-a".to_owned()));
+    let again = Pool::builder("listed-a").threads(1).build().unwrap();
+    assert!(names(&rt).contains(&"listed-a".to_owned()));
+    drop((again, io));
+    // A name that cannot name a thread is refused, with why.
+    let err = Pool::builder("a\0b").build().unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    assert!(err.to_string().contains("NUL"), "{err}");
+}
