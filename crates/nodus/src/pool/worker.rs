@@ -107,10 +107,10 @@ impl Queue {
         }
     }
 
-    /// Whether to signal an idle worker: one could take a job now and none is on its way
-    /// already. Counts the signal.
+    /// Whether to signal an idle worker: one could take a job now (a cancelled one at a front
+    /// counts: the worker signalled then finds nothing) and none is on its way already. Counts
+    /// the signal.
     fn should_signal(&mut self, slow_limit: usize) -> bool {
-        self.drop_cancelled_fronts();
         let eligible =
             !self.fast.is_empty() || (!self.slow.is_empty() && self.slow_running < slow_limit);
         let signal = eligible && self.idle > self.waking && self.waking == 0;
