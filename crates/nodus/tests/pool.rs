@@ -345,3 +345,157 @@ fn busy_threads_and_queue_depth_show_a_saturated_pool() {
         std::thread::sleep(Duration::from_millis(1));
     }
 }
+
+#[test]
+fn work_dropped_before_it_starts_leaves_the_queue_at_once() {
+    // A bounded pool whose one thread is held, its queue filled, then every future dropped:
+    // the queue is empty again at once (libuv's `uv_cancel`), not when the thread frees up.
+    let (pool, release, started) = held_pool("dropped", Some(10));
+    started.recv_timeout(WAIT).unwrap();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let doomed: Vec<_> = (0..10)
+            .map(|_| {
+                let r = ran.clone();
+                pool.offload(move || r.fetch_add(1, Ordering::SeqCst))
+            })
+            .collect();
+        assert_eq!(pool.stats().queue_depth, 10);
+        drop(doomed);
+        let s = pool.stats();
+        assert_eq!((s.queue_depth, s.cancelled_total), (0, 10));
+        // The bound counts live jobs only: ten more fit, the eleventh does not.
+        let next: Vec<_> = (0..10).map(|i| pool.offload(move || i)).collect();
+        let err = pool.offload(|| 10).await.unwrap_err();
+        assert!(
+            matches!(err, OffloadError::QueueFull { limit: 10, .. }),
+            "{err}"
+        );
+        assert_eq!(pool.stats().queue_depth, 10);
+        release.send(()).unwrap();
+        for (i, j) in next.into_iter().enumerate() {
+            assert_eq!(j.await.unwrap(), i);
+        }
+    });
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "dropped work ran");
+    let s = pool.stats();
+    // Reaching the dropped jobs' places did not count them out (or as cancelled) again.
+    assert_eq!(
+        (s.queue_depth, s.cancelled_total, s.rejected_total),
+        (0, 10, 1)
+    );
+    assert_eq!(s.completed_total, 11);
+}
+
+#[test]
+fn futures_dropped_while_workers_take_their_jobs_count_each_job_once() {
+    // Drops racing the workers: each job either ran or was cancelled, never both or neither,
+    // and the queue count ends at zero (a job counted out twice would wrap it).
+    let pool = Pool::builder("race").threads(2).build().unwrap();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let rt = Runtime::new();
+    let n = 20_000;
+    rt.block_on(async {
+        let mut kept = Vec::new();
+        for i in 0..n {
+            let r = ran.clone();
+            let job = pool.offload(move || {
+                r.fetch_add(1, Ordering::Relaxed);
+            });
+            if i % 2 == 0 {
+                drop(job);
+            } else {
+                kept.push(job);
+            }
+        }
+        for j in kept {
+            j.await.unwrap();
+        }
+    });
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let s = pool.stats();
+        let ran = ran.load(Ordering::SeqCst) as u64;
+        if s.busy_threads == 0 && s.queue_depth == 0 {
+            assert_eq!(s.cancelled_total + ran, n as u64, "{s:?}");
+            assert_eq!(s.completed_total, ran);
+            assert!(s.cancelled_total > 0);
+            break;
+        }
+        assert!(s.queue_depth <= n as u64, "the count wrapped: {s:?}");
+        assert!(Instant::now() < deadline, "{s:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn an_idle_gap_between_jobs_is_not_counted_as_run_time() {
+    // Empty jobs one after another: the pool is idle between them (the loop awaits each one,
+    // then submits the next), so their run time is a small part of the wall time.
+    let pool = Pool::builder("gaps").threads(1).build().unwrap();
+    let rt = Runtime::new();
+    let start = Instant::now();
+    rt.block_on(async {
+        for _ in 0..2000 {
+            pool.offload(|| ()).await.unwrap();
+        }
+    });
+    let wall = start.elapsed().as_nanos() as u64;
+    let s = pool.stats();
+    assert_eq!(s.run.count, 2000);
+    assert!(
+        s.run.sum < wall / 2,
+        "run time {} ns of {wall} ns wall: the idle gaps were counted",
+        s.run.sum
+    );
+}
+
+#[test]
+fn built_pools_are_listed_under_their_names_while_they_live() {
+    let rt = Runtime::new();
+    let names = |rt: &Runtime| -> Vec<String> {
+        rt.enter(snapshot)
+            .pools
+            .into_iter()
+            .map(|p| p.pool)
+            .collect()
+    };
+    let pool = Pool::builder("listed-a").threads(1).build().unwrap();
+    rt.block_on(pool.offload(|| ())).unwrap();
+    let s = rt.enter(snapshot);
+    let listed = s
+        .pools
+        .iter()
+        .find(|p| p.pool == "listed-a")
+        .expect("listed");
+    assert_eq!((listed.threads, listed.completed_total), (1, 1));
+    let text = prometheus::render(&s);
+    assert!(
+        text.lines().any(
+            |l| l.starts_with("nodus_pool_completed_total{") && l.contains("pool=\"listed-a\"")
+        ),
+        "{text}"
+    );
+    // A second live pool of that name, or one named like a process-wide pool, still works but
+    // is not listed: a name is one series.
+    let twin = Pool::builder("listed-a").threads(1).build().unwrap();
+    let io = Pool::builder("io").threads(1).build().unwrap();
+    assert_eq!(rt.block_on(twin.offload(|| 1)).unwrap(), 1);
+    assert_eq!(rt.block_on(io.offload(|| 2)).unwrap(), 2);
+    rt.block_on(offload_io(|| ())).unwrap();
+    let all = names(&rt);
+    for name in ["listed-a", "io"] {
+        assert_eq!(all.iter().filter(|n| *n == name).count(), 1, "{all:?}");
+    }
+    // Gone with the pool; then the name is free again.
+    drop((pool, twin));
+    assert!(!names(&rt).contains(&"listed-a".to_owned()));
+    let again = Pool::builder("listed-a").threads(1).build().unwrap();
+    assert!(names(&rt).contains(&"listed-a".to_owned()));
+    drop((again, io));
+    // A name that cannot name a thread is refused, with why.
+    let err = Pool::builder("a\0b").build().unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    assert!(err.to_string().contains("NUL"), "{err}");
+}

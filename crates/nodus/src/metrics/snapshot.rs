@@ -61,7 +61,8 @@ pub struct Snapshot {
     /// HTTP servers running on this loop (filled by `nodus-http`; zeros when there are none).
     #[serde(default)]
     pub http: HttpSnapshot,
-    /// The process-wide worker pools that exist (`io`, `cpu`), at snapshot time.
+    /// The worker pools at snapshot time: the process-wide ones that exist (`io`, `cpu`), then
+    /// the live ones built with `PoolBuilder` (see `nodus::pool`).
     #[serde(default)]
     pub pools: Vec<PoolSnapshot>,
 }
@@ -71,7 +72,7 @@ pub struct Snapshot {
 /// lowered.
 pub(crate) mod wire {
     /// The largest snapshot, JSON bytes: this build's fullest (64 task classes, every name 256
-    /// bytes, every histogram full of the largest numbers) is about 2.4 MiB.
+    /// bytes, every histogram full of the largest numbers, 16 pools) is about 3.2 MiB.
     pub(crate) const BYTES: usize = 4 << 20;
     /// The longest name (task class, phase, pool), in bytes: each is a label value repeated on
     /// every line of its series.
@@ -80,7 +81,8 @@ pub(crate) mod wire {
     pub(crate) const CLASSES: usize = 256;
     /// Phases (a loop has `Phase::COUNT`, 8).
     pub(crate) const PHASES: usize = 32;
-    /// Pools (a process has `io` and `cpu`).
+    /// Pools (a process lists `io`, `cpu` and those built with `PoolBuilder`, at most
+    /// `pool::MAX_LISTED`, which is this).
     pub(crate) const POOLS: usize = 16;
     /// Stalls (a loop keeps `watchdog::RING_CAPACITY`, 64).
     pub(crate) const STALLS: usize = 256;
@@ -284,14 +286,15 @@ pub struct TaskClassSnapshot {
     pub poll_duration: HistogramSnapshot,
 }
 
-/// Measurements of one worker pool (process-wide: every loop's snapshot shows the same pools).
+/// Measurements of one worker pool (pools are process-wide: every loop's snapshot shows the
+/// same pools).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct PoolSnapshot {
     /// `io` or `cpu` (or the name of a pool built with `PoolBuilder`).
     pub pool: String,
     pub threads: u64,
-    /// Jobs waiting for a thread.
+    /// Jobs waiting for a thread (not those whose future was dropped: they are off the queue).
     pub queue_depth: u64,
     /// Threads running a job.
     pub busy_threads: u64,
@@ -521,7 +524,7 @@ mod tests {
             phases: (0..crate::metrics::phase::Phase::COUNT)
                 .map(|i| phase(&name(i)))
                 .collect(),
-            pools: (0..2)
+            pools: (0..crate::pool::MAX_LISTED)
                 .map(|i| PoolSnapshot {
                     pool: name(i),
                     queue_wait: full(),

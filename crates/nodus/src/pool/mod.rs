@@ -20,7 +20,15 @@
 //! - Slow work (DNS) never occupies more than `(n + 1) / 2` of a pool's `n` threads (libuv's
 //!   rule for `UV__WORK_SLOW_IO`), so a hanging resolver cannot starve file I/O.
 //! - An optional queue bound rejects submissions with [`OffloadError::QueueFull`]; the default
-//!   is unbounded, as in libuv.
+//!   is unbounded, as in libuv. A job whose future was dropped before it started is off the
+//!   queue at once (`worker`): it counts neither against the bound nor in the depth.
+//! - The metrics snapshot lists `io` and `cpu` (once they exist), then the live pools built with
+//!   [`PoolBuilder`] in build order, each under its own name (the `pool` label), at most
+//!   [`MAX_LISTED`] pools in all, names unique and at most 256 bytes (the limits every nodus
+//!   build takes from another process's snapshot). A pool that cannot be listed (its name taken
+//!   by a live listed pool, `io` or `cpu`, too long, or the list full) still works; its build
+//!   says why in one WARN line, and [`Pool::stats`] still measures it. A dropped pool leaves the
+//!   list.
 //!
 //! Pool-backed modules partition their work (64 KiB of file I/O, 256 KiB of zlib input, 1 MiB of
 //! hashing per job), so one large request never holds a thread for long.
@@ -29,7 +37,7 @@ mod offload;
 mod worker;
 
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 pub use offload::Offload;
 
@@ -41,6 +49,10 @@ pub const MAX_THREADS: usize = 1024;
 
 /// Default size of the I/O pool (libuv's `UV_THREADPOOL_SIZE` default).
 pub const DEFAULT_IO_THREADS: usize = 4;
+
+/// Most pools a metrics snapshot lists: `io`, `cpu` and 14 built with [`PoolBuilder`] (the
+/// limit every nodus build takes from another process's snapshot).
+pub const MAX_LISTED: usize = crate::metrics::wire::POOLS;
 
 /// Why an offload produced no value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,7 +95,9 @@ pub struct PoolBuilder {
 }
 
 impl PoolBuilder {
-    /// A pool named `name` (threads are `nodus-{name}-N`; the `pool` label in metrics).
+    /// A pool named `name`: its threads are `nodus-{name}-N`, and it is listed under it (the
+    /// `pool` label) in the metrics snapshot, Prometheus text and `nodus top` while it lives,
+    /// when the name is free (see the module docs).
     pub fn new(name: impl Into<String>) -> PoolBuilder {
         PoolBuilder {
             name: name.into(),
@@ -104,11 +118,62 @@ impl PoolBuilder {
         self
     }
 
-    /// Starts the threads.
+    /// Starts the threads and lists the pool in the metrics snapshot (module docs).
+    ///
+    /// # Errors
+    /// `InvalidInput` for a name with a NUL byte (it names threads); the OS error when a thread
+    /// cannot be started.
     pub fn build(self) -> std::io::Result<Pool> {
+        let pool = self.start()?;
+        list(&pool.inner);
+        Ok(pool)
+    }
+
+    fn start(self) -> std::io::Result<Pool> {
+        if self.name.contains('\0') {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("pool name {:?} contains a NUL byte", self.name),
+            ));
+        }
         Ok(Pool {
             inner: Inner::start(self.name, self.threads, self.max_queue)?,
         })
+    }
+}
+
+/// The pools built with `PoolBuilder` that the snapshot lists, in build order.
+static LISTED: Mutex<Vec<Arc<Inner>>> = Mutex::new(Vec::new());
+
+fn listed() -> std::sync::MutexGuard<'static, Vec<Arc<Inner>>> {
+    // Every update is one statement: consistent across a panic.
+    LISTED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Lists `pool` in the snapshot if it can be (module docs), or says why not.
+fn list(pool: &Arc<Inner>) {
+    let name = pool.name();
+    let mut listed = listed();
+    let why = if name == "io" || name == "cpu" {
+        Some("the name of a process-wide pool".to_owned())
+    } else if listed.iter().any(|p| p.name() == name) {
+        Some("the name of another live pool".to_owned())
+    } else if name.len() > crate::metrics::wire::NAME {
+        Some(format!("longer than {} bytes", crate::metrics::wire::NAME))
+    } else if listed.len() + 2 >= MAX_LISTED {
+        Some(format!("{MAX_LISTED} pools are listed already"))
+    } else {
+        None
+    };
+    match why {
+        None => listed.push(pool.clone()),
+        Some(why) => {
+            drop(listed);
+            tracing::warn!(
+                target: "nodus::pool",
+                "pool {name:?} is not in the metrics ({why}); Pool::stats still measures it"
+            );
+        }
     }
 }
 
@@ -168,6 +233,7 @@ impl Pool {
 
 impl Drop for Pool {
     fn drop(&mut self) {
+        listed().retain(|p| !Arc::ptr_eq(p, &self.inner));
         self.inner.shutdown();
     }
 }
@@ -201,7 +267,7 @@ fn env_threads(var: &str, default: usize) -> usize {
 
 fn start_global(builder: PoolBuilder) -> Pool {
     builder
-        .build()
+        .start()
         .unwrap_or_else(|e| panic!("nodus: cannot start a worker pool thread: {e}"))
 }
 
@@ -270,10 +336,58 @@ where
     cpu().offload(work)
 }
 
-/// Measurements of the process-wide pools that exist (`io` first), for [`crate::metrics::Snapshot`].
+/// Measurements of the listed pools: the process-wide ones that exist (`io` first), then those
+/// built with `PoolBuilder` (module docs), for [`crate::metrics::Snapshot`].
 pub(crate) fn snapshots() -> Vec<PoolSnapshot> {
-    [&IO, &CPU]
+    let mut pools: Vec<PoolSnapshot> = [&IO, &CPU]
         .into_iter()
         .filter_map(|p| p.get().map(Pool::stats))
-        .collect()
+        .collect();
+    pools.extend(listed().iter().map(|p| p.snapshot()));
+    pools
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listed_names() -> Vec<String> {
+        listed().iter().map(|p| p.name().to_owned()).collect()
+    }
+
+    /// The snapshot lists at most `MAX_LISTED` pools (what a primary of any build takes): past
+    /// that a pool works unlisted, and a dropped pool's place is free again.
+    #[test]
+    fn built_pools_are_listed_up_to_the_wire_limit() {
+        let room = MAX_LISTED - 2;
+        let mut pools: Vec<Pool> = (0..room)
+            .map(|i| {
+                PoolBuilder::new(format!("full-{i}"))
+                    .threads(1)
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        let extra = PoolBuilder::new("full-extra").threads(1).build().unwrap();
+        let names = listed_names();
+        assert_eq!(names.len(), room, "{names:?}");
+        assert!(!names.contains(&"full-extra".to_owned()));
+        let rt = crate::Runtime::new();
+        assert_eq!(rt.block_on(extra.offload(|| 7)).unwrap(), 7);
+        assert_eq!(extra.stats().completed_total, 1);
+        let snap = rt.enter(crate::metrics::snapshot);
+        assert!(snap.pools.len() <= MAX_LISTED && snap.out_of_bounds().is_none());
+        pools.pop();
+        let late = PoolBuilder::new("full-late").threads(1).build().unwrap();
+        assert!(listed_names().contains(&"full-late".to_owned()));
+        // A name too long for the wire is not listed either, room or not.
+        drop(late);
+        let long = PoolBuilder::new("n".repeat(crate::metrics::wire::NAME + 1))
+            .threads(1)
+            .build()
+            .unwrap();
+        assert_eq!(listed_names().len(), room - 1);
+        drop((pools, extra, long));
+        assert!(listed_names().is_empty());
+    }
 }

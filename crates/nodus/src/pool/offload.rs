@@ -8,6 +8,9 @@
 //! Invariants:
 //! - Dropping the future before a worker takes the closure drops the closure unrun (on the
 //!   dropping thread) and the worker skips the job; dropping it later discards the output.
+//! - Whoever takes the closure out of the state, under its mutex, takes the job off the pool's
+//!   queued count: the worker that starts it, or the dropped future that cancels it (and marks
+//!   it, so a worker discards it unopened). Exactly one of them does, once.
 //! - The loop's `requests` count holds one unit per live, unfinished `Offload` created on that
 //!   loop: taken at submit, given back when the future returns `Ready` or is dropped. The unit
 //!   ([`Request`]) is `!Send`, so it is dropped on its loop's thread, and gives the unit back to
@@ -24,6 +27,7 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::panic::{AssertUnwindSafe, Location, catch_unwind};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
@@ -34,10 +38,15 @@ use crate::rt::core::{Core, Remote, Shared};
 
 /// What the queue sees of a job.
 pub(crate) trait Run: Send + Sync {
-    /// Runs the work unless it was cancelled; returns its submit time if it ran, and the waker
-    /// of the task waiting for it, for the worker to pass to `wake` once it has recorded its
-    /// measurements (so an awaiting task sees the job counted).
-    fn run(&self, pool: &Inner) -> Option<(u64, Option<Waker>)>;
+    /// When it was submitted (`clock::now_ns`).
+    fn queued_at(&self) -> u64;
+    /// Its future was dropped before the work started: it is off the queued count already and
+    /// never runs.
+    fn cancelled(&self) -> bool;
+    /// Runs the work unless it was cancelled; returns, if it ran, the waker of the task waiting
+    /// for it, for the worker to pass to `wake` once it has recorded its measurements (so an
+    /// awaiting task sees the job counted).
+    fn run(&self) -> Option<Option<Waker>>;
     /// Wakes the awaiting task: through its loop's remote queue when it was submitted on a
     /// loop, so that the task runs in the poll phase.
     fn wake(&self, waker: Waker);
@@ -71,6 +80,10 @@ struct State<F, T> {
 struct Job<F, T> {
     state: Mutex<State<F, T>>,
     queued_at: u64,
+    /// Set once the future took the unstarted work back (`cancel`).
+    cancelled: AtomicBool,
+    /// The pool it was submitted to, whose queued count it is in until started or cancelled.
+    pool: Arc<Inner>,
     /// The loop it was submitted on.
     home: Option<Arc<Shared>>,
 }
@@ -94,13 +107,20 @@ where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    fn run(&self, pool: &Inner) -> Option<(u64, Option<Waker>)> {
-        let Some(work) = self.lock().work.take() else {
-            pool.cancelled();
-            return None;
-        };
+    fn queued_at(&self) -> u64 {
+        self.queued_at
+    }
+
+    fn cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
+    }
+
+    fn run(&self) -> Option<Option<Waker>> {
+        // None: cancelled, and off the queued count already.
+        let work = self.lock().work.take()?;
+        self.pool.started();
         let output = catch_unwind(AssertUnwindSafe(work)).map_err(|payload| {
-            pool.panicked();
+            self.pool.panicked();
             let msg = panic_message(&*payload);
             // Dropping a payload can itself panic; keep that off the worker.
             let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
@@ -117,10 +137,10 @@ where
             drop(state);
             // The output's destructor is user code: it must not take the worker down either.
             let _ = catch_unwind(AssertUnwindSafe(move || drop(output)));
-            return Some((self.queued_at, None));
+            return Some(None);
         }
         state.output = Some(output);
-        Some((self.queued_at, state.waker.take()))
+        Some(state.waker.take())
     }
 
     fn wake(&self, waker: Waker) {
@@ -164,6 +184,11 @@ where
         let output = state.output.take();
         let waker = state.waker.take();
         drop(state);
+        if work.is_some() {
+            // Not started: off the queue now (`uv_cancel`), not when a worker reaches it.
+            self.cancelled.store(true, Ordering::Release);
+            self.pool.cancelled();
+        }
         drop((work, output, waker));
     }
 
@@ -292,6 +317,8 @@ impl<T: Send + 'static> Offload<T> {
                 done: None,
             }),
             queued_at: crate::clock::now_ns(),
+            cancelled: AtomicBool::new(false),
+            pool: pool.clone(),
             home: try_with_core(|core| core.shared.clone()),
         });
         let completion: Arc<dyn Completion<T>> = job.clone();

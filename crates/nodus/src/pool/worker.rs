@@ -9,17 +9,33 @@
 //! job, while long jobs still spread over every thread. Before sleeping, a worker yields its CPU
 //! a few times and looks again (`SPINS`).
 //!
+//! A job whose future is dropped before it starts leaves the queued count (`queued`, what the
+//! bound and the depth metric read) at once, from the dropping thread, without the queue lock,
+//! like `uv_cancel`; its entry stays in the FIFO as an empty husk (the closure is dropped
+//! already) that workers drop unopened when it reaches the front, and that a submission
+//! sweeps out once husks outnumber the waiting jobs, so a stuck pool whose submitters give up
+//! does not grow its FIFO without bound.
+//!
 //! Invariants:
+//! - `queued` counts jobs submitted and neither started nor cancelled; it is raised only under
+//!   the queue lock (so the bound holds) and lowered once per job by whichever of its worker and
+//!   its dropped future takes the closure (`offload`).
 //! - A worker takes a slow job only while fewer than `slow_limit` slow jobs run; a worker that
 //!   finishes a slow job signals an idle worker if slow work waits, since the limit just freed.
-//! - User code (the job, and dropping its result) runs outside the queue lock.
+//! - User code (the job, and dropping its result) runs outside the queue lock; a husk dropped
+//!   under it holds none.
 //! - Measurements are per worker (its own mutex, uncontended but for snapshots): queue wait and
-//!   run time histograms in ns, completed jobs. Queue depth and busy threads are read under the
-//!   queue lock. A worker reads the clock twice per job, and once when it takes the next job
-//!   straight after one (the previous end is its start).
+//!   run time histograms in ns, completed jobs. Busy threads are read under the queue lock.
+//!   A job's start is a clock read when the worker takes it, except for a job that was already
+//!   waiting when the previous one on this worker ended, taken on the worker's next look: its
+//!   start is that end. That saves one read per job in a backlog (a job then costs one read,
+//!   any other two), at the cost of counting the worker's bookkeeping between the two jobs
+//!   (recording, waking the previous job's task: well under a microsecond unless the thread is
+//!   preempted there) as run time rather than wait. A look that finds nothing ends it, so the
+//!   worker's spins and sleeps never count as run time.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use super::offload::Run;
@@ -51,13 +67,32 @@ struct Queue {
     shutdown: bool,
 }
 
+/// Husks a submission leaves in the FIFO beyond the number of waiting jobs before it sweeps
+/// them out (so a sweep's cost is spread over at least this many cancellations).
+const HUSKS_KEPT: usize = 64;
+
 impl Queue {
-    fn len(&self) -> usize {
-        self.fast.len() + self.slow.len()
+    /// Drops the cancelled jobs at the front of each FIFO.
+    fn drop_cancelled_fronts(&mut self) {
+        for fifo in [&mut self.fast, &mut self.slow] {
+            while fifo.front().is_some_and(|(_, j)| j.cancelled()) {
+                fifo.pop_front();
+            }
+        }
+    }
+
+    /// Sweeps the cancelled jobs out once they outnumber the `queued` ones by `HUSKS_KEPT`.
+    fn sweep(&mut self, queued: usize) {
+        let held = self.fast.len() + self.slow.len();
+        if held > 2 * queued + HUSKS_KEPT {
+            self.fast.retain(|(_, j)| !j.cancelled());
+            self.slow.retain(|(_, j)| !j.cancelled());
+        }
     }
 
     /// The oldest job a worker may take now, and whether it is slow.
     fn take(&mut self, slow_limit: usize) -> Option<(Job, bool)> {
+        self.drop_cancelled_fronts();
         let slow_ok = self.slow_running < slow_limit;
         let take_slow = match (self.fast.front(), self.slow.front()) {
             (_, None) => false,
@@ -72,8 +107,9 @@ impl Queue {
         }
     }
 
-    /// Whether to signal an idle worker: one could take a job now and none is on its way
-    /// already. Counts the signal.
+    /// Whether to signal an idle worker: one could take a job now (a cancelled one at a front
+    /// counts: the worker signalled then finds nothing) and none is on its way already. Counts
+    /// the signal.
     fn should_signal(&mut self, slow_limit: usize) -> bool {
         let eligible =
             !self.fast.is_empty() || (!self.slow.is_empty() && self.slow_running < slow_limit);
@@ -101,6 +137,8 @@ pub(crate) struct Inner {
     queue: Mutex<Queue>,
     wakeup: Condvar,
     workers: Vec<Mutex<WorkerStats>>,
+    /// Jobs submitted and neither started nor cancelled (see the module docs).
+    queued: AtomicUsize,
     cancelled: AtomicU64,
     rejected: AtomicU64,
     panicked: AtomicU64,
@@ -126,6 +164,7 @@ impl Inner {
             queue: Mutex::new(Queue::default()),
             wakeup: Condvar::new(),
             workers: (0..threads).map(|_| Mutex::default()).collect(),
+            queued: AtomicUsize::new(0),
             cancelled: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
             panicked: AtomicU64::new(0),
@@ -160,13 +199,17 @@ impl Inner {
     /// Queues `job`; `Err(limit)` when the queue is at its bound.
     pub(crate) fn submit(&self, job: Job, slow: bool) -> Result<(), usize> {
         let mut q = lock(&self.queue);
+        // Only raised under this lock: read here, it cannot pass the bound.
+        let queued = self.queued.load(Ordering::Relaxed);
         if let Some(limit) = self.max_queue
-            && q.len() >= limit
+            && queued >= limit
         {
             drop(q);
             self.rejected.fetch_add(1, Ordering::Relaxed);
             return Err(limit);
         }
+        self.queued.fetch_add(1, Ordering::Relaxed);
+        q.sweep(queued);
         q.seq += 1;
         let seq = q.seq;
         if slow {
@@ -182,7 +225,14 @@ impl Inner {
         Ok(())
     }
 
+    /// A job's work is starting: it leaves the queued count.
+    pub(crate) fn started(&self) {
+        self.queued.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// A job's future was dropped before its work started: it leaves the queued count.
     pub(crate) fn cancelled(&self) {
+        self.queued.fetch_sub(1, Ordering::Relaxed);
         self.cancelled.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -200,11 +250,13 @@ impl Inner {
     fn work(&self, index: usize) {
         let stats = &self.workers[index];
         let mut q = lock(&self.queue);
-        // End time of the job just run: the next job's start if it is taken without waiting.
+        // End time of the job just run, until a look for work comes up empty: the start of a
+        // job this look finds that was waiting by then (see the module docs).
         let mut last_end = None;
         let mut spins = 0;
         loop {
             let Some((job, slow)) = q.take(self.slow_limit) else {
+                last_end = None;
                 if q.shutdown {
                     return;
                 }
@@ -216,7 +268,6 @@ impl Inner {
                     continue;
                 }
                 spins = 0;
-                last_end = None;
                 q.idle += 1;
                 q = self.wakeup.wait(q).unwrap_or_else(|e| e.into_inner());
                 q.idle -= 1;
@@ -232,11 +283,17 @@ impl Inner {
                 self.wakeup.notify_one();
             }
 
-            let start = last_end.unwrap_or_else(now_ns);
-            let ran = job.run(self);
+            let queued_at = job.queued_at();
+            // Only a job that was waiting when the previous one ended starts at that end; one
+            // submitted since may have found this worker anywhere (preempted, say).
+            let start = match last_end {
+                Some(end) if queued_at <= end => end,
+                _ => now_ns(),
+            };
+            let ran = job.run();
             let end = now_ns();
             last_end = Some(end);
-            if let Some((queued_at, waker)) = ran {
+            if let Some(waker) = ran {
                 {
                     let mut s = lock(stats);
                     s.queue_wait.record(start.saturating_sub(queued_at));
@@ -262,10 +319,8 @@ impl Inner {
     }
 
     pub(crate) fn snapshot(&self) -> PoolSnapshot {
-        let (queue_depth, busy) = {
-            let q = lock(&self.queue);
-            (q.len() as u64, q.running as u64)
-        };
+        let queue_depth = self.queued.load(Ordering::Relaxed) as u64;
+        let busy = lock(&self.queue).running as u64;
         let mut queue_wait = Histogram::new();
         let mut run = Histogram::new();
         let mut completed = 0;
@@ -287,5 +342,47 @@ impl Inner {
             queue_wait: queue_wait.snapshot(),
             run: run.snapshot(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::pool::Offload;
+
+    /// A pool stuck on one job while its submitters keep giving up: the husks of their jobs
+    /// are swept out of the FIFO, which stays near the number of live jobs.
+    #[test]
+    fn the_husks_of_dropped_jobs_do_not_pile_up_in_a_stuck_pool() {
+        let inner = Inner::start("husks".into(), 1, None).unwrap();
+        let (release, held) = mpsc::channel::<()>();
+        let (started_tx, started) = mpsc::channel();
+        Offload::submit(
+            &inner,
+            move || {
+                started_tx.send(()).unwrap();
+                let _ = held.recv_timeout(Duration::from_secs(10));
+            },
+            false,
+        )
+        .detach();
+        started.recv_timeout(Duration::from_secs(10)).unwrap();
+        let live: Vec<_> = (0..10)
+            .map(|_| Offload::submit(&inner, || (), false))
+            .collect();
+        for _ in 0..10_000 {
+            drop(Offload::submit(&inner, || (), false));
+        }
+        let held = lock(&inner.queue).fast.len();
+        assert!(
+            held <= 2 * 10 + HUSKS_KEPT + 1,
+            "{held} jobs held for 10 live"
+        );
+        assert_eq!(inner.snapshot().queue_depth, 10);
+        drop((release, live));
+        inner.shutdown();
     }
 }
