@@ -131,7 +131,7 @@ where
             drop(state);
             // User code, as the job is: a panic in it must not take the worker down.
             let _ = catch_unwind(AssertUnwindSafe(move || done(output)));
-            return Some((self.queued_at, None));
+            return Some(None);
         }
         if state.abandoned {
             drop(state);
