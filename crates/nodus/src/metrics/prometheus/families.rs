@@ -134,7 +134,7 @@ pub(super) const SCHEDULE_DELAY: Desc = desc!(
     Histogram,
     seconds,
     concat!(
-        "Time from a task being woken (or a callback queued) to it starting to run.",
+        "Time from a task being woken (or a callback queued) to it starting to run: from the wake, spawn or set_immediate itself (a task woken early in a long poll counts the rest of it), from the return of the epoll_wait that saw the event for a task woken by I/O, from the post for remote work (pool completions, wakes from other threads).",
         summary_in_json!()
     )
 );
