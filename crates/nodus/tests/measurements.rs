@@ -381,7 +381,9 @@ fn a_slow_poll_counts_what_waited_behind_it_from_its_start_or_its_wake() {
 
 /// Runs `wake_then_hog` as `block_on`'s future, on a fresh loop: it makes something runnable on
 /// the loop, then holds the loop for 100 ms. Returns the loop's snapshot after.
-fn woken_behind_a_hog(wake_then_hog: impl std::future::Future<Output = ()>) -> nodus::metrics::Snapshot {
+fn woken_behind_a_hog(
+    wake_then_hog: impl std::future::Future<Output = ()>,
+) -> nodus::metrics::Snapshot {
     let rt = Runtime::new();
     rt.block_on(wake_then_hog);
     rt.enter(snapshot)
@@ -466,7 +468,10 @@ fn a_task_that_wakes_itself_and_runs_on_is_not_waiting_meanwhile() {
     });
     let s = rt.enter(snapshot);
     let max = s.loop_stats.schedule_delay.max;
-    assert!(max < 100_000_000, "its own 100 ms counted as waiting: {max} ns");
+    assert!(
+        max < 100_000_000,
+        "its own 100 ms counted as waiting: {max} ns"
+    );
     assert!(
         s.run_queue.wait_seconds < 0.1,
         "nor in the run-queue integral: {} s",

@@ -97,7 +97,8 @@ impl CheckQueue {
             refd: true,
             location,
         });
-        self.order.push_back((CheckEntry::Immediate { key, id }, at));
+        self.order
+            .push_back((CheckEntry::Immediate { key, id }, at));
         (key, id)
     }
 

@@ -712,7 +712,10 @@ mod tests {
             observe(loop_id, threshold_ns, &proc, hold, steady, &mut limiter);
             hold.stall.as_ref().expect("stalled").report.note.clone()
         };
-        assert_eq!(look(&mut hold, view(0, HANDLER, at, noted), false), "GET /spin/2500");
+        assert_eq!(
+            look(&mut hold, view(0, HANDLER, at, noted), false),
+            "GET /spin/2500"
+        );
         let cleared = Note::default();
         assert_eq!(
             look(&mut hold, view(0, HANDLER, at, cleared), true),
@@ -743,7 +746,10 @@ mod tests {
         seen.add(&view(4, HANDLER, at, cleared));
         seen.add(&view(6, HANDLER, at, cleared));
         let top = seen.top().0.expect("a poll seen");
-        assert_eq!((top.looks, top.note.render().as_str()), (3, "GET /spin/2500"));
+        assert_eq!(
+            (top.looks, top.note.render().as_str()),
+            (3, "GET /spin/2500")
+        );
     }
 
     #[test]
