@@ -5,7 +5,9 @@
 //!
 //! Invariants: `now_ns()` never goes backwards (it is `CLOCK_MONOTONIC`, the clock `Instant` uses
 //! too, so the two convert exactly); a read costs one vDSO `clock_gettime`, and callers on the
-//! loop's hot path read it at most once per poll boundary (DESIGN.md section 3).
+//! loop's hot path read it at most once per poll boundary (DESIGN.md section 3), and once per
+//! task wake, spawn or immediate in user code (the start of its schedule delay,
+//! `Meter::wake_time`).
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};

@@ -327,19 +327,43 @@ fn tasks_woken_by_io_count_their_wait_behind_earlier_events() {
     );
 }
 
+/// A slow poll's "N runnable waiting" counts every entry that waited behind it: those queued
+/// when it began, and those it made runnable (a task it spawned, the awaiter its completion
+/// woke) or that another thread woke during it. Before, only the first kind was counted.
 #[test]
-fn a_slow_poll_counts_only_what_was_runnable_when_it_began() {
+fn a_slow_poll_counts_what_waited_behind_it_from_its_start_or_its_wake() {
     let (out, logging, rt) = logging_loop(Duration::from_millis(10));
     tracing::dispatcher::with_default(&logging, || {
         rt.block_on(async {
-            // Two tasks queued behind "sluggish"; its completion wakes this one (a third) as
-            // its poll ends, which did not wait behind it.
-            let slow = spawn_named("sluggish", async { spin(Duration::from_millis(25)) });
+            let parked_waker = Rc::new(Cell::new(None::<std::task::Waker>));
+            let w = parked_waker.clone();
+            let mut polled = false;
+            let parked = spawn_named(
+                "parked",
+                std::future::poll_fn(move |cx| {
+                    if std::mem::replace(&mut polled, true) {
+                        std::task::Poll::Ready(())
+                    } else {
+                        w.set(Some(cx.waker().clone()));
+                        std::task::Poll::Pending
+                    }
+                }),
+            );
+            yield_now().await; // "parked" runs and parks
+            let waker = parked_waker.take().expect("parked has run");
+            // Two tasks queued behind "sluggish"; it spawns a third, has a fourth woken from
+            // another thread and, as its poll ends, its completion wakes this one (a fifth).
+            let slow = spawn_named("sluggish", async move {
+                spawn_named("late", async {}).detach();
+                std::thread::spawn(move || waker.wake()).join().unwrap();
+                spin(Duration::from_millis(25));
+            });
             let others: Vec<_> = (0..2).map(|_| spawn_named("other", async {})).collect();
             slow.await.unwrap();
             for o in others {
                 o.await.unwrap();
             }
+            parked.await.unwrap();
         });
     });
     let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
@@ -347,8 +371,112 @@ fn a_slow_poll_counts_only_what_was_runnable_when_it_began() {
         .lines()
         .find(|l| l.contains("slow poll") && l.contains("sluggish"))
         .unwrap_or_else(|| panic!("no slow-poll line in:\n{text}"));
-    assert!(line.contains("with 2 runnable waiting"), "{line}");
-    assert!(line.contains("run_queue=2"), "{line}");
+    assert!(
+        line.contains("with 5 runnable waiting (2 when it began)"),
+        "{line}"
+    );
+    assert!(line.contains("run_queue=5"), "{line}");
+    assert!(line.contains("run_queue_at_start=2"), "{line}");
+}
+
+/// Runs `wake_then_hog` as `block_on`'s future, on a fresh loop: it makes something runnable on
+/// the loop, then holds the loop for 100 ms. Returns the loop's snapshot after.
+fn woken_behind_a_hog(
+    wake_then_hog: impl std::future::Future<Output = ()>,
+) -> nodus::metrics::Snapshot {
+    let rt = Runtime::new();
+    rt.block_on(wake_then_hog);
+    rt.enter(snapshot)
+}
+
+/// What a hog makes runnable early in its poll waits behind the rest of it: its schedule delay
+/// counts from the wake, spawn or `set_immediate` itself, and so does the run-queue integral
+/// (Little's law). Before, entries queued during a poll were stamped when it returned, and a task
+/// woken 100 ms before it could run showed a delay of microseconds.
+#[test]
+fn what_a_long_poll_makes_runnable_counts_the_rest_of_it_as_schedule_delay() {
+    let hog = || spin(Duration::from_millis(100));
+    let local_wake = woken_behind_a_hog(async move {
+        let waker = Rc::new(Cell::new(None::<std::task::Waker>));
+        let w = waker.clone();
+        let mut polled = false;
+        let victim = spawn_named(
+            "victim",
+            std::future::poll_fn(move |cx| {
+                if std::mem::replace(&mut polled, true) {
+                    std::task::Poll::Ready(())
+                } else {
+                    w.set(Some(cx.waker().clone()));
+                    std::task::Poll::Pending
+                }
+            }),
+        );
+        yield_now().await; // the victim runs and parks
+        let before = snapshot().loop_stats.schedule_delay.max;
+        assert!(before < 100_000_000, "nothing waited yet: {before} ns");
+        waker.take().expect("the victim has run").wake();
+        hog();
+        victim.await.unwrap();
+    });
+    let spawned = woken_behind_a_hog(async move {
+        spawn_named("victim", async {}).detach();
+        hog();
+    });
+    let immediate = woken_behind_a_hog(async move {
+        set_immediate(|| {});
+        hog();
+        yield_now().await; // to the check phase, behind the immediate
+    });
+    for (what, s) in [
+        ("a local wake", local_wake),
+        ("a spawn", spawned),
+        ("an immediate", immediate),
+    ] {
+        let max = s.loop_stats.schedule_delay.max;
+        assert!(
+            max >= 100_000_000,
+            "{what} 100 ms before the hog returned: max schedule delay {max} ns"
+        );
+        assert!(
+            s.run_queue.wait_seconds >= 0.1,
+            "{what}: its wait is in the run-queue integral too: {} s",
+            s.run_queue.wait_seconds
+        );
+    }
+}
+
+/// A task that wakes itself (a yield) is running until its poll returns: it is runnable from
+/// then, so the rest of its own poll is not schedule delay (it waited behind nothing).
+#[test]
+fn a_task_that_wakes_itself_and_runs_on_is_not_waiting_meanwhile() {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let mut polled = false;
+        spawn_named(
+            "yielder",
+            std::future::poll_fn(move |cx| {
+                if std::mem::replace(&mut polled, true) {
+                    return std::task::Poll::Ready(());
+                }
+                cx.waker().wake_by_ref();
+                spin(Duration::from_millis(100));
+                std::task::Poll::Pending
+            }),
+        )
+        .await
+        .unwrap();
+    });
+    let s = rt.enter(snapshot);
+    let max = s.loop_stats.schedule_delay.max;
+    assert!(
+        max < 100_000_000,
+        "its own 100 ms counted as waiting: {max} ns"
+    );
+    assert!(
+        s.run_queue.wait_seconds < 0.1,
+        "nor in the run-queue integral: {} s",
+        s.run_queue.wait_seconds
+    );
 }
 
 /// Polls `f` once (registering the current task's waker), keeping it pending.

@@ -77,6 +77,21 @@ fn bucket_upper(i: usize) -> u64 {
     }
 }
 
+/// The inclusive upper bound of a bucket nearest `v` (the lower one of a tie): the `le` an
+/// exposition gives for a wanted bound `v`. No bucket straddles it, so the values counted at or
+/// below it from the buckets are exactly the values `<=` it. Within 1/32 (3.1 %) of `v`, as
+/// buckets are at most 1/16 of their lower bound wide; `v` itself below 32 (exact buckets).
+pub(crate) fn nearest_upper_bound(v: u64) -> u64 {
+    let i = bucket_index(v);
+    let upper = bucket_upper(i);
+    if v == upper || i == 0 {
+        return upper;
+    }
+    // The previous bucket's upper bound.
+    let below = bucket_lower(i) - 1;
+    if v - below <= upper - v { below } else { upper }
+}
+
 /// A fixed-memory log-linear histogram; see the module docs for the layout.
 #[derive(Clone)]
 pub struct Histogram {
@@ -304,6 +319,40 @@ impl HistogramSnapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every bound `nearest_upper_bound` gives is a bucket edge: the bucket holding it ends
+    /// there, so no bucket holds values on both sides. It is the nearest edge to the wanted
+    /// value, within 1/32 of it.
+    #[test]
+    fn nearest_upper_bounds_are_bucket_edges_near_the_wanted_value() {
+        let wanted = (0..64u64)
+            .chain((5..41).flat_map(|k| [1u64 << k, 3 << (k - 1), 1000 << k, 2500 << k]))
+            .chain([1_000, 5_000, 100_000_000, 10_000_000_000])
+            .filter(|&v| v < OVERFLOW_AT / 2);
+        for v in wanted {
+            let b = nearest_upper_bound(v);
+            assert_eq!(
+                bucket_upper(bucket_index(b)),
+                b,
+                "{b} (for {v}) ends its bucket"
+            );
+            assert!(
+                bucket_index(b + 1) == bucket_index(b) + 1,
+                "{b} + 1 starts the next bucket"
+            );
+            assert!(b.abs_diff(v) * 32 <= v, "{b} is within 1/32 of {v}");
+            let i = bucket_index(v);
+            let edges = [bucket_upper(i), bucket_lower(i).saturating_sub(1)];
+            assert!(
+                edges.iter().all(|e| b.abs_diff(v) <= e.abs_diff(v)),
+                "{b} is the nearest edge to {v} ({edges:?})"
+            );
+        }
+        assert_eq!(nearest_upper_bound(100_000_000), 100_663_295);
+        assert_eq!(nearest_upper_bound(1_000), 991);
+        assert_eq!(nearest_upper_bound(16), 16);
+        assert_eq!(nearest_upper_bound(64), 63);
+    }
 
     /// Tiny deterministic xorshift64* generator (no extra dependencies).
     struct XorShift(u64);

@@ -206,10 +206,11 @@ pub struct LoopSnapshot {
     pub events_total: u64,
     /// Events per poll phase (unitless values).
     pub events_per_poll: HistogramSnapshot,
-    /// Time from a task being woken (or a callback queued) to it starting to run, in ns. A task
-    /// woken by I/O counts from the return of the `epoll_wait` that saw the event (not from the
-    /// event's arrival, which the loop cannot see); remote work (a pool completion, a
-    /// `LoopHandle::post`, a wake from another thread) from its post.
+    /// Time from a task being woken (or a callback queued) to it starting to run, in ns: from
+    /// the wake, spawn or `set_immediate` itself, so a task woken early in a long poll counts the
+    /// rest of that poll. A task woken by I/O counts from the return of the `epoll_wait` that saw
+    /// the event (not from the event's arrival, which the loop cannot see); remote work (a pool
+    /// completion, a `LoopHandle::post`, a wake from another thread) from its post.
     pub schedule_delay: HistogramSnapshot,
     /// Fire time minus deadline for every timer that fired, in ns (none without timers).
     pub timer_lateness: HistogramSnapshot,

@@ -11,10 +11,10 @@
 //!   in-flight `requests`, pending and closing callbacks, yielded tasks and queued remote work
 //!   it decides liveness (Node's exit rule, `alive()`). Remote work is alive only once queued: a
 //!   `LoopHandle` does not keep the loop alive waiting for posts.
-//! - Every runnable entry (task poll, main-future poll, immediate) is counted by
-//!   `meter.arrive()` when queued and `meter.depart()`/`meter.cancel()` when it leaves. Remote
-//!   work is stamped when posted and counted when the poll phase takes it from the remote queue
-//!   (`meter.arrive_posted`, with its wait since the post), until it runs.
+//! - Every runnable entry (task poll, main-future poll, immediate) is stamped with the time it
+//!   became runnable (`meter.wake_time()`) and counted from it by `meter.arrive_at` when queued,
+//!   until `meter.depart()`/`meter.cancel()` when it leaves. Remote work is stamped when posted
+//!   and counted from its post once the poll phase takes it from the remote queue, until it runs.
 //! - `tasks` holds every task of this loop whose future is alive (tokio's `OwnedTasks`): an entry
 //!   from spawn until the future is dropped (completion, abort, shutdown). Its waker is how
 //!   shutdown reaches a task nothing else would wake; its id tells a reused key from the task's.
@@ -38,7 +38,7 @@ use std::task::Waker;
 use slab::Slab;
 
 use super::hooks::Hooks;
-use super::queues::{CheckQueue, Micro, RunItem, StampedQueue};
+use super::queues::{CheckQueue, Micro, RunItem};
 use crate::io::reactor::Reactor;
 use crate::metrics::classes::ClassId;
 use crate::metrics::meter::{Meter, MeterConfig, PollTarget};
@@ -183,7 +183,7 @@ pub(crate) struct Core {
     pub(crate) meter: Meter,
     pub(crate) reactor: Reactor,
     pub(crate) ticks: RefCell<VecDeque<Tick>>,
-    pub(crate) micro: RefCell<StampedQueue<Micro>>,
+    pub(crate) micro: RefCell<VecDeque<Micro>>,
     pub(crate) check: RefCell<CheckQueue>,
     pub(crate) timers: RefCell<TimerQueue>,
     pub(crate) pending: RefCell<VecDeque<Tick>>,
@@ -228,13 +228,14 @@ impl Core {
             sleeping: AtomicBool::new(false),
             waker,
         });
+        let meter = Meter::new(&shared, config);
         let core = Rc::new_cyclic(|me| Core {
             me: me.clone(),
             shared,
-            meter: Meter::new(loop_id, config),
+            meter,
             reactor,
             ticks: RefCell::new(VecDeque::new()),
-            micro: RefCell::new(StampedQueue::new()),
+            micro: RefCell::new(VecDeque::new()),
             check: RefCell::new(CheckQueue::new()),
             timers: RefCell::new(TimerQueue::new()),
             pending: RefCell::new(VecDeque::new()),
@@ -344,7 +345,10 @@ impl Core {
             || self.shared.has_remote()
     }
 
-    /// Queues a woken task (or the main future) on this loop's thread.
+    /// Queues a woken task (or the main future) on this loop's thread, runnable from now: the
+    /// wake's own time (`Meter::wake_time`), so its schedule delay counts the rest of the poll
+    /// that woke it. A task that woke itself is running until its poll returns, and runnable
+    /// from then (`after_poll`).
     pub(crate) fn schedule_local(&self, item: RunItem, woken_while_running: bool) {
         if self.shutting_down.get() {
             // Dropping it here, on the loop thread, drops the task's future.
@@ -353,10 +357,23 @@ impl Core {
         }
         if woken_while_running {
             self.check.borrow_mut().push_yield(item);
+            self.meter.arrive_self();
         } else {
-            self.micro.borrow_mut().push(Micro::Run(item));
+            let at = self.meter.wake_time();
+            self.micro.borrow_mut().push_back(Micro::Run(item, at));
+            self.meter.arrive_at(at);
         }
-        self.meter.arrive();
+    }
+
+    /// A task's (or the main future's) poll returned: a yield it queued is runnable from the
+    /// poll's end.
+    #[inline]
+    pub(crate) fn after_poll(&self) {
+        #[cfg(feature = "measure")]
+        if self.meter.self_woken() {
+            let t = self.meter.self_wake_runnable();
+            self.check.borrow_mut().stamp_yield(t);
+        }
     }
 
     /// Uses one unit of the current task's cooperative budget; `false` when it is spent (the
@@ -374,16 +391,10 @@ impl Core {
         true
     }
 
-    /// A loop boundary: reads (or reuses) the clock and stamps what was queued since the last.
+    /// A loop boundary: reads (or reuses) the clock.
     #[inline]
     pub(crate) fn boundary(&self) -> u64 {
-        let t = self.meter.boundary();
-        #[cfg(feature = "measure")]
-        {
-            self.micro.borrow_mut().stamp(t);
-            self.check.borrow_mut().order.stamp(t);
-        }
-        t
+        self.meter.boundary()
     }
 
     /// A callback's poll target.

@@ -72,6 +72,7 @@ impl Core {
                     self.end_task_note(meta.key, meta.id);
                 }
                 self.meter.end_poll(&target, t);
+                self.after_poll();
                 self.current.set(None);
             }
             RunItem::Main => self.poll_main(t),
@@ -91,18 +92,18 @@ impl Core {
                 f();
             }
             loop {
-                let popped = self.micro.borrow_mut().pop();
+                let popped = self.micro.borrow_mut().pop_front();
                 match popped {
                     None => break,
-                    Some((Micro::Closure(f, location), _)) => {
+                    Some(Micro::Closure(f, location)) => {
                         self.closure(&mut batch, "microtask", location);
                         batch.micros += 1;
                         f();
                     }
-                    Some((Micro::Run(item), at)) => {
+                    Some(Micro::Run(item, at)) => {
                         self.end_batch(&mut batch);
                         let t = self.boundary();
-                        self.run_item(item, at.min(t), t);
+                        self.run_item(item, at, t);
                     }
                 }
             }

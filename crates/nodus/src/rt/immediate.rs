@@ -34,11 +34,13 @@ pub struct Immediate {
 pub fn set_immediate(callback: impl FnOnce() + 'static) -> Immediate {
     let location = Location::caller();
     with_core("nodus::set_immediate", |core| {
+        // Runnable from now: its schedule delay counts the rest of the callback that set it.
+        let at = core.meter.wake_time();
         let (key, id) = core
             .check
             .borrow_mut()
-            .push_immediate(Box::new(callback), location);
-        core.meter.arrive();
+            .push_immediate(Box::new(callback), location, at);
+        core.meter.arrive_at(at);
         core.ref_handle();
         Immediate {
             key,

@@ -105,6 +105,7 @@ impl Core {
         // `block_on` cannot be nested).
         let ready = unsafe { Pin::new_unchecked(ptr.as_mut()) }.poll(&mut cx);
         self.meter.end_poll(&target, t);
+        self.after_poll();
         self.main_running.set(false);
         if let Poll::Ready(()) = ready {
             self.main_done.set(true);

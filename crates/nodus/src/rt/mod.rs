@@ -313,8 +313,8 @@ impl Core {
     /// wakers, then wakes every task still registered. Returns whether there was nothing left;
     /// keeps the first panic of a drop in `panic`.
     fn drop_held(&self, panic: &mut Option<Box<dyn Any + Send>>) -> bool {
-        let micro = self.micro.borrow_mut().take_all();
-        let check = self.check.borrow_mut().order.take_all();
+        let micro: Vec<_> = self.micro.borrow_mut().drain(..).collect();
+        let check: Vec<_> = self.check.borrow_mut().order.drain(..).collect();
         let immediates: Vec<_> = self.check.borrow_mut().immediates.drain().collect();
         let ticks: Vec<_> = self.ticks.borrow_mut().drain(..).collect();
         let timers = self.timers.borrow_mut().take_all();

@@ -123,7 +123,8 @@ impl Core {
                     let t = self.boundary();
                     self.meter.timer_fired(fired.deadline, t);
                     if let Some(waker) = waker {
-                        waker.wake();
+                        // The loop's own wake, at `t`: no clock read of its own.
+                        self.meter.wakes_at(t, || waker.wake());
                     }
                     self.drain();
                 }
@@ -194,7 +195,8 @@ impl Core {
             self.shared.awake();
         }
         // Tasks woken by these events became runnable when epoll_wait returned: their schedule
-        // delay counts from then, so events waiting behind earlier ones show up in it.
+        // delay counts from then (`Meter::wakes_at`), so events waiting behind earlier ones show
+        // up in it.
         let returned = if events.is_empty() {
             0
         } else {
@@ -209,16 +211,14 @@ impl Core {
             let target = Core::callback_target("io", std::panic::Location::caller(), classes::IO);
             let t = self.boundary();
             self.meter.begin_poll(&target, t);
-            self.reactor.dispatch(token, readiness);
+            self.meter
+                .wakes_at(returned, || self.reactor.dispatch(token, readiness));
             self.meter.end_poll(&target, t);
-            #[cfg(feature = "measure")]
-            self.micro.borrow_mut().stamp(returned);
             self.drain();
             if self.main_done.get() {
                 break;
             }
         }
-        let _ = returned;
         if dispatched == events.len() {
             self.after_batch(polled, complete, &events[carried..]);
         }
@@ -260,14 +260,14 @@ impl Core {
     }
 
     /// Work posted by other threads: woken tasks and completion callbacks, each a macrotask.
-    /// Each item is runnable from its post: it joins the run queue when taken, with its wait so
-    /// far, and its schedule delay counts from the post.
+    /// Each item is runnable from its post: it joins the run queue when taken, counted from its
+    /// post, and its schedule delay counts from the post.
     fn run_remote(&self) {
         let items = self.shared.take_remote();
         self.meter.extra_events(items.len());
-        let taken = self.boundary();
+        self.boundary();
         for &(_, posted) in &items {
-            self.meter.arrive_posted(posted, taken);
+            self.meter.arrive_at(posted);
         }
         let mut rest = Unrun {
             core: self,
@@ -277,7 +277,7 @@ impl Core {
             match item {
                 Remote::Run(item) => {
                     let t = self.boundary();
-                    self.run_item(item, posted.min(t), t);
+                    self.run_item(item, posted, t);
                     self.drain();
                 }
                 Remote::Callback(callback, location) => {
@@ -308,7 +308,7 @@ impl Core {
                 }
                 Some(Popped::Yield(item)) => {
                     let t = self.boundary();
-                    self.run_item(item, at.min(t), t);
+                    self.run_item(item, at, t);
                     self.drain();
                 }
             }

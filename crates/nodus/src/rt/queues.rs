@@ -1,13 +1,17 @@
 //! The loop's queues of ready work: the microtask FIFO and the check (immediate) queue.
 //!
-//! Both store a timestamp with every runnable entry for the schedule-delay measurement. An
-//! entry pushed between two poll boundaries is stamped lazily at the next boundary (`stamp`),
-//! so queueing costs no clock read.
+//! Every runnable entry (a woken task or main future, an immediate, a yielded task) carries the
+//! time it became runnable, for the schedule-delay measurement: `Meter::wake_time`, read when it
+//! is queued (a clock read in user code, the loop's known time when the loop itself wakes tasks:
+//! I/O readiness, a `Sleep`'s timer). A task that woke itself (a yield) is still running: it is
+//! runnable once its poll returns, and is stamped then (`stamp_yield`, with the poll's end). A
+//! `queue_microtask` closure carries no time: closures are timed per batch, not one by one.
 //!
 //! Invariants:
-//! - An entry not yet stamped carries [`UNSTAMPED`] (`u64::MAX`): whoever pops it before a
-//!   boundary uses `stamp.min(boundary_time)`.
-//! - Unstamped entries are always the last `unstamped` ones of a queue.
+//! - A poll queues at most one yield (a task, or the main future, is queued once however often
+//!   it is woken), which carries [`UNSTAMPED`] until the poll returns: `unstamped` is its index,
+//!   valid until then since nothing pops the check queue during a poll. One popped unstamped (its
+//!   poll unwound before the stamp) counts no delay, and a stale index stamps nothing.
 //! - A cancelled immediate leaves a tombstone in the order queue: the slab entry is gone, so the
 //!   check phase skips it. Cancellation therefore takes effect at once, even mid-phase.
 //! - Nothing here runs user code or drops a task while a queue is borrowed: callers pop first.
@@ -20,7 +24,7 @@ use slab::Slab;
 
 use crate::task::TaskMeta;
 
-/// The stamp of an entry queued since the last boundary.
+/// The time of a yield queued by the poll under way, until that poll returns.
 pub(crate) const UNSTAMPED: u64 = u64::MAX;
 
 /// Something that is polled like a task: a spawned task or the `block_on` main future.
@@ -33,66 +37,8 @@ pub(crate) enum RunItem {
 pub(crate) enum Micro {
     /// A `queue_microtask` closure and where it was queued (timed per drain, not one by one).
     Closure(Box<dyn FnOnce()>, &'static Location<'static>),
-    /// A woken task: polling it is a microtask.
-    Run(RunItem),
-}
-
-/// A FIFO whose runnable entries carry the boundary time they became runnable at.
-pub(crate) struct StampedQueue<T> {
-    entries: VecDeque<(T, u64)>,
-    unstamped: usize,
-}
-
-impl<T> StampedQueue<T> {
-    pub(crate) fn new() -> Self {
-        StampedQueue {
-            entries: VecDeque::new(),
-            unstamped: 0,
-        }
-    }
-
-    /// Pushes an entry to be stamped at the next boundary.
-    #[inline]
-    pub(crate) fn push(&mut self, item: T) {
-        self.entries.push_back((item, UNSTAMPED));
-        self.unstamped += 1;
-    }
-
-    /// Stamps every entry queued since the previous boundary with this boundary's time.
-    #[cfg_attr(not(feature = "measure"), allow(dead_code))]
-    #[inline]
-    pub(crate) fn stamp(&mut self, t: u64) {
-        if self.unstamped > 0 {
-            let len = self.entries.len();
-            for e in self.entries.range_mut(len - self.unstamped..) {
-                e.1 = t;
-            }
-            self.unstamped = 0;
-        }
-    }
-
-    #[inline]
-    pub(crate) fn pop(&mut self) -> Option<(T, u64)> {
-        let e = self.entries.pop_front()?;
-        self.unstamped = self.unstamped.min(self.entries.len());
-        Some(e)
-    }
-
-    #[inline]
-    pub(crate) fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    #[inline]
-    pub(crate) fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
-    /// Removes everything (for shutdown; the caller drops the entries outside any borrow).
-    pub(crate) fn take_all(&mut self) -> Vec<T> {
-        self.unstamped = 0;
-        self.entries.drain(..).map(|(item, _)| item).collect()
-    }
+    /// A woken task, and when it was woken: polling it is a microtask.
+    Run(RunItem, u64),
 }
 
 /// An entry of the check queue.
@@ -115,27 +61,33 @@ pub(crate) struct ImmediateEntry {
 
 /// The check queue: immediates (cancellable, in a slab) and yielded tasks, in one FIFO.
 pub(crate) struct CheckQueue {
-    pub(crate) order: StampedQueue<CheckEntry>,
+    /// The entries in order, each with when it became runnable.
+    pub(crate) order: VecDeque<(CheckEntry, u64)>,
     pub(crate) immediates: Slab<ImmediateEntry>,
     next_id: u64,
     /// Yielded tasks in `order` (they keep the loop alive).
     pub(crate) yields: usize,
+    /// The index in `order` of the yield the poll under way queued, if any.
+    unstamped: usize,
 }
 
 impl CheckQueue {
     pub(crate) fn new() -> Self {
         CheckQueue {
-            order: StampedQueue::new(),
+            order: VecDeque::new(),
             immediates: Slab::new(),
             next_id: 1,
             yields: 0,
+            unstamped: usize::MAX,
         }
     }
 
+    /// Queues an immediate set at `at`.
     pub(crate) fn push_immediate(
         &mut self,
         callback: Box<dyn FnOnce()>,
         location: &'static Location<'static>,
+        at: u64,
     ) -> (usize, u64) {
         let id = self.next_id;
         self.next_id += 1;
@@ -145,13 +97,27 @@ impl CheckQueue {
             refd: true,
             location,
         });
-        self.order.push(CheckEntry::Immediate { key, id });
+        self.order
+            .push_back((CheckEntry::Immediate { key, id }, at));
         (key, id)
     }
 
+    /// Queues a task (or the main future) that woke itself in its poll: [`UNSTAMPED`] until the
+    /// poll returns (`stamp_yield`).
     pub(crate) fn push_yield(&mut self, item: RunItem) {
         self.yields += 1;
-        self.order.push(CheckEntry::Yield(item));
+        self.unstamped = self.order.len();
+        self.order.push_back((CheckEntry::Yield(item), UNSTAMPED));
+    }
+
+    /// Stamps with `t` the yield queued by the poll that just returned.
+    #[cfg_attr(not(feature = "measure"), allow(dead_code))]
+    #[inline]
+    pub(crate) fn stamp_yield(&mut self, t: u64) {
+        let i = std::mem::replace(&mut self.unstamped, usize::MAX);
+        if let Some((CheckEntry::Yield(_), at @ UNSTAMPED)) = self.order.get_mut(i) {
+            *at = t;
+        }
     }
 
     /// The live immediate `(key, id)`, if it has not run or been cleared.
@@ -167,7 +133,7 @@ impl CheckQueue {
 
     /// Pops the next entry; a tombstone (cleared immediate) comes back as `None` inside `Some`.
     pub(crate) fn pop(&mut self) -> Option<(Option<Popped>, u64)> {
-        let (entry, at) = self.order.pop()?;
+        let (entry, at) = self.order.pop_front()?;
         let popped = match entry {
             CheckEntry::Immediate { key, id } => {
                 self.remove_immediate(key, id).map(Popped::Immediate)
@@ -192,34 +158,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn stamps_only_the_tail_queued_since_the_last_boundary() {
-        let mut q = StampedQueue::new();
-        q.push('a');
-        q.push('b');
-        q.stamp(10);
-        q.push('c');
-        q.stamp(20);
-        q.push('d');
-        q.push('e');
-        q.stamp(30);
-        let got: Vec<_> = std::iter::from_fn(|| q.pop()).collect();
-        assert_eq!(
-            got,
-            vec![('a', 10), ('b', 10), ('c', 20), ('d', 30), ('e', 30)]
-        );
-    }
-
-    #[test]
     fn cleared_immediates_leave_tombstones() {
         let mut c = CheckQueue::new();
         let here = Location::caller();
-        let (k1, i1) = c.push_immediate(Box::new(|| {}), here);
-        let (k2, i2) = c.push_immediate(Box::new(|| {}), here);
+        let (k1, i1) = c.push_immediate(Box::new(|| {}), here, 10);
+        let (k2, i2) = c.push_immediate(Box::new(|| {}), here, 20);
         assert!(c.remove_immediate(k1, i1).is_some());
         assert!(c.remove_immediate(k1, i1).is_none());
-        assert!(matches!(c.pop(), Some((None, _))));
-        assert!(matches!(c.pop(), Some((Some(Popped::Immediate(e)), _)) if e.id == i2));
+        assert!(matches!(c.pop(), Some((None, 10))));
+        assert!(matches!(c.pop(), Some((Some(Popped::Immediate(e)), 20)) if e.id == i2));
         assert!(c.remove_immediate(k2, i2).is_none());
         assert!(c.pop().is_none());
+    }
+
+    #[test]
+    fn a_yield_is_stamped_when_its_poll_returns_among_stamped_entries() {
+        let mut c = CheckQueue::new();
+        let here = Location::caller();
+        c.push_immediate(Box::new(|| {}), here, 10);
+        c.push_yield(RunItem::Main);
+        c.push_immediate(Box::new(|| {}), here, 30);
+        c.stamp_yield(40);
+        c.stamp_yield(45); // no yield queued since: nothing to stamp
+        c.push_yield(RunItem::Main);
+        c.stamp_yield(50);
+        let stamps: Vec<u64> = std::iter::from_fn(|| c.pop().map(|(_, at)| at)).collect();
+        assert_eq!(stamps, [10, 40, 30, 50]);
     }
 }

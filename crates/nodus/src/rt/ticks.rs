@@ -28,6 +28,6 @@ pub fn queue_microtask(callback: impl FnOnce() + 'static) {
     with_core("nodus::queue_microtask", |core| {
         core.micro
             .borrow_mut()
-            .push(Micro::Closure(Box::new(callback), location))
+            .push_back(Micro::Closure(Box::new(callback), location))
     });
 }

@@ -12,7 +12,9 @@
 //!   `Shape::LongPoll`; a closure's published start is its batch's), else after the poll seen
 //!   most often (`Shape::Drain`: many short polls, the drain does not empty); the name may change
 //!   while the stall lasts and is updated in place. So may the note that names with it what the
-//!   task is doing (`nodus::task::set_note`; for a drain, the latest seen with that poll).
+//!   task is doing (`nodus::task::set_note`; for a drain, the latest seen with that poll): the
+//!   latest note seen with the stall's holder, kept when a later look finds it cleared (a
+//!   handler that returned before the hold ended), so the end line and the ring buffer name it.
 //! - A stall is reported (one `tracing` warning, target `nodus::watchdog`) at the threshold, then
 //!   at 2x, 4x, 8x... the threshold while it lasts. A token bucket over all stalls lets out at
 //!   most about 10 reports per second; suppressed reports are counted in the next one.
@@ -78,7 +80,8 @@ struct Stall {
     /// Next report is due at `start + threshold * multiplier`.
     multiplier: u64,
     /// The name and location `report` names (compared by address: both are `'static`), and the
-    /// note it names with them.
+    /// note it names with them: the latest one seen with that holder, kept when a later look
+    /// finds none (the handler that set it returned, its task cleared it, before the hold ended).
     holder: (*const u8, *const Location<'static>),
     note: Note,
     report: StallReport,
@@ -101,7 +104,8 @@ struct SeenPoll {
     task_id: u64,
     name: &'static str,
     location: &'static Location<'static>,
-    /// The note seen with it at the latest look.
+    /// The latest note seen with it (a look after its task cleared the note, or at a poll of
+    /// it that set none, keeps the one seen before).
     note: Note,
     looks: u32,
 }
@@ -115,7 +119,9 @@ impl Seen {
         if let Some(p) = self.polls.iter_mut().find(same) {
             p.looks += 1;
             p.task_id = view.task_id;
-            p.note = view.note;
+            if !view.note.is_empty() {
+                p.note = view.note;
+            }
         } else if self.polls.len() < SEEN_CAP {
             self.polls.push(SeenPoll {
                 task_id: view.task_id,
@@ -361,12 +367,14 @@ fn observe(
     });
     let report = &mut stall.report;
     let holder = (name.as_ptr(), std::ptr::from_ref(location));
-    if stall.holder != holder {
+    let new_holder = stall.holder != holder;
+    if new_holder {
         stall.holder = holder;
         name.clone_into(&mut report.task_name);
         report.location = location_str(location);
     }
-    if stall.note != note {
+    // A holder's note is kept once seen: a look after its handler returned finds none.
+    if stall.note != note && (new_holder || !note.is_empty()) {
         stall.note = note;
         report.note = note.render();
     }
@@ -656,6 +664,91 @@ mod tests {
                 at(main_at)
             )),
             "{message}"
+        );
+    }
+
+    /// The reviewer's case: a handler noted `GET /spin/2500` holds the loop, the watchdog
+    /// reports it named so, then looks again after the handler returned and its task cleared the
+    /// note, the poll still running (writing the response). The stall keeps the note, in the
+    /// report, the ring buffer and the end line; before, that last look emptied it. A note seen
+    /// with a poll in a drain is kept the same way, and a new holder never shows an old one.
+    #[test]
+    fn a_stall_keeps_its_note_after_the_handler_that_set_it_returned() {
+        let _serial = crate::watchdog::tests::serial();
+        static HANDLER: &str = "http:spin";
+        static OTHER: &str = "other";
+        let (at, other_at) = (Location::caller(), Location::caller());
+        let loop_id = crate::watchdog::tests::ID_BASE + 0x4e07;
+        let threshold_ns = 10_000_000;
+        let start = now_ns() - 3 * threshold_ns;
+        let view = |seq, name, location, note| HoldView {
+            seq,
+            task_id: 7,
+            name,
+            location,
+            start_ns: start,
+            hold_seq: 0,
+            hold_ns: start,
+            opener: HANDLER,
+            opener_location: at,
+            note,
+        };
+        let noted = Note::prefixed("GET ", "/spin/2500");
+        let proc = ThreadProc::open(rustix::thread::gettid().as_raw_pid());
+        let mut limiter = RateLimit {
+            budget_ns: REPORT_BURST * REPORT_COST_NS,
+            last_ns: now_ns(),
+            suppressed: 0,
+        };
+        let mut hold = Observed {
+            view: view(0, HANDLER, at, noted),
+            baseline: proc.sample(),
+            seen: Seen::default(),
+            stall: None,
+        };
+        let mut look = |hold: &mut Observed, view: HoldView, steady| {
+            hold.view = view;
+            hold.seen.add(&view);
+            observe(loop_id, threshold_ns, &proc, hold, steady, &mut limiter);
+            hold.stall.as_ref().expect("stalled").report.note.clone()
+        };
+        assert_eq!(
+            look(&mut hold, view(0, HANDLER, at, noted), false),
+            "GET /spin/2500"
+        );
+        let cleared = Note::default();
+        assert_eq!(
+            look(&mut hold, view(0, HANDLER, at, cleared), true),
+            "GET /spin/2500",
+            "the note is kept once the handler returned"
+        );
+        finish(hold, Some((now_ns(), 1)));
+        let stalls = crate::watchdog::recent_stalls_for(loop_id);
+        assert_eq!(stalls.len(), 1);
+        assert_eq!(stalls[0].note, "GET /spin/2500", "in the ring buffer");
+        assert!(!stalls[0].ongoing);
+
+        // Another holder takes its own note, none here: the old one does not stick to it.
+        let mut hold = Observed {
+            view: view(0, HANDLER, at, noted),
+            baseline: proc.sample(),
+            seen: Seen::default(),
+            stall: None,
+        };
+        look(&mut hold, view(0, HANDLER, at, noted), false);
+        assert_eq!(look(&mut hold, view(0, OTHER, other_at, cleared), true), "");
+        finish(hold, Some((now_ns(), 1)));
+
+        // In a drain, the note seen with a poll is kept by `Seen` when a later look at the same
+        // poll finds none.
+        let mut seen = Seen::default();
+        seen.add(&view(2, HANDLER, at, noted));
+        seen.add(&view(4, HANDLER, at, cleared));
+        seen.add(&view(6, HANDLER, at, cleared));
+        let top = seen.top().0.expect("a poll seen");
+        assert_eq!(
+            (top.looks, top.note.render().as_str()),
+            (3, "GET /spin/2500")
         );
     }
 

@@ -3,22 +3,23 @@
 //! The loop calls the same methods whether or not the `measure` feature is on; without it they
 //! compile to nothing except the clock the timers need. With it:
 //!
-//! - **One clock read per poll boundary.** A poll's end time is the next poll's start time when
-//!   nothing ran in between (`fresh`). Only a syscall in the poll phase, user code outside a poll
+//! - **One clock read per poll boundary** (and one per wake or immediate queued by user code, for
+//!   the schedule delay). A poll's end time is the next poll's start time when nothing ran in
+//!   between (`fresh`). Only a syscall in the poll phase, user code outside a poll
 //!   (`Runtime::enter`'s closure) or the loop starting make the cached time stale: the rest of the
 //!   loop's own bookkeeping between two polls takes nanoseconds, so it is not worth a read.
 //! - **Schedule delay** is measured from the moment an entry became runnable to the boundary at
-//!   which it starts to run: the end of the callback that woke it; for a task woken by I/O, the
-//!   moment `epoll_wait` returned (so an event that waits behind earlier events of the same poll
-//!   counts, but not the time it waited in the kernel before); for remote work (a wake from
-//!   another thread, a pool completion, a `LoopHandle::post`), its post (`Shared::push_remote`
-//!   stamps it).
-//! - **Run-queue length** is integrated over time at boundaries with the count of entries that
-//!   were runnable since the previous boundary. Entries queued between two boundaries are counted
-//!   from the second one, the same moment their schedule delay starts, so Little's law
-//!   (mean length = arrival rate × mean delay) holds by construction for local wakes and remote
-//!   work (whose wait before the poll phase took it is added then: `run_queue`); I/O wakes add
-//!   delay from `epoll_wait`'s return to their wake, which the length does not see.
+//!   which it starts to run: a task woken (or spawned) on the loop, or an immediate, from the wake
+//!   itself, read from the clock then (so a task woken early in a long poll is seen waiting
+//!   behind the rest of it: one clock read per wake or immediate in user code); for a task that
+//!   woke itself (a yield), the end of its own poll (it was running until then); for a task woken
+//!   by I/O, the moment `epoll_wait` returned (so an event that waits behind earlier events of
+//!   the same poll counts, but not the time it waited in the kernel before; no read of its own);
+//!   for a `Sleep`, its timer's boundary; for remote work (a wake from another thread, a pool
+//!   completion, a `LoopHandle::post`), its post (`Shared::push_remote` stamps it).
+//! - **Run-queue length** is integrated over time at boundaries, every entry counted from the
+//!   same moment its schedule delay starts (`run_queue`), so Little's law (mean length = arrival
+//!   rate × mean delay) holds by construction.
 //! - **Intervals** (utilization, run-queue mean and maximum over the last one) are at least
 //!   `MeterConfig::interval` long; `stats` says when one closes.
 //! - **Idle** is time blocked in the poll phase with a non-zero timeout; busy is the rest.
@@ -49,6 +50,7 @@ use std::time::Duration;
 use super::classes::{ClassId, Classes};
 use super::phase::Phase;
 use crate::clock;
+use crate::rt::core::Shared;
 
 #[cfg(feature = "measure")]
 use crate::watchdog::{LoopSlot, Note};
@@ -75,6 +77,9 @@ pub(crate) struct PollTarget {
 
 /// The measurements of one loop.
 pub(crate) struct Meter {
+    /// The loop's remote queue: the remote work a slow poll's log counts as waiting.
+    #[cfg(feature = "measure")]
+    shared: Arc<Shared>,
     /// The latest clock read (ns since the process epoch).
     now: Cell<u64>,
     /// Whether `now` is still the current time for boundary purposes.
@@ -85,10 +90,20 @@ pub(crate) struct Meter {
     /// Entries runnable since the previous boundary (tasks, main, immediates).
     #[cfg(feature = "measure")]
     runnable_at_boundary: Cell<u64>,
+    /// The time from the previous boundary to their own of the entries that became runnable
+    /// since, summed: `runnable_at_boundary` counts them from that boundary (`run_queue`).
+    #[cfg(feature = "measure")]
+    credit: Cell<u64>,
+    /// The time of the wakes the loop itself makes now (`wakes_at`); 0: a wake reads the clock.
+    #[cfg(feature = "measure")]
+    wake_at: Cell<u64>,
+    /// The poll under way woke itself: its yield is runnable once it returns (`arrive_self`).
+    #[cfg(feature = "measure")]
+    self_woken: Cell<bool>,
     /// Entries currently runnable.
     runnable: Cell<u64>,
-    /// Entries runnable when the poll (or closure batch) under way began: the slow-poll log's
-    /// "runnable waiting".
+    /// Entries runnable when the poll (or closure batch) under way began (for the slow-poll
+    /// log).
     #[cfg(feature = "measure")]
     waiting_at_start: Cell<u64>,
     #[cfg(feature = "measure")]
@@ -117,7 +132,8 @@ pub(crate) struct Meter {
 }
 
 impl Meter {
-    pub(crate) fn new(loop_id: u64, config: MeterConfig) -> Meter {
+    pub(crate) fn new(shared: &Arc<Shared>, config: MeterConfig) -> Meter {
+        let loop_id = shared.loop_id;
         let now = clock::now_ns();
         #[cfg(feature = "measure")]
         let slot = {
@@ -132,6 +148,8 @@ impl Meter {
         #[cfg(not(feature = "measure"))]
         let _ = loop_id;
         Meter {
+            #[cfg(feature = "measure")]
+            shared: shared.clone(),
             now: Cell::new(now),
             #[cfg(feature = "measure")]
             fresh: Cell::new(false),
@@ -139,6 +157,12 @@ impl Meter {
             last_boundary: Cell::new(now),
             #[cfg(feature = "measure")]
             runnable_at_boundary: Cell::new(0),
+            #[cfg(feature = "measure")]
+            credit: Cell::new(0),
+            #[cfg(feature = "measure")]
+            wake_at: Cell::new(0),
+            #[cfg(feature = "measure")]
+            self_woken: Cell::new(false),
             runnable: Cell::new(0),
             #[cfg(feature = "measure")]
             waiting_at_start: Cell::new(0),

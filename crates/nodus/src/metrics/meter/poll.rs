@@ -14,9 +14,11 @@
 //!   so is a closure batch (`closures_end`): a batch is timed as a whole, so it is the batch, named
 //!   after its last closure, that counts (rt/drain.rs says why and what that misses).
 //! - The log's "N runnable waiting" (`run_queue=N`) is the run-queue length when the poll or
-//!   batch began: the entries (tasks, immediates, remote work taken) that waited all through it.
-//!   Entries it made runnable itself (a task it woke, its own re-wake) are not counted, nor is
-//!   remote work posted during it (counted once the poll phase takes it).
+//!   batch returned, remote work posted and not yet taken included: every entry that waited
+//!   behind it, from its start (`run_queue_at_start`, "K when it began") or from its wake during
+//!   it (a task it woke or spawned, an immediate it set, a wake from another thread, the awaiter
+//!   its completion woke). Not its own re-wake (a yield: runnable only once it returned), nor an
+//!   entry made runnable and cancelled within it.
 
 use std::time::Duration;
 
@@ -89,6 +91,15 @@ impl Meter {
         let _ = (target, start);
     }
 
+    /// Entries waiting as a slow poll returns: runnable, or posted from another thread and not
+    /// yet taken; not the poll's own re-wake (it did not wait behind itself).
+    #[cfg(feature = "measure")]
+    #[cold]
+    fn waiting_after(&self) -> u64 {
+        (self.runnable.get() + self.shared.posted_len() as u64)
+            .saturating_sub(u64::from(self.self_woken.get()))
+    }
+
     #[cfg(feature = "measure")]
     #[cold]
     fn log_slow_poll(&self, target: &PollTarget, d: u64) {
@@ -98,16 +109,18 @@ impl Meter {
             .poll_note()
             .map_or(String::new(), |(note, _)| note.render());
         let task = crate::watchdog::named(target.name, &note, &target.location.to_string());
+        let (waiting, at_start) = (self.waiting_after(), self.waiting_at_start.get());
         tracing::warn!(
             target: "nodus::slow_poll",
             task = target.name,
             note,
             location = %target.location,
             duration_ms = d as f64 / 1e6,
-            run_queue = self.waiting_at_start.get(),
-            "slow poll: task {task} ran for {:.1} ms with {} runnable waiting",
+            run_queue = waiting,
+            run_queue_at_start = at_start,
+            "slow poll: task {task} ran for {:.1} ms with {waiting} runnable waiting ({at_start} \
+             when it began)",
             d as f64 / 1e6,
-            self.waiting_at_start.get()
         );
     }
 
@@ -180,17 +193,19 @@ impl Meter {
             1 => format!("{:?} closure", last.name),
             n => format!("{n} closures ending with a {:?} closure", last.name),
         };
+        let (waiting, at_start) = (self.waiting_after(), self.waiting_at_start.get());
         tracing::warn!(
             target: "nodus::slow_poll",
             task = last.name,
             location = %last.location,
             closures,
             duration_ms = d as f64 / 1e6,
-            run_queue = self.waiting_at_start.get(),
-            "slow poll: {what} ({}) ran for {:.1} ms with {} runnable waiting",
+            run_queue = waiting,
+            run_queue_at_start = at_start,
+            "slow poll: {what} ({}) ran for {:.1} ms with {waiting} runnable waiting ({at_start} \
+             when it began)",
             last.location,
             d as f64 / 1e6,
-            self.waiting_at_start.get()
         );
     }
 

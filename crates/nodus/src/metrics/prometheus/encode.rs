@@ -5,10 +5,13 @@
 //! Invariants:
 //! - A family's `kind` and each of its values' variant always match (`encode_value` relies on it).
 //! - Histogram bucket counts are non-cumulative (the encoder accumulates them), `+Inf` last;
-//!   `_count`, `+Inf` and `_sum` are exact, an `le` bucket is approximate as described in the
-//!   parent module. Their running total never passes `u64::MAX` (it is capped there: a snapshot
-//!   from another process may carry any counts, and the encoder's sum must not overflow).
+//!   every count is exact: an `le` is a bucket edge of the snapshots' histograms, so each
+//!   sparse bucket lies wholly at or below it or wholly above it. Their running total never
+//!   passes `u64::MAX` (it is capped there: a snapshot from another process may carry any
+//!   counts, and the encoder's sum must not overflow).
 //! - A family with no series is not written at all.
+
+use std::sync::LazyLock;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, MetricEncoder, NoLabelSet};
@@ -17,6 +20,7 @@ use prometheus_client::registry::Unit;
 
 use super::SnapshotCollector;
 use super::families::Kind;
+use crate::metrics::histogram::nearest_upper_bound;
 use crate::metrics::snapshot::HistogramSnapshot;
 
 #[derive(Debug)]
@@ -47,41 +51,56 @@ pub(super) enum Value {
     },
 }
 
-/// `le` bounds of `_seconds` histograms: (seconds, nanoseconds).
-const SECONDS_LE: [(f64, u64); 20] = [
-    (1e-6, 1_000),
-    (5e-6, 5_000),
-    (1e-5, 10_000),
-    (5e-5, 50_000),
-    (1e-4, 100_000),
-    (2.5e-4, 250_000),
-    (5e-4, 500_000),
-    (1e-3, 1_000_000),
-    (2.5e-3, 2_500_000),
-    (5e-3, 5_000_000),
-    (1e-2, 10_000_000),
-    (2.5e-2, 25_000_000),
-    (5e-2, 50_000_000),
-    (0.1, 100_000_000),
-    (0.25, 250_000_000),
-    (0.5, 500_000_000),
-    (1.0, 1_000_000_000),
-    (2.5, 2_500_000_000),
-    (5.0, 5_000_000_000),
-    (10.0, 10_000_000_000),
+/// The bounds `_seconds` histograms are wanted at, in ns: 1 µs … 10 s.
+const SECONDS_WANTED: [u64; 20] = [
+    1_000,
+    5_000,
+    10_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    500_000_000,
+    1_000_000_000,
+    2_500_000_000,
+    5_000_000_000,
+    10_000_000_000,
 ];
 
-/// `le` bounds of unitless histograms: 0, then powers of two up to 4096.
-const UNITLESS_LE: [(f64, u64); 14] = {
-    let mut le = [(0.0, 0); 14];
+/// The bounds unitless histograms are wanted at: 0, then powers of two up to 4096.
+const UNITLESS_WANTED: [u64; 14] = {
+    let mut le = [0; 14];
     let mut i = 1;
     while i < le.len() {
-        let v = 1u64 << (i - 1);
-        le[i] = (v as f64, v);
+        le[i] = 1 << (i - 1);
         i += 1;
     }
     le
 };
+
+/// `le` bounds of `_seconds` histograms, (seconds, nanoseconds): the bucket edges nearest the
+/// wanted ones (`nearest_upper_bound`), 0.000000991 … 10.200547327 s.
+static SECONDS_LE: LazyLock<[(f64, u64); 20]> =
+    LazyLock::new(|| SECONDS_WANTED.map(|v| edge(v, 1e9)));
+
+/// `le` bounds of unitless histograms: the bucket edges nearest the wanted ones, 0, 1, 2, 4, 8,
+/// 16, 31, 63 … 4095 (below 32 every value has a bucket of its own).
+static UNITLESS_LE: LazyLock<[(f64, u64); 14]> =
+    LazyLock::new(|| UNITLESS_WANTED.map(|v| edge(v, 1.0)));
+
+/// The bucket edge nearest `wanted`, as (value in the exposition's unit, value recorded).
+fn edge(wanted: u64, per_unit: f64) -> (f64, u64) {
+    let bound = nearest_upper_bound(wanted);
+    (bound as f64 / per_unit, bound)
+}
 
 /// Converts sparse buckets to per-`le` counts (non-cumulative; `+Inf` last).
 fn histogram(h: &HistogramSnapshot, les: &[(f64, u64)], seconds: bool) -> Value {
@@ -118,11 +137,11 @@ fn histogram(h: &HistogramSnapshot, les: &[(f64, u64)], seconds: bool) -> Value 
 }
 
 pub(super) fn seconds_histogram(h: &HistogramSnapshot) -> Value {
-    histogram(h, &SECONDS_LE, true)
+    histogram(h, &*SECONDS_LE, true)
 }
 
 pub(super) fn unitless_histogram(h: &HistogramSnapshot) -> Value {
-    histogram(h, &UNITLESS_LE, false)
+    histogram(h, &*UNITLESS_LE, false)
 }
 
 /// Writes one sample (or, for a histogram, its `_sum`, `_count` and `_bucket` lines).

@@ -32,7 +32,7 @@ static BYTES: Unit = Unit::Bytes;
 /// The end of every histogram's help: what the stats JSON has of it that the buckets do not.
 macro_rules! summary_in_json {
     () => {
-        " Lifetime min, max and quantiles: /_nodus/stats; over a window, histogram_quantile() of the buckets."
+        " Lifetime min, max and quantiles: /_nodus/stats; over a window, histogram_quantile() of the buckets. Each le is the edge of nodus's internal buckets nearest a round bound (1us, 5us ... 10s: 0.100663295 for 0.1; counts 0, 1, 2, 4 ... 4096: 63 for 64), so a sample is counted in every le at or above its value."
     };
 }
 
@@ -134,7 +134,7 @@ pub(super) const SCHEDULE_DELAY: Desc = desc!(
     Histogram,
     seconds,
     concat!(
-        "Time from a task being woken (or a callback queued) to it starting to run.",
+        "Time from a task being woken (or a callback queued) to it starting to run: from the wake, spawn or set_immediate itself (a task woken early in a long poll counts the rest of it), from the return of the epoll_wait that saw the event for a task woken by I/O, from the post for remote work (pool completions, wakes from other threads).",
         summary_in_json!()
     )
 );

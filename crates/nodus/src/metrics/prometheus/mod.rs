@@ -20,14 +20,15 @@
 //! min, max and quantiles; each stall's task, location and class; the pid, loop id and time of
 //! the snapshot) is said in the HELP of the family nearest to it and in the README.
 //!
-//! Histogram buckets are fixed (`le` = 1 µs … 10 s for `_seconds`, 0, 1, 2, 4, … 4096 for
-//! unitless ones) and derived from the snapshot's sparse log-linear buckets. Approximation: a
-//! sparse bucket counts toward an `le` only when its inclusive upper bound is `<= le`, so the
-//! samples at or below an `le` that share the sparse bucket straddling it are counted only
-//! under the next `le`. Sparse buckets are at most 1/16 of their lower bound wide, so only
-//! samples within 6.25 % below an `le` can be affected (values below 32 are exact; for the
-//! unitless powers of two from 32 up only a sample exactly equal to `le` is). `_count`, the
-//! `+Inf` bucket and `_sum` are exact.
+//! Histogram buckets are fixed and derived from the snapshot's sparse log-linear buckets: each
+//! `le` is the edge of those buckets nearest a round bound (1 µs, 5 µs, 10 µs … 10 s for
+//! `_seconds`, 0, 1, 2, 4, … 4096 for unitless ones; `histogram::nearest_upper_bound`), so
+//! no sparse bucket straddles an `le` and every count is exact: a sample is counted in an `le`
+//! exactly when its value is `<=` it. The price is bounds that are not round: `le="0.100663295"`
+//! rather than `0.1` (within 3.1 %, most within 2.4 %; 0.000000991, 0.000005119 … 10.200547327
+//! s, and 0, 1, 2, 4, 8, 16, 31, 63 … 4095). Rounder bounds would need the recording hot path
+//! to split the buckets that straddle them (a compare and a counter per sample): the always-on
+//! cost stays the same this way. `_count`, the `+Inf` bucket and `_sum` are exact too.
 //!
 //! Layout: this file holds the entry points and `SnapshotCollector`, which maps each snapshot
 //! field to a family; `families` names and describes every family (one constant each); `encode`

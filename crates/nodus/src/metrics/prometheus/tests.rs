@@ -160,7 +160,8 @@ fn stall_help_speaks_of_a_hold() {
 #[test]
 fn renders_histograms() {
     let text = render(&sample());
-    // Schedule delay: 3 samples <= 1 us, 2 more <= 1 ms, 1 more <= 2.5 ms.
+    // Schedule delay: 3 samples <= 1 us, 2 more <= 1 ms, 1 more <= 2.5 ms (each `le` the bucket
+    // edge nearest the round bound: 991 ns, 1.015807 ms, 2.490367 ms).
     assert_lines(
         &text,
         &[
@@ -168,34 +169,87 @@ fn renders_histograms() {
             "# UNIT nodus_task_schedule_delay_seconds seconds",
             "nodus_task_schedule_delay_seconds_count 6",
             "nodus_task_schedule_delay_seconds_sum 0.0036015",
-            r#"nodus_task_schedule_delay_seconds_bucket{le="0.000001"} 3"#,
-            r#"nodus_task_schedule_delay_seconds_bucket{le="0.0005"} 3"#,
-            r#"nodus_task_schedule_delay_seconds_bucket{le="0.001"} 5"#,
-            r#"nodus_task_schedule_delay_seconds_bucket{le="0.0025"} 6"#,
-            r#"nodus_task_schedule_delay_seconds_bucket{le="10.0"} 6"#,
+            r#"nodus_task_schedule_delay_seconds_bucket{le="9.91e-7"} 3"#,
+            r#"nodus_task_schedule_delay_seconds_bucket{le="0.000507903"} 3"#,
+            r#"nodus_task_schedule_delay_seconds_bucket{le="0.001015807"} 5"#,
+            r#"nodus_task_schedule_delay_seconds_bucket{le="0.002490367"} 6"#,
+            r#"nodus_task_schedule_delay_seconds_bucket{le="10.200547327"} 6"#,
             r#"nodus_task_schedule_delay_seconds_bucket{le="+Inf"} 6"#,
             // 2 us lands in 1984..=2047 ns: above 1 us, within 5 us.
-            r#"nodus_task_poll_duration_seconds_bucket{le="0.000001",task="http:static"} 0"#,
-            r#"nodus_task_poll_duration_seconds_bucket{le="0.000005",task="http:static"} 50"#,
+            r#"nodus_task_poll_duration_seconds_bucket{le="9.91e-7",task="http:static"} 0"#,
+            r#"nodus_task_poll_duration_seconds_bucket{le="0.000005119",task="http:static"} 50"#,
             r#"nodus_task_poll_duration_seconds_count{task="http:static"} 50"#,
             "nodus_loop_poll_duration_seconds_count 4",
-            // Unitless: exact below 32; 40 is in 40..=41, within le=64; 5000 only in +Inf.
+            // Unitless: exact below 32; 40 is in 40..=41, within le=63; 5000 only in +Inf.
             r#"nodus_run_queue_length_samples_bucket{le="0.0"} 10"#,
             r#"nodus_run_queue_length_samples_bucket{le="1.0"} 14"#,
             r#"nodus_run_queue_length_samples_bucket{le="2.0"} 17"#,
             r#"nodus_run_queue_length_samples_bucket{le="4.0"} 19"#,
-            r#"nodus_run_queue_length_samples_bucket{le="4096.0"} 19"#,
+            r#"nodus_run_queue_length_samples_bucket{le="4095.0"} 19"#,
             r#"nodus_run_queue_length_samples_bucket{le="+Inf"} 20"#,
             "nodus_run_queue_length_samples_sum 5016.0",
             r#"nodus_loop_events_per_poll_bucket{le="4.0"} 7"#,
-            r#"nodus_loop_events_per_poll_bucket{le="32.0"} 7"#,
-            r#"nodus_loop_events_per_poll_bucket{le="64.0"} 8"#,
+            r#"nodus_loop_events_per_poll_bucket{le="31.0"} 7"#,
+            r#"nodus_loop_events_per_poll_bucket{le="63.0"} 8"#,
         ],
     );
     // 21 bucket lines per `_seconds` histogram, 15 per unitless one.
     let count = |prefix: &str| text.lines().filter(|l| l.starts_with(prefix)).count();
     assert_eq!(count("nodus_task_schedule_delay_seconds_bucket{"), 21);
     assert_eq!(count("nodus_run_queue_length_samples_bucket{"), 15);
+}
+
+/// The `le` bounds and the cumulative count under each, for one family without labels.
+fn le_counts(text: &str, family: &str) -> Vec<(String, u64)> {
+    let prefix = format!("{family}_bucket{{le=\"");
+    text.lines()
+        .filter_map(|l| l.strip_prefix(prefix.as_str()))
+        .filter_map(|rest| {
+            let (le, count) = rest.split_once("\"} ")?;
+            Some((le.to_owned(), count.parse().ok()?))
+        })
+        .collect()
+}
+
+/// A sample is counted under every `le` at or above its value, and under none below it. Before,
+/// the internal buckets were folded onto round bounds they straddle: a 97 ms sample fell in the
+/// bucket 96.47..=100.66 ms and was counted only from `le="0.25"` on, outside `le="0.1"`.
+#[test]
+fn a_sample_is_counted_under_every_le_at_or_above_its_value() {
+    let ns = |le: &str| (le.parse::<f64>().unwrap() * 1e9).round() as u64;
+    let les = le_counts(&render(&sample()), "nodus_task_schedule_delay_seconds");
+    assert_eq!(les.len(), 21);
+    for (le, _) in les.iter().filter(|(le, _)| le != "+Inf") {
+        let bound = ns(le);
+        for value in [bound - 1, bound, bound + 1] {
+            let mut s = Snapshot::default();
+            s.loop_stats.schedule_delay = hist(&[(value, 1)]);
+            let counts = le_counts(&render(&s), "nodus_task_schedule_delay_seconds");
+            for (other, count) in &counts {
+                let inside = other == "+Inf" || value <= ns(other);
+                assert_eq!(*count, u64::from(inside), "{value} ns under le={other}");
+            }
+        }
+    }
+    // The reviewer's sample: 97 ms, in the `le` nearest 0.1 s.
+    let mut s = Snapshot::default();
+    s.loop_stats.schedule_delay = hist(&[(97_000_000, 1)]);
+    let counts = le_counts(&render(&s), "nodus_task_schedule_delay_seconds");
+    assert!(
+        counts.contains(&("0.100663295".to_owned(), 1)),
+        "{counts:?}"
+    );
+    assert!(
+        counts.contains(&("0.050331647".to_owned(), 0)),
+        "{counts:?}"
+    );
+    // Unitless: 64 is above the `le` nearest 64 (63), and counted from 127.
+    let mut s = Snapshot::default();
+    s.run_queue.samples = hist(&[(63, 1), (64, 1)]);
+    let counts = le_counts(&render(&s), "nodus_run_queue_length_samples");
+    assert!(counts.contains(&("31.0".to_owned(), 0)), "{counts:?}");
+    assert!(counts.contains(&("63.0".to_owned(), 1)), "{counts:?}");
+    assert!(counts.contains(&("127.0".to_owned(), 2)), "{counts:?}");
 }
 
 /// Counts no loop reaches, as a snapshot from another process may carry them: the cumulative
@@ -208,8 +262,8 @@ fn bucket_counts_that_add_up_past_u64_max_saturate() {
     assert_lines(
         &text,
         &[
-            r#"nodus_loop_poll_duration_seconds_bucket{le="0.000001"} 18446744073709551615"#,
-            r#"nodus_loop_poll_duration_seconds_bucket{le="0.000005"} 18446744073709551615"#,
+            r#"nodus_loop_poll_duration_seconds_bucket{le="9.91e-7"} 18446744073709551615"#,
+            r#"nodus_loop_poll_duration_seconds_bucket{le="0.000005119"} 18446744073709551615"#,
             r#"nodus_loop_poll_duration_seconds_bucket{le="+Inf"} 18446744073709551615"#,
             "nodus_loop_poll_duration_seconds_count 18446744073709551615",
         ],
@@ -261,7 +315,7 @@ fn one_type_line_per_family_across_workers() {
             r#"nodus_loop_iterations_total{worker="2"} 7"#,
             r#"nodus_task_polls_total{worker="1",task="http:static"} 50"#,
             r#"nodus_task_polls_total{worker="2",task="http:static"} 50"#,
-            r#"nodus_task_schedule_delay_seconds_bucket{le="0.001",worker="2"} 5"#,
+            r#"nodus_task_schedule_delay_seconds_bucket{le="0.001015807",worker="2"} 5"#,
             r#"nodus_task_poll_duration_seconds_count{worker="1",task="http:static"} 50"#,
         ],
     );
@@ -330,9 +384,9 @@ fn renders_pools_with_a_pool_label() {
             r#"nodus_pool_panicked_total{pool="io"} 0"#,
             r#"nodus_pool_panicked_total{pool="cpu"} 1"#,
             "# TYPE nodus_pool_queue_wait_seconds histogram",
-            r#"nodus_pool_queue_wait_seconds_bucket{le="0.000001",pool="io"} 2"#,
+            r#"nodus_pool_queue_wait_seconds_bucket{le="9.91e-7",pool="io"} 2"#,
             r#"nodus_pool_queue_wait_seconds_count{pool="cpu"} 2"#,
-            r#"nodus_pool_run_seconds_bucket{le="0.001",pool="io"} 1"#,
+            r#"nodus_pool_run_seconds_bucket{le="0.001015807",pool="io"} 1"#,
             r#"nodus_pool_run_seconds_count{pool="io"} 1"#,
         ],
     );
