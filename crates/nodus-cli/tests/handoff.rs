@@ -40,17 +40,12 @@ fn open_requests(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
         .collect()
 }
 
-/// A Node worker that closes its server once it listens: the primary keeps the listener, with no
-/// worker taking its connections. A second server (port 0) keeps it from closing its last
-/// listener, which would be a "going down" notice (its replacement would take the connections).
-const NODE_APP_THAT_CLOSES: &str = r#"
+/// A Node worker that listens elsewhere (port 0): the listener pre-bound with `-l` has no worker
+/// taking its connections (one a worker closed would be closed with it, as under Node's primary).
+const NODE_APP_ELSEWHERE: &str = r#"
 const http = require('http');
-http.createServer((req, res) => res.end('other')).listen(0, '127.0.0.1');
-const server = http.createServer((req, res) => res.end('served'));
-server.listen(+process.env.PORT, '127.0.0.1', () => {
-  // Once the worker's `listening` (sent after this callback) is out: it makes the worker ready.
-  setTimeout(() => server.close(() => console.log('server closed')), 100);
-});
+http.createServer((req, res) => res.end('other'))
+  .listen(0, '127.0.0.1', () => console.log('listening elsewhere'));
 // Listening for it keeps the channel, and so the worker, up until the primary's disconnect.
 process.on('disconnect', () => process.exit(0));
 "#;
@@ -60,13 +55,17 @@ fn connections_no_worker_takes_are_closed_after_the_ready_timeout() {
     if !have("node") {
         return;
     }
-    let (_dir, addr, mut primary) = run_node_app(
-        "parked-deadline",
-        NODE_APP_THAT_CLOSES,
-        1,
-        &["--ready-timeout", "1"],
+    let dir = TempDir::new("parked-deadline");
+    std::fs::write(dir.path().join("app.js"), NODE_APP_ELSEWHERE).unwrap();
+    let addr = free_addr();
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .args(["run", "--node", "-w", "1", "--ready-timeout", "1"])
+            .args(["-l", &addr.to_string(), "--", "node"])
+            .arg(dir.path().join("app.js"))
+            .env("RUST_LOG", "info"),
     );
-    primary.wait_line("server closed");
+    primary.wait_line("listening elsewhere");
     // More than one accept batch: those left in the backlog meanwhile get their turn too.
     let clients = open_requests(addr, 100);
     for (i, mut s) in clients.into_iter().enumerate() {

@@ -2,7 +2,8 @@
 //! nginx in front over a socket), as under Node's own cluster primary: under every policy both
 //! workers serve HTTP over the socket, `server.address()` is the path, a rolling reload keeps
 //! serving, and the socket file is removed when the primary stops; a stale socket file fails the
-//! worker's `listen` with the error a stock Node primary gives (`EADDRINUSE`, the file kept).
+//! worker's `listen` with the error a stock Node primary gives (`EADDRINUSE`, the file kept); an
+//! abstract socket (`listen('\0name')`) is served as under Node's primary, with no file.
 //!
 //! Node is needed: under `CI` a missing one fails the tests, elsewhere they are skipped. Every
 //! primary is started in its own process group, and the whole group is killed by PID when the
@@ -236,5 +237,83 @@ fn a_stale_socket_file_fails_the_listen_as_under_a_node_primary() {
     while Instant::now() < deadline {
         assert!(sock.exists(), "the stale socket file was removed");
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A stock Node app on the abstract Unix socket named `\0` + `ABSTRACT` (Linux's abstract
+/// namespace: no file); each response is its pid.
+const APP_ABSTRACT: &str = r#"
+const http = require('http');
+const server = http.createServer((req, res) => {
+  if (req.url === '/busy') { const end = Date.now() + 50; while (Date.now() < end); }
+  res.setHeader('Connection', 'close');
+  res.end(`${process.pid}\n`);
+});
+server.on('error', (e) => { console.log(`listen error ${e.code} ${e.message}`); process.exit(3); });
+server.listen('\0' + process.env.ABSTRACT, () => console.log('listening on the abstract socket'));
+"#;
+
+/// One request to the abstract socket `name`: the response's body.
+fn get_abstract(name: &str, url: &str) -> std::io::Result<String> {
+    use std::os::linux::net::SocketAddrExt;
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name)?;
+    let mut s = UnixStream::connect_addr(&addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {url} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut reply = String::new();
+    s.read_to_string(&mut reply)?;
+    match reply.split_once("\r\n\r\n") {
+        Some((head, body)) if head.starts_with("HTTP/1.1 200") => Ok(body.to_owned()),
+        _ => Err(std::io::Error::other(format!("bad response {reply:?}"))),
+    }
+}
+
+/// `server.listen('\0name')`, an abstract socket, is served by both workers under rr and
+/// shared, as under Node's own primary (the worker sends it resolved against its working
+/// directory, `CWD/\0name`; the name is bound as is, no file made).
+#[test]
+fn node_workers_serve_an_abstract_unix_socket() {
+    if !have("node") {
+        return;
+    }
+    for policy in ["rr", "shared"] {
+        let dir = nodus_testkit::tmp::TempDir::new("node-abstract");
+        std::fs::write(dir.path().join("app.js"), APP_ABSTRACT).unwrap();
+        let name = format!("nodus-test-{}-{policy}", std::process::id());
+        let mut primary = common::cluster::spawn(
+            Command::new(common::NODUS)
+                .args(["run", "--node", "-w", "2", "--policy", policy])
+                .args(["--", "node"])
+                .arg(dir.path().join("app.js"))
+                .current_dir(dir.path())
+                .env("ABSTRACT", &name)
+                .env("RUST_LOG", "info"),
+        );
+        primary.wait_line("2 workers ready");
+        let clients: Vec<_> = (0..4)
+            .map(|_| {
+                let name = name.clone();
+                std::thread::spawn(move || {
+                    (0..10)
+                        .map(|_| get_abstract(&name, "/busy"))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut pids = HashSet::new();
+        for body in clients.into_iter().flat_map(|c| c.join().unwrap()) {
+            let body = body.unwrap_or_else(|e| panic!("{policy}: {e}: {:#?}", primary.output()));
+            pids.insert(body.trim().to_owned());
+        }
+        assert_eq!(pids.len(), 2, "{policy}: {pids:?}");
+        // No file was made for it.
+        let entries = std::fs::read_dir(dir.path()).unwrap().count();
+        assert_eq!(entries, 1, "{policy}: only app.js");
+        primary.signal(Signal::TERM);
+        assert_exit(&mut primary, Duration::from_secs(30), 0);
+        assert!(get_abstract(&name, "/").is_err(), "{policy}: still served");
     }
 }

@@ -4,9 +4,9 @@
 //! enough, a shutdown ends it), a graceful shutdown, and a worker that exits as its drain
 //! deadline or kill timeout expires, before its reap (not killed, not a forced stop); with nodus
 //! workers, the stats of a worker whose loop does not answer (its last snapshot kept, with its
-//! age; before its first request, none), and
-//! readiness while the only worker's loop is blocked; a worker program the kernel refuses to
-//! execute fails the start (never run by `/bin/sh`).
+//! age; before its first request, none), readiness while the only worker's loop is blocked, and
+//! a listener the worker closed released at once (the port free again); a worker program the
+//! kernel refuses to execute fails the start (never run by `/bin/sh`).
 //!
 //! Bounded: every wait has a deadline; the workers die with the test process (PDEATHSIG) and are
 //! drained by `shutdown` at the end.
@@ -873,6 +873,84 @@ fn fds_given_back_that_are_not_connections_are_closed_and_counted_never_handed_o
         drop(client);
         assert_eq!(shut_down(&primary, run).await, 0);
     });
+}
+
+/// The worker role of the test below: listens on `PORT` and `PORT2`, says ready, closes (drops)
+/// its listener on `PORT2` and writes the file `closed`; it stays until the primary's
+/// `disconnect`.
+fn closing_worker() -> ! {
+    let dir = std::path::PathBuf::from(std::env::var_os(DIR).expect("the test sets the dir"));
+    let addr = |var: &str| -> std::net::SocketAddr {
+        ([127, 0, 0, 1], std::env::var(var).unwrap().parse().unwrap()).into()
+    };
+    let (kept, closed) = (addr("PORT"), addr("PORT2"));
+    let code = nodus::Runtime::new().block_on(async move {
+        let worker = Worker::get().unwrap().expect("started as a cluster worker");
+        let _kept = worker.listen(kept).await.unwrap();
+        let closing = worker.listen(closed).await.unwrap();
+        worker.ready();
+        drop(closing);
+        std::fs::write(dir.join("closed"), b"").unwrap();
+        worker.drain_requested().await;
+        0
+    });
+    std::process::exit(code);
+}
+
+/// A listener a nodus worker closed (its `Listener` dropped), the only one to hold it, is
+/// released by the primary at once under rr and shared: the port is free again (another
+/// process binds it; closed, a connection to it is refused).
+#[test]
+fn a_listener_a_nodus_worker_closed_is_released() {
+    if std::env::var(ROLE).as_deref() == Ok("closing") {
+        closing_worker();
+    }
+    for policy in [Policy::RoundRobin, Policy::Shared] {
+        let dir = nodus_testkit::tmp::TempDir::new("nodus-worker-closes");
+        let [kept, closed] = nodus_testkit::net::free_addrs::<2>();
+        let rt = nodus::Runtime::new();
+        rt.block_on(async {
+            let mut command =
+                self_as_worker("a_listener_a_nodus_worker_closed_is_released", "closing");
+            command
+                .env
+                .push((DIR.into(), dir.path().as_os_str().to_owned()));
+            for (var, addr) in [("PORT", kept), ("PORT2", closed)] {
+                command
+                    .env
+                    .push((var.into(), addr.port().to_string().into()));
+            }
+            let mut config = Config::new(1, command);
+            config.policy = policy;
+            config.readiness = Readiness::Message;
+            config.prefix_output = false;
+            config.drain_timeout = Duration::from_secs(2);
+            config.kill_timeout = Duration::from_secs(5);
+            let primary = Primary::start(config).expect("the test binary runs");
+            let (_events, run) = record_and_run(&primary);
+            assert!(file_appears(&dir.path().join("closed")).await);
+            let free = || {
+                std::net::TcpListener::bind(closed).is_ok()
+                    && std::net::TcpStream::connect(closed)
+                        .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+            };
+            let mut released = false;
+            for _ in 0..1000 {
+                if free() {
+                    released = true;
+                    break;
+                }
+                nodus::sleep(Duration::from_millis(10)).await;
+            }
+            assert!(released, "{policy:?}: {closed} is still taken");
+            // The other listener is still the primary's.
+            assert!(
+                std::net::TcpListener::bind(kept).is_err(),
+                "{policy:?}: {kept} was released too"
+            );
+            assert_eq!(shut_down(&primary, run).await, 0);
+        });
+    }
 }
 
 /// The worker role of the test below: reports whether the reuse-port socket it got is v6-only,

@@ -126,6 +126,15 @@ impl Proc {
         &self.seen
     }
 
+    /// Every output line written so far: those taken, and those already waiting, without
+    /// waiting for more (of a process that still runs, too).
+    pub fn output_so_far(&mut self) -> &[String] {
+        while let Ok(line) = self.lines.try_recv() {
+            self.seen.push(line);
+        }
+        &self.seen
+    }
+
     /// Every output line: for a process that has exited, all it wrote (waiting, at most 10 s,
     /// for the pipes to close).
     pub fn output(&mut self) -> &[String] {

@@ -18,8 +18,9 @@
 //!   `ESTABLISHED`, `CLOSE_WAIT`, a half-closed `FIN_WAIT`...) among the fds of the worker process
 //!   itself (all its threads; not its children's: they are its business while it runs, and
 //!   its group is killed once it exits) whose local port is one the cluster listens on (the
-//!   primary's TCP listeners, every policy) or one of the worker's own listening TCP sockets (an
-//!   `exclusive` server) listens on. Outbound connections (a database pool) have an ephemeral
+//!   primary's TCP listeners, every policy, and those it released lately: a worker may still
+//!   serve a connection of a server it closed) or one of the worker's own listening TCP sockets
+//!   (an `exclusive` server) listens on. Outbound connections (a database pool) have an ephemeral
 //!   local port and do not count. On a cluster's Unix socket path (Node's `listen(path)`), an
 //!   inbound connection is a connected Unix socket of the worker's whose address is that path
 //!   (an accepted socket carries its listener's), read in `/proc/PID/net/unix`; a Unix

@@ -88,7 +88,7 @@ use socket2::{Domain, Protocol, SockRef, Type};
 use super::balance::{self, Candidate};
 use super::parked::{self, Conn, MAX_PARKED};
 use super::proc::{Proc, ProcState};
-use super::server::{Addr, Member, RETRY_PAUSE, Server, leave_all};
+use super::server::{self, Addr, Member, RETRY_PAUSE, Server, leave_all};
 use super::{Policy, State, count, stats};
 use crate::cluster::protocol::{Incoming, NODE_CLUSTER, NODE_NODUS, NewConn, NewConns};
 use crate::ipc::{MAX_FDS_PER_FRAME, SendHandle};
@@ -586,6 +586,18 @@ pub(super) fn has_room(server: &Server) -> bool {
 /// process: never handed on, and never the primary's failure.
 pub(super) fn on_returned(st: &Rc<State>, proc: &Proc, key: &str, fds: Vec<OwnedFd>) {
     let server = st.servers.borrow().get(key).cloned();
+    if server.is_none() && server::was_released(st, key) {
+        // Its listener was released (the worker closed it, the last to hold it): as from a
+        // listening socket closed with connections in its queue, nobody will serve them.
+        tracing::debug!(
+            target: "nodus::cluster",
+            "{} given back for {key}, whose listener was released: closed",
+            count(fds.len(), "connection")
+        );
+        proc.handed
+            .set(proc.handed.get().saturating_sub(fds.len() as u64));
+        return;
+    }
     let since = crate::time::loop_now_ns();
     let mut conns = Vec::with_capacity(fds.len());
     let mut rejected = 0;
@@ -648,7 +660,7 @@ fn check_returned(fd: &OwnedFd, listener: &Addr) -> Result<Option<SocketAddr>, S
     let domain = sock.domain().map_err(|e| err("not a socket", e))?;
     let family = match listener {
         Addr::Tcp(a) => Domain::for_address(*a),
-        Addr::Unix(_) => Domain::UNIX,
+        Addr::Unix(_) | Addr::Abstract(_) => Domain::UNIX,
     };
     if domain != family {
         return Err(format!("socket domain {domain:?}"));
@@ -662,13 +674,15 @@ fn check_returned(fd: &OwnedFd, listener: &Addr) -> Result<Option<SocketAddr>, S
     }
     let listener = match listener {
         Addr::Tcp(a) => *a,
-        Addr::Unix(path) => {
+        Addr::Unix(_) | Addr::Abstract(_) => {
             let local = sock.local_addr().map_err(|e| err("getsockname", e))?;
-            if local.as_pathname() != Some(path.as_path()) {
-                return Err(format!(
-                    "its local address is {local:?}, not {}",
-                    path.display()
-                ));
+            let same = match listener {
+                Addr::Unix(path) => local.as_pathname() == Some(path.as_path()),
+                Addr::Abstract(name) => local.as_abstract_namespace() == Some(name.as_slice()),
+                Addr::Tcp(_) => false,
+            };
+            if !same {
+                return Err(format!("its local address is {local:?}, not {listener}"));
             }
             sock.peer_addr().map_err(|e| err("not connected", e))?;
             if !sock.nonblocking().map_err(|e| err("F_GETFL", e))? {

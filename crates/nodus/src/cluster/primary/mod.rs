@@ -28,9 +28,13 @@
 //! - A slot (worker id 1..=N, `NODUS_WORKER_ID`) has at most one *current* process; during a
 //!   reload or after a "going down" notice an old process may still drain beside it. Only the
 //!   exit of a slot's current process can restart the slot.
-//! - The primary keeps every listener it created until a shutdown's drain begins (unlike Node,
-//!   which closes a round-robin listener when its last worker leaves): a reload or a crash never
-//!   refuses a connection. Then it stops accepting: new connections are refused by the kernel.
+//! - The primary keeps a listener it created while a worker holds it, and across a worker's exit
+//!   (a reload, a crash): its slot's next worker asks again, so a restart never refuses a
+//!   connection (Node's primary closes a handle at its last worker's exit). The last holder's
+//!   `close` closes it at once, as Node's primary does; one whose holders all left is closed once
+//!   their slots have a ready worker that did not ask for it, or when a worker's bind finds it in
+//!   the way (`server`). The operator's pre-bound listeners stay. When a shutdown's drain begins
+//!   the primary stops accepting: new connections are refused by the kernel.
 //!   A connection handed to a worker stays owned by the primary too until the worker answers
 //!   `accepted`, so one lost with its worker is handed to another, and so is one a stalled worker
 //!   (the primary has waited the handoff deadline, 1 s, for its loop) has not taken, wherever it
@@ -78,7 +82,7 @@ mod stats;
 mod supervise;
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;
 use std::io;
 use std::os::fd::OwnedFd;
@@ -358,6 +362,13 @@ pub(crate) struct State {
     /// The UDP sockets Node workers' `dgram` binds share, by server key (Node's shared handle,
     /// whatever the policy); emptied when the primary stops accepting.
     datagrams: RefCell<HashMap<String, std::net::UdpSocket>>,
+    /// Keys whose last holder left without closing them as a choice of its own (it exited, or
+    /// closed them on its way out), with the slots those holders were of: released once those
+    /// slots have settled without asking again (`server::release_orphans`).
+    orphans: RefCell<HashMap<String, Vec<u32>>>,
+    /// The keys and addresses of the listeners released lately, oldest first
+    /// (`server::release`: at most `MAX_KEYS`).
+    released: RefCell<VecDeque<(String, server::Addr)>>,
     budget: RefCell<RestartBudget>,
     restarts: Cell<u64>,
     /// The generation serving: the last successful reload's (0 before any).
@@ -545,6 +556,8 @@ impl Primary {
             prebound: RefCell::default(),
             reuseport_ports: RefCell::default(),
             datagrams: RefCell::default(),
+            orphans: RefCell::default(),
+            released: RefCell::default(),
             budget: RefCell::new(budget),
             restarts: Cell::new(0),
             generation: Cell::new(0),

@@ -45,8 +45,11 @@
 //!   ends.
 //! - `heard_ns` is when a message from the worker was last handled (either stream of its
 //!   channel), stamped after the message: a sign its loop ran (`handoff::heard_from`).
-//! - `listeners` counts, by key, the listeners `queryServer` answers gave the worker, less its
-//!   `close`s. A `close` that leaves a worker that does not speak nodus (a Node worker) none, the
+//! - `listeners` holds the keys of the listeners `queryServer` answers gave the worker, each
+//!   until its `close` (one per key: a Node worker asks each key once, its `index` telling two
+//!   `listen`s on one address apart; a nodus worker sends one `close` when its last claim on
+//!   the key goes): what `server` counts a listener's holders by. A `close` that leaves a
+//!   worker that does not speak nodus (a Node worker) none, the
 //!   primary not having asked it to stop, the worker ready and up the restart policy's
 //!   `min_uptime` (not probing a port at its start), is a "going down" notice
 //!   (`supervise::closed_last_listener`): Node sends `close` for each server a worker closes,
@@ -68,7 +71,7 @@
 //!   nor one that has exited by then, reaped or not (`Child::has_exited`).
 
 use std::cell::{Cell, OnceCell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::{Future, poll_fn};
 use std::io;
 use std::os::fd::AsRawFd;
@@ -206,9 +209,9 @@ pub(super) struct Proc {
     /// signal it did not send (a crash, the OOM killer, an operator's `kill`) is told apart.
     signals_sent: Cell<u64>,
     pub going_down: Cell<bool>,
-    /// The keys of the listeners it holds: how many `queryServer` answers gave it one for each,
-    /// less its `close`s (see [`Proc::closed_listener`]).
-    listeners: RefCell<HashMap<String, u32>>,
+    /// The keys of the listeners it holds: a `queryServer` answer gave it one, and it has not
+    /// closed it since (see [`Proc::closed_listener`]).
+    listeners: RefCell<HashSet<String>>,
     /// Handoffs not yet taken, with the primary's reference to each connection.
     pub pending: Pending,
     /// The page a nodus worker posts taken batches and its load on.
@@ -611,22 +614,24 @@ impl Proc {
 
     /// A `queryServer` answer gave it a listener for `key`.
     pub fn gave_listener(&self, key: &str) {
-        let mut held = self.listeners.borrow_mut();
-        *held.entry(key.to_owned()).or_default() += 1;
+        self.listeners.borrow_mut().insert(key.to_owned());
     }
 
     /// It closed its listener for `key` (a `close`): whether that was the last listener it held.
     /// A key it was given no listener for changes nothing.
     pub fn closed_listener(&self, key: &str) -> bool {
         let mut held = self.listeners.borrow_mut();
-        let Some(n) = held.get_mut(key) else {
-            return false;
-        };
-        *n -= 1;
-        if *n == 0 {
-            held.remove(key);
-        }
-        held.is_empty()
+        held.remove(key) && held.is_empty()
+    }
+
+    /// Whether it holds a listener for `key` (given, not closed).
+    pub fn holds(&self, key: &str) -> bool {
+        self.listeners.borrow().contains(key)
+    }
+
+    /// The keys of the listeners it holds.
+    pub fn held_keys(&self) -> Vec<String> {
+        self.listeners.borrow().iter().cloned().collect()
     }
 
     /// Whether an answer to one of the worker's own requests may be queued on its channel: not
@@ -890,6 +895,9 @@ fn on_internal(st: &Rc<State>, proc: &Rc<Proc>, mut msg: Message) {
                 if proc.closed_listener(key) && !proc.speaks_nodus.get() {
                     supervise::closed_last_listener(st, proc);
                 }
+                // After the going-down decision: a worker on its way out closes as it leaves,
+                // and its replacement asks again.
+                server::closed(st, proc, key);
             }
         }
         Some("exitedAfterDisconnect") => {

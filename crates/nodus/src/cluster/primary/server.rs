@@ -4,8 +4,9 @@
 //! Invariants:
 //! - One `Server` per listening socket the primary holds; several keys may name it; a worker is
 //!   one member of it however often it asks (one share of its connections). At most
-//!   [`MAX_KEYS`] keys are kept (listeners, UDP sockets, reuse-port ports): a `queryServer` for
-//!   one more is refused with `EMFILE`, so a worker cannot spend the primary's fds. A pre-bound
+//!   [`MAX_KEYS`] keys are kept at once (listeners, UDP sockets, reuse-port ports; a released
+//!   one no longer counts): a `queryServer` for one more is refused with `EMFILE`, so a worker
+//!   cannot spend the primary's fds. A pre-bound
 //!   listener (`nodus run --node -l`, a socket systemd passed) serves every `queryServer` on its
 //!   port whose address it covers ([`covers`]: no host asked, the same address, or the pre-bound
 //!   one is its family's wildcard, `::` dual-stack covering IPv4 too; an explicit wildcard asked
@@ -30,9 +31,27 @@
 //!   rr, least and shared as TCP is (accepted Unix connections handed out, or the listening
 //!   socket duplicated); under reuseport it is shared, since Linux has no `SO_REUSEPORT` for Unix
 //!   sockets. Its answer under rr and least carries no sockname, so Node's worker says the path
-//!   as `server.address()`. Its file is removed when the primary closes the socket
-//!   ([`stop_accepting`]), as libuv removes a pipe server's on close, and only while the path
-//!   still names the socket bound (device and inode): never a newer one's.
+//!   as `server.address()`. Its file is removed when the primary closes the socket (a release,
+//!   below, or [`stop_accepting`]), as libuv removes a pipe server's on close, and only while the
+//!   path still names the socket bound (device and inode): never a newer one's. A path whose
+//!   NUL byte leads it relative to the working directory (a Node worker's `listen('\0name')`
+//!   arrives resolved, `CWD/\0name`, and Node's primary takes it relative again) names an
+//!   abstract socket ([`unix_addr`]): bound as is, at the name's own length (no file; as libuv
+//!   1.48 and later, Node 22 on, bind and connect one); a NUL anywhere else is `EINVAL`.
+//! - Each listener the primary bound for its workers is counted by the live workers that hold
+//!   it (`Proc::holds`: a `queryServer` answer gave it them, no `close` since), as Node's
+//!   primary counts a handle's workers. The last holder's `close` (a Node worker's server
+//!   closed, a nodus worker's `Listener` dropped) closes it at once ([`closed`]): its port is
+//!   refused and free, its file removed, what was parked on it reset. A holder that leaves
+//!   otherwise (its exit, or a `close` on its way out: asked to stop, or going down) leaves it
+//!   to its slot's next worker, which asks again, so nothing is refused in between: it is kept
+//!   until every slot its holders were of has settled ([`release_orphans`]: a worker ready and
+//!   staying that did not ask for it, or no worker to come), or until a worker's bind finds it
+//!   in the way (`EADDRINUSE` against it, [`release_in_the_way`]: closed, and the bind tried
+//!   again). Pre-bound listeners are the operator's: never closed before the drain. Each
+//!   release is one INFO line; the last [`MAX_KEYS`] released keys and addresses are kept
+//!   (`State::released`) so a draining worker's connections on them still count
+//!   (`conns`) and connections given back for them are closed without a complaint.
 //! - A plain program gets listeners only under `shared` and `reuseport` (blocking, as systemd
 //!   passes them); never the primary's own non-blocking accept socket.
 //! - Reuse-port sockets are bound per worker and not kept: a socket nobody accepts on would
@@ -58,7 +77,8 @@
 //! - A Node worker's `dgram` bind (`addressType` `udp4`/`udp6`) gets a duplicate of one UDP
 //!   socket per key under every policy, as Node's primary shares it (datagrams cannot be handed
 //!   over): bound at the first such `queryServer`, the primary's copy kept (never read: what
-//!   arrives while no worker reads waits in the socket's buffer) until the drain begins.
+//!   arrives while no worker reads waits in the socket's buffer) until the drain begins, or
+//!   until it is released as a listener is (its last holder's `close`, and the rest above).
 //! - A worker asked to drain, or that said it is going down, is never made a member again: its
 //!   `queryServer` is refused with `ESHUTDOWN` under every policy.
 //! - Connections are accepted non-blocking (the flag lives in the file description the worker
@@ -102,13 +122,16 @@ pub(super) struct Member {
     pub(super) batches: bool,
 }
 
-/// What a server listens on: a TCP address, or a Unix socket path (Node's `listen(path)`).
+/// What a server listens on: a TCP address, or a Unix socket (Node's `listen(path)`): a path,
+/// or a name in Linux's abstract namespace.
 #[derive(Clone, Debug, PartialEq)]
 pub(super) enum Addr {
     Tcp(SocketAddr),
     /// As the worker asked it (a relative path is the primary's working directory's, which is
     /// the workers' too, as under Node's primary).
     Unix(PathBuf),
+    /// An abstract socket's name, without its leading NUL (`listen('\0name')`): no file.
+    Abstract(Vec<u8>),
 }
 
 impl Addr {
@@ -116,7 +139,37 @@ impl Addr {
     pub(super) fn tcp(&self) -> Option<SocketAddr> {
         match self {
             Addr::Tcp(a) => Some(*a),
-            Addr::Unix(_) => None,
+            Addr::Unix(_) | Addr::Abstract(_) => None,
+        }
+    }
+
+    /// A Unix socket's address as `/proc/net/unix` shows it: the path, or `@` and an abstract
+    /// name with its NULs as `@` (the kernel's, and `ss`'s, way).
+    pub(super) fn unix_shown(&self) -> Option<String> {
+        match self {
+            Addr::Tcp(_) => None,
+            Addr::Unix(path) => Some(path.to_string_lossy().into_owned()),
+            Addr::Abstract(name) => {
+                let name: Vec<u8> = name
+                    .iter()
+                    .map(|&b| if b == 0 { b'@' } else { b })
+                    .collect();
+                Some(format!("@{}", String::from_utf8_lossy(&name)))
+            }
+        }
+    }
+
+    /// Whether a socket bound on `self` and one bound on `other` (both TCP, or both Unix) may
+    /// be in each other's way: the same port on the same address or a wildcard (a port taken
+    /// on one address makes a wildcard bind of it fail, and the other way round), or the same
+    /// path or name.
+    fn clashes(&self, other: &Addr) -> bool {
+        match (self, other) {
+            (Addr::Tcp(a), Addr::Tcp(b)) => {
+                let (x, y) = (a.ip().to_canonical(), b.ip().to_canonical());
+                a.port() == b.port() && (x.is_unspecified() || y.is_unspecified() || x == y)
+            }
+            _ => self == other,
         }
     }
 }
@@ -126,16 +179,17 @@ impl std::fmt::Display for Addr {
         match self {
             Addr::Tcp(a) => a.fmt(f),
             Addr::Unix(p) => write!(f, "unix:{}", p.display()),
+            Addr::Abstract(_) => write!(f, "unix:{}", self.unix_shown().unwrap_or_default()),
         }
     }
 }
 
 enum Sock {
-    /// The primary accepts (round-robin, least); `None` once it stopped ([`stop_accepting`]: the
-    /// socket is closed).
+    /// The primary accepts (round-robin, least); `None` once it stopped (released, or
+    /// [`stop_accepting`]: the socket is closed).
     Accepting(RefCell<Option<AsyncFd<OwnedFd>>>),
-    /// Workers accept on duplicates of it; `None` once the primary stopped accepting (its copy
-    /// is closed: the socket closes when the last worker closes its own).
+    /// Workers accept on duplicates of it; `None` once released or the primary stopped accepting
+    /// (its copy is closed: the socket closes when the last worker closes its own).
     Shared(RefCell<Option<OwnedFd>>),
     /// Reuse-port: each worker binds (gets) a socket of its own; the primary holds the port with
     /// a socket bound but not listening (`None` once it stopped accepting).
@@ -178,24 +232,31 @@ impl Server {
         Server::new(st, listener.into(), Addr::Tcp(addr), ipv6_only, policy)
     }
 
-    /// A Unix socket bound on `path` (`bind` fails with `EADDRINUSE` if the path exists, a stale
-    /// socket file too: Node's primary does not remove it either). Under reuseport it is shared:
+    /// A Unix socket bound on `addr`, a path (`bind` fails with `EADDRINUSE` if the path exists,
+    /// a stale socket file too: Node's primary does not remove it either) or an abstract name
+    /// (no file; `EADDRINUSE` while another socket has the name). Under reuseport it is shared:
     /// Linux has no `SO_REUSEPORT` for Unix sockets.
-    fn unix(st: &Rc<State>, path: &Path) -> io::Result<Rc<Server>> {
-        let listener = std::os::unix::net::UnixListener::bind(path)?;
-        let file = std::fs::symlink_metadata(path)?;
+    fn unix(st: &Rc<State>, addr: &Addr) -> io::Result<Rc<Server>> {
+        use std::os::linux::net::SocketAddrExt;
+        use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener};
+        let (listener, file) = match addr {
+            Addr::Unix(path) => {
+                let listener = UnixListener::bind(path)?;
+                let file = std::fs::symlink_metadata(path)?;
+                (listener, Some((file.dev(), file.ino())))
+            }
+            Addr::Abstract(name) => (
+                UnixListener::bind_addr(&UnixAddr::from_abstract_name(name)?)?,
+                None,
+            ),
+            Addr::Tcp(_) => unreachable!("a Unix socket's address"),
+        };
         let policy = match st.config.policy {
             Policy::ReusePort => Policy::Shared,
             policy => policy,
         };
-        let server = Server::new(
-            st,
-            listener.into(),
-            Addr::Unix(path.to_owned()),
-            false,
-            policy,
-        )?;
-        server.socket_file.set(Some((file.dev(), file.ino())));
+        let server = Server::new(st, listener.into(), addr.clone(), false, policy)?;
+        server.socket_file.set(file);
         Ok(server)
     }
 
@@ -330,6 +391,39 @@ fn is_datagram(m: &Incoming<'_>) -> bool {
 fn pipe_path<'m>(m: &'m Incoming<'_>) -> Option<&'m Path> {
     let pipe = m.address_type.as_ref().and_then(|v| v.as_i64()) == Some(-1);
     m.address.as_deref().filter(|_| pipe).map(Path::new)
+}
+
+/// The Unix socket a pipe `queryServer` names: its path, or a name in Linux's abstract namespace
+/// (a leading NUL, `listen('\0name')`). A Node worker resolves what it listens on against its
+/// working directory (`path.resolve`), so `'\0name'` arrives as `CWD/\0name`; Node's primary
+/// takes it relative to its own working directory (the workers') again, where the NUL leads:
+/// so does this. A NUL anywhere else names no socket (`InvalidInput`).
+fn unix_addr(path: &Path) -> io::Result<Addr> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    if !bytes.contains(&0) {
+        return Ok(Addr::Unix(path.to_owned()));
+    }
+    let cwd = std::env::current_dir()?;
+    let cwd = cwd.as_os_str().as_bytes();
+    let relative = bytes
+        .strip_prefix(cwd)
+        .and_then(|rest| {
+            if cwd.ends_with(b"/") {
+                Some(rest)
+            } else {
+                rest.strip_prefix(b"/")
+            }
+        })
+        .filter(|rest| rest.first() == Some(&0));
+    match relative.or_else(|| Some(bytes).filter(|b| b.first() == Some(&0))) {
+        Some(name) => Ok(Addr::Abstract(name[1..].to_vec())),
+        None => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a NUL byte in a Unix socket path: only an abstract socket's name may hold one, \
+             leading (listen('\\0name'), relative to the working directory)",
+        )),
+    }
 }
 
 /// The address a TCP or UDP `queryServer` asks for (a host name is resolved by the worker before
@@ -542,33 +636,39 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
         seq: st.next_seq(),
     };
     let pipe = pipe_path(m);
-    let addr = requested_addr(m);
     // A Unix socket is shared under reuseport (no `SO_REUSEPORT` for Unix sockets).
     let reuse_port = st.config.policy == Policy::ReusePort && !is_datagram(m) && pipe.is_none();
     // A reuse-port socket is the worker's: the primary keeps an entry only to resolve port 0.
-    let keeps_entry = !reuse_port || addr.as_ref().is_ok_and(|a| a.port() == 0);
-    let result = if proc.drained.get() || proc.going_down.get() {
-        // A worker on its way out gets no new listener: as a member it would be handed
-        // connections (or under shared and reuseport, take them from a queue) it cannot serve.
-        Err(io::Error::from_raw_os_error(libc::ESHUTDOWN))
-    } else if keeps_entry && !key_room(st, &key) {
-        Err(io::Error::new(
-            io::ErrorKind::QuotaExceeded,
-            format!("the cluster primary keeps at most {MAX_KEYS} listeners for its workers"),
-        ))
-    } else if is_datagram(m) {
-        // UDP is connectionless: every policy shares one socket, as Node's primary does.
-        addr.and_then(|addr| datagram_copy(st, &key, addr, m.flags.unwrap_or(0)))
-            .map(Answer::Fd)
-    } else if let Some(path) = pipe {
-        server_for(st, &key, || Server::unix(st, path))
-            .and_then(|server| join(proc, m, &key, &server))
-    } else if reuse_port {
-        // A pre-bound port is only held: the worker binds a socket of its own on it, on the
-        // pre-bound address (the operator's, v6-only or dual-stack as held), not the one asked.
-        addr.map(|addr| {
-            let bind = Bind::of(m);
-            claim_prebound(st, proc, addr, bind)
+    let keeps_entry = !reuse_port || requested_addr(m).is_ok_and(|a| a.port() == 0);
+    let answer = || -> io::Result<Answer> {
+        if proc.drained.get() || proc.going_down.get() {
+            // A worker on its way out gets no new listener: as a member it would be handed
+            // connections (or under shared and reuseport, take them from a queue) it cannot
+            // serve.
+            return Err(io::Error::from_raw_os_error(libc::ESHUTDOWN));
+        }
+        if keeps_entry && !key_room(st, &key) {
+            return Err(io::Error::new(
+                io::ErrorKind::QuotaExceeded,
+                format!("the cluster primary keeps at most {MAX_KEYS} listeners for its workers"),
+            ));
+        }
+        if is_datagram(m) {
+            // UDP is connectionless: every policy shares one socket, as Node's primary does.
+            let addr = requested_addr(m)?;
+            return datagram_copy(st, &key, addr, m.flags.unwrap_or(0)).map(Answer::Fd);
+        }
+        if let Some(path) = pipe {
+            let addr = unix_addr(path)?;
+            let server = server_for(st, &key, || Server::unix(st, &addr))?;
+            return join(proc, m, &key, &server);
+        }
+        let (addr, bind) = (requested_addr(m)?, Bind::of(m));
+        if reuse_port {
+            // A pre-bound port is only held: the worker binds a socket of its own on it, on the
+            // pre-bound address (the operator's, v6-only or dual-stack as held), not the one
+            // asked.
+            let (addr, bind) = claim_prebound(st, proc, addr, bind)
                 .and_then(|server| {
                     let held = Bind {
                         ipv6_only: server.ipv6_only,
@@ -576,21 +676,28 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
                     };
                     Some((server.addr.tcp()?, held))
                 })
-                .unwrap_or((addr, bind))
-        })
-        .and_then(|(addr, bind)| reuseport_socket(st, &key, addr, bind).map(Answer::Fd))
-    } else {
-        addr.and_then(|addr| {
-            let bind = Bind::of(m);
-            server_for(st, &key, || match claim_prebound(st, proc, addr, bind) {
-                Some(s) => Ok(s),
-                None => Server::tcp(st, bind.listen(addr, false)?.into_std(), st.config.policy),
-            })
-        })
-        .and_then(|server| join(proc, m, &key, &server))
+                .unwrap_or((addr, bind));
+            return reuseport_socket(st, &key, addr, bind).map(Answer::Fd);
+        }
+        let server = server_for(st, &key, || match claim_prebound(st, proc, addr, bind) {
+            Some(s) => Ok(s),
+            None => Server::tcp(st, bind.listen(addr, false)?.into_std(), st.config.policy),
+        })?;
+        join(proc, m, &key, &server)
     };
+    let mut result = answer();
+    // Our own listener that no worker holds any more (its holders exited, and their slots'
+    // workers have not been ready since) may be what the address is taken by.
+    if result
+        .as_ref()
+        .is_err_and(|e| e.kind() == io::ErrorKind::AddrInUse)
+        && release_in_the_way(st, proc, m)
+    {
+        result = answer();
+    }
     if result.is_ok() {
         proc.gave_listener(&key);
+        st.orphans.borrow_mut().remove(&key);
     }
     let Some(channel) = &proc.channel else { return };
     let sent = match result {
@@ -606,7 +713,10 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
         Ok(Answer::Fd(fd)) => channel.send_handle(&reply(None, None), SendHandle::fd(fd)),
         Err(e) => {
             let what = match pipe {
-                Some(path) => format!("unix socket {}", path.display()),
+                Some(path) => match unix_addr(path).ok().and_then(|a| a.unix_shown()) {
+                    Some(shown) => format!("unix socket {shown}"),
+                    None => format!("unix socket {path:?}"),
+                },
                 None => format!(
                     "{:?} port {}",
                     m.address.as_deref().unwrap_or("any"),
@@ -851,27 +961,237 @@ pub(super) fn leave_all(st: &Rc<State>, proc: &Proc) {
     }
 }
 
-/// The ports of the cluster's TCP listeners (every policy; kept after it stopped accepting).
+/// Whether a live worker holds `key`: a `queryServer` answer gave it a listener for it, and it
+/// has not closed it since (`Proc::holds`). The primary's listeners are counted by these.
+fn held(st: &State, key: &str) -> bool {
+    st.procs.borrow().values().any(|p| p.holds(key))
+}
+
+/// Whether `server` is the operator's: bound by `nodus run -l` or `nodus serve`, or passed by a
+/// service manager (`LISTEN_FDS`). Never released.
+fn is_prebound(st: &State, server: &Rc<Server>) -> bool {
+    st.prebound
+        .borrow()
+        .iter()
+        .any(|(_, s)| Rc::ptr_eq(s, server))
+}
+
+/// Whether the primary keeps something of its own for `key` that a release would close or
+/// forget: a listener it bound (not a pre-bound one), a UDP socket, a reuse-port port.
+fn releasable(st: &State, key: &str) -> bool {
+    let server = st.servers.borrow().get(key).cloned();
+    server.is_some_and(|s| !is_prebound(st, &s))
+        || st.datagrams.borrow().contains_key(key)
+        || st.reuseport_ports.borrow().contains_key(key)
+}
+
+/// `proc` closed its listener for `key` (its `close`; `Proc::closed_listener` has forgotten it).
+/// The last holder's close releases the listener at once, as Node's primary closes a handle its
+/// last worker removes, unless `proc` is on its way out (asked to stop, or going down: a Node
+/// worker's `disconnect` closes every server, and a worker that closed its last one unasked is
+/// replaced): its slot's next worker asks again, so the listener waits for it as after an exit
+/// ([`exited`]).
+pub(super) fn closed(st: &Rc<State>, proc: &Proc, key: &str) {
+    if held(st, key) || !releasable(st, key) {
+        return;
+    }
+    if proc.drained.get() || proc.going_down.get() {
+        orphan(st, key, proc.slot);
+        release_orphans(st);
+    } else {
+        let why = format!(
+            "worker {} (pid {}) closed it and no other worker holds it",
+            proc.slot, proc.pid
+        );
+        release(st, key, &why);
+    }
+}
+
+/// `proc` exited (it is out of `State::procs`): each listener it held that no live worker holds
+/// now waits for its slot's next worker ([`release_orphans`] decides, once the exit's restart
+/// decision is made). Not released at once: the replacement asks for it again, and until then
+/// its connections wait in the primary rather than being refused.
+pub(super) fn exited(st: &State, proc: &Proc) {
+    for key in proc.held_keys() {
+        if !held(st, &key) && releasable(st, &key) {
+            orphan(st, &key, proc.slot);
+        }
+    }
+}
+
+/// `key`'s last holder, of slot `slot`, left without closing it as a choice of its own.
+fn orphan(st: &State, key: &str, slot: u32) {
+    let mut orphans = st.orphans.borrow_mut();
+    let slots = orphans.entry(key.to_owned()).or_default();
+    if !slots.contains(&slot) {
+        slots.push(slot);
+    }
+}
+
+/// Whether slot `id` has settled since its worker left a listener: its current worker is ready
+/// and staying (not asked to stop, not going down), or it has none and none is coming (its
+/// restart type said no). A worker that is ready and has not asked for the listener again will
+/// not, as a rule: a listener is asked for when the program starts.
+fn slot_settled(st: &State, id: u32) -> bool {
+    let slots = st.slots.borrow();
+    let Some(slot) = slots.get((id as usize).wrapping_sub(1)) else {
+        return true;
+    };
+    match &slot.current {
+        Some(p) => p.is_ready() && !p.drained.get() && !p.going_down.get(),
+        None => !slot.pending_restart,
+    }
+}
+
+/// Releases each listener that lost its last holder to an exit (or a worker's way out) once
+/// every slot those holders were of has settled ([`slot_settled`]) without asking for it again;
+/// one asked for again is held, and no longer waits. Called when a worker is ready, after an
+/// exit's restart decision, and when a slot is left empty.
+pub(super) fn release_orphans(st: &Rc<State>) {
+    let due: Vec<(String, Vec<u32>)> = st
+        .orphans
+        .borrow()
+        .iter()
+        .filter(|(key, slots)| held(st, key) || slots.iter().all(|&id| slot_settled(st, id)))
+        .map(|(key, slots)| (key.clone(), slots.clone()))
+        .collect();
+    for (key, slots) in due {
+        if held(st, &key) {
+            st.orphans.borrow_mut().remove(&key);
+            continue;
+        }
+        let why = format!(
+            "no worker holds it since {} left, and none asked for it again once ready",
+            workers(&slots)
+        );
+        release(st, &key, &why);
+    }
+}
+
+/// "worker 1", "workers 1, 2" (slots).
+fn workers(slots: &[u32]) -> String {
+    let ids: Vec<String> = slots.iter().map(u32::to_string).collect();
+    let s = if slots.len() == 1 { "" } else { "s" };
+    format!("worker{s} {}", ids.join(", "))
+}
+
+/// A worker's `queryServer` (`m`) failed with `EADDRINUSE`: releases the listeners no worker
+/// holds whose address may be what took it (the same path or name, or a TCP or UDP port on the
+/// same address or a wildcard), so the caller can try once more. A deploy that moves the
+/// listener from `127.0.0.1` to every address finds the old one in its way until its holders
+/// have left; once they have, it is this primary's own stale socket. Returns whether any was.
+fn release_in_the_way(st: &Rc<State>, proc: &Proc, m: &Incoming<'_>) -> bool {
+    let want = match pipe_path(m) {
+        Some(path) => unix_addr(path),
+        None => requested_addr(m).map(Addr::Tcp),
+    };
+    let Ok(want) = want else { return false };
+    let stale: Vec<String> = if is_datagram(m) {
+        st.datagrams
+            .borrow()
+            .iter()
+            .filter(|(key, socket)| {
+                !held(st, key)
+                    && socket
+                        .local_addr()
+                        .is_ok_and(|a| Addr::Tcp(a).clashes(&want))
+            })
+            .map(|(key, _)| key.clone())
+            .collect()
+    } else {
+        st.servers
+            .borrow()
+            .iter()
+            .filter(|(key, s)| !held(st, key) && !is_prebound(st, s) && s.addr.clashes(&want))
+            .map(|(key, _)| key.clone())
+            .collect()
+    };
+    for key in &stale {
+        let left = st
+            .orphans
+            .borrow()
+            .get(key)
+            .map_or_else(String::new, |slots| {
+                format!(" since {} left", workers(slots))
+            });
+        let why = format!(
+            "no worker holds it{left}, and worker {} (pid {}) asks to listen on {want}, which it \
+             is in the way of",
+            proc.slot, proc.pid
+        );
+        release(st, key, &why);
+    }
+    !stale.is_empty()
+}
+
+/// How many released listeners' addresses are remembered ([`tcp_ports`], [`unix_paths`],
+/// [`was_released`]).
+const RELEASED_KEPT: usize = MAX_KEYS;
+
+/// Closes what the primary keeps for `key`, no worker holding it (`why`, in the one INFO line):
+/// a listener (what was parked on it reset, a socket file removed, as at a stop), a UDP socket
+/// (the primary's copy), a reuse-port key's port. The operator's listeners are never closed, and
+/// once the primary stopped accepting it has closed everything already. A listener's address
+/// and key are remembered (the last [`RELEASED_KEPT`]): a draining worker may still serve a
+/// connection accepted on it, and a worker may still give back connections for its key.
+fn release(st: &Rc<State>, key: &str, why: &str) {
+    st.orphans.borrow_mut().remove(key);
+    if st.accepting_stopped.get() {
+        return;
+    }
+    let server = st.servers.borrow().get(key).cloned();
+    if let Some(server) = server.filter(|s| !is_prebound(st, s)) {
+        st.servers.borrow_mut().remove(key);
+        server.stop();
+        tracing::info!(target: "nodus::cluster", "{} released: {why}", server.addr);
+        let mut released = st.released.borrow_mut();
+        if released.len() == RELEASED_KEPT {
+            released.pop_front();
+        }
+        released.push_back((key.to_owned(), server.addr.clone()));
+    }
+    if let Some(socket) = st.datagrams.borrow_mut().remove(key) {
+        let addr = socket
+            .local_addr()
+            .map_or_else(|_| key.to_owned(), |a| a.to_string());
+        tracing::info!(target: "nodus::cluster", "udp {addr} released: {why}");
+    }
+    if let Some(port) = st.reuseport_ports.borrow_mut().remove(key) {
+        tracing::debug!(target: "nodus::cluster", "reuse-port port {port} forgotten: {why}");
+    }
+}
+
+/// Whether the listener for `key` was released (one of the last [`RELEASED_KEPT`]).
+pub(super) fn was_released(st: &State, key: &str) -> bool {
+    st.released.borrow().iter().any(|(k, _)| k == key)
+}
+
+/// The ports of the cluster's TCP listeners (every policy; kept after it stopped accepting),
+/// and of those released lately.
 pub(super) fn tcp_ports(st: &State) -> HashSet<u16> {
     let servers = st.servers.borrow();
     let prebound = st.prebound.borrow();
+    let released = st.released.borrow();
     servers
         .values()
         .chain(prebound.iter().map(|(_, s)| s))
-        .filter_map(|s| s.addr.tcp())
+        .map(|s| &s.addr)
+        .chain(released.iter().map(|(_, a)| a))
+        .filter_map(Addr::tcp)
         .map(|a| a.port())
         .collect()
 }
 
-/// The paths of the cluster's Unix sockets, as bound (kept after it stopped accepting).
+/// The cluster's Unix sockets as `/proc/net/unix` shows them (kept after it stopped accepting),
+/// and those released lately.
 pub(super) fn unix_paths(st: &State) -> HashSet<String> {
-    st.servers
-        .borrow()
+    let servers = st.servers.borrow();
+    let released = st.released.borrow();
+    servers
         .values()
-        .filter_map(|s| match &s.addr {
-            Addr::Unix(path) => Some(path.to_string_lossy().into_owned()),
-            Addr::Tcp(_) => None,
-        })
+        .map(|s| &s.addr)
+        .chain(released.iter().map(|(_, a)| a))
+        .filter_map(Addr::unix_shown)
         .collect()
 }
 
@@ -1000,7 +1320,64 @@ mod tests {
 
     use socket2::{Domain, Socket, Type};
 
-    use super::{Bind, covers, hold_port};
+    use super::{Addr, Bind, covers, hold_port, unix_addr};
+
+    #[test]
+    fn a_nul_leading_a_name_relative_to_the_working_directory_is_an_abstract_socket() {
+        use std::ffi::OsStr;
+        use std::os::unix::ffi::OsStrExt;
+        use std::path::{Path, PathBuf};
+        let path = |bytes: &[u8]| PathBuf::from(OsStr::from_bytes(bytes));
+        let cwd = std::env::current_dir().unwrap();
+        let mut resolved = cwd.as_os_str().as_bytes().to_vec();
+        resolved.extend_from_slice(b"/\0app/1");
+        // As a Node worker sends `listen('\0app/1')`, and as sent raw.
+        for asked in [path(&resolved), path(b"\0app/1")] {
+            assert_eq!(
+                unix_addr(&asked).unwrap(),
+                Addr::Abstract(b"app/1".to_vec()),
+                "{asked:?}"
+            );
+        }
+        assert_eq!(
+            unix_addr(Path::new("/run/app.sock")).unwrap(),
+            Addr::Unix("/run/app.sock".into())
+        );
+        // A NUL anywhere else names no socket: not another directory's, not inside a name.
+        for asked in [path(b"/nowhere-else/\0app"), path(b"/run/a\0b")] {
+            let err = unix_addr(&asked).unwrap_err();
+            assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{asked:?}");
+        }
+        assert_eq!(
+            Addr::Abstract(b"a\0b".to_vec()).to_string(),
+            "unix:@a@b",
+            "as /proc/net/unix and ss show it"
+        );
+    }
+
+    #[test]
+    fn listeners_clash_on_one_port_of_one_address_or_a_wildcard_and_on_one_path() {
+        let tcp = |s: &str| Addr::Tcp(s.parse().unwrap());
+        for (a, b) in [
+            ("127.0.0.1:80", "127.0.0.1:80"),
+            ("127.0.0.1:80", "[::]:80"),
+            ("0.0.0.0:80", "127.0.0.1:80"),
+            ("127.0.0.1:80", "[::ffff:127.0.0.1]:80"),
+        ] {
+            assert!(tcp(a).clashes(&tcp(b)), "{a} {b}");
+            assert!(tcp(b).clashes(&tcp(a)), "{b} {a}");
+        }
+        for (a, b) in [
+            ("127.0.0.1:80", "127.0.0.1:81"),
+            ("127.0.0.1:80", "127.0.0.2:80"),
+        ] {
+            assert!(!tcp(a).clashes(&tcp(b)), "{a} {b}");
+        }
+        let unix = Addr::Unix("/run/a.sock".into());
+        assert!(unix.clashes(&Addr::Unix("/run/a.sock".into())));
+        assert!(!unix.clashes(&Addr::Unix("/run/b.sock".into())));
+        assert!(!unix.clashes(&Addr::Abstract(b"/run/a.sock".to_vec())));
+    }
 
     #[test]
     fn a_prebound_socket_covers_no_host_its_own_address_and_as_a_wildcard_its_family() {

@@ -313,6 +313,7 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
     }
     st.procs.borrow_mut().remove(&proc.unique);
     server::leave_all(st, proc);
+    server::exited(st, proc);
     handoff::after_exit(st, proc);
     let mut reason = exit_reason(&status);
     if proc.drained.get() {
@@ -405,6 +406,9 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
         decide_and_restart(st, proc.slot, Some(proc.pid), uptime, reason, false)
     });
     st.exits_settling.set(st.exits_settling.get() + 1);
+    // What it held and no one holds now waits for its slot's next worker, or goes now (the slot
+    // has a ready worker already: a reload's old worker).
+    server::release_orphans(st);
     // A worker sent the kill signal past its drain deadline is not a slot's current one (no
     // exit line below): its end, and what ended it, get a line of their own. Unless it still
     // exited 0 (a nodus worker that kept its deadline a little late, a handler of that signal
@@ -626,6 +630,8 @@ fn settle(st: &Rc<State>, id: u32, reason: ExitReason, decided: Decided) {
                 target: "nodus::cluster",
                 "worker {id} is not restarted (restart type {})", st.config.restart.restart
             );
+            // Nobody of this slot will ask for what its worker held.
+            server::release_orphans(st);
             exit_if_nothing_left(st);
         }
         Decision::GiveUp => {
@@ -748,6 +754,8 @@ pub(super) fn on_ready(st: &Rc<State>, _proc: &Rc<Proc>) {
     // Under rr and least a worker not ready is passed over while another is: what was parked
     // meanwhile (every ready one stalled, say) may go to it now.
     super::handoff::wake_parked(st);
+    // A listener whose holders left and that this worker, ready, did not ask for again.
+    server::release_orphans(st);
     if !st.announced_ready.get() && st.phase.get() == Phase::Running && st.all_ready() {
         st.announced_ready.set(true);
         tracing::info!(

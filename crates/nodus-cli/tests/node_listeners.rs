@@ -1,0 +1,285 @@
+//! The listeners a `nodus run --node` primary binds for its workers are let go of as Node's own
+//! primary lets go of them: one that every worker closed is closed at once (a port refused and
+//! free for another process again, a UDP port free, a socket file removed), under every policy;
+//! a program that listens on and closes one port after another (1100 of them) never runs the
+//! primary out of keys or fds; a reload that moves the app to another port leaves the old one
+//! refused; and a deploy that moves the listener to another address of the same port binds once
+//! the old worker is gone (the primary's own stale socket is closed, not in the way for good).
+//!
+//! Node is needed: under `CI` a missing one fails the tests, elsewhere they are skipped. Every
+//! primary is started in its own process group, and the whole group is killed by PID when the
+//! test ends. Everything listens on 127.0.0.1 (`::ffff:127.0.0.1`, its IPv4-mapped form, for the
+//! deploy that changes the address).
+
+mod common;
+
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::cluster::{assert_exit, spawn};
+use common::have;
+use rustix::process::Signal;
+
+/// Waits (10 s at most) until `free` says yes; false if it never does.
+fn eventually(mut free: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if free() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+/// Whether the TCP port of `addr` is free: another process can bind it, and then (closed
+/// again) a connection to it is refused.
+fn tcp_free(addr: SocketAddr) -> bool {
+    match TcpListener::bind(addr) {
+        Ok(l) => drop(l),
+        Err(_) => return false,
+    }
+    TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+        .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+}
+
+/// Each worker serves `PORT` and, beside it, a TCP server on `PORT2`, a Unix socket on `SOCK`
+/// and a UDP socket on `PORT3`, each closed half a second after it listens; then it says so.
+const APP_TEMPORARY: &str = r#"
+const http = require('http'), net = require('net'), dgram = require('dgram');
+http.createServer((q, r) => r.end('main\n')).listen(+process.env.PORT, '127.0.0.1');
+let closed = 0;
+const done = () => { if (++closed === 3) console.log('temporary servers closed'); };
+const tcp = net.createServer((c) => c.end('tmp\n'));
+tcp.listen(+process.env.PORT2, '127.0.0.1', () => setTimeout(() => tcp.close(done), 500));
+const unix = net.createServer((c) => c.end('tmp\n'));
+unix.listen(process.env.SOCK, () => setTimeout(() => unix.close(done), 500));
+const udp = dgram.createSocket('udp4');
+udp.bind(+process.env.PORT3, '127.0.0.1', () => setTimeout(() => udp.close(done), 500));
+"#;
+
+/// A TCP server, a Unix socket and a UDP socket that both workers closed are released by the
+/// primary under rr, shared and reuseport: the ports are free again (bindable, a connection
+/// refused), the socket file is gone, and the main server still serves.
+#[test]
+fn a_listener_every_worker_closed_is_released() {
+    if !have("node") {
+        return;
+    }
+    for policy in ["rr", "shared", "reuseport"] {
+        let dir = nodus_testkit::tmp::TempDir::new("node-release");
+        std::fs::write(dir.path().join("app.js"), APP_TEMPORARY).unwrap();
+        let [addr, tmp, udp] = nodus_testkit::net::free_addrs::<3>();
+        let sock = dir.path().join("tmp.sock");
+        let mut primary = spawn(
+            Command::new(common::NODUS)
+                .args(["run", "--node", "-w", "2", "--policy", policy])
+                .args(["--", "node"])
+                .arg(dir.path().join("app.js"))
+                .env("PORT", addr.port().to_string())
+                .env("PORT2", tmp.port().to_string())
+                .env("PORT3", udp.port().to_string())
+                .env("SOCK", &sock)
+                .env("RUST_LOG", "info"),
+        );
+        primary.wait_line("2 workers ready");
+        let closed = |p: &mut nodus_testkit::proc::Proc| {
+            p.output_so_far()
+                .iter()
+                .filter(|l| l.contains("temporary servers closed"))
+                .count()
+        };
+        assert!(
+            eventually(|| closed(&mut primary) == 2),
+            "{policy}: {:#?}",
+            primary.output_so_far()
+        );
+        assert!(
+            eventually(|| tcp_free(tmp)),
+            "{policy}: {tmp} is still taken: {:#?}",
+            primary.output_so_far()
+        );
+        assert!(
+            eventually(|| UdpSocket::bind(udp).is_ok()),
+            "{policy}: udp {udp} is still taken: {:#?}",
+            primary.output_so_far()
+        );
+        assert!(
+            eventually(|| !sock.exists()),
+            "{policy}: {} is still there: {:#?}",
+            sock.display(),
+            primary.output_so_far()
+        );
+        assert_eq!(common::http::get(addr, "/").body, b"main\n", "{policy}");
+        if policy == "rr" {
+            // The primary's own listener, one line when it goes.
+            let line = format!("{tmp} released: worker ");
+            assert!(
+                primary.output_so_far().iter().any(|l| l.contains(&line)),
+                "{line:?} in {:#?}",
+                primary.output_so_far()
+            );
+        }
+        primary.signal(Signal::TERM);
+        assert_exit(&mut primary, Duration::from_secs(30), 0);
+    }
+}
+
+/// Listens on and closes 1100 ports in turn, each found free by an `exclusive` server of its
+/// own first (bound by the worker itself, not the primary); says how many it could listen on.
+const APP_MANY_PORTS: &str = r#"
+const http = require('http'), net = require('net');
+http.createServer((q, r) => r.end('main\n')).listen(+process.env.PORT, '127.0.0.1');
+let ok = 0;
+function next() {
+  if (ok === 1100) { console.log(`done ok=${ok}`); return; }
+  const probe = net.createServer();
+  probe.listen({ port: 0, host: '127.0.0.1', exclusive: true }, () => {
+    const port = probe.address().port;
+    probe.close(() => {
+      const s = net.createServer();
+      s.on('error', (e) => console.log(`done ok=${ok}: port ${port} ${e.code}`));
+      s.listen(port, '127.0.0.1', () => { ok++; s.close(next); });
+    });
+  });
+}
+setTimeout(next, 200);
+"#;
+
+/// The fds `pid` has open.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+/// 1100 ports listened on and closed one after another (more than the 1024 keys the primary
+/// keeps at most): every listen succeeds, and the primary holds no more fds at the end than at
+/// the start, each listener closed when the worker closed it.
+#[test]
+fn listening_on_and_closing_1100_ports_in_turn_spends_nothing() {
+    if !have("node") {
+        return;
+    }
+    let (_dir, _addr, mut primary) =
+        common::cluster::run_node_app("node-many-ports", APP_MANY_PORTS, 1, &[]);
+    let before = open_fds(primary.id());
+    let line = primary.wait_line("done ok=");
+    assert!(
+        line.ends_with("done ok=1100"),
+        "{line}: {:#?}",
+        primary.output_so_far()
+    );
+    // The last close may be handled just after the worker's line.
+    assert!(
+        eventually(|| open_fds(primary.id()) <= before),
+        "the primary holds {} fds, {before} before",
+        open_fds(primary.id())
+    );
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(30), 0);
+}
+
+/// Serves on the host and port written in the files `HOST_FILE` and `PORT_FILE` (read at its
+/// start, as a deploy changes them); each response is `HOST:PORT PID`; a listen error is printed
+/// and exits 1.
+const APP_FROM_FILES: &str = r#"
+const http = require('http'), fs = require('fs');
+const host = fs.readFileSync(process.env.HOST_FILE, 'utf8').trim();
+const port = +fs.readFileSync(process.env.PORT_FILE, 'utf8');
+const server = http.createServer((q, r) => {
+  r.setHeader('Connection', 'close');
+  r.end(`${host}:${port} ${process.pid}\n`);
+});
+server.on('error', (e) => { console.log(`listen error ${e.code}`); process.exit(1); });
+server.listen(port, host);
+"#;
+
+/// `nodus run --node -w 1` of [`APP_FROM_FILES`] in `dir`, serving `host` and `port`, once ready.
+fn run_from_files(dir: &Path, host: &str, port: u16) -> nodus_testkit::proc::Proc {
+    std::fs::write(dir.join("app.js"), APP_FROM_FILES).unwrap();
+    std::fs::write(dir.join("host"), host).unwrap();
+    std::fs::write(dir.join("port"), port.to_string()).unwrap();
+    let mut primary = spawn(
+        Command::new(common::NODUS)
+            .args(["run", "--node", "-w", "1"])
+            .args(["--", "node"])
+            .arg(dir.join("app.js"))
+            .env("HOST_FILE", dir.join("host"))
+            .env("PORT_FILE", dir.join("port"))
+            .env("RUST_LOG", "info"),
+    );
+    primary.wait_line("1 worker ready");
+    primary
+}
+
+/// A reload whose new code listens on another port: the old port is released once the old
+/// worker has closed it (refused, free for another process), with one line saying so.
+#[test]
+fn a_reload_onto_another_port_releases_the_old_one() {
+    if !have("node") {
+        return;
+    }
+    let dir = nodus_testkit::tmp::TempDir::new("node-move-port");
+    let [old, new] = nodus_testkit::net::free_addrs::<2>();
+    let mut primary = run_from_files(dir.path(), "127.0.0.1", old.port());
+    let body = common::http::get(old, "/").body;
+    assert!(body.starts_with(format!("127.0.0.1:{}", old.port()).as_bytes()));
+    std::fs::write(dir.path().join("port"), new.port().to_string()).unwrap();
+    primary.signal(Signal::HUP);
+    primary.wait_line("reload done");
+    let body = common::http::get(new, "/").body;
+    assert!(body.starts_with(format!("127.0.0.1:{}", new.port()).as_bytes()));
+    assert!(
+        eventually(|| tcp_free(old)),
+        "{old} is still taken: {:#?}",
+        primary.output_so_far()
+    );
+    primary.wait_line(&format!(
+        "{old} released: no worker holds it since worker 1 left"
+    ));
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(30), 0);
+}
+
+/// A deploy that moves the listener from `127.0.0.1` to `::ffff:127.0.0.1` on the same port (as
+/// one that moves it to every address): the reload's new worker cannot listen while the old one
+/// holds the port (as under Node's primary), but once the old worker is gone (`kill -9`), its
+/// replacement, running the new code, listens: the primary's listener that nobody holds any more
+/// is closed for it rather than in its way for good. One line says so.
+#[test]
+fn a_reload_onto_another_address_binds_once_the_old_worker_is_gone() {
+    if !have("node") {
+        return;
+    }
+    let dir = nodus_testkit::tmp::TempDir::new("node-move-host");
+    let addr = nodus_testkit::net::free_addr();
+    let mut primary = run_from_files(dir.path(), "127.0.0.1", addr.port());
+    let body = String::from_utf8(common::http::get(addr, "/").body).unwrap();
+    let old_pid: i32 = body.trim().rsplit_once(' ').unwrap().1.parse().unwrap();
+    std::fs::write(dir.path().join("host"), "::ffff:127.0.0.1").unwrap();
+    primary.signal(Signal::HUP);
+    // As under Node's primary: the old worker still holds 127.0.0.1 on that port.
+    primary.wait_line("listen error EADDRINUSE");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(old_pid).unwrap(),
+        Signal::KILL,
+    )
+    .unwrap();
+    let moved = eventually(|| {
+        common::http::try_request(addr, "GET", "/", &[])
+            .is_ok_and(|r| r.body.starts_with(b"::ffff:127.0.0.1:"))
+    });
+    assert!(
+        moved,
+        "never served on the new address: {:#?}",
+        primary.output_so_far()
+    );
+    primary.wait_line(&format!(
+        "{addr} released: no worker holds it since worker 1 left, and worker 1"
+    ));
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(30), 0);
+}
