@@ -86,7 +86,7 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-pub use events::{Event, EventKind};
+pub use events::{Event, EventKind, MESSAGE_LOG_MAX};
 pub use proc::report_exec_failure;
 
 use super::supervision::{RestartBudget, RestartPolicy, SlotHistory, default_max_restarts};

@@ -53,7 +53,8 @@
 //!   whatever the policy, and `cluster.worker.disconnect()` closes them all. A nodus worker says
 //!   it is going down itself, and may close its listener to listen again.
 //! - Application messages (`process.send()`) are not handled (no JavaScript runs here): each is
-//!   a `message` event, the first of the run logged at INFO saying so, the rest at DEBUG.
+//!   a `message` event (whose JSON the event log keeps up to `MESSAGE_LOG_MAX`), the first of the
+//!   run logged at INFO saying so, the rest at DEBUG.
 //! - What a worker asks for is answered only while it reads its channel ([`Proc::may_answer`]:
 //!   less than [`REPLY_BACKLOG`] bytes and [`REPLY_HANDLES`] handles of the primary's wait
 //!   there unread); otherwise the request is dropped, with one warning per stretch, so a worker
@@ -1025,12 +1026,7 @@ fn on_user_message(st: &Rc<State>, proc: &Rc<Proc>, msg: &Message) {
         return;
     }
     log_app_message(st, proc, msg.json());
-    st.emit(
-        Some(proc),
-        EventKind::Message {
-            json: msg.json().to_owned(),
-        },
-    );
+    st.emit(Some(proc), EventKind::message(msg.json()));
 }
 
 /// Logs a worker's application message (`process.send()`): the first one of the run at INFO,
