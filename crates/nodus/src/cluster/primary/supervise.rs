@@ -840,8 +840,9 @@ fn go_down(st: &Rc<State>, proc: &Rc<Proc>, said: &str, why: &'static str) {
         return;
     }
     // Out of routing from now on: a worker that said it goes down and stays gets the kill
-    // timeout, so its slot is not lost for good (its SIGKILL is then an exit that decides).
-    arm_kill_timer(st, proc, why, None);
+    // timeout, so its slot is not lost for good (its SIGKILL is then an exit that decides),
+    // with the kill signal first, as a stop escalates.
+    arm_kill_timer(st, proc, why, Some(kill_signal_at(st)));
 }
 
 /// `proc`, going down, leaves its slot now: the slot's restart is decided (a restart at once,
@@ -850,7 +851,7 @@ fn go_down(st: &Rc<State>, proc: &Rc<Proc>, said: &str, why: &'static str) {
 /// started, or the give-up, is told after it.
 fn replace_now(st: &Rc<State>, proc: &Rc<Proc>, said: &str, why: &'static str) {
     let (id, pid) = (proc.slot, proc.pid);
-    arm_kill_timer(st, proc, why, None);
+    arm_kill_timer(st, proc, why, Some(kill_signal_at(st)));
     {
         let mut slots = st.slots.borrow_mut();
         let slot = &mut slots[id as usize - 1];
@@ -909,18 +910,7 @@ pub(super) fn drain(st: &Rc<State>, proc: &Rc<Proc>) {
             seq: st.next_seq(),
             drain_ms: st.config.drain_timeout.as_millis() as u64,
         });
-        // A worker still there at its drain deadline gets the kill signal (SIGTERM by default,
-        // as from Node's `worker.kill()`): a Node worker that a timer or an open connection
-        // keeps alive after its `disconnect` runs its handler of it (or ends) instead of waiting
-        // for the SIGKILL. The worker times its deadline from when it reads the `disconnect`, a
-        // little after this: the signal waits `DRAIN_GRACE` more, so a worker that keeps its
-        // deadline exits of its own accord, with its own code (a nodus worker's 124: its
-        // deadline cut requests), instead of dying of the signal in the middle of its exit.
-        let room = st
-            .config
-            .kill_timeout
-            .saturating_sub(st.config.drain_timeout);
-        Some(st.config.drain_timeout + DRAIN_GRACE.min(room / 2))
+        Some(kill_signal_at(st))
     } else {
         let _ = proc.signal(st.config.kill_signal, false);
         None
@@ -931,6 +921,22 @@ pub(super) fn drain(st: &Rc<State>, proc: &Rc<Proc>) {
 /// How long after the drain deadline a worker with a channel that is still running gets the kill
 /// signal (at most half the time from the deadline to the kill timeout).
 const DRAIN_GRACE: Duration = Duration::from_millis(200);
+
+/// When a worker that drains (asked to with a `disconnect`, or going down by itself) gets the
+/// kill signal if it is still there: `DRAIN_GRACE` past its drain deadline. That signal
+/// (SIGTERM by default, as from Node's `worker.kill()`) lets a Node worker that a timer or an
+/// open connection keeps alive run its handler of it (or end) instead of waiting for the
+/// SIGKILL. The worker times its deadline from when it reads the `disconnect`, a little after
+/// it is sent: the signal waits `DRAIN_GRACE` more, so a worker that keeps its deadline exits
+/// of its own accord, with its own code (a nodus worker's 124: its deadline cut requests),
+/// instead of dying of the signal in the middle of its exit.
+fn kill_signal_at(st: &State) -> Duration {
+    let room = st
+        .config
+        .kill_timeout
+        .saturating_sub(st.config.drain_timeout);
+    st.config.drain_timeout + DRAIN_GRACE.min(room / 2)
+}
 
 /// Sends `proc` the kill signal if it still runs `term_at` from now (if given, and before the
 /// kill timeout), and SIGKILLs it and its process group if it still runs after the kill timeout;
@@ -973,8 +979,8 @@ fn arm_kill_timer(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str, term_at: O
                     // connections handed to it and not taken) is cut.
                     tracing::warn!(
                         target: "nodus::cluster",
-                        "worker {} (pid {}) still running {} after it was asked to drain (past \
-                         its deadline): {term_name}",
+                        "worker {} (pid {}) still running {} {why} (past its deadline): \
+                         {term_name}",
                         p.slot,
                         p.pid,
                         ms(term_at)
