@@ -28,12 +28,14 @@
 //! and warns once per worker about one that has not said it within the ready timeout, a `--node`
 //! worker gets a `NOTIFY_SOCKET` of its own (never the primary's: its `READY=1` and `STOPPING=1`
 //! reach nodus, not systemd), a reload and each backoff wait are logged, and a stopped `--node`
-//! worker a timer keeps alive gets its SIGTERM once it has disconnected and holds no inbound
-//! connection (not at the drain deadline), but not before its in-flight response is done, and
+//! worker a timer keeps alive gets its SIGTERM a second after it has disconnected, holding no
+//! inbound connection (not at the drain deadline), but not before its in-flight response is
+//! done, and
 //! `--kill-signal` (SIGINT, for an app written for PM2) is what stops a worker instead of
 //! SIGTERM, a plain program's at once and a Node worker's after its `disconnect`, while an
 //! uncatchable or unknown signal is a usage error; `STOPPING=1` then exit code 0 is no crash
-//! under any restart type (a `permanent` worker is replaced at once, the others' exit decides)
+//! under any restart type (a `permanent` worker is replaced at once, the others' exit decides;
+//! one that stays gets the kill signal past its drain deadline, then SIGKILL)
 //! and a give-up names a notice or the exit after it as it was; exits of any status before
 //! `--min-uptime` back off as crashes do; "no worker left to run" follows every exit line.
 //!
@@ -2909,8 +2911,9 @@ own.listen({ port: 0, host: '127.0.0.1', exclusive: true }, () => {
 setInterval(() => {}, 1000);
 "#;
 
-/// A stopped Node worker a timer keeps alive is SIGTERMed once it has disconnected and holds no
-/// inbound connection, not 0.2 s after its drain deadline (9.2 s at the default kill timeout).
+/// A stopped Node worker a timer keeps alive is SIGTERMed a second after it has disconnected,
+/// holding no inbound connection, not 0.2 s after its drain deadline (9.2 s at the default kill
+/// timeout).
 #[test]
 fn with_node_a_worker_holding_no_connection_is_stopped_right_after_its_disconnect() {
     if !have("node") {
