@@ -203,8 +203,10 @@ struct RunArgs {
     /// After a worker is asked to stop (--kill-signal, or a disconnect for --node), seconds
     /// before SIGKILL to its process group (during a shutdown, the exit code is then 124). A
     /// worker sent a disconnect gets a drain deadline a tenth earlier (at most 1 s), and
-    /// --kill-signal if it still runs 0.2 s after that deadline (at most halfway to the SIGKILL).
-    /// Above 0. A stop is over within twice this + 3 s: the workers, what they left behind, then
+    /// --kill-signal if it still runs 0.2 s after that deadline (at most halfway to the SIGKILL);
+    /// a --node worker sooner, 1 s after its channel closed, once it holds no inbound connection
+    /// and no output its stdout or stderr stream still queues. A worker that goes down by itself
+    /// (STOPPING=1, a --node worker closing its last listener) and stays gets the same. Above 0. A stop is over within twice this + 3 s: the workers, what they left behind, then
     /// the exit (the flush of queued output to a stalled stderr included).
     #[arg(
         long,
@@ -215,8 +217,8 @@ struct RunArgs {
     )]
     kill_timeout: f64,
     /// The signal that stops a worker (PM2's --kill-signal): a plain program gets it at once, a
-    /// --node worker after its disconnect, past its drain deadline (or once it holds no inbound
-    /// connection); SIGKILL still follows at --kill-timeout. The processes the workers left
+    /// --node worker after its disconnect, past its drain deadline (or sooner: see
+    /// --kill-timeout); SIGKILL still follows at --kill-timeout. The processes the workers left
     /// behind that the primary adopted get it too at the stop. A name (SIGINT or INT, any case;
     /// SIGHUP to SIGSYS, SIGSTKFLT and SIGPWR included) or a number from 1 to 31; not SIGKILL
     /// nor SIGSTOP. SIGINT runs the process.on('SIGINT') cleanup of an app written for PM2
@@ -264,8 +266,9 @@ struct RunArgs {
     wait_ready: bool,
     /// permanent (always restarted), transient (only after a crash), temporary (never). A
     /// "going down" notice (STOPPING=1) is no crash: under permanent a worker that serves is
-    /// replaced at once and gets --kill-timeout to exit; under transient and temporary it
-    /// restarts and stops nothing, the worker's real exit decides.
+    /// replaced at once and gets --kill-timeout to exit (--kill-signal past its drain deadline,
+    /// then SIGKILL); under transient and temporary it restarts and stops nothing, the worker's
+    /// real exit decides.
     #[arg(long, value_enum, default_value_t = RestartArg::Permanent)]
     restart: RestartArg,
     /// The workers are Node programs; nodus is their cluster primary (NODE_CLUSTER). Node makes a
@@ -277,12 +280,14 @@ struct RunArgs {
     /// scripts.start runs) instead. A listen with no host binds [::] dual-stack (0.0.0.0
     /// without IPv6), as Node does. A
     /// worker's process.send() messages reach no handler (nodus runs no JavaScript): each is a
-    /// `message` event (--events), the first one logged.
+    /// `message` event (--events; its JSON kept up to 64 KiB), the first one logged.
     #[arg(long)]
     node: bool,
     /// Append lifecycle events (fork, ready, exit, reload...) to FILE as JSON lines. Their t_ns
     /// is CLOCK_MONOTONIC nanoseconds (not wall time); a primary's first line also has unix_ns,
-    /// the wall clock at that t_ns.
+    /// the wall clock at that t_ns. A --node worker's process.send() message is a `message`
+    /// event with its size (bytes) and its JSON up to 64 KiB (past that, "truncated": true
+    /// instead of the JSON).
     #[arg(long, value_name = "FILE")]
     events: Option<PathBuf>,
     /// Write the workers' stdout and stderr lines as they are, without the "[worker ID PID] "

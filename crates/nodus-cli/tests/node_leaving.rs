@@ -2,8 +2,9 @@
 //! request and the old workers exit on their own (well before the kill timeout) when the app
 //! closes each connection once its server no longer listens (the README's one line); a worker
 //! that leaves on its own (`cluster.worker.disconnect()` under rr, `server.close()` under shared)
-//! is replaced at once, while it still drains, not once it has exited; one that closes one of its
-//! two listeners is not replaced.
+//! is replaced at once, while it still drains, not once it has exited, and is stopped as a stop
+//! escalates (the kill signal past its drain deadline, so its SIGTERM handler runs, before the
+//! SIGKILL at the kill timeout); one that closes one of its two listeners is not replaced.
 //!
 //! Node is needed: under `CI` a missing one fails the tests, elsewhere they are skipped. Every
 //! primary is started in its own process group, and the whole group is killed by PID when the
@@ -268,6 +269,97 @@ fn a_node_worker_that_leaves_on_its_own_is_replaced_at_once() {
         assert_eq!(count(&evs, "fork"), 2, "{policy}: {evs:#?}");
         primary.signal(Signal::TERM);
         assert_exit(&mut primary, Duration::from_secs(30), 0);
+    }
+}
+
+/// A Node app on `PORT` whose `/hold` is never answered until the worker's SIGTERM handler
+/// answers it (`going away`) and exits 0, and whose `/leave` makes the worker leave on its own
+/// (`LEAVE=disconnect`: `cluster.worker.disconnect()`; `LEAVE=close`: `server.close()`).
+const APP_LEAVING_HANDLING_SIGTERM: &str = r#"
+const cluster = require('cluster');
+const http = require('http');
+const held = [];
+const server = http.createServer((q, r) => {
+  if (q.url === '/hold') { console.log('held request in'); held.push(r); return; }
+  if (q.url === '/leave') {
+    r.setHeader('Connection', 'close');
+    r.end('leaving\n');
+    if (process.env.LEAVE === 'close') server.close(); else cluster.worker.disconnect();
+    return;
+  }
+  r.end(`ok ${process.pid}\n`);
+});
+server.listen(+process.env.PORT, '127.0.0.1');
+process.on('SIGTERM', () => {
+  console.log('SIGTERM handler ran');
+  for (const r of held) r.end('going away\n');
+  setTimeout(() => process.exit(0), 50);
+});
+"#;
+
+/// A Node worker that leaves on its own while a connection keeps it draining is stopped as a
+/// stop escalates: the kill signal (SIGTERM) past its drain deadline, which its handler answers
+/// (the held request gets its answer, and the worker exits 0), not a bare SIGKILL at the kill
+/// timeout. Under rr by `cluster.worker.disconnect()`, under shared by `server.close()`.
+#[test]
+fn a_node_worker_that_leaves_on_its_own_gets_the_kill_signal_before_the_sigkill() {
+    if !have("node") {
+        return;
+    }
+    for (policy, leave) in [("rr", "disconnect"), ("shared", "close")] {
+        let dir = nodus_testkit::tmp::TempDir::new("node-leave-term");
+        std::fs::write(dir.path().join("app.js"), APP_LEAVING_HANDLING_SIGTERM).unwrap();
+        let log = dir.path().join("events.jsonl");
+        let addr = nodus_testkit::net::free_addr();
+        let mut primary = common::cluster::spawn(
+            std::process::Command::new(common::NODUS)
+                .args(["run", "--node", "-w", "1", "--kill-timeout", "3"])
+                .args(["--min-uptime", "0.2"])
+                .args(["--policy", policy, "--events", log.to_str().unwrap()])
+                .args(["--", "node"])
+                .arg(dir.path().join("app.js"))
+                .env("PORT", addr.port().to_string())
+                .env("LEAVE", leave)
+                .env("RUST_LOG", "info"),
+        );
+        primary.wait_line("1 worker ready");
+        let old = pid_serving(addr);
+        let mut held = TcpStream::connect(addr).unwrap();
+        held.set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        held.write_all(b"GET /hold HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        primary.wait_line("held request in");
+        // Up its min uptime: no longer a start that probes a port.
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(common::http::get(addr, "/leave").body, b"leaving\n");
+        let mut reply = Vec::new();
+        let _ = held.read_to_end(&mut reply);
+        assert!(
+            String::from_utf8_lossy(&reply).contains("going away\n"),
+            "{policy}: {}\n{:#?}",
+            String::from_utf8_lossy(&reply),
+            primary.output()
+        );
+        let evs = wait_events(&log, |e| {
+            e.iter()
+                .any(|e| e["event"] == "exit" && e["pid"] == u64::from(old))
+        });
+        let exit = evs
+            .iter()
+            .find(|e| e["event"] == "exit" && e["pid"] == u64::from(old))
+            .unwrap();
+        assert_eq!(exit["code"], 0, "{policy}: {exit}");
+        let line = primary.wait_line("after closing its last listener (past its deadline)");
+        assert!(line.ends_with(": SIGTERM"), "{line}");
+        primary.wait_line("SIGTERM handler ran");
+        primary.signal(Signal::TERM);
+        assert_exit(&mut primary, Duration::from_secs(30), 0);
+        assert!(
+            !primary.output().iter().any(|l| l.ends_with(": SIGKILL")),
+            "{policy}: {:#?}",
+            primary.output()
+        );
     }
 }
 

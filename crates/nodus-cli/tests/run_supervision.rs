@@ -28,12 +28,14 @@
 //! and warns once per worker about one that has not said it within the ready timeout, a `--node`
 //! worker gets a `NOTIFY_SOCKET` of its own (never the primary's: its `READY=1` and `STOPPING=1`
 //! reach nodus, not systemd), a reload and each backoff wait are logged, and a stopped `--node`
-//! worker a timer keeps alive gets its SIGTERM once it has disconnected and holds no inbound
-//! connection (not at the drain deadline), but not before its in-flight response is done, and
+//! worker a timer keeps alive gets its SIGTERM a second after it has disconnected, holding no
+//! inbound connection (not at the drain deadline), but not before its in-flight response is
+//! done, and
 //! `--kill-signal` (SIGINT, for an app written for PM2) is what stops a worker instead of
 //! SIGTERM, a plain program's at once and a Node worker's after its `disconnect`, while an
 //! uncatchable or unknown signal is a usage error; `STOPPING=1` then exit code 0 is no crash
-//! under any restart type (a `permanent` worker is replaced at once, the others' exit decides)
+//! under any restart type (a `permanent` worker is replaced at once, the others' exit decides;
+//! one that stays gets the kill signal past its drain deadline, then SIGKILL)
 //! and a give-up names a notice or the exit after it as it was; exits of any status before
 //! `--min-uptime` back off as crashes do; "no worker left to run" follows every exit line.
 //!
@@ -1365,39 +1367,52 @@ fn clean_exits_before_min_uptime_back_off_as_crashes_do() {
 }
 
 /// Under `transient`, a worker that says it is going down and then stays is out of routing:
-/// the kill timeout bounds its stay, and its SIGKILL is an exit that restarts the slot.
+/// its stay is bounded as a stop's is, by the kill signal (SIGTERM) past its drain deadline,
+/// then SIGKILL at the kill timeout (for one that ignores SIGTERM), and either is an exit that
+/// restarts the slot.
 #[test]
-fn a_going_down_worker_that_stays_is_killed_at_the_kill_timeout() {
+fn a_going_down_worker_that_stays_gets_the_kill_signal_then_sigkill() {
     if !have("python3") {
         return;
     }
-    let dir = TempDir::new("stopping-stays");
-    let log = dir.path().join("events.jsonl");
-    let once = dir.path().join("once");
-    let mut primary = run_going_down(
-        &dir,
-        &log,
-        &["--restart", "transient", "--kill-timeout", "1"],
-        &[("HOLD", "1"), ("ONCE", once.to_str().unwrap())],
-    );
-    let evs = wait_events(&log, |e| count(e, "exit") == 1 && count(e, "fork") == 2);
-    let exit = evs.iter().find(|e| e["event"] == "exit").unwrap();
-    assert_eq!(exit["signal"].as_i64(), Some(9), "{evs:#?}");
-    primary.signal(Signal::TERM);
-    assert_exit(&mut primary, Duration::from_secs(20), 0);
+    for (ignore_term, signal) in [("", 15), ("1", 9)] {
+        let dir = TempDir::new("stopping-stays");
+        let log = dir.path().join("events.jsonl");
+        let once = dir.path().join("once");
+        let mut primary = run_going_down(
+            &dir,
+            &log,
+            &["--restart", "transient", "--kill-timeout", "1"],
+            &[
+                ("HOLD", "1"),
+                ("ONCE", once.to_str().unwrap()),
+                ("IGNORE_TERM", ignore_term),
+            ],
+        );
+        let evs = wait_events(&log, |e| count(e, "exit") == 1 && count(e, "fork") == 2);
+        let exit = evs.iter().find(|e| e["event"] == "exit").unwrap();
+        assert_eq!(exit["signal"].as_i64(), Some(signal), "{evs:#?}");
+        let line = primary.wait_line("(past its deadline): SIGTERM");
+        assert!(line.contains("after saying it was going down"), "{line}");
+        primary.signal(Signal::TERM);
+        assert_exit(&mut primary, Duration::from_secs(20), 0);
+    }
 }
 
 /// A plain program that says `READY=1`, then `STOPPING=1` 0.5 s later, then after 0.3 s more
 /// exits with `$CODE` (or, with `$HOLD` set, runs on). With `$ONCE` (a file) set, only the
-/// first worker does so: the others just run.
+/// first worker does so: the others just run. With `$IGNORE_TERM` set, it (the first worker
+/// alone, with `$ONCE`) ignores SIGTERM.
 const GOES_DOWN: &str = r#"
-import os, socket, sys, time
+import os, signal, socket, sys, time
 once = os.environ.get('ONCE')
 if once and os.path.exists(once):
     time.sleep(60)
     sys.exit(0)
 if once:
     open(once, 'w').close()
+if os.environ.get('IGNORE_TERM'):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 to = '\0' + os.environ['NOTIFY_SOCKET'][1:]
 s.sendto(b'READY=1', to)
@@ -2896,8 +2911,9 @@ own.listen({ port: 0, host: '127.0.0.1', exclusive: true }, () => {
 setInterval(() => {}, 1000);
 "#;
 
-/// A stopped Node worker a timer keeps alive is SIGTERMed once it has disconnected and holds no
-/// inbound connection, not 0.2 s after its drain deadline (9.2 s at the default kill timeout).
+/// A stopped Node worker a timer keeps alive is SIGTERMed a second after it has disconnected,
+/// holding no inbound connection, not 0.2 s after its drain deadline (9.2 s at the default kill
+/// timeout).
 #[test]
 fn with_node_a_worker_holding_no_connection_is_stopped_right_after_its_disconnect() {
     if !have("node") {

@@ -4,6 +4,7 @@
 //! drains on SIGTERM, and its stop, `nodus serve`'s too, is over within its bound however long
 //! the pipe stays full (the exit's flush of queued output takes what is left of it). And one
 //! whose stdout is read late: the output queued at its exit waits for the reader; one whose
+//! stdout is read slowly: a stopped worker's pipe is read to its end before the exit; one whose
 //! stdout is closed: one WARN line says the workers' output is discarded.
 //!
 //! Every primary is started in its own process group, killed by PID when the test ends.
@@ -209,5 +210,59 @@ fn run_writes_the_output_queued_at_its_exit_for_a_reader_that_comes_late() {
             n.parse().unwrap_or_else(|_| panic!("{l:?}"))
         })
         .collect();
+    assert_eq!(numbers, (1..=LINES).collect::<Vec<_>>());
+}
+
+/// A worker writes more than the primary's pipe and queue hold for a reader slower than it
+/// (a log shipper behind), and the primary is stopped as soon as the worker has written it all,
+/// while the reader pauses for half a second (a garbage collection; less than the 1 s that makes
+/// it a stalled reader): what is still in the worker's pipe at its exit is read to end of file
+/// and handed on before the primary exits, so every line arrives, in order, and nothing is said
+/// dropped.
+#[test]
+fn run_reads_a_stopped_workers_pipe_to_its_end_for_a_slow_reader() {
+    const LINES: usize = 200_000; // about 4.6 MB with the prefixes, past the queue's 4 MiB
+    let (reader, writer) = std::io::pipe().unwrap();
+    let mut cmd = run_sh(
+        ["-w", "1"],
+        &format!("seq 1 {LINES}; echo written >&2; exec sleep 600"),
+    );
+    cmd.stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .env("RUST_LOG", "info");
+    let mut primary = Proc::spawn_group(&mut cmd);
+    drop(cmd); // our copy of the write end
+    // 64 KiB every 20 ms: slower than the worker writes, never a stalled reader (a write to it
+    // waits 20 ms at most, 520 ms once).
+    let (pause, paused) = mpsc::channel::<()>();
+    let reading = std::thread::spawn(move || {
+        let (mut reader, mut out, mut buf) = (reader, Vec::new(), vec![0u8; 64 * 1024]);
+        loop {
+            if paused.try_recv().is_ok() {
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            match reader.read(&mut buf).unwrap() {
+                0 => return String::from_utf8(out).unwrap(),
+                n => out.extend_from_slice(&buf[..n]),
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    primary.wait_line("] written");
+    pause.send(()).unwrap();
+    primary.signal(Signal::TERM);
+    assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
+    let out = reading.join().unwrap();
+    assert!(!out.contains("dropped"), "{}", &out[out.len() - 200..]);
+    let numbers: Vec<usize> = out
+        .lines()
+        .map(|l| {
+            let (prefix, n) = l.split_once("] ").unwrap_or_else(|| panic!("{l:?}"));
+            assert!(prefix.starts_with("[worker 1 "), "{l:?}");
+            n.parse().unwrap_or_else(|_| panic!("{l:?}"))
+        })
+        .collect();
+    assert_eq!(numbers.len(), LINES);
     assert_eq!(numbers, (1..=LINES).collect::<Vec<_>>());
 }

@@ -136,7 +136,7 @@ impl Cluster {
         self.wait_until(|ev| {
             ev.iter().any(|e| {
                 e.worker == Some(slot)
-                    && matches!(&e.kind, EventKind::Message { json: j } if j == json)
+                    && matches!(&e.kind, EventKind::Message { json: j, .. } if j == json)
             })
         })
         .await;

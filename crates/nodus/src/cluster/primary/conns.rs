@@ -1,11 +1,16 @@
-//! Whether a draining Node worker still serves a connection: the early kill signal of its stop
-//! (`Config::kill_signal`, SIGTERM by default; "SIGTERM" below).
+//! Whether a draining Node worker still serves a connection or writes its output: the early kill
+//! signal of its stop (`Config::kill_signal`, SIGTERM by default; "SIGTERM" below).
 //!
 //! A Node worker closes its cluster servers and then its channel on `disconnect`, but a timer or
 //! a database pool keeps its loop alive, so it would run on to the SIGTERM after its drain
-//! deadline. Once its channel has ended, [`until_idle`] looks at the worker's own sockets every
-//! [`POLL`] and returns once it holds no inbound connection, so the supervisor SIGTERMs it then
-//! instead (`supervise::arm_kill_timer`).
+//! deadline. Once its channel has ended, [`until_idle`] looks at the worker every [`POLL`] and
+//! returns once, [`DISCONNECT_GRACE`] after that end, it holds no inbound connection and no
+//! output it could not write yet, so the supervisor SIGTERMs it then instead
+//! (`supervise::arm_kill_timer`). A Node worker exits by itself once nothing keeps its loop
+//! alive (Node's own primary never signals it): the grace is for its `disconnect` handlers (a
+//! flush of buffered events to a collector), the output rule for what its stdout and stderr
+//! streams still queue (they write to a pipe without blocking, so what the pipe cannot take
+//! waits in the worker's memory and dies with it).
 //!
 //! Invariants:
 //! - Only a Node worker (a channel, and it never said it speaks nodus's own messages) is looked
@@ -39,22 +44,38 @@
 //! - They are read on the I/O pool, never on the primary's loop thread: even filtered, a
 //!   namespace's sockets are walked by the kernel (and the fallback's tables are megabytes on a
 //!   busy host) while the loop accepts and hands on connections.
+//! - Output it could not write yet: its captured pipes say so (`Captured::backlog`: a pipe the
+//!   primary has not emptied, or one full lately), and, for any stdout or stderr (captured or
+//!   not), an epoll set of the worker's that waits for its fd 1 or 2 to take more
+//!   ([`writes_waiting`]: `EPOLLOUT` on that file in `/proc/PID/fdinfo`, libuv's sign of a
+//!   stream's non-empty write queue). Nothing is looked at before [`DISCONNECT_GRACE`] has
+//!   passed since the channel ended.
 
 use std::collections::HashSet;
 use std::io;
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::proc::Proc;
 use super::{State, server};
 
 mod sock_diag;
 
-/// How often a draining Node worker's sockets are looked at once its channel ended.
+/// How often a draining Node worker is looked at once its channel ended.
 const POLL: Duration = Duration::from_millis(50);
 
-/// Returns once `proc`, a Node worker asked to stop, has ended its channel and holds no inbound
-/// connection (TCP, or Unix on a cluster path); never, for another kind of worker or when its sockets cannot be read.
+/// How long after its channel ended a Node worker gets at least before the early SIGTERM: its
+/// `disconnect` handlers' time (Node emits `disconnect` then) to finish what they started, a
+/// flush to a collector, a last write to a database, as under Node's own primary, which waits
+/// for the worker's exit. A second keeps a stop short (a worker a timer keeps alive still stops
+/// a second after its `disconnect`, not at its drain deadline) while a flush over a local
+/// network gets through; longer work belongs in a SIGTERM handler, which that SIGTERM runs.
+pub(super) const DISCONNECT_GRACE: Duration = Duration::from_secs(1);
+
+/// Returns once `proc`, a Node worker asked to stop, has ended its channel, [`DISCONNECT_GRACE`]
+/// has passed since, and it holds no inbound connection (TCP, or Unix on a cluster path) and no
+/// output it could not write yet; never, for another kind of worker or when its fds cannot be
+/// read.
 pub(super) async fn until_idle(st: &Rc<State>, proc: &Rc<Proc>) {
     if proc.channel.is_none() || proc.speaks_nodus.get() {
         return std::future::pending().await;
@@ -62,15 +83,20 @@ pub(super) async fn until_idle(st: &Rc<State>, proc: &Rc<Proc>) {
     let ports = std::sync::Arc::new(server::tcp_ports(st));
     let paths = std::sync::Arc::new(server::unix_paths(st));
     let pid = proc.pid;
+    let mut ended_at = None;
     loop {
         crate::time::sleep(POLL).await;
         if !proc.channel_ended.get() {
             continue;
         }
+        let ended_at = *ended_at.get_or_insert_with(Instant::now);
+        if ended_at.elapsed() < DISCONNECT_GRACE || proc.output.backlog() {
+            continue;
+        }
         // On the I/O pool: the kernel walks every TCP socket of the namespace (and the
         // fallback's tables are megabytes on a busy host) while the loop accepts connections.
         let (ports, paths) = (ports.clone(), paths.clone());
-        let held = crate::pool::offload_io(move || holds_inbound(pid, &ports, &paths))
+        let held = crate::pool::offload_io(move || busy(pid, &ports, &paths))
             .await
             .map_err(io::Error::other)
             .and_then(|held| held);
@@ -80,7 +106,7 @@ pub(super) async fn until_idle(st: &Rc<State>, proc: &Rc<Proc>) {
             Err(e) => {
                 tracing::debug!(
                     target: "nodus::cluster",
-                    "worker {} (pid {}): cannot read its sockets ({e}): SIGTERM only after its \
+                    "worker {} (pid {}): cannot read its fds ({e}): SIGTERM only after its \
                      drain deadline",
                     proc.slot, proc.pid
                 );
@@ -90,25 +116,89 @@ pub(super) async fn until_idle(st: &Rc<State>, proc: &Rc<Proc>) {
     }
 }
 
-/// Whether process `pid` holds a connected TCP socket whose local port is in `ports` or is one
-/// it listens on itself, or a connected Unix socket whose address is one of `paths`.
-fn holds_inbound(pid: u32, ports: &HashSet<u16>, paths: &HashSet<String>) -> io::Result<bool> {
-    let inodes = socket_inodes(pid)?;
+/// Whether process `pid` holds an inbound connection ([`holds_inbound`]) or waits to write to its
+/// stdout or stderr ([`writes_waiting`]).
+fn busy(pid: u32, ports: &HashSet<u16>, paths: &HashSet<String>) -> io::Result<bool> {
+    let fds = fds(pid)?;
+    Ok(writes_waiting(pid, &fds.epolls) || holds_inbound(pid, &fds.sockets, ports, paths)?)
+}
+
+/// Whether process `pid` holds a connected TCP socket (among its sockets, `inodes`) whose local
+/// port is in `ports` or is one it listens on itself, or a connected Unix socket whose address is
+/// one of `paths`.
+fn holds_inbound(
+    pid: u32,
+    inodes: &HashSet<u64>,
+    ports: &HashSet<u16>,
+    paths: &HashSet<String>,
+) -> io::Result<bool> {
     if inodes.is_empty() {
         return Ok(false);
     }
     if !paths.is_empty() {
         let table = std::fs::read(format!("/proc/{pid}/net/unix"))?;
-        if unix_inbound(&inodes, &String::from_utf8_lossy(&table), paths) {
+        if unix_inbound(inodes, &String::from_utf8_lossy(&table), paths) {
             return Ok(true);
         }
     }
     if same_network_namespace(pid)?
-        && let Ok(held) = inbound_by_sock_diag(&inodes, ports)
+        && let Ok(held) = inbound_by_sock_diag(inodes, ports)
     {
         return Ok(held);
     }
-    inbound_in_tables(pid, &inodes, ports)
+    inbound_in_tables(pid, inodes, ports)
+}
+
+/// `EPOLLOUT`: an epoll set waits for its fd to take more.
+const EPOLLOUT: u32 = 0x4;
+
+/// Whether an epoll set of process `pid` (its fds `epolls`) waits for its stdout or stderr to
+/// take more: libuv watches a stream's fd for writability only while the stream's write queue
+/// holds what the fd did not take (Node writes to a pipe or a socket without blocking). Read in
+/// `/proc/PID/fdinfo/FD` (`tfd: N events: HEX ... ino:HEX sdev:HEX`), matched by the file (its
+/// device and inode), whatever fd number the set has it under. What cannot be read says no.
+fn writes_waiting(pid: u32, epolls: &[u32]) -> bool {
+    let files: Vec<(u64, u64)> = [1, 2]
+        .iter()
+        .filter_map(|fd| std::fs::metadata(format!("/proc/{pid}/fd/{fd}")).ok())
+        .map(|m| {
+            use std::os::unix::fs::MetadataExt;
+            (kernel_dev(m.dev()), m.ino())
+        })
+        .collect();
+    !files.is_empty()
+        && epolls.iter().any(|epoll| {
+            std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{epoll}"))
+                .is_ok_and(|info| epoll_waits_to_write(&info, &files))
+        })
+}
+
+/// A device number as the kernel prints it in fdinfo (`MAJOR << 20 | MINOR`), from `stat`'s
+/// encoding of it.
+fn kernel_dev(dev: u64) -> u64 {
+    (u64::from(libc::major(dev)) << 20) | u64::from(libc::minor(dev))
+}
+
+/// Whether the epoll fdinfo `info` has an entry for one of `files` (device as the kernel prints
+/// it, inode) that waits for `EPOLLOUT`.
+fn epoll_waits_to_write(info: &str, files: &[(u64, u64)]) -> bool {
+    info.lines().filter(|l| l.starts_with("tfd:")).any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let hex = |key: &str| {
+            let at = fields.iter().position(|f| *f == key)?;
+            u64::from_str_radix(fields.get(at + 1)?, 16).ok()
+        };
+        let tagged = |tag: &str| {
+            let value = fields.iter().find_map(|f| f.strip_prefix(tag))?;
+            u64::from_str_radix(value, 16).ok()
+        };
+        let (Some(events), Some(ino), Some(dev)) =
+            (hex("events:"), tagged("ino:"), tagged("sdev:"))
+        else {
+            return false;
+        };
+        events & u64::from(EPOLLOUT) != 0 && files.contains(&(dev, ino))
+    })
 }
 
 /// Whether process `pid` is in this process's network namespace.
@@ -217,24 +307,42 @@ fn unix_inbound(inodes: &HashSet<u64>, table: &str, paths: &HashSet<String>) -> 
     })
 }
 
-/// The inodes of the sockets among process `pid`'s open fds.
-fn socket_inodes(pid: u32) -> io::Result<HashSet<u64>> {
-    let mut inodes = HashSet::new();
+/// What matters here of a process's open fds.
+struct Fds {
+    /// The inodes of its sockets.
+    sockets: HashSet<u64>,
+    /// Its epoll fds.
+    epolls: Vec<u32>,
+}
+
+/// The sockets and epoll sets among process `pid`'s open fds.
+fn fds(pid: u32) -> io::Result<Fds> {
+    let mut fds = Fds {
+        sockets: HashSet::new(),
+        epolls: Vec::new(),
+    };
     for entry in std::fs::read_dir(format!("/proc/{pid}/fd"))? {
+        let entry = entry?;
         // An fd closed since the listing: skipped.
-        let Ok(target) = std::fs::read_link(entry?.path()) else {
+        let Ok(target) = std::fs::read_link(entry.path()) else {
             continue;
         };
-        if let Some(inode) = target
-            .to_str()
-            .and_then(|t| t.strip_prefix("socket:["))
+        let Some(target) = target.to_str() else {
+            continue;
+        };
+        if target == "anon_inode:[eventpoll]" {
+            if let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse().ok()) {
+                fds.epolls.push(fd);
+            }
+        } else if let Some(inode) = target
+            .strip_prefix("socket:[")
             .and_then(|t| t.strip_suffix(']'))
             .and_then(|t| t.parse().ok())
         {
-            inodes.insert(inode);
+            fds.sockets.insert(inode);
         }
     }
-    Ok(inodes)
+    Ok(fds)
 }
 
 /// What matters here of a `/proc/net/tcp` row.
@@ -347,7 +455,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(50));
         assert!(inbound(&[s], &[port]));
         // This process's own fds are found.
-        assert!(socket_inodes(std::process::id()).unwrap().contains(&s));
+        assert!(fds(std::process::id()).unwrap().sockets.contains(&s));
     }
 
     /// The kernel sends only what was asked: connected sockets on the given local ports (the
@@ -424,7 +532,7 @@ mod tests {
         let paths = HashSet::from([path.to_str().unwrap().to_owned()]);
         let me = std::process::id();
         let held = |paths: &HashSet<String>| {
-            let inodes = socket_inodes(me).unwrap();
+            let inodes = fds(me).unwrap().sockets;
             let table = std::fs::read_to_string("/proc/self/net/unix").unwrap();
             unix_inbound(&inodes, &table, paths)
         };
@@ -455,14 +563,76 @@ mod tests {
         let _client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         // Not accepted yet: in the listener's queue, no fd of this process's.
         let none = HashSet::new();
-        assert!(!holds_inbound(me, &cluster, &none).unwrap());
+        let held = || holds_inbound(me, &fds(me).unwrap().sockets, &cluster, &none).unwrap();
+        assert!(!held());
         let (served, _) = listener.accept().unwrap();
-        assert!(holds_inbound(me, &cluster, &none).unwrap());
+        assert!(held());
         refuse_netlink_sockets();
         let refused = sock_diag::Diag::open().err().and_then(|e| e.raw_os_error());
         assert_eq!(refused, Some(libc::EPERM));
-        assert!(holds_inbound(me, &cluster, &none).unwrap());
+        assert!(held());
         drop(served);
-        assert!(!holds_inbound(me, &cluster, &none).unwrap());
+        assert!(!held());
+    }
+
+    #[test]
+    fn an_epoll_entry_for_stdout_waiting_to_write_is_found_by_its_file() {
+        // Node's loop under a full stdout pipe (inode 0xd1268 on pipefs, device 0xf): its
+        // signalfd and an eventfd wait to read, fd 1 waits to write (EPOLLOUT|EPOLLERR|EPOLLHUP).
+        let info = "pos:\t0\nflags:\t02000002\nmnt_id:\t17\nino:\t1038\n\
+                    tfd:       15 events:       19 data:                f  pos:0 ino:d126b sdev:f\n\
+                    tfd:       17 events:       19 data:               11  pos:0 ino:40e sdev:10\n\
+                    tfd:        1 events:       1c data:                1  pos:0 ino:d1268 sdev:f\n";
+        let stdout = (0xf, 0xd1268);
+        assert!(epoll_waits_to_write(info, &[stdout]));
+        assert!(epoll_waits_to_write(info, &[(0xf, 1), stdout]));
+        // Another file, or the same inode number on another device: no.
+        assert!(!epoll_waits_to_write(info, &[(0xf, 0xd1269)]));
+        assert!(!epoll_waits_to_write(info, &[(0x10, 0xd1268)]));
+        // Watched for reading only (its queue empty, libuv dropped EPOLLOUT).
+        let read_only = info.replace("events:       1c", "events:       19");
+        assert!(!epoll_waits_to_write(&read_only, &[stdout]));
+        // The header's own `ino:` line is not an entry.
+        assert!(!epoll_waits_to_write(info, &[(0xf, 0x1038)]));
+        assert_eq!(kernel_dev(libc::makedev(0, 0xf)), 0xf);
+        assert_eq!(kernel_dev(libc::makedev(8, 0x101)), (8 << 20) | 0x101);
+    }
+
+    /// A pipe this process waits to write to, as libuv does with a stream's queue: found in its
+    /// own epoll set's fdinfo, by the file stdout is.
+    #[test]
+    fn this_process_waiting_to_write_to_a_pipe_is_seen_in_its_fdinfo() {
+        let (_reader, writer) = std::io::pipe().unwrap();
+        let epoll =
+            rustix::event::epoll::create(rustix::event::epoll::CreateFlags::CLOEXEC).unwrap();
+        let me = std::process::id();
+        let epolls = || -> Vec<u32> { fds(me).unwrap().epolls };
+        assert!(epolls().contains(&(std::os::fd::AsRawFd::as_raw_fd(&epoll) as u32)));
+        let meta = rustix::fs::fstat(&writer).unwrap();
+        let file = (kernel_dev(meta.st_dev), meta.st_ino);
+        let info = || {
+            std::fs::read_to_string(format!(
+                "/proc/self/fdinfo/{}",
+                std::os::fd::AsRawFd::as_raw_fd(&epoll)
+            ))
+            .unwrap()
+        };
+        use rustix::event::epoll;
+        epoll::add(
+            &epoll,
+            &writer,
+            epoll::EventData::new_u64(1),
+            epoll::EventFlags::IN,
+        )
+        .unwrap();
+        assert!(!epoll_waits_to_write(&info(), &[file]));
+        epoll::modify(
+            &epoll,
+            &writer,
+            epoll::EventData::new_u64(1),
+            epoll::EventFlags::OUT,
+        )
+        .unwrap();
+        assert!(epoll_waits_to_write(&info(), &[file]));
     }
 }

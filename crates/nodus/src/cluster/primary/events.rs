@@ -73,9 +73,17 @@ pub enum EventKind {
     Restart {
         delay_ms: u64,
     },
-    /// An application message from the worker (its JSON).
+    /// An application message from the worker (`process.send()`): its size in bytes of JSON,
+    /// and the JSON itself, which the serialized event (the event log's line) leaves out when it
+    /// is longer than [`MESSAGE_LOG_MAX`], saying `"truncated": true` instead (subscribers get it
+    /// whole).
     Message {
+        bytes: usize,
+        #[serde(skip_serializing_if = "too_long_to_log")]
         json: String,
+        /// `bytes` is above [`MESSAGE_LOG_MAX`].
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        truncated: bool,
     },
     ReloadStart {
         generation: u64,
@@ -95,6 +103,27 @@ pub enum EventKind {
     Shutdown {
         why: String,
     },
+}
+
+/// The longest application message whose JSON a serialized `message` event keeps (64 KiB): a
+/// payload may hold what belongs in no log, and a worker sending megabytes would make the event
+/// log as large; past it, the event has its size alone.
+pub const MESSAGE_LOG_MAX: usize = 64 * 1024;
+
+impl EventKind {
+    /// The `message` event of an application message whose JSON is `json`.
+    pub(super) fn message(json: &str) -> EventKind {
+        EventKind::Message {
+            bytes: json.len(),
+            json: json.to_owned(),
+            truncated: json.len() > MESSAGE_LOG_MAX,
+        }
+    }
+}
+
+/// Whether a message's JSON is left out of its serialized event ([`MESSAGE_LOG_MAX`]).
+fn too_long_to_log(json: &str) -> bool {
+    json.len() > MESSAGE_LOG_MAX
 }
 
 /// An event with the wall clock beside it: the log's first line from a primary.

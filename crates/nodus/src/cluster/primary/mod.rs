@@ -19,9 +19,10 @@
 //!   `queryServer` answers and the accept loop), `handoff` (connections handed to workers and
 //!   pending until taken), `parked` (accepted connections waiting for a worker, and their
 //!   bounds), `balance` (rr / least choice), `supervise` (exits, restarts,
-//!   reload, shutdown), `conns` (whether a draining Node worker still holds an
-//!   inbound connection), `stats` (the cluster's `/_nodus/stats` and `/_nodus/metrics`),
-//!   `events` (lifecycle events and the JSON-lines event log).
+//!   reload, shutdown), `captured` (a worker's captured output, read to its end before the
+//!   run returns), `conns` (whether a draining Node worker still holds an inbound connection
+//!   or output it could not write), `stats` (the cluster's `/_nodus/stats` and
+//!   `/_nodus/metrics`), `events` (lifecycle events and the JSON-lines event log).
 //!
 //! Invariants:
 //! - Everything runs on the primary's loop thread (`Rc` state, no locks).
@@ -72,6 +73,7 @@
 //!   `Shared` (a blocking listening socket every worker accepts on, as systemd passes one).
 
 mod balance;
+mod captured;
 mod conns;
 mod events;
 mod handoff;
@@ -90,7 +92,7 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-pub use events::{Event, EventKind};
+pub use events::{Event, EventKind, MESSAGE_LOG_MAX};
 pub use proc::report_exec_failure;
 
 use super::supervision::{RestartBudget, RestartPolicy, SlotHistory, default_max_restarts};
@@ -403,6 +405,11 @@ pub(crate) struct State {
     /// Exits whose log line waits for the worker's output to end (`supervise::on_exit`); the run
     /// ends only after them.
     exits_settling: Cell<usize>,
+    /// The captured output of exited workers still being copied after their exit line
+    /// (`captured::drain_left` waits for it before `run` returns).
+    output_left: RefCell<Vec<Rc<captured::Captured>>>,
+    /// When the shutdown began (`supervise::start_shutdown`): the stop's bound counts from it.
+    stop_began: Cell<Option<Instant>>,
     announced_ready: Cell<bool>,
     /// A worker has run the program: a worker with a channel was spawned (its `exec` is part of
     /// the spawn), or a plain program's worker was ready or exited without its launcher saying
@@ -575,6 +582,8 @@ impl Primary {
             exit_code: Cell::new(None),
             final_code: Cell::new(0),
             exits_settling: Cell::new(0),
+            output_left: RefCell::default(),
+            stop_began: Cell::new(None),
             announced_ready: Cell::new(false),
             program_ran: Cell::new(false),
             done: RefCell::new(None),

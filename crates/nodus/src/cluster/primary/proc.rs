@@ -24,8 +24,9 @@
 //! - `board` is set at most once, before the answer to the worker's first `queryServer` that
 //!   asked for one; `refusals_seen` counts the `refused` messages handled (a board release waits
 //!   until it matches the board's count).
-//! - `output` holds the tasks copying the worker's captured stdout and stderr until
-//!   [`Proc::output_ended`] takes them (once, after the exit).
+//! - `output` is the worker's captured stdout and stderr (`captured`): the tasks copying them,
+//!   waited for after the exit ([`Proc::output_ended`]), and what their reads tell (the early
+//!   kill signal of a Node worker's stop waits while it may still hold output).
 //! - Every worker, plain program or not, gets a `NOTIFY_SOCKET` of its own (never the
 //!   primary's: a service manager's), which heeds only the worker's process group (`READY=1`:
 //!   ready, under any [`Readiness`]; `STOPPING=1`: going down); what others send (any local
@@ -56,7 +57,8 @@
 //!   whatever the policy, and `cluster.worker.disconnect()` closes them all. A nodus worker says
 //!   it is going down itself, and may close its listener to listen again.
 //! - Application messages (`process.send()`) are not handled (no JavaScript runs here): each is
-//!   a `message` event, the first of the run logged at INFO saying so, the rest at DEBUG.
+//!   a `message` event (whose JSON the event log keeps up to `MESSAGE_LOG_MAX`), the first of the
+//!   run logged at INFO saying so, the rest at DEBUG.
 //! - What a worker asks for is answered only while it reads its channel ([`Proc::may_answer`]:
 //!   less than [`REPLY_BACKLOG`] bytes and [`REPLY_HANDLES`] handles of the primary's wait
 //!   there unread); otherwise the request is dropped, with one warning per stretch, so a worker
@@ -80,10 +82,10 @@ use std::rc::Rc;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
+use super::captured::{self, Captured, OUTPUT_EOF_WAIT};
 use super::handoff::{self, Pending};
 use super::server;
 use super::{EventKind, Readiness, State, stats, supervise};
-use crate::JoinHandle;
 use crate::cluster::board::Board;
 use crate::cluster::protocol::{Ack, Incoming, NODE_CLUSTER, Nodus};
 use crate::cluster::reply::ReplySlot;
@@ -92,7 +94,6 @@ use crate::ipc::{Channel, ChannelOptions, IpcError, Message};
 use crate::log_limit::LogLimit;
 use crate::metrics::Snapshot;
 use crate::notify::{NotifyMessage, NotifySocket};
-use crate::process::output::{Sink, prefix_lines, raw_lines};
 use crate::process::{Child, Command, ExitStatus, Stdio};
 use crate::signal::SIGKILL;
 use rustix::process::Pid;
@@ -124,11 +125,6 @@ fn stats_text_budget() -> usize {
     let rest = serde_json::to_string(&reply).expect("a reply serializes");
     crate::ipc::DEFAULT_MAX_FRAME - rest.len()
 }
-
-/// How long a worker's exit line waits for its output pipes to reach end of file once it exited:
-/// a grandchild that inherited them and left the worker's process group (`setsid`), so was not
-/// killed with it, can keep them open for good (its output is still copied).
-const OUTPUT_EOF_WAIT: Duration = Duration::from_millis(200);
 
 /// The lowest fd number a pinned program is kept at: above every fd a worker gets at a fixed
 /// number (stdio, listeners from 3, the channel after them), which the child's `dup2`s would
@@ -285,8 +281,8 @@ pub(super) struct Proc {
     pub channel_done: ReplySlot<()>,
     /// Its channel ended (set as `channel_done` is filled; read by `conns::until_idle`).
     pub channel_ended: Cell<bool>,
-    /// The tasks copying its stdout and stderr (when prefixed).
-    output: RefCell<Vec<JoinHandle<io::Result<()>>>>,
+    /// Its captured stdout and stderr (when prefixed).
+    pub output: Rc<Captured>,
     /// A plain program's launcher could not execute the program ([`report_exec_failure`]):
     /// its errno and message.
     pub exec_failed: RefCell<Option<(i32, String)>>,
@@ -359,23 +355,13 @@ impl Proc {
         if let Some(guard) = &st.guard {
             child.guard_group(guard);
         }
-        let mut output = Vec::new();
-        if st.config.prefix_output {
-            let prefix = format!("[worker {slot} {}] ", child.id());
-            let raw = st.config.raw_output;
-            if let Some(out) = child.stdout.take() {
-                output.push(match raw {
-                    true => raw_lines(out, prefix.clone(), Sink::Stdout),
-                    false => prefix_lines(out, prefix.clone(), Sink::Stdout),
-                });
+        let output = match st.config.prefix_output {
+            true => {
+                let prefix = format!("[worker {slot} {}] ", child.id());
+                Captured::start(&mut child, &prefix, st.config.raw_output)
             }
-            if let Some(err) = child.stderr.take() {
-                output.push(match raw {
-                    true => raw_lines(err, prefix, Sink::Stderr),
-                    false => prefix_lines(err, prefix, Sink::Stderr),
-                });
-            }
-        }
+            false => Captured::default(),
+        };
         let channel = child.channel.take();
         let proc = Rc::new(Proc {
             unique,
@@ -422,7 +408,7 @@ impl Proc {
             exit_status: Cell::new(None),
             channel_done: ReplySlot::new(),
             channel_ended: Cell::new(false),
-            output: RefCell::new(output),
+            output: Rc::new(output),
             exec_failed: RefCell::new(None),
             notify_ignored: Cell::new(0),
             notify_ignored_said: OnceCell::new(),
@@ -532,15 +518,12 @@ impl Proc {
     }
 
     /// Waits until its captured stdout and stderr reached end of file and their last lines were
-    /// written out, at most [`OUTPUT_EOF_WAIT`] (the copying goes on after that).
-    pub async fn output_ended(&self) {
-        let tasks = std::mem::take(&mut *self.output.borrow_mut());
-        let ended = async {
-            for task in tasks {
-                let _ = task.await;
-            }
-        };
-        let _ = crate::time::timeout(OUTPUT_EOF_WAIT, ended).await;
+    /// written out, at most [`OUTPUT_EOF_WAIT`]; the copying goes on after that, and the end of
+    /// the run waits for it again (`captured::drain_left`).
+    pub async fn output_ended(&self, st: &State) {
+        if !self.output.ended(OUTPUT_EOF_WAIT).await {
+            captured::keep_if_running(st, self.output.clone());
+        }
     }
 
     pub fn is_ready(&self) -> bool {
@@ -1058,12 +1041,7 @@ fn on_user_message(st: &Rc<State>, proc: &Rc<Proc>, msg: &Message) {
         return;
     }
     log_app_message(st, proc, msg.json());
-    st.emit(
-        Some(proc),
-        EventKind::Message {
-            json: msg.json().to_owned(),
-        },
-    );
+    st.emit(Some(proc), EventKind::message(msg.json()));
 }
 
 /// Logs a worker's application message (`process.send()`): the first one of the run at INFO,

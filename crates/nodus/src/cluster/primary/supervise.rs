@@ -73,16 +73,19 @@
 //!   A replacement that cannot be started, or the give-up, is told after that line. Any other (a
 //!   `transient` or `temporary` worker, or one not serving yet) stays its slot's worker and is
 //!   not stopped: its real exit decides, as any exit's; it gets the kill timeout to exit (out of
-//!   routing, a worker that stays would hold its slot for good), its SIGKILL then an exit that
-//!   decides. A worker the primary asked to stop
+//!   routing, a worker that stays would hold its slot for good), its signals then an exit that
+//!   decides. Either way a worker going down that stays is stopped as a stop escalates: the
+//!   kill signal past its drain deadline (a Node worker's sooner, by the rule below), SIGKILL at
+//!   the kill timeout. A worker the primary asked to stop
 //!   (`Proc::drained`: a reload's, `Primary::stop_worker`'s), or one closing its listeners
 //!   during a shutdown, is not going down.
 //! - A stop asks the worker alone: a worker with a channel gets `disconnect` (with the drain
 //!   deadline), then the kill signal ([`Config::kill_signal`](super::Config::kill_signal),
 //!   SIGTERM by default) if it is still there `DRAIN_GRACE` after that deadline (a Node worker
 //!   kept alive by a timer or a connection: Node's `worker.kill()` sends SIGTERM too), a Node
-//!   worker sooner, once its channel ended and it holds no inbound connection (`conns`); a plain
-//!   program gets the kill signal at once; whatever is left at the kill timeout gets SIGKILL.
+//!   worker sooner, a second after its channel ended, once it holds no inbound connection and no
+//!   output it could not write yet (`conns`); a plain program gets the kill signal at once;
+//!   whatever is left at the kill timeout gets SIGKILL.
 //!   That signal is one the primary sent (`Proc::signal`): a worker that dies of it stopped as
 //!   asked, whichever signal it is.
 //!   A worker that has exited by either expiry is left alone (no signal, no line, no forced
@@ -108,7 +111,7 @@ use std::time::{Duration, Instant};
 
 use super::proc::{Proc, ProcState};
 use super::{EventKind, LastExit, Phase, Readiness, State, count};
-use super::{conns, handoff, server, stats};
+use super::{captured, conns, handoff, server, stats};
 use crate::cluster::protocol::{Disconnect, NODE_CLUSTER, Nodus};
 use crate::cluster::supervision::{
     Decision, ExitReason, FORCED_STOP_EXIT_CODE, GIVE_UP_EXIT_CODE, RestartBudget,
@@ -172,6 +175,10 @@ pub(super) async fn run(st: &Rc<State>) -> i32 {
                 if let Some(reaper) = &st.reaper {
                     reaper.close();
                 }
+                // The workers' last output, still being copied after their exit lines (a
+                // slow reader of ours, a process they left writing to their pipes): read to
+                // end of file and handed on before the exit, within the stop's bound.
+                captured::drain_left(st).await;
                 if st.phase.get() == Phase::Stopping {
                     tracing::info!(
                         target: "nodus::cluster",
@@ -431,7 +438,7 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
     let went_down_line = decision.is_none() && proc.going_down.get() && !proc.drained.get();
     let (s, p) = (st.clone(), proc.clone());
     crate::task::spawn_named("cluster:exit-settle", async move {
-        p.output_ended().await;
+        p.output_ended(&s).await;
         s.exits_settling.set(s.exits_settling.get() - 1);
         if let Some((line, cut)) = termed_late {
             tracing::warn!(target: "nodus::cluster", "{line}");
@@ -848,8 +855,9 @@ fn go_down(st: &Rc<State>, proc: &Rc<Proc>, said: &str, why: &'static str) {
         return;
     }
     // Out of routing from now on: a worker that said it goes down and stays gets the kill
-    // timeout, so its slot is not lost for good (its SIGKILL is then an exit that decides).
-    arm_kill_timer(st, proc, why, None);
+    // timeout, so its slot is not lost for good (its SIGKILL is then an exit that decides),
+    // with the kill signal first, as a stop escalates.
+    arm_kill_timer(st, proc, why, Some(kill_signal_at(st)));
 }
 
 /// `proc`, going down, leaves its slot now: the slot's restart is decided (a restart at once,
@@ -858,7 +866,7 @@ fn go_down(st: &Rc<State>, proc: &Rc<Proc>, said: &str, why: &'static str) {
 /// started, or the give-up, is told after it.
 fn replace_now(st: &Rc<State>, proc: &Rc<Proc>, said: &str, why: &'static str) {
     let (id, pid) = (proc.slot, proc.pid);
-    arm_kill_timer(st, proc, why, None);
+    arm_kill_timer(st, proc, why, Some(kill_signal_at(st)));
     {
         let mut slots = st.slots.borrow_mut();
         let slot = &mut slots[id as usize - 1];
@@ -917,18 +925,7 @@ pub(super) fn drain(st: &Rc<State>, proc: &Rc<Proc>) {
             seq: st.next_seq(),
             drain_ms: st.config.drain_timeout.as_millis() as u64,
         });
-        // A worker still there at its drain deadline gets the kill signal (SIGTERM by default,
-        // as from Node's `worker.kill()`): a Node worker that a timer or an open connection
-        // keeps alive after its `disconnect` runs its handler of it (or ends) instead of waiting
-        // for the SIGKILL. The worker times its deadline from when it reads the `disconnect`, a
-        // little after this: the signal waits `DRAIN_GRACE` more, so a worker that keeps its
-        // deadline exits of its own accord, with its own code (a nodus worker's 124: its
-        // deadline cut requests), instead of dying of the signal in the middle of its exit.
-        let room = st
-            .config
-            .kill_timeout
-            .saturating_sub(st.config.drain_timeout);
-        Some(st.config.drain_timeout + DRAIN_GRACE.min(room / 2))
+        Some(kill_signal_at(st))
     } else {
         let _ = proc.signal(st.config.kill_signal, false);
         None
@@ -939,6 +936,22 @@ pub(super) fn drain(st: &Rc<State>, proc: &Rc<Proc>) {
 /// How long after the drain deadline a worker with a channel that is still running gets the kill
 /// signal (at most half the time from the deadline to the kill timeout).
 const DRAIN_GRACE: Duration = Duration::from_millis(200);
+
+/// When a worker that drains (asked to with a `disconnect`, or going down by itself) gets the
+/// kill signal if it is still there: `DRAIN_GRACE` past its drain deadline. That signal
+/// (SIGTERM by default, as from Node's `worker.kill()`) lets a Node worker that a timer or an
+/// open connection keeps alive run its handler of it (or end) instead of waiting for the
+/// SIGKILL. The worker times its deadline from when it reads the `disconnect`, a little after
+/// it is sent: the signal waits `DRAIN_GRACE` more, so a worker that keeps its deadline exits
+/// of its own accord, with its own code (a nodus worker's 124: its deadline cut requests),
+/// instead of dying of the signal in the middle of its exit.
+fn kill_signal_at(st: &State) -> Duration {
+    let room = st
+        .config
+        .kill_timeout
+        .saturating_sub(st.config.drain_timeout);
+    st.config.drain_timeout + DRAIN_GRACE.min(room / 2)
+}
 
 /// Sends `proc` the kill signal if it still runs `term_at` from now (if given, and before the
 /// kill timeout), and SIGKILLs it and its process group if it still runs after the kill timeout;
@@ -953,8 +966,9 @@ fn arm_kill_timer(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str, term_at: O
     crate::task::spawn_named("cluster:kill-timer", async move {
         let started = Instant::now();
         if let Some(term_at) = term_at {
-            // A Node worker that holds no inbound connection once its channel ended gets its
-            // kill signal then (`conns`): only a timer or a pool keeps it alive.
+            // A Node worker that holds no inbound connection and no output it could not write,
+            // a moment after its channel ended, gets its kill signal then (`conns`): only a
+            // timer or a pool keeps it alive.
             let mut exited = pin!(p.child.wait());
             let mut idle = pin!(conns::until_idle(&s, &p));
             let ended = poll_fn(|cx| {
@@ -968,7 +982,8 @@ fn arm_kill_timer(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str, term_at: O
                 Ok(true) => {
                     tracing::debug!(
                         target: "nodus::cluster",
-                        "worker {} (pid {}) disconnected and holds no connection: {term_name}",
+                        "worker {} (pid {}) disconnected, holds no connection and has written its \
+                         output: {term_name}",
                         p.slot, p.pid
                     );
                     let _ = p.signal(term, false);
@@ -981,8 +996,8 @@ fn arm_kill_timer(st: &Rc<State>, proc: &Rc<Proc>, why: &'static str, term_at: O
                     // connections handed to it and not taken) is cut.
                     tracing::warn!(
                         target: "nodus::cluster",
-                        "worker {} (pid {}) still running {} after it was asked to drain (past \
-                         its deadline): {term_name}",
+                        "worker {} (pid {}) still running {} {why} (past its deadline): \
+                         {term_name}",
                         p.slot,
                         p.pid,
                         ms(term_at)
@@ -1056,6 +1071,7 @@ fn start_shutdown(st: &Rc<State>, why: &str) {
     if st.phase.replace(Phase::Stopping) == Phase::Stopping {
         return;
     }
+    st.stop_began.set(Some(Instant::now()));
     let procs: Vec<Rc<Proc>> = st.procs.borrow().values().cloned().collect();
     // A give-up (or another code already set) stops at once.
     let delay = if st.final_code.get() == 0 {
