@@ -564,7 +564,7 @@ fn a_reader_that_falls_behind_gets_backpressure_and_every_message() {
             assert_eq!(v["n"], n);
         }
         assert_eq!(ch.recv().await.unwrap().unwrap().json(), r#""end""#);
-        writer.await;
+        writer.await.unwrap();
     });
 }
 
