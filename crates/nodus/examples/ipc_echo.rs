@@ -8,7 +8,8 @@
 //!
 //! It ignores its arguments and replies `{"echo": <message>}` to every message (one that carried
 //! a handle too). A listening socket that arrives as a handle is also served: each connection gets
-//! `hello from nodus <pid>\n` and is closed. The message `"exit"` is not echoed: the program
+//! `hello from nodus <pid>\n` and is closed; a failed accept (out of fds: `EMFILE`) is said once
+//! on stderr and tried again 100 ms later, as libuv keeps listening. The message `"exit"` is not echoed: the program
 //! disconnects and exits 0. On channel EOF it exits 0; a malformed frame is dropped with one line
 //! on stderr, and the channel goes on. Without a channel, or with a parent using
 //! `serialization: 'advanced'`, it says why on stderr and exits 2.
@@ -85,8 +86,15 @@ fn serve(handle: Handle) {
             return;
         };
         spawn(async move {
-            while let Ok((conn, _)) = listener.accept().await {
-                let _ = conn.write_all(greeting.as_bytes()).await;
+            let mut failing = false;
+            loop {
+                match listener.accept().await {
+                    Ok((conn, _)) => {
+                        failing = false;
+                        let _ = conn.write_all(greeting.as_bytes()).await;
+                    }
+                    Err(e) => accept_failed(&e, &mut failing).await,
+                }
             }
         })
         .detach();
@@ -95,10 +103,26 @@ fn serve(handle: Handle) {
             return;
         };
         spawn(async move {
-            while let Ok((conn, _)) = listener.accept().await {
-                let _ = conn.write_all(greeting.as_bytes()).await;
+            let mut failing = false;
+            loop {
+                match listener.accept().await {
+                    Ok((conn, _)) => {
+                        failing = false;
+                        let _ = conn.write_all(greeting.as_bytes()).await;
+                    }
+                    Err(e) => accept_failed(&e, &mut failing).await,
+                }
             }
         })
         .detach();
     }
+}
+
+/// A failed accept keeps the listener: said once per run of failures, tried again in 100 ms.
+async fn accept_failed(e: &std::io::Error, failing: &mut bool) {
+    if !*failing {
+        eprintln!("ipc_echo: accept failed: {e}; still listening, trying again");
+        *failing = true;
+    }
+    nodus::sleep(100).await;
 }

@@ -498,6 +498,76 @@ fn bad_frames_nobody_reads_are_bounded_and_the_messages_after_them_arrive() {
     });
 }
 
+/// One read that holds more frames than the queue keeps (1024, Node's coalesced writes): a
+/// program that reads its messages loses none of them.
+#[test]
+fn a_read_of_more_frames_than_are_kept_loses_none_for_a_reader() {
+    bounded(async {
+        let (ch, raw) = with_raw(ChannelOptions::default());
+        raw.write(b"\"start\"\n").await;
+        assert_eq!(ch.recv().await.unwrap().unwrap().json(), r#""start""#);
+        let mut bytes = Vec::new();
+        for i in 0..2000 {
+            bytes.extend_from_slice(format!("{i}\n").as_bytes());
+        }
+        raw.send_now(&bytes, &[]);
+        for i in 0..2000 {
+            assert_eq!(ch.recv().await.unwrap().unwrap().json(), i.to_string());
+        }
+    });
+}
+
+/// A reader that falls behind: the channel takes 64 MiB of messages at most, then stops reading
+/// (what the peer writes waits in the socket, and its writes wait), and every message arrives,
+/// in order, once they are read.
+#[test]
+fn a_reader_that_falls_behind_gets_backpressure_and_every_message() {
+    bounded(async {
+        let (ch, raw) = with_raw(ChannelOptions::default());
+        raw.write(b"\"start\"\n").await;
+        assert_eq!(ch.recv().await.unwrap().unwrap().json(), r#""start""#);
+        let raw = std::rc::Rc::new(raw);
+        let writer = spawn({
+            let raw = raw.clone();
+            async move {
+                let pad = "x".repeat(1024 * 1024);
+                for n in 0..80 {
+                    raw.write(format!("{{\"n\":{n},\"p\":\"{pad}\"}}\n").as_bytes())
+                        .await;
+                }
+                raw.write(b"\"end\"\n").await;
+            }
+        });
+        // Wait (10 s at most) for the channel to stop reading: bytes wait in the socket and
+        // stay there.
+        let mut stable = 0;
+        let mut last = 0;
+        for _ in 0..200 {
+            nodus::sleep(50).await;
+            let unread = raw.unread_by_peer();
+            stable = if unread > 0 && unread == last {
+                stable + 1
+            } else {
+                0
+            };
+            last = unread;
+            if stable == 4 {
+                break;
+            }
+        }
+        assert_eq!(
+            stable, 4,
+            "the channel stopped reading while nobody took its messages"
+        );
+        for n in 0..80u64 {
+            let v: serde_json::Value = ch.recv().await.unwrap().unwrap().deserialize().unwrap();
+            assert_eq!(v["n"], n);
+        }
+        assert_eq!(ch.recv().await.unwrap().unwrap().json(), r#""end""#);
+        writer.await.unwrap();
+    });
+}
+
 #[test]
 fn messages_nobody_reads_are_bounded_and_the_newest_kept() {
     bounded(async {
@@ -519,7 +589,9 @@ fn messages_nobody_reads_are_bounded_and_the_newest_kept() {
             n += 1;
         }
         assert_eq!(n, 1024);
-        // ...and more bytes than are kept: 5 MiB messages, 13 of them (65 MiB).
+        // ...and more bytes than are kept: 5 MiB messages, 13 of them (65 MiB), on a channel
+        // nobody has called `recv` on (one that has is read only as fast as it takes them).
+        let (ch, raw) = with_raw(ChannelOptions::default());
         let big = format!("\"{}\"\n", "x".repeat(5 * 1024 * 1024));
         for _ in 0..13 {
             raw.write(big.as_bytes()).await;

@@ -213,6 +213,43 @@ fn fds_sent_with_a_frames_first_byte_reach_it_however_the_bytes_are_read() {
     });
 }
 
+/// Node's rule: a read's fds go to the frames in it that announce fds, in order, whatever else
+/// shares that read (a peer that writes several frames with one `sendmsg`).
+#[test]
+fn a_reads_fds_go_to_its_handle_frames_in_order_around_other_frames() {
+    fd_case(async |ch, raw, listener| {
+        let (r, w) = pipe();
+        let mut bytes = b"{\"pre\":1}\n".to_vec();
+        bytes.extend_from_slice(HANDLE_FRAME);
+        bytes.extend_from_slice(b"{\"mid\":1}\n");
+        bytes.extend_from_slice(
+            b"{\"cmd\":\"NODE_HANDLE\",\"type\":\"net.Native\",\"msg\":\"pipe\"}\n",
+        );
+        bytes.extend_from_slice(b"{\"post\":1}\n");
+        raw.send_now(&bytes, &[listener.as_fd(), w.as_fd()]);
+        assert_eq!(ch.recv().await.unwrap().unwrap().json(), r#"{"pre":1}"#);
+        the_handle_arrives_as_itself(ch, raw, listener).await;
+        assert_eq!(ch.recv().await.unwrap().unwrap().json(), r#"{"mid":1}"#);
+        assert_eq!(raw.frame().await.0, r#"{"cmd":"NODE_HANDLE_ACK"}"#);
+        let mut m = ch.recv().await.unwrap().unwrap();
+        assert_eq!(m.json(), r#""pipe""#);
+        let h = m.take_handle().unwrap();
+        let (a, b) = (
+            rustix::fs::fstat(&h).unwrap(),
+            rustix::fs::fstat(&w).unwrap(),
+        );
+        assert_eq!(
+            (a.st_dev, a.st_ino),
+            (b.st_dev, b.st_ino),
+            "the second fd sent"
+        );
+        assert_eq!(ch.recv().await.unwrap().unwrap().json(), r#"{"post":1}"#);
+        drop((h, w));
+        assert!(write_end_closed(&r));
+        the_next_handle_is_its_own(ch, raw, listener).await;
+    });
+}
+
 #[test]
 fn fd_errors_nobody_reads_are_bounded_and_their_messages_all_arrive() {
     fd_case(async |ch, raw, listener| {

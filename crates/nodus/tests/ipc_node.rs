@@ -206,6 +206,54 @@ fn a_nodus_parent_forks_the_nodus_echo_child() {
     });
 }
 
+/// The echo child's open fds.
+fn open_fds_of(pid: u32) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count() as u64
+}
+
+/// Sets the soft open-files limit of process `pid`; returns the one it had.
+fn set_fd_limit(pid: u32, soft: Option<u64>) -> rustix::process::Rlimit {
+    use rustix::process::{Pid, Resource, Rlimit, getrlimit, prlimit};
+    let pid = Pid::from_raw(pid as i32).unwrap();
+    let limit = Rlimit {
+        current: soft,
+        maximum: getrlimit(Resource::Nofile).maximum,
+    };
+    prlimit(Some(pid), Resource::Nofile, limit).unwrap()
+}
+
+/// An accept that fails for want of fds (`EMFILE`) does not end the echo child's listener: once
+/// fds are free again, the connection that waited is served (libuv keeps listening).
+#[test]
+fn the_echo_child_keeps_listening_through_an_accept_out_of_fds() {
+    let echo = ipc_echo();
+    bounded(async move {
+        let (child, ch) = fork(&echo, Vec::<String>::new()).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        ch.send_handle(&"srv", listener).unwrap();
+        assert_eq!(
+            ch.recv().await.unwrap().unwrap().json(),
+            r#"{"echo":"srv"}"#
+        );
+        // No fd free in the child: its accept of this connection fails (EMFILE).
+        let old = set_fd_limit(child.id(), Some(open_fds_of(child.id())));
+        let c = TcpStream::connect(addr).await.unwrap();
+        nodus::sleep(500).await;
+        set_fd_limit(child.id(), old.current);
+        assert_eq!(
+            read_all(&c).await,
+            format!("hello from nodus {}\n", child.id()),
+            "served once fds were free"
+        );
+        ch.send(&"exit").unwrap();
+        assert!(ch.recv().await.is_none());
+        assert!(child.wait().await.unwrap().success());
+    });
+}
+
 #[test]
 fn the_echo_child_survives_a_malformed_frame_and_exits_0_at_eof() {
     let echo = ipc_echo();

@@ -3,7 +3,8 @@
 //!
 //! The task ("ipc:channel") reads whenever the socket is readable, whether or not anyone is
 //! receiving, so handle ACKs, NACKs and `NODE_SOCKET_NOTIFY_CLOSE` are answered promptly, as in
-//! Node; it also writes what `send` could not write at once.
+//! Node, except while a queue someone reads is full (see **Unread messages**); it also writes
+//! what `send` could not write at once.
 //!
 //! Invariants:
 //! - **Order.** Frames are written in `send` order. While a handle waits for its ACK, every later
@@ -13,15 +14,20 @@
 //!   `{"cmd":"NODE_NODUS_FDS","count":n,"msg":M}` with up to 64 fds in one `sendmsg`, and is neither
 //!   ACKed nor held for. Only for a peer known to be nodus: a Node peer would take the frame for
 //!   an unknown internal message and leak the fds.
-//! - **Fds go with their frame's bytes** (Node's rule). The fds one read brings belong to the
-//!   last frame that starts in that read (the kernel delivers a `sendmsg`'s fds with its first
-//!   byte and ends the read there; see `fdpass`), and to no other: they are held for that frame
-//!   alone until its end arrives, never queued for whichever frame asks next. A `NODE_HANDLE`
-//!   takes exactly one fd, a `NODE_NODUS_FDS` frame exactly `count` (fewer only when the kernel
-//!   truncated them), any other frame none. Fds that do not match (too many, too few, with a
-//!   frame that carries none, or in a read where no frame starts) are closed at once and reported
-//!   as [`IpcError::UnexpectedFds`]; the frame is handled without them (a `NODE_HANDLE` gets a
-//!   NACK) and the channel stays open. At most one read's fds (64) wait for their frame.
+//! - **Fds go with their frames' bytes** (Node's rule). The fds one read brings belong to the
+//!   frames that start in that read (the kernel delivers a `sendmsg`'s fds with its first byte
+//!   and ends the read in that `sendmsg`; see `fdpass`), and to no other: in order, to those
+//!   that announce fds, a `NODE_HANDLE` one, a `NODE_NODUS_FDS` frame `count`, any other frame
+//!   none (so `{"pre":1}`, a `NODE_HANDLE` and `{"post":1}` written with one `sendmsg` give the
+//!   fd to the handle, as Node does). Before the first of those frames is taken, all of them are
+//!   buffered whole and their announced fds counted: unless that is what arrived (fewer only
+//!   when the kernel truncated them, given in order), none is kept, since which would be whose
+//!   is unknown: the fds are closed and reported as [`IpcError::UnexpectedFds`] (not reported
+//!   when one of those frames is bad: its own error covers them), and the frames are handled
+//!   without them (a `NODE_HANDLE` gets a NACK). Fds in a read where no frame starts are closed
+//!   and reported at once. They are never queued for whichever frame asks next, and the channel
+//!   stays open. A read's fds (64 at most) wait for its frames, tied to their stream offsets, so
+//!   they stay with them while reading is paused.
 //! - **Retransmission.** A NACK resends the in-flight handle frame with its fd, at most 3 times
 //!   (Node's `MAX_HANDLE_RETRANSMISSIONS`); the 4th NACK drops the handle, delivers
 //!   [`IpcError::HandleNotReceived`] and releases the held messages.
@@ -41,12 +47,23 @@
 //! - **Hardened.** A frame over the cap or not valid JSON is dropped (with its fds) and delivered
 //!   as an [`IpcError::Frame`] event; the channel stays open and reads on from the next line
 //!   (no JSON text contains a raw newline, so the stream keeps its sync). At most 64 input error
-//!   events wait unread, and at most 1024 messages, 64 MiB of them or 4096 fds in their handles
-//!   (the oldest are dropped, with a warning), and as many internal messages (the oldest are
-//!   dropped): memory and fds stay bounded when nobody reads. The channel's own answers to the
+//!   events wait unread. The channel's own answers to the
 //!   peer's frames (ACK, NACK, socket replies) wait unwritten 1024 at most (more are dropped): a
 //!   peer that asks and never reads cannot grow this side either. Nothing panics and nothing
 //!   exits the process.
+//! - **Unread messages: backpressure, not loss, for a reader.** At most 1024 messages wait unread,
+//!   64 MiB of them or 4096 fds in their handles (one message more at most: the one that reached
+//!   a bound). Once [`Channel::recv`] has been called (the program reads its messages, as a Node
+//!   program with a `message` listener), a full queue stops the task from taking frames: those
+//!   already read stay in the decoder (one read's worth, 64 KiB), the socket is not read, the
+//!   rest waits in the kernel's socket buffer and the peer's writes wait (`EAGAIN`), as with a
+//!   Node process that is busy; `recv` taking a message wakes the task. Nothing is dropped, so a
+//!   read of 2000 coalesced frames reaches the reader whole. Until `recv` is first called,
+//!   nobody listens (Node drops a message with no listener): the oldest are dropped past a bound,
+//!   with a warning, and the channel reads on, so a cluster worker that only serves keeps its
+//!   internal traffic. The internal messages for [`Channel::recv_internal`] follow the same rule
+//!   with their own queue. While paused, ACKs and NACKs of the peer wait too. At the end of
+//!   input, what is buffered is taken regardless, then the channel closes.
 //! - **Liveness.** An open channel is a ref'd handle (Node's `channel.ref()`); `unref()` lets the
 //!   loop exit while it is open. Closing (EOF, an error, `disconnect`, drop) releases it.
 //! - **Disconnect.** `disconnect()` (or dropping the `Channel`) stops new sends, writes what is
@@ -88,10 +105,12 @@ const MAX_RETRANSMISSIONS: u32 = 3;
 const MAX_UNREAD_ERRORS: usize = 64;
 
 /// Messages queued for [`Channel::recv`] at most, their JSON bytes and the fds of their handles
-/// at most (at least the newest message is kept, whatever its size): beyond any, the oldest are
-/// dropped (their handles closed) with one warning per overflow. A process that never reads its
-/// messages (a cluster worker that only serves) stays bounded; Node drops a message nobody
-/// listens for. The internal messages kept for [`Channel::recv_internal`] have the same bounds.
+/// at most (at least the newest message is kept, whatever its size). At a bound, once `recv`
+/// has been called, the channel stops reading until it is called again (backpressure); before,
+/// past a bound, the oldest are dropped (their handles closed) with one warning per overflow: a
+/// process that never reads its messages (a cluster worker that only serves) stays bounded and
+/// keeps reading; Node drops a message nobody listens for. The internal messages kept for
+/// [`Channel::recv_internal`] have the same bounds and rule.
 const MAX_UNREAD_MESSAGES: usize = 1024;
 const MAX_UNREAD_BYTES: usize = 64 * 1024 * 1024;
 const MAX_UNREAD_FDS: usize = 4096;
@@ -121,6 +140,13 @@ impl Unread {
         self.messages -= 1;
         self.bytes -= msg.json.get().len();
         self.fds -= msg.handles.len();
+    }
+
+    /// At a bound: a queue someone reads takes no more until they read.
+    fn full(&self) -> bool {
+        self.messages >= MAX_UNREAD_MESSAGES
+            || self.bytes >= MAX_UNREAD_BYTES
+            || self.fds >= MAX_UNREAD_FDS
     }
 
     /// Past a bound, with more than one message (the newest is always kept).
@@ -302,11 +328,80 @@ enum Payload {
     Fds(Vec<Rc<OwnedFd>>),
 }
 
-/// The fds a read brought, held for the frame they belong to until its last byte arrives.
+/// The fds a read brought.
 struct Arrived {
     fds: Vec<OwnedFd>,
     /// The kernel closed some of them (`MSG_CTRUNC`): `fds` are the first ones sent.
     truncated: bool,
+}
+
+/// The fds one read brought, for the frames that start in it (stream offsets `from..to`) and
+/// announce fds, in order. Matched once every such frame is buffered whole (`matched`): their
+/// announced fds are counted, and unless that is what arrived (fewer only when the kernel
+/// truncated them) all are closed and none given.
+struct FdGroup {
+    from: u64,
+    to: u64,
+    fds: VecDeque<OwnedFd>,
+    truncated: bool,
+    /// The frames from `from` up to this offset are counted.
+    counted_to: u64,
+    /// The bytes from `counted_to` up to this offset hold no `\n`.
+    searched_to: u64,
+    /// Fds the counted frames announce.
+    announced: usize,
+    /// A counted frame is malformed or too large (it may have been the fds' frame).
+    bad: bool,
+    matched: bool,
+}
+
+impl FdGroup {
+    /// Counts the fds announced by the frames of this group buffered in `decoder`; `true` once
+    /// all are counted. `at_end`: no more bytes will come (an unfinished frame announces none).
+    fn count(&mut self, decoder: &Decoder, max_frame: usize, at_end: bool) -> bool {
+        while self.counted_to < self.to {
+            let rest = decoder.buffered_from(self.counted_to);
+            let skip = usize::try_from(self.searched_to - self.counted_to).unwrap_or(usize::MAX);
+            match rest
+                .get(skip..)
+                .and_then(|r| r.iter().position(|&b| b == b'\n'))
+            {
+                Some(pos) => {
+                    let line = &rest[..skip + pos];
+                    match (line.len() <= max_frame)
+                        .then(|| serde_json::from_slice::<Box<RawValue>>(line).ok())
+                        .flatten()
+                    {
+                        Some(json) => self.announced += carries(&json),
+                        None => self.bad = true,
+                    }
+                    self.counted_to += (skip + pos + 1) as u64;
+                    self.searched_to = self.counted_to;
+                }
+                // The group's last frame, unfinished: too large already, or never to finish.
+                None if rest.len() > max_frame || at_end => {
+                    self.bad = true;
+                    self.counted_to = self.to;
+                }
+                None => {
+                    self.searched_to = self.counted_to + rest.len() as u64;
+                    return false;
+                }
+            }
+        }
+        true
+    }
+}
+
+/// The fds a frame announces: one for a `NODE_HANDLE`, `count` for a `NODE_NODUS_FDS`, none
+/// for any other.
+fn carries(json: &RawValue) -> usize {
+    let internal = handles::internal(json);
+    match internal.as_ref().map(|i| i.cmd()) {
+        Some(NODE_HANDLE) => 1,
+        Some(NODUS_FDS) => internal.and_then(|i| i.count).unwrap_or(0),
+        _ => 0,
+    }
 }
 
 /// The `sendmsg` call the channel writes with: [`fdpass::send`]; a seam through which the unit
@@ -323,18 +418,29 @@ struct InFlight {
 struct State {
     decoder: Decoder,
     max_frame: usize,
-    /// The fds of the frame the decoder holds the start of (`None` at a frame boundary).
-    arrived: Option<Arrived>,
+    /// The fds of reads whose frames are not all taken yet, in stream order.
+    fd_groups: VecDeque<FdGroup>,
+    /// Frames wait in the decoder because a queue someone reads is full: the socket is not
+    /// read until `recv` (or `recv_internal`) takes one.
+    paused: bool,
+    /// The peer's end of input was read: frames still buffered are taken regardless of the
+    /// queues' bounds (at most one read's worth), then the channel closes.
+    eof: bool,
     incoming: VecDeque<Result<Message, IpcError>>,
     /// The messages (`Ok` items) in `incoming`.
     unread: Unread,
     /// Messages dropped unread since the last overflow warning ended (0: none being dropped).
     dropped_unread: u64,
+    /// `recv` was called: the program reads its messages, so a full queue is backpressure
+    /// (reading stops), never loss. Until then nobody listens, and the oldest are dropped.
+    listened: bool,
     /// Input error events (`UnexpectedFds`, `Frame`) in `incoming`.
     unread_errors: usize,
     internal: VecDeque<Message>,
     /// The messages in `internal`.
     internal_unread: Unread,
+    /// `recv_internal` was called (the same rule as `listened`).
+    internal_listened: bool,
     out: VecDeque<Out>,
     out_bytes: usize,
     /// The `reply` frames in `out`; `replies_dropped` once one was dropped for want of room
@@ -427,7 +533,7 @@ impl State {
             self.unread.add(msg);
         }
         self.incoming.push_back(item);
-        while self.unread.over() {
+        while !self.listened && self.unread.over() {
             self.drop_oldest_message();
         }
         wake.extend(self.recv_waker.take());
@@ -475,49 +581,102 @@ impl State {
         self.deliver(Err(error), wake);
     }
 
-    /// Takes one read: `bytes`, and the fds that came with them. A frame's fds come with its
-    /// first byte, and a read ends with the bytes that carried fds (see `fdpass`), so they
-    /// belong to the last frame that starts in this read: they are held for that frame alone,
-    /// whichever read brings its end. Fds in a read where no frame starts belong to none.
+    /// Takes one read: `bytes`, and the fds that came with them. A `sendmsg`'s fds come with
+    /// its first byte, and a read ends with the bytes that carried fds (see `fdpass`), so they
+    /// belong to the frames that start in this read: in order, to those that announce fds
+    /// (Node gives a read's handle to its `NODE_HANDLE` frame), whichever read brings their
+    /// ends. Fds in a read where no frame starts belong to none.
     fn on_read(&mut self, bytes: &[u8], arrived: Option<Arrived>, wake: &mut Vec<Waker>) {
-        let Some(arrived) = arrived else {
-            self.decoder.push(bytes);
-            return self.take_frames(wake);
-        };
-        let start = match bytes[..bytes.len() - 1].iter().rposition(|&b| b == b'\n') {
-            Some(newline) => Some(newline + 1),
-            None => self.decoder.at_frame_start().then_some(0),
-        };
-        let Some(start) = start else {
-            self.unexpected_fds(arrived.fds, 0, wake);
-            self.decoder.push(bytes);
-            return self.take_frames(wake);
-        };
-        self.decoder.push(&bytes[..start]);
-        self.take_frames(wake);
-        debug_assert!(self.arrived.is_none(), "fds held at a frame boundary");
-        self.arrived = Some(arrived);
-        self.decoder.push(&bytes[start..]);
+        if let Some(arrived) = arrived {
+            let begin = self.decoder.pushed();
+            let first = if self.decoder.at_frame_start() {
+                Some(0)
+            } else {
+                bytes[..bytes.len() - 1]
+                    .iter()
+                    .position(|&b| b == b'\n')
+                    .map(|newline| newline + 1)
+            };
+            match first {
+                Some(first) => {
+                    let from = begin + first as u64;
+                    self.fd_groups.push_back(FdGroup {
+                        from,
+                        to: begin + bytes.len() as u64,
+                        fds: arrived.fds.into(),
+                        truncated: arrived.truncated,
+                        counted_to: from,
+                        searched_to: from,
+                        announced: 0,
+                        bad: false,
+                        matched: false,
+                    });
+                }
+                None => self.unexpected_fds(arrived.fds, 0, wake),
+            }
+        }
+        self.decoder.push(bytes);
         self.take_frames(wake);
     }
 
-    /// Acts on every complete frame buffered. The first takes the fds held, if any: they came
-    /// with its start (`on_read` holds fds only while the decoder holds their frame's start).
-    /// A bad frame is reported and dropped with its fds; the frames after it go on.
-    fn take_frames(&mut self, wake: &mut Vec<Waker>) {
+    /// Stops reading while a queue someone reads is full (then `recv` wakes the channel's
+    /// task); at the end of input, never.
+    fn must_pause(&self) -> bool {
+        !self.eof
+            && ((self.listened && self.unread.full())
+                || (self.internal_listened && self.internal_unread.full()))
+    }
+
+    /// Acts on the complete frames buffered, in order, while the queues take them. A bad frame
+    /// is reported and dropped; the frames after it go on. `false` when paused with frames
+    /// left (a full queue); `true` when more bytes are needed.
+    fn take_frames(&mut self, wake: &mut Vec<Waker>) -> bool {
         loop {
+            if self.must_pause() {
+                self.paused = true;
+                return false;
+            }
+            if !self.match_fds(wake) {
+                return true;
+            }
             match self.decoder.next_frame() {
                 Ok(Some(frame)) => {
-                    let arrived = self.arrived.take();
-                    self.on_frame(frame, arrived, wake);
+                    let start = self.decoder.frame_start();
+                    self.on_frame(frame, start, wake);
                 }
-                Ok(None) => return,
-                Err(e) => {
-                    drop(self.arrived.take());
-                    self.input_error(IpcError::Frame(e), wake);
-                }
+                Ok(None) => return true,
+                Err(e) => self.input_error(IpcError::Frame(e), wake),
             }
         }
+    }
+
+    /// Before the decoder's next frame is taken: if it may be the first of a read that brought
+    /// fds, matches them to that read's frames, which must all be buffered (`false` until they
+    /// are). A mismatch closes them and reports it, unless a bad frame of that read may have
+    /// been theirs (its own error says so).
+    fn match_fds(&mut self, wake: &mut Vec<Waker>) -> bool {
+        let Some(group) = self.fd_groups.iter_mut().find(|g| !g.matched) else {
+            return true;
+        };
+        if !self.decoder.skipping() && self.decoder.position() < group.from {
+            return true; // The next frame starts before the read that brought fds.
+        }
+        if !group.count(&self.decoder, self.max_frame, self.eof) {
+            return false;
+        }
+        group.matched = true;
+        let received = group.fds.len();
+        let (announced, truncated, bad) = (group.announced, group.truncated, group.bad);
+        if received == announced || (truncated && received < announced) {
+            return true;
+        }
+        let fds: Vec<OwnedFd> = group.fds.drain(..).collect();
+        if bad {
+            drop(fds);
+        } else {
+            self.unexpected_fds(fds, announced, wake);
+        }
+        true
     }
 
     /// Closes fds that do not match their frame and reports them.
@@ -527,22 +686,25 @@ impl State {
         self.input_error(IpcError::UnexpectedFds { expected, received }, wake);
     }
 
-    /// Acts on one received frame and the fds that came with it.
-    fn on_frame(&mut self, json: Box<RawValue>, arrived: Option<Arrived>, wake: &mut Vec<Waker>) {
-        let (mut fds, truncated) = arrived.map_or((Vec::new(), false), |a| (a.fds, a.truncated));
-        let internal = handles::internal(&json);
-        let carries = match internal.as_ref().map(|i| i.cmd()) {
-            Some(NODE_HANDLE) => 1,
-            Some(NODUS_FDS) => internal.as_ref().and_then(|i| i.count).unwrap_or(0),
-            _ => 0,
-        };
-        // Fewer fds than announced are kept only when the kernel truncated them: the message
-        // goes through with what arrived (the receiver accounts for each). Any other mismatch
-        // keeps none: which of them would be whose is unknown.
-        let matched = fds.len() == carries || (truncated && fds.len() < carries);
-        if !fds.is_empty() && !matched {
-            self.unexpected_fds(std::mem::take(&mut fds), carries, wake);
+    /// Acts on one received frame, which starts at stream offset `start`. It takes the fds it
+    /// announces from those of the read it starts in, matched already (`match_fds`): all of
+    /// them, or what the kernel did not truncate, or none after a mismatch.
+    fn on_frame(&mut self, json: Box<RawValue>, start: u64, wake: &mut Vec<Waker>) {
+        while self.fd_groups.front().is_some_and(|g| g.to <= start) {
+            self.fd_groups.pop_front(); // Every frame of that read was taken.
         }
+        let mut fds = Vec::new();
+        if let Some(group) = self.fd_groups.front_mut()
+            && group.from <= start
+        {
+            debug_assert!(
+                group.matched,
+                "a read's fds are matched before its frames go"
+            );
+            let n = carries(&json).min(group.fds.len());
+            fds.extend(group.fds.drain(..n));
+        }
+        let internal = handles::internal(&json);
         let Some(internal) = internal else {
             self.deliver(
                 Ok(Message {
@@ -648,7 +810,7 @@ impl State {
     fn push_internal(&mut self, msg: Message, wake: &mut Vec<Waker>) {
         self.internal_unread.add(&msg);
         self.internal.push_back(msg);
-        while self.internal_unread.over() {
+        while !self.internal_listened && self.internal_unread.over() {
             let dropped = self.internal.pop_front().expect("more than one");
             self.internal_unread.remove(&dropped);
         }
@@ -657,6 +819,15 @@ impl State {
 
     fn queued(&self) -> usize {
         self.out_bytes + self.held_bytes
+    }
+
+    /// After a receiver took an item: the channel's task, if paused for room, to wake.
+    fn resume(&mut self) -> Option<Waker> {
+        if !self.paused {
+            return None;
+        }
+        self.paused = false;
+        self.driver.take()
     }
 
     /// Nothing left to write or to wait for before a disconnect may close the fd.
@@ -717,13 +888,17 @@ impl Channel {
             st: RefCell::new(State {
                 decoder: Decoder::new(options.max_frame),
                 max_frame: options.max_frame,
-                arrived: None,
+                fd_groups: VecDeque::new(),
+                paused: false,
+                eof: false,
                 incoming: VecDeque::new(),
                 unread: Unread::default(),
                 dropped_unread: 0,
+                listened: false,
                 unread_errors: 0,
                 internal: VecDeque::new(),
                 internal_unread: Unread::default(),
+                internal_listened: false,
                 out: VecDeque::new(),
                 out_bytes: 0,
                 replies_queued: 0,
@@ -806,7 +981,9 @@ impl Channel {
     }
 
     /// The next message (or error event); `None` once the channel is closed and drained.
-    /// One task receives at a time.
+    /// One task receives at a time. From the first call on, unread messages are backpressure:
+    /// while 1024 (or 64 MiB, or 4096 fds) wait, the channel reads no more until one is taken
+    /// (see the module docs); none is dropped.
     pub async fn recv(&self) -> Option<Result<Message, IpcError>> {
         poll_fn(|cx| self.poll_recv(cx)).await
     }
@@ -814,7 +991,9 @@ impl Channel {
     /// Polls for the next message.
     pub fn poll_recv(&self, cx: &mut Context<'_>) -> Poll<Option<Result<Message, IpcError>>> {
         let mut st = self.inner.st.borrow_mut();
+        st.listened = true;
         if let Some(item) = st.incoming.pop_front() {
+            let resume = st.resume();
             match &item {
                 Ok(msg) => {
                     st.unread.remove(msg);
@@ -833,6 +1012,10 @@ impl Channel {
                 }
                 Err(_) => {}
             }
+            drop(st);
+            if let Some(driver) = resume {
+                driver.wake();
+            }
             return Poll::Ready(Some(item));
         }
         if st.closed {
@@ -845,12 +1028,20 @@ impl Channel {
     }
 
     /// The next internal (`NODE_*`) message that nodus did not handle itself (`NODE_CLUSTER`,
-    /// say); `None` once closed. The last 1024 are kept, 64 MiB and 4096 fds of them at most.
+    /// say); `None` once closed. 1024 wait at most, 64 MiB and 4096 fds of them: once this has
+    /// been called, the channel then stops reading until it is called again; before, the
+    /// oldest are dropped.
     pub async fn recv_internal(&self) -> Option<Message> {
         poll_fn(|cx| {
             let mut st = self.inner.st.borrow_mut();
+            st.internal_listened = true;
             if let Some(m) = st.internal.pop_front() {
                 st.internal_unread.remove(&m);
+                let resume = st.resume();
+                drop(st);
+                if let Some(driver) = resume {
+                    driver.wake();
+                }
                 return Poll::Ready(Some(m));
             }
             if st.closed {
@@ -1084,7 +1275,7 @@ impl Inner {
         st.held_bytes = 0;
         st.held_handles = 0;
         let in_flight = st.in_flight.take();
-        let arrived = st.arrived.take();
+        let fd_groups = std::mem::take(&mut st.fd_groups);
         let backoff = st.backoff.take();
         wake.extend(st.recv_waker.take());
         wake.extend(st.internal_waker.take());
@@ -1092,7 +1283,7 @@ impl Inner {
         wake.append(&mut st.flush_waiters);
         drop(st);
         let io = self.io.borrow_mut().take();
-        drop((io, held, in_flight, arrived, backoff));
+        drop((io, held, in_flight, fd_groups, backoff));
     }
 
     /// The channel task: read, write, close when done. `Ready` once closed.
@@ -1115,8 +1306,12 @@ impl Inner {
             }
             st.driver = Some(cx.waker().clone());
         }
-        // Read while readable (the cooperative budget bounds this loop).
+        // Read while readable (the cooperative budget bounds this loop), and while the frames
+        // read so far are taken: not while a queue someone reads is full.
         loop {
+            if !self.st.borrow_mut().take_frames(wake) {
+                break;
+            }
             let guard = self.io.borrow();
             let Some(io) = guard.as_ref() else {
                 return true;
@@ -1128,7 +1323,12 @@ impl Inner {
             let mut buf = self.rbuf.borrow_mut();
             let mut st = self.st.borrow_mut();
             match fdpass::recv(io.get_ref().as_fd(), &mut buf) {
-                Ok(got) if got.len == 0 => return true,
+                Ok(got) if got.len == 0 => {
+                    // What is buffered still goes (an unfinished frame never will).
+                    st.eof = true;
+                    st.take_frames(wake);
+                    return true;
+                }
                 Ok(got) => {
                     // A truncated read counts without fds: its frame's fds were lost (a
                     // NODE_HANDLE gets a NACK, a NODE_NODUS_FDS frame goes through without).

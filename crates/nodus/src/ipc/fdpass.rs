@@ -12,7 +12,7 @@
 //! What the kernel does with them (Linux `unix_stream_sendmsg`/`unix_stream_read_generic`): a
 //! `sendmsg`'s fds ride on the buffer holding its first byte; a read that takes bytes of such a
 //! buffer takes its fds and ends there, although it may start with earlier bytes. So the fds of
-//! one read belong to the last frame that starts in it (see `channel`).
+//! one read belong to the frames that start in it, from that `sendmsg` on (see `channel`).
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;

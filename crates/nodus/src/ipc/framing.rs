@@ -10,6 +10,9 @@
 //! - A bad frame costs only itself: after a malformed line or an oversized one the decoder goes
 //!   on at the next `\n`, which no JSON text contains, so the stream never loses sync (Node
 //!   would throw from its channel and crash the process).
+//! - Positions are absolute stream offsets (bytes pushed since the start): [`Decoder::position`],
+//!   [`Decoder::pushed`], [`Decoder::frame_start`]; a caller can tie side data (the fds a read
+//!   brought) to the frames that start in a range of the stream.
 //! - Frames are kept as raw JSON text ([`RawValue`]): a message reaches the user with its object
 //!   keys in the sender's order, and is parsed into a user type only when asked.
 
@@ -55,6 +58,12 @@ pub struct Decoder {
     max_frame: usize,
     /// Discarding the rest of an oversized line, up to its `\n`.
     skipping: bool,
+    /// The stream offset of `buf[0]`.
+    base: u64,
+    /// The last byte pushed was not a `\n`: a line is open.
+    line_open: bool,
+    /// The stream offset where the frame last returned (or refused) starts.
+    last_start: u64,
 }
 
 impl Decoder {
@@ -66,6 +75,9 @@ impl Decoder {
             scanned: 0,
             max_frame,
             skipping: false,
+            base: 0,
+            line_open: false,
+            last_start: 0,
         }
     }
 
@@ -73,9 +85,44 @@ impl Decoder {
     pub fn push(&mut self, bytes: &[u8]) {
         if self.start > 0 && self.start >= self.buf.len() / 2 {
             self.buf.drain(..self.start);
+            self.base += self.start as u64;
             self.start = 0;
         }
+        if let Some(&last) = bytes.last() {
+            self.line_open = last != b'\n';
+        }
         self.buf.extend_from_slice(bytes);
+    }
+
+    /// The stream offset of the first byte not consumed yet (the next frame's start, unless
+    /// the rest of an oversized line is being discarded).
+    pub fn position(&self) -> u64 {
+        self.base + self.start as u64
+    }
+
+    /// The stream offset the next byte pushed will have.
+    pub fn pushed(&self) -> u64 {
+        self.base + self.buf.len() as u64
+    }
+
+    /// The stream offset where the frame [`next_frame`](Self::next_frame) last returned, or
+    /// last refused, starts.
+    pub fn frame_start(&self) -> u64 {
+        self.last_start
+    }
+
+    /// The rest of an oversized line is being discarded, up to its `\n`.
+    pub fn skipping(&self) -> bool {
+        self.skipping
+    }
+
+    /// The bytes buffered from stream offset `at` on (empty if `at` is not buffered: consumed,
+    /// discarded or not pushed yet).
+    pub fn buffered_from(&self, at: u64) -> &[u8] {
+        match at.checked_sub(self.base).map(usize::try_from) {
+            Some(Ok(i)) if i >= self.start && i <= self.buf.len() => &self.buf[i..],
+            _ => &[],
+        }
     }
 
     /// Bytes of an incomplete frame held back.
@@ -83,10 +130,10 @@ impl Decoder {
         self.buf.len() - self.start
     }
 
-    /// The next byte pushed starts a frame: nothing is buffered and no oversized line is being
-    /// discarded.
+    /// The next byte pushed starts a frame: the last byte pushed ended a line (or none was
+    /// pushed), whether or not complete frames wait to be taken.
     pub fn at_frame_start(&self) -> bool {
-        self.buffered() == 0 && !self.skipping
+        !self.line_open
     }
 
     /// The next complete frame, `Ok(None)` if more bytes are needed.
@@ -112,6 +159,7 @@ impl Decoder {
                     }
                 }
             }
+            self.last_start = self.base + self.start as u64;
             let Some(pos) = newline else {
                 self.scanned = pending.len();
                 if pending.len() > self.max_frame {
@@ -145,6 +193,7 @@ impl Decoder {
 
     /// Drops every buffered byte (the head of an oversized line).
     fn discard_pending(&mut self) {
+        self.base += self.buf.len() as u64;
         self.buf = Vec::new();
         self.start = 0;
         self.scanned = 0;

@@ -16,7 +16,9 @@
 //! Unlike Node, a malformed or oversized frame is an error event on that channel, which reads on
 //! from the next line; fds that do not match the frame they came with are closed and an error
 //! event, and the channel goes on (fds are matched to frames by where they arrive in the byte
-//! stream, so a mismatch never shifts fds onto later messages); the process keeps running. Only
+//! stream: in order, to the frames of the read they came with that announce fds, so a mismatch
+//! never shifts fds onto later messages); the process keeps running. Unread messages are
+//! backpressure for a program that calls `recv` (the channel stops reading), never loss. Only
 //! the `json` serialization is spoken: a Node parent that forks with `serialization:
 //! 'advanced'` gets [`IpcError::UnsupportedSerialization`] from [`Channel::from_env`].
 
