@@ -14,12 +14,14 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::cluster::{assert_exit, count, events, run_node_app, wait_events};
+use common::cluster::{assert_exit, count, events, node_app, run_node_app, wait_events};
 use common::have;
+use nodus_testkit::proc::Proc;
 use rustix::process::Signal;
 
 /// A stock Node app with the README's line: once the server no longer listens (the primary's
@@ -205,6 +207,49 @@ fn pid_serving(addr: SocketAddr) -> u32 {
         .unwrap_or_else(|| panic!("{body:?}"))
 }
 
+/// `nodus run --node -w 1` of `app` in `dir` under `policy`, with `LEAVE=leave` (how `/leave`
+/// makes the worker leave), a kill timeout of `kill_timeout` seconds, a min uptime of 0.2 s and
+/// its events in `log`, once its worker is ready: the address, the primary, the worker's pid.
+fn start_leaving(
+    dir: &Path,
+    app: &str,
+    policy: &str,
+    leave: &str,
+    kill_timeout: &str,
+    log: &Path,
+) -> (SocketAddr, Proc, u32) {
+    let log = log.to_str().unwrap();
+    let timing = ["--kill-timeout", kill_timeout, "--min-uptime", "0.2"];
+    let options = [
+        &["-w", "1", "--policy", policy, "--events", log][..],
+        &timing,
+    ]
+    .concat();
+    let (addr, mut cmd) = node_app(dir, app, &options);
+    let mut primary = common::cluster::spawn(cmd.env("LEAVE", leave));
+    primary.wait_line("1 worker ready");
+    let pid = pid_serving(addr);
+    (addr, primary, pid)
+}
+
+/// Sends `GET path`, a request the app of `primary` holds (saying `held` once it has it), on a
+/// new connection, and once it is held and the worker is up its min uptime (no longer a start
+/// that probes a port), makes the worker leave with `/leave`: the held connection.
+fn hold_then_leave(primary: &mut Proc, addr: SocketAddr, path: &str, held: &str) -> TcpStream {
+    let mut conn = TcpStream::connect(addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    primary.wait_line(held);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(common::http::get(addr, "/leave").body, b"leaving\n");
+    conn
+}
+
 /// A Node worker that leaves on its own while a long request keeps it draining (`-w 1`) is
 /// replaced at once: a new connection is served by the replacement within 5 s (not once the old
 /// worker has finished its 8 s request and exited), and the old one finishes its request. Under
@@ -218,30 +263,9 @@ fn a_node_worker_that_leaves_on_its_own_is_replaced_at_once() {
         let events_dir = nodus_testkit::tmp::TempDir::new("node-leave-events");
         let log = events_dir.path().join("events.jsonl");
         let dir = nodus_testkit::tmp::TempDir::new("node-leave");
-        std::fs::write(dir.path().join("app.js"), APP_LEAVING).unwrap();
-        let addr = nodus_testkit::net::free_addr();
-        let mut primary = common::cluster::spawn(
-            std::process::Command::new(common::NODUS)
-                .args(["run", "--node", "-w", "1", "--kill-timeout", "30"])
-                .args(["--min-uptime", "0.2"])
-                .args(["--policy", policy, "--events", log.to_str().unwrap()])
-                .args(["--", "node"])
-                .arg(dir.path().join("app.js"))
-                .env("PORT", addr.port().to_string())
-                .env("LEAVE", leave)
-                .env("RUST_LOG", "info"),
-        );
-        primary.wait_line("1 worker ready");
-        let old = pid_serving(addr);
-        let mut long = TcpStream::connect(addr).unwrap();
-        long.set_read_timeout(Some(Duration::from_secs(30)))
-            .unwrap();
-        long.write_all(b"GET /long HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .unwrap();
-        primary.wait_line("long request in");
-        // Up its min uptime: no longer a start that probes a port.
-        std::thread::sleep(Duration::from_millis(300));
-        assert_eq!(common::http::get(addr, "/leave").body, b"leaving\n");
+        let (addr, mut primary, old) =
+            start_leaving(dir.path(), APP_LEAVING, policy, leave, "30", &log);
+        let mut long = hold_then_leave(&mut primary, addr, "/long", "long request in");
         let left = Instant::now();
         let new = pid_serving(addr);
         let took = left.elapsed();
@@ -308,31 +332,16 @@ fn a_node_worker_that_leaves_on_its_own_gets_the_kill_signal_before_the_sigkill(
     }
     for (policy, leave) in [("rr", "disconnect"), ("shared", "close")] {
         let dir = nodus_testkit::tmp::TempDir::new("node-leave-term");
-        std::fs::write(dir.path().join("app.js"), APP_LEAVING_HANDLING_SIGTERM).unwrap();
         let log = dir.path().join("events.jsonl");
-        let addr = nodus_testkit::net::free_addr();
-        let mut primary = common::cluster::spawn(
-            std::process::Command::new(common::NODUS)
-                .args(["run", "--node", "-w", "1", "--kill-timeout", "3"])
-                .args(["--min-uptime", "0.2"])
-                .args(["--policy", policy, "--events", log.to_str().unwrap()])
-                .args(["--", "node"])
-                .arg(dir.path().join("app.js"))
-                .env("PORT", addr.port().to_string())
-                .env("LEAVE", leave)
-                .env("RUST_LOG", "info"),
+        let (addr, mut primary, old) = start_leaving(
+            dir.path(),
+            APP_LEAVING_HANDLING_SIGTERM,
+            policy,
+            leave,
+            "3",
+            &log,
         );
-        primary.wait_line("1 worker ready");
-        let old = pid_serving(addr);
-        let mut held = TcpStream::connect(addr).unwrap();
-        held.set_read_timeout(Some(Duration::from_secs(30)))
-            .unwrap();
-        held.write_all(b"GET /hold HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .unwrap();
-        primary.wait_line("held request in");
-        // Up its min uptime: no longer a start that probes a port.
-        std::thread::sleep(Duration::from_millis(300));
-        assert_eq!(common::http::get(addr, "/leave").body, b"leaving\n");
+        let mut held = hold_then_leave(&mut primary, addr, "/hold", "held request in");
         let mut reply = Vec::new();
         let _ = held.read_to_end(&mut reply);
         assert!(
@@ -429,17 +438,19 @@ probe.listen(0, '127.0.0.1', () => probe.close(() => {
         let events_dir = nodus_testkit::tmp::TempDir::new("node-probe-events");
         let log = events_dir.path().join("events.jsonl");
         let dir = nodus_testkit::tmp::TempDir::new("node-probe");
-        std::fs::write(dir.path().join("app.js"), APP_PROBING).unwrap();
-        let addr = nodus_testkit::net::free_addr();
-        let mut primary = common::cluster::spawn(
-            std::process::Command::new(common::NODUS)
-                .args(["run", "--node", "-w", "1"])
-                .args(["--policy", policy, "--events", log.to_str().unwrap()])
-                .args(["--", "node"])
-                .arg(dir.path().join("app.js"))
-                .env("PORT", addr.port().to_string())
-                .env("RUST_LOG", "info"),
+        let (addr, mut cmd) = node_app(
+            dir.path(),
+            APP_PROBING,
+            &[
+                "-w",
+                "1",
+                "--policy",
+                policy,
+                "--events",
+                log.to_str().unwrap(),
+            ],
         );
+        let mut primary = common::cluster::spawn(&mut cmd);
         primary.wait_line("real server listening");
         let pid = pid_serving(addr);
         // Time for a going-down to be handled, had the probe's close been taken as one.

@@ -15,11 +15,11 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpListener;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
-use common::cluster::{assert_exit, count, events, wait_events};
-use common::{NODUS, have};
+use common::cluster::{assert_exit, count, events, node_app, spawn, wait_events};
+use common::have;
 use nodus_testkit::proc::Proc;
 use nodus_testkit::tmp::TempDir;
 use rustix::process::Signal;
@@ -71,23 +71,16 @@ fn with_node_the_output_a_stopped_worker_still_queues_reaches_stdout_whole() {
         return;
     }
     let dir = TempDir::new("node-queued-output");
-    std::fs::write(dir.path().join("app.js"), APP_WRITING).unwrap();
     let log = dir.path().join("events.jsonl");
     let out_path = dir.path().join("stdout.txt");
     let out = std::fs::File::create(&out_path).unwrap();
-    let addr = nodus_testkit::net::free_addr();
-    let mut primary = Proc::spawn_group(
-        Command::new(NODUS)
-            .args(["run", "--node", "-w", "1"])
-            .args(["--events", log.to_str().unwrap()])
-            .args(["--", "node"])
-            .arg(dir.path().join("app.js"))
-            .env("PORT", addr.port().to_string())
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(Stdio::piped()),
+    let (_, mut cmd) = node_app(
+        dir.path(),
+        APP_WRITING,
+        &["-w", "1", "--events", log.to_str().unwrap()],
     );
+    let mut primary =
+        Proc::spawn_group(cmd.stdin(Stdio::null()).stdout(out).stderr(Stdio::piped()));
     primary.wait_line("] written");
     primary.signal(Signal::HUP);
     let switched = primary.wait_line("reload to generation 1: worker 1 pid");
@@ -159,19 +152,13 @@ fn with_node_a_flush_in_a_disconnect_handler_finishes() {
             .unwrap();
     });
     let dir = TempDir::new("node-flush");
-    std::fs::write(dir.path().join("app.js"), APP_FLUSHING).unwrap();
     let log = dir.path().join("events.jsonl");
-    let addr = nodus_testkit::net::free_addr();
-    let mut primary = common::cluster::spawn(
-        Command::new(NODUS)
-            .args(["run", "--node", "-w", "1"])
-            .args(["--events", log.to_str().unwrap()])
-            .args(["--", "node"])
-            .arg(dir.path().join("app.js"))
-            .env("PORT", addr.port().to_string())
-            .env("COLLECTOR", collector_port.to_string())
-            .env("RUST_LOG", "info"),
+    let (_, mut cmd) = node_app(
+        dir.path(),
+        APP_FLUSHING,
+        &["-w", "1", "--events", log.to_str().unwrap()],
     );
+    let mut primary = spawn(cmd.env("COLLECTOR", collector_port.to_string()));
     primary.wait_line("1 worker ready");
     primary.signal(Signal::TERM);
     assert_exit(&mut primary, Duration::from_secs(30), 0);
@@ -205,19 +192,13 @@ fn with_node_the_event_log_keeps_a_message_payload_up_to_64_kib() {
     }
     for (big, kept) in [(64 * 1024, true), (64 * 1024 + 1, false), (5 << 20, false)] {
         let dir = TempDir::new("node-messages");
-        std::fs::write(dir.path().join("app.js"), APP_SENDING).unwrap();
         let log = dir.path().join("events.jsonl");
-        let addr = nodus_testkit::net::free_addr();
-        let mut primary = common::cluster::spawn(
-            Command::new(NODUS)
-                .args(["run", "--node", "-w", "1"])
-                .args(["--events", log.to_str().unwrap()])
-                .args(["--", "node"])
-                .arg(dir.path().join("app.js"))
-                .env("PORT", addr.port().to_string())
-                .env("BIG", big.to_string())
-                .env("RUST_LOG", "info"),
+        let (_, mut cmd) = node_app(
+            dir.path(),
+            APP_SENDING,
+            &["-w", "1", "--events", log.to_str().unwrap()],
         );
+        let mut primary = spawn(cmd.env("BIG", big.to_string()));
         let evs = wait_events(&log, |e| count(e, "message") == 2);
         let messages: Vec<_> = evs.iter().filter(|e| e["event"] == "message").collect();
         let (large, small) = (messages[0], messages[1]);

@@ -42,7 +42,11 @@ server.listen(process.env.SOCK);
 
 /// One request over the socket at `path`: the response's body.
 fn get(path: &Path, url: &str) -> std::io::Result<String> {
-    let mut s = UnixStream::connect(path)?;
+    get_over(UnixStream::connect(path)?, url)
+}
+
+/// One request on the connection `s`: the response's body (an error unless its status is 200).
+fn get_over(mut s: UnixStream, url: &str) -> std::io::Result<String> {
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     write!(
         s,
@@ -79,10 +83,6 @@ fn pids_serving(path: &Path) -> HashSet<String> {
     pids
 }
 
-/// Under rr and shared (and least, and reuseport: a Unix socket is shared there): both workers
-/// serve over the socket, a reload under a client that keeps
-/// connecting loses no request (a slow one in flight on an old worker is answered: its drain
-/// counts its Unix connections) and the new workers serve, and a stop removes the socket file.
 /// Whether the listening socket bound on `path` that process `pid` holds is non-blocking
 /// (`None`: it holds none). Two workers woken for one connection on a blocking one would leave
 /// the loser's loop stuck in `accept`.
@@ -121,6 +121,10 @@ fn listener_nonblocking(pid: &str, path: &Path) -> Option<bool> {
     None
 }
 
+/// Under rr and shared (and least, and reuseport: a Unix socket is shared there): both workers
+/// serve over the socket, a reload under a client that keeps connecting loses no request (a
+/// slow one in flight on an old worker is answered: its drain counts its Unix connections) and
+/// the new workers serve, and a stop removes the socket file.
 #[test]
 fn node_workers_serve_a_unix_socket_path_under_every_policy_across_a_reload() {
     if !have("node") {
@@ -257,18 +261,7 @@ server.listen('\0' + process.env.ABSTRACT, () => console.log('listening on the a
 fn get_abstract(name: &str, url: &str) -> std::io::Result<String> {
     use std::os::linux::net::SocketAddrExt;
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(name)?;
-    let mut s = UnixStream::connect_addr(&addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        s,
-        "GET {url} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut reply = String::new();
-    s.read_to_string(&mut reply)?;
-    match reply.split_once("\r\n\r\n") {
-        Some((head, body)) if head.starts_with("HTTP/1.1 200") => Ok(body.to_owned()),
-        _ => Err(std::io::Error::other(format!("bad response {reply:?}"))),
-    }
+    get_over(UnixStream::connect_addr(&addr)?, url)
 }
 
 /// `server.listen('\0name')`, an abstract socket, is served by both workers under rr and

@@ -178,6 +178,18 @@ const TIMEOUTS: nodus_testkit::http::Timeouts = nodus_testkit::http::Timeouts {
     io: Duration::from_secs(5),
 };
 
+/// The numbers `seq` printed in worker 1, as `out` (the primary's stdout) has them: each line
+/// must be `[worker 1 PID] N`.
+fn worker_1_numbers(out: &str) -> Vec<usize> {
+    out.lines()
+        .map(|l| {
+            let (prefix, n) = l.split_once("] ").unwrap_or_else(|| panic!("{l:?}"));
+            assert!(prefix.starts_with("[worker 1 "), "{l:?}");
+            n.parse().unwrap_or_else(|_| panic!("{l:?}"))
+        })
+        .collect()
+}
+
 /// A worker writes more than a pipe holds and exits, and the primary with it, while nothing
 /// reads the primary's stdout (journald under pressure, a log shipper that stalls): the output
 /// still queued at the exit waits for the reader, up to 10 s, and every line arrives whole.
@@ -202,14 +214,7 @@ fn run_writes_the_output_queued_at_its_exit_for_a_reader_that_comes_late() {
     });
     assert_eq!(primary.wait_exit(Duration::from_secs(20)), Some(0));
     let out = reading.join().unwrap();
-    let numbers: Vec<usize> = out
-        .lines()
-        .map(|l| {
-            let (prefix, n) = l.split_once("] ").unwrap_or_else(|| panic!("{l:?}"));
-            assert!(prefix.starts_with("[worker 1 "), "{l:?}");
-            n.parse().unwrap_or_else(|_| panic!("{l:?}"))
-        })
-        .collect();
+    let numbers = worker_1_numbers(&out);
     assert_eq!(numbers, (1..=LINES).collect::<Vec<_>>());
 }
 
@@ -255,14 +260,7 @@ fn run_reads_a_stopped_workers_pipe_to_its_end_for_a_slow_reader() {
     assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
     let out = reading.join().unwrap();
     assert!(!out.contains("dropped"), "{}", &out[out.len() - 200..]);
-    let numbers: Vec<usize> = out
-        .lines()
-        .map(|l| {
-            let (prefix, n) = l.split_once("] ").unwrap_or_else(|| panic!("{l:?}"));
-            assert!(prefix.starts_with("[worker 1 "), "{l:?}");
-            n.parse().unwrap_or_else(|_| panic!("{l:?}"))
-        })
-        .collect();
+    let numbers = worker_1_numbers(&out);
     assert_eq!(numbers.len(), LINES);
     assert_eq!(numbers, (1..=LINES).collect::<Vec<_>>());
 }

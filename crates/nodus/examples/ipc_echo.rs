@@ -9,10 +9,10 @@
 //! It ignores its arguments and replies `{"echo": <message>}` to every message (one that carried
 //! a handle too). A listening socket that arrives as a handle is also served: each connection gets
 //! `hello from nodus <pid>\n` and is closed; a failed accept (out of fds: `EMFILE`) is said once
-//! on stderr and tried again 100 ms later, as libuv keeps listening. The message `"exit"` is not echoed: the program
-//! disconnects and exits 0. On channel EOF it exits 0; a malformed frame is dropped with one line
-//! on stderr, and the channel goes on. Without a channel, or with a parent using
-//! `serialization: 'advanced'`, it says why on stderr and exits 2.
+//! on stderr and tried again 100 ms later, as libuv keeps listening. The message `"exit"` is not
+//! echoed: the program disconnects and exits 0. On channel EOF it exits 0; a malformed frame is
+//! dropped with one line on stderr, and the channel goes on. Without a channel, or with a parent
+//! using `serialization: 'advanced'`, it says why on stderr and exits 2.
 
 use std::process::ExitCode;
 
@@ -85,44 +85,39 @@ fn serve(handle: Handle) {
         let Ok(listener) = handle.into_unix_listener() else {
             return;
         };
-        spawn(async move {
-            let mut failing = false;
-            loop {
-                match listener.accept().await {
-                    Ok((conn, _)) => {
-                        failing = false;
-                        let _ = conn.write_all(greeting.as_bytes()).await;
-                    }
-                    Err(e) => accept_failed(&e, &mut failing).await,
-                }
-            }
-        })
+        spawn(keep_accepting(async move || {
+            let (conn, _) = listener.accept().await?;
+            let _ = conn.write_all(greeting.as_bytes()).await;
+            Ok(())
+        }))
         .detach();
     } else {
         let Ok(listener) = handle.into_tcp_listener() else {
             return;
         };
-        spawn(async move {
-            let mut failing = false;
-            loop {
-                match listener.accept().await {
-                    Ok((conn, _)) => {
-                        failing = false;
-                        let _ = conn.write_all(greeting.as_bytes()).await;
-                    }
-                    Err(e) => accept_failed(&e, &mut failing).await,
-                }
-            }
-        })
+        spawn(keep_accepting(async move || {
+            let (conn, _) = listener.accept().await?;
+            let _ = conn.write_all(greeting.as_bytes()).await;
+            Ok(())
+        }))
         .detach();
     }
 }
 
-/// A failed accept keeps the listener: said once per run of failures, tried again in 100 ms.
-async fn accept_failed(e: &std::io::Error, failing: &mut bool) {
-    if !*failing {
-        eprintln!("ipc_echo: accept failed: {e}; still listening, trying again");
-        *failing = true;
+/// Runs `greet_one` (an accept, and a greeting on the connection) again and again. A failed
+/// accept keeps the listener: said once per run of failures, tried again in 100 ms.
+async fn keep_accepting(mut greet_one: impl AsyncFnMut() -> std::io::Result<()>) {
+    let mut failing = false;
+    loop {
+        match greet_one().await {
+            Ok(()) => failing = false,
+            Err(e) => {
+                if !failing {
+                    eprintln!("ipc_echo: accept failed: {e}; still listening, trying again");
+                    failing = true;
+                }
+                nodus::sleep(100).await;
+            }
+        }
     }
-    nodus::sleep(100).await;
 }

@@ -36,6 +36,29 @@ fn self_as_worker(name: &str, role: &str) -> WorkerCommand {
     }
 }
 
+/// The config of `workers` workers that play `role` of this binary's test `test` (see
+/// [`self_as_worker`]), each with [`DIR`] = `dir` and the (variable, port) pairs `ports` in its
+/// environment: ready by message, output unprefixed, a 2 s drain timeout and a 5 s kill timeout.
+fn role_config(
+    test: &str,
+    role: &str,
+    workers: usize,
+    dir: &std::path::Path,
+    ports: &[(&str, u16)],
+) -> Config {
+    let mut command = self_as_worker(test, role);
+    command.env.push((DIR.into(), dir.as_os_str().to_owned()));
+    for (var, port) in ports {
+        command.env.push(((*var).into(), port.to_string().into()));
+    }
+    let mut config = Config::new(workers, command);
+    config.readiness = Readiness::Message;
+    config.prefix_output = false;
+    config.drain_timeout = Duration::from_secs(2);
+    config.kill_timeout = Duration::from_secs(5);
+    config
+}
+
 fn sleeper_config(workers: usize) -> Config {
     let mut config = Config::new(
         workers,
@@ -337,11 +360,7 @@ fn duplicate_samples(text: &str) -> Vec<&str> {
 }
 
 fn stats_config(test: &str, dir: &std::path::Path) -> Config {
-    let mut command = self_as_worker(test, "snapshot");
-    command.env.push((DIR.into(), dir.as_os_str().to_owned()));
-    let mut config = Config::new(1, command);
-    config.readiness = Readiness::Message;
-    config.prefix_output = false;
+    let mut config = role_config(test, "snapshot", 1, dir, &[]);
     config.drain_timeout = Duration::from_secs(30);
     config.kill_timeout = Duration::from_secs(40);
     config
@@ -815,23 +834,15 @@ fn fds_given_back_that_are_not_connections_are_closed_and_counted_never_handed_o
     rt.block_on(async {
         let listener = nodus::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        let mut command = self_as_worker(
+        let mut config = role_config(
             "fds_given_back_that_are_not_connections_are_closed_and_counted_never_handed_on",
             "returning",
+            2,
+            dir.path(),
+            &[("PORT", addr.port())],
         );
-        command
-            .env
-            .push((DIR.into(), dir.path().as_os_str().to_owned()));
-        command
-            .env
-            .push(("PORT".into(), addr.port().to_string().into()));
-        let mut config = Config::new(2, command);
         assert_eq!(config.policy, Policy::RoundRobin);
         config.listeners.push(("http".into(), listener));
-        config.readiness = Readiness::Message;
-        config.prefix_output = false;
-        config.drain_timeout = Duration::from_secs(2);
-        config.kill_timeout = Duration::from_secs(5);
         let primary = Primary::start(config).expect("the test binary runs");
         let (_events, run) = record_and_run(&primary);
         assert!(file_appears(&dir.path().join("a-sent")).await);
@@ -910,22 +921,14 @@ fn a_listener_a_nodus_worker_closed_is_released() {
         let [kept, closed] = nodus_testkit::net::free_addrs::<2>();
         let rt = nodus::Runtime::new();
         rt.block_on(async {
-            let mut command =
-                self_as_worker("a_listener_a_nodus_worker_closed_is_released", "closing");
-            command
-                .env
-                .push((DIR.into(), dir.path().as_os_str().to_owned()));
-            for (var, addr) in [("PORT", kept), ("PORT2", closed)] {
-                command
-                    .env
-                    .push((var.into(), addr.port().to_string().into()));
-            }
-            let mut config = Config::new(1, command);
+            let mut config = role_config(
+                "a_listener_a_nodus_worker_closed_is_released",
+                "closing",
+                1,
+                dir.path(),
+                &[("PORT", kept.port()), ("PORT2", closed.port())],
+            );
             config.policy = policy;
-            config.readiness = Readiness::Message;
-            config.prefix_output = false;
-            config.drain_timeout = Duration::from_secs(2);
-            config.kill_timeout = Duration::from_secs(5);
             let primary = Primary::start(config).expect("the test binary runs");
             let (_events, run) = record_and_run(&primary);
             assert!(file_appears(&dir.path().join("closed")).await);

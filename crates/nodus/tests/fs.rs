@@ -13,27 +13,7 @@ use futures_util::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use nodus::fs::{self, File, OpenOptions, PathError};
 use nodus::metrics::{prometheus, snapshot};
 use nodus::{Runtime, offload_cpu, pool, spawn};
-
-/// A fresh directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("nodus-fs-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    fn join(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use nodus_testkit::tmp::TempDir;
 
 fn path_error(e: &std::io::Error) -> &PathError {
     e.get_ref()
@@ -43,7 +23,7 @@ fn path_error(e: &std::io::Error) -> &PathError {
 
 #[test]
 fn write_read_append_stat_rename_copy_remove() {
-    let dir = TempDir::new("basic");
+    let dir = TempDir::new("fs-basic");
     let rt = Runtime::new();
     rt.block_on(async {
         let a = dir.join("a.txt");
@@ -77,7 +57,7 @@ fn write_read_append_stat_rename_copy_remove() {
         let mode = fs::metadata(&c).await.unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o640);
 
-        let mut names: Vec<_> = fs::read_dir(&dir.0)
+        let mut names: Vec<_> = fs::read_dir(dir.path())
             .await
             .unwrap()
             .into_iter()
@@ -103,13 +83,13 @@ fn write_read_append_stat_rename_copy_remove() {
         fs::remove_dir(dir.join("x/w")).await.unwrap();
         assert!(fs::remove_dir(dir.join("x")).await.is_err(), "not empty");
         fs::remove_dir_all(dir.join("x")).await.unwrap();
-        assert!(fs::read_dir(&dir.0).await.unwrap().is_empty());
+        assert!(fs::read_dir(dir.path()).await.unwrap().is_empty());
     });
 }
 
 #[test]
 fn copying_a_file_onto_itself_leaves_it_as_node_does() {
-    let dir = TempDir::new("copy-self");
+    let dir = TempDir::new("fs-copy-self");
     let rt = Runtime::new();
     rt.block_on(async {
         let a = dir.join("a.txt");
@@ -131,7 +111,7 @@ fn copying_a_file_onto_itself_leaves_it_as_node_does() {
 
 #[test]
 fn a_failed_copy_leaves_no_destination_behind() {
-    let dir = TempDir::new("copy-fail");
+    let dir = TempDir::new("fs-copy-fail");
     let rt = Runtime::new();
     rt.block_on(async {
         let src_dir = dir.join("d");
@@ -158,7 +138,7 @@ fn a_failed_copy_leaves_no_destination_behind() {
 
 #[test]
 fn a_missing_path_is_named_in_the_error() {
-    let dir = TempDir::new("missing");
+    let dir = TempDir::new("fs-missing");
     let rt = Runtime::new();
     rt.block_on(async {
         let missing = dir.join("no/such/file.txt");
@@ -207,7 +187,7 @@ fn assert_no_control_chars(text: &str) {
 fn a_path_with_a_nul_byte_is_refused_before_any_pool_job_as_node_refuses_it() {
     use futures_util::FutureExt;
     use std::os::unix::ffi::OsStrExt;
-    let dir = TempDir::new("nul");
+    let dir = TempDir::new("fs-nul");
     let a = dir.join("a");
     std::fs::write(&a, "keep").unwrap();
     // `a\0b` cut at the NUL is `a`, an existing file: no call may reach it.
@@ -337,9 +317,9 @@ fn a_path_with_a_nul_byte_is_refused_before_any_pool_job_as_node_refuses_it() {
 
 #[test]
 fn control_characters_in_a_path_are_escaped_in_every_error_message() {
-    let dir = TempDir::new("ctl");
+    let dir = TempDir::new("fs-ctl");
     let odd = dir.join("a\u{1}\nb\u{1b}[31m\u{7f}\u{9b}é");
-    let shown = format!("'{}/a\\x01\\nb\\x1B[31m\\x7F\\x9Bé'", dir.0.display());
+    let shown = format!("'{}/a\\x01\\nb\\x1B[31m\\x7F\\x9Bé'", dir.path().display());
     let rt = Runtime::new();
     rt.block_on(async {
         for err in [
@@ -414,7 +394,7 @@ fn check_permission_denied(secret: &Path) {
 
 #[test]
 fn permission_denied_is_an_error_naming_the_path() {
-    let dir = TempDir::new("perm");
+    let dir = TempDir::new("fs-perm");
     let secret = dir.join("secret.txt");
     std::fs::write(&secret, "no").unwrap();
     if !rustix::process::geteuid().is_root() {
@@ -423,7 +403,7 @@ fn permission_denied_is_an_error_naming_the_path() {
     }
     // Root reads anything: run the check as `nobody`, in a child process running this test binary.
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
-    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let out = std::os::unix::process::CommandExt::gid(
         std::os::unix::process::CommandExt::uid(
             &mut std::process::Command::new(std::env::current_exe().unwrap()),
@@ -459,7 +439,7 @@ fn permission_denied_as_nobody() {
 
 #[test]
 fn files_stream_through_async_read_and_write_in_chunks() {
-    let dir = TempDir::new("stream");
+    let dir = TempDir::new("fs-stream");
     let path = dir.join("data.bin");
     let data: Vec<u8> = (0..1_000_003u32).map(|i| (i * 7 % 251) as u8).collect();
     let rt = Runtime::new();
@@ -498,7 +478,7 @@ fn files_stream_through_async_read_and_write_in_chunks() {
 
 #[test]
 fn a_write_after_a_partial_read_lands_where_the_read_stopped() {
-    let dir = TempDir::new("mixed");
+    let dir = TempDir::new("fs-mixed");
     let path = dir.join("f");
     std::fs::write(&path, "abcdefghij").unwrap();
     let rt = Runtime::new();
@@ -523,7 +503,7 @@ fn a_write_after_a_partial_read_lands_where_the_read_stopped() {
 
 #[test]
 fn a_file_dropped_with_a_write_in_flight_still_gets_the_data() {
-    let dir = TempDir::new("dropped-write");
+    let dir = TempDir::new("fs-dropped-write");
     let path = dir.join("f");
     let rt = Runtime::new();
     rt.block_on(async {
@@ -540,7 +520,7 @@ fn a_file_dropped_with_a_write_in_flight_still_gets_the_data() {
 
 #[test]
 fn read_to_end_stops_at_its_limit_with_an_error_naming_the_path() {
-    let dir = TempDir::new("limit");
+    let dir = TempDir::new("fs-limit");
     let path = dir.join("big");
     std::fs::write(&path, vec![1u8; 200_000]).unwrap();
     let rt = Runtime::new();
@@ -567,7 +547,7 @@ fn read_to_end_stops_at_its_limit_with_an_error_naming_the_path() {
 
 #[test]
 fn a_limit_far_above_memory_reserves_no_more_than_the_file() {
-    let dir = TempDir::new("huge-limit");
+    let dir = TempDir::new("fs-huge-limit");
     let small = dir.join("small");
     std::fs::write(&small, b"twelve bytes").unwrap();
     // A sparse file of 1 TiB: its size is a claim no buffer could hold.
@@ -610,15 +590,15 @@ fn a_limit_far_above_memory_reserves_no_more_than_the_file() {
 
 #[test]
 fn a_large_directory_is_listed_in_batches() {
-    let dir = TempDir::new("many");
+    let dir = TempDir::new("fs-many");
     let n = fs::DIR_BATCH * 2 + 17;
     for i in 0..n {
         std::fs::File::create(dir.join(&format!("f{i}"))).unwrap();
     }
     let rt = Runtime::new();
-    let entries = rt.block_on(fs::read_dir(&dir.0)).unwrap();
+    let entries = rt.block_on(fs::read_dir(dir.path())).unwrap();
     assert_eq!(entries.len(), n);
-    assert!(entries.iter().all(|e| e.path().starts_with(&dir.0)));
+    assert!(entries.iter().all(|e| e.path().starts_with(dir.path())));
 }
 
 fn io_completed(text: &str) -> u64 {
@@ -630,7 +610,7 @@ fn io_completed(text: &str) -> u64 {
 
 #[test]
 fn reading_100_mib_takes_at_least_1600_io_pool_jobs() {
-    let dir = TempDir::new("100m");
+    let dir = TempDir::new("fs-100m");
     let path = dir.join("sparse");
     std::fs::File::create(&path)
         .unwrap()
@@ -659,7 +639,7 @@ fn reading_100_mib_takes_at_least_1600_io_pool_jobs() {
 
 #[test]
 fn stat_stays_fast_while_the_cpu_pool_is_saturated() {
-    let dir = TempDir::new("apart");
+    let dir = TempDir::new("fs-apart");
     let path = dir.join("f");
     std::fs::write(&path, "x").unwrap();
     let stop = Arc::new(AtomicBool::new(false));

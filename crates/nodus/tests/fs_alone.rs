@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
@@ -15,6 +15,7 @@ use futures_util::{AsyncBufReadExt, AsyncReadExt, StreamExt};
 use nodus::fs::{self, File, PathError};
 use nodus::pool::{self, PoolBuilder};
 use nodus::{Runtime, offload_io, spawn};
+use nodus_testkit::tmp::TempDir;
 
 /// One test at a time: the counts below take every job the pool completes for the test's.
 static ALONE: Mutex<()> = Mutex::new(());
@@ -55,27 +56,6 @@ fn alone() -> MutexGuard<'static, ()> {
             .unwrap();
     });
     ALONE.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A fresh directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("nodus-fs-alone-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    fn join(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// How many descriptors of this process are open on `path`.
@@ -151,7 +131,11 @@ async fn jobs_of(
 /// The end of the file is one read that returns 0, reported once: never a read per poll.
 fn every_reader_reads_to_the_end_in_a_few_jobs(busy: bool) {
     let _alone = alone();
-    let dir = TempDir::new(if busy { "eof-busy" } else { "eof" });
+    let dir = TempDir::new(if busy {
+        "fs-alone-eof-busy"
+    } else {
+        "fs-alone-eof"
+    });
     let path = dir.join("small");
     let line = format!("{}\n", "x".repeat(63));
     std::fs::write(&path, line.repeat(64)).unwrap(); // 4 KiB, 64 lines
@@ -270,7 +254,7 @@ fn every_reader_reads_to_the_end_in_a_few_jobs_on_a_busy_pool() {
 #[test]
 fn a_read_after_the_end_of_the_file_reads_what_was_appended() {
     let _alone = alone();
-    let dir = TempDir::new("grows");
+    let dir = TempDir::new("fs-alone-grows");
     let path = dir.join("log");
     std::fs::write(&path, "one\n").unwrap();
     let rt = Runtime::new();
@@ -301,7 +285,7 @@ fn a_read_after_the_end_of_the_file_reads_what_was_appended() {
 #[test]
 fn run_returns_after_a_dropped_file_s_last_write_and_its_close() {
     let _alone = alone();
-    let dir = TempDir::new("dropped");
+    let dir = TempDir::new("fs-alone-dropped");
     let path = dir.join("f");
     let rt = Runtime::new();
     rt.block_on(async {
@@ -319,7 +303,7 @@ fn run_returns_after_a_dropped_file_s_last_write_and_its_close() {
 #[test]
 fn a_dropped_file_s_blocked_write_keeps_run_going_until_it_ends() {
     let _alone = alone();
-    let dir = TempDir::new("fifo");
+    let dir = TempDir::new("fs-alone-fifo");
     let fifo = dir.join("fifo");
     let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
     // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
@@ -400,7 +384,7 @@ fn the_error_of_a_dropped_file_s_write_is_logged_naming_the_path() {
 #[test]
 fn an_open_past_the_open_files_limit_says_emfile() {
     let _alone = alone();
-    let dir = TempDir::new("emfile");
+    let dir = TempDir::new("fs-alone-emfile");
     let path = dir.join("f");
     std::fs::write(&path, "x").unwrap();
     let rt = Runtime::new();

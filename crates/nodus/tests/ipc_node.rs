@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use common::net::read_to_end;
 use common::{bounded_for, have};
+use nodus::ipc::Channel;
 use nodus::net::{TcpListener, TcpStream, UnixStream};
-use nodus::process::{Command, ExecOptions, Stdio, exec_file, fork};
+use nodus::process::{Child, Command, ExecOptions, Stdio, exec_file, fork};
 use serde::Serialize;
 
 /// 60 s: longer than the 30 s `exec_file` timeout inside a test, so that one reports first.
@@ -168,6 +169,26 @@ fn a_node_parent_using_advanced_serialization_gets_a_clear_error() {
     });
 }
 
+/// Hands the echo child on `ch` a listening socket on 127.0.0.1 (the message `"srv"`) and waits
+/// for its echo: the socket's address.
+async fn hand_a_server(ch: &Channel) -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    ch.send_handle(&"srv", listener).unwrap();
+    assert_eq!(
+        ch.recv().await.unwrap().unwrap().json(),
+        r#"{"echo":"srv"}"#
+    );
+    addr
+}
+
+/// Sends the echo child `"exit"`: it disconnects and exits 0.
+async fn tell_to_exit(child: Child, ch: Channel) {
+    ch.send(&"exit").unwrap();
+    assert!(ch.recv().await.is_none());
+    assert!(child.wait().await.unwrap().success());
+}
+
 #[test]
 fn a_nodus_parent_forks_the_nodus_echo_child() {
     let echo = ipc_echo();
@@ -182,22 +203,14 @@ fn a_nodus_parent_forks_the_nodus_echo_child() {
         let m = ch.recv().await.unwrap().unwrap();
         assert_eq!(m.json(), r#"{"echo":{"hello":"nodus","n":2,"u":"ü"}}"#);
 
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        ch.send_handle(&"srv", listener).unwrap();
-        assert_eq!(
-            ch.recv().await.unwrap().unwrap().json(),
-            r#"{"echo":"srv"}"#
-        );
+        let addr = hand_a_server(&ch).await;
         let c = TcpStream::connect(addr).await.unwrap();
         assert_eq!(
             read_all(&c).await,
             format!("hello from nodus {}\n", child.id())
         );
 
-        ch.send(&"exit").unwrap();
-        assert!(ch.recv().await.is_none());
-        assert!(child.wait().await.unwrap().success());
+        tell_to_exit(child, ch).await;
 
         // EOF: the child exits 0 when the parent disconnects.
         let (child, ch) = fork(&echo, Vec::<String>::new()).unwrap();
@@ -231,13 +244,7 @@ fn the_echo_child_keeps_listening_through_an_accept_out_of_fds() {
     let echo = ipc_echo();
     bounded(async move {
         let (child, ch) = fork(&echo, Vec::<String>::new()).unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        ch.send_handle(&"srv", listener).unwrap();
-        assert_eq!(
-            ch.recv().await.unwrap().unwrap().json(),
-            r#"{"echo":"srv"}"#
-        );
+        let addr = hand_a_server(&ch).await;
         // No fd free in the child: its accept of this connection fails (EMFILE).
         let old = set_fd_limit(child.id(), Some(open_fds_of(child.id())));
         let c = TcpStream::connect(addr).await.unwrap();
@@ -248,9 +255,7 @@ fn the_echo_child_keeps_listening_through_an_accept_out_of_fds() {
             format!("hello from nodus {}\n", child.id()),
             "served once fds were free"
         );
-        ch.send(&"exit").unwrap();
-        assert!(ch.recv().await.is_none());
-        assert!(child.wait().await.unwrap().success());
+        tell_to_exit(child, ch).await;
     });
 }
 

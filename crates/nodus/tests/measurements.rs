@@ -327,6 +327,28 @@ fn tasks_woken_by_io_count_their_wait_behind_earlier_events() {
     );
 }
 
+/// Spawns a task named `name` that parks on its first poll and ends on its next: the task, and
+/// the cell its waker is put in once it has run.
+fn spawn_parking(
+    name: &'static str,
+) -> (nodus::JoinHandle<()>, Rc<Cell<Option<std::task::Waker>>>) {
+    let waker = Rc::new(Cell::new(None));
+    let w = waker.clone();
+    let mut polled = false;
+    let task = spawn_named(
+        name,
+        std::future::poll_fn(move |cx| {
+            if std::mem::replace(&mut polled, true) {
+                std::task::Poll::Ready(())
+            } else {
+                w.set(Some(cx.waker().clone()));
+                std::task::Poll::Pending
+            }
+        }),
+    );
+    (task, waker)
+}
+
 /// A slow poll's "N runnable waiting" counts every entry that waited behind it: those queued
 /// when it began, and those it made runnable (a task it spawned, the awaiter its completion
 /// woke) or that another thread woke during it. Before, only the first kind was counted.
@@ -335,20 +357,7 @@ fn a_slow_poll_counts_what_waited_behind_it_from_its_start_or_its_wake() {
     let (out, logging, rt) = logging_loop(Duration::from_millis(10));
     tracing::dispatcher::with_default(&logging, || {
         rt.block_on(async {
-            let parked_waker = Rc::new(Cell::new(None::<std::task::Waker>));
-            let w = parked_waker.clone();
-            let mut polled = false;
-            let parked = spawn_named(
-                "parked",
-                std::future::poll_fn(move |cx| {
-                    if std::mem::replace(&mut polled, true) {
-                        std::task::Poll::Ready(())
-                    } else {
-                        w.set(Some(cx.waker().clone()));
-                        std::task::Poll::Pending
-                    }
-                }),
-            );
+            let (parked, parked_waker) = spawn_parking("parked");
             yield_now().await; // "parked" runs and parks
             let waker = parked_waker.take().expect("parked has run");
             // Two tasks queued behind "sluggish"; it spawns a third, has a fourth woken from
@@ -397,20 +406,7 @@ fn woken_behind_a_hog(
 fn what_a_long_poll_makes_runnable_counts_the_rest_of_it_as_schedule_delay() {
     let hog = || spin(Duration::from_millis(100));
     let local_wake = woken_behind_a_hog(async move {
-        let waker = Rc::new(Cell::new(None::<std::task::Waker>));
-        let w = waker.clone();
-        let mut polled = false;
-        let victim = spawn_named(
-            "victim",
-            std::future::poll_fn(move |cx| {
-                if std::mem::replace(&mut polled, true) {
-                    std::task::Poll::Ready(())
-                } else {
-                    w.set(Some(cx.waker().clone()));
-                    std::task::Poll::Pending
-                }
-            }),
-        );
+        let (victim, waker) = spawn_parking("victim");
         yield_now().await; // the victim runs and parks
         let before = snapshot().loop_stats.schedule_delay.max;
         assert!(before < 100_000_000, "nothing waited yet: {before} ns");

@@ -22,6 +22,11 @@ impl TempDir {
     pub fn path(&self) -> &Path {
         &self.0
     }
+
+    /// `name` inside the directory.
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
 }
 
 impl Drop for TempDir {

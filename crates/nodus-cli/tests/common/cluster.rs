@@ -43,9 +43,24 @@ pub fn assert_exit(primary: &mut Proc, limit: Duration, code: i32) {
     );
 }
 
-/// `nodus run --node -w WORKERS EXTRA... -- node app.js`, `app` (JavaScript) written to
-/// `app.js` in a new directory named after `name`, `PORT` a free loopback port, once every
-/// worker is ready: the directory, the address, the primary.
+/// `nodus run --node OPTIONS... -- node app.js` with `RUST_LOG=info`, `app` (JavaScript) written
+/// to `app.js` in `dir` and `PORT` a free loopback port: the address and the command, to give
+/// more of its environment and start with [`spawn`].
+pub fn node_app(dir: &Path, app: &str, options: &[&str]) -> (SocketAddr, Command) {
+    std::fs::write(dir.join("app.js"), app).unwrap();
+    let addr = free_addr();
+    let mut cmd = Command::new(NODUS);
+    cmd.args(["run", "--node"])
+        .args(options)
+        .args(["--", "node"])
+        .arg(dir.join("app.js"))
+        .env("PORT", addr.port().to_string())
+        .env("RUST_LOG", "info");
+    (addr, cmd)
+}
+
+/// [`node_app`] `-w WORKERS EXTRA...` in a new directory named after `name`, once every worker
+/// is ready: the directory, the address, the primary.
 pub fn run_node_app(
     name: &str,
     app: &str,
@@ -53,17 +68,13 @@ pub fn run_node_app(
     extra: &[&str],
 ) -> (TempDir, SocketAddr, Proc) {
     let dir = TempDir::new(name);
-    std::fs::write(dir.path().join("app.js"), app).unwrap();
-    let addr = free_addr();
-    let mut primary = spawn(
-        Command::new(NODUS)
-            .args(["run", "--node", "-w", &workers.to_string()])
-            .args(extra)
-            .args(["--", "node"])
-            .arg(dir.path().join("app.js"))
-            .env("PORT", addr.port().to_string())
-            .env("RUST_LOG", "info"),
-    );
+    let workers_arg = workers.to_string();
+    let options: Vec<&str> = ["-w", workers_arg.as_str()]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    let (addr, mut cmd) = node_app(dir.path(), app, &options);
+    let mut primary = spawn(&mut cmd);
     let s = if workers == 1 { "" } else { "s" };
     primary.wait_line(&format!("{workers} worker{s} ready"));
     (dir, addr, primary)

@@ -63,6 +63,18 @@ struct PipeWatch {
     full: usize,
 }
 
+impl PipeWatch {
+    /// A pipe's watch before its first read: not waiting, never full, not at end of file.
+    fn new(full: usize) -> PipeWatch {
+        PipeWatch {
+            waiting_since: Cell::new(None),
+            full_at: Cell::new(None),
+            eof: Cell::new(false),
+            full,
+        }
+    }
+}
+
 /// A pipe's reader that tells its [`PipeWatch`] what each read found.
 struct Watched<R> {
     inner: R,
@@ -112,12 +124,7 @@ impl Pipe {
     where
         R: futures_io::AsyncRead + std::os::fd::AsFd + Unpin + 'static,
     {
-        let watch = Rc::new(PipeWatch {
-            waiting_since: Cell::new(None),
-            full_at: Cell::new(None),
-            eof: Cell::new(false),
-            full: capacity(&source),
-        });
+        let watch = Rc::new(PipeWatch::new(capacity(&source)));
         let source = Watched {
             inner: source,
             watch: watch.clone(),
@@ -297,12 +304,7 @@ mod tests {
 
     #[test]
     fn a_pipe_is_backlogged_while_it_is_read_or_was_full_lately() {
-        let watch = Rc::new(PipeWatch {
-            waiting_since: Cell::new(None),
-            full_at: Cell::new(None),
-            eof: Cell::new(false),
-            full: 4096,
-        });
+        let watch = Rc::new(PipeWatch::new(4096));
         let c = captured(&watch);
         let mut reader = Watched {
             inner: Script(vec![Some(100), None, Some(4096), None, None]),
@@ -339,12 +341,7 @@ mod tests {
 
     #[test]
     fn a_pipe_open_and_empty_long_enough_is_silent() {
-        let watch = Rc::new(PipeWatch {
-            waiting_since: Cell::new(None),
-            full_at: Cell::new(None),
-            eof: Cell::new(false),
-            full: 4096,
-        });
+        let watch = Rc::new(PipeWatch::new(4096));
         let c = captured(&watch);
         // No task running: silent (nothing to wait for).
         assert!(c.silent());
