@@ -185,6 +185,71 @@ fn least_steers_new_connections_away_from_a_slow_worker() {
     );
 }
 
+/// How long a request for `/block` holds its worker's loop in the test below: under the handoff
+/// deadline (1 s), so the primary never finds the worker stalled nor takes anything back (that
+/// rule would hand a stalled worker's connections to the other worker anyway).
+const BLOCK: Duration = Duration::from_millis(800);
+
+/// While one worker's loop is held by a synchronous request (`/block`), new connections go to
+/// the other one, as under Node's round-robin (which hands a connection only to a worker that
+/// answered its last one): the held worker gets at most the few that came before the primary
+/// saw it take nothing, not every other one. Four clients make a new connection per request for
+/// 500 ms from the moment the worker says its loop is held; at least 80 % are answered by the
+/// other worker, and every one is answered (the few the held worker got, once it runs again).
+#[test]
+fn round_robin_hands_new_connections_to_the_free_worker_while_the_other_is_blocked() {
+    let _x = exclusive();
+    let ms = BLOCK.as_millis().to_string();
+    let c = Cluster::start(2, "rr", &["--block-ms", &ms]);
+    let addr = c.addr();
+    let blocker = std::thread::spawn(move || {
+        http::request(
+            addr,
+            Timeouts {
+                connect: Duration::from_secs(10),
+                io: Duration::from_secs(20),
+            },
+            "GET",
+            "/block",
+            &[],
+        )
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let blocked = loop {
+        let line = c.stderr().lines().find_map(|l| {
+            l.split_once("cluster worker ")?
+                .1
+                .split_once(": /block")?
+                .0
+                .parse()
+                .ok()
+        });
+        if let Some(id) = line {
+            break id;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no /block: {}",
+            c.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let load = Load::start(addr, 0, 4);
+    std::thread::sleep(Duration::from_millis(500));
+    let tally = load.finish();
+    let reply = blocker.join().unwrap().expect("/block is answered");
+    assert_eq!(reply.worker(), Some(blocked));
+    assert!(tally.failures.is_empty(), "{:?}", tally.failures);
+    let held = tally.by_worker.get(&blocked).copied().unwrap_or(0);
+    let all: u64 = tally.by_worker.values().sum();
+    assert!(
+        (all - held) * 5 >= all * 4,
+        "at least 80% of new connections go to the free worker while worker {blocked} is \
+         blocked: {:?}",
+        tally.by_worker
+    );
+}
+
 /// The exit event of `pid`, if logged.
 fn exit_of(events: &[Event], pid: u32) -> Option<&Event> {
     events

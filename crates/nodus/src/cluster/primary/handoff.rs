@@ -7,6 +7,16 @@
 //! - Connections are handed out per worker in one message: `newconns` with up to 64 fds to a
 //!   nodus worker, one `newconn` each to a Node worker (its protocol takes one handle per round
 //!   trip).
+//! - Round-robin hands a connection to a worker with handoffs untaken only while none is free
+//!   and that worker's queue moves (it took some, or was handed its oldest, within
+//!   [`balance::PIPELINE_WINDOW`]: [`Pending::waiting_ns`]); with none free or moving the
+//!   connection waits in the primary (parked, [`has_room`] false: the accept task accepts no
+//!   more) for the first worker that takes its handoffs ([`took`] wakes the accept task; the
+//!   release pass reads the boards every 1 ms while anything is parked). So a worker whose loop
+//!   is busy (a long synchronous request) gets at most what came within that window, as Node's
+//!   round-robin hands a connection only to a worker that answered its last one, while workers
+//!   that keep up are handed connections without waiting for each answer. `least` is not
+//!   concerned: any worker under the cap takes.
 //! - The primary keeps its reference to every handed connection until the worker took it, in
 //!   `Proc::pending`; a refused batch, or whatever a dead worker had not taken, goes to another
 //!   worker (a worker that refused gets nothing for [`REFUSAL_PAUSE`]: it may be at its
@@ -118,6 +128,8 @@ pub(super) const HANDOFF_DEADLINE: Duration = Duration::from_secs(1);
 pub(super) struct Pending {
     handoffs: RefCell<BTreeMap<u64, Handoff>>,
     conns: Cell<u64>,
+    /// When the worker was last seen taking handoffs (the loop's time, ns).
+    progress_ns: Cell<u64>,
 }
 
 impl Pending {
@@ -153,6 +165,20 @@ impl Pending {
             let h = oldest.get_mut();
             h.sent_ns = h.sent_ns.max(now);
         }
+    }
+
+    /// The worker was seen taking handoffs at `now`.
+    fn progressed(&self, now: u64) {
+        self.progress_ns.set(self.progress_ns.get().max(now));
+    }
+
+    /// How long, at `now`, the handoffs still pending have waited with none taken: since the
+    /// oldest was handed or since the worker last took some, whichever is later; 0 with none
+    /// pending. Round-robin hands more only to a worker under [`balance::PIPELINE_WINDOW`].
+    fn waiting_ns(&self, now: u64) -> u64 {
+        self.oldest_sent_ns().map_or(0, |sent| {
+            now.saturating_sub(sent.max(self.progress_ns.get()))
+        })
     }
 
     /// When the oldest handoff still pending was handed.
@@ -237,7 +263,9 @@ const RELEASE_MAX: Duration = Duration::from_millis(50);
 
 /// Makes sure a release pass runs while a worker with a board has handoffs pending: without new
 /// connections nothing else would read its board, and the primary's reference keeps a
-/// connection the worker closed from closing.
+/// connection the worker closed from closing. It looks every [`RELEASE_FIRST`] while
+/// connections wait in the primary (round-robin holds them there while no worker is free or
+/// taking its handoffs: the first that takes some gets them), else backs off while nothing moves.
 fn arm_release(st: &Rc<State>) {
     if st.release_armed.replace(true) {
         return;
@@ -253,7 +281,7 @@ fn arm_release(st: &Rc<State>) {
             if after == 0 {
                 break;
             }
-            pause = if after < before {
+            pause = if after < before || any_parked(&st) {
                 RELEASE_FIRST
             } else {
                 (pause * 2).min(RELEASE_MAX)
@@ -278,6 +306,7 @@ fn took(proc: &Proc, handoffs: Vec<Handoff>) {
     if handoffs.is_empty() {
         return;
     }
+    proc.pending.progressed(crate::time::loop_now_ns());
     for h in handoffs {
         let n = h.conns.len() as u64;
         proc.handed.set(proc.handed.get() + n);
@@ -415,12 +444,26 @@ pub(super) fn arm_deadline(st: &Rc<State>) {
 /// Wakes the accept task of every server with parked connections (a worker became ready, or
 /// runs again after a stall: it may take what waits).
 pub(super) fn wake_parked(st: &State) {
-    let servers = st.servers.borrow();
-    let prebound = st.prebound.borrow();
-    for server in servers.values().chain(prebound.iter().map(|(_, s)| s)) {
+    with_servers(st, |server| {
         if !server.parked.is_empty() {
             server.wake_accept();
         }
+    });
+}
+
+/// Whether any server has connections parked.
+fn any_parked(st: &State) -> bool {
+    let mut any = false;
+    with_servers(st, |server| any |= !server.parked.is_empty());
+    any
+}
+
+/// Calls `f` with every server, pre-bound ones included.
+fn with_servers(st: &State, mut f: impl FnMut(&Rc<Server>)) {
+    let servers = st.servers.borrow();
+    let prebound = st.prebound.borrow();
+    for server in servers.values().chain(prebound.iter().map(|(_, s)| s)) {
+        f(server);
     }
 }
 
@@ -569,14 +612,37 @@ fn pausing(proc: &Proc) -> bool {
         .is_some_and(|at| at.elapsed() < REFUSAL_PAUSE)
 }
 
-/// Whether some member can take a connection now (as [`dispatch`] chooses).
-pub(super) fn has_room(server: &Server) -> bool {
+/// Whether some member can take a connection now (as [`dispatch`] chooses, after reading the
+/// boards as it does).
+pub(super) fn has_room(st: &State, server: &Server) -> bool {
     let members = server.members.borrow();
+    for m in members.iter() {
+        release_taken(&m.proc);
+    }
     let ready_member = members.iter().any(|m| m.proc.is_ready());
     let now = crate::time::polled_ns();
-    members.iter().any(|m| {
-        takes_now(&m.proc, ready_member, now) && m.proc.pending.conns() < balance::MAX_IN_FLIGHT
-    })
+    let takes = match st.config.policy {
+        Policy::Least => balance::least_takes,
+        _ => balance::round_robin_takes,
+    };
+    members
+        .iter()
+        .any(|m| takes(&candidate(&m.proc, ready_member, now)))
+}
+
+/// What the balancer knows of `proc`, a member of a server where `ready_member` says whether any
+/// member is ready, at `now` (`crate::time::polled_ns`): one that takes nothing now looks full.
+fn candidate(proc: &Proc, ready_member: bool, now: u64) -> Candidate {
+    let in_flight = if takes_now(proc, ready_member, now) {
+        proc.pending.conns()
+    } else {
+        balance::MAX_IN_FLIGHT
+    };
+    Candidate {
+        in_flight,
+        waiting_ns: proc.pending.waiting_ns(now),
+        load: proc.load_estimate(),
+    }
 }
 
 /// `proc` gave back connections it had taken but not served (its listener for `key` closed
@@ -775,14 +841,7 @@ pub(super) fn dispatch(st: &Rc<State>, server: &Rc<Server>, conns: Vec<Conn>) ->
         let ready_member = members.iter().any(|m| m.proc.is_ready());
         let mut cands: Vec<Candidate> = members
             .iter()
-            .map(|m| Candidate {
-                in_flight: if takes_now(&m.proc, ready_member, now) {
-                    m.proc.pending.conns()
-                } else {
-                    balance::MAX_IN_FLIGHT
-                },
-                load: m.proc.load_estimate(),
-            })
+            .map(|m| candidate(&m.proc, ready_member, now))
             .collect();
         let mut chosen: Vec<Vec<Conn>> = vec![Vec::new(); members.len()];
         let mut parked = Vec::new();
