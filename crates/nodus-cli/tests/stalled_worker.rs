@@ -372,12 +372,37 @@ fn new_connections_for(addr: SocketAddr, threads: usize, run: Duration) -> Vec<S
         .collect()
 }
 
+/// `n` connections opened at once, a `GET /` written on each, read on a thread of their own:
+/// every answer's body.
+fn burst(addr: SocketAddr, n: usize) -> std::thread::JoinHandle<Vec<String>> {
+    let conns: Vec<TcpStream> = (0..n)
+        .map(|i| {
+            let mut s = connect(addr, TIMEOUTS).unwrap_or_else(|e| panic!("burst {i}: {e}"));
+            write_request(&mut s, "GET", "/", &["Connection: close"]).unwrap();
+            s
+        })
+        .collect();
+    std::thread::spawn(move || {
+        conns
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let reply = read_reply(&mut BufReader::new(s), false)
+                    .unwrap_or_else(|e| panic!("burst {i}: {e}"));
+                String::from_utf8(reply.body).unwrap()
+            })
+            .collect()
+    })
+}
+
 /// While a Node worker's loop is held by a CPU-bound request, new connections go to the other
 /// worker, as under Node's own round-robin (which hands a connection only to a worker that
-/// answered its last `newconn`): the busy worker gets at most the few that came before the
-/// primary saw it take nothing, not every other one. Four clients make a new connection per
-/// request for 500 ms from the moment the worker says it blocks; at least 80 % are answered by
-/// the other worker, and every one is answered.
+/// answered its last `newconn`): the busy worker, which took its last connection (the one it is
+/// busy with), gets one more, not every other one. From the moment the worker says it blocks
+/// (and 50 ms more, well past any sign of it taking connections): a burst of eight connections
+/// opened at once, of which it gets one at most (Node's primary hands it exactly one), then four
+/// clients making a new connection per request for 400 ms, at least 80 % of them answered by
+/// the other worker; every one is answered.
 #[test]
 fn a_node_worker_whose_loop_is_busy_is_handed_no_new_connection_while_the_other_is_free() {
     if !have("node") {
@@ -390,11 +415,16 @@ fn a_node_worker_whose_loop_is_busy_is_handed_no_new_connection_while_the_other_
     });
     let line = primary.wait_line("blocking pid ");
     let blocked = format!("pid {}", line.rsplit(' ').next().unwrap());
-    let bodies = new_connections_for(addr, 4, Duration::from_millis(500));
+    std::thread::sleep(Duration::from_millis(50));
+    let burst = burst(addr, 8);
+    let bodies = new_connections_for(addr, 4, Duration::from_millis(400));
+    let burst = burst.join().unwrap();
     assert_eq!(
         blocker.join().unwrap().expect("/block is answered"),
         blocked
     );
+    let burst_held = burst.iter().filter(|b| **b == blocked).count();
+    assert!(burst_held <= 1, "{blocked} is busy: {burst:?}");
     let held = bodies.iter().filter(|b| **b == blocked).count();
     assert!(
         (bodies.len() - held) * 5 >= bodies.len() * 4,

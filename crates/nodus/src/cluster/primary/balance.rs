@@ -1,18 +1,19 @@
 //! Choosing the worker for a new connection (round-robin and least-loaded), pure and testable.
 //!
-//! Round-robin: a rotation over the eligible workers that hands a connection to a worker that
-//! is not taking its connections only when no other can have it. First the workers with nothing
+//! Round-robin: a rotation over the eligible workers that hands a worker more than one
+//! connection it has not taken only while it shows it keeps up. First the workers with nothing
 //! handed and not yet taken ("free": they took everything they were given, as Node's
 //! round-robin requires of each one it hands a connection to), in turn; with none free, the one
-//! with the fewest untaken (of those, the one whose queue moved last; exact ties in turn), but
-//! only while its queue moves: it took some within [`PIPELINE_WINDOW`], or its oldest untaken
-//! one is younger than that (`Candidate::waiting_ns`).
-//! So workers that keep up are handed connections without waiting for each answer (a pipeline,
-//! up to [`MAX_IN_FLIGHT`] each), and a worker whose loop is busy (a long synchronous request,
-//! a busy loop) gets at most what came within that window after its last sign of progress: with
-//! no worker free or moving, a connection waits in the primary for the first to take its
-//! handoffs (`handoff`). `handoff` gives a worker that takes nothing now (stalled: the primary
-//! has waited the handoff deadline for its loop; pausing after a refusal; not ready) the cap.
+//! with the fewest untaken (of those, the one seen taking some last; exact ties in turn), but
+//! only while its queue moves: it was seen taking some within [`PIPELINE_WINDOW`]
+//! (`Candidate::quiet_ns`). So workers that keep up are handed connections without waiting for
+//! each answer (a pipeline, up to [`MAX_IN_FLIGHT`] each), while a worker whose loop is busy (a
+//! long synchronous request, a busy loop) gets the one connection it is handed while free, as
+//! under Node, and more only in the window after its last take: with no worker free or moving,
+//! a connection waits in the primary for the first to take its handoffs (`handoff`). A burst
+//! that finds every worker idle goes out one each, and the rest once each has taken its one.
+//! `handoff` gives a worker that takes nothing now (stalled: the primary has waited the handoff
+//! deadline for its loop; pausing after a refusal; not ready) the cap.
 //!
 //! Least: the worker with the fewest estimated open connections, where the estimate is what the
 //! worker last reported plus the connections handed since that report (a Node worker reports
@@ -24,12 +25,12 @@ use std::time::Duration;
 /// Connections a worker may have handed and not yet taken before it is skipped.
 pub(crate) const MAX_IN_FLIGHT: u64 = 64;
 
-/// How long a worker with connections handed and not taken may go without taking any and still
-/// be handed more under round-robin (when none is free). A worker that keeps up takes a handoff
-/// in the loop turn after it arrives, well inside this on an idle machine; one whose loop is
-/// busy for longer gets nothing more until it takes what it has, and the connection waits in
-/// the primary for the first worker that does instead (what a worker that was only slow costs
-/// is that wait).
+/// How long a worker with connections handed and not taken may go without being seen taking any
+/// and still be handed more under round-robin (when none is free). A worker that keeps up takes
+/// a handoff in the loop turn after it arrives, well inside this on an idle machine; one whose
+/// loop is busy for longer gets nothing more until it takes what it has, and the connection
+/// waits in the primary for the first worker that does instead (what a worker that was only
+/// slow costs is that wait).
 pub(crate) const PIPELINE_WINDOW: Duration = Duration::from_millis(2);
 
 /// [`PIPELINE_WINDOW`] in ns.
@@ -40,15 +41,14 @@ const WINDOW_NS: u64 = PIPELINE_WINDOW.as_nanos() as u64;
 pub(crate) struct Candidate {
     /// Connections handed and not yet taken.
     pub in_flight: u64,
-    /// How long its untaken connections have waited without it taking any (ns): since the
-    /// oldest was handed, or since it last took some, whichever is later; 0 with none.
-    pub waiting_ns: u64,
+    /// How long since it was last seen taking connections (ns).
+    pub quiet_ns: u64,
     /// Load estimate for `least` (see the module docs).
     pub load: u64,
 }
 
 /// Round-robin: the next free candidate after `cursor`, else, of those whose queue moves, the
-/// one with the fewest in flight and, of those, the one whose queue moved last (ties from
+/// one with the fewest in flight and, of those, the one seen taking some last (ties from
 /// `cursor`), else none (see the module docs); advances the cursor.
 pub(crate) fn round_robin(cands: &[Candidate], cursor: &mut usize) -> Option<usize> {
     let n = cands.len();
@@ -60,7 +60,7 @@ pub(crate) fn round_robin(cands: &[Candidate], cursor: &mut usize) -> Option<usi
             best = Some(i);
             break;
         }
-        let key = |c: &Candidate| (c.in_flight, c.waiting_ns);
+        let key = |c: &Candidate| (c.in_flight, c.quiet_ns);
         if moves(c) && best.is_none_or(|b| key(c) < key(&cands[b])) {
             best = Some(i);
         }
@@ -76,10 +76,10 @@ pub(crate) fn round_robin_takes(c: &Candidate) -> bool {
     c.in_flight == 0 || moves(c)
 }
 
-/// Whether `c`, with connections in flight, may be handed more: under the cap, and it took some
-/// or was handed its oldest within [`PIPELINE_WINDOW`].
+/// Whether `c`, with connections in flight, may be handed more: under the cap, and seen taking
+/// some within [`PIPELINE_WINDOW`].
 fn moves(c: &Candidate) -> bool {
-    c.in_flight < MAX_IN_FLIGHT && c.waiting_ns < WINDOW_NS
+    c.in_flight < MAX_IN_FLIGHT && c.quiet_ns < WINDOW_NS
 }
 
 /// Whether least-loaded may hand `c` a connection now.
@@ -113,16 +113,16 @@ mod tests {
     fn c(in_flight: u64, load: u64) -> Candidate {
         Candidate {
             in_flight,
-            waiting_ns: 0,
+            quiet_ns: 0,
             load,
         }
     }
 
-    /// `in_flight` untaken, the oldest waiting `waiting` without progress.
-    fn w(in_flight: u64, waiting: Duration) -> Candidate {
+    /// `in_flight` untaken, and last seen taking some `quiet` ago.
+    fn w(in_flight: u64, quiet: Duration) -> Candidate {
         Candidate {
             in_flight,
-            waiting_ns: waiting.as_nanos() as u64,
+            quiet_ns: quiet.as_nanos() as u64,
             load: 0,
         }
     }
@@ -169,12 +169,28 @@ mod tests {
     }
 
     #[test]
+    fn a_burst_gives_a_worker_not_seen_taking_lately_one_connection() {
+        let mut cursor = 0;
+        let quiet = PIPELINE_WINDOW * 100;
+        // Both idle: one each; the rest waits for the first to take its one.
+        let mut cands = [w(0, quiet), w(0, quiet)];
+        let got = picks(&mut cands, &mut cursor, 4);
+        assert_eq!(got, [Some(0), Some(1), None, None]);
+        // Free, but busy with what it took last (a long request): one, and the rest to the
+        // worker that keeps up.
+        let mut cands = [w(0, quiet), w(1, PIPELINE_WINDOW / 2)];
+        let got = picks(&mut cands, &mut cursor, 5);
+        assert_eq!(got.iter().filter(|&&p| p == Some(0)).count(), 1, "{got:?}");
+        assert!(got.iter().all(Option::is_some), "{got:?}");
+    }
+
+    #[test]
     fn with_none_free_the_fewest_in_flight_among_those_whose_queue_moves() {
         let young = PIPELINE_WINDOW / 2;
         let mut cursor = 0;
         let cands = [w(3, young), w(1, young), w(1, PIPELINE_WINDOW)];
         assert_eq!(round_robin(&cands, &mut cursor), Some(1));
-        // As many in flight: the one whose queue moved last.
+        // As many in flight: the one seen taking some last.
         let cands = [w(1, young), w(1, young / 2), w(1, young)];
         assert_eq!(round_robin(&cands, &mut cursor), Some(1));
         assert_eq!(round_robin(&cands, &mut cursor), Some(1));

@@ -8,15 +8,17 @@
 //!   nodus worker, one `newconn` each to a Node worker (its protocol takes one handle per round
 //!   trip).
 //! - Round-robin hands a connection to a worker with handoffs untaken only while none is free
-//!   and that worker's queue moves (it took some, or was handed its oldest, within
-//!   [`balance::PIPELINE_WINDOW`]: [`Pending::waiting_ns`]); with none free or moving the
-//!   connection waits in the primary (parked, [`has_room`] false: the accept task accepts no
-//!   more) for the first worker that takes its handoffs ([`took`] wakes the accept task; the
-//!   release pass reads the boards every 1 ms while anything is parked). So a worker whose loop
-//!   is busy (a long synchronous request) gets at most what came within that window, as Node's
-//!   round-robin hands a connection only to a worker that answered its last one, while workers
-//!   that keep up are handed connections without waiting for each answer. `least` is not
-//!   concerned: any worker under the cap takes.
+//!   and that worker keeps up: it was seen taking some within [`balance::PIPELINE_WINDOW`]
+//!   ([`Pending::quiet_ns`], by the loop's clock; when it took what its board shows is known
+//!   only to within the primary's looks, and counts as the look before, never later than it
+//!   was). With none free or keeping up the connection waits in the primary (parked,
+//!   [`has_room`] false: the accept task accepts no more) for the first worker that takes its
+//!   handoffs ([`took`] wakes the accept task; the release pass reads the boards every 1 ms
+//!   while anything is parked). So a worker whose loop is busy (a long synchronous request) gets
+//!   the one it was handed while free, as under Node's round-robin, which hands a connection
+//!   only to a worker that answered its last one, and more only in the window after its last
+//!   take, while workers that keep up are handed connections without waiting for each answer.
+//!   `least` is not concerned: any worker under the cap takes.
 //! - The primary keeps its reference to every handed connection until the worker took it, in
 //!   `Proc::pending`; a refused batch, or whatever a dead worker had not taken, goes to another
 //!   worker (a worker that refused gets nothing for [`REFUSAL_PAUSE`]: it may be at its
@@ -128,8 +130,12 @@ pub(super) const HANDOFF_DEADLINE: Duration = Duration::from_secs(1);
 pub(super) struct Pending {
     handoffs: RefCell<BTreeMap<u64, Handoff>>,
     conns: Cell<u64>,
-    /// When the worker was last seen taking handoffs (the loop's time, ns).
+    /// When the worker last took handoffs, as far as the primary can tell (the loop's time,
+    /// ns): when it said so, or, read on its board, when the primary last looked there before.
     progress_ns: Cell<u64>,
+    /// When the primary last read the worker's board with handoffs pending (the loop's time,
+    /// ns).
+    looked_ns: Cell<u64>,
 }
 
 impl Pending {
@@ -167,18 +173,18 @@ impl Pending {
         }
     }
 
-    /// The worker was seen taking handoffs at `now`.
-    fn progressed(&self, now: u64) {
-        self.progress_ns.set(self.progress_ns.get().max(now));
+    /// The worker took handoffs at `at`.
+    fn progressed(&self, at: u64) {
+        self.progress_ns.set(self.progress_ns.get().max(at));
     }
 
-    /// How long, at `now`, the handoffs still pending have waited with none taken: since the
-    /// oldest was handed or since the worker last took some, whichever is later; 0 with none
-    /// pending. Round-robin hands more only to a worker under [`balance::PIPELINE_WINDOW`].
-    fn waiting_ns(&self, now: u64) -> u64 {
-        self.oldest_sent_ns().map_or(0, |sent| {
-            now.saturating_sub(sent.max(self.progress_ns.get()))
-        })
+    /// How long, at `now`, since the worker was last seen taking handoffs (as long as `now`
+    /// itself if never). Round-robin hands one with handoffs untaken more only under
+    /// [`balance::PIPELINE_WINDOW`]. Being free shows nothing of the kind: its loop may be busy
+    /// with the connection it took last (a long request), so a worker handed one while free
+    /// gets more only once it takes that one, in a burst too.
+    fn quiet_ns(&self, now: u64) -> u64 {
+        now.saturating_sub(self.progress_ns.get())
     }
 
     /// When the oldest handoff still pending was handed.
@@ -230,8 +236,9 @@ impl Pending {
 pub(super) fn on_accepted(st: &Rc<State>, proc: &Rc<Proc>, ack: u64, accepted: bool) {
     if accepted {
         let done = proc.pending.remove(ack).into_iter().collect();
-        proc.pending.restart_oldest(crate::time::loop_now_ns());
-        took(proc, done);
+        let now = crate::time::loop_now_ns();
+        proc.pending.restart_oldest(now);
+        took(proc, done, now);
     } else {
         refused(st, proc, ack);
         proc.pending.restart_oldest(crate::time::loop_now_ns());
@@ -240,11 +247,15 @@ pub(super) fn on_accepted(st: &Rc<State>, proc: &Rc<Proc>, ack: u64, accepted: b
 
 /// A nodus worker took every handoff up to `ack` that it did not refuse.
 pub(super) fn on_took(proc: &Rc<Proc>, ack: u64) {
-    took(proc, proc.pending.remove_below(ack.saturating_add(1)));
+    let done = proc.pending.remove_below(ack.saturating_add(1));
+    took(proc, done, crate::time::loop_now_ns());
 }
 
 /// Drops the references to the handoffs `proc` posted on its board as taken, unless a refusal it
-/// posted is still on its way (that batch must go to another worker from these references).
+/// posted is still on its way (that batch must go to another worker from these references). The
+/// board says what was taken, not when: what is found taken now was taken after the last look
+/// and after its handoff, so it counts as taken at the later of the two (never later than it
+/// was: a worker that took a batch and then blocked its loop is not seen taking now).
 pub(super) fn release_taken(proc: &Proc) {
     let Some(board) = proc.board.get() else {
         return;
@@ -252,8 +263,11 @@ pub(super) fn release_taken(proc: &Proc) {
     if proc.pending.is_empty() {
         return;
     }
+    let before = proc.pending.looked_ns.replace(crate::time::loop_now_ns());
     if let Some(below) = board.releasable_below(proc.refusals_seen.get()) {
-        took(proc, proc.pending.remove_below(below));
+        let done = proc.pending.remove_below(below);
+        let sent = done.iter().map(|h| h.sent_ns).max().unwrap_or(0);
+        took(proc, done, sent.max(before));
     }
 }
 
@@ -302,11 +316,12 @@ fn board_pending(st: &State) -> u64 {
         .sum()
 }
 
-fn took(proc: &Proc, handoffs: Vec<Handoff>) {
+/// `proc` took `handoffs`, at `at` (the loop's time, ns) as far as the primary can tell.
+fn took(proc: &Proc, handoffs: Vec<Handoff>, at: u64) {
     if handoffs.is_empty() {
         return;
     }
-    proc.pending.progressed(crate::time::loop_now_ns());
+    proc.pending.progressed(at);
     for h in handoffs {
         let n = h.conns.len() as u64;
         proc.handed.set(proc.handed.get() + n);
@@ -631,7 +646,12 @@ pub(super) fn has_room(st: &State, server: &Server) -> bool {
 }
 
 /// What the balancer knows of `proc`, a member of a server where `ready_member` says whether any
-/// member is ready, at `now` (`crate::time::polled_ns`): one that takes nothing now looks full.
+/// member is ready, at `now` (`crate::time::polled_ns`, for the stall rule): one that takes
+/// nothing now looks full. How long since it took handoffs goes by the loop's clock instead:
+/// `polled_ns` is the time before the last poll's wait, so after a wait for the connections
+/// being handed (an idle primary's) it would make a worker that took its last one long before,
+/// and may be busy since, look as if it had just taken it. A pause of the primary itself only
+/// makes every worker look quiet for a moment: free ones still take, and the first take ends it.
 fn candidate(proc: &Proc, ready_member: bool, now: u64) -> Candidate {
     let in_flight = if takes_now(proc, ready_member, now) {
         proc.pending.conns()
@@ -640,7 +660,7 @@ fn candidate(proc: &Proc, ready_member: bool, now: u64) -> Candidate {
     };
     Candidate {
         in_flight,
-        waiting_ns: proc.pending.waiting_ns(now),
+        quiet_ns: proc.pending.quiet_ns(crate::time::loop_now_ns()),
         load: proc.load_estimate(),
     }
 }
@@ -809,7 +829,8 @@ pub(super) fn after_exit(st: &Rc<State>, proc: &Rc<Proc>) {
 pub(super) fn channel_ended(st: &Rc<State>, proc: &Proc) {
     leave_all(st, proc);
     if let Some(board) = proc.board.get() {
-        took(proc, proc.pending.remove_below(board.settled_below()));
+        let done = proc.pending.remove_below(board.settled_below());
+        took(proc, done, 0); // its end: no sign of a loop that runs
     }
     redistribute(st, proc);
 }
