@@ -99,8 +99,9 @@ fn a_stopped_workers_clients_are_answered_by_the_other_worker() {
     let _kill = KillOnDrop(vec![stopped]);
     let cont = ContOnDrop(stopped);
     signal(stopped, Signal::STOP);
-    // Half of these would wait for the stopped worker for good: each is answered within the
-    // deadline and a margin, and once the worker is seen stalled, at once.
+    // The stopped worker, which took all it had (free to rr), is handed one of these (more
+    // would wait behind it), which would wait for it for good: each is answered within the
+    // deadline and a margin, and the others at once.
     for i in 0..20 {
         let took = get_a(addr, i);
         assert!(took < Duration::from_secs(4), "request {i} took {took:?}");
@@ -150,7 +151,7 @@ fn a_worker_readyz_found_stalled_is_handed_nothing_until_it_runs_again() {
     signal(stopped, Signal::STOP);
     let readyz = get(admin, "/_nodus/readyz");
     assert_eq!(readyz.status, 200, "one worker of two runs");
-    // rr alternates: without the stall known, every other one would go to the stopped worker.
+    // Without the stall known, rr would hand the stopped worker, which took all it had, one.
     assert_kept_off(addr, admin, stopped, 0, &mut primary);
 
     drop(cont);
@@ -234,7 +235,7 @@ fn a_worker_waking_at_the_deadline_and_the_primary_never_both_serve_a_connection
     for (round, offset) in offsets_ms.into_iter().enumerate() {
         signal(stopped, Signal::STOP);
         let t0 = Instant::now();
-        // rr alternates: half of them go to the stopped worker.
+        // The stopped worker took all it had: rr hands it one (at least) of them.
         let conns: Vec<TcpStream> = (0..6)
             .map(|i| {
                 let mut s = connect(addr, TIMEOUTS)
@@ -330,6 +331,111 @@ fn a_stopped_node_worker_keeps_only_the_connection_written_to_its_channel() {
     assert_exit(&mut primary, Duration::from_secs(30), 0);
 }
 
+/// An HTTP server that answers with its pid, and holds its loop for 800 ms (a CPU-bound
+/// request: under the handoff deadline, so the primary never finds it stalled) before it answers
+/// a request for `/block`, saying so first.
+const NODE_BLOCK_APP: &str = r#"
+require('http')
+  .createServer((req, res) => {
+    if (req.url === '/block') {
+      console.log(`blocking pid ${process.pid}`);
+      const end = Date.now() + 800;
+      while (Date.now() < end);
+    }
+    res.end(`pid ${process.pid}`);
+  })
+  .listen(+process.env.PORT, '127.0.0.1');
+"#;
+
+/// `threads` clients, each sending `GET /` on a new connection, one after the other, for `run`:
+/// every answer's body.
+fn new_connections_for(addr: SocketAddr, threads: usize, run: Duration) -> Vec<String> {
+    let end = Instant::now() + run;
+    let clients: Vec<_> = (0..threads)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let mut bodies = Vec::new();
+                while Instant::now() < end {
+                    let reply = nodus_testkit::http::request(addr, TIMEOUTS, "GET", "/", &[])
+                        .unwrap_or_else(|e| panic!("client {t}: {e}"));
+                    bodies.push(String::from_utf8(reply.body).unwrap());
+                    // Leaves some CPU to the cluster on a 2-core machine.
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                bodies
+            })
+        })
+        .collect();
+    clients
+        .into_iter()
+        .flat_map(|c| c.join().unwrap())
+        .collect()
+}
+
+/// `n` connections opened at once, a `GET /` written on each, read on a thread of their own:
+/// every answer's body.
+fn burst(addr: SocketAddr, n: usize) -> std::thread::JoinHandle<Vec<String>> {
+    let conns: Vec<TcpStream> = (0..n)
+        .map(|i| {
+            let mut s = connect(addr, TIMEOUTS).unwrap_or_else(|e| panic!("burst {i}: {e}"));
+            write_request(&mut s, "GET", "/", &["Connection: close"]).unwrap();
+            s
+        })
+        .collect();
+    std::thread::spawn(move || {
+        conns
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let reply = read_reply(&mut BufReader::new(s), false)
+                    .unwrap_or_else(|e| panic!("burst {i}: {e}"));
+                String::from_utf8(reply.body).unwrap()
+            })
+            .collect()
+    })
+}
+
+/// While a Node worker's loop is held by a CPU-bound request, new connections go to the other
+/// worker, as under Node's own round-robin (which hands a connection only to a worker that
+/// answered its last `newconn`): the busy worker, which took its last connection (the one it is
+/// busy with), gets one more, not every other one. From the moment the worker says it blocks
+/// (and 50 ms more, well past any sign of it taking connections): a burst of eight connections
+/// opened at once, of which it gets one at most (Node's primary hands it exactly one), then four
+/// clients making a new connection per request for 400 ms, at least 80 % of them answered by
+/// the other worker; every one is answered.
+#[test]
+fn a_node_worker_whose_loop_is_busy_is_handed_no_new_connection_while_the_other_is_free() {
+    if !have("node") {
+        return;
+    }
+    let (_dir, addr, mut primary) = run_node_app("busy-node", NODE_BLOCK_APP, 2, &[]);
+    let blocker = std::thread::spawn(move || {
+        nodus_testkit::http::request(addr, TIMEOUTS, "GET", "/block", &[])
+            .map(|r| String::from_utf8(r.body).unwrap())
+    });
+    let line = primary.wait_line("blocking pid ");
+    let blocked = format!("pid {}", line.rsplit(' ').next().unwrap());
+    std::thread::sleep(Duration::from_millis(50));
+    let burst = burst(addr, 8);
+    let bodies = new_connections_for(addr, 4, Duration::from_millis(400));
+    let burst = burst.join().unwrap();
+    assert_eq!(
+        blocker.join().unwrap().expect("/block is answered"),
+        blocked
+    );
+    let burst_held = burst.iter().filter(|b| **b == blocked).count();
+    assert!(burst_held <= 1, "{blocked} is busy: {burst:?}");
+    let held = bodies.iter().filter(|b| **b == blocked).count();
+    assert!(
+        (bodies.len() - held) * 5 >= bodies.len() * 4,
+        "at least 80% of new connections go to the free worker while {blocked} is busy: {held} \
+         of {} went to it",
+        bodies.len()
+    );
+    primary.signal(Signal::TERM);
+    assert_exit(&mut primary, Duration::from_secs(30), 0);
+}
+
 /// A Node app that says it is ready (`process.send('ready')`) only while the file `MODE_DIR/mode`
 /// says `v1` when it starts, and answers with that mode.
 const NODE_READY_APP: &str = r#"
@@ -419,9 +525,10 @@ fn assert_no_stall_said(primary: &mut Proc) {
 /// on where the stop caught the primary: three rounds). No worker is said stalled nor has
 /// anything taken back, and readyz, asked during the pause, answers 200 at once. So that probes
 /// and handoffs are in flight when the primary stops, the workers are stopped for a moment
-/// first (far under the deadline): the handoffs and readyz probe them, and four clients are
-/// handed to them. They run again once the primary is stopped, and serve those clients while it
-/// still is.
+/// first (far under the deadline): the handoffs and readyz probe them, and two clients are
+/// handed to them, one each (a third would wait in the primary, round-robin handing nothing
+/// more to workers that have not taken what they have, and be served only once it runs). They
+/// run again once the primary is stopped, and serve those clients while it still is.
 #[test]
 fn a_pause_of_the_primary_itself_stalls_no_worker_that_answered_during_it() {
     let (_dir, addr, admin, mut primary, workers) = serve_two("stall-primary-paused");
@@ -434,7 +541,7 @@ fn a_pause_of_the_primary_itself_stalls_no_worker_that_answered_during_it() {
         for w in workers {
             signal(w, Signal::STOP);
         }
-        let clients: Vec<TcpStream> = (0..4)
+        let clients: Vec<TcpStream> = (0..2)
             .map(|i| {
                 let mut s = connect(addr, TIMEOUTS)
                     .unwrap_or_else(|e| panic!("round {round}, client {i}: {e}"));
@@ -474,11 +581,13 @@ fn a_pause_of_the_primary_itself_stalls_no_worker_that_answered_during_it() {
 }
 
 /// The same pause with stock Node workers, whose answers are `accepted` messages, one `newconn`
-/// at a time (their channel holds the rest until the one written is acknowledged): six clients
-/// are handed to the workers while they are stopped for a moment, the primary is stopped, and
-/// the workers take the one written to each meanwhile. Once the primary runs again, the ones it
-/// held go out, one per answer: none counts the pause against the worker, none is taken back,
-/// no worker is said stalled, and every client is answered.
+/// at a time (their channel holds any more until the one written is acknowledged): six clients
+/// come while the workers are stopped for a moment, each worker is handed one (the rest wait in
+/// the primary, round-robin handing nothing more to workers that have not taken what they have),
+/// the primary is stopped, and the workers take the one written to each meanwhile. Once the
+/// primary runs again, the ones it held go out as the workers answer: none counts the pause
+/// against the worker, none is taken back, no worker is said stalled, and every client is
+/// answered.
 #[test]
 fn a_pause_of_the_primary_itself_stalls_no_node_worker_that_took_its_connection_during_it() {
     if !have("node") {

@@ -4,7 +4,8 @@
 //! ```text
 //! cargo run --release -p nodus-http --example cluster -- \
 //!     --workers 2 --policy rr --listen 127.0.0.1:8080 [--events FILE] \
-//!     [--slow-worker ID --slow-ms MS] [--crash-after-ms MS] [--max-restarts R --restart-window SECS]
+//!     [--slow-worker ID --slow-ms MS] [--block-ms MS] [--crash-after-ms MS]
+//!     [--max-restarts R --restart-window SECS]
 //!     [--hold-worker ID --hold-ms MS [--leave-on-sigterm]]
 //!     [--abandon-listen-worker ID --abandon-at query|answer --hold-ms MS]
 //! ```
@@ -13,7 +14,10 @@
 //! HTTP counters with each snapshot, `ready()` tells the primary it can take traffic, and the
 //! primary's `disconnect` (a reload or shutdown) drains the server within the deadline it gave.
 //! `--slow-worker ID --slow-ms MS` makes worker ID answer after MS milliseconds (to see `least`
-//! steer connections away from it). `--crash-after-ms MS` makes every worker exit with code 1
+//! steer connections away from it). `--block-ms MS` makes a request for `/block` hold its
+//! worker's loop MS milliseconds (a long synchronous call in the handler, as a CPU-bound Node
+//! handler does; the worker says so on stderr first) before it answers: the primary must route
+//! new connections around that worker meanwhile. `--crash-after-ms MS` makes every worker exit with code 1
 //! MS milliseconds after it started (0: at once, before listening), to watch the restart budget.
 //! `--hold-worker ID --hold-ms MS` makes worker ID take connections but serve none: it holds
 //! them for MS milliseconds, then closes its listener and stays up; a nodus primary gets what it
@@ -48,6 +52,8 @@ struct Args {
     events: Option<PathBuf>,
     slow_worker: Option<u32>,
     slow: Duration,
+    /// How long a request for `/block` holds its worker's loop (none: `/block` is any path).
+    block: Option<Duration>,
     crash_after: Option<Duration>,
     max_restarts: Option<u32>,
     restart_window: Option<Duration>,
@@ -67,6 +73,7 @@ fn parse_args() -> Result<Args, String> {
         events: None,
         slow_worker: None,
         slow: Duration::from_millis(100),
+        block: None,
         crash_after: None,
         max_restarts: None,
         restart_window: None,
@@ -99,6 +106,11 @@ fn parse_args() -> Result<Args, String> {
             }
             "--slow-ms" => {
                 args.slow = Duration::from_millis(value()?.parse().map_err(|e| format!("{e}"))?)
+            }
+            "--block-ms" => {
+                args.block = Some(Duration::from_millis(
+                    value()?.parse().map_err(|e| format!("--block-ms: {e}"))?,
+                ))
             }
             "--crash-after-ms" => {
                 args.crash_after = Some(Duration::from_millis(
@@ -273,6 +285,7 @@ async fn run_worker(worker: Worker, args: Args) -> i32 {
     worker.set_snapshot(nodus_http::snapshot);
     let delay = (args.slow_worker == Some(worker.id())).then_some(args.slow);
     let id = HeaderValue::from(worker.id());
+    let (worker_id, block) = (worker.id(), args.block);
     let server = serve(
         listener,
         HttpConfig {
@@ -281,8 +294,13 @@ async fn run_worker(worker: Worker, args: Args) -> i32 {
             conn_info: false,
             ..HttpConfig::default()
         },
-        move |_req| {
+        move |req| {
             let id = id.clone();
+            if let Some(block) = block.filter(|_| req.uri().path() == "/block") {
+                eprintln!("cluster worker {worker_id}: /block holds its loop for {block:?}");
+                // On purpose: the loop is held as a synchronous handler holds it.
+                std::thread::sleep(block);
+            }
             async move {
                 if let Some(d) = delay {
                     nodus::sleep(d).await;

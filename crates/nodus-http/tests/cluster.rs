@@ -185,6 +185,106 @@ fn least_steers_new_connections_away_from_a_slow_worker() {
     );
 }
 
+/// How long a request for `/block` holds its worker's loop in the test below: under the handoff
+/// deadline (1 s), so the primary never finds the worker stalled nor takes anything back (that
+/// rule would hand a stalled worker's connections to the other worker anyway).
+const BLOCK: Duration = Duration::from_millis(800);
+
+/// `n` connections opened at once, a `GET /` written on each, read on a thread of their own:
+/// the worker that answered each.
+fn burst(addr: std::net::SocketAddr, n: usize) -> std::thread::JoinHandle<Vec<Option<u32>>> {
+    let timeouts = Timeouts {
+        connect: Duration::from_secs(10),
+        io: Duration::from_secs(10),
+    };
+    let conns: Vec<std::net::TcpStream> = (0..n)
+        .map(|i| {
+            let mut s = http::connect(addr, timeouts).unwrap_or_else(|e| panic!("burst {i}: {e}"));
+            http::write_request(&mut s, "GET", "/", &["Connection: close"]).unwrap();
+            s
+        })
+        .collect();
+    std::thread::spawn(move || {
+        conns
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let reply = http::read_reply(&mut std::io::BufReader::new(s), false)
+                    .unwrap_or_else(|e| panic!("burst {i}: {e}"));
+                assert!(reply.is_hello(), "burst {i}: {reply:?}");
+                reply.worker()
+            })
+            .collect()
+    })
+}
+
+/// While one worker's loop is held by a synchronous request (`/block`), new connections go to
+/// the other one, as under Node's round-robin (which hands a connection only to a worker that
+/// answered its last one): the held worker, which took its last connection (the one it is busy
+/// with), gets one more, not every other one. From the moment the worker says its loop is held
+/// (and 50 ms more, well past any sign of it taking connections): a burst of eight connections
+/// opened at once, of which it gets one at most, then four clients making a new connection per
+/// request for 400 ms, at least 80 % of them answered by the other worker; every one is
+/// answered (the one the held worker got once it runs again).
+#[test]
+fn round_robin_hands_new_connections_to_the_free_worker_while_the_other_is_blocked() {
+    let _x = exclusive();
+    let ms = BLOCK.as_millis().to_string();
+    let c = Cluster::start(2, "rr", &["--block-ms", &ms]);
+    let addr = c.addr();
+    let blocker = std::thread::spawn(move || {
+        http::request(
+            addr,
+            Timeouts {
+                connect: Duration::from_secs(10),
+                io: Duration::from_secs(20),
+            },
+            "GET",
+            "/block",
+            &[],
+        )
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let blocked = loop {
+        let line = c.stderr().lines().find_map(|l| {
+            l.split_once("cluster worker ")?
+                .1
+                .split_once(": /block")?
+                .0
+                .parse()
+                .ok()
+        });
+        if let Some(id) = line {
+            break id;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no /block: {}",
+            c.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    let burst = burst(addr, 8);
+    let load = Load::start(addr, 0, 4);
+    std::thread::sleep(Duration::from_millis(400));
+    let tally = load.finish();
+    let burst = burst.join().unwrap();
+    let reply = blocker.join().unwrap().expect("/block is answered");
+    assert_eq!(reply.worker(), Some(blocked));
+    let burst_held = burst.iter().filter(|&&w| w == Some(blocked)).count();
+    assert!(burst_held <= 1, "worker {blocked} is blocked: {burst:?}");
+    assert!(tally.failures.is_empty(), "{:?}", tally.failures);
+    let held = tally.by_worker.get(&blocked).copied().unwrap_or(0);
+    let all: u64 = tally.by_worker.values().sum();
+    assert!(
+        (all - held) * 5 >= all * 4,
+        "at least 80% of new connections go to the free worker while worker {blocked} is \
+         blocked: {:?}",
+        tally.by_worker
+    );
+}
+
 /// The exit event of `pid`, if logged.
 fn exit_of(events: &[Event], pid: u32) -> Option<&Event> {
     events

@@ -535,7 +535,10 @@ fn a_worker_asking_for_one_listener_a_thousand_times_gets_one_share() {
         let c = Cluster::start(NAME, "repeating", 2, Policy::RoundRobin, dir.path());
         assert!(file_appears_async(&dir.path().join("hostile-ready")).await);
         c.ready(2).await;
-        // Round-robin between two members, one connection at a time: they alternate.
+        // Round-robin between two members, one connection at a time: they alternate, but for a
+        // connection that comes before the primary has read the hostile worker's answer to the
+        // one before (it answers after writing `no`): the honest one, free, gets that one too.
+        // A thousand memberships would give the hostile worker nearly all of them.
         let mut his = 0;
         for _ in 0..10 {
             let addr = c.addr;
@@ -548,7 +551,10 @@ fn a_worker_asking_for_one_listener_a_thousand_times_gets_one_share() {
                 assert_eq!(g, "no\n");
             }
         }
-        assert_eq!(his, 5, "the honest worker's share of 10 connections");
+        assert!(
+            his >= 5,
+            "the honest worker's share of 10 connections: {his}"
+        );
         c.shut_down().await;
     });
 }

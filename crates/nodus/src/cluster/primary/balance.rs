@@ -1,39 +1,90 @@
 //! Choosing the worker for a new connection (round-robin and least-loaded), pure and testable.
 //!
-//! Round-robin: strict rotation over the eligible workers, skipping any with
-//! [`MAX_IN_FLIGHT`] handed connections not yet taken (a stuck or slow worker stops receiving;
-//! the others keep the rotation; `handoff` gives a worker that takes nothing now, stalled (the
-//! primary has waited the handoff deadline for its loop), pausing or not ready, the cap too).
-//! Node's primary allows one unaccepted handoff per worker, so a single slow ACK stalls that
-//! worker's share; nodus pipelines up to the cap.
+//! Round-robin: a rotation over the eligible workers that hands a worker more than one
+//! connection it has not taken only while it shows it keeps up. First the workers with nothing
+//! handed and not yet taken ("free": they took everything they were given, as Node's
+//! round-robin requires of each one it hands a connection to), in turn; with none free, the one
+//! with the fewest untaken (of those, the one seen taking some last; exact ties in turn), but
+//! only while its queue moves: it was seen taking some within [`PIPELINE_WINDOW`]
+//! (`Candidate::quiet_ns`). So workers that keep up are handed connections without waiting for
+//! each answer (a pipeline, up to [`MAX_IN_FLIGHT`] each), while a worker whose loop is busy (a
+//! long synchronous request, a busy loop) gets the one connection it is handed while free, as
+//! under Node, and more only in the window after its last take: with no worker free or moving,
+//! a connection waits in the primary for the first to take its handoffs (`handoff`). A burst
+//! that finds every worker idle goes out one each, and the rest once each has taken its one.
+//! `handoff` gives a worker that takes nothing now (stalled: the primary has waited the handoff
+//! deadline for its loop; pausing after a refusal; not ready) the cap.
 //!
 //! Least: the worker with the fewest estimated open connections, where the estimate is what the
 //! worker last reported plus the connections handed since that report (a Node worker reports
 //! nothing: its estimate is its untaken handoffs, which grow while its loop is busy). Ties rotate.
+//! Any worker under the cap takes.
+
+use std::time::Duration;
 
 /// Connections a worker may have handed and not yet taken before it is skipped.
 pub(crate) const MAX_IN_FLIGHT: u64 = 64;
+
+/// How long a worker with connections handed and not taken may go without being seen taking any
+/// and still be handed more under round-robin (when none is free). A worker that keeps up takes
+/// a handoff in the loop turn after it arrives, well inside this on an idle machine; one whose
+/// loop is busy for longer gets nothing more until it takes what it has, and the connection
+/// waits in the primary for the first worker that does instead (what a worker that was only
+/// slow costs is that wait).
+pub(crate) const PIPELINE_WINDOW: Duration = Duration::from_millis(2);
+
+/// [`PIPELINE_WINDOW`] in ns.
+const WINDOW_NS: u64 = PIPELINE_WINDOW.as_nanos() as u64;
 
 /// What the balancer knows of one eligible worker.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Candidate {
     /// Connections handed and not yet taken.
     pub in_flight: u64,
+    /// How long since it was last seen taking connections (ns).
+    pub quiet_ns: u64,
     /// Load estimate for `least` (see the module docs).
     pub load: u64,
 }
 
-/// Round-robin: the next candidate after `cursor` with room; advances the cursor.
+/// Round-robin: the next free candidate after `cursor`, else, of those whose queue moves, the
+/// one with the fewest in flight and, of those, the one seen taking some last (ties from
+/// `cursor`), else none (see the module docs); advances the cursor.
 pub(crate) fn round_robin(cands: &[Candidate], cursor: &mut usize) -> Option<usize> {
     let n = cands.len();
+    let mut best: Option<usize> = None;
     for step in 0..n {
         let i = (*cursor + step) % n;
-        if cands[i].in_flight < MAX_IN_FLIGHT {
-            *cursor = (i + 1) % n;
-            return Some(i);
+        let c = &cands[i];
+        if c.in_flight == 0 {
+            best = Some(i);
+            break;
+        }
+        let key = |c: &Candidate| (c.in_flight, c.quiet_ns);
+        if moves(c) && best.is_none_or(|b| key(c) < key(&cands[b])) {
+            best = Some(i);
         }
     }
-    None
+    if let Some(b) = best {
+        *cursor = (b + 1) % n;
+    }
+    best
+}
+
+/// Whether round-robin may hand `c` a connection now.
+pub(crate) fn round_robin_takes(c: &Candidate) -> bool {
+    c.in_flight == 0 || moves(c)
+}
+
+/// Whether `c`, with connections in flight, may be handed more: under the cap, and seen taking
+/// some within [`PIPELINE_WINDOW`].
+fn moves(c: &Candidate) -> bool {
+    c.in_flight < MAX_IN_FLIGHT && c.quiet_ns < WINDOW_NS
+}
+
+/// Whether least-loaded may hand `c` a connection now.
+pub(crate) fn least_takes(c: &Candidate) -> bool {
+    c.in_flight < MAX_IN_FLIGHT
 }
 
 /// Least-loaded: the candidate with the smallest load and room, ties broken from `cursor`.
@@ -42,7 +93,7 @@ pub(crate) fn least(cands: &[Candidate], cursor: &mut usize) -> Option<usize> {
     let mut best: Option<usize> = None;
     for step in 0..n {
         let i = (*cursor + step) % n;
-        if cands[i].in_flight >= MAX_IN_FLIGHT {
+        if !least_takes(&cands[i]) {
             continue;
         }
         if best.is_none_or(|b| cands[i].load < cands[b].load) {
@@ -60,23 +111,107 @@ mod tests {
     use super::*;
 
     fn c(in_flight: u64, load: u64) -> Candidate {
-        Candidate { in_flight, load }
+        Candidate {
+            in_flight,
+            quiet_ns: 0,
+            load,
+        }
+    }
+
+    /// `in_flight` untaken, and last seen taking some `quiet` ago.
+    fn w(in_flight: u64, quiet: Duration) -> Candidate {
+        Candidate {
+            in_flight,
+            quiet_ns: quiet.as_nanos() as u64,
+            load: 0,
+        }
+    }
+
+    fn picks(cands: &mut [Candidate], cursor: &mut usize, n: usize) -> Vec<Option<usize>> {
+        (0..n)
+            .map(|_| {
+                let pick = round_robin(cands, cursor);
+                if let Some(i) = pick {
+                    cands[i].in_flight += 1;
+                }
+                pick
+            })
+            .collect()
     }
 
     #[test]
-    fn round_robin_rotates_and_skips_full_workers() {
+    fn round_robin_rotates_over_free_workers_first() {
         let mut cursor = 0;
         let cands = [c(0, 0), c(0, 0), c(0, 0)];
-        let picks: Vec<_> = (0..6)
+        let got: Vec<_> = (0..6)
             .map(|_| round_robin(&cands, &mut cursor).unwrap())
             .collect();
-        assert_eq!(picks, [0, 1, 2, 0, 1, 2]);
-        let cands = [c(0, 0), c(MAX_IN_FLIGHT, 0), c(3, 0)];
-        let picks: Vec<_> = (0..4)
+        assert_eq!(got, [0, 1, 2, 0, 1, 2]);
+        // One with a connection in flight, however fresh, waits while another is free.
+        let cands = [c(0, 0), c(1, 0), c(0, 0)];
+        let got: Vec<_> = (0..4)
             .map(|_| round_robin(&cands, &mut cursor).unwrap())
             .collect();
-        assert_eq!(picks, [0, 2, 0, 2]);
-        assert_eq!(round_robin(&[c(MAX_IN_FLIGHT, 0)], &mut cursor), None);
+        assert_eq!(got, [0, 2, 0, 2]);
+    }
+
+    #[test]
+    fn a_burst_is_pipelined_over_workers_that_keep_up() {
+        let mut cursor = 0;
+        let mut cands = [c(0, 0), c(0, 0)];
+        let got = picks(&mut cands, &mut cursor, 6);
+        assert_eq!(got, [Some(0), Some(1), Some(0), Some(1), Some(0), Some(1)]);
+        // Up to the cap each.
+        let mut cands = [c(MAX_IN_FLIGHT - 1, 0), c(MAX_IN_FLIGHT - 1, 0)];
+        let got = picks(&mut cands, &mut cursor, 3);
+        assert_eq!(got.iter().filter(|p| p.is_some()).count(), 2, "{got:?}");
+        assert_eq!(got[2], None);
+    }
+
+    #[test]
+    fn a_burst_gives_a_worker_not_seen_taking_lately_one_connection() {
+        let mut cursor = 0;
+        let quiet = PIPELINE_WINDOW * 100;
+        // Both idle: one each; the rest waits for the first to take its one.
+        let mut cands = [w(0, quiet), w(0, quiet)];
+        let got = picks(&mut cands, &mut cursor, 4);
+        assert_eq!(got, [Some(0), Some(1), None, None]);
+        // Free, but busy with what it took last (a long request): one, and the rest to the
+        // worker that keeps up.
+        let mut cands = [w(0, quiet), w(1, PIPELINE_WINDOW / 2)];
+        let got = picks(&mut cands, &mut cursor, 5);
+        assert_eq!(got.iter().filter(|&&p| p == Some(0)).count(), 1, "{got:?}");
+        assert!(got.iter().all(Option::is_some), "{got:?}");
+    }
+
+    #[test]
+    fn with_none_free_the_fewest_in_flight_among_those_whose_queue_moves() {
+        let young = PIPELINE_WINDOW / 2;
+        let mut cursor = 0;
+        let cands = [w(3, young), w(1, young), w(1, PIPELINE_WINDOW)];
+        assert_eq!(round_robin(&cands, &mut cursor), Some(1));
+        // As many in flight: the one seen taking some last.
+        let cands = [w(1, young), w(1, young / 2), w(1, young)];
+        assert_eq!(round_robin(&cands, &mut cursor), Some(1));
+        assert_eq!(round_robin(&cands, &mut cursor), Some(1));
+        let ties = [w(2, young), w(2, young)];
+        let a = round_robin(&ties, &mut cursor).unwrap();
+        let b = round_robin(&ties, &mut cursor).unwrap();
+        assert_ne!(a, b, "ties alternate");
+    }
+
+    #[test]
+    fn a_worker_not_taking_its_connections_gets_none_while_another_takes() {
+        let mut cursor = 0;
+        // Worker 0 took nothing for the window (its loop is busy); worker 1 keeps up.
+        let mut cands = [w(1, PIPELINE_WINDOW), c(0, 0)];
+        let got = picks(&mut cands, &mut cursor, 5);
+        assert_eq!(got, [Some(1); 5]);
+        assert!(!round_robin_takes(&cands[0]));
+        // With no worker free or moving, none: the connection waits in the primary.
+        let stuck = [w(1, PIPELINE_WINDOW), w(MAX_IN_FLIGHT, Duration::ZERO)];
+        assert_eq!(round_robin(&stuck, &mut cursor), None);
+        assert!(!stuck.iter().any(round_robin_takes));
         assert_eq!(round_robin(&[], &mut cursor), None);
     }
 
@@ -89,5 +224,10 @@ mod tests {
         let b = least(&ties, &mut cursor).unwrap();
         assert_ne!(a, b, "ties alternate");
         assert_eq!(least(&[c(MAX_IN_FLIGHT, 0), c(0, 9)], &mut cursor), Some(1));
+        // Its untaken connections' age is not its business.
+        assert_eq!(
+            least(&[w(1, PIPELINE_WINDOW * 100), c(0, 9)], &mut cursor),
+            Some(0)
+        );
     }
 }

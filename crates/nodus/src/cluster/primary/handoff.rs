@@ -7,6 +7,18 @@
 //! - Connections are handed out per worker in one message: `newconns` with up to 64 fds to a
 //!   nodus worker, one `newconn` each to a Node worker (its protocol takes one handle per round
 //!   trip).
+//! - Round-robin hands a connection to a worker with handoffs untaken only while none is free
+//!   and that worker keeps up: it was seen taking some within [`balance::PIPELINE_WINDOW`]
+//!   ([`Pending::quiet_ns`], by the loop's clock; when it took what its board shows is known
+//!   only to within the primary's looks, and counts as the look before, never later than it
+//!   was). With none free or keeping up the connection waits in the primary (parked,
+//!   [`has_room`] false: the accept task accepts no more) for the first worker that takes its
+//!   handoffs ([`took`] wakes the accept task; the release pass reads the boards every 1 ms
+//!   while anything is parked). So a worker whose loop is busy (a long synchronous request) gets
+//!   the one it was handed while free, as under Node's round-robin, which hands a connection
+//!   only to a worker that answered its last one, and more only in the window after its last
+//!   take, while workers that keep up are handed connections without waiting for each answer.
+//!   `least` is not concerned: any worker under the cap takes.
 //! - The primary keeps its reference to every handed connection until the worker took it, in
 //!   `Proc::pending`; a refused batch, or whatever a dead worker had not taken, goes to another
 //!   worker (a worker that refused gets nothing for [`REFUSAL_PAUSE`]: it may be at its
@@ -118,6 +130,12 @@ pub(super) const HANDOFF_DEADLINE: Duration = Duration::from_secs(1);
 pub(super) struct Pending {
     handoffs: RefCell<BTreeMap<u64, Handoff>>,
     conns: Cell<u64>,
+    /// When the worker last took handoffs, as far as the primary can tell (the loop's time,
+    /// ns): when it said so, or, read on its board, when the primary last looked there before.
+    progress_ns: Cell<u64>,
+    /// When the primary last read the worker's board with handoffs pending (the loop's time,
+    /// ns).
+    looked_ns: Cell<u64>,
 }
 
 impl Pending {
@@ -153,6 +171,20 @@ impl Pending {
             let h = oldest.get_mut();
             h.sent_ns = h.sent_ns.max(now);
         }
+    }
+
+    /// The worker took handoffs at `at`.
+    fn progressed(&self, at: u64) {
+        self.progress_ns.set(self.progress_ns.get().max(at));
+    }
+
+    /// How long, at `now`, since the worker was last seen taking handoffs (as long as `now`
+    /// itself if never). Round-robin hands one with handoffs untaken more only under
+    /// [`balance::PIPELINE_WINDOW`]. Being free shows nothing of the kind: its loop may be busy
+    /// with the connection it took last (a long request), so a worker handed one while free
+    /// gets more only once it takes that one, in a burst too.
+    fn quiet_ns(&self, now: u64) -> u64 {
+        now.saturating_sub(self.progress_ns.get())
     }
 
     /// When the oldest handoff still pending was handed.
@@ -204,8 +236,9 @@ impl Pending {
 pub(super) fn on_accepted(st: &Rc<State>, proc: &Rc<Proc>, ack: u64, accepted: bool) {
     if accepted {
         let done = proc.pending.remove(ack).into_iter().collect();
-        proc.pending.restart_oldest(crate::time::loop_now_ns());
-        took(proc, done);
+        let now = crate::time::loop_now_ns();
+        proc.pending.restart_oldest(now);
+        took(proc, done, now);
     } else {
         refused(st, proc, ack);
         proc.pending.restart_oldest(crate::time::loop_now_ns());
@@ -214,11 +247,15 @@ pub(super) fn on_accepted(st: &Rc<State>, proc: &Rc<Proc>, ack: u64, accepted: b
 
 /// A nodus worker took every handoff up to `ack` that it did not refuse.
 pub(super) fn on_took(proc: &Rc<Proc>, ack: u64) {
-    took(proc, proc.pending.remove_below(ack.saturating_add(1)));
+    let done = proc.pending.remove_below(ack.saturating_add(1));
+    took(proc, done, crate::time::loop_now_ns());
 }
 
 /// Drops the references to the handoffs `proc` posted on its board as taken, unless a refusal it
-/// posted is still on its way (that batch must go to another worker from these references).
+/// posted is still on its way (that batch must go to another worker from these references). The
+/// board says what was taken, not when: what is found taken now was taken after the last look
+/// and after its handoff, so it counts as taken at the later of the two (never later than it
+/// was: a worker that took a batch and then blocked its loop is not seen taking now).
 pub(super) fn release_taken(proc: &Proc) {
     let Some(board) = proc.board.get() else {
         return;
@@ -226,8 +263,11 @@ pub(super) fn release_taken(proc: &Proc) {
     if proc.pending.is_empty() {
         return;
     }
+    let before = proc.pending.looked_ns.replace(crate::time::loop_now_ns());
     if let Some(below) = board.releasable_below(proc.refusals_seen.get()) {
-        took(proc, proc.pending.remove_below(below));
+        let done = proc.pending.remove_below(below);
+        let sent = done.iter().map(|h| h.sent_ns).max().unwrap_or(0);
+        took(proc, done, sent.max(before));
     }
 }
 
@@ -237,7 +277,9 @@ const RELEASE_MAX: Duration = Duration::from_millis(50);
 
 /// Makes sure a release pass runs while a worker with a board has handoffs pending: without new
 /// connections nothing else would read its board, and the primary's reference keeps a
-/// connection the worker closed from closing.
+/// connection the worker closed from closing. It looks every [`RELEASE_FIRST`] while
+/// connections wait in the primary (round-robin holds them there while no worker is free or
+/// taking its handoffs: the first that takes some gets them), else backs off while nothing moves.
 fn arm_release(st: &Rc<State>) {
     if st.release_armed.replace(true) {
         return;
@@ -253,7 +295,7 @@ fn arm_release(st: &Rc<State>) {
             if after == 0 {
                 break;
             }
-            pause = if after < before {
+            pause = if after < before || any_parked(&st) {
                 RELEASE_FIRST
             } else {
                 (pause * 2).min(RELEASE_MAX)
@@ -274,10 +316,12 @@ fn board_pending(st: &State) -> u64 {
         .sum()
 }
 
-fn took(proc: &Proc, handoffs: Vec<Handoff>) {
+/// `proc` took `handoffs`, at `at` (the loop's time, ns) as far as the primary can tell.
+fn took(proc: &Proc, handoffs: Vec<Handoff>, at: u64) {
     if handoffs.is_empty() {
         return;
     }
+    proc.pending.progressed(at);
     for h in handoffs {
         let n = h.conns.len() as u64;
         proc.handed.set(proc.handed.get() + n);
@@ -415,12 +459,26 @@ pub(super) fn arm_deadline(st: &Rc<State>) {
 /// Wakes the accept task of every server with parked connections (a worker became ready, or
 /// runs again after a stall: it may take what waits).
 pub(super) fn wake_parked(st: &State) {
-    let servers = st.servers.borrow();
-    let prebound = st.prebound.borrow();
-    for server in servers.values().chain(prebound.iter().map(|(_, s)| s)) {
+    with_servers(st, |server| {
         if !server.parked.is_empty() {
             server.wake_accept();
         }
+    });
+}
+
+/// Whether any server has connections parked.
+fn any_parked(st: &State) -> bool {
+    let mut any = false;
+    with_servers(st, |server| any |= !server.parked.is_empty());
+    any
+}
+
+/// Calls `f` with every server, pre-bound ones included.
+fn with_servers(st: &State, mut f: impl FnMut(&Rc<Server>)) {
+    let servers = st.servers.borrow();
+    let prebound = st.prebound.borrow();
+    for server in servers.values().chain(prebound.iter().map(|(_, s)| s)) {
+        f(server);
     }
 }
 
@@ -569,14 +627,42 @@ fn pausing(proc: &Proc) -> bool {
         .is_some_and(|at| at.elapsed() < REFUSAL_PAUSE)
 }
 
-/// Whether some member can take a connection now (as [`dispatch`] chooses).
-pub(super) fn has_room(server: &Server) -> bool {
+/// Whether some member can take a connection now (as [`dispatch`] chooses, after reading the
+/// boards as it does).
+pub(super) fn has_room(st: &State, server: &Server) -> bool {
     let members = server.members.borrow();
+    for m in members.iter() {
+        release_taken(&m.proc);
+    }
     let ready_member = members.iter().any(|m| m.proc.is_ready());
     let now = crate::time::polled_ns();
-    members.iter().any(|m| {
-        takes_now(&m.proc, ready_member, now) && m.proc.pending.conns() < balance::MAX_IN_FLIGHT
-    })
+    let takes = match st.config.policy {
+        Policy::Least => balance::least_takes,
+        _ => balance::round_robin_takes,
+    };
+    members
+        .iter()
+        .any(|m| takes(&candidate(&m.proc, ready_member, now)))
+}
+
+/// What the balancer knows of `proc`, a member of a server where `ready_member` says whether any
+/// member is ready, at `now` (`crate::time::polled_ns`, for the stall rule): one that takes
+/// nothing now looks full. How long since it took handoffs goes by the loop's clock instead:
+/// `polled_ns` is the time before the last poll's wait, so after a wait for the connections
+/// being handed (an idle primary's) it would make a worker that took its last one long before,
+/// and may be busy since, look as if it had just taken it. A pause of the primary itself only
+/// makes every worker look quiet for a moment: free ones still take, and the first take ends it.
+fn candidate(proc: &Proc, ready_member: bool, now: u64) -> Candidate {
+    let in_flight = if takes_now(proc, ready_member, now) {
+        proc.pending.conns()
+    } else {
+        balance::MAX_IN_FLIGHT
+    };
+    Candidate {
+        in_flight,
+        quiet_ns: proc.pending.quiet_ns(crate::time::loop_now_ns()),
+        load: proc.load_estimate(),
+    }
 }
 
 /// `proc` gave back connections it had taken but not served (its listener for `key` closed
@@ -743,7 +829,8 @@ pub(super) fn after_exit(st: &Rc<State>, proc: &Rc<Proc>) {
 pub(super) fn channel_ended(st: &Rc<State>, proc: &Proc) {
     leave_all(st, proc);
     if let Some(board) = proc.board.get() {
-        took(proc, proc.pending.remove_below(board.settled_below()));
+        let done = proc.pending.remove_below(board.settled_below());
+        took(proc, done, 0); // its end: no sign of a loop that runs
     }
     redistribute(st, proc);
 }
@@ -775,14 +862,7 @@ pub(super) fn dispatch(st: &Rc<State>, server: &Rc<Server>, conns: Vec<Conn>) ->
         let ready_member = members.iter().any(|m| m.proc.is_ready());
         let mut cands: Vec<Candidate> = members
             .iter()
-            .map(|m| Candidate {
-                in_flight: if takes_now(&m.proc, ready_member, now) {
-                    m.proc.pending.conns()
-                } else {
-                    balance::MAX_IN_FLIGHT
-                },
-                load: m.proc.load_estimate(),
-            })
+            .map(|m| candidate(&m.proc, ready_member, now))
             .collect();
         let mut chosen: Vec<Vec<Conn>> = vec![Vec::new(); members.len()];
         let mut parked = Vec::new();

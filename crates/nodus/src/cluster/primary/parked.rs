@@ -1,5 +1,6 @@
 //! Parked connections: accepted by the primary and waiting for a worker (none listens, every
-//! one is at its in-flight cap or pausing, or the primary is out of fds to hand them over), with
+//! one is at its in-flight cap or pausing, under round-robin none is free nor taking its
+//! handoffs, or the primary is out of fds to hand them over), with
 //! the bounds that keep a client from waiting forever and the primary's memory bounded.
 //!
 //! Invariants:

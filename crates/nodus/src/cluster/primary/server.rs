@@ -60,9 +60,10 @@
 //!   share the connections): the port (the one port 0 resolved to) stays taken, for the workers
 //!   alone, while none of them holds it, until the drain begins.
 //! - Accepted connections wait for a worker ("parked": none listening yet, all at their in-flight
-//!   cap, or no fd to hand them over with) only up to one accept batch plus what dead, refusing
-//!   or closing workers left or gave back, and within the bounds of `parked` (a cap, and
-//!   `ready_timeout` each, then a reset); while any are parked and no worker has room, the
+//!   cap or, under rr, none free nor taking its handoffs, or no fd to hand them over with) only
+//!   up to one accept batch plus what dead, refusing or closing workers left or gave back, and
+//!   within the bounds of `parked` (a cap, and `ready_timeout` each, then a reset); while any
+//!   are parked and no worker has room, the
 //!   primary does not accept and the kernel's backlog holds newcomers. A turn of the accept task
 //!   hands out parked connections or accepts new ones, never both: accepting does not take the
 //!   fds a handoff of parked ones needs.
@@ -1233,12 +1234,12 @@ enum Work {
 
 /// What the accept task does next: parked connections go out first, once a worker has room;
 /// with nothing parked it accepts when the socket is readable (its readiness is polled here).
-fn poll_work(server: &Server, cx: &mut Context<'_>) -> Poll<Work> {
+fn poll_work(st: &State, server: &Server, cx: &mut Context<'_>) -> Poll<Work> {
     let Some(io) = server.accepting() else {
         return Poll::Ready(Work::Stop);
     };
     let parked = !server.parked.is_empty();
-    if parked && has_room(server) {
+    if parked && has_room(st, server) {
         return Poll::Ready(Work::Parked);
     }
     // Connections parked from outside this task (a refusal, a death, a give-back), room for
@@ -1254,7 +1255,7 @@ fn poll_work(server: &Server, cx: &mut Context<'_>) -> Poll<Work> {
 
 async fn accept_loop(st: &Rc<State>, server: &Rc<Server>) {
     loop {
-        let (conns, failure) = match poll_fn(|cx| poll_work(server, cx)).await {
+        let (conns, failure) = match poll_fn(|cx| poll_work(st, server, cx)).await {
             Work::Stop => return,
             Work::Failed(e) => {
                 back_off(st, server, e).await;
