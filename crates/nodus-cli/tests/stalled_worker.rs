@@ -372,29 +372,6 @@ fn new_connections_for(addr: SocketAddr, threads: usize, run: Duration) -> Vec<S
         .collect()
 }
 
-/// `n` connections opened at once, a `GET /` written on each, read on a thread of their own:
-/// every answer's body.
-fn burst(addr: SocketAddr, n: usize) -> std::thread::JoinHandle<Vec<String>> {
-    let conns: Vec<TcpStream> = (0..n)
-        .map(|i| {
-            let mut s = connect(addr, TIMEOUTS).unwrap_or_else(|e| panic!("burst {i}: {e}"));
-            write_request(&mut s, "GET", "/", &["Connection: close"]).unwrap();
-            s
-        })
-        .collect();
-    std::thread::spawn(move || {
-        conns
-            .into_iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let reply = read_reply(&mut BufReader::new(s), false)
-                    .unwrap_or_else(|e| panic!("burst {i}: {e}"));
-                String::from_utf8(reply.body).unwrap()
-            })
-            .collect()
-    })
-}
-
 /// While a Node worker's loop is held by a CPU-bound request, new connections go to the other
 /// worker, as under Node's own round-robin (which hands a connection only to a worker that
 /// answered its last `newconn`): the busy worker, which took its last connection (the one it is
@@ -416,9 +393,11 @@ fn a_node_worker_whose_loop_is_busy_is_handed_no_new_connection_while_the_other_
     let line = primary.wait_line("blocking pid ");
     let blocked = format!("pid {}", line.rsplit(' ').next().unwrap());
     std::thread::sleep(Duration::from_millis(50));
-    let burst = burst(addr, 8);
+    let burst = nodus_testkit::http::burst(addr, 8, TIMEOUTS);
     let bodies = new_connections_for(addr, 4, Duration::from_millis(400));
-    let burst = burst.join().unwrap();
+    let burst: Vec<String> = (burst.join().unwrap().into_iter())
+        .map(|reply| String::from_utf8(reply.body).unwrap())
+        .collect();
     assert_eq!(
         blocker.join().unwrap().expect("/block is answered"),
         blocked

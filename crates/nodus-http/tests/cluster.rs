@@ -190,34 +190,6 @@ fn least_steers_new_connections_away_from_a_slow_worker() {
 /// rule would hand a stalled worker's connections to the other worker anyway).
 const BLOCK: Duration = Duration::from_millis(800);
 
-/// `n` connections opened at once, a `GET /` written on each, read on a thread of their own:
-/// the worker that answered each.
-fn burst(addr: std::net::SocketAddr, n: usize) -> std::thread::JoinHandle<Vec<Option<u32>>> {
-    let timeouts = Timeouts {
-        connect: Duration::from_secs(10),
-        io: Duration::from_secs(10),
-    };
-    let conns: Vec<std::net::TcpStream> = (0..n)
-        .map(|i| {
-            let mut s = http::connect(addr, timeouts).unwrap_or_else(|e| panic!("burst {i}: {e}"));
-            http::write_request(&mut s, "GET", "/", &["Connection: close"]).unwrap();
-            s
-        })
-        .collect();
-    std::thread::spawn(move || {
-        conns
-            .into_iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let reply = http::read_reply(&mut std::io::BufReader::new(s), false)
-                    .unwrap_or_else(|e| panic!("burst {i}: {e}"));
-                assert!(reply.is_hello(), "burst {i}: {reply:?}");
-                reply.worker()
-            })
-            .collect()
-    })
-}
-
 /// While one worker's loop is held by a synchronous request (`/block`), new connections go to
 /// the other one, as under Node's round-robin (which hands a connection only to a worker that
 /// answered its last one): the held worker, which took its last connection (the one it is busy
@@ -265,11 +237,20 @@ fn round_robin_hands_new_connections_to_the_free_worker_while_the_other_is_block
         std::thread::sleep(Duration::from_millis(5));
     };
     std::thread::sleep(Duration::from_millis(50));
-    let burst = burst(addr, 8);
+    let timeouts = Timeouts {
+        connect: Duration::from_secs(10),
+        io: Duration::from_secs(10),
+    };
+    let burst = http::burst(addr, 8, timeouts);
     let load = Load::start(addr, 0, 4);
     std::thread::sleep(Duration::from_millis(400));
     let tally = load.finish();
-    let burst = burst.join().unwrap();
+    let burst: Vec<Option<u32>> = (burst.join().unwrap().into_iter())
+        .map(|reply| {
+            assert!(reply.is_hello(), "burst: {reply:?}");
+            reply.worker()
+        })
+        .collect();
     let reply = blocker.join().unwrap().expect("/block is answered");
     assert_eq!(reply.worker(), Some(blocked));
     let burst_held = burst.iter().filter(|&&w| w == Some(blocked)).count();

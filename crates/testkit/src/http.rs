@@ -90,6 +90,29 @@ fn closed(when: &str) -> io::Error {
     )
 }
 
+/// `n` connections opened at once, a `GET /` with `Connection: close` written on each, their
+/// answers read on a thread of its own (the caller goes on meanwhile); panics on a failure.
+pub fn burst(addr: SocketAddr, n: usize, t: Timeouts) -> std::thread::JoinHandle<Vec<Reply>> {
+    let conns: Vec<TcpStream> = (0..n)
+        .map(|i| {
+            let mut s = connect(addr, t).unwrap_or_else(|e| panic!("burst {i}: {e}"));
+            write_request(&mut s, "GET", "/", &["Connection: close"])
+                .unwrap_or_else(|e| panic!("burst {i}: {e}"));
+            s
+        })
+        .collect();
+    std::thread::spawn(move || {
+        conns
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| {
+                read_reply(&mut BufReader::new(s), false)
+                    .unwrap_or_else(|e| panic!("burst {i}: {e}"))
+            })
+            .collect()
+    })
+}
+
 /// Reads one response (`head_only`: the answer to a `HEAD`, no body).
 pub fn read_reply(r: &mut impl BufRead, head_only: bool) -> io::Result<Reply> {
     let mut line = String::new();
