@@ -190,32 +190,10 @@ fn a_terminal_hangup_stops_the_primary_as_sigterm_does_not_a_reload() {
     }
     let dir = TempDir::new("hangup");
     let log = dir.path().join("events.jsonl");
-    let outcome = common::hang_up(
-        "2 workers ready",
-        &[
-            "run",
-            "-w",
-            "2",
-            "--ready-after",
-            "0.2",
-            "--events",
-            log.to_str().unwrap(),
-            "--",
-            "sleep",
-            "100",
-        ],
-    );
+    let outcome = common::hang_up("2 workers ready", &sleepers("2", &log));
     let evs = events(&log);
     assert_eq!(outcome, "exit 0", "{evs:#?}");
-    assert_eq!(count(&evs, "reload_start"), 0, "{evs:#?}");
-    let shutdown = evs.iter().find(|e| e["event"] == "shutdown").unwrap();
-    assert!(
-        shutdown["why"]
-            .as_str()
-            .unwrap()
-            .contains("the terminal hung up"),
-        "{evs:#?}"
-    );
+    assert_stopped_by_the_hangup(&evs);
     assert_eq!(count(&evs, "exit"), 2, "{evs:#?}");
 }
 
@@ -229,30 +207,37 @@ fn a_hangup_a_shell_forwards_stops_the_primary_not_a_reload() {
     }
     let dir = TempDir::new("hangup-shell");
     let log = dir.path().join("events.jsonl");
-    let args = [
-        "run",
-        "-w",
-        "1",
-        "--ready-after",
-        "0.2",
-        "--events",
-        log.to_str().unwrap(),
-        "--",
-        "sleep",
-        "100",
-    ];
+    let args = sleepers("1", &log);
     let hung_up = common::hang_up_as(common::Tty::Shell, "1 worker ready", &args, 30);
     let evs = events(&log);
     assert_eq!(hung_up.outcome, "exit 0", "{evs:#?}");
-    assert_eq!(count(&evs, "reload_start"), 0, "{evs:#?}");
+    assert_stopped_by_the_hangup(&evs);
+}
+
+/// `nodus run` of `workers` workers of `sleep 100`, ready after 0.2 s, its events in `log`: the
+/// primary the hangup tests hang up.
+fn sleepers<'a>(workers: &'a str, log: &'a std::path::Path) -> [&'a str; 10] {
+    let log = log.to_str().unwrap();
+    [
+        "run",
+        "-w",
+        workers,
+        "--ready-after",
+        "0.2",
+        "--events",
+        log,
+        "--",
+        "sleep",
+        "100",
+    ]
+}
+
+/// The events say a shutdown for the terminal's hangup, and no reload.
+fn assert_stopped_by_the_hangup(evs: &[serde_json::Value]) {
+    assert_eq!(count(evs, "reload_start"), 0, "{evs:#?}");
     let shutdown = evs.iter().find(|e| e["event"] == "shutdown").unwrap();
-    assert!(
-        shutdown["why"]
-            .as_str()
-            .unwrap()
-            .contains("the terminal hung up"),
-        "{evs:#?}"
-    );
+    let why = shutdown["why"].as_str().unwrap();
+    assert!(why.contains("the terminal hung up"), "{evs:#?}");
 }
 
 /// Under `nohup` (SIGHUP ignored at start, output to a file) the primary outlives its terminal:
@@ -267,18 +252,7 @@ fn under_nohup_a_hangup_changes_nothing_and_kill_hup_still_reloads() {
         let dir = TempDir::new("hangup-nohup");
         let log = dir.path().join("events.jsonl");
         let out = dir.path().join("nohup.out");
-        let args = [
-            "run",
-            "-w",
-            "1",
-            "--ready-after",
-            "0.2",
-            "--events",
-            log.to_str().unwrap(),
-            "--",
-            "sleep",
-            "100",
-        ];
+        let args = sleepers("1", &log);
         let tty = common::Tty::Nohup(&out, stdin_null);
         let hung_up = common::hang_up_as(tty, "1 worker ready", &args, 3);
         let evs = events(&log);
