@@ -433,6 +433,9 @@ pub(crate) struct State {
     floods: handoff::Floods,
     /// Fds workers gave back (`returned`) that were not connections of the listener: closed.
     returned_rejected: Cell<u64>,
+    /// Connections accepted (rr, least) that waited in the primary for a worker to take them,
+    /// each counted once (`server::accept_loop`).
+    connections_waited: Cell<u64>,
     /// Datagrams the workers' notify sockets ignored, sent from outside the worker's process
     /// group (`proc::ignored_notify`).
     notify_ignored: Cell<u64>,
@@ -596,6 +599,7 @@ impl Primary {
             fd_reserve: handoff::FdReserve::new(),
             floods: handoff::Floods::new(),
             returned_rejected: Cell::new(0),
+            connections_waited: Cell::new(0),
             notify_ignored: Cell::new(0),
             app_message_said: Cell::new(false),
             stats_cache: RefCell::default(),

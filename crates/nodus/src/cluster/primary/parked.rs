@@ -65,6 +65,10 @@ impl Parked {
         self.conns.borrow().is_empty()
     }
 
+    pub fn len(&self) -> usize {
+        self.conns.borrow().len()
+    }
+
     /// Takes up to `n` of the oldest out.
     pub fn take(&self, n: usize) -> Vec<Conn> {
         let mut conns = self.conns.borrow_mut();

@@ -1255,16 +1255,22 @@ fn poll_work(st: &State, server: &Server, cx: &mut Context<'_>) -> Poll<Work> {
 
 async fn accept_loop(st: &Rc<State>, server: &Rc<Server>) {
     loop {
-        let (conns, failure) = match poll_fn(|cx| poll_work(st, server, cx)).await {
+        let ((conns, failure), fresh) = match poll_fn(|cx| poll_work(st, server, cx)).await {
             Work::Stop => return,
             Work::Failed(e) => {
                 back_off(st, server, e).await;
                 continue;
             }
-            Work::Parked => (server.parked.take(ACCEPT_BATCH), None),
-            Work::Accept => accept_batch(server),
+            Work::Parked => ((server.parked.take(ACCEPT_BATCH), None), false),
+            Work::Accept => (accept_batch(server), true),
         };
+        let parked_before = server.parked.len();
         let short = dispatch(st, server, conns).is_err();
+        if fresh {
+            let waited = server.parked.len().saturating_sub(parked_before) as u64;
+            st.connections_waited
+                .set(st.connections_waited.get() + waited);
+        }
         if let Some(e) = failure {
             back_off(st, server, e).await;
         } else if short {

@@ -351,6 +351,8 @@ struct ClusterDoc<'a> {
     last_exit: Option<String>,
     /// Fds workers gave back that were not connections of the listener (closed, not handed on).
     returned_rejected: u64,
+    /// Connections accepted (rr, least) that waited in the primary for a worker to take them.
+    connections_waited: u64,
     /// Datagrams the workers' notify sockets ignored: sent from outside the worker's process
     /// group (any local user can reach an abstract socket).
     notify_ignored: u64,
@@ -573,6 +575,7 @@ fn json_doc(
         last_reload_failure: st.last_reload_failure.borrow().clone(),
         last_exit: st.last_exit.borrow().as_ref().map(LastExit::text),
         returned_rejected: st.returned_rejected.get(),
+        connections_waited: st.connections_waited.get(),
         notify_ignored: st.notify_ignored.get(),
         orphans_adopted: orphans.map(|(adopted, _)| adopted),
         orphans_reaped: orphans.map(|(_, reaped)| reaped),
@@ -712,6 +715,13 @@ fn metrics_doc(
         "nodus_cluster_returned_fds_rejected",
         "Fds workers gave back as connections that were not connections of the listener (closed, never handed to another worker)",
         rejected,
+    );
+    let waited = Counter::<u64>::default();
+    waited.inc_by(st.connections_waited.get());
+    registry.register(
+        "nodus_cluster_connections_waited",
+        "Connections the primary accepted (rr, least) that waited in it for a worker to take them: no worker was free, or keeping up with what it had been handed",
+        waited,
     );
     let notify_ignored = Counter::<u64>::default();
     notify_ignored.inc_by(st.notify_ignored.get());
