@@ -231,7 +231,10 @@ impl Worker {
     }
 
     /// The channel to the primary, for the application's own messages (`process.send` /
-    /// `process.on('message')`).
+    /// `process.on('message')`). Those it leaves unread (it may never call `recv`, or call it
+    /// once) never hold back the primary's own messages, which this worker's dispatch task
+    /// reads from a queue of their own; they are kept up to the channel's bounds, then the
+    /// oldest dropped (see [`Channel`]).
     pub fn channel(&self) -> &Channel {
         &self.sh.channel
     }

@@ -2,9 +2,9 @@
 //! on the loop.
 //!
 //! The task ("ipc:channel") reads whenever the socket is readable, whether or not anyone is
-//! receiving, so handle ACKs, NACKs and `NODE_SOCKET_NOTIFY_CLOSE` are answered promptly, as in
-//! Node, except while a queue someone reads is full (see **Unread messages**); it also writes
-//! what `send` could not write at once.
+//! receiving (Node's channel never stops reading), so handle ACKs, NACKs, internal messages and
+//! `NODE_SOCKET_NOTIFY_CLOSE` are handled promptly whatever waits unread (see **Unread
+//! messages**); it also writes what `send` could not write at once.
 //!
 //! Invariants:
 //! - **Order.** Frames are written in `send` order. While a handle waits for its ACK, every later
@@ -27,7 +27,7 @@
 //!   without them (a `NODE_HANDLE` gets a NACK). Fds in a read where no frame starts are closed
 //!   and reported at once. They are never queued for whichever frame asks next, and the channel
 //!   stays open. A read's fds (64 at most) wait for its frames, tied to their stream offsets, so
-//!   they stay with them while reading is paused.
+//!   they stay with them across the reads that bring the rest of those frames.
 //! - **Retransmission.** A NACK resends the in-flight handle frame with its fd, at most 3 times
 //!   (Node's `MAX_HANDLE_RETRANSMISSIONS`); the 4th NACK drops the handle, delivers
 //!   [`IpcError::HandleNotReceived`] and releases the held messages.
@@ -51,19 +51,22 @@
 //!   peer's frames (ACK, NACK, socket replies) wait unwritten 1024 at most (more are dropped): a
 //!   peer that asks and never reads cannot grow this side either. Nothing panics and nothing
 //!   exits the process.
-//! - **Unread messages: backpressure, not loss, for a reader.** At most 1024 messages wait unread,
-//!   64 MiB of them or 4096 fds in their handles (one message more at most: the one that reached
-//!   a bound). Once [`Channel::recv`] has been called (the program reads its messages, as a Node
-//!   program with a `message` listener), a full queue stops the task from taking frames: those
-//!   already read stay in the decoder (one read's worth, 64 KiB), the socket is not read, the
-//!   rest waits in the kernel's socket buffer and the peer's writes wait (`EAGAIN`), as with a
-//!   Node process that is busy; `recv` taking a message wakes the task. Nothing is dropped, so a
-//!   read of 2000 coalesced frames reaches the reader whole. Until `recv` is first called,
-//!   nobody listens (Node drops a message with no listener): the oldest are dropped past a bound,
-//!   with a warning, and the channel reads on, so a cluster worker that only serves keeps its
-//!   internal traffic. The internal messages for [`Channel::recv_internal`] follow the same rule
-//!   with their own queue. While paused, ACKs and NACKs of the peer wait too. At the end of
-//!   input, what is buffered is taken regardless, then the channel closes.
+//! - **Unread messages: kept up to a generous bound, then the oldest dropped.** The channel
+//!   never stops reading for want of a reader: one queue's unread messages never hold back the
+//!   other's, nor the frames the channel handles itself (a stop in reading would: the socket is
+//!   one ordered stream), and two peers that each wait for their writes (`flush`) before reading
+//!   never wait for each other. Messages wait for [`Channel::recv`] up to
+//!   [`MAX_UNREAD_MESSAGES`] (256 Ki), [`MAX_UNREAD_BYTES`] of JSON (64 MiB) or [`MAX_UNREAD_FDS`]
+//!   in their handles (4096); below all three nothing is dropped, so a slow reader, a read of
+//!   thousands of coalesced frames or a program that starts reading late gets every message.
+//!   Past one, the oldest are dropped (their handles closed; the newest is always kept): Node
+//!   buffers without bound instead, and a program that never reads (a cluster worker that only
+//!   serves, or read once, as `process.once('message')`) must not grow without bound. Each drop
+//!   is counted ([`Channel::dropped_unread`]); the first of a burst is a WARN line, then one
+//!   line per 10 s while drops go on (`log_limit`). The rule holds whether or not `recv` was
+//!   ever called, and the internal messages for [`Channel::recv_internal`] have it too, in a
+//!   queue of their own. At the end of input, what is buffered is taken, then the channel
+//!   closes.
 //! - **Liveness.** An open channel is a ref'd handle (Node's `channel.ref()`); `unref()` lets the
 //!   loop exit while it is open. Closing (EOF, an error, `disconnect`, drop) releases it.
 //! - **Disconnect.** `disconnect()` (or dropping the `Channel`) stops new sends, writes what is
@@ -91,6 +94,7 @@ use super::handles::{
     self, ACK, FdsFrame, Handle, HandleFrame, NACK, NODE_HANDLE, NODUS_FDS, SendHandle, SocketReply,
 };
 use crate::io::AsyncFd;
+use crate::log_limit::{self, LogLimit};
 use crate::time::Sleep;
 
 /// `send` returns `false` from this many queued bytes on (Node: `writeQueueSize < 65536 * 2`).
@@ -104,16 +108,15 @@ const MAX_RETRANSMISSIONS: u32 = 3;
 /// frames are still dropped) and one warning says so.
 const MAX_UNREAD_ERRORS: usize = 64;
 
-/// Messages queued for [`Channel::recv`] at most, their JSON bytes and the fds of their handles
-/// at most (at least the newest message is kept, whatever its size). At a bound, once `recv`
-/// has been called, the channel stops reading until it is called again (backpressure); before,
-/// past a bound, the oldest are dropped (their handles closed) with one warning per overflow: a
-/// process that never reads its messages (a cluster worker that only serves) stays bounded and
-/// keeps reading; Node drops a message nobody listens for. The internal messages kept for
-/// [`Channel::recv_internal`] have the same bounds and rule.
-const MAX_UNREAD_MESSAGES: usize = 1024;
-const MAX_UNREAD_BYTES: usize = 64 * 1024 * 1024;
-const MAX_UNREAD_FDS: usize = 4096;
+/// Messages kept unread for [`Channel::recv`] at most (the internal ones kept for
+/// [`Channel::recv_internal`] have the same bounds, in a queue of their own). Past this, or
+/// [`MAX_UNREAD_BYTES`] or [`MAX_UNREAD_FDS`], the oldest are dropped (their handles closed;
+/// the newest is always kept), counted and warned about; the channel reads on regardless.
+pub const MAX_UNREAD_MESSAGES: usize = 256 * 1024;
+/// The JSON bytes of the messages kept unread, at most (see [`MAX_UNREAD_MESSAGES`]).
+pub const MAX_UNREAD_BYTES: usize = 64 * 1024 * 1024;
+/// The fds in the handles of the messages kept unread, at most (see [`MAX_UNREAD_MESSAGES`]).
+pub const MAX_UNREAD_FDS: usize = 4096;
 
 /// The channel's own answers to the peer's frames (ACK, NACK, `NODE_SOCKET_*` replies) queued
 /// unwritten at most: a peer that waits for its answers has a few; one that sends handle frames
@@ -140,13 +143,6 @@ impl Unread {
         self.messages -= 1;
         self.bytes -= msg.json.get().len();
         self.fds -= msg.handles.len();
-    }
-
-    /// At a bound: a queue someone reads takes no more until they read.
-    fn full(&self) -> bool {
-        self.messages >= MAX_UNREAD_MESSAGES
-            || self.bytes >= MAX_UNREAD_BYTES
-            || self.fds >= MAX_UNREAD_FDS
     }
 
     /// Past a bound, with more than one message (the newest is always kept).
@@ -420,27 +416,20 @@ struct State {
     max_frame: usize,
     /// The fds of reads whose frames are not all taken yet, in stream order.
     fd_groups: VecDeque<FdGroup>,
-    /// Frames wait in the decoder because a queue someone reads is full: the socket is not
-    /// read until `recv` (or `recv_internal`) takes one.
-    paused: bool,
-    /// The peer's end of input was read: frames still buffered are taken regardless of the
-    /// queues' bounds (at most one read's worth), then the channel closes.
+    /// The peer's end of input was read: an unfinished frame will never finish.
     eof: bool,
     incoming: VecDeque<Result<Message, IpcError>>,
     /// The messages (`Ok` items) in `incoming`.
     unread: Unread,
-    /// Messages dropped unread since the last overflow warning ended (0: none being dropped).
-    dropped_unread: u64,
-    /// `recv` was called: the program reads its messages, so a full queue is backpressure
-    /// (reading stops), never loss. Until then nobody listens, and the oldest are dropped.
-    listened: bool,
     /// Input error events (`UnexpectedFds`, `Frame`) in `incoming`.
     unread_errors: usize,
     internal: VecDeque<Message>,
     /// The messages in `internal`.
     internal_unread: Unread,
-    /// `recv_internal` was called (the same rule as `listened`).
-    internal_listened: bool,
+    /// Messages (of either queue) dropped unread past the bounds since the channel opened.
+    dropped_unread: u64,
+    /// The drop warnings: the first of a burst in full, then one line per window.
+    drop_warnings: Rc<LogLimit>,
     out: VecDeque<Out>,
     out_bytes: usize,
     /// The `reply` frames in `out`; `replies_dropped` once one was dropped for want of room
@@ -533,13 +522,13 @@ impl State {
             self.unread.add(msg);
         }
         self.incoming.push_back(item);
-        while !self.listened && self.unread.over() {
+        while self.unread.over() {
             self.drop_oldest_message();
         }
         wake.extend(self.recv_waker.take());
     }
 
-    /// Drops the oldest unread message (its handles close), warning at the first of a run.
+    /// Drops the oldest unread message (its handles close), counted and warned about.
     fn drop_oldest_message(&mut self) {
         let Some(at) = self.incoming.iter().position(Result::is_ok) else {
             return;
@@ -547,18 +536,33 @@ impl State {
         let Some(Ok(msg)) = self.incoming.remove(at) else {
             return;
         };
-        if self.dropped_unread == 0 {
+        self.dropped(false);
+        self.unread.remove(&msg);
+    }
+
+    /// Counts a message about to be dropped from a full queue (`internal`: the one for
+    /// `recv_internal`) and warns: the first of a burst in full, the rest in one line per window.
+    fn dropped(&mut self, internal: bool) {
+        self.dropped_unread += 1;
+        let (unread, reader) = if internal {
+            (&self.internal_unread, "recv_internal")
+        } else {
+            (&self.unread, "recv")
+        };
+        if self.drop_warnings.first(|| reader.to_owned()) {
             tracing::warn!(
                 target: "nodus::ipc",
-                "{} messages ({} bytes, {} fds) wait unread on an IPC channel: dropping the \
-                 oldest (nobody calls recv)",
-                self.unread.messages,
-                self.unread.bytes,
-                self.unread.fds,
+                "{} messages ({} bytes, {} fds) wait unread on an IPC channel (the program does \
+                 not call {reader} as fast as they come): dropping the oldest past \
+                 {MAX_UNREAD_MESSAGES} messages, {} MiB or {MAX_UNREAD_FDS} fds (further drops \
+                 counted: one line per {:?})",
+                unread.messages,
+                unread.bytes,
+                unread.fds,
+                MAX_UNREAD_BYTES >> 20,
+                log_limit::WINDOW,
             );
         }
-        self.unread.remove(&msg);
-        self.dropped_unread += 1;
     }
 
     /// Queues an error event about the peer's input, unless [`MAX_UNREAD_ERRORS`] wait unread.
@@ -619,32 +623,17 @@ impl State {
         self.take_frames(wake);
     }
 
-    /// Stops reading while a queue someone reads is full (then `recv` wakes the channel's
-    /// task); at the end of input, never.
-    fn must_pause(&self) -> bool {
-        !self.eof
-            && ((self.listened && self.unread.full())
-                || (self.internal_listened && self.internal_unread.full()))
-    }
-
-    /// Acts on the complete frames buffered, in order, while the queues take them. A bad frame
-    /// is reported and dropped; the frames after it go on. `false` when paused with frames
-    /// left (a full queue); `true` when more bytes are needed.
-    fn take_frames(&mut self, wake: &mut Vec<Waker>) -> bool {
-        loop {
-            if self.must_pause() {
-                self.paused = true;
-                return false;
-            }
-            if !self.match_fds(wake) {
-                return true;
-            }
+    /// Acts on the complete frames buffered, in order, until more bytes are needed (a frame
+    /// unfinished, or the fds of a read waiting for the rest of its frames). A bad frame is
+    /// reported and dropped; the frames after it go on.
+    fn take_frames(&mut self, wake: &mut Vec<Waker>) {
+        while self.match_fds(wake) {
             match self.decoder.next_frame() {
                 Ok(Some(frame)) => {
                     let start = self.decoder.frame_start();
                     self.on_frame(frame, start, wake);
                 }
-                Ok(None) => return true,
+                Ok(None) => return,
                 Err(e) => self.input_error(IpcError::Frame(e), wake),
             }
         }
@@ -810,7 +799,8 @@ impl State {
     fn push_internal(&mut self, msg: Message, wake: &mut Vec<Waker>) {
         self.internal_unread.add(&msg);
         self.internal.push_back(msg);
-        while !self.internal_listened && self.internal_unread.over() {
+        while self.internal_unread.over() {
+            self.dropped(true);
             let dropped = self.internal.pop_front().expect("more than one");
             self.internal_unread.remove(&dropped);
         }
@@ -821,19 +811,22 @@ impl State {
         self.out_bytes + self.held_bytes
     }
 
-    /// After a receiver took an item: the channel's task, if paused for room, to wake.
-    fn resume(&mut self) -> Option<Waker> {
-        if !self.paused {
-            return None;
-        }
-        self.paused = false;
-        self.driver.take()
-    }
-
     /// Nothing left to write or to wait for before a disconnect may close the fd.
     fn idle(&self) -> bool {
         self.out.is_empty() && self.held.is_empty() && self.in_flight.is_none()
     }
+}
+
+/// The drop warnings' limiter: after a burst's first line, one line per window while it lasts.
+fn drop_warnings() -> Rc<LogLimit> {
+    LogLimit::new(log_limit::WINDOW, |n, reader| {
+        tracing::warn!(
+            target: "nodus::ipc",
+            "{n} more unread messages dropped on an IPC channel in the last {:?} (the program \
+             does not call {reader} as fast as they come)",
+            log_limit::WINDOW
+        );
+    })
 }
 
 fn null() -> Box<RawValue> {
@@ -889,16 +882,14 @@ impl Channel {
                 decoder: Decoder::new(options.max_frame),
                 max_frame: options.max_frame,
                 fd_groups: VecDeque::new(),
-                paused: false,
                 eof: false,
                 incoming: VecDeque::new(),
                 unread: Unread::default(),
-                dropped_unread: 0,
-                listened: false,
                 unread_errors: 0,
                 internal: VecDeque::new(),
                 internal_unread: Unread::default(),
-                internal_listened: false,
+                dropped_unread: 0,
+                drop_warnings: drop_warnings(),
                 out: VecDeque::new(),
                 out_bytes: 0,
                 replies_queued: 0,
@@ -981,9 +972,9 @@ impl Channel {
     }
 
     /// The next message (or error event); `None` once the channel is closed and drained.
-    /// One task receives at a time. From the first call on, unread messages are backpressure:
-    /// while 1024 (or 64 MiB, or 4096 fds) wait, the channel reads no more until one is taken
-    /// (see the module docs); none is dropped.
+    /// One task receives at a time. Messages wait for it whether or not it was ever called, up
+    /// to [`MAX_UNREAD_MESSAGES`], [`MAX_UNREAD_BYTES`] and [`MAX_UNREAD_FDS`]; past those, the
+    /// oldest are dropped ([`dropped_unread`](Self::dropped_unread); see the module docs).
     pub async fn recv(&self) -> Option<Result<Message, IpcError>> {
         poll_fn(|cx| self.poll_recv(cx)).await
     }
@@ -991,30 +982,14 @@ impl Channel {
     /// Polls for the next message.
     pub fn poll_recv(&self, cx: &mut Context<'_>) -> Poll<Option<Result<Message, IpcError>>> {
         let mut st = self.inner.st.borrow_mut();
-        st.listened = true;
         if let Some(item) = st.incoming.pop_front() {
-            let resume = st.resume();
             match &item {
-                Ok(msg) => {
-                    st.unread.remove(msg);
-                    if st.dropped_unread > 0 {
-                        tracing::warn!(
-                            target: "nodus::ipc",
-                            "{} unread messages were dropped before this one was read",
-                            st.dropped_unread
-                        );
-                        st.dropped_unread = 0;
-                    }
-                }
+                Ok(msg) => st.unread.remove(msg),
                 Err(IpcError::UnexpectedFds { .. } | IpcError::Frame(_)) => {
                     // Reading one ends a saturation (and its warning) at once.
                     st.unread_errors = st.unread_errors.min(MAX_UNREAD_ERRORS) - 1;
                 }
                 Err(_) => {}
-            }
-            drop(st);
-            if let Some(driver) = resume {
-                driver.wake();
             }
             return Poll::Ready(Some(item));
         }
@@ -1028,20 +1003,13 @@ impl Channel {
     }
 
     /// The next internal (`NODE_*`) message that nodus did not handle itself (`NODE_CLUSTER`,
-    /// say); `None` once closed. 1024 wait at most, 64 MiB and 4096 fds of them: once this has
-    /// been called, the channel then stops reading until it is called again; before, the
-    /// oldest are dropped.
+    /// say); `None` once closed. They wait in a queue of their own, never behind unread user
+    /// messages, with the bounds and rule of [`recv`](Self::recv)'s.
     pub async fn recv_internal(&self) -> Option<Message> {
         poll_fn(|cx| {
             let mut st = self.inner.st.borrow_mut();
-            st.internal_listened = true;
             if let Some(m) = st.internal.pop_front() {
                 st.internal_unread.remove(&m);
-                let resume = st.resume();
-                drop(st);
-                if let Some(driver) = resume {
-                    driver.wake();
-                }
                 return Poll::Ready(Some(m));
             }
             if st.closed {
@@ -1077,6 +1045,16 @@ impl Channel {
     /// Bytes waiting in user space (written when the peer reads).
     pub fn queued_bytes(&self) -> usize {
         self.inner.st.borrow().queued()
+    }
+
+    /// Messages dropped unread since the channel opened, from either queue ([`recv`]'s and
+    /// [`recv_internal`]'s): the oldest, past [`MAX_UNREAD_MESSAGES`], [`MAX_UNREAD_BYTES`] or
+    /// [`MAX_UNREAD_FDS`].
+    ///
+    /// [`recv`]: Self::recv
+    /// [`recv_internal`]: Self::recv_internal
+    pub fn dropped_unread(&self) -> u64 {
+        self.inner.st.borrow().dropped_unread
     }
 
     /// Handles sent with [`send_handle`](Self::send_handle) the peer has not ACKed: the one in
@@ -1306,12 +1284,8 @@ impl Inner {
             }
             st.driver = Some(cx.waker().clone());
         }
-        // Read while readable (the cooperative budget bounds this loop), and while the frames
-        // read so far are taken: not while a queue someone reads is full.
+        // Read while readable (the cooperative budget bounds this loop), whatever waits unread.
         loop {
-            if !self.st.borrow_mut().take_frames(wake) {
-                break;
-            }
             let guard = self.io.borrow();
             let Some(io) = guard.as_ref() else {
                 return true;

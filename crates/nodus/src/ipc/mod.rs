@@ -17,10 +17,13 @@
 //! from the next line; fds that do not match the frame they came with are closed and an error
 //! event, and the channel goes on (fds are matched to frames by where they arrive in the byte
 //! stream: in order, to the frames of the read they came with that announce fds, so a mismatch
-//! never shifts fds onto later messages); the process keeps running. Unread messages are
-//! backpressure for a program that calls `recv` (the channel stops reading), never loss. Only
-//! the `json` serialization is spoken: a Node parent that forks with `serialization:
-//! 'advanced'` gets [`IpcError::UnsupportedSerialization`] from [`Channel::from_env`].
+//! never shifts fds onto later messages); the process keeps running. As in Node, the channel
+//! reads whatever the program does, so internal messages never wait behind unread ones; unlike
+//! Node, unread messages are bounded ([`MAX_UNREAD_MESSAGES`], [`MAX_UNREAD_BYTES`],
+//! [`MAX_UNREAD_FDS`]): below the bounds none is lost, past them the oldest are dropped, counted
+//! ([`Channel::dropped_unread`]) and warned about. Only the `json` serialization is spoken: a
+//! Node parent that forks with `serialization: 'advanced'` gets
+//! [`IpcError::UnsupportedSerialization`] from [`Channel::from_env`].
 
 mod channel;
 mod fdpass;
@@ -29,7 +32,10 @@ mod handles;
 
 use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
 
-pub use channel::{Channel, ChannelOptions, HIGH_WATER, IpcError, MAX_FDS_PER_FRAME, Message};
+pub use channel::{
+    Channel, ChannelOptions, HIGH_WATER, IpcError, MAX_FDS_PER_FRAME, MAX_UNREAD_BYTES,
+    MAX_UNREAD_FDS, MAX_UNREAD_MESSAGES, Message,
+};
 pub use framing::{DEFAULT_MAX_FRAME, FrameError};
 pub use handles::{Handle, SendHandle};
 
