@@ -234,8 +234,10 @@ struct RunArgs {
     )]
     kill_signal: i32,
     /// During a reload, seconds a new worker gets to become ready; under rr and least, also how
-    /// long an accepted connection waits for a worker to take it before it is reset; with --node
-    /// and no --ready-after, how long a worker may go without listening before a warning says so.
+    /// long an accepted connection waits for a worker to take it before it is reset; how long a
+    /// listener whose workers left (a reload, a crash) stays open for their replacements, once
+    /// ready, to listen on it again; with --node and no --ready-after, how long a worker may go
+    /// without listening before a warning says so.
     #[arg(
         long,
         value_name = "SECS",

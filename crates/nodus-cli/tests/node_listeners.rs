@@ -2,9 +2,12 @@
 //! primary lets go of them: one that every worker closed is closed at once (a port refused and
 //! free for another process again, a UDP port free, a socket file removed), under every policy;
 //! a program that listens on and closes one port after another (1100 of them) never runs the
-//! primary out of keys or fds; a reload that moves the app to another port leaves the old one
-//! refused; and a deploy that moves the listener to another address of the same port binds once
-//! the old worker is gone (the primary's own stale socket is closed, not in the way for good).
+//! primary out of keys or fds; one a worker left by its exit (a reload, a `kill -9`) stays open
+//! for the replacement even when that is ready (its first `listening`, on a side port) before
+//! it listens on it, so no connection is refused; a reload that moves the app to another port
+//! leaves the old one open for the grace (the ready timeout), then refused; and a deploy that
+//! moves the listener to another address of the same port binds once the old worker is gone
+//! (the primary's own stale socket is closed, not in the way for good).
 //!
 //! Node is needed: under `CI` a missing one fails the tests, elsewhere they are skipped. Every
 //! primary is started in its own process group, and the whole group is killed by PID when the
@@ -18,8 +21,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::cluster::{assert_exit, spawn};
+use common::cluster::{assert_exit, node_app, spawn};
 use common::have;
+use nodus_testkit::proc::Proc;
+use nodus_testkit::tmp::TempDir;
 use rustix::process::Signal;
 
 /// Waits (10 s at most) until `free` says yes; false if it never does.
@@ -69,7 +74,7 @@ fn a_listener_every_worker_closed_is_released() {
         return;
     }
     for policy in ["rr", "shared", "reuseport"] {
-        let dir = nodus_testkit::tmp::TempDir::new("node-release");
+        let dir = TempDir::new("node-release");
         std::fs::write(dir.path().join("app.js"), APP_TEMPORARY).unwrap();
         let [addr, tmp, udp] = nodus_testkit::net::free_addrs::<3>();
         let sock = dir.path().join("tmp.sock");
@@ -85,7 +90,7 @@ fn a_listener_every_worker_closed_is_released() {
                 .env("RUST_LOG", "info"),
         );
         primary.wait_line("2 workers ready");
-        let closed = |p: &mut nodus_testkit::proc::Proc| {
+        let closed = |p: &mut Proc| {
             p.output_so_far()
                 .iter()
                 .filter(|l| l.contains("temporary servers closed"))
@@ -182,6 +187,120 @@ fn listening_on_and_closing_1100_ports_in_turn_spends_nothing() {
     assert_exit(&mut primary, Duration::from_secs(30), 0);
 }
 
+/// Listens on `PORT2` (a metrics port, say) at once and on `PORT` after 1.5 s of start-up (a
+/// database connected, a cache warmed): ready at its first `listening`, the worker has not
+/// asked for `PORT` yet. Each answer on `PORT` is `app PID`.
+const APP_MAIN_PORT_LATE: &str = r#"
+const http = require('http');
+http.createServer((q, r) => r.end('side\n')).listen(+process.env.PORT2, '127.0.0.1');
+setTimeout(() => {
+  http.createServer((q, r) => {
+    r.setHeader('Connection', 'close');
+    r.end(`app ${process.pid}\n`);
+  }).listen(+process.env.PORT, '127.0.0.1');
+}, 1500);
+"#;
+
+/// `nodus run --node -w 1 --policy POLICY` of [`APP_MAIN_PORT_LATE`], once it serves on its main
+/// port: the directory, the main port's address, the primary and the worker's pid.
+fn run_main_port_late(policy: &str) -> (TempDir, SocketAddr, Proc, u32) {
+    let dir = TempDir::new("node-late-port");
+    let (addr, mut cmd) = node_app(
+        dir.path(),
+        APP_MAIN_PORT_LATE,
+        &["-w", "1", "--policy", policy],
+    );
+    let side = std::iter::repeat_with(nodus_testkit::net::free_addr)
+        .find(|&a| a != addr)
+        .unwrap();
+    let mut primary = spawn(cmd.env("PORT2", side.port().to_string()));
+    primary.wait_line("1 worker ready");
+    let mut pid = None;
+    assert!(
+        eventually(|| {
+            pid = served_by(addr).ok();
+            pid.is_some()
+        }),
+        "{policy}: never served on {addr}: {:#?}",
+        primary.output_so_far()
+    );
+    (dir, addr, primary, pid.unwrap())
+}
+
+/// The pid in an `app PID` answer from `addr`; a failed request (refused, reset) as its error.
+fn served_by(addr: SocketAddr) -> Result<u32, String> {
+    let reply = common::http::try_request(addr, "GET", "/", &[]).map_err(|e| e.to_string())?;
+    let body = String::from_utf8_lossy(&reply.body);
+    body.trim()
+        .strip_prefix("app ")
+        .and_then(|pid| pid.parse().ok())
+        .ok_or_else(|| format!("answered {body:?}"))
+}
+
+/// Asks `addr` one request after another until one is answered by another worker than `old`,
+/// and a few more (20 s at most): the requests that failed, and whether a new worker answered.
+fn probe_until_replaced(addr: SocketAddr, old: u32) -> (Vec<String>, bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (mut failed, mut after_new) = (Vec::new(), 0);
+    while after_new < 5 && Instant::now() < deadline {
+        match served_by(addr) {
+            Ok(pid) if pid != old || after_new > 0 => after_new += 1,
+            Ok(_) => {}
+            Err(e) => failed.push(e),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (failed, after_new > 0)
+}
+
+/// A rolling reload of a worker that is ready (its side port) 1.5 s before it listens on its
+/// main port: the main port's listener, which the old worker closed on its way out, waits for
+/// the new worker, so no request to it is refused or reset, under rr and shared.
+#[test]
+fn a_reload_refuses_nothing_on_a_port_the_new_worker_listens_on_after_it_is_ready() {
+    if !have("node") {
+        return;
+    }
+    for policy in ["rr", "shared"] {
+        let (_dir, addr, mut primary, old) = run_main_port_late(policy);
+        primary.signal(Signal::HUP);
+        let (failed, replaced) = probe_until_replaced(addr, old);
+        assert!(
+            replaced && failed.is_empty(),
+            "{policy}: new worker serving {replaced}, failed requests {failed:#?}: {:#?}",
+            primary.output_so_far()
+        );
+        primary.wait_line("reload to generation 1: the old workers have exited");
+        primary.signal(Signal::TERM);
+        assert_exit(&mut primary, Duration::from_secs(30), 0);
+    }
+}
+
+/// `kill -9` of a worker that, replaced, is ready (its side port) 1.5 s before it listens on its
+/// main port: the main port's listener waits for the replacement, so no request to it is
+/// refused or reset (those made meanwhile are answered by the replacement), under rr and shared.
+#[test]
+fn a_killed_workers_port_refuses_nothing_while_its_replacement_starts_up() {
+    if !have("node") {
+        return;
+    }
+    for policy in ["rr", "shared"] {
+        let (_dir, addr, mut primary, old) = run_main_port_late(policy);
+        let pid = rustix::process::Pid::from_raw(old as i32).unwrap();
+        rustix::process::kill_process(pid, Signal::KILL).unwrap();
+        // No request is in flight to it as it dies: the first is made once it is dead.
+        nodus_testkit::tree::wait_gone(&[old as i32], Duration::from_secs(10)).unwrap();
+        let (failed, replaced) = probe_until_replaced(addr, old);
+        assert!(
+            replaced && failed.is_empty(),
+            "{policy}: replacement serving {replaced}, failed requests {failed:#?}: {:#?}",
+            primary.output_so_far()
+        );
+        primary.signal(Signal::TERM);
+        assert_exit(&mut primary, Duration::from_secs(30), 0);
+    }
+}
+
 /// Serves on the host and port written in the files `HOST_FILE` and `PORT_FILE` (read at its
 /// start, as a deploy changes them); each response is `HOST:PORT PID`; a listen error is printed
 /// and exits 1.
@@ -197,14 +316,16 @@ server.on('error', (e) => { console.log(`listen error ${e.code}`); process.exit(
 server.listen(port, host);
 "#;
 
-/// `nodus run --node -w 1` of [`APP_FROM_FILES`] in `dir`, serving `host` and `port`, once ready.
-fn run_from_files(dir: &Path, host: &str, port: u16) -> nodus_testkit::proc::Proc {
+/// `nodus run --node -w 1 EXTRA...` of [`APP_FROM_FILES`] in `dir`, serving `host` and `port`,
+/// once ready.
+fn run_from_files(dir: &Path, host: &str, port: u16, extra: &[&str]) -> Proc {
     std::fs::write(dir.join("app.js"), APP_FROM_FILES).unwrap();
     std::fs::write(dir.join("host"), host).unwrap();
     std::fs::write(dir.join("port"), port.to_string()).unwrap();
     let mut primary = spawn(
         Command::new(common::NODUS)
             .args(["run", "--node", "-w", "1"])
+            .args(extra)
             .args(["--", "node"])
             .arg(dir.join("app.js"))
             .env("HOST_FILE", dir.join("host"))
@@ -215,21 +336,34 @@ fn run_from_files(dir: &Path, host: &str, port: u16) -> nodus_testkit::proc::Pro
     primary
 }
 
-/// A reload whose new code listens on another port: the old port is released once the old
-/// worker has closed it (refused, free for another process), with one line saying so.
+/// A reload whose new code listens on another port: the old port, closed by the old worker on
+/// its way out, is kept while the new worker may still ask for it (the grace: the ready timeout,
+/// 5 s here, from its readiness), then released (refused, free for another process), with one
+/// line saying so.
 #[test]
-fn a_reload_onto_another_port_releases_the_old_one() {
+fn a_reload_onto_another_port_releases_the_old_one_after_the_grace() {
     if !have("node") {
         return;
     }
-    let dir = nodus_testkit::tmp::TempDir::new("node-move-port");
+    let dir = TempDir::new("node-move-port");
     let [old, new] = nodus_testkit::net::free_addrs::<2>();
-    let mut primary = run_from_files(dir.path(), "127.0.0.1", old.port());
+    let mut primary = run_from_files(
+        dir.path(),
+        "127.0.0.1",
+        old.port(),
+        &["--ready-timeout", "5"],
+    );
     let body = common::http::get(old, "/").body;
     assert!(body.starts_with(format!("127.0.0.1:{}", old.port()).as_bytes()));
     std::fs::write(dir.path().join("port"), new.port().to_string()).unwrap();
     primary.signal(Signal::HUP);
-    primary.wait_line("reload done");
+    primary.wait_line("reload to generation 1: the old workers have exited");
+    // Within the grace: still the primary's, a connection taken (to wait for a worker).
+    assert!(
+        TcpListener::bind(old).is_err() && TcpStream::connect(old).is_ok(),
+        "{old} was released at once: {:#?}",
+        primary.output_so_far()
+    );
     let body = common::http::get(new, "/").body;
     assert!(body.starts_with(format!("127.0.0.1:{}", new.port()).as_bytes()));
     assert!(
@@ -238,7 +372,8 @@ fn a_reload_onto_another_port_releases_the_old_one() {
         primary.output_so_far()
     );
     primary.wait_line(&format!(
-        "{old} released: no worker holds it since worker 1 left"
+        "{old} released: no worker holds it since worker 1 left, and none asked for it again \
+         within 5s (the ready timeout) of being ready"
     ));
     primary.signal(Signal::TERM);
     assert_exit(&mut primary, Duration::from_secs(30), 0);
@@ -254,9 +389,9 @@ fn a_reload_onto_another_address_binds_once_the_old_worker_is_gone() {
     if !have("node") {
         return;
     }
-    let dir = nodus_testkit::tmp::TempDir::new("node-move-host");
+    let dir = TempDir::new("node-move-host");
     let addr = nodus_testkit::net::free_addr();
-    let mut primary = run_from_files(dir.path(), "127.0.0.1", addr.port());
+    let mut primary = run_from_files(dir.path(), "127.0.0.1", addr.port(), &[]);
     let body = String::from_utf8(common::http::get(addr, "/").body).unwrap();
     let old_pid: i32 = body.trim().rsplit_once(' ').unwrap().1.parse().unwrap();
     std::fs::write(dir.path().join("host"), "::ffff:127.0.0.1").unwrap();

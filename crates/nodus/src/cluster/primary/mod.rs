@@ -226,7 +226,9 @@ pub struct Config {
     pub kill_signal: i32,
     /// How long a reload waits for a new worker to be ready. Under round-robin and least, also
     /// how long a connection the primary accepted waits for a worker to take it (none listens,
-    /// or every one is full) before it is reset.
+    /// or every one is full) before it is reset. And how long a listener whose holders left (an
+    /// exit, a reload) stays open once their slots have ready workers, for one to ask for it
+    /// again (`server::release_orphans`).
     pub ready_timeout: Duration,
     pub readiness: Readiness,
     /// Capture each worker's stdout/stderr with a `[worker id pid]` prefix (else inherited).
@@ -365,9 +367,13 @@ pub(crate) struct State {
     /// whatever the policy); emptied when the primary stops accepting.
     datagrams: RefCell<HashMap<String, std::net::UdpSocket>>,
     /// Keys whose last holder left without closing them as a choice of its own (it exited, or
-    /// closed them on its way out), with the slots those holders were of: released once those
-    /// slots have settled without asking again (`server::release_orphans`).
+    /// closed them on its way out), with the slots those holders were of: released once each
+    /// of those slots has had a ready worker for the grace without asking again, or has no
+    /// worker to come (`server::release_orphans`).
     orphans: RefCell<HashMap<String, Vec<u32>>>,
+    /// When the task that looks at `orphans` again once a grace is over wakes (none pending:
+    /// `None`).
+    orphans_wake: Cell<Option<Instant>>,
     /// The keys and addresses of the listeners released lately, oldest first
     /// (`server::release`: at most `MAX_KEYS`).
     released: RefCell<VecDeque<(String, server::Addr)>>,
@@ -567,6 +573,7 @@ impl Primary {
             reuseport_ports: RefCell::default(),
             datagrams: RefCell::default(),
             orphans: RefCell::default(),
+            orphans_wake: Cell::new(None),
             released: RefCell::default(),
             budget: RefCell::new(budget),
             restarts: Cell::new(0),

@@ -193,6 +193,9 @@ pub(super) struct Proc {
     pub child: Child,
     pub channel: Option<Channel>,
     pub started: Instant,
+    /// When it became ready ([`mark_ready`]): an orphaned listener's grace counts from it
+    /// (`server::release_orphans`).
+    pub ready_at: Cell<Option<Instant>>,
     pub state: Cell<ProcState>,
     changed: RefCell<Vec<Waker>>,
     pub exited_after_disconnect: Cell<bool>,
@@ -371,6 +374,7 @@ impl Proc {
             child,
             channel,
             started: Instant::now(),
+            ready_at: Cell::new(None),
             state: Cell::new(ProcState::Starting),
             changed: RefCell::default(),
             exited_after_disconnect: Cell::new(false),
@@ -793,6 +797,7 @@ pub(super) fn mark_ready(st: &Rc<State>, proc: &Rc<Proc>) {
     if proc.state.get() >= ProcState::Ready {
         return;
     }
+    proc.ready_at.set(Some(Instant::now()));
     proc.advance(ProcState::Ready);
     st.program_ran.set(true);
     st.emit(Some(proc), EventKind::Ready);

@@ -44,11 +44,26 @@
 //!   closed, a nodus worker's `Listener` dropped) closes it at once ([`closed`]): its port is
 //!   refused and free, its file removed, what was parked on it reset. A holder that leaves
 //!   otherwise (its exit, or a `close` on its way out: asked to stop, or going down) leaves it
-//!   to its slot's next worker, which asks again, so nothing is refused in between: it is kept
-//!   until every slot its holders were of has settled ([`release_orphans`]: a worker ready and
-//!   staying that did not ask for it, or no worker to come), or until a worker's bind finds it
-//!   in the way (`EADDRINUSE` against it, [`release_in_the_way`]: closed, and the bind tried
-//!   again). Pre-bound listeners are the operator's: never closed before the drain. Each
+//!   to its slot's next worker, which asks again, so nothing is refused in between. Being
+//!   ready does not mean that worker has asked yet (a Node worker is ready at its first
+//!   `listening`, and may listen on its main port after more start-up; `--ready-after` may
+//!   come before any), so the listener is kept until a worker asks for it again, until every
+//!   slot its holders were of has had a ready, staying worker for a grace ([`orphan_grace`])
+//!   without one asking, or has no worker to come ([`release_orphans`]; a task wakes when a
+//!   grace ends), or until a worker's bind finds it in the way (`EADDRINUSE` against it,
+//!   [`release_in_the_way`]: closed, and the bind tried again). The grace is the
+//!   `ready_timeout`, the time the cluster gives a worker's start-up elsewhere (a reload waits
+//!   that long for a new worker to be ready, a parked connection that long for a worker): a
+//!   program still starting that long after it said it was ready is not waited for, and what
+//!   was parked on the listener would have been reset by its own bound by then; a deploy that
+//!   drops a port has it refused (and free) that long after its new workers are ready.
+//!   Meanwhile no connection is refused: under rr and least the primary accepts and parks
+//!   them (below: one accept batch, the rest wait in the kernel's backlog) for the worker that
+//!   asks; a shared socket stays listening through the primary's copy, its connections in its
+//!   backlog for the worker that gets a duplicate. Under reuseport the primary keeps no
+//!   listener (only a port 0's resolved port, kept as long): its workers' sockets are their
+//!   own, and a port none of them listens on is refused until one does. Pre-bound listeners
+//!   are the operator's: never closed before the drain. Each
 //!   release is one INFO line; the last [`MAX_KEYS`] released keys and addresses are kept
 //!   (`State::released`) so a draining worker's connections on them still count
 //!   (`conns`) and connections given back for them are closed without a complaint.
@@ -97,7 +112,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::handoff::{dispatch, has_room};
 use super::parked::{Conn, MAX_PARKED, Parked};
@@ -687,8 +702,8 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
         join(proc, m, &key, &server)
     };
     let mut result = answer();
-    // Our own listener that no worker holds any more (its holders exited, and their slots'
-    // workers have not been ready since) may be what the address is taken by.
+    // Our own listener that no worker holds any more (its holders left, and no worker asked
+    // for it again yet) may be what the address is taken by.
     if result
         .as_ref()
         .is_err_and(|e| e.kind() == io::ErrorKind::AddrInUse)
@@ -1011,7 +1026,8 @@ pub(super) fn closed(st: &Rc<State>, proc: &Proc, key: &str) {
 /// `proc` exited (it is out of `State::procs`): each listener it held that no live worker holds
 /// now waits for its slot's next worker ([`release_orphans`] decides, once the exit's restart
 /// decision is made). Not released at once: the replacement asks for it again, and until then
-/// its connections wait in the primary rather than being refused.
+/// its connections wait (parked in the primary, or in a shared socket's backlog) rather than
+/// being refused.
 pub(super) fn exited(st: &State, proc: &Proc) {
     for key in proc.held_keys() {
         if !held(st, &key) && releasable(st, &key) {
@@ -1029,44 +1045,108 @@ fn orphan(st: &State, key: &str, slot: u32) {
     }
 }
 
-/// Whether slot `id` has settled since its worker left a listener: its current worker is ready
-/// and staying (not asked to stop, not going down), or it has none and none is coming (its
-/// restart type said no). A worker that is ready and has not asked for the listener again will
-/// not, as a rule: a listener is asked for when the program starts.
-fn slot_settled(st: &State, id: u32) -> bool {
+/// How long a slot's worker, once ready, has to ask again for a listener its slot's worker
+/// left before it is released: the cluster's `ready_timeout` (see the module docs).
+fn orphan_grace(st: &State) -> Duration {
+    st.config.ready_timeout
+}
+
+/// From when slot `id` no longer keeps a listener its worker left: once its current worker,
+/// ready and staying (not asked to stop, not going down), has been ready for the grace
+/// ([`orphan_grace`]) without asking for it again; now if it has no worker and none is coming
+/// (its restart type said no). `None` while a worker of it may still ask: one is coming, or
+/// the current one is not ready yet, or is on its way out (or the grace never ends).
+fn slot_done_with(st: &State, id: u32) -> Option<Instant> {
     let slots = st.slots.borrow();
     let Some(slot) = slots.get((id as usize).wrapping_sub(1)) else {
-        return true;
+        return Some(Instant::now());
     };
     match &slot.current {
-        Some(p) => p.is_ready() && !p.drained.get() && !p.going_down.get(),
-        None => !slot.pending_restart,
+        Some(p) if !p.is_ready() || p.drained.get() || p.going_down.get() => None,
+        Some(p) => p.ready_at.get()?.checked_add(orphan_grace(st)),
+        None if slot.pending_restart => None,
+        None => Some(Instant::now()),
     }
 }
 
 /// Releases each listener that lost its last holder to an exit (or a worker's way out) once
-/// every slot those holders were of has settled ([`slot_settled`]) without asking for it again;
-/// one asked for again is held, and no longer waits. Called when a worker is ready, after an
-/// exit's restart decision, and when a slot is left empty.
+/// every slot those holders were of is done with it ([`slot_done_with`]) without asking for
+/// it again; one asked for again is held, and no longer waits. Called when a worker is ready,
+/// after an exit's restart decision, when a slot is left empty, and when a grace is over (a
+/// task, [`wake_for_orphans`]).
 pub(super) fn release_orphans(st: &Rc<State>) {
-    let due: Vec<(String, Vec<u32>)> = st
-        .orphans
-        .borrow()
-        .iter()
-        .filter(|(key, slots)| held(st, key) || slots.iter().all(|&id| slot_settled(st, id)))
-        .map(|(key, slots)| (key.clone(), slots.clone()))
-        .collect();
-    for (key, slots) in due {
-        if held(st, &key) {
-            st.orphans.borrow_mut().remove(&key);
+    if st.accepting_stopped.get() {
+        // Everything is closed already (`stop_accepting`): nothing to wait for.
+        st.orphans.borrow_mut().clear();
+        return;
+    }
+    let now = Instant::now();
+    let mut due = Vec::new();
+    let mut next: Option<Instant> = None;
+    for (key, slots) in st.orphans.borrow().iter() {
+        if held(st, key) {
+            due.push((key.clone(), None));
             continue;
         }
+        let Some(at) = slots
+            .iter()
+            .map(|&id| slot_done_with(st, id))
+            .try_fold(now, |latest, at| Some(latest.max(at?)))
+        else {
+            continue;
+        };
+        if at <= now {
+            due.push((key.clone(), Some(slots.clone())));
+        } else {
+            next = Some(next.map_or(at, |n| n.min(at)));
+        }
+    }
+    for (key, slots) in due {
+        let Some(slots) = slots else {
+            st.orphans.borrow_mut().remove(&key);
+            continue;
+        };
+        let has_worker = {
+            let all = st.slots.borrow();
+            slots.iter().any(|&id| {
+                all.get((id as usize).wrapping_sub(1))
+                    .is_some_and(|s| s.current.is_some())
+            })
+        };
+        let reason = match has_worker {
+            true => format!(
+                "none asked for it again within {:?} (the ready timeout) of being ready",
+                orphan_grace(st)
+            ),
+            false => "none is to come".to_owned(),
+        };
         let why = format!(
-            "no worker holds it since {} left, and none asked for it again once ready",
+            "no worker holds it since {} left, and {reason}",
             workers(&slots)
         );
         release(st, &key, &why);
     }
+    if let Some(at) = next {
+        wake_for_orphans(st, at);
+    }
+}
+
+/// Runs [`release_orphans`] again at `at` (a grace over), unless a task already wakes for it
+/// by then: one task for the soonest, another only for a sooner one.
+fn wake_for_orphans(st: &Rc<State>, at: Instant) {
+    if st.orphans_wake.get().is_some_and(|w| w <= at) {
+        return;
+    }
+    st.orphans_wake.set(Some(at));
+    let s = st.clone();
+    crate::task::spawn_named("cluster:orphans", async move {
+        crate::time::sleep(at.saturating_duration_since(Instant::now())).await;
+        if s.orphans_wake.get() == Some(at) {
+            s.orphans_wake.set(None);
+        }
+        release_orphans(&s);
+    })
+    .detach();
 }
 
 /// "worker 1", "workers 1, 2" (slots).

@@ -413,8 +413,8 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
         decide_and_restart(st, proc.slot, Some(proc.pid), uptime, reason, false)
     });
     st.exits_settling.set(st.exits_settling.get() + 1);
-    // What it held and no one holds now waits for its slot's next worker, or goes now (the slot
-    // has a ready worker already: a reload's old worker).
+    // What it held and no one holds now waits for its slot's next worker to ask for it again
+    // (with a ready one already, a reload's old worker's case, for the rest of its grace).
     server::release_orphans(st);
     // A worker sent the kill signal past its drain deadline is not a slot's current one (no
     // exit line below): its end, and what ended it, get a line of their own. Unless it still
@@ -761,7 +761,7 @@ pub(super) fn on_ready(st: &Rc<State>, _proc: &Rc<Proc>) {
     // Under rr and least a worker not ready is passed over while another is: what was parked
     // meanwhile (every ready one stalled, say) may go to it now.
     super::handoff::wake_parked(st);
-    // A listener whose holders left and that this worker, ready, did not ask for again.
+    // A listener whose holders left, this worker's slot among theirs: its grace starts now.
     server::release_orphans(st);
     if !st.announced_ready.get() && st.phase.get() == Phase::Running && st.all_ready() {
         st.announced_ready.set(true);
