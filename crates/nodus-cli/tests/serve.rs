@@ -269,6 +269,68 @@ fn files_head_range_conditional_and_listing() {
     }
 }
 
+/// Sets the soft address-space limit of process `pid` to `soft` bytes (its hard one stays).
+fn limit_as(pid: u32, soft: u64) {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a valid rlimit to fill, then to read; a null old value is allowed.
+    unsafe {
+        let pid = pid as libc::pid_t;
+        assert_eq!(
+            libc::prlimit(pid, libc::RLIMIT_AS, std::ptr::null(), &mut limit),
+            0
+        );
+        limit.rlim_cur = soft.min(limit.rlim_max);
+        assert_eq!(
+            libc::prlimit(pid, libc::RLIMIT_AS, &limit, std::ptr::null_mut()),
+            0
+        );
+    }
+}
+
+/// A server whose I/O pool cannot start its threads (its address space limited before its first
+/// request, too tight for a pool thread's stack; a full `pids.max` likewise): 503 with
+/// `Retry-After: 5`, said in one WARN line for the burst, no panic; once threads can be started
+/// again, the next request starts the pool and is served.
+#[test]
+fn an_io_pool_that_cannot_start_is_503_with_retry_after_then_starts_when_it_can() {
+    let dir = site();
+    let mut server = Serve::start(dir.path(), 1, &[]);
+    let pid = server.proc.id();
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).unwrap();
+    let pages: u64 = statm.split_whitespace().next().unwrap().parse().unwrap();
+    limit_as(pid, pages * 4096 + (4 << 20));
+    for _ in 0..5 {
+        let r = request(server.addr, "GET", "/hello.txt", &[]);
+        assert_eq!(
+            (r.status, r.header("retry-after")),
+            (503, Some("5")),
+            "{}",
+            String::from_utf8_lossy(&r.body)
+        );
+    }
+    limit_as(pid, u64::MAX);
+    let r = request(server.addr, "GET", "/hello.txt", &[]);
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"hello, nodus\n"[..]));
+    let out = server.proc.output_so_far();
+    let said: Vec<_> = out
+        .iter()
+        .filter(|l| l.contains("cannot start the I/O pool"))
+        .collect();
+    assert_eq!(said.len(), 1, "{out:#?}");
+    assert!(
+        said[0].contains("WARN") && said[0].contains("answered 503"),
+        "{said:?}"
+    );
+    assert!(
+        !out.iter()
+            .any(|l| l.contains("panicked") || l.contains("ERROR")),
+        "{out:#?}"
+    );
+}
+
 #[test]
 fn traversal_dotfiles_and_special_files_are_refused() {
     let dir = site();

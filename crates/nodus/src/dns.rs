@@ -156,7 +156,9 @@ where
         return Err(invalid("host name contains a NUL byte"));
     }
     let owned = host.to_owned();
-    let found = pool::io().offload_slow(move || resolve(&owned)).await?;
+    let found = pool::try_io()?
+        .offload_slow(move || resolve(&owned))
+        .await?;
     let mut addrs = found.map_err(|e| host_error(host, e))?;
     let mut seen = Vec::with_capacity(addrs.len());
     addrs.retain(|a| {

@@ -636,11 +636,24 @@ async fn serve_static(
     let head = method == Method::HEAD;
     // The plan holds the file open (HEAD's too, closed unread): a file this process cannot open
     // gets the same 403 (or 404) whatever the method and the conditional headers.
-    let planned = nodus::pool::offload_io(move || {
-        let planned = static_files::plan_deferred(&root, &method, &path, &headers, &options);
-        (planned, method, path)
-    })
-    .await;
+    let pool = match nodus::pool::try_io() {
+        Ok(pool) => pool,
+        Err(error) => {
+            // The pool cannot start its threads (a full `pids.max`, say): 503, as out of fds.
+            let failure = static_files::Failure {
+                op: "start the I/O pool",
+                error,
+            };
+            say_failure(site, &method, &path, &failure);
+            return respond(static_files::failed(failure), head);
+        }
+    };
+    let planned = pool
+        .offload(move || {
+            let planned = static_files::plan_deferred(&root, &method, &path, &headers, &options);
+            (planned, method, path)
+        })
+        .await;
     let plan = match planned {
         Ok((planned, method, path)) => {
             let plan = match planned {
@@ -663,6 +676,11 @@ async fn serve_static(
         }
         Err(e) => return internal_error(e),
     };
+    respond(plan, head)
+}
+
+/// The response for `plan`: its status and headers, and its file's body or its inline one.
+fn respond(plan: Plan, head: bool) -> Response<Body> {
     let (status, headers) = (plan.status(), plan.headers().clone());
     let body = match plan {
         Plan::File { .. } if head => nodus_http::empty(),

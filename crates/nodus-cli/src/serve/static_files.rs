@@ -185,7 +185,8 @@ pub const RETRY_AFTER_SECS: u32 = 5;
 
 impl Failure {
     /// 503 with `Retry-After` for a shortage that passes (`EMFILE`, `ENFILE`: out of
-    /// descriptors, the process's or the system's; `ENOMEM`), 500 for anything else (`EIO`...).
+    /// descriptors, the process's or the system's; `ENOMEM`; an I/O pool that cannot start its
+    /// threads), 500 for anything else (`EIO`...).
     pub fn status(&self) -> StatusCode {
         if shortage(&self.error) {
             StatusCode::SERVICE_UNAVAILABLE
@@ -503,13 +504,18 @@ pub fn missing(e: &io::Error) -> bool {
     )
 }
 
-/// An error that says the process is short of descriptors or memory for now: 503 (see
-/// [`Failure`]).
+/// An error that says the process is short of descriptors, memory or threads for now: 503 (see
+/// [`Failure`]). Threads: the I/O pool could not start its own (`OffloadError::NoThreads`).
 pub fn shortage(e: &io::Error) -> bool {
+    let no_threads = || {
+        e.get_ref()
+            .and_then(|inner| inner.downcast_ref::<nodus::OffloadError>())
+            .is_some_and(|inner| matches!(inner, nodus::OffloadError::NoThreads { .. }))
+    };
     matches!(
         e.raw_os_error(),
         Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)
-    )
+    ) || no_threads()
 }
 
 /// An error that says this process may not: 403 for what was resolved (see [`Failure`]).

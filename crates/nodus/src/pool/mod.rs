@@ -5,6 +5,13 @@
 //! (default = available cores, `NODUS_CPU_THREADS`; zlib, crypto, json). Each is created on first
 //! use with all of its threads (`nodus-io-N`, `nodus-cpu-N`), and is a fixed-size FIFO.
 //!
+//! A pool starts all of its threads or none: when one cannot be started (a full `pids.max`,
+//! `RLIMIT_NPROC`, `RLIMIT_AS` too low for its stack) those already started are ended and joined,
+//! and the start fails with [`OffloadError::NoThreads`] (as an `io::Error`: `WouldBlock` for
+//! `EAGAIN`, `OutOfMemory` for `ENOMEM`). For a process-wide pool every use then fails so (an
+//! fs or dns call's error, an offload's `Err`) and the next use tries again: the pool exists
+//! once a start succeeded. Nothing panics and nothing is logged here; the caller says it.
+//!
 //! [`offload_io`] / [`offload_cpu`] submit a closure and return an [`Offload`] future. The worker
 //! stores the result and wakes the awaiting task; a wake from a pool thread lands on the loop's
 //! remote queue, so the task resumes in the poll phase, exactly where libuv runs `uv_work_t`
@@ -61,6 +68,15 @@ pub enum OffloadError {
     Panicked(String),
     /// The pool's queue was at its bound when the work was submitted; the work was not queued.
     QueueFull { pool: String, limit: usize },
+    /// The pool could not start its threads (`started` of `threads` had started, and were
+    /// ended); `error` is the OS's reason, `kind` its kind. The work was not queued.
+    NoThreads {
+        pool: String,
+        started: usize,
+        threads: usize,
+        kind: std::io::ErrorKind,
+        error: String,
+    },
 }
 
 impl fmt::Display for OffloadError {
@@ -70,6 +86,17 @@ impl fmt::Display for OffloadError {
             OffloadError::QueueFull { pool, limit } => {
                 write!(f, "pool {pool:?} is full ({limit} queued jobs)")
             }
+            OffloadError::NoThreads {
+                pool,
+                started,
+                threads,
+                error,
+                ..
+            } => write!(
+                f,
+                "pool {pool:?} cannot start its threads ({started} of {threads} started, \
+                 ended again): {error}"
+            ),
         }
     }
 }
@@ -81,6 +108,7 @@ impl From<OffloadError> for std::io::Error {
         let kind = match e {
             OffloadError::Panicked(_) => std::io::ErrorKind::Other,
             OffloadError::QueueFull { .. } => std::io::ErrorKind::WouldBlock,
+            OffloadError::NoThreads { kind, .. } => kind,
         };
         std::io::Error::new(kind, e)
     }
@@ -121,8 +149,8 @@ impl PoolBuilder {
     /// Starts the threads and lists the pool in the metrics snapshot (module docs).
     ///
     /// # Errors
-    /// `InvalidInput` for a name with a NUL byte (it names threads); the OS error when a thread
-    /// cannot be started.
+    /// `InvalidInput` for a name with a NUL byte (it names threads); an [`OffloadError::NoThreads`]
+    /// when a thread cannot be started (none is left running then).
     pub fn build(self) -> std::io::Result<Pool> {
         let pool = self.start()?;
         list(&pool.inner);
@@ -265,75 +293,137 @@ fn env_threads(var: &str, default: usize) -> usize {
     }
 }
 
-fn start_global(builder: PoolBuilder) -> Pool {
-    builder
-        .start()
-        .unwrap_or_else(|e| panic!("nodus: cannot start a worker pool thread: {e}"))
+/// Held while a process-wide pool starts: one start at a time, so no two pools of one name.
+static STARTING: Mutex<()> = Mutex::new(());
+
+/// The pool in `slot`, started from `builder` (named `name`) if there is none yet; the start's
+/// error if it fails (the next call tries again).
+fn global(
+    slot: &'static OnceLock<Pool>,
+    name: &str,
+    builder: impl FnOnce() -> PoolBuilder,
+) -> Result<&'static Pool, OffloadError> {
+    if let Some(pool) = slot.get() {
+        return Ok(pool);
+    }
+    // Nothing but a start runs under it.
+    let _one = STARTING.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(pool) = slot.get() {
+        return Ok(pool);
+    }
+    let builder = builder();
+    let inner = Inner::start(name.to_owned(), builder.threads, builder.max_queue)?;
+    Ok(slot.get_or_init(|| Pool { inner }))
 }
 
-/// The process-wide I/O pool (fs, dns), created on first use with `NODUS_IO_THREADS` threads
+fn io_builder() -> PoolBuilder {
+    PoolBuilder::new("io").threads(env_threads("NODUS_IO_THREADS", DEFAULT_IO_THREADS))
+}
+
+fn cpu_builder() -> PoolBuilder {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    PoolBuilder::new("cpu").threads(env_threads("NODUS_CPU_THREADS", cores))
+}
+
+/// The process-wide I/O pool (fs, dns), started on first use with `NODUS_IO_THREADS` threads
 /// (default 4).
-pub fn io() -> &'static Pool {
-    IO.get_or_init(|| {
-        let n = env_threads("NODUS_IO_THREADS", DEFAULT_IO_THREADS);
-        start_global(PoolBuilder::new("io").threads(n))
-    })
+///
+/// # Errors
+/// [`OffloadError::NoThreads`] when its threads cannot be started; a later call tries again.
+pub fn try_io() -> std::io::Result<&'static Pool> {
+    Ok(global(&IO, "io", io_builder)?)
 }
 
-/// The process-wide CPU pool (zlib, crypto, json), created on first use with `NODUS_CPU_THREADS`
-/// threads (default: the available cores).
+/// The process-wide CPU pool (zlib, crypto, json), started on first use with
+/// `NODUS_CPU_THREADS` threads (default: the available cores).
+///
+/// # Errors
+/// As [`try_io`].
+pub fn try_cpu() -> std::io::Result<&'static Pool> {
+    Ok(global(&CPU, "cpu", cpu_builder)?)
+}
+
+/// [`try_io`], for code that cannot go on without the pool.
+///
+/// # Panics
+/// When the pool's threads cannot be started.
+pub fn io() -> &'static Pool {
+    try_io().unwrap_or_else(|e| panic!("nodus: {e}"))
+}
+
+/// [`try_cpu`], for code that cannot go on without the pool.
+///
+/// # Panics
+/// When the pool's threads cannot be started.
 pub fn cpu() -> &'static Pool {
-    CPU.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let n = env_threads("NODUS_CPU_THREADS", cores);
-        start_global(PoolBuilder::new("cpu").threads(n))
-    })
+    try_cpu().unwrap_or_else(|e| panic!("nodus: {e}"))
 }
 
 /// Installs `builder` as the process-wide I/O pool (named `"io"` whatever the builder says), to
-/// set a queue bound or a size in code. Fails with the builder if the pool already exists.
-pub fn init_io(builder: PoolBuilder) -> Result<&'static Pool, PoolBuilder> {
+/// set a queue bound or a size in code.
+///
+/// # Errors
+/// `AlreadyExists` if the pool exists already; the start's error ([`PoolBuilder::build`]).
+pub fn init_io(builder: PoolBuilder) -> std::io::Result<&'static Pool> {
     init(&IO, "io", builder)
 }
 
 /// Installs `builder` as the process-wide CPU pool (named `"cpu"`); see [`init_io`].
-pub fn init_cpu(builder: PoolBuilder) -> Result<&'static Pool, PoolBuilder> {
+///
+/// # Errors
+/// As [`init_io`].
+pub fn init_cpu(builder: PoolBuilder) -> std::io::Result<&'static Pool> {
     init(&CPU, "cpu", builder)
 }
 
 fn init(
     slot: &'static OnceLock<Pool>,
     name: &str,
-    mut builder: PoolBuilder,
-) -> Result<&'static Pool, PoolBuilder> {
-    if slot.get().is_some() {
-        return Err(builder);
+    builder: PoolBuilder,
+) -> std::io::Result<&'static Pool> {
+    let mut ours = false;
+    let pool = global(slot, name, || {
+        ours = true;
+        builder
+    })?;
+    if !ours {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            format!("the process-wide {name:?} pool exists already"),
+        ));
     }
-    builder.name = name.to_owned();
-    let mut given = Some(builder);
-    let pool = slot.get_or_init(|| start_global(given.take().expect("taken once")));
-    match given {
-        Some(builder) => Err(builder), // another thread got there first
-        None => Ok(pool),
-    }
+    Ok(pool)
 }
 
-/// Runs `work` on the process-wide I/O pool (blocking file or network calls).
+/// Runs `work` on the process-wide I/O pool (blocking file or network calls); the future is an
+/// [`OffloadError::NoThreads`] when the pool cannot start.
 pub fn offload_io<F, T>(work: F) -> Offload<T>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    io().offload(work)
+    offload_on(global(&IO, "io", io_builder), work)
 }
 
-/// Runs `work` on the process-wide CPU pool (computation: compression, hashing, parsing).
+/// Runs `work` on the process-wide CPU pool (computation: compression, hashing, parsing); the
+/// future is an [`OffloadError::NoThreads`] when the pool cannot start.
 pub fn offload_cpu<F, T>(work: F) -> Offload<T>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    cpu().offload(work)
+    offload_on(global(&CPU, "cpu", cpu_builder), work)
+}
+
+fn offload_on<F, T>(pool: Result<&'static Pool, OffloadError>, work: F) -> Offload<T>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    match pool {
+        Ok(pool) => pool.offload(work),
+        Err(e) => Offload::failed(e),
+    }
 }
 
 /// Measurements of the listed pools: the process-wide ones that exist (`io` first), then those

@@ -292,7 +292,7 @@ enum Slot<T> {
 }
 
 /// The result of work running on a pool: resolves to the closure's return value, or to an
-/// [`OffloadError`] if it panicked or the queue was full.
+/// [`OffloadError`] if it panicked, the queue was full or the pool could not start.
 ///
 /// Dropping it before the work started means the work never runs; dropping it later discards
 /// the result. It is `!Send`: it belongs to the loop that created it, which it keeps alive
@@ -334,6 +334,14 @@ impl<T: Send + 'static> Offload<T> {
                 }),
                 request: None,
             },
+        }
+    }
+
+    /// A future that resolves to `error` at once, for work no pool took (`NoThreads`).
+    pub(crate) fn failed(error: OffloadError) -> Offload<T> {
+        Offload {
+            inner: Slot::Failed(error),
+            request: None,
         }
     }
 

@@ -38,6 +38,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
+use super::OffloadError;
 use super::offload::Run;
 use crate::clock::now_ns;
 use crate::metrics::{Histogram, PoolSnapshot};
@@ -150,11 +151,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Inner {
+    /// Starts the pool's threads, all or none: when one cannot start, those already started
+    /// are ended and joined, and the error says how many there were.
     pub(crate) fn start(
         name: String,
         threads: usize,
         max_queue: Option<usize>,
-    ) -> std::io::Result<Arc<Inner>> {
+    ) -> Result<Arc<Inner>, OffloadError> {
         // Before the first thread of nodus's (see `parent_env`).
         crate::parent_env::take();
         let inner = Arc::new(Inner {
@@ -170,15 +173,30 @@ impl Inner {
             panicked: AtomicU64::new(0),
             name,
         });
+        let mut started = Vec::with_capacity(threads);
         for i in 0..threads {
             let pool = inner.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("nodus-{}-{i}", inner.name))
                 .stack_size(STACK_SIZE)
                 .spawn(move || pool.work(i));
-            if let Err(e) = spawned {
-                inner.shutdown();
-                return Err(e);
+            match spawned {
+                Ok(handle) => started.push(handle),
+                Err(e) => {
+                    inner.shutdown();
+                    let count = started.len();
+                    for handle in started {
+                        // A worker catches every panic of user code; there is none queued yet.
+                        let _ = handle.join();
+                    }
+                    return Err(OffloadError::NoThreads {
+                        pool: inner.name.clone(),
+                        started: count,
+                        threads,
+                        kind: e.kind(),
+                        error: e.to_string(),
+                    });
+                }
             }
         }
         Ok(inner)
