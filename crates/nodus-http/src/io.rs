@@ -14,6 +14,10 @@
 //! the server: its head limit) hands hyper one byte of its bytes and every later read fails with
 //! `UriTooLong`, so that the server answers 414 where hyper would answer 431 (see `head_wait`):
 //! hyper takes a read error with an empty buffer for the peer's close, and would answer nothing.
+//! With h2c on (`sniff_h2`), the connection's first bytes are compared with the HTTP/2 preface as
+//! they are read (the comparison hyper-util's own sniff makes): a connection whose first 24 bytes
+//! are the preface is marked HTTP/2 (`Activity::h2`) by the read that completes it, before any
+//! request, so that a drain can send it GOAWAY; the first byte that differs ends the comparison.
 
 use std::cell::Cell;
 use std::io;
@@ -118,7 +122,14 @@ pub struct HyperIo<S> {
     /// A read made the request line too long: every read from then on fails with
     /// [`UriTooLong`].
     line_too_long: Cell<bool>,
+    /// Bytes of the HTTP/2 preface the connection's first bytes matched so far; `NOT_SNIFFING`
+    /// once one differed, all matched, or without h2c.
+    preface: Cell<usize>,
 }
+
+/// The HTTP/2 client connection preface (RFC 9113 section 3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const NOT_SNIFFING: usize = usize::MAX;
 
 /// The error of a read that made a request line too long: the server answers it with 414.
 #[derive(Debug)]
@@ -143,6 +154,8 @@ pub struct Activity {
     pub blocked_since: Cell<u64>,
     /// A read found the peer's EOF: it sends nothing more.
     pub eof: Cell<bool>,
+    /// The connection began with the HTTP/2 preface (only looked for with `sniff_h2`).
+    pub h2: Cell<bool>,
 }
 
 impl<S: FdStream> HyperIo<S> {
@@ -154,10 +167,34 @@ impl<S: FdStream> HyperIo<S> {
                 write_blocked: Cell::new(false),
                 blocked_since: Cell::new(0),
                 eof: Cell::new(false),
+                h2: Cell::new(false),
             }),
             not_socket: Cell::new(false),
             line_limit: usize::MAX,
             line_too_long: Cell::new(false),
+            preface: Cell::new(NOT_SNIFFING),
+        }
+    }
+
+    /// Marks the connection HTTP/2 (`Activity::h2`) if its first bytes are the HTTP/2 preface.
+    pub(crate) fn sniff_h2(&mut self) {
+        self.preface.set(0);
+    }
+
+    /// Compares the bytes just read with the rest of the preface, while they may still be it.
+    fn sniff(&self, read: &[u8]) {
+        let matched = self.preface.get();
+        let Some(rest) = H2_PREFACE.get(matched..) else {
+            return;
+        };
+        let n = read.len().min(rest.len());
+        if read[..n] != rest[..n] {
+            self.preface.set(NOT_SNIFFING);
+        } else if matched + n == H2_PREFACE.len() {
+            self.preface.set(NOT_SNIFFING);
+            self.activity.h2.set(true);
+        } else {
+            self.preface.set(matched + n);
         }
     }
 
@@ -198,12 +235,17 @@ impl<S: FdStream + Unpin> Read for HyperIo<S> {
             let fd = self.stream.fd();
             // Each read's bytes are shown to the request-line check while they are at hand.
             let limit = self.line_limit;
+            let seen = |filled: &[u8]| {
+                if self.preface.get() != NOT_SNIFFING {
+                    self.sniff(filled);
+                }
+                (filled.len(), head_wait::line_read(filled, limit))
+            };
             let result = if self.not_socket.get() {
-                rustix::io::read(fd, unfilled)
-                    .map(|(filled, _)| (filled.len(), head_wait::line_read(filled, limit)))
+                rustix::io::read(fd, unfilled).map(|(filled, _)| seen(filled))
             } else {
                 rustix::net::recv(fd, unfilled, RecvFlags::empty())
-                    .map(|((filled, _), _)| (filled.len(), head_wait::line_read(filled, limit)))
+                    .map(|((filled, _), _)| seen(filled))
             };
             match result {
                 Ok((n, too_long)) => {

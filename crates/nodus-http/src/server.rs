@@ -134,7 +134,10 @@
 //!   (a Node server nobody references still listens). `drain` is how it stops.
 //! - Drain: the listener is dropped at once (new connections are refused); every later HTTP/1
 //!   response carries `Connection: close` (so a keep-alive client whose next request is already
-//!   on the wire gets its answer, then the connection closes); HTTP/2 connections get GOAWAY; idle
+//!   on the wire gets its answer, then the connection closes); every HTTP/2 connection gets
+//!   GOAWAY when the drain begins, one that has sent no request yet too (it is known by its
+//!   preface, `HyperIo::sniff_h2`; one whose preface comes later gets it then): its streams in
+//!   flight finish, new ones are refused, and it closes once they are done; idle
 //!   connections close at their keep-alive timeout, lingering ones when their client closes or
 //!   their linger ends; whatever is still open at the deadline is cut.
 //!   `Server::drain` returns what the cut lost: the requests whose handler had not answered,
@@ -635,6 +638,9 @@ where
         let fd = stream.fd().as_raw_fd();
         let mut io = HyperIo::new(stream);
         io.limit_request_line(state.config.max_header_bytes);
+        if state.config.http2 {
+            io.sniff_h2();
+        }
         let activity = io.activity();
         let conn_state = Rc::new(ConnState {
             in_flight: Cell::new(0),
@@ -659,6 +665,8 @@ where
         );
         let mut head = HeadWait::Idle;
         let mut drain: Option<nodus::Sleep> = None;
+        // Whether the drain's GOAWAY was asked of hyper (an HTTP/2 connection, once a drain began).
+        let mut goaway = false;
         // Whether the connection ended, its last response written, while the client may still be
         // sending: it lingers.
         let linger = poll_fn(|cx| {
@@ -689,10 +697,14 @@ where
                     continue; // hyper reads on past the body it was waiting to be taken
                 }
                 if let Some(deadline_at) = state.drain_deadline(key, cx) {
+                    // Known HTTP/2 by its preface, a request or not: GOAWAY at the drain's start
+                    // (or at the preface, for one that sends it later), written now.
+                    if !goaway && activity.h2.get() {
+                        goaway = true;
+                        conn.as_mut().shut_down();
+                        continue;
+                    }
                     let deadline = drain.get_or_insert_with(|| {
-                        if conn_state.http2.get() {
-                            conn.as_mut().shut_down();
-                        }
                         let now = now_ns();
                         nodus::sleep(Duration::from_nanos(deadline_at.saturating_sub(now)))
                     });

@@ -2289,3 +2289,78 @@ fn an_http2_client_that_goes_away_while_its_handler_works_is_reported_as_499() {
     assert_eq!((cut, snap.http.requests_in_flight), (0, 0));
     assert_eq!(snap.http.responses_by_class, [0; 5], "nothing was answered");
 }
+
+/// Reads one HTTP/2 frame: its type, flags, stream and payload.
+fn read_h2_frame(r: &mut impl Read) -> std::io::Result<(u8, u8, u32, Vec<u8>)> {
+    let mut head = [0u8; 9];
+    r.read_exact(&mut head)?;
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let stream = u32::from_be_bytes(head[5..9].try_into().unwrap()) & 0x7fff_ffff;
+    let mut payload = vec![0u8; len];
+    r.read_exact(&mut payload)?;
+    Ok((head[3], head[4], stream, payload))
+}
+
+/// Reads frames until one of type `kind` (answering PINGs on the way); the types read before it.
+/// `None`: until the server closes the connection.
+fn h2_frames_until(s: &mut TcpStream, kind: Option<u8>) -> Vec<u8> {
+    let mut seen = Vec::new();
+    loop {
+        let (t, flags, _, payload) = match read_h2_frame(s) {
+            Ok(frame) => frame,
+            Err(e) if kind.is_none() && e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return seen;
+            }
+            Err(e) => panic!("no frame of type {kind:?} (seen {seen:?}): {e}"),
+        };
+        if t == 6 && flags & 1 == 0 {
+            s.write_all(&h2_frame(6, 1, 0, &payload)).unwrap();
+        }
+        if Some(t) == kind {
+            return seen;
+        }
+        seen.push(t);
+    }
+}
+
+/// A drain sends GOAWAY to every HTTP/2 connection when it begins: one that has sent no
+/// request yet (it then closes, long before the deadline), and one with a request in flight,
+/// before that request's answer, which still comes.
+#[test]
+fn a_drain_sends_goaway_at_once_to_every_http2_connection() {
+    let config = Config {
+        http2: true,
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_secs(20));
+    let mut idle = server.connect();
+    let mut preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    preface.extend(h2_frame(4, 0, 0, &[]));
+    idle.write_all(&preface).unwrap();
+    let mut busy = h2_get_slow(server.addr);
+    busy.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    server.wait_open(2);
+    std::thread::sleep(Duration::from_millis(50));
+    let start = Instant::now();
+    server.drain.store(true, Ordering::Release);
+    // GOAWAY (type 7) comes before the response's HEADERS (type 1): at the drain's start.
+    let before = h2_frames_until(&mut busy, Some(7));
+    assert!(!before.contains(&1), "GOAWAY after the answer: {before:?}");
+    let rest = h2_frames_until(&mut busy, Some(0));
+    assert!(
+        rest.contains(&1),
+        "the request in flight is answered: {rest:?}"
+    );
+    h2_frames_until(&mut idle, Some(7));
+    // The idle one, told to go away (its PING answered), is closed by the server.
+    h2_frames_until(&mut idle, None);
+    drop(busy);
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    let (cut, snap) = server.finish();
+    assert_eq!((cut, snap.http.connections_open), (0, 0));
+}
