@@ -40,7 +40,9 @@
 //!   small: its head may be out while its data waits on the server's own work, a file chunk on
 //!   a swamped I/O pool, or a server-sent-events body is silent for long), no write waiting on
 //!   the peer and no I/O for `keep_alive_timeout` is closed; one whose write has waited on the
-//!   peer for `write_stall_timeout` (it stopped reading) is cut with a reset (`SO_LINGER` 0: no
+//!   peer for `write_stall_timeout` (it stopped reading; over HTTP/2 also a response body held
+//!   back by the peer's flow-control window, no body progress meanwhile: `SentBody`) is cut with
+//!   a reset (`SO_LINGER` 0: no
 //!   orphaned socket keeps probing a peer that never reads with the unsent output), and so is
 //!   one the drain deadline cuts with a response unfinished (a write waiting, or a body still
 //!   being produced: the reset tells its client it is incomplete, even a body that would end
@@ -192,7 +194,10 @@ pub struct Config {
     /// request body the handler left unread is given up after this. Default 5 s.
     pub keep_alive_timeout: Duration,
     /// A connection whose response write has made no progress for this long (the peer stopped
-    /// reading) is cut, with a reset, requests in flight or not: nginx's `send_timeout`.
+    /// reading) is cut, with a reset, requests in flight or not: nginx's `send_timeout`. Over
+    /// HTTP/2 a response body waiting on the connection (data h2 holds for the peer's
+    /// flow-control window, or a body not yet asked for) with no response body progress for
+    /// this long is a stall too, the socket empty or not; a body silent on its own work is not.
     /// Default 60 s.
     pub write_stall_timeout: Duration,
     /// Most open connections. Default 10,000. Set it below what the open-files limit holds,
@@ -649,6 +654,8 @@ where
             discarding: RefCell::new(None),
             discard_timeout: state.config.keep_alive_timeout,
             streaming: Cell::new(0),
+            held: Cell::new(0),
+            progress_at: Cell::new(0),
             http2: Cell::new(false),
             peer,
         });
@@ -920,7 +927,7 @@ impl ConnTimer {
         {
             self.arm(deadline, now_ns());
         }
-        if let Some(stall_at) = self.stall_at(activity)
+        if let Some(stall_at) = self.stall_at(activity, conn)
             && stall_at.saturating_add(SLACK) < self.at
         {
             self.arm(stall_at, now_ns());
@@ -935,7 +942,7 @@ impl ConnTimer {
                 return Poll::Ready(Fired::HeadExpired);
             }
             let recheck = now.saturating_add(self.keep_alive);
-            let idle_at = if let Some(stall_at) = self.stall_at(activity) {
+            let idle_at = if let Some(stall_at) = self.stall_at(activity, conn) {
                 if now >= stall_at {
                     return Poll::Ready(Fired::WriteStalled);
                 }
@@ -958,13 +965,16 @@ impl ConnTimer {
         Poll::Pending
     }
 
-    /// When a write waiting on the peer will have stalled for the write-stall timeout.
-    fn stall_at(&self, activity: &Activity) -> Option<u64> {
-        let since = activity.blocked_since.get();
-        activity
+    /// When a write waiting on the peer will have stalled for the write-stall timeout: a socket
+    /// write, or an HTTP/2 body held (see [`SentBody`]) with no progress.
+    fn stall_at(&self, activity: &Activity, conn: &ConnState) -> Option<u64> {
+        let socket = activity
             .write_blocked
             .get()
-            .then(|| since.saturating_add(self.write_stall))
+            .then(|| activity.blocked_since.get());
+        let held = (conn.held.get() > 0).then(|| conn.progress_at.get());
+        let since = socket.into_iter().chain(held).min()?;
+        Some(since.saturating_add(self.write_stall))
     }
 
     /// Re-arms the sleep for `at`, rounded up to whole milliseconds (the timer queue keeps one
@@ -1104,6 +1114,13 @@ pub(crate) struct ConnState {
     /// however small: the connection is not idle while one is (a server-sent-events body may
     /// be silent for long); a client that stops reading it meets the write-stall timeout.
     streaming: Cell<usize>,
+    /// HTTP/2 response bodies waiting on the connection, not on their own work: not yet asked
+    /// for a frame, or whose last frame was data hyper has not asked past (h2 holds it until the
+    /// peer's flow-control window takes it). See [`SentBody`].
+    held: Cell<usize>,
+    /// Loop time (ns) of the last progress of an HTTP/2 response body: a frame asked for, or a
+    /// data chunk's bytes taken for a frame.
+    progress_at: Cell<u64>,
     http2: Cell<bool>,
     peer: Option<SocketAddr>,
 }
@@ -1119,6 +1136,19 @@ struct Discard {
 }
 
 impl ConnState {
+    /// One more (`true`) or one fewer HTTP/2 body held; a first one counts its wait from now.
+    fn held_now(&self, held: bool) {
+        let n = self.held.get();
+        if held {
+            if n == 0 {
+                self.progress_at.set(now_ns());
+            }
+            self.held.set(n + 1);
+        } else {
+            self.held.set(n - 1);
+        }
+    }
+
     /// Takes an unread request body to be read to its end and dropped.
     pub(crate) fn discard(&self, body: http_body_util::Limited<Incoming>) {
         *self.discarding.borrow_mut() = Some(Discard {
@@ -1613,7 +1643,7 @@ impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
                 conn.linger.set(true);
             }
         }
-        let (mut meter, mut streaming) = (None, None);
+        let (mut meter, mut streaming, mut held) = (None, None, false);
         if let Some(conn) = this.conn.take() {
             conn.in_flight.set(conn.in_flight.get() - 1);
             if let (Some(report), Some(line), true) =
@@ -1633,6 +1663,11 @@ impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
             }
             if !resp.body().is_end_stream() {
                 conn.streaming.set(conn.streaming.get() + 1);
+                if conn.http2.get() {
+                    // Waiting on the connection until hyper first asks for a frame.
+                    conn.held_now(true);
+                    held = true;
+                }
                 streaming = Some(conn);
             }
         }
@@ -1642,6 +1677,7 @@ impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
             inner,
             meter,
             streaming,
+            held,
         })))
     }
 }
@@ -1655,11 +1691,22 @@ impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
 /// server-sent-events body silent for long), and a drain deadline cutting it knows it cut a
 /// response. Small bodies of an exact length count too: one that needs a later loop turn for
 /// its data (a 6-byte file read on the pool) leaves its head written and its connection quiet.
+///
+/// An HTTP/2 body also counts in its connection's `held` while it waits on the connection
+/// rather than on its own work: until hyper first asks for a frame, and from each data frame it
+/// gives until hyper asks for the next (hyper asks only once h2's flow-control window has room).
+/// A connection with a body held and no progress (a frame asked for, a chunk's bytes taken) for
+/// the write-stall timeout is cut, as one whose socket write waits that long: a peer that
+/// never opens its window (`SETTINGS_INITIAL_WINDOW_SIZE` 0, no `WINDOW_UPDATE`) stalls the
+/// write with the socket empty. A body silent on its own work (server-sent events) is not held.
+/// (HTTP/1 needs none of this: hyper asks for the next chunk once the socket took the last.)
 pub(crate) struct SentBody {
     inner: Body,
     meter: Option<Rc<Meter>>,
     /// The connection whose `streaming` counts this body.
     streaming: Option<Rc<ConnState>>,
+    /// It counts in its (HTTP/2) connection's `held`.
+    held: bool,
 }
 
 impl Drop for SentBody {
@@ -1672,6 +1719,9 @@ impl Drop for SentBody {
         }
         if let Some(conn) = &self.streaming {
             conn.streaming.set(conn.streaming.get() - 1);
+            if self.held {
+                conn.held_now(false);
+            }
         }
     }
 }
@@ -1685,7 +1735,19 @@ impl hyper::body::Body for SentBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<hyper::body::Frame<SentChunk>, io::Error>>> {
         let this = self.get_mut();
-        let frame = ready!(this.inner.as_mut().poll_frame(cx));
+        let poll = this.inner.as_mut().poll_frame(cx);
+        if let Some(conn) = &this.streaming
+            && conn.http2.get()
+        {
+            // Held from a data frame until hyper asks past it; not while the body works.
+            let held = matches!(&poll, Poll::Ready(Some(Ok(f))) if f.is_data());
+            if held != this.held {
+                this.held = held;
+                conn.held_now(held);
+            }
+            conn.progress_at.set(now_ns());
+        }
+        let frame = ready!(poll);
         if let Some(meter) = &this.meter {
             match &frame {
                 None => meter.ended.set(true),
@@ -1701,6 +1763,7 @@ impl hyper::body::Body for SentBody {
                 f.map_data(|bytes| SentChunk {
                     bytes,
                     meter: this.meter.clone(),
+                    progress: this.streaming.clone().filter(|c| c.http2.get()),
                 })
             })
         }))
@@ -1721,6 +1784,8 @@ impl hyper::body::Body for SentBody {
 pub(crate) struct SentChunk {
     bytes: bytes::Bytes,
     meter: Option<Rc<Meter>>,
+    /// An HTTP/2 connection, whose `progress_at` each advance moves.
+    progress: Option<Rc<ConnState>>,
 }
 
 impl Buf for SentChunk {
@@ -1736,6 +1801,9 @@ impl Buf for SentChunk {
         self.bytes.advance(n);
         if let Some(meter) = &self.meter {
             meter.written.set(meter.written.get() + n as u64);
+        }
+        if let Some(conn) = &self.progress {
+            conn.progress_at.set(now_ns());
         }
     }
 }

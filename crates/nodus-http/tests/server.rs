@@ -2364,3 +2364,73 @@ fn a_drain_sends_goaway_at_once_to_every_http2_connection() {
     let (cut, snap) = server.finish();
     assert_eq!((cut, snap.http.connections_open), (0, 0));
 }
+
+/// Whether the server ends the connection (a close or a reset) within `limit`, `s` reading and
+/// dropping what comes.
+fn ended_within(s: &mut TcpStream, limit: Duration) -> bool {
+    let start = Instant::now();
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut buf = vec![0u8; 64 << 10];
+    while start.elapsed() < limit {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+/// An HTTP/2 client that never opens its flow-control window (`SETTINGS_INITIAL_WINDOW_SIZE` 0,
+/// no `WINDOW_UPDATE`) stalls its response's write with the socket empty: cut after the
+/// write-stall timeout, as a client that stops reading is. A body silent on its own work longer
+/// than that (server-sent events) is not cut.
+#[test]
+fn an_http2_client_that_never_opens_its_window_is_cut_after_the_write_stall_timeout() {
+    let config = Config {
+        http2: true,
+        // Shorter than `/events`' 400 ms of silence.
+        write_stall_timeout: Duration::from_millis(300),
+        // Longer than the test: only the stall timeout can close it.
+        keep_alive_timeout: Duration::from_secs(60),
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_millis(100));
+    let mut s = server.connect();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    // SETTINGS: INITIAL_WINDOW_SIZE (4) = 0.
+    out.extend(h2_frame(4, 0, 0, &[0, 4, 0, 0, 0, 0]));
+    // HPACK: :method GET, :scheme http, :path "/big", :authority "t".
+    let block = [&[0x82, 0x86, 0x44, 4][..], b"/big", &[0x41, 1], b"t"].concat();
+    out.extend(h2_frame(1, 0x5, 1, &block));
+    s.write_all(&out).unwrap();
+    assert!(
+        ended_within(&mut s, Duration::from_secs(8)),
+        "a response its client's window holds back is never cut"
+    );
+    let mut s = server.connect();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(h2_frame(4, 0, 0, &[]));
+    let block = [&[0x82, 0x86, 0x44, 7][..], b"/events", &[0x41, 1], b"t"].concat();
+    out.extend(h2_frame(1, 0x5, 1, &block));
+    s.write_all(&out).unwrap();
+    let mut data = Vec::new();
+    loop {
+        let (kind, flags, _, payload) = read_h2_frame(&mut s).expect("the events all come");
+        if kind == 0 {
+            data.extend(payload);
+            if flags & 1 != 0 {
+                break;
+            }
+        }
+    }
+    assert_eq!(data, b"data: first\n\ndata: second\n\n");
+    let (cut, snap) = server.finish();
+    assert_eq!((cut, snap.http.connections_open), (0, 0));
+}
