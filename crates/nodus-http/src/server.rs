@@ -34,12 +34,17 @@
 //!   431 (hyper), except one whose request line alone is `max_header_bytes` long or more: 414, as
 //!   from nginx (the connection's read ends the head first, `HyperIo` with `head_wait`, and the
 //!   414 is written here); a `Content-Length` over `max_body_bytes` gets 413 without reaching the
-//!   handler, and a longer chunked body fails `collect_body` with `BodyError::TooLarge`; a head
-//!   not complete within `header_read_timeout` (slowloris) closes the connection; a connection
-//!   with no request in flight, no response body still being produced or written (however
+//!   handler, and a longer chunked body fails `collect_body` with `BodyError::TooLarge`; an
+//!   HTTP/1 head not complete within `header_read_timeout` (slowloris) closes the connection;
+//!   an HTTP/2 connection's idleness is counted by its requests, not its bytes: with no request
+//!   in flight and no response unfinished, it is closed `keep_alive_timeout` after its start,
+//!   its last request's head or its last response's end, whatever it sends meanwhile (PINGs,
+//!   SETTINGS, a request's head not yet complete: a head trickled over HTTP/2 is cut then, and
+//!   `header_read_timeout` is HTTP/1's; a stream the client reset is no longer in flight); a
+//!   connection with no request in flight, no response body still being produced or written (however
 //!   small: its head may be out while its data waits on the server's own work, a file chunk on
 //!   a swamped I/O pool, or a server-sent-events body is silent for long), no write waiting on
-//!   the peer and no I/O for `keep_alive_timeout` is closed; one whose write has waited on the
+//!   the peer and no I/O (HTTP/2: as above) for `keep_alive_timeout` is closed; one whose write has waited on the
 //!   peer for `write_stall_timeout` (it stopped reading; over HTTP/2 also a response body held
 //!   back by the peer's flow-control window, no body progress meanwhile: `SentBody`) is cut with
 //!   a reset (`SO_LINGER` 0: no
@@ -187,10 +192,14 @@ pub struct Config {
     pub max_headers: usize,
     /// Largest request body; larger gets 413. Default 1 MiB.
     pub max_body_bytes: usize,
-    /// Time allowed for a complete request head once the connection waits for one. Default 10 s.
+    /// Time allowed for a complete HTTP/1 request head once the connection waits for one. (An
+    /// HTTP/2 head not complete is cut with its idle connection: `keep_alive_timeout`.)
+    /// Default 10 s.
     pub header_read_timeout: Duration,
     /// An idle connection (no request in flight, no response body still being produced or written,
-    /// no response write waiting on the peer, no I/O) is closed after this; the discard of a
+    /// no response write waiting on the peer, no I/O; over HTTP/2 no request started or response
+    /// ended, whatever else it sends: PINGs, SETTINGS, a request head not yet complete) is closed
+    /// after this; the discard of a
     /// request body the handler left unread is given up after this. Default 5 s.
     pub keep_alive_timeout: Duration,
     /// A connection whose response write has made no progress for this long (the peer stopped
@@ -655,6 +664,7 @@ where
             discard_timeout: state.config.keep_alive_timeout,
             streaming: Cell::new(0),
             held: Cell::new(0),
+            request_at: Cell::new(now_ns()),
             progress_at: Cell::new(0),
             http2: Cell::new(false),
             peer,
@@ -873,8 +883,8 @@ fn reset_on_close(fd: BorrowedFd<'_>) {
 enum Fired {
     /// The header-read deadline passed: hyper's header-read sleep is now complete.
     HeadExpired,
-    /// No request in flight, no response body unfinished, no write waiting and no I/O for the whole
-    /// keep-alive timeout.
+    /// No request in flight, no response body unfinished, no write waiting and no I/O (over
+    /// HTTP/2: no request started or response ended) for the whole keep-alive timeout.
     Idle,
     /// A write has waited on the peer for the whole write-stall timeout.
     WriteStalled,
@@ -948,7 +958,14 @@ impl ConnTimer {
                 }
                 stall_at.min(recheck)
             } else if conn.in_flight.get() == 0 && conn.streaming.get() == 0 {
-                let idle_at = activity.last_io.get().saturating_add(self.keep_alive);
+                // HTTP/2 is idle by its requests, whatever else it sends (PING, SETTINGS, a
+                // request's head not yet complete).
+                let since = if activity.h2.get() {
+                    conn.request_at.get()
+                } else {
+                    activity.last_io.get()
+                };
+                let idle_at = since.saturating_add(self.keep_alive);
                 if now >= idle_at {
                     return Poll::Ready(Fired::Idle);
                 }
@@ -1118,6 +1135,9 @@ pub(crate) struct ConnState {
     /// for a frame, or whose last frame was data hyper has not asked past (h2 holds it until the
     /// peer's flow-control window takes it). See [`SentBody`].
     held: Cell<usize>,
+    /// Loop time (ns) of the connection's start, its last request's head, or its last response's
+    /// end (head and body): how an HTTP/2 connection's idleness is counted.
+    request_at: Cell<u64>,
     /// Loop time (ns) of the last progress of an HTTP/2 response body: a frame asked for, or a
     /// data chunk's bytes taken for a frame.
     progress_at: Cell<u64>,
@@ -1211,6 +1231,7 @@ where
         let start = now_ns();
         stats::request_started();
         self.conn.in_flight.set(self.conn.in_flight.get() + 1);
+        self.conn.request_at.set(start);
         let version = req.version();
         if version == Version::HTTP_2 {
             self.conn.http2.set(true);
@@ -1646,6 +1667,7 @@ impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
         let (mut meter, mut streaming, mut held) = (None, None, false);
         if let Some(conn) = this.conn.take() {
             conn.in_flight.set(conn.in_flight.get() - 1);
+            conn.request_at.set(now_ns());
             if let (Some(report), Some(line), true) =
                 (this.state.config.on_response, this.line.take(), by_handler)
             {
@@ -1719,6 +1741,7 @@ impl Drop for SentBody {
         }
         if let Some(conn) = &self.streaming {
             conn.streaming.set(conn.streaming.get() - 1);
+            conn.request_at.set(now_ns());
             if self.held {
                 conn.held_now(false);
             }
@@ -1870,6 +1893,9 @@ impl<F> Drop for Respond<F> {
         }
         if let Some(conn) = &self.conn {
             stats::request_abandoned();
+            // Its HTTP/2 connection may live on (a stream reset): no longer in flight there.
+            conn.in_flight.set(conn.in_flight.get() - 1);
+            conn.request_at.set(now_ns());
             // A refusal was reported when it was made.
             if self.handler.is_ok() {
                 let line = self.line.as_ref();

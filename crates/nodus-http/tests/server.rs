@@ -2434,3 +2434,66 @@ fn an_http2_client_that_never_opens_its_window_is_cut_after_the_write_stall_time
     let (cut, snap) = server.finish();
     assert_eq!((cut, snap.http.connections_open), (0, 0));
 }
+
+/// An HTTP/2 connection is idle by its requests, not its bytes: one that only PINGs, one that
+/// trickles a request's head, and one whose last request's stream it reset are closed once no
+/// request started or ended for the keep-alive timeout.
+#[test]
+fn an_http2_connection_that_sends_no_request_is_closed_at_the_keep_alive_timeout() {
+    let config = Config {
+        http2: true,
+        keep_alive_timeout: Duration::from_secs(1),
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_millis(100));
+    for case in ["ping", "trickled head", "stream reset"] {
+        let mut s = server.connect();
+        let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        out.extend(h2_frame(4, 0, 0, &[]));
+        s.write_all(&out).unwrap();
+        let head = [&[0x82, 0x86, 0x44, 5][..], b"/slow", &[0x41, 1], b"t"].concat();
+        // The bytes sent every 200 ms, until the server closes the connection.
+        let trickle: Vec<Vec<u8>> = match case {
+            "ping" => vec![h2_frame(6, 0, 0, &[0; 8]); 30],
+            "trickled head" => {
+                let frame = h2_frame(1, 0x5, 1, &head);
+                frame.iter().map(|&b| vec![b]).collect()
+            }
+            _ => {
+                let mut first = h2_frame(1, 0x5, 1, &head);
+                first.extend(h2_frame(3, 0, 1, &8u32.to_be_bytes()));
+                let mut sent = vec![first];
+                sent.extend(vec![h2_frame(6, 0, 0, &[0; 8]); 30]);
+                sent
+            }
+        };
+        s.set_nonblocking(true).unwrap();
+        let start = Instant::now();
+        let mut closed = false;
+        for bytes in trickle {
+            // Read and drop what the server sent; its close ends the test.
+            loop {
+                match s.read(&mut [0u8; 4096]) {
+                    Ok(0) => closed = true,
+                    Ok(_) => continue,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(_) => closed = true,
+                }
+                break;
+            }
+            if closed || s.write_all(&bytes).is_err() {
+                closed = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        assert!(closed, "{case}: never closed");
+        assert!(
+            start.elapsed() >= Duration::from_millis(800),
+            "{case}: {:?}",
+            start.elapsed()
+        );
+    }
+    let (cut, snap) = server.finish();
+    assert_eq!((cut, snap.http.connections_open), (0, 0));
+}
