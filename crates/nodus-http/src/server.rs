@@ -34,8 +34,9 @@
 //!   431 (hyper), except one whose request line alone is `max_header_bytes` long or more: 414, as
 //!   from nginx (the connection's read ends the head first, `HyperIo` with `head_wait`, and the
 //!   414 is written here); a `Content-Length` over `max_body_bytes` gets 413 without reaching the
-//!   handler, and a longer chunked body fails `collect_body` with `BodyError::TooLarge`; an
-//!   HTTP/1 head not complete within `header_read_timeout` (slowloris) closes the connection;
+//!   handler, and a longer chunked body fails `collect_body` with `BodyError::TooLarge`; a body
+//!   read past `request_timeout` from its head fails the read (`BodyError::TimedOut`, `body`'s
+//!   docs), never waits longer, and ends its HTTP/1 connection after the answer; an HTTP/1 head not complete within `header_read_timeout` (slowloris) closes the connection;
 //!   an HTTP/2 connection's idleness is counted by its requests, not its bytes: with no request
 //!   in flight and no response unfinished, it is closed `keep_alive_timeout` after its start,
 //!   its last request's head or its last response's end, whatever it sends meanwhile (PINGs,
@@ -225,6 +226,14 @@ pub struct Config {
     /// A lingering connection that gets no input for this long is closed (nginx's
     /// `lingering_timeout`). Default 5 s, the keep-alive timeout's default, as nginx's.
     pub lingering_timeout: Duration,
+    /// The longest a request's body may take to come, from its head (Node's
+    /// `server.requestTimeout`; nginx's `client_body_timeout` counts between reads instead):
+    /// past it, a handler's read of the body that waits for data fails
+    /// ([`BodyError::TimedOut`](crate::BodyError::TimedOut): answer 408) and the body is never
+    /// read again; an HTTP/1 response then says `Connection: close` and the connection closes
+    /// after it, an HTTP/2 request's stream is reset. A handler that does not read its body is
+    /// not cut by it. `None`: no limit. Default 300 s, as Node's.
+    pub request_timeout: Option<Duration>,
     /// Also accept HTTP/2 with prior knowledge (h2c), sniffed per connection. Default off: plain
     /// HTTP/1.1 is faster, and with it `max_header_bytes` is exact (with h2c the HTTP/1 limit is
     /// hyper's read-buffer size, which `max_header_bytes` then sets).
@@ -263,6 +272,7 @@ impl Default for Config {
             max_connections: 10_000,
             lingering_time: Duration::from_secs(10),
             lingering_timeout: Duration::from_secs(5),
+            request_timeout: Some(Duration::from_secs(300)),
             http2: false,
             on_refused: None,
             on_response: None,
@@ -417,6 +427,14 @@ struct State {
 }
 
 impl State {
+    /// When a request whose head was parsed at `start` must have its whole body
+    /// (`Config::request_timeout`; `u64::MAX`: never).
+    fn request_deadline(&self, start: u64) -> u64 {
+        self.config.request_timeout.map_or(u64::MAX, |t| {
+            start.saturating_add(u64::try_from(t.as_nanos()).unwrap_or(u64::MAX))
+        })
+    }
+
     fn wake_accept(&self) {
         if let Some(w) = self.accept_waker.take() {
             w.wake();
@@ -1269,7 +1287,12 @@ where
                     .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
             let later = set_request_note(&req, version);
             let req = req.map(|b| {
-                RequestBody::new(http_body_util::Limited::new(b, limit), watch, discardable)
+                RequestBody::new(
+                    http_body_util::Limited::new(b, limit),
+                    watch,
+                    discardable,
+                    self.state.request_deadline(start),
+                )
             });
             let handler =
                 catch_unwind(AssertUnwindSafe(|| (self.handler)(req))).map_err(|payload| {

@@ -111,6 +111,9 @@ impl TestServer {
                                 Err(nodus_http::BodyError::TooLarge) => {
                                     text(StatusCode::PAYLOAD_TOO_LARGE, "too large")
                                 }
+                                Err(nodus_http::BodyError::TimedOut) => {
+                                    text(StatusCode::REQUEST_TIMEOUT, "timed out")
+                                }
                                 Err(e) => text(StatusCode::BAD_REQUEST, e.to_string()),
                             },
                             _ => text(StatusCode::OK, "hello"),
@@ -2494,6 +2497,53 @@ fn an_http2_connection_that_sends_no_request_is_closed_at_the_keep_alive_timeout
             start.elapsed()
         );
     }
+    let (cut, snap) = server.finish();
+    assert_eq!((cut, snap.http.connections_open), (0, 0));
+}
+
+/// A request body that stalls is not waited for past `request_timeout`: the handler's read
+/// fails (it answers 408 here); an HTTP/1 connection closes after the answer, an HTTP/2
+/// request's stream gets the answer and the connection serves on.
+#[test]
+fn a_request_body_that_stalls_fails_the_read_at_the_request_timeout() {
+    let config = Config {
+        http2: true,
+        request_timeout: Some(Duration::from_secs(1)),
+        lingering_timeout: Duration::from_millis(200),
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_millis(100));
+    let mut s = server.connect();
+    s.write_all(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\nabc")
+        .unwrap();
+    let mut r = BufReader::new(s);
+    let reply = read_reply(&mut r, false).expect("an answer");
+    assert_eq!(
+        (reply.status, reply.header("connection")),
+        (408, Some("close"))
+    );
+    read_to_close(&mut r);
+
+    let mut s = server.connect();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(h2_frame(4, 0, 0, &[]));
+    // HPACK: :method POST, :scheme http, :path "/echo", :authority "t"; END_HEADERS only.
+    let block = [&[0x83, 0x86, 0x44, 5][..], b"/echo", &[0x41, 1], b"t"].concat();
+    out.extend(h2_frame(1, 0x4, 1, &block));
+    out.extend(h2_frame(0, 0, 1, b"abc"));
+    s.write_all(&out).unwrap();
+    let mut data = Vec::new();
+    loop {
+        let (kind, flags, stream, payload) = read_h2_frame(&mut s).expect("an answer");
+        if kind == 0 && stream == 1 {
+            data.extend(payload);
+            if flags & 1 != 0 {
+                break;
+            }
+        }
+    }
+    assert_eq!(data, b"timed out");
+    drop(s);
     let (cut, snap) = server.finish();
     assert_eq!((cut, snap.http.connections_open), (0, 0));
 }
