@@ -18,6 +18,8 @@
 //! they are read (the comparison hyper-util's own sniff makes): a connection whose first 24 bytes
 //! are the preface is marked HTTP/2 (`Activity::h2`) by the read that completes it, before any
 //! request, so that a drain can send it GOAWAY; the first byte that differs ends the comparison.
+//! What those bytes held of an HTTP/1 request line is carried into hyper's first head wait
+//! (`head_wait::carry`): they were read before it began, and the 414 counts them.
 
 use std::cell::Cell;
 use std::io;
@@ -30,7 +32,7 @@ use hyper::rt::{Read, ReadBufCursor, Write};
 use rustix::io::Errno;
 use rustix::net::{RecvFlags, SendFlags};
 
-use crate::head_wait;
+use crate::head_wait::{self, Line};
 use crate::stats;
 
 /// The time (`nodus::clock` ns) connections count their timeouts from: the loop's, which costs
@@ -125,6 +127,10 @@ pub struct HyperIo<S> {
     /// Bytes of the HTTP/2 preface the connection's first bytes matched so far; `NOT_SNIFFING`
     /// once one differed, all matched, or without h2c.
     preface: Cell<usize>,
+    /// What the bytes read while sniffing held of an HTTP/1 request line, read before hyper's
+    /// head wait began: carried into it (`head_wait::carry`) by the first read in it, or
+    /// forgotten at the first write (a head the sniffed bytes held whole was answered).
+    ahead: Cell<Option<Line>>,
 }
 
 /// The HTTP/2 client connection preface (RFC 9113 section 3.4).
@@ -173,12 +179,25 @@ impl<S: FdStream> HyperIo<S> {
             line_limit: usize::MAX,
             line_too_long: Cell::new(false),
             preface: Cell::new(NOT_SNIFFING),
+            ahead: Cell::new(None),
         }
     }
 
     /// Marks the connection HTTP/2 (`Activity::h2`) if its first bytes are the HTTP/2 preface.
     pub(crate) fn sniff_h2(&mut self) {
         self.preface.set(0);
+    }
+
+    /// Follows the request line through bytes read while sniffing (before any head wait).
+    #[cold]
+    fn read_ahead(&self, read: &[u8]) {
+        let line = match self.ahead.get() {
+            Some(Line::Ended) => Line::Ended,
+            _ if read.contains(&b'\n') => Line::Ended,
+            Some(Line::Open(n)) => Line::Open(n + read.len()),
+            None => Line::Open(read.len()),
+        };
+        self.ahead.set(Some(line));
     }
 
     /// Compares the bytes just read with the rest of the preface, while they may still be it.
@@ -238,6 +257,11 @@ impl<S: FdStream + Unpin> Read for HyperIo<S> {
             let seen = |filled: &[u8]| {
                 if self.preface.get() != NOT_SNIFFING {
                     self.sniff(filled);
+                    self.read_ahead(filled);
+                } else if let Some(ahead) = self.ahead.get()
+                    && head_wait::carry(ahead)
+                {
+                    self.ahead.set(None);
                 }
                 (filled.len(), head_wait::line_read(filled, limit))
             };
@@ -344,6 +368,8 @@ impl<S: FdStream> HyperIo<S> {
                 Ok(n) => {
                     self.touched();
                     self.activity.write_blocked.set(false);
+                    // A response: the head the sniffed bytes began was read from them alone.
+                    self.ahead.set(None);
                     stats::sent(n);
                     return Poll::Ready(Ok(n));
                 }

@@ -236,7 +236,8 @@ pub struct Config {
     pub request_timeout: Option<Duration>,
     /// Also accept HTTP/2 with prior knowledge (h2c), sniffed per connection. Default off: plain
     /// HTTP/1.1 is faster, and with it `max_header_bytes` is exact (with h2c the HTTP/1 limit is
-    /// hyper's read-buffer size, which `max_header_bytes` then sets).
+    /// hyper's read-buffer size, which `max_header_bytes` then sets, at least 8 KiB; a request
+    /// line alone `max_header_bytes` long still gets 414).
     pub http2: bool,
     /// Called on the loop, once per request the server answers itself instead of the handler
     /// (see [`Refused`]), a handler's panic included, and once per request nobody answered

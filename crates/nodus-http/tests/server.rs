@@ -2547,3 +2547,28 @@ fn a_request_body_that_stalls_fails_the_read_at_the_request_timeout() {
     let (cut, snap) = server.finish();
     assert_eq!((cut, snap.http.connections_open), (0, 0));
 }
+
+/// With `http2` (hyper-util sniffs the first bytes for the HTTP/2 preface before hyper's HTTP/1
+/// reads the head), a request line over the head limit still gets 414, a long one that fits is
+/// served, and a header over the limit gets 431.
+#[test]
+fn with_http2_a_request_line_over_the_head_limit_still_gets_414() {
+    let config = Config {
+        http2: true,
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_secs(1));
+    let uri = |len: usize| format!("GET /{} HTTP/1.1\r\nHost: t\r\n\r\n", "u".repeat(len));
+    // A line (`GET /`, the path, ` HTTP/1.1`) of 16 KiB, the limit, or more.
+    for len in [17 * 1000, 16 * 1024 - 14, 16 * 1024 - 13] {
+        assert_eq!(status_of(&server, uri(len).as_bytes()), 414, "{len}");
+    }
+    assert_eq!(status_of(&server, uri(16_000).as_bytes()), 200);
+    let big_header = format!(
+        "GET / HTTP/1.1\r\nHost: t\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(17 * 1000)
+    );
+    assert_eq!(status_of(&server, big_header.as_bytes()), 431);
+    let (_, snap) = server.finish();
+    assert_eq!(snap.http.responses_by_class[3], 4, "the 414s and the 431");
+}
