@@ -6,8 +6,16 @@
 //! pending: the connection stays, as Node's and nginx's do after an early answer, if the rest
 //! ends within the discard's bounds, `server`'s module docs), or makes the response say
 //! `Connection: close` (hyper closes a connection rather than read a body nobody takes).
+//!
+//! A body still being read when its request's `Config::request_timeout` passes (counted from the
+//! loop time its head was parsed) fails the read with [`RequestTimedOut`] (`collect_body`:
+//! [`BodyError::TimedOut`]) and is never read again: an HTTP/1 one is not discarded (its
+//! response says `Connection: close`, and the connection closes after it), an HTTP/2 one's
+//! stream is reset when it is dropped. The deadline is checked only while the body is read and
+//! its data is not there: a handler that does not read it is not cut by it.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll};
@@ -16,6 +24,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Full, LengthLimitError, Limited};
 use hyper::body::{Body as _, Frame, Incoming, SizeHint};
 
+use crate::io::now_ns;
 use crate::server::ConnState;
 
 /// A response body: any stream of `Bytes` chunks, `Send` or not (bodies run on the loop).
@@ -40,19 +49,57 @@ pub struct RequestBody {
     /// Whether the rest may be read once the handler let go of it: no `Expect: 100-continue`
     /// (reading would send a `100 Continue` after the final response).
     discardable: bool,
+    /// When the whole body must have come (`nodus::clock` ns; `u64::MAX`: never).
+    deadline: u64,
+    /// The deadline's sleep, made when a read first waits for data.
+    sleep: Option<nodus::Sleep>,
+    /// The deadline passed while the body was read: every read fails.
+    timed_out: bool,
 }
+
+/// The error of a request body read past `Config::request_timeout`: answer 408 (Node's
+/// `server.requestTimeout`).
+#[derive(Debug)]
+pub struct RequestTimedOut;
+
+impl std::fmt::Display for RequestTimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the request body did not come within the request timeout")
+    }
+}
+
+impl std::error::Error for RequestTimedOut {}
 
 impl RequestBody {
     pub(crate) fn new(
         inner: Limited<Incoming>,
         conn: Option<Rc<ConnState>>,
         discardable: bool,
+        deadline: u64,
     ) -> RequestBody {
         RequestBody {
             inner: Some(inner),
             conn,
             discardable,
+            deadline,
+            sleep: None,
+            timed_out: false,
         }
+    }
+
+    /// Whether the request timeout passed, for a read that waits for data.
+    #[cold]
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.deadline == u64::MAX {
+            return false;
+        }
+        let deadline = self.deadline;
+        let sleep = self.sleep.get_or_insert_with(|| {
+            let left = deadline.saturating_sub(now_ns());
+            nodus::sleep(std::time::Duration::from_nanos(left))
+        });
+        self.timed_out = Pin::new(sleep).poll(cx).is_ready();
+        self.timed_out
     }
 
     fn inner(self: Pin<&mut Self>) -> Pin<&mut Limited<Incoming>> {
@@ -73,9 +120,16 @@ impl hyper::body::Body for RequestBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.timed_out {
+            return Poll::Ready(Some(Err(Box::new(RequestTimedOut))));
+        }
         let frame = self.as_mut().inner().poll_frame(cx);
-        if let Poll::Ready(None) = frame {
-            self.conn = None;
+        match frame {
+            Poll::Ready(None) => self.conn = None,
+            Poll::Pending if self.expired(cx) => {
+                return Poll::Ready(Some(Err(Box::new(RequestTimedOut))));
+            }
+            _ => {}
         }
         frame
     }
@@ -97,6 +151,10 @@ impl Drop for RequestBody {
             return;
         };
         if inner.is_end_stream() {
+            return;
+        }
+        if self.timed_out {
+            conn.body_left.set(true);
             return;
         }
         // A rest of known length over the bound is not worth reading; a chunked body's rest
@@ -144,6 +202,8 @@ pub fn text(status: http::StatusCode, body: impl Into<Bytes>) -> http::Response<
 pub enum BodyError {
     /// Over `Config::max_body_bytes`: answer 413.
     TooLarge,
+    /// Not all there within `Config::request_timeout` of the request's head: answer 408.
+    TimedOut,
     /// The client went away or sent a malformed body.
     Transport(Box<dyn std::error::Error + Send + Sync>),
 }
@@ -152,6 +212,7 @@ impl std::fmt::Display for BodyError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             BodyError::TooLarge => f.write_str("request body too large"),
+            BodyError::TimedOut => f.write_str("request body not received in time"),
             BodyError::Transport(e) => write!(f, "reading the request body failed: {e}"),
         }
     }
@@ -164,6 +225,7 @@ pub async fn collect_body(body: RequestBody) -> Result<Bytes, BodyError> {
     match body.collect().await {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) if e.is::<LengthLimitError>() => Err(BodyError::TooLarge),
+        Err(e) if e.is::<RequestTimedOut>() => Err(BodyError::TimedOut),
         Err(e) => Err(BodyError::Transport(e)),
     }
 }

@@ -25,7 +25,9 @@
 //!   answer to a URI too long), which the connection can give only by ending the read before
 //!   hyper sees the head grow past its limit. Bytes hyper read ahead with the previous request
 //!   are not seen here, so for a pipelined head the answer may be the other of the two; the limit
-//!   itself is hyper's, exact either way.
+//!   itself is hyper's, exact either way. With h2c, the connection's first bytes are read before
+//!   hyper's HTTP/1 side waits for the head (hyper-util's sniff for the HTTP/2 preface, which
+//!   hands them on): what they held of the request line is `carry`d into the first wait.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -70,6 +72,23 @@ pub(crate) fn scope<R>(wait: &mut HeadWait, poll: impl FnOnce() -> R) -> R {
     let result = poll();
     *wait = CURRENT.replace(outer).unwrap_or_default();
     result
+}
+
+/// Counts `ahead`, what the connection's first bytes (read before any wait) held of the request
+/// line, into the current connection's wait if it has read nothing of the line yet; whether it
+/// did.
+pub(crate) fn carry(ahead: Line) -> bool {
+    CURRENT.with(|current| {
+        let Some(HeadWait::Until(deadline, Line::Open(before))) = current.get() else {
+            return false;
+        };
+        let line = match ahead {
+            Line::Ended => Line::Ended,
+            Line::Open(n) => Line::Open(before + n),
+        };
+        current.set(Some(HeadWait::Until(deadline, line)));
+        true
+    })
 }
 
 /// Follows the request line of the head the current connection is waiting for through `bytes`,

@@ -14,6 +14,12 @@
 //! the server: its head limit) hands hyper one byte of its bytes and every later read fails with
 //! `UriTooLong`, so that the server answers 414 where hyper would answer 431 (see `head_wait`):
 //! hyper takes a read error with an empty buffer for the peer's close, and would answer nothing.
+//! With h2c on (`sniff_h2`), the connection's first bytes are compared with the HTTP/2 preface as
+//! they are read (the comparison hyper-util's own sniff makes): a connection whose first 24 bytes
+//! are the preface is marked HTTP/2 (`Activity::h2`) by the read that completes it, before any
+//! request, so that a drain can send it GOAWAY; the first byte that differs ends the comparison.
+//! What those bytes held of an HTTP/1 request line is carried into hyper's first head wait
+//! (`head_wait::carry`): they were read before it began, and the 414 counts them.
 
 use std::cell::Cell;
 use std::io;
@@ -26,7 +32,7 @@ use hyper::rt::{Read, ReadBufCursor, Write};
 use rustix::io::Errno;
 use rustix::net::{RecvFlags, SendFlags};
 
-use crate::head_wait;
+use crate::head_wait::{self, Line};
 use crate::stats;
 
 /// The time (`nodus::clock` ns) connections count their timeouts from: the loop's, which costs
@@ -118,7 +124,18 @@ pub struct HyperIo<S> {
     /// A read made the request line too long: every read from then on fails with
     /// [`UriTooLong`].
     line_too_long: Cell<bool>,
+    /// Bytes of the HTTP/2 preface the connection's first bytes matched so far; `NOT_SNIFFING`
+    /// once one differed, all matched, or without h2c.
+    preface: Cell<usize>,
+    /// What the bytes read while sniffing held of an HTTP/1 request line, read before hyper's
+    /// head wait began: carried into it (`head_wait::carry`) by the first read in it, or
+    /// forgotten at the first write (a head the sniffed bytes held whole was answered).
+    ahead: Cell<Option<Line>>,
 }
+
+/// The HTTP/2 client connection preface (RFC 9113 section 3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const NOT_SNIFFING: usize = usize::MAX;
 
 /// The error of a read that made a request line too long: the server answers it with 414.
 #[derive(Debug)]
@@ -143,6 +160,8 @@ pub struct Activity {
     pub blocked_since: Cell<u64>,
     /// A read found the peer's EOF: it sends nothing more.
     pub eof: Cell<bool>,
+    /// The connection began with the HTTP/2 preface (only looked for with `sniff_h2`).
+    pub h2: Cell<bool>,
 }
 
 impl<S: FdStream> HyperIo<S> {
@@ -154,10 +173,47 @@ impl<S: FdStream> HyperIo<S> {
                 write_blocked: Cell::new(false),
                 blocked_since: Cell::new(0),
                 eof: Cell::new(false),
+                h2: Cell::new(false),
             }),
             not_socket: Cell::new(false),
             line_limit: usize::MAX,
             line_too_long: Cell::new(false),
+            preface: Cell::new(NOT_SNIFFING),
+            ahead: Cell::new(None),
+        }
+    }
+
+    /// Marks the connection HTTP/2 (`Activity::h2`) if its first bytes are the HTTP/2 preface.
+    pub(crate) fn sniff_h2(&mut self) {
+        self.preface.set(0);
+    }
+
+    /// Follows the request line through bytes read while sniffing (before any head wait).
+    #[cold]
+    fn read_ahead(&self, read: &[u8]) {
+        let line = match self.ahead.get() {
+            Some(Line::Ended) => Line::Ended,
+            _ if read.contains(&b'\n') => Line::Ended,
+            Some(Line::Open(n)) => Line::Open(n + read.len()),
+            None => Line::Open(read.len()),
+        };
+        self.ahead.set(Some(line));
+    }
+
+    /// Compares the bytes just read with the rest of the preface, while they may still be it.
+    fn sniff(&self, read: &[u8]) {
+        let matched = self.preface.get();
+        let Some(rest) = H2_PREFACE.get(matched..) else {
+            return;
+        };
+        let n = read.len().min(rest.len());
+        if read[..n] != rest[..n] {
+            self.preface.set(NOT_SNIFFING);
+        } else if matched + n == H2_PREFACE.len() {
+            self.preface.set(NOT_SNIFFING);
+            self.activity.h2.set(true);
+        } else {
+            self.preface.set(matched + n);
         }
     }
 
@@ -198,12 +254,22 @@ impl<S: FdStream + Unpin> Read for HyperIo<S> {
             let fd = self.stream.fd();
             // Each read's bytes are shown to the request-line check while they are at hand.
             let limit = self.line_limit;
+            let seen = |filled: &[u8]| {
+                if self.preface.get() != NOT_SNIFFING {
+                    self.sniff(filled);
+                    self.read_ahead(filled);
+                } else if let Some(ahead) = self.ahead.get()
+                    && head_wait::carry(ahead)
+                {
+                    self.ahead.set(None);
+                }
+                (filled.len(), head_wait::line_read(filled, limit))
+            };
             let result = if self.not_socket.get() {
-                rustix::io::read(fd, unfilled)
-                    .map(|(filled, _)| (filled.len(), head_wait::line_read(filled, limit)))
+                rustix::io::read(fd, unfilled).map(|(filled, _)| seen(filled))
             } else {
                 rustix::net::recv(fd, unfilled, RecvFlags::empty())
-                    .map(|((filled, _), _)| (filled.len(), head_wait::line_read(filled, limit)))
+                    .map(|((filled, _), _)| seen(filled))
             };
             match result {
                 Ok((n, too_long)) => {
@@ -302,6 +368,8 @@ impl<S: FdStream> HyperIo<S> {
                 Ok(n) => {
                     self.touched();
                     self.activity.write_blocked.set(false);
+                    // A response: the head the sniffed bytes began was read from them alone.
+                    self.ahead.set(None);
                     stats::sent(n);
                     return Poll::Ready(Ok(n));
                 }

@@ -41,7 +41,9 @@ pub mod server;
 pub mod stats;
 mod timer;
 
-pub use body::{Body, BodyError, RequestBody, boxed, collect_body, empty, full, text};
+pub use body::{
+    Body, BodyError, RequestBody, RequestTimedOut, boxed, collect_body, empty, full, text,
+};
 pub use exec::LocalExec;
 pub use io::{FdStream, HyperIo};
 pub use server::{Accept, Answered, Config, ConnInfo, Refused, RequestLine, Server, serve};

@@ -34,13 +34,21 @@
 //!   431 (hyper), except one whose request line alone is `max_header_bytes` long or more: 414, as
 //!   from nginx (the connection's read ends the head first, `HyperIo` with `head_wait`, and the
 //!   414 is written here); a `Content-Length` over `max_body_bytes` gets 413 without reaching the
-//!   handler, and a longer chunked body fails `collect_body` with `BodyError::TooLarge`; a head
-//!   not complete within `header_read_timeout` (slowloris) closes the connection; a connection
-//!   with no request in flight, no response body still being produced or written (however
+//!   handler, and a longer chunked body fails `collect_body` with `BodyError::TooLarge`; a body
+//!   read past `request_timeout` from its head fails the read (`BodyError::TimedOut`, `body`'s
+//!   docs), never waits longer, and ends its HTTP/1 connection after the answer; an HTTP/1 head not complete within `header_read_timeout` (slowloris) closes the connection;
+//!   an HTTP/2 connection's idleness is counted by its requests, not its bytes: with no request
+//!   in flight and no response unfinished, it is closed `keep_alive_timeout` after its start,
+//!   its last request's head or its last response's end, whatever it sends meanwhile (PINGs,
+//!   SETTINGS, a request's head not yet complete: a head trickled over HTTP/2 is cut then, and
+//!   `header_read_timeout` is HTTP/1's; a stream the client reset is no longer in flight); a
+//!   connection with no request in flight, no response body still being produced or written (however
 //!   small: its head may be out while its data waits on the server's own work, a file chunk on
 //!   a swamped I/O pool, or a server-sent-events body is silent for long), no write waiting on
-//!   the peer and no I/O for `keep_alive_timeout` is closed; one whose write has waited on the
-//!   peer for `write_stall_timeout` (it stopped reading) is cut with a reset (`SO_LINGER` 0: no
+//!   the peer and no I/O (HTTP/2: as above) for `keep_alive_timeout` is closed; one whose write has waited on the
+//!   peer for `write_stall_timeout` (it stopped reading; over HTTP/2 also a response body held
+//!   back by the peer's flow-control window, no body progress meanwhile: `SentBody`) is cut with
+//!   a reset (`SO_LINGER` 0: no
 //!   orphaned socket keeps probing a peer that never reads with the unsent output), and so is
 //!   one the drain deadline cuts with a response unfinished (a write waiting, or a body still
 //!   being produced: the reset tells its client it is incomplete, even a body that would end
@@ -134,7 +142,10 @@
 //!   (a Node server nobody references still listens). `drain` is how it stops.
 //! - Drain: the listener is dropped at once (new connections are refused); every later HTTP/1
 //!   response carries `Connection: close` (so a keep-alive client whose next request is already
-//!   on the wire gets its answer, then the connection closes); HTTP/2 connections get GOAWAY; idle
+//!   on the wire gets its answer, then the connection closes); every HTTP/2 connection gets
+//!   GOAWAY when the drain begins, one that has sent no request yet too (it is known by its
+//!   preface, `HyperIo::sniff_h2`; one whose preface comes later gets it then): its streams in
+//!   flight finish, new ones are refused, and it closes once they are done; idle
 //!   connections close at their keep-alive timeout, lingering ones when their client closes or
 //!   their linger ends; whatever is still open at the deadline is cut.
 //!   `Server::drain` returns what the cut lost: the requests whose handler had not answered,
@@ -182,14 +193,21 @@ pub struct Config {
     pub max_headers: usize,
     /// Largest request body; larger gets 413. Default 1 MiB.
     pub max_body_bytes: usize,
-    /// Time allowed for a complete request head once the connection waits for one. Default 10 s.
+    /// Time allowed for a complete HTTP/1 request head once the connection waits for one. (An
+    /// HTTP/2 head not complete is cut with its idle connection: `keep_alive_timeout`.)
+    /// Default 10 s.
     pub header_read_timeout: Duration,
     /// An idle connection (no request in flight, no response body still being produced or written,
-    /// no response write waiting on the peer, no I/O) is closed after this; the discard of a
+    /// no response write waiting on the peer, no I/O; over HTTP/2 no request started or response
+    /// ended, whatever else it sends: PINGs, SETTINGS, a request head not yet complete) is closed
+    /// after this; the discard of a
     /// request body the handler left unread is given up after this. Default 5 s.
     pub keep_alive_timeout: Duration,
     /// A connection whose response write has made no progress for this long (the peer stopped
-    /// reading) is cut, with a reset, requests in flight or not: nginx's `send_timeout`.
+    /// reading) is cut, with a reset, requests in flight or not: nginx's `send_timeout`. Over
+    /// HTTP/2 a response body waiting on the connection (data h2 holds for the peer's
+    /// flow-control window, or a body not yet asked for) with no response body progress for
+    /// this long is a stall too, the socket empty or not; a body silent on its own work is not.
     /// Default 60 s.
     pub write_stall_timeout: Duration,
     /// Most open connections. Default 10,000. Set it below what the open-files limit holds,
@@ -208,9 +226,18 @@ pub struct Config {
     /// A lingering connection that gets no input for this long is closed (nginx's
     /// `lingering_timeout`). Default 5 s, the keep-alive timeout's default, as nginx's.
     pub lingering_timeout: Duration,
+    /// The longest a request's body may take to come, from its head (Node's
+    /// `server.requestTimeout`; nginx's `client_body_timeout` counts between reads instead):
+    /// past it, a handler's read of the body that waits for data fails
+    /// ([`BodyError::TimedOut`](crate::BodyError::TimedOut): answer 408) and the body is never
+    /// read again; an HTTP/1 response then says `Connection: close` and the connection closes
+    /// after it, an HTTP/2 request's stream is reset. A handler that does not read its body is
+    /// not cut by it. `None`: no limit. Default 300 s, as Node's.
+    pub request_timeout: Option<Duration>,
     /// Also accept HTTP/2 with prior knowledge (h2c), sniffed per connection. Default off: plain
     /// HTTP/1.1 is faster, and with it `max_header_bytes` is exact (with h2c the HTTP/1 limit is
-    /// hyper's read-buffer size, which `max_header_bytes` then sets).
+    /// hyper's read-buffer size, which `max_header_bytes` then sets, at least 8 KiB; a request
+    /// line alone `max_header_bytes` long still gets 414).
     pub http2: bool,
     /// Called on the loop, once per request the server answers itself instead of the handler
     /// (see [`Refused`]), a handler's panic included, and once per request nobody answered
@@ -246,6 +273,7 @@ impl Default for Config {
             max_connections: 10_000,
             lingering_time: Duration::from_secs(10),
             lingering_timeout: Duration::from_secs(5),
+            request_timeout: Some(Duration::from_secs(300)),
             http2: false,
             on_refused: None,
             on_response: None,
@@ -400,6 +428,14 @@ struct State {
 }
 
 impl State {
+    /// When a request whose head was parsed at `start` must have its whole body
+    /// (`Config::request_timeout`; `u64::MAX`: never).
+    fn request_deadline(&self, start: u64) -> u64 {
+        self.config.request_timeout.map_or(u64::MAX, |t| {
+            start.saturating_add(u64::try_from(t.as_nanos()).unwrap_or(u64::MAX))
+        })
+    }
+
     fn wake_accept(&self) {
         if let Some(w) = self.accept_waker.take() {
             w.wake();
@@ -635,6 +671,9 @@ where
         let fd = stream.fd().as_raw_fd();
         let mut io = HyperIo::new(stream);
         io.limit_request_line(state.config.max_header_bytes);
+        if state.config.http2 {
+            io.sniff_h2();
+        }
         let activity = io.activity();
         let conn_state = Rc::new(ConnState {
             in_flight: Cell::new(0),
@@ -643,6 +682,9 @@ where
             discarding: RefCell::new(None),
             discard_timeout: state.config.keep_alive_timeout,
             streaming: Cell::new(0),
+            held: Cell::new(0),
+            request_at: Cell::new(now_ns()),
+            progress_at: Cell::new(0),
             http2: Cell::new(false),
             peer,
         });
@@ -659,6 +701,8 @@ where
         );
         let mut head = HeadWait::Idle;
         let mut drain: Option<nodus::Sleep> = None;
+        // Whether the drain's GOAWAY was asked of hyper (an HTTP/2 connection, once a drain began).
+        let mut goaway = false;
         // Whether the connection ended, its last response written, while the client may still be
         // sending: it lingers.
         let linger = poll_fn(|cx| {
@@ -689,10 +733,14 @@ where
                     continue; // hyper reads on past the body it was waiting to be taken
                 }
                 if let Some(deadline_at) = state.drain_deadline(key, cx) {
+                    // Known HTTP/2 by its preface, a request or not: GOAWAY at the drain's start
+                    // (or at the preface, for one that sends it later), written now.
+                    if !goaway && activity.h2.get() {
+                        goaway = true;
+                        conn.as_mut().shut_down();
+                        continue;
+                    }
                     let deadline = drain.get_or_insert_with(|| {
-                        if conn_state.http2.get() {
-                            conn.as_mut().shut_down();
-                        }
                         let now = now_ns();
                         nodus::sleep(Duration::from_nanos(deadline_at.saturating_sub(now)))
                     });
@@ -854,8 +902,8 @@ fn reset_on_close(fd: BorrowedFd<'_>) {
 enum Fired {
     /// The header-read deadline passed: hyper's header-read sleep is now complete.
     HeadExpired,
-    /// No request in flight, no response body unfinished, no write waiting and no I/O for the whole
-    /// keep-alive timeout.
+    /// No request in flight, no response body unfinished, no write waiting and no I/O (over
+    /// HTTP/2: no request started or response ended) for the whole keep-alive timeout.
     Idle,
     /// A write has waited on the peer for the whole write-stall timeout.
     WriteStalled,
@@ -908,7 +956,7 @@ impl ConnTimer {
         {
             self.arm(deadline, now_ns());
         }
-        if let Some(stall_at) = self.stall_at(activity)
+        if let Some(stall_at) = self.stall_at(activity, conn)
             && stall_at.saturating_add(SLACK) < self.at
         {
             self.arm(stall_at, now_ns());
@@ -923,13 +971,20 @@ impl ConnTimer {
                 return Poll::Ready(Fired::HeadExpired);
             }
             let recheck = now.saturating_add(self.keep_alive);
-            let idle_at = if let Some(stall_at) = self.stall_at(activity) {
+            let idle_at = if let Some(stall_at) = self.stall_at(activity, conn) {
                 if now >= stall_at {
                     return Poll::Ready(Fired::WriteStalled);
                 }
                 stall_at.min(recheck)
             } else if conn.in_flight.get() == 0 && conn.streaming.get() == 0 {
-                let idle_at = activity.last_io.get().saturating_add(self.keep_alive);
+                // HTTP/2 is idle by its requests, whatever else it sends (PING, SETTINGS, a
+                // request's head not yet complete).
+                let since = if activity.h2.get() {
+                    conn.request_at.get()
+                } else {
+                    activity.last_io.get()
+                };
+                let idle_at = since.saturating_add(self.keep_alive);
                 if now >= idle_at {
                     return Poll::Ready(Fired::Idle);
                 }
@@ -946,13 +1001,16 @@ impl ConnTimer {
         Poll::Pending
     }
 
-    /// When a write waiting on the peer will have stalled for the write-stall timeout.
-    fn stall_at(&self, activity: &Activity) -> Option<u64> {
-        let since = activity.blocked_since.get();
-        activity
+    /// When a write waiting on the peer will have stalled for the write-stall timeout: a socket
+    /// write, or an HTTP/2 body held (see [`SentBody`]) with no progress.
+    fn stall_at(&self, activity: &Activity, conn: &ConnState) -> Option<u64> {
+        let socket = activity
             .write_blocked
             .get()
-            .then(|| since.saturating_add(self.write_stall))
+            .then(|| activity.blocked_since.get());
+        let held = (conn.held.get() > 0).then(|| conn.progress_at.get());
+        let since = socket.into_iter().chain(held).min()?;
+        Some(since.saturating_add(self.write_stall))
     }
 
     /// Re-arms the sleep for `at`, rounded up to whole milliseconds (the timer queue keeps one
@@ -1092,6 +1150,16 @@ pub(crate) struct ConnState {
     /// however small: the connection is not idle while one is (a server-sent-events body may
     /// be silent for long); a client that stops reading it meets the write-stall timeout.
     streaming: Cell<usize>,
+    /// HTTP/2 response bodies waiting on the connection, not on their own work: not yet asked
+    /// for a frame, or whose last frame was data hyper has not asked past (h2 holds it until the
+    /// peer's flow-control window takes it). See [`SentBody`].
+    held: Cell<usize>,
+    /// Loop time (ns) of the connection's start, its last request's head, or its last response's
+    /// end (head and body): how an HTTP/2 connection's idleness is counted.
+    request_at: Cell<u64>,
+    /// Loop time (ns) of the last progress of an HTTP/2 response body: a frame asked for, or a
+    /// data chunk's bytes taken for a frame.
+    progress_at: Cell<u64>,
     http2: Cell<bool>,
     peer: Option<SocketAddr>,
 }
@@ -1107,6 +1175,19 @@ struct Discard {
 }
 
 impl ConnState {
+    /// One more (`true`) or one fewer HTTP/2 body held; a first one counts its wait from now.
+    fn held_now(&self, held: bool) {
+        let n = self.held.get();
+        if held {
+            if n == 0 {
+                self.progress_at.set(now_ns());
+            }
+            self.held.set(n + 1);
+        } else {
+            self.held.set(n - 1);
+        }
+    }
+
     /// Takes an unread request body to be read to its end and dropped.
     pub(crate) fn discard(&self, body: http_body_util::Limited<Incoming>) {
         *self.discarding.borrow_mut() = Some(Discard {
@@ -1169,6 +1250,7 @@ where
         let start = now_ns();
         stats::request_started();
         self.conn.in_flight.set(self.conn.in_flight.get() + 1);
+        self.conn.request_at.set(start);
         let version = req.version();
         if version == Version::HTTP_2 {
             self.conn.http2.set(true);
@@ -1206,7 +1288,12 @@ where
                     .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
             let later = set_request_note(&req, version);
             let req = req.map(|b| {
-                RequestBody::new(http_body_util::Limited::new(b, limit), watch, discardable)
+                RequestBody::new(
+                    http_body_util::Limited::new(b, limit),
+                    watch,
+                    discardable,
+                    self.state.request_deadline(start),
+                )
             });
             let handler =
                 catch_unwind(AssertUnwindSafe(|| (self.handler)(req))).map_err(|payload| {
@@ -1601,9 +1688,10 @@ impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
                 conn.linger.set(true);
             }
         }
-        let (mut meter, mut streaming) = (None, None);
+        let (mut meter, mut streaming, mut held) = (None, None, false);
         if let Some(conn) = this.conn.take() {
             conn.in_flight.set(conn.in_flight.get() - 1);
+            conn.request_at.set(now_ns());
             if let (Some(report), Some(line), true) =
                 (this.state.config.on_response, this.line.take(), by_handler)
             {
@@ -1621,6 +1709,11 @@ impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
             }
             if !resp.body().is_end_stream() {
                 conn.streaming.set(conn.streaming.get() + 1);
+                if conn.http2.get() {
+                    // Waiting on the connection until hyper first asks for a frame.
+                    conn.held_now(true);
+                    held = true;
+                }
                 streaming = Some(conn);
             }
         }
@@ -1630,6 +1723,7 @@ impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
             inner,
             meter,
             streaming,
+            held,
         })))
     }
 }
@@ -1643,11 +1737,22 @@ impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
 /// server-sent-events body silent for long), and a drain deadline cutting it knows it cut a
 /// response. Small bodies of an exact length count too: one that needs a later loop turn for
 /// its data (a 6-byte file read on the pool) leaves its head written and its connection quiet.
+///
+/// An HTTP/2 body also counts in its connection's `held` while it waits on the connection
+/// rather than on its own work: until hyper first asks for a frame, and from each data frame it
+/// gives until hyper asks for the next (hyper asks only once h2's flow-control window has room).
+/// A connection with a body held and no progress (a frame asked for, a chunk's bytes taken) for
+/// the write-stall timeout is cut, as one whose socket write waits that long: a peer that
+/// never opens its window (`SETTINGS_INITIAL_WINDOW_SIZE` 0, no `WINDOW_UPDATE`) stalls the
+/// write with the socket empty. A body silent on its own work (server-sent events) is not held.
+/// (HTTP/1 needs none of this: hyper asks for the next chunk once the socket took the last.)
 pub(crate) struct SentBody {
     inner: Body,
     meter: Option<Rc<Meter>>,
     /// The connection whose `streaming` counts this body.
     streaming: Option<Rc<ConnState>>,
+    /// It counts in its (HTTP/2) connection's `held`.
+    held: bool,
 }
 
 impl Drop for SentBody {
@@ -1660,6 +1765,10 @@ impl Drop for SentBody {
         }
         if let Some(conn) = &self.streaming {
             conn.streaming.set(conn.streaming.get() - 1);
+            conn.request_at.set(now_ns());
+            if self.held {
+                conn.held_now(false);
+            }
         }
     }
 }
@@ -1673,7 +1782,19 @@ impl hyper::body::Body for SentBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<hyper::body::Frame<SentChunk>, io::Error>>> {
         let this = self.get_mut();
-        let frame = ready!(this.inner.as_mut().poll_frame(cx));
+        let poll = this.inner.as_mut().poll_frame(cx);
+        if let Some(conn) = &this.streaming
+            && conn.http2.get()
+        {
+            // Held from a data frame until hyper asks past it; not while the body works.
+            let held = matches!(&poll, Poll::Ready(Some(Ok(f))) if f.is_data());
+            if held != this.held {
+                this.held = held;
+                conn.held_now(held);
+            }
+            conn.progress_at.set(now_ns());
+        }
+        let frame = ready!(poll);
         if let Some(meter) = &this.meter {
             match &frame {
                 None => meter.ended.set(true),
@@ -1689,6 +1810,7 @@ impl hyper::body::Body for SentBody {
                 f.map_data(|bytes| SentChunk {
                     bytes,
                     meter: this.meter.clone(),
+                    progress: this.streaming.clone().filter(|c| c.http2.get()),
                 })
             })
         }))
@@ -1709,6 +1831,8 @@ impl hyper::body::Body for SentBody {
 pub(crate) struct SentChunk {
     bytes: bytes::Bytes,
     meter: Option<Rc<Meter>>,
+    /// An HTTP/2 connection, whose `progress_at` each advance moves.
+    progress: Option<Rc<ConnState>>,
 }
 
 impl Buf for SentChunk {
@@ -1724,6 +1848,9 @@ impl Buf for SentChunk {
         self.bytes.advance(n);
         if let Some(meter) = &self.meter {
             meter.written.set(meter.written.get() + n as u64);
+        }
+        if let Some(conn) = &self.progress {
+            conn.progress_at.set(now_ns());
         }
     }
 }
@@ -1790,6 +1917,9 @@ impl<F> Drop for Respond<F> {
         }
         if let Some(conn) = &self.conn {
             stats::request_abandoned();
+            // Its HTTP/2 connection may live on (a stream reset): no longer in flight there.
+            conn.in_flight.set(conn.in_flight.get() - 1);
+            conn.request_at.set(now_ns());
             // A refusal was reported when it was made.
             if self.handler.is_ok() {
                 let line = self.line.as_ref();

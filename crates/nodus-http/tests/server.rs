@@ -111,6 +111,9 @@ impl TestServer {
                                 Err(nodus_http::BodyError::TooLarge) => {
                                     text(StatusCode::PAYLOAD_TOO_LARGE, "too large")
                                 }
+                                Err(nodus_http::BodyError::TimedOut) => {
+                                    text(StatusCode::REQUEST_TIMEOUT, "timed out")
+                                }
                                 Err(e) => text(StatusCode::BAD_REQUEST, e.to_string()),
                             },
                             _ => text(StatusCode::OK, "hello"),
@@ -2288,4 +2291,284 @@ fn an_http2_client_that_goes_away_while_its_handler_works_is_reported_as_499() {
     let (cut, snap) = server.finish();
     assert_eq!((cut, snap.http.requests_in_flight), (0, 0));
     assert_eq!(snap.http.responses_by_class, [0; 5], "nothing was answered");
+}
+
+/// Reads one HTTP/2 frame: its type, flags, stream and payload.
+fn read_h2_frame(r: &mut impl Read) -> std::io::Result<(u8, u8, u32, Vec<u8>)> {
+    let mut head = [0u8; 9];
+    r.read_exact(&mut head)?;
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let stream = u32::from_be_bytes(head[5..9].try_into().unwrap()) & 0x7fff_ffff;
+    let mut payload = vec![0u8; len];
+    r.read_exact(&mut payload)?;
+    Ok((head[3], head[4], stream, payload))
+}
+
+/// Reads frames until one of type `kind` (answering PINGs on the way); the types read before it.
+/// `None`: until the server closes the connection.
+fn h2_frames_until(s: &mut TcpStream, kind: Option<u8>) -> Vec<u8> {
+    let mut seen = Vec::new();
+    loop {
+        let (t, flags, _, payload) = match read_h2_frame(s) {
+            Ok(frame) => frame,
+            Err(e) if kind.is_none() && e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return seen;
+            }
+            Err(e) => panic!("no frame of type {kind:?} (seen {seen:?}): {e}"),
+        };
+        if t == 6 && flags & 1 == 0 {
+            s.write_all(&h2_frame(6, 1, 0, &payload)).unwrap();
+        }
+        if Some(t) == kind {
+            return seen;
+        }
+        seen.push(t);
+    }
+}
+
+/// A drain sends GOAWAY to every HTTP/2 connection when it begins: one that has sent no
+/// request yet (it then closes, long before the deadline), and one with a request in flight,
+/// before that request's answer, which still comes.
+#[test]
+fn a_drain_sends_goaway_at_once_to_every_http2_connection() {
+    let config = Config {
+        http2: true,
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_secs(20));
+    let mut idle = server.connect();
+    let mut preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    preface.extend(h2_frame(4, 0, 0, &[]));
+    idle.write_all(&preface).unwrap();
+    let mut busy = h2_get_slow(server.addr);
+    busy.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    server.wait_open(2);
+    std::thread::sleep(Duration::from_millis(50));
+    let start = Instant::now();
+    server.drain.store(true, Ordering::Release);
+    // GOAWAY (type 7) comes before the response's HEADERS (type 1): at the drain's start.
+    let before = h2_frames_until(&mut busy, Some(7));
+    assert!(!before.contains(&1), "GOAWAY after the answer: {before:?}");
+    let rest = h2_frames_until(&mut busy, Some(0));
+    assert!(
+        rest.contains(&1),
+        "the request in flight is answered: {rest:?}"
+    );
+    h2_frames_until(&mut idle, Some(7));
+    // The idle one, told to go away (its PING answered), is closed by the server.
+    h2_frames_until(&mut idle, None);
+    drop(busy);
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    let (cut, snap) = server.finish();
+    assert_eq!((cut, snap.http.connections_open), (0, 0));
+}
+
+/// Whether the server ends the connection (a close or a reset) within `limit`, `s` reading and
+/// dropping what comes.
+fn ended_within(s: &mut TcpStream, limit: Duration) -> bool {
+    let start = Instant::now();
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut buf = vec![0u8; 64 << 10];
+    while start.elapsed() < limit {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+/// An HTTP/2 client that never opens its flow-control window (`SETTINGS_INITIAL_WINDOW_SIZE` 0,
+/// no `WINDOW_UPDATE`) stalls its response's write with the socket empty: cut after the
+/// write-stall timeout, as a client that stops reading is. A body silent on its own work longer
+/// than that (server-sent events) is not cut.
+#[test]
+fn an_http2_client_that_never_opens_its_window_is_cut_after_the_write_stall_timeout() {
+    let config = Config {
+        http2: true,
+        // Shorter than `/events`' 400 ms of silence.
+        write_stall_timeout: Duration::from_millis(300),
+        // Longer than the test: only the stall timeout can close it.
+        keep_alive_timeout: Duration::from_secs(60),
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_millis(100));
+    let mut s = server.connect();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    // SETTINGS: INITIAL_WINDOW_SIZE (4) = 0.
+    out.extend(h2_frame(4, 0, 0, &[0, 4, 0, 0, 0, 0]));
+    // HPACK: :method GET, :scheme http, :path "/big", :authority "t".
+    let block = [&[0x82, 0x86, 0x44, 4][..], b"/big", &[0x41, 1], b"t"].concat();
+    out.extend(h2_frame(1, 0x5, 1, &block));
+    s.write_all(&out).unwrap();
+    assert!(
+        ended_within(&mut s, Duration::from_secs(8)),
+        "a response its client's window holds back is never cut"
+    );
+    let mut s = server.connect();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(h2_frame(4, 0, 0, &[]));
+    let block = [&[0x82, 0x86, 0x44, 7][..], b"/events", &[0x41, 1], b"t"].concat();
+    out.extend(h2_frame(1, 0x5, 1, &block));
+    s.write_all(&out).unwrap();
+    let mut data = Vec::new();
+    loop {
+        let (kind, flags, _, payload) = read_h2_frame(&mut s).expect("the events all come");
+        if kind == 0 {
+            data.extend(payload);
+            if flags & 1 != 0 {
+                break;
+            }
+        }
+    }
+    assert_eq!(data, b"data: first\n\ndata: second\n\n");
+    let (cut, snap) = server.finish();
+    assert_eq!((cut, snap.http.connections_open), (0, 0));
+}
+
+/// An HTTP/2 connection is idle by its requests, not its bytes: one that only PINGs, one that
+/// trickles a request's head, and one whose last request's stream it reset are closed once no
+/// request started or ended for the keep-alive timeout.
+#[test]
+fn an_http2_connection_that_sends_no_request_is_closed_at_the_keep_alive_timeout() {
+    let config = Config {
+        http2: true,
+        keep_alive_timeout: Duration::from_secs(1),
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_millis(100));
+    for case in ["ping", "trickled head", "stream reset"] {
+        let mut s = server.connect();
+        let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        out.extend(h2_frame(4, 0, 0, &[]));
+        s.write_all(&out).unwrap();
+        let head = [&[0x82, 0x86, 0x44, 5][..], b"/slow", &[0x41, 1], b"t"].concat();
+        // The bytes sent every 200 ms, until the server closes the connection.
+        let trickle: Vec<Vec<u8>> = match case {
+            "ping" => vec![h2_frame(6, 0, 0, &[0; 8]); 30],
+            "trickled head" => {
+                let frame = h2_frame(1, 0x5, 1, &head);
+                frame.iter().map(|&b| vec![b]).collect()
+            }
+            _ => {
+                let mut first = h2_frame(1, 0x5, 1, &head);
+                first.extend(h2_frame(3, 0, 1, &8u32.to_be_bytes()));
+                let mut sent = vec![first];
+                sent.extend(vec![h2_frame(6, 0, 0, &[0; 8]); 30]);
+                sent
+            }
+        };
+        s.set_nonblocking(true).unwrap();
+        let start = Instant::now();
+        let mut closed = false;
+        for bytes in trickle {
+            // Read and drop what the server sent; its close ends the test.
+            loop {
+                match s.read(&mut [0u8; 4096]) {
+                    Ok(0) => closed = true,
+                    Ok(_) => continue,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(_) => closed = true,
+                }
+                break;
+            }
+            if closed || s.write_all(&bytes).is_err() {
+                closed = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        assert!(closed, "{case}: never closed");
+        assert!(
+            start.elapsed() >= Duration::from_millis(800),
+            "{case}: {:?}",
+            start.elapsed()
+        );
+    }
+    let (cut, snap) = server.finish();
+    assert_eq!((cut, snap.http.connections_open), (0, 0));
+}
+
+/// A request body that stalls is not waited for past `request_timeout`: the handler's read
+/// fails (it answers 408 here); an HTTP/1 connection closes after the answer, an HTTP/2
+/// request's stream gets the answer and the connection serves on.
+#[test]
+fn a_request_body_that_stalls_fails_the_read_at_the_request_timeout() {
+    let config = Config {
+        http2: true,
+        request_timeout: Some(Duration::from_secs(1)),
+        lingering_timeout: Duration::from_millis(200),
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_millis(100));
+    let mut s = server.connect();
+    s.write_all(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\nabc")
+        .unwrap();
+    let mut r = BufReader::new(s);
+    let reply = read_reply(&mut r, false).expect("an answer");
+    assert_eq!(
+        (reply.status, reply.header("connection")),
+        (408, Some("close"))
+    );
+    read_to_close(&mut r);
+
+    let mut s = server.connect();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(h2_frame(4, 0, 0, &[]));
+    // HPACK: :method POST, :scheme http, :path "/echo", :authority "t"; END_HEADERS only.
+    let block = [&[0x83, 0x86, 0x44, 5][..], b"/echo", &[0x41, 1], b"t"].concat();
+    out.extend(h2_frame(1, 0x4, 1, &block));
+    out.extend(h2_frame(0, 0, 1, b"abc"));
+    s.write_all(&out).unwrap();
+    let mut data = Vec::new();
+    loop {
+        let (kind, flags, stream, payload) = read_h2_frame(&mut s).expect("an answer");
+        if kind == 0 && stream == 1 {
+            data.extend(payload);
+            if flags & 1 != 0 {
+                break;
+            }
+        }
+    }
+    assert_eq!(data, b"timed out");
+    drop(s);
+    let (cut, snap) = server.finish();
+    assert_eq!((cut, snap.http.connections_open), (0, 0));
+}
+
+/// With `http2` (hyper-util sniffs the first bytes for the HTTP/2 preface before hyper's HTTP/1
+/// reads the head), a request line over the head limit still gets 414, a long one that fits is
+/// served, and a header over the limit gets 431.
+#[test]
+fn with_http2_a_request_line_over_the_head_limit_still_gets_414() {
+    let config = Config {
+        http2: true,
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_secs(1));
+    let uri = |len: usize| format!("GET /{} HTTP/1.1\r\nHost: t\r\n\r\n", "u".repeat(len));
+    // A line (`GET /`, the path, ` HTTP/1.1`) of 16 KiB, the limit, or more.
+    for len in [17 * 1000, 16 * 1024 - 14, 16 * 1024 - 13] {
+        assert_eq!(status_of(&server, uri(len).as_bytes()), 414, "{len}");
+    }
+    assert_eq!(status_of(&server, uri(16_000).as_bytes()), 200);
+    let big_header = format!(
+        "GET / HTTP/1.1\r\nHost: t\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(17 * 1000)
+    );
+    assert_eq!(status_of(&server, big_header.as_bytes()), 431);
+    let (_, snap) = server.finish();
+    assert_eq!(snap.http.responses_by_class[3], 4, "the 414s and the 431");
 }
