@@ -289,7 +289,8 @@ struct RunArgs {
     /// event with its size (bytes) and its JSON up to 64 KiB (past that, "truncated": true
     /// instead of the JSON). Written by a thread of its own, so a FILE that takes no more (a
     /// stalled pipe, a full disk) never stalls the primary: lines it did not take are counted
-    /// and said in a "log_gap" line.
+    /// and said in a "log_gap" line. FILE is opened once (O_APPEND) and never reopened: rotate
+    /// it with logrotate's copytruncate, not by renaming it.
     #[arg(long, value_name = "FILE")]
     events: Option<PathBuf>,
     /// Write the workers' stdout and stderr lines as they are, without the "[worker ID PID] "

@@ -9,7 +9,8 @@
 //! `unix_ns`, the wall clock (`CLOCK_REALTIME`, nanoseconds since the Unix epoch) read just after
 //! its event's `t_ns` (the time the line was queued): the anchor that turns every later `t_ns` of
 //! that primary into wall time (`unix_ns + t_ns - anchor's t_ns`), the log being appended to by
-//! one primary after another. The file is opened once, `O_APPEND`, and never reopened; when its
+//! one primary after another. The file is opened once, `O_APPEND`, and never reopened (so
+//! logrotate's `copytruncate` rotates it, a rename does not: no signal reopens it); when its
 //! last byte is not `\n` (a line cut by a full disk, a killed writer), the primary's first line
 //! starts with `\n`. At its end, [`Events::flush`] waits a bounded time for what is queued.
 
