@@ -323,8 +323,11 @@ pub fn unix_now() -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{Line, Writer};
+    use super::{Line, Log, QUEUE_LIMIT, Writer};
     use std::io::{self, Write};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
 
     /// A file that takes `room` more bytes, then fails with `ENOSPC` (a full disk), until given
     /// more room.
@@ -420,6 +423,68 @@ mod tests {
         );
         assert_eq!(got[2], "{\"t_ns\":2,\"event\":\"ready\"}");
         assert_eq!(got[3], "{\"t_ns\":3,\"event\":\"ready\"}");
+    }
+
+    /// A pipe whose reader stalls until `open` is set: what it took so far.
+    #[derive(Clone, Default)]
+    struct Gated {
+        open: Arc<AtomicBool>,
+        data: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl Write for Gated {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            while !self.open.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            self.data.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn push_never_waits_for_a_stalled_file_and_drops_past_the_limit_then_says_how_many() {
+        let pipe = Gated::default();
+        let log = Log::start(pipe.clone(), true).unwrap();
+        let line = |n: usize| Line {
+            json: format!("{{\"t_ns\":{n},\"pad\":\"{}\"}}", "x".repeat(1000)).into_bytes(),
+            unix_ns: 7,
+        };
+        // Twice the queue's room, while the writer is stuck on the first line.
+        let pushed = 2 * QUEUE_LIMIT / 1000;
+        for n in 0..pushed {
+            log.push(line(n));
+        }
+        assert!(log.queued() <= QUEUE_LIMIT);
+        assert!(!log.drained());
+        pipe.open.store(true, Ordering::Release);
+        let drained = || {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !log.drained() {
+                assert!(Instant::now() < deadline, "never drained");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        drained();
+        log.push(line(pushed));
+        drained();
+        let data = pipe.data.lock().unwrap().clone();
+        let got: Vec<serde_json::Value> = String::from_utf8(data)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let gap = got.iter().position(|v| v["event"] == "log_gap").unwrap();
+        let dropped = got[gap]["dropped"].as_u64().unwrap() as usize;
+        assert_eq!(got.len() - 1 + dropped, pushed + 1);
+        // The gap stands where the lines were dropped: after every line queued, before the line
+        // pushed once the writer caught up.
+        assert_eq!(got[gap - 1]["t_ns"], gap - 1);
+        assert_eq!(got[gap + 1]["t_ns"], pushed);
+        assert_eq!(got.last().unwrap()["t_ns"], pushed);
     }
 
     #[test]
