@@ -289,7 +289,10 @@ struct RunArgs {
     /// is CLOCK_MONOTONIC nanoseconds (not wall time); a primary's first line also has unix_ns,
     /// the wall clock at that t_ns. A --node worker's process.send() message is a `message`
     /// event with its size (bytes) and its JSON up to 64 KiB (past that, "truncated": true
-    /// instead of the JSON).
+    /// instead of the JSON). Written by a thread of its own, so a FILE that takes no more (a
+    /// stalled pipe, a full disk) never stalls the primary: lines it did not take are counted
+    /// and said in a "log_gap" line. FILE is opened once (O_APPEND) and never reopened: rotate
+    /// it with logrotate's copytruncate, not by renaming it.
     #[arg(long, value_name = "FILE")]
     events: Option<PathBuf>,
     /// Write the workers' stdout and stderr lines as they are, without the "[worker ID PID] "
@@ -355,7 +358,7 @@ struct ServeArgs {
     policy: Option<PolicyArg>,
     /// Append the cluster's lifecycle events (fork, ready, exit, reload...) to FILE as JSON lines
     /// (t_ns: CLOCK_MONOTONIC nanoseconds; a primary's first line also has unix_ns, the wall
-    /// clock at that t_ns).
+    /// clock at that t_ns), as nodus run --events does.
     #[arg(long, value_name = "FILE")]
     events: Option<PathBuf>,
     /// Serve /_nodus/* on this address (not --listen's) instead of the public listener (where
@@ -728,8 +731,9 @@ fn main() {
 const EXIT_FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a stop takes past its workers' end, at most, counted in its bound: their last output
-/// (0.2 s), the admin listener's drain (1 s), and the drop notices of output a stalled reader
-/// did not take ([`EXIT_DROP_GRACE`], 1 s), rounded up. The exit's flush of queued output gets
+/// (0.2 s), the event log's lines still queued ([`nodus::cluster::EVENT_LOG_FLUSH`], 0.5 s), the
+/// admin listener's drain (1 s), and the drop notices of output a stalled reader did not take
+/// ([`EXIT_DROP_GRACE`], 1 s), rounded up. The exit's flush of queued output gets
 /// what is left of the bound, so it never makes a stop outlast it: with a journal that stalls, a
 /// service manager's stop timeout above the bound still sees nodus exit on its own, with its
 /// exit code.

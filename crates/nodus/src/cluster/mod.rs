@@ -24,8 +24,8 @@ pub mod supervision;
 mod worker;
 
 pub use primary::{
-    Config, Event, EventKind, MESSAGE_LOG_MAX, Policy, Primary, Readiness, ReadyState,
-    WorkerCommand, report_exec_failure,
+    Config, EVENT_LOG_FLUSH, Event, EventKind, MESSAGE_LOG_MAX, Policy, Primary, Readiness,
+    ReadyState, WorkerCommand, report_exec_failure,
 };
 pub use supervision::{
     Backoff, Decision, ExitReason, FORCED_STOP_EXIT_CODE, GIVE_UP_EXIT_CODE, RestartBudget,

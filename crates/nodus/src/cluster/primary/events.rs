@@ -2,17 +2,26 @@
 //! JSON-lines event log (one object per line, `t_ns` on `CLOCK_MONOTONIC`: nanoseconds since an
 //! arbitrary point, the boot on Linux, not wall time).
 //!
-//! Invariants: emitting never fails the primary: a log write error is reported once and the log
-//! is then off. The first line a primary writes to its log also has `unix_ns`, the wall clock
-//! (`CLOCK_REALTIME`, nanoseconds since the Unix epoch) read just after its `t_ns`: the anchor
-//! that turns every later `t_ns` of that primary into wall time (`unix_ns + t_ns - anchor's
-//! t_ns`), the log being appended to by one primary after another.
+//! Invariants: emitting never fails the primary and never blocks its loop: a line is queued for
+//! the log's writer thread (`log`: a bounded queue; lines that do not fit are dropped and
+//! counted, a write that fails is counted and later lines tried again, and the log says what it
+//! lost in a `log_gap` line). The first line a primary writes whole to its log also has
+//! `unix_ns`, the wall clock (`CLOCK_REALTIME`, nanoseconds since the Unix epoch) read just after
+//! its event's `t_ns` (the time the line was queued): the anchor that turns every later `t_ns` of
+//! that primary into wall time (`unix_ns + t_ns - anchor's t_ns`), the log being appended to by
+//! one primary after another. The file is opened once, `O_APPEND`, and never reopened (so
+//! logrotate's `copytruncate` rotates it, a rename does not: no signal reopens it); when its
+//! last byte is not `\n` (a line cut by a full disk, a killed writer), the primary's first line
+//! starts with `\n`. At its end, [`Events::flush`] waits a bounded time for what is queued.
 
-use std::cell::{Cell, RefCell};
+mod log;
+
+use std::cell::RefCell;
 use std::fs::File;
-use std::io::{self, Write};
+use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::time::SystemTime;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -126,20 +135,10 @@ fn too_long_to_log(json: &str) -> bool {
     json.len() > MESSAGE_LOG_MAX
 }
 
-/// An event with the wall clock beside it: the log's first line from a primary.
-#[derive(Serialize)]
-struct Anchored<'a> {
-    #[serde(flatten)]
-    event: &'a Event,
-    unix_ns: u64,
-}
-
 type Subscriber = Box<dyn Fn(&Event)>;
 
 pub(super) struct Events {
-    log: RefCell<Option<File>>,
-    /// Whether a line has been written to `log` (the first carries `unix_ns`).
-    anchored: Cell<bool>,
+    log: Option<log::Log>,
     subscribers: RefCell<Vec<Subscriber>>,
 }
 
@@ -147,7 +146,7 @@ impl Events {
     pub fn open(path: Option<&Path>) -> io::Result<Events> {
         let log = path
             .map(|p| {
-                File::options()
+                let file = File::options()
                     .create(true)
                     .append(true)
                     .open(p)
@@ -156,12 +155,18 @@ impl Events {
                             e.kind(),
                             format!("cannot open the event log {}: {e}", crate::fs::quote(p)),
                         )
-                    })
+                    })?;
+                let at_line_start = ends_a_line(&file, p);
+                log::Log::start(file, at_line_start).map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("cannot start the event log's writer thread: {e}"),
+                    )
+                })
             })
             .transpose()?;
         Ok(Events {
-            log: RefCell::new(log),
-            anchored: Cell::new(false),
+            log,
             subscribers: RefCell::default(),
         })
     }
@@ -171,29 +176,45 @@ impl Events {
     }
 
     pub fn emit(&self, event: Event) {
-        let mut log = self.log.borrow_mut();
-        if let Some(file) = log.as_mut() {
-            let mut line = if self.anchored.replace(true) {
-                serde_json::to_vec(&event)
-            } else {
-                let unix_ns = SystemTime::now()
-                    .duration_since(SystemTime::UNIX_EPOCH)
-                    .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-                serde_json::to_vec(&Anchored {
-                    event: &event,
-                    unix_ns,
-                })
-            }
-            .expect("events serialize");
-            line.push(b'\n');
-            if let Err(e) = file.write_all(&line) {
-                tracing::error!(target: "nodus::cluster", "event log write failed, log off: {e}");
-                *log = None;
-            }
+        if let Some(log) = &self.log {
+            log.push(log::Line {
+                json: serde_json::to_vec(&event).expect("events serialize"),
+                unix_ns: log::unix_now(),
+            });
         }
-        drop(log);
         for f in self.subscribers.borrow().iter() {
             f(&event);
         }
     }
+
+    /// Waits until the log's writer has written every line queued (or failed to), for `bound` at
+    /// most (a stalled file is not waited for longer): one WARN line if it has not.
+    pub async fn flush(&self, bound: Duration) {
+        let Some(log) = &self.log else { return };
+        let deadline = Instant::now() + bound;
+        while !log.drained() {
+            if Instant::now() >= deadline {
+                tracing::warn!(
+                    target: "nodus::cluster",
+                    "the event log's file took no more: {} bytes of events not written",
+                    log.queued()
+                );
+                return;
+            }
+            crate::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// Whether the regular file `file` (opened at `path`) is empty or ends with `\n`; true for what
+/// is not a regular file or cannot be read.
+fn ends_a_line(file: &File, path: &Path) -> bool {
+    let len = match file.metadata() {
+        Ok(m) if m.is_file() && m.len() > 0 => m.len(),
+        _ => return true,
+    };
+    let mut last = [0];
+    File::open(path)
+        .and_then(|f| f.read_at(&mut last, len - 1))
+        .map_or(true, |n| n == 0 || last[0] == b'\n')
 }

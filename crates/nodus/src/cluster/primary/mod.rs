@@ -102,6 +102,10 @@ use crate::signal::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2, Signals};
 use proc::Proc;
 use server::Server;
 
+/// How long [`Primary::run`] waits, at its end, for the event log's writer to write the lines
+/// still queued (0.5 s): what a file that takes no more (a stalled pipe) holds is lost past it.
+pub const EVENT_LOG_FLUSH: Duration = Duration::from_millis(500);
+
 /// How new connections reach workers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
@@ -648,8 +652,11 @@ impl Primary {
     /// did not send) or 128 + N (a second signal N: 143 for SIGTERM, 130 for SIGINT).
     /// Tells systemd `READY=1` once every worker is ready (and after each reload),
     /// `RELOADING=1`, `STOPPING=1`.
+    /// The event log's queued lines are then waited for, [`EVENT_LOG_FLUSH`] at most.
     pub async fn run(&self) -> i32 {
-        supervise::run(&self.st).await
+        let code = supervise::run(&self.st).await;
+        self.st.events.flush(EVENT_LOG_FLUSH).await;
+        code
     }
 
     /// Starts a rolling reload (what SIGHUP does); during a reload (until the old workers it
