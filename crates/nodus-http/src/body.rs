@@ -51,8 +51,9 @@ pub struct RequestBody {
     discardable: bool,
     /// When the whole body must have come (`nodus::clock` ns; `u64::MAX`: never).
     deadline: u64,
-    /// The deadline's sleep, made when a read first waits for data.
-    sleep: Option<nodus::Sleep>,
+    /// The deadline's sleep, made when a read first waits for data (boxed: most bodies never
+    /// wait, and the body is moved with its request).
+    sleep: Option<Pin<Box<nodus::Sleep>>>,
     /// The deadline passed while the body was read: every read fails.
     timed_out: bool,
 }
@@ -96,9 +97,9 @@ impl RequestBody {
         let deadline = self.deadline;
         let sleep = self.sleep.get_or_insert_with(|| {
             let left = deadline.saturating_sub(now_ns());
-            nodus::sleep(std::time::Duration::from_nanos(left))
+            Box::pin(nodus::sleep(std::time::Duration::from_nanos(left)))
         });
-        self.timed_out = Pin::new(sleep).poll(cx).is_ready();
+        self.timed_out = sleep.as_mut().poll(cx).is_ready();
         self.timed_out
     }
 

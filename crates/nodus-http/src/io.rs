@@ -188,6 +188,20 @@ impl<S: FdStream> HyperIo<S> {
         self.preface.set(0);
     }
 
+    /// What a read while sniffing, or the first read after it, does with its bytes (only h2c
+    /// connections' first reads: kept out of the common read path).
+    #[cold]
+    fn sniffed(&self, filled: &[u8]) {
+        if self.preface.get() != NOT_SNIFFING {
+            self.sniff(filled);
+            self.read_ahead(filled);
+        } else if let Some(ahead) = self.ahead.get()
+            && head_wait::carry(ahead)
+        {
+            self.ahead.set(None);
+        }
+    }
+
     /// Follows the request line through bytes read while sniffing (before any head wait).
     #[cold]
     fn read_ahead(&self, read: &[u8]) {
@@ -255,13 +269,8 @@ impl<S: FdStream + Unpin> Read for HyperIo<S> {
             // Each read's bytes are shown to the request-line check while they are at hand.
             let limit = self.line_limit;
             let seen = |filled: &[u8]| {
-                if self.preface.get() != NOT_SNIFFING {
-                    self.sniff(filled);
-                    self.read_ahead(filled);
-                } else if let Some(ahead) = self.ahead.get()
-                    && head_wait::carry(ahead)
-                {
-                    self.ahead.set(None);
+                if self.preface.get() != NOT_SNIFFING || self.ahead.get().is_some() {
+                    self.sniffed(filled);
                 }
                 (filled.len(), head_wait::line_read(filled, limit))
             };

@@ -1155,7 +1155,7 @@ pub(crate) struct ConnState {
     /// peer's flow-control window takes it). See [`SentBody`].
     held: Cell<usize>,
     /// Loop time (ns) of the connection's start, its last request's head, or its last response's
-    /// end (head and body): how an HTTP/2 connection's idleness is counted.
+    /// end (head and body; set on an HTTP/2 connection only): how its idleness is counted.
     request_at: Cell<u64>,
     /// Loop time (ns) of the last progress of an HTTP/2 response body: a frame asked for, or a
     /// data chunk's bytes taken for a frame.
@@ -1691,7 +1691,10 @@ impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
         let (mut meter, mut streaming, mut held) = (None, None, false);
         if let Some(conn) = this.conn.take() {
             conn.in_flight.set(conn.in_flight.get() - 1);
-            conn.request_at.set(now_ns());
+            // Only an HTTP/2 connection's idleness counts from its requests (HTTP/1: its bytes).
+            if conn.http2.get() {
+                conn.request_at.set(now_ns());
+            }
             if let (Some(report), Some(line), true) =
                 (this.state.config.on_response, this.line.take(), by_handler)
             {
@@ -1765,7 +1768,9 @@ impl Drop for SentBody {
         }
         if let Some(conn) = &self.streaming {
             conn.streaming.set(conn.streaming.get() - 1);
-            conn.request_at.set(now_ns());
+            if conn.http2.get() {
+                conn.request_at.set(now_ns());
+            }
             if self.held {
                 conn.held_now(false);
             }
@@ -1810,7 +1815,7 @@ impl hyper::body::Body for SentBody {
                 f.map_data(|bytes| SentChunk {
                     bytes,
                     meter: this.meter.clone(),
-                    progress: this.streaming.clone().filter(|c| c.http2.get()),
+                    progress: this.streaming.as_ref().filter(|c| c.http2.get()).cloned(),
                 })
             })
         }))
