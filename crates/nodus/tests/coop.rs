@@ -9,8 +9,8 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use nodus::io::AsyncFd;
-use nodus::{Runtime, set_timeout, spawn_named};
 use nodus::io::consume_budget;
+use nodus::{Runtime, set_timeout, spawn_named};
 
 #[test]
 fn an_always_ready_reader_does_not_starve_a_due_timer() {
@@ -95,7 +95,10 @@ fn the_block_on_future_is_budgeted_too() {
         }
         (fired.get(), turns)
     });
-    assert!(fired, "the timer never ran while block_on's future looped ({turns} turns)");
+    assert!(
+        fired,
+        "the timer never ran while block_on's future looped ({turns} turns)"
+    );
     let snap = rt.enter(nodus::metrics::snapshot);
     let main = snap.task_classes.iter().find(|c| c.name == "main").unwrap();
     assert!(

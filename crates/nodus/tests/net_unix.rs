@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use common::net::{echo, read_to_end};
+use common::net::{accept_backs_off_out_of_fds, echo, fill_fds, read_to_end};
 use common::{bounded, cloexec};
 use futures_io::AsyncWrite;
 use nodus::net::{UnixListener, UnixStream};
@@ -330,5 +330,26 @@ fn a_large_write_over_a_pair_completes_without_loss() {
             b"",
             "the writer's socket was dropped"
         );
+    });
+}
+
+/// Out of fds, a Unix listener's accept loop backs off as a TCP one's does (`net_tcp.rs`).
+#[test]
+fn out_of_fds_an_accept_loop_backs_off_and_accepts_once_fds_are_freed() {
+    const NAME: &str = "out_of_fds_an_accept_loop_backs_off_and_accepts_once_fds_are_freed";
+    if !nodus_testkit::alone::scenario(NAME) {
+        return;
+    }
+    let path = sock_path("emfile");
+    let rt = nodus::Builder::new().watchdog(false).build().unwrap();
+    rt.block_on(async {
+        let listener = Rc::new(UnixListener::bind(&path).unwrap());
+        let _client = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        let fds = fill_fds();
+        let accept = move || {
+            let l = listener.clone();
+            async move { l.accept().await.map(drop) }
+        };
+        accept_backs_off_out_of_fds(accept, fds).await;
     });
 }

@@ -7,6 +7,8 @@
 //!   must not remove the primary's path), nor does one turned back into std with `into_std`.
 //!   Abstract names (a path starting with a NUL byte, Linux) have nothing to unlink.
 //! - Binding an existing path fails with `AddrInUse` (a stale socket file is not removed for you).
+//! - `accept` returns its errors as `TcpListener`'s does, with the same back-off after one out of
+//!   file descriptors or memory (the [module docs](super)).
 //! - `connect` is non-blocking: on Linux it completes at once or fails, `ConnectionRefused` for a
 //!   path with no listener, `NotFound` for no path, and `WouldBlock` (`EAGAIN`) when the
 //!   listener's backlog is full (libuv reports that as an error too).
@@ -22,7 +24,7 @@ use std::task::{Context, Poll};
 
 use socket2::{Domain, SockAddr, Socket, Type};
 
-use super::sys::{self, Kind, socket_common, stream_io};
+use super::sys::{self, AcceptBackoff, Kind, socket_common, stream_io};
 use crate::io::AsyncFd;
 
 /// Node's (and libuv's) listen backlog.
@@ -33,6 +35,7 @@ pub struct UnixListener {
     // Field order matters: the fd is closed before the path is unlinked.
     io: AsyncFd<std::os::unix::net::UnixListener>,
     unlink: Option<Unlink>,
+    backoff: AcceptBackoff,
 }
 
 /// Removes the socket file a listener bound, when dropped.
@@ -78,7 +81,13 @@ impl UnixListener {
 
     /// Accepts a connection if one is queued; otherwise registers the task to be woken.
     pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(UnixStream, SocketAddr)>> {
-        sys::poll_accept(&self.io, cx, |l| l.accept(), UnixStream::from_std)
+        sys::poll_accept(
+            &self.io,
+            &self.backoff,
+            cx,
+            |l| l.accept(),
+            UnixStream::from_std,
+        )
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -89,7 +98,7 @@ impl UnixListener {
     /// close phase.
     #[track_caller]
     pub fn close(self, callback: impl FnOnce() + 'static) {
-        let UnixListener { io, unlink } = self;
+        let UnixListener { io, unlink, .. } = self;
         io.close(callback);
         drop(unlink);
     }
@@ -104,6 +113,7 @@ impl UnixListener {
         Ok(UnixListener {
             io: AsyncFd::new(listener)?,
             unlink: None,
+            backoff: AcceptBackoff::default(),
         })
     }
 
@@ -128,7 +138,7 @@ impl UnixListener {
     /// Deregisters the socket and gives it back, still non-blocking; its path is no longer
     /// unlinked by nodus.
     pub fn into_std(self) -> std::os::unix::net::UnixListener {
-        let UnixListener { io, unlink } = self;
+        let UnixListener { io, unlink, .. } = self;
         if let Some(unlink) = unlink {
             unlink.disarm();
         }
