@@ -27,9 +27,9 @@
 //!   limit knows nothing of the open-files limit nor of what a request opens: the application
 //!   sets it below what its fds hold (`nodus serve` does, from `RLIMIT_NOFILE`), or connections
 //!   held up to the fd limit leave their own requests without an fd. An accept that fails for
-//!   want of a file descriptor (`EMFILE`, `ENFILE`) pauses the accept task 100 ms instead of
-//!   spinning, and is logged once per burst, then counted: one line per 10 s
-//!   (`nodus::log_limit`).
+//!   want of a file descriptor (`EMFILE`, `ENFILE`) is logged once per burst, then counted: one
+//!   line per 10 s (`nodus::log_limit`); the listener itself backs off (`nodus::net`: its next
+//!   accept waits 100 ms, or for a new connection), so the accept task does not spin.
 //! - Limits: request heads over `max_header_bytes` or with more than `max_headers` headers get
 //!   431 (hyper), except one whose request line alone is `max_header_bytes` long or more: 414, as
 //!   from nginx (the connection's read ends the head first, `HyperIo` with `head_wait`, and the
@@ -573,7 +573,8 @@ async fn accept_loop<L, H, F>(
 {
     // This server's cap is in the loop's stats while it accepts.
     let _cap = stats::Cap::new(state.config.max_connections);
-    // At the open-files limit an accept fails every 100 ms: one line, then a count per 10 s.
+    // At the open-files limit an accept fails every 100 ms (the listener's back-off) and at each
+    // new connection: one line, then a count per 10 s.
     let window = nodus::log_limit::WINDOW;
     let emfile = nodus::log_limit::LogLimit::new(window, move |n, last| {
         tracing::warn!(
@@ -609,7 +610,7 @@ async fn accept_loop<L, H, F>(
             }
             Some(Err(e)) if matches!(e.raw_os_error(), Some(libc_emfile) if libc_emfile == 24 || libc_emfile == 23) =>
             {
-                // Out of file descriptors: back off instead of spinning on a ready listener.
+                // Out of file descriptors: the listener retries in 100 ms, or at a new connection.
                 if emfile.first(|| e.to_string()) {
                     tracing::warn!(
                         target: "nodus::http",
@@ -617,7 +618,6 @@ async fn accept_loop<L, H, F>(
                          one line per {window:?})"
                     );
                 }
-                nodus::sleep(100).await;
             }
             // A listener that can give no more connections (a cluster worker's, after the
             // primary's disconnect): the accept task is done.

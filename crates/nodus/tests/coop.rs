@@ -1,4 +1,5 @@
-//! The cooperative budget: a task reading a source that is always ready cannot starve a timer.
+//! The cooperative budget: a task reading a source that is always ready cannot starve a timer,
+//! and neither can the `block_on` future.
 #![cfg(feature = "measure")]
 
 use std::cell::Cell;
@@ -8,6 +9,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use nodus::io::AsyncFd;
+use nodus::io::consume_budget;
 use nodus::{Runtime, set_timeout, spawn_named};
 
 #[test]
@@ -72,4 +74,35 @@ fn an_always_ready_reader_does_not_starve_a_due_timer() {
     );
     drop(rt); // closes the reader: the feeder's write fails and it exits
     feeder.join().unwrap();
+}
+
+/// The `block_on` future looping on `consume_budget` (always-ready work, as its doc says to
+/// call it) is budgeted like a task: it yields to the loop, so a due 10 ms timer runs. Before,
+/// its budget never ran out and the loop never came round (no `epoll_wait` at all).
+#[test]
+fn the_block_on_future_is_budgeted_too() {
+    let rt = Runtime::new();
+    let (fired, turns) = rt.block_on(async {
+        let fired = Rc::new(Cell::new(false));
+        let f = fired.clone();
+        set_timeout(10, move || f.set(true));
+        // The hang guard is the wall clock, not a timer: a starved timer is what is tested.
+        let give_up = Instant::now() + Duration::from_secs(10);
+        let mut turns = 0u64;
+        while !fired.get() && Instant::now() < give_up {
+            consume_budget().await;
+            turns += 1;
+        }
+        (fired.get(), turns)
+    });
+    assert!(
+        fired,
+        "the timer never ran while block_on's future looped ({turns} turns)"
+    );
+    let snap = rt.enter(nodus::metrics::snapshot);
+    let main = snap.task_classes.iter().find(|c| c.name == "main").unwrap();
+    assert!(
+        main.forced_yields > 0,
+        "the main future's forced yields are counted under `main`: {main:?}"
+    );
 }

@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use common::net::{echo, read_to_end};
+use common::net::{accept_backs_off_out_of_fds, echo, fill_fds, read_to_end};
 use common::{bounded, cloexec};
 use futures_io::AsyncWrite;
 use nodus::net::{ListenOptions, TcpListener, TcpStream};
@@ -470,5 +470,28 @@ fn the_acceptor_that_loses_the_race_waits_quietly() {
         for a in acceptors {
             a.abort();
         }
+    });
+}
+
+/// Out of fds, a plain accept loop does not spin: each failed accept (`EMFILE`, returned to the
+/// caller every time) makes the listener's next accept wait 100 ms (or for a new connection),
+/// and the queued connection is accepted once fds are freed. Before, the accept failed again at
+/// once, forever (millions of failures a second). Run alone: it takes every fd of the process.
+#[test]
+fn out_of_fds_an_accept_loop_backs_off_and_accepts_once_fds_are_freed() {
+    const NAME: &str = "out_of_fds_an_accept_loop_backs_off_and_accepts_once_fds_are_freed";
+    if !nodus_testkit::alone::scenario(NAME) {
+        return;
+    }
+    let rt = nodus::Builder::new().watchdog(false).build().unwrap();
+    rt.block_on(async {
+        let listener = Rc::new(TcpListener::bind("127.0.0.1:0").unwrap());
+        let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let fds = fill_fds();
+        let accept = move || {
+            let l = listener.clone();
+            async move { l.accept().await.map(drop) }
+        };
+        accept_backs_off_out_of_fds(accept, fds).await;
     });
 }

@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use common::net::{echo, read_to_end};
+use common::net::{accept_backs_off_out_of_fds, echo, fill_fds, read_to_end};
 use common::{bounded, cloexec};
 use futures_io::AsyncWrite;
 use nodus::net::{UnixListener, UnixStream};
@@ -64,6 +64,72 @@ fn abstract_names_bind_and_connect() {
             got += c.read(&mut buf[got..]).await.unwrap();
         }
         assert_eq!(&buf, b"abstract");
+    });
+}
+
+/// A fresh socket path of exactly `len` bytes, in the temp dir.
+fn path_of_len(len: usize) -> PathBuf {
+    let base = std::env::temp_dir().join(format!("nodus-{}-len{len}-", std::process::id()));
+    let pad = len - base.as_os_str().len();
+    let p = PathBuf::from(format!("{}{}", base.display(), "x".repeat(pad)));
+    assert_eq!(p.as_os_str().len(), len);
+    let _ = std::fs::remove_file(&p);
+    p
+}
+
+/// A path that fills `sun_path` (108 bytes, no room for a NUL) binds and connects, as on Linux
+/// and in Node; before, it was refused ("path must be shorter than SUN_LEN").
+#[test]
+fn a_path_of_108_bytes_binds_and_connects() {
+    let path = path_of_len(108);
+    let p = path.clone();
+    bounded(async move {
+        let listener = UnixListener::bind(&p).unwrap();
+        assert_eq!(listener.local_addr().unwrap().as_pathname(), Some(&*p));
+        let c = UnixStream::connect(&p).await.unwrap();
+        let (s, _) = listener.accept().await.unwrap();
+        c.write_all(b"108").await.unwrap();
+        let mut buf = [0u8; 3];
+        let mut got = 0;
+        while got < 3 {
+            got += s.read(&mut buf[got..]).await.unwrap();
+        }
+        assert_eq!(&buf, b"108");
+    });
+    assert!(!path.exists(), "the dropped listener unlinked its path");
+}
+
+/// A longer path is refused by bind and connect, the message naming its length and the limit.
+#[test]
+fn a_path_longer_than_108_bytes_is_refused_naming_its_length() {
+    let path = path_of_len(109);
+    bounded(async move {
+        let bind = UnixListener::bind(&path).unwrap_err();
+        let connect = UnixStream::connect(&path).await.unwrap_err();
+        for err in [bind, connect] {
+            assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{err}");
+            let text = err.to_string();
+            assert!(
+                text.contains("109 bytes") && text.contains("at most 108"),
+                "{text}"
+            );
+        }
+        assert!(!path.exists());
+    });
+}
+
+/// A NUL inside a path is refused: the kernel would bind the path cut there, which the
+/// listener's drop would not unlink.
+#[test]
+fn a_path_holding_a_nul_is_refused() {
+    let cut = sock_path("cut");
+    let mut with_nul = cut.clone().into_os_string();
+    with_nul.push("\0tail");
+    bounded(async move {
+        let err = UnixListener::bind(&with_nul).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{err}");
+        assert!(err.to_string().contains("NUL"), "{err}");
+        assert!(!cut.exists(), "bound at the path cut at its NUL");
     });
 }
 
@@ -330,5 +396,26 @@ fn a_large_write_over_a_pair_completes_without_loss() {
             b"",
             "the writer's socket was dropped"
         );
+    });
+}
+
+/// Out of fds, a Unix listener's accept loop backs off as a TCP one's does (`net_tcp.rs`).
+#[test]
+fn out_of_fds_an_accept_loop_backs_off_and_accepts_once_fds_are_freed() {
+    const NAME: &str = "out_of_fds_an_accept_loop_backs_off_and_accepts_once_fds_are_freed";
+    if !nodus_testkit::alone::scenario(NAME) {
+        return;
+    }
+    let path = sock_path("emfile");
+    let rt = nodus::Builder::new().watchdog(false).build().unwrap();
+    rt.block_on(async {
+        let listener = Rc::new(UnixListener::bind(&path).unwrap());
+        let _client = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        let fds = fill_fds();
+        let accept = move || {
+            let l = listener.clone();
+            async move { l.accept().await.map(drop) }
+        };
+        accept_backs_off_out_of_fds(accept, fds).await;
     });
 }

@@ -1,11 +1,11 @@
 //! `nodus::process`: spawn with pipes, exit codes and signals through the pidfd, kill, process
 //! groups and kill-tree, the group exit signal, the parent-death signal, ref/unref, the reap of
-//! a child whose runtime is dropped before its exit (the orphan reaper), exec and
-//! exec_file (buffer limit, timeout, failure), fork of a nodus child, fds passed at given numbers
-//! (with the IPC channel after them), and output copied line by line behind a prefix (or as it
-//! is, its drop notices prefixed), fairly between the children sharing a sink; `has_exited` on
-//! an exit not yet reaped; `no_shell_for_elf` (an ELF file the kernel refuses is a spawn error,
-//! not a script for `/bin/sh`). Every test bounded in time.
+//! a child whose runtime is dropped before its exit (the orphan reaper; `wait` on it an error),
+//! exec and exec_file (buffer limit, timeout, failure), fork of a nodus child, fds passed at
+//! given numbers (with the IPC channel after them), and output copied line by line behind a
+//! prefix (or as it is, its drop notices prefixed), fairly between the children sharing a sink;
+//! `has_exited` on an exit not yet reaped; `no_shell_for_elf` (an ELF file the kernel refuses is
+//! a spawn error, not a script for `/bin/sh`). Every test bounded in time.
 
 mod common;
 
@@ -423,6 +423,55 @@ fn a_child_kept_past_its_runtime_keeps_its_pidfd_and_is_reaped_when_dropped() {
         Some(std::process::id()),
         "reaped by the drop"
     );
+}
+
+/// Its runtime dropped, a child's `wait` (in another runtime) gives an error at once, and so
+/// does `try_wait`, instead of waiting forever for an exit no loop observes; a `wait` already
+/// pending when the runtime is dropped is woken with that error. Such a child is still its own
+/// (a zombie, not reaped) until its `Child` is dropped. An exit observed before the drop keeps
+/// its status.
+#[test]
+fn wait_on_a_child_whose_runtime_was_dropped_is_an_error_not_a_hang() {
+    let rt = Runtime::new();
+    let (observed, pending, later) = rt.block_on(async {
+        let observed = Command::new("true").spawn().unwrap();
+        observed.wait().await.unwrap();
+        let sleeper = || Command::new("sleep").arg("0.1").spawn().unwrap();
+        (observed, sleeper(), sleeper())
+    });
+    let other = Runtime::new();
+    let (pending, later) = other.block_on(async move {
+        let waiting = spawn(async move {
+            let r = pending.wait().await;
+            (r, pending)
+        });
+        nodus::yield_now().await;
+        drop(rt);
+        let pending = nodus::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("a wait pending at the runtime's drop hangs")
+            .unwrap();
+        let r = nodus::timeout(Duration::from_secs(10), later.wait())
+            .await
+            .expect("a wait after the runtime's drop hangs");
+        assert!(observed.wait().await.unwrap().success());
+        (pending, (r, later))
+    });
+    for (result, child) in [pending, later] {
+        let err = result.expect_err("no exit status from a dropped runtime");
+        assert_eq!(err.kind(), std::io::ErrorKind::Other, "{err}");
+        assert!(err.to_string().contains("runtime was dropped"), "{err}");
+        assert!(child.try_wait().unwrap().is_err());
+        let pid = child.id();
+        wait_zombie(pid);
+        assert!(child.has_exited());
+        drop(child);
+        assert_ne!(
+            tree::parent_of(pid as i32),
+            Some(std::process::id()),
+            "reaped by the drop"
+        );
+    }
 }
 
 #[test]

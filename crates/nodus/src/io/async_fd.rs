@@ -154,6 +154,16 @@ impl<T: AsFd> AsyncFd<T> {
         ready.set(ready.get() & !READABLE);
     }
 
+    /// Forgets read readiness, as after `WouldBlock`, and has the loop make the fd read-ready
+    /// again `delay` ns from now, unless an edge does first: the next attempt waits for
+    /// whichever comes first (a retry later, for an error another attempt at once would repeat:
+    /// an accept out of file descriptors).
+    #[track_caller]
+    pub(crate) fn retry_read_after(&self, delay: u64) {
+        self.clear_read_ready();
+        self.reg.ready_after(READABLE, delay);
+    }
+
     /// Forgets write readiness (after `WouldBlock`).
     pub fn clear_write_ready(&self) {
         let ready = &self.reg.state().ready;

@@ -2,7 +2,10 @@
 //!
 //! mio is edge-triggered, so readiness is remembered per source (`IoState::ready`) until the
 //! owner sees `WouldBlock` and clears it. Dispatching an event sets the bits and wakes the
-//! waiting tasks (each wake queues a microtask; the drain after the dispatch polls them).
+//! waiting tasks (each wake queues a microtask; the drain after the dispatch polls them). An
+//! owner may also have readiness given back later (`Registration::ready_after`: an accept's
+//! back-off), by an unref'd timer of the source's own loop that dispatches it as an event under
+//! the source's token: a source gone by then gets nothing.
 //!
 //! Invariants:
 //! - Token 0 is the cross-thread waker. A source's token is its slot's key + 1 in the low half
@@ -38,6 +41,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::io;
+use std::panic::Location;
 use std::rc::{Rc, Weak};
 use std::task::Waker;
 use std::time::Duration;
@@ -455,12 +459,33 @@ impl Registration {
         }
     }
 
+    /// Has its loop mark the source ready for `bits` again, waking their waiters as an event
+    /// would, `delay` ns from now (an unref'd timer of that loop; nothing if the source has left
+    /// it by then, or the loop is gone).
+    #[track_caller]
+    pub(crate) fn ready_after(&self, bits: u8, delay: u64) {
+        let Some(core) = self.core.upgrade() else {
+            return;
+        };
+        if self.gone.get() {
+            return;
+        }
+        let (token, weak) = (self.state.token, self.core.clone());
+        let again = move || {
+            if let Some(core) = weak.upgrade() {
+                // A token is never given twice: a source gone meanwhile gets nothing.
+                core.reactor.dispatch(token, bits);
+            }
+        };
+        crate::time::run_later_unref(&core, delay, Box::new(again), Location::caller());
+    }
+
     /// Queues `callback` for its loop's close phase, whichever loop is current; dropped unrun if
     /// that loop is gone.
     pub(crate) fn close_callback(
         &self,
         callback: Box<dyn FnOnce()>,
-        location: &'static std::panic::Location<'static>,
+        location: &'static Location<'static>,
     ) {
         match self.core.upgrade() {
             Some(core) => core.queue_close(callback, location),

@@ -3,8 +3,9 @@
 //! wraps.
 //!
 //! Invariants, shared by every type here:
-//! - **Edge-triggered readiness.** Every operation is attempted first; only `WouldBlock` clears
-//!   the remembered readiness, after which the task waits for the next edge from epoll. A short
+//! - **Edge-triggered readiness.** Every operation is attempted first; only `WouldBlock` (and an
+//!   accept's back-off, below) clears the remembered readiness, after which the task waits for
+//!   the next edge from epoll. A short
 //!   read or write leaves readiness set (the next attempt finds out). `EINTR` is retried. Every
 //!   readiness check draws one unit of the task's cooperative budget, so a socket that is always
 //!   ready cannot starve timers or other tasks.
@@ -28,6 +29,21 @@
 //!   reads EOF but can still write, and this side can still read. Writes complete before they
 //!   return (there is no user-space write queue), so there is nothing to flush first. Reading EOF
 //!   does not close the socket: the reading side decides when to write its reply and close.
+//! - **Accepting out of file descriptors.** An accept that fails for want of file descriptors or
+//!   kernel memory (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`) leaves the connection queued, so
+//!   an accept at once would fail again, forever: a plain accept loop would spin. The error is
+//!   returned to the caller each time, the listener stays usable, and its next accept waits
+//!   100 ms, or until a new connection arrives, whichever comes first (the loop gives the
+//!   listener its readiness back then: an unref'd timer, at most one armed per listener), so a
+//!   queued connection is accepted at most 100 ms after an fd is freed. libuv instead keeps a
+//!   spare fd open (`uv__emfile_trick`): on `EMFILE` it closes it, accepts and closes every
+//!   queued connection, and opens it again, so those clients are dropped (they read a close)
+//!   and Node's server sees no error. nodus keeps them waiting in the kernel's backlog, as
+//!   nginx does (it stops accepting for `accept_mutex_delay`, 500 ms, after `EMFILE`): a
+//!   connection that can be served once fds are freed is served, not dropped; no fd is held in
+//!   reserve (another thread's open, an I/O pool's, could take the freed number before it is
+//!   reopened); the backlog bounds what waits; and the caller sees the error and decides (log
+//!   it, close idle connections). nodus-http's accept loop needs no pause of its own.
 //! - **No `SIGPIPE`.** Stream writes use `send(MSG_NOSIGNAL)`: writing to a reset connection is an
 //!   `EPIPE` error, never a signal, whatever the process's signal disposition.
 //! - **Close-on-exec.** Every fd created here is `O_CLOEXEC` (std and socket2 create sockets

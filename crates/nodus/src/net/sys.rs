@@ -4,14 +4,20 @@
 //!
 //! The attempt loops are the one place readiness is cleared: an operation is tried while the
 //! source is (believed) ready, `WouldBlock` forgets the readiness and the next check registers the
-//! task's waker, `EINTR` tries again. Each check costs one unit of the cooperative budget.
+//! task's waker, `EINTR` tries again. Each check costs one unit of the cooperative budget. The
+//! one other place is [`poll_accept`]'s back-off: an accept out of file descriptors or memory
+//! forgets the listener's readiness too, and [`AcceptBackoff`] has the loop give it back
+//! [`ACCEPT_BACKOFF`] later (see the [module docs](super) for why).
 
+use std::cell::Cell;
 use std::future::poll_fn;
 use std::io::{self, IoSlice, IoSliceMut, Read};
 use std::net::Shutdown;
 use std::os::fd::{AsFd, AsRawFd};
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
+use rustix::io::Errno;
 use rustix::net::{SendAncillaryBuffer, SendFlags};
 use socket2::{Domain, SockAddr, SockRef, Socket, Type};
 
@@ -33,10 +39,45 @@ pub(super) fn poll_read_op<T: AsFd, R>(
     }
 }
 
+/// How long a listener's next accept waits after one failed for want of file descriptors or
+/// memory, unless a new connection arrives first (the pause nodus-http's accept loop made).
+pub(super) const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// A listener's back-off after an accept out of resources: when the loop's retry it armed is due
+/// (`clock::now_ns`), so that failures meanwhile (one per new connection) arm no more.
+#[derive(Default)]
+pub(super) struct AcceptBackoff {
+    retry_at: Cell<u64>,
+}
+
+impl AcceptBackoff {
+    /// The accept failed with `e`: if it is a shortage that an accept at once would meet again
+    /// (the connection stays queued), waits [`ACCEPT_BACKOFF`] or for the next connection.
+    fn failed<L: AsFd>(&self, io: &AsyncFd<L>, e: &io::Error) {
+        let shortage = [Errno::MFILE, Errno::NFILE, Errno::NOBUFS, Errno::NOMEM]
+            .iter()
+            .any(|errno| e.raw_os_error() == Some(errno.raw_os_error()));
+        if !shortage {
+            return;
+        }
+        let now = crate::clock::now_ns();
+        if now < self.retry_at.get() {
+            // A retry is armed already: forget the readiness, as it would.
+            io.clear_read_ready();
+            return;
+        }
+        let delay = ACCEPT_BACKOFF.as_nanos() as u64;
+        self.retry_at.set(now + delay);
+        io.retry_read_after(delay);
+    }
+}
+
 /// Accepts a connection if one is queued (skipping `ECONNABORTED`, as libuv does) and adopts it
-/// with `adopt`; otherwise registers the task to be woken.
+/// with `adopt`; otherwise registers the task to be woken. An error is returned as it is; one
+/// out of file descriptors or memory starts `backoff` first.
 pub(super) fn poll_accept<L: AsFd, S, A, T>(
     io: &AsyncFd<L>,
+    backoff: &AcceptBackoff,
     cx: &mut Context<'_>,
     mut accept: impl FnMut(&L) -> io::Result<(S, A)>,
     adopt: impl Fn(S) -> io::Result<T>,
@@ -45,7 +86,10 @@ pub(super) fn poll_accept<L: AsFd, S, A, T>(
         match ready!(poll_read_op(io, cx, &mut accept)) {
             Ok((stream, peer)) => return Poll::Ready(adopt(stream).map(|s| (s, peer))),
             Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => {}
-            Err(e) => return Poll::Ready(Err(e)),
+            Err(e) => {
+                backoff.failed(io, &e);
+                return Poll::Ready(Err(e));
+            }
         }
     }
 }
@@ -143,7 +187,7 @@ fn start_connect(socket: &Socket, addr: &SockAddr) -> io::Result<()> {
     match socket.connect(addr) {
         Ok(()) => Ok(()),
         Err(e)
-            if e.raw_os_error() == Some(rustix::io::Errno::INPROGRESS.raw_os_error())
+            if e.raw_os_error() == Some(Errno::INPROGRESS.raw_os_error())
                 || e.kind() == io::ErrorKind::Interrupted =>
         {
             Ok(())

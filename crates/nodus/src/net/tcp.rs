@@ -6,7 +6,9 @@
 //!   [`ListenOptions`] adds `SO_REUSEPORT`, which lets several sockets (and processes) bind the
 //!   same port with the kernel balancing connections between them.
 //! - `accept` skips `ECONNABORTED` (a connection reset before it was accepted; libuv does the
-//!   same) and returns every other error (`EMFILE`, say); the listener stays usable.
+//!   same) and returns every other error; the listener stays usable. After one out of file
+//!   descriptors or memory (`EMFILE`, say) the next accept waits 100 ms or for a new connection
+//!   (the [module docs](super) say why).
 //! - `connect` is a non-blocking `connect(2)`: it waits for writability, then reads `SO_ERROR`
 //!   (`ECONNREFUSED` and friends) and confirms there is a peer.
 
@@ -20,7 +22,7 @@ use std::task::{Context, Poll};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::IntoSocketAddr;
-use super::sys::{self, Kind, socket_common, stream_io};
+use super::sys::{self, AcceptBackoff, Kind, socket_common, stream_io};
 use crate::io::AsyncFd;
 
 /// How [`TcpListener::bind_with`] sets up its socket. The default is Node's `listen()`.
@@ -53,6 +55,7 @@ impl Default for ListenOptions {
 /// A TCP socket listening for connections.
 pub struct TcpListener {
     io: AsyncFd<std::net::TcpListener>,
+    backoff: AcceptBackoff,
 }
 
 impl TcpListener {
@@ -93,6 +96,7 @@ impl TcpListener {
     pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(TcpStream, SocketAddr)>> {
         sys::poll_accept(
             &self.io,
+            &self.backoff,
             cx,
             accept_nonblocking,
             TcpStream::from_nonblocking,
@@ -119,6 +123,7 @@ impl TcpListener {
     pub fn from_std(listener: std::net::TcpListener) -> io::Result<TcpListener> {
         Ok(TcpListener {
             io: AsyncFd::new(listener)?,
+            backoff: AcceptBackoff::default(),
         })
     }
 

@@ -6,7 +6,13 @@
 //!   fd or a std listener never unlinks anything (a worker closing its copy of a shared listener
 //!   must not remove the primary's path), nor does one turned back into std with `into_std`.
 //!   Abstract names (a path starting with a NUL byte, Linux) have nothing to unlink.
+//! - A path may fill `sun_path` whole, 108 bytes with no terminating NUL, as Linux and Node
+//!   allow (socket2's and std's addresses stop at 107); a longer one is `InvalidInput` naming its
+//!   length and the limit, and so is a NUL inside a path (the kernel would cut the path there).
+//!   An abstract name (a leading NUL) is taken at its own length, up to 108 bytes with the NUL.
 //! - Binding an existing path fails with `AddrInUse` (a stale socket file is not removed for you).
+//! - `accept` returns its errors as `TcpListener`'s does, with the same back-off after one out of
+//!   file descriptors or memory (the [module docs](super)).
 //! - `connect` is non-blocking: on Linux it completes at once or fails, `ConnectionRefused` for a
 //!   path with no listener, `NotFound` for no path, and `WouldBlock` (`EAGAIN`) when the
 //!   listener's backlog is full (libuv reports that as an error too).
@@ -20,19 +26,60 @@ use std::os::unix::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::task::{Context, Poll};
 
-use socket2::{Domain, SockAddr, Socket, Type};
+use socket2::{Domain, SockAddr, SockAddrStorage, Socket, Type};
 
-use super::sys::{self, Kind, socket_common, stream_io};
+use super::sys::{self, AcceptBackoff, Kind, socket_common, stream_io};
 use crate::io::AsyncFd;
 
 /// Node's (and libuv's) listen backlog.
 const BACKLOG: i32 = 511;
+
+/// The address of `path`: a pathname, or an abstract name when it starts with a NUL (see the
+/// module docs for the lengths taken).
+fn unix_addr(path: &Path) -> io::Result<SockAddr> {
+    let bytes = path.as_os_str().as_bytes();
+    let mut storage = SockAddrStorage::zeroed();
+    // SAFETY: `sockaddr_un` is one of this platform's `sockaddr_*` types, as `view_as` requires.
+    let un = unsafe { storage.view_as::<libc::sockaddr_un>() };
+    let room = un.sun_path.len();
+    if bytes.len() > room {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "nodus::net: the Unix socket path {path:?} is {} bytes long; at most {room} fit \
+                 (sockaddr_un's sun_path)",
+                bytes.len()
+            ),
+        ));
+    }
+    let pathname = bytes.first().is_some_and(|&b| b != 0);
+    if pathname && bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "nodus::net: the Unix socket path {path:?} holds a NUL byte (only an abstract \
+                 name may, leading)"
+            ),
+        ));
+    }
+    un.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (to, &from) in un.sun_path.iter_mut().zip(bytes) {
+        *to = from as libc::c_char;
+    }
+    // A pathname's terminating NUL, when there is room for one (the storage is zeroed).
+    let nul = usize::from(pathname && bytes.len() < room);
+    let len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + bytes.len() + nul;
+    // SAFETY: `storage` holds an initialized `sockaddr_un` (zeroed, then filled) of which `len`
+    // bytes, at most its size, are the address.
+    Ok(unsafe { SockAddr::new(storage, len as libc::socklen_t) })
+}
 
 /// A Unix domain socket listening for connections.
 pub struct UnixListener {
     // Field order matters: the fd is closed before the path is unlinked.
     io: AsyncFd<std::os::unix::net::UnixListener>,
     unlink: Option<Unlink>,
+    backoff: AcceptBackoff,
 }
 
 /// Removes the socket file a listener bound, when dropped.
@@ -59,7 +106,7 @@ impl UnixListener {
     pub fn bind(path: impl AsRef<Path>) -> io::Result<UnixListener> {
         let path = path.as_ref();
         let socket = Socket::new(Domain::UNIX, Type::STREAM, None)?;
-        socket.bind(&SockAddr::unix(path)?)?;
+        socket.bind(&unix_addr(path)?)?;
         // Bound: the path is ours from here on, removed again if anything below fails.
         let bytes = path.as_os_str().as_bytes();
         let unlink = (bytes.first() != Some(&0)).then(|| Unlink(path.to_path_buf()));
@@ -78,7 +125,13 @@ impl UnixListener {
 
     /// Accepts a connection if one is queued; otherwise registers the task to be woken.
     pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(UnixStream, SocketAddr)>> {
-        sys::poll_accept(&self.io, cx, |l| l.accept(), UnixStream::from_std)
+        sys::poll_accept(
+            &self.io,
+            &self.backoff,
+            cx,
+            |l| l.accept(),
+            UnixStream::from_std,
+        )
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -89,7 +142,7 @@ impl UnixListener {
     /// close phase.
     #[track_caller]
     pub fn close(self, callback: impl FnOnce() + 'static) {
-        let UnixListener { io, unlink } = self;
+        let UnixListener { io, unlink, .. } = self;
         io.close(callback);
         drop(unlink);
     }
@@ -104,6 +157,7 @@ impl UnixListener {
         Ok(UnixListener {
             io: AsyncFd::new(listener)?,
             unlink: None,
+            backoff: AcceptBackoff::default(),
         })
     }
 
@@ -128,7 +182,7 @@ impl UnixListener {
     /// Deregisters the socket and gives it back, still non-blocking; its path is no longer
     /// unlinked by nodus.
     pub fn into_std(self) -> std::os::unix::net::UnixListener {
-        let UnixListener { io, unlink } = self;
+        let UnixListener { io, unlink, .. } = self;
         if let Some(unlink) = unlink {
             unlink.disarm();
         }
@@ -156,7 +210,7 @@ pub struct UnixStream {
 impl UnixStream {
     /// Connects to the listener at `path` without blocking the loop.
     pub async fn connect(path: impl AsRef<Path>) -> io::Result<UnixStream> {
-        let addr = SockAddr::unix(path)?;
+        let addr = unix_addr(path.as_ref())?;
         let socket = Socket::new(Domain::UNIX, Type::STREAM, None)?;
         Ok(UnixStream {
             io: sys::connect(socket, &addr).await?,

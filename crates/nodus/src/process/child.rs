@@ -17,6 +17,12 @@
 //!   the `Child` (unless that thread cannot start: one warning line, see `orphans`). A `Child` held past its runtime is not reaped while held (its pid stays its
 //!   own: [`Child::kill_group`] stays safe), nor is the child of a runtime kept and never run
 //!   again.
+//! - A `Child` held past its runtime, its exit not observed before, does what needs no loop
+//!   (`kill`, `kill_group`, `has_exited`) but observes no exit: as every handle of a dropped
+//!   runtime, it waits for nothing. [`Child::wait`] and [`Child::try_wait`] give an error then
+//!   (at once, and a `wait` pending in another runtime is woken with it: the exit task's drop
+//!   says so), never a status and never a wait without end. The child is reaped when the
+//!   `Child` is dropped, as above. An exit observed before the drop keeps its status.
 //! - [`Child::has_exited`] only looks (`waitid(WNOWAIT)`), so it may see the exit before the exit
 //!   task does (a zombie not yet reaped) and never takes the reap from it.
 //! - Until its exit is observed the child is an active ref'd handle (Node: a `ChildProcess`
@@ -43,7 +49,7 @@
 //!   a pgid that could be reused; see `guard`). Handed to the orphan reaper while running, it
 //!   stays remembered and is reaped only after the guard's exit (see `orphans`).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::future::poll_fn;
 use std::io;
@@ -109,6 +115,8 @@ struct Watch {
     ours: RefCell<Option<Ours>>,
     /// What the group exit signal was sent to besides the child (`Child::left_in_group`).
     left_in_group: RefCell<Vec<(u32, String)>>,
+    /// The exit task was dropped before the exit (with its runtime): no status will come.
+    abandoned: Cell<bool>,
 }
 
 impl Watch {
@@ -178,10 +186,33 @@ impl Watch {
     }
 
     fn exited(&self) -> Option<io::Result<ExitStatus>> {
-        self.status
-            .borrow()
-            .as_ref()
-            .map(|r| r.clone().map_err(|(kind, msg)| io::Error::new(kind, msg)))
+        if let Some(r) = self.status.borrow().as_ref() {
+            return Some(r.clone().map_err(|(kind, msg)| io::Error::new(kind, msg)));
+        }
+        self.abandoned.get().then(|| {
+            Err(io::Error::other(format!(
+                "nodus::process: child {}: its runtime was dropped before its exit was \
+                 observed, so no exit status will come (it is reaped when its Child is dropped)",
+                self.pid.as_raw_nonzero()
+            )))
+        })
+    }
+}
+
+/// Held by the exit task's future: dropped before the exit was observed (the runtime's drop
+/// drops every task), it marks the watch abandoned and wakes its waiters (module doc).
+struct ExitTask(Rc<Watch>);
+
+impl Drop for ExitTask {
+    fn drop(&mut self) {
+        if self.0.status.borrow().is_some() {
+            return;
+        }
+        self.0.abandoned.set(true);
+        let waiters = std::mem::take(&mut *self.0.waiters.borrow_mut());
+        for w in waiters {
+            w.wake();
+        }
     }
 }
 
@@ -260,9 +291,11 @@ impl Child {
             waiters: RefCell::new(Vec::new()),
             ours: RefCell::new(Some(ours)),
             left_in_group: RefCell::new(Vec::new()),
+            abandoned: Cell::new(false),
         });
-        let w = watch.clone();
+        let task = ExitTask(watch.clone());
         crate::task::spawn_named("process:exit", async move {
+            let w = &task.0;
             let result = poll_fn(|cx| w.poll_reap(cx)).await;
             w.finish(result);
         })
@@ -282,6 +315,11 @@ impl Child {
     }
 
     /// Waits for the child to exit (any number of tasks may wait).
+    ///
+    /// # Errors
+    /// One the reap met (not ours to wait for), or, once the child's runtime was dropped before
+    /// its exit was observed, an error saying so (`ErrorKind::Other`): no status will come
+    /// (see the module docs).
     pub async fn wait(&self) -> io::Result<ExitStatus> {
         poll_fn(|cx| {
             if let Some(r) = self.watch.exited() {
@@ -296,7 +334,8 @@ impl Child {
         .await
     }
 
-    /// The exit status, if the exit has been observed.
+    /// The exit status, if the exit has been observed; `wait`'s error once it never will be
+    /// (its runtime was dropped first).
     pub fn try_wait(&self) -> Option<io::Result<ExitStatus>> {
         self.watch.exited()
     }

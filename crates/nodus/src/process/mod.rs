@@ -9,7 +9,9 @@
 //!   is a ref'd handle until its exit is observed (Node's rule); `Child::unref` releases it.
 //!   A child whose `Runtime` is dropped before its exit (its exit task with it) is reaped once
 //!   its `Child` is dropped too: then if it has exited, else at its exit by one background
-//!   thread for the process (`orphans`, crate-private), so none is left a zombie.
+//!   thread for the process (`orphans`, crate-private), so none is left a zombie. Until then
+//!   its `Child` observes no exit (a handle of a dropped runtime does nothing): `wait` and
+//!   `try_wait` give an error saying so, at once, never a wait without end.
 //!   A group exit signal (`Command::group_exit_signal`) reaches what is left of the child's
 //!   process group after its exit and before its reap, while the zombie still holds the group's
 //!   id.

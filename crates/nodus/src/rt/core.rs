@@ -201,7 +201,8 @@ pub(crate) struct Core {
     /// not yet known to have been followed by every source it left unreported, and the tokens
     /// reported since (dispatched batches only). Cleared by a complete poll.
     pub(crate) full_batch: RefCell<Option<(u64, HashSet<usize>)>>,
-    /// The task being polled, if any (budget accounting, stall attribution).
+    /// The task or `block_on` future being polled, if any: whose cooperative budget
+    /// `consume_budget` draws on (`None`: a callback's code, unbudgeted).
     pub(crate) current: Cell<Option<PollTarget>>,
     next_task: Cell<u64>,
     /// Every task whose future is alive: its id and a waker (see the module invariants).
@@ -376,8 +377,9 @@ impl Core {
         }
     }
 
-    /// Uses one unit of the current task's cooperative budget; `false` when it is spent (the
-    /// caller returns `Pending` after the task was woken to run again in the check phase).
+    /// Uses one unit of the cooperative budget of the task (or `block_on` future) being polled;
+    /// `false` when it is spent (the caller returns `Pending` after the task was woken to run
+    /// again in the check phase).
     pub(crate) fn consume_budget(&self) -> bool {
         let Some(target) = self.current.get() else {
             return true;

@@ -4,6 +4,12 @@
 //! Invariants: `Core::main` holds a pointer to the pinned future only while `block_on` runs (the
 //! `MainGuard` clears it on return and while unwinding). A wake of the main future after that is
 //! a stale queue entry that `poll_main` ignores.
+//!
+//! A poll of the main future is a task poll for the cooperative budget: it is `Core::current`
+//! (as the target it is metered under, `"main"` of class `MAIN`, task id 0) with a fresh budget,
+//! so an always-ready resource it loops on yields to the loop after `COOP_BUDGET` checks (its
+//! forced yields count under `main`), as a spawned task's does. `current` is `None` again once
+//! the poll returns or unwinds (the `MainGuard` clears it too).
 
 use std::future::Future;
 use std::panic::Location;
@@ -14,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 
 use super::context::try_with_core;
-use super::core::{Core, MainPtr, Shared};
+use super::core::{COOP_BUDGET, Core, MainPtr, Shared};
 use super::queues::RunItem;
 use crate::metrics::classes;
 
@@ -55,6 +61,8 @@ pub(crate) struct MainGuard<'a> {
 impl Drop for MainGuard<'_> {
     fn drop(&mut self) {
         self.core.main.set(None);
+        // A poll that unwound left it set.
+        self.core.current.set(None);
         self.core.main_waker.borrow_mut().take();
         self.core.main_running.set(false);
         self.core.main_done.set(false);
@@ -99,6 +107,8 @@ impl Core {
         let mut cx = Context::from_waker(&waker);
         let target = Core::callback_target("main", self.main_location.get(), classes::MAIN);
         self.main_running.set(true);
+        self.current.set(Some(target));
+        self.budget.set(COOP_BUDGET);
         self.meter.begin_poll(&target, t);
         // SAFETY: see `install_main`: the pointee is pinned in `block_on`'s frame and alive while
         // `main` is `Some`; `poll_main` is not re-entered (it runs only from the loop, and
@@ -106,10 +116,31 @@ impl Core {
         let ready = unsafe { Pin::new_unchecked(ptr.as_mut()) }.poll(&mut cx);
         self.meter.end_poll(&target, t);
         self.after_poll();
+        self.current.set(None);
         self.main_running.set(false);
         if let Poll::Ready(()) = ready {
             self.main_done.set(true);
             self.main.set(None);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+
+    use crate::rt::context::with_core;
+
+    /// A poll of the main future that unwinds leaves no budgeted poll behind: later callbacks
+    /// (the next `run`'s) are not charged to a `block_on` that is gone.
+    #[test]
+    fn a_main_future_that_panics_leaves_nothing_current() {
+        let rt = crate::Runtime::new();
+        let unwound = catch_unwind(AssertUnwindSafe(|| {
+            rt.block_on(async { panic!("the main future panics") })
+        }));
+        assert!(unwound.is_err());
+        let current = rt.enter(|| with_core("test", |core| core.current.get().map(|t| t.name)));
+        assert_eq!(current, None);
     }
 }

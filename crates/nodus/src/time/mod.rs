@@ -153,6 +153,21 @@ fn arm(
     })
 }
 
+/// Runs `callback` once `delay` ns from now in `core`'s timers phase, unref'd: the loop's own
+/// timer, which keeps nothing alive and has no handle (an I/O source's retry later,
+/// `Registration::ready_after`).
+pub(crate) fn run_later_unref(
+    core: &Core,
+    delay: u64,
+    callback: Box<dyn FnOnce()>,
+    location: &'static Location<'static>,
+) {
+    let now = crate::clock::now_ns();
+    core.timers
+        .borrow_mut()
+        .insert(now, delay, 0, TimerAction::Once(callback), false, location);
+}
+
 impl EntryHandle for Timer {
     const NAME: &'static str = "Timer";
 
