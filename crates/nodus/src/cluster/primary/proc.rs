@@ -300,6 +300,8 @@ pub(super) struct Proc {
 impl Proc {
     /// Starts the current generation's worker for `slot`.
     pub fn spawn(st: &Rc<State>, slot: u32, generation: u64) -> io::Result<Rc<Proc>> {
+        // The fds the primary keeps for this, free until the spawn is done (`fd_reserve`).
+        let _room = st.fd_reserve.make_room();
         let cfg = &st.config.command;
         let unique = st.next_unique.get();
         st.next_unique.set(unique + 1);
