@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::cluster::{events, run_node_app, run_sh, spawn};
+use common::cluster::{count, events, run_node_app, run_sh, spawn, wait_events, wait_ready_pids};
 use common::http::try_request;
 use common::{NODUS, have};
 use nodus_testkit::net::free_addr;
@@ -1123,4 +1123,121 @@ fn run_gives_workers_no_listen_variables_meant_for_another_process() {
         };
         assert!(line.ends_with(&expected), "{options:?}: {line}");
     }
+}
+
+/// How many fds process `pid` holds.
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+/// One request per connection, from `threads` clients at once, until `stop`: what keeps a
+/// primary under `ulimit -n 64` at its open-files limit.
+fn flood(
+    addr: SocketAddr,
+    threads: usize,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<std::thread::JoinHandle<()>> {
+    use std::io::{Read, Write};
+    use std::sync::atomic::Ordering;
+    (0..threads)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(mut s) =
+                        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1))
+                    else {
+                        continue;
+                    };
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+                    let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+                    let _ = s.read_to_end(&mut Vec::new());
+                }
+            })
+        })
+        .collect()
+}
+
+/// A primary at its open-files limit (`ulimit -n 64`, a flood of connections) keeps the fds its
+/// own spawns need: a worker killed then is replaced, a reload then is done, and the primary's
+/// fd shortage is never counted as crashes of the worker (which spent the restart budget in a
+/// second: exit 75).
+#[test]
+fn a_primary_at_its_open_files_limit_still_replaces_a_killed_worker() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = TempDir::new("fd-limit-restart");
+    std::fs::write(dir.path().join("index.html"), "hi\n").unwrap();
+    let log = dir.path().join("events.jsonl");
+    let addr = free_addr();
+    let mut primary = spawn(
+        Command::new("sh")
+            .args(["-c", "ulimit -n 64 && exec \"$0\" \"$@\"", NODUS, "serve"])
+            .arg(dir.path())
+            .args(["--listen", &addr.to_string(), "--workers", "2", "--events"])
+            .arg(&log)
+            .env("RUST_LOG", "info"),
+    );
+    let primary_pid = primary.id();
+    wait_ready_pids(&log, 2);
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let clients = flood(addr, 200, &stop);
+    // Four kills (within the default budget of 5), each once the primary holds nearly 64 fds.
+    for round in 0..4 {
+        let slot = round % 2 + 1;
+        let pid = events(&log)
+            .iter()
+            .rev()
+            .find(|e| e["event"] == "ready" && e["worker"] == slot)
+            .map(|e| e["pid"].as_i64().unwrap() as i32)
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while fd_count(primary_pid) < 60 {
+            assert!(
+                Instant::now() < deadline,
+                "the flood never took the primary to its limit"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(pid).unwrap(),
+            rustix::process::Signal::KILL,
+        )
+        .unwrap();
+        // Its replacement is ready, the flood still on.
+        let evs = wait_events(&log, |e| {
+            count(e, "ready") == 3 + round || count(e, "give_up") > 0
+        });
+        if count(&evs, "give_up") > 0 {
+            break;
+        }
+    }
+    // A reload, the flood still on, once the primary is at its limit again: done, not failed.
+    if count(&events(&log), "give_up") == 0 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while fd_count(primary_pid) < 60 {
+            assert!(
+                Instant::now() < deadline,
+                "the flood never took the primary to its limit"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        primary.signal(rustix::process::Signal::HUP);
+        wait_events(&log, |e| {
+            count(e, "reload_done") + count(e, "reload_failed") + count(e, "give_up") > 0
+        });
+    }
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.join().unwrap();
+    }
+    let evs = events(&log);
+    assert_eq!(count(&evs, "give_up"), 0, "{:#?}", primary.output_so_far());
+    assert_eq!(count(&evs, "reload_done"), 1, "{evs:#?}");
+    assert_eq!(count(&evs, "ready"), 8, "{evs:#?}");
+    assert!(
+        primary.exited_within(Duration::ZERO).is_none(),
+        "the primary still runs"
+    );
+    primary.signal(rustix::process::Signal::TERM);
+    assert_eq!(primary.wait_exit(Duration::from_secs(20)), Some(0));
 }

@@ -7,7 +7,8 @@
 //! crashing once (and a smaller explicit one is warned of), a window or a kill timeout of 0
 //! seconds and a negative number are refused as usage errors, the notify socket
 //! heeds only the worker's own process group (anyone else's datagrams counted in the stats and
-//! said once) and is closed with its worker, a Node worker's
+//! said once) and is closed with its worker, a worker's junk on its channel is one line then
+//! counted, a Node worker's
 //! pipe `listen` gets a Unix socket (not TCP), `--node`'s `-l` socket serves a worker's
 //! `listen` on an address it covers (another address on its port is said), a `--node` `listen`
 //! with no host is bound `::` dual-stack as plain `node` binds it (`ipv6Only` honoured), a
@@ -3047,4 +3048,37 @@ fn with_node_a_worker_sigtermed_past_its_drain_deadline_makes_the_stop_exit_124(
             "{line}"
         );
     }
+}
+
+/// A worker writing junk to its channel (`--node`: 200 lines that are not JSON) costs a line or
+/// two of the primary's log, not one or two per bad frame; and it still serves (is not stopped).
+#[test]
+fn a_worker_writing_junk_to_its_channel_is_one_line_then_counted() {
+    const JUNK: u32 = 200;
+    let mut primary = spawn(
+        run_sh(
+            ["--node", "-w", "1"],
+            &format!(
+                "i=0; while [ $i -lt {JUNK} ]; do echo 'not json' >&$NODE_CHANNEL_FD; \
+                 i=$((i+1)); done; echo junk-written; exec sleep 30"
+            ),
+        )
+        .env("RUST_LOG", "info"),
+    );
+    primary.wait_line("junk-written");
+    // The primary reads what the worker wrote within a moment; give it a generous one.
+    std::thread::sleep(Duration::from_secs(2));
+    let lines = primary.output_so_far().to_vec();
+    let about_junk: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("channel error") || l.contains("bad frame"))
+        .collect();
+    assert!(
+        !about_junk.is_empty() && about_junk.len() <= 2,
+        "{} lines about {JUNK} bad frames: {about_junk:#?}",
+        about_junk.len()
+    );
+    assert!(primary.exited_within(Duration::ZERO).is_none());
+    primary.signal(Signal::TERM);
+    primary.wait_exit(Duration::from_secs(20));
 }

@@ -45,8 +45,10 @@
 //!   between); 16 refusals in a row (about 1.3 s) are an [`IpcError::Io`] event, then the
 //!   channel closes. `EPIPE`/`ECONNRESET` end the channel at once (the peer is gone).
 //! - **Hardened.** A frame over the cap or not valid JSON is dropped (with its fds) and delivered
-//!   as an [`IpcError::Frame`] event; the channel stays open and reads on from the next line
-//!   (no JSON text contains a raw newline, so the stream keeps its sync). At most 64 input error
+//!   as an [`IpcError::Frame`] event, logged by no one but its reader (who knows the peer, and
+//!   limits its lines: a cluster primary's are one per worker per 10 s); the channel stays open
+//!   and reads on from the next line (no JSON text contains a raw newline, so the stream keeps
+//!   its sync). At most 64 input error
 //!   events wait unread. The channel's own answers to the
 //!   peer's frames (ACK, NACK, socket replies) wait unwritten 1024 at most (more are dropped): a
 //!   peer that asks and never reads cannot grow this side either. Nothing panics and nothing
@@ -577,9 +579,6 @@ impl State {
         }
         if self.unread_errors >= MAX_UNREAD_ERRORS {
             return;
-        }
-        if let IpcError::Frame(e) = &error {
-            tracing::warn!(target: "nodus::ipc", "dropped a bad frame from the peer: {e}");
         }
         self.unread_errors += 1;
         self.deliver(Err(error), wake);

@@ -79,7 +79,7 @@
 //!   connection of its own elsewhere, one already reset) is closed and counted
 //!   (`returned_rejected`, in the stats), logged once per worker process.
 //! - A Node worker's handoff sends a duplicate of the fd (its channel owns what it sends until
-//!   the ACK). At the fd limit the primary's [`FdReserve`] is given up for that duplicate; when
+//!   the ACK). At the fd limit one of the primary's reserved fds (`fd_reserve`) is given up for that duplicate; when
 //!   none can be made the connections stay parked (the worker stays a member) and the accept
 //!   task tries again after [`RETRY_PAUSE`], within the parking bound.
 //! - What repeats as fast as connections come while a process is at its open-files limit (a
@@ -1018,6 +1018,10 @@ pub(super) struct Floods {
     pub no_fd: Rc<LogLimit>,
     /// An accept failed (`server::back_off`).
     pub accept: Rc<LogLimit>,
+    /// The accept task waits for the fd reserve (`server::short_of_fds`).
+    pub reserve: Rc<LogLimit>,
+    /// A worker could not be started for want of fds (`supervise::spawn_failed`).
+    pub spawn: Rc<LogLimit>,
 }
 
 impl Floods {
@@ -1047,6 +1051,22 @@ impl Floods {
                     count(n as usize, "more accept")
                 );
             }),
+            reserve: LogLimit::new(window, move |n, last| {
+                tracing::warn!(
+                    target: "nodus::cluster",
+                    "the primary waited {n} more times in the last {window:?} for the fds it \
+                     keeps for its own spawns (the last: {last}); connections waited in the \
+                     kernel's backlog meanwhile"
+                );
+            }),
+            spawn: LogLimit::new(window, move |n, last| {
+                tracing::warn!(
+                    target: "nodus::cluster",
+                    "{} for want of fds in the last {window:?} (the last: {last}); not counted \
+                     as crashes",
+                    count(n as usize, "more worker start failed")
+                );
+            }),
         }
     }
 }
@@ -1063,43 +1083,6 @@ pub(super) fn not_received(st: &State, proc: &Proc) {
             who(),
             log_limit::WINDOW
         );
-    }
-}
-
-/// One fd the primary holds in reserve for the duplicate a Node worker's handoff needs: an accept
-/// may take the last free fd, and with every fd held by connections waiting for a duplicate
-/// nothing would ever free one (libuv keeps a spare fd for `accept` for the same reason).
-pub(super) struct FdReserve(RefCell<Option<OwnedFd>>);
-
-impl FdReserve {
-    pub fn new() -> FdReserve {
-        FdReserve(RefCell::new(FdReserve::open()))
-    }
-
-    /// A cheap fd: an unbound datagram socket (no file system needed).
-    fn open() -> Option<OwnedFd> {
-        std::os::unix::net::UnixDatagram::unbound()
-            .ok()
-            .map(OwnedFd::from)
-    }
-
-    /// A duplicate of `fd`. When the first try fails (out of fds: a dup of an open fd fails for
-    /// nothing else) the reserve is closed to make room; it is taken again at the next duplicate
-    /// that leaves room.
-    fn dup(&self, fd: &OwnedFd) -> io::Result<OwnedFd> {
-        let copy = match fd.try_clone() {
-            Ok(copy) => copy,
-            Err(e) => {
-                if self.0.borrow_mut().take().is_none() {
-                    return Err(e);
-                }
-                fd.try_clone()?
-            }
-        };
-        if self.0.borrow().is_none() {
-            *self.0.borrow_mut() = FdReserve::open();
-        }
-        Ok(copy)
     }
 }
 

@@ -76,6 +76,7 @@ mod balance;
 mod captured;
 mod conns;
 mod events;
+mod fd_reserve;
 mod handoff;
 mod parked;
 mod proc;
@@ -438,7 +439,8 @@ pub(crate) struct State {
     deadline_armed: Cell<bool>,
     /// A shutdown's drain began: no listener accepts or is bound any more.
     accepting_stopped: Cell<bool>,
-    fd_reserve: handoff::FdReserve,
+    /// Fds held for the primary's own spawns and handoffs (`fd_reserve`).
+    fd_reserve: fd_reserve::FdReserve,
     /// Lines that would repeat as fast as connections come, limited (`handoff::Floods`).
     floods: handoff::Floods,
     /// Fds workers gave back (`returned`) that were not connections of the listener: closed.
@@ -607,7 +609,7 @@ impl Primary {
             release_armed: Cell::new(false),
             deadline_armed: Cell::new(false),
             accepting_stopped: Cell::new(false),
-            fd_reserve: handoff::FdReserve::new(),
+            fd_reserve: fd_reserve::FdReserve::new(),
             floods: handoff::Floods::new(),
             returned_rejected: Cell::new(0),
             connections_waited: Cell::new(0),

@@ -58,7 +58,9 @@
 //!   it is going down itself, and may close its listener to listen again.
 //! - Application messages (`process.send()`) are not handled (no JavaScript runs here): each is
 //!   a `message` event (whose JSON the event log keeps up to `MESSAGE_LOG_MAX`), the first of the
-//!   run logged at INFO saying so, the rest at DEBUG.
+//!   run logged at INFO saying so, the rest at DEBUG. Its channel's errors (a frame that is not
+//!   JSON or over the cap, stray fds: dropped by the channel, which logs nothing) are one WARN
+//!   line, then counted: one line per `log_limit::WINDOW` while they last ([`channel_errors`]).
 //! - What a worker asks for is answered only while it reads its channel ([`Proc::may_answer`]:
 //!   less than [`REPLY_BACKLOG`] bytes and [`REPLY_HANDLES`] handles of the primary's wait
 //!   there unread); otherwise the request is dropped, with one warning per stretch, so a worker
@@ -91,7 +93,7 @@ use crate::cluster::protocol::{Ack, Incoming, NODE_CLUSTER, Nodus};
 use crate::cluster::reply::ReplySlot;
 use crate::cluster::worker;
 use crate::ipc::{Channel, ChannelOptions, IpcError, Message};
-use crate::log_limit::LogLimit;
+use crate::log_limit::{self, LogLimit};
 use crate::metrics::Snapshot;
 use crate::notify::{NotifyMessage, NotifySocket};
 use crate::process::{Child, Command, ExitStatus, Stdio};
@@ -301,6 +303,8 @@ pub(super) struct Proc {
 impl Proc {
     /// Starts the current generation's worker for `slot`.
     pub fn spawn(st: &Rc<State>, slot: u32, generation: u64) -> io::Result<Rc<Proc>> {
+        // The fds the primary keeps for this, free until the spawn is done (`fd_reserve`).
+        let _room = st.fd_reserve.make_room();
         let cfg = &st.config.command;
         let unique = st.next_unique.get();
         st.next_unique.set(unique + 1);
@@ -469,14 +473,21 @@ impl Proc {
             let (s, p) = (st.clone(), proc.clone());
             crate::task::spawn_named("cluster:messages", async move {
                 let channel = p.channel.as_ref().expect("checked");
+                let errors = channel_errors(&p);
                 while let Some(msg) = channel.recv().await {
                     match msg {
                         Ok(msg) => on_user_message(&s, &p, &msg),
                         Err(IpcError::HandleNotReceived(sent)) => not_received(&s, &p, &sent),
-                        Err(e) => tracing::warn!(
-                            target: "nodus::cluster",
-                            "worker {} (pid {}): channel error: {e}", p.slot, p.pid
-                        ),
+                        Err(e) => {
+                            if errors.first(|| e.to_string()) {
+                                tracing::warn!(
+                                    target: "nodus::cluster",
+                                    "worker {} (pid {}): channel error: {e} (further errors are \
+                                     counted: one line per {:?})",
+                                    p.slot, p.pid, log_limit::WINDOW
+                                );
+                            }
+                        }
                     }
                     handoff::heard_from(&s, &p);
                 }
@@ -745,6 +756,21 @@ fn on_notify(st: &Rc<State>, proc: &Rc<Proc>, m: NotifyMessage) {
     } else if m.stopping {
         supervise::going_down(st, proc);
     }
+}
+
+/// A worker's channel errors (a bad frame, stray fds: what its channel drops and reports, itself
+/// logging nothing) are logged once, then counted: one line per [`log_limit::WINDOW`] while they
+/// last, so a worker writing junk to its channel is no flood of lines.
+fn channel_errors(proc: &Proc) -> Rc<LogLimit> {
+    let (slot, pid) = (proc.slot, proc.pid);
+    LogLimit::new(log_limit::WINDOW, move |n, last| {
+        tracing::warn!(
+            target: "nodus::cluster",
+            "worker {slot} (pid {pid}): {n} more channel errors in the last {:?} (the last: \
+             {last})",
+            log_limit::WINDOW
+        );
+    })
 }
 
 /// At most this often a worker's notify socket says again that it ignored datagrams from

@@ -114,6 +114,7 @@ use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use super::fd_reserve::RESERVE;
 use super::handoff::{dispatch, has_room};
 use super::parked::{Conn, MAX_PARKED, Parked};
 use super::proc::Proc;
@@ -1342,6 +1343,10 @@ async fn accept_loop(st: &Rc<State>, server: &Rc<Server>) {
                 continue;
             }
             Work::Parked => ((server.parked.take(ACCEPT_BATCH), None), false),
+            Work::Accept if !st.fd_reserve.refill() => {
+                short_of_fds(st, server).await;
+                continue;
+            }
             Work::Accept => (accept_batch(server), true),
         };
         let parked_before = server.parked.len();
@@ -1393,6 +1398,29 @@ async fn back_off(st: &State, server: &Server, e: io::Error) {
             target: "nodus::cluster",
             "accept on {} failed: {e}; retrying in {RETRY_PAUSE:?} (further failures are counted: \
              one line per {:?})",
+            server.addr,
+            crate::log_limit::WINDOW
+        );
+    }
+    crate::time::sleep(RETRY_PAUSE).await;
+}
+
+/// The fd reserve is short (a spawn kept some, a duplicate took one) and cannot be refilled:
+/// nothing is accepted (newcomers wait in the kernel's backlog) until it can, so that a flood
+/// of connections cannot take the fds a worker's restart needs. Logged once per burst.
+async fn short_of_fds(st: &State, server: &Server) {
+    let held = st.fd_reserve.held();
+    if st
+        .floods
+        .reserve
+        .first(|| format!("{}: {held} of {RESERVE} held", server.addr))
+    {
+        tracing::warn!(
+            target: "nodus::cluster",
+            "the primary is at its open-files limit and holds {held} of the {RESERVE} fds it \
+             keeps for its own spawns: not accepting on {} until connections close, they wait in \
+             the kernel's backlog (raise the limit: LimitNOFILE=, ulimit -Hn; further waits are \
+             counted: one line per {:?})",
             server.addr,
             crate::log_limit::WINDOW
         );

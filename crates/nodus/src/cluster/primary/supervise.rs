@@ -40,6 +40,12 @@
 //!   (`State::exits_settling`). "No worker left to run" waits for every settling exit: it
 //!   follows the exit lines of every worker, not only of the one whose exit found the slots
 //!   empty.
+//! - A worker that cannot be started for want of fds (`EMFILE`, `ENFILE`: the primary's trouble,
+//!   not the worker's; the primary keeps fds for its spawns, `fd_reserve`, but the system's
+//!   limit or a spawn beside a reload's can still run out) spends no restart budget and does not
+//!   back off: it is tried again every [`SPAWN_RETRY`] while its restart stays pending, one WARN
+//!   line per burst (`handoff::Floods`); a reload's new worker is tried so within the ready
+//!   timeout, not spending the reload's budget either.
 //! - A plain program's worker whose launcher could not execute the program says so
 //!   ([`report_exec_failure`](super::report_exec_failure)): its exit line carries the reason.
 //!   While no worker has run the program (`State::program_ran`), such a failure for want of the
@@ -685,7 +691,8 @@ fn settle(st: &Rc<State>, id: u32, reason: ExitReason, decided: Decided) {
 
 /// Starts slot `id`'s replacement. A spawn that fails (the program was removed or made
 /// unexecutable by a deploy, the process table is full) counts as a crash of the slot: it spends
-/// the budget and backs off like one, so a passing failure costs a retry, not the service.
+/// the budget and backs off like one, so a passing failure costs a retry, not the service; one
+/// for want of fds is retried without either ([`spawn_later`]).
 /// Returns the replacement's pid when one was started.
 fn restart_slot(st: &Rc<State>, id: u32) -> Option<u32> {
     st.slots.borrow_mut()[id as usize - 1].pending_restart = false;
@@ -715,8 +722,13 @@ fn restart_slot(st: &Rc<State>, id: u32) -> Option<u32> {
     }
 }
 
-/// Slot `id`'s replacement could not be started (`e`): logged, and counted as a crash.
+/// Slot `id`'s replacement could not be started (`e`): logged, and counted as a crash; but for
+/// want of fds, the primary's own trouble ([`spawn_later`]).
 fn spawn_failed(st: &Rc<State>, id: u32, e: std::io::Error) {
+    if out_of_fds(&e) {
+        spawn_later(st, id, e);
+        return;
+    }
     st.slots.borrow_mut()[id as usize - 1].pending_restart = false;
     let last = LastExit {
         worker: id,
@@ -736,6 +748,57 @@ fn spawn_failed(st: &Rc<State>, id: u32, e: std::io::Error) {
     let reason = ExitReason::NotStarted;
     let decision = decide_and_restart(st, id, None, Duration::ZERO, reason, false);
     settle(st, id, reason, decision);
+}
+
+/// How long a worker's start that failed for want of fds waits to be tried again.
+const SPAWN_RETRY: Duration = Duration::from_millis(200);
+
+/// Whether `e` (a spawn's error, or what it wraps) is `EMFILE` or `ENFILE`: the primary (or the
+/// system) is out of fds, which says nothing about the worker.
+fn out_of_fds(e: &std::io::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        let errno = c
+            .downcast_ref::<std::io::Error>()
+            .and_then(|e| e.raw_os_error());
+        if matches!(errno, Some(libc::EMFILE | libc::ENFILE)) {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
+/// Slot `id`'s worker could not be started for want of fds (`e`): no crash, so no restart
+/// budget spent and no backoff; it is tried again after [`SPAWN_RETRY`], for as long as it
+/// takes (its slot's restart stays pending). One WARN line (and `spawn_failed` event) per burst,
+/// then a count per `log_limit::WINDOW` (`handoff::Floods`).
+fn spawn_later(st: &Rc<State>, id: u32, e: std::io::Error) {
+    st.slots.borrow_mut()[id as usize - 1].pending_restart = true;
+    if st.floods.spawn.first(|| format!("worker {id}: {e}")) {
+        tracing::warn!(
+            target: "nodus::cluster",
+            "worker {id} could not be started: {e}: the primary is out of fds, no fault of the \
+             worker's; trying again every {SPAWN_RETRY:?} without spending the restart budget \
+             (further failures are counted: one line per {:?})",
+            crate::log_limit::WINDOW
+        );
+        st.emit_for(
+            Some(id),
+            None,
+            EventKind::SpawnFailed {
+                error: e.to_string(),
+            },
+        );
+    }
+    let s = st.clone();
+    crate::task::spawn_named("cluster:spawn-retry", async move {
+        crate::time::sleep(SPAWN_RETRY).await;
+        if let Some(pid) = restart_slot(&s, id) {
+            tracing::info!(target: "nodus::cluster", "worker {id} started: pid {pid}");
+        }
+    })
+    .detach();
 }
 
 /// Once no worker is left and none will start (every slot's restart type said no), the primary
@@ -1316,12 +1379,36 @@ async fn reload(
     let ids: Vec<u32> = st.slots.borrow().iter().map(|s| s.id).collect();
     for id in ids {
         let mut attempts = 0u32;
+        // Since when this slot's new worker could not be started for want of fds.
+        let mut short_since: Option<Instant> = None;
         let new = loop {
             if st.phase.get() != Phase::Running {
                 return Err("shutdown began".to_owned());
             }
-            let new = Proc::spawn(st, id, generation)
-                .map_err(|e| format!("cannot start worker {id}: {e}"))?;
+            let new = match Proc::spawn(st, id, generation) {
+                Ok(new) => new,
+                // The primary's own shortage: tried again, within the ready timeout.
+                Err(e)
+                    if out_of_fds(&e)
+                        && short_since.get_or_insert_with(Instant::now).elapsed()
+                            < st.config.ready_timeout =>
+                {
+                    if st.floods.spawn.first(|| format!("worker {id}: {e}")) {
+                        tracing::warn!(
+                            target: "nodus::cluster",
+                            "reload to generation {generation}: cannot start worker {id} yet: \
+                             {e}: the primary is out of fds; trying again every {SPAWN_RETRY:?} \
+                             for up to {:?} (further failures are counted: one line per {:?})",
+                            st.config.ready_timeout,
+                            crate::log_limit::WINDOW
+                        );
+                    }
+                    crate::time::sleep(SPAWN_RETRY).await;
+                    continue;
+                }
+                Err(e) => return Err(format!("cannot start worker {id}: {e}")),
+            };
+            short_since = None;
             let mut state = new
                 .wait_for(ProcState::Ready, st.config.ready_timeout)
                 .await;
