@@ -108,6 +108,31 @@ fn too_deep_json_is_refused_inline_and_on_the_pool() {
 }
 
 #[test]
+fn max_depth_above_the_cap_acts_as_the_cap_exactly() {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let cap = json::MAX_DEPTH_CAP;
+        let arrays = |d: usize| format!("{}{}", "[".repeat(d), "]".repeat(d));
+        let objects = |d: usize| format!("{}1{}", "{\"a\":".repeat(d), "}".repeat(d));
+        for max_depth in [cap, cap + 1, 10_000] {
+            let limits = Limits {
+                max_depth,
+                ..Limits::default()
+            };
+            for nest in [arrays, objects] {
+                let ok: Value = json::parse_with(nest(cap), limits).await.unwrap();
+                assert!(!ok.is_null());
+                // One level more: TooDeep naming the cap, not serde_json's recursion error.
+                let err = json::parse_with::<Value, _>(nest(cap + 1), limits)
+                    .await
+                    .unwrap_err();
+                assert!(matches!(err, Error::TooDeep { limit: 127 }), "{err}");
+            }
+        }
+    });
+}
+
+#[test]
 fn too_large_and_malformed_json_are_errors() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let rt = Runtime::new();
