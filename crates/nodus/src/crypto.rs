@@ -139,14 +139,19 @@ pub fn pbkdf2_sync(
 /// scrypt cost parameters (Node's `N`, `r`, `p`, `maxmem`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScryptParams {
-    /// log2 of `N`, the CPU/memory cost (Node's default `N` = 16384 is `log_n` 14).
+    /// log2 of `N`, the CPU/memory cost (Node's default `N` = 16384 is `log_n` 14). At least 1,
+    /// and below `16 * r`: `N` < 2^(16·r), RFC 7914's bound, which Node enforces through OpenSSL
+    /// (`N` = 2^16 with `r` = 1 is its "memory limit exceeded").
     pub log_n: u8,
-    /// Block size (default 8).
+    /// Block size (default 8), at least 1. Node reads `r: 0` as its default 8 (in its code, not
+    /// its docs); nodus refuses 0, with an error naming `r`.
     pub r: u32,
-    /// Parallelization (default 1).
+    /// Parallelization (default 1), at least 1. Node reads `p: 0` as its default 1; nodus refuses
+    /// 0, with an error naming `p`.
     pub p: u32,
     /// Refuse parameters needing more than this much memory: `128 * r * (N + 2 + p)` bytes, as
-    /// Node (OpenSSL) counts it (default 32 MiB, Node's `maxmem`).
+    /// Node (OpenSSL) counts it (default 32 MiB, Node's `maxmem`). Node reads `maxmem: 0` as its
+    /// default; here 0 refuses every parameter set.
     pub max_memory: u64,
 }
 
@@ -163,7 +168,8 @@ impl Default for ScryptParams {
 
 /// scrypt (RFC 7914) of `password` and `salt`: a `key_len`-byte key, on the CPU pool (Node's
 /// `crypto.scrypt(password, salt, keylen, options)`, in that order). Refused (`InvalidInput`)
-/// above `params.max_memory` or [`MAX_SCRYPT_WORK`].
+/// when a parameter is out of its range (see [`ScryptParams`]), above `params.max_memory` or
+/// above [`MAX_SCRYPT_WORK`].
 pub async fn scrypt(
     password: &[u8],
     salt: &[u8],
@@ -177,6 +183,21 @@ pub async fn scrypt(
         return Err(invalid(
             "scrypt N must be a power of 2 greater than 1".into(),
         ));
+    }
+    for (name, value, node_default) in [("r", params.r, 8), ("p", params.p, 1)] {
+        if value == 0 {
+            return Err(invalid(format!(
+                "scrypt {name} must be at least 1 (Node reads {name}: 0 as its default \
+                 {node_default}; nodus does not)"
+            )));
+        }
+    }
+    // RFC 7914: N < 2^(128 * r / 8). OpenSSL (so Node) refuses past it; the scrypt crate does not.
+    if u64::from(params.log_n) >= 16 * u64::from(params.r) {
+        return Err(invalid(format!(
+            "scrypt N = 2^{} with r = {} is refused: N must be less than 2^(16 x r) (RFC 7914)",
+            params.log_n, params.r
+        )));
     }
     let n = 1u128 << params.log_n.min(127);
     let (r, p) = (u128::from(params.r), u128::from(params.p));

@@ -7,7 +7,24 @@
 //! - Documents of at most `offload_threshold` bytes (default 64 KiB, well under a millisecond
 //!   to parse) are parsed inline: a pool round trip would cost more than it saves. Larger ones
 //!   are scanned and parsed on the CPU pool.
-//! - serde_json refuses nesting past 128 levels by itself, so `max_depth` above 128 acts as 128.
+//! - serde_json refuses 128 levels of nesting by itself, so the depth actually checked is
+//!   `max_depth` capped at [`MAX_DEPTH_CAP`] (127): a document nested deeper fails with
+//!   `TooDeep { limit }` naming that checked depth, never with serde_json's recursion error.
+//!
+//! Where [`parse`] differs from Node's `JSON.parse` (serde_json with its default features: no
+//! `arbitrary_precision`, no `float_roundtrip`, no `preserve_order`):
+//! - A number out of the `f64` range (`1e400`, `-1e400`) is a `Syntax` error; Node gives
+//!   `Infinity`. One that underflows (`1e-400`) is 0 in both.
+//! - A lone surrogate escape (`"\ud800"`, `"\udc00"`) is a `Syntax` error; Node keeps it in the
+//!   string.
+//! - Input bytes that are not UTF-8 are a `Syntax` error; Node's `JSON.parse(buf.toString())`
+//!   reads each bad sequence as U+FFFD.
+//! - An integer within `i64` or `u64` stays exact in a `Value` (`9007199254740993`); Node rounds
+//!   every number to a double (`9007199254740992`). A larger integer is an `f64` in both.
+//! - serde_json's default float parser can be one unit in the last place off the correctly
+//!   rounded double Node gives (`9007199254740993.0` parses as `9007199254740994`).
+//! - A `Value` object's keys are sorted; Node keeps insertion order (integer-like keys first).
+//!   A repeated key: the last wins in a `Value`, as in Node; a derived struct refuses it.
 
 use std::fmt;
 use std::io::Write;
@@ -23,6 +40,10 @@ pub const DEFAULT_MAX_BYTES: usize = 16 << 20;
 /// Default deepest nesting of arrays and objects accepted.
 pub const DEFAULT_MAX_DEPTH: usize = 64;
 
+/// Deepest nesting any parse accepts, whatever `max_depth` says: serde_json's recursion limit
+/// refuses the 128th level.
+pub const MAX_DEPTH_CAP: usize = 127;
+
 /// Default size above which a document is parsed on the CPU pool: 64 KiB.
 pub const DEFAULT_OFFLOAD_THRESHOLD: usize = 64 * 1024;
 
@@ -30,6 +51,7 @@ pub const DEFAULT_OFFLOAD_THRESHOLD: usize = 64 * 1024;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub max_bytes: usize,
+    /// Deepest nesting of arrays and objects; above [`MAX_DEPTH_CAP`] it acts as that cap.
     pub max_depth: usize,
     pub offload_threshold: usize,
 }
@@ -50,7 +72,7 @@ pub enum Error {
     /// The document (or the serialized value) is longer than the limit; `len` is its length,
     /// or for `stringify` the length reached when the limit was passed.
     TooLarge { len: usize, limit: usize },
-    /// Arrays and objects nest deeper than the limit.
+    /// Arrays and objects nest deeper than the limit (`max_depth`, or [`MAX_DEPTH_CAP`] if lower).
     TooDeep { limit: usize },
     /// Not valid JSON, or not the shape `T` expects.
     Syntax(serde_json::Error),
@@ -114,7 +136,7 @@ where
 }
 
 fn parse_inline<T: DeserializeOwned>(bytes: &[u8], max_depth: usize) -> Result<T, Error> {
-    check_depth(bytes, max_depth)?;
+    check_depth(bytes, max_depth.min(MAX_DEPTH_CAP))?;
     serde_json::from_slice(bytes).map_err(Error::Syntax)
 }
 

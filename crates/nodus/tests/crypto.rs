@@ -155,6 +155,53 @@ fn scrypt_counts_p_against_max_memory_and_bounds_its_cost() {
 }
 
 #[test]
+fn scrypt_refuses_what_node_refuses_n_at_2_to_the_16_r_and_r_or_p_of_0() {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let with = |log_n, r, p| ScryptParams {
+            log_n,
+            r,
+            p,
+            max_memory: 1 << 30,
+        };
+        // Node 20's outputs: scryptSync('password', 'NaCl', 64, { N: 2, r: 1, p: 1 }), and
+        // scryptSync('p', 's', 16, ...) with { N: 2 ** 15, r: 1 } and { N: 2 ** 16, r: 2 }.
+        let k = crypto::scrypt(b"password", b"NaCl", 64, with(1, 1, 1))
+            .await
+            .unwrap();
+        assert_eq!(
+            hex(&k),
+            "a2f63b8c062d326091944189baeb665b072c901775e8e81b1376ebc572a17849\
+             9077498e8909af5a4cfdb7832a7a38e5daa9ab5226f579663c9417180e21b2b3"
+        );
+        let k = crypto::scrypt(b"p", b"s", 16, with(15, 1, 1))
+            .await
+            .unwrap();
+        assert_eq!(hex(&k), "83737d5583af2ee055d94f667c4314a9");
+        let k = crypto::scrypt(b"p", b"s", 16, with(16, 2, 1))
+            .await
+            .unwrap();
+        assert_eq!(hex(&k), "8ae64c4b8f7e40b6aff55fe458dfae39");
+        // Node: N = 2^16 (or 2^17 with maxmem 1 GiB) with r = 1 is "Invalid scrypt params:
+        // ... memory limit exceeded": N must be less than 2^(16 r).
+        for log_n in [16, 17] {
+            let err = crypto::scrypt(b"p", b"s", 16, with(log_n, 1, 1))
+                .await
+                .unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+            assert!(err.to_string().contains("less than 2^(16 x r)"), "{err}");
+        }
+        // Node reads r: 0 and p: 0 as its defaults; nodus refuses them, naming the parameter.
+        for (params, name) in [(with(4, 0, 1), "scrypt r "), (with(4, 1, 0), "scrypt p ")] {
+            let err = crypto::scrypt(b"p", b"s", 16, params).await.unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+            assert!(err.to_string().contains(name), "{err}");
+            assert!(err.to_string().contains("at least 1"), "{err}");
+        }
+    });
+}
+
+#[test]
 fn random_bytes_are_random_and_bounded() {
     let rt = Runtime::new();
     rt.block_on(async {

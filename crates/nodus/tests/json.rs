@@ -108,6 +108,31 @@ fn too_deep_json_is_refused_inline_and_on_the_pool() {
 }
 
 #[test]
+fn max_depth_above_the_cap_acts_as_the_cap_exactly() {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let cap = json::MAX_DEPTH_CAP;
+        let arrays = |d: usize| format!("{}{}", "[".repeat(d), "]".repeat(d));
+        let objects = |d: usize| format!("{}1{}", "{\"a\":".repeat(d), "}".repeat(d));
+        for max_depth in [cap, cap + 1, 10_000] {
+            let limits = Limits {
+                max_depth,
+                ..Limits::default()
+            };
+            for nest in [arrays, objects] {
+                let ok: Value = json::parse_with(nest(cap), limits).await.unwrap();
+                assert!(!ok.is_null());
+                // One level more: TooDeep naming the cap, not serde_json's recursion error.
+                let err = json::parse_with::<Value, _>(nest(cap + 1), limits)
+                    .await
+                    .unwrap_err();
+                assert!(matches!(err, Error::TooDeep { limit: 127 }), "{err}");
+            }
+        }
+    });
+}
+
+#[test]
 fn too_large_and_malformed_json_are_errors() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let rt = Runtime::new();
@@ -135,4 +160,34 @@ fn stringify_stops_at_its_size_limit() {
     assert!(json::stringify(&v, 1 << 20).unwrap().len() >= 10_000);
     let err = json::stringify(&v, 1000).unwrap_err();
     assert!(matches!(err, Error::TooLarge { limit: 1000, .. }), "{err}");
+}
+
+#[test]
+fn where_parse_differs_from_node_json_parse() {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let syntax = |r: Result<Value, Error>| matches!(r, Err(Error::Syntax(_)));
+        // Node: Infinity, a lone surrogate, U+FFFD for the bad byte. Here: errors.
+        assert!(syntax(json::parse("1e400").await));
+        assert!(syntax(json::parse("[1e308, 1.8e308]").await));
+        assert!(syntax(json::parse(r#""\ud800""#).await));
+        assert!(syntax(json::parse(b"\"\xff\"".to_vec()).await));
+        // Node rounds every integer to a double; here i64 and u64 stay exact, larger ones round.
+        let v: Value =
+            json::parse("[9007199254740993, 18446744073709551615, -9223372036854775808]")
+                .await
+                .unwrap();
+        assert_eq!(v[0].as_u64(), Some(9_007_199_254_740_993));
+        assert_eq!(v[1].as_u64(), Some(u64::MAX));
+        assert_eq!(v[2].as_i64(), Some(i64::MIN));
+        let v: Value = json::parse("18446744073709551616").await.unwrap();
+        assert_eq!(v.as_f64(), Some(18_446_744_073_709_551_616.0));
+        // serde_json's default float parser can be one unit in the last place off the correctly
+        // rounded double Node gives (9007199254740992 here).
+        let v: Value = json::parse("9007199254740993.0").await.unwrap();
+        assert_eq!(v.as_f64(), Some(9_007_199_254_740_994.0));
+        // Node keeps an object's keys in insertion order (integer keys first); a Value's are sorted.
+        let v: Value = json::parse(r#"{"b":1,"a":2,"1":3}"#).await.unwrap();
+        assert_eq!(v.to_string(), r#"{"1":3,"a":2,"b":1}"#);
+    });
 }
