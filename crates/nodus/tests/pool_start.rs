@@ -101,5 +101,10 @@ fn a_pool_that_cannot_start_its_threads_is_an_error_then_starts_later() {
         assert_eq!(offload_io(|| 7).await.unwrap(), 7);
     });
     assert_eq!(pool::try_io().unwrap().threads(), 4);
+    // A thread takes its name once it runs: the four are counted once each has.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while threads_named("nodus-io").len() < 4 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     assert_eq!(threads_named("nodus-io").len(), 4);
 }
