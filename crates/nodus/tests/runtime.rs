@@ -937,3 +937,116 @@ fn a_wake_from_another_thread_between_runs_is_run_by_the_next_run() {
         assert_eq!(polls.get(), 2, "the wake from another thread was lost");
     });
 }
+
+/// Catches the panic of one `run`, which must be `message`'s.
+fn run_panics_with(rt: &Runtime, message: &str) {
+    panics_with(message, || rt.run());
+}
+
+/// An interval whose callback panics is re-armed as if the callback had returned (Node re-arms
+/// in a `finally`): still active and ref'd, it runs again at the next `run`, which returns once
+/// it is cleared. It used to stay `Running` off the heap: never fired again, and `run` hung.
+#[test]
+fn a_panicking_interval_stays_armed_and_runs_again() {
+    within(Duration::from_secs(10), || {
+        let rt = Runtime::new();
+        let runs = Rc::new(Cell::new(0));
+        let slot: Rc<Cell<Option<nodus::Timer>>> = Rc::default();
+        let (n, s) = (runs.clone(), slot.clone());
+        let iv = rt.enter(|| {
+            set_interval(1, move || {
+                n.set(n.get() + 1);
+                match n.get() {
+                    2 => panic!("interval boom"),
+                    4 => s.get().unwrap().clear(),
+                    _ => {}
+                }
+            })
+        });
+        slot.set(Some(iv));
+        run_panics_with(&rt, "interval boom");
+        assert_eq!(runs.get(), 2);
+        assert!(rt.enter(|| iv.is_active() && iv.has_ref()));
+        rt.run();
+        assert_eq!(runs.get(), 4, "the interval ran again after its panic");
+        assert!(!rt.enter(|| iv.is_active()));
+    });
+}
+
+/// An idle or prepare hook whose callback panics keeps its callback and stays registered (a
+/// libuv handle stays active): the next `run` runs it again and returns once it is stopped. The
+/// callback used to be lost: the hook kept the loop alive with nothing to run (an idle hook
+/// spinning it).
+fn a_panicking_hook_stays_registered_and_runs_again(start: fn(Box<dyn FnMut()>) -> rt::HookHandle) {
+    within(Duration::from_secs(10), move || {
+        let rt = Runtime::new();
+        let runs = Rc::new(Cell::new(0));
+        let slot: Rc<RefCell<Option<rt::HookHandle>>> = Rc::default();
+        let (n, s) = (runs.clone(), slot.clone());
+        let hook = rt.enter(|| {
+            start(Box::new(move || {
+                n.set(n.get() + 1);
+                match n.get() {
+                    2 => panic!("hook boom"),
+                    4 => s.borrow().as_ref().unwrap().stop(),
+                    _ => {}
+                }
+            }))
+        });
+        *slot.borrow_mut() = Some(hook);
+        // Keeps the poll phase from blocking (a prepare hook alone runs once per poll) and
+        // `run` from ending while the hook under test is registered.
+        rt.enter(|| rt::idle(|| {}).unref());
+        run_panics_with(&rt, "hook boom");
+        assert_eq!(runs.get(), 2);
+        rt.run();
+        assert_eq!(runs.get(), 4, "the hook ran again after its panic");
+    });
+}
+
+#[test]
+fn a_panicking_idle_hook_stays_registered_and_runs_again() {
+    a_panicking_hook_stays_registered_and_runs_again(|f| rt::idle(f));
+}
+
+#[test]
+fn a_panicking_prepare_hook_stays_registered_and_runs_again() {
+    a_panicking_hook_stays_registered_and_runs_again(|f| rt::prepare(f));
+}
+
+/// A pending or close callback that panics ends the phase, but those queued behind it in the
+/// same phase are not lost: they run at the next `run`, in their order, ahead of any queued
+/// since. They used to be dropped with the phase's batch.
+#[test]
+fn callbacks_behind_a_panicking_pending_or_close_callback_run_at_the_next_run() {
+    let rt = Runtime::new();
+    let trace: Trace = Rc::default();
+    let (a, b) = (trace.clone(), trace.clone());
+    rt.enter(|| {
+        rt::defer(|| panic!("pending boom"));
+        rt::defer(move || push(&a, "pending 1"));
+        rt::defer(move || push(&b, "pending 2"));
+    });
+    run_panics_with(&rt, "pending boom");
+    let c = trace.clone();
+    rt.enter(|| rt::defer(move || push(&c, "pending queued after")));
+    rt.run();
+    let (a, b) = (trace.clone(), trace.clone());
+    rt.enter(|| {
+        set_timeout(1_000, || {}).close(|| panic!("close boom"));
+        set_timeout(1_000, || {}).close(move || push(&a, "close 1"));
+        rt::idle(|| {}).close(move || push(&b, "close 2"));
+    });
+    run_panics_with(&rt, "close boom");
+    rt.run();
+    assert_eq!(
+        *trace.borrow(),
+        [
+            "pending 1",
+            "pending 2",
+            "pending queued after",
+            "close 1",
+            "close 2"
+        ]
+    );
+}

@@ -2,8 +2,11 @@
 //! callbacks.
 //!
 //! Invariants: a hook's callback is taken out of its slot while it runs, so it may stop or close
-//! itself; an active ref'd hook counts in `Core::refs`; an active idle hook makes the poll phase
-//! non-blocking (libuv's rule).
+//! itself, and put back when it returns or panics (`RunningHook`, a drop guard: a panicking hook
+//! stays registered and runs again, as a libuv handle stays active); an active ref'd hook counts
+//! in `Core::refs`; an active idle hook makes the poll phase non-blocking (libuv's rule). A
+//! pending or close callback that panics leaves the rest of its phase's batch at the head of its
+//! queue (`Unrun`), for the next turn.
 //!
 //! A [`HookHandle`] names its hook by slab key, an id this loop never gives another hook, and
 //! its loop's id: once the hook is stopped its key may hold a newer hook, which the handle never
@@ -24,7 +27,7 @@ use std::panic::Location;
 use slab::Slab;
 
 use super::context::with_core;
-use super::core::Core;
+use super::core::{Core, Tick};
 use super::entry::EntryHandle;
 use crate::metrics::classes;
 use crate::metrics::phase::Phase;
@@ -254,23 +257,20 @@ impl Core {
                     .get_mut(key, id)
                     .and_then(|h| Some((h.callback.take()?, h.location)))
             };
-            let Some((mut callback, location)) = taken else {
+            let Some((callback, location)) = taken else {
                 continue;
+            };
+            let mut running = RunningHook {
+                core: self,
+                key,
+                id,
+                callback,
             };
             self.run_callback(
                 Core::callback_target("hook", location, classes::HOOK),
                 None,
-                &mut callback,
+                &mut running.callback,
             );
-            let stopped = match self.hooks.borrow_mut().get_mut(key, id) {
-                Some(h) => {
-                    h.callback = Some(callback);
-                    None
-                }
-                None => Some(callback),
-            };
-            // Stopped while it ran: its callback is dropped here, after the borrow.
-            drop(stopped);
         }
     }
 
@@ -281,7 +281,12 @@ impl Core {
             return;
         }
         let batch: Vec<_> = self.pending.borrow_mut().drain(..).collect();
-        for (callback, location) in batch {
+        let mut rest = Unrun {
+            core: self,
+            queue: Queue::Pending,
+            items: batch.into_iter(),
+        };
+        for (callback, location) in rest.items.by_ref() {
             self.run_callback(
                 Core::callback_target("pending", location, classes::PENDING),
                 None,
@@ -297,12 +302,78 @@ impl Core {
             return;
         }
         let batch = std::mem::take(&mut *self.closing.borrow_mut());
-        for (callback, location) in batch {
+        let mut rest = Unrun {
+            core: self,
+            queue: Queue::Closing,
+            items: batch.into_iter(),
+        };
+        for (callback, location) in rest.items.by_ref() {
             self.run_callback(
                 Core::callback_target("close", location, classes::CLOSE),
                 None,
                 callback,
             );
+        }
+    }
+}
+
+/// A hook whose callback is running (taken out of its slot): the callback goes back when it
+/// returns or unwinds, so a panicking hook stays registered and runs again in the next pass (a
+/// libuv handle stays active); it is dropped instead if the hook was stopped meanwhile.
+struct RunningHook<'a> {
+    core: &'a Core,
+    key: usize,
+    id: u64,
+    callback: Box<dyn FnMut()>,
+}
+
+impl Drop for RunningHook<'_> {
+    fn drop(&mut self) {
+        // A zero-sized closure takes its place: no allocation.
+        let callback = std::mem::replace(&mut self.callback, Box::new(|| {}));
+        let stopped = match self.core.hooks.borrow_mut().get_mut(self.key, self.id) {
+            Some(h) => {
+                h.callback = Some(callback);
+                None
+            }
+            None => Some(callback),
+        };
+        // Stopped while it ran: its callback is dropped here, after the borrow.
+        drop(stopped);
+    }
+}
+
+/// The queue a phase's batch was taken from.
+#[derive(Clone, Copy)]
+enum Queue {
+    Pending,
+    Closing,
+}
+
+/// The callbacks of a pending or close phase not yet run when a callback panics: back at the head
+/// of their queue, ahead of any queued since, for the next turn (nothing is lost).
+struct Unrun<'a> {
+    core: &'a Core,
+    queue: Queue,
+    items: std::vec::IntoIter<Tick>,
+}
+
+impl Drop for Unrun<'_> {
+    fn drop(&mut self) {
+        if self.items.as_slice().is_empty() {
+            return;
+        }
+        let rest = self.items.by_ref();
+        match self.queue {
+            Queue::Pending => {
+                let mut pending = self.core.pending.borrow_mut();
+                for item in rest.rev() {
+                    pending.push_front(item);
+                }
+            }
+            Queue::Closing => {
+                self.core.closing.borrow_mut().splice(0..0, rest);
+            }
         }
     }
 }

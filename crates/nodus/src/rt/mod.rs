@@ -148,11 +148,12 @@ impl Runtime {
     /// # Panics
     /// When called from inside a running nodus loop (a thread runs one loop at a time).
     ///
-    /// A panic in `future` itself, or in a callback the loop runs (a timer, immediate, next-tick,
-    /// microtask, `LoopHandle::post` or close callback: Node's uncaught exception), unwinds out
-    /// of `block_on`, dropping `future`. The runtime stays usable: what was queued behind the
-    /// callback is still queued, and the next `block_on` or `run` runs it. A panic in a spawned
-    /// task does not unwind: its `JoinHandle` returns it.
+    /// A panic in `future` itself, or in a callback the loop runs (a timer, immediate, hook,
+    /// pending, next-tick, microtask, `LoopHandle::post` or close callback: Node's uncaught
+    /// exception), unwinds out of `block_on`, dropping `future`. The runtime stays usable: what
+    /// was queued behind the callback is still queued, and the next `block_on` or `run` runs it;
+    /// a panicking interval stays armed and a panicking idle or prepare hook registered. A panic
+    /// in a spawned task does not unwind: its `JoinHandle` returns it.
     #[track_caller]
     pub fn block_on<F: Future>(&self, future: F) -> F::Output {
         let location = Location::caller();
@@ -185,10 +186,11 @@ impl Runtime {
     ///
     /// # Panics
     /// When called from inside a running nodus loop. A panic in a callback the loop runs (a
-    /// timer, immediate, next-tick, microtask, `LoopHandle::post` or close callback) unwinds out
-    /// of `run`, and the runtime stays usable: what was queued behind it is still queued, and the
-    /// next `run` (or `block_on`) runs it. A panic in a spawned task does not unwind: its
-    /// `JoinHandle` returns it.
+    /// timer, immediate, hook, pending, next-tick, microtask, `LoopHandle::post` or close
+    /// callback) unwinds out of `run`, and the runtime stays usable: what was queued behind it is
+    /// still queued, and the next `run` (or `block_on`) runs it; a panicking interval stays armed
+    /// (re-armed as if its callback had returned, as in Node) and a panicking idle or prepare
+    /// hook registered. A panic in a spawned task does not unwind: its `JoinHandle` returns it.
     #[track_caller]
     pub fn run(&self) {
         let _running = Running::new("Runtime::run");

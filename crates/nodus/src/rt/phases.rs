@@ -6,6 +6,12 @@
 //!   arm), so they have later deadlines and wait for the next pass; an interval re-arms from its
 //!   callback's start, also after `pass_now`. Each timer is popped only when it is about to run,
 //!   so a timer cleared by an earlier callback never fires.
+//! - A callback that panics unwinds out of the phase, and leaves the loop as if it had returned:
+//!   an interval is re-armed (`RunningInterval`, a drop guard: Node re-arms in a `finally`), its
+//!   ref unchanged; a one-shot timer or an immediate already left its queue with its ref given
+//!   back; the remote items not yet run go back on the remote queue (`Unrun`); what is left of
+//!   the phase runs at the next `run`. The hooks, pending and close phases do the same
+//!   (`rt/hooks.rs`).
 //! - The check phase runs exactly the entries queued when it started (immediates and yielded
 //!   tasks); entries added during it run on the next turn.
 //! - The poll phase never blocks while anything is ready to run: immediates, yielded tasks,
@@ -39,7 +45,7 @@ use super::hooks::HookKind;
 use super::queues::Popped;
 use crate::metrics::classes;
 use crate::metrics::phase::Phase;
-use crate::time::queue::TimerAction;
+use crate::time::queue::{TimerAction, TimerKey};
 
 /// How one iteration may block in the poll phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,22 +107,22 @@ impl Core {
                     self.meter.end_poll(&target, t);
                     self.drain();
                 }
-                TimerAction::Callback(mut callback) => {
+                TimerAction::Callback(callback) => {
                     let t = self.boundary();
                     // An interval re-arms from its callback's start (Node's `listOnTimeout`), not
                     // the pass's: with measurements on, `t` itself (no second read).
                     let start = self.meter.current_time();
                     self.meter.timer_fired(fired.deadline, t);
                     self.meter.begin_poll(&target, t);
-                    callback();
+                    let mut running = RunningInterval {
+                        core: self,
+                        key,
+                        callback,
+                        start,
+                    };
+                    (running.callback)();
                     self.meter.end_poll(&target, t);
-                    if fired.stays {
-                        let cleared = self
-                            .timers
-                            .borrow_mut()
-                            .finish_interval(key, callback, start);
-                        drop(cleared);
-                    }
+                    drop(running);
                     self.drain();
                 }
                 TimerAction::Wake(waker) => {
@@ -316,6 +322,30 @@ impl Core {
                 return;
             }
         }
+    }
+}
+
+/// An interval whose callback is running (its entry `Running`, off the heap): re-armed when its
+/// callback returns or unwinds (Node's `listOnTimeout` re-arms in a `finally`), so a panic leaves
+/// it armed, its ref unchanged; its callback is dropped instead if it was cleared meanwhile.
+struct RunningInterval<'a> {
+    core: &'a Core,
+    key: TimerKey,
+    callback: Box<dyn FnMut()>,
+    start: u64,
+}
+
+impl Drop for RunningInterval<'_> {
+    fn drop(&mut self) {
+        // A zero-sized closure takes its place: no allocation.
+        let callback = std::mem::replace(&mut self.callback, Box::new(|| {}));
+        let cleared = self
+            .core
+            .timers
+            .borrow_mut()
+            .finish_interval(self.key, callback, self.start);
+        // Dropped after the borrow: its captures may touch the timers.
+        drop(cleared);
     }
 }
 

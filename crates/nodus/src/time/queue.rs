@@ -19,7 +19,8 @@
 //!   tombstone, skipped when it reaches the front. Cancelling is O(1) and takes effect at once.
 //!   Past twice as many tombstones as live timers, every list is compacted.
 //! - A firing interval's callback is taken out of its slab entry while it runs (so a callback
-//!   can clear its own interval) and put back only if the entry was not cleared meanwhile.
+//!   can clear its own interval) and put back only if the entry was not cleared meanwhile, also
+//!   when it panics (`rt/phases.rs` finishes it from a drop guard): no entry stays `Running`.
 //! - Nothing here runs user code or drops callbacks on its own: removed entries are returned.
 
 use std::collections::{HashMap, VecDeque};
