@@ -6,7 +6,7 @@
 //!     --workers 2 --policy rr --listen 127.0.0.1:8080 [--events FILE] \
 //!     [--slow-worker ID --slow-ms MS] [--block-ms MS] [--crash-after-ms MS]
 //!     [--max-restarts R --restart-window SECS]
-//!     [--hold-worker ID --hold-ms MS [--leave-on-sigterm]]
+//!     [--hold-worker ID --hold-ms MS [--leave-on-sigterm] [--hold-once FILE]]
 //!     [--abandon-listen-worker ID --abandon-at query|answer --hold-ms MS]
 //! ```
 //!
@@ -23,7 +23,9 @@
 //! them for MS milliseconds, then closes its listener and stays up; a nodus primary gets what it
 //! held back and gives it to the other workers. With `--leave-on-sigterm` a SIGTERM to that
 //! worker during the hold makes it leave the cluster on its own as `nodus serve` does
-//! ([`Worker::disconnect`], then its listener closes) and exit 0 (its replacement holds too).
+//! ([`Worker::disconnect`], then its listener closes) and exit 0 (its replacement holds too,
+//! unless `--hold-once FILE`: only the worker that creates FILE holds, and a replacement finding
+//! it serves).
 //! `--abandon-listen-worker ID --abandon-at query|answer` makes worker ID drop a `listen` future
 //! right after its `queryServer` went out, or once its answer has arrived (unpolled), say ready
 //! without a listener, wait `--hold-ms`, then listen again and serve.
@@ -60,6 +62,8 @@ struct Args {
     hold_worker: Option<u32>,
     hold: Duration,
     leave_on_sigterm: bool,
+    /// Only the worker that creates this file holds (`--hold-once`).
+    hold_once: Option<PathBuf>,
     abandon_listen_worker: Option<u32>,
     /// Drop the abandoned `listen` after its answer arrived, not right after its query.
     abandon_after_answer: bool,
@@ -80,6 +84,7 @@ fn parse_args() -> Result<Args, String> {
         hold_worker: None,
         hold: Duration::from_millis(1000),
         leave_on_sigterm: false,
+        hold_once: None,
         abandon_listen_worker: None,
         abandon_after_answer: false,
     };
@@ -132,6 +137,7 @@ fn parse_args() -> Result<Args, String> {
                 args.hold = Duration::from_millis(value()?.parse().map_err(|e| format!("{e}"))?)
             }
             "--leave-on-sigterm" => args.leave_on_sigterm = true,
+            "--hold-once" => args.hold_once = Some(PathBuf::from(value()?)),
             "--abandon-listen-worker" => {
                 args.abandon_listen_worker = Some(value()?.parse().map_err(|e| format!("{e}"))?)
             }
@@ -255,7 +261,14 @@ async fn run_worker(worker: Worker, args: Args) -> i32 {
             return 1;
         }
     };
-    if args.hold_worker == Some(worker.id()) {
+    let first_to_hold = |file: &PathBuf| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(file)
+            .is_ok()
+    };
+    if args.hold_worker == Some(worker.id()) && args.hold_once.as_ref().is_none_or(first_to_hold) {
         let mut term = match args.leave_on_sigterm {
             true => match Signals::new(&[SIGTERM]) {
                 Ok(s) => Some(s),
