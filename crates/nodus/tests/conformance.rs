@@ -268,6 +268,53 @@ fn s10_interval_rearm() {
 }
 
 #[test]
+fn s16_same_delay_list_runs_whole() {
+    let trace = node(
+        |l| {
+            let (a, b, c) = (l.clone(), l.clone(), l.clone());
+            set_timeout(10, move || a.log("A-d10"));
+            busy_wait(2);
+            set_timeout(10, move || c.log("C-d10"));
+            set_timeout(9, move || b.log("B-d9"));
+            busy_wait(20);
+        },
+        |_| {},
+    );
+    assert_eq!(
+        trace,
+        include_str!("node-order/16_same_delay_list_runs_whole.expected")
+    );
+}
+
+#[test]
+fn s17_interval_rearm_behind_timeout_from_its_callback() {
+    let trace = node(
+        |l| {
+            let n = Rc::new(Cell::new(0));
+            let iv: Rc<Cell<Option<Timer>>> = Rc::default();
+            let a = l.clone();
+            let iv2 = iv.clone();
+            iv.set(Some(set_interval(10, move || {
+                n.set(n.get() + 1);
+                a.log(format!("interval{}", n.get()));
+                if n.get() == 1 {
+                    let a2 = a.clone();
+                    set_timeout(10, move || a2.log("timeout-from-interval"));
+                }
+                if n.get() == 3 {
+                    clear_interval(&iv2.get().unwrap());
+                }
+            })));
+        },
+        |_| {},
+    );
+    assert_eq!(
+        trace,
+        include_str!("node-order/17_interval_rearm_behind_timeout_from_its_callback.expected")
+    );
+}
+
+#[test]
 fn s11_unref_timer_does_not_keep_alive() {
     let trace = node(
         |l| {

@@ -1,7 +1,8 @@
 //! One loop iteration: timers, pending, idle, prepare, poll, check, close (DESIGN.md section 2).
 //!
 //! Invariants:
-//! - The timers pass fires timers due at `pass_now`, read once when the pass starts; timers
+//! - The timers pass fires timers due at `pass_now`, read once when the pass starts, in Node's
+//!   order (`time/queue.rs`: list by list, each list's due timers front to back); timers
 //!   added during the pass count from a later clock read (the timer functions read it when they
 //!   arm), so they have later deadlines and wait for the next pass; an interval re-arms from its
 //!   callback's start, also after `pass_now`. Each timer is popped only when it is about to run,

@@ -1,8 +1,12 @@
 //! Timers: Node's `setTimeout`/`setInterval` and the futures `sleep`, `interval`, `timeout`.
 //!
-//! Delay rules (Node's): a delay below 1 ms (0, negative, NaN) becomes 1 ms; equal deadlines fire
-//! in insertion order; a timer never fires early on the loop clock (it fires in the first timers
-//! pass whose time is at or past its deadline).
+//! Delay rules (Node's): a delay below 1 ms (0, negative, NaN) becomes 1 ms; a timer never fires
+//! early on the loop clock. Order (Node's, `queue.rs`): timers of one delay form a FIFO list; a
+//! timers pass runs the lists in the order of their first timers' deadlines, every due timer of
+//! one list (front to back, stopping at the first not due) before the next list; so timers of
+//! one delay fire in insertion order, and a timer may fire in a later pass than the first at or
+//! past its deadline when it waits behind one of its list that is not due (an interval behind a
+//! timeout its callback armed).
 //!
 //! Deadlines count from the call: `set_timeout`, `set_interval`, `sleep`, `timeout`, `interval`
 //! and `Sleep::reset` read the monotonic clock when they arm (one vDSO read, about 20 ns), so
@@ -11,9 +15,9 @@
 //! (`Instant::now()`); raw libuv's `uv_timer_start` counts from the cached `uv_now` instead. The
 //! loop's cached clock ([`loop_now_ns`], the start of the current poll) is not moved by it: a
 //! timers pass fires what is due at the `now` it reads when it starts, so a timer armed during
-//! the pass (counting from a later read) waits for the next pass. An interval re-arms from the
-//! start of its callback (Node's `listOnTimeout`), so a slow callback earlier in the same pass
-//! does not shorten its next period either. nodus-http's own per-request deadlines (header read,
+//! the pass (counting from a later read) waits for the next pass. An interval re-arms, when its
+//! callback returns, from the start of its callback (Node's `listOnTimeout`), so a slow callback
+//! earlier in the same pass does not shorten its next period either. nodus-http's own per-request deadlines (header read,
 //! keep-alive idle, write stall) count from [`loop_now_ns`] instead, which costs no read: they
 //! are seconds long and need no better than the start of the current poll, and a fresh read
 //! there costs ~45 instructions per keep-alive request (+0.5 %, BENCHMARKS.md, session 17).
@@ -81,7 +85,9 @@ pub fn set_timeout(delay: impl IntoDelay, callback: impl FnOnce() + 'static) -> 
 
 /// Runs `callback` every `delay` until cleared (Node's `setInterval`). The first run is `delay`
 /// after this call (a fresh clock read, as for [`set_timeout`]); each run re-arms the interval
-/// from the time its callback started (Node's rule), behind timers already due at that time.
+/// from the time its callback started (Node's rule), at the back of its delay's list: behind the
+/// timers of its delay armed before it returned, its own callback's included, which it waits for
+/// (see the module docs).
 #[track_caller]
 pub fn set_interval(delay: impl IntoDelay, callback: impl FnMut() + 'static) -> Timer {
     let delay = delay.into_delay_ns();
