@@ -1158,6 +1158,19 @@ fn flood(
         .collect()
 }
 
+/// Waits (20 s at most) until the flood has taken `primary_pid` to its open-files limit of 64:
+/// 60 fds or more open.
+fn wait_at_limit(primary_pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while fd_count(primary_pid) < 60 {
+        assert!(
+            Instant::now() < deadline,
+            "the flood never took the primary to its limit"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// A primary at its open-files limit (`ulimit -n 64`, a flood of connections) keeps the fds its
 /// own spawns need: a worker killed then is replaced, a reload then is done, and the primary's
 /// fd shortage is never counted as crashes of the worker (which spent the restart budget in a
@@ -1190,14 +1203,7 @@ fn a_primary_at_its_open_files_limit_still_replaces_a_killed_worker() {
             .find(|e| e["event"] == "ready" && e["worker"] == slot)
             .map(|e| e["pid"].as_i64().unwrap() as i32)
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while fd_count(primary_pid) < 60 {
-            assert!(
-                Instant::now() < deadline,
-                "the flood never took the primary to its limit"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_at_limit(primary_pid);
         rustix::process::kill_process(
             rustix::process::Pid::from_raw(pid).unwrap(),
             rustix::process::Signal::KILL,
@@ -1213,14 +1219,7 @@ fn a_primary_at_its_open_files_limit_still_replaces_a_killed_worker() {
     }
     // A reload, the flood still on, once the primary is at its limit again: done, not failed.
     if count(&events(&log), "give_up") == 0 {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while fd_count(primary_pid) < 60 {
-            assert!(
-                Instant::now() < deadline,
-                "the flood never took the primary to its limit"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_at_limit(primary_pid);
         primary.signal(rustix::process::Signal::HUP);
         wait_events(&log, |e| {
             count(e, "reload_done") + count(e, "reload_failed") + count(e, "give_up") > 0
