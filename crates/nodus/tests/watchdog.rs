@@ -463,3 +463,194 @@ fn a_tasks_note_names_it_while_it_blocks_until_cleared() {
         [("job", "job 42\\u{a}"), ("plain", ""), ("cleared", "")]
     );
 }
+
+/// The test that [`a_stopped_process_is_not_blamed_on_the_task_it_was_polling`] runs in a child.
+const STOPPED_CHILD: &str = "a_stopped_process_is_not_blamed_on_the_task_it_was_polling";
+/// How long the outer test keeps the child stopped.
+const STOP: Duration = Duration::from_millis(1500);
+/// Stall and slow-poll threshold in the child: well above the spin before the stop (the outer
+/// test stops the child about 20 ms after it asks) and the 100 ms after it (time for the
+/// watchdog, continued with the loop, to see the hold).
+const CHILD_THRESHOLD: Duration = Duration::from_millis(300);
+
+/// In the child: asks the outer test to stop this process, then spins until it sees the clock
+/// jump by the stop (its poll spans it); panics if no stop comes within 10 s.
+fn spin_through_a_stop() {
+    println!("stop me");
+    let give_up = Instant::now() + Duration::from_secs(10);
+    let mut last = Instant::now();
+    loop {
+        let now = Instant::now();
+        if now - last >= STOP / 2 {
+            return;
+        }
+        assert!(now < give_up, "no stop came");
+        last = now;
+        std::hint::spin_loop();
+    }
+}
+
+/// A SIGSTOP/SIGCONT is not a task blocking the loop: a poll that spans the stop is a stall of
+/// class "stopped" and its slow-poll line says the process was stopped, naming the task only as
+/// the one being polled; a loop stopped while idle reports nothing; a poll that really runs
+/// long after a stop is still blamed on its task, with the stop told apart. The child process
+/// (this test, in a fresh process of this binary) asks to be stopped by printing "stop me"; this
+/// test stops it for 1.5 s and continues it, and reads its log.
+#[test]
+fn a_stopped_process_is_not_blamed_on_the_task_it_was_polling() {
+    if nodus_testkit::alone::is_inner(STOPPED_CHILD) {
+        return stopped_child();
+    }
+    use std::io::{BufRead, BufReader, Read};
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([STOPPED_CHILD, "--exact", "--test-threads=1", "--nocapture"])
+        .env(nodus_testkit::alone::INNER, STOPPED_CHILD)
+        .process_group(0)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let errors = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    // A hang bound: the child is killed after 60 s (its stdout then ends).
+    let done = Arc::new(AtomicBool::new(false));
+    let d = done.clone();
+    let killer = std::thread::spawn(move || {
+        let give_up = Instant::now() + Duration::from_secs(60);
+        while !d.load(Ordering::Acquire) && Instant::now() < give_up {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if !d.load(Ordering::Acquire) {
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        }
+    });
+    let mut out = String::new();
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if line.ends_with("stop me") {
+            std::thread::sleep(Duration::from_millis(20));
+            rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
+            std::thread::sleep(STOP);
+            rustix::process::kill_process(pid, rustix::process::Signal::CONT).unwrap();
+        }
+        out.push_str(&line);
+        out.push('\n');
+    }
+    let status = child.wait().unwrap();
+    done.store(true, Ordering::Release);
+    killer.join().unwrap();
+    let log = errors.join().unwrap();
+    assert!(
+        status.success() && out.contains("1 passed"),
+        "child: {status}\n{out}\n{log}"
+    );
+    let lines = |what: &str, task: &str| -> Vec<&str> {
+        log.lines()
+            .filter(|l| l.contains(what) && l.contains(&format!("\"{task}\"")))
+            .collect()
+    };
+    // The poll that spans the stop: its stall and slow poll say the process was stopped.
+    for what in ["loop stalled: ", "stall ended: ", "slow poll: "] {
+        let found = lines(what, "frozen");
+        assert!(
+            !found.is_empty(),
+            "no {what:?} line for \"frozen\" in:\n{log}"
+        );
+        for l in found {
+            assert!(
+                l.contains("the process was stopped or frozen (SIGSTOP, a debugger, a VM pause)")
+                    && (l.contains("no task blocked it") || l.contains("not a blocking task"))
+                    && !l.contains("ran for"),
+                "{l}"
+            );
+        }
+    }
+    // The poll that ran long after a stop: blamed on its task, the stop told apart.
+    let found = lines("slow poll: ", "frozen-then-busy");
+    assert_eq!(found.len(), 1, "{log}");
+    assert!(
+        found[0].contains("\"frozen-then-busy\"")
+            && found[0].contains(" ran for ")
+            && found[0].contains("ms of it with the process stopped or frozen"),
+        "{}",
+        found[0]
+    );
+    let ended = lines("stall ended: ", "frozen-then-busy");
+    assert!(
+        ended.len() == 1 && ended[0].contains("ms of it with the process stopped or frozen"),
+        "{log}"
+    );
+    // The idle loop stopped: nothing at all.
+    assert!(
+        !log.contains("\"idle\""),
+        "a loop stopped while idle is reported:\n{log}"
+    );
+}
+
+/// The child's side: three phases, each stopped once by the outer test.
+fn stopped_child() {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    let rt = Runtime::builder()
+        .stall_threshold(CHILD_THRESHOLD)
+        .slow_poll_threshold(CHILD_THRESHOLD)
+        .build()
+        .unwrap();
+    let loop_id = rt.id();
+    rt.block_on(async {
+        // A poll that spans the stop and runs 100 ms more.
+        spawn_named("frozen", async {
+            spin_through_a_stop();
+            spin(Duration::from_millis(100));
+        })
+        .await
+        .unwrap();
+        // An idle loop (waiting for a timer) is stopped.
+        spawn_named("idle", async {
+            println!("stop me");
+            let give_up = Instant::now() + Duration::from_secs(10);
+            let mut last = Instant::now();
+            while last.elapsed() < STOP / 2 {
+                assert!(Instant::now() < give_up, "no stop came");
+                last = Instant::now();
+                sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .unwrap();
+        // A poll that runs twice the threshold after the stop: a stall of its own.
+        spawn_named("frozen-then-busy", async {
+            spin_through_a_stop();
+            spin(2 * CHILD_THRESHOLD);
+        })
+        .await
+        .unwrap();
+    });
+    let stalls = settled_stalls(loop_id);
+    let classes: Vec<(&str, &str)> = stalls
+        .iter()
+        .map(|r| (r.task_name.as_str(), r.class.as_str()))
+        .collect();
+    assert_eq!(classes.len(), 2, "{stalls:#?}");
+    assert_eq!(classes[0], ("frozen", "stopped"), "{stalls:#?}");
+    assert_eq!(classes[1].0, "frozen-then-busy", "{stalls:#?}");
+    assert!(
+        classes[1].1 == "on-cpu" || classes[1].1 == "waiting-for-cpu",
+        "the stop is not part of its scheduler window: {stalls:#?}"
+    );
+    for r in &stalls {
+        assert!(
+            r.stopped_seconds >= STOP.as_secs_f64() * 0.5 && r.stopped_seconds <= r.elapsed_seconds,
+            "{r:?}"
+        );
+    }
+}

@@ -46,7 +46,10 @@
 //! A thread perturbs nothing: it reads the slot and the loop thread's scheduler state from outside.
 //!
 //! How a stall is classified (on-CPU, blocked in a syscall, waiting for a CPU) from the loop
-//! thread's CPU clock, `schedstat` and `status` is explained in `proc`.
+//! thread's CPU clock, `schedstat` and `status` is explained in `proc`. A stall that the whole
+//! process being stopped or frozen (SIGSTOP, a debugger, a VM pause) made one, which every clock
+//! reads as a long poll, is of class `stopped` instead, and names the poll only as the one under
+//! way: the watchdog sees the stop as its own oversleep (`freeze`).
 //!
 //! Invariants:
 //! - `begin`, `end`, `end_hold`, `enter_idle`, `leave_idle` and the note's `set_note`,
@@ -58,7 +61,8 @@
 //!   in epoll.
 //! - `hold_ns == 0` in a slot means the loop holds nothing, `start_ns == 0` that no poll is in
 //!   progress (`begin` stores at least 1 in both).
-//! - Only the watchdog thread reports stalls, reads `/proc`, and writes the ring buffer. A loop's
+//! - Only the watchdog thread reports stalls, reads `/proc`, and writes the ring buffer and the
+//!   record of stops (`freeze`); a loop reads that record only to log a slow poll. A loop's
 //!   own snapshot reads its entries with what the loop knows better (`stalls_seen_by_loop`: a
 //!   stall the watchdog has not yet seen end is over unless it is the hold under way) but never
 //!   writes them.
@@ -71,13 +75,14 @@
 //! Layout: this file holds the public API (`register`, [`recent_stalls`], [`StallReport`],
 //! [`StallClass`]), the ring buffer and the state shared by the loops and the watchdog thread
 //! (`ACTIVITY`, the pending registrations); `slot` is the seqlock `LoopSlot` the loop writes;
-//! `note` a task's note as the slot keeps it (cut, and escaped when shown);
-//! `thread` is the watchdog thread (scan, observe, backoff, rate limit, report messages); `proc`
+//! `note` a task's note as the slot keeps it (cut, and escaped when shown); `freeze` the
+//! process stops the watchdog has seen; `thread` is the watchdog thread (scan, observe, backoff, rate limit, report messages); `proc`
 //! reads `/proc` and classifies a stall.
 
 // With the `measure` feature off (the overhead benchmark only) this is compiled but not used.
 #![cfg_attr(not(feature = "measure"), allow(dead_code))]
 
+mod freeze;
 mod note;
 mod proc;
 mod slot;
@@ -155,8 +160,13 @@ pub struct StallReport {
     /// The poll or callback that began the stall, `"name" (file:line:col)`: the macrotask whose
     /// drain held the loop (for a stall of one poll, the task itself).
     pub began_with: String,
-    /// "on-cpu" | "blocked-in-syscall" | "waiting-for-cpu" | "unknown" ([`StallClass::as_str`]).
+    /// "on-cpu" | "blocked-in-syscall" | "waiting-for-cpu" | "stopped" | "unknown"
+    /// ([`StallClass::as_str`]).
     pub class: String,
+    /// How long the process was stopped or frozen during the stall (SIGSTOP, a debugger, a VM
+    /// pause), as the watchdog measured it (its own oversleep, within a tick); 0 if it was not.
+    /// A stall that would not have reached the threshold without it is classed "stopped".
+    pub stopped_seconds: f64,
     /// Fraction of the stall window the loop thread was on a CPU.
     pub on_cpu_share: f64,
     /// Fraction of the stall window the loop thread was runnable but waiting for a CPU.
@@ -187,6 +197,10 @@ pub enum StallClass {
     /// thread runnable throughout the window, all the time it was not on a CPU, including a
     /// run-queue wait still in progress).
     WaitingForCpu,
+    /// The whole process was stopped or frozen (SIGSTOP, a debugger, a VM pause) for so much of
+    /// the stall that without the stop it would not have reached the threshold: no task blocked
+    /// the loop.
+    Stopped,
     /// `/proc` could not be read, or the window was too short to tell on-CPU from waiting.
     Unknown,
 }
@@ -197,6 +211,7 @@ impl StallClass {
             StallClass::OnCpu => "on-cpu",
             StallClass::BlockedInSyscall => "blocked-in-syscall",
             StallClass::WaitingForCpu => "waiting-for-cpu",
+            StallClass::Stopped => "stopped",
             StallClass::Unknown => "unknown",
         }
     }
@@ -383,6 +398,7 @@ impl Ring {
         }
         entry.on_cpu_share = report.on_cpu_share;
         entry.waiting_for_cpu_share = report.waiting_for_cpu_share;
+        entry.stopped_seconds = report.stopped_seconds;
         entry.ongoing = report.ongoing;
         entry.reports = report.reports;
     }

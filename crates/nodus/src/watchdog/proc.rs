@@ -102,6 +102,11 @@ impl ThreadProc {
         Some(u64::try_from(ts.tv_sec).ok()? * 1_000_000_000 + u64::try_from(ts.tv_nsec).ok()?)
     }
 
+    /// Nanoseconds the thread has waited on a run queue (`schedstat`), if readable.
+    pub(super) fn run_delay_ns(&self) -> Option<u64> {
+        self.read_schedstat().map(|s| s.run_delay_ns)
+    }
+
     fn read_schedstat(&self) -> Option<SchedStat> {
         let mut buf = [0u8; 128];
         parse_schedstat(read_at_zero(self.schedstat.as_ref()?, &mut buf)?)
@@ -167,11 +172,16 @@ fn parse_schedstat(text: &[u8]) -> Option<SchedStat> {
     })
 }
 
-/// Shares of [baseline, now] and the class (see the module doc). Shares are 0 when they cannot
-/// be computed.
-pub(super) fn classify(baseline: Option<&Sample>, now: &Sample) -> (StallClass, f64, f64) {
+/// Shares of [baseline, now] and the class (see the module doc). `stopped_ns` of that window the
+/// process was stopped (`freeze`): not part of it, the thread could neither run nor wait. Shares
+/// are 0 when they cannot be computed.
+pub(super) fn classify(
+    baseline: Option<&Sample>,
+    now: &Sample,
+    stopped_ns: u64,
+) -> (StallClass, f64, f64) {
     let shares = match (
-        baseline.and_then(|b| b.sched.map(|s| (b.wall_ns, s))),
+        baseline.and_then(|b| b.sched.map(|s| (b.wall_ns + stopped_ns, s))),
         now.sched,
     ) {
         (Some((base_wall, base)), Some(cur)) if now.wall_ns >= base_wall + MIN_WINDOW_NS => {
@@ -266,37 +276,45 @@ mod tests {
     #[test]
     fn classifies_from_samples() {
         let base = sample(0, b'R', 10, 0, 0);
-        let (class, on, wait) = classify(Some(&base), &sample(100 * MS, b'R', 10, 95 * MS, 2 * MS));
+        let (class, on, wait) =
+            classify(Some(&base), &sample(100 * MS, b'R', 10, 95 * MS, 2 * MS), 0);
         assert_eq!(class, StallClass::OnCpu);
         assert!(
             (on - 0.95).abs() < 1e-9 && (wait - 0.05).abs() < 1e-9,
             "runnable throughout: off a CPU is waiting ({on}, {wait})"
         );
-        let (class, ..) = classify(Some(&base), &sample(100 * MS, b'R', 10, 50 * MS, 50 * MS));
+        let (class, ..) = classify(
+            Some(&base),
+            &sample(100 * MS, b'R', 10, 50 * MS, 50 * MS),
+            0,
+        );
         assert_eq!(class, StallClass::WaitingForCpu);
-        let (class, ..) = classify(Some(&base), &sample(100 * MS, b'D', 11, 90 * MS, 0));
+        let (class, ..) = classify(Some(&base), &sample(100 * MS, b'D', 11, 90 * MS, 0), 0);
         assert_eq!(class, StallClass::BlockedInSyscall);
-        let (class, on, wait) = classify(Some(&base), &sample(100 * MS, b'R', 11, 5 * MS, MS));
+        let (class, on, wait) = classify(Some(&base), &sample(100 * MS, b'R', 11, 5 * MS, MS), 0);
         assert_eq!(
             (class, on, wait),
             (StallClass::BlockedInSyscall, 0.05, 0.01),
             "went to sleep in the window, just woke"
         );
         let asleep = sample(0, b'S', 10, 0, 0);
-        let (class, ..) = classify(Some(&asleep), &sample(100 * MS, b'R', 10, 5 * MS, MS));
+        let (class, ..) = classify(Some(&asleep), &sample(100 * MS, b'R', 10, 5 * MS, MS), 0);
         assert_eq!(
             class,
             StallClass::BlockedInSyscall,
             "asleep when the window began, just woke"
         );
-        let (class, on, wait) =
-            classify(Some(&base), &sample(100 * MS, b'R', 10, 44 * MS, 63 * MS));
+        let (class, on, wait) = classify(
+            Some(&base),
+            &sample(100 * MS, b'R', 10, 44 * MS, 63 * MS),
+            0,
+        );
         assert_eq!(class, StallClass::WaitingForCpu);
         assert!(
             (on + wait - 1.0).abs() < 1e-9,
             "scaled to the window: {on} + {wait}"
         );
-        let (class, ..) = classify(Some(&base), &sample(MS / 2, b'R', 10, 0, 0));
+        let (class, ..) = classify(Some(&base), &sample(MS / 2, b'R', 10, 0, 0), 0);
         assert_eq!(class, StallClass::Unknown, "window too short");
         let unreadable = Sample {
             wall_ns: 100 * MS,
@@ -304,7 +322,16 @@ mod tests {
             sleeps: None,
             sched: None,
         };
-        assert_eq!(classify(Some(&base), &unreadable).0, StallClass::Unknown);
+        assert_eq!(classify(Some(&base), &unreadable, 0).0, StallClass::Unknown);
+        // A spinner stopped 1 s of an 1.1 s window: the stop is not part of the window.
+        let stopped = sample(1100 * MS, b'R', 11, 95 * MS, MS);
+        assert_eq!(
+            classify(Some(&base), &stopped, 0).0,
+            StallClass::BlockedInSyscall
+        );
+        let (class, on, _) = classify(Some(&base), &stopped, 1000 * MS);
+        assert_eq!(class, StallClass::OnCpu);
+        assert!((on - 0.95).abs() < 1e-9, "{on}");
     }
 
     /// A spinning poll on a saturated machine: 8 ms on a CPU out of a 50 ms window, its
@@ -313,14 +340,15 @@ mod tests {
     #[test]
     fn a_thread_runnable_throughout_the_window_is_never_blocked() {
         let base = sample(0, b'R', 10, 0, 0);
-        let (class, on, wait) = classify(Some(&base), &sample(50 * MS, b'R', 10, 8 * MS, 2 * MS));
+        let (class, on, wait) =
+            classify(Some(&base), &sample(50 * MS, b'R', 10, 8 * MS, 2 * MS), 0);
         assert_eq!(class, StallClass::WaitingForCpu, "{on} {wait}");
         assert!(
             (on - 0.16).abs() < 1e-9 && (wait - 0.84).abs() < 1e-9,
             "{on} {wait}"
         );
         // Nearly nothing counted yet: still waiting, never blocked.
-        let (class, ..) = classify(Some(&base), &sample(50 * MS, b'R', 10, 0, 0));
+        let (class, ..) = classify(Some(&base), &sample(50 * MS, b'R', 10, 0, 0), 0);
         assert_eq!(class, StallClass::WaitingForCpu);
     }
 }

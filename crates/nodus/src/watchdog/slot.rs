@@ -47,7 +47,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering, f
 use std::time::Duration;
 
 use super::note::{self, NOTE_MAX, NOTE_WORDS, Note};
-use super::{ACTIVITY, PARKED, wake_parked_watchdog};
+use super::{ACTIVITY, PARKED, WATCHDOG, freeze, wake_parked_watchdog};
 
 /// Thresholds below this are raised to it: shorter polls are the slow-poll log's business.
 const MIN_THRESHOLD_NS: u64 = 10_000_000;
@@ -346,6 +346,15 @@ impl LoopSlot {
         // One field: a reader sees the note or none, whatever else it read with it.
         let len = self.note_len.load(Ordering::Relaxed);
         self.note_len.store(len | NOTE_CLEARED, Ordering::Relaxed);
+    }
+
+    /// Loop thread, for a slow poll's log line only (cold): how long the process was stopped or
+    /// frozen while a poll ran from `start` to `end` (`freeze::stopped_during`; it may wait a
+    /// little for a watchdog resumed with the process to record the stop).
+    pub(crate) fn stopped_during(&self, start: u64, end: u64) -> u64 {
+        let watched = self.flags.load(Ordering::Relaxed) & REGISTERED != 0
+            && matches!(WATCHDOG.get(), Some(Some(_)));
+        freeze::stopped_during(start, end, watched)
     }
 
     /// Loop thread: the latest note set in the poll in progress (or the one that just returned,

@@ -20,9 +20,15 @@
 //!   most about 10 reports per second; suppressed reports are counted in the next one.
 //! - The stall's ring-buffer entry is published complete at its first observation past the
 //!   threshold and updated in place at every tick and when the hold ends.
+//! - After every wake, before it scans, it checks whether it overslept because the process was
+//!   stopped (`freeze::Detector::woke`). A stall that would not have reached its threshold
+//!   without the stops in it is of class `stopped` (`by_stop`): its report and end line say the
+//!   process was stopped or frozen for so long and name the poll only as the one under way. A
+//!   longer one keeps its class, with the stop left out of its scheduler window and told apart.
 //!
 //! Invariants:
-//! - This thread alone reports stalls, reads `/proc` and writes the ring buffer.
+//! - This thread alone reports stalls, reads `/proc` and writes the ring buffer and the record
+//!   of stops.
 //! - It holds only `Weak` references to slots: a dropped loop is pruned (and its stall closed) at
 //!   the next scan.
 
@@ -34,6 +40,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::freeze::{Detector, stopped_between};
 use super::note::Note;
 use super::proc::{Sample, ThreadProc, classify};
 use super::slot::{HoldView, LoopSlot, SlotRead};
@@ -200,6 +207,7 @@ pub(super) fn run() {
         last_ns: now_ns(),
         suppressed: 0,
     };
+    let mut freezes = Detector::new();
     loop {
         #[cfg(test)]
         WAKES.fetch_add(1, Ordering::Relaxed);
@@ -213,7 +221,9 @@ pub(super) fn run() {
                 .compare_exchange(0, PARKED, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
+                let from = now_ns();
                 std::thread::park_timeout(IDLE_PARK);
+                freezes.woke(from, from + IDLE_PARK.as_nanos() as u64, now_ns());
                 let _unparked = ACTIVITY.fetch_and(!PARKED, Ordering::AcqRel) & PARKED == 0;
                 #[cfg(test)]
                 if !_unparked {
@@ -229,6 +239,8 @@ pub(super) fn run() {
         if wake_at > now {
             std::thread::park_timeout(Duration::from_nanos(wake_at - now));
         }
+        // Before the next scan: a hold that spans a stop is classed by it.
+        freezes.woke(now, wake_at.max(now), now_ns());
         // A tick with no loop busy (only a poll's end left to see) counts as an idle wake too.
         #[cfg(test)]
         if busy == 0 {
@@ -262,7 +274,7 @@ fn scan(watched: &mut Vec<Watched>, limiter: &mut RateLimit) -> Scan {
         let Some(slot) = w.slot.upgrade() else {
             // The loop is gone (maybe unwinding out of a stalled poll): close its stall.
             if let Some(hold) = w.hold.take() {
-                finish(hold, None);
+                finish(hold, None, w.threshold_ns);
             }
             return false;
         };
@@ -275,7 +287,7 @@ fn scan(watched: &mut Vec<Watched>, limiter: &mut RateLimit) -> Scan {
             SlotRead::Idle => {
                 if let Some(hold) = w.hold.take() {
                     let end = slot.long_end(hold.view.hold_seq);
-                    finish(hold, end);
+                    finish(hold, end, w.threshold_ns);
                 }
                 return true;
             }
@@ -288,7 +300,7 @@ fn scan(watched: &mut Vec<Watched>, limiter: &mut RateLimit) -> Scan {
         {
             let hold = w.hold.take().expect("checked above");
             let end = slot.long_end(hold.view.hold_seq);
-            finish(hold, end);
+            finish(hold, end, w.threshold_ns);
         }
         let hold = w.hold.get_or_insert_with(|| Observed {
             view,
@@ -324,8 +336,13 @@ fn observe(
         return due(1);
     }
     let sample = proc.sample();
-    let (class, on_cpu, waiting) = classify(Some(&hold.baseline), &sample);
     let held_ns = sample.wall_ns.saturating_sub(start);
+    let stopped_ns = stopped_between(start, sample.wall_ns);
+    let in_window = stopped_between(hold.baseline.wall_ns, sample.wall_ns);
+    let (mut class, on_cpu, waiting) = classify(Some(&hold.baseline), &sample, in_window);
+    if by_stop(held_ns, stopped_ns, threshold_ns) {
+        class = StallClass::Stopped;
+    }
     let view = &hold.view;
     let polls = view.polls();
     // A closure's published start is its batch's, so only a poll seen at two looks in a row
@@ -386,6 +403,7 @@ fn observe(
     }
     report.on_cpu_share = on_cpu;
     report.waiting_for_cpu_share = waiting;
+    report.stopped_seconds = stopped_ns as f64 / 1e9;
     if sample.wall_ns >= due(stall.multiplier) {
         if let Some(suppressed) = limiter.allow(sample.wall_ns) {
             report.reports += 1;
@@ -425,10 +443,16 @@ fn location_str(location: &Location<'_>) -> String {
     )
 }
 
+/// Whether a hold of `held_ns`, `stopped_ns` of it with the process stopped, is a stall only
+/// because of the stop: without it, it would not have reached `threshold_ns`.
+fn by_stop(held_ns: u64, stopped_ns: u64, threshold_ns: u64) -> bool {
+    stopped_ns > 0 && held_ns.saturating_sub(stopped_ns) < threshold_ns
+}
+
 /// A hold that was being observed has ended at `end` (time and poll count, as its loop recorded
 /// them), or at an unknown time after the last sample (its loop is gone, or a later long hold
 /// overwrote the end).
-fn finish(hold: Observed, end: Option<(u64, u64)>) {
+fn finish(hold: Observed, end: Option<(u64, u64)>, threshold_ns: u64) {
     let Some(mut stall) = hold.stall else {
         return;
     };
@@ -442,12 +466,30 @@ fn finish(hold: Observed, end: Option<(u64, u64)>) {
         }
         None => "at least ",
     };
+    let held_ns = (report.elapsed_seconds * 1e9) as u64;
+    let stopped_ns = stopped_between(hold.view.hold_ns, hold.view.hold_ns + held_ns);
+    report.stopped_seconds = stopped_ns as f64 / 1e9;
+    if by_stop(held_ns, stopped_ns, threshold_ns) {
+        StallClass::Stopped.as_str().clone_into(&mut report.class);
+    }
     if let Some(id) = stall.ring_id {
         lock(&RING).update(id, report);
     }
     let ms = report.elapsed_seconds * 1e3;
+    let stopped_ms = report.stopped_seconds * 1e3;
     let task = named(&report.task_name, &report.note, &report.location);
-    let what = if report.polls <= 1 {
+    let what = if report.class == StallClass::Stopped.as_str() {
+        format!(
+            "the process was stopped or frozen (SIGSTOP, a debugger, a VM pause) for \
+             ~{stopped_ms:.0} ms of the {at_least}{ms:.0} ms the loop was held; no task blocked \
+             it (task {task} was being polled)"
+        )
+    } else if stopped_ns > 0 {
+        format!(
+            "task {task} ran for {at_least}{ms:.0} ms, ~{stopped_ms:.0} ms of it with the \
+             process stopped or frozen"
+        )
+    } else if report.polls <= 1 {
         format!("task {task} ran for {at_least}{ms:.0} ms")
     } else {
         format!(
@@ -498,7 +540,17 @@ fn stall_message(
     suppressed: u64,
 ) -> String {
     let held_ms = report.elapsed_seconds * 1e3;
+    let stopped_ms = report.stopped_seconds * 1e3;
     let task = named(&report.task_name, &report.note, &report.location);
+    if class == StallClass::Stopped {
+        let mut message = format!(
+            "loop stalled: the process was stopped or frozen (SIGSTOP, a debugger, a VM pause) \
+             for ~{stopped_ms:.0} ms of the {held_ms:.0} ms the loop has been held; no task \
+             blocked it (task {task} was being polled)"
+        );
+        suppressed_note(&mut message, suppressed);
+        return message;
+    }
     let mut message = match *shape {
         Shape::Poll => format!("loop stalled: task {task} has been running for {held_ms:.0} ms"),
         Shape::LongPoll { running_ns } => format!(
@@ -541,13 +593,23 @@ fn stall_message(
             report.waiting_for_cpu_share * 100.0
         );
     }
+    if stopped_ms > 0.0 {
+        let _ = write!(
+            message,
+            "; the process was stopped or frozen for ~{stopped_ms:.0} ms of it"
+        );
+    }
+    suppressed_note(&mut message, suppressed);
+    message
+}
+
+fn suppressed_note(message: &mut String, suppressed: u64) {
     if suppressed > 0 {
         let _ = write!(
             message,
             "; {suppressed} earlier stall reports suppressed by the rate limit"
         );
     }
-    message
 }
 
 /// Asks the kernel to run this thread ahead of ordinary work (nice −10), so a report is not late
@@ -722,7 +784,7 @@ mod tests {
             "GET /spin/2500",
             "the note is kept once the handler returned"
         );
-        finish(hold, Some((now_ns(), 1)));
+        finish(hold, Some((now_ns(), 1)), threshold_ns);
         let stalls = crate::watchdog::recent_stalls_for(loop_id);
         assert_eq!(stalls.len(), 1);
         assert_eq!(stalls[0].note, "GET /spin/2500", "in the ring buffer");
@@ -737,7 +799,7 @@ mod tests {
         };
         look(&mut hold, view(0, HANDLER, at, noted), false);
         assert_eq!(look(&mut hold, view(0, OTHER, other_at, cleared), true), "");
-        finish(hold, Some((now_ns(), 1)));
+        finish(hold, Some((now_ns(), 1)), threshold_ns);
 
         // In a drain, the note seen with a poll is kept by `Seen` when a later look at the same
         // poll finds none.

@@ -12,7 +12,10 @@
 //! - A poll at least `slow_poll` long is counted and logged once (target `nodus::slow_poll`, with
 //!   the note the poll set last or kept, `nodus::task::set_note`, cleared since or not), and
 //!   so is a closure batch (`closures_end`): a batch is timed as a whole, so it is the batch, named
-//!   after its last closure, that counts (rt/drain.rs says why and what that misses).
+//!   after its last closure, that counts (rt/drain.rs says why and what that misses). Only then,
+//!   on that cold path, is the watchdog's record of process stops read (`stopped_during`): a
+//!   poll that was slow only because the process was stopped or frozen is logged as such, not
+//!   blamed on its task; it still counts as a slow poll (the loop was held that long).
 //! - The log's "N runnable waiting" (`run_queue=N`) is the run-queue length when the poll or
 //!   batch returned, remote work posted and not yet taken included: every entry that waited
 //!   behind it, from its start (`run_queue_at_start`, "K when it began") or from its wake during
@@ -84,7 +87,7 @@ impl Meter {
                 slow
             };
             if slow {
-                self.log_slow_poll(target, d);
+                self.log_slow_poll(target, start, end);
             }
         }
         #[cfg(not(feature = "measure"))]
@@ -100,27 +103,51 @@ impl Meter {
             .saturating_sub(u64::from(self.self_woken.get()))
     }
 
+    /// How a slow poll from `start` to `end` is told: who ran for how long, and how much of it
+    /// the process was stopped or frozen (`watchdog::freeze`); a poll that would not have been
+    /// slow without the stop is not blamed on its task. Returns the text and the stop (ns).
     #[cfg(feature = "measure")]
     #[cold]
-    fn log_slow_poll(&self, target: &PollTarget, d: u64) {
+    fn slow_text(&self, who: &str, start: u64, end: u64) -> (String, u64) {
+        let d = end.saturating_sub(start);
+        let stopped = self.slot.stopped_during(start, end);
+        let (ms, stopped_ms) = (d as f64 / 1e6, stopped as f64 / 1e6);
+        let text = if stopped == 0 {
+            format!("{who} ran for {ms:.1} ms")
+        } else if d - stopped.min(d) < self.config.slow_poll.as_nanos() as u64 {
+            format!(
+                "the process was stopped or frozen (SIGSTOP, a debugger, a VM pause) for \
+                 ~{stopped_ms:.0} ms of the {ms:.1} ms that {who} took; not a blocking task,"
+            )
+        } else {
+            format!(
+                "{who} ran for {ms:.1} ms, ~{stopped_ms:.0} ms of it with the process stopped or frozen,"
+            )
+        };
+        (text, stopped)
+    }
+
+    #[cfg(feature = "measure")]
+    #[cold]
+    fn log_slow_poll(&self, target: &PollTarget, start: u64, end: u64) {
         // The note the poll set last (or kept from an earlier one), cleared since or not.
         let note = self
             .slot
             .poll_note()
             .map_or(String::new(), |(note, _)| note.render());
         let task = crate::watchdog::named(target.name, &note, &target.location.to_string());
+        let (text, stopped) = self.slow_text(&format!("task {task}"), start, end);
         let (waiting, at_start) = (self.waiting_after(), self.waiting_at_start.get());
         tracing::warn!(
             target: "nodus::slow_poll",
             task = target.name,
             note,
             location = %target.location,
-            duration_ms = d as f64 / 1e6,
+            duration_ms = end.saturating_sub(start) as f64 / 1e6,
+            stopped_ms = stopped as f64 / 1e6,
             run_queue = waiting,
             run_queue_at_start = at_start,
-            "slow poll: task {task} ran for {:.1} ms with {waiting} runnable waiting ({at_start} \
-             when it began)",
-            d as f64 / 1e6,
+            "slow poll: {text} with {waiting} runnable waiting ({at_start} when it began)",
         );
     }
 
@@ -179,7 +206,7 @@ impl Meter {
                 }
             }
             if slow {
-                self.log_slow_closures(last, ticks + microtasks, d);
+                self.log_slow_closures(last, ticks + microtasks, start, end);
             }
         }
         #[cfg(not(feature = "measure"))]
@@ -188,24 +215,23 @@ impl Meter {
 
     #[cfg(feature = "measure")]
     #[cold]
-    fn log_slow_closures(&self, last: &PollTarget, closures: u64, d: u64) {
+    fn log_slow_closures(&self, last: &PollTarget, closures: u64, start: u64, end: u64) {
         let what = match closures {
             1 => format!("{:?} closure", last.name),
             n => format!("{n} closures ending with a {:?} closure", last.name),
         };
+        let (text, stopped) = self.slow_text(&format!("{what} ({})", last.location), start, end);
         let (waiting, at_start) = (self.waiting_after(), self.waiting_at_start.get());
         tracing::warn!(
             target: "nodus::slow_poll",
             task = last.name,
             location = %last.location,
             closures,
-            duration_ms = d as f64 / 1e6,
+            duration_ms = end.saturating_sub(start) as f64 / 1e6,
+            stopped_ms = stopped as f64 / 1e6,
             run_queue = waiting,
             run_queue_at_start = at_start,
-            "slow poll: {what} ({}) ran for {:.1} ms with {waiting} runnable waiting ({at_start} \
-             when it began)",
-            last.location,
-            d as f64 / 1e6,
+            "slow poll: {text} with {waiting} runnable waiting ({at_start} when it began)",
         );
     }
 
