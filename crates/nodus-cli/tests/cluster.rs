@@ -541,11 +541,9 @@ fn run_passes_listeners_the_systemd_way_to_a_plain_program() {
         pids.insert(text.split_whitespace().nth(1).unwrap().to_owned());
     }
     assert!(!pids.is_empty());
-    let ready = events(&log)
-        .iter()
-        .filter(|e| e["event"] == "ready")
-        .count();
-    assert_eq!(ready, 2, "both workers said READY=1 or stayed up");
+    // The events file is written by its own thread, so it may lag the line.
+    let evs = wait_events(&log, |e| count(e, "ready") == 2);
+    assert_eq!(count(&evs, "ready"), 2, "both workers said READY=1 or stayed up");
     primary.signal(rustix::process::Signal::TERM);
     assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
 }

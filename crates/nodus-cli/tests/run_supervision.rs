@@ -1173,7 +1173,9 @@ fn with_node_a_worker_gets_a_notify_socket_of_its_own_not_the_primarys() {
         "READY=1\nSTATUS=serving",
         "the primary's own READY=1, first"
     );
-    let evs = events(&log);
+    // The events file is written by its own thread: the second `ready` may land just after the
+    // line.
+    let evs = wait_events(&log, |e| count(e, "ready") == 2);
     assert_eq!(count(&evs, "ready"), 2, "{evs:#?}");
 
     // STOPPING=1 from a worker: its replacement starts at once.
