@@ -543,7 +543,11 @@ fn run_passes_listeners_the_systemd_way_to_a_plain_program() {
     assert!(!pids.is_empty());
     // The events file is written by its own thread, so it may lag the line.
     let evs = wait_events(&log, |e| count(e, "ready") == 2);
-    assert_eq!(count(&evs, "ready"), 2, "both workers said READY=1 or stayed up");
+    assert_eq!(
+        count(&evs, "ready"),
+        2,
+        "both workers said READY=1 or stayed up"
+    );
     primary.signal(rustix::process::Signal::TERM);
     assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
 }
