@@ -307,12 +307,14 @@ fn cluster_doc(n: u64) -> Value {
                 queue_wait: hist(&[(2_000_000, 100)]),
                 ..PoolSnapshot::default()
             }];
-            // Worker 1's stall was a drain of short polls; its tasks panicked 3 times.
+            // Worker 0's stall was the process stopped for 200 ms of its 250; worker 1's a
+            // drain of short polls, and its tasks panicked 3 times.
             s.stalls = vec![StallReport {
                 task_name: "http:static".into(),
                 location: "crates/app/src/slow.rs:12:5".into(),
                 elapsed_seconds: 0.25,
-                class: "on-cpu".into(),
+                class: ["stopped", "on-cpu"][i as usize].into(),
+                stopped_seconds: [0.2, 0.0][i as usize],
                 at_unix_ms: 1_800_000_000_000,
                 polls: [1, 20_345][i as usize],
                 began_with: "\"main\" (src/main.rs:4:5)".into(),
@@ -421,6 +423,15 @@ fn once_against_a_two_worker_cluster_shows_both_pids_and_matching_figures() {
         2,
         "{stdout}"
     );
+    // Worker 0's stop, said once: worker 1's stall had none.
+    assert_eq!(
+        stdout
+            .matches("took 250ms stopped, process stopped 200ms of it\n")
+            .count(),
+        1,
+        "{stdout}"
+    );
+    assert_eq!(stdout.matches("process stopped").count(), 1, "{stdout}");
     // Worker 1's drain and panics; worker 0's single poll and no panics add nothing.
     assert_eq!(
         stdout
@@ -796,8 +807,9 @@ fn dom_row<'a>(dom: &'a str, class: &str, attr: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {class} row with {attr} in the page:\n{dom}"))
 }
 
-/// A relayed 3-worker document: worker 1's snapshot has task panics and a drain stall, worker 2's
-/// was left out, worker 3 is an older build (no panic fields, a stall without `polls`).
+/// A relayed 3-worker document: worker 1's snapshot has task panics and a drain stall through a
+/// process stop, worker 2's was left out, worker 3 is an older build (no panic fields, a stall
+/// without `polls` or `stopped_seconds`).
 fn relayed_doc() -> Value {
     use nodus::metrics::TaskClassSnapshot;
     let snapshot = |pid: u32, old: bool| {
@@ -821,7 +833,8 @@ fn relayed_doc() -> Value {
                 task_name: "ping".into(),
                 location: "src/main.rs:12:9".into(),
                 elapsed_seconds: 0.101,
-                class: "on-cpu".into(),
+                stopped_seconds: 1.5,
+                class: "stopped".into(),
                 polls: 20_345,
                 began_with: "\"main\" (src/main.rs:4:5)".into(),
                 note: "GET /slow/thing".into(),
@@ -841,6 +854,7 @@ fn relayed_doc() -> Value {
             stall.remove("polls");
             stall.remove("began_with");
             stall.remove("note");
+            stall.remove("stopped_seconds");
         }
         s
     };
@@ -857,7 +871,7 @@ fn relayed_doc() -> Value {
 }
 
 #[test]
-fn admin_page_in_headless_chromium_shows_panics_drains_and_left_out_snapshots() {
+fn admin_page_in_headless_chromium_shows_panics_drains_stops_and_left_out_snapshots() {
     let Some(chromium) = installed(&["chromium", "chromium-browser"]) else {
         return;
     };
@@ -893,6 +907,11 @@ fn admin_page_in_headless_chromium_shows_panics_drains_and_left_out_snapshots() 
         stall.contains(r#"<div class="task-note">[GET /slow/thing]</div>"#),
         "{stall}"
     );
+    // How long the process was stopped during it.
+    assert!(
+        stall.contains(r#"<td class="n stopped warn">1.50 s</td>"#),
+        "{stall}"
+    );
 
     // Worker 3, an older build: no panic figures (not 0), no drain line.
     let dom = chromium_dom(chromium, &format!("http://{addr}/_nodus/#worker=3"));
@@ -906,6 +925,7 @@ fn admin_page_in_headless_chromium_shows_panics_drains_and_left_out_snapshots() 
     let stall = dom_row(&dom, "stall-row", "data-task=\"ping\"");
     assert!(!stall.contains("held in drain"), "{stall}");
     assert!(!stall.contains("task-note"), "{stall}");
+    assert!(stall.contains(r#"<td class="n stopped">–</td>"#), "{stall}");
 }
 
 /// Workers the primary found stalled: a Node worker (no snapshot, `answering` null) and a nodus

@@ -27,14 +27,15 @@
 //! primary says), `left out: pid N: why` for each worker whose snapshot a relayed document left
 //! out, and `panics: pid N: panics 3 (job 2, handler 1)` for each worker with
 //! panics (a snapshot without the field, an older build's, shows none); a stall that was a
-//! drain of many short polls ends with `, held in drain: N polls, mostly T after B`.
+//! drain of many short polls ends with `, held in drain: N polls, mostly T after B`, one during
+//! which the process was stopped or frozen says so before that, `, process stopped 1.10s of it`.
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::view::{
     COLUMNS, cells, describe, drain_note, fmt_ago, fmt_ns, fmt_rate, old_figures, panics_text,
-    pools_scope, task_text, threads_cell,
+    pools_scope, stopped_note, task_text, threads_cell,
 };
 use super::{App, fetch_stats};
 
@@ -148,9 +149,10 @@ fn render(app: &App, span: Duration) -> String {
                     format!(", {n} after {}", st.began_with)
                 }
             });
+            let stopped = stopped_note(st).map_or(String::new(), |n| format!(", {n}"));
             let _ = writeln!(
                 out,
-                "    {} ago pid {} {} at {} took {} {}{}{drain}",
+                "    {} ago pid {} {} at {} took {} {}{}{stopped}{drain}",
                 fmt_ago(st.at_unix_ms),
                 s.pid,
                 task_text(st),

@@ -28,7 +28,10 @@
 //! that was a drain of many short polls takes two lines, the second saying `held in drain: N
 //! polls, mostly T` ([`drain_note`], shared with `--once`); a stall whose task had a note (the
 //! request an HTTP handler served) shows it on that second line, `[GET /slow/thing]`, and
-//! `--once` names the task with it, `http:app [GET /slow/thing]` ([`task_text`]).
+//! `--once` names the task with it, `http:app [GET /slow/thing]` ([`task_text`]); a stall
+//! during which the process was stopped or frozen (SIGSTOP, a debugger, a VM pause) says for how
+//! long first on that second line, `process stopped 1.10s of it`, and `--once` after its class
+//! ([`stopped_note`]; the class is `stopped` when the stop alone made it a stall).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -211,6 +214,18 @@ pub fn task_text(st: &StallReport) -> String {
     } else {
         format!("{} [{}]", st.task_name, st.note)
     }
+}
+
+/// What a stall during which the process was stopped or frozen (SIGSTOP, a debugger, a VM
+/// pause) says (`None` when it was not, or for an older build's report):
+/// `process stopped 1.10s of it`.
+pub fn stopped_note(st: &StallReport) -> Option<String> {
+    (st.stopped_seconds > 0.0).then(|| {
+        format!(
+            "process stopped {} of it",
+            fmt_ns((st.stopped_seconds * 1e9) as u64)
+        )
+    })
 }
 
 /// What a stall that was a drain of many short polls says (`None` for one poll, or a snapshot
@@ -505,11 +520,17 @@ fn draw_stalls(frame: &mut Frame, area: Rect, app: &App, stalls: &[StallRow], fo
         .iter()
         .map(|s| {
             let st = &s.stall;
-            // A drain's second line (with the task's note), else the note's, in the location's
-            // column (cut at its end if need be): the task's column is too narrow for a note.
-            let drain = drain_note(st)
-                .or_else(|| (!st.note.is_empty()).then(|| format!("[{}]", st.note)))
-                .map(|n| keep_head(&n, loc_width));
+            // A second line in the location's column (cut at its end if need be; the task's
+            // column is too narrow): the process's stop, then a drain's (with the task's note)
+            // or else the note.
+            let parts: Vec<String> = [
+                stopped_note(st),
+                drain_note(st).or_else(|| (!st.note.is_empty()).then(|| format!("[{}]", st.note))),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            let drain = (!parts.is_empty()).then(|| keep_head(&parts.join(" · "), loc_width));
             let location = keep_tail(&st.location, loc_width);
             TableRow::new(pick([
                 if st.ongoing {
@@ -1254,6 +1275,48 @@ mod tests {
             "{}",
             lines.join("\n")
         );
+    }
+
+    /// A stall during which the process was stopped says for how long on its second line, at 80
+    /// columns; one that was not says nothing of it.
+    #[test]
+    fn a_stall_through_a_process_stop_says_how_long_it_was_stopped() {
+        use nodus::metrics::{Snapshot, StallReport};
+        let stall = |task: &str, class: &str, stopped: f64| StallReport {
+            task_name: task.into(),
+            location: "src/main.rs:12:9".into(),
+            elapsed_seconds: 1.25,
+            class: class.into(),
+            stopped_seconds: stopped,
+            ..StallReport::default()
+        };
+        let worker = |i: u32, st: StallReport| {
+            let s = Snapshot {
+                pid: 7 + i,
+                stalls: vec![st],
+                ..Snapshot::default()
+            };
+            serde_json::json!({"worker": i + 1, "pid": 7 + i, "snapshot": s})
+        };
+        let doc = serde_json::json!({"workers": [
+            worker(0, stall("frozen", "stopped", 1.1)),
+            worker(1, stall("busy", "on-cpu", 0.0)),
+        ], "restarts": 0});
+        let lines = frame_text(&app_showing(&doc));
+        let all = lines.join("\n");
+        let at = |task: &str| {
+            let at = lines.iter().position(|l| l.contains(task));
+            at.unwrap_or_else(|| panic!("no {task} stall in\n{all}"))
+        };
+        let frozen = at("frozen");
+        assert!(lines[frozen].contains("src/main.rs:12:9"), "{all}");
+        assert!(
+            lines[frozen + 1].contains("process stopped 1.10s of it"),
+            "{all}"
+        );
+        assert_eq!(all.matches("process stopped").count(), 1, "{all}");
+        assert_eq!(stopped_note(&stall("busy", "on-cpu", 0.0)), None);
+        assert!(lines[at("busy")].contains("on-cpu"), "{all}");
     }
 
     #[test]
