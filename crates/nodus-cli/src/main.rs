@@ -161,7 +161,8 @@ struct RunArgs {
     policy: Option<PolicyArg>,
     /// Serve the cluster's /_nodus/ endpoints (metrics, stats, healthz, readyz, the live page)
     /// on this address (as -l's); `nodus top ADDR` watches it. readyz is 200 while a ready
-    /// worker is not stalled (its loop answered the primary within 1 s), 503 with why not.
+    /// worker is not stalled (its loop answered the primary within 1 s) and can start its pool
+    /// threads, 503 with why not.
     #[arg(long, value_name = "ADDR", value_parser = socket_addr)]
     admin: Option<SocketAddr>,
     /// Restart intensity: more than R restarts within --restart-window gives up (exit 75).
@@ -365,7 +366,8 @@ struct ServeArgs {
     /// they answer loopback clients only; with --admin, none, unless --admin-on-public on).
     /// Ignored, with a warning, when a service manager passes a socket named admin. With
     /// --workers 2 or more, its readyz is the cluster's: 200 while a ready worker is not stalled
-    /// (its loop answered the primary within 1 s), 503 with why not.
+    /// (its loop answered the primary within 1 s) and can start its pool threads, 503 with why
+    /// not.
     #[arg(long, value_parser = socket_addr)]
     admin: Option<SocketAddr>,
     /// Whether the public listener answers /_nodus/* (to loopback clients whose request carries

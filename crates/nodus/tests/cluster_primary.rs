@@ -608,7 +608,7 @@ fn a_cluster_whose_only_worker_is_stalled_is_not_ready_until_its_loop_runs() {
             panic!("never {want:?}");
         };
         let stalled = ReadyState::Stalled { workers: 1 };
-        until(stalled, ReadyState::Ready).await;
+        until(stalled.clone(), ReadyState::Ready).await;
         assert!(!primary.is_ready());
         std::fs::write(dir.path().join("release"), b"").unwrap();
         until(ReadyState::Ready, stalled).await;

@@ -1,6 +1,7 @@
 //! A worker pool that cannot start its threads (`RLIMIT_AS` too low for their stacks, as a full
 //! `pids.max` would refuse them): every use is an error the caller gets, never a panic, the
-//! threads that did start are ended, and a use once threads can be started again starts it.
+//! threads that did start are ended, and a use once threads can be started again starts it; a
+//! readiness probe (`pool::start_failure`) names the pool meanwhile, and its own try starts it.
 //! Alone in a fresh process: it lowers the process's address-space limit and starts the
 //! process-wide I/O pool.
 
@@ -49,6 +50,8 @@ fn a_pool_that_cannot_start_its_threads_is_an_error_then_starts_later() {
     }
     let rt = Runtime::new();
     rt.block_on(async { nodus::sleep(1).await });
+    // Never asked for work: no start failed.
+    assert_eq!(pool::start_failure(), None);
 
     // Room for small allocations, none for an 8 MiB pool thread's stack.
     limit_as(vsize() + (4 << 20));
@@ -77,6 +80,12 @@ fn a_pool_that_cannot_start_its_threads_is_an_error_then_starts_later() {
         assert!(pool::try_io().is_err());
     });
     assert!(threads_named("nodus-io").is_empty());
+    // A readiness probe says so (and its own try fails too).
+    assert_eq!(
+        pool::start_failure(),
+        Some("pool io: no thread could be started")
+    );
+    assert!(threads_named("nodus-io").is_empty());
 
     // Room for one thread of four: the one that started is ended again.
     limit_as(vsize() + (9 << 20));
@@ -95,7 +104,16 @@ fn a_pool_that_cannot_start_its_threads_is_an_error_then_starts_later() {
     );
     assert_eq!(threads_named("nodus-part"), Vec::<String>::new());
 
+    // A pool built apart is its builder's error: the probe still names the I/O pool only.
+    assert_eq!(
+        pool::start_failure(),
+        Some("pool io: no thread could be started")
+    );
+
+    // Once threads can start, the probe's own try starts the pool: no work needed.
     limit_as(u64::MAX);
+    assert_eq!(pool::start_failure(), None);
+    assert_eq!(pool::try_io().unwrap().threads(), 4);
     rt.block_on(async {
         assert!(fs::metadata("/").await.unwrap().is_dir());
         assert_eq!(offload_io(|| 7).await.unwrap(), 7);

@@ -27,8 +27,16 @@
 //! cluster primary (`--admin`) with no worker ready and no shutdown (starting, or every worker
 //! crashed or in backoff) says `no worker ready`, and with every ready worker stalled (its loop
 //! blocked or stopped for 1 s: `Primary::ready_state`) `no worker takes connections (N
-//! stalled)`; one ready worker that is not stalled is enough for 200. It is computed only for a
-//! readyz request, from what the primary already knows (it never waits for a worker).
+//! stalled)`; one ready worker that is not stalled is enough for 200. A process whose
+//! process-wide pool has been asked for work and cannot start a thread (`nodus::pool::
+//! start_failure`: its last start failed; `nodus serve` then answers file requests 503) says
+//! why, `pool io: no thread could be started`, a single process and a worker alike; a primary
+//! counts a worker whose last answer to a probe said so as one that takes no connections:
+//! `no worker takes connections (N unready: pool io: ...)` (`N stalled, M unready: ...` when
+//! some are stalled) once no ready worker is left that takes them. The pool's start is tried
+//! again by each readyz (a worker's, by each probe), so a process no traffic reaches is ready
+//! again as soon as a thread can start. It is computed only for a readyz request, from what
+//! the primary already knows (it never waits for a worker).
 //!
 //! They take GET and HEAD; another method HTTP defines is 405 with `Allow`, any other 501, as
 //! for static files (`static_files::known_method`).
@@ -66,7 +74,7 @@ pub fn admin_path(path: &str) -> Option<String> {
 }
 
 /// What `/_nodus/readyz` answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Readyz {
     /// 200 `ready`: the process takes traffic (a cluster: at least one worker is ready).
     Ready,
@@ -76,6 +84,15 @@ pub enum Readyz {
     /// 503 `no worker takes connections (N stalled)`: a cluster primary whose ready workers
     /// (`stalled` of them) are all stalled, and no shutdown began.
     NoWorkerTakes { stalled: usize },
+    /// 503 with `reason` (`pool io: no thread could be started`): this process cannot take work;
+    /// for a cluster primary, `no worker takes connections (N stalled, M unready: reason)`, its
+    /// ready workers all stalled or unable to take work (`stalled` and `unready` of them).
+    Unready {
+        stalled: usize,
+        unready: usize,
+        reason: String,
+        cluster: bool,
+    },
     /// 503 `shutting down`: a shutdown began.
     ShuttingDown,
 }
@@ -93,8 +110,9 @@ pub enum Source {
 
 impl Source {
     /// What readyz says of the process it speaks for: a worker is ready until the primary stops
-    /// it, a primary while no shutdown began and one of its ready workers is not stalled, this
-    /// process always (its own shutdown flag aside).
+    /// it, a primary while no shutdown began and one of its ready workers is not stalled and can
+    /// take work, this process (and a worker) while its process-wide pools can take work
+    /// (`nodus::pool::start_failure`; its own shutdown flag aside).
     pub fn readiness(&self) -> Readyz {
         use nodus::cluster::ReadyState;
         match self {
@@ -103,9 +121,27 @@ impl Source {
                 ReadyState::Ready => Readyz::Ready,
                 ReadyState::NoWorkerReady => Readyz::NoWorkerReady,
                 ReadyState::Stalled { workers } => Readyz::NoWorkerTakes { stalled: workers },
+                ReadyState::Unready {
+                    stalled,
+                    unready,
+                    reason,
+                } => Readyz::Unready {
+                    stalled,
+                    unready,
+                    reason,
+                    cluster: true,
+                },
                 ReadyState::ShuttingDown => Readyz::ShuttingDown,
             },
-            Source::Worker(_) | Source::Local => Readyz::Ready,
+            Source::Worker(_) | Source::Local => match nodus::pool::start_failure() {
+                None => Readyz::Ready,
+                Some(reason) => Readyz::Unready {
+                    stalled: 0,
+                    unready: 1,
+                    reason: reason.to_owned(),
+                    cluster: false,
+                },
+            },
         }
     }
 
@@ -253,6 +289,26 @@ pub async fn respond(
             Readyz::NoWorkerTakes { stalled } => text(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("no worker takes connections ({stalled} stalled)\n"),
+            ),
+            Readyz::Unready {
+                reason,
+                cluster: false,
+                ..
+            } => text(StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
+            Readyz::Unready {
+                stalled,
+                unready,
+                reason,
+                cluster: true,
+            } => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                if stalled > 0 {
+                    format!(
+                        "no worker takes connections ({stalled} stalled, {unready} unready: {reason})\n"
+                    )
+                } else {
+                    format!("no worker takes connections ({unready} unready: {reason})\n")
+                },
             ),
             Readyz::ShuttingDown => text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n"),
         },

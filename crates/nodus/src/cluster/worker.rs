@@ -734,6 +734,8 @@ impl Worker {
                 let mut reply = Nodus::act("snapshot");
                 reply.id = m.id;
                 reply.snapshot = raw.as_deref();
+                // Why this process cannot take work, for the primary's readyz.
+                reply.text = crate::pool::start_failure();
                 self.send_nodus(&reply);
             }
             Some("stats_reply") => {

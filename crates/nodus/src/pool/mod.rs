@@ -11,6 +11,10 @@
 //! `EAGAIN`, `OutOfMemory` for `ENOMEM`). For a process-wide pool every use then fails so (an
 //! fs or dns call's error, an offload's `Err`) and the next use tries again: the pool exists
 //! once a start succeeded. Nothing panics and nothing is logged here; the caller says it.
+//! [`start_failure`] says so for a readiness probe (`pool io: no thread could be started`) while
+//! such a pool's last start failed, and tries the start again itself, so a process no work
+//! reaches any more (a load balancer took it out of rotation) becomes ready again by itself. The
+//! failure is one flag per process-wide pool, written by a start (never on the offload path).
 //!
 //! [`offload_io`] / [`offload_cpu`] submit a closure and return an [`Offload`] future. The worker
 //! stores the result and wakes the awaiting task; a wake from a pool thread lands on the loop's
@@ -44,6 +48,7 @@ mod offload;
 mod worker;
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 pub use offload::Offload;
@@ -275,8 +280,36 @@ impl fmt::Debug for Pool {
     }
 }
 
-static IO: OnceLock<Pool> = OnceLock::new();
-static CPU: OnceLock<Pool> = OnceLock::new();
+/// A process-wide pool: the pool once a start succeeded, and whether the last start failed.
+struct Global {
+    pool: OnceLock<Pool>,
+    name: &'static str,
+    /// Set by a start that failed, cleared by one that succeeded; read only by [`start_failure`]
+    /// (never on the offload path, which reads `pool` alone).
+    start_failed: AtomicBool,
+    /// What [`start_failure`] says of it.
+    failure: &'static str,
+    builder: fn() -> PoolBuilder,
+}
+
+impl Global {
+    const fn new(
+        name: &'static str,
+        failure: &'static str,
+        builder: fn() -> PoolBuilder,
+    ) -> Global {
+        Global {
+            pool: OnceLock::new(),
+            name,
+            start_failed: AtomicBool::new(false),
+            failure,
+            builder,
+        }
+    }
+}
+
+static IO: Global = Global::new("io", "pool io: no thread could be started", io_builder);
+static CPU: Global = Global::new("cpu", "pool cpu: no thread could be started", cpu_builder);
 
 /// Reads a thread count from the environment: unset means `default`, 0 means 1, at most
 /// `MAX_THREADS`; an unparsable value is reported and ignored.
@@ -296,24 +329,49 @@ fn env_threads(var: &str, default: usize) -> usize {
 /// Held while a process-wide pool starts: one start at a time, so no two pools of one name.
 static STARTING: Mutex<()> = Mutex::new(());
 
-/// The pool in `slot`, started from `builder` (named `name`) if there is none yet; the start's
-/// error if it fails (the next call tries again).
+/// The pool `g`, started from `builder` if there is none yet; the start's error if it fails
+/// (the next call tries again). A start from `g`'s own builder records whether it failed; an
+/// [`init_io`] / [`init_cpu`] start's failure is its caller's, and is not recorded.
 fn global(
-    slot: &'static OnceLock<Pool>,
-    name: &str,
+    g: &'static Global,
     builder: impl FnOnce() -> PoolBuilder,
 ) -> Result<&'static Pool, OffloadError> {
-    if let Some(pool) = slot.get() {
+    started(g, builder, true)
+}
+
+fn started(
+    g: &'static Global,
+    builder: impl FnOnce() -> PoolBuilder,
+    record: bool,
+) -> Result<&'static Pool, OffloadError> {
+    if let Some(pool) = g.pool.get() {
         return Ok(pool);
     }
     // Nothing but a start runs under it.
     let _one = STARTING.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(pool) = slot.get() {
+    if let Some(pool) = g.pool.get() {
         return Ok(pool);
     }
     let builder = builder();
-    let inner = Inner::start(name.to_owned(), builder.threads, builder.max_queue)?;
-    Ok(slot.get_or_init(|| Pool { inner }))
+    let start = Inner::start(g.name.to_owned(), builder.threads, builder.max_queue);
+    if record || start.is_ok() {
+        g.start_failed.store(start.is_err(), Ordering::Relaxed);
+    }
+    let inner = start?;
+    Ok(g.pool.get_or_init(|| Pool { inner }))
+}
+
+/// Why a process-wide pool cannot take work, for a readiness probe: `pool io: no thread could be
+/// started` while the I/O pool (then the CPU pool) has been asked for work, does not exist, and
+/// its last start failed; `None` otherwise (a pool never asked for work has had no start to
+/// fail). Such a pool's start is tried again here first, so a process a load balancer took out
+/// of rotation for it, and sends no work, is ready again once a thread can start. Cheap
+/// otherwise: two atomic loads.
+pub fn start_failure() -> Option<&'static str> {
+    [&IO, &CPU].into_iter().find_map(|g| {
+        let retry = g.pool.get().is_none() && g.start_failed.load(Ordering::Relaxed);
+        (retry && global(g, g.builder).is_err()).then_some(g.failure)
+    })
 }
 
 fn io_builder() -> PoolBuilder {
@@ -331,7 +389,7 @@ fn cpu_builder() -> PoolBuilder {
 /// # Errors
 /// [`OffloadError::NoThreads`] when its threads cannot be started; a later call tries again.
 pub fn try_io() -> std::io::Result<&'static Pool> {
-    Ok(global(&IO, "io", io_builder)?)
+    Ok(global(&IO, io_builder)?)
 }
 
 /// The process-wide CPU pool (zlib, crypto, json), started on first use with
@@ -340,7 +398,7 @@ pub fn try_io() -> std::io::Result<&'static Pool> {
 /// # Errors
 /// As [`try_io`].
 pub fn try_cpu() -> std::io::Result<&'static Pool> {
-    Ok(global(&CPU, "cpu", cpu_builder)?)
+    Ok(global(&CPU, cpu_builder)?)
 }
 
 /// [`try_io`], for code that cannot go on without the pool.
@@ -365,7 +423,7 @@ pub fn cpu() -> &'static Pool {
 /// # Errors
 /// `AlreadyExists` if the pool exists already; the start's error ([`PoolBuilder::build`]).
 pub fn init_io(builder: PoolBuilder) -> std::io::Result<&'static Pool> {
-    init(&IO, "io", builder)
+    init(&IO, builder)
 }
 
 /// Installs `builder` as the process-wide CPU pool (named `"cpu"`); see [`init_io`].
@@ -373,23 +431,23 @@ pub fn init_io(builder: PoolBuilder) -> std::io::Result<&'static Pool> {
 /// # Errors
 /// As [`init_io`].
 pub fn init_cpu(builder: PoolBuilder) -> std::io::Result<&'static Pool> {
-    init(&CPU, "cpu", builder)
+    init(&CPU, builder)
 }
 
-fn init(
-    slot: &'static OnceLock<Pool>,
-    name: &str,
-    builder: PoolBuilder,
-) -> std::io::Result<&'static Pool> {
+fn init(g: &'static Global, builder: PoolBuilder) -> std::io::Result<&'static Pool> {
     let mut ours = false;
-    let pool = global(slot, name, || {
-        ours = true;
-        builder
-    })?;
+    let pool = started(
+        g,
+        || {
+            ours = true;
+            builder
+        },
+        false,
+    )?;
     if !ours {
         return Err(std::io::Error::new(
             std::io::ErrorKind::AlreadyExists,
-            format!("the process-wide {name:?} pool exists already"),
+            format!("the process-wide {:?} pool exists already", g.name),
         ));
     }
     Ok(pool)
@@ -402,7 +460,7 @@ where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    offload_on(global(&IO, "io", io_builder), work)
+    offload_on(global(&IO, io_builder), work)
 }
 
 /// Runs `work` on the process-wide CPU pool (computation: compression, hashing, parsing); the
@@ -412,7 +470,7 @@ where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    offload_on(global(&CPU, "cpu", cpu_builder), work)
+    offload_on(global(&CPU, cpu_builder), work)
 }
 
 fn offload_on<F, T>(pool: Result<&'static Pool, OffloadError>, work: F) -> Offload<T>
@@ -431,7 +489,7 @@ where
 pub(crate) fn snapshots() -> Vec<PoolSnapshot> {
     let mut pools: Vec<PoolSnapshot> = [&IO, &CPU]
         .into_iter()
-        .filter_map(|p| p.get().map(Pool::stats))
+        .filter_map(|g| g.pool.get().map(Pool::stats))
         .collect();
     pools.extend(listed().iter().map(|p| p.snapshot()));
     pools

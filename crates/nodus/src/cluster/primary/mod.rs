@@ -14,7 +14,9 @@
 //!   handed to it, or on its loop's answer to a snapshot request (one the call itself sends,
 //!   without waiting for it, or one routing sent while handing connections) with nothing else
 //!   heard from it meanwhile (counted up to the loop's last complete read of what the workers
-//!   sent, so a pause of the primary itself stalls no worker).
+//!   sent, so a pause of the primary itself stalls no worker), and whose last answer to one
+//!   did not say it cannot take work (`Proc::unready`: a process-wide pool that cannot start a
+//!   thread, `pool::start_failure`).
 //! - Files: `proc` (one worker process and its channel), `server` (listeners per server key,
 //!   `queryServer` answers and the accept loop), `handoff` (connections handed to workers and
 //!   pending until taken), `parked` (accepted connections waiting for a worker, and their
@@ -165,7 +167,7 @@ pub enum Readiness {
 }
 
 /// What a readiness probe says of a cluster ([`Primary::ready_state`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReadyState {
     /// A ready worker takes connections.
     Ready,
@@ -174,6 +176,14 @@ pub enum ReadyState {
     /// Every ready worker is stalled (`workers` of them): its loop is blocked or stopped, so
     /// no worker takes a new connection now.
     Stalled { workers: usize },
+    /// Every ready worker is stalled (`stalled` of them) or said it cannot take work
+    /// (`unready` of them, at least one): `reason` is the first one's (`pool io: no thread
+    /// could be started`).
+    Unready {
+        stalled: usize,
+        unready: usize,
+        reason: String,
+    },
     /// A shutdown began (a signal, [`Primary::shutdown`], or the give-up).
     ShuttingDown,
 }
@@ -767,7 +777,10 @@ impl Primary {
     /// One worker down (crashed, being replaced, its slot in backoff) or stalled leaves the
     /// others serving, so the cluster stays ready; none ready (still starting, or every one
     /// down) is [`ReadyState::NoWorkerReady`], every ready one stalled
-    /// [`ReadyState::Stalled`].
+    /// [`ReadyState::Stalled`], every ready one stalled or unable to take work (its last answer
+    /// to a snapshot request or probe said why: a process-wide pool that cannot start a thread,
+    /// `pool::start_failure`) [`ReadyState::Unready`]; that worker is ready again once an
+    /// answer says nothing (its pool started).
     ///
     /// A worker is stalled when the primary has waited for its loop for the handoff deadline
     /// (1 s): a connection handed to it under round-robin or least not taken (or taken back from
@@ -795,17 +808,26 @@ impl Primary {
             return ReadyState::ShuttingDown;
         }
         let now = crate::time::polled_ns();
-        let (mut ready, mut stalled) = (0, 0);
+        let (mut ready, mut stalled, mut unready) = (0, 0, 0);
+        let mut reason = None;
         for p in self.st.procs.borrow().values().filter(|p| p.is_ready()) {
             stats::probe(&self.st, p);
             ready += 1;
             if handoff::stalled(p, now) {
                 stalled += 1;
+            } else if let Some(why) = &*p.unready.borrow() {
+                unready += 1;
+                reason.get_or_insert_with(|| why.clone());
             }
         }
-        match ready {
-            0 => ReadyState::NoWorkerReady,
-            n if n == stalled => ReadyState::Stalled { workers: n },
+        match (ready, reason) {
+            (0, _) => ReadyState::NoWorkerReady,
+            (n, None) if n == stalled => ReadyState::Stalled { workers: n },
+            (n, Some(reason)) if n == stalled + unready => ReadyState::Unready {
+                stalled,
+                unready,
+                reason,
+            },
             _ => ReadyState::Ready,
         }
     }

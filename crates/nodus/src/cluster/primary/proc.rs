@@ -187,6 +187,9 @@ pub(super) enum ProcState {
 /// A worker's answer to a snapshot request: when it came, and the snapshot's JSON as sent.
 pub(super) type SnapshotAnswer = (Instant, String);
 
+/// Longest reason a worker gives for not taking work ([`Proc::unready`]) that is kept.
+pub(super) const MAX_UNREADY: usize = 256;
+
 pub(super) struct Proc {
     pub unique: u64,
     pub slot: u32,
@@ -276,6 +279,11 @@ pub(super) struct Proc {
     pub unanswered: Cell<Option<(u64, u64)>>,
     /// When a message from it was last handled (the loop's time, ns; 0 before the first).
     pub heard_ns: Cell<u64>,
+    /// Why it cannot take work, as its last answer to a snapshot request or probe said
+    /// (`pool io: no thread could be started`: `pool::start_failure`), at most
+    /// [`MAX_UNREADY`] bytes; `None` when it said nothing (an older build never does). Readyz
+    /// counts it as not taking connections (`Primary::ready_state`).
+    pub unready: RefCell<Option<String>>,
     /// When the primary last asked it for a snapshot (the loop's time, ns).
     pub asked_ns: Cell<Option<u64>>,
     /// The snapshot requests `stats::ask_all` awaits, by id: each filled with the answer and
@@ -410,6 +418,7 @@ impl Proc {
             speaks_nodus: Cell::new(false),
             answered_last: Cell::new(None),
             unanswered: Cell::new(None),
+            unready: RefCell::new(None),
             heard_ns: Cell::new(0),
             asked_ns: Cell::new(None),
             snapshot_waiters: RefCell::default(),
@@ -978,6 +987,13 @@ fn on_nodus(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
             {
                 proc.unanswered.set(None);
             }
+            *proc.unready.borrow_mut() = m.text.as_deref().map(|t| {
+                let mut end = t.len().min(MAX_UNREADY);
+                while !t.is_char_boundary(end) {
+                    end -= 1;
+                }
+                t[..end].to_owned()
+            });
             let waiter =
                 m.id.and_then(|id| proc.snapshot_waiters.borrow_mut().remove(&id));
             if let Some(raw) = m.snapshot {
