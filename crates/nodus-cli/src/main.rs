@@ -303,6 +303,14 @@ struct RunArgs {
     /// "[worker ID PID] [N bytes of output dropped]" line.
     #[arg(long, visible_alias = "raw")]
     raw_output: bool,
+    /// Deferred accept (TCP_DEFER_ACCEPT, nginx's `listen ... deferred`, a .socket unit's
+    /// DeferAcceptSec=) on every TCP listener of the cluster (-l's, a socket the service manager
+    /// passed, a --node worker's): a connection is accepted once its client sent its first bytes,
+    /// which saves the workers a wake-up per connection. Only for protocols whose client speaks
+    /// first (HTTP, TLS): a client that waits for the server is accepted about a second late.
+    /// Default: off.
+    #[arg(long)]
+    defer_accept: bool,
     /// The program and its arguments: everything from the first argument that is not an option
     /// of nodus on (as for `timeout` or `nice`), or everything after `--`.
     #[arg(trailing_var_arg = true, required = true, value_name = "PROGRAM")]
@@ -344,7 +352,9 @@ struct ServeArgs {
     dir: PathBuf,
     /// Address to listen on: IP:PORT, [IPv6]:PORT or HOST:PORT (a host name is resolved at
     /// the start, its first address taken, as Node's listen(port, host) does). Ignored, with a
-    /// warning, when a service manager passes the listener (socket activation).
+    /// warning, when a service manager passes the listener (socket activation). Its accepts are
+    /// deferred (TCP_DEFER_ACCEPT): a connection is taken once its client sent its request, or
+    /// after about a second of silence.
     #[arg(long, default_value = "127.0.0.1:8080", value_parser = socket_addr)]
     listen: SocketAddr,
     /// Worker processes (default: the available cores). 1 serves from this process (SIGHUP then
@@ -697,6 +707,7 @@ fn main() {
             node: args.node,
             events: args.events,
             raw_output: args.raw_output,
+            defer_accept: args.defer_accept,
             command: args.command,
         }),
         Command::Serve(args) => serve::app::run(ServeOptions {

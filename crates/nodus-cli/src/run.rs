@@ -89,6 +89,8 @@ pub struct RunOptions {
     pub events: Option<PathBuf>,
     /// `--raw-output`: the workers' lines without their prefix ([`Config::raw_output`]).
     pub raw_output: bool,
+    /// `--defer-accept`: [`Config::defer_accept`].
+    pub defer_accept: bool,
     pub command: Vec<OsString>,
 }
 
@@ -788,6 +790,7 @@ pub fn run(options: RunOptions) -> i32 {
         let mut config = Config::new(options.workers, command);
         config.policy = policy;
         config.listeners = listeners;
+        config.defer_accept = options.defer_accept;
         if let Some(r) = options.max_restarts {
             config.max_restarts = r;
             if (r as usize) < options.workers {

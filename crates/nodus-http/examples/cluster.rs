@@ -10,6 +10,7 @@
 //!     [--abandon-listen-worker ID --abandon-at query|answer --hold-ms MS]
 //! ```
 //!
+//! Every listener defers its accepts ([`Config::defer_accept`]), as `nodus serve`'s does.
 //! Worker side: [`Worker::listen`] gets the listener from the primary, the server reports its
 //! HTTP counters with each snapshot, `ready()` tells the primary it can take traffic, and the
 //! primary's `disconnect` (a reload or shutdown) drains the server within the deadline it gave.
@@ -215,6 +216,8 @@ async fn run_primary(args: Args) -> i32 {
     config.policy = args.policy;
     config.readiness = Readiness::Message;
     config.event_log = args.events;
+    // HTTP: every listener defers its accepts, as `nodus serve`'s.
+    config.defer_accept = true;
     config.prefix_output = false;
     if let Some(r) = args.max_restarts {
         config.max_restarts = r;

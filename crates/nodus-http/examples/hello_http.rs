@@ -1,10 +1,12 @@
 //! "Hello, World!" over HTTP/1.1 keep-alive: the plaintext benchmark server.
 //!
 //! `cargo run --release -p nodus-http --example hello_http -- 8080`
+//!
+//! Its listener defers accepts (`TCP_DEFER_ACCEPT`), as `nodus serve`'s does.
 
 use http::header::{CONTENT_TYPE, HeaderValue};
 use nodus::Runtime;
-use nodus::net::TcpListener;
+use nodus::net::{ListenOptions, TcpListener};
 use nodus_http::{Config, full, serve};
 
 fn main() {
@@ -17,7 +19,11 @@ fn main() {
     };
     let rt = Runtime::new();
     rt.block_on(async move {
-        let listener = TcpListener::bind(("127.0.0.1", port)).unwrap_or_else(|e| {
+        let options = ListenOptions {
+            defer_accept: true,
+            ..ListenOptions::default()
+        };
+        let listener = TcpListener::bind_with(("127.0.0.1", port), options).unwrap_or_else(|e| {
             eprintln!("hello_http: cannot listen on 127.0.0.1:{port}: {e}");
             std::process::exit(1);
         });

@@ -299,6 +299,57 @@ fn from_and_into_std_and_owned_fds() {
     });
 }
 
+/// With `defer_accept` a connection is accepted once its client sent something: one that sent
+/// nothing waits in the kernel (here past 300 ms, where the talking one connected later is
+/// accepted at once), and is accepted after the kernel's deferral (about a second) all the same.
+#[test]
+fn a_deferred_accept_takes_a_connection_once_its_client_spoke() {
+    bounded(async {
+        let opts = ListenOptions {
+            defer_accept: true,
+            ..ListenOptions::default()
+        };
+        let listener = TcpListener::bind_with("127.0.0.1:0", opts).unwrap();
+        assert!(listener.defer_accept().unwrap());
+        let plain = TcpListener::bind("127.0.0.1:0").unwrap();
+        assert!(!plain.defer_accept().unwrap(), "off by default");
+        plain.set_defer_accept(true).unwrap();
+        assert!(plain.defer_accept().unwrap());
+        plain.set_defer_accept(false).unwrap();
+        assert!(!plain.defer_accept().unwrap());
+
+        let addr = listener.local_addr().unwrap();
+        let accepted: Rc<RefCell<Vec<TcpStream>>> = Rc::default();
+        let queue = accepted.clone();
+        spawn(async move {
+            loop {
+                let (s, _) = listener.accept().await.unwrap();
+                queue.borrow_mut().push(s);
+            }
+        })
+        .detach();
+        let count = || accepted.borrow().len();
+        let silent = TcpStream::connect(addr).await.unwrap();
+        sleep(Duration::from_millis(300)).await;
+        assert_eq!(count(), 0, "a silent client is not accepted yet");
+        let talking = TcpStream::connect(addr).await.unwrap();
+        talking.write_all(b"GET").await.unwrap();
+        talking.shutdown(Shutdown::Write).unwrap();
+        while count() < 1 {
+            sleep(Duration::from_millis(10)).await;
+        }
+        let first = accepted.borrow_mut().remove(0);
+        assert_eq!(read_to_end(&first).await, b"GET", "the talking one first");
+        // Still silent: the kernel queues it once its deferral ran out.
+        while count() < 1 {
+            sleep(Duration::from_millis(10)).await;
+        }
+        silent.shutdown(Shutdown::Write).unwrap();
+        let second = accepted.borrow_mut().remove(0);
+        assert_eq!(read_to_end(&second).await, b"", "the silent one");
+    });
+}
+
 #[test]
 fn so_reuseport_lets_two_listeners_share_a_port() {
     const N: usize = 32;

@@ -59,7 +59,7 @@
 
 mod inherited;
 mod sys;
-mod tcp;
+pub(crate) mod tcp;
 mod udp;
 mod unix;
 

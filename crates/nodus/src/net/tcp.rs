@@ -4,7 +4,12 @@
 //! - Listening uses Node's defaults: `SO_REUSEADDR` on, a backlog of 511, and IPv6 sockets
 //!   dual-stack (`IPV6_V6ONLY` off) whatever the system default, as libuv sets it.
 //!   [`ListenOptions`] adds `SO_REUSEPORT`, which lets several sockets (and processes) bind the
-//!   same port with the kernel balancing connections between them.
+//!   same port with the kernel balancing connections between them, and deferred accept
+//!   (`TCP_DEFER_ACCEPT`, nginx's `listen ... deferred`, systemd's `DeferAcceptSec=`): a
+//!   connection is queued for `accept` once its first bytes arrived, or once the kernel's one
+//!   retransmitted SYN-ACK (about 1 s) was answered without any. A protocol whose client speaks
+//!   first (HTTP, TLS) loses nothing and the server saves a wake-up and a read that would find
+//!   nothing per connection; one whose server speaks first waits that second: off by default.
 //! - `accept` skips `ECONNABORTED` (a connection reset before it was accepted; libuv does the
 //!   same) and returns every other error; the listener stays usable. After one out of file
 //!   descriptors or memory (`EMFILE`, say) the next accept waits 100 ms or for a new connection
@@ -39,7 +44,13 @@ pub struct ListenOptions {
     /// For an IPv6 address: accept IPv6 only, not IPv4-mapped connections too (default off,
     /// dual-stack).
     pub ipv6_only: bool,
+    /// `TCP_DEFER_ACCEPT` for [`DEFER_ACCEPT_SECS`]: see the [module docs](self) (default off).
+    pub defer_accept: bool,
 }
+
+/// How long a deferred accept waits for a silent client: the kernel rounds it to one
+/// retransmission of the SYN-ACK, so such a connection is accepted after about a second.
+pub const DEFER_ACCEPT_SECS: u32 = 1;
 
 impl Default for ListenOptions {
     fn default() -> Self {
@@ -48,6 +59,7 @@ impl Default for ListenOptions {
             reuse_address: true,
             reuse_port: false,
             ipv6_only: false,
+            defer_accept: false,
         }
     }
 }
@@ -81,8 +93,23 @@ impl TcpListener {
             socket.set_only_v6(options.ipv6_only)?;
         }
         socket.bind(&addr.into())?;
+        if options.defer_accept {
+            set_defer_accept(&socket, true)?;
+        }
         socket.listen(options.backlog.min(i32::MAX as u32) as i32)?;
         TcpListener::from_std(socket.into())
+    }
+
+    /// Turns deferred accept (`TCP_DEFER_ACCEPT`, see the [module docs](self)) on or off, on a
+    /// listener bound here or passed in (socket activation): the kernel reads it for each new
+    /// connection, so it holds from the next one.
+    pub fn set_defer_accept(&self, on: bool) -> io::Result<()> {
+        set_defer_accept(self.io.get_ref(), on)
+    }
+
+    /// Whether deferred accept is on.
+    pub fn defer_accept(&self) -> io::Result<bool> {
+        defer_accept_of(self.io.get_ref())
     }
 
     /// Waits for the next connection. Several tasks may accept on one listener (an
@@ -267,6 +294,53 @@ impl fmt::Debug for TcpStream {
             .field("peer", &self.peer_addr().ok())
             .field("fd", &self.as_raw_fd())
             .finish()
+    }
+}
+
+/// Sets `TCP_DEFER_ACCEPT` on `socket`: [`DEFER_ACCEPT_SECS`], or 0 (off).
+pub(crate) fn set_defer_accept(socket: &impl AsRawFd, on: bool) -> io::Result<()> {
+    let secs: libc::c_int = if on {
+        DEFER_ACCEPT_SECS as libc::c_int
+    } else {
+        0
+    };
+    // SAFETY: the fd is borrowed from a live socket for the call; the option value points to a
+    // `c_int` on this stack frame and its length is that of a `c_int`, as the kernel reads it.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&raw const secs).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Whether `TCP_DEFER_ACCEPT` is set on `socket`.
+fn defer_accept_of(socket: &impl AsRawFd) -> io::Result<bool> {
+    let mut secs: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: the fd is borrowed from a live socket for the call; the kernel writes at most `len`
+    // bytes (the size of the `c_int` on this stack frame) and the new length into `len`.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&raw mut secs).cast(),
+            &raw mut len,
+        )
+    };
+    if rc == 0 {
+        Ok(secs > 0)
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 

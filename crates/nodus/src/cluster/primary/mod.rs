@@ -217,6 +217,15 @@ pub struct Config {
     /// `reuse_port`): the primary closes them, holding each port with a socket bound but not
     /// listening, and each worker gets sockets of its own.
     pub listeners: Vec<(String, TcpListener)>,
+    /// Deferred accept (`TCP_DEFER_ACCEPT`, [`crate::net::ListenOptions::defer_accept`]) on
+    /// every TCP listener the cluster serves: set at [`Primary::start`] on the pre-bound ones
+    /// (a socket a service manager passed included) and on each one bound for a worker, under
+    /// every policy. A connection then reaches a worker with its first request already in it: a
+    /// round-robin worker reads it at once rather than waiting for it (a wake-up and an empty
+    /// read per connection saved). Off by default: a protocol whose server speaks first would
+    /// wait about a second per connection (`nodus serve` turns it on; `nodus run
+    /// --defer-accept`).
+    pub defer_accept: bool,
     pub restart: RestartPolicy,
     /// Restart intensity: more than `max_restarts` within `restart_window` gives up. Below
     /// `workers`, one event that restarts every worker once gives up.
@@ -307,6 +316,7 @@ impl Config {
             command,
             policy,
             listeners: Vec::new(),
+            defer_accept: false,
             restart: RestartPolicy::default(),
             max_restarts: default_max_restarts(workers),
             restart_window: Duration::from_secs(60),

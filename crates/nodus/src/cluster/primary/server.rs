@@ -246,6 +246,9 @@ impl Server {
     ) -> io::Result<Rc<Server>> {
         let addr = listener.local_addr()?;
         let ipv6_only = addr.is_ipv6() && socket2::SockRef::from(&listener).only_v6()?;
+        if st.config.defer_accept {
+            crate::net::tcp::set_defer_accept(&listener, true)?;
+        }
         Server::new(st, listener.into(), Addr::Tcp(addr), ipv6_only, policy)
     }
 
@@ -483,13 +486,16 @@ struct Bind {
     /// No host was named (`::` asked): if `::` cannot be bound (no IPv6), `0.0.0.0` is. Not for a
     /// busy port: libuv reports that at `listen`, where Node does not fall back.
     any: bool,
+    /// `TCP_DEFER_ACCEPT` ([`Config::defer_accept`](super::Config::defer_accept)).
+    defer_accept: bool,
 }
 
 impl Bind {
-    fn of(m: &Incoming<'_>) -> Bind {
+    fn of(m: &Incoming<'_>, st: &State) -> Bind {
         Bind {
             ipv6_only: m.flags.unwrap_or(0) & UV_TCP_IPV6ONLY != 0,
             any: m.address.is_none(),
+            defer_accept: st.config.defer_accept,
         }
     }
 
@@ -498,6 +504,7 @@ impl Bind {
         let options = ListenOptions {
             reuse_port,
             ipv6_only: self.ipv6_only,
+            defer_accept: self.defer_accept,
             ..ListenOptions::default()
         };
         match TcpListener::bind_with(addr, options) {
@@ -680,7 +687,7 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
             let server = server_for(st, &key, || Server::unix(st, &addr))?;
             return join(proc, m, &key, &server);
         }
-        let (addr, bind) = (requested_addr(m)?, Bind::of(m));
+        let (addr, bind) = (requested_addr(m)?, Bind::of(m, st));
         if reuse_port {
             // A pre-bound port is only held: the worker binds a socket of its own on it, on the
             // pre-bound address (the operator's, v6-only or dual-stack as held), not the one
@@ -690,6 +697,7 @@ pub(super) fn query(st: &Rc<State>, proc: &Rc<Proc>, m: &Incoming<'_>) {
                     let held = Bind {
                         ipv6_only: server.ipv6_only,
                         any: false,
+                        ..bind
                     };
                     Some((server.addr.tcp()?, held))
                 })
@@ -919,6 +927,7 @@ pub(super) fn pass_listeners(st: &Rc<State>, cmd: &mut Command) -> io::Result<()
                 let options = ListenOptions {
                     reuse_port: true,
                     ipv6_only: server.ipv6_only,
+                    defer_accept: st.config.defer_accept,
                     ..ListenOptions::default()
                 };
                 let addr = server.addr.tcp().ok_or_else(|| {
@@ -1500,6 +1509,7 @@ mod tests {
         let any = Bind {
             ipv6_only: false,
             any: true,
+            defer_accept: false,
         };
         let named = Bind { any: false, ..any };
         let v6only = Bind {
@@ -1570,6 +1580,7 @@ mod tests {
             let any = Bind {
                 ipv6_only: false,
                 any: true,
+                defer_accept: false,
             };
             // An address this host does not have stands for IPv6 that cannot be bound.
             let unbindable: SocketAddr = "[2001:db8::1]:0".parse().unwrap();

@@ -1,0 +1,143 @@
+//! Deferred accept (`TCP_DEFER_ACCEPT`): `nodus serve`'s public listener defers its accepts, in
+//! one process and in a cluster, so a client that connected and said nothing yet is not taken
+//! (not counted, not handed to a worker) until it speaks, and is then served; `nodus run` defers
+//! only with `--defer-accept`, on the sockets it passes under every policy that passes one.
+//! 127.0.0.1 only; every process is stopped by its PID.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::cluster::{assert_exit, spawn};
+use common::http::try_request;
+use common::{NODUS, have};
+use nodus_testkit::net::free_addr;
+use nodus_testkit::tmp::TempDir;
+use rustix::process::Signal;
+
+/// The body of `GET path` on `addr`, retried (20 s at most) until it is a 200.
+fn get_ok(addr: SocketAddr, path: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match try_request(addr, "GET", path, &[]) {
+            Ok(r) if r.status == 200 => return String::from_utf8(r.body).unwrap(),
+            other if Instant::now() > deadline => {
+                panic!("GET {path}: {:?}", other.map(|r| r.status))
+            }
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+/// The kernel's state of the server side of the TCP connection from `client` to `server`
+/// (`/proc/net/tcp`: 1 established, 3 SYN received, as a deferred accept keeps a connection whose
+/// client said nothing yet), if it is listed.
+fn server_side_state(server: SocketAddr, client: SocketAddr) -> Option<u8> {
+    let hex = |a: SocketAddr| match a {
+        SocketAddr::V4(v4) => format!(
+            "{:08X}:{:04X}",
+            u32::from_le_bytes(v4.ip().octets()),
+            v4.port()
+        ),
+        SocketAddr::V6(_) => unreachable!("127.0.0.1 only"),
+    };
+    let (local, remote) = (hex(server), hex(client));
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap()
+        .lines()
+        .skip(1)
+        .find_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            (f[1] == local && f[2] == remote).then(|| u8::from_str_radix(f[3], 16).unwrap())
+        })
+}
+
+/// A client that connects and says nothing is not accepted (its connection stays half-open in
+/// the kernel, 300 ms on), and is served once it sends its request.
+fn silent_client_waits_for_its_request(addr: SocketAddr) {
+    let mut silent = TcpStream::connect(addr).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let client = silent.local_addr().unwrap();
+    assert_eq!(
+        server_side_state(addr, client),
+        Some(3),
+        "the server side of a client that said nothing is SYN received"
+    );
+    silent
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    silent
+        .write_all(b"GET /a.txt HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut reply = String::new();
+    silent.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.ends_with("hello\n"), "{reply}");
+}
+
+#[test]
+fn serve_defers_its_accepts_in_one_process_and_in_a_cluster() {
+    for workers in ["1", "2"] {
+        let dir = TempDir::new("defer-serve");
+        std::fs::write(dir.path().join("a.txt"), "hello\n").unwrap();
+        let addr = free_addr();
+        let mut server = spawn(
+            Command::new(NODUS)
+                .arg("serve")
+                .arg(dir.path())
+                .args(["--workers", workers, "--listen", &addr.to_string()])
+                .env("RUST_LOG", "info"),
+        );
+        assert_eq!(get_ok(addr, "/a.txt"), "hello\n");
+        silent_client_waits_for_its_request(addr);
+        server.signal(Signal::TERM);
+        assert_exit(&mut server, Duration::from_secs(30), 0);
+    }
+}
+
+/// A plain program that prints the `TCP_DEFER_ACCEPT` of the socket it was passed (fd 3).
+const PY_DEFER: &str = r#"
+import socket, time
+s = socket.socket(fileno=3)
+print("defer", s.getsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT), flush=True)
+time.sleep(60)
+"#;
+
+#[test]
+fn run_defers_the_accepts_of_the_sockets_it_passes_only_with_defer_accept() {
+    if !have("python3") {
+        return;
+    }
+    let dir = TempDir::new("defer-run");
+    let script = dir.path().join("defer.py");
+    std::fs::write(&script, PY_DEFER).unwrap();
+    for policy in ["shared", "reuseport"] {
+        for (flag, deferred) in [(None, false), (Some("--defer-accept"), true)] {
+            let addr = free_addr();
+            let mut primary = spawn(
+                Command::new(NODUS)
+                    .args([
+                        "run",
+                        "-w",
+                        "1",
+                        "--policy",
+                        policy,
+                        "-l",
+                        &addr.to_string(),
+                    ])
+                    .args(flag)
+                    .args(["--", "python3"])
+                    .arg(&script)
+                    .env("RUST_LOG", "info"),
+            );
+            let line = primary.wait_line("] defer ");
+            let secs: u32 = line.rsplit(' ').next().unwrap().parse().unwrap();
+            assert_eq!(secs > 0, deferred, "{policy} {flag:?}: {line}");
+            primary.signal(Signal::TERM);
+            assert_exit(&mut primary, Duration::from_secs(30), 0);
+        }
+    }
+}
