@@ -22,8 +22,9 @@
 //! - A wait also follows the head as the connection reads it (`line_read`, a `head_scan::Scan`):
 //!   its request line is the bytes read since the wait was armed, until the first line feed,
 //!   and the framing facts the server refuses a head for (`parsed`) are noted up to its empty
-//!   line. When hyper has parsed the head and drops its sleep, the scan is kept (`Parsed`) for
-//!   the server's call of its service, in the same poll, which takes it. hyper refuses any head over
+//!   line. When hyper has parsed the head and drops its sleep, a scan that noted any of them is
+//!   kept (`Parsed`) for the server's call of its service, in the same poll, which takes it (a
+//!   well-formed head's leaves nothing to take). hyper refuses any head over
 //!   its size limit with 431; a request line that alone is over it gets 414 instead (nginx's
 //!   answer to a URI too long), which the connection can give only by ending the read before
 //!   hyper sees the head grow past its limit. Bytes hyper read ahead with the previous request
@@ -54,7 +55,8 @@ pub(crate) enum HeadWait {
     Until(u64, Scan),
     /// The deadline passed: hyper's sleep completes when it next polls it.
     Expired,
-    /// hyper parsed the head this scan followed, and has not handed it to the service yet.
+    /// hyper parsed the head this scan followed, which noted what Node refuses a head for
+    /// (`Scan::noted`), and has not handed it to the service yet.
     Parsed(Scan),
 }
 
@@ -101,8 +103,9 @@ pub(crate) fn line_read(bytes: &[u8], limit: usize) -> bool {
     })
 }
 
-/// The scan of the head hyper just parsed for the current connection, taken: `None` if hyper
-/// waited for none (no header-read timeout) or outside every scope.
+/// The scan of the head hyper just parsed for the current connection, taken if it noted what
+/// Node refuses a head for: `None` if not, if hyper waited for none (no header-read timeout), or
+/// outside every scope.
 pub(crate) fn parsed() -> Option<Scan> {
     CURRENT.with(|current| match current.get() {
         Some(HeadWait::Parsed(scan)) => {
@@ -196,13 +199,13 @@ impl hyper::rt::Sleep for HeadSleep {}
 
 impl Drop for HeadSleep {
     fn drop(&mut self) {
-        CURRENT.with(|current| {
-            let wait = match current.get() {
-                None => return,
-                Some(HeadWait::Until(_, scan)) => HeadWait::Parsed(scan),
-                Some(_) => HeadWait::Idle,
-            };
-            current.set(Some(wait));
+        // Each arm sets the wait whole: a well-formed head's costs a store.
+        CURRENT.with(|current| match current.get() {
+            None => {}
+            Some(HeadWait::Until(_, scan)) if scan.noted() => {
+                current.set(Some(HeadWait::Parsed(scan)));
+            }
+            Some(_) => current.set(Some(HeadWait::Idle)),
         });
     }
 }
@@ -212,7 +215,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn arming_inside_a_scope_records_the_deadline_and_dropping_keeps_the_scan_for_the_service() {
+    fn arming_inside_a_scope_records_the_deadline_and_dropping_keeps_a_refused_scan_for_the_service()
+     {
         let timer = HeadTimer::new(Duration::from_secs(10));
         let mut wait = HeadWait::Idle;
         let before = crate::io::now_ns();
@@ -226,8 +230,19 @@ mod tests {
         assert!(deadline >= before + 10_000_000_000);
         assert!(deadline < crate::io::now_ns() + 11_000_000_000);
         scope(&mut wait, || drop(sleep));
-        assert_eq!(wait, HeadWait::Parsed(Scan::default()));
-        assert_eq!(scope(&mut wait, parsed), Some(Scan::default()));
+        assert_eq!(wait, HeadWait::Idle);
+        assert_eq!(scope(&mut wait, parsed), None);
+        // A scan that noted a refusal is kept for the service, once.
+        let sleep = scope(&mut wait, || timer.sleep(Duration::from_secs(10)));
+        scope(&mut wait, || {
+            line_read(b"GET / HTTP/1.1\nHost: a\r\n\r\n", usize::MAX)
+        });
+        scope(&mut wait, || drop(sleep));
+        let HeadWait::Parsed(scan) = wait else {
+            panic!("not kept: {wait:?}")
+        };
+        assert!(scan.noted() && scan.refuses(|| 14));
+        assert_eq!(scope(&mut wait, parsed), Some(scan));
         assert_eq!(wait, HeadWait::Idle);
         assert_eq!(scope(&mut wait, parsed), None);
     }
