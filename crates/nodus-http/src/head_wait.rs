@@ -19,15 +19,19 @@
 //!   not one wrapped around to a near one.
 //! - hyper's HTTP/1 server uses its timer for the header-read timeout only, so a connection has
 //!   at most one wait, armed when a head is awaited and disarmed (dropped) when it is parsed.
-//! - A wait also follows the head's request line as the connection reads it (`line_read`): the
-//!   bytes read since the wait was armed, until the first line feed. hyper refuses any head over
+//! - A wait also follows the head as the connection reads it (`line_read`, a `head_scan::Scan`):
+//!   its request line is the bytes read since the wait was armed, until the first line feed,
+//!   and the framing facts the server refuses a head for (`parsed`) are noted up to its empty
+//!   line. When hyper has parsed the head and drops its sleep, a scan that noted any of them is
+//!   kept (`Parsed`) for the server's call of its service, in the same poll, which takes it (a
+//!   well-formed head's leaves nothing to take). hyper refuses any head over
 //!   its size limit with 431; a request line that alone is over it gets 414 instead (nginx's
 //!   answer to a URI too long), which the connection can give only by ending the read before
 //!   hyper sees the head grow past its limit. Bytes hyper read ahead with the previous request
 //!   are not seen here, so for a pipelined head the answer may be the other of the two; the limit
 //!   itself is hyper's, exact either way. With h2c, the connection's first bytes are read before
 //!   hyper's HTTP/1 side waits for the head (hyper-util's sniff for the HTTP/2 preface, which
-//!   hands them on): what they held of the request line is `carry`d into the first wait.
+//!   hands them on): their scan is `carry`d into the first wait.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -37,6 +41,7 @@ use std::time::{Duration, Instant};
 
 use hyper::rt::Timer;
 
+use crate::head_scan::Scan;
 use crate::timer::NodusTimer;
 
 /// Where a connection is in waiting for a request head.
@@ -46,19 +51,13 @@ pub(crate) enum HeadWait {
     #[default]
     Idle,
     /// hyper is waiting for a head that must be complete by this time (`nodus::clock` ns); what
-    /// has been read of its request line.
-    Until(u64, Line),
+    /// has been read of it.
+    Until(u64, Scan),
     /// The deadline passed: hyper's sleep completes when it next polls it.
     Expired,
-}
-
-/// What a connection has read of a request line since it began waiting for the head.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Line {
-    /// This many bytes, and no line feed among them.
-    Open(usize),
-    /// A line feed came: the request line is whole.
-    Ended,
+    /// hyper parsed the head this scan followed, which noted what Node refuses a head for
+    /// (`Scan::noted`), and has not handed it to the service yet.
+    Parsed(Scan),
 }
 
 thread_local! {
@@ -74,37 +73,46 @@ pub(crate) fn scope<R>(wait: &mut HeadWait, poll: impl FnOnce() -> R) -> R {
     result
 }
 
-/// Counts `ahead`, what the connection's first bytes (read before any wait) held of the request
-/// line, into the current connection's wait if it has read nothing of the line yet; whether it
-/// did.
-pub(crate) fn carry(ahead: Line) -> bool {
+/// Takes `ahead`, the scan of the connection's first bytes (read before any wait), for the
+/// current connection's wait if it has read nothing yet; whether it did.
+pub(crate) fn carry(ahead: Scan) -> bool {
     CURRENT.with(|current| {
-        let Some(HeadWait::Until(deadline, Line::Open(before))) = current.get() else {
+        let Some(HeadWait::Until(deadline, scan)) = current.get() else {
             return false;
         };
-        let line = match ahead {
-            Line::Ended => Line::Ended,
-            Line::Open(n) => Line::Open(before + n),
-        };
-        current.set(Some(HeadWait::Until(deadline, line)));
+        if !scan.is_empty() {
+            return false;
+        }
+        current.set(Some(HeadWait::Until(deadline, ahead)));
         true
     })
 }
 
-/// Follows the request line of the head the current connection is waiting for through `bytes`,
-/// just read; whether that line, line feed excluded, is now `limit` bytes or more. Outside a
-/// head wait (a body being read, or no connection's scope) it does nothing.
+/// Follows the head the current connection is waiting for through `bytes`, just read; whether
+/// its request line, line feed excluded, is now `limit` bytes or more. Outside a head wait (a
+/// body being read, or no connection's scope) it does nothing.
 pub(crate) fn line_read(bytes: &[u8], limit: usize) -> bool {
     CURRENT.with(|current| {
-        let Some(HeadWait::Until(deadline, Line::Open(before))) = current.get() else {
+        let Some(HeadWait::Until(deadline, mut scan)) = current.get() else {
             return false;
         };
-        let (line, len) = match bytes.iter().position(|&b| b == b'\n') {
-            Some(end) => (Line::Ended, before + end),
-            None => (Line::Open(before + bytes.len()), before + bytes.len()),
-        };
-        current.set(Some(HeadWait::Until(deadline, line)));
-        len >= limit
+        let open = !scan.request_line().1;
+        scan.read(bytes);
+        current.set(Some(HeadWait::Until(deadline, scan)));
+        open && scan.request_line().0 >= limit
+    })
+}
+
+/// The scan of the head hyper just parsed for the current connection, taken if it noted what
+/// Node refuses a head for: `None` if not, if hyper waited for none (no header-read timeout), or
+/// outside every scope.
+pub(crate) fn parsed() -> Option<Scan> {
+    CURRENT.with(|current| match current.get() {
+        Some(HeadWait::Parsed(scan)) => {
+            current.set(Some(HeadWait::Idle));
+            Some(scan)
+        }
+        _ => None,
     })
 }
 
@@ -138,7 +146,7 @@ impl HeadTimer {
         let armed = CURRENT.with(|current| {
             current.get().map(|_| {
                 let deadline = crate::io::now_ns().saturating_add(timeout_ns);
-                current.set(Some(HeadWait::Until(deadline, Line::Open(0))));
+                current.set(Some(HeadWait::Until(deadline, Scan::default())));
             })
         });
         match armed {
@@ -191,10 +199,13 @@ impl hyper::rt::Sleep for HeadSleep {}
 
 impl Drop for HeadSleep {
     fn drop(&mut self) {
-        CURRENT.with(|current| {
-            if current.get().is_some() {
-                current.set(Some(HeadWait::Idle));
+        // Each arm sets the wait whole: a well-formed head's costs a store.
+        CURRENT.with(|current| match current.get() {
+            None => {}
+            Some(HeadWait::Until(_, scan)) if scan.noted() => {
+                current.set(Some(HeadWait::Parsed(scan)));
             }
+            Some(_) => current.set(Some(HeadWait::Idle)),
         });
     }
 }
@@ -204,20 +215,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn arming_inside_a_scope_records_the_deadline_and_dropping_disarms() {
+    fn arming_inside_a_scope_records_the_deadline_and_dropping_keeps_a_refused_scan_for_the_service()
+     {
         let timer = HeadTimer::new(Duration::from_secs(10));
         let mut wait = HeadWait::Idle;
         let before = crate::io::now_ns();
         let sleep = scope(&mut wait, || {
             timer.sleep_until(timer.now() + Duration::from_secs(10))
         });
-        let HeadWait::Until(deadline, Line::Open(0)) = wait else {
+        let HeadWait::Until(deadline, scan) = wait else {
             panic!("not armed: {wait:?}")
         };
+        assert!(scan.is_empty());
         assert!(deadline >= before + 10_000_000_000);
         assert!(deadline < crate::io::now_ns() + 11_000_000_000);
         scope(&mut wait, || drop(sleep));
         assert_eq!(wait, HeadWait::Idle);
+        assert_eq!(scope(&mut wait, parsed), None);
+        // A scan that noted a refusal is kept for the service, once.
+        let sleep = scope(&mut wait, || timer.sleep(Duration::from_secs(10)));
+        scope(&mut wait, || {
+            line_read(b"GET / HTTP/1.1\nHost: a\r\n\r\n", usize::MAX)
+        });
+        scope(&mut wait, || drop(sleep));
+        let HeadWait::Parsed(scan) = wait else {
+            panic!("not kept: {wait:?}")
+        };
+        assert!(scan.noted() && scan.refuses(|| 14));
+        assert_eq!(scope(&mut wait, parsed), Some(scan));
+        assert_eq!(wait, HeadWait::Idle);
+        assert_eq!(scope(&mut wait, parsed), None);
     }
 
     #[test]
@@ -228,7 +255,7 @@ mod tests {
         for timer in [HeadTimer::new(far), HeadTimer::new(Duration::from_secs(10))] {
             let mut wait = HeadWait::Idle;
             let _sleep = scope(&mut wait, || timer.sleep_until(timer.now() + far));
-            assert_eq!(wait, HeadWait::Until(u64::MAX, Line::Open(0)));
+            assert_eq!(wait, HeadWait::Until(u64::MAX, Scan::default()));
         }
     }
 
@@ -261,7 +288,7 @@ mod tests {
         assert!(!scope(&mut wait, || line_read(&[b'a'; 64], 10)));
         let _sleep = scope(&mut wait, || timer.sleep(Duration::from_secs(1)));
         assert!(!scope(&mut wait, || line_read(b"GET /aaa", 10)));
-        assert!(matches!(wait, HeadWait::Until(_, Line::Open(8))));
+        assert!(matches!(wait, HeadWait::Until(_, s) if s.request_line() == (8, false)));
         assert!(scope(&mut wait, || line_read(b"aa", 10)));
         // A line feed ends it: what follows is headers, whatever their length.
         let _sleep = scope(&mut wait, || timer.sleep(Duration::from_secs(1)));
@@ -269,7 +296,7 @@ mod tests {
             b"GET / HTTP/1.1\r\nX: ",
             20
         )));
-        assert!(matches!(wait, HeadWait::Until(_, Line::Ended)));
+        assert!(matches!(wait, HeadWait::Until(_, s) if s.request_line().1));
         assert!(!scope(&mut wait, || line_read(&[b'v'; 64], 20)));
         // A line feed past the limit: the line was over it.
         let _sleep = scope(&mut wait, || timer.sleep(Duration::from_secs(1)));

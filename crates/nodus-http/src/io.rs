@@ -18,8 +18,9 @@
 //! they are read (the comparison hyper-util's own sniff makes): a connection whose first 24 bytes
 //! are the preface is marked HTTP/2 (`Activity::h2`) by the read that completes it, before any
 //! request, so that a drain can send it GOAWAY; the first byte that differs ends the comparison.
-//! What those bytes held of an HTTP/1 request line is carried into hyper's first head wait
-//! (`head_wait::carry`): they were read before it began, and the 414 counts them.
+//! Their scan (`head_scan`: the request line, and the framing facts) is carried into hyper's
+//! first head wait (`head_wait::carry`): they were read before it began, and the 414 and the
+//! framing refusals count them.
 
 use std::cell::Cell;
 use std::io;
@@ -32,7 +33,8 @@ use hyper::rt::{Read, ReadBufCursor, Write};
 use rustix::io::Errno;
 use rustix::net::{RecvFlags, SendFlags};
 
-use crate::head_wait::{self, Line};
+use crate::head_scan::Scan;
+use crate::head_wait;
 use crate::stats;
 
 /// The time (`nodus::clock` ns) connections count their timeouts from: the loop's, which costs
@@ -127,10 +129,10 @@ pub struct HyperIo<S> {
     /// Bytes of the HTTP/2 preface the connection's first bytes matched so far; `NOT_SNIFFING`
     /// once one differed, all matched, or without h2c.
     preface: Cell<usize>,
-    /// What the bytes read while sniffing held of an HTTP/1 request line, read before hyper's
-    /// head wait began: carried into it (`head_wait::carry`) by the first read in it, or
+    /// The scan of the bytes read while sniffing (an HTTP/1 head's first bytes), read before
+    /// hyper's head wait began: carried into it (`head_wait::carry`) by the first read in it, or
     /// forgotten at the first write (a head the sniffed bytes held whole was answered).
-    ahead: Cell<Option<Line>>,
+    ahead: Cell<Option<Scan>>,
 }
 
 /// The HTTP/2 client connection preface (RFC 9113 section 3.4).
@@ -202,16 +204,12 @@ impl<S: FdStream> HyperIo<S> {
         }
     }
 
-    /// Follows the request line through bytes read while sniffing (before any head wait).
+    /// Follows the head through bytes read while sniffing (before any head wait).
     #[cold]
     fn read_ahead(&self, read: &[u8]) {
-        let line = match self.ahead.get() {
-            Some(Line::Ended) => Line::Ended,
-            _ if read.contains(&b'\n') => Line::Ended,
-            Some(Line::Open(n)) => Line::Open(n + read.len()),
-            None => Line::Open(read.len()),
-        };
-        self.ahead.set(Some(line));
+        let mut scan = self.ahead.get().unwrap_or_default();
+        scan.read(read);
+        self.ahead.set(Some(scan));
     }
 
     /// Compares the bytes just read with the rest of the preface, while they may still be it.

@@ -4,6 +4,8 @@
 //!   buffer (no zeroing, no copy) and counting bytes.
 //! - `timer`, `exec`: hyper's timer on nodus timers, and a local executor for HTTP/2 streams.
 //! - `head_wait`: the HTTP/1 header-read timeout with one timer per connection, not per request.
+//! - `head_scan`: the framing facts of an HTTP/1 head that hyper's parse hides (a bare line feed,
+//!   `Content-Length` twice or beside `Transfer-Encoding`), noted as the head is read.
 //! - `server`: `serve(listener, config, handler)` with the limits a public server needs (header
 //!   bytes and count → 431, a request line alone over the header bytes → 414, body size → 413,
 //!   header-read timeout against slowloris, keep-alive idle timeout, write-stall timeout against
@@ -34,6 +36,7 @@
 
 pub mod body;
 mod exec;
+mod head_scan;
 mod head_wait;
 pub mod io;
 mod linger;

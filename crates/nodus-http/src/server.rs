@@ -58,6 +58,16 @@
 //!   one `Host` or one that is no `host[:port]` (RFC 9112 section 3.2). It counts as a request,
 //!   as a 413 does.
 //!   Without `http2`, an HTTP/2 preface gets Node's bare 400 head, and the connection closes.
+//! - HTTP/1 framing Node (llhttp, strict) refuses gets 400 and `Connection: close` without
+//!   reaching the handler, its body unread (`framing_refused`): a bare line feed ending a line
+//!   of the head, `Content-Length` twice (even equal) or with `Transfer-Encoding` (facts hyper's
+//!   parse hides: `head_scan`, gathered as the head is read), `chunked` twice among the
+//!   transfer codings (from the parsed headers, looked at only for a chunked body). hyper refuses
+//!   the rest of the family itself (400). A head hyper read ahead with the request before it
+//!   (pipelined) was not scanned from its start and is checked for `chunked` twice only. A
+//!   well-formed head costs the scan (its line feeds found 16 bytes at a time, a byte or two
+//!   looked at around each) and a thread-local check: about 105 instructions a keep-alive
+//!   request (`bench/http/instructions.sh`: 8,722 against 8,617 without, for a 35-byte head).
 //! - HTTP/1 half-close: a client that shuts down its write side after its request (`nc -N`,
 //!   socat, health checkers) still gets the whole response, as from nginx's static files
 //!   (hyper's `half_close`; Node answers it only when its handler answers at once, and aborts a
@@ -1265,6 +1275,8 @@ where
         let mut note = Note::None;
         let handler = if let Some(refusal) = host_refusal(req.headers(), version) {
             Err(self.refuse(&req, refusal, start))
+        } else if version < Version::HTTP_2 && framing_refused(&req) {
+            Err(self.refuse(&req, Refusal::BadFraming, start))
         } else if too_large {
             Err(self.refuse(&req, Refusal::TooLarge, start))
         } else {
@@ -1363,6 +1375,42 @@ fn host_refusal(headers: &http::HeaderMap, version: Version) -> Option<Refusal> 
         (Some(host), None) if valid_host(host.as_bytes()) => None,
         _ => Some(Refusal::BadHost),
     }
+}
+
+/// Whether Node refuses the framing of an HTTP/1 request hyper parsed: a bare line feed in its
+/// head, `Content-Length` twice or with `Transfer-Encoding` (`head_scan`, from the head's bytes),
+/// or `chunked` twice among its transfer codings (only a chunked body's size is not known).
+fn framing_refused(req: &Request<Incoming>) -> bool {
+    if head_wait::parsed().is_some_and(|scan| scan.refuses(|| request_line_len(req))) {
+        return true;
+    }
+    // By reference: a `get_all` of its own, so that `host_refusal`'s, its only caller, stays
+    // inlined (with a second caller it is not: about 60 instructions a request).
+    hyper::body::Body::size_hint(req.body()).exact().is_none()
+        && req
+            .headers()
+            .get_all(&http::header::TRANSFER_ENCODING)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+            .filter(|coding| coding.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+            .nth(1)
+            .is_some()
+}
+
+/// The length of the HTTP/1 request line `req` was parsed from, its line end excluded (hyper
+/// refuses more than one space between its parts); for a target `http` does not keep as sent
+/// (an absolute URI without a path), a length no line has.
+fn request_line_len<B>(req: &Request<B>) -> usize {
+    let uri = req.uri();
+    let pq = uri.path_and_query().map_or(0, |pq| pq.as_str().len());
+    let target = match (uri.scheme_str(), uri.authority()) {
+        (None, None) => pq,
+        (None, Some(authority)) => authority.as_str().len() + pq,
+        (Some(scheme), Some(authority)) => scheme.len() + 3 + authority.as_str().len() + pq,
+        (Some(_), None) => return usize::MAX - 1,
+    };
+    // "METHOD TARGET HTTP/1.1"
+    req.method().as_str().len() + target + 10
 }
 
 /// Whether `v` is RFC 9110's `Host` value: `uri-host [ ":" port ]`, where `uri-host` is an IP
@@ -1485,6 +1533,9 @@ enum Refusal {
     /// More than one `Host` header, or one whose value is no `host[:port]` (RFC 9112 section
     /// 3.2): 400.
     BadHost,
+    /// Framing Node refuses (`framing_refused`): a bare line feed in the head, `Content-Length`
+    /// twice or with `Transfer-Encoding`, `chunked` twice: 400. Its body is never read.
+    BadFraming,
     /// A `Content-Length` over `max_body_bytes`: 413, and the unread body is still on the wire.
     TooLarge,
     /// The handler panicked (logged): 500. The rest of the server runs on.
@@ -1509,7 +1560,7 @@ impl Refusal {
 
     fn status(self) -> StatusCode {
         match self {
-            Refusal::NoHost | Refusal::BadHost => StatusCode::BAD_REQUEST,
+            Refusal::NoHost | Refusal::BadHost | Refusal::BadFraming => StatusCode::BAD_REQUEST,
             Refusal::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Refusal::HandlerPanicked => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -1519,6 +1570,7 @@ impl Refusal {
         match self {
             Refusal::NoHost => "an HTTP/1.1 request needs a Host header\n",
             Refusal::BadHost => "a request may have one Host header, a valid host[:port]\n",
+            Refusal::BadFraming => "bad request framing\n",
             Refusal::TooLarge => "request body too large\n",
             Refusal::HandlerPanicked => "internal server error\n",
         }

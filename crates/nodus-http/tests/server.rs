@@ -1485,6 +1485,140 @@ fn repeated_or_invalid_host_headers_get_400_and_the_connection_closes() {
     assert_eq!(snap.http.responses_by_class[3], 13);
 }
 
+/// Request heads framed as Node (llhttp) refuses them and hyper alone would not, each with the
+/// body its framing may claim (`/x` answers without reading it).
+const BAD_FRAMING: &[&[u8]] = &[
+    // Bare line feeds: ending the request line, a field line, the empty line, all.
+    b"GET /x HTTP/1.1\nHost: a\r\n\r\n",
+    b"GET /x HTTP/1.1\r\nHost: a\nX: y\r\n\r\n",
+    b"GET /x HTTP/1.1\r\nHost: a\r\n\n",
+    b"GET /x HTTP/1.1\nHost: a\n\n",
+    // Content-Length twice, even equal.
+    b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\ncontent-length: 3\r\n\r\nabc",
+    // Transfer-Encoding with Content-Length, either first.
+    b"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n\
+      3\r\nabc\r\n0\r\n\r\n",
+    b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n\
+      3\r\nabc\r\n0\r\n\r\n",
+    // chunked twice, in one line or two.
+    b"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, chunked\r\n\r\n\
+      3\r\nabc\r\n0\r\n\r\n",
+    b"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\
+      \r\n3\r\nabc\r\n0\r\n\r\n",
+];
+
+/// What `Config::on_refused` was told in
+/// `framing_node_refuses_gets_400_and_the_connection_closes_before_the_handler`.
+static FRAMING_REFUSED: std::sync::Mutex<Vec<Report>> = std::sync::Mutex::new(Vec::new());
+
+fn record_framing(r: &nodus_http::Refused<'_>) {
+    FRAMING_REFUSED.lock().unwrap().push(report(r));
+}
+
+#[test]
+fn framing_node_refuses_gets_400_and_the_connection_closes_before_the_handler() {
+    let config = Config {
+        on_refused: Some(record_framing),
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_secs(1));
+    for raw in BAD_FRAMING {
+        let what = String::from_utf8_lossy(raw);
+        let mut s = server.connect();
+        // A request behind it would be smuggled: its handler answers "smuggled".
+        s.write_all(&[raw, SMUGGLED].concat()).unwrap();
+        let reply = read_reply_then_eof(&mut BufReader::new(s));
+        assert_eq!(reply.status, 400, "{what}");
+        // The refusal's own body: the handler (which answers `/x` "smuggled") never ran.
+        assert_eq!(reply.body, b"bad request framing\n", "{what}");
+        assert_eq!(reply.header("connection"), Some("close"), "{what}");
+    }
+    // A head whose facts come in several reads: split in its line ends and its names.
+    for (first, rest) in [
+        (&b"GET /x HTTP/1.1\r\nHost: a\r"[..], &b"\nX: y\n\r\n"[..]),
+        (
+            b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Len",
+            b"gth: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        ),
+    ] {
+        let mut s = server.connect();
+        s.set_nodelay(true).unwrap();
+        s.write_all(first).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        s.write_all(rest).unwrap();
+        let reply = read_reply_then_eof(&mut BufReader::new(s));
+        assert_eq!(reply.status, 400, "{}", String::from_utf8_lossy(first));
+    }
+    // Each reported once, with its request line.
+    let refused = FRAMING_REFUSED.lock().unwrap();
+    assert_eq!(refused.len(), BAD_FRAMING.len() + 2, "{refused:?}");
+    assert!(
+        refused
+            .iter()
+            .all(|r| r.0 == 400 && r.1.as_deref().is_some_and(|l| l.contains(" /x "))),
+        "{refused:?}"
+    );
+}
+
+#[test]
+fn well_formed_framing_is_served_in_one_read_or_several() {
+    let server = TestServer::start(Config::default(), Duration::from_secs(1));
+    let good: &[(&[u8], &[u8])] = &[
+        (b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n", b"smuggled"),
+        (
+            b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc",
+            b"abc",
+        ),
+        (
+            b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n\
+              3\r\nabc\r\n0\r\n\r\n",
+            b"abc",
+        ),
+        // chunked once, last, after another coding (the handler sees it encoded, as from Node).
+        (
+            b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\
+              Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+            b"abc",
+        ),
+        // Names that begin as the two compared do; a body with bare line feeds.
+        (
+            b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Type: t\r\nTrailer: x\r\n\
+              Content-Length: 4\r\n\r\n\n\n\n\n",
+            b"\n\n\n\n",
+        ),
+    ];
+    // One connection: keep-alive goes on after each.
+    let mut s = server.connect();
+    s.set_nodelay(true).unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    for (raw, body) in good {
+        // Whole, then split at every 7th byte into reads of their own.
+        s.write_all(raw).unwrap();
+        let reply = read_reply(&mut r, false).unwrap();
+        assert_eq!((reply.status, &reply.body[..]), (200, *body));
+        for piece in raw.chunks(7) {
+            s.write_all(piece).unwrap();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let reply = read_reply(&mut r, false).unwrap();
+        assert_eq!((reply.status, &reply.body[..]), (200, *body));
+    }
+    // Pipelined, all in one write.
+    s.write_all(
+        &good
+            .iter()
+            .map(|(raw, _)| *raw)
+            .collect::<Vec<_>>()
+            .concat(),
+    )
+    .unwrap();
+    for (_, body) in good {
+        let reply = read_reply(&mut r, false).unwrap();
+        assert_eq!((reply.status, &reply.body[..]), (200, *body));
+    }
+    assert!(!closed_by_server(&mut s));
+}
+
 /// A connection whose receive buffer is 4 KiB: the server can send it little until it reads.
 fn connect_small_window(addr: SocketAddr) -> TcpStream {
     use rustix::net::{AddressFamily, SocketType, sockopt};
