@@ -15,7 +15,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::cluster::{count, events, run_node_app, run_sh, spawn, wait_events, wait_ready_pids};
-use common::http::try_request;
+use common::http::{get_ok, try_request};
 use common::{NODUS, have};
 use nodus_testkit::net::free_addr;
 use nodus_testkit::proc::Proc;
@@ -23,20 +23,6 @@ use nodus_testkit::scrape::{family_type, find};
 use nodus_testkit::tmp::TempDir;
 use nodus_testkit::tree::gone;
 use serde_json::Value;
-
-/// GET `path`, retried until it answers 200 (the workers start): the body.
-fn get_ok(addr: SocketAddr, path: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match try_request(addr, "GET", path, &[]) {
-            Ok(r) if r.status == 200 => return String::from_utf8(r.body).unwrap(),
-            other if Instant::now() > deadline => {
-                panic!("GET {path}: {:?}", other.map(|r| r.status))
-            }
-            _ => std::thread::sleep(Duration::from_millis(50)),
-        }
-    }
-}
 
 /// `nodus serve --workers 2` on a free loopback port, serving a directory with `a.txt` in it;
 /// returned once both workers are ready.

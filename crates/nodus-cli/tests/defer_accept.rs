@@ -9,28 +9,14 @@ mod common;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::cluster::{assert_exit, spawn};
-use common::http::try_request;
+use common::http::get_ok;
 use common::{NODUS, have};
 use nodus_testkit::net::free_addr;
 use nodus_testkit::tmp::TempDir;
 use rustix::process::Signal;
-
-/// The body of `GET path` on `addr`, retried (20 s at most) until it is a 200.
-fn get_ok(addr: SocketAddr, path: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match try_request(addr, "GET", path, &[]) {
-            Ok(r) if r.status == 200 => return String::from_utf8(r.body).unwrap(),
-            other if Instant::now() > deadline => {
-                panic!("GET {path}: {:?}", other.map(|r| r.status))
-            }
-            _ => std::thread::sleep(Duration::from_millis(50)),
-        }
-    }
-}
 
 /// The kernel's state of the server side of the TCP connection from `client` to `server`
 /// (`/proc/net/tcp`: 1 established, 3 SYN received, as a deferred accept keeps a connection whose

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use common::NODUS;
 use common::cluster::{assert_exit, count, events, spawn, wait_ready_pids};
-use common::http::try_request;
+use common::http::get_ok;
 use common::serve::Serve;
 use nodus_testkit::net::free_addr;
 use nodus_testkit::proc::Proc;
@@ -44,20 +44,6 @@ fn one_line_each(lines: &[String], then: &str) {
         let needle = format!("{name}{then}");
         let n = lines.iter().filter(|l| l.contains(&needle)).count();
         assert_eq!(n, 1, "{needle:?}: {lines:#?}");
-    }
-}
-
-/// GET `path`, retried until it answers 200 (20 s at most): the body.
-fn get_ok(addr: SocketAddr, path: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match try_request(addr, "GET", path, &[]) {
-            Ok(r) if r.status == 200 => return String::from_utf8(r.body).unwrap(),
-            other if Instant::now() > deadline => {
-                panic!("GET {path}: {:?}", other.map(|r| r.status))
-            }
-            _ => std::thread::sleep(Duration::from_millis(50)),
-        }
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nodus_testkit::http::{self, Reply, Timeouts};
 
@@ -32,4 +32,18 @@ pub fn try_request(
     extra: &[&str],
 ) -> io::Result<Reply> {
     http::request(addr, TIMEOUTS, method, path, extra)
+}
+
+/// `GET path`, retried until it answers 200 (20 s at most): the body.
+pub fn get_ok(addr: SocketAddr, path: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match try_request(addr, "GET", path, &[]) {
+            Ok(r) if r.status == 200 => return String::from_utf8(r.body).unwrap(),
+            other if Instant::now() > deadline => {
+                panic!("GET {path}: {:?}", other.map(|r| r.status))
+            }
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
 }
