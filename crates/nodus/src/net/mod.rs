@@ -67,7 +67,7 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
 pub use inherited::{Inherited, listen_fds};
-pub use tcp::{ListenOptions, TcpListener, TcpStream};
+pub use tcp::{DEFER_ACCEPT_SECS, ListenOptions, TcpListener, TcpStream};
 pub use udp::UdpSocket;
 pub use unix::{UnixListener, UnixStream};
 
