@@ -129,6 +129,10 @@ fn a_primary_is_not_ready_while_no_workers_io_pool_can_start_a_thread() {
     // cluster is ready with it alone.
     limit_as(pids[0], false);
     assert_eq!(readyz_until(admin, 200), "ready\n");
+    // The other one, still unready, gets no new connection meanwhile: nothing is answered 503.
+    for _ in 0..10 {
+        assert_eq!(get(server.addr, "/index.html").status, 200);
+    }
     limit_as(pids[1], false);
     assert_eq!(get(server.addr, "/index.html").status, 200);
 }

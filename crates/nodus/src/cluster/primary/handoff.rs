@@ -69,9 +69,10 @@
 //!   way per worker per second, no timer of its own and no syscall added to a handoff, so
 //!   routing learns of a stall without a readyz request, often before a connection waits on it.
 //!   An idle primary probes only when readyz or the stats ask.
-//! - A worker that is not ready gets no new connection while another member of the listener is
-//!   ready ([`takes_now`]: a new generation's worker in a reload waits for its ready; with no
-//!   ready member, as at the start, every member takes connections).
+//! - A worker that is not ready, or said it cannot take work (`Proc::unready`: a pool that
+//!   cannot start a thread), gets no new connection while another member of the listener is
+//!   ready and did not ([`takes_now`], [`serves_fully`]: a new generation's worker in a reload
+//!   waits for its ready; with no such member, as at the start, every member takes connections).
 //! - What a worker gives back (`returned`) is handed on only after [`check_returned`]: each fd
 //!   must be a connected, non-listening stream socket of the listener's family and local address
 //!   (an fd the worker accepted from that listener: TCP on its address and port, Unix on its
@@ -380,9 +381,17 @@ fn runs_again(proc: &Proc, now: u64) {
 /// pausing after a refusal, not stalled, and ready unless no member is.
 fn takes_now(proc: &Proc, ready_member: bool, now: u64) -> bool {
     proc.state.get() < ProcState::Draining
-        && (proc.is_ready() || !ready_member)
+        && (serves_fully(proc) || !ready_member)
         && !pausing(proc)
         && !stalled(proc, now)
+}
+
+/// Whether `proc` is ready and did not say it cannot take work (`Proc::unready`: a pool that
+/// cannot start a thread, whose requests it would answer 503): while a member of its server
+/// does, it gets no new connection; while none does, every member takes them (a 503 with
+/// `Retry-After` is better than a reset).
+fn serves_fully(proc: &Proc) -> bool {
+    proc.is_ready() && proc.unready.borrow().is_none()
 }
 
 /// How often the watch looks whether a worker that had batches taken back has seen them.
@@ -634,7 +643,7 @@ pub(super) fn has_room(st: &State, server: &Server) -> bool {
     for m in members.iter() {
         release_taken(&m.proc);
     }
-    let ready_member = members.iter().any(|m| m.proc.is_ready());
+    let ready_member = members.iter().any(|m| serves_fully(&m.proc));
     let now = crate::time::polled_ns();
     let takes = match st.config.policy {
         Policy::Least => balance::least_takes,
@@ -859,7 +868,7 @@ pub(super) fn dispatch(st: &Rc<State>, server: &Rc<Server>, conns: Vec<Conn>) ->
             release_taken(&m.proc);
             stats::probe(st, &m.proc);
         }
-        let ready_member = members.iter().any(|m| m.proc.is_ready());
+        let ready_member = members.iter().any(|m| serves_fully(&m.proc));
         let mut cands: Vec<Candidate> = members
             .iter()
             .map(|m| candidate(&m.proc, ready_member, now))
