@@ -307,8 +307,9 @@ struct RunArgs {
     /// DeferAcceptSec=) on every TCP listener of the cluster (-l's, a socket the service manager
     /// passed, a --node worker's): a connection is accepted once its client sent its first bytes,
     /// which saves the workers a wake-up per connection. Only for protocols whose client speaks
-    /// first (HTTP, TLS): a client that waits for the server is accepted about a second late.
-    /// Default: off.
+    /// first (HTTP, TLS): a client that waits for the server is accepted about a second late, and
+    /// one that has not spoken yet when the cluster stops (or, under reuseport, when its worker is
+    /// reloaded) is reset instead of served. Default: off.
     #[arg(long)]
     defer_accept: bool,
     /// The program and its arguments: everything from the first argument that is not an option
@@ -352,9 +353,7 @@ struct ServeArgs {
     dir: PathBuf,
     /// Address to listen on: IP:PORT, [IPv6]:PORT or HOST:PORT (a host name is resolved at
     /// the start, its first address taken, as Node's listen(port, host) does). Ignored, with a
-    /// warning, when a service manager passes the listener (socket activation). Its accepts are
-    /// deferred (TCP_DEFER_ACCEPT): a connection is taken once its client sent its request, or
-    /// after about a second of silence.
+    /// warning, when a service manager passes the listener (socket activation).
     #[arg(long, default_value = "127.0.0.1:8080", value_parser = socket_addr)]
     listen: SocketAddr,
     /// Worker processes (default: the available cores). 1 serves from this process (SIGHUP then
@@ -445,6 +444,13 @@ struct ServeArgs {
     /// the limit holds is warned about.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     max_connections: Option<u64>,
+    /// Defer the public listener's accepts (TCP_DEFER_ACCEPT, nginx's `listen ... deferred`): a
+    /// connection is taken once its client sent its request, which saves a wake-up per
+    /// connection (under rr, the worker's). The price: a client that connected and has not
+    /// spoken yet (a browser's preconnect) waits in the kernel, where a stop (SIGTERM), or a
+    /// reload under --policy reuseport, resets it instead of serving it. Default: off.
+    #[arg(long)]
+    defer_accept: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -730,6 +736,7 @@ fn main() {
             listings: args.listings == OnOff::On,
             raw_output: args.raw_output,
             max_connections: args.max_connections,
+            defer_accept: args.defer_accept,
         }),
     };
     // What is still queued for stdout and stderr (the workers' last lines, ours).

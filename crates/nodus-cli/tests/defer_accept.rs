@@ -1,7 +1,8 @@
-//! Deferred accept (`TCP_DEFER_ACCEPT`): `nodus serve`'s public listener defers its accepts, in
-//! one process and in a cluster, so a client that connected and said nothing yet is not taken
-//! (not counted, not handed to a worker) until it speaks, and is then served; `nodus run` defers
-//! only with `--defer-accept`, on the sockets it passes under every policy that passes one.
+//! Deferred accept (`TCP_DEFER_ACCEPT`): with `--defer-accept`, `nodus serve`'s public listener
+//! defers its accepts, in one process and in a cluster, so a client that connected and said
+//! nothing yet is not taken (its connection stays half-open in the kernel) until it speaks, and
+//! is then served; without it such a client is accepted at once. `nodus run --defer-accept`
+//! defers on the sockets it passes, under every policy that passes one.
 //! 127.0.0.1 only; every process is stopped by its PID.
 
 mod common;
@@ -41,16 +42,16 @@ fn server_side_state(server: SocketAddr, client: SocketAddr) -> Option<u8> {
         })
 }
 
-/// A client that connects and says nothing is not accepted (its connection stays half-open in
-/// the kernel, 300 ms on), and is served once it sends its request.
-fn silent_client_waits_for_its_request(addr: SocketAddr) {
+/// A client that connects and says nothing is accepted at once, or with `deferred` not (its
+/// connection stays half-open in the kernel, 300 ms on); it is served once it sends its request.
+fn silent_client_is_served(addr: SocketAddr, deferred: bool) {
     let mut silent = TcpStream::connect(addr).unwrap();
     std::thread::sleep(Duration::from_millis(300));
     let client = silent.local_addr().unwrap();
     assert_eq!(
         server_side_state(addr, client),
-        Some(3),
-        "the server side of a client that said nothing is SYN received"
+        Some(if deferred { 3 } else { 1 }),
+        "the server side of a client that said nothing: SYN received only if deferred ({deferred})"
     );
     silent
         .set_read_timeout(Some(Duration::from_secs(20)))
@@ -65,8 +66,13 @@ fn silent_client_waits_for_its_request(addr: SocketAddr) {
 }
 
 #[test]
-fn serve_defers_its_accepts_in_one_process_and_in_a_cluster() {
-    for workers in ["1", "2"] {
+fn serve_defers_its_accepts_with_defer_accept_in_one_process_and_in_a_cluster() {
+    for (workers, flag) in [
+        ("1", None),
+        ("1", Some("--defer-accept")),
+        ("2", None),
+        ("2", Some("--defer-accept")),
+    ] {
         let dir = TempDir::new("defer-serve");
         std::fs::write(dir.path().join("a.txt"), "hello\n").unwrap();
         let addr = free_addr();
@@ -75,10 +81,11 @@ fn serve_defers_its_accepts_in_one_process_and_in_a_cluster() {
                 .arg("serve")
                 .arg(dir.path())
                 .args(["--workers", workers, "--listen", &addr.to_string()])
+                .args(flag)
                 .env("RUST_LOG", "info"),
         );
         assert_eq!(get_ok(addr, "/a.txt"), "hello\n");
-        silent_client_waits_for_its_request(addr);
+        silent_client_is_served(addr, flag.is_some());
         server.signal(Signal::TERM);
         assert_exit(&mut server, Duration::from_secs(30), 0);
     }

@@ -117,6 +117,8 @@ pub struct ServeOptions {
     /// `--max-connections`: the public listener's cap instead of the one from the open-files
     /// limit (`fd_budget`).
     pub max_connections: Option<u64>,
+    /// `--defer-accept`: the public listener defers its accepts (`TCP_DEFER_ACCEPT`).
+    pub defer_accept: bool,
 }
 
 /// Shared by every request of the process.
@@ -198,16 +200,18 @@ pub(super) fn fail(message: String) -> i32 {
 /// socket activation; a socket named `admin` is the admin listener; under `reuse_port`
 /// refused), an address given for one of them (`--listen`, `--admin`) then warned about as
 /// ignored; or bound from the options (the public one with `SO_REUSEPORT` when `reuse_port`).
-/// The public one defers its accepts (`TCP_DEFER_ACCEPT`): an HTTP client speaks first, so each
-/// connection is accepted with its request already there to read.
+/// With `--defer-accept` the public one defers its accepts (`TCP_DEFER_ACCEPT`, on a passed
+/// socket too; without it a passed socket keeps what the service manager set, `DeferAcceptSec=`).
 pub(super) fn listeners(
     options: &ServeOptions,
     reuse_port: bool,
 ) -> Result<(TcpListener, Option<TcpListener>), String> {
     let (public, admin) = bound_or_inherited(options, reuse_port)?;
-    public
-        .set_defer_accept(true)
-        .map_err(|e| format!("cannot defer the public listener's accepts: {e}"))?;
+    if options.defer_accept {
+        public
+            .set_defer_accept(true)
+            .map_err(|e| format!("cannot defer the public listener's accepts: {e}"))?;
+    }
     Ok((public, admin))
 }
 

@@ -69,8 +69,7 @@ pub async fn run(options: ServeOptions) -> i32 {
     // deployed in place), not the broken one.
     config.pin_program = true;
     config.listeners.push(("http".to_owned(), public));
-    // An HTTP server's clients speak first: each connection reaches a worker with its request.
-    config.defer_accept = true;
+    config.defer_accept = options.defer_accept;
     // Config::new's restart budget: 5, or twice the workers when that is more.
     let budget = format!(
         "at most {} restarts within {:?}",

@@ -49,7 +49,7 @@ pub struct ListenOptions {
     /// once its first bytes arrived, or once the kernel's one retransmitted SYN-ACK (about 1 s)
     /// was answered without any. A protocol whose client speaks first (HTTP, TLS) loses nothing,
     /// and the server saves a wake-up and an empty read per connection; one whose server speaks
-    /// first waits that second.
+    /// first waits that second. A connection held so when the listener closes is reset.
     pub defer_accept: bool,
 }
 

@@ -223,8 +223,10 @@ pub struct Config {
     /// every policy. A connection then reaches a worker with its first request already in it: a
     /// round-robin worker reads it at once rather than waiting for it (a wake-up and an empty
     /// read per connection saved). Off by default: a protocol whose server speaks first would
-    /// wait about a second per connection (`nodus serve` turns it on; `nodus run
-    /// --defer-accept`).
+    /// wait about a second per connection, and a client that has not spoken yet when the
+    /// cluster stops (or, under reuseport, when its worker is reloaded) is reset as its listener
+    /// closes, where it would have been served (`--defer-accept` of `nodus serve` and `nodus
+    /// run`).
     pub defer_accept: bool,
     pub restart: RestartPolicy,
     /// Restart intensity: more than `max_restarts` within `restart_window` gives up. Below
