@@ -42,6 +42,11 @@ pub(crate) struct Scan {
     content_length: bool,
     /// A `Transfer-Encoding` field line.
     transfer_encoding: bool,
+    /// Where the request line's first `#` is (a fragment, which the parsed target drops), and
+    /// the last space after it (before the version): what [`Scan::refuses`] leaves out of the
+    /// line's length.
+    hash_at: Option<usize>,
+    last_space: usize,
 }
 
 /// Where a scan is in the head.
@@ -74,6 +79,21 @@ static LOOKED_FOR: [bool; 256] = {
     }
     looked_for
 };
+
+/// In a request line (`line`, its line feed excluded): its first `#`, and the last space after
+/// it (0 if none), as [`Scan::follow_request_line`] notes them.
+fn fragment_bounds(line: &[u8]) -> (Option<usize>, usize) {
+    match line.iter().position(|&b| b == b'#') {
+        None => (None, 0),
+        Some(h) => (
+            Some(h),
+            line[h..]
+                .iter()
+                .rposition(|&b| b == b' ')
+                .map_or(0, |sp| h + sp),
+        ),
+    }
+}
 
 /// Whether `line` begins with `NAMES[name]`, in any case.
 #[inline(never)]
@@ -155,12 +175,18 @@ use lf_mask_bytewise as lf_mask;
 impl Scan {
     /// Follows the head through `bytes`, the next bytes read.
     #[inline]
-    pub(crate) fn read(&mut self, bytes: &[u8]) {
-        if self.is_empty()
-            && let Some(whole) = Scan::whole(bytes)
-        {
-            *self = whole;
-            return;
+    pub(crate) fn read(&mut self, mut bytes: &[u8]) {
+        if self.is_empty() {
+            // Empty lines before the request line are skipped, as httparse and Node skip them.
+            let skip = bytes
+                .iter()
+                .take_while(|&&b| b == b'\r' || b == b'\n')
+                .count();
+            bytes = &bytes[skip..];
+            if let Some(whole) = Scan::whole(bytes) {
+                *self = whole;
+                return;
+            }
         }
         self.follow(bytes);
     }
@@ -172,9 +198,12 @@ impl Scan {
     fn whole(bytes: &[u8]) -> Option<Scan> {
         let mut lfs = LineFeeds::new(bytes)?;
         let line = lfs.next()?;
+        let (hash_at, last_space) = fragment_bounds(&bytes[..line]);
         let mut scan = Scan {
             line,
             at: At::End,
+            hash_at,
+            last_space,
             ..Scan::default()
         };
         let mut lf = line;
@@ -208,13 +237,13 @@ impl Scan {
                     let rest = &bytes[i..];
                     let Some(lf) = rest.iter().position(|&b| b == b'\n') else {
                         if self.at == At::RequestLine {
-                            self.line += rest.len();
+                            self.follow_request_line(rest);
                         }
                         self.cr = rest.last() == Some(&b'\r');
                         return;
                     };
                     if self.at == At::RequestLine {
-                        self.line += lf;
+                        self.follow_request_line(&rest[..lf]);
                     }
                     let cr = match lf {
                         0 => self.cr,
@@ -275,6 +304,18 @@ impl Scan {
         (self.line, self.at != At::RequestLine)
     }
 
+    /// Follows `part`, the next bytes of the request line (no line feed among them).
+    fn follow_request_line(&mut self, part: &[u8]) {
+        for (at, &b) in (self.line..).zip(part) {
+            match b {
+                b'#' if self.hash_at.is_none() => self.hash_at = Some(at),
+                b' ' if self.hash_at.is_some() => self.last_space = at,
+                _ => {}
+            }
+        }
+        self.line += part.len();
+    }
+
     /// Notes a field line named `NAMES[name]`.
     fn named(&mut self, name: usize) {
         if name == 0 {
@@ -302,8 +343,12 @@ impl Scan {
     /// scan that did not follow that whole head says nothing.
     pub(crate) fn refuses(&self, line: impl FnOnce() -> usize) -> bool {
         self.noted() && self.at == At::End && {
-            let line = line();
-            self.line == line + 1 || self.line == line
+            // Its CR, and an absolute target without a path (parsed, it has one: `/`), make one
+            // byte of difference; the fragment is not in the parsed target at all.
+            let fragment = self
+                .hash_at
+                .map_or(0, |h| self.last_space.saturating_sub(h));
+            (self.line - fragment).abs_diff(line()) <= 1
         }
     }
 }
@@ -381,6 +426,23 @@ mod tests {
         assert!(!s.refuses(|| 20));
         let s = scan(&[b"GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 1\r\n"]);
         assert!(!s.refuses(|| 14));
+    }
+
+    #[test]
+    fn leading_empty_lines_fragments_and_a_target_without_a_path_still_refuse() {
+        for (parts, parsed) in [
+            // Empty lines before the request line are skipped (parsed: "GET / HTTP/1.1").
+            (&[&b"\r\n\r\nGET / HTTP/1.1\nHost: a\r\n\r\n"[..]][..], 14),
+            (&[b"\r\n", b"\r", b"\nGET / HTTP/1.1\nHost: a\r\n\r\n"], 14),
+            // A fragment, left out of the parsed target ("GET /x HTTP/1.1").
+            (&[b"GET /x#frag HTTP/1.1\r\nHost: a\nX: y\r\n\r\n"], 15),
+            (&[b"GET /x#f", b"rag HTTP/1.1\r\nHost: a\nX: y\r\n\r\n"], 15),
+            // An absolute target without a path: parsed, it has one ("GET http://a/ HTTP/1.1").
+            (&[b"GET http://a HTTP/1.1\nHost: a\r\n\r\n"], 22),
+        ] {
+            let s = scan(parts);
+            assert!(s.refuses(|| parsed), "{parts:?}: {s:?}");
+        }
     }
 
     #[test]

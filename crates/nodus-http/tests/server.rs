@@ -1505,6 +1505,13 @@ const BAD_FRAMING: &[&[u8]] = &[
       3\r\nabc\r\n0\r\n\r\n",
     b"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\
       \r\n3\r\nabc\r\n0\r\n\r\n",
+    // Behind empty lines (skipped, as Node skips them), or with a fragment in the target (not in
+    // the parsed one): refused all the same.
+    b"\r\n\r\nPOST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc",
+    b"\r\nGET /x HTTP/1.1\r\nHost: a\r\nX: y\nContent-Length: 3\r\n\r\nabc",
+    b"POST /x#frag HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n\
+      3\r\nabc\r\n0\r\n\r\n",
+    b"GET /x#f HTTP/1.1\r\nHost: a\r\nX: y\nContent-Length: 3\r\n\r\nabc",
 ];
 
 /// What `Config::on_refused` was told in
