@@ -44,7 +44,7 @@ pub(crate) struct Scan {
     transfer_encoding: bool,
     /// Where the request line's first `#` is (a fragment, which the parsed target drops), and
     /// the last space after it (before the version): what [`Scan::refuses`] leaves out of the
-    /// line's length.
+    /// line's length. Kept at the head's end only when it is refused.
     hash_at: Option<usize>,
     last_space: usize,
 }
@@ -196,14 +196,21 @@ impl Scan {
     /// time), and the first bytes of each line after one; it says what [`Scan::follow`] would.
     #[inline]
     fn whole(bytes: &[u8]) -> Option<Scan> {
+        let mut scan = Scan::whole_unbounded(bytes)?;
+        if scan.refused {
+            (scan.hash_at, scan.last_space) = fragment_bounds(&bytes[..scan.line]);
+        }
+        Some(scan)
+    }
+
+    /// [`Scan::whole`] but for the request line's fragment, which only a refusal looks at.
+    #[inline]
+    fn whole_unbounded(bytes: &[u8]) -> Option<Scan> {
         let mut lfs = LineFeeds::new(bytes)?;
         let line = lfs.next()?;
-        let (hash_at, last_space) = fragment_bounds(&bytes[..line]);
         let mut scan = Scan {
             line,
             at: At::End,
-            hash_at,
-            last_space,
             ..Scan::default()
         };
         let mut lf = line;
@@ -275,6 +282,10 @@ impl Scan {
                 At::EmptyCr => {
                     // A CR alone is no line end: hyper refuses the head.
                     self.at = if b == b'\n' { At::End } else { At::Rest };
+                    if !self.refused {
+                        // Looked at only for a refusal, and [`Scan::whole`] does not note them.
+                        (self.hash_at, self.last_space) = (None, 0);
+                    }
                 }
                 At::Name { name, matched } => {
                     let want = NAMES[name as usize];

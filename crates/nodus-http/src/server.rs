@@ -66,8 +66,9 @@
 //!   the rest of the family itself (400). A head hyper read ahead with the request before it
 //!   (pipelined) was not scanned from its start and is checked for `chunked` twice only. A
 //!   well-formed head costs the scan (its line feeds found 16 bytes at a time, a byte or two
-//!   looked at around each) and a thread-local check: about 105 instructions a keep-alive
-//!   request (`bench/http/instructions.sh`: 8,722 against 8,617 without, for a 35-byte head).
+//!   looked at around each; empty lines before the request line skipped) and a thread-local
+//!   check: about 155 instructions a keep-alive request (`bench/http/instructions.sh`: 8,772
+//!   against 8,615 without, for a 35-byte head).
 //! - HTTP/1 half-close: a client that shuts down its write side after its request (`nc -N`,
 //!   socat, health checkers) still gets the whole response, as from nginx's static files
 //!   (hyper's `half_close`; Node answers it only when its handler answers at once, and aborts a
