@@ -329,9 +329,13 @@ fn a_deferred_accept_takes_a_connection_once_its_client_spoke() {
         })
         .detach();
         let count = || accepted.borrow().len();
+        let started = Instant::now();
         let silent = TcpStream::connect(addr).await.unwrap();
         sleep(Duration::from_millis(300)).await;
-        assert_eq!(count(), 0, "a silent client is not accepted yet");
+        // Unless a loaded host slowed this past the kernel's deferral (about 1 s).
+        if started.elapsed() < Duration::from_millis(800) {
+            assert_eq!(count(), 0, "a silent client is not accepted yet");
+        }
         let talking = TcpStream::connect(addr).await.unwrap();
         talking.write_all(b"GET").await.unwrap();
         talking.shutdown(Shutdown::Write).unwrap();
