@@ -49,7 +49,8 @@
 //!   limits its lines: a cluster primary's are one per worker per 10 s); the channel stays open
 //!   and reads on from the next line (no JSON text contains a raw newline, so the stream keeps
 //!   its sync). At most 64 input error
-//!   events wait unread. The channel's own answers to the
+//!   events wait unread (past them one warning, then one line per 10 s while the queue keeps
+//!   filling). The channel's own answers to the
 //!   peer's frames (ACK, NACK, socket replies) wait unwritten 1024 at most (more are dropped): a
 //!   peer that asks and never reads cannot grow this side either. Nothing panics and nothing
 //!   exits the process.
@@ -432,6 +433,9 @@ struct State {
     dropped_unread: u64,
     /// The drop warnings: the first of a burst in full, then one line per window.
     drop_warnings: Rc<LogLimit>,
+    /// The warnings that input errors stopped being queued (the queue full), limited the same
+    /// way: a peer writing junk fills it again each time it is read.
+    error_queue_warnings: Rc<LogLimit>,
     out: VecDeque<Out>,
     out_bytes: usize,
     /// The `reply` frames in `out`; `replies_dropped` once one was dropped for want of room
@@ -570,12 +574,16 @@ impl State {
     /// Queues an error event about the peer's input, unless [`MAX_UNREAD_ERRORS`] wait unread.
     fn input_error(&mut self, error: IpcError, wake: &mut Vec<Waker>) {
         if self.unread_errors == MAX_UNREAD_ERRORS {
-            tracing::warn!(
-                target: "nodus::ipc",
-                "{MAX_UNREAD_ERRORS} input errors wait unread: not queueing more until they are \
-                 read (stray fds and bad frames are still dropped)"
-            );
-            self.unread_errors += 1; // Warned: at most once until the queue is read.
+            if self.error_queue_warnings.first(String::new) {
+                tracing::warn!(
+                    target: "nodus::ipc",
+                    "{MAX_UNREAD_ERRORS} input errors wait unread: not queueing more until they \
+                     are read (stray fds and bad frames are still dropped; this again is counted: \
+                     one line per {:?})",
+                    log_limit::WINDOW
+                );
+            }
+            self.unread_errors += 1; // Said or counted: once until the queue is read.
         }
         if self.unread_errors >= MAX_UNREAD_ERRORS {
             return;
@@ -828,6 +836,18 @@ fn drop_warnings() -> Rc<LogLimit> {
     })
 }
 
+/// The limiter of the warning that input errors stopped being queued.
+fn error_queue_warnings() -> Rc<LogLimit> {
+    LogLimit::new(log_limit::WINDOW, |n, _| {
+        tracing::warn!(
+            target: "nodus::ipc",
+            "{MAX_UNREAD_ERRORS} input errors waited unread {n} more times in the last {:?}: not \
+             queued meanwhile",
+            log_limit::WINDOW
+        );
+    })
+}
+
 fn null() -> Box<RawValue> {
     RawValue::from_string("null".into()).expect("null is JSON")
 }
@@ -889,6 +909,7 @@ impl Channel {
                 internal_unread: Unread::default(),
                 dropped_unread: 0,
                 drop_warnings: drop_warnings(),
+                error_queue_warnings: error_queue_warnings(),
                 out: VecDeque::new(),
                 out_bytes: 0,
                 replies_queued: 0,
