@@ -205,7 +205,7 @@ pub enum BodyError {
     TooLarge,
     /// Not all there within `Config::request_timeout` of the request's head: answer 408.
     TimedOut,
-    /// The client went away or sent a malformed body.
+    /// The client went away or sent a malformed body (its `Display` says why, with its sources).
     Transport(Box<dyn std::error::Error + Send + Sync>),
 }
 
@@ -214,7 +214,16 @@ impl std::fmt::Display for BodyError {
         match self {
             BodyError::TooLarge => f.write_str("request body too large"),
             BodyError::TimedOut => f.write_str("request body not received in time"),
-            BodyError::Transport(e) => write!(f, "reading the request body failed: {e}"),
+            BodyError::Transport(e) => {
+                // hyper's error says where it failed, its source why (a reset, a malformed chunk).
+                write!(f, "reading the request body failed: {e}")?;
+                let mut source = e.source();
+                while let Some(e) = source {
+                    write!(f, ": {e}")?;
+                    source = e.source();
+                }
+                Ok(())
+            }
         }
     }
 }

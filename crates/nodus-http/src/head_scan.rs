@@ -191,6 +191,28 @@ impl Scan {
         self.follow(bytes);
     }
 
+    /// Whether the head ended with a `Transfer-Encoding` line and no refusal: its body, if hyper
+    /// reads one, is chunked (hyper refuses a request whose last coding is not).
+    #[inline]
+    pub(crate) fn ends_before_a_chunked_body(&self) -> bool {
+        self.transfer_encoding && self.at == At::End && !self.refused
+    }
+
+    /// Where, in `bytes`, the read that ends the head this scan (the scan before that read)
+    /// follows, the chunked body begins ([`Scan::ends_before_a_chunked_body`] after the read).
+    #[cold]
+    pub(crate) fn chunked_body_at(mut self, bytes: &[u8]) -> usize {
+        let skip = if self.is_empty() {
+            bytes
+                .iter()
+                .take_while(|&&b| b == b'\r' || b == b'\n')
+                .count()
+        } else {
+            0
+        };
+        skip + self.follow(&bytes[skip..])
+    }
+
     /// The scan of a head read whole at once, the first bytes of `bytes`: `None` if they do not
     /// hold all of it, or are fewer than 16. Only the line feeds are looked for (16 bytes at a
     /// time), and the first bytes of each line after one; it says what [`Scan::follow`] would.
@@ -235,8 +257,9 @@ impl Scan {
     }
 
     /// [`Scan::read`] a byte at a time but for the line feed search: any head, from any state.
+    /// How many of the bytes it followed: all of them, or those up to the head's end.
     #[inline(never)]
-    fn follow(&mut self, bytes: &[u8]) {
+    fn follow(&mut self, bytes: &[u8]) -> usize {
         let mut i = 0;
         while let Some(&b) = bytes.get(i) {
             match self.at {
@@ -247,7 +270,7 @@ impl Scan {
                             self.follow_request_line(rest);
                         }
                         self.cr = rest.last() == Some(&b'\r');
-                        return;
+                        return bytes.len();
                     };
                     if self.at == At::RequestLine {
                         self.follow_request_line(&rest[..lf]);
@@ -303,11 +326,12 @@ impl Scan {
                         At::Rest
                     };
                 }
-                At::End => return,
+                At::End => return i,
             }
             self.cr = b == b'\r';
             i += 1;
         }
+        i
     }
 
     /// Bytes of the request line read so far (its line feed excluded), and whether it ended.

@@ -88,18 +88,31 @@ pub(crate) fn carry(ahead: Scan) -> bool {
     })
 }
 
-/// Follows the head the current connection is waiting for through `bytes`, just read; whether
-/// its request line, line feed excluded, is now `limit` bytes or more. Outside a head wait (a
-/// body being read, or no connection's scope) it does nothing.
-pub(crate) fn line_read(bytes: &[u8], limit: usize) -> bool {
+/// What [`line_read`] found in a read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct LineRead {
+    /// The request line, line feed excluded, is now `limit` bytes or more.
+    pub(crate) too_long: bool,
+    /// The head ended in the read, before a chunked body that begins at this index in it.
+    pub(crate) chunked_body_at: Option<usize>,
+}
+
+/// Follows the head the current connection is waiting for through `bytes`, just read. Outside
+/// a head wait (a body being read, or no connection's scope) it does nothing.
+pub(crate) fn line_read(bytes: &[u8], limit: usize) -> LineRead {
     CURRENT.with(|current| {
         let Some(HeadWait::Until(deadline, mut scan)) = current.get() else {
-            return false;
+            return LineRead::default();
         };
-        let open = !scan.request_line().1;
+        let before = scan;
         scan.read(bytes);
         current.set(Some(HeadWait::Until(deadline, scan)));
-        open && scan.request_line().0 >= limit
+        LineRead {
+            too_long: !before.request_line().1 && scan.request_line().0 >= limit,
+            chunked_body_at: (scan.ends_before_a_chunked_body()
+                && !before.ends_before_a_chunked_body())
+            .then(|| before.chunked_body_at(bytes)),
+        }
     })
 }
 
@@ -284,23 +297,60 @@ mod tests {
     fn the_request_line_is_followed_from_the_arming_to_its_line_feed() {
         let timer = HeadTimer::new(Duration::from_secs(10));
         let mut wait = HeadWait::Idle;
+        let too_long = |wait: &mut HeadWait, bytes: &[u8], limit| {
+            scope(wait, || line_read(bytes, limit)).too_long
+        };
         // Not waiting for a head: nothing is followed.
-        assert!(!scope(&mut wait, || line_read(&[b'a'; 64], 10)));
+        assert!(!too_long(&mut wait, &[b'a'; 64], 10));
         let _sleep = scope(&mut wait, || timer.sleep(Duration::from_secs(1)));
-        assert!(!scope(&mut wait, || line_read(b"GET /aaa", 10)));
+        assert!(!too_long(&mut wait, b"GET /aaa", 10));
         assert!(matches!(wait, HeadWait::Until(_, s) if s.request_line() == (8, false)));
-        assert!(scope(&mut wait, || line_read(b"aa", 10)));
+        assert!(too_long(&mut wait, b"aa", 10));
         // A line feed ends it: what follows is headers, whatever their length.
         let _sleep = scope(&mut wait, || timer.sleep(Duration::from_secs(1)));
-        assert!(!scope(&mut wait, || line_read(
-            b"GET / HTTP/1.1\r\nX: ",
-            20
-        )));
+        assert!(!too_long(&mut wait, b"GET / HTTP/1.1\r\nX: ", 20));
         assert!(matches!(wait, HeadWait::Until(_, s) if s.request_line().1));
-        assert!(!scope(&mut wait, || line_read(&[b'v'; 64], 20)));
+        assert!(!too_long(&mut wait, &[b'v'; 64], 20));
         // A line feed past the limit: the line was over it.
         let _sleep = scope(&mut wait, || timer.sleep(Duration::from_secs(1)));
-        assert!(scope(&mut wait, || line_read(b"GET /aaaaaaaaaa\n", 10)));
+        assert!(too_long(&mut wait, b"GET /aaaaaaaaaa\n", 10));
+    }
+
+    #[test]
+    fn the_read_that_ends_a_head_with_transfer_encoding_says_where_its_body_begins() {
+        let timer = HeadTimer::new(Duration::from_secs(10));
+        let head = &b"\r\nPOST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"[..];
+        let body = &b"5\r\nhello\r\n0\r\n\r\n"[..];
+        let whole = [head, body].concat();
+        // In one read, or in two split anywhere: only the read that ends the head says it.
+        for at in 0..=whole.len() {
+            let mut wait = HeadWait::Idle;
+            let _sleep = scope(&mut wait, || timer.sleep(Duration::from_secs(1)));
+            let first = scope(&mut wait, || line_read(&whole[..at], usize::MAX));
+            let second = scope(&mut wait, || line_read(&whole[at..], usize::MAX));
+            let found = match (first.chunked_body_at, second.chunked_body_at) {
+                (Some(i), None) => i,
+                (None, Some(i)) => at + i,
+                other => panic!("split at {at}: {other:?}"),
+            };
+            assert_eq!(found, head.len(), "split at {at}");
+        }
+        // Without Transfer-Encoding, or refused (a bare line feed), no body is followed.
+        for head in [
+            &b"POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello"[..],
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\n\r\n0\r\n\r\n",
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n",
+        ] {
+            let mut wait = HeadWait::Idle;
+            let _sleep = scope(&mut wait, || timer.sleep(Duration::from_secs(1)));
+            let read = scope(&mut wait, || line_read(head, usize::MAX));
+            assert_eq!(
+                read.chunked_body_at,
+                None,
+                "{}",
+                String::from_utf8_lossy(head)
+            );
+        }
     }
 
     #[test]

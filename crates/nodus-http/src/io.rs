@@ -20,7 +20,10 @@
 //! request, so that a drain can send it GOAWAY; the first byte that differs ends the comparison.
 //! Their scan (`head_scan`: the request line, and the framing facts) is carried into hyper's
 //! first head wait (`head_wait::carry`): they were read before it began, and the 414 and the
-//! framing refusals count them.
+//! framing refusals count them. A chunked request body is followed from the read that ends its
+//! head to its last line (`chunked_scan`): a read that brings a line feed without its CR in its
+//! framing hands hyper only the bytes before it, and every later read fails with
+//! [`BareLineFeed`], as a read past the line limit does with [`UriTooLong`].
 
 use std::cell::Cell;
 use std::io;
@@ -33,8 +36,9 @@ use hyper::rt::{Read, ReadBufCursor, Write};
 use rustix::io::Errno;
 use rustix::net::{RecvFlags, SendFlags};
 
+use crate::chunked_scan::{Chunked, Step};
 use crate::head_scan::Scan;
-use crate::head_wait;
+use crate::head_wait::{self, LineRead};
 use crate::stats;
 
 /// The time (`nodus::clock` ns) connections count their timeouts from: the loop's, which costs
@@ -123,9 +127,12 @@ pub struct HyperIo<S> {
     not_socket: Cell<bool>,
     /// A request line this long (line feed excluded) ends the read with [`UriTooLong`].
     line_limit: usize,
-    /// A read made the request line too long: every read from then on fails with
-    /// [`UriTooLong`].
-    line_too_long: Cell<bool>,
+    /// A read found what the connection refuses to read on from: every read from then on fails
+    /// with it.
+    refused: Cell<Option<ReadRefused>>,
+    /// The chunked request body being read, followed for what hyper's decoder lets through
+    /// (`chunked_scan`); `None` between bodies.
+    chunked: Cell<Option<Chunked>>,
     /// Bytes of the HTTP/2 preface the connection's first bytes matched so far; `NOT_SNIFFING`
     /// once one differed, all matched, or without h2c.
     preface: Cell<usize>,
@@ -139,9 +146,40 @@ pub struct HyperIo<S> {
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const NOT_SNIFFING: usize = usize::MAX;
 
+/// What a connection's reads refuse to read on from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReadRefused {
+    /// A request line reached the line limit.
+    LineTooLong,
+    /// A chunked body's size line or trailer section has a line feed without its CR.
+    BareLineFeed,
+}
+
+impl ReadRefused {
+    fn error(self) -> io::Error {
+        match self {
+            ReadRefused::LineTooLong => io::Error::other(UriTooLong),
+            ReadRefused::BareLineFeed => io::Error::new(io::ErrorKind::InvalidData, BareLineFeed),
+        }
+    }
+}
+
 /// The error of a read that made a request line too long: the server answers it with 414.
 #[derive(Debug)]
 pub(crate) struct UriTooLong;
+
+/// The error of a read that found a line feed without its CR in a chunked body's framing, where
+/// hyper would read on (`chunked_scan`): the body's read fails, and the connection closes.
+#[derive(Debug)]
+pub(crate) struct BareLineFeed;
+
+impl std::fmt::Display for BareLineFeed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a line feed without its CR in a chunked body's framing")
+    }
+}
+
+impl std::error::Error for BareLineFeed {}
 
 impl std::fmt::Display for UriTooLong {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -179,7 +217,8 @@ impl<S: FdStream> HyperIo<S> {
             }),
             not_socket: Cell::new(false),
             line_limit: usize::MAX,
-            line_too_long: Cell::new(false),
+            refused: Cell::new(None),
+            chunked: Cell::new(None),
             preface: Cell::new(NOT_SNIFFING),
             ahead: Cell::new(None),
         }
@@ -191,7 +230,9 @@ impl<S: FdStream> HyperIo<S> {
     }
 
     /// What a read while sniffing, or the first read after it, does with its bytes (only h2c
-    /// connections' first reads: kept out of the common read path).
+    /// connections' first reads: kept out of the common read path). Those reads hold 24 bytes
+    /// at most (hyper-util's sniff), never the whole of a head with `Transfer-Encoding`: a
+    /// chunked body's scan begins in a head wait's read (`head_wait::line_read`).
     #[cold]
     fn sniffed(&self, filled: &[u8]) {
         if self.preface.get() != NOT_SNIFFING {
@@ -210,6 +251,29 @@ impl<S: FdStream> HyperIo<S> {
         let mut scan = self.ahead.get().unwrap_or_default();
         scan.read(read);
         self.ahead.set(Some(scan));
+    }
+
+    /// Follows the chunked body being read through `filled`, just read (from `body_at`, where a
+    /// head that ended in them left off, if one did); how many of them hyper may have: all, or
+    /// those before a line feed without its CR in the body's framing (the connection's reads
+    /// fail from then on).
+    #[cold]
+    fn follow_chunked(&self, filled: &[u8], body_at: Option<usize>) -> usize {
+        let (mut scan, from) = match (body_at, self.chunked.take()) {
+            (Some(at), _) => (Chunked::new(), at),
+            (None, Some(scan)) => (scan, 0),
+            (None, None) => return filled.len(),
+        };
+        match scan.follow(&filled[from..]) {
+            Step::More => self.chunked.set(Some(scan)),
+            // The next request's head, if read with the body, is read on as hyper reads it.
+            Step::Ended(_) | Step::HyperRefuses => {}
+            Step::BareLineFeed(at) => {
+                self.refused.set(Some(ReadRefused::BareLineFeed));
+                return from + at;
+            }
+        }
+        filled.len()
     }
 
     /// Compares the bytes just read with the rest of the preface, while they may still be it.
@@ -254,8 +318,8 @@ impl<S: FdStream + Unpin> Read for HyperIo<S> {
         cx: &mut Context<'_>,
         mut buf: ReadBufCursor<'_>,
     ) -> Poll<io::Result<()>> {
-        if self.line_too_long.get() {
-            return Poll::Ready(Err(io::Error::other(UriTooLong)));
+        if let Some(refused) = self.refused.get() {
+            return Poll::Ready(Err(refused.error()));
         }
         loop {
             ready!(self.stream.poll_read_ready(cx))?;
@@ -264,13 +328,24 @@ impl<S: FdStream + Unpin> Read for HyperIo<S> {
             // initialized; we advance the cursor by exactly that many bytes.
             let unfilled = unsafe { buf.as_mut() };
             let fd = self.stream.fd();
-            // Each read's bytes are shown to the request-line check while they are at hand.
+            // Each read's bytes are shown to the head's and the chunked body's scans while they
+            // are at hand; what they let hyper have of them: all, or those before a bare line
+            // feed in a chunked body's framing.
             let limit = self.line_limit;
             let seen = |filled: &[u8]| {
                 if self.preface.get() != NOT_SNIFFING || self.ahead.get().is_some() {
                     self.sniffed(filled);
                 }
-                (filled.len(), head_wait::line_read(filled, limit))
+                let LineRead {
+                    too_long,
+                    chunked_body_at,
+                } = head_wait::line_read(filled, limit);
+                let passed = if chunked_body_at.is_some() || self.chunked.get().is_some() {
+                    self.follow_chunked(filled, chunked_body_at)
+                } else {
+                    filled.len()
+                };
+                (filled.len(), too_long, passed)
             };
             let result = if self.not_socket.get() {
                 rustix::io::read(fd, unfilled).map(|(filled, _)| seen(filled))
@@ -279,7 +354,7 @@ impl<S: FdStream + Unpin> Read for HyperIo<S> {
                     .map(|((filled, _), _)| seen(filled))
             };
             match result {
-                Ok((n, too_long)) => {
+                Ok((n, too_long, passed)) => {
                     // The peer's EOF is noted. A short read of a stream drained the socket
                     // buffer: forget readiness now instead of paying a read that returns EAGAIN
                     // (later data raises a new edge; an EOF already seen stays visible).
@@ -294,9 +369,20 @@ impl<S: FdStream + Unpin> Read for HyperIo<S> {
                         // hyper takes a read error with nothing in its buffer for the peer's
                         // close (no answer at all), so it gets one byte of this read, an
                         // incomplete head, and the error at its next read.
-                        self.line_too_long.set(true);
+                        self.refused.set(Some(ReadRefused::LineTooLong));
                         // SAFETY: the read initialized the first `n` ≥ 1 bytes of the cursor.
                         unsafe { buf.advance(1) };
+                        return Poll::Ready(Ok(()));
+                    }
+                    if passed < n {
+                        // A bare line feed in a chunked body's framing (`follow_chunked` noted
+                        // it): hyper gets the bytes before it (the head, if it ended in this
+                        // read), and the error at its next read; none: the error now.
+                        if passed == 0 {
+                            return Poll::Ready(Err(ReadRefused::BareLineFeed.error()));
+                        }
+                        // SAFETY: the read initialized the first `n` > `passed` bytes.
+                        unsafe { buf.advance(passed) };
                         return Poll::Ready(Ok(()));
                     }
                     // SAFETY: the first `n` bytes of the cursor were just initialized.

@@ -6,6 +6,8 @@
 //! - `head_wait`: the HTTP/1 header-read timeout with one timer per connection, not per request.
 //! - `head_scan`: the framing facts of an HTTP/1 head that hyper's parse hides (a bare line feed,
 //!   `Content-Length` twice or beside `Transfer-Encoding`), noted as the head is read.
+//! - `chunked_scan`: a chunked request body's framing, followed as it is read for what hyper's
+//!   decoder lets through and Node refuses (a bare line feed in the trailer section).
 //! - `server`: `serve(listener, config, handler)` with the limits a public server needs (header
 //!   bytes and count → 431, a request line alone over the header bytes → 414, body size → 413,
 //!   header-read timeout against slowloris, keep-alive idle timeout, write-stall timeout against
@@ -35,6 +37,7 @@
 //! the loop is reported by its route.
 
 pub mod body;
+mod chunked_scan;
 mod exec;
 mod head_scan;
 mod head_wait;

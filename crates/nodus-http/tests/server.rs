@@ -1949,6 +1949,101 @@ fn an_unread_chunked_body_past_its_bounds_or_malformed_ends_the_connection_after
     }
 }
 
+/// A line feed without its CR in a chunked body's trailer section, which hyper's decoder takes
+/// for a byte of a trailer line (reading on, the next request included, to a CR LF CR LF), fails
+/// the body's read as Node refuses it: the handler reading the body sees the error, the
+/// connection closes after its answer, and the request after the bare line feed is never
+/// answered, whether the body came with its head, after the answer (the discard of a body the
+/// handler let go of), or split in several reads, with h2c on (whose first reads are followed
+/// before hyper's HTTP/1 side waits for a head) or not.
+#[test]
+fn a_bare_line_feed_in_a_chunked_bodys_trailers_fails_the_body_and_nothing_after_it_is_served() {
+    for http2 in [false, true] {
+        let config = Config {
+            http2,
+            ..Config::default()
+        };
+        bare_line_feeds_in_trailers_fail_the_body(&TestServer::start(
+            config,
+            Duration::from_secs(1),
+        ));
+    }
+}
+
+fn bare_line_feeds_in_trailers_fail_the_body(server: &TestServer) {
+    let echo = b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n";
+    for trailers in [
+        &b"0\r\n\n"[..],
+        b"0\r\nX: y\n\r\n",
+        b"0\r\nX: y\r\nZ: w\n\r\n\r\n",
+    ] {
+        let what = String::from_utf8_lossy(trailers);
+        // The handler reads the body: its read fails, and its answer is the connection's last.
+        let whole = [&echo[..], &chunk(b"hello"), trailers, SMUGGLED].concat();
+        let body_at = echo.len();
+        for split in [
+            None,
+            Some(body_at),
+            Some(body_at + 9),
+            Some(whole.len() - SMUGGLED.len() - 1),
+        ] {
+            let mut s = server.connect();
+            s.set_nodelay(true).unwrap();
+            match split {
+                None => s.write_all(&whole).unwrap(),
+                Some(at) => {
+                    s.write_all(&whole[..at]).unwrap();
+                    std::thread::sleep(Duration::from_millis(30));
+                    // The server may have closed already.
+                    let _ = s.write_all(&whole[at..]);
+                }
+            }
+            let mut r = BufReader::new(s);
+            let reply = read_reply(&mut r, false).unwrap();
+            assert_eq!(reply.status, 400, "{what} split at {split:?}");
+            let body = String::from_utf8_lossy(&reply.body);
+            assert!(body.contains("line feed without its CR"), "{what}: {body}");
+            let rest = read_until_closed(&mut r);
+            assert!(
+                rest.is_empty(),
+                "{what} split at {split:?}: {}",
+                String::from_utf8_lossy(&rest)
+            );
+        }
+        // The handler answers without reading it: the body's discard fails, and the connection
+        // closes after the answer.
+        let mut s = server.connect();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        s.write_all(CHUNKED_POST).unwrap();
+        let reply = read_reply(&mut r, false).unwrap();
+        assert_eq!((reply.status, reply.body.as_slice()), (200, &b"hello"[..]));
+        let _ = s.write_all(&[&chunk(b"hello"), trailers, SMUGGLED].concat());
+        let rest = read_until_closed(&mut r);
+        assert!(
+            rest.is_empty(),
+            "{what}: {}",
+            String::from_utf8_lossy(&rest)
+        );
+    }
+    // Trailers with their CRs, and bare line feeds in chunk data, are a body like any other.
+    let mut s = server.connect();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let body = [&echo[..], &chunk(b"a\nb\n\n"), b"0\r\nX: y\r\n\r\n"].concat();
+    s.write_all(&body).unwrap();
+    let reply = read_reply(&mut r, false).unwrap();
+    assert_eq!(
+        (reply.status, reply.body.as_slice()),
+        (200, &b"a\nb\n\n"[..])
+    );
+    assert!(!reply.closes(), "{:?}", reply.headers);
+    s.write_all(SMUGGLED).unwrap();
+    let reply = read_reply(&mut r, false).unwrap();
+    assert_eq!(
+        (reply.status, reply.body.as_slice()),
+        (200, &b"smuggled"[..])
+    );
+}
+
 /// A discard is bounded in time too: a body whose rest does not come (a stall), or comes too
 /// slowly (one byte at a time, each within the keep-alive timeout, which alone would never
 /// fire), is given up at the keep-alive timeout after its handler let go of it, and the
