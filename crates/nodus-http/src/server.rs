@@ -155,7 +155,14 @@
 //!   chunks carry no meter: nothing is allocated.
 //! - A `Server` dropped without a drain is not stopped: its tasks serve on while the loop runs
 //!   (a Node server nobody references still listens). `drain` is how it stops.
-//! - Drain: the listener is dropped at once (new connections are refused); every later HTTP/1
+//! - Drain: the listener is dropped at once (new connections are refused), unless it deferred
+//!   its accepts (`Accept::stop_deferring`: `TCP_DEFER_ACCEPT`, which holds a client that has
+//!   not spoken yet half-open in the kernel, reset when the listener closes): then deferral is
+//!   turned off and the drain accepts on, and serves what it takes as below, while the kernel
+//!   lists connections to its address not accepted yet (`nodus::net::unaccepted`, looked at
+//!   every 30 ms), for at most 1.2 s (a silent client is handed over once it answers the SYN-ACK
+//!   retransmitted after about a second) and never past the drain's deadline. None held at the
+//!   drain's start: the listener is dropped at once, as without deferral. Every later HTTP/1
 //!   response carries `Connection: close` (so a keep-alive client whose next request is already
 //!   on the wire gets its answer, then the connection closes); every HTTP/2 connection gets
 //!   GOAWAY when the drain begins, one that has sent no request yet too (it is known by its
@@ -374,6 +381,12 @@ pub trait Accept: 'static {
         cx: &mut Context<'_>,
     ) -> Poll<io::Result<(Self::Stream, Option<SocketAddr>)>>;
     fn local_addr(&self) -> Option<SocketAddr>;
+    /// At a drain's start: turns deferred accept (`TCP_DEFER_ACCEPT`) off if it was on, and then
+    /// gives the address whose connections the kernel still holds the drain accepts on for (see
+    /// the module docs). `None` (the default): the listener did not defer.
+    fn stop_deferring(&self) -> Option<SocketAddr> {
+        None
+    }
 }
 
 impl Accept for nodus::net::TcpListener {
@@ -392,6 +405,14 @@ impl Accept for nodus::net::TcpListener {
 
     fn local_addr(&self) -> Option<SocketAddr> {
         nodus::net::TcpListener::local_addr(self).ok()
+    }
+
+    fn stop_deferring(&self) -> Option<SocketAddr> {
+        if !self.defer_accept().ok()? {
+            return None;
+        }
+        self.set_defer_accept(false).ok()?;
+        self.local_addr().ok()
     }
 }
 
@@ -597,33 +618,15 @@ async fn accept_loop<L, H, F>(
             "{n} more accepts failed in the last {window:?} (the last: {last})"
         );
     });
-    loop {
-        let next = poll_fn(|cx| {
-            if state.draining.get() {
-                return Poll::Ready(None);
-            }
-            if state.conns.borrow().len() >= state.config.max_connections {
-                state.accept_waker.set(Some(cx.waker().clone()));
-                return Poll::Pending;
-            }
-            match listener.poll_accept(cx) {
-                Poll::Ready(r) => Poll::Ready(Some(r)),
-                Poll::Pending => {
-                    state.accept_waker.set(Some(cx.waker().clone()));
-                    Poll::Pending
-                }
-            }
-        })
-        .await;
+    let take = |next: Accepted<L>| -> bool {
         match next {
-            None => return, // draining: dropping the listener refuses new connections
-            Some(Ok((stream, peer))) => {
+            Ok((stream, peer)) => {
                 // On the books now, not when its task first runs: a drain may come first.
                 let guard = ConnGuard::open(&state);
                 let conn = connection(stream, peer, guard, handler.clone());
                 nodus::spawn_named_at(state.config.name, at, conn).detach();
             }
-            Some(Err(e)) if matches!(e.raw_os_error(), Some(libc_emfile) if libc_emfile == 24 || libc_emfile == 23) =>
+            Err(e) if matches!(e.raw_os_error(), Some(libc_emfile) if libc_emfile == 24 || libc_emfile == 23) =>
             {
                 // Out of file descriptors: the listener retries in 100 ms, or at a new connection.
                 if emfile.first(|| e.to_string()) {
@@ -636,8 +639,72 @@ async fn accept_loop<L, H, F>(
             }
             // A listener that can give no more connections (a cluster worker's, after the
             // primary's disconnect): the accept task is done.
-            Some(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => return,
-            Some(Err(e)) => tracing::debug!(target: "nodus::http", "accept failed: {e}"),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return false,
+            Err(e) => tracing::debug!(target: "nodus::http", "accept failed: {e}"),
+        }
+        true
+    };
+    while let Some(next) = poll_fn(|cx| poll_next(&listener, &state, false, cx)).await {
+        if !take(next) {
+            return;
+        }
+    }
+    // Draining. A listener that deferred its accepts holds clients that have not spoken yet:
+    // accept on while it does, for as long as the kernel takes to hand over a silent one.
+    let Some(addr) = listener.stop_deferring() else {
+        return; // dropping the listener refuses new connections
+    };
+    let end = now_ns()
+        .saturating_add(HALF_OPEN_WAIT.as_nanos() as u64)
+        .min(state.deadline.get());
+    while nodus::net::unaccepted(addr).await.is_ok_and(|n| n > 0) {
+        let left = end.saturating_sub(now_ns());
+        if left == 0 {
+            return;
+        }
+        let accepting = async {
+            while let Some(next) = poll_fn(|cx| poll_next(&listener, &state, true, cx)).await {
+                if !take(next) {
+                    return;
+                }
+            }
+        };
+        let wait = HALF_OPEN_PROBE.min(Duration::from_nanos(left));
+        if nodus::timeout(wait, accepting).await.is_ok() {
+            return; // the listener gives no more
+        }
+    }
+}
+
+/// How long a drain accepts on for the connections a deferring listener holds: the kernel hands
+/// over a client that has not spoken once its SYN-ACK, retransmitted after about a second, is
+/// answered (deferral being off by then).
+const HALF_OPEN_WAIT: Duration = Duration::from_millis(1200);
+/// How often it looks whether the kernel still holds any.
+const HALF_OPEN_PROBE: Duration = Duration::from_millis(30);
+
+/// What an accept gives: a connection and its peer's address, or the error.
+type Accepted<L> = io::Result<(<L as Accept>::Stream, Option<SocketAddr>)>;
+
+/// The listener's next connection; `None` once a drain began, unless `draining_too`.
+fn poll_next<L: Accept>(
+    listener: &L,
+    state: &State,
+    draining_too: bool,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Accepted<L>>> {
+    if state.draining.get() && !draining_too {
+        return Poll::Ready(None);
+    }
+    if state.conns.borrow().len() >= state.config.max_connections {
+        state.accept_waker.set(Some(cx.waker().clone()));
+        return Poll::Pending;
+    }
+    match listener.poll_accept(cx) {
+        Poll::Ready(r) => Poll::Ready(Some(r)),
+        Poll::Pending => {
+            state.accept_waker.set(Some(cx.waker().clone()));
+            Poll::Pending
         }
     }
 }

@@ -26,8 +26,9 @@
 //! computes its own at its start and says it (INFO; a worker DEBUG; WARN when low).
 //!
 //! Shutdown: readyz turns 503 at once, serving goes on for `--shutdown-delay` (so a load balancer
-//! notices), then both listeners stop accepting and in-flight requests get `--drain-timeout` to
-//! finish. The exit code says what the stop lost, as the cluster's does: 0 when every request was
+//! notices), then both listeners stop accepting (a deferring public one first takes, for up to
+//! 1.2 s, the clients the kernel still holds for it: `nodus_http::serve`'s drain) and in-flight
+//! requests get `--drain-timeout` to finish. The exit code says what the stop lost, as the cluster's does: 0 when every request was
 //! answered, [`FORCED_STOP_EXIT_CODE`] (124) when the drain deadline cut requests, 128 + N when a
 //! second signal N ended the stop at once. The whole stop, its exit's flush of queued output
 //! included, is over within [`stop_bound`]: shutdown delay + drain timeout + 8 s, whatever the

@@ -57,6 +57,7 @@
 //! not belong on the loop. Socket options not offered here are one `socket2::SockRef::from(&s)`
 //! away (every type is `AsFd`).
 
+mod half_open;
 mod inherited;
 mod sys;
 pub(crate) mod tcp;
@@ -66,6 +67,7 @@ mod unix;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
+pub use half_open::unaccepted;
 pub use inherited::{Inherited, listen_fds};
 pub use tcp::{DEFER_ACCEPT_SECS, ListenOptions, TcpListener, TcpStream};
 pub use udp::UdpSocket;
