@@ -447,10 +447,10 @@ struct ServeArgs {
     /// Defer the public listener's accepts (TCP_DEFER_ACCEPT, nginx's `listen ... deferred`): a
     /// connection is taken once its client sent its request, which saves a wake-up per
     /// connection (under rr, the worker's). The price: a client that connected and has not
-    /// spoken yet (a browser's preconnect) waits in the kernel. With --workers 1 a stop
-    /// (SIGTERM) still serves it: the drain turns deferral off and accepts on for up to 1.2 s
-    /// while the kernel holds any. With --workers 2 or more, a stop (any policy), or a reload
-    /// under --policy reuseport, resets it instead of serving it. Default: off.
+    /// spoken yet (a browser's preconnect) waits in the kernel. With --workers 1, and under
+    /// --policy reuseport, a stop (SIGTERM) or a reload still serves it: the drain turns deferral
+    /// off and accepts on for up to 1.2 s while the kernel holds any. Under shared, rr and least
+    /// a stop resets it instead of serving it. Default: off.
     #[arg(long)]
     defer_accept: bool,
 }

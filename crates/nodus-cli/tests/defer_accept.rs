@@ -1,8 +1,8 @@
 //! Deferred accept (`TCP_DEFER_ACCEPT`): with `--defer-accept`, `nodus serve`'s public listener
 //! defers its accepts, in one process and in a cluster, so a client that connected and said
 //! nothing yet is not taken (its connection stays half-open in the kernel) until it speaks, and
-//! is then served; without it such a client is accepted at once. In one process, a stop serves
-//! such a client too, and is not slowed when there is none. `nodus run --defer-accept`
+//! is then served; without it such a client is accepted at once. In one process and under
+//! reuseport, a stop serves such a client too, and is not slowed when there is none. `nodus run --defer-accept`
 //! defers on the sockets it passes, under every policy that passes one.
 //! 127.0.0.1 only; every process is stopped by its PID.
 
@@ -103,61 +103,68 @@ fn serve_defers_its_accepts_with_defer_accept_in_one_process_and_in_a_cluster() 
     }
 }
 
-/// `nodus serve --workers 1 --defer-accept` on a fresh directory with `a.txt`, serving.
-fn serve_deferred(dir: &TempDir, addr: SocketAddr) -> Proc {
+/// `nodus serve --defer-accept` with `cluster` (`--workers 1`, or a policy and more workers) on a
+/// fresh directory with `a.txt`, serving.
+fn serve_deferred(dir: &TempDir, addr: SocketAddr, cluster: &[&str]) -> Proc {
     std::fs::write(dir.path().join("a.txt"), "hello\n").unwrap();
     let server = spawn(
         Command::new(NODUS)
             .arg("serve")
             .arg(dir.path())
-            .args([
-                "--workers",
-                "1",
-                "--defer-accept",
-                "--listen",
-                &addr.to_string(),
-            ])
+            .args(cluster)
+            .args(["--defer-accept", "--listen", &addr.to_string()])
             .env("RUST_LOG", "info"),
     );
     assert_eq!(get_ok(addr, "/a.txt"), "hello\n");
     server
 }
 
-/// A stop loses no client that connected before it: one that has said nothing yet when SIGTERM
-/// comes (held half-open by the deferral) and sends its request 300 ms after connecting is
-/// served, as without deferral, and nodus exits 0.
+/// In one process and under reuseport (each worker's socket its own), a stop loses no client
+/// that connected before it: one that has said nothing yet when SIGTERM comes (held half-open by
+/// the deferral) and sends its request 300 ms after connecting is served, as without deferral,
+/// and nodus exits 0.
 #[test]
 fn serve_with_defer_accept_serves_a_client_that_connected_before_the_stop() {
-    let dir = TempDir::new("defer-stop");
-    let addr = free_addr();
-    let mut server = serve_deferred(&dir, addr);
-    let started = Instant::now();
-    let mut client = TcpStream::connect(addr).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
-    server.signal(Signal::TERM);
-    std::thread::sleep(Duration::from_millis(300).saturating_sub(started.elapsed()));
-    client
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
-    let mut reply = String::new();
-    let sent = client
-        .write_all(b"GET /a.txt HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-        .and_then(|()| client.read_to_string(&mut reply));
-    assert!(
-        sent.is_ok() && reply.starts_with("HTTP/1.1 200") && reply.ends_with("hello\n"),
-        "{sent:?}: {reply:?}"
-    );
-    assert_exit(&mut server, Duration::from_secs(30), 0);
+    for cluster in [
+        &["--workers", "1"][..],
+        &["--workers", "2", "--policy", "reuseport"],
+    ] {
+        let dir = TempDir::new("defer-stop");
+        let addr = free_addr();
+        let mut server = serve_deferred(&dir, addr, cluster);
+        let started = Instant::now();
+        let mut client = TcpStream::connect(addr).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        server.signal(Signal::TERM);
+        std::thread::sleep(Duration::from_millis(300).saturating_sub(started.elapsed()));
+        client
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut reply = String::new();
+        let sent = client
+            .write_all(b"GET /a.txt HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            .and_then(|()| client.read_to_string(&mut reply));
+        assert!(
+            sent.is_ok() && reply.starts_with("HTTP/1.1 200") && reply.ends_with("hello\n"),
+            "{cluster:?}: {sent:?}: {reply:?}"
+        );
+        assert_exit(&mut server, Duration::from_secs(30), 0);
+    }
 }
 
 /// A stop with no client held half-open is not held up by the deferral.
 #[test]
 fn serve_with_defer_accept_stops_promptly_with_no_client_waiting() {
-    let dir = TempDir::new("defer-stop-idle");
-    let addr = free_addr();
-    let mut server = serve_deferred(&dir, addr);
-    server.signal(Signal::TERM);
-    assert_exit(&mut server, Duration::from_secs(5), 0);
+    for cluster in [
+        &["--workers", "1"][..],
+        &["--workers", "2", "--policy", "reuseport"],
+    ] {
+        let dir = TempDir::new("defer-stop-idle");
+        let addr = free_addr();
+        let mut server = serve_deferred(&dir, addr, cluster);
+        server.signal(Signal::TERM);
+        assert_exit(&mut server, Duration::from_secs(5), 0);
+    }
 }
 
 /// A plain program that prints the `TCP_DEFER_ACCEPT` of the socket it was passed (fd 3).

@@ -84,6 +84,7 @@ use super::fd_budget;
 use super::file_body::FileBody;
 use super::gzip;
 use super::listing_cache::Listings;
+use super::own_socket::OwnSocket;
 use super::static_files::{self, Dotfiles, Plan, Planned, StaticOptions};
 
 /// What `nodus serve` was asked to do.
@@ -436,7 +437,11 @@ async fn serve_worker(options: ServeOptions, root: PathBuf, worker: nodus::clust
     );
     let budget = fd_budget::measure(handoffs, options.max_connections);
     budget.say(true, false);
-    let running = start_servers(&options, &site, public, None, budget);
+    let running = if options.policy == nodus::cluster::Policy::ReusePort {
+        start_servers(&options, &site, OwnSocket(public), None, budget)
+    } else {
+        start_servers(&options, &site, public, None, budget)
+    };
     worker.ready();
     let drain = std::pin::pin!(worker.drain_requested());
     let signal = std::pin::pin!(async {

@@ -13,6 +13,7 @@
 //! - `listing_cache`: the per-process cache of listing pages (validated by the directory's
 //!   times) and the one-at-a-time turn for building them, so listings' cost stays bounded;
 //! - `mime`: `Content-Type` by extension;
+//! - `own_socket`: a reuse-port worker's listener, whose drain may stop deferring its accepts;
 //! - `fd_budget`: the connection cap from the open-files limit (two fds per connection, a
 //!   reserve for everything else), or `--max-connections`;
 //! - `ADMIN_PAGE_HTML`: the self-contained live page served at `/_nodus/`, which polls
@@ -38,6 +39,7 @@ mod gzip;
 pub mod listing;
 pub mod listing_cache;
 pub mod mime;
+mod own_socket;
 pub mod range;
 pub mod static_files;
 pub mod uri_path;

@@ -1040,6 +1040,15 @@ impl Listener {
         }
     }
 
+    /// The listening socket a shared or reuse-port listener accepts on (`None` under
+    /// round-robin or least). A shared one is every worker's: its options are theirs too.
+    pub fn socket(&self) -> Option<&TcpListener> {
+        match &self.kind {
+            Kind::Shared(l) => Some(l),
+            Kind::RoundRobin(_) => None,
+        }
+    }
+
     /// Whether connections come over the channel (round-robin or least) rather than from a
     /// socket of this worker's own.
     pub fn is_round_robin(&self) -> bool {
