@@ -2,7 +2,8 @@
 //! defers its accepts, in one process and in a cluster, so a client that connected and said
 //! nothing yet is not taken (its connection stays half-open in the kernel) until it speaks, and
 //! is then served; without it such a client is accepted at once. In one process and under
-//! reuseport, a stop serves such a client too, and is not slowed when there is none. `nodus run --defer-accept`
+//! reuseport, a stop (under reuseport a reload too) serves such a client too, and is not slowed
+//! when there is none. `nodus run --defer-accept`
 //! defers on the sockets it passes, under every policy that passes one.
 //! 127.0.0.1 only; every process is stopped by its PID.
 
@@ -150,6 +151,36 @@ fn serve_with_defer_accept_serves_a_client_that_connected_before_the_stop() {
         );
         assert_exit(&mut server, Duration::from_secs(30), 0);
     }
+}
+
+/// Under reuseport a reload (SIGHUP) loses no client that connected before it either: each
+/// worker's socket is its own, and its drain takes what the kernel holds for it.
+#[test]
+fn serve_with_defer_accept_under_reuseport_serves_clients_that_connected_before_a_reload() {
+    let dir = TempDir::new("defer-reload");
+    let addr = free_addr();
+    let mut server = serve_deferred(&dir, addr, &["--workers", "2", "--policy", "reuseport"]);
+    let started = Instant::now();
+    // Several, so that each worker's socket likely holds one.
+    let mut clients: Vec<TcpStream> = (0..6).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(100));
+    server.signal(Signal::HUP);
+    std::thread::sleep(Duration::from_millis(300).saturating_sub(started.elapsed()));
+    for client in &mut clients {
+        client
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut reply = String::new();
+        let sent = client
+            .write_all(b"GET /a.txt HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            .and_then(|()| client.read_to_string(&mut reply));
+        assert!(
+            sent.is_ok() && reply.starts_with("HTTP/1.1 200") && reply.ends_with("hello\n"),
+            "{sent:?}: {reply:?}"
+        );
+    }
+    server.signal(Signal::TERM);
+    assert_exit(&mut server, Duration::from_secs(30), 0);
 }
 
 /// A stop with no client held half-open is not held up by the deferral.
