@@ -1118,13 +1118,17 @@ impl Builders {
         let header_read_timeout = config
             .header_read_timeout
             .min(Duration::from_nanos(u64::MAX));
+        // hyper's buffers, read and write, are capped at the head limit (8 KiB at least), not its
+        // default ~400 KiB: its write buffer pulls body chunks while it holds less than the cap,
+        // so a client that stops reading a file pins a chunk or two, not seven 64 KiB ones.
+        let max_buf = config.max_header_bytes.max(8192);
         if config.http2 {
             let mut b = auto::Builder::new(LocalExec::new(config.name));
             let mut h1 = b.http1();
             h1.half_close(true)
                 .timer(HeadTimer::new(header_read_timeout))
                 .header_read_timeout(header_read_timeout)
-                .max_buf_size(config.max_header_bytes.max(8192));
+                .max_buf_size(max_buf);
             if config.max_headers != 100 {
                 h1.max_headers(config.max_headers);
             }
@@ -1137,7 +1141,8 @@ impl Builders {
             b.half_close(true)
                 .timer(HeadTimer::new(header_read_timeout))
                 .header_read_timeout(header_read_timeout)
-                .max_header_size(config.max_header_bytes);
+                .max_header_size(config.max_header_bytes)
+                .max_buf_size(max_buf);
             if config.max_headers != 100 {
                 b.max_headers(config.max_headers);
             }

@@ -608,6 +608,89 @@ impl hyper::body::Body for LateBody {
     }
 }
 
+/// An endless body of 64 KiB chunks that counts the chunks hyper took from it.
+struct CountedChunks(Arc<AtomicUsize>);
+
+impl hyper::body::Body for CountedChunks {
+    type Data = bytes::Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, std::io::Error>>> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        let chunk = bytes::Bytes::from(vec![b'x'; 64 << 10]);
+        std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(chunk))))
+    }
+}
+
+/// A client that stops reading a large response pins little of it in the server: hyper takes
+/// the next body chunk only while it holds less than its buffer cap (the head limit, 16 KiB),
+/// not its default ~400 KiB, so with the socket buffers small on both ends the server has taken
+/// a few 64 KiB chunks, not eight. Over HTTP/1 alone and with h2c on.
+#[test]
+fn a_client_that_stops_reading_pins_a_chunk_or_two_of_the_response_not_hypers_default_buffer() {
+    for http2 in [false, true] {
+        let chunks = Arc::new(AtomicUsize::new(0));
+        let counted = chunks.clone();
+        let (tx, rx) = mpsc::channel();
+        let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            Runtime::new().block_on(async move {
+                let listener = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+                // Accepted sockets inherit it: the kernel holds little of the response.
+                rustix::net::sockopt::set_socket_send_buffer_size(&listener, 4096).unwrap();
+                let config = Config {
+                    http2,
+                    ..Config::default()
+                };
+                let server = serve(listener, config, move |_req| {
+                    let body = CountedChunks(counted.clone());
+                    async move { http::Response::new(nodus_http::body::boxed(body)) }
+                });
+                tx.send(server.local_addr().unwrap()).unwrap();
+                while stop_rx.try_recv().is_err() {
+                    nodus::sleep(5).await;
+                }
+                server.drain(Duration::ZERO).await;
+            })
+        });
+        let addr = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let fd = rustix::net::socket(
+            rustix::net::AddressFamily::INET,
+            rustix::net::SocketType::STREAM,
+            None,
+        )
+        .unwrap();
+        rustix::net::sockopt::set_socket_recv_buffer_size(&fd, 4096).unwrap();
+        rustix::net::connect(&fd, &addr).unwrap();
+        let mut s = TcpStream::from(fd);
+        get(&mut s, "/");
+        // Until the server has taken what it will: the count stays the same for 300 ms.
+        let start = Instant::now();
+        let mut last = (usize::MAX, Instant::now());
+        loop {
+            let now = chunks.load(Ordering::Relaxed);
+            if now != last.0 {
+                last = (now, Instant::now());
+            } else if last.1.elapsed() > Duration::from_millis(300) {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(10), "never settled");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            (1..=3).contains(&last.0),
+            "h2c {http2}: {} chunks of 64 KiB taken for a client that reads none",
+            last.0
+        );
+        stop_tx.send(()).unwrap();
+        drop(s);
+        thread.join().unwrap();
+    }
+}
+
 /// A small body of a known length whose data waits on the server's own work (a file chunk read
 /// on a swamped I/O pool) past the keep-alive timeout, its head already sent, is not idle: it
 /// arrives whole (it was cut after its head, a clean EOF short of its `Content-Length`).

@@ -1,8 +1,9 @@
 //! A file range as a response body, read on the I/O pool in 64 KiB chunks.
 //!
-//! One chunk is read at a time, only when hyper asks for the next frame (after it wrote the
-//! previous one), so a 1 GiB file holds at most one chunk in memory and a pool thread for one
-//! 64 KiB `pread` at a time (seed 003's `readFile` lesson).
+//! One chunk is read at a time, only when hyper asks for the next frame (once it holds less
+//! than its buffer cap, 16 KiB: `nodus_http`'s builders), so a 1 GiB file sent to a client that
+//! stops reading holds at most the rest of one chunk and the next in memory, and a pool thread
+//! for one 64 KiB `pread` at a time (seed 003's `readFile` lesson).
 
 use std::fs::File;
 use std::io;
