@@ -250,7 +250,9 @@ struct RunArgs {
     /// A plain program is ready once up this long (default 1), whatever it sends, or at its
     /// READY=1 if that comes sooner. With --node a worker is ready at its first `listening`, or,
     /// given this, after being up this long without one (a worker that never listens: a queue
-    /// consumer, an `exclusive` server). Not with --wait-ready.
+    /// consumer, an `exclusive` server). Not with --wait-ready. At or above --ready-timeout, a
+    /// reload fails unless each new worker says READY=1 (or listens) sooner: warned of at the
+    /// start.
     #[arg(
         long,
         value_name = "SECS",

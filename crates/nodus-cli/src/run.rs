@@ -821,6 +821,7 @@ pub fn run(options: RunOptions) -> i32 {
             (false, true, Some(after)) => Readiness::ListeningOrAlive(after),
             (false, false, after) => Readiness::Alive(after.unwrap_or(Duration::from_secs(1))),
         };
+        warn_if_never_ready_in_time(config.readiness, options.ready_timeout);
         config.event_log = options.events;
         config.raw_output = options.raw_output;
         // The primary is the init of what its workers leave behind (every child of this process
@@ -867,6 +868,23 @@ pub fn run(options: RunOptions) -> i32 {
 /// The line for a cluster that could not start (`e`). A `--node` worker runs the program itself,
 /// an ELF one with `execve` alone: a kernel's refusal of it (`ENOEXEC`, binfmt_misc not mounted
 /// here to judge it before) ends the spawn's message, and what the file's header says follows.
+/// Warns at the start when a worker ready only by time (`--ready-after`, 1 s by default for a
+/// plain program) cannot be ready within `--ready-timeout`: every reload would then fail, its new
+/// workers never ready in time, unless they say READY=1 (or, with `--node`, listen) sooner.
+fn warn_if_never_ready_in_time(readiness: Readiness, ready_timeout: Duration) {
+    let (after, sooner) = match readiness {
+        Readiness::Alive(after) => (after, "sends READY=1"),
+        Readiness::ListeningOrAlive(after) => (after, "listens"),
+        Readiness::Listening | Readiness::Message => return,
+    };
+    if after >= ready_timeout {
+        tracing::warn!(
+            "--ready-after {after:?} is not below --ready-timeout {ready_timeout:?}: a reload \
+             fails unless each new worker {sooner} before the ready timeout"
+        );
+    }
+}
+
 fn start_failure(e: std::io::Error, program: &OsStr) -> String {
     let enoexec = std::io::Error::from_raw_os_error(libc::ENOEXEC).to_string();
     let why = e

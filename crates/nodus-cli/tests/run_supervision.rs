@@ -475,6 +475,44 @@ fn a_budget_below_the_worker_count_is_warned_of_at_the_start() {
     }
 }
 
+/// A worker ready only by time must be able to be ready within the ready timeout, or every
+/// reload fails: `--ready-after` (1 s by default) at or past `--ready-timeout` is warned of at
+/// the start, once; below it, nothing is said.
+#[test]
+fn a_ready_after_not_below_the_ready_timeout_is_warned_of_at_the_start() {
+    for (flags, warned) in [
+        (
+            &["--ready-after", "1", "--ready-timeout", "0.5"][..],
+            Some("1s"),
+        ),
+        (&["--ready-timeout", "1"], Some("1s")),
+        (&["--ready-after", "0.2", "--ready-timeout", "1"], None),
+        (&["--wait-ready", "--ready-timeout", "0.5"], None),
+    ] {
+        let mut args = vec!["-w", "1"];
+        args.extend_from_slice(flags);
+        let mut primary = spawn(run_sh(args, "exec sleep 60").env("RUST_LOG", "info"));
+        primary.wait_line("supervising 1 worker");
+        primary.signal(Signal::TERM);
+        assert_exit(&mut primary, Duration::from_secs(20), 0);
+        let lines = primary.output();
+        let warnings: Vec<_> = lines
+            .iter()
+            .filter(|l| l.contains("WARN") && l.contains("--ready-after"))
+            .collect();
+        match warned {
+            Some(after) => {
+                assert_eq!(warnings.len(), 1, "{flags:?}: {lines:#?}");
+                assert!(
+                    warnings[0].contains(&format!("--ready-after {after} is not below")),
+                    "{flags:?}: {lines:#?}"
+                );
+            }
+            None => assert!(warnings.is_empty(), "{flags:?}: {lines:#?}"),
+        }
+    }
+}
+
 /// A SIGTERM that comes while the primary is still starting (here from its first worker, the
 /// moment it runs) is a stop like any other: drain, exit 0. The primary catches it from before
 /// its first worker's fork; before, it caught signals only once the start was done, and such a
