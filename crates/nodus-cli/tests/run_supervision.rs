@@ -513,6 +513,58 @@ fn a_ready_after_not_below_the_ready_timeout_is_warned_of_at_the_start() {
     }
 }
 
+/// A crash loop's lines read in the order things happened, even when an exit line waits for the
+/// worker's output to end (a child it put in a session of its own holds its stdout): each exit,
+/// then the backoff it led to, then the replacement started after that backoff. The replacement
+/// was started on time; only its line waited for the exit line before it.
+#[test]
+fn a_crash_loops_lines_say_each_exit_before_the_restart_it_led_to() {
+    let mut primary = spawn(
+        run_sh(
+            [
+                "-w",
+                "1",
+                "--max-restarts",
+                "3",
+                "--backoff",
+                "0.05,2,1",
+                "--min-uptime",
+                "30",
+            ],
+            "setsid sleep 30 & sleep 0.2; exit 3",
+        )
+        .env("RUST_LOG", "info"),
+    );
+    assert_exit(&mut primary, Duration::from_secs(20), 75);
+    let lines: Vec<&str> = primary
+        .output()
+        .iter()
+        .filter(|l| !l.contains("giving up"))
+        .filter_map(|l| {
+            [" exited with code 3", " restarts in ", " restarted "]
+                .into_iter()
+                .find(|what| l.contains(what))
+        })
+        .collect();
+    // Four exits, the second and third backed off, the fourth past the budget.
+    assert_eq!(
+        lines,
+        [
+            " exited with code 3",
+            " restarted ",
+            " exited with code 3",
+            " restarts in ",
+            " restarted ",
+            " exited with code 3",
+            " restarts in ",
+            " restarted ",
+            " exited with code 3",
+        ],
+        "{:#?}",
+        primary.output()
+    );
+}
+
 /// A SIGTERM that comes while the primary is still starting (here from its first worker, the
 /// moment it runs) is a stop like any other: drain, exit 0. The primary catches it from before
 /// its first worker's fork; before, it caught signals only once the start was done, and such a

@@ -360,6 +360,9 @@ struct Slot {
     /// A replacement that could not be started while an exit line was pending: reported (and
     /// decided on) after that line, in the order things happened.
     failed_spawn: Option<io::Error>,
+    /// The line of a replacement started after a backoff while an exit line was pending: said
+    /// after that line (and the backoff's own), in the order things happened.
+    restarted_line: Option<String>,
 }
 
 /// The last worker exit, or failed start: its slot, its pid (none for a start that failed) and
@@ -581,6 +584,7 @@ impl Primary {
                 pending_restart: false,
                 exit_lines_pending: 0,
                 failed_spawn: None,
+                restarted_line: None,
             })
             .collect();
         let signals = match Signals::new(&[SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2]) {

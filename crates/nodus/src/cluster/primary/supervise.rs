@@ -36,7 +36,8 @@
 //!   the worker's output to end ([`Proc::output_ended`]), so it follows the worker's last lines,
 //!   and so do the lines about what the exit led to (not restarted, giving up, a replacement
 //!   that could not be started: its report and decision wait for the slot's pending exit lines,
-//!   `Slot::failed_spawn`; a backoff wait, one line). Until then the exit is "settling"
+//!   `Slot::failed_spawn`; a backoff wait, one line, and the replacement started after it,
+//!   `Slot::restarted_line`). Until then the exit is "settling"
 //!   (`State::exits_settling`). "No worker left to run" waits for every settling exit: it
 //!   follows the exit lines of every worker, not only of the one whose exit found the slots
 //!   empty.
@@ -470,18 +471,7 @@ pub(super) fn on_exit(st: &Rc<State>, proc: &Rc<Proc>, status: std::io::Result<E
                 tracing::info!(target: "nodus::cluster", "{text}");
             }
             settle(&s, p.slot, reason, decision);
-            // A replacement that could not be started meanwhile is told after this line.
-            let failed = {
-                let mut slots = s.slots.borrow_mut();
-                let slot = &mut slots[p.slot as usize - 1];
-                slot.exit_lines_pending -= 1;
-                (slot.exit_lines_pending == 0)
-                    .then(|| slot.failed_spawn.take())
-                    .flatten()
-            };
-            if let Some(e) = failed {
-                spawn_failed(&s, p.slot, e);
-            }
+            exit_line_written(&s, p.slot);
         }
         if s.phase.get() == Phase::Stopping {
             check_all_gone(&s);
@@ -606,11 +596,16 @@ fn decide_and_restart(
             crate::task::spawn_named("cluster:backoff", async move {
                 crate::time::sleep(after).await;
                 if let Some(pid) = restart_slot(&s, id) {
-                    tracing::info!(
-                        target: "nodus::cluster",
-                        "worker {id} restarted after {}: pid {pid}",
-                        ms(after)
-                    );
+                    let line = format!("worker {id} restarted after {}: pid {pid}", ms(after));
+                    let mut slots = s.slots.borrow_mut();
+                    let slot = &mut slots[id as usize - 1];
+                    if slot.exit_lines_pending > 0 {
+                        // The exit that led here is not logged yet: this line follows it.
+                        slot.restarted_line = Some(line);
+                    } else {
+                        drop(slots);
+                        tracing::info!(target: "nodus::cluster", "{line}");
+                    }
                 }
             })
             .detach();
@@ -958,14 +953,25 @@ fn replace_now(st: &Rc<State>, proc: &Rc<Proc>, said: &str, why: &'static str) {
         ),
     }
     settle(st, id, reason, decided);
-    let failed = {
+    exit_line_written(st, id);
+}
+
+/// One of slot `id`'s pending exit lines (and what [`settle`] said after it) was written: once
+/// none is pending, what happened meanwhile is told after them, in the order things happened (a
+/// replacement started after its backoff, one that could not be started).
+fn exit_line_written(st: &Rc<State>, id: u32) {
+    let (restarted, failed) = {
         let mut slots = st.slots.borrow_mut();
         let slot = &mut slots[id as usize - 1];
         slot.exit_lines_pending -= 1;
-        (slot.exit_lines_pending == 0)
-            .then(|| slot.failed_spawn.take())
-            .flatten()
+        if slot.exit_lines_pending > 0 {
+            return;
+        }
+        (slot.restarted_line.take(), slot.failed_spawn.take())
     };
+    if let Some(line) = restarted {
+        tracing::info!(target: "nodus::cluster", "{line}");
+    }
     if let Some(e) = failed {
         spawn_failed(st, id, e);
     }
