@@ -120,6 +120,22 @@ fn serve_deferred(dir: &TempDir, addr: SocketAddr, cluster: &[&str]) -> Proc {
     server
 }
 
+/// Sends `GET /a.txt` on `client`, connected a while ago and silent until now, and asserts that
+/// the whole answer comes (`what` names the case).
+fn assert_served_late(client: &mut TcpStream, what: &str) {
+    client
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut reply = String::new();
+    let sent = client
+        .write_all(b"GET /a.txt HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .and_then(|()| client.read_to_string(&mut reply));
+    assert!(
+        sent.is_ok() && reply.starts_with("HTTP/1.1 200") && reply.ends_with("hello\n"),
+        "{what}: {sent:?}: {reply:?}"
+    );
+}
+
 /// In one process and under reuseport (each worker's socket its own), a stop loses no client
 /// that connected before it: one that has said nothing yet when SIGTERM comes (held half-open by
 /// the deferral) and sends its request 300 ms after connecting is served, as without deferral,
@@ -138,17 +154,7 @@ fn serve_with_defer_accept_serves_a_client_that_connected_before_the_stop() {
         std::thread::sleep(Duration::from_millis(100));
         server.signal(Signal::TERM);
         std::thread::sleep(Duration::from_millis(300).saturating_sub(started.elapsed()));
-        client
-            .set_read_timeout(Some(Duration::from_secs(20)))
-            .unwrap();
-        let mut reply = String::new();
-        let sent = client
-            .write_all(b"GET /a.txt HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-            .and_then(|()| client.read_to_string(&mut reply));
-        assert!(
-            sent.is_ok() && reply.starts_with("HTTP/1.1 200") && reply.ends_with("hello\n"),
-            "{cluster:?}: {sent:?}: {reply:?}"
-        );
+        assert_served_late(&mut client, &format!("{cluster:?}"));
         assert_exit(&mut server, Duration::from_secs(30), 0);
     }
 }
@@ -166,18 +172,8 @@ fn serve_with_defer_accept_under_reuseport_serves_clients_that_connected_before_
     std::thread::sleep(Duration::from_millis(100));
     server.signal(Signal::HUP);
     std::thread::sleep(Duration::from_millis(300).saturating_sub(started.elapsed()));
-    for client in &mut clients {
-        client
-            .set_read_timeout(Some(Duration::from_secs(20)))
-            .unwrap();
-        let mut reply = String::new();
-        let sent = client
-            .write_all(b"GET /a.txt HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-            .and_then(|()| client.read_to_string(&mut reply));
-        assert!(
-            sent.is_ok() && reply.starts_with("HTTP/1.1 200") && reply.ends_with("hello\n"),
-            "{sent:?}: {reply:?}"
-        );
+    for (i, client) in clients.iter_mut().enumerate() {
+        assert_served_late(client, &format!("client {i}"));
     }
     server.signal(Signal::TERM);
     assert_exit(&mut server, Duration::from_secs(30), 0);
