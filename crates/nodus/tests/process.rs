@@ -628,6 +628,35 @@ fn exec_timeout_kills_the_child() {
     });
 }
 
+/// A kill signal that is no signal would leave nothing able to end the child (the timeout's
+/// kill, the buffer limit's, a drop's): the call fails before any child starts, as Node's throws
+/// `ERR_UNKNOWN_SIGNAL`, and names the number.
+#[test]
+fn exec_with_a_kill_signal_that_is_no_signal_fails_before_the_child_starts() {
+    let dir = TempDir::new("exec-bad-signal");
+    let marker = dir.path().join("ran");
+    bounded(async move {
+        for signal in [0, 999, -1] {
+            let opts = ExecOptions {
+                timeout: Some(Duration::from_millis(100)),
+                kill_signal: signal,
+                ..Default::default()
+            };
+            let err = exec(&format!("touch {}; sleep 30", marker.display()), &opts)
+                .await
+                .unwrap_err();
+            let ExecErrorKind::Io(e) = &err.kind else {
+                panic!("{signal}: {err}");
+            };
+            assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{signal}: {e}");
+            assert!(e.to_string().contains(&signal.to_string()), "{e}");
+            let err = exec_file("sleep", ["30"], &opts).await.unwrap_err();
+            assert!(matches!(err.kind, ExecErrorKind::Io(_)), "{signal}: {err}");
+        }
+        assert!(!marker.exists(), "a child was started");
+    });
+}
+
 /// Waits (blocking the loop) until `file` holds a pid, and returns it.
 fn pid_in(file: &std::path::Path) -> u32 {
     let start = Instant::now();

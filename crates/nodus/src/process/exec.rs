@@ -45,7 +45,9 @@ pub struct ExecOptions {
     pub timeout: Option<Duration>,
     /// Most bytes kept per stream before the child is killed (default 1 MiB, Node's).
     pub max_buffer: usize,
-    /// The signal for a timeout, an overflow or a dropped future (default `SIGTERM`).
+    /// The signal for a timeout, an overflow or a dropped future (default `SIGTERM`). One that is
+    /// not a signal (0, 999) fails the call before the child starts (`ExecErrorKind::Io`,
+    /// `InvalidInput`), as Node throws `ERR_UNKNOWN_SIGNAL`.
     pub kill_signal: i32,
     /// Working directory (default: the parent's).
     pub cwd: Option<PathBuf>,
@@ -226,6 +228,9 @@ async fn run(mut cmd: Command, options: &ExecOptions) -> Result<Output, ExecErro
         cmd.current_dir(dir);
     }
     cmd.envs(options.env.iter().map(|(k, v)| (k, v)));
+    // A kill signal that is none would leave the timeout, the buffer limit and a drop unable to
+    // end the child: refused before it starts, as Node refuses it (`ERR_UNKNOWN_SIGNAL`).
+    super::child::to_signal(options.kill_signal)?;
     let child = cmd.spawn()?;
     let (stdout, stderr) = (child.stdout.as_ref(), child.stderr.as_ref());
     let mut out = Collect {
