@@ -23,7 +23,7 @@
 //! framing refusals count them. A chunked request body is followed from the read that ends its
 //! head to its last line (`chunked_scan`): a read that brings a line feed without its CR in its
 //! framing hands hyper only the bytes before it, and every later read fails with
-//! [`BareLineFeed`], as a read past the line limit does with [`UriTooLong`].
+//! `BareLineFeed`, as a read past the line limit does with `UriTooLong`.
 
 use std::cell::Cell;
 use std::io;
