@@ -28,7 +28,10 @@
 //!   stop before `LAST_LOOK`, so a reader that sees `LAST_LOOK >= t` sees every stop that ended
 //!   before `t`.
 //! - The loop reads it only when it logs a slow poll (cold): no clock read or atomic is added to
-//!   a poll. The watchdog reads its own `schedstat` at most once a second and after an oversleep.
+//!   a poll. The watchdog reads its own `schedstat` at most ten times a second and after an
+//!   oversleep: a baseline at most 100 ms old, since a thread that wakes every tick on a loaded
+//!   host gathers run-queue wait fast (hundreds of ms a second), and wait gathered before the
+//!   sleep, counted against a stop, would make it read as a wait for a CPU.
 
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 use std::time::Duration;
@@ -40,8 +43,8 @@ use crate::clock::now_ns;
 pub(super) const FREEZE_MIN_NS: u64 = 100_000_000;
 /// Shortest oversleep recorded as a stop when the watchdog's run-queue wait cannot be read.
 const UNVERIFIED_FREEZE_MIN_NS: u64 = 1_000_000_000;
-/// The watchdog's run-queue wait baseline is refreshed at most this often.
-const BASELINE_AGE_NS: u64 = 1_000_000_000;
+/// The watchdog's run-queue wait baseline is refreshed at most this often (see the module doc).
+const BASELINE_AGE_NS: u64 = 100_000_000;
 /// A busy loop's watchdog looks every tick (10 ms); one that has not looked for this long was
 /// stopped with the process (or is starved), and may not yet have recorded the stop.
 pub(super) const STALE_LOOK_NS: u64 = FREEZE_MIN_NS / 2;
@@ -88,7 +91,7 @@ impl Detector {
         if overslept >= FREEZE_MIN_NS {
             let now = self.own.run_delay_ns();
             let stopped = match (self.baseline, now) {
-                // Its run-queue wait since the baseline (at most 1 s before it slept) bounds
+                // Its run-queue wait since the baseline (at most 100 ms before it slept) bounds
                 // the wait in the sleep from above.
                 (Some(base), Some(now)) => now.saturating_sub(base) < overslept / 2,
                 _ => overslept >= UNVERIFIED_FREEZE_MIN_NS,
