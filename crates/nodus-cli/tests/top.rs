@@ -956,6 +956,7 @@ fn admin_page_in_headless_chromium_shows_stalled_workers() {
              "snapshot": snapshot(42_004), "snapshot_age_seconds": 2.5},
         ],
         "restarts": 0,
+        "workers_wanted": 5,
     }));
     let dom = chromium_dom(chromium, &format!("http://{addr}/_nodus/"));
     assert!(dom.contains("data-state=\"ok\""), "{dom}");
@@ -990,7 +991,24 @@ fn admin_page_in_headless_chromium_shows_stalled_workers() {
         old.contains(r#"<span class="warn"> not answering · figures 2.5 s old</span>"#),
         "{old}"
     );
-    assert!(dom.contains("4 workers · 0 restarts · 2 stalled"), "{dom}");
+    // What alerts first; a slot in a restart's backoff has no row, and the count says so.
+    assert!(
+        dom.contains("cluster · 4 of 5 workers · 2 stalled · 0 restarts"),
+        "{dom}"
+    );
+    // Every slot in backoff (a crash loop): no row, and the empty table says how many are wanted.
+    let addr = fake_admin(serde_json::json!({
+        "workers": [], "restarts": 6, "budget_left": 2, "workers_wanted": 2,
+    }));
+    let dom = chromium_dom(chromium, &format!("http://{addr}/_nodus/"));
+    assert!(
+        dom.contains("cluster · 0 of 2 workers · 6 restarts · restart budget left 2"),
+        "{dom}"
+    );
+    assert!(
+        dom.contains("No workers are running (2 wanted: restarting"),
+        "{dom}"
+    );
 }
 
 #[test]

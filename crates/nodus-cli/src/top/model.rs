@@ -3,7 +3,7 @@
 //!
 //! `/_nodus/stats` answers either one [`Snapshot`] (a single process) or the cluster shape
 //! `{"workers": [{"worker": id, "pid": pid, "snapshot": Snapshot|null, ...}, ...], "restarts",
-//! "budget_left", "generation"}` (the shape the admin page reads too). Both deserialize into
+//! "budget_left", "workers_wanted", "generation"}` (the shape the admin page reads too). Both deserialize into
 //! [`ClusterStats`]; a single snapshot becomes one worker.
 //!
 //! Rows: the previous snapshot of every worker pid is kept, and utilization (busy ÷ busy + idle),
@@ -44,6 +44,9 @@ pub struct ClusterStats {
     pub restarts: u64,
     /// Restarts the primary may still make within its budget window.
     pub budget_left: Option<u64>,
+    /// Worker slots configured (`workers_wanted`): more than `workers` lists while slots wait
+    /// out a restart's backoff.
+    pub workers_wanted: Option<u64>,
     /// Reload generation (incremented by every rolling reload).
     pub generation: Option<u64>,
     /// Whether the document had the cluster shape (false: one process's own snapshot).
@@ -111,6 +114,8 @@ struct RawCluster {
     #[serde(default)]
     budget_left: Option<u64>,
     #[serde(default)]
+    workers_wanted: Option<u64>,
+    #[serde(default)]
     generation: Option<u64>,
     #[serde(default)]
     trimmed: Option<String>,
@@ -156,6 +161,7 @@ impl From<StatsDoc> for ClusterStats {
                 workers: c.workers,
                 restarts: c.restarts,
                 budget_left: c.budget_left,
+                workers_wanted: c.workers_wanted,
                 generation: c.generation,
                 cluster: true,
                 trimmed: c.trimmed,
@@ -176,6 +182,7 @@ impl From<StatsDoc> for ClusterStats {
                 }],
                 restarts: 0,
                 budget_left: None,
+                workers_wanted: None,
                 generation: None,
                 cluster: false,
                 trimmed: None,
@@ -388,6 +395,7 @@ pub struct Model {
     pub cluster: bool,
     pub restarts: u64,
     pub budget_left: Option<u64>,
+    pub workers_wanted: Option<u64>,
     pub generation: Option<u64>,
     /// The document's `trimmed` (see [`ClusterStats`]).
     pub trimmed: Option<String>,
@@ -426,6 +434,7 @@ impl Model {
         self.cluster = stats.cluster;
         self.restarts = stats.restarts;
         self.budget_left = stats.budget_left;
+        self.workers_wanted = stats.workers_wanted;
         self.generation = stats.generation;
         self.trimmed = stats.trimmed;
         let mut rows = Vec::with_capacity(stats.workers.len());

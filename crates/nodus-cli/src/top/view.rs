@@ -256,24 +256,17 @@ pub fn describe(m: &Model) -> String {
     describe_parts(m).join(" · ")
 }
 
-/// [`describe`]'s parts: `2 workers`, `gen 3`, `restarts 1`, `budget 4` (as known), `1 stalled`
-/// (the primary's verdict), `1 snapshot left out` (a relayed document's).
+/// [`describe`]'s parts, what alerts first (a narrow status line keeps those from the left):
+/// `2 workers` (`1 of 2 workers` while slots wait out a restart's backoff), `1 stalled` (the
+/// primary's verdict), `1 snapshot left out` (a relayed document's), `gen 3`, `restarts 1`,
+/// `budget 4` (as known).
 fn describe_parts(m: &Model) -> Vec<String> {
     let n = m.rows.len();
-    let mut parts = vec![if m.cluster {
-        format!("{n} worker{}", if n == 1 { "" } else { "s" })
-    } else {
-        "single process".to_string()
+    let mut parts = vec![match (m.cluster, m.workers_wanted) {
+        (false, _) => "single process".to_string(),
+        (true, Some(wanted)) if wanted != n as u64 => format!("{n} of {wanted} workers"),
+        (true, _) => format!("{n} worker{}", if n == 1 { "" } else { "s" }),
     }];
-    if let Some(g) = m.generation {
-        parts.push(format!("gen {g}"));
-    }
-    if m.cluster {
-        parts.push(format!("restarts {}", m.restarts));
-    }
-    if let Some(b) = m.budget_left {
-        parts.push(format!("budget {b}"));
-    }
     let stalled = m.rows.iter().filter(|r| r.stalled).count();
     if stalled > 0 {
         parts.push(format!("{stalled} stalled"));
@@ -284,6 +277,15 @@ fn describe_parts(m: &Model) -> Vec<String> {
             "{left_out} snapshot{} left out",
             if left_out == 1 { "" } else { "s" }
         ));
+    }
+    if let Some(g) = m.generation {
+        parts.push(format!("gen {g}"));
+    }
+    if m.cluster {
+        parts.push(format!("restarts {}", m.restarts));
+    }
+    if let Some(b) = m.budget_left {
+        parts.push(format!("budget {b}"));
     }
     parts
 }
@@ -657,9 +659,14 @@ fn draw_title(frame: &mut Frame, area: Rect, app: &App) {
     ];
     match &app.error {
         Some(e) => {
+            // The error in what room is left, cut rather than dropped: it is what the line says.
             let red = Style::new().fg(Color::Red);
             spans.push(Span::styled(format!(" {authority}:"), red));
-            spans.push(Span::styled(format!(" {e}; retrying"), red));
+            let room = (area.width as usize).saturating_sub(spans.iter().map(Span::width).sum());
+            spans.push(Span::styled(
+                keep_head(&format!(" {e}; retrying"), room),
+                red,
+            ));
         }
         None => {
             spans.push(Span::raw(format!(" {authority}")));
@@ -820,49 +827,42 @@ fn detail_line(r: &Row, width: u16) -> Line<'static> {
         return Line::from(spans);
     };
     let errors = s.http.responses_by_class[4];
-    let mut spans = vec![
-        Span::styled(
-            match r.worker {
-                Some(w) => format!(" #{w} pid {} ", r.pid),
-                None => format!(" pid {} ", r.pid),
-            },
-            Style::new().bold().reversed(),
-        ),
-        Span::raw(format!(
-            " tasks {}/{}",
-            s.tasks.alive, s.tasks.spawned_total
-        )),
+    let red = Style::new().fg(Color::Red);
+    let mut spans = vec![Span::styled(
+        match r.worker {
+            Some(w) => format!(" #{w} pid {} ", r.pid),
+            None => format!(" pid {} ", r.pid),
+        },
+        Style::new().bold().reversed(),
+    )];
+    // What is wrong first, each part ending in its separator; then the figures.
+    if r.not_answering {
+        spans.push(Span::styled(
+            format!(" not answering: {} ·", old_figures(r)),
+            red,
+        ));
+    }
+    if r.stalled {
+        spans.push(Span::styled(" stalled: handed no connection ·", red));
+    }
+    spans.push(Span::raw(format!(
+        " tasks {}/{}",
+        s.tasks.alive, s.tasks.spawned_total
+    )));
+    // Panics (when the snapshot has them) right after the tasks, before what a narrow line drops.
+    if let Some(text) = panics_text(r) {
+        let style = match r.panics {
+            Some((total, _)) if total > 0 => red,
+            _ => Style::new(),
+        };
+        spans.push(Span::styled(format!(" · {text}"), style));
+    }
+    spans.extend([
         Span::raw(format!(" · yields {}", s.tasks.forced_yields_total)),
         Span::raw(format!(" · slow polls {}", s.loop_stats.slow_polls_total)),
         Span::raw(format!(" · in flight {}", s.http.requests_in_flight)),
         Span::raw(format!(" · 5xx {errors}")),
-    ];
-    if r.stalled {
-        spans.insert(
-            1,
-            Span::styled(
-                " stalled: handed no connection ·",
-                Style::new().fg(Color::Red),
-            ),
-        );
-    }
-    if r.not_answering {
-        spans.insert(
-            1,
-            Span::styled(
-                format!(" not answering: {} ·", old_figures(r)),
-                Style::new().fg(Color::Red),
-            ),
-        );
-    }
-    // Panics (when the snapshot has them) right after the tasks, before what a narrow line drops.
-    if let Some(text) = panics_text(r) {
-        let style = match r.panics {
-            Some((total, _)) if total > 0 => Style::new().fg(Color::Red),
-            _ => Style::new(),
-        };
-        spans.insert(2, Span::styled(format!(" · {text}"), style));
-    }
+    ]);
     Line::from(fit_spans(spans, width))
 }
 
@@ -929,6 +929,60 @@ mod tests {
         let stats = ClusterStats::parse(doc.to_string().as_bytes()).unwrap();
         app.model.update(stats, std::time::Instant::now());
         app
+    }
+
+    /// A cluster document of workers 1 and 2 (pids 7 and 8), the second stalled and not
+    /// answering (its figures 3 s old), of `wanted` slots.
+    fn incident_doc(wanted: u64) -> serde_json::Value {
+        let s = serde_json::to_value(nodus::metrics::Snapshot::default()).unwrap();
+        serde_json::json!({
+            "workers": [
+                {"worker": 1, "pid": 7, "snapshot": s},
+                {"worker": 2, "pid": 8, "snapshot": s, "stalled": true, "answering": false,
+                 "snapshot_age_seconds": 3.0},
+            ],
+            "restarts": 12, "budget_left": 0, "generation": 4, "workers_wanted": wanted,
+        })
+    }
+
+    #[test]
+    fn an_80_column_status_line_keeps_what_alerts_and_cuts_a_fetch_error_rather_than_drop_it() {
+        let app = app_showing(&incident_doc(3));
+        let status = &frame_text(&app)[0];
+        assert!(
+            status.contains("127.0.0.1:8080 · 2 of 3 workers · 1 stalled · gen 4"),
+            "{status}"
+        );
+        let app = app_showing(&incident_doc(2));
+        let status = &frame_text(&app)[0];
+        assert!(status.contains(" · 2 workers · 1 stalled · "), "{status}");
+        // A fetch error too long for the line is cut, with its start kept.
+        let mut app = app_showing(&incident_doc(2));
+        app.error = Some("cannot connect: Connection refused (os error 111)".into());
+        let status = &frame_text(&app)[0];
+        assert!(
+            status.contains("STALE  127.0.0.1:8080: cannot connect: Connection refused")
+                && status.trim_end().ends_with('…'),
+            "{status}"
+        );
+        let status = &frame_text_at(&app, 120, 24)[0];
+        assert!(status.contains("(os error 111); retrying"), "{status}");
+    }
+
+    #[test]
+    fn a_stalled_workers_detail_line_says_what_is_wrong_then_its_figures_in_order() {
+        let app = app_showing(&incident_doc(2));
+        let row = app.model.rows.iter().find(|r| r.pid == 8).unwrap();
+        let text: String = detail_line(row, 400)
+            .spans
+            .iter()
+            .map(|s| s.content.as_ref())
+            .collect();
+        assert_eq!(
+            text,
+            " #2 pid 8  not answering: figures 3.0 s old · stalled: handed no connection · \
+             tasks 0/0 · panics 0 · yields 0 · slow polls 0 · in flight 0 · 5xx 0"
+        );
     }
 
     /// A cluster of two workers: 4 `io` threads each, and 2 and 3 `cpu` threads.
@@ -1117,7 +1171,7 @@ mod tests {
         assert_eq!(cells(&m.rows[1])[util], "–");
         assert_eq!(cells(&m.rows[2])[util], "–");
         assert!(
-            describe(&m).contains("3 workers · restarts 0 · 1 stalled"),
+            describe(&m).contains("3 workers · 1 stalled · restarts 0"),
             "{}",
             describe(&m)
         );
