@@ -166,6 +166,9 @@ struct RunArgs {
     #[arg(long, value_name = "ADDR", value_parser = socket_addr)]
     admin: Option<SocketAddr>,
     /// Restart intensity: more than R restarts within --restart-window gives up (exit 75).
+    /// Every restart counts, as in Erlang/OTP (PM2 counts only unstable ones): a crash's, a
+    /// clean exit's under permanent, and the replacement of a worker going down (STOPPING=1, a
+    /// Node worker's own disconnect), which is no crash for the backoff but is a restart.
     /// Default: 5 or twice the workers, whichever is more, so that one event that restarts every
     /// worker once (a database restart) does not give up; an R below the workers is warned of.
     #[arg(long, value_name = "R", allow_negative_numbers = true, value_parser = restart_count)]
