@@ -180,6 +180,7 @@ impl Events {
             log.push(log::Line {
                 json: serde_json::to_vec(&event).expect("events serialize"),
                 unix_ns: log::unix_now(),
+                message: matches!(event.kind, EventKind::Message { .. }),
             });
         }
         for f in self.subscribers.borrow().iter() {

@@ -5,7 +5,9 @@
 //! stdout and stderr (`process::output`), the loop queues each line ([`Log::push`], a short
 //! lock, never a `write`) for a thread of the log's own ("nodus-events"), which writes it with a
 //! plain blocking `write`. The queue is bounded ([`QUEUE_LIMIT`], 1 MiB): a line that does not
-//! fit is dropped and counted (one WARN line when dropping begins, again once the writer has
+//! fit is dropped and counted (a worker's own message, application traffic that may come in
+//! floods, fits only in the queue's first half, so a flood of them never crowds out the
+//! lifecycle events: [`Line::message`]) (one WARN line when dropping begins, again once the writer has
 //! caught up and dropping begins anew), and the writer, when it reaches that point of the queue,
 //! writes one `{"t_ns":...,"event":"log_gap","dropped":N,"failed":F}` line in its place.
 //!
@@ -40,6 +42,9 @@ pub const QUEUE_LIMIT: usize = 1024 * 1024;
 pub struct Line {
     pub json: Vec<u8>,
     pub unix_ns: u64,
+    /// A worker's own message (a `message` event): queued only while the queue is less than half
+    /// full, the other half kept for the lifecycle events.
+    pub message: bool,
 }
 
 enum Item {
@@ -101,7 +106,12 @@ impl Log {
     /// begins).
     pub fn push(&self, line: Line) {
         let mut q = self.shared.lock();
-        if q.bytes + line.json.len() + 1 > QUEUE_LIMIT {
+        let limit = if line.message {
+            QUEUE_LIMIT / 2
+        } else {
+            QUEUE_LIMIT
+        };
+        if q.bytes + line.json.len() + 1 > limit {
             match q.items.back_mut() {
                 Some(Item::Dropped(n)) => *n += 1,
                 _ => q.items.push_back(Item::Dropped(1)),
@@ -111,8 +121,10 @@ impl Log {
                 drop(q);
                 tracing::warn!(
                     target: "nodus::cluster",
-                    "the event log's file takes no more ({queued} bytes queued): events are \
-                     dropped and counted until it does"
+                    "the event log's writer is {queued} bytes behind (its file takes no more, \
+                     or workers' messages came faster than it writes): events are dropped and \
+                     counted until it catches up (workers' messages first: they may fill only \
+                     half of its queue)"
                 );
                 return;
             }
@@ -355,6 +367,7 @@ mod tests {
         Line {
             json: format!("{{\"t_ns\":{n},\"event\":\"ready\"}}").into_bytes(),
             unix_ns: 7,
+            message: false,
         }
     }
 
@@ -452,6 +465,7 @@ mod tests {
         let line = |n: usize| Line {
             json: format!("{{\"t_ns\":{n},\"pad\":\"{}\"}}", "x".repeat(1000)).into_bytes(),
             unix_ns: 7,
+            message: false,
         };
         // Twice the queue's room, while the writer is stuck on the first line.
         let pushed = 2 * QUEUE_LIMIT / 1000;
@@ -485,6 +499,48 @@ mod tests {
         assert_eq!(got[gap - 1]["t_ns"], gap - 1);
         assert_eq!(got[gap + 1]["t_ns"], pushed);
         assert_eq!(got.last().unwrap()["t_ns"], pushed);
+    }
+
+    /// A flood of workers' messages fills half the queue at most: the lifecycle events after it
+    /// still fit, and are written, while messages past the half are dropped and counted.
+    #[test]
+    fn a_flood_of_workers_messages_never_crowds_out_the_lifecycle_events() {
+        let pipe = Gated::default();
+        let log = Log::start(pipe.clone(), true).unwrap();
+        let line = |n: usize, message: bool| Line {
+            json: format!("{{\"t_ns\":{n},\"pad\":\"{}\"}}", "x".repeat(1000)).into_bytes(),
+            unix_ns: 7,
+            message,
+        };
+        let messages = QUEUE_LIMIT / 1000;
+        for n in 0..messages {
+            log.push(line(n, true));
+        }
+        assert!(log.queued() <= QUEUE_LIMIT / 2 + 1100);
+        let lifecycle = 100;
+        for n in messages..messages + lifecycle {
+            log.push(line(n, false));
+        }
+        pipe.open.store(true, Ordering::Release);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !log.drained() {
+            assert!(Instant::now() < deadline, "never drained");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let data = pipe.data.lock().unwrap().clone();
+        let written: Vec<u64> = String::from_utf8(data)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|v| v["event"] != "log_gap")
+            .map(|v| v["t_ns"].as_u64().unwrap())
+            .collect();
+        let kept = written
+            .iter()
+            .filter(|&&n| (n as usize) >= messages)
+            .count();
+        assert_eq!(kept, lifecycle, "every lifecycle event written");
+        assert!(written.len() < messages, "messages past the half dropped");
     }
 
     #[test]
