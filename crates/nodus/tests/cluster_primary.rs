@@ -1448,3 +1448,68 @@ fn a_reloads_worker_that_exits_as_its_ready_timeout_expires_fails_it_as_an_exit(
         "{why}\n{warnings}"
     );
 }
+
+/// The worker role of the test below: listens on port 0, writes the address its listener says
+/// to `DIR/port-ID`, and says ready.
+fn port_zero_worker() -> ! {
+    nodus::Runtime::new().block_on(async {
+        let worker = Worker::get().unwrap().expect("started as a cluster worker");
+        let listener = worker.listen("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let dir = std::path::PathBuf::from(std::env::var_os(DIR).unwrap());
+        let said = listener.local_addr().unwrap().to_string();
+        std::fs::write(dir.join(format!("port-{}", worker.id())), said).unwrap();
+        worker.ready();
+        worker.drain_requested().await;
+        drop(listener);
+    });
+    std::process::exit(0);
+}
+
+/// Port 0 under round-robin and least (the primary binds, the workers get connections over the
+/// channel): every worker's listener says the port the primary bound, as Node's `server.address()`
+/// does, and so does its `listening` event; that port takes connections.
+#[test]
+fn a_port_zero_listen_under_round_robin_says_the_port_the_primary_bound() {
+    const TEST: &str = "a_port_zero_listen_under_round_robin_says_the_port_the_primary_bound";
+    if std::env::var(ROLE).as_deref() == Ok("port-zero") {
+        port_zero_worker();
+    }
+    for policy in [Policy::RoundRobin, Policy::Least] {
+        let dir = nodus_testkit::tmp::TempDir::new("port-zero");
+        let rt = nodus::Runtime::new();
+        rt.block_on(async {
+            let mut config = role_config(TEST, "port-zero", 2, dir.path(), &[]);
+            config.policy = policy;
+            let primary = Primary::start(config).expect("the test binary runs");
+            let (events, run) = record_and_run(&primary);
+            wait_until(&events, |ev| {
+                ev.iter()
+                    .filter(|e| matches!(e.kind, EventKind::Ready))
+                    .count()
+                    == 2
+            })
+            .await;
+            let said: Vec<std::net::SocketAddr> = (1..=2)
+                .map(|id| {
+                    std::fs::read_to_string(dir.path().join(format!("port-{id}")))
+                        .unwrap()
+                        .parse()
+                        .unwrap()
+                })
+                .collect();
+            assert_ne!(said[0].port(), 0, "{policy:?}: {said:?}");
+            assert_eq!(said[0], said[1], "{policy:?}");
+            let listening: Vec<String> = events
+                .borrow()
+                .iter()
+                .filter_map(|e| match &e.kind {
+                    EventKind::Listening { address } => Some(address.clone()),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(listening, [said[0].to_string(), said[0].to_string()]);
+            std::net::TcpStream::connect(said[0]).expect("the port takes connections");
+            assert_eq!(shut_down(&primary, run).await, 0);
+        });
+    }
+}

@@ -110,6 +110,22 @@ pub(crate) struct Incoming<'a> {
     pub nodus: Option<u64>,
     pub board: Option<u64>,
     pub peers: Option<Vec<Option<SocketAddr>>>,
+    /// A round-robin `queryServer` answer's bound address (Node's `getsockname`): the port a
+    /// port-0 listen got.
+    pub sockname: Option<InSockName>,
+}
+
+/// [`SockName`] as received (`family` is not needed: the address says it).
+#[derive(Debug, Deserialize)]
+pub(crate) struct InSockName {
+    pub address: String,
+    pub port: u16,
+}
+
+impl InSockName {
+    pub fn addr(&self) -> Option<SocketAddr> {
+        Some(SocketAddr::new(self.address.parse().ok()?, self.port))
+    }
 }
 
 impl<'a> Incoming<'a> {

@@ -98,7 +98,9 @@ pub(crate) use crate::parent_env::NODUS_PRIMARY as NODUS_PRIMARY_ENV;
 
 /// The primary's answer to `queryServer`: the server key (or its error text) and, for a shared
 /// or reuse-port listener, the listening fd.
-type QueryResult = (Result<String, String>, Option<Handle>);
+/// A `queryServer`'s answer: its key (or the error), the listening fd under a shared handle, and
+/// under round-robin the address the primary bound (a port-0 listen's port).
+type QueryResult = (Result<String, String>, Option<Handle>, Option<SocketAddr>);
 
 thread_local! {
     static WORKER: RefCell<Option<Worker>> = const { RefCell::new(None) };
@@ -240,7 +242,8 @@ impl Worker {
     }
 
     /// Asks the primary for a listener on `addr` (Node's `queryServer`). Port 0 gives every
-    /// worker the same port, as in Node.
+    /// worker the same port, as in Node, which the listener's `local_addr` says (under
+    /// round-robin and least, from the answer's `sockname`, as Node's `server.address()`).
     ///
     /// Cancel-safe: dropping the future before it returns (a timeout, a select) closes the key at
     /// once, as dropping the [`Listener`] would (what was taken for it goes back to the primary);
@@ -274,7 +277,7 @@ impl Worker {
         self.sh.queries.borrow_mut().insert(seq, slot.clone());
         let _pending = PendingQuery { sh: &self.sh, seq };
         self.send_raw(&query)?;
-        let Some((result, handle)) = slot.wait(REPLY_TIMEOUT).await else {
+        let Some((result, handle, bound)) = slot.wait(REPLY_TIMEOUT).await else {
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 "the cluster primary did not answer queryServer",
@@ -293,7 +296,9 @@ impl Worker {
         }
         let kind = match handle {
             Some(h) => Kind::Shared(h.into_tcp_listener()?),
-            None => Kind::RoundRobin(addr),
+            // The address the primary bound: a port-0 listen's real port (as Node's worker takes
+            // `server.address()` from the answer's `sockname`).
+            None => Kind::RoundRobin(bound.unwrap_or(addr)),
         };
         let listener = Listener { claim, kind };
         let mut listening = query;
@@ -521,6 +526,7 @@ impl Worker {
             slot.fill((
                 Err("the channel to the cluster primary closed".into()),
                 None,
+                None,
             ));
         }
         if !self.sh.disconnecting.get() {
@@ -586,7 +592,8 @@ impl Worker {
                     };
                     // A round-robin key's queue exists already (claimed by `listen`), before
                     // the next message, which may be a `newconn` for it.
-                    slot.fill((result, handle));
+                    let bound = m.sockname.as_ref().and_then(|s| s.addr());
+                    slot.fill((result, handle, bound));
                     return;
                 }
                 let exit = self.sh.exit_ack.borrow_mut().take();
@@ -1029,7 +1036,9 @@ impl Listener {
         poll_fn(|cx| self.poll_accept(cx)).await
     }
 
-    /// The address clients connect to.
+    /// The address clients connect to: the listening socket's (shared, reuse-port), or the one
+    /// the primary bound and said in its answer (round-robin, least; a primary that said none:
+    /// the address asked for).
     ///
     /// # Errors
     /// `getsockname` fails (shared listeners).
