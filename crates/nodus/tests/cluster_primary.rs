@@ -1513,3 +1513,54 @@ fn a_port_zero_listen_under_round_robin_says_the_port_the_primary_bound() {
         });
     }
 }
+
+/// The worker role of the test below: says ready, then blocks its loop (reads nothing) until
+/// `DIR/release` appears (30 s at most).
+fn deaf_worker() -> ! {
+    nodus::Runtime::new().block_on(async {
+        let worker = Worker::get().unwrap().expect("started as a cluster worker");
+        worker.ready();
+        let release = std::path::PathBuf::from(std::env::var_os(DIR).unwrap()).join("release");
+        for _ in 0..3000 {
+            if release.exists() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        worker.drain_requested().await;
+    });
+    std::process::exit(0);
+}
+
+/// `Primary::send` and `broadcast` say when a worker does not read (`false` once 128 KiB waits
+/// for it, as Node's `worker.send()`), rather than queue without a word; a message over the
+/// frame cap is an error from both, not a broadcast that reaches no one.
+#[test]
+fn sending_to_a_worker_that_reads_nothing_says_slow_down_and_an_oversized_broadcast_fails() {
+    const TEST: &str =
+        "sending_to_a_worker_that_reads_nothing_says_slow_down_and_an_oversized_broadcast_fails";
+    if std::env::var(ROLE).as_deref() == Ok("deaf") {
+        deaf_worker();
+    }
+    let dir = nodus_testkit::tmp::TempDir::new("slow-down");
+    let rt = nodus::Runtime::new();
+    rt.block_on(async {
+        let primary = Primary::start(role_config(TEST, "deaf", 1, dir.path(), &[])).unwrap();
+        let (events, run) = record_and_run(&primary);
+        wait_until(&events, |ev| {
+            ev.iter().any(|e| matches!(e.kind, EventKind::Ready))
+        })
+        .await;
+        let message = "x".repeat(1024);
+        let sent = (0..20_000).take_while(|_| primary.send(1, &message).unwrap());
+        let before_slow_down = sent.count();
+        assert!(before_slow_down < 20_000, "send never said slow down");
+        assert!(!primary.broadcast(&message).unwrap(), "broadcast too");
+        let huge = "x".repeat(17 << 20);
+        for e in [primary.send(1, &huge), primary.broadcast(&huge).map(|_| true)] {
+            assert_eq!(e.unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
+        }
+        std::fs::write(dir.path().join("release"), "").unwrap();
+        assert_eq!(shut_down(&primary, run).await, 0);
+    });
+}

@@ -709,37 +709,54 @@ impl Primary {
         self.st.events.subscribe(Box::new(f));
     }
 
-    /// Sends an application message to the current process of worker `id` (no-op if none).
+    /// Sends an application message to the current process of worker `id`: `Ok(true)`, or
+    /// `Ok(false)` once 128 KiB or more waits for that worker (slow down, as Node's
+    /// `worker.send()` returns `false`: nothing is dropped, but what a worker does not read
+    /// stays in the primary's memory). No process for `id`: nothing is sent, `Ok(true)`.
     ///
     /// # Errors
-    /// The worker's channel is closed or the message does not serialize.
-    pub fn send<T: serde::Serialize + ?Sized>(&self, id: u32, msg: &T) -> io::Result<()> {
+    /// The worker's channel is closed, the message does not serialize (`InvalidData`), or it is
+    /// larger than the 16 MiB frame cap (`InvalidInput`).
+    pub fn send<T: serde::Serialize + ?Sized>(&self, id: u32, msg: &T) -> io::Result<bool> {
         let Some(proc) = self.st.current(id) else {
-            return Ok(());
+            return Ok(true);
         };
         match &proc.channel {
-            Some(ch) => ch.send(msg).map(drop).map_err(|e| match e {
+            Some(ch) => ch.send(msg).map_err(|e| match e {
                 crate::ipc::IpcError::Serialize(e) => io::Error::new(io::ErrorKind::InvalidData, e),
+                e @ crate::ipc::IpcError::TooLarge { .. } => {
+                    io::Error::new(io::ErrorKind::InvalidInput, e.to_string())
+                }
                 e => io::Error::other(e.to_string()),
             }),
-            None => Ok(()),
+            None => Ok(true),
         }
     }
 
-    /// Sends an application message to every worker that has a channel.
+    /// Sends an application message to every worker that has a channel (a closed one is
+    /// skipped): `Ok(false)` when it waits, 128 KiB or more, for at least one of them (see
+    /// [`Primary::send`]).
     ///
     /// # Errors
-    /// The message does not serialize.
-    pub fn broadcast<T: serde::Serialize + ?Sized>(&self, msg: &T) -> io::Result<()> {
+    /// The message does not serialize, or is larger than the frame cap: no worker gets it.
+    pub fn broadcast<T: serde::Serialize + ?Sized>(&self, msg: &T) -> io::Result<bool> {
         let ids: Vec<u32> = self.st.slots.borrow().iter().map(|s| s.id).collect();
+        let mut keep_sending = true;
         for id in ids {
-            if let Err(e) = self.send(id, msg)
-                && e.kind() == io::ErrorKind::InvalidData
-            {
-                return Err(e);
+            match self.send(id, msg) {
+                Ok(more) => keep_sending &= more,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::InvalidData | io::ErrorKind::InvalidInput
+                    ) =>
+                {
+                    return Err(e);
+                }
+                Err(_) => {}
             }
         }
-        Ok(())
+        Ok(keep_sending)
     }
 
     /// Asks worker `id`'s current process to drain and exit (Node's `worker.disconnect()` plus a
