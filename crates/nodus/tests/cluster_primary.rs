@@ -642,9 +642,11 @@ fn the_cluster_is_ready_while_one_worker_is_and_no_shutdown_began() {
             rustix::process::Signal::KILL,
         )
         .unwrap();
-        // The replacement's fork (the first workers' came before the recording began).
+        // The replacement's fork.
         wait_until(&events, |ev| {
-            ev.iter().any(|e| matches!(e.kind, EventKind::Fork { .. }))
+            ev.iter().any(|e| {
+                matches!(e.kind, EventKind::Fork { .. }) && e.worker == Some(1) && e.pid != Some(w1)
+            })
         })
         .await;
         assert_eq!(
@@ -1557,10 +1559,114 @@ fn sending_to_a_worker_that_reads_nothing_says_slow_down_and_an_oversized_broadc
         assert!(before_slow_down < 20_000, "send never said slow down");
         assert!(!primary.broadcast(&message).unwrap(), "broadcast too");
         let huge = "x".repeat(17 << 20);
-        for e in [primary.send(1, &huge), primary.broadcast(&huge).map(|_| true)] {
+        for e in [
+            primary.send(1, &huge),
+            primary.broadcast(&huge).map(|_| true),
+        ] {
             assert_eq!(e.unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
         }
         std::fs::write(dir.path().join("release"), "").unwrap();
         assert_eq!(shut_down(&primary, run).await, 0);
+    });
+}
+
+/// The worker role of the test below: listens on port 0 twice and on `DIR/port`'s port twice,
+/// and writes what it got to `DIR/got-ID`: the two port-0 addresses, then `ok` or the error of
+/// the second listen on the fixed port.
+fn listen_twice_worker() -> ! {
+    nodus::Runtime::new().block_on(async {
+        let worker = Worker::get().unwrap().expect("started as a cluster worker");
+        let dir = std::path::PathBuf::from(std::env::var_os(DIR).unwrap());
+        let any = "127.0.0.1:0".parse().unwrap();
+        let a = worker.listen(any).await.unwrap();
+        let b = worker.listen(any).await.unwrap();
+        let port: u16 = std::env::var("PORT").unwrap().parse().unwrap();
+        let fixed = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let _first = worker.listen(fixed).await.unwrap();
+        let second = match worker.listen(fixed).await {
+            Ok(_) => "ok".to_string(),
+            Err(e) => e.to_string(),
+        };
+        let got = format!(
+            "{}\n{}\n{second}",
+            a.local_addr().unwrap(),
+            b.local_addr().unwrap()
+        );
+        std::fs::write(dir.join(format!("got-{}", worker.id())), got).unwrap();
+        worker.ready();
+        worker.drain_requested().await;
+    });
+    std::process::exit(0);
+}
+
+/// A worker's listens on one address are numbered as Node's worker numbers its servers (each a
+/// key of its own): two port-0 listens get two ports, and a second listen on a port the worker
+/// already listens on is refused `EADDRINUSE`, as under a Node primary (whose round-robin handle
+/// died of the same key asked twice).
+#[test]
+fn a_workers_second_listen_on_one_address_is_a_server_of_its_own_as_in_node() {
+    const TEST: &str = "a_workers_second_listen_on_one_address_is_a_server_of_its_own_as_in_node";
+    if std::env::var(ROLE).as_deref() == Ok("listen-twice") {
+        listen_twice_worker();
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = nodus_testkit::tmp::TempDir::new("listen-twice");
+    let rt = nodus::Runtime::new();
+    rt.block_on(async {
+        let config = role_config(TEST, "listen-twice", 1, dir.path(), &[("PORT", port)]);
+        let primary = Primary::start(config).unwrap();
+        let (events, run) = record_and_run(&primary);
+        wait_until(&events, |ev| {
+            ev.iter().any(|e| matches!(e.kind, EventKind::Ready))
+        })
+        .await;
+        let got = std::fs::read_to_string(dir.path().join("got-1")).unwrap();
+        let lines: Vec<&str> = got.lines().collect();
+        let a: std::net::SocketAddr = lines[0].parse().unwrap();
+        let b: std::net::SocketAddr = lines[1].parse().unwrap();
+        assert!(
+            a.port() != 0 && b.port() != 0 && a.port() != b.port(),
+            "{got}"
+        );
+        let in_use = std::io::Error::from_raw_os_error(libc::EADDRINUSE).to_string();
+        assert!(lines[2].contains(&in_use), "{got}");
+        assert_eq!(shut_down(&primary, run).await, 0);
+    });
+}
+
+/// `on_event` misses no event: a subscriber added before `run` gets the first workers' `fork`
+/// events, which `Primary::start` emitted before anyone could subscribe, then the rest in order.
+#[test]
+fn a_subscriber_added_before_run_gets_the_first_workers_forks() {
+    let rt = nodus::Runtime::new();
+    rt.block_on(async {
+        let primary = Primary::start(sleeper_config(2)).unwrap();
+        let (events, run) = record_and_run(&primary);
+        wait_until(&events, |ev| {
+            ev.iter()
+                .filter(|e| matches!(e.kind, EventKind::Ready))
+                .count()
+                == 2
+        })
+        .await;
+        let forks: Vec<Option<u32>> = events
+            .borrow()
+            .iter()
+            .take(2)
+            .filter(|e| matches!(e.kind, EventKind::Fork { generation: 0 }))
+            .map(|e| e.worker)
+            .collect();
+        assert_eq!(forks, [Some(1), Some(2)], "{:#?}", events.borrow());
+        // One added once `run` began gets what comes from then on only.
+        let late: Events = Rc::default();
+        let sink = late.clone();
+        primary.on_event(move |e| sink.borrow_mut().push(e.clone()));
+        assert!(late.borrow().is_empty(), "{:#?}", late.borrow());
+        assert_eq!(shut_down(&primary, run).await, 0);
+        assert!(!late.borrow().is_empty(), "the shutdown's events");
     });
 }

@@ -254,15 +254,17 @@ impl Worker {
     /// channel closed.
     pub async fn listen(&self, addr: SocketAddr) -> io::Result<Listener> {
         let address = addr.ip().to_string();
+        let address_type = if addr.is_ipv4() { 4 } else { 6 };
+        let index = self.next_index(&format!("{address}:{}:{address_type}", addr.port()));
         let seq = self.next_seq();
         let query = QueryServer {
             cmd: NODE_CLUSTER,
             act: "queryServer",
-            index: 0,
+            index,
             data: None,
             address: &address,
             port: addr.port(),
-            address_type: if addr.is_ipv4() { 4 } else { 6 },
+            address_type,
             flags: 0,
             backlog: 511,
             seq,
@@ -309,6 +311,28 @@ impl Worker {
         listening.seq = self.next_seq();
         self.send_raw(&listening)?;
         Ok(listener)
+    }
+
+    /// The `index` of a new listen on `base` (`address:port:type`): above every one this worker
+    /// still holds there, 0 when it holds none. Node's worker numbers its servers on one address
+    /// so, each a key of its own: a second server on an address is refused (`EADDRINUSE`), as a
+    /// Node primary answers, instead of sharing the first's key (which a Node primary's
+    /// round-robin handle asserts against, and dies of), and a second port 0 gets a port of its
+    /// own.
+    fn next_index(&self, base: &str) -> u64 {
+        self.sh
+            .rr
+            .borrow()
+            .iter()
+            .filter(|(_, queue)| queue.claims.get() > 0)
+            .filter_map(|(key, _)| {
+                key.strip_prefix(base)?
+                    .strip_prefix(":undefined:")?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .max()
+            .map_or(0, |i| i + 1)
     }
 
     /// Tells the primary this worker is ready for traffic (the primary's reload waits for it).

@@ -137,9 +137,16 @@ fn too_long_to_log(json: &str) -> bool {
 
 type Subscriber = Box<dyn Fn(&Event)>;
 
+/// The most events kept for subscribers before `Primary::run` (a primary never run keeps no
+/// more).
+const EARLY_KEPT: usize = 1024;
+
 pub(super) struct Events {
     log: Option<log::Log>,
     subscribers: RefCell<Vec<Subscriber>>,
+    /// The events of `Primary::start` (the first workers' `fork`), which come before anyone can
+    /// subscribe: each subscriber gets them first, until `Primary::run` begins (`started`).
+    early: RefCell<Option<Vec<Event>>>,
 }
 
 impl Events {
@@ -168,11 +175,22 @@ impl Events {
         Ok(Events {
             log,
             subscribers: RefCell::default(),
+            early: RefCell::new(Some(Vec::new())),
         })
     }
 
+    /// Adds a subscriber; before `Primary::run` began, it is first called with the events
+    /// emitted so far.
     pub fn subscribe(&self, f: Subscriber) {
+        // A copy: `f` may cause events of its own (a `stop_worker`), which `emit` records.
+        let early = self.early.borrow().clone();
+        early.iter().flatten().for_each(&f);
         self.subscribers.borrow_mut().push(f);
+    }
+
+    /// `Primary::run` began: later subscribers get only the events from then on.
+    pub fn started(&self) {
+        self.early.borrow_mut().take();
     }
 
     pub fn emit(&self, event: Event) {
@@ -182,6 +200,11 @@ impl Events {
                 unix_ns: log::unix_now(),
                 message: matches!(event.kind, EventKind::Message { .. }),
             });
+        }
+        if let Some(early) = &mut *self.early.borrow_mut()
+            && early.len() < EARLY_KEPT
+        {
+            early.push(event.clone());
         }
         for f in self.subscribers.borrow().iter() {
             f(&event);

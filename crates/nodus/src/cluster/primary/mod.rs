@@ -500,7 +500,10 @@ impl Primary {
     /// the calling (loop) thread runs the normal scheduling policy, switches it to `SCHED_BATCH`
     /// (connections gather while the cores are busy; the workers run normal). SIGTERM, SIGINT,
     /// SIGHUP, SIGUSR1 and SIGUSR2 are caught from before the first worker is forked, and acted
-    /// on by [`run`](Self::run): a stop sent during the start drains the workers started.
+    /// on by [`run`](Self::run): a stop sent during the start drains the workers started. So a
+    /// started primary must be run (after [`shutdown`](Self::shutdown), to stop at once): one
+    /// dropped without it leaves its workers running unsupervised until this process exits, and
+    /// those signals caught, with nobody to act on them.
     ///
     /// # Errors
     /// `InvalidInput` for a cluster of no workers, or for a plain program (no
@@ -682,6 +685,7 @@ impl Primary {
     /// `RELOADING=1`, `STOPPING=1`.
     /// The event log's queued lines are then waited for, [`EVENT_LOG_FLUSH`] at most.
     pub async fn run(&self) -> i32 {
+        self.st.events.started();
         let code = supervise::run(&self.st).await;
         self.st.events.flush(EVENT_LOG_FLUSH).await;
         code
@@ -704,7 +708,9 @@ impl Primary {
         );
     }
 
-    /// Calls `f` for every lifecycle event (fork, online, listening, ready, exit, ...).
+    /// Calls `f` for every lifecycle event (fork, online, listening, ready, exit, ...). Called
+    /// before [`Primary::run`], it is first called with the events so far (the first workers'
+    /// `fork`, emitted in [`Primary::start`]), so a subscriber misses none.
     pub fn on_event(&self, f: impl Fn(&Event) + 'static) {
         self.st.events.subscribe(Box::new(f));
     }
