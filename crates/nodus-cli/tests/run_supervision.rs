@@ -2032,7 +2032,7 @@ fn with_node_a_worker_message_is_said_once_and_a_worker_that_never_listens_is_wa
                 && warning.contains(
                     "has not listened in 1s: with --node a worker is ready at its first listen"
                 )
-                && warning.ends_with("is ready after --ready-after SECS"),
+                && warning.ends_with("is ready after --ready-after SECS (a Rust primary: `Readiness::ListeningOrAlive`)"),
             "{warning}"
         );
     }
@@ -2051,7 +2051,7 @@ fn with_node_a_worker_message_is_said_once_and_a_worker_that_never_listens_is_wa
             && said[0].contains(" bytes of JSON); ")
             && !said[0].contains("hello")
             && said[0].contains("no cluster.on('message') handler receives worker messages")
-            && said[0].contains("`message` event (--events FILE)"),
+            && said[0].contains("`message` event, written to the event log (--events FILE)"),
         "{}",
         said[0]
     );

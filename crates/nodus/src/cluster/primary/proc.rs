@@ -1101,8 +1101,8 @@ fn log_app_message(st: &State, proc: &Proc, json: &str) {
             target: "nodus::cluster",
             "worker {} (pid {}) sent a message (process.send, {} bytes of JSON); nodus runs no \
              JavaScript, so no cluster.on('message') handler receives worker messages: each is \
-             only written to the event log as a `message` event (--events FILE), and logged at \
-             DEBUG",
+             a `message` event, written to the event log (--events FILE) and given to a Rust \
+             primary's `on_event` subscribers, and logged at DEBUG",
             proc.slot, proc.pid, json.len()
         );
     }
@@ -1163,7 +1163,8 @@ fn warn_if_never_ready(st: &Rc<State>, proc: &Rc<Proc>) {
             target: "nodus::cluster",
             "worker {slot} (pid {pid}) has not listened in {limit:?}: with --node a worker is ready \
              at its first listen (a server.listen() callback in the worker), so it is not ready \
-             yet{online}; one that never listens (a queue consumer) is ready after --ready-after SECS"
+             yet{online}; one that never listens (a queue consumer) is ready after --ready-after SECS \
+             (a Rust primary: `Readiness::ListeningOrAlive`)"
         );
     })
     .detach();
