@@ -19,7 +19,9 @@
 //! writes wait; Node queues them in its own memory), and loses nothing. Once the sink is stalled (a `write` to it under way for [`STALL`], 1 s), a
 //! batch that does not fit is dropped and counted, and the task's next batch that fits starts
 //! with `PREFIX[N bytes of output dropped]`: a stalled reader costs lines, it does not stall the
-//! workers for more than that second. A sink that fails (`EPIPE`) discards from then on.
+//! workers for more than that second. A sink whose reader is gone (`EPIPE`) discards from then
+//! on; one whose write fails for a cause that may pass (`ENOSPC`: a full disk) loses those lines,
+//! counted, and says so with their drop notices once a write succeeds again.
 //!
 //! Reading is fair between the tasks of a sink, so a quiet worker's line (an error) comes out
 //! promptly while a sibling floods: the sink's thread serves its tasks in turn, a batch (64 KiB)
@@ -797,7 +799,9 @@ impl Target {
 
 fn write_loop(target: Target, rx: mpsc::Receiver<Message>, shared: &Shared) {
     let mut pending = Pending::default();
+    // The sink is gone for good (`EPIPE`): everything is discarded from then on.
     let mut failed = false;
+    let mut errors = WriteErrors::default();
     loop {
         // Wait for a message only with nothing to write (or while what is pending is being
         // dropped: until the `Drop`), then take every one that came, so that each task with a
@@ -819,9 +823,25 @@ fn write_loop(target: Target, rx: mpsc::Receiver<Message>, shared: &Shared) {
         };
         let lost = if failed {
             0
+        } else if !errors.resumed(target.fd(), shared) {
+            // Still failing: this batch is lost too, and said with the others once writes work.
+            errors.lose(&batch);
+            0
         } else {
             match write_batch(target.fd(), &batch, shared) {
                 Ok(lost) => lost,
+                // A sink with room again later (a full disk, a quota): the lines are lost and
+                // counted, and writing goes on.
+                Err(e) if !gone_for_good(&e) => {
+                    errors.lose(&batch);
+                    if !matches!(target, Target::Stderr(_)) {
+                        tracing::warn!(
+                            "writing child output failed ({e}); its lines are lost and counted \
+                             until writes succeed again"
+                        );
+                    }
+                    0
+                }
                 Err(e) => {
                     failed = true;
                     // Said on stderr, so not when stderr is what failed: through `log_writer` the
@@ -838,6 +858,42 @@ fn write_loop(target: Target, rx: mpsc::Receiver<Message>, shared: &Shared) {
             }
         };
         pending.done(batch, lost, shared);
+    }
+}
+
+/// Whether a failed write means the sink will never take more: its reader is gone (`EPIPE`,
+/// `ECONNRESET`) or the fd is (`EBADF`). Anything else (`ENOSPC`, `EDQUOT`, `EIO`) may pass.
+fn gone_for_good(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EPIPE | libc::ECONNRESET | libc::EBADF)
+    ) || e.kind() == io::ErrorKind::WriteZero
+}
+
+/// Lines lost to writes that failed for a passing cause (a full disk), per origin: said, each
+/// by its drop notice, before the first batch written once writes succeed again.
+#[derive(Default)]
+struct WriteErrors {
+    lost: Vec<(Origin, usize)>,
+}
+
+impl WriteErrors {
+    fn lose(&mut self, batch: &Batch) {
+        match self.lost.iter_mut().find(|(o, _)| *o == batch.origin) {
+            Some((_, n)) => *n += batch.source,
+            None => self.lost.push((batch.origin.clone(), batch.source)),
+        }
+    }
+
+    /// Whether writes work (nothing was lost, or the notices of what was are written now).
+    fn resumed(&mut self, fd: BorrowedFd<'_>, shared: &Shared) -> bool {
+        while let Some((origin, n)) = self.lost.first() {
+            if shared.write(fd, &origin.notice(*n)).is_err() {
+                return false;
+            }
+            self.lost.remove(0);
+        }
+        true
     }
 }
 
@@ -996,6 +1052,37 @@ mod tests {
             out,
             "first\n[nodus: 14 bytes of log output dropped]\nkept\nlast\n"
         );
+    }
+
+    /// A sink whose writes fail for a cause that may pass (`ENOSPC`: a full disk) loses the
+    /// lines written meanwhile, counted, and takes the next ones once it has room again, the
+    /// count said first; it is not given up for good as one whose reader is gone is.
+    #[test]
+    fn a_sink_that_was_full_for_a_while_takes_lines_again_after_saying_what_it_lost() {
+        use std::os::fd::AsRawFd;
+        let full: OwnedFd = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap()
+            .into();
+        let sink_fd = full.as_raw_fd();
+        let writer = Writer::start(Target::Fd(full), "test-enospc").unwrap();
+        let dropped = AtomicUsize::new(0);
+        queue_log(&writer, &dropped, b"lost\n");
+        assert!(flushed(&writer, Duration::from_secs(10)));
+        queue_log(&writer, &dropped, b"lost too\n");
+        assert!(flushed(&writer, Duration::from_secs(10)));
+        // Room again: the writer's fd now refers to a pipe.
+        let (mut reader, pipe) = io::pipe().unwrap();
+        // SAFETY: `dup2` replaces what the writer's open fd refers to, atomically; the fd stays
+        // the writer's (it closes it when it ends), and `pipe` is still ours to drop.
+        assert_eq!(unsafe { libc::dup2(pipe.as_raw_fd(), sink_fd) }, sink_fd);
+        drop(pipe);
+        queue_log(&writer, &dropped, b"kept\n");
+        drop(writer);
+        let mut out = String::new();
+        reader.read_to_string(&mut out).unwrap();
+        assert_eq!(out, "[nodus: 14 bytes of log output dropped]\nkept\n");
     }
 
     /// Prefixed lines that fill their part of the queue (held back while the sink makes
