@@ -1159,6 +1159,36 @@ fn wait_at_limit(primary_pid: u32) {
     }
 }
 
+/// A primary whose open-files limit is too low for a whole fd reserve once its workers run
+/// (`ulimit -n 40`) keeps half of what it can take and serves with the rest: the public listener
+/// and the admin listener answer (it accepted nothing, ever, waiting for a reserve it could never
+/// fill), and a WARN line says how much it keeps.
+#[test]
+fn a_primary_whose_limit_cannot_hold_its_whole_fd_reserve_still_serves() {
+    let dir = TempDir::new("fd-limit-tiny");
+    std::fs::write(dir.path().join("a.txt"), "hello cluster\n").unwrap();
+    let (addr, admin) = (free_addr(), free_addr());
+    let mut primary = spawn(
+        Command::new("sh")
+            .args(["-c", "ulimit -n 40 && exec \"$0\" \"$@\"", NODUS, "serve"])
+            .arg(dir.path())
+            .args(["--listen", &addr.to_string(), "--workers", "2"])
+            .args(["--admin", &admin.to_string()])
+            .env("RUST_LOG", "info"),
+    );
+    primary.wait_line("2 workers ready");
+    assert_eq!(get_ok(addr, "/a.txt"), "hello cluster\n");
+    assert_eq!(get_ok(admin, "/_nodus/readyz").trim(), "ready");
+    let warned = primary
+        .output_so_far()
+        .iter()
+        .filter(|l| l.contains("for the 16 it keeps for its own spawns: it keeps "))
+        .count();
+    assert!(warned >= 1, "{:#?}", primary.output_so_far());
+    primary.signal(rustix::process::Signal::TERM);
+    assert_eq!(primary.wait_exit(Duration::from_secs(20)), Some(0));
+}
+
 /// A primary at its open-files limit (`ulimit -n 64`, a flood of connections) keeps the fds its
 /// own spawns need: a worker killed then is replaced, a reload then is done, and the primary's
 /// fd shortage is never counted as crashes of the worker (which spent the restart budget in a

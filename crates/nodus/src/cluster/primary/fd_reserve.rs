@@ -15,11 +15,16 @@
 //! - While the reserve is short the accept task accepts nothing ([`FdReserve::refill`], tried
 //!   before each accept batch: no syscall while the reserve is full): connections wait in the
 //!   kernel's backlog until fds are free again, the reserve first.
+//! - A limit so low that the reserve cannot be filled, at the start or after a spawn (whose
+//!   worker keeps some fds for its life), makes the reserve half of what it could take
+//!   ([`FdReserve::target`]), said in a WARN line each time: the other half is left for connections and
+//!   the admin listener, so such a primary still serves (one waiting for a reserve it could
+//!   never fill accepted nothing, ever, with nothing open that could close).
 //! - A spawn that fails for want of fds all the same (`EMFILE`, or `ENFILE`, the system's
 //!   limit, which no reserve covers) is no crash of the worker: `supervise` tries it again
 //!   without spending the restart budget.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io;
 use std::os::fd::OwnedFd;
 
@@ -29,15 +34,41 @@ use std::os::fd::OwnedFd;
 /// listener passed; plus a Node handoff's duplicate and a margin.
 pub(super) const RESERVE: usize = 16;
 
-/// The placeholder fds (see the module docs).
-pub(super) struct FdReserve(RefCell<Vec<OwnedFd>>);
+/// The placeholder fds (see the module docs), and how many it keeps.
+pub(super) struct FdReserve(RefCell<Vec<OwnedFd>>, Cell<usize>);
 
 impl FdReserve {
-    /// A reserve of as many placeholders as can be opened (at most [`RESERVE`]).
+    /// A reserve of [`RESERVE`] placeholders, or of half the fds free if that is fewer.
     pub fn new() -> FdReserve {
-        let reserve = FdReserve(RefCell::new(Vec::with_capacity(RESERVE)));
-        reserve.refill();
+        let reserve = FdReserve(
+            RefCell::new(Vec::with_capacity(RESERVE)),
+            Cell::new(RESERVE),
+        );
+        reserve.fill_or_shrink();
         reserve
+    }
+
+    /// Fills the reserve; if the limit does not let it, keeps half of what it got (see the
+    /// module docs).
+    fn fill_or_shrink(&self) {
+        if self.refill() {
+            return;
+        }
+        let got = self.held();
+        let target = got / 2;
+        self.1.set(target);
+        self.0.borrow_mut().truncate(target);
+        tracing::warn!(
+            target: "nodus::cluster",
+            "the open-files limit leaves the primary {got} fds for the {RESERVE} it keeps for its \
+             own spawns: it keeps {target}, the rest for connections, and a restart may wait for \
+             fds (raise the limit: LimitNOFILE=, ulimit -n)"
+        );
+    }
+
+    /// How many placeholders the reserve keeps.
+    pub fn target(&self) -> usize {
+        self.1.get()
     }
 
     /// A cheap fd: an unbound datagram socket.
@@ -50,7 +81,7 @@ impl FdReserve {
     /// Opens placeholders until the reserve is full: whether it is (no syscall when it was).
     pub fn refill(&self) -> bool {
         let mut held = self.0.borrow_mut();
-        while held.len() < RESERVE {
+        while held.len() < self.1.get() {
             match FdReserve::open() {
                 Some(fd) => held.push(fd),
                 None => return false,
@@ -92,7 +123,7 @@ pub(super) struct Room<'a>(&'a FdReserve);
 
 impl Drop for Room<'_> {
     fn drop(&mut self) {
-        self.0.refill();
+        self.0.fill_or_shrink();
     }
 }
 

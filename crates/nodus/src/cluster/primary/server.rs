@@ -114,7 +114,6 @@ use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use super::fd_reserve::RESERVE;
 use super::handoff::{dispatch, has_room};
 use super::parked::{Conn, MAX_PARKED, Parked};
 use super::proc::Proc;
@@ -1418,15 +1417,15 @@ async fn back_off(st: &State, server: &Server, e: io::Error) {
 /// nothing is accepted (newcomers wait in the kernel's backlog) until it can, so that a flood
 /// of connections cannot take the fds a worker's restart needs. Logged once per burst.
 async fn short_of_fds(st: &State, server: &Server) {
-    let held = st.fd_reserve.held();
+    let (held, target) = (st.fd_reserve.held(), st.fd_reserve.target());
     if st
         .floods
         .reserve
-        .first(|| format!("{}: {held} of {RESERVE} held", server.addr))
+        .first(|| format!("{}: {held} of {target} held", server.addr))
     {
         tracing::warn!(
             target: "nodus::cluster",
-            "the primary is at its open-files limit and holds {held} of the {RESERVE} fds it \
+            "the primary is at its open-files limit and holds {held} of the {target} fds it \
              keeps for its own spawns: not accepting on {} until connections close, they wait in \
              the kernel's backlog (raise the limit: LimitNOFILE=, ulimit -Hn; further waits are \
              counted: one line per {:?})",
