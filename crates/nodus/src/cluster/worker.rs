@@ -140,6 +140,9 @@ struct Shared {
     nodus_primary: Cell<bool>,
     /// Where taken batches and load are posted, when the primary gave a board.
     board: OnceCell<Board>,
+    /// Batches refused for fds that did not arrive (this worker at its fd limit): one line per
+    /// burst, then counted.
+    short_batches: Rc<crate::log_limit::LogLimit>,
 }
 
 /// Open-connection accounting for the `least` policy.
@@ -209,6 +212,17 @@ impl Worker {
                 report_queued: Cell::new(false),
                 nodus_primary: Cell::new(nodus_primary),
                 board: OnceCell::new(),
+                short_batches: crate::log_limit::LogLimit::new(
+                    crate::log_limit::WINDOW,
+                    |n, last| {
+                        tracing::warn!(
+                            target: "nodus::cluster",
+                            "{n} more handed-over batches refused in the last {:?} for fds that \
+                             did not arrive (the last: {last})",
+                            crate::log_limit::WINDOW
+                        );
+                    },
+                ),
             }),
         };
         // `nodus: 1`: a nodus primary asks this worker for snapshots (Node's ignores it).
@@ -670,13 +684,17 @@ impl Worker {
         let queue = queue.filter(|q| q.conns.borrow().len() + peers.len() <= HANDOFF_QUEUE_MAX);
         if handles.len() < peers.len() {
             // The kernel dropped fds (this process is at its fd limit): the primary still holds
-            // every connection of the batch and gives them to other workers.
-            tracing::warn!(
-                target: "nodus::cluster",
-                "{} of {} handed-over connections arrived (fd limit?); refusing the batch",
-                handles.len(),
-                peers.len()
-            );
+            // every connection of the batch and gives them to other workers. Once per burst.
+            let what = || format!("{} of {}", handles.len(), peers.len());
+            if self.sh.short_batches.first(what) {
+                tracing::warn!(
+                    target: "nodus::cluster",
+                    "{} handed-over connections arrived (fd limit?); refusing the batch (further \
+                     ones are counted: one line per {:?})",
+                    what(),
+                    crate::log_limit::WINDOW
+                );
+            }
         }
         let board = self.sh.board.get();
         // Adopted before the batch is claimed: one that cannot be (out of epoll watches, say)
