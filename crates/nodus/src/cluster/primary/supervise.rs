@@ -43,7 +43,8 @@
 //!   empty.
 //! - A worker that cannot be started for want of fds (`EMFILE`, `ENFILE`: the primary's trouble,
 //!   not the worker's; the primary keeps fds for its spawns, `fd_reserve`, but the system's
-//!   limit or a spawn beside a reload's can still run out) spends no restart budget and does not
+//!   limit or a spawn beside a reload's can still run out) or of processes (`EAGAIN` from the
+//!   fork: the process limit, a cgroup's `pids.max`) spends no restart budget and does not
 //!   back off: it is tried again every [`SPAWN_RETRY`] while its restart stays pending, one WARN
 //!   line per burst (`handoff::Floods`); a reload's new worker is tried so within the ready
 //!   timeout, not spending the reload's budget either.
@@ -720,7 +721,7 @@ fn restart_slot(st: &Rc<State>, id: u32) -> Option<u32> {
 /// Slot `id`'s replacement could not be started (`e`): logged, and counted as a crash; but for
 /// want of fds, the primary's own trouble ([`spawn_later`]).
 fn spawn_failed(st: &Rc<State>, id: u32, e: std::io::Error) {
-    if out_of_fds(&e) {
+    if host_shortage(&e) {
         spawn_later(st, id, e);
         return;
     }
@@ -748,15 +749,16 @@ fn spawn_failed(st: &Rc<State>, id: u32, e: std::io::Error) {
 /// How long a worker's start that failed for want of fds waits to be tried again.
 const SPAWN_RETRY: Duration = Duration::from_millis(200);
 
-/// Whether `e` (a spawn's error, or what it wraps) is `EMFILE` or `ENFILE`: the primary (or the
-/// system) is out of fds, which says nothing about the worker.
-fn out_of_fds(e: &std::io::Error) -> bool {
+/// Whether `e` (a spawn's error, or what it wraps) is the host's shortage, which says nothing
+/// about the worker: `EMFILE` or `ENFILE` (the primary, or the system, is out of fds), or
+/// `EAGAIN` (a fork refused by the process limit: `RLIMIT_NPROC`, a cgroup's `pids.max`).
+fn host_shortage(e: &std::io::Error) -> bool {
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(c) = cause {
         let errno = c
             .downcast_ref::<std::io::Error>()
             .and_then(|e| e.raw_os_error());
-        if matches!(errno, Some(libc::EMFILE | libc::ENFILE)) {
+        if matches!(errno, Some(libc::EMFILE | libc::ENFILE | libc::EAGAIN)) {
             return true;
         }
         cause = c.source();
@@ -773,8 +775,8 @@ fn spawn_later(st: &Rc<State>, id: u32, e: std::io::Error) {
     if st.floods.spawn.first(|| format!("worker {id}: {e}")) {
         tracing::warn!(
             target: "nodus::cluster",
-            "worker {id} could not be started: {e}: the primary is out of fds, no fault of the \
-             worker's; trying again every {SPAWN_RETRY:?} without spending the restart budget \
+            "worker {id} could not be started: {e}: the primary is out of fds or processes, no \
+             fault of the worker's; trying again every {SPAWN_RETRY:?} without spending the restart budget \
              (further failures are counted: one line per {:?})",
             crate::log_limit::WINDOW
         );
@@ -1395,7 +1397,7 @@ async fn reload(
                 Ok(new) => new,
                 // The primary's own shortage: tried again, within the ready timeout.
                 Err(e)
-                    if out_of_fds(&e)
+                    if host_shortage(&e)
                         && short_since.get_or_insert_with(Instant::now).elapsed()
                             < st.config.ready_timeout =>
                 {
