@@ -755,13 +755,16 @@ const SPAWN_RETRY: Duration = Duration::from_millis(200);
 fn host_shortage(e: &std::io::Error) -> bool {
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(c) = cause {
-        let errno = c
-            .downcast_ref::<std::io::Error>()
-            .and_then(|e| e.raw_os_error());
+        let io = c.downcast_ref::<std::io::Error>();
+        let errno = io.and_then(|e| e.raw_os_error());
         if matches!(errno, Some(libc::EMFILE | libc::ENFILE | libc::EAGAIN)) {
             return true;
         }
-        cause = c.source();
+        // An `io::Error` wrapping another error says its inner one's source, not the inner one.
+        cause = match io.and_then(|e| e.get_ref()) {
+            Some(inner) => Some(inner),
+            None => c.source(),
+        };
     }
     false
 }
@@ -1506,6 +1509,21 @@ async fn reload(
 
 #[cfg(test)]
 mod tests {
+    /// A spawn refused for the host's want of fds or processes, however deep in its error's
+    /// sources, is the host's shortage; any other failure is the worker's.
+    #[test]
+    fn a_spawn_refused_for_want_of_fds_or_processes_is_the_hosts_shortage() {
+        use std::io::Error;
+        for errno in [libc::EMFILE, libc::ENFILE, libc::EAGAIN] {
+            assert!(super::host_shortage(&Error::from_raw_os_error(errno)));
+            let wrapped = Error::other(Error::from_raw_os_error(errno));
+            assert!(super::host_shortage(&wrapped), "{errno} wrapped");
+        }
+        for errno in [libc::ENOENT, libc::EACCES, libc::ENOMEM] {
+            assert!(!super::host_shortage(&Error::from_raw_os_error(errno)));
+        }
+    }
+
     use super::*;
     use crate::signal::SIGTERM;
 
