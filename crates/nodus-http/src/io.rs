@@ -202,6 +202,8 @@ pub struct Activity {
     pub eof: Cell<bool>,
     /// The connection began with the HTTP/2 preface (only looked for with `sniff_h2`).
     pub h2: Cell<bool>,
+    /// The write side was shut down (hyper does so when it ends a connection itself).
+    pub write_shut: Cell<bool>,
 }
 
 impl<S: FdStream> HyperIo<S> {
@@ -214,6 +216,7 @@ impl<S: FdStream> HyperIo<S> {
                 blocked_since: Cell::new(0),
                 eof: Cell::new(false),
                 h2: Cell::new(false),
+                write_shut: Cell::new(false),
             }),
             not_socket: Cell::new(false),
             line_limit: usize::MAX,
@@ -437,7 +440,10 @@ impl<S: FdStream + Unpin> Write for HyperIo<S> {
 
     fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match rustix::net::shutdown(self.stream.fd(), rustix::net::Shutdown::Write) {
-            Ok(()) | Err(Errno::NOTCONN) => Poll::Ready(Ok(())),
+            Ok(()) | Err(Errno::NOTCONN) => {
+                self.activity.write_shut.set(true);
+                Poll::Ready(Ok(()))
+            }
             Err(e) => Poll::Ready(Err(e.into())),
         }
     }

@@ -785,9 +785,7 @@ where
         let mut drain: Option<nodus::Sleep> = None;
         // Whether the drain's GOAWAY was asked of hyper (an HTTP/2 connection, once a drain began).
         let mut goaway = false;
-        // Whether the connection ended, its last response written, while the client may still be
-        // sending: it lingers.
-        let linger = poll_fn(|cx| {
+        let end = poll_fn(|cx| {
             loop {
                 if let Poll::Ready(result) = head_wait::scope(&mut head, || conn.as_mut().poll(cx))
                 {
@@ -806,10 +804,9 @@ where
                     // (`Connection: close`, HTTP/1.0): the client may have sent more behind it.
                     // SAFETY: `conn` owns the stream, open until this block ends.
                     let asked = || input_waiting(unsafe { BorrowedFd::borrow_raw(fd) });
-                    return Poll::Ready(
-                        !conn_state.http2.get()
-                            && (closing || answered || (ended && !activity.eof.get() && asked())),
-                    );
+                    let lingers = !conn_state.http2.get()
+                        && (closing || answered || (ended && !activity.eof.get() && asked()));
+                    return Poll::Ready(if lingers { End::Linger } else { End::Close });
                 }
                 if conn_state.poll_discard(cx) {
                     continue; // hyper reads on past the body it was waiting to be taken
@@ -837,14 +834,15 @@ where
                         if answering {
                             // SAFETY: `conn` owns the stream, open until this block ends.
                             reset_on_close(unsafe { BorrowedFd::borrow_raw(fd) });
+                            return Poll::Ready(End::Reset);
                         }
-                        return Poll::Ready(false);
+                        return Poll::Ready(End::Close);
                     }
                 }
                 match timer.poll(cx, &mut head, &activity, &conn_state) {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(Fired::HeadExpired) => continue, // hyper sees it when polled again
-                    Poll::Ready(Fired::Idle) => return Poll::Ready(false),
+                    Poll::Ready(Fired::Idle) => return Poll::Ready(End::Close),
                     Poll::Ready(Fired::WriteStalled) => {
                         tracing::debug!(
                             target: "nodus::http",
@@ -853,20 +851,29 @@ where
                         );
                         // SAFETY: `conn` owns the stream, open until this block ends.
                         reset_on_close(unsafe { BorrowedFd::borrow_raw(fd) });
-                        return Poll::Ready(false);
+                        return Poll::Ready(End::Reset);
                     }
                 }
             }
         })
         .await;
-        // A duplicate keeps the socket open when the stream is dropped with hyper's connection, at
-        // the end of this block.
         // SAFETY: `conn` owns the stream, open until this block ends.
         let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-        if linger && !state.config.lingering_time.is_zero() {
-            rustix::io::fcntl_dupfd_cloexec(fd, 0).ok()
-        } else {
-            None
+        match end {
+            // A duplicate keeps the socket open when the stream is dropped with hyper's
+            // connection, at the end of this block.
+            End::Linger if !state.config.lingering_time.is_zero() => {
+                rustix::io::fcntl_dupfd_cloexec(fd, 0).ok()
+            }
+            End::Linger | End::Close => {
+                // The client reads its EOF now, even when our close is not the socket's last
+                // (`End`).
+                if !activity.write_shut.get() {
+                    let _ = rustix::net::shutdown(fd, rustix::net::Shutdown::Write);
+                }
+                None
+            }
+            End::Reset => None,
         }
     };
     if let Some(fd) = lingering {
@@ -978,6 +985,24 @@ fn input_waiting(fd: BorrowedFd<'_>) -> bool {
 #[cold]
 fn reset_on_close(fd: BorrowedFd<'_>) {
     let _ = rustix::net::sockopt::set_socket_linger(fd, Some(Duration::ZERO));
+}
+
+/// How a connection's task ends it once hyper is done with it.
+///
+/// Our close of the stream may not be the socket's last: a copy of the fd can live elsewhere (a
+/// connection the cluster's primary took back from a stalled worker, whose unread copy waits in
+/// that worker's channel; a child that inherited it), and the kernel sends the client its FIN or
+/// reset only at the last close. So a close shuts the write side down first, unless hyper did
+/// (its own end of a connection: `Activity::write_shut`). A reset cannot be sent that way
+/// (`shutdown` sends a FIN, which a cut response could pass for its end): with a copy elsewhere
+/// the client gets it when that copy closes.
+enum End {
+    /// The last response was written while the client may still be sending: it lingers (`linger`).
+    Linger,
+    /// Closed: hyper ended it, or a timeout or the drain did with nothing unanswered.
+    Close,
+    /// Cut while answering (the drain deadline, a write stall): a reset (`reset_on_close`).
+    Reset,
 }
 
 /// What a connection's timer found when it fired.

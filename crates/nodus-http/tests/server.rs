@@ -820,6 +820,75 @@ fn idle_keep_alive_connections_close_after_the_timeout() {
     );
 }
 
+/// A listener that keeps a copy of every connection's fd, as a stalled cluster worker's channel
+/// keeps the copy of a connection the primary took back from it and handed to another worker.
+struct KeepsCopies {
+    inner: TcpListener,
+    copies: std::cell::RefCell<Vec<std::os::fd::OwnedFd>>,
+}
+
+impl nodus_http::Accept for KeepsCopies {
+    type Stream = nodus::net::TcpStream;
+
+    fn poll_accept(
+        &self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<(Self::Stream, Option<SocketAddr>)>> {
+        nodus_http::Accept::poll_accept(&self.inner, cx).map_ok(|(stream, peer)| {
+            use std::os::fd::AsFd;
+            let copy = stream.as_fd().try_clone_to_owned().unwrap();
+            self.copies.borrow_mut().push(copy);
+            (stream, peer)
+        })
+    }
+
+    fn local_addr(&self) -> Option<SocketAddr> {
+        nodus_http::Accept::local_addr(&self.inner)
+    }
+}
+
+#[test]
+fn an_idle_connection_closed_by_the_server_ends_for_its_client_while_a_copy_of_its_fd_lives() {
+    let (tx, rx) = mpsc::channel();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop_server = stop.clone();
+    let thread = std::thread::spawn(move || {
+        Runtime::new().block_on(async move {
+            let listener = KeepsCopies {
+                inner: TcpListener::bind(("127.0.0.1", 0)).unwrap(),
+                copies: Default::default(),
+            };
+            let config = Config {
+                keep_alive_timeout: Duration::from_millis(200),
+                ..Config::default()
+            };
+            let server = serve(listener, config, |_req| async {
+                text(StatusCode::OK, "hi")
+            });
+            tx.send(server.local_addr().unwrap()).unwrap();
+            while !stop_server.load(Ordering::Acquire) {
+                nodus::sleep(5).await;
+            }
+            server.drain(Duration::from_secs(1)).await;
+        })
+    });
+    let addr = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    get(&mut s, "/");
+    assert_eq!(read_reply(&mut r, false).unwrap().status, 200);
+    // The server closes it after 200 ms idle; the copy keeps the socket open in the kernel.
+    let mut buf = [0u8; 1];
+    let read = r.read(&mut buf);
+    assert!(
+        matches!(read, Ok(0)),
+        "the client reads its EOF after the keep-alive timeout: {read:?}"
+    );
+    stop.store(true, Ordering::Release);
+    thread.join().unwrap();
+}
+
 #[test]
 fn graceful_drain_finishes_in_flight_work_and_refuses_new_connections() {
     let server = TestServer::start(Config::default(), Duration::from_secs(5));

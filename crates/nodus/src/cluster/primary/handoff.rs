@@ -54,6 +54,9 @@
 //!   worker (nothing on their side would know they were taken back). Nothing is taken back once
 //!   the primary stopped accepting (no other worker would take it). Each one is counted
 //!   (`Proc::taken_back`, in the stats and metrics); each stall is said once, and its end.
+//!   Until the stalled worker reads its channel, its copies keep those sockets open in the
+//!   kernel: the worker that serves one must end it with a `shutdown` (nodus-http's server
+//!   does, at every close), not a bare close, for its client to see it end.
 //! - A stall ends as soon as the worker shows its loop runs: any message from it
 //!   ([`heard_from`], the answer to the request above included), its `seen_below` reaching the
 //!   end of the take-back (looked at every [`CATCH_UP_POLL`]), or the late handoff taken.
