@@ -1189,6 +1189,64 @@ fn a_primary_whose_limit_cannot_hold_its_whole_fd_reserve_still_serves() {
     assert_eq!(primary.wait_exit(Duration::from_secs(20)), Some(0));
 }
 
+/// Workers fed by the primary under a low open-files limit (`ulimit -n 128`) keep the fds their
+/// connections' file opens need: 200 clients connected at once, then 5 keep-alive requests
+/// each, all get their file (those past the workers' connection caps wait). With a fixed handoff window, the
+/// connections handed over and not yet accepted took the fds, each worker's cap was 1, and most
+/// answers were 503.
+#[test]
+fn workers_under_a_low_open_files_limit_answer_a_crowd_without_503() {
+    use nodus_testkit::http::{Timeouts, connect, read_reply, write_request};
+    let dir = TempDir::new("fd-limit-crowd");
+    std::fs::write(dir.path().join("a.txt"), "hello crowd\n").unwrap();
+    let addr = free_addr();
+    let mut primary = spawn(
+        Command::new("sh")
+            .args(["-c", "ulimit -n 128 && exec \"$0\" \"$@\"", NODUS, "serve"])
+            .arg(dir.path())
+            .args(["--listen", &addr.to_string(), "--workers", "2"])
+            .env("RUST_LOG", "info"),
+    );
+    primary.wait_line("2 workers ready");
+    let t = Timeouts {
+        connect: Duration::from_secs(10),
+        io: Duration::from_secs(30),
+    };
+    // All connected first: the primary hands them over before any is served.
+    let conns: Vec<_> = (0..200)
+        .map(|_| connect(addr, t).expect("connect"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let clients: Vec<_> = conns
+        .into_iter()
+        .map(|s| {
+            std::thread::spawn(move || {
+                let mut r = std::io::BufReader::new(s.try_clone().unwrap());
+                let mut w = s;
+                (0..5)
+                    .map(|_| {
+                        write_request(&mut w, "GET", "/a.txt", &[]).expect("write");
+                        let reply = read_reply(&mut r, false).expect("reply");
+                        (reply.status, reply.body)
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    for c in clients {
+        for (status, body) in c.join().unwrap() {
+            assert_eq!(
+                (status, body.as_slice()),
+                (200, &b"hello crowd\n"[..]),
+                "{:#?}",
+                primary.output_so_far()
+            );
+        }
+    }
+    primary.signal(rustix::process::Signal::TERM);
+    assert_eq!(primary.wait_exit(Duration::from_secs(20)), Some(0));
+}
+
 /// A primary at its open-files limit (`ulimit -n 64`, a flood of connections) keeps the fds its
 /// own spawns need: a worker killed then is replaced, a reload then is done, and the primary's
 /// fd shortage is never counted as crashes of the worker (which spent the restart budget in a

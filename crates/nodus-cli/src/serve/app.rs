@@ -295,7 +295,7 @@ async fn serve_until_signal(options: ServeOptions, root: PathBuf) -> i32 {
         admin_on_public(&options, admin_listener.is_some()),
         admin::Source::Local,
     );
-    let budget = fd_budget::measure(false, options.max_connections);
+    let budget = fd_budget::measure(None, options.max_connections);
     budget.say(false, admin_listener.is_some());
     let running = start_servers(&options, &site, public, admin_listener, budget);
     tell_manager("READY=1\nSTATUS=serving");
@@ -414,6 +414,16 @@ async fn serve_worker(options: ServeOptions, root: PathBuf, worker: nodus::clust
         .ok()
         .and_then(|a| a.parse().ok())
         .unwrap_or(options.listen);
+    // Fed by the primary (rr, least), it also holds what was handed over and not yet accepted:
+    // at most three windows, set before the listen that tells the primary.
+    let handoffs = matches!(
+        options.policy,
+        nodus::cluster::Policy::RoundRobin | nodus::cluster::Policy::Least
+    );
+    let window = handoffs.then(fd_budget::window_now);
+    if let Some(window) = window {
+        worker.set_handoff_window(window as usize);
+    }
     let public = match worker.listen(addr).await {
         Ok(l) => l,
         Err(e) => return fail(format!("worker {}: {e}", worker.id())),
@@ -430,12 +440,7 @@ async fn serve_worker(options: ServeOptions, root: PathBuf, worker: nodus::clust
         admin_on_public(&options, admin_elsewhere),
         admin::Source::Worker(worker.clone()),
     );
-    // Fed by the primary (rr, least), it also holds what was handed over and not yet accepted.
-    let handoffs = matches!(
-        options.policy,
-        nodus::cluster::Policy::RoundRobin | nodus::cluster::Policy::Least
-    );
-    let budget = fd_budget::measure(handoffs, options.max_connections);
+    let budget = fd_budget::measure(window, options.max_connections);
     budget.say(true, false);
     let running = if options.policy == nodus::cluster::Policy::ReusePort {
         start_servers(&options, &site, OwnSocket(public), None, budget)

@@ -18,7 +18,11 @@
 //!   default), a listing's build (the directory twice, one build at a time), the admin
 //!   listener's connections ([`admin_max`]), the stats' `/proc` reads. A worker fed by the
 //!   primary (rr, least) adds what its handed-over connections hold before the server accepts
-//!   them: [`nodus::cluster::HANDOFF_QUEUE_MAX`] queued and one batch arriving (64).
+//!   them: three handoff windows ([`window`]: two queued, one arriving), 192 fds once the limit
+//!   leaves 1,024 free, fewer below (a sixteenth of what is free, at least 1 connection a
+//!   window), so that a low limit still leaves each worker connections to serve: at 128 a
+//!   worker's fixed 192 left it one connection, and the handed-over ones it held took the fds its
+//!   file opens needed (503s).
 //! - Beyond the cap the server stops accepting (nodus-http's rule): newcomers wait in the kernel's
 //!   backlog (511, Node's), or under rr in the primary (parked, within its bounds), as they wait
 //!   for an nginx worker at `worker_connections`.
@@ -28,7 +32,7 @@
 //!   start line's level: N workers, N lines), WARN from either when the limit holds fewer than
 //!   [`LOW`] connections or `--max-connections` asks for more than it holds.
 
-use nodus::ipc::MAX_FDS_PER_FRAME;
+use nodus::cluster::HANDOFF_WINDOW_MAX;
 
 /// The most connections kept open when the fd limit allows more: nodus-http's default.
 pub const DEFAULT_MAX: u64 = 10_000;
@@ -53,6 +57,27 @@ pub struct Budget {
     pub admin_max: u64,
 }
 
+/// The handoff window of a worker fed by the primary whose limit is `limit` with `open` fds open
+/// (`None`: unlimited): a sixteenth of what is free, 1 to [`HANDOFF_WINDOW_MAX`].
+pub fn window(limit: Option<u64>, open: u64) -> u64 {
+    let free = limit.unwrap_or(u64::MAX).saturating_sub(open);
+    (free / 16).clamp(1, HANDOFF_WINDOW_MAX as u64)
+}
+
+/// This process's open-files limit and the fds open now.
+fn limit_and_open() -> (Option<u64>, u64) {
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+    // The directory's own fd is among the entries.
+    let open = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count().saturating_sub(1));
+    (limit, open as u64)
+}
+
+/// This process's handoff window now ([`window`]).
+pub fn window_now() -> u64 {
+    let (limit, open) = limit_and_open();
+    window(limit, open)
+}
+
 /// The reserve of a process whose limit is `limit` with `free` fds free: an eighth of the limit,
 /// at least 64 but no more than half of `free`, plus `queued` (a worker's handed-over
 /// connections not yet accepted).
@@ -66,16 +91,12 @@ pub fn admin_max(reserve: u64) -> u64 {
 }
 
 /// The budget for `limit` (`None`: unlimited) with `open` fds open, for a worker fed by the
-/// primary when `handoffs`, with `--max-connections` `given`.
-pub fn budget(limit: Option<u64>, open: u64, handoffs: bool, given: Option<u64>) -> Budget {
+/// primary with the handoff window `window` when one is given, with `--max-connections` `given`.
+pub fn budget(limit: Option<u64>, open: u64, window: Option<u64>, given: Option<u64>) -> Budget {
     // Unlimited, or past what any table here counts: the default cap rules anyway.
     let lim = limit.unwrap_or(u64::MAX).min(1 << 40);
     let free = lim.saturating_sub(open);
-    let queued = if handoffs {
-        (nodus::cluster::HANDOFF_QUEUE_MAX + MAX_FDS_PER_FRAME) as u64
-    } else {
-        0
-    };
+    let queued = window.map_or(0, |w| 3 * w);
     let reserve = reserve(lim, free, queued);
     let room = (free.saturating_sub(reserve) / 2).clamp(1, DEFAULT_MAX);
     Budget {
@@ -89,11 +110,9 @@ pub fn budget(limit: Option<u64>, open: u64, handoffs: bool, given: Option<u64>)
 }
 
 /// This process's budget: its soft open-files limit now and the fds open now.
-pub fn measure(handoffs: bool, given: Option<u64>) -> Budget {
-    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
-    // The directory's own fd is among the entries.
-    let open = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count().saturating_sub(1));
-    budget(limit, open as u64, handoffs, given)
+pub fn measure(window: Option<u64>, given: Option<u64>) -> Budget {
+    let (limit, open) = limit_and_open();
+    budget(limit, open, window, given)
 }
 
 impl Budget {
@@ -140,27 +159,36 @@ impl Budget {
 
 #[cfg(test)]
 mod tests {
-    use super::{DEFAULT_MAX, budget};
+    use super::{DEFAULT_MAX, budget, window};
 
     #[test]
     fn the_cap_leaves_a_reserve_and_two_fds_per_connection() {
         // A container's 1024: 128 kept, (1024 - 10 - 128) / 2.
-        let b = budget(Some(1024), 10, false, None);
+        let b = budget(Some(1024), 10, None, None);
         assert_eq!((b.reserve, b.room, b.max, b.admin_max), (128, 443, 443, 32));
         // Large limits: nodus-http's default.
-        assert_eq!(budget(Some(1 << 20), 10, false, None).max, DEFAULT_MAX);
-        assert_eq!(budget(None, 10, false, None).max, DEFAULT_MAX);
+        assert_eq!(budget(Some(1 << 20), 10, None, None).max, DEFAULT_MAX);
+        assert_eq!(budget(None, 10, None, None).max, DEFAULT_MAX);
         // 64 with 12 open: half of the 52 free kept, 13 connections.
-        let b = budget(Some(64), 12, false, None);
+        let b = budget(Some(64), 12, None, None);
         assert_eq!((b.reserve, b.room), (26, 13));
-        // A worker fed by the primary keeps room for its queue and a batch.
-        let b = budget(Some(1024), 10, true, None);
+        // A worker fed by the primary keeps room for three windows: two queued, one arriving.
+        assert_eq!(window(Some(1024), 10), 63);
+        assert_eq!(window(Some(4096), 10), 64);
+        let b = budget(Some(1024), 10, Some(64), None);
         assert_eq!((b.reserve, b.room), (128 + 192, 347));
+        // A low limit, a small window: connections left to serve (at 128, 192 fds for the
+        // handed-over ones left a worker one).
+        assert_eq!(window(Some(128), 14), 7);
+        let b = budget(Some(128), 14, Some(7), None);
+        assert_eq!((b.reserve, b.room), (57 + 21, 18));
+        assert_eq!(window(Some(32), 30), 1);
+        assert_eq!(window(None, 30), 64);
         // Nothing left: one at a time.
-        assert_eq!(budget(Some(64), 12, true, None).room, 1);
-        assert_eq!(budget(Some(8), 20, false, None).room, 1);
+        assert_eq!(budget(Some(64), 12, Some(64), None).room, 1);
+        assert_eq!(budget(Some(8), 20, None, None).room, 1);
         // --max-connections wins, either way.
-        assert_eq!(budget(Some(1024), 10, false, Some(50)).max, 50);
-        assert_eq!(budget(Some(1024), 10, false, Some(5000)).max, 5000);
+        assert_eq!(budget(Some(1024), 10, None, Some(50)).max, 50);
+        assert_eq!(budget(Some(1024), 10, None, Some(5000)).max, 5000);
     }
 }

@@ -31,7 +31,7 @@ pub use supervision::{
     Backoff, Decision, ExitReason, FORCED_STOP_EXIT_CODE, GIVE_UP_EXIT_CODE, RestartBudget,
     RestartPolicy, RestartType, SlotHistory, default_max_restarts,
 };
-pub use worker::{HANDOFF_QUEUE_MAX, Listener, Stream, Worker};
+pub use worker::{HANDOFF_QUEUE_MAX, HANDOFF_WINDOW_MAX, Listener, Stream, Worker};
 
 /// Whether a cluster primary started this process (it set `NODE_UNIQUE_ID`), before or after
 /// [`Worker::get`] and nodus's taking of the variable out of the environment; takes nothing.

@@ -109,6 +109,7 @@ pub(crate) struct Incoming<'a> {
     pub text: Option<String>,
     pub nodus: Option<u64>,
     pub board: Option<u64>,
+    pub window: Option<u64>,
     pub peers: Option<Vec<Option<SocketAddr>>>,
     /// A round-robin `queryServer` answer's bound address (Node's `getsockname`): the port a
     /// port-0 listen got.
@@ -175,6 +176,11 @@ pub(crate) struct QueryServer<'a> {
     /// answer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub board: Option<u8>,
+    /// From a nodus worker that takes fewer connections handed and not yet taken than the
+    /// primary's default (64; a process low on fds): the most it may have so
+    /// (`Worker::set_handoff_window`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<u64>,
 }
 
 /// The message a worker or primary sends with only `act` and `seq` (`online`, `disconnect`,
@@ -361,9 +367,11 @@ mod tests {
             seq: 4,
             nodus: Some(1),
             board: Some(1),
+            window: Some(7),
         };
         let json = serde_json::to_string(&query).unwrap();
         let m = Incoming::parse(&json).unwrap();
+        assert_eq!(m.window, Some(7));
         assert_eq!(query.key(), server_key(&m));
         assert_eq!(query.key(), "::1:8080:6:undefined:0");
     }

@@ -29,11 +29,15 @@
 //!   closed at once: `close`, then whatever was queued goes back (`returned`), and a late answer
 //!   to the query is ignored. Refused connections go back to the primary, which gives them to
 //!   another worker.
-//! - A `newconns` batch that would leave more than [`HANDOFF_QUEUE_MAX`] (128) connections of
-//!   its key queued and not yet accepted by the application is refused (an application at its
-//!   connection cap stops accepting, as from a kernel listener): this process holds no fds for
-//!   connections nobody serves, and the primary hands them on or parks them. (A Node primary's
-//!   `newconn`, one per round trip, is taken.)
+//! - A `newconns` batch that would leave more than twice the handoff window (by default
+//!   [`HANDOFF_QUEUE_MAX`], 128) connections of its key queued and not yet accepted by the
+//!   application is refused (an application at its connection cap stops accepting, as from a
+//!   kernel listener): this process holds no fds for connections nobody serves, and the primary
+//!   hands them on or parks them. (A Node primary's `newconn`, one per round trip, is taken.)
+//! - The handoff window ([`Worker::set_handoff_window`], 64 by default, less for a process low on
+//!   fds) goes to a nodus primary with each `queryServer`: it hands this worker at most that many
+//!   connections it has not taken yet. So the worker holds at most three windows of fds for
+//!   connections its application has not accepted: two queued, one on their way.
 //! - The primary's `disconnect` makes [`Worker::drain_requested`] resolve (with the primary's
 //!   drain deadline); what to drain is the application's business. [`Worker::disconnect`] (leaving
 //!   on our own) closes every key as above while the channel is open, then says
@@ -94,6 +98,9 @@ const STATS_TIMEOUT: Duration = Duration::from_secs(5);
 /// the turn it arrived, and a channel read of one turn may bring two.
 pub const HANDOFF_QUEUE_MAX: usize = 2 * MAX_FDS_PER_FRAME;
 
+/// The handoff window by default, and at most: one batch's fds.
+pub const HANDOFF_WINDOW_MAX: usize = MAX_FDS_PER_FRAME;
+
 pub(crate) use crate::parent_env::NODUS_PRIMARY as NODUS_PRIMARY_ENV;
 
 /// The primary's answer to `queryServer`: the server key (or its error text) and, for a shared
@@ -143,6 +150,8 @@ struct Shared {
     /// Batches refused for fds that did not arrive (this worker at its fd limit): one line per
     /// burst, then counted.
     short_batches: Rc<crate::log_limit::LogLimit>,
+    /// The handoff window (`Worker::set_handoff_window`).
+    window: Cell<usize>,
 }
 
 /// Open-connection accounting for the `least` policy.
@@ -223,6 +232,7 @@ impl Worker {
                         );
                     },
                 ),
+                window: Cell::new(HANDOFF_WINDOW_MAX),
             }),
         };
         // `nodus: 1`: a nodus primary asks this worker for snapshots (Node's ignores it).
@@ -255,6 +265,16 @@ impl Worker {
         &self.sh.channel
     }
 
+    /// How many connections a nodus primary may hand this worker for a listener before it took
+    /// them, for the listens that follow: 1 to [`HANDOFF_WINDOW_MAX`] (64, the default; other
+    /// values are clamped). It also bounds what is queued for the application and not accepted
+    /// yet (twice the window; beyond, a batch is refused), so a worker holds at most three
+    /// windows of fds for connections its application has not accepted: a process low on fds
+    /// sets it lower (`nodus serve` does, from its open-files limit). A Node primary ignores it.
+    pub fn set_handoff_window(&self, window: usize) {
+        self.sh.window.set(window.clamp(1, HANDOFF_WINDOW_MAX));
+    }
+
     /// Asks the primary for a listener on `addr` (Node's `queryServer`). Port 0 gives every
     /// worker the same port, as in Node, which the listener's `local_addr` says (under
     /// round-robin and least, from the answer's `sockname`, as Node's `server.address()`).
@@ -284,6 +304,7 @@ impl Worker {
             seq,
             nodus: Some(1),
             board: Some(1),
+            window: Some(self.sh.window.get() as u64).filter(|&w| w < HANDOFF_WINDOW_MAX as u64),
         };
         // The key is claimed (its queue open) before the query goes out, so a `newconns` right
         // after the answer finds the queue. Until a `Listener` owns the claim, this future does:
@@ -681,7 +702,8 @@ impl Worker {
             .filter(|q| !q.closed.get());
         let peers = m.peers.as_deref().unwrap_or_default();
         // Refused whole, silently: the primary pauses this worker a moment and hands it on.
-        let queue = queue.filter(|q| q.conns.borrow().len() + peers.len() <= HANDOFF_QUEUE_MAX);
+        let bound = 2 * self.sh.window.get();
+        let queue = queue.filter(|q| q.conns.borrow().len() + peers.len() <= bound);
         if handles.len() < peers.len() {
             // The kernel dropped fds (this process is at its fd limit): the primary still holds
             // every connection of the batch and gives them to other workers. Once per burst.

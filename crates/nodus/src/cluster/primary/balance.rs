@@ -22,7 +22,8 @@
 
 use std::time::Duration;
 
-/// Connections a worker may have handed and not yet taken before it is skipped.
+/// Connections a worker may have handed and not yet taken before it is skipped, unless it asked
+/// for fewer (its window: [`Candidate::cap`]).
 pub(crate) const MAX_IN_FLIGHT: u64 = 64;
 
 /// How long a worker with connections handed and not taken may go without being seen taking any
@@ -41,7 +42,7 @@ pub(crate) const PIPELINE_WINDOW: Duration = Duration::from_millis(20);
 const WINDOW_NS: u64 = PIPELINE_WINDOW.as_nanos() as u64;
 
 /// What the balancer knows of one eligible worker.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Candidate {
     /// Connections handed and not yet taken.
     pub in_flight: u64,
@@ -49,6 +50,8 @@ pub(crate) struct Candidate {
     pub quiet_ns: u64,
     /// Load estimate for `least` (see the module docs).
     pub load: u64,
+    /// The most it may have in flight: [`MAX_IN_FLIGHT`], or the fewer its window asked.
+    pub cap: u64,
 }
 
 /// Round-robin: the next free candidate after `cursor`, else, of those whose queue moves, the
@@ -80,15 +83,15 @@ pub(crate) fn round_robin_takes(c: &Candidate) -> bool {
     c.in_flight == 0 || moves(c)
 }
 
-/// Whether `c`, with connections in flight, may be handed more: under the cap, and seen taking
+/// Whether `c`, with connections in flight, may be handed more: under its cap, and seen taking
 /// some within [`PIPELINE_WINDOW`].
 fn moves(c: &Candidate) -> bool {
-    c.in_flight < MAX_IN_FLIGHT && c.quiet_ns < WINDOW_NS
+    c.in_flight < c.cap && c.quiet_ns < WINDOW_NS
 }
 
 /// Whether least-loaded may hand `c` a connection now.
 pub(crate) fn least_takes(c: &Candidate) -> bool {
-    c.in_flight < MAX_IN_FLIGHT
+    c.in_flight < c.cap
 }
 
 /// Least-loaded: the candidate with the smallest load and room, ties broken from `cursor`.
@@ -119,6 +122,7 @@ mod tests {
             in_flight,
             quiet_ns: 0,
             load,
+            cap: MAX_IN_FLIGHT,
         }
     }
 
@@ -128,6 +132,7 @@ mod tests {
             in_flight,
             quiet_ns: quiet.as_nanos() as u64,
             load: 0,
+            cap: MAX_IN_FLIGHT,
         }
     }
 

@@ -654,26 +654,28 @@ pub(super) fn has_room(st: &State, server: &Server) -> bool {
     };
     members
         .iter()
-        .any(|m| takes(&candidate(&m.proc, ready_member, now)))
+        .any(|m| takes(&candidate(m, ready_member, now)))
 }
 
-/// What the balancer knows of `proc`, a member of a server where `ready_member` says whether any
-/// member is ready, at `now` (`crate::time::polled_ns`, for the stall rule): one that takes
-/// nothing now looks full. How long since it took handoffs goes by the loop's clock instead:
+/// What the balancer knows of `member` of a server where `ready_member` says whether any member
+/// is ready, at `now` (`crate::time::polled_ns`, for the stall rule): one that takes nothing now
+/// looks full (its cap, [`Member::window`], in flight). How long since it took handoffs goes by the loop's clock instead:
 /// `polled_ns` is the time before the last poll's wait, so after a wait for the connections
 /// being handed (an idle primary's) it would make a worker that took its last one long before,
 /// and may be busy since, look as if it had just taken it. A pause of the primary itself only
 /// makes every worker look quiet for a moment: free ones still take, and the first take ends it.
-fn candidate(proc: &Proc, ready_member: bool, now: u64) -> Candidate {
+fn candidate(member: &Member, ready_member: bool, now: u64) -> Candidate {
+    let proc = &member.proc;
     let in_flight = if takes_now(proc, ready_member, now) {
         proc.pending.conns()
     } else {
-        balance::MAX_IN_FLIGHT
+        member.window
     };
     Candidate {
         in_flight,
         quiet_ns: proc.pending.quiet_ns(crate::time::loop_now_ns()),
         load: proc.load_estimate(),
+        cap: member.window,
     }
 }
 
@@ -874,7 +876,7 @@ pub(super) fn dispatch(st: &Rc<State>, server: &Rc<Server>, conns: Vec<Conn>) ->
         let ready_member = members.iter().any(|m| serves_fully(&m.proc));
         let mut cands: Vec<Candidate> = members
             .iter()
-            .map(|m| candidate(&m.proc, ready_member, now))
+            .map(|m| candidate(m, ready_member, now))
             .collect();
         let mut chosen: Vec<Vec<Conn>> = vec![Vec::new(); members.len()];
         let mut parked = Vec::new();

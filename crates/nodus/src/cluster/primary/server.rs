@@ -136,6 +136,9 @@ pub(super) struct Member {
     pub(super) key: String,
     /// A nodus worker: takes `newconns` batches.
     pub(super) batches: bool,
+    /// The most connections it may have handed and not taken: its `queryServer`'s `window`
+    /// (1 to [`MAX_IN_FLIGHT`](super::balance::MAX_IN_FLIGHT), the default).
+    pub(super) window: u64,
 }
 
 /// What a server listens on: a TCP address, or a Unix socket (Node's `listen(path)`): a path,
@@ -806,6 +809,9 @@ fn join(proc: &Rc<Proc>, m: &Incoming<'_>, key: &str, server: &Server) -> io::Re
                     proc: proc.clone(),
                     key: key.to_owned(),
                     batches: m.nodus == Some(1),
+                    window: m.window.map_or(super::balance::MAX_IN_FLIGHT, |w| {
+                        w.clamp(1, super::balance::MAX_IN_FLIGHT)
+                    }),
                 });
             }
             drop(members);
