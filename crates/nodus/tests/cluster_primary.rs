@@ -14,6 +14,8 @@
 //! A test that needs a nodus worker runs this test binary again as the worker (the variable
 //! [`ROLE`] says which), filtered to the same test: the test function plays the worker there.
 
+mod common;
+
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
@@ -21,6 +23,7 @@ use std::time::Duration;
 use nodus::cluster::{
     Config, Event, EventKind, Policy, Primary, Readiness, ReadyState, Worker, WorkerCommand,
 };
+use common::Warnings;
 use nodus_testkit::tree;
 
 /// Set in a worker this binary starts from itself: the worker role to play.
@@ -1193,38 +1196,6 @@ fn a_rust_primary_that_shuts_down_leaves_no_guard() {
         });
     primary.wait().unwrap();
     assert!(status.success(), "{status}");
-}
-
-/// Warnings logged on this thread (the primary's loop) while the guard is held.
-#[derive(Clone, Default)]
-struct Warnings(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl Warnings {
-    fn capture() -> (Warnings, tracing::subscriber::DefaultGuard) {
-        let warnings = Warnings::default();
-        let writer = warnings.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
-            .finish();
-        (warnings, tracing::subscriber::set_default(subscriber))
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
-impl std::io::Write for Warnings {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 /// One worker (`sh`, which ignores SIGTERM) that exits with `code` once `file` exists; `ipc`

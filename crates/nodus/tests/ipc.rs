@@ -5,11 +5,14 @@
 
 mod common;
 
+use std::cell::Cell;
 use std::mem::MaybeUninit;
 use std::os::fd::OwnedFd;
+use std::rc::Rc;
+use std::time::Duration;
 
 use common::ipc::with_raw;
-use common::{bounded, cloexec};
+use common::{bounded, bounded_for, cloexec};
 use nodus::ipc::{Channel, ChannelOptions, FrameError, HIGH_WATER, IpcError, SendHandle};
 use nodus::net::{TcpListener, TcpStream};
 use nodus::{Runtime, spawn};
@@ -249,6 +252,55 @@ fn two_nacks_give_exactly_two_retransmissions_then_the_handle_is_delivered() {
         ch.send(&"end").unwrap();
         assert_eq!(raw.frame().await.0, r#""end""#);
         ch.flush().await.unwrap();
+    });
+}
+
+/// A loop that ends with frames still queued (the peer has not read them) says what was lost.
+#[test]
+fn a_loop_that_ends_with_frames_unwritten_says_they_are_lost() {
+    let (warnings, _guard) = common::Warnings::capture();
+    let raw = Runtime::new().block_on(async {
+        let (ch, raw) = with_raw(ChannelOptions::default());
+        // More than the socket's buffers hold while the peer reads nothing.
+        let big = "x".repeat(64 * 1024);
+        for _ in 0..64 {
+            ch.send(&big).unwrap();
+        }
+        nodus::sleep(10).await;
+        assert!(ch.queued_bytes() > 0);
+        raw
+    });
+    drop(raw);
+    let text = warnings.text();
+    assert!(
+        text.contains("an IPC channel ended with its loop before writing"),
+        "{text}"
+    );
+}
+
+/// `send_handle` then `flush`, Node's `process.send(msg, handle, cb)`: the flush ends at the
+/// handle's ACK, with nothing sent after it (no write left to wake it).
+#[test]
+fn a_flush_after_a_handle_ends_at_its_ack() {
+    bounded_for(Duration::from_secs(10), async {
+        let (ch, mut raw) = with_raw(ChannelOptions::default());
+        let (fd, _keep) = std::os::unix::net::UnixStream::pair().unwrap();
+        ch.send_handle(&1, SendHandle::fd(fd.into())).unwrap();
+        // Flushed in a task of its own, woken only by the channel.
+        let flushed = Rc::new(Cell::new(false));
+        let f = flushed.clone();
+        let ch2 = Rc::new(ch);
+        let flush = spawn(async move {
+            ch2.flush().await.unwrap();
+            f.set(true);
+        });
+        let (line, fds) = raw.frame().await;
+        assert!(line.starts_with(r#"{"cmd":"NODE_HANDLE""#), "{line}");
+        assert_eq!(fds.len(), 1);
+        nodus::sleep(20).await;
+        assert!(!flushed.get(), "the flush waits for the ACK");
+        raw.write(b"{\"cmd\":\"NODE_HANDLE_ACK\"}\n").await;
+        flush.await.unwrap();
     });
 }
 

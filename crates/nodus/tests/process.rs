@@ -90,12 +90,19 @@ fn tempfile_path(name: &str) -> std::path::PathBuf {
 fn kill_reports_the_signal_and_a_second_kill_is_not_found() {
     bounded(async {
         let child = Command::new("sleep").arg("30").spawn().unwrap();
+        // 0, Node's existence check: nothing sent.
+        child.kill(0).unwrap();
+        assert!(!child.has_exited());
         child.kill(SIGTERM).unwrap();
         let status = child.wait().await.unwrap();
         assert_eq!(status.signal(), Some(SIGTERM));
         assert_eq!(status.code(), None);
         assert_eq!(
             child.kill(SIGTERM).unwrap_err().kind(),
+            std::io::ErrorKind::NotFound
+        );
+        assert_eq!(
+            child.kill(0).unwrap_err().kind(),
             std::io::ErrorKind::NotFound
         );
         assert_eq!(

@@ -75,6 +75,10 @@
 //! - **Disconnect.** `disconnect()` (or dropping the `Channel`) stops new sends, writes what is
 //!   queued (waiting for a pending ACK), then closes the fd; the peer reads EOF. EOF from the
 //!   peer closes this side too. After the close, `recv` yields what was received, then `None`.
+//! - **Writes need the loop.** The channel's task writes what is queued while its loop runs: a
+//!   `block_on` that returns, or a runtime dropped, with frames still queued (a burst of `send`s
+//!   the peer has not read yet) loses them, with a WARN line that counts them. Await
+//!   [`Channel::flush`] before the loop ends (Node's process writes its queue before it exits).
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -266,6 +270,11 @@ impl Message {
     }
 
     /// Parses the message into `T`.
+    ///
+    /// # Errors
+    /// The JSON does not fit `T`, or holds what serde_json refuses and JavaScript's `JSON.parse`
+    /// takes: a lone UTF-16 surrogate escape (`"\ud83d"`, which `JSON.stringify` writes for a
+    /// string cut inside an emoji). [`json`](Self::json) still has the text.
     pub fn deserialize<T: DeserializeOwned>(&self) -> serde_json::Result<T> {
         serde_json::from_str(self.json.get())
     }
@@ -485,8 +494,10 @@ impl State {
         });
     }
 
-    /// After an ACK (or giving up): sends held messages until the next handle.
-    fn release_held(&mut self) {
+    /// After an ACK (or giving up): sends held messages until the next handle. With nothing held
+    /// or queued, the flush waiters are woken here: no write will (the ACK was the last thing a
+    /// flush waited for).
+    fn release_held(&mut self, wake: &mut Vec<Waker>) {
         while self.in_flight.is_none() {
             let Some((bytes, payload)) = self.held.pop_front() else {
                 break;
@@ -494,6 +505,9 @@ impl State {
             self.held_bytes -= bytes.len();
             self.held_handles -= usize::from(matches!(payload, Payload::Handle(_)));
             self.enqueue(bytes, payload);
+        }
+        if self.idle() {
+            wake.append(&mut self.flush_waiters);
         }
     }
 
@@ -731,7 +745,7 @@ impl State {
             }
             "NODE_HANDLE_ACK" => {
                 drop(self.in_flight.take());
-                self.release_held();
+                self.release_held(wake);
             }
             "NODE_HANDLE_NACK" => {
                 let Some(in_flight) = self.in_flight.as_mut() else {
@@ -741,7 +755,7 @@ impl State {
                     let dropped = self.in_flight.take().expect("checked");
                     let msg = handles::sent_message(&dropped.frame).unwrap_or_else(null);
                     self.deliver(Err(IpcError::HandleNotReceived(msg)), wake);
-                    self.release_held();
+                    self.release_held(wake);
                 } else {
                     in_flight.retransmissions += 1;
                     let bytes = in_flight.frame.clone();
@@ -1140,6 +1154,24 @@ impl Channel {
 impl Drop for Channel {
     fn drop(&mut self) {
         self.inner.disconnect();
+    }
+}
+
+impl Drop for Inner {
+    /// Gone with what it had not written: the loop that was to write it ended (a `block_on`
+    /// returned, the runtime dropped the channel's task) before it was written. Said, not lost in
+    /// silence.
+    fn drop(&mut self) {
+        let st = self.st.get_mut();
+        let (bytes, messages) = (st.queued(), st.out.len() + st.held.len());
+        if bytes > 0 {
+            tracing::warn!(
+                target: "nodus::ipc",
+                "an IPC channel ended with its loop before writing {messages} queued frames \
+                 ({bytes} bytes): they are lost; await `Channel::flush` (or let the loop run \
+                 on) before the loop ends"
+            );
+        }
     }
 }
 

@@ -33,8 +33,10 @@ pub struct SendHandle {
 }
 
 impl SendHandle {
-    /// Any fd (a pipe, a memfd, a file), sent as Node's `net.Native`. A Node receiver gets a raw
-    /// handle only for sockets; a nodus receiver gets the fd.
+    /// Any fd (a pipe, a memfd, a file), sent as Node's `net.Native`. A nodus receiver gets the
+    /// fd. A Node receiver takes only sockets and pipes: any other fd (a regular file, a memfd,
+    /// `/dev/null`) aborts the Node process (libuv sees a `UV_FILE`, which Node's channel
+    /// asserts against), so send those to nodus peers only.
     pub fn fd(fd: OwnedFd) -> SendHandle {
         SendHandle {
             fd,

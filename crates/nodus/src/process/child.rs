@@ -373,15 +373,20 @@ impl Child {
         }
     }
 
-    /// Sends `signal` (`nodus::signal::SIGTERM`, ...) to the child through its pidfd.
+    /// Sends `signal` (`nodus::signal::SIGTERM`, ...) to the child through its pidfd. `0` sends
+    /// nothing and only checks that the child has not been reaped (`kill(pid, 0)`, Node's
+    /// `subprocess.kill(0)`).
     ///
     /// # Errors
     /// `InvalidInput` for a number that is not a signal; `NotFound` once the child has exited.
     pub fn kill(&self, signal: i32) -> io::Result<()> {
-        let sig = to_signal(signal)?;
+        let sig = (signal != 0).then(|| to_signal(signal)).transpose()?;
         let guard = self.watch.pidfd.borrow();
         let Some(pidfd) = guard.as_ref() else {
             return Err(gone(self.id()));
+        };
+        let Some(sig) = sig else {
+            return Ok(()); // the pidfd is held until the child is reaped
         };
         rustix::process::pidfd_send_signal(pidfd.get_ref(), sig).map_err(|e| match e {
             rustix::io::Errno::SRCH => gone(self.id()),
@@ -393,8 +398,8 @@ impl Child {
     /// ([`Command::process_group`](super::Command::process_group)`(0)`).
     ///
     /// # Errors
-    /// As [`kill`](Self::kill); `NotFound` once the child's exit has been observed (it has been
-    /// reaped, so its pid may name another group by now).
+    /// As [`kill`](Self::kill), but `0` is refused (`InvalidInput`); `NotFound` once the child's
+    /// exit has been observed (it has been reaped, so its pid may name another group by now).
     pub fn kill_group(&self, signal: i32) -> io::Result<()> {
         let sig = to_signal(signal)?;
         if self.watch.pidfd.borrow().is_none() {

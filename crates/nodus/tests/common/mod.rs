@@ -1,6 +1,7 @@
 //! Helpers the runtime's integration tests share: a loop bounded in time, external tools (a
 //! missing one fails under `CI`), close-on-exec checks, stream helpers (`net`), a raw IPC peer
-//! (`ipc`), pipes to pass as fds (`pipes`) and a seeded PRNG for the attack tests (`rng`).
+//! (`ipc`), pipes to pass as fds (`pipes`), a seeded PRNG for the attack tests (`rng`) and the
+//! capture of a thread's warnings (`Warnings`).
 //!
 //! Each test file is its own crate and uses a subset of these, hence `allow(dead_code)`.
 #![allow(dead_code)]
@@ -47,4 +48,36 @@ pub fn cloexec(fd: impl AsFd) -> bool {
     rustix::io::fcntl_getfd(fd)
         .unwrap()
         .contains(rustix::io::FdFlags::CLOEXEC)
+}
+
+/// Warnings logged on this thread while the guard is held.
+#[derive(Clone, Default)]
+pub struct Warnings(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Warnings {
+    pub fn capture() -> (Warnings, tracing::subscriber::DefaultGuard) {
+        let warnings = Warnings::default();
+        let writer = warnings.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+            .finish();
+        (warnings, tracing::subscriber::set_default(subscriber))
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Warnings {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
