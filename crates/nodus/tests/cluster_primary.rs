@@ -20,10 +20,10 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
+use common::Warnings;
 use nodus::cluster::{
     Config, Event, EventKind, Policy, Primary, Readiness, ReadyState, Worker, WorkerCommand,
 };
-use common::Warnings;
 use nodus_testkit::tree;
 
 /// Set in a worker this binary starts from itself: the worker role to play.

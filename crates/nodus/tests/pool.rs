@@ -499,3 +499,20 @@ fn built_pools_are_listed_under_their_names_while_they_live() {
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
     assert!(err.to_string().contains("NUL"), "{err}");
 }
+
+/// A job whose result its task holds is no longer counted busy: the pool lowers its count before
+/// it wakes the task (it used to after, so a snapshot right after an await could count it).
+#[test]
+fn a_job_whose_result_was_awaited_is_not_counted_busy() {
+    let rt = Runtime::new();
+    rt.block_on(async {
+        let pool = Pool::builder("busy-count").threads(2).build().unwrap();
+        for i in 0..300 {
+            // A job long enough that the task sleeps on it and is woken by the pool's thread.
+            pool.offload(|| std::thread::sleep(Duration::from_micros(200)))
+                .await
+                .unwrap();
+            assert_eq!(pool.stats().busy_threads, 0, "after job {i}");
+        }
+    });
+}

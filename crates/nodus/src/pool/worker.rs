@@ -2,7 +2,7 @@
 //!
 //! One mutex guards the queue (two FIFOs: fast work and slow work, ordered between them by a
 //! sequence number, so the pool as a whole stays FIFO as libuv's does with its slow-I/O sentinel)
-//! plus the counts the workers keep under it (running, slow running, idle, waking). Idle workers
+//! plus the counts the workers keep under it (slow running, idle, waking). Idle workers
 //! wait on a condition variable. A submission signals one only when a worker is idle and none is
 //! already on its way; a signalled worker that finds more work than it can take signals the
 //! next. So a burst of short jobs wakes one thread at a time instead of every thread once per
@@ -59,7 +59,6 @@ struct Queue {
     fast: VecDeque<(u64, Job)>,
     slow: VecDeque<(u64, Job)>,
     seq: u64,
-    running: usize,
     slow_running: usize,
     idle: usize,
     /// Workers signalled and not yet back at the queue: while one is on its way, a submission
@@ -140,6 +139,9 @@ pub(crate) struct Inner {
     workers: Vec<Mutex<WorkerStats>>,
     /// Jobs submitted and neither started nor cancelled (see the module docs).
     queued: AtomicUsize,
+    /// Threads running a job, from its start until its result is handed over (lowered before
+    /// the waiting task is woken, so a task that has its result never sees its job counted).
+    busy: AtomicUsize,
     cancelled: AtomicU64,
     rejected: AtomicU64,
     panicked: AtomicU64,
@@ -168,6 +170,7 @@ impl Inner {
             wakeup: Condvar::new(),
             workers: (0..threads).map(|_| Mutex::default()).collect(),
             queued: AtomicUsize::new(0),
+            busy: AtomicUsize::new(0),
             cancelled: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
             panicked: AtomicU64::new(0),
@@ -293,7 +296,7 @@ impl Inner {
                 q.waking = q.waking.saturating_sub(1);
                 continue;
             };
-            q.running += 1;
+            self.busy.fetch_add(1, Ordering::Relaxed);
             // More work than this worker: pass the signal on.
             let signal = q.should_signal(self.slow_limit);
             drop(q);
@@ -311,6 +314,9 @@ impl Inner {
             let ran = job.run();
             let end = now_ns();
             last_end = Some(end);
+            // Before the wake: the woken task's snapshot (whose wake orders it after this) does
+            // not count a job whose result it holds.
+            self.busy.fetch_sub(1, Ordering::Relaxed);
             if let Some(waker) = ran {
                 {
                     let mut s = lock(stats);
@@ -325,7 +331,6 @@ impl Inner {
             drop(job);
 
             q = lock(&self.queue);
-            q.running -= 1;
             if slow {
                 q.slow_running -= 1;
                 // The slow limit just freed a place: waiting slow work may need a worker.
@@ -338,7 +343,7 @@ impl Inner {
 
     pub(crate) fn snapshot(&self) -> PoolSnapshot {
         let queue_depth = self.queued.load(Ordering::Relaxed) as u64;
-        let busy = lock(&self.queue).running as u64;
+        let busy = self.busy.load(Ordering::Relaxed) as u64;
         let mut queue_wait = Histogram::new();
         let mut run = Histogram::new();
         let mut completed = 0;
