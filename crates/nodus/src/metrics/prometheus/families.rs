@@ -179,7 +179,7 @@ pub(super) const RUN_QUEUE_SAMPLES: Desc = desc!(
     Histogram,
     none,
     concat!(
-        "Run-queue length sampled at the start of every drain.",
+        "Run-queue length sampled at the start of every drain (work queued and run within one drain, tasks a task spawns, is not in it: nodus_run_queue_length_max and _mean count it).",
         summary_in_json!()
     )
 );
