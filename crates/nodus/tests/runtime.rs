@@ -1050,3 +1050,38 @@ fn callbacks_behind_a_panicking_pending_or_close_callback_run_at_the_next_run() 
         ]
     );
 }
+
+/// Node 20 (libuv 1.45+ runs timers at the end of each pass, before it looks at what is alive):
+/// an unref'd timer due when the last ref'd work ends fires before `run` returns.
+/// `setTimeout(3).unref(); setImmediate(() => busy 6 ms)` prints `imm`, `unref timer`.
+#[test]
+fn run_fires_an_unrefd_timer_that_is_due_when_the_last_refd_work_ends() {
+    let rt = Runtime::new();
+    let trace: Trace = Rc::default();
+    let (t1, t2) = (trace.clone(), trace.clone());
+    rt.enter(|| {
+        set_timeout(3, move || push(&t1, "unref timer")).unref();
+        set_immediate(move || {
+            push(&t2, "imm");
+            let until = Instant::now() + Duration::from_millis(6);
+            while Instant::now() < until {}
+        });
+    });
+    rt.run();
+    assert_eq!(*trace.borrow(), ["imm", "unref timer"]);
+}
+
+/// libuv's `UV_RUN_ONCE`: a pass that waited in the poll phase for a timer runs it.
+#[test]
+fn run_once_runs_the_timer_it_waited_for() {
+    let rt = Runtime::new();
+    let fired = Rc::new(Cell::new(false));
+    let f = fired.clone();
+    rt.enter(|| set_timeout(20, move || f.set(true)));
+    let alive = rt.run_once();
+    assert!(
+        fired.get(),
+        "the timer fired within the pass that waited for it"
+    );
+    assert!(!alive);
+}

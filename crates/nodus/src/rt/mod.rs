@@ -2,8 +2,10 @@
 //!
 //! - `block_on(future)` runs the loop until the future completes (the future need not be
 //!   `'static`); whatever else is queued stays queued for the next `run`/`block_on`.
-//! - `run()` runs until nothing ref'd is alive (Node's exit rule); `run_once()` and
-//!   `run_nowait()` run one pass starting at timers, blocking or not in the poll phase.
+//! - `run()` runs until nothing ref'd is alive (Node's exit rule): a timers pass, then passes of
+//!   pending, idle, prepare, poll, check, close and timers (libuv 1.45+, Node 20), what is alive
+//!   looked at after each; `run_once()` and `run_nowait()` run one such pass, blocking or not in
+//!   the poll phase (so a pass that waited for a timer runs it, as `UV_RUN_ONCE` does).
 //! - `stop()` ends `run` after the current iteration (libuv's `uv_stop`). Every run mode consumes
 //!   the request when it returns, as `uv_run` does; `block_on` does not honour it.
 //! - `enter(f)` runs `f` as the "main script": with this loop current, then drains next-ticks and
@@ -172,6 +174,9 @@ impl Runtime {
             let t = core.boundary();
             core.poll_main(t);
             core.drain();
+            if !core.main_done.get() {
+                core.run_timers(); // as `run`'s pass before its loop
+            }
             while !core.main_done.get() {
                 core.iterate(Mode::BlockOn);
             }
@@ -198,19 +203,25 @@ impl Runtime {
         let _active = Active::new(&self.core);
         let _stop = ConsumeStop(&self.core);
         self.core.drain();
+        // libuv's timers pass before its loop (`UV_RUN_DEFAULT`): the cycle starts at timers.
+        if self.core.alive() && !self.core.stop.get() {
+            self.core.run_timers();
+        }
         while self.core.alive() && !self.core.stop.get() {
             self.core.iterate(Mode::Default);
         }
     }
 
-    /// One pass starting at timers, blocking in the poll phase if nothing is ready. Returns
-    /// whether the loop is still alive.
+    /// One pass (pending, idle, prepare, poll, check, closing, timers: libuv's `UV_RUN_ONCE`),
+    /// blocking in the poll phase if nothing is ready: a pass that waited for a timer runs it.
+    /// Returns whether the loop is still alive.
     #[track_caller]
     pub fn run_once(&self) -> bool {
         self.one_pass(Mode::Once)
     }
 
-    /// One pass starting at timers, without blocking. Returns whether the loop is still alive.
+    /// One pass as [`run_once`](Self::run_once)'s, without blocking (`UV_RUN_NOWAIT`). Returns
+    /// whether the loop is still alive.
     #[track_caller]
     pub fn run_nowait(&self) -> bool {
         self.one_pass(Mode::NoWait)

@@ -1,4 +1,5 @@
-//! One loop iteration: timers, pending, idle, prepare, poll, check, close (DESIGN.md section 2).
+//! One loop iteration: pending, idle, prepare, poll, check, close, timers, libuv 1.45+'s order
+//! (DESIGN.md section 2: the same cycle, since `run` and `block_on` run a timers pass first).
 //!
 //! Invariants:
 //! - The timers pass fires timers due at `pass_now`, read once when the pass starts, in Node's
@@ -62,13 +63,13 @@ pub(crate) enum Mode {
 }
 
 impl Core {
-    /// One pass of the loop, starting at timers.
+    /// One pass of the loop as libuv 1.45+ (Node 20's) makes it: pending, idle, prepare, poll,
+    /// check, closing, and timers last, so that a pass that waited in the poll phase for a timer
+    /// runs it (`run_once`), and `run` sees every timer due when its last ref'd work ended before
+    /// it looks at what is alive. `run` and `block_on` run one timers pass before their first
+    /// (`run_timers`, libuv's pass before its loop), so the cycle starts at timers.
     pub(crate) fn iterate(&self, mode: Mode) {
         self.meter.iteration();
-        self.run_timers();
-        if self.main_done.get() {
-            return;
-        }
         self.run_pending();
         self.run_hooks(HookKind::Idle);
         self.run_hooks(HookKind::Prepare);
@@ -84,9 +85,14 @@ impl Core {
             return;
         }
         self.run_closing();
+        if self.main_done.get() {
+            return;
+        }
+        self.run_timers();
     }
 
-    fn run_timers(&self) {
+    /// The timers phase: every timer due at the pass's `now`.
+    pub(crate) fn run_timers(&self) {
         self.meter.phase(Phase::Timers);
         if self.timers.borrow().len() == 0 {
             return;
