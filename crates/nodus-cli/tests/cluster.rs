@@ -19,7 +19,7 @@ use common::http::{get_ok, try_request};
 use common::{NODUS, have};
 use nodus_testkit::net::free_addr;
 use nodus_testkit::proc::Proc;
-use nodus_testkit::scrape::{family_type, find};
+use nodus_testkit::scrape::{self, family_type, find};
 use nodus_testkit::tmp::TempDir;
 use nodus_testkit::tree::gone;
 use serde_json::Value;
@@ -362,6 +362,129 @@ fn serve_cluster_metrics_carry_the_figures_of_its_stats() {
         }
         assert!(num(&w["snapshot"]["run_queue"]["max"]) >= 1.0, "{w}");
     }
+
+    primary.signal(rustix::process::Signal::TERM);
+    assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));
+}
+
+/// The primary's own loop (under rr every connection passes through it) is in the cluster's
+/// metrics and stats as a worker's is, whichever process answers (the primary on `--admin`, a
+/// worker on the public listener, which asks it over IPC): its loop series once each, labelled
+/// `worker="primary"` and its pid, in the workers' families (one `# TYPE` each, no series twice),
+/// and its snapshot the stats' `primary.snapshot`, outside `workers[]`, which still lists the two
+/// workers alone, as `nodus top --once` does.
+#[test]
+fn serve_cluster_shows_the_primarys_own_loop_as_worker_primary() {
+    let dir = TempDir::new("primary-loop");
+    std::fs::write(dir.path().join("a.txt"), "hello cluster\n").unwrap();
+    let (addr, admin) = (free_addr(), free_addr());
+    let mut primary = spawn(
+        Command::new(NODUS)
+            .arg("serve")
+            .arg(dir.path())
+            .args(["--workers", "2", "--listen", &addr.to_string()])
+            .args(["--admin", &admin.to_string(), "--admin-on-public", "on"])
+            .env("RUST_LOG", "info"),
+    );
+    primary.wait_line("2 workers ready");
+    for _ in 0..10 {
+        assert_eq!(get_ok(addr, "/a.txt"), "hello cluster\n");
+    }
+    let pid = primary.id().to_string();
+    let loop_samples = [
+        "nodus_loop_iterations_total",
+        "nodus_loop_busy_seconds_total",
+        "nodus_loop_utilization",
+        "nodus_task_schedule_delay_seconds_count",
+        "nodus_loop_slow_polls_total",
+        "nodus_stalls_recent",
+        "nodus_timer_lateness_seconds_count",
+        "nodus_process_resident_memory_bytes",
+        "nodus_http_connections_accepted_total",
+    ];
+    for (who, at) in [("the primary", admin), ("a worker", addr)] {
+        let stats: Value = serde_json::from_str(&get_ok(at, "/_nodus/stats")).unwrap();
+        assert_eq!(stats["primary"]["pid"].to_string(), pid, "{who}: {stats}");
+        let own = &stats["primary"]["snapshot"];
+        assert_eq!(own["pid"].to_string(), pid, "{who}: {stats}");
+        assert!(
+            own["loop_stats"]["iterations"].as_u64() > Some(0),
+            "{who}: {own}"
+        );
+        let workers = stats["workers"].as_array().unwrap();
+        assert_eq!(workers.len(), 2, "{who}: {stats}");
+        assert_eq!(stats["workers_up"], 2, "{who}: {stats}");
+        assert!(
+            workers.iter().all(|w| w["worker"].is_u64()),
+            "{who}: {stats}"
+        );
+
+        let text = openmetrics(at);
+        let mut seen = std::collections::HashSet::new();
+        let twice: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.is_empty() && (l.starts_with("# TYPE ") || !l.starts_with('#')))
+            .map(|l| l.rsplit_once(' ').map_or(l, |(head, _)| head))
+            .filter(|head| !seen.insert(*head))
+            .collect();
+        assert_eq!(twice, Vec::<&str>::new(), "{who}: written twice in\n{text}");
+        assert_eq!(scrape::unit_mistakes(&text), Vec::<String>::new(), "{who}");
+        for sample in loop_samples {
+            let all = scrape::series(&text, sample);
+            let labels = |s: &scrape::Series| s.labels.iter().find(|(k, _)| k == "worker").cloned();
+            let ours: Vec<_> = all
+                .iter()
+                .filter(|s| labels(s).is_some_and(|(_, v)| v == "primary"))
+                .collect();
+            assert_eq!(ours.len(), 1, "{who}: {sample} of the primary in\n{text}");
+            assert_eq!(
+                ours[0].labels,
+                [
+                    ("worker".into(), "primary".into()),
+                    ("pid".into(), pid.clone())
+                ],
+                "{who}: {sample}"
+            );
+            assert!(ours[0].value >= 0.0, "{who}: {sample} {}", ours[0].value);
+            // The workers' own: one each, numbered.
+            let mut slots: Vec<String> = all
+                .iter()
+                .filter_map(|s| labels(s).map(|(_, v)| v))
+                .filter(|v| v != "primary")
+                .collect();
+            slots.sort();
+            assert_eq!(slots, ["1", "2"], "{who}: {sample} in\n{text}");
+        }
+        let iterations = find(
+            &text,
+            "nodus_loop_iterations_total",
+            &[("worker", "primary"), ("pid", &pid)],
+        );
+        assert!(iterations.is_some_and(|s| s.value > 0.0), "{who}");
+    }
+    // The admin server runs on the primary's loop: its HTTP figures are the primary's.
+    let accepted = find(
+        &openmetrics(admin),
+        "nodus_http_connections_accepted_total",
+        &[("worker", "primary"), ("pid", &pid)],
+    );
+    assert!(
+        accepted.as_ref().is_some_and(|s| s.value >= 1.0),
+        "{accepted:?}"
+    );
+
+    // `nodus top --once` still counts two workers, with no row of the primary's.
+    let out = Command::new(NODUS)
+        .args(["top", "--once", &admin.to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains(" 2 workers "), "{text}");
+    assert!(
+        !text.lines().any(|l| l.starts_with(&format!("{pid} "))),
+        "{text}"
+    );
 
     primary.signal(rustix::process::Signal::TERM);
     assert_eq!(primary.wait_exit(Duration::from_secs(30)), Some(0));

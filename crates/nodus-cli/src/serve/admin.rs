@@ -14,12 +14,14 @@
 //!
 //! In a cluster, stats and metrics cover every worker whichever process answers: a worker asks
 //! its primary over IPC, the primary (which serves `--admin` itself) builds them from its
-//! workers' snapshots. A worker under a stock Node primary (which keeps no stats) serves its
-//! own. A worker whose nodus primary does not answer within 5 s (stopped, its loop stalled)
-//! answers 503 `cluster primary not answering`, never its own figures in the cluster's place:
-//! the document would change shape and the metrics lose their `worker` and `pid` labels, so
-//! Prometheus would see other series rather than a failed scrape (`up` 0). 5 s is under
-//! Prometheus's default scrape timeout (10 s), so the scrape fails with this answer.
+//! workers' snapshots and its own loop's (`worker="primary"`, `primary.snapshot`: with
+//! `--admin` its HTTP figures are this server's). A worker under a stock Node primary (which
+//! keeps no stats) serves its own. A worker whose nodus primary does not answer within 5 s
+//! (stopped, its loop stalled) answers 503 `cluster primary not answering`, never its own
+//! figures in the cluster's place: the document would change shape and the metrics lose their
+//! `worker` and `pid` labels, so Prometheus would see other series rather than a failed scrape
+//! (`up` 0). 5 s is under Prometheus's default scrape timeout (10 s), so the scrape fails with
+//! this answer.
 //!
 //! readyz ([`Readyz`]) answers for the process that serves it: 200 `ready` while it takes
 //! traffic, 503 with why not. `shutting down` only once a shutdown began (this process's own
@@ -193,11 +195,13 @@ fn primary_silent() -> Response<Body> {
 
 /// Serves the admin endpoints of a cluster primary on `listener`: the whole cluster's figures,
 /// and readyz 200 while no shutdown began and a ready worker is not stalled (`nodus serve
-/// --workers N`, `nodus run`).
+/// --workers N`, `nodus run`). The primary's own loop then reports this server's HTTP figures
+/// with its other ones (`worker="primary"`).
 pub fn serve_primary(
     listener: nodus::net::TcpListener,
     primary: nodus::cluster::Primary,
 ) -> nodus_http::Server {
+    primary.set_snapshot(nodus_http::snapshot);
     let source = Source::Primary(primary);
     nodus_http::serve(
         listener,

@@ -480,6 +480,9 @@ pub(crate) struct State {
     /// next ones are logged at DEBUG.
     app_message_said: Cell<bool>,
     stats_cache: RefCell<stats::Cache>,
+    /// What the primary's own loop reports in the stats and metrics (`worker="primary"`), taken
+    /// on this loop for each document ([`Primary::set_snapshot`]).
+    own_snapshot: RefCell<Box<dyn Fn() -> crate::metrics::Snapshot>>,
     /// The orphan guard (`crate::process::OrphanGuard`): remembers every worker's process group
     /// and SIGKILLs those left when this process is gone. `None` if it could not be started.
     guard: Option<OrphanGuard>,
@@ -645,6 +648,7 @@ impl Primary {
             notify_ignored: Cell::new(0),
             app_message_said: Cell::new(false),
             stats_cache: RefCell::default(),
+            own_snapshot: RefCell::new(Box::new(crate::metrics::snapshot)),
             guard,
             reaper,
         });
@@ -801,12 +805,21 @@ impl Primary {
             .collect()
     }
 
-    /// The cluster's `/_nodus/stats` document (fresh worker snapshots, at most 1 s old).
+    /// Sets what the primary's own loop reports in the stats (`primary.snapshot`) and metrics
+    /// (`worker="primary"`), called on its loop for each document (default:
+    /// [`crate::metrics::snapshot`]; an HTTP server on this loop adds its own section).
+    pub fn set_snapshot(&self, f: impl Fn() -> crate::metrics::Snapshot + 'static) {
+        *self.st.own_snapshot.borrow_mut() = Box::new(f);
+    }
+
+    /// The cluster's `/_nodus/stats` document (fresh worker snapshots, at most 1 s old, and the
+    /// primary's own loop's, taken now).
     pub async fn stats_json(&self) -> String {
         stats::stats_json(&self.st).await
     }
 
-    /// The cluster's `/_nodus/metrics` (OpenMetrics text), every series labelled by `worker`.
+    /// The cluster's `/_nodus/metrics` (OpenMetrics text), every series labelled by `worker`:
+    /// a worker's slot number, `primary` for the primary's own loop.
     pub async fn metrics_text(&self) -> String {
         stats::metrics_text(&self.st).await
     }

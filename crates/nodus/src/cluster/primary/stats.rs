@@ -36,6 +36,11 @@
 //! so it is `null` there even while `stalled` is true.
 //! The JSON shape is the one `nodus top` and the admin page read (`workers[]` with `worker`,
 //! `pid`, `snapshot`, `answering`, `stalled`, `restarts`, `rss_bytes`, plus cluster fields).
+//! The primary's own loop (under rr and least every connection passes through it) is measured
+//! as a worker's is: its snapshot (`Primary::set_snapshot`, taken on its loop for each document,
+//! never old, never left out) is `primary.snapshot` in the JSON, outside `workers[]`, so nothing
+//! that counts workers counts it, and in the metrics its loop series are a worker's families
+//! with `worker="primary"` and its pid (a slot is a number: no worker's series collides).
 //! A snapshot a worker sends is served only if a loop could have sent it: a JSON `Snapshot` of
 //! at most [`wire::BYTES`] within [`Snapshot::out_of_bounds`]'s bounds. Any other (malformed,
 //! huge, with two series of one name) is refused, the worker shown without a snapshot
@@ -46,7 +51,8 @@
 //! the largest worker snapshots are left out, as few as needed ([`fit`]), each such worker
 //! saying why (`snapshot_left_out`; `nodus_cluster_worker_snapshot_left_out` in the metrics)
 //! and the document that it is trimmed (`trimmed`), so the worker always gets a valid answer
-//! rather than none. The primary's own document has no frame and is always whole.
+//! rather than none. The primary's own document has no frame and is always whole; the
+//! primary's loop snapshot (one loop's, far smaller than a frame) is in either.
 //! The worker may be another build than the primary (a rolling reload runs the binary on disk):
 //! its snapshot is checked against the wire limits every build keeps, never this build's own
 //! table sizes, its fields this build does not know are ignored (and served as sent in the JSON
@@ -85,6 +91,8 @@ use crate::metrics::wire;
 pub(super) const FRESH: Duration = Duration::from_secs(1);
 /// How long one refresh waits for a worker's answer.
 pub(super) const ASK_LIMIT: Duration = Duration::from_millis(500);
+/// The `worker` label of the primary's own loop series.
+const PRIMARY: &str = "primary";
 
 #[derive(Default)]
 pub(super) struct Cache {
@@ -363,7 +371,7 @@ struct ClusterDoc<'a> {
     /// What a document relayed to a worker left out to fit its IPC frame, and why (`null`: it
     /// is whole, as the primary's own always is).
     trimmed: Option<String>,
-    primary: PrimaryDoc,
+    primary: PrimaryDoc<'a>,
     workers: Vec<WorkerDoc<'a>>,
 }
 
@@ -374,10 +382,12 @@ struct ReloadsDoc {
 }
 
 #[derive(Serialize)]
-struct PrimaryDoc {
+struct PrimaryDoc<'a> {
     pid: u32,
     rss_bytes: Option<u64>,
     uptime_seconds: f64,
+    /// The primary's own loop, taken for this document: never left out, never old.
+    snapshot: &'a Snapshot,
 }
 
 fn slot_restarts(st: &State, slot: u32) -> u64 {
@@ -396,17 +406,18 @@ async fn orphans(st: &State) -> Option<(u64, u64)> {
 }
 
 /// What every document starts from: the workers' snapshots refreshed, the adopted orphans
-/// reaped and counted, and the live workers.
-async fn fresh(st: &Rc<State>) -> (Option<(u64, u64)>, Vec<Rc<Proc>>) {
+/// reaped and counted, the live workers, and the primary's own loop's snapshot, taken now.
+async fn fresh(st: &Rc<State>) -> (Option<(u64, u64)>, Vec<Rc<Proc>>, Snapshot) {
     refresh(st).await;
     let orphans = orphans(st).await;
-    (orphans, live_procs(st))
+    let own = (st.own_snapshot.borrow())();
+    (orphans, live_procs(st), own)
 }
 
 /// The cluster's stats document, every worker's snapshot in it (the primary's own answer).
 pub(super) async fn stats_json(st: &Rc<State>) -> String {
-    let (orphans, procs) = fresh(st).await;
-    json_doc(st, orphans, &procs, &Relay::whole(procs.len()))
+    let (orphans, procs, own) = fresh(st).await;
+    json_doc(st, orphans, &procs, &own, &Relay::whole(procs.len()))
 }
 
 /// The stats document as relayed to a worker in one IPC frame: its JSON-escaped text (the
@@ -414,7 +425,7 @@ pub(super) async fn stats_json(st: &Rc<State>) -> String {
 /// that needs ([`fit`]), each such worker saying so (`snapshot_left_out`) and the document too
 /// (`trimmed`).
 pub(super) async fn stats_json_relayed(st: &Rc<State>, budget: usize) -> String {
-    let (orphans, procs) = fresh(st).await;
+    let (orphans, procs, own) = fresh(st).await;
     let sizes = || {
         procs
             .iter()
@@ -427,7 +438,7 @@ pub(super) async fn stats_json_relayed(st: &Rc<State>, budget: usize) -> String 
             .collect()
     };
     fit(procs.len(), budget, sizes, |relay| {
-        json_doc(st, orphans, &procs, relay)
+        json_doc(st, orphans, &procs, &own, relay)
     })
 }
 
@@ -521,6 +532,7 @@ fn json_doc(
     st: &Rc<State>,
     orphans: Option<(u64, u64)>,
     procs: &[Rc<Proc>],
+    own: &Snapshot,
     relay: &Relay,
 ) -> String {
     let snapshots: Vec<Option<Box<RawValue>>> = procs
@@ -584,6 +596,7 @@ fn json_doc(
             pid: std::process::id(),
             rss_bytes: rss_bytes(std::process::id()),
             uptime_seconds: st.started.elapsed().as_secs_f64(),
+            snapshot: own,
         },
         workers,
     };
@@ -601,18 +614,27 @@ fn worker_labels(p: &Proc) -> Labels {
     ]
 }
 
-/// The cluster's metrics: every worker's series with `worker` and `pid` labels, then the
-/// cluster's own (the primary's own answer).
+/// The primary's own loop's labels: `worker="primary"` (a slot is a number, so no worker's
+/// series has it) and its pid.
+fn primary_labels() -> Labels {
+    vec![
+        ("worker".to_owned(), PRIMARY.to_owned()),
+        ("pid".to_owned(), std::process::id().to_string()),
+    ]
+}
+
+/// The cluster's metrics: every worker's series with `worker` and `pid` labels, the primary's
+/// loop's with `worker="primary"`, then the cluster's own (the primary's own answer).
 pub(super) async fn metrics_text(st: &Rc<State>) -> String {
-    let (orphans, procs) = fresh(st).await;
-    metrics_doc(st, orphans, &procs, &Relay::whole(procs.len()))
+    let (orphans, procs, own) = fresh(st).await;
+    metrics_doc(st, orphans, &procs, &own, &Relay::whole(procs.len()))
 }
 
 /// The metrics as relayed to a worker in one IPC frame: their JSON-escaped text at most
 /// `budget` bytes, the loop series of workers left out, largest first, as that needs ([`fit`]),
 /// each such worker in `nodus_cluster_worker_snapshot_left_out`.
 pub(super) async fn metrics_text_relayed(st: &Rc<State>, budget: usize) -> String {
-    let (orphans, procs) = fresh(st).await;
+    let (orphans, procs, own) = fresh(st).await;
     let sizes = || {
         procs
             .iter()
@@ -624,7 +646,7 @@ pub(super) async fn metrics_text_relayed(st: &Rc<State>, budget: usize) -> Strin
             .collect()
     };
     fit(procs.len(), budget, sizes, |relay| {
-        metrics_doc(st, orphans, &procs, relay)
+        metrics_doc(st, orphans, &procs, &own, relay)
     })
 }
 
@@ -632,6 +654,7 @@ fn metrics_doc(
     st: &Rc<State>,
     orphans: Option<(u64, u64)>,
     procs: &[Rc<Proc>],
+    own: &Snapshot,
     relay: &Relay,
 ) -> String {
     let snapshots: Vec<(Labels, Ref<'_, Snapshot>)> = procs
@@ -643,7 +666,12 @@ fn metrics_doc(
             Some((worker_labels(p), snap.ok()?))
         })
         .collect();
-    let refs: Vec<(Labels, &Snapshot)> = snapshots.iter().map(|(l, s)| (l.clone(), &**s)).collect();
+    // The workers' loops, then the primary's own (`worker="primary"`, no slot's number).
+    let refs: Vec<(Labels, &Snapshot)> = snapshots
+        .iter()
+        .map(|(l, s)| (l.clone(), &**s))
+        .chain([(primary_labels(), own)])
+        .collect();
     let mut registry = Registry::default();
     registry.register_collector(Box::new(SnapshotCollector::new(&refs)));
     let up = Gauge::<i64>::default();
