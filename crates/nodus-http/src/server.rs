@@ -130,6 +130,8 @@
 //!   `max_connections`, the drain waits for it, and loses nothing when it cuts it). A connection
 //!   cut (write stall, drain deadline), idle, cut for a slow head or ended by the client does not
 //!   linger, nor does an HTTP/2 one (GOAWAY and hyper's HTTP/2 close).
+//! - An HTTP/2 client may have at most 128 streams open on a connection at once
+//!   (`SETTINGS_MAX_CONCURRENT_STREAMS`, nginx's default; hyper's is 200).
 //! - HTTP versions: hyper's parser knows HTTP/1.0 and 1.1 only, so a higher HTTP/1 minor version
 //!   (`HTTP/1.2`, which RFC 9110 section 6.2 would have answered as 1.1, as nginx does) gets 400,
 //!   as from Node; nodus has no hook into that parse and leaves it.
@@ -691,6 +693,10 @@ async fn accept_loop<L, H, F>(
     }
 }
 
+/// The most streams an HTTP/2 client may have open on a connection at once
+/// (`SETTINGS_MAX_CONCURRENT_STREAMS`): nginx's default.
+const MAX_CONCURRENT_STREAMS: u32 = 128;
+
 /// How long an idle HTTP/2 connection's GOAWAY may take to end it (hyper's graceful shutdown
 /// waits for the client's PING ack, which a client may never send) before it is closed.
 const IDLE_GOAWAY_GRACE: Duration = Duration::from_secs(1);
@@ -1209,8 +1215,10 @@ impl Builders {
             // Heads over the limits are refused in the service (`h2_head_refusal`), counted and
             // reported; h2 refuses those over twice the limit itself (its 431, neither).
             let list_size = config.max_header_bytes.saturating_mul(2);
+            // nginx's `http2_max_concurrent_streams` (hyper's default is 200).
             b.http2()
                 .timer(NodusTimer)
+                .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
                 .max_header_list_size(u32::try_from(list_size).unwrap_or(u32::MAX));
             Builders::Auto(Box::new(b))
         } else {

@@ -3151,3 +3151,29 @@ fn an_idle_http2_connection_gets_goaway_before_its_close() {
     let (cut, snap) = server.finish();
     assert_eq!((cut, snap.http.connections_open), (0, 0));
 }
+
+/// An HTTP/2 client is told it may open 128 streams at once (nginx's default), not hyper's 200:
+/// the server's first SETTINGS says `SETTINGS_MAX_CONCURRENT_STREAMS` 128.
+#[test]
+fn an_http2_client_may_open_128_streams_at_once() {
+    let config = Config {
+        http2: true,
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_secs(1));
+    let mut s = server.connect();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(h2_frame(4, 0, 0, &[]));
+    s.write_all(&out).unwrap();
+    let (kind, flags, _, payload) = read_h2_frame(&mut s).unwrap();
+    assert_eq!((kind, flags & 1), (4, 0), "the server's SETTINGS first");
+    let settings: Vec<(u16, u32)> = payload
+        .chunks(6)
+        .map(|c| {
+            let id = u16::from_be_bytes([c[0], c[1]]);
+            (id, u32::from_be_bytes([c[2], c[3], c[4], c[5]]))
+        })
+        .collect();
+    // SETTINGS_MAX_CONCURRENT_STREAMS is 0x3.
+    assert!(settings.contains(&(3, 128)), "{settings:?}");
+}
