@@ -31,7 +31,8 @@
 //!   are not seen here, so for a pipelined head the answer may be the other of the two; the limit
 //!   itself is hyper's, exact either way. With h2c, the connection's first bytes are read before
 //!   hyper's HTTP/1 side waits for the head (hyper-util's sniff for the HTTP/2 preface, which
-//!   hands them on): their scan is `carry`d into the first wait.
+//!   hands them on): their scan is `carry`d into the first wait, whose deadline it brings back
+//!   to the header-read timeout from the connection's start (the head began before the wait).
 
 use std::cell::Cell;
 use std::future::Future;
@@ -74,8 +75,9 @@ pub(crate) fn scope<R>(wait: &mut HeadWait, poll: impl FnOnce() -> R) -> R {
 }
 
 /// Takes `ahead`, the scan of the connection's first bytes (read before any wait), for the
-/// current connection's wait if it has read nothing yet; whether it did.
-pub(crate) fn carry(ahead: Scan) -> bool {
+/// current connection's wait if it has read nothing yet, and ends the wait by `by` at the latest
+/// (the head began before the wait did); whether it did.
+pub(crate) fn carry(ahead: Scan, by: u64) -> bool {
     CURRENT.with(|current| {
         let Some(HeadWait::Until(deadline, scan)) = current.get() else {
             return false;
@@ -83,7 +85,7 @@ pub(crate) fn carry(ahead: Scan) -> bool {
         if !scan.is_empty() {
             return false;
         }
-        current.set(Some(HeadWait::Until(deadline, ahead)));
+        current.set(Some(HeadWait::Until(deadline.min(by), ahead)));
         true
     })
 }

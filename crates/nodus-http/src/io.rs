@@ -17,7 +17,11 @@
 //! With h2c on (`sniff_h2`), the connection's first bytes are compared with the HTTP/2 preface as
 //! they are read (the comparison hyper-util's own sniff makes): a connection whose first 24 bytes
 //! are the preface is marked HTTP/2 (`Activity::h2`) by the read that completes it, before any
-//! request, so that a drain can send it GOAWAY; the first byte that differs ends the comparison.
+//! request, so that a drain can send it GOAWAY; the first byte that differs, or the peer's EOF,
+//! ends the comparison. Until it ends, `Activity::sniff_by` says when the connection must have
+//! decided (the header-read timeout from its start: a preface trickled a byte at a time is cut
+//! then, as an HTTP/1 head is), and the first head wait after an HTTP/1 decision is cut at that
+//! time too (`head_wait::carry`), not a whole timeout after it began.
 //! Their scan (`head_scan`: the request line, and the framing facts) is carried into hyper's
 //! first head wait (`head_wait::carry`): they were read before it began, and the 414 and the
 //! framing refusals count them. A chunked request body is followed from the read that ends its
@@ -140,6 +144,9 @@ pub struct HyperIo<S> {
     /// hyper's head wait began: carried into it (`head_wait::carry`) by the first read in it, or
     /// forgotten at the first write (a head the sniffed bytes held whole was answered).
     ahead: Cell<Option<Scan>>,
+    /// When the first HTTP/1 head of an h2c connection must be complete (`sniff_h2`): the
+    /// deadline `carry` caps its wait's with.
+    head_by: u64,
 }
 
 /// The HTTP/2 client connection preface (RFC 9113 section 3.4).
@@ -202,6 +209,9 @@ pub struct Activity {
     pub eof: Cell<bool>,
     /// The connection began with the HTTP/2 preface (only looked for with `sniff_h2`).
     pub h2: Cell<bool>,
+    /// While its first bytes may still be the HTTP/2 preface (`sniff_h2`): the loop time (ns)
+    /// they must be decided by; `u64::MAX` once they are, or without h2c.
+    pub sniff_by: Cell<u64>,
     /// The write side was shut down (hyper does so when it ends a connection itself).
     pub write_shut: Cell<bool>,
 }
@@ -216,6 +226,7 @@ impl<S: FdStream> HyperIo<S> {
                 blocked_since: Cell::new(0),
                 eof: Cell::new(false),
                 h2: Cell::new(false),
+                sniff_by: Cell::new(u64::MAX),
                 write_shut: Cell::new(false),
             }),
             not_socket: Cell::new(false),
@@ -224,12 +235,16 @@ impl<S: FdStream> HyperIo<S> {
             chunked: Cell::new(None),
             preface: Cell::new(NOT_SNIFFING),
             ahead: Cell::new(None),
+            head_by: u64::MAX,
         }
     }
 
-    /// Marks the connection HTTP/2 (`Activity::h2`) if its first bytes are the HTTP/2 preface.
-    pub(crate) fn sniff_h2(&mut self) {
+    /// Marks the connection HTTP/2 (`Activity::h2`) if its first bytes are the HTTP/2 preface;
+    /// they must be decided, and an HTTP/1 head they begin complete, by `by` (loop time, ns).
+    pub(crate) fn sniff_h2(&mut self, by: u64) {
         self.preface.set(0);
+        self.activity.sniff_by.set(by);
+        self.head_by = by;
     }
 
     /// What a read while sniffing, or the first read after it, does with its bytes (only h2c
@@ -242,7 +257,7 @@ impl<S: FdStream> HyperIo<S> {
             self.sniff(filled);
             self.read_ahead(filled);
         } else if let Some(ahead) = self.ahead.get()
-            && head_wait::carry(ahead)
+            && head_wait::carry(ahead, self.head_by)
         {
             self.ahead.set(None);
         }
@@ -279,17 +294,20 @@ impl<S: FdStream> HyperIo<S> {
         filled.len()
     }
 
-    /// Compares the bytes just read with the rest of the preface, while they may still be it.
+    /// Compares the bytes just read with the rest of the preface, while they may still be it
+    /// (an EOF, as to hyper-util, decides for HTTP/1).
     fn sniff(&self, read: &[u8]) {
         let matched = self.preface.get();
         let Some(rest) = H2_PREFACE.get(matched..) else {
             return;
         };
         let n = read.len().min(rest.len());
-        if read[..n] != rest[..n] {
+        if read.is_empty() || read[..n] != rest[..n] {
             self.preface.set(NOT_SNIFFING);
+            self.activity.sniff_by.set(u64::MAX);
         } else if matched + n == H2_PREFACE.len() {
             self.preface.set(NOT_SNIFFING);
+            self.activity.sniff_by.set(u64::MAX);
             self.activity.h2.set(true);
         } else {
             self.preface.set(matched + n);

@@ -33,15 +33,23 @@
 //! - Limits: request heads over `max_header_bytes` or with more than `max_headers` headers get
 //!   431 (hyper), except one whose request line alone is `max_header_bytes` long or more: 414, as
 //!   from nginx (the connection's read ends the head first, `HyperIo` with `head_wait`, and the
-//!   414 is written here); a `Content-Length` over `max_body_bytes` gets 413 without reaching the
+//!   414 is written here); over HTTP/2 the service refuses them (431, `h2_head_refusal`: more
+//!   than `max_headers` fields, or a header list, RFC 9113 section 6.5.2, over
+//!   `max_header_bytes`), and h2 itself one whose header list is over twice that (its own 431 on
+//!   the stream, neither counted nor reported); a `Content-Length` over `max_body_bytes` gets 413 without reaching the
 //!   handler, and a longer chunked body fails `collect_body` with `BodyError::TooLarge`; a body
 //!   read past `request_timeout` from its head fails the read (`BodyError::TimedOut`, `body`'s
 //!   docs), never waits longer, and ends its HTTP/1 connection after the answer; an HTTP/1 head not complete within `header_read_timeout` (slowloris) closes the connection;
+//!   with h2c, so does a connection whose first bytes may still be the HTTP/2 preface (trickled)
+//!   `header_read_timeout` after its start, and the first HTTP/1 head they began must be
+//!   complete by then too (`HyperIo::sniff_h2`);
 //!   an HTTP/2 connection's idleness is counted by its requests, not its bytes: with no request
 //!   in flight and no response unfinished, it is closed `keep_alive_timeout` after its start,
 //!   its last request's head or its last response's end, whatever it sends meanwhile (PINGs,
 //!   SETTINGS, a request's head not yet complete: a head trickled over HTTP/2 is cut then, and
-//!   `header_read_timeout` is HTTP/1's; a stream the client reset is no longer in flight); a
+//!   `header_read_timeout` is HTTP/1's; a stream the client reset is no longer in flight), after
+//!   a GOAWAY (RFC 9113 section 6.8: hyper's graceful one, which ends the connection once the
+//!   client acks its PING; one that does not ack is closed `IDLE_GOAWAY_GRACE` later); a
 //!   connection with no request in flight, no response body still being produced or written (however
 //!   small: its head may be out while its data waits on the server's own work, a file chunk on
 //!   a swamped I/O pool, or a server-sent-events body is silent for long), no write waiting on
@@ -122,10 +130,13 @@
 //!   `max_connections`, the drain waits for it, and loses nothing when it cuts it). A connection
 //!   cut (write stall, drain deadline), idle, cut for a slow head or ended by the client does not
 //!   linger, nor does an HTTP/2 one (GOAWAY and hyper's HTTP/2 close).
+//! - An HTTP/2 client may have at most 128 streams open on a connection at once
+//!   (`SETTINGS_MAX_CONCURRENT_STREAMS`, nginx's default; hyper's is 200).
 //! - HTTP versions: hyper's parser knows HTTP/1.0 and 1.1 only, so a higher HTTP/1 minor version
 //!   (`HTTP/1.2`, which RFC 9110 section 6.2 would have answered as 1.1, as nginx does) gets 400,
 //!   as from Node; nodus has no hook into that parse and leaves it.
-//! - Every request the server answers itself instead of the handler (400 for `Host`, 413, and
+//! - Every request the server answers itself instead of the handler (400 for `Host`, 413, an
+//!   HTTP/2 head's 431, and
 //!   an HTTP/1 head that could not be parsed: 431 too large, 414 a request line too long, 400
 //!   malformed or an HTTP/2 preface) counts once in `responses_by_class` and is reported once to
 //!   `Config::on_refused`. A head that could not be parsed has no start time: it is not in the
@@ -209,20 +220,25 @@ pub struct Config {
     /// Task name of the accept and connection tasks: a handler class such as `http:static`.
     pub name: &'static str,
     /// Largest request head (start line + headers) in bytes; larger gets 431, or 414 when the
-    /// request line alone is this long. Default 16 KiB.
+    /// request line alone is this long. Over HTTP/2, the largest header list (RFC 9113 section
+    /// 6.5.2: each field's name and value plus 32 bytes, pseudo-header fields included); one
+    /// over twice this is refused by h2 itself (431, neither counted nor reported). Default
+    /// 16 KiB.
     pub max_header_bytes: usize,
-    /// Most headers in a request; more gets 431. Default 100.
+    /// Most headers in a request (over HTTP/2, header fields besides the pseudo-header ones);
+    /// more gets 431. Default 100.
     pub max_headers: usize,
     /// Largest request body; larger gets 413. Default 1 MiB.
     pub max_body_bytes: usize,
-    /// Time allowed for a complete HTTP/1 request head once the connection waits for one. (An
-    /// HTTP/2 head not complete is cut with its idle connection: `keep_alive_timeout`.)
-    /// Default 10 s.
+    /// Time allowed for a complete HTTP/1 request head once the connection waits for one. With
+    /// `http2`, also for a connection's first bytes to be told from the HTTP/2 preface, counted
+    /// from its start, as is its first HTTP/1 head's. (An HTTP/2 head not complete is cut with
+    /// its idle connection: `keep_alive_timeout`.) Default 10 s.
     pub header_read_timeout: Duration,
     /// An idle connection (no request in flight, no response body still being produced or written,
     /// no response write waiting on the peer, no I/O; over HTTP/2 no request started or response
     /// ended, whatever else it sends: PINGs, SETTINGS, a request head not yet complete) is closed
-    /// after this; the discard of a
+    /// after this (an HTTP/2 one after a GOAWAY); the discard of a
     /// request body the handler left unread is given up after this. Default 5 s.
     pub keep_alive_timeout: Duration,
     /// A connection whose response write has made no progress for this long (the peer stopped
@@ -313,9 +329,10 @@ pub struct ConnInfo {
 
 /// A request the server answered itself, without the handler: an HTTP/1.1 request without
 /// `Host`, or an HTTP/1 one with two or an invalid one (400), a `Content-Length` over
-/// `max_body_bytes` (413), an HTTP/1 head that could not be parsed (431 too large or with too
-/// many headers, 414 a request line longer than `max_header_bytes`, 400 malformed, an HTTP
-/// version other than 1.0 and 1.1, or an HTTP/2 preface to a server without `http2`), or a
+/// `max_body_bytes` (413), an HTTP/2 head over the head limits (431), an HTTP/1 head that could
+/// not be parsed (431 too large or with too many headers, 414 a request line longer than
+/// `max_header_bytes`, 400 malformed, an HTTP version other than 1.0 and 1.1, or an HTTP/2
+/// preface to a server without `http2`), or a
 /// request whose handler panicked (500). Or one nobody answered: its connection ended while its
 /// handler was still at work (cut by the drain deadline or the write-stall timeout, an HTTP/2
 /// client's close or reset of the connection or the stream, a connection error), reported with
@@ -676,6 +693,14 @@ async fn accept_loop<L, H, F>(
     }
 }
 
+/// The most streams an HTTP/2 client may have open on a connection at once
+/// (`SETTINGS_MAX_CONCURRENT_STREAMS`): nginx's default.
+const MAX_CONCURRENT_STREAMS: u32 = 128;
+
+/// How long an idle HTTP/2 connection's GOAWAY may take to end it (hyper's graceful shutdown
+/// waits for the client's PING ack, which a client may never send) before it is closed.
+const IDLE_GOAWAY_GRACE: Duration = Duration::from_secs(1);
+
 /// How long a drain accepts on for the connections a deferring listener holds: the kernel hands
 /// over a client that has not spoken once its SYN-ACK, retransmitted after about a second, is
 /// answered (deferral being off by then).
@@ -754,7 +779,9 @@ where
         let mut io = HyperIo::new(stream);
         io.limit_request_line(state.config.max_header_bytes);
         if state.config.http2 {
-            io.sniff_h2();
+            // Decided by the header-read timeout from now, as an HTTP/1 head must be complete.
+            let timeout = state.config.header_read_timeout.as_nanos();
+            io.sniff_h2(now_ns().saturating_add(u64::try_from(timeout).unwrap_or(u64::MAX)));
         }
         let activity = io.activity();
         let conn_state = Rc::new(ConnState {
@@ -780,11 +807,15 @@ where
         let mut timer = ConnTimer::new(
             state.config.keep_alive_timeout,
             state.config.write_stall_timeout,
+            activity.sniff_by.get(),
         );
         let mut head = HeadWait::Idle;
         let mut drain: Option<nodus::Sleep> = None;
-        // Whether the drain's GOAWAY was asked of hyper (an HTTP/2 connection, once a drain began).
+        // Whether GOAWAY was asked of hyper (an HTTP/2 connection, once a drain began or it was
+        // found idle).
         let mut goaway = false;
+        // An idle HTTP/2 connection's grace for its GOAWAY (`IDLE_GOAWAY_GRACE`).
+        let mut idle_grace: Option<nodus::Sleep> = None;
         let end = poll_fn(|cx| {
             loop {
                 if let Poll::Ready(result) = head_wait::scope(&mut head, || conn.as_mut().poll(cx))
@@ -804,7 +835,7 @@ where
                     // (`Connection: close`, HTTP/1.0): the client may have sent more behind it.
                     // SAFETY: `conn` owns the stream, open until this block ends.
                     let asked = || input_waiting(unsafe { BorrowedFd::borrow_raw(fd) });
-                    let lingers = !conn_state.http2.get()
+                    let lingers = !activity.h2.get()
                         && (closing || answered || (ended && !activity.eof.get() && asked()));
                     return Poll::Ready(if lingers { End::Linger } else { End::Close });
                 }
@@ -842,7 +873,24 @@ where
                 match timer.poll(cx, &mut head, &activity, &conn_state) {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(Fired::HeadExpired) => continue, // hyper sees it when polled again
-                    Poll::Ready(Fired::Idle) => return Poll::Ready(End::Close),
+                    Poll::Ready(Fired::Idle) if !activity.h2.get() => {
+                        return Poll::Ready(End::Close);
+                    }
+                    Poll::Ready(Fired::Idle) => {
+                        // HTTP/2: GOAWAY before the close (RFC 9113 section 6.8). hyper's
+                        // graceful one closes once the client acks its PING: a grace bounds it.
+                        if !goaway {
+                            goaway = true;
+                            conn.as_mut().shut_down();
+                        }
+                        let grace =
+                            idle_grace.get_or_insert_with(|| nodus::sleep(IDLE_GOAWAY_GRACE));
+                        if Pin::new(grace).poll(cx).is_ready() {
+                            return Poll::Ready(End::Close);
+                        }
+                        // The timer fires again at the next poll: hyper's or the grace's wake.
+                        return Poll::Pending;
+                    }
                     Poll::Ready(Fired::WriteStalled) => {
                         tracing::debug!(
                             target: "nodus::http",
@@ -1010,7 +1058,9 @@ enum Fired {
     /// The header-read deadline passed: hyper's header-read sleep is now complete.
     HeadExpired,
     /// No request in flight, no response body unfinished, no write waiting and no I/O (over
-    /// HTTP/2: no request started or response ended) for the whole keep-alive timeout.
+    /// HTTP/2: no request started or response ended) for the whole keep-alive timeout; or, with
+    /// h2c, the connection's first bytes still undecided (they may be the HTTP/2 preface) at the
+    /// header-read timeout from its start (`Activity::sniff_by`).
     Idle,
     /// A write has waited on the peer for the whole write-stall timeout.
     WriteStalled,
@@ -1038,7 +1088,9 @@ struct ConnTimer {
 }
 
 impl ConnTimer {
-    fn new(keep_alive: Duration, write_stall: Duration) -> ConnTimer {
+    /// A new connection's timer; `sniff_by`: when an h2c connection's first bytes must be
+    /// decided (`Activity::sniff_by`).
+    fn new(keep_alive: Duration, write_stall: Duration, sniff_by: u64) -> ConnTimer {
         let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let mut timer = ConnTimer {
             sleep: nodus::sleep(1),
@@ -1047,7 +1099,7 @@ impl ConnTimer {
             write_stall: ns(write_stall),
         };
         let now = now_ns();
-        timer.arm(now.saturating_add(timer.keep_alive), now);
+        timer.arm(now.saturating_add(timer.keep_alive).min(sniff_by), now);
         timer
     }
 
@@ -1091,7 +1143,10 @@ impl ConnTimer {
                 } else {
                     activity.last_io.get()
                 };
-                let idle_at = since.saturating_add(self.keep_alive);
+                // Bytes that may still be the HTTP/2 preface, trickled, do not keep it either.
+                let idle_at = since
+                    .saturating_add(self.keep_alive)
+                    .min(activity.sniff_by.get());
                 if now >= idle_at {
                     return Poll::Ready(Fired::Idle);
                 }
@@ -1157,9 +1212,14 @@ impl Builders {
             if config.max_headers != 100 {
                 h1.max_headers(config.max_headers);
             }
+            // Heads over the limits are refused in the service (`h2_head_refusal`), counted and
+            // reported; h2 refuses those over twice the limit itself (its 431, neither).
+            let list_size = config.max_header_bytes.saturating_mul(2);
+            // nginx's `http2_max_concurrent_streams` (hyper's default is 200).
             b.http2()
                 .timer(NodusTimer)
-                .max_header_list_size(config.max_header_bytes as u32);
+                .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+                .max_header_list_size(u32::try_from(list_size).unwrap_or(u32::MAX));
             Builders::Auto(Box::new(b))
         } else {
             let mut b = hyper::server::conn::http1::Builder::new();
@@ -1375,7 +1435,7 @@ where
             .is_some_and(|len| len > limit as u64);
         let mut line = None;
         let mut note = Note::None;
-        let handler = if let Some(refusal) = host_refusal(req.headers(), version) {
+        let handler = if let Some(refusal) = host_refusal(&req, version, &self.state.config) {
             Err(self.refuse(&req, refusal, start))
         } else if version < Version::HTTP_2 && framing_refused(&req) {
             Err(self.refuse(&req, Refusal::BadFraming, start))
@@ -1465,11 +1525,13 @@ impl<H, F> Service<H, F> {
 }
 
 /// What an HTTP/1 request's `Host` headers get (RFC 9112 section 3.2): 400 when an HTTP/1.1 one
-/// has none, or any has more than one or one that is no `host[:port]`. HTTP/2 has `:authority`.
-fn host_refusal(headers: &http::HeaderMap, version: Version) -> Option<Refusal> {
+/// has none, or any has more than one or one that is no `host[:port]`. HTTP/2 has `:authority`;
+/// an HTTP/2 head gets what is over the head limits (`h2_head_refusal`).
+fn host_refusal(req: &Request<Incoming>, version: Version, config: &Config) -> Option<Refusal> {
     if version == Version::HTTP_2 {
-        return None;
+        return h2_head_refusal(req, config);
     }
+    let headers = req.headers();
     let mut hosts = headers.get_all(http::header::HOST).iter();
     match (hosts.next(), hosts.next()) {
         (None, _) if version == Version::HTTP_11 => Some(Refusal::NoHost),
@@ -1477,6 +1539,27 @@ fn host_refusal(headers: &http::HeaderMap, version: Version) -> Option<Refusal> 
         (Some(host), None) if valid_host(host.as_bytes()) => None,
         _ => Some(Refusal::BadHost),
     }
+}
+
+/// What an HTTP/2 request's head gets past the head limits: 431 with more than `max_headers`
+/// header fields, or a header list (RFC 9113 section 6.5.2: each field's name and value plus 32
+/// bytes, the pseudo-header fields too) over `max_header_bytes`. (h2 itself refuses one over
+/// twice that, `Builders::new`.)
+fn h2_head_refusal(req: &Request<Incoming>, config: &Config) -> Option<Refusal> {
+    let headers = req.headers();
+    if headers.len() > config.max_headers {
+        return Some(Refusal::HeadTooLarge);
+    }
+    let field = |name: &str, value: Option<&str>| value.map_or(0, |v| name.len() + v.len() + 32);
+    let uri = req.uri();
+    let pseudo = field(":method", Some(req.method().as_str()))
+        + field(":scheme", uri.scheme_str())
+        + field(":authority", uri.authority().map(|a| a.as_str()))
+        + field(":path", uri.path_and_query().map(|pq| pq.as_str()));
+    let size = headers.iter().fold(pseudo, |size, (name, value)| {
+        size + name.as_str().len() + value.len() + 32
+    });
+    (size > config.max_header_bytes).then_some(Refusal::HeadTooLarge)
 }
 
 /// Whether Node refuses the framing of an HTTP/1 request hyper parsed: a bare line feed in its
@@ -1625,8 +1708,8 @@ impl State {
     }
 }
 
-/// A request answered without a response from the handler. Either way the connection closes
-/// after the answer, as Node's does.
+/// A request answered without a response from the handler. Either way an HTTP/1 connection
+/// closes after the answer, as Node's does (over HTTP/2 the stream ends with it).
 #[derive(Clone, Copy)]
 enum Refusal {
     /// An HTTP/1.1 request with no `Host` header (RFC 9112 section 3.2; Node's
@@ -1640,6 +1723,8 @@ enum Refusal {
     BadFraming,
     /// A `Content-Length` over `max_body_bytes`: 413, and the unread body is still on the wire.
     TooLarge,
+    /// An HTTP/2 head over the head limits (`h2_head_refusal`): 431. (HTTP/1's are hyper's.)
+    HeadTooLarge,
     /// The handler panicked (logged): 500. The rest of the server runs on.
     HandlerPanicked,
 }
@@ -1664,6 +1749,7 @@ impl Refusal {
         match self {
             Refusal::NoHost | Refusal::BadHost | Refusal::BadFraming => StatusCode::BAD_REQUEST,
             Refusal::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Refusal::HeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Refusal::HandlerPanicked => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -1674,6 +1760,7 @@ impl Refusal {
             Refusal::BadHost => "a request may have one Host header, a valid host[:port]\n",
             Refusal::BadFraming => "bad request framing\n",
             Refusal::TooLarge => "request body too large\n",
+            Refusal::HeadTooLarge => "request header fields too large\n",
             Refusal::HandlerPanicked => "internal server error\n",
         }
     }

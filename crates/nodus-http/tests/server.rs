@@ -1221,6 +1221,41 @@ fn a_header_read_timeout_longer_than_keep_alive_still_cuts_a_trickling_head() {
     );
 }
 
+/// With h2c, a client that trickles what may still be the HTTP/2 preface (a byte every 100 ms:
+/// never idle for the keep-alive timeout) is cut at the header-read timeout from its start, as an
+/// HTTP/1 head is; so is an HTTP/1 head whose first bytes matched the preface for most of that
+/// timeout (its wait ends by then, not a whole timeout after it began).
+#[test]
+fn with_http2_a_trickled_preface_or_head_is_cut_at_the_header_read_timeout_from_the_start() {
+    let config = Config {
+        http2: true,
+        header_read_timeout: Duration::from_millis(2000),
+        keep_alive_timeout: Duration::from_millis(700),
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_secs(1));
+    let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    // "PRI" matches the preface, 600 ms apart (1.8 s); then an HTTP/1 head, trickled.
+    let head = b"PRIX / HTTP/1.1\r\nHost: t\r\nX-Trickle: 0123456789012345678901234567890\r\n\r\n";
+    for (case, bytes, gap) in [("preface", &preface[..], 100), ("PRI head", &head[..], 600)] {
+        let mut s = server.connect();
+        let start = Instant::now();
+        let cut = bytes.iter().enumerate().any(|(i, b)| {
+            s.write_all(&[*b]).is_err() || {
+                let gap = if i < 3 { gap } else { 100 };
+                std::thread::sleep(Duration::from_millis(gap));
+                closed_by_server(&mut s)
+            }
+        });
+        let elapsed = start.elapsed();
+        assert!(cut, "{case}: never cut");
+        assert!(
+            elapsed >= Duration::from_millis(1900) && elapsed < Duration::from_millis(3000),
+            "{case}: cut after {elapsed:?}"
+        );
+    }
+}
+
 /// A drain deadline past what a `u64` of nanoseconds holds (a cluster primary's `drainMs` is any
 /// `u64` of milliseconds) is no deadline at all, not one wrapped around to a few microseconds.
 #[test]
@@ -2959,4 +2994,186 @@ fn with_http2_a_request_line_over_the_head_limit_still_gets_414() {
     assert_eq!(status_of(&server, big_header.as_bytes()), 431);
     let (_, snap) = server.finish();
     assert_eq!(snap.http.responses_by_class[3], 4, "the 414s and the 431");
+}
+
+/// What `Config::on_refused` was told in `an_http2_head_over_the_limits_gets_431_counted_and_reported`.
+static H2_REFUSED: std::sync::Mutex<Vec<Report>> = std::sync::Mutex::new(Vec::new());
+
+fn record_h2_refusal(r: &nodus_http::Refused<'_>) {
+    H2_REFUSED.lock().unwrap().push(report(r));
+}
+
+/// An HPACK string length (RFC 7541 section 5.1: a 7-bit prefix, no Huffman coding).
+fn hpack_len(out: &mut Vec<u8>, n: usize) {
+    if n < 127 {
+        out.push(n as u8);
+        return;
+    }
+    out.push(127);
+    let mut n = n - 127;
+    while n >= 128 {
+        out.push((n % 128) as u8 | 0x80);
+        n /= 128;
+    }
+    out.push(n as u8);
+}
+
+/// An HPACK literal header field without indexing, its name new (RFC 7541 section 6.2.2).
+fn hpack_literal(name: &[u8], value: &[u8]) -> Vec<u8> {
+    let mut out = vec![0];
+    hpack_len(&mut out, name.len());
+    out.extend_from_slice(name);
+    hpack_len(&mut out, value.len());
+    out.extend_from_slice(value);
+    out
+}
+
+/// A request head with no body on `stream`: HEADERS (END_STREAM) and as many CONTINUATION
+/// frames as `block` needs at 16 KiB a frame.
+fn h2_request_head(stream: u32, block: &[u8]) -> Vec<u8> {
+    let chunks: Vec<&[u8]> = block.chunks(16 << 10).collect();
+    let mut out = Vec::new();
+    for (i, chunk) in chunks.iter().enumerate() {
+        let (kind, mut flags) = if i == 0 { (1, 0x1) } else { (9, 0) };
+        if i == chunks.len() - 1 {
+            flags |= 0x4;
+        }
+        out.extend(h2_frame(kind, flags, stream, chunk));
+    }
+    out
+}
+
+/// Over HTTP/2 the head limits hold as over HTTP/1: more than `max_headers` header fields, or a
+/// header list over `max_header_bytes`, gets 431, counted in the 4xx class and reported to
+/// `on_refused` with its request line (as a refusal of the server, not h2's own answer).
+#[test]
+fn an_http2_head_over_the_limits_gets_431_counted_and_reported() {
+    let config = Config {
+        http2: true,
+        on_refused: Some(record_h2_refusal),
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_secs(1));
+    let mut s = server.connect();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(h2_frame(4, 0, 0, &[]));
+    let many = |n: usize| -> Vec<Vec<u8>> {
+        (0..n)
+            .map(|i| hpack_literal(format!("x-h{i}").as_bytes(), b"v"))
+            .collect()
+    };
+    // Default limits: 100 headers, a 16 KiB header list (the pseudo-header fields ~170 bytes).
+    let cases: [(&str, Vec<Vec<u8>>); 4] = [
+        ("/100", many(100)),
+        ("/101", many(101)),
+        ("/fits", vec![hpack_literal(b"x-big", &[b'a'; 16_000])]),
+        ("/big", vec![hpack_literal(b"x-big", &[b'a'; 17_000])]),
+    ];
+    for (i, (path, fields)) in cases.iter().enumerate() {
+        // HPACK: :method GET, :scheme http, :path, :authority "t"; then the fields.
+        let mut block = vec![0x82, 0x86, 0x44, path.len() as u8];
+        block.extend_from_slice(path.as_bytes());
+        block.extend_from_slice(&[0x41, 1, b't']);
+        block.extend(fields.concat());
+        out.extend(h2_request_head(1 + 2 * i as u32, &block));
+    }
+    s.write_all(&out).unwrap();
+    let mut bodies = vec![Vec::new(); cases.len()];
+    let mut ended = 0;
+    while ended < cases.len() {
+        let (kind, flags, stream, payload) = read_h2_frame(&mut s).expect("every answer");
+        if kind == 0 && stream % 2 == 1 {
+            bodies[(stream as usize - 1) / 2].extend(payload);
+            ended += usize::from(flags & 1 != 0);
+        }
+    }
+    let refused = b"request header fields too large\n";
+    assert_eq!(
+        bodies,
+        [&b"hello"[..], refused, b"hello", refused].map(<[u8]>::to_vec)
+    );
+    drop(s);
+    let (_, snap) = server.finish();
+    let line = |l: &str| Some(l.to_owned());
+    assert_eq!(
+        std::mem::take(&mut *H2_REFUSED.lock().unwrap()),
+        [
+            (431, line("GET /101 HTTP/2.0"), true, true, 32),
+            (431, line("GET /big HTTP/2.0"), true, true, 32),
+        ]
+    );
+    assert_eq!(snap.http.responses_by_class[1], 2);
+    assert_eq!(snap.http.responses_by_class[3], 2);
+}
+
+/// An HTTP/2 connection closed for idleness is told GOAWAY first (RFC 9113 section 6.8): one
+/// whose client answers the server's PING (hyper's graceful GOAWAY waits for it), and one whose
+/// client never does, closed after a short grace.
+#[test]
+fn an_idle_http2_connection_gets_goaway_before_its_close() {
+    let config = Config {
+        http2: true,
+        keep_alive_timeout: Duration::from_millis(300),
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_millis(100));
+    for answers_ping in [true, false] {
+        let mut s = server.connect();
+        let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        out.extend(h2_frame(4, 0, 0, &[]));
+        // HPACK: :method GET, :scheme http, :path "/", :authority "t".
+        out.extend(h2_frame(1, 0x5, 1, &[0x82, 0x86, 0x84, 0x41, 1, b't']));
+        s.write_all(&out).unwrap();
+        let start = Instant::now();
+        let seen = if answers_ping {
+            h2_frames_until(&mut s, None)
+        } else {
+            let mut seen = Vec::new();
+            while let Ok((kind, ..)) = read_h2_frame(&mut s) {
+                seen.push(kind);
+            }
+            seen
+        };
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "answers PING: {answers_ping}: {:?}",
+            start.elapsed()
+        );
+        let (data, goaway) = (
+            seen.iter().position(|&k| k == 0),
+            seen.iter().position(|&k| k == 7),
+        );
+        assert!(
+            matches!((data, goaway), (Some(d), Some(g)) if d < g),
+            "answers PING: {answers_ping}: the answer, then GOAWAY: {seen:?}"
+        );
+    }
+    let (cut, snap) = server.finish();
+    assert_eq!((cut, snap.http.connections_open), (0, 0));
+}
+
+/// An HTTP/2 client is told it may open 128 streams at once (nginx's default), not hyper's 200:
+/// the server's first SETTINGS says `SETTINGS_MAX_CONCURRENT_STREAMS` 128.
+#[test]
+fn an_http2_client_may_open_128_streams_at_once() {
+    let config = Config {
+        http2: true,
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_secs(1));
+    let mut s = server.connect();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(h2_frame(4, 0, 0, &[]));
+    s.write_all(&out).unwrap();
+    let (kind, flags, _, payload) = read_h2_frame(&mut s).unwrap();
+    assert_eq!((kind, flags & 1), (4, 0), "the server's SETTINGS first");
+    let settings: Vec<(u16, u32)> = payload
+        .chunks(6)
+        .map(|c| {
+            let id = u16::from_be_bytes([c[0], c[1]]);
+            (id, u32::from_be_bytes([c[2], c[3], c[4], c[5]]))
+        })
+        .collect();
+    // SETTINGS_MAX_CONCURRENT_STREAMS is 0x3.
+    assert!(settings.contains(&(3, 128)), "{settings:?}");
 }
