@@ -187,15 +187,18 @@ pub struct StallReport {
 /// What the loop thread was doing during a stall.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StallClass {
-    /// Running: CPU-bound code in the poll.
+    /// Running: CPU-bound code in the poll (maybe slowed down by other threads, see
+    /// `WaitingForCpu`).
     OnCpu,
-    /// Sleeping in the kernel (state S or D), or woken from a sleep during the window after
-    /// spending most of it off a CPU without waiting for one. Never a thread that stayed runnable
-    /// (state R, no sleep) through the window.
+    /// Sleeping in the kernel (state S or D) after sleeping at least a tenth of the window, or
+    /// woken from a sleep during the window after spending most of it off a CPU without waiting
+    /// for one. Never a thread that stayed runnable (state R, no sleep) through the window.
     BlockedInSyscall,
     /// Runnable but kept off the CPU by other threads for at least 30 % of the window (for a
     /// thread runnable throughout the window, all the time it was not on a CPU, including a
-    /// run-queue wait still in progress).
+    /// run-queue wait still in progress), so long that without the wait the hold would not have
+    /// reached the threshold: its own CPU time (and any sleep) is under it. A task that ran for
+    /// the threshold itself is `OnCpu`, however long it also waited.
     WaitingForCpu,
     /// The whole process was stopped or frozen (SIGSTOP, a debugger, a VM pause) for so much of
     /// the stall that without the stop it would not have reached the threshold: no task blocked

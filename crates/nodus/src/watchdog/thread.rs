@@ -42,7 +42,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::freeze::{Detector, stopped_between};
 use super::note::Note;
-use super::proc::{Sample, ThreadProc, classify};
+use super::proc::{Sample, ThreadProc, WAITING_FOR_CPU_SHARE, classify};
 use super::slot::{HoldView, LoopSlot, SlotRead};
 use super::{ACTIVITY, PARKED, PENDING, RING, StallClass, StallReport, lock};
 use crate::clock::now_ns;
@@ -339,7 +339,13 @@ fn observe(
     let held_ns = sample.wall_ns.saturating_sub(start);
     let stopped_ns = stopped_between(start, sample.wall_ns);
     let in_window = stopped_between(hold.baseline.wall_ns, sample.wall_ns);
-    let (mut class, on_cpu, waiting) = classify(Some(&hold.baseline), &sample, in_window);
+    let (mut class, on_cpu, waiting) = classify(
+        Some(&hold.baseline),
+        &sample,
+        in_window,
+        held_ns.saturating_sub(stopped_ns),
+        threshold_ns,
+    );
     if by_stop(held_ns, stopped_ns, threshold_ns) {
         class = StallClass::Stopped;
     }
@@ -531,7 +537,9 @@ pub(crate) fn named(name: &str, note: &str, location: &str) -> String {
 /// then `, 103 ms in the microtask drain after "timer" (src/app.rs:9:5) (3 polls)`. A drain of
 /// short polls: `loop stalled: held for 101 ms in the microtask drain after "main"
 /// (src/main.rs:4:5): 20345 polls, mostly "ping" (src/main.rs:12:9) in 6 of 10 looks, then
-/// "pong" (src/main.rs:12:9) in 4, on-cpu (...)`.
+/// "pong" (src/main.rs:12:9) in 4, on-cpu (...)`. A task on a CPU that also waited for one 30 %
+/// of the window or more: `on-cpu (cpu 20%, waiting for cpu 80%: slowed by CPU contention, a
+/// stall on an idle machine too)`.
 fn stall_message(
     report: &StallReport,
     shape: &Shape,
@@ -588,10 +596,15 @@ fn stall_message(
     } else {
         let _ = write!(
             message,
-            " (cpu {:.0}%, waiting for cpu {:.0}%)",
+            " (cpu {:.0}%, waiting for cpu {:.0}%",
             report.on_cpu_share * 100.0,
             report.waiting_for_cpu_share * 100.0
         );
+        // On a CPU long enough to stall the loop by itself, slowed down by other threads.
+        if class == StallClass::OnCpu && report.waiting_for_cpu_share >= WAITING_FOR_CPU_SHARE {
+            message.push_str(": slowed by CPU contention, a stall on an idle machine too");
+        }
+        message.push(')');
     }
     if stopped_ms > 0.0 {
         let _ = write!(
@@ -638,6 +651,21 @@ mod tests {
         assert_eq!(
             stall_message(&report, &Shape::Poll, &none, StallClass::OnCpu, 0),
             "loop stalled: task \"hog\" (examples/stall.rs:21:5) has been running for 101 ms, on-cpu (cpu 99%, waiting for cpu 0%)"
+        );
+        let crowded = StallReport {
+            on_cpu_share: 0.2,
+            waiting_for_cpu_share: 0.8,
+            ..report.clone()
+        };
+        assert!(
+            stall_message(&crowded, &Shape::Poll, &none, StallClass::OnCpu, 0).ends_with(
+                "on-cpu (cpu 20%, waiting for cpu 80%: slowed by CPU contention, a stall on an \
+                 idle machine too)"
+            )
+        );
+        assert!(
+            stall_message(&crowded, &Shape::Poll, &none, StallClass::WaitingForCpu, 0)
+                .ends_with("waiting-for-cpu (cpu 20%, waiting for cpu 80%)")
         );
         let message = stall_message(&report, &Shape::Poll, &none, StallClass::Unknown, 3);
         assert!(
