@@ -14,7 +14,10 @@ use std::time::Duration;
 
 use super::proc::{ThreadProc, WAITING_FOR_CPU_SHARE};
 use super::thread::{IDLE_WAKES, WAKES};
-use super::{ACTIVITY, LoopSlot, PARKED, StallReport, lock, recent_stalls_for, register};
+use super::{
+    ACTIVITY, LoopSlot, PARKED, StallCounts, StallReport, lock, recent_stalls_for, register,
+    stalls_seen_by_loop,
+};
 use crate::clock::now_ns;
 
 pub(super) const MS: u64 = 1_000_000;
@@ -249,6 +252,47 @@ fn a_cpu_hog_sharing_its_cpu_is_on_a_cpu_once_it_ran_for_the_threshold() {
     let last = starved_poll(ID_BASE + 0x11, 150 * MS);
     assert!(last.waiting_for_cpu_share > 0.3, "crowded: {last:?}");
     assert_eq!(last.class, "on-cpu", "{last:?}");
+}
+
+/// More stalls than the ring buffer keeps: the loop's counts go on past 64, by class (each
+/// stall under its final class), while its recent stalls stop at the ring's size.
+#[test]
+fn stalls_are_counted_past_the_ring_buffers_size() {
+    let _serial = serial();
+    const HOLDS: u64 = 70;
+    let id = ID_BASE + 0x12;
+    let location = Location::caller();
+    let handle = thread::spawn(move || {
+        let slot = LoopSlot::new(id, Duration::from_millis(10));
+        register(&slot);
+        for _ in 0..HOLDS {
+            slot.begin(7, "sleeper", location, now_ns());
+            thread::sleep(Duration::from_millis(50));
+            slot.end();
+            slot.end_hold(Some(now_ns()));
+        }
+        slot
+    });
+    // The loop lives on (registered and busy) until the watchdog has seen its last stall end.
+    let slot = handle.join().unwrap();
+    let deadline = now_ns() + 10_000 * MS;
+    while recent_stalls_for(id).last().is_none_or(|r| r.ongoing) {
+        assert!(now_ns() < deadline, "the last stall never ended");
+        thread::sleep(Duration::from_millis(5));
+    }
+    let (_, counts) = stalls_seen_by_loop(&slot, now_ns());
+    // Each hold is five thresholds long: the watchdog sees (nearly) every one.
+    let blocked = counts.blocked_in_syscall;
+    assert!(blocked > 64 && blocked <= HOLDS, "{counts:?}");
+    assert_eq!(
+        counts,
+        StallCounts {
+            blocked_in_syscall: blocked,
+            ..StallCounts::default()
+        },
+        "sleeping polls are blocked in a syscall"
+    );
+    assert!(recent_stalls_for(id).len() <= super::RING_CAPACITY);
 }
 
 #[test]
