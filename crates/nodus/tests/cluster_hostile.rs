@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use nodus::cluster::{Config, Event, EventKind, Policy, Primary, Readiness, Worker, WorkerCommand};
 use nodus::ipc::Channel;
-use nodus::metrics::{PhaseSnapshot, Snapshot, StallReport, TaskClassSnapshot};
+use nodus::metrics::{PhaseSnapshot, Snapshot, StallCounts, StallReport, TaskClassSnapshot};
 use nodus_testkit::fds::open_fds;
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -1059,6 +1059,10 @@ fn newer_snapshot() -> String {
             })
             .collect(),
         stalls: vec![StallReport::default(); 100],
+        stalls_total: StallCounts {
+            on_cpu: 150,
+            ..StallCounts::default()
+        },
         ..Snapshot::default()
     };
     // Finer buckets than this build's 625, named by their upper bounds.
@@ -1090,6 +1094,7 @@ fn a_newer_builds_snapshot_within_the_wire_limits_is_served_per_worker() {
         assert_eq!(snap["from_a_newer_build"]["nested"][2], 3, "{snap}");
         assert_eq!(snap["task_classes"].as_array().map(Vec::len), Some(100));
         assert_eq!(snap["stalls"].as_array().map(Vec::len), Some(100));
+        assert_eq!(snap["stalls_total"]["on-cpu"], 150, "{snap}");
         // What `nodus top` and the page read: a snapshot.
         serde_json::from_value::<Snapshot>(snap.clone()).unwrap();
         // The exposition: its series, with the worker's labels, and no series twice.
@@ -1099,6 +1104,8 @@ fn a_newer_builds_snapshot_within_the_wire_limits_is_served_per_worker() {
             format!("nodus_task_polls_total{{{labels},task=\"newer-99\"}} 99"),
             format!("nodus_loop_phase_callbacks_total{{{labels},phase=\"phase-11\"}} 0"),
             format!("nodus_stalls_recent{{{labels}}} 100"),
+            format!("nodus_loop_stalls_total{{{labels},class=\"on-cpu\"}} 150"),
+            format!("nodus_loop_stalls_total{{{labels},class=\"unknown\"}} 0"),
             format!("nodus_loop_poll_duration_seconds_count{{{labels}}} 1000"),
         ] {
             assert!(

@@ -238,6 +238,58 @@ fn a_snapshot_taken_inside_the_stalled_poll_times_it_to_that_moment() {
     );
 }
 
+/// More stalls than the recent stalls keep (the watchdog's ring buffer, 64): the loop's snapshot
+/// counts every one, by class, in its JSON (`stalls_total`) and in the Prometheus text
+/// (`nodus_loop_stalls_total`), while `stalls` and `nodus_stalls_recent` stop at 64.
+#[test]
+fn a_loops_stall_counts_go_on_past_its_64_recent_stalls() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    const STALLS: u64 = 70;
+    let rt = Runtime::builder()
+        .stall_threshold(Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let loop_id = rt.id();
+    let snap = rt.block_on(async move {
+        for _ in 0..STALLS {
+            spawn_named("sleeper", async {
+                std::thread::sleep(Duration::from_millis(50));
+            })
+            .await
+            .unwrap();
+            // Out of the drain: the next stall is a hold of its own.
+            sleep(Duration::from_millis(1)).await;
+        }
+        // A stall is counted when the watchdog sees it end: wait for its look at the last one.
+        let give_up = Instant::now() + Duration::from_secs(10);
+        while recent_stalls_for(loop_id).last().is_none_or(|r| r.ongoing) {
+            assert!(Instant::now() < give_up, "the last stall never ended");
+            sleep(Duration::from_millis(5)).await;
+        }
+        nodus::metrics::snapshot()
+    });
+    let counts = snap.stalls_total;
+    // Each stall is five thresholds long: the watchdog sees (nearly) every one.
+    let blocked = counts.blocked_in_syscall;
+    assert!(blocked > 64 && blocked <= STALLS, "{counts:?}");
+    assert_eq!(counts.total(), blocked, "sleeping polls: {counts:?}");
+    assert!(snap.stalls.len() <= 64);
+    let json = serde_json::to_value(&snap).unwrap();
+    assert_eq!(
+        json["stalls_total"]["blocked-in-syscall"], blocked,
+        "{json}"
+    );
+    assert_eq!(json["stalls_total"]["on-cpu"], 0, "{json}");
+    let text = nodus::metrics::prometheus::render(&snap);
+    for line in [
+        format!("nodus_loop_stalls_total{{class=\"blocked-in-syscall\"}} {blocked}"),
+        "nodus_loop_stalls_total{class=\"waiting-for-cpu\"} 0".to_owned(),
+        format!("nodus_stalls_recent {}", snap.stalls.len()),
+    ] {
+        assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+    }
+}
+
 /// Waits (10 s at most) until the watchdog has seen every stall of `loop_id` end; returns them.
 fn settled_stalls(loop_id: u64) -> Vec<StallReport> {
     let give_up = Instant::now() + Duration::from_secs(10);

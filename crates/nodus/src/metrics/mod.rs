@@ -14,7 +14,7 @@ pub use histogram::{Histogram, HistogramSnapshot};
 pub(crate) use snapshot::wire;
 pub use snapshot::{
     HttpSnapshot, LoopSnapshot, PhaseSnapshot, PoolSnapshot, RunQueueSnapshot, Snapshot,
-    StallReport, TaskClassSnapshot, TasksSnapshot,
+    StallCounts, StallReport, TaskClassSnapshot, TasksSnapshot,
 };
 
 use crate::rt::context::with_core;
@@ -140,7 +140,8 @@ mod fill {
                     poll_duration: c.poll_duration.snapshot(),
                 })
                 .collect();
-            snap.stalls = crate::watchdog::stalls_seen_by_loop(&self.slot, now);
+            (snap.stalls, snap.stalls_total) =
+                crate::watchdog::stalls_seen_by_loop(&self.slot, now);
         }
     }
 }

@@ -26,7 +26,7 @@
 use serde::{Deserialize, Serialize};
 
 pub use super::histogram::HistogramSnapshot;
-pub use crate::watchdog::StallReport;
+pub use crate::watchdog::{StallCounts, StallReport};
 
 /// Everything one loop knows about itself, at one moment. Its first four fields, which every
 /// build sends, are what makes a JSON object a snapshot; every other is optional (module docs).
@@ -58,6 +58,10 @@ pub struct Snapshot {
     /// The most recent stalls the watchdog reported for this loop, oldest first.
     #[serde(default)]
     pub stalls: Vec<StallReport>,
+    /// Every stall the watchdog reported for this loop since it started, by class, each counted
+    /// when the watchdog saw it end ([`StallCounts`]): `stalls` keeps only the last 64.
+    #[serde(default)]
+    pub stalls_total: StallCounts,
     /// HTTP servers running on this loop (filled by `nodus-http`; zeros when there are none).
     #[serde(default)]
     pub http: HttpSnapshot,

@@ -37,7 +37,9 @@
 //!   buffer ([`recent_stalls`]); an ongoing one is updated in place at every tick and when it ends,
 //!   with its exact duration and poll count: the loop leaves the end of a hold that reached the
 //!   threshold in its slot (a loop dropped before the next tick leaves only the last sample, a
-//!   lower bound).
+//!   lower bound). Every stall is also counted in its loop's slot when the watchdog sees it end,
+//!   under its final class ([`StallCounts`], for the loop's life: the ring keeps only the last
+//!   64).
 //!
 //! Why a thread and not a signal (Seastar arms a per-thread timer signal): a handler runs on the
 //! stalled thread itself, so it interrupts the syscall a blocked loop is in (`EINTR` or a restart:
@@ -61,11 +63,11 @@
 //!   in epoll.
 //! - `hold_ns == 0` in a slot means the loop holds nothing, `start_ns == 0` that no poll is in
 //!   progress (`begin` stores at least 1 in both).
-//! - Only the watchdog thread reports stalls, reads `/proc`, and writes the ring buffer and the
-//!   record of stops (`freeze`); a loop reads that record only to log a slow poll. A loop's
-//!   own snapshot reads its entries with what the loop knows better (`stalls_seen_by_loop`: a
-//!   stall the watchdog has not yet seen end is over unless it is the hold under way) but never
-//!   writes them.
+//! - Only the watchdog thread reports stalls, reads `/proc`, writes the ring buffer and the
+//!   record of stops (`freeze`), and counts stalls in the slots (under the `RING` lock); a loop
+//!   reads that record only to log a slow poll. A loop's own snapshot reads its entries with
+//!   what the loop knows better (`stalls_seen_by_loop`: a stall the watchdog has not yet seen
+//!   end is over unless it is the hold under way), and its counts, but never writes them.
 //! - `ACTIVITY` (one word: busy-loop count + parked bit) is the only state shared by all loops; it
 //!   is touched once per `enter_idle`/`leave_idle`, i.e. when a loop is about to block anyway.
 //! - Like any thread, the watchdog does not survive a `fork` without exec. Its two locks
@@ -73,7 +75,7 @@
 //!   around every `fork`): a process forked without `exec` can make a `Runtime`.
 //!
 //! Layout: this file holds the public API (`register`, [`recent_stalls`], [`StallReport`],
-//! [`StallClass`]), the ring buffer and the state shared by the loops and the watchdog thread
+//! [`StallClass`], [`StallCounts`]), the ring buffer and the state shared by the loops and the watchdog thread
 //! (`ACTIVITY`, the pending registrations); `slot` is the seqlock `LoopSlot` the loop writes;
 //! `note` a task's note as the slot keeps it (cut, and escaped when shown); `freeze` the
 //! process stops the watchdog has seen; `thread` is the watchdog thread (scan, observe, backoff, rate limit, report messages); `proc`
@@ -187,15 +189,18 @@ pub struct StallReport {
 /// What the loop thread was doing during a stall.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StallClass {
-    /// Running: CPU-bound code in the poll.
+    /// Running: CPU-bound code in the poll (maybe slowed down by other threads, see
+    /// `WaitingForCpu`).
     OnCpu,
-    /// Sleeping in the kernel (state S or D), or woken from a sleep during the window after
-    /// spending most of it off a CPU without waiting for one. Never a thread that stayed runnable
-    /// (state R, no sleep) through the window.
+    /// Sleeping in the kernel (state S or D) after sleeping at least a tenth of the window, or
+    /// woken from a sleep during the window after spending most of it off a CPU without waiting
+    /// for one. Never a thread that stayed runnable (state R, no sleep) through the window.
     BlockedInSyscall,
     /// Runnable but kept off the CPU by other threads for at least 30 % of the window (for a
     /// thread runnable throughout the window, all the time it was not on a CPU, including a
-    /// run-queue wait still in progress).
+    /// run-queue wait still in progress), so long that without the wait the hold would not have
+    /// reached the threshold: its own CPU time (and any sleep) is under it. A task that ran for
+    /// the threshold itself is `OnCpu`, however long it also waited.
     WaitingForCpu,
     /// The whole process was stopped or frozen (SIGSTOP, a debugger, a VM pause) for so much of
     /// the stall that without the stop it would not have reached the threshold: no task blocked
@@ -206,6 +211,15 @@ pub enum StallClass {
 }
 
 impl StallClass {
+    /// Every class, in the order of [`StallCounts`]' fields.
+    pub const ALL: [StallClass; 5] = [
+        StallClass::OnCpu,
+        StallClass::BlockedInSyscall,
+        StallClass::WaitingForCpu,
+        StallClass::Stopped,
+        StallClass::Unknown,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             StallClass::OnCpu => "on-cpu",
@@ -220,6 +234,55 @@ impl StallClass {
 impl std::fmt::Display for StallClass {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// How many stalls of one loop the watchdog has seen end, by class (each counted once, under
+/// its final class: the class its entry in the recent stalls ends with), for the loop's life.
+/// Unlike the recent stalls, which keep the last 64, these only grow. A stall is counted when
+/// the watchdog sees it end, at its next look (a tick, 10 ms at most, after the loop left it),
+/// so a snapshot taken right after a stall may show it ended in `stalls` but not count it yet;
+/// one that never ends (a loop stuck for good) is never counted. Keys are the class names.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StallCounts {
+    #[serde(rename = "on-cpu")]
+    pub on_cpu: u64,
+    #[serde(rename = "blocked-in-syscall")]
+    pub blocked_in_syscall: u64,
+    #[serde(rename = "waiting-for-cpu")]
+    pub waiting_for_cpu: u64,
+    pub stopped: u64,
+    pub unknown: u64,
+}
+
+impl StallCounts {
+    /// The count of `class`.
+    pub fn get(&self, class: StallClass) -> u64 {
+        match class {
+            StallClass::OnCpu => self.on_cpu,
+            StallClass::BlockedInSyscall => self.blocked_in_syscall,
+            StallClass::WaitingForCpu => self.waiting_for_cpu,
+            StallClass::Stopped => self.stopped,
+            StallClass::Unknown => self.unknown,
+        }
+    }
+
+    fn get_mut(&mut self, class: StallClass) -> &mut u64 {
+        match class {
+            StallClass::OnCpu => &mut self.on_cpu,
+            StallClass::BlockedInSyscall => &mut self.blocked_in_syscall,
+            StallClass::WaitingForCpu => &mut self.waiting_for_cpu,
+            StallClass::Stopped => &mut self.stopped,
+            StallClass::Unknown => &mut self.unknown,
+        }
+    }
+
+    /// Every class's count (saturating).
+    pub fn total(&self) -> u64 {
+        StallClass::ALL
+            .iter()
+            .fold(0u64, |sum, &c| sum.saturating_add(self.get(c)))
     }
 }
 
@@ -287,10 +350,12 @@ pub fn recent_stalls_for(loop_id: u64) -> Vec<StallReport> {
 /// the watchdog has not yet seen end is over unless it is the hold under way (the callback and
 /// drain the snapshot is taken in). An ended one is reported ended, with its exact duration and
 /// poll count (the end the loop left in the slot; a lower bound only if a later long hold has
-/// overwritten it); the hold under way, with its duration to `now`.
-pub(crate) fn stalls_seen_by_loop(slot: &LoopSlot, now: u64) -> Vec<StallReport> {
+/// overwritten it); the hold under way, with its duration to `now`. With them, the loop's
+/// stall counts, read under the same lock (a stall the watchdog has seen end is counted).
+pub(crate) fn stalls_seen_by_loop(slot: &LoopSlot, now: u64) -> (Vec<StallReport>, StallCounts) {
     let current = slot.current_hold();
-    lock(&RING)
+    let ring = lock(&RING);
+    let stalls = ring
         .entries
         .iter()
         .filter(|e| e.report.loop_id == slot.loop_id)
@@ -309,7 +374,8 @@ pub(crate) fn stalls_seen_by_loop(slot: &LoopSlot, now: u64) -> Vec<StallReport>
             }
             report
         })
-        .collect()
+        .collect();
+    (stalls, slot.stall_counts())
 }
 
 #[cold]

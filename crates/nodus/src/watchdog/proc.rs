@@ -9,17 +9,26 @@
 //! have a 10 ms resolution and no run-queue wait, so they cannot tell these apart.
 //!
 //! How a stall is classified: the state says what the thread does now, the window's deltas (from
-//! when the watchdog first saw the poll, at most a tick after it started) say how it spent it.
-//! - S or D: blocked in a syscall.
+//! when the watchdog first saw the poll, at most a tick after it started) say how it spent it:
+//! on a CPU, waiting for one, or neither (asleep).
 //! - Runnable (R) at both ends of the window without going to sleep in between ("runnable
-//!   throughout"): never blocked. All of the window it was not on a CPU it was waiting for one,
+//!   throughout"): never asleep. All of the window it was not on a CPU it was waiting for one,
 //!   whether or not `run_delay` shows it yet (a wait is added when it *ends*, so one still in
 //!   progress, which on a saturated machine can be most of the window, is not in it): the waiting
-//!   share is at least `1 - on-CPU share`. Waiting for a CPU at least [`WAITING_FOR_CPU_SHARE`] of
-//!   the window, else on a CPU.
-//! - Otherwise (it slept during the window and woke, or the state is unknown): waiting for a CPU
-//!   at least 30 % of the window, else blocked when on a CPU under 20 % of it (it spent the window
-//!   asleep), else on a CPU.
+//!   share is at least `1 - on-CPU share`.
+//! - S or D now, asleep at least [`BLOCKED_MIN_ASLEEP_SHARE`] of the window (or no usable
+//!   window): blocked in a syscall. A window that the on-CPU and waiting shares cover nearly all
+//!   was spent running, whatever the state at its end (a thread that just went to sleep, or one
+//!   continued after a SIGSTOP): its shares decide.
+//! - Waiting for a CPU at least [`WAITING_FOR_CPU_SHARE`] of the window, and the hold would not
+//!   have reached the threshold without the wait: waiting for a CPU. As for a stop (`freeze`), a
+//!   wait is blamed only for a stall it made one: the hold's length (stops left out) times the
+//!   share of the window the thread was not waiting (its own on-CPU time, plus any sleep) is
+//!   under the threshold (the part of the hold before the window, at most a tick, is taken at
+//!   the window's shares). A CPU hog on a busy machine that has run for the threshold itself
+//!   would have stalled the loop on an idle one: it is on a CPU, however long it also waited.
+//! - Otherwise blocked when on a CPU under 20 % of the window and asleep longer than on a CPU,
+//!   else on a CPU. With no usable window, not asleep: unknown.
 //!
 //! A wait that began before the window is added whole when it ends and can push the shares past
 //! the window: they are scaled back to fractions of it.
@@ -40,6 +49,9 @@ const MIN_WINDOW_NS: u64 = 1_000_000;
 /// Class thresholds on the shares of the stall window.
 pub(super) const WAITING_FOR_CPU_SHARE: f64 = 0.3;
 const BLOCKED_MAX_CPU_SHARE: f64 = 0.2;
+/// A thread in S or D is blocked only if it was asleep (neither on a CPU nor waiting for one)
+/// at least this share of the window.
+const BLOCKED_MIN_ASLEEP_SHARE: f64 = 0.1;
 
 /// Cumulative scheduler counters of one thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,7 +101,7 @@ impl ThreadProc {
     }
 
     /// Nanoseconds the thread has run, from its CPU clock (a thread of this process only).
-    fn read_cpu_ns(&self) -> Option<u64> {
+    pub(super) fn read_cpu_ns(&self) -> Option<u64> {
         let mut ts = libc::timespec {
             tv_sec: 0,
             tv_nsec: 0,
@@ -173,12 +185,15 @@ fn parse_schedstat(text: &[u8]) -> Option<SchedStat> {
 }
 
 /// Shares of [baseline, now] and the class (see the module doc). `stopped_ns` of that window the
-/// process was stopped (`freeze`): not part of it, the thread could neither run nor wait. Shares
-/// are 0 when they cannot be computed.
+/// process was stopped (`freeze`): not part of it, the thread could neither run nor wait.
+/// `held_ns`: how long the loop has been held at `now`, stops left out; `threshold_ns` the
+/// loop's stall threshold. Shares are 0 when they cannot be computed.
 pub(super) fn classify(
     baseline: Option<&Sample>,
     now: &Sample,
     stopped_ns: u64,
+    held_ns: u64,
+    threshold_ns: u64,
 ) -> (StallClass, f64, f64) {
     let shares = match (
         baseline.and_then(|b| b.sched.map(|s| (b.wall_ns + stopped_ns, s))),
@@ -206,13 +221,25 @@ pub(super) fn classify(
             (on_cpu, waiting)
         }
     });
-    let class = match (now.state, shares) {
-        (Some(b'S' | b'D'), _) => StallClass::BlockedInSyscall,
-        (_, Some((_, waiting))) if waiting >= WAITING_FOR_CPU_SHARE => StallClass::WaitingForCpu,
-        (_, Some((on_cpu, _))) if on_cpu < BLOCKED_MAX_CPU_SHARE => StallClass::BlockedInSyscall,
-        (_, Some(_)) => StallClass::OnCpu,
+    let sleeping = matches!(now.state, Some(b'S' | b'D'));
+    let class = match shares {
+        None if sleeping => StallClass::BlockedInSyscall,
         // Runnable (or unreadable) with no usable window: on-CPU and waiting look the same.
-        (_, None) => StallClass::Unknown,
+        None => StallClass::Unknown,
+        Some((on_cpu, waiting)) => {
+            let asleep = (1.0 - on_cpu - waiting).max(0.0);
+            // How long the hold would have lasted without the wait.
+            let unwaited_ns = held_ns as f64 * (1.0 - waiting);
+            if sleeping && asleep >= BLOCKED_MIN_ASLEEP_SHARE {
+                StallClass::BlockedInSyscall
+            } else if waiting >= WAITING_FOR_CPU_SHARE && unwaited_ns < threshold_ns as f64 {
+                StallClass::WaitingForCpu
+            } else if on_cpu < BLOCKED_MAX_CPU_SHARE && asleep > on_cpu {
+                StallClass::BlockedInSyscall
+            } else {
+                StallClass::OnCpu
+            }
+        }
     };
     let (on_cpu, waiting) = shares.unwrap_or((0.0, 0.0));
     (class, on_cpu, waiting)
@@ -273,48 +300,48 @@ mod tests {
         }
     }
 
+    /// The stall threshold of the synthetic loop below.
+    const THRESHOLD_NS: u64 = 100 * MS;
+
+    /// `classify` for a hold that began with the window (`base`) and a threshold of 100 ms.
+    fn class_of(base: &Sample, now: &Sample, stopped_ns: u64) -> (StallClass, f64, f64) {
+        let held_ns = now.wall_ns - base.wall_ns - stopped_ns;
+        classify(Some(base), now, stopped_ns, held_ns, THRESHOLD_NS)
+    }
+
     #[test]
     fn classifies_from_samples() {
         let base = sample(0, b'R', 10, 0, 0);
-        let (class, on, wait) =
-            classify(Some(&base), &sample(100 * MS, b'R', 10, 95 * MS, 2 * MS), 0);
+        let (class, on, wait) = class_of(&base, &sample(100 * MS, b'R', 10, 95 * MS, 2 * MS), 0);
         assert_eq!(class, StallClass::OnCpu);
         assert!(
             (on - 0.95).abs() < 1e-9 && (wait - 0.05).abs() < 1e-9,
             "runnable throughout: off a CPU is waiting ({on}, {wait})"
         );
-        let (class, ..) = classify(
-            Some(&base),
-            &sample(100 * MS, b'R', 10, 50 * MS, 50 * MS),
-            0,
-        );
+        let (class, ..) = class_of(&base, &sample(100 * MS, b'R', 10, 50 * MS, 50 * MS), 0);
         assert_eq!(class, StallClass::WaitingForCpu);
-        let (class, ..) = classify(Some(&base), &sample(100 * MS, b'D', 11, 90 * MS, 0), 0);
+        let (class, ..) = class_of(&base, &sample(100 * MS, b'D', 11, 50 * MS, 0), 0);
         assert_eq!(class, StallClass::BlockedInSyscall);
-        let (class, on, wait) = classify(Some(&base), &sample(100 * MS, b'R', 11, 5 * MS, MS), 0);
+        let (class, on, wait) = class_of(&base, &sample(100 * MS, b'R', 11, 5 * MS, MS), 0);
         assert_eq!(
             (class, on, wait),
             (StallClass::BlockedInSyscall, 0.05, 0.01),
             "went to sleep in the window, just woke"
         );
         let asleep = sample(0, b'S', 10, 0, 0);
-        let (class, ..) = classify(Some(&asleep), &sample(100 * MS, b'R', 10, 5 * MS, MS), 0);
+        let (class, ..) = class_of(&asleep, &sample(100 * MS, b'R', 10, 5 * MS, MS), 0);
         assert_eq!(
             class,
             StallClass::BlockedInSyscall,
             "asleep when the window began, just woke"
         );
-        let (class, on, wait) = classify(
-            Some(&base),
-            &sample(100 * MS, b'R', 10, 44 * MS, 63 * MS),
-            0,
-        );
+        let (class, on, wait) = class_of(&base, &sample(100 * MS, b'R', 10, 44 * MS, 63 * MS), 0);
         assert_eq!(class, StallClass::WaitingForCpu);
         assert!(
             (on + wait - 1.0).abs() < 1e-9,
             "scaled to the window: {on} + {wait}"
         );
-        let (class, ..) = classify(Some(&base), &sample(MS / 2, b'R', 10, 0, 0), 0);
+        let (class, ..) = class_of(&base, &sample(MS / 2, b'R', 10, 0, 0), 0);
         assert_eq!(class, StallClass::Unknown, "window too short");
         let unreadable = Sample {
             wall_ns: 100 * MS,
@@ -322,14 +349,20 @@ mod tests {
             sleeps: None,
             sched: None,
         };
-        assert_eq!(classify(Some(&base), &unreadable, 0).0, StallClass::Unknown);
+        assert_eq!(class_of(&base, &unreadable, 0).0, StallClass::Unknown);
+        let sleeping = Sample {
+            state: Some(b'S'),
+            ..unreadable
+        };
+        assert_eq!(
+            class_of(&base, &sleeping, 0).0,
+            StallClass::BlockedInSyscall,
+            "no window: the state alone"
+        );
         // A spinner stopped 1 s of an 1.1 s window: the stop is not part of the window.
         let stopped = sample(1100 * MS, b'R', 11, 95 * MS, MS);
-        assert_eq!(
-            classify(Some(&base), &stopped, 0).0,
-            StallClass::BlockedInSyscall
-        );
-        let (class, on, _) = classify(Some(&base), &stopped, 1000 * MS);
+        assert_eq!(class_of(&base, &stopped, 0).0, StallClass::BlockedInSyscall);
+        let (class, on, _) = class_of(&base, &stopped, 1000 * MS);
         assert_eq!(class, StallClass::OnCpu);
         assert!((on - 0.95).abs() < 1e-9, "{on}");
     }
@@ -340,15 +373,72 @@ mod tests {
     #[test]
     fn a_thread_runnable_throughout_the_window_is_never_blocked() {
         let base = sample(0, b'R', 10, 0, 0);
-        let (class, on, wait) =
-            classify(Some(&base), &sample(50 * MS, b'R', 10, 8 * MS, 2 * MS), 0);
+        let (class, on, wait) = class_of(&base, &sample(50 * MS, b'R', 10, 8 * MS, 2 * MS), 0);
         assert_eq!(class, StallClass::WaitingForCpu, "{on} {wait}");
         assert!(
             (on - 0.16).abs() < 1e-9 && (wait - 0.84).abs() < 1e-9,
             "{on} {wait}"
         );
         // Nearly nothing counted yet: still waiting, never blocked.
-        let (class, ..) = classify(Some(&base), &sample(50 * MS, b'R', 10, 0, 0), 0);
+        let (class, ..) = class_of(&base, &sample(50 * MS, b'R', 10, 0, 0), 0);
         assert_eq!(class, StallClass::WaitingForCpu);
+        // Long enough on a CPU to be a stall by itself: on a CPU, however small its share.
+        let (class, on, _) = class_of(&base, &sample(1000 * MS, b'R', 10, 150 * MS, 0), 0);
+        assert_eq!(class, StallClass::OnCpu, "{on}");
+    }
+
+    /// The reviewer's case: a CPU hog sharing 2 cores with 4 `yes` loops runs 16 to 29 % of its
+    /// hold. While its own CPU time is under the threshold the wait made the stall: waiting for a
+    /// CPU. Once it has run for the threshold itself (3x here), it would have stalled the loop
+    /// on an idle machine: on a CPU (it was `waiting-for-cpu` to the end).
+    #[test]
+    fn a_cpu_hog_on_a_busy_machine_is_on_a_cpu_once_it_ran_for_the_threshold() {
+        let base = sample(0, b'R', 10, 0, 0);
+        let (class, on, wait) = class_of(&base, &sample(100 * MS, b'R', 10, 20 * MS, 70 * MS), 0);
+        assert_eq!(
+            class,
+            StallClass::WaitingForCpu,
+            "at the threshold: {on} {wait}"
+        );
+        let (class, ..) = class_of(&base, &sample(400 * MS, b'R', 10, 90 * MS, 250 * MS), 0);
+        assert_eq!(class, StallClass::WaitingForCpu, "90 ms of its own");
+        let (class, on, wait) =
+            class_of(&base, &sample(1500 * MS, b'R', 10, 300 * MS, 1100 * MS), 0);
+        assert_eq!(class, StallClass::OnCpu, "300 ms of its own: {on} {wait}");
+        assert!((on - 0.2).abs() < 1e-9 && (wait - 0.8).abs() < 1e-9);
+        // The hold began a tick before the window: its length counts, at the window's shares.
+        let (class, ..) = classify(
+            Some(&base),
+            &sample(450 * MS, b'R', 10, 90 * MS, 300 * MS),
+            0,
+            510 * MS,
+            THRESHOLD_NS,
+        );
+        assert_eq!(
+            class,
+            StallClass::OnCpu,
+            "about 102 ms of its own in the hold"
+        );
+        // A wait does not make a stall of a hold that slept past the threshold: blocked.
+        let (class, ..) = class_of(&base, &sample(1000 * MS, b'R', 11, 50 * MS, 400 * MS), 0);
+        assert_eq!(class, StallClass::BlockedInSyscall);
+    }
+
+    /// A spinning poll stopped (SIGSTOP) in the middle and continued: right after, its state
+    /// reads S (it is logging its slow poll), but the window was all on a CPU or waiting for
+    /// one. The state alone does not make it blocked; it slept nearly none of the window.
+    #[test]
+    fn a_window_spent_running_is_not_blocked_on_the_state_at_its_end() {
+        let base = sample(0, b'R', 10, 0, 0);
+        for state in [b'S', b'D'] {
+            let (class, on, wait) =
+                class_of(&base, &sample(100 * MS, state, 11, 43 * MS, 57 * MS), 0);
+            assert_eq!(class, StallClass::WaitingForCpu, "{on} {wait}");
+            let (class, ..) = class_of(&base, &sample(200 * MS, state, 11, 190 * MS, 4 * MS), 0);
+            assert_eq!(class, StallClass::OnCpu);
+            // Asleep a fifth of it: blocked, as the state says.
+            let (class, ..) = class_of(&base, &sample(200 * MS, state, 11, 150 * MS, 10 * MS), 0);
+            assert_eq!(class, StallClass::BlockedInSyscall);
+        }
     }
 }

@@ -32,6 +32,9 @@
 //!   records which, so the count stays balanced through `enter_idle`/`leave_idle` and `drop`.
 //! - The name and location pointers always come from a `&'static str` and a
 //!   `&'static Location<'static>`, which is what makes `read`'s `unsafe` sound.
+//! - The stall counts by class (`count_stall`) are the watchdog's: it alone writes them, when it
+//!   sees a stall end, under the `RING` lock, under which the loop's snapshot reads them with
+//!   the ring buffer's entries (a stall shown ended by the watchdog is counted).
 //! - A task's note (`nodus::task::set_note`) is a `&'static str` prefix, published by pointer as
 //!   names are, and a dynamic text, which no pointer could share soundly: it is copied into the
 //!   slot's own words. Both are written under a second seqlock (`note_seq`), tagged with the
@@ -47,7 +50,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering, f
 use std::time::Duration;
 
 use super::note::{self, NOTE_MAX, NOTE_WORDS, Note};
-use super::{ACTIVITY, PARKED, WATCHDOG, freeze, wake_parked_watchdog};
+use super::{ACTIVITY, PARKED, StallClass, StallCounts, WATCHDOG, freeze, wake_parked_watchdog};
 
 /// Thresholds below this are raised to it: shorter polls are the slow-poll log's business.
 const MIN_THRESHOLD_NS: u64 = 10_000_000;
@@ -96,6 +99,9 @@ pub(crate) struct LoopSlot {
     note_prefix_ptr: AtomicPtr<u8>,
     note_prefix_len: AtomicUsize,
     note_words: [AtomicU64; NOTE_WORDS],
+    /// Stalls of this loop the watchdog has seen end, by final class (`StallClass` as index):
+    /// written by the watchdog under the `RING` lock, read by the loop's snapshot under it.
+    stalls: [AtomicU64; StallClass::ALL.len()],
 }
 
 pub(super) const IDLE: u8 = 1;
@@ -173,6 +179,7 @@ impl LoopSlot {
             note_prefix_ptr: AtomicPtr::new("".as_ptr().cast_mut()),
             note_prefix_len: AtomicUsize::new(0),
             note_words: Default::default(),
+            stalls: Default::default(),
         })
     }
 
@@ -291,6 +298,20 @@ impl LoopSlot {
     pub(crate) fn current_hold(&self) -> Option<u64> {
         // Single writer: relaxed loads of our own last stores are exact.
         (self.hold_ns.load(Ordering::Relaxed) != 0).then(|| self.hold_seq.load(Ordering::Relaxed))
+    }
+
+    /// Watchdog, holding the `RING` lock: one more stall of this loop ended, of `class`.
+    pub(super) fn count_stall(&self, class: StallClass) {
+        self.stalls[class as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Holding the `RING` lock: the stalls of this loop the watchdog has seen end, by class.
+    pub(super) fn stall_counts(&self) -> StallCounts {
+        let mut counts = StallCounts::default();
+        for class in StallClass::ALL {
+            *counts.get_mut(class) = self.stalls[class as usize].load(Ordering::Relaxed);
+        }
+        counts
     }
 
     /// Loop thread, during a poll: the note `prefix` + `text` (the text cut so that both fit in

@@ -19,7 +19,8 @@
 //!   at 2x, 4x, 8x... the threshold while it lasts. A token bucket over all stalls lets out at
 //!   most about 10 reports per second; suppressed reports are counted in the next one.
 //! - The stall's ring-buffer entry is published complete at its first observation past the
-//!   threshold and updated in place at every tick and when the hold ends.
+//!   threshold and updated in place at every tick and when the hold ends; at the end the stall
+//!   is counted in its loop's slot under its final class (`finish`).
 //! - After every wake, before it scans, it checks whether it overslept because the process was
 //!   stopped (`freeze::Detector::woke`). A stall that would not have reached its threshold
 //!   without the stops in it is of class `stopped` (`by_stop`): its report and end line say the
@@ -42,7 +43,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::freeze::{Detector, stopped_between};
 use super::note::Note;
-use super::proc::{Sample, ThreadProc, classify};
+use super::proc::{Sample, ThreadProc, WAITING_FOR_CPU_SHARE, classify};
 use super::slot::{HoldView, LoopSlot, SlotRead};
 use super::{ACTIVITY, PARKED, PENDING, RING, StallClass, StallReport, lock};
 use crate::clock::now_ns;
@@ -91,6 +92,8 @@ struct Stall {
     /// finds none (the handler that set it returned, its task cleared it, before the hold ended).
     holder: (*const u8, *const Location<'static>),
     note: Note,
+    /// The class `report` names.
+    class: StallClass,
     report: StallReport,
 }
 
@@ -274,7 +277,7 @@ fn scan(watched: &mut Vec<Watched>, limiter: &mut RateLimit) -> Scan {
         let Some(slot) = w.slot.upgrade() else {
             // The loop is gone (maybe unwinding out of a stalled poll): close its stall.
             if let Some(hold) = w.hold.take() {
-                finish(hold, None, w.threshold_ns);
+                finish(hold, None, w.threshold_ns, None);
             }
             return false;
         };
@@ -287,7 +290,7 @@ fn scan(watched: &mut Vec<Watched>, limiter: &mut RateLimit) -> Scan {
             SlotRead::Idle => {
                 if let Some(hold) = w.hold.take() {
                     let end = slot.long_end(hold.view.hold_seq);
-                    finish(hold, end, w.threshold_ns);
+                    finish(hold, end, w.threshold_ns, Some(&slot));
                 }
                 return true;
             }
@@ -300,7 +303,7 @@ fn scan(watched: &mut Vec<Watched>, limiter: &mut RateLimit) -> Scan {
         {
             let hold = w.hold.take().expect("checked above");
             let end = slot.long_end(hold.view.hold_seq);
-            finish(hold, end, w.threshold_ns);
+            finish(hold, end, w.threshold_ns, Some(&slot));
         }
         let hold = w.hold.get_or_insert_with(|| Observed {
             view,
@@ -339,7 +342,13 @@ fn observe(
     let held_ns = sample.wall_ns.saturating_sub(start);
     let stopped_ns = stopped_between(start, sample.wall_ns);
     let in_window = stopped_between(hold.baseline.wall_ns, sample.wall_ns);
-    let (mut class, on_cpu, waiting) = classify(Some(&hold.baseline), &sample, in_window);
+    let (mut class, on_cpu, waiting) = classify(
+        Some(&hold.baseline),
+        &sample,
+        in_window,
+        held_ns.saturating_sub(stopped_ns),
+        threshold_ns,
+    );
     if by_stop(held_ns, stopped_ns, threshold_ns) {
         class = StallClass::Stopped;
     }
@@ -379,6 +388,7 @@ fn observe(
             multiplier: 1,
             holder: (std::ptr::null(), std::ptr::null()),
             note: Note::default(),
+            class,
             report,
         }
     });
@@ -398,7 +408,8 @@ fn observe(
     report.task_id = task_id;
     report.polls = polls;
     report.elapsed_seconds = held_ns as f64 / 1e9;
-    if report.class != class.as_str() {
+    if stall.class != class {
+        stall.class = class;
         class.as_str().clone_into(&mut report.class);
     }
     report.on_cpu_share = on_cpu;
@@ -451,8 +462,9 @@ fn by_stop(held_ns: u64, stopped_ns: u64, threshold_ns: u64) -> bool {
 
 /// A hold that was being observed has ended at `end` (time and poll count, as its loop recorded
 /// them), or at an unknown time after the last sample (its loop is gone, or a later long hold
-/// overwrote the end).
-fn finish(hold: Observed, end: Option<(u64, u64)>, threshold_ns: u64) {
+/// overwrote the end). Its stall is counted in `slot` (`None`: the loop is gone) under its final
+/// class.
+fn finish(hold: Observed, end: Option<(u64, u64)>, threshold_ns: u64, slot: Option<&LoopSlot>) {
     let Some(mut stall) = hold.stall else {
         return;
     };
@@ -470,10 +482,17 @@ fn finish(hold: Observed, end: Option<(u64, u64)>, threshold_ns: u64) {
     let stopped_ns = stopped_between(hold.view.hold_ns, hold.view.hold_ns + held_ns);
     report.stopped_seconds = stopped_ns as f64 / 1e9;
     if by_stop(held_ns, stopped_ns, threshold_ns) {
+        stall.class = StallClass::Stopped;
         StallClass::Stopped.as_str().clone_into(&mut report.class);
     }
-    if let Some(id) = stall.ring_id {
-        lock(&RING).update(id, report);
+    {
+        let mut ring = lock(&RING);
+        if let Some(slot) = slot {
+            slot.count_stall(stall.class);
+        }
+        if let Some(id) = stall.ring_id {
+            ring.update(id, report);
+        }
     }
     let ms = report.elapsed_seconds * 1e3;
     let stopped_ms = report.stopped_seconds * 1e3;
@@ -531,7 +550,9 @@ pub(crate) fn named(name: &str, note: &str, location: &str) -> String {
 /// then `, 103 ms in the microtask drain after "timer" (src/app.rs:9:5) (3 polls)`. A drain of
 /// short polls: `loop stalled: held for 101 ms in the microtask drain after "main"
 /// (src/main.rs:4:5): 20345 polls, mostly "ping" (src/main.rs:12:9) in 6 of 10 looks, then
-/// "pong" (src/main.rs:12:9) in 4, on-cpu (...)`.
+/// "pong" (src/main.rs:12:9) in 4, on-cpu (...)`. A task on a CPU that also waited for one 30 %
+/// of the window or more: `on-cpu (cpu 20%, waiting for cpu 80%: slowed by CPU contention, a
+/// stall on an idle machine too)`.
 fn stall_message(
     report: &StallReport,
     shape: &Shape,
@@ -588,10 +609,15 @@ fn stall_message(
     } else {
         let _ = write!(
             message,
-            " (cpu {:.0}%, waiting for cpu {:.0}%)",
+            " (cpu {:.0}%, waiting for cpu {:.0}%",
             report.on_cpu_share * 100.0,
             report.waiting_for_cpu_share * 100.0
         );
+        // On a CPU long enough to stall the loop by itself, slowed down by other threads.
+        if class == StallClass::OnCpu && report.waiting_for_cpu_share >= WAITING_FOR_CPU_SHARE {
+            message.push_str(": slowed by CPU contention, a stall on an idle machine too");
+        }
+        message.push(')');
     }
     if stopped_ms > 0.0 {
         let _ = write!(
@@ -638,6 +664,21 @@ mod tests {
         assert_eq!(
             stall_message(&report, &Shape::Poll, &none, StallClass::OnCpu, 0),
             "loop stalled: task \"hog\" (examples/stall.rs:21:5) has been running for 101 ms, on-cpu (cpu 99%, waiting for cpu 0%)"
+        );
+        let crowded = StallReport {
+            on_cpu_share: 0.2,
+            waiting_for_cpu_share: 0.8,
+            ..report.clone()
+        };
+        assert!(
+            stall_message(&crowded, &Shape::Poll, &none, StallClass::OnCpu, 0).ends_with(
+                "on-cpu (cpu 20%, waiting for cpu 80%: slowed by CPU contention, a stall on an \
+                 idle machine too)"
+            )
+        );
+        assert!(
+            stall_message(&crowded, &Shape::Poll, &none, StallClass::WaitingForCpu, 0)
+                .ends_with("waiting-for-cpu (cpu 20%, waiting for cpu 80%)")
         );
         let message = stall_message(&report, &Shape::Poll, &none, StallClass::Unknown, 3);
         assert!(
@@ -784,7 +825,7 @@ mod tests {
             "GET /spin/2500",
             "the note is kept once the handler returned"
         );
-        finish(hold, Some((now_ns(), 1)), threshold_ns);
+        finish(hold, Some((now_ns(), 1)), threshold_ns, None);
         let stalls = crate::watchdog::recent_stalls_for(loop_id);
         assert_eq!(stalls.len(), 1);
         assert_eq!(stalls[0].note, "GET /spin/2500", "in the ring buffer");
@@ -799,7 +840,7 @@ mod tests {
         };
         look(&mut hold, view(0, HANDLER, at, noted), false);
         assert_eq!(look(&mut hold, view(0, OTHER, other_at, cleared), true), "");
-        finish(hold, Some((now_ns(), 1)), threshold_ns);
+        finish(hold, Some((now_ns(), 1)), threshold_ns, None);
 
         // In a drain, the note seen with a poll is kept by `Seen` when a later look at the same
         // poll finds none.

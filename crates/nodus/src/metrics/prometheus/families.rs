@@ -334,12 +334,19 @@ pub(super) const TICK_DRAIN: Desc = desc!(
 pub(super) const TICKS: Desc = desc!("nodus_ticks", Counter, none, "Next-tick closures run.");
 /// nodus_microtasks_total
 pub(super) const MICROTASKS: Desc = desc!("nodus_microtasks", Counter, none, "Microtasks run.");
+/// nodus_loop_stalls_total{class}
+pub(super) const STALLS: Desc = desc!(
+    "nodus_loop_stalls",
+    Counter,
+    none,
+    "Stalls the watchdog reported for this loop (the loop held past the stall threshold by one callback and the drain after it), by class: on-cpu, blocked-in-syscall, waiting-for-cpu, stopped, unknown. Each is counted once, when the watchdog sees it end (within 10 ms), under its final class; for the loop's life, unlike nodus_stalls_recent."
+);
 /// nodus_stalls_recent
 pub(super) const STALLS_RECENT: Desc = desc!(
     "nodus_stalls_recent",
     Gauge,
     none,
-    "Stalls kept in the watchdog's ring buffer for this loop (each one's task, spawn location, polls and class are in /_nodus/stats only: free text, no label values)."
+    "Stalls of this loop in the watchdog's ring buffer, which keeps the process's last 64: at most 64, where it stays once 64 stalls happened (to count stalls, use nodus_loop_stalls_total). Each one's task, spawn location, polls and class are in /_nodus/stats only: free text, no label values."
 );
 /// nodus_stall_last_seconds
 pub(super) const STALL_LAST: Desc = desc!(

@@ -44,6 +44,7 @@ mod tests;
 use prometheus_client::registry::Registry;
 
 use super::snapshot::Snapshot;
+use crate::watchdog::StallClass;
 use encode::{Family, Series, Value, seconds_histogram, unitless_histogram};
 use families::*;
 
@@ -175,6 +176,10 @@ impl SnapshotCollector {
         self.push(&TICK_DRAIN, base(), Value::Float(ls.tick_drain_seconds));
         self.push(&TICKS, base(), Value::Int(ls.ticks_total));
         self.push(&MICROTASKS, base(), Value::Int(ls.microtasks_total));
+        for class in StallClass::ALL {
+            let v = Value::Int(s.stalls_total.get(class));
+            self.push(&STALLS, with("class", class.as_str()), v);
+        }
         self.push(&STALLS_RECENT, base(), Value::Int(s.stalls.len() as u64));
         let last = s.stalls.last().map_or(0.0, |r| r.elapsed_seconds);
         self.push(&STALL_LAST, base(), Value::Float(last));

@@ -76,6 +76,8 @@ fn sample() -> Snapshot {
             ..Default::default()
         },
     ];
+    s.stalls_total.on_cpu = 70;
+    s.stalls_total.waiting_for_cpu = 3;
     s
 }
 
@@ -122,6 +124,12 @@ fn renders_one_snapshot() {
             "nodus_ticks_total 9",
             "nodus_microtasks_total 11",
             "nodus_stalls_recent 2",
+            "# TYPE nodus_loop_stalls counter",
+            r#"nodus_loop_stalls_total{class="on-cpu"} 70"#,
+            r#"nodus_loop_stalls_total{class="blocked-in-syscall"} 0"#,
+            r#"nodus_loop_stalls_total{class="waiting-for-cpu"} 3"#,
+            r#"nodus_loop_stalls_total{class="stopped"} 0"#,
+            r#"nodus_loop_stalls_total{class="unknown"} 0"#,
             "nodus_stall_last_seconds 0.75",
             "nodus_uptime_seconds 12.5",
             r#"nodus_loop_phase_seconds_total{phase="timers"} 0.25"#,
@@ -155,6 +163,7 @@ fn stall_help_speaks_of_a_hold() {
     );
     assert!(!last.contains("poll took"), "{last}");
     assert!(help("nodus_stalls_recent").contains("polls"));
+    assert!(help("nodus_loop_stalls").contains("held past the stall threshold by one callback"));
 }
 
 #[test]
@@ -280,6 +289,9 @@ fn empty_snapshot_renders_zeros() {
             "nodus_stall_last_seconds 0.0",
             "nodus_task_schedule_delay_seconds_count 0",
             r#"nodus_task_schedule_delay_seconds_bucket{le="+Inf"} 0"#,
+            // Every class has its series from the start, so a rate() over it is never absent.
+            r#"nodus_loop_stalls_total{class="on-cpu"} 0"#,
+            r#"nodus_loop_stalls_total{class="unknown"} 0"#,
         ],
     );
     // No task classes and no phases: those families are left out entirely.
@@ -317,6 +329,8 @@ fn one_type_line_per_family_across_workers() {
             r#"nodus_task_polls_total{worker="2",task="http:static"} 50"#,
             r#"nodus_task_schedule_delay_seconds_bucket{le="0.001015807",worker="2"} 5"#,
             r#"nodus_task_poll_duration_seconds_count{worker="1",task="http:static"} 50"#,
+            r#"nodus_loop_stalls_total{worker="1",class="on-cpu"} 70"#,
+            r#"nodus_loop_stalls_total{worker="2",class="on-cpu"} 70"#,
         ],
     );
     // Each family's series are contiguous: worker 2's iterations follow worker 1's.
