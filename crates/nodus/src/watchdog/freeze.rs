@@ -4,7 +4,10 @@
 //! `CLOCK_MONOTONIC` keeps running while a process is stopped, so a poll that spans a stop reads
 //! as long as the stop. The watchdog thread is stopped with the rest of the process and sees it
 //! as an oversleep: it asked to wake at `expected` (at most a tick, 10 ms, after it went to sleep
-//! while a loop is busy; the 1 s idle park otherwise) and woke at `to`, much later. An oversleep
+//! while a loop is busy; the 1 s idle park otherwise) and woke at `to`, much later; a stop that
+//! comes while it scans the loops (not while it sleeps: on a loaded host, preempted in its scan,
+//! it can be there for a good share of each tick) shows as a scan that took that long, checked
+//! as a sleep expected to end where the scan began (`thread.rs`). An oversleep
 //! of at least [`FREEZE_MIN_NS`] is recorded as a stop of `to - expected` ns somewhere in
 //! `[from, to]` (within a tick of both ends while a loop is busy), unless the watchdog's own
 //! run-queue wait (`schedstat`) accounts for half of it: a thread kept off a busy CPU oversleeps

@@ -36,9 +36,7 @@
 use std::fmt::Write as _;
 use std::panic::Location;
 use std::sync::Weak;
-#[cfg(test)]
-use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::freeze::{Detector, stopped_between};
@@ -202,6 +200,10 @@ struct Scan {
     tick_ns: u64,
 }
 
+/// Log lines this thread began writing (only it counts them): a scan that wrote none did not
+/// wait on a writer.
+static WROTE: AtomicU64 = AtomicU64::new(0);
+
 pub(super) fn run() {
     raise_priority();
     let mut watched: Vec<Watched> = Vec::new();
@@ -211,11 +213,21 @@ pub(super) fn run() {
         suppressed: 0,
     };
     let mut freezes = Detector::new();
+    // When this thread last looked at the clock after a sleep or a scan: a stop that comes
+    // while it scans (not while it sleeps) shows as a scan that took that long.
+    let mut looked = now_ns();
     loop {
         #[cfg(test)]
         WAKES.fetch_add(1, Ordering::Relaxed);
         adopt_pending(&mut watched);
+        let wrote = WROTE.load(Ordering::Relaxed);
         let scan = scan(&mut watched, &mut limiter);
+        let scanned = now_ns();
+        // A scan that wrote a line may have waited on its writer (a full stderr pipe): that is
+        // no stop.
+        if WROTE.load(Ordering::Relaxed) == wrote {
+            freezes.woke(looked, looked, scanned);
+        }
         let busy = ACTIVITY.load(Ordering::Acquire) & !PARKED;
         if !scan.active && busy == 0 {
             // Everyone is idle in epoll: park until `leave_idle` (or `register`) unparks us. The CAS
@@ -226,7 +238,8 @@ pub(super) fn run() {
             {
                 let from = now_ns();
                 std::thread::park_timeout(IDLE_PARK);
-                freezes.woke(from, from + IDLE_PARK.as_nanos() as u64, now_ns());
+                looked = now_ns();
+                freezes.woke(from, from + IDLE_PARK.as_nanos() as u64, looked);
                 let _unparked = ACTIVITY.fetch_and(!PARKED, Ordering::AcqRel) & PARKED == 0;
                 #[cfg(test)]
                 if !_unparked {
@@ -235,7 +248,7 @@ pub(super) fn run() {
             }
             continue;
         }
-        let now = now_ns();
+        let now = scanned;
         let wake_at = scan
             .next_due_ns
             .map_or(now + scan.tick_ns, |due| due.min(now + scan.tick_ns));
@@ -243,7 +256,8 @@ pub(super) fn run() {
             std::thread::park_timeout(Duration::from_nanos(wake_at - now));
         }
         // Before the next scan: a hold that spans a stop is classed by it.
-        freezes.woke(now, wake_at.max(now), now_ns());
+        looked = now_ns();
+        freezes.woke(now, wake_at.max(now), looked);
         // A tick with no loop busy (only a poll's end left to see) counts as an idle wake too.
         #[cfg(test)]
         if busy == 0 {
@@ -419,6 +433,7 @@ fn observe(
         if let Some(suppressed) = limiter.allow(sample.wall_ns) {
             report.reports += 1;
             let message = stall_message(report, &shape, &hold.seen, class, suppressed);
+            WROTE.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
                 target: "nodus::watchdog",
                 loop_id,
@@ -517,6 +532,7 @@ fn finish(hold: Observed, end: Option<(u64, u64)>, threshold_ns: u64, slot: Opti
             report.began_with, report.polls
         )
     };
+    WROTE.fetch_add(1, Ordering::Relaxed);
     if report.reports > 0 {
         tracing::info!(
             target: "nodus::watchdog",
