@@ -1061,3 +1061,68 @@ fn dashboard_exits_0_when_its_terminal_is_closed() {
         );
     }
 }
+
+/// The primary's own loop (`primary.snapshot`): a row of its own under the workers', labelled
+/// `primary`, with its figures, in no count of workers; selectable for its details. A document
+/// without it (an older primary) has no such row.
+#[test]
+fn admin_page_in_headless_chromium_shows_the_primarys_loop_apart_from_the_workers() {
+    let Some(chromium) = installed(&["chromium", "chromium-browser"]) else {
+        return;
+    };
+    let snapshot = |pid: u32, utilization: f64| {
+        let mut s = Snapshot {
+            pid,
+            loop_id: 1,
+            uptime_seconds: 60.0,
+            ..Snapshot::default()
+        };
+        s.loop_stats.utilization = utilization;
+        serde_json::to_value(s).unwrap()
+    };
+    let mut doc = serde_json::json!({
+        "workers": [
+            {"worker": 1, "pid": 43_001, "answering": true, "snapshot": snapshot(43_001, 0.1)},
+            {"worker": 2, "pid": 43_002, "answering": true, "snapshot": snapshot(43_002, 0.1)},
+        ],
+        "restarts": 0,
+        "workers_wanted": 2,
+        "primary": {"pid": 43_000, "rss_bytes": 20 << 20, "uptime_seconds": 60.0,
+                    "snapshot": snapshot(43_000, 0.375)},
+    });
+    let dom = chromium_dom(
+        chromium,
+        &format!("http://{}/_nodus/", fake_admin(doc.clone())),
+    );
+    assert!(dom.contains("data-state=\"ok\""), "{dom}");
+    let row = dom_row(&dom, "primary-row", "data-pid=\"43000\"");
+    assert!(row.contains("<td>primary</td>"), "{row}");
+    assert!(row.contains("37.5 %"), "{row}");
+    assert!(row.contains("20 MiB"), "{row}");
+    // Under the workers' rows, never one of them, and in no count.
+    let at = |what: &str| {
+        dom.find(what)
+            .unwrap_or_else(|| panic!("no {what} in\n{dom}"))
+    };
+    assert!(
+        at("data-pid=\"43002\"") < at("<tr class=\"primary-row"),
+        "{dom}"
+    );
+    assert_eq!(dom.matches("<tr class=\"worker-row").count(), 2, "{dom}");
+    assert!(dom.contains("Workers (2)"), "{dom}");
+    assert!(dom.contains("cluster · 2 workers · 0 restarts"), "{dom}");
+    // Selected, its loop's details.
+    let url = format!("http://{}/_nodus/#worker=primary", fake_admin(doc.clone()));
+    let dom = chromium_dom(chromium, &url);
+    assert!(dom.contains("Primary · pid 43000 · its own loop"), "{dom}");
+    assert!(
+        dom.contains(r#"<div class="big " id="utilization">37.5 %</div>"#),
+        "{dom}"
+    );
+    // An older primary's document: no primary row, the page as before.
+    doc["primary"].as_object_mut().unwrap().remove("snapshot");
+    let dom = chromium_dom(chromium, &format!("http://{}/_nodus/", fake_admin(doc)));
+    assert!(dom.contains("data-state=\"ok\""), "{dom}");
+    assert!(!dom.contains("<tr class=\"primary-row"), "{dom}");
+    assert_eq!(dom.matches("<tr class=\"worker-row").count(), 2, "{dom}");
+}

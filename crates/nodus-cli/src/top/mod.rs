@@ -2,8 +2,8 @@
 //! `/_nodus/stats`.
 //!
 //! - `fetch`: ADDR parsing and a minimal blocking HTTP/1.1 GET;
-//! - `model`: the stats document (one snapshot or the cluster shape), per-worker rows derived from
-//!   two successive fetches, and the sparkline history;
+//! - `model`: the stats document (one snapshot or the cluster shape), per-worker rows (and the
+//!   primary's own loop's, apart) derived from two successive fetches, and the sparkline history;
 //! - `view`: the worker columns and the ratatui frame (all of it from 80×24; the worker table
 //!   first, whole columns only, in a smaller terminal; a too-small line below 8×5);
 //! - `once`: `--once`, one plain-text frame.
@@ -49,7 +49,8 @@ pub struct TopArgs {
     #[arg(value_name = "ADDR", default_value = "127.0.0.1:8080")]
     addr: String,
     /// Print one plain-text frame and exit: a header line, a column line, then one line per
-    /// worker starting with its pid, then pools and recent stalls. Fetches twice, --interval
+    /// worker starting with its pid (and one for a cluster primary's own loop, starting with
+    /// `primary`), then pools and recent stalls. Fetches twice, --interval
     /// apart, so rates and utilization cover that interval (and again, at most 2 s more, while
     /// a cluster's primary serves a worker's same snapshot, which it keeps up to 1 s).
     #[arg(long)]

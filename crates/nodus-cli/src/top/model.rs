@@ -6,6 +6,12 @@
 //! "budget_left", "workers_wanted", "generation"}` (the shape the admin page reads too). Both deserialize into
 //! [`ClusterStats`]; a single snapshot becomes one worker.
 //!
+//! A cluster document may carry the primary's own loop (`primary.snapshot`, the same shape as a
+//! worker's; under rr and least every connection passes through it): it is a row of its own
+//! ([`Model::primary`], its window kept as a worker's), outside `rows`, so no count, sum, chart
+//! or stall list of the workers has it. A document without it (an older primary, or one process)
+//! has no primary row.
+//!
 //! Rows: the previous snapshot of every worker pid is kept, and utilization (busy ÷ busy + idle),
 //! requests/s, pool completions/s and the "recent" percentiles (schedule delay, timer lateness,
 //! pool queue wait) come from the difference between it and the current one, so they cover the
@@ -53,9 +59,13 @@ pub struct ClusterStats {
     pub cluster: bool,
     /// What a document relayed to a worker left out to fit its IPC frame (`None`: it is whole).
     pub trimmed: Option<String>,
+    /// The primary's own loop (`primary` with its `pid`, `rss_bytes`, `uptime_seconds` and
+    /// `snapshot`, read as a worker's fields are): `None` without a snapshot (an older primary
+    /// sends none, and one process's document has no primary).
+    pub primary: Option<Box<WorkerStats>>,
 }
 
-/// One worker of the cluster shape.
+/// One worker of the cluster shape (or the primary, whose fields are a subset of these).
 #[derive(Debug, Deserialize)]
 pub struct WorkerStats {
     /// Worker id (slot number) given by the primary.
@@ -119,6 +129,8 @@ struct RawCluster {
     generation: Option<u64>,
     #[serde(default)]
     trimmed: Option<String>,
+    #[serde(default)]
+    primary: Option<Box<WorkerStats>>,
 }
 
 /// Which snapshots of a document have `tasks.panics_total` (read apart from [`Snapshot`], whose
@@ -126,7 +138,11 @@ struct RawCluster {
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum PanicsProbe {
-    Cluster { workers: Vec<ProbeWorker> },
+    Cluster {
+        workers: Vec<ProbeWorker>,
+        #[serde(default)]
+        primary: Option<ProbeWorker>,
+    },
     Single(ProbeSnapshot),
 }
 
@@ -165,6 +181,7 @@ impl From<StatsDoc> for ClusterStats {
                 generation: c.generation,
                 cluster: true,
                 trimmed: c.trimmed,
+                primary: c.primary.filter(|p| p.snapshot.is_some()),
             },
             StatsDoc::Single(s) => ClusterStats {
                 workers: vec![WorkerStats {
@@ -186,6 +203,7 @@ impl From<StatsDoc> for ClusterStats {
                 generation: None,
                 cluster: false,
                 trimmed: None,
+                primary: None,
             },
         }
     }
@@ -196,8 +214,11 @@ impl ClusterStats {
     pub fn parse(body: &[u8]) -> Result<ClusterStats, String> {
         let mut stats = ClusterStats::parse_shape(body)?;
         match serde_json::from_slice::<PanicsProbe>(body) {
-            Ok(PanicsProbe::Cluster { workers }) => {
+            Ok(PanicsProbe::Cluster { workers, primary }) => {
                 for (w, p) in stats.workers.iter_mut().zip(workers) {
+                    w.panics_known = p.snapshot.is_some_and(|s| s.panics_known());
+                }
+                if let (Some(w), Some(p)) = (&mut stats.primary, primary) {
                     w.panics_known = p.snapshot.is_some_and(|s| s.panics_known());
                 }
             }
@@ -401,12 +422,17 @@ pub struct Model {
     pub trimmed: Option<String>,
     /// In the order of the document (see [`Model::sorted`]).
     pub rows: Vec<Row>,
+    /// The primary's own loop (see [`ClusterStats::primary`]): a row of its own, in none of the
+    /// counts, sums, charts or stalls, which are the workers'.
+    pub primary: Option<Row>,
     /// Per worker pid.
     pub history: HashMap<u32, History>,
     /// Mean utilization and worst lateness over all workers.
     pub cluster_history: History,
     /// The last snapshot seen of every worker pid (see [`Seen`]).
     prev: HashMap<u32, Seen>,
+    /// The last snapshot seen of the primary.
+    primary_prev: Option<Seen>,
 }
 
 /// The last snapshot seen of a worker, when it was first fetched, and the one before it (the
@@ -440,39 +466,32 @@ impl Model {
         let mut rows = Vec::with_capacity(stats.workers.len());
         let mut prev = HashMap::new();
         for w in stats.workers {
-            let pid = w
-                .pid
-                .or(w.snapshot.as_ref().map(|s| s.pid))
-                .unwrap_or_default();
-            // The window the figures cover: from the snapshot before this one. The same
-            // snapshot served again keeps the window (and so the figures) it had: a rate
-            // between a snapshot and itself is no traffic only in appearance.
-            let seen = self.prev.remove(&pid);
-            let (base, at) = match (&w.snapshot, seen) {
-                (Some(s), Some(seen)) if same_snapshot(s, &seen.snapshot) => (seen.base, seen.at),
-                (_, seen) => (seen.map(|seen| (seen.snapshot, seen.at)), now),
-            };
-            let row = derive_row(&w, pid, base.as_ref(), at);
-            if let Some(s) = &w.snapshot {
+            let pid = pid_of(&w);
+            let (row, seen) = windowed_row(w, pid, self.prev.remove(&pid), now);
+            if let Some(seen) = seen {
                 let h = self.history.entry(pid).or_default();
                 h.push(Point {
                     util_pct: row.util.map_or(0, |u| (u * 100.0).round() as u64),
-                    lateness_us: recent_lateness_us(s, base.as_ref().map(|b| &b.0)),
+                    lateness_us: recent_lateness_us(
+                        &seen.snapshot,
+                        seen.base.as_ref().map(|b| &b.0),
+                    ),
                 });
-                prev.insert(
-                    pid,
-                    Seen {
-                        snapshot: s.clone(),
-                        at,
-                        base,
-                    },
-                );
+                prev.insert(pid, seen);
             }
-            rows.push(Row {
-                snapshot: w.snapshot,
-                ..row
-            });
+            rows.push(row);
         }
+        // The primary's row: windowed as a worker's, in no history (the charts are the
+        // workers').
+        let primary = stats.primary.map(|p| {
+            let pid = pid_of(&p);
+            let seen = self.primary_prev.take().filter(|s| s.snapshot.pid == pid);
+            windowed_row(*p, pid, seen, now)
+        });
+        (self.primary, self.primary_prev) = match primary {
+            Some((row, seen)) => (Some(row), seen),
+            None => (None, None),
+        };
         let reporting: Vec<&Row> = rows.iter().filter(|r| r.snapshot.is_some()).collect();
         if !reporting.is_empty() {
             let pts: Vec<Point> = reporting
@@ -558,6 +577,34 @@ impl Model {
         out.sort_by_key(|s| std::cmp::Reverse(s.stall.at_unix_ms));
         out
     }
+}
+
+/// The pid of `w`: the document's, else its snapshot's.
+fn pid_of(w: &WorkerStats) -> u32 {
+    w.pid
+        .or(w.snapshot.as_ref().map(|s| s.pid))
+        .unwrap_or_default()
+}
+
+/// `w`'s row as fetched at `now`, `seen` the last snapshot seen of it; and what to keep of it for
+/// the next fetch (`None` without a snapshot).
+fn windowed_row(
+    mut w: WorkerStats,
+    pid: u32,
+    seen: Option<Seen>,
+    now: Instant,
+) -> (Row, Option<Seen>) {
+    // The window the figures cover: from the snapshot before this one. The same snapshot
+    // served again keeps the window (and so the figures) it had: a rate between a snapshot and
+    // itself is no traffic only in appearance.
+    let (base, at) = match (&w.snapshot, seen) {
+        (Some(s), Some(seen)) if same_snapshot(s, &seen.snapshot) => (seen.base, seen.at),
+        (_, seen) => (seen.map(|seen| (seen.snapshot, seen.at)), now),
+    };
+    let row = derive_row(&w, pid, base.as_ref(), at);
+    let snapshot = w.snapshot.take();
+    let seen = snapshot.clone().map(|snapshot| Seen { snapshot, at, base });
+    (Row { snapshot, ..row }, seen)
 }
 
 /// `w`'s row: its figures over the window from `before` (a snapshot of it and when it was

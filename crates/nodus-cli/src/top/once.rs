@@ -20,6 +20,8 @@
 //! ```
 //!
 //! Only worker lines start with a digit (the pid); every figure is the same as on the dashboard.
+//! A document with the primary's own loop (`primary.snapshot`) has its line under the workers',
+//! starting with `primary` (RST `–`), then `  primary: pid N: its own loop, not a worker`.
 //! In a cluster the pools are the totals of every worker's, said on their own line first
 //! (`pools: total of 2 workers · THREADS = workers × threads each`), THREADS as `2×4`.
 //! After the worker lines: `not answering: pid N: figures 2.5 s old` for each worker whose loop
@@ -35,7 +37,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::view::{
     COLUMNS, cells, describe, drain_note, fmt_ago, fmt_ns, fmt_rate, old_figures, panics_text,
-    pools_scope, stopped_note, task_text, threads_cell,
+    pools_scope, primary_cells, stopped_note, task_text, threads_cell,
 };
 use super::{App, fetch_stats};
 
@@ -93,6 +95,10 @@ fn render(app: &App, span: Duration) -> String {
     let rows = app.model.sorted(app.sort);
     for r in &rows {
         let _ = writeln!(out, "{}", line(cells(r)));
+    }
+    if let Some(p) = &app.model.primary {
+        let _ = writeln!(out, "{}", line(primary_cells(p)));
+        let _ = writeln!(out, "  primary: pid {}: its own loop, not a worker", p.pid);
     }
     for r in &rows {
         if r.not_answering && r.snapshot.is_some() {
@@ -164,4 +170,71 @@ fn render(app: &App, span: Duration) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use nodus::metrics::Snapshot;
+
+    use super::super::fetch::Target;
+    use super::super::model::ClusterStats;
+    use super::*;
+
+    /// The frame of an app that fetched `doc` once.
+    fn frame(doc: &serde_json::Value) -> String {
+        let mut app = App::new(
+            Target::parse("127.0.0.1:8080").unwrap(),
+            Duration::from_secs(1),
+        );
+        let stats = ClusterStats::parse(doc.to_string().as_bytes()).unwrap();
+        app.model.update(stats, Instant::now());
+        render(&app, Duration::from_secs(1))
+    }
+
+    #[test]
+    fn the_primarys_line_is_under_the_workers_and_starts_with_primary() {
+        let snap = |pid: u32| {
+            let mut s = Snapshot {
+                pid,
+                uptime_seconds: 65.0,
+                ..Snapshot::default()
+            };
+            s.loop_stats.utilization = 0.25;
+            serde_json::to_value(s).unwrap()
+        };
+        let mut doc = serde_json::json!({
+            "workers": [
+                {"worker": 1, "pid": 7, "snapshot": snap(7)},
+                {"worker": 2, "pid": 8, "snapshot": snap(8)},
+            ],
+            "restarts": 0,
+            "primary": {"pid": 4242, "rss_bytes": 1 << 20, "snapshot": snap(4242)},
+        });
+        let out = frame(&doc);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].contains(" · 2 workers · "), "{out}");
+        assert!(
+            lines[2].starts_with("7 ") && lines[3].starts_with("8 "),
+            "{out}"
+        );
+        assert_eq!(
+            lines[4],
+            "primary  1m05s   –  25.0      –      –      –  0.00     0     0      –     1M",
+            "{out}"
+        );
+        assert_eq!(
+            lines[5], "  primary: pid 4242: its own loop, not a worker",
+            "{out}"
+        );
+        // Only worker lines start with a digit.
+        let digits = lines
+            .iter()
+            .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()));
+        assert_eq!(digits.count(), 2, "{out}");
+        // An older primary's document (no `primary.snapshot`): no primary line.
+        doc["primary"].as_object_mut().unwrap().remove("snapshot");
+        let out = frame(&doc);
+        assert!(!out.contains("primary"), "{out}");
+        assert!(out.lines().nth(4).is_some_and(str::is_empty), "{out}");
+    }
 }

@@ -6,6 +6,13 @@
 //! sparkline column is one sample, or the mean (utilization) / worst (lateness) of several once
 //! the history is wider than the chart, so the charts cover up to 10 minutes.
 //!
+//! A cluster document with the primary's own loop (`primary.snapshot`) adds its row right under
+//! the worker rows whatever the sort, in their columns ([`primary_cells`]: `primary` as its PID,
+//! its pid in the table's title, `–` for RST), never selected, and in none of the counts, charts,
+//! pools or stalls, which are the workers'. Its line comes after the recent stalls' first lines
+//! ([`heights`]), so it never takes the room of a worker row or of what alerts; without a
+//! snapshot (an older primary) there is no such row.
+//!
 //! Smaller terminals: the worker table has the room first ([`heights`]: as many rows as fit, and
 //! `+N more` under them when not all do), the other panels shrink or go. Nothing shows a cut
 //! figure: a table too narrow for its columns drops whole ones ([`fit_columns`]; for workers
@@ -41,7 +48,8 @@ use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{
-    Block, Borders, Cell, Paragraph, Row as TableRow, Sparkline, Table, TableState, Wrap,
+    Block, Borders, Cell, HighlightSpacing, Paragraph, Row as TableRow, Sparkline, Table,
+    TableState, Wrap,
 };
 
 use super::App;
@@ -93,6 +101,16 @@ pub fn cells(r: &Row) -> [String; 12] {
         opt(r.req_per_s, fmt_rate),
         opt(r.rss_bytes, fmt_bytes),
     ]
+}
+
+/// The primary's cells, in [`COLUMNS`] order: its loop's as a worker's ([`cells`]), but `primary`
+/// for the PID (its pid is in the table's title, and in `--once` on a line of its own) and `–`
+/// for the restarts (none are counted of a primary).
+pub fn primary_cells(r: &Row) -> [String; 12] {
+    let mut c = cells(r);
+    c[0] = "primary".to_string();
+    c[2] = "–".to_string();
+    c
 }
 
 fn opt<T>(v: Option<T>, f: impl FnOnce(T) -> String) -> String {
@@ -373,14 +391,22 @@ fn fit_title(title: &str, width: u16) -> String {
         .collect()
 }
 
-/// Heights of the frame's parts, top to bottom: status line, workers, charts, detail line,
-/// pools, stalls, keys. In a `height` of [`MIN_HEIGHT`] or more, the worker table comes first
-/// (its title, header and a line per worker, or as many as fit with a `+N more` line), then the
-/// key line; then the charts (2 lines), the detail line, the pools (all of them or none) and the
-/// recent stalls (3 lines) when there are any; then the charts' other 3 lines, an empty pools
-/// panel, and the rest to the stalls (drawn from 3 lines on). What does not fit is left out; at
-/// 80×24 with a few workers every part gets its full height.
-fn heights(height: u16, workers: usize, detail: bool, pools: usize, stalls: usize) -> [u16; 7] {
+/// Heights of the frame's parts, top to bottom: status line, workers, the primary's row, charts,
+/// detail line, pools, stalls, keys. In a `height` of [`MIN_HEIGHT`] or more, the worker table
+/// comes first (its title, header and a line per worker, or as many as fit with a `+N more`
+/// line), then the key line; then the charts (2 lines), the detail line, the pools (all of them
+/// or none) and the recent stalls (3 lines) when there are any; then the primary's row (when
+/// `primary`: it alerts less than those); then the charts' other 3 lines, an empty pools panel,
+/// and the rest to the stalls (drawn from 3 lines on). What does not fit is left out; at 80×24
+/// with a few workers every part gets its full height.
+fn heights(
+    height: u16,
+    workers: usize,
+    primary: bool,
+    detail: bool,
+    pools: usize,
+    stalls: usize,
+) -> [u16; 8] {
     let mut left = height.saturating_sub(1);
     let mut take = |want: u16, least: u16| {
         let got = if left >= least { want.min(left) } else { 0 };
@@ -397,6 +423,7 @@ fn heights(height: u16, workers: usize, detail: bool, pools: usize, stalls: usiz
         0
     };
     let stall_lines = if stalls > 0 { take(3, 3) } else { 0 };
+    let primary = take(u16::from(primary), 1);
     if charts > 0 {
         charts += take(3, 0);
     }
@@ -404,7 +431,16 @@ fn heights(height: u16, workers: usize, detail: bool, pools: usize, stalls: usiz
         pool_lines = take(3, 3);
     }
     let stall_lines = stall_lines + take(u16::MAX, 0);
-    [1, table, charts, detail, pool_lines, stall_lines, keys]
+    [
+        1,
+        table,
+        primary,
+        charts,
+        detail,
+        pool_lines,
+        stall_lines,
+        keys,
+    ]
 }
 
 /// The one line drawn instead of the dashboard in a terminal smaller than the minimum.
@@ -430,6 +466,7 @@ pub fn draw(frame: &mut Frame, app: &App) {
     let [
         title,
         workers,
+        primary_area,
         charts,
         detail,
         pools_area,
@@ -439,6 +476,7 @@ pub fn draw(frame: &mut Frame, app: &App) {
         heights(
             area.height,
             rows.len(),
+            app.model.primary.is_some(),
             focus.is_some(),
             pools.len(),
             stalls.len(),
@@ -448,7 +486,15 @@ pub fn draw(frame: &mut Frame, app: &App) {
     .areas(area);
 
     draw_title(frame, title, app);
-    draw_workers(frame, workers, app, &rows);
+    let primary = app
+        .model
+        .primary
+        .as_ref()
+        .filter(|_| primary_area.height > 0);
+    draw_workers(frame, workers, app, &rows, primary.map(|p| p.pid));
+    if let Some(p) = primary {
+        draw_primary(frame, primary_area, app, p);
+    }
     if charts.height > 0 {
         draw_charts(frame, charts, app, focus);
     }
@@ -687,34 +733,45 @@ fn draw_title(frame: &mut Frame, area: Rect, app: &App) {
     );
 }
 
+/// A worker's (or the primary's) line style: dim without a snapshot, red when its loop is
+/// saturated or late by 100 ms.
+fn row_style(r: &Row) -> Style {
+    if r.snapshot.is_none() {
+        DIM
+    } else if r.util.unwrap_or(0.0) >= 0.9
+        || r.lateness_p99.unwrap_or(0) >= 100_000_000
+        || r.sched_p99.unwrap_or(0) >= 100_000_000
+    {
+        Style::new().fg(Color::Red)
+    } else {
+        Style::new()
+    }
+}
+
+/// The `kept` columns of `cells` (indices into [`COLUMNS`]): the first left-aligned, the
+/// figures right-aligned.
+fn table_cells(cells: [String; 12], kept: &[usize]) -> Vec<Cell<'static>> {
+    let mut cells = cells.map(Some);
+    kept.iter()
+        .map(|&i| {
+            let c = cells[i].take().unwrap_or_default();
+            if i == 0 {
+                Cell::from(c)
+            } else {
+                Cell::from(Line::from(c).right_aligned())
+            }
+        })
+        .collect()
+}
+
 /// The worker table: whole columns that fit the width ([`worker_columns`]), and a line per
-/// worker, or as many as fit and `+N more` under them (the table scrolls to the selected one).
-fn draw_workers(frame: &mut Frame, area: Rect, app: &App, rows: &[&Row]) {
+/// worker, or as many as fit and `+N more` under them (the table scrolls to the selected one);
+/// its title names the primary's pid when `primary` (its row is drawn under the table).
+fn draw_workers(frame: &mut Frame, area: Rect, app: &App, rows: &[&Row], primary: Option<u32>) {
     let kept = worker_columns(area.width.saturating_sub(1), app.sort);
     let body: Vec<TableRow> = rows
         .iter()
-        .map(|r| {
-            let style = if r.snapshot.is_none() {
-                DIM
-            } else if r.util.unwrap_or(0.0) >= 0.9
-                || r.lateness_p99.unwrap_or(0) >= 100_000_000
-                || r.sched_p99.unwrap_or(0) >= 100_000_000
-            {
-                Style::new().fg(Color::Red)
-            } else {
-                Style::new()
-            };
-            let mut cells = cells(r).map(Some);
-            let cells = kept.iter().map(|&i| {
-                let c = cells[i].take().unwrap_or_default();
-                if i == 0 {
-                    Cell::from(c)
-                } else {
-                    Cell::from(Line::from(c).right_aligned())
-                }
-            });
-            TableRow::new(cells).style(style)
-        })
+        .map(|r| TableRow::new(table_cells(cells(r), &kept)).style(row_style(r)))
         .collect();
     let sorted = sort_column(app.sort);
     let header = TableRow::new(kept.iter().map(|&i| {
@@ -727,11 +784,14 @@ fn draw_workers(frame: &mut Frame, area: Rect, app: &App, rows: &[&Row]) {
         let line = Line::styled(h, style);
         Cell::from(if i == 0 { line } else { line.right_aligned() })
     }));
-    let title = if app.model.cluster {
+    let mut title = if app.model.cluster {
         format!("Workers ({}) · sort {}", rows.len(), app.sort.label())
     } else {
         format!("Process · sort {}", app.sort.label())
     };
+    if let Some(pid) = primary {
+        title.push_str(&format!(" · primary pid {pid}"));
+    }
     let fit = area.height.saturating_sub(2) as usize;
     let (area, more) = if rows.len() > fit && fit >= 2 {
         let [table, more] =
@@ -754,6 +814,23 @@ fn draw_workers(frame: &mut Frame, area: Rect, app: &App, rows: &[&Row]) {
             line,
         );
     }
+}
+
+/// The primary's row, right under the worker rows and in their columns (the selection mark's
+/// left blank: it is never selected).
+fn draw_primary(frame: &mut Frame, area: Rect, app: &App, r: &Row) {
+    let kept = worker_columns(area.width.saturating_sub(1), app.sort);
+    let mut cells = table_cells(primary_cells(r), &kept);
+    if let Some(label) = cells.first_mut() {
+        *label = Cell::from(Span::styled("primary", HEAD));
+    }
+    let table = Table::new(
+        [TableRow::new(cells).style(row_style(r))],
+        kept.iter().map(|&i| Constraint::Length(COLUMNS[i].1)),
+    )
+    .highlight_symbol("▶")
+    .highlight_spacing(HighlightSpacing::Always);
+    frame.render_widget(table, area);
 }
 
 fn draw_charts(frame: &mut Frame, area: Rect, app: &App, focus: Option<u32>) {
@@ -1016,6 +1093,11 @@ mod tests {
     /// A cluster of `n` workers with 5-digit pids (13577, 14688, ...), `io` pools, and an
     /// ongoing stall in the first.
     fn cluster_app(n: u32) -> App {
+        cluster_app_with(n, None)
+    }
+
+    /// [`cluster_app`]'s document with `primary` as its `primary` object.
+    fn cluster_app_with(n: u32, primary: Option<serde_json::Value>) -> App {
         use nodus::metrics::{PoolSnapshot, Snapshot, StallReport};
         let worker = |i: u32| {
             let pid = 13_577 + i * 1_111;
@@ -1045,8 +1127,108 @@ mod tests {
             serde_json::json!({"worker": i + 1, "pid": pid, "snapshot": s, "rss_bytes": 50 << 20})
         };
         let workers: Vec<_> = (0..n).map(worker).collect();
-        let doc = serde_json::json!({"workers": workers, "restarts": 0});
+        let mut doc = serde_json::json!({"workers": workers, "restarts": 0});
+        if let Some(p) = primary {
+            doc["primary"] = p;
+        }
         app_showing(&doc)
+    }
+
+    /// A primary's `primary` object (pid 4242, up 1h02m, 20 MiB), with its loop's snapshot (half
+    /// busy, with a stall and a pool of its own) or, `old`, without one, as an older primary
+    /// sends it.
+    fn primary_doc(old: bool) -> serde_json::Value {
+        use nodus::metrics::{PoolSnapshot, Snapshot, StallReport};
+        let mut p =
+            serde_json::json!({"pid": 4242, "rss_bytes": 20 << 20, "uptime_seconds": 3_725.0});
+        if !old {
+            let mut s = Snapshot {
+                pid: 4242,
+                uptime_seconds: 3_725.0,
+                pools: vec![PoolSnapshot {
+                    pool: "reaper".into(),
+                    threads: 1,
+                    ..PoolSnapshot::default()
+                }],
+                stalls: vec![StallReport {
+                    task_name: "accept".into(),
+                    ..StallReport::default()
+                }],
+                ..Snapshot::default()
+            };
+            s.loop_stats.utilization = 0.5;
+            p["snapshot"] = serde_json::to_value(&s).unwrap();
+        }
+        p
+    }
+
+    #[test]
+    fn the_80x24_frame_has_the_primarys_row_under_the_workers_counted_as_none() {
+        let want = [
+            " nodus top  LIVE  127.0.0.1:8080 · 2 workers · restarts 0",
+            " Workers (2) · sort worker · primary pid 4242 ──────────────────────────────────",
+            " PID     UPTIME RST UTIL% LATE99 SCHD50 SCHD99 RQAVG RQMAX  CONN  REQ/S    RSS",
+            "▶13577    1h02m   0   0.0      –      –      –  0.00     0     0      –    50M",
+            " 14688    1h02m   0   0.0      –      –      –  0.00     0     0      –    50M",
+            " primary  1h02m   –  50.0      –      –      –  0.00     0     0      –    20M",
+            " Util 0% · cluster mean · 1s ─────────── Late p99 · no timer fired · 1s ────────",
+            "",
+            "",
+            "",
+            "",
+            " Pools · total of 2 workers · THREADS = workers × threads each ─────────────────",
+            "POOL   THREADS  BUSY  QUEUE  WAIT99   DONE/S",
+            "io     2×4      0     0      –        –",
+            " Recent stalls · all workers ───────────────────────────────────────────────────",
+            "AGO  PID     TASK         SPAWNED AT                   TOOK   CLASS",
+            "now  13577   handler      src/app/server.rs:10:5       250ms  cpu-bound",
+            "",
+            "",
+            "",
+            "",
+            "",
+            "",
+            "q quit  p pause  s sort  ↑↓ select  enter detail                       every 1s",
+        ];
+        let app = cluster_app_with(2, Some(primary_doc(false)));
+        let got = frame_text(&app);
+        let got: Vec<&str> = got.iter().map(|l| l.trim_end()).collect();
+        assert_eq!(got, want, "\n{}", got.join("\n"));
+        // Sorted worst first, it stays under the workers.
+        let mut app = app;
+        app.sort = SortKey::Util;
+        let lines = frame_text(&app);
+        assert!(lines[5].starts_with(" primary "), "{}", lines.join("\n"));
+        // An older primary's document (no `primary.snapshot`): the frame as without it.
+        let old = frame_text(&cluster_app_with(2, Some(primary_doc(true))));
+        assert_eq!(old, frame_text(&cluster_app(2)));
+        assert!(!old.join("\n").contains("primary"), "{}", old.join("\n"));
+    }
+
+    /// In any terminal, the primary's row takes no line from the worker rows, the status line or
+    /// the first recent stalls: the frame shows as much of those as it does without a primary.
+    #[test]
+    fn the_primarys_row_never_pushes_out_what_alerts() {
+        for (workers, w) in [(2, 80), (2, 40), (4, 80), (10, 80)] {
+            let with = cluster_app_with(workers, Some(primary_doc(false)));
+            let without = cluster_app(workers);
+            for h in MIN_HEIGHT..=30 {
+                let a = frame_text_at(&with, w, h);
+                let b = frame_text_at(&without, w, h);
+                let all = a.join("\n");
+                let rows = |lines: &[String], app: &App| worker_table(lines, app).1;
+                assert_eq!(rows(&a, &with), rows(&b, &without), "{w}×{h}\n{all}");
+                assert_eq!(a[0], b[0], "{w}×{h}\n{all}");
+                let stall = |lines: &[String]| lines.iter().any(|l| l.contains("handler"));
+                assert_eq!(stall(&a), stall(&b), "{w}×{h}\n{all}");
+                let more = |lines: &[String]| lines.iter().find(|l| l.contains(" more")).cloned();
+                assert_eq!(more(&a), more(&b), "{w}×{h}\n{all}");
+                // The primary's row only with every worker row above it.
+                if a.iter().any(|l| l.starts_with(" primary")) {
+                    assert!(more(&a).is_none(), "{w}×{h}\n{all}");
+                }
+            }
+        }
     }
 
     /// The 80×24 frame as lines of text.
