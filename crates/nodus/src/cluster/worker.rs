@@ -271,6 +271,7 @@ impl Worker {
     /// yet (twice the window; beyond, a batch is refused), so a worker holds at most three
     /// windows of fds for connections its application has not accepted: a process low on fds
     /// sets it lower (`nodus serve` does, from its open-files limit). A Node primary ignores it.
+    /// A listener made before the call keeps the window the primary was told for it.
     pub fn set_handoff_window(&self, window: usize) {
         self.sh.window.set(window.clamp(1, HANDOFF_WINDOW_MAX));
     }
@@ -702,8 +703,7 @@ impl Worker {
             .filter(|q| !q.closed.get());
         let peers = m.peers.as_deref().unwrap_or_default();
         // Refused whole, silently: the primary pauses this worker a moment and hands it on.
-        let bound = 2 * self.sh.window.get();
-        let queue = queue.filter(|q| q.conns.borrow().len() + peers.len() <= bound);
+        let queue = queue.filter(|q| q.conns.borrow().len() + peers.len() <= 2 * q.window.get());
         if handles.len() < peers.len() {
             // The kernel dropped fds (this process is at its fd limit): the primary still holds
             // every connection of the batch and gives them to other workers. Once per burst.
@@ -956,6 +956,9 @@ struct RrQueue {
     closed: Cell<bool>,
     /// The [`KeyClaim`]s on it.
     claims: Cell<usize>,
+    /// The handoff window the `queryServer` that opened it told the primary: its bound is twice
+    /// that, whatever `set_handoff_window` says later.
+    window: Cell<usize>,
 }
 
 impl RrQueue {
@@ -996,6 +999,9 @@ impl KeyClaim {
             .entry(key.clone())
             .or_default()
             .clone();
+        if queue.claims.get() == 0 {
+            queue.window.set(worker.sh.window.get());
+        }
         queue.claims.set(queue.claims.get() + 1);
         KeyClaim {
             worker: worker.clone(),
