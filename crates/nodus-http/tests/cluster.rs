@@ -45,6 +45,34 @@ fn round_robin_serves_and_spreads_over_both_workers() {
     );
 }
 
+/// A burst of connections opened at once (a keep-alive pool filling up, whose connections then
+/// stay where they landed) is spread evenly by round-robin, however soon each worker runs: a
+/// worker's board says its loop holds nothing, so the primary hands it its turn on top of what it
+/// has not taken yet. It used to hand a worker not seen taking connections lately one, and the
+/// rest of the burst to the first worker that ran: 9/56, 61/4 and 64/2 of 65 connections were
+/// seen. Half of 64 each here; the bound leaves room for a worker that waits long for a CPU.
+#[test]
+fn round_robin_spreads_a_burst_of_connections_evenly() {
+    let _x = exclusive();
+    let c = Cluster::start(2, "rr", &[]);
+    let timeouts = Timeouts {
+        connect: Duration::from_secs(10),
+        io: Duration::from_secs(10),
+    };
+    let mut by_worker: HashMap<u32, u64> = HashMap::new();
+    for reply in http::burst(c.addr(), 64, timeouts).join().unwrap() {
+        assert!(reply.is_hello(), "{reply:?}");
+        *by_worker
+            .entry(reply.worker().expect("a worker"))
+            .or_default() += 1;
+    }
+    assert!(
+        by_worker.len() == 2 && by_worker.values().all(|&n| n >= 20),
+        "each of the two workers serves at least 20 of the 64: {by_worker:?}\n{}",
+        c.stderr()
+    );
+}
+
 /// The primary's reference to a handed connection is dropped once the worker posts it taken on
 /// its board, even when no further connection wakes the primary (the release pass): a client
 /// that reads until the server closes gets its end of file, and the primary's fd count comes back

@@ -33,13 +33,19 @@
 //!   the end of a take-back, the worker's loop has run again since.
 //! - The page is mapped `MAP_SHARED` from a `memfd` of exactly [`Board::LEN`] bytes; a board
 //!   that is too small is refused when opened, never read out of bounds.
+//! - `loop_hold` is the worker loop's hold (`watchdog::HoldMirror`: a callback and the drain
+//!   after it), stored by the loop thread as it opens and closes: its start (`nodus::clock` ns,
+//!   the primary's clock too), or 1 while it holds nothing. 0: no loop mirrors to it (a build
+//!   before it, or measurements compiled out). Round-robin pipelines connections to a worker
+//!   only while its loop is in no long hold (`primary::balance`).
 //! - The layout ([`Page`]: its fields, their order, offsets and meanings) is version 1, the
 //!   `board: 1` a worker's `queryServer` carries; the two ends may be different builds (a
-//!   rolling reload runs the binary on disk under the primary that started), so it never
-//!   changes. A layout that does takes another number: a primary sends a board only of the
-//!   version a worker asked for, and a worker asks only for one it knows, so an end that does
-//!   not know the other's number goes without a board (`took` and `load` messages), never
-//!   misreads one.
+//!   rolling reload runs the binary on disk under the primary that started), so a field is
+//!   never changed nor moved. A field may be appended, its 0 (the fresh page's) meaning that
+//!   the other end does not write it: an end of an older build neither reads nor writes it.
+//!   A layout that changes takes another number: a primary sends a board only of the version
+//!   a worker asked for, and a worker asks only for one it knows, so an end that does not know
+//!   the other's number goes without a board (`took` and `load` messages), never misreads one.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -56,6 +62,19 @@ struct Page {
     counting: AtomicU64,
     open: AtomicU64,
     accepted: AtomicU64,
+    /// Appended: the worker loop's hold (see the module docs).
+    loop_hold: AtomicU64,
+}
+
+/// What a worker's board says of its loop's hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LoopHold {
+    /// The worker does not say (an older build, or measurements compiled out).
+    Unknown,
+    /// Its loop holds nothing: it waits for events, or is between two callbacks.
+    None,
+    /// Its loop has been in one callback and its drain since this time (`nodus::clock` ns).
+    Since(u64),
 }
 
 /// One end of a board (the primary's or the worker's mapping).
@@ -172,6 +191,20 @@ impl Board {
         p.counting.store(1, Ordering::Release);
     }
 
+    /// Worker: the word its loop's holds are mirrored to (`watchdog::HoldMirror`).
+    pub fn hold_word(&self) -> &AtomicU64 {
+        &self.page().loop_hold
+    }
+
+    /// Primary: the worker loop's hold, as its loop last stored it.
+    pub fn loop_hold(&self) -> LoopHold {
+        match self.page().loop_hold.load(Ordering::Acquire) {
+            0 => LoopHold::Unknown,
+            crate::watchdog::MIRROR_NO_HOLD => LoopHold::None,
+            since => LoopHold::Since(since),
+        }
+    }
+
     /// Primary: every batch below the returned `seq` may be released, or `None` while a refusal
     /// the worker posted has not been handled yet (`refusals_handled` counts the `refused`
     /// messages the primary has handled; the refused batch must go elsewhere first). `refused` is
@@ -251,6 +284,71 @@ mod tests {
         drop(worker);
         // The primary's end outlives the worker's.
         assert_eq!(primary.releasable_below(0), Some(5));
+    }
+
+    /// A worker's loop mirrors its holds on its board: the primary's end sees the hold the
+    /// loop is in while it runs a task, none while it waits for a timer, and the mirror stops
+    /// when dropped (with measurements compiled out there is nothing to mirror: 0 stays).
+    #[test]
+    fn a_worker_loop_s_holds_show_on_the_primary_s_end() {
+        let (primary, fd) = Board::create().unwrap();
+        let elsewhere = fd.try_clone().unwrap();
+        let worker = Board::open(fd).unwrap();
+        assert_eq!(primary.loop_hold(), LoopHold::Unknown);
+        if !cfg!(feature = "measure") {
+            crate::Runtime::new().block_on(async {
+                // SAFETY: `worker` outlives the mirror, which is none anyway.
+                let mirror = unsafe { crate::watchdog::HoldMirror::start(worker.hold_word()) };
+                assert!(mirror.is_none());
+            });
+            assert_eq!(primary.loop_hold(), LoopHold::Unknown);
+            return;
+        }
+        let waiting = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            // The primary's look from another thread while the loop sleeps.
+            let idle_seen = scope.spawn(|| {
+                let primary = Board::open(elsewhere).unwrap();
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                while std::time::Instant::now() < deadline {
+                    if waiting.load(Ordering::Acquire) && primary.loop_hold() == LoopHold::None {
+                        return true;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                false
+            });
+            crate::Runtime::new().block_on(async {
+                // SAFETY: `worker` outlives the mirror, dropped in this block.
+                let mirror = unsafe { crate::watchdog::HoldMirror::start(worker.hold_word()) };
+                let LoopHold::Since(first) = primary.loop_hold() else {
+                    panic!(
+                        "in a task's poll, the loop holds: {:?}",
+                        primary.loop_hold()
+                    );
+                };
+                assert!(first >= 2 && first <= crate::clock::now_ns());
+                waiting.store(true, Ordering::Release);
+                while !idle_seen.is_finished() {
+                    crate::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+                let LoopHold::Since(later) = primary.loop_hold() else {
+                    panic!("after the sleep, a new hold: {:?}", primary.loop_hold());
+                };
+                assert!(later > first, "the hold after the sleep began later");
+                drop(mirror);
+                crate::time::sleep(std::time::Duration::from_millis(5)).await;
+                assert_eq!(
+                    primary.loop_hold(),
+                    LoopHold::Since(later),
+                    "no longer mirrored: the word keeps what was stored last"
+                );
+            });
+            assert!(
+                idle_seen.join().unwrap(),
+                "the loop waiting showed as no hold"
+            );
+        });
     }
 
     #[test]

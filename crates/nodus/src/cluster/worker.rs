@@ -82,6 +82,7 @@ use crate::ipc::{Channel, Handle, MAX_FDS_PER_FRAME, Message};
 use crate::metrics::Snapshot;
 use crate::net::{TcpListener, TcpStream};
 use crate::signal::{SIGHUP, Signals};
+use crate::watchdog::HoldMirror;
 
 /// How long a worker waits for the primary's answer to `queryServer` or its exit.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -145,6 +146,10 @@ struct Shared {
     /// The primary is a nodus primary ([`NODUS_PRIMARY_ENV`], or it sent `newconns`): it answers
     /// stats requests, and connections can be given back.
     nodus_primary: Cell<bool>,
+    /// The loop's holds mirrored on the board, for round-robin to see a long one
+    /// (`board.rs`). Declared before `board`, so dropped first: the mirror is unset before the
+    /// board is unmapped.
+    hold_mirror: OnceCell<HoldMirror>,
     /// Where taken batches and load are posted, when the primary gave a board.
     board: OnceCell<Board>,
     /// Batches refused for fds that did not arrive (this worker at its fd limit): one line per
@@ -220,6 +225,7 @@ impl Worker {
                 took: Cell::new(None),
                 report_queued: Cell::new(false),
                 nodus_primary: Cell::new(nodus_primary),
+                hold_mirror: OnceCell::new(),
                 board: OnceCell::new(),
                 short_batches: crate::log_limit::LogLimit::new(
                     crate::log_limit::WINDOW,
@@ -785,7 +791,16 @@ impl Worker {
         };
         match Board::open(handle.into_owned_fd()) {
             Ok(board) => {
-                let _ = self.sh.board.set(board);
+                if self.sh.board.set(board).is_err() {
+                    return; // a second board: the first stays
+                }
+                if let Some(board) = self.sh.board.get() {
+                    // SAFETY: the board is mapped until `sh` is dropped, which drops the mirror
+                    // first (`hold_mirror` is declared before `board`).
+                    if let Some(mirror) = unsafe { HoldMirror::start(board.hold_word()) } {
+                        let _ = self.sh.hold_mirror.set(mirror);
+                    }
+                }
             }
             Err(e) => {
                 tracing::warn!(target: "nodus::cluster", "cannot map the primary's board: {e}")

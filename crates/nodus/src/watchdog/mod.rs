@@ -324,6 +324,53 @@ pub(crate) fn register(slot: &Arc<LoopSlot>) {
     }
 }
 
+/// The current loop's holds mirrored to a word that another process reads (a cluster worker's
+/// board: its primary sees whether the loop is in a long hold), until this is dropped.
+pub(crate) struct HoldMirror {
+    #[cfg(feature = "measure")]
+    slot: Arc<LoopSlot>,
+    /// Dropped on the loop thread, which alone stores through the mirror.
+    _loop_thread: std::marker::PhantomData<*const ()>,
+}
+
+pub(crate) use slot::MIRROR_NO_HOLD;
+
+impl HoldMirror {
+    /// Mirrors the current loop's holds to `word` (see `LoopSlot::mirror_holds`); `None` outside
+    /// a loop or with measurements compiled out, when nothing is written to it.
+    ///
+    /// # Safety
+    /// `word` stays valid for atomic stores until the returned mirror is dropped.
+    pub(crate) unsafe fn start(word: &AtomicU64) -> Option<HoldMirror> {
+        #[cfg(feature = "measure")]
+        {
+            let slot = crate::rt::context::try_with_core(|core| core.meter.slot.clone())?;
+            // SAFETY: the caller keeps `word` valid until the mirror is dropped, which unsets it
+            // on this thread (the mirror is not `Send`).
+            unsafe { slot.mirror_holds(word) };
+            Some(HoldMirror {
+                slot,
+                _loop_thread: std::marker::PhantomData,
+            })
+        }
+        #[cfg(not(feature = "measure"))]
+        {
+            let _ = word;
+            None
+        }
+    }
+}
+
+impl Drop for HoldMirror {
+    fn drop(&mut self) {
+        // SAFETY: null unsets the mirror; this is the loop thread (`HoldMirror` is not `Send`).
+        #[cfg(feature = "measure")]
+        unsafe {
+            self.slot.mirror_holds(std::ptr::null())
+        };
+    }
+}
+
 /// The most recent stalls (last 64, process-wide), oldest first. Ongoing ones have `ongoing: true`
 /// (one that ended since the watchdog's last look still says so, with the duration seen then: a
 /// loop's own snapshot knows better, see [`StallReport::ongoing`]).

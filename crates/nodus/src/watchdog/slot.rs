@@ -43,6 +43,9 @@
 //!   a poll, `republish_note` right after `begin` for a task that kept one from an earlier poll;
 //!   `clear_note` is one store (`NOTE_CLEARED` in `note_len`). Neither waits, allocates nor makes
 //!   a syscall, and `begin` and `end` do not touch the note: a poll without one pays nothing.
+//! - A hold mirror (`mirror_holds`, a cluster worker's board) gets the same hold as `hold_ns`,
+//!   in the same store sequence, from the loop thread only: its start when it opens, "none"
+//!   when it closes. The caller of `mirror_holds` keeps the word valid until it unsets it.
 
 use std::panic::Location;
 use std::sync::Arc;
@@ -102,7 +105,14 @@ pub(crate) struct LoopSlot {
     /// Stalls of this loop the watchdog has seen end, by final class (`StallClass` as index):
     /// written by the watchdog under the `RING` lock, read by the loop's snapshot under it.
     stalls: [AtomicU64; StallClass::ALL.len()],
+    /// Where the hold's start is mirrored for another process (a cluster worker's board: see
+    /// [`LoopSlot::mirror_holds`]), null for nowhere. Written and used by the loop thread only.
+    mirror: AtomicPtr<AtomicU64>,
 }
+
+/// In a hold mirror: the loop holds nothing (idle, or between two holds). 0 there means no loop
+/// publishes to it, and a hold's start is at least 2.
+pub(crate) const MIRROR_NO_HOLD: u64 = 1;
 
 pub(super) const IDLE: u8 = 1;
 pub(super) const REGISTERED: u8 = 2;
@@ -180,6 +190,7 @@ impl LoopSlot {
             note_prefix_len: AtomicUsize::new(0),
             note_words: Default::default(),
             stalls: Default::default(),
+            mirror: AtomicPtr::new(std::ptr::null_mut()),
         })
     }
 
@@ -237,8 +248,38 @@ impl LoopSlot {
             self.opener_len.store(name.len(), Ordering::Relaxed);
             self.opener_location.store(location, Ordering::Relaxed);
             self.hold_ns.store(start_ns.max(1), Ordering::Relaxed);
+            self.mirror_store(start_ns.max(MIRROR_NO_HOLD + 1));
         }
         self.seq.store(seq.wrapping_add(2), Ordering::Release);
+    }
+
+    /// Loop thread: `value` to the hold mirror, if there is one.
+    #[inline(always)]
+    fn mirror_store(&self, value: u64) {
+        let mirror = self.mirror.load(Ordering::Relaxed);
+        if !mirror.is_null() {
+            // SAFETY: a non-null mirror was set by `mirror_holds`, whose caller keeps the word
+            // valid until it sets another or null; both happen on this thread, the only one
+            // that stores through it.
+            unsafe { (*mirror).store(value, Ordering::Release) };
+        }
+    }
+
+    /// Loop thread: from now on, the start of each hold (`nodus::clock` ns, at least 2) is
+    /// stored to `*word` as it opens and [`MIRROR_NO_HOLD`] as it closes; null stops it. A
+    /// cluster worker mirrors its loop's holds on its board, where the primary sees whether the
+    /// loop is in a long one (`cluster::board`).
+    ///
+    /// # Safety
+    /// `word` is null or valid for atomic stores until this is called again on the loop thread
+    /// (the only one that uses it), with another word or null.
+    pub(crate) unsafe fn mirror_holds(&self, word: *const AtomicU64) {
+        self.mirror.store(word.cast_mut(), Ordering::Relaxed);
+        let now = match self.hold_ns.load(Ordering::Relaxed) {
+            0 => MIRROR_NO_HOLD,
+            held => held.max(MIRROR_NO_HOLD + 1),
+        };
+        self.mirror_store(now);
     }
 
     /// Loop thread, when that poll/callback returns (the hold goes on until `end_hold`).
@@ -266,6 +307,7 @@ impl LoopSlot {
         self.start_ns.store(0, Ordering::Relaxed);
         // One field: a reader sees either the hold or "nothing held".
         self.hold_ns.store(0, Ordering::Release);
+        self.mirror_store(MIRROR_NO_HOLD);
     }
 
     #[cold]

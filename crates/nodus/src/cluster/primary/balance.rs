@@ -1,19 +1,26 @@
 //! Choosing the worker for a new connection (round-robin and least-loaded), pure and testable.
 //!
-//! Round-robin: a rotation over the eligible workers that hands a worker more than one
-//! connection it has not taken only while it shows it keeps up. First the workers with nothing
-//! handed and not yet taken ("free": they took everything they were given, as Node's
-//! round-robin requires of each one it hands a connection to), in turn; with none free, the one
-//! with the fewest untaken (of those, the one seen taking some last; exact ties in turn), but
-//! only while its queue moves: it was seen taking some within [`PIPELINE_WINDOW`]
-//! (`Candidate::quiet_ns`). So workers that keep up are handed connections without waiting for
-//! each answer (a pipeline, up to [`MAX_IN_FLIGHT`] each), while a worker whose loop is busy (a
-//! long synchronous request, a busy loop) gets the one connection it is handed while free, as
-//! under Node, and more only in the window after its last take: with no worker free or moving,
-//! a connection waits in the primary for the first to take its handoffs (`handoff`). A burst
-//! that finds every worker idle goes out one each, and the rest once each has taken its one.
-//! `handoff` gives a worker that takes nothing now (stalled: the primary has waited the handoff
-//! deadline for its loop; pausing after a refusal; not ready) the cap.
+//! Round-robin: a rotation over the eligible workers, handing a worker more than one connection
+//! it has not taken only while it keeps up. A worker whose loop says what it is doing (a nodus
+//! worker's board mirrors its loop's hold) keeps up while its loop is in no hold of
+//! [`HOLD_LIMIT`] or more and its oldest untaken connection has waited less than
+//! [`PIPELINE_WINDOW`] (its process waits for a CPU no longer than that): such workers and the
+//! free ones (nothing handed and not yet taken) are handed connections strictly in turn, so a
+//! burst (a keep-alive pool opening its connections at once) is spread evenly, even over a
+//! worker that has not run since the burst began. One whose loop is in a long hold (a long
+//! synchronous request, a busy loop) gets no more than the one it is handed while free, as
+//! under Node's round-robin, which hands a connection only to a worker that answered its last.
+//! A worker that says nothing of its loop (a Node worker, an older nodus build, or one built
+//! without measurements) is judged by its takes alone: first the free workers, in turn; with
+//! none free, the one with the fewest untaken (of those, the one seen taking some last; exact
+//! ties in turn), but only while its queue moves: it was seen taking some within
+//! [`PIPELINE_WINDOW`] (`Candidate::quiet_ns`). Such a worker, idle when a burst comes, gets one
+//! connection, and more once it has taken that one (its loop may be busy with the connection it
+//! took last): a burst goes mostly to the workers that run first. With no worker free or keeping
+//! up, a connection waits in the primary for the first to take its handoffs (`handoff`); each
+//! worker takes at most its cap untaken (`Candidate::cap`), and `handoff` gives a worker that
+//! takes nothing now (stalled: the primary has waited the handoff deadline for its loop; pausing
+//! after a refusal; not ready) the cap.
 //!
 //! Least: the worker with the fewest estimated open connections, where the estimate is what the
 //! worker last reported plus the connections handed since that report (a Node worker reports
@@ -41,6 +48,17 @@ pub(crate) const PIPELINE_WINDOW: Duration = Duration::from_millis(20);
 /// [`PIPELINE_WINDOW`] in ns.
 const WINDOW_NS: u64 = PIPELINE_WINDOW.as_nanos() as u64;
 
+/// How long a worker's loop may have been in one hold (a callback and the drain after it) and
+/// still be handed connections on top of those it has not taken, under round-robin. A loop
+/// that serves a turn of 64 keep-alive requests holds for about half a millisecond on the
+/// 2-core machine of BENCHMARKS.md, a few with its thread preempted; one in a hold this long
+/// or longer gets nothing more until it is out (its share goes to the others), so a loop that
+/// blocks is handed at most its turns of the first 2 ms.
+pub(crate) const HOLD_LIMIT: Duration = Duration::from_millis(2);
+
+/// [`HOLD_LIMIT`] in ns.
+const HOLD_LIMIT_NS: u64 = HOLD_LIMIT.as_nanos() as u64;
+
 /// What the balancer knows of one eligible worker.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Candidate {
@@ -48,22 +66,28 @@ pub(crate) struct Candidate {
     pub in_flight: u64,
     /// How long since it was last seen taking connections (ns).
     pub quiet_ns: u64,
+    /// How long its oldest connection handed and not taken has waited (ns; 0 with none).
+    pub waited_ns: u64,
+    /// How long its loop has been in the hold it is in (ns; 0 when in none), if the worker says
+    /// (its board mirrors its loop's holds).
+    pub hold_ns: Option<u64>,
     /// Load estimate for `least` (see the module docs).
     pub load: u64,
     /// The most it may have in flight: [`MAX_IN_FLIGHT`], or the fewer its window asked.
     pub cap: u64,
 }
 
-/// Round-robin: the next free candidate after `cursor`, else, of those whose queue moves, the
-/// one with the fewest in flight and, of those, the one seen taking some last (ties from
-/// `cursor`), else none (see the module docs); advances the cursor.
+/// Round-robin: the next candidate after `cursor` that is free or keeps up by its loop's word,
+/// else, of those that say nothing of their loop and whose queue moves, the one with the fewest
+/// in flight and, of those, the one seen taking some last (ties from `cursor`), else none (see
+/// the module docs); advances the cursor.
 pub(crate) fn round_robin(cands: &[Candidate], cursor: &mut usize) -> Option<usize> {
     let n = cands.len();
     let mut best: Option<usize> = None;
     for step in 0..n {
         let i = (*cursor + step) % n;
         let c = &cands[i];
-        if c.in_flight == 0 {
+        if c.in_flight == 0 || keeps_up(c) {
             best = Some(i);
             break;
         }
@@ -80,13 +104,22 @@ pub(crate) fn round_robin(cands: &[Candidate], cursor: &mut usize) -> Option<usi
 
 /// Whether round-robin may hand `c` a connection now.
 pub(crate) fn round_robin_takes(c: &Candidate) -> bool {
-    c.in_flight == 0 || moves(c)
+    c.in_flight == 0 || keeps_up(c) || moves(c)
 }
 
-/// Whether `c`, with connections in flight, may be handed more: under its cap, and seen taking
-/// some within [`PIPELINE_WINDOW`].
+/// Whether `c`, whose loop says what it is doing, may be handed connections on top of those it
+/// has not taken: under its cap, its loop in no hold of [`HOLD_LIMIT`] or more, and its oldest
+/// untaken connection younger than [`PIPELINE_WINDOW`].
+fn keeps_up(c: &Candidate) -> bool {
+    c.hold_ns.is_some_and(|hold| hold < HOLD_LIMIT_NS)
+        && c.in_flight < c.cap
+        && c.waited_ns < WINDOW_NS
+}
+
+/// Whether `c`, which says nothing of its loop, with connections in flight, may be handed more:
+/// under its cap, and seen taking some within [`PIPELINE_WINDOW`].
 fn moves(c: &Candidate) -> bool {
-    c.in_flight < c.cap && c.quiet_ns < WINDOW_NS
+    c.hold_ns.is_none() && c.in_flight < c.cap && c.quiet_ns < WINDOW_NS
 }
 
 /// Whether least-loaded may hand `c` a connection now.
@@ -121,16 +154,33 @@ mod tests {
         Candidate {
             in_flight,
             quiet_ns: 0,
+            waited_ns: 0,
+            hold_ns: None,
             load,
             cap: MAX_IN_FLIGHT,
         }
     }
 
-    /// `in_flight` untaken, and last seen taking some `quiet` ago.
+    /// `in_flight` untaken, and last seen taking some `quiet` ago; says nothing of its loop.
     fn w(in_flight: u64, quiet: Duration) -> Candidate {
         Candidate {
             in_flight,
             quiet_ns: quiet.as_nanos() as u64,
+            waited_ns: 0,
+            hold_ns: None,
+            load: 0,
+            cap: MAX_IN_FLIGHT,
+        }
+    }
+
+    /// `in_flight` untaken, the oldest for `waited`, its loop in a hold for `hold` (zero: none),
+    /// and not seen taking any for long.
+    fn h(in_flight: u64, waited: Duration, hold: Duration) -> Candidate {
+        Candidate {
+            in_flight,
+            quiet_ns: (PIPELINE_WINDOW * 100).as_nanos() as u64,
+            waited_ns: waited.as_nanos() as u64,
+            hold_ns: Some(hold.as_nanos() as u64),
             load: 0,
             cap: MAX_IN_FLIGHT,
         }
@@ -191,6 +241,49 @@ mod tests {
         let got = picks(&mut cands, &mut cursor, 5);
         assert_eq!(got.iter().filter(|&&p| p == Some(0)).count(), 1, "{got:?}");
         assert!(got.iter().all(Option::is_some), "{got:?}");
+    }
+
+    /// A burst over two idle workers whose loops say they hold nothing: strictly in turn, one
+    /// each, however many the first has not taken yet (its process may not have run since the
+    /// burst began), where workers that say nothing of their loop get one each and the rest
+    /// waits for the first take.
+    #[test]
+    fn a_burst_is_spread_evenly_over_workers_whose_loops_hold_nothing() {
+        let mut cursor = 0;
+        let mut cands = [h(0, Duration::ZERO, Duration::ZERO); 2];
+        let got = picks(&mut cands, &mut cursor, 64);
+        let to_first = got.iter().filter(|&&p| p == Some(0)).count();
+        assert_eq!(to_first, 32, "{got:?}");
+        assert!(got.iter().all(Option::is_some), "{got:?}");
+        // One of them took everything at once, the other nothing yet: still in turn.
+        let mut cands = [
+            h(20, PIPELINE_WINDOW / 4, Duration::ZERO),
+            h(0, Duration::ZERO, HOLD_LIMIT / 4),
+        ];
+        let got = picks(&mut cands, &mut cursor, 10);
+        assert_eq!(got.iter().filter(|&&p| p == Some(0)).count(), 5, "{got:?}");
+    }
+
+    /// A worker whose loop has been in one hold for [`HOLD_LIMIT`] (a long request, a busy loop)
+    /// gets no connection on top of one it has not taken, and one whose oldest untaken
+    /// connection has waited [`PIPELINE_WINDOW`] (its process does not run: stopped, or starved
+    /// of CPU) none either; a free one still gets one in its turn.
+    #[test]
+    fn a_worker_in_a_long_hold_or_not_running_gets_no_more_than_one() {
+        let mut cursor = 0;
+        let busy = h(1, Duration::ZERO, HOLD_LIMIT);
+        let mut cands = [busy, h(0, Duration::ZERO, Duration::ZERO)];
+        let got = picks(&mut cands, &mut cursor, 6);
+        assert_eq!(got, [Some(1); 6]);
+        assert!(!round_robin_takes(&busy));
+        let not_running = h(1, PIPELINE_WINDOW, Duration::ZERO);
+        assert!(!round_robin_takes(&not_running));
+        assert_eq!(round_robin(&[busy, not_running], &mut cursor), None);
+        let free_but_busy = h(0, Duration::ZERO, HOLD_LIMIT * 10);
+        assert!(round_robin_takes(&free_but_busy));
+        // At its cap, none, whatever its loop says.
+        let full = h(MAX_IN_FLIGHT, Duration::ZERO, Duration::ZERO);
+        assert!(!round_robin_takes(&full));
     }
 
     #[test]

@@ -7,8 +7,11 @@
 //! - Connections are handed out per worker in one message: `newconns` with up to 64 fds to a
 //!   nodus worker, one `newconn` each to a Node worker (its protocol takes one handle per round
 //!   trip).
-//! - Round-robin hands a connection to a worker with handoffs untaken only while none is free
-//!   and that worker keeps up: it was seen taking some within [`balance::PIPELINE_WINDOW`]
+//! - Round-robin hands a connection to a worker with handoffs untaken only while that worker
+//!   keeps up (`balance`): by its loop's word, the hold its board mirrors (in none of
+//!   [`balance::HOLD_LIMIT`] or more) and how long its oldest untaken handoff has waited
+//!   ([`Pending::oldest_sent_ns`]); a worker that says nothing of its loop, only while none is
+//!   free and it was seen taking some within [`balance::PIPELINE_WINDOW`]
 //!   ([`Pending::quiet_ns`], by the loop's clock; when it took what its board shows is known
 //!   only to within the primary's looks, and counts as the look before, never later than it
 //!   was). With none free or keeping up the connection waits in the primary (parked,
@@ -106,6 +109,7 @@ use super::parked::{self, Conn, MAX_PARKED};
 use super::proc::{Proc, ProcState};
 use super::server::{self, Addr, Member, RETRY_PAUSE, Server, leave_all};
 use super::{Policy, State, count, stats};
+use crate::cluster::board::LoopHold;
 use crate::cluster::protocol::{Incoming, NODE_CLUSTER, NODE_NODUS, NewConn, NewConns};
 use crate::ipc::{MAX_FDS_PER_FRAME, SendHandle};
 use crate::log_limit::{self, LogLimit};
@@ -183,15 +187,15 @@ impl Pending {
     }
 
     /// How long, at `now`, since the worker was last seen taking handoffs (as long as `now`
-    /// itself if never). Round-robin hands one with handoffs untaken more only under
-    /// [`balance::PIPELINE_WINDOW`]. Being free shows nothing of the kind: its loop may be busy
-    /// with the connection it took last (a long request), so a worker handed one while free
-    /// gets more only once it takes that one, in a burst too.
+    /// itself if never). Round-robin hands one that says nothing of its loop, with handoffs
+    /// untaken, more only under [`balance::PIPELINE_WINDOW`]. Being free shows nothing of the
+    /// kind: its loop may be busy with the connection it took last (a long request), so such a
+    /// worker handed one while free gets more only once it takes that one, in a burst too.
     fn quiet_ns(&self, now: u64) -> u64 {
         now.saturating_sub(self.progress_ns.get())
     }
 
-    /// When the oldest handoff still pending was handed.
+    /// When the oldest handoff still pending was handed (the loop's time, ns).
     fn oldest_sent_ns(&self) -> Option<u64> {
         self.handoffs
             .borrow()
@@ -671,9 +675,20 @@ fn candidate(member: &Member, ready_member: bool, now: u64) -> Candidate {
     } else {
         member.window
     };
+    let clock = crate::time::loop_now_ns();
+    let hold_ns = proc.board.get().and_then(|board| match board.loop_hold() {
+        LoopHold::Unknown => None,
+        LoopHold::None => Some(0),
+        LoopHold::Since(since) => Some(clock.saturating_sub(since)),
+    });
     Candidate {
         in_flight,
-        quiet_ns: proc.pending.quiet_ns(crate::time::loop_now_ns()),
+        quiet_ns: proc.pending.quiet_ns(clock),
+        waited_ns: proc
+            .pending
+            .oldest_sent_ns()
+            .map_or(0, |sent| clock.saturating_sub(sent)),
+        hold_ns,
         load: proc.load_estimate(),
         cap: member.window,
     }
