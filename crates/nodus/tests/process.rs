@@ -208,12 +208,18 @@ fn process_group_and_kill_tree_reach_grandchildren() {
             .spawn()
             .unwrap();
         let g1 = grand_pid(&group).await;
+        group.kill_group(0).expect("0: the group has processes");
         group.kill_group(SIGKILL).unwrap();
         assert_eq!(group.wait().await.unwrap().signal(), Some(SIGKILL));
         wait_gone(g1).await;
 
         let tree = Command::new("sh").args(["-c", script]).spawn().unwrap();
         let g2 = grand_pid(&tree).await;
+        tree.kill_tree(0).expect("0: the child is there");
+        assert!(
+            tree.kill_group(0).is_err(),
+            "0: a child that leads no group has none"
+        );
         tree.kill_tree(SIGKILL).unwrap();
         assert_eq!(tree.wait().await.unwrap().signal(), Some(SIGKILL));
         wait_gone(g2).await;
@@ -235,6 +241,14 @@ fn a_group_exit_signal_reaches_what_is_left_of_the_group_once_the_child_exits() 
         // Reaped: the group's id may be another's now, so it is not signalled.
         assert_eq!(
             child.kill_group(SIGKILL).unwrap_err().kind(),
+            std::io::ErrorKind::NotFound
+        );
+        assert_eq!(
+            child.kill_group(0).unwrap_err().kind(),
+            std::io::ErrorKind::NotFound
+        );
+        assert_eq!(
+            child.kill_tree(0).unwrap_err().kind(),
             std::io::ErrorKind::NotFound
         );
 

@@ -395,24 +395,34 @@ impl Child {
     }
 
     /// Sends `signal` to the child's process group: the child must lead one
-    /// ([`Command::process_group`](super::Command::process_group)`(0)`).
+    /// ([`Command::process_group`](super::Command::process_group)`(0)`). `0` sends nothing and
+    /// checks that the group still has a process (`kill(-pgid, 0)`).
     ///
     /// # Errors
-    /// As [`kill`](Self::kill), but `0` is refused (`InvalidInput`); `NotFound` once the child's
-    /// exit has been observed (it has been reaped, so its pid may name another group by now).
+    /// As [`kill`](Self::kill); `NotFound` once the child's exit has been observed (it has been
+    /// reaped, so its pid may name another group by now); the OS error (`ESRCH`) for a child
+    /// that leads no group.
     pub fn kill_group(&self, signal: i32) -> io::Result<()> {
-        let sig = to_signal(signal)?;
+        let sig = (signal != 0).then(|| to_signal(signal)).transpose()?;
         if self.watch.pidfd.borrow().is_none() {
             return Err(gone(self.id()));
         }
-        Ok(rustix::process::kill_process_group(self.watch.pid, sig)?)
+        match sig {
+            Some(sig) => rustix::process::kill_process_group(self.watch.pid, sig)?,
+            None => rustix::process::test_kill_process_group(self.watch.pid)?,
+        }
+        Ok(())
     }
 
     /// Sends `signal` to the child and every process descended from it (found through
     /// `/proc/<pid>/task/*/children`, each held by a pidfd before the first signal, so a pid
     /// recycled meanwhile is never signalled). A descendant that forks or is re-parented while
-    /// this runs may be missed; use a process group when that matters.
+    /// this runs may be missed; use a process group when that matters. `0` is
+    /// [`kill`](Self::kill)`(0)`: it checks the child alone.
     pub fn kill_tree(&self, signal: i32) -> io::Result<()> {
+        if signal == 0 {
+            return self.kill(0);
+        }
         let sig = to_signal(signal)?;
         let mut all = Vec::new();
         {
