@@ -11,8 +11,9 @@
 //!   `max_depth` capped at [`MAX_DEPTH_CAP`] (127): a document nested deeper fails with
 //!   `TooDeep { limit }` naming that checked depth, never with serde_json's recursion error.
 //!
-//! Where [`parse`] differs from Node's `JSON.parse` (serde_json with its default features: no
-//! `arbitrary_precision`, no `float_roundtrip`, no `preserve_order`):
+//! Where [`parse`] differs from Node's `JSON.parse` (serde_json with `float_roundtrip`, so that
+//! a number parses to the correctly rounded double, as in Node; no `arbitrary_precision`, no
+//! `preserve_order`):
 //! - A number out of the `f64` range (`1e400`, `-1e400`) is a `Syntax` error; Node gives
 //!   `Infinity`. One that underflows (`1e-400`) is 0 in both.
 //! - A lone surrogate escape (`"\ud800"`, `"\udc00"`) is a `Syntax` error; Node keeps it in the
@@ -21,8 +22,6 @@
 //!   reads each bad sequence as U+FFFD.
 //! - An integer within `i64` or `u64` stays exact in a `Value` (`9007199254740993`); Node rounds
 //!   every number to a double (`9007199254740992`). A larger integer is an `f64` in both.
-//! - serde_json's default float parser can be one unit in the last place off the correctly
-//!   rounded double Node gives (`9007199254740993.0` parses as `9007199254740994`).
 //! - A `Value` object's keys are sorted; Node keeps insertion order (integer-like keys first).
 //!   A repeated key: the last wins in a `Value`, as in Node; a derived struct refuses it.
 
