@@ -12,7 +12,7 @@
 //! primary still reads exactly which batches the worker had taken.
 //!
 //! Invariants:
-//! - Every field only grows except `open`. The worker writes all but `settled_below`, which both
+//! - Every field only grows except `open` and `loop_hold`. The worker writes all but `settled_below`, which both
 //!   ends move, each only forward and only by compare-and-swap.
 //! - `settled_below`: every batch below it is settled, taken by the worker or taken back by the
 //!   primary, once and for good. Batches reach the worker in `seq` order, so a worker holding
@@ -36,7 +36,7 @@
 //! - `loop_hold` is the worker loop's hold (`watchdog::HoldMirror`: a callback and the drain
 //!   after it), stored by the loop thread as it opens and closes: its start (`nodus::clock` ns,
 //!   the primary's clock too), or 1 while it holds nothing. 0: no loop mirrors to it (a build
-//!   before it, or measurements compiled out). Round-robin pipelines connections to a worker
+//!   before it, measurements compiled out, or the mirror was dropped). Round-robin pipelines connections to a worker
 //!   only while its loop is in no long hold (`primary::balance`).
 //! - The layout ([`Page`]: its fields, their order, offsets and meanings) is version 1, the
 //!   `board: 1` a worker's `queryServer` carries; the two ends may be different builds (a
@@ -287,8 +287,9 @@ mod tests {
     }
 
     /// A worker's loop mirrors its holds on its board: the primary's end sees the hold the
-    /// loop is in while it runs a task, none while it waits for a timer, and the mirror stops
-    /// when dropped (with measurements compiled out there is nothing to mirror: 0 stays).
+    /// loop is in while it runs a task, none while it waits for a timer, and "not mirrored"
+    /// once the mirror is dropped (with measurements compiled out there is nothing to mirror:
+    /// 0 stays).
     #[test]
     fn a_worker_loop_s_holds_show_on_the_primary_s_end() {
         let (primary, fd) = Board::create().unwrap();
@@ -337,11 +338,12 @@ mod tests {
                 };
                 assert!(later > first, "the hold after the sleep began later");
                 drop(mirror);
+                assert_eq!(primary.loop_hold(), LoopHold::Unknown, "no longer mirrored");
                 crate::time::sleep(std::time::Duration::from_millis(5)).await;
                 assert_eq!(
                     primary.loop_hold(),
-                    LoopHold::Since(later),
-                    "no longer mirrored: the word keeps what was stored last"
+                    LoopHold::Unknown,
+                    "nothing stored since"
                 );
             });
             assert!(

@@ -45,7 +45,8 @@
 //!   a syscall, and `begin` and `end` do not touch the note: a poll without one pays nothing.
 //! - A hold mirror (`mirror_holds`, a cluster worker's board) gets the same hold as `hold_ns`,
 //!   in the same store sequence, from the loop thread only: its start when it opens, "none"
-//!   when it closes. The caller of `mirror_holds` keeps the word valid until it unsets it.
+//!   when it closes, 0 ("not mirrored") when it is unset. The caller of `mirror_holds` keeps the
+//!   word valid until it unsets it.
 
 use std::panic::Location;
 use std::sync::Arc;
@@ -266,14 +267,16 @@ impl LoopSlot {
     }
 
     /// Loop thread: from now on, the start of each hold (`nodus::clock` ns, at least 2) is
-    /// stored to `*word` as it opens and [`MIRROR_NO_HOLD`] as it closes; null stops it. A
-    /// cluster worker mirrors its loop's holds on its board, where the primary sees whether the
-    /// loop is in a long one (`cluster::board`).
+    /// stored to `*word` as it opens and [`MIRROR_NO_HOLD`] as it closes; null stops it. The word
+    /// mirrored to before gets 0: no loop mirrors to it. A cluster worker mirrors its loop's
+    /// holds on its board, where the primary sees whether the loop is in a long one
+    /// (`cluster::board`).
     ///
     /// # Safety
     /// `word` is null or valid for atomic stores until this is called again on the loop thread
     /// (the only one that uses it), with another word or null.
     pub(crate) unsafe fn mirror_holds(&self, word: *const AtomicU64) {
+        self.mirror_store(0);
         self.mirror.store(word.cast_mut(), Ordering::Relaxed);
         let now = match self.hold_ns.load(Ordering::Relaxed) {
             0 => MIRROR_NO_HOLD,

@@ -3,8 +3,10 @@
 //! Round-robin: a rotation over the eligible workers, handing a worker more than one connection
 //! it has not taken only while it keeps up. A worker whose loop says what it is doing (a nodus
 //! worker's board mirrors its loop's hold) keeps up while its loop is in no hold of
-//! [`HOLD_LIMIT`] or more and its oldest untaken connection has waited less than
-//! [`PIPELINE_WINDOW`] (its process waits for a CPU no longer than that): such workers and the
+//! [`HOLD_LIMIT`] or more and its oldest untaken connection has waited less than that too (a
+//! stopped or starved process takes nothing: under `SIGSTOP` a longer wait let round-robin hand
+//! a stopped worker every connection of a client pool, stalling them all until the handoff
+//! deadline): such workers and the
 //! free ones (nothing handed and not yet taken) are handed connections strictly in turn, so a
 //! burst (a keep-alive pool opening its connections at once) is spread evenly, even over a
 //! worker that has not run since the burst began. One whose loop is in a long hold (a long
@@ -53,7 +55,9 @@ const WINDOW_NS: u64 = PIPELINE_WINDOW.as_nanos() as u64;
 /// that serves a turn of 64 keep-alive requests holds for about half a millisecond on the
 /// 2-core machine of BENCHMARKS.md, a few with its thread preempted; one in a hold this long
 /// or longer gets nothing more until it is out (its share goes to the others), so a loop that
-/// blocks is handed at most its turns of the first 2 ms.
+/// blocks is handed at most its turns of the first 2 ms. The same bound holds for how long its
+/// oldest untaken connection may have waited: a loop in no hold takes a handoff as soon as its
+/// process runs, so one that has not for this long is stopped or starved of CPU.
 pub(crate) const HOLD_LIMIT: Duration = Duration::from_millis(2);
 
 /// [`HOLD_LIMIT`] in ns.
@@ -109,11 +113,12 @@ pub(crate) fn round_robin_takes(c: &Candidate) -> bool {
 
 /// Whether `c`, whose loop says what it is doing, may be handed connections on top of those it
 /// has not taken: under its cap, its loop in no hold of [`HOLD_LIMIT`] or more, and its oldest
-/// untaken connection younger than [`PIPELINE_WINDOW`].
+/// untaken connection younger than that too (a loop that holds nothing takes a handoff as soon
+/// as its process runs; one that has not within [`HOLD_LIMIT`] is stopped, or starved of CPU).
 fn keeps_up(c: &Candidate) -> bool {
     c.hold_ns.is_some_and(|hold| hold < HOLD_LIMIT_NS)
         && c.in_flight < c.cap
-        && c.waited_ns < WINDOW_NS
+        && c.waited_ns < HOLD_LIMIT_NS
 }
 
 /// Whether `c`, which says nothing of its loop, with connections in flight, may be handed more:
@@ -257,7 +262,7 @@ mod tests {
         assert!(got.iter().all(Option::is_some), "{got:?}");
         // One of them took everything at once, the other nothing yet: still in turn.
         let mut cands = [
-            h(20, PIPELINE_WINDOW / 4, Duration::ZERO),
+            h(20, HOLD_LIMIT / 2, Duration::ZERO),
             h(0, Duration::ZERO, HOLD_LIMIT / 4),
         ];
         let got = picks(&mut cands, &mut cursor, 10);
@@ -266,8 +271,8 @@ mod tests {
 
     /// A worker whose loop has been in one hold for [`HOLD_LIMIT`] (a long request, a busy loop)
     /// gets no connection on top of one it has not taken, and one whose oldest untaken
-    /// connection has waited [`PIPELINE_WINDOW`] (its process does not run: stopped, or starved
-    /// of CPU) none either; a free one still gets one in its turn.
+    /// connection has waited as long (its process does not run: stopped, or starved of CPU)
+    /// none either; a free one still gets one in its turn.
     #[test]
     fn a_worker_in_a_long_hold_or_not_running_gets_no_more_than_one() {
         let mut cursor = 0;
@@ -276,7 +281,7 @@ mod tests {
         let got = picks(&mut cands, &mut cursor, 6);
         assert_eq!(got, [Some(1); 6]);
         assert!(!round_robin_takes(&busy));
-        let not_running = h(1, PIPELINE_WINDOW, Duration::ZERO);
+        let not_running = h(1, HOLD_LIMIT, Duration::ZERO);
         assert!(!round_robin_takes(&not_running));
         assert_eq!(round_robin(&[busy, not_running], &mut cursor), None);
         let free_but_busy = h(0, Duration::ZERO, HOLD_LIMIT * 10);
