@@ -19,7 +19,17 @@ use nodus::net::{ListenOptions, TcpListener};
 /// is reported here, before any worker starts, and port 0 is resolved to the port every worker
 /// binds).
 pub fn bind(addr: SocketAddr, reuse_port: bool) -> Result<TcpListener, String> {
-    let in_use = || format!("cannot listen on {addr}: the address is already in use");
+    bind_as(addr, reuse_port, "")
+}
+
+/// Binds the `--admin` listener on `addr`; a failure names the flag (two addresses are given).
+pub fn bind_admin(addr: SocketAddr) -> Result<TcpListener, String> {
+    bind_as(addr, false, " (--admin)")
+}
+
+/// [`bind`], whose messages say `role` after the address.
+fn bind_as(addr: SocketAddr, reuse_port: bool, role: &str) -> Result<TcpListener, String> {
+    let in_use = || format!("cannot listen on {addr}{role}: the address is already in use");
     // A reuse-port bind joins any reuse-port group of this user's (another nodus started on the
     // same port by mistake): the kernel would split the traffic between the two.
     if reuse_port && addr.port() != 0 && taken(addr) {
@@ -31,7 +41,7 @@ pub fn bind(addr: SocketAddr, reuse_port: bool) -> Result<TcpListener, String> {
     };
     TcpListener::bind_with(addr, options).map_err(|e| match e.kind() {
         std::io::ErrorKind::AddrInUse => in_use(),
-        _ => format!("cannot listen on {addr}: {e}"),
+        _ => format!("cannot listen on {addr}{role}: {e}"),
     })
 }
 

@@ -445,9 +445,9 @@ struct ServeArgs {
     /// Most connections each process keeps open on the public listener; past it, newcomers wait
     /// in the backlog until one closes. Default: from the open-files limit, so the fds never run
     /// out for the files of the connections held: (limit - fds open at the start - a reserve of
-    /// an eighth of the limit, at least 64) / 2, at most 10,000 (said at the start). More than
-    /// the limit holds is warned about.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    /// an eighth of the limit, at least 64 but no more than half of the free fds) / 2, at most
+    /// 10,000 (said at the start). More than the limit holds is warned about.
+    #[arg(long, value_name = "N", value_parser = connection_count)]
     max_connections: Option<u64>,
     /// Defer the public listener's accepts (TCP_DEFER_ACCEPT, nginx's `listen ... deferred`): a
     /// connection is taken once its client sent its request, which saves a wake-up per
@@ -519,6 +519,14 @@ fn worker_count(s: &str) -> Result<u16, String> {
     match s.parse::<u16>() {
         Ok(n) if (1..=1024).contains(&n) => Ok(n),
         _ => Err("must be a whole number from 1 to 1024".to_owned()),
+    }
+}
+
+/// `--max-connections`: a whole number of connections, 1 or more.
+fn connection_count(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err("must be a whole number of connections, 1 or more".to_owned()),
     }
 }
 

@@ -696,6 +696,35 @@ fn node_script(args: &[OsString]) -> Option<usize> {
     }
 }
 
+/// Node's options that can make a main module that is no file resolve (a loader's hooks).
+const NODE_HOOK_OPTIONS: &[&[u8]] = &[b"--loader", b"--experimental-loader", b"--import"];
+
+/// The script of `node ARGS` ([`node_script`]) when no file Node would look for as its main
+/// module exists, in the working directory the workers share with nodus: the script as given,
+/// with each extension Node tries, or as a directory; `None` too for stdin (`-`) or with a
+/// loader that could resolve it otherwise.
+fn missing_node_script(args: &[OsString]) -> Option<&OsString> {
+    let at = node_script(args)?;
+    let hooked = args[..at].iter().any(|a| {
+        let a = a.as_bytes();
+        NODE_HOOK_OPTIONS
+            .iter()
+            .any(|o| a == *o || (a.starts_with(o) && a.get(o.len()) == Some(&b'=')))
+    });
+    let script = &args[at];
+    if hooked || script.as_bytes() == b"-" {
+        return None;
+    }
+    let found = ["", ".js", ".mjs", ".cjs", ".json", ".node"]
+        .iter()
+        .any(|ext| {
+            let mut path = script.clone();
+            path.push(ext);
+            Path::new(&path).exists()
+        });
+    (!found).then_some(script)
+}
+
 /// Runs the supervisor until it stops; returns the exit code.
 pub fn run(options: RunOptions) -> i32 {
     let policy = match (options.policy, options.node) {
@@ -751,6 +780,14 @@ pub fn run(options: RunOptions) -> i32 {
     if let Err(why) = check_runnable(&program) {
         return fail(format!("cannot run {}: {why}", quote(Path::new(&program))));
     }
+    if is_node(&program)
+        && let Some(script) = missing_node_script(&args)
+    {
+        return fail(format!(
+            "cannot run node's script {}: no such file, nor with .js, .mjs, .cjs, .json or .node              (Node would exit at once with MODULE_NOT_FOUND in every worker)",
+            quote(Path::new(script))
+        ));
+    }
     nodus::process::raise_fd_limit();
     let rt = nodus::Runtime::new();
     rt.block_on(async move {
@@ -758,7 +795,7 @@ pub fn run(options: RunOptions) -> i32 {
             Ok(l) => l,
             Err(e) => return fail(e),
         };
-        let admin_listener = match options.admin.map(|a| crate::listen::bind(a, false)) {
+        let admin_listener = match options.admin.map(crate::listen::bind_admin) {
             Some(Err(e)) => return fail(e),
             Some(Ok(l)) => Some(l),
             None => None,
@@ -954,8 +991,8 @@ mod tests {
     use std::path::Path;
 
     use super::{
-        Binfmt, Kernel, binfmt_entry_takes, elf_refusal, is_node, launcher, no_argv1,
-        node_launcher, node_script, plain_node_command,
+        Binfmt, Kernel, binfmt_entry_takes, elf_refusal, is_node, launcher, missing_node_script,
+        no_argv1, node_launcher, node_script, plain_node_command,
     };
 
     /// The start of an ELF header: class, byte order, version 1, type and machine set, the
@@ -1287,5 +1324,36 @@ mod tests {
         ] {
             assert_eq!(node_launcher(&args(line)), None, "{line:?}");
         }
+    }
+
+    /// The main module Node would look for: the script as given, with an extension Node tries,
+    /// or a directory; stdin, `-e` code and a loader's hooks are not looked at.
+    #[test]
+    fn a_missing_node_script_is_known_before_any_worker() {
+        let dir = std::env::temp_dir().join(format!("nodus-node-script-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("pkg")).unwrap();
+        std::fs::write(dir.join("app.js"), "").unwrap();
+        let path = |name: &str| dir.join(name).into_os_string();
+        let args = |line: &[OsString]| line.to_vec();
+        for found in [
+            args(&[path("app.js")]),
+            args(&[path("app")]),
+            args(&[path("pkg")]),
+            args(&["--inspect".into(), path("app")]),
+            args(&["-".into()]),
+            args(&["-e".into(), "1".into(), "missing.js".into()]),
+            args(&["--import=./hooks.mjs".into(), path("missing")]),
+            args(&["--loader".into(), "./l.mjs".into(), path("missing")]),
+        ] {
+            assert_eq!(missing_node_script(&found), None, "{found:?}");
+        }
+        for missing in [
+            args(&[path("missing.js")]),
+            args(&["-r".into(), "mod".into(), path("apps")]),
+            args(&["--".into(), path("nope")]),
+        ] {
+            assert_eq!(missing_node_script(&missing), missing.last(), "{missing:?}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -779,6 +779,43 @@ fn a_program_that_cannot_be_run_is_one_line_and_exit_code_1_before_any_worker() 
             "{program}: {stderr}"
         );
     }
+    // `node` with a script that is no file (nor with an extension Node tries): one line, before
+    // any worker, where every worker would exit at once with MODULE_NOT_FOUND until the budget
+    // gave up. Plain and `--node` alike; and a busy `--admin` address is named as the admin's.
+    let script = dir.path().join("no-such-app.js");
+    for node in [false, true] {
+        let out = Command::new(NODUS)
+            .args(["run", "-w", "2"])
+            .args(node.then_some("--node"))
+            .args(["--", "node"])
+            .arg(&script)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "--node {node}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "--node {node}: {stderr}");
+        assert!(
+            stderr.starts_with(&format!(
+                "nodus run: cannot run node's script '{}': no such file",
+                script.display()
+            )),
+            "--node {node}: {stderr}"
+        );
+    }
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = busy.local_addr().unwrap().to_string();
+    let out = Command::new(NODUS)
+        .args(["run", "-w", "1", "--admin", &busy, "--", "sleep", "30"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "cannot listen on {busy} (--admin): the address is already in use"
+        )),
+        "{stderr}"
+    );
     // Another machine's program, binfmt_misc mounted or not (unmounted, it is left to the
     // workers' exec, which an emulator the host registered could take; none takes a 64-bit ARM
     // one, and the kernel refuses it): one line naming it and what it is, exit code 1, no

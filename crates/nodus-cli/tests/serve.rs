@@ -1097,6 +1097,13 @@ fn bad_flags_and_a_busy_address_fail_clearly() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--workers"));
 
+    let err = usage_error(["serve", "--max-connections", "0"]);
+    assert!(
+        err.contains("--max-connections")
+            && err.contains("a whole number of connections, 1 or more"),
+        "{err}"
+    );
+
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = busy.local_addr().unwrap().to_string();
     let out = Command::new(NODUS)
@@ -1107,6 +1114,29 @@ fn bad_flags_and_a_busy_address_fail_clearly() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("already in use") && err.lines().count() == 1,
+        "{err}"
+    );
+
+    // A busy admin address is named as the admin listener's (two addresses are given).
+    let public = free_addr().to_string();
+    let out = Command::new(NODUS)
+        .args([
+            "serve",
+            "--listen",
+            &public,
+            "--admin",
+            &addr,
+            "--workers",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "cannot listen on {addr} (--admin): the address is already in use"
+        )) && err.lines().count() == 1,
         "{err}"
     );
 }

@@ -226,10 +226,7 @@ fn bound_or_inherited(
     if inherited.is_empty() {
         return Ok((
             crate::listen::bind(options.listen, reuse_port)?,
-            options
-                .admin
-                .map(|a| crate::listen::bind(a, false))
-                .transpose()?,
+            options.admin.map(crate::listen::bind_admin).transpose()?,
         ));
     }
     let (mut public, mut admin) = (None, None);
@@ -271,7 +268,7 @@ fn bound_or_inherited(
         public,
         admin
             .map(Ok)
-            .or_else(|| options.admin.map(|a| crate::listen::bind(a, false)))
+            .or_else(|| options.admin.map(crate::listen::bind_admin))
             .transpose()?,
     ))
 }
