@@ -19,8 +19,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use nodus::cluster::Worker;
-use nodus::ipc::{Channel, ChannelOptions, SendHandle};
-use nodus::process::Command;
+use nodus::ipc::{Channel, SendHandle};
 use serde_json::{Value, json};
 
 use common::pipes::{pipe, write_end_closed};
@@ -122,15 +121,7 @@ async fn hostile_primary() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let key = format!("127.0.0.1:{port}:4:undefined:0");
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([NAME, "--exact", "--nocapture"])
-        .env(ROLE, "worker")
-        .env("NODE_UNIQUE_ID", "1")
-        .env("PORT", port.to_string())
-        .parent_death_signal(Some(nodus::signal::SIGKILL))
-        .ipc(ChannelOptions::default())
-        .spawn()
-        .unwrap();
+    let mut child = common::spawn_test_worker(NAME, ROLE, port);
     let ch = child.channel.take().unwrap();
     let online = internal(&ch).await;
     assert_eq!(

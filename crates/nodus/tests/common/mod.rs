@@ -1,7 +1,8 @@
 //! Helpers the runtime's integration tests share: a loop bounded in time, external tools (a
 //! missing one fails under `CI`), close-on-exec checks, stream helpers (`net`), a raw IPC peer
-//! (`ipc`), pipes to pass as fds (`pipes`), a seeded PRNG for the attack tests (`rng`) and the
-//! capture of a thread's warnings (`Warnings`).
+//! (`ipc`), pipes to pass as fds (`pipes`), a seeded PRNG for the attack tests (`rng`), the
+//! capture of a thread's warnings (`Warnings`) and a cluster worker the test plays the primary of
+//! (`spawn_test_worker`).
 //!
 //! Each test file is its own crate and uses a subset of these, hence `allow(dead_code)`.
 #![allow(dead_code)]
@@ -22,6 +23,21 @@ use nodus::Runtime;
 pub fn bounded_for<F: Future>(limit: Duration, f: F) -> F::Output {
     let rt = Runtime::new();
     rt.block_on(async { nodus::timeout(limit, f).await.expect("test timed out") })
+}
+
+/// This test binary run again as a nodus cluster worker whose primary the test plays: test
+/// `test` alone, with `role_var=worker`, `NODE_UNIQUE_ID=1` and `PORT=port` in its environment
+/// and an IPC channel (`child.channel`); SIGKILLed if the test's thread ends first.
+pub fn spawn_test_worker(test: &str, role_var: &str, port: u16) -> nodus::process::Child {
+    nodus::process::Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture"])
+        .env(role_var, "worker")
+        .env("NODE_UNIQUE_ID", "1")
+        .env("PORT", port.to_string())
+        .parent_death_signal(Some(nodus::signal::SIGKILL))
+        .ipc(nodus::ipc::ChannelOptions::default())
+        .spawn()
+        .unwrap()
 }
 
 /// [`bounded_for`] 30 s.
