@@ -299,9 +299,23 @@ fn an_io_pool_that_cannot_start_is_503_with_retry_after_then_starts_when_it_can(
     let dir = site();
     let mut server = Serve::start(dir.path(), 1, &[]);
     let pid = server.proc.id();
-    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).unwrap();
-    let pages: u64 = statm.split_whitespace().next().unwrap().parse().unwrap();
-    limit_as(pid, pages * 4096 + (4 << 20));
+    // Its size once its threads are up: a thread's first allocation may still reserve an arena
+    // after the start line, and a limit below the size it then has would fail every mapping, not
+    // only a pool thread's stack.
+    let pages = || -> u64 {
+        let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).unwrap();
+        statm.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let mut size = pages();
+    for _ in 0..100 {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = pages();
+        if now == size {
+            break;
+        }
+        size = now;
+    }
+    limit_as(pid, size * 4096 + (4 << 20));
     for _ in 0..5 {
         let r = request(server.addr, "GET", "/hello.txt", &[]);
         assert_eq!(
