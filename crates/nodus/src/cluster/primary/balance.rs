@@ -6,12 +6,12 @@
 //! [`HOLD_LIMIT`] or more and its oldest untaken connection has waited less than that too (a
 //! stopped or starved process takes nothing: under `SIGSTOP` a longer wait let round-robin hand
 //! a stopped worker every connection of a client pool, stalling them all until the handoff
-//! deadline): such workers and the
-//! free ones (nothing handed and not yet taken) are handed connections strictly in turn, so a
-//! burst (a keep-alive pool opening its connections at once) is spread evenly, even over a
-//! worker that has not run since the burst began. One whose loop is in a long hold (a long
-//! synchronous request, a busy loop) gets no more than the one it is handed while free, as
-//! under Node's round-robin, which hands a connection only to a worker that answered its last.
+//! deadline). Such workers and the free ones (nothing handed and not yet taken) are handed
+//! connections strictly in turn, so a burst (a keep-alive pool opening its connections at once)
+//! is spread evenly, even over a worker that has not run since the burst began. One whose loop
+//! is in a long hold (a long synchronous request, a busy loop) gets no more than the one it is
+//! handed while free, as under Node's round-robin, which hands a connection only to a worker
+//! that answered its last.
 //! A worker that says nothing of its loop (a Node worker, an older nodus build, or one built
 //! without measurements) is judged by its takes alone: first the free workers, in turn; with
 //! none free, the one with the fewest untaken (of those, the one seen taking some last; exact
