@@ -784,7 +784,8 @@ pub fn run(options: RunOptions) -> i32 {
         && let Some(script) = missing_node_script(&args)
     {
         return fail(format!(
-            "cannot run node's script {}: no such file, nor with .js, .mjs, .cjs, .json or .node              (Node would exit at once with MODULE_NOT_FOUND in every worker)",
+            "cannot run node's script {}: no such file, nor with .js, .mjs, .cjs, .json or \
+             .node (Node would exit at once with MODULE_NOT_FOUND in every worker)",
             quote(Path::new(script))
         ));
     }

@@ -795,10 +795,13 @@ fn a_program_that_cannot_be_run_is_one_line_and_exit_code_1_before_any_worker() 
         assert_eq!(out.status.code(), Some(1), "--node {node}: {stderr}");
         assert_eq!(stderr.lines().count(), 1, "--node {node}: {stderr}");
         assert!(
-            stderr.starts_with(&format!(
-                "nodus run: cannot run node's script '{}': no such file",
-                script.display()
-            )),
+            stderr.trim_end()
+                == format!(
+                    "nodus run: cannot run node's script '{}': no such file, nor with .js, .mjs, \
+                     .cjs, .json or .node (Node would exit at once with MODULE_NOT_FOUND in \
+                     every worker)",
+                    script.display()
+                ),
             "--node {node}: {stderr}"
         );
     }
