@@ -24,6 +24,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Full, LengthLimitError, Limited};
 use hyper::body::{Body as _, Frame, Incoming, SizeHint};
 
+use crate::h1::conn::H1Body;
 use crate::io::now_ns;
 use crate::server::ConnState;
 
@@ -39,10 +40,46 @@ pub fn boxed(body: impl hyper::body::Body<Data = Bytes, Error = std::io::Error> 
 /// known length over this is not read at all, a chunked one is given up past it.
 pub(crate) const DISCARD_MAX: u64 = 64 * 1024;
 
+/// Where a request body comes from: hyper's HTTP/2 stream (or an h2c connection's HTTP/1
+/// request), or nodus's own HTTP/1 engine.
+pub(crate) enum Source {
+    Hyper(Incoming),
+    Wire(H1Body),
+}
+
+impl hyper::body::Body for Source {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            Source::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            Source::Wire(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Source::Hyper(b) => b.is_end_stream(),
+            Source::Wire(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Source::Hyper(b) => b.size_hint(),
+            Source::Wire(b) => b.size_hint(),
+        }
+    }
+}
+
 /// A request body, limited to `Config::max_body_bytes`.
 pub struct RequestBody {
     /// `None` once handed to the connection to be discarded (only in `drop`).
-    inner: Option<Limited<Incoming>>,
+    inner: Option<Limited<Source>>,
     /// An HTTP/1 request's connection, until the body ends; `None` for a body that was empty
     /// from the start, or ended.
     conn: Option<Rc<ConnState>>,
@@ -73,7 +110,7 @@ impl std::error::Error for RequestTimedOut {}
 
 impl RequestBody {
     pub(crate) fn new(
-        inner: Limited<Incoming>,
+        inner: Limited<Source>,
         conn: Option<Rc<ConnState>>,
         discardable: bool,
         deadline: u64,
@@ -103,7 +140,7 @@ impl RequestBody {
         self.timed_out
     }
 
-    fn inner(self: Pin<&mut Self>) -> Pin<&mut Limited<Incoming>> {
+    fn inner(self: Pin<&mut Self>) -> Pin<&mut Limited<Source>> {
         Pin::new(
             self.get_mut()
                 .inner

@@ -216,19 +216,26 @@ pub struct Activity {
     pub write_shut: Cell<bool>,
 }
 
+impl Activity {
+    /// A new connection's: last I/O now, nothing else seen.
+    pub(crate) fn new() -> Activity {
+        Activity {
+            last_io: Cell::new(now_ns()),
+            write_blocked: Cell::new(false),
+            blocked_since: Cell::new(0),
+            eof: Cell::new(false),
+            h2: Cell::new(false),
+            sniff_by: Cell::new(u64::MAX),
+            write_shut: Cell::new(false),
+        }
+    }
+}
+
 impl<S: FdStream> HyperIo<S> {
     pub fn new(stream: S) -> HyperIo<S> {
         HyperIo {
             stream,
-            activity: Rc::new(Activity {
-                last_io: Cell::new(now_ns()),
-                write_blocked: Cell::new(false),
-                blocked_since: Cell::new(0),
-                eof: Cell::new(false),
-                h2: Cell::new(false),
-                sniff_by: Cell::new(u64::MAX),
-                write_shut: Cell::new(false),
-            }),
+            activity: Rc::new(Activity::new()),
             not_socket: Cell::new(false),
             line_limit: usize::MAX,
             refused: Cell::new(None),

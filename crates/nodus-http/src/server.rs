@@ -206,7 +206,9 @@ use hyper_util::server::conn::auto;
 use nodus::JoinHandle;
 use slab::Slab;
 
-use crate::body::{Body, DISCARD_MAX, RequestBody, text};
+use crate::body::{Body, DISCARD_MAX, RequestBody, Source, text};
+use crate::h1::conn::{H1Body, H1Conn, H1End};
+use crate::h1::wire::Wire;
 use crate::exec::LocalExec;
 use crate::head_wait::{self, HeadTimer, HeadWait};
 use crate::io::{Activity, FdStream, HyperIo, UriTooLong, now_ns};
@@ -481,6 +483,21 @@ struct State {
 }
 
 impl State {
+    /// Counts and reports the answer `status` to a head that could not be parsed.
+    #[cold]
+    fn head_refused(&self, status: StatusCode, peer: Option<SocketAddr>) {
+        stats::request_refused(status);
+        if let Some(report) = self.config.on_refused {
+            report(&Refused {
+                status,
+                peer,
+                request: None,
+                elapsed_ns: None,
+                body_bytes: 0,
+            });
+        }
+    }
+
     /// When a request whose head was parsed at `start` must have its whole body
     /// (`Config::request_timeout`; `u64::MAX`: never).
     fn request_deadline(&self, start: u64) -> u64 {
@@ -776,14 +793,6 @@ where
     // gives a duplicate of the socket's fd when the connection is to linger.
     let lingering = {
         let fd = stream.fd().as_raw_fd();
-        let mut io = HyperIo::new(stream);
-        io.limit_request_line(state.config.max_header_bytes);
-        if state.config.http2 {
-            // Decided by the header-read timeout from now, as an HTTP/1 head must be complete.
-            let timeout = state.config.header_read_timeout.as_nanos();
-            io.sniff_h2(now_ns().saturating_add(u64::try_from(timeout).unwrap_or(u64::MAX)));
-        }
-        let activity = io.activity();
         let conn_state = Rc::new(ConnState {
             in_flight: Cell::new(0),
             body_left: Cell::new(false),
@@ -803,7 +812,8 @@ where
             conn: conn_state.clone(),
             _response: PhantomData,
         };
-        let mut conn = pin!(state.builders.serve(io, service));
+        let (conn, activity) = state.builders.serve(stream, service, &state.config);
+        let mut conn = pin!(conn);
         let mut timer = ConnTimer::new(
             state.config.keep_alive_timeout,
             state.config.write_stall_timeout,
@@ -818,18 +828,23 @@ where
         let mut idle_grace: Option<nodus::Sleep> = None;
         let end = poll_fn(|cx| {
             loop {
-                if let Poll::Ready(result) = head_wait::scope(&mut head, || conn.as_mut().poll(cx))
-                {
-                    let ended = result.is_ok();
-                    let mut answered = false;
-                    if let Err(e) = result {
-                        if let Some(e) = e.downcast_ref::<hyper::Error>() {
-                            // SAFETY: `conn` owns the stream, open until this block ends.
-                            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-                            answered = head_refused(&state, e, fd, peer);
+                if let Poll::Ready(end) = conn.as_mut().poll(cx, &mut head) {
+                    let (ended, answered) = match end {
+                        Ended::Own(H1End::Done) => (true, false),
+                        Ended::Own(H1End::Refused) => (false, true),
+                        Ended::Own(H1End::Failed) => (false, false),
+                        Ended::Hyper(Ok(())) => (true, false),
+                        Ended::Hyper(Err(e)) => {
+                            let mut answered = false;
+                            if let Some(e) = e.downcast_ref::<hyper::Error>() {
+                                // SAFETY: `conn` owns the stream, open until this block ends.
+                                let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+                                answered = head_refused(&state, e, fd, peer);
+                            }
+                            tracing::debug!(target: "nodus::http", "connection ended: {e}");
+                            (false, answered)
                         }
-                        tracing::debug!(target: "nodus::http", "connection ended: {e}");
-                    }
+                    };
                     let closing = conn_state.linger.get() || conn_state.body_left.get();
                     // hyper closed it after a response, as the request or the response asked
                     // (`Connection: close`, HTTP/1.0): the client may have sent more behind it.
@@ -964,16 +979,7 @@ fn head_refused(
             None => return false,
         }
     };
-    stats::request_refused(status);
-    if let Some(report) = state.config.on_refused {
-        report(&Refused {
-            status,
-            peer,
-            request: None,
-            elapsed_ns: None,
-            body_bytes: 0,
-        });
-    }
+    state.head_refused(status, peer);
     true
 }
 
@@ -1185,9 +1191,15 @@ impl ConnTimer {
     }
 }
 
-/// The hyper builders: HTTP/1 only, or HTTP/1 plus h2c sniffed per connection.
+/// How connections are served: nodus's own HTTP/1 engine (`h1`), or hyper-util's HTTP/1 plus
+/// h2c sniffed per connection.
 enum Builders {
-    Http1(hyper::server::conn::http1::Builder),
+    Own {
+        limits: crate::h1::head::Limits,
+        /// The header-read timeout (ns).
+        header_read_timeout: u64,
+        max_buf: usize,
+    },
     Auto(Box<auto::Builder<LocalExec>>),
 }
 
@@ -1198,9 +1210,10 @@ impl Builders {
         let header_read_timeout = config
             .header_read_timeout
             .min(Duration::from_nanos(u64::MAX));
-        // hyper's buffers, read and write, are capped at the head limit (8 KiB at least), not its
-        // default ~400 KiB: its write buffer pulls body chunks while it holds less than the cap,
-        // so a client that stops reading a file pins a chunk or two, not seven 64 KiB ones.
+        // The connections' buffers, read and write, are capped at the head limit (8 KiB at
+        // least), not hyper's default ~400 KiB: a response body is pulled while less than the
+        // cap waits on the socket, so a client that stops reading a file pins a chunk or two,
+        // not seven 64 KiB ones.
         let max_buf = config.max_header_bytes.max(8192);
         if config.http2 {
             let mut b = auto::Builder::new(LocalExec::new(config.name));
@@ -1222,28 +1235,52 @@ impl Builders {
                 .max_header_list_size(u32::try_from(list_size).unwrap_or(u32::MAX));
             Builders::Auto(Box::new(b))
         } else {
-            let mut b = hyper::server::conn::http1::Builder::new();
-            b.half_close(true)
-                .timer(HeadTimer::new(header_read_timeout))
-                .header_read_timeout(header_read_timeout)
-                .max_header_size(config.max_header_bytes)
-                .max_buf_size(max_buf);
-            if config.max_headers != 100 {
-                b.max_headers(config.max_headers);
+            Builders::Own {
+                limits: crate::h1::head::Limits {
+                    max_head_bytes: config.max_header_bytes,
+                    max_headers: config.max_headers,
+                },
+                header_read_timeout: u64::try_from(header_read_timeout.as_nanos())
+                    .unwrap_or(u64::MAX),
+                max_buf,
             }
-            Builders::Http1(b)
         }
     }
 
-    fn serve<S, H, F>(&self, io: HyperIo<S>, service: Service<H, F>) -> Conn<'_, S, H, F>
+    /// The connection on `stream`, served by `service`, and what its task sees of its
+    /// transfers.
+    fn serve<S, H, F>(
+        &self,
+        stream: S,
+        service: Service<H, F>,
+        config: &Config,
+    ) -> (Conn<'_, S, H, F>, Rc<Activity>)
     where
         S: FdStream + Unpin + 'static,
         H: Fn(Request<RequestBody>) -> F + 'static,
         F: Future<Output = Response<Body>> + 'static,
     {
         match self {
-            Builders::Http1(b) => Conn::Http1(b.serve_connection(io, service)),
-            Builders::Auto(b) => Conn::Auto(Box::pin(b.serve_connection(io, service))),
+            Builders::Own {
+                limits,
+                header_read_timeout,
+                max_buf,
+            } => {
+                let wire = Rc::new(Wire::new(stream));
+                let activity = wire.activity.clone();
+                let conn = H1Conn::new(wire, service, *limits, *header_read_timeout, *max_buf);
+                (Conn::Own(conn), activity)
+            }
+            Builders::Auto(b) => {
+                let mut io = HyperIo::new(stream);
+                io.limit_request_line(config.max_header_bytes);
+                // Decided by the header-read timeout from now, as an HTTP/1 head must be
+                // complete.
+                let timeout = config.header_read_timeout.as_nanos();
+                io.sniff_h2(now_ns().saturating_add(u64::try_from(timeout).unwrap_or(u64::MAX)));
+                let activity = io.activity();
+                (Conn::Auto(Box::pin(b.serve_connection(io, service))), activity)
+            }
         }
     }
 }
@@ -1261,8 +1298,14 @@ where
     H: Fn(Request<RequestBody>) -> F + 'static,
     F: Future<Output = Response<Body>> + 'static,
 {
-    Http1(hyper::server::conn::http1::Connection<HyperIo<S>, Service<H, F>>),
+    Own(H1Conn<S, H, F>),
     Auto(AutoConn<'a, S, H, F>),
+}
+
+/// How a connection's engine ended it.
+enum Ended {
+    Own(H1End),
+    Hyper(Result<(), Box<dyn std::error::Error + Send + Sync>>),
 }
 
 impl<S, H, F> Conn<'_, S, H, F>
@@ -1271,31 +1314,21 @@ where
     H: Fn(Request<RequestBody>) -> F + 'static,
     F: Future<Output = Response<Body>> + 'static,
 {
-    /// hyper's graceful shutdown (GOAWAY for HTTP/2).
+    /// hyper's graceful shutdown (GOAWAY for HTTP/2). nodus's HTTP/1 engine needs none: during
+    /// a drain every response says `Connection: close`.
     fn shut_down(self: Pin<&mut Self>) {
         // SAFETY: a pin projection to the variant's field, which is never moved out.
-        match unsafe { self.get_unchecked_mut() } {
-            Conn::Http1(c) => unsafe { Pin::new_unchecked(c) }.graceful_shutdown(),
-            Conn::Auto(c) => c.as_mut().graceful_shutdown(),
+        if let Conn::Auto(c) = unsafe { self.get_unchecked_mut() } {
+            c.as_mut().graceful_shutdown();
         }
     }
-}
 
-impl<S, H, F> Future for Conn<'_, S, H, F>
-where
-    S: FdStream + Unpin + 'static,
-    H: Fn(Request<RequestBody>) -> F + 'static,
-    F: Future<Output = Response<Body>> + 'static,
-{
-    type Output = Result<(), Box<dyn std::error::Error + Send + Sync>>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+    /// Serves the connection until it ends; `head` is its HTTP/1 header-read wait.
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>, head: &mut HeadWait) -> Poll<Ended> {
         // SAFETY: a pin projection to the variant's field, which is never moved out.
         match unsafe { self.get_unchecked_mut() } {
-            Conn::Http1(c) => unsafe { Pin::new_unchecked(c) }
-                .poll(cx)
-                .map_err(Into::into),
-            Conn::Auto(c) => c.as_mut().poll(cx),
+            Conn::Own(c) => unsafe { Pin::new_unchecked(c) }.poll(cx, head).map(Ended::Own),
+            Conn::Auto(c) => head_wait::scope(head, || c.as_mut().poll(cx)).map(Ended::Hyper),
         }
     }
 }
@@ -1340,7 +1373,7 @@ pub(crate) struct ConnState {
 /// (`Config::max_body_bytes` too, through `Limited`) and the keep-alive timeout from the moment
 /// its handler let go of it.
 struct Discard {
-    body: http_body_util::Limited<Incoming>,
+    body: http_body_util::Limited<Source>,
     /// Body bytes it may still read.
     left: u64,
     deadline: nodus::Sleep,
@@ -1360,8 +1393,19 @@ impl ConnState {
         }
     }
 
+    /// The connection closes while the client's input waits unread (a request pipelined behind
+    /// a `Connection: close`): it lingers (`linger`).
+    pub(crate) fn linger_on_close(&self) {
+        self.linger.set(true);
+    }
+
+    /// Whether an unread request body is being read to its end and dropped.
+    pub(crate) fn is_discarding(&self) -> bool {
+        self.discarding.borrow().is_some()
+    }
+
     /// Takes an unread request body to be read to its end and dropped.
-    pub(crate) fn discard(&self, body: http_body_util::Limited<Incoming>) {
+    pub(crate) fn discard(&self, body: http_body_util::Limited<Source>) {
         *self.discarding.borrow_mut() = Some(Discard {
             body,
             left: DISCARD_MAX,
@@ -1402,10 +1446,10 @@ impl ConnState {
     }
 }
 
-struct Service<H, F> {
+pub(crate) struct Service<H, F> {
     state: Rc<State>,
     handler: Rc<H>,
-    conn: Rc<ConnState>,
+    pub(crate) conn: Rc<ConnState>,
     _response: PhantomData<fn() -> F>,
 }
 
@@ -1418,7 +1462,29 @@ where
     type Error = Infallible;
     type Future = Respond<F>;
 
-    fn call(&self, mut req: Request<Incoming>) -> Respond<F> {
+    fn call(&self, req: Request<Incoming>) -> Respond<F> {
+        let framing = req.version() < Version::HTTP_2 && framing_refused(&req);
+        self.respond(req, framing, Source::Hyper)
+    }
+}
+
+impl<H, F> Service<H, F>
+where
+    H: Fn(Request<RequestBody>) -> F + 'static,
+    F: Future<Output = Response<Body>> + 'static,
+{
+    /// A request parsed by nodus's own HTTP/1 engine; `framing_refused`: its head has framing
+    /// Node refuses (`h1::head`).
+    pub(crate) fn call_h1(&self, req: Request<H1Body>, framing_refused: bool) -> Respond<F> {
+        self.respond(req, framing_refused, Source::Wire)
+    }
+
+    fn respond<B: hyper::body::Body>(
+        &self,
+        mut req: Request<B>,
+        framing_refused: bool,
+        source: fn(B) -> Source,
+    ) -> Respond<F> {
         let start = now_ns();
         stats::request_started();
         self.conn.in_flight.set(self.conn.in_flight.get() + 1);
@@ -1437,7 +1503,7 @@ where
         let mut note = Note::None;
         let handler = if let Some(refusal) = host_refusal(&req, version, &self.state.config) {
             Err(self.refuse(&req, refusal, start))
-        } else if version < Version::HTTP_2 && framing_refused(&req) {
+        } else if framing_refused {
             Err(self.refuse(&req, Refusal::BadFraming, start))
         } else if too_large {
             Err(self.refuse(&req, Refusal::TooLarge, start))
@@ -1452,9 +1518,8 @@ where
             }
             // HTTP/1 runs one request at a time per connection: its body reports to it.
             self.conn.body_left.set(false);
-            let watch = (version < Version::HTTP_2
-                && !hyper::body::Body::is_end_stream(req.body()))
-            .then(|| self.conn.clone());
+            let watch = (version < Version::HTTP_2 && !req.body().is_end_stream())
+                .then(|| self.conn.clone());
             let discardable = watch.is_some()
                 && !req
                     .headers()
@@ -1463,7 +1528,7 @@ where
             let later = set_request_note(&req, version);
             let req = req.map(|b| {
                 RequestBody::new(
-                    http_body_util::Limited::new(b, limit),
+                    http_body_util::Limited::new(source(b), limit),
                     watch,
                     discardable,
                     self.state.request_deadline(start),
@@ -1501,12 +1566,18 @@ where
             note,
         }
     }
+
+    /// Counts and reports the answer `status` to a head nodus's HTTP/1 engine could not parse.
+    #[cold]
+    pub(crate) fn head_refused(&self, status: StatusCode) {
+        self.state.head_refused(status, self.conn.peer);
+    }
 }
 
 impl<H, F> Service<H, F> {
     /// Reports `refusal` of `req` (whose head was parsed at `start`) to `Config::on_refused`.
     #[cold]
-    fn refuse(&self, req: &Request<Incoming>, refusal: Refusal, start: u64) -> Refusal {
+    fn refuse<B>(&self, req: &Request<B>, refusal: Refusal, start: u64) -> Refusal {
         if let Some(report) = self.state.config.on_refused {
             report(&Refused {
                 status: refusal.status(),
@@ -1527,7 +1598,7 @@ impl<H, F> Service<H, F> {
 /// What an HTTP/1 request's `Host` headers get (RFC 9112 section 3.2): 400 when an HTTP/1.1 one
 /// has none, or any has more than one or one that is no `host[:port]`. HTTP/2 has `:authority`;
 /// an HTTP/2 head gets what is over the head limits (`h2_head_refusal`).
-fn host_refusal(req: &Request<Incoming>, version: Version, config: &Config) -> Option<Refusal> {
+fn host_refusal<B>(req: &Request<B>, version: Version, config: &Config) -> Option<Refusal> {
     if version == Version::HTTP_2 {
         return h2_head_refusal(req, config);
     }
@@ -1545,7 +1616,7 @@ fn host_refusal(req: &Request<Incoming>, version: Version, config: &Config) -> O
 /// header fields, or a header list (RFC 9113 section 6.5.2: each field's name and value plus 32
 /// bytes, the pseudo-header fields too) over `max_header_bytes`. (h2 itself refuses one over
 /// twice that, `Builders::new`.)
-fn h2_head_refusal(req: &Request<Incoming>, config: &Config) -> Option<Refusal> {
+fn h2_head_refusal<B>(req: &Request<B>, config: &Config) -> Option<Refusal> {
     let headers = req.headers();
     if headers.len() > config.max_headers {
         return Some(Refusal::HeadTooLarge);
@@ -1843,7 +1914,7 @@ enum Note {
 ///
 /// A request counts from the loop time of the poll that parsed its head to its response head
 /// (or to its abandonment: dropped unanswered when the connection was cut).
-struct Respond<F> {
+pub(crate) struct Respond<F> {
     /// Structurally pinned: polled in place, never moved out.
     handler: Result<F, Refusal>,
     state: Rc<State>,

@@ -1,0 +1,462 @@
+//! One HTTP/1 connection served by nodus's own engine: heads parsed from the connection's
+//! buffer (`head`), one request at a time handed to the server's service, its response head
+//! written (`encode`) with its body (`chunked` framing when its length is not known), then the
+//! next request.
+//!
+//! Invariants:
+//! - One request at a time, and the connection is not read while a request is in flight but by
+//!   its handler's reads of its body (HTTP/1 half-close: a client that shuts its write side down
+//!   after its request still gets the whole response; an EOF between requests ends the
+//!   connection).
+//! - The next head is parsed only once the request's body is over: read by the handler, or
+//!   discarded by the connection's task (`ConnState::discard`). A body let go of and not
+//!   discarded, or whose discard was given up, ends the connection after the response.
+//! - A head is waited for with the header-read deadline set in the connection's `HeadWait` from
+//!   the moment the wait begins (the connection's start, or the end of the last response), as
+//!   hyper's server does; the connection's timer marks it expired, and the wait then ends the
+//!   connection with no answer.
+//! - The response's body is pulled while less than `max_buf` bytes of output wait on the socket
+//!   (a client that stops reading pins a chunk or two of it, not the whole body); its chunks are
+//!   written as they are (`Wire`'s queue), never copied.
+//! - A head that cannot be parsed is answered (400, 414, 431; Node's bare 400 to an HTTP/2
+//!   preface) and the connection ends with it: counted and reported once (`head_refused`).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, Bytes};
+use http::{Method, Request, Response, Version};
+use hyper::body::Body as _;
+
+use super::encode::{self, Framing};
+use super::head::{self, BodyFraming, HeadError, Limits};
+use super::wire::{BodyRead, BodyReadError, Wire, WireBody};
+use crate::body::{Body, RequestBody};
+use crate::head_scan::Scan;
+use crate::head_wait::HeadWait;
+use crate::io::{FdStream, now_ns};
+use crate::server::{Respond, SentBody, Service};
+
+/// How a connection served by the engine ended.
+pub(crate) enum H1End {
+    /// After a response the connection was not to outlive (`Connection: close`, HTTP/1.0, a
+    /// body left unread), or at the client's EOF between requests.
+    Done,
+    /// A head that could not be parsed was answered.
+    Refused,
+    /// Without an answer owed: the header-read timeout, an incomplete head at the client's EOF,
+    /// a failed write or read, a response body that failed or did not match its length.
+    Failed,
+}
+
+/// A request body read from its connection's `Wire`.
+pub(crate) struct H1Body {
+    wire: Rc<dyn WireBody>,
+    /// The number of its request on the connection (`Wire::request`).
+    request: u64,
+}
+
+impl hyper::body::Body for H1Body {
+    type Data = Bytes;
+    type Error = BodyReadError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, BodyReadError>>> {
+        self.wire
+            .poll_body(cx, self.request)
+            .map(|piece| piece.map(|r| r.map(hyper::body::Frame::data)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.wire.body_over(self.request)
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match self.wire.body_left(self.request) {
+            Some(n) => hyper::body::SizeHint::with_exact(n),
+            None => hyper::body::SizeHint::default(),
+        }
+    }
+}
+
+impl Drop for H1Body {
+    fn drop(&mut self) {
+        // Let go of before its end: nothing reads the rest, so no next head follows it.
+        self.wire.abandon_body(self.request);
+    }
+}
+
+/// Where a connection is.
+enum Phase {
+    /// Waiting for a request head (or for the last request's body to be over).
+    Head,
+    /// The handler is at work on the request (`H1Conn::respond`).
+    Respond,
+    /// Writing the response: its body, if one is sent, and how.
+    Write {
+        body: Option<SentBody>,
+        framing: Framing,
+        /// Body bytes still owed for `Framing::Length`.
+        left: u64,
+        keep_alive: bool,
+    },
+    /// Writing a refusal of a head, then ending.
+    Refuse,
+}
+
+/// One HTTP/1 connection.
+pub(crate) struct H1Conn<S, H, F> {
+    wire: Rc<Wire<S>>,
+    service: Service<H, F>,
+    /// Structurally pinned: polled in place, dropped in place.
+    respond: Option<Respond<F>>,
+    phase: Phase,
+    limits: Limits,
+    /// The header-read timeout (ns).
+    header_read_timeout: u64,
+    /// A head wait was armed for the head being waited for.
+    head_armed: bool,
+    /// The response body is pulled while less than this waits on the socket.
+    max_buf: usize,
+    /// The request in flight: its version, whether it is `HEAD`, whether it asked to keep the
+    /// connection.
+    version: Version,
+    head_request: bool,
+    keep_alive: bool,
+}
+
+impl<S, H, F> H1Conn<S, H, F>
+where
+    S: FdStream + Unpin + 'static,
+    H: Fn(Request<RequestBody>) -> F + 'static,
+    F: Future<Output = Response<Body>> + 'static,
+{
+    pub(crate) fn new(
+        wire: Rc<Wire<S>>,
+        service: Service<H, F>,
+        limits: Limits,
+        header_read_timeout: u64,
+        max_buf: usize,
+    ) -> Self {
+        H1Conn {
+            wire,
+            service,
+            respond: None,
+            phase: Phase::Head,
+            limits,
+            header_read_timeout,
+            head_armed: false,
+            max_buf,
+            version: Version::HTTP_11,
+            head_request: false,
+            keep_alive: true,
+        }
+    }
+
+    /// Serves the connection until it ends; `head` is its header-read wait, shared with its
+    /// timer.
+    pub(crate) fn poll(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        head: &mut HeadWait,
+    ) -> Poll<H1End> {
+        // SAFETY: only `respond` is structurally pinned; it is polled in place and dropped in
+        // place (assigned `None`), never moved out. Every other field is moved freely.
+        let this = unsafe { self.get_unchecked_mut() };
+        loop {
+            match &mut this.phase {
+                Phase::Head => {
+                    if let Some(end) = ready!(this.poll_head(cx, head)) {
+                        return Poll::Ready(end);
+                    }
+                }
+                Phase::Respond => {
+                    let respond = this.respond.as_mut().expect("a request in flight");
+                    // SAFETY: see above.
+                    let respond = unsafe { Pin::new_unchecked(respond) };
+                    let Ok(resp) = ready!(respond.poll(cx));
+                    this.respond = None;
+                    this.start_response(resp);
+                }
+                Phase::Write { .. } => {
+                    if let Some(end) = ready!(this.poll_write(cx)) {
+                        return Poll::Ready(end);
+                    }
+                }
+                Phase::Refuse => {
+                    return Poll::Ready(match ready!(this.wire.poll_flush(cx)) {
+                        Ok(()) => H1End::Refused,
+                        Err(_) => H1End::Failed,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Waits for the next head and hands its request to the service (`Ready(None)`: the phase
+    /// moved on), or ends the connection (`Ready(Some(end))`).
+    fn poll_head(&mut self, cx: &mut Context<'_>, wait: &mut HeadWait) -> Poll<Option<H1End>> {
+        loop {
+            if !self.wire.body_over() {
+                // The last request's body: being discarded (the connection's task reads it and
+                // comes back here), or let go of with nothing to read it: no next head.
+                if self.service.conn.is_discarding() {
+                    return Poll::Pending;
+                }
+                return Poll::Ready(Some(H1End::Done));
+            }
+            if !self.head_armed {
+                self.head_armed = true;
+                let deadline = now_ns().saturating_add(self.header_read_timeout);
+                *wait = HeadWait::Until(deadline, Scan::default());
+            }
+            if *wait == HeadWait::Expired {
+                tracing::debug!(target: "nodus::http", "connection cut: header-read timeout");
+                return Poll::Ready(Some(H1End::Failed));
+            }
+            let parsed = head::parse(&mut self.wire.buf.borrow_mut(), &self.limits);
+            match parsed {
+                Ok(Some(request)) => {
+                    *wait = HeadWait::Idle;
+                    self.head_armed = false;
+                    self.start_request(request);
+                    return Poll::Ready(None);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    *wait = HeadWait::Idle;
+                    self.refuse_head(e);
+                    return Poll::Ready(None);
+                }
+            }
+            if self.wire.activity.eof.get() {
+                // Between requests a clean end; in the middle of a head, an incomplete one.
+                let clean = self.wire.buf.borrow().is_empty();
+                return Poll::Ready(Some(if clean { H1End::Done } else { H1End::Failed }));
+            }
+            if let Err(e) = ready!(self.wire.poll_fill(cx)) {
+                tracing::debug!(target: "nodus::http", "connection ended: {e}");
+                return Poll::Ready(Some(H1End::Failed));
+            }
+        }
+    }
+
+    fn start_request(&mut self, request: head::RequestHead) {
+        let head::RequestHead {
+            method,
+            uri,
+            version,
+            headers,
+            body,
+            keep_alive,
+            expect_continue,
+            framing_refused,
+        } = request;
+        let body_empty = matches!(body, BodyFraming::Empty);
+        *self.wire.body.borrow_mut() = match body {
+            BodyFraming::Empty => BodyRead::Over,
+            BodyFraming::Length(n) => BodyRead::Length(n),
+            BodyFraming::Chunked => BodyRead::Chunked(super::chunked::ChunkedDecoder::new()),
+        };
+        self.wire.continue_owed.set(expect_continue && !body_empty);
+        self.version = version;
+        self.head_request = method == Method::HEAD;
+        self.keep_alive = keep_alive;
+        let request = self.wire.request.get() + 1;
+        self.wire.request.set(request);
+        let wire: Rc<dyn WireBody> = self.wire.clone();
+        let mut req = Request::new(H1Body { wire, request });
+        *req.method_mut() = method;
+        *req.uri_mut() = uri;
+        *req.version_mut() = version;
+        *req.headers_mut() = headers;
+        self.respond = Some(self.service.call_h1(req, framing_refused));
+        self.phase = Phase::Respond;
+    }
+
+    /// Queues the response's head and moves to writing its body.
+    fn start_response(&mut self, resp: Response<SentBody>) {
+        // A `100 Continue` the handler never asked for is owed no more.
+        self.wire.continue_owed.set(false);
+        let (parts, body) = resp.into_parts();
+        let hint = body.size_hint();
+        let (framing, keep_alive) = encode::date_now(|date| {
+            let head = encode::Head {
+                status: parts.status,
+                headers: &parts.headers,
+                version: parts.version,
+                request_version: self.version,
+                request_is_head: self.head_request,
+                body_len: hint.exact(),
+                body_empty: body.is_end_stream(),
+                keep_alive: self.keep_alive,
+            };
+            let mut out = (Framing::NoBody, false);
+            self.wire
+                .push_own(|buf| out = encode::encode_head(&head, date, buf));
+            out
+        });
+        let left = match framing {
+            Framing::Length(n) => n,
+            _ => 0,
+        };
+        // No body is sent: the handler's is dropped now.
+        let body = (!matches!(framing, Framing::NoBody)).then_some(body);
+        self.phase = Phase::Write {
+            body,
+            framing,
+            left,
+            keep_alive,
+        };
+    }
+
+    /// Writes the response; `Ready(Some(end))` when the connection ends with it, `Ready(None)`
+    /// when it was written and the next request is waited for.
+    fn poll_write(&mut self, cx: &mut Context<'_>) -> Poll<Option<H1End>> {
+        let Phase::Write {
+            body,
+            framing,
+            left,
+            keep_alive,
+        } = &mut self.phase
+        else {
+            unreachable!("poll_write outside Phase::Write");
+        };
+        loop {
+            // Pull the body while little waits on the socket.
+            let mut body_pending = false;
+            while let Some(b) = body.as_mut() {
+                if self.wire.queued() >= self.max_buf {
+                    break;
+                }
+                match Pin::new(&mut *b).poll_frame(cx) {
+                    Poll::Pending => {
+                        body_pending = true;
+                        break;
+                    }
+                    Poll::Ready(Some(Ok(frame))) => {
+                        let Ok(chunk) = frame.into_data() else {
+                            continue; // trailers: not sent
+                        };
+                        let len = chunk.remaining();
+                        if len == 0 {
+                            continue;
+                        }
+                        match framing {
+                            Framing::Chunked => {
+                                self.wire.push_own(|out| encode::chunk_head(len, out));
+                                self.wire.push_chunk(chunk);
+                                self.wire
+                                    .push_own(|out| out.extend_from_slice(encode::CHUNK_END));
+                            }
+                            Framing::Length(_) => {
+                                if len as u64 > *left {
+                                    tracing::debug!(
+                                        target: "nodus::http",
+                                        "response body longer than its Content-Length: connection ended"
+                                    );
+                                    return Poll::Ready(Some(self.fail()));
+                                }
+                                *left -= len as u64;
+                                self.wire.push_chunk(chunk);
+                            }
+                            Framing::CloseDelimited => self.wire.push_chunk(chunk),
+                            Framing::NoBody => {}
+                        }
+                    }
+                    Poll::Ready(None) => {
+                        if matches!(framing, Framing::Chunked) {
+                            self.wire
+                                .push_own(|out| out.extend_from_slice(encode::LAST_CHUNK));
+                        }
+                        if matches!(framing, Framing::Length(_)) && *left > 0 {
+                            tracing::debug!(
+                                target: "nodus::http",
+                                "response body shorter than its Content-Length: connection ended"
+                            );
+                            *body = None;
+                            return Poll::Ready(Some(self.fail()));
+                        }
+                        *body = None;
+                    }
+                    Poll::Ready(Some(Err(e))) => {
+                        tracing::debug!(target: "nodus::http", "response body failed: {e}");
+                        *body = None;
+                        return Poll::Ready(Some(self.fail()));
+                    }
+                }
+            }
+            match self.wire.poll_flush(cx) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => {
+                    tracing::debug!(target: "nodus::http", "connection ended: {e}");
+                    return Poll::Ready(Some(self.fail()));
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+            if body.is_some() {
+                // Flushed: the body wakes the task when it has more, or (stopped at `max_buf`)
+                // has more now.
+                if body_pending {
+                    return Poll::Pending;
+                }
+                continue;
+            }
+            let keep = *keep_alive && !matches!(framing, Framing::CloseDelimited);
+            self.phase = Phase::Head;
+            if keep {
+                return Poll::Ready(None);
+            }
+            // Input read ahead (a request pipelined behind this one) is not the kernel's to
+            // see at the close: the connection lingers for it.
+            if !self.wire.buf.borrow().is_empty() {
+                self.service.conn.linger_on_close();
+            }
+            return Poll::Ready(Some(H1End::Done));
+        }
+    }
+
+    /// Ends the connection after a failure, dropping what is queued.
+    fn fail(&mut self) -> H1End {
+        self.wire.clear_output();
+        self.phase = Phase::Head;
+        H1End::Failed
+    }
+
+    /// Queues the answer to a head that could not be parsed, counts and reports it.
+    fn refuse_head(&mut self, e: HeadError) {
+        const PREFACE_REFUSED: &[u8] = b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n";
+        const URI_TOO_LONG: &[u8] =
+            b"HTTP/1.1 414 URI Too Long\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
+        match e {
+            HeadError::Http2Preface => self
+                .wire
+                .push_own(|out| out.extend_from_slice(PREFACE_REFUSED)),
+            HeadError::UriTooLong => self.wire.push_own(|out| out.extend_from_slice(URI_TOO_LONG)),
+            HeadError::Malformed | HeadError::TooLarge => {
+                let headers = http::HeaderMap::new();
+                encode::date_now(|date| {
+                    let head = encode::Head {
+                        status: e.status(),
+                        headers: &headers,
+                        version: Version::HTTP_11,
+                        request_version: Version::HTTP_11,
+                        request_is_head: false,
+                        body_len: Some(0),
+                        body_empty: true,
+                        keep_alive: false,
+                    };
+                    self.wire.push_own(|out| {
+                        encode::encode_head(&head, date, out);
+                    });
+                });
+            }
+        }
+        self.service.head_refused(e.status());
+        self.phase = Phase::Refuse;
+    }
+}
