@@ -1003,3 +1003,407 @@ mod tests {
         assert_eq!(DATE_CACHE.with(Cell::get).1, now);
     }
 }
+
+/// The same heads as hyper 1.12 writes them: its HTTP/1 server connection, driven over an
+/// in-memory stream by polling with a no-op waker (the service answers at once, no timer runs).
+#[cfg(test)]
+mod against_hyper {
+    use super::*;
+    use bytes::Bytes;
+    use http::{HeaderMap, Response};
+    use hyper::body::{Frame, SizeHint};
+    use std::cell::RefCell;
+    use std::convert::Infallible;
+    use std::pin::Pin;
+    use std::rc::Rc;
+    use std::task::{Context, Poll, Waker};
+
+    /// A body of one frame, its length told (`exact`) or not.
+    struct OneFrame {
+        data: Option<Bytes>,
+        exact: bool,
+    }
+
+    impl hyper::body::Body for OneFrame {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            Poll::Ready(self.data.take().map(|d| Ok(Frame::data(d))))
+        }
+
+        fn is_end_stream(&self) -> bool {
+            self.data.is_none()
+        }
+
+        fn size_hint(&self) -> SizeHint {
+            match &self.data {
+                Some(d) if self.exact => SizeHint::with_exact(d.len() as u64),
+                Some(_) => SizeHint::default(),
+                None => SizeHint::with_exact(0),
+            }
+        }
+    }
+
+    /// Reads `input` then waits forever; keeps what is written.
+    struct Stream {
+        input: Vec<u8>,
+        output: Rc<RefCell<Vec<u8>>>,
+    }
+
+    impl hyper::rt::Read for Stream {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            mut buf: hyper::rt::ReadBufCursor<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            if self.input.is_empty() {
+                return Poll::Pending;
+            }
+            let n = buf.remaining().min(self.input.len());
+            buf.put_slice(&self.input[..n]);
+            self.input.drain(..n);
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    impl hyper::rt::Write for Stream {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            self.output.borrow_mut().extend_from_slice(buf);
+            Poll::Ready(Ok(buf.len()))
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// One response case: the request, and the handler's answer.
+    struct Case {
+        request: &'static str,
+        status: u16,
+        version: Version,
+        headers: &'static [(&'static str, &'static str)],
+        body: &'static str,
+        exact: bool,
+    }
+
+    const fn case(request: &'static str, status: u16) -> Case {
+        Case {
+            request,
+            status,
+            version: Version::HTTP_11,
+            headers: &[],
+            body: "Hello, World!",
+            exact: true,
+        }
+    }
+
+    fn headers(case: &Case) -> HeaderMap {
+        let mut m = HeaderMap::new();
+        for &(n, v) in case.headers {
+            m.append(n, HeaderValue::from_static(v));
+        }
+        m
+    }
+
+    /// What hyper writes for `case`, and whether the connection was still open after the
+    /// response (hyper's connection future not finished).
+    fn hyper_writes(case: &Case) -> (Vec<u8>, bool) {
+        let output = Rc::new(RefCell::new(Vec::new()));
+        let io = Stream {
+            input: case.request.as_bytes().to_vec(),
+            output: output.clone(),
+        };
+        let service = hyper::service::service_fn(|_req| {
+            let mut r = Response::new(OneFrame {
+                data: (!case.body.is_empty()).then(|| Bytes::from_static(case.body.as_bytes())),
+                exact: case.exact,
+            });
+            *r.status_mut() = StatusCode::from_u16(case.status).unwrap();
+            *r.version_mut() = case.version;
+            *r.headers_mut() = headers(case);
+            async { Ok::<_, Infallible>(r) }
+        });
+        let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
+        let mut conn = std::pin::pin!(conn);
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut open = true;
+        for _ in 0..64 {
+            if conn.as_mut().poll(&mut cx).is_ready() {
+                open = false;
+                break;
+            }
+        }
+        let out = output.borrow().clone();
+        (out, open)
+    }
+
+    fn nodus_writes(case: &Case, date: &[u8]) -> Result<(Vec<u8>, Framing, bool), HeadError> {
+        let (req_head, _) = case.request.split_once("\r\n").unwrap();
+        let request_version = if req_head.ends_with("HTTP/1.0") {
+            Version::HTTP_10
+        } else {
+            Version::HTTP_11
+        };
+        let lower = case.request.to_ascii_lowercase();
+        let keep_alive = if request_version == Version::HTTP_10 {
+            lower.contains("connection: keep-alive")
+        } else {
+            !lower.contains("connection: close")
+        };
+        let headers = headers(case);
+        let head = Head {
+            status: StatusCode::from_u16(case.status).unwrap(),
+            headers: &headers,
+            version: case.version,
+            request_version,
+            request_is_head: req_head.starts_with("HEAD "),
+            body_len: case.exact.then_some(case.body.len() as u64),
+            body_empty: case.body.is_empty(),
+            keep_alive,
+        };
+        let mut out = Vec::new();
+        let (framing, open) = encode_head(&head, date, &mut out)?;
+        Ok((out, framing, open))
+    }
+
+    fn head_of(bytes: &[u8]) -> &[u8] {
+        let end = bytes.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        &bytes[..end]
+    }
+
+    /// hyper's `date` value in `head`, or the fixed one when the handler set its own.
+    fn date_in(head: &[u8]) -> &[u8] {
+        match head.windows(6).position(|w| w == b"date: ") {
+            Some(i) => &head[i + 6..i + 6 + DATE_LEN],
+            None => b"Sun, 06 Nov 1994 08:49:37 GMT",
+        }
+    }
+
+    const GET: &str = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    const HEAD: &str = "HEAD / HTTP/1.1\r\nHost: x\r\n\r\n";
+    const GET_CLOSE: &str = "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    const GET_10_KEEP_ALIVE: &str = "GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n";
+
+    #[test]
+    fn heads_match_hyper_byte_for_byte() {
+        let cases = [
+            Case {
+                headers: &[("content-type", "text/plain")],
+                ..case(GET, 200)
+            },
+            Case {
+                exact: false,
+                ..case(GET, 200)
+            },
+            Case {
+                body: "",
+                ..case(GET, 200)
+            },
+            Case {
+                headers: &[("content-length", "13"), ("x", "1")],
+                exact: false,
+                ..case(GET, 200)
+            },
+            Case {
+                headers: &[("content-length", "0"), ("x", "1")],
+                body: "",
+                ..case(GET, 200)
+            },
+            Case {
+                headers: &[("transfer-encoding", "gzip")],
+                ..case(GET, 200)
+            },
+            Case {
+                headers: &[
+                    ("transfer-encoding", "gzip"),
+                    ("transfer-encoding", "chunked"),
+                ],
+                ..case(GET, 200)
+            },
+            Case {
+                headers: &[("trailer", "a"), ("trailer", "b")],
+                exact: false,
+                ..case(GET, 200)
+            },
+            Case {
+                headers: &[("set-cookie", "a=1"), ("set-cookie", "b=2")],
+                ..case(GET, 200)
+            },
+            Case {
+                headers: &[("date", "then"), ("x", "1")],
+                ..case(GET, 200)
+            },
+            case(HEAD, 200),
+            Case {
+                exact: false,
+                ..case(HEAD, 200)
+            },
+            Case {
+                body: "",
+                ..case(HEAD, 200)
+            },
+            Case {
+                headers: &[("content-length", "42")],
+                body: "",
+                ..case(HEAD, 200)
+            },
+            case(GET, 204),
+            Case {
+                headers: &[("etag", "\"a\"")],
+                exact: false,
+                ..case(GET, 304)
+            },
+            Case {
+                headers: &[("content-length", "13")],
+                ..case(GET, 304)
+            },
+            case(GET, 299),
+            case(GET, 404),
+            Case {
+                body: "",
+                ..case(GET, 500)
+            },
+            case(GET_CLOSE, 200),
+            Case {
+                headers: &[("connection", "upgrade"), ("x", "1")],
+                ..case(GET_CLOSE, 200)
+            },
+            Case {
+                headers: &[("connection", "close")],
+                ..case(GET, 200)
+            },
+            case(GET_10_KEEP_ALIVE, 200),
+            Case {
+                headers: &[("connection", "foo")],
+                ..case(GET_10_KEEP_ALIVE, 200)
+            },
+            Case {
+                version: Version::HTTP_10,
+                ..case(GET, 200)
+            },
+        ];
+        for (i, case) in cases.iter().enumerate() {
+            let (hyper, hyper_open) = hyper_writes(case);
+            let hyper = head_of(&hyper);
+            let (ours, framing, open) = nodus_writes(case, date_in(hyper)).unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&ours),
+                String::from_utf8_lossy(hyper),
+                "case {i}"
+            );
+            assert_eq!(open, hyper_open, "case {i}: {framing:?}");
+        }
+    }
+
+    #[test]
+    fn where_nodus_differs_from_hyper() {
+        // (case, hyper's head, ours), dates left out.
+        let cases = [
+            // An HTTP/1.0 request without keep-alive: hyper says nothing of the close.
+            (
+                case("GET / HTTP/1.0\r\n\r\n", 200),
+                "HTTP/1.0 200 OK\r\ncontent-length: 13\r\n",
+                "HTTP/1.0 200 OK\r\nconnection: close\r\ncontent-length: 13\r\n",
+            ),
+            // A close-delimited body to a keep-alive HTTP/1.0 request: hyper promises keep-alive.
+            (
+                Case {
+                    exact: false,
+                    ..case(GET_10_KEEP_ALIVE, 200)
+                },
+                "HTTP/1.0 200 OK\r\nconnection: keep-alive\r\n",
+                "HTTP/1.0 200 OK\r\nconnection: close\r\n",
+            ),
+            // `must_write_chunked` outlives hyper's transfer-encoding line.
+            (
+                Case {
+                    headers: &[("transfer-encoding", "gzip"), ("connection", "x")],
+                    ..case(GET, 200)
+                },
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\nconnection: x, chunked\r\n",
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\nconnection: x\r\n",
+            ),
+        ];
+        for (i, (case, hyper_head, our_head)) in cases.iter().enumerate() {
+            let (hyper, _) = hyper_writes(case);
+            let hyper = head_of(&hyper);
+            let date = date_in(hyper);
+            let (ours, _, _) = nodus_writes(case, date).unwrap();
+            let with_date = |h: &str| {
+                let mut v = h.as_bytes().to_vec();
+                v.extend_from_slice(b"date: ");
+                v.extend_from_slice(date);
+                v.extend_from_slice(b"\r\n\r\n");
+                String::from_utf8(v).unwrap()
+            };
+            assert_eq!(
+                String::from_utf8_lossy(hyper),
+                with_date(hyper_head),
+                "case {i}"
+            );
+            assert_eq!(
+                String::from_utf8_lossy(&ours),
+                with_date(our_head),
+                "case {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn refusals_are_hyper_errors() {
+        let cases = [
+            Case {
+                headers: &[("content-length", "abc")],
+                exact: false,
+                ..case(GET, 200)
+            },
+            Case {
+                headers: &[("content-length", "5"), ("content-length", "6")],
+                exact: false,
+                ..case(GET, 200)
+            },
+            Case {
+                headers: &[("content-length", "13"), ("transfer-encoding", "chunked")],
+                ..case(GET, 200)
+            },
+            Case {
+                headers: &[("transfer-encoding", "chunked"), ("content-length", "13")],
+                ..case(GET, 200)
+            },
+        ];
+        for (i, case) in cases.iter().enumerate() {
+            let (hyper, open) = hyper_writes(case);
+            assert_eq!((hyper.as_slice(), open), (&b""[..], false), "case {i}");
+            assert_eq!(
+                nodus_writes(case, b"").unwrap_err(),
+                HeadError::Header,
+                "case {i}"
+            );
+        }
+        // A 1xx other than 101: hyper writes an empty 500 and ends the connection.
+        let (hyper, open) = hyper_writes(&case(GET, 100));
+        let hyper = String::from_utf8_lossy(head_of(&hyper)).into_owned();
+        assert!(
+            hyper.starts_with("HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\ndate: "),
+            "{hyper}"
+        );
+        assert!(!open);
+        assert_eq!(
+            nodus_writes(&case(GET, 100), b"").unwrap_err(),
+            HeadError::Informational
+        );
+    }
+}
