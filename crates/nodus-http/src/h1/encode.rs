@@ -1,6 +1,6 @@
-//! HTTP/1 response heads and body framing, as hyper 1.12's server writes them
-//! (`proto/h1/role.rs` `Server::encode`, `conn.rs` `enforce_version`, `encode.rs`), plus the
-//! `Date` cache (`common/date.rs`).
+//! HTTP/1 response heads and body framing, as hyper 1.12's server writes them (its
+//! `src/proto/h1/role.rs` `Server::encode`, `conn.rs` `enforce_version`, `encode.rs`), plus the
+//! `Date` cache (`src/common/date.rs`).
 //!
 //! `encode_head` appends the status line and header section to `out` and says how the body must
 //! be framed and whether the connection may stay open after it. It allocates nothing but `out`'s
@@ -14,18 +14,21 @@
 //! - A valid `content-length` frames the body. With a body of known length it must equal that
 //!   length (or the request was `HEAD` and the body is empty); hyper trusts it in release builds
 //!   and asserts in debug ones, here it is refused. With a body of unknown length every value
-//!   must be digits and all equal. With an empty body it is dropped (`content-length: 0` is
-//!   written in its place), except to `HEAD`, where it is kept as written.
+//!   must be digits and all equal. With an empty body it is dropped (the automatic
+//!   `content-length: 0` below is written instead), except to `HEAD`, where it is kept as
+//!   written.
 //! - `transfer-encoding` frames the body as chunked, with `chunked` appended when it is not the
-//!   last coding; it and `trailer` are dropped on HTTP/1.0 and where no body may be sent. Both
-//!   `content-length` and `transfer-encoding` is refused (`HeadError::Header`).
+//!   last coding; it and `trailer` are dropped on HTTP/1.0 and where no body may be sent. A
+//!   `transfer-encoding` after a written `content-length`, or the reverse, is refused
+//!   (`HeadError::Header`), and then nothing is appended.
 //! - Without either header: a body of known length gets `content-length: N`, an empty one
 //!   `content-length: 0` (not to `HEAD`), one of unknown length `transfer-encoding: chunked`, or
 //!   on HTTP/1.0 no header and the connection's close ends it. No length header is added to a
 //!   1xx, 204 or 304, and no body follows them or a `HEAD` answer (`Framing::NoBody`).
 //! - `date` is appended last unless the map has one.
 //!
-//! Where this differs from hyper (nodus's server already made the first two on top of hyper):
+//! Where this differs from hyper (nodus's server makes the second, and the first during a drain
+//! and for an HTTP/1.0 close-delimited body, on top of hyper today):
 //! - A response after which the connection closes (the caller's `keep_alive` is false, or the
 //!   body is close-delimited) says `connection: close` (appended to the map's `connection` field
 //!   when it has no `close`). hyper writes none to an HTTP/1.0 client, nor for a close-delimited
@@ -827,7 +830,7 @@ mod tests {
             format!("HTTP/1.1 200 OK\r\nconnection: foo, Close\r\ncontent-length: 13\r\n{D}")
         );
         // The handler's `close` ends a kept-alive connection.
-        assert_eq!(enc(&get(&m)).2, false);
+        assert!(!enc(&get(&m)).2);
     }
 
     #[test]
