@@ -180,7 +180,9 @@ where
                     let respond = unsafe { Pin::new_unchecked(respond) };
                     let Ok(resp) = ready!(respond.poll(cx));
                     this.respond = None;
-                    this.start_response(resp);
+                    if let Some(end) = this.start_response(resp) {
+                        return Poll::Ready(end);
+                    }
                 }
                 Phase::Write { .. } => {
                     if let Some(end) = ready!(this.poll_write(cx)) {
@@ -278,28 +280,34 @@ where
         self.phase = Phase::Respond;
     }
 
-    /// Queues the response's head and moves to writing its body.
-    fn start_response(&mut self, resp: Response<SentBody>) {
+    /// Queues the response's head and moves to writing its body; `Some(Failed)` for a head
+    /// hyper too would refuse to write (`encode::HeadError`): the connection ends unanswered.
+    fn start_response(&mut self, resp: Response<SentBody>) -> Option<H1End> {
         // A `100 Continue` the handler never asked for is owed no more.
         self.wire.continue_owed.set(false);
         let (parts, body) = resp.into_parts();
         let hint = body.size_hint();
-        let (framing, keep_alive) = encode::date_now(|date| {
-            let head = encode::Head {
-                status: parts.status,
-                headers: &parts.headers,
-                version: parts.version,
-                request_version: self.version,
-                request_is_head: self.head_request,
-                body_len: hint.exact(),
-                body_empty: body.is_end_stream(),
-                keep_alive: self.keep_alive,
-            };
-            let mut out = (Framing::NoBody, false);
-            self.wire
-                .push_own(|buf| out = encode::encode_head(&head, date, buf));
-            out
-        });
+        let head = encode::Head {
+            status: parts.status,
+            headers: &parts.headers,
+            version: parts.version,
+            request_version: self.version,
+            request_is_head: self.head_request,
+            body_len: hint.exact(),
+            body_empty: body.is_end_stream(),
+            keep_alive: self.keep_alive,
+        };
+        let date = encode::date_now();
+        let mut encoded = Err(encode::HeadError::Header);
+        self.wire
+            .push_own(|out| encoded = encode::encode_head(&head, &date, out));
+        let (framing, keep_alive) = match encoded {
+            Ok(encoded) => encoded,
+            Err(e) => {
+                tracing::debug!(target: "nodus::http", "response head not written ({e:?}): connection ended");
+                return Some(self.fail());
+            }
+        };
         let left = match framing {
             Framing::Length(n) => n,
             _ => 0,
@@ -312,6 +320,7 @@ where
             left,
             keep_alive,
         };
+        None
     }
 
     /// Writes the response; `Ready(Some(end))` when the connection ends with it, `Ready(None)`
@@ -439,20 +448,20 @@ where
             HeadError::UriTooLong => self.wire.push_own(|out| out.extend_from_slice(URI_TOO_LONG)),
             HeadError::Malformed | HeadError::TooLarge => {
                 let headers = http::HeaderMap::new();
-                encode::date_now(|date| {
-                    let head = encode::Head {
-                        status: e.status(),
-                        headers: &headers,
-                        version: Version::HTTP_11,
-                        request_version: Version::HTTP_11,
-                        request_is_head: false,
-                        body_len: Some(0),
-                        body_empty: true,
-                        keep_alive: false,
-                    };
-                    self.wire.push_own(|out| {
-                        encode::encode_head(&head, date, out);
-                    });
+                let head = encode::Head {
+                    status: e.status(),
+                    headers: &headers,
+                    version: Version::HTTP_11,
+                    request_version: Version::HTTP_11,
+                    request_is_head: false,
+                    body_len: Some(0),
+                    body_empty: true,
+                    keep_alive: false,
+                };
+                let date = encode::date_now();
+                self.wire.push_own(|out| {
+                    // An empty head of a 4xx status: nothing to refuse.
+                    let _ = encode::encode_head(&head, &date, out);
                 });
             }
         }
