@@ -39,6 +39,7 @@
 pub mod body;
 mod chunked_scan;
 mod exec;
+mod h1;
 mod head_scan;
 mod head_wait;
 pub mod io;
