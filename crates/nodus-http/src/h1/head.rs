@@ -1,12 +1,886 @@
-//! stub
-#[derive(Clone, Copy)]
-pub(crate) struct Limits { pub max_head_bytes: usize, pub max_headers: usize }
-pub(crate) enum BodyFraming { Empty, Length(u64), Chunked }
-pub(crate) struct RequestHead {
-    pub method: http::Method, pub uri: http::Uri, pub version: http::Version,
-    pub headers: http::HeaderMap, pub body: BodyFraming, pub keep_alive: bool,
-    pub expect_continue: bool, pub framing_refused: bool,
+//! One HTTP/1 request head, parsed out of the front of a connection's read buffer.
+//!
+//! [`parse`] is hyper 1.12's `Server::parse` (`proto/h1/role.rs`) and the limits of its read
+//! (`proto/h1/io.rs`), with nodus's 414 and Node's (llhttp, strict) refusals added:
+//! - httparse (default config) reads the head; empty lines before the request line (CRLF or a
+//!   bare LF) are skipped, as httparse and llhttp skip them, and count toward no limit.
+//! - Limits, from the request line's first byte: a request line that has no line feed within
+//!   `max_head_bytes` bytes (its CR counts) is 414, even if the rest of the head is not read yet;
+//!   otherwise a head longer than `max_head_bytes`, an incomplete one whose bytes already reach
+//!   it, or more than `max_headers` headers is 431; a target over `u16::MAX - 1` bytes is 414
+//!   (hyper). The 414 of a request line comes first, whatever else is wrong with the bytes.
+//! - Framing as hyper decides it: `Transfer-Encoding` on HTTP/1.0, or whose last line's last
+//!   coding is not `chunked`, is 400; otherwise the body is chunked. A `Content-Length` element
+//!   (a line may list several, comma-separated) that is not all digits, overflows a u64, or
+//!   differs from another is 400. Unlike hyper, every u64 is a length (hyper answers the top two
+//!   with 431), comma lists of equal values are Node's refusal below (hyper: 400), and a
+//!   `Content-Length` after `Transfer-Encoding` is checked too (hyper ignores it).
+//! - What Node refuses and hyper serves parses but is noted (`framing_refused`): a line ended
+//!   by a bare LF, `Content-Length` more than once (equal values), `Content-Length` beside
+//!   `Transfer-Encoding`, or `chunked` twice among the transfer codings.
+//! - `Connection` and `Expect` as hyper reads them: any `close` token closes, and the last
+//!   `Expect` line counts.
+//! - `PRI * HTTP/2.0`, the HTTP/2 preface's first line, followed by bytes the preface begins
+//!   with (or all of it) is [`HeadError::Http2Preface`], decided once that line is complete; any
+//!   other version than HTTP/1.0 and HTTP/1.1 is 400.
+//!
+//! Invariants:
+//! - Zero copy: the head is split off the buffer into one `Bytes` that the target and the header
+//!   values share.
+//! - Nothing is allocated but that `Bytes` and the header map (and by `http`, a name or method
+//!   it does not know), unless `max_headers` is over [`STACK_HEADERS`] (then two vectors of that
+//!   many slots).
+//! - `buf` is changed only by a head parsed (its bytes and the empty lines before it taken off
+//!   the front) and by a head not complete yet (the empty lines before it dropped, so that a
+//!   client sending only empty lines grows no buffer). An error leaves it as it was: one found
+//!   after the split (an invalid target, header name or framing) puts the bytes back, a copy.
+
+use std::mem::MaybeUninit;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, StatusCode, Uri, Version};
+
+/// The limits a head is parsed within (`Config::max_header_bytes`, `Config::max_headers`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// The most bytes a head may have, from its request line's first byte.
+    pub max_head_bytes: usize,
+    /// The most header lines a head may have.
+    pub max_headers: usize,
 }
-pub(crate) enum HeadError { Malformed, UriTooLong, TooLarge, Http2Preface }
-impl HeadError { pub fn status(&self) -> http::StatusCode { todo!() } }
-pub(crate) fn parse(_buf: &mut bytes::BytesMut, _limits: &Limits) -> Result<Option<RequestHead>, HeadError> { todo!() }
+
+/// How the request's body is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BodyFraming {
+    /// No body: no `Content-Length` nor `Transfer-Encoding`, or `Content-Length: 0`.
+    Empty,
+    /// `Content-Length` bytes.
+    Length(u64),
+    /// `Transfer-Encoding` whose last coding is `chunked`.
+    Chunked,
+}
+
+/// A parsed request head.
+#[derive(Debug)]
+pub(crate) struct RequestHead {
+    pub method: Method,
+    pub uri: Uri,
+    /// `HTTP_10` or `HTTP_11`.
+    pub version: Version,
+    pub headers: HeaderMap,
+    pub body: BodyFraming,
+    /// The client asks to keep the connection: HTTP/1.1 unless a `Connection` token `close`;
+    /// HTTP/1.0 only with a `keep-alive` token (tokens comma-separated, case-insensitive, any
+    /// `Connection` line).
+    pub keep_alive: bool,
+    /// `Expect: 100-continue` (case-insensitive) on an HTTP/1.1 request.
+    pub expect_continue: bool,
+    /// Node (llhttp, strict) refuses this framing with 400 although the head parsed (the server
+    /// refuses it before the handler, reporting the request line): a line of the head ended by a
+    /// bare LF (no CR before it), `Content-Length` twice (even equal values), `Content-Length`
+    /// together with `Transfer-Encoding`, or `chunked` twice among the transfer codings.
+    pub framing_refused: bool,
+}
+
+/// Why a head is refused; the connection answers [`HeadError::status`] and closes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HeadError {
+    /// Not a valid HTTP/1.0 or HTTP/1.1 head, or a body framing hyper refuses.
+    Malformed,
+    /// The request line has no line feed within the head limit, or the target is over
+    /// `u16::MAX - 1` bytes.
+    UriTooLong,
+    /// The head is over the head limit, or has too many headers.
+    TooLarge,
+    /// The connection speaks HTTP/2 (its preface).
+    Http2Preface,
+}
+
+impl HeadError {
+    /// The status the connection answers with: 400, 414, 431, 400.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            HeadError::Malformed | HeadError::Http2Preface => StatusCode::BAD_REQUEST,
+            HeadError::UriTooLong => StatusCode::URI_TOO_LONG,
+            HeadError::TooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+        }
+    }
+}
+
+/// Header slots on the stack; a larger `max_headers` takes them from the heap.
+const STACK_HEADERS: usize = 100;
+
+/// hyper's limit on a request target (`MAX_URI_LEN`).
+const MAX_URI_LEN: usize = u16::MAX as usize - 1;
+
+/// The HTTP/2 connection preface (RFC 9113 section 3.4), and the length of its first line.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const H2_PREFACE_LINE: usize = 16;
+
+/// Where a header's name and value are in the buffer.
+#[derive(Clone, Copy)]
+struct Span {
+    name: (usize, usize),
+    value: (usize, usize),
+}
+
+/// What the first pass, over the borrowed buffer, found.
+enum Scanned {
+    /// The head is not complete; the empty lines before it are this long.
+    Partial {
+        skipped: usize,
+    },
+    Complete(Line),
+}
+
+/// A complete head's request line and framing facts; offsets are in the buffer.
+struct Line {
+    /// The head's end (the empty lines before it included).
+    end: usize,
+    method: Method,
+    target: (usize, usize),
+    version: Version,
+    headers: usize,
+    bare_lf: bool,
+}
+
+/// Parses the head at the start of `buf`. Ok(None): not complete yet and still within the
+/// limits (read more); the empty lines before the request line have been dropped from `buf`.
+/// Ok(Some(head)): the head's bytes, and any empty lines (CRLF or bare LF) before its request
+/// line, have been split off the front of `buf` (what remains is the body or the next request).
+/// Err: the connection answers the status and closes; `buf` is left as is.
+pub(crate) fn parse(buf: &mut BytesMut, limits: &Limits) -> Result<Option<RequestHead>, HeadError> {
+    let slots = limits.max_headers;
+    if slots <= STACK_HEADERS {
+        let mut spans = [MaybeUninit::<Span>::uninit(); STACK_HEADERS];
+        let scanned = {
+            let mut headers = [MaybeUninit::<httparse::Header<'_>>::uninit(); STACK_HEADERS];
+            scan(buf, limits, &mut headers[..slots], &mut spans)?
+        };
+        finish(buf, scanned, &spans)
+    } else {
+        let mut spans = vec![MaybeUninit::<Span>::uninit(); slots];
+        let scanned = {
+            let mut headers = vec![MaybeUninit::<httparse::Header<'_>>::uninit(); slots];
+            scan(buf, limits, &mut headers, &mut spans)?
+        };
+        finish(buf, scanned, &spans)
+    }
+}
+
+/// The first pass, over the borrowed buffer: httparse, the limits, and the header spans written
+/// to `spans` (at least as many as `headers`).
+fn scan<'b>(
+    bytes: &'b [u8],
+    limits: &Limits,
+    headers: &mut [MaybeUninit<httparse::Header<'b>>],
+    spans: &mut [MaybeUninit<Span>],
+) -> Result<Scanned, HeadError> {
+    let skipped = skip_empty_lines(bytes)?;
+    let rest = &bytes[skipped..];
+    if rest.is_empty() || rest == b"\r" {
+        return Ok(Scanned::Partial { skipped });
+    }
+    let mut req = httparse::Request::new(&mut []);
+    let len = match req.parse_with_uninit_headers(rest, headers) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => {
+            if line_over(rest, limits.max_head_bytes) {
+                return Err(HeadError::UriTooLong);
+            }
+            if rest.len() >= limits.max_head_bytes {
+                return Err(HeadError::TooLarge);
+            }
+            return Ok(Scanned::Partial { skipped });
+        }
+        Err(e) => {
+            if line_over(rest, limits.max_head_bytes) {
+                return Err(HeadError::UriTooLong);
+            }
+            return match e {
+                httparse::Error::TooManyHeaders => Err(HeadError::TooLarge),
+                httparse::Error::Version if rest.len() < H2_PREFACE_LINE => {
+                    if H2_PREFACE.starts_with(rest) {
+                        Ok(Scanned::Partial { skipped })
+                    } else {
+                        Err(HeadError::Malformed)
+                    }
+                }
+                httparse::Error::Version
+                    if H2_PREFACE.starts_with(rest) || rest.starts_with(H2_PREFACE) =>
+                {
+                    Err(HeadError::Http2Preface)
+                }
+                _ => Err(HeadError::Malformed),
+            };
+        }
+    };
+    let (line, bare_lf) = line_ends(&rest[..len]);
+    if line >= limits.max_head_bytes {
+        return Err(HeadError::UriTooLong);
+    }
+    if len > limits.max_head_bytes {
+        return Err(HeadError::TooLarge);
+    }
+    let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
+        return Err(HeadError::Malformed);
+    };
+    if target.len() > MAX_URI_LEN {
+        return Err(HeadError::UriTooLong);
+    }
+    let method = Method::from_bytes(method.as_bytes()).map_err(|_| HeadError::Malformed)?;
+    let base = bytes.as_ptr().addr();
+    // An empty value's pointer is not relied on.
+    let at = |s: &[u8]| {
+        if s.is_empty() {
+            0
+        } else {
+            s.as_ptr().addr() - base
+        }
+    };
+    for (slot, header) in spans.iter_mut().zip(req.headers.iter()) {
+        let (name, value) = (at(header.name.as_bytes()), at(header.value));
+        slot.write(Span {
+            name: (name, name + header.name.len()),
+            value: (value, value + header.value.len()),
+        });
+    }
+    let target_at = at(target.as_bytes());
+    Ok(Scanned::Complete(Line {
+        end: skipped + len,
+        method,
+        target: (target_at, target_at + target.len()),
+        version: if version == 1 {
+            Version::HTTP_11
+        } else {
+            Version::HTTP_10
+        },
+        headers: req.headers.len(),
+        bare_lf,
+    }))
+}
+
+/// The length of the empty lines (CRLF or a bare LF) at the start of `bytes`; a CR at the end
+/// is not counted (its LF may follow), one followed by anything else is malformed (httparse).
+fn skip_empty_lines(bytes: &[u8]) -> Result<usize, HeadError> {
+    let mut at = 0;
+    loop {
+        match bytes.get(at) {
+            Some(b'\n') => at += 1,
+            Some(b'\r') => match bytes.get(at + 1) {
+                Some(b'\n') => at += 2,
+                Some(_) => return Err(HeadError::Malformed),
+                None => return Ok(at),
+            },
+            _ => return Ok(at),
+        }
+    }
+}
+
+/// Whether the request line at the start of `rest` has no line feed within `max` bytes.
+fn line_over(rest: &[u8], max: usize) -> bool {
+    match memchr::memchr(b'\n', rest) {
+        Some(lf) => lf >= max,
+        None => rest.len() >= max,
+    }
+}
+
+/// A complete head's request line length (its line feed excluded), and whether any of its lines
+/// ends with a bare LF.
+fn line_ends(head: &[u8]) -> (usize, bool) {
+    let bare = |lf: usize| lf == 0 || head[lf - 1] != b'\r';
+    let mut lfs = memchr::memchr_iter(b'\n', head);
+    let first = lfs.next().unwrap_or(head.len());
+    (first, bare(first) || lfs.any(bare))
+}
+
+/// The second pass: splits the head off `buf` and builds it (or, a head not complete, drops the
+/// empty lines before it).
+fn finish(
+    buf: &mut BytesMut,
+    scanned: Scanned,
+    spans: &[MaybeUninit<Span>],
+) -> Result<Option<RequestHead>, HeadError> {
+    let line = match scanned {
+        Scanned::Partial { skipped } => {
+            buf.advance(skipped);
+            return Ok(None);
+        }
+        Scanned::Complete(line) => line,
+    };
+    let taken = buf.split_to(line.end).freeze();
+    match build(&taken, line, spans) {
+        Ok(head) => Ok(Some(head)),
+        Err(e) => {
+            let mut whole = BytesMut::with_capacity(taken.len() + buf.len());
+            whole.extend_from_slice(&taken);
+            whole.extend_from_slice(buf);
+            *buf = whole;
+            Err(e)
+        }
+    }
+}
+
+/// The head out of `taken`, the bytes split off the buffer, which `line` and `spans` index.
+fn build(taken: &Bytes, line: Line, spans: &[MaybeUninit<Span>]) -> Result<RequestHead, HeadError> {
+    let uri = Uri::from_maybe_shared(taken.slice(line.target.0..line.target.1))
+        .map_err(|_| HeadError::Malformed)?;
+    let http_11 = line.version == Version::HTTP_11;
+    let mut headers = HeaderMap::with_capacity(line.headers);
+    let mut framing = Framing::default();
+    for span in &spans[..line.headers] {
+        // SAFETY: `scan` wrote the first `line.headers` spans, one for each header httparse read.
+        let span = unsafe { span.assume_init() };
+        let name = HeaderName::from_bytes(&taken[span.name.0..span.name.1])
+            .map_err(|_| HeadError::Malformed)?;
+        // SAFETY: httparse took these bytes for a header value, so they are HTAB, SP, visible
+        // ASCII or obs-text (0x80-0xFF): the bytes a `HeaderValue` may hold.
+        let value = unsafe {
+            HeaderValue::from_maybe_shared_unchecked(taken.slice(span.value.0..span.value.1))
+        };
+        framing.note(&name, &value, http_11)?;
+        headers.append(name, value);
+    }
+    let (body, refused) = if framing.transfer_encoding {
+        if !framing.last_chunked {
+            return Err(HeadError::Malformed);
+        }
+        (
+            BodyFraming::Chunked,
+            framing.lengths > 0 || framing.chunked > 1,
+        )
+    } else {
+        let body = match framing.length {
+            None | Some(0) => BodyFraming::Empty,
+            Some(n) => BodyFraming::Length(n),
+        };
+        (body, framing.lengths > 1)
+    };
+    Ok(RequestHead {
+        method: line.method,
+        uri,
+        version: line.version,
+        headers,
+        body,
+        keep_alive: !framing.close && (http_11 || framing.keep_alive),
+        expect_continue: http_11 && framing.expect_continue,
+        framing_refused: line.bare_lf || refused,
+    })
+}
+
+/// What the framing headers of a head said, header by header.
+#[derive(Default)]
+struct Framing {
+    /// The `Content-Length` value, and how many values were given (lines and list elements).
+    length: Option<u64>,
+    lengths: usize,
+    transfer_encoding: bool,
+    /// The last `Transfer-Encoding` line's last coding is `chunked` (hyper's `is_chunked_`).
+    last_chunked: bool,
+    /// `chunked` codings among all `Transfer-Encoding` lines.
+    chunked: usize,
+    /// `Connection` tokens seen.
+    close: bool,
+    keep_alive: bool,
+    /// The last `Expect` line is `100-continue`.
+    expect_continue: bool,
+}
+
+impl Framing {
+    fn note(
+        &mut self,
+        name: &HeaderName,
+        value: &HeaderValue,
+        http_11: bool,
+    ) -> Result<(), HeadError> {
+        match *name {
+            header::TRANSFER_ENCODING => {
+                if !http_11 {
+                    return Err(HeadError::Malformed);
+                }
+                self.transfer_encoding = true;
+                self.last_chunked = false;
+                for coding in tokens(value) {
+                    self.last_chunked = coding.eq_ignore_ascii_case("chunked");
+                    self.chunked += usize::from(self.last_chunked);
+                }
+            }
+            header::CONTENT_LENGTH => {
+                for element in value.as_bytes().split(|&b| b == b',') {
+                    let n = digits(element.trim_ascii()).ok_or(HeadError::Malformed)?;
+                    if self.length.is_some_and(|length| length != n) {
+                        return Err(HeadError::Malformed);
+                    }
+                    self.length = Some(n);
+                    self.lengths += 1;
+                }
+            }
+            header::CONNECTION => {
+                for token in tokens(value) {
+                    self.close |= token.eq_ignore_ascii_case("close");
+                    self.keep_alive |= token.eq_ignore_ascii_case("keep-alive");
+                }
+            }
+            header::EXPECT => {
+                self.expect_continue = value.as_bytes().eq_ignore_ascii_case(b"100-continue");
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// The comma-separated tokens of a value, trimmed; none if it is not visible ASCII (hyper's
+/// `to_str`).
+fn tokens(value: &HeaderValue) -> impl Iterator<Item = &str> {
+    value
+        .to_str()
+        .ok()
+        .into_iter()
+        .flat_map(|s| s.split(','))
+        .map(str::trim)
+}
+
+/// A decimal number of digits only (no sign, not empty) that fits a u64 (hyper's `from_digits`).
+fn digits(bytes: &[u8]) -> Option<u64> {
+    if bytes.is_empty() {
+        return None;
+    }
+    bytes.iter().try_fold(0u64, |n, &b| {
+        if b.is_ascii_digit() {
+            n.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+        } else {
+            None
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: Limits = Limits {
+        max_head_bytes: 16 * 1024,
+        max_headers: 100,
+    };
+
+    /// Parses `bytes` within `limits`; what is left in the buffer.
+    fn parse_in(
+        bytes: &[u8],
+        limits: &Limits,
+    ) -> (Result<Option<RequestHead>, HeadError>, BytesMut) {
+        let mut buf = BytesMut::from(bytes);
+        let parsed = parse(&mut buf, limits);
+        (parsed, buf)
+    }
+
+    /// A complete head out of `bytes`, the whole of them.
+    fn head(bytes: &[u8]) -> RequestHead {
+        match parse_in(bytes, &LIMITS) {
+            (Ok(Some(head)), rest) if rest.is_empty() => head,
+            (other, rest) => panic!("{:?}: {other:?}, {rest:?} left", bytes.escape_ascii()),
+        }
+    }
+
+    /// The error for `bytes`, which it leaves in the buffer as they were.
+    fn error_in(bytes: &[u8], limits: &Limits) -> HeadError {
+        match parse_in(bytes, limits) {
+            (Err(e), rest) if rest == bytes => e,
+            (other, rest) => panic!("{:?}: {other:?}, {rest:?} left", bytes.escape_ascii()),
+        }
+    }
+
+    fn error(bytes: &[u8]) -> HeadError {
+        error_in(bytes, &LIMITS)
+    }
+
+    /// The body framing and `framing_refused` of an HTTP/1.1 POST with these header lines.
+    fn framing(lines: &str) -> (BodyFraming, bool) {
+        let head = head(format!("POST / HTTP/1.1\r\nHost: x\r\n{lines}\r\n").as_bytes());
+        (head.body, head.framing_refused)
+    }
+
+    fn framing_error(lines: &str) -> HeadError {
+        error(format!("POST / HTTP/1.1\r\nHost: x\r\n{lines}\r\n").as_bytes())
+    }
+
+    #[test]
+    fn simple_get_leaves_the_pipelined_bytes() {
+        let (parsed, rest) = parse_in(
+            b"GET /a/b?c=d HTTP/1.1\r\nHost: example.com\r\nAccept: */*\r\n\r\nGET /next HTTP/1.1\r\n",
+            &LIMITS,
+        );
+        let head = parsed.unwrap().unwrap();
+        assert_eq!(head.method, Method::GET);
+        assert_eq!(head.uri.path(), "/a/b");
+        assert_eq!(head.uri.query(), Some("c=d"));
+        assert_eq!(head.version, Version::HTTP_11);
+        assert_eq!(head.headers.len(), 2);
+        assert_eq!(head.headers["host"], "example.com");
+        assert_eq!(head.headers["accept"], "*/*");
+        assert!(head.keep_alive);
+        assert!(!head.expect_continue);
+        assert!(!head.framing_refused);
+        assert_eq!(head.body, BodyFraming::Empty);
+        assert_eq!(&rest[..], b"GET /next HTTP/1.1\r\n");
+    }
+
+    #[test]
+    fn a_partial_head_waits_at_every_split() {
+        let whole: &[u8] = b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc";
+        let head_len = whole.len() - 3;
+        for at in 0..head_len {
+            let mut buf = BytesMut::from(&whole[..at]);
+            assert!(parse(&mut buf, &LIMITS).unwrap().is_none(), "split at {at}");
+            assert_eq!(&buf[..], &whole[..at], "split at {at}");
+            buf.extend_from_slice(&whole[at..]);
+            let head = parse(&mut buf, &LIMITS).unwrap().unwrap();
+            assert_eq!(head.method, Method::POST);
+            assert_eq!(head.uri, "/p");
+            assert_eq!(head.headers["content-length"], "3");
+            assert_eq!(head.body, BodyFraming::Length(3));
+            assert!(!head.framing_refused);
+            assert_eq!(&buf[..], b"abc", "split at {at}");
+        }
+    }
+
+    #[test]
+    fn keep_alive_and_expect_follow_the_version() {
+        let keep_alive = |bytes: &[u8]| head(bytes).keep_alive;
+        assert!(keep_alive(b"GET / HTTP/1.1\r\n\r\n"));
+        assert!(keep_alive(
+            b"GET / HTTP/1.1\r\nConnection: keep-alive\r\n\r\n"
+        ));
+        assert!(!keep_alive(
+            b"GET / HTTP/1.1\r\nConnection: Upgrade, CLOSE\r\n\r\n"
+        ));
+        assert!(!keep_alive(
+            b"GET / HTTP/1.1\r\nConnection: close\r\nConnection: keep-alive\r\n\r\n"
+        ));
+        assert!(!keep_alive(b"GET / HTTP/1.0\r\n\r\n"));
+        assert!(keep_alive(
+            b"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n"
+        ));
+        assert!(keep_alive(
+            b"GET / HTTP/1.0\r\nConnection: foo , keep-alive\r\n\r\n"
+        ));
+        assert!(keep_alive(
+            b"GET / HTTP/1.0\r\nX: y\r\nConnection: foo\r\nConnection: keep-alive\r\n\r\n"
+        ));
+        assert!(!keep_alive(
+            b"GET / HTTP/1.0\r\nConnection: keep-alive\r\nConnection: close\r\n\r\n"
+        ));
+        assert!(!keep_alive(
+            b"GET / HTTP/1.0\r\nConnection: keep-alive-ish\r\n\r\n"
+        ));
+        assert_eq!(head(b"GET / HTTP/1.0\r\n\r\n").version, Version::HTTP_10);
+
+        let expect = |bytes: &[u8]| head(bytes).expect_continue;
+        assert!(expect(
+            b"PUT / HTTP/1.1\r\nExpect: 100-Continue\r\nContent-Length: 1\r\n\r\n"
+        ));
+        assert!(!expect(
+            b"PUT / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n"
+        ));
+        assert!(!expect(
+            b"PUT / HTTP/1.1\r\nExpect: 100-continue, x\r\n\r\n"
+        ));
+    }
+
+    #[test]
+    fn body_framing_as_hyper_with_node_refusals_noted() {
+        use BodyFraming::*;
+        assert_eq!(framing(""), (Empty, false));
+        assert_eq!(framing("Content-Length: 0\r\n"), (Empty, false));
+        assert_eq!(framing("Content-Length: 42\r\n"), (Length(42), false));
+        assert_eq!(
+            framing("Content-Length: 18446744073709551615\r\n"),
+            (Length(u64::MAX), false)
+        );
+        assert_eq!(framing("Transfer-Encoding: chunked\r\n"), (Chunked, false));
+        assert_eq!(framing("Transfer-Encoding: CHUNKED\r\n"), (Chunked, false));
+        assert_eq!(
+            framing("Transfer-Encoding: gzip, chunked\r\n"),
+            (Chunked, false)
+        );
+        assert_eq!(
+            framing("Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n"),
+            (Chunked, false)
+        );
+        // Node refuses these; hyper serves them.
+        assert_eq!(
+            framing("Content-Length: 5\r\nTransfer-Encoding: chunked\r\n"),
+            (Chunked, true)
+        );
+        assert_eq!(
+            framing("Transfer-Encoding: chunked\r\nContent-Length: 5\r\n"),
+            (Chunked, true)
+        );
+        assert_eq!(
+            framing("Content-Length: 5\r\nContent-Length: 5\r\n"),
+            (Length(5), true)
+        );
+        assert_eq!(framing("Content-Length: 5, 5\r\n"), (Length(5), true));
+        assert_eq!(
+            framing("Content-Length: 0\r\nContent-Length: 0\r\n"),
+            (Empty, true)
+        );
+        assert_eq!(
+            framing("Transfer-Encoding: chunked, chunked\r\n"),
+            (Chunked, true)
+        );
+        assert_eq!(
+            framing("Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n"),
+            (Chunked, true)
+        );
+        // hyper refuses these.
+        for lines in [
+            "Content-Length: 5\r\nContent-Length: 6\r\n",
+            "Content-Length: 5, 6\r\n",
+            "Content-Length: 5,\r\n",
+            "Content-Length: \r\n",
+            "Content-Length: +5\r\n",
+            "Content-Length: -1\r\n",
+            "Content-Length: 5x\r\n",
+            "Content-Length: 0x5\r\n",
+            "Content-Length: 18446744073709551616\r\n",
+            "Transfer-Encoding: gzip\r\n",
+            "Transfer-Encoding: chunked, gzip\r\n",
+            "Transfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n",
+            "Transfer-Encoding: \r\n",
+        ] {
+            assert_eq!(framing_error(lines), HeadError::Malformed, "{lines:?}");
+        }
+        assert_eq!(
+            error(b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            HeadError::Malformed
+        );
+    }
+
+    #[test]
+    fn a_bare_line_feed_anywhere_in_the_head_is_refused() {
+        for bytes in [
+            &b"GET / HTTP/1.1\nHost: x\r\nX: y\r\n\r\n"[..],
+            b"GET / HTTP/1.1\r\nHost: x\nX: y\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: x\r\nX: y\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: x\r\nX: y\r\n\n",
+            b"GET / HTTP/1.1\nHost: x\nX: y\n\n",
+            b"GET / HTTP/1.1\n\n",
+        ] {
+            let head = head(bytes);
+            assert!(head.framing_refused, "{:?}", bytes.escape_ascii());
+            assert_eq!(head.body, BodyFraming::Empty);
+        }
+        let head = head(b"GET / HTTP/1.1\r\nHost: x\r\nX: y\r\n\r\n");
+        assert!(!head.framing_refused);
+        assert_eq!(head.headers["x"], "y");
+    }
+
+    #[test]
+    fn empty_lines_before_the_request_line_are_skipped() {
+        let (parsed, rest) = parse_in(b"\r\n\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\nrest", &LIMITS);
+        let head = parsed.unwrap().unwrap();
+        assert_eq!(head.uri, "/");
+        assert!(!head.framing_refused);
+        assert_eq!(&rest[..], b"rest");
+
+        // Not complete: they are dropped, a CR that may begin one kept.
+        let (parsed, rest) = parse_in(b"\r\n\n\r", &LIMITS);
+        assert!(parsed.unwrap().is_none());
+        assert_eq!(&rest[..], b"\r");
+        let (parsed, rest) = parse_in(b"\n\r\nGET / HT", &LIMITS);
+        assert!(parsed.unwrap().is_none());
+        assert_eq!(&rest[..], b"GET / HT");
+        assert_eq!(error(b"\r\n\rGET / HTTP/1.1\r\n\r\n"), HeadError::Malformed);
+
+        // They count toward no limit.
+        let limits = Limits {
+            max_head_bytes: 18,
+            max_headers: 100,
+        };
+        let (parsed, rest) = parse_in(b"\r\n\r\n\r\nGET / HTTP/1.1\r\n\r\n", &limits);
+        assert_eq!(parsed.unwrap().unwrap().uri, "/");
+        assert!(rest.is_empty());
+    }
+
+    #[test]
+    fn a_long_request_line_is_414_long_headers_431() {
+        let limits = Limits {
+            max_head_bytes: 32,
+            max_headers: 100,
+        };
+        let line = b"GET /aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa HTTP/1.1\r\n\r\n";
+        // The request line, no line feed in `max_head_bytes` bytes: 414, complete or not.
+        let (parsed, _) = parse_in(&line[..31], &limits);
+        assert!(parsed.unwrap().is_none());
+        assert_eq!(error_in(&line[..32], &limits), HeadError::UriTooLong);
+        assert_eq!(error_in(&line[..40], &limits), HeadError::UriTooLong);
+        assert_eq!(error_in(line, &limits), HeadError::UriTooLong);
+        // Its CR counts: a line feed at the limit is past it.
+        let exact = b"GET /aaaaaaaaaaaaaaaaaaaaaaa HTTP/1.1\r\n\r\n";
+        let lf = exact.iter().position(|&b| b == b'\n').unwrap();
+        let at = |max_head_bytes| Limits {
+            max_head_bytes,
+            max_headers: 100,
+        };
+        assert_eq!(error_in(exact, &at(lf)), HeadError::UriTooLong);
+        assert_eq!(error_in(exact, &at(lf + 2)), HeadError::TooLarge);
+        let (parsed, _) = parse_in(exact, &at(lf + 3));
+        assert_eq!(parsed.unwrap().unwrap().uri.path().len(), 24);
+        // 414 before anything else wrong with the bytes.
+        assert_eq!(
+            error_in(b"G@T /aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", &limits),
+            HeadError::UriTooLong
+        );
+
+        // A request line in the limit, headers over it: 431, complete or not.
+        let long = b"GET / HTTP/1.1\r\nHost: x\r\nX: yyyyyyyyyyyyyyyyyyyy\r\n\r\n";
+        let (parsed, _) = parse_in(&long[..31], &limits);
+        assert!(parsed.unwrap().is_none());
+        assert_eq!(error_in(&long[..32], &limits), HeadError::TooLarge);
+        assert_eq!(error_in(long, &limits), HeadError::TooLarge);
+        // A complete head of exactly the limit is served.
+        let fits = b"GET / HTTP/1.1\r\nHost: xxxxxx\r\n\r\nbody";
+        assert_eq!(fits.len(), 32 + 4);
+        let (parsed, rest) = parse_in(fits, &limits);
+        assert_eq!(parsed.unwrap().unwrap().headers["host"], "xxxxxx");
+        assert_eq!(&rest[..], b"body");
+        let over = b"GET / HTTP/1.1\r\nHost: xxxxxxx\r\n\r\n";
+        assert_eq!(error_in(over, &limits), HeadError::TooLarge);
+    }
+
+    #[test]
+    fn a_target_over_hyper_s_uri_limit_is_414() {
+        let limits = Limits {
+            max_head_bytes: 1 << 20,
+            max_headers: 100,
+        };
+        let request = |len: usize| format!("GET /{} HTTP/1.1\r\n\r\n", "a".repeat(len - 1));
+        let (parsed, _) = parse_in(request(MAX_URI_LEN).as_bytes(), &limits);
+        assert_eq!(parsed.unwrap().unwrap().uri.path().len(), MAX_URI_LEN);
+        assert_eq!(
+            error_in(request(MAX_URI_LEN + 1).as_bytes(), &limits),
+            HeadError::UriTooLong
+        );
+    }
+
+    #[test]
+    fn too_many_headers_is_431() {
+        let request = |count: usize| {
+            let mut bytes = String::from("GET / HTTP/1.1\r\n");
+            for i in 0..count {
+                bytes.push_str(&format!("X-{i}: {i}\r\n"));
+            }
+            bytes + "\r\n"
+        };
+        let limits = |max_headers| Limits {
+            max_head_bytes: 16 * 1024,
+            max_headers,
+        };
+        for max in [0, 2, 100, 150] {
+            let (parsed, _) = parse_in(request(max).as_bytes(), &limits(max));
+            let head = parsed.unwrap().unwrap();
+            assert_eq!(head.headers.len(), max);
+            if max > 0 {
+                assert_eq!(
+                    head.headers[format!("x-{}", max - 1)],
+                    format!("{}", max - 1)
+                );
+            }
+            assert_eq!(
+                error_in(request(max + 1).as_bytes(), &limits(max)),
+                HeadError::TooLarge,
+                "{max}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_http2_preface_is_told_apart() {
+        assert_eq!(error(H2_PREFACE), HeadError::Http2Preface);
+        assert_eq!(error(b"PRI * HTTP/2.0\r\n"), HeadError::Http2Preface);
+        assert_eq!(error(b"PRI * HTTP/2.0\r\n\r\nS"), HeadError::Http2Preface);
+        let mut more = H2_PREFACE.to_vec();
+        more.extend_from_slice(b"\0\0\x12\x04");
+        assert_eq!(error(&more), HeadError::Http2Preface);
+        // Its request line not complete yet: read more.
+        for at in 1..H2_PREFACE_LINE {
+            let (parsed, rest) = parse_in(&H2_PREFACE[..at], &LIMITS);
+            assert!(parsed.unwrap().is_none(), "{at}");
+            assert_eq!(&rest[..], &H2_PREFACE[..at]);
+        }
+        // Not the preface.
+        assert_eq!(
+            error(b"PRI * HTTP/2.0\r\nHost: x\r\n\r\n"),
+            HeadError::Malformed
+        );
+        assert_eq!(error(b"PRI * HTTP/2.1\r\n"), HeadError::Malformed);
+        assert_eq!(error(b"GET / HTTP/2.0\r\n\r\n"), HeadError::Malformed);
+    }
+
+    #[test]
+    fn malformed_heads_are_400() {
+        for bytes in [
+            &b"GET  / HTTP/1.1\r\n\r\n"[..],
+            b"GET / HTTP/1.2\r\n\r\n",
+            b"GET / HTTP/3\r\n\r\n",
+            b"GET /\r\n\r\n",
+            b"GET / HTTP/1.1 \r\n\r\n",
+            b"G@T / HTTP/1.1\r\n\r\n",
+            b"GET /a b HTTP/1.1\r\n\r\n",
+            b"GET / HTTP/1.1\r\nBad Name: x\r\n\r\n",
+            b"GET / HTTP/1.1\r\n: x\r\n\r\n",
+            b"GET / HTTP/1.1\r\nX: a\0b\r\n\r\n",
+            b"GET / HTTP/1.1\r\nX: a\rb\r\n\r\n",
+            b"GET / HTTP/1.1\r\n X: y\r\n\r\n",
+            // Targets httparse takes and `http::Uri` refuses (found after the split, put back).
+            b"GET /a<b HTTP/1.1\r\n\r\n",
+            b"GET /a`b HTTP/1.1\r\n\r\n",
+            b"GET http:// HTTP/1.1\r\n\r\n",
+            b"GET http://[::1 HTTP/1.1\r\nHost: x\r\n\r\n",
+        ] {
+            assert_eq!(
+                error(bytes),
+                HeadError::Malformed,
+                "{:?}",
+                bytes.escape_ascii()
+            );
+        }
+        // Put back with the bytes after the head.
+        let bytes = b"\r\nGET / HTTP/1.1\r\nContent-Length: x\r\n\r\nGET / HTTP/1.1\r\n\r\n";
+        assert_eq!(error(bytes), HeadError::Malformed);
+    }
+
+    #[test]
+    fn absolute_and_asterisk_form_targets() {
+        let head = head(b"GET http://example.com:8080/a?b HTTP/1.1\r\nHost: example.com\r\n\r\n");
+        assert_eq!(head.uri.scheme_str(), Some("http"));
+        assert_eq!(head.uri.authority().unwrap(), "example.com:8080");
+        assert_eq!(head.uri.path(), "/a");
+        assert_eq!(head.uri.query(), Some("b"));
+
+        let head = self::head(b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert_eq!(head.method, Method::OPTIONS);
+        assert_eq!(head.uri, "*");
+        assert_eq!(head.uri.path(), "*");
+    }
+
+    #[test]
+    fn obs_text_values_are_kept_byte_exact() {
+        let head = head(b"GET / HTTP/1.1\r\nX-Name: caf\xe9 \x80\xff\r\nEmpty:\r\n\r\n");
+        assert_eq!(head.headers["x-name"].as_bytes(), b"caf\xe9 \x80\xff");
+        assert_eq!(head.headers["empty"].as_bytes(), b"");
+    }
+
+    #[test]
+    fn statuses() {
+        assert_eq!(HeadError::Malformed.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(HeadError::UriTooLong.status(), StatusCode::URI_TOO_LONG);
+        assert_eq!(
+            HeadError::TooLarge.status(),
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+        );
+        assert_eq!(HeadError::Http2Preface.status(), StatusCode::BAD_REQUEST);
+    }
+}
