@@ -293,7 +293,13 @@ impl<S: FdStream> Wire<S> {
                         }
                     }
                     BodyRead::Chunked(decoder) => match decoder.decode(&mut buf, usize::MAX) {
-                        Ok(Decoded::Data(data)) => Some(Ok(data)),
+                        Ok(Decoded::Data(data)) => {
+                            // The framing after it was read too: its end may be known now.
+                            if decoder.is_done() {
+                                *body = BodyRead::Over;
+                            }
+                            Some(Ok(data))
+                        }
                         Ok(Decoded::End) => {
                             *body = BodyRead::Over;
                             return Poll::Ready(None);
