@@ -1,13 +1,19 @@
-//! hyper 1.x on the nodus event loop: a public-facing HTTP/1.1 and HTTP/2 server.
+//! A public-facing HTTP/1.1 and HTTP/2 server on the nodus event loop: HTTP/1 by nodus's own
+//! engine (`h1`: httparse heads, `http` types), HTTP/2 by hyper 1.x.
 //!
-//! - `io`: hyper's `Read`/`Write` over nodus streams, reading straight into hyper's uninitialized
-//!   buffer (no zeroing, no copy) and counting bytes.
+//! - `h1`: nodus's HTTP/1 engine: a request head parsed out of the connection's buffer with
+//!   Node's refusals (`h1::head`), chunked request bodies (`h1::chunked`), response heads as
+//!   hyper writes them (`h1::encode`), the connection's socket and output queue (`h1::wire`),
+//!   and the connection itself (`h1::conn`).
+//! - `io`: hyper's `Read`/`Write` over nodus streams (for HTTP/2 with h2c), reading straight into
+//!   hyper's uninitialized buffer (no zeroing, no copy) and counting bytes.
 //! - `timer`, `exec`: hyper's timer on nodus timers, and a local executor for HTTP/2 streams.
 //! - `head_wait`: the HTTP/1 header-read timeout with one timer per connection, not per request.
 //! - `head_scan`: the framing facts of an HTTP/1 head that hyper's parse hides (a bare line feed,
-//!   `Content-Length` twice or beside `Transfer-Encoding`), noted as the head is read.
+//!   `Content-Length` twice or beside `Transfer-Encoding`), noted as the head is read (HTTP/1 on
+//!   an h2c connection, which hyper-util serves).
 //! - `chunked_scan`: a chunked request body's framing, followed as it is read for what hyper's
-//!   decoder lets through and Node refuses (a bare line feed in the trailer section).
+//!   decoder lets through and Node refuses (a bare line feed in the trailer section; h2c only).
 //! - `server`: `serve(listener, config, handler)` with the limits a public server needs (header
 //!   bytes and count → 431, a request line alone over the header bytes → 414, body size → 413,
 //!   header-read timeout against slowloris, keep-alive idle timeout, write-stall timeout against
@@ -19,7 +25,7 @@
 //!   before the handler (400, 413, 414, 431), or answers with a 500 because the handler panicked,
 //!   is counted and reported to `Config::on_refused` ([`Refused`]), and so is one whose
 //!   connection ended before its handler answered (499, nginx's "client closed request"; not
-//!   counted: nothing was sent), so an access log misses none; every answer of the handler is
+//!   counted: nothing was sent); every answer of the handler is
 //!   reported to `Config::on_response` ([`Answered`]) once done with, with the body bytes the
 //!   socket took and whether its whole body went out. A request body the handler left unread is
 //!   discarded (a chunked one, or up to 64 KiB of known length; within 64 KiB and the keep-alive

@@ -207,9 +207,9 @@ use nodus::JoinHandle;
 use slab::Slab;
 
 use crate::body::{Body, DISCARD_MAX, RequestBody, Source, text};
+use crate::exec::LocalExec;
 use crate::h1::conn::{H1Body, H1Conn, H1End};
 use crate::h1::wire::Wire;
-use crate::exec::LocalExec;
 use crate::head_wait::{self, HeadTimer, HeadWait};
 use crate::io::{Activity, FdStream, HyperIo, UriTooLong, now_ns};
 use crate::linger;
@@ -1279,7 +1279,10 @@ impl Builders {
                 let timeout = config.header_read_timeout.as_nanos();
                 io.sniff_h2(now_ns().saturating_add(u64::try_from(timeout).unwrap_or(u64::MAX)));
                 let activity = io.activity();
-                (Conn::Auto(Box::pin(b.serve_connection(io, service))), activity)
+                (
+                    Conn::Auto(Box::pin(b.serve_connection(io, service))),
+                    activity,
+                )
             }
         }
     }
@@ -1327,7 +1330,9 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>, head: &mut HeadWait) -> Poll<Ended> {
         // SAFETY: a pin projection to the variant's field, which is never moved out.
         match unsafe { self.get_unchecked_mut() } {
-            Conn::Own(c) => unsafe { Pin::new_unchecked(c) }.poll(cx, head).map(Ended::Own),
+            Conn::Own(c) => unsafe { Pin::new_unchecked(c) }
+                .poll(cx, head)
+                .map(Ended::Own),
             Conn::Auto(c) => head_wait::scope(head, || c.as_mut().poll(cx)).map(Ended::Hyper),
         }
     }

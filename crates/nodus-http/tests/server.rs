@@ -2006,6 +2006,28 @@ fn an_unread_body_is_discarded_when_short_and_otherwise_the_response_says_connec
     assert_eq!(read_reply(&mut r, false).unwrap().status, 200);
 }
 
+/// A request that says `Expect: 100-continue` gets `100 Continue` once its handler reads its
+/// body, and not before: the client sends the body only then, and the connection serves on.
+#[test]
+fn an_expect_100_continue_body_is_asked_for_when_the_handler_reads_it() {
+    let server = TestServer::start(Config::default(), Duration::from_secs(1));
+    let mut s = server.connect();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    s.write_all(
+        b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n",
+    )
+    .unwrap();
+    let mut interim = [0u8; 25];
+    r.read_exact(&mut interim).unwrap();
+    assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n");
+    s.write_all(b"hello").unwrap();
+    let reply = read_reply(&mut r, false).unwrap();
+    assert_eq!((reply.status, reply.body.as_slice()), (200, &b"hello"[..]));
+    assert!(!reply.closes(), "{:?}", reply.headers);
+    get(&mut s, "/");
+    assert_eq!(read_reply(&mut r, false).unwrap().status, 200);
+}
+
 /// One chunk of a chunked body.
 fn chunk(data: &[u8]) -> Vec<u8> {
     let mut c = format!("{:x}\r\n", data.len()).into_bytes();

@@ -127,6 +127,8 @@ pub(crate) struct H1Conn<S, H, F> {
     version: Version,
     head_request: bool,
     keep_alive: bool,
+    /// The last response's header map, cleared: the next request's headers fill it.
+    cached_headers: Option<http::HeaderMap>,
 }
 
 impl<S, H, F> H1Conn<S, H, F>
@@ -154,6 +156,7 @@ where
             version: Version::HTTP_11,
             head_request: false,
             keep_alive: true,
+            cached_headers: None,
         }
     }
 
@@ -220,7 +223,11 @@ where
                 tracing::debug!(target: "nodus::http", "connection cut: header-read timeout");
                 return Poll::Ready(Some(H1End::Failed));
             }
-            let parsed = head::parse(&mut self.wire.buf.borrow_mut(), &self.limits);
+            let parsed = head::parse(
+                &mut self.wire.buf.borrow_mut(),
+                &self.limits,
+                &mut self.cached_headers,
+            );
             match parsed {
                 Ok(Some(request)) => {
                     *wait = HeadWait::Idle;
@@ -308,6 +315,9 @@ where
                 return Some(self.fail());
             }
         };
+        let mut headers = parts.headers;
+        headers.clear();
+        self.cached_headers = Some(headers);
         let left = match framing {
             Framing::Length(n) => n,
             _ => 0,
@@ -445,7 +455,9 @@ where
             HeadError::Http2Preface => self
                 .wire
                 .push_own(|out| out.extend_from_slice(PREFACE_REFUSED)),
-            HeadError::UriTooLong => self.wire.push_own(|out| out.extend_from_slice(URI_TOO_LONG)),
+            HeadError::UriTooLong => self
+                .wire
+                .push_own(|out| out.extend_from_slice(URI_TOO_LONG)),
             HeadError::Malformed | HeadError::TooLarge => {
                 let headers = http::HeaderMap::new();
                 let head = encode::Head {

@@ -149,8 +149,14 @@ struct Line {
 /// limits (read more); the empty lines before the request line have been dropped from `buf`.
 /// Ok(Some(head)): the head's bytes, and any empty lines (CRLF or bare LF) before its request
 /// line, have been split off the front of `buf` (what remains is the body or the next request).
-/// Err: the connection answers the status and closes; `buf` is left as is.
-pub(crate) fn parse(buf: &mut BytesMut, limits: &Limits) -> Result<Option<RequestHead>, HeadError> {
+/// Err: the connection answers the status and closes; `buf` is left as is. `cached`: an empty
+/// header map to fill (the connection's last response's, cleared: its allocation is reused, as
+/// hyper does); taken by a complete head, parsed or not (an error ends the connection).
+pub(crate) fn parse(
+    buf: &mut BytesMut,
+    limits: &Limits,
+    cached: &mut Option<HeaderMap>,
+) -> Result<Option<RequestHead>, HeadError> {
     let slots = limits.max_headers;
     if slots <= STACK_HEADERS {
         let mut spans = [MaybeUninit::<Span>::uninit(); STACK_HEADERS];
@@ -158,14 +164,14 @@ pub(crate) fn parse(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Reques
             let mut headers = [MaybeUninit::<httparse::Header<'_>>::uninit(); STACK_HEADERS];
             scan(buf, limits, &mut headers[..slots], &mut spans)?
         };
-        finish(buf, scanned, &spans)
+        finish(buf, scanned, &spans, cached)
     } else {
         let mut spans = vec![MaybeUninit::<Span>::uninit(); slots];
         let scanned = {
             let mut headers = vec![MaybeUninit::<httparse::Header<'_>>::uninit(); slots];
             scan(buf, limits, &mut headers, &mut spans)?
         };
-        finish(buf, scanned, &spans)
+        finish(buf, scanned, &spans, cached)
     }
 }
 
@@ -301,6 +307,7 @@ fn finish(
     buf: &mut BytesMut,
     scanned: Scanned,
     spans: &[MaybeUninit<Span>],
+    cached: &mut Option<HeaderMap>,
 ) -> Result<Option<RequestHead>, HeadError> {
     let line = match scanned {
         Scanned::Partial { skipped } => {
@@ -310,7 +317,7 @@ fn finish(
         Scanned::Complete(line) => line,
     };
     let taken = buf.split_to(line.end).freeze();
-    match build(&taken, line, spans) {
+    match build(&taken, line, spans, cached) {
         Ok(head) => Ok(Some(head)),
         Err(e) => {
             let mut whole = BytesMut::with_capacity(taken.len() + buf.len());
@@ -323,11 +330,18 @@ fn finish(
 }
 
 /// The head out of `taken`, the bytes split off the buffer, which `line` and `spans` index.
-fn build(taken: &Bytes, line: Line, spans: &[MaybeUninit<Span>]) -> Result<RequestHead, HeadError> {
+fn build(
+    taken: &Bytes,
+    line: Line,
+    spans: &[MaybeUninit<Span>],
+    cached: &mut Option<HeaderMap>,
+) -> Result<RequestHead, HeadError> {
     let uri = Uri::from_maybe_shared(taken.slice(line.target.0..line.target.1))
         .map_err(|_| HeadError::Malformed)?;
     let http_11 = line.version == Version::HTTP_11;
-    let mut headers = HeaderMap::with_capacity(line.headers);
+    let mut headers = cached
+        .take()
+        .unwrap_or_else(|| HeaderMap::with_capacity(line.headers));
     let mut framing = Framing::default();
     for span in &spans[..line.headers] {
         // SAFETY: `scan` wrote the first `line.headers` spans, one for each header httparse read.
@@ -471,7 +485,7 @@ mod tests {
         limits: &Limits,
     ) -> (Result<Option<RequestHead>, HeadError>, BytesMut) {
         let mut buf = BytesMut::from(bytes);
-        let parsed = parse(&mut buf, limits);
+        let parsed = parse(&mut buf, limits, &mut None);
         (parsed, buf)
     }
 
@@ -532,10 +546,13 @@ mod tests {
         let head_len = whole.len() - 3;
         for at in 0..head_len {
             let mut buf = BytesMut::from(&whole[..at]);
-            assert!(parse(&mut buf, &LIMITS).unwrap().is_none(), "split at {at}");
+            assert!(
+                parse(&mut buf, &LIMITS, &mut None).unwrap().is_none(),
+                "split at {at}"
+            );
             assert_eq!(&buf[..], &whole[..at], "split at {at}");
             buf.extend_from_slice(&whole[at..]);
-            let head = parse(&mut buf, &LIMITS).unwrap().unwrap();
+            let head = parse(&mut buf, &LIMITS, &mut None).unwrap().unwrap();
             assert_eq!(head.method, Method::POST);
             assert_eq!(head.uri, "/p");
             assert_eq!(head.headers["content-length"], "3");

@@ -108,7 +108,8 @@ impl<S: FdStream> Wire<S> {
             let result = if self.not_socket.get() {
                 rustix::io::read(fd, spare).map(|(filled, _)| filled.len())
             } else {
-                rustix::net::recv(fd, spare, RecvFlags::empty()).map(|((filled, _), _)| filled.len())
+                rustix::net::recv(fd, spare, RecvFlags::empty())
+                    .map(|((filled, _), _)| filled.len())
             };
             match result {
                 Ok(n) => {
