@@ -5,15 +5,9 @@
 //!   Node's refusals (`h1::head`), chunked request bodies (`h1::chunked`), response heads as
 //!   hyper writes them (`h1::encode`), the connection's socket and output queue (`h1::wire`),
 //!   and the connection itself (`h1::conn`).
-//! - `io`: hyper's `Read`/`Write` over nodus streams (for HTTP/2 with h2c), reading straight into
-//!   hyper's uninitialized buffer (no zeroing, no copy) and counting bytes.
+//! - `io`: hyper's `Read`/`Write` over nodus streams (HTTP/2), reading straight into hyper's
+//!   uninitialized buffer (no zeroing, no copy) and counting bytes.
 //! - `timer`, `exec`: hyper's timer on nodus timers, and a local executor for HTTP/2 streams.
-//! - `head_wait`: the HTTP/1 header-read timeout with one timer per connection, not per request.
-//! - `head_scan`: the framing facts of an HTTP/1 head that hyper's parse hides (a bare line feed,
-//!   `Content-Length` twice or beside `Transfer-Encoding`), noted as the head is read (HTTP/1 on
-//!   an h2c connection, which hyper-util serves).
-//! - `chunked_scan`: a chunked request body's framing, followed as it is read for what hyper's
-//!   decoder lets through and Node refuses (a bare line feed in the trailer section; h2c only).
 //! - `server`: `serve(listener, config, handler)` with the limits a public server needs (header
 //!   bytes and count → 431, a request line alone over the header bytes → 414, body size → 413,
 //!   header-read timeout against slowloris, keep-alive idle timeout, write-stall timeout against
@@ -43,11 +37,8 @@
 //! the loop is reported by its route.
 
 pub mod body;
-mod chunked_scan;
 mod exec;
 mod h1;
-mod head_scan;
-mod head_wait;
 pub mod io;
 mod linger;
 pub mod server;

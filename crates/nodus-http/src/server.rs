@@ -202,16 +202,14 @@ use bytes::Buf;
 use http::uri::PathAndQuery;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
-use hyper_util::server::conn::auto;
 use nodus::JoinHandle;
 use slab::Slab;
 
 use crate::body::{Body, DISCARD_MAX, RequestBody, Source, text};
 use crate::exec::LocalExec;
-use crate::h1::conn::{H1Body, H1Conn, H1End};
+use crate::h1::conn::{H1Body, H1Conn, H1End, HeadWait};
 use crate::h1::wire::Wire;
-use crate::head_wait::{self, HeadTimer, HeadWait};
-use crate::io::{Activity, FdStream, HyperIo, UriTooLong, now_ns};
+use crate::io::{Activity, FdStream, HyperIo, now_ns};
 use crate::linger;
 use crate::stats;
 use crate::timer::NodusTimer;
@@ -812,7 +810,7 @@ where
             conn: conn_state.clone(),
             _response: PhantomData,
         };
-        let (conn, activity) = state.builders.serve(stream, service, &state.config);
+        let (conn, activity) = state.builders.serve(stream, service);
         let mut conn = pin!(conn);
         let mut timer = ConnTimer::new(
             state.config.keep_alive_timeout,
@@ -828,21 +826,16 @@ where
         let mut idle_grace: Option<nodus::Sleep> = None;
         let end = poll_fn(|cx| {
             loop {
-                if let Poll::Ready(end) = conn.as_mut().poll(cx, &mut head) {
+                let http2 = state.builders.http2.as_deref();
+                if let Poll::Ready(end) = conn.as_mut().poll(cx, &mut head, http2) {
                     let (ended, answered) = match end {
-                        Ended::Own(H1End::Done) => (true, false),
-                        Ended::Own(H1End::Refused) => (false, true),
-                        Ended::Own(H1End::Failed) => (false, false),
-                        Ended::Hyper(Ok(())) => (true, false),
-                        Ended::Hyper(Err(e)) => {
-                            let mut answered = false;
-                            if let Some(e) = e.downcast_ref::<hyper::Error>() {
-                                // SAFETY: `conn` owns the stream, open until this block ends.
-                                let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-                                answered = head_refused(&state, e, fd, peer);
-                            }
+                        Ended::H1(H1End::Done) => (true, false),
+                        Ended::H1(H1End::Refused) => (false, true),
+                        Ended::H1(H1End::Failed | H1End::Http2) => (false, false),
+                        Ended::H2(Ok(())) => (true, false),
+                        Ended::H2(Err(e)) => {
                             tracing::debug!(target: "nodus::http", "connection ended: {e}");
-                            (false, answered)
+                            (false, false)
                         }
                     };
                     let closing = conn_state.linger.get() || conn_state.body_left.get();
@@ -948,83 +941,6 @@ where
     drop(guard);
 }
 
-/// Counts and reports the answer to a head that could not be parsed, which ended the connection
-/// with the error `e`: hyper's own (400, 414, 431), or one written here on `fd`: Node's 400 to
-/// an HTTP/2 preface, 414 to a request line over the head limit (the read that found it ended
-/// with [`UriTooLong`], so hyper answered nothing). Other errors answered nothing. Whether an
-/// answer was written.
-#[cold]
-fn head_refused(
-    state: &State,
-    e: &hyper::Error,
-    fd: BorrowedFd<'_>,
-    peer: Option<SocketAddr>,
-) -> bool {
-    const PREFACE_REFUSED: &[u8] = b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n";
-    const URI_TOO_LONG: &[u8] =
-        b"HTTP/1.1 414 URI Too Long\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
-    let status = if e.is_parse_version_h2() {
-        if !answer_and_close(fd, PREFACE_REFUSED) {
-            return false;
-        }
-        StatusCode::BAD_REQUEST
-    } else if request_line_too_long(e) {
-        if !answer_and_close(fd, URI_TOO_LONG) {
-            return false;
-        }
-        StatusCode::URI_TOO_LONG
-    } else {
-        match hyper_answer(e) {
-            Some(status) => status,
-            None => return false,
-        }
-    };
-    state.head_refused(status, peer);
-    true
-}
-
-/// Whether `e` is the read error [`HyperIo`] ends a head with when its request line is over the
-/// limit.
-fn request_line_too_long(e: &hyper::Error) -> bool {
-    std::error::Error::source(e)
-        .and_then(|s| s.downcast_ref::<io::Error>())
-        .and_then(io::Error::get_ref)
-        .is_some_and(|inner| inner.is::<UriTooLong>())
-}
-
-/// The status hyper's HTTP/1 server wrote before ending a connection with the error `e`: a parse
-/// error of a request head is answered (hyper's `Server::on_error`) unless it is an internal one
-/// (or a response's, which a server never parses). hyper's predicates tell 431 from 400; its
-/// message tells the rest.
-fn hyper_answer(e: &hyper::Error) -> Option<StatusCode> {
-    if !e.is_parse() || e.is_parse_status() || e.is_parse_version_h2() {
-        return None;
-    }
-    let message = e.to_string();
-    if message.starts_with("internal error") {
-        None
-    } else if message == "URI too long" {
-        Some(StatusCode::URI_TOO_LONG)
-    } else if e.is_parse_too_large() {
-        Some(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)
-    } else {
-        Some(StatusCode::BAD_REQUEST)
-    }
-}
-
-/// Answers a head hyper answered nothing to (an HTTP/2 preface sent to the HTTP/1-only server,
-/// which hyper closes without a word; a request line over the limit) with `answer`: one write of
-/// a short head, into a send buffer nothing else used, then the close. Whether it was written.
-fn answer_and_close(fd: BorrowedFd<'_>, answer: &[u8]) -> bool {
-    match rustix::net::send(fd, answer, rustix::net::SendFlags::NOSIGNAL) {
-        Ok(n) => {
-            stats::sent(n);
-            true
-        }
-        Err(_) => false,
-    }
-}
-
 /// Whether the client's input waits unread on `fd` (one peek, at the end of a connection hyper
 /// closed without an EOF from the client): closed now, it would be a reset.
 #[cold]
@@ -1116,7 +1032,7 @@ impl ConnTimer {
         activity: &Activity,
         conn: &ConnState,
     ) -> Poll<Fired> {
-        if let HeadWait::Until(deadline, _) = *head
+        if let HeadWait::Until(deadline) = *head
             && deadline.saturating_add(SLACK) < self.at
         {
             self.arm(deadline, now_ns());
@@ -1128,7 +1044,7 @@ impl ConnTimer {
         }
         while Pin::new(&mut self.sleep).poll(cx).is_ready() {
             let now = now_ns();
-            if let HeadWait::Until(deadline, _) = *head
+            if let HeadWait::Until(deadline) = *head
                 && now >= deadline
             {
                 *head = HeadWait::Expired;
@@ -1161,7 +1077,7 @@ impl ConnTimer {
                 recheck
             };
             let next = match *head {
-                HeadWait::Until(deadline, _) => idle_at.min(deadline),
+                HeadWait::Until(deadline) => idle_at.min(deadline),
                 _ => idle_at,
             };
             self.arm(next, now);
@@ -1191,149 +1107,148 @@ impl ConnTimer {
     }
 }
 
-/// How connections are served: nodus's own HTTP/1 engine (`h1`), or hyper-util's HTTP/1 plus
-/// h2c sniffed per connection.
-enum Builders {
-    Own {
-        limits: crate::h1::head::Limits,
-        /// The header-read timeout (ns).
-        header_read_timeout: u64,
-        max_buf: usize,
-    },
-    Auto(Box<auto::Builder<LocalExec>>),
+/// How connections are served: HTTP/1 by nodus's own engine (`h1`); with h2c, a connection that
+/// begins with the HTTP/2 preface by hyper's HTTP/2 server.
+struct Builders {
+    limits: crate::h1::head::Limits,
+    /// The header-read timeout (ns).
+    header_read_timeout: u64,
+    /// The most response output an HTTP/1 connection pulls ahead of its socket.
+    max_buf: usize,
+    http2: Option<Box<hyper::server::conn::http2::Builder<LocalExec>>>,
 }
 
 impl Builders {
     fn new(config: &Config) -> Builders {
-        // hyper adds the header-read timeout to an `Instant`, which panics past its range: the
-        // longest a u64 of nanoseconds holds (584 years) is as good as none.
-        let header_read_timeout = config
-            .header_read_timeout
-            .min(Duration::from_nanos(u64::MAX));
-        // The connections' buffers, read and write, are capped at the head limit (8 KiB at
-        // least), not hyper's default ~400 KiB: a response body is pulled while less than the
-        // cap waits on the socket, so a client that stops reading a file pins a chunk or two,
-        // not seven 64 KiB ones.
+        // The response body is pulled while less than the head limit (8 KiB at least) waits on
+        // the socket, not hyper's default ~400 KiB: a client that stops reading a file pins a
+        // chunk or two, not seven 64 KiB ones.
         let max_buf = config.max_header_bytes.max(8192);
-        if config.http2 {
-            let mut b = auto::Builder::new(LocalExec::new(config.name));
-            let mut h1 = b.http1();
-            h1.half_close(true)
-                .timer(HeadTimer::new(header_read_timeout))
-                .header_read_timeout(header_read_timeout)
-                .max_buf_size(max_buf);
-            if config.max_headers != 100 {
-                h1.max_headers(config.max_headers);
-            }
+        let http2 = config.http2.then(|| {
+            let mut b = hyper::server::conn::http2::Builder::new(LocalExec::new(config.name));
             // Heads over the limits are refused in the service (`h2_head_refusal`), counted and
             // reported; h2 refuses those over twice the limit itself (its 431, neither).
             let list_size = config.max_header_bytes.saturating_mul(2);
             // nginx's `http2_max_concurrent_streams` (hyper's default is 200).
-            b.http2()
-                .timer(NodusTimer)
+            b.timer(NodusTimer)
                 .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
                 .max_header_list_size(u32::try_from(list_size).unwrap_or(u32::MAX));
-            Builders::Auto(Box::new(b))
-        } else {
-            Builders::Own {
-                limits: crate::h1::head::Limits {
-                    max_head_bytes: config.max_header_bytes,
-                    max_headers: config.max_headers,
-                },
-                header_read_timeout: u64::try_from(header_read_timeout.as_nanos())
-                    .unwrap_or(u64::MAX),
-                max_buf,
-            }
+            Box::new(b)
+        });
+        Builders {
+            limits: crate::h1::head::Limits {
+                max_head_bytes: config.max_header_bytes,
+                max_headers: config.max_headers,
+            },
+            header_read_timeout: u64::try_from(config.header_read_timeout.as_nanos())
+                .unwrap_or(u64::MAX),
+            max_buf,
+            http2,
         }
     }
 
     /// The connection on `stream`, served by `service`, and what its task sees of its
-    /// transfers.
-    fn serve<S, H, F>(
-        &self,
-        stream: S,
-        service: Service<H, F>,
-        config: &Config,
-    ) -> (Conn<'_, S, H, F>, Rc<Activity>)
+    /// transfers. With h2c its first bytes are compared with the HTTP/2 preface, and must be
+    /// decided (and an HTTP/1 head they begin complete) within the header-read timeout.
+    fn serve<S, H, F>(&self, stream: S, service: Service<H, F>) -> (Conn<S, H, F>, Rc<Activity>)
     where
         S: FdStream + Unpin + 'static,
         H: Fn(Request<RequestBody>) -> F + 'static,
         F: Future<Output = Response<Body>> + 'static,
     {
-        match self {
-            Builders::Own {
-                limits,
-                header_read_timeout,
-                max_buf,
-            } => {
-                let wire = Rc::new(Wire::new(stream));
-                let activity = wire.activity.clone();
-                let conn = H1Conn::new(wire, service, *limits, *header_read_timeout, *max_buf);
-                (Conn::Own(conn), activity)
-            }
-            Builders::Auto(b) => {
-                let mut io = HyperIo::new(stream);
-                io.limit_request_line(config.max_header_bytes);
-                // Decided by the header-read timeout from now, as an HTTP/1 head must be
-                // complete.
-                let timeout = config.header_read_timeout.as_nanos();
-                io.sniff_h2(now_ns().saturating_add(u64::try_from(timeout).unwrap_or(u64::MAX)));
-                let activity = io.activity();
-                (
-                    Conn::Auto(Box::pin(b.serve_connection(io, service))),
-                    activity,
-                )
-            }
+        let wire = Rc::new(Wire::new(stream));
+        let activity = wire.activity.clone();
+        if self.http2.is_some() {
+            activity
+                .sniff_by
+                .set(now_ns().saturating_add(self.header_read_timeout));
         }
+        let conn = H1Conn::new(
+            wire,
+            service,
+            self.limits,
+            self.header_read_timeout,
+            self.max_buf,
+            self.http2.is_some(),
+        );
+        (Conn::H1(conn), activity)
     }
 }
 
-/// hyper-util's HTTP/1 + h2c connection.
-type AutoConn<'a, S, H, F> = Pin<Box<auto::Connection<'a, HyperIo<S>, Service<H, F>, LocalExec>>>;
+/// hyper's HTTP/2 connection.
+type H2Conn<S, H, F> =
+    Pin<Box<hyper::server::conn::http2::Connection<HyperIo<S>, Service<H, F>, LocalExec>>>;
 
-/// One connection being served by either builder.
+/// One connection: HTTP/1, or (h2c) HTTP/2 once its first bytes were the preface.
 // The large variant is the common one, and there is one `Conn` per connection task: boxing it
 // would add an allocation per connection and save nothing.
 #[allow(clippy::large_enum_variant)]
-enum Conn<'a, S, H, F>
+enum Conn<S, H, F>
 where
     S: FdStream + Unpin + 'static,
     H: Fn(Request<RequestBody>) -> F + 'static,
     F: Future<Output = Response<Body>> + 'static,
 {
-    Own(H1Conn<S, H, F>),
-    Auto(AutoConn<'a, S, H, F>),
+    H1(H1Conn<S, H, F>),
+    H2(H2Conn<S, H, F>),
+    /// Only while an HTTP/1 connection becomes an HTTP/2 one.
+    Switching,
 }
 
 /// How a connection's engine ended it.
 enum Ended {
-    Own(H1End),
-    Hyper(Result<(), Box<dyn std::error::Error + Send + Sync>>),
+    H1(H1End),
+    H2(Result<(), hyper::Error>),
 }
 
-impl<S, H, F> Conn<'_, S, H, F>
+impl<S, H, F> Conn<S, H, F>
 where
     S: FdStream + Unpin + 'static,
     H: Fn(Request<RequestBody>) -> F + 'static,
     F: Future<Output = Response<Body>> + 'static,
 {
-    /// hyper's graceful shutdown (GOAWAY for HTTP/2). nodus's HTTP/1 engine needs none: during
-    /// a drain every response says `Connection: close`.
+    /// hyper's graceful shutdown of an HTTP/2 connection (GOAWAY). HTTP/1 needs none: during a
+    /// drain every response says `Connection: close`.
     fn shut_down(self: Pin<&mut Self>) {
         // SAFETY: a pin projection to the variant's field, which is never moved out.
-        if let Conn::Auto(c) = unsafe { self.get_unchecked_mut() } {
+        if let Conn::H2(c) = unsafe { self.get_unchecked_mut() } {
             c.as_mut().graceful_shutdown();
         }
     }
 
-    /// Serves the connection until it ends; `head` is its HTTP/1 header-read wait.
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>, head: &mut HeadWait) -> Poll<Ended> {
-        // SAFETY: a pin projection to the variant's field, which is never moved out.
-        match unsafe { self.get_unchecked_mut() } {
-            Conn::Own(c) => unsafe { Pin::new_unchecked(c) }
-                .poll(cx, head)
-                .map(Ended::Own),
-            Conn::Auto(c) => head_wait::scope(head, || c.as_mut().poll(cx)).map(Ended::Hyper),
+    /// Serves the connection until it ends; `head` is its HTTP/1 header-read wait. An h2c
+    /// connection whose first bytes are the HTTP/2 preface is handed to `http2` with them.
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        head: &mut HeadWait,
+        http2: Option<&hyper::server::conn::http2::Builder<LocalExec>>,
+    ) -> Poll<Ended> {
+        loop {
+            // SAFETY: a pin projection to the variant's field, which is never moved out but
+            // below, where nothing in it is pinned.
+            let poll = match unsafe { self.as_mut().get_unchecked_mut() } {
+                Conn::H1(c) => unsafe { Pin::new_unchecked(c) }.poll(cx, head),
+                Conn::H2(c) => return c.as_mut().poll(cx).map(Ended::H2),
+                Conn::Switching => unreachable!("a connection switching to HTTP/2 is not polled"),
+            };
+            match ready!(poll) {
+                H1End::Http2 => {
+                    let http2 = http2.expect("the preface is looked for only with h2c");
+                    // SAFETY: an HTTP/1 connection that found the preface has had no request:
+                    // its only pinned field (`H1Conn::respond`) is empty, so moving it out of
+                    // its place moves nothing pinned.
+                    let this = unsafe { self.as_mut().get_unchecked_mut() };
+                    let Conn::H1(h1) = std::mem::replace(this, Conn::Switching) else {
+                        unreachable!("switched from HTTP/1");
+                    };
+                    let (stream, activity, read, service) = h1.into_http2();
+                    activity.h2.set(true);
+                    let io = HyperIo::with_prefix(stream, activity, read);
+                    *this = Conn::H2(Box::pin(http2.serve_connection(io, service)));
+                }
+                end => return Poll::Ready(Ended::H1(end)),
+            }
         }
     }
 }
@@ -1468,8 +1383,7 @@ where
     type Future = Respond<F>;
 
     fn call(&self, req: Request<Incoming>) -> Respond<F> {
-        let framing = req.version() < Version::HTTP_2 && framing_refused(&req);
-        self.respond(req, framing, Source::Hyper)
+        self.respond(req, false, Source::Hyper)
     }
 }
 
@@ -1636,42 +1550,6 @@ fn h2_head_refusal<B>(req: &Request<B>, config: &Config) -> Option<Refusal> {
         size + name.as_str().len() + value.len() + 32
     });
     (size > config.max_header_bytes).then_some(Refusal::HeadTooLarge)
-}
-
-/// Whether Node refuses the framing of an HTTP/1 request hyper parsed: a bare line feed in its
-/// head, `Content-Length` twice or with `Transfer-Encoding` (`head_scan`, from the head's bytes),
-/// or `chunked` twice among its transfer codings (only a chunked body's size is not known).
-fn framing_refused(req: &Request<Incoming>) -> bool {
-    if head_wait::parsed().is_some_and(|scan| scan.refuses(|| request_line_len(req))) {
-        return true;
-    }
-    // By reference: a `get_all` of its own, so that `host_refusal`'s, its only caller, stays
-    // inlined (with a second caller it is not: about 60 instructions a request).
-    hyper::body::Body::size_hint(req.body()).exact().is_none()
-        && req
-            .headers()
-            .get_all(&http::header::TRANSFER_ENCODING)
-            .iter()
-            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-            .filter(|coding| coding.trim_ascii().eq_ignore_ascii_case(b"chunked"))
-            .nth(1)
-            .is_some()
-}
-
-/// The length of the HTTP/1 request line `req` was parsed from, its line end excluded (hyper
-/// refuses more than one space between its parts); for a target `http` does not keep as sent
-/// (an absolute URI without a path), a length no line has.
-fn request_line_len<B>(req: &Request<B>) -> usize {
-    let uri = req.uri();
-    let pq = uri.path_and_query().map_or(0, |pq| pq.as_str().len());
-    let target = match (uri.scheme_str(), uri.authority()) {
-        (None, None) => pq,
-        (None, Some(authority)) => authority.as_str().len() + pq,
-        (Some(scheme), Some(authority)) => scheme.len() + 3 + authority.as_str().len() + pq,
-        (Some(_), None) => return usize::MAX - 1,
-    };
-    // "METHOD TARGET HTTP/1.1"
-    req.method().as_str().len() + target + 10
 }
 
 /// Whether `v` is RFC 9110's `Host` value: `uri-host [ ":" port ]`, where `uri-host` is an IP

@@ -34,10 +34,21 @@ use super::encode::{self, Framing};
 use super::head::{self, BodyFraming, HeadError, Limits};
 use super::wire::{BodyRead, BodyReadError, Wire, WireBody};
 use crate::body::{Body, RequestBody};
-use crate::head_scan::Scan;
-use crate::head_wait::HeadWait;
 use crate::io::{FdStream, now_ns};
 use crate::server::{Respond, SentBody, Service};
+
+/// Where a connection is in waiting for a request head: its header-read deadline, shared with
+/// the connection's timer (`server::ConnTimer`), which marks it expired.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum HeadWait {
+    /// No head is waited for.
+    #[default]
+    Idle,
+    /// A head must be complete by this time (`nodus::clock` ns).
+    Until(u64),
+    /// The deadline passed: the wait ends the connection.
+    Expired,
+}
 
 /// How a connection served by the engine ended.
 pub(crate) enum H1End {
@@ -49,6 +60,9 @@ pub(crate) enum H1End {
     /// Without an answer owed: the header-read timeout, an incomplete head at the client's EOF,
     /// a failed write or read, a response body that failed or did not match its length.
     Failed,
+    /// (h2c) The connection's first bytes are the HTTP/2 preface: it is HTTP/2's
+    /// (`H1Conn::into_http2`).
+    Http2,
 }
 
 /// A request body read from its connection's `Wire`.
@@ -129,6 +143,8 @@ pub(crate) struct H1Conn<S, H, F> {
     keep_alive: bool,
     /// The last response's header map, cleared: the next request's headers fill it.
     cached_headers: Option<http::HeaderMap>,
+    /// (h2c) The connection's first bytes may still be the HTTP/2 preface.
+    sniffing: bool,
 }
 
 impl<S, H, F> H1Conn<S, H, F>
@@ -143,6 +159,7 @@ where
         limits: Limits,
         header_read_timeout: u64,
         max_buf: usize,
+        sniff_h2: bool,
     ) -> Self {
         H1Conn {
             wire,
@@ -157,7 +174,16 @@ where
             head_request: false,
             keep_alive: true,
             cached_headers: None,
+            sniffing: sniff_h2,
         }
+    }
+
+    /// An HTTP/2 connection's parts, once `poll` ended with `H1End::Http2`: its stream, what
+    /// was seen of it, the bytes read of it (the preface and what followed), and the service.
+    pub(crate) fn into_http2(self) -> (S, Rc<crate::io::Activity>, Bytes, Service<H, F>) {
+        let wire = Rc::into_inner(self.wire).expect("no request holds the connection's wire");
+        let (stream, activity, read) = wire.into_parts();
+        (stream, activity, read.freeze(), self.service)
     }
 
     /// Serves the connection until it ends; `head` is its header-read wait, shared with its
@@ -217,11 +243,25 @@ where
             if !self.head_armed {
                 self.head_armed = true;
                 let deadline = now_ns().saturating_add(self.header_read_timeout);
-                *wait = HeadWait::Until(deadline, Scan::default());
+                *wait = HeadWait::Until(deadline);
             }
             if *wait == HeadWait::Expired {
                 tracing::debug!(target: "nodus::http", "connection cut: header-read timeout");
                 return Poll::Ready(Some(H1End::Failed));
+            }
+            if self.sniffing && !self.sniffed() {
+                if self.wire.buf.borrow().len() >= head::H2_PREFACE.len() {
+                    return Poll::Ready(Some(H1End::Http2));
+                }
+                // Still the preface's first bytes: read on (an EOF decides for HTTP/1).
+                if !self.wire.activity.eof.get() {
+                    if let Err(e) = ready!(self.wire.poll_fill(cx)) {
+                        tracing::debug!(target: "nodus::http", "connection ended: {e}");
+                        return Poll::Ready(Some(H1End::Failed));
+                    }
+                    continue;
+                }
+                self.decided();
             }
             let parsed = head::parse(
                 &mut self.wire.buf.borrow_mut(),
@@ -252,6 +292,24 @@ where
                 return Poll::Ready(Some(H1End::Failed));
             }
         }
+    }
+
+    /// (h2c) Whether the first bytes read decide for HTTP/1: one of them is not the preface's.
+    fn sniffed(&mut self) -> bool {
+        let buf = self.wire.buf.borrow();
+        let n = buf.len().min(head::H2_PREFACE.len());
+        let http1 = buf[..n] != head::H2_PREFACE[..n];
+        drop(buf);
+        if http1 {
+            self.decided();
+        }
+        http1
+    }
+
+    /// (h2c) The connection is HTTP/1: it no longer has to decide by `Activity::sniff_by`.
+    fn decided(&mut self) {
+        self.sniffing = false;
+        self.wire.activity.sniff_by.set(u64::MAX);
     }
 
     fn start_request(&mut self, request: head::RequestHead) {

@@ -115,7 +115,7 @@ const STACK_HEADERS: usize = 100;
 const MAX_URI_LEN: usize = u16::MAX as usize - 1;
 
 /// The HTTP/2 connection preface (RFC 9113 section 3.4), and the length of its first line.
-const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub(crate) const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const H2_PREFACE_LINE: usize = 16;
 
 /// Where a header's name and value are in the buffer.

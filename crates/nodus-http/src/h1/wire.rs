@@ -93,6 +93,11 @@ impl<S: FdStream> Wire<S> {
         }
     }
 
+    /// The stream, what the connection saw of it, and what was read of it and not taken.
+    pub(crate) fn into_parts(self) -> (S, Rc<Activity>, BytesMut) {
+        (self.stream, self.activity, self.buf.into_inner())
+    }
+
     /// Reads what the socket holds into the buffer: `Ok(0)` at the peer's EOF.
     pub(crate) fn poll_fill(&self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         loop {
