@@ -31,9 +31,9 @@
 //!   line per 10 s (`nodus::log_limit`); the listener itself backs off (`nodus::net`: its next
 //!   accept waits 100 ms, or for a new connection), so the accept task does not spin.
 //! - Limits: request heads over `max_header_bytes` or with more than `max_headers` headers get
-//!   431 (hyper), except one whose request line alone is `max_header_bytes` long or more: 414, as
-//!   from nginx (the connection's read ends the head first, `HyperIo` with `head_wait`, and the
-//!   414 is written here); over HTTP/2 the service refuses them (431, `h2_head_refusal`: more
+//!   431, except one whose request line alone is `max_header_bytes` long or more: 414, as from
+//!   nginx (`h1::head`: the answer depends on the head's bytes only, not on how they were split
+//!   into reads); over HTTP/2 the service refuses them (431, `h2_head_refusal`: more
 //!   than `max_headers` fields, or a header list, RFC 9113 section 6.5.2, over
 //!   `max_header_bytes`), and h2 itself one whose header list is over twice that (its own 431 on
 //!   the stream, neither counted nor reported); a `Content-Length` over `max_body_bytes` gets 413 without reaching the
@@ -42,7 +42,7 @@
 //!   docs), never waits longer, and ends its HTTP/1 connection after the answer; an HTTP/1 head not complete within `header_read_timeout` (slowloris) closes the connection;
 //!   with h2c, so does a connection whose first bytes may still be the HTTP/2 preface (trickled)
 //!   `header_read_timeout` after its start, and the first HTTP/1 head they began must be
-//!   complete by then too (`HyperIo::sniff_h2`);
+//!   complete by then too (`h1::conn` compares them with the preface as they are read);
 //!   an HTTP/2 connection's idleness is counted by its requests, not its bytes: with no request
 //!   in flight and no response unfinished, it is closed `keep_alive_timeout` after its start,
 //!   its last request's head or its last response's end, whatever it sends meanwhile (PINGs,
@@ -67,24 +67,18 @@
 //!   as a 413 does.
 //!   Without `http2`, an HTTP/2 preface gets Node's bare 400 head, and the connection closes.
 //! - HTTP/1 framing Node (llhttp, strict) refuses gets 400 and `Connection: close` without
-//!   reaching the handler, its body unread (`framing_refused`): a bare line feed ending a line
-//!   of the head, `Content-Length` twice (even equal) or with `Transfer-Encoding` (facts hyper's
-//!   parse hides: `head_scan`, gathered as the head is read), `chunked` twice among the
-//!   transfer codings (from the parsed headers, looked at only for a chunked body). hyper refuses
-//!   the rest of the family itself (400), but for a bare line feed in a chunked body's trailer
-//!   section, which the connection's reads refuse (`chunked_scan`: the body's read fails, and the
-//!   connection closes after the answer, nothing after the line feed read). A head hyper read
-//!   ahead with the request before it (pipelined) was not scanned from its start and is checked
-//!   for `chunked` twice only; its chunked body is not followed. A
-//!   well-formed head costs the scan (its line feeds found 16 bytes at a time, a byte or two
-//!   looked at around each; empty lines before the request line skipped) and a thread-local
-//!   check: about 155 instructions a keep-alive request (`bench/http/instructions.sh`: 8,772
-//!   against 8,615 without, for a 35-byte head), and the check whether a chunked body follows
-//!   about 60 more (8,832).
+//!   reaching the handler, its body unread (`RequestHead::framing_refused`, `h1::head`): a bare
+//!   line feed ending a line of the head, `Content-Length` twice (even equal) or with
+//!   `Transfer-Encoding`, `chunked` twice among the transfer codings; the rest of the family
+//!   (a `Transfer-Encoding` whose last coding is not `chunked`, or on HTTP/1.0, differing or
+//!   malformed lengths) is a head that could not be parsed (400). A bare line feed in a chunked
+//!   body's framing, its trailer section included, fails the body's read (`h1::chunked`), and
+//!   the connection closes after the answer, nothing after the line feed read. Pipelined heads
+//!   are parsed as the first is: the same bytes get the same answer however they arrive.
 //! - HTTP/1 half-close: a client that shuts down its write side after its request (`nc -N`,
 //!   socat, health checkers) still gets the whole response, as from nginx's static files
-//!   (hyper's `half_close`; Node answers it only when its handler answers at once, and aborts a
-//!   request still at work); an EOF between requests ends the connection. So the connection is
+//!   (Node answers it only when its handler answers at once, and aborts a request still at
+//!   work); an EOF between requests ends the connection. So the connection is
 //!   not read while a request is in flight, and a client that closes meanwhile (its FIN is a
 //!   half-close's) cannot be told from one that half-closed: its request is answered and
 //!   reported to `Config::on_response` with its status and the body bytes the socket took, not as
@@ -99,14 +93,14 @@
 //!   discard has bounds: at most 64 KiB of body data (Node's reads any amount) and
 //!   `max_body_bytes` in all, within the keep-alive timeout from the moment the handler let go
 //!   of it. A body past a bound, a malformed chunk, or a peer that stalls or trickles is given
-//!   up: hyper stops reading (none of the rest is ever parsed, as a request or anything else)
-//!   and closes the connection after the response. Any other body (`Expect: 100-continue`, a
-//!   known length over 64 KiB) is not read, and hyper closes the connection.
+//!   up: the connection stops reading (none of the rest is ever parsed, as a request or
+//!   anything else) and closes after the response. Any other body (`Expect: 100-continue`, a
+//!   known length over 64 KiB) is not read, and the connection closes after the response.
 //! - An HTTP/1 response after which the connection closes says `Connection: close`: every one
 //!   during a drain, a refusal's, one that leaves its request's body unread and not discarded
-//!   (above: hyper does not read a body nobody takes, so it closes the connection, unless the
-//!   rest of the body was in its buffer already; the header makes the close certain), and an
-//!   HTTP/1.0 one whose body has no known length (HTTP/1.0 has no chunked
+//!   (above: nothing reads a body nobody takes, so the connection closes), one to a request
+//!   that asked for the close (`Connection: close`, an HTTP/1.0 request without keep-alive),
+//!   and an HTTP/1.0 one whose body has no known length (HTTP/1.0 has no chunked
 //!   coding: the close ends the body; as nginx, no keep-alive for it). The head is written
 //!   before a chunked body's discard is over, so it cannot know the body's size: one whose
 //!   discard was given up by then says `Connection: close`; one still being discarded promises
@@ -118,31 +112,39 @@
 //!   that ends after an answer the server said `Connection: close` to (above: during a drain, a
 //!   body left unread, an HTTP/1.0 body of no known length), or after a refusal (400 for `Host`,
 //!   413, a panicked handler's 500), after a discard given up, or after an answer to a head that
-//!   could not be parsed (431, 414, 400). So does one hyper closed after a response because the
+//!   could not be parsed (431, 414, 400). So does one closed after a response because the
 //!   request or the handler's response asked for it (`Connection: close`, an HTTP/1.0 request
 //!   without keep-alive) when the client's input waits unread then (a request pipelined behind
-//!   it; one peek at the connection's end, none after the client's EOF was read): input still on
-//!   its way then is not waited for, as with nginx's default `lingering_close on`. Once hyper is
-//!   done (its last byte written, the write side shut down; the answers written here are shut
-//!   down by the linger), the task reads and drops input until the client closes,
+//!   it, read already or not: one peek at the connection's end, none after the client's EOF was
+//!   read): input still on its way then is not waited for, as with nginx's default
+//!   `lingering_close on`. Once the response is written (its last byte; the linger shuts the
+//!   write side down), the task reads and drops input until the client closes,
 //!   `lingering_timeout` passes without input, `lingering_time` in all, or the drain's deadline.
 //!   It holds no request state; it is still open on the server's books (it counts toward
 //!   `max_connections`, the drain waits for it, and loses nothing when it cuts it). A connection
 //!   cut (write stall, drain deadline), idle, cut for a slow head or ended by the client does not
 //!   linger, nor does an HTTP/2 one (GOAWAY and hyper's HTTP/2 close).
+//! - Responses: HTTP/1 heads are written as hyper's server writes them (`h1::encode`: its header
+//!   order, `content-length` from a body of known length, else `transfer-encoding: chunked`, or
+//!   on HTTP/1.0 a body that ends with the connection, and `date`), but for `connection`: an
+//!   HTTP/1 response after which the connection closes says `connection: close` (to an HTTP/1.0
+//!   client too, which hyper does not tell), and `connection: keep-alive` goes to an HTTP/1.0
+//!   client only when the connection stays open. A response head hyper would refuse to write (a
+//!   `content-length` that is malformed, disagrees with the body's known length or comes with
+//!   `transfer-encoding`; a 1xx status other than 101) ends the connection unanswered, and a body
+//!   longer or shorter than its `content-length` cuts it.
 //! - An HTTP/2 client may have at most 128 streams open on a connection at once
 //!   (`SETTINGS_MAX_CONCURRENT_STREAMS`, nginx's default; hyper's is 200).
-//! - HTTP versions: hyper's parser knows HTTP/1.0 and 1.1 only, so a higher HTTP/1 minor version
+//! - HTTP versions: httparse knows HTTP/1.0 and 1.1 only, so a higher HTTP/1 minor version
 //!   (`HTTP/1.2`, which RFC 9110 section 6.2 would have answered as 1.1, as nginx does) gets 400,
-//!   as from Node; nodus has no hook into that parse and leaves it.
+//!   as from Node.
 //! - Every request the server answers itself instead of the handler (400 for `Host`, 413, an
 //!   HTTP/2 head's 431, and
 //!   an HTTP/1 head that could not be parsed: 431 too large, 414 a request line too long, 400
 //!   malformed or an HTTP/2 preface) counts once in `responses_by_class` and is reported once to
 //!   `Config::on_refused`. A head that could not be parsed has no start time: it is not in the
-//!   duration histogram, and it is never in flight. hyper answers those itself (414 and the
-//!   HTTP/2 preface's 400 are written here) and ends the connection with the error, so they are
-//!   counted from that error, off the normal path: a good request pays nothing for any of this.
+//!   duration histogram, and it is never in flight. The engine answers it and ends the
+//!   connection (`h1::conn`), off the normal path: a good request pays nothing for any of this.
 //! - A request whose handler had not answered when its connection ended (the drain deadline or
 //!   the write-stall timeout cut it, an HTTP/2 client closed or reset the connection or the
 //!   request's stream, a connection error) is reported to
@@ -156,11 +158,11 @@
 //!   clones that share the parsed head's buffer, no allocation.
 //! - Each response of the handler is reported once to `Config::on_response` ([`Answered`]),
 //!   when it is done with: its body's last byte written, or its connection ended first. Its
-//!   body bytes are those the socket took: every data chunk hyper gets carries the response's
-//!   `Meter`, which counts what each write advances it by (hyper queues chunks as they are, for
-//!   vectored writes, and advances them only by what a write took; over HTTP/2, h2 copies a
-//!   payload under 256 bytes into its frame buffer, and it counts then); the report is the
-//!   meter's drop, when the body and the last chunk hyper held are gone. It says too whether the
+//!   body bytes are those the socket took: every data chunk the engine gets carries the
+//!   response's `Meter`, which counts what each write advances it by (HTTP/1 queues chunks as
+//!   they are, for vectored writes, and advances them only by what a write took: `h1::wire`;
+//!   over HTTP/2, h2 copies a payload under 256 bytes into its frame buffer, and it counts then);
+//!   the report is the meter's drop, when the body and the last chunk held are gone. It says too whether the
 //!   whole body went out (its end reached, every byte taken), so a response cut after its head
 //!   is not reported as a complete one. Without the hook the
 //!   chunks carry no meter: nothing is allocated.
@@ -272,10 +274,9 @@ pub struct Config {
     /// after it, an HTTP/2 request's stream is reset. A handler that does not read its body is
     /// not cut by it. `None`: no limit. Default 300 s, as Node's.
     pub request_timeout: Option<Duration>,
-    /// Also accept HTTP/2 with prior knowledge (h2c), sniffed per connection. Default off: plain
-    /// HTTP/1.1 is faster, and with it `max_header_bytes` is exact (with h2c the HTTP/1 limit is
-    /// hyper's read-buffer size, which `max_header_bytes` then sets, at least 8 KiB; a request
-    /// line alone `max_header_bytes` long still gets 414).
+    /// Also accept HTTP/2 with prior knowledge (h2c): a connection whose first bytes are the
+    /// HTTP/2 preface is served by hyper's HTTP/2 server, any other by the HTTP/1 engine as
+    /// without it. Default off.
     pub http2: bool,
     /// Called on the loop, once per request the server answers itself instead of the handler
     /// (see [`Refused`]), a handler's panic included, and once per request nobody answered
@@ -361,11 +362,11 @@ pub struct Answered<'a> {
     pub request: RequestLine<'a>,
     /// From the loop time of the poll that parsed the head to the response's end: its last body
     /// byte written, or its connection's end (for a response without a body (`HEAD`, 304),
-    /// when hyper took its head).
+    /// when its head was taken).
     pub elapsed_ns: u64,
     /// The body bytes the socket took (nginx's `$body_bytes_sent`): a write that failed, and
-    /// whatever hyper still held unwritten when the connection ended, count for nothing. Exact
-    /// for HTTP/1 (hyper queues each body chunk and advances it by what each write took); over
+    /// whatever was still held unwritten when the connection ended, count for nothing. Exact
+    /// for HTTP/1 (each body chunk is queued and advanced by what each write took); over
     /// HTTP/2 a DATA frame's payload under 256 bytes counts when h2 copies it into its frame
     /// buffer, before it is written.
     pub body_bytes: u64,
@@ -787,7 +788,7 @@ where
 {
     let (state, key) = (guard.state.clone(), guard.key);
     // Served in a block (not a function of its own, whose future's poll would cost every request
-    // a few instructions): hyper's connection and the stream it owns are dropped at its end. It
+    // a few instructions): the connection and the stream it owns are dropped at its end. It
     // gives a duplicate of the socket's fd when the connection is to linger.
     let lingering = {
         let fd = stream.fd().as_raw_fd();
@@ -839,7 +840,7 @@ where
                         }
                     };
                     let closing = conn_state.linger.get() || conn_state.body_left.get();
-                    // hyper closed it after a response, as the request or the response asked
+                    // Closed after a response, as the request or the response asked
                     // (`Connection: close`, HTTP/1.0): the client may have sent more behind it.
                     // SAFETY: `conn` owns the stream, open until this block ends.
                     let asked = || input_waiting(unsafe { BorrowedFd::borrow_raw(fd) });
@@ -848,7 +849,7 @@ where
                     return Poll::Ready(if lingers { End::Linger } else { End::Close });
                 }
                 if conn_state.poll_discard(cx) {
-                    continue; // hyper reads on past the body it was waiting to be taken
+                    continue; // the connection reads on past the body it was waiting for
                 }
                 if let Some(deadline_at) = state.drain_deadline(key, cx) {
                     // Known HTTP/2 by its preface, a request or not: GOAWAY at the drain's start
@@ -880,7 +881,7 @@ where
                 }
                 match timer.poll(cx, &mut head, &activity, &conn_state) {
                     Poll::Pending => return Poll::Pending,
-                    Poll::Ready(Fired::HeadExpired) => continue, // hyper sees it when polled again
+                    Poll::Ready(Fired::HeadExpired) => continue, // the head wait sees it
                     Poll::Ready(Fired::Idle) if !activity.h2.get() => {
                         return Poll::Ready(End::Close);
                     }
@@ -916,7 +917,7 @@ where
         // SAFETY: `conn` owns the stream, open until this block ends.
         let fd = unsafe { BorrowedFd::borrow_raw(fd) };
         match end {
-            // A duplicate keeps the socket open when the stream is dropped with hyper's
+            // A duplicate keeps the socket open when the stream is dropped with the
             // connection, at the end of this block.
             End::Linger if !state.config.lingering_time.is_zero() => {
                 rustix::io::fcntl_dupfd_cloexec(fd, 0).ok()
@@ -941,8 +942,8 @@ where
     drop(guard);
 }
 
-/// Whether the client's input waits unread on `fd` (one peek, at the end of a connection hyper
-/// closed without an EOF from the client): closed now, it would be a reset.
+/// Whether the client's input waits unread on `fd` (one peek, at the end of a connection closed
+/// after a response without an EOF from the client): closed now, it would be a reset.
 #[cold]
 fn input_waiting(fd: BorrowedFd<'_>) -> bool {
     let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
@@ -957,7 +958,7 @@ fn reset_on_close(fd: BorrowedFd<'_>) {
     let _ = rustix::net::sockopt::set_socket_linger(fd, Some(Duration::ZERO));
 }
 
-/// How a connection's task ends it once hyper is done with it.
+/// How a connection's task ends it once its engine is done with it.
 ///
 /// Our close of the stream may not be the socket's last: a copy of the fd can live elsewhere (a
 /// connection the cluster's primary took back from a stalled worker, whose unread copy waits in
@@ -977,7 +978,7 @@ enum End {
 
 /// What a connection's timer found when it fired.
 enum Fired {
-    /// The header-read deadline passed: hyper's header-read sleep is now complete.
+    /// The header-read deadline passed: the head wait is now expired.
     HeadExpired,
     /// No request in flight, no response body unfinished, no write waiting and no I/O (over
     /// HTTP/2: no request started or response ended) for the whole keep-alive timeout; or, with
@@ -1257,9 +1258,8 @@ pub(crate) struct ConnState {
     /// Requests whose handler has not answered yet.
     in_flight: Cell<usize>,
     /// The current HTTP/1 request's body was let go of before its end and is not discarded
-    /// (see [`RequestBody`]), or its discard was given up: hyper will close the connection
-    /// after the response unless the rest happens to be in its buffer already, so the response
-    /// says `Connection: close` (and the close is certain) if its head is not written yet.
+    /// (see [`RequestBody`]), or its discard was given up: the connection closes after the
+    /// response, which says `Connection: close` if its head is not written yet.
     pub(crate) body_left: Cell<bool>,
     /// An HTTP/1 response after which the server closes the connection while the client may
     /// still be sending was answered (one the server said `Connection: close` to, or a refusal):
@@ -1335,8 +1335,8 @@ impl ConnState {
 
     /// Reads what has come of a discarded body; true once it has ended or was given up, false
     /// while more is to come or there is none. A body that goes past its bounds, fails (a
-    /// malformed chunk), or is not over by the deadline is given up: dropping it has hyper stop
-    /// reading (it never parses the rest as a request) and close the connection after the
+    /// malformed chunk), or is not over by the deadline is given up: dropping it stops the
+    /// connection's reads (it never parses the rest as a request), and it closes after the
     /// response, which says `Connection: close` if its head is not written yet.
     fn poll_discard(&self, cx: &mut Context<'_>) -> bool {
         let mut slot = self.discarding.borrow_mut();
@@ -1870,8 +1870,8 @@ impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
                 resp.headers_mut()
                     .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
                 if this.version == Version::HTTP_10 {
-                    // hyper answers a keep-alive HTTP/1.0 request in kind (appending
-                    // `keep-alive` to this `close`) unless the response says HTTP/1.0 itself.
+                    // An HTTP/1.0 client is answered in its version when the connection
+                    // closes.
                     *resp.version_mut() = Version::HTTP_10;
                 }
             }
@@ -1943,7 +1943,7 @@ impl<F: Future<Output = Response<Body>>> Future for Respond<F> {
 /// the write-stall timeout is cut, as one whose socket write waits that long: a peer that
 /// never opens its window (`SETTINGS_INITIAL_WINDOW_SIZE` 0, no `WINDOW_UPDATE`) stalls the
 /// write with the socket empty. A body silent on its own work (server-sent events) is not held.
-/// (HTTP/1 needs none of this: hyper asks for the next chunk once the socket took the last.)
+/// (HTTP/1 needs none of this: its engine pulls the next chunk once the socket took enough.)
 pub(crate) struct SentBody {
     inner: Body,
     meter: Option<Rc<Meter>>,
@@ -1955,7 +1955,7 @@ pub(crate) struct SentBody {
 
 impl Drop for SentBody {
     fn drop(&mut self) {
-        // hyper drops a body without asking for its end once it says it is at it.
+        // A body is dropped without being asked for its end once it says it is at it.
         if let Some(meter) = &self.meter
             && self.inner.is_end_stream()
         {
@@ -2025,9 +2025,9 @@ impl hyper::body::Body for SentBody {
     }
 }
 
-/// A response body chunk on its way to the socket. hyper's HTTP/1 writes queue it as it is
-/// (`HyperIo` is vectored, so hyper never flattens it into its own buffer) and advance it by
-/// what each write took: what it counts is what the socket took.
+/// A response body chunk on its way to the socket. HTTP/1 writes queue it as it is (`h1::wire`:
+/// vectored, never copied) and advance it by what each write took: what it counts is what the
+/// socket took.
 pub(crate) struct SentChunk {
     bytes: bytes::Bytes,
     meter: Option<Rc<Meter>>,
@@ -2055,8 +2055,8 @@ impl Buf for SentChunk {
     }
 }
 
-/// One response's account for `Config::on_response`, shared by its body and the chunks hyper
-/// holds: reported when the last of them is dropped (the body done with and every chunk written,
+/// One response's account for `Config::on_response`, shared by its body and the chunks still
+/// queued: reported when the last of them is dropped (the body done with and every chunk written,
 /// or dropped unwritten with the connection).
 pub(crate) struct Meter {
     report: fn(&Answered<'_>),
@@ -2067,14 +2067,14 @@ pub(crate) struct Meter {
     start: u64,
     /// Body bytes the socket took.
     written: Cell<u64>,
-    /// Body bytes handed to hyper.
+    /// Body bytes handed to the connection.
     handed: Cell<u64>,
     /// The body reached its end (not cut short, not failed).
     ended: Cell<bool>,
 }
 
 impl Meter {
-    /// An answer hyper sends no body with.
+    /// An answer sent with no body.
     fn bodiless(&self) -> bool {
         *self.line.line(self.version).method == Method::HEAD
             || matches!(
@@ -2099,8 +2099,8 @@ impl Drop for Meter {
 }
 
 /// Whether an HTTP/1.0 client could tell where `resp`'s body ends only by the connection's close:
-/// no `Content-Length`, and a body neither empty nor of a known length (hyper would give that
-/// one its length). HTTP/1.0 has no chunked coding, so such a response must end its connection
+/// no `Content-Length`, and a body neither empty nor of a known length (that one is given its
+/// length). HTTP/1.0 has no chunked coding, so such a response must end its connection
 /// (nginx: no keep-alive for it), and says so rather than answer a keep-alive request with
 /// `Connection: keep-alive`.
 fn close_delimited(resp: &Response<Body>) -> bool {
