@@ -106,6 +106,45 @@ impl TestServer {
                                 );
                                 http::Response::new(nodus_http::body::boxed(body))
                             }
+                            // 200,000 one-byte chunks, all ready at once.
+                            "/tiny-chunks" => {
+                                let chunks = (0..200_000).map(|_| {
+                                    Ok(hyper::body::Frame::data(bytes::Bytes::from_static(b"x")))
+                                });
+                                let body = http_body_util::StreamBody::new(
+                                    futures_util::stream::iter(chunks),
+                                );
+                                http::Response::new(nodus_http::body::boxed(body))
+                            }
+                            // A chunked body that ends with a trailer it announces.
+                            "/trailers" => {
+                                let mut fields = http::HeaderMap::new();
+                                fields.insert("x-checksum", http::HeaderValue::from_static("abc"));
+                                let frames = [
+                                    Ok(hyper::body::Frame::data(bytes::Bytes::from_static(
+                                        b"hello",
+                                    ))),
+                                    Ok(hyper::body::Frame::trailers(fields)),
+                                ];
+                                let body = http_body_util::StreamBody::new(
+                                    futures_util::stream::iter(frames),
+                                );
+                                let mut resp = http::Response::new(nodus_http::body::boxed(body));
+                                resp.headers_mut().insert(
+                                    http::header::TRAILER,
+                                    http::HeaderValue::from_static("x-checksum"),
+                                );
+                                resp
+                            }
+                            // Answered at once; the body is read later by a task of its own.
+                            "/read-later" => {
+                                let body = req.into_body();
+                                nodus::task::spawn(async move {
+                                    nodus::sleep(20).await;
+                                    let _ = collect_body(body).await;
+                                });
+                                text(StatusCode::ACCEPTED, "later")
+                            }
                             "/echo" => match collect_body(req.into_body()).await {
                                 Ok(b) => http::Response::new(full(b)),
                                 Err(nodus_http::BodyError::TooLarge) => {
@@ -2026,6 +2065,65 @@ fn an_expect_100_continue_body_is_asked_for_when_the_handler_reads_it() {
     assert!(!reply.closes(), "{:?}", reply.headers);
     get(&mut s, "/");
     assert_eq!(read_reply(&mut r, false).unwrap().status, 200);
+}
+
+/// A response body of many small chunks ready at once is written 16 segments at a time, as
+/// hyper writes it: the queue is never walked whole, so a large output buffer (a large head
+/// limit) does not make each chunk cost more than the last (the read timeout catches a server
+/// that takes minutes).
+#[test]
+fn a_body_of_many_tiny_chunks_streams_in_time_with_a_large_buffer() {
+    let config = Config {
+        max_header_bytes: 1 << 20,
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_secs(1));
+    let mut s = server.connect();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    get(&mut s, "/tiny-chunks");
+    let reply = read_reply(&mut r, false).unwrap();
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.body.len(), 200_000);
+    assert!(reply.body.iter().all(|&b| b == b'x'));
+}
+
+/// A chunked response's trailers are sent when the request said `TE: trailers` and the
+/// response's `Trailer` header names them (hyper's rule); otherwise the body ends without them.
+#[test]
+fn trailers_a_response_announces_are_sent_to_a_client_that_takes_them() {
+    let server = TestServer::start(Config::default(), Duration::from_secs(1));
+    for (te, end) in [
+        ("TE: trailers\r\n", &b"0\r\nx-checksum: abc\r\n\r\n"[..]),
+        ("", &b"0\r\n\r\n"[..]),
+    ] {
+        let mut s = server.connect();
+        write!(
+            s,
+            "GET /trailers HTTP/1.1\r\nHost: t\r\n{te}Connection: close\r\n\r\n"
+        )
+        .unwrap();
+        let raw = read_to_close(&mut s);
+        let body = [&b"5\r\nhello\r\n"[..], end].concat();
+        assert!(raw.ends_with(&body), "{te:?}: {}", raw.escape_ascii());
+    }
+}
+
+/// A handler that answers at once and gives the request's body to a task of its own, which
+/// reads it later: the connection waits for the body to be read, then serves the request
+/// pipelined behind it (as hyper's did), and the response does not say `Connection: close`.
+#[test]
+fn a_body_read_by_another_task_after_the_answer_keeps_the_connection() {
+    let server = TestServer::start(Config::default(), Duration::from_secs(1));
+    let mut s = server.connect();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    s.write_all(b"POST /read-later HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nhello")
+        .unwrap();
+    get(&mut s, "/");
+    let reply = read_reply(&mut r, false).unwrap();
+    assert_eq!((reply.status, reply.body.as_slice()), (202, &b"later"[..]));
+    assert!(!reply.closes(), "{:?}", reply.headers);
+    let reply = read_reply(&mut r, false).unwrap();
+    assert_eq!((reply.status, reply.body.as_slice()), (200, &b"hello"[..]));
 }
 
 /// One chunk of a chunked body.

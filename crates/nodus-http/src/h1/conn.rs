@@ -23,16 +23,17 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes};
+use http::header::{self, HeaderName};
 use http::{Method, Request, Response, Version};
 use hyper::body::Body as _;
 
 use super::encode::{self, Framing};
 use super::head::{self, BodyFraming, HeadError, Limits};
-use super::wire::{BodyRead, BodyReadError, Wire, WireBody};
+use super::wire::{BodyRead, BodyReadError, MAX_IOVECS, Wire, WireBody};
 use crate::body::{Body, RequestBody};
 use crate::io::{FdStream, now_ns};
 use crate::server::{Respond, SentBody, Service};
@@ -65,9 +66,10 @@ pub(crate) enum H1End {
     Http2,
 }
 
-/// A request body read from its connection's `Wire`.
+/// A request body read from its connection's `Wire`. It does not keep the connection: one held
+/// past its connection's end (by a handler's own task) fails its reads as cut short.
 pub(crate) struct H1Body {
-    wire: Rc<dyn WireBody>,
+    wire: Weak<dyn WireBody>,
     /// The number of its request on the connection (`Wire::request`).
     request: u64,
 }
@@ -80,17 +82,21 @@ impl hyper::body::Body for H1Body {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, BodyReadError>>> {
-        self.wire
-            .poll_body(cx, self.request)
+        let Some(wire) = self.wire.upgrade() else {
+            return Poll::Ready(Some(Err(BodyReadError::Eof)));
+        };
+        wire.poll_body(cx, self.request)
             .map(|piece| piece.map(|r| r.map(hyper::body::Frame::data)))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.wire.body_over(self.request)
+        self.wire
+            .upgrade()
+            .is_some_and(|wire| wire.body_over(self.request))
     }
 
     fn size_hint(&self) -> hyper::body::SizeHint {
-        match self.wire.body_left(self.request) {
+        match self.wire.upgrade().and_then(|w| w.body_left(self.request)) {
             Some(n) => hyper::body::SizeHint::with_exact(n),
             None => hyper::body::SizeHint::default(),
         }
@@ -100,7 +106,9 @@ impl hyper::body::Body for H1Body {
 impl Drop for H1Body {
     fn drop(&mut self) {
         // Let go of before its end: nothing reads the rest, so no next head follows it.
-        self.wire.abandon_body(self.request);
+        if let Some(wire) = self.wire.upgrade() {
+            wire.abandon_body(self.request);
+        }
     }
 }
 
@@ -117,6 +125,11 @@ enum Phase {
         /// Body bytes still owed for `Framing::Length`.
         left: u64,
         keep_alive: bool,
+        /// The trailer fields a chunked body may end with: those its `Trailer` header names,
+        /// when the request said `TE: trailers` (hyper's rule); `None`: none are sent.
+        trailers: Option<Vec<HeaderName>>,
+        /// The last chunk (with its trailers) is queued.
+        ended: bool,
     },
     /// Writing a refusal of a head, then ending.
     Refuse,
@@ -141,6 +154,8 @@ pub(crate) struct H1Conn<S, H, F> {
     version: Version,
     head_request: bool,
     keep_alive: bool,
+    /// The request in flight said `TE: trailers`.
+    te_trailers: bool,
     /// The last response's header map, cleared: the next request's headers fill it.
     cached_headers: Option<http::HeaderMap>,
     /// (h2c) The connection's first bytes may still be the HTTP/2 preface.
@@ -173,6 +188,7 @@ where
             version: Version::HTTP_11,
             head_request: false,
             keep_alive: true,
+            te_trailers: false,
             cached_headers: None,
             sniffing: sniff_h2,
         }
@@ -233,12 +249,17 @@ where
     fn poll_head(&mut self, cx: &mut Context<'_>, wait: &mut HeadWait) -> Poll<Option<H1End>> {
         loop {
             if !self.wire.body_over() {
-                // The last request's body: being discarded (the connection's task reads it and
-                // comes back here), or let go of with nothing to read it: no next head.
-                if self.service.conn.is_discarding() {
-                    return Poll::Pending;
+                // The last request's body: let go of with nothing to read it: no next head;
+                // being discarded (the connection's task reads it and comes back here), or
+                // read by a task the handler gave it to, which wakes this one once it is over
+                // (the keep-alive timeout bounds a reader that stalls: the connection is idle).
+                if self.wire.body_abandoned() {
+                    return Poll::Ready(Some(H1End::Done));
                 }
-                return Poll::Ready(Some(H1End::Done));
+                if !self.service.conn.is_discarding() {
+                    self.wire.wait_for_body(cx.waker());
+                }
+                return Poll::Pending;
             }
             if !self.head_armed {
                 self.head_armed = true;
@@ -333,9 +354,14 @@ where
         self.version = version;
         self.head_request = method == Method::HEAD;
         self.keep_alive = keep_alive;
+        self.te_trailers = headers.get_all(header::TE).iter().any(|v| {
+            v.as_bytes()
+                .split(|&b| b == b',')
+                .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
+        });
         let request = self.wire.request.get() + 1;
         self.wire.request.set(request);
-        let wire: Rc<dyn WireBody> = self.wire.clone();
+        let wire: Weak<dyn WireBody> = Rc::downgrade(&self.wire) as Weak<dyn WireBody>;
         let mut req = Request::new(H1Body { wire, request });
         *req.method_mut() = method;
         *req.uri_mut() = uri;
@@ -373,6 +399,9 @@ where
                 return Some(self.fail());
             }
         };
+        let trailers = (self.te_trailers && matches!(framing, Framing::Chunked))
+            .then(|| trailer_names(&parts.headers))
+            .flatten();
         let mut headers = parts.headers;
         headers.clear();
         self.cached_headers = Some(headers);
@@ -387,6 +416,8 @@ where
             framing,
             left,
             keep_alive,
+            trailers,
+            ended: false,
         };
         None
     }
@@ -399,6 +430,8 @@ where
             framing,
             left,
             keep_alive,
+            trailers,
+            ended,
         } = &mut self.phase
         else {
             unreachable!("poll_write outside Phase::Write");
@@ -407,7 +440,7 @@ where
             // Pull the body while little waits on the socket.
             let mut body_pending = false;
             while let Some(b) = body.as_mut() {
-                if self.wire.queued() >= self.max_buf {
+                if self.wire.queued() >= self.max_buf || self.wire.segments() >= MAX_IOVECS {
                     break;
                 }
                 match Pin::new(&mut *b).poll_frame(cx) {
@@ -416,8 +449,19 @@ where
                         break;
                     }
                     Poll::Ready(Some(Ok(frame))) => {
-                        let Ok(chunk) = frame.into_data() else {
-                            continue; // trailers: not sent
+                        let chunk = match frame.into_data() {
+                            Ok(chunk) => chunk,
+                            Err(frame) => {
+                                // Trailers end a chunked body (those allowed), or are dropped.
+                                if let (Ok(fields), Framing::Chunked, false) =
+                                    (frame.into_trailers(), &framing, *ended)
+                                {
+                                    let allowed = trailers.as_deref().unwrap_or_default();
+                                    self.wire.push_own(|out| end_chunks(&fields, allowed, out));
+                                    *ended = true;
+                                }
+                                continue;
+                            }
                         };
                         let len = chunk.remaining();
                         if len == 0 {
@@ -446,7 +490,7 @@ where
                         }
                     }
                     Poll::Ready(None) => {
-                        if matches!(framing, Framing::Chunked) {
+                        if matches!(framing, Framing::Chunked) && !*ended {
                             self.wire
                                 .push_own(|out| out.extend_from_slice(encode::LAST_CHUNK));
                         }
@@ -538,4 +582,47 @@ where
         self.service.head_refused(e.status());
         self.phase = Phase::Refuse;
     }
+}
+
+/// The field names a response's `Trailer` headers announce (`None`: none).
+fn trailer_names(headers: &http::HeaderMap) -> Option<Vec<HeaderName>> {
+    let mut names = headers.get_all(header::TRAILER).iter().peekable();
+    names.peek()?;
+    let names = names
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    Some(names)
+}
+
+/// The last chunk of a chunked body, with the trailer `fields` that are `allowed` and may be
+/// trailers (hyper's `is_valid_trailer_field`: no framing, routing, authentication or content
+/// metadata fields).
+fn end_chunks(fields: &http::HeaderMap, allowed: &[HeaderName], out: &mut Vec<u8>) {
+    out.extend_from_slice(b"0\r\n");
+    for (name, value) in fields {
+        let forbidden = matches!(
+            *name,
+            header::AUTHORIZATION
+                | header::CACHE_CONTROL
+                | header::CONTENT_ENCODING
+                | header::CONTENT_LENGTH
+                | header::CONTENT_RANGE
+                | header::CONTENT_TYPE
+                | header::HOST
+                | header::MAX_FORWARDS
+                | header::SET_COOKIE
+                | header::TRAILER
+                | header::TRANSFER_ENCODING
+                | header::TE
+        );
+        if allowed.contains(name) && !forbidden {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+    out.extend_from_slice(b"\r\n");
 }

@@ -23,7 +23,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::rc::Rc;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll, Waker, ready};
 
 use bytes::{Buf, Bytes, BytesMut};
 use rustix::io::Errno;
@@ -38,8 +38,10 @@ use crate::stats;
 const MIN_READ: usize = 2048;
 /// The buffer grows by this much when it has less room than `MIN_READ`.
 const READ_CHUNK: usize = 8192;
-/// At most this many segments go to one `sendmsg`.
-const MAX_IOVECS: usize = 16;
+/// At most this many segments go to one `sendmsg`, and are queued at once (hyper's
+/// `MAX_BUF_LIST_BUFFERS`): a body of many small chunks is written 16 segments at a time, and
+/// what is queued is never walked past them.
+pub(crate) const MAX_IOVECS: usize = 16;
 
 /// Where the request body being read is.
 pub(crate) enum BodyRead {
@@ -76,6 +78,11 @@ pub(crate) struct Wire<S> {
     /// Bytes the engine wrote, referred to by `Segment::Own`; cleared when the queue empties.
     out: RefCell<Vec<u8>>,
     queue: RefCell<VecDeque<Segment>>,
+    /// The bytes `queue` holds, kept as it changes.
+    queued: Cell<usize>,
+    /// The connection's task, waiting for a request body read elsewhere (a handler's own task)
+    /// to be over or given up: woken when it is.
+    body_waiter: Cell<Option<Waker>>,
 }
 
 impl<S: FdStream> Wire<S> {
@@ -90,6 +97,8 @@ impl<S: FdStream> Wire<S> {
             request: Cell::new(0),
             out: RefCell::new(Vec::with_capacity(256)),
             queue: RefCell::new(VecDeque::with_capacity(4)),
+            queued: Cell::new(0),
+            body_waiter: Cell::new(None),
         }
     }
 
@@ -143,6 +152,7 @@ impl<S: FdStream> Wire<S> {
         let start = out.len();
         write(&mut out);
         let end = out.len();
+        self.queued.set(self.queued.get() + (end - start));
         if end > start {
             let mut queue = self.queue.borrow_mut();
             // Own bytes right after own bytes extend the same segment.
@@ -158,21 +168,19 @@ impl<S: FdStream> Wire<S> {
 
     pub(crate) fn push_chunk(&self, chunk: SentChunk) {
         if chunk.remaining() > 0 {
+            self.queued.set(self.queued.get() + chunk.remaining());
             self.queue.borrow_mut().push_back(Segment::Data(chunk));
         }
     }
 
     /// Bytes queued and not yet written.
     pub(crate) fn queued(&self) -> usize {
-        let out = self.out.borrow();
-        self.queue
-            .borrow()
-            .iter()
-            .map(|s| match s {
-                Segment::Own { start, end } => out[*start..*end].len(),
-                Segment::Data(c) => c.remaining(),
-            })
-            .sum()
+        self.queued.get()
+    }
+
+    /// Segments queued and not yet written.
+    pub(crate) fn segments(&self) -> usize {
+        self.queue.borrow().len()
     }
 
     /// Writes the queue until it is empty (`Ready(Ok)`), the socket is full (`Pending`, write
@@ -203,6 +211,7 @@ impl<S: FdStream> Wire<S> {
 
     /// Advances the queue by `n` bytes the socket took.
     fn advance(&self, mut n: usize) {
+        self.queued.set(self.queued.get() - n);
         let mut queue = self.queue.borrow_mut();
         while n > 0 {
             let Some(front) = queue.front_mut() else {
@@ -261,6 +270,24 @@ impl<S: FdStream> Wire<S> {
     pub(crate) fn clear_output(&self) {
         self.queue.borrow_mut().clear();
         self.out.borrow_mut().clear();
+        self.queued.set(0);
+    }
+
+    /// Wakes the connection's task when the request body, read elsewhere, is over or given up.
+    pub(crate) fn wait_for_body(&self, waker: &Waker) {
+        self.body_waiter.set(Some(waker.clone()));
+    }
+
+    /// The request body is over or given up: the connection's task may read the next head.
+    fn body_settled(&self) {
+        if let Some(waker) = self.body_waiter.take() {
+            waker.wake();
+        }
+    }
+
+    /// Whether the request body was let go of before its end, or failed.
+    pub(crate) fn body_abandoned(&self) -> bool {
+        matches!(*self.body.borrow(), BodyRead::Abandoned)
     }
 
     /// The next piece of the request body: `None` at its end.
@@ -268,6 +295,19 @@ impl<S: FdStream> Wire<S> {
         &self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Bytes, BodyReadError>>> {
+        let piece = self.read_body(cx);
+        if piece.is_ready()
+            && !matches!(
+                *self.body.borrow(),
+                BodyRead::Length(_) | BodyRead::Chunked(_)
+            )
+        {
+            self.body_settled();
+        }
+        piece
+    }
+
+    fn read_body(&self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyReadError>>> {
         if self.continue_owed.take() {
             self.push_own(|out| out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n"));
         }
@@ -355,6 +395,8 @@ impl<S: FdStream> Wire<S> {
         if !matches!(*body, BodyRead::Over) {
             *body = BodyRead::Abandoned;
         }
+        drop(body);
+        self.body_settled();
     }
 }
 
