@@ -142,7 +142,8 @@ impl TestServer {
                                 nodus::task::spawn(async move {
                                     nodus::sleep(20).await;
                                     let _ = collect_body(body).await;
-                                });
+                                })
+                                .detach();
                                 text(StatusCode::ACCEPTED, "later")
                             }
                             "/echo" => match collect_body(req.into_body()).await {
