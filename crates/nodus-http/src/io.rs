@@ -14,6 +14,7 @@
 
 use std::cell::Cell;
 use std::io;
+use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::pin::Pin;
 use std::rc::Rc;
@@ -172,10 +173,6 @@ impl<S: FdStream> HyperIo<S> {
     pub fn get_ref(&self) -> &S {
         &self.stream
     }
-
-    fn touched(&self) {
-        self.activity.last_io.set(now_ns());
-    }
 }
 
 impl<S: FdStream + Unpin> Read for HyperIo<S> {
@@ -193,41 +190,19 @@ impl<S: FdStream + Unpin> Read for HyperIo<S> {
             }
             return Poll::Ready(Ok(()));
         }
-        loop {
-            ready!(self.stream.poll_read_ready(cx))?;
-            let capacity = buf.remaining();
-            // SAFETY: `recv` and `read` only write into the slice and return the prefix they
-            // initialized; we advance the cursor by exactly that many bytes.
-            let unfilled = unsafe { buf.as_mut() };
-            let fd = self.stream.fd();
-            let result = if self.not_socket.get() {
-                rustix::io::read(fd, unfilled).map(|(filled, _)| filled.len())
-            } else {
-                rustix::net::recv(fd, unfilled, RecvFlags::empty())
-                    .map(|((filled, _), _)| filled.len())
-            };
-            match result {
-                Ok(n) => {
-                    // The peer's EOF is noted. A short read of a stream drained the socket
-                    // buffer: forget readiness now instead of paying a read that returns EAGAIN
-                    // (later data raises a new edge; an EOF already seen stays visible).
-                    if n == 0 {
-                        self.activity.eof.set(true);
-                    } else if n < capacity {
-                        self.stream.clear_read_ready();
-                    }
-                    self.touched();
-                    stats::received(n);
-                    // SAFETY: the first `n` bytes of the cursor were just initialized.
-                    unsafe { buf.advance(n) };
-                    return Poll::Ready(Ok(()));
-                }
-                Err(Errno::NOTSOCK) => self.not_socket.set(true),
-                Err(Errno::AGAIN) => self.stream.clear_read_ready(),
-                Err(Errno::INTR) => {}
-                Err(e) => return Poll::Ready(Err(e.into())),
-            }
-        }
+        // SAFETY: `poll_read_into` only writes into the slice and returns how many bytes of its
+        // start it initialized; we advance the cursor by exactly that many.
+        let unfilled = unsafe { buf.as_mut() };
+        let n = ready!(poll_read_into(
+            &self.stream,
+            &self.activity,
+            &self.not_socket,
+            cx,
+            unfilled
+        ))?;
+        // SAFETY: the first `n` bytes of the cursor were just initialized.
+        unsafe { buf.advance(n) };
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -283,28 +258,83 @@ impl<S: FdStream> HyperIo<S> {
     fn write_with(
         &self,
         cx: &mut Context<'_>,
-        mut op: impl FnMut(BorrowedFd<'_>, bool) -> rustix::io::Result<usize>,
+        op: impl FnMut(BorrowedFd<'_>, bool) -> rustix::io::Result<usize>,
     ) -> Poll<io::Result<usize>> {
-        loop {
-            let Poll::Ready(ready) = self.stream.poll_write_ready(cx) else {
-                if !self.activity.write_blocked.replace(true) {
-                    self.activity.blocked_since.set(now_ns());
+        poll_write_with(&self.stream, &self.activity, &self.not_socket, cx, op)
+    }
+}
+
+/// One read of `stream` into `spare`, waiting for read readiness: `recv` (or `read`, once the
+/// fd refused a socket call: `not_socket`); the bytes read, 0 at the peer's EOF. The EOF, the
+/// time and the byte count go to `activity` and the loop's counters; a short read forgets the
+/// read readiness (the socket buffer is drained: later data raises a new edge, and an EOF
+/// already seen stays visible), so no read that returns `EAGAIN` is paid for.
+pub(crate) fn poll_read_into<S: FdStream>(
+    stream: &S,
+    activity: &Activity,
+    not_socket: &Cell<bool>,
+    cx: &mut Context<'_>,
+    spare: &mut [MaybeUninit<u8>],
+) -> Poll<io::Result<usize>> {
+    loop {
+        ready!(stream.poll_read_ready(cx))?;
+        let capacity = spare.len();
+        let fd = stream.fd();
+        let result = if not_socket.get() {
+            rustix::io::read(fd, &mut *spare).map(|(filled, _)| filled.len())
+        } else {
+            rustix::net::recv(fd, &mut *spare, RecvFlags::empty())
+                .map(|((filled, _), _)| filled.len())
+        };
+        match result {
+            Ok(n) => {
+                if n == 0 {
+                    activity.eof.set(true);
+                } else if n < capacity {
+                    stream.clear_read_ready();
                 }
-                return Poll::Pending;
-            };
-            ready?;
-            match op(self.stream.fd(), !self.not_socket.get()) {
-                Ok(n) => {
-                    self.touched();
-                    self.activity.write_blocked.set(false);
-                    stats::sent(n);
-                    return Poll::Ready(Ok(n));
-                }
-                Err(Errno::AGAIN) => self.stream.clear_write_ready(),
-                Err(Errno::NOTSOCK) => self.not_socket.set(true),
-                Err(Errno::INTR) => {}
-                Err(e) => return Poll::Ready(Err(e.into())),
+                activity.last_io.set(now_ns());
+                stats::received(n);
+                return Poll::Ready(Ok(n));
             }
+            Err(Errno::NOTSOCK) => not_socket.set(true),
+            Err(Errno::AGAIN) => stream.clear_read_ready(),
+            Err(Errno::INTR) => {}
+            Err(e) => return Poll::Ready(Err(e.into())),
+        }
+    }
+}
+
+/// One write to `stream` by `op` (given the fd and whether it is a socket), waiting for write
+/// readiness: the bytes written. A write that finds the socket full marks `activity` write
+/// blocked, since when (the first such write after one that made progress); one that writes
+/// clears it and counts the bytes.
+pub(crate) fn poll_write_with<S: FdStream>(
+    stream: &S,
+    activity: &Activity,
+    not_socket: &Cell<bool>,
+    cx: &mut Context<'_>,
+    mut op: impl FnMut(BorrowedFd<'_>, bool) -> rustix::io::Result<usize>,
+) -> Poll<io::Result<usize>> {
+    loop {
+        let Poll::Ready(ready) = stream.poll_write_ready(cx) else {
+            if !activity.write_blocked.replace(true) {
+                activity.blocked_since.set(now_ns());
+            }
+            return Poll::Pending;
+        };
+        ready?;
+        match op(stream.fd(), !not_socket.get()) {
+            Ok(n) => {
+                activity.last_io.set(now_ns());
+                activity.write_blocked.set(false);
+                stats::sent(n);
+                return Poll::Ready(Ok(n));
+            }
+            Err(Errno::AGAIN) => stream.clear_write_ready(),
+            Err(Errno::NOTSOCK) => not_socket.set(true),
+            Err(Errno::INTR) => {}
+            Err(e) => return Poll::Ready(Err(e.into())),
         }
     }
 }

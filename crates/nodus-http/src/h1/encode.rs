@@ -45,6 +45,7 @@
 //! - hyper's extensions (`ReasonPhrase`, header case), its `date_header(false)`, `CONNECT` and
 //!   upgrades other than a 101's head are not supported.
 
+use super::digits;
 use std::cell::Cell;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -392,21 +393,6 @@ fn can_have_length(status: StatusCode) -> bool {
     !status.is_informational()
         && status != StatusCode::NO_CONTENT
         && status != StatusCode::NOT_MODIFIED
-}
-
-/// A `content-length` value: one or more ASCII digits, no sign, no overflow (hyper's
-/// `from_digits`).
-fn digits(bytes: &[u8]) -> Option<u64> {
-    if bytes.is_empty() {
-        return None;
-    }
-    bytes.iter().try_fold(0u64, |n, &b| {
-        if b.is_ascii_digit() {
-            n.checked_mul(10)?.checked_add(u64::from(b - b'0'))
-        } else {
-            None
-        }
-    })
 }
 
 /// Whether a header value's comma-separated list holds `token` (ASCII case-insensitive); a value

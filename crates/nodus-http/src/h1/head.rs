@@ -35,6 +35,7 @@
 //!   client sending only empty lines grows no buffer). An error leaves it as it was: one found
 //!   after the split (an invalid target, header name or framing) puts the bytes back, a copy.
 
+use super::digits;
 use std::mem::MaybeUninit;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -454,20 +455,6 @@ fn tokens(value: &HeaderValue) -> impl Iterator<Item = &str> {
         .into_iter()
         .flat_map(|s| s.split(','))
         .map(str::trim)
-}
-
-/// A decimal number of digits only (no sign, not empty) that fits a u64 (hyper's `from_digits`).
-fn digits(bytes: &[u8]) -> Option<u64> {
-    if bytes.is_empty() {
-        return None;
-    }
-    bytes.iter().try_fold(0u64, |n, &b| {
-        if b.is_ascii_digit() {
-            n.checked_mul(10)?.checked_add(u64::from(b - b'0'))
-        } else {
-            None
-        }
-    })
 }
 
 #[cfg(test)]

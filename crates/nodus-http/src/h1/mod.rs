@@ -25,3 +25,18 @@ pub(crate) mod conn;
 pub(crate) mod encode;
 pub(crate) mod head;
 pub(crate) mod wire;
+
+/// A `content-length` value: one or more ASCII digits, no sign, no overflow (hyper's
+/// `from_digits`).
+fn digits(bytes: &[u8]) -> Option<u64> {
+    if bytes.is_empty() {
+        return None;
+    }
+    bytes.iter().try_fold(0u64, |n, &b| {
+        if b.is_ascii_digit() {
+            n.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+        } else {
+            None
+        }
+    })
+}

@@ -22,17 +22,16 @@
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
+use std::os::fd::BorrowedFd;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker, ready};
 
 use bytes::{Buf, Bytes, BytesMut};
-use rustix::io::Errno;
-use rustix::net::{RecvFlags, SendFlags};
+use rustix::net::SendFlags;
 
 use super::chunked::{ChunkedDecoder, ChunkedError, Decoded};
-use crate::io::{Activity, FdStream, now_ns};
+use crate::io::{Activity, FdStream, poll_read_into, poll_write_with};
 use crate::server::SentChunk;
-use crate::stats;
 
 /// A read is made with at least this much room in the buffer.
 const MIN_READ: usize = 2048;
@@ -109,41 +108,22 @@ impl<S: FdStream> Wire<S> {
 
     /// Reads what the socket holds into the buffer: `Ok(0)` at the peer's EOF.
     pub(crate) fn poll_fill(&self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        loop {
-            ready!(self.stream.poll_read_ready(cx))?;
-            let mut buf = self.buf.borrow_mut();
-            if buf.capacity() - buf.len() < MIN_READ {
-                buf.reserve(READ_CHUNK);
-            }
-            let fd = self.stream.fd();
-            let filled = buf.len();
-            let spare = buf.spare_capacity_mut();
-            let capacity = spare.len();
-            let result = if self.not_socket.get() {
-                rustix::io::read(fd, spare).map(|(filled, _)| filled.len())
-            } else {
-                rustix::net::recv(fd, spare, RecvFlags::empty())
-                    .map(|((filled, _), _)| filled.len())
-            };
-            match result {
-                Ok(n) => {
-                    // SAFETY: the read initialized the first `n` bytes of the spare capacity.
-                    unsafe { buf.set_len(filled + n) };
-                    if n == 0 {
-                        self.activity.eof.set(true);
-                    } else if n < capacity {
-                        self.stream.clear_read_ready();
-                    }
-                    self.activity.last_io.set(now_ns());
-                    stats::received(n);
-                    return Poll::Ready(Ok(n));
-                }
-                Err(Errno::NOTSOCK) => self.not_socket.set(true),
-                Err(Errno::AGAIN) => self.stream.clear_read_ready(),
-                Err(Errno::INTR) => {}
-                Err(e) => return Poll::Ready(Err(e.into())),
-            }
+        let mut buf = self.buf.borrow_mut();
+        if buf.capacity() - buf.len() < MIN_READ {
+            buf.reserve(READ_CHUNK);
         }
+        let filled = buf.len();
+        let spare = buf.spare_capacity_mut();
+        let n = ready!(poll_read_into(
+            &self.stream,
+            &self.activity,
+            &self.not_socket,
+            cx,
+            spare
+        ))?;
+        // SAFETY: the read initialized the first `n` bytes of the spare capacity.
+        unsafe { buf.set_len(filled + n) };
+        Poll::Ready(Ok(n))
     }
 
     /// Appends bytes to the output queue.
@@ -237,33 +217,14 @@ impl<S: FdStream> Wire<S> {
     }
 
     fn poll_write(&self, cx: &mut Context<'_>, slices: &[IoSlice<'_>]) -> Poll<io::Result<usize>> {
-        loop {
-            let Poll::Ready(ready) = self.stream.poll_write_ready(cx) else {
-                if !self.activity.write_blocked.replace(true) {
-                    self.activity.blocked_since.set(now_ns());
-                }
-                return Poll::Pending;
-            };
-            ready?;
-            let fd = self.stream.fd();
-            let result = if self.not_socket.get() {
-                rustix::io::writev(fd, slices)
-            } else {
+        let op = |fd: BorrowedFd<'_>, socket: bool| {
+            if socket {
                 rustix::net::sendmsg(fd, slices, &mut Default::default(), SendFlags::NOSIGNAL)
-            };
-            match result {
-                Ok(n) => {
-                    self.activity.last_io.set(now_ns());
-                    self.activity.write_blocked.set(false);
-                    stats::sent(n);
-                    return Poll::Ready(Ok(n));
-                }
-                Err(Errno::AGAIN) => self.stream.clear_write_ready(),
-                Err(Errno::NOTSOCK) => self.not_socket.set(true),
-                Err(Errno::INTR) => {}
-                Err(e) => return Poll::Ready(Err(e.into())),
+            } else {
+                rustix::io::writev(fd, slices)
             }
-        }
+        };
+        poll_write_with(&self.stream, &self.activity, &self.not_socket, cx, op)
     }
 
     /// Drops whatever output is queued (a connection cut).
