@@ -342,6 +342,7 @@ where
             body,
             keep_alive,
             expect_continue,
+            te_trailers,
             framing_refused,
         } = request;
         let body_empty = matches!(body, BodyFraming::Empty);
@@ -354,11 +355,7 @@ where
         self.version = version;
         self.head_request = method == Method::HEAD;
         self.keep_alive = keep_alive;
-        self.te_trailers = headers.get_all(header::TE).iter().any(|v| {
-            v.as_bytes()
-                .split(|&b| b == b',')
-                .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
-        });
+        self.te_trailers = te_trailers;
         let request = self.wire.request.get() + 1;
         self.wire.request.set(request);
         let wire: Weak<dyn WireBody> = Rc::downgrade(&self.wire) as Weak<dyn WireBody>;

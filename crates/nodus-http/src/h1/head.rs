@@ -77,6 +77,8 @@ pub(crate) struct RequestHead {
     pub keep_alive: bool,
     /// `Expect: 100-continue` (case-insensitive) on an HTTP/1.1 request.
     pub expect_continue: bool,
+    /// A `TE` token `trailers` (any line): the client takes a chunked response's trailers.
+    pub te_trailers: bool,
     /// Node (llhttp, strict) refuses this framing with 400 although the head parsed (the server
     /// refuses it before the handler, reporting the request line): a line of the head ended by a
     /// bare LF (no CR before it), `Content-Length` twice (even equal values), `Content-Length`
@@ -380,6 +382,7 @@ fn build(
         body,
         keep_alive: !framing.close && (http_11 || framing.keep_alive),
         expect_continue: http_11 && framing.expect_continue,
+        te_trailers: framing.te_trailers,
         framing_refused: line.bare_lf || refused,
     })
 }
@@ -400,6 +403,8 @@ struct Framing {
     keep_alive: bool,
     /// The last `Expect` line is `100-continue`.
     expect_continue: bool,
+    /// A `TE` token is `trailers`.
+    te_trailers: bool,
 }
 
 impl Framing {
@@ -439,6 +444,9 @@ impl Framing {
             }
             header::EXPECT => {
                 self.expect_continue = value.as_bytes().eq_ignore_ascii_case(b"100-continue");
+            }
+            header::TE => {
+                self.te_trailers |= tokens(value).any(|t| t.eq_ignore_ascii_case("trailers"));
             }
             _ => {}
         }

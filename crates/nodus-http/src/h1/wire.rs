@@ -340,25 +340,6 @@ impl<S: FdStream> Wire<S> {
     pub(crate) fn body_over(&self) -> bool {
         matches!(*self.body.borrow(), BodyRead::Over)
     }
-
-    /// The bytes of a `Content-Length` body still to come, if that is what is being read.
-    pub(crate) fn body_left(&self) -> Option<u64> {
-        match *self.body.borrow() {
-            BodyRead::Over => Some(0),
-            BodyRead::Length(n) => Some(n),
-            _ => None,
-        }
-    }
-
-    /// The body was let go of before its end: the connection reads no further request.
-    pub(crate) fn abandon_body(&self) {
-        let mut body = self.body.borrow_mut();
-        if !matches!(*body, BodyRead::Over) {
-            *body = BodyRead::Abandoned;
-        }
-        drop(body);
-        self.body_settled();
-    }
 }
 
 /// Why a request body could not be read.
@@ -399,7 +380,10 @@ pub(crate) trait WireBody {
         request: u64,
     ) -> Poll<Option<Result<Bytes, BodyReadError>>>;
     fn body_over(&self, request: u64) -> bool;
+    /// The bytes of a `Content-Length` body still to come (0 once over), if that is what is
+    /// being read.
     fn body_left(&self, request: u64) -> Option<u64>;
+    /// The body was let go of before its end: the connection reads no further request.
     fn abandon_body(&self, request: u64);
 }
 
@@ -421,11 +405,21 @@ impl<S: FdStream> WireBody for Wire<S> {
         if request != self.request.get() {
             return Some(0);
         }
-        Wire::body_left(self)
+        match *self.body.borrow() {
+            BodyRead::Over => Some(0),
+            BodyRead::Length(n) => Some(n),
+            _ => None,
+        }
     }
     fn abandon_body(&self, request: u64) {
-        if request == self.request.get() {
-            Wire::abandon_body(self)
+        if request != self.request.get() {
+            return;
         }
+        let mut body = self.body.borrow_mut();
+        if !matches!(*body, BodyRead::Over) {
+            *body = BodyRead::Abandoned;
+        }
+        drop(body);
+        self.body_settled();
     }
 }
