@@ -456,24 +456,29 @@ pub(crate) fn chunk_head(len: usize, out: &mut Vec<u8>) {
 }
 
 thread_local! {
-    /// The second (since the Unix epoch) last rendered, and its IMF-fixdate.
-    static DATE_CACHE: Cell<(u64, [u8; DATE_LEN])> = const { Cell::new((u64::MAX, [0; DATE_LEN])) };
+    /// The loop time (`nodus::time::loop_now_ns`) before which the wall clock is still in the
+    /// second last rendered, and that second's IMF-fixdate.
+    static DATE_CACHE: Cell<(u64, [u8; DATE_LEN])> = const { Cell::new((0, [0; DATE_LEN])) };
 }
 
-/// The IMF-fixdate of now, the `Date` header's value: one read of the wall clock, rendered at
-/// most once a second per thread (hyper renders once a second too, `common/date.rs`). A clock
-/// before the Unix epoch reads as the epoch.
+/// The IMF-fixdate of now, the `Date` header's value, rendered at most once a second per thread
+/// (hyper renders once a second too, `common/date.rs`). Within a second it costs no clock read:
+/// the loop's time says when the wall clock's next second starts, so the date lags by at most the
+/// current poll (a wall clock step shows at the next second). A clock before the Unix epoch reads
+/// as the epoch.
 pub(crate) fn date_now() -> [u8; DATE_LEN] {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let now = nodus::time::loop_now_ns();
     DATE_CACHE.with(|cache| {
-        let (cached, bytes) = cache.get();
-        if cached == secs {
+        let (until, bytes) = cache.get();
+        if now < until {
             return bytes;
         }
-        let bytes = render_date(secs);
-        cache.set((secs, bytes));
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let bytes = render_date(wall.as_secs());
+        let rest_of_second = u64::from(1_000_000_000 - wall.subsec_nanos());
+        cache.set((now.saturating_add(rest_of_second), bytes));
         bytes
     })
 }
@@ -990,6 +995,11 @@ mod tests {
         assert!(parsed + Duration::from_secs(1) > before && parsed <= after);
         // Cached: the same second reads the same bytes.
         assert_eq!(DATE_CACHE.with(Cell::get).1, now);
+        // The cache ends with its second: a second later, the date is a later one.
+        std::thread::sleep(Duration::from_millis(1050));
+        let later = date_now();
+        let parsed_later = httpdate::parse_http_date(std::str::from_utf8(&later).unwrap()).unwrap();
+        assert!(parsed_later > parsed, "{later:?} after {now:?}");
     }
 }
 

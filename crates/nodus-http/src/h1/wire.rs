@@ -12,9 +12,11 @@
 //! - The buffer holds the bytes of one request at a time: a head, then its body (`body`), then
 //!   the next head. Nothing reads a next head while `body` is not over.
 //! - Output is a queue of segments: bytes the engine wrote (heads, chunk framing) and the
-//!   response's body chunks as the handler made them, written together with `sendmsg` (no copy
-//!   of a body chunk) and advanced by what each write took, so a body chunk's `Meter` counts the
-//!   bytes the socket took. A write that finds the socket full marks the connection write
+//!   response's body chunks as the handler made them, advanced by what each write took, so a
+//!   body chunk's `Meter` counts the bytes the socket took. Segments are written together with
+//!   `sendmsg` (no copy of a body chunk), except that output of at most `FLATTEN_MAX` bytes is
+//!   copied into one buffer and written with `send` (a typical small response: its head and
+//!   body in one `send`, which costs the kernel less than `sendmsg`). A write that finds the socket full marks the connection write
 //!   blocked, since when (`Activity`), for the write-stall timeout.
 //! - A stream that turns out not to be a socket (`ENOTSOCK`, once) is read and written with
 //!   `read`/`writev` from then on.
@@ -41,6 +43,9 @@ const READ_CHUNK: usize = 8192;
 /// `MAX_BUF_LIST_BUFFERS`): a body of many small chunks is written 16 segments at a time, and
 /// what is queued is never walked past them.
 pub(crate) const MAX_IOVECS: usize = 16;
+/// Output of several segments and at most this many bytes is copied into one buffer and written
+/// with `send`: cheaper in the kernel than `sendmsg`'s copy of the message header and iovecs.
+const FLATTEN_MAX: usize = 1024;
 
 /// Where the request body being read is.
 pub(crate) enum BodyRead {
@@ -183,6 +188,16 @@ impl<S: FdStream> Wire<S> {
                     });
                     count += 1;
                 }
+                let mut flat = [0u8; FLATTEN_MAX];
+                if count > 1 && self.queued.get() <= FLATTEN_MAX {
+                    let mut len = 0;
+                    for slice in &slices[..count] {
+                        flat[len..len + slice.len()].copy_from_slice(slice);
+                        len += slice.len();
+                    }
+                    slices[0] = IoSlice::new(&flat[..len]);
+                    count = 1;
+                }
                 ready!(self.poll_write(cx, &slices[..count]))?
             };
             self.advance(n);
@@ -218,7 +233,9 @@ impl<S: FdStream> Wire<S> {
 
     fn poll_write(&self, cx: &mut Context<'_>, slices: &[IoSlice<'_>]) -> Poll<io::Result<usize>> {
         let op = |fd: BorrowedFd<'_>, socket: bool| {
-            if socket {
+            if socket && slices.len() == 1 {
+                rustix::net::send(fd, &slices[0], SendFlags::NOSIGNAL)
+            } else if socket {
                 rustix::net::sendmsg(fd, slices, &mut Default::default(), SendFlags::NOSIGNAL)
             } else {
                 rustix::io::writev(fd, slices)
