@@ -47,6 +47,11 @@ pub(crate) const MAX_IOVECS: usize = 16;
 /// with `send`: cheaper in the kernel than `sendmsg`'s copy of the message header and iovecs.
 const FLATTEN_MAX: usize = 1024;
 
+thread_local! {
+    /// Where output of at most `FLATTEN_MAX` bytes is copied for its `send` (one per loop).
+    static FLAT: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(FLATTEN_MAX));
+}
+
 /// Where the request body being read is.
 pub(crate) enum BodyRead {
     /// No body, or it was read to its end.
@@ -188,17 +193,18 @@ impl<S: FdStream> Wire<S> {
                     });
                     count += 1;
                 }
-                let mut flat = [0u8; FLATTEN_MAX];
-                if count > 1 && self.queued.get() <= FLATTEN_MAX {
-                    let mut len = 0;
-                    for slice in &slices[..count] {
-                        flat[len..len + slice.len()].copy_from_slice(slice);
-                        len += slice.len();
-                    }
-                    slices[0] = IoSlice::new(&flat[..len]);
-                    count = 1;
-                }
-                ready!(self.poll_write(cx, &slices[..count]))?
+                let written = if count > 1 && self.queued.get() <= FLATTEN_MAX {
+                    FLAT.with_borrow_mut(|flat| {
+                        flat.clear();
+                        for slice in &slices[..count] {
+                            flat.extend_from_slice(slice);
+                        }
+                        self.poll_write(cx, &[IoSlice::new(flat)])
+                    })
+                } else {
+                    self.poll_write(cx, &slices[..count])
+                };
+                ready!(written)?
             };
             self.advance(n);
         }
