@@ -286,6 +286,7 @@ pub(crate) fn poll_read_into<S: FdStream>(
             rustix::net::recv(fd, &mut *spare, RecvFlags::empty())
                 .map(|((filled, _), _)| filled.len())
         };
+        nodus::io::after_syscall();
         match result {
             Ok(n) => {
                 if n == 0 {
@@ -324,7 +325,9 @@ pub(crate) fn poll_write_with<S: FdStream>(
             return Poll::Pending;
         };
         ready?;
-        match op(stream.fd(), !not_socket.get()) {
+        let result = op(stream.fd(), !not_socket.get());
+        nodus::io::after_syscall();
+        match result {
             Ok(n) => {
                 activity.last_io.set(now_ns());
                 activity.write_blocked.set(false);

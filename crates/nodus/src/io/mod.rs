@@ -4,6 +4,8 @@
 mod async_fd;
 pub(crate) mod coop;
 pub(crate) mod reactor;
+mod return_stack;
 
 pub use async_fd::{AsyncFd, AsyncFdMut};
 pub use coop::consume_budget;
+pub use return_stack::{after_syscall, refill_return_stack, refills_return_stack};

@@ -31,7 +31,9 @@ pub(super) fn poll_read_op<T: AsFd, R>(
 ) -> Poll<io::Result<R>> {
     loop {
         ready!(io.poll_read_ready(cx))?;
-        match op(io.get_ref()) {
+        let result = op(io.get_ref());
+        crate::io::after_syscall();
+        match result {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => io.clear_read_ready(),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             other => return Poll::Ready(other),
@@ -102,7 +104,9 @@ pub(super) fn poll_write_op<T: AsFd, R>(
 ) -> Poll<io::Result<R>> {
     loop {
         ready!(io.poll_write_ready(cx))?;
-        match op(io.get_ref()) {
+        let result = op(io.get_ref());
+        crate::io::after_syscall();
+        match result {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => io.clear_write_ready(),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             other => return Poll::Ready(other),

@@ -113,8 +113,12 @@ impl Builder {
     /// inherits them. Where one is set, that is `std::env::remove_var`: build it before starting
     /// threads that read the environment through libc (`getenv`, `getaddrinfo`, `localtime`),
     /// as for any `remove_var`. nodus's own threads all start afterwards.
+    ///
+    /// It also decides, once per process, whether the loop refills the CPU's return stack after
+    /// its hot syscalls ([`crate::io::after_syscall`]; `NODUS_RSB_REFILL`).
     pub fn build(self) -> std::io::Result<Runtime> {
         crate::parent_env::take();
+        crate::io::refills_return_stack();
         Ok(Runtime {
             core: Core::new(self.config)?,
         })
