@@ -11,6 +11,8 @@
 //! marks the connection write-blocked, since when (for the write-stall timeout); a read of the
 //! peer's EOF is noted. An HTTP/2 connection's first bytes, read by the HTTP/1 engine that told
 //! them from an HTTP/1 head (`h1::conn`), are handed to hyper first (`HyperIo::with_prefix`).
+//! Every read and write syscall here, the HTTP/1 engine's too, is followed by
+//! `nodus::io::after_syscall` (the return-stack refill, where it pays).
 
 use std::cell::Cell;
 use std::io;

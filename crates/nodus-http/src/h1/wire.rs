@@ -16,8 +16,9 @@
 //!   body chunk's `Meter` counts the bytes the socket took. Segments are written together with
 //!   `sendmsg` (no copy of a body chunk), except that output of at most `FLATTEN_MAX` bytes is
 //!   copied into one buffer and written with `send` (a typical small response: its head and
-//!   body in one `send`, which costs the kernel less than `sendmsg`). A write that finds the socket full marks the connection write
-//!   blocked, since when (`Activity`), for the write-stall timeout.
+//!   body in one `send`, which costs the kernel less than `sendmsg`). A write that finds the
+//!   socket full marks the connection write blocked, since when (`Activity`), for the
+//!   write-stall timeout.
 //! - A stream that turns out not to be a socket (`ENOTSOCK`, once) is read and written with
 //!   `read`/`writev` from then on.
 

@@ -7,7 +7,8 @@
 //! task's waker, `EINTR` tries again. Each check costs one unit of the cooperative budget. The
 //! one other place is [`poll_accept`]'s back-off: an accept out of file descriptors or memory
 //! forgets the listener's readiness too, and [`AcceptBackoff`] has the loop give it back
-//! [`ACCEPT_BACKOFF`] later (see the [module docs](super) for why).
+//! [`ACCEPT_BACKOFF`] later (see the [module docs](super) for why). Each attempt's syscall is
+//! followed by [`crate::io::after_syscall`] (the return-stack refill, where it pays).
 
 use std::cell::Cell;
 use std::future::poll_fn;
