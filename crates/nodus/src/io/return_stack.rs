@@ -65,18 +65,13 @@ pub fn refills_return_stack() -> bool {
 fn decide() -> bool {
     let setting = std::env::var(OVERRIDE).ok();
     let report = std::fs::read_to_string(SRSO_REPORT).ok();
-    let on = match setting.as_deref().map(str::trim) {
-        None | Some("auto") => cfg!(target_arch = "x86_64") && reports_safe_ret(report.as_deref()),
-        Some("on") => cfg!(target_arch = "x86_64"),
-        Some("off") => false,
-        Some(other) => {
-            tracing::warn!(
-                target: "nodus::io",
-                "ignoring {OVERRIDE}={other:?}: not on, off or auto; taking auto"
-            );
-            cfg!(target_arch = "x86_64") && reports_safe_ret(report.as_deref())
-        }
-    };
+    let (on, not_understood) = choose(setting.as_deref(), report.as_deref());
+    if let Some(value) = not_understood {
+        tracing::warn!(
+            target: "nodus::io",
+            "ignoring {OVERRIDE}={value:?}: not on, off or auto; taking auto"
+        );
+    }
     STATE.store(if on { ON } else { OFF }, Ordering::Relaxed);
     tracing::debug!(
         target: "nodus::io",
@@ -85,6 +80,19 @@ fn decide() -> bool {
         report.as_deref().map(str::trim)
     );
     on
+}
+
+/// What `NODUS_RSB_REFILL` (if set) and the kernel's SRSO report (if it could be read) decide:
+/// whether to refill, and the setting if it was not understood (then taken as `auto`).
+fn choose<'a>(setting: Option<&'a str>, report: Option<&str>) -> (bool, Option<&'a str>) {
+    let x86_64 = cfg!(target_arch = "x86_64");
+    let auto = x86_64 && reports_safe_ret(report);
+    match setting.map(str::trim) {
+        None | Some("auto") => (auto, None),
+        Some("on") => (x86_64, None),
+        Some("off") => (false, None),
+        Some(other) => (auto, Some(other)),
+    }
 }
 
 /// Whether the kernel's SRSO report (the file's text, if it could be read) says the mitigation
@@ -134,6 +142,21 @@ mod tests {
         assert!(!reports_safe_ret(Some("Mitigation: IBPB\n")));
         assert!(!reports_safe_ret(Some("Vulnerable\n")));
         assert!(!reports_safe_ret(None));
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_setting_overrides_the_kernel_s_report_and_a_bad_one_is_taken_as_auto() {
+        let safe_ret = Some("Vulnerable: Safe RET, no microcode\n");
+        let unaffected = Some("Not affected\n");
+        assert_eq!(choose(None, safe_ret), (true, None));
+        assert_eq!(choose(None, unaffected), (false, None));
+        assert_eq!(choose(None, None), (false, None));
+        assert_eq!(choose(Some(" auto "), safe_ret), (true, None));
+        assert_eq!(choose(Some("off"), safe_ret), (false, None));
+        assert_eq!(choose(Some("on"), unaffected), (true, None));
+        assert_eq!(choose(Some("yes"), unaffected), (false, Some("yes")));
+        assert_eq!(choose(Some("1"), safe_ret), (true, Some("1")));
     }
 
     /// Values live in registers and on the stack across many refills come back unchanged, and
