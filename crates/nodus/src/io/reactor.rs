@@ -353,9 +353,7 @@ impl Reactor {
         out: &mut Vec<(usize, u8)>,
     ) -> io::Result<bool> {
         let mut events = self.events.borrow_mut();
-        let polled = self.poll.borrow_mut().poll(&mut events, timeout);
-        super::after_syscall();
-        match polled {
+        match self.poll.borrow_mut().poll(&mut events, timeout) {
             Ok(()) => {}
             // A signal: report nothing and let the loop come round again.
             Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(false),

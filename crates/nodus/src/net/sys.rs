@@ -7,8 +7,9 @@
 //! task's waker, `EINTR` tries again. Each check costs one unit of the cooperative budget. The
 //! one other place is [`poll_accept`]'s back-off: an accept out of file descriptors or memory
 //! forgets the listener's readiness too, and [`AcceptBackoff`] has the loop give it back
-//! [`ACCEPT_BACKOFF`] later (see the [module docs](super) for why). Each attempt's syscall is
-//! followed by [`crate::io::after_syscall`] (the return-stack refill, where it pays).
+//! [`ACCEPT_BACKOFF`] later (see the [module docs](super) for why). A stream's `send` and
+//! `sendmsg` (rustix's, made inline: no wrapper returns first) are followed by
+//! [`crate::io::after_syscall`] (the return-stack refill, where it pays).
 
 use std::cell::Cell;
 use std::future::poll_fn;
@@ -32,9 +33,7 @@ pub(super) fn poll_read_op<T: AsFd, R>(
 ) -> Poll<io::Result<R>> {
     loop {
         ready!(io.poll_read_ready(cx))?;
-        let result = op(io.get_ref());
-        crate::io::after_syscall();
-        match result {
+        match op(io.get_ref()) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => io.clear_read_ready(),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             other => return Poll::Ready(other),
@@ -105,9 +104,7 @@ pub(super) fn poll_write_op<T: AsFd, R>(
 ) -> Poll<io::Result<R>> {
     loop {
         ready!(io.poll_write_ready(cx))?;
-        let result = op(io.get_ref());
-        crate::io::after_syscall();
-        match result {
+        match op(io.get_ref()) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => io.clear_write_ready(),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             other => return Poll::Ready(other),
@@ -144,7 +141,9 @@ pub(super) fn poll_write<T: AsFd>(
     buf: &[u8],
 ) -> Poll<io::Result<usize>> {
     poll_write_op(io, cx, |s| {
-        Ok(rustix::net::send(s, buf, SendFlags::NOSIGNAL)?)
+        let sent = rustix::net::send(s, buf, SendFlags::NOSIGNAL);
+        crate::io::after_syscall();
+        Ok(sent?)
     })
 }
 
@@ -156,12 +155,9 @@ pub(super) fn poll_write_vectored<T: AsFd>(
 ) -> Poll<io::Result<usize>> {
     poll_write_op(io, cx, |s| {
         let mut control = SendAncillaryBuffer::default();
-        Ok(rustix::net::sendmsg(
-            s,
-            bufs,
-            &mut control,
-            SendFlags::NOSIGNAL,
-        )?)
+        let sent = rustix::net::sendmsg(s, bufs, &mut control, SendFlags::NOSIGNAL);
+        crate::io::after_syscall();
+        Ok(sent?)
     })
 }
 
