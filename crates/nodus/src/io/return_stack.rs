@@ -21,11 +21,11 @@
 //!   [`after_syscall`] is a load and a branch.
 //! - It follows the syscalls a request makes that rustix makes inline (its `linux_raw` backend:
 //!   the `syscall` instruction in the caller, no wrapper): nodus-http's socket reads and writes
-//!   and the writes of `nodus::net` streams. Made after a libc wrapper it would come too late:
-//!   the wrapper's own `ret` has already done the harm (a C loop of glibc's `send`/`recv` with
-//!   the refill after each call stays at 6.6 µs). So the loop's `epoll_wait` (mio, through
-//!   libc), std's reads of `nodus::net` streams and accepts have none; nor have syscalls off a
-//!   request's path (files, processes, IPC).
+//!   and the `recv`, `send` and `sendmsg` of `nodus::net` streams. Made after a libc wrapper it
+//!   would come too late: the wrapper's own `ret` has already done the harm (a C loop of glibc's
+//!   `send`/`recv` with the refill after each call stays at 6.6 µs). So the loop's `epoll_wait`
+//!   (mio, through libc), std's vectored reads of `nodus::net` streams and accepts have none;
+//!   nor have syscalls off a request's path (files, processes, IPC).
 
 use std::sync::atomic::{AtomicU8, Ordering};
 

@@ -7,8 +7,8 @@
 //! task's waker, `EINTR` tries again. Each check costs one unit of the cooperative budget. The
 //! one other place is [`poll_accept`]'s back-off: an accept out of file descriptors or memory
 //! forgets the listener's readiness too, and [`AcceptBackoff`] has the loop give it back
-//! [`ACCEPT_BACKOFF`] later (see the [module docs](super) for why). A stream's `send` and
-//! `sendmsg` (rustix's, made inline: no wrapper returns first) are followed by
+//! [`ACCEPT_BACKOFF`] later (see the [module docs](super) for why). A stream's `recv`, `send`
+//! and `sendmsg` (rustix's, made inline: no wrapper returns first) are followed by
 //! [`crate::io::after_syscall`] (the return-stack refill, where it pays).
 
 use std::cell::Cell;
@@ -20,7 +20,7 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use rustix::io::Errno;
-use rustix::net::{SendAncillaryBuffer, SendFlags};
+use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
 use socket2::{Domain, SockAddr, SockRef, Socket, Type};
 
 use crate::io::AsyncFd;
@@ -112,15 +112,17 @@ pub(super) fn poll_write_op<T: AsFd, R>(
     }
 }
 
+/// `recv`: a stream socket's read without the file layer `read` goes through.
 pub(super) fn poll_read<T: AsFd>(
     io: &AsyncFd<T>,
     cx: &mut Context<'_>,
     buf: &mut [u8],
-) -> Poll<io::Result<usize>>
-where
-    for<'a> &'a T: Read,
-{
-    poll_read_op(io, cx, |mut s| s.read(buf))
+) -> Poll<io::Result<usize>> {
+    poll_read_op(io, cx, |s| {
+        let received = rustix::net::recv(s, &mut *buf, RecvFlags::empty());
+        crate::io::after_syscall();
+        Ok(received?.0)
+    })
 }
 
 pub(super) fn poll_read_vectored<T: AsFd>(
