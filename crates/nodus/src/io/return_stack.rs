@@ -44,19 +44,14 @@ static STATE: AtomicU8 = AtomicU8::new(UNDECIDED);
 /// syscall on a path that repeats per request, before the function that made the syscall returns.
 #[inline]
 pub fn after_syscall() {
-    match STATE.load(Ordering::Relaxed) {
-        OFF => {}
-        ON => refill_return_stack(),
-        _ => {
-            if decide() {
-                refill_return_stack();
-            }
-        }
+    if refills_return_stack() {
+        refill_return_stack();
     }
 }
 
 /// Whether this process refills the return stack after its hot syscalls, deciding it if that
 /// was not done yet (a runtime's start does it, so that no request pays for reading the report).
+#[inline]
 pub fn refills_return_stack() -> bool {
     match STATE.load(Ordering::Relaxed) {
         UNDECIDED => decide(),
