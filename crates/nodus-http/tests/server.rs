@@ -2352,6 +2352,66 @@ fn bare_line_feeds_in_trailers_fail_the_body(server: &TestServer) {
     );
 }
 
+/// Chunk framing Node refuses and hyper takes (a space or tab after a chunk size, a chunk
+/// extension llhttp's strict grammar refuses, a `Content-Length` or `Transfer-Encoding` trailer
+/// field) fails the body's read: the answer is the connection's last, and the request pipelined
+/// after the body is never answered, whether the handler reads the body or lets go of it.
+#[test]
+fn chunk_framing_node_refuses_fails_the_body_and_a_pipelined_request_is_never_served() {
+    let server = TestServer::start(Config::default(), Duration::from_secs(1));
+    let echo = b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let smuggled = b"GET /smuggled HTTP/1.1\r\nHost: t\r\n\r\n";
+    for (body, error) in [
+        (&b"5 \r\nhello\r\n0\r\n\r\n"[..], "malformed chunked body"),
+        (b"5\t\r\nhello\r\n0\r\n\r\n", "malformed chunked body"),
+        (b"5; a=b\r\nhello\r\n0\r\n\r\n", "malformed chunked body"),
+        (b"5;a=\"b\r\nhello\r\n0\r\n\r\n", "malformed chunked body"),
+        (
+            b"5\r\nhello\r\n0\r\nContent-Length: 5\r\n\r\n",
+            "trailer section",
+        ),
+    ] {
+        let what = String::from_utf8_lossy(body);
+        // The handler reads the body: its read fails.
+        let mut s = server.connect();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        s.write_all(&[&echo[..], body, smuggled].concat()).unwrap();
+        let reply = read_reply(&mut r, false).unwrap();
+        assert_eq!(reply.status, 400, "{what}");
+        let text = String::from_utf8_lossy(&reply.body);
+        assert!(text.contains(error), "{what}: {text}");
+        let rest = read_until_closed(&mut r);
+        assert!(
+            rest.is_empty(),
+            "{what}: {}",
+            String::from_utf8_lossy(&rest)
+        );
+        // The handler answers without reading it: its discard fails.
+        let mut s = server.connect();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        s.write_all(CHUNKED_POST).unwrap();
+        let reply = read_reply(&mut r, false).unwrap();
+        assert_eq!((reply.status, reply.body.as_slice()), (200, &b"hello"[..]));
+        let _ = s.write_all(&[body, smuggled].concat());
+        let rest = read_until_closed(&mut r);
+        assert!(
+            rest.is_empty(),
+            "{what}: {}",
+            String::from_utf8_lossy(&rest)
+        );
+    }
+    // Extensions and trailers Node takes are a body like any other.
+    let mut s = server.connect();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let body = b"5;a=\"x y\";b\r\nhello\r\n0;ext=1\r\nX-Check: 1\r\n\r\n";
+    s.write_all(&[&echo[..], body, smuggled].concat()).unwrap();
+    let reply = read_reply(&mut r, false).unwrap();
+    assert_eq!((reply.status, reply.body.as_slice()), (200, &b"hello"[..]));
+    assert!(!reply.closes(), "{:?}", reply.headers);
+    let reply = read_reply(&mut r, false).unwrap();
+    assert_eq!((reply.status, reply.body.as_slice()), (200, &b"hello"[..]));
+}
+
 /// A discard is bounded in time too: a body whose rest does not come (a stall), or comes too
 /// slowly (one byte at a time, each within the keep-alive timeout, which alone would never
 /// fire), is given up at the keep-alive timeout after its handler let go of it, and the

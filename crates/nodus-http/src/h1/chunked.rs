@@ -15,9 +15,9 @@
 //! - Data bytes are never looked at (split off by count). Constant size, nothing allocated.
 //!
 //! It follows hyper 1.12's decoder (`proto/h1/decode.rs`), with hyper's default bounds:
-//! - A size line is hex digits, optional spaces and tabs, an optional extension (`;` then any
-//!   bytes but CR and LF, not parsed) and CR LF. Extension bytes (after each size line's first
-//!   `;`) are bounded over the whole body ([`EXTENSION_BYTES_LIMIT`]).
+//! - A size line is hex digits, optional chunk extensions and CR LF. Extension bytes (after each
+//!   size line's first `;`, to its CR) are bounded over the whole body
+//!   ([`EXTENSION_BYTES_LIMIT`]).
 //! - The trailer section is bounded in bytes ([`TRAILER_BYTES_LIMIT`]; an empty section's CR LF
 //!   is counted here, not by hyper, which changes nothing) and lines ([`MAX_TRAILERS`]). Its
 //!   lines are checked as hyper checks them with httparse at the section's end (a token name,
@@ -31,12 +31,23 @@
 //!   CR LF CR LF (`0\r\n\n` ends no body there).
 //! - A size has at most 16 hex digits (so it never overflows a u64); hyper takes any number of
 //!   leading zeros.
-//! - Spaces and tabs after the size count towards the extension bound; hyper's are unbounded.
+//! - A space or tab after a size's digits is refused, as Node refuses it; hyper takes any number
+//!   of them.
+//! - Chunk extensions are parsed byte by byte as Node's llhttp (strict) parses them; hyper skips
+//!   every byte but CR and LF. Each one is `;`, a name of `tchar`s (RFC 9110 token bytes), and
+//!   optionally `=` and a value: `tchar`s, then optionally a quoted string, which ends the
+//!   extension. A quoted string's bytes are HTAB, SP and visible bytes but `"` and `\`, and
+//!   obs-text (0x80 to 0xFF); `\` escapes one HTAB, SP, visible or obs-text byte. There is no
+//!   whitespace outside quoted strings, and the CR is refused right after a `;` (`5;\r`). As in
+//!   llhttp, a name or an unquoted value may be empty (`5;=b`, `5;a=`, `5;;a`).
+//! - A `Content-Length` or `Transfer-Encoding` trailer field (any case) is
+//!   [`ChunkedError::FramingTrailer`], as Node refuses it; hyper hands it to the service as a
+//!   trailer.
 
 use bytes::{Buf, Bytes, BytesMut};
 
-/// The bound on a whole body's chunk extension bytes: the byte that makes them this many is
-/// refused (hyper's `CHUNKED_EXTENSIONS_LIMIT`). Spaces and tabs after a size count too.
+/// The bound on a whole body's chunk extension bytes (after each size line's first `;`, to its
+/// CR): the byte that makes them this many is refused (hyper's `CHUNKED_EXTENSIONS_LIMIT`).
 const EXTENSION_BYTES_LIMIT: u32 = 16 * 1024;
 
 /// The bound on a trailer section's bytes, from its first to its last LF: the byte that makes
@@ -55,10 +66,18 @@ const MAX_SIZE_DIGITS: u8 = 16;
 enum State {
     /// In a size line's hex digits: how many so far.
     Size(u8),
-    /// Spaces and tabs after a size's digits.
-    SizeWhitespace,
-    /// In a chunk extension, after its `;`.
-    Extension,
+    /// After a `;` of a size line: an extension's name, its `=` or another `;` comes next.
+    ExtensionStart,
+    /// In an extension's name.
+    ExtensionName,
+    /// In an extension's unquoted value, after its `=`.
+    ExtensionValue,
+    /// In an extension value's quoted string.
+    Quoted,
+    /// After a `\` in a quoted string.
+    QuotedPair,
+    /// After a quoted string's closing `"`: a `;` or the CR comes next.
+    QuotedEnd,
     /// After a size line's CR.
     SizeLf,
     /// In a chunk's data (`ChunkedDecoder::left` bytes to go, never 0).
@@ -69,8 +88,8 @@ enum State {
     DataLf,
     /// At a line of the trailer section: a trailer's first byte, or the CR of the empty line.
     LineStart,
-    /// In a trailer's name.
-    TrailerName,
+    /// In a trailer's name, as far as it matches a framing field's.
+    TrailerName(FramingName),
     /// In a trailer's value, after the `:`.
     TrailerValue,
     /// After a trailer line's CR.
@@ -87,7 +106,7 @@ pub(crate) struct ChunkedDecoder {
     state: State,
     /// The chunk's size while its size line is read, then its data bytes left.
     left: u64,
-    /// Extension bytes so far in the body (with spaces and tabs after sizes).
+    /// Extension bytes so far in the body.
     extension_bytes: u32,
     /// Trailer section bytes so far.
     trailer_bytes: u32,
@@ -111,12 +130,16 @@ pub(crate) enum Decoded {
 /// Why a body is refused; the refused byte is the first of `buf`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ChunkedError {
-    /// A bad size line, a missing CR LF after data, a size over 16 hex digits, a trailer line
-    /// that is no field, extensions or a trailer section over hyper's bounds.
+    /// A bad size line (a malformed extension or a space or tab after the size too), a missing
+    /// CR LF after data, a size over 16 hex digits, a trailer line that is no field, extensions
+    /// or a trailer section over hyper's bounds.
     Malformed,
     /// A LF without its CR in a size line, after data, or in the trailer section (Node refuses;
     /// hyper takes it in trailers).
     BareLineFeed,
+    /// A `Content-Length` or `Transfer-Encoding` trailer field, refused at its `:` (Node
+    /// refuses; hyper takes it).
+    FramingTrailer,
 }
 
 impl ChunkedDecoder {
@@ -195,15 +218,17 @@ impl ChunkedDecoder {
                 Size(digits + 1)
             }
             (Size(0), _) => return Err(ChunkedError::Malformed),
-            (Size(_) | SizeWhitespace, b' ' | b'\t') => {
-                self.extension_byte()?;
-                SizeWhitespace
-            }
-            (Size(_) | SizeWhitespace, b';') => Extension,
-            (Size(_) | SizeWhitespace | Extension, b'\r') => SizeLf,
-            (Extension, _) => {
-                self.extension_byte()?;
-                Extension
+            (Size(_), b';') => ExtensionStart,
+            (Size(_), b'\r') => SizeLf,
+            (
+                ExtensionStart | ExtensionName | ExtensionValue | Quoted | QuotedPair | QuotedEnd,
+                _,
+            ) => {
+                let next = extension_next(self.state, b).ok_or(ChunkedError::Malformed)?;
+                if next != SizeLf {
+                    self.extension_byte()?;
+                }
+                next
             }
             (SizeLf, b'\n') if self.left == 0 => LineStart,
             (SizeLf, b'\n') => Data,
@@ -213,11 +238,18 @@ impl ChunkedDecoder {
                 self.trailer_byte()?;
                 EndLf
             }
-            (LineStart | TrailerName, _) if is_token(b) => {
+            (LineStart, _) if is_token(b) => {
                 self.trailer_byte()?;
-                TrailerName
+                TrailerName(FramingName::START.push(b))
             }
-            (TrailerName, b':') => {
+            (TrailerName(name), _) if is_token(b) => {
+                self.trailer_byte()?;
+                TrailerName(name.push(b))
+            }
+            (TrailerName(name), b':') => {
+                if name.is_whole() {
+                    return Err(ChunkedError::FramingTrailer);
+                }
                 self.trailer_byte()?;
                 TrailerValue
             }
@@ -262,6 +294,74 @@ impl ChunkedDecoder {
         }
         self.trailer_bytes += 1;
         Ok(())
+    }
+}
+
+/// The state after byte `b` of a chunk extension in `state` (one of the extension states), or
+/// `None` if `b` is refused there (llhttp's strict chunk extension states).
+fn extension_next(state: State, b: u8) -> Option<State> {
+    use State::*;
+    Some(match (state, b) {
+        (ExtensionStart, b'\r') => return None,
+        (ExtensionName | ExtensionValue | QuotedEnd, b'\r') => SizeLf,
+        (ExtensionStart | ExtensionName | ExtensionValue | QuotedEnd, b';') => ExtensionStart,
+        (ExtensionStart | ExtensionName, b'=') => ExtensionValue,
+        (ExtensionStart | ExtensionName, _) if is_token(b) => ExtensionName,
+        (ExtensionValue, b'"') => Quoted,
+        (ExtensionValue, _) if is_token(b) => ExtensionValue,
+        (Quoted, b'"') => QuotedEnd,
+        (Quoted, b'\\') => QuotedPair,
+        // HTAB, SP, visible, obs-text: qdtext with `"` and `\` taken above, or a quoted-pair's
+        // second byte.
+        (Quoted | QuotedPair, _) if is_value(b) => Quoted,
+        _ => return None,
+    })
+}
+
+/// The framing fields a trailer may not be, lowercase.
+const FRAMING_NAMES: [&[u8]; 2] = [b"content-length", b"transfer-encoding"];
+
+/// How much of a trailer's name is read, and which of [`FRAMING_NAMES`] begin with it (any case).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FramingName {
+    /// Bytes so far, counted while some framing name matches them (so at most 18).
+    len: u8,
+    /// Bit `i`: `FRAMING_NAMES[i]` begins with the name so far.
+    names: u8,
+}
+
+impl FramingName {
+    /// An empty name: every framing name begins with it.
+    const START: FramingName = FramingName {
+        len: 0,
+        names: 0b11,
+    };
+
+    /// The name with `b` after it.
+    fn push(self, b: u8) -> FramingName {
+        if self.names == 0 {
+            return self;
+        }
+        let mut names = 0;
+        for (i, name) in FRAMING_NAMES.iter().enumerate() {
+            if self.names & 1 << i != 0
+                && name.get(usize::from(self.len)) == Some(&b.to_ascii_lowercase())
+            {
+                names |= 1 << i;
+            }
+        }
+        FramingName {
+            len: self.len + 1,
+            names,
+        }
+    }
+
+    /// Whether the name is a framing field's, whole.
+    fn is_whole(self) -> bool {
+        FRAMING_NAMES
+            .iter()
+            .enumerate()
+            .any(|(i, name)| self.names & 1 << i != 0 && name.len() == usize::from(self.len))
     }
 }
 
@@ -442,9 +542,9 @@ mod tests {
         for (body, data) in [
             (&b"0\r\n\r\n"[..], &b""[..]),
             (
-                // Extensions, whitespace after sizes, uppercase hex, leading zeros, trailers.
-                b"5;a=b\r\nhello\r\n005 \t;x;y=\"q\"\r\nworld\r\nA\r\n0123456789\r\n\
-                  0 ;last\r\nX-A: 1\r\nX-Empty:\r\nX-B:\t2 \xff\r\n\r\n",
+                // Extensions, uppercase hex, leading zeros, trailers.
+                b"5;a=b\r\nhello\r\n005;x;y=\"q\"\r\nworld\r\nA\r\n0123456789\r\n\
+                  0;last\r\nX-A: 1\r\nX-Empty:\r\nX-B:\t2 \xff\r\n\r\n",
                 b"helloworld0123456789",
             ),
             (
@@ -482,7 +582,8 @@ mod tests {
         for input in [
             &b""[..],
             b"5",
-            b"5 ;x",
+            b"5;x",
+            b"5;a=\"b",
             b"5\r",
             b"5\r\nhel",
             b"5\r\nhello\r\n",
@@ -500,7 +601,7 @@ mod tests {
         for (input, at) in [
             // In a size line.
             (&b"5\nhello\r\n0\r\n\r\n"[..], 1),
-            (b"5 \nhello", 2),
+            (b"5;a=\"b\nc\"\r\nhello", 6),
             (b"5;ext\nhello", 5),
             (b"\n", 0),
             (b"0\n\r\n", 1),
@@ -529,7 +630,7 @@ mod tests {
     fn malformed_framing_is_refused_where_it_is() {
         let seventeen = b"00000000000000005\r\nhello\r\n0\r\n\r\n";
         for (input, at) in [
-            // Bad size lines: no digit, a bad digit, a digit after whitespace, no LF after CR.
+            // Bad size lines: no digit, a bad digit, no LF after CR.
             (&b"\r\n"[..], 0),
             (b";x\r\n", 0),
             (b" 5\r\n", 0),
@@ -537,7 +638,6 @@ mod tests {
             (b"5g\r\n", 1),
             (b"0x5\r\n", 1),
             (b"-5\r\n", 0),
-            (b"5 5\r\n", 2),
             (b"5\rX", 2),
             (b"5;x\r\r\n", 4),
             // 17 digits: an overflow, or leading zeros.
@@ -571,13 +671,12 @@ mod tests {
 
     #[test]
     fn extensions_are_bounded_over_the_whole_body_as_hyper_bounds_them() {
-        // A body whose extension bytes (whitespace after its size, bytes after the first `;`)
-        // total `n`.
+        // A body whose extension bytes (those after its first `;`) total `n`.
         let body = |n: usize| {
             [
-                b"1 \t;".as_slice(),
-                &vec![b'e'; n - 4],
-                b";e\r\nx\r\n0;\r\n\r\n",
+                b"1;".as_slice(),
+                &vec![b'e'; n - 6],
+                b";e=\"q\"\r\nx\r\n0\r\n\r\n",
             ]
             .concat()
         };
@@ -589,7 +688,7 @@ mod tests {
         );
         let (data, outcome) = decode_in(&with_next(&body(limit)), &[], usize::MAX);
         assert!(data.is_empty());
-        // Refused at its last `e`, the byte reaching the bound.
+        // Refused at its last `"`, the byte reaching the bound.
         assert_eq!(
             outcome,
             Outcome::Refused(ChunkedError::Malformed, limit + 1)
@@ -635,5 +734,149 @@ mod tests {
             outcome,
             Outcome::Refused(ChunkedError::Malformed, 3 + 6 * max + 5)
         );
+    }
+
+    #[test]
+    fn extensions_node_takes_are_taken_on_data_and_last_chunks() {
+        for ext in [
+            &b";a=b"[..],
+            b";a=\"x y\"",
+            b";a=\"q\\\"uote\"",
+            b";a;b=c",
+            b";A=B;c=\"d e\";f",
+            b";!#$%&'*+-.^_`|~09AZaz=!#$%&'*+-.^_`|~09AZaz",
+            b";a=\"\"",
+            // HTAB, obs-text, a quoted-pair of each kind.
+            b";a=\"\t\x80\xff\"",
+            b";a=\"\\\t\\ \\\\\\\"\\~\\\xff\"",
+            b";a=\"b\";c",
+            // Taken by llhttp: a quoted string after token bytes, empty names and values.
+            b";a=b\"c\"",
+            b";=b",
+            b";a=",
+            b";;a",
+            b";a=;b",
+        ] {
+            let body = [b"5", ext, b"\r\nhello\r\n0", ext, b"\r\nX-Check: 1\r\n\r\n"].concat();
+            let (data, outcome) = decode_any_split(&with_next(&body));
+            assert_eq!(data, b"hello", "{}", String::from_utf8_lossy(ext));
+            assert_eq!(outcome, Outcome::End(NEXT.to_vec()));
+        }
+        let (data, outcome) = decode_any_split(&with_next(b"0;ext=1\r\n\r\n"));
+        assert_eq!((data, outcome), (Vec::new(), Outcome::End(NEXT.to_vec())));
+    }
+
+    #[test]
+    fn whitespace_after_a_size_is_refused_where_it_is() {
+        for (input, at) in [
+            (&b"5 \r\nhello\r\n0\r\n\r\n"[..], 1),
+            (b"5\t\r\nhello\r\n0\r\n\r\n", 1),
+            (b"5 ;a=b\r\nhello\r\n0\r\n\r\n", 1),
+            (b"0 \r\n\r\n", 1),
+            (b"5\r\nhello\r\n0\t;a\r\n\r\n", 11),
+        ] {
+            let input = with_next(input);
+            assert_eq!(
+                decode_any_split(&input).1,
+                Outcome::Refused(ChunkedError::Malformed, at),
+                "{}",
+                String::from_utf8_lossy(&input)
+            );
+        }
+    }
+
+    #[test]
+    fn extensions_node_refuses_are_refused_where_they_are() {
+        // An extension, and the index in it of its refused byte (its length: the CR after it).
+        for (ext, at) in [
+            // Whitespace.
+            (&b"; a=b"[..], 1),
+            (b";a =b", 2),
+            (b";a= b", 3),
+            (b";a=b ", 4),
+            (b";a=b\t", 4),
+            (b";a=\"b\" ", 6),
+            // A `;` with no name, no `=`, nor `;` after it.
+            (b";", 1),
+            (b";a=b;", 5),
+            (b";;", 2),
+            // Bytes no token holds.
+            (b";a@b=c", 2),
+            (b";\"a\"", 1),
+            (b";\x80", 1),
+            (b";a=b=c", 4),
+            (b";a=\x00", 3),
+            (b";a=\x01", 3),
+            (b";a=\x7f", 3),
+            (b";a=\x80", 3),
+            // Quoted strings: a control byte, one escaped, bytes after it, no end.
+            (b";a=\"\x00\"", 4),
+            (b";a=\"\x01\"", 4),
+            (b";a=\"\x7f\"", 4),
+            (b";a=\"\\\x01\"", 5),
+            (b";a=\"\\\x7f\"", 5),
+            (b";a=\"b\"c", 6),
+            (b";a=\"b\"=", 6),
+            (b";a=\"b\"\"\"", 6),
+            (b";a=\"b", 5),
+            (b";a=\"b\\", 6),
+            (b";a=\"b\r\nc\"", 5),
+        ] {
+            for (before, after) in [
+                (&b"5"[..], &b"\r\nhello\r\n0\r\n\r\n"[..]),
+                (b"5\r\nhello\r\n0", b"\r\n\r\n"),
+            ] {
+                let input = with_next(&[before, ext, after].concat());
+                assert_eq!(
+                    decode_any_split(&input).1,
+                    Outcome::Refused(ChunkedError::Malformed, before.len() + at),
+                    "{}",
+                    String::from_utf8_lossy(&input)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn framing_trailers_are_refused_at_their_colon() {
+        for (input, at) in [
+            (&b"0\r\nContent-Length: 5\r\n\r\n"[..], 17),
+            (b"0\r\ncontent-length:\r\n\r\n", 17),
+            (b"0\r\nTRANSFER-ENCODING: chunked\r\n\r\n", 20),
+            (b"0\r\ntRaNsFeR-eNcOdInG: gzip\r\n\r\n", 20),
+            (
+                b"5\r\nhello\r\n0\r\nX: 1\r\nContent-Length: 0\r\n\r\n",
+                13 + 6 + 14,
+            ),
+        ] {
+            let input = with_next(input);
+            assert_eq!(
+                decode_any_split(&input).1,
+                Outcome::Refused(ChunkedError::FramingTrailer, at),
+                "{}",
+                String::from_utf8_lossy(&input)
+            );
+        }
+        // Names that only begin like them, or end like them, are discarded as any other.
+        let long = [b"0\r\n".as_slice(), &[b'c'; 300], b": 1\r\n\r\n"].concat();
+        for input in [
+            &b"0\r\nX-Check: 1\r\n\r\n"[..],
+            b"0\r\nContent-Lengthx: 5\r\n\r\n",
+            b"0\r\nContent-Lengt: 5\r\n\r\n",
+            b"0\r\nXContent-Length: 5\r\n\r\n",
+            b"0\r\nContent-Length-X: 5\r\n\r\n",
+            b"0\r\nTransfer-Encodings: chunked\r\n\r\n",
+            b"0\r\nTransfer: chunked\r\n\r\n",
+            b"0\r\nX: Content-Length\r\n\r\n",
+            &long,
+        ] {
+            let input = with_next(input);
+            assert_eq!(
+                decode_any_split(&input).1,
+                Outcome::End(NEXT.to_vec()),
+                "{}",
+                String::from_utf8_lossy(&input)
+            );
+        }
     }
 }

@@ -388,6 +388,9 @@ impl std::fmt::Display for BodyReadError {
             BodyReadError::Chunked(ChunkedError::Malformed) => {
                 f.write_str("a malformed chunked body")
             }
+            BodyReadError::Chunked(ChunkedError::FramingTrailer) => f.write_str(
+                "a Content-Length or Transfer-Encoding field in a chunked body's trailer section",
+            ),
             BodyReadError::Abandoned => f.write_str("the body was given up"),
         }
     }
