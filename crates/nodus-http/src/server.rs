@@ -71,9 +71,12 @@
 //!   line feed ending a line of the head, `Content-Length` twice (even equal) or with
 //!   `Transfer-Encoding`, `chunked` twice among the transfer codings; the rest of the family
 //!   (a `Transfer-Encoding` whose last coding is not `chunked`, or on HTTP/1.0, differing or
-//!   malformed lengths) is a head that could not be parsed (400). A bare line feed in a chunked
-//!   body's framing, its trailer section included, fails the body's read (`h1::chunked`), and
-//!   the connection closes after the answer, nothing after the line feed read. Pipelined heads
+//!   malformed lengths) is a head that could not be parsed (400). Chunked body framing Node
+//!   refuses fails the body's read (`h1::chunked`): a bare line feed anywhere in it, its trailer
+//!   section included, a space or tab after a chunk size, a chunk extension outside llhttp's
+//!   strict grammar (whitespace in it, a byte no token holds, a control byte, a quoted string not
+//!   closed on its line), a `Content-Length` or `Transfer-Encoding` trailer field. The
+//!   connection closes after the answer, nothing after the refused byte read. Pipelined heads
 //!   are parsed as the first is: the same bytes get the same answer however they arrive.
 //! - HTTP/1 half-close: a client that shuts down its write side after its request (`nc -N`,
 //!   socat, health checkers) still gets the whole response, as from nginx's static files
