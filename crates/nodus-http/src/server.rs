@@ -78,6 +78,15 @@
 //!   closed on its line), a `Content-Length` or `Transfer-Encoding` trailer field. The
 //!   connection closes after the answer, nothing after the refused byte read. Pipelined heads
 //!   are parsed as the first is: the same bytes get the same answer however they arrive.
+//! - HTTP/1 request lines Node refuses are heads that could not be parsed (400, `h1::head`): a
+//!   method not in Node's list (case-sensitive), a target not in origin-form, absolute-form or
+//!   `*`, or for CONNECT not in authority-form, a target byte over 0x7F. A CONNECT reaches the
+//!   handler; its response says `Connection: close` and ends the connection, no byte after its
+//!   head read (there are no tunnels; Node without a `connect` listener closes it unanswered).
+//! - An HTTP/1.1 request with an `Expect` Node does not read as `100-continue`
+//!   (`RequestHead::expectation_failed`) gets 417 and `Connection: close` without reaching the
+//!   handler, its body unread, as Node answers with no `checkExpectation` listener (Node keeps the
+//!   connection). HTTP/1.0's `Expect` is ignored, as by Node.
 //! - HTTP/1 half-close: a client that shuts down its write side after its request (`nc -N`,
 //!   socat, health checkers) still gets the whole response, as from nginx's static files
 //!   (Node answers it only when its handler answers at once, and aborts a request still at
@@ -100,7 +109,7 @@
 //!   anything else) and closes after the response. Any other body (`Expect: 100-continue`, a
 //!   known length over 64 KiB) is not read, and the connection closes after the response.
 //! - An HTTP/1 response after which the connection closes says `Connection: close`: every one
-//!   during a drain, a refusal's, one that leaves its request's body unread and not discarded
+//!   during a drain, a refusal's, a CONNECT's, one that leaves its request's body unread and not discarded
 //!   (above: nothing reads a body nobody takes, so the connection closes), one to a request
 //!   that asked for the close (`Connection: close`, an HTTP/1.0 request without keep-alive),
 //!   and an HTTP/1.0 one whose body has no known length (HTTP/1.0 has no chunked
@@ -114,10 +123,10 @@
 //!   input unread (the kernel would reset it, and the client lose the response). That is one
 //!   that ends after an answer the server said `Connection: close` to (above: during a drain, a
 //!   body left unread, an HTTP/1.0 body of no known length), or after a refusal (400 for `Host`,
-//!   413, a panicked handler's 500), after a discard given up, or after an answer to a head that
+//!   413, 417, a panicked handler's 500), after a discard given up, or after an answer to a head that
 //!   could not be parsed (431, 414, 400). So does one closed after a response because the
 //!   request or the handler's response asked for it (`Connection: close`, an HTTP/1.0 request
-//!   without keep-alive) when the client's input waits unread then (a request pipelined behind
+//!   without keep-alive, a CONNECT) when the client's input waits unread then (a request pipelined behind
 //!   it, read already or not: one peek at the connection's end, none after the client's EOF was
 //!   read): input still on its way then is not waited for, as with nginx's default
 //!   `lingering_close on`. Once the response is written (its last byte; the linger shuts the
@@ -1386,7 +1395,7 @@ where
     type Future = Respond<F>;
 
     fn call(&self, req: Request<Incoming>) -> Respond<F> {
-        self.respond(req, false, Source::Hyper)
+        self.respond(req, None, Source::Hyper)
     }
 }
 
@@ -1396,15 +1405,28 @@ where
     F: Future<Output = Response<Body>> + 'static,
 {
     /// A request parsed by nodus's own HTTP/1 engine; `framing_refused`: its head has framing
-    /// Node refuses (`h1::head`).
-    pub(crate) fn call_h1(&self, req: Request<H1Body>, framing_refused: bool) -> Respond<F> {
-        self.respond(req, framing_refused, Source::Wire)
+    /// Node refuses, `expectation_failed`: an `Expect` Node answers 417 (`h1::head`).
+    pub(crate) fn call_h1(
+        &self,
+        req: Request<H1Body>,
+        framing_refused: bool,
+        expectation_failed: bool,
+    ) -> Respond<F> {
+        let refused = if framing_refused {
+            Some(Refusal::BadFraming)
+        } else if expectation_failed {
+            Some(Refusal::ExpectationFailed)
+        } else {
+            None
+        };
+        self.respond(req, refused, Source::Wire)
     }
 
+    /// `head_refusal`: what the head's parser found to refuse, answered after a `Host` refusal.
     fn respond<B: hyper::body::Body>(
         &self,
         mut req: Request<B>,
-        framing_refused: bool,
+        head_refusal: Option<Refusal>,
         source: fn(B) -> Source,
     ) -> Respond<F> {
         let start = now_ns();
@@ -1425,8 +1447,8 @@ where
         let mut note = Note::None;
         let handler = if let Some(refusal) = host_refusal(&req, version, &self.state.config) {
             Err(self.refuse(&req, refusal, start))
-        } else if framing_refused {
-            Err(self.refuse(&req, Refusal::BadFraming, start))
+        } else if let Some(refusal) = head_refusal {
+            Err(self.refuse(&req, refusal, start))
         } else if too_large {
             Err(self.refuse(&req, Refusal::TooLarge, start))
         } else {
@@ -1678,6 +1700,9 @@ enum Refusal {
     /// Framing Node refuses (`framing_refused`): a bare line feed in the head, `Content-Length`
     /// twice or with `Transfer-Encoding`, `chunked` twice: 400. Its body is never read.
     BadFraming,
+    /// An HTTP/1.1 `Expect` that names no `100-continue` (`expectation_failed`; Node's answer with
+    /// no `checkExpectation` listener): 417. Its body is never read.
+    ExpectationFailed,
     /// A `Content-Length` over `max_body_bytes`: 413, and the unread body is still on the wire.
     TooLarge,
     /// An HTTP/2 head over the head limits (`h2_head_refusal`): 431. (HTTP/1's are hyper's.)
@@ -1705,6 +1730,7 @@ impl Refusal {
     fn status(self) -> StatusCode {
         match self {
             Refusal::NoHost | Refusal::BadHost | Refusal::BadFraming => StatusCode::BAD_REQUEST,
+            Refusal::ExpectationFailed => StatusCode::EXPECTATION_FAILED,
             Refusal::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Refusal::HeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Refusal::HandlerPanicked => StatusCode::INTERNAL_SERVER_ERROR,
@@ -1716,6 +1742,7 @@ impl Refusal {
             Refusal::NoHost => "an HTTP/1.1 request needs a Host header\n",
             Refusal::BadHost => "a request may have one Host header, a valid host[:port]\n",
             Refusal::BadFraming => "bad request framing\n",
+            Refusal::ExpectationFailed => "expectation failed\n",
             Refusal::TooLarge => "request body too large\n",
             Refusal::HeadTooLarge => "request header fields too large\n",
             Refusal::HandlerPanicked => "internal server error\n",

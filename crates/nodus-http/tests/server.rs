@@ -1795,6 +1795,118 @@ fn framing_node_refuses_gets_400_and_the_connection_closes_before_the_handler() 
 }
 
 #[test]
+fn request_lines_node_refuses_get_400_and_the_connection_closes() {
+    let server = TestServer::start(Config::default(), Duration::from_secs(1));
+    for line in [
+        // Methods not in Node's list, which is case-sensitive.
+        &b"get /x HTTP/1.1"[..],
+        b"Get /x HTTP/1.1",
+        b"FOO /x HTTP/1.1",
+        b"PRI /x HTTP/1.1",
+        // Authority-form but for CONNECT; a byte over 0x7F in the target.
+        b"GET h:80 HTTP/1.1",
+        b"GET a HTTP/1.1",
+        b"GET /a\xc3\xa9 HTTP/1.1",
+        b"CONNECT /x HTTP/1.1",
+    ] {
+        let what = String::from_utf8_lossy(line);
+        let mut s = server.connect();
+        // A request behind it would be answered "smuggled".
+        s.write_all(&[line, b"\r\nHost: t\r\n\r\n", SMUGGLED].concat())
+            .unwrap();
+        let reply = read_reply_then_eof(&mut BufReader::new(s));
+        assert_eq!(reply.status, 400, "{what}");
+        assert_eq!(reply.header("connection"), Some("close"), "{what}");
+    }
+    // Node's other methods and target forms are served.
+    for line in [
+        "M-SEARCH * HTTP/1.1",
+        "PROPFIND /x HTTP/1.1",
+        "GET http://t/x HTTP/1.1",
+        "GET * HTTP/1.1",
+    ] {
+        let raw = format!("{line}\r\nHost: t\r\n\r\n");
+        assert_eq!(status_of(&server, raw.as_bytes()), 200, "{line}");
+    }
+}
+
+/// A CONNECT reaches the handler, but nothing after its head is read as a request (it would be
+/// the tunnel's bytes behind a proxy that opened one): its response says `Connection: close`
+/// and the connection ends with it.
+#[test]
+fn a_connect_is_answered_and_ends_its_connection() {
+    let server = TestServer::start(Config::default(), Duration::from_secs(1));
+    for raw in [
+        &b"CONNECT t:443 HTTP/1.1\r\nHost: t:443\r\n\r\nGET /next HTTP/1.1\r\nHost: t\r\n\r\n"[..],
+        // A length does not make a body of what follows.
+        b"CONNECT t:443 HTTP/1.1\r\nHost: t:443\r\nContent-Length: 28\r\n\r\n\
+          GET /x HTTP/1.1\r\nHost: t\r\n\r\nGET /next HTTP/1.1\r\nHost: t\r\n\r\n",
+    ] {
+        let mut s = server.connect();
+        s.write_all(raw).unwrap();
+        let reply = read_reply_then_eof(&mut BufReader::new(s));
+        assert_eq!((reply.status, &reply.body[..]), (200, &b"hello"[..]));
+        assert_eq!(reply.header("connection"), Some("close"));
+    }
+    // Alone, it is not left open either.
+    let mut s = server.connect();
+    s.write_all(b"CONNECT t:443 HTTP/1.1\r\nHost: t:443\r\n\r\n")
+        .unwrap();
+    let reply = read_reply_then_eof(&mut BufReader::new(s));
+    assert_eq!(reply.header("connection"), Some("close"));
+}
+
+/// What `Config::on_refused` was told in
+/// `an_expect_other_than_100_continue_gets_417_before_the_handler`.
+static EXPECT_REFUSED: std::sync::Mutex<Vec<Report>> = std::sync::Mutex::new(Vec::new());
+
+fn record_expect(r: &nodus_http::Refused<'_>) {
+    EXPECT_REFUSED.lock().unwrap().push(report(r));
+}
+
+#[test]
+fn an_expect_other_than_100_continue_gets_417_before_the_handler() {
+    let config = Config {
+        on_refused: Some(record_expect),
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_secs(1));
+    for expect in ["foo", "100-continuex", ""] {
+        let mut s = server.connect();
+        // Its body, were it read, would be followed by a request answered "smuggled".
+        let raw = format!(
+            "POST /echo HTTP/1.1\r\nHost: t\r\nExpect: {expect}\r\nContent-Length: 5\r\n\r\nhello"
+        );
+        s.write_all(&[raw.as_bytes(), SMUGGLED].concat()).unwrap();
+        let reply = read_reply_then_eof(&mut BufReader::new(s));
+        assert_eq!(reply.status, 417, "{expect:?}");
+        // The refusal's own body: the handler (which echoes the body) never ran.
+        assert_eq!(reply.body, b"expectation failed\n", "{expect:?}");
+        assert_eq!(reply.header("connection"), Some("close"), "{expect:?}");
+    }
+    // HTTP/1.0 has no Expect; a value Node reads as 100-continue is served.
+    for (version, expect) in [("HTTP/1.0", "foo"), ("HTTP/1.1", "100-continue, x")] {
+        let raw = format!(
+            "POST /echo {version}\r\nHost: t\r\nExpect: {expect}\r\nContent-Length: 5\r\n\r\nhello"
+        );
+        let mut s = server.connect();
+        s.write_all(raw.as_bytes()).unwrap();
+        let reply = read_reply(&mut BufReader::new(s), false).unwrap();
+        assert_eq!(
+            (reply.status, &reply.body[..]),
+            (200, &b"hello"[..]),
+            "{version} {expect}"
+        );
+    }
+    let (_, snap) = server.finish();
+    let refused = EXPECT_REFUSED.lock().unwrap();
+    let report = (417, Some("POST /echo HTTP/1.1".to_owned()), true, true, 19);
+    assert_eq!(*refused, [report.clone(), report.clone(), report]);
+    assert_eq!(snap.http.responses_by_class[3], 3);
+    assert_eq!(snap.http.responses_by_class[1], 2);
+}
+
+#[test]
 fn well_formed_framing_is_served_in_one_read_or_several() {
     let server = TestServer::start(Config::default(), Duration::from_secs(1));
     let good: &[(&[u8], &[u8])] = &[

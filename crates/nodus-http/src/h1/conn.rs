@@ -11,6 +11,8 @@
 //! - The next head is parsed only once the request's body is over: read by the handler, or
 //!   discarded by the connection's task (`ConnState::discard`). A body let go of and not
 //!   discarded, or whose discard was given up, ends the connection after the response.
+//! - A CONNECT's response ends the connection (its head does not keep it, `head`): no byte after
+//!   a CONNECT's head is parsed, as a body or a request (nodus opens no tunnel).
 //! - A head is waited for with the header-read deadline set in the connection's `HeadWait` from
 //!   the moment the wait begins (the connection's start, or the end of the last response), as
 //!   hyper's server does; the connection's timer marks it expired, and the wait then ends the
@@ -54,7 +56,7 @@ pub(crate) enum HeadWait {
 /// How a connection served by the engine ended.
 pub(crate) enum H1End {
     /// After a response the connection was not to outlive (`Connection: close`, HTTP/1.0, a
-    /// body left unread), or at the client's EOF between requests.
+    /// CONNECT, a body left unread), or at the client's EOF between requests.
     Done,
     /// A head that could not be parsed was answered.
     Refused,
@@ -342,6 +344,7 @@ where
             body,
             keep_alive,
             expect_continue,
+            expectation_failed,
             te_trailers,
             framing_refused,
         } = request;
@@ -364,7 +367,10 @@ where
         *req.uri_mut() = uri;
         *req.version_mut() = version;
         *req.headers_mut() = headers;
-        self.respond = Some(self.service.call_h1(req, framing_refused));
+        self.respond = Some(
+            self.service
+                .call_h1(req, framing_refused, expectation_failed),
+        );
         self.phase = Phase::Respond;
     }
 

@@ -19,7 +19,15 @@
 //!   by a bare LF, `Content-Length` more than once (equal values), `Content-Length` beside
 //!   `Transfer-Encoding`, or `chunked` twice among the transfer codings.
 //! - `Connection` and `Expect` as hyper reads them: any `close` token closes, and the last
-//!   `Expect` line counts.
+//!   `Expect` line counts (`expect_continue`). An HTTP/1.1 `Expect` that Node does not read as
+//!   `100-continue` is noted (`expectation_failed`: Node answers 417).
+//! - Request lines as Node (llhttp, strict) takes them, others 400: a method of Node's list
+//!   (`http.METHODS`, case-sensitive; httparse takes any token); a target in origin-form (`/`
+//!   first), absolute-form (a scheme) or `*` (any method), and for CONNECT in authority-form only
+//!   (`host:port`, RFC 9112 section 3.2: `http::Uri` alone takes `a` or `h:80` with any method);
+//!   no target byte over 0x7F (httparse and `http::Uri` take them). A CONNECT has no body and
+//!   does not keep the connection (`keep_alive` false): what follows its head is a tunnel's,
+//!   which the connection never parses.
 //! - `PRI * HTTP/2.0`, the HTTP/2 preface's first line, followed by bytes the preface begins
 //!   with (or all of it) is [`HeadError::Http2Preface`], decided once that line is complete; any
 //!   other version than HTTP/1.0 and HTTP/1.1 is 400.
@@ -27,13 +35,14 @@
 //! Invariants:
 //! - Zero copy: the head is split off the buffer into one `Bytes` that the target and the header
 //!   values share.
-//! - Nothing is allocated but that `Bytes` and the header map (and by `http`, a name or method
-//!   it does not know), unless `max_headers` is over [`STACK_HEADERS`] (then two vectors of that
+//! - Nothing is allocated but that `Bytes` and the header map (and by `http`, a header name it
+//!   does not know), unless `max_headers` is over [`STACK_HEADERS`] (then two vectors of that
 //!   many slots).
 //! - `buf` is changed only by a head parsed (its bytes and the empty lines before it taken off
 //!   the front) and by a head not complete yet (the empty lines before it dropped, so that a
 //!   client sending only empty lines grows no buffer). An error leaves it as it was: one found
-//!   after the split (an invalid target, header name or framing) puts the bytes back, a copy.
+//!   after the split (an invalid target or target form, header name or framing) puts the bytes
+//!   back, a copy.
 
 use super::digits;
 use std::mem::MaybeUninit;
@@ -73,10 +82,13 @@ pub(crate) struct RequestHead {
     pub body: BodyFraming,
     /// The client asks to keep the connection: HTTP/1.1 unless a `Connection` token `close`;
     /// HTTP/1.0 only with a `keep-alive` token (tokens comma-separated, case-insensitive, any
-    /// `Connection` line).
+    /// `Connection` line). Never for a CONNECT: nothing after its head is read as a request.
     pub keep_alive: bool,
     /// `Expect: 100-continue` (case-insensitive) on an HTTP/1.1 request.
     pub expect_continue: bool,
+    /// An HTTP/1.1 request has `Expect` lines and none names `100-continue` as Node finds it
+    /// (`names_100_continue`): Node answers 417 (the server refuses it before the handler).
+    pub expectation_failed: bool,
     /// A `TE` token `trailers` (any line): the client takes a chunked response's trailers.
     pub te_trailers: bool,
     /// Node (llhttp, strict) refuses this framing with 400 although the head parsed (the server
@@ -146,6 +158,8 @@ struct Line {
     version: Version,
     headers: usize,
     bare_lf: bool,
+    /// The method is CONNECT.
+    connect: bool,
 }
 
 /// Parses the head at the start of `buf`. Ok(None): not complete yet and still within the
@@ -238,7 +252,17 @@ fn scan<'b>(
     if target.len() > MAX_URI_LEN {
         return Err(HeadError::UriTooLong);
     }
-    let method = Method::from_bytes(method.as_bytes()).map_err(|_| HeadError::Malformed)?;
+    let connect = method == "CONNECT";
+    let method = node_method(method.as_bytes()).ok_or(HeadError::Malformed)?;
+    // Origin-form is the common case; a byte over 0x7F is refused anywhere (Node; httparse and
+    // `http::Uri` take it).
+    let target_bytes = target.as_bytes();
+    let origin_form = !connect && target_bytes.first() == Some(&b'/');
+    if !target_bytes.iter().all(|&b| b < 0x80)
+        || !origin_form && !other_form_fits(connect, target_bytes)
+    {
+        return Err(HeadError::Malformed);
+    }
     let base = bytes.as_ptr().addr();
     // An empty value's pointer is not relied on.
     let at = |s: &[u8]| {
@@ -267,7 +291,82 @@ fn scan<'b>(
         },
         headers: req.headers.len(),
         bare_lf,
+        connect,
     }))
+}
+
+/// The method, if Node's (llhttp's) list has it (`http.METHODS`, case-sensitive). The common
+/// ones are matched first; the others fit in `http`'s inline extension methods (up to 15
+/// bytes): no allocation.
+fn node_method(bytes: &[u8]) -> Option<Method> {
+    match bytes {
+        b"GET" => Some(Method::GET),
+        b"POST" => Some(Method::POST),
+        b"HEAD" => Some(Method::HEAD),
+        b"PUT" => Some(Method::PUT),
+        b"DELETE" => Some(Method::DELETE),
+        b"OPTIONS" => Some(Method::OPTIONS),
+        b"PATCH" => Some(Method::PATCH),
+        b"CONNECT" => Some(Method::CONNECT),
+        b"TRACE" => Some(Method::TRACE),
+        _ if NODE_EXTENSION_METHODS.contains(&bytes) => Method::from_bytes(bytes).ok(),
+        _ => None,
+    }
+}
+
+/// Node's methods that `http` has no constant for.
+const NODE_EXTENSION_METHODS: &[&[u8]] = &[
+    b"ACL",
+    b"BIND",
+    b"CHECKOUT",
+    b"COPY",
+    b"LINK",
+    b"LOCK",
+    b"M-SEARCH",
+    b"MERGE",
+    b"MKACTIVITY",
+    b"MKCALENDAR",
+    b"MKCOL",
+    b"MOVE",
+    b"NOTIFY",
+    b"PROPFIND",
+    b"PROPPATCH",
+    b"PURGE",
+    b"QUERY",
+    b"REBIND",
+    b"REPORT",
+    b"SEARCH",
+    b"SOURCE",
+    b"SUBSCRIBE",
+    b"UNBIND",
+    b"UNLINK",
+    b"UNLOCK",
+    b"UNSUBSCRIBE",
+];
+
+/// Whether a request target not in origin-form (`/` first) has a form RFC 9112 section 3.2
+/// allows, as `http::Uri` will parse it (a target it cannot parse is refused all the same): for
+/// a CONNECT, authority-form only (`host:port`: no `/`, `?`, `#` or userinfo, a port of digits
+/// after the last colon, outside an IPv6 literal's brackets); for any other method, `*` (Node
+/// takes it with any method) or absolute-form (a scheme: `Uri` takes scheme characters followed
+/// by `://`).
+#[cold]
+#[inline(never)]
+fn other_form_fits(connect: bool, target: &[u8]) -> bool {
+    if connect {
+        let port = target
+            .iter()
+            .rposition(|&b| b == b':')
+            .map(|at| &target[at + 1..]);
+        return !target.iter().any(|b| b"/?#@".contains(b))
+            && port.is_some_and(|p| !p.is_empty() && p.iter().all(u8::is_ascii_digit));
+    }
+    let scheme = |b: &u8| b.is_ascii_alphanumeric() || b"+-.~".contains(b);
+    target == b"*"
+        || target
+            .iter()
+            .position(|b| !scheme(b))
+            .is_some_and(|at| at > 0 && target[at..].starts_with(b"://"))
 }
 
 /// The length of the empty lines (CRLF or a bare LF) at the start of `bytes`; a CR at the end
@@ -341,6 +440,7 @@ fn build(
 ) -> Result<RequestHead, HeadError> {
     let uri = Uri::from_maybe_shared(taken.slice(line.target.0..line.target.1))
         .map_err(|_| HeadError::Malformed)?;
+    let connect = line.connect;
     let http_11 = line.version == Version::HTTP_11;
     let mut headers = cached
         .take()
@@ -379,9 +479,11 @@ fn build(
         uri,
         version: line.version,
         headers,
-        body,
-        keep_alive: !framing.close && (http_11 || framing.keep_alive),
+        // What follows a CONNECT's head is the tunnel's, not a body (llhttp).
+        body: if connect { BodyFraming::Empty } else { body },
+        keep_alive: !framing.close && (http_11 || framing.keep_alive) && !connect,
         expect_continue: http_11 && framing.expect_continue,
+        expectation_failed: http_11 && framing.expect && !framing.expect_names_continue,
         te_trailers: framing.te_trailers,
         framing_refused: line.bare_lf || refused,
     })
@@ -403,6 +505,9 @@ struct Framing {
     keep_alive: bool,
     /// The last `Expect` line is `100-continue`.
     expect_continue: bool,
+    /// An `Expect` line was seen, and one of them names `100-continue` as Node finds it.
+    expect: bool,
+    expect_names_continue: bool,
     /// A `TE` token is `trailers`.
     te_trailers: bool,
 }
@@ -444,6 +549,8 @@ impl Framing {
             }
             header::EXPECT => {
                 self.expect_continue = value.as_bytes().eq_ignore_ascii_case(b"100-continue");
+                self.expect = true;
+                self.expect_names_continue |= names_100_continue(value.as_bytes());
             }
             header::TE => {
                 self.te_trailers |= tokens(value).any(|t| t.eq_ignore_ascii_case("trailers"));
@@ -452,6 +559,19 @@ impl Framing {
         }
         Ok(())
     }
+}
+
+/// Whether an `Expect` value holds `100-continue` (any case) with no word character (ASCII
+/// letter, digit, `_`) right before or after it: Node's `/(?:^|\W)100-continue(?:$|\W)/i` on
+/// the value (Node joins several lines with `, `: any line that matches makes the whole match).
+fn names_100_continue(value: &[u8]) -> bool {
+    const TOKEN: &[u8] = b"100-continue";
+    let word = |b: &u8| b.is_ascii_alphanumeric() || *b == b'_';
+    value.windows(TOKEN.len()).enumerate().any(|(at, w)| {
+        w.eq_ignore_ascii_case(TOKEN)
+            && (at == 0 || !word(&value[at - 1]))
+            && value.get(at + TOKEN.len()).is_none_or(|b| !word(b))
+    })
 }
 
 /// The comma-separated tokens of a value, trimmed; none if it is not visible ASCII (hyper's
@@ -876,6 +996,149 @@ mod tests {
         assert_eq!(head.method, Method::OPTIONS);
         assert_eq!(head.uri, "*");
         assert_eq!(head.uri.path(), "*");
+    }
+
+    /// Node 20's `http.METHODS`.
+    const NODE_METHODS: &str = "ACL BIND CHECKOUT CONNECT COPY DELETE GET HEAD LINK LOCK M-SEARCH \
+        MERGE MKACTIVITY MKCALENDAR MKCOL MOVE NOTIFY OPTIONS PATCH POST PROPFIND PROPPATCH PURGE \
+        PUT QUERY REBIND REPORT SEARCH SOURCE SUBSCRIBE TRACE UNBIND UNLINK UNLOCK UNSUBSCRIBE";
+
+    #[test]
+    fn only_node_s_methods_are_taken_case_sensitive() {
+        for name in NODE_METHODS.split_ascii_whitespace() {
+            let target = if name == "CONNECT" { "h:80" } else { "/" };
+            let head = head(format!("{name} {target} HTTP/1.1\r\nHost: h\r\n\r\n").as_bytes());
+            assert_eq!(head.method.as_str(), name);
+        }
+        assert_eq!(NODE_METHODS.split_ascii_whitespace().count(), 35);
+        for line in [
+            &b"get / HTTP/1.1"[..],
+            b"Get / HTTP/1.1",
+            b"post / HTTP/1.1",
+            b"M-SEARCh * HTTP/1.1",
+            b"FOO / HTTP/1.1",
+            b"BREW / HTTP/1.1",
+            b"G!T / HTTP/1.1",
+            b"GETS / HTTP/1.1",
+            b"PRI / HTTP/1.1",
+            b"PRI * HTTP/1.1",
+            b"connect h:80 HTTP/1.1",
+        ] {
+            let bytes = [line, b"\r\nHost: h\r\n\r\n"].concat();
+            assert_eq!(
+                error(&bytes),
+                HeadError::Malformed,
+                "{:?}",
+                line.escape_ascii()
+            );
+        }
+    }
+
+    #[test]
+    fn target_forms_follow_the_method() {
+        for line in [
+            &b"GET / HTTP/1.1"[..],
+            b"GET //a?b HTTP/1.1",
+            b"GET http://h HTTP/1.1",
+            b"GET foo://h/a HTTP/1.1",
+            b"GET * HTTP/1.1",
+            b"POST * HTTP/1.1",
+            b"OPTIONS * HTTP/1.1",
+            b"CONNECT h:80 HTTP/1.1",
+            b"CONNECT 127.0.0.1:443 HTTP/1.1",
+            b"CONNECT [::1]:80 HTTP/1.1",
+        ] {
+            let bytes = [line, b"\r\nHost: h\r\n\r\n"].concat();
+            head(&bytes);
+        }
+        for line in [
+            // Authority-form, or what `http::Uri` reads as one, but for CONNECT.
+            &b"GET h:80 HTTP/1.1"[..],
+            b"OPTIONS h:80 HTTP/1.1",
+            b"GET a HTTP/1.1",
+            b"GET mailto:a HTTP/1.1",
+            b"GET *x HTTP/1.1",
+            b"GET ://h/a HTTP/1.1",
+            // CONNECT: authority-form with a port, no userinfo, and nothing else.
+            b"CONNECT / HTTP/1.1",
+            b"CONNECT * HTTP/1.1",
+            b"CONNECT http://h:80/ HTTP/1.1",
+            b"CONNECT h HTTP/1.1",
+            b"CONNECT h: HTTP/1.1",
+            b"CONNECT u@h:80 HTTP/1.1",
+            // A byte over 0x7F anywhere.
+            b"GET /a\xc3\xa9 HTTP/1.1",
+            b"GET /\x80 HTTP/1.1",
+            b"GET /a?\xff HTTP/1.1",
+            b"GET http://h/\xc3\xa9 HTTP/1.1",
+            b"CONNECT h\xc3\xa9:80 HTTP/1.1",
+        ] {
+            let bytes = [line, b"\r\nHost: h\r\n\r\n"].concat();
+            assert_eq!(
+                error(&bytes),
+                HeadError::Malformed,
+                "{:?}",
+                line.escape_ascii()
+            );
+        }
+    }
+
+    #[test]
+    fn a_connect_keeps_no_connection_and_has_no_body() {
+        let (parsed, rest) = parse_in(
+            b"CONNECT h:443 HTTP/1.1\r\nHost: h:443\r\nContent-Length: 5\r\n\r\n\
+              helloGET /next HTTP/1.1\r\n\r\n",
+            &LIMITS,
+        );
+        let head = parsed.unwrap().unwrap();
+        assert_eq!(head.method, Method::CONNECT);
+        assert_eq!(head.uri.authority().unwrap(), "h:443");
+        assert_eq!(head.uri.path(), "");
+        assert!(!head.keep_alive);
+        assert_eq!(head.body, BodyFraming::Empty);
+        // The bytes after the head are left as they are, for no one to parse.
+        assert_eq!(&rest[..], b"helloGET /next HTTP/1.1\r\n\r\n");
+        let head = self::head(b"CONNECT h:443 HTTP/1.1\r\nConnection: keep-alive\r\n\r\n");
+        assert!(!head.keep_alive);
+    }
+
+    #[test]
+    fn an_expect_node_does_not_read_as_100_continue_fails_on_http_1_1() {
+        let failed = |lines: &str, version: &str| {
+            let bytes = format!("PUT / {version}\r\nHost: h\r\n{lines}Content-Length: 1\r\n\r\n");
+            head(bytes.as_bytes()).expectation_failed
+        };
+        for lines in [
+            "Expect: foo\r\n",
+            "Expect:\r\n",
+            "Expect: 100-continuex\r\n",
+            "Expect: a100-continue\r\n",
+            "Expect: _100-continue\r\n",
+            "Expect: 100-continu\r\n",
+            "Expect: foo\r\nExpect: bar\r\n",
+        ] {
+            assert!(failed(lines, "HTTP/1.1"), "{lines:?}");
+            // HTTP/1.0: Expect is not read.
+            assert!(!failed(lines, "HTTP/1.0"), "{lines:?}");
+        }
+        for lines in [
+            "",
+            "Expect: 100-continue\r\n",
+            "Expect: 100-CONTINUE\r\n",
+            "Expect: 100-continue, x\r\n",
+            "Expect: x;100-continue\r\n",
+            "Expect: (100-continue)\r\n",
+            "Expect: foo\r\nExpect: 100-continue\r\n",
+            "Expect: 100-continue\r\nExpect: foo\r\n",
+        ] {
+            assert!(!failed(lines, "HTTP/1.1"), "{lines:?}");
+        }
+        // A byte over 0x7F is no word character (Node reads values as latin1).
+        let head = head(b"PUT / HTTP/1.1\r\nHost: h\r\nExpect: \xe9100-continue\r\n\r\n");
+        assert!(!head.expectation_failed);
+        // `expect_continue` is as before: the last line, exactly `100-continue`.
+        let head = self::head(b"PUT / HTTP/1.1\r\nExpect: 100-continue, x\r\n\r\n");
+        assert!(!head.expect_continue && !head.expectation_failed);
     }
 
     #[test]
