@@ -79,8 +79,8 @@
 //!   connection closes after the answer, nothing after the refused byte read. Pipelined heads
 //!   are parsed as the first is: the same bytes get the same answer however they arrive.
 //! - HTTP/1 request lines Node refuses are heads that could not be parsed (400, `h1::head`): a
-//!   method not in Node's list (case-sensitive), a target not in origin-form, absolute-form or
-//!   `*`, or for CONNECT not in authority-form, a target byte over 0x7F. A CONNECT reaches the
+//!   method of anything but uppercase letters, `-` and `_` (`get`; an unknown uppercase method
+//!   is the handler's), a target not in origin-form, absolute-form or `*`, or for CONNECT not in authority-form, a target byte over 0x7F. A CONNECT reaches the
 //!   handler; its response says `Connection: close` and ends the connection, no byte after its
 //!   head read (there are no tunnels; Node without a `connect` listener closes it unanswered).
 //! - An HTTP/1.1 request with an `Expect` Node does not read as `100-continue`

@@ -21,9 +21,10 @@
 //! - `Connection` and `Expect` as hyper reads them: any `close` token closes, and the last
 //!   `Expect` line counts (`expect_continue`). An HTTP/1.1 `Expect` that Node does not read as
 //!   `100-continue` is noted (`expectation_failed`: Node answers 417).
-//! - Request lines as Node (llhttp, strict) takes them, others 400: a method of Node's list
-//!   (`http.METHODS`, case-sensitive; httparse takes any token); a target in origin-form (`/`
-//!   first), absolute-form (a scheme) or `*` (any method), and for CONNECT in authority-form only
+//! - Request lines as Node (llhttp, strict) and nginx take them, others 400: a method of
+//!   uppercase letters, `-` and `_` (nginx's rule; httparse takes any token; Node also refuses
+//!   uppercase methods not in its `http.METHODS`, which nodus leaves to the application: 501);
+//!   a target in origin-form (`/` first), absolute-form (a scheme) or `*` (any method), and for CONNECT in authority-form only
 //!   (`host:port`, RFC 9112 section 3.2: `http::Uri` alone takes `a` or `h:80` with any method);
 //!   no target byte over 0x7F (httparse and `http::Uri` take them). A CONNECT has no body and
 //!   does not keep the connection (`keep_alive` false): what follows its head is a tunnel's,
@@ -253,7 +254,7 @@ fn scan<'b>(
         return Err(HeadError::UriTooLong);
     }
     let connect = method == "CONNECT";
-    let method = node_method(method.as_bytes()).ok_or(HeadError::Malformed)?;
+    let method = request_method(method.as_bytes()).ok_or(HeadError::Malformed)?;
     // Origin-form is the common case; a byte over 0x7F is refused anywhere (Node; httparse and
     // `http::Uri` take it).
     let target_bytes = target.as_bytes();
@@ -295,10 +296,12 @@ fn scan<'b>(
     }))
 }
 
-/// The method, if Node's (llhttp's) list has it (`http.METHODS`, case-sensitive). The common
-/// ones are matched first; the others fit in `http`'s inline extension methods (up to 15
-/// bytes): no allocation.
-fn node_method(bytes: &[u8]) -> Option<Method> {
+/// The method, if its bytes are uppercase ASCII letters, `-` and `_` (nginx's rule): `get`,
+/// `Get` and `G!T` are refused, as Node and nginx refuse them, while an unknown uppercase method
+/// reaches the application, which can answer 501 (RFC 9110 section 9.1; `nodus serve` does). The
+/// common methods are matched first, with no allocation (`http` keeps an extension method of up
+/// to 15 bytes inline).
+fn request_method(bytes: &[u8]) -> Option<Method> {
     match bytes {
         b"GET" => Some(Method::GET),
         b"POST" => Some(Method::POST),
@@ -309,40 +312,15 @@ fn node_method(bytes: &[u8]) -> Option<Method> {
         b"PATCH" => Some(Method::PATCH),
         b"CONNECT" => Some(Method::CONNECT),
         b"TRACE" => Some(Method::TRACE),
-        _ if NODE_EXTENSION_METHODS.contains(&bytes) => Method::from_bytes(bytes).ok(),
+        _ if bytes
+            .iter()
+            .all(|&b| b.is_ascii_uppercase() || b == b'-' || b == b'_') =>
+        {
+            Method::from_bytes(bytes).ok()
+        }
         _ => None,
     }
 }
-
-/// Node's methods that `http` has no constant for.
-const NODE_EXTENSION_METHODS: &[&[u8]] = &[
-    b"ACL",
-    b"BIND",
-    b"CHECKOUT",
-    b"COPY",
-    b"LINK",
-    b"LOCK",
-    b"M-SEARCH",
-    b"MERGE",
-    b"MKACTIVITY",
-    b"MKCALENDAR",
-    b"MKCOL",
-    b"MOVE",
-    b"NOTIFY",
-    b"PROPFIND",
-    b"PROPPATCH",
-    b"PURGE",
-    b"QUERY",
-    b"REBIND",
-    b"REPORT",
-    b"SEARCH",
-    b"SOURCE",
-    b"SUBSCRIBE",
-    b"UNBIND",
-    b"UNLINK",
-    b"UNLOCK",
-    b"UNSUBSCRIBE",
-];
 
 /// Whether a request target not in origin-form (`/` first) has a form RFC 9112 section 3.2
 /// allows, as `http::Uri` will parse it (a target it cannot parse is refused all the same): for
@@ -1004,8 +982,15 @@ mod tests {
         PUT QUERY REBIND REPORT SEARCH SOURCE SUBSCRIBE TRACE UNBIND UNLINK UNLOCK UNSUBSCRIBE";
 
     #[test]
-    fn only_node_s_methods_are_taken_case_sensitive() {
-        for name in NODE_METHODS.split_ascii_whitespace() {
+    fn methods_are_uppercase_letters_dashes_and_underscores() {
+        for name in NODE_METHODS.split_ascii_whitespace().chain([
+            "FOO",
+            "BREW",
+            "GETS",
+            "PRI",
+            "X_Y-Z",
+            "A_VERY_LONG_EXTENSION_METHOD",
+        ]) {
             let target = if name == "CONNECT" { "h:80" } else { "/" };
             let head = head(format!("{name} {target} HTTP/1.1\r\nHost: h\r\n\r\n").as_bytes());
             assert_eq!(head.method.as_str(), name);
@@ -1016,12 +1001,9 @@ mod tests {
             b"Get / HTTP/1.1",
             b"post / HTTP/1.1",
             b"M-SEARCh * HTTP/1.1",
-            b"FOO / HTTP/1.1",
-            b"BREW / HTTP/1.1",
             b"G!T / HTTP/1.1",
-            b"GETS / HTTP/1.1",
-            b"PRI / HTTP/1.1",
-            b"PRI * HTTP/1.1",
+            b"G.T / HTTP/1.1",
+            b"GET1 / HTTP/1.1",
             b"connect h:80 HTTP/1.1",
         ] {
             let bytes = [line, b"\r\nHost: h\r\n\r\n"].concat();
