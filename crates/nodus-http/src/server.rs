@@ -86,7 +86,9 @@
 //! - An HTTP/1.1 request with an `Expect` Node does not read as `100-continue`
 //!   (`RequestHead::expectation_failed`) gets 417 and `Connection: close` without reaching the
 //!   handler, its body unread, as Node answers with no `checkExpectation` listener (Node keeps the
-//!   connection). HTTP/1.0's `Expect` is ignored, as by Node.
+//!   connection). HTTP/1.0's `Expect` is ignored, as by Node. An HTTP/2 request whose `expect`
+//!   is not exactly `100-continue` gets 417 on its stream (`h2_head_refusal`, as Node's HTTP/2
+//!   compatibility layer answers).
 //! - HTTP/1 half-close: a client that shuts down its write side after its request (`nc -N`,
 //!   socat, health checkers) still gets the whole response, as from nginx's static files
 //!   (Node answers it only when its handler answers at once, and aborts a request still at
@@ -1558,8 +1560,8 @@ fn host_refusal<B>(req: &Request<B>, version: Version, config: &Config) -> Optio
 
 /// What an HTTP/2 request's head gets past the head limits: 431 with more than `max_headers`
 /// header fields, or a header list (RFC 9113 section 6.5.2: each field's name and value plus 32
-/// bytes, the pseudo-header fields too) over `max_header_bytes`. (h2 itself refuses one over
-/// twice that, `Builders::new`.)
+/// bytes, the pseudo-header fields too) over `max_header_bytes` (h2 itself refuses one over
+/// twice that, `Builders::new`); then 417 for an `expect` other than `100-continue`.
 fn h2_head_refusal<B>(req: &Request<B>, config: &Config) -> Option<Refusal> {
     let headers = req.headers();
     if headers.len() > config.max_headers {
@@ -1574,7 +1576,17 @@ fn h2_head_refusal<B>(req: &Request<B>, config: &Config) -> Option<Refusal> {
     let size = headers.iter().fold(pseudo, |size, (name, value)| {
         size + name.as_str().len() + value.len() + 32
     });
-    (size > config.max_header_bytes).then_some(Refusal::HeadTooLarge)
+    if size > config.max_header_bytes {
+        return Some(Refusal::HeadTooLarge);
+    }
+    // Node's HTTP/2 compatibility layer with no `checkExpectation` listener: an `expect` that
+    // is not exactly `100-continue` (several lines, joined, are not) gets 417.
+    let mut expect = headers.get_all(http::header::EXPECT).iter();
+    match (expect.next(), expect.next()) {
+        (None, _) => None,
+        (Some(v), None) if v == "100-continue" => None,
+        _ => Some(Refusal::ExpectationFailed),
+    }
 }
 
 /// Whether `v` is RFC 9110's `Host` value: `uri-host [ ":" port ]`, where `uri-host` is an IP
@@ -1700,7 +1712,8 @@ enum Refusal {
     /// Framing Node refuses (`framing_refused`): a bare line feed in the head, `Content-Length`
     /// twice or with `Transfer-Encoding`, `chunked` twice: 400. Its body is never read.
     BadFraming,
-    /// An HTTP/1.1 `Expect` that names no `100-continue` (`expectation_failed`; Node's answer with
+    /// An HTTP/1.1 `Expect` that names no `100-continue` (`expectation_failed`), or an HTTP/2
+    /// `expect` other than exactly `100-continue` (`h2_head_refusal`; Node's answer with
     /// no `checkExpectation` listener): 417. Its body is never read.
     ExpectationFailed,
     /// A `Content-Length` over `max_body_bytes`: 413, and the unread body is still on the wire.

@@ -3399,6 +3399,54 @@ fn an_http2_head_over_the_limits_gets_431_counted_and_reported() {
     assert_eq!(snap.http.responses_by_class[3], 2);
 }
 
+/// Over HTTP/2 an `expect` other than exactly `100-continue` gets 417 on its stream without
+/// reaching the handler, as from Node's HTTP/2 compatibility layer; the connection serves on.
+#[test]
+fn an_http2_expect_other_than_100_continue_gets_417() {
+    let config = Config {
+        http2: true,
+        ..Config::default()
+    };
+    let server = TestServer::start(config, Duration::from_secs(1));
+    let mut s = server.connect();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(h2_frame(4, 0, 0, &[]));
+    let cases: [&[&[u8]]; 5] = [
+        &[],
+        &[b"100-continue"],
+        &[b"foo"],
+        &[b"100-Continue"],
+        &[b"100-continue", b"100-continue"],
+    ];
+    for (i, values) in cases.iter().enumerate() {
+        // HPACK: :method GET, :scheme http, :path "/", :authority "t"; then the expect fields.
+        let mut block = vec![0x82, 0x86, 0x84, 0x41, 1, b't'];
+        for v in *values {
+            block.extend(hpack_literal(b"expect", v));
+        }
+        out.extend(h2_request_head(1 + 2 * i as u32, &block));
+    }
+    s.write_all(&out).unwrap();
+    let mut bodies = vec![Vec::new(); cases.len()];
+    let mut ended = 0;
+    while ended < cases.len() {
+        let (kind, flags, stream, payload) = read_h2_frame(&mut s).expect("every answer");
+        if kind == 0 && stream % 2 == 1 {
+            bodies[(stream as usize - 1) / 2].extend(payload);
+            ended += usize::from(flags & 1 != 0);
+        }
+    }
+    let failed = b"expectation failed\n";
+    assert_eq!(
+        bodies,
+        [&b"hello"[..], b"hello", failed, failed, failed].map(<[u8]>::to_vec)
+    );
+    drop(s);
+    let (_, snap) = server.finish();
+    assert_eq!(snap.http.responses_by_class[1], 2);
+    assert_eq!(snap.http.responses_by_class[3], 3);
+}
+
 /// An HTTP/2 connection closed for idleness is told GOAWAY first (RFC 9113 section 6.8): one
 /// whose client answers the server's PING (hyper's graceful GOAWAY waits for it), and one whose
 /// client never does, closed after a short grace.
