@@ -391,8 +391,10 @@ struct ServeArgs {
     /// every client is a loopback one: give --admin, or off.
     #[arg(long, value_enum, value_name = "on|off", hide_possible_values = true)]
     admin_on_public: Option<OnOff>,
-    /// Log one line per request on stderr, those refused before the handler included (400 for a
-    /// missing, repeated or invalid Host, 413, 431; a head that could not be parsed is logged as "- - -").
+    /// Log one line per request on stderr (PEER "METHOD PATH VERSION" STATUS BYTES TIME, TIME in
+    /// ms: 0.058ms), those refused before the handler included (400 for a missing, repeated or
+    /// invalid Host or for framing Node refuses, 413, 417; a head that could not be parsed, 400,
+    /// 414 or 431, is logged as "- - -").
     /// Written whatever level RUST_LOG sets, unless it names the target nodus::access itself.
     #[arg(long)]
     access_log: bool,
@@ -415,7 +417,8 @@ struct ServeArgs {
         value_parser = seconds
     )]
     shutdown_delay: f64,
-    /// Gzip text, JavaScript, JSON, XML and SVG responses for clients that accept it.
+    /// Gzip text, JavaScript, JSON, XML and SVG files of 1 KiB or more for clients that accept
+    /// it and ask for no range.
     #[arg(long)]
     gzip: bool,
     /// Whether files and directories whose names start with a dot are served.

@@ -833,8 +833,8 @@ pub fn run(options: RunOptions) -> i32 {
             config.max_restarts = r;
             if (r as usize) < options.workers {
                 tracing::warn!(
-                    "--max-restarts {r} is below the {} workers: one event that restarts every \
-                     worker once (a database restart, say) gives up (exit 75)",
+                    "--max-restarts {r} is below the worker count ({}): one event that restarts \
+                     every worker once (a database restart, say) gives up (exit 75)",
                     options.workers
                 );
             }

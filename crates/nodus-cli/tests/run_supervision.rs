@@ -463,8 +463,8 @@ fn a_budget_below_the_worker_count_is_warned_of_at_the_start() {
             .filter(|l| l.contains("WARN") && l.contains("--max-restarts"))
             .collect();
         let expected = format!(
-            "--max-restarts {budget} is below the 4 workers: one event that restarts every worker \
-             once (a database restart, say) gives up (exit 75)"
+            "--max-restarts {budget} is below the worker count (4): one event that restarts every \
+             worker once (a database restart, say) gives up (exit 75)"
         );
         if warned {
             assert_eq!(warnings.len(), 1, "{lines:#?}");
