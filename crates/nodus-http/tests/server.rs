@@ -1884,14 +1884,25 @@ fn an_expect_other_than_100_continue_gets_417_before_the_handler() {
         assert_eq!(reply.body, b"expectation failed\n", "{expect:?}");
         assert_eq!(reply.header("connection"), Some("close"), "{expect:?}");
     }
-    // HTTP/1.0 has no Expect; a value Node reads as 100-continue is served.
-    for (version, expect) in [("HTTP/1.0", "foo"), ("HTTP/1.1", "100-continue, x")] {
+    // HTTP/1.0 has no Expect; a value Node reads as 100-continue gets its `100 Continue` first.
+    for (version, expect, interim) in [
+        ("HTTP/1.0", "foo", &b""[..]),
+        (
+            "HTTP/1.1",
+            "100-continue, x",
+            b"HTTP/1.1 100 Continue\r\n\r\n",
+        ),
+    ] {
         let raw = format!(
             "POST /echo {version}\r\nHost: t\r\nExpect: {expect}\r\nContent-Length: 5\r\n\r\nhello"
         );
         let mut s = server.connect();
         s.write_all(raw.as_bytes()).unwrap();
-        let reply = read_reply(&mut BufReader::new(s), false).unwrap();
+        let mut r = BufReader::new(s);
+        let mut first = vec![0; interim.len()];
+        r.read_exact(&mut first).unwrap();
+        assert_eq!(first, interim, "{version} {expect}");
+        let reply = read_reply(&mut r, false).unwrap();
         assert_eq!(
             (reply.status, &reply.body[..]),
             (200, &b"hello"[..]),

@@ -18,9 +18,10 @@
 //! - What Node refuses and hyper serves parses but is noted (`framing_refused`): a line ended
 //!   by a bare LF, `Content-Length` more than once (equal values), `Content-Length` beside
 //!   `Transfer-Encoding`, or `chunked` twice among the transfer codings.
-//! - `Connection` and `Expect` as hyper reads them: any `close` token closes, and the last
-//!   `Expect` line counts (`expect_continue`). An HTTP/1.1 `Expect` that Node does not read as
-//!   `100-continue` is noted (`expectation_failed`: Node answers 417).
+//! - `Connection` as hyper reads it: any `close` token closes. `Expect` as Node reads it (HTTP/1.1
+//!   only): `100-continue` (any case, no letter, digit or `_` next to it) in any line asks for a
+//!   `100 Continue` (`expect_continue`); other lines without it are noted (`expectation_failed`:
+//!   Node answers 417).
 //! - Request lines as Node (llhttp, strict) and nginx take them, others 400: a method of
 //!   uppercase letters, `-` and `_` (nginx's rule; httparse takes any token; Node also refuses
 //!   uppercase methods not in its `http.METHODS`, which nodus leaves to the application: 501);
@@ -85,7 +86,8 @@ pub(crate) struct RequestHead {
     /// HTTP/1.0 only with a `keep-alive` token (tokens comma-separated, case-insensitive, any
     /// `Connection` line). Never for a CONNECT: nothing after its head is read as a request.
     pub keep_alive: bool,
-    /// `Expect: 100-continue` (case-insensitive) on an HTTP/1.1 request.
+    /// An HTTP/1.1 request's `Expect` names `100-continue` as Node finds it
+    /// (`names_100_continue`): a `100 Continue` is owed before its body is read.
     pub expect_continue: bool,
     /// An HTTP/1.1 request has `Expect` lines and none names `100-continue` as Node finds it
     /// (`names_100_continue`): Node answers 417 (the server refuses it before the handler).
@@ -460,7 +462,7 @@ fn build(
         // What follows a CONNECT's head is the tunnel's, not a body (llhttp).
         body: if connect { BodyFraming::Empty } else { body },
         keep_alive: !framing.close && (http_11 || framing.keep_alive) && !connect,
-        expect_continue: http_11 && framing.expect_continue,
+        expect_continue: http_11 && framing.expect_names_continue,
         expectation_failed: http_11 && framing.expect && !framing.expect_names_continue,
         te_trailers: framing.te_trailers,
         framing_refused: line.bare_lf || refused,
@@ -481,8 +483,6 @@ struct Framing {
     /// `Connection` tokens seen.
     close: bool,
     keep_alive: bool,
-    /// The last `Expect` line is `100-continue`.
-    expect_continue: bool,
     /// An `Expect` line was seen, and one of them names `100-continue` as Node finds it.
     expect: bool,
     expect_names_continue: bool,
@@ -526,7 +526,6 @@ impl Framing {
                 }
             }
             header::EXPECT => {
-                self.expect_continue = value.as_bytes().eq_ignore_ascii_case(b"100-continue");
                 self.expect = true;
                 self.expect_names_continue |= names_100_continue(value.as_bytes());
             }
@@ -693,9 +692,11 @@ mod tests {
         assert!(!expect(
             b"PUT / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n"
         ));
-        assert!(!expect(
-            b"PUT / HTTP/1.1\r\nExpect: 100-continue, x\r\n\r\n"
+        assert!(expect(b"PUT / HTTP/1.1\r\nExpect: 100-continue, x\r\n\r\n"));
+        assert!(expect(
+            b"PUT / HTTP/1.1\r\nExpect: 100-continue\r\nExpect: foo\r\n\r\n"
         ));
+        assert!(!expect(b"PUT / HTTP/1.1\r\nExpect: foo\r\n\r\n"));
     }
 
     #[test]
@@ -1118,9 +1119,9 @@ mod tests {
         // A byte over 0x7F is no word character (Node reads values as latin1).
         let head = head(b"PUT / HTTP/1.1\r\nHost: h\r\nExpect: \xe9100-continue\r\n\r\n");
         assert!(!head.expectation_failed);
-        // `expect_continue` is as before: the last line, exactly `100-continue`.
+        // Node's match asks for a `100 Continue` wherever it is found.
         let head = self::head(b"PUT / HTTP/1.1\r\nExpect: 100-continue, x\r\n\r\n");
-        assert!(!head.expect_continue && !head.expectation_failed);
+        assert!(head.expect_continue && !head.expectation_failed);
     }
 
     #[test]
