@@ -3020,6 +3020,21 @@ fn an_http2_client_that_goes_away_while_its_handler_works_is_reported_as_499() {
     assert_eq!(snap.http.responses_by_class, [0; 5], "nothing was answered");
 }
 
+/// The response bodies of client streams 1, 3, 5, ... (`streams` of them), read from DATA frames
+/// until each has ended.
+fn h2_response_bodies(s: &mut TcpStream, streams: usize) -> Vec<Vec<u8>> {
+    let mut bodies = vec![Vec::new(); streams];
+    let mut ended = 0;
+    while ended < streams {
+        let (kind, flags, stream, payload) = read_h2_frame(s).expect("every answer");
+        if kind == 0 && stream % 2 == 1 {
+            bodies[(stream as usize - 1) / 2].extend(payload);
+            ended += usize::from(flags & 1 != 0);
+        }
+    }
+    bodies
+}
+
 /// Reads one HTTP/2 frame: its type, flags, stream and payload.
 fn read_h2_frame(r: &mut impl Read) -> std::io::Result<(u8, u8, u32, Vec<u8>)> {
     let mut head = [0u8; 9];
@@ -3382,15 +3397,7 @@ fn an_http2_head_over_the_limits_gets_431_counted_and_reported() {
         out.extend(h2_request_head(1 + 2 * i as u32, &block));
     }
     s.write_all(&out).unwrap();
-    let mut bodies = vec![Vec::new(); cases.len()];
-    let mut ended = 0;
-    while ended < cases.len() {
-        let (kind, flags, stream, payload) = read_h2_frame(&mut s).expect("every answer");
-        if kind == 0 && stream % 2 == 1 {
-            bodies[(stream as usize - 1) / 2].extend(payload);
-            ended += usize::from(flags & 1 != 0);
-        }
-    }
+    let bodies = h2_response_bodies(&mut s, cases.len());
     let refused = b"request header fields too large\n";
     assert_eq!(
         bodies,
@@ -3438,15 +3445,7 @@ fn an_http2_expect_other_than_100_continue_gets_417() {
         out.extend(h2_request_head(1 + 2 * i as u32, &block));
     }
     s.write_all(&out).unwrap();
-    let mut bodies = vec![Vec::new(); cases.len()];
-    let mut ended = 0;
-    while ended < cases.len() {
-        let (kind, flags, stream, payload) = read_h2_frame(&mut s).expect("every answer");
-        if kind == 0 && stream % 2 == 1 {
-            bodies[(stream as usize - 1) / 2].extend(payload);
-            ended += usize::from(flags & 1 != 0);
-        }
-    }
+    let bodies = h2_response_bodies(&mut s, cases.len());
     let failed = b"expectation failed\n";
     assert_eq!(
         bodies,

@@ -486,6 +486,18 @@ mod tests {
         [body, NEXT].concat()
     }
 
+    /// That `input`, followed by the next request, is refused with `error` at byte `at`, however
+    /// it arrives.
+    fn assert_refused_at(input: &[u8], error: ChunkedError, at: usize) {
+        let input = with_next(input);
+        assert_eq!(
+            decode_any_split(&input).1,
+            Outcome::Refused(error, at),
+            "{}",
+            String::from_utf8_lossy(&input)
+        );
+    }
+
     #[test]
     fn one_chunk() {
         let mut buf = BytesMut::from(&b"5\r\nhello\r\n0\r\n\r\n"[..]);
@@ -616,13 +628,7 @@ mod tests {
             (b"5\r\nhello\r\n0\r\n\n", 13),
             (b"0\r\nX: y\r\n\n", 9),
         ] {
-            let input = with_next(input);
-            assert_eq!(
-                decode_any_split(&input).1,
-                Outcome::Refused(ChunkedError::BareLineFeed, at),
-                "{}",
-                String::from_utf8_lossy(&input)
-            );
+            assert_refused_at(input, ChunkedError::BareLineFeed, at);
         }
     }
 
@@ -659,13 +665,7 @@ mod tests {
             (b"0\r\nX: y\rZ\r\n\r\n", 8),
             (b"0\r\n\rX", 4),
         ] {
-            let input = with_next(input);
-            assert_eq!(
-                decode_any_split(&input).1,
-                Outcome::Refused(ChunkedError::Malformed, at),
-                "{}",
-                String::from_utf8_lossy(&input)
-            );
+            assert_refused_at(input, ChunkedError::Malformed, at);
         }
     }
 
@@ -775,13 +775,7 @@ mod tests {
             (b"0 \r\n\r\n", 1),
             (b"5\r\nhello\r\n0\t;a\r\n\r\n", 11),
         ] {
-            let input = with_next(input);
-            assert_eq!(
-                decode_any_split(&input).1,
-                Outcome::Refused(ChunkedError::Malformed, at),
-                "{}",
-                String::from_utf8_lossy(&input)
-            );
+            assert_refused_at(input, ChunkedError::Malformed, at);
         }
     }
 
@@ -849,13 +843,7 @@ mod tests {
                 13 + 6 + 14,
             ),
         ] {
-            let input = with_next(input);
-            assert_eq!(
-                decode_any_split(&input).1,
-                Outcome::Refused(ChunkedError::FramingTrailer, at),
-                "{}",
-                String::from_utf8_lossy(&input)
-            );
+            assert_refused_at(input, ChunkedError::FramingTrailer, at);
         }
         // Names that only begin like them, or end like them, are discarded as any other.
         let long = [b"0\r\n".as_slice(), &[b'c'; 300], b": 1\r\n\r\n"].concat();

@@ -982,6 +982,17 @@ mod tests {
         MERGE MKACTIVITY MKCALENDAR MKCOL MOVE NOTIFY OPTIONS PATCH POST PROPFIND PROPPATCH PURGE \
         PUT QUERY REBIND REPORT SEARCH SOURCE SUBSCRIBE TRACE UNBIND UNLINK UNLOCK UNSUBSCRIBE";
 
+    /// That a head with this request line (and a `Host`) is malformed.
+    fn assert_malformed_line(line: &[u8]) {
+        let bytes = [line, b"\r\nHost: h\r\n\r\n"].concat();
+        assert_eq!(
+            error(&bytes),
+            HeadError::Malformed,
+            "{:?}",
+            line.escape_ascii()
+        );
+    }
+
     #[test]
     fn methods_are_uppercase_letters_dashes_and_underscores() {
         for name in NODE_METHODS.split_ascii_whitespace().chain([
@@ -1007,13 +1018,7 @@ mod tests {
             b"GET1 / HTTP/1.1",
             b"connect h:80 HTTP/1.1",
         ] {
-            let bytes = [line, b"\r\nHost: h\r\n\r\n"].concat();
-            assert_eq!(
-                error(&bytes),
-                HeadError::Malformed,
-                "{:?}",
-                line.escape_ascii()
-            );
+            assert_malformed_line(line);
         }
     }
 
@@ -1056,13 +1061,7 @@ mod tests {
             b"GET http://h/\xc3\xa9 HTTP/1.1",
             b"CONNECT h\xc3\xa9:80 HTTP/1.1",
         ] {
-            let bytes = [line, b"\r\nHost: h\r\n\r\n"].concat();
-            assert_eq!(
-                error(&bytes),
-                HeadError::Malformed,
-                "{:?}",
-                line.escape_ascii()
-            );
+            assert_malformed_line(line);
         }
     }
 
