@@ -1397,7 +1397,7 @@ where
     type Future = Respond<F>;
 
     fn call(&self, req: Request<Incoming>) -> Respond<F> {
-        self.respond(req, None, Source::Hyper)
+        self.respond(req, HeadFacts::default(), Source::Hyper)
     }
 }
 
@@ -1406,29 +1406,16 @@ where
     H: Fn(Request<RequestBody>) -> F + 'static,
     F: Future<Output = Response<Body>> + 'static,
 {
-    /// A request parsed by nodus's own HTTP/1 engine; `framing_refused`: its head has framing
-    /// Node refuses, `expectation_failed`: an `Expect` Node answers 417 (`h1::head`).
-    pub(crate) fn call_h1(
-        &self,
-        req: Request<H1Body>,
-        framing_refused: bool,
-        expectation_failed: bool,
-    ) -> Respond<F> {
-        let refused = if framing_refused {
-            Some(Refusal::BadFraming)
-        } else if expectation_failed {
-            Some(Refusal::ExpectationFailed)
-        } else {
-            None
-        };
-        self.respond(req, refused, Source::Wire)
+    /// A request parsed by nodus's own HTTP/1 engine, with what its parser found (`h1::head`).
+    pub(crate) fn call_h1(&self, req: Request<H1Body>, facts: HeadFacts) -> Respond<F> {
+        self.respond(req, facts, Source::Wire)
     }
 
-    /// `head_refusal`: what the head's parser found to refuse, answered after a `Host` refusal.
+    /// `facts`: what the head's parser found (refusals answered after a `Host` refusal).
     fn respond<B: hyper::body::Body>(
         &self,
         mut req: Request<B>,
-        head_refusal: Option<Refusal>,
+        facts: HeadFacts,
         source: fn(B) -> Source,
     ) -> Respond<F> {
         let start = now_ns();
@@ -1440,16 +1427,18 @@ where
             self.conn.http2.set(true);
         }
         let limit = self.state.config.max_body_bytes;
-        let too_large = req
-            .headers()
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-            .is_some_and(|len| len > limit as u64);
+        // A CONNECT has no body, whatever its head says (`h1::head`).
+        let too_large = req.method() != Method::CONNECT
+            && req
+                .headers()
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+                .is_some_and(|len| len > limit as u64);
         let mut line = None;
         let mut note = Note::None;
         let handler = if let Some(refusal) = host_refusal(&req, version, &self.state.config) {
             Err(self.refuse(&req, refusal, start))
-        } else if let Some(refusal) = head_refusal {
+        } else if let Some(refusal) = facts.refusal() {
             Err(self.refuse(&req, refusal, start))
         } else if too_large {
             Err(self.refuse(&req, Refusal::TooLarge, start))
@@ -1466,11 +1455,9 @@ where
             self.conn.body_left.set(false);
             let watch = (version < Version::HTTP_2 && !req.body().is_end_stream())
                 .then(|| self.conn.clone());
-            let discardable = watch.is_some()
-                && !req
-                    .headers()
-                    .get(http::header::EXPECT)
-                    .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+            // A body a `100 Continue` is owed for is never discarded: its client sends it only
+            // once asked, so the next request may come instead.
+            let discardable = watch.is_some() && !facts.continue_owed;
             let later = set_request_note(&req, version);
             let req = req.map(|b| {
                 RequestBody::new(
@@ -1695,6 +1682,32 @@ impl State {
                 elapsed_ns: Some(nodus::clock::now_ns().saturating_sub(start)),
                 body_bytes,
             });
+        }
+    }
+}
+
+/// What nodus's HTTP/1 engine found in a request's head that the server acts on (all false for
+/// hyper's HTTP/2 requests).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct HeadFacts {
+    /// Framing Node refuses (`RequestHead::framing_refused`): 400.
+    pub(crate) framing_refused: bool,
+    /// An `Expect` Node answers 417 (`RequestHead::expectation_failed`).
+    pub(crate) expectation_failed: bool,
+    /// The request's body waits for a `100 Continue` (`RequestHead::expect_continue`, a body
+    /// there): it is never discarded.
+    pub(crate) continue_owed: bool,
+}
+
+impl HeadFacts {
+    /// The refusal the head calls for, if any.
+    fn refusal(self) -> Option<Refusal> {
+        if self.framing_refused {
+            Some(Refusal::BadFraming)
+        } else if self.expectation_failed {
+            Some(Refusal::ExpectationFailed)
+        } else {
+            None
         }
     }
 }

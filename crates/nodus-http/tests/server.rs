@@ -1841,6 +1841,8 @@ fn a_connect_is_answered_and_ends_its_connection() {
         // A length does not make a body of what follows.
         b"CONNECT t:443 HTTP/1.1\r\nHost: t:443\r\nContent-Length: 28\r\n\r\n\
           GET /x HTTP/1.1\r\nHost: t\r\n\r\nGET /next HTTP/1.1\r\nHost: t\r\n\r\n",
+        // Nor a body over the limit: no 413.
+        b"CONNECT t:443 HTTP/1.1\r\nHost: t:443\r\nContent-Length: 99999999\r\n\r\n",
     ] {
         let mut s = server.connect();
         s.write_all(raw).unwrap();
@@ -2128,6 +2130,10 @@ fn an_unread_body_is_discarded_when_short_and_otherwise_the_response_says_connec
     let server = TestServer::start(Config::default(), Duration::from_secs(1));
     for head in [
         "PUT / HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\nExpect: 100-continue\r\n\r\n",
+        // Every `Expect` Node reads as 100-continue waits the same (a discard would take the
+        // next request for the body).
+        "PUT / HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\nExpect: 100-continue, x\r\n\r\n",
+        "PUT / HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\nExpect: foo\r\nExpect: 100-continue\r\n\r\n",
         "POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\n\r\n",
     ] {
         let mut s = server.connect();

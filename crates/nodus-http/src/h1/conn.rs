@@ -38,7 +38,7 @@ use super::head::{self, BodyFraming, HeadError, Limits};
 use super::wire::{BodyRead, BodyReadError, MAX_IOVECS, Wire, WireBody};
 use crate::body::{Body, RequestBody};
 use crate::io::{FdStream, now_ns};
-use crate::server::{Respond, SentBody, Service};
+use crate::server::{HeadFacts, Respond, SentBody, Service};
 
 /// Where a connection is in waiting for a request head: its header-read deadline, shared with
 /// the connection's timer (`server::ConnTimer`), which marks it expired.
@@ -354,7 +354,8 @@ where
             BodyFraming::Length(n) => BodyRead::Length(n),
             BodyFraming::Chunked => BodyRead::Chunked(super::chunked::ChunkedDecoder::new()),
         };
-        self.wire.continue_owed.set(expect_continue && !body_empty);
+        let continue_owed = expect_continue && !body_empty;
+        self.wire.continue_owed.set(continue_owed);
         self.version = version;
         self.head_request = method == Method::HEAD;
         self.keep_alive = keep_alive;
@@ -367,10 +368,12 @@ where
         *req.uri_mut() = uri;
         *req.version_mut() = version;
         *req.headers_mut() = headers;
-        self.respond = Some(
-            self.service
-                .call_h1(req, framing_refused, expectation_failed),
-        );
+        let facts = HeadFacts {
+            framing_refused,
+            expectation_failed,
+            continue_owed,
+        };
+        self.respond = Some(self.service.call_h1(req, facts));
         self.phase = Phase::Respond;
     }
 

@@ -328,8 +328,7 @@ fn request_method(bytes: &[u8]) -> Option<Method> {
 /// allows, as `http::Uri` will parse it (a target it cannot parse is refused all the same): for
 /// a CONNECT, authority-form only (`host:port`: no `/`, `?`, `#` or userinfo, a port of digits
 /// after the last colon, outside an IPv6 literal's brackets); for any other method, `*` (Node
-/// takes it with any method) or absolute-form (a scheme: `Uri` takes scheme characters followed
-/// by `://`).
+/// takes it with any method) or absolute-form (an RFC 3986 scheme followed by `://`).
 #[cold]
 #[inline(never)]
 fn other_form_fits(connect: bool, target: &[u8]) -> bool {
@@ -341,12 +340,14 @@ fn other_form_fits(connect: bool, target: &[u8]) -> bool {
         return !target.iter().any(|b| b"/?#@".contains(b))
             && port.is_some_and(|p| !p.is_empty() && p.iter().all(u8::is_ascii_digit));
     }
-    let scheme = |b: &u8| b.is_ascii_alphanumeric() || b"+-.~".contains(b);
+    // RFC 3986's scheme: a letter, then letters, digits, `+`, `-` and `.`.
+    let scheme = |b: &u8| b.is_ascii_alphanumeric() || b"+-.".contains(b);
     target == b"*"
-        || target
-            .iter()
-            .position(|b| !scheme(b))
-            .is_some_and(|at| at > 0 && target[at..].starts_with(b"://"))
+        || target.first().is_some_and(u8::is_ascii_alphabetic)
+            && target
+                .iter()
+                .position(|b| !scheme(b))
+                .is_some_and(|at| target[at..].starts_with(b"://"))
 }
 
 /// The length of the empty lines (CRLF or a bare LF) at the start of `bytes`; a CR at the end
@@ -1047,6 +1048,11 @@ mod tests {
             b"GET mailto:a HTTP/1.1",
             b"GET *x HTTP/1.1",
             b"GET ://h/a HTTP/1.1",
+            // A scheme that does not start with a letter, or has a byte RFC 3986's has not.
+            b"GET 1://h/ HTTP/1.1",
+            b"GET -://h/ HTTP/1.1",
+            b"GET ~://h/ HTTP/1.1",
+            b"GET a~b://h/ HTTP/1.1",
             // CONNECT: authority-form with a port, no userinfo, and nothing else.
             b"CONNECT / HTTP/1.1",
             b"CONNECT * HTTP/1.1",
