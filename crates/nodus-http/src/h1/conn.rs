@@ -151,10 +151,11 @@ pub(crate) struct H1Conn<S, H, F> {
     head_armed: bool,
     /// The response body is pulled while less than this waits on the socket.
     max_buf: usize,
-    /// The request in flight: its version, whether it is `HEAD`, whether it asked to keep the
-    /// connection.
+    /// The request in flight: its version, whether it is `HEAD` or `CONNECT`, whether it asked
+    /// to keep the connection.
     version: Version,
     head_request: bool,
+    connect_request: bool,
     keep_alive: bool,
     /// The request in flight said `TE: trailers`.
     te_trailers: bool,
@@ -189,6 +190,7 @@ where
             max_buf,
             version: Version::HTTP_11,
             head_request: false,
+            connect_request: false,
             keep_alive: true,
             te_trailers: false,
             cached_headers: None,
@@ -358,6 +360,7 @@ where
         self.wire.continue_owed.set(continue_owed);
         self.version = version;
         self.head_request = method == Method::HEAD;
+        self.connect_request = method == Method::CONNECT;
         self.keep_alive = keep_alive;
         self.te_trailers = te_trailers;
         let request = self.wire.request.get() + 1;
@@ -390,6 +393,7 @@ where
             version: parts.version,
             request_version: self.version,
             request_is_head: self.head_request,
+            request_is_connect: self.connect_request,
             body_len: hint.exact(),
             body_empty: body.is_end_stream(),
             keep_alive: self.keep_alive,
@@ -574,6 +578,7 @@ where
                     version: Version::HTTP_11,
                     request_version: Version::HTTP_11,
                     request_is_head: false,
+                    request_is_connect: false,
                     body_len: Some(0),
                     body_empty: true,
                     keep_alive: false,
