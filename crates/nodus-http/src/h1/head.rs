@@ -161,8 +161,6 @@ struct Line {
     version: Version,
     headers: usize,
     bare_lf: bool,
-    /// The method is CONNECT.
-    connect: bool,
 }
 
 /// Parses the head at the start of `buf`. Ok(None): not complete yet and still within the
@@ -255,8 +253,8 @@ fn scan<'b>(
     if target.len() > MAX_URI_LEN {
         return Err(HeadError::UriTooLong);
     }
-    let connect = method == "CONNECT";
     let method = request_method(method.as_bytes()).ok_or(HeadError::Malformed)?;
+    let connect = method == Method::CONNECT;
     // Origin-form is the common case; a byte over 0x7F is refused anywhere (Node; httparse and
     // `http::Uri` take it).
     let target_bytes = target.as_bytes();
@@ -294,7 +292,6 @@ fn scan<'b>(
         },
         headers: req.headers.len(),
         bare_lf,
-        connect,
     }))
 }
 
@@ -421,7 +418,7 @@ fn build(
 ) -> Result<RequestHead, HeadError> {
     let uri = Uri::from_maybe_shared(taken.slice(line.target.0..line.target.1))
         .map_err(|_| HeadError::Malformed)?;
-    let connect = line.connect;
+    let connect = line.method == Method::CONNECT;
     let http_11 = line.version == Version::HTTP_11;
     let mut headers = cached
         .take()
