@@ -564,20 +564,8 @@ fn group_members(pgid: Pid) -> Vec<(u32, String)> {
         .into_iter()
         .filter(|&pid| pid != leader)
         .filter_map(|pid| {
-            let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
-            // `PID (COMM) STATE PPID PGRP ...`: COMM may hold spaces and parentheses.
-            let (open, close) = (
-                stat.iter().position(|&b| b == b'(')?,
-                stat.iter().rposition(|&b| b == b')')?,
-            );
-            let mut fields = stat.get(close + 2..)?.split(|&b| b == b' ');
-            let state = fields.next()?;
-            let group: i32 = std::str::from_utf8(fields.nth(1)?).ok()?.parse().ok()?;
-            if group != leader || matches!(state, b"Z" | b"X" | b"x") {
-                return None;
-            }
-            let name = String::from_utf8_lossy(stat.get(open + 1..close)?).into_owned();
-            Some((pid as u32, name))
+            let stat = super::stat::read(pid)?;
+            (stat.group == leader && !stat.has_exited()).then_some((pid as u32, stat.name))
         })
         .collect()
 }
@@ -626,12 +614,5 @@ fn own_descendants() -> Option<Vec<i32>> {
 
 /// The parent of `pid` (`/proc/<pid>/stat` field 4), if it still exists.
 pub(super) fn parent_of(pid: Pid) -> Option<Pid> {
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_nonzero())).ok()?;
-    let after_comm = &stat[stat.rfind(')')? + 2..];
-    after_comm
-        .split(' ')
-        .nth(1)?
-        .parse()
-        .ok()
-        .and_then(Pid::from_raw)
+    Pid::from_raw(super::stat::read(pid.as_raw_nonzero().get())?.parent)
 }

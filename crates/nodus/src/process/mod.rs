@@ -59,6 +59,7 @@ pub mod output;
 mod pipes;
 mod reaper;
 pub(crate) mod sched;
+pub(crate) mod stat;
 
 use std::ffi::OsStr;
 use std::io;

@@ -3,10 +3,13 @@
 //! Round-robin: a rotation over the eligible workers, handing a worker more than one connection
 //! it has not taken only while it keeps up. A worker whose loop says what it is doing (a nodus
 //! worker's board mirrors its loop's hold) keeps up while its loop is in no hold of
-//! [`HOLD_LIMIT`] or more and its oldest untaken connection has waited less than that too (a
-//! stopped or starved process takes nothing: under `SIGSTOP` a longer wait let round-robin hand
-//! a stopped worker every connection of a client pool, stalling them all until the handoff
-//! deadline). Such workers and the free ones (nothing handed and not yet taken) are handed
+//! [`HOLD_LIMIT`] or more, its process is not stopped, and its oldest untaken connection has
+//! waited less than [`PIPELINE_WINDOW`]. A worker whose connection has waited [`HOLD_LIMIT`] is
+//! looked at (`/proc`): a stopped one (`SIGSTOP`, a debugger) takes nothing, and judged by its
+//! wait alone it soaked up every connection of a client pool until the handoff deadline; one
+//! that only waits for a CPU on a busy host takes them as soon as it runs, and the burst it
+//! misses a share of stays where it landed (its wait alone, at 2 ms, gave a worker 9 of 64
+//! under CI's load). Such workers and the free ones (nothing handed and not yet taken) are handed
 //! connections strictly in turn, so a burst (a keep-alive pool opening its connections at once)
 //! is spread evenly, even over a worker that has not run since the burst began. One whose loop
 //! is in a long hold (a long synchronous request, a busy loop) gets no more than the one it is
@@ -55,13 +58,13 @@ const WINDOW_NS: u64 = PIPELINE_WINDOW.as_nanos() as u64;
 /// that serves a turn of 64 keep-alive requests holds for about half a millisecond on the
 /// 2-core machine of BENCHMARKS.md, a few with its thread preempted; one in a hold this long
 /// or longer gets nothing more until it is out (its share goes to the others), so a loop that
-/// blocks is handed at most its turns of the first 2 ms. The same bound holds for how long its
-/// oldest untaken connection may have waited: a loop in no hold takes a handoff as soon as its
-/// process runs, so one that has not for this long is stopped or starved of CPU.
+/// blocks is handed at most its turns of the first 2 ms. A loop in no hold takes a handoff as
+/// soon as its process runs: once its oldest untaken connection has waited this long, the
+/// primary looks whether its process is stopped ([`Candidate::stopped`]).
 pub(crate) const HOLD_LIMIT: Duration = Duration::from_millis(2);
 
 /// [`HOLD_LIMIT`] in ns.
-const HOLD_LIMIT_NS: u64 = HOLD_LIMIT.as_nanos() as u64;
+pub(crate) const HOLD_LIMIT_NS: u64 = HOLD_LIMIT.as_nanos() as u64;
 
 /// What the balancer knows of one eligible worker.
 #[derive(Debug, Clone, Copy)]
@@ -75,6 +78,10 @@ pub(crate) struct Candidate {
     /// How long its loop has been in the hold it is in (ns; 0 when in none), if the worker says
     /// (its board mirrors its loop's holds).
     pub hold_ns: Option<u64>,
+    /// Its process is stopped (`SIGSTOP`, a debugger). Looked at only for a worker that says
+    /// what its loop is doing, once its oldest untaken connection has waited [`HOLD_LIMIT`]:
+    /// false before.
+    pub stopped: bool,
     /// Load estimate for `least` (see the module docs).
     pub load: u64,
     /// The most it may have in flight: [`MAX_IN_FLIGHT`], or the fewer its window asked.
@@ -112,13 +119,14 @@ pub(crate) fn round_robin_takes(c: &Candidate) -> bool {
 }
 
 /// Whether `c`, whose loop says what it is doing, may be handed connections on top of those it
-/// has not taken: under its cap, its loop in no hold of [`HOLD_LIMIT`] or more, and its oldest
-/// untaken connection younger than that too (a loop that holds nothing takes a handoff as soon
-/// as its process runs; one that has not within [`HOLD_LIMIT`] is stopped, or starved of CPU).
+/// has not taken: under its cap, its loop in no hold of [`HOLD_LIMIT`] or more, its process not
+/// stopped, and its oldest untaken connection younger than [`PIPELINE_WINDOW`] (a process
+/// starved of CPU for that long gets no more until it runs).
 fn keeps_up(c: &Candidate) -> bool {
     c.hold_ns.is_some_and(|hold| hold < HOLD_LIMIT_NS)
         && c.in_flight < c.cap
-        && c.waited_ns < HOLD_LIMIT_NS
+        && !c.stopped
+        && c.waited_ns < WINDOW_NS
 }
 
 /// Whether `c`, which says nothing of its loop, with connections in flight, may be handed more:
@@ -161,6 +169,7 @@ mod tests {
             quiet_ns: 0,
             waited_ns: 0,
             hold_ns: None,
+            stopped: false,
             load,
             cap: MAX_IN_FLIGHT,
         }
@@ -173,6 +182,7 @@ mod tests {
             quiet_ns: quiet.as_nanos() as u64,
             waited_ns: 0,
             hold_ns: None,
+            stopped: false,
             load: 0,
             cap: MAX_IN_FLIGHT,
         }
@@ -186,6 +196,7 @@ mod tests {
             quiet_ns: (PIPELINE_WINDOW * 100).as_nanos() as u64,
             waited_ns: waited.as_nanos() as u64,
             hold_ns: Some(hold.as_nanos() as u64),
+            stopped: false,
             load: 0,
             cap: MAX_IN_FLIGHT,
         }
@@ -270,9 +281,9 @@ mod tests {
     }
 
     /// A worker whose loop has been in one hold for [`HOLD_LIMIT`] (a long request, a busy loop)
-    /// gets no connection on top of one it has not taken, and one whose oldest untaken
-    /// connection has waited as long (its process does not run: stopped, or starved of CPU)
-    /// none either; a free one still gets one in its turn.
+    /// gets no connection on top of one it has not taken, nor does one whose process is stopped
+    /// or has not run for [`PIPELINE_WINDOW`]; one that has only waited a few ms for a CPU keeps
+    /// its turn; a free one still gets one in its turn.
     #[test]
     fn a_worker_in_a_long_hold_or_not_running_gets_no_more_than_one() {
         let mut cursor = 0;
@@ -281,9 +292,18 @@ mod tests {
         let got = picks(&mut cands, &mut cursor, 6);
         assert_eq!(got, [Some(1); 6]);
         assert!(!round_robin_takes(&busy));
-        let not_running = h(1, HOLD_LIMIT, Duration::ZERO);
-        assert!(!round_robin_takes(&not_running));
-        assert_eq!(round_robin(&[busy, not_running], &mut cursor), None);
+        let stopped = Candidate {
+            stopped: true,
+            ..h(1, HOLD_LIMIT, Duration::ZERO)
+        };
+        assert!(!round_robin_takes(&stopped));
+        let starved = h(1, PIPELINE_WINDOW, Duration::ZERO);
+        assert!(!round_robin_takes(&starved));
+        assert_eq!(round_robin(&[busy, stopped, starved], &mut cursor), None);
+        let waiting_for_a_cpu = h(6, HOLD_LIMIT * 3, Duration::ZERO);
+        let mut cands = [waiting_for_a_cpu, h(6, Duration::ZERO, Duration::ZERO)];
+        let got = picks(&mut cands, &mut cursor, 10);
+        assert_eq!(got.iter().filter(|&&p| p == Some(0)).count(), 5, "{got:?}");
         let free_but_busy = h(0, Duration::ZERO, HOLD_LIMIT * 10);
         assert!(round_robin_takes(&free_but_busy));
         // At its cap, none, whatever its loop says.

@@ -681,14 +681,16 @@ fn candidate(member: &Member, ready_member: bool, now: u64) -> Candidate {
         LoopHold::None => Some(0),
         LoopHold::Since(since) => Some(clock.saturating_sub(since)),
     });
+    let waited_ns = proc
+        .pending
+        .oldest_sent_ns()
+        .map_or(0, |sent| clock.saturating_sub(sent));
     Candidate {
         in_flight,
         quiet_ns: proc.pending.quiet_ns(clock),
-        waited_ns: proc
-            .pending
-            .oldest_sent_ns()
-            .map_or(0, |sent| clock.saturating_sub(sent)),
+        waited_ns,
         hold_ns,
+        stopped: hold_ns.is_some() && waited_ns >= balance::HOLD_LIMIT_NS && proc.is_stopped(clock),
         load: proc.load_estimate(),
         cap: member.window,
     }

@@ -235,6 +235,9 @@ pub(super) struct Proc {
     pub behind_until: Cell<Option<u64>>,
     /// Its stall was logged (`handoff::take_back`); cleared, with a line, once it runs again.
     pub stall_said: Cell<bool>,
+    /// Whether its process was stopped, and the loop clock (ns) it was looked at
+    /// ([`Proc::is_stopped`]).
+    stopped_seen: Cell<Option<(u64, bool)>>,
     /// The same, summed over every worker of its slot (see `Slot::taken`).
     pub slot_taken: Rc<Cell<u64>>,
     /// The worker's last load report: (open connections, accepted in total).
@@ -404,6 +407,7 @@ impl Proc {
             taken_back: Cell::new(0),
             behind_until: Cell::new(None),
             stall_said: Cell::new(false),
+            stopped_seen: Cell::new(None),
             slot_taken: st.slots.borrow()[slot as usize - 1].taken.clone(),
             reported: Cell::new(None),
             snapshot: RefCell::new(None),
@@ -670,6 +674,20 @@ impl Proc {
         if self.may_answer() {
             self.send(msg);
         }
+    }
+
+    /// Whether its process is stopped (`SIGSTOP`, a debugger: its `/proc` state), looked at
+    /// once per value of the loop clock `clock` (a dispatch pass that hands a burst runs on one
+    /// value). A process that cannot be looked at is not stopped.
+    pub fn is_stopped(&self, clock: u64) -> bool {
+        if let Some((at, stopped)) = self.stopped_seen.get()
+            && at == clock
+        {
+            return stopped;
+        }
+        let stopped = crate::process::stat::read(self.pid as i32).is_some_and(|s| s.is_stopped());
+        self.stopped_seen.set(Some((clock, stopped)));
+        stopped
     }
 
     /// Estimated open connections (for `least`).
