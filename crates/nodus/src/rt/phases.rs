@@ -141,7 +141,9 @@ impl Core {
                     }
                     self.drain();
                 }
-                TimerAction::Running => unreachable!("a running interval is never in the heap"),
+                TimerAction::Running { .. } => {
+                    unreachable!("a running interval is never in the heap")
+                }
             }
             if self.main_done.get() {
                 return;

@@ -77,7 +77,6 @@ pub fn set_timeout(delay: impl IntoDelay, callback: impl FnOnce() + 'static) -> 
     arm(
         "nodus::set_timeout",
         delay.into_delay_ns(),
-        0,
         action,
         Location::caller(),
     )
@@ -90,12 +89,10 @@ pub fn set_timeout(delay: impl IntoDelay, callback: impl FnOnce() + 'static) -> 
 /// (see the module docs).
 #[track_caller]
 pub fn set_interval(delay: impl IntoDelay, callback: impl FnMut() + 'static) -> Timer {
-    let delay = delay.into_delay_ns();
     let action = TimerAction::Callback(Box::new(callback));
     arm(
         "nodus::set_interval",
-        delay,
-        delay,
+        delay.into_delay_ns(),
         action,
         Location::caller(),
     )
@@ -138,19 +135,13 @@ pub fn clear_interval(timer: &Timer) {
 }
 
 #[track_caller]
-fn arm(
-    api: &str,
-    delay: u64,
-    repeat: u64,
-    action: TimerAction,
-    location: &'static Location<'static>,
-) -> Timer {
+fn arm(api: &str, delay: u64, action: TimerAction, location: &'static Location<'static>) -> Timer {
     with_core(api, |core| {
         let now = crate::clock::now_ns();
         let key = core
             .timers
             .borrow_mut()
-            .insert(now, delay, repeat, action, true, location);
+            .insert(now, delay, action, true, location);
         core.ref_handle();
         Timer {
             key,
@@ -171,7 +162,7 @@ pub(crate) fn run_later_unref(
     let now = crate::clock::now_ns();
     core.timers
         .borrow_mut()
-        .insert(now, delay, 0, TimerAction::Once(callback), false, location);
+        .insert(now, delay, TimerAction::Once(callback), false, location);
 }
 
 impl EntryHandle for Timer {

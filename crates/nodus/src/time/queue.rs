@@ -27,8 +27,10 @@
 //!   no live timer: then a clear removes it at once (Node's `unenroll`), and a pass removes the
 //!   list it runs when that list is found empty. A list being run stays while its last timer
 //!   runs, so an interval re-armed, or a timer of its delay armed, by that callback joins it.
-//! - The slab entry is the truth; a list item whose slab entry is gone or has another `seq` is a
-//!   tombstone, skipped when it reaches the front. Cancelling is O(1) and takes effect at once.
+//! - The slab entry is the truth; a list item whose slab entry is gone (or holds another timer:
+//!   ids are never reused) is a tombstone, skipped when it reaches the front. A timer has at
+//!   most one item, in the list its entry names, except while an interval runs (none: its
+//!   entry's action is `Running` with its delay, since that list may go meanwhile). Cancelling is O(1) and takes effect at once.
 //!   A list's expiry is not moved by a cancel (as in Node); `next_deadline` drops the tombstones
 //!   at the top list's front and raises its expiry to its first live timer's deadline, so the
 //!   poll phase does not wake for a cleared timer. Past twice as many tombstones as live timers,
@@ -64,30 +66,32 @@ pub(crate) enum TimerAction {
     Callback(Box<dyn FnMut()>),
     /// A `sleep` future: wake its task.
     Wake(Option<Waker>),
-    /// An interval callback that is running right now.
-    Running,
+    /// An interval callback that is running right now, and its delay (its list may go while it
+    /// runs: the callback can clear every other timer of that delay).
+    Running { delay: u64 },
 }
 
+/// A timer: 48 bytes (its deadline is its list item's). `set_interval` makes the only timers
+/// that re-arm (their action is `Callback`, `Running` while it runs).
 pub(crate) struct TimerEntry {
-    /// Stable for the timer's life (what handles hold).
+    /// Unique for the process's life and stable for the timer's (what handles and its list item
+    /// hold): a timer re-arms only after its item left its list (an interval's, popped to run),
+    /// and a `Sleep` that resets takes a new entry, so no tombstone ever names a live entry.
     pub(crate) id: u64,
-    /// Identifies its current list item; new on every (re)arm.
-    pub(crate) seq: u64,
-    pub(crate) deadline: u64,
-    /// Its list's delay in ns (the period, for an interval).
-    pub(crate) delay: u64,
-    /// Interval period in ns; 0 for a one-shot timer.
-    pub(crate) repeat: u64,
     pub(crate) action: TimerAction,
-    pub(crate) refd: bool,
     pub(crate) location: &'static Location<'static>,
+    /// The list (a key of `TimerQueue::lists`) holding its item, unless it is `Running`.
+    list: u32,
+    pub(crate) refd: bool,
 }
 
-/// One armed timer in a list (a tombstone once its entry is gone or re-armed).
+/// One armed timer in a list (a tombstone once its entry is gone): 20 bytes, 4-aligned (a
+/// million timers sit in these lists; it is only ever copied, never borrowed in place).
 #[derive(Clone, Copy)]
+#[repr(C, packed(4))]
 struct Item {
     deadline: u64,
-    seq: u64,
+    id: u64,
     key: u32,
 }
 
@@ -109,6 +113,7 @@ pub(crate) struct TimerQueue {
     by_delay: HashMap<u64, usize>,
     /// List keys, a min-heap by `(expiry, order)`.
     heap: Vec<usize>,
+    /// The last id or list order number given (one counter).
     next_seq: u64,
     tombstones: usize,
 }
@@ -130,32 +135,29 @@ impl TimerQueue {
         self.entries.len()
     }
 
-    /// Arms a timer for `base + delay`.
+    /// Arms a timer for `base + delay` (an interval's period is `delay`).
     pub(crate) fn insert(
         &mut self,
         base: u64,
         delay: u64,
-        repeat: u64,
         action: TimerAction,
         refd: bool,
         location: &'static Location<'static>,
     ) -> TimerKey {
-        let seq = self.bump_seq();
+        let id = self.bump_seq();
         let deadline = base.saturating_add(delay);
         let by_deadline = matches!(action, TimerAction::Wake(_));
         let key = self.entries.insert(TimerEntry {
-            id: seq,
-            seq,
-            deadline,
-            delay,
-            repeat,
+            id,
             action,
-            refd,
             location,
+            list: 0,
+            refd,
         });
         let key = u32::try_from(key).expect("nodus: more than 4 billion live timers");
-        self.push_item(delay, Item { deadline, seq, key }, by_deadline);
-        TimerKey { key, id: seq }
+        let list = self.push_item(delay, Item { deadline, id, key }, by_deadline);
+        self.entries[key as usize].list = list;
+        TimerKey { key, id }
     }
 
     pub(crate) fn get(&self, k: TimerKey) -> Option<&TimerEntry> {
@@ -172,13 +174,17 @@ impl TimerQueue {
     pub(crate) fn remove(&mut self, k: TimerKey) -> Option<TimerEntry> {
         self.get(k)?;
         let e = self.entries.remove(k.key as usize);
-        if !matches!(e.action, TimerAction::Running) {
-            // A running interval's item already left its list.
-            self.tombstones += 1;
-            let list = self.by_delay[&e.delay];
-            self.lists[list].live -= 1;
-        }
-        if let Some(&list) = self.by_delay.get(&e.delay)
+        let list = match e.action {
+            // A running interval's item already left its list, which may be gone.
+            TimerAction::Running { delay } => self.by_delay.get(&delay).copied(),
+            _ => {
+                self.tombstones += 1;
+                let list = e.list as usize;
+                self.lists[list].live -= 1;
+                Some(list)
+            }
+        };
+        if let Some(list) = list
             && self.lists[list].live == 0
         {
             self.remove_list(list);
@@ -194,7 +200,7 @@ impl TimerQueue {
             let list = *self.heap.first()?;
             match self.live_front(list) {
                 None => self.remove_list(list),
-                Some(front) if front.deadline > self.lists[list].expiry => {
+                Some(front) if { front.deadline } > self.lists[list].expiry => {
                     self.rekey(list, front.deadline)
                 }
                 Some(_) => return Some(self.lists[list].expiry),
@@ -206,31 +212,31 @@ impl TimerQueue {
     /// the queue; an interval stays (its action becomes `Running`) and must be finished with
     /// `finish_interval`.
     pub(crate) fn pop_due(&mut self, now: u64) -> Option<(TimerKey, Fired)> {
-        let front = loop {
+        let (front, delay) = loop {
             let list = *self.heap.first()?;
             if self.lists[list].expiry > now {
                 return None;
             }
             match self.live_front(list) {
                 None => self.remove_list(list),
-                Some(front) if front.deadline > now => self.rekey(list, front.deadline),
+                Some(front) if { front.deadline } > now => self.rekey(list, front.deadline),
                 Some(front) => {
                     let l = &mut self.lists[list];
                     l.items.pop_front();
                     l.live -= 1;
-                    break front;
+                    break (front, l.delay);
                 }
             }
         };
-        let e = &mut self.entries[front.key as usize];
         let k = TimerKey {
             key: front.key,
-            id: e.id,
+            id: front.id,
         };
-        if e.repeat > 0 {
-            let action = std::mem::replace(&mut e.action, TimerAction::Running);
+        let e = &mut self.entries[front.key as usize];
+        if matches!(e.action, TimerAction::Callback(_)) {
+            let action = std::mem::replace(&mut e.action, TimerAction::Running { delay });
             let fired = Fired {
-                deadline: e.deadline,
+                deadline: front.deadline,
                 action,
                 location: e.location,
                 refd: e.refd,
@@ -242,7 +248,7 @@ impl TimerQueue {
             Some((
                 k,
                 Fired {
-                    deadline: e.deadline,
+                    deadline: front.deadline,
                     action: e.action,
                     location: e.location,
                     refd: e.refd,
@@ -260,23 +266,20 @@ impl TimerQueue {
         callback: Box<dyn FnMut()>,
         base: u64,
     ) -> Option<Box<dyn FnMut()>> {
-        let seq = self.bump_seq();
         let Some(e) = self.get_mut(k) else {
             return Some(callback);
         };
+        let TimerAction::Running { delay } = e.action else {
+            unreachable!("only a running interval is finished")
+        };
         e.action = TimerAction::Callback(callback);
-        e.seq = seq;
-        e.deadline = base.saturating_add(e.repeat);
-        let (delay, deadline) = (e.delay, e.deadline);
-        self.push_item(
-            delay,
-            Item {
-                deadline,
-                seq,
-                key: k.key,
-            },
-            false,
-        );
+        let item = Item {
+            deadline: base.saturating_add(delay),
+            id: k.id,
+            key: k.key,
+        };
+        let list = self.push_item(delay, item, false);
+        self.entries[k.key as usize].list = list;
         None
     }
 
@@ -297,12 +300,12 @@ impl TimerQueue {
     fn is_live(&self, i: &Item) -> bool {
         self.entries
             .get(i.key as usize)
-            .is_some_and(|e| e.seq == i.seq && !matches!(e.action, TimerAction::Running))
+            .is_some_and(|e| e.id == i.id && !matches!(e.action, TimerAction::Running { .. }))
     }
 
-    /// Appends `item` to its delay's list (a new list's key is its deadline); `by_deadline`
-    /// places it after the last item due no later instead (a `Sleep`).
-    fn push_item(&mut self, delay: u64, item: Item, by_deadline: bool) {
+    /// Appends `item` to its delay's list (a new list's key is its deadline), and returns that
+    /// list; `by_deadline` places it after the last item due no later instead (a `Sleep`).
+    fn push_item(&mut self, delay: u64, item: Item, by_deadline: bool) -> u32 {
         let list = match self.by_delay.get(&delay) {
             Some(&l) => l,
             None => {
@@ -326,7 +329,7 @@ impl TimerQueue {
         let at = if by_deadline {
             l.items
                 .iter()
-                .rposition(|i| i.deadline <= item.deadline)
+                .rposition(|i| { i.deadline } <= item.deadline)
                 .map_or(0, |p| p + 1)
         } else {
             l.items.len()
@@ -337,6 +340,7 @@ impl TimerQueue {
             let pos = l.heap_pos;
             self.sift_up(pos);
         }
+        u32::try_from(list).expect("fewer lists than timers")
     }
 
     /// The first live item of `list`, its tombstones in front dropped.
@@ -453,6 +457,10 @@ mod tests {
     use super::*;
 
     fn cb() -> TimerAction {
+        TimerAction::Once(Box::new(|| {}))
+    }
+
+    fn interval() -> TimerAction {
         TimerAction::Callback(Box::new(|| {}))
     }
 
@@ -464,10 +472,10 @@ mod tests {
     fn fires_in_deadline_then_insertion_order() {
         let mut q = TimerQueue::new();
         let here = Location::caller();
-        let a = q.insert(0, 30, 0, cb(), true, here);
-        let b = q.insert(0, 10, 0, cb(), true, here);
-        let c = q.insert(0, 10, 0, cb(), true, here);
-        let d = q.insert(0, 5, 0, cb(), true, here);
+        let a = q.insert(0, 30, cb(), true, here);
+        let b = q.insert(0, 10, cb(), true, here);
+        let c = q.insert(0, 10, cb(), true, here);
+        let d = q.insert(0, 5, cb(), true, here);
         assert_eq!(q.next_deadline(), Some(5));
         assert_eq!(drain(&mut q, 10), vec![d, b, c]);
         assert_eq!(drain(&mut q, 29), vec![]);
@@ -479,9 +487,9 @@ mod tests {
     fn cancelled_timers_never_fire_and_their_lists_go() {
         let mut q = TimerQueue::new();
         let here = Location::caller();
-        let keep = q.insert(0, 1_000_000, 0, cb(), true, here);
+        let keep = q.insert(0, 1_000_000, cb(), true, here);
         for i in 0..10_000 {
-            let k = q.insert(0, 500 + i, 0, cb(), true, here);
+            let k = q.insert(0, 500 + i, cb(), true, here);
             assert!(q.remove(k).is_some());
             assert!(q.remove(k).is_none());
         }
@@ -494,14 +502,14 @@ mod tests {
         let mut q = TimerQueue::new();
         let here = Location::caller();
         // Node's scenario 16: A (10) at 0, then C (10) and B (9) at 2.
-        let a = q.insert(0, 10, 0, cb(), true, here);
-        let c = q.insert(2, 10, 0, cb(), true, here);
-        let b = q.insert(2, 9, 0, cb(), true, here);
+        let a = q.insert(0, 10, cb(), true, here);
+        let c = q.insert(2, 10, cb(), true, here);
+        let b = q.insert(2, 9, cb(), true, here);
         assert_eq!(drain(&mut q, 22), vec![a, c, b]);
         // Only what is due runs: the list then waits for its next timer's deadline.
-        let a = q.insert(0, 10, 0, cb(), true, here);
-        let c = q.insert(2, 10, 0, cb(), true, here);
-        let b = q.insert(2, 9, 0, cb(), true, here);
+        let a = q.insert(0, 10, cb(), true, here);
+        let c = q.insert(2, 10, cb(), true, here);
+        let b = q.insert(2, 9, cb(), true, here);
         assert_eq!(drain(&mut q, 11), vec![a, b]);
         assert_eq!(q.next_deadline(), Some(12));
         assert_eq!(drain(&mut q, 12), vec![c]);
@@ -511,15 +519,15 @@ mod tests {
     fn interval_rearms_at_the_back_of_its_list() {
         let mut q = TimerQueue::new();
         let here = Location::caller();
-        let iv = q.insert(0, 10, 10, cb(), true, here);
+        let iv = q.insert(0, 10, interval(), true, here);
         let (k, fired) = q.pop_due(10).unwrap();
         assert_eq!(k, iv);
         let TimerAction::Callback(f) = fired.action else {
             panic!("not a callback")
         };
         // Its callback arms a timeout of its delay, then a later timer of another.
-        let t = q.insert(11, 10, 0, cb(), true, here);
-        let other = q.insert(0, 20, 0, cb(), true, here);
+        let t = q.insert(11, 10, cb(), true, here);
+        let other = q.insert(0, 20, cb(), true, here);
         assert!(q.finish_interval(k, f, 10).is_none());
         // The interval (due at 20) waits behind the timeout (due at 21); the other list does
         // not wait for theirs.
@@ -530,7 +538,7 @@ mod tests {
     #[test]
     fn interval_cleared_while_running_is_not_rearmed() {
         let mut q = TimerQueue::new();
-        let iv = q.insert(0, 10, 10, cb(), true, Location::caller());
+        let iv = q.insert(0, 10, interval(), true, Location::caller());
         let (k, fired) = q.pop_due(10).unwrap();
         assert!(q.remove(k).is_some());
         let TimerAction::Callback(f) = fired.action else {
@@ -541,12 +549,57 @@ mod tests {
         assert_eq!(q.next_deadline(), None);
     }
 
+    /// While an interval runs, its list may go (its callback cleared the last other timer of its
+    /// delay, or a pass found it empty) and the list's slot be taken by a list of another delay:
+    /// finishing the interval re-arms it in a list of its own delay, and clearing it leaves the
+    /// other list alone.
+    #[test]
+    fn a_running_intervals_list_may_go_and_its_slot_be_reused() {
+        let mut q = TimerQueue::new();
+        let here = Location::caller();
+        let take = |fired: Fired| match fired.action {
+            TimerAction::Callback(f) => f,
+            _ => panic!("not an interval"),
+        };
+        let iv = q.insert(0, 10, interval(), true, here);
+        let other = q.insert(5, 10, cb(), true, here);
+        let (k, fired) = q.pop_due(10).unwrap();
+        assert_eq!(k, iv);
+        assert!(q.remove(other).is_some());
+        assert!(
+            q.lists.is_empty(),
+            "the list of 10 went with its last armed timer"
+        );
+        let seven = q.insert(10, 7, cb(), true, here);
+        assert!(q.finish_interval(iv, take(fired), 10).is_none());
+        assert_eq!(q.pop_due(20).map(|(k, _)| k), Some(seven));
+        let (k, fired) = q.pop_due(20).unwrap();
+        assert_eq!(k, iv);
+        // The next pass finds the list of 10 empty and removes it; a list of 3 takes its slot.
+        assert!(q.pop_due(20).is_none());
+        assert!(q.lists.is_empty());
+        let three = q.insert(20, 3, cb(), true, here);
+        assert!(q.remove(iv).is_some());
+        assert!(q.finish_interval(iv, take(fired), 20).is_some());
+        assert_eq!(q.len(), 1);
+        assert_eq!(drain(&mut q, 23), vec![three]);
+        assert!(q.lists.is_empty() && q.heap.is_empty() && q.by_delay.is_empty());
+    }
+
+    #[test]
+    fn a_timer_takes_48_bytes_and_its_list_item_20() {
+        assert_eq!(std::mem::size_of::<TimerEntry>(), 48);
+        // The slab's vacant slot fits in a spare value of the action's tag.
+        assert_eq!(std::mem::size_of::<Option<TimerEntry>>(), 48);
+        assert_eq!(std::mem::size_of::<Item>(), 20);
+    }
+
     #[test]
     fn a_cleared_front_does_not_wake_the_loop() {
         let mut q = TimerQueue::new();
         let here = Location::caller();
-        let a = q.insert(0, 10, 0, cb(), true, here);
-        let b = q.insert(5, 10, 0, cb(), true, here);
+        let a = q.insert(0, 10, cb(), true, here);
+        let b = q.insert(5, 10, cb(), true, here);
         assert!(q.remove(a).is_some());
         assert_eq!(q.next_deadline(), Some(15));
         assert_eq!(drain(&mut q, 15), vec![b]);
@@ -568,9 +621,9 @@ mod list_tests {
         let here = Location::caller();
         // A timeout armed from an older clock read still goes behind its list (Node's `insert`
         // appends): it runs when the list's first timer does.
-        let late = q.insert(100, 10, 0, cb(), true, here);
-        let early = q.insert(95, 10, 0, cb(), true, here);
-        let other = q.insert(0, 104, 0, cb(), true, here);
+        let late = q.insert(100, 10, cb(), true, here);
+        let early = q.insert(95, 10, cb(), true, here);
+        let other = q.insert(0, 104, cb(), true, here);
         assert_eq!(q.pop_due(109).map(|(k, _)| k), Some(other));
         assert!(q.pop_due(109).is_none());
         let order: Vec<TimerKey> = std::iter::from_fn(|| q.pop_due(110).map(|(k, _)| k)).collect();
@@ -578,9 +631,9 @@ mod list_tests {
         assert!(q.lists.is_empty() && q.heap.is_empty() && q.by_delay.is_empty());
         // A sleep's deadline is fixed when it is made: it is placed by deadline, and placed
         // first it brings its list's expiry forward.
-        let late = q.insert(100, 10, 0, TimerAction::Wake(None), true, here);
-        let early = q.insert(95, 10, 0, TimerAction::Wake(None), true, here);
-        let tie = q.insert(95, 10, 0, TimerAction::Wake(None), true, here);
+        let late = q.insert(100, 10, TimerAction::Wake(None), true, here);
+        let early = q.insert(95, 10, TimerAction::Wake(None), true, here);
+        let tie = q.insert(95, 10, TimerAction::Wake(None), true, here);
         assert_eq!(q.next_deadline(), Some(105));
         let order: Vec<TimerKey> = std::iter::from_fn(|| q.pop_due(110).map(|(k, _)| k)).collect();
         assert_eq!(order, [early, tie, late]);
@@ -694,7 +747,7 @@ mod list_tests {
                     };
                     // Arms count from a clock read at or after the pass's `now`.
                     let base = now + rand(3000);
-                    let k = q.insert(base, delay, repeat, action, true, here);
+                    let k = q.insert(base, delay, action, true, here);
                     m.insert(delay, (base + delay, k.id, repeat));
                     armed.push((k, delay));
                 }

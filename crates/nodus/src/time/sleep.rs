@@ -202,7 +202,6 @@ impl Future for Sleep {
             this.key = Some(timers.insert(
                 start,
                 (this.deadline - start).min(max_step_ns()),
-                0,
                 action,
                 this.refd,
                 this.location,
