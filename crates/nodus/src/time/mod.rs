@@ -48,6 +48,7 @@
 mod delay;
 pub(crate) mod queue;
 mod sleep;
+mod slots;
 
 use std::panic::Location;
 

@@ -51,6 +51,8 @@ use std::task::Waker;
 
 use slab::Slab;
 
+use super::slots::Slots;
+
 /// Identifies a timer (across interval re-arms); stale after it fires or is cleared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct TimerKey {
@@ -108,7 +110,7 @@ struct List {
 }
 
 pub(crate) struct TimerQueue {
-    entries: Slab<TimerEntry>,
+    entries: Slots<TimerEntry>,
     lists: Slab<List>,
     by_delay: HashMap<u64, usize>,
     /// List keys, a min-heap by `(expiry, order)`.
@@ -121,7 +123,7 @@ pub(crate) struct TimerQueue {
 impl TimerQueue {
     pub(crate) fn new() -> Self {
         TimerQueue {
-            entries: Slab::new(),
+            entries: Slots::new(),
             lists: Slab::new(),
             by_delay: HashMap::new(),
             heap: Vec::new(),
@@ -224,7 +226,14 @@ impl TimerQueue {
                     let l = &mut self.lists[list];
                     l.items.pop_front();
                     l.live -= 1;
-                    break (front, l.delay);
+                    let (next, delay) = (l.items.front().copied(), l.delay);
+                    // The next timer's entry, likely the next to fire: a list's entries lie far
+                    // apart in the slab (armed among timers of every other delay), so each is a
+                    // cache miss, which this overlaps with the callback about to run.
+                    if let Some(next) = next {
+                        self.entries.prefetch(next.key as usize);
+                    }
+                    break (front, delay);
                 }
             }
         };
@@ -289,7 +298,7 @@ impl TimerQueue {
         self.lists.clear();
         self.by_delay.clear();
         self.tombstones = 0;
-        self.entries.drain().collect()
+        self.entries.take_all()
     }
 
     fn bump_seq(&mut self) -> u64 {
