@@ -288,11 +288,16 @@ where
                 }
                 self.decided();
             }
-            let parsed = head::parse(
-                &mut self.wire.buf.borrow_mut(),
-                &self.limits,
-                &mut self.cached_headers,
-            );
+            // An empty buffer holds no head (`head::parse` would leave it as it is): read.
+            let parsed = if self.wire.buf.borrow().is_empty() {
+                Ok(None)
+            } else {
+                head::parse(
+                    &mut self.wire.buf.borrow_mut(),
+                    &self.limits,
+                    &mut self.cached_headers,
+                )
+            };
             match parsed {
                 Ok(Some(request)) => {
                     *wait = HeadWait::Idle;
