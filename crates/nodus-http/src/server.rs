@@ -1436,7 +1436,9 @@ where
                 .is_some_and(|len| len > limit as u64);
         let mut line = None;
         let mut note = Note::None;
-        let handler = if let Some(refusal) = host_refusal(&req, version, &self.state.config) {
+        let hosts = facts.hosts;
+        let handler = if let Some(refusal) = host_refusal(&req, version, &self.state.config, hosts)
+        {
             Err(self.refuse(&req, refusal, start))
         } else if let Some(refusal) = facts.refusal() {
             Err(self.refuse(&req, refusal, start))
@@ -1531,17 +1533,49 @@ impl<H, F> Service<H, F> {
 /// What an HTTP/1 request's `Host` headers get (RFC 9112 section 3.2): 400 when an HTTP/1.1 one
 /// has none, or any has more than one or one that is no `host[:port]`. HTTP/2 has `:authority`;
 /// an HTTP/2 head gets what is over the head limits (`h2_head_refusal`).
-fn host_refusal<B>(req: &Request<B>, version: Version, config: &Config) -> Option<Refusal> {
+/// `hosts`: what the HTTP/1 engine's parser found of them (`None`: read from the headers).
+fn host_refusal<B>(
+    req: &Request<B>,
+    version: Version,
+    config: &Config,
+    hosts: Option<Hosts>,
+) -> Option<Refusal> {
     if version == Version::HTTP_2 {
         return h2_head_refusal(req, config);
     }
-    let headers = req.headers();
-    let mut hosts = headers.get_all(http::header::HOST).iter();
-    match (hosts.next(), hosts.next()) {
-        (None, _) if version == Version::HTTP_11 => Some(Refusal::NoHost),
-        (None, _) => None,
-        (Some(host), None) if valid_host(host.as_bytes()) => None,
-        _ => Some(Refusal::BadHost),
+    match hosts.unwrap_or_else(|| Hosts::of(req.headers())) {
+        Hosts::Missing if version == Version::HTTP_11 => Some(Refusal::NoHost),
+        Hosts::Missing | Hosts::Valid => None,
+        Hosts::Invalid => Some(Refusal::BadHost),
+    }
+}
+
+/// What an HTTP/1 request's `Host` lines are, as `host_refusal` judges them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum Hosts {
+    /// None.
+    #[default]
+    Missing,
+    /// One, a valid `host[:port]` (`valid_host`).
+    Valid,
+    /// One that is not, or more than one.
+    Invalid,
+}
+
+impl Hosts {
+    fn of(headers: &http::HeaderMap) -> Hosts {
+        headers
+            .get_all(http::header::HOST)
+            .iter()
+            .fold(Hosts::Missing, |hosts, host| hosts.and(host.as_bytes()))
+    }
+
+    /// The lines so far and one more, whose value is `host`.
+    pub(crate) fn and(self, host: &[u8]) -> Hosts {
+        match self {
+            Hosts::Missing if valid_host(host) => Hosts::Valid,
+            _ => Hosts::Invalid,
+        }
     }
 }
 
@@ -1697,6 +1731,8 @@ pub(crate) struct HeadFacts {
     /// The request's body waits for a `100 Continue` (`RequestHead::expect_continue`, a body
     /// there): it is never discarded.
     pub(crate) continue_owed: bool,
+    /// The `Host` lines (`RequestHead::hosts`); `None`: read from the request's headers.
+    pub(crate) hosts: Option<Hosts>,
 }
 
 impl HeadFacts {

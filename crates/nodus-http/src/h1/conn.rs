@@ -354,6 +354,7 @@ where
             expectation_failed,
             te_trailers,
             framing_refused,
+            hosts,
         } = request;
         let body_empty = matches!(body, BodyFraming::Empty);
         *self.wire.body.borrow_mut() = match body {
@@ -380,6 +381,7 @@ where
             framing_refused,
             expectation_failed,
             continue_owed,
+            hosts: Some(hosts),
         };
         self.respond = Some(self.service.call_h1(req, facts));
         self.phase = Phase::Respond;

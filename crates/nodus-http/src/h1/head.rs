@@ -30,6 +30,8 @@
 //!   no target byte over 0x7F (httparse and `http::Uri` take them). A CONNECT has no body and
 //!   does not keep the connection (`keep_alive` false): what follows its head is a tunnel's,
 //!   which the connection never parses.
+//! - The `Host` lines are judged as the server refuses them (`server::Hosts`), so that the
+//!   server need not look them up again.
 //! - `PRI * HTTP/2.0`, the HTTP/2 preface's first line, followed by bytes the preface begins
 //!   with (or all of it) is [`HeadError::Http2Preface`], decided once that line is complete; any
 //!   other version than HTTP/1.0 and HTTP/1.1 is 400.
@@ -52,6 +54,8 @@ use std::mem::MaybeUninit;
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Uri, Version};
+
+use crate::server::Hosts;
 
 /// The limits a head is parsed within (`Config::max_header_bytes`, `Config::max_headers`).
 #[derive(Debug, Clone, Copy)]
@@ -99,6 +103,8 @@ pub(crate) struct RequestHead {
     /// bare LF (no CR before it), `Content-Length` twice (even equal values), `Content-Length`
     /// together with `Transfer-Encoding`, or `chunked` twice among the transfer codings.
     pub framing_refused: bool,
+    /// The `Host` lines, judged as the server refuses them (`server::host_refusal`).
+    pub hosts: Hosts,
 }
 
 /// Why a head is refused; the connection answers [`HeadError::status`] and closes.
@@ -464,10 +470,11 @@ fn build(
         expectation_failed: http_11 && framing.expect && !framing.expect_names_continue,
         te_trailers: framing.te_trailers,
         framing_refused: line.bare_lf || refused,
+        hosts: framing.hosts,
     })
 }
 
-/// What the framing headers of a head said, header by header.
+/// What the framing headers (and the `Host` lines) of a head said, header by header.
 #[derive(Default)]
 struct Framing {
     /// The `Content-Length` value, and how many values were given (lines and list elements).
@@ -486,6 +493,8 @@ struct Framing {
     expect_names_continue: bool,
     /// A `TE` token is `trailers`.
     te_trailers: bool,
+    /// The `Host` lines seen.
+    hosts: Hosts,
 }
 
 impl Framing {
@@ -530,6 +539,7 @@ impl Framing {
             header::TE => {
                 self.te_trailers |= tokens(value).any(|t| t.eq_ignore_ascii_case("trailers"));
             }
+            header::HOST => self.hosts = self.hosts.and(value.as_bytes()),
             _ => {}
         }
         Ok(())
