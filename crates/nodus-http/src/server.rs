@@ -1427,16 +1427,13 @@ where
             self.conn.http2.set(true);
         }
         let limit = self.state.config.max_body_bytes;
-        // A CONNECT has no body, whatever its head says (`h1::head`).
-        let too_large = req.method() != Method::CONNECT
-            && req
-                .headers()
-                .get(http::header::CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-                .is_some_and(|len| len > limit as u64);
+        let (hosts, length) = match facts.parsed {
+            Some(parsed) => (Some(parsed.hosts), parsed.content_length),
+            None => (None, content_length(&req)),
+        };
+        let too_large = length.is_some_and(|len| len > limit as u64);
         let mut line = None;
         let mut note = Note::None;
-        let hosts = facts.hosts;
         let handler = if let Some(refusal) = host_refusal(&req, version, &self.state.config, hosts)
         {
             Err(self.refuse(&req, refusal, start))
@@ -1533,6 +1530,16 @@ impl<H, F> Service<H, F> {
 /// What an HTTP/1 request's `Host` headers get (RFC 9112 section 3.2): 400 when an HTTP/1.1 one
 /// has none, or any has more than one or one that is no `host[:port]`. HTTP/2 has `:authority`;
 /// an HTTP/2 head gets what is over the head limits (`h2_head_refusal`).
+/// The body length a request's `Content-Length` gives; a CONNECT has no body, whatever its head
+/// says (`h1::head`).
+fn content_length<B>(req: &Request<B>) -> Option<u64> {
+    if req.method() == Method::CONNECT {
+        return None;
+    }
+    let value = req.headers().get(http::header::CONTENT_LENGTH)?;
+    value.to_str().ok()?.parse::<u64>().ok()
+}
+
 /// `hosts`: what the HTTP/1 engine's parser found of them (`None`: read from the headers).
 fn host_refusal<B>(
     req: &Request<B>,
@@ -1731,8 +1738,21 @@ pub(crate) struct HeadFacts {
     /// The request's body waits for a `100 Continue` (`RequestHead::expect_continue`, a body
     /// there): it is never discarded.
     pub(crate) continue_owed: bool,
-    /// The `Host` lines (`RequestHead::hosts`); `None`: read from the request's headers.
-    pub(crate) hosts: Option<Hosts>,
+    /// What the HTTP/1 engine's parser found of the head; `None` (hyper's requests): read
+    /// from the request's headers.
+    pub(crate) parsed: Option<Parsed>,
+}
+
+/// What nodus's HTTP/1 parser found that the server would otherwise read from a request's
+/// headers.
+#[derive(Clone, Copy)]
+pub(crate) struct Parsed {
+    /// The `Host` lines (`RequestHead::hosts`).
+    pub(crate) hosts: Hosts,
+    /// The body's `Content-Length`, unless 0 (`h1::head::BodyFraming::Length`; a CONNECT's is
+    /// none). The head's framing is refused before it is looked at when its lengths differ or
+    /// come with `Transfer-Encoding`.
+    pub(crate) content_length: Option<u64>,
 }
 
 impl HeadFacts {

@@ -38,7 +38,7 @@ use super::head::{self, BodyFraming, HeadError, Limits};
 use super::wire::{BodyRead, BodyReadError, MAX_IOVECS, Wire, WireBody};
 use crate::body::{Body, RequestBody};
 use crate::io::{FdStream, now_ns};
-use crate::server::{HeadFacts, Respond, SentBody, Service};
+use crate::server::{HeadFacts, Parsed, Respond, SentBody, Service};
 
 /// Where a connection is in waiting for a request head: its header-read deadline, shared with
 /// the connection's timer (`server::ConnTimer`), which marks it expired.
@@ -357,6 +357,10 @@ where
             hosts,
         } = request;
         let body_empty = matches!(body, BodyFraming::Empty);
+        let content_length = match body {
+            BodyFraming::Length(n) => Some(n),
+            _ => None,
+        };
         *self.wire.body.borrow_mut() = match body {
             BodyFraming::Empty => BodyRead::Over,
             BodyFraming::Length(n) => BodyRead::Length(n),
@@ -381,7 +385,10 @@ where
             framing_refused,
             expectation_failed,
             continue_owed,
-            hosts: Some(hosts),
+            parsed: Some(Parsed {
+                hosts,
+                content_length,
+            }),
         };
         self.respond = Some(self.service.call_h1(req, facts));
         self.phase = Phase::Respond;
