@@ -1621,31 +1621,55 @@ fn h2_head_refusal<B>(req: &Request<B>, config: &Config) -> Option<Refusal> {
 /// literal in brackets or a reg-name (unreserved, sub-delims, percent escapes; an IPv4 address is
 /// one), possibly empty, and `port` is digits, possibly none.
 fn valid_host(v: &[u8]) -> bool {
-    let (host, port, in_brackets) = match v.strip_prefix(b"[") {
-        Some(rest) => match rest.iter().position(|&b| b == b']') {
-            Some(end) if end > 0 => (&rest[..end], &rest[end + 1..], true),
-            _ => return false,
-        },
-        None => {
-            let end = v.iter().position(|&b| b == b':').unwrap_or(v.len());
-            (&v[..end], &v[end..], false)
-        }
-    };
-    let mut i = 0;
-    while i < host.len() {
-        match host[i] {
-            b'%' => match host.get(i + 1..i + 3) {
-                Some(hex) if hex.iter().all(u8::is_ascii_hexdigit) => i += 2,
-                _ => return false,
-            },
-            b':' if in_brackets => {}
-            b if !HOST_CHAR[b as usize] => return false,
-            _ => {}
-        }
-        i += 1;
+    if v.first() == Some(&b'[') {
+        return valid_ip_literal_host(v);
     }
-    port.strip_prefix(b":")
-        .map_or(port.is_empty(), |p| p.iter().all(u8::is_ascii_digit))
+    // A reg-name up to the first colon, then the port.
+    let mut i = 0;
+    while let Some(&b) = v.get(i) {
+        if HOST_CHAR[b as usize] {
+            i += 1;
+            continue;
+        }
+        match b {
+            b'%' if is_escape(&v[i..]) => i += 3,
+            b':' => return v[i + 1..].iter().all(u8::is_ascii_digit),
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// `valid_host` of a value that begins with `[`: an IP literal in brackets, then the port.
+#[cold]
+fn valid_ip_literal_host(v: &[u8]) -> bool {
+    let Some((host, port)) = v[1..]
+        .iter()
+        .position(|&b| b == b']')
+        .map(|end| v[1..].split_at(end))
+    else {
+        return false;
+    };
+    let port = &port[1..];
+    let mut i = 0;
+    while let Some(&b) = host.get(i) {
+        match b {
+            b'%' if is_escape(&host[i..]) => i += 3,
+            b':' => i += 1,
+            _ if HOST_CHAR[b as usize] => i += 1,
+            _ => return false,
+        }
+    }
+    !host.is_empty()
+        && port
+            .strip_prefix(b":")
+            .map_or(port.is_empty(), |p| p.iter().all(u8::is_ascii_digit))
+}
+
+/// Whether `s` begins with a percent escape: `%` and two hex digits.
+fn is_escape(s: &[u8]) -> bool {
+    s.get(1..3)
+        .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
 }
 
 /// RFC 3986's unreserved and sub-delims characters, by byte: one load per byte of a `Host`
@@ -2245,6 +2269,27 @@ impl<F> Drop for Respond<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_host_is_a_reg_name_or_an_ip_literal_with_an_optional_port() {
+        for good in [
+            "",
+            "example.com",
+            "127.0.0.1:8080",
+            "a%2Fb",
+            "x:",
+            "[::1]",
+            "[::1]:443",
+            "[v1.x]:",
+        ] {
+            assert!(valid_host(good.as_bytes()), "{good}");
+        }
+        for bad in [
+            "a b", "a/b", "%2", "%zz", "x:8a", "x:1:2", "[]", "[::1", "[::1]x", "[::1]:a", "[%]",
+        ] {
+            assert!(!valid_host(bad.as_bytes()), "{bad}");
+        }
+    }
 
     #[test]
     fn a_request_note_is_method_and_path_without_the_query() {
