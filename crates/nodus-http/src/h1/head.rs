@@ -433,8 +433,7 @@ fn build(
     for span in &spans[..line.headers] {
         // SAFETY: `scan` wrote the first `line.headers` spans, one for each header httparse read.
         let span = unsafe { span.assume_init() };
-        let name = HeaderName::from_bytes(&taken[span.name.0..span.name.1])
-            .map_err(|_| HeadError::Malformed)?;
+        let name = header_name(&taken[span.name.0..span.name.1])?;
         // SAFETY: httparse took these bytes for a header value, so they are HTAB, SP, visible
         // ASCII or obs-text (0x80-0xFF): the bytes a `HeaderValue` may hold.
         let value = unsafe {
@@ -472,6 +471,15 @@ fn build(
         framing_refused: line.bare_lf || refused,
         hosts: framing.hosts,
     })
+}
+
+/// A header's name; `Host`, in every HTTP/1.1 head, without `HeaderName::from_bytes`'s
+/// lowercased copy.
+fn header_name(name: &[u8]) -> Result<HeaderName, HeadError> {
+    if name.eq_ignore_ascii_case(b"host") {
+        return Ok(header::HOST);
+    }
+    HeaderName::from_bytes(name).map_err(|_| HeadError::Malformed)
 }
 
 /// What the framing headers (and the `Host` lines) of a head said, header by header.
