@@ -467,7 +467,13 @@ where
                 if self.wire.queued() >= self.max_buf || self.wire.segments() >= MAX_IOVECS {
                     break;
                 }
-                match Pin::new(&mut *b).poll_frame(cx) {
+                // A body at its end is not asked again (hyper's dispatcher does not either).
+                let frame = if b.is_end_stream() {
+                    Poll::Ready(None)
+                } else {
+                    Pin::new(&mut *b).poll_frame(cx)
+                };
+                match frame {
                     Poll::Pending => {
                         body_pending = true;
                         break;
