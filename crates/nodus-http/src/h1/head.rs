@@ -246,7 +246,7 @@ fn scan<'b>(
             };
         }
     };
-    let (line, bare_lf) = line_ends(&rest[..len]);
+    let (line, bare_lf) = line_ends(&rest[..len], req.headers);
     if line >= limits.max_head_bytes {
         return Err(HeadError::UriTooLong);
     }
@@ -379,12 +379,22 @@ fn line_over(rest: &[u8], max: usize) -> bool {
 }
 
 /// A complete head's request line length (its line feed excluded), and whether any of its lines
-/// ends with a bare LF.
-fn line_ends(head: &[u8]) -> (usize, bool) {
-    let bare = |lf: usize| lf == 0 || head[lf - 1] != b'\r';
-    let mut lfs = memchr::memchr_iter(b'\n', head);
-    let first = lfs.next().unwrap_or(head.len());
-    (first, bare(first) || lfs.any(bare))
+/// ends with a bare LF. A request's header line begins with its name (httparse takes no
+/// whitespace there: no obs-fold), so the line feeds are those right before the `headers`'
+/// names and the head's last two: its last line's and its empty line's.
+fn line_ends(head: &[u8], headers: &[httparse::Header<'_>]) -> (usize, bool) {
+    let bare = |lf: usize| head[lf - 1] != b'\r';
+    let len = head.len();
+    // The empty line ending the head is CR LF or a bare LF.
+    let (last, empty_bare) = if head[len - 2] == b'\r' {
+        (len - 3, false)
+    } else {
+        (len - 2, true)
+    };
+    let base = head.as_ptr().addr();
+    let mut lfs = headers.iter().map(|h| h.name.as_ptr().addr() - base - 1);
+    let first = lfs.clone().next().unwrap_or(last);
+    (first, empty_bare || bare(last) || lfs.any(bare))
 }
 
 /// The second pass: splits the head off `buf` and builds it (or, a head not complete, drops the
