@@ -224,6 +224,7 @@ use slab::Slab;
 use crate::body::{Body, DISCARD_MAX, RequestBody, Source, text};
 use crate::exec::LocalExec;
 use crate::h1::conn::{H1Body, H1Conn, H1End, HeadWait};
+use crate::h1::head::BodyFraming;
 use crate::h1::wire::Wire;
 use crate::io::{Activity, FdStream, HyperIo, now_ns};
 use crate::linger;
@@ -1428,7 +1429,7 @@ where
         }
         let limit = self.state.config.max_body_bytes;
         let (hosts, length) = match facts.parsed {
-            Some(parsed) => (Some(parsed.hosts), parsed.content_length),
+            Some(parsed) => (Some(parsed.hosts), parsed.content_length()),
             None => (None, content_length(&req)),
         };
         let too_large = length.is_some_and(|len| len > limit as u64);
@@ -1452,8 +1453,11 @@ where
             }
             // HTTP/1 runs one request at a time per connection: its body reports to it.
             self.conn.body_left.set(false);
-            let watch = (version < Version::HTTP_2 && !req.body().is_end_stream())
-                .then(|| self.conn.clone());
+            let body_empty = match facts.parsed {
+                Some(parsed) => parsed.body == BodyFraming::Empty,
+                None => req.body().is_end_stream(),
+            };
+            let watch = (version < Version::HTTP_2 && !body_empty).then(|| self.conn.clone());
             // A body a `100 Continue` is owed for is never discarded: its client sends it only
             // once asked, so the next request may come instead.
             let discardable = watch.is_some() && !facts.continue_owed;
@@ -1773,10 +1777,20 @@ pub(crate) struct HeadFacts {
 pub(crate) struct Parsed {
     /// The `Host` lines (`RequestHead::hosts`).
     pub(crate) hosts: Hosts,
-    /// The body's `Content-Length`, unless 0 (`h1::head::BodyFraming::Length`; a CONNECT's is
-    /// none). The head's framing is refused before it is looked at when its lengths differ or
-    /// come with `Transfer-Encoding`.
-    pub(crate) content_length: Option<u64>,
+    /// How the body is framed (`RequestHead::body`).
+    pub(crate) body: BodyFraming,
+}
+
+impl Parsed {
+    /// The body's `Content-Length`, unless 0 (a CONNECT's is none). The head's framing is
+    /// refused before it is looked at when its lengths differ or come with
+    /// `Transfer-Encoding`.
+    fn content_length(self) -> Option<u64> {
+        match self.body {
+            BodyFraming::Length(n) => Some(n),
+            BodyFraming::Empty | BodyFraming::Chunked => None,
+        }
+    }
 }
 
 impl HeadFacts {

@@ -357,10 +357,6 @@ where
             hosts,
         } = request;
         let body_empty = matches!(body, BodyFraming::Empty);
-        let content_length = match body {
-            BodyFraming::Length(n) => Some(n),
-            _ => None,
-        };
         *self.wire.body.borrow_mut() = match body {
             BodyFraming::Empty => BodyRead::Over,
             BodyFraming::Length(n) => BodyRead::Length(n),
@@ -385,10 +381,7 @@ where
             framing_refused,
             expectation_failed,
             continue_owed,
-            parsed: Some(Parsed {
-                hosts,
-                content_length,
-            }),
+            parsed: Some(Parsed { hosts, body }),
         };
         self.respond = Some(self.service.call_h1(req, facts));
         self.phase = Phase::Respond;
