@@ -376,7 +376,11 @@ where
         *req.method_mut() = method;
         *req.uri_mut() = uri;
         *req.version_mut() = version;
-        *req.headers_mut() = headers;
+        // `Request::new`'s own map holds no allocation (`HeaderMap::default`): forgotten, it
+        // leaks nothing and costs no drop.
+        let fresh = std::mem::replace(req.headers_mut(), headers);
+        debug_assert_eq!(fresh.capacity(), 0);
+        std::mem::forget(fresh);
         let facts = HeadFacts {
             framing_refused,
             expectation_failed,
