@@ -73,6 +73,16 @@ enum Segment {
     Data(SentChunk),
 }
 
+impl Segment {
+    /// Its bytes; `out`: the `Wire`'s own bytes.
+    fn bytes<'a>(&'a self, out: &'a [u8]) -> &'a [u8] {
+        match self {
+            Segment::Own { start, end } => &out[*start..*end],
+            Segment::Data(c) => c.chunk(),
+        }
+    }
+}
+
 /// An HTTP/1 connection's socket and buffers.
 pub(crate) struct Wire<S> {
     stream: S,
@@ -185,24 +195,22 @@ impl<S: FdStream> Wire<S> {
                     return Poll::Ready(Ok(()));
                 }
                 let out = self.out.borrow();
-                let mut slices: [IoSlice<'_>; MAX_IOVECS] = [IoSlice::new(&[]); MAX_IOVECS];
-                let mut count = 0;
-                for segment in queue.iter().take(MAX_IOVECS) {
-                    slices[count] = IoSlice::new(match segment {
-                        Segment::Own { start, end } => &out[*start..*end],
-                        Segment::Data(c) => c.chunk(),
-                    });
-                    count += 1;
-                }
-                let written = if count > 1 && self.queued.get() <= FLATTEN_MAX {
+                let segments = queue.iter().take(MAX_IOVECS);
+                let written = if queue.len() > 1 && self.queued.get() <= FLATTEN_MAX {
                     FLAT.with_borrow_mut(|flat| {
                         flat.clear();
-                        for slice in &slices[..count] {
-                            flat.extend_from_slice(slice);
+                        for segment in segments {
+                            flat.extend_from_slice(segment.bytes(&out));
                         }
                         self.poll_write(cx, &[IoSlice::new(flat)])
                     })
                 } else {
+                    let mut slices: [IoSlice<'_>; MAX_IOVECS] = [IoSlice::new(&[]); MAX_IOVECS];
+                    let mut count = 0;
+                    for segment in segments {
+                        slices[count] = IoSlice::new(segment.bytes(&out));
+                        count += 1;
+                    }
                     self.poll_write(cx, &slices[..count])
                 };
                 ready!(written)?
