@@ -128,8 +128,8 @@ enum Phase {
         left: u64,
         keep_alive: bool,
         /// The trailer fields a chunked body may end with: those its `Trailer` header names,
-        /// when the request said `TE: trailers` (hyper's rule); `None`: none are sent.
-        trailers: Option<Vec<HeaderName>>,
+        /// when the request said `TE: trailers` (hyper's rule); empty: none are sent.
+        trailers: Vec<HeaderName>,
         /// The last chunk (with its trailers) is queued.
         ended: bool,
     },
@@ -420,9 +420,11 @@ where
                 return Some(self.fail());
             }
         };
-        let trailers = (self.te_trailers && matches!(framing, Framing::Chunked))
-            .then(|| trailer_names(&parts.headers))
-            .flatten();
+        let trailers = if self.te_trailers && matches!(framing, Framing::Chunked) {
+            trailer_names(&parts.headers)
+        } else {
+            Vec::new()
+        };
         let mut headers = parts.headers;
         headers.clear();
         self.cached_headers = Some(headers);
@@ -483,8 +485,7 @@ where
                                 if let (Ok(fields), Framing::Chunked, false) =
                                     (frame.into_trailers(), &framing, *ended)
                                 {
-                                    let allowed = trailers.as_deref().unwrap_or_default();
-                                    self.wire.push_own(|out| end_chunks(&fields, allowed, out));
+                                    self.wire.push_own(|out| end_chunks(&fields, trailers, out));
                                     *ended = true;
                                 }
                                 continue;
@@ -612,16 +613,15 @@ where
     }
 }
 
-/// The field names a response's `Trailer` headers announce (`None`: none).
-fn trailer_names(headers: &http::HeaderMap) -> Option<Vec<HeaderName>> {
-    let mut names = headers.get_all(header::TRAILER).iter().peekable();
-    names.peek()?;
-    let names = names
+/// The field names a response's `Trailer` headers announce.
+fn trailer_names(headers: &http::HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::TRAILER)
+        .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    Some(names)
+        .collect()
 }
 
 /// The last chunk of a chunked body, with the trailer `fields` that are `allowed` and may be
