@@ -2,7 +2,7 @@
 //!
 //! hyper's HTTP/1 server cost about 8,800 user-space instructions per keep-alive request on the
 //! nodus loop (`bench/http/instructions.sh`), most of them in its dispatcher, buffers and body
-//! channel; the same request served here costs about 7,200. The handler's API is unchanged:
+//! channel; the same request served here costs about 6,650. The handler's API is unchanged:
 //! `http::Request<RequestBody>` in, `http::Response<Body>` out, hyper's `Body` trait for bodies.
 //!
 //! - `head`: a request head parsed out of the connection's read buffer (httparse, zero copy), with
