@@ -1531,9 +1531,6 @@ impl<H, F> Service<H, F> {
     }
 }
 
-/// What an HTTP/1 request's `Host` headers get (RFC 9112 section 3.2): 400 when an HTTP/1.1 one
-/// has none, or any has more than one or one that is no `host[:port]`. HTTP/2 has `:authority`;
-/// an HTTP/2 head gets what is over the head limits (`h2_head_refusal`).
 /// The body length a request's `Content-Length` gives; a CONNECT has no body, whatever its head
 /// says (`h1::head`).
 fn content_length<B>(req: &Request<B>) -> Option<u64> {
@@ -1544,6 +1541,9 @@ fn content_length<B>(req: &Request<B>) -> Option<u64> {
     value.to_str().ok()?.parse::<u64>().ok()
 }
 
+/// What an HTTP/1 request's `Host` headers get (RFC 9112 section 3.2): 400 when an HTTP/1.1 one
+/// has none, or any has more than one or one that is no `host[:port]`. HTTP/2 has `:authority`;
+/// an HTTP/2 head gets what is over the head limits (`h2_head_refusal`).
 /// `hosts`: what the HTTP/1 engine's parser found of them (`None`: read from the headers).
 fn host_refusal<B>(
     req: &Request<B>,

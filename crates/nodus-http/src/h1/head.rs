@@ -382,6 +382,8 @@ fn line_over(rest: &[u8], max: usize) -> bool {
 /// ends with a bare LF. A request's header line begins with its name (httparse takes no
 /// whitespace there: no obs-fold), so the line feeds are those right before the `headers`'
 /// names and the head's last two: its last line's and its empty line's.
+/// `head` begins with its request line: `skip_empty_lines` took the empty lines before it, so
+/// httparse skips none of its own.
 fn line_ends(head: &[u8], headers: &[httparse::Header<'_>]) -> (usize, bool) {
     let bare = |lf: usize| head[lf - 1] != b'\r';
     let len = head.len();
