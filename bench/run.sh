@@ -99,13 +99,8 @@ if has micro || has http || has idle || has pool; then
 fi
 
 if has cluster; then
-  # The cluster example is being written; until it exists, run.py skips its rows and says so.
-  if [ -e crates/nodus-http/examples/cluster.rs ] || [ -e crates/nodus-http/examples/cluster/main.rs ]; then
-    echo "building the nodus cluster example" >&2
-    cargo build --release --locked -p nodus-http --example cluster
-  else
-    echo "bench/run.sh: crates/nodus-http has no cluster example yet; its rows are skipped" >&2
-  fi
+  echo "building the nodus cluster example" >&2
+  cargo build --release --locked -p nodus-http --example cluster
   cluster_args=()
   for ((i = 0; i < ${#args[@]}; i++)); do
     case "${args[i]}" in
