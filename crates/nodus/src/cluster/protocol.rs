@@ -62,7 +62,8 @@
 //!   frame, the snapshot's wire limits, `metrics/snapshot.rs`) is a fixed number for every build,
 //!   never this build's own table sizes, and never lowered; a sender stays within it.
 
-use std::net::SocketAddr;
+use std::borrow::Cow;
+use std::net::{SocketAddr, SocketAddrV4};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -87,7 +88,9 @@ pub(crate) struct Incoming<'a> {
     pub seq: Option<u64>,
     pub ack: Option<u64>,
     pub accepted: Option<bool>,
-    pub key: Option<String>,
+    /// Borrowed from the message unless it has escapes.
+    #[serde(borrow)]
+    pub key: Option<Cow<'a, str>>,
     // queryServer / listening
     pub address: Option<String>,
     /// -1 for a pipe (Node's `listen(path)`).
@@ -231,7 +234,71 @@ pub(crate) struct NewConns<'a> {
     pub act: &'static str,
     pub key: &'a str,
     pub seq: u64,
+    #[serde(serialize_with = "peers_text")]
     pub peers: &'a [Option<SocketAddr>],
+}
+
+/// `peers` as serde writes them (each address's `Display` text, or `null`), an IPv4 one without
+/// the formatting machinery: a handoff writes one per connection.
+fn peers_text<S: serde::Serializer>(peers: &[Option<SocketAddr>], s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeSeq;
+    let mut seq = s.serialize_seq(Some(peers.len()))?;
+    for peer in peers {
+        match peer {
+            Some(SocketAddr::V4(v4)) => seq.serialize_element(V4Text::new(v4).as_str())?,
+            other => seq.serialize_element(other)?,
+        }
+    }
+    seq.end()
+}
+
+/// An IPv4 socket address as its `Display` writes it (`a.b.c.d:port`), in a fixed buffer.
+struct V4Text {
+    buf: [u8; 21],
+    len: usize,
+}
+
+impl V4Text {
+    fn new(addr: &SocketAddrV4) -> V4Text {
+        let mut text = V4Text {
+            buf: [0; 21],
+            len: 0,
+        };
+        for (i, octet) in addr.ip().octets().into_iter().enumerate() {
+            if i > 0 {
+                text.push(b'.');
+            }
+            text.decimal(u32::from(octet));
+        }
+        text.push(b':');
+        text.decimal(u32::from(addr.port()));
+        text
+    }
+
+    fn push(&mut self, byte: u8) {
+        self.buf[self.len] = byte;
+        self.len += 1;
+    }
+
+    /// `n` (at most 5 digits: an octet or a port) in decimal.
+    fn decimal(&mut self, mut n: u32) {
+        let (mut digits, mut count) = ([0u8; 5], 0);
+        loop {
+            digits[count] = b'0' + (n % 10) as u8;
+            count += 1;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        for &d in digits[..count].iter().rev() {
+            self.push(d);
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.buf[..self.len]).expect("digits, dots and a colon")
+    }
 }
 
 /// The primary's answer to `queryServer`.
@@ -412,6 +479,40 @@ mod tests {
             serde_json::to_string(&ack).unwrap(),
             r#"{"cmd":"NODE_CLUSTER","ack":2,"accepted":true,"seq":3}"#
         );
+    }
+
+    #[test]
+    fn newconns_writes_each_peer_as_serde_writes_a_socket_address() {
+        let mut peers: Vec<Option<SocketAddr>> = [
+            "0.0.0.0:0",
+            "255.255.255.255:65535",
+            "10.0.100.9:80",
+            "127.0.0.1:5000",
+            "[::1]:8080",
+            "[fe80::1%3]:1",
+            "[::ffff:1.2.3.4]:9",
+        ]
+        .iter()
+        .map(|a| Some(a.parse().unwrap()))
+        .collect();
+        peers.push(None);
+        // Every octet and a spread of ports, by a fixed-seed LCG.
+        let mut x: u32 = 12345;
+        for _ in 0..2000 {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            let [a, b, c, d] = x.to_be_bytes();
+            let port = (x >> 7) as u16;
+            peers.push(Some(SocketAddr::from(([a, b, c, d], port))));
+        }
+        let msg = NewConns {
+            cmd: NODE_NODUS,
+            act: "newconns",
+            key: "k",
+            seq: 1,
+            peers: &peers,
+        };
+        let written: Value = serde_json::from_str(&serde_json::to_string(&msg).unwrap()).unwrap();
+        assert_eq!(written["peers"], serde_json::to_value(&peers).unwrap());
     }
 
     #[test]

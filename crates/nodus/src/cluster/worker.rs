@@ -653,7 +653,7 @@ impl Worker {
                             }
                             _ => format!("error {e}"),
                         }),
-                        (_, Some(key)) => Ok(key.clone()),
+                        (_, Some(key)) => Ok(key.to_string()),
                         _ => Err("no key in the reply".to_owned()),
                     };
                     // A round-robin key's queue exists already (claimed by `listen`), before
@@ -678,7 +678,7 @@ impl Worker {
     fn on_newconn(&self, m: &Incoming<'_>, handle: Option<Handle>) {
         let queue = m
             .key
-            .as_ref()
+            .as_deref()
             .and_then(|k| self.sh.rr.borrow().get(k).cloned());
         let stream = handle.and_then(|h| h.into_tcp_stream().ok());
         let accepted = match (queue, stream) {
@@ -704,7 +704,7 @@ impl Worker {
         self.sh.nodus_primary.set(true);
         let queue = m
             .key
-            .as_ref()
+            .as_deref()
             .and_then(|k| self.sh.rr.borrow().get(k).cloned())
             .filter(|q| !q.closed.get());
         let peers = m.peers.as_deref().unwrap_or_default();

@@ -80,6 +80,7 @@
 //!   the peer has not read yet) loses them, with a WARN line that counts them. Await
 //!   [`Channel::flush`] before the loop ends (Node's process writes its queue before it exits).
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::fmt;
@@ -377,10 +378,12 @@ impl FdGroup {
                 Some(pos) => {
                     let line = &rest[..skip + pos];
                     match (line.len() <= max_frame)
-                        .then(|| serde_json::from_slice::<Box<RawValue>>(line).ok())
+                        .then(|| serde_json::from_slice::<&RawValue>(line).ok())
                         .flatten()
                     {
-                        Some(json) => self.announced += carries(&json),
+                        Some(json) => {
+                            self.announced += handles::internal(json).map_or(0, |i| i.carries());
+                        }
                         None => self.bad = true,
                     }
                     self.counted_to += (skip + pos + 1) as u64;
@@ -398,17 +401,6 @@ impl FdGroup {
             }
         }
         true
-    }
-}
-
-/// The fds a frame announces: one for a `NODE_HANDLE`, `count` for a `NODE_NODUS_FDS`, none
-/// for any other.
-fn carries(json: &RawValue) -> usize {
-    let internal = handles::internal(json);
-    match internal.as_ref().map(|i| i.cmd()) {
-        Some(NODE_HANDLE) => 1,
-        Some(NODUS_FDS) => internal.and_then(|i| i.count).unwrap_or(0),
-        _ => 0,
     }
 }
 
@@ -703,6 +695,7 @@ impl State {
         while self.fd_groups.front().is_some_and(|g| g.to <= start) {
             self.fd_groups.pop_front(); // Every frame of that read was taken.
         }
+        let internal = handles::internal(&json);
         let mut fds = Vec::new();
         if let Some(group) = self.fd_groups.front_mut()
             && group.from <= start
@@ -711,10 +704,9 @@ impl State {
                 group.matched,
                 "a read's fds are matched before its frames go"
             );
-            let n = carries(&json).min(group.fds.len());
-            fds.extend(group.fds.drain(..n));
+            let n = internal.as_ref().map_or(0, |i| i.carries());
+            fds.extend(group.fds.drain(..n.min(group.fds.len())));
         }
-        let internal = handles::internal(&json);
         let Some(internal) = internal else {
             self.deliver(
                 Ok(Message {
@@ -729,8 +721,11 @@ impl State {
             NODE_HANDLE => match fds.pop() {
                 Some(fd) => {
                     self.control(ACK);
-                    let msg = internal.msg.unwrap_or_else(null);
-                    let handle = Handle::new(fd, internal.node_type.unwrap_or_default());
+                    let msg = internal.msg.map_or_else(null, ToOwned::to_owned);
+                    let handle = Handle::new(
+                        fd,
+                        internal.node_type.map(Cow::into_owned).unwrap_or_default(),
+                    );
                     self.deliver_wrapped(msg, vec![handle], wake);
                 }
                 None => self.control(NACK),
@@ -740,7 +735,7 @@ impl State {
                     .into_iter()
                     .map(|fd| Handle::new(fd, "net.Native".to_owned()))
                     .collect();
-                let msg = internal.msg.unwrap_or_else(null);
+                let msg = internal.msg.map_or_else(null, ToOwned::to_owned);
                 self.deliver_wrapped(msg, handles, wake);
             }
             "NODE_HANDLE_ACK" => {
@@ -771,7 +766,7 @@ impl State {
             // nodus passes no tracked sockets' lifetimes back: a received socket belongs to the
             // receiving program, so "all closed" is answered at once and the count is 0.
             cmd @ ("NODE_SOCKET_NOTIFY_CLOSE" | "NODE_SOCKET_GET_COUNT") => {
-                let Some(key) = internal.key.as_deref() else {
+                let Some(key) = internal.key else {
                     return;
                 };
                 let reply = if cmd == "NODE_SOCKET_NOTIFY_CLOSE" {

@@ -10,6 +10,7 @@
 //! characters starting with `NODE_` (Node's `isInternal`); internal frames never reach the user's
 //! message stream. Received fds are close-on-exec; converting a [`Handle`] checks the fd's kind.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
@@ -171,25 +172,39 @@ impl fmt::Debug for Handle {
     }
 }
 
-/// The fields of an internal frame nodus reads. Each is `None` when absent or of another JSON
-/// type than expected: a field nodus cannot use does not make the frame a user message.
+/// The fields of an internal frame nodus reads, borrowed from the frame's text (a frame is
+/// read once per step that needs it, and nothing is copied until a message is delivered). Each
+/// is `None` when absent or of another JSON type than expected: a field nodus cannot use does
+/// not make the frame a user message.
 #[derive(Deserialize)]
-pub(crate) struct Internal {
-    #[serde(default, deserialize_with = "lenient")]
-    cmd: Option<String>,
-    #[serde(rename = "type", default, deserialize_with = "lenient")]
-    pub(crate) node_type: Option<String>,
-    pub(crate) msg: Option<Box<RawValue>>,
-    pub(crate) key: Option<Box<RawValue>>,
+pub(crate) struct Internal<'a> {
+    #[serde(borrow, default, deserialize_with = "lenient_str")]
+    cmd: Option<Cow<'a, str>>,
+    #[serde(rename = "type", borrow, default, deserialize_with = "lenient_str")]
+    pub(crate) node_type: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    pub(crate) msg: Option<&'a RawValue>,
+    #[serde(borrow)]
+    pub(crate) key: Option<&'a RawValue>,
     /// How many fds a `NODE_NODUS_FDS` frame carries.
     #[serde(default, deserialize_with = "lenient")]
     pub(crate) count: Option<usize>,
 }
 
-impl Internal {
+impl Internal<'_> {
     /// The frame's `cmd` (`NODE_...`; `internal` returns only frames that have one).
     pub(crate) fn cmd(&self) -> &str {
         self.cmd.as_deref().unwrap_or_default()
+    }
+
+    /// The fds the frame announces: one for a `NODE_HANDLE`, `count` for a `NODE_NODUS_FDS`,
+    /// none for any other.
+    pub(crate) fn carries(&self) -> usize {
+        match self.cmd() {
+            NODE_HANDLE => 1,
+            NODUS_FDS => self.count.unwrap_or(0),
+            _ => 0,
+        }
     }
 }
 
@@ -203,9 +218,24 @@ where
     Ok(serde_json::from_str(raw.get()).ok())
 }
 
+/// A string field's value, borrowed unless it has escapes, or `None` if it is some other JSON
+/// value.
+fn lenient_str<'de, D>(d: D) -> Result<Option<Cow<'de, str>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    let raw = <&'de RawValue>::deserialize(d)?;
+    Ok(match serde_json::from_str::<&'de str>(raw.get()) {
+        Ok(plain) => Some(Cow::Borrowed(plain)),
+        Err(_) => serde_json::from_str::<String>(raw.get())
+            .ok()
+            .map(Cow::Owned),
+    })
+}
+
 /// The internal frame in `raw`, if it is one (Node's `isInternal`: an object whose `cmd` is a
 /// string over 5 characters starting with `NODE_`; its other fields do not matter).
-pub(crate) fn internal(raw: &RawValue) -> Option<Internal> {
+pub(crate) fn internal(raw: &RawValue) -> Option<Internal<'_>> {
     if !raw.get().starts_with('{') {
         return None;
     }
@@ -216,8 +246,8 @@ pub(crate) fn internal(raw: &RawValue) -> Option<Internal> {
 
 /// The message inside a handle's frame as it was sent (`frame`: the JSON line).
 pub(crate) fn sent_message(frame: &[u8]) -> Option<Box<RawValue>> {
-    let raw: Box<RawValue> = serde_json::from_slice(frame.trim_ascii_end()).ok()?;
-    internal(&raw)?.msg
+    let raw: &RawValue = serde_json::from_slice(frame.trim_ascii_end()).ok()?;
+    internal(raw)?.msg.map(ToOwned::to_owned)
 }
 
 /// The wrapper a handle's message travels in.
@@ -263,6 +293,8 @@ mod tests {
             r#"{"cmd":"NODE_HANDLE","type":5,"msg":"m"}"#,
             r#"{"cmd":"NODE_NODUS_FDS","count":-1,"msg":1}"#,
             r#"{"cmd":"NODE_X","key":[1],"count":1.5,"type":null}"#,
+            // An escape in `cmd` is read as JSON.parse reads it.
+            r#"{"cmd":"NODE\u005fCLUSTER","act":"online"}"#,
         ] {
             assert!(internal(&raw(text)).is_some(), "{text}");
         }
@@ -276,8 +308,16 @@ mod tests {
         ] {
             assert!(internal(&raw(text)).is_none(), "{text}");
         }
-        let odd = internal(&raw(r#"{"cmd":"NODE_NODUS_FDS","count":-1,"type":{}}"#)).unwrap();
+        let odd = raw(r#"{"cmd":"NODE_NODUS_FDS","count":-1,"type":{}}"#);
+        let odd = internal(&odd).unwrap();
         assert_eq!(odd.cmd(), "NODE_NODUS_FDS");
-        assert_eq!((odd.count, odd.node_type), (None, None));
+        assert_eq!((odd.count, odd.node_type.as_deref()), (None, None));
+        let escaped = raw(r#"{"cmd":"NODE_HANDLE","type":"net.\u0053ocket","msg":{"a":1}}"#);
+        let escaped = internal(&escaped).unwrap();
+        assert_eq!(escaped.node_type.as_deref(), Some("net.Socket"));
+        assert_eq!(
+            (escaped.carries(), escaped.msg.map(RawValue::get)),
+            (1, Some(r#"{"a":1}"#))
+        );
     }
 }
