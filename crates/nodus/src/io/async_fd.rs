@@ -131,6 +131,11 @@ impl<T: AsFd> AsyncFd<T> {
         if state.ready.get() & (bit | closed) != 0 {
             return Poll::Ready(Ok(()));
         }
+        if bit == WRITABLE
+            && let Some(e) = state.write_watch_error()
+        {
+            return Poll::Ready(Err(e));
+        }
         let waiters = if bit == READABLE {
             &state.readers
         } else {
@@ -164,10 +169,13 @@ impl<T: AsFd> AsyncFd<T> {
         self.reg.ready_after(READABLE, delay);
     }
 
-    /// Forgets write readiness (after `WouldBlock`).
+    /// Forgets write readiness (after `WouldBlock`); from then on the fd is watched for
+    /// writability (it is not before: see `Registration::watch_writes`).
     pub fn clear_write_ready(&self) {
         let ready = &self.reg.state().ready;
         ready.set(ready.get() & !WRITABLE);
+        let fd = self.get_ref().as_fd().as_raw_fd();
+        self.reg.watch_writes(&mut SourceFd(&fd));
     }
 
     /// Runs `op` until it does not return `WouldBlock`, waiting for read readiness in between.

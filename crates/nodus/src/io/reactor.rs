@@ -8,6 +8,11 @@
 //! the source's token: a source gone by then gets nothing.
 //!
 //! Invariants:
+//! - A source is registered for readability only. Writability joins its interest the first
+//!   time a write finds it full (`AsyncFd::clear_write_ready` → [`Registration::watch_writes`])
+//!   and stays: before that, nothing waits for a write edge, and a Unix socket makes one each
+//!   time its peer reads (a cluster primary's channel to each worker, once per handoff). A
+//!   source starts out ready for both directions all the same: the first attempt finds out.
 //! - Token 0 is the cross-thread waker. A source's token is its slot's key + 1 in the low half
 //!   and a generation (the count of registrations in that slot) in the high half, so it names
 //!   one registration, never a later one: no token is given twice. A slot whose generation
@@ -233,6 +238,22 @@ pub(crate) struct IoState {
     pub(crate) writers: Waiters,
     pub(crate) refd: Cell<bool>,
     pub(crate) token: usize,
+    /// Writability is in its epoll interest ([`Registration::watch_writes`]).
+    writes_watched: Cell<bool>,
+    /// Adding writability to its interest failed: a wait for it would never end.
+    watch_failed: Cell<Option<io::ErrorKind>>,
+}
+
+impl IoState {
+    /// Why a wait for writability cannot be served, if it cannot.
+    pub(crate) fn write_watch_error(&self) -> Option<io::Error> {
+        self.watch_failed.get().map(|kind| {
+            io::Error::new(
+                kind,
+                "nodus: cannot watch this fd for writability (epoll_ctl failed)",
+            )
+        })
+    }
 }
 
 pub(crate) struct Reactor {
@@ -260,8 +281,9 @@ impl Reactor {
         self.sources.borrow().live == 0
     }
 
-    /// Registers `source` for reading and writing; it starts out as ready for both (the first
-    /// attempt finds out). Its token is new: no earlier registration had it.
+    /// Registers `source` for reading; it starts out as ready for reading and writing (the first
+    /// attempt finds out), and is watched for writability once a write found it full
+    /// ([`Registration::watch_writes`]). Its token is new: no earlier registration had it.
     pub(crate) fn register(&self, source: &mut impl mio::event::Source) -> io::Result<Rc<IoState>> {
         let mut sources = self.sources.borrow_mut();
         let Some((key, token)) = sources.next() else {
@@ -269,17 +291,18 @@ impl Reactor {
                 "too many sources registered with one loop",
             ));
         };
-        self.poll.borrow().registry().register(
-            source,
-            Token(token),
-            Interest::READABLE | Interest::WRITABLE,
-        )?;
+        self.poll
+            .borrow()
+            .registry()
+            .register(source, Token(token), Interest::READABLE)?;
         let state = Rc::new(IoState {
             ready: Cell::new(READABLE | WRITABLE),
             readers: Waiters::default(),
             writers: Waiters::default(),
             refd: Cell::new(true),
             token,
+            writes_watched: Cell::new(false),
+            watch_failed: Cell::new(None),
         });
         sources.insert(key, state.clone());
         Ok(state)
@@ -480,6 +503,31 @@ impl Registration {
         crate::time::run_later_unref(&core, delay, Box::new(again), Location::caller());
     }
 
+    /// Adds writability to `source`'s epoll interest, once: a write found it full, and the
+    /// writer waits for the edge. `EPOLL_CTL_MOD` polls the fd at once, so room made before it
+    /// is reported too. Until then no write edge is asked for: a Unix socket's peer reading
+    /// what was sent makes one every time (`unix_write_space`), and each would wake a sleeping
+    /// loop for nothing (libuv, too, asks for `EPOLLOUT` only while a write waits). A failure
+    /// is kept for the waiter ([`IoState::write_watch_error`]). Nothing to do once the loop is
+    /// gone, or the source left it.
+    pub(crate) fn watch_writes(&self, source: &mut impl mio::event::Source) {
+        if self.gone.get() || self.state.writes_watched.get() {
+            return;
+        }
+        let Some(core) = self.core.upgrade() else {
+            return;
+        };
+        let watched = core.reactor.poll.borrow().registry().reregister(
+            source,
+            Token(self.state.token),
+            Interest::READABLE | Interest::WRITABLE,
+        );
+        match watched {
+            Ok(()) => self.state.writes_watched.set(true),
+            Err(e) => self.state.watch_failed.set(Some(e.kind())),
+        }
+    }
+
     /// Queues `callback` for its loop's close phase, whichever loop is current; dropped unrun if
     /// that loop is gone.
     pub(crate) fn close_callback(
@@ -520,6 +568,60 @@ mod tests {
     use mio::unix::SourceFd;
 
     use super::*;
+
+    /// A peer reading what a Unix socket sent makes a write edge each time; a registered
+    /// source asks for none until a write found it full, then gets the edge when room is made.
+    #[test]
+    fn write_edges_are_asked_for_only_once_a_write_found_the_source_full() {
+        use std::io::{Read, Write};
+        let (reactor, _waker) = Reactor::new().unwrap();
+        let (mut a, mut peer) = UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        let a_fd = a.as_raw_fd();
+        let state = reactor.register(&mut SourceFd(&a_fd)).unwrap();
+        let mut events = Vec::new();
+        let mut buf = [0u8; 65536];
+        a.write_all(b"frame").unwrap();
+        assert_eq!(peer.read(&mut buf).unwrap(), 5);
+        reactor.poll(Some(Duration::ZERO), &mut events).unwrap();
+        assert!(
+            events.is_empty(),
+            "a write edge nobody asked for: {events:?}"
+        );
+
+        let mut sent = 0;
+        while let Ok(n) = a.write(&buf) {
+            sent += n;
+        }
+        // What `Registration::watch_writes` does (it needs a running loop; every test that
+        // writes more than a socket holds relies on it).
+        reactor
+            .poll
+            .borrow()
+            .registry()
+            .reregister(
+                &mut SourceFd(&a_fd),
+                Token(state.token),
+                Interest::READABLE | Interest::WRITABLE,
+            )
+            .unwrap();
+        reactor.poll(Some(Duration::ZERO), &mut events).unwrap();
+        assert!(events.is_empty(), "writable while full: {events:?}");
+        let mut read = 0;
+        while read < sent {
+            read += peer.read(&mut buf).unwrap();
+        }
+        reactor
+            .poll(Some(Duration::from_secs(10)), &mut events)
+            .unwrap();
+        assert!(
+            events
+                .iter()
+                .any(|&(t, bits)| t == state.token && bits & WRITABLE != 0),
+            "no write edge once room was made: {events:?}"
+        );
+        drop(reactor.deregister(&mut SourceFd(&a_fd), &state));
+    }
 
     /// After as many registrations in one slot as there are generations (a wrap, were the slot
     /// reused), an event still held for the slot's old source (here A's hang-up, a sticky
