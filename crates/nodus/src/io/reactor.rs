@@ -611,16 +611,28 @@ mod tests {
         while read < sent {
             read += peer.read(&mut buf).unwrap();
         }
+        await_event(
+            &reactor,
+            state.token,
+            WRITABLE,
+            "no write edge once room was made",
+        );
+        drop(reactor.deregister(&mut SourceFd(&a_fd), &state));
+    }
+
+    /// Polls (up to 10 s) for an event of `token` with `bit`, and returns the events polled.
+    fn await_event(reactor: &Reactor, token: usize, bit: u8, missing: &str) -> Vec<(usize, u8)> {
+        let mut events = Vec::new();
         reactor
             .poll(Some(Duration::from_secs(10)), &mut events)
             .unwrap();
         assert!(
             events
                 .iter()
-                .any(|&(t, bits)| t == state.token && bits & WRITABLE != 0),
-            "no write edge once room was made: {events:?}"
+                .any(|&(t, bits)| t == token && bits & bit != 0),
+            "{missing}: {events:?}"
         );
-        drop(reactor.deregister(&mut SourceFd(&a_fd), &state));
+        events
     }
 
     /// After as many registrations in one slot as there are generations (a wrap, were the slot
@@ -634,15 +646,11 @@ mod tests {
         let (a_fd, b_fd) = (a.as_raw_fd(), b.as_raw_fd());
         let a_state = reactor.register(&mut SourceFd(&a_fd)).unwrap();
         drop(peer_a);
-        let mut events = Vec::new();
-        reactor
-            .poll(Some(Duration::from_secs(10)), &mut events)
-            .unwrap();
-        assert!(
-            events
-                .iter()
-                .any(|&(t, bits)| t == a_state.token && bits & READ_CLOSED != 0),
-            "no hang-up event for A: {events:?}"
+        let events = await_event(
+            &reactor,
+            a_state.token,
+            READ_CLOSED,
+            "no hang-up event for A",
         );
         drop(reactor.deregister(&mut SourceFd(&a_fd), &a_state));
 
