@@ -240,7 +240,8 @@ pub(crate) struct IoState {
     pub(crate) token: usize,
     /// Writability is in its epoll interest ([`Registration::watch_writes`]).
     writes_watched: Cell<bool>,
-    /// Adding writability to its interest failed: a wait for it would never end.
+    /// Adding writability to its interest failed (the last try: a later write that finds the
+    /// source full tries again): a wait for it would never end.
     watch_failed: Cell<Option<io::ErrorKind>>,
 }
 
@@ -523,7 +524,10 @@ impl Registration {
             Interest::READABLE | Interest::WRITABLE,
         );
         match watched {
-            Ok(()) => self.state.writes_watched.set(true),
+            Ok(()) => {
+                self.state.writes_watched.set(true);
+                self.state.watch_failed.set(None);
+            }
             Err(e) => self.state.watch_failed.set(Some(e.kind())),
         }
     }
