@@ -190,10 +190,7 @@ impl Core {
         // Nothing registered: nothing ready to miss.
         let mut complete = true;
         if skip {
-            // The loop's time advances every iteration, polled or not (libuv's
-            // `uv__update_time`), or a timer never comes due in a loop that never blocks: the next
-            // boundary or timers pass reads the clock (the poll's own read, when it polls).
-            self.meter.stale();
+            self.meter.poll_skipped();
         } else {
             self.meter.before_block(timeout);
             complete = match self.reactor.poll(timeout, &mut events) {
@@ -486,6 +483,45 @@ mod tests {
         rt.run();
         let (since, polled) = seen.get().expect("the writer ran");
         assert!(polled > since, "polled_ns stood still under full batches");
+    }
+
+    /// Under a chain of immediates the poll phase never polls, and the loop's time advances by
+    /// the callbacks' own end reads alone (`Meter::poll_skipped` keeps them): a timer comes due.
+    #[test]
+    fn a_timer_comes_due_under_a_chain_of_immediates() {
+        thread_local! {
+            static FIRED_AT: Cell<Option<Instant>> = const { Cell::new(None) };
+            static TURNS: Cell<u64> = const { Cell::new(0) };
+        }
+        fn step() {
+            TURNS.with(|t| t.set(t.get() + 1));
+            if FIRED_AT.with(Cell::get).is_none() {
+                set_immediate(step);
+            }
+        }
+        let rt = Runtime::new();
+        let armed = Instant::now();
+        rt.enter(|| {
+            set_timeout(Duration::from_millis(5), || {
+                FIRED_AT.with(|f| f.set(Some(Instant::now())))
+            });
+            set_immediate(step);
+        });
+        let bound = Instant::now() + Duration::from_secs(10);
+        let _entered = Entered::new(&rt.core);
+        while FIRED_AT.with(Cell::get).is_none() {
+            assert!(
+                Instant::now() < bound,
+                "a 5 ms timer did not fire under 10 s of immediates"
+            );
+            rt.core.iterate(Mode::NoWait);
+        }
+        let fired = FIRED_AT.with(Cell::get).unwrap();
+        assert!(fired - armed >= Duration::from_millis(5), "fired early");
+        assert!(
+            TURNS.with(Cell::get) > 1,
+            "the chain did not run before the timer"
+        );
     }
 
     /// Iterations that never poll (nothing registered, nothing may block) still advance the

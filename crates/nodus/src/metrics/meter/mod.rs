@@ -6,7 +6,8 @@
 //! - **One clock read per poll boundary** (and one per wake or immediate queued by user code, for
 //!   the schedule delay). A poll's end time is the next poll's start time when nothing ran in
 //!   between (`fresh`). Only a syscall in the poll phase, user code outside a poll
-//!   (`Runtime::enter`'s closure) or the loop starting make the cached time stale: the rest of the
+//!   (`Runtime::enter`'s closure), the loop starting, or a whole iteration without a read
+//!   (`poll_skipped`: the loop's time must advance) make the cached time stale: the rest of the
 //!   loop's own bookkeeping between two polls takes nanoseconds, so it is not worth a read.
 //! - **Schedule delay** is measured from the moment an entry became runnable to the boundary at
 //!   which it starts to run: a task woken (or spawned) on the loop, or an immediate, from the wake
@@ -85,6 +86,10 @@ pub(crate) struct Meter {
     /// Whether `now` is still the current time for boundary purposes.
     #[cfg(feature = "measure")]
     fresh: Cell<bool>,
+    /// Whether the clock was read since the poll phase last skipped its syscall
+    /// (`poll_skipped`).
+    #[cfg(feature = "measure")]
+    read_since_skip: Cell<bool>,
     #[cfg(feature = "measure")]
     last_boundary: Cell<u64>,
     /// Entries runnable since the previous boundary (tasks, main, immediates).
@@ -154,6 +159,8 @@ impl Meter {
             #[cfg(feature = "measure")]
             fresh: Cell::new(false),
             #[cfg(feature = "measure")]
+            read_since_skip: Cell::new(false),
+            #[cfg(feature = "measure")]
             last_boundary: Cell::new(now),
             #[cfg(feature = "measure")]
             runnable_at_boundary: Cell::new(0),
@@ -201,7 +208,10 @@ impl Meter {
         let t = clock::now_ns();
         self.now.set(t);
         #[cfg(feature = "measure")]
-        self.fresh.set(true);
+        {
+            self.fresh.set(true);
+            self.read_since_skip.set(true);
+        }
         t
     }
 
@@ -267,6 +277,19 @@ impl Meter {
     pub(crate) fn stale(&self) {
         #[cfg(feature = "measure")]
         self.fresh.set(false);
+    }
+
+    /// The poll phase made no syscall (nothing registered, nothing to wait for). The loop's time
+    /// still advances every iteration (libuv's `uv__update_time`), or a timer never comes due in
+    /// a loop that never blocks: unless the clock was read since the last such pass (a poll's end
+    /// in this iteration, the walk over empty phases ago), the next boundary reads it. A loop
+    /// turn that runs one callback thus reads the clock once, at the callback's end.
+    #[inline]
+    pub(crate) fn poll_skipped(&self) {
+        #[cfg(feature = "measure")]
+        if !self.read_since_skip.replace(false) {
+            self.fresh.set(false);
+        }
     }
 
     /// A new iteration starts.
