@@ -434,18 +434,8 @@ fn trim(t: &[u8]) -> &[u8] {
 }
 
 /// Appends `n` in decimal.
-fn push_decimal(mut n: u64, out: &mut Vec<u8>) {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&buf[i..]);
+fn push_decimal(n: u64, out: &mut Vec<u8>) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// Appends one chunk's size line, `{len:X}\r\n`, written before its data (the caller writes the

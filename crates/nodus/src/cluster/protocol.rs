@@ -268,10 +268,10 @@ impl V4Text {
             if i > 0 {
                 text.push(b'.');
             }
-            text.decimal(u32::from(octet));
+            text.decimal(u16::from(octet));
         }
         text.push(b':');
-        text.decimal(u32::from(addr.port()));
+        text.decimal(addr.port());
         text
     }
 
@@ -280,20 +280,12 @@ impl V4Text {
         self.len += 1;
     }
 
-    /// `n` (at most 5 digits: an octet or a port) in decimal.
-    fn decimal(&mut self, mut n: u32) {
-        let (mut digits, mut count) = ([0u8; 5], 0);
-        loop {
-            digits[count] = b'0' + (n % 10) as u8;
-            count += 1;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        for &d in digits[..count].iter().rev() {
-            self.push(d);
-        }
+    /// `n` (an octet or a port) in decimal.
+    fn decimal(&mut self, n: u16) {
+        let mut digits = itoa::Buffer::new();
+        let digits = digits.format(n).as_bytes();
+        self.buf[self.len..self.len + digits.len()].copy_from_slice(digits);
+        self.len += digits.len();
     }
 
     fn as_str(&self) -> &str {

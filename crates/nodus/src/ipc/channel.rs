@@ -722,10 +722,8 @@ impl State {
                 Some(fd) => {
                     self.control(ACK);
                     let msg = internal.msg.map_or_else(null, ToOwned::to_owned);
-                    let handle = Handle::new(
-                        fd,
-                        internal.node_type.map(Cow::into_owned).unwrap_or_default(),
-                    );
+                    let node_type = internal.node_type.map(Cow::into_owned);
+                    let handle = Handle::new(fd, node_type.unwrap_or_default());
                     self.deliver_wrapped(msg, vec![handle], wake);
                 }
                 None => self.control(NACK),
@@ -733,7 +731,7 @@ impl State {
             NODUS_FDS => {
                 let handles = fds
                     .into_iter()
-                    .map(|fd| Handle::new(fd, "net.Native".to_owned()))
+                    .map(|fd| Handle::new(fd, "net.Native"))
                     .collect();
                 let msg = internal.msg.map_or_else(null, ToOwned::to_owned);
                 self.deliver_wrapped(msg, handles, wake);

@@ -108,12 +108,17 @@ impl From<UdpSocket> for SendHandle {
 /// A handle received with a message: an fd (close-on-exec) and the Node type it was sent as.
 pub struct Handle {
     fd: OwnedFd,
-    node_type: String,
+    /// Borrowed for nodus's own `net.Native` (one per connection a primary hands over), owned
+    /// for a name read from a `NODE_HANDLE` frame.
+    node_type: Cow<'static, str>,
 }
 
 impl Handle {
-    pub(crate) fn new(fd: OwnedFd, node_type: String) -> Handle {
-        Handle { fd, node_type }
+    pub(crate) fn new(fd: OwnedFd, node_type: impl Into<Cow<'static, str>>) -> Handle {
+        Handle {
+            fd,
+            node_type: node_type.into(),
+        }
     }
 
     /// The sender's type name: `net.Server`, `net.Socket`, `dgram.Socket`, `net.Native`...
