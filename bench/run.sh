@@ -101,6 +101,8 @@ fi
 if has cluster; then
   echo "building the nodus cluster example" >&2
   cargo build --release --locked -p nodus-http --example cluster
+  echo "building bench/cluster/handoff_floor.c" >&2
+  gcc -O2 -o target/handoff_floor bench/cluster/handoff_floor.c
   cluster_args=()
   for ((i = 0; i < ${#args[@]}; i++)); do
     case "${args[i]}" in
@@ -110,7 +112,7 @@ if has cluster; then
   done
   python3 bench/cluster/run.py --cluster "$PWD/target/release/examples/cluster" \
     --nodus-cli "$PWD/target/release/nodus" --hello-http "$PWD/target/release/examples/hello_http" \
-    "${cluster_args[@]}"
+    --handoff-floor "$PWD/target/handoff_floor" "${cluster_args[@]}"
 fi
 REST=$(tr , '\n' <<<"$ONLY" | grep -vx cluster | paste -sd, -) || true
 if [ -n "$REST" ]; then

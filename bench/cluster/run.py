@@ -5,6 +5,7 @@ which builds the binaries and installs PM2 (bench/node/package-lock.json).
 
 Usage:
   python3 bench/cluster/run.py [--rounds N] [--quick] [--cluster PATH] [--nodus-cli PATH] [--hello-http PATH]
+                               [--handoff-floor PATH]
   python3 bench/cluster/run.py --report bench/results/cluster-STAMP/results.json   (re-print the tables)
 
 Servers (CONFIGS; all serve the same hello world on 127.0.0.1):
@@ -14,6 +15,8 @@ Servers (CONFIGS; all serve the same hello world on 127.0.0.1):
   pm2           pm2 start app.js -i 2: PM2 cluster mode, private PM2_HOME (bench/cluster/pm2-home),
                 `pm2 kill` after every round so each round has a fresh daemon
   nodus-single, node-single   one process: hello_http (the http section's nodus server), node app.js
+  floor-one, floor-rr   bench/cluster/handoff_floor.c (close only): nodus's rr handoff in bare C, and its one
+                process; the close row also gives floor-rr's CPU over floor-one's, the handoff's kernel price
 Measures, in this order on one fresh start per server and round (MEASURE_ORDER):
   memory     after SETTLE s idle: VmRSS and Pss (smaps_rollup) summed over the primary and its workers
   close      wrk -t1 -c32 -d10s -H 'Connection: close' after a 2 s warm-up: new connections per second and
@@ -84,12 +87,19 @@ CONFIGS = [Config(f"nodus-{p}", f"nodus cluster {p}", "nodus", p, CLUSTER_MEASUR
     Config("pm2", "PM2 -i 2", "pm2", None, ("memory", "close", "keepalive", "reload")),
     Config("nodus-single", "nodus 1 process", "nodus-single", None, ("close", "keepalive")),
     Config("node-single", "Node 1 process", "node-single", None, ("close", "keepalive")),
+    Config("floor-one", "bare C, 1 process", "floor", "one", ("close",)),
+    Config("floor-rr", "bare C handoff, rr", "floor", "rr", ("close",)),
 ]
 MEASURE_ORDER = ("memory", "close", "keepalive", "reload", "kill9")
 NODUS_KINDS = ("nodus", "nodus-node", "nodus-single")
 EVENT_KINDS = ("nodus", "nodus-node", "node")
 
 LIVE = []  # servers and wrk processes to stop on the way out
+
+
+def one_process(cfg):
+    """A server of one process, no primary: nodus-single, node-single, floor-one."""
+    return cfg.kind.endswith("single") or cfg.policy == "one"
 
 
 def log(*a):
@@ -387,6 +397,9 @@ def command(cfg, args, port, events):
                                       "NODE_CLUSTER_SCHED_POLICY": cfg.policy}
     if cfg.kind == "node-single":
         return ["node", APP_JS], {}
+    if cfg.kind == "floor":
+        exe = need(args.handoff_floor, "gcc -O2 -o target/handoff_floor bench/cluster/handoff_floor.c")
+        return [exe, str(port), cfg.policy], {}
     raise ValueError(cfg.kind)
 
 
@@ -396,7 +409,7 @@ class Server:
     def __init__(self, cfg, args, tag):
         self.cfg, self.port, self.p = cfg, next_port(), None
         self.events = os.path.join(args.outdir, f"events-{tag}.jsonl") if cfg.kind in EVENT_KINDS else None
-        self.expected = 1 if cfg.kind.endswith("single") else 1 + WORKERS
+        self.expected = 1 if one_process(cfg) else 1 + WORKERS
         self.log_path = os.path.join(args.outdir, f"server-{tag}.log")
         if cfg.kind == "pm2":
             if not os.path.exists(PM2):
@@ -724,6 +737,12 @@ def verdicts(rs, xs_of, fmt, ok):
     return "; ".join(parts) or "no nodus data"
 
 
+def floor_note(rs):
+    """The bare C handoff's own price beside the rr verdict: floor-rr over floor-one, per round, median."""
+    xs = round_pairs(rs, "floor-rr", "floor-one", "close", "cpu_us_per_req", lambda a, b: a - b)
+    return f"; the bare C handoff (`handoff_floor.c`) {med(xs):+.1f} µs over its own 1 process" if xs else ""
+
+
 def summary(rs, present):
     ratio = lambda a, b: a / b
     diff = lambda a, b: a - b
@@ -735,7 +754,7 @@ def summary(rs, present):
         ("new connections (`Connection: close`, wrk -c32): server CPU µs per connection", "close", "cpu_us_per_req",
          "{:,.1f}", "rr within 10 µs of nodus 1 process [Node rr 108, none 47; PM2 144]",
          verdicts(rs, lambda c: round_pairs(rs, c, "nodus-single", "close", "cpu_us_per_req", diff), "{:+.1f} µs",
-                  lambda v: v <= 10)),
+                  lambda v: v <= 10) + floor_note(rs)),
         ("new connections per second, same run", "close", "rps", "{:,.0f}",
          "≥ 2× Node rr [Node rr 13.7k, none 21.6k; PM2 9.1k]",
          verdicts(rs, lambda c: round_pairs(rs, c, "node-rr", "close", "rps", ratio), "{:.2f}×", lambda v: v >= 2)),
@@ -768,7 +787,7 @@ def load_table(rs, present, measure):
             continue
         v = lambda m, f="{:,.0f}": mmm([r.get(m) for r in mine], f)
         us = v("cpu_us_per_req", "{:.1f}")
-        if c.kind.endswith("single"):
+        if one_process(c):
             primary = each = "–"
         else:
             primary = v("root_cpu_pct")
@@ -906,6 +925,8 @@ def main():
     ap.add_argument("--nodus-cli", default=os.path.join(target, "nodus"), help="the nodus binary (nodus-node row)")
     ap.add_argument("--hello-http", default=os.path.join(target, "examples", "hello_http"),
                     help="the one-process nodus server (nodus-single row)")
+    ap.add_argument("--handoff-floor", default=os.path.join(REPO, "target", "handoff_floor"),
+                    help="bench/cluster/handoff_floor.c built (floor-* rows)")
     ap.add_argument("--rounds", type=int, help="interleaved rounds (default 3; --quick: 1)")
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run, not for claims: 1 round, wrk 3 s after 1 s of warm-up, 2 s settle, 2 kills")
